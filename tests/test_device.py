@@ -201,3 +201,265 @@ def test_a_block_fp8_merge_runs_on_the_gpu(tmp_path: Path, make: ModelFactory, d
                 torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2**-3, atol=2**-9)
             else:
                 torch.testing.assert_close(got[key], want[key])
+
+
+# -- the forward pass's device (--device cuda in check, measure, eval, evolve: resumerge.forward.device) -------------
+
+PASS_SPEC_LAYERS = 3
+PASS_TOKENS = [[1, 5, 9, 13, 2], [3, 4, 5], [7, 8, 9, 10, 11, 12, 2]]
+
+
+def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS, hidden: int = 32, intermediate: int = 48
+                 ) -> list[object]:
+    from dataclasses import replace
+
+    from resumerge.cli.modelgen import ModelSpec, make_model
+    from resumerge.forward.opened import open_for_pass
+
+    spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=64)
+    state = StateDir.resolve(tmp_path / "state")
+    return [replace(open_for_pass(str(make_model(tmp_path / role, spec, seed=seed)), role, state), role=role)
+            for role, seed in (("merge", 3), ("base", 4), ("parent", 5))]
+
+
+def _check_pass(models: list[object], workdir: Path, device: str | None) -> object:
+    from resumerge.analyses.check.passes import forward_pass, streams_of
+
+    streams = streams_of(models) if device is None else streams_of(models, device)  # type: ignore[arg-type]
+    try:
+        return forward_pass(models, streams, PASS_TOKENS, workdir)  # type: ignore[arg-type]
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_a_pass_device_reads_device_as_run_does_and_refuses_a_gpu_budget_on_the_cpu() -> None:
+    from resumerge.forward.device import HOST, PassDevice
+
+    assert PassDevice.of("CPU") == HOST and not HOST.on_gpu
+    with pytest.raises(UsageError, match="unknown device 'tpu'"):
+        PassDevice.of("tpu")
+    with pytest.raises(UsageError, match="is the GPU's budget, and this pass runs on the CPU") as caught:
+        PassDevice.of("cpu", "1GB")
+    assert "--device cuda" in caught.value.one_line()
+    if not torch.cuda.is_available():  # run's own words, from the one owner (memory.cuda.CudaProbe)
+        with pytest.raises(UsageError, match="torch sees no CUDA GPU"):
+            PassDevice.of("cuda:1", "2GB")
+
+
+def test_a_pass_on_a_gpu_is_refused_a_step_its_budget_cannot_hold_naming_the_smallest() -> None:
+    from resumerge.forward.admission import Admission
+    from resumerge.forward.device import HOST, GpuBudget, PassDevice
+    from resumerge.memory import default_budget
+    from resumerge.memory.cuda import GPU_FRACTION
+
+    probe = FakeProbe(rss=50_000, available=10**9)
+    steps = {"layer": 2_000_000, "heads": 700_000}
+    assert HOST.budget("the check", steps, 10**12, probe=probe) is None  # the host: no GPU budget at all
+    with pytest.raises(UsageError, match=r"needs 2\.30 MB of GPU memory on cuda:0") as caught:
+        PassDevice("cuda:0", 1_000_000).budget("the check", steps, 300_000, probe=probe)
+    line = caught.value.one_line()
+    assert "largest step 2.00 MB beside the hidden states' 300 kB" in line and "or use --device cpu" in line
+    named = parse_size(line.split("rerun with --max-gpu-memory ")[1].split(" ")[0])
+    fits = PassDevice("cuda:0", named).budget("the check", steps, 300_000, probe=probe)
+    assert fits is not None and fits.budget == named and dict(fits.steps) == steps
+    with pytest.raises(UsageError):  # a byte less than named does not fit
+        PassDevice("cuda:0", named - 10_000).budget("the check", steps, 300_000, probe=probe)
+    default = PassDevice("cuda:0").budget("the check", steps, 300_000, probe=probe)
+    assert default is not None and default.budget == default_budget(probe, GPU_FRACTION)
+
+    # Each step is then held from the GPU's governor as well as the RAM's: one beyond the GPU budget is refused there
+    held = GpuBudget("cuda:0", named, {"layer": 1_000, "heads": named * 2}, probe)
+    with Admission(10**12, {"layer": 1_000, "heads": 1_000}, gpu=held) as reserve:
+        with reserve("layer 0 of model 1", "layer"):
+            assert reserve.on_gpu is not None and reserve.on_gpu.largest_admitted == 1_000
+            assert reserve.governor.largest_admitted == 1_000
+        with pytest.raises(UsageError, match=r"of cuda:0 memory.*max_gpu_memory"), reserve("the heads", "heads"):
+            pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_check_measure_and_eval_refuse_cuda_without_a_gpu_before_reading_a_weight(tmp_path: Path,
+                                                                                  make: ModelFactory) -> None:
+    from tests.support import cli_here
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    state = tmp_path / "state"
+    for args in (("check", a, "--base", b, "--device", "cuda"), ("measure", config, tmp_path / "g", "--device", "cuda"),
+                 ("eval", a, "--tasks", "anything", "--device", "cuda:0"), ("check", a, "--max-gpu-memory", "1GB"),
+                 ("evolve", config, tmp_path / "store", "--device", "cuda")):
+        done = cli_here(*args, *(("--state-dir", state) if args[0] != "evolve" else ()))
+        assert done.returncode == 2, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr, done.stderr
+        assert ("torch sees no CUDA GPU" if "--device" in args else "--max-gpu-memory") in done.stderr
+    assert not (tmp_path / "g").exists() and not (tmp_path / "store").exists()  # nothing written
+    assert not list(state.rglob("*.safetensors"))  # nothing read
+
+
+def test_check_and_measure_take_the_device_in_run_s_resources_and_measure_s_plan_refuses_it(
+        tmp_path: Path, make: ModelFactory) -> None:
+    # One settings object: a check's and a measurement's device and GPU budget are Resources' fields, read by the
+    # pass (PassDevice.of's own refusal, not "does not apply"); measure --plan reads headers on the host: refused.
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    state = tmp_path / "state"
+    for call in (lambda: api.check(a, base=b, state_dir=state, resources=api.Resources(max_gpu_memory="1GB")),
+                 lambda: api.measure(config, tmp_path / "g", state_dir=state,
+                                     resources=api.Resources(max_gpu_memory="1GB"))):
+        with pytest.raises(UsageError, match="is the GPU's budget, and this pass runs on the CPU"):
+            call()
+    for resources, field in ((api.Resources(device="cuda"), "device"),
+                             (api.Resources(max_gpu_memory="1GB"), "max_gpu_memory")):
+        with pytest.raises(UsageError, match=f"^{field} does not apply to estimate_measure"):
+            api.estimate_measure(config, resources=resources, state_dir=state)
+    assert not (tmp_path / "g").exists() and not list(state.rglob("*.safetensors"))
+
+
+def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_anything_is_read(
+        tmp_path: Path) -> None:
+    # A GPU here and Ray's executor name two places for the same layers: check, measure and eval each refuse the
+    # pair, naming both, before the models are opened (the paths below do not exist).
+    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.evaluation.run import run_eval
+    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.analyses.measure.run import measure_grams
+    from resumerge.forward.device import PassDevice
+
+    state = StateDir.resolve(tmp_path / "state")
+    gpu = PassDevice("cuda:0")
+    for call, what in ((lambda: run_check(tmp_path / "m", state=state, on_ray=True, device=gpu), "check"),
+                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, on_ray=True,
+                                              device=gpu), "measurement"),
+                       (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
+                                         on_ray=True), "evaluation")):
+        with pytest.raises(UsageError, match=f"runs the {what}'s layers on this machine's GPU, and executor ray"
+                           ) as caught:
+            call()
+        assert "leave out one of the two" in caught.value.one_line()
+    assert not (tmp_path / "g").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_cli_refuses_a_gpu_pass_on_ray_in_one_line(tmp_path: Path, make: ModelFactory) -> None:
+    # Whichever refusal comes first on this machine (no GPU, no Ray, or the pair), one line and exit 2.
+    from tests.support import cli_here
+
+    a, b = make("a", seed=1), make("b", seed=2)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    for args in (("check", a, "--base", b), ("measure", config, tmp_path / "g"), ("eval", a, "--tasks", "x")):
+        done = cli_here(*args, "--device", "cuda", "--executor", "ray", "--state-dir", tmp_path / "state")
+        assert done.returncode == 2, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "g").exists()
+
+
+def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_host(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "cpu:0" is moved to as a GPU is (every weight, hidden state and call copied there, the journal written from
+    # host copies), with the host's arithmetic: the device's paths, run without a GPU, give the host's bytes.
+    pytest.importorskip("transformers")
+    from resumerge.forward import layerpass
+
+    models = _pass_models(tmp_path)
+    default = _check_pass(models, tmp_path / "default", None)
+    assert _check_pass(models, tmp_path / "cpu", "cpu") == default
+    assert _check_pass(models, tmp_path / "moved", "cpu:0") == default
+    last = f"layer-{PASS_SPEC_LAYERS - 1:05d}.safetensors"
+    journal = (tmp_path / "default" / last).read_bytes()
+    assert (tmp_path / "cpu" / last).read_bytes() == journal == (tmp_path / "moved" / last).read_bytes()
+
+    class Stopped(Exception):
+        pass
+
+    def stop_after_layer_1(point: str, **_: object) -> None:
+        if (tmp_path / "across" / "layer-00001.safetensors").is_file():
+            raise Stopped
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layerpass, "reach", stop_after_layer_1)
+        with pytest.raises(Stopped):
+            _check_pass(models, tmp_path / "across", "cpu:0")  # started on the "device"
+    assert _check_pass(models, tmp_path / "across", None) == default  # resumed on the host
+
+
+def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from resumerge.analyses.measure.grams import Streamed, measure_model
+    from resumerge.analyses.measure.passes import stream_of
+    from resumerge.forward.batches import one_by_one
+
+    model = _pass_models(tmp_path)[0]
+    for device in ("cpu", "cpu:0"):
+        with stream_of(model, "merge", device) as stream:  # type: ignore[arg-type]
+            measure_model(Streamed(stream), one_by_one(PASS_TOKENS), tmp_path / device, 0,
+                          tmp_path / f"{device}-journal")
+    grams = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
+    assert len(grams) == PASS_SPEC_LAYERS
+    assert all((tmp_path / "cpu" / p).read_bytes() == (tmp_path / "cpu:0" / p).read_bytes() for p in grams)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_check_on_the_gpu_gives_the_cpus_figures_and_a_check_killed_there_resumes_on_the_cpu(tmp_path: Path) -> None:
+    models = _pass_models(tmp_path)
+    merge, base, parent = (str(m.path) for m in models)  # type: ignore[attr-defined]
+    cpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-cpu")
+    gpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-gpu",
+                    resources=api.Resources(device="cuda"))
+    done = cli("check", merge, "--base", base, "--parent", parent, "--device", "cuda", "--state-dir",
+               tmp_path / "s-across", env={"RESUMERGE_KILL_AT": "after_check_layer:2"})
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    across = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-across")  # resumed on the CPU
+    for found in (gpu, across):
+        assert found.verdict == cpu.verdict
+        for want, got in zip(cpu.models, found.models):
+            for name in ("nll", "kl", "kl_p95", "top1"):
+                w, g = getattr(want, name), getattr(got, name)
+                assert (w is None) == (g is None) and (w is None or abs(w - g) <= 1e-5 * max(1.0, abs(w))), name
+            torch.testing.assert_close(torch.tensor(got.drift), torch.tensor(want.drift), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_model_larger_than_the_gpu_budget_runs_a_layer_at_a_time_and_a_layer_beyond_it_is_refused(
+        tmp_path: Path) -> None:
+    # 16 layers of 1 MB (float32): the hidden states and the heads' step (vocabulary 64) are small beside them
+    models = _pass_models(tmp_path, layers=16, hidden=128, intermediate=512)
+    merge, base = (str(m.path) for m in models[:2])  # type: ignore[attr-defined]
+    state = tmp_path / "state"
+    with pytest.raises(UsageError, match="of GPU memory on cuda:0") as caught:
+        api.check(merge, base=base, state_dir=state, resources=api.Resources(device="cuda", max_gpu_memory=1000))
+    assert not list(state.rglob("layer-*.safetensors"))  # refused before its first layer
+    named = parse_size(caught.value.one_line().split("rerun with --max-gpu-memory ")[1].split(" ")[0])
+    whole = sum(f.stat().st_size for f in Path(merge).glob("*.safetensors"))
+    assert named < whole  # the model does not fit the budget it runs under: one layer at a time does
+    found = api.check(merge, base=base, state_dir=state,
+                      resources=api.Resources(device="cuda", max_gpu_memory=named))
+    want = api.check(merge, base=base, state_dir=tmp_path / "s-cpu")
+    assert abs(found.models[0].nll - want.models[0].nll) <= 1e-5 * max(1.0, want.models[0].nll)  # type: ignore[operator]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    models = _pass_models(tmp_path)
+    config = write_config(tmp_path / "c.yml", linear_config(Path(models[0].path), Path(models[1].path)))  # type: ignore[attr-defined]
+    api.measure(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
+    api.measure(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(device="cuda"))
+    files = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
+    assert files
+    for name in files:
+        want, got = load_file(tmp_path / "cpu" / name), load_file(tmp_path / "gpu" / name)
+        assert want.keys() == got.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+def test_the_command_that_continues_a_check_on_a_gpu_names_its_device(tmp_path: Path) -> None:
+    from resumerge.analyses.check.run import check_command
+    from resumerge.forward.device import PassDevice
+
+    state = StateDir.resolve(tmp_path / "state")
+    on_cpu = check_command("m", "b", (), None, state)
+    assert "--device" not in on_cpu  # as before: a check on the host names no device
+    on_gpu = check_command("m", "b", (), None, state, device=PassDevice("cuda:1", 2_000_000_000))
+    assert on_gpu == on_cpu.replace(" --state-dir", " --device cuda:1 --max-gpu-memory 2000000000 --state-dir")

@@ -62,3 +62,31 @@ def test_the_command_line_builds_the_executor_object() -> None:
         executor_option("local", ray_address="10.0.0.1:6379")
     with pytest.raises(UsageError, match="must be at least 0"):
         RayExecutor(keep_workers=-1).check()
+
+
+def test_every_command_taking_an_executor_offers_the_names_of_the_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A new executor is a class and one line of EXECUTORS: every command's --executor offers it, with no other edit.
+    import argparse
+
+    from resumerge.api import options
+
+    monkeypatch.setitem(options.EXECUTORS, "mine", lambda address, keep: None)
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    offered = {name: next(a.choices for a in parser._actions if a.dest == "executor")
+               for name, parser in subs.choices.items() if any(a.dest == "executor" for a in parser._actions)}
+    assert {"run", "resume", "plan", "check", "measure", "eval", "evolve"} <= set(offered), sorted(offered)
+    assert all(tuple(choices) == ("local", "ray", "mine") for choices in offered.values()), offered
+
+
+@pytest.mark.parametrize("function", [api.check, api.measure, api.estimate_measure])
+def test_a_pass_takes_runs_resources_and_refuses_those_it_cannot_honour(tmp_path: Path, function: object) -> None:
+    # check and measure take run's option groups; a resource they cannot honour is refused before anything is read
+    # (the models named do not exist).
+    assert callable(function)
+    args = (tmp_path / "m",) if function is api.check else (tmp_path / "c.yml",) + (
+        (tmp_path / "g",) if function is api.measure else ())
+    with pytest.raises(UsageError, match=r"^num_threads does not apply to"):
+        function(*args, resources=api.Resources(num_threads=2), state_dir=tmp_path / "s")
+    with pytest.raises(UsageError, match=r"^max_memory must be positive"):
+        function(*args, resources=api.Resources(max_memory="0"), state_dir=tmp_path / "s")
+    assert not (tmp_path / "s").exists()

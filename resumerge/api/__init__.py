@@ -39,6 +39,8 @@ from resumerge.api.options import (
     named,
     nothing_started,
     nothing_written,
+    pass_placement,
+    pass_settings,
     plan_options,
     recorded_device,
     run_settings,
@@ -301,10 +303,9 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
-          prompts: PathLike | None = None, max_memory: int | str | None = None,
+          prompts: PathLike | None = None, resources: Resources = Resources(),
           state_dir: PathLike | None = None, executor: Executor | None = None,
-          truncate_texts: bool = False,
-          progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
+          truncate_texts: bool = False, progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
@@ -312,7 +313,9 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
     may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
     config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
-    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``executor``: None or
+    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. Of ``resources`` (the
+    group :func:`run` takes) a check honours ``max_memory``, the whole process's budget, ``device`` and
+    ``max_gpu_memory`` (below), and refuses the others set. ``executor``: None or
     ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
     pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
     other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
@@ -321,24 +324,26 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     or a text holding a token one lacks, are refused before any layer runs.
     ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
     model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
-    the layer reached, whose ``resume_command`` is the command that continues it."""
+    the layer reached, whose ``resume_command`` is the command that continues it. ``Resources(device="cuda")``: each
+    decoder layer moved to the GPU while it runs, the hidden states kept there (a model larger than the GPU's memory
+    runs on it), each step admitted by ``max_gpu_memory`` too (None: most of what the GPU has free); the same figures
+    to float32's rounding, and a check started on one device resumes on the other (a GPU here and Ray's executor
+    together are refused, exit 2)."""
     from resumerge.analyses.check.run import run_check
+    from resumerge.forward.device import PassDevice
 
-    on_ray, address = False, None
-    if executor is not None:  # imported only then: api.checked brings the merge engine, which a local check never runs
-        from resumerge.api.checked import check_placement
-
-        on_ray, address = check_placement(executor)
-    return run_check(model, base=base, parents=tuple(parents), prompts=prompts,
-                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                     state=StateDir.resolve(state_dir), on_ray=on_ray, ray_address=address,
-                     cut_texts=truncate_texts, watcher=progress)
+    settings = pass_settings("check", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
+    return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
+                     state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
+                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
              limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
              log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
-             device: str = "cpu", state_dir: PathLike | None = None,
+             device: str = "cpu", max_gpu_memory: int | str | None = None, state_dir: PathLike | None = None,
+             executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
@@ -349,10 +354,14 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
     ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
     ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``: written
-    there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``progress`` is told
-    each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
+    there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``executor`` (the object
+    :func:`run` takes): None or ``LocalExecutor()`` runs every layer in this process; ``RayExecutor(address)`` each
+    pass's decoder layers on an actor of that Ray cluster, the head here (the same results; an evaluation started
+    with one resumes with the other; a merge config and generation tasks are refused there, exit 2). ``progress``
+    is told each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
     generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. ``device``, ``max_gpu_memory``:
+    where the layers run, as for :func:`check` (a GPU here, not with Ray's executor)."""
     import os
 
     from resumerge.analyses.evaluation.run import is_config, run_eval
@@ -363,10 +372,14 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
         tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None,
-        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device).checked()
+        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device,
+        max_gpu_memory=parse_size(max_gpu_memory, option="--max-gpu-memory") if isinstance(max_gpu_memory, str)
+        else max_gpu_memory).checked()
     state = StateDir.resolve(state_dir)
+    on_ray, address = pass_placement(run_settings(state_dir, Resources(), executor=executor))
     if not is_config(os.fspath(target)):
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress)
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, on_ray=on_ray,
+                        ray_address=address)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
     # the budget as run admits its units.
@@ -375,36 +388,50 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
     with MemoryGovernor(budget, SystemProbe()) as governor, \
             open_unwritten(target, state_dir=state_dir, governor=governor) as merge:
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge)
+        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge, on_ray=on_ray)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
-            max_memory: int | str | None = None, progress: Callable[[str], None] | None = None,
-            truncate_texts: bool = False, state_dir: PathLike | None = None) -> MeasureReport:
+            resources: Resources = Resources(), executor: Executor | None = None,
+            progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
+            state_dir: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
-    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under ``max_memory``,
-    journaled per layer under ``state_dir``: a killed measurement run again resumes at the layer it reached and
-    writes the same bytes. ``progress`` is told
-    each layer as it starts. A text longer than the models' context is refused naming its line, before anything
-    is written, or cut to the context with ``truncate_texts`` (as ``check`` does)."""
+    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
+    ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory budget
+    and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled per layer under
+    ``state_dir``: a killed measurement run again resumes at the layer it reached and writes the same bytes.
+    ``executor`` (:func:`run`'s object): None or ``LocalExecutor()`` measures the models one after another in this
+    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side
+    by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
+    merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
+    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
+    (as ``check`` does)."""
     from resumerge.analyses.measure.run import measure_grams
+    from resumerge.forward.device import PassDevice
 
-    return measure_grams(config, out, texts=texts, on_progress=progress,
-                         max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory,
-                         cut_texts=truncate_texts, state=StateDir.resolve(state_dir))
+    settings = pass_settings("measure", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
+    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
+                         cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address,
+                         device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
-def estimate_measure(config: PathLike, *, texts: PathLike | None = None,
-                     max_memory: int | str | None = None) -> MeasureEstimate:
-    """What :func:`measure` of ``config`` over ``texts`` needs under ``max_memory``, like ``resumerge measure
-    --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and whether
-    the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing."""
+def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
+                     executor: Executor | None = None, truncate_texts: bool = False,
+                     state_dir: PathLike | None = None) -> MeasureEstimate:
+    """What :func:`measure` of ``config`` over ``texts`` needs under ``resources.max_memory``, like ``resumerge
+    measure --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and
+    whether the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing. The options mean
+    what they mean for :func:`measure` (``executor`` is checked, as :func:`estimate` checks it: Ray's without Ray
+    installed is refused; the budget is this process's, which holds every layer of a local measurement)."""
     from resumerge.analyses.measure.run import estimate_measure as estimated
 
-    return estimated(config, texts=texts,
-                     max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory)
+    settings = pass_settings("estimate_measure", state_dir, resources, executor)
+    pass_placement(settings)
+    return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
+                     state=settings.state)
 
 
 def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
@@ -525,7 +552,7 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
 def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
            sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
-           task_search_path: PathLike | None = None) -> EvolveOutcome:
+           task_search_path: PathLike | None = None, executor: Executor | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -534,7 +561,11 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
     texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
     :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
-    mergekit-evolve refuses them.
+    mergekit-evolve refuses them. ``executor`` (the object :func:`run` takes): None or ``LocalExecutor()`` scores
+    every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
+    that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
+    for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
+    the other), and writes ``merge_best`` on it as :func:`run` does.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
@@ -544,11 +575,12 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.api.evolution import evolve_into
     from resumerge.evolve.search import SearchOptions
 
+    resources = Resources(device=device, max_memory=max_memory)
+    on_ray, address = pass_placement(run_settings(None, resources, executor=executor))
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
-                       resources=Resources(device=device, max_memory=max_memory), merge_best=merge_best,
-                       allow_benchmark_tasks=allow_benchmark_tasks,
+                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path)
+                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor)
 
 
 def evolve_status(storage: PathLike) -> SearchStatus:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from resumerge.analyses.evaluation.report import EvalReport
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.engine.drive import Outcome
+    from resumerge.engine.executors import Executor
     from resumerge.engine.unwritten import Population
     from resumerge.evolve.objective import ScoresGeneration
     from resumerge.evolve.search import Planned, SearchOptions
@@ -43,12 +44,15 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
-                written: bool = False) -> EvolveOutcome:
+                written: bool = False, on_ray: bool = False, ray_address: str | None = None,
+                executor: Executor | None = None) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
-    are held to)."""
+    are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
+    ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
+    writes ``merge_best`` (:func:`resumerge.api.run`'s)."""
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
     from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
@@ -56,8 +60,10 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.together import Together
     from resumerge.evolve.written import WrittenCandidates
+    from resumerge.forward.device import PassDevice
 
     include = os.fspath(task_search_path) if task_search_path is not None else None
+    on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
     planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
     if resources.max_memory is not None:
         _fits(planned, plan, resources.max_memory)
@@ -75,20 +81,32 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
         return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
 
     tasks = planned.spec.tasks
-    own: ScoresGeneration = WrittenCandidates(store, tasks, merge, tokenizer) if written else \
-        StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None), _bytes(resources.max_memory))
-    parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
-    if any(t.kind == "lm-eval" for t in tasks):
-        settings = eval_settings(planned.spec, include, resources.device)
+    settings = eval_settings(planned.spec, include, resources.device) if any(t.kind == "lm-eval" for t in tasks) \
+        else None
 
-        def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
-            return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
-                            num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
-                            max_memory=resources.max_memory, device=settings.device, state_dir=state).results)
+    def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
+        return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
+                             num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
+                             max_memory=resources.max_memory, device=settings.device, state_dir=state).results)
 
-        parts.append(("lm-eval", LmEvalCandidates(store, tasks, settings, evaluated)))
-    best = run_search(planned, store, parts[0][1] if len(parts) == 1 else Together(store, parts))
-    merged = run(store / files.BEST, merge_best, resources=resources) if merge_best is not None else None
+    def scorer_at(root: Path) -> ScoresGeneration:
+        """The search's scorer, its passes journaled and its texts' tokens kept in ``root``."""
+        own: ScoresGeneration = WrittenCandidates(root, tasks, merge, tokenizer, on) if written else \
+            StreamedCandidates(root, tasks, population, tokenizer, StateDir.resolve(None), _bytes(resources.max_memory),
+                               on)
+        parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
+        if settings is not None:
+            parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated)))
+        return parts[0][1] if len(parts) == 1 else Together(root, parts)
+
+    if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
+        from resumerge.evolve.spread import SpreadOverNodes
+
+        best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address))
+    else:
+        best = run_search(planned, store, scorer_at(store))
+    merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
+        if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 

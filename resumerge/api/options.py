@@ -36,6 +36,11 @@ PathLike = str | os.PathLike[str]
 
 # The API functions that extract a LoRA adapter (one adapter file: no shards, no tokenizer, no quantized format).
 _EXTRACTION = ("extract_lora", "estimate_extraction")
+# The API functions that run a forward pass over models read as they are (no output written, nothing staged,
+# nothing downloaded beyond what the pass's one opener reads): of the resources they honour the memory budget, and
+# a pass that runs layers (not its estimate, which reads headers) where they run: the device and its GPU budget.
+_PASSES = ("check", "measure", "estimate_measure")
+_ESTIMATES = ("estimate", "estimate_extraction", "estimate_measure")
 
 
 def _not_for(*functions: str) -> dict[str, tuple[str, ...]]:
@@ -90,14 +95,14 @@ class Resources:
     its files (by default a file is streamed when the merge needs less than half of it, or when downloading it would
     break ``max_disk``). A resume computes on the device and reads the inputs as its run recorded."""
 
-    device: str = field(default="cpu", metadata=_not_for("resume"))
+    device: str = field(default="cpu", metadata=_not_for("resume", "estimate_measure"))
     max_memory: int | str | None = None
-    max_gpu_memory: int | str | None = field(default=None, metadata=_not_for("estimate", "estimate_extraction"))
-    max_disk: int | str | None = None
-    staging: bool | PathLike | None = None
-    num_threads: int | None = None
-    cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume"))
-    stream_inputs: bool = field(default=False, metadata=_not_for("resume", *_EXTRACTION))
+    max_gpu_memory: int | str | None = field(default=None, metadata=_not_for(*_ESTIMATES))
+    max_disk: int | str | None = field(default=None, metadata=_not_for(*_PASSES))
+    staging: bool | PathLike | None = field(default=None, metadata=_not_for(*_PASSES))
+    num_threads: int | None = field(default=None, metadata=_not_for(*_PASSES))
+    cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume", *_PASSES))
+    stream_inputs: bool = field(default=False, metadata=_not_for("resume", *_EXTRACTION, *_PASSES))
 
 
 @dataclass(frozen=True)
@@ -206,8 +211,8 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
                  executor: Executor | None = None) -> RunSettings:
     """What never changes the output's bytes: ``resources``, how an ``hf://`` OUT is written (``hub``; None: the
     default, for a call that writes none), the ``executor``; raises UsageError (exit 2) for a bad value, before any
-    work (an executor that cannot run here, as Ray's without Ray installed, is one)."""
-    from resumerge.engine.executors import executor_of
+    work (an executor that cannot run here, as Ray's without Ray installed, is one). A forward pass's call
+    (``check``, ``measure``) takes its settings here too: its executor placing the pass, its memory budget."""
 
     output = None if hub is None else hub_output(hub.public, hub.commit_every, hub.commit_interval)
     if resources.num_threads is not None and resources.num_threads < 1:
@@ -217,8 +222,29 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
                            max_gpu_memory=size_option(resources.max_gpu_memory, "--max-gpu-memory"),
                            staging=resources.staging, max_disk=size_option(resources.max_disk, "--max-disk"),
                            num_threads=resources.num_threads, executor=executor)
-    executor_of(settings).check()
+    if executor is not None:  # the default, this process, needs nothing (nor the merge engine imported to say so)
+        from resumerge.engine.executors import executor_of
+
+        executor_of(settings).check()
     return settings if output is None else replace(settings, output=output)
+
+
+def pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
+                  executor: Executor | None) -> RunSettings:
+    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
+    cannot honour refused), state dir and executor, as ``run`` takes them (UsageError, exit 2, for a bad one)."""
+    taken(resources, function)
+    return run_settings(state_dir, resources, executor=executor)
+
+
+def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
+    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
+    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+    if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
+        return False, None
+    from resumerge.api.checked import check_placement
+
+    return check_placement(settings.executor)
 
 
 def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+
 
 def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``check`` command's parser."""
@@ -32,14 +34,16 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                        "default: most of what is free)")
     check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
-    check.add_argument("--executor", choices=("local", "ray"), default="local",
-                       help="where the forward pass runs: this process, one model after another, or each model on a "
-                            "node of its own of a Ray cluster (Ray on every node: pip install -c constraints.txt -e "
-                            "'.[ray]' in the clone; the models on paths every node sees, or hf://); the report is the "
-                            "same, and a check started with one resumes with the other [default: local]")
-    check.add_argument("--ray-address", metavar="ADDRESS",
-                       help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
-                            "the check on this machine]")
+    check.add_argument("--device", default="cpu", metavar="DEVICE",
+                       help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
+                            "hidden states kept there: a model larger than the GPU's memory runs on it; not with "
+                            "--executor ray) [default: cpu]")
+    check.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: 85 "
+                       "%% of the GPU's free memory]")
+    add_executor_flags(check, where=f"where the forward pass runs: this process, one model after another, or each "
+                                    f"model on a node of its own of a Ray cluster ({RAY_NEEDS}; the models on paths "
+                                    "every node sees, or hf://); the report is the same, and a check started with one "
+                                    "resumes with the other", address="the check")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (in a terminal a bar with "
                        "the layer, the model and the time left; in a log one line per layer), only the report")
@@ -47,14 +51,15 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_check_command(args: argparse.Namespace) -> int:
     """Parse nothing more: one API call, then the report."""
-    from resumerge.api import check
+    from resumerge.api import Resources, check
     from resumerge.api.options import executor_option
     from resumerge.cli.checkprogress import CheckProgress
 
     progress = CheckProgress(quiet=args.quiet)
     try:
         report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
-                       max_memory=args.max_memory, state_dir=args.state_dir,
+                       resources=Resources(max_memory=args.max_memory, device=args.device,
+                                           max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
                        executor=executor_option(args.executor, ray_address=args.ray_address),
                        truncate_texts=args.truncate_texts, progress=progress)
     finally:

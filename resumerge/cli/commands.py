@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from resumerge.cli.checkcmd import add_check_parser
 from resumerge.cli.evalcmd import add_eval_parser
 from resumerge.cli.evolvecmd import add_evolve_parser
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
 from resumerge.cli.ignoredflags import (
     EXTRACT_UNNEEDED,
     EXTRACT_UNNEEDED_WITH_VALUE,
@@ -306,14 +307,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _executor_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="where the output shards are computed: this process, or a worker per node of a Ray cluster "
-                        "(Ray on every node: pip install -c constraints.txt -e '.[ray]' in the clone; OUT and the "
-                        "inputs on paths every node sees); the bytes are "
-                        "the same, and a run started with one resumes with the other [default: local]")
-    p.add_argument("--ray-address", metavar="ADDRESS",
-                   help="with --executor ray: the cluster to join [default: $RAY_ADDRESS, else a Ray started for "
-                        "the run on this machine]")
+    add_executor_flags(p, where=f"where the output shards are computed: this process, or a worker per node of a Ray "
+                                f"cluster ({RAY_NEEDS}; OUT and the inputs on paths every node sees); the bytes are "
+                                "the same, and a run started with one resumes with the other", address="the run")
 
 
 def _keep_flag(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.run import EvalStep
 
@@ -46,8 +48,16 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           "under DIR as lm-eval's --output_path does")
     evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                           "default: most of what is free)")
-    evaluate.add_argument("--device", default="cpu", choices=("cpu",), help="where the layers run [default: cpu]")
+    evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
+                          help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, "
+                               "the hidden states kept there; not with --executor ray) [default: cpu]")
+    evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
+                          "[default: 85 %% of the GPU's free memory]")
     evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
+    add_executor_flags(evaluate, where=f"where each pass's decoder layers run: this process, or an actor on a node "
+                                       f"of a Ray cluster, the head here ({RAY_NEEDS}; TARGET a written model on a "
+                                       "path every node sees, or hf://); the results are the same, and an evaluation "
+                                       "started with one resumes with the other", address="the evaluation")
     evaluate.add_argument("--json", action="store_true", help="print lm-eval's results object as JSON")
     evaluate.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (one line per layer)")
 
@@ -55,6 +65,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run_eval_command(args: argparse.Namespace) -> int:
     """One API call, then the table (or the JSON)."""
     from resumerge.api import evaluate
+    from resumerge.api.options import executor_option
 
     def progress(step: EvalStep) -> None:
         where = "the head" if step.layer is None else f"layer {step.layer + 1}/{step.layers}"
@@ -64,7 +75,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     report = evaluate(args.target, tasks=args.tasks, include_path=args.include_path, limit=args.limit,
                       num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
                       log_samples=args.log_samples, output_path=args.output_path, max_memory=args.max_memory,
-                      device=args.device, state_dir=args.state_dir, progress=None if args.quiet else progress)
+                      device=args.device, max_gpu_memory=args.max_gpu_memory, state_dir=args.state_dir,
+                      executor=executor_option(args.executor, ray_address=args.ray_address),
+                      progress=None if args.quiet else progress)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

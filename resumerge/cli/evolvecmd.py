@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
 from resumerge.errors import EXIT_OK
 
 OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
@@ -34,6 +35,11 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     evolve.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of CMA-ES's draws [default: 0]")
     evolve.add_argument("--max-memory", metavar="SIZE", help="memory budget of each candidate's merge (e.g. 4GB)")
     evolve.add_argument("--device", default="cpu", help="where each candidate is merged (cpu, cuda, cuda:N)")
+    add_executor_flags(evolve, where=f"where each generation's candidates are scored: this process, or spread over "
+                                     f"the nodes of a Ray cluster, a group of them on each node ({RAY_NEEDS}; CONFIG's "
+                                     "models, its texts and STORAGE on paths every node sees); the files are the "
+                                     "same, and a search started with one resumes with the other; --merge-best is "
+                                     "written on it as run writes a merge", address="the search")
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
                         help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
@@ -45,12 +51,14 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run_evolve_command(args: argparse.Namespace) -> int:
     """One API call, then the best candidate."""
     from resumerge.api import evolve
+    from resumerge.api.options import executor_option
 
     outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
                      sigma0=args.sigma0, random_seed=args.random_seed,
                      max_memory=args.max_memory, device=args.device,
                      merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
-                     task_search_path=args.task_search_path)
+                     task_search_path=args.task_search_path,
+                     executor=executor_option(args.executor, ray_address=args.ray_address))
     if args.json:
         print(json.dumps(outcome.best.to_json(), indent=2))
         return EXIT_OK

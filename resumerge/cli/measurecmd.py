@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+
 
 def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``measure`` command's parser."""
@@ -29,6 +31,16 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                          "4GB; default: most of what is free)")
     measure.add_argument("--state-dir", metavar="DIR", help="where the measurement's journal is kept (the Grams go to "
                          "OUT_DIR)")
+    measure.add_argument("--device", default="cpu", metavar="DEVICE",
+                         help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
+                              "hidden states kept there; not with --executor ray; --plan reads the RAM on the host, "
+                              "whatever the device) [default: cpu]")
+    measure.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: "
+                         "85 %% of the GPU's free memory]")
+    add_executor_flags(measure, where=f"where each model's pass runs: this process, one model after another, or "
+                                      f"each model on a node of a Ray cluster, side by side ({RAY_NEEDS}; the models "
+                                      "on paths every node sees, or hub repos); the Grams are the same bytes, and a "
+                                      "measurement started with one resumes with the other", address="the measurement")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")
@@ -37,10 +49,13 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run_measure_command(args: argparse.Namespace) -> int:
     """One API call, then a one-line summary (with --plan, the estimate)."""
-    from resumerge.api import estimate_measure, measure
+    from resumerge.api import Resources, estimate_measure, measure
+    from resumerge.api.options import executor_option
 
-    if args.plan:
-        estimate = estimate_measure(args.config, texts=args.texts, max_memory=args.max_memory)
+    executor = executor_option(args.executor, ray_address=args.ray_address)
+    if args.plan:  # the plan is the pass's RAM: read on the host from the headers, wherever the layers will run
+        estimate = estimate_measure(args.config, texts=args.texts, resources=Resources(max_memory=args.max_memory),
+                                    executor=executor, truncate_texts=args.truncate_texts, state_dir=args.state_dir)
         if not args.quiet:
             print("\n".join(estimate.lines()))
         return 0 if estimate.fits else 2
@@ -48,7 +63,8 @@ def run_measure_command(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
-    report = measure(args.config, args.out, texts=args.texts, max_memory=args.max_memory,
+    resources = Resources(max_memory=args.max_memory, device=args.device, max_gpu_memory=args.max_gpu_memory)
+    report = measure(args.config, args.out, texts=args.texts, resources=resources, executor=executor,
                      progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
                      state_dir=args.state_dir)
     if not args.quiet:

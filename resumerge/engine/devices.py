@@ -4,7 +4,9 @@ The device is part of :class:`~resumerge.plan.merge_plan.PlanOptions` (and so of
 may round differently from the CPU's, and an output must never mix tensors computed on both, so a resume keeps
 the device the merge started with. Reading and writing always happen on the host; only the method's arithmetic moves.
 
-torch is imported lazily, so this module is cheap to import for the CLI's argument checks.
+The device names (:func:`normalise_device`, :func:`is_gpu`) are :mod:`resumerge.memory.cuda`'s, the one owner the
+forward pass reads too, re-exported here. torch is imported lazily, so this module is cheap to import for the
+CLI's argument checks.
 """
 
 from __future__ import annotations
@@ -15,36 +17,14 @@ import functools
 from resumerge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.errors import UsageError
 from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
+from resumerge.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, is_gpu, normalise_device
 from resumerge.memory.sizes import format_size
 from resumerge.plan.merge_plan import Plan
 from resumerge.plan.workunits import Oversized, largest, oversized_units
 from resumerge.torch_import import when_loaded
 
-CPU = "cpu"
-GPU_BUDGET_OPTION = "--max-gpu-memory"
-# The CUDA context itself (~300-500 MB) lives outside the caching allocator that CudaProbe sees, and other
-# processes may share the card: stay well short of what is free.
-GPU_FRACTION = 0.85
-
-
-def normalise_device(text: str) -> str:
-    """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``; ``auto`` the first GPU when
-    torch sees one, else ``cpu``).
-
-    Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).
-    """
-    value = text.strip().lower()
-    if value == CPU:
-        return CPU
-    if value == "auto":  # mergekit's --device auto: the GPU when there is one (resumerge has no XPU path)
-        import torch
-
-        return "cuda:0" if torch.cuda.is_available() else CPU
-    if value == "cuda":
-        return "cuda:0"
-    if value.startswith("cuda:") and value[5:].isdigit():
-        return f"cuda:{int(value[5:])}"
-    raise UsageError(f"unknown device {text!r}", hint="use --device cpu, cuda (or cuda:N) or auto")
+__all__ = ["CPU", "GPU_BUDGET_OPTION", "GPU_FRACTION", "gpu_governor", "is_gpu", "make_governor", "normalise_device",
+           "set_torch_threads"]
 
 
 def set_torch_threads(count: int | None) -> None:
@@ -68,11 +48,6 @@ def _apply_threads(count: int) -> None:
     torch.set_num_threads(count)
     with contextlib.suppress(RuntimeError):  # only settable before the first parallel work of the process
         torch.set_num_interop_threads(count)
-
-
-def is_gpu(device: str) -> bool:
-    """True for a CUDA device."""
-    return device.startswith("cuda")
 
 
 def gpu_governor(plan: Plan, device: str, max_gpu_memory: int | None,

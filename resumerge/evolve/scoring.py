@@ -30,11 +30,11 @@ def text_task(task: Task) -> TextTask:
 
 
 def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tokens: Path, tokenizer: Path | None,
-                on_layer: Callable[[int, int], None] | None = None) -> float:
+                on_layer: Callable[[int, int], None] | None = None, device: str = "cpu") -> float:
     """``task``'s figure for the model written in ``candidate`` (``kl`` or ``nll``), its pass journaled in
     ``workdir``; ``on_layer(layer, layers)`` is told as each layer starts. The texts are tokenized once per search
     and kept in ``tokens``, by the tokenizer of the folder ``tokenizer`` (the model the candidates' tokenizer is
-    copied from; None: the candidate's own)."""
+    copied from; None: the candidate's own); the pass's layers run on ``device``."""
     scored = text_task(task)
     models = [replace(open_for_pass(str(candidate), "the candidate", state), role="merge")]
     if scored.parent is not None:
@@ -42,7 +42,7 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
     # As check reads its prompts: the candidate's tokenizer (the genome's tokenizer_source) where it has one.
     directories = [tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
     texts = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], scored, tokens)
-    streams = streams_of(models)
+    streams = streams_of(models, device)
     try:
         layers = streams[0].layers
         figures = score_texts(streams, texts, workdir / "pass", parent=len(models) > 1,

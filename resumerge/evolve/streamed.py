@@ -46,11 +46,12 @@ LAYER_PREFIX = "layer-"
 class StreamedCandidates:
     """Scores a generation's candidates in one pass for all tasks (see the module's docstring); ``tokenizer``: the
     folder whose tokenizer reads the texts (None: the candidates' own), ``state``: where the parents' small files
-    are found (a hub parent's), ``max_memory``: the budget in bytes (None: the default one)."""
+    are found (a hub parent's), ``max_memory``: the budget in bytes (None: the default one), ``device``: where the
+    pass's layers run."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], open_population: OpenPopulation,
-                 tokenizer: Path | None, state: StateDir, max_memory: int | None = None) -> None:
-        self.store, self.open_population = store, open_population
+                 tokenizer: Path | None, state: StateDir, max_memory: int | None = None, device: str = "cpu") -> None:
+        self.store, self.open_population, self.device = store, open_population, device
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
         self.tokenizer, self.state, self.max_memory = tokenizer, state, max_memory
 
@@ -94,9 +95,11 @@ class StreamedCandidates:
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
             streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
-                                       what="resumerge evolve", key=f"candidate {i}", built=built))
+                                       what="resumerge evolve", key=f"candidate {i}", built=built,
+                                       device=self.device))
         theirs = [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
-                              torch.float32, what="resumerge evolve", key=m.path) for m in parents.values()]
+                              torch.float32, what="resumerge evolve", key=m.path, device=self.device)
+                  for m in parents.values()]
         names = ", ".join(t.name for t in self.tasks)
         try:
             steps, states = pass_steps(population, streams, theirs, texts)

@@ -23,10 +23,12 @@ Merge = Callable[[str, Path, Path], None]
 
 
 class WrittenCandidates:
-    """Scores each candidate from its written merge (see the module's docstring)."""
+    """Scores each candidate from its written merge (see the module's docstring), its passes' layers on
+    ``device``."""
 
-    def __init__(self, store: Path, tasks: Sequence[Task], merge: Merge, tokenizer: Path | None) -> None:
-        self.store, self.merge, self.tokenizer = store, merge, tokenizer
+    def __init__(self, store: Path, tasks: Sequence[Task], merge: Merge, tokenizer: Path | None,
+                 device: str = "cpu") -> None:
+        self.store, self.merge, self.tokenizer, self.device = store, merge, tokenizer, device
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
@@ -52,5 +54,5 @@ class WrittenCandidates:
                 storage.say(self.store, phase=f"score {task.name}", layer=layer, layers=layers)
 
             figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
-                                             self.store / storage.TOKENS, self.tokenizer, on_layer)
+                                             self.store / storage.TOKENS, self.tokenizer, on_layer, self.device)
         return figures

@@ -1,7 +1,8 @@
 """A pass's journal: one file per decoder layer, ``<prefix><layer>.safetensors``, holding the hidden states
 leaving it and what the pass's client keeps beside them, each saved durably (temp file, fsync, rename, directory
 fsync), so that a killed pass finds every file whole or not at all and resumes after the last one. The one reader
-and the one writer of every pass's journal (:mod:`.layerpass` drives them)."""
+and the one writer of every pass's journal (:mod:`.layerpass` drives them). Its files hold host tensors whatever
+device the pass runs on (:mod:`.device`): a pass started on a GPU resumes on the CPU, and the other way round."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ HIDDEN = "hidden.{m}.{s}"
 
 def durable_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write ``tensors`` (and safetensors ``metadata``) to ``path`` so that a kill at any instant leaves the old
-    file or the new one, never part of one."""
+    file or the new one, never part of one. A tensor on a GPU is written from a host copy: the file is the same
+    whichever device computed it."""
     from safetensors.torch import save_file
 
     temp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(temp), metadata=metadata)
+    save_file({name: t.to("cpu") for name, t in tensors.items()}, str(temp), metadata=metadata)
     with open(temp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(temp, path)
@@ -78,7 +80,7 @@ class Journal:
         """Layer ``layer``'s file: the ``hidden`` states leaving it (per model, per batch) and the client's
         ``kept`` tensors and ``metadata``, durable; then (unless :attr:`keeps_older`) the older files deleted: a
         kill between the two leaves both, and a resume takes the newest."""
-        tensors = {self.hidden.format(m=m, s=s): h.contiguous()
+        tensors = {self.hidden.format(m=m, s=s): h.to("cpu").contiguous()
                    for m, model in enumerate(hidden) for s, h in enumerate(model)}
         tensors.update(kept or {})
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ class LayerPass:
         the step stopped the pass)."""
         point = self.point
         restart = self.journal.restart(len(entering), batches)
-        hidden = entering if restart.hidden is None else restart.hidden
+        hidden = entering if restart.hidden is None else _where(restart.hidden, entering)
         step.restore(restart)
         if self.carries is not None:
             self.carries.restore(restart.tensors)
@@ -98,3 +98,13 @@ class LayerPass:
             if step.stopped():
                 return None
             return step.finish(hidden)
+
+
+def _where(journaled: Hidden, entering: Hidden) -> Hidden:
+    """The ``journaled`` hidden states (host tensors) on the device the pass's hidden states live on (``entering``'s:
+    a GPU's where the layers run there, :mod:`resumerge.forward.device`), so a resumed layer compares like with like;
+    as they are on the host."""
+    device = next((h.device for model in entering for h in model), None)
+    if device is None or device.type == "cpu":
+        return journaled
+    return [[h.to(device) for h in model] for model in journaled]

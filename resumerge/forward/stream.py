@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
+from resumerge.forward.device import moved
 from resumerge.forward.handed import HandingCall, Slot, given, slots_of
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
@@ -45,6 +46,7 @@ _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
+Placed = TypeVar("Placed")
 
 
 class _Output:
@@ -219,13 +221,16 @@ class ModelStream:
     """A model's modules without weights, read from ``weights`` in ``dtype`` as each part runs.
 
     ``key`` names the model in the codecs' errors; ``built`` is what :func:`build_modules` returned for it, when
-    the caller built them already (the MoE pass's checks do, before it reads a weight).
+    the caller built them already (the MoE pass's checks do, before it reads a weight). ``device``: where each
+    decoder layer and the head run (``cuda:N``: moved there while they run, the hidden states kept there; see
+    :mod:`.device`); the embeddings and each layer's call are made on the host and moved there once.
     Close it (or use it as a context manager) to close its files.
     """
 
     def __init__(self, weights: Weights, config_doc: Mapping[str, Any], dtype: torch.dtype, *, what: str,
-                 key: str = "model", built: tuple[Any, Any] | None = None) -> None:
+                 key: str = "model", built: tuple[Any, Any] | None = None, device: str = "cpu") -> None:
         self.dtype = dtype
+        self.device = torch.device(device)
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
         self.formats = base_formats(weights.tensors, config_doc, weights.directory)
         self.reader = CastReader(weights, self.formats, dtype, key=key)
@@ -258,12 +263,39 @@ class ModelStream:
     # -- weights in and out --------------------------------------------------------------------------------
 
     def load(self, module: torch.nn.Module, *, tied_head: bool = False,
-             read: Callable[[str], torch.Tensor] | None = None) -> torch.nn.Module:
-        """``module`` with its weights read (its buffers are kept: built for real, see :func:`weights_on_meta`);
+             read: Callable[[str], torch.Tensor] | None = None, host: bool = False) -> torch.nn.Module:
+        """``module`` with its weights read (its buffers are kept: built for real, see :func:`weights_on_meta`),
+        on the stream's device (``host``: on the host whatever the device: the parts that run before the layers);
         ``tied_head``: the head, read from the embeddings where the checkpoint holds no head; ``read``: where each
         weight comes from by checkpoint name, instead of this model's files (a merge of several models' weights).
         A module some of whose weights the checkpoint lacks, or stores in another shape (Qwen3-VL-MoE's expert
         stacks, transposed on the hub), is loaded through transformers' conversion (:meth:`_converted`)."""
+        loaded = self._read_into(module, tied_head, read)
+        return loaded if host else self._on_device(loaded)
+
+    def _on_device(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module``'s weights and buffers moved to the stream's device (nothing done on the host: the same
+        tensors). Each weight's host copy is let go as its device copy replaces it."""
+        if self.device == torch.device("cpu"):  # as :func:`~.device.moved` decides
+            return module
+        for child in module.modules():
+            for name, param in child.named_parameters(recurse=False):
+                if not param.is_meta and param.device != self.device:
+                    child._parameters[name] = torch.nn.Parameter(param.to(self.device), requires_grad=False)
+            for name, buffer in child.named_buffers(recurse=False):
+                if buffer.device != self.device:
+                    child._buffers[name] = buffer.to(self.device)
+        return module
+
+    def placed(self, value: Placed) -> Placed:
+        """``value`` (the hidden states entering the layers, their calls) on the stream's device
+        (:func:`~.device.moved`)."""
+        found: Placed = moved(value, self.device)
+        return found
+
+    def _read_into(self, module: torch.nn.Module, tied_head: bool,
+                   read: Callable[[str], torch.Tensor] | None) -> torch.nn.Module:
+        """:meth:`load`'s reading, on the host."""
         prefix = self.prefix(module)
         stored = self.prefix(self.model.get_input_embeddings()) if tied_head else prefix
         keys = {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
@@ -318,8 +350,8 @@ class ModelStream:
     @contextmanager
     def loaded(self, module: torch.nn.Module, *, tied_head: bool = False,
                read: Callable[[str], torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
-        """``module`` with its weights (from ``read`` when given, see :meth:`load`) for the block, without them
-        after."""
+        """``module`` with its weights (from ``read`` when given, see :meth:`load`) on the stream's device for the
+        block, without them after."""
         try:
             yield self.load(module, tied_head=tied_head, read=read)
         finally:
@@ -337,12 +369,13 @@ class ModelStream:
                read: Callable[[str], torch.Tensor] | None = None) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """For each batch of token sequences (ids and attention mask, both (batch, length)), the hidden states
         entering the first decoder layer and every layer's call, as the model's own forward makes them (the
-        embeddings read for this, from ``read`` when given (see :meth:`load`), dropped after)."""
+        embeddings read for this, from ``read`` when given (see :meth:`load`), dropped after), made on the host and
+        moved to the stream's device (:meth:`placed`)."""
         parts = self._before_layers()
         for part in parts:
-            self.load(part, read=read)
+            self.load(part, read=read, host=True)
         try:
-            return [self._capture(ids, mask) for ids, mask in batches]
+            return self.placed([self._capture(ids, mask) for ids, mask in batches])
         finally:
             for part in parts:
                 self.unload(part)
@@ -374,7 +407,7 @@ class ModelStream:
         before = dict(embed._parameters)
         embed._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
         try:
-            return [self._capture(torch.searchsorted(used, ids), mask) for ids, mask in batches]
+            return self.placed([self._capture(torch.searchsorted(used, ids), mask) for ids, mask in batches])
         finally:
             embed._parameters.update(before)
 
@@ -450,13 +483,13 @@ class ModelStream:
         found = []
         try:
             for (ids, mask), (b, r, n) in zip(alone, rows):
-                embeds = entering[b][0][r:r + 1, :n]
+                embeds = entering[b][0][r:r + 1, :n].to("cpu")  # made on the host, as the embeddings are
                 hidden, calls = self._capture(ids, mask, embeds)
                 if not torch.equal(hidden, embeds):
                     break
                 found.append((hidden, calls))
             else:
-                return found
+                return self.placed(found)
         except Exception:  # whatever the forward raises without ids: read them as :meth:`inputs`
             pass
         return self.inputs_of_rows(alone)
@@ -465,8 +498,12 @@ class ModelStream:
     def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True) -> torch.Tensor:
         """``layer``'s output for ``hidden`` under ``call``: what earlier layers handed it given, and its own extra
         outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer run on another
-        input than the pass's own: :mod:`.handed`)."""
+        input than the pass's own: :mod:`.handed`). ``hidden`` is moved to the layer's device first: a resumed
+        pass's journal holds host tensors."""
         args, kwargs = given(call)
+        weight = next(layer.parameters(), None)
+        if weight is not None and hidden.device != weight.device:
+            hidden = hidden.to(weight.device)
         out = layer(hidden, *args, **kwargs)
         if not isinstance(out, tuple):
             alone: torch.Tensor = out
@@ -493,18 +530,21 @@ class ModelStream:
             self.load(head, tied_head=tied)
         else:
             for name, value in weights.items():
-                head._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+                head._parameters[name] = torch.nn.Parameter(value.to(self.device), requires_grad=False)
         site, attribute = head_site(self.model, self.inner)
         inner = getattr(site, attribute)
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
+            hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
             normed = self.final_norm(hidden) if self.final_norm is not None else hidden
             setattr(site, attribute, _stubs()[1](normed))
             try:
-                out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long), use_cache=False)
+                out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),
+                           use_cache=False)
             finally:
                 setattr(site, attribute, inner)
-            result: torch.Tensor = out.logits
+            # on the host: what the clients compare them with (targets, other models' log-probabilities) is there
+            result: torch.Tensor = out.logits.to("cpu")
             return result
 
         try:

@@ -11,7 +11,39 @@ from typing import Any
 
 from resumerge.errors import UsageError
 
-__all__ = ["CudaProbe"]
+__all__ = ["CPU", "GPU_BUDGET_OPTION", "GPU_FRACTION", "CudaProbe", "is_gpu", "normalise_device"]
+
+CPU = "cpu"
+GPU_BUDGET_OPTION = "--max-gpu-memory"
+# The CUDA context itself (~300-500 MB) lives outside the caching allocator that CudaProbe sees, and other
+# processes may share the card: stay well short of what is free.
+GPU_FRACTION = 0.85
+
+
+def normalise_device(text: str) -> str:
+    """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``; ``auto`` the first GPU when
+    torch sees one, else ``cpu``). The one reading of ``--device``: a merge's (:mod:`resumerge.engine.devices`)
+    and a forward pass's (:mod:`resumerge.forward.device`).
+
+    Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).
+    """
+    value = text.strip().lower()
+    if value == CPU:
+        return CPU
+    if value == "auto":  # mergekit's --device auto: the GPU when there is one (resumerge has no XPU path)
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else CPU
+    if value == "cuda":
+        return "cuda:0"
+    if value.startswith("cuda:") and value[5:].isdigit():
+        return f"cuda:{int(value[5:])}"
+    raise UsageError(f"unknown device {text!r}", hint="use --device cpu, cuda (or cuda:N) or auto")
+
+
+def is_gpu(device: str) -> bool:
+    """True for a CUDA device."""
+    return device.startswith("cuda")
 
 
 class CudaProbe:

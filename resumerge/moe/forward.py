@@ -16,7 +16,10 @@ each tensor decoded to float32, then cast to bfloat16 (a plain tensor is cast st
 the pass sees the values ``--dequantize`` would write.
 
 The pass runs on the layer-streamed forward engine (:mod:`resumerge.forward`), the one ``resumerge check`` runs
-on: this module adds the prompt sets' vectors, the journal's layout and the routers.
+on, a client of its one journaled layer pass like ``check`` and ``measure``: its embeddings and each decoder layer
+admitted by the RAM governor under the share of the budget its process is given
+(:class:`~resumerge.forward.admission.Admission`). This module adds the prompt sets' vectors, the journal's layout
+and the routers.
 
 Runs in the prompt work's own process (:mod:`resumerge.moe.passmain`): transformers is imported here, never in
 the merge's process.
@@ -26,18 +29,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
+from resumerge.forward.admission import Admission
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass, Step
+from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.requires import require_transformers
 from resumerge.forward.stream import LayerCall, ModelStream
-from resumerge.inputs.codecs import StoredFormats
 from resumerge.memory import SystemProbe
 from resumerge.moe.passproc import gate_needs
 from resumerge.moe.passshare import share_problem
@@ -98,7 +102,9 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     the codecs read its tensors (a GGUF base's rebuilt config.json does not: its tensors are the GGUF's).
     ``share`` is the memory budget this process may hold (counted as the governor counts it): a pass whose
     largest layer cannot fit is refused before any weight is read (UsageError naming the smallest budget; the
-    run's process holds ``counted_elsewhere`` more). ``run_pid`` is the run's process, the one a kill test kills.
+    run's process holds ``counted_elsewhere`` more), and the embeddings and each layer are then admitted by a RAM
+    governor under it, as each step of ``check`` and ``measure`` is (None: not admitted, a test's pass).
+    ``run_pid`` is the run's process, the one a kill test kills.
     ``ready`` is what :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is
     made, before the first weight is read (the run's merge waits for it).
     """
@@ -113,17 +119,21 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     with ModelStream(weights, config_doc, torch.bfloat16, what=f"gate_mode {mode}", key=_BASE,
                      built=built) as stream:
         layers = stream.layers
+        step_bytes = pass_bytes(stream.formats, layers)
         if share is not None:
-            _check_share(stream.formats, layers, share, counted_elsewhere)
+            _check_share(step_bytes, share, counted_elsewhere)
         if on_checked is not None:
             on_checked()
         flat = [s for pair in sets for s in pair if s is not None]
-        with torch.no_grad():
-            entering = stream.inputs([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
-        journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
-        step = _GateStep(stream, mode, [c for _, c in entering], journal, sets)
-        gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
-        gates.run(step, [[h for h, _ in entering]], len(flat))
+        admitted: AbstractContextManager[Reserve] = Admission(share, {"layer": step_bytes}) if share is not None \
+            else nullcontext(unreserved)
+        with admitted as reserve:
+            with torch.no_grad(), reserve("the base's embeddings", "layer"):
+                entering = stream.inputs([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
+            journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
+            step = _GateStep(stream, mode, [c for _, c in entering], journal, sets, reserve)
+            gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
+            gates.run(step, [[h for h, _ in entering]], len(flat))
     return done
 
 
@@ -133,10 +143,10 @@ def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:
     return per_prompt.sum(dim=0) / per_prompt.shape[0]
 
 
-def _check_share(formats: StoredFormats, layers: int, share: int, counted_elsewhere: int) -> None:
+def _check_share(step_bytes: int, share: int, counted_elsewhere: int) -> None:
     probe = SystemProbe()
     probe.reclaim()
-    problem = share_problem(probe.rss(), pass_bytes(formats, layers), share, counted_elsewhere)
+    problem = share_problem(probe.rss(), step_bytes, share, counted_elsewhere)
     if problem is not None:
         raise problem
 
@@ -144,18 +154,21 @@ def _check_share(formats: StoredFormats, layers: int, share: int, counted_elsewh
 class _GateStep(Step[None]):
     """The gates' part of the pass: at each layer every prompt set's vector of the layer's input (journaled beside
     the hidden states, each layer's file kept), the layer run to give the next its input (not the last layer's:
-    its output is no router's input); after the last layer, the routers (:func:`_finish`)."""
+    its output is no router's input); after the last layer, the routers (:func:`_finish`). Each layer is held by
+    ``reserve`` while it runs (step ``layer``)."""
 
     def __init__(self, stream: ModelStream, mode: str, calls: list[list[LayerCall]], journal: Journal,
-                 sets: ExpertSets) -> None:
+                 sets: ExpertSets, reserve: Reserve = unreserved) -> None:
         self.stream, self.mode, self.calls, self.journal, self.sets = stream, mode, calls, journal, sets
+        self.reserve = reserve
         self.vectors: list[torch.Tensor] = []
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         self.vectors = [_vector(h, self.mode) for h in hidden[0]]
         if index + 1 == self.stream.layers:
             return [[]]
-        with self.stream.loaded(self.stream.layers_list[index]) as layer:
+        with self.reserve(f"layer {index} of the base", "layer"), \
+                self.stream.loaded(self.stream.layers_list[index]) as layer:
             return [[self.stream.run(layer, h, c[index]) for h, c in zip(hidden[0], self.calls)]]
 
     def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:

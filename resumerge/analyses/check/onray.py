@@ -228,17 +228,18 @@ def actor_bytes(sizes: StepBytes) -> list[int]:
             for layer, heads in zip(sizes.layers, sizes.held_heads)]
 
 
-def ray_places(address: str | None, needs: Sequence[int]) -> list[Place]:
+def ray_places(address: str | None, needs: Sequence[int], what: str = "check") -> list[Place]:
     """Join the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a Ray started on this machine) and place
     each model's actor (``needs``: the memory each declares, :func:`actor_bytes`), before any weight is read: see
     :func:`places`. Raises :class:`~resumerge.errors.UsageError` without Ray or where the cluster cannot hold the
-    actors, :class:`~resumerge.errors.UnreachableError` where it cannot be joined."""
+    actors, :class:`~resumerge.errors.UnreachableError` where it cannot be joined. ``what``: the pass, as the
+    refusals name it (``check``, ``measurement``)."""
     from resumerge.engine.cluster.connect import join
 
-    return places(join(address).nodes(), needs)
+    return places(join(address).nodes(), needs, what)
 
 
-def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int]) -> list[Place]:
+def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int], what: str = "check") -> list[Place]:
     """For each model, the node its actor runs on, the CPUs and the memory it declares: the alive ``nodes``
     (``ray.nodes()``) with CPUs, most CPUs first, one model each, round-robin where there are fewer nodes than
     models, each node given only the actors its memory (as the node declares it to Ray) holds; each model takes its
@@ -249,13 +250,14 @@ def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int]) -> list[Place]
                     for n in nodes if n.get("Alive") and n["Resources"].get("CPU", 0) > 0),
                    key=lambda n: (-n[0], n[2]))
     if not alive:
-        raise UsageError("the Ray cluster has no node with CPUs to run a check on",
-                         hint="add a node with CPUs, or run the check without --executor ray")
+        raise UsageError(f"the Ray cluster has no node with CPUs to run a {what} on",
+                         hint=f"add a node with CPUs, or run the {what} without --executor ray")
     largest = max(memory for _, memory, _ in alive)
+    holds = "its heads" if what == "check" else "its sums"
     if min(needs) > largest:
-        raise UsageError(f"a model's actor of the check needs {format_size(min(needs))} of a Ray node's memory (torch, "
-                         f"a layer in float32, its hidden states, its heads), more than any node of the cluster has "
-                         f"(the most: {format_size(largest)})", hint=_SMALL_HINT)
+        raise UsageError(f"a model's actor of the {what} needs {format_size(min(needs))} of a Ray node's memory "
+                         f"(torch, a layer in float32, its hidden states, {holds}), more than any node of the cluster "
+                         f"has (the most: {format_size(largest)})", hint=_small_hint(what))
     free = {node: memory for _, memory, node in alive}
     chosen: list[tuple[str, float, int]] = []
     turn = 0
@@ -268,14 +270,15 @@ def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int]) -> list[Place]
                 turn = (turn + k + 1) % len(alive)
                 break
         else:
-            raise UsageError(f"the Ray cluster's nodes hold {m} of the check's {len(needs)} models' actors at once "
+            raise UsageError(f"the Ray cluster's nodes hold {m} of the {what}'s {len(needs)} models' actors at once "
                              f"(each needs {format_size(need)} of a node's memory; the pass runs them side by side)",
-                             hint=_SMALL_HINT)
+                             hint=_small_hint(what))
     shares = Counter(node for node, _, _ in chosen)
     return [Place(node, _cpus(cpus / shares[node]), need) for node, cpus, need in chosen]
 
 
-_SMALL_HINT = "add nodes with more memory to the cluster (ray start --memory), or run the check without --executor ray"
+def _small_hint(what: str) -> str:
+    return f"add nodes with more memory to the cluster (ray start --memory), or run the {what} without --executor ray"
 
 
 def _cpus(share: float) -> float:

@@ -40,6 +40,7 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, PlanChangedError, UsageError
 from resumerge.forward.admission import Admission
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
@@ -64,27 +65,33 @@ OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outsid
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
-              ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None
-              ) -> CheckReport:
+              ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None,
+              device: PassDevice = HOST) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
     (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
+    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
+    ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
+    the GPU's budget too; :mod:`resumerge.forward.device`)."""
+    if on_ray and device.on_gpu:
+        raise UsageError(f"--device {device.name} runs the check's layers on this machine's GPU, and --executor ray "
+                         "runs each model on a node of the cluster", hint="leave out one of the two")
     if on_ray:  # before anything is read: without Ray, one line and exit 2
         from resumerge.engine.cluster.connect import check_ray
 
         check_ray()
     with _passive_threads():
-        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher)
+        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
+                        device)
 
 
 def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
              parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
              max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
-             watcher: Watcher | None) -> CheckReport:
+             watcher: Watcher | None, device: PassDevice) -> CheckReport:
     """:func:`run_check`'s work, its OpenMP setting in force."""
     models = find_models(model, base, tuple(parents), state)
     _comparable(models)
@@ -99,7 +106,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
                                  configs=[m.opened.config for m in models], paths=[m.path for m in models],
                                  cut=cut_texts, on_miss=proof.start)
         return _keyed(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
-                      models, texts, prompts_file, proof)
+                      models, texts, prompts_file, proof, device)
     finally:
         proof.close()
 
@@ -108,11 +115,11 @@ def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
            parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
            max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
            watcher: Watcher | None, models: list[Checked], texts: Texts, prompts_file: Path | None,
-           proof: PassProof) -> CheckReport:
+           proof: PassProof, device: PassDevice) -> CheckReport:
     """The check, its texts known: its folder found by its key and locked."""
     tokens, vocab = texts.tokens, texts.vocab
     workdir = state.checks_dir / _key(models, tokens, vocab)
-    command = check_command(model, base, tuple(parents), prompts, state, cut_texts)
+    command = check_command(model, base, tuple(parents), prompts, state, cut_texts, device)
     # One process per check: two at once would delete each other's layer and head files (issue 70).
     lock = pass_lock(workdir, f"this check of {model}", command,
                      hint="wait for it to finish (asked again, the check then answers at once), or stop it (it "
@@ -120,7 +127,7 @@ def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
     lock.acquire()
     try:
         return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
-                       watcher, command, proof)
+                       watcher, command, proof, device)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
     finally:
@@ -151,8 +158,9 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 
 def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
                   parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-                  state: StateDir, cut_texts: bool = False) -> str:
-    """The shell command of this check (what a second one names, and what continues an interrupted one)."""
+                  state: StateDir, cut_texts: bool = False, device: PassDevice = HOST) -> str:
+    """The shell command of this check (what a second one names, and what continues an interrupted one: on the
+    device it ran on, though its journal resumes on any)."""
     words = ["resumerge", "check", os.fspath(model)]
     if base is not None:
         words += ["--base", os.fspath(base)]
@@ -162,6 +170,10 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
         words += ["--prompts", os.fspath(prompts)]
     if cut_texts:
         words.append("--truncate-texts")
+    if device.on_gpu:
+        words += ["--device", device.name]
+    if device.max_gpu_memory is not None:
+        words += ["--max-gpu-memory", str(device.max_gpu_memory)]
     if not is_default_state_root(state.given):
         words += ["--state-dir", os.fspath(state.root)]
     return shlex.join(words)
@@ -170,9 +182,10 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
             vocab: SharedVocab | None, workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None, watcher: Watcher | None, command: str, proof: PassProof) -> CheckReport:
+            ray_address: str | None, watcher: Watcher | None, command: str, proof: PassProof,
+            device: PassDevice) -> CheckReport:
     """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal); ``proof``
-    proves its models' bytes (its records kept in ``workdir``)."""
+    proves its models' bytes (its records kept in ``workdir``); ``device``: where its layers run."""
     done = workdir / REPORT_NAME
     proof.records = workdir / RECORDS_NAME
     said: str | None = None
@@ -195,7 +208,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     proof.record()  # before the first journal file: whatever the check journals, its bytes are recorded
     reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
     models = reads.bind(models, fresh=not _journaled(workdir))
-    streams = streams_of(models)
+    streams = streams_of(models, device.name)
     progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
                         command)
     restore_allocator = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
@@ -203,6 +216,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
     try:
         sizes = step_bytes(streams, tokens)
         budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray, sizes)  # before any weight is read
+        gpu = device.budget("the check", steps, 2 * len(streams) * sizes.states)  # and the GPU's, on one
         placed = _ray_places(ray_address, sizes) if on_ray else []  # the cluster joined: can it hold the actors?
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
         static, fold, outside = _static_before(models, workdir, progress, can_fold)
@@ -230,7 +244,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                                      model_path=None)
                         _give_back()
 
-                with Admission(budget, steps, before) as reserve:
+                with Admission(budget, steps, before, gpu) as reserve:
                     figures = forward_pass(models, streams, tokens, workdir, on_model, reserve, fold, vocab)
         if static is None:  # the layers' figures found as they were read; what they did not read, read now
             assert fold is not None

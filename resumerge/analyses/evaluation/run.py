@@ -16,7 +16,8 @@ import json
 import os
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,10 +55,13 @@ from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import tokenizer_at
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import tune_allocator
+from resumerge.memory.cuda import is_gpu, normalise_device
 from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
+    from resumerge.analyses.check.needs import StepBytes
     from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.placement import Placement
 
 _CONFIG_SUFFIXES = (".yml", ".yaml")
 _NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the resumerge clone: pip install -c "
@@ -82,12 +86,23 @@ Found = TypeVar("Found")
 
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
-             unwritten: UnwrittenMerge | None = None) -> EvalReport:
+             unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
+             ray_address: str | None = None) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
-    merged when read, never written). Raises :class:`UsageError` (exit 2) for anything refused before a weight is
-    read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that continues."""
+    merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
+    ``ray_address`` (check's :mod:`~resumerge.analyses.check.onray`; None: ``RAY_ADDRESS``, else a Ray started
+    here), its head here: the same results, journaled alike. Raises :class:`UsageError` (exit 2) for anything
+    refused before a weight is read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that
+    continues."""
+    if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
+        raise UsageError(f"--device {settings.device} runs the evaluation's layers on this machine's GPU, and "
+                         "--executor ray runs them on a node of the cluster", hint="leave out one of the two")
     settings = settings.checked()
+    if on_ray and unwritten is not None:
+        raise UsageError("eval --executor ray reads a written model on a Ray node; a merge config is merged in this "
+                         "process as its layers are read", hint="leave out --executor ray, or evaluate the written "
+                                                                  "merge")
     if unwritten is None:
         _not_a_config(target)
         model = open_for_pass(target, "TARGET", state)
@@ -101,12 +116,19 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     tokenizer = _tokenizer(model)
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
-    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET")
+    device = settings.pass_device()
+    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
+                         device=device.name)
     restore_allocator = tune_allocator()
-    scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten))
+    scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten),
+                     (ray_address,) if on_ray else None)
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
+        if generating and on_ray:
+            raise UsageError(f"eval --executor ray places the log-likelihood passes; the generation task(s) "
+                             f"{', '.join(generating)} hold the whole model in this process",
+                             hint="leave out --executor ray for them")
         if generating:
             _fits_whole(stream, generating, settings)  # before any weight is read
         def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -169,9 +191,11 @@ class _Scorer:
     pass's tokens) locked, its steps admitted by the memory governor, its progress written for ``status``."""
 
     def __init__(self, stream: ModelStream, model: PassModel, settings: EvalSettings, state: StateDir, command: str,
-                 watcher: Watcher | None, merged: _Merged | None = None) -> None:
+                 watcher: Watcher | None, merged: _Merged | None = None,
+                 ray: tuple[str | None] | None = None) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher, self.merged = command, watcher, merged
+        self.ray = ray  # (the cluster's address,): the layers on a Ray actor; None: here
         self.step: EvalStep | None = None
         self.workdir: Path | None = None
 
@@ -183,11 +207,13 @@ class _Scorer:
             return done
         sizes = step_bytes([self.stream], list(work.runs))
         steps = {"layer": self._layer_bytes(sizes), "heads": max(sizes.heads)}
+        placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
-            return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer)
+            return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed)
 
-        return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored)
+        return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored,
+                            layers_here=placed is None)
 
     def texts(self, work: TextWork) -> TextFigures:
         """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
@@ -216,10 +242,10 @@ class _Scorer:
         return max(sizes.layers)
 
     def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
-                scored: Callable[[Reserve, Callable[[int | None], None]], Found]) -> Found:
+                scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True) -> Found:
         """A pass in ``workdir``, its lock held, its steps admitted by the memory governor under the budget
         (refused, exit 2, before its first layer where ``states`` and its largest step do not fit), its progress
-        written for ``status``."""
+        written for ``status``. ``layers_here`` False: the layers run on a Ray node, only the heads here."""
         self.workdir = workdir
         lock = pass_lock(workdir, f"this evaluation of {self.model.path}", self.command,
                          hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
@@ -228,9 +254,11 @@ class _Scorer:
         try:
             # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
             merging = self.merged.merge_bytes if self.merged is not None else 0
-            budget = budget_fitting("the evaluation", states + max(steps.values()) + merging,
-                                    self.settings.max_memory, SystemProbe())
-            with Admission(budget, steps) as reserve:
+            largest = max(steps.values()) if layers_here else steps["heads"]
+            budget = budget_fitting("the evaluation", states + largest + merging, self.settings.max_memory,
+                                    SystemProbe())
+            gpu = self.settings.pass_device().budget("the evaluation", steps, states)  # None on the CPU, on Ray
+            with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
                     self._say(workdir, EvalStep(self.model.path, self.settings.tasks, kind, requests, layer,
                                                 self.stream.layers))
@@ -241,6 +269,21 @@ class _Scorer:
             return found
         finally:
             lock.release()
+
+    def _on_ray(self, sizes: StepBytes) -> Callable[[Callable[[int], None]], AbstractContextManager[Placement]]:
+        """The cluster joined and the pass's actor placed (refused, exit 2, where no node holds it), before any
+        weight is read: how :func:`~.scorer.score` starts it."""
+        from resumerge.analyses.check.onray import actor_bytes, ray_models, ray_places
+
+        assert self.ray is not None
+        where = ray_places(self.ray[0], actor_bytes(sizes)[:1], what="evaluation")
+        given = None if self.state.given is None else str(self.state.root)  # --state-dir, as a node opens it
+
+        def placed(told: Callable[[int], None]) -> AbstractContextManager[Placement]:
+            return ray_models([replace(self.model, role="model")], where, self.stream.layers,
+                              lambda layer, nodes: told(layer), state=given)
+
+        return placed
 
     def _say(self, workdir: Path, step: EvalStep, done: bool = False) -> None:
         self.step = step
@@ -271,6 +314,7 @@ def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettin
     hold every layer for the whole generation."""
     try:
         budget_fitting("the generation tasks", resident_bytes(stream), settings.max_memory, SystemProbe())
+        settings.pass_device().budget("the generation tasks", {"model": resident_bytes(stream)}, 0)
     except UsageError as exc:
         raise UsageError(f"{', '.join(generating)} generate text (generate_until), which holds the whole model; "
                          f"{exc.message}", hint="raise --max-memory, or leave those tasks out: the others run one "

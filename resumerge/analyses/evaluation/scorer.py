@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from resumerge.analyses.check.heads import logprobs
@@ -19,7 +20,7 @@ from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.forward.batches import Hidden, enter
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.placement import Streams
+from resumerge.forward.placement import Placement, Streams
 from resumerge.forward.stream import ModelStream
 from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
@@ -39,21 +40,34 @@ def answered(workdir: Path) -> list[Answer] | None:
 
 
 def score(stream: ModelStream, work: Scoring, workdir: Path, *, reserve: Reserve = unreserved,
-          on_layer: Callable[[int | None], None] | None = None) -> list[Answer]:
+          on_layer: Callable[[int | None], None] | None = None,
+          placed: Callable[[Callable[[int], None]], AbstractContextManager[Placement]] | None = None
+          ) -> list[Answer]:
     """Each request's (log-likelihood, greedy) of ``work`` on the model ``stream`` (float32 as lm-eval's ``hf``
     model computes them), resuming the pass journaled in ``workdir``; ``on_layer`` is told each layer as it starts
     (None: the heads); ``reserve(what, step)`` holds a step's memory while it runs. A client of the forward
-    engine's one journaled pass (:class:`~resumerge.forward.layerpass.LayerPass`)."""
+    engine's one journaled pass (:class:`~resumerge.forward.layerpass.LayerPass`). ``placed(on_layer)``: where the
+    decoder layers run instead of this process (a Ray actor, ``--executor ray``: the same answers, the journal the
+    same file); the head runs here."""
     done = answered(workdir)
     if done is not None:
         return done
-    workdir.mkdir(parents=True, exist_ok=True)
     told = on_layer if on_layer is not None else (lambda layer: None)
-    streams = Streams([stream], on_model=lambda layer, m: told(layer), reserve=reserve)
+    if placed is None:
+        return _scored(Streams([stream], on_model=lambda layer, m: told(layer), reserve=reserve), stream, work,
+                       workdir, reserve, told)
+    with placed(told) as placement:
+        return _scored(placement, stream, work, workdir, reserve, told)
+
+
+def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Path, reserve: Reserve,
+            told: Callable[[int | None], None]) -> list[Answer]:
+    """:func:`score`'s pass with its layers where ``streams`` runs them, its head on ``stream``."""
+    workdir.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         entered = enter(work.runs, streams.enter, streams.runs_batched)
     journal = Journal(workdir, LAYER_PREFIX)
-    step = _Scored(streams, work, entered.groups, workdir, reserve, told)
+    step = _Scored(streams, stream, work, entered.groups, workdir, reserve, told)
     answers = LayerPass(journal, streams.layers, point="after_eval_layer").run(step, entered.hidden,
                                                                               len(entered.batches))
     assert answers is not None  # the step never stops the pass
@@ -67,9 +81,9 @@ def score(stream: ModelStream, work: Scoring, workdir: Path, *, reserve: Reserve
 class _Scored(Step[list[Answer]]):
     """The pass's step: each decoder layer over every batch (its weights read once), then the head."""
 
-    def __init__(self, streams: Streams, work: Scoring, groups: list[list[int]], workdir: Path, reserve: Reserve,
-                 told: Callable[[int | None], None]) -> None:
-        self.streams, self.work, self.groups, self.workdir = streams, work, groups, workdir
+    def __init__(self, streams: Placement, stream: ModelStream, work: Scoring, groups: list[list[int]],
+                 workdir: Path, reserve: Reserve, told: Callable[[int | None], None]) -> None:
+        self.streams, self.stream, self.work, self.groups, self.workdir = streams, stream, work, groups, workdir
         self.reserve, self.told = reserve, told
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
@@ -78,7 +92,7 @@ class _Scored(Step[list[Answer]]):
 
     def finish(self, hidden: Hidden) -> list[Answer]:
         self.told(None)
-        return _heads(self.streams.streams[0], self.work, self.groups, hidden[0], self.workdir, self.reserve)
+        return _heads(self.stream, self.work, self.groups, hidden[0], self.workdir, self.reserve)
 
 
 def _heads(stream: ModelStream, work: Scoring, groups: list[list[int]], hidden: list[torch.Tensor], workdir: Path,

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from resumerge.analyses.evaluation.texttasks import TextTask, text_task
 from resumerge.errors import UsageError
-
-DEVICES = ("cpu",)
+from resumerge.forward.device import PassDevice
 
 
 @dataclass(frozen=True)
@@ -19,7 +18,8 @@ class EvalSettings:
     ``limit``: at most this many documents per task (a fraction below 1: that share); ``num_fewshot``: examples
     in each prompt; ``apply_chat_template``: the model's chat template (a name picks one of several);
     ``log_samples``: keep each task's samples; ``output_path``: where lm-eval's results file (and the samples) go;
-    ``max_memory``: the process's memory budget in bytes (None: the default); ``device``: where the layers run."""
+    ``max_memory``: the process's memory budget in bytes (None: the default); ``device``: where the layers run
+    (``cpu``, ``cuda[:N]``: :mod:`resumerge.forward.device`), with the GPU budget ``max_gpu_memory`` in bytes."""
 
     tasks: tuple[str, ...]
     include_path: str | None = None
@@ -30,6 +30,7 @@ class EvalSettings:
     output_path: str | None = None
     max_memory: int | None = None
     device: str = "cpu"
+    max_gpu_memory: int | None = None
 
     def checked(self) -> EvalSettings:
         """These settings, or :class:`UsageError` (exit 2) naming the first wrong one."""
@@ -43,14 +44,16 @@ class EvalSettings:
         if self.include_path is not None and not Path(self.include_path).is_dir():
             raise UsageError(f"--include-path {self.include_path}: no such folder",
                              hint="name a folder of lm-eval task YAML files")
-        if self.device not in DEVICES:
-            raise UsageError(f"--device {self.device}: eval runs its layers on the CPU only in this version",
-                             hint="leave --device out")
+        self.pass_device()  # a device run refuses too, in its words (no GPU here: exit 2)
         if self.output_path is not None and Path(self.output_path).is_file():
             raise UsageError(f"--output-path {self.output_path} is a file", hint="name a folder (created if absent)")
         for task in self.text_tasks:
             task.checked()
         return self
+
+    def pass_device(self) -> PassDevice:
+        """Where the evaluation's passes run, read as every pass reads ``--device``."""
+        return PassDevice.of(self.device, self.max_gpu_memory)
 
     @property
     def lm_tasks(self) -> tuple[str, ...]:
@@ -86,4 +89,8 @@ class EvalSettings:
             words.append("--log-samples")
         if self.output_path is not None:
             words += ["--output-path", os.fspath(self.output_path)]
+        if self.device != "cpu":
+            words += ["--device", self.device]
+        if self.max_gpu_memory is not None:
+            words += ["--max-gpu-memory", str(self.max_gpu_memory)]
         return words

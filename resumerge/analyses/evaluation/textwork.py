@@ -40,14 +40,15 @@ class TextWork:
 
     def streams(self, scored: ModelStream, config: Mapping[str, Any]) -> list[ModelStream]:
         """The parent's modules without weights (none for NLL), sharing ``scored``'s where their config.json
-        (``config``: the scored model's) says the same (the pass gives a module its weights only while it runs)."""
+        (``config``: the scored model's) says the same (the pass gives a module its weights only while it runs),
+        each layer run on ``scored``'s device."""
         if self.parent is None:
             return []
         opened = self.parent.opened
         same = json.dumps(dict(opened.config), sort_keys=True) == json.dumps(dict(config), sort_keys=True)
         return [ModelStream(Weights.of(opened.directory, opened.tensors, self.parent.remote), opened.config,
                             scored.dtype, what="resumerge eval", key=f"task {self.task.name}'s parent",
-                            built=(scored.config, scored.model) if same else None)]
+                            built=(scored.config, scored.model) if same else None, device=str(scored.device))]
 
 
 def text_work(task: TextTask, model: PassModel, state: StateDir) -> TextWork:

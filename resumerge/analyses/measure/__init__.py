@@ -4,11 +4,13 @@ calibration texts, for the data-aware merges (``regmean``, ``regmean_plus``).
 :mod:`.run` makes every check first, then :mod:`.passes` runs each model (or, for RegMean++, the merged pass) on the
 forward engine's journaled layer pass (:mod:`resumerge.forward`) one decoder layer at a time; :mod:`.grams` records
 the Grams of a layer with hooks before its linears and journals the hidden states, so a killed measurement resumes
-at the layer it reached with the same bytes; :mod:`.status` reads a measurement folder for ``resumerge status``
-without importing torch. The files' format (names, ``measure.json``) is :mod:`resumerge.inputs.grams`, which the
-planner reads too. :func:`resumerge.api.measure` calls :func:`~resumerge.analyses.measure.run.measure_grams`.
+at the layer it reached with the same bytes; :mod:`.onray` places each model's pass in a Ray actor of its own
+(``--executor ray``), the Grams written and journaled here alike; :mod:`.status` reads a measurement folder for
+``resumerge status`` without importing torch. The files' format (names, ``measure.json``) is
+:mod:`resumerge.inputs.grams`, which the planner reads too. :func:`resumerge.api.measure` calls
+:func:`~resumerge.analyses.measure.run.measure_grams`.
 
-May import: errors, config, forward, inputs, memory, methods, store, torch_import.
+May import: analyses.check, errors, config, forward, inputs, memory, methods, store, engine, torch_import.
 
 """
 

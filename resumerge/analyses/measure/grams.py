@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.batches import Batch, Hidden
@@ -70,25 +70,70 @@ def linears_of(layer: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.
     return [(prefix + name, module) for name, module in layer.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
-def measure_model(stream: ModelStream, batches: list[Batch], out: Path, index: int, journal: Path, *,
+class Runner(Protocol):
+    """Where one model's measured pass runs: this process (:class:`Streamed`), or a Ray actor of its own
+    (:mod:`.onray`). The Grams it gives are written, and the hidden states journaled, by this process alike, so a
+    measurement started on one resumes on the other with the same bytes."""
+
+    @property
+    def layers(self) -> int: ...
+
+    @property
+    def what(self) -> str: ...
+
+    def enter(self, batches: list[Batch]) -> list[torch.Tensor]:
+        """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
+
+    def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
+        """Layer ``index`` run on ``hidden`` with its linears' inputs recorded (:func:`_recorded_layer`)."""
+
+
+# A layer's outputs, its float32 Grams by the linear holding each, and which linear holds each linear's Gram.
+Recorded = tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]
+
+
+class Streamed:
+    """A model's measured pass in this process, on its ``stream``."""
+
+    def __init__(self, stream: ModelStream) -> None:
+        self.stream = stream
+        self.calls: list[list[LayerCall]] = []
+
+    @property
+    def layers(self) -> int:
+        return self.stream.layers
+
+    @property
+    def what(self) -> str:
+        return str(self.stream.reader.directory)
+
+    def enter(self, batches: list[Batch]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            entering = self.stream.inputs(batches)
+        self.calls = [c for _, c in entering]
+        return [h for h, _ in entering]
+
+    def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
+        return _recorded_layer(self.stream, index, hidden, self.calls, tokens)
+
+
+def measure_model(runner: Runner, batches: list[Batch], out: Path, index: int, journal: Path, *,
                   on_layer: Callable[[int], None] | None = None, reserve: Reserve = unreserved) -> None:
-    """Write the Gram file of each decoder layer of the model ``stream`` runs (the ``index``-th measured model) under
+    """Write the Gram file of each decoder layer of the model ``runner`` runs (the ``index``-th measured model) under
     ``out``, journaling the hidden states in ``journal`` and resuming after the last layer journaled there, on the
     one journaled layer pass (:class:`~resumerge.forward.layerpass.LayerPass`, kill point ``after_measure_layer``
     once a layer is durable). ``on_layer(l)`` is told before layer l is read, ``reserve`` admits each layer's
     step (``layer``). Nothing is done for a model whose
     last layer's file is there already: its pass had finished."""
-    layers = stream.layers
+    layers = runner.layers
     if (out / layer_file(index, layers - 1)).is_file():
         return
     (out / layer_file(index, 0)).parent.mkdir(parents=True, exist_ok=True)
     tokens = sum(int(mask.sum()) for _, mask in batches)
-    with torch.no_grad():
-        entering = stream.inputs(batches)
-    step = _ModelStep(stream, [c for _, c in entering], tokens, lambda layer: out / layer_file(index, layer), on_layer,
-                      reserve)
+    entering = runner.enter(batches)
+    step = _ModelStep(runner, tokens, lambda layer: out / layer_file(index, layer), on_layer, reserve)
     kept = _journal(journal)
-    LayerPass(kept, layers, point="after_measure_layer").run(step, [[h for h, _ in entering]], len(batches))
+    LayerPass(kept, layers, point="after_measure_layer").run(step, [entering], len(batches))
     kept.remove()
 
 
@@ -101,31 +146,25 @@ class _ModelStep(Step[None]):
     """One model's Grams: each layer run over every sequence with its linears' inputs recorded, its Gram file
     written (``path(layer)``) before the hidden states leaving it are journaled."""
 
-    def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], tokens: int, path: Callable[[int], Path],
+    def __init__(self, runner: Runner, tokens: int, path: Callable[[int], Path],
                  on_layer: Callable[[int], None] | None, reserve: Reserve) -> None:
-        self.stream, self.calls, self.tokens, self.path, self.on_layer = stream, calls, tokens, path, on_layer
+        self.runner, self.tokens, self.path, self.on_layer = runner, tokens, path, on_layer
         self.reserve = reserve
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         if self.on_layer is not None:
             self.on_layer(index)
-        with self.reserve(f"layer {index} of {self.stream.reader.directory}", "layer"):
-            return [_layer(self.stream, index, hidden[0], self.calls, self.path(index), self.tokens)]
+        with self.reserve(f"layer {index} of {self.runner.what}", "layer"):
+            out, grams, shares = self.runner.layer(index, hidden[0], self.tokens)
+            _save(grams, shares, self.tokens, self.path(index))
+            return [out]
 
     def finish(self, hidden: Hidden) -> None:
         return None
 
 
-def _layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]], path: Path,
-           tokens: int) -> list[torch.Tensor]:
-    """Run layer ``index`` over every sequence, recording its linears' Grams into ``path``; the layer's outputs."""
-    out, grams, shares = _recorded_layer(stream, index, hidden, calls, tokens)
-    _save(grams, shares, tokens, path)
-    return out
-
-
 def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]],
-                    tokens: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+                    tokens: int) -> Recorded:
     """Layer ``index`` of ``stream`` run over every sequence with its linears' inputs recorded: its outputs, the
     float32 Grams by the linear holding each, and which linear holds each linear's Gram."""
     module = stream.layers_list[index]
@@ -143,7 +182,8 @@ def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor],
                 out.append(stream.run(layer, h, calls[s][index]))
         finally:
             recorder.close()
-    grams = {name: (total / tokens).to(torch.float32).contiguous() for name, total in recorder.sums.items()}
+    # on the host: the merged pass merges a layer's host weights with them (on the host they are these tensors)
+    grams = {name: (total / tokens).to(torch.float32).to("cpu").contiguous() for name, total in recorder.sums.items()}
     return out, grams, dict(sorted(recorder.shares.items()))
 
 

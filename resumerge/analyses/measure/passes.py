@@ -9,7 +9,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from resumerge.inputs.grams import sha256_of as sha256_of
 from resumerge.inputs.safetensors_format import read_header
 
 if TYPE_CHECKING:
+    from resumerge.analyses.measure.grams import Runner
+    from resumerge.forward.batches import Batch
     from resumerge.forward.layerpass import Reserve
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
@@ -54,20 +57,30 @@ def workdir_of(folder: Path, workdir: Path) -> Path:
     return workdir
 
 
-def stream_of(model: PassModel, key: str) -> ModelStream:
-    """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range)."""
+def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
+    """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range), each layer
+    run on ``device``."""
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
     return ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads),
-                       model.opened.config, torch.float32, what="resumerge measure", key=key)
+                       model.opened.config, torch.float32, what="resumerge measure", key=key, device=device)
+
+
+# Where the models' passes run on a cluster: (the models as bound to the driver's hub journal, what to tell of
+# model m's node's hub reads) -> a context giving each model's runner (resumerge.analyses.measure.onray.on_nodes).
+Placed = Callable[[list[PassModel], Callable[[int, list[tuple[str, int, int, str]]], None]],
+                  AbstractContextManager[Sequence["Runner"]]]
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve) -> tuple[Measurement, list[MeasuredModel]]:
-    """Every model's Grams into ``folder`` (journaled in ``workdir``), then ``measure.json``; the measurement."""
+                    reserve: Reserve, device: str = "cpu", placed: Placed | None = None
+                    ) -> tuple[Measurement, list[MeasuredModel]]:
+    """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
+    ``measure.json``; the measurement. ``placed``: each model's pass on a runner of its own (a Ray actor), the
+    models side by side, a thread of this process driving each."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -83,10 +96,13 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
         if merged is not None:
             ratio = merged[RATIO_KEY]
             assert isinstance(ratio, float)
-            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve)
-        for index, model in enumerate(models if merged is None else ()):
+            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
+        if placed is not None:
+            with placed(models, lambda m, found: reads.elsewhere(models[m], found)) as runners:
+                measured = _side_by_side(runners, models, keys, batches, folder, workdir, on_progress)
+        for index, model in enumerate(models if merged is None and placed is None else ()):
             measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
-                                       on_progress, reserve))
+                                       on_progress, reserve, device))
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -105,24 +121,49 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
 
 def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-               reserve: Reserve) -> MeasuredModel:
+               reserve: Reserve, device: str) -> MeasuredModel:
+    from resumerge.analyses.measure.grams import Streamed
+
+    with stream_of(model, key, device) as stream:
+        return measured_on(Streamed(stream), model, key, index, count, batches, folder, workdir, on_progress, reserve)
+
+
+def _side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
+                  folder: Path, workdir: Path, on_progress: Callable[[str], None] | None) -> list[MeasuredModel]:
+    """Each model measured on its runner, a thread each (the runners compute elsewhere: this process writes and
+    journals); the first error raised once every thread ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from resumerge.forward.layerpass import unreserved
+
+    with ThreadPoolExecutor(max_workers=len(runners), thread_name_prefix="measure") as pool:
+        futures = [pool.submit(measured_on, runner, model, key, index, len(models), batches, folder, workdir,
+                               on_progress, unreserved)
+                   for index, (runner, model, key) in enumerate(zip(runners, models, keys))]
+        return [future.result() for future in futures]
+
+
+def measured_on(runner: Runner, model: PassModel, key: str, index: int, count: int, batches: list[Batch],
+                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
+                reserve: Reserve) -> MeasuredModel:
+    """The ``index``-th of ``count`` models measured on ``runner`` (this process, or its Ray actor), journaled in
+    ``workdir``; its manifest entry."""
     from resumerge.analyses.measure.grams import measure_model
 
-    with stream_of(model, key) as stream:
-        layers = stream.layers
+    layers = runner.layers
 
-        def on_layer(layer: int) -> None:
-            if on_progress is not None:
-                on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
+    def on_layer(layer: int) -> None:
+        if on_progress is not None:
+            on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
 
-        measure_model(stream, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
-                      reserve=reserve)
+    measure_model(runner, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
+                  reserve=reserve)
     return recorded(model, key, folder, index, layers)
 
 
 def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],
                 folder: Path, workdir: Path, on_progress: Callable[[str], None] | None, ratio: float,
-                reserve: Reserve) -> list[MeasuredModel]:
+                reserve: Reserve, device: str) -> list[MeasuredModel]:
     """RegMean++'s pass: every model's layer l measured on the merged model's layers before l, every model's
     stream open at once (one layer of each read at a time)."""
     from resumerge.analyses.measure.grams import measure_merged
@@ -130,7 +171,7 @@ def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[to
     streams = []
     try:
         for key, model in zip(keys, models):
-            streams.append(stream_of(model, key))
+            streams.append(stream_of(model, key, device))
         layers = streams[0].layers
         if any(s.layers != layers for s in streams):
             raise UsageError("RegMean++ merges models of one layer count, and these differ: "

@@ -16,18 +16,20 @@ import importlib.metadata
 import json
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.measure.passes import run_measurement, stream_of, workdir_of
+from resumerge.analyses.measure.passes import Placed, run_measurement, stream_of, workdir_of
 from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.admission import Admission
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
 from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything
@@ -40,7 +42,7 @@ from resumerge.inputs.grams import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from resumerge.analyses.measure.grams import Runner
 
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -62,16 +64,26 @@ class MeasureReport:
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir | None = None) -> MeasureReport:
+                  state: StateDir | None = None, on_ray: bool = False,
+                  ray_address: str | None = None, device: PassDevice = HOST) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
     one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
-    dir), and each layer is admitted by the RAM governor."""
+    dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
+    :mod:`resumerge.forward.device`). ``on_ray``: each model's pass in an actor of its own on the Ray cluster at
+    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), the models side by side, with
+    the same bytes (not with a GPU here: refused, exit 2)."""
+    if on_ray and device.on_gpu:  # each model's layers run on a Ray node, not on this machine's GPU
+        raise UsageError(f"--device {device.name} runs the measurement's layers on this machine's GPU, and "
+                         "--executor ray runs each model on a node of the cluster", hint="leave out one of the two")
     state = state if state is not None else StateDir.resolve()
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
     merged = _merged_pass(merge)
+    if on_ray and merged is not None:
+        raise UsageError("measure --executor ray runs each model's own pass on a node; a regmean_plus config's merged "
+                         "pass merges every model's layer in one place", hint="leave out --executor ray")
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
     # the bytes each model's pass reads, recorded beside its journal (which goes once it is done: so not in it)
@@ -83,9 +95,13 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         found = read_measurement(folder, yaml_path="OUT_DIR")
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True, proof=said)
-    layers, budget, step = _all_fit(models, keys, tokens, max_memory)
+    passes = _passes(models, keys, tokens)
+    placed = _on_ray(keys, passes, ray_address, state) if on_ray else None
+    layers, budget, step, states = _all_fit(models, passes, tokens, max_memory, local=placed is None)
+    gpu = device.budget("the measurement", {"layer": step}, states)  # on a GPU: its budget too, before any read
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
-    command = ["resumerge", "measure", os.fspath(config), os.fspath(folder)]
+    command = ["resumerge", "measure", os.fspath(config), os.fspath(folder),
+               *(["--device", device.name] if device.on_gpu else [])]
     lock = pass_lock(folder, f"a measurement into {folder}",
                      shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
                      hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
@@ -101,8 +117,9 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         if said is not None and on_progress is not None:
             on_progress(said)
         proof.record()  # before the first layer's Grams: whatever the pass writes, its bytes are recorded
-        with Admission(budget, {"layer": step}) as reserve:
-            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve)
+        with Admission(budget, {"layer": step}, gpu=gpu) as reserve:
+            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve,
+                                          device.name, placed)
         return MeasureReport(str(folder), tuple(m.key for m in measured), sum(len(m.sha256) for m in measured),
                              sum(len(t) for t in tokens), reused=False, proof=said)
 
@@ -140,12 +157,14 @@ class MeasureEstimate:
 
 
 def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike[str] | None = None,
-                     max_memory: int | None = None) -> MeasureEstimate:
-    """What measuring ``config``'s models over ``texts`` needs under ``max_memory`` (None: the default budget):
-    the checks :func:`measure_grams` makes first, and each pass's peak as it refuses one by; writes nothing."""
+                     max_memory: int | None = None, cut_texts: bool = False,
+                     state: StateDir | None = None) -> MeasureEstimate:
+    """What measuring ``config``'s models over ``texts`` (cut to the context where ``cut_texts``) needs under
+    ``max_memory`` (None: the default budget): the checks :func:`measure_grams` makes first, and each pass's peak
+    as it refuses one by; writes nothing (a hub or GGUF model's small files aside, under ``state``)."""
     from resumerge.memory import SystemProbe, default_budget, pass_budget
 
-    _, models, keys, tokens = _opened(config, texts, state=StateDir.resolve())
+    _, models, keys, tokens = _opened(config, texts, cut_texts, state if state is not None else StateDir.resolve())
     found = [(key, layers, peak) for key, layers, peak, _ in _passes(models, keys, tokens)]
     probe = SystemProbe()
     held = _held(models, tokens)
@@ -258,19 +277,44 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
         write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
 
 
-def _all_fit(models: list[PassModel], keys: list[str], tokens: list[list[int]], max_memory: int | None
-             ) -> tuple[list[int], int, int]:
+def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: str | None, state: StateDir
+            ) -> Placed:
+    """Join the Ray cluster at ``address`` and place each model's actor (``found``: each one's pass,
+    :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
+    :func:`run_measurement` starts them (:mod:`.onray`)."""
+    from resumerge.analyses.check.onray import ray_places
+    from resumerge.analyses.measure.onray import actor_bytes, on_nodes
+
+    where = ray_places(address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
+    given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
+
+    def placed(bound: list[PassModel], on_reads: Callable[[int, list[tuple[str, int, int, str]]], None]
+               ) -> AbstractContextManager[Sequence[Runner]]:
+        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given)
+
+    return placed
+
+
+def _all_fit(models: list[PassModel], found: list[tuple[str, int, int, int]], tokens: list[list[int]],
+             max_memory: int | None, local: bool = True) -> tuple[list[int], int, int, int]:
     """Refuse (exit 2, before any model is read) a measurement whose largest pass (:func:`_pass_peak`, of every
     model) would not fit ``max_memory`` (None: the default budget), naming the figure ``measure --plan`` names;
-    each model's decoder layer count, the budget, and what one step of the pass (a layer, its sums) reserves from
-    the RAM governor."""
+    each model's decoder layer count, the budget, what one step of the pass (a layer, its sums) reserves from the
+    RAM governor, and what the widest model's hidden states in and out hold (kept on a GPU between layers)
+    (``found``: each model's pass, :func:`_passes`). Not ``local`` (each pass on a Ray node),
+    this process holds no layer, only every model's hidden states in and out at once (the passes run side by
+    side)."""
     from resumerge.memory import SystemProbe, budget_fitting
 
-    found = _passes(models, keys, tokens)
+    if not local:
+        states = sum(peak - step for _, _, peak, step in found)
+        budget = budget_fitting("measuring on Ray", states, max_memory, SystemProbe(), held=_held(models, tokens))
+        return [layers for _, layers, _, _ in found], budget, 0, 0
     largest = max(range(len(found)), key=lambda i: found[i][2])
     budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
                             held=_held(models, tokens))
-    return [layers for _, layers, _, _ in found], budget, max(step for *_, step in found)
+    return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
+            max(peak - step for _, _, peak, step in found))
 
 
 def _passes(models: list[PassModel], keys: list[str], tokens: list[list[int]]) -> list[tuple[str, int, int, int]]:

@@ -1,0 +1,141 @@
+"""The forward passes placed on Ray by the executor object (``--executor ray``), as ``check``'s is: ``measure`` (an
+actor per model, the models side by side), ``eval`` (its pass's layers on an actor) and ``evolve`` (a generation's
+candidates spread over the nodes), each giving the bytes and figures of the local run; and what cannot be placed
+is refused in one line, exit 2, before any weight is read.
+
+One real Ray cluster on this machine for the whole module (a head without CPUs, two one-CPU worker nodes: starting
+one costs 10-20 s); the local references run torch on one thread, as each node's actor does (float32 sums on more
+threads may round otherwise). Tiny generated models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raycluster import Cluster, ray_cluster
+from support import cli, digests, one_thread, write_config
+
+from resumerge import api
+from resumerge.analyses.measure.grams import Streamed
+from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.engine.executors import RayExecutor
+from resumerge.errors import UsageError
+from resumerge.forward.placement import Streams
+
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
+TEXTS = "the cat sat on the mat\nhello world again\nx\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with ray_cluster(workers=2) as (started, _):
+        yield started
+
+
+def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
+    """A regmean config of two tiny models, and the texts to measure them on."""
+    models = [make_model(root / f"m{i}", SPEC, seed=i) for i in range(2)]
+    config = write_config(root / f"{method}.yml", {"merge_method": method, "dtype": "float32",
+                                                   "models": [{"model": str(m)} for m in models],
+                                                   "parameters": {"grams": "grams"}})
+    texts = root / "texts.txt"
+    texts.write_text(TEXTS)
+    return config, texts
+
+
+def _not_here(*args: object, **kwargs: object) -> Any:
+    pytest.fail("the pass's work ran in the driver's process")
+
+
+def _files(folder: Path) -> dict[str, Any]:
+    return {name: digests(folder / name) for name in ("model-00", "model-01")} | {"": digests(folder)}
+
+
+def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_path: Path, cluster: Cluster) -> None:
+    config, texts = _measured(tmp_path)
+    with one_thread():
+        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+    on_ray = RayExecutor(address=cluster.address)
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on its node
+        here.setattr(Streamed, "layer", _not_here)
+        report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
+                             resources=api.Resources(max_memory="8GB"))
+    assert not report.reused and report.files == 2 * SPEC.layers
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert not list((tmp_path / "s-ray").glob("measures/*"))  # the journal goes once measure.json is written
+    # Killed locally after its second layer, the same measurement resumes on Ray with the same bytes.
+    killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2", "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -9, killed.stderr
+    api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
+    assert _files(tmp_path / "both") == _files(tmp_path / "local")
+
+
+def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp_path: Path,
+                                                                             cluster: Cluster) -> None:
+    pytest.importorskip("lm_eval")
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+    model, tasks = tiny_model(tmp_path / "model"), write_tasks(tmp_path)
+    asked: dict[str, Any] = {"tasks": ["tiny_mc", "tiny_ppl"], "include_path": tasks, "limit": 4}
+    with one_thread():
+        local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
+    on_ray = RayExecutor(address=cluster.address)
+    layers: list[int | None] = []
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
+        here.setattr(Streams, "layer", _not_here)
+        found = api.evaluate(model, state_dir=tmp_path / "ray", executor=on_ray,
+                             progress=lambda step: layers.append(step.layer), **asked)
+    assert found.to_json()["results"] == local.to_json()["results"]
+    assert layers == [0, 1, 2, None] * 2  # both passes, each layer on the node and the head here
+    # Asked again locally, the Ray evaluation's journal answers: its passes are the local passes' files.
+    again = api.evaluate(model, state_dir=tmp_path / "ray", progress=lambda step: pytest.fail(f"ran again: {step}"),
+                         **asked)
+    assert again.to_json()["results"] == local.to_json()["results"]
+    # A merge config (merged in this process) and generation tasks (the whole model held here) are refused on Ray.
+    config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(model), "parameters": {"weight": 1.0}}]})
+    with pytest.raises(UsageError, match="a merge config is merged in this process"):
+        api.evaluate(config, state_dir=tmp_path / "s", executor=on_ray, **asked)
+    with pytest.raises(UsageError, match="generation task"):
+        api.evaluate(model, tasks=["tiny_gen"], include_path=tasks, state_dir=tmp_path / "s", executor=on_ray)
+
+
+def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_files(tmp_path: Path,
+                                                                                    cluster: Cluster) -> None:
+    # Both scorers of a search on the nodes: the streamed kl pass and lm-eval's task, one candidate on each node.
+    pytest.importorskip("lm_eval")
+    from resumerge.evolve.lmeval import LmEvalCandidates
+    from resumerge.evolve.streamed import StreamedCandidates
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+    from tests.evolve.test_lmeval import _config
+    from tests.evolve.test_search import FILES, OPTIONS
+
+    for seed, name in enumerate(("base", "a", "b")):
+        tiny_model(tmp_path / name, seed=seed, context=64)
+    write_tasks(tmp_path)
+    (tmp_path / "a.txt").write_text("alpha beta gamma delta\nsigma omega rho tau\n")
+    config = _config(tmp_path, [{"name": "tiny_mc", "metric": "acc,none", "weight": 2.0},
+                                {"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}}])
+    asked = {**OPTIONS, "task_search_path": tmp_path / "tasks"}
+    with one_thread():
+        api.evolve(config, tmp_path / "local", **asked)
+    with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
+        here.setattr(StreamedCandidates, "score", _not_here)
+        here.setattr(LmEvalCandidates, "score", _not_here)
+        api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **asked)
+    for name in FILES:
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
+    config, texts = _measured(tmp_path, "regmean_plus")
+    with pytest.raises(UsageError, match="regmean_plus config's merged pass"):
+        api.measure(config, tmp_path / "g", texts=texts, executor=RayExecutor(), state_dir=tmp_path / "s")
+    assert not (tmp_path / "g").exists()
