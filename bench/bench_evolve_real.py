@@ -6,7 +6,7 @@ from and the uniform linear merge scored on each domain's held-out texts by the 
 Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve_real.py [--lines 12] [--granularity 10] [--popsize 8]
-        [--generations 4] [--seed 1]
+        [--generations 4] [--seed 1] [--method ties|task_arithmetic] [--normalize default|true|false]
 
 Prints the objective per generation (best, median, worst of the generation and the best so far), the three merges'
 objective and held-out KL per domain, the wall time and the load (``os.getloadavg``), as a Markdown block for
@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--popsize", type=int, default=8)
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--method", choices=("ties", "task_arithmetic"), default="ties")
+    parser.add_argument("--normalize", choices=("default", "true", "false"), default="default")
     args = parser.parse_args()
     started = time.monotonic()
     base, weather, recipes = smollm2_finetunes()
@@ -49,7 +51,9 @@ def main() -> None:
     root = Path(tempfile.gettempdir()) / f"bench-evolve-real-{os.getpid()}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
-    config = write_search(root, base, [weather, recipes], lines=args.lines, granularity=args.granularity)
+    config = write_search(root, base, [weather, recipes], lines=args.lines, granularity=args.granularity,
+                          method=args.method, normalize=None if args.normalize == "default" else
+                          args.normalize == "true")
     max_fevals = args.popsize * (args.generations - 1) + 1  # cma stops once its evaluations reach it
     started = time.monotonic()
     outcome = api.evolve(config, root / "store", max_fevals=max_fevals, popsize=args.popsize,
@@ -62,7 +66,8 @@ def main() -> None:
     figures = scored(root / "held-out", tasks, {"best": outcome.best.config, **baselines(planned)}, base)
     holding = time.monotonic() - started
     names = [t.name for t in tasks]
-    print(f"### Real-weights evolve search (SmolLM2-135M-Instruct, ties, layer_granularity {args.granularity}, "
+    print(f"### Real-weights evolve search (SmolLM2-135M-Instruct, {args.method}, normalize {args.normalize}, "
+          f"layer_granularity {args.granularity}, "
           f"popsize {args.popsize}, {outcome.generations} generations, {args.lines} lines per kl task, "
           f"seed {args.seed})\n")
     print("| generation | best | median | worst | best so far |\n|---|---|---|---|---|")

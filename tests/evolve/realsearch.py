@@ -26,9 +26,10 @@ from resumerge.evolve.spec import Task, read_spec
 from resumerge.evolve.streamed import StreamedCandidates
 
 
-def write_search(root: Path, base: Path, tuned: Sequence[Path], *, lines: int, granularity: int) -> Path:
+def write_search(root: Path, base: Path, tuned: Sequence[Path], *, lines: int, granularity: int,
+                 method: str = "ties", normalize: bool | None = None) -> Path:
     """The search's config in ``root`` (its objective texts: the first ``lines`` lines of each domain's training
-    file); returns its path."""
+    file; ``method`` ties or task_arithmetic, ``normalize`` None for the method's default); returns its path."""
     tasks = []
     for (name, _), parent in zip(DOMAINS, tuned, strict=True):
         texts = root / f"{name}_train.txt"
@@ -36,8 +37,8 @@ def write_search(root: Path, base: Path, tuned: Sequence[Path], *, lines: int, g
         tasks.append({"kl": {"parent": str(parent), "texts": str(texts)}})
     config = root / "evolve.yml"
     config.write_text(yaml.safe_dump({
-        "genome": {"models": [str(p) for p in tuned], "merge_method": "ties", "base_model": str(base),
-                   "layer_granularity": granularity},
+        "genome": {"models": [str(p) for p in tuned], "merge_method": method, "base_model": str(base),
+                   "layer_granularity": granularity, **({} if normalize is None else {"normalize": normalize})},
         "tasks": tasks}, sort_keys=False))
     return config
 
