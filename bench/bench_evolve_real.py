@@ -1,0 +1,92 @@
+"""Issue 68's real-weights search, bigger than its test: SmolLM2-135M-Instruct and the suite's two fine-tunes of it
+(weather bulletins, recipes; ``tests/realmodel.py``'s cached fixture), a ``ties`` genome searched by ``kl`` tasks
+(each fine-tune on its own training texts), then the best merge, the default-parameter ties merge the search starts
+from and the uniform linear merge scored on each domain's held-out texts by the same streamed pass.
+
+Usage::
+
+    PYTHONPATH=TREE python bench/bench_evolve_real.py [--lines 12] [--granularity 10] [--popsize 8]
+        [--generations 4] [--seed 1] [--method ties|task_arithmetic] [--normalize default|true|false]
+
+Prints the objective per generation (best, median, worst of the generation and the best so far), the three merges'
+objective and held-out KL per domain, the wall time and the load (``os.getloadavg``), as a Markdown block for
+``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def main() -> None:
+    from realmodel import smollm2_finetunes
+
+    from resumerge import api
+    from resumerge.evolve.search import SearchOptions
+    from tests.evolve.realsearch import baselines, held_out_tasks, objective_of, planned_of, scored, write_search
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=12)
+    parser.add_argument("--granularity", type=int, default=10)
+    parser.add_argument("--popsize", type=int, default=8)
+    parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--method", choices=("ties", "task_arithmetic"), default="ties")
+    parser.add_argument("--normalize", choices=("default", "true", "false"), default="default")
+    args = parser.parse_args()
+    started = time.monotonic()
+    base, weather, recipes = smollm2_finetunes()
+    fixture = time.monotonic() - started
+    root = Path(tempfile.gettempdir()) / f"bench-evolve-real-{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
+    config = write_search(root, base, [weather, recipes], lines=args.lines, granularity=args.granularity,
+                          method=args.method, normalize=None if args.normalize == "default" else
+                          args.normalize == "true")
+    max_fevals = args.popsize * (args.generations - 1) + 1  # cma stops once its evaluations reach it
+    started = time.monotonic()
+    outcome = api.evolve(config, root / "store", max_fevals=max_fevals, popsize=args.popsize,
+                         random_seed=args.seed)
+    searching = time.monotonic() - started
+    rows = [json.loads(line) for line in (root / "store" / "evaluations.jsonl").read_text().splitlines()]
+    planned = planned_of(config, SearchOptions(max_fevals, args.popsize, 1 / 6, args.seed))
+    tasks = (*planned.spec.tasks, *held_out_tasks([weather, recipes]))
+    started = time.monotonic()
+    figures = scored(root / "held-out", tasks, {"best": outcome.best.config, **baselines(planned)}, base)
+    holding = time.monotonic() - started
+    names = [t.name for t in tasks]
+    print(f"### Real-weights evolve search (SmolLM2-135M-Instruct, {args.method}, normalize {args.normalize}, "
+          f"layer_granularity {args.granularity}, "
+          f"popsize {args.popsize}, {outcome.generations} generations, {args.lines} lines per kl task, "
+          f"seed {args.seed})\n")
+    print("| generation | best | median | worst | best so far |\n|---|---|---|---|---|")
+    so_far = float("inf")
+    for generation in sorted({r["generation"] for r in rows}):
+        values = [r["objective"] for r in rows if r["generation"] == generation]
+        so_far = min(so_far, *values)
+        print(f"| {generation} | {min(values):.4f} | {statistics.median(values):.4f} | {max(values):.4f} | "
+              f"{so_far:.4f} |")
+    print("\n| merge | objective | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    for merge, found in figures.items():
+        print(f"| {merge} | {objective_of(planned, found):.4f} | "
+              + " | ".join(f"{found[n]:.4f}" for n in names) + " |")
+    print(f"\nbest: generation {outcome.best.generation} candidate {outcome.best.index}, genotype "
+          f"{[round(v, 3) for v in outcome.best.genotype]}")
+    print(f"wall: fixture {fixture:.0f} s (cached: ~0), search {searching:.0f} s, held-out scoring {holding:.0f} s; "
+          f"load {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
