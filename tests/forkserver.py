@@ -130,6 +130,8 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         for name in ("stdout", "stderr"):
             (self.folder / name).unlink(missing_ok=True)
         self.folder.rmdir()
