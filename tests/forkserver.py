@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class ForkServer:
             [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
+        self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
 
     def forkable(self, env: dict[str, str]) -> bool:
@@ -90,8 +92,17 @@ class ForkServer:
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         return self.process.poll() is None and all(_RUNTIME.match(k) for k in changed)
 
-    def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """``python -m resumerge ARGS`` in a child forked from the server, as :func:`subprocess.run` returns it."""
+    def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """``python -m resumerge ARGS`` in a child forked from the server, as :func:`subprocess.run` returns it; None
+        while another thread's command runs there (the server runs one at a time: the caller starts a fresh one)."""
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._run(args, env, timeout)
+        finally:
+            self._busy.release()
+
+    def _run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
         out, err = self.folder / "stdout", self.folder / "stderr"
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),

@@ -30,8 +30,9 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
     full_env = dict(os.environ)
     full_env.update(env or {})
     server = None if fresh else _fork_server()
-    if server is not None and server.forkable(full_env):
-        return server.run([str(arg) for arg in args], full_env, timeout)
+    forked = server.run([str(a) for a in args], full_env, timeout) if server and server.forkable(full_env) else None
+    if forked is not None:
+        return forked
     return subprocess.run(
         [sys.executable, "-m", "resumerge", *map(str, args)],
         env=full_env,

@@ -23,15 +23,17 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(t
         env = dict(os.environ)
         for args in (["nonsense"], ["status", str(tmp_path / "nowhere"), "--json"]):
             forked, fresh = server.run(args, env, 120), cli(*args, fresh=True)
+            assert forked is not None
             assert (forked.returncode, forked.stdout, forked.stderr) == (
                 fresh.returncode, fresh.stdout, fresh.stderr), args
         for how in ("forked", "fresh"):
             args = ["run", str(config), str(tmp_path / how), "--state-dir", str(tmp_path / f"s-{how}"), "--quiet"]
             done = server.run(args, env, 120) if how == "forked" else cli(*args, fresh=True)
-            assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), how
+            assert done is not None and (done.returncode, done.stdout, done.stderr) == (0, "", ""), how
         assert digests(tmp_path / "forked") == digests(tmp_path / "fresh")
         killed = server.run(["run", str(config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "s")],
                             {**env, "RESUMERGE_KILL_AT": "after_fsync"}, 120)
+        assert killed is not None
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert server.forkable({**env, "RESUMERGE_KILL_AT": "x", "HF_HOME": "/elsewhere"})
         assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
