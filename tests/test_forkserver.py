@@ -35,7 +35,7 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(t
                             {**env, "RESUMERGE_KILL_AT": "after_fsync"}, 120)
         assert killed is not None
         assert killed.returncode == -signal.SIGKILL, killed.stderr
-        assert server.forkable({**env, "RESUMERGE_KILL_AT": "x", "HF_HOME": "/elsewhere"})
+        assert server.forkable({**env, "RESUMERGE_KILL_AT": "after_fsync", "HF_HOME": "/elsewhere"})
         assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
         assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
     finally:
