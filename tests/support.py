@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import os
@@ -15,15 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from forkserver import ForkServer
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 
-def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m resumerge ARGS`` and capture its output."""
+def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120,
+        fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m resumerge ARGS`` in a process of its own and capture its output: forked from this worker's
+    :class:`~forkserver.ForkServer` (torch imported once), or a fresh interpreter where ``fresh`` or where ``env``
+    changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
+    server = None if fresh else _fork_server()
+    forked = server.run([str(a) for a in args], full_env, timeout) if server and server.forkable(full_env) else None
+    if forked is not None:
+        return forked
     return subprocess.run(
         [sys.executable, "-m", "resumerge", *map(str, args)],
         env=full_env,
@@ -32,6 +41,16 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         timeout=timeout,
         check=False,
     )
+
+
+_SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
+
+
+def _fork_server() -> ForkServer:
+    if not _SERVERS:
+        _SERVERS.append(ForkServer())
+        atexit.register(_SERVERS[0].close)
+    return _SERVERS[0]
 
 
 def cli_here(*args: str | Path) -> subprocess.CompletedProcess[str]:

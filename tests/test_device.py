@@ -64,8 +64,8 @@ class _CountingGovernor(MemoryGovernor):
         self._count_lock = threading.Lock()
 
     def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None,
-                make_room: Callable[[], object] | None = None) -> Reservation:
-        reservation = super().acquire(estimate_bytes, timeout=timeout, what=what, make_room=make_room)
+                make_room: Callable[[], object] | None = None, held: bool = False) -> Reservation:
+        reservation = super().acquire(estimate_bytes, timeout=timeout, what=what, make_room=make_room, held=held)
         with self._count_lock:
             self.grants.append(estimate_bytes)
             self.outstanding += estimate_bytes

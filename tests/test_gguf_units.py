@@ -87,6 +87,7 @@ def test_out_shard_size_splits_a_gguf_file_into_units_that_tile_it(merge: tuple[
     assert (status["units_done"], status["units_total"]) == (4, 4)
 
 
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_a_gguf_output_killed_at_every_unit_step_resumes_byte_identical_losing_at_most_one_unit(
         tmp_path: Path, merge: tuple[Path, Path]) -> None:
     config, whole = merge

@@ -111,6 +111,7 @@ def _as_recorded_before(state: Path) -> None:
             db.execute("DELETE FROM _sqlite_migrations WHERE name = 'm005_run_kind'")
 
 
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 @pytest.mark.parametrize("case", CASES, ids=[case.kind for case in CASES])
 def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:

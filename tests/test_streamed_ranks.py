@@ -140,6 +140,7 @@ def _eighth_of_whole(merge: Merge, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.usefixtures("scripted")
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
         merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
     # With room for an eighth of the embeddings' whole unit, a whole-tensor merge would be refused, and the
@@ -159,6 +160,7 @@ def test_a_budget_too_small_for_whole_tensors_streams_rows_with_the_same_bytes(
 
 
 @pytest.mark.usefixtures("scripted")
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_dare_della_and_sce_stream_only_what_does_not_fit_whole_with_the_same_bytes(
         merge: Merge, calls: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
     # Their streams are slower than the whole tensor, so at the default budget nothing streams; under a budget an

@@ -216,9 +216,10 @@ class _Pipeline:
             host.release()
         return admitted, host if admitted else None, on_gpu
 
-    def _admit(self, what: str, estimate: int, pool: MemoryGovernor | None) -> tuple[bool, Reservation | None]:
+    def _admit(self, what: str, estimate: int, pool: MemoryGovernor | None,
+               held: bool = False) -> tuple[bool, Reservation | None]:
         """(admitted, reservation) of ``estimate`` bytes from ``pool``; the reservation is None without a governor,
-        and admitted is False when stopped.
+        and admitted is False when stopped; ``held`` as in :meth:`MemoryGovernor.acquire`.
 
         While waiting, finished units are handed to the writer: their reservations are what frees the room.
         """
@@ -229,7 +230,7 @@ class _Pipeline:
         make_room = self.workspaces.trim if pool is self.governor else None
         while True:
             try:
-                return True, pool.acquire(estimate, timeout=0.05, what=what, make_room=make_room)
+                return True, pool.acquire(estimate, timeout=0.05, what=what, make_room=make_room, held=held)
             except TimeoutError:
                 if self.halted():
                     return False, None
@@ -258,7 +259,7 @@ class _Pipeline:
         output rows to the writer, every chunk admitted as it comes; False when stopped."""
         # What a stream keeps across its passes (sampled masks) is held from the first chunk to the last.
         held = work.held_bytes()
-        admitted, reservation = self._admit(tp.name, held, self.governor) if held else (True, None)
+        admitted, reservation = self._admit(tp.name, held, self.governor, held=True) if held else (True, None)
         if not admitted:
             return False
 

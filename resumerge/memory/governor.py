@@ -94,6 +94,7 @@ class MemoryGovernor:
         self._tracker = PressureTracker(self._policy)
         self._knobs = self._policy.knobs_for(0, max_in_flight)
         self._rss = self._available = self._baseline = self._reserved = self._in_flight = self._peak = 0
+        self._holding = 0  # reservations granted with ``held``: reserved bytes, not units in flight
         self._admitted = self._largest = 0
         self._fruitless_at = -float("inf")  # self._clock() when a unit was last admitted alone over the headroom
         self._queue: deque[object] = deque()
@@ -153,12 +154,16 @@ class MemoryGovernor:
     # -- admission -----------------------------------------------------------------------------------------
 
     def acquire(self, estimate_bytes: int, *, timeout: float | None = None, what: str | None = None,
-                make_room: Callable[[], object] | None = None) -> Reservation:
+                make_room: Callable[[], object] | None = None, held: bool = False) -> Reservation:
         """Block until ``estimate_bytes`` may be used; return the :class:`Reservation` that holds them.
 
         ``what`` (a tensor name) goes into errors and adaptations. ``make_room`` gives back memory the caller holds
         beyond its reservations (idle buffers): called, before the probe reclaims, when the unit would be admitted
-        alone over the headroom. Raises
+        alone over the headroom. ``held``: bytes a unit keeps while its own parts are admitted one after another
+        (a stream's sampled masks across its row chunks): admitted like a unit, counted in the headroom, but not a
+        unit in flight once granted, so its parts are not held back by the in-flight limit, nor kept waiting by it
+        when one is alone over the headroom (counted in flight, a stream's every chunk waited at a limit of 1
+        until the pressure level eased, a second per level). Raises
         :class:`~resumerge.errors.UsageError` at once when the estimate exceeds the whole budget (it could
         never fit; the hint gives the smallest budget that would), :class:`TimeoutError` when ``timeout``
         seconds pass first, and :class:`ValueError` for a negative estimate. Never waits while nothing is in
@@ -179,7 +184,7 @@ class MemoryGovernor:
                 with self._cond:
                     if reading is not None:
                         self._absorb(*reading)
-                    outcome = self._try_grant(ticket, estimate_bytes, what, reclaimed)
+                    outcome = self._try_grant(ticket, estimate_bytes, what, reclaimed, held)
                     if isinstance(outcome, Reservation):
                         return outcome
                     if outcome is _WAIT:
@@ -273,7 +278,7 @@ class MemoryGovernor:
         """Fold a reading into the state; return True when pressure just rose to level 2 or above."""
         self._rss, self._available = rss, available
         self._peak = max(self._peak, rss)
-        self._baseline = next_baseline(self._baseline, rss, self._reserved, self._in_flight)
+        self._baseline = next_baseline(self._baseline, rss, self._reserved, self._in_flight + self._holding)
         used = self._usage().used_fraction
         before = self._tracker.level
         level = self._tracker.update(used, self._clock())
@@ -288,7 +293,7 @@ class MemoryGovernor:
             self._record("in_flight_limit", old.in_flight_limit, self._knobs.in_flight_limit, reason)
         return level > before and level >= 2
 
-    def _try_grant(self, ticket: object, estimate: int, what: str | None, reclaimed: bool) -> object:
+    def _try_grant(self, ticket: object, estimate: int, what: str | None, reclaimed: bool, held: bool) -> object:
         """Return a Reservation, ``_WAIT`` (not admissible now) or ``_RECLAIM`` (alone but over headroom)."""
         if self._queue[0] is not ticket:
             return _WAIT
@@ -308,26 +313,35 @@ class MemoryGovernor:
         elif self._in_flight >= self._knobs.in_flight_limit or estimate > headroom:
             return _WAIT
         self._queue.popleft()
-        self._in_flight += 1
+        if held:
+            self._holding += 1
+        else:
+            self._in_flight += 1
         self._admitted += 1
         self._largest = max(self._largest, estimate)
         self._reserved += estimate
         # The next in line may fit as well; let it look now rather than at its next poll.
         self._cond.notify_all()
-        return Reservation(self._release, estimate, what)
+        return Reservation(self._release_held if held else self._release, estimate, what)
 
     def _record(self, knob: str, old: int, new: int, reason: str) -> None:
         self._seq += 1
         self._adaptations.append(Adaptation(self._seq, self._clock(), self.pool, knob, old, new, reason))
 
-    def _release(self, reservation: Reservation) -> None:  # takes the lock itself
+    def _release(self, reservation: Reservation, held: bool = False) -> None:  # takes the lock itself
         with self._cond:
             if reservation.released:
                 return
             reservation.released = True
-            self._in_flight -= 1
+            if held:
+                self._holding -= 1
+            else:
+                self._in_flight -= 1
             self._reserved -= reservation.nbytes
             self._cond.notify_all()
+
+    def _release_held(self, reservation: Reservation) -> None:
+        self._release(reservation, held=True)
 
     def _refuse(self, estimate: int, what: str | None) -> NoReturn:
         # The budget counts the whole process: what it holds beside its units is needed as well.

@@ -69,6 +69,7 @@ def test_a_terminal_gets_a_bar_of_layers_and_models() -> None:
     assert "check" in shown and "4/4" in shown and "layer 2/2, model 2/2: parent, 100 tokens" in shown
 
 
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: tuple[Path, Path, Path],
                                                                       tmp_path: Path) -> None:
     merge, parent, texts = models

@@ -42,6 +42,7 @@ def _wait_for(path: Path, process: subprocess.Popen[str], text: str = "") -> Non
     raise AssertionError(f"{path} never held {text!r}")
 
 
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Path) -> None:
     merge, parent = make_model(tmp_path / "m", SPEC, seed=0), make_model(tmp_path / "p", SPEC, seed=1)
     texts = tmp_path / "texts.txt"
@@ -80,6 +81,7 @@ def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Pa
     assert third.returncode == first.returncode and json.loads(third.stdout)["verdict"] == doc["verdict"]
 
 
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_path: Path) -> None:
     a, b = make_model(tmp_path / "a", SPEC, seed=0), make_model(tmp_path / "b", SPEC, seed=1)
     config = tmp_path / "merge.yml"

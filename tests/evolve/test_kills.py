@@ -8,15 +8,14 @@ Tiny generated models (two layers, width 32): seven processes of a few seconds e
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from resumerge import api
 from tests.evolve.test_search import FILES, OPTIONS, make_search
+from tests.support import cli
 
 # Each kill counts from its process's start: the process resumes where the last one died, then dies here.
 # A generation is one pass over the two layers for all three tasks. 1: in generation 1's pass, after its first
@@ -29,14 +28,10 @@ KILLS = ("after_check_layer:1", "after_check_layer:1", "after_evolve_candidate:1
 
 
 def _evolve(config: Path, store: Path, kill: str | None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("RESUMERGE_KILL_AT", None)
-    if kill is not None:
-        env["RESUMERGE_KILL_AT"] = kill
-    return subprocess.run([sys.executable, "-m", "resumerge", "evolve", str(config), str(store),
-                           "--max-fevals", str(OPTIONS["max_fevals"]), "--popsize", str(OPTIONS["popsize"]),
-                           "--random-seed", str(OPTIONS["random_seed"])],
-                          env=env, capture_output=True, text=True, timeout=600)
+    # A process of its own (support.cli: forked from the worker's fork server, torch imported once), killed for real.
+    return cli("evolve", config, store, "--max-fevals", str(OPTIONS["max_fevals"]), "--popsize",
+               str(OPTIONS["popsize"]), "--random-seed", str(OPTIONS["random_seed"]),
+               env={"RESUMERGE_KILL_AT": kill} if kill is not None else None, timeout=600)
 
 
 @pytest.mark.slow

@@ -212,6 +212,30 @@ def test_reclaim_that_frees_memory_avoids_admitting_alone() -> None:
     assert not [a for a in gov.adaptations if a.knob == "admit_alone"]
 
 
+def test_held_bytes_count_in_the_headroom_but_hold_back_no_unit_of_their_own_stream() -> None:
+    # A stream's masks, held across its row chunks, take room like any unit; but its chunks come one after
+    # another, so counting the masks in flight made each chunk wait at an in-flight limit of 1 (pressure at 85 %
+    # here) until the level eased, and over the headroom wait for a release that only the stream's end brings.
+    gov = MemoryGovernor(BUDGET, FakeProbe(), max_in_flight=4)  # default damping: a level falls after 1 s calm
+    masks = gov.acquire(700 * MB, held=True, timeout=0)
+    chunk = gov.acquire(200 * MB, timeout=0)
+    gov.sample()  # 90 % of the budget projected: one unit in flight at most
+    assert gov.in_flight_limit == 1
+    with pytest.raises(TimeoutError):
+        gov.acquire(10 * MB, timeout=0.05)  # a unit waits for the one in flight
+    chunk.release()
+    assert gov.in_flight_limit == 1
+    gov.acquire(200 * MB, timeout=0).release()  # the next chunk at once: the masks are not a unit in flight
+    assert gov.chunk_rows(1 * MB, 10_000) == 250  # the masks' 700 MB are out of the headroom
+    alone = gov.acquire(300 * MB, timeout=0)  # over the 250 MB headroom, yet alone
+    assert [a.new for a in gov.adaptations if a.knob == "admit_alone"] == [300 * MB]
+    alone.release()
+    masks.release()
+    masks.release()  # idempotent
+    gov.sample()
+    assert gov.chunk_rows(1 * MB, 10_000) == 950  # all of it back (at level 3 still: one unit in flight)
+
+
 def test_materialised_reservations_are_not_counted_twice() -> None:
     probe = FakeProbe(rss=100 * MB)
     gov = governor(probe)

@@ -23,6 +23,7 @@ def _plan(capsys: pytest.CaptureFixture[str], cfg: Path, out: Path, *options: st
 
 
 @linux_only
+@pytest.mark.slow  # a long one: its module runs first (tests/conftest.py)
 def test_plan_and_run_name_one_smallest_budget_and_a_run_there_stays_within_it(
         tmp_path: Path, make: object, capsys: pytest.CaptureFixture[str]) -> None:
     """``plan`` and ``run`` named 190 MB and 185 MB for one config, both below the 262 MB the process held; at 185 MB

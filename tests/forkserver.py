@@ -1,0 +1,148 @@
+"""A fork server for the suite's ``python -m resumerge`` processes (:func:`support.cli`): one interpreter per test
+worker imports torch, numpy and safetensors once (about 2 s of CPU each time otherwise) and forks a child for each
+command. The child is a real process of its own — its own pid, environment, working directory, stdout and stderr
+files, exit status; a kill test's SIGKILL kills it — that runs ``python -m resumerge ARGS`` as a fresh interpreter
+would: resumerge itself, and everything that reads the environment as it is imported (huggingface_hub, transformers),
+are imported in the child, never in the server.
+
+Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
+imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
+interpreter instead (:func:`forkable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# What the server imports before it forks: none of them reads an environment variable the tests vary.
+_PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml")
+# Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
+# client and transformers (imported in the child), never by the preloaded modules.
+_RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
+                      r"COLUMNS$|LINES$|TERM$|HOME$)")
+
+_SERVER = r"""
+import json, os, runpy, sys
+# OpenMP reads its wait policy once, as torch loads it: sleeping threads between kernels, as resumerge's check sets
+# it in its own process before torch's import (resumerge.analyses.check.run); for the other commands it changes no
+# result, only how idle threads wait.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+for name in json.loads(sys.argv[1]):
+    __import__(name)
+requests, replies = sys.stdin, sys.stdout
+while True:
+    line = requests.readline()
+    if not line:
+        sys.exit(0)
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        break
+    replies.write(json.dumps({"pid": pid}) + "\n")
+    replies.flush()
+    _, status = os.waitpid(pid, 0)
+    replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+    replies.flush()
+# The child: a process as `python -m resumerge ARGS` starts it, but for the imports above (the server never touched
+# a signal's handling: SIGINT raises KeyboardInterrupt, SIGPIPE is ignored, as in any interpreter).
+os.chdir(job["cwd"])
+os.environ.clear()
+os.environ.update(job["env"])
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # what the CLI's main sets before torch's first import
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(target, fd)
+    os.close(target)
+os.close(null)
+sys.stdin = sys.__stdin__ = open(0, closefd=False)  # the server's may hold read-ahead of the requests
+sys.path[0] = os.getcwd()
+sys.argv = ["resumerge", *job["args"]]
+runpy.run_module("resumerge", run_name="__main__", alter_sys=True)
+"""
+
+
+class ForkServer:
+    """The server process of one test worker, started at its first command."""
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=self.env, text=True, bufsize=1)
+        self._read = b""  # replies read but not yet taken
+        self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
+        self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
+
+    def forkable(self, env: dict[str, str]) -> bool:
+        """Whether a command with environment ``env`` may be forked: it differs from the server's only where the
+        preloaded modules never look."""
+        changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return self.process.poll() is None and all(_RUNTIME.match(k) for k in changed)
+
+    def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """``python -m resumerge ARGS`` in a child forked from the server, as :func:`subprocess.run` returns it; None
+        while another thread's command runs there (the server runs one at a time: the caller starts a fresh one)."""
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._run(args, env, timeout)
+        finally:
+            self._busy.release()
+
+    def _run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+        out, err = self.folder / "stdout", self.folder / "stderr"
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),
+                                             "stderr": str(err)}) + "\n")
+        self.process.stdin.flush()
+        pid = int(self._reply(timeout)["pid"])
+        try:
+            status = int(self._reply(timeout)["status"])
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+            self._reply(30)
+            raise subprocess.TimeoutExpired(args, timeout) from None
+        return subprocess.CompletedProcess([sys.executable, "-m", "resumerge", *args], status,
+                                           out.read_text(), err.read_text())
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        """The server's next reply line, waiting at most ``timeout`` seconds for it."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()  # read raw: a buffered reader would hide a line already come from select
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._read:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise subprocess.TimeoutExpired("resumerge", timeout)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("the fork server ended")
+            self._read += chunk
+        line, self._read = self._read.split(b"\n", 1)
+        return dict(json.loads(line))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        for name in ("stdout", "stderr"):
+            (self.folder / name).unlink(missing_ok=True)
+        self.folder.rmdir()
