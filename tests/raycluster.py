@@ -35,6 +35,8 @@ def ray_cluster(workers: int = 2, memory: int | None = None) -> Iterator[tuple[C
         sized = {} if memory is None else {"memory": memory}
         nodes = tuple(started.add_node(num_cpus=1, **sized) for _ in range(workers))
         started.wait_for_nodes()
+        if ray.is_initialized():  # a test before, in this worker, left its driver connected (as a notebook's stays)
+            ray.shutdown()
         ray.init(address=started.address, log_to_driver=False)
         yield Cluster(started.address, nodes), started
     finally:

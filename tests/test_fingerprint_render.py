@@ -50,11 +50,11 @@ def _one_shot_plan_part(plan: Plan) -> str:
 
 def _tensor_doc(t: TensorPlan, identities: dict[int, list[object]]) -> dict[str, object]:
     doc = {f.name: getattr(t, f.name) for f in fields(TensorPlan)
-           if f.name not in ("inputs", "out_codec", "copy_of", "experts", "carried")}
+           if f.name not in ("inputs", "out_codec", "copy_of", "experts", "blocks", "carried")}
     doc["inputs"] = [_input_doc(i, identities) for i in t.inputs]
     if not t.out_codec.plain:
         doc["out_codec"] = identities.setdefault(id(t.out_codec), list(t.out_codec.identity()))
-    for later in ("copy_of", "experts"):
+    for later in ("copy_of", "experts", "blocks"):
         if getattr(t, later) is not None:
             doc[later] = getattr(t, later)
     if t.carried:

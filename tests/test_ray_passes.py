@@ -23,6 +23,7 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine.executors import RayExecutor
 from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
+from resumerge.forward.proof import RECORDS_NAME
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -68,7 +69,9 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
                              resources=api.Resources(max_memory="8GB"))
     assert not report.reused and report.files == 2 * SPEC.layers
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
-    assert not list((tmp_path / "s-ray").glob("measures/*"))  # the journal goes once measure.json is written
+    # the journal goes once measure.json is written (the models' byte records stay: a repeat is answered from them)
+    left = [p.name for p in (tmp_path / "s-ray").glob("measures/*")]
+    assert len(left) == 1 and left[0].endswith(f".{RECORDS_NAME}"), left
     # Killed locally after its second layer, the same measurement resumes on Ray with the same bytes.
     killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
                  env={"RESUMERGE_KILL_AT": "after_measure_layer:2", "OMP_NUM_THREADS": "1"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,7 +101,13 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
         from resumerge import api
 
         assert api.status(out).state == "running" and api.status(out).resume_command is None
-        second = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+        # Held still while the second one starts: its pauses alone (3 s a layer) do not outlast a loaded machine's
+        # interpreter start; a stopped process keeps its lock, as a slow one would.
+        first.send_signal(signal.SIGSTOP)
+        try:
+            second = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+        finally:
+            first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.batches import Batch, Hidden
@@ -88,8 +88,9 @@ class Runner(Protocol):
         """Layer ``index`` run on ``hidden`` with its linears' inputs recorded (:func:`_recorded_layer`)."""
 
 
-# A layer's outputs, its float32 Grams by the linear holding each, and which linear holds each linear's Gram.
-Recorded = tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]
+# A layer's outputs, its float32 Grams by the linear holding each, and which linear holds each linear's Gram (a
+# string: this module is imported where torch is not, and annotations are not evaluated).
+Recorded: TypeAlias = "tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]"
 
 
 class Streamed:
