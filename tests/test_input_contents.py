@@ -200,11 +200,11 @@ def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: Setup, 
 def test_a_digest_is_reused_while_the_file_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Merging the same local models again hashes nothing: the state dir's records vouch for a file whose size and
     mtime are as hashed and that was not written or replaced since; a file written since is hashed again."""
-    from resumerge.inputs import contents
+    from resumerge.inputs import contents, looks
     from resumerge.inputs.hub import records
 
     monkeypatch.setattr(records, "RACY_WINDOW_NS", 0)  # a file written a moment ago counts as settled
-    monkeypatch.setattr(contents, "RACY_WINDOW_NS", 0)
+    monkeypatch.setattr(looks, "RACY_WINDOW_NS", 0)  # the one reader of input spans (inputs.looks.hash_spans)
     weights, state = tmp_path / "model.safetensors", tmp_path / "state"
     weights.write_bytes(random.Random(1).randbytes(1 << 20))
     first = contents.record_contents([weights], state)

@@ -151,11 +151,11 @@ def test_an_edit_a_later_unit_reads_is_refused(setup: Setup) -> None:
 def test_a_slice_hashes_only_the_ranges_it_reads(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proof reads the ranges the plan reads of each file, never a layer outside the slice: the bytes hashed
     are exactly the tensors of layers 0-2 and outside the layers, of each model."""
-    from resumerge.inputs import contents
+    from resumerge.inputs import contents, looks
     from resumerge.inputs.hub import records
 
     monkeypatch.setattr(records, "RACY_WINDOW_NS", 0)  # a file written a moment ago counts as settled
-    monkeypatch.setattr(contents, "RACY_WINDOW_NS", 0)
+    monkeypatch.setattr(looks, "RACY_WINDOW_NS", 0)  # the one reader of input spans (inputs.looks.hash_spans)
     hashed: list[tuple[Path, tuple[tuple[int, int], ...] | None]] = []
     real = contents._hash
 

@@ -41,12 +41,12 @@ import xxhash
 
 from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import file_look
-from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
+from resumerge.inputs.hub.records import VerifyRecords, now_ns
+from resumerge.inputs.looks import hash_spans
 
 if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
 
-_BLOCK = 8 * 1024 * 1024
 _HUB_SNAPSHOT = re.compile(r"/snapshots/[0-9a-f]{40}$")  # a hub model's recorded folder (see inputs.catalog)
 _ALGORITHM = "xxh3-128"
 _LEGACY = "sha256"  # a ledger recorded before the per-span rule holds whole-file sha256 digests (64 hex digits)
@@ -216,34 +216,18 @@ def _hash(job: tuple[Path, tuple[tuple[int, int], ...] | None]) -> tuple[Content
     """Hash the spans of ``path`` (the whole file in sha256 where None): its content and when the hash started (for
     the records). Raises :class:`PlanChangedError` when it changed while being read."""
     path, spans = job
-    before = os.stat(path)
     started = now_ns()
     digest: xxhash.xxh3_128 | hashlib._Hash = hashlib.sha256() if spans is None else xxhash.xxh3_128()
-    # unbuffered reads of at most 8 MiB into one buffer, so that its pages are faulted in and zeroed once, not at
-    # every read (a fresh 8 MiB is mapped afresh: over the run's 1 MiB mmap threshold)
-    block = bytearray(_BLOCK)
-    view = memoryview(block)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for start, end in ((0, before.st_size),) if spans is None else spans:
-            at = start
-            while at < end:
-                n = os.preadv(fd, [view[:min(_BLOCK, end - at)]], at)
-                if n <= 0:
-                    raise _changed(path, "changed while it was being read")
-                digest.update(view[:n])
-                at += n
-    finally:
-        os.close(fd)
-    after = os.stat(path)
-    if (before.st_size, before.st_mtime_ns, before.st_ctime_ns) != (after.st_size, after.st_mtime_ns,
-                                                                     after.st_ctime_ns):
-        raise _changed(path, "changed while it was being read")
-    # Written within a timestamp tick of the hash (a coarse clock, a save still finishing): a later write could keep
-    # the same look, so the look recorded never matches and a resume hashes the file again (git's "racy clean").
-    racy = max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
+    whole = ((0, os.stat(path).st_size),)
+    def changed() -> PlanChangedError:
+        return _changed(path, "changed while it was being read")
+
+    (size, mtime, ctime, _), racy = hash_spans(path, [(whole if spans is None else spans, digest)], changed)
+    if spans is None and size != whole[0][1]:  # grown or cut between the size read and the hash
+        raise changed()
+    # Written within a timestamp tick of the hash: the look recorded never matches, a resume hashes it again.
     text = digest.hexdigest() if spans is None else f"{_method(spans)}:{digest.hexdigest()}"
-    return Content(before.st_size, before.st_mtime_ns, -1 if racy else before.st_ctime_ns, text), started
+    return Content(size, mtime, -1 if racy else ctime, text), started
 
 
 def _changed(path: Path, what: str, *, planning: bool = False) -> PlanChangedError:

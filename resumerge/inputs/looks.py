@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import xxhash
 
@@ -35,38 +36,51 @@ def look_of(path: Path) -> Look:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
-def group_digests(path: Path, groups: Mapping[int, Spans]) -> tuple[Look, dict[int, str]]:
-    """The xxh3-128 of each group of ranges of ``path`` (``groups``: a key, e.g. the decoder layer whose tensors
-    they are, to its spans), and how the file looked while hashed; a file written within a timestamp tick of the
-    hash gets a look no later stat matches (ctime -1: hashed again next time, git's "racy clean"). Read by
-    ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would count in the process's RSS, which the RAM
-    governor watches. Raises :class:`PlanChangedError` for a file that changed while it was read."""
+class Digest(Protocol):
+    """What a hash object offers to :func:`hash_spans` (xxhash's and hashlib's alike)."""
+
+    def update(self, data: memoryview, /) -> None: ...
+
+
+def hash_spans(path: Path, groups: Iterable[tuple[Spans, Digest]],
+               changed: Callable[[], PlanChangedError]) -> tuple[Look, bool]:
+    """Feed each group's spans of ``path`` to its digest, and return how the file looked while read and whether it
+    was written within a timestamp tick of the read (racy: a later write could keep the same look, so its look must
+    never be trusted: git's "racy clean"). Read by ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would
+    count in the process's RSS, which the RAM governor watches; one buffer, so its pages are faulted in and zeroed
+    once, not at every read. Raises ``changed()`` for a file that changed while it was read."""
     before = os.stat(path)
     started = time.time_ns()
-    found: dict[int, str] = {}
     block = bytearray(_BLOCK)
     view = memoryview(block)
     fd = os.open(path, os.O_RDONLY)
     try:
-        for key, spans in groups.items():
-            digest = xxhash.xxh3_128()
+        for spans, digest in groups:
             for start, end in spans:
                 at = start
                 while at < end:
                     n = os.preadv(fd, [view[:min(_BLOCK, end - at)]], at)
                     if n <= 0:
-                        raise _changed(path)
+                        raise changed()
                     digest.update(view[:n])
                     at += n
-            found[key] = digest.hexdigest()
     finally:
         os.close(fd)
     after = os.stat(path)
     look = (before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino)
     if look != (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino):
-        raise _changed(path)
-    racy = max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
-    return (look[0], look[1], -1 if racy else look[2], look[3]), found
+        raise changed()
+    return look, max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
+
+
+def group_digests(path: Path, groups: Mapping[int, Spans]) -> tuple[Look, dict[int, str]]:
+    """The xxh3-128 of each group of ranges of ``path`` (``groups``: a key, e.g. the decoder layer whose tensors
+    they are, to its spans), and how the file looked while hashed; a file written within a timestamp tick of the
+    hash gets a look no later stat matches (ctime -1: hashed again next time). Raises :class:`PlanChangedError`
+    for a file that changed while it was read."""
+    digests = {key: xxhash.xxh3_128() for key in groups}
+    look, racy = hash_spans(path, ((spans, digests[key]) for key, spans in groups.items()), lambda: _changed(path))
+    return (look[0], look[1], -1 if racy else look[2], look[3]), {k: d.hexdigest() for k, d in digests.items()}
 
 
 def _changed(path: Path) -> PlanChangedError:
