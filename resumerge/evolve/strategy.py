@@ -7,6 +7,11 @@ per generation told, the genotypes asked and their objectives — lists of float
 and replays each generation (ask, then tell the recorded objectives): the normal draws come from a
 ``RandomState`` of the seed that the strategy alone uses (never numpy's global one), so every ask returns the
 recorded genotypes again, which is checked to the bit, and the strategy ends in the state it had.
+
+The first generation's first candidate is ``x0`` itself (``cma``'s ``inject``, unchanged: the other candidates are
+the first draws of the same seed), so the starting genotype is scored and told like any candidate and a search
+never ends worse than where it began. mergekit-evolve's ``cma.fmin2`` never scores ``x0``: its best can be worse than
+the default-parameter merge it started from.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ class Search:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._es = cma.CMAEvolutionStrategy(list(settings.x0), settings.sigma0, options)
+            # x0 is the distribution's mean: as an injected direction it is zero, and forced, cma returns it as it
+            # is (the first candidate of the first ask) and weighs it in its update like any other candidate.
+            self._es.inject([np.array(settings.x0, dtype=float)], force=True)
         self._asked: list[list[float]] | None = None
 
     @property

@@ -1,7 +1,7 @@
 """A whole search on tiny models: two generations of two candidates of a ``ties`` genome over two layer groups,
 scored by two ``kl`` tasks (each parent on its own texts) and an ``nll`` task. STORAGE holds the table (JSONL and
 CSV, one row per candidate, the objective the weighted sum of its tasks), ``best.yml`` (which ``resumerge run`` and
-mergekit-yaml both run), the chart; ``status`` says where it stands; a candidate's figure is what ``check`` finds
+mergekit-yaml both run), the chart; the first candidate is the starting genotype; ``status`` says where it stands; a candidate's figure is what ``check`` finds
 on its written merge; run again, the search answers with the same files; ``--merge-best`` writes the best.
 
 Tiny generated models (two layers, width 32, a byte-level tokenizer): about 15 s for the search on the shared
@@ -79,6 +79,19 @@ def test_the_table_holds_every_candidate_and_the_objective_is_the_weighted_sum(
     assert yaml.safe_load(text) == best["config"] and text.startswith("# resumerge evolve: the best of 4")
     assert (store / "objective.png").read_bytes().startswith(b"\x89PNG")
     assert not (store / "work").exists() and not (store / "journal").exists()  # every candidate's merge removed
+
+
+def test_the_first_candidate_is_the_default_parameter_merge_and_the_best_is_no_worse(
+        searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
+    from resumerge.evolve.search import SearchOptions, plan_search
+    from resumerge.evolve.spec import read_spec
+
+    config, store, outcome = searched
+    first = json.loads((store / "evaluations.jsonl").read_text().splitlines()[0])
+    planned = plan_search(read_spec(config.read_text()), 2, SearchOptions(3, 2, 1 / 6, 7))
+    assert first["genotype"] == [0.5, 1.0] * 4 == list(planned.settings.x0)  # mergekit's: weights 1/2, densities 1
+    assert first["config"] == planned.config_of(planned.settings.x0)
+    assert outcome.best.objective <= first["objective"]
 
 
 def test_best_yml_runs_under_run_and_mergekit_and_its_figure_is_what_check_finds(

@@ -1,6 +1,7 @@
 """CMA-ES's state as plain numbers: a search restored from the recorded genotypes and objectives (as JSON would
 hold them) proposes what the uninterrupted one proposes, to the bit, whatever else drew from numpy's global
-generator meanwhile; a recorded generation another strategy would not propose is refused."""
+generator meanwhile; a recorded generation another strategy would not propose is refused; the first generation's
+first candidate is the starting genotype itself."""
 
 from __future__ import annotations
 
@@ -44,3 +45,17 @@ def test_a_generation_this_strategy_would_not_propose_is_refused() -> None:
     other_seed = Settings(SETTINGS.x0, SETTINGS.sigma0, 3, 12, 30)
     with pytest.raises(RefusedError):
         Search.restore(other_seed, [(asked, [1.0, 2.0, 3.0])])
+
+
+def test_the_first_candidate_is_x0_and_the_rest_are_the_seeds_own_draws() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import cma
+    asked = Search(SETTINGS).ask()
+    assert asked[0] == list(SETTINGS.x0)  # scored and told like any candidate: a search never ends worse than x0
+    draws = np.random.RandomState(SETTINGS.seed)
+    plain = cma.CMAEvolutionStrategy(list(SETTINGS.x0), SETTINGS.sigma0, {
+        "popsize": 3, "randn": draws.randn, "verbose": -9, "verb_log": 0, "verb_disp": 0, "seed": float("nan")})
+    assert asked[1:] == [[float(v) for v in x] for x in plain.ask()[:2]]
