@@ -92,6 +92,14 @@ def initial_genotype(layout: Layout) -> list[float]:
     return values + [v for _ in range(layout.groups) for _ in range(layout.sets) for v in layout.global_start]
 
 
+def random_genotype(layout: Layout, seed: int) -> list[float]:
+    """mergekit's first genotype under ``random_init``: every number uniform in [0, 1) (its ``torch.rand``), here
+    drawn from a generator of ``seed`` (PCG64, not the strategy's own stream) so a resumed search starts alike."""
+    import numpy as np
+
+    return [float(v) for v in np.random.default_rng(seed).random(layout.size)]
+
+
 def merge_config(genome: Genome, layout: Layout, layers: int, genotype: Sequence[float]) -> dict[str, Any]:
     """The merge config (a plain mapping, keys in mergekit's order, None left out) genotype ``genotype`` becomes."""
     if len(genotype) != layout.size:

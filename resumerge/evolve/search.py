@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.evolve import storage
-from resumerge.evolve.genome import Layout, initial_genotype, layout_of, merge_config
+from resumerge.evolve.genome import Layout, initial_genotype, layout_of, merge_config, random_genotype
 from resumerge.evolve.objective import ScoresGeneration, objective
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.evolve.storage import Evaluated
@@ -54,9 +54,12 @@ class Planned:
 
 
 def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planned:
-    """The search ``spec`` asks for, over models of ``layers`` decoder layers (see :func:`.genome.layout_of`)."""
+    """The search ``spec`` asks for, over models of ``layers`` decoder layers (see :func:`.genome.layout_of`),
+    starting from mergekit-evolve's first genotype (the method's default-parameter merge), or with the config's
+    ``random_init`` from a random one of the seed."""
     layout = layout_of(spec.genome, layers)
-    settings = Settings(tuple(initial_genotype(layout)), options.sigma0, options.popsize, options.seed,
+    start = random_genotype(layout, options.seed) if spec.random_init else initial_genotype(layout)
+    settings = Settings(tuple(start), options.sigma0, options.popsize, options.seed,
                         options.max_fevals)
     return Planned(spec, layout, layers, settings)
 

@@ -79,6 +79,7 @@ class EvolveSpec:
     limit: int | None = None
     num_fewshot: int | None = None
     apply_chat_template: bool = True
+    random_init: bool = False  # mergekit's: the search starts from a random genotype, not the default merge
 
     @property
     def fingerprint(self) -> str:
@@ -104,7 +105,8 @@ def read_spec(text: str, *, source: str = "CONFIG", base_dir: Path | None = None
     tasks = _tasks(doc["tasks"], base_dir, allow_benchmarks)
     return EvolveSpec(genome, tasks, text, limit=_count(doc.get("limit"), "limit"),
                       num_fewshot=_count(doc.get("num_fewshot"), "num_fewshot"),
-                      apply_chat_template=_flag(doc.get("apply_chat_template", True), "apply_chat_template"))
+                      apply_chat_template=_flag(doc.get("apply_chat_template", True), "apply_chat_template"),
+                      random_init=_flag(doc.get("random_init", False), "random_init"))
 
 
 def _known(doc: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:

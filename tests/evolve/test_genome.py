@@ -1,7 +1,8 @@
 """Genotype → merge config: mergekit 0.1.5's own ``ModelGenome.genotype_merge_config`` is the oracle for its
 methods (linear, task_arithmetic, ties, dare_ties, slerp) with every granularity, filters, smooth, normalize and
 negative weights, on the first genotype and on random ones; resumerge's numeric methods (della, breadcrumbs, tsv,
-iso_c) get configs ``run`` plans, their numbers held to the bounds each method declares.
+iso_c) get configs ``run`` plans, their numbers held to the bounds each method declares; ``random_init`` starts a
+search from a seeded random genotype.
 
 Tiny generated models (four layers, width 32): headers only, nothing merged."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +105,22 @@ def test_the_first_genotype_is_mergekits(models: tuple[str, str, str]) -> None:
         assert initial_genotype(layout) == oracle.initial_genotype().flatten().tolist()
     della = layout_of(Genome((a, b), "della", base), 4)
     assert della.per_model == ("weight", "density", "epsilon") and initial_genotype(della)[:3] == [0.5, 1.0, 0.15]
+
+
+def test_random_init_starts_from_a_seeded_random_genotype_else_from_mergekits(models: tuple[str, str, str],
+                                                                              tmp_path: Path) -> None:
+    from resumerge.evolve.search import SearchOptions, plan_search
+    from resumerge.evolve.spec import read_spec
+
+    base, a, b = models
+    (tmp_path / "t.txt").write_text("some words\n")
+    doc = {"genome": {"models": [a, b], "merge_method": "ties", "base_model": base, "layer_granularity": 2},
+           "tasks": [{"nll": {"texts": str(tmp_path / "t.txt")}}]}
+    plain = plan_search(read_spec(yaml.safe_dump(doc)), 4, SearchOptions(seed=3)).settings.x0
+    assert list(plain) == [0.5, 1.0] * 4
+    drawn = [plan_search(read_spec(yaml.safe_dump({**doc, "random_init": True})), 4, SearchOptions(seed=seed))
+             .settings.x0 for seed in (3, 3, 4)]
+    assert drawn[0] == drawn[1] != drawn[2] and len(drawn[0]) == 8 and all(0 <= v < 1 for v in drawn[0])
+    assert len(set(drawn[0])) == 8
+    with pytest.raises(ConfigError, match="random_init"):
+        read_spec(yaml.safe_dump({**doc, "random_init": "yes"}))

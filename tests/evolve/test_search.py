@@ -1,8 +1,9 @@
-"""A whole search on tiny models: two generations of two candidates of a ``ties`` genome over two layer groups,
-scored by two ``kl`` tasks (each parent on its own texts) and an ``nll`` task. STORAGE holds the table (JSONL and
-CSV, one row per candidate, the objective the weighted sum of its tasks), ``best.yml`` (which ``resumerge run`` and
-mergekit-yaml both run), the chart; the first candidate is the starting genotype; ``status`` says where it stands; a candidate's figure is what ``check`` finds
-on its written merge; run again, the search answers with the same files; ``--merge-best`` writes the best.
+"""A whole search on tiny models: two generations of two candidates of a ``ties`` genome over two layer groups, scored
+by two ``kl`` tasks (each parent on its own texts) and an ``nll`` task. STORAGE holds the table (JSONL and CSV, one
+row per candidate, the objective the weighted sum of its tasks), ``best.yml`` (which ``resumerge run`` and
+mergekit-yaml both run), the chart; the first candidate is the starting genotype; ``status`` says where it stands; a
+candidate's figure is what ``check`` finds on its written merge; run again, the search answers with the same files;
+``--merge-best`` writes the best.
 
 Tiny generated models (two layers, width 32, a byte-level tokenizer): about 15 s for the search on the shared
 machine, most of it four merges and twelve forward passes."""
