@@ -1,10 +1,10 @@
 """The real-weights search of issue 68, shared by its test and ``bench/bench_evolve_real.py``.
 
 SmolLM2-135M-Instruct and its two fine-tunes (``realmodel.smollm2_finetunes``: ``weather`` and ``recipes``); a
-``ties`` genome over the two with the base, ``layer_granularity`` splitting the 30 layers into groups, scored by two
-``kl`` tasks, each fine-tune on the first lines of its own training texts. The merges it is held to: the search's
-first genotype (mergekit-evolve's: every weight 1/2, every density 1: the default-parameter ties merge) and the
-uniform linear merge, both written as the search writes its candidates (the same dtype). Held-out figures are
+``task_arithmetic`` (or ``ties``) genome over the two with the base, ``layer_granularity`` splitting the 30 layers
+into groups, scored by two ``kl`` tasks, each fine-tune on the first lines of its own training texts. The merges it
+is held to: the method's default-parameter merge (mergekit-evolve's first genotype: every weight 1/2, every density
+1; the search's first candidate) and the uniform linear merge, both in the candidates' dtype. Held-out figures are
 each domain's held-out file scored by the same streamed pass the search scores its candidates with.
 """
 
@@ -20,6 +20,7 @@ from realmodel import DATA, DOMAINS
 from resumerge import api
 from resumerge.api.options import Resources
 from resumerge.config.locations import StateDir
+from resumerge.evolve.genome import initial_genotype
 from resumerge.evolve.objective import objective
 from resumerge.evolve.search import Planned, SearchOptions, plan_search
 from resumerge.evolve.spec import Task, read_spec
@@ -27,7 +28,7 @@ from resumerge.evolve.streamed import StreamedCandidates
 
 
 def write_search(root: Path, base: Path, tuned: Sequence[Path], *, lines: int, granularity: int,
-                 method: str = "ties", normalize: bool | None = None) -> Path:
+                 method: str = "task_arithmetic", normalize: bool | None = None) -> Path:
     """The search's config in ``root`` (its objective texts: the first ``lines`` lines of each domain's training
     file; ``method`` ties or task_arithmetic, ``normalize`` None for the method's default); returns its path."""
     tasks = []
@@ -49,9 +50,9 @@ def planned_of(config: Path, options: SearchOptions) -> Planned:
 
 
 def baselines(planned: Planned) -> dict[str, dict[str, Any]]:
-    """The merges a search is held to: ``default`` (its first genotype's config) and ``linear`` (the two
-    fine-tunes weighted 1/2 each, in the candidates' dtype)."""
-    first = planned.config_of(planned.settings.x0)
+    """The merges a search is held to: ``default`` (mergekit-evolve's first genotype's config, whatever x0 the
+    search started from) and ``linear`` (the two fine-tunes weighted 1/2 each, in the candidates' dtype)."""
+    first = planned.config_of(initial_genotype(planned.layout))
     models = planned.spec.genome.models
     linear = {"merge_method": "linear", "models": [{"model": m, "parameters": {"weight": 1 / len(models)}}
                                                    for m in models],
