@@ -110,12 +110,14 @@ class Search:
     def restore(cls, settings: Settings, history: Sequence[tuple[Sequence[Sequence[float]], Sequence[float]]]
                 ) -> Search:
         """The search after the generations of ``history`` (each its genotypes and objectives), replayed; raises
-        :class:`RefusedError` where a replayed ask differs from the recorded genotypes (another ``cma``)."""
+        :class:`RefusedError` where a replayed ask differs from the recorded genotypes (another ``cma``, or a
+        search started before the starting genotype was scored first)."""
         search = cls(settings)
         for number, (genotypes, objectives) in enumerate(history, 1):
             asked = search.ask()
             if [list(map(float, x)) for x in genotypes] != asked:
                 raise RefusedError(f"generation {number} recorded in STORAGE is not what this cma proposes again",
-                                   hint="resume with the cma version that started the search (cma 4.5)")
+                                   hint="resume with the resumerge and cma versions that started the search "
+                                        "(cma 4.5; a resumerge that did not yet score the starting genotype first)")
             search.tell(objectives)
         return search
