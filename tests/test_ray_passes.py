@@ -1,7 +1,8 @@
 """The forward passes placed on Ray by the executor object (``--executor ray``), as ``check``'s is: ``measure`` (an
-actor per model, the models side by side), ``eval`` (its pass's layers on an actor) and ``evolve`` (a generation's
-candidates spread over the nodes), each giving the bytes and figures of the local run; and what cannot be placed
-is refused in one line, exit 2, before any weight is read.
+actor per model, the models side by side), ``eval`` (its pass's layers on an actor), ``evolve`` (a generation's
+candidates spread over the nodes) and mergekit-moe's hidden-state gates (the base's layers on an actor), each giving
+the bytes and figures of the local run; and what cannot be placed is refused in one line, exit 2, before any weight
+is read.
 
 One real Ray cluster on this machine for the whole module (a head without CPUs, two one-CPU worker nodes: starting
 one costs 10-20 s); the local references run torch on one thread, as each node's actor does (float32 sums on more
@@ -24,6 +25,7 @@ from resumerge.engine.executors import RayExecutor
 from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
 from resumerge.forward.proof import RECORDS_NAME
+from resumerge.moe import prepare
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -135,6 +137,47 @@ def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_f
         api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **asked)
     for name in FILES:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kill(tmp_path: Path,
+                                                                                  cluster: Cluster) -> None:
+    # mergekit-moe's gate_mode hidden: the prompt pass's base layers on an actor (placed by the executor as a
+    # check's are), the merge's shards on the nodes' workers, the routers reaching them with the run's resources.
+    models = [make_model(tmp_path / f"m{i}", SPEC, seed=30 + i) for i in range(3)]
+    config = write_config(tmp_path / "hidden.yml", {
+        "base_model": str(models[0]), "gate_mode": "hidden", "dtype": "float32",
+        "experts": [{"source_model": str(models[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
+                    {"source_model": str(models[2]), "positive_prompts": ["Zq rs tu"]}]})
+    one = {"OMP_NUM_THREADS": "1"}  # the pass's process on one thread, as each node's actor computes
+    with pytest.MonkeyPatch.context() as here:
+        here.setenv("OMP_NUM_THREADS", "1")
+        api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
+    on_ray = RayExecutor(address=cluster.address, keep_workers=0)
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this machine's processes: on the node
+        here.setattr(Streams, "layer", _not_here)
+        here.setattr(prepare, "start_child", _encode_only(prepare.start_child))
+        api.run(config, tmp_path / "ray", state_dir=tmp_path / "s-ray", executor=on_ray)
+    assert digests(tmp_path / "ray") == digests(tmp_path / "local")
+    (routers,) = (tmp_path / "s-local").glob("moe-routers/*/routers.safetensors")  # keyed by content: the same key
+    assert (tmp_path / "s-ray" / routers.relative_to(tmp_path / "s-local")).read_bytes() == routers.read_bytes()
+    # Killed locally after the pass journaled its first layer, the same run goes on on Ray from its second.
+    killed = cli("run", config, tmp_path / "both", "--state-dir", tmp_path / "s-both", "--quiet",
+                 env={**one, "RESUMERGE_KILL_AT": "after_router_layer:1", "RESUMERGE_PAUSE_AT": "after_router_layer:1"})
+    assert killed.returncode == -9, killed.stderr
+    (work,) = (tmp_path / "s-both" / "moe-routers").iterdir()
+    assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors"]
+    api.run(config, tmp_path / "both", state_dir=tmp_path / "s-both", executor=on_ray)
+    assert digests(tmp_path / "both") == digests(tmp_path / "local")
+
+
+def _encode_only(start: Any) -> Any:
+    """``start_child`` that refuses any job but tokenising the prompts (the pass itself must not run here)."""
+
+    def started(job: dict[str, Any], *args: Any) -> Any:
+        assert job["job"] == "encode", job["job"]
+        return start(job, *args)
+
+    return started
 
 
 def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:

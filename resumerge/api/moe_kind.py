@@ -1,5 +1,6 @@
 """MoE upcycling: a mergekit-moe config (``base_model`` and ``experts``), planned by :mod:`resumerge.moe`; the
-hidden-state gate modes' prompt forward pass runs in a process of its own, started before the run plans."""
+hidden-state gate modes' prompt forward pass runs in a process of its own, started before the run plans, or with
+its layers where the run's executor places a forward pass (``--executor ray``: an actor on a node)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
-from resumerge.api.options import source_name
+from resumerge.api.options import pass_placement, source_name
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.config.settings import RunSettings
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from resumerge.engine.session import Recorded
     from resumerge.estimate.costs import Estimate
     from resumerge.estimate.estimate import Measuring
+    from resumerge.forward.placement import Places
     from resumerge.moe import MoeConfig
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
@@ -147,5 +149,18 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
     from resumerge.moe.prepare import prepare_moe
 
     return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
-                               on_progress=hub_progress(reporter), beside=early is not None, out=out),
+                               on_progress=hub_progress(reporter), beside=early is not None, out=out,
+                               places=_places(settings)),
                    kind=MoeKind.name)
+
+
+def _places(settings: RunSettings) -> Places | None:
+    """Where the run's executor places a forward pass's models, as it places a check's (None: in this machine's
+    processes, the prompt pass's own)."""
+    elsewhere, address = pass_placement(settings)
+    if not elsewhere:
+        return None
+    from resumerge.analyses.check.onray import placing
+
+    given = None if settings.state.given is None else str(settings.state.root)  # --state-dir, as a node opens it
+    return placing(address, given, "prompt forward pass")

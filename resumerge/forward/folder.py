@@ -1,8 +1,10 @@
 """A pass folder's lock: one process at a time journals in it (two at once would delete each other's layer
-files), the second refused naming the first (:class:`~resumerge.store.runlock.JobLock`, exit 4)."""
+files), the second refused naming the first (:class:`~resumerge.store.runlock.JobLock`, exit 4); and whether the
+process a pass's progress names still runs (``status``: running or interrupted)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from resumerge.store.runlock import JobLock
@@ -14,3 +16,16 @@ def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = L
     """The lock of the pass journaled in ``folder`` (``what``: the job in words; ``command``: what the holder
     runs, named to a second process; ``name``: the lock file's, in ``folder``)."""
     return JobLock(folder / name, what, command, hint=hint)
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether process ``pid`` (as a pass's progress file records it; anything else: no) still runs."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

@@ -2,7 +2,7 @@
 one layer of one model at a time, each admitted by the pass's :data:`~resumerge.forward.layerpass.Reserve`. A Ray
 cluster is another placement, an actor per model (:mod:`resumerge.analyses.check.onray`); a client's
 :class:`~resumerge.forward.layerpass.Step` drives either the same way, so its journal is the same file whichever
-ran it.
+ran it. A pass whose models the executor places elsewhere is handed a :class:`Places`, and never learns where.
 
 At layer l each model's layer is read once and run on that model's own hidden states and, where the pass asks, on
 a reference model's input to the layer too (``check``'s localising pass): :func:`model_layer`."""
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from resumerge.forward import handed
 from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.layerpass import Reserve, unreserved
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from resumerge.forward.opened import PassModel
 
 
 class Placement(Protocol):
@@ -37,6 +40,18 @@ class Placement(Protocol):
         is the reference or there is none): both, per model."""
 
 
+class Places(Protocol):
+    """Where the run's executor places a pass's models, handed to a pass that does not learn where (the MoE
+    hidden-state gates'): ``(models, layers, needs, dtype)`` -> a context holding the :class:`Placement` of
+    ``models`` (``layers`` decoder layers each, read in ``dtype``; ``needs``: the memory each model's part of the
+    pass holds at its largest step), refused (:class:`~resumerge.errors.UsageError`, exit 2) before any weight is
+    read where they cannot be placed; what runs them ends with the block. An actor per model on a Ray cluster:
+    :func:`resumerge.analyses.check.onray.placing`."""
+
+    def __call__(self, models: Sequence[PassModel], layers: int, needs: Sequence[int],
+                 dtype: torch.dtype) -> AbstractContextManager[Placement]: ...
+
+
 class Watch(Protocol):
     """What a pass observes of each model's layer as it is read and run (``check``'s static figures taken from the
     layers' reads, ``measure``'s Grams): the order the models run in, a context around one model's layer, and the
@@ -53,13 +68,16 @@ class Streams:
     """The pass's models run in this process, one layer of one model at a time: ``streams`` (each model's
     modules), ``reserve`` admitting each model's layer (step ``layer``), ``on_model(layer, m)`` told before model
     ``m``'s layer is read, ``watch`` observing the layers, ``own_batches(m, batches)`` the batches as model ``m``
-    reads them (its own token ids, where the models' vocabularies differ)."""
+    reads them (its own token ids, where the models' vocabularies differ); ``names``: each model as its steps'
+    admissions name it (None: ``model 1``, ``model 2``...)."""
 
     def __init__(self, streams: Sequence[ModelStream], on_model: Callable[[int, int], None] | None = None,
                  reserve: Reserve = unreserved, watch: Watch | None = None,
-                 own_batches: Callable[[int, list[Batch]], list[Batch]] | None = None) -> None:
+                 own_batches: Callable[[int, list[Batch]], list[Batch]] | None = None,
+                 names: Sequence[str] | None = None) -> None:
         self.streams, self.on_model, self.reserve, self.watch = streams, on_model, reserve, watch
         self.own_batches = own_batches
+        self.names = list(names) if names is not None else [f"model {m + 1}" for m in range(len(streams))]
         self.layers = streams[0].layers
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
         self.calls: list[list[list[LayerCall]]] = []
@@ -87,7 +105,7 @@ class Streams:
                 self.on_model(index, m)
             module = stream.layers_list[index]
             watching = self.watch.watching(stream, m, module) if self.watch is not None else nullcontext()
-            with self.reserve(f"layer {index} of model {m + 1}", "layer"), watching:
+            with self.reserve(f"layer {index} of {self.names[m]}", "layer"), watching:
                 out, theirs = model_layer(stream, index, hidden[m], self.calls[m],
                                           None if m == reference else same_input)
             own[m] = out

@@ -19,10 +19,14 @@ The pass runs on the layer-streamed forward engine (:mod:`resumerge.forward`), t
 on, a client of its one journaled layer pass like ``check`` and ``measure``: its embeddings and each decoder layer
 admitted by the RAM governor under the share of the budget its process is given
 (:class:`~resumerge.forward.admission.Admission`). This module adds the prompt sets' vectors, the journal's layout
-and the routers.
+and the routers. The base's layers run where the pass's :class:`~resumerge.forward.placement.Placement` runs them:
+in this process (:func:`hidden_routers`), or where the run's executor places them (:func:`placed_routers`: an
+actor on a Ray node); the step, its journal and its routers are the same either way, so a pass killed in one place
+resumes in the other with the same bytes.
 
-Runs in the prompt work's own process (:mod:`resumerge.moe.passmain`): transformers is imported here, never in
-the merge's process.
+:func:`hidden_routers` runs in the prompt work's own process (:mod:`resumerge.moe.passmain`): transformers is
+imported there, never in the merge's process; :func:`placed_routers` runs in the merge's process, which then holds
+only the prompt sets' hidden states (the node imports transformers).
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from resumerge.forward.admission import Admission
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.opened import PassModel
+from resumerge.forward.placement import Placement, Places, Streams
 from resumerge.forward.requires import require_transformers
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe
 from resumerge.moe.passproc import gate_needs
 from resumerge.moe.passshare import share_problem
@@ -49,7 +55,7 @@ from resumerge.moe.routers import Encoded
 from resumerge.moe.state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.torch_import import torch
 
-__all__ = ["ExpertSets", "Ready", "Weights", "hidden_routers", "pass_bytes", "pass_checks"]
+__all__ = ["ExpertSets", "Ready", "Weights", "hidden_routers", "pass_bytes", "pass_checks", "placed_routers"]
 
 _BASE = "base"
 
@@ -124,17 +130,41 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
             _check_share(step_bytes, share, counted_elsewhere)
         if on_checked is not None:
             on_checked()
-        flat = [s for pair in sets for s in pair if s is not None]
         admitted: AbstractContextManager[Reserve] = Admission(share, {"layer": step_bytes}) if share is not None \
             else nullcontext(unreserved)
         with admitted as reserve:
-            with torch.no_grad(), reserve("the base's embeddings", "layer"):
-                entering = stream.inputs([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
-            journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
-            step = _GateStep(stream, mode, [c for _, c in entering], journal, sets, reserve)
-            gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
-            gates.run(step, [[h for h, _ in entering]], len(flat))
+            _gates(Streams([stream], reserve=reserve, names=["the base"]), layers, mode, sets, workdir, reserve,
+                   run_pid)
     return done
+
+
+def placed_routers(places: Places, base: PassModel, layers: int, need: int, mode: str, sets: ExpertSets,
+                   workdir: Path) -> Path:
+    """:func:`hidden_routers` with the base's layers where ``places`` puts them (the run's executor: an actor on a
+    Ray node, which reads the base and imports transformers), this process driving the pass: it holds the prompt
+    sets' hidden states, journals them and makes the routers, exactly as the local pass does (its journal is the
+    same file: a pass killed locally resumes here, and the other way round). ``base``: the base model opened
+    (its folder, tensors and config as the run read them); ``need``: what its part of the pass holds at its
+    largest step (refused, exit 2, where no node holds it)."""
+    done = workdir / ROUTERS_NAME
+    if done.is_file():
+        return done
+    workdir.mkdir(parents=True, exist_ok=True)
+    with places([base], layers, [need], torch.bfloat16) as placement:
+        _gates(placement, layers, mode, sets, workdir, unreserved, None)
+    return done
+
+
+def _gates(placement: Placement, layers: int, mode: str, sets: ExpertSets, workdir: Path, reserve: Reserve,
+           run_pid: int | None) -> None:
+    """The pass over ``placement``'s one model (the base) from its journal in ``workdir``: every prompt set a batch,
+    the embeddings held by ``reserve``, then :class:`_GateStep` over the layers and the routers after the last."""
+    flat = [s for pair in sets for s in pair if s is not None]
+    with torch.no_grad(), reserve("the base's embeddings", "layer"):
+        entering = placement.enter([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
+    journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
+    gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
+    gates.run(_GateStep(placement, layers, mode, journal, sets), entering, len(flat))
 
 
 def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:
@@ -153,29 +183,25 @@ def _check_share(step_bytes: int, share: int, counted_elsewhere: int) -> None:
 
 class _GateStep(Step[None]):
     """The gates' part of the pass: at each layer every prompt set's vector of the layer's input (journaled beside
-    the hidden states, each layer's file kept), the layer run to give the next its input (not the last layer's:
-    its output is no router's input); after the last layer, the routers (:func:`_finish`). Each layer is held by
-    ``reserve`` while it runs (step ``layer``)."""
+    the hidden states, each layer's file kept), the layer run by the ``placement`` to give the next its input (not
+    the last layer's: its output is no router's input); after the last layer, the routers (:func:`_finish`)."""
 
-    def __init__(self, stream: ModelStream, mode: str, calls: list[list[LayerCall]], journal: Journal,
-                 sets: ExpertSets, reserve: Reserve = unreserved) -> None:
-        self.stream, self.mode, self.calls, self.journal, self.sets = stream, mode, calls, journal, sets
-        self.reserve = reserve
+    def __init__(self, placement: Placement, layers: int, mode: str, journal: Journal, sets: ExpertSets) -> None:
+        self.placement, self.layers, self.mode, self.journal, self.sets = placement, layers, mode, journal, sets
         self.vectors: list[torch.Tensor] = []
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         self.vectors = [_vector(h, self.mode) for h in hidden[0]]
-        if index + 1 == self.stream.layers:
+        if index + 1 == self.layers:
             return [[]]
-        with self.reserve(f"layer {index} of the base", "layer"), \
-                self.stream.loaded(self.stream.layers_list[index]) as layer:
-            return [[self.stream.run(layer, h, c[index]) for h, c in zip(hidden[0], self.calls)]]
+        own, _ = self.placement.layer(index, hidden, None)
+        return own
 
     def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
         return {f"vector.{s}": v.contiguous() for s, v in enumerate(self.vectors)}, None
 
     def finish(self, hidden: Hidden) -> None:
-        _finish(self.journal, self.sets, self.stream.layers)
+        _finish(self.journal, self.sets, self.layers)
 
 
 def _finish(journal: Journal, sets: ExpertSets, layers: int) -> None:

@@ -81,11 +81,21 @@ class RouterSources:
     """One run's sources of hidden-state routers: the content key of a prompt forward pass -> what returns its
     routers ``(layers, gated experts, hidden)``, waiting for the pass when it is still running. Filled by the
     run's planning (:mod:`resumerge.moe.prepare`) before the engine runs, and handed to the router units in
-    their context's :attr:`~resumerge.methods.spec.MergeContext.resources`."""
+    their context's :attr:`~resumerge.methods.spec.MergeContext.resources`. Sent to another process (a Ray
+    executor's workers), it travels as the routers themselves: a run whose executor computes elsewhere has its
+    pass finished before the merge starts, so nothing waits there."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sources: dict[str, Callable[[], torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict[str, torch.Tensor]:
+        with self._lock:
+            return {key: source() for key, source in self._sources.items()}
+
+    def __setstate__(self, routers: dict[str, torch.Tensor]) -> None:
+        self._lock = threading.Lock()
+        self._sources = {key: _Given(block) for key, block in routers.items()}
 
     def provide(self, key: str, routers: Callable[[], torch.Tensor]) -> None:
         """Make ``routers()`` the source of the routers of the forward pass ``key``."""
@@ -96,6 +106,16 @@ class RouterSources:
         """The source of the routers of the forward pass ``key``, or None when none was provided."""
         with self._lock:
             return self._sources.get(key)
+
+
+class _Given:
+    """Routers computed already (a :class:`RouterSources` received from another process)."""
+
+    def __init__(self, block: torch.Tensor) -> None:
+        self.block = block
+
+    def __call__(self) -> torch.Tensor:
+        return self.block
 
 
 def router_values(ctx: MergeContext) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from resumerge.analyses.check.onray import Place, places
+from resumerge.analyses.onray import Place, places
 from resumerge.errors import UsageError
 
 GB = 1 << 30

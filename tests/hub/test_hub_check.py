@@ -245,8 +245,9 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
     from resumerge.analyses.check.models import find_models
-    from resumerge.analyses.check.onray import ModelNode, Place, RayModels, _sent
+    from resumerge.analyses.check.onray import ModelNode, RayModels
     from resumerge.analyses.check.static import static_pass
+    from resumerge.analyses.onray import Place, sent
     from resumerge.config.locations import StateDir
     from resumerge.forward.batches import padded as _padded
     from resumerge.forward.hubreads import PassReads
@@ -260,7 +261,7 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     bound = reads.bind(models, fresh=True)
     static_pass(bound)  # every tensor read here, and every file verified whole
     assert len(_verified_in(tmp_path / "work")) == len(_shards(files))
-    node = ModelNode(_sent(bound[0]), 1)
+    node = ModelNode(sent(bound[0]), 1)
     held: list[tuple[str, int, int, str]] = []
 
     def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:

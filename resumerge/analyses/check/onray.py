@@ -3,20 +3,20 @@ a giant merge against its parents takes about the time of one model's pass.
 
 The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where
 the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every
-node must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under
-the node's name: :func:`_here`, the sha256 of each range it read held to the driver's journal after each step, as a
-merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its node's share. The
-merge's actor keeps the first layer it reads to learn whether the family takes padded batches for the pass's first
-layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that runs one sequence
-at a time, aside); the driver reads every model once more, for the static figures (which compare the models' tensors
-with each other). The driver (this process) holds every model's hidden states, as a local check does: per layer it
-sends the reference's input to the layer (the base's, else the first parent's) to every actor at once (one object in
-Ray's store), each actor runs its layer on its own hidden states (it keeps its last output) and on that input, and
-returns both; the driver computes the layer's figures with the local pass's own functions and journals it exactly as
-a local check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on Ray
-resumes locally, and the other way round. The heads too: the merge's and the base's actors return their
-log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own with
-them and returns its per-position figures.
+node must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the
+node's name: :func:`~resumerge.analyses.onray.on_node`, the sha256 of each range it read held to the driver's journal
+after each step, as a merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its
+node's share. The merge's actor keeps the first layer it reads to learn whether the family takes padded batches for
+the pass's first layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that
+runs one sequence at a time, aside); the driver reads every model once more, for the static figures (which compare the
+models' tensors with each other). The driver (this process) holds every model's hidden states, as a local check does:
+per layer it sends the reference's input to the layer (the base's, else the first parent's) to every actor at once
+(one object in Ray's store), each actor runs its layer on its own hidden states (it keeps its last output) and on that
+input, and returns both; the driver computes the layer's figures with the local pass's own functions and journals it
+exactly as a local check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on
+Ray resumes locally, and the other way round. The heads too: the merge's and the base's actors return their
+log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own with them
+and returns its per-position figures.
 
 Each actor holds one layer of its model and its hidden states, and declares that memory to Ray (:func:`actor_bytes`,
 from the figures the local check's budget is found from), so that Ray places no more on a node than it holds; a
@@ -30,10 +30,9 @@ merge executor's own).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.check.heads import HeadTotals, shared
@@ -41,7 +40,9 @@ from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.needs import StepBytes
 from resumerge.analyses.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
-from resumerge.errors import ResumergeError, UnreachableError, UsageError
+from resumerge.analyses.onray import Place, Read, cpus_of, driver_token, logged, on_node, sent
+from resumerge.errors import ResumergeError, UnreachableError
+from resumerge.forward.placement import Placement, Places
 from resumerge.forward.stream import LayerCall
 from resumerge.memory.sizes import format_size
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -49,28 +50,32 @@ from resumerge.torch_import import IMPORT_RESERVE, torch
 if TYPE_CHECKING:  # torch loads on first use (the annotations are strings)
     Hidden = list[torch.Tensor]
 Batches = Sequence[Sequence[Sequence[int]]]
-Read = tuple[str, int, int, str]  # a range of a hub file an actor read: (file, start, end, sha256)
 
 # The times a check replaces the actors of lost nodes before it stops (exit 3): a merge's Ray executor re-issues a
 # lost worker's shard as often (resumerge.engine.cluster.driver.REISSUES).
 REPLACES = 3
 # How long a replacement actor may take to start (be scheduled, import torch, open its model) before the check stops.
 PLACE_SECONDS = 120.0
-_RESUME_HINT = "check the cluster's nodes, then run the check again: it resumes at the last layer journaled"
+def _resume_hint(what: str) -> str:
+    return f"check the cluster's nodes, then run the {what} again: it resumes at the last layer journaled"
+
 
 
 class ModelNode:
     """One model of a check as a Ray actor runs it: its :class:`~resumerge.forward.stream.ModelStream` (made in
     the actor's process), torch on ``threads`` threads, its layers' calls and its last hidden states. ``token``:
     the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
-    work)."""
+    work). ``dtype``: what the pass computes in (a check's float32; the MoE gates' bfloat16), ``what`` the pass as
+    the model's errors name it."""
 
-    def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None) -> None:
+    def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None,
+                 dtype: torch.dtype | None = None, what: str = "check") -> None:
         torch.set_num_threads(max(1, threads))
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            self.stream = streams_of([_logged(_here(model, token, state), self.read_log)])[0]
+            self.stream = streams_of([logged(on_node(model, token, state), self.read_log)],
+                                     dtype=torch.float32 if dtype is None else dtype, what=f"resumerge {what}")[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
@@ -165,59 +170,6 @@ class ModelNode:
         self.stream.close()
 
 
-def _logged(model: Checked, log: list[Read]) -> Checked:
-    """``model`` with each range of its hub files read noted in ``log`` (with its sha256), for the driver."""
-    if not model.remote:
-        return model
-    import hashlib
-    from dataclasses import replace
-
-    from resumerge.inputs.hub.stream import StreamedReads
-
-    def note(file: str, start: int, end: int, data: bytearray) -> None:
-        log.append((file, start, end, hashlib.sha256(data).hexdigest()))
-
-    return replace(model, reads=StreamedReads({f.file: f.client() for f in model.remote}, note))
-
-
-def _here(model: Checked, token: bool, state: str | None = None) -> Checked:
-    """``model`` as this node opens it: as the driver opened it where its folder is here, else (a hub model whose
-    cache snapshot is the driver's) its small files fetched into this node's cache, its weights read by range; a hub
-    model's ranges asked under this node's name (``resumerge-node/NODE`` in the user agent, as a merge's nodes ask
-    theirs: the hub's logs tell the nodes apart) with this node's token (``HF_TOKEN``, or its user's saved login).
-    Raises :class:`UsageError` (exit 2) for a hub model where the driver read with a token (``token``) and this
-    node has none, as a merge's nodes refuse to read its hub inputs."""
-    from dataclasses import replace
-
-    from resumerge.engine.cluster.connect import this_node
-
-    node = this_node()
-    if token and model.remote:
-        from huggingface_hub import get_token
-
-        if not get_token():
-            raise UsageError(f"cluster node {node} has no Hugging Face token to read {model.path} with",
-                             hint="set HF_TOKEN (or run `hf auth login`) on every node, then run the check again: "
-                                  "it resumes at the last layer journaled")
-    if not model.opened.directory.is_dir():
-        from resumerge.analyses.check.models import open_checked
-        from resumerge.config.locations import StateDir
-
-        model = replace(open_checked(model.path, model.role, StateDir.resolve(state)), role=model.role,
-                        weight=model.weight)
-    agent = f"resumerge-node/{node}"
-    return replace(model, remote=tuple(replace(f, agent=agent) for f in model.remote))
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a model's actor runs: its node (the full id), the CPUs and the memory (bytes) it declares."""
-
-    node_id: str
-    cpus: float
-    memory: int
-
-
 def actor_bytes(sizes: StepBytes) -> list[int]:
     """The memory each model's actor declares (the merge's first), from the figures the local check's budget is
     found from (:mod:`.needs`): torch's imports (:data:`~resumerge.torch_import.IMPORT_RESERVE`, as a merge's Ray
@@ -226,65 +178,6 @@ def actor_bytes(sizes: StepBytes) -> list[int]:
     (its log-probabilities and the merge's and the base's held whole)."""
     return [IMPORT_RESERVE + 5 * sizes.states + max(layer, heads)
             for layer, heads in zip(sizes.layers, sizes.held_heads)]
-
-
-def ray_places(address: str | None, needs: Sequence[int], what: str = "check") -> list[Place]:
-    """Join the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a Ray started on this machine) and place
-    each model's actor (``needs``: the memory each declares, :func:`actor_bytes`), before any weight is read: see
-    :func:`places`. Raises :class:`~resumerge.errors.UsageError` without Ray or where the cluster cannot hold the
-    actors, :class:`~resumerge.errors.UnreachableError` where it cannot be joined. ``what``: the pass, as the
-    refusals name it (``check``, ``measurement``)."""
-    from resumerge.engine.cluster.connect import join
-
-    return places(join(address).nodes(), needs, what)
-
-
-def places(nodes: Sequence[dict[str, Any]], needs: Sequence[int], what: str = "check") -> list[Place]:
-    """For each model, the node its actor runs on, the CPUs and the memory it declares: the alive ``nodes``
-    (``ray.nodes()``) with CPUs, most CPUs first, one model each, round-robin where there are fewer nodes than
-    models, each node given only the actors its memory (as the node declares it to Ray) holds; each model takes its
-    share of its node's CPUs (whole CPUs where the node has them, at least a hundredth). Raises
-    :class:`~resumerge.errors.UsageError` (exit 2) where no node has a CPU, or the nodes cannot hold every model's
-    actor at once (the pass runs them side by side)."""
-    alive = sorted(((float(n["Resources"].get("CPU", 0)), int(n["Resources"].get("memory", 0)), n["NodeID"])
-                    for n in nodes if n.get("Alive") and n["Resources"].get("CPU", 0) > 0),
-                   key=lambda n: (-n[0], n[2]))
-    if not alive:
-        raise UsageError(f"the Ray cluster has no node with CPUs to run a {what} on",
-                         hint=f"add a node with CPUs, or run the {what} without --executor ray")
-    largest = max(memory for _, memory, _ in alive)
-    holds = "its heads" if what == "check" else "its sums"
-    if min(needs) > largest:
-        raise UsageError(f"a model's actor of the {what} needs {format_size(min(needs))} of a Ray node's memory "
-                         f"(torch, a layer in float32, its hidden states, {holds}), more than any node of the cluster "
-                         f"has (the most: {format_size(largest)})", hint=_small_hint(what))
-    free = {node: memory for _, memory, node in alive}
-    chosen: list[tuple[str, float, int]] = []
-    turn = 0
-    for m, need in enumerate(needs):
-        for k in range(len(alive)):
-            cpus, _, node = alive[(turn + k) % len(alive)]
-            if free[node] >= need:
-                free[node] -= need
-                chosen.append((node, cpus, need))
-                turn = (turn + k + 1) % len(alive)
-                break
-        else:
-            raise UsageError(f"the Ray cluster's nodes hold {m} of the {what}'s {len(needs)} models' actors at once "
-                             f"(each needs {format_size(need)} of a node's memory; the pass runs them side by side)",
-                             hint=_small_hint(what))
-    shares = Counter(node for node, _, _ in chosen)
-    return [Place(node, _cpus(cpus / shares[node]), need) for node, cpus, need in chosen]
-
-
-def _small_hint(what: str) -> str:
-    return f"add nodes with more memory to the cluster (ray start --memory), or run the {what} without --executor ray"
-
-
-def _cpus(share: float) -> float:
-    """The CPUs an actor declares for a ``share`` of a node's: whole ones where the share has one, at least a
-    hundredth."""
-    return max(0.01, float(int(share)) or round(share, 2))
 
 
 class _Lost(Exception):
@@ -300,18 +193,24 @@ class RayModels:
     same figures); the step goes on there, from the hidden states the driver holds: only the lost models' part of a
     layer is run again, the heads step whole. At most :data:`REPLACES` times a check; past that, or with no node
     left to take a model, :class:`~resumerge.errors.UnreachableError` (exit 3): the check run again resumes at the
-    last layer journaled."""
+    last layer journaled. ``dtype`` and ``what``: see :class:`ModelNode` (``what`` names the pass in its
+    refusals). ``beside``: the actors compute beside a run's workers, which hold the nodes' CPUs while they wait for
+    the run's plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
+    computes on as many threads as its share of the node's CPUs; its memory is declared all the same."""
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
-                 state: str | None = None) -> None:
+                 state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
+                 beside: bool = False) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
         self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
         self.on_reads = on_reads if any(m.remote for m in models) else None
         self.threads = [max(1, int(place.cpus)) for place in placed]
+        if beside:
+            self.places = [replace(place, cpus=0.0) for place in placed]
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self.lost: set[str] = set()  # nodes whose actor died: none is placed there again
@@ -320,18 +219,29 @@ class RayModels:
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.seeded = False
         self.token = False  # whether the driver reads the hub models with a token (then their nodes need theirs)
+        self.dtype, self.what, self.hint = dtype, what, _resume_hint(what)
 
     def start(self) -> None:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
-        self.token = any(model.remote for model in self.models) and _driver_token()
-        self.actors = [_start(self.ray, model, place, threads, self.token, self.state)
+        self.token = any(model.remote for model in self.models) and driver_token()
+        self.actors = [self._start(model, place, threads)
                        for model, place, threads in zip(self.models, self.places, self.threads)]
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
         except _Lost as exc:
-            raise UnreachableError(f"a Ray node of the check was lost as its actors started ({exc})",
-                                   hint=_RESUME_HINT) from None
+            raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
+                                   hint=self.hint) from None
+
+    def _start(self, model: Checked, place: Place, threads: int) -> Any:
+        """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
+        :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it), its node
+        told whether it needs a token of its own (:class:`ModelNode`)."""
+        from resumerge.engine.cluster.launch import pinned
+
+        return self.ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
+                                                  scheduling_strategy=pinned(place.node_id)) \
+            .remote(sent(model), threads, self.token, self.state, self.dtype, self.what)
 
     def end(self) -> None:
         for actor in self.actors:
@@ -379,25 +289,25 @@ class RayModels:
         can take one."""
         self.replaced += 1
         if self.replaced > REPLACES:
-            raise UnreachableError(f"the Ray cluster kept losing the check's nodes ({why})", hint=_RESUME_HINT)
+            raise UnreachableError(f"the Ray cluster kept losing the {self.what}'s nodes ({why})", hint=self.hint)
         dead = [m for m, actor in enumerate(self.actors) if not self._alive(actor)]
         self.lost.update(self.places[m].node_id for m in dead)
         for m in dead:
             self.places[m] = self._elsewhere(m, why)
-            self.actors[m] = _start(self.ray, self.models[m], self.places[m], self.threads[m], self.token, self.state)
+            self.actors[m] = self._start(self.models[m], self.places[m], self.threads[m])
             self.fresh.add(m)
         for m in dead:
             ready, _ = self.ray.wait([ref := self.actors[m].node.remote()], timeout=PLACE_SECONDS)
             if not ready:
-                raise UnreachableError(f"a Ray node of the check was lost ({why}), and its model's new actor did not "
-                                       f"start within {PLACE_SECONDS:.0f} s", hint=_RESUME_HINT)
+                raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and its model's new actor "
+                                       f"did not start within {PLACE_SECONDS:.0f} s", hint=self.hint)
             try:
                 self.nodes[m] = self._get(ref)
                 if self.batches is not None:
                     self._get(self.actors[m].enter.remote(own_batches(self.vocab, m, self.batches)))
             except _Lost:
-                raise UnreachableError(f"a Ray node of the check was lost ({why}), and so was its model's new "
-                                       "actor", hint=_RESUME_HINT) from None
+                raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and so was its model's new "
+                                       "actor", hint=self.hint) from None
 
     def _alive(self, actor: Any) -> bool:
         try:
@@ -422,10 +332,11 @@ class RayModels:
                        and int(n["Resources"].get("memory", 0)) - memory.get(n["NodeID"], 0) >= need.memory),
                       key=lambda n: (-n[0], n[1]))
         if not free or free[0][0] < 0.01:
-            raise UnreachableError(f"a Ray node of the check was lost ({why}), and no node left has the CPUs and "
-                                   f"{format_size(need.memory)} of memory free for the {self.models[m].role}'s actor",
-                                   hint=_RESUME_HINT)
-        return Place(free[0][1], _cpus(min(need.cpus, free[0][0])), need.memory)
+            raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and no node left has the CPUs "
+                                   f"and {format_size(need.memory)} of memory free for the {self.models[m].role}'s "
+                                   "actor",
+                                   hint=self.hint)
+        return Place(free[0][1], cpus_of(min(need.cpus, free[0][0])), need.memory)
 
     def _checked(self) -> None:
         """Hand what each actor read of its hub files since the last step to ``on_reads`` (which raises on bytes
@@ -484,45 +395,41 @@ class RayModels:
         return totals(found, sum(len(s) - 1 for batch in batches for s in batch))
 
 
-def _start(ray: Any, model: Checked, place: Place, threads: int, token: bool, state: str | None = None) -> Any:
-    """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
-    :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it); ``token``:
-    whether its node needs a token of its own (:class:`ModelNode`)."""
-    from resumerge.engine.cluster.launch import pinned
-
-    return ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                         scheduling_strategy=pinned(place.node_id)).remote(_sent(model), threads, token,
-                                                                                           state)
-
-
-def _sent(model: Checked) -> Checked:
-    """``model`` as sent to its actor: without this process's readers of its hub files (their journal is the
-    driver's; the node reads by range with clients of its own) nor the headers they check with."""
-    from dataclasses import replace
-
-    return replace(model, reads=None, headers={})
-
-
-def _driver_token() -> bool:
-    """Whether this process reads the hub with a token (only whether: the token itself never leaves it)."""
-    from huggingface_hub import get_token
-
-    return bool(get_token())
-
-
 @contextmanager
 def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
                on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
-               state: str | None = None) -> Iterator[RayModels]:
-    """The check's models as actors of the Ray cluster this process joined (:func:`ray_places`), where ``placed``
-    says (``vocab``: how their vocabularies meet, where they differ; ``state``: the state dir given with
-    ``--state-dir``, which a node opens a GGUF or hub model under; None: the default); they end with the block."""
+               state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
+               beside: bool = False) -> Iterator[RayModels]:
+    """The pass's models as actors of the Ray cluster this process joined
+    (:func:`~resumerge.analyses.onray.ray_places`), where ``placed`` says (``vocab``: how their vocabularies meet,
+    where they differ; ``state``: the state dir given with ``--state-dir``, which a node opens a GGUF or hub model
+    under; None: the default; ``dtype``, ``what``, ``beside``: see :class:`RayModels`); they end with the block."""
     from resumerge.engine.cluster.connect import require_ray
 
-    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, state)
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, state, dtype, what,
+                        beside)
     try:
         running.start()
         yield running
     finally:
         running.end()
+
+
+def placing(address: str | None, state: str | None, what: str) -> Places:
+    """The :class:`~resumerge.forward.placement.Places` of a pass the run's executor places on the Ray cluster at
+    ``address`` (None: ``RAY_ADDRESS``, else a Ray started here) that does not learn where it runs (the MoE
+    hidden-state gates'): the cluster joined and each model's actor placed when the pass asks, before it reads a
+    weight (refused, exit 2, where no node holds one: :func:`~resumerge.analyses.onray.ray_places`), each actor
+    declaring torch's imports and the model's part of the pass at its largest step (``needs``) and no CPU: the
+    pass runs while the run's workers wait for its plan, holding the CPUs (:class:`RayModels`, ``beside``);
+    ``state``: the state dir given with ``--state-dir``; ``what``: the pass, as its refusals name it."""
+
+    def placed(models: Sequence[Checked], layers: int, needs: Sequence[int],
+               dtype: torch.dtype) -> AbstractContextManager[Placement]:
+        from resumerge.analyses.onray import ray_places
+
+        where = ray_places(address, [IMPORT_RESERVE + need for need in needs], what=what)
+        return ray_models(models, where, layers, state=state, dtype=dtype, what=what, beside=True)
+
+    return placed

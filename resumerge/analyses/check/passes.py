@@ -72,9 +72,11 @@ class PassFigures:
     base_kl: list[float | None]
 
 
-def streams_of(models: Sequence[Checked], device: str = "cpu") -> list[ModelStream]:
+def streams_of(models: Sequence[Checked], device: str = "cpu", dtype: torch.dtype | None = None,
+               what: str = "resumerge check") -> list[ModelStream]:
     """Each model's modules without weights (read as the pass runs, each layer on ``device``: see
-    :mod:`resumerge.forward.device`). Models whose config.json says the same share one set of modules (built
+    :mod:`resumerge.forward.device`), computing in ``dtype`` (None: float32, a check's), ``what`` naming the pass in
+    the models' errors. Models whose config.json says the same share one set of modules (built
     once: 0.9 s each for SmolLM2-135M): the pass gives a module its weights only while it runs, one model at a
     time, and takes them away after."""
     import json
@@ -84,7 +86,8 @@ def streams_of(models: Sequence[Checked], device: str = "cpu") -> list[ModelStre
     for m in models:
         same = json.dumps(m.opened.config, sort_keys=True)
         stream = ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
-                             torch.float32, what="resumerge check", key=m.role, built=built.get(same), device=device)
+                             torch.float32 if dtype is None else dtype, what=what, key=m.role, built=built.get(same),
+                             device=device)
         built.setdefault(same, (stream.config, stream.model))
         streams.append(stream)
     return streams

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.forward.folder import pid_alive
 from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] |
     if not found:
         return None
     doc = max(found, key=lambda pair: pair[0])[1]
-    doc["state"] = "done" if doc.get("verdict") else "running" if _alive(doc.get("pid")) else "interrupted"
+    doc["state"] = "done" if doc.get("verdict") else "running" if pid_alive(doc.get("pid")) else "interrupted"
     return doc
 
 
@@ -137,18 +138,6 @@ def check_status(root: Path, model: str | os.PathLike[str]) -> StatusReport | No
                         tensors_total=layers * models, tensors_done=steps, shards_total=layers, shards_done=passed,
                         bytes_total=0, bytes_done=0, resume_command=command if isinstance(command, str) else None,
                         kind="check", details=Details(rows=(("check", describe(doc)),), data={"check": doc}))
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def describe(doc: Mapping[str, Any]) -> str:

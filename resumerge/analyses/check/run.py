@@ -53,8 +53,8 @@ from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
 
-if TYPE_CHECKING:  # Ray's module: imported with --executor ray only
-    from resumerge.analyses.check.onray import Place
+if TYPE_CHECKING:  # the Ray placements: imported with --executor ray only
+    from resumerge.analyses.onray import Place
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -280,7 +280,8 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
 def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
     """Where each model's actor runs on the Ray cluster at ``address`` and what it declares (:mod:`.onray`);
     refuses (exit 2) a cluster none of whose nodes holds an actor."""
-    from resumerge.analyses.check.onray import actor_bytes, ray_places
+    from resumerge.analyses.check.onray import actor_bytes
+    from resumerge.analyses.onray import ray_places
 
     return ray_places(address, actor_bytes(sizes))
 

@@ -273,7 +273,8 @@ class _Scorer:
     def _on_ray(self, sizes: StepBytes) -> Callable[[Callable[[int], None]], AbstractContextManager[Placement]]:
         """The cluster joined and the pass's actor placed (refused, exit 2, where no node holds it), before any
         weight is read: how :func:`~.scorer.score` starts it."""
-        from resumerge.analyses.check.onray import actor_bytes, ray_models, ray_places
+        from resumerge.analyses.check.onray import actor_bytes, ray_models
+        from resumerge.analyses.onray import ray_places
 
         assert self.ray is not None
         where = ray_places(self.ray[0], actor_bytes(sizes)[:1], what="evaluation")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.check.progress import _alive
+from resumerge.forward.folder import pid_alive
 
 if TYPE_CHECKING:
     from resumerge.store.statusview import StatusReport
@@ -32,7 +32,7 @@ def find_eval(root: Path, target: str | os.PathLike[str]) -> dict[str, Any] | No
     if not found:
         return None
     doc = max(found, key=lambda pair: pair[0])[1]
-    doc["state"] = "done" if doc.get("done") else "running" if _alive(doc.get("pid")) else "interrupted"
+    doc["state"] = "done" if doc.get("done") else "running" if pid_alive(doc.get("pid")) else "interrupted"
     return doc
 
 

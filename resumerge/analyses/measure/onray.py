@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.check.onray import Place, Read, _driver_token, _here, _logged, _sent
 from resumerge.analyses.measure.grams import Recorded, Streamed
 from resumerge.analyses.measure.passes import stream_of
+from resumerge.analyses.onray import Place, Read, driver_token, logged, on_node, sent
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward.opened import PassModel
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -52,7 +52,7 @@ class MeasureNode:
         self.read_log: list[Read] = []
         self.hidden: list[torch.Tensor] = []
         try:
-            self.runner = Streamed(stream_of(_logged(_here(model, token, state), self.read_log), key))
+            self.runner = Streamed(stream_of(logged(on_node(model, token, state), self.read_log), key))
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
 
@@ -131,14 +131,14 @@ class OnNode:
 @contextmanager
 def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[int], placed: Sequence[Place],
              on_reads: Callable[[int, list[Read]], None], state: str | None = None) -> Iterator[list[OnNode]]:
-    """Each model's actor (where ``placed`` says, :func:`~resumerge.analyses.check.onray.ray_places`), started and
+    """Each model's actor (where ``placed`` says, :func:`~resumerge.analyses.onray.ray_places`), started and
     its model opened, as an :class:`OnNode` each; ``on_reads(m, reads)`` is told what model ``m``'s node read of
     its hub files (called from the model's thread: held by a lock here). The actors end with the block."""
     from resumerge.engine.cluster.connect import require_ray
     from resumerge.engine.cluster.launch import pinned
 
     ray = require_ray()
-    token = any(model.remote for model in models) and _driver_token()
+    token = any(model.remote for model in models) and driver_token()
     lock = threading.Lock()
 
     def reads_of(m: int) -> Callable[[list[Read]], None]:
@@ -150,7 +150,7 @@ def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[
 
     actors = [ray.remote(MeasureNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
                                               scheduling_strategy=pinned(place.node_id))
-              .remote(_sent(model), key, max(1, int(place.cpus)), token, state)
+              .remote(sent(model), key, max(1, int(place.cpus)), token, state)
               for model, key, place in zip(models, keys, placed)]
     try:
         runners = [OnNode(ray, actor, n, model.path, reads_of(m) if model.remote else None)

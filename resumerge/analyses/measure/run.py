@@ -282,8 +282,8 @@ def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: st
     """Join the Ray cluster at ``address`` and place each model's actor (``found``: each one's pass,
     :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
     :func:`run_measurement` starts them (:mod:`.onray`)."""
-    from resumerge.analyses.check.onray import ray_places
     from resumerge.analyses.measure.onray import actor_bytes, on_nodes
+    from resumerge.analyses.onray import ray_places
 
     where = ray_places(address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
     given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
