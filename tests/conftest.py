@@ -30,7 +30,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     then both workers end on short tests, instead of one finishing a long kill or oracle test while the other
     waits. Every worker computes the same order (xdist requires it): it depends on the collection only."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    on_ray = config.stash[RAY_MODULES] = {item.path for item in items if "ray_head" in item.fixturenames}
+    on_ray = {item.path for item in items if "ray_head" in getattr(item, "fixturenames", ())}
+    config.stash[RAY_MODULES] = on_ray
     # The Ray modules (all slow) side by side, first: a worker runs them on one Ray head (see ``ray_head``).
     items.sort(key=lambda item: (item.path not in slow, item.path not in on_ray))
 
