@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 from mergekit_oracle import Mergekit, installed
+from raycluster import RayHead
 
 from resumerge.cli.modelgen import ModelSpec, make_model
+
+RAY_HEAD = pytest.StashKey[RayHead]()
+RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
 
 
 def pytest_configure() -> None:
@@ -19,14 +23,17 @@ def pytest_configure() -> None:
     sys.dont_write_bytecode = False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run first the modules that hold a test marked ``slow``, each module's tests kept together (so a
     module-scoped fixture is still built once) and in collection order otherwise. Under ``--dist worksteal``
     a worker that runs dry steals from the end of the other's queue, so the long tests must sit at the front:
     then both workers end on short tests, instead of one finishing a long kill or oracle test while the other
     waits. Every worker computes the same order (xdist requires it): it depends on the collection only."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)
+    on_ray = {item.path for item in items if "ray_head" in getattr(item, "fixturenames", ())}
+    config.stash[RAY_MODULES] = on_ray
+    # The Ray modules (all slow) side by side, first: a worker runs them on one Ray head (see ``ray_head``).
+    items.sort(key=lambda item: (item.path not in slow, item.path not in on_ray))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -82,3 +89,20 @@ def mergekit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mergekit]:
     oracle = Mergekit(tmp_path_factory.mktemp("mergekit") / "mergekit.log")
     yield oracle
     oracle.close()
+
+
+@pytest.fixture(scope="session")
+def ray_head(pytestconfig: pytest.Config) -> Iterator[RayHead]:
+    """This worker's Ray head (tests/raycluster.py), shared by its Ray tests: each starts it where none runs."""
+    head = pytestconfig.stash.setdefault(RAY_HEAD, RayHead())
+    yield head
+    head.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the Ray head once the next test is in a module without Ray tests (its idle processes cost ~2% of a core
+    while the session goes on); a Ray test the worker is handed later starts it again."""
+    head = item.config.stash.get(RAY_HEAD, None)
+    if head is not None and (nextitem is None or nextitem.path not in item.config.stash.get(RAY_MODULES, set())):
+        head.stop()

@@ -47,7 +47,7 @@ from hub.fakehub_write import HubWriter
 from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
-from raycluster import Cluster, ray_cluster
+from raycluster import Cluster, RayHead, ray_cluster
 from support import cli, digests, ties_of_three, write_config
 
 from resumerge import api
@@ -131,14 +131,15 @@ def _done_shards(out: Path, state: Path) -> int:
 @pytest.mark.slow  # the suite's longest test: its module runs first, so no worker idles at the end
 def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merge, hub: HubWriter,  # noqa: F811
                                                                       tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      ray_head: RayHead) -> None:
     pytest.importorskip("ray")
     clock = _Timeline()  # each phase's seconds, under -s
     # The local halves of two checks below run while the cluster starts (Ray starts it from the main thread only).
     pool = ThreadPoolExecutor(1)
     failing = pool.submit(_failing_run, merge, tmp_path / "failing", "local")
     killing = pool.submit(_killed_locally, merge, tmp_path / "killed-local")
-    with pool, ray_cluster() as cluster:
+    with pool, ray_cluster(ray_head) as cluster:
         local_error, killed_locally = failing.result(), killing.result()
         clock.lap("cluster up, and the local runs killed or failing beside it")
         with _no_worker_started_after_the_plan(monkeypatch):  # the warm ones serve

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from raycluster import Cluster, ray_cluster
+from raycluster import Cluster, RayHead, ray_cluster
 from support import cli, digests, one_thread, write_config
 
 from resumerge import api
@@ -36,8 +36,8 @@ TEXTS = "the cat sat on the mat\nhello world again\nx\n"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with ray_cluster(workers=2) as (started, _):
+def cluster(ray_head: RayHead) -> Iterator[Cluster]:
+    with ray_cluster(ray_head, workers=2) as (started, _):
         yield started
 
 

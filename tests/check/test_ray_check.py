@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from raycluster import ray_cluster
+from raycluster import RayHead, ray_cluster
 from support import one_thread
 
 from resumerge import api
@@ -70,12 +70,13 @@ def _cli(out: Path, texts: Path, state: Path, *extra: str,
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path) -> None:
+def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path,
+                                                                                ray_head: RayHead) -> None:
     out, texts = _merged(tmp_path)
     with one_thread():
         local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
     assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
-    with ray_cluster(workers=3) as (cluster, _):
+    with ray_cluster(ray_head, workers=3) as (cluster, _):
         # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes, a node of
         # its own for each model. Each run below passes the kill point once per layer it runs: one started over
         # would die after layer 1 again.
@@ -143,14 +144,14 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
 
 
 def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
     """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
     on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
     from resumerge.cli.commands import main
 
     out, texts = _merged(tmp_path)
     state = tmp_path / "checked"
-    with ray_cluster(workers=1, memory=256 << 20) as (cluster, _):
+    with ray_cluster(ray_head, workers=1, memory=256 << 20) as (cluster, _):
         code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
                      cluster.address, "--state-dir", str(state)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -160,7 +161,7 @@ def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any
 
 
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead) -> None:
     """A worker node running a model's actor dies (all its processes) after the pass journaled layer 0 (the merge's
     node, the first time the merge's and the base's). With a spare node, the model gets a new actor there, which runs
     its part of layer 1 from the hidden states the driver holds, and the check ends with the local check's report,
@@ -179,7 +180,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     nodes: list[list[str]] = []
     held: list[float] = []
     lost = tmp_path / "lost"
-    with ray_cluster(workers=4) as (cluster, started):
+    with ray_cluster(ray_head, workers=4) as (cluster, started):
         on_cluster = RayExecutor(cluster.address, keep_workers=0)
         left = list(cluster.workers)
 

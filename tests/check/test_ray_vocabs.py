@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from raycluster import ray_cluster
+from raycluster import RayHead, ray_cluster
 from support import one_thread
 
 from resumerge import api
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 
 
-def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(tmp_path: Path) -> None:
+def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(tmp_path: Path,
+                                                                                 ray_head: RayHead) -> None:
     base = make_model(tmp_path / "base", SPEC, seed=0)
     parent = make_model(tmp_path / "parent", SPEC, seed=1)
     merge = make_model(tmp_path / "merge", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
@@ -32,7 +33,7 @@ def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(t
     with one_thread():
         local = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=tmp_path / "local")
     assert local.shared_tokens == 64
-    with ray_cluster(workers=3) as (cluster, _):
+    with ray_cluster(ray_head, workers=3) as (cluster, _):
         on_ray = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=tmp_path / "ray",
                            executor=RayExecutor(cluster.address, keep_workers=0))
     found, expected = on_ray.to_json(), json.loads(json.dumps(local.to_json()))

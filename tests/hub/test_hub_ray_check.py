@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from huggingface_hub import constants
-from raycluster import ray_cluster
+from raycluster import RayHead, ray_cluster
 from support import one_thread
 
 from hub.conftest import REPO, SPEC, Model
@@ -85,7 +85,7 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
 
 def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never_shows_the_token(
         tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
     merged, beta = (files_of(make_model(tmp_path / name, SPEC, seed=seed)) for name, seed in (("merged", 7),
                                                                                                ("beta", 1)))
     served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
@@ -100,7 +100,7 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
     monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN")
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
     hub.reset_counters()
-    with ray_cluster(workers=3) as (cluster, started):
+    with ray_cluster(ray_head, workers=3) as (cluster, started):
         report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
                            executor=RayExecutor(cluster.address, keep_workers=0))
         reads = _reads(hub)
