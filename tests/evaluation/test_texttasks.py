@@ -86,3 +86,22 @@ def test_a_killed_text_task_resumes_at_its_layer_with_the_same_figure(tmp_path: 
     assert "layer 3/3" in resumed.stderr and "layer 1/3" not in resumed.stderr
     whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
+
+
+def test_a_kl_parent_of_another_vocabulary_is_measured_over_the_shared_tokens_as_check_does(tmp_path: Path) -> None:
+    # The parent's vocabulary extends the model's (80 rows against 64: a union merge's); before, eval refused the
+    # task ("tokenize differently") where check compares them over the 64 tokens both hold.
+    from resumerge.cli.modelgen import ModelSpec, make_model
+
+    model = tiny_model(tmp_path / "model")
+    parent = make_model(tmp_path / "parent", ModelSpec(layers=3, hidden=32, intermediate=48, vocab=80), seed=1)
+    texts = _texts(tmp_path / "texts.txt")
+    names = [f"nll:{texts}", f"kl:{parent}:{texts}"]
+    report = api.evaluate(model, tasks=names, state_dir=tmp_path / "state")
+    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
+    results = report.to_json()
+    assert checked.shared_tokens == 64
+    assert results["results"][names[0]]["nll,none"] == pytest.approx(checked.models[0].nll, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] == pytest.approx(checked.models[1].kl, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] > 0
+    assert results["configs"][names[1]]["vocabulary"].startswith("64 tokens shared")

@@ -228,7 +228,8 @@ class _Scorer:
 
             def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
-                                   on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None))
+                                   on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
+                                   vocab=work.vocab)
 
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
                                 scored)
