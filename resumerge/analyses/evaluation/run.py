@@ -41,6 +41,7 @@ from resumerge.analyses.evaluation.textwork import (
     text_heads_bytes,
     text_work,
 )
+from resumerge.analyses.evaluation.yamltasks import yaml_text_tasks
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
@@ -112,7 +113,10 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     require_transformers(_NEEDS, load=False)
     manager = task_manager(settings) if settings.lm_tasks else None
-    generating = generation_tasks(loaded_tasks(settings, manager)) if manager is not None else []
+    loaded = loaded_tasks(settings, manager) if manager is not None else {}
+    settings = replace(settings, yaml_texts=yaml_text_tasks(loaded, settings.lm_tasks, manager))
+    manager = manager if settings.lm_tasks else None  # every name a text task's YAML: lm-eval runs none
+    generating = generation_tasks(loaded)
     tokenizer = _tokenizer(model)
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
