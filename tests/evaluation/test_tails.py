@@ -40,3 +40,17 @@ def test_answers_over_head_blocks_equal_the_whole_heads_log_softmax(tmp_path: Pa
             assert is_greedy == bool((whole[r, n - len(c):n].argmax(-1) == torch.tensor(c)).all())
     assert found[0][1][1] and not found[0][0][1]
     stream.close()
+
+
+def test_the_head_step_is_a_block_of_logits_not_the_batchs_whole_vocabulary(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.analyses.evaluation.tails import tail_step_bytes
+
+    opened = open_for_pass(str(tiny_model(tmp_path / "model")), "the model", StateDir.resolve(tmp_path / "s")).opened
+    stream = ModelStream(Weights.of(opened.directory, opened.tensors), opened.config, torch.float32,
+                         what="the test", key="the model")
+    runs = [list(range(20))] * 40
+    monkeypatch.setattr(heads, "HEAD_BLOCK_BYTES", 16 * 32 * 4)  # blocks of 16 of the 64 rows
+    assert tail_step_bytes(stream, runs) == 2 * 16 * 32 * 4 + 2 * 800 * 16 * 4 + 32 * 800
+    assert tail_step_bytes(stream, runs) < heads.head_step_bytes(stream, 800, 20)
+    stream.close()

@@ -29,6 +29,7 @@ from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
 from resumerge.analyses.evaluation.textpass import answered as answered_texts
 from resumerge.analyses.evaluation.textpass import score_texts
@@ -210,7 +211,7 @@ class _Scorer:
         if done is not None:
             return done
         sizes = step_bytes([self.stream], list(work.runs))
-        steps = {"layer": self._layer_bytes(sizes), "heads": max(sizes.heads)}
+        steps = {"layer": self._layer_bytes(sizes), "heads": tail_step_bytes(self.stream, work.runs)}
         placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
