@@ -36,6 +36,7 @@ from resumerge.api.options import (
     Resources,
     Stages,
     config_text,
+    flat_resources,
     named,
     nothing_started,
     nothing_written,
@@ -341,17 +342,17 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
              limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
-             log_samples: bool = False, output_path: PathLike | None = None, max_memory: int | str | None = None,
-             device: str = "cpu", max_gpu_memory: int | str | None = None, state_dir: PathLike | None = None,
-             executor: Executor | None = None,
-             progress: Callable[[EvalStep], None] | None = None) -> EvalReport:
+             log_samples: bool = False, output_path: PathLike | None = None, resources: Resources = Resources(),
+             state_dir: PathLike | None = None, executor: Executor | None = None,
+             progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
+             device: str | None = None, max_gpu_memory: int | str | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
     describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
     ``resumerge eval``: lm-eval
     builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
-    time within ``max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with the same
-    results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
+    time within ``resources.max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with
+    the same results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
     ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
     ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``: written
     there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``executor`` (the object
@@ -360,35 +361,19 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     with one resumes with the other; a merge config and generation tasks are refused there, exit 2). ``progress``
     is told each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
     generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. ``device``, ``max_gpu_memory``:
-    where the layers run, as for :func:`check` (a GPU here, not with Ray's executor)."""
-    import os
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. Of ``resources`` (the group
+    :func:`run` and :func:`check` take) an evaluation honours ``max_memory``, ``device`` and ``max_gpu_memory``
+    (where the layers run, as for :func:`check`; a GPU here, not with Ray's executor) and refuses the others set.
+    The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
+    the same ``Resources`` object (a field given both ways is refused)."""
+    from resumerge.api.evaluation import evaluate_with
 
-    from resumerge.analyses.evaluation.run import is_config, run_eval
-    from resumerge.analyses.evaluation.settings import EvalSettings
-
-    names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
-    settings = EvalSettings(
-        tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
-        num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
-        output_path=os.fspath(output_path) if output_path is not None else None,
-        max_memory=parse_size(max_memory) if isinstance(max_memory, str) else max_memory, device=device,
-        max_gpu_memory=parse_size(max_gpu_memory, option="--max-gpu-memory") if isinstance(max_gpu_memory, str)
-        else max_gpu_memory).checked()
-    state = StateDir.resolve(state_dir)
-    on_ray, address = pass_placement(run_settings(state_dir, Resources(), executor=executor))
-    if not is_config(os.fspath(target)):
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress, on_ray=on_ray,
-                        ray_address=address)
-    # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
-    # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
-    # the budget as run admits its units.
-    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
-
-    budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
-    with MemoryGovernor(budget, SystemProbe()) as governor, \
-            open_unwritten(target, state_dir=state_dir, governor=governor) as merge:
-        return run_eval(os.fspath(target), settings, state=state, watcher=progress, unwritten=merge, on_ray=on_ray)
+    resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
+                               max_gpu_memory=max_gpu_memory)
+    return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
+                         include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                         apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
+                         progress=progress)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
@@ -550,14 +535,17 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
 
 
 def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
-           sigma0: float = 1 / 6, random_seed: int = 0, max_memory: int | str | None = None, device: str = "cpu",
+           sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
-           task_search_path: PathLike | None = None, executor: Executor | None = None) -> EvolveOutcome:
+           task_search_path: PathLike | None = None, executor: Executor | None = None,
+           max_memory: int | str | None = None, device: str | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
     and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
-    files. Each candidate is merged as :func:`run` merges (within ``max_memory``, on ``device``) into a folder of
+    files. Each candidate is merged as :func:`run` merges (within ``resources.max_memory``, on
+    ``resources.device``, the only fields of :func:`run`'s group a search honours; the flat ``max_memory=`` and
+    ``device=`` of earlier releases build the same ``Resources`` object) into a folder of
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
     texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
     :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
@@ -575,7 +563,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.api.evolution import evolve_into
     from resumerge.evolve.search import SearchOptions
 
-    resources = Resources(device=device, max_memory=max_memory)
+    resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
     on_ray, address = pass_placement(run_settings(None, resources, executor=executor))
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,

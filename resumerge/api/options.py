@@ -39,7 +39,9 @@ _EXTRACTION = ("extract_lora", "estimate_extraction")
 # The API functions that run a forward pass over models read as they are (no output written, nothing staged,
 # nothing downloaded beyond what the pass's one opener reads): of the resources they honour the memory budget, and
 # a pass that runs layers (not its estimate, which reads headers) where they run: the device and its GPU budget.
-_PASSES = ("check", "measure", "estimate_measure")
+_PASSES = ("check", "measure", "estimate_measure", "evaluate")
+# The parameter search: it merges each candidate on the device within the memory budget, nothing else of these.
+_SEARCH = ("evolve",)
 _ESTIMATES = ("estimate", "estimate_extraction", "estimate_measure")
 
 
@@ -97,12 +99,12 @@ class Resources:
 
     device: str = field(default="cpu", metadata=_not_for("resume", "estimate_measure"))
     max_memory: int | str | None = None
-    max_gpu_memory: int | str | None = field(default=None, metadata=_not_for(*_ESTIMATES))
-    max_disk: int | str | None = field(default=None, metadata=_not_for(*_PASSES))
-    staging: bool | PathLike | None = field(default=None, metadata=_not_for(*_PASSES))
-    num_threads: int | None = field(default=None, metadata=_not_for(*_PASSES))
-    cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume", *_PASSES))
-    stream_inputs: bool = field(default=False, metadata=_not_for("resume", *_EXTRACTION, *_PASSES))
+    max_gpu_memory: int | str | None = field(default=None, metadata=_not_for(*_ESTIMATES, *_SEARCH))
+    max_disk: int | str | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
+    staging: bool | PathLike | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
+    num_threads: int | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
+    cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume", *_PASSES, *_SEARCH))
+    stream_inputs: bool = field(default=False, metadata=_not_for("resume", *_EXTRACTION, *_PASSES, *_SEARCH))
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,22 @@ def taken(group: object, function: str) -> None:
         if function in each.metadata.get("not_for", ()) and getattr(group, each.name) != each.default:
             raise UsageError(f"{each.name} does not apply to {function}",
                              hint=f"leave {type(group).__name__}.{each.name} at its default here")
+
+
+def flat_resources(resources: Resources, function: str, **given: Any) -> Resources:
+    """The one :class:`Resources` a call reads: ``resources`` with the flat keywords an older caller passes instead
+    (``max_memory=``, ``device=``, ``max_gpu_memory=``; None: not given) set in it, the same object as
+    ``resources=Resources(...)`` of those values; a field given both ways is refused, as is a field ``function``
+    cannot honour (:func:`taken`; UsageError, exit 2)."""
+    defaults = {each.name: each.default for each in fields(Resources)}
+    said = {name: value for name, value in given.items() if value is not None}
+    for name in said:
+        if getattr(resources, name) != defaults[name]:
+            raise UsageError(f"{name} is given twice, as {name}= and in resources=",
+                             hint=f"give it once: resources=Resources({name}=...)")
+    resources = replace(resources, **said)
+    taken(resources, function)
+    return resources
 
 
 def group_parameters(function: Callable[..., Any]) -> dict[str, type]:

@@ -64,7 +64,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """One API call, then the table (or the JSON)."""
-    from resumerge.api import evaluate
+    from resumerge.api import Resources, evaluate
     from resumerge.api.options import executor_option
 
     def progress(step: EvalStep) -> None:
@@ -74,8 +74,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
     report = evaluate(args.target, tasks=args.tasks, include_path=args.include_path, limit=args.limit,
                       num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
-                      log_samples=args.log_samples, output_path=args.output_path, max_memory=args.max_memory,
-                      device=args.device, max_gpu_memory=args.max_gpu_memory, state_dir=args.state_dir,
+                      log_samples=args.log_samples, output_path=args.output_path,
+                      resources=Resources(max_memory=args.max_memory, device=args.device,
+                                          max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
                       executor=executor_option(args.executor, ray_address=args.ray_address),
                       progress=None if args.quiet else progress)
     if args.json:

@@ -50,12 +50,12 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run_evolve_command(args: argparse.Namespace) -> int:
     """One API call, then the best candidate."""
-    from resumerge.api import evolve
+    from resumerge.api import Resources, evolve
     from resumerge.api.options import executor_option
 
     outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
                      sigma0=args.sigma0, random_seed=args.random_seed,
-                     max_memory=args.max_memory, device=args.device,
+                     resources=Resources(max_memory=args.max_memory, device=args.device),
                      merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
                      task_search_path=args.task_search_path,
                      executor=executor_option(args.executor, ray_address=args.ray_address))

@@ -80,3 +80,19 @@ def test_a_budget_the_pass_cannot_fit_is_refused_before_its_first_layer(setup: t
                     state)
     assert "the evaluation" in line and "--max-memory" in line
     assert not list(state.glob("evals/*/layer-*.safetensors"))
+
+
+def test_evaluate_and_evolve_take_resources_and_the_flat_keywords_build_the_same(tmp_path: Path) -> None:
+    from resumerge import api
+    from resumerge.api.options import Resources, flat_resources
+    from resumerge.errors import UsageError
+
+    assert flat_resources(Resources(), "evaluate", max_memory="2GB", device="cpu", max_gpu_memory=None) == \
+        Resources(max_memory="2GB", device="cpu")
+    assert flat_resources(Resources(max_memory=5), "evolve", max_memory=None, device=None) == Resources(max_memory=5)
+    with pytest.raises(UsageError, match="max_memory is given twice"):
+        api.evaluate(tmp_path, tasks="x", resources=Resources(max_memory="2GB"), max_memory="3GB")
+    with pytest.raises(UsageError, match="num_threads does not apply to evaluate"):
+        api.evaluate(tmp_path, tasks="x", resources=Resources(num_threads=2))
+    with pytest.raises(UsageError, match="max_gpu_memory does not apply to evolve"):
+        api.evolve(tmp_path / "c.yml", tmp_path / "s", resources=Resources(max_gpu_memory="1GB"))

@@ -86,3 +86,42 @@ def test_a_killed_text_task_resumes_at_its_layer_with_the_same_figure(tmp_path: 
     assert "layer 3/3" in resumed.stderr and "layer 1/3" not in resumed.stderr
     whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
+
+
+def test_a_kl_parent_of_another_vocabulary_is_measured_over_the_shared_tokens_as_check_does(tmp_path: Path) -> None:
+    # The parent's vocabulary extends the model's (80 rows against 64: a union merge's); before, eval refused the
+    # task ("tokenize differently") where check compares them over the 64 tokens both hold.
+    from resumerge.cli.modelgen import ModelSpec, make_model
+
+    model = tiny_model(tmp_path / "model")
+    parent = make_model(tmp_path / "parent", ModelSpec(layers=3, hidden=32, intermediate=48, vocab=80), seed=1)
+    texts = _texts(tmp_path / "texts.txt")
+    names = [f"nll:{texts}", f"kl:{parent}:{texts}"]
+    report = api.evaluate(model, tasks=names, state_dir=tmp_path / "state")
+    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
+    results = report.to_json()
+    assert checked.shared_tokens == 64
+    assert results["results"][names[0]]["nll,none"] == pytest.approx(checked.models[0].nll, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] == pytest.approx(checked.models[1].kl, abs=1e-6)
+    assert results["results"][names[1]]["kl,none"] > 0
+    assert results["configs"][names[1]]["vocabulary"].startswith("64 tokens shared")
+
+
+def test_a_text_task_written_as_an_lm_eval_task_yaml_equals_the_same_task_named_on_the_command_line(
+        tmp_path: Path) -> None:
+    model, parent = tiny_model(tmp_path / "model"), tiny_model(tmp_path / "parent", seed=1)
+    tasks, texts = write_tasks(tmp_path), _texts(tmp_path / "texts.txt")
+    head = "class: !function resumerge.analyses.evaluation.yamltasks.TextsTask\n"
+    (tasks / "own_nll.yaml").write_text(f"task: own_nll\n{head}metric: nll\ntexts: {texts}\n")
+    (tasks / "own_kl.yaml").write_text(f"task: own_kl\n{head}metric: kl\ntexts: {texts}\nparent: {parent}\n")
+    (tasks / "bad_kl.yaml").write_text(f"task: bad_kl\n{head}metric: kl\ntexts: {texts}\n")
+    state = tmp_path / "state"
+    report = api.evaluate(model, tasks="own_nll,own_kl", include_path=tasks, state_dir=state)
+    results = report.to_json()["results"]
+    assert set(results) == {"own_nll", "own_kl"}
+    named = api.evaluate(model, tasks=[f"nll:{texts}", f"kl:{parent}:{texts}"], state_dir=state,
+                         progress=lambda step: pytest.fail(f"the same pass ran again: {step}"))
+    assert results["own_nll"]["nll,none"] == named.metric(f"nll:{texts}", "nll")
+    assert results["own_kl"]["kl,none"] == named.metric(f"kl:{parent}:{texts}", "kl") > 0
+    with pytest.raises(UsageError, match="task bad_kl: kl needs a parent"):
+        api.evaluate(model, tasks="bad_kl", include_path=tasks, state_dir=state)

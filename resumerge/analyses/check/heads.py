@@ -117,11 +117,24 @@ def logprobs(stream: ModelStream, states: Sequence[torch.Tensor], batches: Seque
     vocab = blocks[-1][1]
     for h, batch in zip(states, batches):
         logits = torch.empty(*h.shape[:-1], vocab)
-        for start, stop in blocks:
-            with stream.head(_block(stream, start, stop)) as head:
-                logits[..., start:stop] = head(h).float()
+        for start, found in logit_blocks(stream, h):
+            logits[..., start:start + found.shape[-1]] = found
         yield _rows(logits, batch)
         del logits
+
+
+def logit_blocks(stream: ModelStream, hidden: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """The logits of the last hidden states ``hidden`` (..., width), float32, a block of vocabulary rows at a
+    time: (the block's first row, its logits), the head read a block at a time where it can be
+    (:func:`head_blocks`), else whole once (one block of every row)."""
+    blocks = head_blocks(stream)
+    if blocks is None:
+        with stream.head() as head:
+            yield 0, head(hidden).float()
+        return
+    for start, stop in blocks:
+        with stream.head(_block(stream, start, stop)) as head:
+            yield start, head(hidden).float()
 
 
 def head_blocks(stream: ModelStream) -> list[tuple[int, int]] | None:

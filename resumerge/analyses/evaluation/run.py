@@ -29,6 +29,7 @@ from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
 from resumerge.analyses.evaluation.textpass import answered as answered_texts
 from resumerge.analyses.evaluation.textpass import score_texts
@@ -41,6 +42,7 @@ from resumerge.analyses.evaluation.textwork import (
     text_heads_bytes,
     text_work,
 )
+from resumerge.analyses.evaluation.yamltasks import yaml_text_tasks
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
@@ -112,7 +114,10 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     require_transformers(_NEEDS, load=False)
     manager = task_manager(settings) if settings.lm_tasks else None
-    generating = generation_tasks(loaded_tasks(settings, manager)) if manager is not None else []
+    loaded = loaded_tasks(settings, manager) if manager is not None else {}
+    settings = replace(settings, yaml_texts=yaml_text_tasks(loaded, settings.lm_tasks, manager))
+    manager = manager if settings.lm_tasks else None  # every name a text task's YAML: lm-eval runs none
+    generating = generation_tasks(loaded)
     tokenizer = _tokenizer(model)
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
@@ -206,7 +211,7 @@ class _Scorer:
         if done is not None:
             return done
         sizes = step_bytes([self.stream], list(work.runs))
-        steps = {"layer": self._layer_bytes(sizes), "heads": max(sizes.heads)}
+        steps = {"layer": self._layer_bytes(sizes), "heads": tail_step_bytes(self.stream, work.runs)}
         placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
@@ -228,7 +233,8 @@ class _Scorer:
 
             def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
-                                   on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None))
+                                   on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
+                                   vocab=work.vocab)
 
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
                                 scored)

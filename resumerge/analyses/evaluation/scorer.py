@@ -15,8 +15,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from resumerge.analyses.check.heads import logprobs
 from resumerge.analyses.evaluation.requests import Scoring
+from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.forward.batches import Hidden, enter
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
@@ -111,17 +111,14 @@ def _heads(stream: ModelStream, work: Scoring, groups: list[list[int]], hidden: 
         else:
             for request, answer in kept.items():
                 answers[request] = answer
-    # heads.logprobs gives a sequence's rows at all but its last position: one more is named than the run holds
-    named = [[range(len(work.runs[i]) + 1) for i in groups[b]] for b in todo]
     with reserve("the head", "heads"):
-        for b, rows in zip(todo, logprobs(stream, [hidden[b] for b in todo], named)):
+        for b in todo:
+            runs = groups[b]
+            wanted = [[work.targets[request] for request in readers.get(run, [])] for run in runs]
             found: dict[int, Answer] = {}
-            for run, lp in zip(groups[b], rows):
-                for request in readers.get(run, []):
-                    target = torch.tensor(work.targets[request])
-                    tail = lp[-len(target):]
-                    value = float(tail.gather(-1, target.unsqueeze(-1)).sum())
-                    found[request] = (value, bool((tail.argmax(-1) == target).all()))
+            for run, row in zip(runs, tail_answers(stream, hidden[b], [len(work.runs[i]) for i in runs], wanted)):
+                for request, answer in zip(readers.get(run, []), row):
+                    found[request] = answer
             write_file_atomic(workdir / f"heads-{b:06d}.json", json.dumps(sorted(found.items())).encode())
             for request, answer in found.items():
                 answers[request] = answer

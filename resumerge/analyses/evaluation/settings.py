@@ -31,6 +31,7 @@ class EvalSettings:
     max_memory: int | None = None
     device: str = "cpu"
     max_gpu_memory: int | None = None
+    yaml_texts: tuple[TextTask, ...] = ()  # the text tasks that lm-eval task YAMLs describe (:mod:`.yamltasks`)
 
     def checked(self) -> EvalSettings:
         """These settings, or :class:`UsageError` (exit 2) naming the first wrong one."""
@@ -58,12 +59,15 @@ class EvalSettings:
     @property
     def lm_tasks(self) -> tuple[str, ...]:
         """The names lm-eval runs (every task but the text tasks)."""
-        return tuple(name for name in self.tasks if text_task(name) is None)
+        own = {t.name for t in self.yaml_texts}
+        return tuple(name for name in self.tasks if text_task(name) is None and name not in own)
 
     @property
     def text_tasks(self) -> tuple[TextTask, ...]:
-        """The text tasks (``check``'s NLL and KL on a file of texts), in the order named."""
-        return tuple(t for t in (text_task(name) for name in self.tasks) if t is not None)
+        """The text tasks (``check``'s NLL and KL on a file of texts), in the order named, those written as task
+        YAMLs (``yaml_texts``) included."""
+        own = {t.name: t for t in self.yaml_texts}
+        return tuple(t for t in (text_task(name) or own.get(name) for name in self.tasks) if t is not None)
 
     @property
     def whole_limit(self) -> int | float | None:

@@ -58,6 +58,8 @@ def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
         try:
             with _quiet():
                 loaded = manager.load([name])
+        except UsageError:  # a text task's YAML refused by its own class (.yamltasks): its own line
+            raise
         except Exception as exc:  # lm-eval and datasets raise what they meet: one line names the task and why
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UsageError(f"task {name} cannot be loaded: {reason}",

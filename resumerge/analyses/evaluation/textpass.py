@@ -11,8 +11,9 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
-from resumerge.forward.batches import Hidden, enter
+from resumerge.forward.batches import Batch, Hidden, enter
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, Streams
@@ -65,21 +66,29 @@ def answered(workdir: Path) -> TextFigures | None:
 
 def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]], workdir: Path, *,
                 parent: bool, reserve: Reserve = unreserved, on_model: Callable[[int, int], None] | None = None,
-                on_heads: Callable[[], None] | None = None, point: str = "after_eval_layer") -> TextFigures:
+                on_heads: Callable[[], None] | None = None, point: str = "after_eval_layer",
+                vocab: SharedVocab | None = None) -> TextFigures:
     """The figures of the models ``streams`` (with a ``parent``: the last one, every other measured from it) on
     ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
     model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
-    ``m``'s layer is read, ``on_heads()`` before the heads."""
+    ``m``'s layer is read, ``on_heads()`` before the heads. ``vocab``: how the parent's other vocabulary meets the
+    scored models' (check's :class:`~resumerge.analyses.check.vocabs.SharedVocab`, model 0 theirs, 1 the
+    parent's): each model reads the texts as its own ids of the same tokens."""
     done = answered(workdir)
     if done is not None:
         return done
-    placement = Streams(streams, on_model, reserve)
+    count = len(streams) - (1 if parent else 0)
+
+    def own(m: int, batches: list[Batch]) -> list[Batch]:
+        return own_batches(vocab, 0 if m < count else 1, batches)
+
+    placement = Streams(streams, on_model, reserve, own_batches=own if vocab is not None else None)
 
     def heads(hidden: Hidden, batches: Sequence[Sequence[Sequence[int]]]) -> TextFigures:
         if on_heads is not None:
             on_heads()
         with reserve("the heads", "heads"):
-            return text_heads(streams, hidden, batches, parent)
+            return text_heads(streams, hidden, batches, parent, vocab)
 
     figures = text_pass(placement, sequences, workdir, heads, point)
     write_file_atomic(workdir / FIGURES, json.dumps(figures.to_json()).encode())

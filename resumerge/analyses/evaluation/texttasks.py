@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, targets_of
+from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, shared, targets_of
 from resumerge.analyses.check.tokens import Texts, cached_sequences
+from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.errors import UsageError
 from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch
@@ -74,12 +75,20 @@ def text_task(word: str) -> TextTask | None:
     return TextTask(KL, texts, parent, word)
 
 
+def shared_texts(directories: Sequence[Path], configs: Sequence[Mapping[str, Any]], paths: Sequence[str],
+                 task: TextTask, cache: Path) -> Texts:
+    """The task's token sequences for the models at ``directories`` (the scored model first; a :data:`KL` task's
+    parent second) as ``check --prompts --truncate-texts`` makes them, remembered under ``cache``, and how the two
+    vocabularies meet where they differ (check's rule, :mod:`resumerge.analyses.check.vocabs`: the KL over the
+    tokens both hold; a text holding a token one lacks, or models that share none, refused in one line)."""
+    return cached_sequences(directories, Path(task.texts), cache, configs=configs, paths=paths, cut=True)
+
+
 def texts_of(directories: Sequence[Path], configs: Sequence[Mapping[str, Any]], paths: Sequence[str],
              task: TextTask, cache: Path) -> list[list[int]]:
-    """The task's token sequences for the models at ``directories`` (the scored model first; a :data:`KL` task's
-    parent second) as ``check --prompts --truncate-texts`` makes them, remembered under ``cache``; raises
-    :class:`UsageError` where the models' vocabularies differ (a KL is taken over one vocabulary)."""
-    found: Texts = cached_sequences(directories, Path(task.texts), cache, configs=configs, paths=paths, cut=True)
+    """:func:`shared_texts`' tokens where the models' vocabularies are one; raises :class:`UsageError` where they
+    differ (``evolve``'s objectives: its generation's heads compare over one vocabulary)."""
+    found = shared_texts(directories, configs, paths, task, cache)
     if found.vocab is not None:
         raise UsageError(f"task {task.name}: {paths[-1]} and {paths[0]} tokenize differently",
                          hint="measure KL from a model of the same vocabulary")
@@ -113,40 +122,47 @@ class TextFigures:
 
 
 def text_heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]],
-               batches: Sequence[Sequence[Sequence[int]]], parent: bool) -> TextFigures:
+               batches: Sequence[Sequence[Sequence[int]]], parent: bool, vocab: SharedVocab | None = None
+               ) -> TextFigures:
     """The figures of every scored model from its last hidden states (``hidden``: per model, per batch; the
     ``batches``' token sequences): its NLL, and with a ``parent`` (the last of ``streams``, not scored) KL(parent ‖
     it). Batch by batch, the parent's log-probabilities of a batch held while every scored model's are compared
     with them; every sum over the same positions in the same order as ``check``'s heads
-    (:func:`~resumerge.analyses.check.heads.head_figures`), so the figures are its figures."""
+    (:func:`~resumerge.analyses.check.heads.head_figures`), so the figures are its figures. Where the parent's
+    vocabulary differs (``vocab``: model 0 the scored models', 1 the parent's), each NLL is over the scored model's
+    own vocabulary and the KL over the shared tokens, as check takes them."""
     count = len(streams) - (1 if parent else 0)
     tokens = sum(len(s) - 1 for batch in batches for s in batch)
-    targets = targets_of(batches, None, 0)
+    targets = targets_of(batches, vocab, 0)
     nll = [0.0] * count
     kl: list[list[torch.Tensor]] = [[] for _ in range(count)]
     rows = [logprobs(s, hidden[m], batches) for m, s in enumerate(streams)]
     for b in range(len(batches)):
-        theirs = list(next(rows[-1])) if parent else []
+        theirs = [shared(vocab, 1, lp) for lp in next(rows[-1])] if parent else []
         for m in range(count):
             for r, found in enumerate(next(rows[m])):
                 nll[m] = nll_sum(found, targets[b][r], nll[m])
                 if parent:
-                    kl[m].append(kl_at(theirs[r], found))
+                    kl[m].append(kl_at(theirs[r], shared(vocab, 0, found)))
     for each in rows:  # past its last batch: its head's weights are let go
         next(each, None)
     means: list[float | None] = [float(torch.cat(k).double().mean()) if parent else None for k in kl]
     return TextFigures([n / tokens for n in nll], means, tokens)
 
 
-def result_entries(task: TextTask, value: float, tokens: int, texts: int) -> dict[str, Any]:
+def result_entries(task: TextTask, value: float, tokens: int, texts: int,
+                   vocabulary: str | None = None) -> dict[str, Any]:
     """``task``'s entries in lm-eval's results object, by section (``results``, ``configs``, ``versions``,
     ``n-shot``, ``higher_is_better``, ``n-samples``), as lm-eval writes its own tasks' (``texts``: how many were
-    scored, ``tokens``: the positions predicted)."""
+    scored, ``tokens``: the positions predicted; ``vocabulary``: how a parent's other vocabulary met the model's,
+    check's line)."""
     config: dict[str, Any] = {"task": task.name, "output_type": OUTPUT_TYPE, "texts": task.texts,
                               "metric_list": [{"metric": task.metric, "higher_is_better": False}],
                               "tokens": tokens}
     if task.parent is not None:
         config["parent"] = task.parent
+    if vocabulary is not None:
+        config["vocabulary"] = vocabulary
     return {"results": {"alias": task.name, f"{task.metric},none": value},
             "configs": config, "versions": VERSION, "n-shot": 0,
             "higher_is_better": {task.metric: False}, "n-samples": {"original": texts, "effective": texts}}

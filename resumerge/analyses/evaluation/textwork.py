@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from resumerge.analyses.check.heads import head_step_bytes
+from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.analyses.evaluation.settings import EvalSettings
-from resumerge.analyses.evaluation.texttasks import TextFigures, TextTask, result_entries, texts_of
+from resumerge.analyses.evaluation.texttasks import TextFigures, TextTask, result_entries, shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.forward import Weights
 from resumerge.forward.batches import largest_batch
@@ -23,12 +24,14 @@ from resumerge.forward.stream import ModelStream
 
 @dataclass(frozen=True)
 class TextWork:
-    """A text task ready to run: the ``task``, its ``parent`` opened (a KL task's; None for NLL) and the texts'
-    ``tokens``."""
+    """A text task ready to run: the ``task``, its ``parent`` opened (a KL task's; None for NLL), the texts'
+    ``tokens`` and, where the parent's vocabulary differs from the model's, how the two meet (``vocab``: check's
+    rule, the KL over the shared tokens)."""
 
     task: TextTask
     parent: PassModel | None
     tokens: list[list[int]]
+    vocab: SharedVocab | None = None
 
     def key(self) -> list[Any]:
         """What the pass's key holds beside the model's: the kind, and the parent's files' identities."""
@@ -57,9 +60,9 @@ def text_work(task: TextTask, model: PassModel, state: StateDir) -> TextWork:
     if task.parent is not None:
         parent = replace(open_for_pass(task.parent, f"task {task.name}'s parent", state), role="parent")
     models = [model, *([parent] if parent is not None else [])]
-    tokens = texts_of([m.opened.directory for m in models], [m.opened.config for m in models],
-                      [m.path for m in models], task, state.evals_dir)
-    return TextWork(task, parent, tokens)
+    found = shared_texts([m.opened.directory for m in models], [m.opened.config for m in models],
+                         [m.path for m in models], task, state.evals_dir)
+    return TextWork(task, parent, found.tokens, found.vocab)
 
 
 def digest_of(tokens: Sequence[Sequence[int]]) -> str:
@@ -77,7 +80,8 @@ def text_heads_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[i
 
 def add_text_task(results: dict[str, Any], work: TextWork, figures: TextFigures) -> None:
     """The text task's figure in lm-eval's ``results`` object, each of its sections as lm-eval fills them."""
-    entries = result_entries(work.task, figures.figure(work.task), figures.tokens, len(work.tokens))
+    vocabulary = work.vocab.describe(["model", "parent"]) if work.vocab is not None else None
+    entries = result_entries(work.task, figures.figure(work.task), figures.tokens, len(work.tokens), vocabulary)
     for section, value in entries.items():
         results.setdefault(section, {})[work.task.name] = value
 

@@ -1,0 +1,49 @@
+""":func:`resumerge.api.evaluate`'s work once its options are one :class:`~resumerge.api.options.Resources` and
+its :class:`~resumerge.config.settings.RunSettings`: the evaluation's settings built and checked (exit 2 before
+anything is read), then the model evaluated where it is, or a merge config opened as the merge it describes, never
+written."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from resumerge.api.options import PathLike, Resources, pass_placement
+from resumerge.api.unwritten import open_unwritten
+from resumerge.config.settings import RunSettings
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation import EvalReport
+    from resumerge.analyses.evaluation.run import EvalStep
+
+
+def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resources, settings: RunSettings, *,
+                  include_path: PathLike | None, limit: float | None, num_fewshot: int | None,
+                  apply_chat_template: bool | str, log_samples: bool, output_path: PathLike | None,
+                  progress: Callable[[EvalStep], None] | None) -> EvalReport:
+    """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) under ``resources`` (the device) and
+    ``settings`` (the memory budgets parsed, the state dir, the executor)."""
+    from resumerge.analyses.evaluation.run import is_config, run_eval
+    from resumerge.analyses.evaluation.settings import EvalSettings
+
+    names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
+    evaluation = EvalSettings(
+        tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
+        num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
+        output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
+        device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
+    on_ray, address = pass_placement(settings)
+    if not is_config(os.fspath(target)):
+        return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
+                        ray_address=address)
+    # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
+    # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
+    # the budget as run admits its units.
+    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+
+    budget = evaluation.max_memory if evaluation.max_memory is not None else default_budget(SystemProbe())
+    with MemoryGovernor(budget, SystemProbe()) as governor, \
+            open_unwritten(target, state_dir=settings.state.given, governor=governor) as merge:
+        return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, unwritten=merge,
+                        on_ray=on_ray)
