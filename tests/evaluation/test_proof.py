@@ -39,6 +39,7 @@ def _eval(model: Path, tasks: Path, state: Path, kill: str | None = None) -> tup
     return done.returncode, done.stderr, json.loads(done.stdout)["results"] if done.returncode == 0 else {}
 
 
+@pytest.mark.slow
 def test_a_resumed_pass_refuses_an_edit_in_a_journaled_layer_and_reads_a_later_one_as_it_is(tmp_path: Path) -> None:
     model, tasks, state = _model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
     code, err, _ = _eval(model, tasks, state, kill="after_eval_layer:2")  # layers 1 and 2 of 3 journaled

@@ -12,6 +12,8 @@ import struct
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from resumerge.inputs.safetensors_format import read_header
 from tests.evolve.test_search import OPTIONS, make_search
 from tests.support import cli
@@ -38,6 +40,7 @@ def _edit(file: Path, tensor: str) -> None:
         f.write(struct.pack("<f", value + 1.0))
 
 
+@pytest.mark.slow
 def test_a_resumed_generation_refuses_an_input_edited_in_a_journaled_layer(tmp_path: Path) -> None:
     config = make_search(tmp_path)
     store = tmp_path / "store"
