@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.errors import PlanChangedError
+from resumerge.errors import PlanChangedError, ResumergeError
 from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.looks import Look, Spans, group_digests, look_of
 from resumerge.inputs.spans import merged_spans
@@ -295,7 +295,8 @@ class JournalProof:
 def merge_inputs(plans: Sequence[Any], state: StateDir) -> tuple[list[PassModel], list[frozenset[str]]]:
     """The local input models of merges never written (``plans``: :class:`~resumerge.plan.merge_plan.Plan` s over
     the same models, a generation's candidates or one config), opened (headers only) for a pass's proof, and the
-    stored tensors the merges read of each (a companion part, a quantized tensor's scales, included)."""
+    stored tensors the merges read of each (a companion part, a quantized tensor's scales, included); a folder a
+    pass does not open as a model (a LoRA adapter's) is left to the plan's identity of its files."""
     from resumerge.forward.opened import open_for_pass
 
     dirs: Mapping[str, str] = plans[0].model_dirs if plans else {}
@@ -307,8 +308,14 @@ def merge_inputs(plans: Sequence[Any], state: StateDir) -> tuple[list[PassModel]
                 for each in (ref, *(part for _, part in ref.companions)):
                     if each.model in read:
                         read[each.model].add(each.tensor)
-    return ([open_for_pass(dirs[key], f"model {key}", state) for key in keys],
-            [frozenset(read[key]) for key in keys])
+    models, names = [], []
+    for key in keys:
+        try:
+            models.append(open_for_pass(dirs[key], f"model {key}", state))
+        except ResumergeError:  # not a model a pass opens (a LoRA adapter's folder): left to the plan's identity
+            continue
+        names.append(frozenset(read[key]))
+    return models, names
 
 
 def _listed(paths: Sequence[str]) -> str:
