@@ -3,8 +3,8 @@ state dir (no verification records to reuse), two checkouts alternated, outputs 
 
 Usage::
 
-    python bench/bench_first_run.py --a /work/wt/firstrun --b /tmp/base [--size 600MB] [--layers 27] [--runs 2]
-        [--methods ties,breadcrumbs_ties,della,linear] [--work DIR]
+    python bench/bench_first_run.py --a /work/wt/firstrun [--b /tmp/base] [--mergekit] [--size 600MB] [--layers 27]
+        [--hidden 512] [--runs 2] [--methods ties,breadcrumbs_ties,della,linear] [--work DIR]
 
 Generates four Llama-style float32 models of about ``--size`` bytes each (once, in ``--work``), then for every
 method runs ``resumerge run`` of checkout A and of checkout B (``PYTHONPATH``, ``python -P``) in turn, ``--runs``
@@ -12,7 +12,9 @@ times, A first on odd rounds and B first on even ones, each into a new OUT with 
 user+system CPU of the merge process, and the machine's load (``uptime``) before each run. The rank methods merge
 layers 0-8 of four models (a slice reads about a third of each file); ``linear`` merges two whole models, and is
 compared with the disk floor (a warm read of both inputs plus an fsynced write of the output's size). Every
-output's files must hash alike across A and B (the script stops otherwise). Ends with markdown rows.
+output's files must hash alike across A and B (the script stops otherwise). ``--mergekit`` adds mergekit 0.1.5's
+``mergekit-yaml`` on the same config as a third command in the alternation (its outputs are not compared: DELLA
+draws its own random masks). Ends with markdown rows.
 """
 
 from __future__ import annotations
@@ -38,17 +40,17 @@ RANK = {"ties": {"density": 0.5, "weight": 0.3}, "breadcrumbs_ties": {"density":
         "della": {"density": 0.5, "epsilon": 0.1, "weight": 0.3}}
 
 
-def models(work: Path, size: int, layers: int) -> list[Path]:
+def models(work: Path, size: int, layers: int, hidden: int) -> list[Path]:
     """Four models of about ``size`` bytes (generated once)."""
     from resumerge.cli.modelgen import ModelSpec, make_model
 
-    hidden, intermediate = 512, 1376
+    intermediate = hidden * 1376 // 512
     per_layer = 4 * (4 * hidden * hidden + 3 * hidden * intermediate)
     spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=max(1000, (size - layers *
                      per_layer) // (8 * hidden)), heads=8, kv_heads=8, shard_bytes=200 << 20, tokenizer=False)
     found = []
     for seed in range(4):
-        folder = work / f"model-{seed}"
+        folder = work / (f"model-{seed}" if hidden == 512 else f"model-{hidden}-{seed}")
         if not (folder / "config.json").exists():
             make_model(folder, spec, seed=seed + 1)
         found.append(folder)
@@ -87,6 +89,20 @@ def merged(tree: Path, cfg: Path, out: Path, state: Path) -> tuple[float, float]
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def mergekit_merged(cfg: Path, out: Path) -> tuple[float, float]:
+    """One ``mergekit-yaml`` run of the same config: (wall s, CPU s of the child)."""
+    exe = shutil.which("mergekit-yaml")
+    if exe is None:
+        raise SystemExit("mergekit-yaml is not on PATH (pip install mergekit==0.1.5)")
+    shutil.rmtree(out, ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([exe, str(cfg), str(out), "--random-seed", "0", "--quiet"], check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def hashes(out: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
             if p.suffix in (".safetensors", ".json") and p.name != "resumerge-manifest.json"}
@@ -118,7 +134,9 @@ def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--a", required=True, type=Path)
-    parser.add_argument("--b", required=True, type=Path)
+    parser.add_argument("--b", type=Path, help="a second checkout (git archive of main)")
+    parser.add_argument("--mergekit", action="store_true", help="mergekit-yaml as a further command")
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--size", default="600MB")
     parser.add_argument("--layers", type=int, default=27)
     parser.add_argument("--runs", type=int, default=2)
@@ -126,37 +144,49 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-first-run"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    inputs = models(args.work, parse_size(args.size), args.layers)
+    inputs = models(args.work, parse_size(args.size), args.layers, args.hidden)
     print(f"models: {format_size(sum(p.stat().st_size for p in inputs[0].glob('*.safetensors')))} each, "
           f"{args.layers} layers")
     rows = []
     for method in args.methods.split(","):
         cfg = config(args.work, method, inputs)
-        times: dict[str, list[tuple[float, float, str]]] = {"A": [], "B": []}
+        names = ["A"] + (["B"] if args.b else []) + (["mergekit"] if args.mergekit else [])
+        times: dict[str, list[tuple[float, float, str]]] = {n: [] for n in names}
         outputs: dict[str, dict[str, str]] = {}
         for run in range(args.runs):
-            for name in ("A", "B") if run % 2 == 0 else ("B", "A"):
-                tree = args.a if name == "A" else args.b
+            for name in names if run % 2 == 0 else names[::-1]:
                 seen = load()
                 out = args.work / f"out-{method}-{name}"
-                wall, cpu = merged(tree, cfg, out, args.work / f"state-{method}-{name}")
+                if name == "mergekit":
+                    wall, cpu = mergekit_merged(cfg, out)
+                else:
+                    tree = args.a if name == "A" else args.b
+                    wall, cpu = merged(tree, cfg, out, args.work / f"state-{method}-{name}")
                 times[name].append((wall, cpu, seen))
-                outputs[name] = hashes(out)
+                if name != "mergekit":
+                    outputs[name] = hashes(out)
                 print(f"{method} {name} run {run + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU (load {seen})", flush=True)
-        if outputs["A"] != outputs["B"]:
+        if "B" in outputs and outputs["A"] != outputs["B"]:
             raise SystemExit(f"{method}: the outputs of A and B differ")
         floor = ""
         if method == "linear":
             size = sum(p.stat().st_size for p in (args.work / "out-linear-A").glob("*.safetensors"))
             f = disk_floor(inputs[:2], size, args.work)
-            floor = f"{f:.2f} s floor; A {statistics.median(w for w, _, _ in times['A']) / f:.2f}x, " \
-                    f"B {statistics.median(w for w, _, _ in times['B']) / f:.2f}x"
+            floor = f"{f:.2f} s floor; " + ", ".join(
+                f"{n} {statistics.median(w for w, _, _ in times[n]) / f:.2f}x" for n in names)
+        if "mergekit" in times:
+            mk = statistics.median(w for w, _, _ in times["mergekit"])
+            mk_cpu = statistics.median(c for _, c, _ in times["mergekit"])
+            floor += ("; " if floor else "") + ", ".join(
+                f"{n} {statistics.median(w for w, _, _ in times[n]) / mk:.2f}x mergekit's wall, "
+                f"{statistics.median(c for _, c, _ in times[n]) / mk_cpu:.2f}x its CPU"
+                for n in names if n != "mergekit")
         rows.append(f"| {method} | " + " | ".join(
             f"{statistics.median(w for w, _, _ in times[n]):.2f} s ({statistics.median(c for _, c, _ in times[n]):.2f}"
-            f" CPU s; load {', '.join(s.split(',')[0] for _, _, s in times[n])})" for n in ("A", "B"))
-            + f" | {floor} | byte-identical |")
-    print("| method | A | B | floor | outputs |")
-    print("|---|---|---|---|---|")
+            f" CPU s; load {', '.join(s.split(',')[0] for _, _, s in times[n])})" for n in names)
+            + f" | {floor} | {'byte-identical' if 'B' in outputs else '-'} |")
+    print(f"| method | {' | '.join(names)} | floor / ratios | A vs B outputs |")
+    print("|---|" + "---|" * len(names) + "---|---|")
     print("\n".join(rows))
 
 

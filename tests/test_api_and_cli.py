@@ -116,6 +116,14 @@ STATUS_NEVER_IMPORTS = ("torch", "sqlite_utils", "safetensors", "transformers", 
                         "resumerge.methods", "resumerge.engine", "resumerge.memory.governor")
 
 
+# What ``resumerge status OUT --json`` leaves unimported besides (issue 72: status under 0.2 s, most of it start-up):
+# the other commands' parser modules (only the asked command's parser is built), the terminal's rich, and the
+# standard modules imported only where they are used (sizes parsed, temp names drawn, files hashed on threads).
+STATUS_JSON_NEVER_IMPORTS = ("resumerge.cli.checkcmd", "resumerge.cli.evalcmd", "resumerge.cli.evolvecmd",
+                             "resumerge.cli.measurecmd", "resumerge.cli.ignoredflags", "resumerge.cli.executorflags",
+                             "resumerge.cli.render", "rich", "fractions", "secrets")
+
+
 def test_status_never_imports_torch_or_the_planner(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
     assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
@@ -129,6 +137,17 @@ def test_status_never_imports_torch_or_the_planner(tmp_path: Path, make: ModelFa
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[0, 0] []", done.stdout + done.stderr
+    never = STATUS_JSON_NEVER_IMPORTS + STATUS_NEVER_IMPORTS
+    probe = (  # --json alone: nothing of the terminal's, nor of the other commands' parsers
+        "import sys, io, contextlib\n"
+        "from resumerge.cli.commands import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main(['status', {str(tmp_path / 'out')!r}, '--json'])\n"
+        f"extra = sorted(m for m in sys.modules if m.startswith({never!r}))\n"
+        "print(code, extra)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "0 []", done.stdout + done.stderr
 
 
 def test_the_ledger_imports_no_pandas() -> None:

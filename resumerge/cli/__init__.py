@@ -14,6 +14,7 @@ __all__ = [
     "ignoredflags",
     "knobs",
     "modelgen",
+    "parsers",
     "render",
     "trafficline",
 ]

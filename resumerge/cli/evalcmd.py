@@ -79,6 +79,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
                                           max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
                       executor=executor_option(args.executor, ray_address=args.ray_address),
                       progress=None if args.quiet else progress)
+    if report.proof is not None and not args.quiet:  # stderr: --json's stdout is lm-eval's object alone
+        print(f"eval: inputs: {report.proof}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

@@ -30,6 +30,7 @@ from resumerge.forward.admission import Admission
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass
 from resumerge.forward.opened import PassModel, open_for_pass
+from resumerge.forward.proof import JournalProof, merge_inputs
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
@@ -115,12 +116,20 @@ class StreamedCandidates:
 
             restore = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
             try:
+                journal = Journal(work, LAYER_PREFIX)
+                # Before any weight is read: the parents' bytes the journal's layers came from, proved (exit 4
+                # where a journaled layer's changed), and what the pass will read recorded before its first layer.
+                proof = JournalProof(list(parents.values()), f"the generation's pass in {work}",
+                                     *merge_inputs(population.plans, self.state))
+                proof.before_resuming(journal)
+                for line in proof.said:  # a file touched, an edit in ranges not read yet: for status to show
+                    storage.say(self.store, inputs=line)
                 with Admission(budget, steps) as reserve:
                     step = GenerationPass(population, streams, theirs, list(parents), texts, reserve, on_layer,
                                           work / SCRATCH)
                     with torch.no_grad():
                         entering = step.enter()
-                    layers = LayerPass(Journal(work, LAYER_PREFIX), streams[0].layers, point="after_check_layer")
+                    layers = LayerPass(journal, streams[0].layers, point="after_check_layer")
                     figures = layers.run(step, entering, len(entering[0]))
             finally:
                 if restore is not None:

@@ -25,17 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resumerge.errors import PlanChangedError
+from resumerge.errors import PlanChangedError, ResumergeError
 from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.looks import Look, Spans, group_digests, look_of
 from resumerge.inputs.spans import merged_spans
 from resumerge.store.durable import write_file_atomic
+
+if TYPE_CHECKING:
+    from resumerge.config.locations import StateDir
+    from resumerge.forward.journal import Journal
 
 RECORDS_NAME = "inputs.json"
 OUTSIDE = -1  # the group of the tensors outside the decoder layers
@@ -224,6 +228,94 @@ def layers_through(last: int | None, *, outside: bool) -> Depends:
 def everything(model: int, group: int) -> bool:
     """A finished pass depends on every byte it read."""
     return True
+
+
+@dataclass(frozen=True)
+class JournalProof:
+    """The proof of a journaled pass whose journal is its layer files and whose result, once finished, is one file
+    (eval's passes, evolve's generation pass), recorded beside the journal. ``models`` run the pass's own layers
+    (the model evaluated, a KL task's parent: every stored tensor read; a journaled layer depends on their groups
+    through it); ``inputs`` are the local models a merge never written reads (``inputs_read``: the tensors it reads
+    of each, :func:`merge_inputs`), whose layers may feed any of the pass's: once a layer is journaled, every group
+    read of them is depended on. ``what`` names the pass in a refusal; ``said`` gathers the lines a user reads (a
+    file touched, an edit in ranges not read yet, a finished pass run again)."""
+
+    models: Sequence[PassModel]
+    what: str
+    inputs: Sequence[PassModel] = ()
+    inputs_read: Sequence[frozenset[str]] = ()
+    said: list[str] = field(default_factory=list, compare=False)
+
+    def before_resuming(self, journal: Journal) -> None:
+        """Before the pass reads a weight (its embeddings too): refuses (:class:`PlanChangedError`, exit 4, the file
+        and the layer named) where a file holds other bytes in a range the journal's layers were computed from;
+        records the rest, durably, before the pass's next journal file."""
+        found = journal.latest()
+        last = None if found is None else found[0]
+        through, own = layers_through(last, outside=False), len(self.models)
+
+        def depends(model: int, group: int) -> bool:
+            return through(model, group) if model < own else last is not None
+
+        proof = self._proof(journal.folder / RECORDS_NAME)
+        self._say(proof.prove(depends, refuse=f"{self.what}'s journal holds hidden states computed from the bytes "
+                              "it held then", hint=f"restore the file as it was and run again (it resumes), or "
+                              f"delete {journal.folder} to run the pass on the file as it is now").line())
+        proof.record()
+
+    def still_holds(self, result: Path) -> bool:
+        """Whether the finished pass's ``result`` is of the bytes the models hold now (a stat per file where they
+        look as recorded; a file touched hashed again, its new look recorded). False where a range the pass read
+        holds other bytes: ``result`` and the records are removed, and the caller runs the pass again."""
+        proof = self._proof(result.parent / RECORDS_NAME)
+        try:
+            proved = proof.prove(everything, refuse="", hint="")
+        except PlanChangedError as exc:
+            result.unlink(missing_ok=True)
+            proof.forget()
+            self._say(f"{exc.path} changed since {self.what} ran (in a range it reads): run again")
+            return False
+        self._say(proved.line())
+        proof.record()
+        return True
+
+    def _proof(self, records: Path) -> PassProof:
+        own, read = len(self.models), self.inputs_read
+
+        def reads(model: int, name: str) -> bool:
+            return model < own or name in read[model - own]
+
+        return PassProof([*self.models, *self.inputs], reads, records)
+
+    def _say(self, line: str | None) -> None:
+        if line is not None:
+            self.said.append(line)
+
+
+def merge_inputs(plans: Sequence[Any], state: StateDir) -> tuple[list[PassModel], list[frozenset[str]]]:
+    """The local input models of merges never written (``plans``: :class:`~resumerge.plan.merge_plan.Plan` s over
+    the same models, a generation's candidates or one config), opened (headers only) for a pass's proof, and the
+    stored tensors the merges read of each (a companion part, a quantized tensor's scales, included); a folder a
+    pass does not open as a model (a LoRA adapter's) is left to the plan's identity of its files."""
+    from resumerge.forward.opened import open_for_pass
+
+    dirs: Mapping[str, str] = plans[0].model_dirs if plans else {}
+    keys = [key for key, where in sorted(dirs.items()) if os.path.isdir(where)]
+    read: dict[str, set[str]] = {key: set() for key in keys}
+    for plan in plans:
+        for tensor in plan.tensors.values():
+            for ref in tensor.inputs:
+                for each in (ref, *(part for _, part in ref.companions)):
+                    if each.model in read:
+                        read[each.model].add(each.tensor)
+    models, names = [], []
+    for key in keys:
+        try:
+            models.append(open_for_pass(dirs[key], f"model {key}", state))
+        except ResumergeError:  # not a model a pass opens (a LoRA adapter's folder): left to the plan's identity
+            continue
+        names.append(frozenset(read[key]))
+    return models, names
 
 
 def _listed(paths: Sequence[str]) -> str:

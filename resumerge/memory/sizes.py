@@ -9,7 +9,6 @@ prefixes ``Ki`` to ``Pi`` (with or without ``B``) and ``bytes``. Suffixes are ca
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 from resumerge.errors import UsageError
 
@@ -75,7 +74,10 @@ def parse_size(value: str | int, *, option: str | None = None) -> int:
     multiplier = _MULTIPLIERS.get(unit.lower())
     if multiplier is None:
         raise UsageError(f"{prefix}invalid size {value!r}: unknown unit {unit!r}", hint=_HINT)
-    # Fraction keeps "1.1GB" exact (float would give 1100000000.0000002 and risk an off-by-one byte).
+    # Fraction keeps "1.1GB" exact (float would give 1100000000.0000002 and risk an off-by-one byte); imported here,
+    # as fractions pulls in decimal: a few ms of every `resumerge status`, which parses no size.
+    from fractions import Fraction
+
     return int(Fraction(number) * multiplier)
 
 

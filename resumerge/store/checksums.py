@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _BLOCK = 8 * 1024 * 1024
@@ -49,6 +48,8 @@ def check_many(
         return {name: check_committed(out_dir, name, size, sha) for name, size, sha in items}
     # Largest first, so one big file does not start last and leave the other threads idle.
     items.sort(key=lambda item: -item[1])
+    from concurrent.futures import ThreadPoolExecutor  # here: only verifying hashes files on threads
+
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="resumerge-verify") as pool:
         problems = pool.map(lambda item: check_committed(out_dir, *item), items)
         return {item[0]: problem for item, problem in zip(items, problems)}

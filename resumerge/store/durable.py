@@ -11,7 +11,6 @@ import ctypes
 import errno
 import functools
 import os
-import secrets
 import shutil
 import sys
 from collections.abc import Callable
@@ -79,6 +78,8 @@ def discard(path: Path) -> None:
 
 def temp_path(final: Path) -> Path:
     """A unique temp name beside ``final`` (same filesystem, so the rename is atomic)."""
+    import secrets  # here: it imports random, hmac and base64, which `resumerge status` (reading only) never needs
+
     return final.with_name(f".{final.name}.{secrets.token_hex(6)}{TEMP_SUFFIX}")
 
 

@@ -12,11 +12,14 @@ class EvalReport:
     """``results``: lm-eval's results object as ``simple_evaluate`` returns it (``results`` → task → ``metric,filter``,
     ``configs``, ``versions``, ``n-shot``, ...; ``samples`` per task where samples were logged); ``target``: the
     model as given; ``written``: the files ``--output-path`` wrote (lm-eval's results file and each task's
-    samples)."""
+    samples); ``proof``: what proving the models' bytes against each pass's journal found, in one line (a file
+    touched, an edit in ranges a pass had not read yet, a finished pass run again: :mod:`resumerge.forward.proof`),
+    None where nothing is to be said."""
 
     target: str
     results: dict[str, Any] = field(repr=False)
     written: tuple[str, ...] = ()
+    proof: str | None = None
 
     def metric(self, task: str, name: str, filter_name: str = "none") -> float:
         """One metric of one task (``acc``, ``acc_norm``, ``word_perplexity``, ...)."""

@@ -26,13 +26,13 @@ from resumerge.analyses.check.needs import StepBytes, step_bytes
 from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
-from resumerge.analyses.evaluation.scorer import LAYER_PREFIX, Answer, answered, score
+from resumerge.analyses.evaluation.scorer import ANSWERS, LAYER_PREFIX, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
+from resumerge.analyses.evaluation.textpass import FIGURES, score_texts
 from resumerge.analyses.evaluation.textpass import answered as answered_texts
-from resumerge.analyses.evaluation.textpass import score_texts
 from resumerge.analyses.evaluation.texttasks import TextFigures
 from resumerge.analyses.evaluation.textwork import (
     TextWork,
@@ -52,6 +52,7 @@ from resumerge.forward.folder import pass_lock
 from resumerge.forward.journal import latest
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
+from resumerge.forward.proof import JournalProof, merge_inputs
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import tokenizer_at
@@ -125,8 +126,10 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
                          device=device.name)
     restore_allocator = tune_allocator()
+    # what a merge never written reads of its inputs, proved with each pass's journal as the model's own files are
+    inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
     scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten),
-                     (ray_address,) if on_ray else None)
+                     (ray_address,) if on_ray else None, inputs)
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
@@ -156,7 +159,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     from resumerge.analyses.evaluation.outputs import write_outputs
 
     written = write_outputs(results, tracker, settings) if tracker is not None else ()
-    return EvalReport(target=target, results=results, written=written)
+    return EvalReport(target=target, results=results, written=written, proof="; ".join(scorer.said) or None)
 
 
 def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tuple[dict[str, Any], Any]:
@@ -197,25 +200,29 @@ class _Scorer:
 
     def __init__(self, stream: ModelStream, model: PassModel, settings: EvalSettings, state: StateDir, command: str,
                  watcher: Watcher | None, merged: _Merged | None = None,
-                 ray: tuple[str | None] | None = None) -> None:
+                 ray: tuple[str | None] | None = None,
+                 inputs: tuple[list[PassModel], list[frozenset[str]]] = ([], [])) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher, self.merged = command, watcher, merged
         self.ray = ray  # (the cluster's address,): the layers on a Ray actor; None: here
+        self.inputs = inputs  # a merge never written: its local inputs and what it reads of each
+        self.said: list[str] = []  # what proving the models' bytes found, a line each
         self.step: EvalStep | None = None
         self.workdir: Path | None = None
 
     def __call__(self, work: Scoring, kind: str) -> list[Answer]:
         """The answers of one of lm-eval's passes (``kind``: ``loglikelihood`` or ``loglikelihood_rolling``)."""
         workdir = self.state.evals_dir / _key(self.model, kind, work.digest(), self.merged)
+        proof = self._proof([self.model])
         done = answered(workdir)
-        if done is not None:
+        if done is not None and proof.still_holds(workdir / ANSWERS):
             return done
         sizes = step_bytes([self.stream], list(work.runs))
         steps = {"layer": self._layer_bytes(sizes), "heads": tail_step_bytes(self.stream, work.runs)}
         placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
-            return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed)
+            return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed, proof=proof)
 
         return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored,
                             layers_here=placed is None)
@@ -223,8 +230,9 @@ class _Scorer:
     def texts(self, work: TextWork) -> TextFigures:
         """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
         workdir = self.state.evals_dir / _key(self.model, work.key(), digest_of(work.tokens), self.merged)
+        proof = self._proof([self.model, *([work.parent] if work.parent is not None else [])])
         done = answered_texts(workdir)
-        if done is not None:
+        if done is not None and proof.still_holds(workdir / FIGURES):
             return done
         streams = [self.stream, *work.streams(self.stream, self.model.opened.config)]
         try:
@@ -234,13 +242,17 @@ class _Scorer:
             def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
                                    on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
-                                   vocab=work.vocab)
+                                   vocab=work.vocab, proof=proof)
 
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
                                 scored)
         finally:
             for parent in streams[1:]:
                 parent.close()
+
+    def _proof(self, models: list[PassModel]) -> JournalProof:
+        """The proof of a pass over ``models`` (and a merge never written's inputs), its lines said in :attr:`said`."""
+        return JournalProof(models, f"this evaluation of {self.model.path}", *self.inputs, said=self.said)
 
     @staticmethod
     def _layer_bytes(sizes: StepBytes) -> int:

@@ -21,6 +21,7 @@ from resumerge.forward.batches import Hidden, enter
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, Streams
+from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
@@ -41,29 +42,32 @@ def answered(workdir: Path) -> list[Answer] | None:
 
 def score(stream: ModelStream, work: Scoring, workdir: Path, *, reserve: Reserve = unreserved,
           on_layer: Callable[[int | None], None] | None = None,
-          placed: Callable[[Callable[[int], None]], AbstractContextManager[Placement]] | None = None
-          ) -> list[Answer]:
+          placed: Callable[[Callable[[int], None]], AbstractContextManager[Placement]] | None = None,
+          proof: JournalProof | None = None) -> list[Answer]:
     """Each request's (log-likelihood, greedy) of ``work`` on the model ``stream`` (float32 as lm-eval's ``hf``
     model computes them), resuming the pass journaled in ``workdir``; ``on_layer`` is told each layer as it starts
     (None: the heads); ``reserve(what, step)`` holds a step's memory while it runs. A client of the forward
     engine's one journaled pass (:class:`~resumerge.forward.layerpass.LayerPass`). ``placed(on_layer)``: where the
     decoder layers run instead of this process (a Ray actor, ``--executor ray``: the same answers, the journal the
-    same file); the head runs here."""
+    same file); the head runs here. ``proof``: the models' bytes proved against the journal before any is read
+    (:meth:`~resumerge.forward.proof.JournalProof.before_resuming`: exit 4 where a journaled layer's changed)."""
     done = answered(workdir)
     if done is not None:
         return done
     told = on_layer if on_layer is not None else (lambda layer: None)
     if placed is None:
         return _scored(Streams([stream], on_model=lambda layer, m: told(layer), reserve=reserve), stream, work,
-                       workdir, reserve, told)
+                       workdir, reserve, told, proof)
     with placed(told) as placement:
-        return _scored(placement, stream, work, workdir, reserve, told)
+        return _scored(placement, stream, work, workdir, reserve, told, proof)
 
 
 def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Path, reserve: Reserve,
-            told: Callable[[int | None], None]) -> list[Answer]:
+            told: Callable[[int | None], None], proof: JournalProof | None) -> list[Answer]:
     """:func:`score`'s pass with its layers where ``streams`` runs them, its head on ``stream``."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if proof is not None:
+        proof.before_resuming(Journal(workdir, LAYER_PREFIX))
     with torch.no_grad():
         entered = enter(work.runs, streams.enter, streams.runs_batched)
     journal = Journal(workdir, LAYER_PREFIX)

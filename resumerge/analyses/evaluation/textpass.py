@@ -17,6 +17,7 @@ from resumerge.forward.batches import Batch, Hidden, enter
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, Streams
+from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
@@ -42,10 +43,13 @@ class _TextStep(Step[TextFigures]):
 
 
 def text_pass(placement: Placement, sequences: Sequence[Sequence[int]], workdir: Path, heads: Heads,
-              point: str) -> TextFigures:
+              point: str, proof: JournalProof | None = None) -> TextFigures:
     """The pass over ``placement``'s models and ``sequences``, resuming the one journaled in ``workdir``
-    (``point``: the kill point after each layer's file is durable), and the figures ``heads`` finds."""
+    (``point``: the kill point after each layer's file is durable), and the figures ``heads`` finds; ``proof``: the
+    models' bytes proved against the journal before any is read."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if proof is not None:
+        proof.before_resuming(Journal(workdir, LAYER_PREFIX))
     with torch.no_grad():
         entered = enter(sequences, placement.enter, placement.runs_batched)
     batches = entered.sequences(sequences)
@@ -67,7 +71,7 @@ def answered(workdir: Path) -> TextFigures | None:
 def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]], workdir: Path, *,
                 parent: bool, reserve: Reserve = unreserved, on_model: Callable[[int, int], None] | None = None,
                 on_heads: Callable[[], None] | None = None, point: str = "after_eval_layer",
-                vocab: SharedVocab | None = None) -> TextFigures:
+                vocab: SharedVocab | None = None, proof: JournalProof | None = None) -> TextFigures:
     """The figures of the models ``streams`` (with a ``parent``: the last one, every other measured from it) on
     ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
     model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
@@ -90,7 +94,7 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
         with reserve("the heads", "heads"):
             return text_heads(streams, hidden, batches, parent, vocab)
 
-    figures = text_pass(placement, sequences, workdir, heads, point)
+    figures = text_pass(placement, sequences, workdir, heads, point, proof)
     write_file_atomic(workdir / FIGURES, json.dumps(figures.to_json()).encode())
     Journal(workdir, LAYER_PREFIX).clear()
     return figures

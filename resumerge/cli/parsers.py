@@ -1,0 +1,367 @@
+"""Every command's argument parser, built per command: a command line that starts with a command is parsed by that
+command's parser alone (:func:`build_parser`), so ``resumerge status OUT`` builds, and imports, nothing of the other
+commands' (issue 72: status under 0.2 s, most of it the interpreter's start).
+
+Used by :mod:`resumerge.cli.commands` (and the docs test); options become API keyword arguments there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from resumerge.config.version import __version__
+
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every command (the docs test, ``resumerge --help``), or, when ``command`` names one
+    (:data:`COMMANDS`), a parser holding that command's alone: a command line that starts with a command is parsed
+    by that command's parser only, so ``resumerge status OUT`` builds (and imports) nothing for the other twelve.
+    Either way a command's parser, and its ``--help``, are the same (tests/test_cli_lazy.py)."""
+    parser = argparse.ArgumentParser(
+        prog="resumerge",
+        description="Crash-safe, resumable merges of LLM weights from mergekit YAML configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"resumerge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in COMMANDS.items():  # in the order `resumerge --help` lists them
+        if command not in COMMANDS or command == name:
+            add(sub)
+    return parser
+
+
+def _run_parser(sub: SubParsers) -> None:
+    from resumerge.cli.ignoredflags import UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE, accept_ignored
+    from resumerge.plan.defaults import GGUF_TYPES
+
+    run = sub.add_parser("run", help="merge CONFIG into OUT (continues an unfinished run of the same config)",
+                         description="Merge a mergekit YAML config into OUT. Interrupted runs continue "
+                                     "where they stopped; output is byte-identical to an uninterrupted run.")
+    run.add_argument("config", metavar="CONFIG", help="mergekit YAML config")
+    run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's), or a hub "
+                                                 "repo hf://NAMESPACE/NAME[@BRANCH]")
+    _common(run)
+    _executor_flags(run)
+    _keep_flag(run)
+    run.add_argument("--out-shard-size", default=None, metavar="SIZE",
+                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
+                          "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
+                          "25M to 5B]; an interruption costs at most one shard of work (--out-type gguf: "
+                          "the most bytes of one unit of the file, written in place in a local OUT)")
+    run.add_argument("--random-seed", type=int, default=0, metavar="N",
+                     help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
+    run.add_argument("--restart", action="store_true",
+                     help="discard a different earlier run in OUT (only files it wrote) and start over")
+    run.add_argument("--public", action="store_true",
+                     help="hf:// OUT: create a missing repo public [default: private]")
+    run.add_argument("--check", action="store_true", help="then check the merge as resumerge check does; exit "
+                     "with the check's code (0 works, 5 no effect, 6 broken)")
+    run.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
+                     help="do not copy tokenizer files")
+    run.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
+                     help="write no README.md model card and no mergekit_config.yml")
+    run.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                     help="merge models whose vocabularies differ in size by keeping the common leading rows of "
+                          "embeddings and heads (vocab_size and the tokenizer are cut to match)")
+    run.add_argument("--dequantize", action="store_true",
+                     help="store every output tensor unquantized in its dtype, with no quantization_config "
+                          "[default: the output keeps the base model's quantized format]")
+    run.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
+                     help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
+                          "tokenizer from a GGUF parent) [default: safetensors]")
+    run.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
+                     help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
+    run.add_argument("--gguf-split-max-size", metavar="SIZE",
+                     help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
+                          "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
+    run.add_argument("--out-adapter", action="store_true",
+                     help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
+                          "most their summed ranks) instead of a merged model")
+    run.add_argument("--allow-crimes", action="store_true",
+                     help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                     dest="allow_same_experts",
+                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
+    run.add_argument("--device", default="cpu", metavar="DEVICE",
+                     help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
+                          "a resume keeps the device) [default: cpu]")
+    run.add_argument("--cuda", action="store_const", const="cuda", dest="device",
+                     help="same as --device cuda (mergekit's flag)")
+    run.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
+                     help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
+    run.add_argument("--stream-inputs", action="store_true",
+                     help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
+                          "download into the HF cache in the order the merge reads, merging as the bytes land; "
+                          "stream a file the merge needs less than half of, or that --max-disk has no room for]")
+    run.add_argument("--intermediate-dir", "-I", metavar="DIR",
+                     help="recipes (several YAML documents): where named stages are written, one folder each "
+                          "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
+    run.add_argument("--cleanup-intermediates", action="store_true",
+                     help="recipes: delete the named stages' outputs once the final output is verified")
+    accept_ignored(run, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
+
+
+def _resume_parser(sub: SubParsers) -> None:
+    resume = sub.add_parser("resume", help="finish the merge recorded for OUT",
+                            description="Finish an interrupted merge. Works from OUT alone when the state dir "
+                                        "is gone (the ledger is rebuilt from OUT's manifest).")
+    resume.add_argument("out", metavar="OUT", help="output directory of the interrupted merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH] (resumes from the repo alone "
+                                                    "when the state dir is gone)")
+    _common(resume)
+    _executor_flags(resume)
+    _keep_flag(resume)
+    resume.add_argument("--cleanup-intermediates", action="store_true",
+                        help="recipes: delete the named stages' outputs once the final output is verified")
+
+
+def _status_parser(sub: SubParsers) -> None:
+    status = sub.add_parser("status", help="show where the merge into OUT (or the search in STORAGE) stands",
+                            description="Show the state of a merge (fast: reads the ledger only).")
+    status.add_argument("out", metavar="OUT", help="output directory of the merge (or recipe), or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
+    status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _verify_parser(sub: SubParsers) -> None:
+    verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
+                            description="Check every committed output file against its sha256; name damaged "
+                                        "files (exit 3: resume repairs them).")
+    verify.add_argument("out", metavar="OUT", help="output directory of the merge, or its hub repo "
+                                                    "hf://NAMESPACE/NAME[@BRANCH]")
+    verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    verify.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _plan_parser(sub: SubParsers) -> None:
+    from resumerge.plan.defaults import GGUF_TYPES
+
+    plan = sub.add_parser("plan", help="validate CONFIG and estimate disk, download, RAM and time, writing nothing",
+                          description="Validate a config against the models' headers, estimate what the merge "
+                                      "needs here (disk for OUT, state and downloads, peak RAM, time from a short "
+                                      "disk probe) and say whether it fits. Exit 0 when it fits, 2 when it will not "
+                                      "(with the reasons and what to change).")
+    plan.add_argument("config", metavar="CONFIG")
+    plan.add_argument("out", metavar="OUT", nargs="?",
+                      help="output directory to check the disk of, or hf://NAMESPACE/NAME [optional]")
+    plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
+    plan.add_argument("--bandwidth", metavar="DOWN[/UP]",
+                      help="the link's rates per second for the network estimate, e.g. 150MB/75MB [default: the "
+                           "download rate measured on a hub input; the upload rate unknown]")
+    plan.add_argument("--session", metavar="LENGTH",
+                      help="a notebook session's length (12h, 90m): how many sessions the merge takes at the "
+                           "measured or --bandwidth rate")
+    plan.add_argument("--out-shard-size", default=None, metavar="SIZE",
+                      help="bytes per output shard [default: as for run: 1B; about 1/100 of the output, 25M to "
+                           "5B, for an hf:// OUT]")
+    plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
+    plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
+                      help="do not count tokenizer files")
+    plan.add_argument("--allow-crimes", action="store_true", help="as for run")
+    plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                      dest="allow_same_experts", help="as for run")
+    plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
+    plan.add_argument("--dequantize", action="store_true", help="as for run")
+    plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
+    plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
+    plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
+    plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
+    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use, for its whole process "
+                      "[default: as for run]; the smallest that works is printed")
+    plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
+                      help="Hugging Face cache directory for hub models")
+    plan.add_argument("--stream-inputs", action="store_true", help="as for run")
+    plan.add_argument("--device", default="cpu", metavar="DEVICE",
+                      help="as for run: compute time is measured there [default: cpu]")
+    plan.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
+    plan.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                      help="as for run: compute time is measured with this many torch threads")
+    staging = plan.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR", dest="staging", help="as for run")
+    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging", help="as for run")
+    plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
+                      help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
+    plan.add_argument("--json", action="store_true",
+                      help="print JSON (schema in resumerge/estimate/costs.py; a recipe's in "
+                           "resumerge/recipes/estimate.py)")
+    plan.add_argument("--intermediate-dir", metavar="DIR",
+                      help="for a multi-document recipe (which needs OUT): where its named stages will go")
+    _executor_flags(plan)
+
+
+def _check_parser(sub: SubParsers) -> None:
+    from resumerge.cli.checkcmd import add_check_parser
+
+    add_check_parser(sub)
+
+
+def _eval_parser(sub: SubParsers) -> None:
+    from resumerge.cli.evalcmd import add_eval_parser
+
+    add_eval_parser(sub)
+
+
+def _measure_parser(sub: SubParsers) -> None:
+    from resumerge.cli.measurecmd import add_measure_parser
+
+    add_measure_parser(sub)
+
+
+def _evolve_parser(sub: SubParsers) -> None:
+    from resumerge.cli.evolvecmd import add_evolve_parser
+
+    add_evolve_parser(sub)
+
+
+def _demo_parser(sub: SubParsers) -> None:
+    demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
+                          description="A self-contained tour: generates tiny models, starts a merge that is "
+                                      "killed part-way, resumes it, and checks the output is byte-identical.")
+    demo.add_argument("dir", metavar="DIR", nargs="?", default=None,
+                      help="working directory (default: demo/ under the state dir, never the current directory)")
+
+
+def _extract_parser(sub: SubParsers) -> None:
+    """``extract-lora``: mergekit-extract-lora's options, plus --exact, --plan and the shared ones."""
+    from resumerge.cli.ignoredflags import (
+        EXTRACT_UNNEEDED,
+        EXTRACT_UNNEEDED_WITH_VALUE,
+        UNNEEDED_FLAGS,
+        UNNEEDED_WITH_VALUE,
+        accept_ignored,
+    )
+
+    ex = sub.add_parser("extract-lora", help="extract a PEFT LoRA adapter from a fine-tune and its base",
+                        description="Extract a LoRA adapter (mergekit-extract-lora's options and meanings): each "
+                                    "module's task vector FT - BASE truncated to --max-rank. Journaled: an "
+                                    "interrupted extraction finishes with resumerge resume OUT.")
+    ex.add_argument("--model", required=True, metavar="FT", help="fine-tuned model (folder or hub id)")
+    ex.add_argument("--base-model", required=True, metavar="BASE", help="base model (folder or hub id)")
+    ex.add_argument("--out-path", required=True, dest="out", metavar="OUT",
+                    help="output folder, or hf://NAMESPACE/NAME")
+    ex.add_argument("--max-rank", type=int, default=128, metavar="R", help="maximum rank [default: 128]")
+    ex.add_argument("--sv-epsilon", type=float, default=0.0, metavar="EPS",
+                    help="drop singular values at or below EPS (a module's rank may then be lower) [default: 0]")
+    ex.add_argument("--distribute-scale", action=argparse.BooleanOptionalAction, default=True,
+                    help="split the singular values between A and B (√s each) [default: on]")
+    ex.add_argument("--embed-lora", action=argparse.BooleanOptionalAction, default=False,
+                    help="LoRA for embeddings and head instead of saving them whole [default: off]")
+    ex.add_argument("--save-module", action="append", default=[], dest="save_modules", metavar="NAME",
+                    help="save this module (full name or last part) whole, in modules_to_save")
+    ex.add_argument("-e", "--exclude-regex", action="append", default=[], dest="exclude_regexes", metavar="RE",
+                    help="do not extract modules matching RE")
+    ex.add_argument("-i", "--include-regex", action="append", default=[], dest="include_regexes", metavar="RE",
+                    help="extract only modules matching RE")
+    ex.add_argument("--skip-undecomposable", action="store_true",
+                    help="leave out modules that are not matrices (norms) instead of saving them whole")
+    ex.add_argument("--exact", action="store_true",
+                    help="the exact rank-R truncation of every task vector (mergekit's full SVD's numbers, up to each "
+                         "component's sign) instead of the faster randomized one (within 0.5%% of its error)")
+    ex.add_argument("--allow-crimes", action="store_true",
+                    help="accepted for mergekit command lines: modules are matched by name and shape only")
+    ex.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                    help="with --embed-lora, cut embeddings and head of different vocabularies to the common rows")
+    ex.add_argument("--random-seed", type=int, default=0, metavar="N",
+                    help="seed of the randomized truncation (drawn per module) [default: 0]")
+    ex.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
+    ex.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
+                    help="write no README.md")
+    ex.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
+    ex.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
+    ex.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
+                    help="Hugging Face cache directory for hub models")
+    ex.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
+    ex.add_argument("--plan", action="store_true",
+                    help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing "
+                         "(exit 0 when it fits, 2 when not)")
+    ex.add_argument("--json", action="store_true", help="with --plan: print JSON")
+    _common(ex)
+    accept_ignored(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR, else "
+                        "$XDG_STATE_HOME/resumerge or ~/.local/state/resumerge; runs recorded in ./state are "
+                        "still found there]")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="RAM budget for the whole process (its resident memory, interpreter and torch included), "
+                        "e.g. 6GB [default: 80 %% of what the machine or container allows]; work in flight shrinks "
+                        "before the budget is reached; `plan` names the smallest that works")
+    staging = p.add_mutually_exclusive_group()
+    staging.add_argument("--staging-dir", metavar="DIR", dest="staging",
+                         help="write each file on this local dir first, then publish it to OUT by copy + verify "
+                              "[default: only when OUT is on Drive/FUSE/network storage, in the state dir]")
+    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging",
+                         help="always write straight into OUT")
+    p.add_argument("--max-gpu-memory", metavar="SIZE",
+                   help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
+                        "memory]")
+    p.add_argument("--max-disk", metavar="SIZE",
+                   help="bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files "
+                        "not yet committed to the repo stay under it (work waits for commits) [default: no bound]")
+    p.add_argument("--commit-every", type=int, default=None, metavar="N",
+                   help="hf:// OUT: commit after N uploaded files [default: each file once uploaded, the first 20 "
+                        "in an hour at once, then at most one commit a minute holding every file uploaded by then]")
+    p.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
+                   help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60 with "
+                        "--commit-every]; commits stay under 100 an hour (the hub allows 128 per repo)")
+    p.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
+                   help="threads torch uses for arithmetic [default: torch's choice]")
+
+
+def _executor_flags(p: argparse.ArgumentParser) -> None:
+    from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+
+    add_executor_flags(p, where=f"where the output shards are computed: this process, or a worker per node of a Ray "
+                                f"cluster ({RAY_NEEDS}; OUT and the inputs on paths every node sees); the bytes are "
+                                "the same, and a run started with one resumes with the other", address="the run")
+
+
+def _keep_flag(p: argparse.ArgumentParser) -> None:
+    from resumerge.config.settings import KEEP_WORKERS
+
+    p.add_argument("--keep-workers", metavar="DURATION",
+                   help="with --executor ray on a cluster that outlives the run (--ray-address, $RAY_ADDRESS): keep "
+                        "each node's worker this long idle for the next run or resume, which then computes as soon "
+                        "as it has planned; an idle worker holds no CPU; 0 ends them with the run "
+                        f"[default: {KEEP_WORKERS / 60:g}m]")
+
+
+# Every command, in the order `resumerge --help` lists them, with the function that adds its parser.
+COMMANDS: dict[str, Callable[[SubParsers], None]] = {
+    "run": _run_parser,
+    "resume": _resume_parser,
+    "status": _status_parser,
+    "verify": _verify_parser,
+    "plan": _plan_parser,
+    "extract-lora": _extract_parser,
+    "check": _check_parser,
+    "eval": _eval_parser,
+    "measure": _measure_parser,
+    "evolve": _evolve_parser,
+    "demo": _demo_parser,
+}
+
+
+def asked_command(argv: Sequence[str] | None) -> str | None:
+    """The command a command line starts with, if it starts with one (anything else, ``--help`` or ``--version``
+    first, a misspelt command, needs the parser of every command)."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    return words[0] if words and words[0] in COMMANDS else None
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (the top-level one when no command was given)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return parser

@@ -1,0 +1,58 @@
+"""A command line that starts with a command builds that command's parser alone (issue 72: ``resumerge status``
+under 0.2 s), and every command's ``--help``, usage and errors stay byte for byte what the whole parser gives."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+
+import pytest
+
+from resumerge.cli.commands import COMMANDS, build_parser, main
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def _said(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # --help: argparse exits 0 after printing
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_whole_parser_lists_every_command_in_order() -> None:
+    assert list(_commands(build_parser())) == list(COMMANDS)
+    for name in COMMANDS:  # asked for one command, the parser holds that one only
+        assert list(_commands(build_parser(name))) == [name]
+    assert list(_commands(build_parser("no-such-command"))) == list(COMMANDS)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_command_alone_helps_and_parses_as_within_the_whole(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps at the terminal's width: the same for both
+    whole, alone = _commands(build_parser())[name], _commands(build_parser(name))[name]
+    assert alone.format_help() == whole.format_help()
+    assert alone.format_usage() == whole.format_usage()
+    assert [(a.dest, a.option_strings, a.default) for a in alone._actions] == \
+        [(a.dest, a.option_strings, a.default) for a in whole._actions]
+
+
+def test_main_prints_the_same_help_usage_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    top = _said(["--help"])
+    assert top[0] == 0 and all(f"    {name}" in top[1] for name in COMMANDS)  # the whole parser answers
+    status = _said(["status", "--help"])
+    assert status[0] == 0 and status[1] == _commands(build_parser())["status"].format_help()
+    # errors name the command's own usage, built alone
+    assert _said(["status"]) == (2, "", _commands(build_parser())["status"].format_usage()
+                                 + "resumerge status: error: the following arguments are required: OUT\n")
+    assert _said(["status", "x", "--bogus"])[2].endswith("resumerge status: error: unrecognized arguments: --bogus\n")
+    code, _, err = _said(["no-such-command"])
+    assert code == 2 and "invalid choice: 'no-such-command'" in err and "'run', 'resume', 'status'" in err
