@@ -120,7 +120,8 @@ class StreamedCandidates:
                                           work / SCRATCH)
                     with torch.no_grad():
                         entering = step.enter()
-                    layers = LayerPass(Journal(work, LAYER_PREFIX), streams[0].layers, point="after_check_layer")
+                    layers = LayerPass(Journal(work, LAYER_PREFIX), streams[0].layers, point="after_check_layer",
+                                       carries=step.handing)
                     figures = layers.run(step, entering, len(entering[0]))
             finally:
                 if restore is not None:

@@ -38,6 +38,7 @@ from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
 from resumerge.forward.admission import Admission
 from resumerge.forward.batches import Hidden
+from resumerge.forward.handed import Held
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.requires import require_transformers
@@ -132,7 +133,8 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
                 entering = stream.inputs([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
             journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
             step = _GateStep(stream, mode, [c for _, c in entering], journal, sets, reserve)
-            gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
+            gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid,
+                              carries=Held(lambda: [step.calls]))
             gates.run(step, [[h for h, _ in entering]], len(flat))
     return done
 
