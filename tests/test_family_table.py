@@ -1,0 +1,58 @@
+"""Issue 69's family table, the rows the other files leave open: every family's linear merge is complete, exact and
+loads in transformers (no missing, unexpected or mismatched key), and ``check``'s NLL is transformers' unpadded
+whole-model NLL (tests/check/test_newest_check.py holds the families of tests/newest_families.py). Tiny models of
+tests/family_table.py and tests/newest_families.py. The table itself, each cell with the test that proves it: the
+families report of issue 69."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from family_table import TABLE, make_table_model
+from support import api_merge, output_tensors
+
+from resumerge.torch_import import torch
+
+pytest.importorskip("transformers")
+
+ROWS = [*TABLE, "gemma4", "gemma4_shared", "glm5", "deepseek_v32", "nemotron_h", "lfm2", "lfm2_moe"]
+# lengths that put padding beside real positions in a batch
+_IDS = torch.Generator().manual_seed(0)
+TOKENS = [torch.randint(3, 128, (n,), generator=_IDS).tolist() for n in (30, 17, 9)]
+
+
+def _load(directory: Path) -> tuple[Any, dict[str, Any]]:
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, output_loading_info=True)
+        except ValueError:  # Mistral 4: its base model
+            return AutoModel.from_pretrained(directory, dtype=torch.float32, output_loading_info=True)
+
+
+@pytest.mark.parametrize("family", ROWS)
+def test_a_linear_merge_is_complete_exact_and_loads(family: str, tmp_path: Path) -> None:
+    a, b = make_table_model(tmp_path / "a", family, 1), make_table_model(tmp_path / "b", family, 2)
+    out = api_merge(tmp_path, {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]})
+    ta, tb, merged = output_tensors(a), output_tensors(b), output_tensors(out)
+    assert set(merged) == set(ta)
+    assert not [n for n in ta if not torch.equal(merged[n], 0.5 * ta[n] + 0.5 * tb[n])]
+    assert any(not torch.equal(ta[n], tb[n]) for n in ta)
+    _, info = _load(out)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+
+
+@pytest.mark.parametrize("family", [f for f in TABLE if f != "mistral4"])
+def test_check_nll_is_transformers_unpadded_nll(family: str, tmp_path: Path) -> None:
+    from newest_check import checked_nll, unpadded_nll
+
+    model = make_table_model(tmp_path / family, family, 3)
+    assert checked_nll(model, TOKENS, tmp_path / "journal") == pytest.approx(unpadded_nll(model, TOKENS), abs=1e-4)
