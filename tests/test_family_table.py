@@ -1,6 +1,7 @@
 """Issue 69's family table, the rows the other files leave open: every family's linear merge is complete, exact and
-loads in transformers (no missing, unexpected or mismatched key), and ``check``'s NLL is transformers' unpadded
-whole-model NLL (tests/check/test_newest_check.py holds the families of tests/newest_families.py). Tiny models of
+loads in transformers (no missing, unexpected or mismatched key); ``check``'s NLL is transformers' unpadded
+whole-model NLL (tests/check/test_newest_check.py holds the families of tests/newest_families.py); TIES ranks each
+expert of a fused stack apart (Gemma 4's MoE as Granite 4's and Mistral 4's). Tiny models of
 tests/family_table.py and tests/newest_families.py. The table itself, each cell with the test that proves it: the
 families report of issue 69."""
 
@@ -56,3 +57,41 @@ def test_check_nll_is_transformers_unpadded_nll(family: str, tmp_path: Path) -> 
 
     model = make_table_model(tmp_path / family, family, 3)
     assert checked_nll(model, TOKENS, tmp_path / "journal") == pytest.approx(unpadded_nll(model, TOKENS), abs=1e-4)
+
+
+# families whose experts transformers saves fused, one stack of every expert per projection
+FUSED = ("gemma4_moe", "granite4", "mistral4")
+
+
+@pytest.mark.parametrize("family", FUSED)
+def test_ties_ranks_each_expert_of_a_fused_stack_apart(family: str, tmp_path: Path) -> None:
+    # One expert of B changed in every stack moves that expert of the merge only: TIES ranks each expert apart
+    # (tests/test_module_experts.py checks Granite 4's and Mistral 4's against each expert merged alone).
+    from safetensors.torch import load_file, save_file
+
+    a, b = make_table_model(tmp_path / "a", family, 1), make_table_model(tmp_path / "b", family, 2)
+    (shard,) = b.glob("*.safetensors")
+    experts = int(TABLE[family][1].get("num_experts") or TABLE[family][1].get("num_local_experts")
+                  or TABLE[family][1]["n_routed_experts"])
+    tensors = load_file(str(shard))
+    stacks = [n for n, t in tensors.items() if t.dim() == 3 and t.shape[0] == experts]
+    assert stacks
+    nudged = tmp_path / "b2"
+    nudged.mkdir()
+    for f in b.iterdir():
+        if f.name != shard.name:
+            (nudged / f.name).write_bytes(f.read_bytes())
+    for n in stacks:
+        tensors[n] = tensors[n].clone()
+        tensors[n][0] += 0.5
+    save_file(tensors, str(nudged / shard.name), metadata={"format": "pt"})
+
+    def ties(other: Path, where: Path) -> dict[str, Any]:
+        return output_tensors(api_merge(where, {"merge_method": "ties", "base_model": str(a), "dtype": "float32",
+                                                "parameters": {"density": 0.5, "weight": 1.0}, "models": [
+                                                    {"model": str(other)}, {"model": str(b)}]}))
+
+    one, two = ties(b, tmp_path / "m1"), ties(nudged, tmp_path / "m2")
+    for n in stacks:
+        assert not torch.equal(one[n][0], two[n][0]), n
+        assert torch.equal(one[n][1:], two[n][1:]), n
