@@ -95,3 +95,44 @@ def test_ties_ranks_each_expert_of_a_fused_stack_apart(family: str, tmp_path: Pa
     for n in stacks:
         assert not torch.equal(one[n][0], two[n][0]), n
         assert torch.equal(one[n][1:], two[n][1:]), n
+
+
+STACK = (0, 1, 1)  # slices a[0, 2) + a[1, 2): every two-layer pattern of the table changes
+
+
+def _layer_lists(config: Any, count: int) -> dict[str, list[Any]]:
+    """The lists of transformers' built ``config`` with one entry per layer (as its modeling code reads them)."""
+    return {k: v for k, v in vars(config).items() if isinstance(v, list) and len(v) == count and k != "architectures"}
+
+
+@pytest.mark.parametrize("family", [*TABLE, "kimi_linear-numbered"])
+def test_a_stack_of_slices_is_renumbered_byte_equal_with_every_per_layer_fact(family: str, tmp_path: Path) -> None:
+    import json
+    import re
+
+    from transformers import AutoConfig
+
+    source = make_table_model(tmp_path / "a", family.split("-")[0], 1)
+    if family == "kimi_linear-numbered":  # as Kimi-Linear's hub config.json: the layers' kinds by number only
+        doc = json.loads((source / "config.json").read_text())
+        del doc["layer_types"], doc["mlp_layer_types"]
+        (source / "config.json").write_text(json.dumps(doc))
+    out = api_merge(tmp_path, {"merge_method": "passthrough", "dtype": "float32", "slices": [
+        {"sources": [{"model": str(source), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(source), "layer_range": [1, 2]}]}]})
+    theirs, ours = output_tensors(source), output_tensors(out)
+    layer = re.compile(r"^(.*?layers\.)(\d+)(\..*)$")
+    renamed = {}
+    for name in ours:
+        found = layer.match(name)
+        renamed[name] = name if found is None else f"{found[1]}{STACK[int(found[2])]}{found[3]}"
+    assert set(renamed.values()) == set(theirs)
+    assert all(torch.equal(ours[n], theirs[renamed[n]]) for n in ours)
+    before, after = AutoConfig.from_pretrained(source), AutoConfig.from_pretrained(out)
+    assert after.num_hidden_layers == len(STACK)
+    assert _layer_lists(after, len(STACK)) == {k: [v[i] for i in STACK] for k, v in _layer_lists(before, 2).items()}
+    if family.startswith("kimi_linear"):  # the numbers vLLM and Kimi's own code read, from 1
+        written = json.loads((out / "config.json").read_text())["linear_attn_config"]
+        assert (written["kda_layers"], written["full_attn_layers"]) == ([1], [2, 3])
+    _, info = _load(out)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
