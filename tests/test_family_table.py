@@ -1,7 +1,9 @@
 """Issue 69's family table, the rows the other files leave open: every family's linear merge is complete, exact and
 loads in transformers (no missing, unexpected or mismatched key); ``check``'s NLL is transformers' unpadded
 whole-model NLL (tests/check/test_newest_check.py holds the families of tests/newest_families.py); TIES ranks each
-expert of a fused stack apart (Gemma 4's MoE as Granite 4's and Mistral 4's). Tiny models of
+expert of a fused stack apart (Gemma 4's MoE as Granite 4's and Mistral 4's); a stack of slices is renumbered byte
+for byte with every per-layer fact; MoE upcycling and a GGUF output are refused in one line, and extract-lora gives
+an adapter PEFT loads or refuses in one line. Tiny models of
 tests/family_table.py and tests/newest_families.py. The table itself, each cell with the test that proves it: the
 families report of issue 69."""
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 from family_table import TABLE, make_table_model
+from newest_families import NEWEST
 from support import api_merge, output_tensors
 
 from resumerge.torch_import import torch
@@ -136,3 +139,67 @@ def test_a_stack_of_slices_is_renumbered_byte_equal_with_every_per_layer_fact(fa
         assert (written["kda_layers"], written["full_attn_layers"]) == ([1], [2, 3])
     _, info = _load(out)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+
+
+def _one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line ``resumerge ARGS`` refuses with (exit 2, no traceback)."""
+    from resumerge.cli.commands import main
+
+    capsys.readouterr()
+    assert main(args) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("family", ROWS)
+def test_moe_upcycling_and_a_gguf_output_are_refused_in_one_line(family: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    model = make_table_model(tmp_path / "a", family, 1)
+    model_type = (TABLE[family] if family in TABLE else NEWEST[family])[0]
+    linear = tmp_path / "linear.yml"
+    linear.write_text(yaml.safe_dump({"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(model), "parameters": {"weight": 1.0}}]}))
+    line = _one_line(["plan", str(linear), "--out-type", "gguf"], capsys)
+    assert f"a GGUF output of a {model_type} model, which resumerge cannot write yet" in line
+    moe = tmp_path / "moe.yml"
+    moe.write_text(yaml.safe_dump({"base_model": str(model), "gate_mode": "random", "dtype": "float32",
+                                   "experts": [{"source_model": str(model)}, {"source_model": str(model)}]}))
+    line = _one_line(["plan", str(moe)], capsys)
+    assert "No output architecture found" in line and f"(got {model_type})" in line
+
+
+# families whose extract-lora adapter PEFT loads as it is; the others name, in one line, a module PEFT could not
+# wrap and the -e that leaves it out (tests/extract/test_family_modules.py and test_peft_families.py: the newest)
+ADAPTED = ("qwen3_5", "gemma4_moe", "olmo3", "smollm3")
+
+
+@pytest.mark.parametrize("family", sorted(TABLE))
+def test_extract_lora_gives_an_adapter_peft_loads_or_refuses_in_one_line(
+    family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, ft = make_table_model(tmp_path / "base", family, 1), make_table_model(tmp_path / "ft", family, 2)
+    out = tmp_path / "lora"
+    args = ["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", str(out), "--quiet"]
+    if family not in ADAPTED:
+        line = _one_line(args, capsys)
+        assert "cannot be given LoRA factors PEFT loads" in line and " -e " in line, line
+        assert not out.exists()
+        return
+    from peft import PeftModel
+
+    from resumerge.cli.commands import main
+
+    assert main(args) == 0
+    fine, _ = _load(ft)
+    with warnings.catch_warnings():  # PEFT's on a tied head, transformers' deprecations
+        warnings.simplefilter("ignore")
+        adapted = PeftModel.from_pretrained(_load(base)[0], str(out))
+    ids = torch.arange(3, 128, 7).reshape(1, -1)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, got = fine(input_ids=ids).logits, adapted(input_ids=ids).logits
+        assert (want - _load(base)[0](input_ids=ids).logits).abs().max() > 0.1
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
