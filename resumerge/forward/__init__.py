@@ -27,8 +27,9 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   heads: :func:`resumerge.analyses.check.heads.logprobs` streams each batch's log-probabilities from the final
   hidden states).
 - **The journal and its loop** (:mod:`.journal`, :class:`~.layerpass.LayerPass`): ``LayerPass(Journal(folder,
-  prefix), layers, point).run(step, entering, batches)`` restarts from the journal's last file, loops over the
-  layers, saves each layer's file durably (temp file, fsync, rename, directory fsync), deletes the older one (or
+  prefix), layers, point, carries).run(step, entering, batches)`` restarts from the journal's last file, loops over
+  the layers, saves each layer's file durably with what its layers hand later ones (``carries``: whoever holds the
+  layers' calls, a placement or :class:`~.handed.Held`; :mod:`.handed`) (temp file, fsync, rename, directory fsync), deletes the older one (or
   keeps it: ``Journal.keeps_older``), reaches the kill point ``point`` (:mod:`resumerge.store.killpoints`), and
   returns ``step.finish``. The one reader and the one writer of every pass's journal.
 - **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
