@@ -46,7 +46,7 @@ TABLE: Mapping[str, tuple[str, Mapping[str, Any]]] = {
                                       "mamba_d_state": 8, "shared_intermediate_size": 16, "intermediate_size": 16}),
     "smollm3": ("smollm3", {**_COMMON, **_TOKENS, "no_rope_layers": [1, 0]}),
     "mistral4": ("mistral4", {**_COMMON, **_MLA, "moe_intermediate_size": 16, "n_routed_experts": 4,
-                              "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 16}),
+                              "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 16, "head_dim": 16}),
 }
 
 
