@@ -37,6 +37,7 @@ def carried_in(state: Path, pattern: str) -> list[tuple[str, str]]:
         return sorted({tuple(n.split(".")[3:5]) for n in opened.keys() if n.startswith("carried.")})  # noqa: SIM118
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Path) -> None:
     model, texts = glm5(tmp_path / "glm5"), tmp_path / "texts.txt"
     texts.write_text(TEXTS)
@@ -50,6 +51,7 @@ def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Pat
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
 
 
+@pytest.mark.slow
 def test_a_killed_measurement_of_glm5_resumes_with_the_same_grams(tmp_path: Path) -> None:
     models = [glm5(tmp_path / f"m{i}", "glm5_dense", i) for i in range(2)]
     config = write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "dtype": "float32",
