@@ -47,6 +47,8 @@ LFM2_MOE: Mapping[str, Any] = {
 LFM2: Mapping[str, Any] = {key: value for key, value in LFM2_MOE.items()
                             if key not in ("moe_intermediate_size", "num_experts", "num_experts_per_tok",
                                            "num_dense_layers")}
+# GLM-5 with dense MLPs only (measure refuses a mixture of experts), its indexers still shared every other layer
+GLM5_DENSE: Mapping[str, Any] = {**GLM5, "first_k_dense_replace": 4, "n_routed_experts": 0, "n_shared_experts": 0}
 # DeepSeek-V3.2: GLM-5's sparse attention without the shared indexers (every layer picks its own top-k keys)
 DEEPSEEK_V32: Mapping[str, Any] = {key: value for key, value in GLM5.items() if key != "index_topk_pattern"}
 # Phi-2 (``phi``): not new, but its final norm is ``model.final_layernorm``, a name outside the list check once had
@@ -54,7 +56,7 @@ PHI: Mapping[str, Any] = {"vocab_size": V, "hidden_size": H, "intermediate_size"
                           "num_attention_heads": 4, "max_position_embeddings": 64}
 NEWEST: Mapping[str, tuple[str, Mapping[str, Any]]] = {
     "gemma4": ("gemma4_text", GEMMA4), "gemma4_shared": ("gemma4_text", GEMMA4_SHARED),
-    "glm5": ("glm_moe_dsa", GLM5), "nemotron_h": ("nemotron_h", NEMOTRON_H),
+    "glm5": ("glm_moe_dsa", GLM5), "glm5_dense": ("glm_moe_dsa", GLM5_DENSE), "nemotron_h": ("nemotron_h", NEMOTRON_H),
     "lfm2_moe": ("lfm2_moe", LFM2_MOE), "lfm2": ("lfm2", LFM2), "deepseek_v32": ("deepseek_v32", DEEPSEEK_V32),
     "phi": ("phi", PHI),
 }

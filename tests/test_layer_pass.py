@@ -68,7 +68,7 @@ def _pass(model: Path, state: StateDir, workdir: Path) -> tuple[float | None, li
         with torch.no_grad():
             entered = enter(TOKENS, streams.enter, streams.runs_batched)
         step = _LogLikelihood(streams, entered.sequences(TOKENS))
-        found = LayerPass(Journal(workdir), streams.layers, point="after_check_layer").run(
+        found = LayerPass(Journal(workdir), streams.layers, point="after_check_layer", carries=streams).run(
             step, entered.hidden, len(entered.batches))
         return found, step.seen
     finally:
@@ -114,7 +114,7 @@ def test_a_journal_keeps_each_layer_where_asked_and_a_step_may_stop_the_pass(tmp
 
     entering = [[torch.ones(1, 2, 4)]]
     kept = Journal(tmp_path / "kept", "step-", hidden="h.{s}", keeps_older=True)
-    assert LayerPass(kept, 4, point="after_router_layer").run(Halving(), entering, 1) is None
+    assert LayerPass(kept, 4, point="after_router_layer", carries=None).run(Halving(), entering, 1) is None
     assert sorted(p.name for p in kept.folder.iterdir()) == ["step-00000.safetensors", "step-00001.safetensors"]
     assert set(kept.read(1)) == {"h.0"} and float(kept.read(1)["h.0"].sum()) == 2.0
     restart = kept.restart(1, 1)

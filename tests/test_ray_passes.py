@@ -180,6 +180,48 @@ def _encode_only(start: Any) -> Any:
     return started
 
 
+def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(tmp_path: Path,
+                                                                                cluster: Cluster) -> None:
+    """GLM-5's layers hand their top-k indices to the next (tests/test_handed_passes.py): an evaluation killed on
+    Ray after layer 2 (of 4) has layer 2's indices journaled from its actor, and resumed on Ray puts them back in a
+    new actor; a measurement killed here resumes on Ray the same way. Before, a resumed GLM-5 pass on Ray stopped
+    at layer 3 in one line. The figures and bytes are the local pass's."""
+    pytest.importorskip("lm_eval")
+    from test_handed_passes import TEXTS, carried_in, glm5
+
+    from tests.evaluation.evaltasks import write_tasks
+
+    model, tasks = glm5(tmp_path / "glm5"), write_tasks(tmp_path)
+    asked: dict[str, Any] = {"tasks": ["tiny_ppl"], "include_path": tasks, "limit": 4}
+    with one_thread():
+        local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
+    killed = cli("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--limit", "4", "--state-dir",
+                 tmp_path / "s", "--executor", "ray", "--ray-address", cluster.address,
+                 env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, fresh=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert carried_in(tmp_path / "s", "layer-*.safetensors") == [("2", "0")]
+    on_ray = RayExecutor(address=cluster.address)
+    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
+        here.setattr(Streams, "layer", _not_here)
+        found = api.evaluate(model, state_dir=tmp_path / "s", executor=on_ray, **asked)
+    assert found.to_json()["results"] == local.to_json()["results"]
+    models = [glm5(tmp_path / f"m{i}", "glm5_dense", i) for i in range(2)]
+    config = write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "dtype": "float32",
+                                                "models": [{"model": str(m)} for m in models],
+                                                "parameters": {"grams": "grams"}})
+    texts = tmp_path / "texts.txt"
+    texts.write_text(TEXTS)
+    with one_thread():
+        api.measure(config, tmp_path / "grams-local", texts=texts, state_dir=tmp_path / "s-local")
+    killed = cli("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s-m",
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:3", "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with pytest.MonkeyPatch.context() as here:
+        here.setattr(Streamed, "layer", _not_here)
+        api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "s-m", executor=on_ray)
+    assert _files(tmp_path / "grams") == _files(tmp_path / "grams-local")
+
+
 def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
     config, texts = _measured(tmp_path, "regmean_plus")
     with pytest.raises(UsageError, match="regmean_plus config's merged pass"):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, targets_of
 from resumerge.forward.batches import Batch, Hidden, batches_of, padded
+from resumerge.forward.handed import Held
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.placement import batched_on, model_layer
 from resumerge.forward.stream import LayerCall, ModelStream
@@ -129,6 +130,12 @@ class GenerationPass(Step[list[dict[str, float]]]):
 
     def _batches_of_parent(self, p: int) -> list[int]:
         return [b for t, task in enumerate(self.texts) if task.parent == p for b in self.batches.of_task[t]]
+
+    @property
+    def handing(self) -> Held:
+        """What the models' layers hand later ones beside the hidden states (GLM-5's top-k indices), for the
+        pass's journal: the pass's one list of batches (:data:`Slot` order), as its hidden states are."""
+        return Held(lambda: [[self.calls[slot] for slot in self.slots]])
 
     # -- the layers -------------------------------------------------------------------------------------------
 

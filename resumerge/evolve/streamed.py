@@ -129,7 +129,8 @@ class StreamedCandidates:
                                           work / SCRATCH)
                     with torch.no_grad():
                         entering = step.enter()
-                    layers = LayerPass(journal, streams[0].layers, point="after_check_layer")
+                    layers = LayerPass(journal, streams[0].layers, point="after_check_layer",
+                                       carries=step.handing)
                     figures = layers.run(step, entering, len(entering[0]))
             finally:
                 if restore is not None:

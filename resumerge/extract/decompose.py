@@ -13,7 +13,12 @@ Two ways to the rank-r truncation of ΔW's singular value decomposition:
   shapes. Deterministic for a seed (the sketch comes from a generator seeded per module).
 
 Both return singular values in descending order; :func:`factors` turns them into (A, B) the way mergekit does:
-√s on each side (``distribute_scale``), else s on A and B = U.
+√s on each side (``distribute_scale``), else s on A and B = U. A row or column of ΔW that is exactly zero (a
+token the fine-tune never changed: its pad token's embedding row) is zero in the exact truncation too, but float32
+leaves ~1e-8 there; :func:`changed_lines` and :func:`keep_unchanged` put the zeros back, so the adapter gives
+BASE's weights there bit for bit. That matters where a model's forward starts from such a row: Gemma 4's pad
+embedding is all zeros, so a leading pad's hidden state is exactly zero, and each RMSNorm (eps 1e-6) scales
+a 1e-8 remainder by ~1000, 0.3 off the logits after four layers.
 
 May import: torch only (pure functions).
 """
@@ -132,6 +137,26 @@ def kept_rank(s: torch.Tensor, rank: int, sv_epsilon: float) -> int:
     if sv_epsilon > 0:
         k = min(k, int((s > sv_epsilon).sum().item()))
     return k
+
+
+def changed_lines(delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which rows and which columns of ``delta`` hold an entry that is not zero (bool masks), read a block of rows
+    at a time (one bool block of at most :data:`GRAM_BLOCK` entries, never a mask of the whole matrix)."""
+    rows = torch.zeros(delta.shape[0], dtype=torch.bool, device=delta.device)
+    columns = torch.zeros(delta.shape[1], dtype=torch.bool, device=delta.device)
+    step = max(1, GRAM_BLOCK // max(1, delta.shape[1]))
+    for first in range(0, delta.shape[0], step):
+        nonzero = delta[first : first + step] != 0
+        rows[first : first + step] = nonzero.any(1)
+        columns |= nonzero.any(0)
+    return rows, columns
+
+
+def keep_unchanged(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> None:
+    """Zero, in place, A's columns and B's rows where ΔW's (``changed_lines``) are all zero, so that B·A is
+    exactly zero there as ΔW is."""
+    a[:, ~columns] = 0
+    b[~rows] = 0
 
 
 def factors(t: Truncation, rank: int, distribute_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,15 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from resumerge.extract.decompose import MIN_OVERSAMPLE, factors, gram_scratch, kept_rank, truncate
+from resumerge.extract.decompose import (
+    MIN_OVERSAMPLE,
+    changed_lines,
+    factors,
+    gram_scratch,
+    keep_unchanged,
+    kept_rank,
+    truncate,
+)
 from resumerge.extract.factor_cache import FactorCache
 from resumerge.methods.footprint import MethodFootprint, measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, declared
@@ -117,15 +125,20 @@ def task_vector(ctx: MergeContext) -> torch.Tensor:
 
 def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of the module, float32, of exactly ``rank`` components (zero rows/columns beyond the matrix's own
-    rank cannot occur: ``rank`` ≤ min(shape) by planning)."""
+    rank cannot occur: ``rank`` ≤ min(shape) by planning), exactly zero where the task vector's rows or columns
+    are (:func:`~resumerge.extract.decompose.keep_unchanged`)."""
     p = ctx.params
     rank = int(p["rank"])
-    # The task vector is passed on, not kept here: the truncation may free it (or its float32 copy) early.
-    t = truncate(task_vector(ctx), rank, exact=bool(p["exact"]), seed=int(p["seed"]))
+    delta = task_vector(ctx)
+    rows, columns = changed_lines(delta)
+    t = truncate(delta, rank, exact=bool(p["exact"]), seed=int(p["seed"]))
+    del delta
     keep = kept_rank(t.s, rank, float(p["sv_epsilon"]))
     if keep != rank:
         raise ValueError(f"the truncation kept {keep} components where {rank} were planned")
-    return factors(t, rank, bool(p["distribute_scale"]))
+    a, b = factors(t, rank, bool(p["distribute_scale"]))
+    keep_unchanged(a, b, rows, columns)
+    return a, b
 
 
 def _shared(ctx: MergeContext, which: int) -> torch.Tensor:

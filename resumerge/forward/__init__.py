@@ -27,10 +27,12 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   heads: :func:`resumerge.analyses.check.heads.logprobs` streams each batch's log-probabilities from the final
   hidden states).
 - **The journal and its loop** (:mod:`.journal`, :class:`~.layerpass.LayerPass`): ``LayerPass(Journal(folder,
-  prefix), layers, point).run(step, entering, batches)`` restarts from the journal's last file, loops over the
-  layers, saves each layer's file durably (temp file, fsync, rename, directory fsync), deletes the older one (or
-  keeps it: ``Journal.keeps_older``), reaches the kill point ``point`` (:mod:`resumerge.store.killpoints`), and
-  returns ``step.finish``. The one reader and the one writer of every pass's journal.
+  prefix), layers, point, carries).run(step, entering, batches)`` restarts from the journal's last file, loops over
+  the layers, saves each layer's file durably (temp file, fsync, rename, directory fsync) with what its layers hand
+  later ones (``carries``: whoever holds the layers' calls, a placement or :class:`~.handed.Held`; :mod:`.handed`),
+  deletes the older one (or keeps it: ``Journal.keeps_older``), reaches the kill point ``point``
+  (:mod:`resumerge.store.killpoints`), and returns ``step.finish``. The one reader and the one writer of every
+  pass's journal.
 - **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
   step's bytes from the RAM governor for as long as the step runs.
 - **The proof** (:mod:`.proof`): :class:`~.proof.PassProof` records, beside a pass's journal, an xxh3-128 per decoder

@@ -7,12 +7,15 @@ forward unpacks, and a later layer's recorded call that holds one takes that out
 outputs is a :class:`HandingCall` holding its slots: when the layer runs, its extra outputs are put in them, and a
 later call's slots are replaced by their values (:func:`given`). What a later layer still takes after layer ``i``
 (:func:`live`) is journaled beside the hidden states (:func:`carried`, :func:`restore`), so that a resumed pass
-hands it on too; what none takes any more is dropped.
+hands it on too; what none takes any more is dropped. That is the one layer pass's job
+(:class:`~resumerge.forward.layerpass.LayerPass`'s ``carries``), whoever holds the calls: :class:`Held` for calls
+held in this process, a placement's own for calls held by a Ray actor (which sends its model's values with each
+layer's outputs, named by :func:`as_model`, and takes them back by :func:`of_model`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -104,3 +107,36 @@ def restore(calls: Sequence[Sequence[Sequence[Any]]], tensors: Mapping[str, Any]
         if len(parts) == 5 and parts[0] == "carried":
             m, s, i, q = map(int, parts[1:])
             slots_of(calls[m][s][i])[q].value = value
+
+
+def as_model(tensors: Mapping[str, Any], m: int) -> dict[str, Any]:
+    """One model's journaled values (named as model 0's: a Ray actor holds one model's calls) as model ``m``'s."""
+    found = {}
+    for name, value in tensors.items():
+        parts = name.split(".")
+        found[".".join([parts[0], str(m), *parts[2:]])] = value
+    return found
+
+
+def of_model(tensors: Mapping[str, Any], m: int) -> dict[str, Any]:
+    """Model ``m``'s journaled values among ``tensors``, named as model 0's (what its actor restores)."""
+    found = {}
+    for name, value in tensors.items():
+        parts = name.split(".")
+        if len(parts) == 5 and parts[0] == "carried" and parts[1] == str(m):
+            found[".".join([parts[0], "0", *parts[2:]])] = value
+    return found
+
+
+class Held:
+    """What the layers of calls held in this process hand on (``calls()``: per model, per batch, the layers'
+    calls, as the pass's client holds them once it entered its batches), for the pass's journal."""
+
+    def __init__(self, calls: Callable[[], Sequence[Sequence[Sequence[Any]]]]) -> None:
+        self.calls = calls
+
+    def carried(self, index: int) -> dict[str, Any]:
+        return carried(self.calls(), index)
+
+    def restore(self, tensors: Mapping[str, Any]) -> None:
+        restore(self.calls(), tensors)

@@ -67,13 +67,16 @@ class Carries(Protocol):
 class LayerPass:
     """A pass of ``layers`` decoder layers journaled in ``journal``; ``point``: the kill point reached after each
     layer's file is durable (:mod:`resumerge.store.killpoints`; ``run_pid`` where the process to kill is another);
-    ``carries``: what layers hand later ones beside the hidden states, journaled with them (GLM-5's top-k indices)."""
+    ``carries``: whoever holds the layers' calls, whose values handed on to later layers beside the hidden states
+    (GLM-5's top-k indices) the pass journals with them and puts back on a resume. Every client names it (None
+    only where no layer runs a model's own calls): a pass that forgot it would stop, resumed, at the first layer
+    taking a value it no longer holds."""
 
     journal: Journal
     layers: int
     point: str
+    carries: Carries | None
     run_pid: int | None = None
-    carries: Carries | None = None
 
     def run(self, step: Step[Result], entering: Hidden, batches: int) -> Result | None:
         """Run ``step`` over the layers from where the journal left off (``entering``: each model's hidden states

@@ -39,6 +39,13 @@ class Placement(Protocol):
         """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
         is the reference or there is none): both, per model."""
 
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        """What the layers up to ``index`` hand later ones beside the hidden states, for the pass's journal
+        (:mod:`resumerge.forward.handed`; the rest dropped)."""
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`carried` journaled (a resumed pass)."""
+
 
 class Places(Protocol):
     """Where the run's executor places a pass's models, handed to a pass that does not learn where (the MoE

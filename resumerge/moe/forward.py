@@ -163,7 +163,7 @@ def _gates(placement: Placement, layers: int, mode: str, sets: ExpertSets, workd
     with torch.no_grad(), reserve("the base's embeddings", "layer"):
         entering = placement.enter([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
     journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
-    gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid)
+    gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid, carries=placement)
     gates.run(_GateStep(placement, layers, mode, journal, sets), entering, len(flat))
 
 

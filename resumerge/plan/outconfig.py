@@ -23,6 +23,9 @@ described by the source layer it was made from (``origins``):
   ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` (LFM2-MoE ``num_dense_layers``) becomes
   the number of leading dense layers, and a dense layer after a sparse one is refused, naming its slice (that
   family cannot express it);
+- lists of layer numbers inside a nested config that say which layers are of one kind (Kimi-Linear's
+  ``linear_attn_config`` ``kda_layers`` / ``full_attn_layers``, numbered from 1: what vLLM and the family's own
+  code read where transformers reads ``layer_types``) rewritten for the output's layers (:data:`_NUMBERED`);
 - the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.plan.mtp` decided;
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
@@ -113,6 +116,7 @@ def build_out_config(
             target["layer_types"] = wanted
     if not same:
         _set_derived(target, models, origins)
+        _set_numbered(target, models, origins)
     _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
@@ -167,6 +171,28 @@ def _set_derived(
         wanted = [v[i] if v is not None and i < len(v) else None for v, (_, i) in zip(lists, origins)]
         if None not in wanted and wanted != out[key]:
             target[key] = wanted
+
+
+# (nested config, its list of layer numbers, the first layer's number): lists naming the layers of one kind, which
+# transformers' config class turns into ``layer_types`` (so the per-layer finder does not see them as lists per layer).
+_NUMBERED = (("linear_attn_config", "kda_layers", 1), ("linear_attn_config", "full_attn_layers", 1))
+
+
+def _set_numbered(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """Rewrite each list of layer numbers of :data:`_NUMBERED` the donor has: the output layers whose source layer
+    its own config's list names."""
+    for outer, inner, first in _NUMBERED:
+        nested = target.get(outer)
+        if not isinstance(nested, dict) or not isinstance(nested.get(inner), list):
+            continue
+        named = {}
+        for m in {m for m, _ in origins}:
+            theirs = layer_config(models[m].config).get(outer)
+            named[m] = set(theirs.get(inner) or ()) if isinstance(theirs, dict) else set()
+        target[outer] = {**nested, inner: [i + first for i, (m, layer) in enumerate(origins)
+                                           if layer + first in named[m]]}
 
 
 def _set_shared_kv(

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resumerge.extract.decompose import exact_svd, factors, kept_rank, randomized_svd, sketch_width
+from resumerge.extract.decompose import (
+    changed_lines,
+    exact_svd,
+    factors,
+    keep_unchanged,
+    kept_rank,
+    randomized_svd,
+    sketch_width,
+)
 
 
 def _low_rank_plus_noise(m: int, n: int, rank: int, noise: float, seed: int) -> torch.Tensor:
@@ -67,3 +75,22 @@ def test_epsilon_keeps_values_above_it() -> None:
     assert kept_rank(s, 3, 1.0) == 2
     assert kept_rank(s, 4, 0.1) == 3  # strictly above
     assert kept_rank(s, 4, 9.0) == 0
+
+
+@pytest.mark.parametrize("shape", [(40, 300), (300, 40), (256, 704)])
+def test_rows_and_columns_the_fine_tune_left_unchanged_stay_exactly_zero(shape: tuple[int, int]) -> None:
+    # a pad token's embedding row, an input the fine-tune never moved: float32's truncation leaves ~1e-8 there
+    x = _low_rank_plus_noise(*shape, rank=64, noise=0.3, seed=3)
+    x[5] = 0
+    x[:, 7] = 0
+    x[-1] = 0
+    rows, columns = changed_lines(x)
+    assert rows.sum() == shape[0] - 2 and columns.sum() == shape[1] - 1
+    for t in (exact_svd(x, 8), randomized_svd(x, 8, seed=0)):
+        a, b = factors(t, 8, True)
+        before = b @ a
+        assert before[5].any() or before[:, 7].any()  # what float32 leaves
+        keep_unchanged(a, b, rows, columns)
+        product = b @ a
+        assert not product[5].any() and not product[-1].any() and not product[:, 7].any()
+        assert torch.equal(product[rows][:, columns], before[rows][:, columns])  # the rest untouched

@@ -7,7 +7,8 @@ also matched its ``ShortConv`` module and PEFT failed on load (KeyError); Nemotr
 checkpoint's ``backbone.`` where PEFT names the model's ``model.`` (its factors dropped), without the Mamba mixers'
 ``A_log``, ``D`` and ``dt_bias``, and with a LoRA on ``out_proj``, which PEFT refuses for Mamba models. Now the
 adapter follows the modules transformers builds: names, embeddings, unambiguous ``modules_to_save`` ends, and a
-module holding parameters of its own saved whole.
+module holding parameters of its own saved whole. And with ``--embed-lora`` Gemma 4's adapter was 0.3 off where
+the text starts with its pad token (below); a row the fine-tune left unchanged is now exactly zero in the factors.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ CASES: dict[str, tuple[str, tuple[str, ...], bool]] = {
 
 
 def _logits(model: Any) -> torch.Tensor:
-    # no id 0 (the pad token): with --embed-lora on Gemma 4 (tied head) PEFT's forward is 0.3 off at a pad token,
-    # though both embeddings it adapts give the fine-tune's rows there (left open: see the families report)
-    ids = torch.arange(1, 128, 7).reshape(1, -1)
+    # led by id 0, the pad token, whose embedding rows Gemma 4 holds at zero: the hidden state of a leading pad is
+    # exactly zero, and an adapter giving 1e-8 there instead was 0.3 off after its RMSNorms (--embed-lora)
+    ids = torch.arange(0, 128, 7).reshape(1, -1)
     with torch.no_grad():
         return model(input_ids=ids).logits[0].float()
 

@@ -30,7 +30,7 @@ merge executor's own).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from resumerge.analyses.check.passes import ModelHead, compared, logprobs, model
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.analyses.onray import Place, Read, cpus_of, driver_token, logged, on_node, sent
 from resumerge.errors import ResumergeError, UnreachableError
+from resumerge.forward import handed
 from resumerge.forward.placement import Placement, Places
 from resumerge.forward.stream import LayerCall
 from resumerge.memory.sizes import format_size
@@ -126,9 +127,11 @@ class ModelNode:
                     self.stream.unload(first)
         return self.first
 
-    def layer(self, index: int, own: Hidden | None, same: Hidden | None) -> tuple[Hidden, Hidden | None]:
+    def layer(self, index: int, own: Hidden | None, same: Hidden | None
+              ) -> tuple[Hidden, Hidden | None, dict[str, torch.Tensor]]:
         """Layer ``index`` on this model's hidden states (``own`` where given, else its last output) and on
-        ``same``; see :func:`~resumerge.analyses.check.passes.model_layer`."""
+        ``same``; see :func:`~resumerge.analyses.check.passes.model_layer`. With them, what the layers up to
+        ``index`` hand later ones (:mod:`resumerge.forward.handed`, named as model 0's), for the driver's journal."""
         kept = self.first and index == 0
         if not kept:
             self._drop_first()
@@ -137,7 +140,11 @@ class ModelNode:
             out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls, same,
                                       loaded=kept)
         self.hidden = out
-        return out, theirs
+        return out, theirs, handed.carried([self.calls], index)
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`layer` handed the driver (named as model 0's): a resumed pass, a new actor."""
+        handed.restore([self.calls], tensors)
 
     def _drop_first(self) -> None:
         """The first layer's weights kept by :meth:`runs_batched`, dropped (a pass resumed past its first layer, or
@@ -217,6 +224,7 @@ class RayModels:
         self.fresh: set[int] = set()  # models whose actor is a replacement holding no hidden states yet
         self.replaced = 0
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.handed: list[dict[str, torch.Tensor]] = [{} for _ in models]  # what each model's layers hand on
         self.seeded = False
         self.token = False  # whether the driver reads the hub models with a token (then their nodes need theirs)
         self.dtype, self.what, self.hint = dtype, what, _resume_hint(what)
@@ -305,6 +313,7 @@ class RayModels:
                 self.nodes[m] = self._get(ref)
                 if self.batches is not None:
                     self._get(self.actors[m].enter.remote(own_batches(self.vocab, m, self.batches)))
+                    self._get(self.actors[m].restore.remote(self.handed[m]))
             except _Lost:
                 raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and so was its model's new "
                                        "actor", hint=self.hint) from None
@@ -369,14 +378,26 @@ class RayModels:
             self.on_layer(index, self.nodes)
         same = self.ray.put(hidden[reference]) if reference is not None else None
         before = list(self.nodes)
-        done: list[tuple[Hidden, Hidden | None]] = self._each(lambda m: self.actors[m].layer.remote(
-            index, self._own(m, hidden), None if m == reference else same))
+        done: list[tuple[Hidden, Hidden | None, dict[str, torch.Tensor]]] = self._each(
+            lambda m: self.actors[m].layer.remote(index, self._own(m, hidden), None if m == reference else same))
         self._checked()
         self.seeded = True
         self.fresh.clear()
+        self.handed = [values for _, _, values in done]
         if self.on_layer is not None and self.nodes != before:  # ``status`` names where the models run now
             self.on_layer(index, self.nodes)
-        return [out for out, _ in done], [out if theirs is None else theirs for out, theirs in done]
+        return [out for out, _, _ in done], [out if theirs is None else theirs for out, theirs, _ in done]
+
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        """What the models' layers up to ``index`` hand later ones, as their actors sent it with the layer."""
+        return {name: value for m, values in enumerate(self.handed)
+                for name, value in handed.as_model(values, m).items()}
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back in each model's actor (and keep, for a new actor) what :meth:`carried` journaled."""
+        self.handed = [handed.of_model(tensors, m) for m in range(len(self.actors))]
+        if any(self.handed):
+            self._each(lambda m: self.actors[m].restore.remote(self.handed[m]))
 
     def heads(self, hidden: list[Hidden], batches: Batches, base: int | None) -> HeadTotals:
         def step() -> list[ModelHead]:

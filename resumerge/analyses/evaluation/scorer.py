@@ -72,8 +72,8 @@ def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Pat
         entered = enter(work.runs, streams.enter, streams.runs_batched)
     journal = Journal(workdir, LAYER_PREFIX)
     step = _Scored(streams, stream, work, entered.groups, workdir, reserve, told)
-    answers = LayerPass(journal, streams.layers, point="after_eval_layer").run(step, entered.hidden,
-                                                                              len(entered.batches))
+    answers = LayerPass(journal, streams.layers, point="after_eval_layer", carries=streams).run(
+        step, entered.hidden, len(entered.batches))
     assert answers is not None  # the step never stops the pass
     write_file_atomic(workdir / ANSWERS, json.dumps(answers).encode())
     journal.clear()

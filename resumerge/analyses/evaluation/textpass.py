@@ -54,8 +54,8 @@ def text_pass(placement: Placement, sequences: Sequence[Sequence[int]], workdir:
         entered = enter(sequences, placement.enter, placement.runs_batched)
     batches = entered.sequences(sequences)
     step = _TextStep(placement, lambda hidden: heads(hidden, batches))
-    found = LayerPass(Journal(workdir, LAYER_PREFIX), placement.layers, point).run(step, entered.hidden,
-                                                                                   len(entered.batches))
+    found = LayerPass(Journal(workdir, LAYER_PREFIX), placement.layers, point, carries=placement).run(
+        step, entered.hidden, len(entered.batches))
     assert found is not None  # the step never stops the pass
     return found
 

@@ -12,12 +12,13 @@ hidden states in the same order (the file of a layer computed again is replaced 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.batches import Batch, Hidden
+from resumerge.forward.handed import Held
 from resumerge.forward.journal import Journal, durable_save
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.stream import LayerCall, ModelStream
@@ -87,6 +88,13 @@ class Runner(Protocol):
     def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
         """Layer ``index`` run on ``hidden`` with its linears' inputs recorded (:func:`_recorded_layer`)."""
 
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        """What the layers up to ``index`` hand later ones beside the hidden states, for the pass's journal
+        (:mod:`resumerge.forward.handed`, named as model 0's)."""
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`carried` journaled (a resumed pass)."""
+
 
 # A layer's outputs, its float32 Grams by the linear holding each, and which linear holds each linear's Gram (a
 # string: this module is imported where torch is not, and annotations are not evaluated).
@@ -117,6 +125,12 @@ class Streamed:
     def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
         return _recorded_layer(self.stream, index, hidden, self.calls, tokens)
 
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        return Held(lambda: [self.calls]).carried(index)
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        Held(lambda: [self.calls]).restore(tensors)
+
 
 def measure_model(runner: Runner, batches: list[Batch], out: Path, index: int, journal: Path, *,
                   on_layer: Callable[[int], None] | None = None, reserve: Reserve = unreserved) -> None:
@@ -134,7 +148,7 @@ def measure_model(runner: Runner, batches: list[Batch], out: Path, index: int, j
     entering = runner.enter(batches)
     step = _ModelStep(runner, tokens, lambda layer: out / layer_file(index, layer), on_layer, reserve)
     kept = _journal(journal)
-    LayerPass(kept, layers, point="after_measure_layer").run(step, [entering], len(batches))
+    LayerPass(kept, layers, point="after_measure_layer", carries=runner).run(step, [entering], len(batches))
     kept.remove()
 
 
@@ -219,7 +233,8 @@ def measure_merged(streams: Sequence[ModelStream], batches: list[Batch], out: Pa
         entering = streams[0].inputs(batches, read=averaged)
     step = _MergedStep(streams, [c for _, c in entering], tokens, out, merge, on_layer, reserve)
     kept = _journal(journal)
-    LayerPass(kept, layers, point="after_measure_layer").run(step, [[h for h, _ in entering]], len(batches))
+    LayerPass(kept, layers, point="after_measure_layer", carries=Held(lambda: [step.calls])).run(
+        step, [[h for h, _ in entering]], len(batches))
     kept.remove()
 
 

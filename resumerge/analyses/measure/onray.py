@@ -17,7 +17,7 @@ RegMean++'s merged pass merges every model's layer in one place and is not place
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -73,12 +73,19 @@ class MeasureNode:
         self.hidden = []
         return self.runner.enter(batches)
 
-    def layer(self, index: int, hidden: list[torch.Tensor] | None, tokens: int) -> Recorded:
-        """Layer ``index`` on ``hidden`` (None: the outputs of the layer this actor ran last), recorded."""
+    def layer(self, index: int, hidden: list[torch.Tensor] | None, tokens: int
+              ) -> tuple[Recorded, dict[str, torch.Tensor]]:
+        """Layer ``index`` on ``hidden`` (None: the outputs of the layer this actor ran last), recorded; with it,
+        what the layers up to ``index`` hand later ones (:mod:`resumerge.forward.handed`), for the driver's
+        journal."""
         with torch.no_grad():
             found = self.runner.layer(index, self.hidden if hidden is None else hidden, tokens)
         self.hidden = found[0]
-        return found
+        return found, self.runner.carried(index)
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`layer` handed the driver (a resumed pass)."""
+        self.runner.restore(tensors)
 
     def close(self) -> None:
         self.runner.stream.close()
@@ -91,6 +98,7 @@ class OnNode:
                  on_reads: Callable[[list[Read]], None] | None) -> None:
         self.ray, self.actor, self._layers, self._what, self.on_reads = ray, actor, layers, what, on_reads
         self.held: int | None = None  # the layer whose outputs the actor holds
+        self.handed: dict[str, torch.Tensor] = {}  # what the actor's layers hand on, sent with its last layer
 
     @property
     def layers(self) -> int:
@@ -107,9 +115,18 @@ class OnNode:
 
     def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
         held = self.held == index - 1
-        found: Recorded = self._get(self.actor.layer.remote(index, None if held else hidden, tokens))
+        found: Recorded
+        found, self.handed = self._get(self.actor.layer.remote(index, None if held else hidden, tokens))
         self.held = index
         return found
+
+    def carried(self, index: int) -> dict[str, torch.Tensor]:
+        return self.handed
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.handed = dict(tensors)
+        if tensors:
+            self._get(self.actor.restore.remote(dict(tensors)))
 
     def _get(self, ref: Any) -> Any:
         try:
