@@ -8,7 +8,8 @@ Usage::
 
 Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and ``--tasks`` tasks' texts
 (a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
-fresh process (its wall time from its start, its own peak RSS, ``VmHWM``): ``streamed`` is
+fresh process (its wall time from its start, its CPU seconds (user + system, its children's included: on a shared
+machine the figure load inflates least), its own peak RSS, ``VmHWM``): ``streamed`` is
 ``resumerge evolve CONFIG STORAGE --popsize P --max-fevals P-1`` (one generation: each candidate a merge never
 written, every candidate's layer merged from one read of the parents' layer); ``base`` the same command on
 ``--base``'s tree (main, for an A/B: its table must be byte-identical); ``written`` is the same search with each
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -87,14 +89,18 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
     return config
 
 
-def _timed(argv: list[str], tree: Path) -> tuple[float, int, str]:
+def _timed(argv: list[str], tree: Path) -> tuple[float, float, int, str]:
+    """(wall s, CPU s: user + system of the process and its children, peak RSS, stdout) of one fresh process."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
-    return wall, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
 
 
 def main() -> None:
@@ -122,7 +128,7 @@ def main() -> None:
         steps["written"] = ROOT
     if args.mergekit:
         steps["mergekit"] = ROOT
-    found: dict[str, list[tuple[float, int, tuple[float, ...]]]] = {name: [] for name in steps}
+    found: dict[str, list[tuple[float, float, int, tuple[float, ...]]]] = {name: [] for name in steps}
     tables: dict[str, bytes] = {}
     mergekit: list[dict[str, float]] = []
     budget = ["--max-memory", args.max_memory] if args.max_memory else []
@@ -140,8 +146,8 @@ def main() -> None:
                 argv = [sys.executable, "-c", STREAMED, "evolve", str(config), str(store), "--popsize",
                         str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
             load = os.getloadavg()
-            wall, peak, out = _timed(argv, steps[name])
-            found[name].append((wall, peak, load))
+            wall, cpu, peak, out = _timed(argv, steps[name])
+            found[name].append((wall, cpu, peak, load))
             if name == "mergekit":
                 mergekit = [json.loads(line)["tasks"] for line in out.splitlines() if line.startswith("{")]
             else:
@@ -149,23 +155,28 @@ def main() -> None:
             if name == "streamed" and not (work / "configs.json").is_file():
                 configs = [json.loads(line)["config"] for line in tables[name].decode().splitlines()]
                 (work / "configs.json").write_text(json.dumps(configs))
-            print(f"run {run + 1} {name}: {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, load {load[0]:.1f}",
-                  flush=True)
+            print(f"run {run + 1} {name}: {wall:.1f} s wall, {cpu:.1f} CPU s, peak RSS {peak / 1e6:.0f} MB, load "
+                  f"{load[0]:.1f}", flush=True)
     rows = {name: [json.loads(line) for line in table.decode().splitlines()] for name, table in tables.items()}
     for name, table in rows.items():
         for ours, theirs in zip(rows["streamed"], table, strict=True):
             for task, value in theirs["tasks"].items():
                 assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (name, task, ours, theirs)
-    best = {name: min(w for w, _, _ in runs) for name, runs in found.items()}
+    best = {name: min(w for w, _, _, _ in runs) for name, runs in found.items()}
+    cpu = {name: min(c for _, c, _, _ in runs) for name, runs in found.items()}
     summary = {"popsize": args.popsize, "tasks": args.tasks, "models_bytes": models, "max_memory": args.max_memory,
-               "best_s": best, "peak_rss": {name: max(p for _, p, _ in runs) for name, runs in found.items()},
-               "runs": found}
+               "best_s": best, "best_cpu_s": cpu,
+               "peak_rss": {name: max(p for _, _, p, _ in runs) for name, runs in found.items()}, "runs": found}
     if "base" in tables:
         summary["identical_to_base"] = tables["base"] == tables["streamed"]
+    if "base" in best:
+        summary["ratio_base"] = best["streamed"] / best["base"]
+        summary["cpu_ratio_base"] = cpu["streamed"] / cpu["base"]
     if "written" in best:
         summary["ratio"] = best["streamed"] / best["written"]
     if mergekit:
         summary["ratio_mergekit"] = best["streamed"] / best["mergekit"]
+        summary["cpu_ratio_mergekit"] = cpu["streamed"] / cpu["mergekit"]
         summary["mergekit_largest_relative_difference"] = max(
             abs(ours["tasks"][k] - v) / max(abs(v), 1e-9) for ours, each in zip(rows["streamed"], mergekit, strict=True)
             for k, v in each.items())
