@@ -5,6 +5,7 @@ Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve.py [--layers 6 --hidden 768 --intermediate 2048 --vocab 16000]
         [--popsize 8] [--runs 2] [--tasks 1] [--base OTHER_TREE] [--max-memory SIZE] [--streamed-only] [--mergekit]
+        [--lmeval]
 
 Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and ``--tasks`` tasks' texts
 (a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
@@ -18,8 +19,10 @@ candidate merged by ``run`` into STORAGE and scored alone on the written merge
 ``--mergekit``: the loop mergekit-evolve itself runs on a CPU, on the same candidates' configs
 (``bench/evolve_mergekit_loop.py``: mergekit 0.1.5 writes each merge, transformers loads it, its figures are taken
 from its logits; their largest relative difference from the streamed figures is printed, not asserted: another
-forward pass, another tokenization). ``--max-memory`` is given to the streamed searches (``--streamed-only``: the
-written loop is not run: a search over models larger than the budget).
+forward pass, another tokenization). ``--lmeval``: mergekit's loop evaluates each candidate as mergekit-evolve's
+actor does, through ``lm_eval.simple_evaluate`` once per candidate (the merge and its tokenizer loaded by lm-eval's
+``hf`` model, every task set up again; see ``bench/evolve_mergekit_loop.py``). ``--max-memory`` is given to the
+streamed searches (``--streamed-only``: the written loop is not run: a search over models larger than the budget).
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ def main() -> None:
     parser.add_argument("--max-memory", default=None)
     parser.add_argument("--streamed-only", action="store_true")
     parser.add_argument("--mergekit", action="store_true", help="also time mergekit-evolve's own loop")
+    parser.add_argument("--lmeval", action="store_true",
+                        help="mergekit's loop evaluates each candidate through lm-eval, as mergekit-evolve does")
     args = parser.parse_args()
     work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
     work.mkdir(exist_ok=True)
@@ -139,7 +144,7 @@ def main() -> None:
             shutil.rmtree(store, ignore_errors=True)
             if name == "mergekit":
                 argv = [sys.executable, str(ROOT / "bench" / "evolve_mergekit_loop.py"), str(work / "configs.json"),
-                        str(config), str(work / "mergekit")]
+                        str(config), str(work / "mergekit"), *(["--lmeval"] if args.lmeval else [])]
             elif name == "written":
                 argv = [sys.executable, "-c", WRITTEN, str(config), str(store), str(args.popsize)]
             else:
@@ -177,9 +182,10 @@ def main() -> None:
     if mergekit:
         summary["ratio_mergekit"] = best["streamed"] / best["mergekit"]
         summary["cpu_ratio_mergekit"] = cpu["streamed"] / cpu["mergekit"]
+    if mergekit and not args.lmeval:  # (lm-eval's figures are perplexities: only its time is compared)
         summary["mergekit_largest_relative_difference"] = max(
-            abs(ours["tasks"][k] - v) / max(abs(v), 1e-9) for ours, each in zip(rows["streamed"], mergekit, strict=True)
-            for k, v in each.items())
+            abs(ours["tasks"][k] - v) / max(abs(v), 1e-9)
+            for ours, each in zip(rows["streamed"], mergekit, strict=True) for k, v in each.items())
     print(json.dumps(summary, indent=1))
 
 
