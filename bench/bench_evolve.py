@@ -5,10 +5,12 @@ Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve.py [--layers 6 --hidden 768 --intermediate 2048 --vocab 16000]
         [--popsize 8] [--runs 2] [--tasks 1] [--base OTHER_TREE] [--max-memory SIZE] [--streamed-only] [--mergekit]
+        [--lmeval]
 
 Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and ``--tasks`` tasks' texts
 (a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
-fresh process (its wall time from its start, its own peak RSS, ``VmHWM``): ``streamed`` is
+fresh process (its wall time from its start, its CPU seconds (user + system, its children's included: on a shared
+machine the figure load inflates least), its own peak RSS, ``VmHWM``): ``streamed`` is
 ``resumerge evolve CONFIG STORAGE --popsize P --max-fevals P-1`` (one generation: each candidate a merge never
 written, every candidate's layer merged from one read of the parents' layer); ``base`` the same command on
 ``--base``'s tree (main, for an A/B: its table must be byte-identical); ``written`` is the same search with each
@@ -17,8 +19,10 @@ candidate merged by ``run`` into STORAGE and scored alone on the written merge
 ``--mergekit``: the loop mergekit-evolve itself runs on a CPU, on the same candidates' configs
 (``bench/evolve_mergekit_loop.py``: mergekit 0.1.5 writes each merge, transformers loads it, its figures are taken
 from its logits; their largest relative difference from the streamed figures is printed, not asserted: another
-forward pass, another tokenization). ``--max-memory`` is given to the streamed searches (``--streamed-only``: the
-written loop is not run: a search over models larger than the budget).
+forward pass, another tokenization). ``--lmeval``: mergekit's loop evaluates each candidate as mergekit-evolve's
+actor does, through ``lm_eval.simple_evaluate`` once per candidate (the merge and its tokenizer loaded by lm-eval's
+``hf`` model, every task set up again; see ``bench/evolve_mergekit_loop.py``). ``--max-memory`` is given to the
+streamed searches (``--streamed-only``: the written loop is not run: a search over models larger than the budget).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -87,14 +92,18 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
     return config
 
 
-def _timed(argv: list[str], tree: Path) -> tuple[float, int, str]:
+def _timed(argv: list[str], tree: Path) -> tuple[float, float, int, str]:
+    """(wall s, CPU s: user + system of the process and its children, peak RSS, stdout) of one fresh process."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
-    return wall, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
 
 
 def main() -> None:
@@ -110,6 +119,8 @@ def main() -> None:
     parser.add_argument("--max-memory", default=None)
     parser.add_argument("--streamed-only", action="store_true")
     parser.add_argument("--mergekit", action="store_true", help="also time mergekit-evolve's own loop")
+    parser.add_argument("--lmeval", action="store_true",
+                        help="mergekit's loop evaluates each candidate through lm-eval, as mergekit-evolve does")
     args = parser.parse_args()
     work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
     work.mkdir(exist_ok=True)
@@ -122,7 +133,7 @@ def main() -> None:
         steps["written"] = ROOT
     if args.mergekit:
         steps["mergekit"] = ROOT
-    found: dict[str, list[tuple[float, int, tuple[float, ...]]]] = {name: [] for name in steps}
+    found: dict[str, list[tuple[float, float, int, tuple[float, ...]]]] = {name: [] for name in steps}
     tables: dict[str, bytes] = {}
     mergekit: list[dict[str, float]] = []
     budget = ["--max-memory", args.max_memory] if args.max_memory else []
@@ -133,15 +144,15 @@ def main() -> None:
             shutil.rmtree(store, ignore_errors=True)
             if name == "mergekit":
                 argv = [sys.executable, str(ROOT / "bench" / "evolve_mergekit_loop.py"), str(work / "configs.json"),
-                        str(config), str(work / "mergekit")]
+                        str(config), str(work / "mergekit"), *(["--lmeval"] if args.lmeval else [])]
             elif name == "written":
                 argv = [sys.executable, "-c", WRITTEN, str(config), str(store), str(args.popsize)]
             else:
                 argv = [sys.executable, "-c", STREAMED, "evolve", str(config), str(store), "--popsize",
                         str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
             load = os.getloadavg()
-            wall, peak, out = _timed(argv, steps[name])
-            found[name].append((wall, peak, load))
+            wall, cpu, peak, out = _timed(argv, steps[name])
+            found[name].append((wall, cpu, peak, load))
             if name == "mergekit":
                 mergekit = [json.loads(line)["tasks"] for line in out.splitlines() if line.startswith("{")]
             else:
@@ -149,26 +160,32 @@ def main() -> None:
             if name == "streamed" and not (work / "configs.json").is_file():
                 configs = [json.loads(line)["config"] for line in tables[name].decode().splitlines()]
                 (work / "configs.json").write_text(json.dumps(configs))
-            print(f"run {run + 1} {name}: {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, load {load[0]:.1f}",
-                  flush=True)
+            print(f"run {run + 1} {name}: {wall:.1f} s wall, {cpu:.1f} CPU s, peak RSS {peak / 1e6:.0f} MB, load "
+                  f"{load[0]:.1f}", flush=True)
     rows = {name: [json.loads(line) for line in table.decode().splitlines()] for name, table in tables.items()}
     for name, table in rows.items():
         for ours, theirs in zip(rows["streamed"], table, strict=True):
             for task, value in theirs["tasks"].items():
                 assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (name, task, ours, theirs)
-    best = {name: min(w for w, _, _ in runs) for name, runs in found.items()}
+    best = {name: min(w for w, _, _, _ in runs) for name, runs in found.items()}
+    cpu = {name: min(c for _, c, _, _ in runs) for name, runs in found.items()}
     summary = {"popsize": args.popsize, "tasks": args.tasks, "models_bytes": models, "max_memory": args.max_memory,
-               "best_s": best, "peak_rss": {name: max(p for _, p, _ in runs) for name, runs in found.items()},
-               "runs": found}
+               "best_s": best, "best_cpu_s": cpu,
+               "peak_rss": {name: max(p for _, _, p, _ in runs) for name, runs in found.items()}, "runs": found}
     if "base" in tables:
         summary["identical_to_base"] = tables["base"] == tables["streamed"]
+    if "base" in best:
+        summary["ratio_base"] = best["streamed"] / best["base"]
+        summary["cpu_ratio_base"] = cpu["streamed"] / cpu["base"]
     if "written" in best:
         summary["ratio"] = best["streamed"] / best["written"]
     if mergekit:
         summary["ratio_mergekit"] = best["streamed"] / best["mergekit"]
+        summary["cpu_ratio_mergekit"] = cpu["streamed"] / cpu["mergekit"]
+    if mergekit and not args.lmeval:  # (lm-eval's figures are perplexities: only its time is compared)
         summary["mergekit_largest_relative_difference"] = max(
-            abs(ours["tasks"][k] - v) / max(abs(v), 1e-9) for ours, each in zip(rows["streamed"], mergekit, strict=True)
-            for k, v in each.items())
+            abs(ours["tasks"][k] - v) / max(abs(v), 1e-9)
+            for ours, each in zip(rows["streamed"], mergekit, strict=True) for k, v in each.items())
     print(json.dumps(summary, indent=1))
 
 

@@ -82,6 +82,52 @@ def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its
             assert torch.equal(t.contiguous().view(torch.uint8), tensors[name].contiguous().view(torch.uint8)), name
 
 
+def test_what_depends_on_the_inputs_alone_is_computed_once_for_the_generation(tmp_path: Path,
+                                                                            make: ModelFactory) -> None:
+    configs = _candidates(tmp_path, make)[:3]  # two ties candidates and a task_arithmetic one, float32
+    state = tmp_path / "state"
+    with api.open_population(configs, state_dir=state) as population:
+        got: list[dict[str, torch.Tensor]] = [{} for _ in configs]
+        for c, candidate in enumerate(population.candidates):
+            with population.layer():  # each candidate in a block of its own: nothing shared
+                for name, t in candidate.tensors.items():
+                    got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end, t.entry.dtype,
+                                                                tuple(t.entry.shape))
+        alone = dict(population.loaded.computed)
+        assert not population.loaded.reused["inputs"]  # (a merge's own task vector is read by its keys and its sum)
+        population.loaded.computed.clear()
+        population.loaded.reused.clear()
+        with population.layer():  # one block for all: each chunk's inputs and task vectors computed once
+            for c, candidate in enumerate(population.candidates):
+                for name, t in candidate.tensors.items():
+                    shared = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end, t.entry.dtype,
+                                                          tuple(t.entry.shape))
+                    assert torch.equal(shared.view(torch.uint8), got[c][name].view(torch.uint8)), (c, name)
+        together, reused = population.loaded.computed, population.loaded.reused
+    # Alone, each candidate computes its own; together, the first computes and the two others reuse it.
+    assert alone["inputs"] == 3 * together["inputs"] and reused["inputs"] == 2 * together["inputs"] > 0
+    assert alone["task vector"] == 3 * together["task vector"] > 0
+    # Only the ties candidates rank: their keys computed once, then read by the other ties candidate.
+    assert alone["task vector keys"] == 2 * together["task vector keys"] > 0
+    assert population.loaded.peak_kept > 0
+
+
+def test_a_value_the_method_does_not_declare_is_never_shared() -> None:
+    from resumerge.engine.unwritten.population import LayerInputs
+    from resumerge.methods.task_stream import TASK_KEYS
+    from resumerge.methods.task_vectors import TASK_VECTOR
+
+    layer = LayerInputs()
+    with layer.sharing():
+        memo = layer.memo("chunk", (TASK_VECTOR,))
+        one = torch.ones(3)
+        assert memo.value(TASK_VECTOR, 1, lambda: one) is one
+        assert memo.value(TASK_VECTOR, 1, lambda: torch.zeros(3)) is one  # kept for the next merge
+        with pytest.raises(ValueError, match="not declared"):
+            memo.value(TASK_KEYS, 1, lambda: one)
+    assert layer.memo("chunk", (TASK_VECTOR,)).value(TASK_VECTOR, 1, lambda: torch.zeros(3)).sum() == 0
+
+
 def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_path: Path,
                                                                         make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)[:3]
@@ -117,6 +163,10 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
         # Held: one layer's inputs at a time, never the models.
         assert population.shared.peak_kept < population.shared.bytes_read / 2
         assert population.shared.peak_kept <= generation_bytes(population.plans, 1)
+        # With the task vectors kept for every candidate: within what the generation is said to hold.
+        assert population.loaded.peak_kept > 0
+        assert population.shared.peak_kept + population.loaded.peak_kept <= population.holds(popsize=1, shared=True)
+        assert population.holds(popsize=1, shared=True) > generation_bytes(population.plans, 1)
     for config, figure in zip(configs, figures, strict=True):
         with api.open_unwritten(config, state_dir=state) as single:
             own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))

@@ -11,10 +11,10 @@ reservations. A copy (``copy_of``) runs no method: its rows are its input's stor
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import overload
+from typing import Protocol, overload
 
 from resumerge.engine.blocks import merge_by_block
 from resumerge.engine.experts import merge_by_expert
@@ -27,7 +27,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
 from resumerge.methods.resources import Resources
-from resumerge.methods.spec import RowStream
+from resumerge.methods.spec import InputsMemo, InputsOnly, RowStream
 from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.plan.workunits import aligned_rows, can_chunk, chunk_plan, method_dtype, pass_rows
@@ -52,6 +52,21 @@ def tensor_seed(seed: int, name: str) -> int:
 Stored = dict[str, "torch.Tensor"]
 
 
+class SharedInputs(Protocol):
+    """Where several merges of the same inputs (a generation's candidates) share what depends on the inputs alone,
+    per chunk (``key``: the chunk's inputs): the inputs as loaded (read, cast) and the values its method declares
+    from them (:attr:`~resumerge.methods.spec.MethodSpec.from_inputs`). Only a method that declares such values
+    is handed the shared inputs: it never writes its inputs (they are not its own: ``owned_inputs`` False)."""
+
+    def loaded(self, key: Hashable, load: Callable[[], Sequence[torch.Tensor]]) -> Sequence[torch.Tensor]:
+        """The chunk's inputs as ``load()`` gives them, loaded once for every merge of them."""
+        ...
+
+    def memo(self, key: Hashable, declared: tuple[InputsOnly, ...]) -> InputsMemo:
+        """Where the chunk's declared values are kept for every merge of it (only those ``declared``)."""
+        ...
+
+
 def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
                    stream: RowStream | None = None) -> Stored:
     """``tp`` computed whole (:meth:`TensorCompute.whole`): by its method's function over the tensor as one chunk,
@@ -73,14 +88,16 @@ class TensorCompute:
     in contexts already in memory. A tensor computed as one chunk by the default ``load`` may be handed a
     :class:`~resumerge.engine.workspace.Workspace` (:meth:`whole`): its quantized inputs are decoded into the
     workspace's buffers and the method is lent its result buffer. Failures of the method are raised as
-    :class:`ResumergeError` naming ``tp``.
+    :class:`ResumergeError` naming ``tp``. ``shared``: where other merges of the same inputs (a generation's
+    candidates) share each chunk's loaded inputs and its method's declared values (:class:`SharedInputs`).
     """
 
     def __init__(self, plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
-                 stream: RowStream | None = None, load: Callable[[TensorPlan], MergeContext] | None = None) -> None:
+                 stream: RowStream | None = None, load: Callable[[TensorPlan], MergeContext] | None = None,
+                 shared: SharedInputs | None = None) -> None:
         self.plan, self.tp, self.sources, self.stream = plan, tp, sources, stream
         self.total = tp.shape[0] if tp.shape else 1  # a 0-d tensor is one row
-        self._resources, self._given = resources, load
+        self._resources, self._given, self._shared = resources, load, shared
 
     def held_bytes(self) -> int:
         """What the stream keeps from its first chunk to its last (0 without one): reserved for all its passes."""
@@ -190,7 +207,16 @@ class TensorCompute:
         """The context of ``part``: by the ``load`` given, else read from the sources (into ``workspace``)."""
         if self._given is not None:
             return self._given(part)
-        return load_context(self.plan, part, self.sources, self.plan.method_of(part), self._resources, workspace)
+        method = self.plan.method_of(part)
+        if (self._shared is None or not method.from_inputs or method.lazy_inputs or workspace is not None
+                or part.vocab_aligned):  # (re-indexed rows: by each plan's own tokenizer alignment)
+            return load_context(self.plan, part, self.sources, method, self._resources, workspace)
+        # The chunk's inputs, cast, and the values its method declares of them: the same for every merge of them.
+        key = (part.name, part.inputs, part.compute_dtype, part.vocab_aligned, self.plan.options.device)
+        tensors = self._shared.loaded(
+            key, lambda: load_context(self.plan, part, self.sources, method, self._resources).tensors)
+        return make_context(self.plan, part, method, torch.device(self.plan.options.device), tensors,
+                            self._resources, memo=self._shared.memo(key, method.from_inputs))
 
     def _generator(self, name: str) -> torch.Generator:
         """A generator seeded from (the run's seed, ``name``), on the plan's device."""
@@ -247,10 +273,11 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
 def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
-                 lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> MergeContext:
+                 lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+                 memo: InputsMemo | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
-    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``, and
-    ``lend`` for its result buffer."""
+    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
+    ``lend`` for its result buffer and ``memo`` where its declared values of the inputs are shared."""
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
@@ -264,6 +291,7 @@ def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.d
         read_rows=read_rows,
         resources=resources,
         lend=lend,
+        memo=memo,
     )
 
 

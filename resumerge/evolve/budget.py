@@ -58,12 +58,13 @@ def pass_steps(population: Population, candidates: Sequence[ModelStream], parent
                texts: Sequence[TaskTexts]) -> tuple[dict[str, int], int]:
     """What each step of a generation's pass (:mod:`.generation`) holds, by its name, and every model's hidden
     states (in and out of a layer): ``candidate``, the inputs' largest layer read once for all, one candidate's
-    layer and its largest tensor's merge (:meth:`~resumerge.engine.unwritten.Population.holds`); ``heads``, that and
+    layer and its largest tensor's merge, with what is kept for every candidate where that is enabled
+    (:meth:`~resumerge.engine.unwritten.Population.holds`); ``heads``, that and
     one candidate's head step (as check's); ``parent`` and ``parent heads``, a kl task's parent's largest layer and
     head step. Reads no weight."""
     from resumerge.analyses.check.needs import step_bytes
 
-    merge = population.holds(popsize=1, hidden_bytes=0)
+    merge = population.holds(popsize=1, hidden_bytes=0, shared=population.loaded.enabled)
     own = step_bytes(candidates[:1], [s for t in texts for s in t.sequences])
     steps = {"candidate": merge, "heads": merge + own.heads[0], "parent": 0, "parent heads": 0}
     states = 2 * len(candidates) * own.states

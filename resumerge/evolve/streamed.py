@@ -5,8 +5,9 @@ candidate's hidden states of every task's texts, and dropped; each ``kl`` task's
 texts (:mod:`.generation`). The figures are those its written merge gives (:mod:`.scoring`): KL(parent ‖ candidate)
 per predicted token, and its NLL per predicted token.
 
-What it holds: the parents' layer (kept for every candidate inside the layer's block), one candidate's layer while
-it runs, and every model's hidden states; each step admitted by the RAM governor
+What it holds: the parents' layer (kept for every candidate inside the layer's block, with what its method computes
+from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
+them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
 (:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
 where its largest step beside the hidden states cannot fit ``--max-memory``."""
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.evaluation.texttasks import texts_of
 from resumerge.config.locations import StateDir
+from resumerge.errors import UsageError
 from resumerge.evolve import storage
 from resumerge.evolve.budget import pass_steps
 from resumerge.evolve.generation import SCRATCH, GenerationPass, TaskTexts
@@ -104,8 +106,16 @@ class StreamedCandidates:
         names = ", ".join(t.name for t in self.tasks)
         try:
             steps, states = pass_steps(population, streams, theirs, texts)
-            budget = budget_fitting("the generation's streamed pass", states + max(steps.values()),
-                                    self.max_memory, SystemProbe())
+            try:
+                budget = budget_fitting("the generation's streamed pass", states + max(steps.values()),
+                                        self.max_memory, SystemProbe())
+            except UsageError:
+                # What depends on the inputs alone (the task vectors) is then merged again for each candidate
+                # instead of kept for all of them: slower, within the budget.
+                population.loaded.enabled = False
+                steps, states = pass_steps(population, streams, theirs, texts)
+                budget = budget_fitting("the generation's streamed pass", states + max(steps.values()),
+                                        self.max_memory, SystemProbe())
 
             def on_layer(layer: int) -> None:
                 trim = malloc_trim()  # the last layer's freed pages handed back: RSS follows what is held

@@ -32,7 +32,44 @@ _NO_LIMIT = 1 << 62  # transformers' own "no limit" is about 1e30; any length a 
 def tokenizer_at(transformers: Any, directory: Path) -> Any:
     """The tokenizer of the model folder ``directory``, as ``transformers`` (the module) loads it: the one loader
     of every pass's tokenizer (``check``'s, ``measure``'s, the MoE gates'); raises what transformers raises."""
-    return transformers.AutoTokenizer.from_pretrained(str(directory))
+    return transformers.AutoTokenizer.from_pretrained(str(directory), **_named_class_config(transformers, directory))
+
+
+def _named_class_config(transformers: Any, directory: Path) -> dict[str, Any]:
+    """``{"config": ...}``, the folder's config.json read as transformers' plain config class, where its
+    tokenizer_config.json names the tokenizer's class and neither file maps to code of the repository's own
+    (``auto_map``); else {} (AutoTokenizer reads the config itself). AutoTokenizer reads the model's config for
+    its ``model_type`` and name, which the plain class keeps; its own model-specific config class would import that
+    family's modeling stack (transformers 5: torch.distributed.tensor and sympy among it, about 1 CPU s of a
+    search's tokenizer), and the class it looks up by that config's type is only asked for where the tokenizer's
+    config names none."""
+    tokenizer = _json_doc(directory / "tokenizer_config.json")
+    config = _json_doc(directory / "config.json")
+    if not tokenizer.get("tokenizer_class") or "auto_map" in tokenizer or "auto_map" in config \
+            or not config.get("model_type"):
+        return {}
+    import logging
+
+    plain = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
+    # It says (a warning) that the plain class is not the model's own, which is what is meant here.
+    said = logging.getLogger(plain.__module__)
+    level = said.level
+    said.setLevel(logging.ERROR)
+    try:
+        return {"config": plain.from_pretrained(str(directory))}
+    finally:
+        said.setLevel(level)
+
+
+def _json_doc(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or {} where there is none to read."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:

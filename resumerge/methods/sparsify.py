@@ -120,22 +120,25 @@ def window_of(selection: Window, total: int, dtype: torch.dtype, *, whole: bool 
                           shift=exact_key_shift(dtype), whole=whole)
 
 
-def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace: bool = False) -> torch.Tensor:
+def select(delta: torch.Tensor, selection: Selection, *, rescale: bool, inplace: bool = False,
+           keys: torch.Tensor | None = None) -> torch.Tensor:
     """Apply ``selection`` to the whole of ``delta`` as one piece: ``KEEP`` returns ``delta`` itself, ``ZERO``
     zeros, a :class:`Window` masks by rank (the mask is 1/0 in delta's dtype, as mergekit's is, so masked
     negative entries become -0.0 alike), rescaled by the ordered L1 norms with ``rescale``. With ``inplace`` the
     result is written into ``delta``, which is returned. The window is the row chunks' (:func:`window_of`) over
-    one chunk: the same masks, found by selection in the piece itself (memory per element, no histograms)."""
+    one chunk: the same masks, found by selection in the piece itself (memory per element, no histograms).
+    ``keys``: :func:`delta_keys` of ``delta`` found already (the caller's, never written), else found here."""
     if selection == KEEP:
         return delta
     if selection == ZERO:
         return delta.zero_() if inplace else torch.zeros_like(delta)
     assert isinstance(selection, Window)
     values = delta if inplace else delta.clone()
-    keys = delta_keys(values)
+    ours = keys is None
+    keys = delta_keys(values) if keys is None else keys
     mask = window_of(selection, values.numel(), values.dtype, whole=True).mask(keys, values.dtype)
-    # float32 keys are a view of |δ| itself, free once the mask is built.
-    reusable = keys.view(torch.float32).reshape(values.shape) if values.dtype == torch.float32 else None
+    # float32 keys of our own are a view of |δ| itself, free once the mask is built.
+    reusable = keys.view(torch.float32).reshape(values.shape) if ours and values.dtype == torch.float32 else None
     norms = l1_norms(values.numel(), values.dtype, values.device) if rescale else None
     mask_in_place(values, mask.reshape(values.shape), norms, reusable)
     ratio = rescale_ratio(norms)

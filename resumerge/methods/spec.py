@@ -56,6 +56,29 @@ class ParamSpec:
 
 
 @dataclass(frozen=True)
+class InputsOnly:
+    """A value a method computes from its inputs alone, never from a parameter (a task vector, its magnitude keys),
+    declared on :attr:`MethodSpec.from_inputs`: ``compute(ctx, i)`` gives it for input ``i``, ``entry_bytes(itemsize)``
+    what it holds per entry of the tensor for inputs of ``itemsize`` bytes. Where the engine merges the same inputs
+    for several merges (a generation's candidates: :class:`~resumerge.engine.unwritten.Population`), it is computed
+    once for all of them (:meth:`MergeContext.from_inputs`); the same function computes it either way, so every
+    merge gets the same bits as when it is merged alone."""
+
+    name: str
+    compute: Callable[[MergeContext, int], torch.Tensor]
+    entry_bytes: Callable[[int], int]
+
+
+class InputsMemo(Protocol):
+    """Where the engine keeps the :class:`InputsOnly` values of one chunk's inputs for every merge of them."""
+
+    def value(self, what: InputsOnly, index: int, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``what``'s value for input ``index``: kept from an earlier merge of the same inputs, else ``compute()``
+        (then kept)."""
+        ...
+
+
+@dataclass(frozen=True)
 class MergeContext:
     """Everything a method sees for one output tensor (or one row chunk of it).
 
@@ -83,6 +106,16 @@ class MergeContext:
     resources: Resources = NO_RESOURCES
     # Where the engine lends a buffer it reuses from one tensor to the next for the result: see result_buffer.
     lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None
+    # Where the values the method declares from its inputs alone are shared with other merges of the same inputs
+    # (see from_inputs); None: each is computed for this merge alone.
+    memo: InputsMemo | None = None
+
+    def from_inputs(self, what: InputsOnly, index: int) -> torch.Tensor:
+        """``what.compute(self, index)`` (a value the method declares on :attr:`MethodSpec.from_inputs`): with a
+        ``memo``, computed once for every merge of these inputs and shared, so the caller never writes it."""
+        if self.memo is None:
+            return what.compute(self, index)
+        return self.memo.value(what, index, lambda: what.compute(self, index))
 
     @property
     def base(self) -> torch.Tensor:
@@ -253,6 +286,9 @@ class MethodSpec:
     # gives each such weight, after the weights, every model's measured Gram from the folder its global ``grams``
     # parameter names (see resumerge.plan.grams), each marked by a per-model parameter.
     gram_inputs: bool = False
+    # The values the method computes from its inputs alone (InputsOnly): the engine may compute each once for every
+    # merge of the same inputs (a generation's candidates) and hand it to each (MergeContext.from_inputs).
+    from_inputs: tuple[InputsOnly, ...] = ()
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

@@ -28,8 +28,8 @@ from resumerge.methods.spec import (
     Scope,
     one_chunk,
 )
-from resumerge.methods.task_stream import magnitude_selector, outlier_selector, task_vector_stream
-from resumerge.methods.task_vectors import combine_task_vectors
+from resumerge.methods.task_stream import TASK_KEYS, magnitude_selector, outlier_selector, task_vector_stream
+from resumerge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
 from resumerge.torch_import import torch
 
 
@@ -137,6 +137,8 @@ def _spec(variant: _Variant) -> MethodSpec:
         check=check_della_epsilon if variant.sparsifier == "della_magprune" else None,
         streamed=streamed,
         footprint=variant.footprint,
+        # What a generation's candidates share: every member's task vectors, and the rank windows' keys of them.
+        from_inputs=(TASK_VECTOR, TASK_KEYS) if variant.sparsifier in _SELECTORS else (TASK_VECTOR,),
     )
 
 

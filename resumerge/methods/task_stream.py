@@ -20,13 +20,28 @@ from typing import TYPE_CHECKING, Any
 from resumerge.methods import sparsify
 from resumerge.methods.footprint import dtype_size
 from resumerge.methods.rankstream import StreamedWindow
-from resumerge.methods.spec import MergeContext, RowStream, RowStreamFactory
+from resumerge.methods.spec import InputsOnly, MergeContext, RowStream, RowStreamFactory
 from resumerge.methods.summation import OrderedSum
-from resumerge.methods.task_vectors import combine_task_vectors
+from resumerge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+def _task_keys(ctx: MergeContext, index: int) -> Tensor:
+    return sparsify.delta_keys(ctx.from_inputs(TASK_VECTOR, index))
+
+
+# The magnitude keys of δᵢ by which the windows rank it, of the inputs alone: a generation's candidates share them
+# (int32 keys, int64 for float64 task vectors).
+TASK_KEYS = InputsOnly("task vector keys", _task_keys, lambda itemsize: 8 if itemsize == 8 else 4)
+
+
+def _keys(ctx: MergeContext, index: int, delta: Tensor) -> Tensor:
+    """The keys of input ``index``'s task vector ``delta`` (just computed, not sparsified yet): shared where the
+    engine shares them, else found in ``delta``."""
+    return sparsify.delta_keys(delta) if ctx.memo is None else ctx.from_inputs(TASK_KEYS, index)
+
 
 # (number of entries, one model's resolved parameters) -> what its sparsifier keeps.
 Selector = Callable[[int, Mapping[str, Any]], sparsify.Selection]
@@ -93,18 +108,21 @@ class TaskVectorStream:
         if pass_index == self._norm_pass:
             for index, window in windows.items():
                 delta = ctx.tensors[index] - base
-                mask = window.mask(sparsify.delta_keys(delta), delta.dtype)
+                mask = window.mask(_keys(ctx, index, delta), delta.dtype)
                 norms = self._norms.setdefault(index, sparsify.l1_norms(self._total, delta.dtype, delta.device))
                 sparsify.mask_in_place(delta, mask.reshape(delta.shape), norms)
             return
         for index in self._active:
-            windows[index].observe(pass_index, sparsify.delta_keys(ctx.tensors[index] - base))
+            windows[index].observe(pass_index, ctx.from_inputs(TASK_KEYS, index))
 
     def apply(self, ctx: MergeContext) -> Tensor:
         """The merged rows of the next chunk (over one chunk: each task vector's window and norms found here)."""
         if self._whole:
             def sparsify_one(index: int, delta: Tensor) -> Tensor:
-                return sparsify.select(delta, self._selections[index], rescale=self._rescale, inplace=True)
+                selection = self._selections[index]
+                keys = ctx.from_inputs(TASK_KEYS, index) if ctx.memo is not None and isinstance(
+                    selection, sparsify.Window) else None
+                return sparsify.select(delta, selection, rescale=self._rescale, inplace=True, keys=keys)
 
             return combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
         windows = self._built(ctx.base.dtype)
@@ -114,7 +132,7 @@ class TaskVectorStream:
             window = windows.get(index)
             if window is None:  # kept whole or zeroed: no window, no rescale
                 return sparsify.select(delta, self._selections[index], rescale=False, inplace=True)
-            sparsify.mask_in_place(delta, window.mask(sparsify.delta_keys(delta), delta.dtype).reshape(delta.shape))
+            sparsify.mask_in_place(delta, window.mask(_keys(ctx, index, delta), delta.dtype).reshape(delta.shape))
             ratio = ratios.get(index)
             return delta if ratio is None else delta.mul_(ratio)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resumerge.methods.consensus import sign_consensus_weights
-from resumerge.methods.spec import MergeContext
+from resumerge.methods.spec import InputsOnly, MergeContext
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 # (input index, its task vector) -> the sparsified task vector. The task vector handed over is the caller's own
 # buffer: the function may overwrite it and return it.
 SparsifyOne = Callable[[int, "Tensor"], "Tensor"]
+
+
+def _task_vector(ctx: MergeContext, index: int) -> Tensor:
+    return torch.sub(ctx.tensors[index], ctx.base)
+
+
+# δᵢ = θᵢ − B, of the inputs alone: a generation's candidates share it (each candidate copies it into its own slot).
+TASK_VECTOR = InputsOnly("task vector", _task_vector, lambda itemsize: itemsize)
 
 
 def combine_task_vectors(
@@ -37,7 +45,10 @@ def combine_task_vectors(
     deltas = base.new_empty((len(others), *base.shape))
     for slot, index in enumerate(others):
         # Each task vector is computed, sparsified and weighted in its own slot: no full-size temporaries.
-        delta = torch.sub(ctx.tensors[index], base, out=deltas[slot])
+        if ctx.memo is None:
+            delta = torch.sub(ctx.tensors[index], base, out=deltas[slot])
+        else:  # the same subtraction's bits, computed once for every merge of these inputs
+            delta = deltas[slot].copy_(ctx.from_inputs(TASK_VECTOR, index))
         if sparsify_one is not None:
             sparse = sparsify_one(index, delta)
             if sparse.data_ptr() != delta.data_ptr():  # not already written in place (possibly as a view)

@@ -17,12 +17,14 @@ Public API:
 - :class:`Population` ``(plans, root, *, inputs=None, resources=NO_RESOURCES, governor=None)``: a generation of
   candidate merges over the same inputs, read in one streamed pass: ``candidates`` (an :class:`UnwrittenMerge`
   each), ``layer()`` (the block in which one layer of every candidate is read: each input byte range read once),
-  ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``),
-  ``holds(popsize=None, hidden_bytes=0, value_bytes=4) -> int``, ``largest_popsize(budget, hidden_bytes,
-  value_bytes=4) -> int``; a context manager.
-- :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4) -> int``: what a generation's pass
-  holds at most; :func:`largest_popsize` ``(plans, budget, hidden_bytes, value_bytes=4) -> int``: the largest popsize
-  that fits ``budget``.
+  ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``), ``loaded`` (a
+  :class:`LayerInputs`: each chunk's loaded inputs and its method's declared values of them, computed once for every
+  candidate; ``enabled``, ``computed``, ``reused``, ``peak_kept``), ``holds(popsize=None, hidden_bytes=0,
+  value_bytes=4, *, shared=False) -> int``, ``largest_popsize(budget, hidden_bytes, value_bytes=4) -> int``; a
+  context manager.
+- :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4, *, shared=False) -> int``: what a
+  generation's pass holds at most (``shared``: with what ``loaded`` keeps); :func:`largest_popsize` ``(plans,
+  budget, hidden_bytes, value_bytes=4) -> int``: the largest popsize that fits ``budget``.
 
 How configs become one: :func:`resumerge.api.open_unwritten` and :func:`resumerge.api.open_population`.
 
@@ -33,6 +35,7 @@ from resumerge.engine.unwritten.compute import merged_tensor
 from resumerge.engine.unwritten.merged import MergedFiles, stored_places
 from resumerge.engine.unwritten.model import UnwrittenMerge, merge_folder
 from resumerge.engine.unwritten.population import (
+    LayerInputs,
     Population,
     SharedReads,
     generation_bytes,
@@ -41,5 +44,5 @@ from resumerge.engine.unwritten.population import (
     same_inputs,
 )
 
-__all__ = ["MergedFiles", "Population", "SharedReads", "UnwrittenMerge", "generation_bytes", "largest_popsize",
-           "layer_of", "merge_folder", "merged_tensor", "same_inputs", "stored_places"]
+__all__ = ["LayerInputs", "MergedFiles", "Population", "SharedReads", "UnwrittenMerge", "generation_bytes",
+           "largest_popsize", "layer_of", "merge_folder", "merged_tensor", "same_inputs", "stored_places"]

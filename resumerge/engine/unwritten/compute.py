@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from resumerge.engine.compute import Stored, TensorCompute
+from resumerge.engine.compute import SharedInputs, Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY
 from resumerge.inputs.kernels import serial_kernels
@@ -38,11 +38,12 @@ from resumerge.torch_import import torch
 
 
 def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, *,
-                  governor: MemoryGovernor | None = None) -> Stored:
+                  governor: MemoryGovernor | None = None, shared: SharedInputs | None = None) -> Stored:
     """``tp``'s stored parts (each by its name in the shard, on the host, contiguous, its companions with it): the
     bytes ``run`` writes for it, its inputs read from ``sources``. ``governor``: each step is admitted by it as the
     run admits it (the whole tensor, or each row chunk), and the budget chooses the mode as the run's does; None:
-    no budget (computed as a run without one would)."""
+    no budget (computed as a run without one would). ``shared``: where other merges of the same inputs share what
+    depends on the inputs alone (:class:`~resumerge.engine.compute.SharedInputs`)."""
     method = plan.method_of(tp)
     device = plan.options.device
     budget = governor.work_budget if governor is not None else None
@@ -50,7 +51,7 @@ def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: 
     local = method.streamed is None or all(sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
     mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
     stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
-    work = TensorCompute(plan, tp, sources, resources, stream)
+    work = TensorCompute(plan, tp, sources, resources, stream, shared=shared)
     if mode != ROWS:
         alone = serial and not is_gpu(device)
         with _admitted(governor, unit_bytes(tp, method, mode), tp.name), \

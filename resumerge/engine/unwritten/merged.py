@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from resumerge.engine.compute import Stored
+from resumerge.engine.compute import SharedInputs, Stored
 from resumerge.engine.unwritten.compute import merged_tensor
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSource, InputSources
@@ -49,15 +49,16 @@ Compute = Callable[[TensorPlan], Stored]
 class MergedFiles(InputSource):
     """The files ``plan`` would write, each stored tensor computed from ``sources`` (the plan's inputs, by model key)
     when read (see the module docstring); ``resources``: what the plan's units share (MoE upcycling's); ``governor``:
-    each computation admitted by it as the run admits it. ``sources`` stay the caller's to close. Thread-safe: one
-    tensor computed at a time."""
+    each computation admitted by it as the run admits it; ``shared``: see :func:`merged_tensor`. ``sources`` stay the
+    caller's to close. Thread-safe: one tensor computed at a time."""
 
     def __init__(self, plan: Plan, sources: InputSources, resources: Resources = NO_RESOURCES, *,
-                 governor: MemoryGovernor | None = None, compute: Compute | None = None) -> None:
+                 governor: MemoryGovernor | None = None, compute: Compute | None = None,
+                 shared: SharedInputs | None = None) -> None:
         self.plan = plan
         self._places = stored_places(plan)
         self._compute: Compute = compute if compute is not None else (
-            lambda tp: merged_tensor(plan, tp, sources, resources, governor=governor))
+            lambda tp: merged_tensor(plan, tp, sources, resources, governor=governor, shared=shared))
         self._waiting: Stored = {}  # the parts of the last tensor computed not read yet
         self._lock = threading.Lock()
         self.computed = 0  # output tensors computed so far (a part read again is computed again)

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from resumerge.engine.compute import SharedInputs
 from resumerge.engine.unwritten.merged import MergedFiles
 from resumerge.errors import StorageError
 from resumerge.inputs.files import CONFIG_NAME, TensorSource
@@ -45,19 +46,20 @@ class UnwrittenMerge:
     weight files, each tensor merged when read from ``inputs`` (the plan's inputs by model key, the caller's to
     close; default: their folders, ``plan.model_dirs``, closed with it). ``root``: where its folder is made (the
     state dir's :attr:`~resumerge.config.locations.StateDir.unwritten_dir`); ``name`` names it in errors;
-    ``resources`` and ``governor`` as for :class:`MergedFiles`; ``on_close``: called once it is closed (what its
-    maker opened for it).
+    ``resources``, ``governor`` and ``shared`` as for :class:`MergedFiles`; ``on_close``: called once it is closed
+    (what its maker opened for it).
 
     Close it (or use it as a context manager) to close its inputs."""
 
     def __init__(self, plan: Plan, root: Path, *, inputs: InputSources | None = None,
                  resources: Resources = NO_RESOURCES, governor: MemoryGovernor | None = None,
-                 name: str = "merge", on_close: Callable[[], None] | None = None) -> None:
+                 name: str = "merge", on_close: Callable[[], None] | None = None,
+                 shared: SharedInputs | None = None) -> None:
         self.plan = plan
         self._on_close = on_close
         self._owns_inputs = inputs is None
         self.inputs = inputs if inputs is not None else InputSources.local(plan.model_dirs)
-        self.source = MergedFiles(plan, self.inputs, resources, governor=governor)
+        self.source = MergedFiles(plan, self.inputs, resources, governor=governor, shared=shared)
         self.opened: ModelInput = planned_model(name, plan, merge_folder(plan, root))
 
     @property

@@ -10,6 +10,12 @@ and holds the inputs' layer plus the one candidate's layer that runs (its tensor
 and dropped as a stored model's are). Each candidate's tensor is merged by the same code as its single source's
 (:func:`~resumerge.engine.unwritten.compute.merged_tensor`), from the same bytes: the same bytes as ``run`` writes.
 
+What depends on the inputs alone is computed once for every candidate inside the block (:class:`LayerInputs`): each
+chunk's inputs as loaded (read and cast to the compute dtype), and the values its method declares from them
+(:attr:`~resumerge.methods.spec.MethodSpec.from_inputs`: the task vectors of the task-arithmetic family, the
+magnitude keys its rank windows order them by), computed by the method's own function, so that each candidate's
+bytes are those it has merged alone; they are dropped with the block.
+
 :func:`generation_bytes` says what such a pass holds for ``popsize`` candidates, so that a search refuses up front a
 generation its budget cannot hold, and :func:`largest_popsize` names the largest that fits.
 """
@@ -17,7 +23,8 @@ generation its budget cannot hold, and :func:`largest_popsize` names the largest
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -28,9 +35,10 @@ from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import NO_RESOURCES, Resources
+from resumerge.methods.spec import InputsOnly
 from resumerge.plan.architecture import split_layer_name
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
-from resumerge.plan.workunits import estimate_bytes
+from resumerge.plan.workunits import estimate_bytes, method_dtype
 from resumerge.torch_import import torch
 
 # A read as the engine asks for it: (model, file, start, end, dtype, shape).
@@ -103,6 +111,74 @@ class SharedReads(InputSources):
                 self._kept_bytes = 0
 
 
+class LayerInputs:
+    """The :class:`~resumerge.engine.compute.SharedInputs` of a generation's candidates: inside :meth:`sharing`,
+    each chunk's loaded inputs and its method's declared values are computed once and kept until the block ends;
+    outside, nothing is kept (each merge computes its own). :attr:`computed` counts the values computed inside a
+    block, by what they are (``inputs``, or the declared value's name), :attr:`reused` those handed again;
+    :attr:`peak_kept` is the most bytes kept at once."""
+
+    def __init__(self) -> None:
+        # False: nothing is kept even inside a block (a budget that cannot hold what sharing keeps).
+        self.enabled = True
+        self._kept: dict[Hashable, object] | None = None
+        self._lock = threading.RLock()
+        self._kept_bytes = 0
+        self.peak_kept = 0
+        self.computed: Counter[str] = Counter()
+        self.reused: Counter[str] = Counter()
+
+    @contextmanager
+    def sharing(self) -> Iterator[None]:
+        """Values computed inside the block are kept for every merge until it ends."""
+        with self._lock:
+            self._kept, self._kept_bytes = ({} if self.enabled else None), 0
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._kept, self._kept_bytes = None, 0
+
+    def loaded(self, key: Hashable, load: Callable[[], Sequence[torch.Tensor]]) -> Sequence[torch.Tensor]:
+        found = self._get(("inputs", key), lambda: tuple(load()))
+        assert isinstance(found, tuple)
+        return found
+
+    def memo(self, key: Hashable, declared: tuple[InputsOnly, ...]) -> _ChunkMemo:
+        return _ChunkMemo(self, key, declared)
+
+    def _get(self, key: Hashable, compute: Callable[[], object]) -> object:
+        with self._lock:  # one merge at a time computes a chunk's values (a pass merges one candidate at a time)
+            kept = self._kept
+            what = str(key[0]) if isinstance(key, tuple) else str(key)
+            if kept is not None and key in kept:
+                self.reused[what] += 1
+                return kept[key]
+            found = compute()
+            if kept is not None:
+                self.computed[what] += 1
+                kept[key] = found
+                held = found if isinstance(found, tuple) else (found,)
+                self._kept_bytes += sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
+                self.peak_kept = max(self.peak_kept, self._kept_bytes)
+            return found
+
+
+class _ChunkMemo:
+    """One chunk's :class:`~resumerge.methods.spec.InputsMemo` in a :class:`LayerInputs`: only the values its
+    method declares."""
+
+    def __init__(self, layer: LayerInputs, key: Hashable, declared: tuple[InputsOnly, ...]) -> None:
+        self._layer, self._key, self._declared = layer, key, declared
+
+    def value(self, what: InputsOnly, index: int, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if what not in self._declared:
+            raise ValueError(f"internal: {what.name} is not declared by the method as a value of its inputs alone")
+        found = self._layer._get((what.name, index, self._key), compute)
+        assert isinstance(found, torch.Tensor)
+        return found
+
+
 class Population:
     """The candidate merges ``plans`` (over the same input models, each in the same folder) as one generation: their
     :attr:`candidates` (an :class:`UnwrittenMerge` each, in order, named ``candidate N``) read their inputs through
@@ -120,22 +196,25 @@ class Population:
         self._owned = inputs is None
         self._inputs = inputs if inputs is not None else InputSources.local(plans[0].model_dirs)
         self.shared = SharedReads(self._inputs)
+        self.loaded = LayerInputs()
         self.candidates = tuple(UnwrittenMerge(plan, root, inputs=self.shared, resources=resources,
-                                               governor=governor, name=f"candidate {i}")
+                                               governor=governor, name=f"candidate {i}", shared=self.loaded)
                                 for i, plan in enumerate(plans))
 
     @contextmanager
     def layer(self) -> Iterator[None]:
         """The block in which the candidates' tensors of one layer (or of the parts outside the decoder layers) are
-        read: each input byte range read once, dropped when it ends."""
-        with self.shared.sharing():
+        read: each input byte range read once, and what depends on the inputs alone computed once, dropped when it
+        ends."""
+        with self.shared.sharing(), self.loaded.sharing():
             yield
 
-    def holds(self, popsize: int | None = None, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
+    def holds(self, popsize: int | None = None, hidden_bytes: int = 0, value_bytes: int = 4, *,
+              shared: bool = False) -> int:
         """:func:`generation_bytes` of these candidates' plans for ``popsize`` candidates (default: as many as
-        there are)."""
+        there are); ``shared``: with what :attr:`loaded` keeps for all of them."""
         return generation_bytes(self.plans, len(self.plans) if popsize is None else popsize, hidden_bytes,
-                                value_bytes)
+                                value_bytes, shared=shared)
 
     def largest_popsize(self, budget: int, hidden_bytes: int, value_bytes: int = 4) -> int:
         """:func:`largest_popsize` of these candidates' plans under ``budget``."""
@@ -174,13 +253,15 @@ def layer_of(name: str) -> int | None:
     return found[1] if found is not None else None
 
 
-def generation_bytes(plans: Sequence[Plan], popsize: int, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
+def generation_bytes(plans: Sequence[Plan], popsize: int, hidden_bytes: int = 0, value_bytes: int = 4, *,
+                     shared: bool = False) -> int:
     """What one streamed pass of a generation of ``popsize`` candidates like ``plans`` (candidates over the same
     inputs: any of them, the largest figure taken) holds at most beyond the process's baseline: of the layer (or
     the parts outside the layers) that holds most, every input byte range its tensors read (kept for every
     candidate), one candidate's tensors of it at ``value_bytes`` a value (what the forward pass runs: 4 for
-    float32) and the largest merge of one of its tensors (its method's working set); plus ``hidden_bytes`` for each
-    candidate (its hidden states, held between layers)."""
+    float32), the largest merge of one of its tensors (its method's working set) and, ``shared``, what
+    :class:`LayerInputs` keeps of it for every candidate; plus ``hidden_bytes`` for each candidate (its hidden
+    states, held between layers). Without ``shared``: the least a pass of them holds (its sharing disabled)."""
     if popsize < 1:
         raise UsageError("a generation needs at least one candidate")
     groups: dict[int | None, list[tuple[Plan, TensorPlan]]] = {}
@@ -192,13 +273,28 @@ def generation_bytes(plans: Sequence[Plan], popsize: int, hidden_bytes: int = 0,
         reads: dict[tuple[str, str, int, int], int] = {}
         values: dict[int, int] = {}
         working = 0
+        kept: dict[tuple[object, ...], int] = {}
         for plan, tp in members:
             for ref in _reads(tp):
                 reads[(ref.model, ref.file, ref.start, ref.end)] = ref.end - ref.start
             values[id(plan)] = values.get(id(plan), 0) + numel(tp.shape) * value_bytes
             working = max(working, estimate_bytes(tp, plan.method_of(tp)))
-        most = max(most, sum(reads.values()) + max(values.values()) + working)
+            if shared:
+                kept[(tp.name, tp.inputs)] = max(kept.get((tp.name, tp.inputs), 0), _kept_for_all(plan, tp))
+        most = max(most, sum(reads.values()) + max(values.values()) + working + sum(kept.values()))
     return most + popsize * hidden_bytes
+
+
+def _kept_for_all(plan: Plan, tp: TensorPlan) -> int:
+    """What :class:`LayerInputs` keeps of ``tp`` for every candidate: where its method declares values of its
+    inputs alone, its inputs as loaded and those values (per non-base input); else nothing."""
+    method = plan.method_of(tp)
+    if not method.from_inputs or method.lazy_inputs or tp.vocab_aligned:
+        return 0
+    itemsize = method_dtype(tp).itemsize
+    others = len(tp.inputs) - (tp.base_index is not None)
+    per_entry = len(tp.inputs) * itemsize + others * sum(v.entry_bytes(itemsize) for v in method.from_inputs)
+    return numel(tp.shape) * per_entry
 
 
 def largest_popsize(plans: Sequence[Plan], budget: int, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
