@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from forkserver import ForkServer
+from forkserver import Forked, ForkServer
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -41,6 +41,25 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         timeout=timeout,
         check=False,
     )
+
+
+def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: bool = False,
+              fresh: bool = False) -> Forked | subprocess.Popen[str]:
+    """Start ``python -m resumerge ARGS`` in a process of its own and return at once, as :func:`cli` runs it (forked
+    where it may be, else a fresh interpreter): a :class:`subprocess.Popen` or its forked twin (``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``kill``, ``communicate``), for a test that kills or signals it at a moment of its
+    choosing. Its stdout and stderr go to /dev/null, or where ``capture``, to :meth:`communicate` once it has ended
+    (a test that reads its output as it comes uses :class:`subprocess.Popen`)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    server = None if fresh else _fork_server()
+    forked = (server.start([str(a) for a in args], full_env, capture=capture)
+              if server and server.forkable(full_env) else None)
+    if forked is not None:
+        return forked
+    where = subprocess.PIPE if capture else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, args)], env=full_env, stdout=where,
+                            stderr=where, text=True)
 
 
 _SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
