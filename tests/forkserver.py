@@ -12,6 +12,7 @@ interpreter instead (:func:`forkable`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -41,13 +42,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for name in json.loads(sys.argv[1]):
     __import__(name)
 requests, replies = sys.stdin, sys.stdout
-pid = 0
 while True:
     line = requests.readline()
-    if pid:
-        # Reaped only now, its status read: until then its pid stays its own (a zombie), so a signal the test sends it
-        # after it ended cannot reach another process that took its number.
-        os.waitpid(pid, 0)
     if not line:
         sys.exit(0)
     job = json.loads(line)
@@ -59,6 +55,12 @@ while True:
     ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
     replies.write(json.dumps({"status": code}) + "\n")
+    replies.flush()
+    # Reaped once the test has read its status, as a Popen's child is by its wait: until then its pid stays its own (a
+    # zombie), so a signal the test sends it after it ended cannot reach another process that took its number.
+    requests.readline()
+    os.waitpid(pid, 0)
+    replies.write(json.dumps({"reaped": pid}) + "\n")
     replies.flush()
 # The child: a process as `python -m resumerge ARGS` starts it, but for the imports above (the server never touched
 # a signal's handling: SIGINT raises KeyboardInterrupt, SIGPIPE is ignored, as in any interpreter).
@@ -131,12 +133,20 @@ class ForkServer:
             raise
         return Forked(self, [sys.executable, "-m", "resumerge", *args], pid, (out, err) if capture else None)
 
-    def _ended(self, timeout: float | None) -> int:
+    def _status(self, timeout: float | None) -> int:
         """The exit status of the command the server runs, waiting at most ``timeout`` seconds (None: as long as it
-        takes); the server is free for the next one after."""
-        status = int(self._reply(timeout)["status"])
-        self._busy.release()
-        return status
+        takes); the command is left unreaped (:meth:`_reap`)."""
+        return int(self._reply(timeout)["status"])
+
+    def _reap(self) -> None:
+        """Let the server reap the command whose status was read; it is free for the next one after."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write("{}\n")
+            self.process.stdin.flush()
+            self._reply(60)
+        finally:
+            self._busy.release()
 
     def _reply(self, timeout: float | None) -> dict[str, Any]:
         """The server's next reply line, waiting at most ``timeout`` seconds for it."""
@@ -169,9 +179,21 @@ class ForkServer:
         self.folder.rmdir()
 
 
+_SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
+
+
+def worker_server() -> ForkServer:
+    """This worker's fork server: one, though the test modules import the helpers both as ``support`` and as
+    ``tests.support`` (two modules, which each kept a server of their own: two interpreters importing torch)."""
+    if not _SERVERS:
+        _SERVERS.append(ForkServer())
+        atexit.register(_SERVERS[0].close)
+    return _SERVERS[0]
+
+
 class Forked:
     """A command started by :meth:`ForkServer.start`, with the part of :class:`subprocess.Popen` the tests use: its
-    ``pid`` (a signal sent to it reaches the command: until its status is read the server leaves it unreaped),
+    ``pid`` (a signal sent to it reaches the command: the server reaps it only once its status is read),
     ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate`` and ``communicate``, text mode.
     Its output is read when it has ended, never as it comes."""
 
@@ -191,7 +213,8 @@ class Forked:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         try:
             if self.returncode is None:
-                self.returncode = self.server._ended(timeout)
+                self.returncode = self.server._status(timeout)  # set first: no signal is sent to it after
+                self.server._reap()
             return self.returncode
         except subprocess.TimeoutExpired:
             raise subprocess.TimeoutExpired(self.args, timeout or 0) from None

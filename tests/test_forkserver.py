@@ -59,11 +59,11 @@ def test_a_started_command_is_signalled_by_its_pid_which_stays_its_own_until_its
         quick.send_signal(signal.SIGKILL)  # reaches the zombie only
         fresh = cli("status", tmp_path / "nowhere", "--json", fresh=True)
         assert (quick.poll(), *quick.communicate()) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        assert not os.path.exists(f"/proc/{quick.pid}") or _state(quick.pid) != "Z"  # reaped once its status was read
         killed = server.start(["run", str(tmp_path / "nowhere.yml"), str(tmp_path / "out")], env, capture=False)
         assert killed is not None
         killed.kill()
         assert killed.wait(120) == -signal.SIGKILL and killed.communicate() == (None, None)
-        assert not os.path.exists(f"/proc/{quick.pid}") or _state(quick.pid) != "Z"  # reaped once the next began
     finally:
         server.close()
 
