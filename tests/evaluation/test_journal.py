@@ -6,7 +6,10 @@ tiny generated model: each a few seconds on a quiet machine (lm-eval's and torch
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ pytest.importorskip("lm_eval")
 
 from resumerge import api
 from tests.evaluation.evaltasks import tiny_model, write_tasks
-from tests.support import cli, cli_start
+from tests.support import cli
 
 
 def _argv(model: Path, tasks: Path, state: Path) -> list[str | Path]:
@@ -42,7 +45,12 @@ def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path
 
 def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tmp_path: Path) -> None:
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
-    first = cli_start(*_argv(model, tasks, state), env={"RESUMERGE_PAUSE_AT": "after_eval_layer:30"}, capture=True)
+    # A fresh interpreter, not support.cli_start: forked from the fork server under xdist, this evaluation did not
+    # end within 2 minutes of its Ctrl-C (not yet understood; a forked check's and run's Ctrl-C do).
+    first = subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, _argv(model, tasks, state))],
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                                  "RESUMERGE_PAUSE_AT": "after_eval_layer:30"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while not list(state.glob("evals/*/layer-00000.safetensors")) and time.monotonic() < deadline:
