@@ -12,6 +12,7 @@ interpreter instead (:func:`forkable`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -51,8 +52,15 @@ while True:
         break
     replies.write(json.dumps({"pid": pid}) + "\n")
     replies.flush()
-    _, status = os.waitpid(pid, 0)
-    replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+    ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+    replies.write(json.dumps({"status": code}) + "\n")
+    replies.flush()
+    # Reaped once the test has read its status, as a Popen's child is by its wait: until then its pid stays its own (a
+    # zombie), so a signal the test sends it after it ended cannot reach another process that took its number.
+    requests.readline()
+    os.waitpid(pid, 0)
+    replies.write(json.dumps({"reaped": pid}) + "\n")
     replies.flush()
 # The child: a process as `python -m resumerge ARGS` starts it, but for the imports above (the server never touched
 # a signal's handling: SIGINT raises KeyboardInterrupt, SIGPIPE is ignored, as in any interpreter).
@@ -94,38 +102,61 @@ class ForkServer:
 
     def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
         """``python -m resumerge ARGS`` in a child forked from the server, as :func:`subprocess.run` returns it; None
-        while another thread's command runs there (the server runs one at a time: the caller starts a fresh one)."""
+        while another command runs there (the server runs one at a time: the caller starts a fresh one)."""
+        child = self.start(args, env, capture=True)
+        if child is None:
+            return None
+        try:
+            out, err = child.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(30)
+            raise
+        return subprocess.CompletedProcess(child.args, child.wait(), out, err)
+
+    def start(self, args: list[str], env: dict[str, str], *, capture: bool) -> Forked | None:
+        """``python -m resumerge ARGS`` started in a child forked from the server, returned at once; its stdout and
+        stderr kept for :meth:`Forked.communicate` where ``capture``, else sent to /dev/null. None while another
+        command runs there (the server runs one at a time: the caller starts a fresh one)."""
         if not self._busy.acquire(blocking=False):
             return None
         try:
-            return self._run(args, env, timeout)
+            out, err = ((self.folder / "stdout", self.folder / "stderr") if capture else
+                        (Path(os.devnull), Path(os.devnull)))
+            assert self.process.stdin is not None
+            self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),
+                                                 "stderr": str(err)}) + "\n")
+            self.process.stdin.flush()
+            pid = int(self._reply(60)["pid"])
+        except BaseException:
+            self._busy.release()
+            raise
+        return Forked(self, [sys.executable, "-m", "resumerge", *args], pid, (out, err) if capture else None)
+
+    def _status(self, timeout: float | None) -> int:
+        """The exit status of the command the server runs, waiting at most ``timeout`` seconds (None: as long as it
+        takes); the command is left unreaped (:meth:`_reap`)."""
+        return int(self._reply(timeout)["status"])
+
+    def _reap(self) -> None:
+        """Let the server reap the command whose status was read; it is free for the next one after."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write("{}\n")
+            self.process.stdin.flush()
+            self._reply(60)
         finally:
             self._busy.release()
 
-    def _run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-        out, err = self.folder / "stdout", self.folder / "stderr"
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),
-                                             "stderr": str(err)}) + "\n")
-        self.process.stdin.flush()
-        pid = int(self._reply(timeout)["pid"])
-        try:
-            status = int(self._reply(timeout)["status"])
-        except subprocess.TimeoutExpired:
-            os.kill(pid, signal.SIGKILL)
-            self._reply(30)
-            raise subprocess.TimeoutExpired(args, timeout) from None
-        return subprocess.CompletedProcess([sys.executable, "-m", "resumerge", *args], status,
-                                           out.read_text(), err.read_text())
-
-    def _reply(self, timeout: float) -> dict[str, Any]:
+    def _reply(self, timeout: float | None) -> dict[str, Any]:
         """The server's next reply line, waiting at most ``timeout`` seconds for it."""
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()  # read raw: a buffered reader would hide a line already come from select
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._read:
-            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                raise subprocess.TimeoutExpired("resumerge", timeout)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("resumerge", timeout or 0)
             chunk = os.read(fd, 4096)
             if not chunk:
                 raise RuntimeError("the fork server ended")
@@ -146,3 +177,68 @@ class ForkServer:
         for name in ("stdout", "stderr"):
             (self.folder / name).unlink(missing_ok=True)
         self.folder.rmdir()
+
+
+_SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
+
+
+def worker_server() -> ForkServer:
+    """This worker's fork server: one, though the test modules import the helpers both as ``support`` and as
+    ``tests.support`` (two modules, which each kept a server of their own: two interpreters importing torch)."""
+    if not _SERVERS:
+        _SERVERS.append(ForkServer())
+        atexit.register(_SERVERS[0].close)
+    return _SERVERS[0]
+
+
+class Forked:
+    """A command started by :meth:`ForkServer.start`, with the part of :class:`subprocess.Popen` the tests use: its
+    ``pid`` (a signal sent to it reaches the command: the server reaps it only once its status is read),
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate`` and ``communicate``, text mode.
+    Its output is read when it has ended, never as it comes."""
+
+    def __init__(self, server: ForkServer, args: list[str], pid: int, files: tuple[Path, Path] | None) -> None:
+        self.server, self.args, self.pid, self.files = server, args, pid, files
+        self.returncode: int | None = None
+        self._reading = threading.Lock()  # a hub thread may poll while the test waits
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        try:
+            if self.returncode is None:
+                self.returncode = self.server._status(timeout)  # set first: no signal is sent to it after
+                self.server._reap()
+            return self.returncode
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        finally:
+            self._reading.release()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        self.wait(timeout)
+        if self.files is None:
+            return None, None
+        return self.files[0].read_text(), self.files[1].read_text()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def __enter__(self) -> Forked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wait()

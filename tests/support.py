@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import io
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from forkserver import ForkServer
+from forkserver import Forked, worker_server
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -29,7 +28,7 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
     changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else _fork_server()
+    server = None if fresh else worker_server()
     forked = server.run([str(a) for a in args], full_env, timeout) if server and server.forkable(full_env) else None
     if forked is not None:
         return forked
@@ -43,14 +42,25 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
     )
 
 
-_SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
+def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: bool = False,
+              fresh: bool = False) -> Forked | subprocess.Popen[str]:
+    """Start ``python -m resumerge ARGS`` in a process of its own and return at once, as :func:`cli` runs it (forked
+    where it may be, else a fresh interpreter): a :class:`subprocess.Popen` or its forked twin (``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``kill``, ``communicate``), for a test that kills or signals it at a moment of its
+    choosing. Its stdout and stderr go to /dev/null, or where ``capture``, to :meth:`communicate` once it has ended
+    (a test that reads its output as it comes uses :class:`subprocess.Popen`)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    server = None if fresh else worker_server()
+    forked = (server.start([str(a) for a in args], full_env, capture=capture)
+              if server and server.forkable(full_env) else None)
+    if forked is not None:
+        return forked
+    where = subprocess.PIPE if capture else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, args)], env=full_env, stdout=where,
+                            stderr=where, text=True)
 
 
-def _fork_server() -> ForkServer:
-    if not _SERVERS:
-        _SERVERS.append(ForkServer())
-        atexit.register(_SERVERS[0].close)
-    return _SERVERS[0]
 
 
 def cli_here(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ModelFactory
-from support import digests, linear_config, write_config
+from support import cli, digests, linear_config, write_config
 
 import resumerge
 from resumerge.cli.commands import build_parser, entry, main
@@ -184,12 +183,12 @@ def test_mergekit_flags_are_accepted(tmp_path: Path, make: ModelFactory, capsys:
 
 
 @pytest.mark.slow
-def test_demo_without_dir_leaves_the_current_directory_alone_and_says_where_it_went(tmp_path: Path) -> None:
+def test_demo_without_dir_leaves_the_current_directory_alone_and_says_where_it_went(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cwd, state = tmp_path / "a-clone", tmp_path / "state"
     cwd.mkdir()
-    env = dict(os.environ, RESUMERGE_STATE_DIR=str(state))
-    done = subprocess.run([sys.executable, "-m", "resumerge", "demo"], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    monkeypatch.chdir(cwd)  # the command's working directory: forked or fresh, it starts in this process's
+    done = cli("demo", env={"RESUMERGE_STATE_DIR": str(state)}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert list(cwd.iterdir()) == []
     where = state / "demo"

@@ -9,18 +9,17 @@ same CLI in this process, which saves a Python and torch start-up each (about 3 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import cli, cli_here, digests, reference_merge
+from forkserver import Forked
+from support import cli, cli_here, cli_start, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -77,16 +76,15 @@ def test_double_interruption_at_points(setup: Setup, first: str, second: str) ->
     _finish(setup, out, state)
 
 
-def _start(setup: Setup, out: Path, state: Path, command: str) -> subprocess.Popen[bytes]:
+def _start(setup: Setup, out: Path, state: Path, command: str) -> Forked | subprocess.Popen[str]:
     args = ["run", str(setup.config), str(out)] if command == "run" else ["resume", str(out)]
     args += ["--state-dir", str(state), "--quiet"]
     if command == "run":
         args += ["--out-shard-size", SHARD]
-    return subprocess.Popen([sys.executable, "-m", "resumerge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return cli_start(*args)  # a process of its own (forked from the worker's fork server), killed for real
 
 
-def _kill_during_merge(proc: subprocess.Popen[bytes], out: Path, rng: random.Random) -> bool:
+def _kill_during_merge(proc: Forked | subprocess.Popen[str], out: Path, rng: random.Random) -> bool:
     """SIGKILL ``proc`` at a random moment after its merge started; False if it finished first."""
     manifest = out / "resumerge-manifest.json"
     deadline = time.monotonic() + 60
@@ -128,12 +126,8 @@ def test_random_sigkills_then_resume(setup: Setup, seed: int, drop_state: bool) 
 
 def test_sigterm_stops_at_safe_point_with_exit_3(setup: Setup) -> None:
     out, state = _fresh(setup, "sigterm")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resumerge", "run", str(setup.config), str(out), "--state-dir", str(state),
-         "--out-shard-size", "100k", "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, RESUMERGE_KILL_AT=""),
-    )
+    proc = cli_start("run", setup.config, out, "--state-dir", state, "--out-shard-size", "100k", "--quiet",
+                     env={"RESUMERGE_KILL_AT": ""}, capture=True)
     manifest = out / "resumerge-manifest.json"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:

@@ -121,6 +121,8 @@ def test_help_describes_out_and_names_hub_repos(command: str, capsys: pytest.Cap
 def test_a_signal_after_done_keeps_exit_0(signum: int, tmp_path: Path, make: ModelFactory) -> None:
     """A SIGTERM or SIGINT while the interpreter exits after "done:" (torch's teardown) gave 143/130."""
     first, _ = _configs(tmp_path, make)
+    # A fresh interpreter, not support.cli_start: its stderr is read line by line as it runs, and what is tested is
+    # the exit of an interpreter that started as `python -m resumerge` does.
     with subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(first), str(tmp_path / "out")],
                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True) as process:
         assert process.stderr is not None

@@ -193,6 +193,7 @@ def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit
     ignores it while merging, so the oversized write fails with EFBIG and the run stops with exit 3 and a hint
     naming ``ulimit -f``."""
     out, state = _fresh(setup, f"fsize-{shard}")
+    # A fresh interpreter (not support.cli): the limit is set before it starts.
     launcher = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
                 "os.execv(sys.executable, [sys.executable, '-m', 'resumerge', *sys.argv[2:]])")
     done = subprocess.run(
@@ -218,6 +219,7 @@ def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: 
     flag = setup.root / f"pause-{out.name}"
     flag.unlink(missing_ok=True)
     env = dict(os.environ, **shim_env(shim, arm_renames=after_shards, arm_match=f"{out}/model-", pause_flag=flag))
+    # A fresh interpreter, not support.cli_start: the shim is preloaded (LD_PRELOAD) as the process starts.
     proc = subprocess.Popen(
         [sys.executable, "-m", "resumerge", "run", str(setup.config), str(out), "--state-dir", str(state),
          "--out-shard-size", SHARD, "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

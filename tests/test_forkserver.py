@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from forkserver import ForkServer
@@ -41,3 +42,32 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(t
     finally:
         server.close()
     assert server.process.returncode == 0
+
+
+def test_a_started_command_is_signalled_by_its_pid_which_stays_its_own_until_its_status_is_read(
+        tmp_path: Path) -> None:
+    server = ForkServer()
+    try:
+        env = dict(os.environ)
+        quick = server.start(["status", str(tmp_path / "nowhere"), "--json"], env, capture=True)
+        assert quick is not None
+        assert server.start(["--help"], env, capture=False) is None  # one at a time: the caller starts a fresh one
+        deadline = time.monotonic() + 120
+        while _state(quick.pid) != "Z":  # ended, not reaped: the number cannot go to another process meanwhile
+            assert time.monotonic() < deadline, _state(quick.pid)
+            time.sleep(0.01)
+        quick.send_signal(signal.SIGKILL)  # reaches the zombie only
+        fresh = cli("status", tmp_path / "nowhere", "--json", fresh=True)
+        assert (quick.poll(), *quick.communicate()) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        assert not os.path.exists(f"/proc/{quick.pid}") or _state(quick.pid) != "Z"  # reaped once its status was read
+        killed = server.start(["run", str(tmp_path / "nowhere.yml"), str(tmp_path / "out")], env, capture=False)
+        assert killed is not None
+        killed.kill()
+        assert killed.wait(120) == -signal.SIGKILL and killed.communicate() == (None, None)
+    finally:
+        server.close()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]

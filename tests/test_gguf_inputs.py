@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -432,14 +430,11 @@ def test_a_gguf_donor_s_tokenizer_takes_the_config_s_chat_template(tmp_path: Pat
 def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real_merge: tuple[Path, Path]) -> None:
     config, whole = real_merge
     out, state = tmp_path / "out", tmp_path / "s"
-    args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state),
-            "--out-shard-size", _SHARD]
     # Killed while writing its third shard, then its resume killed after its second commit: the GGUF is read
     # again from the plan's recorded folder and file each time.
-    for point, argv in (("mid_shard_write:3", args), ("after_ledger_commit:2", [
-            sys.executable, "-m", "resumerge", "resume", str(out), "--state-dir", str(state)])):
-        killed = subprocess.run(argv, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
-                                text=True, timeout=600)
+    for point, argv in (("mid_shard_write:3", ["run", config, out, "--state-dir", state, "--out-shard-size", _SHARD]),
+                        ("after_ledger_commit:2", ["resume", out, "--state-dir", state])):
+        killed = cli(*argv, env={"RESUMERGE_KILL_AT": point}, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
     api.resume(out, state_dir=state)
     assert digests(out) == digests(whole)

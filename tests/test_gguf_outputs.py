@@ -6,10 +6,7 @@ run killed at any point resumes byte-identical and ``verify`` re-hashes it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -170,9 +167,7 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
               ("mid_shard_write", "after_temp_write") if case == "experts" else LOCAL_POINTS)
     for point in points:
         out, state = tmp_path / point.replace(":", "_"), tmp_path / f"{point.replace(':', '_')}.state"
-        args = [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir", str(state), *flags]
-        killed = subprocess.run(args, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
-                                text=True, timeout=120)
+        killed = cli("run", config, out, "--state-dir", state, *flags, env={"RESUMERGE_KILL_AT": point})
         if killed.returncode == 0:
             continue  # a point a one-file output without config.json or tokenizer never reaches
         assert killed.returncode == -signal.SIGKILL, killed.stderr

@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,7 +25,7 @@ from resumerge.store.ledger_read import read_merge_record
 from resumerge.store.planning import PLANNING_NAME, planning_mark
 from resumerge.store.statusview import read_status
 from tests.manylayers import many_layer_merge, many_layer_spec
-from tests.support import digests
+from tests.support import cli_start, digests
 
 # Small enough for the suite's budget, large enough that the output has many shards and planning is not instant.
 LAYERS = 300
@@ -84,9 +82,7 @@ def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _kill_after_first_shard(config: Path, out: Path, state: Path) -> None:
     """Start ``resumerge run`` in a subprocess and SIGKILL it once the ledger records a committed shard."""
-    proc = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir",
-                             str(state), "--out-shard-size", SHARD, "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = cli_start("run", config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet")
     ledger = run_dir(out, state) / "ledger.db"
     try:
         while proc.poll() is None:

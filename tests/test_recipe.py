@@ -27,7 +27,7 @@ import pytest
 import yaml
 from hub.fakehub import FakeHub, files_of, iter_requests
 from huggingface_hub import close_session, constants
-from support import cli, digests
+from support import cli, cli_start, digests
 
 import resumerge
 import resumerge.api
@@ -250,9 +250,7 @@ def test_random_sigkills_across_stages_then_resume(tmp_path: Path, models: Model
         # Each process is killed at a random moment after a random number (6..14) of its own commits: a kill
         # during start-up tests little, and the 48 files of the three stages are reached in four attempts.
         target = _committed(run) + rng.randint(6, 14)
-        proc = subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, run.args("run" if attempt == 0
-                                                                                   else "resume"))],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = cli_start(*run.args("run" if attempt == 0 else "resume"))  # forked from the fork server
         deadline = time.monotonic() + 60
         while _committed(run) < target and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -503,8 +501,7 @@ def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_pa
     text = _local_recipe(models)
     (tmp_path / "recipe.yml").write_text(text)
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "resumerge", "plan", str(tmp_path / "recipe.yml"), str(out),
-                           "--json", "--probe-size", "0"], capture_output=True, text=True, check=False, timeout=120)
+    done = cli("plan", tmp_path / "recipe.yml", out, "--json", "--probe-size", "0")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["recipe"] and doc["fits"]

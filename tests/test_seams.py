@@ -155,6 +155,7 @@ def test_a_closed_pipe_ends_status_quietly(tmp_path: Path, make: ModelFactory) -
     assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
     read, write = os.pipe()
     os.close(read)  # `| head` that has already gone away
+    # A fresh interpreter, not support.cli: its stdout must be this pipe's closed end (a forked command writes a file).
     done = subprocess.run([sys.executable, "-m", "resumerge", "status", str(tmp_path / "out"), "--json"],
                           stdout=write, stderr=subprocess.PIPE, text=True, check=False, timeout=60)
     os.close(write)

@@ -7,15 +7,13 @@ Real subprocesses on tiny generated models (three layers, width 32): a second or
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support import cli, cli_start
 
 from resumerge.analyses.check.progress import Step
 from resumerge.cli.checkprogress import CheckProgress
@@ -27,10 +25,6 @@ SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 TEXTS = "the cat sat on the mat\nhello world again and again\n"
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
-
-
 @pytest.fixture
 def models(tmp_path: Path) -> tuple[Path, Path, Path]:
     texts = tmp_path / "texts.txt"
@@ -40,9 +34,8 @@ def models(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def test_a_logged_check_prints_a_line_per_layer(models: tuple[Path, Path, Path], tmp_path: Path) -> None:
     merge, parent, texts = models
-    done = subprocess.run([sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent),
-                           "--prompts", str(texts), "--json", "--state-dir", str(tmp_path / "state")],
-                          env=_env(), capture_output=True, text=True, timeout=300)
+    done = cli("check", merge, "--parent", parent, "--prompts", texts, "--json", "--state-dir", tmp_path / "state",
+               timeout=300)
     assert done.returncode in (0, 5, 6), done.stderr
     tokens = json.loads(done.stdout)["tokens"]
     lines = [line for line in done.stderr.splitlines() if line.startswith("check: layer")]
@@ -50,9 +43,8 @@ def test_a_logged_check_prints_a_line_per_layer(models: tuple[Path, Path, Path],
     assert all(f"(2 models, {tokens:,} tokens each; now model " in line for line in lines)
     assert all(re.search(r"about .+ left$", line) for line in lines[1:]), lines
     assert "check: the static pass" in done.stderr and "check: the heads" in done.stderr
-    quiet = subprocess.run([sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent),
-                            "--prompts", str(texts), "--quiet", "--state-dir", str(tmp_path / "other")],
-                           env=_env(), capture_output=True, text=True, timeout=300)
+    quiet = cli("check", merge, "--parent", parent, "--prompts", texts, "--quiet", "--state-dir", tmp_path / "other",
+                timeout=300)
     assert "check:" not in quiet.stderr and "verdict:" in quiet.stdout
 
 
@@ -74,10 +66,8 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
                                                                       tmp_path: Path) -> None:
     merge, parent, texts = models
     state = tmp_path / "state"
-    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent), "--prompts", str(texts),
-            "--json", "--state-dir", str(state)]
-    first = subprocess.Popen(argv, env=_env(RESUMERGE_PAUSE_AT="after_check_layer:30"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    argv = ["check", merge, "--parent", parent, "--prompts", texts, "--json", "--state-dir", state]
+    first = cli_start(*argv, env={"RESUMERGE_PAUSE_AT": "after_check_layer:30"}, capture=True)
     try:
         deadline = time.monotonic() + 120
         while not list(state.glob("checks/*/layer-00000.safetensors")) and time.monotonic() < deadline:
@@ -100,14 +90,12 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
     assert (found.kind, found.state, found.resume_command) == ("check", "interrupted", command)
     assert found.details is not None and found.details.rows == (
         ("check", f"interrupted: layer 1 of 3, model 2 of 2 (parent {parent})"),)
-    resumed = subprocess.run([sys.executable, "-m", "resumerge", *command.split()[1:], "--json"], env=_env(),
-                             capture_output=True, text=True, timeout=300)
+    resumed = cli(*command.split()[1:], "--json", timeout=300)
     assert resumed.returncode in (0, 5, 6), resumed.stderr
     assert "check: layer 1 of 3" not in resumed.stderr and "check: layer 2 of 3" in resumed.stderr
     found = api.status(merge, state_dir=state)
     assert (found.kind, found.state, found.resume_command) == ("check", "done", None)
-    whole = subprocess.run([*argv[:-1], str(tmp_path / "whole")], env=_env(), capture_output=True, text=True,
-                           timeout=300)
+    whole = cli(*argv[:-1], tmp_path / "whole", timeout=300)
     doc, again = json.loads(resumed.stdout), json.loads(whole.stdout)
     assert Path(doc.pop("chart")).read_bytes() == Path(again.pop("chart")).read_bytes()
     assert doc == again

@@ -7,14 +7,12 @@ Tiny generated models (two layers, width 32, a byte-level tokenizer, a context o
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import write_config
+from support import cli_start, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -76,9 +74,7 @@ def test_a_megabyte_line_is_refused_before_any_layer_rather_than_run_past_ctrl_c
     config = _measure_config(tmp_path)
     texts = tmp_path / "texts.txt"
     texts.write_text(" ".join(["hello world"] * 90_000) + "\n")  # about 1 MB
-    process = subprocess.Popen([sys.executable, "-m", "resumerge", "measure", str(config), str(tmp_path / "grams"),
-                                "--texts", str(texts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ))
+    process = cli_start("measure", config, tmp_path / "grams", "--texts", texts, capture=True)
     try:
         _, err = process.communicate(timeout=120)  # tokenizing the line is most of it: a few seconds
     except subprocess.TimeoutExpired:

@@ -5,14 +5,14 @@ alone gives. Real subprocesses on tiny generated models (two layers, width 32): 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from forkserver import Forked
+from support import cli, cli_start
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 
@@ -23,15 +23,7 @@ VERDICTS = (0, 5, 6)  # works, no effect, broken: two random models are what the
 TEXTS = "the cat sat on the mat\nhello world again and again\n"
 
 
-def _argv(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "resumerge", *map(str, args)]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
-
-
-def _wait_for(path: Path, process: subprocess.Popen[str], text: str = "") -> None:
+def _wait_for(path: Path, process: Forked | subprocess.Popen[str], text: str = "") -> None:
     """Until ``path`` holds ``text`` (the first process got where the test needs it)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -51,8 +43,8 @@ def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Pa
     state = tmp_path / "state"
     args = ("check", merge, "--parent", parent, "--prompts", texts, "--json", "--state-dir", state)
     # The first pauses after each layer's journal is saved: the second comes while it holds the journal.
-    first = subprocess.Popen(_argv(*args), env=_env(RESUMERGE_PAUSE_AT="after_check_layer:3"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Forked from the worker's fork server; the second, started while the server runs the first, is a fresh one.
+    first = cli_start(*args, env={"RESUMERGE_PAUSE_AT": "after_check_layer:3"}, capture=True)
     try:
         journal = next(iter(state.glob("checks/*/progress.json")), None)
         deadline = time.monotonic() + 120
@@ -61,7 +53,7 @@ def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Pa
             journal = next(iter(state.glob("checks/*/progress.json")), None)
         assert journal is not None, first.communicate()
         _wait_for(journal, first, '"phase": "forward"')
-        second = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+        second = cli(*args, timeout=300)
         out, err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
@@ -70,15 +62,14 @@ def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Pa
     line = second.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert f"pid {first.pid}: resumerge check {merge} --parent {parent}" in line, line
-    alone = subprocess.run(_argv(*args[:-1], tmp_path / "alone"), env=_env(), capture_output=True, text=True,
-                           timeout=300)
+    alone = cli(*args[:-1], tmp_path / "alone", timeout=300)
     assert alone.returncode in VERDICTS, alone.stderr[-3000:]
     assert first.returncode == alone.returncode, err[-3000:]  # the verdict's exit code (two random models)
     doc, again = json.loads(out), json.loads(alone.stdout)
     assert Path(doc.pop("chart")).read_bytes() == Path(again.pop("chart")).read_bytes()
     assert doc == again
     # Asked again once the first is done, the check answers from its report.
-    third = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+    third = cli(*args, timeout=300)
     assert third.returncode == first.returncode and json.loads(third.stdout)["verdict"] == doc["verdict"]
 
 
@@ -91,8 +82,7 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
     texts.write_text(TEXTS)
     out = tmp_path / "grams"
     args = ("measure", config, out, "--texts", texts)
-    first = subprocess.Popen(_argv(*args), env=_env(RESUMERGE_PAUSE_AT="after_measure_layer:3"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = cli_start(*args, env={"RESUMERGE_PAUSE_AT": "after_measure_layer:3"}, capture=True)
     try:
         deadline = time.monotonic() + 120
         while not list(out.glob("model-*/layer-*.safetensors")) and time.monotonic() < deadline:
@@ -105,7 +95,7 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
         # interpreter start; a stopped process keeps its lock, as a slow one would.
         first.send_signal(signal.SIGSTOP)
         try:
-            second = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+            second = cli(*args, timeout=300)
         finally:
             first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=300)
@@ -116,5 +106,5 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
     assert f"pid {first.pid}: resumerge measure {config} {out}" in second.stderr, second.stderr
     assert first.returncode == 0, err[-3000:]
     assert (out / "measure.json").is_file()
-    done = subprocess.run(_argv(*args), env=_env(), capture_output=True, text=True, timeout=300)
+    done = cli(*args, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import cli
 
 from resumerge.config.modelref import ModelRef
 from resumerge.forward import Weights
@@ -273,11 +274,9 @@ def test_a_resumed_check_of_a_native_family_never_imports_transformers(tmp_path:
     texts = tmp_path / "texts.txt"
     texts.write_text("w1 w5 w9 w33 w70 w2 w11\nw4 w6 w7 w8 w12\n")
     state = tmp_path / "state"
-    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent), "--prompts",
-            str(texts), "--state-dir", str(state)]
+    killed = cli("check", merge, "--parent", parent, "--prompts", texts, "--state-dir", state,
+                 env={"RESUMERGE_KILL_AT": "after_check_layer:2"}, timeout=300)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:2"}, capture_output=True,
-                            text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     code = ("import json, sys\nfrom resumerge import api\n"
             f"report = api.check({str(merge)!r}, parents=[{str(parent)!r}], prompts={str(texts)!r}, "

@@ -13,16 +13,14 @@ beside the hidden states: a check killed after a layer resumes with the same fig
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from newest_families import make_newest_model
 from safetensors import safe_open
+from support import cli
 
 from resumerge import api
 from resumerge.analyses.check.models import Checked
@@ -100,19 +98,16 @@ def test_a_killed_check_of_glm5_resumes_with_the_top_k_indices_its_layers_handed
     parent = _with_tokenizer(make_newest_model(tmp_path / "other", "glm5", 4), tmp_path / "parent")
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world, and a longer line of words than the others\n")
-    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent), "--prompts", str(texts),
-            "--json", "--state-dir", str(tmp_path / "killed")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = ["check", merge, "--parent", parent, "--prompts", texts, "--json", "--state-dir", tmp_path / "killed"]
     # killed after layer 2, whose top-k indices layer 3 (a "shared" one) takes: resumed from the journal's file
-    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:3"}, capture_output=True,
-                            text=True, timeout=600)
+    killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:3"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     journal = list((tmp_path / "killed").rglob("layer-*.safetensors"))
     assert [p.name for p in journal] == ["layer-00002.safetensors"]
     with safe_open(str(journal[0]), "pt") as opened:  # layer 2's top-k indices, which layer 3 takes, per model
         carried = [n.split(".") for n in opened.keys() if n.startswith("carried.")]  # noqa: SIM118
     assert {m for _, m, _, _, _ in carried} == {"0", "1"} and {(i, q) for *_, i, q in carried} == {("2", "0")}
-    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    resumed = cli(*argv, timeout=600)
     whole = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "whole")
     assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
     doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from proofedits import count_reads, edit_unsampled, trust_fresh_files
+from support import cli
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -80,14 +79,11 @@ def test_an_edit_no_step_reads_is_reported_and_a_read_one_checks_again(
 def test_an_edit_between_kill_and_resume_in_a_journaled_layer_is_refused(tmp_path: Path) -> None:
     merge, parent, texts = _models(tmp_path)
     state = tmp_path / "state"
-    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--parent", str(parent), "--prompts",
-            str(texts), "--state-dir", str(state), "--quiet"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:2"}, capture_output=True,
-                            text=True, timeout=300)
+    argv = ["check", merge, "--parent", parent, "--prompts", texts, "--state-dir", state, "--quiet"]
+    killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:2"}, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     file = edit_unsampled(parent, "model.layers.0.self_attn.q_proj.weight")
-    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    resumed = cli(*argv, timeout=300)
     assert resumed.returncode == 4, resumed.stderr[-2000:]
     assert str(file) in resumed.stderr and "decoder layer 0" in resumed.stderr
     assert "Traceback" not in resumed.stderr

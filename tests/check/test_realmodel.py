@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from realmodel import smollm2_folder
-from support import write_config
+from support import cli, write_config
 
 from resumerge import api
 from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS, CheckReport
@@ -122,17 +120,14 @@ def test_nans_are_broken_in_the_static_pass(models: dict[str, Path], tmp_path: P
 
 
 def test_a_killed_check_resumes_with_the_same_report(models: dict[str, Path], tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "resumerge", "check", str(models["copy"]), "--parent", str(models["changed"]),
-            "--prompts", str(models["texts"]), "--json", "--state-dir", str(tmp_path / "killed")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:9"}, capture_output=True,
-                            text=True, timeout=600)
+    argv = ["check", models["copy"], "--parent", models["changed"], "--prompts", models["texts"], "--json",
+            "--state-dir", tmp_path / "killed"]
+    killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:9"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     journal = list((tmp_path / "killed").rglob("layer-*.safetensors"))
     assert [p.name for p in journal] == ["layer-00008.safetensors"]  # one file: the last layer done
     # Resumed at layer 9, it passes the point 21 times (layers 9-29): a check started over would die at the 22nd.
-    resumed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_check_layer:22"}, capture_output=True,
-                             text=True, timeout=600)
+    resumed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:22"}, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     doc = json.loads(resumed.stdout)
     assert doc["verdict"] == "works" and doc["broken_layer"] is None
@@ -181,10 +176,8 @@ def _check_events(out: Path, state: Path) -> list[dict[str, Any]]:
 def test_status_shows_a_checks_layer_and_model_and_the_ledger_records_its_verdict(
         models: dict[str, Path], self_merged: tuple[Path, Path, Path]) -> None:
     out, state, _ = self_merged
-    argv = [sys.executable, "-m", "resumerge", "check", str(out), "--prompts", str(models["texts"]), "--json",
-            "--state-dir", str(state)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RESUMERGE_KILL_AT": "after_check_layer:5"}
-    killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    killed = cli("check", out, "--prompts", models["texts"], "--json", "--state-dir", state,
+                 env={"RESUMERGE_KILL_AT": "after_check_layer:5"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     status = api.status(out, state_dir=state)
     found = status.to_json()["check"]

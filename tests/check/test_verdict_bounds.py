@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import write_config
+from support import cli, write_config
 
 from resumerge import api
 from resumerge.analyses.check.report import BROKEN, WORKS
@@ -63,10 +61,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 def test_a_model_worse_than_a_uniform_guess_is_broken_with_nothing_to_compare(real: dict[str, Path],
                                                                               tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "resumerge", "check", str(real["destroyed"]), "--prompts",
-                           str(real["texts"]), "--json", "--state-dir", str(tmp_path)],
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, capture_output=True, text=True,
-                          timeout=600)
+    done = cli("check", real["destroyed"], "--prompts", real["texts"], "--json", "--state-dir", tmp_path,
+               timeout=600)
     assert done.returncode == 6, done.stderr[-3000:]
     doc = json.loads(done.stdout)
     assert doc["verdict"] == BROKEN and [m["role"] for m in doc["models"]] == ["merge"]
@@ -130,10 +126,8 @@ def test_an_output_still_being_written_is_said_to_be(tmp_path: Path) -> None:
     config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "models": [
         {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]})
     out, state = tmp_path / "out", tmp_path / "state"
-    killed = subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir",
-                             str(state), "--quiet"], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
-                                                          "RESUMERGE_KILL_AT": "after_ledger_commit"},
-                            capture_output=True, text=True, timeout=300)
+    killed = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_ledger_commit"},
+                 timeout=300)
     assert killed.returncode == -9 and not (out / "config.json").exists(), killed.stderr
     with pytest.raises(UsageError) as unfinished:
         api.check(out, state_dir=state)

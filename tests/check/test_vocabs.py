@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+from support import cli
 
 from resumerge import api
 from resumerge.analyses.check.report import CheckReport
@@ -141,22 +142,16 @@ def test_run_check_of_a_union_merge_ends_with_its_verdict(tmp_path: Path, capsys
 
 
 def test_a_killed_check_of_models_whose_vocabularies_differ_resumes_to_the_same_report(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
     base = make_model(tmp_path / "base", SPEC, seed=0)
     merge = make_model(tmp_path / "merge", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
     texts = _texts(tmp_path)
     whole = api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "whole")
     state = tmp_path / "killed"
-    argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base), "--prompts", str(texts),
-            "--state-dir", str(state), "--json"]
-    killed = subprocess.run(argv, env={**os.environ, "RESUMERGE_KILL_AT": "after_check_layer:1"},
-                            capture_output=True, text=True, timeout=300, check=False)
+    argv = ["check", merge, "--base", base, "--prompts", texts, "--state-dir", state, "--json"]
+    killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:1"}, timeout=300)
     assert killed.returncode == -9, killed.stderr
     assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
-    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    resumed = cli(*argv, timeout=300)
     assert resumed.returncode == whole.exit_code, resumed.stderr
     doc, expected = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
     assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()

@@ -19,25 +19,20 @@ pytest.importorskip("lm_eval")
 
 from resumerge import api
 from tests.evaluation.evaltasks import tiny_model, write_tasks
+from tests.support import cli
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
-
-
-def _argv(model: Path, tasks: Path, state: Path) -> list[str]:
-    return [sys.executable, "-m", "resumerge", "eval", str(model), "--tasks", "tiny_mc,tiny_ppl", "--include-path",
-            str(tasks), "--state-dir", str(state), "--json"]
+def _argv(model: Path, tasks: Path, state: Path) -> list[str | Path]:
+    return ["eval", model, "--tasks", "tiny_mc,tiny_ppl", "--include-path", tasks, "--state-dir", state, "--json"]
 
 
 @pytest.mark.slow
 def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path: Path) -> None:
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
-    killed = subprocess.run(_argv(model, tasks, state), env=_env(RESUMERGE_KILL_AT="after_eval_layer:2"),
-                            capture_output=True, text=True, timeout=300)
+    killed = cli(*_argv(model, tasks, state), env={"RESUMERGE_KILL_AT": "after_eval_layer:2"}, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "layer 2/3" in killed.stderr and "layer 3/3" not in killed.stderr
-    resumed = subprocess.run(_argv(model, tasks, state), env=_env(), capture_output=True, text=True, timeout=300)
+    resumed = cli(*_argv(model, tasks, state), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     first = resumed.stderr.split("loglikelihood pass", 1)[1].split("\n")[0]
     assert "layer 3/3" in first and "layer 1/3" not in resumed.stderr.split("loglikelihood_rolling")[0]
@@ -50,7 +45,11 @@ def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path
 
 def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tmp_path: Path) -> None:
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
-    first = subprocess.Popen(_argv(model, tasks, state), env=_env(RESUMERGE_PAUSE_AT="after_eval_layer:30"),
+    # A fresh interpreter, not support.cli_start: forked from the fork server under xdist, this evaluation did not
+    # end within 2 minutes of its Ctrl-C (not yet understood; a forked check's and run's Ctrl-C do).
+    first = subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, _argv(model, tasks, state))],
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                                  "RESUMERGE_PAUSE_AT": "after_eval_layer:30"},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240

@@ -68,20 +68,16 @@ def test_a_missing_texts_file_is_refused_before_any_weight_is_read(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_killed_text_task_resumes_at_its_layer_with_the_same_figure(tmp_path: Path) -> None:
-    import os
     import signal
-    import subprocess
-    import sys
+
+    from tests.support import cli
 
     model, texts, state = tiny_model(tmp_path / "model"), _texts(tmp_path / "texts.txt"), tmp_path / "state"
-    argv = [sys.executable, "-m", "resumerge", "eval", str(model), "--tasks", f"nll:{texts}", "--state-dir",
-            str(state), "--json"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(argv, env={**env, "RESUMERGE_KILL_AT": "after_eval_layer:2"}, capture_output=True,
-                            text=True, timeout=300)
+    argv = ["eval", model, "--tasks", f"nll:{texts}", "--state-dir", state, "--json"]
+    killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_eval_layer:2"}, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "layer 2/3" in killed.stderr and "layer 3/3" not in killed.stderr
-    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    resumed = cli(*argv, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "layer 3/3" in resumed.stderr and "layer 1/3" not in resumed.stderr
     whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")

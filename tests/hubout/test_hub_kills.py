@@ -7,12 +7,9 @@ stay those of each object once)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +20,7 @@ from hub.fakehub_xet import XetCas
 from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
 from resumerge.store.killpoints import HUB_POINTS
-from tests.support import cli
+from tests.support import cli, cli_start
 
 # Each kind once, then (LFS) one more at a random point: rng 14 draws hub_after_upload:8, a kill late in the uploads
 # (trial 0 drew :2). A seventh trial drew hub_after_commit:1, trial 2's state again, for 4 s of the suite's budget.
@@ -40,8 +37,7 @@ def _killed_at_point(merge: Merge, out: str, state: Path, spec: str) -> int:
 def _killed_in_commit(hub: HubWriter, merge: Merge, out: str, state: Path, nth: int, applied: bool) -> int:
     """SIGKILL the merge from inside the hub while it handles commit request ``nth`` (before or after applying)."""
     args = ["run", str(merge.config), out, "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet", *BATCH]
-    proc = subprocess.Popen([sys.executable, "-m", "resumerge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=dict(os.environ))
+    proc = cli_start(*args)
     first = hub.commit_requests
 
     def hook(number: int, stage: str) -> bool | None:

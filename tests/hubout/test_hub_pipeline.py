@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -32,7 +30,7 @@ from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
 from resumerge.store import shardwriter
 from resumerge.store.hubretry import WINDOW, pace_wait
-from tests.support import linear_config, write_config
+from tests.support import cli_start, linear_config, write_config
 
 # Several weight files per input (about one decoder layer each), so downloads, merge and uploads can overlap.
 SPEC = ModelSpec(layers=4, hidden=64, intermediate=96, vocab=128, shard_bytes=150_000)
@@ -199,9 +197,7 @@ def test_a_sigkill_mid_pipeline_resumes_on_a_fresh_machine(hub: HubWriter, input
     object was PUT twice."""
     release = _push_holding(hub, inputs)[2]
     state, out = tmp_path / "state", "hf://alice/killed"
-    proc = subprocess.Popen([sys.executable, "-m", "resumerge", "run", str(inputs.config), out, "--state-dir",
-                             str(state), "--out-shard-size", SHARD, "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    proc = cli_start("run", inputs.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet")
     try:
         assert _wait(lambda: _committed_shards(hub, "alice/killed"), 60), "no shard committed before the kill"
         proc.send_signal(signal.SIGKILL)

@@ -8,11 +8,8 @@ the parents. The full-size run is ``bench/bench_terabyte.py``'s."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
@@ -21,6 +18,7 @@ import pytest
 from hub.fakehub import SparseFile, files_of, sparse_files_of
 from hub.fakehub_write import HubWriter
 from sparse_checkpoints import DEEPSEEK_V3, disk_usage, write_sparse_checkpoint
+from support import cli
 
 from hubout.conftest import repo_files
 from resumerge import api
@@ -80,10 +78,9 @@ def test_a_sparse_deepseek_pair_merges_hub_to_hub_by_range_paced_and_resumes_fro
     needed = sum(end - start for _, _, start, end in ranges)
     hub.hub.reset_counters()
     out, state = "hf://alice/mini-deepseek", tmp_path / "state"
-    killed = subprocess.run([sys.executable, "-m", "resumerge", "run", str(pair.config), out, "--state-dir",
-                             str(state), "--out-shard-size", SHARD, "--stream-inputs", "--quiet"], env={
-        **os.environ, "RESUMERGE_KILL_AT": "hub_after_commit:2"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    killed = cli("run", pair.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--stream-inputs",
+                 "--quiet", env={"RESUMERGE_KILL_AT": "hub_after_commit:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     first = sum(v for k, v in hub.hub.file_bytes().items() if k.endswith(".safetensors"))
     committed = {k for k in repo_files(hub, "alice/mini-deepseek") if k.endswith(".safetensors")}
     assert 0 < len(committed) < len(shards)

@@ -12,15 +12,13 @@ and on a fresh machine (no state dir), where the state dir holds a ledger (else 
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hub.fakehub_write import HubWriter
+from support import cli_start
 
 from hubout.conftest import SHARD, Merge, repo_files
 from resumerge.cli.commands import main
@@ -30,8 +28,7 @@ PHASES = ("token check", "repo creation", "repo created", "first upload", "first
 
 def _killed_in(hub: HubWriter, merge: Merge, out: str, state: Path, phase: str, *extra: str) -> int:
     args = ["run", str(merge.config), out, "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet", *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "resumerge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=dict(os.environ))
+    proc = cli_start(*args)
     created: list[bool] = []
 
     def kill() -> bool:

@@ -13,13 +13,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from forkserver import Forked
 from hub.fakehub_write import HubWriter
+from support import cli_start
 
 from hubout.conftest import SHARD, TIERS, Merge, repo_files
 from resumerge import api
@@ -71,12 +72,11 @@ def test_a_commit_whose_answer_was_lost_is_ours_not_a_second_writer(hub: HubWrit
     assert hub.refused == 0 and hub.commit_requests == hub.commits["alice/lost"]
 
 
-def _start(merge: Merge, out: str, state: Path) -> subprocess.Popen[str]:
+def _start(merge: Merge, out: str, state: Path) -> Forked | subprocess.Popen[str]:
     """A real ``resumerge run`` whose batches never fill: only an interrupt's last commit can commit shards."""
     args = ["run", str(merge.config), out, "--state-dir", str(state), "--out-shard-size", SHARD,
             "--commit-every", "100", "--commit-interval", "3600"]
-    return subprocess.Popen([sys.executable, "-m", "resumerge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    return cli_start(*args, capture=True)
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)

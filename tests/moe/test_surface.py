@@ -247,6 +247,7 @@ def _tree_peak_anon(argv: list[str]) -> tuple[int, int]:
             todo += children(pids[-1])
         return pids
 
+    # A fresh interpreter, not support.cli_start: a child forked from the fork server would count its torch pages.
     proc = subprocess.Popen([sys.executable, "-m", "resumerge", *argv], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     root, peak = psutil.Process(proc.pid), 0
