@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -29,10 +30,10 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
 
 
-def _until(done: object, what: str, *running: subprocess.Popen[str]) -> None:
+def _until(done: Callable[[], bool], what: str, *running: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if callable(done) and done():
+        if done():
             return
         for process in running:
             assert process.poll() is None, process.communicate()
@@ -77,10 +78,12 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
         try:
             second = subprocess.Popen(_argv("run", config, tmp_path / "two", "--state-dir", state, "--quiet"),
                                       env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            (lock,) = locks.iterdir()
-            _until(lambda: _waiting_on(lock), "the second waiting on the pass's lock", second)
-            # what the first journaled is still there: the second has not run the pass under it
-            assert list(routers.glob("*/layer-*.safetensors"))
+            (work,) = routers.iterdir()
+            lock = locks / work.name
+            # Waiting on the lock, or (were there none) gone through the pass, deleting the first's journal under it
+            _until(lambda: second.poll() is not None or (lock.is_file() and _waiting_on(lock)),
+                   "the second waiting on the pass's lock")
+            assert second.poll() is None, second.communicate()
         finally:
             _signal(first, signal.SIGCONT)
         _, err_one = first.communicate(timeout=300)
