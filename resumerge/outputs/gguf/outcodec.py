@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 from resumerge.outputs.gguf import encoders
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 # --gguf-type -> ggml type id, and the stored dtype of each type written
 TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
 _STORED = {0: "F32", 1: "F16", 30: "BF16"}
+_NAMES = {code: name.upper() for name, code in TYPES.items()}  # ggml type id -> its name (GGUF_ROUND_TRIP's key)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,12 @@ class GgufOutCodec(TensorEncoder):
     @property
     def mergekit_reads(self) -> bool:
         return False
+
+    @property
+    def round_trip(self) -> tuple[str, float] | None:
+        name = _NAMES[self.ggml_type]
+        error = GGUF_ROUND_TRIP.get(name)
+        return None if error is None else (name, error)
 
     def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
         return None
