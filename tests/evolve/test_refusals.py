@@ -1,5 +1,6 @@
 """Bad input to ``resumerge evolve``: one line naming what and where, exit 2, before any weight is read and
-without a file written into STORAGE (a STORAGE holding another search is left as it was).
+without a file written into STORAGE (a STORAGE holding another search is left as it was); a second search in a
+STORAGE in use exits 4 naming the first.
 
 Tiny generated models (two layers, width 32); nothing is merged."""
 
