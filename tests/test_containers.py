@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from resumerge.inputs.codecs import (
     PLAIN,
     BlockFp8Codec,
@@ -53,3 +55,29 @@ def test_a_format_implements_the_directions_it_has_and_no_other() -> None:
     assert issubclass(GgufCodec, TensorDecoder) and not issubclass(GgufCodec, TensorEncoder)
     for written in (GgufOutCodec, GgufStackCodec):
         assert issubclass(written, TensorEncoder) and not issubclass(written, TensorDecoder)
+
+
+def test_a_gguf_codec_answers_its_round_trip_error_and_other_formats_none() -> None:
+    assert GgufCodec("Q4_1", (32, 20)).round_trip == ("Q4_1", 7.9)
+    assert GgufOutCodec("blk.0.attn_q.weight", 8).round_trip == ("Q8_0", 0.54)
+    assert GgufStackCodec("blk.0.ffn_gate_exps.weight", 2).round_trip == ("Q4_0", 8.6)
+    # lossless enough, or not GGUF: nothing to note
+    assert GgufCodec("F16", (1, 2)).round_trip is None and GgufOutCodec("output.weight", 1).round_trip is None
+    assert PLAIN.round_trip is None and BlockFp8Codec((128, 128)).round_trip is None
+
+
+def test_a_split_size_and_an_unwritten_merge_are_answered_by_the_container() -> None:
+    from resumerge.api import Merging, Output, Resources
+    from resumerge.api.options import plan_options
+    from resumerge.api.unwritten import _options
+    from resumerge.errors import UsageError
+
+    assert (GgufFile.split_by_size, SafetensorsShards.split_by_size) == (True, False)
+    assert (GgufFile.unwritten_reads, SafetensorsShards.unwritten_reads) == (False, True)
+    split = Output(out_type="gguf", gguf_split_max_size="1MB")
+    assert plan_options(split, out_shard_size=None).gguf_split_max_size == 1_000_000
+    with pytest.raises(UsageError, match="splits a GGUF output"):
+        plan_options(Output(gguf_split_max_size="1MB"), out_shard_size=None)
+    assert _options(Output(), Merging(), Resources()).out_type == "safetensors"
+    with pytest.raises(UsageError, match=r"an unwritten merge is read as safetensors, not .*gguf"):
+        _options(Output(out_type="gguf"), Merging(), Resources())

@@ -1,4 +1,5 @@
-"""resumerge's own GGUF encoders and decoders (torch, :mod:`resumerge.inputs.gguf.blocks`) give the bytes and values
+"""resumerge's own GGUF encoders and decoders (torch, :mod:`resumerge.outputs.gguf.encoders` and
+:mod:`resumerge.inputs.gguf.blocks`) give the bytes and values
 gguf-py's ``quants`` give: Q8_0 (llama.cpp's reference rounding, halves away from zero), Q4_0, Q4_1, Q5_0, Q5_1
 (truncation of a shifted code), F16, BF16 — on normal values, exact ties, zeros and -0, all-zero and all-equal blocks,
 negative maxima, huge and tiny values, random float bit patterns, and every row count a row chunk can have; and
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from resumerge.inputs.gguf import blocks
+from resumerge.outputs.gguf import encoders
 
 KINDS = {name: gguf.GGMLQuantizationType[name.upper()] for name in
          ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")}
@@ -28,7 +30,7 @@ def _reference(values: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarra
 
 
 def _ours(values: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
-    encoded = blocks.encode(torch.from_numpy(values.copy()), int(kind)).contiguous()
+    encoded = encoders.encode(torch.from_numpy(values.copy()), int(kind)).contiguous()
     return encoded.view(torch.uint8).numpy().reshape(values.shape[0], -1)
 
 

@@ -19,8 +19,8 @@ from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
+from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
 from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
-from resumerge.plan.quantnotes import GGUF_ROUND_TRIP
 from resumerge.store.killpoints import LOCAL_POINTS
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,12 +100,13 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
             parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
-    if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
-        from resumerge.evolve.spread import SpreadOverNodes
+    with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])):
+        if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
+            from resumerge.evolve.spread import SpreadOverNodes
 
-        best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address))
-    else:
-        best = run_search(planned, store, scorer_at(store))
+            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address))
+        else:
+            best = run_search(planned, store, scorer_at(store))
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
         if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)

@@ -209,6 +209,7 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
     like the parent's, as every new run's): every field of ``groups`` that :class:`PlanOptions` has, by name, then
     ``overrides``. UsageError if bad."""
     from resumerge.engine.devices import normalise_device
+    from resumerge.outputs.containers import OUT_TYPES
     from resumerge.plan.merge_plan import PlanOptions
     from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
@@ -217,7 +218,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
              for each in fields(group) if each.name in names}  # type: ignore[arg-type]
     given.update(overrides)
     if given.get("gguf_split_max_size") is not None:
-        if given.get("out_type") != "gguf":
+        container = OUT_TYPES.get(given.get("out_type", ""))
+        if container is None or not container.split_by_size:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
     shard_size = size_option(out_shard_size, "--out-shard-size")

@@ -100,7 +100,10 @@ def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None =
 
 def _options(output: Output, merging: Merging, resources: Resources) -> PlanOptions:
     """The plan options ``run`` would plan with; what an unwritten merge cannot honour is refused (exit 2)."""
-    if output.out_type != "safetensors":
+    from resumerge.outputs.containers import OUT_TYPES
+
+    container = OUT_TYPES.get(output.out_type)
+    if container is None or not container.unwritten_reads:
         raise UsageError(f"an unwritten merge is read as safetensors, not --out-type {output.out_type}",
                          hint="drop --out-type, or write the merge with resumerge run and read the output")
     if output.out_adapter:

@@ -23,6 +23,9 @@ LEDGER_NAME = "ledger.db"
 STAGING_NAME = "staging"
 # Under the state dir: the MoE prompt forward passes, each in a folder named by its content key.
 ROUTERS_DIR = "moe-routers"
+# Under the state dir: the lock of each of those passes, named by its key (beside its folder, which holds only the
+# pass's journal and routers).
+ROUTER_LOCKS_DIR = "moe-routers-locks"
 # Under the state dir: one folder per check, named by its content key.
 CHECKS_DIR = "checks"
 EVALS_DIR = "evals"  # each eval pass's journal and answers, one folder per pass
@@ -151,6 +154,11 @@ class StateDir:
     def routers_dir(self) -> Path:
         """Where each mergekit-moe prompt forward pass keeps its layers and routers, one folder per pass."""
         return self.root / ROUTERS_DIR
+
+    @property
+    def router_locks_dir(self) -> Path:
+        """Where each mergekit-moe prompt forward pass's lock is, named by its key: one process at a time runs it."""
+        return self.root / ROUTER_LOCKS_DIR
 
     @property
     def gguf_dir(self) -> Path:

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
+from resumerge.forward.folder import pass_lock
 from resumerge.store.durable import TEMP_SUFFIX, write_file_atomic
 from resumerge.store.killpoints import reach
+from resumerge.store.runlock import JobLock
 
 SEARCH = "search.json"
 STATE = "state.json"
@@ -39,7 +41,8 @@ PROGRESS = "progress.json"
 JOURNAL = "journal"
 WORK = "work"
 TOKENS = "tokens"  # the tasks' texts tokenized once per search
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS}
+LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
+_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK}
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,15 @@ def claim(storage: Path, identity: dict[str, Any]) -> bool:
     storage.mkdir(parents=True, exist_ok=True)
     write_file_atomic(storage / SEARCH, _dumps(identity))
     return False
+
+
+def locked(storage: Path, command: str) -> JobLock:
+    """The lock of the search in ``storage`` (claimed already: a refused STORAGE gets no lock file), held while it
+    runs: two processes in one STORAGE would journal, sweep and rewrite each other's files (its generation's
+    streamed pass deleting the other's layer files), so the second is refused (exit 4) naming the first
+    (``command``: what the holder runs)."""
+    return pass_lock(storage, f"the search in {storage}", command, name=LOCK,
+                     hint="wait for it to finish, or stop it (run again, it resumes at the candidate it reached)")
 
 
 def sweep(storage: Path) -> None:

@@ -12,10 +12,12 @@ from resumerge.store.runlock import JobLock
 LOCK_NAME = "lock"  # held by the one process running the pass (its pid and command inside)
 
 
-def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = LOCK_NAME) -> JobLock:
+def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = LOCK_NAME,
+              wait: bool = False) -> JobLock:
     """The lock of the pass journaled in ``folder`` (``what``: the job in words; ``command``: what the holder
-    runs, named to a second process; ``name``: the lock file's, in ``folder``)."""
-    return JobLock(folder / name, what, command, hint=hint)
+    runs, named to a second process; ``name``: the lock file's, in ``folder``; ``wait``: a second process waits
+    for the first instead of being refused)."""
+    return JobLock(folder / name, what, command, hint=hint, wait=wait)
 
 
 def pid_alive(pid: object) -> bool:

@@ -42,6 +42,7 @@ from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
 from resumerge.forward.admission import Admission
 from resumerge.forward.batches import Hidden
+from resumerge.forward.folder import pass_lock
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.opened import PassModel
@@ -100,7 +101,7 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
 def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *,
                    config_doc: Mapping[str, Any] | None = None, share: int | None = None,
                    counted_elsewhere: int = 0, run_pid: int | None = None, ready: Ready | None = None,
-                   on_checked: Callable[[], None] | None = None) -> Path:
+                   on_checked: Callable[[], None] | None = None, locks: Path | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
     the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16.
 
@@ -113,6 +114,8 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     ``run_pid`` is the run's process, the one a kill test kills.
     ``ready`` is what :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is
     made, before the first weight is read (the run's merge waits for it).
+    ``locks``: the folder of the passes' locks (the run's state dir's
+    :attr:`~resumerge.config.locations.StateDir.router_locks_dir`; None: unlocked, a test's pass): see :func:`_gates`.
     """
     done = workdir / ROUTERS_NAME
     if done.is_file():
@@ -134,31 +137,48 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
             else nullcontext(unreserved)
         with admitted as reserve:
             _gates(Streams([stream], reserve=reserve, names=["the base"]), layers, mode, sets, workdir, reserve,
-                   run_pid)
+                   run_pid, locks)
     return done
 
 
 def placed_routers(places: Places, base: PassModel, layers: int, need: int, mode: str, sets: ExpertSets,
-                   workdir: Path) -> Path:
+                   workdir: Path, *, locks: Path | None = None) -> Path:
     """:func:`hidden_routers` with the base's layers where ``places`` puts them (the run's executor: an actor on a
     Ray node, which reads the base and imports transformers), this process driving the pass: it holds the prompt
     sets' hidden states, journals them and makes the routers, exactly as the local pass does (its journal is the
     same file: a pass killed locally resumes here, and the other way round). ``base``: the base model opened
     (its folder, tensors and config as the run read them); ``need``: what its part of the pass holds at its
-    largest step (refused, exit 2, where no node holds it)."""
+    largest step (refused, exit 2, where no node holds it); ``locks``: as :func:`hidden_routers`'."""
     done = workdir / ROUTERS_NAME
     if done.is_file():
         return done
     workdir.mkdir(parents=True, exist_ok=True)
     with places([base], layers, [need], torch.bfloat16) as placement:
-        _gates(placement, layers, mode, sets, workdir, unreserved, None)
+        _gates(placement, layers, mode, sets, workdir, unreserved, None, locks)
     return done
 
 
 def _gates(placement: Placement, layers: int, mode: str, sets: ExpertSets, workdir: Path, reserve: Reserve,
-           run_pid: int | None) -> None:
+           run_pid: int | None, locks: Path | None) -> None:
     """The pass over ``placement``'s one model (the base) from its journal in ``workdir``: every prompt set a batch,
-    the embeddings held by ``reserve``, then :class:`_GateStep` over the layers and the routers after the last."""
+    the embeddings held by ``reserve``, then :class:`_GateStep` over the layers and the routers after the last.
+
+    Under the pass's lock (``locks``/KEY, beside the folder: one process at a time journals in it, else one run's
+    :func:`_finish` deletes the layer files another still reads). Two runs of the same gates into two OUTs share the
+    folder by content, so the second waits for the first instead of being refused as a second ``check`` is, then
+    finds its routers (or, the first killed, resumes its journal)."""
+    lock = nullcontext() if locks is None else pass_lock(
+        locks, f"the prompt forward pass {workdir.name}", f"the prompt forward pass into {workdir}",
+        hint="wait for it to finish", name=workdir.name, wait=True)
+    with lock:
+        if (workdir / ROUTERS_NAME).is_file():  # the run it waited for made them
+            return
+        _journaled(placement, layers, mode, sets, workdir, reserve, run_pid)
+
+
+def _journaled(placement: Placement, layers: int, mode: str, sets: ExpertSets, workdir: Path, reserve: Reserve,
+               run_pid: int | None) -> None:
+    """:func:`_gates`' pass, its lock held."""
     flat = [s for pair in sets for s in pair if s is not None]
     with torch.no_grad(), reserve("the base's embeddings", "layer"):
         entering = placement.enter([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])

@@ -102,9 +102,11 @@ class HiddenPass:
 
 def routers_job(mode: str, directory: Path, config: Mapping[str, Any],
                 prompts: Sequence[tuple[Sequence[str], Sequence[str] | None]], tensors: Mapping[str, Any], *,
-                share: int, held: int, threads: int | None) -> dict[str, Any]:
+                share: int, held: int, threads: int | None, locks: Path) -> dict[str, Any]:
     """The pass's job for :mod:`.passmain`: the base's folder (its config.json, tokenizer and the ``tensors``'
-    files) and its ``config`` as the run read it (a GGUF base's says how the codecs read its tensors)."""
+    files) and its ``config`` as the run read it (a GGUF base's says how the codecs read its tensors); ``locks``:
+    the folder of the passes' locks (:attr:`~resumerge.config.locations.StateDir.router_locks_dir`)."""
     return {"job": "routers", "mode": mode, "tokenizer_dir": str(directory), "prompts": [list(p) for p in prompts],
             "weights_dir": str(directory), "config": dict(config), "tensors": dict(tensors), "share": share,
-            "parent_bytes": held, "threads": threads}
+            "parent_bytes": held, "threads": threads,
+            "locks": str(locks)}

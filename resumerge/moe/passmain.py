@@ -99,7 +99,7 @@ def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lam
                                in job["tensors"].items()})
     hidden_routers(weights, mode, ready.sets, workdir, config_doc=job.get("config"), share=job.get("share"),
                    counted_elsewhere=job.get("parent_bytes", 0), run_pid=int(job["parent"]), ready=ready,
-                   on_checked=checked)
+                   on_checked=checked, locks=Path(job["locks"]))
     return {"routers": str(workdir)}
 
 

@@ -199,12 +199,13 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
                for name, t in base.tensors.items()}
     formats = CODECS.recognise(base.config, base.tensors, where=str(base.directory))
     if places is not None:
-        _placed_pass(config, base, folder, workdir, layers, pass_bytes(formats, layers), places, early)
+        _placed_pass(config, base, folder, workdir, layers, pass_bytes(formats, layers), places, early,
+                     settings.state.router_locks_dir)
         return HiddenPass(key, workdir, layers, provided)
     share = beside_share(budget, held, pass_bytes(formats, layers)) if beside else None
     process = start_child(routers_job(config.gate_mode, folder, base.config, prompt_texts(config), tensors,
                               share=share if share is not None else max(0, budget - held), held=held,
-                              threads=settings.num_threads), workdir, early)
+                              threads=settings.num_threads, locks=settings.state.router_locks_dir), workdir, early)
     running = HiddenPass(key, workdir, layers, provided, process, share)
     if share is None:
         running.routers()  # the merge waits for it
@@ -214,13 +215,14 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
 
 
 def _placed_pass(config: MoeConfig, base: ModelInput, folder: Path, workdir: Path, layers: int, layer_bytes: int,
-                 places: Places, early: PassProcess | None) -> None:
+                 places: Places, early: PassProcess | None, locks: Path) -> None:
     """The pass with the base's layers where ``places`` puts them, driven from this process before the merge starts
     (its routers then travel with the run's resources, :class:`~resumerge.moe.routers.RouterSources`): the prompts
     tokenised in the prompt work's process (``early``, else a new one: this one never imports transformers), the
     base opened from ``folder`` as the run read it, its part of the pass declared as one layer, the prompt
     sets' hidden states five times over and the process the local pass would start
-    (:data:`~resumerge.moe.hiddenpass.PASS_PROCESS_BYTES`: the node imports transformers)."""
+    (:data:`~resumerge.moe.hiddenpass.PASS_PROCESS_BYTES`: the node imports transformers); ``locks``: the folder
+    of the passes' locks."""
     from resumerge.forward.opened import PassModel
     from resumerge.moe.forward import placed_routers
 
@@ -231,7 +233,7 @@ def _placed_pass(config: MoeConfig, base: ModelInput, folder: Path, workdir: Pat
     states = sum(len(ids) * len(ids[0]) for pair in sets for ids, _ in (s for s in pair if s is not None)) * width
     opened = PassModel(role="base", path=str(folder), weight=None, opened=replace(base, directory=folder))
     placed_routers(places, opened, layers, PASS_PROCESS_BYTES + layer_bytes + 5 * 4 * states, config.gate_mode,
-                   sets, workdir)
+                   sets, workdir, locks=locks)
 
 
 def _fetch_base(meta: RepoMetadata, state: StateDir, max_disk: int | None,

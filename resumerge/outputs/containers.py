@@ -40,6 +40,13 @@ class OutputContainer:
     # every quantized weight with its companions); False where the format lives in the files' own headers,
     # re-hashed with them.
     loader_readable: ClassVar[bool] = True
+    # Whether a merge read without being written (``eval``'s and ``evolve``'s unwritten merge) may stand for this
+    # container: it serves the merge's values under their own names, as these files hold them; False where the
+    # files store them otherwise (a GGUF's names and blocks).
+    unwritten_reads: ClassVar[bool] = True
+    # Whether the container's files are split by a size of its own (--gguf-split-max-size); False: a split size is
+    # refused.
+    split_by_size: ClassVar[bool] = False
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
         """The byte layout of output file ``file`` holding the stored ``parts`` (in data order) in ``file_size``
@@ -104,6 +111,8 @@ class GgufFile(OutputContainer):
     card_tags: ClassVar[tuple[str, ...]] = ("gguf",)
     self_contained: ClassVar[bool] = True
     loader_readable: ClassVar[bool] = False
+    unwritten_reads: ClassVar[bool] = False
+    split_by_size: ClassVar[bool] = True
 
     gguf_type: str = "f16"
     split_max_size: int | None = None

@@ -7,16 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from resumerge.inputs.codecs import TensorDecoder
-from resumerge.inputs.gguf.codec import GgufCodec
-from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
 from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.merge_plan import TensorPlan
-
-# The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
-# types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
-# gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders; no encoder here).
-GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "Q4_1": 7.9,
-                   "Q4_0": 8.6}
 
 
 def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
@@ -53,12 +45,11 @@ def quantization_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
 
 def gguf_error_notes(codecs: Iterable[TensorDecoder], tensors: Mapping[str, TensorPlan]) -> list[str]:
     """The note of a plan that decodes quantized GGUF parents or encodes a quantized GGUF output: each type's
-    round-trip error (``GGUF_ROUND_TRIP``); none when neither."""
-    read = {codec.ggml_type for codec in codecs if isinstance(codec, GgufCodec)}
-    names = {code: name.upper() for name, code in TYPES.items()}
-    written = {names[tp.out_codec.ggml_type] for tp in tensors.values() if isinstance(tp.out_codec, GgufOutCodec)}
-    parts = [f"{kind} {GGUF_ROUND_TRIP[kind]} % ({where})" for kinds, where in
-             ((read, "parents"), (written, "the output")) for kind in sorted(kinds & GGUF_ROUND_TRIP.keys())]
+    round-trip error (each codec's ``round_trip``); none when neither."""
+    read = {codec.round_trip for codec in codecs}
+    written = {tp.out_codec.round_trip for tp in tensors.values()}
+    parts = [f"{kind} {error} % ({where})" for kinds, where in ((read, "parents"), (written, "the output"))
+             for kind, error in sorted(k for k in kinds if k is not None)]
     if not parts:
         return []
     return [f"GGUF quantization loses precision each time values are encoded (relative RMS error of one round trip "

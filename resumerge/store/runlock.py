@@ -103,10 +103,11 @@ class JobLock:
     an exclusive flock on the file ``path``, which then holds the holder's pid and ``holder`` (its command), so a
     second process is refused (:class:`OutputDirError`, exit 4) naming the first: ``what`` (the job in words) "is
     already under way (pid N: COMMAND)". Like :class:`RunLock`'s, it
-    vanishes with the process: a killed job leaves nothing to clear."""
+    vanishes with the process: a killed job leaves nothing to clear. With ``wait`` a second process waits for the
+    first instead (a job whose result is shared by content, which the second then finds finished or resumes)."""
 
-    def __init__(self, path: Path, what: str, holder: str, *, hint: str) -> None:
-        self.path, self.what, self.holder, self.hint = path, what, holder, hint
+    def __init__(self, path: Path, what: str, holder: str, *, hint: str, wait: bool = False) -> None:
+        self.path, self.what, self.holder, self.hint, self.wait = path, what, holder, hint, wait
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -120,7 +121,7 @@ class JobLock:
             raise kind(f"cannot open {self.path}: {os.strerror(exc.errno) if exc.errno else exc}",
                        path=str(self.path), hint="use a writable local folder") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
                 first = os.read(fd, 4096).decode("utf-8", errors="replace").strip()

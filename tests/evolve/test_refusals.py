@@ -1,5 +1,6 @@
 """Bad input to ``resumerge evolve``: one line naming what and where, exit 2, before any weight is read and
-without a file written into STORAGE (a STORAGE holding another search is left as it was).
+without a file written into STORAGE (a STORAGE holding another search is left as it was); a second search in a
+STORAGE in use exits 4 naming the first.
 
 Tiny generated models (two layers, width 32); nothing is merged."""
 
@@ -130,3 +131,21 @@ def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that
         _fits(planned, plan, "1MB")
     assert main(["evolve", str(config), str(store), "--max-memory", "1kB"]) == 2
     assert "give --max-memory" in capsys.readouterr().err
+
+
+def test_a_second_search_in_a_storage_in_use_exits_4_naming_the_first(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from resumerge.evolve import storage
+
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump(_config(root)))
+    store = tmp_path / "store"
+    store.mkdir()
+    # The first search holds STORAGE's lock (a flock: a second descriptor of this process conflicts with it)
+    with storage.locked(store, "resumerge evolve first.yml store"):
+        assert main(["evolve", str(config), str(store), "--max-fevals", "2", "--popsize", "2"]) == 4
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"pid {os.getpid()}: resumerge evolve first.yml store" in err, err
+    assert not (store / "evaluations.jsonl").exists() and not (store / "work").exists()  # nothing scored

@@ -101,6 +101,13 @@ class _Format:
         """The shape of the decoded value of a main part of shape ``stored`` (a packed format's differ)."""
         return stored
 
+    @property
+    def round_trip(self) -> tuple[str, float] | None:
+        """The GGUF quantization type this format's values went through (its name) and the relative RMS error, in
+        %, of one encode-decode round trip of normal values: what the plan's note about GGUF precision quotes
+        (:func:`resumerge.plan.quantnotes.gguf_error_notes`); None where it notes nothing."""
+        return None
+
 
 class TensorDecoder(_Format, ABC):
     """The reading direction of one stored tensor format: which stored tensors of a model it owns, and their value.

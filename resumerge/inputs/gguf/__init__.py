@@ -3,7 +3,7 @@ Hugging Face's, the model a GGUF file is, its codec and its tokenizer.
 
 ``header`` parses a GGUF's header; ``names`` maps its tensor names and metadata to Hugging Face's (per family);
 ``model`` opens a file (or split set) as a model input's config and tensors; ``codec`` decodes its tensors
-(F16, BF16, Q8_0 with torch: ``blocks``, which also encodes them for a GGUF output; the other types with gguf-py,
+(F16, BF16, Q8_0, the legacy and two K types with torch: ``blocks``, ``legacy``; the other types with gguf-py,
 an optional dependency: ``[gguf]``); ``tokenizer`` rebuilds the tokenizer files from its metadata.
 """
 

@@ -1,6 +1,6 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.blocks`, torch over the
+as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.encoders`, torch over the
 compute threads), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
+from resumerge.outputs.gguf import encoders
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 # --gguf-type -> ggml type id, and the stored dtype of each type written
 TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
 _STORED = {0: "F32", 1: "F16", 30: "BF16"}
+_NAMES = {code: name.upper() for name, code in TYPES.items()}  # ggml type id -> its name (GGUF_ROUND_TRIP's key)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ class GgufOutCodec(TensorEncoder):
     def mergekit_reads(self) -> bool:
         return False
 
+    @property
+    def round_trip(self) -> tuple[str, float] | None:
+        name = _NAMES[self.ggml_type]
+        error = GGUF_ROUND_TRIP.get(name)
+        return None if error is None else (name, error)
+
     def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
         return None
 
@@ -65,13 +74,13 @@ class GgufOutCodec(TensorEncoder):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        stored = blocks.encode(self._gguf_values(value), self.ggml_type)
+        stored = encoders.encode(self._gguf_values(value), self.ggml_type)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        blocks.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
+        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
 
     def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""

@@ -1,0 +1,186 @@
+"""GGUF's F16, BF16, Q8_0 and legacy Q4_0, Q4_1, Q5_0, Q5_1 tensors encoded with torch for a GGUF output
+(:class:`~resumerge.outputs.gguf.outcodec.GgufOutCodec`): vectorised over torch's compute threads, and byte-equal
+to gguf-py's ``quants`` (llama.cpp's reference rounding), which is single-threaded numpy and was the run's bound
+(bench/RESULTS.md, GGUF). Their decoders, and the block layouts both sides share, are the input side's
+(:mod:`resumerge.inputs.gguf.blocks`, :mod:`resumerge.inputs.gguf.legacy`).
+
+Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, the scale
+``d = max|x| / 127`` as float16 then 32 int8 ``q = round(x * (1/d))`` (a multiplication by the float32 reciprocal,
+not a division; 0 where ``d`` is 0), rounded half away from zero. Every step is one IEEE float32 operation in the
+same order as gguf-py's, so the bytes agree; ``tests/test_gguf_blocks.py`` checks them against gguf-py on ties, zeros,
+huge and tiny values. BF16 is torch's round-to-nearest-even, with a NaN kept quiet and its high bits as gguf-py keeps
+it. Values are float32 rows whose last dimension is whole blocks; the result is one row of bytes per value row.
+
+The legacy types (their layouts: :mod:`resumerge.inputs.gguf.legacy`):
+
+- Q4_0 / Q5_0 (symmetric, 16 / 32 levels): ``d = x_m / -8`` (``-16``) where ``x_m`` is the block's first value of
+  the largest magnitude, ``q = trunc(x * (1/d) + 8.5)`` (``16.5``) clipped to 15 (31).
+- Q4_1 / Q5_1 (affine): ``d = (max - min) / 15`` (``31``), ``m = min``, ``q = trunc((x - min) * (1/d) + 0.5)``
+  clipped.
+
+``1/d`` is 0 where ``d`` is 0. Every step is one IEEE float32 operation in gguf-py's order, and a code outside
+0..255 (only from a scale that under- or overflows) is cast as numpy casts float32 to uint8 on x86 (through int32:
+0 for NaN, infinities and 2**31 or more; else the low byte), so the bytes agree on every finite input. One
+difference, by choice: where a block's max or min is a zero present with both signs, gguf-py's numpy returns the
+zero its SIMD lanes meet last (it differs between machines); this module takes the first, as llama.cpp's loop does,
+so only the sign bit of a zero ``d`` or ``m`` can differ.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resumerge.inputs.gguf import legacy
+from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
+from resumerge.inputs.gguf.legacy import Kind
+
+if TYPE_CHECKING:
+    from resumerge.torch_import import torch
+
+__all__ = ["encode"]
+
+_Q8_VALUES, _Q8_BYTES = BLOCK_BYTES[Q8_0]
+
+
+def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
+    """Q8_0 bytes of ``blocks`` (float32, (n, 32)) into ``out`` (uint8, (n, 34)), the temporaries in ``scratch``
+    (three float32 buffers of at least n blocks), every step in place or into them: no temporary of a chunk's size
+    (a bool mask added to a float one is cast into one)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    a, y, whole = (buffer[:n] for buffer in scratch)
+    torch.abs(blocks, out=a)
+    d = a.amax(dim=1, keepdim=True)
+    d /= torch.full_like(d, 127.0)  # a true division (a scalar divisor may become a reciprocal multiply)
+    inverse = torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / d)
+    torch.mul(blocks, inverse, out=y)
+    # round half away from zero, exactly (floor(|y| + 0.5) is not: the addition rounds 0.49999997 up)
+    torch.abs(y, out=a)
+    torch.floor(a, out=whole)
+    a -= whole  # the fraction, exact in float32; doubled (exact) and floored it is 1 from a half up, else 0
+    a *= 2
+    whole += a.floor_()
+    torch.copysign(whole, y, out=whole)
+    out[:, :2] = d.to(torch.float16).view(torch.uint8)
+    out[:, 2:].view(torch.int8).copy_(whole)
+
+
+def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    from resumerge.torch_import import torch
+
+    blocks = rows.reshape(-1, _Q8_VALUES)
+    out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, _Q8_BYTES)
+    size = (min(CHUNK, blocks.shape[0]), _Q8_VALUES)
+    scratch = tuple(torch.empty(size) for _ in range(3))
+    for start in range(0, blocks.shape[0], CHUNK):
+        _q8_0_chunk(blocks[start:start + CHUNK], out[start:start + CHUNK], scratch)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * _Q8_BYTES)
+
+
+def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    from resumerge.torch_import import torch
+
+    kind = legacy.KINDS[ggml_type]
+    blocks = rows.reshape(-1, _Q8_VALUES)
+    out = torch.empty((blocks.shape[0], kind.size), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, kind.size)
+    size = (min(CHUNK, blocks.shape[0]), _Q8_VALUES)
+    scratch = (torch.empty(size), torch.empty(size))
+    for start in range(0, blocks.shape[0], CHUNK):
+        _legacy_blocks(blocks[start:start + CHUNK], out[start:start + CHUNK], kind, scratch)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * kind.size)
+
+
+def _bf16(rows: torch.Tensor) -> torch.Tensor:
+    from resumerge.torch_import import torch
+
+    bits = rows.to(torch.bfloat16).view(torch.int16)
+    nan = rows.isnan()
+    if bool(nan.any()):  # gguf-py keeps a NaN's sign and high mantissa bits and sets the quiet bit
+        high = torch.bitwise_right_shift(rows.view(torch.int32), 16) | 0x40
+        bits = torch.where(nan, high.to(torch.int16), bits)
+    return bits
+
+
+def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``values.shape[-1]`` whole blocks); a block type
+    written straight into ``into`` when given (contiguous, of the result's bytes), the others copied there."""
+    from resumerge.torch_import import torch
+
+    rows = values.to(torch.float32).contiguous()
+    if ggml_type == Q8_0:
+        return _q8_0(rows, into)
+    if ggml_type in legacy.KINDS:
+        return _legacy(rows, ggml_type, into)
+    if ggml_type == F32:
+        stored = rows
+    elif ggml_type == F16:
+        stored = rows.to(torch.float16)
+    elif ggml_type == BF16:
+        stored = _bf16(rows)
+    else:
+        raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
+    if into is not None:
+        into.view(stored.dtype).copy_(stored.reshape(into.shape))
+        return into
+    return stored
+
+
+def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The codes (uint8, (n, 32)) of ``blocks`` (float32, (n, 32)), with ``d`` and ``m`` ((n, 1) float32; ``m`` is
+    ``d`` for a symmetric kind); ``y`` and ``a`` are float32 scratch of the blocks' shape."""
+    from resumerge.torch_import import torch
+
+    # amin and amax are fast; which of equal extremes (only zeros of both signs differ) or of equal magnitudes of
+    # both signs is taken matters, so blocks with such a tie (or a NaN) take the first, as llama.cpp does: argmin
+    # and argmax give the first index (10x slower, so only when some block needs it)
+    low, high = blocks.amin(1, keepdim=True), blocks.amax(1, keepdim=True)
+    if kind.affine:
+        tied = (low == 0) | (high == 0) | low.isnan()
+        if bool(tied.any()):
+            low = torch.where(tied, blocks.gather(1, blocks.argmin(1, keepdim=True)), low)
+            high = torch.where(tied, blocks.gather(1, blocks.argmax(1, keepdim=True)), high)
+        d = (high - low) / torch.full_like(low, kind.levels)  # a true division, not a reciprocal multiply
+        torch.sub(blocks, low, out=y)
+        offset, m = 0.5, low
+    else:
+        half = (kind.levels + 1) // 2
+        peak = torch.where(high > -low, high, low)  # the extreme of the larger magnitude
+        tied = ~((high > -low) | (-low > high))  # equal magnitudes of both signs (zeros too), or a NaN
+        if bool(tied.any()):
+            torch.abs(blocks, out=a)
+            peak = torch.where(tied, blocks.gather(1, a.argmax(1, keepdim=True)), peak)
+        d = peak / torch.full_like(peak, -half)
+        y.copy_(blocks)
+        offset, m = half + 0.5, d
+    y *= torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / d)
+    y += offset
+    y.trunc_()
+    if bool((y.amin() >= 0) & (y.amax() < 256)):  # every code a byte already (no NaN): clipped as numpy clips
+        return y.clamp_(max=kind.levels).to(torch.uint8), d, m
+    # numpy's float32 -> uint8 cast on x86: through int32 (0 for NaN, ±inf, |v| >= 2**31), then the low byte
+    torch.abs(y, out=a)
+    codes = torch.where(a < 2.0**31, y, torch.zeros_like(y)).to(torch.int32)
+    codes &= 0xFF
+    return codes.clamp_(max=kind.levels).to(torch.uint8), d, m
+
+
+def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch: tuple[torch.Tensor, ...]) -> None:
+    """The bytes of ``blocks`` (float32, (n, 32)) as ``kind`` into ``out`` (uint8, (n, kind.size)), the
+    temporaries in ``scratch`` (two float32 buffers of at least n blocks)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    y, a = (buffer[:n] for buffer in scratch)
+    codes, d, m = _codes(blocks, kind, y, a)
+    out[:, -16:].copy_((codes[:, :16] & 0x0F) | ((codes[:, 16:] & 0x0F) << 4))
+    if kind.levels == 31:
+        weights = torch.tensor([1 << bit for bit in range(8)], dtype=torch.uint8)
+        bits = (codes >> 4).view(n, 4, 8) * weights
+        out[:, kind.high_at:kind.high_at + 4] = bits.sum(dim=2, dtype=torch.uint8)
+    out[:, :2] = d.to(torch.float16).view(torch.uint8)
+    if kind.affine:
+        out[:, 2:4] = m.to(torch.float16).view(torch.uint8)

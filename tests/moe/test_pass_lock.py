@@ -1,0 +1,99 @@
+"""One process at a time runs a hidden-state gate pass: two runs of the same gates into two OUTs share the pass's
+folder in the state dir (by content), so the second waits on the pass's lock while the first journals, then finds
+the first's routers; neither deletes a layer file the other still reads, and both outputs are the routers' a run
+alone gives. Real subprocesses on tiny generated Llamas (four layers, width 32)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.moe.models import llamas, write
+from tests.support import cli, digests
+
+pytest.importorskip("transformers")
+
+
+def _argv(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "resumerge", *map(str, args)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
+
+
+def _until(done: Callable[[], bool], what: str, *running: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if done():
+            return
+        for process in running:
+            assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def _waiting_on(lock: Path) -> bool:
+    """Whether a process waits for the flock on ``lock`` (a blocked request: ``->`` in /proc/locks)."""
+    inode = f":{lock.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def _signal(process: subprocess.Popen[str], sig: signal.Signals) -> None:
+    """``sig`` to the run and its prompt pass's process."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        child.send_signal(sig)
+    process.send_signal(sig)
+
+
+@pytest.mark.slow
+def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: Path) -> None:
+    m = llamas(tmp_path, layers=4)
+    config = write(tmp_path / "hidden.yml", {
+        "base_model": str(m[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
+                    {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
+    alone = tmp_path / "alone"
+    done = cli("run", config, alone, "--state-dir", tmp_path / "alone-state", "--quiet", fresh=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    state = tmp_path / "state"
+    routers, locks = state / "moe-routers", state / "moe-routers-locks"
+    # The first pauses a second after each layer; once its journal holds a layer it is held still (a stopped
+    # process keeps its lock, as a slow one would) while the second starts and reaches the pass's lock.
+    first = subprocess.Popen(_argv("run", config, tmp_path / "one", "--state-dir", state, "--quiet"),
+                             env=_env(RESUMERGE_PAUSE_AT="after_router_layer:1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        _until(lambda: bool(list(routers.glob("*/layer-*.safetensors"))), "the first's journal", first)
+        _signal(first, signal.SIGSTOP)
+        try:
+            second = subprocess.Popen(_argv("run", config, tmp_path / "two", "--state-dir", state, "--quiet"),
+                                      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            (work,) = routers.iterdir()
+            lock = locks / work.name
+            # Waiting on the lock, or (were there none) gone through the pass, deleting the first's journal under it
+            _until(lambda: second.poll() is not None or (lock.is_file() and _waiting_on(lock)),
+                   "the second waiting on the pass's lock")
+            assert second.poll() is None, second.communicate()
+        finally:
+            _signal(first, signal.SIGCONT)
+        _, err_one = first.communicate(timeout=300)
+        _, err_two = second.communicate(timeout=300)
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert first.returncode == 0, err_one[-3000:]
+    assert second.returncode == 0, err_two[-3000:]
+    assert digests(tmp_path / "one") == digests(alone) == digests(tmp_path / "two")
+    (work,) = routers.iterdir()  # one pass, its folder holding its routers alone
+    assert [p.name for p in work.iterdir()] == ["routers.safetensors"]
