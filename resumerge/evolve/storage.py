@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.forward.folder import pass_lock
 from resumerge.store.durable import TEMP_SUFFIX, write_file_atomic
 from resumerge.store.killpoints import reach
 from resumerge.store.runlock import JobLock
@@ -91,6 +90,9 @@ def locked(storage: Path, command: str) -> JobLock:
     runs: two processes in one STORAGE would journal, sweep and rewrite each other's files (its generation's
     streamed pass deleting the other's layer files), so the second is refused (exit 4) naming the first
     (``command``: what the holder runs)."""
+    # Imported here: `status` reads this module, and the forward package's first import pulls in every input codec.
+    from resumerge.forward.folder import pass_lock
+
     return pass_lock(storage, f"the search in {storage}", command, name=LOCK,
                      hint="wait for it to finish, or stop it (run again, it resumes at the candidate it reached)")
 

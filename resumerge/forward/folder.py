@@ -1,10 +1,8 @@
 """A pass folder's lock: one process at a time journals in it (two at once would delete each other's layer
-files), the second refused naming the first (:class:`~resumerge.store.runlock.JobLock`, exit 4); and whether the
-process a pass's progress names still runs (``status``: running or interrupted)."""
+files), the second refused naming the first (:class:`~resumerge.store.runlock.JobLock`, exit 4)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from resumerge.store.runlock import JobLock
@@ -18,16 +16,3 @@ def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = L
     runs, named to a second process; ``name``: the lock file's, in ``folder``; ``wait``: a second process waits
     for the first instead of being refused)."""
     return JobLock(folder / name, what, command, hint=hint, wait=wait)
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether process ``pid`` (as a pass's progress file records it; anything else: no) still runs."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True

@@ -150,3 +150,16 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether process ``pid`` (as a pass's progress file records it; anything else: no) still runs."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

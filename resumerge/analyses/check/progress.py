@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.forward.folder import pid_alive
 from resumerge.store.durable import write_file_atomic
+from resumerge.store.runlock import pid_alive
 
 if TYPE_CHECKING:
     from resumerge.store.statusview import StatusReport

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.forward.folder import pid_alive
+from resumerge.store.runlock import pid_alive
 
 if TYPE_CHECKING:
     from resumerge.store.statusview import StatusReport
