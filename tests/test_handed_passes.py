@@ -29,6 +29,17 @@ def glm5(folder: Path, family: str = "glm5", seed: int = 3) -> Path:
     return folder
 
 
+def regmean_of_glm5(folder: Path) -> tuple[Path, Path]:
+    """A RegMean config over two dense GLM-5 models made in ``folder``, and the texts its Grams are measured on."""
+    models = [glm5(folder / f"m{i}", "glm5_dense", i) for i in range(2)]
+    config = write_config(folder / "rm.yml", {"merge_method": "regmean", "dtype": "float32",
+                                              "models": [{"model": str(m)} for m in models],
+                                              "parameters": {"grams": "grams"}})
+    texts = folder / "texts.txt"
+    texts.write_text(TEXTS)
+    return config, texts
+
+
 def carried_in(state: Path, pattern: str) -> list[tuple[str, str]]:
     """(layer, output) of the handed-on values in the one journal file left under ``state``: layer 2's top-k
     indices, which layer 3 takes."""
@@ -53,12 +64,7 @@ def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_killed_measurement_of_glm5_resumes_with_the_same_grams(tmp_path: Path) -> None:
-    models = [glm5(tmp_path / f"m{i}", "glm5_dense", i) for i in range(2)]
-    config = write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "dtype": "float32",
-                                                "models": [{"model": str(m)} for m in models],
-                                                "parameters": {"grams": "grams"}})
-    texts = tmp_path / "texts.txt"
-    texts.write_text(TEXTS)
+    config, texts = regmean_of_glm5(tmp_path)
     whole = cli("measure", config, tmp_path / "whole", "--texts", texts, "--state-dir", tmp_path / "s-whole")
     assert whole.returncode == 0, whole.stderr[-2000:]
     args = ("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s")

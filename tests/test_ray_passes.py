@@ -187,7 +187,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     new actor; a measurement killed here resumes on Ray the same way. Before, a resumed GLM-5 pass on Ray stopped
     at layer 3 in one line. The figures and bytes are the local pass's."""
     pytest.importorskip("lm_eval")
-    from test_handed_passes import TEXTS, carried_in, glm5
+    from test_handed_passes import carried_in, glm5, regmean_of_glm5
 
     from tests.evaluation.evaltasks import write_tasks
 
@@ -205,12 +205,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
         here.setattr(Streams, "layer", _not_here)
         found = api.evaluate(model, state_dir=tmp_path / "s", executor=on_ray, **asked)
     assert found.to_json()["results"] == local.to_json()["results"]
-    models = [glm5(tmp_path / f"m{i}", "glm5_dense", i) for i in range(2)]
-    config = write_config(tmp_path / "rm.yml", {"merge_method": "regmean", "dtype": "float32",
-                                                "models": [{"model": str(m)} for m in models],
-                                                "parameters": {"grams": "grams"}})
-    texts = tmp_path / "texts.txt"
-    texts.write_text(TEXTS)
+    config, texts = regmean_of_glm5(tmp_path)
     with one_thread():
         api.measure(config, tmp_path / "grams-local", texts=texts, state_dir=tmp_path / "s-local")
     killed = cli("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s-m",
