@@ -4,14 +4,14 @@ on Ray checks on Ray too (its executor handed on: tested without a cluster); a c
 model's actor (the memory each declares) is refused, exit 2; a node lost mid-pass moves its model to a node left, or
 with none free stops the check resumably (exit 3).
 
-The tests with a cluster of local models share its worker nodes (``spare``: each node started once, with the
-test module's vocabulary check: tests/raycluster.py); the refusal, whose one node declares too little memory, runs
-first. A check whose driver (the real CLI, joined to the cluster by
-``--ray-address``) is SIGKILLed after a layer on Ray (each model on a node of its own, ``status`` naming them),
-resumed locally and killed again after the last layer, and finished on Ray (the heads only) gives the local check's
-report, exactly (the actors compute on their node's one CPU: the local reference runs torch on one thread too, as
-float32 sums on more threads may round otherwise); ``run --check`` hands the check its
-run's executor; the CLI without Ray installed exits 2 naming the install line.
+The tests with a cluster of local models share their worker nodes (``spare`` nodes, tests/raycluster.py: each
+started once for them and tests/check/test_ray_vocabs.py's check); the refusal, whose one node declares too little
+memory, runs first. A check whose driver (the real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed
+after a layer on Ray (each model on a node of its own, ``status`` naming them), resumed locally and killed again
+after the last layer, and finished on Ray (the heads only) gives the local check's report, exactly (the actors
+compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more threads
+may round otherwise); ``run --check`` hands the check its run's executor; the CLI without Ray installed exits 2
+naming the install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
 
