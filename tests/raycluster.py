@@ -6,10 +6,18 @@ tests/conftest.py) and every Ray test it runs joins it; each test gets worker no
 for them and removed as it ends. So a test sees only its own nodes with CPUs (Ray places on those only), no actor,
 kept worker or memory reservation a test before left (each lived on a node that is gone, or ended with that test's
 driver), and its nodes' processes start with its environment (the stand-in hub's address, a token), as a machine's
-``ray start`` gives its node the machine's."""
+``ray start`` gives its node the machine's.
+
+A test whose nodes need nothing of its own environment (local models, paths given explicitly) may ask for ``spare``
+nodes: the nodes it leaves are kept for the next such test (each node costs a raylet and two agent processes, about
+2 s of CPU and seconds of wall to start and stop), which takes them once they are idle again (no CPU or memory held:
+the actors of the test before ended with its driver; else it starts fresh ones); a test that asks otherwise, or for
+fewer, has the spare nodes it does not take removed first, so every test still sees only its own nodes. A test that
+fails leaves no spare node."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,47 +43,106 @@ class RayHead:
 
     def __init__(self) -> None:
         self._started: Any = None
+        self._spare: list[Any] = []  # worker nodes a ``spare`` test left, for the next one
+        self._spare_memory: int | None = None  # the memory they declare (None: Ray's default)
 
     def started(self) -> Any:
         """The head's ``Cluster``, started now where none runs."""
         if self._started is None:
             from ray.cluster_utils import Cluster as RayCluster
 
-            # A node whose raylet died is declared dead within about 1.5 s (Ray's default is 15 s).
+            # A node whose raylet died is declared dead within about 1.5 s (Ray's default is 15 s). No idle worker
+            # process is started ahead on a node as each test's driver connects (each imports Ray, half a second of
+            # CPU, and most were never used: every actor here imports torch in a worker of its own job).
             fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                    "health_check_initial_delay_ms": 0}
-            self._started = RayCluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": fast})
+                    "health_check_initial_delay_ms": 0, "prestart_worker_first_driver": False,
+                    "enable_worker_prestart": False}
+            # Neither the autoscaler's monitor, the log monitor (the drivers read no worker's log: log_to_driver is
+            # off) nor the dashboard's modules: processes that cost CPU all along and serve no test.
+            self._started = RayCluster(initialize_head=True, head_node_args={
+                "num_cpus": 0, "_system_config": fast, "no_monitor": True, "include_log_monitor": False,
+                "include_dashboard": False})
         return self._started
+
+    def take_spare(self, wanted: int, memory: int | None) -> list[Any]:
+        """Up to ``wanted`` of the spare nodes (declaring ``memory``), the others removed."""
+        taken: list[Any] = []
+        if self._spare and self._spare_memory == memory:
+            taken, self._spare = self._spare[:wanted], self._spare[wanted:]
+        self.drop_spare()
+        return taken
+
+    def keep_spare(self, nodes: list[Any], memory: int | None) -> None:
+        """Keep ``nodes`` (declaring ``memory``) for the next test that asks for spare nodes."""
+        self.drop_spare()
+        self._spare, self._spare_memory = list(nodes), memory
+
+    def drop_spare(self) -> None:
+        """Remove the spare nodes."""
+        spare, self._spare = self._spare, []
+        if spare and self._started is not None:
+            for node in spare:
+                if node in self._started.worker_nodes:
+                    self._started.remove_node(node)
+            self._started.wait_for_nodes()
 
     def stop(self) -> None:
         """Stop the head's processes, if it runs."""
         if self._started is not None:
-            started, self._started = self._started, None
+            started, self._started, self._spare = self._started, None, []
             started.shutdown()
 
 
 @contextmanager
-def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None) -> Iterator[tuple[Cluster, Any]]:
+def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None,
+                spare: bool = False) -> Iterator[tuple[Cluster, Any]]:
     """``head`` with ``workers`` one-CPU worker nodes of this test's own (each declaring ``memory`` bytes to Ray
     where given; Ray's default: 70% of the machine's available memory), this process connected to it as the
     driver. Yields the test's cluster and the ``ray.cluster_utils.Cluster`` (to remove a node mid-run); on the
-    way out the driver disconnects and the worker nodes left are removed, the head seeing them gone."""
+    way out the driver disconnects and the worker nodes left are removed, the head seeing them gone. With ``spare``
+    (see the module's docstring), the nodes come first from those a ``spare`` test before left, idle, and the ones
+    left are kept for the next."""
     import ray
 
     started = head.started()
-    nodes: list[Any] = []
+    nodes: list[Any] = head.take_spare(workers, memory) if spare else []
+    if not spare:
+        head.drop_spare()
+    reused, passed = len(nodes), False
     try:
         sized = {} if memory is None else {"memory": memory}
-        for _ in range(workers):  # started side by side: each node's raylet and agents mostly wait as they start
+        for _ in range(workers - reused):  # started side by side: each node's raylet and agents mostly wait
             nodes.append(started.add_node(wait=False, num_cpus=1, **sized))
         started.wait_for_nodes()
         if ray.is_initialized():  # a test before, in this worker, left its driver connected (as a notebook's stays)
             ray.shutdown()
         ray.init(address=started.address, log_to_driver=False)
+        if reused and not _idle(ray):  # an actor of the test before outlived its driver: fresh nodes instead
+            for node in nodes:
+                started.remove_node(node)
+            nodes = [started.add_node(wait=False, num_cpus=1, **sized) for _ in range(workers)]
+            started.wait_for_nodes()
         yield Cluster(started.address, tuple(nodes)), started
+        passed = True
     finally:
         ray.shutdown()
-        for node in nodes:
-            if node in started.worker_nodes:  # not removed by the test itself
+        left = [node for node in nodes if node in started.worker_nodes]  # not removed by the test itself
+        if spare and passed:
+            head.keep_spare(left, memory)
+        else:
+            for node in left:
                 started.remove_node(node)
         started.wait_for_nodes()  # the head knows them dead: the next test's driver lists none of them alive
+
+
+def _idle(ray: Any, seconds: float = 20.0) -> bool:
+    """Whether, within ``seconds``, no CPU or memory of the cluster is held: the actors of the test before, which
+    ended with its driver, gone from the spare nodes."""
+    deadline = time.monotonic() + seconds
+    while True:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        if all(free.get(kind, 0) >= total.get(kind, 0) for kind in ("CPU", "memory")):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)

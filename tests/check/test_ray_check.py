@@ -4,12 +4,14 @@ on Ray checks on Ray too (its executor handed on: tested without a cluster); a c
 model's actor (the memory each declares) is refused, exit 2; a node lost mid-pass moves its model to a node left, or
 with none free stops the check resumably (exit 3).
 
-The first test on one cluster (starting one costs 10-20 s): a check whose driver (the real CLI, joined to the cluster by
-``--ray-address``) is SIGKILLed after a layer on Ray (each model on a node of its own, ``status`` naming them),
-resumed locally and killed again after the last layer, and finished on Ray (the heads only) gives the local check's
-report, exactly (the actors compute on their node's one CPU: the local reference runs torch on one thread too, as
-float32 sums on more threads may round otherwise); ``run --check`` hands the check its
-run's executor; the CLI without Ray installed exits 2 naming the install line.
+The tests with a cluster of local models share their worker nodes (``spare`` nodes, tests/raycluster.py: each
+started once for them and tests/check/test_ray_vocabs.py's check); the refusal, whose one node declares too little
+memory, runs first. A check whose driver (the real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed
+after a layer on Ray (each model on a node of its own, ``status`` naming them), resumed locally and killed again
+after the last layer, and finished on Ray (the heads only) gives the local check's report, exactly (the actors
+compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more threads
+may round otherwise); ``run --check`` hands the check its run's executor; the CLI without Ray installed exits 2
+naming the install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
 
@@ -70,13 +72,30 @@ def _cli(out: Path, texts: Path, state: Path, *extra: str,
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
+    """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
+    on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
+    from resumerge.cli.commands import main
+
+    out, texts = _merged(tmp_path)
+    state = tmp_path / "checked"
+    with ray_cluster(ray_head, workers=1, memory=256 << 20) as (cluster, _):
+        code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
+                     cluster.address, "--state-dir", str(state)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "a model's actor of the check needs" in err[0] and "more than any node of the cluster has" in err[0], err
+    assert not list(state.rglob("static*.json")) and not list(state.rglob("layer-*"))  # nothing read
+
+
 def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path,
                                                                                 ray_head: RayHead) -> None:
     out, texts = _merged(tmp_path)
     with one_thread():
         local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
     assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
-    with ray_cluster(ray_head, workers=3) as (cluster, _):
+    with ray_cluster(ray_head, workers=3, spare=True) as (cluster, _):
         # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes, a node of
         # its own for each model. Each run below passes the kill point once per layer it runs: one started over
         # would die after layer 1 again.
@@ -143,23 +162,6 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     assert seen == [(False, None), (True, "head:6379")]
 
 
-def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
-    """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
-    on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
-    from resumerge.cli.commands import main
-
-    out, texts = _merged(tmp_path)
-    state = tmp_path / "checked"
-    with ray_cluster(ray_head, workers=1, memory=256 << 20) as (cluster, _):
-        code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
-                     cluster.address, "--state-dir", str(state)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert "a model's actor of the check needs" in err[0] and "more than any node of the cluster has" in err[0], err
-    assert not list(state.rglob("static*.json")) and not list(state.rglob("layer-*"))  # nothing read
-
-
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead) -> None:
     """A worker node running a model's actor dies (all its processes) after the pass journaled layer 0 (the merge's
@@ -180,7 +182,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     nodes: list[list[str]] = []
     held: list[float] = []
     lost = tmp_path / "lost"
-    with ray_cluster(ray_head, workers=4) as (cluster, started):
+    with ray_cluster(ray_head, workers=4, spare=True) as (cluster, started):
         on_cluster = RayExecutor(cluster.address, keep_workers=0)
         left = list(cluster.workers)
 
