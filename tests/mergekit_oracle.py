@@ -2,10 +2,10 @@
 
 Importing mergekit (transformers, pydantic, its method registry) takes several seconds, more than most merges the
 tests compare; one ``mergekit-yaml`` process per comparison paid it every time. This process imports it once and
-runs each command line it is sent through ``mergekit-yaml``'s own click command, which applies the global options
-(the random seed, logging) on every call as a fresh ``mergekit-yaml`` process does, with ``PYTHONHASHSEED=0`` as
-the tests' direct calls used. A command that fails answers its exit code and traceback; a process that died is
-started again for the next command.
+runs each command line it is sent through ``mergekit-yaml``'s own click command (or another mergekit script's, such
+as ``mergekit-extract-lora``'s), which applies the global options (the random seed, logging) on every call as a
+fresh process does, with ``PYTHONHASHSEED=0`` as the tests' direct calls used. A command that fails answers its
+exit code and traceback; a process that died is started again for the next command.
 """
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ import sys
 from pathlib import Path
 
 _SERVER = r"""
-import contextlib, io, json, sys, traceback
-from mergekit.scripts.run_yaml import main
+import contextlib, importlib, io, json, sys, traceback
 
 replies = sys.stdout
 sys.stdout = sys.stderr  # mergekit's own prints must not mix with the replies
 for line in sys.stdin:
-    args = json.loads(line)
+    script, args = json.loads(line)
     err = io.StringIO()
     code = 0
     try:
         with contextlib.redirect_stderr(err):
-            main.main(args=args, standalone_mode=False)
+            importlib.import_module(f"mergekit.scripts.{script}").main.main(args=args, standalone_mode=False)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -62,12 +61,14 @@ class Mergekit:
                                               env={**os.environ, "PYTHONHASHSEED": "0"})
         return self._proc
 
-    def run(self, *args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """``mergekit-yaml ARGS``: the exit code and the stderr of the call (stdout is not kept)."""
+    def run(self, *args: str | Path, timeout: float = 300,
+            script: str = "run_yaml") -> subprocess.CompletedProcess[str]:
+        """``mergekit-yaml ARGS`` (or the command of another module of ``mergekit.scripts``: ``extract_lora`` is
+        ``mergekit-extract-lora``): the exit code and the stderr of the call (stdout is not kept)."""
         argv = [str(a) for a in args]
         proc = self._process()
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(argv) + "\n")
+        proc.stdin.write(json.dumps([script, argv]) + "\n")
         proc.stdin.flush()
         # One reply per command, so nothing is buffered between calls and select sees the next line arrive.
         ready, _, _ = select.select([proc.stdout], [], [], timeout)

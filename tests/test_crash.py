@@ -90,7 +90,10 @@ def _kill_during_merge(proc: Forked | subprocess.Popen[str], out: Path, rng: ran
     deadline = time.monotonic() + 60
     while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    time.sleep(rng.uniform(0.0, 0.6))
+    # The kill's moment, waited for while the merge runs: one that ended first is not waited on any longer.
+    moment = time.monotonic() + rng.uniform(0.0, 0.6)
+    while time.monotonic() < moment and proc.poll() is None:
+        time.sleep(0.005)
     if proc.poll() is not None:
         return False
     proc.send_signal(signal.SIGKILL)

@@ -5,24 +5,22 @@ Qwen2-VL, Qwen2.5-VL, Mistral 3 and Idefics3 models (tests/vlm_families.py) are 
 every input tensor name, load with the family's class with no missing or unexpected key, and give finite logits
 on a dummy image + text. A gradient ``weight: [1, 0]`` / ``[0, 1]`` makes each output tensor equal to exactly one
 input, which shows each module's own layer numbering and ``t`` (layer k of n gets ``t = k / (n - 1)``; loose
-tensors ``t = 0``). mergekit 0.1.5 runs once, in one subprocess, on the layouts it reads: complete outputs must be
-tensor-equal to ours; the cases where it drops tensors or fails are asserted as documented
+tensors ``t = 0``). mergekit 0.1.5 runs in the worker's oracle process on the layouts it reads: complete outputs
+must be tensor-equal to ours; the cases where it drops tensors or fails are asserted as documented
 (``mergekit-modules-moe.md`` §0).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from mergekit_oracle import Mergekit
 from support import api_merge as _merge
 from support import output_tensors as _tensors
 from support import write_config
@@ -37,21 +35,6 @@ CASES.insert(1, ("llava", "memory"))
 MERGEKIT_COMPLETE = [("llava", "memory"), ("gemma3", "hub"), ("mistral3", "saved"), ("qwen2_5_vl", "saved"),
                      ("idefics3", "saved")]
 MERGEKIT_WRITES = {("llava", "saved"): 43, ("llava", "hub"): 4, ("qwen2_vl", "saved"): None}
-_MERGEKIT_SCRIPT = """
-import json, sys, yaml
-from mergekit.config import MergeConfiguration
-from mergekit.merge import run_merge
-from mergekit.options import MergeOptions
-results = {}
-for name, config, out in json.loads(sys.argv[1]):
-    try:
-        run_merge(MergeConfiguration.model_validate(yaml.safe_load(open(config))), out,
-                  MergeOptions(quiet=True, random_seed=0, copy_tokenizer=False))
-        results[name] = "ok"
-    except Exception as exc:
-        results[name] = f"{type(exc).__name__}: ...{str(exc)[-150:]}"
-print(json.dumps(results))
-"""
 
 
 @pytest.fixture(scope="session")
@@ -186,25 +169,30 @@ def test_models_with_different_vision_towers_are_refused(
     assert "models have different modules" in capsys.readouterr().err
 
 
+def _raised(traceback: str) -> str:
+    """The exception that ended a traceback, "Type: message" on one line (a message may span several)."""
+    headers = [m.start() for m in re.finditer(r"^\w+: ", traceback, re.MULTILINE)]
+    return " ".join(traceback[headers[-1]:].split()) if headers else traceback.strip()
+
+
 @pytest.fixture(scope="session")
 def mergekit_runs(
-    vlms: dict[tuple[str, str], tuple[Path, Path, Path]], tmp_path_factory: pytest.TempPathFactory
+    vlms: dict[tuple[str, str], tuple[Path, Path, Path]], tmp_path_factory: pytest.TempPathFactory,
+    mergekit: Mergekit,
 ) -> dict[str, tuple[str, Path]]:
-    """mergekit 0.1.5's result (``ok`` or its error) and output folder for each case, all in one subprocess."""
-    if shutil.which("mergekit-yaml") is None:
-        pytest.skip("mergekit 0.1.5 is not installed (pip install -e '.[test]')")
+    """mergekit 0.1.5's result (``ok`` or its error's last line) and output folder for each case, run by the
+    worker's shared oracle process (tests/mergekit_oracle.py: mergekit imported once, not in a process of this
+    module's own)."""
     root = tmp_path_factory.mktemp("mergekit-vlm")
-    jobs = []
+    runs = {}
     for name, layout in [*MERGEKIT_COMPLETE, *MERGEKIT_WRITES, ("qwen2_5_vl", "gradient")]:
         a, b, _ = vlms[(name, "saved" if layout == "gradient" else layout)]
         doc = _gradient(a, b) if layout == "gradient" else _linear(a, b)
         key = f"{name}-{layout}"
-        jobs.append((key, str(write_config(root / f"{key}.yml", doc)), str(root / key)))
-    done = subprocess.run([sys.executable, "-c", _MERGEKIT_SCRIPT, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "PYTHONHASHSEED": "0"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
-    return {key: (results[key], Path(out)) for key, _, out in jobs}
+        done = mergekit.run(write_config(root / f"{key}.yml", doc), root / key, "--random-seed", "0", "--quiet",
+                            "--no-copy-tokenizer")
+        runs[key] = ("ok" if done.returncode == 0 else _raised(done.stderr), root / key)
+    return runs
 
 
 @pytest.mark.oracle

@@ -5,16 +5,14 @@ component's sign (B·A equal); tensors saved whole and bias deltas bit-identical
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 
 from resumerge import api
@@ -34,34 +32,24 @@ CASES: dict[str, tuple[str, list[str]]] = {
 pytestmark = pytest.mark.skipif(shutil.which("mergekit-extract-lora") is None, reason="mergekit is not installed")
 
 
-# mergekit-extract-lora's command, run for every case in one interpreter: its imports (torch, transformers,
-# mergekit) are most of a run's time on these tiny models.
-_RUNNER = """import json, sys
-from mergekit.scripts.extract_lora import main
-for argv in json.loads(sys.argv[1]):
-    main.main(argv, standalone_mode=False)
-"""
-
-
 @pytest.fixture(scope="session")
-def oracle(tmp_path_factory: pytest.TempPathFactory,
-           pair: Callable[[str], tuple[Path, Path]]) -> Callable[[str], Path]:
-    """``oracle(case)`` -> mergekit-extract-lora's output folder for ``CASES[case]`` (every case in one process,
-    run once per session)."""
+def oracle(tmp_path_factory: pytest.TempPathFactory, pair: Callable[[str], tuple[Path, Path]],
+           mergekit: Mergekit) -> Callable[[str], Path]:
+    """``oracle(case)`` -> mergekit-extract-lora's output folder for ``CASES[case]``, run once per session by the
+    worker's mergekit process (tests/mergekit_oracle.py: its imports, torch, transformers and mergekit, are most of
+    a run's time on these tiny models, and are already paid there)."""
     root = tmp_path_factory.mktemp("mergekit-extract")
-    argvs = []
-    for case, (name, options) in sorted(CASES.items()):
-        base, ft = pair(name)
-        argvs.append(["--model", str(ft), "--base-model", str(base), "--out-path", str(root / case), *options])
-    done: list[bool] = []
+    done: dict[str, Path] = {}
 
     def run(case: str) -> Path:
-        if not done:
-            env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
-            subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(argvs)], env=env, check=True,
-                           capture_output=True, timeout=300)
-            done.append(True)
-        return root / case
+        if case not in done:
+            name, options = CASES[case]
+            base, ft = pair(name)
+            ran = mergekit.run("--model", ft, "--base-model", base, "--out-path", root / case, *options,
+                               script="extract_lora")
+            assert ran.returncode == 0, ran.stderr
+            done[case] = root / case
+        return done[case]
 
     return run
 
