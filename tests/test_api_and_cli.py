@@ -112,7 +112,14 @@ def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(
 # planner, inputs, methods, engine and memory governor, which bring them or psutil and yaml.
 STATUS_NEVER_IMPORTS = ("torch", "sqlite_utils", "safetensors", "transformers", "huggingface_hub", "hf_xet",
                         "numpy", "psutil", "yaml", "resumerge.plan.merge_plan", "resumerge.inputs",
-                        "resumerge.methods", "resumerge.engine", "resumerge.memory.governor")
+                        "resumerge.methods", "resumerge.engine", "resumerge.memory.governor",
+                        # issue 72 (status under 0.2 s): the API's option groups and calls, the settings, the
+                        # recipes' and the check's report types, the sinks' threads, rich's progress display, and
+                        # the standard modules only a merge uses
+                        "resumerge.api.options", "resumerge.api.calls", "resumerge.api.evolution",
+                        "resumerge.api.unwritten", "resumerge.config.settings", "resumerge.recipes.view",
+                        "resumerge.analyses.check.report", "resumerge.analyses.evaluation.report",
+                        "resumerge.store.sink", "rich.progress", "concurrent", "ctypes", "csv", "html")
 
 
 # What ``resumerge status OUT --json`` leaves unimported besides (issue 72: status under 0.2 s, most of it start-up):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import subprocess
+import sys
 
 import pytest
 
@@ -56,3 +58,28 @@ def test_main_prints_the_same_help_usage_and_errors(monkeypatch: pytest.MonkeyPa
     assert _said(["status", "x", "--bogus"])[2].endswith("resumerge status: error: unrecognized arguments: --bogus\n")
     code, _, err = _said(["no-such-command"])
     assert code == 2 and "invalid choice: 'no-such-command'" in err and "'run', 'resume', 'status'" in err
+
+
+def test_the_api_imports_its_calls_on_first_use_and_keeps_every_name() -> None:
+    """``resumerge.api`` imports ``status``'s module at once and every other public name on its first use (issue 72):
+    each name of ``__all__`` is still there, from ``from resumerge.api import X``, ``api.X`` and ``dir(api)``, and is
+    the object its own module defines."""
+    probe = (
+        "import sys\n"
+        "from resumerge import api\n"
+        "early = sorted(m for m in ('resumerge.api.options', 'resumerge.api.calls', 'resumerge.config.settings')\n"
+        "               if m in sys.modules)\n"
+        "from resumerge.api import run, Resources\n"
+        "from resumerge.api.calls import run as own_run\n"
+        "from resumerge.api.options import Resources as own_resources\n"
+        "missing = [n for n in api.__all__ if getattr(api, n, None) is None or n not in dir(api)]\n"
+        "import resumerge\n"
+        "print(early, run is own_run is api.run is resumerge.run, Resources is own_resources, missing)\n"
+        "try:\n"
+        "    api.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[] True True []", "module 'resumerge.api' has no attribute 'no_such_name'"], \
+        done.stdout + done.stderr

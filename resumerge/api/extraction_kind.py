@@ -8,13 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import refuse_same_experts, single_output
-from resumerge.api.options import usable_device
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.settings import RunSettings
 from resumerge.extract.state import is_extraction_text
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations, StateDir
+    from resumerge.config.settings import RunSettings
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
@@ -71,6 +70,7 @@ class ExtractionKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """The extraction's estimate, as a merge's (no factor is kept)."""
+        from resumerge.api.options import usable_device
         from resumerge.estimate.estimate import estimate_config
 
         usable_device(call.options.device)

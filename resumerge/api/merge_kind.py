@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import single_merge_only
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.settings import RunSettings
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
@@ -88,6 +87,8 @@ def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None
 
 def single_output(call: Call, driving: Driving) -> None:
     """Refuse recipes' options, and a single run (of any kind but a recipe) into a recipe's OUT."""
+    from resumerge.api.options import single_merge_only  # here: status imports the kinds, not the options
+
     if call.out is not None:
         single_merge_only(call.config, call.out, call.settings, intermediate_dir=driving.intermediate_dir,
                           cleanup_intermediates=driving.cleanup)

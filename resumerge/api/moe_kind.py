@@ -10,14 +10,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
-from resumerge.api.options import pass_placement, source_name
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from resumerge.config.locations import RunLocations
+    from resumerge.config.settings import RunSettings
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
@@ -83,6 +82,7 @@ class MoeKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """Planned without its prompt forward pass: the estimate counts the pass, it does not run it."""
+        from resumerge.api.options import source_name
         from resumerge.estimate.estimate import estimate_config
         from resumerge.moe.passcost import estimators
 
@@ -134,6 +134,7 @@ def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None
 
 def _config(call: Call) -> MoeConfig:
     """The loaded config; raises ConfigError naming the YAML path before any model is opened."""
+    from resumerge.api.options import source_name
     from resumerge.moe import load_moe_text
 
     return load_moe_text(call.text, allow_all_same=call.allow_same_experts,
@@ -157,6 +158,8 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
 def _places(settings: RunSettings) -> Places | None:
     """Where the run's executor places a forward pass's models, as it places a check's (None: in this machine's
     processes, the prompt pass's own)."""
+    from resumerge.api.options import pass_placement
+
     elsewhere, address = pass_placement(settings)
     if not elsewhere:
         return None

@@ -388,8 +388,8 @@ def single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
     """Refuse recipe-only options with a one-document config, and a single merge into a recipe's OUT (even with
     ``restart``: the recipe's record would be left stale)."""
     from resumerge.config.hubtarget import is_hub_target
+    from resumerge.recipes.held import is_recipe_out
     from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
-    from resumerge.recipes.view import is_recipe_out
 
     for flag, given in (("intermediate-dir", intermediate_dir is not None), ("cleanup-intermediates",
                                                                              cleanup_intermediates)):
@@ -401,12 +401,6 @@ def single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
             os.path.isfile(os.path.join(out, RECIPE_MANIFEST_NAME)):
         raise OutputDirError(f"{out} holds the output of a recipe ({RECIPE_MANIFEST_NAME})", path=str(out),
                              hint="use another OUT for a single merge")
-
-
-def named(out: PathLike) -> None:
-    """Refuse an empty OUT (``run cfg.yml ""``): as a path it would be the current directory, never what was meant."""
-    if not os.fspath(out).strip():
-        raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
 
 
 def is_yaml_text(config: PathLike) -> bool:

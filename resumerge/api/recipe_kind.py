@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import source_name
 from resumerge.api.runkind import Call, Driving, PathLike
-from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.settings import RunSettings
     from resumerge.engine.drive import Outcome
     from resumerge.estimate.estimate import Measuring
     from resumerge.recipes.estimate import RecipeEstimate
@@ -32,6 +31,8 @@ class RecipeKind:
 
     def check(self, call: Call, driving: Driving) -> None:
         """MoE's flag refused (a recipe's stages are merge configs)."""
+        from resumerge.api.options import source_name  # here: status imports the kinds, not the options
+
         if call.allow_same_experts:
             raise UsageError("--i-understand-this-is-not-useful-without-training applies to mergekit-moe configs "
                              f"(base_model and experts) only, and {source_name(call.config, 'the config')} is not "
@@ -40,6 +41,7 @@ class RecipeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Every stage still to do; the final stage's outcome. With an ``hf://`` OUT only the final stage is
         committed to the repo, with the recipe's record."""
+        from resumerge.api.options import source_name
         from resumerge.recipes.run import run_recipe
 
         return run_recipe(call.text, call.locations, call.options, call.settings,
@@ -50,7 +52,7 @@ class RecipeKind:
     def holds(self, where: RunLocations) -> bool:
         """Whether ``where.out`` holds a recipe's record (in the state dir, or in OUT: for an ``hf://`` OUT without
         a recipe ledger here, in the repo)."""
-        from resumerge.recipes.view import is_recipe_out
+        from resumerge.recipes.held import is_recipe_out
 
         return is_recipe_out(where.out, where.state)
 
@@ -70,6 +72,7 @@ class RecipeKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> RecipeEstimate:
         """Every stage estimated (:func:`~resumerge.recipes.estimate.estimate_recipe`); needs OUT to place them."""
+        from resumerge.api.options import source_name
         from resumerge.recipes.estimate import estimate_recipe
 
         self.check(call, Driving(should_stop=_never))

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from resumerge.config.settings import RunSettings
-
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.settings import RunSettings
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
     from resumerge.engine.session import Recorded
@@ -142,7 +141,7 @@ class KeepsItsRecord(Protocol):
 
 # Plans a single run's recorded text again (its kind's own planner), from the recorded options and model
 # directories, under the resume's settings and reporter.
-Replanner = Callable[["Recorded", RunSettings, "Reporter | None"], "Prepared"]
+Replanner = Callable[["Recorded", "RunSettings", "Reporter | None"], "Prepared"]
 
 
 def resume_journaled(name: str, recorded: Recorded, settings: RunSettings, driving: Driving,

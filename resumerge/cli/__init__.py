@@ -16,5 +16,6 @@ __all__ = [
     "modelgen",
     "parsers",
     "render",
+    "statusshow",
     "trafficline",
 ]

@@ -173,7 +173,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        from resumerge.cli.render import show_any_status
+        from resumerge.cli.statusshow import show_any_status
 
         show_any_status(report)
     return EXIT_OK

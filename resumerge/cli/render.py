@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import IO, TYPE_CHECKING, TextIO
 
 from rich import box
@@ -38,6 +37,11 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
+from resumerge.cli.statusshow import console as console
+from resumerge.cli.statusshow import escaped, show_field
+from resumerge.cli.statusshow import show_any_status as show_any_status
+from resumerge.cli.statusshow import show_recipe_status as show_recipe_status
+from resumerge.cli.statusshow import show_status as show_status
 from resumerge.cli.trafficline import TrafficRates, traffic_line
 from resumerge.memory.sizes import format_duration, format_size
 
@@ -46,23 +50,14 @@ if TYPE_CHECKING:  # status must stay fast: these are imported only for annotati
     from resumerge.engine.traffic import Traffic
     from resumerge.estimate.costs import Estimate
     from resumerge.recipes.estimate import RecipeEstimate
-    from resumerge.recipes.view import RecipeStatus
     from resumerge.store.integrity import VerifyReport
-    from resumerge.store.statusview import StatusReport
 
-_STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white",
-                "planning": "cyan"}
 # Set in the environment of every process a Jupyter kernel (JPY_PARENT_PID) or Colab runtime starts.
 _NOTEBOOK_ENV = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG")
 PLAIN_INTERVAL = 15.0
 # Seconds between the live bars' updates: rich redraws them 10 times a second, and updating them per tensor cost
 # more than merging a tiny tensor.
 LIVE_INTERVAL = 0.1
-
-
-def console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
-    """A rich console on ``stream`` (stderr by default, so stdout stays machine-readable)."""
-    return Console(file=stream or sys.stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def progress_mode(out: Console, quiet: bool = False) -> str:
@@ -346,105 +341,6 @@ class ProgressReporter:
 # -- status, plan, verify -----------------------------------------------------------------------------------
 
 
-def show_any_status(report: StatusReport | RecipeStatus, stream: TextIO | None = None) -> None:
-    """``resumerge status``: a recipe's stages (:func:`show_recipe_status`) or one merge's (:func:`show_status`)."""
-    from resumerge.recipes.view import RecipeStatus
-
-    if isinstance(report, RecipeStatus):
-        show_recipe_status(report, stream)
-    else:
-        show_status(report, stream)
-
-
-def show_status(report: StatusReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
-    """Print where a merge stands: counts, memory, elapsed time, what is pending, the last error, what to run."""
-    out = console(stream or sys.stdout, width=width)
-    style = _STATE_STYLE.get(report.state, "white")
-    out.print(f"[bold]{_escape(report.out_dir)}[/bold]: [{style}]{report.state}[/{style}] (from the {report.source})")
-    table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False, show_edge=False)
-    table.add_column("")
-    table.add_column("done", justify="right")
-    table.add_column("total", justify="right")
-    table.add_column("")
-    pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
-    table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
-    if report.units_total:  # a file written in place: what an interruption keeps
-        table.add_row("units", str(report.units_done), str(report.units_total), "written in place")
-    table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
-    details = report.details
-    for label, done, total, what in details.counts if details is not None else ():  # the kind's own counts
-        table.add_row(label, str(done), str(total), what)
-    table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
-    out.print(table)
-    for label, text in details.rows if details is not None else ():  # what the kind of run adds
-        _field(out, label, text)
-    if report.peak_rss or report.budget:
-        parts = [f"budget {format_size(report.budget)}"] if report.budget else []
-        # The peak is recorded when a process ends its run; a killed process leaves none.
-        parts.append(f"peak {format_size(report.peak_rss)}" if report.peak_rss else "peak not recorded")
-        parts.append(f"{report.adaptations} governor adaptation(s)")
-        _field(out, "memory", ", ".join(parts))
-    for line in report.adaptation_events:
-        _field(out, "", line)
-    if report.streamed:
-        f = report.streamed
-        _field(out, "streamed", f"{format_size(int(f['fetched']))} fetched of {format_size(int(f['needed']))} "
-               f"needed at {format_size(int(f['rate']))}/s ({int(f['requests'])} range requests)")
-    if report.formats:
-        from resumerge.plan.roles import formats_line
-
-        _field(out, "formats", formats_line(report.formats))
-    if report.inputs is not None:
-        _field(out, "inputs", str(report.inputs["summary"]))
-    for line in report.plan_notes:
-        _field(out, "note", line)
-    if report.elapsed_seconds is not None:
-        seconds = report.elapsed_seconds
-        _field(out, "elapsed", format_duration(seconds) if seconds >= 90 else f"{seconds:.1f} s")
-    if report.url:
-        _field(out, "repo", report.url)
-    for line in report.nodes:  # a run on a Ray cluster: what each node made
-        _field(out, "node", line.removeprefix("node "))
-    if report.uncommitted:
-        _field(out, "uploading", ", ".join(report.uncommitted) + " (staged here, not yet in a commit)")
-    pending = [f.name for f in report.files if f.status != "done" and f.name not in report.uncommitted]
-    if pending:
-        _field(out, "pending", ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else ""))
-    if report.last_error:
-        _field(out, "last error", report.last_error, style="bold red")
-    if report.resume_command:
-        _field(out, "finish with", report.resume_command)
-
-
-def _field(out: Console, label: str, text: str, *, style: str = "bold") -> None:
-    """One ``label  text`` line; long text runs on rather than wrapping, so logs keep one line per fact."""
-    out.print(Text.assemble((f"{label:<13}", style), text))
-
-
-def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, width: int | None = None) -> None:
-    """Print where a recipe stands: one row per stage, then the details of the stage in progress."""
-    out = console(stream or sys.stdout, width=width)
-    style = _STATE_STYLE.get(report.state, "white")
-    out.print(f"[bold]{_escape(report.out_dir)}[/bold]: recipe [{style}]{report.state}[/{style}], "
-              f"{report.stages_done} of {len(report.stages)} stages done (from the {report.source})")
-    table = Table(box=box.SIMPLE_HEAD, show_header=True, header_style="bold", pad_edge=False)
-    for name, justify in (("stage", "left"), ("state", "left"), ("shards", "right"), ("bytes", "right"),
-                          ("output", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for stage in report.stages:
-        shards = f"{stage.shards_done}/{stage.shards_total}" if stage.shards_total else ""
-        written = f"{format_size(stage.bytes_done)}/{format_size(stage.bytes_total)}" if stage.bytes_total else ""
-        table.add_row(stage.label + (" (final)" if stage.final else ""), stage.state, shards, written,
-                      _escape(stage.out_dir))
-    out.print(table)
-    if report.last_error:
-        out.print(Text.assemble(("last error: ", "bold red"), report.last_error))
-    if report.current is not None:
-        out.print("stage in progress:")
-        # The stage is finished by resuming the recipe, never the stage's own folder: drop its command.
-        show_status(replace(report.current, resume_command=None), stream or sys.stdout, width=width)
-
-
 def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = None) -> None:
     """``resumerge plan``: one merge's estimate, or a recipe's, stage by stage."""
     from resumerge.recipes.estimate import RecipeEstimate
@@ -470,7 +366,7 @@ def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | 
     out = console(stream or sys.stdout, width=width)
     for line in estimate_lines(estimate):
         if line.label:
-            _field(out, line.label, line.text, style=_LINE_STYLES[line.kind])
+            show_field(out, line.label, line.text, style=_LINE_STYLES[line.kind])
         else:
             out.print(Text(line.plain(), style=_VERDICT_STYLES[line.kind]))
 
@@ -484,8 +380,8 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
                   f"match their checksums" + (f"; {report.pending} still pending" if report.pending else ""))
         return
     for d in report.damaged:
-        out.print(f"[red]damaged[/red]: {_escape(d.name)}: {_escape(d.problem)}")
-    out.print(f"repair with: {_escape(report.resume_command)}")
+        out.print(f"[red]damaged[/red]: {escaped(d.name)}: {escaped(d.problem)}")
+    out.print(f"repair with: {escaped(report.resume_command)}")
 
 
 def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
@@ -501,7 +397,7 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
     for m, name in zip(report.models, names):
         def num(x: float | None, f: str = ".4f") -> str:
             return "-" if x is None else format(x, f)
-        table.add_row(m.role, _escape(name), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
+        table.add_row(m.role, escaped(name), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
                       num(m.top1, ".1%"), num(max(m.drift), ".3g") if m.drift else "-")
     out.print(table)
     listed: set[str] = set()
@@ -509,39 +405,33 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
         if m.path not in listed:
             listed.add(m.path)
             other = "" if m.own else " (not named by the merge's record: only compared with)"
-            out.print(f"  {_escape(name)}: {_escape(m.path)}{other}", style="dim")
+            out.print(f"  {escaped(name)}: {escaped(m.path)}{other}", style="dim")
     out.print(f"{report.sequences} sequences, {report.tokens} predicted tokens; parameters: "
-              + ", ".join(f"{_escape(k)} {v:,}" for k, v in report.static.parameters.items()))
+              + ", ".join(f"{escaped(k)} {v:,}" for k, v in report.static.parameters.items()))
     colour = {"works": "green", "no_effect": "yellow", "broken": "red"}[report.verdict]
     layer = f" (layer {report.broken_layer})" if report.broken_layer is not None else ""
     if report.compared is not None:
-        out.print(f"compared: {_escape(report.compared)}")
+        out.print(f"compared: {escaped(report.compared)}")
     if report.proof is not None:
-        out.print(f"inputs: {_escape(report.proof)}", style="dim")
+        out.print(f"inputs: {escaped(report.proof)}", style="dim")
     out.print(f"verdict: [{colour}]{report.verdict.replace('_', ' ')}[/{colour}]{layer}")
     for reason in report.reasons:
-        out.print(f"  - {_escape(in_short(reason, paths, names))}")
+        out.print(f"  - {escaped(in_short(reason, paths, names))}")
     out.print("thresholds: " + ", ".join(f"{k} {v:g}" for k, v in report.thresholds.items()), style="dim")
     if report.chart is not None:
         from resumerge.analyses.check.chart import COLOUR_NAMES
 
         legend = ", ".join(f"{COLOUR_NAMES[i % len(COLOUR_NAMES)]} {m.role} {name}"
                            for i, (m, name) in enumerate(zip(report.models[1:], names[1:])))
-        out.print(f"drift per layer: {_escape(report.chart)} ({_escape(legend)})")
+        out.print(f"drift per layer: {escaped(report.chart)} ({escaped(legend)})")
     if report.prompts:
-        out.print(f"prompts: {_escape(report.prompts)}", style="dim")
+        out.print(f"prompts: {escaped(report.prompts)}", style="dim")
     if report.vocabulary is not None:  # models whose vocabularies differ: what the figures were compared over
-        out.print(f"the vocabularies differ: {_escape(report.vocabulary)}")
+        out.print(f"the vocabularies differ: {escaped(report.vocabulary)}")
     if report.card is not None:
-        out.print(f"model card: {_escape(report.card)}")
+        out.print(f"model card: {escaped(report.card)}")
 
 
 def show_error(line: str, stream: TextIO | None = None) -> None:
     """Print a one-line error."""
     console(stream).print(Text.assemble(("error:", "red"), " ", line))
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

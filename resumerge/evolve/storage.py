@@ -15,7 +15,6 @@ search killed anywhere and resumed ends with the same bytes."""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -177,6 +176,8 @@ def write_outputs(storage: Path, generations: Sequence[Sequence[Evaluated]], tas
 
 def _csv(rows: Sequence[Evaluated], task_names: Sequence[str]) -> str:
     out = io.StringIO()
+    import csv  # here: status asks is_storage of every OUT
+
     writer = csv.writer(out, lineterminator="\n")
     width = len(rows[0].genotype) if rows else 0
     writer.writerow(["generation", "index", "objective", *task_names, *(f"x{i}" for i in range(width)), "config"])

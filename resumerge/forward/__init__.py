@@ -54,6 +54,6 @@ May import: errors, config, inputs, memory, plan (inputrefs only), store (killpo
 from __future__ import annotations
 
 from resumerge.forward.journal import durable_save
-from resumerge.forward.reader import CastReader, Location, Weights, base_formats, pass_bytes
+from resumerge.forward.reader import CastReader, Location, Weights, base_formats, pass_bytes, step_sizes
 
-__all__ = ["CastReader", "Location", "Weights", "base_formats", "durable_save", "pass_bytes"]
+__all__ = ["CastReader", "Location", "Weights", "base_formats", "durable_save", "pass_bytes", "step_sizes"]

@@ -149,6 +149,11 @@ class CastReader:
         return not (found.file in self._remote or is_pickle_checkpoint(found.file) or entry.end == entry.start
                     or entry.start % DTYPE_SIZES[entry.dtype] or entry.dtype not in TORCH_DTYPES)
 
+    def maps(self, name: str) -> bool:
+        """Whether :meth:`read` hands over the stored bytes' own map for ``name`` (a :meth:`spannable` tensor stored
+        in the reader's dtype): nothing is read or copied beside the tensor it gives."""
+        return self.spannable(name) and TORCH_DTYPES[self._formats.stored[name].entry.dtype] == self._dtype
+
     def read_span(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Values ``start`` to ``stop`` of logical tensor ``name`` flattened (row-major), in the reader's dtype:
         of a :meth:`spannable` tensor only those values' bytes are mapped and cast (a block of an embedding, not
@@ -198,12 +203,21 @@ class CastReader:
 
 
 def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, embeddings: str = "model.embed_tokens.",
-               stack: str = "model.layers.") -> int:
-    """The most a pass holds at once beyond its process's baseline (the model's stored tensors sorted by
-    ``formats``): the embeddings or one decoder layer, each its weights at ``value_bytes`` a value (2: bfloat16)
-    plus the largest one as read (a quantized one's parts and its float32 decode). ``embeddings`` and ``stack``:
-    the checkpoint's prefixes of the input embeddings and the decoder layers (a multimodal model's language model,
-    GPT-2's ``transformer.h.``)."""
+               stack: str = "model.layers.", in_place: Callable[[str], bool] | None = None) -> int:
+    """The most a pass holds at once beyond its process's baseline: the largest of :func:`step_sizes`."""
+    return max(step_sizes(formats, layers, value_bytes, embeddings=embeddings, stack=stack,
+                          in_place=in_place).values())
+
+
+def step_sizes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, embeddings: str = "model.embed_tokens.",
+               stack: str = "model.layers.", in_place: Callable[[str], bool] | None = None) -> dict[str, int]:
+    """What a pass holds beyond its process's baseline (the model's stored tensors sorted by ``formats``) while it
+    reads the embeddings and each decoder layer, by prefix (``embeddings`` first, then each layer's): its weights
+    at ``value_bytes`` a value (2: bfloat16) plus the largest one as read (a quantized one's parts and its float32
+    decode, a copied one's read bytes) — none for a tensor ``in_place`` names (:meth:`CastReader.maps`: the tensor
+    is the stored bytes' map itself, nothing is read beside it; None: every tensor is copied). ``embeddings`` and
+    ``stack``: the checkpoint's prefixes of the input embeddings and the decoder layers (a multimodal model's
+    language model, GPT-2's ``transformer.h.``)."""
     prefixes = [embeddings, *(f"{stack}{i}." for i in range(layers))]
     held, largest = dict.fromkeys(prefixes, 0), dict.fromkeys(prefixes, 0)
     for name, found in formats.logical().items():
@@ -212,7 +226,9 @@ def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, emb
             continue
         codec = formats.codec(name)
         values = numel(codec.value_shape(tuple(found.entry.shape)))
-        read = found.entry.nbytes + sum(c.entry.nbytes for _, c in formats.companions(name))
         held[prefix] += values * value_bytes
+        if in_place is not None and in_place(name):
+            continue
+        read = found.entry.nbytes + sum(c.entry.nbytes for _, c in formats.companions(name))
         largest[prefix] = max(largest[prefix], read if codec.plain else read + values * 4)
-    return max(held[p] + largest[p] for p in prefixes)
+    return {p: held[p] + largest[p] for p in prefixes}

@@ -15,14 +15,13 @@ from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, StateDir
-from resumerge.errors import LedgerError, StorageError
+from resumerge.errors import LedgerError
+from resumerge.recipes.held import out_record
 from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME, StageRow, read_recipe_stages
 from resumerge.recipes.manifest import (
     DELETED,
     DELETING,
-    RECIPE_MANIFEST_NAME,
     RecipeRecord,
-    read_recipe_manifest,
     recipe_dir,
     recipe_ledger_record,
     stage_label,
@@ -137,20 +136,6 @@ def stage_record(out_dir: str | os.PathLike[str], state: StateDir, *,
                        len(manifest.planned), committed, "manifest")
 
 
-def is_recipe_out(out_dir: str | os.PathLike[str], state: StateDir) -> bool:
-    """True when ``out_dir`` is (or is being) written by a recipe: its record is in the state dir or in OUT (for
-    an ``hf://`` OUT without a recipe ledger here: in the repo, one small request)."""
-    where = state.run(out_dir)
-    if (recipe_dir(where) / RECIPE_LEDGER_NAME).exists():
-        return True
-    if is_hub_target(out_dir):
-        try:
-            return _out_record(where) is not None
-        except StorageError:  # the hub refused the token: the single-merge path says what to do about it
-            return False
-    return (Path(out_dir) / RECIPE_MANIFEST_NAME).is_file()
-
-
 def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeStatus:
     """Status of the recipe writing to ``out_dir`` (its records under the state dir ``at``); raises
     :class:`LedgerError` when no recipe is recorded."""
@@ -173,7 +158,7 @@ def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeS
         rows, event_rows = read_recipe_stages(rdir / RECIPE_LEDGER_NAME)
         events = tuple(f"{e.kind}: {e.message}" for e in event_rows)
     else:
-        manifest = _out_record(where)
+        manifest = out_record(where)
         if manifest is None:
             if damage is not None:
                 raise damage
@@ -196,15 +181,6 @@ def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeS
         current = replace(read_status(pending.out_dir, where.state), resume_command=command)
     return RecipeStatus(str(out_dir), state, source, record.intermediate_dir, record.intermediates, stages, current,
                         last_error, events, command)
-
-
-def _out_record(where: RunLocations) -> RecipeRecord | None:
-    """OUT's ``resumerge-recipe.json``: the folder's, or the repo's for an ``hf://`` OUT."""
-    if not is_hub_target(where.out):
-        return read_recipe_manifest(Path(where.out))
-    from resumerge.recipes.hub import remote_recipe_record
-
-    return remote_recipe_record(where.out, where.resume_command)
 
 
 def _repo_manifest(where: RunLocations) -> Manifest | None:

@@ -7,7 +7,6 @@ not at all (a leftover ``.<name>.<random>.part`` temp file is garbage that resum
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -46,6 +45,8 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     """Linux's ``sync_file_range`` (the C library's), or None elsewhere or when the library lacks it."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here: status imports this module, and a merge asks this once
+
     try:
         call = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):

@@ -13,10 +13,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import LedgerError
-from resumerge.store.sink import OutputSink
+
+if TYPE_CHECKING:  # a type only: status reads manifests without the sinks' futures and threads
+    from resumerge.store.sink import OutputSink
 
 MANIFEST_NAME = "resumerge-manifest.json"
 FORMAT = 1

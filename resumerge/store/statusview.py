@@ -9,7 +9,6 @@ unfinished run carries the exact command that finishes it.
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import os
 import time
@@ -367,6 +366,8 @@ def status_text(report: StatusReport) -> str:
 
 def status_html(report: StatusReport) -> str:
     """The report as an HTML table (what a notebook draws for it)."""
+    import html  # here: the command line never draws one
+
     head = (f"<b>{html.escape(report.out_dir)}</b>: {html.escape(report.state)} "
             f"(from the {html.escape(report.source)})")
     body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th><td style='text-align:left'>"

@@ -21,6 +21,19 @@ May import: errors, config, forward, inputs, memory, store (killpoints, manifest
 
 from __future__ import annotations
 
-from resumerge.analyses.check.report import CheckReport
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumerge.analyses.check.report import CheckReport
 
 __all__ = ["CheckReport"]
+
+
+def __getattr__(name: str) -> Any:
+    """``CheckReport``, imported on first use: ``status`` reads this package's progress module without the report's
+    dataclasses."""
+    if name == "CheckReport":
+        from resumerge.analyses.check.report import CheckReport
+
+        return CheckReport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

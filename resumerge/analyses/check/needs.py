@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from resumerge.analyses.check.heads import head_step_bytes
 from resumerge.analyses.check.static import static_bytes
 from resumerge.config.locations import cache_root
-from resumerge.forward import pass_bytes
+from resumerge.forward import step_sizes
 from resumerge.forward.batches import largest_batch, padded_positions
 from resumerge.forward.stream import ModelStream
 
@@ -22,12 +22,15 @@ from resumerge.forward.stream import ModelStream
 class StepBytes:
     """``states``: one model's hidden states over every padded position (float32, once: a step holds them in and
     out); per model (the merge first) ``layers``, its largest decoder layer (or its embeddings) in float32 as the
-    forward pass reads it, ``heads``, its heads step streamed as a local check runs it, and ``held_heads``, its
-    heads step with its own log-probabilities and the two it is compared with (the merge's, the base's) held whole,
-    as a Ray actor runs it; ``static``: the static pass's largest span of a tensor of every model."""
+    forward pass reads it, ``decoder``, its largest decoder layer alone (what the folded static pass keeps of the
+    base beside another model's, :mod:`.folded`; never the embeddings, which the static pass reads), ``heads``,
+    its heads step streamed as a local check runs it, and ``held_heads``, its heads step with its own
+    log-probabilities and the two it is compared with (the merge's, the base's) held whole, as a Ray actor runs
+    it; ``static``: the static pass's largest span of a tensor of every model."""
 
     states: int
     layers: tuple[int, ...]
+    decoder: tuple[int, ...]
     heads: tuple[int, ...]
     held_heads: tuple[int, ...]
     static: int
@@ -40,10 +43,14 @@ def step_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[int]]) 
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     batch, longest = largest_batch(tokens), max(map(len, tokens), default=0)
     predicted = sum(max(0, len(t) - 1) for t in tokens)
+    # Each step's weights as the pass holds them: a tensor the reader maps in place (a local float32 one) once,
+    # not again for its read (the embeddings of a 1.2 GB model were counted twice: issue 72).
+    steps = [step_sizes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
+                        stack=s.prefix(s.layers_list), in_place=s.reader.maps) for s in streams]
     return StepBytes(
         states=padded_positions(tokens) * hidden * 4,
-        layers=tuple(pass_bytes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
-                                stack=s.prefix(s.layers_list)) for s in streams),
+        layers=tuple(max(each.values()) for each in steps),
+        decoder=tuple(max(list(each.values())[1:], default=0) for each in steps),
         heads=tuple(head_step_bytes(s, batch, longest) for s in streams),
         held_heads=tuple(head_step_bytes(s, batch, longest, held=3 * predicted) for s in streams),
         static=static_bytes([s.formats for s in streams]))

@@ -477,9 +477,11 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
     heads, layer, static = max(sizes.heads), max(sizes.layers), sizes.static
     if can_fold:
         try:
-            folded = max(states + max(2 * layer, heads), static)
+            # the base's decoder layer kept beside another's; the embeddings' step holds one model's alone
+            two = max(layer, 2 * max(sizes.decoder))
+            folded = max(states + max(two, heads), static)
             return budget_fitting("the check", folded, max_memory, SystemProbe(), held=held), {
-                "layer": 2 * layer, "heads": heads}, True
+                "layer": two, "heads": heads}, True
         except UsageError:  # one layer at a time fits: the static pass reads the layers again, as it did
             pass
     peak = max(states + max(layer, heads), static)

@@ -16,6 +16,19 @@ May import: analyses.check, config, errors, forward, inputs, memory, store.
 
 from __future__ import annotations
 
-from resumerge.analyses.evaluation.report import EvalReport
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.report import EvalReport
 
 __all__ = ["EvalReport"]
+
+
+def __getattr__(name: str) -> Any:
+    """``EvalReport``, imported on first use: ``status`` reads this package's progress module without the report's
+    dataclasses."""
+    if name == "EvalReport":
+        from resumerge.analyses.evaluation.report import EvalReport
+
+        return EvalReport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -348,7 +348,9 @@ def _pass_peak(stream: object, tokens: list[list[int]], *, states: bool = True) 
     wide = max(hidden, int(getattr(config, "intermediate_size", 0) or 0))
     positions = sum(len(t) for t in tokens)
     held = 2 * positions * hidden * 4 if states else 0
-    return held + pass_bytes(stream.formats, stream.layers, value_bytes=4) + 4 * wide * wide * 8
+    # a tensor the reader maps in place is counted once, not again for its read (check.needs.step_bytes's rule)
+    return held + pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=stream.reader.maps) \
+        + 4 * wide * wide * 8
 
 
 __all__ = ["LAYER_PREFIX", "MeasureEstimate", "MeasureReport", "estimate_measure", "measure_grams"]

@@ -1,0 +1,518 @@
+"""The API's calls that run something: ``run``, ``resume``, ``extract_lora``, ``estimate_extraction``, ``check``,
+``evaluate``, ``measure``, ``estimate_measure``, ``plan_merge``, ``estimate`` and ``evolve`` (each documented where
+:mod:`resumerge.api` re-exports it, here). The package imports this module on the first use of one of them, so that
+``status`` and ``verify`` (:mod:`.reading`) never pay for the option groups and the kinds of run.
+
+Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
+:class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`) and turns them into the
+:class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+:class:`~resumerge.config.settings.RunSettings` that do not, then hands the call to its kind of run: a single
+merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) or a LoRA extraction, each one
+class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any
+
+from resumerge.api.evolution import EvolveOutcome
+from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
+from resumerge.api.options import (
+    Hub,
+    Lora,
+    Merging,
+    Output,
+    PathLike,
+    Resources,
+    Stages,
+    config_text,
+    flat_resources,
+    nothing_started,
+    nothing_written,
+    pass_placement,
+    pass_settings,
+    plan_options,
+    recorded_device,
+    run_settings,
+    started_early,
+    stop_flag,
+    taken,
+    usable_device,
+)
+from resumerge.api.reading import named
+from resumerge.api.runkind import Call, Driving
+from resumerge.api.unwritten import open_population
+from resumerge.config.settings import RunSettings
+from resumerge.extract.spec import ExtractSpec
+from resumerge.memory.sizes import parse_size
+from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from resumerge.analyses.check import CheckReport
+    from resumerge.analyses.check.progress import Step as CheckStep
+    from resumerge.analyses.evaluation import EvalReport
+    from resumerge.analyses.evaluation.run import EvalStep
+    from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
+    from resumerge.engine.drive import Outcome
+    from resumerge.engine.executor import Reporter
+    from resumerge.engine.executors import Executor
+    from resumerge.estimate.costs import Estimate
+    from resumerge.inputs.codecs import CodecTable
+    from resumerge.plan.merge_plan import Plan
+    from resumerge.recipes.estimate import RecipeEstimate
+
+
+def run(
+    config: PathLike,
+    out: PathLike,
+    *,
+    state_dir: PathLike | None = None,
+    output: Output = Output(),
+    merging: Merging = Merging(),
+    resources: Resources = Resources(),
+    hub: Hub = Hub(),
+    stages: Stages = Stages(),
+    restart: bool = False,
+    executor: Executor | None = None,
+    progress: bool | Reporter = False,
+    should_stop: Callable[[], bool] | None = None,
+    codecs: CodecTable | None = None,
+    check: bool = False,
+) -> Outcome:
+    """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
+    naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
+    ``config`` parameter here. The options come in groups (:mod:`.options`: what OUT holds, how models are merged,
+    what the run may use, how an ``hf://`` OUT is written, a recipe's stages), each a frozen object a notebook builds
+    once and passes to every call; ``restart`` starts over an earlier, different run into ``out``.
+
+    ``executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
+    keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.engine.executors`) a worker
+    per node of the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the
+    inputs must be paths every node sees); the bytes are the same whichever computes, and a run started with one
+    resumes with another. On a cluster that outlives the run (``address``, ``RAY_ADDRESS``, or one this process is
+    connected to) Ray's workers stay for the next run, idle for at most ``keep_workers`` seconds (600 by default;
+    ``0``: they end with the run), holding no CPU while idle.
+
+    A multi-document ``config`` is a recipe (mergekit-multi): its named stages go where ``stages`` says; the final
+    stage's outcome is returned. With an ``hf://`` OUT only the final stage is committed to the repo, with the
+    recipe's record. A single merge is refused (exit 4) into a recipe's OUT, even with ``restart``: it would leave
+    the recipe's record stale.
+
+    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (as ``hub`` says) in shards
+    of about 1/100 of the output by default (25 MB to 1 GB), at most ``resources.max_disk`` bytes uncommitted.
+
+    A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
+    ``mergekit-moe`` does.
+
+    ``progress`` is a reporter the caller made (the CLI hands in its display,
+    :class:`~resumerge.cli.render.ProgressReporter`), used as given (the caller closes it); ``True`` is deprecated.
+    ``should_stop`` is polled at safe points: once true, the run stops and raises InterruptedMerge (exit 3).
+    ``codecs`` is the table of stored formats a merge config's models are recognised by (None: every format
+    resumerge decodes, :data:`~resumerge.inputs.codecs.CODECS`); a notebook adds its own format with
+    ``CodecTable((*CODECS.formats, MyCodec))``. A resume reuses the plan recorded with the run while no input
+    changed; planned again, it recognises the default formats.
+
+    ``check`` (``--check``) checks the merged model against its base and parents once the merge is done, as
+    :func:`check` does (under the same ``state_dir`` and ``max_memory``): the outcome is then a
+    :class:`~resumerge.api.checked.CheckedOutcome` whose ``check`` is the report (``resumerge run --check`` exits
+    with its verdict's code). Only a merge or a recipe into a local OUT can be checked; anything else is refused
+    before the run starts.
+    """
+    named(out)
+    settings = run_settings(state_dir, resources, hub, executor=executor)
+    # A Ray run's workers start first: they import while this process imports and plans.
+    with started_early(settings, out, resources.device) as settings:
+        from resumerge.plan.sharding import shard_size_choice
+
+        text = config_text(config)
+        kind = kind_of(text)
+        options = plan_options(output, merging, resources,
+                               out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+        # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
+        where = settings.state.run(out)
+        call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
+                    codecs=codecs)
+        driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
+                          cleanup=stages.cleanup_intermediates)
+        if check:  # imported here: status must not import the engine (api.checked's Outcome)
+            from resumerge.api.checked import refuse_check
+
+            refuse_check(kind.name, out)
+        with nothing_started(where):
+            kind.check(call, driving)
+            outcome = kind.run(call, replace(driving, reporter=_reporter(progress)))
+    if not check:
+        return outcome
+    from resumerge.api.checked import checked
+
+    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor,
+                   reporter=_reporter(progress))
+
+
+def resume(
+    out: PathLike,
+    *,
+    state_dir: PathLike | None = None,
+    resources: Resources = Resources(),
+    hub: Hub = Hub(),
+    stages: Stages = Stages(),
+    executor: Executor | None = None,
+    progress: bool | Reporter = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> Outcome:
+    """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
+    returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
+    mean for :func:`run` (those a run records, its device and how it reads its inputs, are refused here); none of
+    them changes the output, so they may differ from the first run's — but ``num_threads``: a run whose methods'
+    bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the recorded count, and a different one is
+    refused (UsageError)."""
+    named(out)
+    for group in (resources, hub, stages):
+        taken(group, "resume")
+    settings = run_settings(state_dir, resources, hub, executor=executor)
+    driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=stages.cleanup_intermediates)
+    # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
+    # only the hub's manifest says the device.
+    with started_early(settings, out, recorded_device(out, settings)) as settings:
+        where = settings.state.run(out)  # resolved once: the recorded kind and the engine take it as is
+        own = own_record(where)
+        if own is not None:
+            return own.resume_own(where, settings, driving)
+        from resumerge.analyses.table import kept
+        from resumerge.engine.session import resuming
+        from resumerge.errors import NothingRecordedError
+
+        # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
+        # its text is) resumes it; a model card it rebuilt gets the last check's section back.
+        try:
+            with resuming(where, settings, driving.reporter) as recorded:
+                outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+        except NothingRecordedError as exc:  # a run killed while planning: its kind says what it had done
+            raise killed_account(exc, where) from None
+        return kept(outcome, settings.state)  # what the analyses wrote into OUT (a check's card section)
+
+
+def extract_lora(
+    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
+    merging: Merging = Merging(), resources: Resources = Resources(), hub: Hub = Hub(),
+    state_dir: PathLike | None = None, restart: bool = False, plan: bool = False,
+    progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
+) -> Outcome | Estimate:
+    """Extract a PEFT LoRA adapter of ``model`` (the fine-tune) against ``base_model`` into ``out``, like
+    ``resumerge extract-lora`` (``lora``: mergekit-extract-lora's options and meanings). Journaled like a merge:
+    :func:`resume` finishes it. The other options mean what they mean for :func:`run` (of ``output`` only
+    ``write_model_card`` applies: an adapter is one file). Each module's factors are kept in the state dir until the
+    adapter is committed, then deleted here.
+
+    ``plan=True`` returns :func:`estimate_extraction`'s estimate instead (``fresh_process`` as there), writing
+    nothing; call that function for it, which always returns an estimate.
+    """
+    for group in (output, merging, resources, hub):
+        taken(group, "extract_lora")
+    settings = run_settings(state_dir, resources, hub)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
+    if plan:
+        return _estimate_extraction(call, fresh_process)
+    named(out)
+    driving = Driving(stop_flag(should_stop), restart=restart)
+    call = replace(call, where=settings.state.run(out))  # resolved once, handed down with the call
+    with nothing_started(call.locations):
+        EXTRACTION.check(call, driving)
+        return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
+
+
+def estimate_extraction(
+    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
+    merging: Merging = Merging(), resources: Resources = Resources(), state_dir: PathLike | None = None,
+    fresh_process: bool = False,
+) -> Estimate:
+    """Validate the LoRA extraction that :func:`extract_lora` would run with these options (they mean what they
+    mean there) and return its :class:`~resumerge.estimate.costs.Estimate`, as :func:`estimate` does for a merge
+    (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
+    for group in (output, merging, resources):
+        taken(group, "estimate_extraction")
+    settings = run_settings(state_dir, resources)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
+    return _estimate_extraction(call, fresh_process)
+
+
+
+
+
+
+
+
+def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
+          prompts: PathLike | None = None, resources: Resources = Resources(),
+          state_dir: PathLike | None = None, executor: Executor | None = None,
+          truncate_texts: bool = False, progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
+    """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
+    pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
+    output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
+    line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
+    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
+    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
+    config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
+    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. Of ``resources`` (the
+    group :func:`run` takes) a check honours ``max_memory``, the whole process's budget, ``device`` and
+    ``max_gpu_memory`` (below), and refuses the others set. ``executor``: None or
+    ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
+    pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
+    other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
+    before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
+    compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
+    or a text holding a token one lacks, are refused before any layer runs.
+    ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
+    model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
+    the layer reached, whose ``resume_command`` is the command that continues it. ``Resources(device="cuda")``: each
+    decoder layer moved to the GPU while it runs, the hidden states kept there (a model larger than the GPU's memory
+    runs on it), each step admitted by ``max_gpu_memory`` too (None: most of what the GPU has free); the same figures
+    to float32's rounding, and a check started on one device resumes on the other (a GPU here and Ray's executor
+    together are refused, exit 2)."""
+    from resumerge.analyses.check.run import run_check
+    from resumerge.forward.device import PassDevice
+
+    settings = pass_settings("check", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
+    return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
+                     state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
+                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory))
+
+
+def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
+             limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
+             log_samples: bool = False, output_path: PathLike | None = None, resources: Resources = Resources(),
+             state_dir: PathLike | None = None, executor: Executor | None = None,
+             progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
+             device: str | None = None, max_gpu_memory: int | str | None = None) -> EvalReport:
+    """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
+    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
+    describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
+    ``resumerge eval``: lm-eval
+    builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
+    time within ``resources.max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with
+    the same results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
+    ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
+    ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``: written
+    there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``executor`` (the object
+    :func:`run` takes): None or ``LocalExecutor()`` runs every layer in this process; ``RayExecutor(address)`` each
+    pass's decoder layers on an actor of that Ray cluster, the head here (the same results; an evaluation started
+    with one resumes with the other; a merge config and generation tasks are refused there, exit 2). ``progress``
+    is told each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
+    generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. Of ``resources`` (the group
+    :func:`run` and :func:`check` take) an evaluation honours ``max_memory``, ``device`` and ``max_gpu_memory``
+    (where the layers run, as for :func:`check`; a GPU here, not with Ray's executor) and refuses the others set.
+    The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
+    the same ``Resources`` object (a field given both ways is refused)."""
+    from resumerge.api.evaluation import evaluate_with
+
+    resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
+                               max_gpu_memory=max_gpu_memory)
+    return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
+                         include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                         apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
+                         progress=progress)
+
+
+def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
+            resources: Resources = Resources(), executor: Executor | None = None,
+            progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
+            state_dir: PathLike | None = None) -> MeasureReport:
+    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
+    over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
+    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
+    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
+    ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory budget
+    and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled per layer under
+    ``state_dir``: a killed measurement run again resumes at the layer it reached and writes the same bytes.
+    ``executor`` (:func:`run`'s object): None or ``LocalExecutor()`` measures the models one after another in this
+    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side
+    by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
+    merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
+    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
+    (as ``check`` does)."""
+    from resumerge.analyses.measure.run import measure_grams
+    from resumerge.forward.device import PassDevice
+
+    settings = pass_settings("measure", state_dir, resources, executor)
+    on_ray, address = pass_placement(settings)
+    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
+                         cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address,
+                         device=PassDevice.of(resources.device, settings.max_gpu_memory))
+
+
+def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
+                     executor: Executor | None = None, truncate_texts: bool = False,
+                     state_dir: PathLike | None = None) -> MeasureEstimate:
+    """What :func:`measure` of ``config`` over ``texts`` needs under ``resources.max_memory``, like ``resumerge
+    measure --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and
+    whether the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing. The options mean
+    what they mean for :func:`measure` (``executor`` is checked, as :func:`estimate` checks it: Ray's without Ray
+    installed is refused; the budget is this process's, which holds every layer of a local measurement)."""
+    from resumerge.analyses.measure.run import estimate_measure as estimated
+
+    settings = pass_settings("estimate_measure", state_dir, resources, executor)
+    pass_placement(settings)
+    return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
+                     state=settings.state)
+
+
+def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
+               codecs: CodecTable | None = None) -> Plan:
+    """Validate ``config`` against the models' headers and return the frozen plan (shards of ``out_shard_size``,
+    1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
+    ``codecs``: as for :func:`run`."""
+    shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
+    options = plan_options(output, merging, out_shard_size=shard_size)
+    text = config_text(config)
+    call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
+                codecs=codecs)
+    return planner_of(kind_of(text)).plan(call)
+
+
+def estimate(
+    config: PathLike,
+    out: PathLike | None = None,
+    *,
+    state_dir: PathLike | None = None,
+    output: Output = Output(),
+    merging: Merging = Merging(),
+    resources: Resources = Resources(),
+    stages: Stages = Stages(),
+    probe_size: int | str = "32MiB",
+    bandwidth: str | None = None,
+    session: str | None = None,
+    disk_free: Callable[[Path], int] | None = None,
+    fresh_process: bool = False,
+    executor: Executor | None = None,
+) -> Estimate | RecipeEstimate:
+    """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
+    ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
+    ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
+
+    The options mean what they mean for :func:`run` (``executor`` is checked, not timed): compute is timed on
+    ``resources.device`` with ``resources.num_threads`` threads (a GPU this machine lacks is refused, exit 2).
+    ``out`` may be an ``hf://`` target and ``resources.max_disk`` bounds the local disk. A multi-document ``config``
+    is a recipe: every stage is estimated (a :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs
+    ``out`` to place them (``stages.intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space
+    reading (tests simulate small disks with it); ``fresh_process`` says this process was started for this estimate,
+    as the merge's will be (the CLI), so its age counts as the merge's start-up. Raises the same errors as
+    :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
+
+    A merge with hub inputs or an ``hf://`` OUT gets a network estimate (``.network``, none for a recipe): bytes
+    each way at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or at a download rate measured by
+    two range reads (``probe_size=0`` skips them), and the pipelined run's wall time with what bounds it.
+    ``session`` (a length, ``"12h"``) asks how many notebook sessions of that length the merge takes
+    (``.session``).
+    """
+    from resumerge.estimate.estimate import Measuring
+    from resumerge.estimate.network import parse_bandwidth
+    from resumerge.estimate.sessions import parse_duration
+    from resumerge.plan.sharding import shard_size_choice
+    from resumerge.store.diskprobe import free_bytes
+
+    if out is not None:
+        named(out)
+    for group in (output, merging, resources, stages):
+        taken(group, "estimate")
+    link = parse_bandwidth(bandwidth) if bandwidth is not None else None
+    length = parse_duration(session) if session is not None else None
+    # The estimate plans without the thread count (as it always has): its fingerprint is the config's own.
+    options = plan_options(output, merging, resources, num_threads=None,
+                           out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+    settings = run_settings(state_dir, resources, executor=executor)
+    usable_device(options.device)
+    measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
+                          disk_free=disk_free or free_bytes, bandwidth=link)
+    text = config_text(config)
+    call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts)
+    with nothing_written():
+        result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
+                                        intermediate_dir=stages.intermediate_dir)
+    from resumerge.recipes import estimate as recipes
+
+    if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
+        return result
+    # The plan says why, when it chose the shard size.
+    return replace(result, shard_choice=shard_size_choice(output.out_shard_size, out)[1],
+                   session=result.sessions_of(length) if length is not None else None)
+
+
+def _spec(model: str, base_model: str, lora: Lora) -> ExtractSpec:
+    """The extraction asked: ``lora``'s options, each an :class:`ExtractSpec` field of the same name."""
+    given: dict[str, Any] = {each.name: getattr(lora, each.name) for each in fields(lora)}
+    return ExtractSpec(model=model, base_model=base_model, **given)
+
+
+def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, output: Output, merging: Merging,
+                     resources: Resources) -> Call:
+    """The call of the extraction ``spec`` into ``out`` (its recorded text is the spec's; one adapter file, no
+    tokenizer)."""
+    from resumerge.extract.spec import spec_text
+
+    options = plan_options(output, merging, resources, out_shard_size=DEFAULT_SHARD_SIZE, copy_tokenizer=False)
+    text = spec_text(spec)
+    return Call(text, text, out, options, settings)
+
+
+def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
+    from resumerge.estimate.estimate import Measuring
+
+    with nothing_written():
+        return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
+
+
+def _reporter(progress: bool | Reporter) -> Reporter | None:
+    """The reporter of one call: the caller's own (the CLI hands in its display, and closes it), or None. The
+    terminal's display is the CLI's to make: ``progress=True`` is deprecated and shows nothing."""
+    if progress is True:
+        warnings.warn("progress=True is deprecated and shows nothing: hand in a reporter, e.g. "
+                      "progress=resumerge.cli.render.ProgressReporter() (close it after the call)",
+                      DeprecationWarning, stacklevel=3)
+    return None if isinstance(progress, bool) else progress
+
+
+def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
+           sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
+           merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
+           task_search_path: PathLike | None = None, executor: Executor | None = None,
+           max_memory: int | str | None = None, device: str | None = None) -> EvolveOutcome:
+    """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
+    ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
+    ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
+    and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
+    files. Each candidate is merged as :func:`run` merges (within ``resources.max_memory``, on
+    ``resources.device``, the only fields of :func:`run`'s group a search honours; the flat ``max_memory=`` and
+    ``device=`` of earlier releases build the same ``Resources`` object) into a folder of
+    its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
+    texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
+    :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
+    mergekit-evolve refuses them. ``executor`` (the object :func:`run` takes): None or ``LocalExecutor()`` scores
+    every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
+    that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
+    for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
+    the other), and writes ``merge_best`` on it as :func:`run` does.
+
+    Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
+    weight is read for a bad config or option, a genome of models of different shapes or a filter matching
+    nothing, an lm-eval task unknown or not loadable offline, or a STORAGE holding another search."""
+    from pathlib import Path
+
+    from resumerge.api.evolution import evolve_into
+    from resumerge.evolve.search import SearchOptions
+
+    resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
+    on_ray, address = pass_placement(run_settings(None, resources, executor=executor))
+    return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
+                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
+                       run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
+                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor)
+
+
