@@ -148,7 +148,8 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(args.checkout)}
     for run in range(args.runs):
         state = tempfile.mkdtemp(prefix="check-state-")
-        argv = [sys.executable, "-m", "resumerge", "check", str(merge), "--base", str(base),
+        # -P: the tree on PYTHONPATH is the one timed (``-m`` would put the working directory first on the path)
+        argv = [sys.executable, "-P", "-m", "resumerge", "check", str(merge), "--base", str(base),
                 *(a for p in parents for a in ("--parent", str(p))), "--prompts", str(texts), "--json",
                 "--state-dir", state, *(["--max-memory", args.max_memory] if args.max_memory else [])]
         wall, peak, out = _measured(argv, env)

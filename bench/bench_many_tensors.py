@@ -33,7 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT)]
+# tests/: tests.manylayers imports tests/support.py, which imports its neighbours (forkserver) as top-level modules
+sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "tests")]
 
 from bench_vs_mergekit import run_measured  # noqa: E402
 

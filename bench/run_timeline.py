@@ -48,7 +48,7 @@ def wrap(owner: Any, name: str, before: str, after: str, what: Any = lambda *a: 
 
 
 def instrument() -> None:
-    from resumerge.engine import executor, inflight
+    from resumerge.engine import executor, inflight, writer
     from resumerge.plan import workunits
     from resumerge.store import shardwriter
 
@@ -63,7 +63,7 @@ def instrument() -> None:
     wrap(executor._Pipeline, "_admit", "admit", "admitted", lambda self, what, *a: (what,))
     wrap(inflight.InFlight, "hand_over_oldest", "hand", "handed", lambda self: ("oldest",))
     wrap(executor.TensorCompute, "rows", "rows", "rows_end", lambda self, first, stop, *a: (self.tp.name, first, stop))
-    wrap(executor._Writer, "_write", "write", "written", lambda self, shard, names, tensors: (names[0],))
+    wrap(writer.Writer, "_write", "write", "written", lambda self, shard, names, tensors: (names[0],))
     wrap(shardwriter.ShardWriter, "finish", "finish", "finished", lambda self: (self.name,))
 
 
