@@ -16,11 +16,11 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 RAY_HEAD = pytest.StashKey[RayHead]()
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
 # Variables a library imported in the test process sets in its environment, no test having asked: scikit-learn's
-# import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK, a workaround for Intel's
-# OpenMP on macOS. Left set, every later command of the worker differed from its fork server's environment and
-# started a fresh interpreter instead (torch imported again: 190 of them in a full run). Each test starts with
-# them as the session did.
-LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK",))
+# import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, settings
+# of Intel's OpenMP, which torch's and numpy's libraries here never read. Left set, every later command of the worker
+# differed from its fork server's environment and started a fresh interpreter instead (torch imported again: 186 of
+# them in a full run). Each test starts with them as the session did.
+LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"))
 
 
 def pytest_configure() -> None:
