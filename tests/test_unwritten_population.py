@@ -180,13 +180,21 @@ def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: Mo
         plans = population.plans
         hidden = 3 * 8 * SPEC["hidden"] * 4  # three texts of eight tokens, float32
         one, four = generation_bytes(plans, 1, hidden), generation_bytes(plans, 4, hidden)
-        assert four - one == 3 * hidden and population.holds(hidden_bytes=hidden) == four
+        assert four - one == 3 * hidden and population.holds(hidden_bytes=hidden, shared=False) == four
+        # As the pass holds it: what is kept for every candidate counted while sharing is enabled, not after.
+        kept = generation_bytes(plans, 4, hidden, shared=True)
+        assert population.loaded.enabled and population.holds(hidden_bytes=hidden) == kept > four
+        assert population.largest_popsize(kept, hidden) == 4 == largest_popsize(plans, kept, hidden, shared=True)
+        assert population.largest_popsize(kept - 1, hidden) == 3
+        population.loaded.enabled = False
+        assert population.holds(hidden_bytes=hidden) == four and population.largest_popsize(kept - 1, hidden) >= 4
+        population.loaded.enabled = True
         # At least a layer's inputs: every range one decoder layer of the candidates reads.
         layer0 = {(r.model, r.file, r.start, r.end): r.end - r.start for p in plans for tp in p.tensors.values()
                   if layer_of(tp.name) == 0 for r in tp.reads()}
         assert one > sum(layer0.values())
         budget = four + hidden // 2
-        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden)
+        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden, shared=False)
         assert largest_popsize(plans, one - 1, hidden) == 0
         with pytest.raises(UsageError):
             generation_bytes(plans, 0, hidden)
