@@ -15,11 +15,13 @@ from conftest import ModelFactory
 from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
 
 from resumerge import api
+from resumerge.engine.compute import TensorCompute
 from resumerge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
+from resumerge.plan import workunits
 
 
 class CountedFiles(LocalFiles):
@@ -172,6 +174,41 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
             own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
         assert figure == pytest.approx(own, abs=1e-6, rel=0)
     assert figures[0] != figures[1]
+
+
+def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the_same_bytes(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chunks of a few rows: run (and a merge alone) takes TIES' statistics passes over each tensor's chunks; a
+    # generation's candidates merge each tensor whole from the keys they share, faster, into the same bytes.
+    monkeypatch.setattr(workunits, "CHUNK_ELEMENTS", 256)
+    monkeypatch.setattr(workunits, "STACKED_ELEMENTS", 512)
+    configs = _candidates(tmp_path, make)[:2]  # the two TIES candidates
+    state = tmp_path / "state"
+    passes: Counter[str] = Counter()
+    observe = TensorCompute.observe
+
+    def counted(self: TensorCompute, pass_index: int, first: int, stop: int) -> None:
+        passes[self.tp.name] += 1
+        observe(self, pass_index, first, stop)
+
+    monkeypatch.setattr(TensorCompute, "observe", counted)
+    with api.open_population(configs, state_dir=state) as population:
+        got: list[dict[str, torch.Tensor]] = [{} for _ in configs]
+        for index in sorted({layer_of(n) for n in population.plans[0].tensors}, key=lambda i: -1 if i is None else i):
+            with population.layer():
+                for c, candidate in enumerate(population.candidates):
+                    for name, t in candidate.tensors.items():
+                        if layer_of(name) == index:
+                            got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
+                                                                        t.entry.dtype, tuple(t.entry.shape))
+    assert not passes
+    for config, tensors in zip(configs, got, strict=True):
+        with api.open_unwritten(config, state_dir=state) as single:
+            want = _unwritten_tensors(single)
+        assert passes  # alone, as run computes it: in passes
+        assert sorted(want) == sorted(tensors)
+        for name, t in want.items():
+            assert torch.equal(t.view(torch.uint8), tensors[name].view(torch.uint8)), name
 
 
 def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: ModelFactory) -> None:
