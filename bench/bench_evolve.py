@@ -5,7 +5,7 @@ Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve.py [--layers 6 --hidden 768 --intermediate 2048 --vocab 16000]
         [--popsize 8] [--runs 2] [--tasks 1] [--base OTHER_TREE] [--max-memory SIZE] [--streamed-only] [--mergekit]
-        [--lmeval]
+        [--lmeval] [--only STEP ...]
 
 Makes three generated Llama-style float32 models (base, a, b) under the temp dir once and ``--tasks`` tasks' texts
 (a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
@@ -23,6 +23,8 @@ forward pass, another tokenization). ``--lmeval``: mergekit's loop evaluates eac
 actor does, through ``lm_eval.simple_evaluate`` once per candidate (the merge and its tokenizer loaded by lm-eval's
 ``hf`` model, every task set up again; see ``bench/evolve_mergekit_loop.py``). ``--max-memory`` is given to the
 streamed searches (``--streamed-only``: the written loop is not run: a search over models larger than the budget).
+``--only STEP ...`` runs just those steps (``streamed``, ``base``, ``written``, ``mergekit``), so that steps of a large
+bench can take the bench lock one at a time; ``mergekit`` needs ``configs.json``, written by the first ``streamed``.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ def main() -> None:
     parser.add_argument("--mergekit", action="store_true", help="also time mergekit-evolve's own loop")
     parser.add_argument("--lmeval", action="store_true",
                         help="mergekit's loop evaluates each candidate through lm-eval, as mergekit-evolve does")
+    parser.add_argument("--only", nargs="+", default=None, choices=("streamed", "base", "written", "mergekit"),
+                        help="run only these steps (each holds the bench lock for less)")
     args = parser.parse_args()
     work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
     work.mkdir(exist_ok=True)
@@ -133,6 +137,8 @@ def main() -> None:
         steps["written"] = ROOT
     if args.mergekit:
         steps["mergekit"] = ROOT
+    if args.only is not None:
+        steps = {name: tree for name, tree in steps.items() if name in args.only}
     found: dict[str, list[tuple[float, float, int, tuple[float, ...]]]] = {name: [] for name in steps}
     tables: dict[str, bytes] = {}
     mergekit: list[dict[str, float]] = []
@@ -164,7 +170,7 @@ def main() -> None:
                   f"{load[0]:.1f}", flush=True)
     rows = {name: [json.loads(line) for line in table.decode().splitlines()] for name, table in tables.items()}
     for name, table in rows.items():
-        for ours, theirs in zip(rows["streamed"], table, strict=True):
+        for ours, theirs in zip(rows.get("streamed", table), table, strict=True):
             for task, value in theirs["tasks"].items():
                 assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (name, task, ours, theirs)
     best = {name: min(w for w, _, _, _ in runs) for name, runs in found.items()}
@@ -172,17 +178,18 @@ def main() -> None:
     summary = {"popsize": args.popsize, "tasks": args.tasks, "models_bytes": models, "max_memory": args.max_memory,
                "best_s": best, "best_cpu_s": cpu,
                "peak_rss": {name: max(p for _, _, p, _ in runs) for name, runs in found.items()}, "runs": found}
-    if "base" in tables:
+    if "base" in tables and "streamed" in tables:
         summary["identical_to_base"] = tables["base"] == tables["streamed"]
-    if "base" in best:
+    if "base" in best and "streamed" in best:
         summary["ratio_base"] = best["streamed"] / best["base"]
         summary["cpu_ratio_base"] = cpu["streamed"] / cpu["base"]
-    if "written" in best:
+    if "written" in best and "streamed" in best:
         summary["ratio"] = best["streamed"] / best["written"]
-    if mergekit:
+    if mergekit and "streamed" in best:
         summary["ratio_mergekit"] = best["streamed"] / best["mergekit"]
         summary["cpu_ratio_mergekit"] = cpu["streamed"] / cpu["mergekit"]
-    if mergekit and not args.lmeval:  # (lm-eval's figures are perplexities: only its time is compared)
+    # (lm-eval's figures are perplexities: only its time is compared)
+    if mergekit and not args.lmeval and "streamed" in rows:
         summary["mergekit_largest_relative_difference"] = max(
             abs(ours["tasks"][k] - v) / max(abs(v), 1e-9)
             for ours, each in zip(rows["streamed"], mergekit, strict=True) for k, v in each.items())

@@ -15,11 +15,13 @@ from conftest import ModelFactory
 from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
 
 from resumerge import api
+from resumerge.engine.compute import TensorCompute
 from resumerge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
+from resumerge.plan import workunits
 
 
 class CountedFiles(LocalFiles):
@@ -174,19 +176,62 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
     assert figures[0] != figures[1]
 
 
+def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the_same_bytes(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chunks of a few rows: run (and a merge alone) takes TIES' statistics passes over each tensor's chunks; a
+    # generation's candidates merge each tensor whole from the keys they share, faster, into the same bytes.
+    monkeypatch.setattr(workunits, "CHUNK_ELEMENTS", 256)
+    monkeypatch.setattr(workunits, "STACKED_ELEMENTS", 512)
+    configs = _candidates(tmp_path, make)[:2]  # the two TIES candidates
+    state = tmp_path / "state"
+    passes: Counter[str] = Counter()
+    observe = TensorCompute.observe
+
+    def counted(self: TensorCompute, pass_index: int, first: int, stop: int) -> None:
+        passes[self.tp.name] += 1
+        observe(self, pass_index, first, stop)
+
+    monkeypatch.setattr(TensorCompute, "observe", counted)
+    with api.open_population(configs, state_dir=state) as population:
+        got: list[dict[str, torch.Tensor]] = [{} for _ in configs]
+        for index in sorted({layer_of(n) for n in population.plans[0].tensors}, key=lambda i: -1 if i is None else i):
+            with population.layer():
+                for c, candidate in enumerate(population.candidates):
+                    for name, t in candidate.tensors.items():
+                        if layer_of(name) == index:
+                            got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
+                                                                        t.entry.dtype, tuple(t.entry.shape))
+    assert not passes
+    for config, tensors in zip(configs, got, strict=True):
+        with api.open_unwritten(config, state_dir=state) as single:
+            want = _unwritten_tensors(single)
+        assert passes  # alone, as run computes it: in passes
+        assert sorted(want) == sorted(tensors)
+        for name, t in want.items():
+            assert torch.equal(t.view(torch.uint8), tensors[name].view(torch.uint8)), name
+
+
 def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)
     with api.open_population(configs, state_dir=tmp_path / "state") as population:
         plans = population.plans
         hidden = 3 * 8 * SPEC["hidden"] * 4  # three texts of eight tokens, float32
         one, four = generation_bytes(plans, 1, hidden), generation_bytes(plans, 4, hidden)
-        assert four - one == 3 * hidden and population.holds(hidden_bytes=hidden) == four
+        assert four - one == 3 * hidden and population.holds(hidden_bytes=hidden, shared=False) == four
+        # As the pass holds it: what is kept for every candidate counted while sharing is enabled, not after.
+        kept = generation_bytes(plans, 4, hidden, shared=True)
+        assert population.loaded.enabled and population.holds(hidden_bytes=hidden) == kept > four
+        assert population.largest_popsize(kept, hidden) == 4 == largest_popsize(plans, kept, hidden, shared=True)
+        assert population.largest_popsize(kept - 1, hidden) == 3
+        population.loaded.enabled = False
+        assert population.holds(hidden_bytes=hidden) == four and population.largest_popsize(kept - 1, hidden) >= 4
+        population.loaded.enabled = True
         # At least a layer's inputs: every range one decoder layer of the candidates reads.
         layer0 = {(r.model, r.file, r.start, r.end): r.end - r.start for p in plans for tp in p.tensors.values()
                   if layer_of(tp.name) == 0 for r in tp.reads()}
         assert one > sum(layer0.values())
         budget = four + hidden // 2
-        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden)
+        assert largest_popsize(plans, budget, hidden) == 4 == population.largest_popsize(budget, hidden, shared=False)
         assert largest_popsize(plans, one - 1, hidden) == 0
         with pytest.raises(UsageError):
             generation_bytes(plans, 0, hidden)

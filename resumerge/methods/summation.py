@@ -220,3 +220,24 @@ def ordered_sum(values: torch.Tensor) -> torch.Tensor:
     summer = OrderedSum(values.numel(), values.dtype, values.device)
     summer.add(values)
     return summer.result()
+
+
+def row_sum(stacked: torch.Tensor) -> torch.Tensor:
+    """``stacked.sum(dim=0)`` with the same bits, faster where that is proved for the installed torch.
+
+    torch's CPU sum over the outer dimension of two rows costs five times an elementwise add of them (measured on
+    bfloat16 blocks of 64k positions: 185 µs against 35), and TIES' combine takes three such sums per block. Over
+    exactly two rows on the CPU that sum is ``(+0 + a) + (+0 + b)`` accumulated in float32 for half precision and
+    rounded once, which is ``a + b`` (one rounding of the float32 sum, as torch's half-precision add does) with
+    ``+0`` added after (so that ``-0 + -0`` gives ``+0`` as the sum does). Only a NaN's bits can differ (torch's
+    sum rounds it to a canonical NaN, its add keeps the operand's sign): where the result may hold a NaN, the sum
+    is taken by torch itself. Any other count of rows, or another device, is ``torch.sum``'s
+    (``tests/methods/test_summation.py`` pins the equality for the installed torch)."""
+    if stacked.dim() < 1 or stacked.shape[0] != 2 or stacked.device.type != "cpu" or not stacked.is_floating_point():
+        return stacked.sum(dim=0)
+    found = torch.add(stacked[0], stacked[1]).add_(0.0)
+    # Any NaN makes the whole sum NaN (an inf of each sign too: then the fallback is only slower); a contiguous
+    # sum is a twentieth of the cost of isnan().any() on bfloat16.
+    if bool(found.sum().isnan()):
+        return stacked.sum(dim=0)
+    return found

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.spec import InputsOnly, MergeContext
+from resumerge.methods.summation import row_sum
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -93,13 +94,14 @@ def _combine_block(
         # A 1/0 mask of the deltas' dtype multiplies exactly like mergekit's bool mask (kept values unchanged,
         # dropped ones ±0 by their sign) and much faster; both products are taken in place.
         mask = sign_consensus_weights(deltas)
-        mixed = deltas.mul_(mask).sum(dim=0)
-        divisor = mask.mul_(weights).sum(dim=0)
+        # row_sum: torch's sum over the models, the same bits, without its slow outer reduction over two rows.
+        mixed = row_sum(deltas.mul_(mask))
+        divisor = row_sum(mask.mul_(weights))
         # A zero divisor becomes 1: adding 1 where it is ±0 and 0 elsewhere (exact, NaN stays NaN) is two fast
         # float passes into the dead mask's memory, where masked_fill_ over a bool mask is three times slower.
         divisor.add_(torch.eq(divisor, 0, out=mask[0]))
     else:
-        mixed = deltas.sum(dim=0)
+        mixed = row_sum(deltas)
         divisor = weights.sum(dim=0)
         divisor[divisor.abs() < 1e-8] = 1
     if normalize:

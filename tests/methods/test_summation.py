@@ -11,7 +11,8 @@ import pytest
 import torch
 from support import one_thread as torch_on_one_thread
 
-from resumerge.methods.summation import OrderedSum, ordered_sum
+from resumerge.methods.consensus import sign_consensus_weights
+from resumerge.methods.summation import OrderedSum, ordered_sum, row_sum
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 # Around every boundary of the order: lanes, vectors, rows of four vectors, level steps, torch's parallel grain.
@@ -88,3 +89,57 @@ def test_misuse_is_refused() -> None:
         summer.add(torch.ones(2))
     with pytest.raises(ValueError, match="no ordered sum"):
         OrderedSum(1, torch.int32)
+
+
+# Two pools of special values: the finite ones (signed zeros, subnormals of every dtype, exact cancellations)
+# leave the sum finite, so row_sum's own path runs; the others (infinities, NaN, overflowing pairs) make it take
+# torch's sum, which must be seen to happen too.
+FINITE = [0.0, -0.0, 1e-40, -1e-40, 1e-45, -1e-45, 2.0**-133, -(2.0**-133), 6e-8, -6e-8, 3.0, -3.0, 1e4, -1e4]
+NOT_FINITE = [float("inf"), -float("inf"), float("nan"), 65504.0, -65504.0, 3.4e38, -3.4e38]
+
+
+def two_rows(dtype: torch.dtype, seed: int, *, specials: bool) -> torch.Tensor:
+    """Two rows of task-vector-like values: spread magnitudes, near-cancelling pairs, and (``specials``) a third
+    of the entries special values (NaN, infinities and overflowing pairs too for odd seeds)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 9_000 + seed
+    rows = torch.randn(2, n, generator=g, dtype=torch.float64) * torch.exp(
+        torch.randn(2, n, generator=g, dtype=torch.float64) * (seed % 5)).clamp(-1e4, 1e4)  # finite in float16
+    rows[1, ::3] = -rows[0, ::3] * (1 + torch.randn(len(range(0, n, 3)), generator=g, dtype=torch.float64) * 1e-3)
+    if specials:
+        pool = torch.tensor(FINITE + (NOT_FINITE if seed % 2 else []), dtype=torch.float64)
+        picked = pool[torch.randint(0, len(pool), (2, n), generator=g)]
+        rows = torch.where(torch.rand(2, n, generator=g) < 0.3, picked, rows)
+        rows[:, :2] = -0.0  # both rows' -0 at one position at least: torch's sum gives +0 there
+    return rows.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_sum_has_the_bits_of_torchs_sum_over_two_rows(dtype: torch.dtype, threads: int) -> None:
+    # What lets TIES' combine add two models' rows without torch's outer reduction: the same bits, signed zeros
+    # and NaN included; other counts of rows are torch's own sum.
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed in range(8):
+            rows = two_rows(dtype, seed, specials=seed % 3 != 0)
+            # Even seeds take row_sum's own path (no NaN in the sum); odd seeds with specials its fallback.
+            assert bool(rows.sum(dim=0).sum().isnan()) == (seed % 2 == 1 and seed % 3 != 0), seed
+            assert torch.equal(bits_of(row_sum(rows)), bits_of(rows.sum(dim=0))), seed
+            # A block of the combine: a column slice of the stacked task vectors.
+            block = rows[:, 1000:8192]
+            assert torch.equal(bits_of(row_sum(block)), bits_of(block.sum(dim=0))), seed
+            weights = torch.tensor([0.7, -0.3], dtype=dtype).reshape(2, 1)
+            weighted = rows * weights
+            mask = sign_consensus_weights(weighted)
+            expected = torch.mul(weighted, torch.where(weighted.sum(dim=0) >= 0, 1.0, -1.0).to(dtype)).gt_(0)
+            assert torch.equal(mask, expected.to(dtype)), seed
+        three = two_rows(dtype, 1, specials=True)[:, :999].repeat(3, 1)[:3]
+        assert torch.equal(bits_of(row_sum(three)), bits_of(three.sum(dim=0)))
+    finally:
+        torch.set_num_threads(before)
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])

@@ -20,11 +20,12 @@ Public API:
   ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``), ``loaded`` (a
   :class:`LayerInputs`: each chunk's loaded inputs and its method's declared values of them, computed once for every
   candidate; ``enabled``, ``computed``, ``reused``, ``peak_kept``), ``holds(popsize=None, hidden_bytes=0,
-  value_bytes=4, *, shared=False) -> int``, ``largest_popsize(budget, hidden_bytes, value_bytes=4) -> int``; a
-  context manager.
+  value_bytes=4, *, shared=None) -> int`` and ``largest_popsize(budget, hidden_bytes, value_bytes=4, *,
+  shared=None) -> int`` (judged as the pass holds it: with what ``loaded`` keeps where it is enabled); a context
+  manager.
 - :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4, *, shared=False) -> int``: what a
   generation's pass holds at most (``shared``: with what ``loaded`` keeps); :func:`largest_popsize` ``(plans,
-  budget, hidden_bytes, value_bytes=4) -> int``: the largest popsize that fits ``budget``.
+  budget, hidden_bytes, value_bytes=4, *, shared=False) -> int``: the largest popsize that fits ``budget``.
 
 How configs become one: :func:`resumerge.api.open_unwritten` and :func:`resumerge.api.open_population`.
 

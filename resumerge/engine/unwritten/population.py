@@ -210,15 +210,18 @@ class Population:
             yield
 
     def holds(self, popsize: int | None = None, hidden_bytes: int = 0, value_bytes: int = 4, *,
-              shared: bool = False) -> int:
+              shared: bool | None = None) -> int:
         """:func:`generation_bytes` of these candidates' plans for ``popsize`` candidates (default: as many as
-        there are); ``shared``: with what :attr:`loaded` keeps for all of them."""
+        there are), as their pass holds them: with what :attr:`loaded` keeps for all of them where it is enabled
+        (``shared`` given: as it says)."""
         return generation_bytes(self.plans, len(self.plans) if popsize is None else popsize, hidden_bytes,
-                                value_bytes, shared=shared)
+                                value_bytes, shared=self.loaded.enabled if shared is None else shared)
 
-    def largest_popsize(self, budget: int, hidden_bytes: int, value_bytes: int = 4) -> int:
-        """:func:`largest_popsize` of these candidates' plans under ``budget``."""
-        return largest_popsize(self.plans, budget, hidden_bytes, value_bytes)
+    def largest_popsize(self, budget: int, hidden_bytes: int, value_bytes: int = 4, *,
+                        shared: bool | None = None) -> int:
+        """:func:`largest_popsize` of these candidates' plans under ``budget``, judged as :meth:`holds` is."""
+        return largest_popsize(self.plans, budget, hidden_bytes, value_bytes,
+                               shared=self.loaded.enabled if shared is None else shared)
 
     def close(self) -> None:
         for candidate in self.candidates:
@@ -297,9 +300,11 @@ def _kept_for_all(plan: Plan, tp: TensorPlan) -> int:
     return numel(tp.shape) * per_entry
 
 
-def largest_popsize(plans: Sequence[Plan], budget: int, hidden_bytes: int = 0, value_bytes: int = 4) -> int:
-    """The largest popsize whose :func:`generation_bytes` fits ``budget`` (0: not even one candidate's)."""
-    fixed = generation_bytes(plans, 1, 0, value_bytes)
+def largest_popsize(plans: Sequence[Plan], budget: int, hidden_bytes: int = 0, value_bytes: int = 4, *,
+                    shared: bool = False) -> int:
+    """The largest popsize whose :func:`generation_bytes` (``shared`` as there) fits ``budget`` (0: not even one
+    candidate's)."""
+    fixed = generation_bytes(plans, 1, 0, value_bytes, shared=shared)
     if fixed + hidden_bytes > budget:
         return 0
     if hidden_bytes <= 0:
