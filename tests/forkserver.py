@@ -36,12 +36,8 @@ _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio"
             "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill")
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
 # client and transformers (imported in the child), never by the preloaded modules.
-# KMP_DUPLICATE_LIB_OK: sklearn (imported in the test worker by lm-eval) sets it in os.environ at its import, after the
-# server started; it is read only by Intel's OpenMP runtime as it loads, which the preloaded torch does not use, and a
-# runtime loaded later in the child reads the child's environment. Counted as a difference, it sent every later
-# check, eval and evolve command of that worker to a fresh interpreter (35 in one full run).
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$|KMP_DUPLICATE_LIB_OK$)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$)")
 
 _SERVER = r"""
 import json, os, runpy, sys
