@@ -152,6 +152,17 @@ class TensorCompute:
             pass_index += 1
         return self.rows(0, self.total, workspace)
 
+    def selected(self, rows: torch.Tensor) -> torch.Tensor:
+        """Output rows ``rows`` (int64, ascending, distinct) of a plain output without companions, as stored: by
+        its method's :attr:`~resumerge.methods.spec.MethodSpec.rows` over the whole tensor's context (its
+        statistics of all of it; shared where :class:`SharedInputs` shares them), only those rows combined."""
+        method = self.plan.method_of(self.tp)
+        if method.rows is None:
+            raise ValueError(f"internal: {method.name} merges no rows alone")
+        with self._failures():
+            out = method.rows.merge(self._load(self.tp), rows)
+        return _finish(self.tp, out)[self.tp.name]
+
     def _encode_into(self, first: int, stop: int, workspace: Workspace, out: dict[str, torch.Tensor],
                      at: dict[str, int]) -> None:
         """Rows ``[first, stop)`` computed in ``workspace`` and encoded into ``out``'s stored parts from ``at`` (each

@@ -87,6 +87,7 @@ class CastReader:
         self._dtype = torch.bfloat16 if dtype is None else dtype
         self._key = key
         self._remote = frozenset(f.file for f in weights.remote)
+        self._computed = weights.source is not None
         if weights.source is not None:  # no file to map: every tensor is what the source reads
             self._remote = frozenset(file for file, *_ in weights.tensors.values())
             self._sources = InputSources({key: weights.source})
@@ -165,6 +166,18 @@ class CastReader:
         size = DTYPE_SIZES[found.entry.dtype]
         return self._mapped(found.file, found.entry.start + start * size, found.entry.start + stop * size,
                             found.entry.dtype)
+
+    def read_rows(self, name: str, rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``rows`` (int64, ascending, distinct) of the plain 2-D tensor ``name``, in the reader's dtype, where
+        its source computes them for less than the whole (a merge never written:
+        :meth:`~resumerge.inputs.source.InputSource.read_rows`); None elsewhere."""
+        found = self._formats.stored.get(name)
+        if not self._computed or name in self._formats.claims or found is None or len(found.entry.shape) != 2:
+            return None
+        entry = found.entry
+        got = self._sources.read_rows(self._key, found.file, entry.start, entry.end, entry.dtype, tuple(entry.shape),
+                                      rows)
+        return None if got is None else got.to(self._dtype, copy=True)
 
     def _mapped(self, file: str, start: int, end: int, dtype: str) -> torch.Tensor:
         """Bytes ``start`` to ``end`` of ``file`` as a flat tensor of ``dtype`` cast to the reader's dtype, from

@@ -385,25 +385,34 @@ class ModelStream:
         """:meth:`inputs`, holding of the input embeddings only the rows of the tokens the batches use: the
         table read ``block_bytes`` at a time, the rows kept, the ids renumbered to them (the same hidden states:
         each is a copy of its token's row). Only where the embeddings are all that runs before the layers and a
-        plain table a block of which can be read alone; else as :meth:`inputs`."""
+        plain table a block of which can be read alone, or whose source gives those rows alone
+        (:meth:`~resumerge.forward.reader.CastReader.read_rows`: a merge never written merges only them); else as
+        :meth:`inputs`."""
         embed = self.model.get_input_embeddings()
         key = self.prefix(embed) + "weight" if isinstance(embed, torch.nn.Embedding) else ""
+        stored = self.formats.stored.get(key)
         if (self._before_layers() != [embed] or [n for n, _ in embed.named_parameters()] != ["weight"]
-                or not self.reader.spannable(key) or len(self.formats.stored[key].entry.shape) != 2):
+                or stored is None or len(stored.entry.shape) != 2):
             return self.inputs(batches)
-        vocab, width = self.formats.stored[key].entry.shape
+        vocab, width = stored.entry.shape
         used = torch.unique(torch.cat([ids.reshape(-1) for ids, _ in batches]))
         if int(used[0]) < 0 or int(used[-1]) >= vocab:  # the embedding's own error, as without this
             return self.inputs(batches)
-        rows = torch.empty(len(used), width, dtype=self.dtype)
-        step = max(1, block_bytes // (width * 4))
-        for start in range(0, vocab, step):
-            stop = min(start + step, vocab)
-            inside = (used >= start) & (used < stop)
-            if bool(inside.any()):
-                block = self.reader.read_span(key, start * width, stop * width).view(stop - start, width)
-                rows[inside] = block[used[inside] - start]
-                del block
+        if self.reader.spannable(key):
+            rows = torch.empty(len(used), width, dtype=self.dtype)
+            step = max(1, block_bytes // (width * 4))
+            for start in range(0, vocab, step):
+                stop = min(start + step, vocab)
+                inside = (used >= start) & (used < stop)
+                if bool(inside.any()):
+                    block = self.reader.read_span(key, start * width, stop * width).view(stop - start, width)
+                    rows[inside] = block[used[inside] - start]
+                    del block
+        else:  # rows its source computes alone (a merge never written merges only them), or the whole table
+            found = self.reader.read_rows(key, used)
+            if found is None:
+                return self.inputs(batches)
+            rows = found
         before = dict(embed._parameters)
         embed._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
         try:

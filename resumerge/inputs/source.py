@@ -49,6 +49,13 @@ class InputSource(ABC):
         can read into memory it is given (local files); others return a fresh tensor as :meth:`read_tensor` does."""
         return self.read_tensor(file, start, end, dtype, shape)
 
+    def read_rows(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+                  rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``rows`` (int64, ascending, distinct) of the 2-D tensor stored at ``[start, end)`` of ``file``,
+        where the source gives them for less than the whole tensor (a merge never written merges only them); None
+        where it does not (the caller reads the tensor, or the spans it needs, instead)."""
+        return None
+
     def rereads_cheaply(self, file: str) -> bool:
         """Whether reading bytes of ``file`` again costs a local read, not another network fetch."""
         return True
@@ -129,6 +136,11 @@ class InputSources:
         if into is not None:
             return self._sources[model].read_tensor_into(file, start, end, dtype, shape, into)
         return self._sources[model].read_tensor(file, start, end, dtype, shape)
+
+    def read_rows(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+                  rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``rows`` of a 2-D tensor of input ``model``, or None (see :meth:`InputSource.read_rows`)."""
+        return self._sources[model].read_rows(file, start, end, dtype, shape, rows)
 
     def rereads_cheaply(self, model: str, file: str) -> bool:
         """Whether reading bytes of ``file`` of input ``model`` again costs a local read (see

@@ -185,6 +185,44 @@ class StreamedWindow:
             mask[run[max(0, cut.keep_to - seen):]] = 0
         return mask.reshape(keys.shape)
 
+    def mask_at(self, keys: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype,
+                counts: torch.Tensor | None = None) -> torch.Tensor:
+        """What :meth:`mask` of a ``whole`` window gives over all ``total`` ``keys``, at ``positions`` only (flat
+        indices, int64, ascending, distinct): the bounds and the counts that place a straddling run taken from all
+        the keys, but the mask built for those positions alone (no mask of the rest). ``counts``: the histogram of
+        every key ``>> shift`` (:func:`key_counts`) where the window's keys are exact at that shift (bfloat16
+        magnitudes): the bounds read from it, with no selection. The window's running state is left as it was."""
+        flat = keys.reshape(-1)
+        if not self._whole or flat.numel() != self.total:
+            raise ValueError(f"a window's mask at some positions reads all {self.total} keys of a whole window")
+        positions = positions.to(flat.device)
+        picked = flat[positions]
+        if self.trivial or not picked.numel():
+            fill = torch.zeros if self.start >= self.stop else torch.ones
+            return fill(picked.shape, dtype=dtype, device=keys.device)
+        if counts is not None and self._exact:
+            found = [None if p is None else self._bound(p, counts.cpu().numpy()) for p in self._positions()]
+            lower, upper = (None if bound is None else bound.key for bound in found)
+            # (key, keys sorting ahead of its run, the run's length), as _straddling() places a run
+            ends = {b.key: (b.greater if self.descending else b.less, self.total - b.less - b.greater)
+                    for b in found if b is not None}
+        else:
+            lower, upper = self._selected(flat)
+            ends = {key: (int(torch.count_nonzero(flat > key if self.descending else flat < key)),
+                          int(torch.count_nonzero(flat == key))) for key in {lower, upper} if key is not None}
+        mask = _torch_range_mask(picked, lower, upper, dtype)
+        for key, (ahead, length) in sorted(ends.items()):
+            cut = _cut(key, ahead, length, self.start, self.stop)
+            if cut is None:
+                continue
+            # Each picked occurrence's number among the run's (index order), as mask() counts them over the whole:
+            # the run's occurrences before the last position picked are all it needs.
+            run = _positions_of(flat[: int(positions[-1]) + 1], key)
+            at = torch.nonzero(picked == key).reshape(-1)
+            number = torch.searchsorted(run, positions[at])
+            mask[at[(number < cut.keep_from) | (number >= cut.keep_to)]] = 0
+        return mask
+
     def rewind(self) -> None:
         """Start :meth:`mask` over again from the first chunk (a second pass that needs the masks: a rescale's
         norms, then the output)."""
@@ -268,9 +306,10 @@ class StreamedWindow:
             self._cuts = self._straddling()
         return self._bounds
 
-    def _bound(self, position: int) -> _Bound:
-        assert self._counts is not None
-        cumulative = np.cumsum(self._counts)
+    def _bound(self, position: int, counts: np.ndarray | None = None) -> _Bound:
+        counts = self._counts if counts is None else counts
+        assert counts is not None
+        cumulative = np.cumsum(counts)
         bucket = int(np.searchsorted(cumulative, position, side="right"))
         below = int(cumulative[bucket - 1]) if bucket else 0
         if self._exact:
@@ -289,6 +328,12 @@ class StreamedWindow:
             if cut is not None:
                 cuts[bound.key] = cut
         return tuple(cuts.values())
+
+
+def key_counts(keys: torch.Tensor, shift: int) -> torch.Tensor:
+    """The histogram (int64) of ``keys >> shift`` over the ``2 ** (31 - shift)`` buckets a window of keys exact at
+    ``shift`` counts (:meth:`StreamedWindow.mask_at`'s ``counts``)."""
+    return torch.bincount(keys.reshape(-1) >> shift, minlength=1 << (31 - shift))
 
 
 def _cut(key: int, ahead: int, run: int, start: int, stop: int) -> _Cut | None:

@@ -204,6 +204,19 @@ def one_chunk(streamed: RowStreamFactory) -> MergeFn:
         return stream.apply(ctx)
 
     return merge
+@dataclass(frozen=True)
+class RowSelection:
+    """How a method that is not elementwise merges only some rows of a tensor, each the same bits as the same row
+    of its whole merge: ``exact(params, model_params)`` says whether that holds for a tensor's resolved parameters
+    (a statistic it cannot take from what is shared of the whole tensor, say a rescale's norms: False, and the
+    tensor is merged whole); ``merge(ctx, rows)`` is given the whole tensor's context (its statistics taken from all
+    of it: the values declared on :attr:`MethodSpec.from_inputs`) and ``rows`` (int64, ascending, distinct) and
+    returns those output rows. An elementwise method needs none: its row chunks are merged alone by definition."""
+
+    exact: Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], bool]
+    merge: Callable[[MergeContext, torch.Tensor], torch.Tensor]
+
+
 # Returns a one-sentence problem description, or None when the resolved parameters are acceptable.
 ContractCheck = Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], "str | None"]
 
@@ -289,6 +302,9 @@ class MethodSpec:
     # The values the method computes from its inputs alone (InputsOnly): the engine may compute each once for every
     # merge of the same inputs (a generation's candidates) and hand it to each (MergeContext.from_inputs).
     from_inputs: tuple[InputsOnly, ...] = ()
+    # How the method merges some rows of a tensor alone, exactly (a generation's candidates merge only the rows of
+    # the input embeddings their texts read); None: only whole (or in row chunks, when elementwise).
+    rows: RowSelection | None = None
 
     def param(self, name: str) -> ParamSpec | None:
         """Return the spec of parameter ``name``, or None if the method has no such parameter."""

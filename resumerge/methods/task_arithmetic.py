@@ -24,11 +24,19 @@ from resumerge.methods.spec import (
     MergeContext,
     MethodSpec,
     ParamSpec,
+    RowSelection,
     RowStreamFactory,
     Scope,
     one_chunk,
 )
-from resumerge.methods.task_stream import TASK_KEYS, magnitude_selector, outlier_selector, task_vector_stream
+from resumerge.methods.task_stream import (
+    TASK_KEY_COUNTS,
+    TASK_KEYS,
+    magnitude_selector,
+    outlier_selector,
+    task_vector_rows,
+    task_vector_stream,
+)
 from resumerge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
 from resumerge.torch_import import torch
 
@@ -138,8 +146,17 @@ def _spec(variant: _Variant) -> MethodSpec:
         streamed=streamed,
         footprint=variant.footprint,
         # What a generation's candidates share: every member's task vectors, and the rank windows' keys of them.
-        from_inputs=(TASK_VECTOR, TASK_KEYS) if variant.sparsifier in _SELECTORS else (TASK_VECTOR,),
+        from_inputs=((TASK_VECTOR, TASK_KEYS, TASK_KEY_COUNTS) if variant.sparsifier in _SELECTORS
+                     else (TASK_VECTOR,)),
+        # Some rows alone: the rank windows' masks at those rows, from the whole tensor's keys. The random draws
+        # (DARE, DELLA) are drawn over the whole tensor in order: no row's mask without every earlier draw.
+        rows=_rows(variant),
     )
+
+
+def _rows(variant: _Variant) -> RowSelection | None:
+    selector = _SELECTORS.get(variant.sparsifier or "")
+    return task_vector_rows(selector, consensus=variant.consensus) if selector is not None else None
 
 
 # Working memory measured by bench/method_footprint.py --fit (float32, bfloat16, float16, float64); DELLA ranks rows

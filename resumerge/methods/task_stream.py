@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.methods import sparsify
 from resumerge.methods.footprint import dtype_size
-from resumerge.methods.rankstream import StreamedWindow
-from resumerge.methods.spec import InputsOnly, MergeContext, RowStream, RowStreamFactory
+from resumerge.methods.ranking import exact_key_shift
+from resumerge.methods.rankstream import StreamedWindow, key_counts
+from resumerge.methods.spec import InputsOnly, MergeContext, RowSelection, RowStream, RowStreamFactory
 from resumerge.methods.summation import OrderedSum
 from resumerge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
 from resumerge.torch_import import torch
@@ -41,6 +43,19 @@ def _keys(ctx: MergeContext, index: int, delta: Tensor) -> Tensor:
     """The keys of input ``index``'s task vector ``delta`` (just computed, not sparsified yet): shared where the
     engine shares them, else found in ``delta``."""
     return sparsify.delta_keys(delta) if ctx.memo is None else ctx.from_inputs(TASK_KEYS, index)
+
+
+def _task_key_counts(ctx: MergeContext, index: int) -> Tensor:
+    shift = exact_key_shift(ctx.base.dtype)
+    if shift is None:
+        raise ValueError("internal: a histogram of the keys is exact for bfloat16 task vectors only")
+    return key_counts(ctx.from_inputs(TASK_KEYS, index), shift)
+
+
+# The histogram of those keys' high bits (bfloat16 task vectors: each bucket one key), of the inputs alone: where a
+# generation's candidates merge some rows of a tensor, each window's bounds read from it instead of a selection
+# (2¹⁵ counts: a fixed 256 KiB, nothing per entry).
+TASK_KEY_COUNTS = InputsOnly("task vector key counts", _task_key_counts, lambda itemsize: 0)
 
 
 # (number of entries, one model's resolved parameters) -> what its sparsifier keeps.
@@ -174,3 +189,42 @@ def task_vector_stream(selector: Selector, *, consensus: bool) -> RowStreamFacto
                                 whole=whole, dtype=dtype)
 
     return factory
+
+
+def task_vector_rows(selector: Selector, *, consensus: bool) -> RowSelection:
+    """The :class:`~resumerge.methods.spec.RowSelection` of a rank-window method: each task vector's window found
+    among the keys of the whole tensor (shared where the engine shares them), its mask built at the rows asked for
+    only, and the per-position core (:func:`~resumerge.methods.task_vectors.combine_task_vectors`) run on those
+    rows alone (where the engine shares them, bfloat16 windows' bounds are read from the whole tensor's one
+    histogram of keys, :data:`TASK_KEY_COUNTS`, instead of a selection per merge). Exact without ``rescale``
+    (whose norms are sums over every kept entry of the tensor)."""
+
+    def exact(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> bool:
+        return not bool(params["rescale"])
+
+    def merge(ctx: MergeContext, rows: Tensor) -> Tensor:
+        base = ctx.base
+        total, width = base.numel(), math.prod(base.shape[1:])
+        positions = (rows.reshape(-1, 1) * width + torch.arange(width, device=rows.device)).reshape(-1)
+        selections = {i: selector(total, ctx.model_params[i]) for i in ctx.others()}
+        masks: dict[int, Tensor] = {}
+        for index, selection in selections.items():
+            if isinstance(selection, sparsify.Window):
+                keys = sparsify.delta_keys(ctx.from_inputs(TASK_VECTOR, index)) if ctx.memo is None else \
+                    ctx.from_inputs(TASK_KEYS, index)
+                window = sparsify.window_of(selection, total, base.dtype, whole=True)
+                # Shared by every merge of these inputs: the bounds read from one histogram for all of them.
+                counts = ctx.from_inputs(TASK_KEY_COUNTS, index) if ctx.memo is not None and exact_key_shift(
+                    base.dtype) is not None else None
+                masks[index] = window.mask_at(keys, positions, base.dtype, counts)
+
+        def sparsify_rows(index: int, delta: Tensor) -> Tensor:
+            mask = masks.get(index)
+            if mask is None:  # kept whole or zeroed
+                return sparsify.select(delta, selections[index], rescale=False, inplace=True)
+            return delta.mul_(mask.reshape(delta.shape))
+
+        picked = replace(ctx, tensors=[t[rows] for t in ctx.tensors], memo=None, lend=None)
+        return combine_task_vectors(picked, sparsify_rows, consensus=consensus)
+
+    return RowSelection(exact, merge)

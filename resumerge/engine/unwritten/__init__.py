@@ -12,7 +12,11 @@ Public API:
   :class:`~resumerge.inputs.source.InputSource` of the files ``plan`` would write; a read of a stored tensor's
   bytes returns what ``run`` writes there.
 - :func:`merged_tensor` ``(plan, tp, sources, resources, *, governor=None) -> Stored``: one output tensor's stored
-  parts, computed as the run computes it for its shard.
+  parts, computed as the run computes it for its shard. :func:`merged_rows` ``(plan, tp, sources, resources, rows,
+  *, governor=None, shared=None) -> Tensor | None``: some rows of a plain 2-D output tensor, merged for those rows
+  alone where its method makes that exact (elementwise, or :attr:`~resumerge.methods.spec.MethodSpec.rows`), the
+  same bytes as those rows of the whole; :class:`MergedFiles` answers ``read_rows`` with it (a pass's input
+  embeddings: only the rows its texts use).
 - :func:`merge_folder` ``(plan, root) -> Path``: the folder of a merge's small files.
 - :class:`Population` ``(plans, root, *, inputs=None, resources=NO_RESOURCES, governor=None)``: a generation of
   candidate merges over the same inputs, read in one streamed pass: ``candidates`` (an :class:`UnwrittenMerge`
@@ -32,7 +36,7 @@ How configs become one: :func:`resumerge.api.open_unwritten` and :func:`resumerg
 May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs (the engine's own).
 """
 
-from resumerge.engine.unwritten.compute import merged_tensor
+from resumerge.engine.unwritten.compute import merged_rows, merged_tensor
 from resumerge.engine.unwritten.merged import MergedFiles, stored_places
 from resumerge.engine.unwritten.model import UnwrittenMerge, merge_folder
 from resumerge.engine.unwritten.population import (
@@ -46,4 +50,5 @@ from resumerge.engine.unwritten.population import (
 )
 
 __all__ = ["LayerInputs", "MergedFiles", "Population", "SharedReads", "UnwrittenMerge", "generation_bytes",
-           "largest_popsize", "layer_of", "merge_folder", "merged_tensor", "same_inputs", "stored_places"]
+           "largest_popsize", "layer_of", "merge_folder", "merged_rows", "merged_tensor", "same_inputs",
+           "stored_places"]

@@ -2,7 +2,10 @@
 row chunks, or row chunks), the same kernels' threads, the same method code (:class:`~resumerge.engine.compute.
 TensorCompute`), so its stored parts are the bytes ``run`` writes for it. A generation's candidate (``shared``
 given) merges a tensor whole where ``run`` would take statistics passes over its chunks and the whole fits: the
-same bytes, in less time.
+same bytes, in less time. Some rows of a tensor (:func:`merged_rows`: a pass's input embeddings, the rows its
+texts use) are merged alone where the method makes each row's bytes those of the whole merge: an elementwise
+method row run by row run, a method that declares :attr:`~resumerge.methods.spec.MethodSpec.rows` from the whole
+tensor's statistics (TIES' cut among the whole table's keys) with only those rows combined.
 
 What decides the bytes is decided as the run decides it, from the run's settings alone: a whole tensor's kernels run
 on the calling thread alone where the run's workers fill torch's threads (a whole-tensor sum's bits depend on the
@@ -30,6 +33,7 @@ from resumerge.plan.workunits import (
     ROWS,
     WHOLE,
     aligned_rows,
+    can_chunk,
     estimate_bytes,
     floor_rows,
     row_stream,
@@ -69,6 +73,55 @@ def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: 
             return work.whole()
     with serial_kernels() if stream is not None else nullcontext():
         return _in_rows(tp, work, governor)
+
+
+def merged_rows(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, rows: torch.Tensor, *,
+                governor: MemoryGovernor | None = None, shared: SharedInputs | None = None) -> torch.Tensor | None:
+    """Rows ``rows`` (int64, ascending, distinct) of ``tp`` as ``run`` stores them, merged for those rows alone
+    where its method says that is exact (:func:`rows_alone`), the same bits as those rows of
+    :func:`merged_tensor`; None where it is not (the caller merges the tensor whole). Arguments as there."""
+    method = plan.method_of(tp)
+    if is_gpu(plan.options.device) or not rows_alone(tp, method):  # (on the CPU only: where it is tested)
+        return None
+    serial = torch.get_num_threads() <= CONCURRENCY
+    work = TensorCompute(plan, tp, sources, resources, None, shared=shared)
+    # On the calling thread alone where the whole tensor's kernels would run so (merged_tensor): the same kernels.
+    with serial_kernels() if serial else nullcontext():
+        if method.rows is not None:  # the whole tensor's statistics, those rows combined
+            with _admitted(governor, estimate_bytes(tp, method), tp.name):
+                return work.selected(rows)
+        # An elementwise method: each run of consecutive rows is a row chunk, merged as run merges one.
+        pieces: list[torch.Tensor] = []
+        for first, stop in _runs(rows):
+            with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+                pieces.append(work.rows(first, stop)[tp.name])
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+def rows_alone(tp: TensorPlan, method: MethodSpec) -> bool:
+    """Whether some rows of ``tp`` are merged alone by :func:`merged_rows`: a plain output of plain inputs (no
+    companions, no LoRA, no re-indexed vocabulary, no experts or blocks, no copy), by an elementwise method (each
+    row its own) or by one whose :attr:`~resumerge.methods.spec.MethodSpec.rows` says it is exact for ``tp``'s
+    parameters."""
+    plain = (tp.copy_of is None and not tp.carried and tp.out_codec.plain and tp.experts is None and tp.blocks is None
+             and not tp.vocab_aligned and len(tp.shape) == 2
+             and all(ref.codec.plain and ref.lora is None and not ref.companions for ref in tp.inputs))
+    if not plain:
+        return False
+    if method.rows is not None:
+        return method.rows.exact(dict(tp.params), [dict(p) for p in tp.model_params])
+    return can_chunk(tp, method)
+
+
+def _runs(rows: torch.Tensor) -> list[tuple[int, int]]:
+    """The runs of consecutive values of ``rows`` (ascending, distinct) as ``[first, stop)`` ranges."""
+    found: list[tuple[int, int]] = []
+    for row in rows.tolist():
+        if found and found[-1][1] == row:
+            found[-1] = (found[-1][0], row + 1)
+        else:
+            found.append((row, row + 1))
+    return found
 
 
 def _in_rows(tp: TensorPlan, work: TensorCompute, governor: MemoryGovernor | None) -> Stored:

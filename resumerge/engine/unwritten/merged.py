@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from resumerge.engine.compute import SharedInputs, Stored
-from resumerge.engine.unwritten.compute import merged_tensor
+from resumerge.engine.unwritten.compute import merged_rows, merged_tensor
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
@@ -44,6 +44,8 @@ def stored_places(plan: Plan) -> Places:
 
 # Computes one output tensor's stored parts (``merged_tensor`` over the plan's inputs, by default).
 Compute = Callable[[TensorPlan], Stored]
+# Computes some rows of one output tensor (``merged_rows``), or None where they are not merged alone.
+Rows = Callable[[TensorPlan, torch.Tensor], "torch.Tensor | None"]
 
 
 class MergedFiles(InputSource):
@@ -59,6 +61,9 @@ class MergedFiles(InputSource):
         self._places = stored_places(plan)
         self._compute: Compute = compute if compute is not None else (
             lambda tp: merged_tensor(plan, tp, sources, resources, governor=governor, shared=shared))
+        # Some rows of a tensor, merged alone (None: where ``compute`` is given, every read is of a whole tensor).
+        self._rows: Rows | None = None if compute is not None else (
+            lambda tp, rows: merged_rows(plan, tp, sources, resources, rows, governor=governor, shared=shared))
         self._waiting: Stored = {}  # the parts of the last tensor computed not read yet
         self._lock = threading.Lock()
         self.computed = 0  # output tensors computed so far (a part read again is computed again)
@@ -74,6 +79,20 @@ class MergedFiles(InputSource):
                     return part.reshape(shape)
                 return part.reshape(-1).view(torch.uint8).view(TORCH_DTYPES[dtype]).reshape(shape)
         return self.read_range(file, start, end).view(TORCH_DTYPES[dtype]).reshape(shape)
+
+    def read_rows(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+                  rows: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``rows`` of the stored tensor at ``[start, end)`` of planned ``file``, merged for those rows alone
+        where its method makes that exact (:func:`~resumerge.engine.unwritten.compute.merged_rows`: the same bits
+        as those rows of the whole); None elsewhere (a read of the whole tensor merges it whole)."""
+        with self._lock:
+            place = self._places.get((file, start))
+            if self._rows is None or place is None or place[2] != end or place[0] != place[1]:
+                return None  # not one output tensor's only part
+            found = self._rows(self.plan.tensors[place[0]], rows)
+            if found is None or TORCH_DTYPES[dtype] != found.dtype or found.shape != (len(rows), *shape[1:]):
+                return None
+            return found
 
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
         """Bytes ``[start, end)`` of planned ``file``: those of the stored part they lie in (a range across parts,
