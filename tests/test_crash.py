@@ -84,16 +84,25 @@ def _start(setup: Setup, out: Path, state: Path, command: str) -> Forked | subpr
     return cli_start(*args)  # a process of its own (forked from the worker's fork server), killed for real
 
 
-def _kill_during_merge(proc: Forked | subprocess.Popen[str], out: Path, rng: random.Random) -> bool:
-    """SIGKILL ``proc`` at a random moment after its merge started; False if it finished first."""
+def _kill_during_merge(proc: Forked | subprocess.Popen[str], out: Path, rng: random.Random, shards: int) -> bool:
+    """SIGKILL ``proc`` at a random moment of its merge: once a random number of the shards it has left to write are
+    committed, a random few milliseconds into the next one; False if it finished first. The moment is counted in
+    commits, not seconds: drawn in seconds (up to 0.6 s after the manifest), a merge that starts faster outran both
+    kills of a scenario, and the scenario proved nothing."""
     manifest = out / "resumerge-manifest.json"
     deadline = time.monotonic() + 60
     while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    # The kill's moment, waited for while the merge runs: one that ended first is not waited on any longer.
-    moment = time.monotonic() + rng.uniform(0.0, 0.6)
+
+    def committed() -> int:
+        return sum(1 for _ in out.glob("model-*.safetensors"))  # renamed into place: a temp file has another name
+
+    target = committed() + rng.randrange(max(shards - committed(), 1))
+    while committed() < target and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    moment = time.monotonic() + rng.uniform(0.0, 0.005)
     while time.monotonic() < moment and proc.poll() is None:
-        time.sleep(0.005)
+        time.sleep(0.001)
     if proc.poll() is not None:
         return False
     proc.send_signal(signal.SIGKILL)
@@ -110,11 +119,12 @@ def test_random_sigkills_then_resume(setup: Setup, seed: int, drop_state: bool) 
     rng = random.Random(seed)
     out, state = _fresh(setup, f"random-{seed}")
     kills = 0
+    shards = sum(1 for name in setup.reference if name.startswith("model-") and name.endswith(".safetensors"))
     for attempt, command in enumerate(("run", "resume")):
         if command == "resume" and not out.exists():
             command = "run"
         proc = _start(setup, out, state, command)
-        if _kill_during_merge(proc, out, rng):
+        if _kill_during_merge(proc, out, rng, shards):
             kills += 1
         if drop_state and attempt == 0:
             shutil.rmtree(state, ignore_errors=True)
