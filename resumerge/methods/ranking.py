@@ -101,13 +101,15 @@ def _select_torch(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
     return torch.sort(flat).values[list(positions)]
 
 
-def stable_order(keys: torch.Tensor) -> torch.Tensor:
+def stable_order(keys: torch.Tensor, shift: int | None = None) -> torch.Tensor:
     """Return, for each row of a 2-D tensor, the columns of its keys in stable ascending order (int64).
 
     ``order[r, j]`` is the column holding row ``r``'s ``j``-th smallest key; equal keys keep column order. int32
-    keys are packed with their column into unique int64 keys, so one unstable sort per row gives the stable
-    order; other key types fall back to ``torch.sort(stable=True)``. Raises ``ValueError`` unless ``keys`` is
-    2-D.
+    keys are packed with their column into unique keys, so one unstable sort per row gives the stable order; other
+    key types fall back to ``torch.sort(stable=True)``. ``shift``: the low bits that are zero in every key (as
+    :func:`exact_key_shift` gives them for the keys' source dtype), dropped first; where what is left and the
+    column fit in 31 bits (bfloat16's keys and rows up to 2¹⁶ columns) the packed keys are int32, which sort in
+    about half the time of int64 ones. Raises ``ValueError`` unless ``keys`` is 2-D.
     """
     if keys.dim() != 2:
         raise ValueError(f"ranking by row needs a 2-D tensor of rows, got shape {tuple(keys.shape)}")
@@ -115,19 +117,40 @@ def stable_order(keys: torch.Tensor) -> torch.Tensor:
     if keys.numel() == 0:
         return torch.empty((rows, cols), dtype=torch.int64, device=keys.device)
     index_bits = max(1, (cols - 1).bit_length())
+    if keys.dtype == torch.int32 and shift is not None and index_bits <= shift:
+        # A non-negative int32 key has 31 bits, the `shift` low ones zero: (key >> shift)·2^index_bits + column
+        # is a non-negative int32, unique, and orders by (key, column) as the int64 packing below does.
+        narrow = keys >> shift
+        narrow <<= index_bits
+        narrow |= torch.arange(cols, dtype=torch.int32, device=keys.device)
+        return _sort_rows(narrow).bitwise_and_((1 << index_bits) - 1).to(torch.int64)
     if keys.dtype == torch.int32 and index_bits <= 32:
         # |key| < 2³¹ and column < 2^index_bits ≤ 2³², so key·2^index_bits + column fits in int64 and orders by
         # (key, column): every packed key is unique and any sort of them is the stable sort of the keys.
         packed = keys.to(torch.int64)
         packed <<= index_bits
-        packed |= torch.arange(cols, device=keys.device)
+        columns = torch.arange(cols, device=keys.device)
+        if packed.device.type == "cpu" and index_bits <= _DOUBLE_INDEX_BITS:
+            # (key + 2³¹)·2^index_bits + column + 2⁵² is below 2⁵³ and at least 2⁵²: the bit pattern of a positive
+            # normal double of exponent 1, and such doubles order exactly as their patterns do as integers. numpy
+            # sorts rows of doubles about 15 % faster than rows of int64 (normal numbers: no denormal mode can
+            # flatten them); the mask below keeps the column alone.
+            packed += columns.add_((1 << 52) + ((1 << 31) << index_bits))
+            return _sort_rows(packed, as_doubles=True).bitwise_and_((1 << index_bits) - 1)
+        packed |= columns
         return _sort_rows(packed).bitwise_and_((1 << index_bits) - 1)
     return torch.sort(keys, dim=1, stable=True).indices
 
 
-def _sort_rows(packed: torch.Tensor) -> torch.Tensor:
-    # Sorts each row of unique int64 keys; on the CPU in place, where numpy's vectorised sort beats torch.sort.
+# Column bits that leave an int32 key moved to 0 … 2³² − 1 and its column below bit 52, a double's lowest
+# exponent bit.
+_DOUBLE_INDEX_BITS = 52 - 32
+
+
+def _sort_rows(packed: torch.Tensor, *, as_doubles: bool = False) -> torch.Tensor:
+    # Sorts each row of unique int32 or int64 keys; on the CPU in place, where numpy's vectorised sort beats
+    # torch.sort (as_doubles: int64 keys that are the patterns of positive normal doubles, sorted as those).
     if packed.device.type == "cpu":
-        packed.numpy().sort(axis=1)
+        (packed.numpy().view(np.float64) if as_doubles else packed.numpy()).sort(axis=1)
         return packed
     return torch.sort(packed, dim=1).values

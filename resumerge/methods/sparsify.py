@@ -344,7 +344,8 @@ def _rank_probabilities(magnitudes: torch.Tensor, table: torch.Tensor, draw: tor
     # converting and six elementwise steps took eight.
     moved = magnitudes.movedim(1, -1)
     n = moved.shape[-1]
-    order = stable_order(magnitude_keys(moved).reshape(-1, n))
+    # bfloat16's keys rank as int32 packed keys, float32's as int64 (31 bits of key and the column's).
+    order = stable_order(magnitude_keys(moved).reshape(-1, n), exact_key_shift(magnitudes.dtype))
     probabilities = torch.empty(order.shape, dtype=draw, device=magnitudes.device)
     probabilities.scatter_(1, order, table.expand(order.shape))
     return probabilities.reshape(moved.shape).movedim(-1, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -120,6 +121,56 @@ def test_stable_order_equals_a_stable_argsort(rows: int, cols: int, top: int, se
     assert torch.equal(ranking.stable_order(keys), torch.sort(keys, dim=1, stable=True).indices)
     wide = keys.long() << 40  # int64 keys take the torch.sort(stable=True) path
     assert torch.equal(ranking.stable_order(wide), torch.sort(wide, dim=1, stable=True).indices)
+
+
+@pytest.mark.parametrize("cols", [1, 3, 1000, 1 << 16, (1 << 16) + 1], ids=str)
+def test_stable_order_of_bfloat16_keys_packs_them_narrow_with_the_same_order(
+    cols: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bfloat16 magnitudes widened to float32: keys with 16 zero low bits, from 0 to NaN's, many equal in each row.
+    g = torch.Generator().manual_seed(cols)
+    values = (torch.randn(2, cols, generator=g) * 4).round().to(torch.bfloat16).abs()
+    values[0, ::5] = 0
+    values[1, :: max(1, cols // 3)] = float("nan")
+    keys = ranking.magnitude_keys(values)
+    sorted_dtypes: list[torch.dtype] = []
+    real = ranking._sort_rows
+
+    def recording(packed: torch.Tensor, *, as_doubles: bool = False) -> torch.Tensor:
+        sorted_dtypes.append(torch.float64 if as_doubles else packed.dtype)
+        return real(packed, as_doubles=as_doubles)
+
+    monkeypatch.setattr(ranking, "_sort_rows", recording)
+    order = ranking.stable_order(keys, ranking.exact_key_shift(torch.bfloat16))
+    stable = torch.from_numpy(np.argsort(keys.numpy(), axis=1, kind="stable"))  # faster than torch's here
+    assert torch.equal(order, stable) and order.dtype == torch.int64
+    # Up to 2¹⁶ columns the 15 bits left of a key and the column's fit an int32; past it they sort as doubles.
+    assert sorted_dtypes == [torch.int32 if cols <= 1 << 16 else torch.float64]
+    assert torch.equal(ranking.stable_order(keys), order)  # no shift: the int64 packing, the same order
+
+
+@pytest.mark.parametrize("cols", [1, 2, 37, 1 << 20, (1 << 20) + 1], ids=str)
+def test_stable_order_of_any_int32_keys_sorted_as_doubles_is_the_stable_order(
+    cols: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Negative keys, the extremes and repeats: moved to 0 … 2³² − 1 and packed with the column, every row sorts as
+    # positive normal doubles up to 2²⁰ columns, past it as int64.
+    g = torch.Generator().manual_seed(cols)
+    keys = torch.randint(-(1 << 31), 1 << 31, (3, cols), generator=g, dtype=torch.int64).to(torch.int32)
+    keys[0, ::3] = 7
+    keys[1, ::2] = -(1 << 31)
+    keys[2, 1::2] = (1 << 31) - 1
+    doubles: list[bool] = []
+    real = ranking._sort_rows
+
+    def recording(packed: torch.Tensor, *, as_doubles: bool = False) -> torch.Tensor:
+        doubles.append(as_doubles)
+        return real(packed, as_doubles=as_doubles)
+
+    monkeypatch.setattr(ranking, "_sort_rows", recording)
+    stable = torch.from_numpy(np.argsort(keys.numpy(), axis=1, kind="stable"))
+    assert torch.equal(ranking.stable_order(keys), stable)
+    assert doubles == [cols <= 1 << 20]
 
 
 def test_stable_order_needs_rows() -> None:
