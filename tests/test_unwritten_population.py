@@ -54,6 +54,19 @@ def _candidates(tmp_path: Path, make: ModelFactory) -> list[Path]:
     return [_config(tmp_path / f"candidate{i}.yml", doc) for i, doc in enumerate(docs)]
 
 
+def _every_tensor_by_layer(population: Population) -> list[dict[str, torch.Tensor]]:
+    """Each candidate's every tensor, read layer by layer as a pass reads them (the embeddings first)."""
+    got: list[dict[str, torch.Tensor]] = [{} for _ in population.candidates]
+    for index in sorted({layer_of(n) for n in population.plans[0].tensors}, key=lambda i: -1 if i is None else i):
+        with population.layer():
+            for c, candidate in enumerate(population.candidates):
+                for name, t in candidate.tensors.items():
+                    if layer_of(name) == index:
+                        got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
+                                                                    t.entry.dtype, tuple(t.entry.shape))
+    return got
+
+
 def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its_own_merge(
         tmp_path: Path, make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)
@@ -63,15 +76,7 @@ def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its
     counts: Counter[tuple[str, str, int, int]] = Counter()
     counted = InputSources({k: CountedFiles(k, d, counts) for k, d in plans[0].model_dirs.items()})
     with Population(plans, state / "unwritten", inputs=counted) as population:
-        got: list[dict[str, torch.Tensor]] = [{} for _ in plans]
-        layers = sorted({layer_of(name) for name in plans[0].tensors}, key=lambda i: -1 if i is None else i)
-        for index in layers:
-            with population.layer():
-                for c, candidate in enumerate(population.candidates):
-                    for name, t in candidate.tensors.items():
-                        if layer_of(name) == index:
-                            got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
-                                                                        t.entry.dtype, tuple(t.entry.shape))
+        got = _every_tensor_by_layer(population)
         assert population.candidates[0].directory == population.candidates[1].directory  # one folder for all
     every = {(r.model, r.file, r.start, r.end) for plan in plans for tp in plan.tensors.values() for r in tp.reads()}
     assert set(counts) == every and set(counts.values()) == {1}
@@ -193,14 +198,7 @@ def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the
 
     monkeypatch.setattr(TensorCompute, "observe", counted)
     with api.open_population(configs, state_dir=state) as population:
-        got: list[dict[str, torch.Tensor]] = [{} for _ in configs]
-        for index in sorted({layer_of(n) for n in population.plans[0].tensors}, key=lambda i: -1 if i is None else i):
-            with population.layer():
-                for c, candidate in enumerate(population.candidates):
-                    for name, t in candidate.tensors.items():
-                        if layer_of(name) == index:
-                            got[c][name] = candidate.source.read_tensor(t.file, t.entry.start, t.entry.end,
-                                                                        t.entry.dtype, tuple(t.entry.shape))
+        got = _every_tensor_by_layer(population)
     assert not passes
     for config, tensors in zip(configs, got, strict=True):
         with api.open_unwritten(config, state_dir=state) as single:

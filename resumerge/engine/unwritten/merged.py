@@ -45,7 +45,7 @@ def stored_places(plan: Plan) -> Places:
 # Computes one output tensor's stored parts (``merged_tensor`` over the plan's inputs, by default).
 Compute = Callable[[TensorPlan], Stored]
 # Computes some rows of one output tensor (``merged_rows``), or None where they are not merged alone.
-Rows = Callable[[TensorPlan, torch.Tensor], "torch.Tensor | None"]
+Rows = Callable[[TensorPlan, "torch.Tensor"], "torch.Tensor | None"]  # quoted: torch is imported on first use
 
 
 class MergedFiles(InputSource):
