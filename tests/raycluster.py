@@ -136,13 +136,35 @@ def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None,
 
 
 def _idle(ray: Any, seconds: float = 20.0) -> bool:
-    """Whether, within ``seconds``, no CPU or memory of the cluster is held: the actors of the test before, which
-    ended with its driver, gone from the spare nodes."""
+    """Whether, within ``seconds``, no CPU or memory of the cluster is held but the memory of the idle kept workers
+    the tests before left (each declares its imports', and no CPU: resumerge.engine.cluster.kept): the actors and
+    reservations of the test before, which ended with its driver, gone from the spare nodes."""
     deadline = time.monotonic() + seconds
+    kept = _kept_memory(ray)
     while True:
         free, total = ray.available_resources(), ray.cluster_resources()
-        if all(free.get(kind, 0) >= total.get(kind, 0) for kind in ("CPU", "memory")):
+        if free.get("CPU", 0) >= total.get("CPU", 0) and free.get("memory", 0) + kept >= total.get("memory", 0):
             return True
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
+
+
+def _kept_memory(ray: Any) -> float:
+    """The memory the kept workers of this code on the cluster's live nodes declare (each its imports')."""
+    from resumerge.engine.cluster.keeper import run_digest
+    from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+    from resumerge.engine.cluster.launch import declared
+    from resumerge.torch_import import IMPORT_RESERVE
+
+    code, held = run_digest(ray), 0.0
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        for slot in range(int(node["Resources"].get("CPU", 0)) + 2 * SPARE_SLOTS + 2):
+            try:
+                ray.get_actor(kept_name(code, node["NodeID"], slot), namespace=NAMESPACE)
+            except ValueError:
+                continue
+            held += declared(IMPORT_RESERVE, node["Resources"])
+    return held

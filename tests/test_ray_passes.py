@@ -10,6 +10,7 @@ threads may round otherwise). Tiny generated models."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,73 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     assert killed.returncode == -9, killed.stderr
     api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
     assert _files(tmp_path / "both") == _files(tmp_path / "local")
+
+
+def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_driver_frees_them(
+        tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster that outlives the pass, each model's actor is hosted by its node's kept worker
+    (resumerge.engine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
+    does the resume of a measurement whose driver was SIGKILLed on them (each freed once its watchdog saw the driver
+    dead); a pass of other code is never served by them (the workers it asks end, and it starts fresh actors);
+    ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
+    import ray
+
+    import resumerge.analyses.measure.onray as measured
+    from resumerge.analyses import onray
+    from resumerge.engine.cluster import kept
+
+    used: list[list[Any]] = []
+
+    def recorded(ray_: Any, placed: Any, keep: float) -> list[Any]:
+        hosts = onray.kept_hosts(ray_, placed, keep)
+        used.append([None if h is None else h.worker.actor for h in hosts])
+        return hosts
+
+    def ids(actors: list[Any]) -> list[str | None]:
+        return [None if a is None else a._actor_id.hex() for a in actors]
+
+    monkeypatch.setattr(measured, "kept_hosts", recorded)
+    config, texts = _measured(tmp_path)
+    with one_thread():
+        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+    for run, executor in (("first", RayExecutor(address=cluster.address)),
+                          ("second", RayExecutor(address=cluster.address)),
+                          ("fresh", RayExecutor(address=cluster.address, keep_workers=0))):
+        api.measure(config, tmp_path / run, texts=texts, state_dir=tmp_path / f"s-{run}", executor=executor)
+        assert _files(tmp_path / run) == _files(tmp_path / "local"), run
+    first = ids(used[0])
+    assert None not in first and len(set(first)) == 2 and ids(used[1]) == first and used[2] == [None, None]
+    # A driver SIGKILLed holding the kept workers: each frees itself; the resume computes in them.
+    killed = cli("measure", config, tmp_path / "killed", "--texts", texts, "--state-dir", tmp_path / "s-killed",
+                 "--executor", "ray", "--ray-address", cluster.address,
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, fresh=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while any(_leased(ray, actor) for actor in used[0]):
+        assert time.monotonic() < deadline, "a dead driver's kept worker was not freed"
+        time.sleep(0.2)
+    api.measure(config, tmp_path / "killed", texts=texts, state_dir=tmp_path / "s-killed",
+                executor=RayExecutor(address=cluster.address))
+    assert ids(used[-1]) == first and _files(tmp_path / "killed") == _files(tmp_path / "local")
+    # A pass of other code asks other names: the workers made for it end at once (their own code is not their
+    # names'), refusing it; it computes on fresh actors.
+    monkeypatch.setattr(kept, "run_digest", lambda ray_: "0" * 16)
+    api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
+                executor=RayExecutor(address=cluster.address))
+    assert used[-1] == [None, None] and _files(tmp_path / "other") == _files(tmp_path / "local")
+
+
+def _leased(ray: Any, actor: Any) -> bool:
+    """Whether a live driver holds the kept worker ``actor``: it refuses a lease (which, granted, is released)."""
+    from resumerge.engine.cluster.keeper import run_digest
+
+    code = run_digest(ray)
+    box = [ray.put(code)]
+    served = ray.get(actor.lease.remote(box, code, 600.0), timeout=30)
+    if served is None:
+        return True
+    ray.get(actor.release.remote(box), timeout=30)
+    return False
 
 
 def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp_path: Path,

@@ -2,7 +2,8 @@
 ``eval``'s, the MoE hidden-state gates'): where each model's actor runs (:func:`ray_places`, :func:`places`:
 before any weight is read, the cluster refused where it cannot hold the actors), how a model travels to its actor
 (:func:`sent`) and how the actor opens it on its node (:func:`on_node`), with each range of a hub file it reads
-noted for the driver's journal (:func:`logged`: the driver holds them to the pass's proof, as it holds its own).
+noted for the driver's journal (:func:`logged`: the driver holds them to the pass's proof, as it holds its own), and
+which actors a node's kept worker hosts (:func:`kept_hosts`, on a cluster that outlives the pass).
 
 Each pass's actors and their protocol are the pass's own (:mod:`.check.onray`, :mod:`.measure.onray`); this
 module is the one owner of what they share, so no pass reaches into another's privates. Ray is joined through
@@ -149,3 +150,43 @@ def driver_token() -> bool:
     from huggingface_hub import get_token
 
     return bool(get_token())
+
+
+def kept_hosts(ray: Any, placed: Sequence[Place], keep: float) -> list[Any]:
+    """For each actor of a pass ``placed`` so, the kept worker of its node that hosts it
+    (:func:`~resumerge.engine.cluster.hosting.lease_hosts`: leased, the actor's CPUs and memory reserved on its node,
+    idle for at most ``keep`` seconds once the pass ends), else None: a fresh actor (``keep`` 0: the cluster was
+    started for the pass, or ``keep_workers=0``; no kept worker free on the node; its reservation not up in time)."""
+    if keep <= 0:
+        return [None] * len(placed)
+    from resumerge.engine.cluster.hosting import lease_hosts
+
+    try:
+        return list(lease_hosts(ray, [(p.node_id, p.cpus, p.memory) for p in placed], keep))
+    except Exception:  # (what it leased is ended) the pass starts fresh actors, which say what is wrong if anything
+        return [None] * len(placed)
+
+
+def end_actors(ray: Any, actors: Sequence[Any], hosts: Sequence[Any]) -> None:
+    """End a pass's ``actors``: the fresh ones killed, the kept workers of ``hosts`` released (their pass objects
+    dropped, idle for the next run or pass; killed where they do not answer)."""
+    hosted = {id(host) for host in hosts if host is not None}
+    for actor in actors:
+        if id(actor) not in hosted:
+            ray.kill(actor, no_restart=True)
+    if hosted:
+        from resumerge.engine.cluster.hosting import end_hosts
+
+        end_hosts(ray, hosts)
+
+
+def pass_keep(address: str | None, keep: float) -> float:
+    """How long a pass on the Ray cluster at ``address`` keeps the kept workers that host its actors idle: ``keep``
+    (the executor's ``keep_workers``) on a cluster that outlives the pass (``address``, ``RAY_ADDRESS``, or the one
+    this process is connected to, as a merge's run keeps its workers), 0 on a Ray the pass would start itself."""
+    import os
+    import sys
+
+    ray = sys.modules.get("ray")
+    connected = ray is not None and ray.is_initialized()
+    return keep if connected or address or os.environ.get("RAY_ADDRESS") else 0.0

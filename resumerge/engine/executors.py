@@ -101,7 +101,8 @@ class RayExecutor:
     """The shards computed by a worker per node of the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a
     Ray started for the run; OUT and the inputs must be paths every node sees). On a cluster that outlives the run
     its workers stay for the next one, idle for at most ``keep_workers`` seconds (0: they end with the run), holding
-    no CPU while idle. ``early`` is the warm start :meth:`starting` made for one call (not a setting)."""
+    no CPU while idle; they host a forward pass's actors too (``check``, ``measure``, ``eval``, ``evolve``).
+    ``early`` is the warm start :meth:`starting` made for one call (not a setting)."""
 
     address: str | None = None
     keep_workers: float = KEEP_WORKERS
@@ -120,8 +121,9 @@ class RayExecutor:
         check_ray()
 
     def places_pass(self) -> tuple[bool, str | None]:
-        """A forward pass runs an actor per model on the cluster (``keep_workers`` does not apply: a pass's
-        actors end with it); raises UsageError where Ray is not installed."""
+        """A forward pass runs an actor per model on the cluster (on one that outlives the pass, hosted by the
+        nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.engine.cluster.hosting`); raises
+        UsageError where Ray is not installed."""
         self.check()
         return True, self.address
 

@@ -9,7 +9,9 @@ STORAGE as it scores it (STORAGE on a path every node sees, as OUT for a merge o
 resumes, on Ray or locally; the driver then records the figures it was sent (the same bytes). A candidate's figures
 are its own whichever group it was in (each candidate runs on its own hidden states), and each node's torch
 computes with the CPUs its task declares: on nodes of as many CPUs as the local search's threads, the table is the
-local search's, byte for byte.
+local search's, byte for byte. On a cluster that outlives the search, each node's group is scored by the node's
+kept worker (:mod:`resumerge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has imported
+Ray, the engine and torch already, instead of a fresh process each search.
 
 A node lost mid-generation stops the search as unreachable (exit 3): run again, it resumes with the candidates
 journaled.
@@ -72,12 +74,26 @@ def score_on_node(make: ScorerAt, store: Path, generation: int, indexes: Sequenc
     return make(folder).score(generation, configs, done, record)
 
 
+class NodeScores:
+    """A node's group scored in its kept worker (:mod:`resumerge.engine.cluster.hosting`): :func:`score_on_node`
+    with the search's scorer ``make`` and STORAGE ``store``."""
+
+    def __init__(self, make: ScorerAt, store: Path) -> None:
+        self.make, self.store = make, store
+
+    def score(self, generation: int, indexes: Sequence[int], configs: Sequence[Mapping[str, Any]],
+              threads: int) -> list[dict[str, float]]:
+        return score_on_node(self.make, self.store, generation, indexes, configs, threads)
+
+
 class SpreadOverNodes:
     """Scores a generation with the scorer ``make`` makes, its candidates spread over the nodes of the Ray cluster
-    at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here); see the module's docstring."""
+    at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here); see the module's docstring. ``keep``: the
+    seconds the nodes' kept workers that score the groups wait idle after each generation (0: a fresh task's
+    process each)."""
 
-    def __init__(self, make: ScorerAt, store: Path, address: str | None) -> None:
-        self.make, self.store, self.address = make, store, address
+    def __init__(self, make: ScorerAt, store: Path, address: str | None, keep: float = 0.0) -> None:
+        self.make, self.store, self.address, self.keep = make, store, address, keep
 
     def nodes(self) -> list[tuple[str, float]]:
         """The cluster's alive nodes with CPUs, as (id, CPUs), most CPUs first; refuses (exit 2) a cluster with
@@ -95,6 +111,7 @@ class SpreadOverNodes:
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
               done: Callable[[int], dict[str, float] | None],
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+        from resumerge.analyses.onray import Place, end_actors, kept_hosts
         from resumerge.engine.cluster.connect import require_ray
         from resumerge.engine.cluster.launch import pinned
 
@@ -108,10 +125,21 @@ class SpreadOverNodes:
             # status shows the generation spread (each node's pass keeps its own progress in its group's folder)
             storage.say(self.store, generation=generation, candidate=pending[0], layer=None, layers=None,
                         phase=f"scored on {len(groups)} Ray node(s), {len(pending)} candidate(s)")
-            refs = [task.options(num_cpus=cpus, max_retries=0, scheduling_strategy=pinned(node))
-                    .remote(self.make, self.store, generation, group, [configs[i] for i in group], int(cpus))
-                    for group, (node, cpus) in zip(groups, nodes)]
-            for group, figures in zip(groups, self._got(ray, refs)):
+            hosts = kept_hosts(ray, [Place(node, cpus, 0) for _, (node, cpus) in zip(groups, nodes)], self.keep)
+            refs = []
+            for group, (node, cpus), host in zip(groups, nodes, hosts):
+                asked = (generation, group, [configs[i] for i in group], int(cpus))
+                if host is None:
+                    refs.append(task.options(num_cpus=cpus, max_retries=0, scheduling_strategy=pinned(node))
+                                .remote(self.make, self.store, *asked))
+                else:
+                    host.host(NodeScores, self.make, self.store)
+                    refs.append(host.score.remote(*asked))
+            try:
+                scored = self._got(ray, refs)
+            finally:
+                end_actors(ray, [], hosts)
+            for group, figures in zip(groups, scored):
                 for i, each in zip(group, figures):
                     record(i, each)
                     found[i] = each

@@ -183,7 +183,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     held: list[float] = []
     lost = tmp_path / "lost"
     with ray_cluster(ray_head, workers=4, spare=True) as (cluster, started):
-        on_cluster = RayExecutor(cluster.address, keep_workers=0)
+        on_cluster = RayExecutor(cluster.address)
         left = list(cluster.workers)
 
         def lose(point: str, **_: object) -> None:  # after each layer journaled: where the models ran

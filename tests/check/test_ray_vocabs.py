@@ -35,7 +35,7 @@ def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(t
     assert local.shared_tokens == 64
     with ray_cluster(ray_head, workers=3, spare=True) as (cluster, _):
         on_ray = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=tmp_path / "ray",
-                           executor=RayExecutor(cluster.address, keep_workers=0))
+                           executor=RayExecutor(cluster.address))
     found, expected = on_ray.to_json(), json.loads(json.dumps(local.to_json()))
     assert Path(found.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
     assert found == expected

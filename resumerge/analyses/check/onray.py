@@ -40,7 +40,7 @@ from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.needs import StepBytes
 from resumerge.analyses.check.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
-from resumerge.analyses.onray import Place, Read, cpus_of, driver_token, logged, on_node, sent
+from resumerge.analyses.onray import Place, Read, cpus_of, driver_token, end_actors, kept_hosts, logged, on_node, sent
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward import handed
 from resumerge.forward.placement import Placement, Places
@@ -209,8 +209,9 @@ class RayModels:
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                  state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
-                 beside: bool = False) -> None:
+                 beside: bool = False, keep: float = 0.0) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
+        self.keep = 0.0 if beside else keep  # beside a run's workers (which hold the nodes' CPUs): fresh actors
         self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
@@ -219,6 +220,7 @@ class RayModels:
         if beside:
             self.places = [replace(place, cpus=0.0) for place in placed]
         self.actors: list[Any] = []
+        self.hosts: list[Any] = []  # the kept workers hosting actors (:mod:`resumerge.engine.cluster.hosting`)
         self.nodes: list[str] = []
         self.lost: set[str] = set()  # nodes whose actor died: none is placed there again
         self.fresh: set[int] = set()  # models whose actor is a replacement holding no hidden states yet
@@ -233,27 +235,31 @@ class RayModels:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
         self.token = any(model.remote for model in self.models) and driver_token()
-        self.actors = [self._start(model, place, threads)
-                       for model, place, threads in zip(self.models, self.places, self.threads)]
+        self.hosts = kept_hosts(self.ray, self.places, self.keep)
+        self.actors = [self._start(model, place, threads, host)
+                       for model, place, threads, host in zip(self.models, self.places, self.threads, self.hosts)]
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
         except _Lost as exc:
             raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
                                    hint=self.hint) from None
 
-    def _start(self, model: Checked, place: Place, threads: int) -> Any:
+    def _start(self, model: Checked, place: Place, threads: int, host: Any = None) -> Any:
         """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
         :func:`~resumerge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it), its node
-        told whether it needs a token of its own (:class:`ModelNode`)."""
+        told whether it needs a token of its own (:class:`ModelNode`); hosted by the kept worker ``host`` where
+        given (which its lease reserved those for)."""
         from resumerge.engine.cluster.launch import pinned
 
+        if host is not None:
+            host.host(ModelNode, sent(model), threads, self.token, self.state, self.dtype, self.what)
+            return host
         return self.ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
                                                   scheduling_strategy=pinned(place.node_id)) \
             .remote(sent(model), threads, self.token, self.state, self.dtype, self.what)
 
     def end(self) -> None:
-        for actor in self.actors:
-            self.ray.kill(actor, no_restart=True)
+        end_actors(self.ray, self.actors, self.hosts)
 
     def _get(self, refs: Any) -> Any:
         try:
@@ -421,15 +427,17 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
                on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
-               beside: bool = False) -> Iterator[RayModels]:
+               beside: bool = False, keep: float = 0.0) -> Iterator[RayModels]:
     """The pass's models as actors of the Ray cluster this process joined
     (:func:`~resumerge.analyses.onray.ray_places`), where ``placed`` says (``vocab``: how their vocabularies meet,
     where they differ; ``state``: the state dir given with ``--state-dir``, which a node opens a GGUF or hub model
-    under; None: the default; ``dtype``, ``what``, ``beside``: see :class:`RayModels`); they end with the block."""
+    under; None: the default; ``dtype``, ``what``, ``beside``: see :class:`RayModels`); they end with the block.
+    ``keep``: on a cluster that outlives the pass, the seconds a node's kept worker that hosts an actor waits idle
+    for the next run or pass (:func:`~resumerge.analyses.onray.kept_hosts`; 0: fresh actors, ended with it)."""
     from resumerge.engine.cluster.connect import require_ray
 
     running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, state, dtype, what,
-                        beside)
+                        beside, keep)
     try:
         running.start()
         yield running

@@ -60,13 +60,16 @@ REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
 STATIC_NAME = "static.json"
 OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outside the decoder layers (folding)
+# A check on Ray: the cluster's address (None: RAY_ADDRESS, else a Ray started here) and how long the kept workers
+# hosting its actors wait idle once it ends (0: fresh actors).
+OnRay = tuple[str | None, float]
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, on_ray: bool = False,
               ray_address: str | None = None, cut_texts: bool = False, watcher: Watcher | None = None,
-              device: PassDevice = HOST) -> CheckReport:
+              device: PassDevice = HOST, ray_keep: float = 0.0) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``on_ray``: each model's forward pass on a node of the Ray cluster at
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), with the same report.
@@ -75,7 +78,8 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
     ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
-    the GPU's budget too; :mod:`resumerge.forward.device`)."""
+    the GPU's budget too; :mod:`resumerge.forward.device`). ``ray_keep``: the seconds the kept workers hosting the
+    actors on Ray wait idle once the check ends (:func:`~resumerge.analyses.onray.kept_hosts`; 0: fresh actors)."""
     if on_ray and device.on_gpu:
         raise UsageError(f"--device {device.name} runs the check's layers on this machine's GPU, and --executor ray "
                          "runs each model on a node of the cluster", hint="leave out one of the two")
@@ -84,13 +88,13 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
 
         check_ray()
     with _passive_threads():
-        return _checked(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
-                        device)
+        return _checked(model, base, parents, prompts, max_memory, state, on_ray, (ray_address, ray_keep),
+                        cut_texts, watcher, device)
 
 
 def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
              parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-             max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
+             max_memory: int | None, state: StateDir, on_ray: bool, ray: OnRay, cut_texts: bool,
              watcher: Watcher | None, device: PassDevice) -> CheckReport:
     """:func:`run_check`'s work, its OpenMP setting in force."""
     models = find_models(model, base, tuple(parents), state)
@@ -105,7 +109,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
         texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
                                  configs=[m.opened.config for m in models], paths=[m.path for m in models],
                                  cut=cut_texts, on_miss=proof.start)
-        return _keyed(model, base, parents, prompts, max_memory, state, on_ray, ray_address, cut_texts, watcher,
+        return _keyed(model, base, parents, prompts, max_memory, state, on_ray, ray, cut_texts, watcher,
                       models, texts, prompts_file, proof, device)
     finally:
         proof.close()
@@ -113,7 +117,7 @@ def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
 
 def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
            parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-           max_memory: int | None, state: StateDir, on_ray: bool, ray_address: str | None, cut_texts: bool,
+           max_memory: int | None, state: StateDir, on_ray: bool, ray: OnRay, cut_texts: bool,
            watcher: Watcher | None, models: list[Checked], texts: Texts, prompts_file: Path | None,
            proof: PassProof, device: PassDevice) -> CheckReport:
     """The check, its texts known: its folder found by its key and locked."""
@@ -126,7 +130,7 @@ def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
                           "resumes at the layer it reached)")
     lock.acquire()
     try:
-        return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray_address,
+        return _locked(model, models, tokens, vocab, workdir, prompts_file, max_memory, state, on_ray, ray,
                        watcher, command, proof, device)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         raise InterruptedMerge(stopped_at(model, workdir), resume_command=command) from None
@@ -182,7 +186,7 @@ def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | 
 def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[list[int]],
             vocab: SharedVocab | None, workdir: Path,
             prompts_file: Path | None, max_memory: int | None, state: StateDir, on_ray: bool,
-            ray_address: str | None, watcher: Watcher | None, command: str, proof: PassProof,
+            ray: OnRay, watcher: Watcher | None, command: str, proof: PassProof,
             device: PassDevice) -> CheckReport:
     """The check in ``workdir``, its lock held: answered from its report, or run (resuming its journal); ``proof``
     proves its models' bytes (its records kept in ``workdir``); ``device``: where its layers run."""
@@ -217,7 +221,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
         sizes = step_bytes(streams, tokens)
         budget, steps, can_fold = _fits(streams, tokens, max_memory, not on_ray, sizes)  # before any weight is read
         gpu = device.budget("the check", steps, 2 * len(streams) * sizes.states)  # and the GPU's, on one
-        placed = _ray_places(ray_address, sizes) if on_ray else []  # the cluster joined: can it hold the actors?
+        placed = _ray_places(ray[0], sizes) if on_ray else []  # the cluster joined: can it hold the actors?
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
         static, fold, outside = _static_before(models, workdir, progress, can_fold)
         figures = None
@@ -233,7 +237,8 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                              model_path=models[m].path)
 
             if on_ray:
-                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads, state, vocab)
+                figures = _on_ray(models, streams[0].layers, tokens, workdir, progress, placed, reads, state, vocab,
+                                  ray[1])
             else:
                 # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
                 # sees the process's RSS, gives freed memory back when a step would not fit, and refuses (exit 2)
@@ -287,8 +292,8 @@ def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
 
 
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            placed: list[Place], reads: PassReads, state: StateDir, vocab: SharedVocab | None = None
-            ) -> PassFigures | None:
+            placed: list[Place], reads: PassReads, state: StateDir, vocab: SharedVocab | None = None,
+            keep: float = 0.0) -> PassFigures | None:
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
     here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
     ``reads``' journal."""
@@ -302,7 +307,7 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
         reads.elsewhere(models[m], found)
 
     given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
-    with ray_models(models, placed, layers, on_layer, on_reads, vocab, given) as running:
+    with ray_models(models, placed, layers, on_layer, on_reads, vocab, given, keep=keep) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 

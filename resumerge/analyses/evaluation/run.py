@@ -90,14 +90,15 @@ Found = TypeVar("Found")
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
              unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
-             ray_address: str | None = None) -> EvalReport:
+             ray_address: str | None = None, ray_keep: float = 0.0) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
     ``ray_address`` (check's :mod:`~resumerge.analyses.check.onray`; None: ``RAY_ADDRESS``, else a Ray started
-    here), its head here: the same results, journaled alike. Raises :class:`UsageError` (exit 2) for anything
-    refused before a weight is read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that
-    continues."""
+    here), its head here: the same results, journaled alike (``ray_keep``: the seconds the kept worker hosting the
+    actor waits idle once a pass ends, :func:`~resumerge.analyses.onray.kept_hosts`; 0: a fresh actor). Raises
+    :class:`UsageError` (exit 2) for anything refused before a weight is read, and :class:`InterruptedMerge` (exit
+    3) on Ctrl-C, naming the command that continues."""
     if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
         raise UsageError(f"--device {settings.device} runs the evaluation's layers on this machine's GPU, and "
                          "--executor ray runs them on a node of the cluster", hint="leave out one of the two")
@@ -129,7 +130,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     # what a merge never written reads of its inputs, proved with each pass's journal as the model's own files are
     inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
     scorer = _Scorer(stream, model, settings, state, command, watcher, _Merged.of(unwritten),
-                     (ray_address,) if on_ray else None, inputs)
+                     (ray_address, ray_keep) if on_ray else None, inputs)
     try:
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
@@ -200,11 +201,11 @@ class _Scorer:
 
     def __init__(self, stream: ModelStream, model: PassModel, settings: EvalSettings, state: StateDir, command: str,
                  watcher: Watcher | None, merged: _Merged | None = None,
-                 ray: tuple[str | None] | None = None,
+                 ray: tuple[str | None, float] | None = None,
                  inputs: tuple[list[PassModel], list[frozenset[str]]] = ([], [])) -> None:
         self.stream, self.model, self.settings, self.state = stream, model, settings, state
         self.command, self.watcher, self.merged = command, watcher, merged
-        self.ray = ray  # (the cluster's address,): the layers on a Ray actor; None: here
+        self.ray = ray  # (the cluster's address, the kept hosts' idle time): the layers on a Ray actor; None: here
         self.inputs = inputs  # a merge never written: its local inputs and what it reads of each
         self.said: list[str] = []  # what proving the models' bytes found, a line each
         self.step: EvalStep | None = None
@@ -296,11 +297,12 @@ class _Scorer:
 
         assert self.ray is not None
         where = ray_places(self.ray[0], actor_bytes(sizes)[:1], what="evaluation")
+        keep = self.ray[1]
         given = None if self.state.given is None else str(self.state.root)  # --state-dir, as a node opens it
 
         def placed(told: Callable[[int], None]) -> AbstractContextManager[Placement]:
             return ray_models([replace(self.model, role="model")], where, self.stream.layers,
-                              lambda layer, nodes: told(layer), state=given)
+                              lambda layer, nodes: told(layer), state=given, keep=keep)
 
         return placed
 

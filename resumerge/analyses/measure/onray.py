@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.measure.grams import Recorded, Streamed
 from resumerge.analyses.measure.passes import stream_of
-from resumerge.analyses.onray import Place, Read, driver_token, logged, on_node, sent
+from resumerge.analyses.onray import Place, Read, driver_token, end_actors, kept_hosts, logged, on_node, sent
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward.opened import PassModel
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -147,10 +147,13 @@ class OnNode:
 
 @contextmanager
 def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[int], placed: Sequence[Place],
-             on_reads: Callable[[int, list[Read]], None], state: str | None = None) -> Iterator[list[OnNode]]:
+             on_reads: Callable[[int, list[Read]], None], state: str | None = None,
+             keep: float = 0.0) -> Iterator[list[OnNode]]:
     """Each model's actor (where ``placed`` says, :func:`~resumerge.analyses.onray.ray_places`), started and
     its model opened, as an :class:`OnNode` each; ``on_reads(m, reads)`` is told what model ``m``'s node read of
-    its hub files (called from the model's thread: held by a lock here). The actors end with the block."""
+    its hub files (called from the model's thread: held by a lock here). The actors end with the block; with
+    ``keep`` seconds, those a node's kept worker hosts (:func:`~resumerge.analyses.onray.kept_hosts`) are released
+    to it, idle for the next run or pass."""
     from resumerge.engine.cluster.connect import require_ray
     from resumerge.engine.cluster.launch import pinned
 
@@ -165,10 +168,16 @@ def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[
 
         return told
 
-    actors = [ray.remote(MeasureNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                              scheduling_strategy=pinned(place.node_id))
-              .remote(sent(model), key, max(1, int(place.cpus)), token, state)
-              for model, key, place in zip(models, keys, placed)]
+    def started(model: PassModel, key: str, place: Place, host: Any) -> Any:
+        args = (sent(model), key, max(1, int(place.cpus)), token, state)
+        if host is not None:
+            host.host(MeasureNode, *args)
+            return host
+        return ray.remote(MeasureNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
+                                               scheduling_strategy=pinned(place.node_id)).remote(*args)
+
+    hosts = kept_hosts(ray, placed, keep)
+    actors = [started(model, key, place, host) for model, key, place, host in zip(models, keys, placed, hosts)]
     try:
         runners = [OnNode(ray, actor, n, model.path, reads_of(m) if model.remote else None)
                    for m, (actor, n, model) in enumerate(zip(actors, layers, models))]
@@ -176,5 +185,4 @@ def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[
             runner._get(runner.actor.node.remote())
         yield runners
     finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        end_actors(ray, actors, hosts)

@@ -65,7 +65,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
                   state: StateDir | None = None, on_ray: bool = False,
-                  ray_address: str | None = None, device: PassDevice = HOST) -> MeasureReport:
+                  ray_address: str | None = None, device: PassDevice = HOST, ray_keep: float = 0.0) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
@@ -74,7 +74,8 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
     :mod:`resumerge.forward.device`). ``on_ray``: each model's pass in an actor of its own on the Ray cluster at
     ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), the models side by side, with
-    the same bytes (not with a GPU here: refused, exit 2)."""
+    the same bytes (not with a GPU here: refused, exit 2); ``ray_keep``: the seconds the kept workers hosting the
+    actors wait idle once it ends (:func:`~resumerge.analyses.onray.kept_hosts`; 0: fresh actors)."""
     if on_ray and device.on_gpu:  # each model's layers run on a Ray node, not on this machine's GPU
         raise UsageError(f"--device {device.name} runs the measurement's layers on this machine's GPU, and "
                          "--executor ray runs each model on a node of the cluster", hint="leave out one of the two")
@@ -96,7 +97,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
         return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
                              sum(len(t) for t in tokens), reused=True, proof=said)
     passes = _passes(models, keys, tokens)
-    placed = _on_ray(keys, passes, ray_address, state) if on_ray else None
+    placed = _on_ray(keys, passes, ray_address, state, ray_keep) if on_ray else None
     layers, budget, step, states = _all_fit(models, passes, tokens, max_memory, local=placed is None)
     gpu = device.budget("the measurement", {"layer": step}, states)  # on a GPU: its budget too, before any read
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
@@ -277,8 +278,8 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
         write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
 
 
-def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: str | None, state: StateDir
-            ) -> Placed:
+def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: str | None, state: StateDir,
+            keep: float = 0.0) -> Placed:
     """Join the Ray cluster at ``address`` and place each model's actor (``found``: each one's pass,
     :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
     :func:`run_measurement` starts them (:mod:`.onray`)."""
@@ -290,7 +291,7 @@ def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: st
 
     def placed(bound: list[PassModel], on_reads: Callable[[int, list[tuple[str, int, int, str]]], None]
                ) -> AbstractContextManager[Sequence[Runner]]:
-        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given)
+        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given, keep)
 
     return placed
 

@@ -12,10 +12,11 @@ the driver publishes it through the run's sink and journals it, exactly as the l
 node uploads the shard itself and the driver only commits it: :mod:`~resumerge.engine.cluster.upload`), so the ledger
 stays the one source of truth and a run started with one executor resumes with the other. On a cluster that outlives the
 run the workers are kept for the next run (:mod:`~resumerge.engine.cluster.kept`, leased and watched by
-:mod:`~resumerge.engine.cluster.keeper`). Ray itself is imported only here, and only when a run asks for it
+:mod:`~resumerge.engine.cluster.keeper`), and they host the forward passes' actors between runs
+(:mod:`~resumerge.engine.cluster.hosting`). Ray itself is imported only here, and only when a run asks for it
 (:mod:`~resumerge.engine.cluster.connect`).
 
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
 
-__all__ = ["actor", "connect", "cores", "driver", "keeper", "kept", "launch", "warm", "worker"]
+__all__ = ["actor", "connect", "cores", "driver", "hosting", "keeper", "kept", "launch", "warm", "worker"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resumerge.engine.cluster.keeper import Keeper
     from resumerge.engine.cluster.worker import ShardDone, Shared, WorkerSetup
 
@@ -21,7 +23,8 @@ class NodeActor:
     """A node's worker as Ray runs it: a :class:`~resumerge.engine.cluster.worker.ShardStream` made in the actor's
     process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`); with ``keep``
     seconds, a kept worker (:mod:`~resumerge.engine.cluster.kept`) named with the digest ``named`` (it ends at once
-    where its own differs), whose every lease gets a fresh stream."""
+    where its own differs), whose every lease gets a fresh stream; a kept worker hosts a forward pass's actor too
+    (:mod:`~resumerge.engine.cluster.hosting`: :meth:`host`, :meth:`call`), one lease at a time."""
 
     def __init__(self, shared: Shared | None, setup: WorkerSetup | None, keep: float = 0.0, named: str = "") -> None:
         from resumerge.engine.cluster.worker import ShardStream
@@ -29,8 +32,10 @@ class NodeActor:
         self.stream = ShardStream(shared, setup)
         self.keeper: Keeper | None = None
         if keep > 0:
+            from resumerge.engine.cluster.hosting import Hosting
             from resumerge.engine.cluster.keeper import Keeper
 
+            self.hosting = Hosting()
             self.keeper = Keeper(keep, self._renew, named)
 
     def begin(self, shared: Shared, setup: WorkerSetup) -> None:
@@ -47,7 +52,20 @@ class NodeActor:
 
     def lease(self, box: list[Any], code: str, keep: float) -> int | None:
         """See :meth:`~resumerge.engine.cluster.keeper.Keeper.lease` (None from a worker that is not kept)."""
-        return None if self.keeper is None else self.keeper.lease(box, code, keep)
+        if self.keeper is None:
+            return None
+        served = self.keeper.lease(box, code, keep)
+        if served is not None and served >= 0:  # (OTHER_CODE is negative)
+            self.hosting.begin(box[0].hex())
+        return served
+
+    def host(self, lease: str, seq: int, factory: Callable[..., Any], *args: Any) -> None:
+        """See :meth:`~resumerge.engine.cluster.hosting.Hosting.host`."""
+        self.hosting.host(lease, seq, factory, *args)
+
+    def call(self, lease: str, seq: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`~resumerge.engine.cluster.hosting.Hosting.call`."""
+        return self.hosting.call(lease, seq, name, *args, **kwargs)
 
     def release(self, box: list[Any]) -> None:
         """See :meth:`~resumerge.engine.cluster.keeper.Keeper.release`."""
@@ -55,10 +73,11 @@ class NodeActor:
             self.keeper.release(box)
 
     def _renew(self) -> None:
-        """The stream stopped (its pipeline at its next safe point, its temp files deleted) and a fresh one made:
-        the next :meth:`begin` sets torch's intra-op threads again and each upload puts its process-wide Xet switch
-        back; what a run leaves in the process beyond its stream (torch's inter-op thread count, set once per
-        process; the modules it imported) does not change the bytes the next run makes.
+        """The stream stopped (its pipeline at its next safe point, its temp files deleted) and a fresh one made, a
+        hosted pass's object dropped: the next :meth:`begin` sets torch's intra-op threads again (a pass's object as
+        it is made) and each upload puts its process-wide Xet switch back; what a run leaves in the process beyond
+        (torch's inter-op thread count, set once per process; the modules it imported) does not change the bytes
+        the next run or pass makes.
         The heap the run freed goes back to the system: idle, the worker holds about what its imports take (the
         memory it declares), not its last run's peak."""
         import gc
@@ -66,6 +85,7 @@ class NodeActor:
         from resumerge.engine.cluster.worker import ShardStream
         from resumerge.memory.allocator import malloc_trim
 
+        self.hosting.end()  # a pass's object, hosted for the lease, dropped
         self.stream.stop()
         self.stream = ShardStream(None, None)
         gc.collect()

@@ -69,14 +69,28 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
     ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
     (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
     released."""
+    return _leased(ray, {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count
+                         in layout(nodes, wanted, gpu=False, lost=set())}, keep)
+
+
+def lease_on(ray: ModuleType, nodes: list[dict[str, Any]], counts: Mapping[str, int],
+             keep: float) -> tuple[list[Worker], int, int]:
+    """As :func:`lease`, ``counts[node]`` kept workers on each live node named there (a forward pass's actors:
+    :mod:`~resumerge.engine.cluster.hosting`), each one CPU wide as the driver sees it (the pass reserves the CPUs
+    it computes with itself); fewer where live runs hold the node's slots and its spare ones."""
+    alive = {node["NodeID"]: node.get("Resources", {}) for node in nodes if node.get("Alive")}
+    return _leased(ray, {node_id: _Node(alive[node_id], 1, count, 0, count + SPARE_SLOTS)
+                         for node_id, count in counts.items() if node_id in alive and count > 0}, keep)
+
+
+def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[Worker], int, int]:
+    """:func:`lease`'s work, for the workers ``todo`` says on each node."""
     code = run_digest(ray)
     token = ray.put(code)  # owned by this process: the lease ends with it
     actor_class = ray.remote(NodeActor)
     deadline = time.monotonic() + LEASE_SECONDS
     workers: list[Worker] = []
     reused = other = 0
-    todo = {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count in
-            layout(nodes, wanted, gpu=False, lost=set())}
     try:
         while asks := _slots(ray, todo, code):
             now = time.monotonic()
