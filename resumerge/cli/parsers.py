@@ -331,7 +331,8 @@ def _keep_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-workers", metavar="DURATION",
                    help="with --executor ray on a cluster that outlives the run (--ray-address, $RAY_ADDRESS): keep "
                         "each node's worker this long idle for the next run or resume, which then computes as soon "
-                        "as it has planned; an idle worker holds no CPU; 0 ends them with the run "
+                        "as it has planned (or a check, measure, eval or evolve on Ray, whose actors it hosts); an "
+                        "idle worker holds no CPU; 0 ends them with the run "
                         f"[default: {KEEP_WORKERS / 60:g}m]")
 
 

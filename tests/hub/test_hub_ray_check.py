@@ -102,14 +102,14 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, started):
         report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
-                           executor=RayExecutor(cluster.address, keep_workers=0))
+                           executor=RayExecutor(cluster.address))
         reads = _reads(hub)
         on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
         # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
         with pytest.MonkeyPatch.context() as patch, pytest.raises(ModelInputError) as failed:
             gone = _gone_after_layer_0(hub, "org/beta", patch)
             api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "gone",
-                      executor=RayExecutor(cluster.address, keep_workers=0))
+                      executor=RayExecutor(cluster.address))
         hub.repos["org/beta"] = gone.pop()  # the hub as it was
         assert "org/beta@" in failed.value.one_line() and "HTTP 404" in failed.value.one_line()
         assert SECRET not in str(failed.value) + failed.value.one_line() + repr(failed.value)
