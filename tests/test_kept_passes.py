@@ -1,9 +1,9 @@
-"""A forward pass's actor hosted by a kept Ray worker, without a cluster (resumerge.engine.cluster.hosting): the calls
-of the lease that holds the worker run one at a time in the order the driver sent them, whatever order its threads
-take them in; a call of an ended lease is refused; the lease's end closes the pass's object once its running call
-returned; what the object raised as it was made is raised by every call after; the driver's stand-in numbers its
-calls as sent. A pass on a real cluster that leases the kept workers (the same processes for a second pass, after a
-killed driver; never another code's): tests/test_ray_passes.py."""
+"""A forward pass's actor hosted by a kept Ray worker, without a cluster (resumerge.engine.cluster.hostcalls and
+.hosting): the calls of the lease that holds the worker run one at a time in the order the driver sent them, whatever
+order its threads take them in; a call of an ended lease is refused; the lease's end closes the pass's object once
+its running call returned; what the object raised as it was made is raised by every call after; the driver's
+stand-in numbers its calls as sent. A pass on a real cluster that leases the kept workers (the same processes for a
+second pass, after a killed driver; never another code's): tests/test_ray_passes.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from resumerge.engine.cluster.hosting import EndedLease, Hosted, Hosting
+from resumerge.engine.cluster.hostcalls import EndedLease, Hosting
+from resumerge.engine.cluster.hosting import Hosted
 from resumerge.errors import UsageError
 
 

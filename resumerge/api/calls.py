@@ -30,7 +30,6 @@ from resumerge.api.options import (
     Stages,
     config_text,
     flat_resources,
-    kept_for_pass,
     nothing_started,
     nothing_written,
     pass_placement,
@@ -283,7 +282,7 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     on_ray, address = pass_placement(settings)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
                      state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
-                     ray_keep=kept_for_pass(settings.executor, address) if on_ray else 0.0,
+                     ray_keep=_pass_keep(settings.executor, address) if on_ray else 0.0,
                      watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
@@ -347,7 +346,7 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     on_ray, address = pass_placement(settings)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
                          cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address,
-                         ray_keep=kept_for_pass(settings.executor, address) if on_ray else 0.0,
+                         ray_keep=_pass_keep(settings.executor, address) if on_ray else 0.0,
                          device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
@@ -519,3 +518,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
                        task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor)
 
 
+def _pass_keep(executor: object, address: str | None) -> float:
+    """See :func:`~resumerge.analyses.onray.pass_keep` (imported with a pass on Ray only)."""
+    from resumerge.analyses.onray import pass_keep
+
+    return pass_keep(executor, address)

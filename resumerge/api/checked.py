@@ -43,13 +43,13 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     ``message``), as the merge's progress was."""
     from resumerge.analyses.check.progress import layer_lines
     from resumerge.analyses.check.run import run_check
-    from resumerge.api.options import kept_for_pass
+    from resumerge.analyses.onray import pass_keep
 
     on_ray, address = check_placement(executor)
     say = getattr(reporter, "message", None)
     report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address,
                        watcher=layer_lines(say) if callable(say) else None,
-                       ray_keep=kept_for_pass(executor, address) if on_ray else 0.0)
+                       ray_keep=pass_keep(executor, address) if on_ray else 0.0)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 

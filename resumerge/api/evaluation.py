@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import PathLike, Resources, kept_for_pass, pass_placement
+from resumerge.api.options import PathLike, Resources, pass_placement
 from resumerge.api.unwritten import open_unwritten
 from resumerge.config.settings import RunSettings
 
@@ -34,9 +34,14 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
         output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
         device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
     on_ray, address = pass_placement(settings)
+    keep = 0.0  # how long the kept workers hosting the pass's actor on Ray wait idle once it ends
+    if on_ray:
+        from resumerge.analyses.onray import pass_keep
+
+        keep = pass_keep(settings.executor, address)
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
-                        ray_address=address, ray_keep=kept_for_pass(settings.executor, address) if on_ray else 0.0)
+                        ray_address=address, ray_keep=keep)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
     # the budget as run admits its units.

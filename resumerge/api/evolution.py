@@ -102,11 +102,11 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
     with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])):
         if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
-            from resumerge.api.options import kept_for_pass
+            from resumerge.analyses.onray import pass_keep
             from resumerge.evolve.spread import SpreadOverNodes
 
             best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address,
-                                                              kept_for_pass(executor, ray_address)))
+                                                              pass_keep(executor, ray_address)))
         else:
             best = run_search(planned, store, scorer_at(store))
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \

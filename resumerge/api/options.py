@@ -267,18 +267,6 @@ def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
     return check_placement(settings.executor)
 
 
-def kept_for_pass(executor: object, address: str | None) -> float:
-    """How long the kept workers that host a pass's actors on the Ray cluster at ``address`` wait idle once it
-    ends: ``executor``'s ``keep_workers`` on a cluster that outlives the pass
-    (:func:`~resumerge.analyses.onray.pass_keep`), 0 (fresh actors) otherwise or for an executor that keeps none."""
-    keep = getattr(executor, "keep_workers", 0.0)
-    if not keep:
-        return 0.0
-    from resumerge.analyses.onray import pass_keep
-
-    return pass_keep(address, float(keep))
-
-
 def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:
     """``--executor local`` (the default): None, the run's and the pass's own process; it takes no setting."""
     if ray_address is not None or keep_workers is not None:

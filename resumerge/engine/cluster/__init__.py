@@ -19,4 +19,4 @@ run the workers are kept for the next run (:mod:`~resumerge.engine.cluster.kept`
 May import: errors, config, memory, methods, inputs, store, plan, engine (the executor seam and its pipeline).
 """
 
-__all__ = ["actor", "connect", "cores", "driver", "hosting", "keeper", "kept", "launch", "warm", "worker"]
+__all__ = ["actor", "connect", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]

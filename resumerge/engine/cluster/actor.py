@@ -32,7 +32,7 @@ class NodeActor:
         self.stream = ShardStream(shared, setup)
         self.keeper: Keeper | None = None
         if keep > 0:
-            from resumerge.engine.cluster.hosting import Hosting
+            from resumerge.engine.cluster.hostcalls import Hosting
             from resumerge.engine.cluster.keeper import Keeper
 
             self.hosting = Hosting()
@@ -60,11 +60,11 @@ class NodeActor:
         return served
 
     def host(self, lease: str, seq: int, factory: Callable[..., Any], *args: Any) -> None:
-        """See :meth:`~resumerge.engine.cluster.hosting.Hosting.host`."""
+        """See :meth:`~resumerge.engine.cluster.hostcalls.Hosting.host`."""
         self.hosting.host(lease, seq, factory, *args)
 
     def call(self, lease: str, seq: int, name: str, *args: Any, **kwargs: Any) -> Any:
-        """See :meth:`~resumerge.engine.cluster.hosting.Hosting.call`."""
+        """See :meth:`~resumerge.engine.cluster.hostcalls.Hosting.call`."""
         return self.hosting.call(lease, seq, name, *args, **kwargs)
 
     def release(self, box: list[Any]) -> None:

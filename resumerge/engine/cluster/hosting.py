@@ -9,19 +9,20 @@ slots where live runs hold the first ones, as a merge's run asks them) and reser
 group pinned there, the CPUs the actor would have declared and the rest of its memory (an idle kept worker declares
 only its imports'), removed when the pass ends; a :class:`Hosted` then stands for the pass's actor: its
 :meth:`Hosted.host` makes the pass's object in the worker, and every other method is called as on a Ray actor
-(``hosted.layer.remote(...)``). In the worker, :class:`Hosting` runs the calls of the lease that holds it in the
-order the driver sent them (a kept worker runs its calls on threads: a pass's protocol, ``head`` then ``compare``
-on one actor, needs Ray's order of a one-thread actor), refuses those of an ended lease, and drops the pass's object
-when the lease ends (released, or its driver dead: :class:`~resumerge.engine.cluster.keeper.Keeper`), so the next
-pass starts as a fresh actor would. Where a node's worker cannot be leased or its reservation does not come up, the
-pass starts a fresh actor there instead (:func:`lease_hosts` gives None).
+(``hosted.layer.remote(...)``). In the worker, :class:`~resumerge.engine.cluster.hostcalls.Hosting` runs the
+calls of the lease that holds it in the order the driver sent them (a kept worker runs its calls on threads: a pass's
+protocol, ``head`` then ``compare`` on one actor, needs Ray's order of a one-thread actor), refuses those of an ended
+lease, and drops the pass's object when the lease ends (released, or its driver dead:
+:class:`~resumerge.engine.cluster.keeper.Keeper`), so the next pass starts as a fresh actor would. Where a node's
+worker cannot be leased or its reservation does not come up, the pass starts a fresh actor there instead
+(:func:`lease_hosts` gives None).
 
-May import: this package's kept workers and launch (the driver's side); nothing of the engine in the worker's side.
+The driver's side; the worker's is :mod:`~resumerge.engine.cluster.hostcalls` (which the worker's actor imports:
+this module imports the kept workers' leases and the actor itself).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,76 +32,6 @@ from typing import Any
 from resumerge.engine.cluster.kept import lease_on
 from resumerge.engine.cluster.launch import NODE_LABEL, RESERVE_SECONDS, Worker, declared, end
 from resumerge.torch_import import IMPORT_RESERVE
-
-
-class EndedLease(RuntimeError):
-    """A call of a lease that no longer holds the worker (its pass ended, or its driver died)."""
-
-
-class Hosting:
-    """A kept worker's hosted pass object, for the lease that holds the worker (:meth:`begin`); see the module's
-    docstring."""
-
-    def __init__(self) -> None:
-        self.turn = threading.Condition()
-        self.lease: str | None = None  # the token (its hex) of the lease whose calls run
-        self.next = 0  # the number of the call of that lease to run next
-        self.hosted: Any = None
-        self.failed: BaseException | None = None  # what the pass's object raised as it was made
-
-    def begin(self, lease: str) -> None:
-        """The lease of token ``lease`` holds the worker: its calls run from number 0."""
-        with self.turn:
-            self.lease, self.next, self.hosted, self.failed = lease, 0, None, None
-            self.turn.notify_all()
-
-    def end(self) -> None:
-        """The lease ended: its object closed (once its running call returned) and dropped; its waiting calls
-        refused."""
-        with self.turn:
-            hosted, self.hosted, self.lease, self.failed = self.hosted, None, None, None
-            self.turn.notify_all()
-        close = getattr(hosted, "close", None)
-        if callable(close):
-            # (an object whose making failed half-way may fail to close) it is dropped all the same: its files
-            # close as it is collected, and the next lease makes its own
-            with contextlib.suppress(Exception):
-                close()
-
-    def host(self, lease: str, seq: int, factory: Callable[..., Any], *args: Any) -> None:
-        """Call ``seq`` of ``lease``: the pass's object made as ``factory(*args)``; what that raises is raised by
-        the calls after it (not by this one, whose answer the driver does not read: Ray would print the error of an
-        answer nobody read)."""
-
-        def made() -> None:
-            try:
-                self.hosted = factory(*args)
-            except Exception as exc:
-                self.failed = exc
-
-        self._in_turn(lease, seq, made)
-
-    def call(self, lease: str, seq: int, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``seq`` of ``lease``: the pass's object's method ``name``."""
-
-        def called() -> Any:
-            if self.hosted is None:
-                raise self.failed or EndedLease("the pass's object was not made")
-            return getattr(self.hosted, name)(*args, **kwargs)
-
-        return self._in_turn(lease, seq, called)
-
-    def _in_turn(self, lease: str, seq: int, run: Callable[[], Any]) -> Any:
-        with self.turn:
-            while self.lease == lease and self.next != seq:
-                self.turn.wait()
-            if self.lease != lease:
-                raise EndedLease("this lease of the kept worker ended")
-            try:
-                return run()
-            finally:
-                self.next += 1
-                self.turn.notify_all()
 
 
 class Hosted:
