@@ -183,7 +183,10 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     held: list[float] = []
     lost = tmp_path / "lost"
     with ray_cluster(ray_head, workers=4, spare=True) as (cluster, started):
-        on_cluster = RayExecutor(cluster.address)
+        # Fresh actors, ended with each check (keep_workers=0: the other tests' checks run on kept workers); the
+        # memory that the idle kept workers the tests before left on these nodes hold is not the check's.
+        on_cluster = RayExecutor(cluster.address, keep_workers=0)
+        idle = ray.cluster_resources()["memory"] - ray.available_resources()["memory"]
         left = list(cluster.workers)
 
         def lose(point: str, **_: object) -> None:  # after each layer journaled: where the models ran
@@ -193,7 +196,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
             assert found is not None
             nodes.append(list(found["nodes"]))
             if len(nodes) == 1:
-                held.append(ray.cluster_resources()["memory"] - ray.available_resources()["memory"])
+                held.append(ray.cluster_resources()["memory"] - ray.available_resources()["memory"] - idle)
                 victim = next(w for w in left if w.node_id[:8] == nodes[0][0])
                 started.remove_node(victim)
                 left.remove(victim)
