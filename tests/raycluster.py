@@ -10,10 +10,11 @@ driver), and its nodes' processes start with its environment (the stand-in hub's
 
 A test whose nodes need nothing of its own environment (local models, paths given explicitly) may ask for ``spare``
 nodes: the nodes it leaves are kept for the next such test (each node costs a raylet and two agent processes, about
-2 s of CPU and seconds of wall to start and stop), which takes them once they are idle again (no CPU or memory held:
-the actors of the test before ended with its driver; else it starts fresh ones); a test that asks otherwise, or for
-fewer, has the spare nodes it does not take removed first, so every test still sees only its own nodes. A test that
-fails leaves no spare node."""
+2 s of CPU and seconds of wall to start and stop), which takes them once they are idle again (no CPU or memory held
+but the idle kept workers' own: the actors of the test before ended with its driver; else it starts fresh ones). So
+the kept workers a spare test's passes left host the next one's, as they would a second pass on a user's cluster. A
+test that asks otherwise, or for fewer, has the spare nodes it does not take removed first, so every test still sees
+only its own nodes. A test that fails leaves no spare node."""
 
 from __future__ import annotations
 
