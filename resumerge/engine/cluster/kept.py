@@ -22,7 +22,9 @@ plus the wait for the dead run's pipeline to reach its safe point (a hub upload'
 waits for it at most :data:`~resumerge.engine.cluster.keeper.RENEW_SECONDS`, then ends itself). With a ``ray://``
 address the token belongs to the proxy driver on the head node, which outlives a killed client for Ray Client's
 reconnect grace (about 30 s): the worker is freed that much later. A kept worker idle for ``--keep-workers`` ends
-itself, which frees its name.
+itself, which frees its name. A kept worker hosts a forward pass's actor too, under the same lease
+(:func:`lease_on`, :mod:`~resumerge.engine.cluster.hosting`): one kept process per (node, slot) serves a merge's
+shards or a check's, measure's, eval's or evolve's pass, one lease at a time.
 """
 
 from __future__ import annotations
