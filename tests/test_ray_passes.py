@@ -220,7 +220,7 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     with pytest.MonkeyPatch.context() as here:
         here.setenv("OMP_NUM_THREADS", "1")
         api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
-    on_ray = RayExecutor(address=cluster.address, keep_workers=0)
+    on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this machine's processes: on the node
         here.setattr(Streams, "layer", _not_here)
         here.setattr(prepare, "start_child", _encode_only(prepare.start_child))
