@@ -102,10 +102,11 @@ def _open_one(
     pinned = _SNAPSHOT.search(recorded or "")
     if recorded is not None and pinned is None:
         return open_model(ref, yaml_path=where, directory=Path(recorded), parsed=parsed)
-    from resumerge.inputs.hub import is_local, resolve_metadata
+    from resumerge.inputs.hub import is_local
 
-    if pinned is None and is_local(ref):
+    if pinned is None and is_local(ref):  # the hub's client imported for a hub model only
         return open_model(ref, yaml_path=where, parsed=parsed)
+    from resumerge.inputs.hub import resolve_metadata
     from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
 
     try:
