@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 # What the server imports before it forks: none of them reads an environment variable the tests vary. Past torch and
-# the formats, the third-party modules a `run` imports through the hub client (trio, httpcore2: imported by the input
-# fetcher whatever the inputs are), its ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
+# the formats, the third-party modules a hub command imports through the hub client (trio, httpcore2; a local run
+# imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",

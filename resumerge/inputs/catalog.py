@@ -150,6 +150,8 @@ def _open_adapter(
 
 def fetch_inputs(inputs: Inputs, *, state: StateDir, on_progress: ProgressCallback | None = None) -> None:
     """Download (resuming partial files) and verify the weights of every hub input; local inputs need nothing."""
+    if not inputs.hub:  # nothing to fetch: the hub's client is not imported
+        return
     from resumerge.inputs.hub import fetch_weights
 
     for meta in inputs.hub.values():
