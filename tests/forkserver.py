@@ -35,9 +35,12 @@ from typing import Any
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
             "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill")
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
-# client and transformers (imported in the child), never by the preloaded modules.
+# client and transformers (imported in the child), never by the preloaded modules. TORCHINDUCTOR_CACHE_DIR is set
+# in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
+# when a cache directory is asked for (torch._inductor, never imported by the server): left out, every command after
+# such a test started a fresh interpreter (torch imported again) for the rest of the worker's session.
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$)")
 
 _SERVER = r"""
 import json, os, runpy, sys
