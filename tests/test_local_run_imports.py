@@ -1,6 +1,6 @@
-"""A run whose inputs and output are all local never imports the hub's client: huggingface_hub and its HTTP stack
-(httpx, httpcore, trio: about 0.3 s of CPU a run) load where a model or OUT is on the hub, never else. One local
-run in a fresh interpreter: a few seconds (torch's import)."""
+"""A plan and a run whose inputs and output are all local never import the hub's client: huggingface_hub and its
+HTTP stack (httpx, httpcore, trio: about 0.3 s of CPU a command) load where a model or OUT is on the hub, never
+else. One local plan and run in a fresh interpreter: a few seconds (torch's import)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ LOCAL_RUN_NEVER_IMPORTS = ("huggingface_hub", "hf_xet", "httpx", "httpcore", "tr
                            "resumerge.inputs.hub.download", "resumerge.engine.hubout", "resumerge.store.hubsink")
 
 
-def test_a_local_run_never_imports_the_hub_client(tmp_path: Path, make: ModelFactory) -> None:
+def test_a_local_plan_and_run_never_import_the_hub_client(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     probe = (
         "import sys\n"
+        "import contextlib, io\n"
         "from resumerge.cli.commands import main\n"
-        f"code = main(['run', {str(cfg)!r}, {str(tmp_path / 'out')!r}, '--quiet'])\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    planned = main(['plan', {str(cfg)!r}, {str(tmp_path / 'out')!r}, '--probe-size', '0'])\n"
+        f"code = planned or main(['run', {str(cfg)!r}, {str(tmp_path / 'out')!r}, '--quiet'])\n"
         f"hub = sorted(m for m in sys.modules if m.startswith({LOCAL_RUN_NEVER_IMPORTS!r}))\n"
         "print(code, hub)\n"
     )
