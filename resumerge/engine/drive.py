@@ -47,6 +47,7 @@ from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.ledger_read import FORMATS_EVENT, INPUTS_EVENT
 from resumerge.store.manifest import Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.torch_import import load_beside
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -175,6 +176,7 @@ class RunSession:
         ledger.commit_guard = watch.check
         xfsz = _ignore_sigxfsz()
         restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
+        importing: threading.Thread | None = None
         try:
             # Every local input checked before anything is written or created for the run: as the plan saw it, and
             # in a continued run holding the bytes recorded when the run started (else PlanChangedError). The
@@ -194,6 +196,10 @@ class RunSession:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                           restart=restart, resuming=resuming, notes=notes, frozen=frozen,
                                           kind=self.prepared.kind, in_place=in_place)
+                # torch (1-2 CPU s) imported while the proof reads the inputs, not after it: a local run's tensors are
+                # computed in this process (a hub run's import waits for its downloads to start).
+                if hub is None and getattr(executor, "computes_here", False):
+                    importing = load_beside()
                 contents.record(ledger, notes)  # before the first commit: what a later resume proves against
                 reconcile(sink, ledger, book, log=notes, verified=verified, in_place=in_place)
                 notes.extend(staged)
@@ -268,6 +274,8 @@ class RunSession:
             _restore_sigxfsz(xfsz)
             if restore_allocator is not None:
                 restore_allocator()
+            if importing is not None:  # a run that ends before its first tensor never leaves torch half imported
+                importing.join()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,
