@@ -67,6 +67,8 @@ def instrument() -> None:
     wrap(shardwriter.ShardWriter, "finish", "finish", "finished", lambda self: (self.name,))
     # The input proof (its hashing threads' CPU shows in the process's, read around it).
     wrap(inputcontents.InputContents, "record", "proof", "proved", lambda *a: (time.process_time(),))
+    if hasattr(inputcontents, "Proving"):  # taken beside the merge's first units (a first local run)
+        wrap(inputcontents.Proving, "_prove", "proof", "proved", lambda *a: (time.process_time(),))
 
 
 def sample(samples: list[tuple[float, ...]], stop: threading.Event) -> None:
@@ -125,8 +127,8 @@ def report(samples: list[tuple[float, ...]]) -> None:
     proof = [e for e in EVENTS if e[2] in ("proof", "proved")]
     if len(proof) == 2:
         print(f"start-up to the proof {proof[0][0]:.2f} s ({proof[0][3]:.2f} CPU s), the proof "
-              f"{proof[1][0] - proof[0][0]:.2f} s ({proof[1][3] - proof[0][3]:.2f} CPU s), the proof to the first unit "
-              f"{first - proof[1][0]:.2f} s")
+              f"{proof[1][0] - proof[0][0]:.2f} s (process CPU meanwhile {proof[1][3] - proof[0][3]:.2f} s), its end "
+              f"to the first unit {first - proof[1][0]:.2f} s")
     if samples:
         print(f"peak RSS {max(s[1] for s in samples) / 1e6:.0f} MB, minor faults {samples[-1][2]}, disk read "
               f"{samples[-1][3] / 1e6:.0f} MB, written {samples[-1][4] / 1e6:.0f} MB, process CPU "
