@@ -62,9 +62,11 @@ def _sum(acc: torch.Tensor, terms: Sequence[tuple[torch.Tensor, torch.Tensor]], 
 
 
 def _tiled(acc: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether the sum runs tile by tile: on the CPU, over more than one tile of inputs shaped as ``acc`` and
-    contiguous (broadcast or strided inputs are summed whole)."""
-    return (acc.device.type == "cpu" and acc.numel() > TILE and acc.is_contiguous()
+    """Whether the sum runs tile by tile: on the CPU, with this thread's kernels on this thread alone (the engine's
+    whole tensors; a tile's kernels split over torch's threads would wait on each other thousands of times a
+    tensor), over more than one tile of inputs shaped as ``acc`` and contiguous (broadcast or strided inputs are
+    summed whole)."""
+    return (acc.device.type == "cpu" and acc.numel() > TILE and acc.is_contiguous() and torch.get_num_threads() == 1
             and all(t.shape == acc.shape and t.is_contiguous() and t.device == acc.device for t in tensors))
 
 

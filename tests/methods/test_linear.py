@@ -76,7 +76,7 @@ def _whole(tensors: list[torch.Tensor], weights: list[float], normalize: bool) -
 def test_linear_summed_tile_by_tile_has_the_bits_of_whole_tensor_passes(merge: Merge, dtype: torch.dtype,
                                                                         normalize: bool, threads: int) -> None:
     # Three tiles and a ragged end (an odd row length): every element, the vector loop's tail included, is computed
-    # as one pass over the whole tensor computes it, on one thread or split over two.
+    # as one pass over the whole tensor computes it (tiles on one thread; split over two, the sum runs whole).
     from resumerge.methods.linear import TILE
 
     gen = torch.Generator().manual_seed(7)
