@@ -40,8 +40,8 @@ RANK = {"ties": {"density": 0.5, "weight": 0.3}, "breadcrumbs_ties": {"density":
         "della": {"density": 0.5, "epsilon": 0.1, "weight": 0.3}}
 
 
-def models(work: Path, size: int, layers: int, hidden: int) -> list[Path]:
-    """Four models of about ``size`` bytes (generated once)."""
+def models(work: Path, size: int, layers: int, hidden: int, count: int = 4) -> list[Path]:
+    """``count`` models of about ``size`` bytes (generated once)."""
     from resumerge.cli.modelgen import ModelSpec, make_model
 
     intermediate = hidden * 1376 // 512
@@ -49,7 +49,7 @@ def models(work: Path, size: int, layers: int, hidden: int) -> list[Path]:
     spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=max(1000, (size - layers *
                      per_layer) // (8 * hidden)), heads=8, kv_heads=8, shard_bytes=200 << 20, tokenizer=False)
     found = []
-    for seed in range(4):
+    for seed in range(count):
         folder = work / (f"model-{seed}" if hidden == 512 else f"model-{hidden}-{seed}")
         if not (folder / "config.json").exists():
             make_model(folder, spec, seed=seed + 1)
@@ -144,7 +144,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-first-run"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    inputs = models(args.work, parse_size(args.size), args.layers, args.hidden)
+    # linear alone merges two models: the other two are not generated for it.
+    inputs = models(args.work, parse_size(args.size), args.layers, args.hidden,
+                    2 if args.methods == "linear" else 4)
     print(f"models: {format_size(sum(p.stat().st_size for p in inputs[0].glob('*.safetensors')))} each, "
           f"{args.layers} layers")
     rows = []

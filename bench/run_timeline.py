@@ -48,7 +48,7 @@ def wrap(owner: Any, name: str, before: str, after: str, what: Any = lambda *a: 
 
 
 def instrument() -> None:
-    from resumerge.engine import executor, inflight, writer
+    from resumerge.engine import executor, inflight, inputcontents, writer
     from resumerge.plan import workunits
     from resumerge.store import shardwriter
 
@@ -65,6 +65,10 @@ def instrument() -> None:
     wrap(executor.TensorCompute, "rows", "rows", "rows_end", lambda self, first, stop, *a: (self.tp.name, first, stop))
     wrap(writer.Writer, "_write", "write", "written", lambda self, shard, names, tensors: (names[0],))
     wrap(shardwriter.ShardWriter, "finish", "finish", "finished", lambda self: (self.name,))
+    # The input proof (its hashing threads' CPU shows in the process's, read around it).
+    wrap(inputcontents.InputContents, "record", "proof", "proved", lambda *a: (time.process_time(),))
+    if hasattr(inputcontents, "Proving"):  # taken beside the merge's first units (a first local run)
+        wrap(inputcontents.Proving, "_prove", "proof", "proved", lambda *a: (time.process_time(),))
 
 
 def sample(samples: list[tuple[float, ...]], stop: threading.Event) -> None:
@@ -111,7 +115,8 @@ def report(samples: list[tuple[float, ...]]) -> None:
     written = spans("write", "written")
     finish = spans("finish", "finished")
     print(f"admission waits {admit:.2f} s, waits for the oldest unit {hand:.2f} s, writer busy "
-          f"{sum(e - s for s, e, _, _ in written):.2f} s, finish {sum(e - s for s, e, _, _ in finish):.2f} s, "
+          f"{sum(e - s for s, e, _, _ in written):.2f} s ({sum(c for _, _, _, c in written):.2f} CPU s), finish "
+          f"{sum(e - s for s, e, _, _ in finish):.2f} s, "
           f"last rows computed to shard published {last - max(e for _, e, _, _ in rows):.2f} s")
     kinds: dict[str, list[float]] = collections.defaultdict(list)
     for _, _, name, cpu in rows:
@@ -119,6 +124,11 @@ def report(samples: list[tuple[float, ...]]) -> None:
         kinds[name.split(".layers.")[1].split(".", 1)[1].rsplit(".", 1)[0] if ".layers." in name else name].append(cpu)
     print(f"units' thread CPU {sum(c for _, _, _, c in rows):.2f} s; by kind (count, total s): "
           + ", ".join(f"{k} {len(v)} {sum(v):.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))))
+    proof = [e for e in EVENTS if e[2] in ("proof", "proved")]
+    if len(proof) == 2:
+        print(f"start-up to the proof {proof[0][0]:.2f} s ({proof[0][3]:.2f} CPU s), the proof "
+              f"{proof[1][0] - proof[0][0]:.2f} s (process CPU meanwhile {proof[1][3] - proof[0][3]:.2f} s), its end "
+              f"to the first unit {first - proof[1][0]:.2f} s")
     if samples:
         print(f"peak RSS {max(s[1] for s in samples) / 1e6:.0f} MB, minor faults {samples[-1][2]}, disk read "
               f"{samples[-1][3] / 1e6:.0f} MB, written {samples[-1][4] / 1e6:.0f} MB, process CPU "

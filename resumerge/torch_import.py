@@ -11,6 +11,7 @@ Import nothing from resumerge here: any module may import this one.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import threading
@@ -18,7 +19,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "loaded", "torch", "when_loaded"]
+__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "load_beside", "loaded", "torch", "when_loaded"]
 
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11;
 # 276 MB for CUDA 2.11+cu130 on a 16-core H100 machine, Python 3.12, without initialising CUDA).
@@ -88,6 +89,25 @@ def load() -> None:
     """Import torch now (a memory reading that must include what it holds comes next)."""
     importlib.import_module("torch")
     _run_pending()
+
+
+def load_beside() -> threading.Thread | None:
+    """Start importing torch on a thread of its own, and return it (None where torch is imported already): work that
+    leaves the interpreter's lock free meanwhile (a run's input proof reads its inputs with ``preadv``) goes on beside
+    the import instead of before it. The first use of ``torch`` waits for the import to end; the settings waiting
+    for torch (:func:`when_loaded`) are taken then, on the thread that uses it, not on this one (torch's thread count
+    is a setting of each thread under OpenMP). An import that fails here is left to that first use, which raises
+    it."""
+    if loaded():
+        return None
+    thread = threading.Thread(target=_import_quietly, name="resumerge-torch-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_quietly() -> None:
+    with contextlib.suppress(Exception):  # imported again at its first use, which raises it
+        importlib.import_module("torch")
 
 
 if TYPE_CHECKING:

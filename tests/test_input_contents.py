@@ -223,3 +223,71 @@ def test_a_digest_is_reused_while_the_file_is_unchanged(tmp_path: Path, monkeypa
     monkeypatch.setattr(records, "RACY_WINDOW_NS", 2_000_000_000)  # as released: a write this recent is never vouched
     with pytest.raises(AssertionError, match="hashed again"):
         contents.record_contents([weights], state)
+
+
+def _first_run(setup: Setup, name: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A first ``run`` of the setup's merge into a new OUT and state dir, in this process: OUT and what it ended in."""
+    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
+    args = ["run", str(setup.config), str(out), "--out-shard-size", SHARD, "--state-dir", str(state), "--quiet"]
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(args)
+    return out, subprocess.CompletedProcess(args, code, "", err.getvalue())
+
+
+def test_a_first_run_proves_its_inputs_beside_its_first_units_and_commits_no_shard_before(
+        setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first local run hashes its inputs while its first units compute (not before them): every shard's ledger row
+    comes after the digests it was computed from, and the output is the one a proof taken first gave."""
+    import threading
+
+    from resumerge.engine import inputcontents
+    from resumerge.engine.compute import TensorCompute
+    from resumerge.store.ledger import Ledger
+
+    hashed, whole, file_commit = inputcontents.record_contents, TensorCompute.whole, Ledger.commit_file
+    unit = threading.Event()
+    beside: list[bool] = []
+    commits: list[bool] = []
+
+    def after_a_unit(*args: object, **kwargs: object) -> object:
+        beside.append(unit.wait(60))  # a proof taken before the merge would wait in vain
+        return hashed(*args, **kwargs)  # type: ignore[arg-type]
+
+    def computed(self: TensorCompute, *args: object, **kwargs: object) -> object:
+        unit.set()
+        return whole(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def commit_file(self: Ledger, name: str, **kwargs: object) -> None:
+        commits.append(bool(self.input_contents()))
+        file_commit(self, name, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inputcontents, "record_contents", after_a_unit)
+    monkeypatch.setattr(TensorCompute, "whole", computed)
+    monkeypatch.setattr(Ledger, "commit_file", commit_file)
+    out, done = _first_run(setup, "proved-beside")
+    assert done.returncode == 0, done.stderr
+    assert beside == [True], "the merge's units waited for the proof"
+    assert commits and all(commits), "a file was committed before the inputs' digests were recorded"
+    assert digests(out) == setup.reference
+
+
+def test_a_first_run_whose_proof_fails_publishes_no_shard(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proof taken beside the first units finds a file changed while it was read: the run stops with that error
+    (exit 4, one line naming the file) and no shard computed meanwhile reaches OUT."""
+    import time
+
+    from resumerge.engine import inputcontents
+    from resumerge.errors import PlanChangedError
+
+    victim = _weights(setup)
+
+    def changed(*args: object, **kwargs: object) -> object:
+        time.sleep(0.5)
+        raise PlanChangedError(f"input file {victim} changed while it was being read; nothing was merged from it",
+                               path=str(victim))
+
+    monkeypatch.setattr(inputcontents, "record_contents", changed)
+    out, done = _first_run(setup, "proof-failed")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 4 and len(lines) == 1 and str(victim) in lines[0], done.stderr
+    assert not any(out.glob("model-*.safetensors")), "a shard was published before its inputs were proved"

@@ -113,6 +113,22 @@ def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
     ))
 
 
+def test_torch_imported_beside_takes_the_waiting_thread_count_on_the_thread_that_uses_it() -> None:
+    """A local run imports torch on a thread of its own while its proof reads the inputs; the thread count waiting
+    for torch is set by the first use, on the thread that computes (OpenMP keeps one count a thread), not by the
+    import's thread."""
+    _prints_ok("import sys\nfrom resumerge.engine.devices import set_torch_threads\n"
+               "from resumerge.torch_import import load_beside, torch\n"
+               "set_torch_threads(1)\n"
+               "thread = load_beside()\n"
+               "assert thread is not None and thread.name == 'resumerge-torch-import'\n"
+               "thread.join()\n"
+               "import torch as real\n"
+               "assert 'torch' in sys.modules and load_beside() is None\n"
+               "torch.ones(2).sum()\n"
+               "assert torch.get_num_threads() == 1, torch.get_num_threads()\n")
+
+
 # Builds the plan of sys.argv[1] (a config) and its governor under the budget sys.argv[2]; prints whether torch
 # was imported by then.
 _GOVERN = """

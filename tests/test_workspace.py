@@ -14,6 +14,7 @@ from support import linear_config, write_config
 from test_quant_codecs import pair
 
 from resumerge.config.merge_config import load_config_text
+from resumerge.engine.bufferpool import BufferPool
 from resumerge.engine.compute import Stored, TensorCompute, compute_tensor
 from resumerge.engine.workspace import BUDGET_SHARE, Workspace, Workspaces, workspace_bytes
 from resumerge.inputs.catalog import open_inputs
@@ -118,3 +119,72 @@ def test_a_kept_fp8_merge_on_another_device_decodes_in_the_workspace_and_encodes
             assert all(t.device.type == "meta" for t in parts.values()), tp.name
             kept += not tp.out_codec.plain
     assert kept and space.held_bytes > 0  # FP8 weights were kept, their inputs decoded in the CPU workspace
+
+
+def test_a_pool_lends_again_only_what_the_writer_gave_back_within_its_bound() -> None:
+    pool = BufferPool(most=3000)
+    first = pool.take(1000)
+    pool.give_back([first])  # never passed on: not the pool's to keep
+    assert pool.idle_bytes == 0
+    pool.pass_on(first)
+    assert pool.out == 1
+    pool.give_back([first[10:20].view(torch.int16), torch.empty(5)])  # a view of it gives it back; others ignored
+    assert pool.out == 0 and pool.idle_bytes == 1000
+    assert pool.take(2001).data_ptr() != first.data_ptr()  # too small for it
+    assert pool.idle_bytes == 1000
+    assert pool.take(499).data_ptr() != first.data_ptr()  # more than twice as large: a small one is fresh
+    again = pool.take(600)
+    assert again.data_ptr() == first.data_ptr() and pool.idle_bytes == 0
+    buffers = [pool.take(1000 + i) for i in range(4)]
+    for b in buffers:
+        pool.pass_on(b)
+    pool.give_back(buffers)  # 4006 bytes given back: the oldest ones dropped to stay within 3000
+    assert pool.idle_bytes == 1002 + 1003 and pool.out == 0
+    assert pool.take(1001).data_ptr() == buffers[2].data_ptr()  # the smallest that fits
+    assert pool.trim() == 1003 and pool.idle_bytes == 0
+
+
+def test_a_workspace_passes_on_a_result_it_holds_and_takes_its_next_buffer_from_the_pool() -> None:
+    pool = BufferPool(most=1 << 20)
+    space = Workspace(most=1 << 20, pool=pool)
+    result = space.take("result", (64,), torch.float32)
+    assert not space.pass_on(torch.empty(64)) and not space.pass_on(result.view(8, 8).t())
+    assert space.pass_on(result) and not space.holds(result) and pool.out == 1
+    nxt = space.take("result", (64,), torch.float32)
+    assert nxt.data_ptr() != result.data_ptr()  # the first is the writer's until it gives it back
+    pool.give_back([result])
+    space.pass_on(nxt)
+    assert space.take("result", (32,), torch.float32).data_ptr() == result.data_ptr()
+    assert not Workspace(most=1 << 20).pass_on(torch.empty(4))  # without a pool: the caller copies
+
+
+@pytest.mark.parametrize("dequantize", [True, False])
+def test_results_passed_on_are_stored_as_without_a_pool_until_given_back(tmp_path: Path, make: ModelFactory,
+                                                                        dequantize: bool) -> None:
+    # Plain float32 models (their inputs read into the workspace, the result passed on as it was computed) and FP8
+    # ones: every tensor stored as a run without a workspace stores it, each surviving the tensors computed after
+    # it while the writer holds it, and the buffers given back lent again.
+    spec = {"layers": 2, "hidden": 64, "intermediate": 96, "vocab": 128}
+    plain = linear_config(make("a", seed=1, **spec), make("b", seed=2, **spec))
+    a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
+    for doc in (plain, {**linear_config(a, b), "dtype": "float32"}):
+        config = load_config_text(write_config(tmp_path / "c.yml", doc).read_text())
+        plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
+        pool = BufferPool(most=1 << 30)
+        space = Workspace(most=1 << 30, pool=pool)
+        with InputSources.local(plan.model_dirs) as sources:
+            fresh = {name: compute_tensor(plan, tp, sources, NO_RESOURCES) for name, tp in plan.tensors.items()}
+            passed = {name: TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)
+                      for name, tp in plan.tensors.items()}
+            assert pool.out > 0 or not dequantize
+            for stored in passed.values():
+                pool.give_back(stored.values())
+            assert pool.out == 0
+            again = {name: TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)
+                     for name, tp in plan.tensors.items()}
+        for name, parts in fresh.items():
+            for got in (passed[name], again[name]):
+                assert got.keys() == parts.keys()
+                for part, t in parts.items():
+                    assert not space.holds(got[part]), part
+                    assert torch.equal(got[part].view(torch.uint8), t.view(torch.uint8)), part

@@ -347,7 +347,8 @@ class _LazyInputs(Sequence["torch.Tensor"]):
 def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = None) -> Stored:
     """A method's result encoded by ``tp``'s output codec (a plain one: cast to the planned dtype) as its stored
     parts, on the host, contiguous (the companions it carries aside: :func:`_carried`), none of them in
-    ``workspace``'s buffers (a float32 result stored as float32 is copied out)."""
+    ``workspace``'s buffers (a float32 result stored as float32 is copied out, or its buffer passed on to the
+    writer: :meth:`~resumerge.engine.workspace.Workspace.pass_on`)."""
     names = {p.part: p.name for p in tp.out_codec.out_parts(tp.name, tp.out_dtype, tp.shape)}
     parts = tp.out_codec.encode(out, tp.out_dtype)
     if set(parts) != set(names):
@@ -356,7 +357,9 @@ def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = Non
     for part, t in parts.items():
         if t.device.type != "cpu":
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-        stored[names[part]] = t.clone() if workspace is not None and workspace.holds(t) else t.contiguous()
+        if workspace is not None and workspace.holds(t) and not workspace.pass_on(t):
+            t = t.clone()
+        stored[names[part]] = t.contiguous()
     return stored
 
 
@@ -390,10 +393,11 @@ def _decode_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> to
 
 
 def _raw_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> torch.Tensor | None:
-    """Where input ``index``'s stored bytes are read before they are decoded: ``workspace``'s buffer for them (a
-    GGUF input's 2 GB read into fresh buffers faulted in and zeroed 2 GB of pages), or None (a plain input: its
-    buffer read is its value)."""
-    if workspace is None or ref.codec.plain:
+    """Where input ``index``'s stored bytes are read (before they are decoded, for a quantized one): ``workspace``'s
+    buffer for them, or None (a fresh one). A plain input's buffer read is its value, and the method reads it where
+    it lies: a linear merge of two 1.74 GB models read into fresh buffers faulted in and zeroed 3.5 GB of pages, a
+    GGUF input's 2 GB as many."""
+    if workspace is None:
         return None
     return workspace.take(f"raw{index}", (ref.end - ref.start,), torch.uint8)
 

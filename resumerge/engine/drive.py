@@ -23,7 +23,7 @@ from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped, kept_units
 from resumerge.engine.executors import Executor, executor_for
 from resumerge.engine.frozenplan import freeze
-from resumerge.engine.inputcontents import InputContents
+from resumerge.engine.inputcontents import InputContents, Proving
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.job import Job
 from resumerge.engine.outdir import done_line, open_run, planned_files, refuse_changed_plan
@@ -46,6 +46,7 @@ from resumerge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.store.ledger_read import FORMATS_EVENT, INPUTS_EVENT
 from resumerge.store.manifest import Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.torch_import import load_beside
 
 if TYPE_CHECKING:
     from resumerge.engine.hubout import HubOutput
@@ -175,6 +176,8 @@ class RunSession:
         ledger.commit_guard = watch.check
         xfsz = _ignore_sigxfsz()
         restore_allocator = tune_allocator()  # process-wide: put back when the run ends (a notebook goes on)
+        importing: threading.Thread | None = None
+        proving: Proving | None = None
         try:
             # Every local input checked before anything is written or created for the run: as the plan saw it, and
             # in a continued run holding the bytes recorded when the run started (else PlanChangedError). The
@@ -196,7 +199,20 @@ class RunSession:
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
                                           restart=restart, resuming=resuming, notes=notes, frozen=frozen,
                                           kind=self.prepared.kind, in_place=in_place)
-                contents.record(ledger, notes)  # before the first commit: what a later resume proves against
+                # A first run computed here into a folder (nothing committed yet, no hub): torch (1-2 CPU s) imported
+                # and the inputs proved while the merge's first units compute, not before them; a shard is published
+                # only once the proof is recorded (the local inputs' check, as a hub download's). Elsewhere the proof
+                # comes first, before the first commit (a hub run's import waits for its downloads to start).
+                fetches = hub is not None and (hub.downloads is not None or hub.streams)
+                here = not fetches and hub_out is None and getattr(executor, "computes_here", False)
+                if here:
+                    importing = load_beside()
+                committed = any(r.status == "done" for r in ledger.files()) or any(
+                    u.status == "done" for u in ledger.units())
+                if here and not committed:
+                    proving = contents.record_beside(ledger, notes)
+                else:
+                    contents.record(ledger, notes)  # before the first commit: what a later resume proves against
                 reconcile(sink, ledger, book, log=notes, verified=verified, in_place=in_place)
                 notes.extend(staged)
                 resumed = sum(1 for r in ledger.files() if r.status == "done")
@@ -232,6 +248,8 @@ class RunSession:
                                  {"pool": gpu.pool, "budget": gpu.budget})
                     gpu.start()
                 sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
+                if proving is not None:
+                    sources = sources.with_proof(proving.checked)
                 shown = getattr(reporter, "traffic", None)  # an optional hook: a reporter may not draw the network
                 if shown is not None and watch_run(meter, plan, hub, sink, done_bytes):
                     shown(meter.snapshot)
@@ -264,12 +282,16 @@ class RunSession:
                 return Outcome(replace(plan, notes=plan.notes + late), out, resumed, tuple(notes),
                                target=hub_out.url if hub_out else None)
         finally:
+            if proving is not None:
+                proving.leave()  # a proof still reading records nothing in the ledger closed now
             ledger.close()
             lock.release()
             _remove_if_empty(out, created)
             _restore_sigxfsz(xfsz)
             if restore_allocator is not None:
                 restore_allocator()
+            if importing is not None:  # a run that ends before its first tensor never leaves torch half imported
+                importing.join()
 
 
 def _make_sink(plan: Plan, out: Path, rdir: Path, staging: Staging, notes: list[str], hub_out: HubOutput | None,

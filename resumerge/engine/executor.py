@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.engine import cpupriority
+from resumerge.engine.bufferpool import BufferPool
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
@@ -103,6 +104,8 @@ class _Pipeline:
     def __init__(self, plan: Plan, sources: InputSources, writer: Writer, governor: MemoryGovernor | None,
                  workers: int, should_stop: Callable[[], bool], resources: Resources,
                  gpu: MemoryGovernor | None = None, yield_cpu: bool = False) -> None:
+        """The workspaces share the ``writer``'s pool (:attr:`Writer.pool`): the results it writes from their
+        buffers come back to them."""
         self.plan, self.writer, self.governor, self.workers = plan, writer, governor, workers
         self.resources = resources
         self.gpu = gpu
@@ -119,7 +122,7 @@ class _Pipeline:
         # Each computation's decoded inputs and result buffer, reused by the next (see resumerge.engine.workspace):
         # one per worker, as at most `workers` groups compute at once (sibling-collecting groups compute nothing).
         self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers),
-                                     workers)
+                                     workers, writer.pool)
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -201,8 +204,9 @@ class _Pipeline:
 
     def _budget(self) -> int:
         assert self.governor is not None
-        # What the budget leaves for units: it counts the whole process, whose own baseline is no room for work.
-        return min(self.governor.work_budget, self.gpu.budget) if self.gpu else self.governor.work_budget
+        budget = _work_budget(self.governor, self.gpu)
+        assert budget is not None
+        return budget
 
     def _admit_both(self, what: str, estimate: int) -> tuple[bool, Reservation | None, Reservation | None]:
         """(admitted, host reservation, GPU reservation) of ``estimate`` bytes; nothing is held when not admitted
@@ -327,6 +331,14 @@ class _Pipeline:
         self.pool.shutdown(wait=True)
 
 
+def _work_budget(governor: MemoryGovernor | None, gpu: MemoryGovernor | None) -> int | None:
+    """What the budget leaves for units (None: no governor): it counts the whole process, whose own baseline is no
+    room for work."""
+    if governor is None:
+        return None
+    return min(governor.work_budget, gpu.budget) if gpu else governor.work_budget
+
+
 def execute(
     plan: Plan,
     sources: InputSources,
@@ -395,7 +407,10 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
     kept = dict(kept or {})
-    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept)
+    # Results written from the buffers they were computed in, which come back to the workspaces (bufferpool): the
+    # idle ones kept are at most one worker's share of what the workspaces may keep.
+    pool = BufferPool(workspace_bytes(_work_budget(governor, gpu), workers))
+    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept, pool=pool)
     writer.start()
     skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
                         for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]

@@ -75,6 +75,9 @@ class LocalExecutor:
     # An optional attribute (an executor without it commits files whole): whether it writes a file planned in units
     # (a GGUF output) in place, journaling each unit (resumerge.store.units), where the sink can.
     journals_units: ClassVar[bool] = True
+    # An optional attribute (an executor without it computes elsewhere): whether this process computes the tensors,
+    # so that torch is imported here while the run's proof reads its inputs (resumerge.torch_import.load_beside).
+    computes_here: ClassVar[bool] = True
 
     def check(self) -> None:
         """Nothing to check: this process computes."""

@@ -10,6 +10,7 @@ unfinished run of the same plan, a recipe's stages, MoE upcycling and LoRA extra
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -77,11 +78,66 @@ class InputContents:
         the new look of those proved unchanged (``notes`` says which were)."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
+        _write(ledger, self._hashed())
+
+    def record_beside(self, ledger: Ledger, notes: list[str]) -> Proving:
+        """:meth:`record` on a thread of its own, for a run whose every commit waits for it (:meth:`Proving.checked`,
+        the local inputs' check): the proof reads the inputs beside the merge's first units instead of before them.
+        ``notes`` says at once which files were proved unchanged."""
+        if self._proved:
+            notes.append(touched_note(self._proved, self._spans))
+        return Proving(self._hashed, ledger)
+
+    def _hashed(self) -> dict[str, Content]:
         killpoints.reach("before_input_hashing")  # the run is recorded: a kill here is one resume finishes
-        found = {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing, self._spans),
-                 **self._proved}
-        if found:
-            ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.digest) for p, c in found.items()})
+        return {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing, self._spans),
+                **self._proved}
+
+
+def _write(ledger: Ledger, found: Mapping[str, Content]) -> None:
+    if found:
+        ledger.record_input_contents({p: (c.size, c.mtime_ns, c.ctime_ns, c.digest) for p, c in found.items()})
+
+
+class Proving:
+    """A run's input proof taken on a thread of its own (:meth:`InputContents.record_beside`): ``hashed()``'s
+    digests written to ``ledger`` once taken. A committed shard is always computed from bytes whose digest the ledger
+    holds: the writer publishes a shard only once every input file it read is checked, and a local input is checked
+    once the proof is recorded (:meth:`checked`, which raises what failed it). :meth:`leave` as the run ends, before
+    the ledger closes: a proof still reading then records nothing."""
+
+    def __init__(self, hashed: Callable[[], dict[str, Content]], ledger: Ledger) -> None:
+        self._hashed, self._ledger = hashed, ledger
+        self._lock = threading.Lock()
+        self._left = False
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._prove, name="resumerge-proof", daemon=True)
+        self._thread.start()
+
+    def _prove(self) -> None:
+        try:
+            found = self._hashed()
+            with self._lock:
+                if not self._left:
+                    _write(self._ledger, found)
+        except BaseException as exc:  # raised by checked(), on the thread that waits for it
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def checked(self, timeout: float) -> bool:
+        """Whether the proof is recorded, waiting up to ``timeout`` seconds; raises what failed it."""
+        if not self._done.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def leave(self) -> None:
+        """The run ends: a proof not written yet is never written (the ledger is about to close)."""
+        with self._lock:
+            self._left = True
 
 
 def read_spans(plan: Plan, local: set[str]) -> dict[str, Spans]:

@@ -14,6 +14,11 @@ RSS (its baseline), and each tensor's reservation already counts the decoded inp
 them. Where the governor must make room (a unit it would admit alone over the headroom) the idle workspaces give their
 buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not against what is left
 beside the workspaces.
+
+Inputs stored as the method reads them (plain float32, bfloat16...) are read into the workspace's buffers too, by
+``pread`` straight into pages already faulted in. A result stored as it was computed is not copied out where the run
+has a :class:`~resumerge.engine.bufferpool.BufferPool`: the workspace passes its buffer on to the writer
+(:meth:`Workspace.pass_on`) and grows its next buffer from those the writer gave back.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from resumerge.engine.bufferpool import BufferPool
 from resumerge.torch_import import torch
 
 # The share of the memory budget that the workspaces of all workers may hold between tensors, and what they may hold
@@ -40,10 +46,12 @@ def workspace_bytes(budget: int | None, workers: int) -> int:
 
 class Workspace:
     """One worker's buffers by use (``key``), holding at most ``most`` bytes in all; used by one thread at a
-    time."""
+    time. With a ``pool``, new buffers come from those the writer gave back, and a result stored as computed is
+    passed on to the writer rather than copied (:meth:`pass_on`)."""
 
-    def __init__(self, most: int) -> None:
+    def __init__(self, most: int, pool: BufferPool | None = None) -> None:
         self.most = most
+        self._pool = pool
         self._buffers: dict[str, torch.Tensor] = {}
 
     @property
@@ -62,7 +70,8 @@ class Workspace:
             del held  # freed before its larger successor is allocated
             if self.held_bytes + size > self.most:
                 return torch.empty(shape, dtype=dtype)
-            held = self._buffers[key] = torch.empty(size, dtype=torch.uint8)
+            held = self._buffers[key] = (torch.empty(size, dtype=torch.uint8) if self._pool is None
+                                         else self._pool.take(size))
         return held[:size].view(dtype).view(shape)
 
     def holds(self, tensor: torch.Tensor) -> bool:
@@ -71,6 +80,20 @@ class Workspace:
             return False
         storage = tensor.untyped_storage().data_ptr()
         return any(b.untyped_storage().data_ptr() == storage for b in self._buffers.values())
+
+    def pass_on(self, tensor: torch.Tensor) -> bool:
+        """Hand the buffer ``tensor`` lives in (contiguous) to the writer through the pool, and forget it: the
+        tensor is then stored as it is, and this workspace's next use of its key takes another buffer. False
+        (nothing changes: the caller copies the tensor out) without a pool, or for a tensor in none of the buffers
+        or not contiguous."""
+        if self._pool is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return False
+        storage = tensor.untyped_storage().data_ptr()
+        for key, buffer in self._buffers.items():
+            if buffer.untyped_storage().data_ptr() == storage:
+                self._pool.pass_on(self._buffers.pop(key))
+                return True
+        return False
 
     def clear(self) -> int:
         """Drop every buffer (the next :meth:`take` allocates afresh); returns the bytes they held."""
@@ -82,10 +105,11 @@ class Workspace:
 class Workspaces:
     """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
     at most ``most`` bytes. At most ``workers`` are kept; a computation beyond them (none should be: the engine runs
-    at most ``workers`` at once) is lent one that keeps nothing. Thread-safe."""
+    at most ``workers`` at once) is lent one that keeps nothing. ``pool``: where their buffers come from and their
+    results go (see :class:`Workspace`). Thread-safe."""
 
-    def __init__(self, most: int, workers: int) -> None:
-        self.most, self.workers = most, workers
+    def __init__(self, most: int, workers: int, pool: BufferPool | None = None) -> None:
+        self.most, self.workers, self.pool = most, workers, pool
         self._lock = threading.Lock()
         self._idle: list[Workspace] = []
         self._made = 0
@@ -98,7 +122,7 @@ class Workspaces:
                 workspace, kept = self._idle.pop(), True
             elif self._made < self.workers:
                 self._made += 1
-                workspace, kept = Workspace(self.most), True
+                workspace, kept = Workspace(self.most, self.pool), True
             else:
                 workspace, kept = Workspace(0), False
         try:
@@ -109,6 +133,8 @@ class Workspaces:
                     self._idle.append(workspace)
 
     def trim(self) -> int:
-        """Drop the buffers of every workspace not lent now; returns the bytes given back."""
+        """Drop the buffers of every workspace not lent now, and the pool's idle ones; returns the bytes given
+        back."""
         with self._lock:
-            return sum(workspace.clear() for workspace in self._idle)
+            held = sum(workspace.clear() for workspace in self._idle)
+        return held + (self.pool.trim() if self.pool is not None else 0)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from resumerge.engine import cpupriority
+from resumerge.engine.bufferpool import BufferPool
 from resumerge.engine.compute import Stored
 from resumerge.engine.reporting import Reporter
 from resumerge.inputs.source import InputSources
@@ -55,9 +56,11 @@ class Writer(threading.Thread):
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
                  sources: InputSources | None = None, yield_cpu: bool = False, *,
-                 units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None) -> None:
+                 units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None,
+                 pool: BufferPool | None = None) -> None:
         """``kept``: for each file written in place (its units journaled in ``units``), the units a previous run
-        wrote and this one keeps; a file not there is written whole."""
+        wrote and this one keeps; a file not there is written whole. ``pool``: where the buffers of the tensors
+        written go back (those the workers passed on to the writer)."""
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.sources = sources
@@ -66,6 +69,7 @@ class Writer(threading.Thread):
         self.error: BaseException | None = None
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
         self.units, self.kept = units, dict(kept or {})
+        self.pool = pool
         self._current: ShardWriter | UnitFileWriter | None = None
         self._shard_since = 0.0  # when the current shard started
 
@@ -87,7 +91,8 @@ class Writer(threading.Thread):
                     if not self._write(shard, names, tensors):
                         return
                 finally:
-                    tensors.clear()  # freed before their reservation is returned
+                    self._give_back(tensors)
+                    tensors.clear()  # freed (or idle in the pool) before their reservation is returned
                     if reservation is not None:
                         reservation.release()
         except BaseException as exc:
@@ -172,9 +177,16 @@ class Writer(threading.Thread):
                 return
             if item is None:
                 return
+            self._give_back(item[2])
             item[2].clear()
             if item[3] is not None:
                 item[3].release()
+
+    def _give_back(self, tensors: list[Stored]) -> None:
+        """The buffers of ``tensors`` (written, or dropped) back to the pool: every write of them has returned (the
+        shard writer writes and hashes before it returns)."""
+        if self.pool is not None:
+            self.pool.give_back(t for stored in tensors for t in stored.values())
 
     def abort(self) -> None:
         """Delete the unfinished shard's temp file (a file written in place is kept, with its units journaled)."""

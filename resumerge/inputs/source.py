@@ -12,7 +12,7 @@ closes them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -112,9 +112,14 @@ class LocalFiles(InputSource):
 class InputSources:
     """The source of every input model of a plan, by model key: what the engine reads tensors through."""
 
-    def __init__(self, sources: Mapping[str, InputSource], *, shared: TensorReader | None = None) -> None:
+    def __init__(self, sources: Mapping[str, InputSource], *, shared: TensorReader | None = None,
+                 proof: Callable[[float], bool] | None = None) -> None:
+        """``proof``: where a run proves its local inputs while it merges, whether that proof is recorded (waiting
+        up to the seconds given; raising what failed it): until it is, no input file counts as checked
+        (:meth:`checked`)."""
         self._sources = dict(sources)
         self._shared = shared
+        self._proof = proof
 
     def __enter__(self: _T) -> _T:
         return self
@@ -128,6 +133,11 @@ class InputSources:
         """Every model read from its folder (``plan.model_dirs``), sharing one descriptor table."""
         reader = TensorReader()
         return cls({key: LocalFiles(directory, reader) for key, directory in model_dirs.items()}, shared=reader)
+
+    def with_proof(self, proof: Callable[[float], bool]) -> InputSources:
+        """These sources, whose input files count as checked only once ``proof`` (as in the constructor) says the
+        run's proof is recorded; the sources returned own (and close) what these hold."""
+        return InputSources(self._sources, shared=self._shared, proof=proof)
 
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
              into: torch.Tensor | None = None) -> torch.Tensor:
@@ -158,7 +168,10 @@ class InputSources:
             source.expect(by_model[key])
 
     def checked(self, model: str, file: str, timeout: float) -> bool:
-        """Whether every byte read from ``file`` of input ``model`` is checked (see :meth:`InputSource.checked`)."""
+        """Whether every byte read from ``file`` of input ``model`` is checked (see :meth:`InputSource.checked`), and
+        the run's proof of its inputs recorded where it is taken while the run merges."""
+        if self._proof is not None and not self._proof(timeout):
+            return False
         return self._sources[model].checked(file, timeout)
 
     def stop(self) -> None:

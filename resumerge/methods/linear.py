@@ -15,6 +15,13 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Elements of the accumulator summed at a time on the CPU: its tile (512 KiB of float32) stays in the core's cache
+# through the zeroing, every input's product and the division, where whole-tensor passes took each of them through
+# memory (five passes over the output, most of a linear merge's compute). A multiple of every vector loop's step, so
+# each element is computed by the same instructions as in one pass over the whole tensor: the same bits.
+TILE = 1 << 17
+
+
 def linear(ctx: MergeContext) -> torch.Tensor:
     """Return Σ wᵢ·θᵢ / Σ wᵢ (or Σ wᵢ·θᵢ without ``normalize``), in the inputs' dtype.
 
@@ -28,16 +35,39 @@ def linear(ctx: MergeContext) -> torch.Tensor:
     # Weights become a tensor of the accumulation dtype and are applied with addcmul_, as mergekit 0.1.5 does,
     # so results agree bit for bit rather than within rounding.
     weights = torch.tensor([float(p["weight"]) for p in ctx.model_params], dtype=acc_dtype, device=first.device)
-    # Zeroed in place: the engine's reused result buffer (no fresh pages), summed from +0 as a fresh zeros is.
-    acc = ctx.result_buffer(tuple(first.shape), acc_dtype, first.device).zero_()
-    for tensor, weight in zip(ctx.tensors, weights.unbind(0)):
-        acc.addcmul_(tensor, weight)
+    total = None
     if ctx.params["normalize"]:
         total = weights.sum()
         if abs(float(total)) < 1e-8:
             raise ValueError("linear merge weights sum to zero; set normalize: false or change the weights")
-        acc.div_(total)
+    acc = ctx.result_buffer(tuple(first.shape), acc_dtype, first.device)
+    terms = list(zip(ctx.tensors, weights.unbind(0)))
+    if _tiled(acc, ctx.tensors):
+        flat = acc.view(-1)
+        inputs = [(t.view(-1), w) for t, w in terms]
+        for start in range(0, flat.numel(), TILE):
+            _sum(flat[start : start + TILE], [(t[start : start + TILE], w) for t, w in inputs], total)
+    else:
+        _sum(acc, terms, total)
     return acc.to(first.dtype)
+
+
+def _sum(acc: torch.Tensor, terms: Sequence[tuple[torch.Tensor, torch.Tensor]], total: torch.Tensor | None) -> None:
+    """Σ wᵢ·θᵢ (/ ``total``) into ``acc``, from +0 as a fresh zeros is (``acc`` is the engine's reused buffer)."""
+    acc.zero_()
+    for tensor, weight in terms:
+        acc.addcmul_(tensor, weight)
+    if total is not None:
+        acc.div_(total)
+
+
+def _tiled(acc: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether the sum runs tile by tile: on the CPU, with this thread's kernels on this thread alone (the engine's
+    whole tensors; a tile's kernels split over torch's threads would wait on each other thousands of times a
+    tensor), over more than one tile of inputs shaped as ``acc`` and contiguous (broadcast or strided inputs are
+    summed whole)."""
+    return (acc.device.type == "cpu" and acc.numel() > TILE and acc.is_contiguous() and torch.get_num_threads() == 1
+            and all(t.shape == acc.shape and t.is_contiguous() and t.device == acc.device for t in tensors))
 
 
 def _check(params: Mapping[str, Any], model_params: Sequence[Mapping[str, Any]]) -> str | None:
