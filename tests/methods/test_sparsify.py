@@ -197,7 +197,9 @@ def test_bernoulli_float32_masks_in_blocks_with_the_unfused_bits(
 
 @pytest.mark.parametrize("span", [1, 100, 250])
 @pytest.mark.parametrize("dare", [False, True], ids=["della", "dare"])
-def test_magnitudes_taken_in_spans_keep_the_unfused_bits(monkeypatch: pytest.MonkeyPatch, span: int, dare: bool) -> None:
+def test_magnitudes_taken_in_spans_keep_the_unfused_bits(
+    monkeypatch: pytest.MonkeyPatch, span: int, dare: bool
+) -> None:
     # Blocks of 2 rows (62 entries) or 37 entries; spans of one block (span 1), of a few with a shorter last one
     # (100, 250): the norms are fed span by span and the ranks read the span's buffer, with the whole's bits.
     delta = (torch.randn(48, 31, generator=gen(5)) * 4).round() / 4
