@@ -280,7 +280,7 @@ class _Draws:
     (torch.bernoulli)."""
 
     def __init__(self, values: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> None:
-        self.values, self.sampled, self.generator = values, sampled, generator
+        self.generator = generator
         self.flat = values.view(-1)
         self.work = values.dtype
         self.draw = _draw_dtype(self.work)
