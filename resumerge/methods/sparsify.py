@@ -245,57 +245,94 @@ def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Gener
     copied into it. Only for a ``sampled`` that draws (:func:`sampled_draws`).
 
     The mask is drawn, applied and counted a block at a time, so it never exists whole and each block's work
-    stays in cache; consecutive blocks (and consecutive calls on consecutive row chunks) consume the generator
-    as one draw over the whole does, and every entry meets the same operations, so the bits never depend on
-    where the pieces are cut.
+    stays in cache; the magnitudes (DELLA's ranks, both norms) are taken a span of blocks at a time into one
+    buffer, never as a whole-tensor copy in fresh memory. Consecutive blocks (and consecutive calls on
+    consecutive row chunks) consume the generator as one draw over the whole does, every entry meets the same
+    operations, and the ordered sums add their pieces in the whole's order, so the bits never depend on where
+    the pieces are cut.
     """
+    draws = _Draws(values, sampled, generator)
     flat = values.view(-1)
-    magnitudes = values.abs() if norms is not None or sampled.epsilon is not None else None
-    if norms is not None:
-        assert magnitudes is not None
-        norms[0].add(magnitudes)
-    counted = magnitudes.view(-1) if norms is not None and magnitudes is not None else None
-    for start, stop, mask in _mask_blocks(values, magnitudes, sampled, generator):
-        flat[start:stop].mul_(mask)
-        if counted is not None:
-            counted[start:stop].mul_(mask)
-        if keep is not None:
-            keep[start:stop].copy_(mask)
-    if norms is not None:
-        assert magnitudes is not None
-        norms[1].add(magnitudes)
+    counted = norms is not None
+    for start, stop in draws.spans():
+        magnitudes = draws.magnitudes(start, stop) if counted or draws.ranked else None
+        if norms is not None:
+            assert magnitudes is not None
+            norms[0].add(magnitudes)
+        for first, last, mask in draws.masks(start, stop, magnitudes):
+            flat[first:last].mul_(mask)
+            if norms is not None:
+                assert magnitudes is not None
+                # |δ|·m is |δ·m| for a 1/0 mask: the norm after masking without a second abs.
+                magnitudes[first - start : last - start].mul_(mask)
+            if keep is not None:
+                keep[first:last].copy_(mask)
+        if norms is not None:
+            assert magnitudes is not None
+            norms[1].add(magnitudes)
 
 
-def _mask_blocks(values: torch.Tensor, magnitudes: torch.Tensor | None, sampled: Sampled, gen: torch.Generator
-                 ) -> Iterator[tuple[int, int, torch.Tensor]]:
-    # (first, stop, 1/0 mask of the flat entries [first, stop), in values' dtype), block after block; one block
-    # off the CPU, where a draw cannot be split (torch.bernoulli).
-    work = values.dtype
-    draw = _draw_dtype(work)
-    cpu = values.device.type == "cpu"
-    if sampled.epsilon is None:
-        # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density;
-        # expanded, not filled, as the CPU draw only compares against it.
-        probability = torch.tensor(sampled.density, dtype=draw, device=values.device)
+class _Draws:
+    """One call's draw over ``values``: its spans of blocks, their magnitudes in one reused buffer, and each
+    block's 1/0 mask (in ``values``' dtype) drawn from the generator in order. On the CPU a mask block holds
+    about :data:`_ROW_BLOCK_ELEMENTS` entries (whole rows for DELLA) and a span about
+    :data:`_SPAN_ELEMENTS` (whole blocks); elsewhere one block is the whole, as a draw cannot be split there
+    (torch.bernoulli)."""
+
+    def __init__(self, values: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.flat = values.view(-1)
+        self.work = values.dtype
+        self.draw = _draw_dtype(self.work)
+        self.ranked = sampled.epsilon is not None
         count = values.numel()
-        step = _ROW_BLOCK_ELEMENTS if cpu else max(1, count)
-        for start in range(0, count, step):
-            stop = min(count, start + step)
-            yield start, stop, bernoulli_mask(probability.expand(stop - start), gen, work)
-        return
-    _check_epsilon(sampled.density, sampled.epsilon)
-    assert magnitudes is not None
-    # Ranking compares the magnitudes in the values' dtype: the task vector's own, or (float16) its exact float32.
-    rows = magnitudes.reshape(1, -1) if magnitudes.dim() < 2 else magnitudes
-    if rows.numel() == 0:
-        return
-    inner = rows[0].numel()
-    table = _probability_table(rows.shape[1], sampled.density, sampled.epsilon, draw, values.device)
-    step = max(1, _ROW_BLOCK_ELEMENTS // inner) if cpu else rows.shape[0]
-    for first in range(0, rows.shape[0], step):
-        block = rows[first : first + step]
-        mask = bernoulli_mask(_rank_probabilities(block, table, draw), gen, work)
-        yield first * inner, (first + block.shape[0]) * inner, mask.reshape(-1)
+        cpu = values.device.type == "cpu"
+        # DELLA ranks rows along dim 1 (a 1-D tensor is one row); DARE's blocks are flat entries.
+        self.rows = (values.shape if values.dim() >= 2 else (1, count)) if self.ranked else (count, 1)
+        self.inner = count // self.rows[0] if count else 1
+        self.step = max(1, _ROW_BLOCK_ELEMENTS // self.inner) if cpu else max(1, self.rows[0])  # rows a block
+        self.span = self.step * max(1, _SPAN_ELEMENTS // (self.step * self.inner)) if cpu else self.step
+        self._buffer: torch.Tensor | None = None
+        if self.ranked:
+            assert sampled.epsilon is not None
+            _check_epsilon(sampled.density, sampled.epsilon)
+            if count:
+                self.table = _probability_table(self.rows[1], sampled.density, sampled.epsilon, self.draw,
+                                                values.device)
+        else:
+            # The probability is rounded to the draw dtype, so bfloat16 keeps bfloat16's rounding of density;
+            # expanded, not filled, as the CPU draw only compares against it.
+            self.probability = torch.tensor(sampled.density, dtype=self.draw, device=values.device)
+
+    def spans(self) -> Iterator[tuple[int, int]]:
+        """The flat ranges [start, stop) whose magnitudes are taken at once, first to last."""
+        total = self.rows[0] if self.flat.numel() else 0
+        for first in range(0, total, self.span):
+            yield first * self.inner, min(total, first + self.span) * self.inner
+
+    def magnitudes(self, start: int, stop: int) -> torch.Tensor:
+        """|values| of the flat entries [start, stop) (a span), in a buffer the next span overwrites."""
+        if self._buffer is None:
+            self._buffer = torch.empty(min(self.flat.numel(), self.span * self.inner), dtype=self.work,
+                                       device=self.flat.device)
+        return torch.abs(self.flat[start:stop], out=self._buffer[: stop - start])
+
+    def masks(self, start: int, stop: int, magnitudes: torch.Tensor | None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(first, last, 1/0 mask of the flat entries [first, last)) for the blocks of the span [start, stop),
+        drawn in order; DELLA ranks each block's rows by ``magnitudes`` (the span's, unmasked until its mask
+        has been drawn)."""
+        block = self.step * self.inner
+        for first in range(start, stop, block):
+            last = min(stop, first + block)
+            if self.ranked:
+                assert magnitudes is not None
+                # Ranking compares the magnitudes in the values' dtype: the task vector's own, or (float16) its
+                # exact float32.
+                rows = magnitudes[first - start : last - start].view(-1, *self.rows[1:])
+                probabilities = _rank_probabilities(rows, self.table, self.draw)
+            else:
+                probabilities = self.probability.expand(last - first)
+            yield first, last, bernoulli_mask(probabilities, self.generator, self.work).reshape(-1)
 
 
 def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -322,6 +359,10 @@ def _check_epsilon(density: float, epsilon: float) -> None:
 
 # Entries per block of a draw (whole rows for DELLA): the block's int64 sort keys and probabilities stay in cache.
 _ROW_BLOCK_ELEMENTS = 1 << 17
+# Entries (whole blocks) whose magnitudes are taken at once: the norms' ordered sums fold a piece in a few dozen
+# small kernels whatever its size, so spans of about this many (4 MiB of float32, in the last-level cache) keep
+# that cost a small part, where a whole tensor's magnitudes took fresh memory the size of the task vector.
+_SPAN_ELEMENTS = 1 << 20
 
 
 def _probability_table(n: int, density: float, epsilon: float, draw: torch.dtype, device: torch.device) -> torch.Tensor:

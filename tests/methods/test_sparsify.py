@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -191,3 +193,37 @@ def test_bernoulli_float32_masks_in_blocks_with_the_unfused_bits(
     after = gen(9)
     sparsify.sample(delta, sparsify.Sampled(0.35), rescale=rescale, generator=after)
     assert torch.equal(torch.rand(4, generator=after), torch.rand(4, generator=follower))
+
+
+@pytest.mark.parametrize("span", [1, 100, 250])
+@pytest.mark.parametrize("dare", [False, True], ids=["della", "dare"])
+def test_magnitudes_taken_in_spans_keep_the_unfused_bits(
+    monkeypatch: pytest.MonkeyPatch, span: int, dare: bool
+) -> None:
+    # Blocks of 2 rows (62 entries) or 37 entries; spans of one block (span 1), of a few with a shorter last one
+    # (100, 250): the norms are fed span by span and the ranks read the span's buffer, with the whole's bits.
+    delta = (torch.randn(48, 31, generator=gen(5)) * 4).round() / 4
+    monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", 37 if dare else 62)
+    monkeypatch.setattr(sparsify, "_SPAN_ELEMENTS", span)
+    if dare:
+        mask = sparsify.bernoulli_mask(torch.tensor(0.35).expand(delta.shape), gen(9), torch.float32)
+        expected = _masked_by_hand(delta.clone(), mask, True)
+        ours = sparsify.sample(delta, sparsify.Sampled(0.35), rescale=True, generator=gen(9))
+    else:
+        expected = _della_unfused(delta, 0.4, 0.15, 3, True)
+        ours = sparsify.sample(delta, sparsify.Sampled(0.4, 0.15), rescale=True, generator=gen(3))
+    assert torch.equal(ours.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", [(20, 7, 9), (40, 33)], ids=str)
+def test_della_spans_keep_every_dtypes_bits(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
+                                            shape: tuple[int, ...]) -> None:
+    # Rows ranked along dim 1 (a 3-D tensor's too), in blocks and spans cut small, equal the one-span draw.
+    delta = ((torch.randn(shape, generator=gen(11)) * 8).round() / 8).to(dtype)
+    whole = sparsify.sample(delta, sparsify.Sampled(0.5, 0.2), rescale=True, generator=gen(4))
+    monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", 2 * math.prod(shape[1:]))
+    monkeypatch.setattr(sparsify, "_SPAN_ELEMENTS", 5 * math.prod(shape[1:]))
+    cut = sparsify.sample(delta, sparsify.Sampled(0.5, 0.2), rescale=True, generator=gen(4))
+    assert cut.dtype == dtype and torch.equal(cut.view(torch.uint8), whole.view(torch.uint8))
+    assert 0 < int(torch.count_nonzero(cut)) < cut.numel()
