@@ -58,7 +58,7 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
     names = list(paths) or [os.fspath(d) for d in directories]
     rows = [model_rows(c) for c in configs] or [None] * len(directories)
     if same_vocabularies(directories, rows):
-        tokenizer, vocab = load_tokenizer(directories), None
+        tokenizer, vocab = load_tokenizer(directories, plain=True), None
     else:
         tokenizer, vocab = shared_vocab(directories, rows, _tokenizer_of)
         if tokenizer is None:
