@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from resumerge.forward import handed
 from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.layerpass import Reserve, unreserved
-from resumerge.forward.native import NativeConfig
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.torch_import import torch
 
@@ -174,48 +173,10 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     module = stream.layers_list[index]
     with held(stream, module) if loaded else stream.loaded(module) as layer:
-        if same is not None and not equal and stacks(stream):
-            out, theirs = [], []
-            for s, (h, g) in enumerate(zip(own, same)):
-                both = stream.run(layer, torch.cat([h, g]), stacked(calls[s][index], h.shape[0]))
-                out.append(both[:h.shape[0]].clone())  # the states handed on own no part of the other half
-                theirs.append(both[h.shape[0]:])
-            return out, theirs
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
         theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index], hand_on=False)
                                                       for s, h in enumerate(same)]
     return out, out if equal else theirs
-
-
-# Whether a native model's layer runs its own and the reference's inputs as one batch of twice the sequences
-# (:func:`stacks`); a test turns it off to compare the two ways' figures to the bit.
-STACKING = True
-
-
-def stacks(stream: ModelStream) -> bool:
-    """Whether ``stream``'s layers take the model's own hidden states and the reference's stacked into one batch
-    (:func:`model_layer`): the native modules (:mod:`.native`), whose every operation is row by row or sequence by
-    sequence (the matrix products' rows, the norms, attention per sequence and head), so each sequence's output is
-    the same to the bit as in a batch of its own (on the CPU: a GPU's kernels may pick another algorithm for more
-    rows), and whose calls hand nothing on (:mod:`.handed`). One call of
-    twice the rows instead of two: a check's drift runs each model's layer on both, seven layer passes a layer for
-    a merge, its base and two parents, in four calls."""
-    return STACKING and isinstance(stream.config, NativeConfig) and stream.device.type == "cpu"
-
-
-def stacked(call: LayerCall, rows: int) -> LayerCall:
-    """``call`` for a batch of its ``rows`` sequences twice over: each tensor argument with a row per sequence (a
-    padding mask) repeated after itself; one shared by every sequence (the rotary angles, a mask of one row) as
-    it is."""
-    def twice(value: Any) -> Any:
-        if isinstance(value, tuple):
-            return tuple(twice(v) for v in value)
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == rows and rows > 1:
-            return torch.cat([value, value])
-        return value
-
-    args, kwargs = call
-    return tuple(twice(a) for a in args), {k: twice(v) for k, v in kwargs.items()}
 
 
 @contextmanager

@@ -1,8 +1,6 @@
-"""A native model's layer run on its own hidden states and on the reference's input as one batch of twice the
-sequences (:func:`resumerge.forward.placement.stacks`) gives every figure of the check to the bit as the two runs
-apart did: the NLLs, KLs, drift, departures and spread of a merge, its base and two parents, over padded batches
-(and a sliding window reached: Gemma 2's eager attention); a family the native modules do not
-build is never stacked; and the next layer's bytes are asked of the kernel while a layer runs."""
+"""The forward pass asks the kernel for the next layer's bytes while a layer runs
+(:meth:`resumerge.forward.CastReader.prefetch`): the next model's layer, else the next layer's first model's, and
+of each file only the span of that layer's tensors."""
 
 from __future__ import annotations
 
@@ -11,18 +9,16 @@ from pathlib import Path
 import pytest
 
 from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.passes import PassFigures, forward_pass, streams_of
+from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.config.modelref import ModelRef
-from resumerge.forward import placement
 from resumerge.inputs.model import open_model
 
 pytest.importorskip("transformers")
 
 from families import FAMILIES, make_family_model
 
-# padded (three lengths in one batch), longer than the Gemma 2 family's window (16)
 TOKENS = [[1, 5, 9, 33, 70, 2, 11, 100, 4, 6, 7] * 4, [1, 44, 3, 90], [7, 8, 9, 10, 11, 12, 13] * 3]
-ROLES = ("merge", "base", "parent", "parent")
+ROLES = ("merge", "base")
 
 
 def _models(tmp_path: Path, name: str) -> list[Checked]:
@@ -34,30 +30,9 @@ def _models(tmp_path: Path, name: str) -> list[Checked]:
     return found
 
 
-def _figures(models: list[Checked], workdir: Path) -> tuple[PassFigures | None, list[bool]]:
-    streams = streams_of(models)
-    try:
-        return forward_pass(models, streams, TOKENS, workdir), [placement.stacks(s) for s in streams]
-    finally:
-        for stream in streams:
-            stream.close()
-
-
-@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt2"])
-def test_stacked_layers_give_the_figures_of_the_layers_run_apart(tmp_path: Path, name: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    models = _models(tmp_path, name)
-    stacked, used = _figures(models, tmp_path / "stacked")
-    monkeypatch.setattr(placement, "STACKING", False)
-    apart, _ = _figures(models, tmp_path / "apart")
-    assert stacked is not None and stacked == apart
-    assert used == [name != "gpt2"] * len(models)  # GPT-2: transformers' modules, run as before
-    assert all(d > 0 for d in stacked.depart[1]) and stacked.spread[-1] > 0  # the stacked halves were compared
-
-
 def test_the_next_layer_is_asked_of_the_kernel_while_a_layer_runs(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    models = _models(tmp_path, "llama")[:2]
+    models = _models(tmp_path, "llama")
     asked: list[tuple[str, str]] = []
     streams = streams_of(models)
     for stream in streams:
