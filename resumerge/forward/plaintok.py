@@ -76,7 +76,7 @@ def plain_tokenizer(directory: Path) -> PlainTokenizer | None:
     added = {entry.get("content"): entry for entry in doc.get("added_tokens") or () if isinstance(entry, dict)}
     specials = _specials(directory, config, added)
     template = _template(directory, config)
-    if specials is None or template is False:
+    if specials is None or isinstance(template, bool):
         return None
     try:
         from tokenizers import Tokenizer
