@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,7 +153,10 @@ def main() -> None:
         argv = [sys.executable, "-P", "-m", "resumerge", "check", str(merge), "--base", str(base),
                 *(a for p in parents for a in ("--parent", str(p))), "--prompts", str(texts), "--json",
                 "--state-dir", state, *(["--max-memory", args.max_memory] if args.max_memory else [])]
-        wall, peak, out = _measured(argv, env)
+        try:
+            wall, peak, out = _measured(argv, env)
+        finally:  # the check's state dir (journal, report, records): none left behind
+            shutil.rmtree(state, ignore_errors=True)
         doc = json.loads(out)
         print(f"run {run}: check {wall:.1f} s, peak RSS {peak / 1e6:.0f} MB, verdict {doc['verdict']}, "
               f"NLL {[round(m['nll'], 4) for m in doc['models']]}, KL {[m['kl'] for m in doc['models'][1:]]}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,10 @@ def main() -> None:
         for tree in order:
             state = tempfile.mkdtemp(prefix="check-costs-")
             doc = json.dumps([str(merge), str(base), [str(p) for p in parents], str(texts), state])
-            wall, cpu, found = _child(CHILD, [doc], tree)
+            try:
+                wall, cpu, found = _child(CHILD, [doc], tree)
+            finally:  # each check's state dir (its journal, report, records): one a run, none left behind
+                shutil.rmtree(state, ignore_errors=True)
             _table(f"run {run} check, {tree}", wall, cpu, found["spent"])
             print(f"    NLL {[round(x, 5) for x in found['nll']]}")
         if not args.no_peer:

@@ -106,8 +106,10 @@ class Streams:
         n = len(self.streams)
         own: Hidden = [[] for _ in range(n)]
         on_same: Hidden = [[] for _ in range(n)]
-        for m in self.watch.order(n) if self.watch is not None else range(n):
+        order = list(self.watch.order(n) if self.watch is not None else range(n))
+        for k, m in enumerate(order):
             stream = self.streams[m]
+            self._prefetch(index, order, k)
             if self.on_model is not None:
                 self.on_model(index, m)
             module = stream.layers_list[index]
@@ -120,6 +122,14 @@ class Streams:
         if self.watch is not None:
             self.watch.end_layer()
         return own, on_same
+
+    def _prefetch(self, index: int, order: list[int], k: int) -> None:
+        """The layer read after the ``k``-th of layer ``index``'s ``order`` (the next model's, else the next layer's
+        first model's), asked of the kernel while this one is read and run (:meth:`CastReader.prefetch`)."""
+        m, layer = (order[k + 1], index) if k + 1 < len(order) else (order[0], index + 1)
+        if layer < self.layers:
+            stream = self.streams[m]
+            stream.reader.prefetch(stream.prefix(stream.layers_list[layer]))
 
     def carried(self, index: int) -> dict[str, torch.Tensor]:
         """What a later layer takes of what the layers up to ``index`` returned beside their hidden states, for the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -208,6 +209,27 @@ class CastReader:
                 with contextlib.suppress(BufferError):  # should a view outlive this, the collector closes the map
                     mapped.close()
         return cast
+
+    def prefetch(self, prefix: str) -> None:
+        """Ask the kernel to read the stored bytes of the tensors under ``prefix`` (a decoder layer's) into the page
+        cache now, without waiting (``POSIX_FADV_WILLNEED``): the next layer's reads are under way while this one
+        computes, where its files are cold. Nothing is mapped or held by this process (its RSS, which the budget
+        governs, is unchanged: the pages are the kernel's, dropped under memory pressure like any cache); local
+        safetensors files only, and nowhere the call is missing."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None or self._computed:
+            return
+        spans: dict[str, tuple[int, int]] = {}
+        for name, found in self._formats.stored.items():
+            if name.startswith(prefix) and found.file not in self._remote and not is_pickle_checkpoint(found.file):
+                start, end = spans.get(found.file, (found.entry.start, found.entry.end))
+                spans[found.file] = (min(start, found.entry.start), max(end, found.entry.end))
+        for file, (start, end) in spans.items():
+            with contextlib.suppress(OSError):
+                handle = self._files.get(file)
+                if handle is None:
+                    handle = self._files[file] = open(self._directory / file, "rb")  # noqa: SIM115 (closed in close())
+                advise(handle.fileno(), start, end - start, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         for handle in self._files.values():

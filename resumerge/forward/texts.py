@@ -72,15 +72,22 @@ def _json_doc(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check") -> Any:
+def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check", plain: bool = False) -> Any:
     """The first of ``directories`` (the merge's, then its base's and parents') that holds a tokenizer; ``what``
-    names the command in the error of a missing transformers."""
+    names the command in the error of a missing transformers. ``plain``: read without transformers where it would
+    load the same tokenizer (:mod:`.plaintok`; a caller that only encodes texts and renders the chat template)."""
     from resumerge.forward.requires import Needs, require_transformers
 
-    transformers = require_transformers(Needs(what))
-
+    transformers = None
     for directory in directories:
         if (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file():
+            if plain:
+                from resumerge.forward.plaintok import plain_tokenizer
+
+                found = plain_tokenizer(directory)
+                if found is not None:  # its ids are transformers'; it knows no length limit to warn of
+                    return found
+            transformers = transformers or require_transformers(Needs(what))
             try:
                 tokenizer = tokenizer_at(transformers, directory)
             except (OSError, ValueError):
@@ -89,6 +96,8 @@ def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check"
             # the tokenizer's own warning ("... will result in indexing errors") would only come before it.
             tokenizer.model_max_length = _NO_LIMIT
             return tokenizer
+    if transformers is None:  # as before: a missing transformers is said first
+        require_transformers(Needs(what))
     raise UsageError("none of the checked models has a tokenizer to read the prompts with"
                      + "".join(f" ({reason})" for reason in _gguf_reasons(directories)),
                      hint="copy the tokenizer files into MODEL's folder")

@@ -52,6 +52,7 @@ from resumerge.forward.texts import describe
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.store.durable import write_file_atomic
+from resumerge.torch_import import load as load_torch
 
 if TYPE_CHECKING:  # the Ray placements: imported with --executor ray only
     from resumerge.analyses.onray import Place
@@ -205,6 +206,9 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                              proof=proved.line())
             return replace(report, card=update_card(model, state, report))
     else:
+        # The pass imports torch (1-2 s of one core): now, while the proof's threads hash the models' bytes outside
+        # the GIL, not after its wait (a first check's tokenizer, read without transformers, no longer covers it).
+        load_torch()
         # A resumed check: what its journal holds was computed from the bytes the models held then.
         said = proof.prove(_journal_depends(workdir), refuse="the check's journal holds figures computed from the "
                            "bytes it held then", hint=f"restore the file as it was and check again (it resumes), "

@@ -22,7 +22,8 @@ from typing import Any
 
 from resumerge.analyses.check.vocabs import SharedVocab, model_rows, refuse_unshared, same_vocabularies, shared_vocab
 from resumerge.errors import UsageError
-from resumerge.forward.texts import BUILT_IN, context_of, load_tokenizer, named
+from resumerge.forward import texts as loaders
+from resumerge.forward.texts import BUILT_IN, context_of, named
 from resumerge.store.durable import write_file_atomic
 
 TOKENS_DIR = "tokens"
@@ -77,10 +78,18 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
     return found
 
 
+def load_tokenizer(directories: Sequence[Path]) -> Any:
+    """The tokenizer that cuts the texts of models whose vocabularies are one: read without transformers where it
+    would load it unchanged (:mod:`resumerge.forward.plaintok`; a check only encodes texts and renders the chat
+    template with it), else by transformers."""
+    return loaders.load_tokenizer(directories, plain=True)
+
+
 def _tokenizer_of(directory: Path) -> Any:
-    """``directory``'s tokenizer, None where it has none that loads."""
+    """``directory``'s tokenizer as transformers loads it (its vocabulary is read), None where it has none that
+    loads."""
     try:
-        return load_tokenizer([directory])
+        return loaders.load_tokenizer([directory])
     except UsageError:
         return None
 
