@@ -33,7 +33,7 @@ from resumerge.methods import sparsify
 from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext
-from resumerge.methods.task_vectors import BLOCK_ENTRIES, TASK_VECTOR, combine_filled_blocks
+from resumerge.methods.task_vectors import TASK_VECTOR, combine_filled_blocks
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def shared_window_merge(ctx: MergeContext, selections: Mapping[int, sparsify.Sel
 
     # One block's mask, 1/0 in the task vectors' dtype: torch's comparisons write it as fast as they write a bool
     # mask (and multiply by it several times faster than by a bool one).
-    masks = base.new_empty((2, min(total, BLOCK_ENTRIES)))
+    masks: list[Tensor] = []  # made at the first block, the longest
 
     def fill(index: int, start: int, stop: int, into: Tensor) -> None:
         delta = deltas[index]
@@ -106,7 +106,9 @@ def shared_window_merge(ctx: MergeContext, selections: Mapping[int, sparsify.Sel
                 target.copy_(delta[first:last])
             else:
                 # δ·1·1 is δ, δ·0 (·1) is ±0: the window's product, as its one mask gives it.
-                low, high = masks[0, : last - first], masks[1, : last - first]
+                if not masks or masks[0].shape[1] < last - first:
+                    masks[:] = [base.new_empty((2, stop - start))]
+                low, high = masks[0][0, : last - first], masks[0][1, : last - first]
                 if span.low > 0:
                     torch.mul(delta[first:last], torch.ge(found, span.low, out=low), out=target)
                 else:

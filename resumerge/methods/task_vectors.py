@@ -69,7 +69,7 @@ def combine_task_vectors(
     # dozen passes then stay in the core's cache instead of streaming whole tensors through memory each
     # (della's combine took 13 ns per entry whole, ~4 in blocks), and every entry gets the same operations
     # whatever the block size, the same bits.
-    step = BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, flat_base.numel())
+    step = _BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, flat_base.numel())
     for start in range(0, flat_base.numel(), step):
         stop = start + step
         _combine_block(
@@ -96,7 +96,7 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
         return base.clone()
     flat_base = base.reshape(-1)
     total = flat_base.numel()
-    step = BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, total)
+    step = _BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, total)
     scratch = base.new_empty((len(others), min(step, total)))
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=base.dtype, device=base.device
@@ -115,7 +115,7 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
 
 # Positions per block in combine_task_vectors: a few task vectors, their mask and two sums of this many entries
 # fit in a core's L2 cache.
-BLOCK_ENTRIES = 1 << 16
+_BLOCK_ENTRIES = 1 << 16
 
 
 def _combine_block(

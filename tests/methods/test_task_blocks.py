@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, inputs
-from resumerge.methods import MergeContext, get_method, task_blocks
+from resumerge.methods import MergeContext, get_method, task_blocks, task_vectors
 from resumerge.methods.spec import InputsOnly
 from resumerge.methods.task_stream import TASK_KEY_COUNTS, TASK_KEYS, magnitude_selector, outlier_selector
 from resumerge.methods.task_vectors import TASK_VECTOR
@@ -52,16 +52,19 @@ def _params(weights: Sequence[float], densities: Sequence[float], gamma: float =
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_blocks_from_shared_values_give_the_bits_of_the_merge_alone(method: str, monkeypatch: pytest.MonkeyPatch
-                                                                    ) -> None:
-    # 300 × 700 entries: several blocks of the combine; few distinct magnitudes (levels), so the runs of equal keys
-    # at the windows' ends straddle blocks, and a scan of a few thousand keys a step looks for their cuts.
+@pytest.mark.parametrize("block", [None, 5003])
+def test_blocks_from_shared_values_give_the_bits_of_the_merge_alone(method: str, block: int | None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # 160 × 450 entries: two blocks of the combine (and many of 5003); few distinct magnitudes (levels), so the
+    # runs of equal keys at the windows' ends straddle blocks, and a scan of a few thousand keys a step looks for
+    # their cuts.
     monkeypatch.setattr(task_blocks, "_SCAN", 4099)
+    if block is not None:
+        monkeypatch.setattr(task_vectors, "_BLOCK_ENTRIES", block)
     cases = [((0.6, 0.4), (0.5, 0.3), {}), ((0.3, 0.9), (0.9, 0.07), {"normalize": False}),
-             ((-0.5, 1.2), (0.2, 1.0), {"lambda": 0.7}), ((0.5, 0.5), (0.0, 0.61), {}),
-             ((1.0, 0.25), (0.999, 0.001), {})]
+             ((-0.5, 1.2), (0.2, 1.0), {"lambda": 0.7}), ((1.0, 0.25), (0.0, 0.999), {})]
     for seed, levels in ((1, 3), (2, None), (3, 40)):
-        tensors = inputs(torch.bfloat16, (300, 700), seed, levels)
+        tensors = inputs(torch.bfloat16, (160, 450), seed, levels)
         for weights, densities, params in cases:
             alone, blocks, shared = merges(method, tensors, _params(weights, densities, 0.05), params)
             assert blocks is not None
