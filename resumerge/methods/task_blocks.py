@@ -22,6 +22,7 @@ there, so a task vector with one (the histogram's buckets of infinity and NaN) i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from resumerge.methods import sparsify
+from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext
@@ -116,7 +118,40 @@ def shared_window_merge(ctx: MergeContext, selections: Mapping[int, sparsify.Sel
                 if span.high < _KEY_MAX:
                     target.mul_(torch.le(found, span.high, out=high))
 
-    return combine_filled_blocks(ctx, fill, consensus=consensus)
+    weights = [float(ctx.model_params[i]["weight"]) for i in ctx.others()]
+    pair = consensus and len(weights) == 2 and all(
+        math.isfinite(float(torch.tensor(w, dtype=base.dtype))) for w in weights)
+    combine = _ElectedPair(normalize=bool(ctx.params["normalize"]), scale=float(ctx.params["lambda"])) \
+        if pair else None
+    return combine_filled_blocks(ctx, fill, consensus=consensus, combine=combine)
+
+
+class _ElectedPair:
+    """The per-position core with the sign election over one block of two weighted task vectors
+    (:func:`~resumerge.methods.task_vectors._combine_block`'s bits, where the weights are finite), in fewer passes.
+
+    Its two sums over the models become one ``addcmul`` each: the product of an entry and its 1/0 mask, or of a
+    1/0 mask and a weight, is exact, so adding it inside ``addcmul`` (in float32, rounded once, as torch's
+    half-precision add is) gives the add of the two rows bit for bit, with no row of products written first. The
+    kept entries' sum keeps the combine's ``+ 0`` (a zero's sign reaches the output) and its fallback to torch's
+    sum where a NaN appears; the divisor, a sum of finite weights, never holds a NaN, and its sign at zero is not
+    read (±0 both become 1)."""
+
+    def __init__(self, *, normalize: bool, scale: float) -> None:
+        self._normalize, self._scale = normalize, scale
+
+    def __call__(self, deltas: Tensor, weights: Tensor, base: Tensor, out: Tensor) -> None:
+        deltas.mul_(weights)
+        mask = sign_consensus_weights(deltas)
+        mixed = torch.addcmul(torch.mul(deltas[0], mask[0]), deltas[1], mask[1]).add_(0.0)
+        if bool(mixed.sum().isnan()):  # as row_sum: torch's own sum where the result holds a NaN
+            mixed = deltas.mul_(mask).sum(dim=0)
+        if self._normalize:
+            divisor = torch.addcmul(mask[0].mul_(weights[0]), mask[1], weights[1])
+            mixed /= divisor.add_(torch.eq(divisor, 0, out=mask[1]))
+        if self._scale != 1:
+            mixed *= self._scale
+        torch.add(mixed, base, out=out)
 
 
 def _spans(window: StreamedWindow, keys: Tensor, counts: Tensor) -> tuple[_Span, ...]:

@@ -82,9 +82,13 @@ def combine_task_vectors(
 # Fills the sparsified task vector of input `index` at flat positions [start, stop) into `into` (a row of stop -
 # start entries of the base's dtype, the caller's scratch).
 FillBlock = Callable[[int, int, int, "Tensor"], None]
+# A kernel with _combine_block's bits where its caller has shown them: (the block's sparsified task vectors, models ×
+# positions, overwritten; the weights, models × 1; the base's positions; the output's positions) -> None.
+CombineBlock = Callable[["Tensor", "Tensor", "Tensor", "Tensor"], None]
 
 
-def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool) -> Tensor:
+def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool,
+                          combine: CombineBlock | None = None) -> Tensor:
     """:func:`combine_task_vectors`' result, each non-base input's sparsified task vector written by ``fill`` one
     block of positions at a time into a scratch of one block per input (never a whole task vector per merge): the
     per-position core runs on the same values, block by block, so the result has the same bits wherever ``fill``
@@ -108,8 +112,11 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
         block = scratch[:, : stop - start]
         for slot, index in enumerate(others):
             fill(index, start, stop, block[slot])
-        _combine_block(block, weights, flat_base[start:stop], out[start:stop],
-                       consensus=consensus, normalize=normalized, scale=scale)
+        if combine is not None:
+            combine(block, weights, flat_base[start:stop], out[start:stop])
+        else:
+            _combine_block(block, weights, flat_base[start:stop], out[start:stop],
+                           consensus=consensus, normalize=normalized, scale=scale)
     return out.reshape(base.shape)
 
 

@@ -109,3 +109,28 @@ def test_a_merge_with_shared_values_takes_the_blocks() -> None:
     ctx = MergeContext(list(tensors), 0, bound_models, bound, memo=memo)
     spec.fn(ctx)
     assert {name for name, _ in memo.kept} == {TASK_VECTOR.name, TASK_KEYS.name, TASK_KEY_COUNTS.name}
+
+
+@pytest.mark.parametrize("weights", [(0.6, 0.4), (-0.5, 1.25), (3e38, 2.0), (0.0, -0.0), (1.0, -1.0)])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("finite", [True, False])
+def test_the_elected_pair_kernel_has_the_combines_bits_on_every_bit_pattern(weights: tuple[float, float],
+                                                                            normalize: bool, finite: bool) -> None:
+    # Every bfloat16 bit pattern (finite: every finite one; else NaNs and infinities too, where the sum falls back
+    # to torch's) against every other, shuffled, and exact cancellations (b = -a), over a base of -0 at every other
+    # position: the bits of the combine's own block.
+    g = torch.Generator().manual_seed(11)
+    patterns = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    if finite:
+        patterns = patterns[patterns.isfinite()]
+    half = patterns.numel() // 2
+    a = patterns[torch.randperm(patterns.numel(), generator=g)]
+    b = torch.cat([patterns[torch.randperm(patterns.numel(), generator=g)][:half], -a[half:]])
+    a[:999], b[:999] = -0.0, -0.0  # (dropped negative entries, as a window leaves them: their sum is a zero)
+    w = torch.tensor(weights, dtype=torch.bfloat16).reshape(2, 1)
+    base = patterns[torch.randperm(patterns.numel(), generator=g)]
+    base[::2] = -0.0  # where the sum of what is kept is a zero, its sign reaches the output only here
+    want, got = torch.empty_like(base), torch.empty_like(base)
+    task_vectors._combine_block(torch.stack([a, b]), w, base, want, consensus=True, normalize=normalize, scale=0.5)
+    task_blocks._ElectedPair(normalize=normalize, scale=0.5)(torch.stack([a, b]), w, base, got)
+    assert torch.equal(bits(got), bits(want))
