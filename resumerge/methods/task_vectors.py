@@ -100,7 +100,7 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
         return base.clone()
     flat_base = base.reshape(-1)
     total = flat_base.numel()
-    step = _BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, total)
+    step = _FILLED_BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, total)
     scratch = base.new_empty((len(others), min(step, total)))
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=base.dtype, device=base.device
@@ -123,6 +123,9 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
 # Positions per block in combine_task_vectors: a few task vectors, their mask and two sums of this many entries
 # fit in a core's L2 cache.
 _BLOCK_ENTRIES = 1 << 16
+# combine_filled_blocks': its blocks hold no mask or task vector of the whole tensor beside them, and twice as many
+# positions run 5-10 % faster there (8 TIES candidates of a 2816 × 1024 bfloat16 tensor, one thread).
+_FILLED_BLOCK_ENTRIES = 1 << 17
 
 
 def _combine_block(

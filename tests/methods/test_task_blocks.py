@@ -55,16 +55,16 @@ def _params(weights: Sequence[float], densities: Sequence[float], gamma: float =
 @pytest.mark.parametrize("block", [None, 5003])
 def test_blocks_from_shared_values_give_the_bits_of_the_merge_alone(method: str, block: int | None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # 160 × 450 entries: two blocks of the combine (and many of 5003); few distinct magnitudes (levels), so the
+    # 300 × 450 entries: two blocks of the combine (and many of 5003); few distinct magnitudes (levels), so the
     # runs of equal keys at the windows' ends straddle blocks, and a scan of a few thousand keys a step looks for
     # their cuts.
     monkeypatch.setattr(task_blocks, "_SCAN", 4099)
     if block is not None:
-        monkeypatch.setattr(task_vectors, "_BLOCK_ENTRIES", block)
+        monkeypatch.setattr(task_vectors, "_FILLED_BLOCK_ENTRIES", block)
     cases = [((0.6, 0.4), (0.5, 0.3), {}), ((0.3, 0.9), (0.9, 0.07), {"normalize": False}),
              ((-0.5, 1.2), (0.2, 1.0), {"lambda": 0.7}), ((1.0, 0.25), (0.0, 0.999), {})]
     for seed, levels in ((1, 3), (2, None), (3, 40)):
-        tensors = inputs(torch.bfloat16, (160, 450), seed, levels)
+        tensors = inputs(torch.bfloat16, (300, 450), seed, levels)
         for weights, densities, params in cases:
             alone, blocks, shared = merges(method, tensors, _params(weights, densities, 0.05), params)
             assert blocks is not None
