@@ -201,11 +201,7 @@ class StreamedWindow:
             fill = torch.zeros if self.start >= self.stop else torch.ones
             return fill(picked.shape, dtype=dtype, device=keys.device)
         if counts is not None and self._exact:
-            found = [None if p is None else self._bound(p, counts.cpu().numpy()) for p in self._positions()]
-            lower, upper = (None if bound is None else bound.key for bound in found)
-            # (key, keys sorting ahead of its run, the run's length), as _straddling() places a run
-            ends = {b.key: (b.greater if self.descending else b.less, self.total - b.less - b.greater)
-                    for b in found if b is not None}
+            lower, upper, ends = self.counted_ends(counts)
         else:
             lower, upper = self._selected(flat)
             ends = {key: (int(torch.count_nonzero(flat > key if self.descending else flat < key)),
@@ -222,6 +218,19 @@ class StreamedWindow:
             number = torch.searchsorted(run, positions[at])
             mask[at[(number < cut.keep_from) | (number >= cut.keep_to)]] = 0
         return mask
+
+    def counted_ends(self, counts: torch.Tensor) -> tuple[int | None, int | None, dict[int, tuple[int, int]]]:
+        """A window exact at its shift (bfloat16 magnitudes), not trivial: its lower and upper bound keys (None: an
+        open end) and, for each bound key, (the keys sorting ahead of its run in the window's direction, the run's
+        length), read from ``counts`` (:func:`key_counts` of all the keys) with no pass over the keys."""
+        if not self._exact:
+            raise ValueError("a window's ends are read from counts only where its keys are exact at its shift")
+        found = [None if p is None else self._bound(p, counts.cpu().numpy()) for p in self._positions()]
+        lower, upper = (None if bound is None else bound.key for bound in found)
+        # (key, keys sorting ahead of its run, the run's length), as _straddling() places a run
+        ends = {b.key: (b.greater if self.descending else b.less, self.total - b.less - b.greater)
+                for b in found if b is not None}
+        return lower, upper, ends
 
     def rewind(self) -> None:
         """Start :meth:`mask` over again from the first chunk (a second pass that needs the masks: a rescale's

@@ -24,6 +24,7 @@ from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow, key_counts
 from resumerge.methods.spec import InputsOnly, MergeContext, RowSelection, RowStream, RowStreamFactory
 from resumerge.methods.summation import OrderedSum
+from resumerge.methods.task_blocks import shared_window_merge
 from resumerge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
 from resumerge.torch_import import torch
 
@@ -133,6 +134,12 @@ class TaskVectorStream:
     def apply(self, ctx: MergeContext) -> Tensor:
         """The merged rows of the next chunk (over one chunk: each task vector's window and norms found here)."""
         if self._whole:
+            if not self._rescale:  # a generation's candidate: from the shared task vectors and keys, block by block
+                found = shared_window_merge(ctx, self._selections, consensus=self._consensus, keys=TASK_KEYS,
+                                            counts=TASK_KEY_COUNTS)
+                if found is not None:
+                    return found
+
             def sparsify_one(index: int, delta: Tensor) -> Tensor:
                 selection = self._selections[index]
                 keys = ctx.from_inputs(TASK_KEYS, index) if ctx.memo is not None and isinstance(
