@@ -33,7 +33,9 @@ def hidden_bytes(spec: EvolveSpec, tokenizer: Path, config: dict[str, Any]) -> i
     """The hidden states one model holds in the pass of the task with the most padded positions (float32)."""
     width = (config.get("text_config") or config).get("hidden_size") or config.get("hidden_size") or 0
     context = context_of([(str(tokenizer), config)], cut=True)
-    reader = load_tokenizer([tokenizer], what="resumerge evolve")
+    # plain: read without transformers where it would load the same tokenizer (only texts are encoded here, as the
+    # objectives' own texts are: check's cached_sequences), so a search imports transformers only for lm-eval tasks
+    reader = load_tokenizer([tokenizer], what="resumerge evolve", plain=True)
     positions = max((padded_positions(sequences(reader, Path(t.texts), context, option=f"{t.name}'s texts"))
                      for t in spec.tasks if t.texts is not None), default=0)
     return int(positions) * int(width) * 4
