@@ -28,16 +28,19 @@ from pathlib import Path
 from typing import Any
 
 # What the server imports before it forks: none of them reads an environment variable the tests vary. Past torch and
-# the formats, the third-party modules a `run` imports through the hub client (trio, httpcore2: imported by the input
-# fetcher whatever the inputs are), its ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
+# the formats, the third-party modules a hub command imports through the hub client (trio, httpcore2; a local run
+# imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
             "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill")
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
-# client and transformers (imported in the child), never by the preloaded modules.
+# client and transformers (imported in the child), never by the preloaded modules. TORCHINDUCTOR_CACHE_DIR is set
+# in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
+# when a cache directory is asked for (torch._inductor, never imported by the server): left out, every command after
+# such a test started a fresh interpreter (torch imported again) for the rest of the worker's session.
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$)")
 
 _SERVER = r"""
 import json, os, runpy, sys

@@ -37,6 +37,8 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(t
         assert killed is not None
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert server.forkable({**env, "RESUMERGE_KILL_AT": "after_fsync", "HF_HOME": "/elsewhere"})
+        # set in the test process by torch._dynamo's import (a transformers model run there, PEFT's import)
+        assert server.forkable({**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
         assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
         assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
     finally:

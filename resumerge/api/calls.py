@@ -300,8 +300,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     time within ``resources.max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with
     the same results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
     ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
-    ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it; ``output_path``: written
-    there as lm-eval's CLI writes it (with each task's samples where ``log_samples``). ``executor`` (the object
+    ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it, but for the description of
+    the machine (torch's ``collect_env``, 1.2 s): ``output_path``: written there as lm-eval's CLI writes it, that
+    description included (with each task's samples where ``log_samples``). ``executor`` (the object
     :func:`run` takes): None or ``LocalExecutor()`` runs every layer in this process; ``RayExecutor(address)`` each
     pass's decoder layers on an actor of that Ray cluster, the head here (the same results; an evaluation started
     with one resumes with the other; a merge config and generation tasks are refused there, exit 2). ``progress``

@@ -23,7 +23,6 @@ from resumerge.engine.devices import gpu_governor, make_governor
 from resumerge.engine.executor import Reporter, Stopped, kept_units
 from resumerge.engine.executors import Executor, executor_for
 from resumerge.engine.frozenplan import freeze
-from resumerge.engine.hubout import HubOutput, create_recorded
 from resumerge.engine.inputcontents import InputContents
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.job import Job
@@ -49,6 +48,7 @@ from resumerge.store.manifest import Manifest
 from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
 if TYPE_CHECKING:
+    from resumerge.engine.hubout import HubOutput
     from resumerge.inputs.hub import HubEvent
 
 
@@ -183,6 +183,8 @@ class RunSession:
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
                 refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
+                from resumerge.engine.hubout import create_recorded  # the hub's client: for a repo output only
+
                 hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen,
                                           kind=self.prepared.kind)
             staged: list[str] = []

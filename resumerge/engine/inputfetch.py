@@ -14,26 +14,29 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from resumerge.config.locations import StateDir
 from resumerge.engine.executor import Reporter
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs
-from resumerge.inputs.gguf.header import GgufHeader
-from resumerge.inputs.hub import ProgressCallback, fetch_weights
-from resumerge.inputs.hub.cache import RepoCache
-from resumerge.inputs.hub.fetch import check_downloads
-from resumerge.inputs.hub.integrity import FileDigest, StreamHashes, whole_file_digest
-from resumerge.inputs.hub.landing import Downloads, LandingFiles
-from resumerge.inputs.hub.ranges import FetchCounters, RangeClient, StreamedFile
-from resumerge.inputs.hub.stream import DEFAULT_COALESCE, Check, HubStream, prefetched
-from resumerge.inputs.safetensors_format import Header
+from resumerge.inputs.hub.counters import FetchCounters
+from resumerge.inputs.hub.integrity import StreamHashes
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
 from resumerge.memory import MemoryGovernor, format_size
 from resumerge.plan.fetching import CACHED, DOWNLOAD, STREAM, FileFetch, choose_fetch, first_reads, needed_ranges
 from resumerge.plan.merge_plan import Plan
 from resumerge.store.ledger import Ledger
+
+if TYPE_CHECKING:  # the hub's client stack is imported where a run has hub inputs (HubInputs.open), never else
+    from resumerge.inputs.gguf.header import GgufHeader
+    from resumerge.inputs.hub import ProgressCallback
+    from resumerge.inputs.hub.integrity import FileDigest
+    from resumerge.inputs.hub.landing import Downloads
+    from resumerge.inputs.hub.ranges import StreamedFile
+    from resumerge.inputs.hub.stream import Check
+    from resumerge.inputs.safetensors_format import Header
 
 
 def plan_fetch(plan: Plan, inputs: Inputs, *, max_disk: int | None = None,
@@ -76,6 +79,8 @@ def _largest_shard(plan: Plan) -> int:
 
 def _small_bytes(inputs: Inputs) -> int:
     """Bytes the hub inputs' cache folders hold now (blobs, file lists, refs; links not counted twice)."""
+    from resumerge.inputs.hub.cache import RepoCache
+
     roots = {RepoCache(meta.settings.cache_dir, meta.repo_id).root for meta in inputs.hub.values()}
     return sum(p.stat().st_size for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -118,12 +123,24 @@ class HubInputs:
         Raises what :func:`~resumerge.inputs.hub.fetch_weights` raises for cached files and refused downloads;
         downloaded and streamed files are first read when the engine asks for them.
         """
+        counters, hashes = FetchCounters(), StreamHashes()
+        reader = TensorReader()
+        if not inputs.hub:  # local inputs alone, read as they are: nothing to fetch, no hub client imported
+            local: dict[str, InputSource] = {key: LocalFiles(d, reader) for key, d in plan.model_dirs.items()}
+            inputs_ = cls(plan, (), InputSources(local, shared=reader), counters, hashes)
+            hashes.after = inputs_.tick
+            return inputs_
+        from resumerge.inputs.hub import fetch_weights
+        from resumerge.inputs.hub.cache import RepoCache
+        from resumerge.inputs.hub.fetch import check_downloads
+        from resumerge.inputs.hub.landing import Downloads, LandingFiles
+        from resumerge.inputs.hub.ranges import RangeClient, StreamedFile
+        from resumerge.inputs.hub.stream import HubStream, prefetched
+
         choices = plan_fetch(plan, inputs, max_disk=max_disk)
         # What the inputs will keep on local disk, known before any download so a refusal costs nothing.
         disk_bytes = _small_bytes(inputs) + sum(c.size for c in choices if c.how == DOWNLOAD)
         _check_room(plan, max_disk, disk_bytes)
-        counters, hashes = FetchCounters(), StreamHashes()
-        reader = TensorReader()
         sources: dict[str, InputSource] = {}
         jobs = []
         for key in plan.model_dirs:
@@ -193,6 +210,8 @@ class HubInputs:
     def _whole_files(self, needed: dict[tuple[str, str], list[tuple[int, int]]],
                      ledger: Ledger) -> dict[tuple[str, str], FileDigest]:
         """A digest for every streamed file this run reads entirely (header bytes fed already)."""
+        from resumerge.inputs.hub.integrity import whole_file_digest
+
         identities = {(key, f[0]): f[2] for key, files in self._plan.inputs.items() for f in files}
         digests = {}
         for key in self._streamed:
@@ -258,6 +277,8 @@ def _bind(hashes: StreamHashes, key: str) -> Check:
 
 def coalesce_for(governor: MemoryGovernor | None) -> int:
     """The most bytes one coalesced range request may span under ``governor``."""
+    from resumerge.inputs.hub.stream import DEFAULT_COALESCE
+
     # Read-ahead is at most an eighth of the budget, so it never crowds out the units the governor admits.
     return DEFAULT_COALESCE if governor is None else max(1, min(DEFAULT_COALESCE, governor.work_budget // 8))
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
-from resumerge.engine.hubout import HubOutput, open_hub_output
 from resumerge.engine.outdir import check_out_dir, check_out_path
 from resumerge.plan.outguard import refuse_state_in_out
 from resumerge.store.manifest import Manifest
 from resumerge.store.manifestcheck import manifest_or_ledger
+
+if TYPE_CHECKING:  # the hub's client stack, imported where OUT is a repo (Target.at), never for a folder
+    from resumerge.engine.hubout import HubOutput
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class Target:
            command: str | None = None) -> Target:
         """:meth:`open` of ``where.out``, its locations resolved already (by the API, once for the call)."""
         if is_hub_target(where.out):
+            from resumerge.engine.hubout import open_hub_output
+
             hub = open_hub_output(where.out, state=where.state, options=settings.output, deferred=True)
             return cls(Path(hub.url), command or where.resume_command, where, hub)
         refuse_state_in_out(where.out, where.state)  # before the planning mark writes there

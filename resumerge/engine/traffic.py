@@ -83,7 +83,7 @@ def watch_run(meter: TrafficMeter, plan: Plan, hub: HubInputs | None, sink: Outp
     events, :meth:`TrafficMeter.file_progress`) and an ``hf://`` sink's uploads; True when the run uses the
     network (then the reporter gets ``meter``)."""
     from resumerge.plan.fetching import STREAM
-    from resumerge.store.hubsink import HubRepoSink
+    from resumerge.store.sink import LocalDirSink
 
     if hub is not None:
         counters = hub.counters
@@ -94,7 +94,10 @@ def watch_run(meter: TrafficMeter, plan: Plan, hub: HubInputs | None, sink: Outp
 
         meter.watch_fetch(streamed)
         meter.expect(fetch=sum(c.fetch_bytes for c in hub.choices if c.how != STREAM) + hub.needed)
-    if isinstance(sink, HubRepoSink):
-        meter.watch_uploads(sink.transferred)
-        meter.expect(commit=max(0, plan.total_bytes - done_bytes))
+    if not isinstance(sink, LocalDirSink):  # a folder uploads nothing (and the hub's client is never imported for it)
+        from resumerge.store.hubsink import HubRepoSink
+
+        if isinstance(sink, HubRepoSink):
+            meter.watch_uploads(sink.transferred)
+            meter.expect(commit=max(0, plan.total_bytes - done_bytes))
     return meter.snapshot().active

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resumerge.inputs.hub.download import DOWNLOAD_CHUNK
+from resumerge.inputs.hub.counters import DOWNLOAD_CHUNK
 from resumerge.store.diskprobe import PROBE_PREFIX
 
 PROBE_BYTES = 16 * 2**20

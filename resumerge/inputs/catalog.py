@@ -102,10 +102,11 @@ def _open_one(
     pinned = _SNAPSHOT.search(recorded or "")
     if recorded is not None and pinned is None:
         return open_model(ref, yaml_path=where, directory=Path(recorded), parsed=parsed)
-    from resumerge.inputs.hub import is_local, resolve_metadata
+    from resumerge.inputs.hub import is_local
 
-    if pinned is None and is_local(ref):
+    if pinned is None and is_local(ref):  # the hub's client imported for a hub model only
         return open_model(ref, yaml_path=where, parsed=parsed)
+    from resumerge.inputs.hub import resolve_metadata
     from resumerge.inputs.hub.gguf import gguf_input, hub_gguf, resolve_gguf
 
     try:
@@ -149,6 +150,8 @@ def _open_adapter(
 
 def fetch_inputs(inputs: Inputs, *, state: StateDir, on_progress: ProgressCallback | None = None) -> None:
     """Download (resuming partial files) and verify the weights of every hub input; local inputs need nothing."""
+    if not inputs.hub:  # nothing to fetch: the hub's client is not imported
+        return
     from resumerge.inputs.hub import fetch_weights
 
     for meta in inputs.hub.values():

@@ -34,6 +34,9 @@ def test_json_the_table_and_lm_evals_files(tmp_path: Path) -> None:
     assert [w.split("/")[0] for w in written] == [folder] * 3, written
     results = [p for p in out.rglob("results_*.json")]
     assert len(results) == 1 and json.loads(results[0].read_text())["results"] == doc["results"]
+    kept = list(json.loads(results[0].read_text()))  # the machine described where simple_evaluate describes it
+    assert kept[kept.index("date") + 1:kept.index("date") + 5] == ["pretty_env_info", "transformers_version",
+                                                                  "lm_eval_version", "upper_git_hash"]
     samples = [json.loads(line) for p in out.rglob("samples_tiny_mc_*.jsonl") for line in p.read_text().splitlines()]
     assert len(samples) == 3 and all(len(s["resps"]) == 4 and len(s["filtered_resps"]) == 4 for s in samples)
     table = cli_here(*args[:-3])  # answered from the journal: the same figures, as lm-eval's table

@@ -10,7 +10,8 @@ from typing import Any
 @dataclass(frozen=True)
 class EvalReport:
     """``results``: lm-eval's results object as ``simple_evaluate`` returns it (``results`` → task → ``metric,filter``,
-    ``configs``, ``versions``, ``n-shot``, ...; ``samples`` per task where samples were logged); ``target``: the
+    ``configs``, ``versions``, ``n-shot``, ...; ``samples`` per task where samples were logged), the description of
+    the machine (``pretty_env_info``, the versions: :mod:`.harness`) only where it was written; ``target``: the
     model as given; ``written``: the files ``--output-path`` wrote (lm-eval's results file and each task's
     samples); ``proof``: what proving the models' bytes against each pass's journal found, in one line (a file
     touched, an edit in ranges a pass had not read yet, a finished pass run again: :mod:`resumerge.forward.proof`),

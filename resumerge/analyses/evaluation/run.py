@@ -1,8 +1,8 @@
 """An evaluation from start to end: the settings and the tasks checked, the model opened (headers only), its
-tokenizer, then lm-eval's ``simple_evaluate`` with :class:`~.lm.ResumergeLM` as the model, each of whose passes is
-scored on the forward engine under the memory budget and journaled under the state dir (``evals/<key>``: a killed
-evaluation run again resumes each pass where it stopped and ends with the same results); then the outputs written
-as lm-eval's CLI writes them (:mod:`.outputs`).
+tokenizer, then lm-eval's evaluation (:mod:`.harness`) with :class:`~.lm.ResumergeLM` as the model, each of whose
+passes is scored on the forward engine under the memory budget and journaled under the state dir (``evals/<key>``: a
+killed evaluation run again resumes each pass where it stopped and ends with the same results); then the outputs
+written as lm-eval's CLI writes them (:mod:`.outputs`).
 
 Everything that can be refused is refused before any weight is read: the settings, a merge config as TARGET, a
 TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, a generation task (the whole
@@ -164,19 +164,14 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
 
 
 def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tuple[dict[str, Any], Any]:
-    """lm-eval's ``simple_evaluate`` with ``lm`` as the model, as its CLI calls it for these options, and the
-    tracker that writes its files (None without ``output_path``)."""
-    import lm_eval
+    """lm-eval's evaluation with ``lm`` as the model, as its CLI runs it for these options but the machine's
+    description (:mod:`.harness`), and the tracker that writes its files (None without ``output_path``)."""
     from lm_eval.loggers import EvaluationTracker
 
+    from resumerge.analyses.evaluation.harness import evaluate_tasks
+
     tracker = EvaluationTracker(output_path=settings.output_path) if settings.output_path is not None else None
-    results = lm_eval.simple_evaluate(
-        model=lm, model_args={"pretrained": target}, tasks=list(settings.lm_tasks), num_fewshot=settings.num_fewshot,
-        limit=settings.whole_limit, log_samples=settings.log_samples,
-        apply_chat_template=settings.apply_chat_template, task_manager=manager, evaluation_tracker=tracker)
-    if results is None:  # lm-eval returns None on ranks other than 0 only; one process has rank 0
-        raise UsageError("lm-eval returned no results")
-    return dict(results), tracker
+    return evaluate_tasks(lm, target, settings, manager, tracker), tracker
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,24 @@ Call order for one hub model (``not is_local(ref)``):
    the plan was made from it).
 """
 
-from resumerge.inputs.hub.cache import HubSettings, RemoteFile, hub_settings
-from resumerge.inputs.hub.events import HubEvent, ProgressCallback
-from resumerge.inputs.hub.remote import HubUnavailableError
-from resumerge.inputs.hub.resolve import RepoMetadata, fetch_weights, is_local, resolve_metadata
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumerge.inputs.hub.cache import HubSettings, RemoteFile, hub_settings
+    from resumerge.inputs.hub.events import HubEvent, ProgressCallback
+    from resumerge.inputs.hub.local import is_local
+    from resumerge.inputs.hub.remote import HubUnavailableError
+    from resumerge.inputs.hub.resolve import RepoMetadata, fetch_weights, resolve_metadata
+
+# Each name's module, imported on first use: a module of this package (the verify records a local run keeps, the
+# counters of its reads) is imported without the others, so a run whose inputs and output are all local never
+# imports huggingface_hub's client and its HTTP stack (httpx, httpcore, trio: about 0.3 s of CPU).
+_WHERE = {"HubSettings": "cache", "RemoteFile": "cache", "hub_settings": "cache", "HubEvent": "events",
+          "ProgressCallback": "events", "HubUnavailableError": "remote", "RepoMetadata": "resolve",
+          "fetch_weights": "resolve", "is_local": "local", "resolve_metadata": "resolve"}
 
 __all__ = [
     "HubEvent",
@@ -27,3 +41,10 @@ __all__ = [
     "is_local",
     "resolve_metadata",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names of :data:`__all__`, each from its module, imported on first use."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

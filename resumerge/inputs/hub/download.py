@@ -26,19 +26,13 @@ from huggingface_hub import constants, hf_hub_download
 from resumerge.errors import HostileFileError, StorageError
 from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, WeakFileLock, build_hf_headers, stream_get
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache
+from resumerge.inputs.hub.counters import DOWNLOAD_CHUNK as DOWNLOAD_CHUNK
 from resumerge.inputs.hub.events import ByteMeter, HubEvent, ProgressCallback
 from resumerge.inputs.hub.records import RACY_WINDOW_NS, VerifyRecords, now_ns
 from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, hub_errors, is_network_error, resolve_url
 from resumerge.inputs.hub.verify import Hasher, check_cached, hash_file, new_hasher
 
 PARTIAL_SUFFIX = ".resumerge.incomplete"  # `hf cache prune` removes leftover *.incomplete files too
-# The pieces written to the file. huggingface_hub gathers 10 MiB ones through an in-memory buffer: fresh
-# memory for every piece, which the kernel faults in and zeroes. Measured on the project's 2-core VM, the CPU of a
-# process downloading 400 MB: 3.8-4.1 s with 10 MiB pieces (a stream was paced near 50 MB/s by its own CPU, not by
-# the link), 2.2-2.5 s with 1 MiB, 1.9-2.1 s with 256 KiB, about the same with 64 KiB (bench/RESULTS.md, session
-# 12). ``http_get`` takes no chunk size and reads huggingface_hub's process-wide constant, which is why the body
-# is read here, in pieces of this size, and no library setting is changed.
-DOWNLOAD_CHUNK = 256 * 1024
 # As ``http_get``: a dropped connection is retried this many times in a row (a received byte resets the count),
 # a second apart; a throttled answer (408, 429) is asked again after its Retry-After or a doubling wait.
 _RETRIES = 5

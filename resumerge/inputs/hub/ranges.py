@@ -22,6 +22,7 @@ from huggingface_hub import constants
 from resumerge.errors import ModelInputError
 from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, stream_get
 from resumerge.inputs.hub.cache import HubSettings, hub_settings
+from resumerge.inputs.hub.counters import FetchCounters as FetchCounters
 from resumerge.inputs.hub.remote import LIBRARY, HubUnavailableError, resolve_url
 
 _EXPIRED = (401, 403, 410)
@@ -38,27 +39,6 @@ class RetryPolicy:
     attempts: int = 6
     backoff: float = 0.5  # seconds before the second attempt, doubled each time
     max_backoff: float = 8.0
-
-
-@dataclass
-class FetchCounters:
-    """Bytes and requests of one source, shared by its threads (read under ``lock``)."""
-
-    body_bytes: int = 0  # bytes received, including any a server sent past a range (counted, never used)
-    requests: int = 0
-    refreshed_urls: int = 0
-    retries: int = 0
-
-    def __post_init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def add(self, *, body: int = 0, requests: int = 0, refreshed: int = 0, retries: int = 0) -> None:
-        """Add to the counters (thread-safe)."""
-        with self.lock:
-            self.body_bytes += body
-            self.requests += requests
-            self.refreshed_urls += refreshed
-            self.retries += retries
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from resumerge.inputs.hub.events import HubEvent, ProgressCallback, callback_or_
 from resumerge.inputs.hub.fetch import ensure_files
 from resumerge.inputs.hub.headercheck import check_header, known_prefix
 from resumerge.inputs.hub.headers import read_shard_headers
+from resumerge.inputs.hub.local import is_local as is_local
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
 from resumerge.inputs.hub.selection import select_weights, small_files
@@ -141,11 +142,6 @@ def fetch_weights(
         if name in meta.headers:  # the header the plan was made from must be the verified file's
             check_header(path, meta.headers[name], f"{meta.repo_id}@{meta.commit[:12]}/{name}")
     return paths
-
-
-def is_local(ref: ModelRef) -> bool:
-    """Return whether ``ref.path`` exists on disk; mergekit's rule is that anything else is a hub repo id."""
-    return os.path.exists(os.path.expanduser(ref.path))
 
 
 def _check_repo_id(ref: ModelRef) -> str:
