@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from resumerge.analyses.check.progress import Step as CheckStep
     from resumerge.analyses.evaluation import EvalReport
     from resumerge.analyses.evaluation.run import EvalStep
+    from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executor import Reporter
@@ -291,7 +292,8 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
              log_samples: bool = False, output_path: PathLike | None = None, resources: Resources = Resources(),
              state_dir: PathLike | None = None, executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
-             device: str | None = None, max_gpu_memory: int | str | None = None) -> EvalReport:
+             device: str | None = None, max_gpu_memory: int | str | None = None,
+             task_index: TaskIndex | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
     describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
@@ -312,7 +314,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     :func:`run` and :func:`check` take) an evaluation honours ``max_memory``, ``device`` and ``max_gpu_memory``
     (where the layers run, as for :func:`check`; a GPU here, not with Ray's executor) and refuses the others set.
     The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
-    the same ``Resources`` object (a field given both ways is refused)."""
+    the same ``Resources`` object (a field given both ways is refused). ``task_index``
+    (:class:`~resumerge.analyses.evaluation.tasks.TaskIndex`): lm-eval's index of its tasks, built at its first use
+    and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call)."""
     from resumerge.api.evaluation import evaluate_with
 
     resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
@@ -320,7 +324,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
                          include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                          apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
-                         progress=progress)
+                         progress=progress, task_index=task_index)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

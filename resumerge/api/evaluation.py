@@ -16,14 +16,16 @@ from resumerge.config.settings import RunSettings
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation import EvalReport
     from resumerge.analyses.evaluation.run import EvalStep
+    from resumerge.analyses.evaluation.tasks import TaskIndex
 
 
 def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resources, settings: RunSettings, *,
                   include_path: PathLike | None, limit: float | None, num_fewshot: int | None,
                   apply_chat_template: bool | str, log_samples: bool, output_path: PathLike | None,
-                  progress: Callable[[EvalStep], None] | None) -> EvalReport:
+                  progress: Callable[[EvalStep], None] | None, task_index: TaskIndex | None = None) -> EvalReport:
     """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) under ``resources`` (the device) and
-    ``settings`` (the memory budgets parsed, the state dir, the executor)."""
+    ``settings`` (the memory budgets parsed, the state dir, the executor); ``task_index``: lm-eval's task index
+    shared with other evaluations (None: one of its own)."""
     from resumerge.analyses.evaluation.run import is_config, run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
 
@@ -41,7 +43,7 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
         keep = pass_keep(settings.executor, address)
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
-                        ray_address=address, ray_keep=keep)
+                        ray_address=address, ray_keep=keep, task_index=task_index)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
     # the budget as run admits its units.
@@ -51,4 +53,4 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
     with MemoryGovernor(budget, SystemProbe()) as governor, \
             open_unwritten(target, state_dir=settings.state.given, governor=governor) as merge:
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, unwritten=merge,
-                        on_ray=on_ray)
+                        on_ray=on_ray, task_index=task_index)

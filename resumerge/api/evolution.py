@@ -20,6 +20,7 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.report import EvalReport
     from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.engine.drive import Outcome
     from resumerge.engine.executors import Executor
     from resumerge.engine.unwritten import Population
@@ -54,6 +55,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
     ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
     writes ``merge_best`` (:func:`resumerge.api.run`'s)."""
+    from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
     from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
@@ -65,7 +67,9 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
     include = os.fspath(task_search_path) if task_search_path is not None else None
     on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
-    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device)
+    index = TaskIndex()  # lm-eval's tasks indexed once: for the planning and every candidate's evaluation
+    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device,
+                                index)
     if resources.max_memory is not None:
         _fits(planned, plan, resources.max_memory)
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
@@ -88,7 +92,8 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
         return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
                              num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
-                             max_memory=resources.max_memory, device=settings.device, state_dir=state).results)
+                             max_memory=resources.max_memory, device=settings.device, state_dir=state,
+                             task_index=index).results)
 
     def scorer_at(root: Path) -> ScoresGeneration:
         """The search's scorer, its passes journaled and its texts' tokens kept in ``root``."""
@@ -116,9 +121,9 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
 def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
                 plan_merge: Callable[[str], Plan], include_path: str | None = None,
-                device: str = "cpu") -> tuple[Planned, Plan]:
+                device: str = "cpu", index: TaskIndex | None = None) -> tuple[Planned, Plan]:
     """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
-    only; nothing written)."""
+    only; nothing written); ``index``: lm-eval's task index, kept for the candidates' evaluations."""
     from resumerge.evolve.models import genome_layers
     from resumerge.evolve.search import plan_search
     from resumerge.evolve.spec import read_spec
@@ -133,7 +138,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     if any(t.kind == "lm-eval" for t in spec.tasks):  # known, loadable, none generating: before any weight
         from resumerge.evolve.lmeval import eval_settings, refuse_unscorable
 
-        refuse_unscorable(eval_settings(spec, include_path, device))
+        refuse_unscorable(eval_settings(spec, include_path, device), index)
     layers = genome_layers(spec, StateDir.resolve(None))
     planned = plan_search(spec, layers, options)
     import yaml

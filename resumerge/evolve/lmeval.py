@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.errors import UsageError
 from resumerge.evolve import storage
 from resumerge.evolve.objective import one_by_one
 from resumerge.evolve.spec import EvolveSpec, Task
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.tasks import TaskIndex
 
 # Evaluates a merge config file's merge on the settings' tasks, its journal under a state dir: lm-eval's results.
 Evaluate = Callable[[Path, EvalSettings, Path], Mapping[str, Any]]
@@ -27,11 +30,12 @@ def eval_settings(spec: EvolveSpec, include_path: str | None, device: str = "cpu
                         apply_chat_template=spec.apply_chat_template, device=device).checked()
 
 
-def refuse_unscorable(settings: EvalSettings) -> None:
-    """Raise :class:`UsageError` for a task lm-eval does not know or cannot load, and for one that generates."""
-    from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
+def refuse_unscorable(settings: EvalSettings, index: TaskIndex | None = None) -> None:
+    """Raise :class:`UsageError` for a task lm-eval does not know or cannot load, and for one that generates;
+    ``index``: lm-eval's task index, kept for the candidates' evaluations (None: one for this check)."""
+    from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 
-    generating = generation_tasks(loaded_tasks(settings, task_manager(settings)))
+    generating = generation_tasks(loaded_tasks(settings, (index or TaskIndex()).manager(settings)))
     if generating:
         raise UsageError(f"task {generating[0]} generates text, and a search scores each candidate by "
                          "log-likelihood", hint="give multiple-choice or perplexity tasks (acc, acc_norm, ...)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -40,10 +41,22 @@ def _config(root: Path, tasks: list[object]) -> Path:
     return path
 
 
-def test_an_lm_eval_task_counts_up_beside_a_kl_task(root: Path, tmp_path: Path) -> None:
+def test_an_lm_eval_task_counts_up_beside_a_kl_task(root: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import lm_eval.tasks
+
+    built: list[dict[str, Any]] = []
+
+    class Counted(lm_eval.tasks.TaskManager):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Counted)
     config = _config(root, [{"name": "tiny_mc", "metric": "acc,none", "weight": 2.0},
                             {"kl": {"parent": str(root / "a"), "texts": str(root / "a.txt")}}])
     outcome = api.evolve(config, tmp_path / "store", max_fevals=3, popsize=2, task_search_path=root / "tasks")
+    assert len(built) == 1  # lm-eval's tasks indexed once: the planning's index serves the four candidates
     rows = [json.loads(line) for line in (tmp_path / "store" / "evaluations.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and outcome.generations == 2
     for row in rows:
@@ -53,7 +66,29 @@ def test_an_lm_eval_task_counts_up_beside_a_kl_task(root: Path, tmp_path: Path) 
     first = rows[0]["config"]
     report = api.evaluate(_yaml(tmp_path / "first.yml", first), tasks=["tiny_mc"], include_path=root / "tasks",
                           limit=4, state_dir=tmp_path / "state")
-    assert report.metric("tiny_mc", "acc") == rows[0]["tasks"]["tiny_mc"]
+    assert report.metric("tiny_mc", "acc") == rows[0]["tasks"]["tiny_mc"]  # its own index: the same figure
+    assert len(built) == 2
+
+
+def test_a_task_index_builds_once_and_travels_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from resumerge.analyses.evaluation import tasks
+    from resumerge.analyses.evaluation.settings import EvalSettings
+
+    built: list[EvalSettings] = []
+
+    def manager(settings: EvalSettings) -> object:
+        built.append(settings)
+        return lambda: settings  # not picklable, as lm-eval's manager need not be
+
+    monkeypatch.setattr(tasks, "task_manager", manager)
+    index = tasks.TaskIndex()
+    first = index.manager(EvalSettings(tasks=("tiny_mc",)))
+    assert index.manager(EvalSettings(tasks=("tiny_mc",), limit=4)) is first and len(built) == 1
+    assert index.manager(EvalSettings(tasks=("tiny_mc",), include_path=str(tmp_path))) is not first
+    assert len(built) == 2  # another include path: another manager
+    assert pickle.loads(pickle.dumps(index)).manager(EvalSettings(tasks=("tiny_mc",))) is not first  # rebuilt
 
 
 def _yaml(path: Path, doc: object) -> Path:

@@ -30,7 +30,7 @@ from resumerge.analyses.evaluation.scorer import ANSWERS, LAYER_PREFIX, Answer, 
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.analyses.evaluation.tails import tail_step_bytes
-from resumerge.analyses.evaluation.tasks import generation_tasks, loaded_tasks, task_manager
+from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 from resumerge.analyses.evaluation.textpass import FIGURES, score_texts
 from resumerge.analyses.evaluation.textpass import answered as answered_texts
 from resumerge.analyses.evaluation.texttasks import TextFigures
@@ -90,13 +90,16 @@ Found = TypeVar("Found")
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
              unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
-             ray_address: str | None = None, ray_keep: float = 0.0) -> EvalReport:
+             ray_address: str | None = None, ray_keep: float = 0.0,
+             task_index: TaskIndex | None = None) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
     ``ray_address`` (check's :mod:`~resumerge.analyses.check.onray`; None: ``RAY_ADDRESS``, else a Ray started
     here), its head here: the same results, journaled alike (``ray_keep``: the seconds the kept worker hosting the
-    actor waits idle once a pass ends, :func:`~resumerge.analyses.onray.kept_hosts`; 0: a fresh actor). Raises
+    actor waits idle once a pass ends, :func:`~resumerge.analyses.onray.kept_hosts`; 0: a fresh actor).
+    ``task_index``: lm-eval's task index shared with other evaluations (a search's candidates; None: one of its
+    own). Raises
     :class:`UsageError` (exit 2) for anything refused before a weight is read, and :class:`InterruptedMerge` (exit
     3) on Ctrl-C, naming the command that continues."""
     if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
@@ -115,7 +118,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         model = PassModel("merge", target, None, unwritten.opened)
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     require_transformers(_NEEDS, load=False)
-    manager = task_manager(settings) if settings.lm_tasks else None
+    manager = (task_index or TaskIndex()).manager(settings) if settings.lm_tasks else None
     loaded = loaded_tasks(settings, manager) if manager is not None else {}
     settings = replace(settings, yaml_texts=yaml_text_tasks(loaded, settings.lm_tasks, manager))
     manager = manager if settings.lm_tasks else None  # every name a text task's YAML: lm-eval runs none

@@ -42,6 +42,27 @@ def task_manager(settings: EvalSettings) -> Any:
         return TaskManager(include_path=settings.include_path)
 
 
+class TaskIndex:
+    """The lm-eval ``TaskManager`` of :func:`task_manager`, built at its first use for a set of tasks and handed to
+    every evaluation given this index: a search builds one for its planning and all its candidates (indexing
+    lm-eval's own task YAMLs costs ~8 CPU s a time). Only the manager is shared; each evaluation loads its own task
+    objects (they hold a run's requests). Pickled (a search's scorer sent to a Ray node), it travels empty: each
+    process builds its own."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[str | None, tuple[str, ...]], Any] = {}
+
+    def manager(self, settings: EvalSettings) -> Any:
+        """:func:`task_manager` of ``settings``, built once per include path and tasks."""
+        key = (settings.include_path, settings.lm_tasks)
+        if key not in self._built:
+            self._built[key] = task_manager(settings)
+        return self._built[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_built": {}}
+
+
 def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
     """Each lm-eval task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each
     loaded as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
