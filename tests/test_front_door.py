@@ -37,8 +37,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 CLI_ONLY = {"command", "quiet", "json", "v_flag"}
 # Parameters that are objects, not options: the caller's progress display and stop flag (the CLI passes its own),
 # the free-space reading tests replace, whether this process was started for the estimate (the CLI's was), and
-# the table of stored formats a notebook plugs its own format into.
-API_ONLY = {"progress", "should_stop", "disk_free", "fresh_process", "codecs"}
+# the table of stored formats a notebook plugs its own format into, and the lm-eval task index a notebook
+# evaluating several models reuses (a command evaluates once: it builds its own).
+API_ONLY = {"progress", "should_stop", "disk_free", "fresh_process", "codecs", "task_index"}
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:

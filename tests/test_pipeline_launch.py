@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -59,7 +60,9 @@ class _Unit:
 def pipeline() -> Iterator[tuple[_Pipeline, MemoryGovernor, _Probe]]:
     probe = _Probe()
     governor = MemoryGovernor(BUDGET, probe, margin_fraction=0.0)
-    line = _Pipeline(cast(Any, None), cast(Any, None), cast(Any, None), governor, 1, lambda: False, NO_RESOURCES)
+    # a writer without a buffer pool: the workspaces' own buffers, as before the writer lent them one
+    writer = cast(Any, SimpleNamespace(pool=None))
+    line = _Pipeline(cast(Any, None), cast(Any, None), writer, governor, 1, lambda: False, NO_RESOURCES)
     yield line, governor, probe
     line.close()
 
