@@ -46,6 +46,7 @@ class PlainTokenizer:
 
     def __init__(self, backend: Any, template: str | None, specials: Mapping[str, str]) -> None:
         self.backend, self.chat_template, self.specials = backend, template, dict(specials)
+        self._compiled: Any = None  # the template compiled at its first rendering, for every one after it
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)}
@@ -56,7 +57,9 @@ class PlainTokenizer:
         and the named special tokens."""
         if tokenize or self.chat_template is None:
             raise ValueError("the plain tokenizer renders a chat template as text only")
-        return str(_compiled(self.chat_template).render(
+        if self._compiled is None:
+            self._compiled = _compiled(self.chat_template)
+        return str(self._compiled.render(
             messages=[{k: v for k, v in m.items() if v is not None} for m in messages], tools=None, documents=None,
             add_generation_prompt=False, **self.specials))
 
@@ -64,13 +67,13 @@ class PlainTokenizer:
 def plain_tokenizer(directory: Path) -> PlainTokenizer | None:
     """The tokenizer of the model folder ``directory`` read without transformers, where transformers would give the
     same ids (see the module); None where it might not, or a file cannot be read."""
-    config = _json_doc(directory / "tokenizer_config.json")
+    config = json_object(directory / "tokenizer_config.json")
     if config is None or config.get("tokenizer_class") not in PLAIN_CLASSES or not set(config) <= _INERT:
         return None
     if (directory / "chat_template.json").exists() or (directory / "additional_chat_templates").exists():
         return None
     path = directory / "tokenizer.json"
-    doc = _json_doc(path)
+    doc = json_object(path)
     if doc is None or doc.get("padding") is not None or doc.get("truncation") is not None:
         return None
     added = {entry.get("content"): entry for entry in doc.get("added_tokens") or () if isinstance(entry, dict)}
@@ -116,7 +119,7 @@ def _specials(directory: Path, config: Mapping[str, Any], added: Mapping[Any, Ma
         theirs = by_id.get(int(index)) if str(index).isdigit() else None
         if not isinstance(entry, dict) or theirs is None or _settings(entry) != _settings(theirs):
             return None
-    mapped = _json_doc(directory / "special_tokens_map.json")
+    mapped = json_object(directory / "special_tokens_map.json")
     if mapped is None and (directory / "special_tokens_map.json").exists():
         return None
     for key, value in (mapped or {}).items():
@@ -189,8 +192,9 @@ def _compiled(template: str) -> Any:
     return env.from_string(template)
 
 
-def _json_doc(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; None where there is none to read."""
+def json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None where there is none to read (a tokenizer folder's configs, read here and
+    by :mod:`resumerge.forward.texts`)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

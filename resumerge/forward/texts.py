@@ -43,8 +43,10 @@ def _named_class_config(transformers: Any, directory: Path) -> dict[str, Any]:
     family's modeling stack (transformers 5: torch.distributed.tensor and sympy among it, about 1 CPU s of a
     search's tokenizer), and the class it looks up by that config's type is only asked for where the tokenizer's
     config names none."""
-    tokenizer = _json_doc(directory / "tokenizer_config.json")
-    config = _json_doc(directory / "config.json")
+    from resumerge.forward.plaintok import json_object
+
+    tokenizer = json_object(directory / "tokenizer_config.json") or {}
+    config = json_object(directory / "config.json") or {}
     if not tokenizer.get("tokenizer_class") or "auto_map" in tokenizer or "auto_map" in config \
             or not config.get("model_type"):
         return {}
@@ -59,17 +61,6 @@ def _named_class_config(transformers: Any, directory: Path) -> dict[str, Any]:
         return {"config": plain.from_pretrained(str(directory))}
     finally:
         said.setLevel(level)
-
-
-def _json_doc(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or {} where there is none to read."""
-    import json
-
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def load_tokenizer(directories: Sequence[Path], *, what: str = "resumerge check", plain: bool = False) -> Any:

@@ -47,9 +47,14 @@ class Hosted:
     def host(self, factory: Callable[..., Any], *args: Any) -> Any:
         """Make the pass's object in the worker (a reference to the call, which raises nothing: what the making
         raised is raised by the calls after it)."""
+        return self.send("host", factory, *args)
+
+    def send(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The worker actor's ``method`` called for this lease with the next call's number (the order the worker
+        runs them in)."""
         with self.lock:
             self.sent += 1
-            return self.worker.actor.host.remote(self.lease, self.sent - 1, factory, *args)
+            return getattr(self.worker.actor, method).remote(self.lease, self.sent - 1, *args, **kwargs)
 
     def __getattr__(self, name: str) -> _Method:
         if name.startswith("_"):
@@ -64,10 +69,7 @@ class _Method:
         self.hosted, self.name = hosted, name
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        with self.hosted.lock:
-            self.hosted.sent += 1
-            return self.hosted.worker.actor.call.remote(self.hosted.lease, self.hosted.sent - 1, self.name, *args,
-                                                        **kwargs)
+        return self.hosted.send("call", self.name, *args, **kwargs)
 
 
 def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float) -> list[Hosted | None]:
