@@ -1,0 +1,87 @@
+"""``eval`` and ``evolve`` with ``--device cuda`` give the CPU's figures: each layer of a model, and of a merge never
+written, runs on the GPU and every request's score, metric and generation is the CPU's (within float32 rounding:
+a GPU's matrix products sum in another order); a search on the GPU proposes the same candidates and keeps the same
+``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU machine: ``pytest tests/test_gpu_passes.py``); tiny
+generated models, a few seconds each there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from support import write_config
+
+from resumerge import api
+from resumerge.cli.modelgen import ModelSpec, make_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _scores(results: dict[str, Any], task: str) -> list[Any]:
+    found = []
+    for sample in results["samples"][task]:
+        for (answer,) in sample["resps"]:
+            found.append(answer[0] if isinstance(answer, tuple) else answer)
+    return found
+
+
+def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten_merge(tmp_path: Path) -> None:
+    pytest.importorskip("lm_eval")
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+    a, b = tiny_model(tmp_path / "a", seed=0), tiny_model(tmp_path / "b", seed=1)
+    tasks = write_tasks(tmp_path)
+    merge = write_config(tmp_path / "linear.yml", {"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    names = ["tiny_mc", "tiny_ppl", "tiny_gen"]
+    for number, target in enumerate((a, merge)):
+        cpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
+                           state_dir=tmp_path / f"s-cpu-{number}")
+        gpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
+                           state_dir=tmp_path / f"s-gpu-{number}", resources=api.Resources(device="cuda"))
+        for task in names:
+            want, got = cpu.results["results"][task], gpu.results["results"][task]
+            assert want.keys() == got.keys(), task
+            for key, value in want.items():
+                if isinstance(value, float):
+                    assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (task, key)
+                else:
+                    assert got[key] == value, (task, key)
+            ours, theirs = _scores(gpu.results, task), _scores(cpu.results, task)
+            if task == "tiny_gen":
+                assert ours == theirs  # greedy generations: the same tokens
+            else:
+                assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-5), task
+
+
+def test_a_search_on_the_gpu_proposes_the_cpus_candidates_and_keeps_the_same_best(tmp_path: Path) -> None:
+    pytest.importorskip("cma")
+    spec = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
+    for i, name in enumerate(("base", "a", "b")):
+        make_model(tmp_path / name, spec, seed=i)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    (tmp_path / "b.txt").write_text("one two three four five six\nsome other words here too\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"models": [str(tmp_path / "a"), str(tmp_path / "b")], "merge_method": "ties",
+                   "base_model": str(tmp_path / "base"), "layer_granularity": 1},
+        "tasks": [{"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}},
+                  {"nll": {"texts": str(tmp_path / "b.txt")}, "weight": 0.1}]}))
+    options: dict[str, Any] = {"max_fevals": 5, "popsize": 3, "random_seed": 7}
+    api.evolve(config, tmp_path / "cpu", **options)
+    api.evolve(config, tmp_path / "gpu", resources=api.Resources(device="cuda"), **options)
+    rows = {where: [json.loads(line) for line in (tmp_path / where / "evaluations.jsonl").read_text().splitlines()]
+            for where in ("cpu", "gpu")}
+    assert len(rows["cpu"]) == 6
+    for want, got in zip(rows["cpu"], rows["gpu"], strict=True):
+        assert (got["genotype"], got["config"]) == (want["genotype"], want["config"])
+        assert got["objective"] == pytest.approx(want["objective"], rel=1e-5)
+        for name, value in want["tasks"].items():
+            assert got["tasks"][name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+    # the same candidate is best and its config the same bytes; only the objective in the head line may differ
+    want, got = ((tmp_path / where / "best.yml").read_text().split("\n", 1) for where in ("cpu", "gpu"))
+    assert got[0].split("objective")[0] == want[0].split("objective")[0] and got[1] == want[1]
