@@ -248,10 +248,11 @@ def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out, state = tmp_path / "out", tmp_path / "state"
-    asked = iter(range(1_000_000))
-    with pytest.raises(InterruptedMerge):  # stopped after some shards were committed
+    # Stopped once a shard is committed (7 shards of 20 KB): a stop after a count of polls left none committed
+    # when the writer thread lagged the units under load.
+    with pytest.raises(InterruptedMerge):
         api.run(cfg, out, output=api.Output(out_shard_size="20KB"), state_dir=state,
-                should_stop=lambda: next(asked) > 3)
+                should_stop=lambda: any(out.glob("*.safetensors")))
     assert (run_dir(out, state) / LEDGER_NAME).exists() and any(out.glob("*.safetensors"))
 
     def unreachable(*_: object, **__: object) -> None:
