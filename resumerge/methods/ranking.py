@@ -94,11 +94,47 @@ def _select_numpy(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
 
 
 def _select_torch(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    if flat.dtype == torch.int32:
+        return _select_counted(flat, positions)
     if not flat.dtype.is_floating_point:
-        # kthvalue is a radix selection on CUDA; integer keys have no NaN whose placement could differ.
+        # kthvalue is a radix selection; integer keys have no NaN whose placement could differ.
         return torch.stack([torch.kthvalue(flat, position + 1).values for position in positions])
     # Float values: torch.sort's order (NaN last) is the contract, so use it.
     return torch.sort(flat).values[list(positions)]
+
+
+# The int32 selection's histogram: 2¹⁶ buckets of a key's upper half (then of its lower half within one bucket),
+# counted over chunks of 2²⁰ keys so that its scratch stays a few MB whatever the tensor (the footprints count one
+# copy of the keys for a selection, which this stays below).
+_HALF = 1 << 16
+_COUNT_CHUNK = 1 << 20
+
+
+def _select_counted(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    """int32 order statistics by counting: a histogram of every key's upper 16 bits finds the bucket of each
+    position and its rank there, a histogram of the lower 16 bits of that bucket's keys the value; exact, as a sort
+    is. On CUDA ``torch.kthvalue`` selects one slice in one thread block, so a whole task vector of millions of keys
+    went through a single block (9.5 ms a call on an H100, most of a TIES search's GPU time); ``bincount`` spreads
+    over the device."""
+    device = flat.device
+    upper = torch.zeros(_HALF, dtype=torch.int64, device=device)
+    for start in range(0, flat.numel(), _COUNT_CHUNK):
+        # an arithmetic shift: the upper half of a negative key is negative, and +2¹⁵ keeps the buckets in order
+        upper += torch.bincount((flat[start:start + _COUNT_CHUNK] >> 16) + (_HALF >> 1), minlength=_HALF)
+    ends = upper.cumsum(0)
+    wanted = torch.tensor(list(positions), dtype=torch.int64, device=device)
+    buckets = torch.searchsorted(ends, wanted, right=True)
+    ranks = wanted - (ends[buckets] - upper[buckets])
+    found = []
+    for bucket, rank in zip(buckets.tolist(), ranks.tolist(), strict=True):
+        high = bucket - (_HALF >> 1)
+        lower = torch.zeros(_HALF, dtype=torch.int64, device=device)
+        for start in range(0, flat.numel(), _COUNT_CHUNK):
+            part = flat[start:start + _COUNT_CHUNK]
+            lower += torch.bincount(part[(part >> 16) == high] & (_HALF - 1), minlength=_HALF)
+        low = int(torch.searchsorted(lower.cumsum(0), torch.tensor([rank], device=device), right=True))
+        found.append((high << 16) | low)  # a Python int: (-2¹⁶ · k) | low is -2¹⁶ · k + low, as the key is
+    return torch.tensor(found, dtype=flat.dtype, device=device)
 
 
 def stable_order(keys: torch.Tensor, shift: int | None = None) -> torch.Tensor:

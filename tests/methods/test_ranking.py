@@ -69,6 +69,23 @@ def test_order_statistics_equal_sorted_values_on_both_code_paths(dtype: torch.dt
         torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
+def test_int32_selection_by_counting_equals_a_sort_across_chunks_signs_and_extremes() -> None:
+    # What a GPU selects int32 keys by (two 2^16-bucket histograms, counted over chunks of 2^20 keys); the CPU
+    # selects with numpy, so the function is called here directly.
+    gen = torch.Generator().manual_seed(3)
+    full = torch.randint(-2**31, 2**31 - 1, ((1 << 20) + 3,), generator=gen, dtype=torch.int64).to(torch.int32)
+    extremes = torch.full((999,), -2**31, dtype=torch.int32)
+    extremes[::3] = 2**31 - 1
+    one_bucket = torch.randint(0, 1 << 16, (5000,), generator=gen, dtype=torch.int32) + (7 << 16)  # same upper half
+    cases = [full, extremes, one_bucket, torch.randint(-3, 3, (4097,), generator=gen, dtype=torch.int32),
+             ranking.magnitude_keys(torch.randn(3001, generator=gen).abs()), torch.tensor([-5], dtype=torch.int32)]
+    for values in cases:
+        n = values.numel()
+        positions = [0, n - 1, n // 2, n // 3, n // 2]
+        got = ranking._select_counted(values, positions)
+        assert got.dtype == torch.int32 and torch.equal(got, torch.sort(values).values[positions])
+
+
 def test_order_statistics_rejects_positions_outside_the_tensor() -> None:
     with pytest.raises(IndexError):
         ranking.order_statistics(torch.arange(5, dtype=torch.int32), [5])
