@@ -62,6 +62,9 @@ if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make 
     import ctypes
     child_hook = ctypes.CDLL(sys.argv[2]).forkserver_child  # none: this server ends, each command runs fresh
 requests, replies = sys.stdin, sys.stdout
+# What this server holds imported: a command whose PYTHONPATH adds folders holding none of them may be forked
+replies.write(json.dumps({"modules": sorted({name.partition(".")[0] for name in sys.modules})}) + "\n")
+replies.flush()
 while True:
     line = requests.readline()
     if not line:
@@ -105,10 +108,15 @@ sys.stdin = sys.__stdin__ = open(0, closefd=False)  # the server's may hold read
 if job.get("script"):  # `python SCRIPT ARGS`: the script's folder first on the path, as the interpreter puts it
     sys.path[0] = os.path.dirname(job["script"])
     sys.argv = [job["script"], *job["args"]]
-    runpy.run_path(job["script"], run_name="__main__")
 else:
     sys.path[0] = os.getcwd()
     sys.argv = ["resumerge", *job["args"]]
+# The folders the command's PYTHONPATH puts before the server's, where a fresh interpreter puts them: after the
+# script's folder or the working directory (an empty entry is the working directory).
+sys.path[1:1] = [os.path.abspath(folder) if folder else os.getcwd() for folder in job["path_added"]]
+if job.get("script"):
+    runpy.run_path(job["script"], run_name="__main__")
+else:
     runpy.run_module("resumerge", run_name="__main__", alter_sys=True)
 """
 
@@ -125,14 +133,46 @@ class ForkServer:
             [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD), *([preload] if preload else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
+        self._modules: set[str] | None = None  # what the server imported, once it has said
+        self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
 
     def forkable(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` may be forked: it differs from the server's only where the
-        preloaded modules never look."""
+        preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
+        the modules the server imported (a test's stand-in for a package the command imports itself: a transformers
+        that fails to import)."""
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return self.process.poll() is None and all(_RUNTIME.match(k) for k in changed)
+        if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
+            return False
+        return self.path_added(env) is not None
+
+    def path_added(self, env: dict[str, str]) -> list[str] | None:
+        """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs
+        otherwise, where one of those is not a folder, or where one holds a module the server imported (the command
+        would import it from there)."""
+        new, old = (e.get("PYTHONPATH", "") for e in (env, self.env))
+        new_entries, old_entries = (value.split(os.pathsep) if value else [] for value in (new, old))
+        cut = len(new_entries) - len(old_entries)
+        if cut < 0 or new_entries[cut:] != old_entries:
+            return None
+        added = new_entries[:cut]
+        imported = self._imported()
+        for folder in added:
+            where = Path(folder or ".").absolute()
+            if not where.is_dir():  # a zip archive is not looked into (nor a folder not there: a test's mistake)
+                return None
+            if {entry.name.partition(".")[0] for entry in where.iterdir()} & imported:
+                return None
+        return added
+
+    def _imported(self) -> set[str]:
+        """The top-level modules the server imported (its first reply, read once)."""
+        with self._said:
+            if self._modules is None:
+                self._modules = set(self._reply(120)["modules"])
+            return self._modules
 
     def run(self, args: list[str], env: dict[str, str], timeout: float, script: Path | None = None,
             limits: dict[str, int] | None = None) -> subprocess.CompletedProcess[str] | None:
@@ -165,7 +205,8 @@ class ForkServer:
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),
                                                  "stderr": str(err), "script": script and str(script),
-                                                 "limits": limits or {}}) + "\n")
+                                                 "limits": limits or {}, "path_added": self.path_added(env) or []})
+                                     + "\n")
             self.process.stdin.flush()
             pid = int(self._reply(60)["pid"])
         except BaseException:
