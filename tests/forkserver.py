@@ -8,7 +8,11 @@ are imported in the child, never in the server.
 
 Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
 imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
-interpreter instead (:func:`forkable`).
+interpreter instead (:func:`forkable`). A command under an ``LD_PRELOAD`` library that exports
+``void forkserver_child(void)`` (the fault shim, tests/faultshim) is forked from a server of its own started under that
+library: each child calls the function once its environment is the command's, and the library reads its settings
+again, as at a process's start. A library without it is never forked from (its server ends at once: a fresh
+interpreter runs each such command).
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio"
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
 # when a cache directory is asked for (torch._inductor, never imported by the server): left out, every command after
 # such a test started a fresh interpreter (torch imported again) for the rest of the worker's session.
+# FAULTSHIM_ is the fault shim's, which each child has read them again (forkserver_child).
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_)")
 
 _SERVER = r"""
 import json, os, runpy, sys
@@ -53,7 +58,13 @@ for name in json.loads(sys.argv[1]):
         __import__(name)
     except ImportError:
         pass
+if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make it read their settings
+    import ctypes
+    child_hook = ctypes.CDLL(sys.argv[2]).forkserver_child  # none: this server ends, each command runs fresh
 requests, replies = sys.stdin, sys.stdout
+# What this server holds imported: a command whose PYTHONPATH adds folders holding none of them may be forked
+replies.write(json.dumps({"modules": sorted({name.partition(".")[0] for name in sys.modules})}) + "\n")
+replies.flush()
 while True:
     line = requests.readline()
     if not line:
@@ -80,6 +91,12 @@ os.chdir(job["cwd"])
 os.environ.clear()
 os.environ.update(job["env"])
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # what the CLI's main sets before torch's first import
+if len(sys.argv) > 2:
+    child_hook()  # the preloaded library's settings, from this environment (set above: putenv reaches C's getenv)
+if job.get("limits"):  # as a launcher sets them before it execs the command
+    import resource
+    for limit, value in job["limits"].items():
+        resource.setrlimit(getattr(resource, limit), (value, value))
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
 for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
@@ -88,34 +105,81 @@ for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
     os.close(target)
 os.close(null)
 sys.stdin = sys.__stdin__ = open(0, closefd=False)  # the server's may hold read-ahead of the requests
-sys.path[0] = os.getcwd()
-sys.argv = ["resumerge", *job["args"]]
-runpy.run_module("resumerge", run_name="__main__", alter_sys=True)
+if job.get("script"):  # `python SCRIPT ARGS`: the script's folder first on the path, as the interpreter puts it
+    sys.path[0] = os.path.dirname(job["script"])
+    sys.argv = [job["script"], *job["args"]]
+else:
+    sys.path[0] = os.getcwd()
+    sys.argv = ["resumerge", *job["args"]]
+# The folders the command's PYTHONPATH puts before the server's, where a fresh interpreter puts them: after the
+# script's folder or the working directory (an empty entry is the working directory).
+sys.path[1:1] = [os.path.abspath(folder) if folder else os.getcwd() for folder in job["path_added"]]
+if job.get("script"):
+    runpy.run_path(job["script"], run_name="__main__")
+else:
+    runpy.run_module("resumerge", run_name="__main__", alter_sys=True)
 """
 
 
 class ForkServer:
     """The server process of one test worker, started at its first command."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: str | None = None) -> None:
+        """``preload``: the ``LD_PRELOAD`` library the server and its children run under (module docstring)."""
         self.env = dict(os.environ)
+        if preload is not None:
+            self.env["LD_PRELOAD"] = preload
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=self.env, text=True, bufsize=1)
+            [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD), *([preload] if preload else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
+        self._modules: set[str] | None = None  # what the server imported, once it has said
+        self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
 
     def forkable(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` may be forked: it differs from the server's only where the
-        preloaded modules never look."""
+        preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
+        the modules the server imported (a test's stand-in for a package the command imports itself: a transformers
+        that fails to import)."""
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return self.process.poll() is None and all(_RUNTIME.match(k) for k in changed)
+        if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
+            return False
+        return self.path_added(env) is not None
 
-    def run(self, args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str] | None:
-        """``python -m resumerge ARGS`` in a child forked from the server, as :func:`subprocess.run` returns it; None
-        while another command runs there (the server runs one at a time: the caller starts a fresh one)."""
-        child = self.start(args, env, capture=True)
+    def path_added(self, env: dict[str, str]) -> list[str] | None:
+        """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs
+        otherwise, where one of those is not a folder, or where one holds a module the server imported (the command
+        would import it from there)."""
+        new, old = (e.get("PYTHONPATH", "") for e in (env, self.env))
+        new_entries, old_entries = (value.split(os.pathsep) if value else [] for value in (new, old))
+        cut = len(new_entries) - len(old_entries)
+        if cut < 0 or new_entries[cut:] != old_entries:
+            return None
+        added = new_entries[:cut]
+        imported = self._imported()
+        for folder in added:
+            where = Path(folder or ".").absolute()
+            if not where.is_dir():  # a zip archive is not looked into (nor a folder not there: a test's mistake)
+                return None
+            if {entry.name.partition(".")[0] for entry in where.iterdir()} & imported:
+                return None
+        return added
+
+    def _imported(self) -> set[str]:
+        """The top-level modules the server imported (its first reply, read once)."""
+        with self._said:
+            if self._modules is None:
+                self._modules = set(self._reply(120)["modules"])
+            return self._modules
+
+    def run(self, args: list[str], env: dict[str, str], timeout: float, script: Path | None = None,
+            limits: dict[str, int] | None = None) -> subprocess.CompletedProcess[str] | None:
+        """``python -m resumerge ARGS`` (or ``python SCRIPT ARGS``) in a child forked from the server, as
+        :func:`subprocess.run` returns it; None while another command runs there (the server runs one at a time: the
+        caller starts a fresh one)."""
+        child = self.start(args, env, capture=True, script=script, limits=limits)
         if child is None:
             return None
         try:
@@ -126,10 +190,13 @@ class ForkServer:
             raise
         return subprocess.CompletedProcess(child.args, child.wait(), out, err)
 
-    def start(self, args: list[str], env: dict[str, str], *, capture: bool) -> Forked | None:
-        """``python -m resumerge ARGS`` started in a child forked from the server, returned at once; its stdout and
-        stderr kept for :meth:`Forked.communicate` where ``capture``, else sent to /dev/null. None while another
-        command runs there (the server runs one at a time: the caller starts a fresh one)."""
+    def start(self, args: list[str], env: dict[str, str], *, capture: bool, script: Path | None = None,
+              limits: dict[str, int] | None = None) -> Forked | None:
+        """``python -m resumerge ARGS`` (or, given ``script``, ``python SCRIPT ARGS``: a test's own front end to the
+        CLI) started in a child forked from the server, under the resource ``limits`` (``{"RLIMIT_FSIZE": bytes}``:
+        soft and hard, set before the command starts), returned at once; its stdout and stderr kept for
+        :meth:`Forked.communicate` where ``capture``, else sent to /dev/null. None while another command runs there
+        (the server runs one at a time: the caller starts a fresh one)."""
         if not self._busy.acquire(blocking=False):
             return None
         try:
@@ -137,13 +204,16 @@ class ForkServer:
                         (Path(os.devnull), Path(os.devnull)))
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "stdout": str(out),
-                                                 "stderr": str(err)}) + "\n")
+                                                 "stderr": str(err), "script": script and str(script),
+                                                 "limits": limits or {}, "path_added": self.path_added(env) or []})
+                                     + "\n")
             self.process.stdin.flush()
             pid = int(self._reply(60)["pid"])
         except BaseException:
             self._busy.release()
             raise
-        return Forked(self, [sys.executable, "-m", "resumerge", *args], pid, (out, err) if capture else None)
+        command = [sys.executable, *([str(script)] if script else ["-m", "resumerge"]), *args]
+        return Forked(self, command, pid, (out, err) if capture else None)
 
     def _status(self, timeout: float | None) -> int:
         """The exit status of the command the server runs, waiting at most ``timeout`` seconds (None: as long as it
@@ -191,16 +261,18 @@ class ForkServer:
         self.folder.rmdir()
 
 
-_SERVERS: list[ForkServer] = []  # this worker's one fork server, started by its first command
+# this worker's fork servers, each started by its first command: the plain one (key None) and one per LD_PRELOAD
+_SERVERS: dict[str | None, ForkServer] = {}
 
 
-def worker_server() -> ForkServer:
-    """This worker's fork server: one, though the test modules import the helpers both as ``support`` and as
-    ``tests.support`` (two modules, which each kept a server of their own: two interpreters importing torch)."""
-    if not _SERVERS:
-        _SERVERS.append(ForkServer())
-        atexit.register(_SERVERS[0].close)
-    return _SERVERS[0]
+def worker_server(preload: str | None = None) -> ForkServer:
+    """This worker's fork server for commands under the ``LD_PRELOAD`` library ``preload`` (None: none): one,
+    though the test modules import the helpers both as ``support`` and as ``tests.support`` (two modules, which each
+    kept a server of their own: two interpreters importing torch)."""
+    if preload not in _SERVERS:
+        _SERVERS[preload] = ForkServer(preload)
+        atexit.register(_SERVERS[preload].close)
+    return _SERVERS[preload]
 
 
 class Forked:

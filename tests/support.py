@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,44 +23,60 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 
+def _command(script: Path | None) -> list[str]:
+    return [sys.executable, *([str(script)] if script else ["-m", "resumerge"])]
+
+
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120,
-        fresh: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m resumerge ARGS`` in a process of its own and capture its output: forked from this worker's
-    :class:`~forkserver.ForkServer` (torch imported once), or a fresh interpreter where ``fresh`` or where ``env``
-    changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
+        fresh: bool = False, script: Path | None = None,
+        limits: dict[str, int] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m resumerge ARGS`` (or ``python SCRIPT ARGS``, a test's own front end to the CLI) in a process
+    of its own, under the resource ``limits`` (``{"RLIMIT_FSIZE": bytes}``, set before it starts), and capture its
+    output: forked from this worker's :class:`~forkserver.ForkServer` (torch imported once), or a fresh interpreter
+    where ``fresh`` or where ``env`` changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else worker_server()
-    forked = server.run([str(a) for a in args], full_env, timeout) if server and server.forkable(full_env) else None
+    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
+    forked = (server.run([str(a) for a in args], full_env, timeout, script, limits)
+              if server and server.forkable(full_env) else None)
     if forked is not None:
         return forked
     return subprocess.run(
-        [sys.executable, "-m", "resumerge", *map(str, args)],
+        [*_command(script), *map(str, args)],
         env=full_env,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        preexec_fn=partial(_set_limits, limits) if limits else None,
     )
 
 
+def _set_limits(limits: dict[str, int]) -> None:
+    import resource
+
+    for limit, value in limits.items():
+        resource.setrlimit(getattr(resource, limit), (value, value))
+
+
 def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: bool = False,
-              fresh: bool = False) -> Forked | subprocess.Popen[str]:
-    """Start ``python -m resumerge ARGS`` in a process of its own and return at once, as :func:`cli` runs it (forked
+              fresh: bool = False, script: Path | None = None) -> Forked | subprocess.Popen[str]:
+    """Start ``python -m resumerge ARGS`` (or ``python SCRIPT ARGS``) in a process of its own and return at once, as
+    :func:`cli` runs it (forked
     where it may be, else a fresh interpreter): a :class:`subprocess.Popen` or its forked twin (``pid``, ``poll``,
     ``wait``, ``send_signal``, ``kill``, ``communicate``), for a test that kills or signals it at a moment of its
     choosing. Its stdout and stderr go to /dev/null, or where ``capture``, to :meth:`communicate` once it has ended
     (a test that reads its output as it comes uses :class:`subprocess.Popen`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else worker_server()
-    forked = (server.start([str(a) for a in args], full_env, capture=capture)
+    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
+    forked = (server.start([str(a) for a in args], full_env, capture=capture, script=script)
               if server and server.forkable(full_env) else None)
     if forked is not None:
         return forked
     where = subprocess.PIPE if capture else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, args)], env=full_env, stdout=where,
-                            stderr=where, text=True)
+    return subprocess.Popen([*_command(script), *map(str, args)], env=full_env, stdout=where, stderr=where,
+                            text=True)
 
 
 def wait_stopped(process: Forked | subprocess.Popen[str], timeout: float = 120) -> None:

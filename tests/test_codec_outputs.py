@@ -6,10 +6,7 @@ resumes byte-identical. Tested with the toy "int8 with a per-row scale" format o
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from functools import partial
@@ -19,7 +16,7 @@ import pytest
 import torch
 from conftest import ModelFactory
 from safetensors.torch import load_file, save
-from support import digests, linear_config, write_config
+from support import cli, cli_start, digests, linear_config, write_config
 from toycodec import TOY, RowScaledInt8, quantize
 
 from resumerge.cli.commands import main
@@ -217,17 +214,16 @@ def test_a_run_with_multi_part_outputs_killed_anywhere_resumes_byte_identical(
         toy_merge: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     config, reference = toy_merge
     out, state = tmp_path / "out", tmp_path / "state"
-    args = [sys.executable, str(TOYRUN), "run", str(config), str(out), "--state-dir", str(state), "--out-shard-size",
-            TOY_SHARD, "--quiet"]
+    # `python toyrun.py ARGS`, forked from the worker's fork server (torch imported once) as support.cli forks the CLI
+    args = ["run", config, out, "--state-dir", state, "--out-shard-size", TOY_SHARD, "--quiet"]
     where, _, arg = point.partition(":")
     if where != "random":
-        killed = subprocess.run(args, env={**os.environ, "RESUMERGE_KILL_AT": point}, capture_output=True,
-                                text=True, timeout=120, check=False)
+        killed = cli(*args, env={"RESUMERGE_KILL_AT": point}, script=TOYRUN)
         assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
     else:  # a moment of the merge: once that fraction of its shards is published (never the last), then at once
         shards = sorted(n for n in reference if n.endswith(".safetensors"))
         wanted = max(1, min(len(shards) - 1, round(float(arg) * len(shards))))
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = cli_start(*args, script=TOYRUN)
         while sum((out / n).exists() for n in shards) < wanted and proc.poll() is None:
             time.sleep(0.002)
         # Counted in shards, not seconds: on a loaded machine a fixed delay outlived the whole run.

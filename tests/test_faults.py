@@ -18,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import random
 import shutil
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
-from support import cli, cli_here, digests, linear_config, reference_merge
+from support import cli, cli_here, cli_start, digests, linear_config, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -193,14 +191,9 @@ def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit
     ignores it while merging, so the oversized write fails with EFBIG and the run stops with exit 3 and a hint
     naming ``ulimit -f``."""
     out, state = _fresh(setup, f"fsize-{shard}")
-    # A fresh interpreter (not support.cli): the limit is set before it starts.
-    launcher = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
-                "os.execv(sys.executable, [sys.executable, '-m', 'resumerge', *sys.argv[2:]])")
-    done = subprocess.run(
-        [sys.executable, "-c", launcher, str(limit), "run", str(setup.config), str(out), "--state-dir", str(state),
-         "--out-shard-size", shard, "--quiet"],
-        capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ),
-    )
+    # The limit is set in the command's process before it starts (forked, it runs the CLI after setting it).
+    done = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", shard, "--quiet",
+               limits={"RLIMIT_FSIZE": limit})
     _one_error_line(done, 3, fragment, "ulimit -f")
     assert verify_output(out, StateDir.resolve(state)).ok
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
@@ -218,11 +211,10 @@ def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: 
     """Run the merge, pause its writer right after shard ``after_shards`` is published, call ``meddle``, go on."""
     flag = setup.root / f"pause-{out.name}"
     flag.unlink(missing_ok=True)
-    env = dict(os.environ, **shim_env(shim, arm_renames=after_shards, arm_match=f"{out}/model-", pause_flag=flag))
-    # A fresh interpreter, not support.cli_start: the shim is preloaded (LD_PRELOAD) as the process starts.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resumerge", "run", str(setup.config), str(out), "--state-dir", str(state),
-         "--out-shard-size", SHARD, "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = shim_env(shim, arm_renames=after_shards, arm_match=f"{out}/model-", pause_flag=flag)
+    # Under the shim: forked from the worker's fork server started under it, which each child makes read its settings
+    proc = cli_start("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet", env=env,
+                     capture=True)
     deadline = time.monotonic() + 60
     while not flag.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the merge never reached the pause"
@@ -230,7 +222,8 @@ def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: 
     meddle()
     flag.unlink()
     stdout, stderr = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout or "", stderr or "")
 
 
 def _input_shards(setup: Setup) -> list[Path]:

@@ -4,6 +4,7 @@ changes what the server imported before forking runs in a fresh interpreter inst
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -73,3 +74,38 @@ def test_a_started_command_is_signalled_by_its_pid_which_stays_its_own_until_its
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+_LOOK = """
+import json, resource, sys
+import stand_in
+print(json.dumps([sys.argv, sys.path, resource.getrlimit(resource.RLIMIT_FSIZE), stand_in.__file__]))
+"""
+
+
+def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_interpreter_s(tmp_path: Path) -> None:
+    """``python SCRIPT ARGS`` under a resource limit, with a PYTHONPATH that puts a folder before the server's: the
+    same argv, path, limit and imports forked as fresh; a folder holding a module the server imported is not
+    forked from (the command would import that one)."""
+    script, added = tmp_path / "bin" / "look.py", tmp_path / "site"
+    script.parent.mkdir()
+    script.write_text(_LOOK)
+    added.mkdir()
+    (added / "stand_in.py").write_text("")  # a module the command imports that the server never did
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(added), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    limits = {"RLIMIT_FSIZE": 123_456_789}
+    server = ForkServer()
+    try:
+        assert server.forkable(env)
+        forked = server.run(["a", "b c"], env, 120, script, limits)
+        fresh = cli("a", "b c", env=env, fresh=True, script=script, limits=limits)
+        assert forked is not None and forked.returncode == fresh.returncode == 0, (forked, fresh)
+        assert forked.stdout == fresh.stdout and forked.stderr == fresh.stderr == ""
+        argv, _, limit, imported = json.loads(forked.stdout)
+        assert argv == [str(script), "a", "b c"] and limit == [123_456_789] * 2
+        assert imported == str(added / "stand_in.py")
+        (added / "torch").mkdir()  # the server imported torch: from here the command would import this one
+        assert not server.forkable(env)
+        assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
+    finally:
+        server.close()

@@ -11,4 +11,4 @@ Its factor functions are registered with ``methods`` like merge methods; torch d
 May import: errors, config, inputs, outputs, plan, methods.
 """
 
-__all__ = ["adapter_files", "decompose", "factors", "modules", "planner", "prepare", "spec"]
+__all__ = ["adapter_files", "decompose", "factors", "modelview", "modules", "planner", "prepare", "spec"]

@@ -17,7 +17,8 @@ from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.plan.expertmodules import meta_model, renamed
+from resumerge.extract.modelview import model_modules
+from resumerge.plan.expertmodules import renamed
 
 # The modules PEFT refuses to give LoRA factors, by their last name, in models of these types (peft 0.17-0.21,
 # tuners_utils._check_lora_target_modules_mamba: "is incompatible with Mamba-based models").
@@ -36,24 +37,20 @@ def check_loadable(config: Mapping[str, Any], modules: Iterable[tuple[str, str]]
                 f"{path.split('.')[-1]} (Mamba's fused kernels read its weight directly)",
                 hint=f"leave it out with -e (for example -e '{_pattern(name)}')",
             )
-    built = meta_model(config)
+    built = model_modules(config)
     if built is None:
         return
-    model, _, renames = built
-    import torch
-
-    lora_types = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    renames = built.patterns()
     for path, name in modules:
         path = renamed(f"{path}.weight", renames).removesuffix(".weight")
-        try:
-            module = model.get_submodule(path)
-        except AttributeError:
+        kind = built.kinds.get(path)
+        if kind is None:
             problem = (f"transformers builds no module {path} in a {config.get('model_type')} model (it fuses or "
                        "renames that weight as it loads)")
         else:
-            if isinstance(module, lora_types):
+            if kind[1]:
                 continue
-            problem = f"its module is a {type(module).__name__}, not a linear, embedding or convolution layer"
+            problem = f"its module is a {kind[0]}, not a linear, embedding or convolution layer"
         raise UsageError(
             f"{name} cannot be given LoRA factors PEFT loads: {problem}",
             hint=f"leave such modules out with -e (for example -e '{_pattern(name)}')",

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from resumerge.plan.expertmodules import meta_model, renamed
+from resumerge.extract.modelview import model_modules
+from resumerge.plan.expertmodules import renamed
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,7 @@ class PeftView:
 
 def peft_view(config: Mapping[str, Any]) -> PeftView:
     """The view of the model transformers builds from ``config`` (module docstring)."""
-    built = meta_model(config)
-    if built is None:
+    modules = model_modules(config)
+    if modules is None:
         return PeftView()
-    model, _, renames = built
-    import torch
-
-    embeddings = frozenset(n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
-    owners: dict[str, list[str]] = {}
-    for name, _ in model.named_parameters():
-        module, _, leaf = name.rpartition(".")
-        if leaf not in ("weight", "bias"):
-            owners.setdefault(module, []).append(leaf)
-    return PeftView(tuple(renames), embeddings, frozenset(n for n, _ in model.named_modules()),
-                    {k: tuple(v) for k, v in owners.items()})
+    return PeftView(tuple(modules.patterns()), modules.embeddings, modules.paths, modules.owners)

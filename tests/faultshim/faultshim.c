@@ -3,7 +3,7 @@
  * the wall clock, and can pause a process at a chosen moment. Used by tests/test_faults.py to give real merges
  * (Python's os calls and SQLite's own I/O alike) the failures disks really produce: ENOSPC, EIO, EROFS, EACCES.
  *
- * Configuration (environment, read once at load):
+ * Configuration (environment, read once at load, or again by forkserver_child()):
  *   FAULTSHIM_MATCH        substring a path must contain for its operations to be faulted (no faults when unset)
  *   FAULTSHIM_OPS          comma list of: write (write/pwrite/writev on files opened under MATCH), fsync
  *                          (fsync/fdatasync), open (opens for writing or creating, mkdir), rename, unlink
@@ -82,11 +82,18 @@ static int parse_errno(const char *s) {
     return atoi(s) > 0 ? atoi(s) : ENOSPC;
 }
 
-__attribute__((constructor)) static void init(void) {
-    RESOLVE(write); RESOLVE(pwrite); RESOLVE(pwrite64); RESOLVE(writev); RESOLVE(fsync); RESOLVE(fdatasync);
-    RESOLVE(close); RESOLVE(open); RESOLVE(open64); RESOLVE(openat); RESOLVE(openat64); RESOLVE(mkdir);
-    RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(unlink); RESOLVE(unlinkat);
-    RESOLVE(clock_gettime); RESOLVE(gettimeofday); RESOLVE(time);
+/* The settings read from the environment, every count started from zero. */
+static void configure(void) {
+    ops = 0;
+    fault_errno = ENOSPC;
+    skip_calls = arm_renames = 0;
+    skip_bytes = -1;
+    clock_shift = 0;
+    atomic_store(&calls, 0);
+    atomic_store(&renames_seen, 0);
+    atomic_store(&fired, 0);
+    atomic_store(&bytes_written, 0);
+    for (int fd = 0; fd < MAX_FD; fd++) atomic_store(&tracked[fd], 0);
     match_s = getenv("FAULTSHIM_MATCH");
     if (match_s && !*match_s) match_s = NULL;
     const char *o = getenv("FAULTSHIM_OPS");
@@ -108,6 +115,18 @@ __attribute__((constructor)) static void init(void) {
     log_s = getenv("FAULTSHIM_LOG");
     atomic_store(&armed, arm_renames <= 0);
 }
+
+__attribute__((constructor)) static void init(void) {
+    RESOLVE(write); RESOLVE(pwrite); RESOLVE(pwrite64); RESOLVE(writev); RESOLVE(fsync); RESOLVE(fdatasync);
+    RESOLVE(close); RESOLVE(open); RESOLVE(open64); RESOLVE(openat); RESOLVE(openat64); RESOLVE(mkdir);
+    RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(unlink); RESOLVE(unlinkat);
+    RESOLVE(clock_gettime); RESOLVE(gettimeofday); RESOLVE(time);
+    configure();
+}
+
+/* Read the settings again, as a process started now would: a process forked from one the shim was loaded into
+ * (the tests' fork server, tests/forkserver.py) calls it once its environment is the command's. */
+void forkserver_child(void) { configure(); }
 
 /* The absolute form of ``path`` relative to ``dirfd`` (best effort: AT_FDCWD or a directory descriptor). */
 static void absolute(int dirfd, const char *path, char *out, size_t size) {

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -85,10 +83,12 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
     reference = tmp_path / "reference"
-    # uninterrupted, in a fresh process: transformers (half a gigabyte once imported) never enters the run's
-    # process, for the tokenizer or the pass
-    done = subprocess.run([sys.executable, "-c", _RUN_AND_LOOK, str(config), str(reference), str(tmp_path / "ref")],
-                          capture_output=True, text=True, check=False, timeout=300)
+    # uninterrupted, in a process of its own (forked from the worker's fork server, which never imports
+    # transformers): transformers (half a gigabyte once imported) never enters the run's process, for the tokenizer
+    # or the pass
+    look = tmp_path / "run_and_look.py"
+    look.write_text(_RUN_AND_LOOK)
+    done = cli(config, reference, tmp_path / "ref", script=look, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
     out, state = tmp_path / "out", tmp_path / "state"
