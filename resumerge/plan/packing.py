@@ -93,7 +93,7 @@ def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
     with quiet_transformers():
         built, bigger = build_meta(transformers, torch, config), build_meta(transformers, torch, more)
     if built is None or bigger is None:
-        return {}
+        return ()
     shapes = {n: tuple(p.shape) for n, p in bigger[1].named_parameters()}
     found = []
     for name, param in built[1].named_parameters():
