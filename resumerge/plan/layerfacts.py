@@ -13,7 +13,7 @@ the next family adds). Besides those lists, two shapes of per-layer fact are fou
 
 Without transformers the lists are the names :data:`~resumerge.plan.architecture.PER_LAYER_KEYS` holds (the build
 check of :mod:`resumerge.plan.buildcheck` then says it did not run). transformers is asked only where a config holds
-a list of the layer count's length that those names leave out (a Llama's holds none: its plan imports nothing), and
+a list of the layer count's length that those names leave out (a Llama's holds none: its keys are known without it), and
 a family's answer is found once per process.
 """
 
