@@ -5,6 +5,7 @@ reader and dequantizer with the inverse transforms as transformers' GGUF loader 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -228,4 +229,26 @@ def name_maps_built_once() -> Iterator[None]:
     cached = functools.cache(gguf.get_tensor_name_map)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "get_tensor_name_map", cached)  # transformers imports it from gguf at each call
+        yield
+
+
+@contextmanager
+def readers_built_once() -> Iterator[None]:
+    """gguf-py's ``GGUFReader`` of each file built once within the block and handed back to every caller after the
+    first: transformers' GGUF loader parses a whole file again for a tokenizer's config, a model's config and its
+    weights, and a parse turns every element of the vocabulary and the merges into a memmap slice (SmolLM2's 49,152
+    tokens and 48,900 merges: seconds each). The reader only reads a file no one writes within the block (its size
+    and mtime are its key too); the loader does what it does otherwise."""
+    built: dict[tuple[str, int, int, str], gguf.GGUFReader] = {}
+    reader_of = gguf.GGUFReader
+
+    def reader(path: Any, mode: str = "r") -> gguf.GGUFReader:
+        stat = os.stat(path)
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, mode)
+        if key not in built:
+            built[key] = reader_of(path, mode)  # type: ignore[arg-type]
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)  # transformers imports it from gguf at each call, as the tests do
         yield

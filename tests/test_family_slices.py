@@ -224,6 +224,27 @@ def test_every_per_layer_list_of_every_causal_lm_config_is_found() -> None:
          "mlp_layer_types": ["dense"] * 4, "layer_types": ["indexed_attention"] * 4}))
 
 
+def test_transformers_is_asked_for_per_layer_keys_only_where_the_config_holds_a_list_it_could_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Llama's config holds no list of the layer count's length beside those resumerge names: the keys are known
+    # without importing transformers (seconds of a plan's start). Another list of that length is the class's to
+    # judge, and its answer is found once per family.
+    from resumerge.plan import layerfacts
+
+    asked: list[object] = []
+    answer = layerfacts.class_per_layer_keys
+    monkeypatch.setattr(layerfacts, "class_per_layer_keys", lambda t: asked.append(t) or answer(t))
+    llama = {"model_type": "llama", "num_hidden_layers": 3, "no_rope_layers": [1, 0, 1], "eos_token_id": [1, 2]}
+    assert per_layer_keys(llama) == ("no_rope_layers",) and asked == []
+    lfm2 = {"model_type": "lfm2", "num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]}
+    assert per_layer_keys(lfm2) == ("layer_types",) and asked == []  # a name resumerge keeps
+    other = {**llama, "eos_token_id": [1, 2, 3]}  # as long as the stack: transformers says it is not per layer
+    assert per_layer_keys(other) == ("no_rope_layers",) and asked == ["llama"]
+    layerfacts._class_keys.cache_clear()
+    assert answer("llama") == answer("llama") and layerfacts._class_keys.cache_info().misses == 1
+
+
 def _out_config(doc: dict[str, Any], stack: tuple[int, ...]) -> dict[str, Any]:
     """The output config.json of a passthrough stack of ``doc``'s layers ``stack`` (one model, "a")."""
     models_in = {"a": ModelInput(ModelRef("a"), Path("a"), doc, {}, ())}

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from ggufmodels import Q, decoded, hf_tensors, name_maps_built_once, to_gguf, write_gguf
+from ggufmodels import Q, decoded, hf_tensors, name_maps_built_once, readers_built_once, to_gguf, write_gguf
 from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
@@ -245,7 +245,7 @@ def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_
     api.run(_config(tmp_path, source, source), out, state_dir=tmp_path / "s",
             output=api.Output(out_type="gguf", gguf_type="q8_0"))  # in this process: a process start saved
     _, got = decoded(out / "model.gguf")
-    with name_maps_built_once():
+    with name_maps_built_once(), readers_built_once():  # one parse of the file for the model's config and weights
         model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32)
     state = model.state_dict()
     assert all(torch.equal(state[name], value) for name, value in got.items())
@@ -269,26 +269,28 @@ def test_a_gguf_output_of_safetensors_parents_carries_their_tokenizer_as_llama_c
     out = tmp_path / "out"
     api.run(_config(tmp_path, folder, folder), out, state_dir=tmp_path / "s",
             output=api.Output(out_type="gguf", gguf_type="f16"))
-    ours = {k: v for k, v in _metadata(out / "model.gguf").items() if k.startswith("tokenizer.")}
-    theirs = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
-    # add_space_prefix: a SentencePiece key the converter does not write for a gpt2 vocabulary (llama.cpp's
-    # default for it is false, the value the original holds); add_eos_token: false, as the tokenizer does.
-    assert theirs.pop("tokenizer.ggml.add_space_prefix") == [False]
-    assert ours.pop("tokenizer.ggml.add_eos_token") == [False]
-    assert ours == theirs
-    assert ours["tokenizer.ggml.pre"] == ["smollm"] and len(ours["tokenizer.ggml.tokens"]) == 49152
+    # the written file parsed once by gguf-py, for this test's reading of its keys and transformers' three (the
+    # tokenizer's config, the model's config, its weights)
+    with readers_built_once():
+        ours = {k: v for k, v in _metadata(out / "model.gguf").items() if k.startswith("tokenizer.")}
+        theirs = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
+        # add_space_prefix: a SentencePiece key the converter does not write for a gpt2 vocabulary (llama.cpp's
+        # default for it is false, the value the original holds); add_eos_token: false, as the tokenizer does.
+        assert theirs.pop("tokenizer.ggml.add_space_prefix") == [False]
+        assert ours.pop("tokenizer.ggml.add_eos_token") == [False]
+        assert ours == theirs
+        assert ours["tokenizer.ggml.pre"] == ["smollm"] and len(ours["tokenizer.ggml.tokens"]) == 49152
 
-    gguf_tokenizer = AutoTokenizer.from_pretrained(out, gguf_file="model.gguf")
-    hf_tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = ["Hello, world! 12345 naïve café", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", " \t\n  x"]
-    for text in texts:
-        assert gguf_tokenizer(text)["input_ids"] == hf_tokenizer(text)["input_ids"], text
-    chat = [{"role": "user", "content": "Hi"}]
-    assert (gguf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            == hf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
-
-    with name_maps_built_once():
-        model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32).eval()
+        gguf_tokenizer = AutoTokenizer.from_pretrained(out, gguf_file="model.gguf")
+        hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+        texts = ["Hello, world! 12345 naïve café", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", " \t\n  x"]
+        for text in texts:
+            assert gguf_tokenizer(text)["input_ids"] == hf_tokenizer(text)["input_ids"], text
+        chat = [{"role": "user", "content": "Hi"}]
+        assert (gguf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                == hf_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+        with name_maps_built_once():
+            model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32).eval()
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():  # the folder's weights as the GGUF holds them: matrices in F16, norms in F32
         for param in reference.parameters():
@@ -305,8 +307,8 @@ def test_a_gguf_output_of_safetensors_parents_carries_their_tokenizer_as_llama_c
 
 def _metadata(path: Path) -> dict[str, list[object]]:
     reader = gguf.GGUFReader(path)
-    return {key: field.contents() if isinstance(field.contents(), list) else [field.contents()]
-            for key, field in reader.fields.items()}
+    contents = {key: field.contents() for key, field in reader.fields.items()}  # once: a list is built at each call
+    return {key: value if isinstance(value, list) else [value] for key, value in contents.items()}
 
 
 def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter(tmp_path: Path) -> None:

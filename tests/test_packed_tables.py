@@ -56,6 +56,22 @@ def test_the_packed_tables_and_their_axis_are_found_from_the_model_transformers_
     assert packed_tables({**doc, "hidden_size_per_layer_input": 0}) == {}
 
 
+def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # a search plans every candidate over the same donor: its two models are built on the meta device once
+    from resumerge.plan import packing
+
+    built: list[object] = []
+    build = packing.build_meta
+    monkeypatch.setattr(packing, "build_meta", lambda *args: built.append(args[2]) or build(*args))
+    packing._packed.cache_clear()
+    doc = json.loads((gemma4[0] / "config.json").read_text())
+    assert packed_tables(doc) == packed_tables(json.loads(json.dumps(doc))) == {EMBED: Packing(1, W),
+                                                                                PROJECTION: Packing(0, W)}
+    assert len(built) == 2
+    assert packed_tables({**doc, "hidden_size_per_layer_input": 4})[EMBED] == Packing(1, 4) and len(built) == 4
+
+
 @pytest.mark.parametrize(("ranges", "layer_types", "head_dims"), [
     (((0, 2), (1, 4)), [S, F, F, S, F], {"1": {"head_dim": 16}, "2": {"head_dim": 16}, "4": {"head_dim": 16}}),
     (((2, 4), (0, 2)), [S, F, S, F], {"1": {"head_dim": 16}, "3": {"head_dim": 16}}),

@@ -12,11 +12,14 @@ the next family adds). Besides those lists, two shapes of per-layer fact are fou
   heterogeneous-config mapping).
 
 Without transformers the lists are the names :data:`~resumerge.plan.architecture.PER_LAYER_KEYS` holds (the build
-check of :mod:`resumerge.plan.buildcheck` then says it did not run).
+check of :mod:`resumerge.plan.buildcheck` then says it did not run). transformers is asked only where a config holds
+a list of the layer count's length that those names leave out (a Llama's holds none: its keys are known without it), and
+a family's answer is found once per process.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,11 +41,21 @@ def class_per_layer_keys(model_type: Any) -> frozenset[str] | None:
     defaults leave unset (LFM2's ``layer_types``). None when transformers is not installed or does not know
     ``model_type``."""
     try:
-        from transformers import CONFIG_MAPPING, PreTrainedConfig
+        from transformers import CONFIG_MAPPING
     except ImportError:
         return None
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         return None
+    return _class_keys(model_type)
+
+
+@functools.cache
+def _class_keys(model_type: str) -> frozenset[str] | None:
+    """:func:`class_per_layer_keys` of a family transformers knows: a fact of the family and the installed
+    transformers alone, so found once per process (a plan asks it of each model and of its output, a search of each
+    candidate's plan; each answer builds the family's config class twice)."""
+    from transformers import CONFIG_MAPPING, PreTrainedConfig
+
     cls = CONFIG_MAPPING[model_type]
     own = {k: str(v) for c in cls.__mro__ if issubclass(c, PreTrainedConfig) and c is not PreTrainedConfig
            for k, v in vars(c).get("__annotations__", {}).items()}
@@ -70,7 +83,10 @@ def per_layer_keys(cfg: Mapping[str, Any]) -> tuple[str, ...]:
     count = source_layer_count(cfg)
     if count is None:
         return ()
-    listed = class_per_layer_keys(cfg.get("model_type"))
+    # transformers is asked only where ``cfg`` holds a list of the count's length that PER_LAYER_KEYS does not
+    # name: it can add no other key (a Llama's config holds none; its import is seconds of a plan's start).
+    unnamed = any(isinstance(v, list) and len(v) == count and k not in PER_LAYER_KEYS for k, v in cfg.items())
+    listed = class_per_layer_keys(cfg.get("model_type")) if unnamed else None
     names = set(PER_LAYER_KEYS) | (listed or set())
     found = []
     for key, value in cfg.items():
@@ -91,8 +107,8 @@ def source_layer_count(cfg: Mapping[str, Any]) -> int | None:
     """The layer count of ``cfg``: its count key, else the length of a list the family's config class makes per
     layer, or of one :data:`PER_LAYER_KEYS` names (Nemotron-H, whose count is the length of ``layers_block_type``)."""
     declared = layer_count(cfg)
-    if declared is not None:
-        return declared
+    if declared is not None or not any(isinstance(v, list) for v in cfg.values()):
+        return declared  # a config without a list has no length to count by: transformers is not asked
     for key in (*sorted(class_per_layer_keys(cfg.get("model_type")) or ()), *PER_LAYER_KEYS):
         if isinstance(cfg.get(key), list):
             return len(cfg[key])

@@ -15,8 +15,10 @@ it, at the source layer's block, merged as that slice merges the layer.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
@@ -58,16 +60,42 @@ def packed_tables(config: Mapping[str, Any]) -> dict[str, Packing]:
     if more is None or not count:
         return {}
     try:
-        import torch
-        import transformers
+        import torch  # noqa: F401 (found here, where a missing one means no tables; used by _packed)
+        import transformers  # noqa: F401
     except ImportError:
         return {}
+    try:
+        key = json.dumps([config, more], sort_keys=True, default=repr)
+    except TypeError:  # keys of mixed types, which JSON cannot sort (no config.json holds them): as they are
+        key = repr([config, more])
+    return dict(_packed(_Configs(key, config, more), count))
+
+
+@dataclass(frozen=True)
+class _Configs:
+    """A config.json and it grown by one layer, equal to another pair by their text (``key``) alone."""
+
+    key: str
+    config: Mapping[str, Any] = field(compare=False)
+    more: Mapping[str, Any] = field(compare=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
+    """:func:`packed_tables` of ``configs`` (of ``count`` layers): a fact of the config and the installed
+    transformers alone, so its two models are built on the meta device once per process (a search plans every
+    candidate of every generation over the same donor; a build of a large family takes seconds). A refusal is
+    raised again, not kept."""
+    import torch
+    import transformers
+
+    config, more = configs.config, configs.more
     with quiet_transformers():
         built, bigger = build_meta(transformers, torch, config), build_meta(transformers, torch, more)
     if built is None or bigger is None:
-        return {}
+        return ()
     shapes = {n: tuple(p.shape) for n, p in bigger[1].named_parameters()}
-    found = {}
+    found = []
     for name, param in built[1].named_parameters():
         before, after = tuple(param.shape), shapes.get(name)
         if LAYER_PARAM.match(name) is not None or after is None or after == before:
@@ -81,8 +109,8 @@ def packed_tables(config: Mapping[str, Any]) -> dict[str, Packing]:
                 yaml_path="slices",
                 hint="slice this model only as its whole stack of layers, in order",
             )
-        found[name] = Packing(axes[0], width)
-    return found
+        found.append((name, Packing(axes[0], width)))
+    return tuple(found)
 
 
 def whole_stack(slices: Sequence[Slice], counts: Mapping[str, int]) -> bool:

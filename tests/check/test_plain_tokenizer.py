@@ -1,8 +1,8 @@
 """A check's tokenizer read without transformers (:mod:`resumerge.forward.plaintok`): the same token ids as
 transformers' ``AutoTokenizer`` for the built-in texts in the chat template and for a texts file, on the tiny
 models' tokenizer (with and without a template) and on SmolLM2-135M-Instruct's; every tokenizer it cannot read as
-transformers does goes to transformers (the ids still transformers'); and a first check of a model whose tokenizer
-it reads never imports transformers."""
+transformers does goes to transformers (the ids still transformers'); and a first check, or measure, of a model whose
+tokenizer it reads never imports transformers."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_a_tokenizer_transformers_reads_otherwise_goes_to_transformers(tmp_path:
     assert not isinstance(load_tokenizer([tmp_path], plain=True), PlainTokenizer)
 
 
-def test_a_first_check_of_a_plain_tokenizer_s_models_never_imports_transformers(tmp_path: Path) -> None:
+def test_a_first_check_or_measure_of_a_plain_tokenizer_s_models_never_imports_transformers(tmp_path: Path) -> None:
     from resumerge.cli.modelgen import ModelSpec, make_model
 
     folders = []
@@ -97,10 +97,14 @@ def test_a_first_check_of_a_plain_tokenizer_s_models_never_imports_transformers(
         folder = make_model(tmp_path / name, ModelSpec(layers=2, vocab=96), seed=seed)
         write_tokenizer(folder, 96, chat_template=CHATML)
         folders.append(str(folder))
+    config = tmp_path / "rm.yml"  # measure reads its texts with the same tokenizer (one process: both asked)
+    config.write_text(f"merge_method: regmean\nmodels:\n  - model: {folders[0]}\n  - model: {folders[1]}\n")
     code = ("import sys, json; from resumerge import api; r = api.check(sys.argv[1], base=sys.argv[2], "
-            "state_dir=sys.argv[3]); print(json.dumps(['transformers' in sys.modules, r.models[0].nll]))")
-    done = subprocess.run([sys.executable, "-c", code, folders[1], folders[0], str(tmp_path / "state")],
+            "state_dir=sys.argv[3]); m = api.measure(sys.argv[4], sys.argv[5], state_dir=sys.argv[3]); "
+            "print(json.dumps(['transformers' in sys.modules, r.models[0].nll, m.tokens]))")
+    done = subprocess.run([sys.executable, "-c", code, folders[1], folders[0], str(tmp_path / "state"), str(config),
+                           str(tmp_path / "grams")],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    imported, nll = json.loads(done.stdout.strip().splitlines()[-1])
-    assert imported is False and nll > 0
+    imported, nll, tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported is False and nll > 0 and tokens > 0

@@ -188,8 +188,10 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
         raise UsageError(f"{os.fspath(config)} names no model to measure")
     models = [_open(ref, state if state is not None else StateDir.resolve()) for ref in refs]
     keys = [ref.key for ref in refs]
-    require_transformers(Needs("resumerge measure"))
-    tokenizer = load_tokenizer([m.opened.directory for m in models], what="resumerge measure")
+    # transformers found, not imported: a tokenizer it would load unchanged is read without it (.plaintok: the
+    # same ids, seconds of a first measure's start), and a family .native builds never imports it.
+    require_transformers(Needs("resumerge measure"), load=False)
+    tokenizer = load_tokenizer([m.opened.directory for m in models], what="resumerge measure", plain=True)
     context = context_of([(key, m.opened.config) for key, m in zip(keys, models)], cut_texts)
     tokens = sequences(tokenizer, Path(texts) if texts is not None else None, context, option="--texts")
     return merge, models, keys, tokens
