@@ -35,7 +35,7 @@ def refuse_unscorable(settings: EvalSettings, index: TaskIndex | None = None) ->
     ``index``: lm-eval's task index, kept for the candidates' evaluations (None: one for this check)."""
     from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 
-    generating = generation_tasks(loaded_tasks(settings, (index or TaskIndex()).manager(settings)))
+    generating = generation_tasks(loaded_tasks(settings, (index or TaskIndex()).manager(settings), quiet=True).kinds)
     if generating:
         raise UsageError(f"task {generating[0]} generates text, and a search scores each candidate by "
                          "log-likelihood", hint="give multiple-choice or perplexity tasks (acc, acc_norm, ...)")

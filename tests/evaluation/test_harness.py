@@ -2,7 +2,9 @@
 the results object lm-eval's ``simple_evaluate`` gives for the same model and options, key for key and in its order
 (the figures, samples, configs, the ``config`` block, the tokenizer's tokens) and with its warnings, but the
 description of the machine (torch's ``collect_env``: 1.2 s of CPU an evaluation), which the results file alone
-records, where ``simple_evaluate`` places it. Made-up log-likelihoods stand for the forward pass: a few seconds."""
+records, where ``simple_evaluate`` places it; its tasks loaded once, when they are checked (before the seeds
+``simple_evaluate`` sets before it loads them), and those objects run. Made-up log-likelihoods stand for the forward
+pass: a few seconds."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from resumerge.analyses.evaluation.harness import add_environment, evaluate_task
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.tasks import loaded_tasks
 from resumerge.forward.texts import tokenizer_at
 from tests.evaluation.evaltasks import tiny_model, write_tasks
 
@@ -60,7 +63,16 @@ def test_the_results_object_is_simple_evaluates_but_the_machine(tmp_path: Path, 
         model=lm, model_args={"pretrained": str(model)}, tasks=list(settings.lm_tasks),
         num_fewshot=settings.num_fewshot, limit=settings.whole_limit, log_samples=True,
         apply_chat_template=settings.apply_chat_template, task_manager=manager))
-    ours, said = run(lambda manager: evaluate_tasks(lm, str(model), settings, manager, None))
+    loads: list[object] = []
+
+    def loaded_once(manager: Any) -> dict[str, Any]:
+        # as run_eval: the tasks loaded when checked (before the harness's seeds), those objects run
+        original = manager.load
+        manager.load = lambda names: loads.append(names) or original(names)
+        return evaluate_tasks(lm, str(model), settings, loaded_tasks(settings, manager).runs(settings), None)
+
+    ours, said = run(loaded_once)
+    assert loads == [list(settings.lm_tasks)]  # one load for the check and the run
     assert said == warned
     assert ours["results"]["tiny_mc"]["acc,none"] == theirs["results"]["tiny_mc"]["acc,none"]
     assert [k for k in theirs if k not in MACHINE] == list(ours)

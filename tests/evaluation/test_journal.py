@@ -6,11 +6,7 @@ tiny generated model: each a few seconds on a quiet machine (lm-eval's and torch
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ pytest.importorskip("lm_eval")
 
 from resumerge import api
 from tests.evaluation.evaltasks import tiny_model, write_tasks
-from tests.support import cli
+from tests.support import cli, cli_start, wait_stopped
 
 
 def _argv(model: Path, tasks: Path, state: Path) -> list[str | Path]:
@@ -45,20 +41,15 @@ def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path
 
 def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tmp_path: Path) -> None:
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
-    # A fresh interpreter, not support.cli_start: forked from the fork server under xdist, this evaluation did not
-    # end within 2 minutes of its Ctrl-C (not yet understood; a forked check's and run's Ctrl-C do).
-    first = subprocess.Popen([sys.executable, "-m", "resumerge", *map(str, _argv(model, tasks, state))],
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
-                                  "RESUMERGE_PAUSE_AT": "after_eval_layer:30"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Stopped where layer 1's journal is durable (no pause to outlast: on a loaded machine a Ctrl-C sent after one
+    # reached the next layer), Ctrl-C'd there, continued.
+    first = cli_start(*_argv(model, tasks, state), env={"RESUMERGE_STOP_AT": "after_eval_layer"}, capture=True)
     try:
-        deadline = time.monotonic() + 240
-        while not list(state.glob("evals/*/layer-00000.safetensors")) and time.monotonic() < deadline:
-            assert first.poll() is None, first.communicate()
-            time.sleep(0.05)
+        wait_stopped(first, timeout=240)
         running = api.status(model, state_dir=state)
         assert (running.kind, running.state) == ("eval", "running")
-        first.send_signal(signal.SIGINT)  # paused after layer 1's journal: Ctrl-C
+        first.send_signal(signal.SIGINT)  # delivered as it continues, where it stopped
+        first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=120)
     finally:
         if first.poll() is None:

@@ -56,10 +56,18 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tiny_model(tmp_path / "model"), write_tasks(tmp_path)
 
 
-def test_multiple_choice_and_perplexity_equal_lm_evals_hf_model(setup: tuple[Path, Path], tmp_path: Path) -> None:
+def test_multiple_choice_and_perplexity_equal_lm_evals_hf_model(setup: tuple[Path, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from lm_eval.tasks import TaskManager
+
     model, tasks = setup
     names = ["tiny_mc", "tiny_ppl"]
+    loads: list[object] = []
+    load = TaskManager.load
+    monkeypatch.setattr(TaskManager, "load", lambda self, names: loads.append(names) or load(self, names))
     ours = api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=tmp_path / "state")
+    assert loads == [names]  # each task's dataset read once: checked, then run
+    monkeypatch.undo()
     theirs = hf_results(model, tasks, names)
     compare(ours.results, theirs, names)
     assert len(ours.results["samples"]["tiny_ppl"]) == 4

@@ -1,7 +1,7 @@
 """Bad input to ``resumerge eval`` is one line and exit 2 before any weight is read (nothing journaled): an unknown
-task, a task whose data file is missing (offline), ``--limit 0``, a generation task, a merge config as TARGET, a
-folder that is not a model, and a budget the pass cannot fit. In this process (the CLI's main): a second or two
-each, lm-eval's task index built from the test's folder only."""
+task, a task whose data file is missing (offline), tasks that load alone but not together, ``--limit 0``, a
+generation task, a merge config as TARGET, a folder that is not a model, and a budget the pass cannot fit. In this
+process (the CLI's main): a second or two each, lm-eval's task index built from the test's folder only."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def test_a_task_whose_data_is_missing_is_named_with_why(setup: tuple[Path, Path,
     (tmp_path / "data" / "ppl.jsonl").unlink()
     line = _refused(model, "--tasks", "tiny_ppl", "--include-path", tasks, "--state-dir", state)
     assert line.startswith("error: task tiny_ppl cannot be loaded: ") and "offline" in line
+    assert not (state / "evals").exists()
+
+
+def test_tasks_that_load_alone_but_not_together_are_named(setup: tuple[Path, Path, Path]) -> None:
+    model, tasks, state = setup
+    (tasks / "tiny_group.yaml").write_text("group: tiny_group\ntask: [tiny_mc]\n")
+    line = _refused(model, "--tasks", "tiny_group,tiny_mc", "--include-path", tasks, "--state-dir", state)
+    assert line.startswith("error: tasks tiny_group, tiny_mc cannot be loaded together: ") and "tiny_mc" in line
     assert not (state / "evals").exists()
 
 

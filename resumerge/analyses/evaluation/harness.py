@@ -1,4 +1,5 @@
-"""lm-eval's evaluation of resumerge's model, through lm-eval's own ``evaluate``: the tasks loaded and set up as
+"""lm-eval's evaluation of resumerge's model, through lm-eval's own ``evaluate``: the tasks (loaded once, when the
+evaluation checked them: :class:`~.tasks.LoadedTasks`) set up as
 lm-eval's ``simple_evaluate`` sets them up for ``eval``'s options (the seeds, ``num_fewshot``, the few-shot seed,
 the tracker told the experiment), and its results object completed as ``simple_evaluate`` completes it (``config``,
 ``git_hash``, ``date``, the tokenizer's tokens) — less the environment: ``simple_evaluate`` describes the machine
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from resumerge.analyses.evaluation.settings import EvalSettings
@@ -23,11 +25,13 @@ _BOOTSTRAP_ITERS = 100000  # simple_evaluate's default: the stderr figures' boot
 _LOG = logging.getLogger("lm_eval.evaluator")  # simple_evaluate's warnings, said where it says them
 
 
-def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, manager: Any, tracker: Any) -> dict[str, Any]:
-    """lm-eval's results of ``settings.lm_tasks`` (found by ``manager``) on ``lm``, ``target`` its
-    ``model_args``' ``pretrained``, as ``simple_evaluate`` returns them for these options but the environment
-    (:func:`add_environment`); ``tracker`` (None: no ``output_path``) is told the experiment as ``simple_evaluate``
-    tells it."""
+def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping[str, Any],
+                   tracker: Any) -> dict[str, Any]:
+    """lm-eval's results of ``settings.lm_tasks`` on ``lm``, ``target`` its ``model_args``' ``pretrained``, as
+    ``simple_evaluate`` returns them for these options but the environment (:func:`add_environment`); ``loaded``:
+    those tasks as lm-eval's ``TaskManager.load`` gives them (:meth:`.tasks.LoadedTasks.runs`: loaded once, when
+    they were checked, never run before); ``tracker`` (None: no ``output_path``) is told the experiment as
+    ``simple_evaluate`` tells it."""
     import numpy as np
     from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
     from lm_eval.evaluator import evaluate
@@ -42,7 +46,8 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, manager: Any, t
     random.seed(DEFAULT_RANDOM_SEED)
     np.random.seed(DEFAULT_OTHER_SEED)
     set_torch_seed(DEFAULT_OTHER_SEED)
-    loaded = manager.load(list(settings.lm_tasks))
+    # simple_evaluate loads the tasks here, after its seeds: loading draws from none of them (a task keeps its own
+    # random.Random, seeded below; datasets its own fingerprint generator), so tasks loaded earlier run the same.
     for name, task in loaded["tasks"].items():
         _set_fewshot(name, task, settings.num_fewshot)
         task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)

@@ -119,10 +119,13 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
     require_transformers(_NEEDS, load=False)
     manager = (task_index or TaskIndex()).manager(settings) if settings.lm_tasks else None
-    loaded = loaded_tasks(settings, manager) if manager is not None else {}
-    settings = replace(settings, yaml_texts=yaml_text_tasks(loaded, settings.lm_tasks, manager))
-    manager = manager if settings.lm_tasks else None  # every name a text task's YAML: lm-eval runs none
-    generating = generation_tasks(loaded)
+    # Loaded once: checked here, the same objects run by lm-eval (None: no lm-eval task named).
+    loaded = loaded_tasks(settings, manager) if manager is not None else None
+    if loaded is not None:
+        settings = replace(settings, yaml_texts=yaml_text_tasks(loaded, settings.lm_tasks))
+    # What lm-eval runs (None: no task, or every name a text task's YAML: lm-eval runs none)
+    runs = loaded.runs(settings) if loaded is not None and settings.lm_tasks else None
+    generating = generation_tasks(loaded.kinds) if loaded is not None else []
     tokenizer = _tokenizer(model)
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
@@ -149,7 +152,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
 
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
                          generator=generated if generating else None)
-        results, tracker = _evaluate(lm, target, settings, manager) if manager is not None else \
+        results, tracker = _evaluate(lm, target, settings, runs) if runs is not None else \
             no_lm_tasks(target, settings)
         for work in texts:
             add_text_task(results, work, scorer.texts(work))
@@ -166,15 +169,16 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     return EvalReport(target=target, results=results, written=written, proof="; ".join(scorer.said) or None)
 
 
-def _evaluate(lm: Any, target: str, settings: EvalSettings, manager: Any) -> tuple[dict[str, Any], Any]:
-    """lm-eval's evaluation with ``lm`` as the model, as its CLI runs it for these options but the machine's
-    description (:mod:`.harness`), and the tracker that writes its files (None without ``output_path``)."""
+def _evaluate(lm: Any, target: str, settings: EvalSettings, runs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """lm-eval's evaluation of the tasks ``runs`` (:meth:`~.tasks.LoadedTasks.runs`) with ``lm`` as the model, as
+    its CLI runs it for these options but the machine's description (:mod:`.harness`), and the tracker that writes
+    its files (None without ``output_path``)."""
     from lm_eval.loggers import EvaluationTracker
 
     from resumerge.analyses.evaluation.harness import evaluate_tasks
 
     tracker = EvaluationTracker(output_path=settings.output_path) if settings.output_path is not None else None
-    return evaluate_tasks(lm, target, settings, manager, tracker), tracker
+    return evaluate_tasks(lm, target, settings, runs, tracker), tracker
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from resumerge.analyses.evaluation.settings import EvalSettings
@@ -63,10 +64,39 @@ class TaskIndex:
         return {"_built": {}}
 
 
-def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
-    """Each lm-eval task the names in ``settings`` select (a group's, a tag's), by name, and its output type, each
-    loaded as lm-eval will load it (its dataset included); raises :class:`UsageError` for a name lm-eval does not know
-    and for a task whose dataset cannot be loaded, naming it and why."""
+@dataclass(frozen=True)
+class LoadedTasks:
+    """The tasks an evaluation names, loaded by lm-eval once (each a dataset read, its documents built): ``built``,
+    the task dict lm-eval's ``TaskManager.load`` returns for every name at once (``tasks``, ``groups``,
+    ``group_map``), whose task objects its ``evaluate`` then runs. Loaded again (the check, then the harness) they
+    cost a second read of every dataset per evaluation, for the same objects."""
+
+    built: Mapping[str, Any]
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Each task's output type, by name (a group's and a tag's tasks each under its own name)."""
+        return {str(name): str(task.OUTPUT_TYPE) for name, task in self.built["tasks"].items()}
+
+    def task(self, name: str) -> Any:
+        """The task object loaded under ``name``."""
+        return self.built["tasks"][name]
+
+    def runs(self, settings: EvalSettings) -> dict[str, Any]:
+        """The task dict lm-eval's ``evaluate`` runs: ``built`` less ``settings.yaml_texts`` (the text tasks written
+        as task YAMLs, each named on its own, scored on resumerge's own pass: :mod:`.yamltasks`), as loading
+        ``settings.lm_tasks`` alone gives it."""
+        own = {t.name for t in settings.yaml_texts}
+        return {**self.built, "tasks": {name: task for name, task in self.built["tasks"].items() if name not in own}}
+
+
+def loaded_tasks(settings: EvalSettings, manager: Any, *, quiet: bool = False) -> LoadedTasks:
+    """The lm-eval tasks the names in ``settings`` select (a group's, a tag's), loaded once as lm-eval's
+    ``simple_evaluate`` loads them (their datasets included, its warnings said: the defaults it fills in), what the
+    evaluation then runs; ``quiet``: its warnings kept off the terminal (a check whose tasks are loaded again to
+    run: a search's planning). Raises :class:`UsageError` for a name lm-eval does not know and for a task whose
+    dataset cannot be loaded, naming it and why (each name then loaded on its own to find it: only on the way to
+    the refusal)."""
     known = set(manager.all_tasks)
     unknown = [n for n in settings.lm_tasks if n not in known and not n.endswith((".yaml", ".yml"))]
     if unknown:
@@ -74,20 +104,30 @@ def loaded_tasks(settings: EvalSettings, manager: Any) -> dict[str, str]:
         raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
                          hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
                               "--include-path")
-    found: dict[str, str] = {}
-    for name in settings.lm_tasks:
-        try:
-            with _quiet():
-                loaded = manager.load([name])
-        except UsageError:  # a text task's YAML refused by its own class (.yamltasks): its own line
-            raise
-        except Exception as exc:  # lm-eval and datasets raise what they meet: one line names the task and why
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UsageError(f"task {name} cannot be loaded: {reason}",
-                             hint="its dataset must be in the datasets cache or in local files when offline "
-                                  "(HF_DATASETS_OFFLINE=1)") from None
-        found.update({str(task): str(value.OUTPUT_TYPE) for task, value in loaded["tasks"].items()})
-    return found
+    try:
+        with _quiet() if quiet else nullcontext():
+            return LoadedTasks(manager.load(list(settings.lm_tasks)))
+    except UsageError:  # a text task's YAML refused by its own class (.yamltasks): its own line
+        raise
+    except Exception as exc:  # lm-eval and datasets raise what they meet: one line names the task and why
+        for name in settings.lm_tasks:
+            try:
+                with _quiet():
+                    manager.load([name])
+            except UsageError:
+                raise
+            except Exception as alone:
+                raise UsageError(f"task {name} cannot be loaded: {_reason(alone)}",
+                                 hint="its dataset must be in the datasets cache or in local files when offline "
+                                      "(HF_DATASETS_OFFLINE=1)") from None
+        # each loads alone: the names together are refused (lm-eval's: a task in two of the groups named)
+        raise UsageError(f"tasks {', '.join(settings.lm_tasks)} cannot be loaded together: {_reason(exc)}",
+                         hint="name each task once (a group's tasks are named by the group)") from None
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of ``exc``'s message (its type where it has none)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def generation_tasks(tasks: Mapping[str, str]) -> list[str]:

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.evaluation.texttasks import KINDS, KL, OUTPUT_TYPE, TextTask
 from resumerge.errors import UsageError
+
+if TYPE_CHECKING:
+    from resumerge.analyses.evaluation.tasks import LoadedTasks
 
 
 class TextsTask:
@@ -49,17 +52,17 @@ class TextsTask:
         return str(self.config.task)
 
 
-def yaml_text_tasks(loaded: Mapping[str, str], named: tuple[str, ...], manager: Any) -> tuple[TextTask, ...]:
-    """The text tasks among the tasks lm-eval loaded (``loaded``: name → output type), each named on its own in
-    ``named``; :class:`UsageError` (exit 2) for one reached through a group or a tag."""
+def yaml_text_tasks(loaded: LoadedTasks, named: tuple[str, ...]) -> tuple[TextTask, ...]:
+    """The text tasks among the tasks lm-eval loaded, each named on its own in ``named``; :class:`UsageError` (exit
+    2) for one reached through a group or a tag."""
     found = []
-    for name, kind in loaded.items():
+    for name, kind in loaded.kinds.items():
         if kind != OUTPUT_TYPE:
             continue
         if name not in named:
             raise UsageError(f"task {name} is a text task (nll or kl) in a group or tag: lm-eval would run it",
                              hint=f"name it on its own: --tasks {name}")
-        task = manager.load([name])["tasks"][name]
+        task = loaded.task(name)
         assert isinstance(task, TextsTask)
         found.append(task.text)
     return tuple(found)
