@@ -291,3 +291,28 @@ def test_a_first_run_whose_proof_fails_publishes_no_shard(setup: Setup, monkeypa
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 4 and len(lines) == 1 and str(victim) in lines[0], done.stderr
     assert not any(out.glob("model-*.safetensors")), "a shard was published before its inputs were proved"
+
+
+def test_a_proof_beside_torch_s_import_reads_only_once_the_import_has_ended() -> None:
+    """Beside torch's import the proof's reads slowed both (the first unit waits for the import): the proof taken
+    beside the first units starts once the import thread has ended, and the commits wait for it as before."""
+    import threading
+
+    from resumerge.engine.inputcontents import Proving
+    from resumerge.inputs.contents import Content
+    from resumerge.store.ledger import Ledger
+
+    importing, release = threading.Event(), threading.Event()
+    hashed_while: list[bool] = []
+    thread = threading.Thread(target=lambda: (importing.set(), release.wait(60)))
+    thread.start()
+    importing.wait(60)
+
+    def hashed() -> dict[str, Content]:
+        hashed_while.append(thread.is_alive())
+        return {}  # nothing to record: the ledger is never written
+
+    proving = Proving(hashed, Ledger.__new__(Ledger), after=thread)
+    assert not proving.checked(0.3) and hashed_while == []
+    release.set()
+    assert proving.checked(60) and hashed_while == [False]

@@ -210,7 +210,7 @@ class RunSession:
                 committed = any(r.status == "done" for r in ledger.files()) or any(
                     u.status == "done" for u in ledger.units())
                 if here and not committed:
-                    proving = contents.record_beside(ledger, notes)
+                    proving = contents.record_beside(ledger, notes, after=importing)
                 else:
                     contents.record(ledger, notes)  # before the first commit: what a later resume proves against
                 reconcile(sink, ledger, book, log=notes, verified=verified, in_place=in_place)

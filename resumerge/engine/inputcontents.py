@@ -80,13 +80,13 @@ class InputContents:
             notes.append(touched_note(self._proved, self._spans))
         _write(ledger, self._hashed())
 
-    def record_beside(self, ledger: Ledger, notes: list[str]) -> Proving:
+    def record_beside(self, ledger: Ledger, notes: list[str], after: threading.Thread | None = None) -> Proving:
         """:meth:`record` on a thread of its own, for a run whose every commit waits for it (:meth:`Proving.checked`,
-        the local inputs' check): the proof reads the inputs beside the merge's first units instead of before them.
-        ``notes`` says at once which files were proved unchanged."""
+        the local inputs' check): the proof reads the inputs beside the merge's first units instead of before them,
+        once ``after`` (torch's import) has ended. ``notes`` says at once which files were proved unchanged."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
-        return Proving(self._hashed, ledger)
+        return Proving(self._hashed, ledger, after)
 
     def _hashed(self) -> dict[str, Content]:
         killpoints.reach("before_input_hashing")  # the run is recorded: a kill here is one resume finishes
@@ -106,8 +106,9 @@ class Proving:
     once the proof is recorded (:meth:`checked`, which raises what failed it). :meth:`leave` as the run ends, before
     the ledger closes: a proof still reading then records nothing."""
 
-    def __init__(self, hashed: Callable[[], dict[str, Content]], ledger: Ledger) -> None:
-        self._hashed, self._ledger = hashed, ledger
+    def __init__(self, hashed: Callable[[], dict[str, Content]], ledger: Ledger,
+                 after: threading.Thread | None = None) -> None:
+        self._hashed, self._ledger, self._after = hashed, ledger, after
         self._lock = threading.Lock()
         self._left = False
         self._error: BaseException | None = None
@@ -117,6 +118,10 @@ class Proving:
 
     def _prove(self) -> None:
         try:
+            if self._after is not None:
+                # Beside torch's import the proof's reads slowed both: the two ended later than one after the
+                # other, as the first unit waits for the import (bench/RESULTS.md, issue 72, linear72c).
+                self._after.join()
             found = self._hashed()
             with self._lock:
                 if not self._left:
