@@ -33,12 +33,13 @@ TASK_VECTOR = InputsOnly("task vector", _task_vector, lambda itemsize: itemsize)
 
 
 def combine_task_vectors(
-    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool
+    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool, lent: bool = False
 ) -> Tensor:
     """Return B + λ·Σ wᵢ·mᵢ·sparsify_one(i, δᵢ) / D in the base's dtype, δᵢ = θᵢ − B (see
     :func:`resumerge.methods.task_arithmetic.merge_task_vectors` for ``mᵢ`` and ``D``, and for ``normalize`` and
     ``lambda``, read from ``ctx.params``). Without non-base inputs the result is a copy of the base;
-    raises ``ValueError`` without a base."""
+    raises ``ValueError`` without a base. ``lent``: the result is computed in the buffer the engine lends
+    (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`), for a caller that asks for it nowhere else."""
     base = ctx.base
     others = ctx.others()
     if not others:
@@ -64,7 +65,8 @@ def combine_task_vectors(
     scale = float(ctx.params["lambda"])
     flat_base = base.reshape(-1)
     flat_deltas = deltas.reshape(len(others), -1)
-    out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)
+    out = (ctx.result_buffer(tuple(flat_base.shape), base.dtype, base.device) if lent
+           else torch.empty(flat_base.shape, dtype=base.dtype, device=base.device))
     # What is left is a function of each position alone, so it runs one block of positions at a time: its
     # dozen passes then stay in the core's cache instead of streaming whole tensors through memory each
     # (della's combine took 13 ns per entry whole, ~4 in blocks), and every entry gets the same operations
