@@ -137,7 +137,7 @@ def _select_counted(flat: torch.Tensor, positions: Sequence[int]) -> torch.Tenso
     return torch.tensor(found, dtype=flat.dtype, device=device)
 
 
-def stable_order(keys: torch.Tensor, shift: int | None = None) -> torch.Tensor:
+def stable_order(keys: torch.Tensor, shift: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Return, for each row of a 2-D tensor, the columns of its keys in stable ascending order (int64).
 
     ``order[r, j]`` is the column holding row ``r``'s ``j``-th smallest key; equal keys keep column order. int32
@@ -145,7 +145,10 @@ def stable_order(keys: torch.Tensor, shift: int | None = None) -> torch.Tensor:
     key types fall back to ``torch.sort(stable=True)``. ``shift``: the low bits that are zero in every key (as
     :func:`exact_key_shift` gives them for the keys' source dtype), dropped first; where what is left and the
     column fit in 31 bits (bfloat16's keys and rows up to 2¹⁶ columns) the packed keys are int32, which sort in
-    about half the time of int64 ones. Raises ``ValueError`` unless ``keys`` is 2-D.
+    about half the time of int64 ones. ``out``: a contiguous int64 buffer of at least ``keys.numel()`` entries the
+    order of int32 keys is built in on the CPU (and returned as a view of it), reused by a caller that orders block
+    after block: a fresh buffer of a block's size lies above the allocator's mmap threshold, and its pages, zeroed
+    by the kernel at first touch, cost about what the sort does. Raises ``ValueError`` unless ``keys`` is 2-D.
     """
     if keys.dim() != 2:
         raise ValueError(f"ranking by row needs a 2-D tensor of rows, got shape {tuple(keys.shape)}")
@@ -153,26 +156,29 @@ def stable_order(keys: torch.Tensor, shift: int | None = None) -> torch.Tensor:
     if keys.numel() == 0:
         return torch.empty((rows, cols), dtype=torch.int64, device=keys.device)
     index_bits = max(1, (cols - 1).bit_length())
+    order = None if out is None else out[: rows * cols].view(rows, cols)
     if keys.dtype == torch.int32 and shift is not None and index_bits <= shift:
         # A non-negative int32 key has 31 bits, the `shift` low ones zero: (key >> shift)·2^index_bits + column
         # is a non-negative int32, unique, and orders by (key, column) as the int64 packing below does.
         narrow = keys >> shift
         narrow <<= index_bits
         narrow |= torch.arange(cols, dtype=torch.int32, device=keys.device)
-        return _sort_rows(narrow).bitwise_and_((1 << index_bits) - 1).to(torch.int64)
+        narrow = _sort_rows(narrow).bitwise_and_((1 << index_bits) - 1)
+        return narrow.to(torch.int64) if order is None else order.copy_(narrow)
     if keys.dtype == torch.int32 and index_bits <= 32:
         # |key| < 2³¹ and column < 2^index_bits ≤ 2³², so key·2^index_bits + column fits in int64 and orders by
         # (key, column): every packed key is unique and any sort of them is the stable sort of the keys.
-        packed = keys.to(torch.int64)
-        packed <<= index_bits
+        packed = keys.to(torch.int64) if order is None else order.copy_(keys)
         columns = torch.arange(cols, device=keys.device)
         if packed.device.type == "cpu" and index_bits <= _DOUBLE_INDEX_BITS:
             # (key + 2³¹)·2^index_bits + column + 2⁵² is below 2⁵³ and at least 2⁵²: the bit pattern of a positive
             # normal double of exponent 1, and such doubles order exactly as their patterns do as integers. numpy
             # sorts rows of doubles about 15 % faster than rows of int64 (normal numbers: no denormal mode can
-            # flatten them); the mask below keeps the column alone.
-            packed += columns.add_((1 << 52) + ((1 << 31) << index_bits))
+            # flatten them); the mask below keeps the column alone. One pass builds them (an integer add with
+            # alpha = 2^index_bits is the shift and the add in one, exactly: nothing overflows).
+            torch.add(columns.add_((1 << 52) + ((1 << 31) << index_bits)), packed, alpha=1 << index_bits, out=packed)
             return _sort_rows(packed, as_doubles=True).bitwise_and_((1 << index_bits) - 1)
+        packed <<= index_bits
         packed |= columns
         return _sort_rows(packed).bitwise_and_((1 << index_bits) - 1)
     return torch.sort(keys, dim=1, stable=True).indices

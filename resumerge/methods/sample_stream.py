@@ -71,10 +71,12 @@ class SampledStream:
         if not self._drawn:
             self._start(ctx, base.dtype)
         count = base.numel()
+        scratch = sparsify.Scratch()
         for index, drawn in self._drawn.items():
             values = (ctx.tensors[index] - base).to(sparsify.rescale_dtype(base.dtype))  # ours to overwrite
             keep = drawn.mask[self._position : self._position + count]
-            sparsify.draw_and_mask(values, self._samples[index], drawn.generator, norms=drawn.norms, keep=keep)
+            sparsify.draw_and_mask(values, self._samples[index], drawn.generator, norms=drawn.norms, keep=keep,
+                                   scratch=scratch)
         self._position += count
         if self._position == self._total:
             self._position = 0
@@ -85,11 +87,19 @@ class SampledStream:
         """The merged rows of the next chunk (over one chunk: each task vector drawn, masked and rescaled here)."""
         count = ctx.base.numel()
         first = self._position
+        # One tensor's task vectors are drawn in turn in the same working buffers, dropped after the last draw
+        # (the combine that follows needs none of them).
+        scratch = sparsify.Scratch()
+        last = max(self._samples, default=None)
 
         def sparsify_one(index: int, delta: Tensor) -> Tensor:
             sample = self._samples[index]
             if self._whole:
-                return sparsify.sample(delta, sample, rescale=self._rescale, generator=ctx.generator, inplace=True)
+                sparse = sparsify.sample(delta, sample, rescale=self._rescale, generator=ctx.generator, inplace=True,
+                                         scratch=scratch)
+                if index == last:
+                    scratch.clear()
+                return sparse
             drawn = self._drawn.get(index)
             if drawn is None:  # nothing drawn: kept whole, or (DELLA at density 0) zeroed
                 return delta if sample.density >= 1 else delta.zero_()
@@ -100,7 +110,8 @@ class SampledStream:
                 values.mul_(drawn.ratio)
             return values.to(delta.dtype)
 
-        out = combine_task_vectors(ctx, sparsify_one, consensus=self._consensus)
+        # Whole, the result goes in the engine's reused buffer: a fresh one's pages are zeroed by the kernel first.
+        out = combine_task_vectors(ctx, sparsify_one, consensus=self._consensus, lent=self._whole)
         self._position += count
         return out
 

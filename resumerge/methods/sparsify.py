@@ -189,7 +189,7 @@ def sampled_draws(sampled: Sampled) -> bool:
 
 
 def sample(delta: torch.Tensor, sampled: Sampled, *, rescale: bool, generator: torch.Generator | None,
-           inplace: bool = False) -> torch.Tensor:
+           inplace: bool = False, scratch: Scratch | None = None) -> torch.Tensor:
     """Apply DARE's or DELLA's draw (``sampled``) to the whole task vector ``delta``, drawing only from
     ``generator``: :func:`draw_and_mask` over ``delta`` as one piece, then the rescale.
 
@@ -199,7 +199,8 @@ def sample(delta: torch.Tensor, sampled: Sampled, *, rescale: bool, generator: t
     generator's draws, are the same as mergekit's. A row of one entry gets density (mergekit 0.1.5 divides 0 by
     0 there and fails). ``density ≥ 1`` returns ``delta`` unchanged; DELLA's ``density ≤ 0`` gives zeros without
     drawing. With ``inplace`` ``delta`` may be overwritten (the result is then returned in it where the dtypes
-    allow). Raises ``ValueError`` when ``generator`` is None or DELLA's density ± ε leaves (0, 1).
+    allow). ``scratch``: the draw's working buffers, reused from an earlier call (see :class:`Scratch`). Raises
+    ``ValueError`` when ``generator`` is None or DELLA's density ± ε leaves (0, 1).
     """
     gen = _require_generator(generator)
     if not sampled_draws(sampled):
@@ -209,8 +210,8 @@ def sample(delta: torch.Tensor, sampled: Sampled, *, rescale: bool, generator: t
     values = delta.to(rescale_dtype(delta.dtype))  # delta itself, or a fresh copy of ours
     if values is delta and not inplace:
         values = delta.clone()
-    norms = l1_norms(values.numel(), values.dtype, values.device) if rescale else None
-    draw_and_mask(values, sampled, gen, norms=norms)
+    norms = l1_norms(values.numel(), values.dtype, values.device, scratch) if rescale else None
+    draw_and_mask(values, sampled, gen, norms=norms, scratch=scratch)
     ratio = rescale_ratio(norms)
     return (values if ratio is None else values.mul_(ratio)).to(delta.dtype)
 
@@ -219,10 +220,16 @@ def sample(delta: torch.Tensor, sampled: Sampled, *, rescale: bool, generator: t
 Norms = tuple[OrderedSum, OrderedSum]
 
 
-def l1_norms(total: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Norms:
+def l1_norms(total: int, dtype: torch.dtype, device: torch.device | str = "cpu", scratch: Scratch | None = None
+             ) -> Norms:
     """Empty ordered sums for the L1 norms of a task vector of ``total`` entries of ``dtype``: the order the
-    rescale's norms are always summed in, whole or piece by piece."""
-    return OrderedSum(total, dtype, device), OrderedSum(total, dtype, device)
+    rescale's norms are always summed in, whole or piece by piece. ``scratch``: their waiting numbers are kept in
+    its buffers (two sums' at a time: read both results before the next task vector's norms use them)."""
+    if scratch is None:
+        return OrderedSum(total, dtype, device), OrderedSum(total, dtype, device)
+    place = torch.device(device)
+    return (OrderedSum(total, dtype, device, lambda count: scratch.take("norm before", count, dtype, place)),
+            OrderedSum(total, dtype, device, lambda count: scratch.take("norm after", count, dtype, place)))
 
 
 def rescale_ratio(norms: Norms | None) -> torch.Tensor | None:
@@ -237,12 +244,14 @@ def rescale_ratio(norms: Norms | None) -> torch.Tensor | None:
 
 
 def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Generator, *, norms: Norms | None = None,
-                  keep: torch.Tensor | None = None) -> None:
+                  keep: torch.Tensor | None = None, scratch: Scratch | None = None) -> None:
     """Draw the keep mask of ``values`` — the next entries of one task vector (whole rows for DELLA), contiguous,
     in :func:`rescale_dtype` and the caller's own buffer — from ``generator`` exactly as one draw over the whole
     task vector continues, and multiply ``values`` by it in place. With ``norms`` the L1 norm of ``values`` before
     and after the masking are fed to them; with ``keep`` (1-D, ``values.numel()`` entries) the 1/0 mask is
-    copied into it. Only for a ``sampled`` that draws (:func:`sampled_draws`).
+    copied into it. ``scratch``: working buffers to reuse (a caller drawing several task vectors or chunks in turn
+    passes the same one); without it the call keeps its own for its blocks. Only for a ``sampled`` that draws
+    (:func:`sampled_draws`).
 
     The mask is drawn, applied and counted a block at a time, so it never exists whole and each block's work
     stays in cache; the magnitudes (DELLA's ranks, both norms) are taken a span of blocks at a time into one
@@ -251,7 +260,7 @@ def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Gener
     operations, and the ordered sums add their pieces in the whole's order, so the bits never depend on where
     the pieces are cut.
     """
-    draws = _Draws(values, sampled, generator)
+    draws = _Draws(values, sampled, generator, Scratch() if scratch is None else scratch)
     flat = values.view(-1)
     counted = norms is not None
     for start, stop in draws.spans():
@@ -272,6 +281,29 @@ def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Gener
             norms[1].add(magnitudes)
 
 
+class Scratch:
+    """Working buffers of the draws, one per use, each grown to the largest asked and lent again to the next
+    block, task vector or chunk. A block's int64 sort keys (1 MiB) or a span's magnitudes (4 MiB) lie above the
+    allocator's mmap threshold (:mod:`resumerge.memory.allocator`), so a fresh one per block was mapped anew and
+    its pages zeroed by the kernel at first touch: that cost about as much as the block's sort. Used by one thread
+    at a time; what one use lends is valid until that use is asked again."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, torch.Tensor] = {}
+
+    def take(self, use: str, count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised 1-D tensor of ``count`` entries of ``dtype`` on ``device``: ``use``'s buffer."""
+        held = self._held.get(use)
+        if held is None or held.numel() < count or held.dtype != dtype or held.device != device:
+            del held  # freed before its larger successor is allocated
+            held = self._held[use] = torch.empty(count, dtype=dtype, device=device)
+        return held[:count]
+
+    def clear(self) -> None:
+        """Drop every buffer (the next :meth:`take` allocates afresh)."""
+        self._held.clear()
+
+
 class _Draws:
     """One call's draw over ``values``: its spans of blocks, their magnitudes in one reused buffer, and each
     block's 1/0 mask (in ``values``' dtype) drawn from the generator in order. On the CPU a mask block holds
@@ -279,8 +311,9 @@ class _Draws:
     :data:`_SPAN_ELEMENTS` (whole blocks); elsewhere one block is the whole, as a draw cannot be split there
     (torch.bernoulli)."""
 
-    def __init__(self, values: torch.Tensor, sampled: Sampled, generator: torch.Generator) -> None:
+    def __init__(self, values: torch.Tensor, sampled: Sampled, generator: torch.Generator, scratch: Scratch) -> None:
         self.generator = generator
+        self.scratch = scratch
         self.flat = values.view(-1)
         self.work = values.dtype
         self.draw = _draw_dtype(self.work)
@@ -292,7 +325,6 @@ class _Draws:
         self.inner = count // self.rows[0] if count else 1
         self.step = max(1, _ROW_BLOCK_ELEMENTS // self.inner) if cpu else max(1, self.rows[0])  # rows a block
         self.span = self.step * max(1, _SPAN_ELEMENTS // (self.step * self.inner)) if cpu else self.step
-        self._buffer: torch.Tensor | None = None
         if self.ranked:
             assert sampled.epsilon is not None
             _check_epsilon(sampled.density, sampled.epsilon)
@@ -312,10 +344,8 @@ class _Draws:
 
     def magnitudes(self, start: int, stop: int) -> torch.Tensor:
         """|values| of the flat entries [start, stop) (a span), in a buffer the next span overwrites."""
-        if self._buffer is None:
-            self._buffer = torch.empty(min(self.flat.numel(), self.span * self.inner), dtype=self.work,
-                                       device=self.flat.device)
-        return torch.abs(self.flat[start:stop], out=self._buffer[: stop - start])
+        buffer = self.scratch.take("magnitudes", stop - start, self.work, self.flat.device)
+        return torch.abs(self.flat[start:stop], out=buffer)
 
     def masks(self, start: int, stop: int, magnitudes: torch.Tensor | None) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(first, last, 1/0 mask of the flat entries [first, last)) for the blocks of the span [start, stop),
@@ -324,22 +354,32 @@ class _Draws:
         block = self.step * self.inner
         for first in range(start, stop, block):
             last = min(stop, first + block)
+            uniform = None
             if self.ranked:
                 assert magnitudes is not None
                 # Ranking compares the magnitudes in the values' dtype: the task vector's own, or (float16) its
-                # exact float32.
+                # exact float32. A float64 mask is a copy of the draws beside them, so float64 keeps no buffer
+                # across blocks (the memory it is reserved is what each block's own take at once).
                 rows = magnitudes[first - start : last - start].view(-1, *self.rows[1:])
-                probabilities = _rank_probabilities(rows, self.table, self.draw)
+                lent = None if self.work == torch.float64 else self.scratch
+                probabilities = _rank_probabilities(rows, self.table, self.draw, lent)
+                if lent is not None and self.flat.device.type == "cpu":  # the draws go where the order was
+                    uniform = self.scratch.take("order", last - first, torch.int64, self.flat.device)
+                    uniform = uniform.view(torch.float32)[: last - first]
             else:
                 probabilities = self.probability.expand(last - first)
-            yield first, last, bernoulli_mask(probabilities, self.generator, self.work).reshape(-1)
+                if self.flat.device.type == "cpu":
+                    uniform = self.scratch.take("uniform", last - first, torch.float32, self.flat.device)
+            yield first, last, bernoulli_mask(probabilities, self.generator, self.work, uniform).reshape(-1)
 
 
-def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtype: torch.dtype,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Return ``torch.bernoulli(probabilities, generator=generator).to(dtype)``, bit for bit, a third of the time.
 
     ``probabilities`` is float32 or bfloat16 (contiguous or expanded). The generator advances exactly as
-    ``torch.bernoulli`` advances it, so later draws are unchanged too.
+    ``torch.bernoulli`` advances it, so later draws are unchanged too. ``out``: a float32 CPU buffer of
+    ``probabilities.numel()`` entries the draws are made in (the result may be it).
     """
     if probabilities.device.type != "cpu":
         return torch.bernoulli(probabilities.contiguous(), generator=generator).to(dtype)
@@ -348,8 +388,8 @@ def bernoulli_mask(probabilities: torch.Tensor, generator: torch.Generator, dtyp
     # uniform_ on float32 draws the same words in the same order and builds the same u, and a comparison in
     # place writes the 1/0 mask without bernoulli's per-entry distribution object
     # (tests/methods/test_fast_kernels.py pins the equality for the installed torch).
-    uniform = torch.empty(probabilities.shape, dtype=torch.float32).uniform_(generator=generator)
-    return uniform.lt_(probabilities).to(dtype)
+    uniform = torch.empty(probabilities.shape, dtype=torch.float32) if out is None else out.view(probabilities.shape)
+    return uniform.uniform_(generator=generator).lt_(probabilities).to(dtype)
 
 
 def _check_epsilon(density: float, epsilon: float) -> None:
@@ -378,7 +418,8 @@ def _probability_table(n: int, density: float, epsilon: float, draw: torch.dtype
     return spread.mul_(2).mul_(epsilon).add_(density - epsilon)
 
 
-def _rank_probabilities(magnitudes: torch.Tensor, table: torch.Tensor, draw: torch.dtype) -> torch.Tensor:
+def _rank_probabilities(magnitudes: torch.Tensor, table: torch.Tensor, draw: torch.dtype,
+                        scratch: Scratch | None = None) -> torch.Tensor:
     # Keep probabilities by rank along dim 1 (a tensor of two or more dims; the other dims index rows), in the
     # draw dtype. A probability depends on the rank alone, so mergekit's expression is evaluated once per rank
     # (the `table`) and scattered through each row's stable order: one pass over the block where ranking,
@@ -386,7 +427,11 @@ def _rank_probabilities(magnitudes: torch.Tensor, table: torch.Tensor, draw: tor
     moved = magnitudes.movedim(1, -1)
     n = moved.shape[-1]
     # bfloat16's keys rank as int32 packed keys, float32's as int64 (31 bits of key and the column's).
-    order = stable_order(magnitude_keys(moved).reshape(-1, n), exact_key_shift(magnitudes.dtype))
-    probabilities = torch.empty(order.shape, dtype=draw, device=magnitudes.device)
+    count, device = moved.numel(), magnitudes.device
+    lent = scratch if device.type == "cpu" else None
+    order = stable_order(magnitude_keys(moved).reshape(-1, n), exact_key_shift(magnitudes.dtype),
+                         None if lent is None else lent.take("order", count, torch.int64, device))
+    probabilities = (torch.empty(order.shape, dtype=draw, device=device) if lent is None
+                     else lent.take("probabilities", count, draw, device).view(order.shape))
     probabilities.scatter_(1, order, table.expand(order.shape))
     return probabilities.reshape(moved.shape).movedim(-1, 1)

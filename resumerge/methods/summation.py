@@ -18,6 +18,7 @@ Sums of bfloat16 and float16 accumulate in float32 and round once at the end, as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from resumerge.torch_import import torch
@@ -41,7 +42,11 @@ class OrderedSum:
     numbers are fed or :meth:`result` is read before all of them were.
     """
 
-    def __init__(self, total: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+    def __init__(self, total: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 lend: Callable[[int], torch.Tensor] | None = None) -> None:
+        """``lend(count)``: where numbers fed in pieces wait to be folded, asked for (at most once, only when some
+        must wait) as a 1-D tensor of ``dtype`` of at least ``count`` entries, the caller's to reuse once
+        :meth:`result` is read; without it a buffer is allocated then."""
         if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
             raise ValueError(f"no ordered sum for {dtype}")
         self.total, self.dtype = total, dtype
@@ -63,6 +68,7 @@ class OrderedSum:
         # Cascade numbers wait in a buffer until this many (whole blocks, a few MiB) can be folded at once, so
         # pieces as small as a row chunk cost no more than one whole add.
         self._fold_at = min(max(1, _FOLD_AT // self._block) * self._block, self._cascade_end)
+        self._lend = lend
         self._buffer: torch.Tensor | None = None
         self._filled = 0
         self._tails: list[torch.Tensor] = []
@@ -98,7 +104,8 @@ class OrderedSum:
                 continue
             # Folding costs a few dozen small kernels whatever its size, so row chunks wait in a buffer for more.
             if self._buffer is None:
-                self._buffer = torch.empty(self._fold_at, dtype=self.dtype, device=self._acc[0].device)
+                self._buffer = (torch.empty(self._fold_at, dtype=self.dtype, device=self._acc[0].device)
+                                if self._lend is None else self._lend(self._fold_at)[: self._fold_at])
             take = min(head.numel(), self._fold_at - self._filled)
             self._buffer[self._filled : self._filled + take].copy_(head[:take])
             self._filled += take

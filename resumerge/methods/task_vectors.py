@@ -33,17 +33,26 @@ TASK_VECTOR = InputsOnly("task vector", _task_vector, lambda itemsize: itemsize)
 
 
 def combine_task_vectors(
-    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool
+    ctx: MergeContext, sparsify_one: SparsifyOne | None, *, consensus: bool, lent: bool = False
 ) -> Tensor:
     """Return B + λ·Σ wᵢ·mᵢ·sparsify_one(i, δᵢ) / D in the base's dtype, δᵢ = θᵢ − B (see
     :func:`resumerge.methods.task_arithmetic.merge_task_vectors` for ``mᵢ`` and ``D``, and for ``normalize`` and
     ``lambda``, read from ``ctx.params``). Without non-base inputs the result is a copy of the base;
-    raises ``ValueError`` without a base."""
+    raises ``ValueError`` without a base. ``lent``: the result and the task vectors are computed in the buffer the
+    engine lends, where it lends one (:meth:`~resumerge.methods.spec.MergeContext.result_buffer`: the result in its
+    first entries), for a caller that asks for it nowhere else."""
     base = ctx.base
     others = ctx.others()
     if not others:
         return base.clone()
-    deltas = base.new_empty((len(others), *base.shape))
+    lent_out: Tensor | None = None
+    if lent and ctx.lend is not None and base.device.type == "cpu":  # else fresh, the result once it is needed
+        # Fresh memory for the task vectors (several times the result's size) has its pages zeroed by the kernel
+        # at first touch; the lent buffer's are warm from the tensors before.
+        whole = ctx.result_buffer((len(others) + 1, base.numel()), base.dtype, base.device)
+        lent_out, deltas = whole[0], whole[1:].view(len(others), *base.shape)
+    else:
+        deltas = base.new_empty((len(others), *base.shape))
     for slot, index in enumerate(others):
         # Each task vector is computed, sparsified and weighted in its own slot: no full-size temporaries.
         if ctx.memo is None:
@@ -64,7 +73,7 @@ def combine_task_vectors(
     scale = float(ctx.params["lambda"])
     flat_base = base.reshape(-1)
     flat_deltas = deltas.reshape(len(others), -1)
-    out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)
+    out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device) if lent_out is None else lent_out
     # What is left is a function of each position alone, so it runs one block of positions at a time: its
     # dozen passes then stay in the core's cache instead of streaming whole tensors through memory each
     # (della's combine took 13 ns per entry whole, ~4 in blocks), and every entry gets the same operations

@@ -239,3 +239,21 @@ def test_rank_based_methods_take_whole_tensors() -> None:
     for name in RANK_BASED:
         spec = get_method(name)
         assert spec is not None and not spec.elementwise, name
+
+
+@pytest.mark.parametrize(("cols", "shift"), [(1000, None), (1000, 16), (37, None)], ids=str)
+def test_stable_order_built_in_a_given_buffer_is_the_same_order(cols: int, shift: int | None) -> None:
+    # A buffer reused block after block (larger than the block, holding an earlier block's order) changes nothing:
+    # the order is built in its first entries, on the doubles' path, the int64 one and bfloat16's narrow one.
+    g = torch.Generator().manual_seed(cols)
+    values = (torch.randn(4, cols, generator=g) * 4).round().abs()
+    if shift is not None:
+        values = values.to(torch.bfloat16)
+    keys = ranking.magnitude_keys(values)
+    buffer = torch.full((5 * cols,), -1, dtype=torch.int64)
+    order = ranking.stable_order(keys, shift, out=buffer)
+    assert order.data_ptr() == buffer.data_ptr()
+    assert torch.equal(order, ranking.stable_order(keys, shift))
+    assert torch.equal(ranking.stable_order(keys.flip(1), shift, out=buffer), ranking.stable_order(keys.flip(1), shift))
+    wide = keys.long() << 40  # int64 keys: torch.sort's stable path, the buffer unused
+    assert torch.equal(ranking.stable_order(wide, out=buffer), torch.sort(wide, dim=1, stable=True).indices)

@@ -113,3 +113,26 @@ def test_skipping_words_leaves_the_generator_where_drawing_them_does(words: int)
     torch.empty(words).uniform_(generator=drawn)
     sample_stream._skip_words(skipped, words)
     assert torch.equal(torch.empty(9).uniform_(generator=drawn), torch.empty(9).uniform_(generator=skipped))
+
+
+@pytest.mark.parametrize("method", SAMPLED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_whole_tensors_computed_in_the_lent_buffer_keep_their_bytes(method: str, dtype: torch.dtype) -> None:
+    # With a buffer lent by the engine (reused, holding an earlier tensor's values) the task vectors and the result
+    # are computed in it, the result first: the same bytes as in fresh memory.
+    spec = get_method(method)
+    assert spec is not None
+    tensors = inputs(dtype, (40, 33), seed=3, models=3)
+    model_params = [{}] + [{"weight": 0.4, "density": 0.5, "epsilon": 0.2}] * 3
+    expected = whole(method, tensors, model_params, {})
+    held = torch.full((5 * 40 * 33 + 7,), -3.5, dtype=dtype)
+    asked: list[tuple[int, ...]] = []
+
+    def lend(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        asked.append(shape)
+        return held[: torch.Size(shape).numel()].view(shape)
+
+    ctx = context(tensors, 0, *spec.bind(model_params, {}, 0))
+    out = spec.fn(MergeContext(ctx.tensors, 0, ctx.model_params, ctx.params, ctx.generator, lend=lend))
+    assert torch.equal(bits(out), bits(expected)) and out.data_ptr() == held.data_ptr()
+    assert asked == [(4, 40 * 33)]

@@ -227,3 +227,28 @@ def test_della_spans_keep_every_dtypes_bits(monkeypatch: pytest.MonkeyPatch, dty
     cut = sparsify.sample(delta, sparsify.Sampled(0.5, 0.2), rescale=True, generator=gen(4))
     assert cut.dtype == dtype and torch.equal(cut.view(torch.uint8), whole.view(torch.uint8))
     assert 0 < int(torch.count_nonzero(cut)) < cut.numel()
+
+
+@pytest.mark.parametrize("rescale", [True, False])
+def test_draws_sharing_one_scratch_keep_the_bits_of_draws_alone(monkeypatch: pytest.MonkeyPatch,
+                                                                rescale: bool) -> None:
+    # One Scratch lent to task vectors drawn in turn — DELLA and DARE, every dtype, rows of different lengths, a
+    # larger one after smaller ones (its buffers grow) and a smaller one after it (a prefix of them, with what the
+    # larger one left there) — gives each draw the bits it has with buffers of its own; the norms' waiting numbers
+    # are kept in it too (spans cut short of the ordered sums' blocks).
+    monkeypatch.setattr(sparsify, "_ROW_BLOCK_ELEMENTS", 3 * 64)
+    monkeypatch.setattr(sparsify, "_SPAN_ELEMENTS", 7 * 64)
+    scratch = sparsify.Scratch()
+    cases = [((24, 31), torch.float32, sparsify.Sampled(0.4, 0.15)), ((9, 64, 3), torch.bfloat16,
+             sparsify.Sampled(0.5, 0.2)), ((300, 64), torch.float32, sparsify.Sampled(0.3, 0.1)),
+             ((50, 17), torch.float16, sparsify.Sampled(0.6, 0.1)), ((40, 33), torch.float64, sparsify.Sampled(0.5)),
+             ((7, 5), torch.float32, sparsify.Sampled(0.35))]
+    for seed, (shape, dtype, sampled) in enumerate(cases):
+        delta = ((torch.randn(shape, generator=gen(seed)) * 8).round() / 8).to(dtype)
+        alone = sparsify.sample(delta, sampled, rescale=rescale, generator=gen(seed))
+        shared = sparsify.sample(delta, sampled, rescale=rescale, generator=gen(seed), scratch=scratch)
+        assert torch.equal(shared.view(torch.uint8), alone.view(torch.uint8)), (shape, dtype, sampled)
+    scratch.clear()
+    assert torch.equal(sparsify.sample(DELTA, sparsify.Sampled(0.5, 0.2), rescale=rescale, generator=gen(1),
+                                       scratch=scratch),
+                       sparsify.sample(DELTA, sparsify.Sampled(0.5, 0.2), rescale=rescale, generator=gen(1)))

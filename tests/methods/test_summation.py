@@ -56,6 +56,19 @@ def test_pieces_of_any_size_give_the_same_bits(dtype: torch.dtype) -> None:
                 summer.add(values[position : position + size])
                 position += size
             assert bits(summer.result()) == expected, (dtype, n)
+        # Its waiting numbers kept in a buffer of the caller's (larger, holding another sum's leftovers) instead.
+        asked: list[int] = []
+        waiting = OrderedSum.buffer_bytes(n, dtype.itemsize) // dtype.itemsize
+
+        def lend(count: int, asked: list[int] = asked, waiting: int = waiting) -> torch.Tensor:
+            asked.append(count)
+            return torch.full((waiting + 3,), 7, dtype=dtype)
+
+        lent = OrderedSum(n, dtype, lend=lend)
+        for position in range(0, n, 70001):
+            lent.add(values[position : position + 70001])
+        assert bits(lent.result()) == expected, (dtype, n)
+        assert len(asked) <= 1 and all(count <= waiting for count in asked)
 
 
 _CHILD = """
