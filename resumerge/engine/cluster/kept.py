@@ -67,8 +67,9 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
     running other code or another runtime_env (:data:`~resumerge.engine.cluster.keeper.OTHER_CODE`). Every node's
     slots are asked at once and answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease
     within :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones, up to
-    :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
-    ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
+    :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free; a node whose
+    worker runs other code is asked no more (each worker made there, a process importing torch, would run it too).
+    A worker ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
     (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
     released."""
     return _leased(ray, {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count
@@ -105,6 +106,8 @@ def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 other += served == OTHER_CODE
+                if served == OTHER_CODE:  # the node runs other code: a worker made at its next slot would too
+                    todo[node_id].last = todo[node_id].slot
                 if served is not None and served != OTHER_CODE:
                     workers.append(Worker(actor, node_id[:8], node_id, todo[node_id].width, token=token))
                     reused += served > 0
