@@ -133,11 +133,21 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
                 executor=RayExecutor(address=cluster.address))
     assert ids(used[-1]) == first and _files(tmp_path / "killed") == _files(tmp_path / "local")
     # A pass of other code asks other names: the workers made for it end at once (their own code is not their
-    # names'), refusing it; it computes on fresh actors.
+    # names'), refusing it; it computes on fresh actors. Each node is asked once: a worker made at its next slot
+    # would run the node's code too.
     monkeypatch.setattr(kept, "run_digest", lambda ray_: "0" * 16)
+    asked: list[tuple[str, int, bool]] = []
+    slots = kept._slots
+
+    def recorded_slots(*args: Any) -> list[tuple[str, int, bool]]:
+        asked.extend(found := slots(*args))
+        return found
+
+    monkeypatch.setattr(kept, "_slots", recorded_slots)
     api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
                 executor=RayExecutor(address=cluster.address))
     assert used[-1] == [None, None] and _files(tmp_path / "other") == _files(tmp_path / "local")
+    assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
 
 def _leased(ray: Any, actor: Any) -> bool:

@@ -2,16 +2,16 @@
 after a kill), which then computes as soon as it has planned instead of waiting for a fresh process to import Ray,
 the engine and torch (3.5-4 CPU seconds a worker).
 
-Only a run on a cluster that outlives it keeps its workers: one joined at ``--ray-address`` or ``RAY_ADDRESS``, or
-the one its process is connected to (the warm start's clusters, :mod:`~resumerge.engine.cluster.warm`); never a
-Ray started for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
-:class:`~resumerge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot),
-named with the digest of the code it runs and its job's runtime_env (:func:`~resumerge.engine.cluster.keeper.
-run_digest`), so a worker never serves a run of other code or another runtime_env (and checks that digest against
-its own as it starts, ending at once where another node's code differs, and at every lease). Idle, it declares no
-CPU, only the memory its imports take; the run that leases it reserves the CPUs it computes with and the rest of
-its memory by a placement group pinned to its node (:func:`~resumerge.engine.cluster.launch.adopt`), removed when
-the run ends.
+Only a run on a cluster that outlives it keeps its workers: one joined at ``--ray-address`` or ``RAY_ADDRESS``, or the
+one its process is connected to (the warm start's clusters, :mod:`~resumerge.engine.cluster.warm`); never a Ray started
+for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
+:class:`~resumerge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot), named with
+the digest of the code it runs and its job's runtime_env (:func:`~resumerge.engine.cluster.keeper.run_digest`), so
+a worker never serves a run of other code or another runtime_env (and checks that digest against its own as it starts,
+ending once it said so to the lease that made it where another node's code differs, and at every lease). Idle, it
+declares no CPU, only the memory its imports take; the run that leases it reserves the CPUs it computes with and the
+rest of its memory by a placement group pinned to its node (:func:`~resumerge.engine.cluster.launch.adopt`), removed
+when the run ends.
 
 A lease is a token the driver ``ray.put``s (the driver owns it): while the driver lives no other run takes the
 worker (that run asks the node's next slot); once it died (``OwnerDiedError`` on the token) the worker stops the
