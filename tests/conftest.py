@@ -38,9 +38,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     waits. Every worker computes the same order (xdist requires it): it depends on the collection only."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     on_ray = {item.path for item in items if "ray_head" in getattr(item, "fixturenames", ())}
+    spare = {item.path for item in items if getattr(getattr(item, "module", None), "RAY_SPARE_NODES", False)}
     config.stash[RAY_MODULES] = on_ray
-    # The Ray modules (all slow) side by side, first: a worker runs them on one Ray head (see ``ray_head``).
-    items.sort(key=lambda item: (item.path not in slow, item.path not in on_ray))
+    # The Ray modules (all slow) side by side, first: a worker runs them on one Ray head (see ``ray_head``); those
+    # whose tests take spare worker nodes (tests/raycluster.py) before the others, so that each takes the nodes, and
+    # the kept workers on them, that the one before left.
+    items.sort(key=lambda item: (item.path not in slow, item.path not in on_ray, item.path not in spare))
 
 
 @pytest.fixture(scope="session", autouse=True)

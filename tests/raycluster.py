@@ -14,7 +14,9 @@ nodes: the nodes it leaves are kept for the next such test (each node costs a ra
 but the idle kept workers' own: the actors of the test before ended with its driver; else it starts fresh ones). So
 the kept workers a spare test's passes left host the next one's, as they would a second pass on a user's cluster. A
 test that asks otherwise, or for fewer, has the spare nodes it does not take removed first, so every test still sees
-only its own nodes. A test that fails leaves no spare node."""
+only its own nodes. A test that fails leaves no spare node. A module whose Ray tests ask for spare nodes says so
+(``RAY_SPARE_NODES = True``): tests/conftest.py runs those modules one after the other, before the other Ray
+modules, so that the nodes one leaves serve the next."""
 
 from __future__ import annotations
 

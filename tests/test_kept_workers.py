@@ -145,8 +145,17 @@ def test_an_idle_worker_ends_after_its_time_and_refuses_leases_then(fake_ray: li
 
 def test_a_worker_whose_code_is_not_its_names_ends_at_once(fake_ray: list[str]) -> None:
     worker, renewed = _kept(named="0123456789abcdef")  # another node's checkout made the name
-    _ended(fake_ray)
+    time.sleep(4 * keeper.WATCH_SECONDS)
+    assert fake_ray == []  # not before it told the lease that made it (whose run then asks that node no other slot)
     assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and renewed == []
+    _ended(fake_ray)
+
+
+def test_a_worker_whose_code_is_not_its_names_ends_unasked_too(fake_ray: list[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keeper, "TELL_SECONDS", 0.1)  # the lease that made it never reached it
+    _kept(named="0123456789abcdef")
+    _ended(fake_ray)
 
 
 @pytest.mark.parametrize("stuck", [True, False], ids=["stop-never-returns", "stop-fails"])

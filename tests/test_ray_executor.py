@@ -10,13 +10,13 @@ after its third shard in a folder OUT (where its nodes write their temp files) i
 Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the nodes upload what they make and the
 driver alone commit, its warm workers (whose memory reservations do not come up) ended and replaced; a local run
 SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node removal must come last); then a hub OUT
-in the Xet tier under --max-disk, on the node left. The workers are started while the driver plans (warm) and used, not
-started again; a run that fails, is refused or is killed leaves no worker and no memory reservation behind. The first
-run ends its workers (--keep-workers 0); the later ones keep theirs (the default on a cluster that outlives the run): a
-slerp with -j 2 then -j 1 on the same processes computes the local bytes at each -j, each node computing with that
-run's -j, a SIGKILLed driver's kept
-workers stop its shards on their own and serve its resume, and kept workers idle for their time end, their names freed.
-The local halves (a failing run, a killed run) run while the cluster starts; ``-s`` prints each phase's seconds."""
+in the Xet tier under --max-disk, on the node left, by its kept worker (leased warm, though the plan sets its width).
+The workers are started while the driver plans (warm) and used, not started again; a run that fails, is refused or is
+killed leaves no worker and no memory reservation behind. The first run ends its workers (--keep-workers 0); the later
+ones keep theirs (the default on a cluster that outlives the run): a slerp with -j 2 then -j 1 on the same processes
+computes the local bytes at each -j, each node computing with that run's -j, a SIGKILLed driver's kept workers stop its
+shards on their own and serve its resume, and kept workers idle for their time end, their names freed. The local halves
+(a failing run, a killed run) run while the cluster starts; ``-s`` prints each phase's seconds."""
 
 from __future__ import annotations
 
@@ -537,8 +537,10 @@ def _kept_workers_end_once_idle_for_their_time(merge: Merge, tmp_path: Path) -> 
 def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, writer: HubWriter, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  max_disk: int) -> None:
+    # Its node's kept worker serves it (started warm, as a run with no --max-disk), though the plan sets how wide a
+    # node's workers are: the driver starts none.
     state = tmp_path / "state"
-    with _the_driver_uploads_no_shard(monkeypatch):
+    with _the_driver_uploads_no_shard(monkeypatch), _no_worker_started_after_the_plan(monkeypatch):
         outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, executor=RayExecutor(),
                           output=api.Output(out_shard_size=SHARD), hub=api.Hub(commit_every=4, commit_interval=3600),
                           resources=api.Resources(max_disk=max_disk))
@@ -626,6 +628,23 @@ def test_max_disk_bounds_the_shards_a_node_stages_at_once() -> None:
     assert task_cpus(1, [8, 4], 250, 100) == 4  # two shards: two tasks on the 8-CPU node, one on the 4-CPU one
     assert task_cpus(1, [8], 100, 100) == 8
     assert task_cpus(6, [8], 800, 100) == 6  # the thread count is the floor
+
+
+def test_kept_warm_workers_serve_a_wider_run_and_the_ones_left_over_are_spare() -> None:
+    """Without a cluster: a kept worker declares no CPU, so a run whose workers are wider than the warm start's (a hub
+    OUT under --max-disk) takes the first of each node's as many as it needs there, as wide as it needs them; workers
+    that are not kept declared their CPUs as they started and are left to the adoption as they are."""
+    nodes = [{"NodeID": node_id, "Alive": True, "Resources": {"CPU": cpus}} for node_id, cpus in (("a" * 16, 8),
+                                                                                                    ("b" * 16, 2))]
+    kept = [launch.Worker(f"{node[0]}{slot}", node[:8], node, 1, token=b"lease") for node in ("a" * 16, "b" * 16)
+            for slot in range(int(next(n["Resources"]["CPU"] for n in nodes if n["NodeID"] == node)))]
+    taken, spare = launch.fit(list(kept), nodes, 4)
+    assert [(w.actor, w.width) for w in taken] == [("a0", 4), ("a1", 4), ("b0", 2)]
+    assert [w.actor for w in spare] == ["a2", "a3", "a4", "a5", "a6", "a7", "b1"]
+    fresh = [launch.Worker("f0", "a" * 8, "a" * 16, 1), launch.Worker("f1", "b" * 8, "b" * 16, 1)]
+    assert launch.fit(fresh, nodes, 4) == (fresh, []) and [w.width for w in fresh] == [1, 1]
+    gone = [launch.Worker("c0", "c" * 8, "c" * 16, 1, token=b"lease")]  # its node left the cluster
+    assert launch.fit(gone, nodes, 1) == ([], gone)
 
 
 def test_a_worker_computes_with_the_cpus_it_declares_unless_the_bytes_depend_on_the_thread_count() -> None:

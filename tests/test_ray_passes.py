@@ -5,8 +5,10 @@ the bytes and figures of the local run; and what cannot be placed is refused in 
 is read.
 
 One real Ray cluster on this machine for the whole module (a head without CPUs, two one-CPU worker nodes: starting
-one costs 10-20 s); the local references run torch on one thread, as each node's actor does (float32 sums on more
-threads may round otherwise). Tiny generated models."""
+one costs 10-20 s), its worker nodes spare ones (tests/raycluster.py: the nodes the check modules' tests left, with the
+kept workers their passes left on them, as a second pass on a user's cluster finds them; its tests' actors read local
+files only); the local references run torch on one thread, as each node's actor does (float32 sums on more threads
+may round otherwise). Tiny generated models."""
 
 from __future__ import annotations
 
@@ -34,11 +36,12 @@ pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 TEXTS = "the cat sat on the mat\nhello world again\nx\n"
+RAY_SPARE_NODES = True  # tests/conftest.py: this module runs beside the others that take spare nodes
 
 
 @pytest.fixture(scope="module")
 def cluster(ray_head: RayHead) -> Iterator[Cluster]:
-    with ray_cluster(ray_head, workers=2) as (started, _):
+    with ray_cluster(ray_head, workers=2, spare=True) as (started, _):
         yield started
 
 
@@ -120,7 +123,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     # A driver SIGKILLed holding the kept workers: each frees itself; the resume computes in them.
     killed = cli("measure", config, tmp_path / "killed", "--texts", texts, "--state-dir", tmp_path / "s-killed",
                  "--executor", "ray", "--ray-address", cluster.address,
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, fresh=True, timeout=600)
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     deadline = time.monotonic() + 30
     while any(_leased(ray, actor) for actor in used[0]):
@@ -130,11 +133,21 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
                 executor=RayExecutor(address=cluster.address))
     assert ids(used[-1]) == first and _files(tmp_path / "killed") == _files(tmp_path / "local")
     # A pass of other code asks other names: the workers made for it end at once (their own code is not their
-    # names'), refusing it; it computes on fresh actors.
+    # names'), refusing it; it computes on fresh actors. Each node is asked once: a worker made at its next slot
+    # would run the node's code too.
     monkeypatch.setattr(kept, "run_digest", lambda ray_: "0" * 16)
+    asked: list[tuple[str, int, bool]] = []
+    slots = kept._slots
+
+    def recorded_slots(*args: Any) -> list[tuple[str, int, bool]]:
+        asked.extend(found := slots(*args))
+        return found
+
+    monkeypatch.setattr(kept, "_slots", recorded_slots)
     api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
                 executor=RayExecutor(address=cluster.address))
     assert used[-1] == [None, None] and _files(tmp_path / "other") == _files(tmp_path / "local")
+    assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
 
 def _leased(ray: Any, actor: Any) -> bool:
@@ -265,7 +278,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
         local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
     killed = cli("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--limit", "4", "--state-dir",
                  tmp_path / "s", "--executor", "ray", "--ray-address", cluster.address,
-                 env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, fresh=True, timeout=600)
+                 env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "s", "layer-*.safetensors") == [("2", "0")]
     on_ray = RayExecutor(address=cluster.address)

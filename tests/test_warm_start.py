@@ -260,3 +260,19 @@ def test_a_start_that_fails_only_loses_the_head_start_and_leaves_no_worker(
     assert not warm.thread.is_alive() and warm.take() == []
     warm.close()
     assert ended == ([] if failing == "import" else [["w1"]])
+
+
+def test_a_hub_run_under_max_disk_starts_warm_only_where_its_workers_are_kept(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept workers declare no CPU, so they serve the width the plan's shard size sets (launch.fit): a hub run under
+    --max-disk on a cluster that outlives it starts warm; workers that end with the run declare their CPUs as they
+    start, so it starts those once it has planned. A GPU run starts none warm either way."""
+
+    def no_ray() -> None:
+        raise ImportError("no Ray here")  # the start's thread ends at once: only the decision is tested
+
+    monkeypatch.setattr(connect, "require_ray", no_ray)
+    settings = RunSettings(state=StateDir.resolve(tmp_path / "state"))
+    for keep, device, warm in ((600.0, "cpu", True), (0.0, "cpu", False), (600.0, None, False)):
+        with RayExecutor("head:6379", keep_workers=keep).starting(settings, device=device, bounded=True) as started:
+            assert isinstance(started, RayExecutor) and (started.early is not None) is warm, (keep, device)

@@ -134,9 +134,10 @@ class RayExecutor:
     def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:
         """With the run's workers starting while it plans (:mod:`resumerge.engine.cluster.warm`), those the run did
         not take ended as the context ends, however it ends. Itself where warm workers could not serve: a GPU run
-        (they start without one), a ``device`` not known yet, a hub OUT under ``--max-disk`` (how many a node may
-        run depends on the plan's shard size), and where there is no cluster to join before the run."""
-        if device != "cpu" or bounded:
+        (they start without one), a ``device`` not known yet, a hub OUT under ``--max-disk`` whose workers end with
+        it (how many a node may run, each declaring its CPUs as it starts, depends on the plan's shard size: kept
+        workers declare none, so they serve any), and where there is no cluster to join before the run."""
+        if device != "cpu" or (bounded and self.keep_workers <= 0):
             yield self
             return
         from resumerge.engine.cluster.warm import WarmStart

@@ -39,6 +39,7 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
+RAY_SPARE_NODES = True  # tests/conftest.py: this module runs beside the others that take spare nodes
 TEXTS = "the cat sat on the mat\nhello world again\nx\n"
 
 

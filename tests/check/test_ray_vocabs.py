@@ -21,6 +21,7 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
+RAY_SPARE_NODES = True  # tests/conftest.py: this module runs beside the others that take spare nodes
 
 
 def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(tmp_path: Path,

@@ -32,7 +32,7 @@ from typing import Any
 from resumerge.config.settings import RunSettings
 from resumerge.engine.cluster.connect import join
 from resumerge.engine.cluster.hubreads import NodeReads
-from resumerge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, place, unreserve
+from resumerge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, fit, place, unreserve
 from resumerge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
 from resumerge.engine.cluster.warm import WarmStart
 from resumerge.engine.cluster.worker import ShardDone, WorkerSetup
@@ -155,7 +155,8 @@ class _Dispatch:
         """The workers of every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of
         the node's CPUs as wide as the run's thread count, each declaring those CPUs and the memory the plan's
         largest shard needs (at most what its node has): the warm ones taken from the run's start when they fit
-        (:func:`~resumerge.engine.cluster.launch.adopt`), else ones started now. Raises :class:`UnreachableError`
+        (:func:`~resumerge.engine.cluster.launch.fit`, :func:`~resumerge.engine.cluster.launch.adopt`), else ones
+        started now. Raises :class:`UnreachableError`
         when no node is left; none, with nothing placed, when the run is stopped while the warm start is under
         way."""
         gpu = is_gpu(self.plan.options.device)
@@ -173,6 +174,8 @@ class _Dispatch:
                 return
         if warm:
             try:
+                warm, spare = fit(warm, nodes, wanted)
+                end(self.ray, spare)  # kept ones that the run's width leaves over: released for the next run
                 adopted = not gpu and adopt(self.ray, warm, nodes, self.shared, self.setup, wanted, self.memory)
             except BaseException:
                 end(self.ray, warm)

@@ -8,7 +8,8 @@ by the watchdog thread (every :data:`WATCH_SECONDS`; the delay: :mod:`~resumerge
 stops the dead run's pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted)
 and makes a fresh stream, so the next run computes as a fresh worker would. A worker no run holds for ``keep``
 seconds refuses every lease from then on and ends its actor, which frees its name; so does, at once, a worker whose
-stream did not stop within :data:`RENEW_SECONDS` (or failed to), and one whose own code is not its name's.
+stream did not stop within :data:`RENEW_SECONDS` (or failed to), and, once it answered the lease that made it
+(:data:`TELL_SECONDS`), one whose own code is not its name's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ RENEW_SECONDS = 8.0
 # A lease's answer where the worker runs other code or another runtime_env than the run (its digest differs: the run
 # says so, each of its runs then starting its own workers).
 OTHER_CODE = -1
+# How long a worker whose own code is not its name's waits for the lease that made it before it ends: answered
+# OTHER_CODE, that run asks the node no further slot (resumerge.engine.cluster.kept); ended first, it would answer
+# nothing, and the run would make a worker at the node's next slot, which would run the node's code too.
+TELL_SECONDS = 5.0
 
 
 def code_digest() -> str:
@@ -92,7 +97,8 @@ class Keeper:
     """The leases of a kept worker idle for at most ``keep`` seconds, named with the :func:`run_digest` ``named``;
     ``renew`` stops its stream and makes a fresh one (called under the keeper's lock, with no run holding the
     worker, for at most :data:`RENEW_SECONDS`). A worker whose own digest is not ``named`` (another node's code
-    under the same name) ends at once, as does one whose stream did not stop in time or failed to."""
+    under the same name) ends once it answered the lease that made it (:data:`OTHER_CODE`; at most
+    :data:`TELL_SECONDS`), one whose stream did not stop in time or failed to at once."""
 
     def __init__(self, keep: float, renew: Callable[[], None], named: str) -> None:
         self.keep, self.renew = keep, renew
@@ -101,7 +107,10 @@ class Keeper:
         self.holder: Any = None  # the token of the run that holds it
         self.served = 0  # the leases granted so far
         self.idle_since = time.monotonic()
-        self.ended = self.code != named  # (the watchdog ends the actor at its first turn)
+        self.other = self.code != named
+        self.ended = self.other  # (the watchdog ends the actor once it said so: _watched)
+        self.told = threading.Event()  # a lease was answered OTHER_CODE
+        self.born = time.monotonic()
         self.watchdog = threading.Thread(target=self._watch, name="resumerge-kept-watchdog", daemon=True)
         self.watchdog.start()
 
@@ -112,6 +121,7 @@ class Keeper:
         live run holds it, or it ends)."""
         with self.lock:
             if code != self.code:
+                self.told.set()
                 return OTHER_CODE
             if self.ended or (self.holder is not None and _alive(self.holder)):
                 return None
@@ -165,8 +175,8 @@ class Keeper:
     def _watched(self) -> bool:
         """Take a dead holder's lease back; True once the worker has been idle for its time (it refuses leases from
         then on, and once it ended otherwise)."""
-        if self.ended:
-            return True
+        if self.ended:  # one of other code first answers the lease that made it (TELL_SECONDS)
+            return not self.other or self.told.is_set() or time.monotonic() - self.born >= TELL_SECONDS
         holder = self.holder
         if holder is not None:
             if not _alive(holder):

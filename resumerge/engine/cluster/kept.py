@@ -2,16 +2,16 @@
 after a kill), which then computes as soon as it has planned instead of waiting for a fresh process to import Ray,
 the engine and torch (3.5-4 CPU seconds a worker).
 
-Only a run on a cluster that outlives it keeps its workers: one joined at ``--ray-address`` or ``RAY_ADDRESS``, or
-the one its process is connected to (the warm start's clusters, :mod:`~resumerge.engine.cluster.warm`); never a
-Ray started for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
-:class:`~resumerge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot),
-named with the digest of the code it runs and its job's runtime_env (:func:`~resumerge.engine.cluster.keeper.
-run_digest`), so a worker never serves a run of other code or another runtime_env (and checks that digest against
-its own as it starts, ending at once where another node's code differs, and at every lease). Idle, it declares no
-CPU, only the memory its imports take; the run that leases it reserves the CPUs it computes with and the rest of
-its memory by a placement group pinned to its node (:func:`~resumerge.engine.cluster.launch.adopt`), removed when
-the run ends.
+Only a run on a cluster that outlives it keeps its workers: one joined at ``--ray-address`` or ``RAY_ADDRESS``, or the
+one its process is connected to (the warm start's clusters, :mod:`~resumerge.engine.cluster.warm`); never a Ray started
+for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
+:class:`~resumerge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot), named with
+the digest of the code it runs and its job's runtime_env (:func:`~resumerge.engine.cluster.keeper.run_digest`), so
+a worker never serves a run of other code or another runtime_env (and checks that digest against its own as it starts,
+ending once it said so to the lease that made it where another node's code differs, and at every lease). Idle, it
+declares no CPU, only the memory its imports take; the run that leases it reserves the CPUs it computes with and the
+rest of its memory by a placement group pinned to its node (:func:`~resumerge.engine.cluster.launch.adopt`), removed
+when the run ends.
 
 A lease is a token the driver ``ray.put``s (the driver owns it): while the driver lives no other run takes the
 worker (that run asks the node's next slot); once it died (``OwnerDiedError`` on the token) the worker stops the
@@ -67,8 +67,9 @@ def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
     running other code or another runtime_env (:data:`~resumerge.engine.cluster.keeper.OTHER_CODE`). Every node's
     slots are asked at once and answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease
     within :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones, up to
-    :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free. A worker
-    ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
+    :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free; a node whose
+    worker runs other code is asked no more (each worker made there, a process importing torch, would run it too).
+    A worker ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.engine.cluster.launch.adopt`); ended
     (:func:`~resumerge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken are
     released."""
     return _leased(ray, {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count
@@ -105,6 +106,8 @@ def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 other += served == OTHER_CODE
+                if served == OTHER_CODE:  # the node runs other code: a worker made at its next slot would too
+                    todo[node_id].last = todo[node_id].slot
                 if served is not None and served != OTHER_CODE:
                     workers.append(Worker(actor, node_id[:8], node_id, todo[node_id].width, token=token))
                     reused += served > 0

@@ -161,6 +161,27 @@ def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shar
     return True
 
 
+def fit(warm: list[Worker], nodes: list[dict[str, Any]], wanted: int) -> tuple[list[Worker], list[Worker]]:
+    """The ``warm`` workers a run ``wanted`` CPUs wide per worker can adopt, and those it leaves spare (the caller
+    releases them). A kept worker declares no CPU (the run reserves those it computes with: :func:`adopt`), so it
+    serves any width: a run whose workers are wider than the warm start's (a hub OUT under ``--max-disk``, whose
+    width the plan's shard size sets) takes the first of each node's as many as its layout has there. Workers that
+    are not kept declared their width as they started: returned as they are, none spare."""
+    if not warm or any(worker.token is None for worker in warm):
+        return warm, []
+    shape = {node_id: (width, count) for node_id, _, width, count in layout(nodes, wanted, gpu=False, lost=set())}
+    taken: list[Worker] = []
+    spare: list[Worker] = []
+    for worker in warm:
+        width, count = shape.get(worker.node_id, (0, 0))
+        if sum(1 for other in taken if other.node_id == worker.node_id) < count:
+            worker.width = width
+            taken.append(worker)
+        else:
+            spare.append(worker)
+    return taken, spare
+
+
 def pinned(node_id: str) -> Any:
     """The scheduling strategy that places an actor on the node ``node_id`` and nowhere else."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
