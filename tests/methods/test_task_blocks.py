@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, inputs
-from resumerge.methods import MergeContext, get_method, task_blocks, task_vectors
 from resumerge.engine.blockthreads import spread_over
+from resumerge.methods import MergeContext, get_method, task_blocks, task_vectors
 from resumerge.methods.spec import InputsOnly, Spread
 from resumerge.methods.task_stream import TASK_KEY_COUNTS, TASK_KEYS, magnitude_selector, outlier_selector
 from resumerge.methods.task_vectors import TASK_VECTOR
