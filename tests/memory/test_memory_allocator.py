@@ -89,3 +89,56 @@ def test_a_run_puts_the_process_allocator_settings_back_when_it_ends() -> None:
     pages = (512 << 10) // 4096
     assert restored["faults"] >= 100 * pages  # glibc's 128 KiB thresholds again: every chunk faults its pages in
     assert overlapping["faults"] <= 10 * pages  # still held by the run that goes on
+
+
+# A pass whose tensors come from the heap (tune_allocator(HEAP_TENSORS)): a 16 MiB buffer (a layer's tensor) taken,
+# touched and freed 20 times faults its pages in once, not 20 times; malloc_trim hands the free pages back; a 64 MiB
+# one (over the threshold) is still mapped on its own.
+_HEAP_PROBE = textwrap.dedent("""
+    import ctypes, ctypes.util, json, resource, sys
+    from resumerge.memory import allocator
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    took = allocator.tune_allocator(int(sys.argv[1])) is not None
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+
+    def touched(size):
+        pointer = libc.malloc(size)
+        ctypes.memset(pointer, 1, size)
+        return pointer
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        libc.free(touched(16 << 20))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    start = rss()
+    allocator.malloc_trim()(0)
+    trimmed = start - rss()
+    start = rss()
+    pointer = touched(64 << 20)
+    libc.free(pointer)
+    print(json.dumps({"took": took, "faults": faults, "trimmed": trimmed, "kept": rss() - start}))
+""")
+
+
+def test_a_pass_takes_its_tensors_from_the_heap_and_trims_it() -> None:
+    from resumerge.memory.allocator import HEAP_TENSORS, MMAP_THRESHOLD
+
+    def probe(threshold: int) -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-c", _HEAP_PROBE, str(threshold)], capture_output=True, text=True,
+                              check=True, timeout=120)
+        result: dict[str, int] = json.loads(done.stdout)
+        assert result["took"]
+        return result
+
+    heap, mapped = probe(HEAP_TENSORS), probe(MMAP_THRESHOLD)
+    pages = (16 << 20) // 4096
+    assert mapped["faults"] >= 18 * pages  # each one mapped afresh: faulted in (and zeroed) again
+    assert heap["faults"] <= 3 * pages  # the freed buffer taken again
+    assert heap["trimmed"] >= 12 << 20  # its pages handed back by malloc_trim
+    for result in (heap, mapped):
+        assert result["kept"] <= 4 << 20  # over the threshold: unmapped when freed
