@@ -27,7 +27,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec
 from resumerge.methods.resources import Resources
-from resumerge.methods.spec import InputsMemo, InputsOnly, RowStream, Spread
+from resumerge.methods.spec import InputsMemo, InputsOnly, RowStream
 from resumerge.plan.inputrefs import read_value
 from resumerge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.plan.workunits import aligned_rows, can_chunk, chunk_plan, method_dtype, pass_rows
@@ -89,17 +89,15 @@ class TensorCompute:
     :class:`~resumerge.engine.workspace.Workspace` (:meth:`whole`): its quantized inputs are decoded into the
     workspace's buffers and the method is lent its result buffer. Failures of the method are raised as
     :class:`ResumergeError` naming ``tp``. ``shared``: where other merges of the same inputs (a generation's
-    candidates) share each chunk's loaded inputs and its method's declared values (:class:`SharedInputs`), and
-    ``spread``: the threads lent to those merges' independent blocks (:attr:`~resumerge.methods.spec.MergeContext.
-    spread`).
+    candidates) share each chunk's loaded inputs and its method's declared values (:class:`SharedInputs`).
     """
 
     def __init__(self, plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
                  stream: RowStream | None = None, load: Callable[[TensorPlan], MergeContext] | None = None,
-                 shared: SharedInputs | None = None, spread: Spread | None = None) -> None:
+                 shared: SharedInputs | None = None) -> None:
         self.plan, self.tp, self.sources, self.stream = plan, tp, sources, stream
         self.total = tp.shape[0] if tp.shape else 1  # a 0-d tensor is one row
-        self._resources, self._given, self._shared, self._spread = resources, load, shared, spread
+        self._resources, self._given, self._shared = resources, load, shared
 
     def held_bytes(self) -> int:
         """What the stream keeps from its first chunk to its last (0 without one): reserved for all its passes."""
@@ -229,7 +227,7 @@ class TensorCompute:
         tensors = self._shared.loaded(
             key, lambda: load_context(self.plan, part, self.sources, method, self._resources).tensors)
         return make_context(self.plan, part, method, torch.device(self.plan.options.device), tensors,
-                            self._resources, memo=self._shared.memo(key, method.from_inputs), spread=self._spread)
+                            self._resources, memo=self._shared.memo(key, method.from_inputs))
 
     def _generator(self, name: str) -> torch.Generator:
         """A generator seeded from (the run's seed, ``name``), on the plan's device."""
@@ -287,11 +285,10 @@ def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.d
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
                  lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-                 memo: InputsMemo | None = None, spread: Spread | None = None) -> MergeContext:
+                 memo: InputsMemo | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
     a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
-    ``lend`` for its result buffer, ``memo`` where its declared values of the inputs are shared and ``spread`` the
-    threads lent to its independent blocks."""
+    ``lend`` for its result buffer and ``memo`` where its declared values of the inputs are shared."""
     generator = None
     if method.randomized:
         generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
@@ -306,7 +303,6 @@ def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.d
         resources=resources,
         lend=lend,
         memo=memo,
-        spread=spread,
     )
 
 

@@ -35,7 +35,7 @@ from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.proof import JournalProof, merge_inputs
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.allocator import HEAP_TENSORS, malloc_trim, tune_allocator
+from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -124,10 +124,7 @@ class StreamedCandidates:
                 storage.say(self.store, phase=f"score {names} (all candidates)", layer=layer,
                             layers=streams[0].layers)
 
-            # Each candidate's layer takes the buffers the last one freed (from the heap, not fresh maps the
-            # kernel faults in and zeroes); what a layer's block held goes back to the OS as it ends
-            # (Population.layer) and at each layer: RSS follows what is held.
-            restore = tune_allocator(HEAP_TENSORS)
+            restore = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
             try:
                 journal = Journal(work, LAYER_PREFIX)
                 # Before any weight is read: the parents' bytes the journal's layers came from, proved (exit 4

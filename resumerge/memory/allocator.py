@@ -13,13 +13,6 @@ Two settings, made once per run by :func:`tune_allocator`:
   in flight (peak RSS +11 MiB there), and the governor's :meth:`~resumerge.memory.probe.MemoryProbe.reclaim`
   hands it back (``malloc_trim``) when memory runs short.
 
-A pass that frees and takes the same tensor-sized buffers again and again (a generation's candidates: each one's
-layer merged, cast, run and dropped in turn, eight times a layer) asks for a higher mmap threshold
-(:data:`HEAP_TENSORS`): its tensors up to that size are then taken from the heap's free memory instead of fresh
-maps, each of which the kernel faulted in and zeroed page by page (1.8 million minor faults a generation of the
-issue-68 bench, 0.6 million from the heap); it hands the heap's free pages back itself (``malloc_trim``) where it
-drops what it held, so RSS still follows what is held between its steps.
-
 The settings are the whole process's, so a run puts them back when it ends (a notebook that called ``api.run``
 keeps its own allocator behaviour): :func:`tune_allocator` returns the function that does, and only the outermost
 of overlapping runs restores. glibc has no getter for these thresholds, so what is restored is what the process
@@ -40,15 +33,12 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["HEAP_TENSORS", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "malloc_trim", "tune_allocator"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "malloc_trim", "tune_allocator"]
 
 # mallopt's parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 MMAP_THRESHOLD = 1 << 20
-# glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): a decoder layer's tensors of a ~1 GB model
-# (11.5 MB in float32 for a 2816 x 1024 projection) come from the heap under it.
-HEAP_TENSORS = 32 << 20
 # Non-main glibc heaps (the worker threads') are at most 64 MiB, so they keep their free top whole; the main heap
 # gives back what lies free beyond this.
 TRIM_THRESHOLD = 64 << 20
@@ -73,9 +63,8 @@ _lock = threading.Lock()
 _tuned = 0  # runs holding the settings now
 
 
-def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> Callable[[], None] | None:
-    """Set both thresholds (see the module's docstring; ``mmap_threshold``: buffers over it are mapped on their
-    own, at most :data:`HEAP_TENSORS`). Return the function that puts back the process's own
+def tune_allocator() -> Callable[[], None] | None:
+    """Set both thresholds (see the module's docstring). Return the function that puts back the process's own
     settings once no other run holds these (call it when the run ends), or None when the C library did not take
     them."""
     global _tuned
@@ -84,7 +73,7 @@ def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> Callable[[], None] |
         return None
     with _lock:
         # mallopt returns 1 on success; musl has the symbol and ignores every parameter (returns 0).
-        if not (mallopt(_M_MMAP_THRESHOLD, mmap_threshold) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
             return None
         _tuned += 1
     released = threading.Event()

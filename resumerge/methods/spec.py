@@ -69,12 +69,6 @@ class InputsOnly:
     entry_bytes: Callable[[int], int]
 
 
-# Runs a method's independent blocks of work: ``spread(count, worker)`` calls ``each(k)`` for every ``k < count``,
-# ``each`` made by ``worker()`` once on each thread that takes blocks (its own scratch); each block writes only its
-# own positions, so the order and the thread it runs on never change a bit.
-Spread = Callable[[int, Callable[[], Callable[[int], None]]], None]
-
-
 class InputsMemo(Protocol):
     """Where the engine keeps the :class:`InputsOnly` values of one chunk's inputs for every merge of them."""
 
@@ -115,20 +109,6 @@ class MergeContext:
     # Where the values the method declares from its inputs alone are shared with other merges of the same inputs
     # (see from_inputs); None: each is computed for this merge alone.
     memo: InputsMemo | None = None
-    # Where the engine lends threads for a method's independent blocks of positions (see Spread): a generation's
-    # candidate merged on a CPU whose kernels run serially, on one core while others idle; None: the method runs
-    # its blocks in order itself (spread_blocks).
-    spread: Spread | None = None
-
-    def spread_blocks(self, count: int, worker: Callable[[], Callable[[int], None]]) -> None:
-        """``each(k)`` for every block ``k < count`` (``each = worker()``, once per thread that runs blocks): on the
-        threads :attr:`spread` lends, else in order on this one."""
-        if self.spread is not None:
-            self.spread(count, worker)
-            return
-        each = worker()
-        for k in range(count):
-            each(k)
 
     def from_inputs(self, what: InputsOnly, index: int) -> torch.Tensor:
         """``what.compute(self, index)`` (a value the method declares on :attr:`MethodSpec.from_inputs`): with a

@@ -35,7 +35,7 @@ from resumerge.methods.consensus import sign_consensus_weights
 from resumerge.methods.ranking import exact_key_shift
 from resumerge.methods.rankstream import StreamedWindow
 from resumerge.methods.spec import MergeContext
-from resumerge.methods.task_vectors import TASK_VECTOR, FillBlock, combine_filled_blocks
+from resumerge.methods.task_vectors import TASK_VECTOR, combine_filled_blocks
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -85,49 +85,45 @@ def shared_window_merge(ctx: MergeContext, selections: Mapping[int, sparsify.Sel
     deltas = {index: ctx.from_inputs(TASK_VECTOR, index).reshape(-1) for index in ctx.others()}
 
     # One block's mask, 1/0 in the task vectors' dtype: torch's comparisons write it as fast as they write a bool
-    # mask (and multiply by it several times faster than by a bool one); one scratch for each thread that runs
-    # blocks (combine_filled_blocks calls fills() on each).
-    def fills() -> FillBlock:
-        masks: list[Tensor] = []  # made at the first block, the longest
+    # mask (and multiply by it several times faster than by a bool one).
+    masks: list[Tensor] = []  # made at the first block, the longest
 
-        def fill(index: int, start: int, stop: int, into: Tensor) -> None:
-            delta = deltas[index]
-            selection = selections[index]
-            if selection == sparsify.KEEP:
-                into.copy_(delta[start:stop])
-                return
-            if selection == sparsify.ZERO:
-                into.zero_()
-                return
-            for span in spans[index]:
-                first, last = max(start, span.start), min(stop, span.stop)
-                if first >= last:
-                    continue
-                target, found = into[first - start : last - start], flat_keys[index][first:last]
-                if span.low > span.high:
-                    target.zero_()
-                elif span.low <= 0 and span.high >= _KEY_MAX:
-                    target.copy_(delta[first:last])
+    def fill(index: int, start: int, stop: int, into: Tensor) -> None:
+        delta = deltas[index]
+        selection = selections[index]
+        if selection == sparsify.KEEP:
+            into.copy_(delta[start:stop])
+            return
+        if selection == sparsify.ZERO:
+            into.zero_()
+            return
+        for span in spans[index]:
+            first, last = max(start, span.start), min(stop, span.stop)
+            if first >= last:
+                continue
+            target, found = into[first - start : last - start], flat_keys[index][first:last]
+            if span.low > span.high:
+                target.zero_()
+            elif span.low <= 0 and span.high >= _KEY_MAX:
+                target.copy_(delta[first:last])
+            else:
+                # δ·1·1 is δ, δ·0 (·1) is ±0: the window's product, as its one mask gives it.
+                if not masks or masks[0].shape[1] < last - first:
+                    masks[:] = [base.new_empty((2, stop - start))]
+                low, high = masks[0][0, : last - first], masks[0][1, : last - first]
+                if span.low > 0:
+                    torch.mul(delta[first:last], torch.ge(found, span.low, out=low), out=target)
                 else:
-                    # δ·1·1 is δ, δ·0 (·1) is ±0: the window's product, as its one mask gives it.
-                    if not masks or masks[0].shape[1] < last - first:
-                        masks[:] = [base.new_empty((2, stop - start))]
-                    low, high = masks[0][0, : last - first], masks[0][1, : last - first]
-                    if span.low > 0:
-                        torch.mul(delta[first:last], torch.ge(found, span.low, out=low), out=target)
-                    else:
-                        target.copy_(delta[first:last])
-                    if span.high < _KEY_MAX:
-                        target.mul_(torch.le(found, span.high, out=high))
-
-        return fill
+                    target.copy_(delta[first:last])
+                if span.high < _KEY_MAX:
+                    target.mul_(torch.le(found, span.high, out=high))
 
     weights = [float(ctx.model_params[i]["weight"]) for i in ctx.others()]
     pair = consensus and len(weights) == 2 and all(
         math.isfinite(float(torch.tensor(w, dtype=base.dtype))) for w in weights)
     combine = _ElectedPair(normalize=bool(ctx.params["normalize"]), scale=float(ctx.params["lambda"])) \
         if pair else None
-    return combine_filled_blocks(ctx, fills, consensus=consensus, combine=combine)
+    return combine_filled_blocks(ctx, fill, consensus=consensus, combine=combine)
 
 
 class _ElectedPair:

@@ -96,16 +96,13 @@ FillBlock = Callable[[int, int, int, "Tensor"], None]
 CombineBlock = Callable[["Tensor", "Tensor", "Tensor", "Tensor"], None]
 
 
-def combine_filled_blocks(ctx: MergeContext, fills: Callable[[], FillBlock], *, consensus: bool,
+def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool,
                           combine: CombineBlock | None = None) -> Tensor:
-    """:func:`combine_task_vectors`' result, each non-base input's sparsified task vector written by a ``fill``
-    (``fills()``: one for each thread that runs blocks, with its own scratch) one block of positions at a time into
-    a scratch of one block per input (never a whole task vector per merge): the per-position core runs on the same
-    values, block by block, so the result has the same bits wherever ``fill`` writes what ``sparsify_one`` would
-    leave at those positions. The blocks run on the threads ``ctx`` lends (:meth:`~resumerge.methods.spec.
-    MergeContext.spread_blocks`): each writes only its own positions, by the same kernels on whichever thread. (A
-    generation's candidates: the rank windows' masks built inside the block from the task vectors and keys they
-    share, :mod:`resumerge.methods.task_blocks`.)"""
+    """:func:`combine_task_vectors`' result, each non-base input's sparsified task vector written by ``fill`` one
+    block of positions at a time into a scratch of one block per input (never a whole task vector per merge): the
+    per-position core runs on the same values, block by block, so the result has the same bits wherever ``fill``
+    writes what ``sparsify_one`` would leave at those positions. (A generation's candidates: the rank windows'
+    masks built inside the block from the task vectors and keys they share, :mod:`resumerge.methods.task_blocks`.)"""
     base = ctx.base
     others = ctx.others()
     if not others:
@@ -113,31 +110,22 @@ def combine_filled_blocks(ctx: MergeContext, fills: Callable[[], FillBlock], *, 
     flat_base = base.reshape(-1)
     total = flat_base.numel()
     step = _FILLED_BLOCK_ENTRIES if flat_base.device.type == "cpu" else max(1, total)
+    scratch = base.new_empty((len(others), min(step, total)))
     weights = torch.tensor(
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=base.dtype, device=base.device
     ).reshape(len(others), 1)
     normalized, scale = bool(ctx.params["normalize"]), float(ctx.params["lambda"])
     out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)
-
-    def worker() -> Callable[[int], None]:
-        scratch = base.new_empty((len(others), min(step, total)))
-        fill = fills()
-
-        def each(k: int) -> None:
-            start = k * step
-            stop = min(total, start + step)
-            block = scratch[:, : stop - start]
-            for slot, index in enumerate(others):
-                fill(index, start, stop, block[slot])
-            if combine is not None:
-                combine(block, weights, flat_base[start:stop], out[start:stop])
-            else:
-                _combine_block(block, weights, flat_base[start:stop], out[start:stop],
-                               consensus=consensus, normalize=normalized, scale=scale)
-
-        return each
-
-    ctx.spread_blocks(-(-total // step), worker)
+    for start in range(0, total, step):
+        stop = min(total, start + step)
+        block = scratch[:, : stop - start]
+        for slot, index in enumerate(others):
+            fill(index, start, stop, block[slot])
+        if combine is not None:
+            combine(block, weights, flat_base[start:stop], out[start:stop])
+        else:
+            _combine_block(block, weights, flat_base[start:stop], out[start:stop],
+                           consensus=consensus, normalize=normalized, scale=scale)
     return out.reshape(base.shape)
 
 

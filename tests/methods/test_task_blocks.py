@@ -3,7 +3,6 @@ by block (:mod:`resumerge.methods.task_blocks`): the bits of the merge alone, fo
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,9 +10,8 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, inputs
-from resumerge.engine.blockthreads import spread_over
 from resumerge.methods import MergeContext, get_method, task_blocks, task_vectors
-from resumerge.methods.spec import InputsOnly, Spread
+from resumerge.methods.spec import InputsOnly
 from resumerge.methods.task_stream import TASK_KEY_COUNTS, TASK_KEYS, magnitude_selector, outlier_selector
 from resumerge.methods.task_vectors import TASK_VECTOR
 
@@ -33,15 +31,14 @@ class Memo:
 
 
 def merges(method: str, tensors: Sequence[torch.Tensor], model_params: Sequence[dict[str, Any]],
-           params: dict[str, Any], spread: Spread | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+           params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(the merge alone, the block-by-block merge from shared values or None, that method's merge with the
-    memo); ``spread``: the threads the block-by-block merge's blocks run on."""
+    memo)."""
     spec = get_method(method)
     assert spec is not None
     bound_models, bound = spec.bind(model_params, params, 0)
     alone = spec.fn(MergeContext([t.clone() for t in tensors], 0, bound_models, bound))
-    ctx = MergeContext(list(tensors), 0, bound_models, bound, memo=Memo(), spread=spread)
+    ctx = MergeContext(list(tensors), 0, bound_models, bound, memo=Memo())
     selector = magnitude_selector if method == "ties" else outlier_selector
     selections = {i: selector(tensors[0].numel(), bound_models[i]) for i in ctx.others()}
     blocks = task_blocks.shared_window_merge(ctx, selections, consensus=method != "breadcrumbs", keys=TASK_KEYS,
@@ -73,53 +70,6 @@ def test_blocks_from_shared_values_give_the_bits_of_the_merge_alone(method: str,
             assert blocks is not None
             assert torch.equal(bits(blocks), bits(alone)), (seed, weights, densities, params)
             assert torch.equal(bits(shared), bits(alone))
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_blocks_spread_over_threads_give_the_bits_of_the_merge_alone(method: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # 27 blocks of 5003 positions taken by three threads in whatever order they come: each block's own positions,
-    # the same kernels (serial on each thread), so the bits of the merge alone; a block that fails fails the merge.
-    monkeypatch.setattr(task_vectors, "_FILLED_BLOCK_ENTRIES", 5003)
-    taken: list[int] = []
-    makers: set[int] = set()
-    spread = spread_over(3)
-
-    def watched(count: int, worker: Callable[[], Callable[[int], None]]) -> None:
-        started = threading.Barrier(3, timeout=60)  # every thread has made its worker before any block runs
-
-        def mine() -> Callable[[int], None]:
-            each = worker()
-            makers.add(threading.get_ident())
-            started.wait()
-
-            def run(k: int) -> None:
-                taken.append(k)
-                each(k)
-
-            return run
-
-        spread(count, mine)
-
-    for seed, levels in ((1, 3), (2, None)):
-        tensors = inputs(torch.bfloat16, (300, 450), seed, levels)
-        for weights, densities in (((0.6, 0.4), (0.5, 0.3)), ((-0.5, 1.2), (0.2, 1.0))):
-            taken.clear()
-            makers.clear()
-            alone, blocks, _ = merges(method, tensors, _params(weights, densities, 0.05), {}, watched)
-            assert blocks is not None
-            assert torch.equal(bits(blocks), bits(alone)), (seed, weights, densities)
-            assert sorted(taken) == list(range(27)) and len(makers) == 3  # every block once; three threads
-
-    def failing() -> Callable[[int], None]:
-        def each(k: int) -> None:
-            if k == 5:
-                raise ValueError("block 5")
-
-        return each
-
-    with pytest.raises(ValueError, match="block 5"):
-        spread(27, failing)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from resumerge.engine.blockthreads import spread_over
 from resumerge.engine.compute import SharedInputs, Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY
@@ -66,13 +65,9 @@ def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: 
         # tensor's working set already.
         mode = WHOLE
     stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
-    alone = serial and not is_gpu(device)
-    # A generation's candidate merged whole with its kernels on this thread alone, one core while the others idle:
-    # its method's independent blocks (the task-vector combine's) taken by torch's threads, each block's kernels
-    # serial on whichever thread: the same bits.
-    spread = spread_over(torch.get_num_threads()) if shared is not None and alone and mode != ROWS else None
-    work = TensorCompute(plan, tp, sources, resources, stream, shared=shared, spread=spread)
+    work = TensorCompute(plan, tp, sources, resources, stream, shared=shared)
     if mode != ROWS:
+        alone = serial and not is_gpu(device)
         with _admitted(governor, unit_bytes(tp, method, mode), tp.name), \
                 serial_kernels() if alone else nullcontext():
             return work.whole()

@@ -34,7 +34,6 @@ from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
-from resumerge.memory.allocator import malloc_trim
 from resumerge.methods.resources import NO_RESOURCES, Resources
 from resumerge.methods.spec import InputsOnly
 from resumerge.plan.architecture import split_layer_name
@@ -206,15 +205,9 @@ class Population:
     def layer(self) -> Iterator[None]:
         """The block in which the candidates' tensors of one layer (or of the parts outside the decoder layers) are
         read: each input byte range read once, and what depends on the inputs alone computed once, dropped when it
-        ends, its freed pages handed back to the OS (a pass whose tensors come from the heap:
-        :data:`~resumerge.memory.allocator.HEAP_TENSORS`)."""
-        try:
-            with self.shared.sharing(), self.loaded.sharing():
-                yield
-        finally:
-            trim = malloc_trim()
-            if trim is not None:
-                trim(0)
+        ends."""
+        with self.shared.sharing(), self.loaded.sharing():
+            yield
 
     def holds(self, popsize: int | None = None, hidden_bytes: int = 0, value_bytes: int = 4, *,
               shared: bool | None = None) -> int:
