@@ -12,26 +12,17 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from support import write_config
 
 from resumerge import api
-from resumerge.cli.modelgen import ModelSpec, make_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _scores(results: dict[str, Any], task: str) -> list[Any]:
-    found = []
-    for sample in results["samples"][task]:
-        for (answer,) in sample["resps"]:
-            found.append(answer[0] if isinstance(answer, tuple) else answer)
-    return found
 
 
 def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten_merge(tmp_path: Path) -> None:
     pytest.importorskip("lm_eval")
     from tests.evaluation.evaltasks import tiny_model, write_tasks
+    from tests.evaluation.test_unwritten import _losses
 
     a, b = tiny_model(tmp_path / "a", seed=0), tiny_model(tmp_path / "b", seed=1)
     tasks = write_tasks(tmp_path)
@@ -51,7 +42,7 @@ def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten
                     assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (task, key)
                 else:
                     assert got[key] == value, (task, key)
-            ours, theirs = _scores(gpu.results, task), _scores(cpu.results, task)
+            ours, theirs = _losses(gpu.results, task), _losses(cpu.results, task)
             if task == "tiny_gen":
                 assert ours == theirs  # greedy generations: the same tokens
             else:
@@ -60,17 +51,9 @@ def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten
 
 def test_a_search_on_the_gpu_proposes_the_cpus_candidates_and_keeps_the_same_best(tmp_path: Path) -> None:
     pytest.importorskip("cma")
-    spec = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
-    for i, name in enumerate(("base", "a", "b")):
-        make_model(tmp_path / name, spec, seed=i)
-    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
-    (tmp_path / "b.txt").write_text("one two three four five six\nsome other words here too\n")
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump({
-        "genome": {"models": [str(tmp_path / "a"), str(tmp_path / "b")], "merge_method": "ties",
-                   "base_model": str(tmp_path / "base"), "layer_granularity": 1},
-        "tasks": [{"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}},
-                  {"nll": {"texts": str(tmp_path / "b.txt")}, "weight": 0.1}]}))
+    from tests.evolve.test_search import make_search
+
+    config = make_search(tmp_path)  # a ties genome of two layer groups, two kl tasks and an nll task
     options: dict[str, Any] = {"max_fevals": 5, "popsize": 3, "random_seed": 7}
     api.evolve(config, tmp_path / "cpu", **options)
     api.evolve(config, tmp_path / "gpu", resources=api.Resources(device="cuda"), **options)
