@@ -8,9 +8,11 @@ being found there from that directory. Keep it on a local disk: SQLite fails on 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,21 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "resumerge"
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write a cache's file whole (its folder made): a temp file beside it, renamed over it, so a reader sees the
+    old file or the new, never a torn one. Not fsynced: a cache file lost to a crash is found again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def default_state_root() -> Path:

@@ -16,15 +16,13 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.locations import cache_root
+from resumerge.config.locations import cache_root, replace_text
 from resumerge.config.version import __version__
 from resumerge.plan.expertmodules import meta_model
 
@@ -117,16 +115,7 @@ def _read(path: Path) -> ModelModules | None:
 
 
 def _write(path: Path, found: ModelModules) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"renames": [list(r) for r in found.renames], "kinds": {k: list(v) for k, v in found.kinds.items()},
            "paths": sorted(found.paths), "embeddings": sorted(found.embeddings),
            "owners": {k: list(v) for k, v in found.owners.items()}}
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    replace_text(path, json.dumps(doc))

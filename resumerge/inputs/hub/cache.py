@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from huggingface_hub import constants
 
+from resumerge.config.locations import replace_text
 from resumerge.errors import HostileFileError
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -142,7 +142,7 @@ class RepoCache:
         """Record that ``revision`` pointed at ``commit``, as huggingface_hub does after a lookup."""
         if COMMIT_RE.match(revision) or ".." in PurePosixPath(revision).parts:
             return
-        _write_atomic(self.root / "refs" / revision, commit)
+        replace_text(self.root / "refs" / revision, commit)
 
     def read_tree(self, commit: str) -> dict[str, RemoteFile] | None:
         """The file list of ``commit`` from ``trees/<commit>.json``; ``None`` if absent, foreign or unreadable."""
@@ -170,7 +170,7 @@ class RepoCache:
                 info["lfs_sha256"] = f.sha256
                 info["lfs_size"] = f.size
             entries[path] = info
-        _write_atomic(
+        replace_text(
             self.root / "trees" / f"{commit}.json",
             json.dumps({"format_version": _TREE_FORMAT, "files": entries}, indent=1),
         )
@@ -195,15 +195,3 @@ class RepoCache:
                 elif COMMIT_RE.match(etag):
                     files[rel] = RemoteFile(rel, None, etag)
         return files
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
