@@ -85,30 +85,33 @@ print(json.dumps({"imported": "transformers" in sys.modules, "tables": tables}))
 
 
 def test_a_later_process_finds_the_packed_tables_kept_without_importing_transformers(
-        gemma4: tuple[Path, Path], tmp_path: Path) -> None:
-    # Every resume and every start of a search plans its slices again: the first process builds the two models (and
-    # imports transformers, 3-4 CPU s), the next ones read what it found from resumerge's cache.
-    script = tmp_path / "packed.py"
-    script.write_text(PACKED_IN_A_PROCESS)
-    cache = tmp_path / "cache"
+        gemma4: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every resume and every start of a search plans its slices again: the first process builds the two models
+    # (importing transformers, 3.5-4.5 CPU s), the next ones read what it found from resumerge's cache.
+    from resumerge.plan import packing
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    packing._packed.cache_clear()
     doc = json.loads((gemma4[0] / "config.json").read_text())
     llama = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 64}  # a family with none
-    runs = {}
-    for name, config in (("gemma4", doc), ("llama", llama)):
-        for turn in ("first", "later"):
-            done = cli(json.dumps(config), script=script, env={"XDG_CACHE_HOME": str(cache)})
-            assert done.returncode == 0, done.stderr[-2000:]
-            runs[name, turn] = json.loads(done.stdout.splitlines()[-1])
-    assert runs["gemma4", "first"] == {"imported": True, "tables": {EMBED: [1, W], PROJECTION: [0, W]}}
-    assert runs["gemma4", "later"] == {"imported": False, "tables": {EMBED: [1, W], PROJECTION: [0, W]}}
-    assert runs["llama", "first"] == {"imported": True, "tables": {}}
-    assert runs["llama", "later"] == {"imported": False, "tables": {}}
-    assert len(list((cache / "resumerge" / "packed-tables").glob("*.json"))) == 2
-    for kept in (cache / "resumerge" / "packed-tables").glob("*.json"):  # a file not theirs: found again
-        kept.write_text("{torn")
-    done = cli(json.dumps(doc), script=script, env={"XDG_CACHE_HOME": str(cache)})
-    assert json.loads(done.stdout.splitlines()[-1]) == runs["gemma4", "first"]
+    assert packed_tables(doc) == {EMBED: Packing(1, W), PROJECTION: Packing(0, W)} and packed_tables(llama) == {}
+    kept = sorted((tmp_path / "cache" / "resumerge" / "packed-tables").glob("*.json"))
+    assert len(kept) == 2
+    script = tmp_path / "packed.py"
+    script.write_text(PACKED_IN_A_PROCESS)
+    for config, tables in ((doc, {EMBED: [1, W], PROJECTION: [0, W]}), (llama, {})):
+        done = cli(json.dumps(config), script=script)  # a process of its own, the same cache
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == {"imported": False, "tables": tables}
+    for path in kept:  # a file not theirs (torn, edited) is not read: the tables are found again, and kept again
+        path.write_text("{torn")
+    packing._packed.cache_clear()
+    built: list[object] = []
+    build = packing.build_meta
+    monkeypatch.setattr(packing, "build_meta", lambda *args: built.append(args[2]) or build(*args))
+    assert packed_tables(doc) == {EMBED: Packing(1, W), PROJECTION: Packing(0, W)} and len(built) == 2
+    assert sorted(path.read_text() == "{torn" for path in kept) == [False, True]  # the llama's not asked again
 
 
 @pytest.mark.parametrize(("ranges", "layer_types", "head_dims"), [
