@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from newest_families import make_newest_model
 from safetensors import safe_open
-from support import cli, digests, write_config
+from support import cli, cli_here, digests, write_config
 
 from resumerge import api
 from resumerge.cli.modelgen import write_tokenizer
@@ -56,7 +56,7 @@ def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Pat
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_eval_layer:3"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "killed", "layer-*.safetensors") == [("2", "0")]
-    resumed = cli(*args)
+    resumed = cli_here(*args)  # unkilled: the CLI's main in this process, reading the killed one's journal
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
@@ -65,13 +65,14 @@ def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Pat
 @pytest.mark.slow
 def test_a_killed_measurement_of_glm5_resumes_with_the_same_grams(tmp_path: Path) -> None:
     config, texts = regmean_of_glm5(tmp_path)
-    whole = cli("measure", config, tmp_path / "whole", "--texts", texts, "--state-dir", tmp_path / "s-whole")
+    # the runs not killed: the CLI's main in this process; the killed one a process of its own
+    whole = cli_here("measure", config, tmp_path / "whole", "--texts", texts, "--state-dir", tmp_path / "s-whole")
     assert whole.returncode == 0, whole.stderr[-2000:]
     args = ("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s")
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_measure_layer:3"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "s", "hidden-*.safetensors") == [("2", "0")]
-    resumed = cli(*args)
+    resumed = cli_here(*args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     for folder in ("", "model-00", "model-01"):
         assert digests(tmp_path / "grams" / folder) == digests(tmp_path / "whole" / folder), folder

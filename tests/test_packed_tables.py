@@ -21,6 +21,7 @@ import torch
 from newest_families import make_newest_model
 from safetensors.torch import save_file
 from support import api_merge as _merge
+from support import cli
 from support import output_tensors as _tensors
 
 from resumerge.plan.packing import Packing, packed_tables
@@ -56,11 +57,12 @@ def test_the_packed_tables_and_their_axis_are_found_from_the_model_transformers_
     assert packed_tables({**doc, "hidden_size_per_layer_input": 0}) == {}
 
 
-def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path],
+def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # a search plans every candidate over the same donor: its two models are built on the meta device once
     from resumerge.plan import packing
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # none kept yet by this installation (see the next test)
     built: list[object] = []
     build = packing.build_meta
     monkeypatch.setattr(packing, "build_meta", lambda *args: built.append(args[2]) or build(*args))
@@ -70,6 +72,46 @@ def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, 
                                                                                 PROJECTION: Packing(0, W)}
     assert len(built) == 2
     assert packed_tables({**doc, "hidden_size_per_layer_input": 4})[EMBED] == Packing(1, 4) and len(built) == 4
+
+
+# A process of its own: whether it imported transformers, and the tables it found.
+PACKED_IN_A_PROCESS = """
+import json, sys
+from resumerge.plan.packing import packed_tables
+found = packed_tables(json.loads(sys.argv[1]))
+tables = {name: [packing.axis, packing.width] for name, packing in found.items()}
+print(json.dumps({"imported": "transformers" in sys.modules, "tables": tables}))
+"""
+
+
+def test_a_later_process_finds_the_packed_tables_kept_without_importing_transformers(
+        gemma4: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every resume and every start of a search plans its slices again: the first process builds the two models
+    # (importing transformers, 3.5-4.5 CPU s), the next ones read what it found from resumerge's cache.
+    from resumerge.plan import packing
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    packing._packed.cache_clear()
+    doc = json.loads((gemma4[0] / "config.json").read_text())
+    llama = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 64}  # a family with none
+    assert packed_tables(doc) == {EMBED: Packing(1, W), PROJECTION: Packing(0, W)} and packed_tables(llama) == {}
+    kept = sorted((tmp_path / "cache" / "resumerge" / "packed-tables").glob("*.json"))
+    assert len(kept) == 2
+    script = tmp_path / "packed.py"
+    script.write_text(PACKED_IN_A_PROCESS)
+    for config, tables in ((doc, {EMBED: [1, W], PROJECTION: [0, W]}), (llama, {})):
+        done = cli(json.dumps(config), script=script)  # a process of its own, the same cache
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == {"imported": False, "tables": tables}
+    for path in kept:  # a file not theirs (torn, edited) is not read: the tables are found again, and kept again
+        path.write_text("{torn")
+    packing._packed.cache_clear()
+    built: list[object] = []
+    build = packing.build_meta
+    monkeypatch.setattr(packing, "build_meta", lambda *args: built.append(args[2]) or build(*args))
+    assert packed_tables(doc) == {EMBED: Packing(1, W), PROJECTION: Packing(0, W)} and len(built) == 2
+    assert sorted(path.read_text() == "{torn" for path in kept) == [False, True]  # the llama's not asked again
 
 
 @pytest.mark.parametrize(("ranges", "layer_types", "head_dims"), [

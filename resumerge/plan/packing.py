@@ -25,12 +25,19 @@ from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.codecs import PLAIN
 from resumerge.plan.architecture import layer_config
 from resumerge.plan.buildcheck import LAYER_PARAM, build_meta
+from resumerge.plan.keptfacts import fact_path, keep, recalled
 from resumerge.plan.layerblocks import LayerBlock, LayerBlocks
 from resumerge.plan.layerfacts import grown, quiet_transformers, source_layer_count
 from resumerge.plan.merge_plan import InputRef, TensorPlan, parts_bytes, stored_parts_of
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from resumerge.plan.slices import Slice
+
+# The packed tables of a config are kept in resumerge's cache under this folder, in this format (bumped whenever what
+# is kept, or how it is found, changes: an older file is then never read).
+_KEPT, _FORM = "packed-tables", 1
 
 
 @dataclass(frozen=True)
@@ -60,11 +67,6 @@ def packed_tables(config: Mapping[str, Any]) -> dict[str, Packing]:
     if more is None or not count:
         return {}
     try:
-        import torch  # noqa: F401 (found here, where a missing one means no tables; used by _packed)
-        import transformers  # noqa: F401
-    except ImportError:
-        return {}
-    try:
         key = json.dumps([config, more], sort_keys=True, default=repr)
     except TypeError:  # keys of mixed types, which JSON cannot sort (no config.json holds them): as they are
         key = repr([config, more])
@@ -84,15 +86,26 @@ class _Configs:
 def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
     """:func:`packed_tables` of ``configs`` (of ``count`` layers): a fact of the config and the installed
     transformers alone, so its two models are built on the meta device once per process (a search plans every
-    candidate of every generation over the same donor; a build of a large family takes seconds). A refusal is
-    raised again, not kept."""
-    import torch
-    import transformers
-
+    candidate of every generation over the same donor; a build of a large family takes seconds), and once per
+    installation: kept in resumerge's cache (:mod:`.keptfacts`), a later process (a resume, the next start of a
+    search) reads it there without importing transformers. None without transformers; a refusal is raised again,
+    not kept."""
+    kept = fact_path(_KEPT, _FORM, [configs.key, count])
+    if kept is None:
+        return ()
+    recalled_found = _recalled(kept)
+    if recalled_found is not None:
+        return recalled_found
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return ()
     config, more = configs.config, configs.more
     with quiet_transformers():
         built, bigger = build_meta(transformers, torch, config), build_meta(transformers, torch, more)
     if built is None or bigger is None:
+        keep(kept, [])
         return ()
     shapes = {n: tuple(p.shape) for n, p in bigger[1].named_parameters()}
     found = []
@@ -110,7 +123,19 @@ def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
                 hint="slice this model only as its whole stack of layers, in order",
             )
         found.append((name, Packing(axes[0], width)))
+    keep(kept, [[name, packing.axis, packing.width] for name, packing in found])
     return tuple(found)
+
+
+def _recalled(path: Path) -> tuple[tuple[str, Packing], ...] | None:
+    """The packed tables kept at ``path``; None where none are kept or the file is not theirs."""
+    doc = recalled(path)
+    if not isinstance(doc, list):
+        return None
+    try:
+        return tuple((str(name), Packing(int(axis), int(width))) for name, axis, width in doc)
+    except (TypeError, ValueError):
+        return None
 
 
 def whole_stack(slices: Sequence[Slice], counts: Mapping[str, int]) -> bool:

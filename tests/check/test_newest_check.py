@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from newest_families import make_newest_model
 from safetensors import safe_open
-from support import cli
+from support import cli, cli_here
 
 from resumerge import api
 from resumerge.analyses.check.models import Checked
@@ -107,7 +107,7 @@ def test_a_killed_check_of_glm5_resumes_with_the_top_k_indices_its_layers_handed
     with safe_open(str(journal[0]), "pt") as opened:  # layer 2's top-k indices, which layer 3 takes, per model
         carried = [n.split(".") for n in opened.keys() if n.startswith("carried.")]  # noqa: SIM118
     assert {m for _, m, _, _, _ in carried} == {"0", "1"} and {(i, q) for *_, i, q in carried} == {("2", "0")}
-    resumed = cli(*argv, timeout=600)
+    resumed = cli_here(*argv)  # unkilled: the CLI's main in this process, reading the killed one's journal
     whole = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "whole")
     assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
     doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))

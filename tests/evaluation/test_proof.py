@@ -17,7 +17,7 @@ from proofedits import edit_unsampled
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
 from tests.evaluation.evaltasks import CHAT, write_tasks
-from tests.support import cli
+from tests.support import cli, cli_here
 
 pytest.importorskip("lm_eval")
 
@@ -34,8 +34,10 @@ def _model(directory: Path) -> Path:
 
 
 def _eval(model: Path, tasks: Path, state: Path, kill: str | None = None) -> tuple[int, str, dict[str, object]]:
-    done = cli("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--state-dir", state, "--json",
-               env={"RESUMERGE_KILL_AT": kill} if kill is not None else None, timeout=300)
+    """The evaluation through the CLI: killed at ``kill`` in a process of its own (a real SIGKILL), or, unkilled,
+    through the CLI's main in this process (support.cli_here: the same parsing, lines and exit codes)."""
+    args = ("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--state-dir", state, "--json")
+    done = cli(*args, env={"RESUMERGE_KILL_AT": kill}, timeout=300) if kill is not None else cli_here(*args)
     return done.returncode, done.stderr, json.loads(done.stdout)["results"] if done.returncode == 0 else {}
 
 

@@ -16,13 +16,15 @@ import pytest
 
 from resumerge.inputs.safetensors_format import read_header
 from tests.evolve.test_search import OPTIONS, make_search
-from tests.support import cli
+from tests.support import cli, cli_here
 
 
 def _evolve(config: Path, store: Path, kill: str | None = None) -> subprocess.CompletedProcess[str]:
-    return cli("evolve", config, store, "--max-fevals", str(OPTIONS["max_fevals"]), "--popsize",
-               str(OPTIONS["popsize"]), "--random-seed", str(OPTIONS["random_seed"]),
-               env={"RESUMERGE_KILL_AT": kill} if kill is not None else None, timeout=600)
+    """The search started through the CLI: killed at ``kill`` in a process of its own (a real SIGKILL), or, unkilled,
+    through the CLI's main in this process (support.cli_here: the same parsing, lines and exit codes)."""
+    args = ("evolve", config, store, "--max-fevals", str(OPTIONS["max_fevals"]), "--popsize", str(OPTIONS["popsize"]),
+            "--random-seed", str(OPTIONS["random_seed"]))
+    return cli(*args, env={"RESUMERGE_KILL_AT": kill}, timeout=600) if kill is not None else cli_here(*args)
 
 
 def _shard(model: Path, tensor: str) -> Path:
