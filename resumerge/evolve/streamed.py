@@ -29,6 +29,7 @@ from resumerge.evolve.scoring import text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
 from resumerge.forward.admission import Admission
+from resumerge.forward.buffers import CastBuffers
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass
 from resumerge.forward.opened import PassModel, open_for_pass
@@ -95,11 +96,14 @@ class StreamedCandidates:
                                                role="parent")
         texts = [self._texts(task, candidates[0], parents, list(parents)) for task in self.tasks]
         streams: list[ModelStream] = []
+        # One pool for every candidate: candidate c + 1's layer is cast into the buffers candidate c's dropped.
+        # On the host only: a GPU pass's host copies are let go as they move (ModelStream._on_device).
+        buffers = CastBuffers() if torch.device(self.device).type == "cpu" else None
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
             streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
                                        what="resumerge evolve", key=f"candidate {i}", built=built,
-                                       device=self.device))
+                                       device=self.device, buffers=buffers))
         theirs = [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
                               torch.float32, what="resumerge evolve", key=m.path, device=self.device)
                   for m in parents.values()]
@@ -136,7 +140,7 @@ class StreamedCandidates:
                     storage.say(self.store, inputs=line)
                 with Admission(budget, steps) as reserve:
                     step = GenerationPass(population, streams, theirs, list(parents), texts, reserve, on_layer,
-                                          work / SCRATCH)
+                                          work / SCRATCH, buffers)
                     with torch.no_grad():
                         entering = step.enter()
                     layers = LayerPass(journal, streams[0].layers, point="after_check_layer",

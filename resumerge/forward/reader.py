@@ -27,6 +27,7 @@ from resumerge.plan.inputrefs import format_ref, read_value
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
+    from resumerge.forward.buffers import CastBuffers
     from resumerge.inputs.hub.ranges import StreamedFile
     from resumerge.inputs.hub.stream import StreamedReads
 
@@ -77,12 +78,15 @@ class CastReader:
     for the 1.47 GB the MoE bench's pass reads), on the pass's critical path. Its mapped pages count in this
     process's RSS only while that one tensor is cast (or, not cast, held), as the read buffer did (see
     :func:`pass_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads it, and
-    a quantized tensor is decoded as the merge decodes it.
+    a quantized tensor is decoded as the merge decodes it. ``buffers``: where a tensor read from the model's source
+    or the hub (a merge never written: each tensor computed in its stored dtype) is cast, reused from the weights
+    its stream dropped (:class:`~resumerge.forward.buffers.CastBuffers`); None: a fresh tensor each.
     """
 
     def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype | None = None, *,
-                 key: str = "model") -> None:
+                 key: str = "model", buffers: CastBuffers | None = None) -> None:
         self._directory = weights.directory
+        self._buffers = buffers
         self._formats = formats
         # bfloat16 unless told: named here, not as the default, so importing this module does not import torch
         self._dtype = torch.bfloat16 if dtype is None else dtype
@@ -138,7 +142,8 @@ class CastReader:
                                                         found.entry.shape)
         if (file in self._remote or is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype]
                 or dtype not in TORCH_DTYPES):
-            return self._sources.read(self._key, file, start, end, dtype, shape).to(self._dtype, copy=True)
+            read = self._sources.read(self._key, file, start, end, dtype, shape)
+            return read.to(self._dtype, copy=True) if self._buffers is None else self._buffers.cast(read, self._dtype)
         return self._mapped(file, start, end, dtype).reshape(shape)
 
     def spannable(self, name: str) -> bool:
