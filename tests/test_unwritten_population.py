@@ -20,9 +20,9 @@ from resumerge.engine.compute import TensorCompute
 from resumerge.engine.unwritten import Population, SharedReads, generation_bytes, largest_popsize, layer_of
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
-from resumerge.forward.buffers import CastBuffers
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
+from resumerge.memory.buffers import ReusedBuffers
 from resumerge.plan import workunits
 
 
@@ -137,7 +137,7 @@ def test_a_value_the_method_does_not_declare_is_never_shared() -> None:
     assert layer.memo("chunk", (TASK_VECTOR,)).value(TASK_VECTOR, 1, lambda: torch.zeros(3)).sum() == 0
 
 
-def _pass_figures(population: Population, buffers: CastBuffers | None = None) -> list[list[float]]:
+def _pass_figures(population: Population, buffers: ReusedBuffers | None = None) -> list[list[float]]:
     """Each candidate's summed NLL of each text, from one pass over the generation (each layer in a block of the
     population, every candidate's weights cast into ``buffers`` reused inside it, where given)."""
     ids = [torch.tensor([t]) for t in TEXTS]
@@ -194,18 +194,22 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
 def test_each_candidate_is_cast_into_the_buffers_the_last_one_dropped_with_the_same_figures(
         tmp_path: Path, make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)
+    for path in configs[:2]:  # the TIES candidates in bfloat16: their merges share the windows' blocks
+        path.write_text(path.read_text() + "dtype: bfloat16\n")
     with api.open_population(configs, state_dir=tmp_path / "state") as population:
         fresh = _pass_figures(population)
-        buffers = CastBuffers(smallest=0)  # every tensor (a tiny model's are all under the allocator's threshold)
+        buffers = population.buffers  # what the candidates' merges write their results into
+        buffers.smallest = 0  # every tensor (a tiny model's are all under the allocator's threshold)
         reused = _pass_figures(population, buffers)
     assert reused == fresh  # to the bit
-    # Every layer's candidates after the first, and the heads after the first, took the buffers dropped before.
-    per_layer = sum(1 for _ in population.candidates[0].tensors if layer_of(_) == 0)
-    assert buffers.taken >= (len(configs) - 1) * SPEC["layers"] * per_layer
+    # Every layer's candidates after the first took the float32 buffers the one before dropped, and the second
+    # TIES candidate's merges the result buffers the reader handed back once it cast the first one's.
+    per_layer = sum(1 for name in population.candidates[0].tensors if layer_of(name) == 0)
+    assert buffers.taken >= (len(configs) - 1) * SPEC["layers"] * per_layer + SPEC["layers"] * per_layer
 
 
-def test_cast_buffers_reuse_only_what_they_lent_inside_their_block() -> None:
-    buffers = CastBuffers(smallest=0)
+def test_reused_buffers_reuse_only_what_they_lent_inside_their_block() -> None:
+    buffers = ReusedBuffers(smallest=0)
     value = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     buffers.give(buffers.cast(value, torch.float32))  # outside the block: nothing kept
     with buffers.reusing():

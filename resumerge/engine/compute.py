@@ -66,6 +66,11 @@ class SharedInputs(Protocol):
         """Where the chunk's declared values are kept for every merge of it (only those ``declared``)."""
         ...
 
+    def lend(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host buffer for a merge's result (:attr:`~resumerge.methods.spec.MergeContext.lend`), its own: one
+        the reader of an earlier merge's result handed back, or fresh."""
+        ...
+
 
 def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
                    stream: RowStream | None = None) -> Stored:
@@ -227,7 +232,7 @@ class TensorCompute:
         tensors = self._shared.loaded(
             key, lambda: load_context(self.plan, part, self.sources, method, self._resources).tensors)
         return make_context(self.plan, part, method, torch.device(self.plan.options.device), tensors,
-                            self._resources, memo=self._shared.memo(key, method.from_inputs))
+                            self._resources, memo=self._shared.memo(key, method.from_inputs), lend=self._shared.lend)
 
     def _generator(self, name: str) -> torch.Generator:
         """A generator seeded from (the run's seed, ``name``), on the plan's device."""

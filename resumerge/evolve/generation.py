@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, targets_of
 from resumerge.forward.batches import Batch, Hidden, batches_of, padded
-from resumerge.forward.buffers import CastBuffers
 from resumerge.forward.handed import Held
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.placement import batched_on, model_layer
 from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.memory.buffers import ReusedBuffers
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
 
     def __init__(self, population: Population, candidates: Sequence[ModelStream], parents: Sequence[ModelStream],
                  parent_names: Sequence[str], texts: Sequence[TaskTexts], reserve: Reserve,
-                 on_layer: Callable[[int], None], scratch: Path, buffers: CastBuffers | None = None) -> None:
+                 on_layer: Callable[[int], None], scratch: Path, buffers: ReusedBuffers | None = None) -> None:
         self.population, self.candidates, self.parents = population, list(candidates), list(parents)
         self.buffers = buffers
         self.parent_names, self.texts, self.reserve = list(parent_names), list(texts), reserve
@@ -157,7 +157,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
 
     def _reusing(self) -> AbstractContextManager[object]:
         """The block in which each candidate's weights are cast into the buffers the last one dropped
-        (:class:`~resumerge.forward.buffers.CastBuffers`): the candidates' own steps only, so that no other step
+        (:class:`~resumerge.memory.buffers.ReusedBuffers`): the candidates' own steps only, so that no other step
         (a parent's layer, the journal's save) holds them."""
         return self.buffers.reusing() if self.buffers is not None else nullcontext()
 

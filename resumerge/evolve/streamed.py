@@ -7,7 +7,9 @@ per predicted token, and its NLL per predicted token.
 
 What it holds: the parents' layer (kept for every candidate inside the layer's block, with what its method computes
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
-them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
+them), one candidate's layer while it runs (cast to float32 into the buffers the last candidate's layer dropped:
+:class:`~resumerge.memory.buffers.ReusedBuffers`, let go when the layer's candidates are done), and every model's
+hidden states; each step admitted by the RAM governor
 (:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
 where its largest step beside the hidden states cannot fit ``--max-memory``."""
 
@@ -29,7 +31,6 @@ from resumerge.evolve.scoring import text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
 from resumerge.forward.admission import Admission
-from resumerge.forward.buffers import CastBuffers
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass
 from resumerge.forward.opened import PassModel, open_for_pass
@@ -98,7 +99,7 @@ class StreamedCandidates:
         streams: list[ModelStream] = []
         # One pool for every candidate: candidate c + 1's layer is cast into the buffers candidate c's dropped.
         # On the host only: a GPU pass's host copies are let go as they move (ModelStream._on_device).
-        buffers = CastBuffers() if torch.device(self.device).type == "cpu" else None
+        buffers = population.buffers if torch.device(self.device).type == "cpu" else None
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
             streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,

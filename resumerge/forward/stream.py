@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.buffers import CastBuffers
 from resumerge.forward.device import moved
 from resumerge.forward.handed import HandingCall, Slot, given, slots_of
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
+from resumerge.memory.buffers import ReusedBuffers
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -225,14 +225,14 @@ class ModelStream:
     the caller built them already (the MoE pass's checks do, before it reads a weight). ``device``: where each
     decoder layer and the head run (``cuda:N``: moved there while they run, the hidden states kept there; see
     :mod:`.device`); the embeddings and each layer's call are made on the host and moved there once. ``buffers``:
-    where the reader casts a computed tensor (:class:`~resumerge.forward.buffers.CastBuffers`), each weight's
+    where the reader casts a computed tensor (:class:`~resumerge.memory.buffers.ReusedBuffers`), each weight's
     handed back as :meth:`unload` drops it.
     Close it (or use it as a context manager) to close its files.
     """
 
     def __init__(self, weights: Weights, config_doc: Mapping[str, Any], dtype: torch.dtype, *, what: str,
                  key: str = "model", built: tuple[Any, Any] | None = None, device: str = "cpu",
-                 buffers: CastBuffers | None = None) -> None:
+                 buffers: ReusedBuffers | None = None) -> None:
         self.dtype = dtype
         self.buffers = buffers
         self.device = torch.device(device)
