@@ -18,15 +18,12 @@ its own), let go when the block ends.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from resumerge.memory.allocator import MMAP_THRESHOLD
 from resumerge.torch_import import torch
-
-if TYPE_CHECKING:
-    from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class ReusedBuffers:
@@ -40,7 +37,8 @@ class ReusedBuffers:
         self._on = False
         self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
         # What was lent, by the address of its storage: (values, dtype, a weak reference to the storage).
-        self._lent: dict[int, tuple[int, torch.dtype, StorageWeakRef]] = {}
+        # (torch keeps one Python object per storage while any tensor holds it: the reference dies with the last.)
+        self._lent: dict[int, tuple[int, torch.dtype, weakref.ref[torch.UntypedStorage]]] = {}
         self.taken = 0  # buffers handed out again (for tests: the reuse happened)
 
     @contextmanager
@@ -64,8 +62,6 @@ class ReusedBuffers:
             count *= size
         if count == 0 or count * dtype.itemsize < self.smallest:
             return torch.empty(shape, dtype=dtype)
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         with self._lock:
             if not self._on:
                 return torch.empty(shape, dtype=dtype)
@@ -76,7 +72,7 @@ class ReusedBuffers:
             else:
                 buffer = torch.empty(count, dtype=dtype)
             storage = buffer.untyped_storage()
-            self._lent[storage.data_ptr()] = (count, dtype, StorageWeakRef(storage))
+            self._lent[storage.data_ptr()] = (count, dtype, weakref.ref(storage))
         return buffer.view(shape)
 
     def cast(self, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -93,17 +89,15 @@ class ReusedBuffers:
         its buffer is free for the next :meth:`take` of as many values; any other tensor is left alone."""
         if tensor.is_meta or tensor.device.type != "cpu":
             return
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         storage = tensor.untyped_storage()
         with self._lock:
             lent = self._lent.get(storage.data_ptr()) if self._on else None
             if lent is None:
                 return
             count, dtype, ref = lent
-            if (ref.expired() or StorageWeakRef(storage) != ref or tensor.dtype != dtype
+            if (ref() is not storage or tensor.dtype != dtype
                     or tensor.numel() != count or tensor.storage_offset() != 0):
                 return
             del self._lent[storage.data_ptr()]
-            flat = torch.empty(0, dtype=dtype).set_(storage, 0, (count,))
+            flat = torch.empty(0, dtype=dtype).set_(storage, 0, (count,), (1,))
             self._free.setdefault((count, dtype), []).append(flat)
