@@ -3,8 +3,9 @@ worker imports torch, numpy, safetensors and the third-party modules a command i
 once (about 2.3 s of CPU each time otherwise) and forks a child for each
 command. The child is a real process of its own — its own pid, environment, working directory, stdout and stderr
 files, exit status; a kill test's SIGKILL kills it — that runs ``python -m resumerge ARGS`` as a fresh interpreter
-would: resumerge itself, and everything that reads the environment as it is imported (huggingface_hub, transformers),
-are imported in the child, never in the server.
+would: the resumerge modules a local run imports are imported in the server (none reads the environment as it is
+imported), and everything that reads the environment as it is imported (huggingface_hub, transformers) is imported in
+the child, never in the server.
 
 Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
 imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
@@ -36,8 +37,20 @@ from typing import Any
 # imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
+# resumerge's own modules that a local run or resume imports (about 250 of them: 0.22-0.27 CPU s a forked command
+# here), none of which reads the environment as it is imported (the house rule: no module-level mutable state), nor
+# imports a module that does (the server refuses to start if one did: _NEVER_BEFORE_FORK). A command that imports
+# others (the hub client, check, eval) imports them in the child as before.
+_RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.statusshow", "resumerge.api.calls",
+              "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.engine.session",
+              "resumerge.engine.executors", "resumerge.engine.drive", "resumerge.methods.builtin",
+              "resumerge.recipes.recipe", "resumerge.store.journal_commit", "resumerge.store.runlock",
+              "resumerge.store.integrity")
+# Read the environment as they are imported: never imported before the fork (see _RUNTIME).
+_NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
-            "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill")
+            "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill",
+            *_RESUMERGE)
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
 # client and transformers (imported in the child), never by the preloaded modules. TORCHINDUCTOR_CACHE_DIR is set
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
@@ -53,11 +66,14 @@ import json, os, runpy, sys
 # it in its own process before torch's import (resumerge.analyses.check.run); for the other commands it changes no
 # result, only how idle threads wait.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-for name in json.loads(sys.argv[1]):
+preload, never = json.loads(sys.argv[1])
+for name in preload:
     try:
         __import__(name)
     except ImportError:
         pass
+if read_as_imported := sorted(set(never) & set(sys.modules)):
+    sys.exit(f"the fork server's preload imported {read_as_imported}, which read the environment as they are imported")
 if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make it read their settings
     import ctypes
     child_hook = ctypes.CDLL(sys.argv[2]).forkserver_child  # none: this server ends, each command runs fresh
@@ -130,7 +146,8 @@ class ForkServer:
         if preload is not None:
             self.env["LD_PRELOAD"] = preload
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD), *([preload] if preload else [])],
+            [sys.executable, "-c", _SERVER, json.dumps([_PRELOAD, _NEVER_BEFORE_FORK]),
+             *([preload] if preload else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
         self._modules: set[str] | None = None  # what the server imported, once it has said
