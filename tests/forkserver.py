@@ -78,13 +78,21 @@ if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make 
     import ctypes
     child_hook = ctypes.CDLL(sys.argv[2]).forkserver_child  # none: this server ends, each command runs fresh
 requests, replies = sys.stdin, sys.stdout
-# What this server holds imported: a command whose PYTHONPATH adds folders holding none of them may be forked
-replies.write(json.dumps({"modules": sorted({name.partition(".")[0] for name in sys.modules})}) + "\n")
+# What this server holds imported, by the folder each top-level module came from (None: none, or not one folder): a
+# command whose PYTHONPATH adds folders holding none of them, or the same ones, may be forked
+def _folder(module):
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.realpath(path))
+    return os.path.dirname(folder) if os.path.basename(path).startswith("__init__.") else folder
+replies.write(json.dumps({"modules": {name: _folder(sys.modules[name]) for name in list(sys.modules)
+                                      if "." not in name}}) + "\n")
 replies.flush()
 while True:
     line = requests.readline()
-    if not line:
-        sys.exit(0)
+    if not line:  # the test worker is done: nothing to tear down (torch's teardown took seconds under load)
+        os._exit(0)
     job = json.loads(line)
     pid = os.fork()
     if pid == 0:
@@ -150,7 +158,7 @@ class ForkServer:
              *([preload] if preload else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
-        self._modules: set[str] | None = None  # what the server imported, once it has said
+        self._modules: dict[str, str | None] | None = None  # what the server imported, once it has said
         self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
@@ -158,8 +166,8 @@ class ForkServer:
     def forkable(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` may be forked: it differs from the server's only where the
         preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
-        the modules the server imported (a test's stand-in for a package the command imports itself: a transformers
-        that fails to import)."""
+        the modules the server imported but those it imported from there (a test's stand-in for a package the
+        command imports itself: a transformers that fails to import)."""
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
             return False
@@ -167,8 +175,9 @@ class ForkServer:
 
     def path_added(self, env: dict[str, str]) -> list[str] | None:
         """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs
-        otherwise, where one of those is not a folder, or where one holds a module the server imported (the command
-        would import it from there)."""
+        otherwise, where one of those is not a folder, or where one holds a module the server imported from
+        elsewhere (the command would import that one: the repository's root, which holds the resumerge the server
+        imported, may come first)."""
         new, old = (e.get("PYTHONPATH", "") for e in (env, self.env))
         new_entries, old_entries = (value.split(os.pathsep) if value else [] for value in (new, old))
         cut = len(new_entries) - len(old_entries)
@@ -180,15 +189,17 @@ class ForkServer:
             where = Path(folder or ".").absolute()
             if not where.is_dir():  # a zip archive is not looked into (nor a folder not there: a test's mistake)
                 return None
-            if {entry.name.partition(".")[0] for entry in where.iterdir()} & imported:
+            there = os.path.realpath(where)
+            if any(imported.get(name, there) != there for name in {e.name.partition(".")[0] for e in where.iterdir()}):
                 return None
         return added
 
-    def _imported(self) -> set[str]:
-        """The top-level modules the server imported (its first reply, read once)."""
+    def _imported(self) -> dict[str, str | None]:
+        """The top-level modules the server imported, each with the folder it came from (its first reply, read
+        once)."""
         with self._said:
             if self._modules is None:
-                self._modules = set(self._reply(120)["modules"])
+                self._modules = dict(self._reply(120)["modules"])
             return self._modules
 
     def run(self, args: list[str], env: dict[str, str], timeout: float, script: Path | None = None,

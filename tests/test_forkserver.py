@@ -15,6 +15,7 @@ import pytest
 from forkserver import ForkServer
 from support import cli, digests, linear_config, write_config
 
+import resumerge
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 
@@ -54,7 +55,7 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(s
     assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
     assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
     # resumerge's run modules imported before the fork; nothing that reads the environment as it is imported
-    assert "resumerge" in server._imported() and not {"huggingface_hub", "transformers"} & server._imported()
+    assert "resumerge" in server._imported() and not {"huggingface_hub", "transformers"} & server._imported().keys()
 
 
 def test_a_started_command_is_signalled_by_its_pid_which_stays_its_own_until_its_status_is_read(
@@ -109,6 +110,9 @@ def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_
     argv, _, limit, imported = json.loads(forked.stdout)
     assert argv == [str(script), "a", "b c"] and limit == [123_456_789] * 2
     assert imported == str(added / "stand_in.py")
+    # The repository's root first (a notebook's kernel): it holds the resumerge the server imported, and no other
+    root = Path(resumerge.__file__).resolve().parents[1]
+    assert server.forkable({**env, "PYTHONPATH": os.pathsep.join([str(root), env["PYTHONPATH"]])})
     (added / "torch").mkdir()  # the server imported torch: from here the command would import this one
     assert not server.forkable(env)
     assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
