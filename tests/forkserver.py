@@ -37,10 +37,10 @@ from typing import Any
 # imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
-# resumerge's own modules that a local run or resume imports (about 250 of them: 0.22-0.27 CPU s a forked command
-# here), none of which reads the environment as it is imported (the house rule: no module-level mutable state), nor
-# imports a module that does (the server refuses to start if one did: _NEVER_BEFORE_FORK). A command that imports
-# others (the hub client, check, eval) imports them in the child as before.
+# resumerge's own modules that a local run or resume imports (about 250 of them: a forked tiny run 0.95 -> 0.33 CPU s,
+# a resume 0.7 -> 0.15, bench/suite_fork_cpu.py), none of which reads the environment as it is imported (the house
+# rule: no module-level mutable state), nor imports a module that does (the server refuses to start if one did:
+# _NEVER_BEFORE_FORK). A command that imports others (the hub client, check, eval) imports them in the child as before.
 _RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.statusshow", "resumerge.api.calls",
               "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.engine.session",
               "resumerge.engine.executors", "resumerge.engine.drive", "resumerge.methods.builtin",
