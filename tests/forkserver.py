@@ -3,8 +3,9 @@ worker imports torch, numpy, safetensors and the third-party modules a command i
 once (about 2.3 s of CPU each time otherwise) and forks a child for each
 command. The child is a real process of its own — its own pid, environment, working directory, stdout and stderr
 files, exit status; a kill test's SIGKILL kills it — that runs ``python -m resumerge ARGS`` as a fresh interpreter
-would: resumerge itself, and everything that reads the environment as it is imported (huggingface_hub, transformers),
-are imported in the child, never in the server.
+would: the resumerge modules a local run imports are imported in the server (none reads the environment as it is
+imported), and everything that reads the environment as it is imported (huggingface_hub, transformers) is imported in
+the child, never in the server.
 
 Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
 imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
@@ -36,8 +37,20 @@ from typing import Any
 # imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
+# resumerge's own modules that a local run or resume imports (about 250 of them: a forked tiny run 0.95 -> 0.33 CPU s,
+# a resume 0.7 -> 0.15, bench/suite_fork_cpu.py), none of which reads the environment as it is imported (the house
+# rule: no module-level mutable state), nor imports a module that does (the server refuses to start if one did:
+# _NEVER_BEFORE_FORK). A command that imports others (the hub client, check, eval) imports them in the child as before.
+_RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.statusshow", "resumerge.api.calls",
+              "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.engine.session",
+              "resumerge.engine.executors", "resumerge.engine.drive", "resumerge.methods.builtin",
+              "resumerge.recipes.recipe", "resumerge.store.journal_commit", "resumerge.store.runlock",
+              "resumerge.store.integrity")
+# Read the environment as they are imported: never imported before the fork (see _RUNTIME).
+_NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
-            "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill")
+            "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill",
+            *_RESUMERGE)
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
 # client and transformers (imported in the child), never by the preloaded modules. TORCHINDUCTOR_CACHE_DIR is set
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
@@ -53,22 +66,33 @@ import json, os, runpy, sys
 # it in its own process before torch's import (resumerge.analyses.check.run); for the other commands it changes no
 # result, only how idle threads wait.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-for name in json.loads(sys.argv[1]):
+preload, never = json.loads(sys.argv[1])
+for name in preload:
     try:
         __import__(name)
     except ImportError:
         pass
+if read_as_imported := sorted(set(never) & set(sys.modules)):
+    sys.exit(f"the fork server's preload imported {read_as_imported}, which read the environment as they are imported")
 if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make it read their settings
     import ctypes
     child_hook = ctypes.CDLL(sys.argv[2]).forkserver_child  # none: this server ends, each command runs fresh
 requests, replies = sys.stdin, sys.stdout
-# What this server holds imported: a command whose PYTHONPATH adds folders holding none of them may be forked
-replies.write(json.dumps({"modules": sorted({name.partition(".")[0] for name in sys.modules})}) + "\n")
+# What this server holds imported, by the folder each top-level module came from (None: none, or not one folder): a
+# command whose PYTHONPATH adds folders holding none of them, or the same ones, may be forked
+def _folder(module):
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.realpath(path))
+    return os.path.dirname(folder) if os.path.basename(path).startswith("__init__.") else folder
+replies.write(json.dumps({"modules": {name: _folder(sys.modules[name]) for name in list(sys.modules)
+                                      if "." not in name}}) + "\n")
 replies.flush()
 while True:
     line = requests.readline()
-    if not line:
-        sys.exit(0)
+    if not line:  # the test worker is done: nothing to tear down (torch's teardown took seconds under load)
+        os._exit(0)
     job = json.loads(line)
     pid = os.fork()
     if pid == 0:
@@ -130,10 +154,11 @@ class ForkServer:
         if preload is not None:
             self.env["LD_PRELOAD"] = preload
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps(_PRELOAD), *([preload] if preload else [])],
+            [sys.executable, "-c", _SERVER, json.dumps([_PRELOAD, _NEVER_BEFORE_FORK]),
+             *([preload] if preload else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
-        self._modules: set[str] | None = None  # what the server imported, once it has said
+        self._modules: dict[str, str | None] | None = None  # what the server imported, once it has said
         self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
@@ -141,8 +166,8 @@ class ForkServer:
     def forkable(self, env: dict[str, str]) -> bool:
         """Whether a command with environment ``env`` may be forked: it differs from the server's only where the
         preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
-        the modules the server imported (a test's stand-in for a package the command imports itself: a transformers
-        that fails to import)."""
+        the modules the server imported but those it imported from there (a test's stand-in for a package the
+        command imports itself: a transformers that fails to import)."""
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
             return False
@@ -150,8 +175,9 @@ class ForkServer:
 
     def path_added(self, env: dict[str, str]) -> list[str] | None:
         """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs
-        otherwise, where one of those is not a folder, or where one holds a module the server imported (the command
-        would import it from there)."""
+        otherwise, where one of those is not a folder, or where one holds a module the server imported from
+        elsewhere (the command would import that one: the repository's root, which holds the resumerge the server
+        imported, may come first)."""
         new, old = (e.get("PYTHONPATH", "") for e in (env, self.env))
         new_entries, old_entries = (value.split(os.pathsep) if value else [] for value in (new, old))
         cut = len(new_entries) - len(old_entries)
@@ -163,15 +189,17 @@ class ForkServer:
             where = Path(folder or ".").absolute()
             if not where.is_dir():  # a zip archive is not looked into (nor a folder not there: a test's mistake)
                 return None
-            if {entry.name.partition(".")[0] for entry in where.iterdir()} & imported:
+            there = os.path.realpath(where)
+            if any(imported.get(name, there) != there for name in {e.name.partition(".")[0] for e in where.iterdir()}):
                 return None
         return added
 
-    def _imported(self) -> set[str]:
-        """The top-level modules the server imported (its first reply, read once)."""
+    def _imported(self) -> dict[str, str | None]:
+        """The top-level modules the server imported, each with the folder it came from (its first reply, read
+        once)."""
         with self._said:
             if self._modules is None:
-                self._modules = set(self._reply(120)["modules"])
+                self._modules = dict(self._reply(120)["modules"])
             return self._modules
 
     def run(self, args: list[str], env: dict[str, str], timeout: float, script: Path | None = None,

@@ -8,67 +8,74 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from forkserver import ForkServer
 from support import cli, digests, linear_config, write_config
 
+import resumerge
 from resumerge.cli.modelgen import ModelSpec, make_model
 
 
-def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(tmp_path: Path) -> None:
-    spec = ModelSpec(layers=1, hidden=16, intermediate=32, vocab=32, tokenizer=False)
-    a, b = make_model(tmp_path / "a", spec, seed=0), make_model(tmp_path / "b", spec, seed=1)
-    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    """One server for the module's tests (each start imports torch and resumerge: ~2.6 CPU s), which ends cleanly
+    once its requests close."""
     server = ForkServer()
-    try:
-        env = dict(os.environ)
-        for args in (["nonsense"], ["status", str(tmp_path / "nowhere"), "--json"]):
-            forked, fresh = server.run(args, env, 120), cli(*args, fresh=True)
-            assert forked is not None
-            assert (forked.returncode, forked.stdout, forked.stderr) == (
-                fresh.returncode, fresh.stdout, fresh.stderr), args
-        for how in ("forked", "fresh"):
-            args = ["run", str(config), str(tmp_path / how), "--state-dir", str(tmp_path / f"s-{how}"), "--quiet"]
-            done = server.run(args, env, 120) if how == "forked" else cli(*args, fresh=True)
-            assert done is not None and (done.returncode, done.stdout, done.stderr) == (0, "", ""), how
-        assert digests(tmp_path / "forked") == digests(tmp_path / "fresh")
-        killed = server.run(["run", str(config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "s")],
-                            {**env, "RESUMERGE_KILL_AT": "after_fsync"}, 120)
-        assert killed is not None
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        assert server.forkable({**env, "RESUMERGE_KILL_AT": "after_fsync", "HF_HOME": "/elsewhere"})
-        # set in the test process by torch._dynamo's import (a transformers model run there, PEFT's import)
-        assert server.forkable({**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
-        assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
-        assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
-    finally:
-        server.close()
+    yield server
+    server.close()
     assert server.process.returncode == 0
 
 
+def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(server: ForkServer,
+                                                                               tmp_path: Path) -> None:
+    spec = ModelSpec(layers=1, hidden=16, intermediate=32, vocab=32, tokenizer=False)
+    a, b = make_model(tmp_path / "a", spec, seed=0), make_model(tmp_path / "b", spec, seed=1)
+    config = write_config(tmp_path / "c.yml", linear_config(a, b))
+    env = dict(os.environ)
+    for args in (["nonsense"], ["status", str(tmp_path / "nowhere"), "--json"]):
+        forked, fresh = server.run(args, env, 120), cli(*args, fresh=True)
+        assert forked is not None
+        assert (forked.returncode, forked.stdout, forked.stderr) == (
+            fresh.returncode, fresh.stdout, fresh.stderr), args
+    for how in ("forked", "fresh"):
+        args = ["run", str(config), str(tmp_path / how), "--state-dir", str(tmp_path / f"s-{how}"), "--quiet"]
+        done = server.run(args, env, 120) if how == "forked" else cli(*args, fresh=True)
+        assert done is not None and (done.returncode, done.stdout, done.stderr) == (0, "", ""), how
+    assert digests(tmp_path / "forked") == digests(tmp_path / "fresh")
+    killed = server.run(["run", str(config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "s")],
+                        {**env, "RESUMERGE_KILL_AT": "after_fsync"}, 120)
+    assert killed is not None
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert server.forkable({**env, "RESUMERGE_KILL_AT": "after_fsync", "HF_HOME": "/elsewhere"})
+    # set in the test process by torch._dynamo's import (a transformers model run there, PEFT's import)
+    assert server.forkable({**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
+    assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
+    # resumerge's run modules imported before the fork; nothing that reads the environment as it is imported
+    assert "resumerge" in server._imported() and not {"huggingface_hub", "transformers"} & server._imported().keys()
+
+
 def test_a_started_command_is_signalled_by_its_pid_which_stays_its_own_until_its_status_is_read(
-        tmp_path: Path) -> None:
-    server = ForkServer()
-    try:
-        env = dict(os.environ)
-        quick = server.start(["status", str(tmp_path / "nowhere"), "--json"], env, capture=True)
-        assert quick is not None
-        assert server.start(["--help"], env, capture=False) is None  # one at a time: the caller starts a fresh one
-        deadline = time.monotonic() + 120
-        while _state(quick.pid) != "Z":  # ended, not reaped: the number cannot go to another process meanwhile
-            assert time.monotonic() < deadline, _state(quick.pid)
-            time.sleep(0.01)
-        quick.send_signal(signal.SIGKILL)  # reaches the zombie only
-        fresh = cli("status", tmp_path / "nowhere", "--json", fresh=True)
-        assert (quick.poll(), *quick.communicate()) == (fresh.returncode, fresh.stdout, fresh.stderr)
-        assert not os.path.exists(f"/proc/{quick.pid}") or _state(quick.pid) != "Z"  # reaped once its status was read
-        killed = server.start(["run", str(tmp_path / "nowhere.yml"), str(tmp_path / "out")], env, capture=False)
-        assert killed is not None
-        killed.kill()
-        assert killed.wait(120) == -signal.SIGKILL and killed.communicate() == (None, None)
-    finally:
-        server.close()
+        server: ForkServer, tmp_path: Path) -> None:
+    env = dict(os.environ)
+    quick = server.start(["status", str(tmp_path / "nowhere"), "--json"], env, capture=True)
+    assert quick is not None
+    assert server.start(["--help"], env, capture=False) is None  # one at a time: the caller starts a fresh one
+    deadline = time.monotonic() + 120
+    while _state(quick.pid) != "Z":  # ended, not reaped: the number cannot go to another process meanwhile
+        assert time.monotonic() < deadline, _state(quick.pid)
+        time.sleep(0.01)
+    quick.send_signal(signal.SIGKILL)  # reaches the zombie only
+    fresh = cli("status", tmp_path / "nowhere", "--json", fresh=True)
+    assert (quick.poll(), *quick.communicate()) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert not os.path.exists(f"/proc/{quick.pid}") or _state(quick.pid) != "Z"  # reaped once its status was read
+    killed = server.start(["run", str(tmp_path / "nowhere.yml"), str(tmp_path / "out")], env, capture=False)
+    assert killed is not None
+    killed.kill()
+    assert killed.wait(120) == -signal.SIGKILL and killed.communicate() == (None, None)
 
 
 def _state(pid: int) -> str:
@@ -83,7 +90,8 @@ print(json.dumps([sys.argv, sys.path, resource.getrlimit(resource.RLIMIT_FSIZE),
 """
 
 
-def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_interpreter_s(tmp_path: Path) -> None:
+def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_interpreter_s(
+        server: ForkServer, tmp_path: Path) -> None:
     """``python SCRIPT ARGS`` under a resource limit, with a PYTHONPATH that puts a folder before the server's: the
     same argv, path, limit and imports forked as fresh; a folder holding a module the server imported is not
     forked from (the command would import that one)."""
@@ -94,18 +102,17 @@ def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_
     (added / "stand_in.py").write_text("")  # a module the command imports that the server never did
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(added), *filter(None, [os.environ.get("PYTHONPATH")])])}
     limits = {"RLIMIT_FSIZE": 123_456_789}
-    server = ForkServer()
-    try:
-        assert server.forkable(env)
-        forked = server.run(["a", "b c"], env, 120, script, limits)
-        fresh = cli("a", "b c", env=env, fresh=True, script=script, limits=limits)
-        assert forked is not None and forked.returncode == fresh.returncode == 0, (forked, fresh)
-        assert forked.stdout == fresh.stdout and forked.stderr == fresh.stderr == ""
-        argv, _, limit, imported = json.loads(forked.stdout)
-        assert argv == [str(script), "a", "b c"] and limit == [123_456_789] * 2
-        assert imported == str(added / "stand_in.py")
-        (added / "torch").mkdir()  # the server imported torch: from here the command would import this one
-        assert not server.forkable(env)
-        assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
-    finally:
-        server.close()
+    assert server.forkable(env)
+    forked = server.run(["a", "b c"], env, 120, script, limits)
+    fresh = cli("a", "b c", env=env, fresh=True, script=script, limits=limits)
+    assert forked is not None and forked.returncode == fresh.returncode == 0, (forked, fresh)
+    assert forked.stdout == fresh.stdout and forked.stderr == fresh.stderr == ""
+    argv, _, limit, imported = json.loads(forked.stdout)
+    assert argv == [str(script), "a", "b c"] and limit == [123_456_789] * 2
+    assert imported == str(added / "stand_in.py")
+    # The repository's root first (a notebook's kernel): it holds the resumerge the server imported, and no other
+    root = Path(resumerge.__file__).resolve().parents[1]
+    assert server.forkable({**env, "PYTHONPATH": os.pathsep.join([str(root), env["PYTHONPATH"]])})
+    (added / "torch").mkdir()  # the server imported torch: from here the command would import this one
+    assert not server.forkable(env)
+    assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
