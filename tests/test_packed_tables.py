@@ -56,11 +56,12 @@ def test_the_packed_tables_and_their_axis_are_found_from_the_model_transformers_
     assert packed_tables({**doc, "hidden_size_per_layer_input": 0}) == {}
 
 
-def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path],
+def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # a search plans every candidate over the same donor: its two models are built on the meta device once
     from resumerge.plan import packing
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # none kept by an earlier test (resumerge.plan.keptfacts)
     built: list[object] = []
     build = packing.build_meta
     monkeypatch.setattr(packing, "build_meta", lambda *args: built.append(args[2]) or build(*args))
