@@ -96,7 +96,7 @@ def test_a_later_process_finds_the_packed_tables_kept_without_importing_transfor
     llama = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 64}  # a family with none
     assert packed_tables(doc) == {EMBED: Packing(1, W), PROJECTION: Packing(0, W)} and packed_tables(llama) == {}
-    kept = sorted((tmp_path / "cache" / "resumerge" / "packed-tables").glob("*.json"))
+    kept = sorted((tmp_path / "cache" / "resumerge" / "transformers-facts").glob("packed-*.json"))
     assert len(kept) == 2
     script = tmp_path / "packed.py"
     script.write_text(PACKED_IN_A_PROCESS)

@@ -1,10 +1,10 @@
 """Decide first: turn a config and the input headers into a frozen, fingerprinted plan of every output file and tensor,
 before a weight is read.
 
-Pure: the planner reads configs and headers, never weights, and writes nothing (but the facts of a config that
-the installed transformers gives, kept in resumerge's cache: :mod:`.keptfacts`). Architecture families, the
-output config.json, shard layout and the memory cost of each unit are decided here; the side files of an output
-(``sidefiles``, ``modelcard``) are pure functions of the plan.
+Pure: the planner reads configs and headers, never weights, and writes nothing but resumerge's cache of what
+transformers answered about a config (``keptfacts``). Architecture families, the output config.json, shard layout
+and the memory cost of each unit are decided here; the side files of an output (``sidefiles``, ``modelcard``) are
+pure functions of the plan.
 
 May import: errors, config, memory, methods, vocab, inputs, outputs.
 """

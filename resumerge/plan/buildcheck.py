@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError
 from resumerge.plan.architecture import layer_config
+from resumerge.plan.keptfacts import installed, keep, kept
 from resumerge.plan.layerfacts import class_per_layer_keys, config_of, quiet_transformers, same_stack
 
 if TYPE_CHECKING:
@@ -48,6 +49,15 @@ def check_built(
     output layer ``i``. Returns the notes to show (none, or :data:`NOT_BUILT`); raises :class:`ConfigError`."""
     if same_stack(layer_config(configs[donor]), origins):
         return []  # the donor's own stack: its config describes it
+    versions = installed()
+    if versions is None:
+        return [NOT_BUILT]
+    # What the check reads, and a stack it passed under the same transformers and torch passes again without them
+    # (resumerge.plan.keptfacts): the configs, the stack, and the planned tensors outside the layers.
+    key = [out_config, configs, donor, origins,
+           [[n, list(tp.shape), tp.blocks is not None] for n, tp in tensors.items() if LAYER_PARAM.match(n) is None]]
+    if kept("built", key, versions)[0]:
+        return []
     try:
         import torch
         import transformers
@@ -72,6 +82,7 @@ def check_built(
                 _refuse(i, model, layer, _param_difference(out, sources[model][1], i, layer, family), slice_path)
         if donor in sources:
             _check_loose(out, sources[donor][1], tensors)
+    keep("built", key, versions, True)
     return []
 
 

@@ -1,15 +1,19 @@
-"""Facts of a config.json and the installed transformers alone (what transformers builds from it on the meta
-device), kept in resumerge's cache (:func:`~resumerge.config.locations.cache_root`) so that a later process finds
-them without importing transformers: its import is about 3-4 CPU s of a small command's start, and every resume,
-every start of a search and every re-plan asked the same question again.
+"""What transformers answered about a config, kept in resumerge's cache
+(:func:`~resumerge.config.locations.cache_root`) per question, config and installation.
 
-A fact is kept under a key of what it depends on: its kind and format, resumerge's version, transformers' version
-and where transformers is imported from (a folder put before the installed one, another transformers, is another
-key), and the config. Only answers transformers gave are kept: where it is missing or its import fails, nothing is
-(installing or fixing it takes effect at once). A file that cannot be read is ignored; a lost or torn write costs
-one build, never a wrong answer (written to a temp file, then renamed).
+A stack of slices asks transformers three things of its configs: which keys its family holds per layer
+(:func:`~resumerge.plan.layerfacts.class_per_layer_keys`), which tables its donor packs per layer
+(:func:`~resumerge.plan.packing.packed_tables`) and whether the output config builds as the stack describes
+(:func:`~resumerge.plan.buildcheck.check_built`). Each imports transformers (its modeling code and torch with it): 4.6
+to 5.1 of the 6.3 CPU s a DELLA slice over layers 0-8 of four 1.74 GB Llamas spent before its first unit on the
+bench's machine, on every run, for answers that depend on the configs and the installed transformers and torch alone.
+A plan asked the same again reads the answer here and imports neither (torch is then imported beside the run's start,
+as for any other plan).
 
-May import: config (nothing else of resumerge's own).
+Only answers transformers gave are kept, by the caller's choice: a missing or broken transformers, a family it cannot
+build and a refusal are found again each time, so installing or fixing it takes effect at once and a refusal always
+says what it says now. A file that cannot be read is ignored; a lost or torn write costs one answer found again, never
+a wrong one (written to a temp file, then renamed).
 """
 
 from __future__ import annotations
@@ -25,32 +29,48 @@ from typing import Any
 from resumerge.config.locations import cache_root, replace_text
 from resumerge.config.version import __version__
 
+# Bumped whenever what is kept, or a rule that finds an answer kept here, changes: an older file is then never read.
+_FORMAT = 1
+_FOLDER = "transformers-facts"
 
-def fact_path(kind: str, form: int, config: Any, cache_dir: Path | None = None) -> Path | None:
-    """Where fact ``kind`` (kept in format ``form``) of ``config`` (JSON-serialisable, or its text) is kept under
-    ``cache_dir`` (default :func:`~resumerge.config.locations.cache_root`); None where transformers is not installed
-    (nothing is kept for it)."""
+
+# What answers besides the config: transformers' and torch's versions, and the folder transformers is imported from
+# (one put before the installed one, another transformers, is another answer).
+Installed = tuple[str, str, str]
+
+
+def installed() -> Installed | None:
+    """The versions of transformers and torch that would answer and where transformers would be imported from (a
+    kept answer's other facts), found without importing either; None where either cannot be found (not installed,
+    or its import made to fail)."""
     try:
-        version = importlib.metadata.version("transformers")
-        found = importlib.util.find_spec("transformers")  # found on the path, not imported
-    except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
-        return None
-    if found is None:
-        return None
-    text = json.dumps([form, __version__, version, found.origin, config], sort_keys=True, default=str)
-    root = cache_dir if cache_dir is not None else cache_root()
-    return root / kind / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
-
-
-def recalled(path: Path) -> Any | None:
-    """The fact kept at ``path`` as JSON; None where none is, or it cannot be read."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        found = importlib.util.find_spec("transformers")
+        if found is None or importlib.util.find_spec("torch") is None:
+            return None
+        return importlib.metadata.version("transformers"), importlib.metadata.version("torch"), str(found.origin)
+    except (ImportError, ValueError):  # a module whose spec cannot be found (a stand-in without one)
         return None
 
 
-def keep(path: Path, fact: Any) -> None:
-    """Keep ``fact`` (JSON) at ``path``; a cache: where it cannot be written, the next process builds it again."""
-    with contextlib.suppress(OSError):
-        replace_text(path, json.dumps(fact))
+def _path(question: str, key: Any, versions: Installed) -> Path:
+    text = json.dumps([_FORMAT, __version__, *versions, question, key], sort_keys=True, default=repr)
+    return cache_root() / _FOLDER / f"{question}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+
+def kept(question: str, key: Any, versions: Installed) -> tuple[bool, Any]:
+    """(True, the answer) kept for ``question`` about ``key`` (JSON-able facts) under these ``versions``, or
+    (False, None) where none can be read (none yet, torn, another form)."""
+    try:  # a key JSON cannot sort (keys of mixed types, which no config.json holds) is never kept either
+        doc = json.loads(_path(question, key, versions).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False, None
+    if not isinstance(doc, dict) or "answer" not in doc:
+        return False, None
+    return True, doc["answer"]
+
+
+def keep(question: str, key: Any, versions: Installed, answer: Any) -> None:
+    """Keep ``answer`` (JSON-able) for ``question`` about ``key`` under ``versions`` (a cache: an answer not kept
+    costs finding it again next time, nothing else)."""
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        replace_text(_path(question, key, versions), json.dumps({"answer": answer}))

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from resumerge.plan.architecture import LAYER_COUNT_KEYS, PER_LAYER_KEYS, layer_config, layer_count
+from resumerge.plan.keptfacts import Installed, installed, keep, kept
 
 # The layer counts a family's config class is built with to see which of its lists follow the count: two, so that a
 # list whose default length only happens to equal one of them is not taken for a per-layer one.
@@ -39,23 +40,37 @@ def class_per_layer_keys(model_type: Any) -> frozenset[str] | None:
     its default config whose length is the layer count at two layer counts (a list of every layer's index, a
     layer-number list such as Llama-4's ``moe_layers``, excepted), and the list fields the family declares that its
     defaults leave unset (LFM2's ``layer_types``). None when transformers is not installed or does not know
-    ``model_type``."""
-    try:
-        from transformers import CONFIG_MAPPING
-    except ImportError:
+    ``model_type``. Answered from resumerge's cache where an earlier plan kept the answer of the same transformers
+    and torch (:mod:`resumerge.plan.keptfacts`): then neither is imported."""
+    versions = installed()
+    if versions is None or not isinstance(model_type, str):
         return None
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        return None
-    return _class_keys(model_type)
+    return _class_keys(model_type, versions)
 
 
 @functools.cache
-def _class_keys(model_type: str) -> frozenset[str] | None:
-    """:func:`class_per_layer_keys` of a family transformers knows: a fact of the family and the installed
-    transformers alone, so found once per process (a plan asks it of each model and of its output, a search of each
-    candidate's plan; each answer builds the family's config class twice)."""
-    from transformers import CONFIG_MAPPING, PreTrainedConfig
+def _class_keys(model_type: str, versions: Installed) -> frozenset[str] | None:
+    """:func:`class_per_layer_keys` under transformers and torch of ``versions``: a fact of the family and the
+    installed transformers alone, so found once per process (a plan asks it of each model and of its output, a search
+    of each candidate's plan; each answer builds the family's config class twice) and once per installation where
+    resumerge's cache keeps it (a family transformers knows and builds)."""
+    known, answer = kept("per-layer-keys", model_type, versions)
+    if known and isinstance(answer, list):
+        return frozenset(str(k) for k in answer)
+    found = _found_keys(model_type)
+    if found is not None:
+        keep("per-layer-keys", model_type, versions, sorted(found))
+    return found
 
+
+def _found_keys(model_type: str) -> frozenset[str] | None:
+    """The per-layer keys transformers' config class for ``model_type`` holds (see :func:`class_per_layer_keys`)."""
+    try:
+        from transformers import CONFIG_MAPPING, PreTrainedConfig
+    except ImportError:  # installed but broken: as where it is missing
+        return None
+    if model_type not in CONFIG_MAPPING:
+        return None
     cls = CONFIG_MAPPING[model_type]
     own = {k: str(v) for c in cls.__mro__ if issubclass(c, PreTrainedConfig) and c is not PreTrainedConfig
            for k, v in vars(c).get("__annotations__", {}).items()}

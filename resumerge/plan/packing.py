@@ -6,7 +6,8 @@ without a list of names: the donor's causal LM and the one of its config with on
 (:func:`~resumerge.plan.layerfacts.grown`) are built on the meta device, and a tensor outside the layers whose shape
 differs on one axis, by a width its size is the layer count times, is packed along that axis in blocks of that
 width (the config's ``hidden_size_per_layer_input``, as transformers' modeling code reads it). One that grows
-otherwise cannot be cut and is refused in one line.
+otherwise cannot be cut and is refused in one line. The answer is kept per config and installation
+(:mod:`resumerge.plan.keptfacts`): a later plan of the same donor imports neither transformers nor torch for it.
 
 A stack that is not one slice over every layer of its models takes each packed table as
 :class:`~resumerge.plan.layerblocks.LayerBlocks`: output layer ``i``'s block from the models of the slice that made
@@ -25,19 +26,13 @@ from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.codecs import PLAIN
 from resumerge.plan.architecture import layer_config
 from resumerge.plan.buildcheck import LAYER_PARAM, build_meta
-from resumerge.plan.keptfacts import fact_path, keep, recalled
+from resumerge.plan.keptfacts import Installed, installed, keep, kept
 from resumerge.plan.layerblocks import LayerBlock, LayerBlocks
 from resumerge.plan.layerfacts import grown, quiet_transformers, source_layer_count
 from resumerge.plan.merge_plan import InputRef, TensorPlan, parts_bytes, stored_parts_of
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from resumerge.plan.slices import Slice
-
-# The packed tables of a config are kept in resumerge's cache under this folder, in this format (bumped whenever what
-# is kept, or how it is found, changes: an older file is then never read).
-_KEPT, _FORM = "packed-tables", 1
 
 
 @dataclass(frozen=True)
@@ -61,16 +56,20 @@ class OutLayer:
 def packed_tables(config: Mapping[str, Any]) -> dict[str, Packing]:
     """The tensors of config.json ``config``'s model packed per layer, by name (none without transformers, or for
     a family it cannot build); raises :class:`ConfigError` for one that grows with the layer count but not in
-    blocks of one width on one axis."""
+    blocks of one width on one axis. Answered from resumerge's cache where an earlier build of the same config
+    under the same transformers and torch kept it (:mod:`resumerge.plan.keptfacts`): then neither is imported."""
     more = grown(config)
     count = source_layer_count(layer_config(config))
     if more is None or not count:
+        return {}
+    versions = installed()
+    if versions is None:
         return {}
     try:
         key = json.dumps([config, more], sort_keys=True, default=repr)
     except TypeError:  # keys of mixed types, which JSON cannot sort (no config.json holds them): as they are
         key = repr([config, more])
-    return dict(_packed(_Configs(key, config, more), count))
+    return dict(_packed(_Configs(key, config, more), count, versions))
 
 
 @dataclass(frozen=True)
@@ -83,30 +82,33 @@ class _Configs:
 
 
 @functools.lru_cache(maxsize=8)
-def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
+def _packed(configs: _Configs, count: int, versions: Installed) -> tuple[tuple[str, Packing], ...]:
     """:func:`packed_tables` of ``configs`` (of ``count`` layers): a fact of the config and the installed
-    transformers alone, so its two models are built on the meta device once per process (a search plans every
-    candidate of every generation over the same donor; a build of a large family takes seconds), and once per
-    installation: kept in resumerge's cache (:mod:`.keptfacts`), a later process (a resume, the next start of a
-    search) reads it there without importing transformers. None without transformers; a refusal is raised again,
-    not kept."""
-    kept = fact_path(_KEPT, _FORM, [configs.key, count])
-    if kept is None:
-        return ()
-    recalled_found = _recalled(kept)
-    if recalled_found is not None:
-        return recalled_found
+    transformers and torch (``versions``) alone, so its two models are built on the meta device once per process (a
+    search plans every candidate of every generation over the same donor; a build of a large family takes seconds)
+    and once per installation where resumerge's cache can keep the answer. A refusal is raised again, not kept."""
+    known, answer = kept("packed", [configs.key, count], versions)
+    if known:
+        return tuple((str(name), Packing(int(axis), int(width))) for name, axis, width in answer)
+    found = _built(configs, count)
+    if found is not None:
+        keep("packed", [configs.key, count], versions, [[name, p.axis, p.width] for name, p in found])
+    return found or ()
+
+
+def _built(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...] | None:
+    """The packed tables found from the two models transformers builds; None where it builds no causal LM of either
+    config, or cannot be imported."""
     try:
         import torch
         import transformers
-    except ImportError:
-        return ()
+    except ImportError:  # installed but broken: no tables, as where it is missing
+        return None
     config, more = configs.config, configs.more
     with quiet_transformers():
         built, bigger = build_meta(transformers, torch, config), build_meta(transformers, torch, more)
     if built is None or bigger is None:
-        keep(kept, [])
-        return ()
+        return None
     shapes = {n: tuple(p.shape) for n, p in bigger[1].named_parameters()}
     found = []
     for name, param in built[1].named_parameters():
@@ -123,19 +125,7 @@ def _packed(configs: _Configs, count: int) -> tuple[tuple[str, Packing], ...]:
                 hint="slice this model only as its whole stack of layers, in order",
             )
         found.append((name, Packing(axes[0], width)))
-    keep(kept, [[name, packing.axis, packing.width] for name, packing in found])
     return tuple(found)
-
-
-def _recalled(path: Path) -> tuple[tuple[str, Packing], ...] | None:
-    """The packed tables kept at ``path``; None where none are kept or the file is not theirs."""
-    doc = recalled(path)
-    if not isinstance(doc, list):
-        return None
-    try:
-        return tuple((str(name), Packing(int(axis), int(width))) for name, axis, width in doc)
-    except (TypeError, ValueError):
-        return None
 
 
 def whole_stack(slices: Sequence[Slice], counts: Mapping[str, int]) -> bool:
