@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from raycluster import Cluster, RayHead, ray_cluster
-from support import cli, digests, one_thread, write_config
+from support import ONE_THREAD, cli, digests, one_thread, write_config
 
 from resumerge import api
 from resumerge.analyses.measure.grams import Streamed
@@ -80,7 +80,7 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     assert len(left) == 1 and left[0].endswith(f".{RECORDS_NAME}"), left
     # Killed locally after its second layer, the same measurement resumes on Ray with the same bytes.
     killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2", "OMP_NUM_THREADS": "1"})
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr
     api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
     assert _files(tmp_path / "both") == _files(tmp_path / "local")
@@ -229,7 +229,6 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
         "base_model": str(models[0]), "gate_mode": "hidden", "dtype": "float32",
         "experts": [{"source_model": str(models[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(models[2]), "positive_prompts": ["Zq rs tu"]}]})
-    one = {"OMP_NUM_THREADS": "1"}  # the pass's process on one thread, as each node's actor computes
     with pytest.MonkeyPatch.context() as here:
         here.setenv("OMP_NUM_THREADS", "1")
         api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
@@ -243,7 +242,8 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     assert (tmp_path / "s-ray" / routers.relative_to(tmp_path / "s-local")).read_bytes() == routers.read_bytes()
     # Killed locally after the pass journaled its first layer, the same run goes on on Ray from its second.
     killed = cli("run", config, tmp_path / "both", "--state-dir", tmp_path / "s-both", "--quiet",
-                 env={**one, "RESUMERGE_KILL_AT": "after_router_layer:1", "RESUMERGE_PAUSE_AT": "after_router_layer:1"})
+                 env={"RESUMERGE_KILL_AT": "after_router_layer:1", "RESUMERGE_PAUSE_AT": "after_router_layer:1"},
+                 script=ONE_THREAD)  # the pass's process on one thread, as each node's actor computes
     assert killed.returncode == -9, killed.stderr
     (work,) = (tmp_path / "s-both" / "moe-routers").iterdir()
     assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors"]
@@ -290,7 +290,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     with one_thread():
         api.measure(config, tmp_path / "grams-local", texts=texts, state_dir=tmp_path / "s-local")
     killed = cli("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s-m",
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:3", "OMP_NUM_THREADS": "1"})
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:3"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     with pytest.MonkeyPatch.context() as here:
         here.setattr(Streamed, "layer", _not_here)
