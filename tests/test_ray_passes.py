@@ -150,6 +150,28 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
 
+def _freed(seconds: float = 30.0) -> None:
+    """Wait until no live run holds a kept worker of this code on the cluster's nodes: a killed driver's are freed
+    once Ray and their watchdogs see it dead (seconds); a pass that asks before finds them held, and makes a worker
+    at the node's next slot (a process importing torch) instead."""
+    import ray
+
+    from resumerge.engine.cluster.keeper import run_digest
+    from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+
+    code, actors = run_digest(ray), []
+    for node in ray.nodes():
+        for slot in range(int(node["Resources"].get("CPU", 0)) + SPARE_SLOTS if node["Alive"] else 0):
+            try:
+                actors.append(ray.get_actor(kept_name(code, node["NodeID"], slot), namespace=NAMESPACE))
+            except ValueError:
+                continue
+    deadline = time.monotonic() + seconds
+    while any(_leased(ray, actor) for actor in actors):
+        assert time.monotonic() < deadline, "a dead driver's kept worker was not freed"
+        time.sleep(0.2)
+
+
 def _leased(ray: Any, actor: Any) -> bool:
     """Whether a live driver holds the kept worker ``actor``: it refuses a lease (which, granted, is released)."""
     from resumerge.engine.cluster.keeper import run_digest
@@ -281,6 +303,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
                  env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "s", "layer-*.safetensors") == [("2", "0")]
+    _freed()  # the resume's actor hosted by the kept worker the killed pass's was (not one made at the next slot)
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
         here.setattr(Streams, "layer", _not_here)
