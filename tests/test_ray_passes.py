@@ -166,8 +166,14 @@ def _freed(seconds: float = 30.0) -> None:
                 actors.append(ray.get_actor(kept_name(code, node["NodeID"], slot), namespace=NAMESPACE))
             except ValueError:
                 continue
+    def held(actor: Any) -> bool:
+        try:
+            return _leased(ray, actor)
+        except ray.exceptions.RayActorError:  # ended meanwhile: held by no one
+            return False
+
     deadline = time.monotonic() + seconds
-    while any(_leased(ray, actor) for actor in actors):
+    while any(held(actor) for actor in actors):
         assert time.monotonic() < deadline, "a dead driver's kept worker was not freed"
         time.sleep(0.2)
 
