@@ -275,6 +275,10 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "flipped": flip_byte, "truncated": truncate_half, "deleted": Path.unlink, "non-utf8": non_utf8}
 
 
+# ``python ONE_THREAD ARGS``: the CLI with torch on one thread, as one_thread sets it here (script= of cli).
+ONE_THREAD = Path(__file__).with_name("onethread.py")
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """Torch on one thread in this process for the block (float32 sums on more threads may round otherwise)."""

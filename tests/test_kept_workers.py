@@ -183,6 +183,52 @@ def test_a_worker_refuses_a_run_of_other_code(fake_ray: list[str]) -> None:
     assert worker.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and renewed == []
 
 
+def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes_no_stream(
+        fake_ray: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor's side: a worker whose code is not its name's answers its lease without making a stream (no engine,
+    no torch imported: it ends at once); a lease that made no call leaves the stream as it was (no stop, no fresh
+    one, no collection), one that did gets a fresh stream once, on its release."""
+    import resumerge.engine.cluster.worker
+    from resumerge.engine.cluster.actor import NodeActor
+
+    made: list[_Stream] = []
+
+    class _Stream:
+        def __init__(self, shared: object, setup: object) -> None:
+            self.stopped = False
+            made.append(self)
+
+        def begin(self, shared: object, setup: object) -> None:
+            pass
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    monkeypatch.setattr(resumerge.engine.cluster.worker, "ShardStream", _Stream)
+    other = NodeActor(None, None, 60.0, "0123456789abcdef")
+    assert other.keeper is not None
+    _MADE.append(other.keeper)
+    assert other.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and made == []
+    _ended(fake_ray)
+    actor = NodeActor(None, None, 60.0, _code())
+    assert actor.keeper is not None
+    _MADE.append(actor.keeper)
+    tokens = [_Token(f"run-{n}") for n in range(4)]
+    assert actor.lease([tokens[0]], _code(), 60.0) == 0  # a fresh worker's first lease
+    actor.release([tokens[0]])  # refused before it computed: nothing used
+    assert len(made) == 1 and not made[0].stopped
+    assert actor.lease([tokens[1]], _code(), 60.0) == 1
+    actor.begin(None, None)  # type: ignore[arg-type]
+    actor.release([tokens[1]])  # used: stopped, and a fresh stream for the next lease
+    assert len(made) == 2 and made[0].stopped and not made[1].stopped
+    assert actor.lease([tokens[2]], _code(), 60.0) == 2 and len(made) == 2  # renewed already on the release
+    actor.release([tokens[2]])
+    assert actor.lease([tokens[3]], _code(), 60.0) == 3
+    actor.stop()  # a run stopped its stream, then its driver died: the next lease renews it
+    tokens[3].dead = True
+    assert actor.lease([_Token("after")], _code(), 60.0) == 4 and len(made) == 3 and made[1].stopped
+
+
 def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     before = code_digest()
     assert before == code_digest() and len(before) == 16

@@ -10,7 +10,8 @@ after its third shard in a folder OUT (where its nodes write their temp files) i
 Ctrl-C stops a Ray driver as it stops a local one, and its resume on Ray has the nodes upload what they make and the
 driver alone commit, its warm workers (whose memory reservations do not come up) ended and replaced; a local run
 SIGKILLed mid-run is resumed on Ray, which loses a worker node mid-run (the node removal must come last); then a hub OUT
-in the Xet tier under --max-disk, on the node left, by its kept worker (leased warm, though the plan sets its width).
+in the Xet tier under --max-disk, on the node left, by its kept worker (leased warm, though the plan sets its width),
+which that run keeps two seconds.
 The workers are started while the driver plans (warm) and used, not started again; a run that fails, is refused or is
 killed leaves no worker and no memory reservation behind. The first run ends its workers (--keep-workers 0); the later
 ones keep theirs (the default on a cluster that outlives the run): a slerp with -j 2 then -j 1 on the same processes
@@ -172,13 +173,12 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
         _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster, merge, killed_locally)
         clock.lap("a killed local run resumed on Ray, a node lost")
         # The Xet tier, with --max-disk held per node, on the node left: hf-xet's local:// CAS, the stand-in's Xet
-        # storage, is a folder that one process at a time may open (two nodes uploading at once meet its lock).
+        # storage, is a folder that one process at a time may open (two nodes uploading at once meet its lock). Its
+        # run keeps its worker two seconds: once idle that long, it ends.
         with _xet_hub(monkeypatch, tmp_path / "cas") as xet:
             _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge, xet, tmp_path / "xet", monkeypatch,
                                                                         max_disk=_largest_shard(merge))
-        clock.lap("hub OUT (Xet) under --max-disk")
-        _kept_workers_end_once_idle_for_their_time(merge, tmp_path / "expiring")
-        clock.lap("kept workers ended once idle")
+        clock.lap("hub OUT (Xet) under --max-disk, its kept worker ended once idle")
     clock.lap("cluster stopped")
 
 
@@ -520,13 +520,9 @@ def _a_killed_ray_driver_resumes_on_its_kept_workers(cluster: tuple[Cluster, Any
     assert {e["pid"] for e in _node_events(out, state)} == kept  # the killed run's workers served the resume
 
 
-def _kept_workers_end_once_idle_for_their_time(merge: Merge, tmp_path: Path) -> None:
-    # A run that keeps its workers two seconds: once idle that long, each ends itself, its name freed and its
+def _kept_workers_end_once_idle_for_their_time(out: Path | str, state: Path) -> None:
+    # The run into ``out`` kept its workers two seconds: once idle that long, each ends itself, its name freed and its
     # process gone.
-    out, state = tmp_path / "out", tmp_path / "state"
-    api.run(merge.config, out, state_dir=state, executor=RayExecutor(keep_workers=2.0),
-            output=api.Output(out_shard_size=SHARD))
-    assert _kept()
     deadline = time.monotonic() + 30
     while _kept():
         assert time.monotonic() < deadline, "a kept worker outlived its idle time"
@@ -538,14 +534,16 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                  max_disk: int) -> None:
     # Its node's kept worker serves it (started warm, as a run with no --max-disk), though the plan sets how wide a
-    # node's workers are: the driver starts none.
+    # node's workers are: the driver starts none. The run keeps it two seconds idle, then it ends.
     state = tmp_path / "state"
     with _the_driver_uploads_no_shard(monkeypatch), _no_worker_started_after_the_plan(monkeypatch):
-        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, executor=RayExecutor(),
+        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, executor=RayExecutor(keep_workers=2.0),
                           output=api.Output(out_shard_size=SHARD), hub=api.Hub(commit_every=4, commit_interval=3600),
                           resources=api.Resources(max_disk=max_disk))
+    assert _kept()
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=1, max_disk=max_disk)
+    _kept_workers_end_once_idle_for_their_time("hf://alice/ray", state)
 
 
 @contextmanager

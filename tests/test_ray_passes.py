@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from raycluster import Cluster, RayHead, ray_cluster
-from support import cli, digests, one_thread, write_config
+from support import ONE_THREAD, cli, digests, one_thread, write_config
 
 from resumerge import api
 from resumerge.analyses.measure.grams import Streamed
@@ -80,7 +80,7 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     assert len(left) == 1 and left[0].endswith(f".{RECORDS_NAME}"), left
     # Killed locally after its second layer, the same measurement resumes on Ray with the same bytes.
     killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2", "OMP_NUM_THREADS": "1"})
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr
     api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
     assert _files(tmp_path / "both") == _files(tmp_path / "local")
@@ -148,6 +148,34 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
                 executor=RayExecutor(address=cluster.address))
     assert used[-1] == [None, None] and _files(tmp_path / "other") == _files(tmp_path / "local")
     assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
+
+
+def _freed(seconds: float = 30.0) -> None:
+    """Wait until no live run holds a kept worker of this code on the cluster's nodes: a killed driver's are freed
+    once Ray and their watchdogs see it dead (seconds); a pass that asks before finds them held, and makes a worker
+    at the node's next slot (a process importing torch) instead."""
+    import ray
+
+    from resumerge.engine.cluster.keeper import run_digest
+    from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+
+    code, actors = run_digest(ray), []
+    for node in ray.nodes():
+        for slot in range(int(node["Resources"].get("CPU", 0)) + SPARE_SLOTS if node["Alive"] else 0):
+            try:
+                actors.append(ray.get_actor(kept_name(code, node["NodeID"], slot), namespace=NAMESPACE))
+            except ValueError:
+                continue
+    def held(actor: Any) -> bool:
+        try:
+            return _leased(ray, actor)
+        except ray.exceptions.RayActorError:  # ended meanwhile: held by no one
+            return False
+
+    deadline = time.monotonic() + seconds
+    while any(held(actor) for actor in actors):
+        assert time.monotonic() < deadline, "a dead driver's kept worker was not freed"
+        time.sleep(0.2)
 
 
 def _leased(ray: Any, actor: Any) -> bool:
@@ -229,7 +257,6 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
         "base_model": str(models[0]), "gate_mode": "hidden", "dtype": "float32",
         "experts": [{"source_model": str(models[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(models[2]), "positive_prompts": ["Zq rs tu"]}]})
-    one = {"OMP_NUM_THREADS": "1"}  # the pass's process on one thread, as each node's actor computes
     with pytest.MonkeyPatch.context() as here:
         here.setenv("OMP_NUM_THREADS", "1")
         api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
@@ -243,7 +270,8 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     assert (tmp_path / "s-ray" / routers.relative_to(tmp_path / "s-local")).read_bytes() == routers.read_bytes()
     # Killed locally after the pass journaled its first layer, the same run goes on on Ray from its second.
     killed = cli("run", config, tmp_path / "both", "--state-dir", tmp_path / "s-both", "--quiet",
-                 env={**one, "RESUMERGE_KILL_AT": "after_router_layer:1", "RESUMERGE_PAUSE_AT": "after_router_layer:1"})
+                 env={"RESUMERGE_KILL_AT": "after_router_layer:1", "RESUMERGE_PAUSE_AT": "after_router_layer:1"},
+                 script=ONE_THREAD)  # the pass's process on one thread, as each node's actor computes
     assert killed.returncode == -9, killed.stderr
     (work,) = (tmp_path / "s-both" / "moe-routers").iterdir()
     assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors"]
@@ -281,6 +309,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
                  env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "s", "layer-*.safetensors") == [("2", "0")]
+    _freed()  # the resume's actor hosted by the kept worker the killed pass's was (not one made at the next slot)
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
         here.setattr(Streams, "layer", _not_here)
@@ -290,7 +319,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     with one_thread():
         api.measure(config, tmp_path / "grams-local", texts=texts, state_dir=tmp_path / "s-local")
     killed = cli("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s-m",
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:3", "OMP_NUM_THREADS": "1"})
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:3"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     with pytest.MonkeyPatch.context() as here:
         here.setattr(Streamed, "layer", _not_here)

@@ -18,7 +18,6 @@ Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 from raycluster import RayHead, ray_cluster
-from support import one_thread
+from support import ONE_THREAD, cli, one_thread
 
 from resumerge import api
 from resumerge.analyses.check.progress import find_progress
@@ -65,12 +64,10 @@ def _same(doc: dict[str, Any], reference: CheckReport) -> None:
 
 def _cli(out: Path, texts: Path, state: Path, *extra: str,
          kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "resumerge", "check", str(out), "--prompts", str(texts), "--json",
-            "--state-dir", str(state), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    if kill_at is not None:
-        env["RESUMERGE_KILL_AT"] = kill_at
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    """The real CLI's check in a process of its own, torch on one thread (as the local reference), forked from the
+    worker's fork server where it may be (tests/onethread.py)."""
+    return cli("check", out, "--prompts", texts, "--json", "--state-dir", state, *extra, script=ONE_THREAD,
+               env={} if kill_at is None else {"RESUMERGE_KILL_AT": kill_at}, timeout=300)
 
 
 def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
@@ -184,8 +181,8 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     held: list[float] = []
     lost = tmp_path / "lost"
     with ray_cluster(ray_head, workers=4, spare=True) as (cluster, started):
-        # Fresh actors, ended with each check (keep_workers=0: the other tests' checks run on kept workers); the
-        # memory that the idle kept workers the tests before left on these nodes hold is not the check's.
+        # Fresh actors, ended with the check (keep_workers=0: the memory they hold is the check's own); the memory
+        # that the idle kept workers the tests before left on these nodes hold is not the check's.
         on_cluster = RayExecutor(cluster.address, keep_workers=0)
         idle = ray.cluster_resources()["memory"] - ray.available_resources()["memory"]
         left = list(cluster.workers)
@@ -210,11 +207,13 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
         assert len(nodes) == 3 and len(set(nodes[0])) == 3
         assert nodes[1][0] in spare and nodes[1][1:] == nodes[0][1:] == nodes[2][1:]  # only the merge's actor moved
         assert 3 * IMPORT_RESERVE < held[0] < 3 * IMPORT_RESERVE + (64 << 20)  # three actors' imports and steps
-        # Three nodes left, one model each: no room for a lost one's actor.
+        # Three nodes left, one model each: no room for a lost one's actor. The actors hosted by the nodes' kept
+        # workers this time (those the tests before left there: no process started again), whose lost one is
+        # replaced as a fresh one is.
         nodes.clear()
         state = lost / "none"
         with pytest.raises(UnreachableError, match="no node left has the CPUs") as stopped:
-            api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
+            api.check(out, prompts=texts, state_dir=state, executor=RayExecutor(cluster.address))
         assert stopped.value.exit_code == 3 and len(nodes) == 1
         assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
     monkeypatch.undo()

@@ -27,27 +27,33 @@ class NodeActor:
     (:mod:`~resumerge.engine.cluster.hosting`: :meth:`host`, :meth:`call`), one lease at a time."""
 
     def __init__(self, shared: Shared | None, setup: WorkerSetup | None, keep: float = 0.0, named: str = "") -> None:
-        from resumerge.engine.cluster.worker import ShardStream
-
-        self.stream = ShardStream(shared, setup)
         self.keeper: Keeper | None = None
+        self.used = False  # whether a call used the stream or hosted a pass since the last renewal (see _renew)
         if keep > 0:
             from resumerge.engine.cluster.hostcalls import Hosting
             from resumerge.engine.cluster.keeper import Keeper
 
             self.hosting = Hosting()
             self.keeper = Keeper(keep, self._renew, named)
+            if self.keeper.other:  # it only answers the lease that made it, then ends: no engine, no torch (seconds)
+                return
+        from resumerge.engine.cluster.worker import ShardStream
+
+        self.stream = ShardStream(shared, setup)
 
     def begin(self, shared: Shared, setup: WorkerSetup) -> None:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.begin`."""
+        self.used = True
         self.stream.begin(shared, setup)
 
     def compute(self, shard: str, folder: str) -> ShardDone:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.compute`."""
+        self.used = True
         return self.stream.compute(shard, folder)
 
     def stop(self) -> None:
         """See :meth:`~resumerge.engine.cluster.worker.ShardStream.stop`."""
+        self.used = True  # (a stopped stream serves no later begin: renewed)
         self.stream.stop()
 
     def lease(self, box: list[Any], code: str, keep: float) -> int | None:
@@ -61,10 +67,12 @@ class NodeActor:
 
     def host(self, lease: str, seq: int, factory: Callable[..., Any], *args: Any) -> None:
         """See :meth:`~resumerge.engine.cluster.hostcalls.Hosting.host`."""
+        self.used = True
         self.hosting.host(lease, seq, factory, *args)
 
     def call(self, lease: str, seq: int, name: str, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`~resumerge.engine.cluster.hostcalls.Hosting.call`."""
+        self.used = True
         return self.hosting.call(lease, seq, name, *args, **kwargs)
 
     def release(self, box: list[Any]) -> None:
@@ -79,13 +87,18 @@ class NodeActor:
         (torch's inter-op thread count, set once per process; the modules it imported) does not change the bytes
         the next run or pass makes.
         The heap the run freed goes back to the system: idle, the worker holds about what its imports take (the
-        memory it declares), not its last run's peak."""
+        memory it declares), not its last run's peak. A lease that made no call (a released worker leased again, a
+        run refused before it computed) left nothing to stop or free: only its hosted calls' turn ends (a full
+        collection of a process holding torch costs ~0.1 CPU s, twice a lease)."""
         import gc
 
         from resumerge.engine.cluster.worker import ShardStream
         from resumerge.memory.allocator import malloc_trim
 
         self.hosting.end()  # a pass's object, hosted for the lease, dropped
+        if not self.used:
+            return
+        self.used = False  # (before the stop: a dead lease's call that comes meanwhile marks it used again)
         self.stream.stop()
         self.stream = ShardStream(None, None)
         gc.collect()
