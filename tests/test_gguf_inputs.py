@@ -5,6 +5,7 @@ resumes byte-identical."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
@@ -33,6 +34,7 @@ from resumerge.inputs.gguf.codec import GgufCodec
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.planner import build_plan
 from resumerge.plan.workunits import row_step
+from tests.moe.passthread import passes_on_a_thread
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe")
 TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS)
@@ -226,7 +228,9 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
         ggufs.append(tmp_path / f"m{seed}.gguf")
         write_gguf(ggufs[-1], "llama", to_gguf("llama", hf_tensors("llama", seed)), Q.F32)
     folders = [_as_safetensors(g, tmp_path / g.stem) for g in ggufs]
-    from_gguf, from_folders = upcycle(ggufs, "from_gguf"), upcycle(folders, "from_folders")
+    with passes_on_a_thread():  # the hidden modes' prompt pass on a thread of this process: its process is not
+        # what this compares (tests/moe/test_resume.py, test_surface.py), its routers read from GGUF files are
+        from_gguf, from_folders = upcycle(ggufs, "from_gguf"), upcycle(folders, "from_folders")
     got, want = _weights_of(from_gguf), _weights_of(from_folders)
     assert got.keys() == want.keys() and any(".mlp.experts." in n for n in got)
     for name, value in want.items():
@@ -268,6 +272,48 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
     with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
         load_tokenizer([m.opened.directory for m in models])
+
+
+def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plan of a GGUF donor rebuilt its tokenizer through transformers every time (its import and a parse of the
+    # whole vocabulary); the files are kept in the cache by the header and the makers' versions.
+    import transformers
+
+    from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+    cache = tmp_path / "cache"
+    for name, basename in (("m.gguf", ""), ("other.gguf", "Other")):
+        write_gguf(tmp_path / name, "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, name=basename)
+    model, _ = decoded(tmp_path / "m.gguf")
+    header = model.gguf_header
+    assert header is not None
+    made = gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
+    assert "tokenizer.json" in made
+    (kept,) = (cache / "gguf-tokenizers").iterdir()
+
+    def no_rebuild(*args: object, **kwargs: object) -> None:
+        raise AssertionError("rebuilt")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.AutoTokenizer, "from_pretrained", no_rebuild)
+        assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # kept: transformers never asked
+        doc = json.loads(kept.read_text())
+        doc["files"]["tokenizer.json"] = base64.b64encode(made["tokenizer.json"].replace(b"th", b"ht")).decode()
+        kept.write_text(json.dumps(doc))  # its files no longer its digest's: rebuilt, never used
+        with pytest.raises(ModelInputError, match="rebuilt"):
+            gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
+    assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "m.gguf", tmp_path / "copy" / "m.gguf")
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.AutoTokenizer, "from_pretrained", no_rebuild)
+        assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # kept again
+        assert gguf_tokenizer_files(tmp_path / "copy" / "m.gguf", header, cache) == made  # the same file elsewhere
+    other, _ = decoded(tmp_path / "other.gguf")  # another header (general.basename): kept apart
+    assert other.gguf_header is not None
+    gguf_tokenizer_files(tmp_path / "other.gguf", other.gguf_header, cache)
+    assert len(list((cache / "gguf-tokenizers").iterdir())) == 2
 
 
 def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ run killed at any point resumes byte-identical and ``verify`` re-hashes it."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import os
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, name_maps_built_once, readers_built_once, to_gguf, write_gguf
-from realmodel import smollm2_folder, smollm2_gguf
+from realmodel import cached, publish, smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
@@ -273,7 +277,7 @@ def test_a_gguf_output_of_safetensors_parents_carries_their_tokenizer_as_llama_c
     # tokenizer's config, the model's config, its weights)
     with readers_built_once():
         ours = {k: v for k, v in _metadata(out / "model.gguf").items() if k.startswith("tokenizer.")}
-        theirs = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
+        theirs = _real_tokenizer_keys()
         # add_space_prefix: a SentencePiece key the converter does not write for a gpt2 vocabulary (llama.cpp's
         # default for it is false, the value the original holds); add_eos_token: false, as the tokenizer does.
         assert theirs.pop("tokenizer.ggml.add_space_prefix") == [False]
@@ -309,6 +313,29 @@ def _metadata(path: Path) -> dict[str, list[object]]:
     reader = gguf.GGUFReader(path)
     contents = {key: field.contents() for key, field in reader.fields.items()}  # once: a list is built at each call
     return {key: value if isinstance(value, list) else [value] for key, value in contents.items()}
+
+
+def _real_tokenizer_keys() -> dict[str, list[object]]:
+    """The real GGUF's ``tokenizer.*`` keys as gguf-py reads them (:func:`_metadata`), read once per machine beside
+    realmodel's caches (a parse of its vocabulary and merges: ~3 CPU s) and kept as JSON (strings, ints, bools: the
+    same values back). Keyed by all that decides them: this reader's code, gguf-py's version and the file's
+    identity; no resumerge code takes part."""
+    from importlib.metadata import version
+
+    source = smollm2_gguf().stat()
+    digest = hashlib.sha256()
+    for part in (inspect.getsource(_metadata), version("gguf"), f"{source.st_size}:{source.st_mtime_ns}"):
+        digest.update(hashlib.sha256(part.encode()).digest())
+    target = cached(f"smollm2-tokenizer-keys-{digest.hexdigest()[:16]}")
+    if not (target / "keys.json").is_file():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir()
+        keys = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
+        (building / "keys.json").write_text(json.dumps(keys))
+        publish(building, target)
+    found: dict[str, list[object]] = json.loads((target / "keys.json").read_text())
+    return found
 
 
 def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter(tmp_path: Path) -> None:

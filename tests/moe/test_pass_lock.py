@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
+from resumerge import api
 from tests.moe.models import llamas, write
-from tests.support import cli, cli_start, digests
+from tests.moe.passthread import passes_on_a_thread
+from tests.support import cli_start, digests
 
 if TYPE_CHECKING:
     from tests.forkserver import Forked
@@ -77,8 +79,8 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
     alone = tmp_path / "alone"
-    done = cli("run", config, alone, "--state-dir", tmp_path / "alone-state", "--quiet", timeout=300)
-    assert done.returncode == 0, done.stderr
+    with passes_on_a_thread():  # the reference: its pass needs no process of its own (the two runs' below do)
+        api.run(config, alone, state_dir=tmp_path / "alone-state")
     state = tmp_path / "state"
     routers, locks = state / "moe-routers", state / "moe-routers-locks"
     # The first's pass stops itself once its journal holds a layer; the run is stopped too (stopped processes keep

@@ -16,6 +16,7 @@ from resumerge import api
 from resumerge.moe import prepare
 from resumerge.store.manifest import read_manifest
 from tests.moe.models import llamas, tensors, write
+from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, cli_here, digests
 
 
@@ -83,14 +84,10 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
     reference = tmp_path / "reference"
-    # uninterrupted, in a process of its own (forked from the worker's fork server, which never imports
-    # transformers): transformers (half a gigabyte once imported) never enters the run's process, for the tokenizer
-    # or the pass
-    look = tmp_path / "run_and_look.py"
-    look.write_text(_RUN_AND_LOOK)
-    done = cli(config, reference, tmp_path / "ref", script=look, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False"]
+    # uninterrupted, its pass on a thread of this process (the pass's process is the killed runs' subject below):
+    # the same job done by the same function
+    with passes_on_a_thread():
+        api.run(config, reference, state_dir=tmp_path / "ref")
     out, state = tmp_path / "out", tmp_path / "state"
     # the pass runs in a child process, which kills the run's process there (as a kill from outside would); it
     # pauses a second after each layer, so that the run has recorded its plan by then (on an idle machine a pass
@@ -110,9 +107,14 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     assert said["prepass_layers"] == [2, layers] and said["elapsed_seconds"] > 0
     assert f"prompt forward pass: 2 of {layers} decoder layers" in cli_here("status", out, "--state-dir", state).stdout
     # the kill point is reached once per layer: continued at layer 2 it is reached twice more (layers 2 and 3),
-    # started again from layer 0 it would die at layer 2
-    again = cli("run", config, out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
+    # started again from layer 0 it would die at layer 2. The run goes on in a process of its own (forked from the
+    # worker's fork server, which never imports transformers) that says at its end whether it imported
+    # transformers: it never enters the run's process (half a gigabyte once imported), for the tokenizer or the pass
+    look = tmp_path / "run_and_look.py"
+    look.write_text(_RUN_AND_LOOK)
+    again = cli(config, out, state, script=look, timeout=300, env={"RESUMERGE_KILL_AT": "after_router_layer:3"})
     assert again.returncode == 0, again.stderr
+    assert again.stdout.split() == ["False"]
     assert digests(out) == digests(reference)
     manifest = read_manifest(out)
     assert manifest is not None and manifest.fingerprint == api.plan_merge(config).fingerprint  # no pass needed

@@ -1,24 +1,65 @@
 """The tokenizer files of a GGUF model (tokenizer.json, tokenizer_config.json with the chat template), rebuilt
-from its ``tokenizer.*`` metadata by transformers' GGUF tokenizer converter.
+from its ``tokenizer.*`` metadata by transformers' GGUF tokenizer converter, and kept in the installation's cache.
 
 transformers is optional (the ``[check]`` extra): it is imported only when a GGUF model's tokenizer is copied to a
 safetensors output; without it that is refused in one line before anything is written (``--no-copy-tokenizer``
 merges without a tokenizer).
+
+A rebuild costs the import of transformers and its parse of the whole metadata (SmolLM2's 49,152 tokens and 48,900
+merges: about 8 CPU seconds, more for larger vocabularies), paid again by every ``plan`` and ``run`` of the same
+file. The files are a function of the file's header (its key-values and tensor infos, which its identity hashes
+too), its name and the versions of the code that makes them: kept under
+:func:`~resumerge.config.locations.cache_root` by that key, with a digest of their own, they are rebuilt only when
+one of those changed or the kept copy does not match its digest (a torn or edited cache file is never used).
+
+May import: errors, config, inputs.gguf.header.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
+import importlib.metadata
+import json
 import tempfile
 from pathlib import Path
 
+from resumerge.config.locations import cache_root, replace_text
+from resumerge.config.version import __version__
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.header import GgufHeader, metadata_only
 
+# The cache's folder under the cache root, and its files' layout (a change here names new files).
+_FOLDER = "gguf-tokenizers"
+_FORMAT = 1
+# The distributions whose code makes the files: the converter, the library that writes tokenizer.json, the reader
+# the converter parses the metadata with.
+_MAKERS = ("transformers", "tokenizers", "gguf")
 
-def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None) -> dict[str, bytes]:
+
+def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None,
+                         cache_dir: Path | None = None) -> dict[str, bytes]:
     """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them. A file not on disk (a hub
     GGUF read by range) is read from its parsed ``header``: transformers is given a GGUF of its key-values alone
-    (:func:`~.header.metadata_only`, under the same name in a temporary folder), never its tensors."""
+    (:func:`~.header.metadata_only`, under the same name in a temporary folder), never its tensors. Given
+    ``header``, the files are taken from the cache in ``cache_dir`` (default
+    :func:`~resumerge.config.locations.cache_root`) when an earlier rebuild kept them, and kept there after a
+    rebuild. Raises :class:`ModelInputError` when transformers is missing or cannot rebuild the tokenizer."""
+    kept = None if header is None else _kept_path(path, header, cache_dir)
+    if kept is not None:
+        found = _read(kept)
+        if found is not None:
+            return found
+    files = _rebuilt(path, header)
+    if kept is not None:
+        with contextlib.suppress(OSError):  # a cache: not kept costs a rebuild next time, nothing else
+            _write(kept, files)
+    return files
+
+
+def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
+    """The files as transformers rebuilds them now."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -43,3 +84,41 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None) -> dict[s
         out = Path(scratch) / "out"
         tokenizer.save_pretrained(out)
         return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+def _kept_path(path: Path, header: GgufHeader, cache_dir: Path | None) -> Path | None:
+    """Where the files rebuilt from ``header`` are kept; None without transformers (nothing to key them by: the
+    rebuild says what is missing)."""
+    versions: list[str | None] = []
+    for name in _MAKERS:
+        try:
+            versions.append(importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            if name == "transformers":
+                return None
+            versions.append(None)
+    key = json.dumps([_FORMAT, __version__, versions, path.name, hashlib.sha256(header.raw).hexdigest()])
+    return (cache_dir if cache_dir is not None else cache_root()) / _FOLDER / (
+        f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json")
+
+
+def _read(kept: Path) -> dict[str, bytes] | None:
+    """The kept files, or None when there are none or they do not match their digest."""
+    try:
+        doc = json.loads(kept.read_text(encoding="utf-8"))
+        files = {str(name): base64.b64decode(data, validate=True) for name, data in doc["files"].items()}
+        return files if doc["sha256"] == _digest(files) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or torn: rebuilt
+        return None
+
+
+def _write(kept: Path, files: dict[str, bytes]) -> None:
+    doc = {"sha256": _digest(files), "files": {name: base64.b64encode(data).decode() for name, data in files.items()}}
+    replace_text(kept, json.dumps(doc))
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        digest.update(hashlib.sha256(name.encode()).digest() + hashlib.sha256(data).digest())
+    return digest.hexdigest()
