@@ -30,6 +30,7 @@ from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory import format_size
 from resumerge.plan.fetching import read_order
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.workorder import compute_order
 from resumerge.store import killpoints
 from resumerge.store.ledger import Ledger
 
@@ -83,23 +84,29 @@ class InputContents:
         the new look of those proved unchanged (``notes`` says which were)."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
-        _write(ledger, self._hashed(self._reads(())))
+        _write(ledger, self._hashed(self._reads((), ())))
 
     def record_beside(self, ledger: Ledger, notes: list[str], after: threading.Thread | None = None) -> Proving:
         """:meth:`record` on a thread of its own, for a run whose every commit waits for it (:meth:`Proving.checked`,
         the local inputs' check): the ranges the merge's units read are hashed in their reads
-        (:attr:`Proving.reads`, given to the run's sources), and the proof hashes the others beside the units, from
-        the last read back, once ``after`` (torch's import) has ended. ``notes`` says at once which files were
-        proved unchanged."""
+        (:attr:`Proving.reads`, given to the run's sources), and the proof, once ``after`` (torch's import) has
+        ended, hashes beside the units those the first shard does not read, from the last read back, then what no
+        read has hashed when the first commit asks (:mod:`resumerge.inputs.readdigests`). ``notes`` says at once
+        which files were proved unchanged."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
         # The files' looks taken now, before any unit reads: a write while they are read refuses the run.
-        reads = self._reads(read_order(self._plan))
+        shards = compute_order(self._plan)
+        first = [(r.model, r.file, r.start, r.end) for name in (shards[0].tensors if shards else ())
+                 for r in self._plan.tensors[name].reads()]
+        reads = self._reads(read_order(self._plan), first)
         return Proving(lambda: self._hashed(reads), ledger, after, reads)
 
-    def _reads(self, order: Iterable[tuple[str, str, int, int]]) -> ReadDigests:
+    def _reads(self, order: Iterable[tuple[str, str, int, int]], first: Iterable[tuple[str, str, int, int]]
+               ) -> ReadDigests:
         """The per-range digests of the files to record (those present, not pickled), the proof's order the
-        reverse of ``order`` ((model, file, start, end), the plan's reads in the order computed)."""
+        reverse of ``order`` ((model, file, start, end), the plan's reads in the order computed), ``first`` (the
+        first shard's reads) left to the units until a commit asks."""
         dirs = self._plan.model_dirs
         present = {str(p): self._ranges[str(p)] for p in self._unrecorded if str(p) in self._ranges and p.is_file()}
         paths: dict[tuple[str, str], str] = {}  # joined once a file, not once a read (90k tensors)
@@ -110,7 +117,8 @@ class InputContents:
                 found = paths[model, file] = str(Path(dirs[model]) / file) if model in dirs else ""
             return found
 
-        return ReadDigests(present, ((path_of(m, f), start, end) for m, f, start, end in order))
+        return ReadDigests(present, ((path_of(m, f), start, end) for m, f, start, end in order),
+                           ((path_of(m, f), start, end) for m, f, start, end in first))
 
     def _hashed(self, reads: ReadDigests) -> dict[str, Content]:
         killpoints.reach("before_input_hashing")  # the run is recorded: a kill here is one resume finishes
@@ -158,7 +166,10 @@ class Proving:
             self._done.set()
 
     def checked(self, timeout: float) -> bool:
-        """Whether the proof is recorded, waiting up to ``timeout`` seconds; raises what failed it."""
+        """Whether the proof is recorded, waiting up to ``timeout`` seconds; raises what failed it. Asked, by a
+        commit: what the reads were left to hash is hashed now."""
+        if self.reads is not None and not self._done.is_set():
+            self.reads.need()
         if not self._done.wait(timeout):
             return False
         if self._error is not None:
@@ -169,6 +180,8 @@ class Proving:
         """The run ends: a proof not written yet is never written (the ledger is about to close)."""
         with self._lock:
             self._left = True
+        if self.reads is not None:
+            self.reads.stop()  # a proof waiting for a commit, or still hashing, stops
 
 
 def read_ranges(plan: Plan, local: set[str]) -> dict[str, Ranges]:

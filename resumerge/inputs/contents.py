@@ -199,9 +199,6 @@ class _Form(Protocol):
 
     def cost(self) -> int: ...
 
-    def late(self) -> int:
-        """How late the merge's reads reach the file (0: they never hash it): the proof takes the latest first."""
-
     def settled(self) -> None:
         """The records vouch for the file: nothing of it is hashed."""
 
@@ -224,9 +221,6 @@ class _Whole:
 
     def cost(self) -> int:
         return self.path.stat().st_size
-
-    def late(self) -> int:
-        return 0
 
     def settled(self) -> None:
         pass
@@ -259,9 +253,6 @@ class _Spans:
     def cost(self) -> int:
         return spans_bytes(self.spans)
 
-    def late(self) -> int:
-        return 0
-
     def settled(self) -> None:
         pass
 
@@ -290,15 +281,13 @@ class _Ranges:
     def cost(self) -> int:
         return self.reads.left(str(self.path))
 
-    def late(self) -> int:
-        return self.reads.last_read(str(self.path))
-
     def settled(self) -> None:
         self.reads.settled(str(self.path))  # the merge's reads stop hashing it
 
     def take(self) -> tuple[Content, int]:
         path = self.path
-        self.reads.hash_rest(path, lambda: _read_changed(path))
+        self.reads.hash_ahead(_read_changed)  # every file's ranges read late, then the wait for the first commit
+        self.reads.hash_rest(path, _read_changed)
         (size, mtime, ctime, _), started, digest = self.reads.digest(path, lambda: _read_changed(path))
         return Content(size, mtime, ctime, f"{self.method()}:{digest}"), started
 
@@ -317,9 +306,7 @@ def _digests(jobs: Sequence[tuple[Path, _Form]], records: VerifyRecords, told: H
             hashing.append((path, form))
     if hashing:
         costs = {path: form.cost() for path, form in hashing}
-        # The files the merge's reads reach last first (they would hash them last), then the largest: one large
-        # file started last would leave the others idle.
-        hashing.sort(key=lambda job: (-job[1].late(), -costs[job[0]]))
+        hashing.sort(key=lambda job: -costs[job[0]])  # one large file started last would leave the others idle
         if told is not None:
             told(len(hashing), sum(costs.values()))
         workers = min(len(hashing), os.cpu_count() or 1, 8)
