@@ -45,6 +45,14 @@ def _file(tmp_path: Path) -> tuple[Path, bytes, tuple[tuple[int, int], ...]]:
     return path, data, ranges
 
 
+def _read(reads: ReadDigests, path: Path, start: int, end: int, data: bytes) -> None:
+    """What a unit's read gives the proof: ``data`` as the bytes read at ``[start, end)``."""
+    hashed = reads.hasher(str(path), start, end)
+    if hashed is not None:
+        hashed.update(data)
+        reads.took(str(path), start, end, hashed)
+
+
 def _write(path: Path, at: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
@@ -60,16 +68,57 @@ def test_the_record_is_the_digest_of_the_ranges_digests_whoever_hashed_them(tmp_
     by_proof = record_contents([path], None, reads=ReadDigests({str(path): ranges}))
     mixed = ReadDigests({str(path): ranges}, [(str(path), s, e) for s, e in ranges])
     for start, end in (ranges[3], ranges[0]):  # read out of file order
-        mixed.took(str(path), start, end, memoryview(data[start:end]))
-    mixed.took(str(path), 10, 20, memoryview(data[10:20]))  # no range of the file: not hashed
+        _read(mixed, path, start, end, data[start:end])
+    assert mixed.hasher(str(path), 10, 20) is None  # no range of the file: not hashed
     assert mixed.left(str(path)) == sum(e - s for s, e in ranges) - 400_000 - 4900
     by_reads = record_contents([path], None, reads=mixed)
     assert by_reads[str(path)].digest == by_proof[str(path)].digest == _reference(data, ranges)
     assert by_reads[str(path)][:2] == (len(data), path.stat().st_mtime_ns)
 
     wrong = ReadDigests({str(path): ranges})  # what a read gives is what is recorded: never hashed twice
-    wrong.took(str(path), *ranges[1], memoryview(b"\x00" * 4000))
+    _read(wrong, path, *ranges[1], b"\x00" * 4000)
     assert record_contents([path], None, reads=wrong)[str(path)].digest != _reference(data, ranges)
+
+
+def test_the_proof_leaves_the_first_shard_s_ranges_to_the_reads_until_a_commit_asks(tmp_path: Path) -> None:
+    """Beside the merge, the proof hashes every range the first shard does not read, then waits: the units hash the
+    first shard's as they read them; a commit's ask (need) has the proof hash the rest; a run that ends (stop)
+    leaves a proof waiting with nothing recorded."""
+    path, data, ranges = _file(tmp_path)
+    order = [(str(path), s, e) for s, e in ranges]
+    found: dict[str, Content] = {}
+    failed: list[BaseException] = []
+
+    def prove(reads: ReadDigests) -> threading.Thread:
+        def run() -> None:
+            try:
+                found.update(record_contents([path], None, reads=reads))
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    reads = ReadDigests({str(path): ranges}, order, order[:2])
+    thread = prove(reads)
+    thread.join(0.5)
+    assert thread.is_alive() and reads.left(str(path)) == 8900  # the first shard's two ranges: left to the reads
+    _read(reads, path, *ranges[0], data[ranges[0][0]:ranges[0][1]])
+    thread.join(0.3)
+    assert thread.is_alive() and reads.left(str(path)) == 4000
+    reads.need()
+    thread.join(30)
+    assert not thread.is_alive() and not failed and found[str(path)].digest == _reference(data, ranges)
+
+    from resumerge.inputs.readdigests import Abandoned
+
+    stopped = ReadDigests({str(path): ranges}, order, order[:2])
+    thread = prove(stopped)
+    thread.join(0.3)
+    stopped.stop()
+    thread.join(30)
+    assert not thread.is_alive() and len(failed) == 1 and isinstance(failed[0], Abandoned)
 
 
 def test_a_file_written_between_its_reads_is_refused(tmp_path: Path) -> None:
@@ -77,7 +126,7 @@ def test_a_file_written_between_its_reads_is_refused(tmp_path: Path) -> None:
     read and the proof's is a file that changed while it was read."""
     path, data, ranges = _file(tmp_path)
     reads = ReadDigests({str(path): ranges})
-    reads.took(str(path), *ranges[0], memoryview(data[ranges[0][0]:ranges[0][1]]))
+    _read(reads, path, *ranges[0], data[ranges[0][0]:ranges[0][1]])
     _write(path, 400_000, b"\xff" * 8)
     with pytest.raises(PlanChangedError, match="changed while it was being read") as caught:
         record_contents([path], None, reads=reads)

@@ -2,8 +2,8 @@
 
 A file's ``xxh3-128r`` digest (:mod:`resumerge.inputs.contents` records it) is the xxh3-128 of the xxh3-128 digests
 (16 bytes each) of the distinct ranges the plan reads of it, in file order (by start, then end). Units read out of
-file order and each hashes the range it just read (:meth:`ReadDigests.took`, called by
-:class:`~resumerge.inputs.source.LocalFiles`); the proof hashes the ranges no read has: the record is the same
+file order and each hashes the range it reads as it reads it (:meth:`ReadDigests.hasher`, :meth:`ReadDigests.took`,
+called by :class:`~resumerge.inputs.source.LocalFiles`); the proof hashes the ranges no read has: the record is the same
 whoever hashed which range.
 
 When the proof runs beside the merge, no shard is committed before every digest is recorded, so the proof must end
@@ -76,8 +76,8 @@ class ReadDigests:
     """The per-range digests of the files of ``ranges`` (path to its :data:`Ranges`), those no read has taken
     hashed by the proof in the reverse of ``order`` ((path, start, end) in the order the units read them), the
     ``first`` ones ((path, start, end): the first shard's) left to the reads until a commit needs the proof; each
-    file's look is taken now, before any read. Thread-safe: units call :meth:`took` from their threads. Raises
-    ``OSError`` for a file that is gone."""
+    file's look is taken now, before any read. Thread-safe: units call :meth:`hasher` and :meth:`took` from their
+    threads. Raises ``OSError`` for a file that is gone."""
 
     def __init__(self, ranges: Mapping[str, Ranges], order: Iterable[tuple[str, int, int]] = (),
                  first: Iterable[tuple[str, int, int]] = ()) -> None:
@@ -136,16 +136,23 @@ class ReadDigests:
             self._stopped = True
             self._turn.notify_all()
 
-    def took(self, path: str, start: int, end: int, data: memoryview) -> None:
-        """A unit read ``data``, bytes ``[start, end)`` of ``path``: hashed when it is a range of the file that no
-        one has hashed or claimed yet (a thread of the proof racing this one: both must agree)."""
+    def hasher(self, path: str, start: int, end: int) -> xxhash.xxh3_128 | None:
+        """What a unit about to read bytes ``[start, end)`` of ``path`` feeds them to as it reads them (each piece
+        while it is still in the CPU's cache), then gives to :meth:`took`; None where they are no range of the file,
+        or one already hashed or claimed by the proof."""
         slot = self._slots.get((path, start, end))
         if slot is None:
-            return
+            return None
         f, i = slot
         if f.digests[i] is not None or f.claimed[i]:  # read without the lock: a stale answer only hashes twice
-            return
-        self._give(f, i, xxhash.xxh3_128_digest(data))
+            return None
+        return xxhash.xxh3_128()
+
+    def took(self, path: str, start: int, end: int, hashed: xxhash.xxh3_128) -> None:
+        """A unit read bytes ``[start, end)`` of ``path`` into ``hashed`` (from :meth:`hasher`): its digest, unless
+        the proof took it first (then both must agree)."""
+        f, i = self._slots[(path, start, end)]
+        self._give(f, i, hashed.digest())
 
     def _give(self, f: _File, i: int, digest: bytes) -> None:
         with self._turn:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader, tensor_bytes
+from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
 from resumerge.torch_import import torch
 
@@ -100,13 +100,17 @@ class LocalFiles(InputSource):
 
     def _read(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
               into: torch.Tensor | None = None) -> torch.Tensor:
-        tensor = self._reader.read(self.directory / file, start, end, dtype, shape, into)
-        if self._reads is not None and end > start:
-            path = self._paths.get(file)
-            if path is None:
-                path = self._paths.setdefault(file, str(self.directory / file))
-            # Hashed before it is returned: nothing has written into the buffer since the read filled it.
-            self._reads.took(path, start, end, tensor_bytes(tensor))
+        reads = self._reads
+        if reads is None or end <= start:
+            return self._reader.read(self.directory / file, start, end, dtype, shape, into)
+        path = self._paths.get(file)
+        if path is None:
+            path = self._paths.setdefault(file, str(self.directory / file))
+        hashed = reads.hasher(path, start, end)
+        # Each piece hashed as the read fills it: the bytes the tensor is made of, while still in the CPU's cache.
+        tensor = self._reader.read(self.directory / file, start, end, dtype, shape, into, hashed)
+        if hashed is not None:
+            reads.took(path, start, end, hashed)
         return tensor
 
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
