@@ -249,7 +249,7 @@ class RunSession:
                     gpu.start()
                 sources = InputSources.local(plan.model_dirs) if hub is None else hub.attach(ledger, reporter)
                 if proving is not None:
-                    sources = sources.with_proof(proving.checked)
+                    sources = sources.with_proof(proving.checked, proving.reads)  # units hash what they read
                 shown = getattr(reporter, "traffic", None)  # an optional hook: a reporter may not draw the network
                 if shown is not None and watch_run(meter, plan, hub, sink, done_bytes):
                     shown(meter.snapshot)

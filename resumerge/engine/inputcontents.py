@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from resumerge.inputs.contents import (
@@ -24,10 +24,13 @@ from resumerge.inputs.contents import (
     record_contents,
     spans_bytes,
 )
+from resumerge.inputs.readdigests import Ranges, ReadDigests
 from resumerge.inputs.spans import merged_spans
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory import format_size
+from resumerge.plan.fetching import read_order
 from resumerge.plan.merge_plan import Plan
+from resumerge.plan.workorder import compute_order
 from resumerge.store import killpoints
 from resumerge.store.ledger import Ledger
 
@@ -37,7 +40,7 @@ _TELL_FROM = 1 << 30
 class InputContents:
     """Made when the session has opened the run's ledger, before OUT is touched; every check and proof happens here,
     before anything is recorded for the run. A file is proved by the ranges the plan's units read of it
-    (:func:`read_spans`), those of the units committed and of those left alike. Raises
+    (:func:`read_ranges`), those of the units committed and of those left alike. Raises
     :class:`~resumerge.errors.PlanChangedError` (exit 4, naming the file) when a local input file no longer looks
     as it did when the plan opened it (``seen``: written while the merge was being planned), or when the ledger
     records this plan and a file no longer holds, in those ranges, the bytes recorded when the run started.
@@ -52,7 +55,9 @@ class InputContents:
                  ) -> None:
         paths = local_input_files(plan.model_dirs, plan.inputs)
         check_looks(paths, seen)
+        self._plan = plan
         self._proved: dict[str, Content] = {}
+        self._ranges: dict[str, Ranges] = {}
         self._spans: dict[str, Spans] = {}
         self._unrecorded: list[Path] = []
         self._records_dir, self._seen = records_dir, seen
@@ -63,11 +68,12 @@ class InputContents:
         if row is not None and not continuing and not restart:
             return  # open_run refuses the run (a merge planned differently): nothing to hash for it
         hashing = self._hashing = _telling(tell) if tell is not None else None
-        self._spans = read_spans(plan, {str(p) for p in paths})
+        self._ranges = read_ranges(plan, {str(p) for p in paths})
+        self._spans = {path: merged_spans(ranges) for path, ranges in self._ranges.items()}
         recorded = {p: Content(*c) for p, c in ledger.input_contents().items()} if continuing else {}
         ours = {str(p) for p in paths}
         self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir, hashing,
-                                      self._spans)
+                                      self._spans, self._ranges)
         # A run recorded before contents were (or by a process killed before recording them: then with no file
         # committed) is trusted by the plan's identity, as it was then, and its files are recorded now.
         self._unrecorded = [p for p in paths if str(p) not in recorded]
@@ -78,19 +84,46 @@ class InputContents:
         the new look of those proved unchanged (``notes`` says which were)."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
-        _write(ledger, self._hashed())
+        _write(ledger, self._hashed(self._reads((), ())))
 
     def record_beside(self, ledger: Ledger, notes: list[str], after: threading.Thread | None = None) -> Proving:
         """:meth:`record` on a thread of its own, for a run whose every commit waits for it (:meth:`Proving.checked`,
-        the local inputs' check): the proof reads the inputs beside the merge's first units instead of before them,
-        once ``after`` (torch's import) has ended. ``notes`` says at once which files were proved unchanged."""
+        the local inputs' check): the ranges the merge's units read are hashed in their reads
+        (:attr:`Proving.reads`, given to the run's sources), and the proof, once ``after`` (torch's import) has
+        ended, hashes beside the units those the first shard does not read, from the last read back, then what no
+        read has hashed when the first commit asks (:mod:`resumerge.inputs.readdigests`). ``notes`` says at once
+        which files were proved unchanged."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
-        return Proving(self._hashed, ledger, after)
+        # The files' looks taken now, before any unit reads: a write while they are read refuses the run.
+        shards = compute_order(self._plan)
+        first = [(r.model, r.file, r.start, r.end) for name in (shards[0].tensors if shards else ())
+                 for r in self._plan.tensors[name].reads()]
+        reads = self._reads(read_order(self._plan), first)
+        return Proving(lambda: self._hashed(reads), ledger, after, reads)
 
-    def _hashed(self) -> dict[str, Content]:
+    def _reads(self, order: Iterable[tuple[str, str, int, int]], first: Iterable[tuple[str, str, int, int]]
+               ) -> ReadDigests:
+        """The per-range digests of the files to record (those present, not pickled), the proof's order the
+        reverse of ``order`` ((model, file, start, end), the plan's reads in the order computed), ``first`` (the
+        first shard's reads) left to the units until a commit asks."""
+        dirs = self._plan.model_dirs
+        present = {str(p): self._ranges[str(p)] for p in self._unrecorded if str(p) in self._ranges and p.is_file()}
+        paths: dict[tuple[str, str], str] = {}  # joined once a file, not once a read (90k tensors)
+
+        def path_of(model: str, file: str) -> str:
+            found = paths.get((model, file))
+            if found is None:
+                found = paths[model, file] = str(Path(dirs[model]) / file) if model in dirs else ""
+            return found
+
+        return ReadDigests(present, ((path_of(m, f), start, end) for m, f, start, end in order),
+                           ((path_of(m, f), start, end) for m, f, start, end in first))
+
+    def _hashed(self, reads: ReadDigests) -> dict[str, Content]:
         killpoints.reach("before_input_hashing")  # the run is recorded: a kill here is one resume finishes
-        return {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing, self._spans),
+        return {**record_contents(self._unrecorded, self._records_dir, self._seen, self._hashing, self._spans,
+                                  reads),
                 **self._proved}
 
 
@@ -107,7 +140,8 @@ class Proving:
     the ledger closes: a proof still reading then records nothing."""
 
     def __init__(self, hashed: Callable[[], dict[str, Content]], ledger: Ledger,
-                 after: threading.Thread | None = None) -> None:
+                 after: threading.Thread | None = None, reads: ReadDigests | None = None) -> None:
+        self.reads = reads  # the ranges the run's reads hash for the proof (InputSources.with_proof)
         self._hashed, self._ledger, self._after = hashed, ledger, after
         self._lock = threading.Lock()
         self._left = False
@@ -132,7 +166,10 @@ class Proving:
             self._done.set()
 
     def checked(self, timeout: float) -> bool:
-        """Whether the proof is recorded, waiting up to ``timeout`` seconds; raises what failed it."""
+        """Whether the proof is recorded, waiting up to ``timeout`` seconds; raises what failed it. Asked, by a
+        commit: what the reads were left to hash is hashed now."""
+        if self.reads is not None and not self._done.is_set():
+            self.reads.need()
         if not self._done.wait(timeout):
             return False
         if self._error is not None:
@@ -143,14 +180,16 @@ class Proving:
         """The run ends: a proof not written yet is never written (the ledger is about to close)."""
         with self._lock:
             self._left = True
+        if self.reads is not None:
+            self.reads.stop()  # a proof waiting for a commit, or still hashing, stops
 
 
-def read_spans(plan: Plan, local: set[str]) -> dict[str, Spans]:
-    """The byte ranges the plan's units read of each ``local`` file (by path), sorted and merged where they touch:
-    what the content proof hashes. A file the plan never reads has none; a PyTorch ``.bin`` file, read by virtual
-    ranges of its pickled storages, is left out (hashed whole)."""
-    reads: dict[str, list[tuple[int, int]]] = {path: [] for path in local}
-    by_file: dict[tuple[str, str], list[tuple[int, int]] | None] = {}  # (model, file) -> its path's list
+def read_ranges(plan: Plan, local: set[str]) -> dict[str, Ranges]:
+    """The distinct byte ranges the plan's units read of each ``local`` file (by path), sorted: what the content
+    proof hashes, a digest per range. A file the plan never reads has none; a PyTorch ``.bin`` file, read by
+    virtual ranges of its pickled storages, is left out (hashed whole)."""
+    reads: dict[str, set[tuple[int, int]]] = {path: set() for path in local}
+    by_file: dict[tuple[str, str], set[tuple[int, int]] | None] = {}  # (model, file) -> its path's set
     for tensor in plan.tensors.values():
         for ref in tensor.reads():
             key = (ref.model, ref.file)
@@ -159,8 +198,8 @@ def read_spans(plan: Plan, local: set[str]) -> dict[str, Spans]:
                 by_file[key] = None if directory is None else reads.get(str(Path(directory) / ref.file))
             found = by_file[key]
             if found is not None and ref.end > ref.start:
-                found.append((ref.start, ref.end))
-    return {path: merged_spans(ranges) for path, ranges in reads.items() if not is_pickle_checkpoint(path)}
+                found.add((ref.start, ref.end))
+    return {path: tuple(sorted(ranges)) for path, ranges in reads.items() if not is_pickle_checkpoint(path)}
 
 
 def touched_note(proved: Mapping[str, Content], spans: Mapping[str, Spans] | None = None) -> str:

@@ -7,22 +7,25 @@ A resume that trusted it merged the rest of a run from edited bytes into an outp
 the old ones. The rule, in one place:
 
 - when a run is recorded, each local weight file's digest is recorded with its size, mtime and ctime: an xxh3-128
-  over the byte ranges the plan reads of it (its *spans*: every unit's reads, merged where they touch), so a file a
-  slice reads a third of costs a third, and a file it never reads costs nothing;
+  over the xxh3-128 digests of the byte ranges the plan reads of it, in file order (``xxh3-128r:RANGES:HEX``,
+  :mod:`resumerge.inputs.readdigests`), so a file a slice reads a third of costs a third, a file it never reads
+  costs nothing, and a range is hashed in the read the merge makes of it anyway (the proof hashes only the ranges
+  no read has); a pickled ``.bin`` (read by its storages' virtual ranges) has its whole bytes hashed in the span
+  form below;
 - a resume (or ``run`` continuing a run) trusts a file whose size, mtime and ctime are all as recorded (writing,
   replacing or ``touch``-ing a file moves its ctime, which user space cannot set back); any other file has the same
-  spans hashed again (the ranges both the committed units and the remaining ones read), and a different digest
+  ranges hashed again (the ranges both the committed units and the remaining ones read), and a different digest
   refuses the run (:class:`~resumerge.errors.PlanChangedError`, exit 4) naming the file; the same digest (a
   ``touch``, a copy back, an edit outside every range the plan reads) is proof, said in one line, and the new look
   is recorded.
 
 xxh3-128 is not cryptographic: it sees any accidental or ordinary edit (a re-saved tensor, a flipped bit, a
 truncated copy: two different contents share a digest with odds of 2^-128), not a collision built on purpose; the
-output's own files keep their sha256. A ledger recorded with whole-file sha256 digests (before this rule) is proved
-as it was recorded.
+output's own files keep their sha256. A ledger recorded in an older form is proved in the form it holds: an
+xxh3-128 over the plan's merged read spans (``xxh3-128:SPANS:HEX``), or a whole-file sha256.
 
-Hashing costs one read of the spans, so a digest is also kept in the state dir's verification records (beside the
-hub's, keyed by the file's real path and the spans it covers) and reused while the file's size and mtime are
+Hashing costs one read of the ranges, so a digest is also kept in the state dir's verification records (beside the
+hub's, keyed by the file's real path and the ranges it covers) and reused while the file's size and mtime are
 unchanged and it was last written or replaced well before it was hashed: merging the same local models again hashes
 nothing. Hub files are not here: their identity is the hub's own checksum, verified against the cache on every run.
 """
@@ -32,10 +35,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import xxhash
 
@@ -43,6 +46,8 @@ from resumerge.errors import PlanChangedError
 from resumerge.inputs.files import file_look
 from resumerge.inputs.hub.records import VerifyRecords, now_ns
 from resumerge.inputs.looks import hash_spans
+from resumerge.inputs.readdigests import RANGES, Ranges, ReadDigests, ranges_method
+from resumerge.inputs.spans import merged_spans
 
 if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
@@ -59,7 +64,8 @@ Spans = Sequence[tuple[int, int]]
 
 class Content(NamedTuple):
     """What a local input file looked like when the bytes the run reads of it hashed to ``digest``
-    (``xxh3-128:SPANS:HEX``, SPANS naming the ranges covered; or a whole-file sha256 recorded before spans were)."""
+    (``xxh3-128r:RANGES:HEX``, RANGES naming the ranges covered; ``xxh3-128:SPANS:HEX`` or a whole-file sha256 in a
+    ledger recorded before)."""
 
     size: int
     mtime_ns: int
@@ -114,14 +120,18 @@ def spans_bytes(spans: Spans) -> int:
 
 def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] | None,
                     seen: Mapping[str, tuple[int, int]] | None = None, hashing: Hashing | None = None,
-                    spans: Mapping[str, Spans] | None = None) -> dict[str, Content]:
-    """The :class:`Content` of each of ``paths`` present: the bytes of its ``spans`` (by path; the whole file where
-    absent) hashed (in parallel, most bytes first) unless the state dir's records hold their digest (``hashing`` is
-    told how many files and bytes are hashed first). Raises :class:`PlanChangedError` for a file written while it
-    was hashed, or that does not look as ``seen`` when it was opened for the plan."""
+                    spans: Mapping[str, Spans] | None = None, reads: ReadDigests | None = None
+                    ) -> dict[str, Content]:
+    """The :class:`Content` of each of ``paths`` present: a file of ``reads`` by the digests of its ranges (those
+    the merge's reads took, the rest hashed now), any other by the bytes of its ``spans`` (by path; the whole file
+    where absent), unless the state dir's records hold its digest (``hashing`` is told how many files and bytes
+    are hashed first); files hashed in parallel, most bytes first. Raises :class:`PlanChangedError` for a file
+    written while it was hashed, or that does not look as ``seen`` when it was opened for the plan."""
     present = [p for p in paths if p.is_file()]
+    jobs = [(p, _Ranges(p, reads) if reads is not None and str(p) in reads else _Spans(p, _spans_of(p, spans)))
+            for p in present]
     with VerifyRecords(records_dir) as records:
-        found = _digests([(p, _spans_of(p, spans)) for p in present], records, hashing)
+        found = _digests(jobs, records, hashing)
     for path, content in zip(present, found):
         before = (seen or {}).get(str(path))
         if before is not None and before != (content.size, content.mtime_ns):
@@ -130,11 +140,13 @@ def record_contents(paths: Iterable[Path], records_dir: str | os.PathLike[str] |
 
 
 def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathLike[str] | None,
-                    hashing: Hashing | None = None, spans: Mapping[str, Spans] | None = None) -> dict[str, Content]:
+                    hashing: Hashing | None = None, spans: Mapping[str, Spans] | None = None,
+                    ranges: Mapping[str, Ranges] | None = None) -> dict[str, Content]:
     """Check every file of ``recorded`` against what was recorded when the run started; returns the files that
-    look different but hold the same bytes in every range recorded (``spans`` by path, the whole file where absent;
-    a whole-file sha256 where that is what was recorded), with how they look now (to record). Raises
-    :class:`PlanChangedError`, naming the first file whose bytes differ (or that is gone)."""
+    look different but hold the same bytes in every range recorded (in the form recorded: ``ranges`` by path for
+    an ``xxh3-128r`` digest, none where absent; ``spans`` by path for an ``xxh3-128`` one, the whole file where
+    absent; the whole file's sha256 for a digest recorded before either), with how they look now (to record).
+    Raises :class:`PlanChangedError`, naming the first file whose bytes differ (or that is gone)."""
     looked_again: list[Path] = []
     for name, before in sorted(recorded.items()):
         path = Path(name)
@@ -148,13 +160,23 @@ def prove_unchanged(recorded: Mapping[str, Content], records_dir: str | os.PathL
             looked_again.append(path)
     if not looked_again:
         return {}
-    jobs = [(p, None if _is_legacy(recorded[str(p)].digest) else _spans_of(p, spans)) for p in looked_again]
+    jobs = [(p, _form_of(recorded[str(p)].digest, p, spans, ranges)) for p in looked_again]
     with VerifyRecords(records_dir) as records:
         now = _digests(jobs, records, hashing)
     for path, content in zip(looked_again, now):
         if content.digest != recorded[str(path)].digest:
             raise _changed(path, "holds other bytes than when the run started (same size, modified since)")
     return {str(path): content for path, content in zip(looked_again, now)}
+
+
+def _form_of(digest: str, path: Path, spans: Mapping[str, Spans] | None, ranges: Mapping[str, Ranges] | None
+             ) -> _Form:
+    """How ``digest`` (as recorded for ``path``) is taken again."""
+    if _is_legacy(digest):
+        return _Whole(path)
+    if digest.startswith(RANGES + ":"):
+        return _Ranges(path, ReadDigests({str(path): tuple((ranges or {}).get(str(path), ()))}))
+    return _Spans(path, _spans_of(path, spans))
 
 
 def _spans_of(path: Path, spans: Mapping[str, Spans] | None) -> tuple[tuple[int, int], ...]:
@@ -167,32 +189,126 @@ def _is_legacy(digest: str) -> bool:
     return len(digest) == 64 and ":" not in digest
 
 
-def _method(spans: tuple[tuple[int, int], ...] | None) -> str:
-    """The records' name for a digest of ``spans`` (None: a whole-file sha256): the algorithm and which spans."""
-    if spans is None:
+class _Form(Protocol):
+    """How a file's recorded digest is taken: its records' name, the bytes left to hash, and the hash itself;
+    iterated, the [start, end) spans of the file it covers, merged, in file order."""
+
+    def __iter__(self) -> Iterator[tuple[int, int]]: ...
+
+    def method(self) -> str: ...
+
+    def cost(self) -> int: ...
+
+    def settled(self) -> None:
+        """The records vouch for the file: nothing of it is hashed."""
+
+    def take(self) -> tuple[Content, int]:
+        """The file's content and when its hash started (ns, for the records); raises :class:`PlanChangedError`
+        when it changed while it was read."""
+
+
+class _Whole:
+    """The whole file's sha256: what a ledger recorded before spans were."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        yield 0, self.path.stat().st_size
+
+    def method(self) -> str:
         return _LEGACY
-    return f"{_ALGORITHM}:{xxhash.xxh3_64_hexdigest(repr(spans).encode())}"
+
+    def cost(self) -> int:
+        return self.path.stat().st_size
+
+    def settled(self) -> None:
+        pass
+
+    def take(self) -> tuple[Content, int]:
+        path = self.path
+        started = now_ns()
+        digest = hashlib.sha256()
+        whole = ((0, os.stat(path).st_size),)
+        (size, mtime, ctime, _), racy = hash_spans(path, [(whole, digest)], lambda: _read_changed(path))
+        if size != whole[0][1]:  # grown or cut between the size read and the hash
+            raise _read_changed(path)
+        # Written within a timestamp tick of the hash: the look recorded never matches, a resume hashes it again.
+        return Content(size, mtime, -1 if racy else ctime, digest.hexdigest()), started
 
 
-def _digests(jobs: list[tuple[Path, tuple[tuple[int, int], ...] | None]], records: VerifyRecords,
-             told: Hashing | None) -> list[Content]:
-    """The content of each file of ``jobs`` (path, spans or None for a whole-file sha256), in their order: from
-    ``records`` when trusted, else hashed."""
+class _Spans:
+    """The xxh3-128 of a file's merged spans read in order (``xxh3-128:SPANS:HEX``): the form before per-range
+    digests, still the one of a pickled ``.bin`` (read by its storages' virtual ranges, hashed whole)."""
+
+    def __init__(self, path: Path, spans: tuple[tuple[int, int], ...]) -> None:
+        self.path, self.spans = path, spans
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.spans)
+
+    def method(self) -> str:
+        return f"{_ALGORITHM}:{xxhash.xxh3_64_hexdigest(repr(self.spans).encode())}"
+
+    def cost(self) -> int:
+        return spans_bytes(self.spans)
+
+    def settled(self) -> None:
+        pass
+
+    def take(self) -> tuple[Content, int]:
+        path = self.path
+        started = now_ns()
+        digest = xxhash.xxh3_128()
+        (size, mtime, ctime, _), racy = hash_spans(path, [(self.spans, digest)], lambda: _read_changed(path))
+        return Content(size, mtime, -1 if racy else ctime, f"{self.method()}:{digest.hexdigest()}"), started
+
+
+class _Ranges:
+    """The xxh3-128 of a file's per-range xxh3-128 digests in file order (``xxh3-128r:RANGES:HEX``,
+    :mod:`resumerge.inputs.readdigests`): the ranges the merge's reads hashed are taken as they were, the rest
+    hashed here."""
+
+    def __init__(self, path: Path, reads: ReadDigests) -> None:
+        self.path, self.reads = path, reads
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(merged_spans(self.reads.ranges(str(self.path))))
+
+    def method(self) -> str:
+        return ranges_method(self.reads.ranges(str(self.path)))
+
+    def cost(self) -> int:
+        return self.reads.left(str(self.path))
+
+    def settled(self) -> None:
+        self.reads.settled(str(self.path))  # the merge's reads stop hashing it
+
+    def take(self) -> tuple[Content, int]:
+        path = self.path
+        self.reads.hash_ahead(_read_changed)  # every file's ranges read late, then the wait for the first commit
+        self.reads.hash_rest(path, _read_changed)
+        (size, mtime, ctime, _), started, digest = self.reads.digest(path, lambda: _read_changed(path))
+        return Content(size, mtime, ctime, f"{self.method()}:{digest}"), started
+
+
+def _digests(jobs: Sequence[tuple[Path, _Form]], records: VerifyRecords, told: Hashing | None) -> list[Content]:
+    """The content of each file of ``jobs`` (path, how its digest is taken), in their order: from ``records``
+    when trusted, else hashed."""
     found: dict[Path, Content] = {}
     hashing = []
-    for path, spans in jobs:
-        known = _known(path, _method(spans), records)
+    for path, form in jobs:
+        known = _known(path, form.method(), records)
         if known is not None:
             found[path] = known
+            form.settled()
         else:
-            hashing.append((path, spans))
+            hashing.append((path, form))
     if hashing:
-        def cost(job: tuple[Path, tuple[tuple[int, int], ...] | None]) -> int:
-            return job[0].stat().st_size if job[1] is None else spans_bytes(job[1])
-
-        hashing.sort(key=lambda job: -cost(job))  # one large file started last would leave the others idle
+        costs = {path: form.cost() for path, form in hashing}
+        hashing.sort(key=lambda job: -costs[job[0]])  # one large file started last would leave the others idle
         if told is not None:
-            told(len(hashing), sum(cost(job) for job in hashing))
+            told(len(hashing), sum(costs.values()))
         workers = min(len(hashing), os.cpu_count() or 1, 8)
         with ThreadPoolExecutor(workers, thread_name_prefix="resumerge-contents") as pool:
             for (path, _), (content, started) in zip(hashing, pool.map(_hash, hashing)):
@@ -212,22 +328,13 @@ def _known(path: Path, method: str, records: VerifyRecords) -> Content | None:
     return Content(st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest if method == _LEGACY else f"{method}:{digest}")
 
 
-def _hash(job: tuple[Path, tuple[tuple[int, int], ...] | None]) -> tuple[Content, int]:
-    """Hash the spans of ``path`` (the whole file in sha256 where None): its content and when the hash started (for
-    the records). Raises :class:`PlanChangedError` when it changed while being read."""
-    path, spans = job
-    started = now_ns()
-    digest: xxhash.xxh3_128 | hashlib._Hash = hashlib.sha256() if spans is None else xxhash.xxh3_128()
-    whole = ((0, os.stat(path).st_size),)
-    def changed() -> PlanChangedError:
-        return _changed(path, "changed while it was being read")
+def _hash(job: tuple[Path, _Form]) -> tuple[Content, int]:
+    """Take the digest of ``job``'s file in its form: its content and when the hash started (for the records)."""
+    return job[1].take()
 
-    (size, mtime, ctime, _), racy = hash_spans(path, [(whole if spans is None else spans, digest)], changed)
-    if spans is None and size != whole[0][1]:  # grown or cut between the size read and the hash
-        raise changed()
-    # Written within a timestamp tick of the hash: the look recorded never matches, a resume hashes it again.
-    text = digest.hexdigest() if spans is None else f"{_method(spans)}:{digest.hexdigest()}"
-    return Content(size, mtime, -1 if racy else ctime, text), started
+
+def _read_changed(path: Path) -> PlanChangedError:
+    return _changed(path, "changed while it was being read")
 
 
 def _changed(path: Path, what: str, *, planning: bool = False) -> PlanChangedError:

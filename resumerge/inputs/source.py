@@ -15,11 +15,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
 from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from resumerge.inputs.readdigests import ReadDigests
 
 _T = TypeVar("_T")
 
@@ -69,6 +72,10 @@ class InputSource(ABC):
         seconds (a file still downloading is checked at its end); raises what stopped the check."""
         return True
 
+    def hash_reads(self, reads: ReadDigests) -> None:  # noqa: B027  (a source whose reads are not local files)
+        """Give each range read of a file of ``reads`` to it as read (the local inputs' proof: the digests are
+        taken in the reads the merge makes anyway); a source that cannot leaves its files to the proof."""
+
     def stop(self) -> None:  # noqa: B027  (most sources never wait)
         """The run is leaving: reads waiting for bytes that have not arrived yet fail now instead."""
 
@@ -85,23 +92,43 @@ class LocalFiles(InputSource):
         self._reader = reader or TensorReader()
         self._owns_reader = reader is None
         self._pickles = PickleReader(self.directory)
+        self._reads: ReadDigests | None = None
+        self._paths: dict[str, str] = {}  # file -> its path as the proof names it, joined once
+
+    def hash_reads(self, reads: ReadDigests) -> None:
+        self._reads = reads  # a pickled .bin's virtual ranges are no file ranges: never given (the proof's)
+
+    def _read(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
+              into: torch.Tensor | None = None) -> torch.Tensor:
+        reads = self._reads
+        if reads is None or end <= start:
+            return self._reader.read(self.directory / file, start, end, dtype, shape, into)
+        path = self._paths.get(file)
+        if path is None:
+            path = self._paths.setdefault(file, str(self.directory / file))
+        hashed = reads.hasher(path, start, end)
+        # Each piece hashed as the read fills it: the bytes the tensor is made of, while still in the CPU's cache.
+        tensor = self._reader.read(self.directory / file, start, end, dtype, shape, into, hashed)
+        if hashed is not None:
+            reads.took(path, start, end, hashed)
+        return tensor
 
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
         if is_pickle_checkpoint(file):
             return self._pickles.read_range(file, start, end)
-        return self._reader.read(self.directory / file, start, end, "U8", (end - start,))
+        return self._read(file, start, end, "U8", (end - start,))
 
     def read_tensor(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
         if is_pickle_checkpoint(file):
             return super().read_tensor(file, start, end, dtype, shape)
         # Straight to the reader: it views its buffer with the right dtype, one call instead of two.
-        return self._reader.read(self.directory / file, start, end, dtype, shape)
+        return self._read(file, start, end, dtype, shape)
 
     def read_tensor_into(self, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
                          into: torch.Tensor) -> torch.Tensor:
         if is_pickle_checkpoint(file):
             return super().read_tensor_into(file, start, end, dtype, shape, into)
-        return self._reader.read(self.directory / file, start, end, dtype, shape, into)
+        return self._read(file, start, end, dtype, shape, into)
 
     def close(self) -> None:
         self._pickles.close()
@@ -134,9 +161,13 @@ class InputSources:
         reader = TensorReader()
         return cls({key: LocalFiles(directory, reader) for key, directory in model_dirs.items()}, shared=reader)
 
-    def with_proof(self, proof: Callable[[float], bool]) -> InputSources:
+    def with_proof(self, proof: Callable[[float], bool], reads: ReadDigests | None = None) -> InputSources:
         """These sources, whose input files count as checked only once ``proof`` (as in the constructor) says the
-        run's proof is recorded; the sources returned own (and close) what these hold."""
+        run's proof is recorded, each giving the ranges it reads of a file of ``reads`` to it
+        (:meth:`InputSource.hash_reads`); the sources returned own (and close) what these hold."""
+        if reads is not None:
+            for source in self._sources.values():
+                source.hash_reads(reads)
         return InputSources(self._sources, shared=self._shared, proof=proof)
 
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Protocol
 
 from resumerge.errors import StorageError
 from resumerge.torch_import import torch
@@ -62,6 +63,15 @@ TORCH_DTYPES: Mapping[str, torch.dtype] = _Dtypes(DTYPE_NAMES)
 NAME_DTYPES: Mapping[str, torch.dtype] = _Dtypes({name: name for name in (
     "float64", "float32", "float16", "bfloat16", "int64")})
 _CHUNK = 1 << 30  # Linux caps one read at just under 2 GiB
+# A read whose bytes are hashed as they come reads this much at a time: each piece is hashed while it is still in
+# the CPU's cache, not read again from memory once the whole tensor is in (issue 72, bench/RESULTS.md).
+_HASHED = 2 << 20
+
+
+class Digest(Protocol):
+    """What a read feeds its bytes to (xxhash's and hashlib's hash objects alike)."""
+
+    def update(self, data: memoryview, /) -> None: ...
 
 
 class TensorReader:
@@ -80,11 +90,11 @@ class TensorReader:
             return fd
 
     def read(self, path: Path, start: int, end: int, dtype: str, shape: tuple[int, ...],
-             into: torch.Tensor | None = None) -> torch.Tensor:
+             into: torch.Tensor | None = None, digest: Digest | None = None) -> torch.Tensor:
         """Return the tensor stored at ``[start, end)`` of ``path``, in the first bytes of ``into`` when given (a
         contiguous uint8 CPU tensor: a buffer reused from one tensor to the next has its pages already, where a
-        fresh one over the mmap threshold is faulted in and zeroed by the kernel); raises StorageError on a short
-        read."""
+        fresh one over the mmap threshold is faulted in and zeroed by the kernel), its bytes fed to ``digest`` as
+        they are read (a piece at a time, still in the CPU's cache); raises StorageError on a short read."""
         nbytes = end - start
         if nbytes == 0:
             return torch.empty(shape, dtype=TORCH_DTYPES[dtype])
@@ -93,14 +103,17 @@ class TensorReader:
         view = buf.numpy().data
         fd = self._fd(path)
         done = 0
+        step = _CHUNK if digest is None else _HASHED
         while done < nbytes:
-            n = os.preadv(fd, [view[done : done + _CHUNK]], start + done)
+            n = os.preadv(fd, [view[done : done + step]], start + done)
             if n <= 0:
                 raise StorageError(
                     f"{path.name} ended early while reading ({done} of {nbytes} bytes)",
                     path=str(path),
                     hint="the input file changed or was truncated during the merge; restore it and resume",
                 )
+            if digest is not None:
+                digest.update(view[done : done + n])
             done += n
         return buf.view(TORCH_DTYPES[dtype]).reshape(shape)
 

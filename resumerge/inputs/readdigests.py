@@ -1,0 +1,259 @@
+"""The digests of the byte ranges a run reads of its local input files, taken in the reads the merge makes anyway.
+
+A file's ``xxh3-128r`` digest (:mod:`resumerge.inputs.contents` records it) is the xxh3-128 of the xxh3-128 digests
+(16 bytes each) of the distinct ranges the plan reads of it, in file order (by start, then end). Units read out of
+file order and each hashes the range it reads as it reads it (:meth:`ReadDigests.hasher`, :meth:`ReadDigests.took`,
+called by :class:`~resumerge.inputs.source.LocalFiles`); the proof hashes the ranges no read has: the record is the same
+whoever hashed which range.
+
+When the proof runs beside the merge, no shard is committed before every digest is recorded, so the proof must end
+by the first commit and no earlier than it needs to. It first hashes the ranges the units read only after the first
+shard (``first``: the ranges that shard reads, the units hash those on their way), from the last one the units read
+back towards the first, skipping those the units hashed meanwhile; then it waits until the units have hashed the
+first shard's ranges, or a commit asks for the proof (:meth:`ReadDigests.need`), and hashes whatever is left.
+
+Nothing here trusts a unit's hash more than the proof's: a range the proof claimed is never hashed by a unit, a range
+both hashed must agree, and the file must look at the end (size, mtime, ctime, inode) as it did before the first read
+(:meth:`ReadDigests.digest`), else it changed while it was read. A read this file has no range for (a row range, a
+pickled ``.bin``'s storage, a hub file) is not hashed here; what the reads never hash, the proof does.
+
+May import: errors (through :mod:`.looks`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import Path
+
+import xxhash
+
+from resumerge.errors import PlanChangedError
+from resumerge.inputs import looks
+from resumerge.inputs.looks import Look, hash_spans, look_of
+
+RANGES = "xxh3-128r"  # the records' name of this digest form (before the ranges' own name)
+# The distinct [start, end) byte ranges a plan reads of a file, sorted by start then end.
+Ranges = tuple[tuple[int, int], ...]
+_BATCH = 64 << 20  # the proof claims this many bytes at a time, then sees again what the reads hashed meanwhile
+
+
+class Abandoned(Exception):
+    """The run ended before its proof did (:meth:`ReadDigests.stop`): nothing of it is recorded."""
+
+
+def ranges_method(ranges: Ranges) -> str:
+    """The records' name of a digest of ``ranges``: the form and which ranges (two plans reading other ranges of
+    one file never share a record)."""
+    return f"{RANGES}:{xxhash.xxh3_64_hexdigest(repr(ranges).encode())}"
+
+
+def combined(digests: Iterable[bytes]) -> str:
+    """The file's digest (hex) from its ranges' 16-byte digests, in file order."""
+    total = xxhash.xxh3_128()
+    for digest in digests:
+        total.update(digest)
+    return total.hexdigest()
+
+
+class _File:
+    """One file's ranges, their digests as taken, and how it looked before the first read."""
+
+    def __init__(self, path: Path, ranges: Ranges, first: Collection[tuple[int, int]]) -> None:
+        self.path = path
+        self.ranges = ranges
+        self.digests: list[bytes | None] = [None] * len(ranges)
+        self.claimed = [False] * len(ranges)  # by the proof: a read leaves them to it
+        self.first = [r in first for r in ranges]  # read by the first shard: left to its units at first
+        self.conflict = False
+        self.look: Look = look_of(path)
+        self.started = time.time_ns()  # after the look: a write after it moves the look
+
+
+class ReadDigests:
+    """The per-range digests of the files of ``ranges`` (path to its :data:`Ranges`), those no read has taken
+    hashed by the proof in the reverse of ``order`` ((path, start, end) in the order the units read them), the
+    ``first`` ones ((path, start, end): the first shard's) left to the reads until a commit needs the proof; each
+    file's look is taken now, before any read. Thread-safe: units call :meth:`hasher` and :meth:`took` from their
+    threads. Raises ``OSError`` for a file that is gone."""
+
+    def __init__(self, ranges: Mapping[str, Ranges], order: Iterable[tuple[str, int, int]] = (),
+                 first: Iterable[tuple[str, int, int]] = ()) -> None:
+        firsts: dict[str, set[tuple[int, int]]] = {path: set() for path in ranges}
+        for path, start, end in first:
+            if path in firsts:
+                firsts[path].add((start, end))
+        self._files = {path: _File(Path(path), spans, firsts[path]) for path, spans in ranges.items()}
+        self._slots = {(path, start, end): (f, i) for path, f in self._files.items()
+                       for i, (start, end) in enumerate(f.ranges)}
+        ranks: dict[tuple[str, int, int], int] = {}
+        for i, read in enumerate(order):
+            ranks.setdefault(read, i)
+        # The proof's order ahead of the first commit: the ranges the units read last first (unordered ones first).
+        ahead = sorted((-ranks.get(key, len(ranks)), n) for n, (key, (f, i)) in enumerate(self._slots.items())
+                       if not f.first[i])
+        slots = list(self._slots.values())
+        self._back = [slots[n] for _, n in ahead]
+        self._cursor = 0
+        self._waiting = sum(sum(f.first) for f in self._files.values())  # first ranges no one has hashed yet
+        self._needed = self._stopped = False
+        self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._files
+
+    def ranges(self, path: str) -> Ranges:
+        """The ranges of ``path`` its digest covers."""
+        return self._files[path].ranges
+
+    def left(self, path: str) -> int:
+        """The bytes of ``path``'s ranges no one has hashed or claimed yet."""
+        f = self._files[path]
+        with self._lock:
+            return sum(end - start for (start, end), d, c in zip(f.ranges, f.digests, f.claimed) if d is None and not c)
+
+    def settled(self, path: str) -> None:
+        """The records vouch for ``path``: its reads hash nothing more, and the proof waits for none of them."""
+        f = self._files[path]
+        with self._turn:
+            self._waiting -= sum(1 for i, first in enumerate(f.first) if first and f.digests[i] is None)
+            f.first = [False] * len(f.ranges)
+            f.claimed = [True] * len(f.ranges)
+            self._turn.notify_all()
+
+    def need(self) -> None:
+        """A commit waits for the proof: the ranges left to the reads are hashed now."""
+        with self._turn:
+            self._needed = True
+            self._turn.notify_all()
+
+    def stop(self) -> None:
+        """The run ends: the proof stops where it is (:class:`Abandoned`)."""
+        with self._turn:
+            self._stopped = True
+            self._turn.notify_all()
+
+    def hasher(self, path: str, start: int, end: int) -> xxhash.xxh3_128 | None:
+        """What a unit about to read bytes ``[start, end)`` of ``path`` feeds them to as it reads them (each piece
+        while it is still in the CPU's cache), then gives to :meth:`took`; None where they are no range of the file,
+        or one already hashed or claimed by the proof."""
+        slot = self._slots.get((path, start, end))
+        if slot is None:
+            return None
+        f, i = slot
+        if f.digests[i] is not None or f.claimed[i]:  # read without the lock: a stale answer only hashes twice
+            return None
+        return xxhash.xxh3_128()
+
+    def took(self, path: str, start: int, end: int, hashed: xxhash.xxh3_128) -> None:
+        """A unit read bytes ``[start, end)`` of ``path`` into ``hashed`` (from :meth:`hasher`): its digest, unless
+        the proof took it first (then both must agree)."""
+        f, i = self._slots[(path, start, end)]
+        self._give(f, i, hashed.digest())
+
+    def _give(self, f: _File, i: int, digest: bytes) -> None:
+        with self._turn:
+            held = f.digests[i]
+            if held is None:
+                f.digests[i] = digest
+                if f.first[i]:
+                    self._waiting -= 1
+                if f.claimed[i] or not self._waiting:  # a thread of the proof may wait for it
+                    self._turn.notify_all()
+            elif held != digest:
+                f.conflict = True
+
+    def hash_ahead(self, changed: Callable[[Path], PlanChangedError]) -> None:
+        """Hash, a batch at a time, the ranges of every file the units read after the first shard and have not
+        hashed, the last read first; then wait until the first shard's ranges are all hashed, or a commit needs the
+        proof. Every thread of the proof calls it (none waits while another range could be hashed ahead). Raises
+        ``changed(path)`` for a file that changed while it was read, :class:`Abandoned` once :meth:`stop`."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    raise Abandoned
+                moved, batch = self._claim(self._back, self._cursor)
+                self._cursor += moved
+            if not batch:
+                break
+            self._hash(batch, changed)
+        with self._turn:
+            while not (self._needed or self._stopped or self._waiting <= 0):
+                self._turn.wait()
+            if self._stopped:
+                raise Abandoned
+
+    def hash_rest(self, path: Path, changed: Callable[[Path], PlanChangedError]) -> None:
+        """Hash every range of ``path`` no one has hashed or claimed, a batch at a time; raises ``changed(path)`` for
+        a file that changed while it was read, :class:`Abandoned` once :meth:`stop`."""
+        f = self._files[str(path)]
+        slots = [(f, i) for i in range(len(f.ranges))]
+        while True:
+            with self._turn:
+                while True:
+                    if self._stopped:
+                        raise Abandoned
+                    _, batch = self._claim(slots, 0)
+                    if batch or all(d is not None for d in f.digests):
+                        break
+                    self._turn.wait()  # ranges another thread of the proof is hashing: their digests, or their release
+            if not batch:
+                return
+            self._hash(batch, changed)
+
+    def _claim(self, slots: list[tuple[_File, int]], cursor: int) -> tuple[int, list[tuple[_File, int]]]:
+        """Claim (lock held) up to a batch of ``slots`` from ``cursor`` that no one has hashed or claimed: how far
+        the cursor moved, and the slots claimed."""
+        batch: list[tuple[_File, int]] = []
+        size = moved = 0
+        while cursor + moved < len(slots) and size < _BATCH:
+            f, i = slots[cursor + moved]
+            moved += 1
+            if f.digests[i] is None and not f.claimed[i]:
+                f.claimed[i] = True
+                batch.append((f, i))
+                size += f.ranges[i][1] - f.ranges[i][0]
+        return moved, batch
+
+    def _hash(self, batch: list[tuple[_File, int]], changed: Callable[[Path], PlanChangedError]) -> None:
+        """Hash the claimed ``batch``, file by file, each in file order."""
+        by_file: dict[Path, list[tuple[_File, int]]] = {}
+        for f, i in batch:
+            by_file.setdefault(f.path, []).append((f, i))
+        try:
+            for path, slots in by_file.items():
+                slots.sort(key=lambda slot: slot[0].ranges[slot[1]])
+                hashers = [xxhash.xxh3_128() for _ in slots]
+                groups = [((f.ranges[i],), h) for (f, i), h in zip(slots, hashers)]
+                hash_spans(path, groups, functools.partial(changed, path))
+                for (f, i), h in zip(slots, hashers):
+                    self._give(f, i, h.digest())
+        except BaseException:
+            with self._turn:  # released: a thread waiting for them hashes them itself (and says what it finds)
+                for f, i in batch:
+                    if f.digests[i] is None:
+                        f.claimed[i] = False
+                self._turn.notify_all()
+            raise
+
+    def digest(self, path: Path, changed: Callable[[], PlanChangedError]) -> tuple[Look, int, str]:
+        """``path``'s look before its first read (ctime -1 where written within a timestamp tick of it: a later
+        write could keep the look), when that was (ns) and its digest (hex), once every range is hashed
+        (:meth:`hash_rest` ended); raises ``changed()`` where the file changed while it was read."""
+        f = self._files[str(path)]
+        with self._lock:
+            digests, conflict = list(f.digests), f.conflict
+        if conflict or any(d is None for d in digests):
+            raise changed()
+        try:
+            now = look_of(path)
+        except FileNotFoundError:
+            raise changed() from None
+        if now != f.look:
+            raise changed()
+        size, mtime, ctime, inode = f.look
+        racy = max(mtime, ctime) + looks.RACY_WINDOW_NS >= f.started  # looked up now: a test sets it
+        return (size, mtime, -1 if racy else ctime, inode), f.started, combined(d for d in digests if d is not None)
