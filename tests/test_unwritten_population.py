@@ -6,7 +6,6 @@ is said before it runs."""
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,11 @@ from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
 
 from resumerge import api
 from resumerge.engine.compute import TensorCompute
-from resumerge.engine.unwritten import Population, SharedReads, generation_bytes, largest_popsize, layer_of
+from resumerge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
-from resumerge.memory.buffers import ReusedBuffers
 from resumerge.plan import workunits
 
 
@@ -137,43 +135,35 @@ def test_a_value_the_method_does_not_declare_is_never_shared() -> None:
     assert layer.memo("chunk", (TASK_VECTOR,)).value(TASK_VECTOR, 1, lambda: torch.zeros(3)).sum() == 0
 
 
-def _pass_figures(population: Population, buffers: ReusedBuffers | None = None) -> list[list[float]]:
-    """Each candidate's summed NLL of each text, from one pass over the generation (each layer in a block of the
-    population, every candidate's weights cast into ``buffers`` reused inside it, where given)."""
-    ids = [torch.tensor([t]) for t in TEXTS]
-    reusing = buffers.reusing if buffers is not None else nullcontext
-    streams: list[ModelStream] = []
-    for c in population.candidates:
-        built = (streams[0].config, streams[0].model) if streams else None
-        streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config,
-                                   torch.float32, what="test", built=built, buffers=buffers))
-    with torch.no_grad():
-        with population.layer():
-            entering = [s.inputs([(i, torch.ones_like(i)) for i in ids]) for s in streams]
-        hidden = [[h for h, _ in e] for e in entering]
-        for index in range(streams[0].layers):
-            with population.layer(), reusing():
-                for c, stream in enumerate(streams):
-                    layer = stream.layers_list[index]
-                    with stream.loaded(layer):
-                        hidden[c] = [stream.run(layer, h, calls[index])
-                                     for h, (_, calls) in zip(hidden[c], entering[c], strict=True)]
-        figures = []
-        with population.layer(), reusing():
-            for c, stream in enumerate(streams):
-                with stream.head() as logits:
-                    logps = [torch.log_softmax(logits(h).double(), dim=-1)[0, :-1] for h in hidden[c]]
-                figures.append([-float(lp.gather(1, i[0, 1:, None]).sum()) for lp, i in zip(logps, ids,
-                                                                                            strict=True)])
-    return figures
-
-
 def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_path: Path,
                                                                         make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)[:3]
     state = tmp_path / "state"
+    ids = [torch.tensor([t]) for t in TEXTS]
     with api.open_population(configs, state_dir=state) as population:
-        figures = _pass_figures(population)
+        streams: list[ModelStream] = []
+        for c in population.candidates:
+            built = (streams[0].config, streams[0].model) if streams else None
+            streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config,
+                                       torch.float32, what="test", built=built))
+        with torch.no_grad():
+            with population.layer():
+                entering = [s.inputs([(i, torch.ones_like(i)) for i in ids]) for s in streams]
+            hidden = [[h for h, _ in e] for e in entering]
+            for index in range(streams[0].layers):
+                with population.layer():
+                    for c, stream in enumerate(streams):
+                        layer = stream.layers_list[index]
+                        with stream.loaded(layer):
+                            hidden[c] = [stream.run(layer, h, calls[index])
+                                         for h, (_, calls) in zip(hidden[c], entering[c], strict=True)]
+            figures = []
+            with population.layer():
+                for c, stream in enumerate(streams):
+                    with stream.head() as logits:
+                        logps = [torch.log_softmax(logits(h).double(), dim=-1)[0, :-1] for h in hidden[c]]
+                    figures.append([-float(lp.gather(1, i[0, 1:, None]).sum()) for lp, i in zip(logps, ids,
+                                                                                                strict=True)])
         distinct = {(r.model, r.file, r.start, r.end) for p in population.plans for tp in p.tensors.values()
                     for r in tp.reads()}
         assert population.shared.reads == len(distinct)  # the whole generation: one read of each range
@@ -189,64 +179,6 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
             own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
         assert figure == pytest.approx(own, abs=1e-6, rel=0)
     assert figures[0] != figures[1]
-
-
-def test_each_candidate_is_cast_into_the_buffers_the_last_one_dropped_with_the_same_figures(
-        tmp_path: Path, make: ModelFactory) -> None:
-    configs = _candidates(tmp_path, make)
-    for path in configs[:2]:  # the TIES candidates in bfloat16: their merges share the windows' blocks
-        path.write_text(path.read_text() + "dtype: bfloat16\n")
-    with api.open_population(configs, state_dir=tmp_path / "state") as population:
-        fresh = _pass_figures(population)
-        buffers = population.buffers  # what the candidates' merges write their results into
-        buffers.smallest = 0  # every tensor (a tiny model's are all under the allocator's threshold)
-        reused = _pass_figures(population, buffers)
-    assert reused == fresh  # to the bit
-    # Every layer's candidates after the first took the float32 buffers the one before dropped, and the second
-    # TIES candidate's merges the result buffers the reader handed back once it cast the first one's.
-    per_layer = sum(1 for name in population.candidates[0].tensors if layer_of(name) == 0)
-    assert buffers.taken >= (len(configs) - 1) * SPEC["layers"] * per_layer + SPEC["layers"] * per_layer
-
-
-def test_reused_buffers_reuse_only_what_they_lent_inside_their_block() -> None:
-    buffers = ReusedBuffers(smallest=0)
-    value = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
-    buffers.give(buffers.cast(value, torch.float32))  # outside the block: nothing kept
-    with buffers.reusing():
-        first = buffers.cast(value, torch.float32)
-        assert torch.equal(first, value.float()) and buffers.taken == 0
-        given = value.float()
-        buffers.give(given)  # not lent by the pool: never reused
-        second = buffers.cast(value * 2, torch.float32)
-        assert buffers.taken == 0 and torch.equal(second, (value * 2).float())
-        buffers.give(torch.nn.Parameter(first, requires_grad=False))  # as a stream drops a weight
-        third = buffers.cast((value * 3).reshape(4, 3), torch.float32)  # as many values, another shape
-        assert third.data_ptr() == first.data_ptr() and torch.equal(third, (value * 3).reshape(4, 3).float())
-        buffers.give(third)
-        buffers.cast(value[:2], torch.float32)  # fewer values: a fresh buffer
-        assert buffers.taken == 1
-        buffers.give(second)
-    with buffers.reusing():  # what the last block kept was let go with it
-        assert torch.equal(buffers.cast(value, torch.float32), value.float())
-    assert buffers.taken == 1
-
-
-def test_a_shared_read_cast_is_cast_from_what_is_kept(tmp_path: Path, make: ModelFactory) -> None:
-    with api.open_population([_candidates(tmp_path, make)[0]], state_dir=tmp_path / "state") as population:
-        plan = population.plans[0]
-    ref = next(r for tp in plan.tensors.values() for r in tp.inputs if len(r.shape) == 2)
-    args = (ref.model, ref.file, ref.start, ref.end, ref.dtype, ref.shape)
-    with InputSources({k: LocalFiles(d) for k, d in plan.model_dirs.items()}) as inputs:
-        shared = SharedReads(inputs)
-        alone = shared.read_as(*args, cast=torch.bfloat16)
-        with shared.sharing():
-            kept = shared.read(*args)
-            cast = shared.read_as(*args, cast=torch.bfloat16)
-            same = shared.read_as(*args, cast=torch.float32)  # its own dtype: still a tensor of the caller's
-            assert shared.reads == 2  # the one outside the block, and the first inside it
-            same.mul_(2)
-            assert torch.equal(shared.read(*args), kept)  # what is kept is untouched
-    assert torch.equal(cast, kept.to(torch.bfloat16)) and torch.equal(alone, cast)
 
 
 def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the_same_bytes(

@@ -66,11 +66,6 @@ class SharedInputs(Protocol):
         """Where the chunk's declared values are kept for every merge of it (only those ``declared``)."""
         ...
 
-    def lend(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A host buffer for a merge's result (:attr:`~resumerge.methods.spec.MergeContext.lend`), its own: one
-        the reader of an earlier merge's result handed back, or fresh."""
-        ...
-
 
 def compute_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
                    stream: RowStream | None = None) -> Stored:
@@ -232,7 +227,7 @@ class TensorCompute:
         tensors = self._shared.loaded(
             key, lambda: load_context(self.plan, part, self.sources, method, self._resources).tensors)
         return make_context(self.plan, part, method, torch.device(self.plan.options.device), tensors,
-                            self._resources, memo=self._shared.memo(key, method.from_inputs), lend=self._shared.lend)
+                            self._resources, memo=self._shared.memo(key, method.from_inputs))
 
     def _generator(self, name: str) -> torch.Generator:
         """A generator seeded from (the run's seed, ``name``), on the plan's device."""
@@ -266,11 +261,6 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for i, ref in enumerate(tp.inputs):
-        if workspace is None and not on_gpu and tp.compute_dtype is not None and _read_as_is(ref):
-            # read and cast in one step: where reads are shared, the cast is taken from the shared read itself
-            tensors.append(sources.read_as(ref.model, ref.file, ref.start, ref.end, ref.dtype, ref.shape,
-                                           NAME_DTYPES[tp.compute_dtype]))
-            continue
         t = _read_input(ref, sources, _decode_buffer(ref, i, workspace), _raw_buffer(ref, i, workspace))
         if on_gpu:
             t = t.to(device)
@@ -410,12 +400,6 @@ def _raw_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> torch
     if workspace is None:
         return None
     return workspace.take(f"raw{index}", (ref.end - ref.start,), torch.uint8)
-
-
-def _read_as_is(ref: InputRef) -> bool:
-    """Whether input ``ref``'s value is the tensor its bytes read (:func:`_read_input` of a plain tensor without
-    companions, LoRA delta or cast)."""
-    return ref.codec.plain and not ref.companions and ref.lora is None and ref.cast is None
 
 
 def _read_input(ref: InputRef, sources: InputSources, out: torch.Tensor | None = None,

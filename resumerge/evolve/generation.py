@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +29,6 @@ from resumerge.forward.handed import Held
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.placement import batched_on, model_layer
 from resumerge.forward.stream import LayerCall, ModelStream
-from resumerge.memory.buffers import ReusedBuffers
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
@@ -82,9 +80,8 @@ class GenerationPass(Step[list[dict[str, float]]]):
 
     def __init__(self, population: Population, candidates: Sequence[ModelStream], parents: Sequence[ModelStream],
                  parent_names: Sequence[str], texts: Sequence[TaskTexts], reserve: Reserve,
-                 on_layer: Callable[[int], None], scratch: Path, buffers: ReusedBuffers | None = None) -> None:
+                 on_layer: Callable[[int], None], scratch: Path) -> None:
         self.population, self.candidates, self.parents = population, list(candidates), list(parents)
-        self.buffers = buffers
         self.parent_names, self.texts, self.reserve = list(parent_names), list(texts), reserve
         self.on_layer, self.scratch = on_layer, scratch
         self.layers = self.candidates[0].layers
@@ -146,7 +143,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
         self.on_layer(index)
         flat = hidden[0]
         out: list[torch.Tensor] = []
-        with self.population.layer(), self._reusing():  # each parent's layer read once for every candidate
+        with self.population.layer():  # each parent's layer read once for every candidate
             for c, stream in enumerate(self.candidates):
                 with self.reserve(f"layer {index} of candidate {c}", "candidate"):
                     out += self._run(c, stream, index, flat)
@@ -154,12 +151,6 @@ class GenerationPass(Step[list[dict[str, float]]]):
             with self.reserve(f"layer {index} of {self.parent_names[p]}", "parent"):
                 out += self._run(len(self.candidates) + p, stream, index, flat)
         return [out]
-
-    def _reusing(self) -> AbstractContextManager[object]:
-        """The block in which each candidate's weights are cast into the buffers the last one dropped
-        (:class:`~resumerge.memory.buffers.ReusedBuffers`): the candidates' own steps only, so that no other step
-        (a parent's layer, the journal's save) holds them."""
-        return self.buffers.reusing() if self.buffers is not None else nullcontext()
 
     def _run(self, m: int, stream: ModelStream, index: int, flat: list[torch.Tensor]) -> list[torch.Tensor]:
         """Model ``m``'s layer ``index``, read once, on each of its batches."""
@@ -179,7 +170,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
                 with self.reserve(f"the head of {self.parent_names[p]}", "parent heads"):
                     self._keep_parent(p, stream, states)
             figures: list[dict[str, float]] = []
-            with self.population.layer(), self._reusing():  # the parents' heads read once for every candidate
+            with self.population.layer():  # the parents' heads read once for every candidate
                 for c, stream in enumerate(self.candidates):
                     with self.reserve(f"the head of candidate {c}", "heads"):
                         figures.append(self._candidate(c, stream, states))

@@ -7,9 +7,7 @@ per predicted token, and its NLL per predicted token.
 
 What it holds: the parents' layer (kept for every candidate inside the layer's block, with what its method computes
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
-them), one candidate's layer while it runs (cast to float32 into the buffers the last candidate's layer dropped:
-:class:`~resumerge.memory.buffers.ReusedBuffers`, let go when the layer's candidates are done), and every model's
-hidden states; each step admitted by the RAM governor
+them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
 (:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
 where its largest step beside the hidden states cannot fit ``--max-memory``."""
 
@@ -97,14 +95,11 @@ class StreamedCandidates:
                                                role="parent")
         texts = [self._texts(task, candidates[0], parents, list(parents)) for task in self.tasks]
         streams: list[ModelStream] = []
-        # One pool for every candidate: candidate c + 1's layer is cast into the buffers candidate c's dropped.
-        # On the host only: a GPU pass's host copies are let go as they move (ModelStream._on_device).
-        buffers = population.buffers if torch.device(self.device).type == "cpu" else None
         for i, c in enumerate(population.candidates):
             built = (streams[0].config, streams[0].model) if streams else None
             streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
                                        what="resumerge evolve", key=f"candidate {i}", built=built,
-                                       device=self.device, buffers=buffers))
+                                       device=self.device))
         theirs = [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
                               torch.float32, what="resumerge evolve", key=m.path, device=self.device)
                   for m in parents.values()]
@@ -141,7 +136,7 @@ class StreamedCandidates:
                     storage.say(self.store, inputs=line)
                 with Admission(budget, steps) as reserve:
                     step = GenerationPass(population, streams, theirs, list(parents), texts, reserve, on_layer,
-                                          work / SCRATCH, buffers)
+                                          work / SCRATCH)
                     with torch.no_grad():
                         entering = step.enter()
                     layers = LayerPass(journal, streams[0].layers, point="after_check_layer",

@@ -29,7 +29,6 @@ from resumerge.torch_import import torch
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
     from resumerge.inputs.hub.ranges import StreamedFile
     from resumerge.inputs.hub.stream import StreamedReads
-    from resumerge.memory.buffers import ReusedBuffers
 
 # where a tensor lies: (file, start, end, safetensors dtype, shape)
 Location = tuple[str, int, int, str, tuple[int, ...]]
@@ -78,16 +77,12 @@ class CastReader:
     for the 1.47 GB the MoE bench's pass reads), on the pass's critical path. Its mapped pages count in this
     process's RSS only while that one tensor is cast (or, not cast, held), as the read buffer did (see
     :func:`pass_bytes`). Anything else (a pickle checkpoint, a misaligned tensor) is read as the merge reads it, and
-    a quantized tensor is decoded as the merge decodes it. ``buffers``: where a tensor read from the model's source
-    or the hub (a merge never written: each tensor computed in its stored dtype) is cast, reused from the weights
-    its stream dropped (:class:`~resumerge.memory.buffers.ReusedBuffers`), the tensor read handed back to them once
-    cast; None: a fresh tensor each.
+    a quantized tensor is decoded as the merge decodes it.
     """
 
     def __init__(self, weights: Weights, formats: StoredFormats, dtype: torch.dtype | None = None, *,
-                 key: str = "model", buffers: ReusedBuffers | None = None) -> None:
+                 key: str = "model") -> None:
         self._directory = weights.directory
-        self._buffers = buffers
         self._formats = formats
         # bfloat16 unless told: named here, not as the default, so importing this module does not import torch
         self._dtype = torch.bfloat16 if dtype is None else dtype
@@ -143,12 +138,7 @@ class CastReader:
                                                         found.entry.shape)
         if (file in self._remote or is_pickle_checkpoint(file) or end == start or start % DTYPE_SIZES[dtype]
                 or dtype not in TORCH_DTYPES):
-            read = self._sources.read(self._key, file, start, end, dtype, shape)
-            if self._buffers is None:
-                return read.to(self._dtype, copy=True)
-            cast = self._buffers.cast(read, self._dtype)
-            self._buffers.give(read)  # dropped once cast: a merge's result lent by the pool, free for the next merge
-            return cast
+            return self._sources.read(self._key, file, start, end, dtype, shape).to(self._dtype, copy=True)
         return self._mapped(file, start, end, dtype).reshape(shape)
 
     def spannable(self, name: str) -> bool:

@@ -26,7 +26,6 @@ from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, st
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
-from resumerge.memory.buffers import ReusedBuffers
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -224,21 +223,17 @@ class ModelStream:
     ``key`` names the model in the codecs' errors; ``built`` is what :func:`build_modules` returned for it, when
     the caller built them already (the MoE pass's checks do, before it reads a weight). ``device``: where each
     decoder layer and the head run (``cuda:N``: moved there while they run, the hidden states kept there; see
-    :mod:`.device`); the embeddings and each layer's call are made on the host and moved there once. ``buffers``:
-    where the reader casts a computed tensor (:class:`~resumerge.memory.buffers.ReusedBuffers`), each weight's
-    handed back as :meth:`unload` drops it.
+    :mod:`.device`); the embeddings and each layer's call are made on the host and moved there once.
     Close it (or use it as a context manager) to close its files.
     """
 
     def __init__(self, weights: Weights, config_doc: Mapping[str, Any], dtype: torch.dtype, *, what: str,
-                 key: str = "model", built: tuple[Any, Any] | None = None, device: str = "cpu",
-                 buffers: ReusedBuffers | None = None) -> None:
+                 key: str = "model", built: tuple[Any, Any] | None = None, device: str = "cpu") -> None:
         self.dtype = dtype
-        self.buffers = buffers
         self.device = torch.device(device)
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
         self.formats = base_formats(weights.tensors, config_doc, weights.directory)
-        self.reader = CastReader(weights, self.formats, dtype, key=key, buffers=buffers)
+        self.reader = CastReader(weights, self.formats, dtype, key=key)
         if isinstance(self.config, NativeConfig) and not _native_reads_all(self.model, self.reader,
                                                                            self.config.tie_word_embeddings):
             # tensors the native modules do not find (a checkpoint laid out otherwise): transformers' conversion
@@ -345,13 +340,12 @@ class ModelStream:
                                   tensor=prefix + missing[0])
         return module
 
-    def unload(self, module: torch.nn.Module) -> None:
-        """Drop ``module``'s weights (its buffers stay), each handed back to :attr:`buffers` where given."""
+    @staticmethod
+    def unload(module: torch.nn.Module) -> None:
+        """Drop ``module``'s weights (its buffers stay)."""
         for child in module.modules():
             for name, param in child.named_parameters(recurse=False):
                 child._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=False)
-                if self.buffers is not None:
-                    self.buffers.give(param)
 
     @contextmanager
     def loaded(self, module: torch.nn.Module, *, tied_head: bool = False,

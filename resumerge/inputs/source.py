@@ -178,13 +178,6 @@ class InputSources:
             return self._sources[model].read_tensor_into(file, start, end, dtype, shape, into)
         return self._sources[model].read_tensor(file, start, end, dtype, shape)
 
-    def read_as(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                cast: torch.dtype) -> torch.Tensor:
-        """The tensor of :meth:`read` cast to ``cast``: a tensor of the caller's own, whatever the dtypes (where
-        reads are shared, cast from the shared read without a copy of it first:
-        :class:`~resumerge.engine.unwritten.SharedReads`)."""
-        return self.read(model, file, start, end, dtype, shape).to(cast)
-
     def read_rows(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
                   rows: torch.Tensor) -> torch.Tensor | None:
         """Rows ``rows`` of a 2-D tensor of input ``model``, or None (see :meth:`InputSource.read_rows`)."""

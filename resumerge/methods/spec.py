@@ -127,7 +127,7 @@ class MergeContext:
     def result_buffer(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialised contiguous tensor for the method's result (its accumulator): on the CPU, the buffer the
         engine lends for results when it lends one (reused across tensors, so no fresh pages to fault in), else a
-        fresh tensor. One per call of the method: a second call may return the same buffer again. The method may
+        fresh tensor. One per call of the method: a second call returns the same buffer again. The method may
         return it; the engine copies out what it keeps."""
         if self.lend is not None and device.type == "cpu":
             return self.lend(shape, dtype)

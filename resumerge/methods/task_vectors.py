@@ -115,8 +115,7 @@ def combine_filled_blocks(ctx: MergeContext, fill: FillBlock, *, consensus: bool
         [float(ctx.model_params[i]["weight"]) for i in others], dtype=base.dtype, device=base.device
     ).reshape(len(others), 1)
     normalized, scale = bool(ctx.params["normalize"]), float(ctx.params["lambda"])
-    # (a generation's candidate: a buffer the reader of the last candidate's result handed back, its pages warm)
-    out = ctx.result_buffer(tuple(flat_base.shape), base.dtype, base.device)
+    out = torch.empty(flat_base.shape, dtype=base.dtype, device=base.device)
     for start in range(0, total, step):
         stop = min(total, start + step)
         block = scratch[:, : stop - start]

@@ -23,9 +23,8 @@ Public API:
   each), ``layer()`` (the block in which one layer of every candidate is read: each input byte range read once),
   ``shared`` (a :class:`SharedReads`: ``reads`` and ``bytes_read`` from the inputs, ``peak_kept``), ``loaded`` (a
   :class:`LayerInputs`: each chunk's loaded inputs and its method's declared values of them, computed once for every
-  candidate; ``enabled``, ``computed``, ``reused``, ``peak_kept``; each merge's result lent from ``buffers``, a
-  :class:`~resumerge.memory.buffers.ReusedBuffers` a pass reuses inside its blocks), ``holds(popsize=None,
-  hidden_bytes=0, value_bytes=4, *, shared=None) -> int`` and ``largest_popsize(budget, hidden_bytes, value_bytes=4, *,
+  candidate; ``enabled``, ``computed``, ``reused``, ``peak_kept``), ``holds(popsize=None, hidden_bytes=0,
+  value_bytes=4, *, shared=None) -> int`` and ``largest_popsize(budget, hidden_bytes, value_bytes=4, *,
   shared=None) -> int`` (judged as the pass holds it: with what ``loaded`` keeps where it is enabled); a context
   manager.
 - :func:`generation_bytes` ``(plans, popsize, hidden_bytes=0, value_bytes=4, *, shared=False) -> int``: what a

@@ -34,7 +34,6 @@ from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
-from resumerge.memory.buffers import ReusedBuffers
 from resumerge.methods.resources import NO_RESOURCES, Resources
 from resumerge.methods.spec import InputsOnly
 from resumerge.plan.architecture import split_layer_name
@@ -75,22 +74,6 @@ class SharedReads(InputSources):
 
     def read(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
              into: torch.Tensor | None = None) -> torch.Tensor:
-        found, own = self._found(model, file, start, end, dtype, shape)
-        # A copy of what is kept (never into ``into``: a fresh tensor is what a source that cannot read into
-        # memory returns): a method that owns its inputs may change them in place (MergeContext.owned_inputs).
-        return found if own else found.clone()
-
-    def read_as(self, model: str, file: str, start: int, end: int, dtype: str, shape: tuple[int, ...],
-                cast: torch.dtype) -> torch.Tensor:
-        # Cast from what is kept, not from a copy of it: the cast is the caller's own tensor already (the inputs
-        # a generation's merges load, cast to their compute dtype: 2.3 CPU s of copies on the 1 GB bench).
-        found, own = self._found(model, file, start, end, dtype, shape)
-        return found.to(cast) if own else found.to(cast, copy=True)
-
-    def _found(self, model: str, file: str, start: int, end: int, dtype: str,
-               shape: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
-        """The tensor read (kept inside :meth:`sharing`, read once there), and whether it is the caller's own:
-        outside the block, nothing is kept."""
         key = (model, file, start, end, dtype, tuple(shape))
         with self._lock:
             kept = self._kept
@@ -100,11 +83,13 @@ class SharedReads(InputSources):
                 self.reads += 1
                 self.bytes_read += end - start
                 if kept is None:
-                    return found, True
+                    return found
                 kept[key] = found
                 self._kept_bytes += end - start
                 self.peak_kept = max(self.peak_kept, self._kept_bytes)
-        return found, False
+        # A copy (never into ``into``: a fresh tensor is what a source that cannot read into memory returns): a
+        # method that owns its inputs may change them in place (resumerge.methods.spec.MergeContext).
+        return found.clone()
 
     def rereads_cheaply(self, model: str, file: str) -> bool:
         return self._inputs.rereads_cheaply(model, file)
@@ -129,15 +114,13 @@ class SharedReads(InputSources):
 class LayerInputs:
     """The :class:`~resumerge.engine.compute.SharedInputs` of a generation's candidates: inside :meth:`sharing`,
     each chunk's loaded inputs and its method's declared values are computed once and kept until the block ends;
-    outside, nothing is kept (each merge computes its own). Each merge's result is lent from ``buffers`` (where the
-    pass's reader hands it back once cast). :attr:`computed` counts the values computed inside a
+    outside, nothing is kept (each merge computes its own). :attr:`computed` counts the values computed inside a
     block, by what they are (``inputs``, or the declared value's name), :attr:`reused` those handed again;
     :attr:`peak_kept` is the most bytes kept at once."""
 
-    def __init__(self, buffers: ReusedBuffers | None = None) -> None:
+    def __init__(self) -> None:
         # False: nothing is kept even inside a block (a budget that cannot hold what sharing keeps).
         self.enabled = True
-        self._buffers = buffers
         self._kept: dict[Hashable, object] | None = None
         self._lock = threading.RLock()
         self._kept_bytes = 0
@@ -163,9 +146,6 @@ class LayerInputs:
 
     def memo(self, key: Hashable, declared: tuple[InputsOnly, ...]) -> _ChunkMemo:
         return _ChunkMemo(self, key, declared)
-
-    def lend(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self._buffers.take(shape, dtype) if self._buffers is not None else torch.empty(shape, dtype=dtype)
 
     def _get(self, key: Hashable, compute: Callable[[], object]) -> object:
         with self._lock:  # one merge at a time computes a chunk's values (a pass merges one candidate at a time)
@@ -216,10 +196,7 @@ class Population:
         self._owned = inputs is None
         self._inputs = inputs if inputs is not None else InputSources.local(plans[0].model_dirs)
         self.shared = SharedReads(self._inputs)
-        # What a pass reading the candidates reuses inside its blocks (ReusedBuffers.reusing): each merge's result
-        # is written into one the pass's reader handed back once it cast the last one.
-        self.buffers = ReusedBuffers()
-        self.loaded = LayerInputs(self.buffers)
+        self.loaded = LayerInputs()
         self.candidates = tuple(UnwrittenMerge(plan, root, inputs=self.shared, resources=resources,
                                                governor=governor, name=f"candidate {i}", shared=self.loaded)
                                 for i, plan in enumerate(plans))
