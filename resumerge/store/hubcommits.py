@@ -330,7 +330,12 @@ class CommitQueue:
         entries = self.state.entries
         if not entries:
             return 1.0
-        return max(0.05, min(1.0, entries[0].since + self.batching.interval - time.monotonic()))
+        first = entries[0]
+        if first.ready is not None and first.upload is not None and first.upload.done() and not self._ready(first):
+            # Uploaded, its inputs' proof about to end (it ends as the first shard's units have read their ranges):
+            # asked again soon, where a second's wait let a short run's every later file join the first commit.
+            return 0.05
+        return max(0.05, min(1.0, first.since + self.batching.interval - time.monotonic()))
 
     def _due(self) -> tuple[list[_Entry], bytes] | None:
         """The next batch to commit, when one is due: the leading files already uploaded, with the manifest that
