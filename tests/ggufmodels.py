@@ -5,8 +5,11 @@ reader and dequantizer with the inverse transforms as transformers' GGUF loader 
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from realmodel import cached, publish, smollm2_gguf
 
 from resumerge.config.modelref import ModelRef
 from resumerge.inputs.codecs import CODECS
@@ -252,3 +256,26 @@ def readers_built_once() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", reader)  # transformers imports it from gguf at each call, as the tests do
         yield
+
+
+def made_once(name: str, make: Callable[[Path], object], *helpers: Callable[..., object]) -> Path:
+    """A folder ``make`` fills, made once per machine beside realmodel's caches: what gguf-py makes of the real GGUF
+    (no resumerge code takes part; read only by the tests). Keyed by all that decides its bytes: the ``helpers``'
+    code and this file (the decoder), gguf-py's and numpy's versions, and the real file's identity."""
+    from importlib.metadata import version
+
+    source = smollm2_gguf().stat()
+    digest = hashlib.sha256()
+    for part in (*(inspect.getsource(helper) for helper in helpers),
+                 Path(__file__).read_text(), version("gguf"), version("numpy"),
+                 f"{source.st_size}:{source.st_mtime_ns}"):
+        digest.update(hashlib.sha256(part.encode()).digest())
+    target = cached(f"smollm2-{name}-{digest.hexdigest()[:16]}")
+    if not (target / "made").is_file():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir()
+        make(building)
+        (building / "made").write_text("")
+        publish(building, target)
+    return target

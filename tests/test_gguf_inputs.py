@@ -6,21 +6,18 @@ resumes byte-identical."""
 from __future__ import annotations
 
 import base64
-import hashlib
-import inspect
 import json
 import os
 import shutil
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
-from ggufmodels import HEAD_DIM, Q, decoded, hf_tensors, reference, to_gguf, write_gguf
-from realmodel import cached, publish, smollm2_folder, smollm2_gguf
+from ggufmodels import HEAD_DIM, Q, decoded, hf_tensors, made_once, reference, to_gguf, write_gguf
+from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
@@ -409,33 +406,10 @@ def _decoded_folder(path: Path, target: Path) -> Path:
     return target
 
 
-def _made_once(name: str, make: Callable[[Path], object], *helpers: Callable[..., object]) -> Path:
-    """A folder ``make`` fills, made once per machine beside realmodel's caches: what gguf-py makes of the real GGUF
-    (no resumerge code takes part; read only by the tests). Keyed by all that decides its bytes: the ``helpers``'
-    code and ggufmodels.py (the decoder), gguf-py's and numpy's versions, and the real file's identity."""
-    from importlib.metadata import version
-
-    source = smollm2_gguf().stat()
-    digest = hashlib.sha256()
-    for part in (*(inspect.getsource(helper) for helper in helpers),
-                 (Path(__file__).parent / "ggufmodels.py").read_text(), version("gguf"), version("numpy"),
-                 f"{source.st_size}:{source.st_mtime_ns}"):
-        digest.update(hashlib.sha256(part.encode()).digest())
-    target = cached(f"smollm2-{name}-{digest.hexdigest()[:16]}")
-    if not (target / "made").is_file():
-        building = target.with_name(f"{target.name}.{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        building.mkdir()
-        make(building)
-        (building / "made").write_text("")
-        publish(building, target)
-    return target
-
-
 @pytest.fixture(scope="module")
 def real() -> tuple[Path, Path]:
     """The real Q4_1 GGUF and gguf-py's Q8_0 re-encoding of it (made once per machine: ~14 s)."""
-    q8 = _made_once("q8_0", lambda folder: _requantized_q8_0(smollm2_gguf(), folder / "q8.gguf"), _requantized_q8_0)
+    q8 = made_once("q8_0", lambda folder: _requantized_q8_0(smollm2_gguf(), folder / "q8.gguf"), _requantized_q8_0)
     return smollm2_gguf(), q8 / "q8.gguf"
 
 
@@ -466,7 +440,7 @@ def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_
     q41, q8 = real
     from_gguf = real_merge[1]
     # gguf-py's decodings of both, made once per machine
-    a, b = (_made_once(f"{name}-decoded", lambda folder, path=path: _decoded_folder(path, folder / "model"),
+    a, b = (made_once(f"{name}-decoded", lambda folder, path=path: _decoded_folder(path, folder / "model"),
                        _requantized_q8_0, _decoded_folder, reference_real) / "model"
             for name, path in (("q4_1", q41), ("q8_0", q8)))
     from_values = tmp_path / "from_values"

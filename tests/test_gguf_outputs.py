@@ -5,11 +5,7 @@ run killed at any point resumes byte-identical and ``verify`` re-hashes it."""
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
-import os
-import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +14,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from ggufmodels import Q, decoded, hf_tensors, name_maps_built_once, readers_built_once, to_gguf, write_gguf
-from realmodel import cached, publish, smollm2_folder, smollm2_gguf
+from ggufmodels import Q, decoded, hf_tensors, made_once, name_maps_built_once, readers_built_once, to_gguf, write_gguf
+from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
@@ -318,23 +314,14 @@ def _metadata(path: Path) -> dict[str, list[object]]:
 def _real_tokenizer_keys() -> dict[str, list[object]]:
     """The real GGUF's ``tokenizer.*`` keys as gguf-py reads them (:func:`_metadata`), read once per machine beside
     realmodel's caches (a parse of its vocabulary and merges: ~3 CPU s) and kept as JSON (strings, ints, bools: the
-    same values back). Keyed by all that decides them: this reader's code, gguf-py's version and the file's
-    identity; no resumerge code takes part."""
-    from importlib.metadata import version
+    same values back); no resumerge code takes part."""
 
-    source = smollm2_gguf().stat()
-    digest = hashlib.sha256()
-    for part in (inspect.getsource(_metadata), version("gguf"), f"{source.st_size}:{source.st_mtime_ns}"):
-        digest.update(hashlib.sha256(part.encode()).digest())
-    target = cached(f"smollm2-tokenizer-keys-{digest.hexdigest()[:16]}")
-    if not (target / "keys.json").is_file():
-        building = target.with_name(f"{target.name}.{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        building.mkdir()
+    def make(folder: Path) -> None:
         keys = {k: v for k, v in _metadata(smollm2_gguf()).items() if k.startswith("tokenizer.")}
-        (building / "keys.json").write_text(json.dumps(keys))
-        publish(building, target)
-    found: dict[str, list[object]] = json.loads((target / "keys.json").read_text())
+        (folder / "keys.json").write_text(json.dumps(keys))
+
+    kept = made_once("tokenizer-keys", make, _metadata) / "keys.json"
+    found: dict[str, list[object]] = json.loads(kept.read_text())
     return found
 
 
