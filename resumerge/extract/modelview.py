@@ -1,34 +1,28 @@
 """What an extraction asks of the modules transformers builds from the base's config.json (its renamings on load,
-each module's kind, the parameters modules hold of their own), read once per config and transformers version and
-kept in resumerge's cache (:func:`~resumerge.config.locations.cache_root`).
+each module's kind, the parameters modules hold of their own), read once per config and installed transformers and
+kept among transformers' answers in resumerge's cache (:mod:`resumerge.plan.keptfacts`).
 
 Building them imports transformers (about 3 s of CPU, and half a gigabyte, on the bench's machine) for a model
 built on the meta device in a fraction of a second: every ``extract-lora`` and every ``resume`` of one re-plans, so
 each paid the import for the same answer. The cache holds only answers transformers gave; where it is missing, cannot
 build the family or its import fails, nothing is kept (installing or fixing it then takes effect at once). A cache
-file that cannot be read is ignored; a lost or torn write costs one build, never a wrong answer (written to a temp
-file, then renamed).
+file that cannot be read is ignored; a lost or torn write costs one build, never a wrong answer.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.metadata
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.locations import cache_root, replace_text
-from resumerge.config.version import __version__
 from resumerge.plan.expertmodules import meta_model
+from resumerge.plan.keptfacts import installed, keep, kept
 
-# Bumped whenever what is kept (or how it is read from the model) changes: an older file is then never read.
-_FORMAT = 1
-_FOLDER = "module-views"
+# The question's name among the kept answers; bumped whenever what is kept (or how it is read from the model)
+# changes: an older answer is then never read.
+_QUESTION = "module-views"
 
 
 @dataclass(frozen=True)
@@ -54,31 +48,17 @@ def model_modules(config: Mapping[str, Any], cache_dir: Path | None = None) -> M
     """The :class:`ModelModules` of the model transformers builds from ``config``, from the cache in ``cache_dir``
     (default :func:`~resumerge.config.locations.cache_root`) or built now (and kept); None where transformers is
     missing or cannot build it."""
-    version = _transformers_version()
-    if version is None:
+    versions = installed()
+    if versions is None:
         return None
-    path = (cache_dir if cache_dir is not None else cache_root()) / _FOLDER / f"{_key(config, version)}.json"
-    kept = _read(path)
-    if kept is not None:
-        return kept
+    known, answer = kept(_QUESTION, config, versions, cache_dir)
+    found = _read(answer) if known else None
+    if found is not None:
+        return found
     found = _built(config)
     if found is not None:
-        with contextlib.suppress(OSError):  # a cache: not kept costs a build next time, nothing else
-            _write(path, found)
+        keep(_QUESTION, config, versions, _doc(found), cache_dir)
     return found
-
-
-def _transformers_version() -> str | None:
-    try:
-        return importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _key(config: Mapping[str, Any], version: str) -> str:
-    """What the answer depends on: the config, transformers' version, resumerge's and this file's format."""
-    text = json.dumps([_FORMAT, __version__, version, config], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _built(config: Mapping[str, Any]) -> ModelModules | None:
@@ -102,20 +82,18 @@ def _built(config: Mapping[str, Any]) -> ModelModules | None:
                         {k: tuple(v) for k, v in owners.items()})
 
 
-def _read(path: Path) -> ModelModules | None:
+def _read(doc: Any) -> ModelModules | None:
     try:
-        doc = json.loads(path.read_text())
         return ModelModules(tuple((str(p), int(f), str(t)) for p, f, t in doc["renames"]),
                             {str(k): (str(c), bool(lora)) for k, (c, lora) in doc["kinds"].items()},
                             frozenset(str(p) for p in doc["paths"]),
                             frozenset(str(e) for e in doc["embeddings"]),
                             {str(k): tuple(str(x) for x in v) for k, v in doc["owners"].items()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or torn: built again
+    except (ValueError, KeyError, TypeError, AttributeError):  # another form: built again
         return None
 
 
-def _write(path: Path, found: ModelModules) -> None:
-    doc = {"renames": [list(r) for r in found.renames], "kinds": {k: list(v) for k, v in found.kinds.items()},
-           "paths": sorted(found.paths), "embeddings": sorted(found.embeddings),
-           "owners": {k: list(v) for k, v in found.owners.items()}}
-    replace_text(path, json.dumps(doc))
+def _doc(found: ModelModules) -> dict[str, Any]:
+    return {"renames": [list(r) for r in found.renames], "kinds": {k: list(v) for k, v in found.kinds.items()},
+            "paths": sorted(found.paths), "embeddings": sorted(found.embeddings),
+            "owners": {k: list(v) for k, v in found.owners.items()}}

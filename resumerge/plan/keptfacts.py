@@ -52,16 +52,17 @@ def installed() -> Installed | None:
         return None
 
 
-def _path(question: str, key: Any, versions: Installed) -> Path:
+def _path(question: str, key: Any, versions: Installed, cache_dir: Path | None) -> Path:
     text = json.dumps([_FORMAT, __version__, *versions, question, key], sort_keys=True, default=repr)
-    return cache_root() / _FOLDER / f"{question}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    root = cache_dir if cache_dir is not None else cache_root()
+    return root / _FOLDER / f"{question}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
-def kept(question: str, key: Any, versions: Installed) -> tuple[bool, Any]:
+def kept(question: str, key: Any, versions: Installed, cache_dir: Path | None = None) -> tuple[bool, Any]:
     """(True, the answer) kept for ``question`` about ``key`` (JSON-able facts) under these ``versions``, or
     (False, None) where none can be read (none yet, torn, another form)."""
     try:  # a key JSON cannot sort (keys of mixed types, which no config.json holds) is never kept either
-        doc = json.loads(_path(question, key, versions).read_text(encoding="utf-8"))
+        doc = json.loads(_path(question, key, versions, cache_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):
         return False, None
     if not isinstance(doc, dict) or "answer" not in doc:
@@ -69,8 +70,8 @@ def kept(question: str, key: Any, versions: Installed) -> tuple[bool, Any]:
     return True, doc["answer"]
 
 
-def keep(question: str, key: Any, versions: Installed, answer: Any) -> None:
+def keep(question: str, key: Any, versions: Installed, answer: Any, cache_dir: Path | None = None) -> None:
     """Keep ``answer`` (JSON-able) for ``question`` about ``key`` under ``versions`` (a cache: an answer not kept
     costs finding it again next time, nothing else)."""
     with contextlib.suppress(OSError, TypeError, ValueError):
-        replace_text(_path(question, key, versions), json.dumps({"answer": answer}))
+        replace_text(_path(question, key, versions, cache_dir), json.dumps({"answer": answer}))

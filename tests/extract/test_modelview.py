@@ -21,7 +21,7 @@ from resumerge.plan.expertmodules import meta_model
 
 
 def _kept(cache: Path) -> list[Path]:
-    return sorted((cache / "module-views").glob("*.json"))
+    return sorted((cache / "transformers-facts").glob("module-views-*.json"))
 
 
 def test_the_kept_answer_is_the_built_one(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
@@ -39,7 +39,7 @@ def test_the_kept_answer_is_the_built_one(tmp_path: Path, pair: Callable[[str], 
     (path,) = _kept(tmp_path)
     path.write_text(path.read_text()[:50])  # torn: built again, and kept whole
     assert model_modules(config, tmp_path) == built
-    assert json.loads(path.read_text())["paths"] == sorted(built.paths)
+    assert json.loads(path.read_text())["answer"]["paths"] == sorted(built.paths)
     assert not list(path.parent.glob("*.part"))
 
 
@@ -48,13 +48,13 @@ def test_another_transformers_or_none_is_asked_again(tmp_path: Path, pair: Calla
     base, _ = pair("llama")
     config = json.loads((base / "config.json").read_text())
     built = model_modules(config, tmp_path)
-    monkeypatch.setattr(modelview, "_transformers_version", lambda: "0.0.1")
+    monkeypatch.setattr(modelview, "installed", lambda: ("0.0.1", "0.0.1", "/nowhere/transformers/__init__.py"))
     assert model_modules(config, tmp_path) == built and len(_kept(tmp_path)) == 2
     assert model_modules({**config, "model_type": "no-such-family"}, tmp_path) is None
     assert len(_kept(tmp_path)) == 2  # no answer: nothing kept
     with pytest.raises(UsageError, match="not a linear, embedding or convolution layer"):
         check_loadable(config, [("model.layers.0.mlp", "model.layers.0.mlp")])
-    monkeypatch.setattr(modelview, "_transformers_version", lambda: None)  # not installed
+    monkeypatch.setattr(modelview, "installed", lambda: None)  # not installed
     assert model_modules(config, tmp_path) is None
     assert peft_view(config).paths == frozenset()
     check_loadable(config, [("model.layers.0.mlp", "model.layers.0.mlp")])  # nothing asked: nothing refused
