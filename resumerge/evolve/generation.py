@@ -13,7 +13,13 @@ layer), ``heads`` (one candidate's head and one batch's logits), ``parent heads`
 
 The heads run one model at a time: each parent's log-probabilities of its texts first, kept in a scratch folder on
 disk (float32, as computed), then each candidate's head over every task's texts, its KL from the parent read back
-sequence by sequence: one candidate's head is held at a time, never the population's."""
+sequence by sequence: one candidate's head is held at a time, never the population's.
+
+A ``kl`` task whose parent's vocabulary differs from the candidates' (check's rule,
+:mod:`resumerge.analyses.check.vocabs`: its :class:`~resumerge.analyses.check.vocabs.SharedVocab`, the candidates
+model 0, the parent 1) is measured as ``eval`` measures it: each model reads the task's texts as its own ids of the
+same tokens, the candidates' NLL targets are their own ids, and the KL is over the shared tokens, each model's
+log-probabilities renormalised over them (the parent's kept so on disk)."""
 
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, targets_of
+from resumerge.analyses.check.heads import kl_at, logprobs, nll_sum, shared, targets_of
+from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.forward.batches import Batch, Hidden, batches_of, padded
 from resumerge.forward.handed import Held
 from resumerge.forward.layerpass import Reserve, Step
@@ -41,12 +48,14 @@ Slot = tuple[int, int]  # (model, batch)
 
 @dataclass(frozen=True)
 class TaskTexts:
-    """A task's token sequences in the pass: ``name``, its ``sequences`` and the index of its parent among the
-    pass's parents (None: an ``nll`` task, the candidates alone)."""
+    """A task's token sequences in the pass: ``name``, its ``sequences`` (the ids of the tokenizer that cut them),
+    the index of its parent among the pass's parents (None: an ``nll`` task, the candidates alone) and how that
+    parent's vocabulary meets the candidates' (None: they are one)."""
 
     name: str
     sequences: list[list[int]]
     parent: int | None
+    vocab: SharedVocab | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,10 @@ class Batches:
     groups: list[list[list[int]]]
     padded: list[Batch]
     of_task: list[list[int]]
+
+    def task_of(self, b: int) -> int:
+        """The task whose batch ``b`` is."""
+        return next(t for t, batches in enumerate(self.of_task) if b in batches)
 
     @classmethod
     def of(cls, texts: Sequence[TaskTexts], alone: bool = False) -> Batches:
@@ -115,7 +128,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
         return flat
 
     def _entered(self, m: int, stream: ModelStream, batches: list[int]) -> list[torch.Tensor]:
-        found = stream.inputs_of_rows([self.batches.padded[b] for b in batches])
+        found = stream.inputs_of_rows([self._own(m, b) for b in batches])
         for b, (_, calls) in zip(batches, found):
             self.slots.append((m, b))
             self.calls[(m, b)] = calls
@@ -126,7 +139,16 @@ class GenerationPass(Step[list[dict[str, float]]]):
         entering = [(h, self.calls[(0, b)]) for (m, b), h in zip(self.slots, flat) if m == 0]
         with self.population.layer(), self.reserve("layer 0 of candidate 0 (can it run batches?)", "candidate"), \
                 stream.loaded(stream.layers_list[0]) as layer:
-            return batched_on(stream, layer, entering, self.batches.padded)
+            return batched_on(stream, layer, entering, [self._own(0, b) for b in range(len(self.batches.padded))])
+
+    def _vocab(self, b: int) -> SharedVocab | None:
+        """How the models of batch ``b``'s task meet (None: one vocabulary)."""
+        return self.texts[self.batches.task_of(b)].vocab
+
+    def _own(self, m: int, b: int) -> Batch:
+        """Batch ``b`` as model ``m`` reads it: its own ids of the same tokens (a candidate model 0 of its task's
+        vocabularies, a parent 1)."""
+        return own_batches(self._vocab(b), 0 if m < len(self.candidates) else 1, [self.batches.padded[b]])[0]
 
     def _batches_of_parent(self, p: int) -> list[int]:
         return [b for t, task in enumerate(self.texts) if task.parent == p for b in self.batches.of_task[t]]
@@ -192,8 +214,9 @@ class GenerationPass(Step[list[dict[str, float]]]):
         batches = self._batches_of_parent(p)
         for b, rows in zip(batches, logprobs(stream, [states[(m, b)] for b in batches],
                                              [self._sequences(b) for b in batches])):
-            for row, found in enumerate(rows):
-                save_file({"lp": found.contiguous()}, str(self.scratch / f"{p}-{b}-{row}.safetensors"))
+            for row, found in enumerate(rows):  # over the shared tokens where its vocabulary differs
+                save_file({"lp": shared(self._vocab(b), 1, found).contiguous()},
+                          str(self.scratch / f"{p}-{b}-{row}.safetensors"))
 
     def _candidate(self, c: int, stream: ModelStream, states: dict[Slot, torch.Tensor]) -> dict[str, float]:
         """Candidate ``c``'s figure per task from its head over its last hidden states, task after task."""
@@ -201,10 +224,10 @@ class GenerationPass(Step[list[dict[str, float]]]):
 
         every = list(range(len(self.batches.padded)))
         sequences = [self._sequences(b) for b in every]
-        targets = targets_of(sequences, None, 0)
+        targets = [targets_of([batch], self._vocab(b), 0)[0] for b, batch in zip(every, sequences)]
         nll = [0.0] * len(self.texts)
         kl: list[list[torch.Tensor]] = [[] for _ in self.texts]
-        owner = {b: t for t, batches in enumerate(self.batches.of_task) for b in batches}
+        owner = {b: self.batches.task_of(b) for b in every}
         for b, rows in zip(every, logprobs(stream, [states[(c, b)] for b in every], sequences)):
             t = owner[b]
             parent = self.texts[t].parent
@@ -212,7 +235,7 @@ class GenerationPass(Step[list[dict[str, float]]]):
                 nll[t] = nll_sum(found, targets[b][row], nll[t])
                 if parent is not None:
                     theirs = load_file(str(self.scratch / f"{parent}-{b}-{row}.safetensors"))["lp"]
-                    kl[t].append(kl_at(theirs, found))
+                    kl[t].append(kl_at(theirs, shared(self.texts[t].vocab, 0, found)))
         figures = {}
         for t, task in enumerate(self.texts):
             if task.parent is not None:

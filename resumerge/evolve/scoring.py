@@ -6,7 +6,10 @@ a killed pass resumes at the layer it reached; the figures equal ``check``'s).
 ``kl``: KL(parent ‖ candidate) per predicted token, averaged over the parent's texts — how far the candidate moved
 from what that parent does where it is the expert. ``nll``: the candidate's negative log-likelihood per predicted
 token of the texts. The texts are one per line, tokenized as ``check --prompts`` tokenizes them (no template),
-cut to the models' context."""
+cut to the models' context. A parent of another vocabulary (a ``tokenizer_source: union`` candidate's parent, a
+fine-tune with added tokens, a tokenizer that numbers the tokens otherwise) is compared as ``eval`` compares it: over
+the tokens both hold, each model's log-probabilities renormalised over them (check's rule,
+:mod:`resumerge.analyses.check.vocabs`)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from resumerge.analyses.check.passes import streams_of
 from resumerge.analyses.evaluation.textpass import score_texts
-from resumerge.analyses.evaluation.texttasks import TextTask, texts_of
+from resumerge.analyses.evaluation.texttasks import TextTask, shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.evolve.spec import Task
 from resumerge.forward.opened import open_for_pass
@@ -41,13 +44,13 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
         models.append(replace(open_for_pass(scored.parent, "the kl task's parent", state), role="parent"))
     # As check reads its prompts: the candidate's tokenizer (the genome's tokenizer_source) where it has one.
     directories = [tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
-    texts = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], scored, tokens)
+    texts = shared_texts(directories, [m.opened.config for m in models], [m.path for m in models], scored, tokens)
     streams = streams_of(models, device)
     try:
         layers = streams[0].layers
-        figures = score_texts(streams, texts, workdir / "pass", parent=len(models) > 1,
+        figures = score_texts(streams, texts.tokens, workdir / "pass", parent=len(models) > 1,
                               on_model=None if on_layer is None else lambda layer, m: on_layer(layer, layers),
-                              point="after_check_layer")
+                              point="after_check_layer", vocab=texts.vocab)
     finally:
         for stream in streams:
             stream.close()

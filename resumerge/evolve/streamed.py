@@ -3,7 +3,8 @@
 read once and every candidate's layer is merged from them in memory by ``run``'s own method code, run on that
 candidate's hidden states of every task's texts, and dropped; each ``kl`` task's parent runs beside them on its own
 texts (:mod:`.generation`). The figures are those its written merge gives (:mod:`.scoring`): KL(parent ‖ candidate)
-per predicted token, and its NLL per predicted token.
+per predicted token (over the tokens both hold where the parent's vocabulary differs, as ``eval`` measures it), and
+its NLL per predicted token.
 
 What it holds: the parents' layer (kept for every candidate inside the layer's block, with what its method computes
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
@@ -19,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.evaluation.texttasks import texts_of
+from resumerge.analyses.evaluation.texttasks import shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.evolve import storage
@@ -154,15 +155,16 @@ class StreamedCandidates:
     def _texts(self, task: Task, candidate: PassModel, parents: Mapping[str, PassModel],
                order: Sequence[str]) -> TaskTexts:
         """``task``'s texts as the one owner of NLL and KL scoring tokenizes them
-        (:func:`~resumerge.analyses.evaluation.texttasks.texts_of`: as ``check --prompts`` reads them, once per
-        search, kept in STORAGE), cut to the context of the candidates and the task's parent."""
+        (:func:`~resumerge.analyses.evaluation.texttasks.shared_texts`: as ``check --prompts`` reads them, once per
+        search, kept in STORAGE), cut to the context of the candidates and the task's parent, and how a parent's
+        other vocabulary meets the candidates' (refused in one line, exit 2, where it cannot)."""
         scored = text_task(task)
         models = [candidate] + ([parents[scored.parent]] if scored.parent is not None else [])
         directories = [self.tokenizer or candidate.opened.directory, *(m.opened.directory for m in models[1:])]
-        tokens = texts_of(directories, [m.opened.config for m in models], [m.path for m in models], scored,
-                          self.store / storage.TOKENS)
-        return TaskTexts(task.name, [list(s) for s in tokens],
-                         order.index(scored.parent) if scored.parent is not None else None)
+        found = shared_texts(directories, [m.opened.config for m in models], [m.path for m in models], scored,
+                             self.store / storage.TOKENS)
+        return TaskTexts(task.name, [list(s) for s in found.tokens],
+                         order.index(scored.parent) if scored.parent is not None else None, found.vocab)
 
 
 def _models_read(config: Mapping[str, Any]) -> tuple[str, ...]:

@@ -7,7 +7,8 @@ objectives.
   how far the model moved from what PARENT does on them (``check``'s KL of the merge from a parent).
 
 The texts are tokenized as ``check --prompts FILE --truncate-texts`` tokenizes them (the model's tokenizer, no
-template, a text longer than the context cut to it: :func:`texts_of`), the pass is the forward engine's, one decoder
+template, a text longer than the context cut to it: :func:`shared_texts`; a parent of another vocabulary
+compared over the tokens both hold, as ``check`` compares it), the pass is the forward engine's, one decoder
 layer of one model at a time (:mod:`.textpass`), and the figures come from :func:`text_heads`, each equal to
 ``check``'s on the same model and texts. In lm-eval's results object a text task is a task like any other:
 ``results[NAME]["nll,none"]`` (or ``"kl,none"``), with its ``configs``, ``versions``, ``n-shot`` and
@@ -80,19 +81,10 @@ def shared_texts(directories: Sequence[Path], configs: Sequence[Mapping[str, Any
     """The task's token sequences for the models at ``directories`` (the scored model first; a :data:`KL` task's
     parent second) as ``check --prompts --truncate-texts`` makes them, remembered under ``cache``, and how the two
     vocabularies meet where they differ (check's rule, :mod:`resumerge.analyses.check.vocabs`: the KL over the
-    tokens both hold; a text holding a token one lacks, or models that share none, refused in one line)."""
+    tokens both hold; a text holding a token one lacks, or models that share none, refused in one line). ``eval``'s
+    text tasks and ``evolve``'s objectives (a candidate first, the parent second) take them here alike, so a
+    candidate's figure is the one ``eval`` gives its written merge."""
     return cached_sequences(directories, Path(task.texts), cache, configs=configs, paths=paths, cut=True)
-
-
-def texts_of(directories: Sequence[Path], configs: Sequence[Mapping[str, Any]], paths: Sequence[str],
-             task: TextTask, cache: Path) -> list[list[int]]:
-    """:func:`shared_texts`' tokens where the models' vocabularies are one; raises :class:`UsageError` where they
-    differ (``evolve``'s objectives: its generation's heads compare over one vocabulary)."""
-    found = shared_texts(directories, configs, paths, task, cache)
-    if found.vocab is not None:
-        raise UsageError(f"task {task.name}: {paths[-1]} and {paths[0]} tokenize differently",
-                         hint="measure KL from a model of the same vocabulary")
-    return found.tokens
 
 
 @dataclass(frozen=True)
