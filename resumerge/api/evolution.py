@@ -123,7 +123,9 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
                 plan_merge: Callable[[str], Plan], include_path: str | None = None,
                 device: str = "cpu", index: TaskIndex | None = None) -> tuple[Planned, Plan]:
     """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
-    only; nothing written); ``index``: lm-eval's task index, kept for the candidates' evaluations."""
+    only, and the tokenizers of a kl parent whose vocabulary differs from the candidates': its texts' tokens kept in
+    the state dir, as ``eval`` keeps them; nothing else written); ``index``: lm-eval's task index, kept for the
+    candidates' evaluations."""
     from resumerge.evolve.models import genome_layers
     from resumerge.evolve.search import plan_search
     from resumerge.evolve.spec import read_spec
@@ -145,6 +147,10 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
 
     # The first candidate planned as run plans it: a method's own refusal (a parameter, a base) comes now.
     plan = plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
+    if any(t.kind == "kl" for t in spec.tasks):  # a parent of another vocabulary: can it meet the candidates'?
+        from resumerge.evolve.vocabs import refuse_unmet
+
+        refuse_unmet(spec, plan.out_config, StateDir.resolve(None))
     return planned, plan
 
 

@@ -13,14 +13,17 @@ the tokens both hold, each model's log-probabilities renormalised over them (che
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from resumerge.analyses.check.passes import streams_of
+from resumerge.analyses.check.tokens import Texts
 from resumerge.analyses.evaluation.textpass import score_texts
 from resumerge.analyses.evaluation.texttasks import TextTask, shared_texts
 from resumerge.config.locations import StateDir
+from resumerge.errors import UsageError
 from resumerge.evolve.spec import Task
 from resumerge.forward.opened import open_for_pass
 
@@ -30,6 +33,22 @@ def text_task(task: Task) -> TextTask:
     texttasks`, the one owner of NLL and KL scoring: ``eval``'s ``nll:FILE`` and ``kl:PARENT:FILE``)."""
     assert task.texts is not None
     return TextTask(task.kind, task.texts, task.parent, task.name)
+
+
+def task_texts(task: Task, directories: Sequence[Path], configs: Sequence[Mapping[str, Any]],
+               paths: Sequence[str], cache: Path) -> Texts:
+    """``task``'s texts as the one owner of NLL and KL scoring tokenizes them for the models at ``directories``
+    (the candidates' tokenizer first, a ``kl`` task's parent second; :func:`~resumerge.analyses.evaluation.
+    texttasks.shared_texts`), kept under ``cache``, with how a parent's other vocabulary meets the candidates';
+    where they cannot meet, :class:`UsageError` (exit 2) naming the task."""
+    try:
+        return shared_texts(directories, configs, paths, text_task(task), cache, option="texts")
+    except UsageError as exc:
+        if task.parent is None:
+            raise
+        raise UsageError(f"task {task.name}: {exc.message}",
+                         hint="leave out the texts that hold a token the parent lacks, or measure KL from a parent "
+                              "that shares the candidates' tokens") from None
 
 
 def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tokens: Path, tokenizer: Path | None,
@@ -44,7 +63,7 @@ def task_figure(candidate: Path, task: Task, state: StateDir, workdir: Path, tok
         models.append(replace(open_for_pass(scored.parent, "the kl task's parent", state), role="parent"))
     # As check reads its prompts: the candidate's tokenizer (the genome's tokenizer_source) where it has one.
     directories = [tokenizer or models[0].opened.directory, *(m.opened.directory for m in models[1:])]
-    texts = shared_texts(directories, [m.opened.config for m in models], [m.path for m in models], scored, tokens)
+    texts = task_texts(task, directories, [m.opened.config for m in models], [m.path for m in models], tokens)
     streams = streams_of(models, device)
     try:
         layers = streams[0].layers

@@ -20,13 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.evaluation.texttasks import shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.evolve import storage
 from resumerge.evolve.budget import pass_steps
 from resumerge.evolve.generation import SCRATCH, GenerationPass, TaskTexts
-from resumerge.evolve.scoring import text_task
+from resumerge.evolve.scoring import task_texts, text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
 from resumerge.forward.admission import Admission
@@ -155,14 +154,14 @@ class StreamedCandidates:
     def _texts(self, task: Task, candidate: PassModel, parents: Mapping[str, PassModel],
                order: Sequence[str]) -> TaskTexts:
         """``task``'s texts as the one owner of NLL and KL scoring tokenizes them
-        (:func:`~resumerge.analyses.evaluation.texttasks.shared_texts`: as ``check --prompts`` reads them, once per
+        (:func:`~.scoring.task_texts`: as ``check --prompts`` reads them, once per
         search, kept in STORAGE), cut to the context of the candidates and the task's parent, and how a parent's
         other vocabulary meets the candidates' (refused in one line, exit 2, where it cannot)."""
         scored = text_task(task)
         models = [candidate] + ([parents[scored.parent]] if scored.parent is not None else [])
         directories = [self.tokenizer or candidate.opened.directory, *(m.opened.directory for m in models[1:])]
-        found = shared_texts(directories, [m.opened.config for m in models], [m.path for m in models], scored,
-                             self.store / storage.TOKENS)
+        found = task_texts(task, directories, [m.opened.config for m in models], [m.path for m in models],
+                           self.store / storage.TOKENS)
         return TaskTexts(task.name, [list(s) for s in found.tokens],
                          order.index(scored.parent) if scored.parent is not None else None, found.vocab)
 

@@ -41,13 +41,14 @@ class Texts:
 
 def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cache: Path, *,
                      configs: Sequence[Mapping[str, Any]] = (), paths: Sequence[str] = (), cut: bool = False,
-                     on_miss: Callable[[], None] | None = None) -> Texts:
+                     on_miss: Callable[[], None] | None = None, option: str = "--prompts") -> Texts:
     """:func:`~resumerge.forward.texts.sequences` of the tokenizer that cuts the texts (the first of
     ``directories`` that holds one where the models' vocabularies are one, else :func:`~.vocabs.shared_vocab`'s),
     each within the models' context (``configs``: their config.json; ``cut``: a longer text cut rather than
     refused), kept under ``cache`` (the state dir's checks folder) and read from there when nothing they depend on
     changed. Refuses (exit 2) texts the models cannot be compared on (:func:`~.vocabs.refuse_unshared`).
-    ``on_miss`` is called before a tokenizer is loaded (seconds: transformers and torch imported)."""
+    ``on_miss`` is called before a tokenizer is loaded (seconds: transformers and torch imported); ``option``: how
+    a refusal names the file (``--prompts``; ``texts`` for an ``evolve`` objective's)."""
     key = _key(directories, prompts_file, cut)
     path = cache / TOKENS_DIR / f"{key}.json" if key is not None else None
     if path is not None:
@@ -64,7 +65,7 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
         tokenizer, vocab = shared_vocab(directories, rows, _tokenizer_of)
         if tokenizer is None:
             tokenizer = load_tokenizer(directories)  # none has one: its one line
-    texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut))
+    texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut), option=option)
     if vocab is not None:
         refuse_unshared(vocab, [t.ids for t in texts], names, [t.where for t in texts])
     found = Texts([t.ids for t in texts], vocab)

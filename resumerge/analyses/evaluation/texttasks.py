@@ -77,14 +77,15 @@ def text_task(word: str) -> TextTask | None:
 
 
 def shared_texts(directories: Sequence[Path], configs: Sequence[Mapping[str, Any]], paths: Sequence[str],
-                 task: TextTask, cache: Path) -> Texts:
+                 task: TextTask, cache: Path, option: str = "--prompts") -> Texts:
     """The task's token sequences for the models at ``directories`` (the scored model first; a :data:`KL` task's
     parent second) as ``check --prompts --truncate-texts`` makes them, remembered under ``cache``, and how the two
     vocabularies meet where they differ (check's rule, :mod:`resumerge.analyses.check.vocabs`: the KL over the
     tokens both hold; a text holding a token one lacks, or models that share none, refused in one line). ``eval``'s
     text tasks and ``evolve``'s objectives (a candidate first, the parent second) take them here alike, so a
-    candidate's figure is the one ``eval`` gives its written merge."""
-    return cached_sequences(directories, Path(task.texts), cache, configs=configs, paths=paths, cut=True)
+    candidate's figure is the one ``eval`` gives its written merge. ``option``: how a refusal names the texts file."""
+    return cached_sequences(directories, Path(task.texts), cache, configs=configs, paths=paths, cut=True,
+                            option=option)
 
 
 @dataclass(frozen=True)
