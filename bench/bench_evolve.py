@@ -23,8 +23,13 @@ forward pass, another tokenization). ``--lmeval``: mergekit's loop evaluates eac
 actor does, through ``lm_eval.simple_evaluate`` once per candidate (the merge and its tokenizer loaded by lm-eval's
 ``hf`` model, every task set up again; see ``bench/evolve_mergekit_loop.py``). ``--max-memory`` is given to the
 streamed searches (``--streamed-only``: the written loop is not run: a search over models larger than the budget).
-``--only STEP ...`` runs just those steps (``streamed``, ``base``, ``written``, ``mergekit``), so that steps of a large
-bench can take the bench lock one at a time; ``mergekit`` needs ``configs.json``, written by the first ``streamed``.
+``--only STEP ...`` runs just those steps (``streamed``, ``base``, ``written``, ``mergekit``, ``shared``), so that
+steps of a large bench can take the bench lock one at a time; ``mergekit`` needs ``configs.json``, written by the
+first ``streamed``. ``--parent-vocab rows|string`` adds the step ``shared``: the streamed search with the first ``kl``
+task's parent of another vocabulary (``rows``: ``a`` with 128 tokens added, its embedding and head rows past a's
+new; ``string``: ``a`` with its tokenizer's ids reversed and its embedding and head rows permuted alike, the same
+model matched by token string), measured over the shared tokens as ``eval`` measures it: the cost of the
+shared-token objective against the same-vocabulary one (its table is its own: another parent).
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resumerge.cli.modelgen import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK = """
@@ -91,7 +100,62 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
         "genome": {"models": [str(work / "a"), str(work / "b")], "merge_method": "ties",
                    "base_model": str(work / "base"), "layer_granularity": 0},
         "tasks": tasks}))
+    if args.parent_vocab is not None:
+        other = _other_vocab(work, args.parent_vocab, spec)
+        tasks[0] = {"kl": {"parent": str(other), "texts": tasks[0]["kl"]["texts"]}}
+        (work / f"evolve-{args.tasks}-{args.parent_vocab}.yml").write_text(yaml.safe_dump({
+            "genome": {"models": [str(work / "a"), str(work / "b")], "merge_method": "ties",
+                       "base_model": str(work / "base"), "layer_granularity": 0},
+            "tasks": tasks}))
     return config
+
+
+def _other_vocab(work: Path, kind: str, spec: ModelSpec) -> Path:
+    """``a`` with another vocabulary (see the module's docstring), made once."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from resumerge.cli.modelgen import make_model, write_tokenizer
+
+    other = work / f"a-{kind}"
+    if (other / "config.json").is_file():
+        return other
+    shutil.copytree(work / "a", other)
+    rows = ("model.embed_tokens.weight", "lm_head.weight")
+    if kind == "rows":  # a fine-tune with added tokens: a's rows, then new ones
+        added = 128
+        grown = make_model(work / "a-grown-tmp", dataclasses.replace(spec, vocab=spec.vocab + added), seed=9)
+        new = {name: t[spec.vocab:] for f in grown.glob("*.safetensors") for name, t in load_file(str(f)).items()
+               if name in rows}
+        for shard in other.glob("*.safetensors"):
+            tensors = load_file(str(shard))
+            for name in rows:
+                if name in tensors:
+                    tensors[name] = torch.cat([tensors[name], new[name]]).contiguous()
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+        shutil.rmtree(grown)
+        config = json.loads((other / "config.json").read_text())
+        config["vocab_size"] = spec.vocab + added
+        (other / "config.json").write_text(json.dumps(config, indent=2))
+        write_tokenizer(other, spec.vocab + added)
+        return other
+    doc = json.loads((other / "tokenizer.json").read_text())  # string: ids reversed, rows permuted alike
+    vocab: dict[str, int] = doc["model"]["vocab"]
+    plain = sorted((i, t) for t, i in vocab.items() if i >= 3)
+    ids = [i for i, _ in plain]
+    doc["model"]["vocab"] = {**{t: i for t, i in vocab.items() if i < 3},
+                             **{t: i for (_, t), i in zip(plain, reversed(ids))}}
+    (other / "tokenizer.json").write_text(json.dumps(doc))
+    order = list(range(3)) + list(reversed(range(3, len(vocab))))
+    for shard in other.glob("*.safetensors"):
+        tensors = load_file(str(shard))
+        for name in rows:
+            if name in tensors:
+                tensors[name] = tensors[name][order].contiguous()
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    return other
 
 
 def _timed(argv: list[str], tree: Path) -> tuple[float, float, int, str]:
@@ -123,7 +187,10 @@ def main() -> None:
     parser.add_argument("--mergekit", action="store_true", help="also time mergekit-evolve's own loop")
     parser.add_argument("--lmeval", action="store_true",
                         help="mergekit's loop evaluates each candidate through lm-eval, as mergekit-evolve does")
-    parser.add_argument("--only", nargs="+", default=None, choices=("streamed", "base", "written", "mergekit"),
+    parser.add_argument("--parent-vocab", choices=("rows", "string"), default=None,
+                        help="also time the search with the first kl parent of another vocabulary (step shared)")
+    parser.add_argument("--only", nargs="+", default=None,
+                        choices=("streamed", "base", "written", "mergekit", "shared"),
                         help="run only these steps (each holds the bench lock for less)")
     args = parser.parse_args()
     work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
@@ -137,6 +204,8 @@ def main() -> None:
         steps["written"] = ROOT
     if args.mergekit:
         steps["mergekit"] = ROOT
+    if args.parent_vocab is not None:
+        steps["shared"] = ROOT
     if args.only is not None:
         steps = {name: tree for name, tree in steps.items() if name in args.only}
     found: dict[str, list[tuple[float, float, int, tuple[float, ...]]]] = {name: [] for name in steps}
@@ -154,7 +223,8 @@ def main() -> None:
             elif name == "written":
                 argv = [sys.executable, "-c", WRITTEN, str(config), str(store), str(args.popsize)]
             else:
-                argv = [sys.executable, "-c", STREAMED, "evolve", str(config), str(store), "--popsize",
+                own = work / f"evolve-{args.tasks}-{args.parent_vocab}.yml" if name == "shared" else config
+                argv = [sys.executable, "-c", STREAMED, "evolve", str(own), str(store), "--popsize",
                         str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
             load = os.getloadavg()
             wall, cpu, peak, out = _timed(argv, steps[name])
@@ -170,6 +240,8 @@ def main() -> None:
                   f"{load[0]:.1f}", flush=True)
     rows = {name: [json.loads(line) for line in table.decode().splitlines()] for name, table in tables.items()}
     for name, table in rows.items():
+        if name == "shared":  # another parent: its own figures
+            continue
         for ours, theirs in zip(rows.get("streamed", table), table, strict=True):
             for task, value in theirs["tasks"].items():
                 assert abs(ours["tasks"][task] - value) <= 1e-6 * max(abs(value), 1e-3), (name, task, ours, theirs)
@@ -183,6 +255,9 @@ def main() -> None:
     if "base" in best and "streamed" in best:
         summary["ratio_base"] = best["streamed"] / best["base"]
         summary["cpu_ratio_base"] = cpu["streamed"] / cpu["base"]
+    if "shared" in best and "streamed" in best:
+        summary["ratio_shared"] = best["shared"] / best["streamed"]
+        summary["cpu_ratio_shared"] = cpu["shared"] / cpu["streamed"]
     if "written" in best and "streamed" in best:
         summary["ratio"] = best["streamed"] / best["written"]
     if mergekit and "streamed" in best:

@@ -20,7 +20,8 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
                     "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
                     "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
-                    "its own texts, one per line) and {nll: {texts: FILE}}, weighted. Everything is kept in "
+                    "its own texts, one per line, as eval's kl:PARENT:FILE measures it: a parent of another "
+                    "vocabulary over the tokens both hold) and {nll: {texts: FILE}}, weighted. Everything is kept in "
                     "STORAGE (evaluations.jsonl and .csv, best.yml, objective.png): killed anywhere, the same "
                     "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
                     "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
