@@ -42,7 +42,8 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 class PlainTokenizer:
     """A tokenizer.json's tokenizer and chat template, called as a pass calls transformers' tokenizer:
     ``tokenizer(text)["input_ids"]``, ``tokenizer.chat_template``, ``tokenizer.apply_chat_template(messages,
-    tokenize=False)``."""
+    tokenize=False)``, ``tokenizer.get_vocab()`` (how models of different vocabularies meet:
+    :mod:`resumerge.analyses.check.vocabs`)."""
 
     def __init__(self, backend: Any, template: str | None, specials: Mapping[str, str]) -> None:
         self.backend, self.chat_template, self.specials = backend, template, dict(specials)
@@ -50,6 +51,10 @@ class PlainTokenizer:
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)}
+
+    def get_vocab(self) -> dict[str, int]:
+        """Every token (the added ones too) by its id, as transformers' tokenizer of the plain class gives them."""
+        return dict(self.backend.get_vocab(with_added_tokens=True))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], tokenize: bool = False) -> str:
         """``messages`` in the chat template, as text (``tokenize`` must be False: a pass tokenizes it itself),

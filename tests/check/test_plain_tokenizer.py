@@ -36,6 +36,7 @@ def _same_as_transformers(folder: Path, texts: Path) -> PlainTokenizer:
     theirs = tokenizer_at(transformers, folder)
     assert _ids(plain, None) == _ids(theirs, None)
     assert _ids(plain, texts) == _ids(theirs, texts)
+    assert plain.get_vocab() == theirs.get_vocab()  # how models of different vocabularies meet
     return plain
 
 
@@ -108,3 +109,18 @@ def test_a_first_check_or_measure_of_a_plain_tokenizer_s_models_never_imports_tr
     assert done.returncode == 0, done.stderr[-2000:]
     imported, nll, tokens = json.loads(done.stdout.strip().splitlines()[-1])
     assert imported is False and nll > 0 and tokens > 0
+
+
+def test_models_of_different_vocabularies_meet_without_importing_transformers(tmp_path: Path) -> None:
+    # How the vocabularies meet is read from each tokenizer's tokens (get_vocab): the plain tokenizer's are
+    # transformers' own (above), so a check (and eval's or evolve's kl of such a parent) no longer imports it.
+    from resumerge.cli.modelgen import ModelSpec, make_model
+
+    base = make_model(tmp_path / "base", ModelSpec(layers=2, vocab=64), seed=0)
+    merge = make_model(tmp_path / "merge", ModelSpec(layers=2, vocab=80), seed=1)
+    code = ("import sys, json; from resumerge import api; r = api.check(sys.argv[1], base=sys.argv[2], "
+            "state_dir=sys.argv[3]); print(json.dumps(['transformers' in sys.modules, r.shared_tokens]))")
+    done = subprocess.run([sys.executable, "-c", code, str(merge), str(base), str(tmp_path / "state")],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, 64]

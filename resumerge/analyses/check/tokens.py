@@ -87,10 +87,10 @@ def load_tokenizer(directories: Sequence[Path]) -> Any:
 
 
 def _tokenizer_of(directory: Path) -> Any:
-    """``directory``'s tokenizer as transformers loads it (its vocabulary is read), None where it has none that
-    loads."""
+    """``directory``'s tokenizer as transformers loads it (its vocabulary is read; without transformers where it
+    would load it unchanged: :mod:`resumerge.forward.plaintok`), None where it has none that loads."""
     try:
-        return loaders.load_tokenizer([directory])
+        return loaders.load_tokenizer([directory], plain=True)
     except UsageError:
         return None
 
