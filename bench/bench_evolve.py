@@ -84,6 +84,8 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
     for seed, name in enumerate(("base", "a", "b"), start=1):
         if not (work / name / "config.json").is_file():
             make_model(work / name, spec, seed=seed)
+            if args.parent_vocab is not None:
+                _full_tokenizer(work / name, args.vocab)
     tasks = []
     for number in range(args.tasks):
         texts = work / f"texts-{number}.txt" if number else work / "texts.txt"
@@ -108,6 +110,25 @@ def _setup(work: Path, args: argparse.Namespace) -> Path:
                        "base_model": str(work / "base"), "layer_granularity": 0},
             "tasks": tasks}))
     return config
+
+
+def _full_tokenizer(folder: Path, vocab: int) -> None:
+    """``folder``'s generated tokenizer made to hold ``vocab`` distinct tokens at ids 0 to ``vocab`` - 1 (the
+    generator's repeats its two-letter pieces past 2,759, its ids then not contiguous): every two-letter piece once,
+    then three-letter ones, so that a parent of another vocabulary shares as many tokens as a real one does."""
+    path = folder / "tokenizer.json"
+    doc = json.loads(path.read_text())
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    tokens = [entry["content"] for entry in doc["added_tokens"]] + letters
+    merges = []
+    for piece in [x + y for x in letters for y in letters] + [x + y + z for x in letters for y in letters
+                                                            for z in letters]:
+        if len(tokens) >= vocab:
+            break
+        tokens.append(piece)
+        merges.append(f"{piece[:-1]} {piece[-1]}")
+    doc["model"]["vocab"], doc["model"]["merges"] = {t: i for i, t in enumerate(tokens)}, merges
+    path.write_text(json.dumps(doc))
 
 
 def _other_vocab(work: Path, kind: str, spec: ModelSpec) -> Path:
@@ -140,6 +161,7 @@ def _other_vocab(work: Path, kind: str, spec: ModelSpec) -> Path:
         config["vocab_size"] = spec.vocab + added
         (other / "config.json").write_text(json.dumps(config, indent=2))
         write_tokenizer(other, spec.vocab + added)
+        _full_tokenizer(other, spec.vocab + added)
         return other
     doc = json.loads((other / "tokenizer.json").read_text())  # string: ids reversed, rows permuted alike
     vocab: dict[str, int] = doc["model"]["vocab"]
@@ -193,7 +215,8 @@ def main() -> None:
                         choices=("streamed", "base", "written", "mergekit", "shared"),
                         help="run only these steps (each holds the bench lock for less)")
     args = parser.parse_args()
-    work = Path(tempfile.gettempdir()) / f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
+    work = Path(tempfile.gettempdir()) / (f"bench-evolve-{args.layers}x{args.hidden}x{args.vocab}"
+                                          + ("-full" if args.parent_vocab is not None else ""))
     work.mkdir(exist_ok=True)
     config = _setup(work, args)
     models = sum(f.stat().st_size for name in ("base", "a", "b") for f in (work / name).glob("*.safetensors"))
