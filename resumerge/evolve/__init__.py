@@ -10,8 +10,10 @@ tasks; :mod:`.streamed` scores a whole generation in one streamed pass for all i
 every candidate a merge never written, its layers merged in memory from one read of the parents' layer, each step
 admitted by the RAM governor), and :mod:`.written` is the reference it is held to (each candidate merged by
 ``run``'s code into a journaled folder, then scored by :mod:`.scoring`);
-:mod:`.budget` refuses up front a generation past ``--max-memory``; :mod:`.spread` spreads a generation's
-candidates over a Ray cluster's nodes (``--executor ray``); :mod:`.search` drives a search from start to end.
+:mod:`.budget` refuses up front a generation past ``--max-memory``, :mod:`.vocabs` a ``kl`` parent whose vocabulary
+cannot meet the candidates' (one that can is measured over the tokens both hold, as ``eval`` measures it);
+:mod:`.spread` spreads a generation's candidates over a Ray cluster's nodes (``--executor ray``); :mod:`.search`
+drives a search from start to end.
 
 May import: errors, config, analyses, forward, inputs, memory, methods, store, engine, torch_import.
 """
@@ -29,5 +31,6 @@ __all__ = [
            "storage",
            "strategy",
            "streamed",
+           "vocabs",
            "written",
 ]

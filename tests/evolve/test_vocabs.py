@@ -98,6 +98,25 @@ def test_each_candidates_figure_is_what_eval_gives_its_written_merge(
         assert "by id" in how[0] and "by token string" in how[1] and "the parent's 80" in how[2], how
 
 
+def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as_eval_does(
+        root: Path, tmp_path: Path) -> None:
+    # No union: every candidate has a's tokenizer (the genome's first model's), judged before STORAGE is written;
+    # b (which has "κ" where a has "k") shares 63 of its 64 tokens, big (80 rows) all 64.
+    store = tmp_path / "store"
+    api.evolve(_config(root, ("b", "big"), union=False), store, **OPTIONS)
+    row = _rows(store)[1]  # not the starting genotype
+    merge = tmp_path / "candidate"
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+    api.run(tmp_path / "c.yml", merge)
+    texts = root / "texts.txt"
+    names = {f"kl:{p}:texts.txt": f"kl:{root / p}:{texts}" for p in ("b", "big")}
+    report = api.evaluate(merge, tasks=list(names.values()), state_dir=tmp_path / "state").to_json()
+    for ours, theirs in names.items():
+        assert row["tasks"][ours] == pytest.approx(report["results"][theirs]["kl,none"], rel=1e-6, abs=1e-9)
+    how = [report["configs"][names[f"kl:{p}:texts.txt"]]["vocabulary"] for p in ("b", "big")]
+    assert how[0].startswith("63 tokens shared") and "the model's 64, the parent's 80" in how[1], how
+
+
 def test_the_written_candidates_scorer_gives_the_same_figures(searched: tuple[Path, Path], tmp_path: Path) -> None:
     from resumerge.api.evolution import evolve_into
     from resumerge.evolve.search import SearchOptions
