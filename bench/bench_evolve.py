@@ -180,9 +180,10 @@ def _other_vocab(work: Path, kind: str, spec: ModelSpec) -> Path:
     return other
 
 
-def _timed(argv: list[str], tree: Path) -> tuple[float, float, int, str]:
-    """(wall s, CPU s: user + system of the process and its children, peak RSS, stdout) of one fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def _timed(argv: list[str], tree: Path, state: Path | None = None) -> tuple[float, float, int, str]:
+    """(wall s, CPU s: user + system of the process and its children, peak RSS, stdout) of one fresh process
+    (``state``: its state dir, where not the user's)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), **({"RESUMERGE_STATE_DIR": str(state)} if state else {})}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -250,7 +251,11 @@ def main() -> None:
                 argv = [sys.executable, "-c", STREAMED, "evolve", str(own), str(store), "--popsize",
                         str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
             load = os.getloadavg()
-            wall, cpu, peak, out = _timed(argv, steps[name])
+            # a search's first start: nothing its state dir keeps from the last run (a kl parent's texts' tokens)
+            state = work / f"state-{name}" if args.parent_vocab is not None else None
+            if state is not None:
+                shutil.rmtree(state, ignore_errors=True)
+            wall, cpu, peak, out = _timed(argv, steps[name], state)
             found[name].append((wall, cpu, peak, load))
             if name == "mergekit":
                 mergekit = [json.loads(line)["tasks"] for line in out.splitlines() if line.startswith("{")]
