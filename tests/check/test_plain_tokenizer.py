@@ -98,29 +98,22 @@ def test_a_first_check_or_measure_of_a_plain_tokenizer_s_models_never_imports_tr
         folder = make_model(tmp_path / name, ModelSpec(layers=2, vocab=96), seed=seed)
         write_tokenizer(folder, 96, chat_template=CHATML)
         folders.append(str(folder))
+    # A merge of more rows (a union's): how the vocabularies meet is read from each tokenizer's tokens (get_vocab),
+    # the plain tokenizer's transformers' own (above), so its check (and eval's or evolve's kl of such a parent)
+    # does not import transformers either.
+    wider = make_model(tmp_path / "wider", ModelSpec(layers=2, vocab=112), seed=2)
+    write_tokenizer(wider, 112, chat_template=CHATML)
     config = tmp_path / "rm.yml"  # measure reads its texts with the same tokenizer (one process: both asked)
     config.write_text(f"merge_method: regmean\nmodels:\n  - model: {folders[0]}\n  - model: {folders[1]}\n")
     code = ("import sys, json; from resumerge import api; r = api.check(sys.argv[1], base=sys.argv[2], "
             "state_dir=sys.argv[3]); m = api.measure(sys.argv[4], sys.argv[5], state_dir=sys.argv[3]); "
-            "print(json.dumps(['transformers' in sys.modules, r.models[0].nll, m.tokens]))")
+            "w = api.check(sys.argv[6], base=sys.argv[2], state_dir=sys.argv[3]); "
+            "print(json.dumps(['transformers' in sys.modules, r.models[0].nll, m.tokens, w.shared_tokens]))")
     done = subprocess.run([sys.executable, "-c", code, folders[1], folders[0], str(tmp_path / "state"), str(config),
-                           str(tmp_path / "grams")],
+                           str(tmp_path / "grams"), str(wider)],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    imported, nll, tokens = json.loads(done.stdout.strip().splitlines()[-1])
+    imported, nll, tokens, shared = json.loads(done.stdout.strip().splitlines()[-1])
     assert imported is False and nll > 0 and tokens > 0
+    assert shared == 96
 
-
-def test_models_of_different_vocabularies_meet_without_importing_transformers(tmp_path: Path) -> None:
-    # How the vocabularies meet is read from each tokenizer's tokens (get_vocab): the plain tokenizer's are
-    # transformers' own (above), so a check (and eval's or evolve's kl of such a parent) no longer imports it.
-    from resumerge.cli.modelgen import ModelSpec, make_model
-
-    base = make_model(tmp_path / "base", ModelSpec(layers=2, vocab=64), seed=0)
-    merge = make_model(tmp_path / "merge", ModelSpec(layers=2, vocab=80), seed=1)
-    code = ("import sys, json; from resumerge import api; r = api.check(sys.argv[1], base=sys.argv[2], "
-            "state_dir=sys.argv[3]); print(json.dumps(['transformers' in sys.modules, r.shared_tokens]))")
-    done = subprocess.run([sys.executable, "-c", code, str(merge), str(base), str(tmp_path / "state")],
-                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, 64]
