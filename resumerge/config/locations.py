@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shlex
 import tempfile
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target, parse_hub_target
+from resumerge.config.version import __version__
 
 ENV_STATE_DIR = "RESUMERGE_STATE_DIR"
 # A merge's ledger, in its run dir.
@@ -49,6 +51,17 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "resumerge"
+
+
+def kept_file(folder: str, key: object, prefix: str = "", cache_dir: Path | None = None) -> Path:
+    """Where a cache of this installation keeps what it found for ``key`` (JSON-able: the facts the finding
+    depends on, the versions of the code that found it): a file under ``folder`` of ``cache_dir`` (default
+    :func:`cache_root`) named ``prefix`` + the digest of the key and resumerge's version, so that another fact or
+    another resumerge names another file and a stale finding is never read. A key JSON cannot write as it is (an
+    object of its own) is written by its ``repr``."""
+    text = json.dumps([__version__, key], sort_keys=True, default=repr)
+    root = cache_dir if cache_dir is not None else cache_root()
+    return root / folder / f"{prefix}{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
 def replace_text(path: Path, text: str) -> None:

@@ -19,15 +19,13 @@ a wrong one (written to a temp file, then renamed).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-from resumerge.config.locations import cache_root, replace_text
-from resumerge.config.version import __version__
+from resumerge.config.locations import kept_file, replace_text
 
 # Bumped whenever what is kept, or a rule that finds an answer kept here, changes: an older file is then never read.
 _FORMAT = 1
@@ -53,9 +51,7 @@ def installed() -> Installed | None:
 
 
 def _path(question: str, key: Any, versions: Installed, cache_dir: Path | None) -> Path:
-    text = json.dumps([_FORMAT, __version__, *versions, question, key], sort_keys=True, default=repr)
-    root = cache_dir if cache_dir is not None else cache_root()
-    return root / _FOLDER / f"{question}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    return kept_file(_FOLDER, [_FORMAT, *versions, question, key], f"{question}-", cache_dir)
 
 
 def kept(question: str, key: Any, versions: Installed, cache_dir: Path | None = None) -> tuple[bool, Any]:

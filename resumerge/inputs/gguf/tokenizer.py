@@ -25,8 +25,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from resumerge.config.locations import cache_root, replace_text
-from resumerge.config.version import __version__
+from resumerge.config.locations import kept_file, replace_text
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.header import GgufHeader, metadata_only
 
@@ -97,9 +96,8 @@ def _kept_path(path: Path, header: GgufHeader, cache_dir: Path | None) -> Path |
             if name == "transformers":
                 return None
             versions.append(None)
-    key = json.dumps([_FORMAT, __version__, versions, path.name, hashlib.sha256(header.raw).hexdigest()])
-    return (cache_dir if cache_dir is not None else cache_root()) / _FOLDER / (
-        f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json")
+    return kept_file(_FOLDER, [_FORMAT, versions, path.name, hashlib.sha256(header.raw).hexdigest()],
+                     cache_dir=cache_dir)
 
 
 def _read(kept: Path) -> dict[str, bytes] | None:
