@@ -228,7 +228,8 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
 
 
 def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_the_local_check_does(
-        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], ray_head: RayHead) -> None:
+        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], ray_head: RayHead,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A merge of a larger vocabulary (80 rows, as a ``tokenizer_source: union`` merge has more than its parents'
     64): no figure compares a table of another shape (the static pass names them among the shape problems; the
     heads compare over the shared tokens), yet the nodes read the base's and the parent's tables for their passes,
@@ -236,7 +237,13 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
     reads them, each proved whole against the hub's checksum before the report. Its static pass read only what its
     figures compare, and left the base's and the parent's first and last shards (a 64x32 float32 table each) short
     of 8192 bytes and unproved. Each node reads its own model's tensors once: the local check's reads of its files
-    but their headers."""
+    but their headers. The driver on Ray, which reads no byte twice, keeps none on disk for a second read (the local
+    check keeps the tensors outside the decoder layers, which its static and forward passes both read)."""
+    from resumerge.inputs.hub.fetchcache import FetchCache
+
+    kept: list[int] = []  # the bytes of each piece written to the driver's fetch cache
+    real = FetchCache.kept
+    monkeypatch.setattr(FetchCache, "kept", lambda self, piece, size: (kept.append(size), real(self, piece, size)))
     merged = files_of(make_model(tmp_path / "merged", replace(SPEC, vocab=80), seed=7))
     beta = files_of(make_model(tmp_path / "beta", SPEC, seed=1))
     served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
@@ -250,10 +257,12 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
         report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
                            executor=RayExecutor(cluster.address))
         on_ray = _reads(hub)
+    assert not kept
     hub.reset_counters()
     with one_thread():
         local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "local")
     here = _reads(hub)
+    assert kept
     # The local check's figures, exactly, over the 64 shared tokens.
     doc, expected = (json.loads(json.dumps(r.to_json())) for r in (report, local))
     assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()

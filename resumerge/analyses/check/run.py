@@ -215,7 +215,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                            f"or delete {workdir} to check the file as it is now from the start").line()
     proof.record()  # before the first journal file: whatever the check journals, its bytes are recorded
     reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
-    models = reads.bind(models, fresh=not _journaled(workdir))
+    models = reads.bind(models, fresh=not _journaled(workdir), again=not on_ray)  # on Ray, read once here
     streams = streams_of(models, device.name)
     progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
                         command)
