@@ -13,6 +13,11 @@ texts and tokenizer, the proof of the inputs (where the tree has one), the stati
 layers), the heads, and the rest (the report, its chart, the model card); then the check asked again (the same
 state dir); then the peer, timed the same way: its imports, each model's ``from_pretrained``, its forward and
 log-softmax. Prints one table a run, the machine's load beside it.
+
+Each check's state dir is ``check-state`` in the work folder, removed before and after each check: a bench ended by
+SIGTERM or SIGHUP (``timeout``, a closed terminal) ends as on Ctrl-C, its running child killed and the state dir
+removed (their default action left the child running and a ``/tmp/check-costs-*`` dir behind); one killed outright
+leaves it to the next run, which removes it first.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,8 +141,20 @@ def _table(name: str, wall: float, cpu: float, spent: dict[str, list[float]]) ->
         print(f"    {label:24s} {w:7.2f} s wall {c:7.2f} s CPU")
 
 
+def _signals_end_the_bench() -> None:
+    """SIGTERM and SIGHUP end the bench by an exception, as Ctrl-C does: ``subprocess.run`` kills the running child
+    and each ``finally`` runs (the state dir removed)."""
+    def end(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, end)
+
+
 def main() -> None:
     from bench_check import _make, tiled
+
+    _signals_end_the_bench()
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=None)
@@ -155,11 +173,12 @@ def main() -> None:
     for run in range(args.runs):
         order = trees if run % 2 == 0 else trees[::-1]
         for tree in order:
-            state = tempfile.mkdtemp(prefix="check-costs-")
-            doc = json.dumps([str(merge), str(base), [str(p) for p in parents], str(texts), state])
+            state = work / "check-state"  # each check's (its journal, report, records): fresh, none left behind
+            shutil.rmtree(state, ignore_errors=True)
+            doc = json.dumps([str(merge), str(base), [str(p) for p in parents], str(texts), str(state)])
             try:
                 wall, cpu, found = _child(CHILD, [doc], tree)
-            finally:  # each check's state dir (its journal, report, records): one a run, none left behind
+            finally:
                 shutil.rmtree(state, ignore_errors=True)
             _table(f"run {run} check, {tree}", wall, cpu, found["spent"])
             print(f"    NLL {[round(x, 5) for x in found['nll']]}")

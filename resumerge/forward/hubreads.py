@@ -13,13 +13,14 @@ report is written. The static pass reads the tensors outside the decoder layers 
 past what a digest holds in memory, and deleted once hashed. Either mismatch stops the check with exit 4 naming
 the file, and discards the check's journal: checked again, it starts over and reads (and verifies) every file whole.
 
-Reading by range stays cheap: every reader of a model in the process (the static pass's, the forward pass's, the
-heads') reads through one client per file (:class:`~resumerge.inputs.hub.stream.StreamedReads`), and the tensors read
-twice (those outside the decoder layers: the static pass reads them first, then the forward pass and the heads;
-the merge's first layer, which the pass runs once to learn whether it takes batches) are kept on local disk in the
-workdir (:class:`~resumerge.inputs.hub.fetchcache.FetchCache`) after their first fetch, until the report is written:
-no byte is fetched twice. (Where the budget holds one layer at a time, the static pass is not folded into the
-forward pass and reads the decoder layers too: those are fetched again by the forward pass, as before.)
+Reading by range stays cheap: every reader of a model in the process (the static pass's, the forward pass's, the heads')
+reads through one client per file (:class:`~resumerge.inputs.hub.stream.StreamedReads`), and the tensors read twice
+(those outside the decoder layers: the static pass reads them first, then the forward pass and the heads; the merge's
+first layer, which the pass runs once to learn whether it takes batches) are kept on local disk in the workdir
+(:class:`~resumerge.inputs.hub.fetchcache.FetchCache`) after their first fetch, until the report is written: no byte is
+fetched twice (a check on Ray, whose driver reads each byte once, keeps none). (Where the budget holds one layer at a
+time, the static pass is not folded into the forward pass and reads the decoder layers too: those are fetched again by
+the forward pass, as before.)
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ class PassReads:
         self._ledger: Ledger | None = None
         self._cache: FetchCache | None = None
 
-    def bind(self, models: Sequence[PassModel], *, fresh: bool) -> list[PassModel]:
+    def bind(self, models: Sequence[PassModel], *, fresh: bool, again: bool = True) -> list[PassModel]:
         """``models``, each hub model's files to be read through one reader each, checked; the others as they
         are. A ``fresh`` check (one that journaled none of its passes before: it reads every byte) verifies every
-        file whole."""
+        file whole. ``again``: this process reads the tensors outside the decoder layers (and the merge's first
+        layer) a second time, its forward pass running here, so they are kept on disk after their first fetch;
+        without (``check --executor ray``, whose nodes run the forward pass), nothing is kept."""
         if not any(m.remote for m in models):
             return list(models)
         from resumerge.inputs.hub.fetchcache import FetchCache
@@ -72,7 +75,7 @@ class PassReads:
         self.hashes = StreamHashes(changed=_STOPPED, hint="the hub served changed content for a pinned commit; "
                                                           "check again later: the check starts over")
         self._ledger = self.hashes.ledger = Ledger(self.workdir / READS_NAME)
-        kept = [_kept(m, first=i == 0) for i, m in enumerate(models)]
+        kept = [_kept(m, first=i == 0) if again else {} for i, m in enumerate(models)]
         self._cache = FetchCache(self.workdir / FETCHED_NAME, sum(e - s for spans in kept for file in spans.values()
                                                                    for s, e in file))
         return [self._bound(m, spans, fresh) if m.remote else m for m, spans in zip(models, kept)]

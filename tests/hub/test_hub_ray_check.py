@@ -8,7 +8,9 @@ agent), and no process is served a byte twice: the driver reads the headers when
 once in the static pass (which compares the models' tensors with each other, so it runs where they all are: the
 driver), each actor the tensors of its model's pass once (the merge's first layer too, which it runs once more to
 learn whether the family takes padded batches). So across the cluster each weight byte is fetched twice: once by the
-driver, once by the node whose actor runs its model (docs/guide.md says so).
+driver, once by the node whose actor runs its model (docs/guide.md says so). A merge of another vocabulary too: the
+driver reads the tables no figure compares (each file proved whole against the hub's checksum, as a local check
+proves it), each node its model's tensors, the local check's reads but the headers.
 
 The token never travels with the work: every node reads with its own (here the one its processes inherit from this
 test, as ``ray start`` on a machine with ``HF_TOKEN`` set gives its node; a node without one, where the driver reads
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,7 @@ from resumerge import api
 from resumerge.cli.modelgen import make_model
 from resumerge.engine.executors import RayExecutor
 from resumerge.errors import ModelInputError
+from resumerge.forward.hubreads import READS_NAME
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -67,6 +72,17 @@ def _tensor_bytes(files: dict[str, bytes], name: str) -> int:
     """The bytes of shard ``name``'s tensors (all of it but its header)."""
     data = files[name]
     return len(data) - 8 - int.from_bytes(data[:8], "little")
+
+
+def _verified(state: Path) -> list[str]:
+    """What the journals of the checks under ``state`` say of their hub files: each one proved against the hub's
+    checksum (``verify``) or not every byte read (``unverified``)."""
+    found = []
+    for journal in (state / "checks").glob(f"*/{READS_NAME}"):
+        with sqlite3.connect(journal) as db:
+            found += [f"{kind} {message}" for kind, message in
+                      db.execute("SELECT kind, message FROM events WHERE kind IN ('verify', 'unverified')")]
+    return sorted(found)
 
 
 def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -209,3 +225,65 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
             node.layer(then, entering, None)
             assert all(p.is_meta for p in layer.parameters())  # dropped by the pass's first layer (or one past it)
             assert first_layer_read() == reads, (batched, then)
+
+
+def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_the_local_check_does(
+        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], ray_head: RayHead,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge of a larger vocabulary (80 rows, as a ``tokenizer_source: union`` merge has more than its parents'
+    64): no figure compares a table of another shape (the static pass names them among the shape problems; the
+    heads compare over the shared tokens), yet the nodes read the base's and the parent's tables for their passes,
+    so the driver, which runs no forward pass, reads them too: every file of every model once, as the local check
+    reads them, each proved whole against the hub's checksum before the report. Its static pass read only what its
+    figures compare, and left the base's and the parent's first and last shards (a 64x32 float32 table each) short
+    of 8192 bytes and unproved. Each node reads its own model's tensors once: the local check's reads of its files
+    but their headers. The driver on Ray, which reads no byte twice, keeps none on disk for a second read (the local
+    check keeps the tensors outside the decoder layers, which its static and forward passes both read)."""
+    from resumerge.inputs.hub.fetchcache import FetchCache
+
+    kept: list[int] = []  # the bytes of each piece written to the driver's fetch cache
+    real = FetchCache.kept
+    monkeypatch.setattr(FetchCache, "kept", lambda self, piece, size: (kept.append(size), real(self, piece, size)))
+    merged = files_of(make_model(tmp_path / "merged", replace(SPEC, vocab=80), seed=7))
+    beta = files_of(make_model(tmp_path / "beta", SPEC, seed=1))
+    served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
+    hub.push("org/merged", merged)
+    hub.push("org/beta", beta)
+    texts = tmp_path / "texts.txt"
+    texts.write_text(TEXTS)
+    paths = ("hf://org/merged", f"hf://{REPO}", "hf://org/beta")
+    hub.reset_counters()
+    with ray_cluster(ray_head, workers=3) as (cluster, _):
+        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
+                           executor=RayExecutor(cluster.address))
+        on_ray = _reads(hub)
+    assert not kept
+    hub.reset_counters()
+    with one_thread():
+        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "local")
+    here = _reads(hub)
+    assert kept
+    # The local check's figures, exactly, over the 64 shared tokens.
+    doc, expected = (json.loads(json.dumps(r.to_json())) for r in (report, local))
+    assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
+    assert doc == expected and report.shared_tokens == 64
+    assert {p.split(":")[0] for p in report.static.shape_problems} == {"lm_head.weight", "model.embed_tokens.weight"}
+    # The driver read every byte of every file once, as the local check did (its only process).
+    shards = {f"{repo}/{name}": files[name] for repo, files in served.items()
+              for name in files if name.endswith(".safetensors") and "/" not in name}
+    every = {path: len(data) for path, data in shards.items()}
+    assert set(here) == {"driver"} and {path: _once(ranges) for path, ranges in here["driver"].items()} == every
+    assert {path: _once(ranges) for path, ranges in on_ray["driver"].items()} == every
+    # Each node its own model's files once, but their headers (the driver's, from its cache).
+    assert set(on_ray) == {"driver", *cluster.node_ids()}
+    nodes = [files for who, files in on_ray.items() if who != "driver"]
+    assert sorted(path.rsplit("/", 1)[0] for files in nodes for path in files) == \
+        sorted(path.rsplit("/", 1)[0] for path in shards)
+    for files in nodes:
+        repo = next(iter(files)).rsplit("/", 1)[0]
+        assert {path: _once(ranges) for path, ranges in files.items()} == \
+            {path: size - 8 - int.from_bytes(shards[path][:8], "little") for path, size in every.items()
+             if path.startswith(f"{repo}/")}
+    # Every file proved against the hub's checksum before the report, on Ray as locally; none left unproved.
+    proved = sorted(f"verify {path}: every byte read, checksum matches the hub's" for path in shards)
+    assert _verified(state) == _verified(tmp_path / "local") == proved

@@ -1,22 +1,24 @@
 """A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check of
 a giant merge against its parents takes about the time of one model's pass.
 
-The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where
-the cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every
-node must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the
-node's name: :func:`~resumerge.analyses.onray.on_node`, the sha256 of each range it read held to the driver's journal
-after each step, as a merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its
-node's share. The merge's actor keeps the first layer it reads to learn whether the family takes padded batches for
-the pass's first layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that
-runs one sequence at a time, aside); the driver reads every model once more, for the static figures (which compare the
-models' tensors with each other). The driver (this process) holds every model's hidden states, as a local check does:
-per layer it sends the reference's input to the layer (the base's, else the first parent's) to every actor at once
-(one object in Ray's store), each actor runs its layer on its own hidden states (it keeps its last output) and on that
-input, and returns both; the driver computes the layer's figures with the local pass's own functions and journals it
-exactly as a local check does (:func:`~resumerge.analyses.check.passes.run_pass` drives both), so a check started on
-Ray resumes locally, and the other way round. The heads too: the merge's and the base's actors return their
-log-probabilities as objects in Ray's store (never fetched by the driver), each other actor compares its own with them
-and returns its per-position figures.
+The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where the
+cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every node
+must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the node's
+name: :func:`~resumerge.analyses.onray.on_node`, the sha256 of each range it read held to the driver's journal after
+each step, as a merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its node's
+share. The merge's actor keeps the first layer it reads to learn whether the family takes padded batches for the pass's
+first layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that runs one
+sequence at a time, aside); the driver reads every model once more, for the static figures (which compare the models'
+tensors with each other) and each hub file's proof: every tensor, those no figure compares too (the tables of a merge of
+another vocabulary), so that each file is read whole there and checked against the hub's checksum, as in a local check
+(:func:`~resumerge.analyses.check.static.static_pass`'s ``whole``). The driver (this process) holds every model's hidden
+states, as a local check does: per layer it sends the reference's input to the layer (the base's, else the first
+parent's) to every actor at once (one object in Ray's store), each actor runs its layer on its own hidden states (it
+keeps its last output) and on that input, and returns both; the driver computes the layer's figures with the local
+pass's own functions and journals it exactly as a local check does (:func:`~resumerge.analyses.check.passes.run_pass`
+drives both), so a check started on Ray resumes locally, and the other way round. The heads too: the merge's and the
+base's actors return their log-probabilities as objects in Ray's store (never fetched by the driver), each other actor
+compares its own with them and returns its per-position figures.
 
 Each actor holds one layer of its model and its hidden states, and declares that memory to Ray (:func:`actor_bytes`,
 from the figures the local check's budget is found from), so that Ray places no more on a node than it holds; a

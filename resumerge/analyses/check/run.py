@@ -215,7 +215,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
                            f"or delete {workdir} to check the file as it is now from the start").line()
     proof.record()  # before the first journal file: whatever the check journals, its bytes are recorded
     reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
-    models = reads.bind(models, fresh=not _journaled(workdir))
+    models = reads.bind(models, fresh=not _journaled(workdir), again=not on_ray)  # on Ray, read once here
     streams = streams_of(models, device.name)
     progress = Progress(workdir, model, streams[0].layers, len(models), watcher, sum(len(t) - 1 for t in tokens),
                         command)
@@ -227,7 +227,7 @@ def _locked(model: str | os.PathLike[str], models: list[Checked], tokens: list[l
         gpu = device.budget("the check", steps, 2 * len(streams) * sizes.states)  # and the GPU's, on one
         placed = _ray_places(ray[0], sizes) if on_ray else []  # the cluster joined: can it hold the actors?
         _give_back()  # what the imports, the tokenizer and the modules' construction left free
-        static, fold, outside = _static_before(models, workdir, progress, can_fold)
+        static, fold, outside = _static_before(models, workdir, progress, can_fold, whole=on_ray)
         figures = None
         if static is None or not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
 
@@ -315,14 +315,16 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 
-def _static_before(models: list[Checked], workdir: Path, progress: Progress, can_fold: bool
+def _static_before(models: list[Checked], workdir: Path, progress: Progress, can_fold: bool, whole: bool = False
                    ) -> tuple[StaticFigures | None, FoldedStatic | None, dict[str, TensorResult]]:
     """What the static pass finds before the forward pass: all of it (journaled, or where the layers' figures
     cannot be taken from the forward pass's reads), or, folding, the figures of the tensors outside the decoder
     layers (journaled too), and the :class:`FoldedStatic` that finds the layers' as the forward pass reads them
-    (:mod:`.folded`). Where a tensor outside the layers is not finite, all of it: the forward pass will not run."""
+    (:mod:`.folded`). Where a tensor outside the layers is not finite, all of it: the forward pass will not run.
+    ``whole``: the forward pass runs elsewhere (on Ray): every tensor of each hub model is read here, for its files'
+    proof (:func:`~.static.static_pass`)."""
     if (workdir / STATIC_NAME).is_file() or not can_fold:
-        return _static(models, workdir, progress), None, {}
+        return _static(models, workdir, progress, whole=whole), None, {}
     path = workdir / OUTSIDE_NAME
     try:
         outside = {name: (bool(finite), sums) for name, (finite, sums) in json.loads(path.read_text()).items()}
@@ -337,15 +339,15 @@ def _static_before(models: list[Checked], workdir: Path, progress: Progress, can
 
 
 def _static(models: list[Checked], workdir: Path, progress: Progress,
-            known: dict[str, TensorResult] | None = None) -> StaticFigures:
+            known: dict[str, TensorResult] | None = None, whole: bool = False) -> StaticFigures:
     """The static pass's figures (of the tensors not ``known`` already): journaled in ``workdir`` once found,
     so a resumed check reads no model whole again (it was about a third of a killed and resumed check of
-    SmolLM2-135M)."""
+    SmolLM2-135M); ``whole``: see :func:`_static_before`."""
     path = workdir / STATIC_NAME
     if path.is_file():
         return StaticFigures.from_json(json.loads(path.read_text()))
     progress.say(phase="static")
-    static = static_pass(models, known)
+    static = static_pass(models, known, whole=whole)
     workdir.mkdir(parents=True, exist_ok=True)
     write_file_atomic(path, (json.dumps(static.to_json(), allow_nan=False) + "\n").encode())  # the table's order
     return static

@@ -10,6 +10,13 @@ own, kind ``mtp``, outside the decoder layers: the forward pass does not run it 
 its tensors are compared as any other.
 A multimodal model's vision tower and projector are one group too, kind ``vision`` (the forward pass runs the
 language model on text).
+
+A tensor is compared only where the base holds it in the merge's shape: a merge of another vocabulary (a
+``tokenizer_source: union`` merge's larger embeddings and head) has its tables named among the shape problems and
+its other figures unchanged, and the base's and parents' tables are not read for any figure. Where this process runs
+no forward pass (``check --executor ray``: each model's pass runs on a node), the static pass reads them all the same
+(``whole``): every stored tensor of each hub model, so that each of its files is read whole here and proved against
+the hub's checksum before the report (:mod:`resumerge.forward.hubreads`), as a local check's forward pass reads them.
 """
 
 from __future__ import annotations
@@ -96,12 +103,16 @@ def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
 TensorResult = tuple[bool, list[float] | None]
 
 
-def static_pass(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None) -> StaticFigures:
+def static_pass(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None, *,
+                whole: bool = False) -> StaticFigures:
     """Compare every tensor of the merge (``models[0]``) with the base's and the parents'; ``known``: the figures
-    of tensors already found (by the forward pass's reads, :mod:`.folded`), not read again."""
+    of tensors already found (by the forward pass's reads, :mod:`.folded`), not read again. ``whole``: every stored
+    tensor of each hub model is read, those no figure compares too (see the module's docstring: where no forward
+    pass runs in this process, the bytes its files' proof needs)."""
     opened = [_opened(model) for model in models]
     shapes = [_shapes(formats) for _, formats in opened]
-    return assemble(models, _results(models, opened, shapes, known), shapes)
+    proved = [bool(model.remote) for model in models] if whole else None
+    return assemble(models, _results(models, opened, shapes, known, proved=proved), shapes)
 
 
 def tensor_results(models: Sequence[Checked], known: Mapping[str, TensorResult] | None = None,
@@ -114,16 +125,30 @@ def tensor_results(models: Sequence[Checked], known: Mapping[str, TensorResult] 
 
 def _results(models: Sequence[Checked], opened: list[tuple[Weights, StoredFormats]],
              shapes: list[dict[str, tuple[int, ...]]], known: Mapping[str, TensorResult] | None = None,
-             only: Callable[[str], bool] | None = None) -> dict[str, TensorResult]:
+             only: Callable[[str], bool] | None = None, proved: Sequence[bool] | None = None
+             ) -> dict[str, TensorResult]:
+    """Each tensor's :data:`TensorResult` (see :func:`tensor_results`); ``proved``: the models every stored tensor of
+    which is read, whether a figure compares it or not (see :func:`static_pass`), each in its name's turn (the
+    order the figures read in, so that a file's ranges still come about in order)."""
     results = dict(known or {})
-    wanted = [n for n in sorted(shapes[0]) if n not in results and (only is None or only(n))]
+    roles = [m.role for m in models]
+    proving = [m for m, wanted in enumerate(proved or ()) if wanted]
+    names = set(shapes[0]).union(*(shapes[m] for m in proving))
+    wanted = [n for n in sorted(names) if n not in results and (only is None or only(n))]
     if not wanted:
         return results
     readers = [CastReader(weights, formats, torch.float32, key=model.role)
                for model, (weights, formats) in zip(models, opened)]
     try:
         for name in wanted:
-            results[name] = _read_result(readers, shapes, [m.role for m in models], name)
+            read: set[int] = set()
+            if name in shapes[0]:
+                results[name] = _read_result(readers, shapes, roles, name)
+                others = compared_with(shapes, roles, name)
+                read = {0} if others is None else {0, roles.index("base"), *others}
+            for m in proving:
+                if m not in read and name in shapes[m]:  # no figure reads it: its bytes for its file's proof
+                    _read_only(readers[m], name, numel(shapes[m][name]))
     finally:
         for reader in readers:
             reader.close()
@@ -209,6 +234,12 @@ def _spans(reader: CastReader, name: str, values: int) -> list[tuple[int, int]]:
     if not reader.spannable(name) or values <= _SPAN:
         return [(0, values)]
     return [(start, min(start + _SPAN, values)) for start in range(0, values, _SPAN)]
+
+
+def _read_only(reader: CastReader, name: str, values: int) -> None:
+    """Read tensor ``name`` (``values`` values) a span at a time, nothing kept: its bytes pass the model's checks."""
+    for a, b in _spans(reader, name, values):
+        reader.read_span(name, a, b)
 
 
 def _finite(reader: CastReader, name: str, values: int) -> bool:
