@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from ggufmodels import HEADS, KV, Q, decoded, hf_tensors, permute, to_gguf, write_gguf
+from ggufmodels import HEADS, KV, Q, decoded, hf_tensors, permute, readers_built_once, to_gguf, write_gguf
 from safetensors.torch import load_file, save_file
 from support import write_config
 
@@ -126,16 +126,18 @@ def test_a_qwen3moe_merge_of_a_gguf_and_a_safetensors_parent_is_written_with_its
     merged, out = tmp_path / "merged", tmp_path / "out"  # in this process: the suite's time is short
     api.run(config, merged, state_dir=tmp_path / "s1", output=api.Output(copy_tokenizer=False))
     api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type=gguf_type))
-    reader = _check_tensors(out / "model.gguf", _expected("qwen3moe", load_file(merged / "model.safetensors")),
-                            gguf_type)
-    exps = {t.name: [int(x) for x in t.shape] for t in reader.tensors if "_exps" in t.name}
-    assert exps["blk.1.ffn_down_exps.weight"] == [512, 256, 3]  # ne: [n_ff, n_embd, E]
-    assert _keys(reader, "qwen3moe") == {"expert_count": 3, "expert_used_count": 2, "expert_feed_forward_length": 512}
-    plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=gguf_type))
-    assert plan.total_bytes == (out / "model.gguf").stat().st_size
-    assert f"matrices {gguf_type.upper()}" in (out / "README.md").read_text()
-    if gguf_type == "f16":
-        _same_logits(out, merged)
+    with readers_built_once():  # the file parsed once, for the test's reading and transformers'
+        reader = _check_tensors(out / "model.gguf", _expected("qwen3moe", load_file(merged / "model.safetensors")),
+                                gguf_type)
+        exps = {t.name: [int(x) for x in t.shape] for t in reader.tensors if "_exps" in t.name}
+        assert exps["blk.1.ffn_down_exps.weight"] == [512, 256, 3]  # ne: [n_ff, n_embd, E]
+        assert _keys(reader, "qwen3moe") == {"expert_count": 3, "expert_used_count": 2,
+                                             "expert_feed_forward_length": 512}
+        plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=gguf_type))
+        assert plan.total_bytes == (out / "model.gguf").stat().st_size
+        assert f"matrices {gguf_type.upper()}" in (out / "README.md").read_text()
+        if gguf_type == "f16":
+            _same_logits(out, merged)
 
 
 def _tiny(root: Path, arch: str, count: int) -> list[Path]:
@@ -190,11 +192,13 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
     api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type="f16"))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_moe_config.yml", "model.gguf",
                                                      "resumerge-manifest.json"]
-    reader = _check_tensors(out / "model.gguf", _expected(arch, load_file(merged / "model.safetensors"), 4, 2), "f16")
-    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == arch
-    assert _keys(reader, arch) == keys
-    if arch != "llama":  # transformers reads a llama GGUF as a dense Llama, experts aside
-        _same_logits(out, merged)
+    with readers_built_once():  # the file parsed once (SmolLM2's vocabulary), for the test's reading and transformers'
+        reader = _check_tensors(out / "model.gguf", _expected(arch, load_file(merged / "model.safetensors"), 4, 2),
+                                "f16")
+        assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == arch
+        assert _keys(reader, arch) == keys
+        if arch != "llama":  # transformers reads a llama GGUF as a dense Llama, experts aside
+            _same_logits(out, merged)
 
 
 @pytest.mark.slow

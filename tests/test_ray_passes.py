@@ -29,6 +29,7 @@ from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
 from resumerge.forward.proof import RECORDS_NAME
 from resumerge.moe import prepare
+from tests.moe.passthread import passes_on_a_thread
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -56,6 +57,17 @@ def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
     return config, texts
 
 
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+    """:func:`_measured`'s config and texts, and the files of their local measurement (torch on one thread, as each
+    node's actor computes): made once for the module's measurements on Ray, each into folders of its own."""
+    root = tmp_path_factory.mktemp("measured")
+    config, texts = _measured(root)
+    with one_thread():
+        api.measure(config, root / "local", texts=texts, state_dir=root / "s-local")
+    return config, texts, _files(root / "local")
+
+
 def _not_here(*args: object, **kwargs: object) -> Any:
     pytest.fail("the pass's work ran in the driver's process")
 
@@ -64,17 +76,16 @@ def _files(folder: Path) -> dict[str, Any]:
     return {name: digests(folder / name) for name in ("model-00", "model-01")} | {"": digests(folder)}
 
 
-def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_path: Path, cluster: Cluster) -> None:
-    config, texts = _measured(tmp_path)
-    with one_thread():
-        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_path: Path, cluster: Cluster,
+                                                                          measured: tuple[Path, Path, Any]) -> None:
+    config, texts, local = measured
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on its node
         here.setattr(Streamed, "layer", _not_here)
         report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
                              resources=api.Resources(max_memory="8GB"))
     assert not report.reused and report.files == 2 * SPEC.layers
-    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert _files(tmp_path / "ray") == local
     # the journal goes once measure.json is written (the models' byte records stay: a repeat is answered from them)
     left = [p.name for p in (tmp_path / "s-ray").glob("measures/*")]
     assert len(left) == 1 and left[0].endswith(f".{RECORDS_NAME}"), left
@@ -83,11 +94,11 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
                  env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr
     api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
-    assert _files(tmp_path / "both") == _files(tmp_path / "local")
+    assert _files(tmp_path / "both") == local
 
 
 def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_driver_frees_them(
-        tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch, measured: tuple[Path, Path, Any]) -> None:
     """On a cluster that outlives the pass, each model's actor is hosted by its node's kept worker
     (resumerge.engine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
     does the resume of a measurement whose driver was SIGKILLed on them (each freed once its watchdog saw the driver
@@ -95,7 +106,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
     import ray
 
-    import resumerge.analyses.measure.onray as measured
+    import resumerge.analyses.measure.onray as onray_measure
     from resumerge.analyses import onray
     from resumerge.engine.cluster import kept
 
@@ -109,15 +120,13 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     def ids(actors: list[Any]) -> list[str | None]:
         return [None if a is None else a._actor_id.hex() for a in actors]
 
-    monkeypatch.setattr(measured, "kept_hosts", recorded)
-    config, texts = _measured(tmp_path)
-    with one_thread():
-        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+    monkeypatch.setattr(onray_measure, "kept_hosts", recorded)
+    config, texts, local = measured
     for run, executor in (("first", RayExecutor(address=cluster.address)),
                           ("second", RayExecutor(address=cluster.address)),
                           ("fresh", RayExecutor(address=cluster.address, keep_workers=0))):
         api.measure(config, tmp_path / run, texts=texts, state_dir=tmp_path / f"s-{run}", executor=executor)
-        assert _files(tmp_path / run) == _files(tmp_path / "local"), run
+        assert _files(tmp_path / run) == local, run
     first = ids(used[0])
     assert None not in first and len(set(first)) == 2 and ids(used[1]) == first and used[2] == [None, None]
     # A driver SIGKILLed holding the kept workers: each frees itself; the resume computes in them.
@@ -131,7 +140,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
         time.sleep(0.2)
     api.measure(config, tmp_path / "killed", texts=texts, state_dir=tmp_path / "s-killed",
                 executor=RayExecutor(address=cluster.address))
-    assert ids(used[-1]) == first and _files(tmp_path / "killed") == _files(tmp_path / "local")
+    assert ids(used[-1]) == first and _files(tmp_path / "killed") == local
     # A pass of other code asks other names: the workers made for it end at once (their own code is not their
     # names'), refusing it; it computes on fresh actors. Each node is asked once: a worker made at its next slot
     # would run the node's code too.
@@ -146,7 +155,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     monkeypatch.setattr(kept, "_slots", recorded_slots)
     api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
                 executor=RayExecutor(address=cluster.address))
-    assert used[-1] == [None, None] and _files(tmp_path / "other") == _files(tmp_path / "local")
+    assert used[-1] == [None, None] and _files(tmp_path / "other") == local
     assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
 
@@ -257,11 +266,13 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
         "base_model": str(models[0]), "gate_mode": "hidden", "dtype": "float32",
         "experts": [{"source_model": str(models[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
                     {"source_model": str(models[2]), "positive_prompts": ["Zq rs tu"]}]})
-    with pytest.MonkeyPatch.context() as here:
-        here.setenv("OMP_NUM_THREADS", "1")
+    # The prompt work done here (the local reference's whole pass, torch on one thread as each node's actor computes;
+    # the Ray runs' tokenising of the prompts) on a thread of this process: its process is not what this tests (an
+    # interpreter start with torch and transformers saved each time, ~6 CPU s). The killed run below has its own.
+    with one_thread(), passes_on_a_thread():
         api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
     on_ray = RayExecutor(address=cluster.address)
-    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this machine's processes: on the node
+    with pytest.MonkeyPatch.context() as here, passes_on_a_thread():  # no decoder layer runs here: on the node
         here.setattr(Streams, "layer", _not_here)
         here.setattr(prepare, "start_child", _encode_only(prepare.start_child))
         api.run(config, tmp_path / "ray", state_dir=tmp_path / "s-ray", executor=on_ray)
@@ -275,7 +286,8 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     assert killed.returncode == -9, killed.stderr
     (work,) = (tmp_path / "s-both" / "moe-routers").iterdir()
     assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors"]
-    api.run(config, tmp_path / "both", state_dir=tmp_path / "s-both", executor=on_ray)
+    with passes_on_a_thread():
+        api.run(config, tmp_path / "both", state_dir=tmp_path / "s-both", executor=on_ray)
     assert digests(tmp_path / "both") == digests(tmp_path / "local")
 
 

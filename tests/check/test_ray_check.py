@@ -13,13 +13,15 @@ compute on their node's one CPU: the local reference runs torch on one thread to
 may round otherwise); ``run --check`` hands the check its run's executor; the CLI without Ray installed exits 2
 naming the install line.
 
-Tiny generated models (three layers, width 32, a byte-level tokenizer)."""
+Tiny generated models (three layers, width 32, a byte-level tokenizer): the merge checked and its local check are
+made once for the module (the ``merged`` fixture)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,21 @@ RAY_SPARE_NODES = True  # tests/conftest.py: this module runs beside the others 
 TEXTS = "the cat sat on the mat\nhello world again\nx\n"
 
 
-def _merged(root: Path) -> tuple[Path, Path]:
-    """A resumerge output (a linear merge of two tiny models, the first its base) and the texts to check it on."""
+@dataclass(frozen=True)
+class Merged:
+    """A resumerge output (a linear merge of two tiny models, the first its base), its config, the texts to check
+    it on, and its local check's report (torch on one thread, as each node's actor computes): made once for the
+    module, read only by its tests (each check keeps its journal in a state dir of its own)."""
+
+    config: Path
+    out: Path
+    texts: Path
+    local: CheckReport
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
+    root = tmp_path_factory.mktemp("merged")
     parents = [make_model(root / f"p{i}", SPEC, seed=i) for i in range(2)]
     config = root / "merge.yml"
     config.write_text(f"merge_method: linear\nbase_model: {parents[0]}\nmodels:\n" + "".join(
@@ -51,7 +66,10 @@ def _merged(root: Path) -> tuple[Path, Path]:
     api.run(config, root / "out", state_dir=root / "state")
     texts = root / "texts.txt"
     texts.write_text(TEXTS)
-    return root / "out", texts
+    with one_thread():
+        local = api.check(root / "out", prompts=texts, state_dir=root / "local")
+    assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
+    return Merged(config, root / "out", texts, local)
 
 
 def _same(doc: dict[str, Any], reference: CheckReport) -> None:
@@ -71,12 +89,12 @@ def _cli(out: Path, texts: Path, state: Path, *extra: str,
 
 
 def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead, merged: Merged) -> None:
     """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
     on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
     from resumerge.cli.commands import main
 
-    out, texts = _merged(tmp_path)
+    out, texts = merged.out, merged.texts
     state = tmp_path / "checked"
     with ray_cluster(ray_head, workers=1, memory=256 << 20) as (cluster, _):
         code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
@@ -87,12 +105,9 @@ def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any
     assert not list(state.rglob("static*.json")) and not list(state.rglob("layer-*"))  # nothing read
 
 
-def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path,
-                                                                                ray_head: RayHead) -> None:
-    out, texts = _merged(tmp_path)
-    with one_thread():
-        local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
-    assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
+def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path, ray_head: RayHead,
+                                                                                merged: Merged) -> None:
+    out, texts, local = merged.out, merged.texts, merged.local
     with ray_cluster(ray_head, workers=3, spare=True) as (cluster, _):
         # The real CLI on Ray, SIGKILLed after layer 1 of 3: status says where it was and on which nodes, a node of
         # its own for each model. Each run below passes the kill point once per layer it runs: one started over
@@ -139,7 +154,8 @@ def test_a_check_runs_where_the_executor_object_says() -> None:
         check_placement("ray")
 
 
-def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      merged: Merged) -> None:
     """``run --check`` checks where the run ran: its executor reaches the check (a cluster's address included)."""
     import resumerge.analyses.check.run
     from resumerge.api.checked import checked
@@ -152,8 +168,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
         seen.append((on_ray, ray_address))
 
     monkeypatch.setattr(resumerge.analyses.check.run, "run_check", placed)
-    _merged(tmp_path)
-    ran = api.run(tmp_path / "merge.yml", tmp_path / "again", state_dir=tmp_path / "state", check=True,
+    ran = api.run(merged.config, tmp_path / "again", state_dir=tmp_path / "state", check=True,
                   executor=LocalExecutor())
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
@@ -161,7 +176,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
 
 
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_head: RayHead, merged: Merged) -> None:
     """A worker node running a model's actor dies (all its processes) after the pass journaled layer 0 (the merge's
     node, the first time the merge's and the base's). With a spare node, the model gets a new actor there, which runs
     its part of layer 1 from the hidden states the driver holds, and the check ends with the local check's report,
@@ -174,9 +189,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     from resumerge.errors import UnreachableError
     from resumerge.torch_import import IMPORT_RESERVE
 
-    out, texts = _merged(tmp_path)
-    with one_thread():
-        local = api.check(out, prompts=texts, state_dir=tmp_path / "local")
+    out, texts, local = merged.out, merged.texts, merged.local
     nodes: list[list[str]] = []
     held: list[float] = []
     lost = tmp_path / "lost"

@@ -25,6 +25,7 @@ import yaml
 
 from resumerge import api
 from tests.moe.models import llamas
+from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, digests
 
 STACK = ("huggingface_hub==0.34.0", "transformers==4.57.6", "tokenizers==0.22.2")
@@ -65,10 +66,13 @@ def stack_env() -> dict[str, str]:
             shutil.rmtree(building, ignore_errors=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), str(ROOT), env.get("PYTHONPATH")) if p)
-    versions = subprocess.run([sys.executable, "-c", "import huggingface_hub, transformers; "
-                               "print(huggingface_hub.__version__, transformers.__version__)"],
-                              env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert versions == [STACK[0].split("==")[1], STACK[1].split("==")[1]]
+    # What a process of that environment would import (found, not imported: an import of both took ~3 CPU s) and
+    # the versions it would see; the tests below run them.
+    found = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, importlib.util as u; print(*("
+                            "f'{m.version(n)}@{u.find_spec(n).origin}' for n in ('huggingface_hub', 'transformers')))"],
+                           env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert [f.split("@")[0] for f in found] == [STACK[0].split("==")[1], STACK[1].split("==")[1]]
+    assert all(Path(f.split("@", 1)[1]).is_relative_to(target) for f in found), found
     return env
 
 
@@ -94,8 +98,11 @@ def test_hidden_gates_on_transformers_4_give_the_same_bytes(tmp_path: Path, stac
                     {"source_model": str(m[2]), "positive_prompts": ["ef gh ij"]}]}))
     on_4 = cli("run", config, tmp_path / "on-4", "--state-dir", tmp_path / "state-4", env=stack_env)
     assert on_4.returncode == 0, on_4.stderr
-    # This environment's run needs no process of its own (its pass has one): an interpreter start saved.
-    api.run(config, tmp_path / "here", state_dir=tmp_path / "state")
+    # This environment's run needs no process of its own, nor does its pass (on a thread of this process, the same
+    # job through the same function, tests/moe/passthread.py): two interpreter starts saved. The run on the old stack
+    # keeps both processes: its transformers is the one under test.
+    with passes_on_a_thread():
+        api.run(config, tmp_path / "here", state_dir=tmp_path / "state")
     # The manifest holds the plan's fingerprint, whose routers are named by a key that includes the
     # transformers version (a resume on another version recomputes them); every other file is the same.
     on_4_files, here_files = digests(tmp_path / "on-4"), digests(tmp_path / "here")
