@@ -1,4 +1,5 @@
-"""The start-up of a hidden-gates MoE run: wall and CPU of ``resumerge run`` (fresh), of ``resumerge run`` again
+"""The start-up of a hidden-gates MoE run: wall and CPU of ``resumerge run`` (fresh; and of the same config with
+``gate_mode: cheap_embed``, whose prompts are tokenised in a process of their own), of ``resumerge run`` again
 after a kill past the gates (the pass's routers finished in the state dir, the routers' shard not committed), and
 of ``resumerge resume`` after such a kill, for two checkouts of resumerge side by side, alternated.
 
@@ -50,12 +51,12 @@ def make_models(work: Path, layers: int, hidden: int) -> list[Path]:
             for i, m in enumerate(work / f"m{i}" for i in range(3))]
 
 
-def write_config(work: Path, models: list[Path]) -> Path:
-    lines = [f"base_model: {models[0]}", "gate_mode: hidden", "experts:"]
+def write_config(work: Path, models: list[Path], mode: str = "hidden") -> Path:
+    lines = [f"base_model: {models[0]}", f"gate_mode: {mode}", "experts:"]
     for i, model in enumerate(models[1:]):
         lines += [f"  - source_model: {model}", "    positive_prompts:"]
         lines += [f"      - {p!r}" for p in PROMPTS[i]]
-    path = work / "hidden.yml"
+    path = work / f"{mode}.yml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -102,9 +103,10 @@ def slot(code: str, root: str, config: Path, scratch: Path, shard: str) -> list[
     """Every scenario once with ``root``'s code, OUT in shards of ``shard``."""
     python = [sys.executable, "-m", "resumerge"]
     rows = []
-    out, state = scratch / f"{code}-fresh", scratch / f"{code}-fresh-state"
-    rows.append({"scenario": "run", **timed([*python, "run", str(config), str(out), "--state-dir", str(state),
-                                             "--out-shard-size", shard, "--quiet"], root)})
+    for scenario, path in (("run", config), ("run cheap_embed", config.with_name("cheap_embed.yml"))):
+        out, state = scratch / f"{code}-{path.stem}", scratch / f"{code}-{path.stem}-state"
+        rows.append({"scenario": scenario, **timed([*python, "run", str(path), str(out), "--state-dir", str(state),
+                                                    "--out-shard-size", shard, "--quiet"], root)})
     for scenario in ("run again past the gates", "resume past the gates"):
         out, state = scratch / f"{code}-{scenario[:3]}", scratch / f"{code}-{scenario[:3]}-state"
         killed = timed([*python, "run", str(config), str(out), "--state-dir", str(state), "--out-shard-size", shard,
@@ -134,7 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     args.work.mkdir(parents=True, exist_ok=True)
-    config = write_config(args.work, make_models(args.work, args.layers, args.hidden))
+    models = make_models(args.work, args.layers, args.hidden)
+    config = write_config(args.work, models)
+    write_config(args.work, models, "cheap_embed")  # its prompts tokenised in a process of their own
     scratch = args.work / "runs"
     shutil.rmtree(scratch, ignore_errors=True)  # a broken earlier run's
     scratch.mkdir()
@@ -146,7 +150,7 @@ def main() -> None:
                 row["pair"] = pair + 1
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    for scenario in ("run", "run again past the gates", "resume past the gates"):
+    for scenario in ("run", "run cheap_embed", "run again past the gates", "resume past the gates"):
         for code in ("A", "B"):
             got = [r for r in rows if r["scenario"] == scenario and r["code"] == code and "wall" in r]
             if got:
