@@ -84,6 +84,8 @@ def main() -> None:
     tiny = args.work / "tiny"
     if not (tiny / "config.json").is_file():
         tiny_model(tiny)
+    for made in ("data", "tasks"):  # write_tasks makes them
+        shutil.rmtree(args.work / made, ignore_errors=True)
     tasks = write_tasks(args.work)
     models = {"tiny": tiny, "smollm2": smollm2_folder()}
     rows: list[dict[str, object]] = []

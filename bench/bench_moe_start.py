@@ -6,7 +6,7 @@ of ``resumerge resume`` after such a kill, for two checkouts of resumerge side b
 Usage::
 
     python bench/bench_moe_start.py A_ROOT B_ROOT [--pairs 3] [--work DIR] [--layers 8] [--hidden 512]
-                                                  [--out-shard-size 20MB]
+                                                  [--out-shard-size 20MB] [--only SCENARIO,...]
 
 Generates three float32 Llama-style models (``--layers``, ``--hidden``; the base and two experts), writes a
 ``gate_mode: hidden`` config over them, and for each pair runs every scenario with A's code then B's (the next pair
@@ -99,15 +99,23 @@ def timed(argv: list[str], root: str, *, kill_when: tuple[Path, Path] | None = N
             "load": [round(x, 1) for x in load]}
 
 
-def slot(code: str, root: str, config: Path, scratch: Path, shard: str) -> list[dict[str, object]]:
-    """Every scenario once with ``root``'s code, OUT in shards of ``shard``."""
+SCENARIOS = ("run", "run cheap_embed", "run again past the gates", "resume past the gates")
+
+
+def slot(code: str, root: str, config: Path, scratch: Path, shard: str,
+         only: tuple[str, ...] = SCENARIOS) -> list[dict[str, object]]:
+    """The scenarios ``only`` once with ``root``'s code, OUT in shards of ``shard``."""
     python = [sys.executable, "-m", "resumerge"]
     rows = []
     for scenario, path in (("run", config), ("run cheap_embed", config.with_name("cheap_embed.yml"))):
+        if scenario not in only:
+            continue
         out, state = scratch / f"{code}-{path.stem}", scratch / f"{code}-{path.stem}-state"
         rows.append({"scenario": scenario, **timed([*python, "run", str(path), str(out), "--state-dir", str(state),
                                                     "--out-shard-size", shard, "--quiet"], root)})
     for scenario in ("run again past the gates", "resume past the gates"):
+        if scenario not in only:
+            continue
         out, state = scratch / f"{code}-{scenario[:3]}", scratch / f"{code}-{scenario[:3]}-state"
         killed = timed([*python, "run", str(config), str(out), "--state-dir", str(state), "--out-shard-size", shard,
                         "--quiet"], root,
@@ -133,6 +141,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--out-shard-size", default="20MB")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, comma-separated")
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -146,11 +155,11 @@ def main() -> None:
     for pair in range(args.pairs):
         order = [("A", args.a_root), ("B", args.b_root)]
         for code, root in order if pair % 2 == 0 else order[::-1]:
-            for row in slot(code, root, config, scratch, args.out_shard_size):
+            for row in slot(code, root, config, scratch, args.out_shard_size, tuple(args.only.split(","))):
                 row["pair"] = pair + 1
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    for scenario in ("run", "run cheap_embed", "run again past the gates", "resume past the gates"):
+    for scenario in SCENARIOS:
         for code in ("A", "B"):
             got = [r for r in rows if r["scenario"] == scenario and r["code"] == code and "wall" in r]
             if got:
