@@ -17,6 +17,7 @@ from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
 from resumerge.moe import load_moe_text, passproc
 from resumerge.moe.passdone import routers_finished
+from resumerge.moe.prompts import encode, load_tokenizer
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 
@@ -61,12 +62,14 @@ def test_a_run_continued_past_its_gates_starts_no_pass_process(tmp_path: Path,
     assert routers(out) == routers(reference) and routers(out)
 
 
-_ENCODE = {"job": "encode", "mode": "cheap_embed", "prompts": [[["ab cd", "x"], None]]}
+_PROMPTS = ["ab cd", "x"]
+_ENCODE = {"job": "encode", "mode": "cheap_embed", "prompts": [[_PROMPTS, None]]}
 
 
 def test_a_process_given_its_job_loads_only_what_it_needs(tmp_path: Path) -> None:
-    """Tokenising the prompts in a process started with its job: the same tokens, without the modelling modules
-    (torch's compiler, which the pass's modules import) that a process started early loads while it waits."""
+    """Tokenising the prompts in a process started with its job: the same tokens as the tokenizer gives them here,
+    without the modelling modules (torch's compiler, which the pass's modules import) that a process started early
+    loads while it waits."""
     (base,) = llamas(tmp_path, count=1)
     job = json.dumps({**_ENCODE, "tokenizer_dir": str(base), "workdir": str(tmp_path), "parent": os.getpid()})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parents[2]),
@@ -76,6 +79,6 @@ def test_a_process_given_its_job_loads_only_what_it_needs(tmp_path: Path) -> Non
     assert said.returncode == 0, said.stderr
     imported = {line.split("|")[-1].strip() for line in said.stderr.splitlines() if line.startswith("import time:")}
     assert "transformers" in imported and "torch._dynamo" not in imported
-    early = passproc.PassProcess()  # started before its job: it loads everything meanwhile
-    early.send({**_ENCODE, "tokenizer_dir": str(base)}, tmp_path)
-    assert json.loads(said.stdout.splitlines()[-1])["ok"] == early.result()
+    tokenizer = load_tokenizer(base, "cheap_embed")  # as a process started early tokenises them, after its loads
+    expected = {"encoded": [[encode(tokenizer, _PROMPTS), None]]}
+    assert json.loads(said.stdout.splitlines()[-1])["ok"] == json.loads(json.dumps(expected))
