@@ -96,7 +96,7 @@ def main() -> None:
             for name, model in models.items():
                 state = args.work / f"state-{code}"
                 shutil.rmtree(state, ignore_errors=True)
-                row, out = timed([sys.executable, "-m", "resumerge", "eval", str(model), "--tasks", "tiny_mc",
+                row, out = timed([sys.executable, "-P", "-m", "resumerge", "eval", str(model), "--tasks", "tiny_mc",
                                   "--include-path", str(tasks), "--limit", str(args.limit), "--state-dir",
                                   str(state), "--json"], root)
                 results = _results(out)

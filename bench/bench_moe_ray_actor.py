@@ -8,9 +8,10 @@ Usage::
 
 Starts a Ray cluster on this machine as the tests do (tests/raycluster.py: a head without CPUs, one-CPU worker
 nodes), this process its driver; then, alternating, enters and leaves the pass's placement of MODEL's layers
-(:func:`resumerge.analyses.check.onray.placing`: the actor placed, started, its model opened) with ``keep`` 0 and
-600 s, timing the entry (what the pass waits for before its first layer) and the exit. The first kept entry makes
-the node's kept worker; the later ones find it idle, as a second MoE run on a user's cluster would. Prints one JSON
+(as :func:`resumerge.analyses.check.onray.placing` places it: the actor placed, started, its model opened) with
+``keep`` 0 (what the MoE pass does) and 600 s (a node's kept worker, as check's passes lease), timing the entry
+(what the pass waits for before its first layer) and the exit. The first kept entry makes the node's kept worker;
+the later ones find it idle, as a second MoE run on a user's cluster would. Prints one JSON
 line per entry, the means, and ``os.getloadavg()``.
 """
 
@@ -40,9 +41,11 @@ def main() -> None:
     import torch
     from ray.cluster_utils import Cluster
 
-    from resumerge.analyses.check.onray import placing
+    from resumerge.analyses.check.onray import ray_models
+    from resumerge.analyses.onray import ray_places
     from resumerge.config.locations import StateDir
     from resumerge.forward.opened import open_for_pass
+    from resumerge.torch_import import IMPORT_RESERVE
 
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0,
             "prestart_worker_first_driver": False, "enable_worker_prestart": False}
@@ -62,8 +65,10 @@ def main() -> None:
                 for keep in (0.0, 600.0) if pair % 2 == 0 else (600.0, 0.0):
                     load = os.getloadavg()
                     start = time.perf_counter()
-                    places = placing(cluster.address, None, "prompt forward pass", keep=keep)
-                    with places([base], layers, [64 << 20], torch.bfloat16):
+                    # as resumerge.analyses.check.onray.placing places the pass, with the kept workers' keep
+                    where = ray_places(cluster.address, [IMPORT_RESERVE + (64 << 20)], what="prompt forward pass")
+                    with ray_models([base], where, layers, dtype=torch.bfloat16, what="prompt forward pass",
+                                    beside=True, keep=keep):
                         entered = time.perf_counter() - start
                     left = time.perf_counter() - start - entered
                     row = {"pair": pair + 1, "keep": keep, "enter": round(entered, 2), "leave": round(left, 2),

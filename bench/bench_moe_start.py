@@ -105,7 +105,7 @@ SCENARIOS = ("run", "run cheap_embed", "run again past the gates", "resume past 
 def slot(code: str, root: str, config: Path, scratch: Path, shard: str,
          only: tuple[str, ...] = SCENARIOS) -> list[dict[str, object]]:
     """The scenarios ``only`` once with ``root``'s code, OUT in shards of ``shard``."""
-    python = [sys.executable, "-m", "resumerge"]
+    python = [sys.executable, "-P", "-m", "resumerge"]
     rows = []
     for scenario, path in (("run", config), ("run cheap_embed", config.with_name("cheap_embed.yml"))):
         if scenario not in only:

@@ -52,13 +52,13 @@ def encode_child(root: str, model: Path, given: bool) -> dict[str, object]:
     job = {"job": "encode", "mode": "cheap_embed", "prompts": [[["ab cd ef gh", "Ab Cd Ef"], None],
                                                                [["zz yy xx", "Zq rs tu vw"], ["mn op"]]],
            "tokenizer_dir": str(model), "workdir": "/tmp", "parent": os.getpid()}
-    argv = [sys.executable, "-m", "resumerge.moe.passmain", str(os.getpid()), *(["--job-given"] if given else [])]
+    argv = [sys.executable, "-P", "-m", "resumerge.moe.passmain", str(os.getpid()), *(["--job-given"] if given else [])]
     wall, cpu, out = _child_run(argv, root, json.dumps(job))
     return {"wall": round(wall, 2), "cpu": round(cpu, 2), "answer": out.strip().splitlines()[-1][:60]}
 
 
 def eval_tokenizer(root: str, model: Path) -> dict[str, object]:
-    wall, cpu, out = _child_run([sys.executable, "-c", _TOKENIZER, str(model)], root)
+    wall, cpu, out = _child_run([sys.executable, "-P", "-c", _TOKENIZER, str(model)], root)
     part_cpu, part_wall, kind, imported = out.split()
     return {"process_wall": round(wall, 2), "process_cpu": round(cpu, 2), "cpu": round(float(part_cpu), 2),
             "wall": round(float(part_wall), 2), "tokenizer": kind, "transformers_imported": imported == "True"}

@@ -445,21 +445,20 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
         running.end()
 
 
-def placing(address: str | None, state: str | None, what: str, keep: float = 0.0) -> Places:
+def placing(address: str | None, state: str | None, what: str) -> Places:
     """The :class:`~resumerge.forward.placement.Places` of a pass the run's executor places on the Ray cluster at
     ``address`` (None: ``RAY_ADDRESS``, else a Ray started here) that does not learn where it runs (the MoE
     hidden-state gates'): the cluster joined and each model's actor placed when the pass asks, before it reads a
     weight (refused, exit 2, where no node holds one: :func:`~resumerge.analyses.onray.ray_places`), each actor
     declaring torch's imports and the model's part of the pass at its largest step (``needs``) and no CPU: the
     pass runs while the run's workers wait for its plan, holding the CPUs (:class:`RayModels`, ``beside``);
-    ``state``: the state dir given with ``--state-dir``; ``what``: the pass, as its refusals name it; ``keep``: as
-    :func:`ray_models`' (0: fresh actors)."""
+    ``state``: the state dir given with ``--state-dir``; ``what``: the pass, as its refusals name it."""
 
     def placed(models: Sequence[Checked], layers: int, needs: Sequence[int],
                dtype: torch.dtype) -> AbstractContextManager[Placement]:
         from resumerge.analyses.onray import ray_places
 
         where = ray_places(address, [IMPORT_RESERVE + need for need in needs], what=what)
-        return ray_models(models, where, layers, state=state, dtype=dtype, what=what, beside=True, keep=keep)
+        return ray_models(models, where, layers, state=state, dtype=dtype, what=what, beside=True)
 
     return placed
