@@ -54,13 +54,16 @@ class MoeKind:
         beside the merge where the budget holds both; nothing is read before the config and OUT are checked."""
         from resumerge.engine.session import run_plan
         from resumerge.engine.target import Target
+        from resumerge.moe.passdone import routers_finished
         from resumerge.moe.passproc import started_early
         from resumerge.store.planning import planning_mark
 
         assert call.out is not None
         config = _config(call)
-        # The mark names this kind: a run killed during its prompt pass is told as one (planning_done).
-        with started_early(config.gate_mode, call.settings.state) as early, \
+        # The mark names this kind: a run killed during its prompt pass is told as one (planning_done). A run that
+        # continues one past its pass starts no process for it: the planner finds its routers.
+        with started_early(config.gate_mode, call.settings.state,
+                           lambda: routers_finished(config, call.locations)) as early, \
                 planning_mark(call.locations.run_dir, kind=self.name):
             target = Target.at(call.locations, call.settings)
             prepared = _prepare(config, call.options, call.settings, driving.reporter, early=early,

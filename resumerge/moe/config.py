@@ -85,6 +85,12 @@ class MoeConfig:
         return self.experts
 
 
+def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
+    """Each gated expert's (positive, negative or None) prompts."""
+    return [(list(e.positive_prompts or ()), list(e.negative_prompts) if e.negative_prompts else None)
+            for e in config.gated]
+
+
 def is_moe_text(text: str) -> bool:
     """True when ``text`` is one YAML mapping with an ``experts`` key and no ``merge_method`` (text that is not
     valid YAML, or repeats a key, counts as not MoE: the single merge's check names it, as plan does)."""

@@ -24,12 +24,12 @@ from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.memory import SystemProbe, default_budget, usable_cores
-from resumerge.moe.config import MoeConfig
+from resumerge.moe.config import MoeConfig, prompt_texts
 from resumerge.moe.forward import pass_bytes
 from resumerge.moe.hiddenpass import beside_share
 from resumerge.moe.passproc import HIDDEN_MODES, run_child
 from resumerge.moe.passshare import share_problem
-from resumerge.moe.prepare import base_folder, prepare_moe, prompt_texts, routers_dir
+from resumerge.moe.prepare import base_folder, prepare_moe, routers_dir
 from resumerge.moe.state import ROUTERS_NAME
 from resumerge.plan.merge_plan import Plan, PlanOptions
 from resumerge.plan.prepared import Prepared

@@ -1,12 +1,14 @@
 """The prompt work of a mergekit-moe config, in a process of its own: ``python -m resumerge.moe.passmain PARENT
-[WHERE]`` (the run's process id, and where its work goes, for the eye).
+[--job-given] [WHERE]`` (the run's process id, whether its job is written already, and where its work goes, for the
+eye).
 
 transformers (the tokenizer, the decoder layers' modules) adds about half a gigabyte to any process that imports
 it, and keeps it: run in the merge's process, that memory would count against ``--max-memory`` for the whole
 merge. So the run's process (:mod:`resumerge.moe.passproc`) starts this one for the prompt work only and never
 imports transformers itself. It loads torch and transformers as soon as it starts (the run's process starts it
 before its own imports and planning, which then overlap these), then reads one job as JSON from stdin, with the
-``workdir`` it works in:
+``workdir`` it works in (started with its job, ``--job-given``, it reads the job first, and a job that only
+tokenises loads only the tokenizer):
 
 ``encode``
     tokenise every gated expert's prompt sets (``cheap_embed``); the answer carries them.
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ResumergeError
-from resumerge.moe.passproc import CHECKED_LINE
+from resumerge.moe.passproc import CHECKED_LINE, JOB_GIVEN
 
 # Seconds between two looks at the parent, where the kernel cannot be asked to signal its death.
 _WATCH_SECONDS = 0.5
@@ -140,11 +142,23 @@ def _preload() -> None:
         import transformers.masking_utils
 
 
+def _models(text: str) -> bool:
+    """Whether the job ``text`` runs the base model (a pass, or ``plan``'s probe of one, which measures the process
+    a pass's is): only then are torch's and transformers' modelling modules loaded up front. Tokenising the prompts
+    (``cheap_embed``, a pass placed on other nodes) needs only the tokenizer: the rest is 1.5-2 CPU s of imports
+    (torch.distributed, sympy, dynamo) on the path of a run's planning, which waits for the tokens."""
+    return bool(text) and json.loads(text).get("job") != "encode"
+
+
 def main() -> int:
-    """The entry point: load, read the job, do it, print the answer."""
+    """The entry point: load, read the job, do it, print the answer (started with its job,
+    :data:`~resumerge.moe.passproc.JOB_GIVEN`: read the job, load what it needs, do it)."""
     follow_parent(int(sys.argv[1]))
-    _preload()
-    text = sys.stdin.read()
+    text = sys.stdin.read() if JOB_GIVEN in sys.argv[2:] else None
+    if text is None or _models(text):
+        _preload()
+    if text is None:
+        text = sys.stdin.read()
     if not text:  # the run needed no pass after all (or ended): nothing to do
         return 0
     job = json.loads(text)

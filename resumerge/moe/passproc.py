@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,9 @@ HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
 # The line the pass's process writes once it has made every check it makes before its first weight (then the run's
 # merge starts: see PassProcess.checked).
 CHECKED_LINE = '{"checked": true}'
+# The word in the command line of a pass's process started with its job (not early): it reads the job before it
+# imports anything, and imports only what that job needs (see resumerge.moe.passmain.main).
+JOB_GIVEN = "--job-given"
 # resumerge is on no package index: its extra installs only from a clone or a wheel, transformers from anywhere.
 INSTALL_HINT = "pip install transformers (the moe extra: pip install -e '.[moe]' in a clone)"
 
@@ -106,19 +109,22 @@ def unmet_requirement(distribution: str) -> str | None:
 
 
 def routers_key(weight_files: Sequence[tuple[str, int, str]], mode: str, prompts: PromptSets,
-                tokenizer_dir: Path) -> str:
+                tokenizer_dir: Path, *, torch_version: str | None = None) -> str:
     """The content key of a forward pass: the base's weight files, the mode, the prompts, the tokenizer's files
-    and the versions of the code that computes it (read without importing transformers)."""
+    and the versions of the code that computes it (read without importing transformers; ``torch_version``: torch's
+    as its caller read it, None: ``torch.__version__``, importing torch)."""
     tokenizer = sorted((name, hashlib.sha256((tokenizer_dir / name).read_bytes()).hexdigest())
                        for name in TOKENIZER_FILES if (tokenizer_dir / name).is_file())
-    import torch
+    if torch_version is None:
+        import torch
 
+        torch_version = str(torch.__version__)
     try:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         version = None
     doc = [list(weight_files), mode, [[list(p), list(n) if n else None] for p, n in prompts], tokenizer, version,
-           torch.__version__]
+           torch_version]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
@@ -129,11 +135,14 @@ def run_child(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def started_early(gate_mode: str | None, state: StateDir) -> Iterator[PassProcess | None]:
+def started_early(gate_mode: str | None, state: StateDir,
+                  finished: Callable[[], bool] = lambda: False) -> Iterator[PassProcess | None]:
     """A process for the hidden-state gate modes' forward pass, started now to load while the run plans (its job
     comes later), and stopped when the block ends (a run that ended without its routers, or needed no pass,
-    leaves no process running); None for the other modes, or without transformers (refused later)."""
-    if gate_mode not in HIDDEN_MODES or importlib.util.find_spec("transformers") is None:
+    leaves no process running); None for the other modes, without transformers (refused later), or where
+    ``finished`` (asked only for those modes) says the run will find its routers finished (a run continuing one
+    past its pass: :func:`resumerge.moe.passdone.routers_finished`; the planner starts a process if they are not)."""
+    if gate_mode not in HIDDEN_MODES or importlib.util.find_spec("transformers") is None or finished():
         yield None
         return
     child = PassProcess(state.routers_dir)
@@ -147,7 +156,7 @@ def start_child(job: dict[str, Any], workdir: Path, started: PassProcess | None 
     """Give ``job`` to the process ``started`` earlier (None: a new one) and return it at once (see
     :class:`PassProcess`)."""
     transformers_usable(job["mode"])
-    child = started if started is not None else PassProcess()
+    child = started if started is not None else PassProcess(given=True)
     child.send(job, workdir)
     return child
 
@@ -155,16 +164,18 @@ def start_child(job: dict[str, Any], workdir: Path, started: PassProcess | None 
 class PassProcess:
     """The prompt work's process. Started before its job is known, it loads torch and transformers meanwhile (so
     an interpreter start with them overlaps the run's own), then waits for :meth:`send`; ``where`` (shown in its
-    command line) says where its work will go. Its answer is taken on a thread of this process, so the caller
-    goes on meanwhile. Started from the calling thread: the kernel's parent-death signal follows the thread that
-    starts a child, and the caller's thread lives as long as the run."""
+    command line) says where its work will go. ``given``: started with its job (:meth:`send` follows at once), it
+    reads the job first and loads only what that job needs. Its answer is taken on a thread of this process, so the
+    caller goes on meanwhile. Started from the calling thread: the kernel's parent-death signal follows the thread
+    that starts a child, and the caller's thread lives as long as the run."""
 
-    def __init__(self, where: Path | None = None) -> None:
+    def __init__(self, where: Path | None = None, *, given: bool = False) -> None:
         env = dict(os.environ)
         # The child imports this very resumerge, whatever put it on this process's path.
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        argv = [sys.executable, "-m", "resumerge.moe.passmain", str(os.getpid()), *([str(where)] if where else [])]
+        argv = [sys.executable, "-m", "resumerge.moe.passmain", str(os.getpid()), *([JOB_GIVEN] if given else []),
+                *([str(where)] if where else [])]
         self._child = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
         self._streams: tuple[str, str] = ("", "")

@@ -19,7 +19,7 @@ from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
-from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig
+from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig, prompt_texts
 from resumerge.moe.hiddenpass import PASS_PROCESS_BYTES, HiddenPass, beside_share, routers_job
 from resumerge.moe.passproc import (
     HIDDEN_MODES,
@@ -87,12 +87,6 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     if running.share is not None:
         return Prepared(plan, inputs, resources, beside=running)
     return Prepared(replace(plan, notes=plan.notes + running.degenerate_notes()), inputs, resources)
-
-
-def prompt_texts(config: MoeConfig) -> list[tuple[list[str], list[str] | None]]:
-    """Each gated expert's (positive, negative or None) prompts."""
-    return [(list(e.positive_prompts or ()), list(e.negative_prompts) if e.negative_prompts else None)
-            for e in config.gated]
 
 
 def base_folder(base: ModelInput, state: StateDir) -> Path:

@@ -31,7 +31,7 @@ _THREAD = "test-prompt-pass"
 class PassOnAThread:
     """:class:`~resumerge.moe.passproc.PassProcess`'s interface, its job done on a thread of this process."""
 
-    def __init__(self, where: Path | None = None) -> None:
+    def __init__(self, where: Path | None = None, *, given: bool = False) -> None:
         self._thread: threading.Thread | None = None
         self._answer: dict[str, Any] | None = None
         self._error: BaseException | None = None

@@ -126,7 +126,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     # What lm-eval runs (None: no task, or every name a text task's YAML: lm-eval runs none)
     runs = loaded.runs(settings) if loaded is not None and settings.lm_tasks else None
     generating = generation_tasks(loaded.kinds) if loaded is not None else []
-    tokenizer = _tokenizer(model)
+    tokenizer = _tokenizer(model, bool(settings.apply_chat_template))
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state)
     device = settings.pass_device()
@@ -365,12 +365,20 @@ def _not_a_config(target: str) -> None:
         raise UsageError(f"TARGET {target} is a merge config", hint="evaluate it through resumerge.api.evaluate")
 
 
-def _tokenizer(model: PassModel) -> Any:
-    """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``)."""
-    transformers = require_transformers(_NEEDS)
+def _tokenizer(model: PassModel, chat: bool) -> Any:
+    """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``), or,
+    without a chat template (``chat``), read without transformers where that gives the same tokens and texts
+    (:func:`~.evaltok.eval_tokenizer`)."""
     directory = model.opened.directory
     if not ((directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file()):
         raise UsageError(f"TARGET {model.path} has no tokenizer", hint="copy the tokenizer files into its folder")
+    if not chat:
+        from resumerge.analyses.evaluation.evaltok import eval_tokenizer
+
+        plain = eval_tokenizer(directory)
+        if plain is not None:
+            return plain
+    transformers = require_transformers(_NEEDS)
     try:
         return tokenizer_at(transformers, directory)
     except (OSError, ValueError) as exc:
