@@ -230,8 +230,15 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--keep", type=Path, help="move the first tree's first finished OUT and state dir here")
+    parser.add_argument("--warm", type=Path, help="a small config each tree runs once first, untimed (a new tree "
+                        "measures its memory baseline once, then keeps it in a cache)")
     args = parser.parse_args()
     work = args.work
+    for tree in args.tree if args.warm is not None else ():
+        for path in (work / "warm", work / "warm-state"):
+            shutil.rmtree(path, ignore_errors=True)
+        measured(tree, ["run", str(args.warm), str(work / "warm"), "--state-dir", str(work / "warm-state"),
+                        "--quiet"], work / "report.json")
     for pair in range(args.pairs):
         for tree in args.tree if pair % 2 == 0 else args.tree[::-1]:
             out, state = work / "out", work / "state"
