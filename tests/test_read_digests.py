@@ -211,3 +211,39 @@ def test_a_first_run_hashes_in_its_reads_and_the_proof_only_what_they_did_not(
     finally:
         conn.close()
     assert recorded == {path: _reference(Path(path).read_bytes(), ranges) for path, ranges in files.items()}
+
+
+def test_small_ranges_are_the_proof_s_read_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range shorter than SMALL is never hashed in a unit's read (no slot, nothing left to the reads for it) and
+    the proof reads nearby ones together: the record is the definition's whatever the runs (overlapping, touching,
+    a gap wider than a run joins, a run cut at its longest read), and a write between the look and the end is
+    refused."""
+    from resumerge.inputs import readdigests
+
+    path = tmp_path / "small.safetensors"
+    data = random.Random(5).randbytes(1 << 20)
+    path.write_bytes(data)
+    monkeypatch.setattr(readdigests, "_GAP", 1000)
+    monkeypatch.setattr(readdigests, "_BLOCK", 4096)
+    small = [(i * 300, i * 300 + 256) for i in range(40)]  # gaps of 44 bytes; runs cut at 4096 bytes
+    small += [(100, 400), (200, 300), (12_256, 12_600), (500_000, 500_001), (900_000, 902_047)]  # overlaps, far ones
+    ranges = tuple(sorted({*small, (600_000, 600_000 + readdigests.SMALL)}))  # one a unit hashes
+    order = [(str(path), s, e) for s, e in ranges]
+    reads = ReadDigests({str(path): ranges}, order, order)  # every range the first shard's
+    assert reads.hasher(str(path), 100, 400) is None and reads.hasher(str(path), 200, 300) is None
+    assert reads.left(str(path)) == sum(e - s for s, e in ranges)
+    _read(reads, path, 600_000, 600_000 + readdigests.SMALL, data[600_000:600_000 + readdigests.SMALL])
+    assert reads.left(str(path)) == sum(e - s for s, e in small)
+    # Nothing left to the reads: the proof needs no commit's ask (it would wait for one otherwise).
+    found: dict[str, Content] = {}
+    thread = threading.Thread(target=lambda: found.update(record_contents([path], None, reads=reads)))
+    thread.start()
+    thread.join(30)
+    reads.stop()  # a proof still waiting gives up: the assertion below says so
+    thread.join(30)
+    assert found[str(path)].digest == _reference(data, ranges)
+
+    changed = ReadDigests({str(path): ranges})
+    _write(path, 900_500, b"\x01" * 4)
+    with pytest.raises(PlanChangedError, match="changed while it was being read"):
+        record_contents([path], None, reads=changed)

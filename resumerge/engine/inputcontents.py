@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from resumerge.inputs.contents import (
@@ -24,7 +24,7 @@ from resumerge.inputs.contents import (
     record_contents,
     spans_bytes,
 )
-from resumerge.inputs.readdigests import Ranges, ReadDigests
+from resumerge.inputs.readdigests import Ranges, ReadDigests, hashed_in_reads
 from resumerge.inputs.spans import merged_spans
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
 from resumerge.memory import format_size
@@ -58,7 +58,7 @@ class InputContents:
         self._plan = plan
         self._proved: dict[str, Content] = {}
         self._ranges: dict[str, Ranges] = {}
-        self._spans: dict[str, Spans] = {}
+        self._spans: Mapping[str, Spans] = {}
         self._unrecorded: list[Path] = []
         self._records_dir, self._seen = records_dir, seen
         self._hashing: Hashing | None = None
@@ -69,7 +69,7 @@ class InputContents:
             return  # open_run refuses the run (a merge planned differently): nothing to hash for it
         hashing = self._hashing = _telling(tell) if tell is not None else None
         self._ranges = read_ranges(plan, {str(p) for p in paths})
-        self._spans = {path: merged_spans(ranges) for path, ranges in self._ranges.items()}
+        self._spans = _MergedSpans(self._ranges)
         recorded = {p: Content(*c) for p, c in ledger.input_contents().items()} if continuing else {}
         ours = {str(p) for p in paths}
         self._proved = prove_unchanged({p: c for p, c in recorded.items() if p in ours}, records_dir, hashing,
@@ -95,12 +95,22 @@ class InputContents:
         which files were proved unchanged."""
         if self._proved:
             notes.append(touched_note(self._proved, self._spans))
-        # The files' looks taken now, before any unit reads: a write while they are read refuses the run.
-        shards = compute_order(self._plan)
-        first = [(r.model, r.file, r.start, r.end) for name in (shards[0].tensors if shards else ())
-                 for r in self._plan.tensors[name].reads()]
-        reads = self._reads(read_order(self._plan), first)
+        # The files' looks taken now, before any unit reads: a write while they are read refuses the run. The order
+        # of the plan's reads only where a unit hashes a range (a 90k-tensor plan of tiny ones: none; its order took
+        # the main thread a second before the first unit, bench/RESULTS.md, many72).
+        order: list[tuple[str, str, int, int]] = []
+        first: list[tuple[str, str, int, int]] = []
+        if hashed_in_reads(self._present()):
+            shards = compute_order(self._plan)
+            first = [(r.model, r.file, r.start, r.end) for name in (shards[0].tensors if shards else ())
+                     for r in self._plan.tensors[name].reads()]
+            order = read_order(self._plan)
+        reads = self._reads(order, first)
         return Proving(lambda: self._hashed(reads), ledger, after, reads)
+
+    def _present(self) -> dict[str, Ranges]:
+        """The ranges of each file to record by its ranges: those present, not pickled."""
+        return {str(p): self._ranges[str(p)] for p in self._unrecorded if str(p) in self._ranges and p.is_file()}
 
     def _reads(self, order: Iterable[tuple[str, str, int, int]], first: Iterable[tuple[str, str, int, int]]
                ) -> ReadDigests:
@@ -108,7 +118,7 @@ class InputContents:
         reverse of ``order`` ((model, file, start, end), the plan's reads in the order computed), ``first`` (the
         first shard's reads) left to the units until a commit asks."""
         dirs = self._plan.model_dirs
-        present = {str(p): self._ranges[str(p)] for p in self._unrecorded if str(p) in self._ranges and p.is_file()}
+        present = self._present()
         paths: dict[tuple[str, str], str] = {}  # joined once a file, not once a read (90k tensors)
 
         def path_of(model: str, file: str) -> str:
@@ -188,8 +198,8 @@ def read_ranges(plan: Plan, local: set[str]) -> dict[str, Ranges]:
     """The distinct byte ranges the plan's units read of each ``local`` file (by path), sorted: what the content
     proof hashes, a digest per range. A file the plan never reads has none; a PyTorch ``.bin`` file, read by
     virtual ranges of its pickled storages, is left out (hashed whole)."""
-    reads: dict[str, set[tuple[int, int]]] = {path: set() for path in local}
-    by_file: dict[tuple[str, str], set[tuple[int, int]] | None] = {}  # (model, file) -> its path's set
+    reads: dict[str, list[tuple[int, int]]] = {path: [] for path in local}
+    by_file: dict[tuple[str, str], list[tuple[int, int]] | None] = {}  # (model, file) -> its path's list
     for tensor in plan.tensors.values():
         for ref in tensor.reads():
             key = (ref.model, ref.file)
@@ -198,8 +208,36 @@ def read_ranges(plan: Plan, local: set[str]) -> dict[str, Ranges]:
                 by_file[key] = None if directory is None else reads.get(str(Path(directory) / ref.file))
             found = by_file[key]
             if found is not None and ref.end > ref.start:
-                found.add((ref.start, ref.end))
-    return {path: tuple(sorted(ranges)) for path, ranges in reads.items() if not is_pickle_checkpoint(path)}
+                found.append((ref.start, ref.end))
+    return {path: _distinct(ranges) for path, ranges in reads.items() if not is_pickle_checkpoint(path)}
+
+
+def _distinct(ranges: list[tuple[int, int]]) -> Ranges:
+    """``ranges`` sorted, each once (a range two tensors read is hashed once: sorting first costs a 90k-tensor plan
+    less than a set of them)."""
+    ranges.sort()
+    return tuple(r for i, r in enumerate(ranges) if not i or r != ranges[i - 1])
+
+
+class _MergedSpans(Mapping[str, Spans]):
+    """Each file's ranges merged into spans (what the records of the span form cover), merged when first asked: a
+    first run asks none (its records are per range), a resume only those of files touched."""
+
+    def __init__(self, ranges: Mapping[str, Ranges]) -> None:
+        self._ranges = ranges
+        self._merged: dict[str, Spans] = {}
+
+    def __getitem__(self, path: str) -> Spans:
+        found = self._merged.get(path)
+        if found is None:
+            found = self._merged[path] = merged_spans(self._ranges[path])
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ranges)
+
+    def __len__(self) -> int:
+        return len(self._ranges)
 
 
 def touched_note(proved: Mapping[str, Content], spans: Mapping[str, Spans] | None = None) -> str:

@@ -12,6 +12,11 @@ shard (``first``: the ranges that shard reads, the units hash those on their way
 back towards the first, skipping those the units hashed meanwhile; then it waits until the units have hashed the
 first shard's ranges, or a commit asks for the proof (:meth:`ReadDigests.need`), and hashes whatever is left.
 
+A range shorter than :data:`SMALL` is the proof's alone: a unit hands a range over at a cost of its own (a hash
+object, a lock, the digest's record), more than the proof's cost of reading those few bytes again beside others
+(a run of nearby small ranges read at once, each hashed from the buffer in one call). A model of tiny tensors (90k
+of them) is then proved in one pass over its files, and its table holds neither a slot nor an order for them.
+
 Nothing here trusts a unit's hash more than the proof's: a range the proof claimed is never hashed by a unit, a range
 both hashed must agree, and the file must look at the end (size, mtime, ctime, inode) as it did before the first read
 (:meth:`ReadDigests.digest`), else it changed while it was read. A read this file has no range for (a row range, a
@@ -23,10 +28,12 @@ May import: errors (through :mod:`.looks`).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
+from typing import cast
 
 import xxhash
 
@@ -38,6 +45,12 @@ RANGES = "xxh3-128r"  # the records' name of this digest form (before the ranges
 # The distinct [start, end) byte ranges a plan reads of a file, sorted by start then end.
 Ranges = tuple[tuple[int, int], ...]
 _BATCH = 64 << 20  # the proof claims this many bytes at a time, then sees again what the reads hashed meanwhile
+# A range shorter than this is hashed by the proof, never in a unit's read: see the module's docstring and
+# bench/RESULTS.md (issue 72, many72) for the costs measured each way.
+SMALL = 2048
+_INDEX = (1 << 32) - 1  # a slot's range index (its file's number above)
+_GAP = 64 << 10  # small ranges this close are read together: the bytes between them cost less than another read
+_BLOCK = 8 << 20  # the most one read of small ranges takes at once
 
 
 class Abandoned(Exception):
@@ -50,12 +63,15 @@ def ranges_method(ranges: Ranges) -> str:
     return f"{RANGES}:{xxhash.xxh3_64_hexdigest(repr(ranges).encode())}"
 
 
+def hashed_in_reads(ranges: Mapping[str, Ranges]) -> bool:
+    """Whether any of ``ranges`` (path to its ranges) is long enough to be hashed in a unit's read: else the proof
+    hashes every one, and needs neither the order of the plan's reads nor its first shard's."""
+    return any(end - start >= SMALL for spans in ranges.values() for start, end in spans)
+
+
 def combined(digests: Iterable[bytes]) -> str:
     """The file's digest (hex) from its ranges' 16-byte digests, in file order."""
-    total = xxhash.xxh3_128()
-    for digest in digests:
-        total.update(digest)
-    return total.hexdigest()
+    return xxhash.xxh3_128_hexdigest(b"".join(digests))  # as fed one by one, in one call
 
 
 class _File:
@@ -66,7 +82,8 @@ class _File:
         self.ranges = ranges
         self.digests: list[bytes | None] = [None] * len(ranges)
         self.claimed = [False] * len(ranges)  # by the proof: a read leaves them to it
-        self.first = [r in first for r in ranges]  # read by the first shard: left to its units at first
+        # Read by the first shard and long enough for its units to hash: left to them at first.
+        self.first = [r in first and r[1] - r[0] >= SMALL for r in ranges] if first else [False] * len(ranges)
         self.conflict = False
         self.look: Look = look_of(path)
         self.started = time.time_ns()  # after the look: a write after it moves the look
@@ -74,10 +91,11 @@ class _File:
 
 class ReadDigests:
     """The per-range digests of the files of ``ranges`` (path to its :data:`Ranges`), those no read has taken
-    hashed by the proof in the reverse of ``order`` ((path, start, end) in the order the units read them), the
-    ``first`` ones ((path, start, end): the first shard's) left to the reads until a commit needs the proof; each
-    file's look is taken now, before any read. Thread-safe: units call :meth:`hasher` and :meth:`took` from their
-    threads. Raises ``OSError`` for a file that is gone."""
+    hashed by the proof: first every range shorter than :data:`SMALL` (no read hashes those), file by file, then
+    the others in the reverse of ``order`` ((path, start, end) in the order the units read them), the ``first`` ones
+    ((path, start, end): the first shard's) left to the reads until a commit needs the proof; each file's look is
+    taken now, before any read. ``order`` and ``first`` matter only where :func:`hashed_in_reads`. Thread-safe:
+    units call :meth:`hasher` and :meth:`took` from their threads. Raises ``OSError`` for a file that is gone."""
 
     def __init__(self, ranges: Mapping[str, Ranges], order: Iterable[tuple[str, int, int]] = (),
                  first: Iterable[tuple[str, int, int]] = ()) -> None:
@@ -86,16 +104,22 @@ class ReadDigests:
             if path in firsts:
                 firsts[path].add((start, end))
         self._files = {path: _File(Path(path), spans, firsts[path]) for path, spans in ranges.items()}
-        self._slots = {(path, start, end): (f, i) for path, f in self._files.items()
-                       for i, (start, end) in enumerate(f.ranges)}
+        # A range is named by a slot, an int (its file's number << 32 | its index): a 90k-tensor plan's 180k ranges
+        # as tuples would be objects the collector scans, on the main thread, before the first unit.
+        self._numbered = list(self._files.values())
+        # Only the ranges a unit may hash have a slot its read finds: a small one never does.
+        self._slots = {(path, start, end): n << 32 | i for n, (path, f) in enumerate(self._files.items())
+                       for i, (start, end) in enumerate(f.ranges) if end - start >= SMALL}
+        small = [n << 32 | i for n, f in enumerate(self._numbered) for i, (start, end) in enumerate(f.ranges)
+                 if end - start < SMALL]
         ranks: dict[tuple[str, int, int], int] = {}
-        for i, read in enumerate(order):
+        for i, read in enumerate(order if self._slots else ()):
             ranks.setdefault(read, i)
-        # The proof's order ahead of the first commit: the ranges the units read last first (unordered ones first).
-        ahead = sorted((-ranks.get(key, len(ranks)), n) for n, (key, (f, i)) in enumerate(self._slots.items())
-                       if not f.first[i])
-        slots = list(self._slots.values())
-        self._back = [slots[n] for _, n in ahead]
+        # The proof's order ahead of the first commit: the small ranges (no read hashes them), then the ranges the
+        # units read last first (unordered ones first).
+        ahead = sorted((-ranks.get(key, len(ranks)), slot) for key, slot in self._slots.items()
+                       if not self._numbered[slot >> 32].first[slot & _INDEX])
+        self._back = small + [slot for _, slot in ahead]
         self._cursor = 0
         self._waiting = sum(sum(f.first) for f in self._files.values())  # first ranges no one has hashed yet
         self._needed = self._stopped = False
@@ -139,11 +163,13 @@ class ReadDigests:
     def hasher(self, path: str, start: int, end: int) -> xxhash.xxh3_128 | None:
         """What a unit about to read bytes ``[start, end)`` of ``path`` feeds them to as it reads them (each piece
         while it is still in the CPU's cache), then gives to :meth:`took`; None where they are no range of the file,
-        or one already hashed or claimed by the proof."""
+        or one already hashed or claimed by the proof, or one shorter than :data:`SMALL` (the proof's)."""
+        if end - start < SMALL:
+            return None
         slot = self._slots.get((path, start, end))
         if slot is None:
             return None
-        f, i = slot
+        f, i = self._numbered[slot >> 32], slot & _INDEX
         if f.digests[i] is not None or f.claimed[i]:  # read without the lock: a stale answer only hashes twice
             return None
         return xxhash.xxh3_128()
@@ -151,18 +177,20 @@ class ReadDigests:
     def took(self, path: str, start: int, end: int, hashed: xxhash.xxh3_128) -> None:
         """A unit read bytes ``[start, end)`` of ``path`` into ``hashed`` (from :meth:`hasher`): its digest, unless
         the proof took it first (then both must agree)."""
-        f, i = self._slots[(path, start, end)]
-        self._give(f, i, hashed.digest())
+        slot = self._slots[(path, start, end)]
+        self._give(self._numbered[slot >> 32], slot & _INDEX, hashed.digest())
 
     def _give(self, f: _File, i: int, digest: bytes) -> None:
-        with self._turn:
+        # Once a range, so the plain lock (a 90k-tensor file has 18k ranges); the proof's threads waiting for ranges
+        # another of them hashes are woken once its batch is given (_hash).
+        with self._lock:
             held = f.digests[i]
             if held is None:
                 f.digests[i] = digest
                 if f.first[i]:
                     self._waiting -= 1
-                if f.claimed[i] or not self._waiting:  # a thread of the proof may wait for it
-                    self._turn.notify_all()
+                    if not self._waiting:  # the first shard's last range: the proof waits for it
+                        self._turn.notify_all()
             elif held != digest:
                 f.conflict = True
 
@@ -190,7 +218,13 @@ class ReadDigests:
         """Hash every range of ``path`` no one has hashed or claimed, a batch at a time; raises ``changed(path)`` for
         a file that changed while it was read, :class:`Abandoned` once :meth:`stop`."""
         f = self._files[str(path)]
-        slots = [(f, i) for i in range(len(f.ranges))]
+        with self._lock:
+            if self._stopped:
+                raise Abandoned
+            if None not in f.digests:  # all hashed ahead: the usual case, with no slot list to make
+                return
+        number = self._numbered.index(f) << 32
+        slots = [number | i for i in range(len(f.ranges))]
         while True:
             with self._turn:
                 while True:
@@ -204,36 +238,53 @@ class ReadDigests:
                 return
             self._hash(batch, changed)
 
-    def _claim(self, slots: list[tuple[_File, int]], cursor: int) -> tuple[int, list[tuple[_File, int]]]:
+    def _claim(self, slots: list[int], cursor: int) -> tuple[int, list[int]]:
         """Claim (lock held) up to a batch of ``slots`` from ``cursor`` that no one has hashed or claimed: how far
         the cursor moved, and the slots claimed."""
-        batch: list[tuple[_File, int]] = []
-        size = moved = 0
-        while cursor + moved < len(slots) and size < _BATCH:
-            f, i = slots[cursor + moved]
-            moved += 1
+        batch: list[int] = []
+        size, at, count, numbered = 0, cursor, len(slots), self._numbered
+        while at < count and size < _BATCH:
+            slot = slots[at]
+            at += 1
+            f, i = numbered[slot >> 32], slot & _INDEX
             if f.digests[i] is None and not f.claimed[i]:
                 f.claimed[i] = True
-                batch.append((f, i))
-                size += f.ranges[i][1] - f.ranges[i][0]
-        return moved, batch
+                batch.append(slot)
+                start, end = f.ranges[i]
+                size += end - start
+        return at - cursor, batch
 
-    def _hash(self, batch: list[tuple[_File, int]], changed: Callable[[Path], PlanChangedError]) -> None:
-        """Hash the claimed ``batch``, file by file, each in file order."""
-        by_file: dict[Path, list[tuple[_File, int]]] = {}
-        for f, i in batch:
-            by_file.setdefault(f.path, []).append((f, i))
+    def _hash(self, batch: list[int], changed: Callable[[Path], PlanChangedError]) -> None:
+        """Hash the claimed ``batch`` (slots), file by file, each in file order."""
+        by_file: dict[int, list[int]] = {}
+        for slot in batch:
+            found = by_file.get(slot >> 32)
+            if found is None:
+                found = by_file[slot >> 32] = []
+            found.append(slot & _INDEX)
         try:
-            for path, slots in by_file.items():
-                slots.sort(key=lambda slot: slot[0].ranges[slot[1]])
-                hashers = [xxhash.xxh3_128() for _ in slots]
-                groups = [((f.ranges[i],), h) for (f, i), h in zip(slots, hashers)]
-                hash_spans(path, groups, functools.partial(changed, path))
-                for (f, i), h in zip(slots, hashers):
-                    self._give(f, i, h.digest())
+            for number, indices in by_file.items():
+                f = self._numbered[number]
+                indices.sort()  # the ranges' order is the file's
+                spans, path = f.ranges, f.path
+                small = [i for i in indices if spans[i][1] - spans[i][0] < SMALL]
+                if small:
+                    digests = _small_digests(path, [spans[i] for i in small], functools.partial(changed, path))
+                    for i, digest in zip(small, digests):
+                        self._give(f, i, digest)
+                large = [i for i in indices if spans[i][1] - spans[i][0] >= SMALL]
+                if large:
+                    hashers = [xxhash.xxh3_128() for _ in large]
+                    groups = [((spans[i],), h) for i, h in zip(large, hashers)]
+                    hash_spans(path, groups, functools.partial(changed, path))
+                    for i, h in zip(large, hashers):
+                        self._give(f, i, h.digest())
+                with self._turn:
+                    self._turn.notify_all()  # a thread of the proof may wait for these ranges (hash_rest)
         except BaseException:
             with self._turn:  # released: a thread waiting for them hashes them itself (and says what it finds)
-                for f, i in batch:
+                for slot in batch:
+                    f, i = self._numbered[slot >> 32], slot & _INDEX
                     if f.digests[i] is None:
                         f.claimed[i] = False
                 self._turn.notify_all()
@@ -246,7 +297,7 @@ class ReadDigests:
         f = self._files[str(path)]
         with self._lock:
             digests, conflict = list(f.digests), f.conflict
-        if conflict or any(d is None for d in digests):
+        if conflict or None in digests:
             raise changed()
         try:
             now = look_of(path)
@@ -256,4 +307,44 @@ class ReadDigests:
             raise changed()
         size, mtime, ctime, inode = f.look
         racy = max(mtime, ctime) + looks.RACY_WINDOW_NS >= f.started  # looked up now: a test sets it
-        return (size, mtime, -1 if racy else ctime, inode), f.started, combined(d for d in digests if d is not None)
+        return (size, mtime, -1 if racy else ctime, inode), f.started, combined(cast("list[bytes]", digests))
+
+
+def _small_digests(path: Path, ranges: list[tuple[int, int]], changed: Callable[[], PlanChangedError]) -> list[bytes]:
+    """The xxh3-128 digest of each of ``ranges`` of ``path`` (sorted, each shorter than :data:`SMALL`): those within
+    :data:`_GAP` of each other read together (up to :data:`_BLOCK` at once), each hashed from the buffer in one
+    call. Raises ``changed()`` for a file that changed while it was read (its look, or a range past its end)."""
+    before = look_of(path)
+    view = memoryview(bytearray())  # grown to the longest run read (at most _BLOCK): a few isolated ranges, small
+    digest = xxhash.xxh3_128_digest
+    found: list[bytes] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = held = 0  # the buffer holds bytes [at, at + held) of the file
+        n = len(ranges)
+        for k, (start, end) in enumerate(ranges):
+            if start < at or end > at + held:
+                # Read from this range to the end of the last one close enough after it (within one buffer).
+                last = end
+                j = k + 1
+                while j < n:
+                    after, upto = ranges[j]
+                    if after - last > _GAP or upto - start > _BLOCK:
+                        break
+                    if upto > last:
+                        last = upto
+                    j += 1
+                at, held = start, 0
+                if len(view) < last - start:
+                    view = memoryview(bytearray(last - start))
+                while held < last - start:
+                    got = os.preadv(fd, [view[held:last - start]], start + held)
+                    if got <= 0:
+                        raise changed()
+                    held += got
+            found.append(digest(view[start - at:end - at]))
+    finally:
+        os.close(fd)
+    if look_of(path) != before:
+        raise changed()
+    return found
