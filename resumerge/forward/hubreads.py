@@ -57,6 +57,7 @@ class PassReads:
         self.hashes: StreamHashes | None = None
         self._ledger: Ledger | None = None
         self._cache: FetchCache | None = None
+        self._proved: set[tuple[str, str, int, int]] = set()  # ranges :meth:`elsewhere` read here
 
     def bind(self, models: Sequence[PassModel], *, fresh: bool, again: bool = True) -> list[PassModel]:
         """``models``, each hub model's files to be read through one reader each, checked; the others as they
@@ -101,14 +102,25 @@ class PassReads:
                     self.hashes.digests.setdefault((model.path, remote.file), found[1])
         return replace(model, reads=StreamedReads(ranges, _bind(self.hashes, model.path)))
 
-    def elsewhere(self, model: PassModel, reads: Sequence[tuple[str, int, int, str]]) -> None:
+    def elsewhere(self, model: PassModel, reads: Sequence[tuple[str, int, int, str]], *, prove: bool = False
+                  ) -> None:
         """Ranges of ``model``'s hub files that another process read (a Ray node's, ``--executor ray``), as (file,
-        start, end, sha256): held to the journal as this process's own reads are. Raises
+        start, end, sha256): held to the journal as this process's own reads are. With ``prove`` (this process
+        reads no other byte of them: ``measure --executor ray``), each range of a file to be verified whole is read
+        here too, through ``model``'s bound reads, so that the file is proved against the hub's checksum as its
+        last byte arrives, as where this process reads it all (a range seen twice is read once). Raises
         :class:`~resumerge.inputs.hub.integrity.StreamedInputChanged` on a mismatch."""
         if self.hashes is None:
             return
         for file, start, end, digest in reads:
             self.hashes.check_digest(model.path, file, start, end, digest)
+            whole = self.hashes.digests.get((model.path, file))
+            if prove and whole is not None and not whole.complete and model.reads is not None \
+                    and (model.path, file, start, end) not in self._proved:
+                self._proved.add((model.path, file, start, end))
+                data = model.reads.ranges[file].read(start, end)
+                if model.reads.check is not None:  # the node's digest compared, the file's fed
+                    model.reads.check(file, start, end, data)
 
     def _verified(self, where: str) -> Callable[[bool], None]:
         def done(ok: bool) -> None:

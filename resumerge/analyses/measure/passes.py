@@ -1,7 +1,9 @@
 """A measurement's passes, once every check is made (:mod:`.run`): each model's (or RegMean++'s merged one) on the
 forward engine's one journaled layer pass (:mod:`.grams`), journaled under the state dir (``measures/<key>``), each
 layer admitted by the RAM governor, a hub model's ranges held to the hub's checksums
-(:class:`~resumerge.forward.hubreads.PassReads`); then ``measure.json`` with each file's sha256, written last."""
+(:class:`~resumerge.forward.hubreads.PassReads`): on Ray, this process reads each range a node read too, so that each
+hub file the pass reads whole is proved against the hub's checksum here, as a local measurement proves it; then
+``measure.json`` with each file's sha256, written last."""
 
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
 
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
-    models = reads.bind(models, fresh=not (workdir / HIDDEN).exists())
+    # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
+    models = reads.bind(models, fresh=not (workdir / HIDDEN).exists(), again=placed is None)
     restore = tune_allocator()
     measured: list[MeasuredModel] = []
     error: BaseException | None = None
@@ -98,7 +101,7 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
             assert isinstance(ratio, float)
             measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
         if placed is not None:
-            with placed(models, lambda m, found: reads.elsewhere(models[m], found)) as runners:
+            with placed(models, lambda m, found: reads.elsewhere(models[m], found, prove=True)) as runners:
                 measured = _side_by_side(runners, models, keys, batches, folder, workdir, on_progress)
         for index, model in enumerate(models if merged is None and placed is None else ()):
             measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
