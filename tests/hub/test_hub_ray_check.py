@@ -35,7 +35,7 @@ from support import one_thread
 from hub.conftest import REPO, SPEC, Model
 from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
-from resumerge.cli.modelgen import make_model
+from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.engine.executors import RayExecutor
 from resumerge.errors import ModelInputError
 from resumerge.forward.hubreads import READS_NAME
@@ -99,17 +99,24 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
     return gone
 
 
-def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never_shows_the_token(
-        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
-    merged, beta = (files_of(make_model(tmp_path / name, SPEC, seed=seed)) for name, seed in (("merged", 7),
-                                                                                               ("beta", 1)))
-    served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
+def _served(tmp_path: Path, hub: FakeHub, models: tuple[Model, Model], merged_spec: ModelSpec
+            ) -> tuple[dict[str, Any], Path, tuple[str, str, str]]:
+    """A merge (of ``merged_spec``) and a parent pushed to the stand-in hub beside the base: the files each repo
+    serves, the texts file, and the three models' hub paths (merge, base, parent)."""
+    merged = files_of(make_model(tmp_path / "merged", merged_spec, seed=7))
+    beta = files_of(make_model(tmp_path / "beta", SPEC, seed=1))
     hub.push("org/merged", merged)
     hub.push("org/beta", beta)
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
-    paths = ("hf://org/merged", f"hf://{REPO}", "hf://org/beta")
+    return ({"org/merged": merged, REPO: models[0].files, "org/beta": beta}, texts,
+            ("hf://org/merged", f"hf://{REPO}", "hf://org/beta"))
+
+
+def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never_shows_the_token(
+        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
+    served, texts, paths = _served(tmp_path, hub, models, SPEC)
     # This machine's token: the cluster's nodes start with it, as this process has it (and send it: hf_env's
     # HF_HUB_DISABLE_IMPLICIT_TOKEN would keep every request without one).
     monkeypatch.setenv("HF_TOKEN", SECRET)
@@ -244,14 +251,7 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
     kept: list[int] = []  # the bytes of each piece written to the driver's fetch cache
     real = FetchCache.kept
     monkeypatch.setattr(FetchCache, "kept", lambda self, piece, size: (kept.append(size), real(self, piece, size)))
-    merged = files_of(make_model(tmp_path / "merged", replace(SPEC, vocab=80), seed=7))
-    beta = files_of(make_model(tmp_path / "beta", SPEC, seed=1))
-    served = {"org/merged": merged, REPO: models[0].files, "org/beta": beta}
-    hub.push("org/merged", merged)
-    hub.push("org/beta", beta)
-    texts = tmp_path / "texts.txt"
-    texts.write_text(TEXTS)
-    paths = ("hf://org/merged", f"hf://{REPO}", "hf://org/beta")
+    served, texts, paths = _served(tmp_path, hub, models, replace(SPEC, vocab=80))
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, _):
         report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
