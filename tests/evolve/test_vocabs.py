@@ -29,7 +29,7 @@ from tests.support import cli, cli_here
 pytest.importorskip("transformers")
 
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
-OPTIONS: dict[str, Any] = {"max_fevals": 1, "popsize": 2, "random_seed": 3}
+OPTIONS: dict[str, Any] = {"max_fevals": 2, "popsize": 2, "random_seed": 3}
 PARENTS = ("a", "b", "big")
 
 
