@@ -8,7 +8,8 @@ median and spread per generation). What the search keeps: ``search.json`` (the c
 and the genome's shape: a STORAGE holds one search), ``state.json`` (every generation told: the optimiser's state as
 plain numbers, :mod:`.strategy`), ``journal/`` (each candidate's figures as it is scored, so a killed generation
 resumes at its next candidate), ``work/`` (a candidate's merge while it is built and scored) and
-``progress.json`` (where the search is, and how long candidates took: ``resumerge status STORAGE``) and
+``progress.json`` (where the search is, its process, the command that continues it and the time left it estimates:
+``resumerge status STORAGE``, :mod:`.progress`) and
 ``tokens/`` (the tasks' texts tokenized once).
 
 The user's files are written from ``state.json`` alone after each generation, durably (temp, fsync, rename), so a
