@@ -431,10 +431,19 @@ def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str
     return digest.hexdigest()
 
 
+# Fingerprinted beside a recorded -j (issue 87): a serial block pins MKL's threads too (resumerge.inputs.kernels), so
+# a plan whose bytes follow -j computes its MKL kernels (SVDs, QRs, solves) on other threads than a run recorded
+# before did with the same -j; that run's plan must not match today's, or its resume would mix both.
+PINNED_KERNELS = "serial-blocks-pin-mkl"
+
+
 def _output_options(options: PlanOptions) -> dict[str, Any]:
     """The options that change output bytes, as fingerprinted."""
-    return {k: v for k, v in asdict(options).items()
-            if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
+    found = {k: v for k, v in asdict(options).items()
+             if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
+    if options.num_threads is not None:
+        found["kernels"] = PINNED_KERNELS
+    return found
 
 
 class _Records:
