@@ -168,10 +168,17 @@ class ForkServer:
         preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
         the modules the server imported but those it imported from there (a test's stand-in for a package the
         command imports itself: a transformers that fails to import)."""
+        return self.unforkable(env) is None
+
+    def unforkable(self, env: dict[str, str]) -> str | None:
+        """Why a command with environment ``env`` starts a fresh interpreter (:meth:`forkable`), None where it may be
+        forked: the suite's fork log (RESUMERGE_TEST_FORKLOG, :func:`support.cli`) counts these."""
+        if self.process.poll() is not None:
+            return "server ended" + (" (LD_PRELOAD without forkserver_child)" if "LD_PRELOAD" in self.env else "")
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
-            return False
-        return self.path_added(env) is not None
+        if read_at_start := sorted(k for k in changed - {"PYTHONPATH"} if not _RUNTIME.match(k)):
+            return "env " + ",".join(read_at_start)
+        return None if self.path_added(env) is not None else "PYTHONPATH"
 
     def path_added(self, env: dict[str, str]) -> list[str] | None:
         """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs
