@@ -22,8 +22,10 @@ RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ra
 # import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, settings
 # of Intel's OpenMP, which torch's and numpy's libraries here never read. Left set, every later command of the worker
 # differed from its fork server's environment and started a fresh interpreter instead (torch imported again: 186 of
-# them in a full run). Each test starts with them as the session did.
-LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"))
+# them in a full run). Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray
+# modules, run first). Each test starts with them as the session did.
+LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+                                                              "PYTHONBREAKPOINT"))
 
 
 def pytest_configure() -> None:

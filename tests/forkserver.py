@@ -56,9 +56,12 @@ _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio"
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
 # when a cache directory is asked for (torch._inductor, never imported by the server): left out, every command after
 # such a test started a fresh interpreter (torch imported again) for the rest of the worker's session.
-# FAULTSHIM_ is the fault shim's, which each child has read them again (forkserver_child).
+# FAULTSHIM_ is the fault shim's, which each child has read them again (forkserver_child). PYTHONBREAKPOINT is read
+# by breakpoint() as it is called, never at an interpreter's start; Ray's driver sets it as it connects
+# (ray._private.worker.connect), so left out, every command after a Ray test of the worker (those run first) started a
+# fresh interpreter for the rest of its session.
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_|PYTHONBREAKPOINT$)")
 
 _SERVER = r"""
 import json, os, runpy, sys
