@@ -33,8 +33,8 @@ _SP_STYLE = ("LlamaTokenizer", "LlamaTokenizerFast", "T5Tokenizer", "T5Tokenizer
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """One tokenizer's normalized vocabulary (token -> id, in ``get_vocab()`` order, the last id of a token that
-    normalizes alike kept, as a dict comprehension keeps it) and the tokenizer itself (for subword pieces)."""
+    """One tokenizer's normalized vocabulary (token -> id, by id, the last id of tokens that normalize alike kept)
+    and the tokenizer itself (for subword pieces)."""
 
     ids: Mapping[Normalized, int]
     tokenizer: Any = field(compare=False, repr=False)
@@ -43,8 +43,8 @@ class Vocabulary:
 @dataclass(frozen=True)
 class MatrixMatch:
     """How one matrix (``embed`` or ``lm_head``) of the output is made: ``rows`` of it; ``copies`` (output row,
-    MODEL's row) of the tokens matched; ``approximated`` the output rows approximated, in DONOR's vocabulary order
-    (the order batches cut); ``shared`` the (DONOR row, MODEL row) pairs of the tokens both hold, by DONOR id (the
+    MODEL's row) of the tokens matched; ``approximated`` the output rows approximated, by DONOR id (the order batches
+    cut); ``shared`` the (DONOR row, MODEL row) pairs of the tokens both hold, by DONOR id (the
     basis of omp, common_interpolation and landmark_pca); ``pieces`` MODEL's ids of each approximated token
     tokenized by MODEL (subword only); the counts of each kind of match."""
 
@@ -112,7 +112,9 @@ def normalized(tokenizer: Any) -> dict[Normalized, int]:
     vocab: dict[str, int] = tokenizer.get_vocab()
     prefix = word_start_prefix(tokenizer, vocab)
     specials: Mapping[str, Any] = tokenizer.special_tokens_map
-    return {normalize(token, specials, prefix): i for token, i in vocab.items()}
+    # By id: get_vocab()'s order follows a hash map's (another in each process), and the order decides which token
+    # of several that normalize alike is kept and which batch each approximated token falls in.
+    return {normalize(token, specials, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
 
 
 def normalize(token: str, specials: Mapping[str, Any], prefix: str) -> Normalized:
