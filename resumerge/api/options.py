@@ -155,7 +155,8 @@ class Surgery:
     :class:`~resumerge.transplant.spec.SurgerySpec`): the ``approximation_method`` of the rows of DONOR's tokens
     MODEL lacks, its ``k`` atoms or neighbours, ``cosine_similarity`` and ``weight_scheme`` (common_interpolation),
     ``subword_method``, ``batch_size`` tokens per approximated (and journaled) batch, ``prefix_match`` and
-    ``byte_match`` (yes, no, embed, lm_head), and ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
+    ``byte_match`` (yes, no, embed, lm_head), ``magikarp`` (match only tokens both models trained well), and
+    ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
 
     approximation_method: str = "omp"
     k: int = 64
@@ -165,6 +166,7 @@ class Surgery:
     batch_size: int = 512
     prefix_match: str = "no"
     byte_match: str = "no"
+    magikarp: bool = False
     new_vocab_noise: float | None = None
     new_vocab_scale: float | None = None
 

@@ -316,6 +316,9 @@ def _surgery_parser(sub: SubParsers) -> None:
                          "[default: no]")
     ts.add_argument("-bm", "--byte-match", choices=MATCH_CHOICES, default="no",
                     help="copy MODEL's <0xNN> row for a one-byte token (and back) [default: no]")
+    ts.add_argument("--magikarp", action=argparse.BooleanOptionalAction, default=False,
+                    help="lend only the rows of tokens both models trained well (arXiv:2405.05417); zero DONOR's "
+                         "tokens neither trained well [default: off]")
     ts.add_argument("-nvn", "--new-vocab-noise", type=float, default=None, metavar="SIGMA",
                     help="add N(0, SIGMA^2) noise to the approximated rows")
     ts.add_argument("-nvs", "--new-vocab-scale", type=float, default=None, metavar="S",

@@ -39,7 +39,7 @@ from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_
 from resumerge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
 from resumerge.transplant.approximate import Method, method_notes
 from resumerge.transplant.spec import USES_K, SurgerySpec, check_spec
-from resumerge.transplant.tokens import MatrixMatch, load_vocabulary, match_matrix
+from resumerge.transplant.tokens import MatrixMatch, Normalized, Vocabulary, load_vocabulary, match_matrix
 
 METHOD = "tokensurgeon"
 # The output's copy of the recorded options (mergekit writes none; resumerge writes the run's text beside the card).
@@ -120,19 +120,31 @@ def find_matrices(opened: Opened, *, allow_crimes: bool) -> Matrices:
     return Matrices(names)
 
 
-def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices) -> dict[str, MatrixMatch]:
-    """Each matrix's match of DONOR's tokens to MODEL's rows (reads both tokenizers)."""
+def vocabularies(opened: Opened) -> tuple[Vocabulary, Vocabulary]:
+    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers)."""
     for what, model in (("MODEL", opened.model), ("DONOR", opened.donor)):
         if model.gguf is not None:
             raise UsageError(f"{what} is a GGUF file: tokensurgeon reads folders and hf:// repos of safetensors")
-    mine = load_vocabulary(tokenizer_dir(opened.model), what="MODEL")
-    theirs = load_vocabulary(tokenizer_dir(opened.donor), what="DONOR")
+    return (load_vocabulary(tokenizer_dir(opened.model), what="MODEL"),
+            load_vocabulary(tokenizer_dir(opened.donor), what="DONOR"))
+
+
+def donor_head(opened: Opened, matrices: Matrices) -> str:
+    """DONOR's head, or its embedding where its head is tied (what ``--magikarp`` reads of it)."""
+    return _head(opened.donor) or matrices.names["embed"][1]
+
+
+def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vocabs: tuple[Vocabulary, Vocabulary],
+                       trained: set[Normalized] | None = None, junk: tuple[int, ...] = ()) -> dict[str, MatrixMatch]:
+    """Each matrix's match of DONOR's tokens to MODEL's rows; ``trained`` and ``junk`` as ``--magikarp`` found them
+    (see :func:`~resumerge.transplant.tokens.match_matrix`)."""
+    mine, theirs = vocabs
     matches = {}
     for matrix, (name, donor_name) in matrices.names.items():
         match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
                              opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix,
                              prefix_match=spec.prefix_match, byte_match=spec.byte_match,
-                             pieces=spec.approximation_method == "subword")
+                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk)
         if match.approximated and spec.approximation_method in USES_K and spec.k > len(match.shared):
             raise UsageError(f"-k {spec.k} is more than the {len(match.shared)} tokens MODEL and DONOR share",
                              hint=f"pass -k {max(1, len(match.shared))} or less, or another --approximation-method")
@@ -209,15 +221,19 @@ def out_config(model: Mapping[str, Any], donor: Mapping[str, Any], rows: int) ->
 def report_lines(spec: SurgerySpec, matches: Mapping[str, MatrixMatch]) -> tuple[str, ...]:
     """What was done to each matrix: the log's, ``status``'s and the card's account."""
     label = {"embed": "token embedding", "lm_head": "head"}
-    return tuple(f"tokensurgeon {label[m]}: {match.rows} rows, {match.report()} by {spec.describe()}"
+    return tuple(f"tokensurgeon {label[m]}: {match.rows} rows, {match.report(spec.describe())}"
                  for m, match in matches.items())
 
 
 def _match_notes(spec: SurgerySpec) -> tuple[str, ...]:
+    notes = []
+    if spec.magikarp:
+        notes.append("--magikarp: MODEL lends only the rows of tokens both models trained well; DONOR tokens neither "
+                     "trained well are left zero")
     if {spec.prefix_match, spec.byte_match} & {"embed", "lm_head"}:
-        return ("--prefix-match/--byte-match embed and lm_head apply to the matrix they name (mergekit-tokensurgeon "
-                "0.1.5 applies each to the other one)",)
-    return ()
+        notes.append("--prefix-match/--byte-match embed and lm_head apply to the matrix they name "
+                     "(mergekit-tokensurgeon 0.1.5 applies each to the other one)")
+    return tuple(notes)
 
 
 def _one(model: ModelInput, test: Callable[[str], bool], what: str, who: str) -> str:

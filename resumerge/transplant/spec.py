@@ -39,6 +39,7 @@ class SurgerySpec:
     batch_size: int = 512
     prefix_match: str = "no"
     byte_match: str = "no"
+    magikarp: bool = False
     new_vocab_noise: float | None = None
     new_vocab_scale: float | None = None
 

@@ -53,6 +53,8 @@ class MatrixMatch:
     approximated: tuple[int, ...]
     shared: tuple[tuple[int, int], ...]
     pieces: tuple[tuple[int, ...], ...] = ()
+    # Rows zeroed last (--magikarp: DONOR tokens neither model trained well).
+    junk: tuple[int, ...] = ()
     exact: int = 0
     byte: int = 0
     prefix: int = 0
@@ -60,17 +62,20 @@ class MatrixMatch:
 
     def digest(self) -> str:
         """A digest of everything the matrix's rows follow from (the fingerprint holds it)."""
-        text = json.dumps([self.rows, self.copies, self.approximated, self.shared, self.pieces])
+        text = json.dumps([self.rows, self.copies, self.approximated, self.shared, self.pieces, self.junk])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def report(self) -> str:
-        """``900 exact, 3 by bytes, 12 by prefix, 85 approximated`` (the log's, status's and the card's line)."""
+    def report(self, by: str) -> str:
+        """``900 shared (copied), 12 matched by prefix, 85 approximated by omp (k=64)`` (the log's, status's and the
+        card's line; ``by``: the method)."""
         parts = [f"{self.exact} shared (copied)"]
         if self.byte:
             parts.append(f"{self.byte} matched by bytes")
         if self.prefix:
             parts.append(f"{self.prefix} matched by prefix")
-        parts.append(f"{len(self.approximated)} approximated")
+        parts.append(f"{len(self.approximated)} approximated by {by}")
+        if self.junk:
+            parts.append(f"{len(self.junk)} under-trained in both models left zero")
         if self.dropped:
             parts.append(f"{self.dropped} past the matrix's rows left zero")
         return ", ".join(parts)
@@ -140,9 +145,11 @@ def allowed(choice: str, matrix: str) -> bool:
 
 
 def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_rows: int, *, matrix: str,
-                 prefix_match: str, byte_match: str, pieces: bool) -> MatrixMatch:
-    """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR."""
-    orig = {t: i for t, i in model.ids.items() if i < model_rows}
+                 prefix_match: str, byte_match: str, pieces: bool, trained: set[Normalized] | None = None,
+                 junk: tuple[int, ...] = ()) -> MatrixMatch:
+    """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR; ``trained``: the
+    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last."""
+    orig = {t: i for t, i in model.ids.items() if i < model_rows and (trained is None or t in trained)}
     safe_donor = {t: i for t, i in donor.ids.items() if i < donor_rows}
     rows = max(len(donor.ids), max(donor.ids.values(), default=-1) + 1)
     copies: list[tuple[int, int]] = []
@@ -171,7 +178,7 @@ def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_ro
     if pieces:
         split = tuple(tuple(model.tokenizer(text_of(t), add_special_tokens=False)["input_ids"]) for t in tokens)
     return MatrixMatch(rows, tuple(copies), tuple(approximated), tuple((safe_donor[t], orig[t]) for t in shared),
-                       split, exact, byte, prefix, dropped)
+                       split, tuple(sorted({j for j in junk if j < rows})), exact, byte, prefix, dropped)
 
 
 def _byte_twin(token: Normalized, orig: Mapping[Normalized, int]) -> int | None:

@@ -49,13 +49,22 @@ def surgery_rows(ctx: MergeContext) -> torch.Tensor:
         raise ValueError("internal: a transplant's rows need the run's matches (Transplant) in its resources")
     matrix = str(ctx.params["matrix"])
     match = transplant.matches[matrix]
-    model, donor = ctx.tensors[0], ctx.tensors[1]
+    model = ctx.tensors[0]
     out = torch.zeros((match.rows, model.shape[1]), dtype=model.dtype, device=model.device)
     if match.copies:
         pairs = torch.tensor(match.copies, dtype=torch.long, device=model.device)
         out[pairs[:, 0]] = model[pairs[:, 1]]
-    if not match.approximated:
-        return out
+    if match.approximated:
+        _approximate(ctx, transplant, match, out)
+    if match.junk:
+        out[torch.tensor(match.junk, dtype=torch.long, device=model.device)] = 0
+    return out
+
+
+def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, out: torch.Tensor) -> None:
+    """``out``'s approximated rows, batch by batch: each kept batch read back, the others computed and kept."""
+    matrix = str(ctx.params["matrix"])
+    model, donor = ctx.tensors[0], ctx.tensors[1]
     shared = torch.tensor(match.shared, dtype=torch.long, device=model.device).reshape(-1, 2)
     donor_shared, model_shared = donor[shared[:, 0]], model[shared[:, 1]]
     step = transplant.batch_size if transplant.batch_size > 0 else len(match.approximated)
@@ -74,7 +83,6 @@ def surgery_rows(ctx: MergeContext) -> torch.Tensor:
             if transplant.store is not None:
                 transplant.store.store(key, rows.cpu())
         out[torch.tensor(ids, dtype=torch.long, device=model.device)] = rows.to(model.device)
-    return out
 
 
 _PARAMS = (
