@@ -17,6 +17,7 @@ __all__ = [
     "knobs",
     "modelgen",
     "parsers",
+    "reference",
     "render",
     "statusshow",
     "trafficline",
