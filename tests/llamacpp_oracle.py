@@ -117,3 +117,59 @@ def quantize(values: np.ndarray, ggml_type: int, imatrix: np.ndarray | None = No
                                        None if weights is None else weights.ctypes.data)
     assert written == out.nbytes
     return out.reshape(*values.shape[:-1], row_bytes)
+
+
+class _Params(ctypes.Structure):
+    """``llama_model_quantize_params`` of the pinned wheel (64 bytes, kquants.md §6)."""
+
+    _fields_ = [("nthread", ctypes.c_int32), ("ftype", ctypes.c_int), ("output_tensor_type", ctypes.c_int),
+                ("token_embedding_type", ctypes.c_int), ("allow_requantize", ctypes.c_bool),
+                ("quantize_output_tensor", ctypes.c_bool), ("only_copy", ctypes.c_bool), ("pure", ctypes.c_bool),
+                ("keep_split", ctypes.c_bool), ("dry_run", ctypes.c_bool), ("imatrix", ctypes.c_void_p),
+                ("kv_overrides", ctypes.c_void_p), ("tt_overrides", ctypes.c_void_p),
+                ("prune_layers", ctypes.c_void_p), ("max_buf_size", ctypes.c_size_t)]
+
+
+class _Imatrix(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.POINTER(ctypes.c_float)), ("size", ctypes.c_size_t)]
+
+
+class _TensorType(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("type", ctypes.c_int)]
+
+
+def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.ndarray] | None = None,
+                   tensor_types: tuple[tuple[str, int], ...] = (), output_type: int = -1,
+                   token_embedding_type: int = -1) -> None:
+    """llama-quantize ``src`` (a GGUF) into ``dst`` as file type ``ftype`` (``llama_model_quantize``), with the
+    per-tensor importance ``imatrix`` (values as llama-quantize passes them: sums over counts), ``--tensor-type``
+    pairs and the output / token embedding types (-1: unset)."""
+    _, llama = needs_library()
+    assert ctypes.sizeof(_Params) == 64
+    llama.llama_model_quantize_default_params.restype = _Params
+    llama.llama_model_quantize.restype = ctypes.c_uint32
+    llama.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params)]
+    params = llama.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 1
+    if output_type >= 0:
+        params.output_tensor_type = output_type
+    if token_embedding_type >= 0:
+        params.token_embedding_type = token_embedding_type
+    keep: list[object] = []  # the buffers the library reads, alive until it returns
+    if imatrix is not None:
+        entries = (_Imatrix * (len(imatrix) + 1))()
+        for i, (name, values) in enumerate(imatrix.items()):
+            data = np.ascontiguousarray(values, dtype=np.float32)
+            keep.append(data)
+            entries[i] = _Imatrix(name.encode(), data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), data.size)
+        keep.append(entries)
+        params.imatrix = ctypes.cast(entries, ctypes.c_void_p)
+    if tensor_types:
+        pairs = (_TensorType * (len(tensor_types) + 1))()
+        for i, (pattern, kind) in enumerate(tensor_types):
+            pairs[i] = _TensorType(pattern.encode(), kind)
+        keep.append(pairs)
+        params.tt_overrides = ctypes.cast(pairs, ctypes.c_void_p)
+    if llama.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize failed on {src}")

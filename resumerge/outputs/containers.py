@@ -27,6 +27,21 @@ def _hashes(files: Mapping[str, bytes]) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class GgufChoices:
+    """A GGUF output's type options beyond ``--gguf-type`` (:class:`~resumerge.plan.merge_plan.PlanOptions`'
+    ``gguf_tensor_types``, ``gguf_output_type``, ``gguf_token_embedding_type``, ``imatrix``), as given."""
+
+    tensor_types: tuple[str, ...] = ()
+    output_type: str | None = None
+    token_embedding_type: str | None = None
+    imatrix: str | None = None
+
+
+# no type options: every tensor as llama.cpp's mix picks it, no importance matrix
+NO_CHOICES = GgufChoices()
+
+
+@dataclass(frozen=True)
 class OutputContainer:
     """What a container answers, each answer by default the safetensors shards' (:class:`SafetensorsShards`). A
     value (a frozen dataclass: it travels on the plan, and a stored plan is unpickled field by field)."""
@@ -86,7 +101,8 @@ class OutputContainer:
         return True
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
+    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
+               ) -> OutputContainer:
         """The container ``--out-type`` names, given the GGUF options (which only a GGUF reads), its files not laid
         out yet (the planner lays them out)."""
         return cls()
@@ -116,6 +132,7 @@ class GgufFile(OutputContainer):
 
     gguf_type: str = "f16"
     split_max_size: int | None = None
+    choices: GgufChoices = NO_CHOICES
     headers: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
@@ -137,8 +154,9 @@ class GgufFile(OutputContainer):
                 "(--gguf-split-max-size)")
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
-        return cls(gguf_type, split_max_size)
+    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
+               ) -> OutputContainer:
+        return cls(gguf_type, split_max_size, choices)
 
     def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
         from resumerge.inputs.gguf.names import ARCH_OF
@@ -184,9 +202,16 @@ OUT_TYPES: Mapping[str, type[OutputContainer]] = {SafetensorsShards.name: Safete
 CONTAINERS: tuple[type[OutputContainer], ...] = (GgufFile, SafetensorsShards)
 
 
-def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None) -> OutputContainer:
+def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None,
+                  choices: GgufChoices = NO_CHOICES) -> OutputContainer:
     """The container ``--out-type out_type`` writes, its files not laid out yet (the planner lays them out)."""
-    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size)
+    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size, choices)
+
+
+def gguf_choices(options: Any) -> GgufChoices:
+    """The GGUF type options of a plan's ``options`` (:class:`~resumerge.plan.merge_plan.PlanOptions`)."""
+    return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
+                       options.gguf_token_embedding_type, options.imatrix)
 
 
 def container_of(files: Iterable[str]) -> type[OutputContainer]:

@@ -1,7 +1,7 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.encoders`, torch over the
-compute threads), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
+as llama.cpp's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K:
+:mod:`.encoders`), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from resumerge.outputs.gguf import encoders
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
-# --gguf-type -> ggml type id, and the stored dtype of each type written
-TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
-_STORED = {0: "F32", 1: "F16", 30: "BF16"}
-_NAMES = {code: name.upper() for name, code in TYPES.items()}  # ggml type id -> its name (GGUF_ROUND_TRIP's key)
+# ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
+TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
+                                 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+_STORED = {0: "F32", 1: "F16", 30: "BF16"}  # the stored dtype of the plain types (the others: bytes)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class GgufOutCodec(TensorEncoder):
 
     @property
     def round_trip(self) -> tuple[str, float] | None:
-        name = _NAMES[self.ggml_type]
+        name = TYPE_NAMES[self.ggml_type]
         error = GGUF_ROUND_TRIP.get(name)
         return None if error is None else (name, error)
 
