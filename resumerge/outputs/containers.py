@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
@@ -141,7 +142,10 @@ class GgufFile(OutputContainer):
         return shard_layout(self.headers[file], list(parts), file_size)
 
     def fingerprint_extras(self) -> dict[str, Any]:
-        return {"gguf_headers": _hashes(self.headers)}
+        extras: dict[str, Any] = {"gguf_headers": _hashes(self.headers)}
+        if self.choices.imatrix is not None:  # its values change the bytes: a changed file is another plan
+            extras["imatrix"] = hashlib.sha256(Path(self.choices.imatrix).read_bytes()).hexdigest()
+        return extras
 
     def tokenizer_note(self) -> str | None:
         return "tokenizer in the GGUF"

@@ -18,7 +18,7 @@ routed projections are stacked per layer as the converter stacks them (:mod:`.gg
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -73,9 +73,12 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
     facts = _facts(arch, out_config, tied)
     wanted = _type_choices(choices)
+    weights = Importance.read(choices.imatrix)
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
-                                                                 facts=facts, choices=wanted, **stack), last)
+                                                                 facts=facts, choices=wanted, weights=weights,
+                                                                 **stack), last)
+    weights.check_used([i.name for e in entries for i in e.infos])
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
     metadata = _metadata(arch, out_config, gguf_type, source, template)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
@@ -149,8 +152,50 @@ def _type_choices(choices: GgufChoices) -> TypeChoices:
                        choices.imatrix is not None)
 
 
+@dataclass(frozen=True)
+class Importance:
+    """The ``--imatrix`` file of a plan (``path`` "" for none) and its entries' sizes, by GGUF tensor name."""
+
+    path: str = ""
+    sizes: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: str | None) -> Importance:
+        if path is None:
+            return cls()
+        from resumerge.outputs.gguf.imatrix import read_imatrix
+
+        return cls(path, {name: values.size for name, values in read_imatrix(path).items()})
+
+    def for_tensor(self, target: str, columns: int, experts: int, ggml_type: int) -> str:
+        """The file whose entry weights ``target`` (rows of ``columns``, ``experts`` slices) in ``ggml_type`` ("":
+        none: no file, a type that takes no weights, or no entry, as llama-quantize goes on without one). Raises
+        :class:`ModelInputError` for an entry of another size (token_embd's is skipped, as llama-quantize skips
+        it)."""
+        from resumerge.outputs.gguf import kquants
+
+        size = self.sizes.get(target)
+        if size is None or (ggml_type not in kquants.K_TYPES and ggml_type not in kquants.LEGACY):
+            return ""
+        if size != columns * experts:
+            if target == "token_embd.weight":
+                return ""
+            raise ModelInputError(f"--imatrix {self.path}: its entry {target} has {size} values, the output's "
+                                  f"tensor {columns * experts} ({experts} x {columns} columns)",
+                                  hint="give the importance matrix measured on this model")
+        return self.path
+
+    def check_used(self, names: Collection[str]) -> None:
+        """Raises :class:`ModelInputError` when the file names none of the output's tensors (another model's)."""
+        if self.path and not set(self.sizes) & set(names):
+            shown = ", ".join(sorted(self.sizes)[:2])
+            raise ModelInputError(f"--imatrix {self.path}: none of its {len(self.sizes)} entries ({shown}, ...) "
+                                  "names a tensor of this output", hint="give the importance matrix measured on "
+                                                                        "this model")
+
+
 def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[str, Any], *, facts: ModelFacts,
-             choices: TypeChoices, expert: int = -1, up_name: str = "") -> TensorPlan:
+             choices: TypeChoices, weights: Importance, expert: int = -1, up_name: str = "") -> TensorPlan:
     """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
     gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
     llama.cpp's quantizer picks in a ``mix`` file (:func:`~resumerge.plan.gguftypes.tensor_type`) with the user's
@@ -163,9 +208,18 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
                     config.get("num_key_value_heads") or config["num_attention_heads"])
         head_rows = tp.shape[0] // heads
-    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama)
+    columns = tp.shape[-1]
+    stacked = expert >= 0 or len(tp.shape) == 3
+    experts = facts.experts if stacked and facts.experts else 1
+    imatrix = weights.for_tensor(target, columns, experts, ggml)
+    if up_name:
+        imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if imatrix and experts > 1 and expert < 0:
+        raise ModelInputError(f"--imatrix with {target}, a stack of experts written whole (a fused checkpoint's "
+                              "experts), which resumerge cannot weight per expert yet", hint="leave out --imatrix")
+    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
     if expert >= 0 or up_name:
-        codec = GgufStackCodec(target, ggml, how, head_rows, llama, expert=expert, up_name=up_name)
+        codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)
     return replace(tp, out_codec=codec, carried=()).sized()
 
 

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.inputs.gguf import blocks
 from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
@@ -37,6 +39,9 @@ class GgufOutCodec(TensorEncoder):
     # The type llama.cpp's quantizer picks for it, where resumerge writes another (-1: the same; see
     # resumerge.plan.gguftypes): what the plan's notes name.
     llama_type: int = -1
+    # The importance matrix file (--imatrix) whose entry for this tensor weights its encoding, as llama-quantize
+    # weights it ("": none, or no entry for it); the plan checked the entry's size.
+    imatrix: str = ""
 
     @property
     def row_block(self) -> int:
@@ -71,16 +76,32 @@ class GgufOutCodec(TensorEncoder):
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         return (OutPart(MAIN, self.gguf_name, _STORED.get(self.ggml_type, "U8"), self.stored_shape(shape)),)
 
+    @property
+    def slice_index(self) -> int:
+        """Which expert's slice of its GGUF tensor this output tensor is (-1: the whole tensor)."""
+        return -1
+
+    def importance(self, name: str, expert: int, columns: int) -> np.ndarray | None:
+        """The quantizer's per-column weights for GGUF tensor ``name`` (expert ``expert``'s slice; -1: it has
+        one), None without an importance matrix."""
+        if not self.imatrix:
+            return None
+        from resumerge.outputs.gguf.imatrix import entry
+
+        return entry(self.imatrix, name, expert, columns)
+
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        stored = encoders.encode(self._gguf_values(value), self.ggml_type)
+        stored = encoders.encode(self._gguf_values(value), self.ggml_type,
+                                 importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
+        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN],  # the block bytes straight there
+                        importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
 
     def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""
