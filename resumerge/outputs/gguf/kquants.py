@@ -46,12 +46,14 @@ _Array = np.ndarray
 
 def _sum(a: _Array) -> _Array:
     """The float32 sum over axis 0 in index order, from 0 (``s = 0; s += a[i]``)."""
-    return np.add.reduce(a, axis=0, initial=F(0))
+    total: _Array = np.add.reduce(a, axis=0, initial=F(0))
+    return total
 
 
 def _sum_first(a: _Array) -> _Array:
     """The float32 sum over axis 0 in index order, from ``a[0]`` (``s = a[0]; s += a[i]`` for i >= 1)."""
-    return np.add.reduce(a, axis=0)
+    total: _Array = np.add.reduce(a, axis=0)
+    return total
 
 
 def _as_uint8(v: _Array) -> _Array:
@@ -147,31 +149,43 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
 
 
 def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
-    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1)."""
+    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
+    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place."""
     amax, peak = _largest(x)
     zero = amax < _EPS
     peak = np.where(zero, F(1), peak)
     w = x * x if qw is None else qw
     wx = w * x
     low, high = F(-nmax), F(nmax - 1)
+    q, t = np.empty_like(x), np.empty_like(x)
 
-    def sums(iscale: _Array) -> tuple[_Array, _Array, _Array]:
-        q = np.clip(np.rint(iscale * x), low, high)
-        return q, _sum(wx * q), _sum(w * q * q)
+    def sums(iscale: _Array) -> tuple[_Array, _Array]:
+        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+        np.multiply(iscale, x, out=q)
+        np.rint(q, out=q)
+        np.clip(q, low, high, out=q)
+        np.multiply(wx, q, out=t)
+        sumlx = _sum(t)
+        np.multiply(w, q, out=t)
+        np.multiply(t, q, out=t)
+        return sumlx, _sum(t)
 
-    q, sumlx, suml2 = sums(F(-nmax) / peak)
+    sumlx, suml2 = sums(F(-nmax) / peak)
     codes = q + F(nmax)
     scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        q, sumlx, suml2 = sums(-(F(nmax) + F(0.1) * F(step)) / peak)
+        sumlx, suml2 = sums(-(F(nmax) + F(0.1) * F(step)) / peak)
         adopt = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        codes = np.where(adopt, q + F(nmax), codes)
-        scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
-        best = np.where(adopt, scale * sumlx, best)
-    return np.where(zero, F(0), scale), np.where(zero, F(0), codes)
+        if adopt.any():
+            np.add(q, F(nmax), out=q)
+            np.copyto(codes, q, where=adopt)
+            scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
+            best = np.where(adopt, scale * sumlx, best)
+    codes[:, zero] = 0
+    return np.where(zero, F(0), scale), codes
 
 
 def _q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
@@ -261,13 +275,15 @@ def _subblocks(xt: _Array, n: int) -> _Array:
 
 def _superblocks(codes: _Array, n: int, b: int) -> _Array:
     """:func:`_subblocks`' codes (n, 256/n * B) back to rows of super-blocks: (B, 256) uint8."""
-    return codes.astype(np.uint8).reshape(n, QK // n, b).transpose(2, 1, 0).reshape(b, QK)
+    rows: _Array = codes.astype(np.uint8).reshape(n, QK // n, b).transpose(2, 1, 0).reshape(b, QK)
+    return rows
 
 
 def _sigma2(xt: _Array, factor: float) -> _Array:
     """``factor * Σx² / 256`` of each super-block (columns of ``xt``), the sum in index order."""
     total = _sum(xt * xt)
-    return (F(factor) * total if factor != 1 else total) / F(QK)
+    mean: _Array = (F(factor) * total if factor != 1 else total) / F(QK)
+    return mean
 
 
 def _importance(xt: _Array, qw: _Array, n: int, factor: float) -> _Array:
@@ -290,7 +306,8 @@ def _planes(codes: _Array) -> _Array:
     """2-bit codes (B, 256) as Q2_K/Q3_K's ``qs`` (B, 64): byte ``32h + l`` holds element ``128h + 32k + l`` at
     bits 2k."""
     c = codes.reshape(-1, 2, 4, 32)
-    return (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(-1, 64)
+    packed: _Array = (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(-1, 64)
+    return packed
 
 
 def _pack_k4_scales(ls: _Array, lm: _Array) -> _Array:
@@ -328,7 +345,8 @@ def _unpack_q3_scales(packed: _Array) -> _Array:
     p = packed.T.astype(np.int32)
     low = np.concatenate([p[0:8] & 0xF, p[0:8] >> 4])
     high = np.stack([(p[8 + j % 4] >> (2 * (j // 4))) & 3 for j in range(16)])
-    return ((low | (high << 4)) - 32).astype(F)
+    signed: _Array = ((low | (high << 4)) - 32).astype(F)
+    return signed
 
 
 def _q2_k(xt: _Array, qw: _Array | None) -> _Array:
