@@ -18,9 +18,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from llamacpp_oracle import quantize  # noqa: E402
+from llamacpp_oracle import quantize
 
-from resumerge.outputs.gguf.kquants import encode_k  # noqa: E402
+from resumerge.outputs.gguf.kquants import encode_k
 
 TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 
@@ -43,8 +43,8 @@ def main() -> None:
     print(f"{rows}x{columns} float32 ({x.size / 1e6:.1f} Mweights), best of {repeats}, CPU seconds")
     for name, code in TYPES.items():
         for label, imatrix in (("plain", None), ("imatrix", weights)):
-            theirs_s, theirs = best(repeats, lambda: quantize(x, code, imatrix))
-            ours_s, ours = best(repeats, lambda: encode_k(x, code, imatrix))
+            theirs_s, theirs = best(repeats, lambda c=code, w=imatrix: quantize(x, c, w))
+            ours_s, ours = best(repeats, lambda c=code, w=imatrix: encode_k(x, c, w))
             assert np.array_equal(ours, theirs), (name, label)
             print(f"{name} {label:8s} llama.cpp {theirs_s:6.2f} s ({x.size / theirs_s / 1e6:5.1f} Mw/s)  "
                   f"resumerge {ours_s:6.2f} s ({x.size / ours_s / 1e6:5.1f} Mw/s)  ratio {ours_s / theirs_s:4.2f}")
