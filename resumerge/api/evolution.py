@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import Output, PathLike, Resources, config_text
 from resumerge.config.locations import StateDir
+from resumerge.engine.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -46,14 +47,14 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
-                written: bool = False, on_ray: bool = False, ray_address: str | None = None,
+                written: bool = False, placement: PassPlacement = HERE,
                 executor: Executor | None = None) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
-    are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
-    ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
+    are held to). ``placement`` (:mod:`resumerge.engine.passplace`) on Ray: each generation's candidates spread over
+    the nodes of that cluster (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
     writes ``merge_best`` (:func:`resumerge.api.run`'s)."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
@@ -106,12 +107,10 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
     with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])):
-        if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
-            from resumerge.analyses.onray import pass_keep
+        if isinstance(placement, OnRay):  # each generation's candidates spread over the cluster's nodes
             from resumerge.evolve.spread import SpreadOverNodes
 
-            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address,
-                                                              pass_keep(executor, ray_address)))
+            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, placement.address, placement.keep))
         else:
             best = run_search(planned, store, scorer_at(store))
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
