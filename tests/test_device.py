@@ -325,7 +325,7 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     from resumerge.analyses.evaluation.run import run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.measure.run import measure_grams
-    from resumerge.engine.passplace import OnRay
+    from resumerge.config.passplace import OnRay
     from resumerge.forward.device import PassDevice
 
     state = StateDir.resolve(tmp_path / "state")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from resumerge.analyses.check import CheckReport
     from resumerge.api.runkind import PathLike
     from resumerge.config.locations import StateDir
-    from resumerge.engine.passplace import PassPlacement
+    from resumerge.config.passplace import PassPlacement
 
 # The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
 # LoRA adapter are not compared layer by layer with their inputs).
@@ -56,7 +56,7 @@ def check_placement(executor: object) -> PassPlacement:
     executor's :meth:`~resumerge.engine.executors.PlacesPasses.place_pass` says. Raises
     :class:`~resumerge.errors.UsageError` (exit 2) for an executor that places no forward pass, and for one that
     cannot run here (Ray not installed)."""
-    from resumerge.engine.passplace import HERE
+    from resumerge.config.passplace import HERE
 
     if executor is None:
         return HERE

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.options import PathLike, Resources, pass_placement
 from resumerge.api.unwritten import open_unwritten
+from resumerge.config.passplace import OnRay
 from resumerge.config.settings import RunSettings
-from resumerge.engine.passplace import OnRay
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation import EvalReport

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import Output, PathLike, Resources, config_text
 from resumerge.config.locations import StateDir
-from resumerge.engine.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
-    are held to). ``placement`` (:mod:`resumerge.engine.passplace`) on Ray: each generation's candidates spread over
+    are held to). ``placement`` (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over
     the nodes of that cluster (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
     writes ``merge_best`` (:func:`resumerge.api.run`'s)."""
     from resumerge.analyses.evaluation.tasks import TaskIndex

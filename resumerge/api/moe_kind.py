@@ -162,7 +162,7 @@ def _places(settings: RunSettings) -> Places | None:
     """Where the run's executor places a forward pass's models, as it places a check's (None: in this machine's
     processes, the prompt pass's own)."""
     from resumerge.api.options import pass_placement
-    from resumerge.engine.passplace import OnRay
+    from resumerge.config.passplace import OnRay
 
     placement = pass_placement(settings)
     if not isinstance(placement, OnRay):

@@ -29,8 +29,8 @@ from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.passplace import PassPlacement
     from resumerge.engine.executors import Executor
-    from resumerge.engine.passplace import PassPlacement
     from resumerge.plan.merge_plan import PlanOptions
 
 PathLike = str | os.PathLike[str]
@@ -260,10 +260,10 @@ def pass_settings(function: str, state_dir: PathLike | None, resources: Resource
 
 def pass_placement(settings: RunSettings) -> PassPlacement:
     """Where the settings' executor places a forward pass (:meth:`~resumerge.engine.executors.PlacesPasses.place_pass`:
-    :class:`~resumerge.engine.passplace.Here` this process, :class:`~resumerge.engine.passplace.OnRay` an actor per
+    :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
     model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
-        from resumerge.engine.passplace import HERE
+        from resumerge.config.passplace import HERE
 
         return HERE
     from resumerge.api.checked import check_placement

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.config.settings import KEEP_WORKERS, RunSettings
 from resumerge.engine.executor import CONCURRENCY, execute
 from resumerge.engine.job import Job
-from resumerge.engine.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class PlacesPasses(Protocol):
     """An executor that places a forward pass (``check``'s, ``measure``'s) as well as a merge's shards."""
 
     def place_pass(self) -> PassPlacement:
-        """Where a forward pass runs on this executor (:mod:`resumerge.engine.passplace`): :class:`Here` in this
+        """Where a forward pass runs on this executor (:mod:`resumerge.config.passplace`): :class:`Here` in this
         process, one model after another; :class:`OnRay`, an actor per model on the Ray cluster. Raises
         :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
 

@@ -145,8 +145,8 @@ def test_without_ray_a_check_on_ray_is_one_line_and_exit_2(tmp_path: Path, monke
 
 def test_a_check_runs_where_the_executor_object_says() -> None:
     from resumerge.api.checked import check_placement
+    from resumerge.config.passplace import HERE, OnRay
     from resumerge.engine.executors import LocalExecutor
-    from resumerge.engine.passplace import HERE, OnRay
     from resumerge.errors import UsageError
 
     assert check_placement(None) == check_placement(LocalExecutor()) == HERE
@@ -161,8 +161,8 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     import resumerge.analyses.check.run
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
+    from resumerge.config.passplace import HERE, OnRay, PassPlacement
     from resumerge.engine.executors import LocalExecutor
-    from resumerge.engine.passplace import HERE, OnRay, PassPlacement
 
     seen: list[PassPlacement] = []
 

@@ -28,7 +28,7 @@ from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.engine.passplace import OnRay, PassPlacement
+from resumerge.config.passplace import OnRay, PassPlacement
 from resumerge.errors import PlanChangedError, UsageError
 from resumerge.forward.device import PassDevice
 from resumerge.forward.driver import Fit, PassFolder

@@ -22,7 +22,7 @@ from resumerge.analyses.check.verdict import THRESHOLDS
 from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.engine.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import PassFolder, content_key, drive
@@ -36,7 +36,7 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
               cut_texts: bool = False, watcher: Watcher | None = None, device: PassDevice = HOST) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``placement``: where the executor placed the pass
-    (:mod:`resumerge.engine.passplace`): here, or each model's forward pass on a node of a Ray cluster
+    (:mod:`resumerge.config.passplace`): here, or each model's forward pass on a node of a Ray cluster
     (:mod:`.onray`), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs

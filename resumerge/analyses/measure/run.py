@@ -26,7 +26,7 @@ from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
-from resumerge.engine.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
@@ -75,7 +75,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
     dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
     :mod:`resumerge.forward.device`). ``placement``: where the executor placed the pass
-    (:mod:`resumerge.engine.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
+    (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
     (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2)."""
     placement.refuse("the measurement", device.name, device.on_gpu)
     state = state if state is not None else StateDir.resolve()
