@@ -29,6 +29,7 @@ from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.passplace import PassPlacement
     from resumerge.engine.executors import Executor
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -305,11 +306,14 @@ def pass_settings(function: str, state_dir: PathLike | None, resources: Resource
     return run_settings(state_dir, resources, executor=executor)
 
 
-def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
-    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
-    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+def pass_placement(settings: RunSettings) -> PassPlacement:
+    """Where the settings' executor places a forward pass (:meth:`~resumerge.engine.executors.PlacesPasses.place_pass`:
+    :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
+    model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
-        return False, None
+        from resumerge.config.passplace import HERE
+
+        return HERE
     from resumerge.api.checked import check_placement
 
     return check_placement(settings.executor)
