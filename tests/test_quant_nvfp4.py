@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ModelFactory
@@ -186,3 +187,30 @@ def test_an_asymmetric_nvfp4_group_is_refused() -> None:
 def test_nvfp4_scales_without_any_quantization_config_are_refused() -> None:
     with pytest.raises(ModelInputError, match="a quantization companion but no quantization_config"):
         CODECS.verdict(None, _modelopt_headers(), source="m")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_gguf_nvfp4_tensor_is_gguf_py_s_decode_times_its_scale(tmp_path: Path, arch: str) -> None:
+    # llama.cpp's converter: ModelOpt's blocks as NVFP4 (type 40), weight_scale_2 as F32 `<name>.scale`, the
+    # input scale as `<name>.input_scale`; llama.cpp multiplies the scale at run time, so the weight is both.
+    gguf = pytest.importorskip("gguf")
+    from ggufmodels import Q, _gguf_name, decoded, hf_tensors, reference, to_gguf, write_gguf
+
+    assert gguf.GGMLQuantizationType.NVFP4 == 40
+    tensors = to_gguf(arch, hf_tensors(arch))
+    matrices = [n for n, v in tensors.items() if v.ndim == 2 and n.startswith("blk.")]
+    # The same random blocks in both files (companions are 1-D F32: they draw nothing from the writer's seed).
+    write_gguf(tmp_path / "plain.gguf", arch, tensors, Q.NVFP4)
+    scales = {n: 0.25 + i / 64 for i, n in enumerate(matrices)}
+    for name in matrices:
+        tensors[name.removesuffix("weight") + "scale"] = np.array([scales[name]], dtype=np.float32)
+        tensors[name.removesuffix("weight") + "input_scale"] = np.array([0.5], dtype=np.float32)
+    write_gguf(tmp_path / "m.gguf", arch, tensors, Q.NVFP4)
+    want = reference(tmp_path / "plain.gguf")  # gguf-py's decode of the blocks, transforms undone
+    model, got = decoded(tmp_path / "m.gguf")
+    assert got.keys() == want.keys()
+    assert model.formats is not None
+    assert model.formats.role_counts()["companion"] == 2 * len(matrices)
+    for hf, value in want.items():
+        factor = scales.get(_gguf_name(arch, hf), 1.0)
+        assert torch.equal(got[hf], torch.from_numpy(np.ascontiguousarray(value)) * np.float32(factor)), hf

@@ -62,7 +62,7 @@ def decode(packed: torch.Tensor, scale: torch.Tensor, tensor_scale: torch.Tensor
     factor = tensor_scale.to(torch.float32).reshape(())
     block = block * factor if convention == "modelopt" else block / factor
     value.view(rows, -1, GROUP).mul_(block.unsqueeze(-1))
-    return value
+    return value if out is None else out
 
 
 def encode(value: torch.Tensor, convention: Convention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
