@@ -153,8 +153,8 @@ def _modelopt_headers() -> dict[str, tuple[str, tuple[int, ...]]]:
      "W4A16 AWQ"),
     ({"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, {"m.k_proj.k_scale": ("F32", ())}, "KV-cache scales"),
 ])
-def test_modelopt_variants_are_refused_by_name(settings: dict[str, object], extra: dict[str, tuple[str, tuple[int, ...]]],
-                                               said: str) -> None:
+def test_modelopt_variants_are_refused_by_name(settings: dict[str, object],
+                                               extra: dict[str, tuple[str, tuple[int, ...]]], said: str) -> None:
     with pytest.raises(ModelInputError) as caught:
         CODECS.verdict({"quant_method": "modelopt", **settings}, {**_modelopt_headers(), **extra}, source="m")
     line = caught.value.one_line()
