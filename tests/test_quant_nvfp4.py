@@ -120,6 +120,11 @@ def test_compressed_tensors_nvfp4_merge_round_trips_through_its_format(tmp_path:
                                     None)
     assert problems == [] and found is not None and found["format"] == "compressed-tensors"
     assert found["roles"]["weight"] == PROJECTIONS and found["roles"]["companion"] == 2 * PROJECTIONS
+    # As verify judges it after a run, which records the output's codec by name ("nvfp4"): read by the method the
+    # config names (compressed-tensors), not by ModelOpt's.
+    recorded = {"output": {"format": "nvfp4", "roles": found["roles"]}}
+    shards = [p.name for p in (tmp_path / "kept").glob("*.safetensors")]
+    assert check_formats(tmp_path / "kept", shards, recorded) == (found, [])
 
 
 def test_a_modelopt_export_with_only_hf_quant_config_is_read(tmp_path: Path, make: ModelFactory) -> None:

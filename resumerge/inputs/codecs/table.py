@@ -128,7 +128,8 @@ class CodecTable:
             refuse_unconfigured(headers, source)
             return Checkpoint(None, {}, tuple(headers))
         method = str(quantization_config.get("quant_method", "")).lower()
-        fmt = self.reader(method) if method else None
+        # By the methods the formats claim, not their names: NVFP4's codec is named "nvfp4", no producer's method.
+        fmt = next((f for f in self.quantized if method in f.claims), None) if method else None
         if fmt is None:
             raise refuse_method(method or "(none)", headers, source,
                                 tuple(dict.fromkeys(m for f in self.quantized for m in f.claims)))
