@@ -66,6 +66,13 @@ class PlanOptions:
     # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
+    # --gguf-tensor-type PATTERN=TYPE (repeatable), --gguf-output-type, --gguf-token-embedding-type: llama-quantize's
+    # --tensor-type, --output-tensor-type and --token-embedding-type; --imatrix: llama.cpp's importance matrix file
+    # (GGUF or .dat) the K-quant encoders weight their search with, as llama-quantize does.
+    gguf_tensor_types: tuple[str, ...] = ()
+    gguf_output_type: str | None = None
+    gguf_token_embedding_type: str | None = None
+    imatrix: str | None = None
     # --gguf-split-max-size: the GGUF output as gguf-split's files of at most this many tensor bytes each (None: one
     # file, model.gguf).
     gguf_split_max_size: int | None = None
@@ -77,7 +84,8 @@ class PlanOptions:
 # before they existed resumes as the same plan.
 LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
-                                     "out_type": "safetensors", "gguf_type": "f16",
+                                     "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
+                                     "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
                                      "gguf_split_max_size": None,
                                      "out_adapter": False}
 
