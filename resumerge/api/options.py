@@ -83,7 +83,8 @@ class Merging:
     random_seed: int = DEFAULT_SEED
     allow_crimes: bool = False
     unsafe_truncate_embeddings: bool = False
-    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
+    # eval refuses a mergekit-moe config before this could matter
+    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION, "evaluate"))
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ Found = TypeVar("Found")
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
              unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
              ray_address: str | None = None, ray_keep: float = 0.0,
-             task_index: TaskIndex | None = None) -> EvalReport:
+             task_index: TaskIndex | None = None, merge_words: tuple[str, ...] = ()) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
@@ -99,7 +99,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     here), its head here: the same results, journaled alike (``ray_keep``: the seconds the kept worker hosting the
     actor waits idle once a pass ends, :func:`~resumerge.analyses.onray.kept_hosts`; 0: a fresh actor).
     ``task_index``: lm-eval's task index shared with other evaluations (a search's candidates; None: one of its
-    own). Raises
+    own). ``merge_words``: the flags that merge ``unwritten`` as it was opened (in the command that continues). Raises
     :class:`UsageError` (exit 2) for anything refused before a weight is read, and :class:`InterruptedMerge` (exit
     3) on Ctrl-C, naming the command that continues."""
     if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
@@ -128,7 +128,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     generating = generation_tasks(loaded.kinds) if loaded is not None else []
     tokenizer = _tokenizer(model, bool(settings.apply_chat_template))
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
-    command = eval_command(target, settings, state)
+    command = eval_command(target, settings, state, merge_words)
     device = settings.pass_device()
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
                          device=device.name)
@@ -344,9 +344,10 @@ def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettin
                          "decoder layer at a time") from None
 
 
-def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
-    """The shell command of this evaluation (what continues an interrupted one)."""
-    words = ["resumerge", "eval", target, *settings.command_words()]
+def eval_command(target: str, settings: EvalSettings, state: StateDir, merge_words: tuple[str, ...] = ()) -> str:
+    """The shell command of this evaluation (what continues an interrupted one; ``merge_words``: the flags that
+    merge a merge config TARGET)."""
+    words = ["resumerge", "eval", target, *settings.command_words(), *merge_words]
     if settings.max_memory is not None:
         words += ["--max-memory", str(settings.max_memory)]
     if not is_default_state_root(state.given):
