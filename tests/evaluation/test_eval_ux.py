@@ -39,3 +39,18 @@ def test_the_allow_crimes_a_refusal_names_is_a_flag_eval_takes(tmp_path: Path) -
     model = cli_here("eval", one, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state,
                      "--allow-crimes")
     assert model.returncode == 2 and "--allow-crimes applies to a merge config TARGET" in model.stderr, model.stderr
+
+
+def test_lm_evals_call_of_git_says_nothing_outside_a_clone(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tasks = tiny_model(tmp_path / "model"), write_tasks(tmp_path)
+    away = tmp_path / "away"
+    away.mkdir()
+    monkeypatch.chdir(away)  # no repository here or above: git fails, as in a user's folder
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    done = cli_here("eval", model, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", tmp_path / "state",
+                    "--limit", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["git_hash"] is None
+    said = capfd.readouterr().err  # what the process's stderr got from its children: git's, before
+    assert "not a git repository" not in said and "fatal" not in said, said
