@@ -54,3 +54,47 @@ def test_lm_evals_call_of_git_says_nothing_outside_a_clone(tmp_path: Path, capfd
     assert json.loads(done.stdout)["git_hash"] is None
     said = capfd.readouterr().err  # what the process's stderr got from its children: git's, before
     assert "not a git repository" not in said and "fatal" not in said, said
+
+
+def _until_zombie(pid: int) -> None:
+    import time
+
+    for _ in range(600):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{pid} never ended")
+
+
+def test_status_of_an_evaluation_says_its_layers_and_requests_and_a_killed_one_is_interrupted(
+        tmp_path: Path) -> None:
+    from resumerge import api
+    from resumerge.cli.statusshow import show_status
+    from tests.support import cli_start, wait_stopped
+
+    model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
+    argv = ["eval", model, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state, "--json"]
+    # a process of this test's own (not reaped until the test says): killed, it stays a zombie whose pid answers
+    first = cli_start(*argv, env={"RESUMERGE_STOP_AT": "after_eval_layer"}, fresh=True)
+    try:
+        wait_stopped(first, timeout=240)
+        running = api.status(model, state_dir=state)
+        assert running.state == "running" and running.resume_command is None
+        first.kill()  # SIGKILL, not yet reaped: the pid still "exists", the pass's lock is gone
+        _until_zombie(first.pid)
+        found = api.status(model, state_dir=state)
+    finally:
+        first.kill()
+        first.wait()
+    assert found.state == "interrupted" and found.resume_command is not None, found
+    assert found.resume_command.startswith(f"resumerge eval {model} --tasks tiny_mc")
+    text = str(found)
+    assert "layers       1 of 3 journaled of the loglikelihood pass" in text, text
+    assert "requests     0 of 24 answered by the loglikelihood pass" in text, text
+    for merge_word in ("shards", "tensors", "bytes", "% of bytes"):
+        assert merge_word not in text, text
+    out = __import__("io").StringIO()
+    show_status(found, out, width=200)
+    shown = out.getvalue()
+    assert "layers" in shown and "journaled of the loglikelihood pass" in shown and "finish with" in shown
+    assert "shards" not in shown and "% of bytes" not in shown and "tensors" not in shown, shown

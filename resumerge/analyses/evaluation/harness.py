@@ -79,12 +79,13 @@ def git_hash() -> str | None:
     else its reading of ``.git``), without git's ``fatal: not a git repository`` on the terminal: lm-eval lets git
     write to the process's stderr, which every ``eval`` run outside a clone printed (issue 87)."""
     try:
-        found = subprocess.run(["git", "describe", "--always"], capture_output=True, check=True)  # noqa: S607
+        found = subprocess.run(["git", "describe", "--always"], capture_output=True, check=True)
         return found.stdout.decode().strip()
     except (subprocess.CalledProcessError, FileNotFoundError):  # no repository here, or no git installed
         from lm_eval.loggers.utils import get_commit_from_path
 
-        return get_commit_from_path(os.getcwd())
+        found_here: str | None = get_commit_from_path(os.getcwd())
+        return found_here
 
 
 def _set_fewshot(name: str, task: Any, num_fewshot: int | None) -> None:

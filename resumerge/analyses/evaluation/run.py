@@ -26,9 +26,9 @@ from resumerge.analyses.check.needs import StepBytes, step_bytes
 from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
-from resumerge.analyses.evaluation.scorer import ANSWERS, LAYER_PREFIX, Answer, answered, score
+from resumerge.analyses.evaluation.scorer import ANSWERS, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
-from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.analyses.evaluation.status import LAYER_PREFIX, PROGRESS_NAME
 from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 from resumerge.analyses.evaluation.textpass import FIGURES, score_texts
