@@ -98,3 +98,30 @@ def test_status_of_an_evaluation_says_its_layers_and_requests_and_a_killed_one_i
     shown = out.getvalue()
     assert "layers" in shown and "journaled of the loglikelihood pass" in shown and "finish with" in shown
     assert "shards" not in shown and "% of bytes" not in shown and "tensors" not in shown, shown
+
+
+def _guide_example() -> tuple[str, str, list[str]]:
+    """docs/guide.md's task over local data: its YAML, its JSONL and its command's words, as printed."""
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text(encoding="utf-8")
+    section = guide.split("### A task over your own data (no hub)", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")[1::2]  # the fenced blocks' bodies, each after its info string
+    yaml, jsonl, command = (block.split("\n", 1)[1] for block in blocks[:3])
+    assert blocks[0].startswith("yaml") and blocks[1].startswith("jsonl"), blocks
+    return yaml, jsonl, command.split()
+
+
+def test_the_guides_task_over_local_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    yaml, jsonl, command = _guide_example()
+    assert len(yaml.strip().splitlines()) <= 10
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "tasks" / "capitals.yaml").write_text(yaml)
+    (tmp_path / "data" / "capitals.jsonl").write_text(jsonl)
+    tiny_model(tmp_path / "merged")
+    monkeypatch.chdir(tmp_path)  # "in the folder holding tasks/ and data/"
+    assert command[:2] == ["resumerge", "eval"]
+    done = cli_here(*command[1:], "--state-dir", tmp_path / "state", "--json")
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert set(results["results"]["capitals"]) >= {"acc,none", "acc_norm,none"}
+    assert results["n-samples"]["capitals"]["effective"] == len(jsonl.strip().splitlines()) == 3
