@@ -15,7 +15,7 @@ import importlib.metadata
 import json
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -189,12 +189,13 @@ class _Merged:
 
     fingerprint: str
     merge_bytes: int
+    merge: UnwrittenMerge  # what each step's merges hold (:func:`~.unwrittenneeds.merged_need`)
 
     @classmethod
     def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
         if unwritten is None:
             return None
-        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes)
+        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes, unwritten)
 
 
 class _Scorer:
@@ -228,7 +229,7 @@ class _Scorer:
             return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed, proof=proof)
 
         return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored,
-                            layers_here=placed is None)
+                            layers_here=placed is None, peak=self._merged_peak(self.stream, work.runs, steps))
 
     def texts(self, work: TextWork) -> TextFigures:
         """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
@@ -247,8 +248,9 @@ class _Scorer:
                                    on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
                                    vocab=work.vocab, proof=proof)
 
+            alone = len(streams) == 1  # with a parent, its log-probabilities may be held beside the merge's head
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
-                                scored)
+                                scored, peak=self._merged_peak(self.stream, work.tokens, steps) if alone else None)
         finally:
             for parent in streams[1:]:
                 parent.close()
@@ -262,11 +264,22 @@ class _Scorer:
         # what a layer holds once read (an unwritten merge's tensors merged: each merge admitted on its own)
         return max(sizes.layers)
 
+    def _merged_peak(self, stream: ModelStream, tokens: Sequence[Sequence[int]], steps: dict[str, int]) -> int | None:
+        """A merge never written's largest step with its merges (None: a stored model's, or the sum of the
+        largest step and the largest merge where that is not known better)."""
+        if self.merged is None:
+            return None
+        from resumerge.analyses.evaluation.unwrittenneeds import merged_need
+
+        return merged_need(stream, self.merged.merge, tokens, steps["heads"])
+
     def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
-                scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True) -> Found:
+                scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True,
+                peak: int | None = None) -> Found:
         """A pass in ``workdir``, its lock held, its steps admitted by the memory governor under the budget
-        (refused, exit 2, before its first layer where ``states`` and its largest step do not fit), its progress
-        written for ``status``. ``layers_here`` False: the layers run on a Ray node, only the heads here."""
+        (refused, exit 2, before its first layer where ``states`` and its largest step do not fit: ``peak``, or
+        where None the largest of ``steps`` and an unwritten merge's largest merge), its progress written for
+        ``status``. ``layers_here`` False: the layers run on a Ray node, only the heads here."""
         self.workdir = workdir
         lock = pass_lock(workdir, f"this evaluation of {self.model.path}", self.command,
                          hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
@@ -276,8 +289,8 @@ class _Scorer:
             # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
             merging = self.merged.merge_bytes if self.merged is not None else 0
             largest = max(steps.values()) if layers_here else steps["heads"]
-            budget = budget_fitting("the evaluation", states + largest + merging, self.settings.max_memory,
-                                    SystemProbe())
+            budget = budget_fitting("the evaluation", states + (largest + merging if peak is None else peak),
+                                    self.settings.max_memory, SystemProbe())
             gpu = self.settings.pass_device().budget("the evaluation", steps, states)  # None on the CPU, on Ray
             with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
