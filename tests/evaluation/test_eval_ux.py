@@ -125,3 +125,14 @@ def test_the_guides_task_over_local_data_runs_as_written(tmp_path: Path, monkeyp
     results = json.loads(done.stdout)
     assert set(results["results"]["capitals"]) >= {"acc,none", "acc_norm,none"}
     assert results["n-samples"]["capitals"]["effective"] == len(jsonl.strip().splitlines()) == 3
+
+
+def test_output_path_names_the_folder_of_a_target_given_with_a_trailing_slash_as_without(tmp_path: Path) -> None:
+    from lm_eval.utils import sanitize_model_name
+
+    model, tasks = tiny_model(tmp_path / "out-linear"), write_tasks(tmp_path)
+    done = cli_here("eval", f"{model}/", "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir",
+                    tmp_path / "state", "--limit", "2", "--output-path", tmp_path / "results")
+    assert done.returncode == 0, done.stderr
+    folders = [p.name for p in (tmp_path / "results").iterdir()]
+    assert folders == [sanitize_model_name(str(model))], folders  # lm-eval's name of the folder, no "__" tail

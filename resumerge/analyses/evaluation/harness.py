@@ -41,7 +41,8 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
     from lm_eval.utils import set_torch_seed
 
     started = time.time()
-    model_args = {"pretrained": target}
+    # the folder as named, not its spelling: "out-linear/" (a shell's completion) made lm-eval's folder "out-linear__"
+    model_args = {"pretrained": target.rstrip("/") or target}
     if not settings.apply_chat_template and any(word in target.lower() for word in _CHAT_NAMES):
         _LOG.warning("pretrained=%s appears to be an instruct or chat variant but chat template is not applied "
                      "(--apply-chat-template applies it)", target)
