@@ -136,3 +136,14 @@ def test_output_path_names_the_folder_of_a_target_given_with_a_trailing_slash_as
     assert done.returncode == 0, done.stderr
     folders = [p.name for p in (tmp_path / "results").iterdir()]
     assert folders == [sanitize_model_name(str(model))], folders  # lm-eval's name of the folder, no "__" tail
+
+
+def test_max_memory_is_judged_when_the_answer_comes_from_the_journal(tmp_path: Path) -> None:
+    model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
+    argv = [model, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state, "--limit", "2", "--json"]
+    first = cli_here("eval", *argv)
+    assert first.returncode == 0, first.stderr
+    again = cli_here("eval", *argv, "--max-memory", "1MB")  # journaled: answered before, whatever the budget
+    assert again.returncode == 2 and "more than the budget of 1.00 MB" in again.stderr, again.stderr
+    last = cli_here("eval", *argv)  # and without it, answered from the journal as before
+    assert json.loads(last.stdout)["results"] == json.loads(first.stdout)["results"]

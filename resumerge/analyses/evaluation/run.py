@@ -218,39 +218,44 @@ class _Scorer:
         """The answers of one of lm-eval's passes (``kind``: ``loglikelihood`` or ``loglikelihood_rolling``)."""
         workdir = self.state.evals_dir / _key(self.model, kind, work.digest(), self.merged)
         proof = self._proof([self.model])
-        done = answered(workdir)
-        if done is not None and proof.still_holds(workdir / ANSWERS):
-            return done
         sizes = step_bytes([self.stream], list(work.runs))
         steps = {"layer": self._layer_bytes(sizes), "heads": tail_step_bytes(self.stream, work.runs)}
+        peak = self._merged_peak(self.stream, work.runs, steps)
+        done = answered(workdir)
+        if done is not None and proof.still_holds(workdir / ANSWERS):
+            # --max-memory judged as when it runs: the same command is refused or answered whatever is journaled
+            self._budget(2 * sizes.states, steps, self.ray is None, peak)
+            return done
         placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
             return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed, proof=proof)
 
         return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored,
-                            layers_here=placed is None, peak=self._merged_peak(self.stream, work.runs, steps))
+                            layers_here=placed is None, peak=peak)
 
     def texts(self, work: TextWork) -> TextFigures:
         """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
         workdir = self.state.evals_dir / _key(self.model, work.key(), digest_of(work.tokens), self.merged)
         proof = self._proof([self.model, *([work.parent] if work.parent is not None else [])])
-        done = answered_texts(workdir)
-        if done is not None and proof.still_holds(workdir / FIGURES):
-            return done
         streams = [self.stream, *work.streams(self.stream, self.model.opened.config)]
         try:
             sizes = step_bytes(streams, work.tokens)
             steps = {"layer": self._layer_bytes(sizes), "heads": text_heads_bytes(streams, work.tokens)}
+            alone = len(streams) == 1  # with a parent, its log-probabilities may be held beside the merge's head
+            peak = self._merged_peak(self.stream, work.tokens, steps) if alone else None
+            done = answered_texts(workdir)
+            if done is not None and proof.still_holds(workdir / FIGURES):
+                self._budget(2 * len(streams) * sizes.states, steps, True, peak)  # judged as when it runs
+                return done
 
             def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
                                    on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
                                    vocab=work.vocab, proof=proof)
 
-            alone = len(streams) == 1  # with a parent, its log-probabilities may be held beside the merge's head
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
-                                scored, peak=self._merged_peak(self.stream, work.tokens, steps) if alone else None)
+                                scored, peak=peak)
         finally:
             for parent in streams[1:]:
                 parent.close()
@@ -273,6 +278,16 @@ class _Scorer:
 
         return merged_need(stream, self.merged.merge, tokens, steps["heads"])
 
+    def _budget(self, states: int, steps: dict[str, int], layers_here: bool, peak: int | None) -> int:
+        """The budget of a pass holding ``states`` beside its largest step (``peak``; None: the largest of ``steps``,
+        the heads' alone where the layers run on a Ray node, beside an unwritten merge's largest merge); refused
+        (UsageError, exit 2) where they do not fit it."""
+        # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
+        merging = self.merged.merge_bytes if self.merged is not None else 0
+        largest = max(steps.values()) if layers_here else steps["heads"]
+        return budget_fitting("the evaluation", states + (largest + merging if peak is None else peak),
+                              self.settings.max_memory, SystemProbe())
+
     def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
                 scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True,
                 peak: int | None = None) -> Found:
@@ -286,11 +301,7 @@ class _Scorer:
                               "resumes at the layer it reached)")
         lock.acquire()
         try:
-            # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
-            merging = self.merged.merge_bytes if self.merged is not None else 0
-            largest = max(steps.values()) if layers_here else steps["heads"]
-            budget = budget_fitting("the evaluation", states + (largest + merging if peak is None else peak),
-                                    self.settings.max_memory, SystemProbe())
+            budget = self._budget(states, steps, layers_here, peak)
             gpu = self.settings.pass_device().budget("the evaluation", steps, states)  # None on the CPU, on Ray
             with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
