@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
+    from resumerge.evolve.progress import SearchStep
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
@@ -492,7 +493,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
            sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, executor: Executor | None = None,
-           max_memory: int | str | None = None, device: str | None = None) -> EvolveOutcome:
+           max_memory: int | str | None = None, device: str | None = None,
+           progress: Callable[[SearchStep], None] | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -507,7 +509,11 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
     that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
     for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
-    the other), and writes ``merge_best`` on it as :func:`run` does.
+    the other), and writes ``merge_best`` on it as :func:`run` does. The search ends after exactly ``max_fevals``
+    evaluations (its last generation cut to what is left), or earlier where cma's own criteria stop it.
+    ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
+    layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
+    them on stderr.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
@@ -522,7 +528,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor)
+                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor,
+                       progress=progress)
 
 
 def _pass_keep(executor: object, address: str | None) -> float:

@@ -101,8 +101,8 @@ def test_status_of_an_evaluation_says_its_layers_and_requests_and_a_killed_one_i
 
 
 def _guide_example() -> tuple[str, str, list[str]]:
-    """docs/guide.md's task over local data: its YAML, its JSONL and its command's words, as printed."""
-    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text(encoding="utf-8")
+    """docs/eval.md's task over local data: its YAML, its JSONL and its command's words, as printed."""
+    guide = (Path(__file__).parents[2] / "docs" / "eval.md").read_text(encoding="utf-8")
     section = guide.split("### A task over your own data (no hub)", 1)[1].split("\n## ", 1)[0]
     blocks = section.split("```")[1::2]  # the fenced blocks' bodies, each after its info string
     yaml, jsonl, command = (block.split("\n", 1)[1] for block in blocks[:3])
@@ -110,7 +110,7 @@ def _guide_example() -> tuple[str, str, list[str]]:
     return yaml, jsonl, command.split()
 
 
-def test_the_guides_task_over_local_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_docs_task_over_local_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     yaml, jsonl, command = _guide_example()
     assert len(yaml.strip().splitlines()) <= 10
     (tmp_path / "tasks").mkdir()

@@ -101,9 +101,7 @@ def test_greedy_generation_where_the_model_fits_equals_lm_evals_hf_model(setup: 
 
 
 def test_the_bounds_the_docs_state_are_the_ones_tested() -> None:
-    root = Path(__file__).parents[2]
-    readme, guide = ((root / name).read_text(encoding="utf-8") for name in ("README.md", "docs/guide.md"))
-    assert DOCUMENT_RELATIVE == 3e-6  # as the docs write it
-    stated = "a relative 3e-6 of its"
-    assert "to 1e-4, a perplexity document's to " + stated in readme
-    assert TOLERANCE == 1e-4 and f"to 1e-4 plus {stated} log-likelihood" in guide
+    page = (Path(__file__).parents[2] / "docs" / "eval.md").read_text(encoding="utf-8")
+    assert TOLERANCE == 1e-4 and DOCUMENT_RELATIVE == 3e-6  # as the page writes them
+    assert "every `loglikelihood` request to 1e-4 absolute" in page
+    assert "document to 1e-4 plus a relative 3e-6 of its log-likelihood" in page
