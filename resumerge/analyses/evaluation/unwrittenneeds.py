@@ -30,9 +30,6 @@ def merged_need(stream: ModelStream, merge: UnwrittenMerge, tokens: Sequence[Seq
     """The largest step of a pass over the merge never written ``merge`` (read through ``stream``) with its merges,
     over ``tokens``; ``heads``: the pass's heads step as a stored model's (its head read whole, so held twice while
     cast)."""
-    from resumerge.engine.unwritten.compute import rows_alone
-    from resumerge.plan.workunits import estimate_bytes
-
     embeddings = stream.prefix(stream.model.get_input_embeddings())
     stack = stream.prefix(stream.layers_list)
     prefixes = [embeddings, *(f"{stack}{i}." for i in range(stream.layers))]
@@ -40,20 +37,19 @@ def merged_need(stream: ModelStream, merge: UnwrittenMerge, tokens: Sequence[Seq
                         in_place=lambda name: True)  # the read copy is the merge's output: in its working set
     used = len({t for sequence in tokens for t in sequence})
     merges = dict.fromkeys(prefixes, 0)
-    for name, tp in merge.plan.tensors.items():
+    for name in merge.tensors:
         prefix = next((p for p in prefixes if name.startswith(p)), None)
         if prefix is None:
             continue
-        method = merge.plan.method_of(tp)
-        rows = used if prefix == embeddings and rows_alone(tp, method) and tp.shape else None
-        merges[prefix] = max(merges[prefix], estimate_bytes(tp, method, rows=rows))
+        shape = tuple(merge.tensors[name].entry.shape)
+        rows = used if prefix == embeddings and len(shape) == 2 and merge.merges_rows_alone(name) else None
+        merges[prefix] = max(merges[prefix], merge.tensor_merge_bytes(name, rows) or 0)
         if rows is not None:  # the embeddings' step holds the rows the texts use, not the table
-            values[prefix] = min(values[prefix], values[prefix] * used // max(1, tp.shape[0]))
+            values[prefix] = min(values[prefix], values[prefix] * used // max(1, shape[0]))
     layer = max((values[p] + merges[p] for p in prefixes), default=0)
     head = stream.model.get_output_embeddings()
     weight = next((p for _, p in head.named_parameters()), None) if head is not None else None
     copy = weight.numel() * 4 if weight is not None else 0  # the head as read: its merge's output
     key = (embeddings if stream.tied_head() or head is None else stream.prefix(head)) + "weight"
-    found = merge.plan.tensors.get(key)
-    head_merge = merge.merge_bytes if found is None else estimate_bytes(found, merge.plan.method_of(found))
-    return max(layer, head_merge, heads - copy)
+    head_merge = merge.tensor_merge_bytes(key)
+    return max(layer, merge.merge_bytes if head_merge is None else head_merge, heads - copy)
