@@ -57,10 +57,14 @@ def test_lm_evals_call_of_git_says_nothing_outside_a_clone(tmp_path: Path, capfd
 
 
 def _until_zombie(pid: int) -> None:
+    """Until ``pid`` has ended but is not reaped: a zombie whose every thread is gone (its files, its locks closed
+    with the last one)."""
+    import os
     import time
 
-    for _ in range(600):
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+    for _ in range(1200):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1:
             return
         time.sleep(0.05)
     raise AssertionError(f"{pid} never ended")
