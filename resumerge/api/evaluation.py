@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.options import Merging, PathLike, Resources, pass_placement, taken
 from resumerge.api.unwritten import open_unwritten
+from resumerge.config.passplace import OnRay
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
@@ -38,12 +39,9 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
         device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
-    on_ray, address = pass_placement(settings)
-    keep = 0.0  # how long the kept workers hosting the pass's actor on Ray wait idle once it ends
-    if on_ray:
-        from resumerge.analyses.onray import pass_keep
-
-        keep = pass_keep(settings.executor, address)
+    placement = pass_placement(settings)
+    ray = placement if isinstance(placement, OnRay) else None
+    on_ray, address, keep = ray is not None, ray.address if ray else None, ray.keep if ray else 0.0
     taken(merging, "evaluate")
     if not is_config(os.fspath(target)):
         if merging != Merging():  # they change a merge, and a model TARGET is no merge to make
