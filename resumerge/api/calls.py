@@ -292,7 +292,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
              state_dir: PathLike | None = None, executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
              device: str | None = None, max_gpu_memory: int | str | None = None,
-             task_index: TaskIndex | None = None) -> EvalReport:
+             task_index: TaskIndex | None = None, merging: Merging = Merging()) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
     describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
@@ -315,7 +315,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
     the same ``Resources`` object (a field given both ways is refused). ``task_index``
     (:class:`~resumerge.analyses.evaluation.tasks.TaskIndex`): lm-eval's index of its tasks, built at its first use
-    and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call)."""
+    and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call).
+    ``merging`` (the group :func:`run` takes): how a merge config ``target`` is merged (``random_seed``,
+    ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it; refused for a model ``target``."""
     from resumerge.api.evaluation import evaluate_with
 
     resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
@@ -323,7 +325,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
                          include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                          apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
-                         progress=progress, task_index=task_index)
+                         progress=progress, task_index=task_index, merging=merging)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

@@ -54,6 +54,12 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
                           "[default: 85 %% of the GPU's free memory]")
     evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
+    evaluate.add_argument("--random-seed", type=int, default=0, metavar="N",
+                          help="a merge config TARGET: seed of randomised methods, as for run [default: 0]")
+    evaluate.add_argument("--allow-crimes", action="store_true",
+                          help="a merge config TARGET: merge models of different architectures, as for run")
+    evaluate.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                          help="a merge config TARGET: merge vocabularies of different sizes, as for run")
     add_executor_flags(evaluate, where=f"where each pass's decoder layers run: this process, or an actor on a node "
                                        f"of a Ray cluster, the head here ({RAY_NEEDS}; TARGET a written model on a "
                                        "path every node sees, or hf://); the results are the same, and an evaluation "
@@ -64,7 +70,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """One API call, then the table (or the JSON)."""
-    from resumerge.api import Resources, evaluate
+    from resumerge.api import Merging, Resources, evaluate
     from resumerge.api.options import executor_option
 
     def progress(step: EvalStep) -> None:
@@ -78,7 +84,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
                       resources=Resources(max_memory=args.max_memory, device=args.device,
                                           max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
                       executor=executor_option(args.executor, ray_address=args.ray_address),
-                      progress=None if args.quiet else progress)
+                      progress=None if args.quiet else progress,
+                      merging=Merging(random_seed=args.random_seed, allow_crimes=args.allow_crimes,
+                                      unsafe_truncate_embeddings=args.unsafe_truncate_embeddings))
     if report.proof is not None and not args.quiet:  # stderr: --json's stdout is lm-eval's object alone
         print(f"eval: inputs: {report.proof}", file=sys.stderr)
     if args.json:
