@@ -9,6 +9,7 @@ import math
 import os
 import shlex
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from resumerge.evolve.objective import ScoresGeneration
     from resumerge.evolve.search import Planned, SearchOptions
     from resumerge.evolve.storage import Evaluated
+    from resumerge.evolve.tracking import Tracking
     from resumerge.plan.merge_plan import Plan
 
 
@@ -47,14 +49,15 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
                 written: bool = False, on_ray: bool = False, ray_address: str | None = None,
-                executor: Executor | None = None) -> EvolveOutcome:
+                executor: Executor | None = None, tracking: Sequence[Tracking] = ()) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
     are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
     ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
-    writes ``merge_best`` (:func:`resumerge.api.run`'s)."""
+    writes ``merge_best`` (:func:`resumerge.api.run`'s). ``tracking``: where the search is logged (W&B, trackio:
+    :mod:`resumerge.evolve.tracking`), each library imported before anything is read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
@@ -62,9 +65,11 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.search import run_search
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.together import Together
+    from resumerge.evolve.tracking import SearchLog, backend
     from resumerge.evolve.written import WrittenCandidates
     from resumerge.forward.device import PassDevice
 
+    backends = [(each.kind, backend(each)) for each in tracking]  # a library missing: exit 2 before anything
     include = os.fspath(task_search_path) if task_search_path is not None else None
     on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
     index = TaskIndex()  # lm-eval's tasks indexed once: for the planning and every candidate's evaluation
@@ -105,15 +110,19 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
             parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
-    with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])):
+    with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])), \
+            ExitStack() as closing:
+        logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
+        for log in logs:
+            closing.callback(log.close)
         if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
             from resumerge.analyses.onray import pass_keep
             from resumerge.evolve.spread import SpreadOverNodes
 
             best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address,
-                                                              pass_keep(executor, ray_address)))
+                                                              pass_keep(executor, ray_address)), logs)
         else:
-            best = run_search(planned, store, scorer_at(store))
+            best = run_search(planned, store, scorer_at(store), logs)
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
         if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)

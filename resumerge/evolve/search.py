@@ -17,6 +17,7 @@ from resumerge.evolve.objective import ScoresGeneration, objective
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.evolve.storage import Evaluated
 from resumerge.evolve.strategy import Search, Settings, default_popsize
+from resumerge.evolve.tracking import SearchLog
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,9 @@ def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planne
     return Planned(spec, layout, layers, settings)
 
 
-def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evaluated:
-    """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate."""
+def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, logs: Sequence[SearchLog] = ()) -> Evaluated:
+    """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate;
+    ``logs``: told each generation once it is durable (and, first, what a killed search told)."""
     tasks = planned.spec.tasks
     names = [t.name for t in tasks]
     storage.sweep(store)
@@ -75,6 +77,8 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
     storage.say(store, popsize=search.popsize, max_fevals=planned.settings.max_fevals, finished=False)
     if generations:  # a kill while they were written leaves them stale: the same bytes again
         storage.write_outputs(store, generations, names)
+    for log in logs:
+        log.told(generations)
     while not search.done():
         number = len(generations) + 1
         genotypes = search.ask()
@@ -96,6 +100,8 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration) -> Evalu
         generations.append(told)
         storage.write_state(store, generations, search.figures())
         storage.write_outputs(store, generations, names)
+        for log in logs:
+            log.told(generations)
     storage.say(store, finished=True, phase=None, layer=None)
     best = storage.best_of(generations)
     assert best is not None  # cma asks at least one generation
