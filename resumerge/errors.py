@@ -42,6 +42,21 @@ EXIT_REFUSED = 4
 EXIT_NO_EFFECT = 5
 EXIT_BROKEN = 6
 
+# What each exit code tells a script (docs/commands.md is written from this table).
+EXIT_MEANINGS: dict[int, str] = {
+    EXIT_OK: "done; `check`: the merge works",
+    EXIT_INTERNAL: "an internal error (a bug: the line says what failed; please report it)",
+    EXIT_INVALID: "bad input: the config, a model, or the command line (one line says what, where and what to do); "
+                  "nothing was downloaded or written",
+    EXIT_INTERRUPTED: "stopped at a safe point (Ctrl-C, a signal, a full disk, an unreachable hub): nothing committed "
+                      "is lost, the line gives the command that continues",
+    EXIT_REFUSED: "refused: OUT, the ledger or an input differs from the recorded run, or holds files resumerge did "
+                  "not write (the line names what)",
+    EXIT_NO_EFFECT: "`check`: no effect (the merge is indistinguishable from its base or one parent)",
+    EXIT_BROKEN: "`check`: broken (non-finite values, NLL far above its parents', or a layer that departs from all "
+                 "of them)",
+}
+
 # Flags whose keyword in resumerge.api is not the flag's own words (--max-memory is max_memory; --no-X is
 # X=False); tests/test_front_door.py holds this table to the parser's dests.
 API_NAMES: dict[str, str] = {

@@ -15,6 +15,7 @@ __all__ = [
     "knobs",
     "modelgen",
     "parsers",
+    "reference",
     "render",
     "statusshow",
     "trafficline",

@@ -18,7 +18,8 @@ class ModelSpec:
     """Shape and layout of a generated model.
 
     ``shard_bytes`` caps each input shard (several shards plus an index when the model is larger);
-    ``arch`` is ``llama`` or ``qwen2`` (q/k/v biases and a ``layer_types`` list in config.json).
+    ``arch`` is ``llama`` or ``qwen2`` (q/k/v biases and a ``layer_types`` list in config.json); ``pad`` is
+    config.json's ``pad_token_id`` (left out where None), which a fine-tune may set to any id of its vocabulary.
     """
 
     layers: int = 4
@@ -32,6 +33,7 @@ class ModelSpec:
     dtype: torch.dtype = field(default_factory=lambda: torch.float32)  # made per spec: torch loads on first use
     shard_bytes: int = 40_000
     tokenizer: bool = True
+    pad: int | None = None
 
 
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -88,6 +90,8 @@ def model_config(spec: ModelSpec) -> dict[str, object]:
         "eos_token_id": 2,
         "dtype": _dtype_name(spec.dtype),
     }
+    if spec.pad is not None:
+        config["pad_token_id"] = spec.pad
     if spec.arch == "qwen2":
         config["layer_types"] = ["full_attention"] * spec.layers
         config["use_sliding_window"] = False

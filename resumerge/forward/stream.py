@@ -384,8 +384,9 @@ class ModelStream:
                        ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """:meth:`inputs`, holding of the input embeddings only the rows of the tokens the batches use: the
         table read ``block_bytes`` at a time, the rows kept, the ids renumbered to them (the same hidden states:
-        each is a copy of its token's row). Only where the embeddings are all that runs before the layers and a
-        plain table a block of which can be read alone, or whose source gives those rows alone
+        each is a copy of its token's row; the table's pad index, which need not be among them, set aside). Only
+        where the embeddings are all that runs before the layers and a plain table a block of which can be read
+        alone, or whose source gives those rows alone
         (:meth:`~resumerge.forward.reader.CastReader.read_rows`: a merge never written merges only them); else as
         :meth:`inputs`."""
         embed = self.model.get_input_embeddings()
@@ -413,12 +414,17 @@ class ModelStream:
             if found is None:
                 return self.inputs(batches)
             rows = found
-        before = dict(embed._parameters)
+        before, pad = dict(embed._parameters), embed.padding_idx
         embed._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
+        # the pad row's index is the whole table's, which the rows kept need not reach (a pad id above every token
+        # the texts use: torch refuses it); it only keeps that row's gradient at zero, and a pass takes none (the
+        # forward value of every id is its row), so the renumbered table runs without one
+        embed.padding_idx = None
         try:
             return self.placed([self._capture(torch.searchsorted(used, ids), mask) for ids, mask in batches])
         finally:
             embed._parameters.update(before)
+            embed.padding_idx = pad
 
     def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, list[LayerCall]]:

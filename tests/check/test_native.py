@@ -34,6 +34,9 @@ _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_f
 # name: (model_type, config, config.json keys replaced after saving)
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llama": ("llama", {}, {}),
+    # a pad id above every row the batches use (Llama-3 fine-tunes set 128004, Qwen 151643): the pass's embedding
+    # of the used rows alone must not keep it, and gives the whole table's rows
+    "llama_pad_above": ("llama", {"pad_token_id": 120}, {}),
     "llama_biased_llama3": ("llama", {"attention_bias": True, "mlp_bias": True, "rope_parameters": _LLAMA3}, {}),
     # the older keys: rope_scaling and rope_theta beside it, as Llama 3.1's config.json has them
     "llama_legacy_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
@@ -52,6 +55,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "gemma2_window": ("gemma2", {"head_dim": 8, "sliding_window": 5, "query_pre_attn_scalar": 12,
                                  "attn_logit_softcapping": 0.5, "final_logit_softcapping": 2.0},
                       {"layer_types": None}),
+    "gemma2_pad_above": ("gemma2", {"head_dim": 8, "pad_token_id": 120}, {}),
     "gemma2_uncapped": ("gemma2", {"head_dim": 16, "num_key_value_heads": 4, "attn_logit_softcapping": None,
                                    "final_logit_softcapping": None, "tie_word_embeddings": False}, {}),
     # Gemma 3's text model as tests/families.py saves it: the legacy sliding_window_pattern, rope_theta,

@@ -21,6 +21,7 @@ from support import write_config
 from resumerge import api
 from resumerge.cli.commands import main
 from tests.evaluation.evaltasks import tiny_model, write_tasks
+from tests.wandbfiles import wandb_rows
 
 TOLERANCE = 1e-4
 RELATIVE = 1e-5
@@ -142,10 +143,10 @@ def test_a_rerun_with_use_cache_reads_no_weight_and_writes_the_same_results(tmp_
 
     model, tasks = _setup(tmp_path)
 
-    def run(out: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    def run(out: str, *more: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
         assert _door("--model", "resumerge", "--model_args", f"pretrained={model}", "--tasks", "tiny_mc,tiny_ppl",
                      "tiny_gen", "--include_path", str(tasks), "--log_samples", "--output_path",
-                     str(tmp_path / out), "--use_cache", str(tmp_path / "cache"), "--device", "cpu") == 0
+                     str(tmp_path / out), "--use_cache", str(tmp_path / "cache"), "--device", "cpu", *more) == 0
         return _files(tmp_path / out)
 
     first = run("first")
@@ -154,7 +155,12 @@ def test_a_rerun_with_use_cache_reads_no_weight_and_writes_the_same_results(tmp_
         raise AssertionError("a weight was read")
 
     monkeypatch.setattr(ModelStream, "load", no_weight)
-    second = run("second")
+    # lm-eval's own W&B logging through the door (offline: its run files)
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    second = run("second", "--wandb_args", "project=door")
+    rows, _, artifacts = wandb_rows(tmp_path / "wandb")
+    assert any("tiny_mc/acc" in row for row in rows) and "results" in artifacts
     assert {k: v for k, v in first[0].items() if k not in RUN_KEYS} == \
         {k: v for k, v in second[0].items() if k not in RUN_KEYS}
     assert first[0]["config"] == second[0]["config"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import struct
 from collections import Counter
 from pathlib import Path
 
@@ -19,53 +18,9 @@ pytest.importorskip("trackio")
 
 from tests.evolve.test_search import OPTIONS, make_search
 from tests.support import cli, cli_here
+from tests.wandbfiles import wandb_rows
 
 KILLS = ("after_evolve_generation:1", "after_evolve_candidate:1")
-_BLOCK = 32768  # W&B's transaction log: LevelDB-log blocks of records (type 1 whole; 2, 3, 4 first, middle, last)
-
-
-def _records(path: Path) -> list[bytes]:
-    data, at, part, found = path.read_bytes(), 7, b"", []
-    while at + 7 <= len(data):
-        left = _BLOCK - at % _BLOCK
-        if left < 7:
-            at += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[at:at + 7])
-        if length == 0 and kind == 0:  # the block's padding
-            at += left
-            continue
-        chunk, at = data[at + 7:at + 7 + length], at + 7 + length
-        if kind == 1:
-            found.append(chunk)
-        elif kind == 2:
-            part = chunk
-        elif kind == 3:
-            part += chunk
-        elif kind == 4:
-            found.append(part + chunk)
-    return found
-
-
-def _wandb_rows(root: Path) -> tuple[list[dict[str, str]], set[str], list[str]]:
-    """Every history row of every offline run under ``root``, the runs' ids, the artifacts' names."""
-    from wandb.proto import wandb_internal_pb2
-
-    rows, ids, artifacts = [], set(), []
-    for path in sorted(root.rglob("run-*.wandb")):
-        ids.add(path.stem.removeprefix("run-"))
-        for raw in _records(path):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(raw)
-            kind = record.WhichOneof("record_type")
-            if kind == "history":
-                # W&B splits a key at its slashes ("candidate/objective": nested_key)
-                rows.append({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
-            elif kind == "artifact":
-                artifacts.append(record.artifact.name)
-    return rows, ids, artifacts
-
-
 def _trackio_rows(root: Path, project: str) -> tuple[list[dict[str, object]], set[str]]:
     (database,) = root.rglob(f"{project}.db")
     with sqlite3.connect(database) as db:
@@ -95,7 +50,7 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
     expected = Counter({(1, 0): 1, (1, 1): 1, (2, 0): 1, (2, 1): 1})
     table = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
 
-    rows, ids, artifacts = _wandb_rows(tmp_path / "wandb")
+    rows, ids, artifacts = wandb_rows(tmp_path / "wandb")
     candidates = [r for r in rows if "candidate/objective" in r]
     assert Counter((int(r["candidate/generation"]), int(r["candidate/index"])) for r in candidates) == expected
     for row in candidates:
