@@ -38,12 +38,15 @@ def lm_eval(args: argparse.Namespace, *, command: str) -> None:
     Raises :class:`UsageError` (exit 2) for what resumerge cannot honour: an unknown ``--model_args`` key, sampling
     (``--gen_kwargs do_sample=True`` or a temperature above 0: resumerge generates greedily), ``--use_cache`` and
     ``state_dir=`` naming two places."""
-    from resumerge.analyses.evaluation.registered import MODEL_NAME, register
+    from resumerge.analyses.evaluation.registered import MODEL_NAME, ModelArgs, register
 
     register()
     if getattr(args, "command", None) != "run":
         args.func(args)
         return
+    if args.model == MODEL_NAME:  # refused before lm-eval starts a W&B run or reads a task (again below: --config)
+        ModelArgs.of(args.model_args or {}, {})
+        _greedy(args.gen_kwargs)
     import lm_eval as harness
 
     real: Callable[..., Any] = harness.simple_evaluate
@@ -75,7 +78,8 @@ def _evaluated(real: Callable[..., Any], options: dict[str, Any], *, device_flag
 
     cache = options.get("use_cache")
     _greedy(options.get("gen_kwargs"))
-    with ExitStack() as held, opening(lambda given: _opened(held, given, cache, device_flag, command)):
+    tasks = tuple(str(t) for t in options.get("tasks") or ())  # what the progress file (status) names
+    with ExitStack() as held, opening(lambda given: _opened(held, given, cache, device_flag, command, tasks)):
         results = real(**{**options, "use_cache": None})
     if results is not None:
         results["config"]["use_cache"] = cache
@@ -95,8 +99,8 @@ def _greedy(gen_kwargs: Any) -> None:
                          "run and resume)", hint="leave out do_sample and temperature, or give temperature=0")
 
 
-def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: str | None,
-            command: str) -> ResumergeLM:
+def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: str | None, command: str,
+            tasks: tuple[str, ...]) -> ResumergeLM:
     """The model ``given`` names, opened for the evaluation (what it holds closed by ``held`` when it ends)."""
     from resumerge.analyses.evaluation.opened import opened_lm
     from resumerge.analyses.evaluation.run import is_config
@@ -111,7 +115,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
     resources = Resources(max_memory=given.max_memory, device=given.device or device_flag or "cpu",
                           max_gpu_memory=given.max_gpu_memory)
     settings = pass_settings("evaluate", state_dir, resources, None)
-    evaluation = EvalSettings(tasks=("lm-eval",), max_memory=settings.max_memory, device=resources.device,
+    evaluation = EvalSettings(tasks=tasks or ("lm-eval",), max_memory=settings.max_memory, device=resources.device,
                               max_gpu_memory=settings.max_gpu_memory)
     target = given.pretrained
     unwritten = None

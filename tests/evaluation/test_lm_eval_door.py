@@ -8,7 +8,9 @@ line, exit 2. Runs lm-eval in this process: 10-40 s each on a loaded machine."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,17 @@ GROUP = "group: tiny_group\ntask: [tiny_mc, tiny_ppl]\n"
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # lm-eval's setup_logging (each run, as its console script calls it) adds a handler bound to the sys.stderr of
+    # the moment: a test's captured stream, closed once the test ends; taken off again, as a process's end would
+    logger = logging.getLogger("lm_eval")
+    handlers = list(logger.handlers)
+    yield
+    for handler in logger.handlers:
+        if handler not in handlers:
+            logger.removeHandler(handler)
 
 
 def _door(*words: str) -> int:
