@@ -11,7 +11,7 @@ Makes three generated Llama-style float32 models (base, a, b) under the temp dir
 (a ``kl`` task from a, then alternately an ``nll`` task and a ``kl`` task from b), then alternates, each step a
 fresh process (its wall time from its start, its CPU seconds (user + system, its children's included: on a shared
 machine the figure load inflates least), its own peak RSS, ``VmHWM``): ``streamed`` is
-``resumerge evolve CONFIG STORAGE --popsize P --max-fevals P-1`` (one generation: each candidate a merge never
+``resumerge evolve CONFIG STORAGE --popsize P --max-fevals P`` (one generation: each candidate a merge never
 written, every candidate's layer merged from one read of the parents' layer); ``base`` the same command on
 ``--base``'s tree (main, for an A/B: its table must be byte-identical); ``written`` is the same search with each
 candidate merged by ``run`` into STORAGE and scored alone on the written merge
@@ -249,7 +249,7 @@ def main() -> None:
             else:
                 own = work / f"evolve-{args.tasks}-{args.parent_vocab}.yml" if name == "shared" else config
                 argv = [sys.executable, "-c", STREAMED, "evolve", str(own), str(store), "--popsize",
-                        str(args.popsize), "--max-fevals", str(args.popsize - 1), *budget]
+                        str(args.popsize), "--max-fevals", str(args.popsize), *budget]
             load = os.getloadavg()
             # a search's first start: nothing its state dir keeps from the last run (a kl parent's texts' tokens)
             state = work / f"state-{name}" if args.parent_vocab is not None else None

@@ -57,7 +57,7 @@ def main() -> None:
     config = write_search(root, base, [weather, recipes], lines=args.lines, granularity=args.granularity,
                           method=args.method, normalize=None if args.normalize == "default" else
                           args.normalize == "true")
-    max_fevals = args.popsize * (args.generations - 1) + 1  # cma stops once its evaluations reach it
+    max_fevals = args.popsize * args.generations  # whole generations: the search stops at exactly max_fevals
     started = time.monotonic()
     outcome = api.evolve(config, root / "store", max_fevals=max_fevals, popsize=args.popsize,
                          random_seed=args.seed)
@@ -84,7 +84,7 @@ def main() -> None:
     for merge, found in figures.items():
         print(f"| {merge} | {objective_of(planned, found):.4f} | "
               + " | ".join(f"{found[n]:.4f}" for n in names) + " |")
-    print(f"\nbest: generation {outcome.best.generation} candidate {outcome.best.index}, genotype "
+    print(f"\nbest: generation {outcome.best.generation} candidate {outcome.best.number}, genotype "
           f"{[round(v, 3) for v in outcome.best.genotype]}")
     print(f"wall: fixture {fixture:.0f} s (cached: ~0), search {searching:.0f} s, held-out scoring {holding:.0f} s; "
           f"load {' '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -65,7 +65,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     steps = {
         "evolve": lambda device, tag: [*python, "evolve", str(config), str(work / f"store-{tag}"), "--popsize",
-                                       str(args.popsize), "--max-fevals", str(args.popsize - 1), "--json",
+                                       str(args.popsize), "--max-fevals", str(args.popsize), "--json",
                                        *device],
         "check": lambda device, tag: [*python, "check", str(work / "a"), "--base", str(work / "base"), "--parent",
                                       str(work / "b"), "--state-dir", str(work / f"state-check-{tag}"), "--json",

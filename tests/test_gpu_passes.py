@@ -54,7 +54,7 @@ def test_a_search_on_the_gpu_proposes_the_cpus_candidates_and_keeps_the_same_bes
     from tests.evolve.test_search import make_search
 
     config = make_search(tmp_path)  # a ties genome of two layer groups, two kl tasks and an nll task
-    options: dict[str, Any] = {"max_fevals": 5, "popsize": 3, "random_seed": 7}
+    options: dict[str, Any] = {"max_fevals": 6, "popsize": 3, "random_seed": 7}
     api.evolve(config, tmp_path / "cpu", **options)
     api.evolve(config, tmp_path / "gpu", resources=api.Resources(device="cuda"), **options)
     rows = {where: [json.loads(line) for line in (tmp_path / where / "evaluations.jsonl").read_text().splitlines()]

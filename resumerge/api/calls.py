@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executor import Reporter
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
+    from resumerge.evolve.progress import SearchStep
     from resumerge.evolve.tracking import Tracking
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
@@ -491,7 +492,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
            sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, executor: Executor | None = None,
-           max_memory: int | str | None = None, device: str | None = None, wandb: bool = False,
+           max_memory: int | str | None = None, device: str | None = None,
+           progress: Callable[[SearchStep], None] | None = None, wandb: bool = False,
            wandb_project: str = "mergekit-evolve", wandb_entity: str | None = None, trackio: bool = False,
            trackio_project: str = "resumerge-evolve") -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
@@ -508,7 +510,12 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
     that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
     for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
-    the other), and writes ``merge_best`` on it as :func:`run` does. ``wandb`` (mergekit-evolve's ``--wandb``, to
+    the other), and writes ``merge_best`` on it as :func:`run` does. The search ends after exactly ``max_fevals``
+    evaluations (its last generation cut to what is left), or earlier where cma's own criteria stop it.
+    ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
+    layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
+    them on stderr.
+    ``wandb`` (mergekit-evolve's ``--wandb``, to
     ``wandb_project`` of ``wandb_entity``) and ``trackio`` (to ``trackio_project``): the search logged there, a row
     per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
     best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
@@ -527,6 +534,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
                        task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor,
+                       progress=progress,
                        tracking=_tracking(wandb, wandb_project, wandb_entity, trackio, trackio_project))
 
 

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from resumerge.engine.executors import Executor
     from resumerge.engine.unwritten import Population
     from resumerge.evolve.objective import ScoresGeneration
+    from resumerge.evolve.progress import Watcher
     from resumerge.evolve.search import Planned, SearchOptions
-    from resumerge.evolve.storage import Evaluated
+    from resumerge.evolve.storage import Evaluated, Say
     from resumerge.evolve.tracking import Tracking
     from resumerge.plan.merge_plan import Plan
 
@@ -49,19 +50,22 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
                 written: bool = False, on_ray: bool = False, ray_address: str | None = None,
-                executor: Executor | None = None, tracking: Sequence[Tracking] = ()) -> EvolveOutcome:
+                executor: Executor | None = None, progress: Watcher | None = None,
+                tracking: Sequence[Tracking] = ()) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
     are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
     ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
-    writes ``merge_best`` (:func:`resumerge.api.run`'s). ``tracking``: where the search is logged (W&B, trackio:
-    :mod:`resumerge.evolve.tracking`), each library imported before anything is read."""
+    writes ``merge_best`` (:func:`resumerge.api.run`'s); ``progress``: told each step of the search (a candidate's
+    pass at each layer, each candidate scored, the best so far and the time left). ``tracking``: where the search
+    is logged (W&B, trackio: :mod:`resumerge.evolve.tracking`), each library imported before anything is read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
     from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
+    from resumerge.evolve.progress import SearchProgress
     from resumerge.evolve.search import run_search
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.together import Together
@@ -100,18 +104,22 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                              max_memory=resources.max_memory, device=settings.device, state_dir=state,
                              task_index=index).results)
 
-    def scorer_at(root: Path) -> ScoresGeneration:
-        """The search's scorer, its passes journaled and its texts' tokens kept in ``root``."""
-        own: ScoresGeneration = WrittenCandidates(root, tasks, merge, tokenizer, on) if written else \
+    def scorer_at(root: Path, say: Say | None = None) -> ScoresGeneration:
+        """The search's scorer, its passes journaled and its texts' tokens kept in ``root``, telling ``say`` where
+        it is (None: ``root``'s progress file alone; a Ray node's scorer, which this process's watcher never
+        reaches)."""
+        own: ScoresGeneration = WrittenCandidates(root, tasks, merge, tokenizer, on, say) if written else \
             StreamedCandidates(root, tasks, population, tokenizer, StateDir.resolve(None), _bytes(resources.max_memory),
-                               on)
+                               on, say)
         parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
         if settings is not None:
-            parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated)))
+            parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated, say)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
-    with files.locked(store, shlex.join(["resumerge", "evolve", os.fspath(config), os.fspath(store)])), \
-            ExitStack() as closing:
+    command = evolve_command(config, store, options, resources, merge_best, allow_benchmark_tasks, task_search_path,
+                             (ray_address or "") if on_ray else None)
+    told = SearchProgress(store, progress)
+    with files.locked(store, command), ExitStack() as closing:
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
         for log in logs:
             closing.callback(log.close)
@@ -120,12 +128,42 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
             from resumerge.evolve.spread import SpreadOverNodes
 
             best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address,
-                                                              pass_keep(executor, ray_address)), logs)
+                                                              pass_keep(executor, ray_address), told.say),
+                              told, command, logs)
         else:
-            best = run_search(planned, store, scorer_at(store), logs)
+            best = run_search(planned, store, scorer_at(store, told.say), told, command, logs)
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
         if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
+
+
+def evolve_command(config: PathLike, store: Path, options: SearchOptions, resources: Resources,
+                   merge_best: PathLike | None, allow_benchmark_tasks: bool, task_search_path: PathLike | None,
+                   ray_address: str | None) -> str:
+    """The shell command of this search (what continues an interrupted one: the same settings, or STORAGE refuses
+    it); ``ray_address``: on Ray (the empty string: the cluster ``RAY_ADDRESS`` names, or one started here)."""
+    from resumerge.evolve.spec import OPT_IN
+
+    words = ["resumerge", "evolve", os.fspath(config), os.fspath(store), "--max-fevals", str(options.max_fevals)]
+    if options.popsize is not None:
+        words += ["--popsize", str(options.popsize)]
+    if options.sigma0 != 1 / 6:
+        words += ["--sigma0", repr(options.sigma0)]
+    if options.seed != 0:
+        words += ["--random-seed", str(options.seed)]
+    if resources.max_memory is not None:
+        words += ["--max-memory", str(resources.max_memory)]
+    if resources.device not in (None, "cpu"):
+        words += ["--device", str(resources.device)]
+    if ray_address is not None:
+        words += ["--executor", "ray", *(["--ray-address", ray_address] if ray_address else [])]
+    if merge_best is not None:
+        words += ["--merge-best", os.fspath(merge_best)]
+    if allow_benchmark_tasks:
+        words.append(OPT_IN)
+    if task_search_path is not None:
+        words += ["--task-search-path", os.fspath(task_search_path)]
+    return shlex.join(words)
 
 
 def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,

@@ -24,11 +24,15 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "vocabulary over the tokens both hold) and {nll: {texts: FILE}}, weighted. Everything is kept in "
                     "STORAGE (evaluations.jsonl and .csv, best.yml, objective.png): killed anywhere, the same "
                     "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
+                    "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
+                    "the best objective so far and the time left (--quiet: none). "
                     "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
     evolve.add_argument("config", metavar="CONFIG", help="the mergekit-evolve YAML config")
     evolve.add_argument("storage", metavar="STORAGE", help="the folder that keeps the search (new or this search's)")
     evolve.add_argument("--max-fevals", type=int, default=100, metavar="N",
-                        help="evaluations after which the search ends [default: 100]")
+                        help="evaluations after which the search ends, exactly: where fewer than a generation are "
+                             "left, the last generation scores only that many of its candidates (cma's own stop "
+                             "criteria may end it earlier) [default: 100]")
     evolve.add_argument("--popsize", type=int, metavar="P",
                         help="candidates per generation, 2 or more [default: cma's 4 + 3 ln(dimensions)]")
     evolve.add_argument("--sigma0", type=float, default=1 / 6, metavar="S",
@@ -59,12 +63,15 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     evolve.add_argument("--trackio-project", default="resumerge-evolve", metavar="NAME",
                         help="the trackio project [default: resumerge-evolve]")
     evolve.add_argument("--json", action="store_true", help="print the best candidate as JSON")
+    evolve.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (a line per layer of a "
+                        "generation's pass and per candidate scored)")
 
 
 def run_evolve_command(args: argparse.Namespace) -> int:
     """One API call, then the best candidate."""
     from resumerge.api import Resources, evolve
     from resumerge.api.options import executor_option
+    from resumerge.cli.evolveprogress import EvolveProgress
 
     outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
                      sigma0=args.sigma0, random_seed=args.random_seed,
@@ -73,12 +80,12 @@ def run_evolve_command(args: argparse.Namespace) -> int:
                      task_search_path=args.task_search_path,
                      executor=executor_option(args.executor, ray_address=args.ray_address), wandb=args.wandb,
                      wandb_project=args.wandb_project, wandb_entity=args.wandb_entity, trackio=args.trackio,
-                     trackio_project=args.trackio_project)
+                     trackio_project=args.trackio_project, progress=EvolveProgress(quiet=args.quiet))
     if args.json:
-        print(json.dumps(outcome.best.to_json(), indent=2))
+        print(json.dumps(outcome.best.to_row(), indent=2))
         return EXIT_OK
     best = outcome.best
-    print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.index + 1}, "
+    print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
           f"objective {best.objective:.6g}")
     for name, value in best.tasks.items():
         print(f"  {name}: " + (f"{value:.6g}" if value is not None else "not finite"))

@@ -7,6 +7,7 @@ generates text (a search scores log-likelihoods: mergekit-evolve's ``acc``-like 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +43,13 @@ def refuse_unscorable(settings: EvalSettings, index: TaskIndex | None = None) ->
 
 
 class LmEvalCandidates:
-    """Scores each candidate on the lm-eval tasks of ``tasks`` (see the module's docstring)."""
+    """Scores each candidate on the lm-eval tasks of ``tasks`` (see the module's docstring); ``say``: told where it
+    is (None: ``progress.json`` in ``store`` alone)."""
 
-    def __init__(self, store: Path, tasks: Sequence[Task], settings: EvalSettings, evaluate: Evaluate) -> None:
+    def __init__(self, store: Path, tasks: Sequence[Task], settings: EvalSettings, evaluate: Evaluate,
+                 say: storage.Say | None = None) -> None:
         self.store, self.settings, self.evaluate = store, settings, evaluate
+        self.say: storage.Say = say or partial(storage.say, store)
         self.tasks = tuple(t for t in tasks if t.kind == "lm-eval")
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
@@ -60,7 +64,7 @@ class LmEvalCandidates:
         work.mkdir(parents=True, exist_ok=True)
         target = work / "candidate.yml"
         target.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-        storage.say(self.store, generation=generation, candidate=index, phase="lm-eval", layer=None, layers=None)
+        self.say(generation=generation, candidates=[index], phase="lm-eval", layer=None, layers=None)
         results = self.evaluate(target, self.settings, work / "eval-state")
         return {task.name: _metric(results, task) for task in self.tasks}
 

@@ -5,8 +5,7 @@ generation's state made durable before the user's files are written from it."""
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from resumerge.evolve import storage
 from resumerge.evolve.genome import Layout, initial_genotype, layout_of, merge_config, random_genotype
 from resumerge.evolve.objective import ScoresGeneration, objective
+from resumerge.evolve.progress import SearchProgress
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.evolve.storage import Evaluated
 from resumerge.evolve.strategy import Search, Settings, default_popsize
@@ -22,8 +22,9 @@ from resumerge.evolve.tracking import SearchLog
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """How CMA-ES searches: ``max_fevals`` evaluations at most, ``popsize`` candidates a generation (None: cma's
-    4 + 3 ln n), the first step size ``sigma0`` and the ``seed`` of its draws (mergekit-evolve's defaults)."""
+    """How CMA-ES searches: ``max_fevals`` evaluations (the last generation cut to what is left), ``popsize``
+    candidates a generation (None: cma's 4 + 3 ln n), the first step size ``sigma0`` and the ``seed`` of its draws
+    (mergekit-evolve's defaults)."""
 
     max_fevals: int = 100
     popsize: int | None = None
@@ -65,16 +66,26 @@ def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planne
     return Planned(spec, layout, layers, settings)
 
 
-def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, logs: Sequence[SearchLog] = ()) -> Evaluated:
-    """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate;
+def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, progress: SearchProgress | None = None,
+               command: str = "", logs: Sequence[SearchLog] = ()) -> Evaluated:
+    """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate: exactly
+    ``max_fevals`` candidates scored (fewer where cma's own criteria stop it first), the last generation cut to what
+    is left. ``progress`` is told where it is (None: ``progress.json`` alone); ``command``: what continues it.
     ``logs``: told each generation once it is durable (and, first, what a killed search told)."""
     tasks = planned.spec.tasks
     names = [t.name for t in tasks]
+    progress = progress or SearchProgress(store)
     storage.sweep(store)
     generations = storage.read_state(store)
     search = Search.restore(planned.settings, [([e.genotype for e in g], [e.objective for e in g])
                                                for g in generations])
-    storage.say(store, popsize=search.popsize, max_fevals=planned.settings.max_fevals, finished=False)
+    best = storage.best_of(generations)
+    # the next generation's candidates a killed process journaled: scored already, in no time of this process
+    kept = [objective(tasks, f) for f in map(done_in(store, len(generations) + 1), range(search.popsize))
+            if f is not None] if not search.done() else []
+    lowest = min([*kept, *([best.objective] if best is not None else [])], default=None)
+    progress.start(popsize=search.popsize, max_fevals=planned.settings.max_fevals,
+                   evaluated=search.evaluations + len(kept), best=lowest, command=command)
     if generations:  # a kill while they were written leaves them stale: the same bytes again
         storage.write_outputs(store, generations, names)
     for log in logs:
@@ -83,16 +94,14 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, logs: Se
         number = len(generations) + 1
         genotypes = search.ask()
         configs = [planned.config_of(x) for x in genotypes]
-
-        def done(index: int, number: int = number) -> dict[str, float] | None:
-            return storage.journaled(store, number, index)
+        done = done_in(store, number)
+        progress.generation(number, len(genotypes))
 
         def record(index: int, figures: dict[str, float], number: int = number) -> None:
             storage.journal(store, number, index, figures)
+            progress.scored(index, objective(tasks, figures))
 
-        started = time.monotonic()
         figures = scorer.score(number, configs, done, record)
-        _timed(store, len(genotypes), time.monotonic() - started)
         told = [Evaluated(number, i, genotypes[i], configs[i], objective(tasks, figures[i]),
                           {k: v if math.isfinite(v) else None for k, v in figures[i].items()})
                 for i in range(len(genotypes))]
@@ -102,14 +111,12 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, logs: Se
         storage.write_outputs(store, generations, names)
         for log in logs:
             log.told(generations)
-    storage.say(store, finished=True, phase=None, layer=None)
+    progress.finish(search.evaluations)
     best = storage.best_of(generations)
     assert best is not None  # cma asks at least one generation
     return best
 
 
-def _timed(store: Path, candidates: int, seconds: float) -> None:
-    """Add a generation's candidates and time to the progress file (``status`` estimates the time left from it)."""
-    seen = storage.progress(store)
-    storage.say(store, scored=int(seen.get("scored", 0)) + candidates,
-                seconds=float(seen.get("seconds", 0.0)) + seconds)
+def done_in(store: Path, generation: int) -> Callable[[int], dict[str, float] | None]:
+    """The figures journaled for a candidate of ``generation`` (None: not scored yet)."""
+    return lambda index: storage.journaled(store, generation, index)

@@ -20,6 +20,7 @@ journaled.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +91,12 @@ class SpreadOverNodes:
     """Scores a generation with the scorer ``make`` makes, its candidates spread over the nodes of the Ray cluster
     at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here); see the module's docstring. ``keep``: the
     seconds the nodes' kept workers that score the groups wait idle after each generation (0: a fresh task's
-    process each)."""
+    process each); ``say``: told where the generation is (None: ``progress.json`` in ``store`` alone)."""
 
-    def __init__(self, make: ScorerAt, store: Path, address: str | None, keep: float = 0.0) -> None:
+    def __init__(self, make: ScorerAt, store: Path, address: str | None, keep: float = 0.0,
+                 say: storage.Say | None = None) -> None:
         self.make, self.store, self.address, self.keep = make, store, address, keep
+        self.say: storage.Say = say or partial(storage.say, store)
 
     def nodes(self) -> list[tuple[str, float]]:
         """The cluster's alive nodes with CPUs, as (id, CPUs), most CPUs first; refuses (exit 2) a cluster with
@@ -123,8 +126,8 @@ class SpreadOverNodes:
             task = ray.remote(score_on_node)
             groups = groups_of(pending, len(nodes))
             # status shows the generation spread (each node's pass keeps its own progress in its group's folder)
-            storage.say(self.store, generation=generation, candidate=pending[0], layer=None, layers=None,
-                        phase=f"scored on {len(groups)} Ray node(s), {len(pending)} candidate(s)")
+            self.say(generation=generation, candidates=pending, layer=None, layers=None,
+                     phase=f"scored on {len(groups)} Ray node(s)")
             hosts = kept_hosts(ray, [Place(node, cpus, 0) for _, (node, cpus) in zip(groups, nodes)], self.keep)
             refs = []
             for group, (node, cpus), host in zip(groups, nodes, hosts):

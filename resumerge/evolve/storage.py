@@ -1,13 +1,15 @@
 """STORAGE, the folder a search keeps everything in, and the one owner of its file names.
 
-What the user reads: ``evaluations.jsonl`` (one JSON object per evaluated candidate: ``generation``, ``index``,
-``genotype``, ``config``, ``objective``, ``tasks``), ``evaluations.csv`` (the same, a row each), ``best.yml`` (the
-best candidate's merge config, which ``resumerge run`` and mergekit-yaml both run) and ``objective.png`` (best,
+What the user reads: ``evaluations.jsonl`` (one JSON object per evaluated candidate: ``generation``,
+``candidate`` (numbered from 1 in its generation, as every line and file a person reads numbers it), ``genotype``,
+``config``, ``objective``, ``tasks``), ``evaluations.csv`` (the same, a row each), ``best.yml`` (the best
+candidate's merge config, which ``resumerge run`` and mergekit-yaml both run) and ``objective.png`` (best,
 median and spread per generation). What the search keeps: ``search.json`` (the config's fingerprint, the settings
 and the genome's shape: a STORAGE holds one search), ``state.json`` (every generation told: the optimiser's state as
 plain numbers, :mod:`.strategy`), ``journal/`` (each candidate's figures as it is scored, so a killed generation
 resumes at its next candidate), ``work/`` (a candidate's merge while it is built and scored) and
-``progress.json`` (where the search is, and how long candidates took: ``resumerge status STORAGE``) and
+``progress.json`` (where the search is, its process, the command that continues it and the time left it estimates:
+``resumerge status STORAGE``, :mod:`.progress`) and
 ``tokens/`` (the tasks' texts tokenized once).
 
 The user's files are written from ``state.json`` alone after each generation, durably (temp, fsync, rename), so a
@@ -22,7 +24,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from resumerge.errors import UsageError
 from resumerge.store.durable import TEMP_SUFFIX, write_file_atomic
@@ -57,9 +59,28 @@ class Evaluated:
     objective: float
     tasks: dict[str, float | None]  # None: a figure that was not finite (the merge broke), kept strict JSON
 
+    @property
+    def number(self) -> int:
+        """The candidate's number in its generation as a person reads it (from 1; ``index`` is from 0)."""
+        return self.index + 1
+
     def to_json(self) -> dict[str, Any]:
+        """As ``state.json`` keeps it (what :func:`read_state` reads back)."""
         return {"generation": self.generation, "index": self.index, "genotype": self.genotype,
                 "config": self.config, "objective": self.objective, "tasks": self.tasks}
+
+    def to_row(self) -> dict[str, Any]:
+        """As the user reads it (``evaluations.jsonl``, ``evolve --json``): the candidate numbered from 1."""
+        return {"generation": self.generation, "candidate": self.number, "genotype": self.genotype,
+                "config": self.config, "objective": self.objective, "tasks": self.tasks}
+
+
+class Say(Protocol):
+    """Says where a scorer's work is (:func:`say`'s words: ``generation``, ``candidates``, ``phase``, ``layer``,
+    ``layers``): into ``progress.json`` alone, or through a search's progress, which tells its watcher too
+    (:class:`~resumerge.evolve.progress.SearchProgress`)."""
+
+    def __call__(self, **where: Any) -> None: ...
 
 
 def is_storage(path: Path) -> bool:
@@ -165,13 +186,13 @@ def write_outputs(storage: Path, generations: Sequence[Sequence[Evaluated]], tas
     from resumerge.evolve.chart import objective_png
 
     rows = [e for g in generations for e in g]
-    write_file_atomic(storage / TABLE, "".join(json.dumps(e.to_json()) + "\n" for e in rows).encode())
+    write_file_atomic(storage / TABLE, "".join(json.dumps(e.to_row()) + "\n" for e in rows).encode())
     write_file_atomic(storage / CSV, _csv(rows, task_names).encode())
     write_file_atomic(storage / CHART, objective_png([[e.objective for e in g] for g in generations]))
     best = best_of(generations)
     if best is not None:
         head = (f"# resumerge evolve: the best of {len(rows)} candidates (generation {best.generation}, candidate "
-                f"{best.index}), objective {best.objective!r}\n")
+                f"{best.number}), objective {best.objective!r}\n")
         text = head + yaml.safe_dump(best.config, sort_keys=False)
         write_file_atomic(storage / BEST, text.encode(), point="during_best_write")
 
@@ -182,10 +203,10 @@ def _csv(rows: Sequence[Evaluated], task_names: Sequence[str]) -> str:
 
     writer = csv.writer(out, lineterminator="\n")
     width = len(rows[0].genotype) if rows else 0
-    writer.writerow(["generation", "index", "objective", *task_names, *(f"x{i}" for i in range(width)), "config"])
+    writer.writerow(["generation", "candidate", "objective", *task_names, *(f"x{i}" for i in range(width)), "config"])
     for e in rows:
         figures = (repr(e.tasks[t]) if e.tasks[t] is not None else "" for t in task_names)
-        writer.writerow([e.generation, e.index, repr(e.objective), *figures,
+        writer.writerow([e.generation, e.number, repr(e.objective), *figures,
                          *map(repr, e.genotype), json.dumps(e.config)])
     return out.getvalue()
 

@@ -75,7 +75,12 @@ def _import_cma() -> ModuleType:
 
 class Search:
     """A CMA-ES search: :meth:`ask` the next generation's genotypes, :meth:`tell` their objectives (lower is
-    better), :meth:`done` when cma says to stop (``max_fevals`` reached, or its own criteria)."""
+    better), :meth:`done` once ``max_fevals`` candidates are scored, or earlier where cma's own criteria stop it.
+
+    ``max_fevals`` is a number of evaluations, never passed: where fewer than a generation are left, the last
+    generation is cma's first candidates alone, as many as are left, and the search ends with them (cma is not
+    told them: it updates from whole generations). mergekit-evolve hands ``max_fevals`` to ``cma.fmin2``, whose
+    rule (``countevals - 1 >= maxfevals`` after a whole generation) scores up to a generation more than asked."""
 
     def __init__(self, settings: Settings) -> None:
         import numpy as np
@@ -94,16 +99,22 @@ class Search:
             # is (the first candidate of the first ask) and weighs it in its update like any other candidate.
             self._es.inject([np.array(settings.x0, dtype=float)], force=True)
         self._asked: list[list[float]] | None = None
+        self.evaluations = 0  # the candidates told, the last generation's too where it was cut to the budget
 
     @property
     def popsize(self) -> int:
         return int(self._es.popsize)
 
+    def left(self) -> int:
+        """The evaluations left of ``max_fevals``."""
+        return max(self.settings.max_fevals - self.evaluations, 0)
+
     def ask(self) -> list[list[float]]:
-        """The next generation's genotypes (asked once: asking again returns the same)."""
+        """The next generation's genotypes (asked once: asking again returns the same): cma's population, or its
+        first :meth:`left` ones where fewer are left (the last generation)."""
         if self._asked is None:
             self._asked = [[float(v) for v in x] for x in self._es.ask()]
-        return self._asked
+        return self._asked[:self.left()]
 
     def tell(self, objectives: Sequence[float]) -> None:
         """The objectives of the genotypes :meth:`ask` returned, in their order."""
@@ -111,19 +122,23 @@ class Search:
 
         if self._asked is None:
             raise ValueError("tell before ask")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self._es.tell([np.array(x) for x in self._asked], [float(f) for f in objectives])
+        if len(objectives) != len(self.ask()):
+            raise ValueError(f"{len(objectives)} objectives told for {len(self.ask())} candidates asked")
+        if len(objectives) == len(self._asked):  # a generation cut to the budget ends the search untold
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._es.tell([np.array(x) for x in self._asked], [float(f) for f in objectives])
+        self.evaluations += len(objectives)
         self._asked = None
 
     def done(self) -> bool:
-        """Whether the search has ended (cma's stop criteria, ``max_fevals`` among them)."""
-        return bool(self._es.stop())
+        """Whether the search has ended: ``max_fevals`` candidates told, or cma's own stop criteria met."""
+        return self.evaluations >= self.settings.max_fevals or bool(self._es.stop())
 
     def figures(self) -> dict[str, Any]:
         """The strategy's state now, for the user: its mean, step size and the diagonal of its covariance."""
         return {"mean": [float(v) for v in self._es.mean], "sigma": float(self._es.sigma),
-                "evaluations": int(self._es.countevals)}
+                "evaluations": self.evaluations}
 
     @classmethod
     def restore(cls, settings: Settings, history: Sequence[tuple[Sequence[Sequence[float]], Sequence[float]]]

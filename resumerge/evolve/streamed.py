@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +51,13 @@ class StreamedCandidates:
     """Scores a generation's candidates in one pass for all tasks (see the module's docstring); ``tokenizer``: the
     folder whose tokenizer reads the texts (None: the candidates' own), ``state``: where the parents' small files
     are found (a hub parent's), ``max_memory``: the budget in bytes (None: the default one), ``device``: where the
-    pass's layers run."""
+    pass's layers run, ``say``: told where the pass is (None: ``progress.json`` in ``store`` alone)."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], open_population: OpenPopulation,
-                 tokenizer: Path | None, state: StateDir, max_memory: int | None = None, device: str = "cpu") -> None:
+                 tokenizer: Path | None, state: StateDir, max_memory: int | None = None, device: str = "cpu",
+                 say: storage.Say | None = None) -> None:
         self.store, self.open_population, self.device = store, open_population, device
+        self.say: storage.Say = say or partial(storage.say, store)
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
         self.tokenizer, self.state, self.max_memory = tokenizer, state, max_memory
 
@@ -72,8 +75,7 @@ class StreamedCandidates:
             groups.setdefault(_models_read(configs[i]), []).append(i)
         for group in groups.values():
             texts = [yaml.safe_dump(dict(configs[i]), sort_keys=False) for i in group]
-            storage.say(self.store, generation=generation, candidate=group[0], phase="plan", layer=None,
-                        layers=None)
+            self.say(generation=generation, candidates=group, phase="plan", layer=None, layers=None)
             # Named by the candidates it runs: a pass journaled for others is never resumed as theirs.
             work = (self.store / storage.WORK / f"generation-{generation:04d}"
                     / f"candidates-{'-'.join(map(str, group))}")
@@ -121,8 +123,7 @@ class StreamedCandidates:
                 trim = malloc_trim()  # the last layer's freed pages handed back: RSS follows what is held
                 if trim is not None:
                     trim(0)
-                storage.say(self.store, phase=f"score {names} (all candidates)", layer=layer,
-                            layers=streams[0].layers)
+                self.say(phase=f"score {names} (all candidates)", layer=layer, layers=streams[0].layers)
 
             restore = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
             try:

@@ -63,29 +63,38 @@ class WandbBackend:
     def __init__(self, tracking: Tracking) -> None:
         self.tracking = tracking
         self.wandb: Any = _imported("wandb")
-        self.run: Any = None
-        self.step = 0
+        self.run: Any = None  # while a run is open
+        self.opened: tuple[str, dict[str, Any]] = ("", {})
 
     def start(self, run: str, config: dict[str, Any]) -> None:
-        self.run = self.wandb.init(project=self.tracking.project, entity=self.tracking.entity, id=run,
-                                   resume="allow", config=config)
+        self.opened = (run, config)
+        self._open()
+
+    def _open(self) -> Any:
+        if self.run is None:
+            run, config = self.opened
+            self.run = self.wandb.init(project=self.tracking.project, entity=self.tracking.entity, id=run,
+                                       resume="allow", config=config)
+        return self.run
 
     def log(self, values: dict[str, float | int], step: int) -> None:
-        self.run.log(values, step=step, commit=False)
-        self.step = step
+        self._open().log(values, step=step)
 
     def settle(self) -> None:
-        # W&B keeps a step's row open until a later step, or a commit, closes it: the last row of a generation is
-        # committed here, and handed to W&B's own service process, which outlives a kill of this one.
-        self.run.log({}, step=self.step, commit=True)
+        # W&B's records go through its own service process; only finish() waits until they are written (measured:
+        # a generation's rows logged, the process killed seconds later, were missing from the offline run file), so
+        # each generation ends the run and the next one resumes it (offline: one run folder per part, one run id).
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
 
     def artifact(self, path: Path, name: str, kind: str) -> None:
         artifact = self.wandb.Artifact(name, type=kind)
         artifact.add_file(str(path))
-        self.run.log_artifact(artifact)
+        self._open().log_artifact(artifact)
 
     def finish(self) -> None:
-        self.run.finish()
+        self.settle()
 
 
 class TrackioBackend:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,12 @@ Merge = Callable[[str, Path, Path], None]
 
 class WrittenCandidates:
     """Scores each candidate from its written merge (see the module's docstring), its passes' layers on
-    ``device``."""
+    ``device``; ``say``: told where it is (None: ``progress.json`` in ``store`` alone)."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], merge: Merge, tokenizer: Path | None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", say: storage.Say | None = None) -> None:
         self.store, self.merge, self.tokenizer, self.device = store, merge, tokenizer, device
+        self.say: storage.Say = say or partial(storage.say, store)
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
@@ -46,12 +48,12 @@ class WrittenCandidates:
 
         work = storage.work_dir(self.store, generation, index)
         out, state = work / "merge", work / "state"
-        storage.say(self.store, generation=generation, candidate=index, phase="merge", layer=None, layers=None)
+        self.say(generation=generation, candidates=[index], phase="merge", layer=None, layers=None)
         self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
         figures: dict[str, float] = {}
         for number, task in enumerate(self.tasks):
             def on_layer(layer: int, layers: int, task: Task = task) -> None:
-                storage.say(self.store, phase=f"score {task.name}", layer=layer, layers=layers)
+                self.say(phase=f"score {task.name}", layer=layer, layers=layers)
 
             figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
                                              self.store / storage.TOKENS, self.tokenizer, on_layer, self.device)

@@ -9,6 +9,7 @@ Tiny generated models (two layers, width 32): six killed processes of a few seco
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -49,10 +50,11 @@ def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_pat
         assert done.returncode == -9, (kill, done.returncode, done.stderr[-2000:])
         if number == 4:  # killed inside the second generation's first pass, after its second layer
             status = api.evolve_status(killed)
-            assert (status.generation, status.generations, status.candidate, status.evaluated) == (2, 2, 0, 2)
-            assert status.best is not None and status.seconds_left is not None and not status.finished
-            assert status.lines()[1] == ("candidate 1 of 2, score kl:a:a.txt, kl:b:b.txt, nll:b.txt (all "
+            assert (status.generation, status.generations, status.candidates, status.evaluated) == (2, 2, [1, 2], 2)
+            assert status.best is not None and status.state == "interrupted" and not status.finished
+            assert status.lines()[1] == ("candidates 1-2 of 2, score kl:a:a.txt, kl:b:b.txt, nll:b.txt (all "
                                          "candidates), layer 2 of 2")
+            assert status.resume_command == shlex.join(["resumerge", *map(str, _args(config, killed))])
     assert (killed / "evaluations.jsonl").read_text().count("\n") == 4
     assert any(p.name.startswith(".best.yml.") for p in killed.iterdir())  # its temp file, left by the kill
     # The last start, unkilled, ends the search: the CLI's main in this process (support.cli_here), the kills before

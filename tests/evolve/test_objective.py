@@ -37,4 +37,4 @@ def test_the_files_are_strict_json_and_the_best_of_equals_is_the_first(tmp_path:
     best = storage.best_of([rows[:2], rows[2:]])
     assert best is not None and (best.generation, best.index) == (1, 0)
     assert (tmp_path / "best.yml").read_text().startswith("# resumerge evolve: the best of 3 candidates "
-                                                           "(generation 1, candidate 0), objective 1.0\n")
+                                                           "(generation 1, candidate 1), objective 1.0\n")

@@ -45,8 +45,8 @@ def make_search(root: Path) -> Path:
     return config
 
 
-# Two generations of two: cma ends once its evaluations pass max_fevals (4 - 1 >= 3).
-OPTIONS: dict[str, Any] = {"max_fevals": 3, "popsize": 2, "random_seed": 7}
+# Two generations of two.
+OPTIONS: dict[str, Any] = {"max_fevals": 4, "popsize": 2, "random_seed": 7}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_the_table_holds_every_candidate_and_the_objective_is_the_weighted_sum(
         searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
     _, store, outcome = searched
     rows = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
-    assert [(r["generation"], r["index"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert [(r["generation"], r["candidate"]) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     names = ["kl:a:a.txt", "kl:b:b.txt", "nll:b.txt"]
     for row in rows:
         assert list(row["tasks"]) == names and len(row["genotype"]) == 2 * 2 * 2  # groups x models x (w, density)
@@ -74,7 +74,7 @@ def test_the_table_holds_every_candidate_and_the_objective_is_the_weighted_sum(
     assert [float(r["objective"]) for r in table] == [r["objective"] for r in rows]
     assert json.loads(table[3]["config"]) == rows[3]["config"]
     best = min(rows, key=lambda r: r["objective"])
-    assert (outcome.best.generation, outcome.best.index) == (best["generation"], best["index"])
+    assert (outcome.best.generation, outcome.best.number) == (best["generation"], best["candidate"])
     assert outcome.generations == 2
     text = (store / "best.yml").read_text()
     assert yaml.safe_load(text) == best["config"] and text.startswith("# resumerge evolve: the best of 4")
@@ -89,7 +89,7 @@ def test_the_first_candidate_is_the_default_parameter_merge_and_the_best_is_no_w
 
     config, store, outcome = searched
     first = json.loads((store / "evaluations.jsonl").read_text().splitlines()[0])
-    planned = plan_search(read_spec(config.read_text()), 2, SearchOptions(3, 2, 1 / 6, 7))
+    planned = plan_search(read_spec(config.read_text()), 2, SearchOptions(4, 2, 1 / 6, 7))
     assert first["genotype"] == [0.5, 1.0] * 4 == list(planned.settings.x0)  # mergekit's: weights 1/2, densities 1
     assert first["config"] == planned.config_of(planned.settings.x0)
     assert outcome.best.objective <= first["objective"]
@@ -126,7 +126,7 @@ def test_merge_best_writes_the_merge_run_writes(searched: tuple[Path, Path, api.
                                                 tmp_path: Path) -> None:
     config, store, _ = searched
     out = tmp_path / "best"
-    assert main(["evolve", str(config), str(store), "--max-fevals", "3", "--popsize", "2", "--random-seed", "7",
+    assert main(["evolve", str(config), str(store), "--max-fevals", "4", "--popsize", "2", "--random-seed", "7",
                  "--merge-best", str(out)]) == 0
     reference = tmp_path / "reference"
     api.run(store / "best.yml", reference)
@@ -172,7 +172,7 @@ def test_a_slerp_genome_of_three_models_scores_candidates_reading_different_pair
         "genome": {"models": [str(tmp_path / m) for m in ("a", "b", "c")], "merge_method": "slerp",
                    "layer_granularity": 1},
         "tasks": [{"nll": {"texts": str(tmp_path / "t.txt")}}]}))
-    api.evolve(config, tmp_path / "store", max_fevals=5, popsize=6, sigma0=1.0, random_seed=3)
+    api.evolve(config, tmp_path / "store", max_fevals=6, popsize=6, sigma0=1.0, random_seed=3)
     rows = [json.loads(line) for line in (tmp_path / "store" / "evaluations.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["tasks"]["nll:t.txt"] > 0 for r in rows)
     assert len({_models_read(r["config"]) for r in rows}) > 1  # candidates over other pairs: populations of their own

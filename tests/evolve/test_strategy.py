@@ -59,3 +59,25 @@ def test_the_first_candidate_is_x0_and_the_rest_are_the_seeds_own_draws() -> Non
     plain = cma.CMAEvolutionStrategy(list(SETTINGS.x0), SETTINGS.sigma0, {
         "popsize": 3, "randn": draws.randn, "verbose": -9, "verb_log": 0, "verb_disp": 0, "seed": float("nan")})
     assert asked[1:] == [[float(v) for v in x] for x in plain.ask()[:2]]
+
+
+def test_max_fevals_is_exact_the_last_generation_cut_to_what_is_left() -> None:
+    settings = Settings(SETTINGS.x0, SETTINGS.sigma0, 3, SETTINGS.seed, 7)
+    whole = Search(settings)
+    history = []
+    while not whole.done():
+        asked = whole.ask()
+        whole.tell([_sphere(x) for x in asked])
+        history.append((asked, [_sphere(x) for x in asked]))
+    assert [len(asked) for asked, _ in history] == [3, 3, 1] and whole.evaluations == 7
+    uncut = Search(Settings(SETTINGS.x0, SETTINGS.sigma0, 3, SETTINGS.seed, 9))
+    for _, objectives in history[:2]:
+        uncut.ask()
+        uncut.tell(objectives)
+    assert history[2][0] == uncut.ask()[:1]  # cma's own first candidate of that generation
+    restored = Search.restore(settings, json.loads(json.dumps(history)))
+    assert restored.done() and restored.evaluations == 7
+    with pytest.raises(ValueError, match="2 objectives told for 1"):
+        again = Search.restore(settings, history[:2])
+        again.ask()
+        again.tell([1.0, 2.0])
