@@ -1,5 +1,5 @@
 """A search logged to Weights & Biases (mergekit-evolve's ``--wandb``) or trackio (``--trackio``): one row per
-candidate (its generation and index, genotype ``x0..xN``, figure per task and objective), a summary per generation
+candidate (its generation and number, genotype ``x0..xN``, figure per task and objective), a summary per generation
 (the population's objective mean, standard deviation, best and worst, and the best so far), and the best merge config
 (``best.yml``) as an artifact each time the best changes.
 
@@ -209,7 +209,7 @@ def _number(value: float | None) -> float:
 
 
 def _row(row: Evaluated) -> dict[str, float | int]:
-    values: dict[str, float | int] = {"candidate/generation": row.generation, "candidate/index": row.index,
+    values: dict[str, float | int] = {"candidate/generation": row.generation, "candidate/number": row.number,
                                       "candidate/objective": _number(row.objective)}
     values.update({f"candidate/{task}": _number(value) for task, value in row.tasks.items()})
     values.update({f"candidate/x{i}": value for i, value in enumerate(row.genotype)})
@@ -220,7 +220,7 @@ def _summary(generation: Sequence[Evaluated], best: Evaluated) -> dict[str, floa
     scores = [e.objective for e in generation if math.isfinite(e.objective)]
     values: dict[str, float | int] = {"population/generation": generation[0].generation,
                                       "best/objective": _number(best.objective),
-                                      "best/generation": best.generation, "best/index": best.index}
+                                      "best/generation": best.generation, "best/number": best.number}
     if scores:
         values.update({"population/objective_mean": statistics.fmean(scores),
                        "population/objective_std": statistics.pstdev(scores),

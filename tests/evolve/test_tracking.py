@@ -47,15 +47,15 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
     done = cli_here(*args, "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     json.loads(done.stdout)  # trackio's own lines kept off stdout
-    expected = Counter({(1, 0): 1, (1, 1): 1, (2, 0): 1, (2, 1): 1})
+    expected = Counter({(1, 1): 1, (1, 2): 1, (2, 1): 1, (2, 2): 1})
     table = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
 
     rows, ids, artifacts = wandb_rows(tmp_path / "wandb")
     candidates = [r for r in rows if "candidate/objective" in r]
-    assert Counter((int(r["candidate/generation"]), int(r["candidate/index"])) for r in candidates) == expected
+    assert Counter((int(r["candidate/generation"]), int(r["candidate/number"])) for r in candidates) == expected
     for row in candidates:
-        told = next(t for t in table if (t["generation"], t["index"]) == (int(row["candidate/generation"]),
-                                                                          int(row["candidate/index"])))
+        told = next(t for t in table if (t["generation"], t["candidate"]) == (int(row["candidate/generation"]),
+                                                                              int(row["candidate/number"])))
         assert float(row["candidate/objective"]) == pytest.approx(told["objective"], rel=1e-12)
         assert [float(row[f"candidate/x{i}"]) for i in range(len(told["genotype"]))] == \
             pytest.approx(told["genotype"], rel=1e-12)
@@ -65,7 +65,7 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
     assert "best_config" in artifacts
 
     found, runs = _trackio_rows(tmp_path / "trackio", "search")
-    assert Counter((int(r["candidate/generation"]), int(r["candidate/index"]))  # type: ignore[call-overload]
+    assert Counter((int(r["candidate/generation"]), int(r["candidate/number"]))  # type: ignore[call-overload]
                    for r in found if "candidate/objective" in r) == expected
     assert sorted(r["population/generation"] for r in found if "population/generation" in r) == [1, 2]
     assert len(runs) == 1
