@@ -2,7 +2,7 @@
 local SQLite store), a row per candidate with its genotype, figures and objective, a summary per generation, the best
 config as an artifact; killed between generations (the first generation durable, not logged) and inside the second
 (the first logged), then resumed: every candidate row exactly once, in the same run. Real processes killed (SIGKILL),
-the last start in this process: 3-6 minutes on the shared machine, most of it W&B's service starting."""
+the last start unkilled: 3-6 minutes on the shared machine, most of it W&B's service starting."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytest.importorskip("wandb")
 pytest.importorskip("trackio")
 
 from tests.evolve.test_search import OPTIONS, make_search
-from tests.support import cli, cli_here
+from tests.support import cli
 from tests.wandbfiles import wandb_rows
 
 KILLS = ("after_evolve_generation:1", "after_evolve_candidate:1")
@@ -44,7 +44,8 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
     for kill in KILLS:
         done = cli(*args, env={**env, "RESUMERGE_KILL_AT": kill}, timeout=600, fresh=True)
         assert done.returncode == -9, (kill, done.stderr[-2000:])
-    done = cli_here(*args, "--json")
+    # a process of its own too: trackio reads TRACKIO_DIR once, when it is first imported (here: at collection)
+    done = cli(*args, "--json", env=env, timeout=600, fresh=True)
     assert done.returncode == 0, done.stderr[-2000:]
     json.loads(done.stdout)  # trackio's own lines kept off stdout
     expected = Counter({(1, 1): 1, (1, 2): 1, (2, 1): 1, (2, 2): 1})
