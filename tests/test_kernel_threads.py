@@ -70,6 +70,40 @@ def test_whole_tensors_run_serially_when_the_workers_fill_torchs_threads(
     assert threads_seen and set(threads_seen) == {expected}
 
 
+def test_a_run_recorded_before_mkl_was_pinned_with_its_j_is_not_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 87: a plan whose bytes follow -j (slerp here) computed its MKL kernels on -j's threads in a serial block
+    before they were pinned; such a run, stopped and resumed by today's resumerge with the same -j, is refused with
+    a sentence saying why, never finished into a mix of both kernels' bytes."""
+    from resumerge import api
+    from resumerge.engine import frozenplan
+    from resumerge.errors import InterruptedMerge, PlanChangedError
+    from resumerge.plan import merge_plan
+
+    a, b = (make_model(tmp_path / name, SPEC, seed=seed) for seed, name in enumerate("ab"))
+    config = write_config(tmp_path / "slerp.yml", {
+        "merge_method": "slerp", "base_model": str(a), "parameters": {"t": 0.3},
+        "models": [{"model": str(a)}, {"model": str(b)}]})
+    out, state = tmp_path / "out", tmp_path / "state"
+    pinned = merge_plan._output_options
+
+    def before_pinning(options: merge_plan.PlanOptions) -> dict[str, object]:
+        return {k: v for k, v in pinned(options).items() if k != "kernels"}
+
+    before = torch.get_num_threads()
+    try:
+        # as that resumerge planned it, and stored its plan (whose key held no kernels' rule)
+        monkeypatch.setattr(merge_plan, "_output_options", before_pinning)
+        monkeypatch.setattr(frozenplan, "PINNED_KERNELS", None)
+        with pytest.raises(InterruptedMerge):
+            api.run(config, out, state_dir=state, resources=api.Resources(num_threads=2), should_stop=lambda: True)
+        monkeypatch.undo()
+        with pytest.raises(PlanChangedError, match="-j 2's kernels changed"):
+            api.resume(out, state_dir=state)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_cli_asks_torch_for_huge_pages_unless_told_otherwise(tmp_path: Path) -> None:
     probe = ("import os, sys; from resumerge.cli.commands import main; main(['status', sys.argv[1]]); "
              "import torch; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))")
@@ -130,6 +164,38 @@ def test_serial_kernels_say_so_where_no_openmp_runtime_is_found(monkeypatch: pyt
     monkeypatch.setattr(kernels, "_openmp", lambda: None)
     with kernels.serial_kernels() as took:
         assert took is False
+
+
+@pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
+def test_serial_kernels_pin_mkls_threads_once_torchs_count_was_set() -> None:
+    """Issue 87: MKL follows a thread's OpenMP count only until the process's first ``torch.set_num_threads`` (a
+    ``-j``, a notebook's or another library's call) turns its dynamic mode off; from then on a serial block's
+    products and QRs were split over torch's threads again: a ``-j 2`` run, or one in a process that had set the
+    count once, computed other bits than a fresh process. A QR-based probe of real size computed in a serial block
+    with two threads set gives the one-thread bytes."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 2816, generator=g)
+    omega = torch.randn(2816, 16, generator=g)
+
+    def probe() -> bytes:
+        q, _ = torch.linalg.qr(x @ omega)
+        for _ in range(3):
+            z, _ = torch.linalg.qr(x.T @ q)
+            q, _ = torch.linalg.qr(x @ z)
+        return (q.T @ x).numpy().tobytes()
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = probe()
+        torch.set_num_threads(2)
+        if probe() == alone:
+            pytest.skip("this BLAS gives the probe the same bits on one thread and two: nothing to tell apart")
+        with kernels.serial_kernels() as took:
+            assert took and probe() == alone
+        assert probe() != alone  # two threads again after the block
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")

@@ -22,7 +22,7 @@ from resumerge.moe.routers import RouterSources, router_values
 
 ROUTER_PARAMS = {"routers": "pass-key", "layer": 1, "first": 0, "stop": 2}
 MODULE = {"module": "model.layers.0.mlp.up_proj", "source": "s", "rank": 2, "exact": True, "seed": 3,
-          "sv_epsilon": 0.0, "distribute_scale": True, "embedding": False, "device": "cpu"}
+          "sv_epsilon": 0.0, "distribute_scale": True, "embedding": False, "device": "cpu", "threads": 1}
 
 
 def _routers(value: float) -> RouterSources:

@@ -29,6 +29,7 @@ from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.passplace import PassPlacement
     from resumerge.engine.executors import Executor
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -58,7 +59,11 @@ class Output:
     mergekit_config.yml (``write_model_card``), and ``dequantize``: every tensor stored plainly in its dtype, whatever
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
-    ``q4_0``) and its tokenizer from a GGUF parent, or with ``gguf_split_max_size`` (bytes or ``"2GB"``)
+    ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k``, each tensor's type as llama.cpp picks
+    it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
+    llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
+    importance matrix file of llama.cpp's, GGUF or ``.dat``) and its tokenizer from a GGUF parent, or with
+    ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
     instead of a merged model."""
@@ -70,6 +75,10 @@ class Output:
     out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION))
     gguf_type: str = field(default="f16", metadata=_not_for(*_EXTRACTION))
     gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
+    gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION))
 
 
@@ -222,9 +231,49 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
         if container is None or not container.split_by_size:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
+    given.update(_gguf_choices(given))
     shard_size = size_option(out_shard_size, "--out-shard-size")
     return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
                        parent_shard_names=True, **{**given, "device": normalise_device(given.get("device", "cpu"))})
+
+
+# The GGUF type options, by field: the flag that sets each
+_GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
+                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix"}
+
+
+def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The GGUF type options of ``given`` checked and normalised (patterns and type names lower-cased, the
+    importance matrix an absolute path that exists); UsageError (exit 2) naming the flag for a bad one, or for one
+    given without ``--out-type gguf``."""
+    from resumerge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
+
+    set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
+    if not set_:  # the CLI's unset repeatable flag is None, the plan's default an empty tuple
+        return {"gguf_tensor_types": ()} if "gguf_tensor_types" in given else {}
+    if given.get("out_type") != "gguf":
+        raise UsageError(f"{set_[0]} chooses a GGUF output's types: give it with --out-type gguf")
+    out: dict[str, Any] = {}
+    try:
+        out["gguf_tensor_types"] = tuple(f"{p}={t}" for p, t in
+                                         ((pair.partition("=")[0].lower(), pair.partition("=")[2].lower())
+                                          for pair in given.get("gguf_tensor_types") or ()))
+        parse_tensor_types(out["gguf_tensor_types"])
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    for name in ("gguf_output_type", "gguf_token_embedding_type"):
+        kind = given.get(name)
+        if kind is not None:
+            if str(kind).lower() not in OVERRIDE_TYPES:
+                raise UsageError(f"{_GGUF_CHOICES[name]} {kind}: one of {', '.join(OVERRIDE_TYPES)}")
+            out[name] = str(kind).lower()
+    if given.get("imatrix") is not None:
+        path = Path(given["imatrix"]).expanduser().resolve()
+        if not path.is_file():
+            raise UsageError(f"--imatrix {given['imatrix']}: no such file (an importance matrix llama-imatrix "
+                             "wrote, GGUF or .dat)")
+        out["imatrix"] = str(path)
+    return out
 
 
 def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | None = None, *,
@@ -257,11 +306,14 @@ def pass_settings(function: str, state_dir: PathLike | None, resources: Resource
     return run_settings(state_dir, resources, executor=executor)
 
 
-def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
-    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
-    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+def pass_placement(settings: RunSettings) -> PassPlacement:
+    """Where the settings' executor places a forward pass (:meth:`~resumerge.engine.executors.PlacesPasses.place_pass`:
+    :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
+    model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
-        return False, None
+        from resumerge.config.passplace import HERE
+
+        return HERE
     from resumerge.api.checked import check_placement
 
     return check_placement(settings.executor)

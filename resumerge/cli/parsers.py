@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
 
@@ -75,10 +75,13 @@ def _run_parser(sub: SubParsers) -> None:
                      help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
                           "tokenizer from a GGUF parent) [default: safetensors]")
     run.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
-                     help="--out-type gguf: how matrices are stored (norms and 1-D tensors are F32) [default: f16]")
+                     help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
+                          "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
+                          "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
     run.add_argument("--gguf-split-max-size", metavar="SIZE",
                      help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
                           "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
+    _gguf_type_flags(run.add_argument)
     run.add_argument("--out-adapter", action="store_true",
                      help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
                           "most their summed ranks) instead of a merged model")
@@ -139,6 +142,20 @@ def _verify_parser(sub: SubParsers) -> None:
     verify.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _gguf_type_flags(add: Callable[..., Any]) -> None:
+    """The GGUF output's type flags of run and plan (llama-quantize's, under the --gguf- prefix)."""
+    add("--gguf-tensor-type", action="append", dest="gguf_tensor_types", metavar="PATTERN=TYPE",
+        help="--out-type gguf: tensors whose GGUF name matches the regular expression PATTERN get TYPE "
+             "(llama-quantize's --tensor-type; repeatable, the first match wins)")
+    add("--gguf-output-type", metavar="TYPE",
+        help="--out-type gguf: the type of output.weight (llama-quantize's --output-tensor-type)")
+    add("--gguf-token-embedding-type", metavar="TYPE",
+        help="--out-type gguf: the type of token_embd.weight (llama-quantize's --token-embedding-type)")
+    add("--imatrix", metavar="FILE",
+        help="--out-type gguf: llama.cpp's importance matrix (llama-imatrix's GGUF or .dat) weighting the "
+             "quantizer's choices, as llama-quantize --imatrix")
+
+
 def _plan_parser(sub: SubParsers) -> None:
     from resumerge.plan.defaults import GGUF_TYPES
 
@@ -171,6 +188,7 @@ def _plan_parser(sub: SubParsers) -> None:
     plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
     plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
     plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
+    _gguf_type_flags(plan.add_argument)
     plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
     plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use, for its whole process "
                       "[default: as for run]; the smallest that works is printed")

@@ -34,7 +34,15 @@ from dataclasses import fields, replace
 from resumerge.config.version import __version__
 from resumerge.memory.collector import collector_paused
 from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import InputRef, LoraRef, Plan, PlanOptions, ShardPlan, TensorPlan
+from resumerge.plan.merge_plan import (
+    PINNED_KERNELS,
+    InputRef,
+    LoraRef,
+    Plan,
+    PlanOptions,
+    ShardPlan,
+    TensorPlan,
+)
 from resumerge.plan.nonfloat import UNITS as MERGE_UNITS
 from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
@@ -89,8 +97,10 @@ class _PlanUnpickler(pickle.Unpickler):
 
 
 def _key(model_dirs: Mapping[str, str]) -> str:
-    """What a stored plan stays valid for: version, data layout, and each input folder's files as they are now."""
-    return json.dumps({"version": __version__, "layout": _LAYOUT,
+    """What a stored plan stays valid for: version, data layout, the kernels' rule (a plan stored before MKL's
+    threads were pinned is planned again, so that its fingerprint is checked against today's:
+    :data:`~resumerge.plan.merge_plan.PINNED_KERNELS`), and each input folder's files as they are now."""
+    return json.dumps({"version": __version__, "layout": _LAYOUT, "kernels": PINNED_KERNELS,
                        "inputs": {key: _folder(directory) for key, directory in sorted(model_dirs.items())}},
                       sort_keys=True)
 

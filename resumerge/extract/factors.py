@@ -10,7 +10,10 @@ in place, a row chunk of BASE at a time, so a module in flight holds one task ve
 saved whole (``lora_extract_saved``) reach the adapter in row chunks. With a
 :class:`~resumerge.extract.factor_cache.FactorCache` in use, each module's factors are also kept on disk until the
 adapter is committed, so a resumed run decomposes only the modules the killed one had not finished. Recomputing gives
-the same bytes: the randomized truncation is seeded per module (``seed``), never by run order.
+the same bytes: the randomized truncation is seeded per module (``seed``), never by run order, and every truncation
+computes on the one thread that runs it (``threads``, 1 in every plan), its MKL kernels included
+(:func:`~resumerge.inputs.kernels.serial_kernels`): their sums split over more threads round otherwise, and how
+many that was followed ``-j``, the machine's cores and even the process's past (issue 87), none of them the plan's.
 
 There are two pairs of factor functions, the same computation declared with two footprints: ``…_a``/``…_b`` for
 the randomized truncation and ``…_a_full``/``…_b_full`` for the exact one (``--exact``, or a rank too close to the
@@ -29,6 +32,7 @@ from typing import Any
 
 from resumerge.extract.decompose import (
     MIN_OVERSAMPLE,
+    Truncation,
     changed_lines,
     factors,
     gram_scratch,
@@ -37,6 +41,7 @@ from resumerge.extract.decompose import (
     truncate,
 )
 from resumerge.extract.factor_cache import FactorCache
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.methods.footprint import MethodFootprint, measured
 from resumerge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, declared
 from resumerge.plan.workunits import CHUNK_ELEMENTS
@@ -51,6 +56,9 @@ SAVED = "lora_extract_saved"
 
 # Pending sibling factors kept at most: a stopped run's leftovers age out.
 _KEEP = 8
+# The threads every truncation computes on (see the module's docstring): MKL splits the sketches' products, the QRs
+# and the SVD by its thread count (on a 1024 × 2816 task vector one and two threads give other bytes).
+TRUNCATION_THREADS = 1
 
 
 class FactorStore:
@@ -131,7 +139,7 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
     rank = int(p["rank"])
     delta = task_vector(ctx)
     rows, columns = changed_lines(delta)
-    t = truncate(delta, rank, exact=bool(p["exact"]), seed=int(p["seed"]))
+    t = truncation(delta, rank, exact=bool(p["exact"]), seed=int(p["seed"]), threads=int(p["threads"]))
     del delta
     keep = kept_rank(t.s, rank, float(p["sv_epsilon"]))
     if keep != rank:
@@ -139,6 +147,16 @@ def decompose(ctx: MergeContext) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = factors(t, rank, bool(p["distribute_scale"]))
     keep_unchanged(a, b, rows, columns)
     return a, b
+
+
+def truncation(delta: torch.Tensor, rank: int, *, exact: bool, seed: int, threads: int) -> Truncation:
+    """:func:`~resumerge.extract.decompose.truncate` on ``threads`` threads (the plan's: one, the only count whose
+    kernels this process can pin whatever it did before), the one way an extraction truncates, its rank probe
+    (``--sv-epsilon``) included, so both find the same singular values."""
+    if threads != 1:
+        raise ValueError(f"a truncation runs on one thread, the plan says {threads}")
+    with serial_kernels():
+        return truncate(delta, rank, exact=exact, seed=seed)
 
 
 def _shared(ctx: MergeContext, which: int) -> torch.Tensor:
@@ -190,6 +208,10 @@ _PARAMS = (
     ParamSpec("distribute_scale", Scope.GLOBAL, bool, default=True),
     ParamSpec("embedding", Scope.GLOBAL, bool, default=False),
     ParamSpec("device", Scope.GLOBAL, str, default="cpu"),
+    # The truncation's kernels' threads: part of the plan (and so of its fingerprint and the factor cache's keys),
+    # so that a run planned before they were pinned (whose bytes followed the moment's threads) is never resumed
+    # into the same adapter.
+    ParamSpec("threads", Scope.GLOBAL, int, default=TRUNCATION_THREADS, minimum=1, maximum=1),
 )
 
 # What a factor unit allocates beyond its two inputs, whichever of the pair's units computes it (the task vector
@@ -216,11 +238,7 @@ def _factor(name: str, fn: Any, footprint: MethodFootprint) -> MethodSpec:
                       reference="mergekit-extract-lora", footprint=footprint, lazy_inputs=True,
                       # A truncation's time follows the weight's shape, the rank and the algorithm; A and B of a
                       # module come from one truncation.
-                      whole_cost=WholeCost(params=("rank", "exact"), shared_by=2),
-                      # MKL splits the sketches' products, QRs and the SVD by torch's thread count: measured on
-                      # the 168 MB bench pair at rank 32, -j 1 and -j 4 gave other bytes (-j 1 and the default 2
-                      # threads the same: the engine's two workers each run their kernels alone).
-                      thread_dependent=True)
+                      whole_cost=WholeCost(params=("rank", "exact"), shared_by=2))
 
 
 # The unit functions of an extraction, which its plan hands the engine (Plan.units).

@@ -140,7 +140,7 @@ def _lora_tensors(spec: ExtractSpec, m: LoraModule, ft: ModelInput, base: ModelI
     out, inn = (cols, rows) if m.embedding else (rows, cols)
     params = (("device", device), ("distribute_scale", spec.distribute_scale), ("embedding", m.embedding),
               ("exact", spec.exact), ("module", m.name), ("rank", m.rank), ("seed", module_seed(seed, m.name)),
-              ("source", source), ("sv_epsilon", spec.sv_epsilon))
+              ("source", source), ("sv_epsilon", spec.sv_epsilon), ("threads", registered.TRUNCATION_THREADS))
     kind, suffix = ("lora_embedding", "") if m.embedding else ("lora", ".weight")
     stem = f"base_model.model.{m.name}.{kind}"
     # The same computation either way; the exact truncation's units are admitted by its larger

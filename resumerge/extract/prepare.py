@@ -2,7 +2,8 @@
 
 ``--sv-epsilon`` makes a module's rank depend on its singular values, and a plan fixes every shape before a shard
 is written, so a run with it first computes each module's truncation once to count the values above epsilon (the
-same seeded computation the factors use, so the counts agree); a resume recomputes the same counts.
+same seeded computation the factors use, on the same one thread, so the counts agree); a resume recomputes the
+same counts.
 """
 
 from __future__ import annotations
@@ -15,9 +16,16 @@ from dataclasses import replace
 
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.extract.decompose import kept_rank, truncate
+from resumerge.extract.decompose import kept_rank
 from resumerge.extract.factor_cache import FactorCache
-from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FactorStore, cache_key
+from resumerge.extract.factors import (
+    FACTOR_A,
+    FACTOR_A_FULL,
+    TRUNCATION_THREADS,
+    FactorStore,
+    cache_key,
+    truncation,
+)
 from resumerge.extract.modules import LoraModule, ModuleChoice
 from resumerge.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.extract.spec import ExtractSpec, load_spec_text
@@ -87,7 +95,8 @@ def _probe_ranks(spec: ExtractSpec, choice: ModuleChoice, inputs: Inputs, ft_key
                 delta = delta.T
             if options.device != "cpu":
                 delta = delta.to(options.device)
-            t = truncate(delta, m.rank, exact=spec.exact, seed=module_seed(options.random_seed, m.name))
+            t = truncation(delta, m.rank, exact=spec.exact, seed=module_seed(options.random_seed, m.name),
+                           threads=TRUNCATION_THREADS)
             ranks.append((m.name, kept_rank(t.s, m.rank, spec.sv_epsilon)))
     finally:
         sources.close()

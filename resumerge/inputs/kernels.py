@@ -19,15 +19,24 @@ only across inputs, never along a tensor); a reduction along a whole tensor (a r
 does not, as torch splits a long sum into one part per thread. So the engine decides where kernels run from the
 run's settings alone (its workers, torch's threads, the device), never from the moment's load or memory: a resumed
 run then computes every tensor exactly as the first one did.
+
+MKL (torch's BLAS and LAPACK on x86) keeps a thread count of its own. It follows the calling thread's OpenMP count
+only while its "dynamic" mode is on, which it is until the process's first ``torch.set_num_threads`` (a ``-j``, or
+any library or notebook cell that sets it once) turns it off for good: from then on a "serial" block's products,
+QRs and SVDs were split over torch's threads again, so the same run computed other bits after a ``-j 2`` than
+without one, and in a process that had once set the count than in a fresh one (issue 87: measured on a 1024 × 2816
+truncation). So the block pins MKL's count for the calling thread too (``mkl_set_num_threads_local``, which wins
+over MKL's global count and its dynamic mode).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from resumerge.torch_import import torch
 
@@ -62,20 +71,42 @@ def _openmp() -> ctypes.CDLL | None:
     return None
 
 
+@functools.cache
+def _mkl_local() -> Callable[[int], int] | None:
+    """MKL's ``mkl_set_num_threads_local`` inside torch's own library (MKL is linked into it), or None where torch
+    has no MKL (another BLAS, which follows the OpenMP count) or the library is not found by that name. Its C entry
+    point, ``MKL_Set_Num_Threads_Local``: the lower-case symbols are the Fortran ones (the count by address).
+
+    It sets the calling thread's MKL thread count and returns the one it replaces (0: none of its own, MKL's global
+    count applies), which is how the count is given back."""
+    lib = Path(torch.__file__).resolve().parent / "lib" / "libtorch_cpu.so"  # loaded already: the same handle
+    try:
+        setter = ctypes.CDLL(str(lib)).MKL_Set_Num_Threads_Local
+    except (OSError, AttributeError):
+        return None
+    setter.restype = ctypes.c_int
+    setter.argtypes = [ctypes.c_int]
+    return cast("Callable[[int], int]", setter)
+
+
 @contextmanager
 def serial_kernels() -> Iterator[bool]:
-    """Run torch's CPU kernels of the calling thread on that thread alone inside the block; the block gets whether
-    they do (False: no OpenMP runtime found, the kernels stay on torch's threads)."""
+    """Run torch's CPU kernels of the calling thread on that thread alone inside the block, MKL's among them; the
+    block gets whether they do (False: no OpenMP runtime found, the kernels stay on torch's threads)."""
     runtime = _openmp()
     if runtime is None:
         yield False
         return
-    # torch sets each thread's OpenMP thread count lazily, at the thread's first parallel kernel; asking for it
-    # first makes that happen now, so it cannot overwrite the setting below later.
+    # torch sets each thread's OpenMP (and MKL) thread count lazily, at the thread's first parallel kernel; asking
+    # for it first makes that happen now, so it cannot overwrite the settings below later.
     torch.get_num_threads()
     before = int(runtime.omp_get_max_threads())
+    mkl = _mkl_local()
     runtime.omp_set_num_threads(1)
+    mkl_before = mkl(1) if mkl is not None else 0
     try:
         yield True
     finally:
+        if mkl is not None:
+            mkl(mkl_before)
         runtime.omp_set_num_threads(before)

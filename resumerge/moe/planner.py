@@ -25,7 +25,7 @@ from resumerge.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.moe.outconfig import moe_config, not_power_of_two
 from resumerge.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.moe.tokenizer import tokenizer_blobs
-from resumerge.outputs.containers import container_for
+from resumerge.outputs.containers import container_for, gguf_choices
 from resumerge.plan.gguftypes import type_notes
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
@@ -115,7 +115,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     set_quantization(out_config, base.config, tensors)
     # What the output's files are (one GGUF file, or gguf-split's files, holds its tokenizer), laid out.
     container = container_for(options.out_type, gguf_type=options.gguf_type,
-                              split_max_size=options.gguf_split_max_size)
+                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
     shards, tensors, container = place_files(container, shards, tensors,
                                              Placing(out_config, models, [config.base_model.key], last=late,
                                                      unit_size=options.out_shard_size))

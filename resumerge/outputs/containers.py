@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
@@ -24,6 +25,21 @@ Part = tuple[str, str, tuple[int, ...]]
 
 def _hashes(files: Mapping[str, bytes]) -> dict[str, str]:
     return {n: hashlib.sha256(b).hexdigest() for n, b in sorted(files.items())}
+
+
+@dataclass(frozen=True)
+class GgufChoices:
+    """A GGUF output's type options beyond ``--gguf-type`` (:class:`~resumerge.plan.merge_plan.PlanOptions`'
+    ``gguf_tensor_types``, ``gguf_output_type``, ``gguf_token_embedding_type``, ``imatrix``), as given."""
+
+    tensor_types: tuple[str, ...] = ()
+    output_type: str | None = None
+    token_embedding_type: str | None = None
+    imatrix: str | None = None
+
+
+# no type options: every tensor as llama.cpp's mix picks it, no importance matrix
+NO_CHOICES = GgufChoices()
 
 
 @dataclass(frozen=True)
@@ -86,7 +102,8 @@ class OutputContainer:
         return True
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
+    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
+               ) -> OutputContainer:
         """The container ``--out-type`` names, given the GGUF options (which only a GGUF reads), its files not laid
         out yet (the planner lays them out)."""
         return cls()
@@ -116,6 +133,7 @@ class GgufFile(OutputContainer):
 
     gguf_type: str = "f16"
     split_max_size: int | None = None
+    choices: GgufChoices = NO_CHOICES
     headers: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
@@ -124,7 +142,10 @@ class GgufFile(OutputContainer):
         return shard_layout(self.headers[file], list(parts), file_size)
 
     def fingerprint_extras(self) -> dict[str, Any]:
-        return {"gguf_headers": _hashes(self.headers)}
+        extras: dict[str, Any] = {"gguf_headers": _hashes(self.headers)}
+        if self.choices.imatrix is not None:  # its values change the bytes: a changed file is another plan
+            extras["imatrix"] = hashlib.sha256(Path(self.choices.imatrix).read_bytes()).hexdigest()
+        return extras
 
     def tokenizer_note(self) -> str | None:
         return "tokenizer in the GGUF"
@@ -137,8 +158,9 @@ class GgufFile(OutputContainer):
                 "(--gguf-split-max-size)")
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None) -> OutputContainer:
-        return cls(gguf_type, split_max_size)
+    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
+               ) -> OutputContainer:
+        return cls(gguf_type, split_max_size, choices)
 
     def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
         from resumerge.inputs.gguf.names import ARCH_OF
@@ -184,9 +206,16 @@ OUT_TYPES: Mapping[str, type[OutputContainer]] = {SafetensorsShards.name: Safete
 CONTAINERS: tuple[type[OutputContainer], ...] = (GgufFile, SafetensorsShards)
 
 
-def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None) -> OutputContainer:
+def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None,
+                  choices: GgufChoices = NO_CHOICES) -> OutputContainer:
     """The container ``--out-type out_type`` writes, its files not laid out yet (the planner lays them out)."""
-    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size)
+    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size, choices)
+
+
+def gguf_choices(options: Any) -> GgufChoices:
+    """The GGUF type options of a plan's ``options`` (:class:`~resumerge.plan.merge_plan.PlanOptions`)."""
+    return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
+                       options.gguf_token_embedding_type, options.imatrix)
 
 
 def container_of(files: Iterable[str]) -> type[OutputContainer]:

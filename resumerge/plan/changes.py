@@ -31,7 +31,11 @@ def describe_changes(
     if recorded_parts.get("version") != now["version"]:
         changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
     if recorded_parts.get("options") != now["options"]:
-        changes.extend(_option_changes(recorded_options, plan.options) or [
+        pinned = (recorded_options is not None and plan.options.num_threads is not None
+                  and recorded_options.get("num_threads") == plan.options.num_threads)
+        changes.extend(_option_changes(recorded_options, plan.options) or ([
+            f"-j {plan.options.num_threads}'s kernels changed (an earlier resumerge split MKL's kernels over -j's "
+            "threads where each tensor now computes on one)"] if pinned else []) or [
             "output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
             "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
             "model_stock and nuslerp, -j/--num-threads)"])

@@ -18,7 +18,7 @@ routed projections are stacked per layer as the converter stacks them (:mod:`.gg
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -27,23 +27,22 @@ from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.model import gguf_module
 from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
 from resumerge.inputs.model import ModelInput
+from resumerge.outputs.containers import NO_CHOICES, GgufChoices
 from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
-from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 from resumerge.plan.ggufstacks import WRITTEN, place_tensors
-from resumerge.plan.gguftypes import tensor_type
+from resumerge.plan.gguftypes import MIXES, OVERRIDE_TYPES, ModelFacts, TypeChoices, parse_tensor_types, tensor_type
 from resumerge.plan.merge_plan import ShardPlan, TensorPlan
 
 GGUF_NAME = "model.gguf"
 SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
-# --gguf-type -> general.file_type (llama.cpp's LlamaFileType)
-_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q5_1": 9, "q5_0": 8, "q4_1": 3, "q4_0": 2}
 _KINDS = {"u32": U32, "f32": F32}
 
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
                 order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
-                last: Collection[str] = (), unit_size: int | None = None
+                last: Collection[str] = (), unit_size: int | None = None, choices: GgufChoices = NO_CHOICES
                 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
     """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split's files of
     at most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model
@@ -51,7 +50,9 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header. A
     mixture of experts' routed projections are stacked as llama.cpp stores them (:mod:`.ggufstacks`); the tensors
     named in ``last`` come last in the file (a prompt pass's routers). Each file's tensors are written in units of
-    at most ``unit_size`` bytes (:func:`unit_counts`; None: one unit after the header).
+    at most ``unit_size`` bytes (:func:`unit_counts`; None: one unit after the header). Each tensor's type is the
+    one llama.cpp's quantizer gives it in a ``gguf_type`` file with the user's ``choices``
+    (:func:`~resumerge.plan.gguftypes.tensor_type`).
     Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
     cannot write."""
     model_type = out_config.get("model_type")
@@ -59,8 +60,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     if arch is None:
         raise ModelInputError(f"a GGUF output of a {model_type} model, which resumerge cannot write yet (it writes "
                               f"{WRITTEN})", hint="write it as safetensors")
-    if gguf_type not in TYPES:
-        raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(TYPES)}")
+    if gguf_type not in MIXES:
+        raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(MIXES)}")
     rope = out_config.get("rope_scaling") or out_config.get("rope_parameters") or {}
     if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
@@ -70,9 +71,14 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     # The file's types as llama.cpp's quantizer picks them (resumerge.plan.gguftypes): its head's is its own, and
     # a tied embedding is the head.
     tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
+    facts = _facts(arch, out_config, tied)
+    wanted = _type_choices(choices)
+    weights = Importance.read(choices.imatrix)
     entries = place_tensors(tensors, arch, out_config,
-                            lambda tp, target, **stack: _encoded(tp, arch, target, TYPES[gguf_type], out_config,
-                                                                 tied=tied, **stack), last)
+                            lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
+                                                                 facts=facts, choices=wanted, weights=weights,
+                                                                 **stack), last)
+    weights.check_used([i.name for e in entries for i in e.infos])
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
     metadata = _metadata(arch, out_config, gguf_type, source, template)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
@@ -129,24 +135,91 @@ def unit_counts(names: tuple[str, ...], tensors: Mapping[str, TensorPlan], max_s
     return tuple(counts)
 
 
-def _encoded(tp: TensorPlan, arch: str, target: str, qtype: int, config: Mapping[str, Any], *, tied: bool,
-             expert: int = -1, up_name: str = "") -> TensorPlan:
+def _facts(arch: str, config: Mapping[str, Any], tied: bool) -> ModelFacts:
+    """What llama.cpp's type rules read of the output's model (``tied``: it has no head of its own)."""
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    layers = int(config.get("num_hidden_layers") or 1)
+    return ModelFacts(tied=tied, experts=int(config.get("num_experts") or config.get("num_local_experts") or 0),
+                      layers=layers, gqa=heads // kv, is_70b=arch == "llama" and layers == 80 and heads != kv)
+
+
+def _type_choices(choices: GgufChoices) -> TypeChoices:
+    """The user's GGUF type options as llama.cpp's rules take them (checked by the API already)."""
+    return TypeChoices(parse_tensor_types(choices.tensor_types),
+                       OVERRIDE_TYPES[choices.output_type] if choices.output_type else -1,
+                       OVERRIDE_TYPES[choices.token_embedding_type] if choices.token_embedding_type else -1,
+                       choices.imatrix is not None)
+
+
+@dataclass(frozen=True)
+class Importance:
+    """The ``--imatrix`` file of a plan (``path`` "" for none) and its entries' sizes, by GGUF tensor name."""
+
+    path: str = ""
+    sizes: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: str | None) -> Importance:
+        if path is None:
+            return cls()
+        from resumerge.outputs.gguf.imatrix import read_imatrix
+
+        return cls(path, {name: values.size for name, values in read_imatrix(path).items()})
+
+    def for_tensor(self, target: str, columns: int, experts: int, ggml_type: int) -> str:
+        """The file whose entry weights ``target`` (rows of ``columns``, ``experts`` slices) in ``ggml_type`` ("":
+        none: no file, a type that takes no weights, or no entry, as llama-quantize goes on without one). Raises
+        :class:`ModelInputError` for an entry of another size (token_embd's is skipped, as llama-quantize skips
+        it)."""
+        from resumerge.outputs.gguf import kquants
+
+        size = self.sizes.get(target)
+        if size is None or (ggml_type not in kquants.K_TYPES and ggml_type not in kquants.LEGACY):
+            return ""
+        if size != columns * experts:
+            if target == "token_embd.weight":
+                return ""
+            raise ModelInputError(f"--imatrix {self.path}: its entry {target} has {size} values, the output's "
+                                  f"tensor {columns * experts} ({experts} x {columns} columns)",
+                                  hint="give the importance matrix measured on this model")
+        return self.path
+
+    def check_used(self, names: Collection[str]) -> None:
+        """Raises :class:`ModelInputError` when the file names none of the output's tensors (another model's)."""
+        if self.path and not set(self.sizes) & set(names):
+            shown = ", ".join(sorted(self.sizes)[:2])
+            raise ModelInputError(f"--imatrix {self.path}: none of its {len(self.sizes)} entries ({shown}, ...) "
+                                  "names a tensor of this output", hint="give the importance matrix measured on "
+                                                                        "this model")
+
+
+def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[str, Any], *, facts: ModelFacts,
+             choices: TypeChoices, weights: Importance, expert: int = -1, up_name: str = "") -> TensorPlan:
     """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
     gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
-    llama.cpp's quantizer picks in a ``qtype`` file (:func:`~resumerge.plan.gguftypes.tensor_type`; ``tied``: the
-    output has no head of its own), with the family's transform."""
+    llama.cpp's quantizer picks in a ``mix`` file (:func:`~resumerge.plan.gguftypes.tensor_type`) with the user's
+    ``choices``, with the family's transform."""
     how = transform(arch, target)
-    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    chosen = tensor_type(target, tp.shape, qtype, tied=tied, experts=experts)
+    chosen = tensor_type(target, tp.shape, mix, facts, choices)
     ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
     head_rows = 1
     if how and how != NORM_MINUS_ONE:
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
                     config.get("num_key_value_heads") or config["num_attention_heads"])
         head_rows = tp.shape[0] // heads
-    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama)
+    columns = tp.shape[-1]
+    stacked = expert >= 0 or len(tp.shape) == 3
+    experts = facts.experts if stacked and facts.experts else 1
+    imatrix = weights.for_tensor(target, columns, experts, ggml)
+    if up_name:
+        imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if imatrix and experts > 1 and expert < 0:
+        raise ModelInputError(f"--imatrix with {target}, a stack of experts written whole (a fused checkpoint's "
+                              "experts), which resumerge cannot weight per expert yet", hint="leave out --imatrix")
+    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
     if expert >= 0 or up_name:
-        codec = GgufStackCodec(target, ggml, how, head_rows, llama, expert=expert, up_name=up_name)
+        codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)
     return replace(tp, out_codec=codec, carried=()).sized()
 
 
@@ -156,8 +229,8 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
     kv: list[tuple[str, Value]] = [("general.architecture", Value(STRING, arch)),
                                    ("general.type", Value(STRING, "model")),
                                    ("general.name", Value(STRING, "resumerge merge")),
-                                   ("general.file_type", Value(U32, _FILE_TYPES[gguf_type]))]
-    if TYPES[gguf_type] in BLOCK_BYTES:
+                                   ("general.file_type", Value(U32, MIXES[gguf_type].file_type))]
+    if MIXES[gguf_type].default in BLOCK_BYTES:
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
     if source.gguf is None:

@@ -66,6 +66,13 @@ class PlanOptions:
     # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
+    # --gguf-tensor-type PATTERN=TYPE (repeatable), --gguf-output-type, --gguf-token-embedding-type: llama-quantize's
+    # --tensor-type, --output-tensor-type and --token-embedding-type; --imatrix: llama.cpp's importance matrix file
+    # (GGUF or .dat) the K-quant encoders weight their search with, as llama-quantize does.
+    gguf_tensor_types: tuple[str, ...] = ()
+    gguf_output_type: str | None = None
+    gguf_token_embedding_type: str | None = None
+    imatrix: str | None = None
     # --gguf-split-max-size: the GGUF output as gguf-split's files of at most this many tensor bytes each (None: one
     # file, model.gguf).
     gguf_split_max_size: int | None = None
@@ -77,7 +84,8 @@ class PlanOptions:
 # before they existed resumes as the same plan.
 LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
-                                     "out_type": "safetensors", "gguf_type": "f16",
+                                     "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
+                                     "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
                                      "gguf_split_max_size": None,
                                      "out_adapter": False}
 
@@ -431,10 +439,19 @@ def _body_sha(body: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> str
     return digest.hexdigest()
 
 
+# Fingerprinted beside a recorded -j (issue 87): a serial block pins MKL's threads too (resumerge.inputs.kernels), so
+# a plan whose bytes follow -j computes its MKL kernels (SVDs, QRs, solves) on other threads than a run recorded
+# before did with the same -j; that run's plan must not match today's, or its resume would mix both.
+PINNED_KERNELS = "serial-blocks-pin-mkl"
+
+
 def _output_options(options: PlanOptions) -> dict[str, Any]:
     """The options that change output bytes, as fingerprinted."""
-    return {k: v for k, v in asdict(options).items()
-            if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
+    found = {k: v for k, v in asdict(options).items()
+             if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
+    if options.num_threads is not None:
+        found["kernels"] = PINNED_KERNELS
+    return found
 
 
 class _Records:

@@ -48,7 +48,7 @@ def _gguf(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> P
     gguf: GgufFile = container
     shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order),
                                           gguf.gguf_type, placing.template(), gguf.split_max_size, last=placing.last,
-                                          unit_size=placing.unit_size)
+                                          unit_size=placing.unit_size, choices=gguf.choices)
     return shards, placed, replace(gguf, headers=headers)
 
 

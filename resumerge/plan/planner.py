@@ -20,7 +20,7 @@ from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorEncoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.methods.registry import BasePolicy, MethodSpec, get_method, method_names
-from resumerge.outputs.containers import container_for
+from resumerge.outputs.containers import container_for, gguf_choices
 from resumerge.plan.accounting import Drops
 from resumerge.plan.architecture import (
     TIED_NAMES,
@@ -195,7 +195,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
     # Chosen once: what the output's files are (a GGUF holds its tokenizer: no tokenizer files beside it).
     container = container_for(options.out_type, gguf_type=options.gguf_type,
-                              split_max_size=options.gguf_split_max_size)
+                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
     tokenizer_donor, blobs = (None, {}) if container.self_contained else tokenizer_output(
         config, spec, built, donor, options, models, cut_rows)
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)

@@ -36,7 +36,7 @@ def _measured(shape: tuple[int, int], dtype: torch.dtype, rank: int, exact: bool
     g = torch.Generator().manual_seed(0)
     base = torch.randn(shape, generator=g).to(dtype)
     ft = (base.float() + 0.01 * torch.randn(shape, generator=g)).to(dtype)
-    params = {"rank": rank, "exact": exact, "seed": 1, "sv_epsilon": 0.0, "distribute_scale": True,
+    params = {"rank": rank, "exact": exact, "seed": 1, "sv_epsilon": 0.0, "distribute_scale": True, "threads": 1,
               "embedding": False}
     owned = [ft.clone() for _ in range(2)]  # each call's own FT buffer, made before it
     calls = [lambda mine=mine: decompose(MergeContext([base, mine], 0, [{}, {}], params, owned_inputs=True))

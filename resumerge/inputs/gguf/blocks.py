@@ -1,7 +1,7 @@
-"""GGUF's F16, BF16, Q8_0, Q4_K and Q6_K tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded
-with torch, vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives; and the block
-layouts (ggml type ids, values and bytes a block) that a GGUF output's encoders share
-(:mod:`resumerge.outputs.gguf.encoders`).
+"""GGUF's F16, BF16, Q8_0 and K-quant (Q2_K ... Q6_K) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1:
+:mod:`.legacy`) decoded with torch, vectorised over torch's compute threads, to the float32 values gguf-py's
+``quants`` gives; and the block layouts (ggml type ids, values and bytes a block) that a GGUF output's encoders
+share (:mod:`resumerge.outputs.gguf.encoders`, :mod:`resumerge.outputs.gguf.kquants`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, a float16 scale ``d`` then
 32 int8 codes ``q``; the value is ``d * q`` (an exact product). Values are float32 rows whose last dimension is whole
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 __all__ = ["BLOCK_BYTES", "CHUNK", "decode"]
 
 # ggml type ids this module decodes (and a GGUF output encodes)
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 14, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 _Q8_VALUES, _Q8_BYTES = 32, 34
 # ggml type -> (values, bytes) of a block, for every block type this module decodes
 BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
-               Q4_K: (256, 144), Q6_K: (256, 210)}
+               Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 
 
 # blocks coded together (Q8_0's 7680 are 960 KiB of float32): in the cache, and under the allocator's 1 MiB mmap
@@ -68,6 +68,66 @@ def _q4_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     values -= offset
 
 
+def _q2_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q2_K blocks (``block_q2_K``: 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit codes, f16 d, dmin;
+    (n, 84)) into float32 values (n, 256): sub-block j (16 values) is ``(d*scale_j) * q - dmin*min_j``; value
+    ``128h + 32k + l`` has its code at bits 2k of byte ``32h + l``."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    scales = blocks[:, :16]
+    d = blocks[:, 80:82].contiguous().view(torch.float16).to(torch.float32)
+    dmin = blocks[:, 82:84].contiguous().view(torch.float16).to(torch.float32)
+    qs = blocks[:, 16:80].reshape(n, 2, 1, 32)
+    into.view(n, 2, 4, 32).copy_(torch.cat([(qs >> shift) & 3 for shift in (0, 2, 4, 6)], dim=2))
+    values = into.view(n, 16, 16)
+    values *= (d * (scales & 0xF).to(torch.float32)).unsqueeze(-1)
+    values -= (dmin * (scales >> 4).to(torch.float32)).unsqueeze(-1)
+
+
+def _q3_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q3_K blocks (``block_q3_K``: 32 bytes of high bits, 64 of 2-bit codes, 12 of 6-bit scales, f16 d; (n, 110))
+    into float32 values (n, 256): ``d*(scale_j - 32) * (q - 4)``, q's high bit of value e in bit ``e // 32`` of
+    byte ``e % 32`` of the mask; scale j's low 4 bits in byte ``j % 8`` (high nibble for j >= 8), its top 2 in byte
+    ``8 + j % 4`` at bits ``2 * (j // 4)``."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    hmask = blocks[:, :32].reshape(n, 1, 32)
+    qs = blocks[:, 32:96].reshape(n, 2, 1, 32)
+    packed = blocks[:, 96:108]
+    d = blocks[:, 108:110].contiguous().view(torch.float16).to(torch.float32)
+    low = torch.cat([packed[:, :8] & 0xF, packed[:, :8] >> 4], dim=1)
+    high = torch.cat([(packed[:, 8:12] >> shift) & 3 for shift in (0, 2, 4, 6)], dim=1)
+    scales = ((low | (high << 4)).to(torch.int8) - 32).to(torch.float32)
+    two = torch.cat([(qs >> shift) & 3 for shift in (0, 2, 4, 6)], dim=2).reshape(n, 256)
+    top = torch.cat([(hmask >> bit) & 1 for bit in range(8)], dim=1).reshape(n, 256)
+    into.copy_(two.to(torch.int8) - ((top ^ 1) << 2).to(torch.int8))
+    into.view(n, 16, 16).mul_((d * scales).unsqueeze(-1))
+
+
+def _q5_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q5_K blocks (``block_q5_K``: f16 d and dmin, 12 bytes of scales and mins as Q4_K's, 32 bytes of fifth bits,
+    128 of nibbles; (n, 176)) into float32 values (n, 256): as Q4_K, the fifth bit of sub-block j's value l in bit
+    j of byte l."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    dmin = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
+    low, high, both = blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
+    scales = torch.cat([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], dim=1).to(torch.float32)
+    mins = torch.cat([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], dim=1).to(torch.float32)
+    qh = blocks[:, 16:48].reshape(n, 1, 32)
+    nibbles = blocks[:, 48:].reshape(n, 4, 1, 32)
+    fifth = torch.cat([(qh >> bit) & 1 for bit in range(8)], dim=1).view(n, 4, 2, 32)
+    q = into.view(n, 4, 2, 32)
+    q.copy_(torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2) | (fifth << 4))
+    values = into.view(n, 8, 32)
+    values *= (d * scales).unsqueeze(-1)
+    values -= (dmin * mins).unsqueeze(-1)
+
+
 def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """Q6_K blocks (``block_q6_K``: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d;
     (n, 210)) into float32 values (n, 256): value p of each half h (128 values) has its low 4 bits from byte
@@ -90,7 +150,8 @@ def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 # ggml type -> the function that decodes a run of its blocks
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
-    Q8_0: _q8_0_values, Q4_K: _q4_k_values, Q6_K: _q6_k_values,
+    Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
+    Q6_K: _q6_k_values,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 

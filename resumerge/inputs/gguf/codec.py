@@ -32,7 +32,8 @@ GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
 _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
-                "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q4_K": blocks.Q4_K, "Q6_K": blocks.Q6_K}
+                "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q2_K": blocks.Q2_K, "Q3_K": blocks.Q3_K,
+                "Q4_K": blocks.Q4_K, "Q5_K": blocks.Q5_K, "Q6_K": blocks.Q6_K}
 
 
 @dataclass(frozen=True)

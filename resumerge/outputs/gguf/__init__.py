@@ -1,9 +1,9 @@
 """GGUF (llama.cpp's format) as an output: the encoder of each tensor (:mod:`.outcodec`, :mod:`.stackcodec` for a
-mixture of experts' stacked projections; the block-encode kernels: :mod:`.encoders`), the file's bytes planned
-before a tensor is written (:mod:`.layout`), and the ``tokenizer.*`` keys built from a Hugging
-Face tokenizer folder (:mod:`.hfvocab`)."""
+mixture of experts' stacked projections; the block-encode kernels: :mod:`.encoders`, the K-quants' :mod:`.kquants`),
+the file's bytes planned before a tensor is written (:mod:`.layout`), and the ``tokenizer.*`` keys built from a
+Hugging Face tokenizer folder (:mod:`.hfvocab`)."""
 
-from resumerge.outputs.gguf.outcodec import TYPES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 
-__all__ = ["TYPES", "GgufOutCodec", "GgufStackCodec"]
+__all__ = ["TYPE_NAMES", "GgufOutCodec", "GgufStackCodec"]

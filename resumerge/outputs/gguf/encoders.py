@@ -30,9 +30,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
 from resumerge.inputs.gguf.legacy import Kind
+from resumerge.outputs.gguf import kquants
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -104,13 +107,29 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
     return bits
 
 
-def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
+def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None,
+           importance: np.ndarray | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``values.shape[-1]`` whole blocks); a block type
-    written straight into ``into`` when given (contiguous, of the result's bytes), the others copied there."""
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the K-quants of :mod:`.kquants`:
+    ``values.shape[-1]`` whole blocks); a block type written straight into ``into`` when given (contiguous, of the
+    result's bytes), the others copied there. ``importance`` (float32, one per column): a K or legacy 4-/5-bit
+    type's importance weights (llama.cpp's imatrix entry over its count), None for the quantizer's path without
+    them."""
     from resumerge.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
+    if importance is not None and ggml_type in kquants.LEGACY:  # llama.cpp's importance paths of the legacy types
+        size = kquants.LEGACY[ggml_type][0]
+        shape = (*rows.shape[:-1], rows.shape[-1] // 32 * size)
+        out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
+        kquants.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
+        return out
+    if ggml_type in kquants.K_TYPES:
+        size = kquants.K_TYPES[ggml_type]
+        shape = (*rows.shape[:-1], rows.shape[-1] // kquants.QK * size)
+        out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
+        kquants.encode_k(rows.numpy(), ggml_type, importance, out.numpy())
+        return out
     if ggml_type == Q8_0:
         return _q8_0(rows, into)
     if ggml_type in legacy.KINDS:

@@ -1,13 +1,15 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-as gguf-py's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.encoders`, torch over the
-compute threads), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
+as llama.cpp's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K:
+:mod:`.encoders`), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.inputs.gguf import blocks
@@ -18,10 +20,10 @@ from resumerge.outputs.gguf import encoders
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
-# --gguf-type -> ggml type id, and the stored dtype of each type written
-TYPES: Mapping[str, int] = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q5_1": 7, "q5_0": 6, "q4_1": 3, "q4_0": 2}
-_STORED = {0: "F32", 1: "F16", 30: "BF16"}
-_NAMES = {code: name.upper() for name, code in TYPES.items()}  # ggml type id -> its name (GGUF_ROUND_TRIP's key)
+# ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
+TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
+                                 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+_STORED = {0: "F32", 1: "F16", 30: "BF16"}  # the stored dtype of the plain types (the others: bytes)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class GgufOutCodec(TensorEncoder):
     # The type llama.cpp's quantizer picks for it, where resumerge writes another (-1: the same; see
     # resumerge.plan.gguftypes): what the plan's notes name.
     llama_type: int = -1
+    # The importance matrix file (--imatrix) whose entry for this tensor weights its encoding, as llama-quantize
+    # weights it ("": none, or no entry for it); the plan checked the entry's size.
+    imatrix: str = ""
 
     @property
     def row_block(self) -> int:
@@ -48,7 +53,7 @@ class GgufOutCodec(TensorEncoder):
 
     @property
     def round_trip(self) -> tuple[str, float] | None:
-        name = _NAMES[self.ggml_type]
+        name = TYPE_NAMES[self.ggml_type]
         error = GGUF_ROUND_TRIP.get(name)
         return None if error is None else (name, error)
 
@@ -71,16 +76,32 @@ class GgufOutCodec(TensorEncoder):
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
         return (OutPart(MAIN, self.gguf_name, _STORED.get(self.ggml_type, "U8"), self.stored_shape(shape)),)
 
+    @property
+    def slice_index(self) -> int:
+        """Which expert's slice of its GGUF tensor this output tensor is (-1: the whole tensor)."""
+        return -1
+
+    def importance(self, name: str, expert: int, columns: int) -> np.ndarray | None:
+        """The quantizer's per-column weights for GGUF tensor ``name`` (expert ``expert``'s slice; -1: it has
+        one), None without an importance matrix."""
+        if not self.imatrix:
+            return None
+        from resumerge.outputs.gguf.imatrix import entry
+
+        return entry(self.imatrix, name, expert, columns)
+
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        stored = encoders.encode(self._gguf_values(value), self.ggml_type)
+        stored = encoders.encode(self._gguf_values(value), self.ggml_type,
+                                 importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN])  # the block bytes straight there
+        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN],  # the block bytes straight there
+                        importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
 
     def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.outputs.gguf import encoders
 from resumerge.outputs.gguf.layout import slice_name
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
@@ -49,4 +50,17 @@ class GgufStackCodec(GgufOutCodec):
         if not self.up_name:
             return super().encode(value, dtype)
         half = value.shape[1] // 2
-        return {MAIN: super().encode(value[:, :half], dtype)[MAIN], UP: super().encode(value[:, half:], dtype)[MAIN]}
+        return {MAIN: self._encoded(value[:, :half], self.gguf_name), UP: self._encoded(value[:, half:], self.up_name)}
+
+    @property
+    def slice_index(self) -> int:
+        return self.expert
+
+    def _encoded(self, value: torch.Tensor, gguf_name: str) -> torch.Tensor:
+        """One half of a fused stack, with its own tensor's importance (a fused stack is refused with a per-expert
+        importance matrix by the plan: its chunks do not say which experts they hold)."""
+        from resumerge.torch_import import torch
+
+        stored = encoders.encode(self._gguf_values(value), self.ggml_type,
+                                 importance=self.importance(gguf_name, -1, value.shape[-1]))
+        return stored.view(torch.bfloat16) if self.ggml_type == 30 else stored

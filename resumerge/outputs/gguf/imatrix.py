@@ -1,0 +1,128 @@
+"""llama.cpp's importance matrix files (``--imatrix``) read as llama-quantize applies them (``shared/reference/
+kquants.md`` §4): each entry becomes the per-column weights the quantizer is given, one slice of ``n_in`` values per
+expert.
+
+- GGUF (llama-imatrix's default since 2025): ``general.type = "imatrix"`` with ``imatrix.datasets``,
+  ``imatrix.chunk_count`` and ``imatrix.chunk_size`` (a file without them is refused, as llama-quantize refuses it);
+  per weight ``<name>.in_sum2`` F32 ``[n_in, n_mat]`` (sums of squared inputs) and ``<name>.counts`` F32 ``[1,
+  n_mat]``. Expert j's weights are ``in_sum2[j] / round(count_j)``, all 1 where the count is 0.
+- The older ``.dat``: i32 entry count; per entry i32 name length, the name, i32 ``ncall``, i32 value count, f32
+  values (already means times ``ncall``); the weights are the values over ``ncall`` (as they are where it is 0).
+
+Values that are not finite are refused, as llama-quantize refuses them.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from resumerge.errors import ModelInputError
+
+__all__ = ["entry", "read_imatrix"]
+
+_F32 = 0
+_REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
+
+
+def _refused(path: Path, why: str) -> ModelInputError:
+    return ModelInputError(f"--imatrix {path}: {why}", hint="give the importance matrix llama-imatrix wrote for "
+                                                             "this model (GGUF or .dat)")
+
+
+def _from_gguf(path: Path, only: str | None) -> dict[str, np.ndarray]:
+    from resumerge.inputs.gguf.header import read_gguf_header
+
+    header = read_gguf_header(path, {_F32: (1, 4)})
+    missing = [key for key in _REQUIRED if key not in header.metadata]
+    if header.metadata.get("general.type") != "imatrix" or missing:
+        lacking = f"; missing {', '.join(missing)}" if missing else ""
+        raise _refused(path, f"not an importance matrix GGUF (general.type \"imatrix\" and {', '.join(_REQUIRED)} "
+                             f"are needed{lacking})")
+    tensors = {t.name: t for t in header.tensors}
+    entries: dict[str, np.ndarray] = {}
+    with path.open("rb") as file:
+        def values(name: str) -> np.ndarray:
+            t = tensors[name]
+            if t.ggml_type != _F32:
+                raise _refused(path, f"tensor {name} is not F32")
+            file.seek(t.start)
+            return np.frombuffer(file.read(t.end - t.start), dtype="<f4").reshape(t.shape)
+
+        for name in sorted(tensors):
+            if not name.endswith(".in_sum2") or (only is not None and name != f"{only}.in_sum2"):
+                continue
+            weight = name.removesuffix(".in_sum2")
+            if f"{weight}.counts" not in tensors:
+                raise _refused(path, f"{name} has no {weight}.counts")
+            sums, counts = values(name), values(f"{weight}.counts").reshape(-1)
+            if sums.ndim != 2 or sums.shape[0] != counts.size:
+                raise _refused(path, f"{name} has {sums.shape} sums for {counts.size} counts")
+            rounded = np.array([math.copysign(math.floor(abs(c) + 0.5), c) for c in counts.tolist()],
+                               dtype=np.float32)  # lround: half away from zero
+            per = np.where(rounded[:, None] == 0, np.float32(1), sums / np.where(rounded == 0, 1, rounded)[:, None])
+            entries[weight] = np.ascontiguousarray(per, dtype=np.float32).reshape(-1)
+    return entries
+
+
+def _from_dat(path: Path, only: str | None) -> dict[str, np.ndarray]:
+    data = path.read_bytes()
+    at = 0
+
+    def take(fmt: str) -> tuple[int, ...]:
+        nonlocal at
+        size = struct.calcsize(fmt)
+        if at + size > len(data):
+            raise _refused(path, "the file ends inside an entry (neither a GGUF nor a .dat importance matrix)")
+        found = struct.unpack_from(fmt, data, at)
+        at += size
+        return found
+
+    (count,) = take("<i")
+    if count <= 0:
+        raise _refused(path, "it holds no entries")
+    entries: dict[str, np.ndarray] = {}
+    for _ in range(count):
+        (length,) = take("<i")
+        if length <= 0 or at + length > len(data):
+            raise _refused(path, "an entry's name runs past the file (neither a GGUF nor a .dat importance matrix)")
+        name = data[at:at + length].decode("utf-8", errors="replace")
+        at += length
+        ncall, nval = take("<ii")
+        if nval <= 0 or at + 4 * nval > len(data):
+            raise _refused(path, f"entry {name}'s {nval} values run past the file")
+        if only is not None and name != only:
+            at += 4 * nval
+            continue
+        values = np.frombuffer(data, dtype="<f4", count=nval, offset=at).astype(np.float32)
+        at += 4 * nval
+        entries[name] = values / np.float32(ncall) if ncall > 0 else values
+    return entries
+
+
+def read_imatrix(path: str | Path, only: str | None = None) -> dict[str, np.ndarray]:
+    """Every entry of the importance matrix file at ``path`` (``only``: that one, if the file has it), by weight
+    name (a GGUF tensor name): float32 ``n_in * n_mat`` weights, expert j's at ``[j*n_in, (j+1)*n_in)``. Raises
+    :class:`ModelInputError` (one line, exit 2) for a file that is not one, or holds values that are not finite."""
+    path = Path(path)
+    with path.open("rb") as file:
+        magic = file.read(4)
+    entries = _from_gguf(path, only) if magic == b"GGUF" else _from_dat(path, only)
+    for name, values in entries.items():
+        if not np.isfinite(values).all():
+            raise _refused(path, f"entry {name} holds values that are not finite")
+    return entries
+
+
+def entry(path: str, name: str, expert: int, columns: int) -> np.ndarray | None:
+    """The quantizer's weights for GGUF tensor ``name`` (expert ``expert``'s slice of it, -1: the whole entry) of
+    rows of ``columns`` values, from the importance matrix at ``path``; None where the file has no entry for it
+    (llama-quantize quantizes such a tensor without one)."""
+    found = read_imatrix(path, name).get(name)
+    if found is None:
+        return None
+    first = max(expert, 0) * columns
+    return found[first:first + columns]

@@ -1,0 +1,588 @@
+"""GGUF's K-quant tensors (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) encoded to the bytes llama.cpp's quantizer writes
+(``ggml_quantize_chunk``), with or without an importance matrix (``shared/reference/kquants.md`` §1-2).
+
+Each K type codes 256 values a super-block: 16 or 8 sub-blocks, each with its own small integer scale (and min),
+found by a search over candidate scales, then the super-block's float16 scale(s) and the codes recomputed from the
+stored scales. llama.cpp runs that search in scalar float32, left to right; a different summation order changes a
+byte now and then (a float64 port changed 2 of 1,728 Q4_K bytes). So this module keeps every operation float32
+and in llama.cpp's order, and vectorises *across* sub-blocks instead: values are laid out element-major, ``(n,
+S)`` for S sub-blocks of n values, so each elementwise step is one numpy call over all sub-blocks and each sum is
+``np.add.reduce`` over axis 0, which numpy runs as a sequential accumulation in index order (a reduction over the
+contiguous axis would be pairwise). ``nearest_int`` (adding 1.5·2^23 and reading the mantissa) is round half to
+even, ``np.rint`` on a float32; float16 conversion is numpy's round to nearest even, as ggml's software one.
+
+The searches (names as in ``ggml-quants.c``, which this module follows but does not copy):
+
+- ``qkx`` (``make_qkx2_quants``/``make_qkx3_quants``): an asymmetric scale and min by least squares over a ladder
+  of candidate inverse scales, each candidate's grid anchored at the best min found so far.
+- ``qx`` (``make_qx_quants``): a symmetric, signed scale (the largest magnitude takes code 0) over 19 candidates.
+- ``q3`` (``make_q3_quants``): ``qx``'s start, then coordinate descent on the codes.
+- ``qp`` (``make_qp_quants``): the non-negative sub-block scales themselves quantized (importance path only).
+
+A candidate is adopted on a strict improvement, so the first of equals wins, as in the scalar loop; a coordinate
+descent pass that changes nothing leaves its sub-block as it was, so running further passes over converged
+sub-blocks (while others still change) changes nothing. Values must be finite (llama.cpp asserts the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["K_TYPES", "encode_k"]
+
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+QK = 256  # values a super-block
+# ggml type -> bytes a super-block
+K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
+# super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py)
+_CHUNK = 256
+
+F = np.float32
+_EPS = F(1e-15)  # GROUP_MAX_EPS
+_Array = np.ndarray
+
+
+def _sum(a: _Array) -> _Array:
+    """The float32 sum over axis 0 in index order, from 0 (``s = 0; s += a[i]``)."""
+    total: _Array = np.add.reduce(a, axis=0, initial=F(0))
+    return total
+
+
+def _sum_first(a: _Array) -> _Array:
+    """The float32 sum over axis 0 in index order, from ``a[0]`` (``s = a[0]; s += a[i]`` for i >= 1)."""
+    total: _Array = np.add.reduce(a, axis=0)
+    return total
+
+
+def _as_uint8(v: _Array) -> _Array:
+    """Integer-valued float32 ``v`` stored into a uint8, as C does (modulo 256)."""
+    return (v.astype(np.int32) & 0xFF).astype(np.uint8)
+
+
+def _f16(v: _Array) -> tuple[_Array, _Array]:
+    """``v`` rounded to float16 (its bits as uint16) and that half back as float32."""
+    half = v.astype(np.float16)
+    return half.view(np.uint16), half.astype(F)
+
+
+def _largest(x: _Array) -> tuple[_Array, _Array]:
+    """Per column: the largest magnitude and the (signed) value of the first element reaching it."""
+    ax = np.abs(x)
+    first = np.argmax(ax, axis=0)
+    return np.take_along_axis(ax, first[None], 0)[0], np.take_along_axis(x, first[None], 0)[0]
+
+
+def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
+         v3: bool) -> tuple[_Array, _Array, _Array]:
+    """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (weights given) of each column of ``x`` (n, S):
+    (scale, the min as a non-negative offset, codes). The candidates' temporaries live in three buffers of
+    ``x``'s shape, every step in place (fresh arrays of this size were half the time)."""
+    lo = x.min(axis=0)
+    hi = x.max(axis=0)
+    sum_w = _sum_first(w)
+    sum_x = _sum_first(w * x)
+    lo = np.where(lo > 0, F(0), lo)
+    flat = hi <= lo if v3 else hi == lo
+    top = F(nmax)
+    v, q, t = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+
+    def error(s: _Array, m: _Array) -> _Array:
+        """Σ w·|s·q + m − x| (or its square) of the codes in ``q``, through ``t``."""
+        np.multiply(s, q, out=t)
+        np.add(t, m, out=t)
+        np.subtract(t, x, out=t)
+        if mad:
+            np.abs(t, out=t)
+        else:
+            np.multiply(t, t, out=t)
+        np.multiply(t, w, out=t)
+        return _sum(t)
+
+    def grid(iscale: _Array, guarded: bool) -> None:
+        """The codes of ``iscale`` on the grid anchored at ``lo``, into ``q``: clamped to 0..nmax, or ``guarded``
+        as make_qkx3_quants' search guards them (a grid anchored at a min near max can overflow: v <= 0 is
+        code 0, v > nmax is nmax)."""
+        np.subtract(x, lo, out=v)
+        np.multiply(v, iscale, out=v)
+        if guarded:
+            np.minimum(v, top, out=q)
+            np.rint(q, out=q)
+            q[v <= 0] = 0
+        else:
+            np.rint(v, out=q)
+            np.clip(q, 0, top, out=q)
+
+    iscale = top / np.where(flat, F(1), hi - lo)
+    scale = F(1) / iscale
+    grid(iscale, False)
+    codes = q.copy()
+    best = error(scale, lo)
+    for step in range(nstep + 1):
+        iscale = (F(rmin) + F(rdelta) * F(step) + top) / np.where(flat, F(1), hi - lo)
+        grid(iscale, v3)
+        np.multiply(w, q, out=t)
+        sum_l = _sum(t)
+        np.multiply(t, x, out=v)
+        sum_xl = _sum(v)
+        t *= q
+        sum_l2 = _sum(t)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        ok = det > 0
+        det = np.where(ok, det, F(1))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        positive = this_min > 0
+        this_min = np.where(positive, F(0), this_min)
+        this_scale = np.where(positive, sum_xl / np.where(sum_l2 == 0, F(1), sum_l2), this_scale)
+        current = error(this_scale, this_min)
+        better = ok & (current < best) & ~flat
+        if better.any():
+            np.copyto(codes, q, where=better)
+            best = np.where(better, current, best)
+            scale = np.where(better, this_scale, scale)
+            lo = np.where(better, this_min, lo)
+    scale = np.where(flat, F(0), scale)
+    codes[:, flat] = 0
+    return scale, -lo, codes
+
+
+def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
+    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
+    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place."""
+    amax, peak = _largest(x)
+    zero = amax < _EPS
+    peak = np.where(zero, F(1), peak)
+    w = x * x if qw is None else qw
+    wx = w * x
+    low, high = F(-nmax), F(nmax - 1)
+    q, t = np.empty_like(x), np.empty_like(x)
+
+    def sums(iscale: _Array) -> tuple[_Array, _Array]:
+        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+        np.multiply(iscale, x, out=q)
+        np.rint(q, out=q)
+        np.clip(q, low, high, out=q)
+        np.multiply(wx, q, out=t)
+        sumlx = _sum(t)
+        np.multiply(w, q, out=t)
+        np.multiply(t, q, out=t)
+        return sumlx, _sum(t)
+
+    sumlx, suml2 = sums(F(-nmax) / peak)
+    codes = q + F(nmax)
+    scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        sumlx, suml2 = sums(-(F(nmax) + F(0.1) * F(step)) / peak)
+        adopt = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        if adopt.any():
+            np.add(q, F(nmax), out=q)
+            np.copyto(codes, q, where=adopt)
+            scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
+            best = np.where(adopt, scale * sumlx, best)
+    codes[:, zero] = 0
+    return np.where(zero, F(0), scale), codes
+
+
+def _q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
+    """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, codes 0..2nmax-1)."""
+    amax, peak = _largest(x)
+    zero = amax < _EPS
+    peak = np.where(zero, F(1), peak)
+    low, high = F(-nmax), F(nmax - 1)
+    q = np.clip(np.rint((F(-nmax) / peak) * x), low, high)
+    w = x * x
+    wx = w * x
+    sumlx, suml2 = _sum(wx * q), _sum(w * q * q)
+    sumlx, suml2 = _descend(x, w, wx, q, sumlx, suml2, low, high, need_sl2=False)
+    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
+    return np.where(zero, F(0), scale), np.where(zero, F(0), q + F(nmax))
+
+
+def _descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
+             *, need_sl2: bool) -> tuple[_Array, _Array]:
+    """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (in place): each code in turn moved to
+    its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also require the
+    reduced sum of squares to be positive before trying (``make_qp_quants``), else after (``make_q3_quants``).
+    Returns the final (Σwxq, Σwq²)."""
+    for _ in range(5):
+        changed = False
+        for i in range(x.shape[0]):
+            qi, wi, xi, wxi = q[i], w[i], x[i], wx[i]
+            slx = sumlx - wxi * qi
+            sl2 = suml2 - wi * qi * qi
+            tried = (slx > 0) & (sl2 > 0) if need_sl2 else slx > 0
+            if not tried.any():
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                new = np.clip(np.rint(xi * sl2 / np.where(tried, slx, F(1))), low, high)
+            moved = tried & (new != qi)
+            slx = slx + wxi * new
+            sl2 = sl2 + wi * new * new
+            keep = moved & ((slx * slx * suml2 > sumlx * sumlx * sl2) if need_sl2 else
+                            ((sl2 > 0) & (slx * slx * suml2 > sumlx * sumlx * sl2)))
+            if keep.any():
+                changed = True
+                q[i] = np.where(keep, new, qi)
+                sumlx = np.where(keep, slx, sumlx)
+                suml2 = np.where(keep, sl2, suml2)
+        if not changed:
+            break
+    return sumlx, suml2
+
+
+def _qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
+    """``make_qp_quants(n, nmax, x, L, w)`` of each column of ``x`` (n, S; values >= 0 in practice): (scale, codes
+    as the uint8 llama.cpp stores them, as float32)."""
+    peak = np.maximum(x.max(axis=0), F(0))
+    zero = peak < _EPS
+    peak = np.where(zero, F(1), peak)
+    top = F(nmax)
+    iscale = top / peak
+    q = np.rint(iscale * x)
+    scale = F(1) / iscale
+    diff = x - scale * q
+    best = _sum(w * diff * diff)
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_is = (F(0.1) * F(step) + top) / peak
+        scale_is = F(1) / iscale_is
+        q = np.minimum(top, np.rint(iscale_is * x))
+        diff = x - scale_is * q
+        mse = _sum(w * diff * diff)
+        better = mse < best
+        best = np.where(better, mse, best)
+        iscale = np.where(better, iscale_is, iscale)
+    q = np.minimum(top, np.rint(iscale * x))
+    q = np.where(q < 0, q + F(256), q)  # stored in a uint8
+    wx = w * x
+    sumlx, suml2 = _descend(x, w, wx, q, _sum(wx * q), _sum(w * q * q), -np.inf, float(nmax), need_sl2=True)
+    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
+    return np.where(zero, F(0), scale), np.where(zero, F(0), q)
+
+
+def _subblocks(xt: _Array, n: int) -> _Array:
+    """Super-blocks ``xt`` (256, B) as sub-blocks of ``n`` values, element-major: (n, 256/n * B), sub-block j of
+    super-block b in column ``j*B + b``."""
+    b = xt.shape[1]
+    return np.ascontiguousarray(xt.reshape(QK // n, n, b).transpose(1, 0, 2)).reshape(n, -1)
+
+
+def _superblocks(codes: _Array, n: int, b: int) -> _Array:
+    """:func:`_subblocks`' codes (n, 256/n * B) back to rows of super-blocks: (B, 256) uint8."""
+    rows: _Array = codes.astype(np.uint8).reshape(n, QK // n, b).transpose(2, 1, 0).reshape(b, QK)
+    return rows
+
+
+def _sigma2(xt: _Array, factor: float) -> _Array:
+    """``factor * Σx² / 256`` of each super-block (columns of ``xt``), the sum in index order."""
+    total = _sum(xt * xt)
+    mean: _Array = (F(factor) * total if factor != 1 else total) / F(QK)
+    return mean
+
+
+def _importance(xt: _Array, qw: _Array, n: int, factor: float) -> _Array:
+    """The importance path's weights ``qw * sqrt(sigma2 + x²)`` as sub-blocks (n, S)."""
+    sigma2 = _sigma2(xt, factor)
+    return _subblocks(qw * np.sqrt(sigma2 + xt * xt), n)
+
+
+def _recode(x: _Array, codes: _Array, d: _Array, m: _Array | None, low: float, high: float) -> _Array:
+    """Codes recomputed from the stored scale ``d`` (and offset ``m``) of each sub-block (columns of ``x``);
+    where ``d`` is 0 the search's codes stay."""
+    live = d != 0
+    safe = np.where(live, d, F(1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        fresh = np.clip(np.rint(((x + m) if m is not None else x) / safe), low, high)
+    return np.where(live, fresh, codes)
+
+
+def _planes(codes: _Array) -> _Array:
+    """2-bit codes (B, 256) as Q2_K/Q3_K's ``qs`` (B, 64): byte ``32h + l`` holds element ``128h + 32k + l`` at
+    bits 2k."""
+    c = codes.reshape(-1, 2, 4, 32)
+    packed: _Array = (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(-1, 64)
+    return packed
+
+
+def _pack_k4_scales(ls: _Array, lm: _Array) -> _Array:
+    """Eight 6-bit scales and mins (uint8, (8, B)) as Q4_K/Q5_K's 12 bytes (B, 12) (``get_scale_min_k4``)."""
+    out = np.zeros((ls.shape[1], 12), dtype=np.uint8)
+    out[:, 0:4] = ls[:4].T
+    out[:, 4:8] = lm[:4].T
+    out[:, 8:12] = (ls[4:].T & 0xF) | ((lm[4:].T & 0xF) << 4)
+    out[:, 0:4] |= ((ls[4:].T >> 4) << 6).astype(np.uint8)
+    out[:, 4:8] |= ((lm[4:].T >> 4) << 6).astype(np.uint8)
+    return out
+
+
+def _unpack_k4_scales(packed: _Array) -> tuple[_Array, _Array]:
+    """:func:`_pack_k4_scales`' inverse as llama.cpp reads it back: (sc, m) float32 (8, B)."""
+    p = packed.T.astype(np.int32)
+    sc = np.concatenate([p[0:4] & 63, (p[8:12] & 0xF) | ((p[0:4] >> 6) << 4)])
+    m = np.concatenate([p[4:8] & 63, (p[8:12] >> 4) | ((p[4:8] >> 6) << 4)])
+    return sc.astype(F), m.astype(F)
+
+
+def _pack_q3_scales(l6: _Array) -> _Array:
+    """Sixteen 6-bit values (uint8, (16, B)) as Q3_K's 12 scale bytes (B, 12)."""
+    l6 = l6.astype(np.uint8)
+    out = np.zeros((l6.shape[1], 12), dtype=np.uint8)
+    out[:, 0:8] = (l6[:8].T & 0xF) | ((l6[8:].T & 0xF) << 4)
+    high = (l6 >> 4).T  # (B, 16)
+    for j in range(16):
+        out[:, 8 + j % 4] |= (high[:, j] << (2 * (j // 4))).astype(np.uint8)
+    return out
+
+
+def _unpack_q3_scales(packed: _Array) -> _Array:
+    """Q3_K's 12 scale bytes (B, 12) back to the signed scales (16, B) float32 (stored − 32)."""
+    p = packed.T.astype(np.int32)
+    low = np.concatenate([p[0:8] & 0xF, p[0:8] >> 4])
+    high = np.stack([(p[8 + j % 4] >> (2 * (j // 4))) & 3 for j in range(16)])
+    signed: _Array = ((low | (high << 4)) - 32).astype(F)
+    return signed
+
+
+def _q2_k(xt: _Array, qw: _Array | None) -> _Array:
+    b = xt.shape[1]
+    x = _subblocks(xt, 16)
+    out = np.zeros((b, 84), dtype=np.uint8)
+    if qw is None:
+        scales, mins, codes = _qkx(x, np.abs(x), 3, -0.5, 0.1, 15, mad=True, v3=False)
+        scales, mins = scales.reshape(16, b), mins.reshape(16, b)
+        max_scale = np.maximum(scales.max(axis=0), F(0))
+        max_min = np.maximum(mins.max(axis=0), F(0))
+        has_scale, has_min = max_scale > 0, max_min > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ls = np.where(has_scale, np.rint((F(15) / max_scale) * scales), F(0))
+            lm = np.where(has_min, np.rint((F(15) / max_min) * mins), F(0))
+        byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
+        d_bits, d = _f16(np.where(has_scale, max_scale / F(15), F(0)))
+        m_bits, dmin = _f16(np.where(has_min, max_min / F(15), F(0)))
+    else:
+        w = _importance(xt, qw, 16, 1.0)
+        sw = _sum(w).reshape(16, b)
+        scales, mins, codes = _qkx(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
+        dm, ls = _qp(scales.reshape(16, b), 15, sw)
+        mm, lm = _qp(mins.reshape(16, b), 15, sw)
+        byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
+        d_bits, d = _f16(dm)
+        m_bits, dmin = _f16(mm)
+    sub_d = (d * (byte & 0xF).astype(F)).reshape(-1)
+    sub_m = (dmin * (byte >> 4).astype(F)).reshape(-1)
+    codes = _recode(x, codes, sub_d, sub_m, 0, 3)
+    out[:, 0:16] = byte.T.astype(np.uint8)
+    out[:, 16:80] = _planes(_superblocks(codes, 16, b))
+    out[:, 80:82] = d_bits.view(np.uint8).reshape(b, 2)
+    out[:, 82:84] = m_bits.view(np.uint8).reshape(b, 2)
+    return out
+
+
+def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
+    b = xt.shape[1]
+    x = _subblocks(xt, 16)
+    out = np.zeros((b, 110), dtype=np.uint8)
+    if qw is None:
+        scales, codes = _q3(x, 4)
+        s = scales.reshape(16, b)
+        _, max_scale = _largest(s)
+        live = max_scale != 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(live, F(-32) / np.where(live, max_scale, F(1)), F(0))
+            l6 = np.clip(np.rint(iscale * s), -32, 31) + F(32)
+            d_bits, d = _f16(np.where(live, F(1) / np.where(live, iscale, F(1)), F(0)))
+        packed = np.where(live[:, None], _pack_q3_scales(l6), np.uint8(0))
+    else:
+        w = _importance(xt, qw, 16, 2.0)
+        sw = _sum(w).reshape(16, b)
+        scales, codes = _qx(x, 4, w)
+        d_block, l6 = _qx(scales.reshape(16, b), 32, sw)
+        packed = _pack_q3_scales(l6)
+        d_bits, d = _f16(d_block)
+    sub_d = (d * _unpack_q3_scales(packed)).reshape(-1)
+    codes = _recode(x, codes - F(4), sub_d, None, -4, 3) + F(4)
+    q = _superblocks(codes, 16, b)
+    high = (q > 3).astype(np.uint8).reshape(b, 8, 32)
+    out[:, 0:32] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    out[:, 32:96] = _planes(q & 3)
+    out[:, 96:108] = packed
+    out[:, 108:110] = d_bits.view(np.uint8).reshape(b, 2)
+    return out
+
+
+def _k4_scales_ref(scales: _Array, mins: _Array, b: int) -> tuple[_Array, _Array, _Array, _Array]:
+    """The no-importance path's 6-bit scales and mins and super-block scales: (packed, d bits, dmin bits, and
+    d/dmin as floats stacked)."""
+    scales, mins = scales.reshape(8, b), mins.reshape(8, b)
+    max_scale = np.maximum(scales.max(axis=0), F(0))
+    max_min = np.maximum(mins.max(axis=0), F(0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv_scale = np.where(max_scale > 0, F(63) / max_scale, F(0))
+        inv_min = np.where(max_min > 0, F(63) / max_min, F(0))
+    ls = np.minimum(_as_uint8(np.rint(inv_scale * scales)), np.uint8(63))
+    lm = np.minimum(_as_uint8(np.rint(inv_min * mins)), np.uint8(63))
+    d_bits, d = _f16(max_scale / F(63))
+    m_bits, dmin = _f16(max_min / F(63))
+    return _pack_k4_scales(ls, lm), d_bits, m_bits, np.stack([d, dmin])
+
+
+def _k45(xt: _Array, qw: _Array | None, nmax: int) -> tuple[_Array, _Array, _Array, _Array, int]:
+    """Q4_K (``nmax`` 15) / Q5_K (31): the packed scales, d and dmin bits, and the codes (B, 256)."""
+    b = xt.shape[1]
+    x = _subblocks(xt, 32)
+    if qw is None:
+        sum_x2 = _sum(x * x)
+        w = np.sqrt(sum_x2 / F(32)) + np.abs(x)
+        if nmax == 15:
+            scales, mins, codes = _qkx(x, w, 15, -1.0, 0.1, 20, mad=False, v3=False)
+        else:
+            scales, mins, codes = _qkx(x, w, 31, -0.5, 0.1, 15, mad=False, v3=False)
+        packed, d_bits, m_bits, dd = _k4_scales_ref(scales, mins, b)
+        d, dmin = dd[0], dd[1]
+    else:
+        w = _importance(xt, qw, 32, 2.0)
+        sw = _sum(w).reshape(8, b)
+        scales, mins, codes = _qkx(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        d_block, ls = _qp(scales.reshape(8, b), 63, sw)
+        m_block, lm = _qp(mins.reshape(8, b), 63, sw)
+        ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
+        if nmax == 31:
+            ls, lm = np.minimum(ls, np.uint8(63)), np.minimum(lm, np.uint8(63))
+        packed = _pack_k4_scales(ls, lm)
+        d_bits, d = _f16(d_block)
+        m_bits, dmin = _f16(m_block)
+    sc, m = _unpack_k4_scales(packed)
+    codes = _recode(x, codes, (d * sc).reshape(-1), (dmin * m).reshape(-1), 0, nmax)
+    return packed, d_bits, m_bits, _superblocks(codes, 32, b), b
+
+
+def _q4_k(xt: _Array, qw: _Array | None) -> _Array:
+    packed, d_bits, m_bits, q, b = _k45(xt, qw, 15)
+    out = np.empty((b, 144), dtype=np.uint8)
+    out[:, 0:2] = d_bits.view(np.uint8).reshape(b, 2)
+    out[:, 2:4] = m_bits.view(np.uint8).reshape(b, 2)
+    out[:, 4:16] = packed
+    c = q.reshape(b, 4, 2, 32)
+    out[:, 16:144] = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(b, 128)
+    return out
+
+
+def _q5_k(xt: _Array, qw: _Array | None) -> _Array:
+    packed, d_bits, m_bits, q, b = _k45(xt, qw, 31)
+    out = np.empty((b, 176), dtype=np.uint8)
+    out[:, 0:2] = d_bits.view(np.uint8).reshape(b, 2)
+    out[:, 2:4] = m_bits.view(np.uint8).reshape(b, 2)
+    out[:, 4:16] = packed
+    c = q.reshape(b, 4, 2, 32)
+    high = (c >> 4) << np.array([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=np.uint8)[None, :, :, None]
+    out[:, 16:48] = np.bitwise_or.reduce(high.reshape(b, 8, 32), axis=1)
+    out[:, 48:176] = ((c[:, :, 0] & 0xF) | ((c[:, :, 1] & 0xF) << 4)).reshape(b, 128)
+    return out
+
+
+def _q6_k(xt: _Array, qw: _Array | None) -> _Array:
+    b = xt.shape[1]
+    x = _subblocks(xt, 16)
+    scales, codes = _qx(x, 32, None if qw is None else _subblocks(qw, 16))
+    s = scales.reshape(16, b)
+    amax, max_scale = _largest(s)
+    live = amax >= _EPS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = F(-128) / np.where(live, max_scale, F(1))
+        d_bits, d = _f16(np.where(live, F(1) / iscale, F(0)))
+        sc = np.minimum(F(127), np.rint(iscale * s))
+    sc = np.where(live, sc, F(0))
+    codes = _recode(x, codes - F(32), (d * sc).reshape(-1), None, -32, 31) + F(32)
+    q = _superblocks(codes, 16, b).reshape(b, 2, 4, 32)
+    out = np.empty((b, 210), dtype=np.uint8)
+    low = q & 0xF
+    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
+    out[:, 0:128] = ql.reshape(b, 128)
+    hi = q >> 4
+    out[:, 128:192] = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(b, 64)
+    out[:, 192:208] = sc.T.astype(np.int8).view(np.uint8)
+    out[:, 208:210] = d_bits.view(np.uint8).reshape(b, 2)
+    out[~live] = 0
+    return out
+
+
+_ENCODERS: dict[int, Callable[[_Array, _Array | None], _Array]] = {
+    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+
+
+def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
+    """llama.cpp's bytes of ``rows`` (float32, (..., n) with n whole super-blocks) as K type ``ggml_type``: uint8
+    (..., n / 256 * block bytes), into ``out`` when given (uint8, contiguous, of that many bytes). ``importance``
+    (float32, (n,)): llama.cpp's per-column importance for this tensor (an imatrix entry divided by its count), or
+    None for the quantizer's path without one."""
+    size = K_TYPES[ggml_type]
+    n = rows.shape[-1]
+    values = np.ascontiguousarray(rows, dtype=F).reshape(-1, QK)
+    per_row = n // QK
+    result = np.empty((values.shape[0], size), dtype=np.uint8) if out is None else out.reshape(-1, size)
+    qw = None if importance is None else np.ascontiguousarray(importance, dtype=F).reshape(per_row, QK)
+    encoder = _ENCODERS[ggml_type]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start in range(0, values.shape[0], _CHUNK):
+            block = values[start:start + _CHUNK]
+            xt = np.ascontiguousarray(block.T)
+            weights = None
+            if qw is not None:  # each super-block's own slice of the row's importance
+                weights = np.ascontiguousarray(qw[np.arange(start, start + block.shape[0]) % per_row].T)
+            result[start:start + block.shape[0]] = encoder(xt, weights)
+    return result.reshape(*rows.shape[:-1], per_row * size)
+
+
+# The legacy types' importance paths (quantize_row_q{4,5}_{0,1}_impl): llama-quantize uses them for a legacy file's
+# tensors and for a K mix's fallbacks (rows that are not whole 256-value blocks) when it has an importance matrix.
+Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
+# ggml type -> (bytes a 32-value block, nmax, affine)
+LEGACY = {Q4_0: (18, 8, False), Q4_1: (20, 15, True), Q5_0: (22, 16, False), Q5_1: (24, 31, True)}
+_ROWS = 64  # rows coded together
+
+
+def _legacy_rows(rows: _Array, ggml_type: int, qw: _Array) -> _Array:
+    """The bytes of ``rows`` (float32, (R, C)) as a legacy type with importance ``qw`` (C,): (R, C/32 * size).
+    Each block's weights are ``qw * sqrt(sigma2 + x²)`` with sigma2 the mean square of its whole row."""
+    size, nmax, affine = LEGACY[ggml_type]
+    r, c = rows.shape
+    sigma2 = _sum(np.ascontiguousarray(rows.T) ** 2) / F(c)
+    per_row = c // 32
+    xt = np.ascontiguousarray(rows.reshape(r * per_row, 32).T)  # (32, blocks), block b = row b // per_row
+    w = np.tile(qw.reshape(per_row, 32).T, (1, r)) * np.sqrt(np.repeat(sigma2, per_row)[None, :] + xt * xt)
+    out = np.zeros((r * per_row, size), dtype=np.uint8)
+    if affine:
+        scale, the_min, codes = _qkx(xt, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
+        out[:, 2:4] = _f16(-the_min)[0].view(np.uint8).reshape(-1, 2)
+    else:
+        scale, codes = _qx(xt, nmax, w)
+        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
+    q = codes.T.astype(np.uint8)  # (blocks, 32)
+    out[:, -16:] = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
+    if nmax > 15:  # the fifth bits, bit k of the 32-bit word for value k
+        bits = (q >> 4).reshape(-1, 4, 8) << np.arange(8, dtype=np.uint8)
+        out[:, size - 20:size - 16] = np.bitwise_or.reduce(bits, axis=2)
+    return out.reshape(r, per_row * size)
+
+
+def encode_legacy_weighted(rows: _Array, ggml_type: int, importance: _Array, out: _Array | None = None) -> _Array:
+    """llama.cpp's bytes of ``rows`` (float32, (..., n), n whole 32-value blocks) as legacy type ``ggml_type``
+    (Q4_0, Q4_1, Q5_0, Q5_1) with the per-column ``importance`` (float32, (n,)): uint8 (..., n / 32 * block bytes),
+    into ``out`` when given."""
+    size = LEGACY[ggml_type][0]
+    n = rows.shape[-1]
+    values = np.ascontiguousarray(rows, dtype=F).reshape(-1, n)
+    result = np.empty((values.shape[0], n // 32 * size), dtype=np.uint8) if out is None else out.reshape(
+        values.shape[0], n // 32 * size)
+    qw = np.ascontiguousarray(importance, dtype=F)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start in range(0, values.shape[0], _ROWS):
+            result[start:start + _ROWS] = _legacy_rows(values[start:start + _ROWS], ggml_type, qw)
+    return result.reshape(*rows.shape[:-1], n // 32 * size)
