@@ -25,27 +25,32 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
                     "task, a dataset not available offline, a generation task) before any weight is read, 3 when "
                     "interrupted (run it again: it resumes at the layer reached, with the same results), 4 when the "
-                    "same evaluation is under way in another process (named).")
+                    "same evaluation is under way in another process (named). The flags it shares with lm-eval take "
+                    "lm-eval's spellings too (--include_path, --num_fewshot, -t, -o, ...); resumerge lm-eval is "
+                    "lm-eval's whole command line.")
     evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
                           "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
                           "it describes, each layer's tensors merged in memory by run's own method code, never "
                           "written")
-    evaluate.add_argument("--tasks", required=True, metavar="NAMES",
+    evaluate.add_argument("--tasks", "-t", required=True, metavar="NAMES",
                           help="lm-eval task, group or tag names, comma-separated (or task YAML paths); and "
                                "check's figures as tasks: nll:FILE (NLL per token of FILE's texts, one a line) and "
                                "kl:PARENT:FILE (KL from the model PARENT on them), reported as nll,none and kl,none")
-    evaluate.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs, beside its own")
-    evaluate.add_argument("--limit", type=float, metavar="N",
+    evaluate.add_argument("--include-path", "--include_path", metavar="DIR",
+                          help="a folder of lm-eval task YAMLs, beside its own")
+    evaluate.add_argument("--limit", "-L", type=float, metavar="N",
                           help="at most N documents per task (a number below 1: that share of each task)")
-    evaluate.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples in each prompt "
-                          "[default: each task's own]")
-    evaluate.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="NAME",
+    evaluate.add_argument("--num-fewshot", "--num_fewshot", "-f", type=int, metavar="K",
+                          help="few-shot examples in each prompt [default: each task's own]")
+    evaluate.add_argument("--apply-chat-template", "--apply_chat_template", nargs="?", const=True, default=False,
+                          metavar="NAME",
                           help="put each prompt through the model's chat template (NAME: one of several)")
-    evaluate.add_argument("--log-samples", action="store_true",
+    evaluate.add_argument("--log-samples", "--log_samples", "-s", action="store_true",
                           help="with --output-path: write each task's samples (the per-request log-likelihoods) "
                                "as lm-eval's --log_samples does")
-    evaluate.add_argument("--output-path", metavar="DIR", help="write lm-eval's results file (and the samples) "
-                          "under DIR as lm-eval's --output_path does")
+    evaluate.add_argument("--output-path", "--output_path", "-o", metavar="DIR",
+                          help="write lm-eval's results file (and the samples) under DIR as lm-eval's --output_path "
+                               "does")
     evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                           "default: most of what is free)")
     evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
