@@ -208,30 +208,52 @@ def _descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: 
     """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (in place): each code in turn moved to
     its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also require the
     reduced sum of squares to be positive before trying (``make_qp_quants``), else after (``make_q3_quants``).
-    Returns the final (Σwxq, Σwq²)."""
+    Returns the final (Σwxq, Σwq²).
+
+    A pass works only on the columns that changed in the one before (llama.cpp stops a sub-block after a pass with
+    no change, and a pass over a converged column changes nothing), gathered into compact arrays, so later passes
+    cost what their few live columns cost. Within a pass, code i changes only at step i, so each step's old terms
+    ``wx·q`` and ``w·q·q`` are the same products taken for every step at once at the pass's start."""
+    sumlx, suml2 = sumlx.copy(), suml2.copy()
+    cols: _Array | None = None  # the live columns of the full arrays (None: all)
+    xs, ws, wxs, qs = x, w, wx, q
+    lx, l2 = sumlx, suml2
     for _ in range(5):
-        changed = False
-        for i in range(x.shape[0]):
-            qi, wi, xi, wxi = q[i], w[i], x[i], wx[i]
-            slx = sumlx - wxi * qi
-            sl2 = suml2 - wi * qi * qi
+        old_lx = wxs * qs
+        old_l2 = ws * qs
+        old_l2 *= qs
+        changed = np.zeros(xs.shape[1], dtype=bool)
+        new = np.empty(xs.shape[1], dtype=F)
+        for i in range(xs.shape[0]):
+            qi, wi, wxi = qs[i], ws[i], wxs[i]
+            slx = lx - old_lx[i]
+            sl2 = l2 - old_l2[i]
             tried = (slx > 0) & (sl2 > 0) if need_sl2 else slx > 0
-            if not tried.any():
-                continue
-            with np.errstate(divide="ignore", invalid="ignore"):
-                new = np.clip(np.rint(xi * sl2 / np.where(tried, slx, F(1))), low, high)
+            np.multiply(xs[i], sl2, out=new)
+            np.divide(new, slx, out=new)
+            np.rint(new, out=new)
+            np.maximum(new, low, out=new)
+            np.minimum(new, high, out=new)
             moved = tried & (new != qi)
-            slx = slx + wxi * new
-            sl2 = sl2 + wi * new * new
-            keep = moved & ((slx * slx * suml2 > sumlx * sumlx * sl2) if need_sl2 else
-                            ((sl2 > 0) & (slx * slx * suml2 > sumlx * sumlx * sl2)))
+            slx += wxi * new
+            sl2 += wi * new * new
+            keep = moved & ((slx * slx * l2 > lx * lx * sl2) if need_sl2 else
+                            ((sl2 > 0) & (slx * slx * l2 > lx * lx * sl2)))
             if keep.any():
-                changed = True
-                q[i] = np.where(keep, new, qi)
-                sumlx = np.where(keep, slx, sumlx)
-                suml2 = np.where(keep, sl2, suml2)
-        if not changed:
+                changed |= keep
+                np.copyto(qi, new, where=keep)
+                np.copyto(lx, slx, where=keep)
+                np.copyto(l2, sl2, where=keep)
+        if cols is not None:  # the pass's results back into the full arrays
+            q[:, cols] = qs
+            sumlx[cols] = lx
+            suml2[cols] = l2
+        live = np.flatnonzero(changed)
+        if live.size == 0:
             break
+        cols = live if cols is None else cols[live]
+        xs, ws, wxs, qs = x[:, cols], w[:, cols], wx[:, cols], q[:, cols]
+        lx, l2 = sumlx[cols], suml2[cols]
     return sumlx, suml2
 
 
