@@ -100,28 +100,24 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         np.multiply(t, w, out=t)
         return _sum(t)
 
-    def grid(iscale: _Array, guarded: bool) -> None:
-        """The codes of ``iscale`` on the grid anchored at ``lo``, into ``q``: clamped to 0..nmax, or ``guarded``
-        as make_qkx3_quants' search guards them (a grid anchored at a min near max can overflow: v <= 0 is
-        code 0, v > nmax is nmax)."""
-        np.subtract(x, lo, out=v)
-        np.multiply(v, iscale, out=v)
-        if guarded:
-            np.minimum(v, top, out=q)
-            np.rint(q, out=q)
-            q[v <= 0] = 0
-        else:
-            np.rint(v, out=q)
-            np.clip(q, 0, top, out=q)
+    def grid(iscale: _Array, anchor: _Array) -> None:
+        """The codes of ``iscale`` on the grid anchored at ``anchor``, into ``q``, clamped to 0..nmax. (Clamping
+        before rounding is the same, the bounds being integers, and it is make_qkx3_quants' guard too: a grid
+        anchored at a min near max can overflow, v <= 0 is code 0, v > nmax is nmax.)"""
+        np.subtract(x, anchor, out=q)
+        np.multiply(q, iscale, out=q)
+        np.clip(q, F(0), top, out=q)
+        np.rint(q, out=q)
 
     iscale = top / np.where(flat, F(1), hi - lo)
     scale = F(1) / iscale
-    grid(iscale, False)
-    codes = q.copy()
+    grid(iscale, lo)
     best = error(scale, lo)
+    # the adopted candidate's grid, its codes taken once at the end (the same float32 steps, so the same codes)
+    chosen, anchor = iscale, lo
     for step in range(nstep + 1):
         iscale = (F(rmin) + F(rdelta) * F(step) + top) / np.where(flat, F(1), hi - lo)
-        grid(iscale, v3)
+        grid(iscale, lo)
         np.multiply(w, q, out=t)
         sum_l = _sum(t)
         np.multiply(t, x, out=v)
@@ -139,10 +135,13 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         current = error(this_scale, this_min)
         better = ok & (current < best) & ~flat
         if better.any():
-            np.copyto(codes, q, where=better)
+            chosen = np.where(better, iscale, chosen)
+            anchor = np.where(better, lo, anchor)
             best = np.where(better, current, best)
             scale = np.where(better, this_scale, scale)
             lo = np.where(better, this_min, lo)
+    grid(chosen, anchor)
+    codes = q
     scale = np.where(flat, F(0), scale)
     codes[:, flat] = 0
     return scale, -lo, codes
@@ -150,7 +149,9 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
 
 def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
     """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
-    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place."""
+    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
+    the inverse scale it adopts, and the codes are taken once, from those, at the end (the same float32 product
+    and rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
     amax, peak = _largest(x)
     zero = amax < _EPS
     peak = np.where(zero, F(1), peak)
@@ -159,33 +160,39 @@ def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
     low, high = F(-nmax), F(nmax - 1)
     q, t = np.empty_like(x), np.empty_like(x)
 
-    def sums(iscale: _Array) -> tuple[_Array, _Array]:
-        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+    def codes_of(iscale: _Array) -> None:
+        """The codes of ``iscale`` (unshifted) into ``q``."""
         np.multiply(iscale, x, out=q)
         np.rint(q, out=q)
         np.clip(q, low, high, out=q)
+
+    def sums(iscale: _Array) -> tuple[_Array, _Array]:
+        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+        codes_of(iscale)
         np.multiply(wx, q, out=t)
         sumlx = _sum(t)
         np.multiply(w, q, out=t)
         np.multiply(t, q, out=t)
         return sumlx, _sum(t)
 
-    sumlx, suml2 = sums(F(-nmax) / peak)
-    codes = q + F(nmax)
+    chosen = F(-nmax) / peak
+    sumlx, suml2 = sums(chosen)
     scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        sumlx, suml2 = sums(-(F(nmax) + F(0.1) * F(step)) / peak)
+        iscale = -(F(nmax) + F(0.1) * F(step)) / peak
+        sumlx, suml2 = sums(iscale)
         adopt = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         if adopt.any():
-            np.add(q, F(nmax), out=q)
-            np.copyto(codes, q, where=adopt)
+            chosen = np.where(adopt, iscale, chosen)
             scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
             best = np.where(adopt, scale * sumlx, best)
-    codes[:, zero] = 0
-    return np.where(zero, F(0), scale), codes
+    codes_of(chosen)
+    np.add(q, F(nmax), out=q)
+    q[:, zero] = 0
+    return np.where(zero, F(0), scale), q
 
 
 def _q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
