@@ -1,8 +1,9 @@
 """resumerge: crash-safe, resumable, memory-bounded merges of LLM weights from mergekit YAML configs.
 
 The public Python API mirrors the CLI (``run``, ``resume``, ``status``, ``verify``, ``check``, ``measure``,
-``plan_merge``, ``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``), with its option groups
-(``Output``, ``Merging``, ``Resources``, ``Hub``, ``Stages``, ``Lora``); it is imported lazily so that
+``plan_merge``, ``estimate``, ``recipe_status``, ``extract_lora``, ``estimate_extraction``, ``tokensurgeon``,
+``estimate_tokensurgeon``), with its option groups (``Output``, ``Merging``, ``Resources``, ``Hub``, ``Stages``,
+``Lora``, ``Surgery``); it is imported lazily so that
 ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
@@ -12,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
 
-__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "__version__", "check", "estimate",
-           "estimate_extraction", "extract_lora", "measure", "plan_merge", "recipe_status", "resume", "run", "status",
-           "verify"]
+__all__ = ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "__version__", "check", "estimate",
+           "estimate_extraction", "estimate_tokensurgeon", "extract_lora", "measure", "plan_merge", "recipe_status",
+           "resume", "run", "status", "tokensurgeon", "verify"]
 _API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
@@ -25,9 +26,11 @@ if TYPE_CHECKING:
         Output,
         Resources,
         Stages,
+        Surgery,
         check,
         estimate,
         estimate_extraction,
+        estimate_tokensurgeon,
         extract_lora,
         measure,
         plan_merge,
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
         resume,
         run,
         status,
+        tokensurgeon,
         verify,
     )
 

@@ -72,6 +72,7 @@ API_NAMES: dict[str, str] = {
     "--exclude-regex": "exclude_regexes",
     "--include-regex": "include_regexes",
     "--parent": "parents",
+    "--gguf-tensor-type": "gguf_tensor_types",
 }
 # A flag (not part of a path or word), or a whole ``resumerge …`` command, whose flags stay as typed.
 _FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora|check)\b[^;)—]*"

@@ -16,7 +16,8 @@ import resumerge
 from resumerge.cli.commands import build_parser, entry, main
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora", "check", "eval", "measure")
+COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora", "tokensurgeon", "check", "eval",
+            "measure")
 
 
 def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) -> None:
@@ -34,10 +35,10 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
 
 
 def test_public_names_are_exported() -> None:
-    assert sorted(resumerge.__all__) == ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "__version__",
-                                         "check", "estimate", "estimate_extraction", "extract_lora", "measure",
-                                         "plan_merge",
-                                         "recipe_status", "resume", "run", "status", "verify"]
+    assert sorted(resumerge.__all__) == ["Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery",
+                                         "__version__", "check", "estimate", "estimate_extraction",
+                                         "estimate_tokensurgeon", "extract_lora", "measure", "plan_merge",
+                                         "recipe_status", "resume", "run", "status", "tokensurgeon", "verify"]
     for name in resumerge.__all__:
         assert getattr(resumerge, name) is not None
 

@@ -325,12 +325,13 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     from resumerge.analyses.evaluation.run import run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.measure.run import measure_grams
+    from resumerge.config.passplace import OnRay
     from resumerge.forward.device import PassDevice
 
     state = StateDir.resolve(tmp_path / "state")
     gpu = PassDevice("cuda:0")
-    for call, what in ((lambda: run_check(tmp_path / "m", state=state, on_ray=True, device=gpu), "check"),
-                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, on_ray=True,
+    for call, what in ((lambda: run_check(tmp_path / "m", state=state, placement=OnRay(), device=gpu), "check"),
+                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=OnRay(),
                                               device=gpu), "measurement"),
                        (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
                                          on_ray=True), "evaluation")):

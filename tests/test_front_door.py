@@ -28,6 +28,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "verify": api.verify,
     "plan": api.estimate,
     "extract-lora": api.extract_lora,
+    "tokensurgeon": api.tokensurgeon,
     "check": api.check,
     "eval": api.evaluate,
     "evolve": api.evolve,

@@ -74,13 +74,26 @@ def _extraction(root: Path) -> list[str]:
     return ["extract-lora", "--model", str(ft), "--base-model", str(base), "--out-path", "{out}", "--max-rank", "4"]
 
 
+def _surgery(root: Path) -> list[str]:
+    from transplant.pairs import make_pair
+
+    model, donor = (root / "pair" / "model", root / "pair" / "donor")
+    if not model.exists():
+        model, donor = make_pair(root / "pair")
+    return ["tokensurgeon", str(model), str(donor), "{out}", "-k", "8", "--batch-size", "16"]
+
+
 CASES = (
     Case("merge", _merge, "after_manifest_write:2"),
     Case("recipe", _recipe, "after_manifest_write:3", said="stage in progress"),
     Case("moe", _moe, "after_manifest_write:2"),
     Case("extraction", _extraction, "mid_shard_write", said="decomposed",
          details=("modules_total", "modules_done", "module_current")),
+    Case("tokensurgeon", _surgery, "after_surgery_batch:3", said="batches approximated", details=("batches_done",)),
 )
+# Kinds whose own command has --plan (``resumerge plan`` takes a config), and whose runs compared byte for byte stay
+# fresh processes (sums of matrix products: tests/extract/test_resume.py).
+OWN_COMMAND = ("extraction", "tokensurgeon")
 
 
 def test_every_kind_has_its_row() -> None:
@@ -121,11 +134,11 @@ def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path,
     commands run through its ``main`` in this process (an interpreter and torch start each saved)."""
     reference, run = tmp_path / "reference", tmp_path / "run"
     args = _args(case, inputs, reference / "out", reference / "state")
-    assert main([*args[:-1], "--plan"] if case.kind == "extraction" else ["plan", *args[1:-1]]) == 0
+    assert main([*args[:-1], "--plan"] if case.kind in OWN_COMMAND else ["plan", *args[1:-1]]) == 0
     assert not reference.exists()  # planning wrote nothing
     # an extraction's factors are sums of matrix products: its runs compared bytes for bytes stay fresh processes
     # (tests/extract/test_resume.py); the others' outputs are elementwise, the same in any process
-    fresh = case.kind == "extraction"
+    fresh = case.kind in OWN_COMMAND
     assert (cli(*args).returncode if fresh else main(args)) == 0
     out, state = run / "out", run / "state"
     killed = cli(*_args(case, inputs, out, state), env={"RESUMERGE_KILL_AT": case.kill_at})

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
-# The stage packages, the estimate and the recipes package above the engine, MoE upcycling's and LoRA extraction's
-# planners, the API edge, the two leaves (errors, torch_import), the package's own files, the layer-streamed forward
-# engine (shared by MoE's hidden-state gates and the analyses), the analyses (``check``, ``measure``).
-MAX_ENTRIES = 23
+# The stage packages, the estimate and the recipes package above the engine, MoE upcycling's, LoRA extraction's and
+# the tokenizer transplant's planners, the API edge, the two leaves (errors, torch_import), the package's own files,
+# the layer-streamed forward engine (shared by MoE's hidden-state gates and the analyses), the analyses (``check``,
+# ``measure``).
+MAX_ENTRIES = 24
 MAX_LINES = 600
 MAX_MEDIAN_LINES = 150
 # The edge: the Python API and the root package (which re-exports it lazily) may import anything.

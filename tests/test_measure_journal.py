@@ -64,3 +64,45 @@ def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
         api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
     assert str(file) in str(refused.value) and "decoder layer 1" in str(refused.value)
     assert refused.value.exit_code == 4
+
+
+def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_resumes_to_the_same_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in a measurement's pass is the driver's (resumerge.forward.driver), as a check's: InterruptedMerge
+    (exit 3) saying what OUT_DIR holds and naming the command that continues it; run again, it resumes and writes
+    the bytes an uninterrupted measurement writes."""
+    pytest.importorskip("transformers")
+    from check.test_proof import SPEC
+
+    from resumerge import api
+    from resumerge.cli.modelgen import make_model
+    from resumerge.errors import InterruptedMerge
+    from resumerge.forward import layerpass
+
+    a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
+    config = tmp_path / "rm.yml"
+    config.write_text(f"merge_method: regmean\nmodels:\n  - model: {a}\n  - model: {b}\n"
+                      f"parameters:\n  grams: {tmp_path / 'grams'}\ndtype: float32\n")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The capital of France is Paris.\n")
+    whole = api.measure(config, tmp_path / "whole", texts=texts, state_dir=tmp_path / "state-whole")
+    reached: list[str] = []
+
+    def ctrl_c_after_the_first_layer(point: str, **_: object) -> None:
+        reached.append(point)
+        if point == "after_measure_layer" and len(reached) == 2:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layerpass, "reach", ctrl_c_after_the_first_layer)
+        with pytest.raises(InterruptedMerge) as caught:
+            api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "state")
+    assert f"the measurement into {tmp_path / 'grams'} was interrupted (2 layer file(s)" in str(caught.value)
+    assert caught.value.resume_command == f"resumerge measure {config} {tmp_path / 'grams'} --texts {texts}"
+    assert caught.value.exit_code == 3
+    resumed = api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "state")
+    assert not resumed.reused and resumed.files == whole.files
+    written = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*.safetensors"))
+    assert written == sorted(p.relative_to(tmp_path / "grams") for p in (tmp_path / "grams").rglob("*.safetensors"))
+    for name in (*written, Path("measure.json")):
+        assert (tmp_path / "grams" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name

@@ -137,6 +137,7 @@ def test_vocabulary_mismatch_is_reported_before_work(tmp_path: Path, make: Model
     doc = {"merge_method": "linear", "parameters": {"weight": 1}, "models": [str(a), str(b)]}
     code, err = _run(tmp_path, doc, capsys)
     assert code == 2 and "embed_tokens" in err and "vocabularies differ" in err
+    assert "resumerge tokensurgeon MODEL DONOR OUT" in err  # the command that transplants a tokenizer
 
 
 def test_a_bin_that_is_not_a_zip_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -178,18 +178,3 @@ def end_actors(ray: Any, actors: Sequence[Any], hosts: Sequence[Any]) -> None:
         from resumerge.engine.cluster.hosting import end_hosts
 
         end_hosts(ray, hosts)
-
-
-def pass_keep(executor: object, address: str | None) -> float:
-    """How long a pass on the Ray cluster at ``address`` keeps the kept workers that host its actors idle once it
-    ends: ``executor``'s ``keep_workers`` (a :class:`~resumerge.engine.executors.RayExecutor`'s) on a cluster that
-    outlives the pass (``address``, ``RAY_ADDRESS``, or the one this process is connected to, as a merge's run keeps
-    its workers); 0 (fresh actors, ended with the pass) on a Ray the pass would start itself, or for an executor
-    that keeps none. Asked before the pass joins the cluster."""
-    import os
-    import sys
-
-    keep = float(getattr(executor, "keep_workers", 0.0) or 0.0)
-    ray = sys.modules.get("ray")
-    connected = ray is not None and ray.is_initialized()
-    return keep if connected or address or os.environ.get("RAY_ADDRESS") else 0.0

@@ -1,5 +1,6 @@
 """The front door: ``run``, ``resume``, ``status``, ``verify``, ``check``, ``estimate`` (what ``resumerge plan``
-prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction`` and ``evolve`` (a search of a merge's parameters,
+prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction``, ``tokensurgeon``, ``estimate_tokensurgeon``
+(:mod:`.transplanting`) and ``evolve`` (a search of a merge's parameters,
 :mod:`.evolution`), for the CLI and for notebooks alike; ``open_unwritten`` and ``open_population``
 (:mod:`.unwritten`): a merge config, or a generation of them, read as the model it describes without being written,
 for ``eval`` and ``evolve``; ``evaluate`` (``resumerge eval``): lm-evaluation-harness tasks on a model, or on a merge
@@ -18,8 +19,8 @@ The package imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, 
 other name on its first use (:func:`__getattr__`): ``resumerge status`` imports no option group, no kind of run and
 no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and ``api.run(...)`` work as ever.
 
-May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, engine, recipes,
-evolve.
+May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, transplant, engine,
+recipes, evolve.
 """
 
 from __future__ import annotations
@@ -29,15 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.reading import evolve_status, recipe_status, status, verify
 
-__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "check", "estimate",
-           "estimate_extraction", "estimate_measure", "evaluate", "evolve", "evolve_status",
+__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "check", "estimate",
+           "estimate_extraction", "estimate_measure", "estimate_tokensurgeon", "evaluate", "evolve", "evolve_status",
            "extract_lora", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status", "resume",
-           "run", "status", "verify"]
+           "run", "status", "tokensurgeon", "verify"]
 
 # Where each name imported on its first use lives.
 _LAZY = {
     **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
-    **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Stages"), "resumerge.api.options"),
+    **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery"), "resumerge.api.options"),
+    **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
     **dict.fromkeys(("check", "estimate", "estimate_extraction", "estimate_measure", "evaluate", "evolve",
                      "extract_lora", "measure", "plan_merge", "resume", "run"), "resumerge.api.calls"),
@@ -58,7 +60,8 @@ if TYPE_CHECKING:
         run,
     )
     from resumerge.api.evolution import EvolveOutcome
-    from resumerge.api.options import Hub, Lora, Merging, Output, Resources, Stages
+    from resumerge.api.options import Hub, Lora, Merging, Output, Resources, Stages, Surgery
+    from resumerge.api.transplanting import estimate_tokensurgeon, tokensurgeon
     from resumerge.api.unwritten import open_population, open_unwritten
 
 

@@ -281,10 +281,8 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("check", state_dir, resources, executor)
-    on_ray, address = pass_placement(settings)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
-                     state=settings.state, on_ray=on_ray, ray_address=address, cut_texts=truncate_texts,
-                     ray_keep=_pass_keep(settings.executor, address) if on_ray else 0.0,
+                     state=settings.state, placement=pass_placement(settings), cut_texts=truncate_texts,
                      watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
@@ -349,10 +347,8 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("measure", state_dir, resources, executor)
-    on_ray, address = pass_placement(settings)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
-                         cut_texts=truncate_texts, state=settings.state, on_ray=on_ray, ray_address=address,
-                         ray_keep=_pass_keep(settings.executor, address) if on_ray else 0.0,
+                         cut_texts=truncate_texts, state=settings.state, placement=pass_placement(settings),
                          device=PassDevice.of(resources.device, settings.max_gpu_memory))
 
 
@@ -522,16 +518,9 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.evolve.search import SearchOptions
 
     resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
-    on_ray, address = pass_placement(run_settings(None, resources, executor=executor))
+    placement = pass_placement(run_settings(None, resources, executor=executor))
     return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path, on_ray=on_ray, ray_address=address, executor=executor,
+                       task_search_path=task_search_path, placement=placement, executor=executor,
                        progress=progress)
-
-
-def _pass_keep(executor: object, address: str | None) -> float:
-    """See :func:`~resumerge.analyses.onray.pass_keep` (imported with a pass on Ray only)."""
-    from resumerge.analyses.onray import pass_keep
-
-    return pass_keep(executor, address)

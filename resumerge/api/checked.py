@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from resumerge.analyses.check import CheckReport
     from resumerge.api.runkind import PathLike
     from resumerge.config.locations import StateDir
+    from resumerge.config.passplace import PassPlacement
 
 # The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
 # LoRA adapter are not compared layer by layer with their inputs).
@@ -43,26 +44,25 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     ``message``), as the merge's progress was."""
     from resumerge.analyses.check.progress import layer_lines
     from resumerge.analyses.check.run import run_check
-    from resumerge.analyses.onray import pass_keep
 
-    on_ray, address = check_placement(executor)
     say = getattr(reporter, "message", None)
-    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, on_ray=on_ray, ray_address=address,
-                       watcher=layer_lines(say) if callable(say) else None,
-                       ray_keep=pass_keep(executor, address) if on_ray else 0.0)
+    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, placement=check_placement(executor),
+                       watcher=layer_lines(say) if callable(say) else None)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 
-def check_placement(executor: object) -> tuple[bool, str | None]:
+def check_placement(executor: object) -> PassPlacement:
     """Where a check's forward pass runs for ``executor`` (the object ``run`` takes; None: this process): what the
-    executor's :meth:`~resumerge.engine.executors.PlacesPasses.places_pass` says. Raises
+    executor's :meth:`~resumerge.engine.executors.PlacesPasses.place_pass` says. Raises
     :class:`~resumerge.errors.UsageError` (exit 2) for an executor that places no forward pass, and for one that
     cannot run here (Ray not installed)."""
+    from resumerge.config.passplace import HERE
+
     if executor is None:
-        return False, None
+        return HERE
     from resumerge.engine.executors import PlacesPasses
 
     if not isinstance(executor, PlacesPasses):
         raise UsageError(f"a check runs on an executor that places a forward pass (LocalExecutor or RayExecutor), "
                          f"not {executor!r}")
-    return executor.places_pass()
+    return executor.place_pass()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.options import PathLike, Resources, pass_placement
 from resumerge.api.unwritten import open_unwritten
+from resumerge.config.passplace import OnRay
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -35,12 +36,9 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
         device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
-    on_ray, address = pass_placement(settings)
-    keep = 0.0  # how long the kept workers hosting the pass's actor on Ray wait idle once it ends
-    if on_ray:
-        from resumerge.analyses.onray import pass_keep
-
-        keep = pass_keep(settings.executor, address)
+    placement = pass_placement(settings)
+    ray = placement if isinstance(placement, OnRay) else None
+    on_ray, address, keep = ray is not None, ray.address if ray else None, ray.keep if ray else 0.0
     if not is_config(os.fspath(target)):
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
                         ray_address=address, ray_keep=keep, task_index=task_index)

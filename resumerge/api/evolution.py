@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import Output, PathLike, Resources, config_text
 from resumerge.config.locations import StateDir
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -47,14 +48,14 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
-                written: bool = False, on_ray: bool = False, ray_address: str | None = None,
+                written: bool = False, placement: PassPlacement = HERE,
                 executor: Executor | None = None, progress: Watcher | None = None) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
     disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
-    are held to). ``on_ray``: each generation's candidates spread over the nodes of the Ray cluster at
-    ``ray_address`` (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
+    are held to). ``placement`` (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over
+    the nodes of that cluster (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
     writes ``merge_best`` (:func:`resumerge.api.run`'s); ``progress``: told each step of the search (a candidate's
     pass at each layer, each candidate scored, the best so far and the time left)."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
@@ -110,16 +111,15 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
             parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated, say)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
+    ray = placement if isinstance(placement, OnRay) else None
     command = evolve_command(config, store, options, resources, merge_best, allow_benchmark_tasks, task_search_path,
-                             (ray_address or "") if on_ray else None)
+                             None if ray is None else ray.address or "")
     told = SearchProgress(store, progress)
     with files.locked(store, command):
-        if on_ray:  # each generation's candidates spread over the cluster's nodes, each group scored there
-            from resumerge.analyses.onray import pass_keep
+        if ray is not None:  # each generation's candidates spread over the cluster's nodes, each group scored there
             from resumerge.evolve.spread import SpreadOverNodes
 
-            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray_address,
-                                                              pass_keep(executor, ray_address), told.say),
+            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray.address, ray.keep, told.say),
                               told, command)
         else:
             best = run_search(planned, store, scorer_at(store, told.say), told, command)

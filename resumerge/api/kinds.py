@@ -10,16 +10,18 @@ from resumerge.api.merge_kind import MergeKind
 from resumerge.api.moe_kind import MoeKind
 from resumerge.api.recipe_kind import RecipeKind
 from resumerge.api.runkind import Journaled, KeepsItsRecord, Plans, PlansLong, RunKind
+from resumerge.api.surgery_kind import SurgeryKind
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
     from resumerge.errors import NothingRecordedError
 
-# The most specific first: a recipe, MoE upcycling, a LoRA extraction's recorded text, and a single merge (which
-# takes any other config).
+# The most specific first: a recipe, MoE upcycling, a LoRA extraction's and a transplant's recorded texts, and a
+# single merge (which takes any other config).
 EXTRACTION = ExtractionKind()  # also run by its own entry, extract_lora
 MERGE = MergeKind()  # plans what has no single plan of its own, as the merge config loader refuses it
-KINDS: tuple[RunKind, ...] = (RecipeKind(), MoeKind(), EXTRACTION, MERGE)
+SURGERY = SurgeryKind()  # also run by its own entry, tokensurgeon
+KINDS: tuple[RunKind, ...] = (RecipeKind(), MoeKind(), EXTRACTION, SURGERY, MERGE)
 
 
 def kind_of(text: str) -> RunKind:

@@ -162,11 +162,12 @@ def _places(settings: RunSettings) -> Places | None:
     """Where the run's executor places a forward pass's models, as it places a check's (None: in this machine's
     processes, the prompt pass's own)."""
     from resumerge.api.options import pass_placement
+    from resumerge.config.passplace import OnRay
 
-    elsewhere, address = pass_placement(settings)
-    if not elsewhere:
+    placement = pass_placement(settings)
+    if not isinstance(placement, OnRay):
         return None
     from resumerge.analyses.check.onray import placing
 
     given = None if settings.state.given is None else str(settings.state.root)  # --state-dir, as a node opens it
-    return placing(address, given, "prompt forward pass")
+    return placing(placement.address, given, "prompt forward pass")

@@ -29,6 +29,7 @@ from resumerge.plan.defaults import DEFAULT_SEED
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
+    from resumerge.config.passplace import PassPlacement
     from resumerge.engine.executors import Executor
     from resumerge.plan.merge_plan import PlanOptions
 
@@ -36,6 +37,7 @@ PathLike = str | os.PathLike[str]
 
 # The API functions that extract a LoRA adapter (one adapter file: no shards, no tokenizer, no quantized format).
 _EXTRACTION = ("extract_lora", "estimate_extraction")
+_SURGERY = ("tokensurgeon", "estimate_tokensurgeon")
 # The API functions that run a forward pass over models read as they are (no output written, nothing staged,
 # nothing downloaded beyond what the pass's one opener reads): of the resources they honour the memory budget, and
 # a pass that runs layers (not its estimate, which reads headers) where they run: the device and its GPU budget.
@@ -68,17 +70,17 @@ class Output:
     instead of a merged model."""
 
     out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION))
+    copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     write_model_card: bool = field(default=True, metadata=_not_for("estimate"))
-    dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
-    out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION))
-    gguf_type: str = field(default="f16", metadata=_not_for(*_EXTRACTION))
-    gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
-    gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION))
+    dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_type: str = field(default="f16", metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,8 @@ class Merging:
 
     random_seed: int = DEFAULT_SEED
     allow_crimes: bool = False
-    unsafe_truncate_embeddings: bool = False
-    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
+    unsafe_truncate_embeddings: bool = field(default=False, metadata=_not_for(*_SURGERY))
+    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY))
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,29 @@ class Lora:
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
-GROUPS = (Output, Merging, Resources, Hub, Stages, Lora)
+@dataclass(frozen=True)
+class Surgery:
+    """mergekit-tokensurgeon 0.1.5's options (same names and defaults;
+    :class:`~resumerge.transplant.spec.SurgerySpec`): the ``approximation_method`` of the rows of DONOR's tokens
+    MODEL lacks, its ``k`` atoms or neighbours, ``cosine_similarity`` and ``weight_scheme`` (common_interpolation),
+    ``subword_method``, ``batch_size`` tokens per approximated (and journaled) batch, ``prefix_match`` and
+    ``byte_match`` (yes, no, embed, lm_head), ``magikarp`` (match only tokens both models trained well), and
+    ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
+
+    approximation_method: str = "omp"
+    k: int = 64
+    cosine_similarity: bool = False
+    weight_scheme: str = "distance_proportional"
+    subword_method: str = "mean"
+    batch_size: int = 512
+    prefix_match: str = "no"
+    byte_match: str = "no"
+    magikarp: bool = False
+    new_vocab_noise: float | None = None
+    new_vocab_scale: float | None = None
+
+
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery)
 
 
 def taken(group: object, function: str) -> None:
@@ -305,11 +329,14 @@ def pass_settings(function: str, state_dir: PathLike | None, resources: Resource
     return run_settings(state_dir, resources, executor=executor)
 
 
-def pass_placement(settings: RunSettings) -> tuple[bool, str | None]:
-    """Where the settings' executor places a forward pass: (False, None) this process; (True, ADDRESS) an actor per
-    model on that Ray cluster (:class:`~resumerge.engine.executors.PlacesPasses`)."""
+def pass_placement(settings: RunSettings) -> PassPlacement:
+    """Where the settings' executor places a forward pass (:meth:`~resumerge.engine.executors.PlacesPasses.place_pass`:
+    :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
+    model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
-        return False, None
+        from resumerge.config.passplace import HERE
+
+        return HERE
     from resumerge.api.checked import check_placement
 
     return check_placement(settings.executor)

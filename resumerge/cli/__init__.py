@@ -5,7 +5,9 @@ The API decides what a run is and owns every option and guard; a command only pa
 shows the result (``render`` reads the result types of store, engine and recipes). ``resumerge demo`` and the
 tiny-model generator it uses live here too.
 
-May import: api, analyses, errors, config, memory, store, plan, engine, estimate, recipes, evolve.
+``tokensurgeon``'s flag choices are read from ``transplant``.
+
+May import: api, analyses, errors, config, memory, store, plan, engine, estimate, recipes, evolve, transplant.
 """
 
 __all__ = [

@@ -91,7 +91,7 @@ def _naming_out(line: str, args: argparse.Namespace) -> str:
     """``line`` with the placeholder of a "resumerge resume OUT" hint made the command that resumes this run
     (the layers below that word the hint know the file that failed, not the OUT it was given as)."""
     out = getattr(args, "out", None)
-    if out is None or args.command not in ("run", "resume", "extract-lora"):
+    if out is None or args.command not in ("run", "resume", "extract-lora", "tokensurgeon"):
         return line
     from resumerge.config.locations import resume_command
 
@@ -143,6 +143,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _plan(args)
     if args.command == "extract-lora":
         return _extract_lora(args)
+    if args.command == "tokensurgeon":
+        return _tokensurgeon(args)
     if args.command == "check":
         from resumerge.cli.checkcmd import run_check_command
 
@@ -275,6 +277,30 @@ def _extract_lora(args: argparse.Namespace) -> int:
         _finished(outcome, args.quiet)
         return EXIT_OK
     result = estimate_extraction(fresh_process=True, **_api_options(args, estimate_extraction, EXTRACTION_RUN_ONLY))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from resumerge.cli.render import show_estimate
+
+        show_estimate(result)
+    return fits_exit_code(result.fits, result.reasons)
+
+
+def _tokensurgeon(args: argparse.Namespace) -> int:
+    from resumerge.api import estimate_tokensurgeon, tokensurgeon
+    from resumerge.cli.ignoredflags import note_ignored
+    from resumerge.estimate.costs import Estimate
+
+    note_ignored(args)
+    if not args.plan:
+        quiet_hub_uploads(args.out)
+        with Progress(args.quiet) as progress:
+            outcome = tokensurgeon(progress=progress, should_stop=installed_stop_flag(),
+                                   **_api_options(args, tokensurgeon))
+        assert not isinstance(outcome, Estimate)  # plan=False runs the transplant
+        _finished(outcome, args.quiet)
+        return EXIT_OK
+    result = estimate_tokensurgeon(fresh_process=True, **_api_options(args, estimate_tokensurgeon, EXTRACTION_RUN_ONLY))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -303,6 +303,67 @@ def _extract_parser(sub: SubParsers) -> None:
     accept_ignored(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
 
 
+def _surgery_parser(sub: SubParsers) -> None:
+    """``tokensurgeon``: mergekit-tokensurgeon 0.1.5's arguments and options, plus --plan and the shared ones."""
+    from resumerge.cli.ignoredflags import UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE, accept_ignored
+    from resumerge.transplant.spec import MATCH_CHOICES, METHODS, SUBWORD_METHODS, WEIGHT_SCHEMES
+
+    ts = sub.add_parser("tokensurgeon", help="give a model another model's tokenizer (mergekit-tokensurgeon)",
+                        description="MODEL's weights with DONOR's vocabulary and tokenizer files: the token "
+                                    "embedding and head rows of tokens both hold copied, the others approximated "
+                                    "from MODEL's own rows (mergekit-tokensurgeon 0.1.5's options and meanings). "
+                                    "Journaled per batch of tokens: an interrupted run finishes with resumerge "
+                                    "resume OUT.")
+    ts.add_argument("model", metavar="MODEL", help="the model whose weights are kept (folder or hub id)")
+    ts.add_argument("donor", metavar="DONOR", help="the model whose tokenizer it gets (folder or hub id)")
+    ts.add_argument("out", metavar="OUT", help="output folder, or hf://NAMESPACE/NAME")
+    ts.add_argument("-a", "--approximation-method", choices=METHODS, default="omp",
+                    help="how the rows of DONOR's tokens MODEL lacks are made [default: omp]")
+    ts.add_argument("-k", "--k", type=int, default=64, metavar="K",
+                    help="atoms (omp) or nearest neighbours (common_interpolation) [default: 64]")
+    ts.add_argument("-c", "--cosine-similarity", action=argparse.BooleanOptionalAction, default=False,
+                    help="cosine distance for common_interpolation's neighbours [default: off]")
+    ts.add_argument("-w", "--weight-scheme", choices=WEIGHT_SCHEMES, default="distance_proportional",
+                    help="common_interpolation's weights [default: distance_proportional]")
+    ts.add_argument("-s", "--subword-method", choices=SUBWORD_METHODS, default="mean",
+                    help="how subword's pieces combine [default: mean]")
+    ts.add_argument("--batch-size", type=int, default=512, metavar="N",
+                    help="tokens approximated (and kept durably) per batch; 0 or less: one batch [default: 512]")
+    ts.add_argument("-pm", "--prefix-match", choices=MATCH_CHOICES, default="no",
+                    help="copy the row of MODEL's longest prefix of a token, for both matrices or the one named "
+                         "[default: no]")
+    ts.add_argument("-bm", "--byte-match", choices=MATCH_CHOICES, default="no",
+                    help="copy MODEL's <0xNN> row for a one-byte token (and back) [default: no]")
+    ts.add_argument("--magikarp", action=argparse.BooleanOptionalAction, default=False,
+                    help="lend only the rows of tokens both models trained well (arXiv:2405.05417); zero DONOR's "
+                         "tokens neither trained well [default: off]")
+    ts.add_argument("-nvn", "--new-vocab-noise", type=float, default=None, metavar="SIGMA",
+                    help="add N(0, SIGMA^2) noise to the approximated rows")
+    ts.add_argument("-nvs", "--new-vocab-scale", type=float, default=None, metavar="S",
+                    help="multiply the approximated rows by S (after the noise)")
+    ts.add_argument("--allow-crimes", action="store_true",
+                    help="take DONOR's own token embedding when DONOR lacks MODEL's tensor names")
+    ts.add_argument("--random-seed", type=int, default=0, metavar="N",
+                    help="seed of randn, john_hewitt and the noise (drawn per batch) [default: 0]")
+    ts.add_argument("--out-shard-size", metavar="SIZE",
+                    help="maximum bytes per output shard, e.g. 5B or 500M [default: 5B for a folder]")
+    ts.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
+    ts.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
+                    help="write no README.md and no tokensurgeon.json")
+    ts.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
+    ts.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
+    ts.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
+                    help="Hugging Face cache directory for hub models")
+    ts.add_argument("--stream-inputs", action="store_true", help="read every hub input by HTTP Range")
+    ts.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
+    ts.add_argument("--plan", action="store_true",
+                    help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing "
+                         "(exit 0 when it fits, 2 when not)")
+    ts.add_argument("--json", action="store_true", help="with --plan: print JSON")
+    _common(ts)
+    accept_ignored(ts, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", metavar="DIR",
                    help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR, else "
@@ -362,6 +423,7 @@ COMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "verify": _verify_parser,
     "plan": _plan_parser,
     "extract-lora": _extract_parser,
+    "tokensurgeon": _surgery_parser,
     "check": _check_parser,
     "eval": _eval_parser,
     "measure": _measure_parser,

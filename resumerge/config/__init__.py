@@ -13,6 +13,7 @@ __all__ = [
     "merge_config",
     "modelref",
     "params",
+    "passplace",
     "settings",
     "version",
     "yamldiff",

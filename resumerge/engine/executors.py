@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.config.settings import KEEP_WORKERS, RunSettings
 from resumerge.engine.executor import CONCURRENCY, execute
 from resumerge.engine.job import Job
@@ -59,10 +60,10 @@ class Executor(Protocol):
 class PlacesPasses(Protocol):
     """An executor that places a forward pass (``check``'s, ``measure``'s) as well as a merge's shards."""
 
-    def places_pass(self) -> tuple[bool, str | None]:
-        """Where a forward pass runs on this executor: (False, None) in this process, one model after another;
-        (True, ADDRESS) an actor per model on the Ray cluster at ADDRESS (None: ``RAY_ADDRESS``, else a Ray started
-        here). Raises :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
+    def place_pass(self) -> PassPlacement:
+        """Where a forward pass runs on this executor (:mod:`resumerge.config.passplace`): :class:`Here` in this
+        process, one model after another; :class:`OnRay`, an actor per model on the Ray cluster. Raises
+        :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,9 @@ class LocalExecutor:
         """Itself: nothing starts early."""
         yield self
 
-    def places_pass(self) -> tuple[bool, str | None]:
+    def place_pass(self) -> PassPlacement:
         """A forward pass runs in this process."""
-        return False, None
+        return HERE
 
     def run(self, job: Job) -> tuple[str, ...]:
         """:func:`~resumerge.engine.executor.execute` of ``job``."""
@@ -123,12 +124,25 @@ class RayExecutor:
 
         check_ray()
 
-    def places_pass(self) -> tuple[bool, str | None]:
+    def place_pass(self) -> PassPlacement:
         """A forward pass runs an actor per model on the cluster (on one that outlives the pass, hosted by the
         nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.engine.cluster.hosting`); raises
         UsageError where Ray is not installed."""
         self.check()
-        return True, self.address
+        return OnRay(self.address, self._pass_keep())
+
+    def _pass_keep(self) -> float:
+        """How long a pass's kept workers wait idle once it ends: ``keep_workers`` on a cluster that outlives the
+        pass (``address``, ``RAY_ADDRESS``, or the one this process is connected to, as a merge's run keeps its
+        workers); 0 (fresh actors, ended with the pass) on a Ray the pass would start itself. Asked before the
+        pass joins the cluster."""
+        import os
+        import sys
+
+        ray = sys.modules.get("ray")
+        connected = ray is not None and ray.is_initialized()
+        outlives = connected or self.address or os.environ.get("RAY_ADDRESS")
+        return float(self.keep_workers or 0.0) if outlives else 0.0
 
     @contextlib.contextmanager
     def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[Executor]:

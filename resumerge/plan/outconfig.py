@@ -303,7 +303,8 @@ def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> Non
             f"(from {heads[0].inputs[0].model}) has {heads[0].shape[0]}",
             tensor=heads[0].name,
             hint="the first and last slices' models have different vocabularies: align them with "
-            "tokenizer_source: base (or union, or a model name)",
+            "tokenizer_source: base (or union, or a model name), or give one model the other's tokenizer first with "
+            "resumerge tokensurgeon MODEL DONOR OUT",
         )
     rows = embeds[0].shape[0] if embeds else heads[0].shape[0] if heads else None
     if rows is not None and type(target.get("vocab_size")) is int and target["vocab_size"] != rows:

@@ -432,7 +432,8 @@ def _check_shapes(out_name: str, inputs: list[InputRef], sl: Slice, vocab_rows: 
             yaml_path=sl.yaml_path,
             tensor=out_name,
             hint=(
-                "the vocabularies differ: align them with tokenizer_source: base (or union, or a model name)"
+                "the vocabularies differ: align them with tokenizer_source: base (or union, or a model name), or give "
+                "one model the other's tokenizer first with resumerge tokensurgeon MODEL DONOR OUT"
                 if vocab
                 else "these models have different architectures or sizes and cannot be merged tensor by tensor"
             ),

@@ -54,9 +54,12 @@ EVAL_POINTS = ("after_eval_layer",)
 # generation's state is durable (between generations), and while ``best.yml``'s temp file is written
 # (tests/evolve/test_kills.py kills at each).
 EVOLVE_POINTS = ("after_evolve_candidate", "after_evolve_generation", "during_best_write")
+# Reached by ``resumerge tokensurgeon`` after each approximated batch of tokens is durable in the run's folder
+# (tests/transplant/test_resume.py kills there).
+SURGERY_POINTS = ("after_surgery_batch",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
 POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
-          + EVAL_POINTS + EVOLVE_POINTS)
+          + EVAL_POINTS + EVOLVE_POINTS + SURGERY_POINTS)
 
 _counts: dict[str, int] = {}
 

@@ -243,7 +243,7 @@ def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_pa
     from families import FAMILIES, make_family_model
     from vlm_families import make_vlm, vlm
 
-    from resumerge.analyses.check.run import _fits
+    from resumerge.analyses.check.job import _fits
     from resumerge.inputs.safetensors_format import numel
 
     directory = (make_vlm(tmp_path / family, vlm(family), 3) if family == "llava" else

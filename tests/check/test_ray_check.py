@@ -145,11 +145,12 @@ def test_without_ray_a_check_on_ray_is_one_line_and_exit_2(tmp_path: Path, monke
 
 def test_a_check_runs_where_the_executor_object_says() -> None:
     from resumerge.api.checked import check_placement
+    from resumerge.config.passplace import HERE, OnRay
     from resumerge.engine.executors import LocalExecutor
     from resumerge.errors import UsageError
 
-    assert check_placement(None) == check_placement(LocalExecutor()) == (False, None)
-    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == (True, "head:6379")
+    assert check_placement(None) == check_placement(LocalExecutor()) == HERE
+    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == OnRay("head:6379", 0.0)
     with pytest.raises(UsageError, match="LocalExecutor or RayExecutor"):
         check_placement("ray")
 
@@ -160,19 +161,20 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     import resumerge.analyses.check.run
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
+    from resumerge.config.passplace import HERE, OnRay, PassPlacement
     from resumerge.engine.executors import LocalExecutor
 
-    seen: list[tuple[bool, str | None]] = []
+    seen: list[PassPlacement] = []
 
-    def placed(*_: object, on_ray: bool, ray_address: str | None, **__: object) -> None:
-        seen.append((on_ray, ray_address))
+    def placed(*_: object, placement: PassPlacement, **__: object) -> None:
+        seen.append(placement)
 
     monkeypatch.setattr(resumerge.analyses.check.run, "run_check", placed)
     ran = api.run(merged.config, tmp_path / "again", state_dir=tmp_path / "state", check=True,
                   executor=LocalExecutor())
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
-    assert seen == [(False, None), (True, "head:6379")]
+    assert seen == [HERE, OnRay("head:6379", 0.0)]
 
 
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(

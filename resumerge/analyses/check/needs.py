@@ -1,5 +1,5 @@
 """What a check's steps hold, in bytes: the one place those figures are found, for the local check's budget
-(:func:`~resumerge.analyses.check.run._fits`, which refuses a check that would not fit) and for the memory each Ray
+(:func:`~resumerge.analyses.check.job._fits`, which refuses a check that would not fit) and for the memory each Ray
 actor of ``--executor ray`` declares (:func:`~resumerge.analyses.check.onray.actor_bytes`); and what a pass's
 process holds beside them (:func:`settled_held`, ``measure``'s too), so that each start names one smallest budget."""
 

@@ -11,13 +11,12 @@ it reached and ends with the same bytes. ``measure.json`` (see
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
 import shlex
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,10 +26,11 @@ from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
+from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import ConfigError, UsageError
-from resumerge.forward.admission import Admission
 from resumerge.forward.device import HOST, PassDevice
-from resumerge.forward.folder import pass_lock
+from resumerge.forward.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
 from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything
 from resumerge.inputs.grams import (
@@ -43,6 +43,8 @@ from resumerge.inputs.grams import (
 
 if TYPE_CHECKING:
     from resumerge.analyses.measure.grams import Runner
+    from resumerge.forward.device import GpuBudget
+    from resumerge.inputs.grams import MeasuredModel
 
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -64,65 +66,152 @@ class MeasureReport:
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir | None = None, on_ray: bool = False,
-                  ray_address: str | None = None, device: PassDevice = HOST, ray_keep: float = 0.0) -> MeasureReport:
+                  state: StateDir | None = None, placement: PassPlacement = HERE,
+                  device: PassDevice = HOST) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
     one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
     dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
-    :mod:`resumerge.forward.device`). ``on_ray``: each model's pass in an actor of its own on the Ray cluster at
-    ``ray_address`` (:mod:`.onray`; None: ``RAY_ADDRESS``, else a Ray started here), the models side by side, with
-    the same bytes (not with a GPU here: refused, exit 2); ``ray_keep``: the seconds the kept workers hosting the
-    actors wait idle once it ends (:func:`~resumerge.analyses.onray.kept_hosts`; 0: fresh actors)."""
-    if on_ray and device.on_gpu:  # each model's layers run on a Ray node, not on this machine's GPU
-        raise UsageError(f"--device {device.name} runs the measurement's layers on this machine's GPU, and "
-                         "--executor ray runs each model on a node of the cluster", hint="leave out one of the two")
+    :mod:`resumerge.forward.device`). ``placement``: where the executor placed the pass
+    (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
+    (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2)."""
+    placement.refuse("the measurement", device.name, device.on_gpu)
     state = state if state is not None else StateDir.resolve()
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
     merged = _merged_pass(merge)
-    if on_ray and merged is not None:
+    if isinstance(placement, OnRay) and merged is not None:
         raise UsageError("measure --executor ray runs each model's own pass on a node; a regmean_plus config's merged "
                          "pass merges every model's layer in one place", hint="leave out --executor ray")
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
     # the bytes each model's pass reads, recorded beside its journal (which goes once it is done: so not in it)
     proof = PassProof(models, records=state.measures_dir / f"{key[:32]}.{RECORDS_NAME}")
-    if _claimed(folder, key) and (folder / MANIFEST).is_file():
-        said = proof.prove(everything, refuse=f"{os.fspath(folder)} holds the Grams of the bytes it held then",
-                           hint="measure into a new folder to measure the file as it is now").line()
-        proof.record()  # the new look of a file touched, its bytes the same
-        found = read_measurement(folder, yaml_path="OUT_DIR")
-        return MeasureReport(str(folder), tuple(m.key for m in found.models), _count(found),
-                             sum(len(t) for t in tokens), reused=True, proof=said)
-    passes = _passes(models, keys, tokens)
-    placed = _on_ray(keys, passes, ray_address, state, ray_keep) if on_ray else None
-    layers, budget, step, states = _all_fit(models, passes, tokens, max_memory, local=placed is None)
-    gpu = device.budget("the measurement", {"layer": step}, states)  # on a GPU: its budget too, before any read
     # One process per measurement: two at once would write and delete each other's layer files (issue 70).
     command = ["resumerge", "measure", os.fspath(config), os.fspath(folder),
                *(["--device", device.name] if device.on_gpu else [])]
-    lock = pass_lock(folder, f"a measurement into {folder}",
-                     shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
-                     hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
-                     name=LOCK_FILE)
-    with lock:
-        _claimed(folder, key)  # what another process claimed while this one was getting ready
-        _claim(folder, key, {"config": os.path.abspath(config), "models": keys, "layers": layers,
-                             "texts": os.path.abspath(texts) if texts is not None else None})
-        workdir = workdir_of(folder, state.measures_dir / key[:32])
-        said = proof.prove(_grams_depend(folder, len(models)), refuse=f"the Grams in {os.fspath(folder)} were "
-                           "measured from the bytes it held then", hint="restore the file as it was and measure "
-                           "again (it resumes), or measure into a new folder").line()
-        if said is not None and on_progress is not None:
-            on_progress(said)
-        proof.record()  # before the first layer's Grams: whatever the pass writes, its bytes are recorded
-        with Admission(budget, {"layer": step}, gpu=gpu) as reserve:
-            _, measured = run_measurement(models, keys, tokens, folder, workdir, on_progress, merged, reserve,
-                                          device.name, placed)
-        return MeasureReport(str(folder), tuple(m.key for m in measured), sum(len(m.sha256) for m in measured),
-                             sum(len(t) for t in tokens), reused=False, proof=said)
+    where = PassFolder(folder, f"a measurement into {folder}",
+                       shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
+                       hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
+                       lock_name=LOCK_FILE)
+    job = MeasureJob(where, os.fspath(config), None if texts is None else os.fspath(texts), key, models, keys, tokens,
+                     merged, proof, MeasureSettings(max_memory, state, placement, device),
+                     on_progress)
+    # Measured into a folder of its own: refused (exit 2) before it is written, its lock included, where the pass
+    # would not fit; a finished one answers without its fit.
+    finished = _claimed(folder, key) and (folder / MANIFEST).is_file()
+    return drive(job if finished else replace(job, ahead=job.judged()))
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How a measurement runs (none of it in its key): under ``max_memory`` (None: the default budget), journaled
+    under ``state``, its models where the executor placed them (``placement``), its layers on ``device``."""
+
+    max_memory: int | None
+    state: StateDir
+    placement: PassPlacement
+    device: PassDevice
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A measurement's fit: each model's decoder layers, the budget, what a step reserves, the hidden states the
+    GPU holds, and on Ray where each model's pass runs."""
+
+    layers: list[int]
+    budget: int
+    step: int
+    gpu: GpuBudget | None
+    placed: Placed | None
+
+
+@dataclass(frozen=True)
+class MeasureJob:
+    """A measurement as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): OUT_DIR is its folder
+    (its ``measure.json`` the answer cache), each model's layer pass its steps (:mod:`.passes`), ``measure.json``
+    written last. ``ahead``: its fit judged before its folder is locked (a pass writing into a folder of the
+    user's writes nothing before it is judged)."""
+
+    folder: PassFolder
+    config: str
+    texts: str | None
+    key: str
+    models: list[PassModel]
+    keys: list[str]
+    tokens: list[list[int]]
+    merged: dict[str, object] | None
+    proof: PassProof
+    settings: MeasureSettings
+    on_progress: Callable[[str], None] | None
+    ahead: _Judged | None = None
+
+    def answered(self) -> tuple[MeasureReport | None, str | None]:
+        """The measurement OUT_DIR holds finished (its models' bytes proved the same), or None."""
+        folder = self.folder.path
+        if not (_claimed(folder, self.key) and (folder / MANIFEST).is_file()):
+            return None, None
+        said = self.proof.prove(everything, refuse=f"{os.fspath(folder)} holds the Grams of the bytes it held then",
+                                hint="measure into a new folder to measure the file as it is now").line()
+        self.proof.record()  # the new look of a file touched, its bytes the same
+        found = read_measurement(folder, yaml_path="OUT_DIR")
+        return MeasureReport(os.fspath(folder), tuple(m.key for m in found.models), _count(found),
+                             sum(len(t) for t in self.tokens), reused=True, proof=said), None
+
+    def proved(self) -> str | None:
+        """The Grams written so far proved against the models' bytes (and those bytes recorded)."""
+        folder = self.folder.path
+        said = self.proof.prove(_grams_depend(folder, len(self.models)), refuse=f"the Grams in {os.fspath(folder)} "
+                                "were measured from the bytes it held then", hint="restore the file as it was and "
+                                "measure again (it resumes), or measure into a new folder").line()
+        if said is not None and self.on_progress is not None:
+            self.on_progress(said)
+        self.proof.record()  # before the first layer's Grams: whatever the pass writes, its bytes are recorded
+        return said
+
+    def judged(self) -> _Judged:
+        """The measurement's fit (refused, exit 2, before any weight is read, where it does not fit) and the GPU's,
+        and on Ray each model's node."""
+        settings = self.settings
+        passes = _passes(self.models, self.keys, self.tokens)
+        ray = settings.placement
+        placed = _on_ray(self.keys, passes, ray, settings.state) if isinstance(ray, OnRay) else None
+        layers, budget, step, states = _all_fit(self.models, passes, self.tokens, settings.max_memory,
+                                                local=placed is None)
+        # on a GPU: its budget too, before any read
+        gpu = settings.device.budget("the measurement", {"layer": step}, states)
+        return _Judged(layers, budget, step, gpu, placed)
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[_Judged]]:
+        """The fit judged ahead (or now), and OUT_DIR claimed for this measurement (once: a resumed one finds it)."""
+        judged = self.ahead if self.ahead is not None else self.judged()
+        folder = self.folder.path
+        _claimed(folder, self.key)  # what another process claimed while this one was getting ready
+        _claim(folder, self.key, {"config": os.path.abspath(self.config), "models": self.keys,
+                                  "layers": judged.layers,
+                                  "texts": os.path.abspath(self.texts) if self.texts is not None else None})
+        yield Fit(judged.budget, {"layer": judged.step}, judged, judged.gpu)
+
+    def run(self, ready: _Judged, reserve: Reserve) -> list[MeasuredModel]:
+        """Every model's Grams, then ``measure.json`` (:func:`~.passes.run_measurement`)."""
+        workdir = workdir_of(self.folder.path, self.settings.state.measures_dir / self.key[:32])
+        _, measured = run_measurement(self.models, self.keys, self.tokens, self.folder.path, workdir,
+                                      self.on_progress, self.merged, reserve, self.settings.device.name, ready.placed)
+        return measured
+
+    def finish(self, found: list[MeasuredModel], proof: str | None) -> MeasureReport:
+        """The measurement's report."""
+        return MeasureReport(os.fspath(self.folder.path), tuple(m.key for m in found),
+                             sum(len(m.sha256) for m in found), sum(len(t) for t in self.tokens), reused=False,
+                             proof=proof)
+
+    def stopped_at(self) -> str:
+        """Where the measurement stopped: the Grams it wrote are kept, the pass resumes at the layer it reached."""
+        written = sum(1 for _ in self.folder.path.glob(f"*/{LAYER_PREFIX}*.safetensors"))
+        return (f"the measurement into {os.fspath(self.folder.path)} was interrupted ({written} layer file(s) of "
+                "Grams written; run again, it resumes at the layer it reached)")
 
 
 @dataclass(frozen=True)
@@ -252,7 +341,7 @@ def _key(models: list[PassModel], keys: list[str], tokens: list[list[int]], merg
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
     files = [[k, [[f.name, f.size, f.identity] for f in m.opened.files]] for k, m in zip(keys, models)]
     doc = [merged, files, tokens, versions]
-    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+    return content_key(doc)
 
 
 def _claimed(folder: Path, key: str) -> bool:
@@ -280,20 +369,19 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
         write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
 
 
-def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], address: str | None, state: StateDir,
-            keep: float = 0.0) -> Placed:
-    """Join the Ray cluster at ``address`` and place each model's actor (``found``: each one's pass,
+def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], ray: OnRay, state: StateDir) -> Placed:
+    """Join the Ray cluster ``ray`` names and place each model's actor (``found``: each one's pass,
     :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
     :func:`run_measurement` starts them (:mod:`.onray`)."""
     from resumerge.analyses.measure.onray import actor_bytes, on_nodes
     from resumerge.analyses.onray import ray_places
 
-    where = ray_places(address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
+    where = ray_places(ray.address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
     given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
 
     def placed(bound: list[PassModel], on_reads: Callable[[int, list[tuple[str, int, int, str]]], None]
                ) -> AbstractContextManager[Sequence[Runner]]:
-        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given, keep)
+        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given, ray.keep)
 
     return placed
 

@@ -1,0 +1,204 @@
+"""The rows of DONOR's tokens that MODEL lacks, one batch at a time: every approximation method of
+mergekit-tokensurgeon 0.1.5 that resumerge computes, as pure functions of the batch's tensors and a generator.
+
+Where 0.1.5 crashes or departs from the method's own definition, these follow the definition (each said in the
+run's notes, :func:`method_notes`): ``common_interpolation`` of a half-precision DONOR measures and weighs in float32
+(0.1.5 raises on the dtype mismatch); ``mean`` with noise adds it to each row's own copy (0.1.5 writes into an
+expanded view and raises); ``john_hewitt`` falls back to N(0, 0.02²) rows when the covariance is not positive
+definite (0.1.5 raises on ``len(int)``); ``landmark_pca`` takes exact principal components and the Procrustes
+rotation that maps DONOR's landmarks onto MODEL's (0.1.5's randomized PCA moves with the torch seed and its
+rotation is the transpose). Random draws (``randn``, ``john_hewitt``, noise) come from the generator the unit seeds
+per batch, never torch's global one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resumerge.torch_import import torch
+from resumerge.transplant.omp import batch_omp
+
+# Distances and weight sums below this count as this (mergekit's clamps, so the weights are the same numbers).
+_TINY = 1e-6
+# The fallback spread of john_hewitt's rows when the covariance is not positive definite (mergekit's).
+_HEWITT_FALLBACK = 0.02
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch's inputs: ``targets`` DONOR's rows of its tokens; ``donor_shared``/``model_shared`` the two
+    models' rows of the shared tokens (by DONOR id); ``model`` MODEL's whole matrix (mean, john_hewitt, subword);
+    ``pieces`` MODEL's ids of each token's subwords; ``lm_head`` whether the matrix is the head."""
+
+    targets: torch.Tensor
+    donor_shared: torch.Tensor
+    model_shared: torch.Tensor
+    model: torch.Tensor
+    pieces: tuple[tuple[int, ...], ...] = ()
+    lm_head: bool = False
+
+
+@dataclass(frozen=True)
+class Method:
+    """The approximation asked: mergekit's method name and its options."""
+
+    name: str
+    k: int = 64
+    cosine: bool = False
+    weight_scheme: str = "distance_proportional"
+    subword: str = "mean"
+    noise: float | None = None
+    scale: float | None = None
+
+
+def approximate(method: Method, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+    """The batch's rows in MODEL's dtype, noise and scale applied (noise first, as 0.1.5)."""
+    rows = _rows(method, batch, generator)
+    if method.noise:
+        noise = torch.randn(rows.shape, generator=generator, dtype=rows.dtype, device=rows.device)
+        rows = rows + noise * method.noise
+    if method.scale:
+        rows = rows * method.scale
+    return rows
+
+
+def _rows(method: Method, b: Batch, generator: torch.Generator) -> torch.Tensor:
+    count, width, dtype = b.targets.shape[0], b.model.shape[1], b.model.dtype
+    if method.name == "zero":
+        return torch.zeros((count, width), dtype=dtype, device=b.model.device)
+    if method.name == "mean":
+        return b.model.mean(dim=0).unsqueeze(0).repeat(count, 1)
+    if method.name == "randn":
+        return torch.randn((count, width), generator=generator, dtype=dtype, device=b.model.device)
+    if method.name == "john_hewitt":
+        return hewitt(b.model, count, generator)
+    if method.name == "subword":
+        return subword(b.model, b.pieces, method.subword, lm_head=b.lm_head)
+    if method.name == "landmark_pca":
+        return landmark_pca(b.targets, b.donor_shared, b.model_shared).to(dtype)
+    if method.name == "omp":
+        picked, weights = batch_omp(b.targets, b.donor_shared, method.k)
+    elif method.name == "common_interpolation":
+        picked, weights = interpolation(b.targets, b.donor_shared, method)
+    else:
+        raise ValueError(f"internal: unknown approximation method {method.name}")
+    atoms = b.model_shared[picked].to(weights.dtype if weights.dtype == torch.float64 else torch.float32)
+    return torch.bmm(weights.unsqueeze(1).to(atoms.dtype), atoms).squeeze(1).to(dtype)
+
+
+def interpolation(targets: torch.Tensor, points: torch.Tensor, method: Method) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, weights) of each target's ``k`` nearest shared tokens (euclidean, or 1 − cosine) and their
+    weights: inverse distance (1 − d for cosine) normalized, affine least squares (barycentric), or plain least
+    squares. A half-precision DONOR is measured in float32."""
+    if targets.dtype in (torch.float16, torch.bfloat16):
+        targets, points = targets.float(), points.float()
+    if method.cosine:
+        norms = targets.norm(dim=1, keepdim=True) * points.norm(dim=1, keepdim=True).T
+        distance = 1 - (targets @ points.T) / norms.clamp(min=_TINY)
+    else:
+        distance = torch.cdist(targets, points, p=2)
+    _, picked = torch.topk(distance, k=method.k, dim=1, largest=False)
+    near = distance.gather(1, picked)
+    chosen = points[picked]
+    if method.weight_scheme == "distance_proportional":
+        weights = 1 - near if method.cosine else 1 / near.clamp(min=_TINY)
+        weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=_TINY)
+    elif method.weight_scheme == "barycentric":
+        weights = _affine(targets, chosen)
+    else:
+        weights = torch.linalg.lstsq(chosen.transpose(1, 2).float(), targets.unsqueeze(-1).float()).solution
+        weights = weights.squeeze(-1)
+    return picked, weights
+
+
+def _affine(targets: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Least-squares weights summing to one: the KKT system [P Pᵀ 1; 1ᵀ 0] w = [P t; 1]."""
+    count, k, _ = chosen.shape
+    gram = torch.bmm(chosen, chosen.transpose(1, 2))
+    ones = torch.ones((count, k, 1), dtype=gram.dtype, device=gram.device)
+    system = torch.cat([torch.cat([gram, ones], dim=2),
+                        torch.cat([ones.transpose(1, 2), torch.zeros((count, 1, 1), dtype=gram.dtype,
+                                                                     device=gram.device)], dim=2)], dim=1)
+    rhs = torch.cat([torch.bmm(targets.unsqueeze(1), chosen.transpose(1, 2)).squeeze(1),
+                     torch.ones((count, 1), dtype=gram.dtype, device=gram.device)], dim=1)
+    weights: torch.Tensor = torch.linalg.lstsq(system, rhs.unsqueeze(-1)).solution.squeeze(-1)[..., :k]
+    return weights
+
+
+def subword(model: torch.Tensor, pieces: tuple[tuple[int, ...], ...], how: str, *, lm_head: bool) -> torch.Tensor:
+    """Each token's row from MODEL's rows of the pieces MODEL's tokenizer cuts it into, in MODEL's dtype: their
+    mean, sum, weighted mean (weights 1..n, the last piece heaviest for the embedding, the first for the head) or
+    the last piece (embedding) / first (head); zero for a token of no piece. Pieces past MODEL's rows are left out."""
+    out = torch.zeros((len(pieces), model.shape[1]), dtype=model.dtype, device=model.device)
+    for i, ids in enumerate(pieces):
+        ids = tuple(j for j in ids if j < model.shape[0])
+        if not ids:
+            continue
+        if how in ("mean", "sum"):
+            for j in ids:
+                out[i] += model[j]
+            if how == "mean":
+                out[i] /= len(ids)
+        elif how == "weighted_mean":
+            weights = list(range(1, len(ids) + 1))
+            if not lm_head:
+                weights.reverse()
+            for j, w in zip(ids, weights, strict=True):
+                out[i] += w * model[j]
+            out[i] /= sum(weights)
+        else:
+            out[i] = model[ids[0] if lm_head else ids[-1]]
+    return out
+
+
+def hewitt(model: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` draws of N(μ, Σ) fitted to MODEL's rows (Hewitt, "Initializing new word embeddings for
+    pretrained language models", 2021), in float32 then MODEL's dtype; N(0, 0.02²) when Σ is not positive
+    definite (fewer rows than the width, dependent rows)."""
+    rows = model.float()
+    mean = rows.mean(dim=0)
+    centred = rows - mean
+    covariance = centred.T @ centred / rows.shape[0]
+    factor, info = torch.linalg.cholesky_ex(covariance)
+    if int(info) != 0:
+        noise = torch.randn((count, model.shape[1]), generator=generator, dtype=torch.float32, device=model.device)
+        return (noise * _HEWITT_FALLBACK).to(model.dtype)
+    draws = torch.randn((count, model.shape[1]), generator=generator, dtype=torch.float32, device=model.device)
+    drawn: torch.Tensor = (mean + draws @ factor.T).to(model.dtype)
+    return drawn
+
+
+def landmark_pca(targets: torch.Tensor, donor_points: torch.Tensor, model_points: torch.Tensor) -> torch.Tensor:
+    """Targets carried from DONOR's space to MODEL's through the shared tokens (float32): both sides centred and
+    projected on their first min(widths) principal axes (exact SVD), the orthogonal map R minimizing
+    ‖A R − B‖ between the projected landmarks (Procrustes: R = U Vᵀ of svd(Aᵀ B)), then back to MODEL's space."""
+    a, b, t = donor_points.float(), model_points.float(), targets.float()
+    width = min(a.shape[1], b.shape[1])
+    mean_a, mean_b = a.mean(dim=0, keepdim=True), b.mean(dim=0, keepdim=True)
+    axes_a = torch.linalg.svd(a - mean_a, full_matrices=False).Vh[:width].T
+    axes_b = torch.linalg.svd(b - mean_b, full_matrices=False).Vh[:width].T
+    pa, pb = (a - mean_a) @ axes_a, (b - mean_b) @ axes_b
+    u, _, vh = torch.linalg.svd(pa.T @ pb)
+    carried: torch.Tensor = ((t - mean_a) @ axes_a) @ (u @ vh) @ axes_b.T + mean_b
+    return carried
+
+
+def method_notes(method: Method, donor_dtype: str) -> tuple[str, ...]:
+    """Where this run's approximation departs from mergekit-tokensurgeon 0.1.5 (the log, status and the card)."""
+    notes = []
+    if method.name == "common_interpolation" and donor_dtype in ("F16", "BF16"):
+        notes.append("common_interpolation of a half-precision DONOR measures and weighs in float32 "
+                     "(mergekit-tokensurgeon 0.1.5 fails on the dtype mismatch)")
+    if method.name == "mean" and method.noise:
+        notes.append("mean with --new-vocab-noise adds noise to each row's own copy (0.1.5 fails writing into "
+                     "an expanded view)")
+    if method.name == "landmark_pca":
+        notes.append("landmark_pca takes exact principal axes and the Procrustes rotation of DONOR's landmarks "
+                     "onto MODEL's (0.1.5's randomized PCA follows the torch seed and its rotation is transposed)")
+    if method.name == "john_hewitt":
+        notes.append("john_hewitt draws from a generator seeded per batch; a covariance that is not positive "
+                     "definite falls back to N(0, 0.02²) rows (0.1.5 fails there)")
+    if method.name == "randn" or method.noise:
+        notes.append("random rows and noise come from a generator seeded per batch (--random-seed, the matrix, "
+                     "the batch), so a resumed run draws the same numbers; they differ from 0.1.5's global draws")
+    return tuple(notes)

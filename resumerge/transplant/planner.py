@@ -1,0 +1,274 @@
+"""Plan a transplant: open MODEL and DONOR (headers only), find their token embeddings and heads, match the two
+vocabularies, and freeze a :class:`Plan` of the output.
+
+The plan is the same kind a merge has, so the session path runs it unchanged: MODEL's tensors copied as a
+passthrough merge copies them (``passthrough``), the token embedding and an untied head computed by this package's
+unit (:data:`~resumerge.transplant.units.SURGERY_ROWS`) from MODEL's matrix and DONOR's, config.json MODEL's with
+DONOR's vocabulary size and special token ids, and DONOR's tokenizer files copied byte for byte.
+
+Which of DONOR's tensors is MODEL's embedding's counterpart: the tensor of the same name (as mergekit reads it by
+MODEL's architecture); a DONOR that has none (another architecture's names) is refused unless ``--allow-crimes``,
+which then takes DONOR's own token embedding. A tied MODEL gets its embedding alone (its head stays tied); an
+untied MODEL's head is made from DONOR's head, or from DONOR's embedding where DONOR's head is tied to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+import resumerge.transplant.units as registered
+from resumerge.config.locations import StateDir
+from resumerge.config.merge_config import MergeConfig, load_config_text
+from resumerge.config.modelref import parse_model_ref
+from resumerge.errors import ResumergeError, UsageError
+from resumerge.inputs.catalog import Inputs, open_inputs
+from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.hub import HubEvent
+from resumerge.inputs.model import ModelInput
+from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
+from resumerge.plan.inputrefs import tensor_ref
+from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
+from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
+from resumerge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
+from resumerge.transplant.approximate import Method, method_notes
+from resumerge.transplant.spec import USES_K, SurgerySpec, check_spec
+from resumerge.transplant.tokens import MatrixMatch, Normalized, Vocabulary, load_vocabulary, match_matrix
+
+METHOD = "tokensurgeon"
+# The output's copy of the recorded options (mergekit writes none; resumerge writes the run's text beside the card).
+CONFIG_COPY = "tokensurgeon.json"
+# config.json keys taken from DONOR's (mergekit 0.1.5's list): the token ids follow the tokenizer.
+_DONOR_KEYS = ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id", "mask_token_id", "padding_side")
+_FLAG_OF = {"models[0]": "MODEL", "base_model": "MODEL", "models[1]": "DONOR"}
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The two models opened for planning: the inputs, their keys, and the config they were opened by (the card
+    lists its models)."""
+
+    inputs: Inputs
+    model_key: str
+    donor_key: str
+    config: MergeConfig
+
+    @property
+    def model(self) -> ModelInput:
+        return self.inputs.models[self.model_key].recognised(CODECS)
+
+    @property
+    def donor(self) -> ModelInput:
+        return self.inputs.models[self.donor_key].recognised(CODECS)
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """The tensor names of each matrix the output rebuilds: (MODEL's, DONOR's) by ``embed``/``lm_head``."""
+
+    names: Mapping[str, tuple[str, str]]
+
+
+def open_pair(spec: SurgerySpec, *, model_dirs: Mapping[str, str] | None = None, state: StateDir | None = None,
+              cache_dir: str | os.PathLike[str] | None = None,
+              on_progress: Callable[[HubEvent], None] | None = None) -> Opened:
+    """Open MODEL and DONOR (config.json and headers; hub ids resolved or streamed as for merges)."""
+    check_spec(spec)
+    for text, what in ((spec.model, "MODEL"), (spec.donor, "DONOR")):
+        try:
+            parse_model_ref(text)
+        except ValueError as exc:
+            raise UsageError(f"{what}: {exc}") from None
+    doc = {"merge_method": "passthrough", "base_model": spec.model,
+           "models": [{"model": spec.model}, {"model": spec.donor}]}
+    try:
+        config = load_config_text(yaml.safe_dump(doc, sort_keys=False), source="tokensurgeon")
+        inputs = open_inputs(config, model_dirs=model_dirs, state=state, cache_dir=cache_dir, on_progress=on_progress)
+    except ResumergeError as exc:
+        exc.yaml_path = _FLAG_OF.get((exc.yaml_path or "").split(".")[0], exc.yaml_path)
+        raise
+    return Opened(inputs, parse_model_ref(spec.model).key, parse_model_ref(spec.donor).key, config)
+
+
+def find_matrices(opened: Opened, *, allow_crimes: bool) -> Matrices:
+    """The embedding (and untied head) of MODEL and their counterparts in DONOR; UsageError when MODEL has none, or
+    DONOR lacks MODEL's names without ``allow_crimes``."""
+    model, donor = opened.model, opened.donor
+    embed = _one(model, is_input_embedding, "token embedding", "MODEL")
+    head = _head(model)
+    donor_embed = embed if embed in donor.tensors else None
+    if donor_embed is None:
+        if not allow_crimes:
+            raise UsageError(
+                f"DONOR ({architecture_of(donor.config) or 'unknown architecture'}) has no {embed}, MODEL's "
+                f"({architecture_of(model.config) or 'unknown architecture'}) token embedding",
+                hint="pass --allow-crimes to take DONOR's own token embedding as its counterpart")
+        donor_embed = _one(donor, is_input_embedding, "token embedding", "DONOR")
+    names = {"embed": (embed, donor_embed)}
+    if head is not None:
+        donor_head = head if head in donor.tensors else _head(donor) if allow_crimes else None
+        names["lm_head"] = (head, donor_head if donor_head is not None else donor_embed)  # DONOR tied: its embedding
+    for name, (mine, theirs) in names.items():
+        if len(model.tensors[mine].entry.shape) != 2 or len(donor.tensors[theirs].entry.shape) != 2:
+            raise UsageError(f"tokensurgeon needs matrices: the {name} tensors are {mine} and {theirs}")
+    return Matrices(names)
+
+
+def vocabularies(opened: Opened) -> tuple[Vocabulary, Vocabulary]:
+    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers)."""
+    for what, model in (("MODEL", opened.model), ("DONOR", opened.donor)):
+        if model.gguf is not None:
+            raise UsageError(f"{what} is a GGUF file: tokensurgeon reads folders and hf:// repos of safetensors")
+    return (load_vocabulary(tokenizer_dir(opened.model), what="MODEL"),
+            load_vocabulary(tokenizer_dir(opened.donor), what="DONOR"))
+
+
+def donor_head(opened: Opened, matrices: Matrices) -> str:
+    """DONOR's head, or its embedding where its head is tied (what ``--magikarp`` reads of it)."""
+    return _head(opened.donor) or matrices.names["embed"][1]
+
+
+def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vocabs: tuple[Vocabulary, Vocabulary],
+                       trained: set[Normalized] | None = None, junk: tuple[int, ...] = ()) -> dict[str, MatrixMatch]:
+    """Each matrix's match of DONOR's tokens to MODEL's rows; ``trained`` and ``junk`` as ``--magikarp`` found them
+    (see :func:`~resumerge.transplant.tokens.match_matrix`)."""
+    mine, theirs = vocabs
+    matches = {}
+    for matrix, (name, donor_name) in matrices.names.items():
+        match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
+                             opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix,
+                             prefix_match=spec.prefix_match, byte_match=spec.byte_match,
+                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk)
+        if match.approximated and spec.approximation_method in USES_K and spec.k > len(match.shared):
+            raise UsageError(f"-k {spec.k} is more than the {len(match.shared)} tokens MODEL and DONOR share",
+                             hint=f"pass -k {max(1, len(match.shared))} or less, or another --approximation-method")
+        if match.approximated and spec.approximation_method == "landmark_pca" and len(match.shared) < 2:
+            raise UsageError("landmark_pca needs at least two tokens MODEL and DONOR share")
+        matches[matrix] = match
+    return matches
+
+
+def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: Mapping[str, MatrixMatch],
+               options: PlanOptions) -> Plan:
+    """The frozen plan of the transplant (pure: headers, the matches)."""
+    model, donor = opened.model, opened.donor
+    source = _source_digest(opened, spec, matches)
+    rebuilt = {name: matrix for matrix, (name, _) in matrices.names.items()}
+    tensors: dict[str, TensorPlan] = {}
+    for name in model.tensors:
+        ref = tensor_ref(opened.model_key, model, name)
+        if name in rebuilt:
+            matrix = rebuilt[name]
+            donor_ref = tensor_ref(opened.donor_key, donor, matrices.names[matrix][1])
+            params = (("device", options.device), ("matrix", matrix), ("seed", options.random_seed),
+                      ("source", f"{source}:{matches[matrix].digest()}"))
+            shape = (matches[matrix].rows, ref.value_shape[1])
+            tensors[name] = _tensor(name, registered.SURGERY_ROWS, (ref, donor_ref), params, shape, ref.value_dtype)
+        elif is_head(name):
+            raise UsageError(f"MODEL's {name} follows the vocabulary, and tokensurgeon remaps only the token "
+                             "embedding and the head's weight")
+        else:
+            tensors[name] = _tensor(name, "passthrough", (ref,), (), ref.value_shape, ref.value_dtype,
+                                    model_params=((("scale", None),),))
+    options = resolve_shard_size(options, tensors)
+    options, naming = output_naming(options, [f.name for f in model.files])
+    shards, placed = assign_shards(tensors, options.out_shard_size, naming=naming)
+    rows = matches["embed"].rows
+    method = Method(spec.approximation_method, spec.k, spec.cosine_similarity, spec.weight_scheme,
+                    spec.subword_method, spec.new_vocab_noise, spec.new_vocab_scale)
+    donor_dtype = donor.tensors[matrices.names["embed"][1]].entry.dtype
+    tokenizer_donor = opened.donor_key if options.copy_tokenizer else None
+    plan = Plan(
+        method=METHOD,
+        tensors={n: placed[n] for n in sorted(placed)},
+        shards=shards,
+        donor=opened.model_key,
+        tokenizer_donor=tokenizer_donor,
+        num_layers=layer_count(model.config) or 0,
+        layer_origins=(),
+        inputs=_input_files(opened.inputs),
+        model_dirs={k: str(m.directory) for k, m in opened.inputs.models.items()},
+        options=options,
+        out_config=out_config(model.config, donor.config, rows),
+        tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, {}) if tokenizer_donor else (),
+        notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec)),
+        units=registered.UNITS,
+        card_config=opened.config,
+        card_method=("tokensurgeon", f"{spec.model} given {spec.donor}'s tokenizer; the rows of the tokens it "
+                                     f"lacked approximated by {spec.describe()}", "https://arxiv.org/abs/2506.06607"),
+        config_copy=CONFIG_COPY,
+    )
+    return fingerprinted(plan)
+
+
+def out_config(model: Mapping[str, Any], donor: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """MODEL's config.json with the new vocabulary size and DONOR's special token ids (pad, eos and bos always,
+    None when DONOR names none, as transformers' config objects carry them; the others where DONOR has them)."""
+    out = dict(model)
+    out["vocab_size"] = rows
+    for key in _DONOR_KEYS:
+        if key in donor or key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+            out[key] = donor.get(key)
+    return out
+
+
+def report_lines(spec: SurgerySpec, matches: Mapping[str, MatrixMatch]) -> tuple[str, ...]:
+    """What was done to each matrix: the log's, ``status``'s and the card's account."""
+    label = {"embed": "token embedding", "lm_head": "head"}
+    return tuple(f"tokensurgeon {label[m]}: {match.rows} rows, {match.report(spec.describe())}"
+                 for m, match in matches.items())
+
+
+def _match_notes(spec: SurgerySpec) -> tuple[str, ...]:
+    notes = []
+    if spec.magikarp:
+        notes.append("--magikarp: MODEL lends only the rows of tokens both models trained well; DONOR tokens neither "
+                     "trained well are left zero")
+    if {spec.prefix_match, spec.byte_match} & {"embed", "lm_head"}:
+        notes.append("--prefix-match/--byte-match embed and lm_head apply to the matrix they name "
+                     "(mergekit-tokensurgeon 0.1.5 applies each to the other one)")
+    return tuple(notes)
+
+
+def _one(model: ModelInput, test: Callable[[str], bool], what: str, who: str) -> str:
+    found = [n for n in model.tensors if test(n)]
+    if len(found) != 1:
+        listed = ", ".join(found) if found else "none"
+        raise UsageError(f"{who} needs exactly one {what} tensor, found {listed}")
+    return found[0]
+
+
+def _head(model: ModelInput) -> str | None:
+    heads = [n for n in model.tensors if is_head(n) and n.endswith(".weight")]
+    if len(heads) > 1:
+        raise UsageError(f"tokensurgeon needs at most one output head, found {', '.join(heads)}")
+    return heads[0] if heads else None
+
+
+def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], params: tuple[tuple[str, object], ...],
+            shape: tuple[int, ...], dtype: str,
+            model_params: tuple[tuple[tuple[str, object], ...], ...] | None = None) -> TensorPlan:
+    return TensorPlan(name=name, shard="", method=method, inputs=inputs, base_index=None,
+                      model_params=model_params if model_params is not None else tuple(() for _ in inputs),
+                      params=params, shape=shape, compute_dtype=None, out_dtype=dtype,
+                      nbytes=numel(shape) * DTYPE_SIZES[dtype])
+
+
+def _source_digest(opened: Opened, spec: SurgerySpec, matches: Mapping[str, MatrixMatch]) -> str:
+    """A digest of the models' file identities and the approximation asked (a kept batch is never another's)."""
+    files = _input_files(opened.inputs)
+    text = repr((files.get(opened.model_key), files.get(opened.donor_key), spec.approximation_method, spec.k,
+                 spec.cosine_similarity, spec.weight_scheme, spec.subword_method, spec.batch_size,
+                 spec.new_vocab_noise, spec.new_vocab_scale))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _input_files(inputs: Inputs) -> dict[str, tuple[tuple[str, int, str], ...]]:
+    return {key: tuple((f.name, f.size, f.identity) for f in m.files) for key, m in sorted(inputs.models.items())}
+
