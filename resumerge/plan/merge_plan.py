@@ -79,6 +79,11 @@ class PlanOptions:
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
     out_adapter: bool = False
 
+    def __post_init__(self) -> None:
+        # A recorded run's options come back from JSON, where a tuple is a list: ``[] != ()``, so the resumed plan's
+        # fingerprint named a --gguf-tensor-type the run never had and every resume was refused as planned otherwise.
+        object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
+
 
 # Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
 # before they existed resumes as the same plan.
