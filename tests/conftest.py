@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ra
 # import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, settings
 # of Intel's OpenMP, which torch's and numpy's libraries here never read. Left set, every later command of the worker
 # differed from its fork server's environment and started a fresh interpreter instead (torch imported again: 186 of
-# them in a full run). Each test starts with them as the session did.
-LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"))
+# them in a full run). Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray
+# modules, run first). Each test starts with them as the session did.
+LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+                                                              "PYTHONBREAKPOINT"))
 
 
 def pytest_configure() -> None:
@@ -30,6 +33,40 @@ def pytest_configure() -> None:
     test module with its asserts rewritten unless ``sys.dont_write_bytecode`` is set; with it set, every worker
     parsed and rewrote all ~160 test modules on every run (a collection took 19 CPU seconds instead of 11)."""
     sys.dont_write_bytecode = False
+    if log := os.environ.get("RESUMERGE_TEST_FORKLOG"):
+        _log_interpreters(log)
+
+
+def _log_interpreters(log: str) -> None:
+    """Under RESUMERGE_TEST_FORKLOG, one JSON line for every Python interpreter this worker starts other than
+    through :func:`support.cli` (which logs its own): a test's ``subprocess.run([sys.executable, ...])``, the
+    mergekit oracle, a notebook's kernel, the fork server itself. Each imports what it needs afresh (torch: 2-5 CPU
+    s); the suite's CPU goes where these go. Ray's workers are started by its raylet, not here, and are not counted."""
+    import json
+    import subprocess
+
+    started = subprocess.Popen.__init__
+
+    def logged(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [str(a) for a in ([args] if isinstance(args, (str, Path)) else args)]
+        if argv and Path(argv[0]).name.startswith("python") and not _caller().startswith("support.py:"):
+            what = next((a for a in argv[1:] if not a.startswith("-")), "")
+            what = "fork server" if argv[1:2] == ["-c"] and "forkserver_child" in what else what[:80]
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+                                      "kind": "python", "command": what, "forked": False,
+                                      "why": "started by " + _caller()}) + "\n")
+        started(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = logged  # type: ignore[method-assign]
+
+
+def _caller() -> str:
+    """The first frame outside subprocess and this file that started a process: file name and line."""
+    frame = sys._getframe(2)
+    while frame and (frame.f_code.co_filename.endswith(("subprocess.py", "conftest.py"))):
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}" if frame else "?"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -56,9 +56,12 @@ _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio"
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
 # when a cache directory is asked for (torch._inductor, never imported by the server): left out, every command after
 # such a test started a fresh interpreter (torch imported again) for the rest of the worker's session.
-# FAULTSHIM_ is the fault shim's, which each child has read them again (forkserver_child).
+# FAULTSHIM_ is the fault shim's, which each child has read them again (forkserver_child). PYTHONBREAKPOINT is read
+# by breakpoint() as it is called, never at an interpreter's start; Ray's driver sets it as it connects
+# (ray._private.worker.connect), so left out, every command after a Ray test of the worker (those run first) started a
+# fresh interpreter for the rest of its session.
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_|PYTHONBREAKPOINT$)")
 
 _SERVER = r"""
 import json, os, runpy, sys
@@ -168,10 +171,17 @@ class ForkServer:
         preloaded modules never look, or in a ``PYTHONPATH`` that puts folders before the server's holding none of
         the modules the server imported but those it imported from there (a test's stand-in for a package the
         command imports itself: a transformers that fails to import)."""
+        return self.unforkable(env) is None
+
+    def unforkable(self, env: dict[str, str]) -> str | None:
+        """Why a command with environment ``env`` starts a fresh interpreter (:meth:`forkable`), None where it may be
+        forked: the suite's fork log (RESUMERGE_TEST_FORKLOG, :func:`support.cli`) counts these."""
+        if self.process.poll() is not None:
+            return "server ended" + (" (LD_PRELOAD without forkserver_child)" if "LD_PRELOAD" in self.env else "")
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        if self.process.poll() is not None or not all(_RUNTIME.match(k) for k in changed - {"PYTHONPATH"}):
-            return False
-        return self.path_added(env) is not None
+        if read_at_start := sorted(k for k in changed - {"PYTHONPATH"} if not _RUNTIME.match(k)):
+            return "env " + ",".join(read_at_start)
+        return None if self.path_added(env) is not None else "PYTHONPATH"
 
     def path_added(self, env: dict[str, str]) -> list[str] | None:
         """The entries ``env``'s PYTHONPATH puts before the server's (``[]``: the same); None where it differs

@@ -252,3 +252,108 @@ def ct_config(groups: list[CtGroup], *, static: bool = False) -> dict[str, objec
                                              "input_activations": activations}
                               for i, (pattern, args, fmt) in enumerate(groups)},
             "ignore": ["lm_head"]}
+
+
+# NVFP4: E2M1 magnitudes by code, the block size, and the two configs of its two safetensors producers.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_GROUP = 16
+MODELOPT_CONFIG: dict[str, object] = {
+    "quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+    "producer": {"name": "modelopt", "version": "0.37.0"}, "exclude_modules": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"],
+                                  "weights": {"num_bits": 4, "type": "float", "group_size": 16},
+                                  "input_activations": {"num_bits": 4, "type": "float", "group_size": 16}}},
+    "ignore": ["lm_head"]}
+NVFP4_CT_ARGS: dict[str, object] = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+                                    "symmetric": True, "dynamic": False, "observer": "minmax"}
+NVFP4_CT_CONFIG: dict[str, object] = {
+    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": NVFP4_CT_ARGS, "input_activations": None,
+                                  "format": "nvfp4-pack-quantized"}},
+    "ignore": ["lm_head"]}
+
+
+def _e2m1_index(x: torch.Tensor) -> torch.Tensor:
+    """The index of the E2M1 magnitude nearest ``|x|`` (saturating at 6), a tie to the even index: by distance to
+    each of the eight, not by thresholds."""
+    table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64)
+    distance = (x.abs().to(torch.float64).clamp(max=6.0).unsqueeze(-1) - table).abs()
+    best = distance.min(-1, keepdim=True).values
+    candidates = distance == best
+    even = candidates & (torch.arange(8) % 2 == 0)
+    return torch.where(even.any(-1), even.to(torch.int64).argmax(-1), candidates.to(torch.int64).argmax(-1))
+
+
+def modelopt_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """NVIDIA ModelOpt's NVFP4 export of one Linear weight, as reference/kquants.md §7 gives its formula:
+    ``weight_scale_2 = amax / (6 · 448)``, ``weight_scale = fp8(block_amax / (6 · weight_scale_2))`` (a zero block:
+    1.0), codes E2M1 of ``W / (fp32(weight_scale) · weight_scale_2)`` ties to even, +0 for every zero, byte k =
+    ``q[2k] | q[2k+1] << 4``; with the value it dequantizes to, ``E2M1 · weight_scale · weight_scale_2``."""
+    w = w.to(torch.float32)
+    rows, cols = w.shape
+    scale_2 = w.abs().max() / (6 * 448)
+    blocks = w.reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP)
+    weight_scale = (blocks.abs().amax(-1) / (6 * scale_2)).to(torch.float8_e4m3fn).to(torch.float32)
+    weight_scale = torch.where(weight_scale == 0, 1.0, weight_scale).to(torch.float8_e4m3fn)
+    per = weight_scale.to(torch.float32) * scale_2
+    index = _e2m1_index(blocks / per.unsqueeze(-1))
+    negative = (blocks < 0) & (index > 0)
+    codes = (index | (negative.to(torch.int64) << 3)).reshape(rows, cols)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    magnitude = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)[index]
+    value = torch.where(negative, -magnitude, magnitude) * per.unsqueeze(-1)
+    return {"weight": packed, "weight_scale": weight_scale, "weight_scale_2": scale_2.reshape(()),
+            "value": value.reshape(rows, cols)}
+
+
+def modelopt_quantizer(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """ModelOpt NVFP4 of every projection (:func:`modelopt_nvfp4`), with a static ``input_scale``."""
+    if not _projection(name, t):
+        return None
+    module = name.removesuffix(".weight")
+    parts = modelopt_nvfp4(t)
+    return {name: parts["weight"], f"{module}.weight_scale": parts["weight_scale"],
+            f"{module}.weight_scale_2": parts["weight_scale_2"],
+            f"{module}.input_scale": (t.abs().amax() / (6 * 448)).to(torch.float32).reshape(()),
+            "value": parts["value"]}
+
+
+def compressed_tensors_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own NVFP4 of one weight (its observer's global scale and block scales, its
+    ``NVFP4PackedCompressor.compress``), with the float32 value its dequantize gives (``"value"``; checked equal,
+    rounded, to the bfloat16 its ``decompress`` returns)."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+
+    args = QuantizationArgs(**{k: v for k, v in NVFP4_CT_ARGS.items() if k != "observer"},
+                            scale_dtype=torch.float8_e4m3fn)
+    w = w.to(torch.float32)
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP)
+    global_scale = generate_gparam(w.min(), w.max())
+    scale, _ = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args, global_scale=global_scale)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    stored = NVFP4PackedCompressor.compress({"weight": w.clone(), "weight_scale": scale,
+                                              "weight_global_scale": global_scale}, scheme)
+    decoded = NVFP4PackedCompressor.decompress(dict(stored), scheme)["weight"]
+    # The library's own unpacking and dequantize, in float32 (its decompress rounds that value to bfloat16).
+    codes = unpack_fp4_from_uint8(stored["weight_packed"], rows, cols, dtype=torch.float32)
+    value = dequantize(x_q=codes, scale=stored["weight_scale"].to(torch.float32), args=args,
+                       global_scale=stored["weight_global_scale"], dtype=torch.float32)
+    assert torch.equal(value.to(torch.bfloat16), decoded)
+    return {**stored, "value": value}
+
+
+def ct_nvfp4_quantizer(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """compressed-tensors NVFP4 of every projection (:func:`compressed_tensors_nvfp4`); the reference value is the
+    library's dequantize of the stored parts in float32."""
+    if not _projection(name, t):
+        return None
+    module = name.removesuffix(".weight")
+    parts = compressed_tensors_nvfp4(t)
+    value = parts.pop("value")
+    return {f"{module}.weight_packed": parts["weight_packed"], f"{module}.weight_scale": parts["weight_scale"],
+            f"{module}.weight_global_scale": parts["weight_global_scale"], "value": value}

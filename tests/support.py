@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import select
 import signal
@@ -37,8 +38,9 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
     full_env = dict(os.environ)
     full_env.update(env or {})
     server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
-    forked = (server.run([str(a) for a in args], full_env, timeout, script, limits)
-              if server and server.forkable(full_env) else None)
+    why = "fresh=True" if server is None else server.unforkable(full_env)
+    forked = server.run([str(a) for a in args], full_env, timeout, script, limits) if server and why is None else None
+    _log_fork(args, script, why if forked is None and why else ("busy" if forked is None else None))
     if forked is not None:
         return forked
     return subprocess.run(
@@ -50,6 +52,20 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         check=False,
         preexec_fn=partial(_set_limits, limits) if limits else None,
     )
+
+
+def _log_fork(args: tuple[str | Path, ...], script: Path | None, why: str | None) -> None:
+    """One JSON line per CLI process a test starts, appended to the file RESUMERGE_TEST_FORKLOG names (unset: none):
+    the test, the command, and why it started a fresh interpreter (None: forked) — what the suite's fresh starts
+    (torch imported again, about 2-5 CPU s each) come from."""
+    log = os.environ.get("RESUMERGE_TEST_FORKLOG")
+    if not log:
+        return
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "kind": "cli",
+            "command": str(script.name) if script else (str(args[0]) if args else ""),
+            "forked": why is None, "why": why}
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def _set_limits(limits: dict[str, int]) -> None:
@@ -70,8 +86,10 @@ def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: boo
     full_env = dict(os.environ)
     full_env.update(env or {})
     server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
-    forked = (server.start([str(a) for a in args], full_env, capture=capture, script=script)
-              if server and server.forkable(full_env) else None)
+    why = "fresh=True" if server is None else server.unforkable(full_env)
+    forked = server.start([str(a) for a in args], full_env, capture=capture, script=script) if server and why is None \
+        else None
+    _log_fork(args, script, why if forked is None and why else ("busy" if forked is None else None))
     if forked is not None:
         return forked
     where = subprocess.PIPE if capture else subprocess.DEVNULL

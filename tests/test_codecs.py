@@ -118,10 +118,10 @@ def test_a_quant_method_is_decoded_by_the_format_that_claims_it_and_refused_wher
     twins(make("b", seed=2), tmp_path / "codes", tmp_path / "values")
     a = make("a", seed=1)
     with pytest.raises(ModelInputError, match=r"unknown quantization method 'toy-int8' in config.json, which "
-                                              r"resumerge cannot decode \(it decodes fp8, compressed-tensors, mxfp4 "
-                                              r"and gguf\)"):
+                                              r"resumerge cannot decode \(it decodes fp8, compressed-tensors, mxfp4, "
+                                              r"modelopt and gguf\)"):
         plan_for(tmp_path, linear_config(a, tmp_path / "codes"), CODECS)
-    assert WITH_TOY.methods == ("fp8", "compressed-tensors", "mxfp4", "gguf", "toy-int8")
+    assert WITH_TOY.methods == ("fp8", "compressed-tensors", "mxfp4", "modelopt", "gguf", "toy-int8")
     with pytest.raises(ModelInputError, match=r"\(it decodes toy-int8\)"):
         TOY.recognise({"quantization_config": {"quant_method": "fp8"}}, _stored(w="F8_E4M3"))
     codes, _ = plan_for(tmp_path, linear_config(a, tmp_path / "codes"), WITH_TOY)

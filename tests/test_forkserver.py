@@ -52,7 +52,10 @@ def test_a_forked_command_is_the_fresh_interpreter_s_and_a_kill_point_kills_it(s
     assert server.forkable({**env, "RESUMERGE_KILL_AT": "after_fsync", "HF_HOME": "/elsewhere"})
     # set in the test process by torch._dynamo's import (a transformers model run there, PEFT's import)
     assert server.forkable({**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    # set in the test process by Ray's driver as it connects (ray.init): breakpoint() reads it as it is called
+    assert server.forkable({**env, "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace"})
     assert not server.forkable({**env, "OMP_NUM_THREADS": "1"})  # libgomp read it as torch loaded
+    assert server.unforkable({**env, "OMP_NUM_THREADS": "1"}) == "env OMP_NUM_THREADS"  # the fork log's reason
     assert not server.forkable({**env, "PYTHONPATH": "/elsewhere"})
     # resumerge's run modules imported before the fork; nothing that reads the environment as it is imported
     assert "resumerge" in server._imported() and not {"huggingface_hub", "transformers"} & server._imported().keys()

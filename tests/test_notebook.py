@@ -9,6 +9,7 @@ first choice, an hf:// repo on the stand-in hub (``HF_ENDPOINT`` at it, the toke
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -193,6 +194,12 @@ def test_install_cell_installs_from_the_repository_or_a_wheel(tmp_path: Path, mo
     nothing = _execute(_notebook(common, {}), ("parameters", "injected-parameters", "install"), tmp_path)
     assert nothing[-1][0] == "error" and "no resumerge wheel matches" in nothing[-1][1], nothing
     assert "pip wheel --no-deps -w dist ." in nothing[-1][1] and "INSTALL_FROM" in nothing[-1][1]
+    # a new runtime (the resume after a disconnect) has lost the wheel uploaded before: the cell and the resume
+    # cell's text say so (issue 87)
+    assert "lost the one uploaded before" in nothing[-1][1]
+    resume_text = next("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]
+                       if c["cell_type"] == "markdown" and "After a disconnect" in "".join(c["source"]))
+    assert "upload the resumerge wheel again" in resume_text
     # The default's form, a pattern for an uploaded wheel, with a wheel where it points.
     installed = _execute(_notebook({**common, "INSTALL_FROM": str(wheel.parent / "resumerge-*.whl")}, {}),
                          ("parameters", "injected-parameters", "install"), tmp_path)

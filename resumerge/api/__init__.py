@@ -4,7 +4,7 @@ prints), ``plan_merge``, ``extract_lora``, ``estimate_extraction``, ``tokensurge
 :mod:`.evolution`), for the CLI and for notebooks alike; ``open_unwritten`` and ``open_population``
 (:mod:`.unwritten`): a merge config, or a generation of them, read as the model it describes without being written,
 for ``eval`` and ``evolve``; ``evaluate`` (``resumerge eval``): lm-evaluation-harness tasks on a model, or on a merge
-config unwritten.
+config unwritten; ``lm_eval`` (``resumerge lm-eval``): lm-eval's own command line with ``--model resumerge``.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
@@ -32,8 +32,8 @@ from resumerge.api.reading import evolve_status, recipe_status, status, verify
 
 __all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "check", "estimate",
            "estimate_extraction", "estimate_measure", "estimate_tokensurgeon", "evaluate", "evolve", "evolve_status",
-           "extract_lora", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status", "resume",
-           "run", "status", "tokensurgeon", "verify"]
+           "extract_lora", "lm_eval", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status",
+           "resume", "run", "status", "tokensurgeon", "verify"]
 
 # Where each name imported on its first use lives.
 _LAZY = {
@@ -41,6 +41,7 @@ _LAZY = {
     **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery"), "resumerge.api.options"),
     **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
+    **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
     **dict.fromkeys(("check", "estimate", "estimate_extraction", "estimate_measure", "evaluate", "evolve",
                      "extract_lora", "measure", "plan_merge", "resume", "run"), "resumerge.api.calls"),
 }
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
         run,
     )
     from resumerge.api.evolution import EvolveOutcome
+    from resumerge.api.lmevaldoor import lm_eval
     from resumerge.api.options import Hub, Lora, Merging, Output, Resources, Stages, Surgery
     from resumerge.api.transplanting import estimate_tokensurgeon, tokensurgeon
     from resumerge.api.unwritten import open_population, open_unwritten

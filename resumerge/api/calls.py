@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from resumerge.engine.executors import Executor
     from resumerge.estimate.costs import Estimate
     from resumerge.evolve.progress import SearchStep
+    from resumerge.evolve.tracking import Tracking
     from resumerge.inputs.codecs import CodecTable
     from resumerge.plan.merge_plan import Plan
     from resumerge.recipes.estimate import RecipeEstimate
@@ -292,7 +293,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
              state_dir: PathLike | None = None, executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
              device: str | None = None, max_gpu_memory: int | str | None = None,
-             task_index: TaskIndex | None = None) -> EvalReport:
+             task_index: TaskIndex | None = None, merging: Merging = Merging()) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
     describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
@@ -315,7 +316,9 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
     the same ``Resources`` object (a field given both ways is refused). ``task_index``
     (:class:`~resumerge.analyses.evaluation.tasks.TaskIndex`): lm-eval's index of its tasks, built at its first use
-    and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call)."""
+    and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call).
+    ``merging`` (the group :func:`run` takes): how a merge config ``target`` is merged (``random_seed``,
+    ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it; refused for a model ``target``."""
     from resumerge.api.evaluation import evaluate_with
 
     resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
@@ -323,7 +326,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
                          include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                          apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
-                         progress=progress, task_index=task_index)
+                         progress=progress, task_index=task_index, merging=merging)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
@@ -488,7 +491,9 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, executor: Executor | None = None,
            max_memory: int | str | None = None, device: str | None = None,
-           progress: Callable[[SearchStep], None] | None = None) -> EvolveOutcome:
+           progress: Callable[[SearchStep], None] | None = None, wandb: bool = False,
+           wandb_project: str = "mergekit-evolve", wandb_entity: str | None = None, trackio: bool = False,
+           trackio_project: str = "resumerge-evolve") -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -508,6 +513,10 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
     layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
     them on stderr.
+    ``wandb`` (mergekit-evolve's ``--wandb``, to
+    ``wandb_project`` of ``wandb_entity``) and ``trackio`` (to ``trackio_project``): the search logged there, a row
+    per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
+    best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
@@ -523,4 +532,18 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
                        resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
                        run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
                        task_search_path=task_search_path, placement=placement, executor=executor,
-                       progress=progress)
+                       progress=progress,
+                       tracking=_tracking(wandb, wandb_project, wandb_entity, trackio, trackio_project))
+
+
+def _tracking(wandb: bool, wandb_project: str, wandb_entity: str | None, trackio: bool,
+              trackio_project: str) -> list[Tracking]:
+    """Where :func:`evolve` logs its search (an entity or project named without its library: exit 2)."""
+    from resumerge.errors import UsageError
+    from resumerge.evolve.tracking import Tracking
+
+    if wandb_entity is not None and not wandb:
+        raise UsageError("--wandb-entity needs --wandb", hint="add --wandb, or leave out --wandb-entity")
+    found = [Tracking("wandb", wandb_project, wandb_entity)] if wandb else []
+    return found + ([Tracking("trackio", trackio_project)] if trackio else [])
+

@@ -9,10 +9,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import PathLike, Resources, pass_placement
+from resumerge.api.options import Merging, PathLike, Resources, pass_placement, taken
 from resumerge.api.unwritten import open_unwritten
 from resumerge.config.passplace import OnRay
 from resumerge.config.settings import RunSettings
+from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation import EvalReport
@@ -23,10 +24,12 @@ if TYPE_CHECKING:
 def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resources, settings: RunSettings, *,
                   include_path: PathLike | None, limit: float | None, num_fewshot: int | None,
                   apply_chat_template: bool | str, log_samples: bool, output_path: PathLike | None,
-                  progress: Callable[[EvalStep], None] | None, task_index: TaskIndex | None = None) -> EvalReport:
+                  progress: Callable[[EvalStep], None] | None, task_index: TaskIndex | None = None,
+                  merging: Merging = Merging()) -> EvalReport:
     """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) under ``resources`` (the device) and
     ``settings`` (the memory budgets parsed, the state dir, the executor); ``task_index``: lm-eval's task index
-    shared with other evaluations (None: one of its own)."""
+    shared with other evaluations (None: one of its own); ``merging``: how a merge config ``target`` is merged
+    (refused, exit 2, for a model ``target``)."""
     from resumerge.analyses.evaluation.run import is_config, run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
 
@@ -39,7 +42,13 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
     placement = pass_placement(settings)
     ray = placement if isinstance(placement, OnRay) else None
     on_ray, address, keep = ray is not None, ray.address if ray else None, ray.keep if ray else 0.0
+    taken(merging, "evaluate")
     if not is_config(os.fspath(target)):
+        if merging != Merging():  # they change a merge, and a model TARGET is no merge to make
+            changed = ", ".join(f"--{k.replace('_', '-')}" for k, v in vars(merging).items()
+                                if v != getattr(Merging(), k))
+            raise UsageError(f"{changed} applies to a merge config TARGET, and {os.fspath(target)} is a model",
+                             hint=f"leave out {changed}")
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
                         ray_address=address, ray_keep=keep, task_index=task_index)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
@@ -49,6 +58,16 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
 
     budget = evaluation.max_memory if evaluation.max_memory is not None else default_budget(SystemProbe())
     with MemoryGovernor(budget, SystemProbe()) as governor, \
-            open_unwritten(target, state_dir=settings.state.given, governor=governor) as merge:
+            open_unwritten(target, state_dir=settings.state.given, merging=merging, governor=governor) as merge:
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, unwritten=merge,
-                        on_ray=on_ray, task_index=task_index)
+                        on_ray=on_ray, task_index=task_index, merge_words=_merge_words(merging))
+
+
+def _merge_words(merging: Merging) -> tuple[str, ...]:
+    """The flags of ``merging``'s settings other than their defaults, as the command that continues says them."""
+    words: list[str] = []
+    if merging.random_seed != Merging().random_seed:
+        words += ["--random-seed", str(merging.random_seed)]
+    words += ["--allow-crimes"] if merging.allow_crimes else []
+    words += ["--unsafe-truncate-embeddings"] if merging.unsafe_truncate_embeddings else []
+    return tuple(words)

@@ -9,6 +9,7 @@ import math
 import os
 import shlex
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from resumerge.evolve.progress import Watcher
     from resumerge.evolve.search import Planned, SearchOptions
     from resumerge.evolve.storage import Evaluated, Say
+    from resumerge.evolve.tracking import Tracking
     from resumerge.plan.merge_plan import Plan
 
 
@@ -49,7 +51,8 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                 plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
                 evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
                 written: bool = False, placement: PassPlacement = HERE,
-                executor: Executor | None = None, progress: Watcher | None = None) -> EvolveOutcome:
+                executor: Executor | None = None, progress: Watcher | None = None,
+                tracking: Sequence[Tracking] = ()) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
     handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
     per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
@@ -57,7 +60,8 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     are held to). ``placement`` (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over
     the nodes of that cluster (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
     writes ``merge_best`` (:func:`resumerge.api.run`'s); ``progress``: told each step of the search (a candidate's
-    pass at each layer, each candidate scored, the best so far and the time left)."""
+    pass at each layer, each candidate scored, the best so far and the time left). ``tracking``: where the search
+    is logged (W&B, trackio: :mod:`resumerge.evolve.tracking`), each library imported before anything is read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
@@ -66,9 +70,11 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.search import run_search
     from resumerge.evolve.streamed import StreamedCandidates
     from resumerge.evolve.together import Together
+    from resumerge.evolve.tracking import SearchLog, backend
     from resumerge.evolve.written import WrittenCandidates
     from resumerge.forward.device import PassDevice
 
+    backends = [(each.kind, backend(each)) for each in tracking]  # a library missing: exit 2 before anything
     include = os.fspath(task_search_path) if task_search_path is not None else None
     on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
     index = TaskIndex()  # lm-eval's tasks indexed once: for the planning and every candidate's evaluation
@@ -115,14 +121,17 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     command = evolve_command(config, store, options, resources, merge_best, allow_benchmark_tasks, task_search_path,
                              None if ray is None else ray.address or "")
     told = SearchProgress(store, progress)
-    with files.locked(store, command):
+    with files.locked(store, command), ExitStack() as closing:
+        logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
+        for log in logs:
+            closing.callback(log.close)
         if ray is not None:  # each generation's candidates spread over the cluster's nodes, each group scored there
             from resumerge.evolve.spread import SpreadOverNodes
 
             best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray.address, ray.keep, told.say),
-                              told, command)
+                              told, command, logs)
         else:
-            best = run_search(planned, store, scorer_at(store, told.say), told, command)
+            best = run_search(planned, store, scorer_at(store, told.say), told, command, logs)
     merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
         if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)

@@ -93,7 +93,8 @@ class Merging:
     random_seed: int = DEFAULT_SEED
     allow_crimes: bool = False
     unsafe_truncate_embeddings: bool = field(default=False, metadata=_not_for(*_SURGERY))
-    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    # eval refuses a mergekit-moe config before this could matter
+    allow_same_experts: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY, "evaluate"))
 
 
 @dataclass(frozen=True)

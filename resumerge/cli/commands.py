@@ -44,10 +44,14 @@ FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``resumerge`` console script; returns the exit code."""
     parser = build_parser(asked_command(argv))
+    words = sys.argv[1:] if argv is None else list(argv)
     try:
-        args, extra = parser.parse_known_args(argv)
-        if extra:  # a command's unknown option: its own usage, not the top-level one parse_args would print
-            command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+        if words[:1] == ["lm-eval"]:  # the rest is lm-eval's, parsed by lm-eval's own parser (.lmevalcmd)
+            args = argparse.Namespace(command="lm-eval", words=words[1:])
+        else:
+            args, extra = parser.parse_known_args(argv)
+            if extra:  # a command's unknown option: its own usage, not the top-level one parse_args would print
+                command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse already printed its message
         return 2 if exc.code not in (0, None) else 0
     if args.command is None:
@@ -153,6 +157,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from resumerge.cli.evalcmd import run_eval_command
 
         return run_eval_command(args)
+    if args.command == "lm-eval":
+        from resumerge.cli.lmevalcmd import run_lm_eval_command
+
+        return run_lm_eval_command(args.words)
     if args.command == "measure":
         from resumerge.cli.measurecmd import run_measure_command
 

@@ -25,27 +25,32 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
                     "task, a dataset not available offline, a generation task) before any weight is read, 3 when "
                     "interrupted (run it again: it resumes at the layer reached, with the same results), 4 when the "
-                    "same evaluation is under way in another process (named).")
+                    "same evaluation is under way in another process (named). The flags it shares with lm-eval take "
+                    "lm-eval's spellings too (--include_path, --num_fewshot, -t, -o, ...); resumerge lm-eval is "
+                    "lm-eval's whole command line.")
     evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
                           "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
                           "it describes, each layer's tensors merged in memory by run's own method code, never "
                           "written")
-    evaluate.add_argument("--tasks", required=True, metavar="NAMES",
+    evaluate.add_argument("--tasks", "-t", required=True, metavar="NAMES",
                           help="lm-eval task, group or tag names, comma-separated (or task YAML paths); and "
                                "check's figures as tasks: nll:FILE (NLL per token of FILE's texts, one a line) and "
                                "kl:PARENT:FILE (KL from the model PARENT on them), reported as nll,none and kl,none")
-    evaluate.add_argument("--include-path", metavar="DIR", help="a folder of lm-eval task YAMLs, beside its own")
-    evaluate.add_argument("--limit", type=float, metavar="N",
+    evaluate.add_argument("--include-path", "--include_path", metavar="DIR",
+                          help="a folder of lm-eval task YAMLs, beside its own")
+    evaluate.add_argument("--limit", "-L", type=float, metavar="N",
                           help="at most N documents per task (a number below 1: that share of each task)")
-    evaluate.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples in each prompt "
-                          "[default: each task's own]")
-    evaluate.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="NAME",
+    evaluate.add_argument("--num-fewshot", "--num_fewshot", "-f", type=int, metavar="K",
+                          help="few-shot examples in each prompt [default: each task's own]")
+    evaluate.add_argument("--apply-chat-template", "--apply_chat_template", nargs="?", const=True, default=False,
+                          metavar="NAME",
                           help="put each prompt through the model's chat template (NAME: one of several)")
-    evaluate.add_argument("--log-samples", action="store_true",
+    evaluate.add_argument("--log-samples", "--log_samples", "-s", action="store_true",
                           help="with --output-path: write each task's samples (the per-request log-likelihoods) "
                                "as lm-eval's --log_samples does")
-    evaluate.add_argument("--output-path", metavar="DIR", help="write lm-eval's results file (and the samples) "
-                          "under DIR as lm-eval's --output_path does")
+    evaluate.add_argument("--output-path", "--output_path", "-o", metavar="DIR",
+                          help="write lm-eval's results file (and the samples) under DIR as lm-eval's --output_path "
+                               "does")
     evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
                           "default: most of what is free)")
     evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
@@ -54,6 +59,12 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
                           "[default: 85 %% of the GPU's free memory]")
     evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
+    evaluate.add_argument("--random-seed", type=int, default=0, metavar="N",
+                          help="a merge config TARGET: seed of randomised methods, as for run [default: 0]")
+    evaluate.add_argument("--allow-crimes", action="store_true",
+                          help="a merge config TARGET: merge models of different architectures, as for run")
+    evaluate.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                          help="a merge config TARGET: merge vocabularies of different sizes, as for run")
     add_executor_flags(evaluate, where=f"where each pass's decoder layers run: this process, or an actor on a node "
                                        f"of a Ray cluster, the head here ({RAY_NEEDS}; TARGET a written model on a "
                                        "path every node sees, or hf://); the results are the same, and an evaluation "
@@ -64,7 +75,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """One API call, then the table (or the JSON)."""
-    from resumerge.api import Resources, evaluate
+    from resumerge.api import Merging, Resources, evaluate
     from resumerge.api.options import executor_option
 
     def progress(step: EvalStep) -> None:
@@ -78,7 +89,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
                       resources=Resources(max_memory=args.max_memory, device=args.device,
                                           max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
                       executor=executor_option(args.executor, ray_address=args.ray_address),
-                      progress=None if args.quiet else progress)
+                      progress=None if args.quiet else progress,
+                      merging=Merging(random_seed=args.random_seed, allow_crimes=args.allow_crimes,
+                                      unsafe_truncate_embeddings=args.unsafe_truncate_embeddings))
     if report.proof is not None and not args.quiet:  # stderr: --json's stdout is lm-eval's object alone
         print(f"eval: inputs: {report.proof}", file=sys.stderr)
     if args.json:

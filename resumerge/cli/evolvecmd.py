@@ -50,6 +50,18 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
     evolve.add_argument("--task-search-path", metavar="DIR", help="a folder of lm-eval task YAMLs, for the config's "
                         "lm-eval task entries (as mergekit-evolve's --task-search-path)")
+    evolve.add_argument("--wandb", action=argparse.BooleanOptionalAction, default=False,
+                        help="log the search to Weights & Biases, as mergekit-evolve's --wandb: a row per candidate "
+                             "(genotype, figures, objective), a summary per generation, best.yml as an artifact; a "
+                             "resumed search logs to the same run, each candidate once (needs the logging extra)")
+    evolve.add_argument("--wandb-project", default="mergekit-evolve", metavar="NAME",
+                        help="the W&B project [default: mergekit-evolve]")
+    evolve.add_argument("--wandb-entity", metavar="NAME", help="the W&B entity (team or user) [default: yours]")
+    evolve.add_argument("--trackio", action="store_true",
+                        help="log the search to trackio as --wandb logs it (its local store, or the Space it is "
+                             "told with TRACKIO_SPACE_ID)")
+    evolve.add_argument("--trackio-project", default="resumerge-evolve", metavar="NAME",
+                        help="the trackio project [default: resumerge-evolve]")
     evolve.add_argument("--json", action="store_true", help="print the best candidate as JSON")
     evolve.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (a line per layer of a "
                         "generation's pass and per candidate scored)")
@@ -66,8 +78,9 @@ def run_evolve_command(args: argparse.Namespace) -> int:
                      resources=Resources(max_memory=args.max_memory, device=args.device),
                      merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
                      task_search_path=args.task_search_path,
-                     executor=executor_option(args.executor, ray_address=args.ray_address),
-                     progress=EvolveProgress(quiet=args.quiet))
+                     executor=executor_option(args.executor, ray_address=args.ray_address), wandb=args.wandb,
+                     wandb_project=args.wandb_project, wandb_entity=args.wandb_entity, trackio=args.trackio,
+                     trackio_project=args.trackio_project, progress=EvolveProgress(quiet=args.quiet))
     if args.json:
         print(json.dumps(outcome.best.to_row(), indent=2))
         return EXIT_OK

@@ -225,6 +225,12 @@ def _eval_parser(sub: SubParsers) -> None:
     add_eval_parser(sub)
 
 
+def _lm_eval_parser(sub: SubParsers) -> None:
+    from resumerge.cli.lmevalcmd import add_lm_eval_parser
+
+    add_lm_eval_parser(sub)
+
+
 def _measure_parser(sub: SubParsers) -> None:
     from resumerge.cli.measurecmd import add_measure_parser
 
@@ -426,6 +432,7 @@ COMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "tokensurgeon": _surgery_parser,
     "check": _check_parser,
     "eval": _eval_parser,
+    "lm-eval": _lm_eval_parser,
     "measure": _measure_parser,
     "evolve": _evolve_parser,
     "demo": _demo_parser,

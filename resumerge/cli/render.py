@@ -386,8 +386,8 @@ def show_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
 
 def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print a check's report for a person: the models' figures (each model by a short name that tells it from
-    the others, its full path listed once below), the verdict, its reasons and thresholds; it reads at 80
-    columns."""
+    the others, its full path listed once below), the verdict, its reasons and thresholds; the table at its natural
+    width (never a name or a header cut), the rest a line each."""
     from resumerge.analyses.check.names import in_short, short_names
 
     out = console(stream or sys.stdout, width=width)
@@ -399,8 +399,14 @@ def show_check(report: CheckReport, stream: TextIO | None = None, *, width: int 
             return "-" if x is None else format(x, f)
         table.add_row(m.role, escaped(name), num(m.nll), num(m.kl, ".4g"), num(m.kl_p95, ".4g"),
                       num(m.top1, ".1%"), num(max(m.drift), ".3g") if m.drift else "-")
-    out.print(table)
-    listed: set[str] = set()
+    from rich.measure import Measurement
+
+    # At its natural width, wider than the terminal where it must be: a name or a header cut to "…" at 80
+    # columns told two parents apart by nothing (issue 87); a terminal wraps a long line, it never loses a letter.
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    wide = out if natural <= out.width else console(stream or sys.stdout, width=natural)
+    wide.print(table)
+    listed: set[str] = {paths[0]}  # the merge is MODEL, as given: the legend names the others' paths
     for m, name in zip(report.models, names):
         if m.path not in listed:
             listed.add(m.path)

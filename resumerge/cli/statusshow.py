@@ -49,15 +49,19 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
     table.add_column("done", justify="right")
     table.add_column("total", justify="right")
     table.add_column("")
-    pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
-    table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
-    if report.units_total:  # a file written in place: what an interruption keeps
-        table.add_row("units", str(report.units_done), str(report.units_total), "written in place")
-    table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
     details = report.details
+    merged = details is None or not details.counts_only  # a kind that writes no shards has only its own counts
+    pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
+    if merged:
+        table.add_row("shards", str(report.shards_done), str(report.shards_total), f"{pct:.0f} % of bytes")
+    if report.units_total and merged:  # a file written in place: what an interruption keeps
+        table.add_row("units", str(report.units_done), str(report.units_total), "written in place")
+    if merged:
+        table.add_row("tensors", str(report.tensors_done), str(report.tensors_total), "")
     for label, done, total, what in details.counts if details is not None else ():  # the kind's own counts
         table.add_row(label, str(done), str(total), what)
-    table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
+    if merged:
+        table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
     out.print(table)
     for label, text in details.rows if details is not None else ():  # what the kind of run adds
         show_field(out, label, text)

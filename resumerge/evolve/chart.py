@@ -15,6 +15,7 @@ WIDTH, HEIGHT = 720, 360
 _LEFT, _RIGHT, _TOP, _BOTTOM = 72, 696, 32, 280
 _SPREAD, _MEDIAN, _BEST, _SO_FAR = (200, 200, 200), (255, 127, 14), (31, 119, 180), (44, 160, 44)
 _TEXT, _AXIS, _GRID = (40, 40, 40), (90, 90, 90), (225, 225, 225)
+_WIDE = 6  # the best so far's line: wider than the generation's best drawn over it
 
 
 def objective_png(generations: Sequence[Sequence[float]]) -> bytes:
@@ -53,16 +54,20 @@ def objective_png(generations: Sequence[Sequence[float]]) -> bytes:
     best = [min(v) for v in generations if v]
     so_far = list(itertools.accumulate(best, min))
     medians = [statistics.median(v) for v in generations if v]
-    for series, colour in ((medians, _MEDIAN), (best, _BEST), (so_far, _SO_FAR)):
+    # The best so far is the best of each generation that improved on it, so the two lines lie on each other: it is
+    # drawn first and wider, the generation's best over it, so both show where they meet (issue 87: the legend named
+    # a line hidden under another).
+    for series, colour, thick in ((so_far, _SO_FAR, _WIDE), (medians, _MEDIAN, 2), (best, _BEST, 2)):
         points = [(x_of(g), y_of(v)) for g, v in enumerate(series)]
         for (x0, y0), (x1, y1) in itertools.pairwise(points):
-            canvas.line(x0, y0, x1, y1, colour, thick=2)
+            canvas.line(x0, y0, x1, y1, colour, thick=thick)
         for x, y in points:
-            canvas.line(x - 2, y, x + 2, y, colour, thick=2)
-    for row, (colour, label) in enumerate(((_SO_FAR, "best so far"), (_BEST, "best of the generation"),
-                                           (_MEDIAN, "median of the generation"),
-                                           (_SPREAD, "spread: lowest to highest"))):
+            canvas.line(x - 3, y, x + 3, y, colour, thick=thick)
+    for row, (colour, label, thick) in enumerate(((_SO_FAR, "best so far", _WIDE),
+                                                  (_BEST, "best of the generation", 2),
+                                                  (_MEDIAN, "median of the generation", 2),
+                                                  (_SPREAD, "spread: lowest to highest", 5))):
         y, x = _BOTTOM + 34 + (row % 2) * 12, _LEFT + (row // 2) * 300  # two columns of two
-        canvas.line(x, y + 3, x + 24, y + 3, colour, thick=2 if colour != _SPREAD else 5)
+        canvas.line(x, y + 3, x + 24, y + 3, colour, thick=thick)
         canvas.text(x + 32, y, label, _TEXT)
     return canvas.png()

@@ -17,6 +17,7 @@ from resumerge.evolve.progress import SearchProgress
 from resumerge.evolve.spec import EvolveSpec
 from resumerge.evolve.storage import Evaluated
 from resumerge.evolve.strategy import Search, Settings, default_popsize
+from resumerge.evolve.tracking import SearchLog
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,11 @@ def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planne
 
 
 def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, progress: SearchProgress | None = None,
-               command: str = "") -> Evaluated:
+               command: str = "", logs: Sequence[SearchLog] = ()) -> Evaluated:
     """Run (or resume) the search ``planned`` in ``store`` (claimed already) and return its best candidate: exactly
     ``max_fevals`` candidates scored (fewer where cma's own criteria stop it first), the last generation cut to what
-    is left. ``progress`` is told where it is (None: ``progress.json`` alone); ``command``: what continues it."""
+    is left. ``progress`` is told where it is (None: ``progress.json`` alone); ``command``: what continues it.
+    ``logs``: told each generation once it is durable (and, first, what a killed search told)."""
     tasks = planned.spec.tasks
     names = [t.name for t in tasks]
     progress = progress or SearchProgress(store)
@@ -86,6 +88,8 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, progress
                    evaluated=search.evaluations + len(kept), best=lowest, command=command)
     if generations:  # a kill while they were written leaves them stale: the same bytes again
         storage.write_outputs(store, generations, names)
+    for log in logs:
+        log.told(generations)
     while not search.done():
         number = len(generations) + 1
         genotypes = search.ask()
@@ -105,6 +109,8 @@ def run_search(planned: Planned, store: Path, scorer: ScoresGeneration, progress
         generations.append(told)
         storage.write_state(store, generations, search.figures())
         storage.write_outputs(store, generations, names)
+        for log in logs:
+            log.told(generations)
     progress.finish(search.evaluations)
     best = storage.best_of(generations)
     assert best is not None  # cma asks at least one generation

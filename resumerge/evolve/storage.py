@@ -41,8 +41,10 @@ PROGRESS = "progress.json"
 JOURNAL = "journal"
 WORK = "work"
 TOKENS = "tokens"  # the tasks' texts tokenized once per search
+# the log of a search to W&B or trackio (.tracking): its run's id and the generations logged, one file a library
+LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK}
+_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, *LOGGED.values()}
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,10 @@ def _open_gguf(ref: ModelRef, path: Path) -> ModelInput:
                       gguf_header=found.headers[0][1])
 
 
+# NVIDIA ModelOpt's statement of how a checkpoint is quantized, beside config.json.
+MODELOPT_CONFIG = "hf_quant_config.json"
+
+
 def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
@@ -185,7 +189,27 @@ def _read_config(directory: Path, yaml_path: str) -> Mapping[str, Any]:
         raise ModelInputError(f"config.json is not valid JSON ({exc})", path=str(path)) from None
     if not isinstance(config, dict):
         raise ModelInputError("config.json must hold a JSON object", path=str(path))
+    if "quantization_config" not in config:
+        modelopt = _modelopt_settings(directory / MODELOPT_CONFIG)
+        if modelopt is not None:
+            config["quantization_config"] = modelopt
     return config
+
+
+def _modelopt_settings(path: Path) -> dict[str, Any] | None:
+    """The ``quantization_config`` an NVIDIA ModelOpt export states only in ``hf_quant_config.json`` (older
+    exports write none into config.json): its ``quantization`` under ``quant_method: modelopt``, as transformers
+    and vLLM read it; None without that file, or when it is not ModelOpt's."""
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ModelInputError(f"{MODELOPT_CONFIG} is not valid JSON ({exc})", path=str(path)) from None
+    settings = found.get("quantization") if isinstance(found, dict) else None
+    if not isinstance(settings, dict):
+        return None
+    return {"quant_method": "modelopt", **settings}
 
 
 def _weight_files(directory: Path, yaml_path: str) -> list[str]:

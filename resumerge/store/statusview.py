@@ -51,6 +51,9 @@ class Details:
     counts: tuple[tuple[str, int, int, str], ...] = ()
     rows: tuple[tuple[str, str], ...] = ()
     data: Mapping[str, Any] = field(default_factory=dict)
+    # The kind's counts are the whole table: a kind that writes no shards (an evaluation) shows no shards, tensors
+    # or bytes, whose "100 % of bytes" of nothing said the opposite of where it was.
+    counts_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,12 +329,14 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     elapsed time, pending files, the last error and the command that finishes the run."""
     pct = 100.0 * report.bytes_done / report.bytes_total if report.bytes_total else 100.0
     details = report.details or Details()
-    rows = [("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
-            *([("units", f"{report.units_done} of {report.units_total} (written in place, each kept by a resume)")]
-              if report.units_total else []),
-            ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
+    rows = [] if details.counts_only else [
+        ("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
+        *([("units", f"{report.units_done} of {report.units_total} (written in place, each kept by a resume)")]
+          if report.units_total else []),
+        ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
     rows += [(label, f"{done} of {total} {what}") for label, done, total, what in details.counts]
-    rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
+    if not details.counts_only:
+        rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
     if report.inputs is not None:
         rows.append(("inputs", str(report.inputs["summary"])))
     rows.extend(details.rows)

@@ -152,3 +152,20 @@ def test_a_hub_out_is_skipped_in_one_line_and_the_broken_layer_is_named(tmp_path
     section = render_section(report)
     assert "**broken** (exit 6)" in section and "Broken layer: decoder layer 3 (0-based)." in section
     assert "| parent | p | 2.0000 | 4.5 |" in section and "Prompts: built-in (4 texts)." in section
+
+
+def test_a_one_off_check_against_another_model_leaves_the_card_as_it_is(tmp_path: Path) -> None:
+    out, state, parents = _merged(tmp_path)
+    own = api.check(out, state_dir=state)  # against its own parents: the section written
+    card = (out / "README.md").read_bytes()
+    stranger = make_model(tmp_path / "stranger", SPEC, seed=7)
+    other = api.check(out, parents=[stranger], state_dir=state)
+    assert (out / "README.md").read_bytes() == card  # its card still describes the merge beside its own parents
+    assert other.card is not None and "left as it is" in other.card and "parent p0, parent p1" in other.card
+    one = api.check(out, parents=[parents[0]], state_dir=state)  # one of its own, the other left out: the same
+    assert (out / "README.md").read_bytes() == card and one.card is not None and "parent p1" in one.card
+    assert own.card is not None and "section written" in own.card
+    # A resume that rebuilds the card restores the section of the check against its own parents, not the newest.
+    (out / "README.md").unlink()
+    api.resume(out, state_dir=state)
+    assert (out / "README.md").read_bytes() == card and api.verify(out, state_dir=state).ok

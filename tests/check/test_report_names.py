@@ -40,14 +40,29 @@ def test_the_report_reads_at_80_columns_each_model_by_a_name_of_its_own() -> Non
     stream = io.StringIO()
     show_check(_report(paths), stream, width=80)
     text = stream.getvalue()
-    table = text.split("\n  out-linear:")[0]
+    table = text.split("\n  base:")[0]
     assert all(len(line) <= 80 for line in table.splitlines()), table
     for role, name in zip(("merge", "base", "parent", "parent"), ("out-linear", "base", "parent-chat",
                                                                     "parent-code")):
         assert any(line.split()[:2] == [role, name] for line in table.splitlines()), table
-    for path, name in zip(paths, ("out-linear", "base", "parent-chat", "parent-code")):
+    for path, name in zip(paths[1:], ("base", "parent-chat", "parent-code")):
         assert text.count(path) == 1 and f"  {name}: {path}" in text  # each full path once
+    assert paths[0] not in text  # the merge is MODEL as the command gave it: the legend does not repeat it
     assert "closest to the parent parent-chat (KL" in text
+
+
+def test_long_names_and_headers_are_never_cut_at_80_columns() -> None:
+    # issue 87: at 80 columns two parents were "a-rather-lo…" and "a-rather-lo…", the KL header "KL(this‖mer…"
+    names = ("the-merged-output-of-a-long-name", "a-rather-long-base-model-name", "a-rather-long-parent-number-0",
+             "a-rather-long-parent-number-1")
+    paths = [f"{ROOT}/{name}" for name in names]
+    stream = io.StringIO()
+    show_check(_report(paths), stream, width=80)
+    text = stream.getvalue()
+    assert "…" not in text and "KL(this‖merge)" in text, text
+    table = text.split("\n  a-rather-long-base-model-name:")[0]
+    for role, name in zip(("merge", "base", "parent", "parent"), names):
+        assert any(line.split()[:2] == [role, name] for line in table.splitlines()), table
 
 
 def test_the_card_names_only_the_merges_own_base_and_parents_and_no_local_path(tmp_path: Path) -> None:

@@ -140,3 +140,17 @@ def test_an_output_still_being_written_is_said_to_be(tmp_path: Path) -> None:
             api.check(out, state_dir=state)
     finally:
         lock.release()
+
+
+def test_a_model_identical_to_the_base_given_alone_has_no_effect(tmp_path: Path) -> None:
+    # issue 87: `check MODEL --base BASE` of a model equal to BASE was "works" (no parent to measure it against)
+    import shutil
+
+    from resumerge.analyses.check.report import NO_EFFECT
+
+    base = make_model(tmp_path / "base", SPEC, seed=0)
+    same = tmp_path / "same"
+    shutil.copytree(base, same)
+    report = api.check(same, base=base, state_dir=tmp_path / "state")
+    assert report.verdict == NO_EFFECT and report.exit_code == 5, report.reasons
+    assert any("indistinguishable from the base" in r for r in report.reasons), report.reasons

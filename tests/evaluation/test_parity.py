@@ -17,6 +17,10 @@ from resumerge import api
 from tests.evaluation.evaltasks import hf_results, tiny_model, write_tasks
 
 TOLERANCE = 1e-4
+# A perplexity document's log-likelihood beside the hf model's: lm-eval's float32 log-softmax sets every token's
+# log-probability high by ~1e-5 on a 49k vocabulary, so a long document's sum differs by a relative ~1e-6-3e-6 (issue
+# 87, the guide's "Is it better?"); what the docs state, read from them by the last test.
+DOCUMENT_RELATIVE = 3e-6
 
 
 # Metrics that count answers: identical. The others (perplexities, bits per byte) are functions of the summed
@@ -43,11 +47,12 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any], tasks: list[str]) -> f
         assert [s["arguments"] for s in mine] == [s["arguments"] for s in oracle]
         for a, b in zip(mine, oracle):
             for (x,), (y,) in zip(a["resps"], b["resps"]):
-                if isinstance(x, tuple):
+                document = not isinstance(x, tuple)  # a rolling document's whole log-likelihood
+                if not document:
                     assert x[1] == y[1]  # the greedy flag
                     x, y = x[0], y[0]
                 largest = max(largest, abs(x - y))
-                assert abs(x - y) <= TOLERANCE, (task, x, y)
+                assert abs(x - y) <= TOLERANCE + (DOCUMENT_RELATIVE * abs(y) if document else 0.0), (task, x, y)
     return largest
 
 
@@ -93,3 +98,10 @@ def test_greedy_generation_where_the_model_fits_equals_lm_evals_hf_model(setup: 
     said = [s["resps"] for s in ours.results["samples"]["tiny_gen"]]
     assert said == [s["resps"] for s in theirs["samples"]["tiny_gen"]]
     assert any(r[0][0] for r in said)  # something was generated
+
+
+def test_the_bounds_the_docs_state_are_the_ones_tested() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "eval.md").read_text(encoding="utf-8")
+    assert TOLERANCE == 1e-4 and DOCUMENT_RELATIVE == 3e-6  # as the page writes them
+    assert "every `loglikelihood` request to 1e-4 absolute" in page
+    assert "document to 1e-4 plus a relative 3e-6 of its log-likelihood" in page

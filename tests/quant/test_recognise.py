@@ -135,9 +135,7 @@ def test_a_plain_checkpoint_is_all_other() -> None:
     ("auto-round", {"x.qweight": ("I32", (8, 8))}, "AutoRound", "x.qweight"),
     ("hqq", {"x.W_q": ("U8", (8, 8))}, "HQQ", "x.W_q"),
     ("torchao", {"x.weight": ("BF16", (8, 8))}, "torchao", "x.weight"),
-    ("modelopt", {"x.weight": ("U8", (8, 4)), "x.weight_scale_2": ("F32", ())}, "NVIDIA ModelOpt",
-     "x.weight_scale_2"),
-    ("nvfp4", {"x.weight": ("U8", (8, 4)), "x.weight_global_scale": ("F32", ())}, "NVFP4", "x.weight_global_scale"),
+    ("nvfp4", {"x.weight": ("U8", (8, 4)), "x.weight_global_scale": ("F32", ())}, "NVFP4", "x.weight"),
     ("fbgemm_fp8", {"x.weight": ("F8_E4M3", (8, 8))}, "fbgemm FP8", "x.weight"),
 ])
 def test_unsupported_formats_are_refused_in_one_line(method: str, tensors: HeaderMap, label: str,

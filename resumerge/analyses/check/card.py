@@ -54,6 +54,10 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
     if found.data is None:
         return (f"{out / CARD_NAME} no longer matches what resumerge wrote (edited or damaged): left as it is, "
                 "without the check's section")
+    missing = not_compared(out, report)
+    if missing:  # a one-off comparison: the published card describes the merge beside its own base and parents
+        return (f"{out / CARD_NAME} is left as it is: this check did not compare the merge with its own "
+                f"{', '.join(missing)} (a check without --base/--parent, or with all of them, writes the section)")
     text = found.data.decode("utf-8", errors="replace")
     updated = with_section(text, render_section(report)).encode("utf-8")
     if updated == found.data:
@@ -77,19 +81,39 @@ def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | Non
     if is_hub_target(where):
         return None
     ledger = state.run(where).ledger
-    if not ledger.is_file():
+    card = Path(where) / CARD_NAME
+    if not ledger.is_file() or not card.is_file() or BEGIN in card.read_text(errors="replace"):
         return None
     try:
         with reading(ledger, "ledger") as conn:
-            row = conn.execute("SELECT data FROM events WHERE kind = 'check' ORDER BY id DESC LIMIT 1").fetchone()
-        found = json.loads(row["data"] or "{}").get("report") if row is not None else None
-        card = Path(where) / CARD_NAME
-        if not isinstance(found, str) or not card.is_file() or BEGIN in card.read_text(errors="replace"):
-            return None
-        report = CheckReport.from_json(json.loads(Path(found).read_text()))
-    except (LedgerError, OSError, ValueError, KeyError, TypeError):  # an unreadable record: the card stays as built
+            rows = conn.execute("SELECT data FROM events WHERE kind = 'check' ORDER BY id DESC").fetchall()
+    except LedgerError:  # an unreadable record: the card stays as built
         return None
-    return update_card(where, state, report)
+    for row in rows:  # the newest check that wrote the section: a one-off comparison never did
+        try:
+            found = json.loads(row["data"] or "{}").get("report")
+            report = CheckReport.from_json(json.loads(Path(found).read_text())) if isinstance(found, str) else None
+        except (OSError, ValueError, KeyError, TypeError):  # its report gone: an older one may still be there
+            continue
+        if report is not None and not not_compared(where, report):
+            return update_card(where, state, report)
+    return None
+
+
+def not_compared(out: str | os.PathLike[str], report: CheckReport) -> list[str]:
+    """The roles and names of the models ``out``'s record names as its base and parents that ``report`` did not
+    compare it with (empty: the check is of the merge beside all of its own models, as its card describes it); a
+    record that cannot be read names nothing that is missing, only the models the check was given count."""
+    from resumerge.analyses.check.models import recorded_models, same_model
+    from resumerge.errors import ResumergeError
+
+    try:
+        base, parents = recorded_models(Path(out))
+    except ResumergeError:
+        return []
+    compared = {same_model(m.path) for m in report.models[1:]}
+    wanted = ([("base", base)] if base is not None else []) + [("parent", p) for p in parents]
+    return [f"{role} {Path(path).name or path}" for role, path in wanted if same_model(path) not in compared]
 
 
 def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:

@@ -67,15 +67,21 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     found.extend(replace(open_checked(p, "--parent" if parents else f"{source} names the parent", state,
                                       None if parents else hint), role="parent", weight=w) for p, w in chosen)
     if source:  # the merge's own base and parents are those its record names; any other was only compared with
-        own = {_same(recorded_base)} if recorded_base is not None else set()
-        own.update(_same(p) for p, _ in recorded)
-        found = [found[0]] + [replace(m, own=_same(m.path) in own) for m in found[1:]]
+        own = {same_model(recorded_base)} if recorded_base is not None else set()
+        own.update(same_model(p) for p, _ in recorded)
+        found = [found[0]] + [replace(m, own=same_model(m.path) in own) for m in found[1:]]
     return found
 
 
-def _same(path: str) -> str:
+def same_model(path: str) -> str:
     """``path`` as compared with a record's (a local folder by its absolute path)."""
     return path if is_hub_target(path) else os.path.abspath(path)
+
+
+def recorded_models(out: Path) -> tuple[str | None, list[str]]:
+    """The base and the parents ``out``'s record names (its manifest, or mergekit's config; none: neither)."""
+    base, parents, _ = _recorded(out)
+    return base, [p for p, _ in parents]
 
 
 def _finished(model: str, state: StateDir) -> None:

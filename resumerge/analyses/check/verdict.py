@@ -10,7 +10,9 @@
   reference's input, departs from every other model's by more than ``depart_factor`` × the spread of those models
   among themselves and more than ``depart_floor`` (relative to the layer's own change of its input).
 - no effect: the base given and parents that differ from it (KL(B‖P) above ``differs_kl``), and KL(B‖merge) at
-  most ``no_effect_share`` × the smallest such KL(B‖P): the merge is indistinguishable from the base; or, with
+  most ``no_effect_share`` × the smallest such KL(B‖P): the merge is indistinguishable from the base; the base
+  given and no parent that differs from it (none given: ``check MODEL --base BASE``), and KL(B‖merge) at most
+  ``differs_kl``: the model is its base; or, with
   two parents or more, the merge's KL from one parent at most ``no_effect_share`` × its KL from the farthest one
   (above ``differs_kl``): it is that parent; or a whole kind of tensors the parents moved and the merge did not
   (static pass, :data:`~resumerge.analyses.check.static.UNMOVED_RATIO`).
@@ -125,6 +127,9 @@ def _no_effect(roles: Sequence[str], paths: Sequence[str], figures: PassFigures)
             if base_kl <= t["no_effect_share"] * nearest:
                 found.append(f"indistinguishable from the base: KL(base‖merge) {base_kl:.4g} ≤ "
                              f"{t['no_effect_share']} × {nearest:.4g}, the nearest differing parent's")
+        elif base_kl <= t["differs_kl"]:  # no parent moved from the base (none given): the merge did not either
+            found.append(f"indistinguishable from the base: KL(base‖merge) {base_kl:.4g} ≤ {t['differs_kl']:g}, "
+                         "and no parent differs from the base to compare with")
     if len(parents) >= 2:
         farthest = max(figures.kl[i] or 0.0 for i in parents)
         for i in parents:

@@ -11,7 +11,9 @@ its table for nothing. :func:`add_environment` records it where the object is ke
 from __future__ import annotations
 
 import logging
+import os
 import random
+import subprocess
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,11 +37,12 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
     import numpy as np
     from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
     from lm_eval.evaluator import evaluate
-    from lm_eval.loggers.utils import add_tokenizer_info, get_git_commit_hash
+    from lm_eval.loggers.utils import add_tokenizer_info
     from lm_eval.utils import set_torch_seed
 
     started = time.time()
-    model_args = {"pretrained": target}
+    # the folder as named, not its spelling: "out-linear/" (a shell's completion) made lm-eval's folder "out-linear__"
+    model_args = {"pretrained": target.rstrip("/") or target}
     if not settings.apply_chat_template and any(word in target.lower() for word in _CHAT_NAMES):
         _LOG.warning("pretrained=%s appears to be an instruct or chat variant but chat template is not applied "
                      "(--apply-chat-template applies it)", target)
@@ -66,10 +69,24 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
         "device": None, "use_cache": None, "limit": settings.whole_limit, "bootstrap_iters": _BOOTSTRAP_ITERS,
         "gen_kwargs": None, "random_seed": DEFAULT_RANDOM_SEED, "numpy_seed": DEFAULT_OTHER_SEED,
         "torch_seed": DEFAULT_OTHER_SEED, "fewshot_seed": DEFAULT_OTHER_SEED}
-    results["git_hash"] = get_git_commit_hash()
+    results["git_hash"] = git_hash()
     results["date"] = started
     add_tokenizer_info(results, lm)
     return results
+
+
+def git_hash() -> str | None:
+    """The working directory's git commit as lm-eval's ``get_git_commit_hash`` finds it (``git describe --always``,
+    else its reading of ``.git``), without git's ``fatal: not a git repository`` on the terminal: lm-eval lets git
+    write to the process's stderr, which every ``eval`` run outside a clone printed (issue 87)."""
+    try:
+        found = subprocess.run(["git", "describe", "--always"], capture_output=True, check=True)
+        return found.stdout.decode().strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):  # no repository here, or no git installed
+        from lm_eval.loggers.utils import get_commit_from_path
+
+        found_here: str | None = get_commit_from_path(os.getcwd())
+        return found_here
 
 
 def _set_fewshot(name: str, task: Any, num_fewshot: int | None) -> None:

@@ -15,7 +15,7 @@ import importlib.metadata
 import json
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,9 +26,9 @@ from resumerge.analyses.check.needs import StepBytes, step_bytes
 from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
-from resumerge.analyses.evaluation.scorer import ANSWERS, LAYER_PREFIX, Answer, answered, score
+from resumerge.analyses.evaluation.scorer import ANSWERS, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
-from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.analyses.evaluation.status import LAYER_PREFIX, PROGRESS_NAME
 from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 from resumerge.analyses.evaluation.textpass import FIGURES, score_texts
@@ -91,7 +91,7 @@ Found = TypeVar("Found")
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
              unwritten: UnwrittenMerge | None = None, on_ray: bool = False,
              ray_address: str | None = None, ray_keep: float = 0.0,
-             task_index: TaskIndex | None = None) -> EvalReport:
+             task_index: TaskIndex | None = None, merge_words: tuple[str, ...] = ()) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``on_ray``: each pass's decoder layers on an actor of the Ray cluster at
@@ -99,7 +99,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     here), its head here: the same results, journaled alike (``ray_keep``: the seconds the kept worker hosting the
     actor waits idle once a pass ends, :func:`~resumerge.analyses.onray.kept_hosts`; 0: a fresh actor).
     ``task_index``: lm-eval's task index shared with other evaluations (a search's candidates; None: one of its
-    own). Raises
+    own). ``merge_words``: the flags that merge ``unwritten`` as it was opened (in the command that continues). Raises
     :class:`UsageError` (exit 2) for anything refused before a weight is read, and :class:`InterruptedMerge` (exit
     3) on Ctrl-C, naming the command that continues."""
     if on_ray and is_gpu(normalise_device(settings.device)):  # the layers run on a Ray node, not this machine's GPU
@@ -128,7 +128,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     generating = generation_tasks(loaded.kinds) if loaded is not None else []
     tokenizer = _tokenizer(model, bool(settings.apply_chat_template))
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
-    command = eval_command(target, settings, state)
+    command = eval_command(target, settings, state, merge_words)
     device = settings.pass_device()
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
                          device=device.name)
@@ -189,12 +189,13 @@ class _Merged:
 
     fingerprint: str
     merge_bytes: int
+    merge: UnwrittenMerge  # what each step's merges hold (:func:`~.unwrittenneeds.merged_need`)
 
     @classmethod
     def of(cls, unwritten: UnwrittenMerge | None) -> _Merged | None:
         if unwritten is None:
             return None
-        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes)
+        return cls(unwritten.plan.fingerprint, unwritten.merge_bytes, unwritten)
 
 
 class _Scorer:
@@ -217,30 +218,36 @@ class _Scorer:
         """The answers of one of lm-eval's passes (``kind``: ``loglikelihood`` or ``loglikelihood_rolling``)."""
         workdir = self.state.evals_dir / _key(self.model, kind, work.digest(), self.merged)
         proof = self._proof([self.model])
-        done = answered(workdir)
-        if done is not None and proof.still_holds(workdir / ANSWERS):
-            return done
         sizes = step_bytes([self.stream], list(work.runs))
         steps = {"layer": self._layer_bytes(sizes), "heads": tail_step_bytes(self.stream, work.runs)}
+        peak = self._merged_peak(self.stream, work.runs, steps)
+        done = answered(workdir)
+        if done is not None and proof.still_holds(workdir / ANSWERS):
+            # --max-memory judged as when it runs: the same command is refused or answered whatever is journaled
+            self._budget(2 * sizes.states, steps, self.ray is None, peak)
+            return done
         placed = None if self.ray is None else self._on_ray(sizes)  # the layers held by a Ray node
 
         def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
             return score(self.stream, work, workdir, reserve=reserve, on_layer=on_layer, placed=placed, proof=proof)
 
         return self._locked(workdir, kind, len(work.run_of), 2 * sizes.states, steps, scored,
-                            layers_here=placed is None)
+                            layers_here=placed is None, peak=peak)
 
     def texts(self, work: TextWork) -> TextFigures:
         """The figures of a text task (:mod:`.texttasks`): the model (and a KL task's parent) over its texts."""
         workdir = self.state.evals_dir / _key(self.model, work.key(), digest_of(work.tokens), self.merged)
         proof = self._proof([self.model, *([work.parent] if work.parent is not None else [])])
-        done = answered_texts(workdir)
-        if done is not None and proof.still_holds(workdir / FIGURES):
-            return done
         streams = [self.stream, *work.streams(self.stream, self.model.opened.config)]
         try:
             sizes = step_bytes(streams, work.tokens)
             steps = {"layer": self._layer_bytes(sizes), "heads": text_heads_bytes(streams, work.tokens)}
+            alone = len(streams) == 1  # with a parent, its log-probabilities may be held beside the merge's head
+            peak = self._merged_peak(self.stream, work.tokens, steps) if alone else None
+            done = answered_texts(workdir)
+            if done is not None and proof.still_holds(workdir / FIGURES):
+                self._budget(2 * len(streams) * sizes.states, steps, True, peak)  # judged as when it runs
+                return done
 
             def scored(reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
@@ -248,7 +255,7 @@ class _Scorer:
                                    vocab=work.vocab, proof=proof)
 
             return self._locked(workdir, work.task.kind, len(work.tokens), 2 * len(streams) * sizes.states, steps,
-                                scored)
+                                scored, peak=peak)
         finally:
             for parent in streams[1:]:
                 parent.close()
@@ -262,22 +269,39 @@ class _Scorer:
         # what a layer holds once read (an unwritten merge's tensors merged: each merge admitted on its own)
         return max(sizes.layers)
 
+    def _merged_peak(self, stream: ModelStream, tokens: Sequence[Sequence[int]], steps: dict[str, int]) -> int | None:
+        """A merge never written's largest step with its merges (None: a stored model's, or the sum of the
+        largest step and the largest merge where that is not known better)."""
+        if self.merged is None:
+            return None
+        from resumerge.analyses.evaluation.unwrittenneeds import merged_need
+
+        return merged_need(stream, self.merged.merge, tokens, steps["heads"])
+
+    def _budget(self, states: int, steps: dict[str, int], layers_here: bool, peak: int | None) -> int:
+        """The budget of a pass holding ``states`` beside its largest step (``peak``; None: the largest of ``steps``,
+        the heads' alone where the layers run on a Ray node, beside an unwritten merge's largest merge); refused
+        (UsageError, exit 2) where they do not fit it."""
+        # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
+        merging = self.merged.merge_bytes if self.merged is not None else 0
+        largest = max(steps.values()) if layers_here else steps["heads"]
+        return budget_fitting("the evaluation", states + (largest + merging if peak is None else peak),
+                              self.settings.max_memory, SystemProbe())
+
     def _locked(self, workdir: Path, kind: str, requests: int, states: int, steps: dict[str, int],
-                scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True) -> Found:
+                scored: Callable[[Reserve, Callable[[int | None], None]], Found], layers_here: bool = True,
+                peak: int | None = None) -> Found:
         """A pass in ``workdir``, its lock held, its steps admitted by the memory governor under the budget
-        (refused, exit 2, before its first layer where ``states`` and its largest step do not fit), its progress
-        written for ``status``. ``layers_here`` False: the layers run on a Ray node, only the heads here."""
+        (refused, exit 2, before its first layer where ``states`` and its largest step do not fit: ``peak``, or
+        where None the largest of ``steps`` and an unwritten merge's largest merge), its progress written for
+        ``status``. ``layers_here`` False: the layers run on a Ray node, only the heads here."""
         self.workdir = workdir
         lock = pass_lock(workdir, f"this evaluation of {self.model.path}", self.command,
                          hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
                               "resumes at the layer it reached)")
         lock.acquire()
         try:
-            # beside a step, an unwritten merge's read merges one tensor at a time (admitted by its governor)
-            merging = self.merged.merge_bytes if self.merged is not None else 0
-            largest = max(steps.values()) if layers_here else steps["heads"]
-            budget = budget_fitting("the evaluation", states + largest + merging, self.settings.max_memory,
-                                    SystemProbe())
+            budget = self._budget(states, steps, layers_here, peak)
             gpu = self.settings.pass_device().budget("the evaluation", steps, states)  # None on the CPU, on Ray
             with Admission(budget, steps, gpu=gpu) as reserve:
                 def on_layer(layer: int | None) -> None:
@@ -344,9 +368,10 @@ def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettin
                          "decoder layer at a time") from None
 
 
-def eval_command(target: str, settings: EvalSettings, state: StateDir) -> str:
-    """The shell command of this evaluation (what continues an interrupted one)."""
-    words = ["resumerge", "eval", target, *settings.command_words()]
+def eval_command(target: str, settings: EvalSettings, state: StateDir, merge_words: tuple[str, ...] = ()) -> str:
+    """The shell command of this evaluation (what continues an interrupted one; ``merge_words``: the flags that
+    merge a merge config TARGET)."""
+    words = ["resumerge", "eval", target, *settings.command_words(), *merge_words]
     if settings.max_memory is not None:
         words += ["--max-memory", str(settings.max_memory)]
     if not is_default_state_root(state.given):

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from resumerge.analyses.evaluation.requests import Scoring
+from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.forward.batches import Hidden, enter
 from resumerge.forward.journal import Journal
@@ -26,7 +27,6 @@ from resumerge.forward.stream import ModelStream
 from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
 
-LAYER_PREFIX = "layer-"
 ANSWERS = "answers.json"
 Answer = tuple[float, bool]
 

@@ -1,5 +1,7 @@
 """``resumerge status TARGET`` for a model that was evaluated: its newest pass under the state dir's ``evals``
-folder (running: its tasks, pass and layer; interrupted: the command that continues it; done)."""
+folder, in the evaluation's own words (its tasks, the pass and its requests, the decoder layers journaled of the
+pass's layers; running while a process holds the pass's lock, else interrupted with the command that continues it,
+or done)."""
 
 from __future__ import annotations
 
@@ -8,19 +10,22 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.store.runlock import pid_alive
+from resumerge.forward.folder import LOCK_NAME
+from resumerge.store.runlock import is_held
 
 if TYPE_CHECKING:
     from resumerge.store.statusview import StatusReport
 
 PROGRESS_NAME = "progress.json"
+LAYER_PREFIX = "layer-"  # a pass's journal files, layer-<N>.safetensors: each pass's scorer writes them
 
 
 def find_eval(root: Path, target: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The newest evaluation pass of ``target`` under ``root``, its ``state`` set to running, interrupted or done;
-    None when there is none."""
+    """The newest evaluation pass of ``target`` under ``root``, its ``state`` set to running (a process holds the
+    pass's lock: a pid alone says "running" of a process killed and not yet reaped, or of another that took its
+    number), interrupted or done; None when there is none."""
     wanted = {os.fspath(target), os.path.abspath(target)}
-    found: list[tuple[float, dict[str, Any]]] = []
+    found: list[tuple[float, Path, dict[str, Any]]] = []
     for path in root.glob(f"*/{PROGRESS_NAME}"):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -28,34 +33,55 @@ def find_eval(root: Path, target: str | os.PathLike[str]) -> dict[str, Any] | No
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and doc.get("model") in wanted:
-            found.append((when, doc))
+            found.append((when, path.parent, doc))
     if not found:
         return None
-    doc = max(found, key=lambda pair: pair[0])[1]
-    doc["state"] = "done" if doc.get("done") else "running" if pid_alive(doc.get("pid")) else "interrupted"
+    _, folder, doc = max(found, key=lambda each: each[0])
+    doc["state"] = "done" if doc.get("done") else "running" if is_held(folder / LOCK_NAME) else "interrupted"
+    doc["journaled"] = _journaled(folder, doc)
     return doc
+
+
+def _journaled(folder: Path, doc: dict[str, Any]) -> int:
+    """The decoder layers of the pass whose hidden states are journaled: the newest journal file's (the progress
+    file names the layer a pass started, before its file is durable), all of them from its head on."""
+    layers, layer = int(doc.get("layers") or 0), doc.get("layer")
+    if doc.get("done") or layer is None:
+        return layers
+    numbers = [int(p.stem.removeprefix(LAYER_PREFIX)) for p in folder.glob(f"{LAYER_PREFIX}*.safetensors")
+               if p.stem.removeprefix(LAYER_PREFIX).isdigit()]
+    return max([int(layer), *(n + 1 for n in numbers)])
 
 
 def describe(doc: dict[str, Any]) -> str:
     """One line for ``status``: the tasks, the pass and where it is."""
-    layer = doc.get("layer")
-    where = "done" if doc.get("done") else "the head" if layer is None else f"layer {int(layer) + 1} of {doc['layers']}"
+    layer, journaled = doc.get("layer"), int(doc.get("journaled") or 0)
+    where = ("done" if doc.get("done") else "the head" if layer is None
+             else f"layer {int(layer) + 1} of {doc['layers']}" if doc.get("state") == "running"
+             else f"continues at layer {journaled + 1} of {doc['layers']}")
     return (f"{doc['state']}: {', '.join(doc.get('tasks', []))}: {doc.get('pass')} pass of {doc.get('requests')} "
             f"request(s), {where} (model {doc.get('target')})")
 
 
 def eval_status(root: Path, target: str | os.PathLike[str]) -> StatusReport | None:
-    """The status of the newest evaluation of ``target`` (kind ``eval``: its decoder layers as the steps), or None
-    when it was never evaluated here."""
+    """The status of the newest evaluation of ``target`` (kind ``eval``: the pass's decoder layers journaled and
+    its requests answered as its counts, no shards, tensors or bytes: an evaluation writes none), or None when it
+    was never evaluated here."""
     from resumerge.store.statusview import Details, StatusReport
 
     doc = find_eval(root, target)
     if doc is None:
         return None
-    layers, layer = int(doc.get("layers") or 0), doc.get("layer")
-    passed = layers if doc.get("done") or layer is None else int(layer)
+    layers, passed = int(doc.get("layers") or 0), int(doc["journaled"])
+    requests = int(doc.get("requests") or 0)
+    kind = doc.get("pass")
+    counts = (("layers", passed, layers, f"journaled of the {kind} pass"),
+              ("requests", requests if doc.get("done") else 0, requests, f"answered by the {kind} pass"))
+    rows = [("eval", describe(doc))]
+    if doc["state"] == "running":
+        rows.append(("process", f"pid {doc.get('pid')} holds the pass's lock"))
     command = doc.get("command") if doc["state"] == "interrupted" else None
     return StatusReport(out_dir=os.fspath(target), state=str(doc["state"]), source="eval", tensors_total=layers,
                         tensors_done=passed, shards_total=layers, shards_done=passed, bytes_total=0, bytes_done=0,
                         resume_command=command if isinstance(command, str) else None, kind="eval",
-                        details=Details(rows=(("eval", describe(doc)),), data={"eval": doc}))
+                        details=Details(counts=counts, rows=tuple(rows), data={"eval": doc}, counts_only=True))

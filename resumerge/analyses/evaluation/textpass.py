@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
+from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
 from resumerge.forward.batches import Batch, Hidden, enter
 from resumerge.forward.journal import Journal
@@ -22,7 +23,6 @@ from resumerge.forward.stream import ModelStream
 from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
 
-LAYER_PREFIX = "layer-"
 FIGURES = "figures.json"
 # (hidden states leaving the last layer, the token sequences of each batch) -> the figures
 Heads = Callable[[Hidden, Sequence[Sequence[Sequence[int]]]], TextFigures]

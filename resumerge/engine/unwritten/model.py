@@ -83,6 +83,20 @@ class UnwrittenMerge:
         read admits at most through the governor beside what the reader holds, as ``run`` admits its units."""
         return max((estimate_bytes(tp, self.plan.method_of(tp)) for tp in self.plan.tensors.values()), default=0)
 
+    def tensor_merge_bytes(self, name: str, rows: int | None = None) -> int | None:
+        """The working set of output tensor ``name``'s merge (of ``rows`` of its rows: where
+        :meth:`merges_rows_alone`, what a read of those rows merges); None for a name the plan does not make."""
+        tp = self.plan.tensors.get(name)
+        return None if tp is None else estimate_bytes(tp, self.plan.method_of(tp), rows=rows)
+
+    def merges_rows_alone(self, name: str) -> bool:
+        """Whether a read of some rows of output tensor ``name`` merges those rows alone
+        (:func:`~resumerge.engine.unwritten.compute.rows_alone`)."""
+        from resumerge.engine.unwritten.compute import rows_alone
+
+        tp = self.plan.tensors.get(name)
+        return tp is not None and rows_alone(tp, self.plan.method_of(tp))
+
     def close(self) -> None:
         self.source.close()
         if self._owns_inputs:

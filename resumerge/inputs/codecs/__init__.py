@@ -2,15 +2,16 @@
 sees, and how each output tensor is encoded into the tensors it is stored as.
 
 ``protocol`` defines :class:`TensorDecoder` and :class:`TensorEncoder` (a stored format's two directions;
-:class:`TensorCodec`: both) and the roles of stored tensors; ``plain``
-is the codec of a tensor stored in its own dtype; ``fp8_block``, ``compressed`` and ``mxfp4`` are the quantized
-formats' codecs over the kernels of :mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds
-the per-run :class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
+:class:`TensorCodec`: both) and the roles of stored tensors; ``plain`` is the codec of a tensor stored in its
+own dtype; ``fp8_block``, ``compressed``, ``mxfp4`` and ``nvfp4`` are the quantized formats' codecs over the
+kernels of :mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds the per-run
+:class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
 """
 
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
+from resumerge.inputs.codecs.nvfp4 import Nvfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN, PlainCodec
 from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, Role, TensorCodec, TensorDecoder, TensorEncoder
 from resumerge.inputs.codecs.quantized import QuantizedCodec
@@ -25,6 +26,7 @@ __all__ = [
     "CodecTable",
     "CompressedTensorsCodec",
     "Mxfp4Codec",
+    "Nvfp4Codec",
     "OutPart",
     "PlainCodec",
     "QuantizedCodec",

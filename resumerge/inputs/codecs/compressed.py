@@ -1,7 +1,8 @@
 """The compressed-tensors codec (llm-compressor): pack-quantized INT2/4/8 (``weight_packed`` I32 words with
 ``weight_shape``), naive-/int-quantized I8 and float-quantized F8_E4M3 ``weight``, each with ``weight_scale``
 (per tensor, channel, group or block) and, when asymmetric, ``weight_zero_point``; over the kernels of
-:mod:`resumerge.inputs.quant.compressed_tensors`."""
+:mod:`resumerge.inputs.quant.compressed_tensors`. Its ``nvfp4-pack-quantized`` weights are decoded and encoded by
+:class:`~resumerge.inputs.codecs.nvfp4.Nvfp4Codec`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.nvfp4 import Nvfp4Codec
+from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorDecoder
 from resumerge.inputs.codecs.quantized import SCALE, SHAPE, ZERO_POINT, QuantizedCodec, is_extra
 from resumerge.inputs.quant import compressed_tensors as ct
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
@@ -56,8 +58,10 @@ class CompressedTensorsCodec(QuantizedCodec):
         return compressed_tensors_weights(quantization, headers, source)
 
     @classmethod
-    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], CompressedTensorsCodec]:
-        return lambda weight: cls.of(weight, tensors)
+    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], TensorDecoder]:
+        # An nvfp4-pack-quantized weight is NVFP4's codec (the E2M1 kernels and their global scale).
+        return lambda weight: Nvfp4Codec.of(weight, tensors) if weight.scheme.kind == "nvfp4" else cls.of(weight,
+                                                                                                           tensors)
 
     @classmethod
     def of(cls, weight: QuantizedTensor, tensors: Mapping[str, TensorSource]) -> CompressedTensorsCodec:

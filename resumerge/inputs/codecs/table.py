@@ -15,6 +15,7 @@ from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
+from resumerge.inputs.codecs.nvfp4 import Nvfp4Codec
 from resumerge.inputs.codecs.plain import PLAIN
 from resumerge.inputs.codecs.protocol import MAIN, Claim, Role, TensorDecoder
 from resumerge.inputs.codecs.quantized import QuantizedCodec, recognise
@@ -127,7 +128,8 @@ class CodecTable:
             refuse_unconfigured(headers, source)
             return Checkpoint(None, {}, tuple(headers))
         method = str(quantization_config.get("quant_method", "")).lower()
-        fmt = self.reader(method) if method else None
+        # By the methods the formats claim, not their names: NVFP4's codec is named "nvfp4", no producer's method.
+        fmt = next((f for f in self.quantized if method in f.claims), None) if method else None
         if fmt is None:
             raise refuse_method(method or "(none)", headers, source,
                                 tuple(dict.fromkeys(m for f in self.quantized for m in f.claims)))
@@ -149,6 +151,6 @@ class CodecTable:
         return asked
 
 
-# The formats every run recognises: block FP8, compressed-tensors and MXFP4 (each refuses, for all of them, a
-# checkpoint quantized in a format resumerge cannot decode), and GGUF files (inputs/gguf).
-CODECS = CodecTable((BlockFp8Codec, CompressedTensorsCodec, Mxfp4Codec, GgufCodec))
+# The formats every run recognises: block FP8, compressed-tensors, MXFP4 and NVFP4 (ModelOpt's; each refuses, for
+# all of them, a checkpoint quantized in a format resumerge cannot decode), and GGUF files (inputs/gguf).
+CODECS = CodecTable((BlockFp8Codec, CompressedTensorsCodec, Mxfp4Codec, Nvfp4Codec, GgufCodec))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
 from resumerge.inputs.gguf import blocks
-from resumerge.inputs.gguf.model import METHOD, PLAIN_TYPES, gguf_module
+from resumerge.inputs.gguf.model import METHOD, NVFP4_COMPANIONS, PLAIN_TYPES, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
 
 if TYPE_CHECKING:
@@ -63,9 +63,13 @@ class GgufCodec(TensorDecoder):
         arch, types = quantization["architecture"], quantization["tensor_types"]
         interned: dict[GgufCodec, GgufCodec] = {}
         claims = []
+        companions = _nvfp4_companions(tensors, types)
+        taken = {stored for parts in companions.values() for _, stored in parts}
         for name, found in tensors.items():
             if name not in types:
                 raise ModelInputError(f"{name} is not a tensor of the GGUF", tensor=name)
+            if name in taken:
+                continue
             type_name, gguf_name = types[name].split(":", 1)
             kind = gguf.GGMLQuantizationType[type_name]
             how = transform(arch, gguf_name)
@@ -75,8 +79,11 @@ class GgufCodec(TensorDecoder):
             if how and how != NORM_MINUS_ONE and (head_rows * heads != rows or head_rows % 2):
                 raise ModelInputError(f"{name} has {rows} rows, which {heads} heads cannot un-permute", tensor=name)
             codec = cls(type_name, tuple(gguf.GGML_QUANT_SIZES[kind]), how, head_rows)  # type: ignore[arg-type]
-            claims.append(Claim(name, ((MAIN, name),), interned.setdefault(codec, codec)))
+            claims.append(Claim(name, ((MAIN, name), *companions.get(name, ())), interned.setdefault(codec, codec)))
         return tuple(claims)
+
+    def part_rows(self, part: str, first: int, stop: int) -> tuple[int, int]:
+        return (first, stop) if part == MAIN else (0, 1)  # an NVFP4 tensor's scale 2: one value
 
     @property
     def stored_as(self) -> str:
@@ -116,6 +123,9 @@ class GgufCodec(TensorDecoder):
             rows = stored.cpu().contiguous().numpy()
             decoded = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType[self.ggml_type])
             value = torch.from_numpy(decoded.reshape(self.value_shape(tuple(stored.shape)))).to(stored.device)
+            scale = parts.get(_SCALE_2)
+            if scale is not None:  # NVFP4's blocks hold E2M1 × E4M3; its tensor-wide scale multiplies them
+                value *= scale.to(torch.float32).reshape(())
         if self.transform == NORM_MINUS_ONE:
             value -= 1
         elif self.transform:
@@ -124,6 +134,22 @@ class GgufCodec(TensorDecoder):
             out.copy_(value)
             return out
         return value.contiguous()
+
+
+_SCALE_2 = NVFP4_COMPANIONS["scale"]
+
+
+def _nvfp4_companions(tensors: Mapping[str, TensorSource],
+                      types: Mapping[str, str]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """The companions of each NVFP4 weight (by its name), as (part, stored name): its scale 2, which decodes it,
+    and its input scale, carried by nothing (an output of a GGUF base is plain, or a GGUF of another type)."""
+    found: dict[str, tuple[tuple[str, str], ...]] = {}
+    for name in tensors:
+        if types.get(name, "").startswith("NVFP4:"):
+            module = name.removesuffix("weight")
+            found[name] = tuple((part, f"{module}{part}") for part in NVFP4_COMPANIONS.values()
+                                if f"{module}{part}" in tensors)
+    return found
 
 
 def _hf_rows_in_place(value: torch.Tensor, head_rows: int) -> None:

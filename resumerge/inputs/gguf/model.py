@@ -107,7 +107,7 @@ def gguf_model(headers: tuple[tuple[str, GgufHeader], ...], where: str) -> GgufM
             if info.name == "token_embd.weight":
                 embed_rows = info.shape[0]
             tied = tied and info.name != "output.weight"
-            for hf, expert in hf_names(arch, info.name, experts, where):
+            for hf, expert in _hf_names(arch, info, experts, where):
                 if hf in tensors:
                     raise ModelInputError(f"GGUF tensor {info.name} maps to {hf} twice", path=where, tensor=hf)
                 tensors[hf] = TensorSource(file, _entry(hf, info, sizes[info.ggml_type], expert, experts))
@@ -115,6 +115,23 @@ def gguf_model(headers: tuple[tuple[str, GgufHeader], ...], where: str) -> GgufM
     config = hf_config(arch, metadata, embed_rows, tied)
     config["quantization_config"] = {"quant_method": METHOD, "architecture": arch, "tensor_types": types}
     return GgufModel(config, tensors, headers)
+
+
+# An NVFP4 tensor's companions as llama.cpp's converter stores them (reference/kquants.md §7): ModelOpt's
+# weight_scale_2 as ``<name>.scale`` (F32, multiplied at run time) and its input_scale as ``<name>.input_scale``;
+# named after the weight's HF module as ModelOpt names them.
+NVFP4_COMPANIONS = {"scale": "weight_scale_2", "input_scale": "input_scale"}
+_F32 = 0
+
+
+def _hf_names(arch: str, info: GgufTensor, experts: int, where: str) -> list[tuple[str, int | None]]:
+    """:func:`~resumerge.inputs.gguf.names.hf_names` of ``info``, an NVFP4 weight's F32 companion named after
+    its weight's module."""
+    base, _, suffix = info.name.rpartition(".")
+    if suffix in NVFP4_COMPANIONS and info.ggml_type == _F32 and base.startswith("blk."):
+        return [(hf.removesuffix("weight") + NVFP4_COMPANIONS[suffix], expert)
+                for hf, expert in hf_names(arch, f"{base}.weight", experts, where)]
+    return hf_names(arch, info.name, experts, where)
 
 
 def decodable_sizes() -> dict[int, tuple[int, int]]:

@@ -1,7 +1,8 @@
 """Quantized checkpoints' tensor formats: pure decode/encode kernels and the recognition of a checkpoint's format.
 
 One file per format, torch only, no file access: :mod:`.fp8_block` (DeepSeek-style block FP8),
-:mod:`.compressed_tensors` (llm-compressor's pack-, float- and naive-quantized), :mod:`.mxfp4` (gpt-oss experts).
+:mod:`.compressed_tensors` (llm-compressor's pack-, float- and naive-quantized), :mod:`.mxfp4` (gpt-oss experts),
+:mod:`.nvfp4` (NVFP4 of ModelOpt and compressed-tensors, with the recognition of its weights both share).
 Each decodes stored codes and their scales to float32 and encodes float32 back, in row chunks where the format
 allows; :mod:`.grid`, :mod:`.byte_tables` and :mod:`.int_pack` are the pieces they share. A kernel runs on its
 inputs' device (``--device cuda`` encodes a merged tensor where it was computed): its scratch, tables and results
@@ -21,6 +22,7 @@ __all__ = [
     "grid",
     "int_pack",
     "mxfp4",
+    "nvfp4",
     "recognise_ct",
     "refusals",
     "verdict",

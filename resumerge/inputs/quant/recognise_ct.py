@@ -18,6 +18,8 @@ from typing import Any
 from resumerge.inputs.quant.compressed_tensors import STRATEGIES
 from resumerge.inputs.quant.grid import grid_shape
 from resumerge.inputs.quant.int_pack import PACKABLE_BITS, packed_cols
+from resumerge.inputs.quant.nvfp4 import GROUP as NVFP4_GROUP
+from resumerge.inputs.quant.nvfp4 import nvfp4_weights
 from resumerge.inputs.quant.refusals import HeaderMap, refuse, telltale
 from resumerge.inputs.quant.verdict import Kind, QuantizedTensor, Scheme
 
@@ -28,13 +30,15 @@ _FORMATS: Mapping[str, Kind] = MappingProxyType({
     "pack-quantized": "ct-packed", "naive-quantized": "ct-naive", "int-quantized": "ct-naive",
     "float-quantized": "ct-float"})
 _PLAIN_KINDS: Mapping[str, Kind] = MappingProxyType({"I8": "ct-naive", "F8_E4M3": "ct-float"})
-# Companions of formats not decoded here (NVFP4's global scales, activation-ordered groups' permutation).
+# Companions of formats not decoded here (NVFP4's global scales outside an nvfp4-pack-quantized checkpoint,
+# ModelOpt's scale 2, activation-ordered groups' permutation).
 _REFUSED = MappingProxyType({
     ".weight_global_scale": "NVFP4 global scales", ".input_global_scale": "NVFP4 global scales",
     ".weight_scale_2": "NVFP4 second-level scales", ".weight_g_idx": "activation-ordered groups (g_idx)"})
 # Companions carried with a quantized weight but not used to decode it.
 _EXTRAS = (".input_scale", ".input_zero_point", ".output_scale", ".output_zero_point")
 _COMPANIONS = (".weight_scale", ".weight_zero_point", ".weight_shape", *_EXTRAS)
+_NVFP4 = "nvfp4-pack-quantized"
 _SCALE_DTYPES = ("F32", "BF16", "F16")
 _INCOMPLETE = "the checkpoint is incomplete: download it again"
 
@@ -49,19 +53,41 @@ def compressed_tensors_weights(config: Mapping[str, Any], headers: HeaderMap,
     if config.get("kv_cache_scheme"):
         name = telltale(headers, ("k_scale", "v_scale"))
         raise refuse(source, "compressed-tensors kv-cache scales, which resumerge cannot merge", name)
+    groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, Mapping) and g.get("weights")]
+    found, headers = _nvfp4(config, groups, headers, source)
     for ending, what in _REFUSED.items():
         name = telltale(headers, (ending,))
         if name is not None:
             raise refuse(source, f"compressed-tensors with {what}, which resumerge cannot decode", name)
-    groups = [g for g in (config.get("config_groups") or {}).values() if isinstance(g, Mapping) and g.get("weights")]
     modules = {n.removesuffix(".weight_scale") for n in headers if n.endswith(".weight_scale")}
     modules |= {n.removesuffix(".weight_packed") for n in headers if n.endswith(".weight_packed")}
-    found = {f"{m}.weight": _weight(m, groups, config.get("format"), headers, source) for m in sorted(modules)}
+    found.update({f"{m}.weight": _weight(m, groups, config.get("format"), headers, source) for m in sorted(modules)})
     claimed = {n for w in found.values() for n in w.stored()}
     for name in sorted(headers):
         if name.endswith(_COMPANIONS) and name not in claimed:
             raise refuse(source, "a compressed-tensors companion without its quantized weight", name, _INCOMPLETE)
     return found
+
+
+def _nvfp4(config: Mapping[str, Any], groups: list[Mapping[str, Any]], headers: HeaderMap,
+           source: str) -> tuple[dict[str, QuantizedTensor], HeaderMap]:
+    """The NVFP4 weights of a checkpoint with an ``nvfp4-pack-quantized`` config group (each module storing a
+    ``weight_global_scale``: :func:`~resumerge.inputs.quant.nvfp4.nvfp4_weights`), and the headers of every other
+    stored tensor, for the other formats' reading."""
+    nvfp4_groups = [g for g in groups if str(g.get("format") or config.get("format") or "") == _NVFP4]
+    if not nvfp4_groups:
+        return {}, headers
+    for group in nvfp4_groups:
+        args = group["weights"]
+        if not (args.get("num_bits") == 4 and args.get("type") == "float" and args.get("group_size") == NVFP4_GROUP
+                and args.get("symmetric", True)):
+            raise refuse(source, f"an {_NVFP4} config group with weights {dict(args)}, which resumerge cannot decode "
+                                 "(it decodes symmetric 4-bit float weights in groups of 16)",
+                         min(headers, default=None))
+    modules = {n.removesuffix(".weight_global_scale") for n in headers if n.endswith(".weight_global_scale")}
+    found = nvfp4_weights("compressed-tensors", modules, headers, source)
+    claimed = {n for w in found.values() for n in w.stored()}
+    return found, {n: h for n, h in headers.items() if n not in claimed}
 
 
 def _weight(module: str, groups: list[Mapping[str, Any]], top_format: object, headers: HeaderMap,

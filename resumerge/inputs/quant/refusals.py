@@ -39,10 +39,10 @@ KNOWN: Mapping[str, tuple[str, str, tuple[str, ...]]] = MappingProxyType({
     "intel/auto-round": _AUTO_ROUND,
     "hqq": ("HQQ", "hqq or transformers: load, dequantize, save", (".W_q",)),
     "torchao": ("torchao", "torchao: load, dequantize, save", ()),
-    "modelopt": ("NVIDIA ModelOpt", "TensorRT Model Optimizer: export unquantized weights",
-                 (".weight_scale_2",)),
-    "nvfp4": ("NVFP4", "its producer (ModelOpt, llm-compressor): export unquantized weights",
-              (".weight_scale_2", ".weight_global_scale")),
+    # ModelOpt's NVFP4 is decoded (codecs/nvfp4.py); without a quantization_config or hf_quant_config.json its
+    # scale 2 still shows it, refused below as a companion without settings.
+    "modelopt": ("NVIDIA ModelOpt", "TensorRT Model Optimizer: export unquantized weights", ()),
+    "nvfp4": ("NVFP4", "its producer (ModelOpt, llm-compressor): export unquantized weights", ()),
     "mxfp8": ("MXFP8", "transformers: load, dequantize, save", ()),
     "fbgemm_fp8": ("fbgemm FP8", "transformers: load, dequantize, save", ()),
     "quanto": ("optimum-quanto", "optimum-quanto: load, dequantize, save", ()),
@@ -58,7 +58,7 @@ KNOWN: Mapping[str, tuple[str, str, tuple[str, ...]]] = MappingProxyType({
 })
 
 # Endings only the companions of the formats resumerge decodes have: found without a quantization_config, refused.
-_COMPANION_MARKS = ("_scale_inv", ".weight_scale", ".weight_packed")
+_COMPANION_MARKS = ("_scale_inv", ".weight_scale", ".weight_packed", ".weight_scale_2", ".weight_global_scale")
 
 
 def refuse(source: str, what: str, tensor: str | None, hint: str = _DEQUANTIZE) -> ModelInputError:

@@ -1,0 +1,101 @@
+"""resumerge's model opened for lm-eval's own evaluation (``--model resumerge``: :mod:`.registered`): the model's
+headers and tokenizer read, each log-likelihood pass scored on the forward engine and journaled under the state dir
+as ``eval`` scores it (:class:`~.run._Scorer`: the same journal, so ``eval`` and ``lm-eval`` answer each other's
+finished passes), and generation, where the whole model fits the budget, journaled too: a request set generated
+once is answered from its file afterwards, without reading a weight.
+
+Unlike ``eval``, lm-eval's command line hands the model its requests without saying beforehand which tasks generate:
+a generation that does not fit is refused (one line, exit 2) when lm-eval asks for it, after the log-likelihood
+passes, which are journaled and answered again from their files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from resumerge.analyses.evaluation.generate import cached_stream, generate
+from resumerge.analyses.evaluation.lm import ResumergeLM
+from resumerge.analyses.evaluation.run import (
+    _NEEDS,
+    Watcher,
+    _fits_whole,
+    _float32,
+    _key,
+    _max_length,
+    _Merged,
+    _not_a_config,
+    _Scorer,
+    _tokenizer,
+)
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.config.locations import StateDir
+from resumerge.errors import InterruptedMerge
+from resumerge.forward import Weights
+from resumerge.forward.opened import PassModel, open_for_pass
+from resumerge.forward.proof import merge_inputs
+from resumerge.forward.requires import require_transformers
+from resumerge.forward.stream import ModelStream
+from resumerge.memory.allocator import tune_allocator
+from resumerge.store.durable import write_file_atomic
+
+if TYPE_CHECKING:
+    from resumerge.engine.unwritten import UnwrittenMerge
+
+GENERATED = "generated.json"
+
+
+@contextmanager
+def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: str,
+              unwritten: UnwrittenMerge | None = None, watcher: Watcher | None = None) -> Iterator[ResumergeLM]:
+    """For the block, the model at ``target`` (``unwritten``: the merge a config describes, never written) as an
+    lm-eval model whose passes run under ``settings``' budget and device and are journaled in ``state``;
+    ``command``: what continues an interrupted evaluation (said on Ctrl-C, exit 3). Raises :class:`UsageError`
+    for a target that is not a model, before any weight is read."""
+    if unwritten is None:
+        _not_a_config(target)
+        model = open_for_pass(target, "TARGET", state)
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    else:
+        model = PassModel("merge", target, None, unwritten.opened)
+        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
+    require_transformers(_NEEDS, load=False)
+    # transformers' tokenizer, as lm-eval's hf model loads it: whether a chat template applies is lm-eval's to say
+    tokenizer = _tokenizer(model, True)
+    from lm_eval.models.utils import configure_pad_token
+
+    # the padding token lm-eval's hf model gives a tokenizer without one (recorded in the results file)
+    tokenizer = configure_pad_token(tokenizer)
+    settings.pass_device()  # refused here (no GPU: exit 2) before a weight is read
+    stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge lm-eval", key="TARGET",
+                         device=settings.pass_device().name)
+    restore_allocator = tune_allocator()
+    merged = _Merged.of(unwritten)
+    inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
+    scorer = _Scorer(stream, model, settings, state, command, watcher, merged, None, inputs)
+
+    def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        digest = hashlib.sha256(json.dumps(requests, sort_keys=True).encode()).hexdigest()[:32]
+        path = state.evals_dir / _key(model, "generate_until", digest, merged) / GENERATED
+        if path.is_file():
+            return [str(text) for text in json.loads(path.read_text(encoding="utf-8"))]
+        _fits_whole(stream, ["the generation requests"], settings)
+        with cached_stream(weights, model.opened.config, _float32()) as whole:
+            answers = generate(whole, lm, requests)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, json.dumps(answers).encode())
+        return answers
+
+    lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer, generator=generated)
+    try:
+        yield lm
+    except KeyboardInterrupt:
+        raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
+                               resume_command=command) from None
+    finally:
+        stream.close()
+        if restore_allocator is not None:
+            restore_allocator()
+

@@ -1,0 +1,57 @@
+"""``resumerge lm-eval ARGS...`` (and ``python -m resumerge.lm_eval ARGS...``): lm-eval's own command line, parsed by
+lm-eval's own parser (``lm-eval run|ls|validate``, and its legacy form without ``run``), with ``--model resumerge``
+registered; its one :func:`resumerge.api.lm_eval` call. Every flag is lm-eval's, so ``--help`` is lm-eval's."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+
+from resumerge.errors import EXIT_OK
+
+HELP = ("lm-eval's own command line (lm-eval run --model resumerge --model_args pretrained=PATH ...), every flag "
+        "as lm-eval parses it")
+
+
+def add_lm_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``lm-eval`` command's entry in ``resumerge --help``; its words are parsed by lm-eval's own parser (see
+    :func:`run_lm_eval_command`), never by this one."""
+    door = sub.add_parser("lm-eval", help=HELP, add_help=False,
+                          description=f"{HELP}. --model resumerge takes --model_args pretrained=PATH (a model folder, "
+                                      "a GGUF file, hf://NAMESPACE/NAME or a merge config, merged as it is read, "
+                                      "never written), max_memory=SIZE, max_gpu_memory=SIZE, device=cpu|cuda[:N], "
+                                      "state_dir=DIR; --use_cache DIR keeps resumerge's journal there (a rerun "
+                                      "answers what is done without reading a weight). Needs the eval extra.")
+    door.add_argument("words", nargs=argparse.REMAINDER, metavar="ARGS", help="lm-eval's arguments")
+
+
+def parse_lm_eval(words: Sequence[str]) -> argparse.Namespace:
+    """``words`` parsed by lm-eval's own parser (it reads ``sys.argv``: set to them for the call, put back after);
+    its ``--help`` and its refusals of a bad flag exit as lm-eval's do (SystemExit 0, 2)."""
+    from lm_eval._cli import HarnessCLI
+
+    cli = HarnessCLI()
+    saved = sys.argv
+    sys.argv = ["lm-eval", *words]
+    try:
+        parsed: argparse.Namespace = cli.parse_args()
+        return parsed
+    finally:
+        sys.argv = saved
+
+
+def run_lm_eval_command(words: Sequence[str]) -> int:
+    """lm-eval's command ``words`` run with ``--model resumerge`` registered (one API call)."""
+    from lm_eval.utils import setup_logging
+
+    from resumerge.api import lm_eval
+
+    setup_logging()
+    try:
+        args = parse_lm_eval(words)
+    except SystemExit as exc:  # lm-eval's parser printed its usage (--help: 0) or its one-line refusal (2)
+        return 2 if exc.code not in (0, None) else EXIT_OK
+    lm_eval(args, command=shlex.join(["resumerge", "lm-eval", *words]))
+    return EXIT_OK
