@@ -326,7 +326,7 @@ def _surgery_parser(sub: SubParsers) -> None:
     ts.add_argument("-a", "--approximation-method", choices=METHODS, default="omp",
                     help="how the rows of DONOR's tokens MODEL lacks are made [default: omp]")
     ts.add_argument("-k", "--k", type=int, default=64, metavar="K",
-                    help="atoms (omp) or nearest neighbours (common_interpolation) [default: 64]")
+                    help="atoms (omp, stb, mp_rope) or nearest neighbours (common_interpolation) [default: 64]")
     ts.add_argument("-c", "--cosine-similarity", action=argparse.BooleanOptionalAction, default=False,
                     help="cosine distance for common_interpolation's neighbours [default: off]")
     ts.add_argument("-w", "--weight-scheme", choices=WEIGHT_SCHEMES, default="distance_proportional",

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
     from resumerge.plan.accounting import Accounting
     from resumerge.plan.filters import FilterMatch
+    from resumerge.plan.modelcard import CardWording
     from resumerge.vocab import VocabAlignment
 
 
@@ -306,6 +307,9 @@ class Plan:
     # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
+    # The card's words where the kind of run is not a merge (a transplant's title, lead and sections); None: a
+    # merge's. Derived from the recorded text like card_method: not fingerprinted.
+    card_wording: CardWording | None = field(default=None, compare=False, repr=False)
     # The name of the output's copy of the recorded text (with the model card; mergekit_config.yml as mergekit-yaml
     # writes it, or what the kind of run that made the plan names it: mergekit-moe's mergekit_moe_config.yml), so
     # the output's files never ask which kind made the plan. A file name, like the shards': not fingerprinted.

@@ -11,6 +11,7 @@ model's own README.md is never copied.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,28 @@ CARD_NAME = "README.md"
 CARD_TAGS = ("mergekit", "merge", "resumerge")
 _HUB = "https://huggingface.co"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class CardWording:
+    """The words a kind of run's card is written in, where they are not a merge's: its title (a merge's name comes
+    from its config), the paragraph under it, the method's heading, sections of its own after the models (heading,
+    lines), each model's role by key (a merge's says "base model"), and how its recorded text is introduced
+    (heading, sentence, fence language). Notes that a section already shows are not repeated under Notes."""
+
+    title: str = "Merged model"
+    lead: str = ("This is a merge of pre-trained language models, made with resumerge from a "
+                 "[mergekit](https://github.com/arcee-ai/mergekit) configuration.")
+    method_heading: str = "Merge method"
+    sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    roles: tuple[tuple[str, str], ...] = ()
+    config_heading: str = "Configuration"
+    config_intro: str = "The following YAML configuration was used to produce this model:"
+    config_language: str = "yaml"
+    tags: tuple[str, ...] = ()
+
+
+MERGE_WORDING = CardWording()
 
 
 def hub_commit(path: str, directory: str) -> str | None:
@@ -53,6 +76,7 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     # What a kind of run that is not a merge config (MoE upcycling) lists is in its plan: never asked here.
     config = plan.card_config if plan.card_config is not None else load_config_text(config_text)
     title, summary, reference = plan.card_method if plan.card_method is not None else _about(plan.method)
+    words = plan.card_wording if plan.card_wording is not None else MERGE_WORDING
     refs = config.referenced_models()
     commits = {ref.key: hub_commit(ref.path, plan.model_dirs.get(ref.key, "")) for ref in refs}
     hub_ids: list[str] = []
@@ -63,14 +87,13 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     if hub_ids:
         meta["base_model"] = hub_ids
     meta["library_name"] = "transformers"
-    meta["tags"] = [*CARD_TAGS, *plan.container.card_tags]
+    meta["tags"] = [*CARD_TAGS, *words.tags, *plan.container.card_tags]
     front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    lines = ["---", front.rstrip("\n"), "---", f"# {config.name or 'Merged model'}", ""]
+    lines = ["---", front.rstrip("\n"), "---", f"# {config.name or words.title}", ""]
     lines += [
-        "This is a merge of pre-trained language models, made with resumerge from a "
-        "[mergekit](https://github.com/arcee-ai/mergekit) configuration.",
+        words.lead,
         "",
-        "## Merge method",
+        f"## {words.method_heading}",
         "",
         _method_line(plan.method, title, summary, reference),
         "",
@@ -78,8 +101,13 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
         "",
     ]
     bases = _base_keys(config)
-    lines += [_model_line(ref, commits[ref.key], ref.key in bases) for ref in refs]
+    roles = dict(words.roles) or {key: "base model" for key in bases}
+    lines += [_model_line(ref, commits[ref.key], roles.get(ref.key)) for ref in refs]
     lines += [""]
+    shown: set[str] = set()
+    for heading, section in words.sections:
+        lines += [f"## {heading}", "", *(f"- {line}" for line in section), ""]
+        shown.update(section)
     lines += plan.container.card_lines([s.name for s in plan.shards], plan.out_config)
     if config.slices:
         lines += ["## Layers", "", f"The output has {plan.num_layers} layers:", ""]
@@ -87,11 +115,12 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
         lines += [""]
     if plan.accounting is not None:
         lines += ["## Input tensors", "", plan.accounting.summary() + ".", ""]
-    if plan.notes:
-        lines += ["## Notes", "", *(f"- {note}" for note in plan.notes), ""]
+    notes = [note for note in plan.notes if note not in shown]
+    if notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
     fence = _fence(config_text)
-    lines += ["## Configuration", "", "The following YAML configuration was used to produce this model:", ""]
-    lines += [f"{fence}yaml", config_text.rstrip("\n"), fence, ""]
+    lines += [f"## {words.config_heading}", "", words.config_intro, ""]
+    lines += [f"{fence}{words.config_language}", config_text.rstrip("\n"), fence, ""]
     return "\n".join(lines).encode("utf-8")
 
 
@@ -115,10 +144,10 @@ def _base_keys(config: MergeConfig) -> set[str]:
     return keys
 
 
-def _model_line(ref: ModelRef, commit: str | None, base: bool) -> str:
+def _model_line(ref: ModelRef, commit: str | None, role_name: str | None) -> str:
     if commit is None:
-        return f"- {_code(ref.key)} (local{', base model' if base else ''})"
-    role = " (base model)" if base else ""
+        return f"- {_code(ref.key)} (local{', ' + role_name if role_name else ''})"
+    role = f" ({role_name})" if role_name else ""
     revision = f", revision {_code(ref.revision)}" if ref.revision else ""
     return (f"- [{ref.path}]({_HUB}/{ref.path}){role}{revision}, "
             f"commit [`{commit}`]({_HUB}/{ref.path}/tree/{commit})")

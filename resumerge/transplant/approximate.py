@@ -7,7 +7,9 @@ run's notes, :func:`method_notes`): ``common_interpolation`` of a half-precision
 expanded view and raises); ``john_hewitt`` falls back to N(0, 0.02²) rows when the covariance is not positive
 definite (0.1.5 raises on ``len(int)``); ``landmark_pca`` takes exact principal components and the Procrustes
 rotation that maps DONOR's landmarks onto MODEL's (0.1.5's randomized PCA moves with the torch seed and its
-rotation is the transpose). Random draws (``randn``, ``john_hewitt``, noise) come from the generator the unit seeds
+rotation is the transpose); ``stb`` is computed (0.1.5 always fails) with its basis combinations applied to centred
+rows; ``mp_rope`` is 0.1.5's pursuit, its RoPE theta read from transformers 5 configs too.
+Random draws (``randn``, ``john_hewitt``, noise) come from the generator the unit seeds
 per batch, never torch's global one.
 """
 
@@ -49,6 +51,16 @@ class Method:
     subword: str = "mean"
     noise: float | None = None
     scale: float | None = None
+    rope: tuple[Rope, Rope] | None = None  # mp_rope: (DONOR's, MODEL's)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """How a model's hidden vector is cut into rotary heads (mp_rope): ``heads`` × (width / heads), ``base`` its
+    RoPE theta."""
+
+    heads: int
+    base: float = 10000.0
 
 
 def approximate(method: Method, batch: Batch, generator: torch.Generator) -> torch.Tensor:
@@ -76,6 +88,12 @@ def _rows(method: Method, b: Batch, generator: torch.Generator) -> torch.Tensor:
         return subword(b.model, b.pieces, method.subword, lm_head=b.lm_head)
     if method.name == "landmark_pca":
         return landmark_pca(b.targets, b.donor_shared, b.model_shared).to(dtype)
+    if method.name == "stb":
+        return token_basis(b.targets, b.donor_shared, b.model_shared, method.k).to(dtype)
+    if method.name == "mp_rope":
+        if method.rope is None:
+            raise ValueError("internal: mp_rope needs both models' rotary heads (Method.rope)")
+        return mp_rope(b.targets, b.donor_shared, b.model_shared, method.k, method.rope).to(dtype)
     if method.name == "omp":
         picked, weights = batch_omp(b.targets, b.donor_shared, method.k)
     elif method.name == "common_interpolation":
@@ -183,6 +201,101 @@ def landmark_pca(targets: torch.Tensor, donor_points: torch.Tensor, model_points
     return carried
 
 
+def token_basis(targets: torch.Tensor, donor_points: torch.Tensor, model_points: torch.Tensor,
+                k: int) -> torch.Tensor:
+    """Sparse token basis (float32): the first min(widths) principal axes of the narrower model's centred shared
+    rows, each approximated by OMP as a combination of ``k`` of those centred rows; the same combinations of the
+    two models' centred shared rows are a DONOR basis and a MODEL basis; each target (less DONOR's shared mean) is
+    solved by least squares on DONOR's basis and its coefficients applied to MODEL's, plus MODEL's shared mean."""
+    a, b, t = donor_points.float(), model_points.float(), targets.float()
+    mean_a, mean_b = a.mean(dim=0, keepdim=True), b.mean(dim=0, keepdim=True)
+    ca, cb = a - mean_a, b - mean_b
+    source = ca if a.shape[1] < b.shape[1] else cb
+    width = min(a.shape[1], b.shape[1])
+    covariance = source.T @ source / source.shape[0]
+    axes = torch.linalg.svd(covariance).U[:, :width]
+    picked, weights = batch_omp(axes.T.contiguous(), source, k)
+    basis_a = torch.bmm(weights.unsqueeze(1), ca[picked]).squeeze(1)
+    basis_b = torch.bmm(weights.unsqueeze(1), cb[picked]).squeeze(1)
+    coeffs = torch.linalg.lstsq(basis_a.T, (t - mean_a).T).solution.T
+    carried: torch.Tensor = coeffs @ basis_b + mean_b
+    return carried
+
+
+def mp_rope(targets: torch.Tensor, donor_points: torch.Tensor, model_points: torch.Tensor, k: int,
+            rope: tuple[Rope, Rope]) -> torch.Tensor:
+    """Matching pursuit whose atoms may turn by a RoPE position (float32, float64 for float64 targets): at each of
+    ``k`` steps the unpicked shared DONOR row of largest ``|residual · atom|``, the position that best turns it
+    onto the residual (or its negation, the smaller position), its coefficient ⟨r, a⟩/‖a‖² and the residual
+    update; then least squares of the target on the turned atoms, and the result Σ c · RoPE(MODEL's row, position)
+    in MODEL's heads and base."""
+    donor_rope, model_rope = rope
+    count, n = targets.shape[0], donor_points.shape[0]
+    if k > n:
+        raise ValueError(f"-k {k} atoms cannot be chosen from {n} shared tokens")
+    dtype = targets.dtype if targets.dtype in (torch.float32, torch.float64) else torch.float32
+    t, a, b = targets.to(dtype), donor_points.to(dtype), model_points.to(dtype)
+    picked = torch.zeros((count, k), dtype=torch.long, device=t.device)
+    positions = torch.zeros((count, k), dtype=dtype, device=t.device)
+    taken = torch.zeros((count, n), dtype=torch.bool, device=t.device)
+    rows = torch.arange(count, device=t.device)
+    residual = t.clone()
+    for step in range(k):
+        score = (residual @ a.T).abs_()
+        score.masked_fill_(taken, -float("inf"))
+        best = score.argmax(dim=1)
+        picked[:, step] = best
+        taken[rows, best] = True
+        atom = a[best]
+        plus = rope_position(atom, residual, donor_rope)
+        minus = rope_position(atom, -residual, donor_rope)
+        position = torch.where(plus.abs() < minus.abs(), plus, minus)
+        positions[:, step] = position
+        turned = apply_rope(atom, position, donor_rope)
+        coeff = (residual * turned).sum(dim=1) / turned.pow(2).sum(dim=1).clamp(min=1e-8)
+        residual = residual - coeff.unsqueeze(1) * turned
+    turned_all = apply_rope(a[picked], positions, donor_rope)
+    coeffs = torch.linalg.lstsq(turned_all.transpose(1, 2), t.unsqueeze(-1)).solution
+    atoms = apply_rope(b[picked], positions, model_rope)
+    carried: torch.Tensor = torch.bmm(coeffs.transpose(1, 2), atoms).squeeze(1)
+    return carried
+
+
+def _inverse_frequencies(rope: Rope, head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=like.device).float() / head_dim
+    return (1.0 / (rope.base ** exponents)).to(like.dtype)
+
+
+def rope_position(x: torch.Tensor, y: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """The position p (one per row) whose rotation of ``x`` best matches ``y``: each head's pair angles
+    atan2(x ∧ y, x · y) projected on the unit inverse-frequency vector, over √heads · ‖inverse frequencies‖
+    (exact when ``y`` is ``x`` turned by p with no angle wrapped)."""
+    head_dim = x.shape[-1] // rope.heads
+    half = head_dim // 2
+    xs, ys = x.reshape(*x.shape[:-1], rope.heads, head_dim), y.reshape(*y.shape[:-1], rope.heads, head_dim)
+    xi, xj, yi, yj = xs[..., :half], xs[..., half:], ys[..., :half], ys[..., half:]
+    angles = torch.atan2(xi * yj - xj * yi, xi * yi + xj * yj)
+    freq = _inverse_frequencies(rope, head_dim, x)
+    direction = freq.expand(rope.heads, half).reshape(-1)
+    direction = direction / (direction.norm() + 1e-8)
+    projection = (angles.reshape(*x.shape[:-1], -1) * direction).sum(dim=-1)
+    scale = torch.sqrt(torch.tensor(float(rope.heads), dtype=x.dtype, device=x.device)) * freq.norm()
+    position: torch.Tensor = projection / (scale + 1e-8)
+    return position
+
+
+def apply_rope(x: torch.Tensor, position: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """``x`` (..., heads · head_dim) turned by RoPE at ``position`` (...,), transformers' Llama layout: pair
+    (i, i + head_dim/2) of each head turned by position · inverse frequency i."""
+    head_dim = x.shape[-1] // rope.heads
+    half = head_dim // 2
+    xs = x.reshape(*x.shape[:-1], rope.heads, head_dim)
+    theta = position.unsqueeze(-1).unsqueeze(-1) * _inverse_frequencies(rope, head_dim, x)
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    xi, xj = xs[..., :half], xs[..., half:]
+    return torch.cat([xi * cos - xj * sin, xj * cos + xi * sin], dim=-1).reshape(x.shape)
+
+
 def method_notes(method: Method, donor_dtype: str) -> tuple[str, ...]:
     """Where this run's approximation departs from mergekit-tokensurgeon 0.1.5 (the log, status and the card)."""
     notes = []
@@ -198,6 +311,13 @@ def method_notes(method: Method, donor_dtype: str) -> tuple[str, ...]:
     if method.name == "john_hewitt":
         notes.append("john_hewitt draws from a generator seeded per batch; a covariance that is not positive "
                      "definite falls back to N(0, 0.02²) rows (0.1.5 fails there)")
+    if method.name == "stb":
+        notes.append("stb is computed (0.1.5 always fails, passing its options as k); its basis combinations "
+                     "are applied to each model's centred shared rows and targets are centred by DONOR's shared "
+                     "mean (0.1.5's code applies them to uncentred rows and uses whole-matrix means)")
+    if method.name == "mp_rope":
+        notes.append("mp_rope reads the RoPE theta from rope_parameters where a config has no rope_theta "
+                     "(mergekit-tokensurgeon 0.1.5 fails on transformers 5 configs)")
     if method.name == "randn" or method.noise:
         notes.append("random rows and noise come from a generator seeded per batch (--random-seed, the matrix, "
                      "the batch), so a resumed run draws the same numbers; they differ from 0.1.5's global draws")

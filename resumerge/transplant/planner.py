@@ -35,9 +35,10 @@ from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
+from resumerge.plan.modelcard import CardWording
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
-from resumerge.transplant.approximate import Method, method_notes
+from resumerge.transplant.approximate import Method, Rope, method_notes
 from resumerge.transplant.spec import USES_K, SurgerySpec, check_spec
 from resumerge.transplant.tokens import MatrixMatch, Normalized, Vocabulary, load_vocabulary, match_matrix
 
@@ -158,7 +159,7 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
                options: PlanOptions) -> Plan:
     """The frozen plan of the transplant (pure: headers, the matches)."""
     model, donor = opened.model, opened.donor
-    source = _source_digest(opened, spec, matches)
+    source = _source_digest(opened, spec, matches, surgery_method(spec, opened, matrices).rope)
     rebuilt = {name: matrix for matrix, (name, _) in matrices.names.items()}
     tensors: dict[str, TensorPlan] = {}
     for name in model.tensors:
@@ -180,8 +181,7 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
     options, naming = output_naming(options, [f.name for f in model.files])
     shards, placed = assign_shards(tensors, options.out_shard_size, naming=naming)
     rows = matches["embed"].rows
-    method = Method(spec.approximation_method, spec.k, spec.cosine_similarity, spec.weight_scheme,
-                    spec.subword_method, spec.new_vocab_noise, spec.new_vocab_scale)
+    method = surgery_method(spec, opened, matrices)
     donor_dtype = donor.tensors[matrices.names["embed"][1]].entry.dtype
     tokenizer_donor = opened.donor_key if options.copy_tokenizer else None
     plan = Plan(
@@ -202,9 +202,62 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         card_config=opened.config,
         card_method=("tokensurgeon", f"{spec.model} given {spec.donor}'s tokenizer; the rows of the tokens it "
                                      f"lacked approximated by {spec.describe()}", "https://arxiv.org/abs/2506.06607"),
+        card_wording=card_wording(spec, opened, matches),
         config_copy=CONFIG_COPY,
     )
     return fingerprinted(plan)
+
+
+def card_wording(spec: SurgerySpec, opened: Opened, matches: Mapping[str, MatrixMatch]) -> CardWording:
+    """The card of a transplant: titled by what was given whose tokenizer, each matrix's account of its tokens in
+    a section of its own, MODEL and DONOR by their roles, and the recorded options as the JSON they are."""
+    lead = (f"{spec.model}'s weights with {spec.donor}'s tokenizer: a tokenizer transplant made with resumerge "
+            "tokensurgeon (the options and meanings of mergekit-tokensurgeon 0.1.5). The token embedding and head "
+            "rows of the tokens both vocabularies hold are MODEL's, copied bit for bit; the rows of DONOR's other "
+            f"tokens are approximated from MODEL's rows by {spec.describe()}. Made by `{spec.command()}`.")
+    return CardWording(
+        title=f"{spec.model} with {spec.donor}'s tokenizer",
+        lead=lead,
+        method_heading="Transplant method",
+        sections=(("Tokens", report_lines(spec, matches)),),
+        roles=((opened.model_key, "MODEL: its weights"), (opened.donor_key, "DONOR: its tokenizer")),
+        config_heading="Options",
+        config_intro=f"The options of the transplant, as recorded with the run (and in `{CONFIG_COPY}`):",
+        config_language="json",
+        tags=("tokensurgeon",),
+    )
+
+
+def surgery_method(spec: SurgerySpec, opened: Opened, matrices: Matrices) -> Method:
+    """The approximation the units run: the spec's options, and for ``mp_rope`` both models' rotary heads read
+    from their configs (UsageError when a config names no head count or the width does not split into heads)."""
+    rope = None
+    if spec.approximation_method == "mp_rope":
+        donor_width = opened.donor.tensors[matrices.names["embed"][1]].entry.shape[1]
+        model_width = opened.model.tensors[matrices.names["embed"][0]].entry.shape[1]
+        rope = (rope_of(opened.donor.config, donor_width, "DONOR"), rope_of(opened.model.config, model_width, "MODEL"))
+    return Method(spec.approximation_method, spec.k, spec.cosine_similarity, spec.weight_scheme,
+                  spec.subword_method, spec.new_vocab_noise, spec.new_vocab_scale, rope)
+
+
+def rope_of(config: Mapping[str, Any], width: int, who: str) -> Rope:
+    """A model's rotary heads from its config.json: ``num_attention_heads`` and the RoPE theta, from
+    ``rope_theta`` (transformers 4) or ``rope_parameters.rope_theta`` (transformers 5), 10000 where neither is
+    given (transformers' default)."""
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int) or heads <= 0 or width % heads or (width // heads) % 2:
+        raise UsageError(f"mp_rope needs {who}'s config.json to name num_attention_heads that cut its width "
+                         f"{width} into heads of an even size, found {heads!r}",
+                         hint="pass another --approximation-method")
+    base = config.get("rope_theta")
+    parameters = config.get("rope_parameters")
+    if base is None and isinstance(parameters, Mapping):
+        base = parameters.get("rope_theta")
+    if base is None:
+        base = 10000.0
+    if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 0:
+        raise UsageError(f"mp_rope needs {who}'s RoPE theta to be a positive number, found {base!r}")
+    return Rope(heads, float(base))
 
 
 def out_config(model: Mapping[str, Any], donor: Mapping[str, Any], rows: int) -> dict[str, Any]:
@@ -260,12 +313,13 @@ def _tensor(name: str, method: str, inputs: tuple[InputRef, ...], params: tuple[
                       nbytes=numel(shape) * DTYPE_SIZES[dtype])
 
 
-def _source_digest(opened: Opened, spec: SurgerySpec, matches: Mapping[str, MatrixMatch]) -> str:
+def _source_digest(opened: Opened, spec: SurgerySpec, matches: Mapping[str, MatrixMatch],
+                   rope: tuple[Rope, Rope] | None) -> str:
     """A digest of the models' file identities and the approximation asked (a kept batch is never another's)."""
     files = _input_files(opened.inputs)
     text = repr((files.get(opened.model_key), files.get(opened.donor_key), spec.approximation_method, spec.k,
                  spec.cosine_similarity, spec.weight_scheme, spec.subword_method, spec.batch_size,
-                 spec.new_vocab_noise, spec.new_vocab_scale))
+                 spec.new_vocab_noise, spec.new_vocab_scale, rope))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

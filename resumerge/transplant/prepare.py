@@ -20,7 +20,6 @@ from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
-from resumerge.transplant.approximate import Method
 from resumerge.transplant.batches import BATCHES_DIR, BatchStore
 from resumerge.transplant.magikarp import well_trained
 from resumerge.transplant.planner import (
@@ -31,6 +30,7 @@ from resumerge.transplant.planner import (
     find_matrices,
     match_vocabularies,
     open_pair,
+    surgery_method,
     vocabularies,
 )
 from resumerge.transplant.spec import load_spec_text
@@ -50,14 +50,13 @@ def prepare_surgery(text: str, options: PlanOptions, settings: RunSettings, *,
     opened = open_pair(spec, model_dirs=model_dirs, state=settings.state, cache_dir=settings.cache_dir,
                        on_progress=on_progress)
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
+    method = surgery_method(spec, opened, matrices)
     vocabs = vocabularies(opened)
     matches = match_vocabularies(opened, spec, matrices, vocabs)  # every refusal before a weight is read
     if spec.magikarp:
         trained, junk = _magikarp(opened, matrices, vocabs)
         matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk)
     plan = build_plan(spec, opened, matrices, matches, options)
-    method = Method(spec.approximation_method, spec.k, spec.cosine_similarity, spec.weight_scheme,
-                    spec.subword_method, spec.new_vocab_noise, spec.new_vocab_scale)
     store = batch_store(out, settings.state) if out is not None else None
     transplant = Transplant(matches, method, spec.batch_size, store)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)

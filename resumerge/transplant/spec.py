@@ -15,14 +15,15 @@ from resumerge.errors import UsageError
 
 MARK = "tokensurgeon"
 # mergekit-tokensurgeon 0.1.5's --approximation-method choices that resumerge computes.
-METHODS = ("omp", "common_interpolation", "subword", "mean", "zero", "randn", "john_hewitt", "landmark_pca")
+METHODS = ("omp", "common_interpolation", "subword", "mean", "zero", "randn", "john_hewitt", "landmark_pca", "stb",
+           "mp_rope")
 WEIGHT_SCHEMES = ("distance_proportional", "barycentric", "least_squares")
 SUBWORD_METHODS = ("mean", "sum", "weighted_mean", "first_last")
 # --prefix-match / --byte-match: which of the two matrices the match applies to (its own definition: ``embed`` the
 # token embedding, ``lm_head`` the head; 0.1.5 swaps the two, see tokens.allowed).
 MATCH_CHOICES = ("yes", "no", "embed", "lm_head")
 # The methods whose rows depend on k (atoms or neighbours).
-USES_K = ("omp", "common_interpolation")
+USES_K = ("omp", "common_interpolation", "stb", "mp_rope")
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ class SurgerySpec:
         if method == "common_interpolation":
             metric = "cosine" if self.cosine_similarity else "euclidean"
             return f"{method} (k={self.k}, {self.weight_scheme} weights, {metric} distance)"
-        if method == "omp":
-            return f"omp (k={self.k})"
+        if method in ("omp", "stb", "mp_rope"):
+            return f"{method} (k={self.k})"
         if method == "subword":
             return f"subword ({self.subword_method})"
         return method

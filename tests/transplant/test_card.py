@@ -1,0 +1,30 @@
+"""A transplant's model card speaks of a transplant, not a merge: its own title, lead, method heading, each model's
+role, the account of its tokens in a section of its own (not repeated under Notes) and its options as JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from resumerge import api
+from resumerge.api.options import Surgery
+from transplant.pairs import make_pair
+
+
+def test_transplant_card_has_its_own_wording(tmp_path: Path) -> None:
+    model, donor = make_pair(tmp_path / "pair")
+    api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=Surgery(k=8, new_vocab_scale=0.5),
+                     state_dir=tmp_path / "state")
+    card = (tmp_path / "out" / "README.md").read_text()
+    lines = card.splitlines()
+    assert f"# {model} with {donor}'s tokenizer" in lines
+    assert "Merged model" not in card and "This is a merge" not in card and "## Merge method" not in card
+    assert "## Transplant method" in lines
+    assert f"`{model}` (local, MODEL: its weights)" in card and f"`{donor}` (local, DONOR: its tokenizer)" in card
+    assert "base model" not in card
+    assert f"`resumerge tokensurgeon {model} {donor} OUT -a omp --k 8 --new-vocab-scale 0.5`" in card
+    tokens = card.split("## Tokens", 1)[1].split("\n## ", 1)[0]
+    assert "- tokensurgeon token embedding: 294 rows, 212 shared (copied), 82 approximated by omp (k=8)" in tokens
+    assert "- tokensurgeon head: 294 rows" in tokens
+    assert card.count("212 shared (copied)") == 2  # once per matrix, not again under Notes
+    assert "YAML" not in card and "```json\n{\n  \"tokensurgeon\"" in card
+    assert "- tokensurgeon" in card.split("---", 2)[1]  # a tag of its own
