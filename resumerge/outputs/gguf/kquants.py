@@ -36,8 +36,11 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 QK = 256  # values a super-block
 # ggml type -> bytes a super-block
 K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
-# super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py)
+# super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py); Q3_K
+# without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose numpy
+# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024)
 _CHUNK = 256
+_CHUNK_Q3 = 1024
 
 F = np.float32
 _EPS = F(1e-15)  # GROUP_MAX_EPS
@@ -100,28 +103,24 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         np.multiply(t, w, out=t)
         return _sum(t)
 
-    def grid(iscale: _Array, guarded: bool) -> None:
-        """The codes of ``iscale`` on the grid anchored at ``lo``, into ``q``: clamped to 0..nmax, or ``guarded``
-        as make_qkx3_quants' search guards them (a grid anchored at a min near max can overflow: v <= 0 is
-        code 0, v > nmax is nmax)."""
-        np.subtract(x, lo, out=v)
-        np.multiply(v, iscale, out=v)
-        if guarded:
-            np.minimum(v, top, out=q)
-            np.rint(q, out=q)
-            q[v <= 0] = 0
-        else:
-            np.rint(v, out=q)
-            np.clip(q, 0, top, out=q)
+    def grid(iscale: _Array, anchor: _Array) -> None:
+        """The codes of ``iscale`` on the grid anchored at ``anchor``, into ``q``, clamped to 0..nmax. (Clamping
+        before rounding is the same, the bounds being integers, and it is make_qkx3_quants' guard too: a grid
+        anchored at a min near max can overflow, v <= 0 is code 0, v > nmax is nmax.)"""
+        np.subtract(x, anchor, out=q)
+        np.multiply(q, iscale, out=q)
+        np.clip(q, F(0), top, out=q)
+        np.rint(q, out=q)
 
     iscale = top / np.where(flat, F(1), hi - lo)
     scale = F(1) / iscale
-    grid(iscale, False)
-    codes = q.copy()
+    grid(iscale, lo)
     best = error(scale, lo)
+    # the adopted candidate's grid, its codes taken once at the end (the same float32 steps, so the same codes)
+    chosen, anchor = iscale, lo
     for step in range(nstep + 1):
         iscale = (F(rmin) + F(rdelta) * F(step) + top) / np.where(flat, F(1), hi - lo)
-        grid(iscale, v3)
+        grid(iscale, lo)
         np.multiply(w, q, out=t)
         sum_l = _sum(t)
         np.multiply(t, x, out=v)
@@ -139,10 +138,13 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         current = error(this_scale, this_min)
         better = ok & (current < best) & ~flat
         if better.any():
-            np.copyto(codes, q, where=better)
+            chosen = np.where(better, iscale, chosen)
+            anchor = np.where(better, lo, anchor)
             best = np.where(better, current, best)
             scale = np.where(better, this_scale, scale)
             lo = np.where(better, this_min, lo)
+    grid(chosen, anchor)
+    codes = q
     scale = np.where(flat, F(0), scale)
     codes[:, flat] = 0
     return scale, -lo, codes
@@ -150,7 +152,9 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
 
 def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
     """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
-    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place."""
+    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
+    the inverse scale it adopts, and the codes are taken once, from those, at the end (the same float32 product
+    and rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
     amax, peak = _largest(x)
     zero = amax < _EPS
     peak = np.where(zero, F(1), peak)
@@ -159,33 +163,39 @@ def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
     low, high = F(-nmax), F(nmax - 1)
     q, t = np.empty_like(x), np.empty_like(x)
 
-    def sums(iscale: _Array) -> tuple[_Array, _Array]:
-        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+    def codes_of(iscale: _Array) -> None:
+        """The codes of ``iscale`` (unshifted) into ``q``."""
         np.multiply(iscale, x, out=q)
         np.rint(q, out=q)
         np.clip(q, low, high, out=q)
+
+    def sums(iscale: _Array) -> tuple[_Array, _Array]:
+        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
+        codes_of(iscale)
         np.multiply(wx, q, out=t)
         sumlx = _sum(t)
         np.multiply(w, q, out=t)
         np.multiply(t, q, out=t)
         return sumlx, _sum(t)
 
-    sumlx, suml2 = sums(F(-nmax) / peak)
-    codes = q + F(nmax)
+    chosen = F(-nmax) / peak
+    sumlx, suml2 = sums(chosen)
     scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        sumlx, suml2 = sums(-(F(nmax) + F(0.1) * F(step)) / peak)
+        iscale = -(F(nmax) + F(0.1) * F(step)) / peak
+        sumlx, suml2 = sums(iscale)
         adopt = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         if adopt.any():
-            np.add(q, F(nmax), out=q)
-            np.copyto(codes, q, where=adopt)
+            chosen = np.where(adopt, iscale, chosen)
             scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
             best = np.where(adopt, scale * sumlx, best)
-    codes[:, zero] = 0
-    return np.where(zero, F(0), scale), codes
+    codes_of(chosen)
+    np.add(q, F(nmax), out=q)
+    q[:, zero] = 0
+    return np.where(zero, F(0), scale), q
 
 
 def _q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
@@ -208,30 +218,51 @@ def _descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: 
     """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (in place): each code in turn moved to
     its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also require the
     reduced sum of squares to be positive before trying (``make_qp_quants``), else after (``make_q3_quants``).
-    Returns the final (Σwxq, Σwq²)."""
+    Returns the final (Σwxq, Σwq²).
+
+    A pass works only on the columns that changed in the one before (llama.cpp stops a sub-block after a pass with
+    no change, and a pass over a converged column changes nothing), gathered into compact arrays, so later passes
+    cost what their few live columns cost. Within a pass, code i changes only at step i, so each step's old terms
+    ``wx·q`` and ``w·q·q`` are the same products taken for every step at once at the pass's start."""
+    sumlx, suml2 = sumlx.copy(), suml2.copy()
+    cols: _Array | None = None  # the live columns of the full arrays (None: all)
+    xs, ws, wxs, qs = x, w, wx, q
+    lx, l2 = sumlx, suml2
     for _ in range(5):
-        changed = False
-        for i in range(x.shape[0]):
-            qi, wi, xi, wxi = q[i], w[i], x[i], wx[i]
-            slx = sumlx - wxi * qi
-            sl2 = suml2 - wi * qi * qi
+        old_lx = wxs * qs
+        old_l2 = ws * qs
+        old_l2 *= qs
+        changed = np.zeros(xs.shape[1], dtype=bool)
+        new = np.empty(xs.shape[1], dtype=F)
+        for i in range(xs.shape[0]):
+            qi, wi, wxi = qs[i], ws[i], wxs[i]
+            slx = lx - old_lx[i]
+            sl2 = l2 - old_l2[i]
             tried = (slx > 0) & (sl2 > 0) if need_sl2 else slx > 0
-            if not tried.any():
-                continue
-            with np.errstate(divide="ignore", invalid="ignore"):
-                new = np.clip(np.rint(xi * sl2 / np.where(tried, slx, F(1))), low, high)
+            np.multiply(xs[i], sl2, out=new)
+            np.divide(new, slx, out=new)
+            np.rint(new, out=new)
+            np.clip(new, low, high, out=new)
             moved = tried & (new != qi)
-            slx = slx + wxi * new
-            sl2 = sl2 + wi * new * new
-            keep = moved & ((slx * slx * suml2 > sumlx * sumlx * sl2) if need_sl2 else
-                            ((sl2 > 0) & (slx * slx * suml2 > sumlx * sumlx * sl2)))
+            slx += wxi * new
+            sl2 += wi * new * new
+            keep = moved & ((slx * slx * l2 > lx * lx * sl2) if need_sl2 else
+                            ((sl2 > 0) & (slx * slx * l2 > lx * lx * sl2)))
             if keep.any():
-                changed = True
-                q[i] = np.where(keep, new, qi)
-                sumlx = np.where(keep, slx, sumlx)
-                suml2 = np.where(keep, sl2, suml2)
-        if not changed:
+                changed |= keep
+                np.copyto(qi, new, where=keep)
+                np.copyto(lx, slx, where=keep)
+                np.copyto(l2, sl2, where=keep)
+        if cols is not None:  # the pass's results back into the full arrays
+            q[:, cols] = qs
+            sumlx[cols] = lx
+            suml2[cols] = l2
+        live = np.flatnonzero(changed)
+        if live.size == 0:
             break
+        cols = live if cols is None else cols[live]
+        xs, ws, wxs, qs = x[:, cols], w[:, cols], wx[:, cols], q[:, cols]
+        lx, l2 = sumlx[cols], suml2[cols]
     return sumlx, suml2
 
 
@@ -528,9 +559,10 @@ def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out
     result = np.empty((values.shape[0], size), dtype=np.uint8) if out is None else out.reshape(-1, size)
     qw = None if importance is None else np.ascontiguousarray(importance, dtype=F).reshape(per_row, QK)
     encoder = _ENCODERS[ggml_type]
+    chunk = _CHUNK_Q3 if ggml_type == Q3_K and qw is None else _CHUNK
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for start in range(0, values.shape[0], _CHUNK):
-            block = values[start:start + _CHUNK]
+        for start in range(0, values.shape[0], chunk):
+            block = values[start:start + chunk]
             xt = np.ascontiguousarray(block.T)
             weights = None
             if qw is not None:  # each super-block's own slice of the row's importance
