@@ -5,7 +5,7 @@ generation task where the model cannot be held whole (:func:`generation_tasks` f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -32,15 +32,44 @@ def _quiet() -> Iterator[None]:
 
 def task_manager(settings: EvalSettings) -> Any:
     """lm-eval's ``TaskManager`` with ``settings.include_path``'s YAMLs beside its own tasks; only those where they
-    hold every task named (indexing lm-eval's own 14,000 task YAMLs takes most of a small evaluation's time)."""
+    hold every task named (indexing lm-eval's own 14,000 task YAMLs takes most of a small evaluation's time).
+    Raises :class:`UsageError` for a name neither lm-eval's own tasks (their names kept in the installation's cache:
+    :mod:`.keptnames`) nor the include path's hold, before that index is built; without a kept set it is built, and
+    its names kept, as :func:`loaded_tasks` then refuses the name."""
+    from resumerge.analyses.evaluation.keptnames import KeptTaskNames
+
+    if settings.include_path is None:
+        kept = KeptTaskNames.here()
+        own_names = kept.names() if kept is not None else None
+        if own_names is not None:
+            refuse_unknown(settings, own_names)  # before lm-eval (seconds to import) and its index (more to build)
     from lm_eval.tasks import TaskManager
 
     with _quiet():
         if settings.include_path is not None:
             own = TaskManager(include_path=settings.include_path, include_defaults=False)
             if all(name in set(own.all_tasks) for name in settings.lm_tasks):
-                return own
-        return TaskManager(include_path=settings.include_path)
+                return own  # lm-eval's own tasks neither indexed nor listed
+            kept = KeptTaskNames.here()
+            own_names = kept.names() if kept is not None else None
+            if own_names is not None:  # the full index holds lm-eval's own names and the include path's
+                refuse_unknown(settings, own_names | set(own.all_tasks))
+            return TaskManager(include_path=settings.include_path)
+        built = TaskManager()
+        if kept is not None and own_names is None:
+            kept.keep(built.all_tasks)
+        return built
+
+
+def refuse_unknown(settings: EvalSettings, known: Collection[str]) -> None:
+    """Raise :class:`UsageError` naming the tasks of ``settings`` that are not in ``known`` (lm-eval's names:
+    tasks, groups, tags) nor a YAML path (lm-eval loads a path as it is)."""
+    unknown = [n for n in settings.lm_tasks if n not in known and not n.endswith((".yaml", ".yml"))]
+    if unknown:
+        where = f", nor a task YAML in {settings.include_path}" if settings.include_path else ""
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
+                         hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
+                              "--include-path")
 
 
 class TaskIndex:
@@ -97,13 +126,7 @@ def loaded_tasks(settings: EvalSettings, manager: Any, *, quiet: bool = False) -
     run: a search's planning). Raises :class:`UsageError` for a name lm-eval does not know and for a task whose
     dataset cannot be loaded, naming it and why (each name then loaded on its own to find it: only on the way to
     the refusal)."""
-    known = set(manager.all_tasks)
-    unknown = [n for n in settings.lm_tasks if n not in known and not n.endswith((".yaml", ".yml"))]
-    if unknown:
-        where = f", nor a task YAML in {settings.include_path}" if settings.include_path else ""
-        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not an lm-eval task, group or tag{where}",
-                         hint="list them with lm-eval --tasks list, or name a folder of task YAMLs with "
-                              "--include-path")
+    refuse_unknown(settings, set(manager.all_tasks))
     try:
         with _quiet() if quiet else nullcontext():
             return LoadedTasks(manager.load(list(settings.lm_tasks)))
