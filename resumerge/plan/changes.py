@@ -67,5 +67,7 @@ def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) ->
     if recorded is None:
         return []
     now = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")}
-    return [f"--{k.replace('_', '-')} {recorded.get(k, LATER_OPTIONS.get(k))} → {v}" for k, v in now.items()
-            if recorded.get(k, LATER_OPTIONS.get(k)) != v]
+    # The recorded options are JSON: a tuple option (--gguf-tensor-type) comes back a list, which never equals it.
+    then = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in ((k, recorded.get(k, LATER_OPTIONS.get(k))) for k in now)}
+    return [f"--{k.replace('_', '-')} {then[k]} → {v}" for k, v in now.items() if then[k] != v]
