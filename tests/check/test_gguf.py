@@ -16,7 +16,7 @@ from realmodel import smollm2_folder, smollm2_gguf
 from support import write_config
 
 from resumerge import api
-from resumerge.analyses.check.report import BROKEN, WORKS
+from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS
 from resumerge.cli.commands import main
 
 pytest.importorskip("transformers")
@@ -48,7 +48,8 @@ def test_the_real_gguf_checked_against_its_decoded_tensors_works_with_transforme
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
     report = api.check(gguf, base=folder, prompts=texts, state_dir=tmp_path / "state")
-    assert report.verdict == WORKS and report.exit_code == 0, report.reasons
+    # The file and its decoding hold the same weights: a model identical to its base is "no effect" (exit 5).
+    assert report.verdict == NO_EFFECT and report.exit_code == 5, report.reasons
     assert [(m.role, m.path) for m in report.models] == [("merge", str(gguf)), ("base", str(folder))]
     assert report.to_json()["models"][0]["path"] == str(gguf)
     merge, base = report.models
