@@ -22,7 +22,8 @@ from resumerge import api
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf import blocks
 from resumerge.outputs.gguf.imatrix import read_imatrix
-from resumerge.outputs.gguf.kquants import encode_k, encode_legacy_weighted
+from resumerge.outputs.gguf.kquants import encode_k
+from resumerge.outputs.gguf.legacyweighted import encode_legacy_weighted
 from resumerge.plan.gguftypes import MIXES, OVERRIDE_TYPES
 from resumerge.store.killpoints import LOCAL_POINTS
 

@@ -11,6 +11,7 @@ May import: errors, config, memory, methods, vocab, inputs, outputs.
 
 __all__ = [
     "architecture",
+    "cardwording",
     "fetching",
     "merge_plan",
     "modelcard",

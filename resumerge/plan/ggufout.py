@@ -172,10 +172,10 @@ class Importance:
         none: no file, a type that takes no weights, or no entry, as llama-quantize goes on without one). Raises
         :class:`ModelInputError` for an entry of another size (token_embd's is skipped, as llama-quantize skips
         it)."""
-        from resumerge.outputs.gguf import kquants
+        from resumerge.outputs.gguf import kquants, legacyweighted
 
         size = self.sizes.get(target)
-        if size is None or (ggml_type not in kquants.K_TYPES and ggml_type not in kquants.LEGACY):
+        if size is None or (ggml_type not in kquants.K_TYPES and ggml_type not in legacyweighted.LEGACY):
             return ""
         if size != columns * experts:
             if target == "token_embd.weight":

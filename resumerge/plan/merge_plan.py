@@ -29,8 +29,8 @@ from resumerge.plan.layerblocks import LayerBlocks
 if TYPE_CHECKING:
     from resumerge.config.merge_config import MergeConfig
     from resumerge.plan.accounting import Accounting
+    from resumerge.plan.cardwording import CardWording
     from resumerge.plan.filters import FilterMatch
-    from resumerge.plan.modelcard import CardWording
     from resumerge.vocab import VocabAlignment
 
 
@@ -67,22 +67,18 @@ class PlanOptions:
     # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
-    # --gguf-tensor-type PATTERN=TYPE (repeatable), --gguf-output-type, --gguf-token-embedding-type: llama-quantize's
-    # --tensor-type, --output-tensor-type and --token-embedding-type; --imatrix: llama.cpp's importance matrix file
-    # (GGUF or .dat) the K-quant encoders weight their search with, as llama-quantize does.
+    # --gguf-tensor-type PATTERN=TYPE, --gguf-output-type, --gguf-token-embedding-type: llama-quantize's --tensor-type,
+    # --output-tensor-type, --token-embedding-type; --imatrix: llama.cpp's importance matrix (GGUF or .dat).
     gguf_tensor_types: tuple[str, ...] = ()
     gguf_output_type: str | None = None
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
-    # --gguf-split-max-size: the GGUF output as gguf-split's files of at most this many tensor bytes each (None: one
-    # file, model.gguf).
+    # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
     out_adapter: bool = False
 
-    def __post_init__(self) -> None:
-        # A recorded run's options come back from JSON, where a tuple is a list: ``[] != ()``, so the resumed plan's
-        # fingerprint named a --gguf-tensor-type the run never had and every resume was refused as planned otherwise.
+    def __post_init__(self) -> None:  # recorded options are JSON, a tuple a list: [] != () changed the fingerprint
         object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
 
 
@@ -92,8 +88,7 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
-                                     "gguf_split_max_size": None,
-                                     "out_adapter": False}
+                                     "gguf_split_max_size": None, "out_adapter": False}
 
 
 @dataclass(frozen=True)
@@ -307,8 +302,7 @@ class Plan:
     # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
-    # The card's words where the kind of run is not a merge (a transplant's title, lead and sections); None: a
-    # merge's. Derived from the recorded text like card_method: not fingerprinted.
+    # The card's words where the run is not a merge (a transplant's); None: a merge's. Not fingerprinted.
     card_wording: CardWording | None = field(default=None, compare=False, repr=False)
     # The name of the output's copy of the recorded text (with the model card; mergekit_config.yml as mergekit-yaml
     # writes it, or what the kind of run that made the plan names it: mergekit-moe's mergekit_moe_config.yml), so

@@ -11,7 +11,6 @@ model's own README.md is never copied.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ import yaml
 
 from resumerge.config.merge_config import MergeConfig, load_config_text
 from resumerge.methods.registry import get_method
+from resumerge.plan.cardwording import MERGE_WORDING
 
 if TYPE_CHECKING:
     from resumerge.config.modelref import ModelRef
@@ -28,28 +28,6 @@ CARD_NAME = "README.md"
 CARD_TAGS = ("mergekit", "merge", "resumerge")
 _HUB = "https://huggingface.co"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-@dataclass(frozen=True)
-class CardWording:
-    """The words a kind of run's card is written in, where they are not a merge's: its title (a merge's name comes
-    from its config), the paragraph under it, the method's heading, sections of its own after the models (heading,
-    lines), each model's role by key (a merge's says "base model"), and how its recorded text is introduced
-    (heading, sentence, fence language). Notes that a section already shows are not repeated under Notes."""
-
-    title: str = "Merged model"
-    lead: str = ("This is a merge of pre-trained language models, made with resumerge from a "
-                 "[mergekit](https://github.com/arcee-ai/mergekit) configuration.")
-    method_heading: str = "Merge method"
-    sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    roles: tuple[tuple[str, str], ...] = ()
-    config_heading: str = "Configuration"
-    config_intro: str = "The following YAML configuration was used to produce this model:"
-    config_language: str = "yaml"
-    tags: tuple[str, ...] = ()
-
-
-MERGE_WORDING = CardWording()
 
 
 def hub_commit(path: str, directory: str) -> str | None:

@@ -33,9 +33,9 @@ from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
+from resumerge.plan.cardwording import CardWording
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
-from resumerge.plan.modelcard import CardWording
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
 from resumerge.transplant.approximate import Method, Rope, method_notes

@@ -35,7 +35,7 @@ import numpy as np
 from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
 from resumerge.inputs.gguf.legacy import Kind
-from resumerge.outputs.gguf import kquants
+from resumerge.outputs.gguf import kquants, legacyweighted
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -118,11 +118,11 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
     from resumerge.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    if importance is not None and ggml_type in kquants.LEGACY:  # llama.cpp's importance paths of the legacy types
-        size = kquants.LEGACY[ggml_type][0]
+    if importance is not None and ggml_type in legacyweighted.LEGACY:  # the legacy types' importance paths
+        size = legacyweighted.LEGACY[ggml_type][0]
         shape = (*rows.shape[:-1], rows.shape[-1] // 32 * size)
         out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
-        kquants.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
+        legacyweighted.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
         return out
     if ggml_type in kquants.K_TYPES:
         size = kquants.K_TYPES[ggml_type]

@@ -1,0 +1,57 @@
+"""The legacy types' importance paths (``quantize_row_q{4,5}_{0,1}_impl``): llama-quantize uses them for a legacy
+file's tensors, and for a K mix's fallbacks (rows that are not whole 256-value blocks), when it has an importance
+matrix. They search with the K-quants' own scale searches (:mod:`.kquants`: ``qkx`` for the affine types, ``qx``
+for the symmetric), float32 in llama.cpp's order as there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from resumerge.outputs.gguf.kquants import F, _Array, _f16, _qkx, _qx, _sum
+
+Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
+# ggml type -> (bytes a 32-value block, nmax, affine)
+LEGACY = {Q4_0: (18, 8, False), Q4_1: (20, 15, True), Q5_0: (22, 16, False), Q5_1: (24, 31, True)}
+_ROWS = 64  # rows coded together
+
+
+def _legacy_rows(rows: _Array, ggml_type: int, qw: _Array) -> _Array:
+    """The bytes of ``rows`` (float32, (R, C)) as a legacy type with importance ``qw`` (C,): (R, C/32 * size).
+    Each block's weights are ``qw * sqrt(sigma2 + x²)`` with sigma2 the mean square of its whole row."""
+    size, nmax, affine = LEGACY[ggml_type]
+    r, c = rows.shape
+    sigma2 = _sum(np.ascontiguousarray(rows.T) ** 2) / F(c)
+    per_row = c // 32
+    xt = np.ascontiguousarray(rows.reshape(r * per_row, 32).T)  # (32, blocks), block b = row b // per_row
+    w = np.tile(qw.reshape(per_row, 32).T, (1, r)) * np.sqrt(np.repeat(sigma2, per_row)[None, :] + xt * xt)
+    out = np.zeros((r * per_row, size), dtype=np.uint8)
+    if affine:
+        scale, the_min, codes = _qkx(xt, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
+        out[:, 2:4] = _f16(-the_min)[0].view(np.uint8).reshape(-1, 2)
+    else:
+        scale, codes = _qx(xt, nmax, w)
+        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
+    q = codes.T.astype(np.uint8)  # (blocks, 32)
+    out[:, -16:] = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
+    if nmax > 15:  # the fifth bits, bit k of the 32-bit word for value k
+        bits = (q >> 4).reshape(-1, 4, 8) << np.arange(8, dtype=np.uint8)
+        out[:, size - 20:size - 16] = np.bitwise_or.reduce(bits, axis=2)
+    return out.reshape(r, per_row * size)
+
+
+def encode_legacy_weighted(rows: _Array, ggml_type: int, importance: _Array, out: _Array | None = None) -> _Array:
+    """llama.cpp's bytes of ``rows`` (float32, (..., n), n whole 32-value blocks) as legacy type ``ggml_type``
+    (Q4_0, Q4_1, Q5_0, Q5_1) with the per-column ``importance`` (float32, (n,)): uint8 (..., n / 32 * block bytes),
+    into ``out`` when given."""
+    size = LEGACY[ggml_type][0]
+    n = rows.shape[-1]
+    values = np.ascontiguousarray(rows, dtype=F).reshape(-1, n)
+    result = np.empty((values.shape[0], n // 32 * size), dtype=np.uint8) if out is None else out.reshape(
+        values.shape[0], n // 32 * size)
+    qw = np.ascontiguousarray(importance, dtype=F)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start in range(0, values.shape[0], _ROWS):
+            result[start:start + _ROWS] = _legacy_rows(values[start:start + _ROWS], ggml_type, qw)
+    return result.reshape(*rows.shape[:-1], n // 32 * size)
