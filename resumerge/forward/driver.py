@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.admission import Admission
-from resumerge.forward.folder import LOCK_NAME, pass_lock
+from resumerge.forward.folder import pass_lock
 from resumerge.forward.layerpass import Reserve
+from resumerge.store.runlock import LOCK_NAME
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from resumerge.store.runlock import JobLock
-
-LOCK_NAME = "lock"  # held by the one process running the pass (its pid and command inside)
+# The lock file is a run's (store.runlock's name): held by the one process running the pass, its pid and command in it.
+from resumerge.store.runlock import LOCK_NAME, JobLock
 
 
 def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = LOCK_NAME,

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.forward.folder import LOCK_NAME
-from resumerge.store.runlock import is_held
+# store.runlock's, not forward's: status must not import the forward package (its reader imports the plan, numpy).
+from resumerge.store.runlock import is_locked
 
 if TYPE_CHECKING:
     from resumerge.store.statusview import StatusReport
@@ -37,7 +37,7 @@ def find_eval(root: Path, target: str | os.PathLike[str]) -> dict[str, Any] | No
     if not found:
         return None
     _, folder, doc = max(found, key=lambda each: each[0])
-    doc["state"] = "done" if doc.get("done") else "running" if is_held(folder / LOCK_NAME) else "interrupted"
+    doc["state"] = "done" if doc.get("done") else "running" if is_locked(folder) else "interrupted"
     doc["journaled"] = _journaled(folder, doc)
     return doc
 
