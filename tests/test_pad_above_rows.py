@@ -74,7 +74,7 @@ def _searched(root: Path) -> list[dict[str, Any]]:
                      {"nll": {"texts": str(root / "texts.txt")}, "weight": 0.1}]}
     config = root / "evolve.yml"
     config.write_text(yaml.safe_dump(doc))
-    api.evolve(config, root / "store", max_fevals=1, popsize=2, random_seed=3)
+    api.evolve(config, root / "store", max_fevals=2, popsize=2, random_seed=3)  # one generation of two
     rows = [json.loads(line) for line in (root / "store" / "evaluations.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k != "config" and "time" not in k and "second" not in k} for row in rows]
 

@@ -130,4 +130,6 @@ def test_nemotron_h_without_a_layer_count_is_checked_against_a_base_with_one(
     texts.write_text("the cat sat on the mat\nhello world\n")
     code = main(["check", str(merge), "--base", str(base), "--prompts", str(texts), "--state-dir", str(tmp_path / "s"),
                  "--quiet"])
-    assert code == 0  # compared layer by layer with its base (before: refused, "has 4 layers ... the merge None")
+    # compared layer by layer with its base (before: refused, "has 4 layers ... the merge None"); the same weights
+    # as its base: no effect (exit 5)
+    assert code == 5
