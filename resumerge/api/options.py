@@ -26,6 +26,7 @@ from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSetting
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.plan.defaults import DEFAULT_SEED
+from resumerge.transplant.spec import SurgeryChoices
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
@@ -160,25 +161,13 @@ class Lora:
 
 
 @dataclass(frozen=True)
-class Surgery:
+class Surgery(SurgeryChoices):
     """mergekit-tokensurgeon 0.1.5's options (same names and defaults;
     :class:`~resumerge.transplant.spec.SurgerySpec`): the ``approximation_method`` of the rows of DONOR's tokens
     MODEL lacks, its ``k`` atoms or neighbours, ``cosine_similarity`` and ``weight_scheme`` (common_interpolation),
     ``subword_method``, ``batch_size`` tokens per approximated (and journaled) batch, ``prefix_match`` and
     ``byte_match`` (yes, no, embed, lm_head), ``magikarp`` (match only tokens both models trained well), and
     ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
-
-    approximation_method: str = "omp"
-    k: int = 64
-    cosine_similarity: bool = False
-    weight_scheme: str = "distance_proportional"
-    subword_method: str = "mean"
-    batch_size: int = 512
-    prefix_match: str = "no"
-    byte_match: str = "no"
-    magikarp: bool = False
-    new_vocab_noise: float | None = None
-    new_vocab_scale: float | None = None
 
 
 GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery)

@@ -27,11 +27,10 @@ USES_K = ("omp", "common_interpolation", "stb", "mp_rope")
 
 
 @dataclass(frozen=True)
-class SurgerySpec:
-    """mergekit-tokensurgeon 0.1.5's options (same names, defaults and meanings)."""
+class SurgeryChoices:
+    """mergekit-tokensurgeon 0.1.5's options (same names, defaults and meanings), written here once: the API's
+    option group (:class:`resumerge.api.options.Surgery`) is this, and :class:`SurgerySpec` adds the two models."""
 
-    model: str
-    donor: str
     approximation_method: str = "omp"
     k: int = 64
     cosine_similarity: bool = False
@@ -44,10 +43,18 @@ class SurgerySpec:
     new_vocab_noise: float | None = None
     new_vocab_scale: float | None = None
 
+
+@dataclass(frozen=True, kw_only=True)
+class SurgerySpec(SurgeryChoices):
+    """A transplant: MODEL given DONOR's tokenizer, with the options of :class:`SurgeryChoices`."""
+
+    model: str
+    donor: str
+
     def command(self) -> str:
         """The command line that asks for this transplant (written in the model card)."""
         words = ["resumerge", "tokensurgeon", self.model, self.donor, "OUT", "-a", self.approximation_method]
-        defaults = SurgerySpec("", "")
+        defaults = SurgerySpec(model="", donor="")
         for each in fields(self):
             value = getattr(self, each.name)
             if each.name in ("model", "donor", "approximation_method") or value == getattr(defaults, each.name):

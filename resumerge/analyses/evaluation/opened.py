@@ -19,24 +19,20 @@ from typing import TYPE_CHECKING, Any
 from resumerge.analyses.evaluation.generate import cached_stream, generate
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.run import (
-    _NEEDS,
     Watcher,
     _fits_whole,
     _float32,
     _key,
     _max_length,
     _Merged,
-    _not_a_config,
+    _pass_model,
     _Scorer,
     _tokenizer,
 )
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
-from resumerge.forward import Weights
-from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.proof import merge_inputs
-from resumerge.forward.requires import require_transformers
 from resumerge.forward.stream import ModelStream
 from resumerge.memory.allocator import tune_allocator
 from resumerge.store.durable import write_file_atomic
@@ -54,14 +50,7 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
     lm-eval model whose passes run under ``settings``' budget and device and are journaled in ``state``;
     ``command``: what continues an interrupted evaluation (said on Ctrl-C, exit 3). Raises :class:`UsageError`
     for a target that is not a model, before any weight is read."""
-    if unwritten is None:
-        _not_a_config(target)
-        model = open_for_pass(target, "TARGET", state)
-        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
-    else:
-        model = PassModel("merge", target, None, unwritten.opened)
-        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
-    require_transformers(_NEEDS, load=False)
+    model, weights = _pass_model(target, unwritten, state)
     # transformers' tokenizer, as lm-eval's hf model loads it: whether a chat template applies is lm-eval's to say
     tokenizer = _tokenizer(model, True)
     from lm_eval.models.utils import configure_pad_token

@@ -110,14 +110,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         raise UsageError("eval --executor ray reads a written model on a Ray node; a merge config is merged in this "
                          "process as its layers are read", hint="leave out --executor ray, or evaluate the written "
                                                                   "merge")
-    if unwritten is None:
-        _not_a_config(target)
-        model = open_for_pass(target, "TARGET", state)
-        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
-    else:
-        model = PassModel("merge", target, None, unwritten.opened)
-        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
-    require_transformers(_NEEDS, load=False)
+    model, weights = _pass_model(target, unwritten, state)
     manager = (task_index or TaskIndex()).manager(settings) if settings.lm_tasks else None
     # Loaded once: checked here, the same objects run by lm-eval (None: no lm-eval task named).
     loaded = loaded_tasks(settings, manager) if manager is not None else None
@@ -382,6 +375,20 @@ def eval_command(target: str, settings: EvalSettings, state: StateDir, merge_wor
 def is_config(target: str) -> bool:
     """Whether ``target`` is a merge config (a YAML file), evaluated as the merge it describes, unwritten."""
     return Path(target).suffix in _CONFIG_SUFFIXES and Path(target).is_file()
+
+
+def _pass_model(target: str, unwritten: UnwrittenMerge | None, state: StateDir) -> tuple[PassModel, Weights]:
+    """The model an evaluation's passes read and its weights: TARGET opened (refused in one line when it is not a
+    model), or the merge ``unwritten`` describes; transformers required either way, before any weight is read."""
+    if unwritten is None:
+        _not_a_config(target)
+        model = open_for_pass(target, "TARGET", state)
+        weights = Weights.of(model.opened.directory, model.opened.tensors, model.remote)
+    else:
+        model = PassModel("merge", target, None, unwritten.opened)
+        weights = Weights.of(unwritten.directory, unwritten.tensors, source=unwritten.source)
+    require_transformers(_NEEDS, load=False)
+    return model, weights
 
 
 def _not_a_config(target: str) -> None:
