@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
@@ -44,13 +46,28 @@ class MergeKind:
         """The merge through :func:`~resumerge.engine.session.run_merge`."""
         from resumerge.engine.session import run_merge
 
+        def before() -> None:  # --imatrix-texts: the importance matrix the encoding reads, computed on the merge
+            from resumerge.api.importance import importance_pass
+
+            importance_pass(call.text, call.options, call.settings, reporter=driving.reporter,
+                            command=f"resumerge run {os.fspath(call.config)} {os.fspath(call.locations.out)}")
+
         return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
                          reporter=driving.reporter, should_stop=driving.should_stop,
-                         codecs=call.codecs)
+                         codecs=call.codecs, before=before if call.options.imatrix_texts is not None else None)
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
-        run found them."""
+        run found them; with ``--imatrix-texts``, its importance matrix first (found computed, or its pass
+        resumed), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
+        options = recorded.options
+        if options.imatrix_texts is not None and Path(options.imatrix_texts).is_file():
+            from resumerge.api.importance import importance_pass
+            from resumerge.api.options import computed_imatrix
+
+            if computed_imatrix(replace(options, imatrix=None), recorded.text, settings.state) == options:
+                importance_pass(recorded.text, options, settings, model_dirs=recorded.model_dirs,
+                                reporter=driving.reporter, command=f"resumerge resume {recorded.target.out}")
         return resume_journaled(self.name, recorded, settings, driving, _replan)
 
     def plan(self, call: Call) -> Plan:

@@ -73,6 +73,9 @@ class PlanOptions:
     gguf_output_type: str | None = None
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
+    # --imatrix-texts: the importance matrix computed on the merge itself from these texts (their file, absolute), in
+    # a forward pass over the merge never written before the encoding; ``imatrix`` is then where the pass writes it.
+    imatrix_texts: str | None = None
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
@@ -88,6 +91,7 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
+                                     "imatrix_texts": None,
                                      "gguf_split_max_size": None, "out_adapter": False}
 
 
