@@ -322,12 +322,17 @@ def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOp
     without it."""
     if options.imatrix_texts is None:
         return options
+    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
+
+
+def imatrix_key(text: str, texts: str) -> str:
+    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
+    path and bytes in it (other texts, another file)."""
     import hashlib
     import json
 
-    texts = hashlib.sha256(Path(options.imatrix_texts).read_bytes()).hexdigest()
-    key = hashlib.sha256(json.dumps([text, options.imatrix_texts, texts]).encode()).hexdigest()[:16]
-    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{key}.gguf"))
+    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
 
 
 # Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
