@@ -17,10 +17,6 @@ if TYPE_CHECKING:
     from resumerge.engine.executor import Reporter
     from resumerge.plan.merge_plan import PlanOptions
 
-# The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
-_FLOAT = {"out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (), "gguf_output_type": None,
-          "gguf_token_embedding_type": None, "imatrix": None, "imatrix_texts": None, "gguf_split_max_size": None}
-
 
 def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
                     model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> None:
@@ -43,8 +39,10 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
 
     texts = options.imatrix_texts
     state = settings.state
-    prepared = prepare(load_config_text(text), replace(options, **_FLOAT), model_dirs=model_dirs, state=state,
-                       cache_dir=settings.cache_dir)
+    # The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
+    floats = replace(options, out_type="safetensors", gguf_type="f16", gguf_tensor_types=(), gguf_output_type=None,
+                     gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None)
+    prepared = prepare(load_config_text(text), floats, model_dirs=model_dirs, state=state, cache_dir=settings.cache_dir)
     fetch_inputs(prepared.opened(), state=state)
     set_torch_threads(settings.num_threads)  # run's thread count: the merged values are run's
     budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())

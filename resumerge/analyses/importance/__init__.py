@@ -14,4 +14,4 @@ May import: errors, config, forward, inputs, memory, store, engine, outputs, tor
 
 from __future__ import annotations
 
-__all__: list[str] = []
+__all__ = ["entries", "onmerge", "sums"]
