@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
-# The kill point reached once a layer's sums and hidden states are durable (resumerge.store.killpoints).
-POINT = "after_imatrix_layer"
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
 
 
@@ -137,7 +135,8 @@ class _ImportanceJob:
 
         step = SumStep(stream, calls, reserve, on_layer)
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
-        found = LayerPass(journal, layers, point=POINT, carries=Held(lambda: [calls])).run(
+        # kill point after_imatrix_layer: a layer's sums and hidden states durable (resumerge.store.killpoints)
+        found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
             step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
         return found
