@@ -205,3 +205,8 @@ def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path,
         assert done.returncode == 2, (flags, done.stderr)
         assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not (tmp_path / "out").exists()
+    moe = tmp_path / "moe.yml"  # a kind of run whose pass the importance matrix's would not precede
+    moe.write_text(f"base_model: {config.parent / 'a.gguf'}\nexperts:\n  - source_model: {config.parent / 'b.gguf'}\n"
+                   "    positive_prompts: [the cat]\n")
+    done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
+    assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr

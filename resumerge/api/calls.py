@@ -137,6 +137,13 @@ def run(
 
         text = config_text(config)
         kind = kind_of(text)
+        if output.imatrix_texts is not None and kind.name != "merge":  # its pass runs before a single merge's run
+            from resumerge.api.options import source_name
+            from resumerge.errors import UsageError
+
+            raise UsageError(f"--imatrix-texts computes the importance matrix of a single merge, and "
+                             f"{source_name(config, 'the config')} is a {kind.name} config",
+                             hint="merge it first, then give --imatrix the matrix measure --imatrix writes of it")
         options = computed_imatrix(plan_options(output, merging, resources,
                                                 out_shard_size=shard_size_choice(output.out_shard_size, out)[0]),
                                    text, settings.state)
