@@ -52,8 +52,8 @@ def bench(work: Path, which: str, texts: int) -> None:
     from resumerge import api
     from resumerge.api.importance import importance_pass
     from resumerge.api.options import computed_imatrix, plan_options
-    from resumerge.config.settings import RunSettings
     from resumerge.config.locations import StateDir
+    from resumerge.config.settings import RunSettings
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
