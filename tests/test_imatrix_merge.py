@@ -210,3 +210,27 @@ def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path,
                    "    positive_prompts: [the cat]\n")
     done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
     assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr
+
+
+def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: Path) -> None:
+    """llama-imatrix's GGUF as resumerge writes it (an expert stack's entry a slice per expert, a count of 0
+    kept), read back by gguf-py's reader and by resumerge's: each slice its sums over its count, all ones where
+    the count is 0; two models' entries pooled add sums and counts."""
+    from resumerge.analyses.importance.entries import imatrix_file, pooled
+    from resumerge.outputs.gguf.imatrix import ImatrixEntry
+
+    sums = np.arange(12, dtype=np.float32).reshape(3, 4)
+    entries = {"blk.0.ffn_down_exps.weight": ImatrixEntry(sums, np.array([2, 0, 4], dtype=np.float32)),
+               "blk.0.attn_q.weight": ImatrixEntry(np.full((1, 4), 6, np.float32), np.array([3], np.float32))}
+    both = pooled([entries, {"blk.0.attn_q.weight": ImatrixEntry(np.full((1, 4), 2, np.float32),
+                                                                 np.array([1], np.float32))}])
+    path = tmp_path / "m.gguf"
+    path.write_bytes(imatrix_file(both, "texts.txt", 3))
+    read = read_imatrix(path)
+    assert np.array_equal(read["blk.0.ffn_down_exps.weight"], np.concatenate([sums[0] / 2, np.ones(4), sums[2] / 4]))
+    assert np.array_equal(read["blk.0.attn_q.weight"], np.full(4, 2, np.float32))
+    reader = gguf.GGUFReader(path)
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}  # ggml's ne order
+    assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == (4, 3)
+    assert shapes["blk.0.ffn_down_exps.weight.counts"] == (1, 3)
+    assert reader.fields["imatrix.datasets"].contents() == ["texts.txt"]
