@@ -216,6 +216,7 @@ def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     else:
         os.environ["PYTHONBREAKPOINT"] = BREAKPOINT_SET
     yield
+    forkserver.settle_servers()  # a command the test left running or unreaped would keep its server busy
 
 
 ModelFactory = Callable[..., Path]

@@ -189,6 +189,7 @@ class ForkServer:
         self._modules: dict[str, str | None] | None = None  # what the server imported, once it has said
         self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
+        self._running: Forked | None = None  # the command started last, until its status is read
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
 
     def forkable(self, env: dict[str, str]) -> bool:
@@ -276,7 +277,20 @@ class ForkServer:
             self._busy.release()
             raise
         command = [sys.executable, *([str(script)] if script else ["-m", "resumerge"]), *args]
-        return Forked(self, command, pid, (out, err) if capture else None)
+        self._running = Forked(self, command, pid, (out, err) if capture else None)
+        return self._running
+
+    def settle(self) -> list[str] | None:
+        """Kill (SIGKILL) and reap the command a test left running, or ended but unread (a :class:`Forked` it never
+        waited for); its argv, None where there was none. Until its status is read the server stays busy, and every
+        command of every later test of the worker would start a fresh interpreter (conftest's ``hermetic`` calls
+        this as each test ends)."""
+        running = self._running
+        if running is None or running.returncode is not None:
+            return None
+        running.kill()
+        running.wait(60)
+        return running.args
 
     def _status(self, timeout: float | None) -> int:
         """The exit status of the command the server runs, waiting at most ``timeout`` seconds (None: as long as it
@@ -291,6 +305,7 @@ class ForkServer:
             self.process.stdin.flush()
             self._reply(60)
         finally:
+            self._running = None
             self._busy.release()
 
     def _reply(self, timeout: float | None) -> dict[str, Any]:
@@ -322,6 +337,12 @@ class ForkServer:
         for name in ("stdout", "stderr"):
             (self.folder / name).unlink(missing_ok=True)
         self.folder.rmdir()
+
+
+def settle_servers() -> None:
+    """:meth:`ForkServer.settle` for each of this worker's servers."""
+    for server in _SERVERS.values():
+        server.settle()
 
 
 def server_environment() -> dict[str, str]:

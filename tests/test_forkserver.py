@@ -143,3 +143,18 @@ def test_what_a_test_or_a_library_leaves_set_never_keeps_later_commands_from_the
     monkeypatch.setenv("RESUMERGE_SUITE_PROBE", "1")
     born = server_environment()
     assert born.get("OMP_NUM_THREADS") == SESSION_ENV.get("OMP_NUM_THREADS") and born["RESUMERGE_SUITE_PROBE"] == "1"
+
+
+def test_a_command_its_test_never_waited_for_is_settled_as_the_test_ends(server: ForkServer,
+                                                                        tmp_path: Path) -> None:
+    """A started command whose status its test never read kept the server busy: every command of every later test
+    of the worker started a fresh interpreter. Settled (killed where it still runs, reaped), the server forks again;
+    one already read is left alone."""
+    env = dict(os.environ)
+    left = server.start(["status", str(tmp_path / "nowhere"), "--json"], env, capture=False)
+    assert left is not None and server.start(["--help"], env, capture=False) is None  # busy
+    assert server.settle() == left.args and left.returncode is not None
+    done = server.start(["--help"], env, capture=False)
+    assert done is not None
+    done.wait(120)
+    assert server.settle() is None
