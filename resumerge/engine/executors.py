@@ -94,10 +94,7 @@ class LocalExecutor:
 
     def run(self, job: Job) -> tuple[str, ...]:
         """:func:`~resumerge.engine.executor.execute` of ``job``."""
-        return execute(job.plan, job.sources, job.sink, job.ledger, job.book, job.reporter,
-                       should_stop=job.should_stop, config_text=job.config_text, workers=CONCURRENCY,
-                       governor=job.governor, gpu=job.gpu, late_notes=job.late_notes, transfers=job.transfers,
-                       resources=job.resources)
+        return execute(job, CONCURRENCY)
 
 
 @dataclass(frozen=True)

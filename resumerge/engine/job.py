@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from resumerge.config.settings import RunSettings
-from resumerge.engine.executor import Reporter
 from resumerge.engine.inputfetch import HubInputs
+from resumerge.engine.reporting import Reporter
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import Resources
