@@ -64,7 +64,6 @@ from resumerge.torch_import import torch
 
 # The journal (the ledger, sqlite-utils) is the journaling process's: a cluster node's worker runs this pipeline
 if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.
-    from resumerge.engine.job import Job
     from resumerge.store.journal_commit import CommitJournal
     from resumerge.store.ledger import Ledger
 
@@ -360,41 +359,17 @@ class Computing:
     transfers: bool = False
 
 
-def execute(job: Job, workers: int = CONCURRENCY) -> tuple[str, ...]:
-    """Bring every pending file of ``job.plan`` to committed, ``workers`` units in flight at most (the job's
-    governors, stop flag, transfers and resources as :class:`Computing` describes them); raises :class:`Stopped`
-    when ``job.should_stop`` turns true. Input tensors are read through ``job.sources`` and every output file is
-    committed through ``job.sink``, whatever they are. ``job.late_notes`` gives notes found while the merge ran (by
-    work beside it), added to the plan's before the side files (the model card) are written, and kept in the ledger
-    and shown like them; they are returned.
-    """
-    from resumerge.store.journal_commit import CommitJournal
-
-    plan, sink, ledger = job.plan, job.sink, job.ledger
-    done = {row.name for row in ledger.files() if row.status == "done"}
-    journal = CommitJournal(sink, ledger, job.book)
-    computing = Computing(job.should_stop, job.resources, workers, job.governor, job.gpu, job.transfers)
-    interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
-    try:
-        finished = compute_shards(plan, job.sources, sink, journal, job.reporter, done, computing,
-                                  units=ledger if sink.writes_in_place else None,
-                                  kept=kept_units(ledger, done) if sink.writes_in_place else None)
-    except KeyboardInterrupt as exc:
-        interrupt, finished = exc, False
-    return finish_run(plan, journal, job.reporter, done, finished=finished, interrupt=interrupt,
-                      config_text=job.config_text, should_stop=job.should_stop, late_notes=job.late_notes)
-
-
 def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
                    done: set[str], computing: Computing, *, batches: Iterable[Sequence[ShardPlan]] | None = None,
                    units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None) -> bool:
     """Compute every shard of ``plan`` not in ``done`` as ``computing`` says and publish it through ``sink`` into
-    ``journal`` (the pipeline of :func:`execute`); False when stopped first. Raises the writer's error, else a
-    KeyboardInterrupt that stopped it. ``batches``: the shards to compute instead, as they come (a cluster node's
-    actor is fed them by the driver); each batch's last units are handed to the writer before the next batch is
-    awaited, and the writer finishes one shard while the next one's units compute, as in a local run. ``kept``: the
-    files written in place, unit by unit, journaled in ``units``, each with the units a previous run wrote
-    (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only committed."""
+    ``journal`` (the pipeline of :func:`~resumerge.engine.executors.execute`); False when stopped first. Raises the
+    writer's error, else a KeyboardInterrupt that stopped it. ``batches``: the shards to compute instead, as they
+    come (a cluster node's actor is fed them by the driver); each batch's last units are handed to the writer before
+    the next batch is awaited, and the writer finishes one shard while the next one's units compute, as in a local
+    run. ``kept``: the files written in place, unit by unit, journaled in ``units``, each with the units a previous
+    run wrote (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
+    committed."""
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
     workers, governor, gpu = computing.workers, computing.governor, computing.gpu
     yield_cpu = computing.transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
