@@ -28,6 +28,7 @@ from resumerge.api.options import (
     PathLike,
     Resources,
     Stages,
+    Trackers,
     computed_imatrix,
     config_text,
     flat_resources,
@@ -197,7 +198,7 @@ def resume(
         own = own_record(where)
         if own is not None:
             return own.resume_own(where, settings, driving)
-        from resumerge.analyses.table import kept
+        from resumerge.api.analyses import kept
         from resumerge.engine.session import resuming
         from resumerge.errors import NothingRecordedError
 
@@ -504,9 +505,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, executor: Executor | None = None,
            max_memory: int | str | None = None, device: str | None = None,
-           progress: Callable[[SearchStep], None] | None = None, wandb: bool = False,
-           wandb_project: str = "mergekit-evolve", wandb_entity: str | None = None, trackio: bool = False,
-           trackio_project: str = "resumerge-evolve") -> EvolveOutcome:
+           progress: Callable[[SearchStep], None] | None = None, trackers: Trackers = Trackers(),
+           state_dir: PathLike | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -526,37 +526,36 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
     layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
     them on stderr.
-    ``wandb`` (mergekit-evolve's ``--wandb``, to
-    ``wandb_project`` of ``wandb_entity``) and ``trackio`` (to ``trackio_project``): the search logged there, a row
+    ``trackers`` (:class:`Trackers`: ``wandb``, mergekit-evolve's ``--wandb``, to
+    ``wandb_project`` of ``wandb_entity``, and ``trackio``, to ``trackio_project``): the search logged there, a row
     per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
     best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
+    ``state_dir``: as for :func:`run` (the parents' small files, the kl tasks' texts' tokens, ``merge_best``'s
+    ledger); ``resumerge status STORAGE`` (:func:`status`) says where the search stands.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
     nothing, an lm-eval task unknown or not loadable offline, or a STORAGE holding another search."""
     from pathlib import Path
 
-    from resumerge.api.evolution import evolve_into
+    from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.evolve.search import SearchOptions
 
     resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
-    placement = pass_placement(run_settings(None, resources, executor=executor))
-    return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
-                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
-                       run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path, placement=placement, executor=executor,
-                       progress=progress,
-                       tracking=_tracking(wandb, wandb_project, wandb_entity, trackio, trackio_project))
+    settings = run_settings(state_dir, resources, executor=executor)  # the state dir resolved here, once
+    asked = SearchAsked(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed), resources,
+                        settings.state, merge_best, allow_benchmark_tasks, task_search_path, pass_placement(settings),
+                        executor, _tracking(trackers))
+    return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)
 
 
-def _tracking(wandb: bool, wandb_project: str, wandb_entity: str | None, trackio: bool,
-              trackio_project: str) -> list[Tracking]:
+def _tracking(trackers: Trackers) -> list[Tracking]:
     """Where :func:`evolve` logs its search (an entity or project named without its library: exit 2)."""
     from resumerge.errors import UsageError
     from resumerge.evolve.tracking import Tracking
 
-    if wandb_entity is not None and not wandb:
+    if trackers.wandb_entity is not None and not trackers.wandb:
         raise UsageError("--wandb-entity needs --wandb", hint="add --wandb, or leave out --wandb-entity")
-    found = [Tracking("wandb", wandb_project, wandb_entity)] if wandb else []
-    return found + ([Tracking("trackio", trackio_project)] if trackio else [])
+    found = [Tracking("wandb", trackers.wandb_project, trackers.wandb_entity)] if trackers.wandb else []
+    return found + ([Tracking("trackio", trackers.trackio_project)] if trackers.trackio else [])
 

@@ -1,5 +1,6 @@
 """What a caller asks of a run, as a few frozen groups a notebook builds once and passes to every call
-(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`), and the one
+(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`,
+:class:`Surgery`, :class:`Trackers`), and the one
 place they become :class:`~resumerge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
 :class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
 named, a config given as a file or as YAML text, a recipe's OUT kept from a single merge. Each raises
@@ -173,7 +174,20 @@ class Surgery(SurgeryChoices):
     ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
 
 
-GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery)
+@dataclass(frozen=True)
+class Trackers:
+    """Where a search (``evolve``) is logged: ``wandb`` (mergekit-evolve's ``--wandb``, to ``wandb_project`` of
+    ``wandb_entity``, None: yours) and ``trackio`` (to ``trackio_project``); a row per candidate, a summary per
+    generation, ``best.yml`` as an artifact when the best changes."""
+
+    wandb: bool = False
+    wandb_project: str = "mergekit-evolve"
+    wandb_entity: str | None = None
+    trackio: bool = False
+    trackio_project: str = "resumerge-evolve"
+
+
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers)
 
 
 def taken(group: object, function: str) -> None:
