@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.evolution import EvolveOutcome
+from resumerge.api.importance import computed_imatrix
 from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
@@ -29,7 +30,6 @@ from resumerge.api.options import (
     Resources,
     Stages,
     Trackers,
-    computed_imatrix,
     config_text,
     flat_resources,
     nothing_started,

@@ -2,7 +2,7 @@
 is encoded. The merge's float plan (the same config and options, written as safetensors) is opened as the model it
 describes, never written (:class:`~resumerge.engine.unwritten.UnwrittenMerge`), and the texts run through it by
 :func:`~resumerge.analyses.importance.onmerge.importance_on_merge` into the file the GGUF plan's codecs read
-(``PlanOptions.imatrix``, in the state dir: :func:`~resumerge.api.options.computed_imatrix`)."""
+(``PlanOptions.imatrix``, in the state dir: :func:`computed_imatrix`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
     from resumerge.engine.executor import Reporter
     from resumerge.plan.merge_plan import PlanOptions
@@ -63,3 +64,26 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         found = "found computed" if report.reused else "computed"
         reporter.message(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
                          f"{report.tokens} tokens")
+
+
+def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
+    """``options`` with, for ``--imatrix-texts``, where the run writes the importance matrix it computes on the
+    merge: a file in the state dir named by the config and the texts (the plan's codecs read it there); unchanged
+    without it."""
+    if options.imatrix_texts is None:
+        return options
+    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
+
+
+def imatrix_key(text: str, texts: str) -> str:
+    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
+    path and bytes in it (other texts, another file)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
+
+
+# Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
+IMATRIX_DIR = "imatrix"

@@ -96,7 +96,7 @@ def _same_texts(recorded: Recorded) -> None:
     """Refuse (exit 4) the resume of a run whose ``--imatrix-texts`` file is gone or holds other texts than when it
     started: its importance matrix, so its bytes, would differ (the plan's fingerprint holds the texts' digest; a
     plan stored with the run is reused without planning again, so it is asked here)."""
-    from resumerge.api.options import imatrix_key
+    from resumerge.api.importance import imatrix_key
     from resumerge.errors import PlanChangedError
 
     options = recorded.options

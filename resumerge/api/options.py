@@ -330,29 +330,6 @@ def _imatrix_texts(given: Mapping[str, Any]) -> str:
     return str(path)
 
 
-def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
-    """``options`` with, for ``--imatrix-texts``, where the run writes the importance matrix it computes on the
-    merge: a file in the state dir named by the config and the texts (the plan's codecs read it there); unchanged
-    without it."""
-    if options.imatrix_texts is None:
-        return options
-    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
-
-
-def imatrix_key(text: str, texts: str) -> str:
-    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
-    path and bytes in it (other texts, another file)."""
-    import hashlib
-    import json
-
-    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
-    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
-
-
-# Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
-IMATRIX_DIR = "imatrix"
-
-
 def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | None = None, *,
                  executor: Executor | None = None) -> RunSettings:
     """What never changes the output's bytes: ``resources``, how an ``hf://`` OUT is written (``hub``; None: the
