@@ -10,7 +10,9 @@ What it holds: the parents' layer (kept for every candidate inside the layer's b
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
 them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
 (:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
-where its largest step beside the hidden states cannot fit ``--max-memory``."""
+where its largest step beside the hidden states cannot fit ``--max-memory``. The pass is a job of the one pass
+driver (:class:`GenerationJob`, :func:`~resumerge.forward.driver.drive`): its lock, proof, fit, admission and
+Ctrl-C's line (the layers journaled, the search's command) are the driver's, as ``check``'s are."""
 
 from __future__ import annotations
 
