@@ -28,7 +28,7 @@ from resumerge.engine.executors import RayExecutor
 from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
 from resumerge.forward.proof import RECORDS_NAME
-from resumerge.moe import prepare
+from resumerge.moe import gatesites
 from tests.moe.passthread import passes_on_a_thread
 
 pytest.importorskip("transformers")
@@ -274,7 +274,7 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here, passes_on_a_thread():  # no decoder layer runs here: on the node
         here.setattr(Streams, "layer", _not_here)
-        here.setattr(prepare, "start_child", _encode_only(prepare.start_child))
+        here.setattr(gatesites, "start_child", _encode_only(gatesites.start_child))
         api.run(config, tmp_path / "ray", state_dir=tmp_path / "s-ray", executor=on_ray)
     assert digests(tmp_path / "ray") == digests(tmp_path / "local")
     (routers,) = (tmp_path / "s-local").glob("moe-routers/*/routers.safetensors")  # keyed by content: the same key

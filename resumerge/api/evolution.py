@@ -135,20 +135,21 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
                                    apply_chat_template=settings.apply_chat_template, max_memory=resources.max_memory,
                                    device=settings.device, state_dir=state, task_index=index).results)
 
+    ray = asked.placement if isinstance(asked.placement, OnRay) else None
+    command = evolve_command(asked)
+
     def scorer_at(root: Path, say: Say | None = None) -> ScoresGeneration:
         """The search's scorer, its passes journaled and its texts' tokens kept in ``root``, telling ``say`` where
         it is (None: ``root``'s progress file alone; a Ray node's scorer, which this process's watcher never
         reaches)."""
         own: ScoresGeneration = WrittenCandidates(root, tasks, merge, tokenizer, on, say) if written else \
             StreamedCandidates(root, tasks, population, tokenizer, asked.state, _bytes(resources.max_memory),
-                               on, say)
+                               on, say, command)
         parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
         if settings is not None:
             parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated, say)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
-    ray = asked.placement if isinstance(asked.placement, OnRay) else None
-    command = evolve_command(asked)
     told = SearchProgress(store, progress)
     with files.locked(store, command), ExitStack() as closing:
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]

@@ -7,10 +7,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import singledispatch
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
+from resumerge.config.passplace import Here, OnRay, PassPlacement
+from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,8 +25,8 @@ if TYPE_CHECKING:
     from resumerge.engine.session import Recorded
     from resumerge.estimate.costs import Estimate
     from resumerge.estimate.estimate import Measuring
-    from resumerge.forward.placement import Places
     from resumerge.moe import MoeConfig
+    from resumerge.moe.gatesites import GatesSite
     from resumerge.moe.passproc import PassProcess
     from resumerge.plan.merge_plan import Plan, PlanOptions
     from resumerge.plan.prepared import Prepared
@@ -154,20 +157,38 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
 
     return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
                                on_progress=hub_progress(reporter), beside=early is not None, out=out,
-                               places=_places(settings)),
+                               site=_site(settings)),
                    kind=MoeKind.name)
 
 
-def _places(settings: RunSettings) -> Places | None:
-    """Where the run's executor places a forward pass's models, as it places a check's (None: in this machine's
-    processes, the prompt pass's own)."""
+def _site(settings: RunSettings) -> GatesSite:
+    """Where the gates' pass runs: where the run's executor places a forward pass (as it places a check's), one
+    site per kind of placement (:func:`_site_of`)."""
     from resumerge.api.options import pass_placement
-    from resumerge.config.passplace import OnRay
 
-    placement = pass_placement(settings)
-    if not isinstance(placement, OnRay):
-        return None
+    return _site_of(pass_placement(settings), settings)
+
+
+@singledispatch
+def _site_of(placement: PassPlacement, settings: RunSettings) -> GatesSite:
+    """The gates' site for ``placement`` (a third executor's placement: one more registration)."""
+    raise UsageError(f"the hidden-state gates' prompt pass cannot run where the {placement.name} executor places a "
+                     "forward pass", hint="run it with the local executor")
+
+
+@_site_of.register(Here)  # the class named: the annotations are not evaluated (some only for the checker)
+def _(placement: Here, settings: RunSettings) -> GatesSite:
+    """In the prompt work's own process, on this machine."""
+    from resumerge.moe.gatesites import IN_ITS_PROCESS
+
+    return IN_ITS_PROCESS
+
+
+@_site_of.register(OnRay)
+def _(placement: OnRay, settings: RunSettings) -> GatesSite:
+    """The base's layers on an actor of the Ray cluster, this process driving the pass."""
     from resumerge.analyses.check.onray import placing
+    from resumerge.moe.gatesites import PlacedBy
 
     given = None if settings.state.given is None else str(settings.state.root)  # --state-dir, as a node opens it
-    return placing(placement.address, given, "prompt forward pass")
+    return PlacedBy(placing(placement.address, given, "prompt forward pass"))

@@ -10,13 +10,15 @@ What it holds: the parents' layer (kept for every candidate inside the layer's b
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
 them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
 (:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
-where its largest step beside the hidden states cannot fit ``--max-memory``."""
+where its largest step beside the hidden states cannot fit ``--max-memory``. The pass is a job of the one pass
+driver (:class:`GenerationJob`, :func:`~resumerge.forward.driver.drive`): its lock, proof, fit, admission and
+Ctrl-C's line (the layers journaled, the search's command) are the driver's, as ``check``'s are."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +31,9 @@ from resumerge.evolve.generation import SCRATCH, GenerationPass, TaskTexts
 from resumerge.evolve.scoring import task_texts, text_task
 from resumerge.evolve.spec import Task
 from resumerge.forward import Weights
-from resumerge.forward.admission import Admission
-from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass
+from resumerge.forward.driver import Fit, PassFolder, drive
+from resumerge.forward.journal import Journal, latest
+from resumerge.forward.layerpass import LayerPass, Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.proof import JournalProof, merge_inputs
 from resumerge.forward.stream import ModelStream
@@ -45,18 +47,20 @@ if TYPE_CHECKING:
 # Opens the candidate merge configs (YAML texts) of one generation as a population (handed in by the API).
 OpenPopulation = Callable[[Sequence[str]], AbstractContextManager["Population"]]
 LAYER_PREFIX = "layer-"
+PASS_WORDS = "the generation's streamed pass"  # as its refusal names it
 
 
 class StreamedCandidates:
     """Scores a generation's candidates in one pass for all tasks (see the module's docstring); ``tokenizer``: the
     folder whose tokenizer reads the texts (None: the candidates' own), ``state``: where the parents' small files
     are found (a hub parent's), ``max_memory``: the budget in bytes (None: the default one), ``device``: where the
-    pass's layers run, ``say``: told where the pass is (None: ``progress.json`` in ``store`` alone)."""
+    pass's layers run, ``say``: told where the pass is (None: ``progress.json`` in ``store`` alone), ``command``:
+    what continues the search, named by Ctrl-C's line (empty: none, the interrupt goes on up)."""
 
     def __init__(self, store: Path, tasks: Sequence[Task], open_population: OpenPopulation,
                  tokenizer: Path | None, state: StateDir, max_memory: int | None = None, device: str = "cpu",
-                 say: storage.Say | None = None) -> None:
-        self.store, self.open_population, self.device = store, open_population, device
+                 say: storage.Say | None = None, command: str = "") -> None:
+        self.store, self.open_population, self.device, self.command = store, open_population, device, command
         self.say: storage.Say = say or partial(storage.say, store)
         self.tasks = tuple(t for t in tasks if t.kind in ("kl", "nll"))
         self.tokenizer, self.state, self.max_memory = tokenizer, state, max_memory
@@ -87,70 +91,17 @@ class StreamedCandidates:
         return [f for _, f in sorted(found.items()) if f is not None]
 
     def _pass(self, population: Population, work: Path) -> list[dict[str, float]]:
-        """Each candidate's figure per task, from one pass over the layers."""
-        candidates = [PassModel("merge", f"candidate {i}", None, c.opened)
-                      for i, c in enumerate(population.candidates)]
+        """Each candidate's figure per task, from one pass over the layers (:class:`GenerationJob`)."""
+        candidate = PassModel("merge", "candidate 0", None, population.candidates[0].opened)
         parents: dict[str, PassModel] = {}
         for task in self.tasks:
             if task.kind == "kl" and task.parent is not None and task.parent not in parents:
                 parents[task.parent] = replace(open_for_pass(task.parent, "the kl task's parent", self.state),
                                                role="parent")
-        texts = [self._texts(task, candidates[0], parents, list(parents)) for task in self.tasks]
-        streams: list[ModelStream] = []
-        for i, c in enumerate(population.candidates):
-            built = (streams[0].config, streams[0].model) if streams else None
-            streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
-                                       what="resumerge evolve", key=f"candidate {i}", built=built,
-                                       device=self.device))
-        theirs = [ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads), m.opened.config,
-                              torch.float32, what="resumerge evolve", key=m.path, device=self.device)
-                  for m in parents.values()]
-        names = ", ".join(t.name for t in self.tasks)
-        try:
-            steps, states = pass_steps(population, streams, theirs, texts)
-            try:
-                budget = budget_fitting("the generation's streamed pass", states + max(steps.values()),
-                                        self.max_memory, SystemProbe())
-            except UsageError:
-                # What depends on the inputs alone (the task vectors) is then merged again for each candidate
-                # instead of kept for all of them: slower, within the budget.
-                population.loaded.enabled = False
-                steps, states = pass_steps(population, streams, theirs, texts)
-                budget = budget_fitting("the generation's streamed pass", states + max(steps.values()),
-                                        self.max_memory, SystemProbe())
-
-            def on_layer(layer: int) -> None:
-                trim = malloc_trim()  # the last layer's freed pages handed back: RSS follows what is held
-                if trim is not None:
-                    trim(0)
-                self.say(phase=f"score {names} (all candidates)", layer=layer, layers=streams[0].layers)
-
-            restore = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
-            try:
-                journal = Journal(work, LAYER_PREFIX)
-                # Before any weight is read: the parents' bytes the journal's layers came from, proved (exit 4
-                # where a journaled layer's changed), and what the pass will read recorded before its first layer.
-                proof = JournalProof(list(parents.values()), f"the generation's pass in {work}",
-                                     *merge_inputs(population.plans, self.state))
-                proof.before_resuming(journal)
-                for line in proof.said:  # a file touched, an edit in ranges not read yet: for status to show
-                    storage.say(self.store, inputs=line)
-                with Admission(budget, steps) as reserve:
-                    step = GenerationPass(population, streams, theirs, list(parents), texts, reserve, on_layer,
-                                          work / SCRATCH)
-                    with torch.no_grad():
-                        entering = step.enter()
-                    layers = LayerPass(journal, streams[0].layers, point="after_check_layer",
-                                       carries=step.handing)
-                    figures = layers.run(step, entering, len(entering[0]))
-            finally:
-                if restore is not None:
-                    restore()
-        finally:
-            for stream in (*streams, *theirs):
-                stream.close()
-        assert figures is not None  # the step never stops the pass
-        return figures
+        texts = [self._texts(task, candidate, parents, list(parents)) for task in self.tasks]
+        folder = PassFolder(work, f"the generation's pass in {work}", self.command or "resumerge evolve",
+                            hint="wait for the search to end")
+        return drive(GenerationJob(folder, self, population, parents, texts))
 
     def _texts(self, task: Task, candidate: PassModel, parents: Mapping[str, PassModel],
                order: Sequence[str]) -> TaskTexts:
@@ -176,3 +127,117 @@ def _models_read(config: Mapping[str, Any]) -> tuple[str, ...]:
         found.add(piece.get("base_model"))
         found.update(source.get("model") for source in piece.get("sources") or ())
     return tuple(sorted(str(m) for m in found if m is not None))
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """What the generation's fit made, held open while it runs: each candidate's modules and each parent's."""
+
+    streams: list[ModelStream]
+    theirs: list[ModelStream]
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """A generation's streamed pass as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its
+    models the ``population``'s candidates and the kl tasks' ``parents``, its texts every task's; no answer cache
+    (each candidate's figures are recorded in STORAGE as the pass ends, and a pass runs only for candidates
+    without: :meth:`StreamedCandidates.score`); its proof the parents' and the candidates' inputs' bytes its
+    journal came from; its steps :class:`~.generation.GenerationPass`'s."""
+
+    folder: PassFolder
+    scorer: StreamedCandidates
+    population: Population
+    parents: Mapping[str, PassModel]
+    texts: Sequence[TaskTexts]
+
+    def answered(self) -> tuple[list[dict[str, float]] | None, str | None]:
+        """None: the figures of candidates scored before are the search's own (``score``'s ``done``)."""
+        return None, None
+
+    def proved(self) -> str | None:
+        """Before any weight is read: the inputs' bytes the journal's layers came from, proved (exit 4 where a
+        journaled layer's changed), and what the pass will read recorded before its first layer; a file touched,
+        an edit in ranges not read yet, told STORAGE's progress (for status to show)."""
+        work = self.folder.path
+        proof = JournalProof(list(self.parents.values()), f"the generation's pass in {work}",
+                             *merge_inputs(self.population.plans, self.scorer.state))
+        proof.before_resuming(Journal(work, LAYER_PREFIX))
+        for line in proof.said:
+            storage.say(self.scorer.store, inputs=line)
+        return None
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[_Ready]]:
+        """Every model's modules, the pass judged against ``--max-memory`` (refused, exit 2, naming the budget that
+        fits); the modules closed and the allocator put back as the block ends."""
+        population, scorer = self.population, self.scorer
+        streams: list[ModelStream] = []
+        theirs: list[ModelStream] = []
+        try:
+            for i, c in enumerate(population.candidates):
+                built = (streams[0].config, streams[0].model) if streams else None
+                streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config,
+                                           torch.float32, what="resumerge evolve", key=f"candidate {i}", built=built,
+                                           device=scorer.device))
+            theirs.extend(ModelStream(Weights.of(m.opened.directory, m.opened.tensors, m.remote, m.reads),
+                                      m.opened.config, torch.float32, what="resumerge evolve", key=m.path,
+                                      device=scorer.device) for m in self.parents.values())
+            steps, budget = self._fit(streams, theirs)
+            restore = tune_allocator()  # freed layers go back to the OS: RSS follows what is held
+            try:
+                yield Fit(budget, steps, _Ready(streams, theirs))
+            finally:
+                if restore is not None:
+                    restore()
+        finally:
+            for stream in (*streams, *theirs):
+                stream.close()
+
+    def _fit(self, streams: list[ModelStream], theirs: list[ModelStream]) -> tuple[dict[str, int], int]:
+        """What each step reserves and the budget: the largest step beside the hidden states."""
+        population, texts, max_memory = self.population, list(self.texts), self.scorer.max_memory
+        steps, states = pass_steps(population, streams, theirs, texts)
+        try:
+            return steps, budget_fitting(PASS_WORDS, states + max(steps.values()), max_memory, SystemProbe())
+        except UsageError:
+            # What depends on the inputs alone (the task vectors) is then merged again for each candidate
+            # instead of kept for all of them: slower, within the budget.
+            population.loaded.enabled = False
+            steps, states = pass_steps(population, streams, theirs, texts)
+            return steps, budget_fitting(PASS_WORDS, states + max(steps.values()), max_memory, SystemProbe())
+
+    def run(self, ready: _Ready, reserve: Reserve) -> list[dict[str, float]]:
+        """:class:`~.generation.GenerationPass` over the layers, from the journal."""
+        streams, say = ready.streams, self.scorer.say
+        names = ", ".join(t.name for t in self.texts)
+
+        def on_layer(layer: int) -> None:
+            trim = malloc_trim()  # the last layer's freed pages handed back: RSS follows what is held
+            if trim is not None:
+                trim(0)
+            say(phase=f"score {names} (all candidates)", layer=layer, layers=streams[0].layers)
+
+        work = self.folder.path
+        step = GenerationPass(self.population, streams, ready.theirs, list(self.parents), list(self.texts), reserve,
+                              on_layer, work / SCRATCH)
+        with torch.no_grad():
+            entering = step.enter()
+        layers = LayerPass(Journal(work, LAYER_PREFIX), streams[0].layers, point="after_check_layer",
+                           carries=step.handing)
+        figures = layers.run(step, entering, len(entering[0]))
+        assert figures is not None  # the step never stops the pass
+        return figures
+
+    def finish(self, found: list[dict[str, float]], proof: str | None) -> list[dict[str, float]]:
+        """Each candidate's figures (recorded by the search)."""
+        return found
+
+    def stopped_at(self) -> str | None:
+        """Where the pass stopped: the layers its journal holds (None where no command continues the search: the
+        interrupt goes on up)."""
+        if not self.scorer.command:
+            return None
+        found = latest(self.folder.path, LAYER_PREFIX)
+        kept = "none of its layers journaled yet" if found is None else f"layers 1-{found[0] + 1} journaled"
+        return f"the search was interrupted in {self.folder.what} ({kept}; it resumes at the layer it reached)"

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
-from resumerge.forward.layerpass import Reserve
+from resumerge.forward.layerpass import Reserve, unreserved
 from resumerge.store.runlock import LOCK_NAME
 
 if TYPE_CHECKING:
@@ -66,23 +66,27 @@ def content_key(parts: object) -> str:
 class PassFolder:
     """Where a pass journals (``path``) and how its lock names it: the job in words (``what``), the shell command
     that runs it (a second process is told it, and Ctrl-C's line names it: ``command``), what a second process is
-    told to do (``hint``) and the lock file's name in ``path``."""
+    told to do (``hint``) and the lock file's name in ``path``; ``wait``: a second process waits for the first
+    instead of being refused (a pass whose folder two jobs share by content, the MoE gates': the second then finds
+    the first's answer)."""
 
     path: Path
     what: str
     command: str
     hint: str
     lock_name: str = LOCK_NAME
+    wait: bool = False
 
 
 @dataclass(frozen=True)
 class Fit(Generic[Ready_co]):
-    """A pass judged against its budget before any weight is read: the ``budget`` (bytes) it runs under, what each
-    of its steps reserves from the RAM governor (``steps``: ``layer``, ``heads``...), on a GPU that device's budget
-    (``gpu``), ``before(what, step)`` told before each step is admitted (progress, a trim of the heap), and
-    ``ready``: what the client made to judge it, handed to :meth:`PassJob.run`."""
+    """A pass judged against its budget before any weight is read: the ``budget`` (bytes) it runs under (None: its
+    steps are not admitted here: they run where a placement holds them, a node that declared their memory, or in a
+    test's pass), what each of its steps reserves from the RAM governor (``steps``: ``layer``, ``heads``...), on a
+    GPU that device's budget (``gpu``), ``before(what, step)`` told before each step is admitted (progress, a trim
+    of the heap), and ``ready``: what the client made to judge it, handed to :meth:`PassJob.run`."""
 
-    budget: int
+    budget: int | None
     steps: Mapping[str, int]
     ready: Ready_co
     gpu: GpuBudget | None = None
@@ -115,8 +119,10 @@ class PassJob(Protocol[Ready, Found, Answer_co]):
     def finish(self, found: Found, proof: str | None) -> Answer_co:
         """What the pass writes last, once :meth:`fitted`'s block closed; its answer (``proof``: the proof's line)."""
 
-    def stopped_at(self) -> str:
-        """Where an interrupted pass stopped, in words (Ctrl-C's line, before the command that continues it)."""
+    def stopped_at(self) -> str | None:
+        """Where an interrupted pass stopped, in words (Ctrl-C's line, before the command that continues it); None:
+        the pass is a part of a larger job (the MoE gates', inside a merge) whose own Ctrl-C line names the command
+        that continues both, and the interrupt goes on to it."""
 
 
 def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
@@ -124,7 +130,8 @@ def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
     finished; Ctrl-C raises :class:`~resumerge.errors.InterruptedMerge` (exit 3) naming where it stopped and the
     command that continues it (see the module docstring)."""
     folder = job.folder
-    lock = pass_lock(folder.path, folder.what, folder.command, hint=folder.hint, name=folder.lock_name)
+    lock = pass_lock(folder.path, folder.what, folder.command, hint=folder.hint, name=folder.lock_name,
+                     wait=folder.wait)
     lock.acquire()
     try:
         answer, said = job.answered()
@@ -136,7 +143,10 @@ def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
             found = job.run(fit.ready, reserve)
         return job.finish(found, said)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
-        raise InterruptedMerge(job.stopped_at(), resume_command=folder.command) from None
+        stopped = job.stopped_at()
+        if stopped is None:  # a part of a larger job, which says it
+            raise
+        raise InterruptedMerge(stopped, resume_command=folder.command) from None
     finally:
         lock.release()
 
@@ -144,6 +154,9 @@ def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
 @contextmanager
 def admitted(fit: Fit[object]) -> Iterator[Reserve]:
     """The ``reserve`` of a pass so fitted: each of its steps held by the RAM governor (and the GPU's, on one) for as
-    long as it runs, the governors living as long as the block."""
+    long as it runs, the governors living as long as the block (no budget: nothing admitted here)."""
+    if fit.budget is None:
+        yield unreserved
+        return
     with Admission(fit.budget, fit.steps, fit.before, fit.gpu) as admission:
         yield admission

@@ -16,11 +16,12 @@ each tensor decoded to float32, then cast to bfloat16 (a plain tensor is cast st
 the pass sees the values ``--dequantize`` would write.
 
 The pass runs on the layer-streamed forward engine (:mod:`resumerge.forward`), the one ``resumerge check`` runs
-on, a client of its one journaled layer pass like ``check`` and ``measure``: its embeddings and each decoder layer
-admitted by the RAM governor under the share of the budget its process is given
-(:class:`~resumerge.forward.admission.Admission`). This module adds the prompt sets' vectors, the journal's layout
-and the routers. The base's layers run where the pass's :class:`~resumerge.forward.placement.Placement` runs them:
-in this process (:func:`hidden_routers`), or where the run's executor places them (:func:`placed_routers`: an
+on, a job of its one pass driver like ``check`` and ``measure`` (:class:`GatesJob`, handed to
+:func:`~resumerge.forward.driver.drive`): its embeddings and each decoder layer admitted by the RAM governor under
+the share of the budget its process is given (:class:`~resumerge.forward.admission.Admission`). This module adds
+the prompt sets' vectors, the journal's layout and the routers. The base's layers run where the pass's
+:class:`~resumerge.forward.placement.Placement` runs them: in this process (:class:`InThisProcess`,
+:func:`hidden_routers`), or where the run's executor places them (:class:`Placed`, :func:`placed_routers`: an
 actor on a Ray node); the step, its journal and its routers are the same either way, so a pass killed in one place
 resumes in the other with the same bytes.
 
@@ -32,19 +33,18 @@ only the prompt sets' hidden states (the node imports transformers).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from resumerge.errors import InputError
 from resumerge.forward import Weights, durable_save, pass_bytes
-from resumerge.forward.admission import Admission
 from resumerge.forward.batches import Hidden
-from resumerge.forward.folder import pass_lock
+from resumerge.forward.driver import Fit, PassFolder, drive
 from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.layerpass import LayerPass, Reserve, Step
 from resumerge.forward.opened import PassModel
 from resumerge.forward.placement import Placement, Places, Streams
 from resumerge.forward.requires import require_transformers
@@ -56,7 +56,8 @@ from resumerge.moe.routers import Encoded
 from resumerge.moe.state import LAYER_PREFIX, ROUTERS_NAME
 from resumerge.torch_import import torch
 
-__all__ = ["ExpertSets", "Ready", "Weights", "hidden_routers", "pass_bytes", "pass_checks", "placed_routers"]
+__all__ = ["ExpertSets", "GatesJob", "InThisProcess", "Placed", "Ready", "Weights", "hidden_routers", "pass_bytes",
+           "pass_checks", "placed_routers"]
 
 _BASE = "base"
 
@@ -103,7 +104,8 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
                    counted_elsewhere: int = 0, run_pid: int | None = None, ready: Ready | None = None,
                    on_checked: Callable[[], None] | None = None, locks: Path | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
-    the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16.
+    the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16; the base's layers run in this
+    process (:class:`InThisProcess`), the pass driven as :class:`GatesJob`.
 
     ``config_doc`` is the base's config as the run read it (None: its folder's config.json), which says how
     the codecs read its tensors (a GGUF base's rebuilt config.json does not: its tensors are the GGUF's).
@@ -115,76 +117,143 @@ def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path,
     ``ready`` is what :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is
     made, before the first weight is read (the run's merge waits for it).
     ``locks``: the folder of the passes' locks (the run's state dir's
-    :attr:`~resumerge.config.locations.StateDir.router_locks_dir`; None: unlocked, a test's pass): see :func:`_gates`.
+    :attr:`~resumerge.config.locations.StateDir.router_locks_dir`; None: beside ``workdir``, a test's pass): see
+    :class:`GatesJob`.
     """
-    done = workdir / ROUTERS_NAME
-    if done.is_file():
-        return done
-    workdir.mkdir(parents=True, exist_ok=True)
-    require_transformers(gate_needs(mode))
-    if config_doc is None:
-        config_doc = json.loads((weights.directory / "config.json").read_text())
-    built = None if ready is None else (ready.config, ready.model)
-    with ModelStream(weights, config_doc, torch.bfloat16, what=f"gate_mode {mode}", key=_BASE,
-                     built=built) as stream:
-        layers = stream.layers
-        step_bytes = pass_bytes(stream.formats, layers)
-        if share is not None:
-            _check_share(step_bytes, share, counted_elsewhere)
-        if on_checked is not None:
-            on_checked()
-        admitted: AbstractContextManager[Reserve] = Admission(share, {"layer": step_bytes}) if share is not None \
-            else nullcontext(unreserved)
-        with admitted as reserve:
-            _gates(Streams([stream], reserve=reserve, names=["the base"]), layers, mode, sets, workdir, reserve,
-                   run_pid, locks)
-    return done
+    site = InThisProcess(weights, mode, config_doc, share, counted_elsewhere, ready, on_checked)
+    return drive(GatesJob(gates_folder(workdir, locks), workdir, mode, sets, site, run_pid))
 
 
 def placed_routers(places: Places, base: PassModel, layers: int, need: int, mode: str, sets: ExpertSets,
                    workdir: Path, *, locks: Path | None = None) -> Path:
-    """:func:`hidden_routers` with the base's layers where ``places`` puts them (the run's executor: an actor on a
-    Ray node, which reads the base and imports transformers), this process driving the pass: it holds the prompt
-    sets' hidden states, journals them and makes the routers, exactly as the local pass does (its journal is the
-    same file: a pass killed locally resumes here, and the other way round). ``base``: the base model opened
-    (its folder, tensors and config as the run read them); ``need``: what its part of the pass holds at its
-    largest step (refused, exit 2, where no node holds it); ``locks``: as :func:`hidden_routers`'."""
-    done = workdir / ROUTERS_NAME
-    if done.is_file():
-        return done
-    workdir.mkdir(parents=True, exist_ok=True)
-    with places([base], layers, [need], torch.bfloat16) as placement:
-        _gates(placement, layers, mode, sets, workdir, unreserved, None, locks)
-    return done
+    """:func:`hidden_routers` with the base's layers where ``places`` puts them (:class:`Placed`: the run's
+    executor, an actor on a Ray node, which reads the base and imports transformers), this process driving the
+    pass: it holds the prompt sets' hidden states, journals them and makes the routers, exactly as the local pass
+    does (its journal is the same file: a pass killed locally resumes here, and the other way round). ``base``:
+    the base model opened (its folder, tensors and config as the run read it); ``need``: what its part of the pass
+    holds at its largest step (refused, exit 2, where no node holds it); ``locks``: as :func:`hidden_routers`'."""
+    return drive(GatesJob(gates_folder(workdir, locks), workdir, mode, sets, Placed(places, base, layers, need)))
 
 
-def _gates(placement: Placement, layers: int, mode: str, sets: ExpertSets, workdir: Path, reserve: Reserve,
-           run_pid: int | None, locks: Path | None) -> None:
-    """The pass over ``placement``'s one model (the base) from its journal in ``workdir``: every prompt set a batch,
-    the embeddings held by ``reserve``, then :class:`_GateStep` over the layers and the routers after the last.
+# What a pass's fit made of where its base runs: given the driver's reserve (its admission), the placement.
+Placing = Callable[[Reserve], Placement]
 
-    Under the pass's lock (``locks``/KEY, beside the folder: one process at a time journals in it, else one run's
-    :func:`_finish` deletes the layer files another still reads). Two runs of the same gates into two OUTs share the
+
+class GateSite(Protocol):
+    """Where the gates' pass runs the base's layers, fitted before any weight is read (:meth:`GatesJob.fitted`)."""
+
+    def fitted(self) -> AbstractContextManager[Fit[Placing]]: ...
+
+
+@dataclass(frozen=True)
+class InThisProcess:
+    """The base's layers streamed in this process (the prompt work's own: :mod:`.passmain`), each read only while
+    it runs; the fit judges one layer against ``share`` (None: not admitted); ``on_checked`` told once it holds
+    (see :func:`hidden_routers` for the rest)."""
+
+    weights: Weights
+    mode: str
+    config_doc: Mapping[str, Any] | None
+    share: int | None
+    counted_elsewhere: int
+    ready: Ready | None
+    on_checked: Callable[[], None] | None
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[Placing]]:
+        """The base's modules, its largest layer judged against the share, the checks said made."""
+        config_doc = self.config_doc if self.config_doc is not None else \
+            json.loads((self.weights.directory / "config.json").read_text())
+        built = None if self.ready is None else (self.ready.config, self.ready.model)
+        with ModelStream(self.weights, config_doc, torch.bfloat16, what=f"gate_mode {self.mode}", key=_BASE,
+                         built=built) as stream:
+            step_bytes = pass_bytes(stream.formats, stream.layers)
+            if self.share is not None:
+                _check_share(step_bytes, self.share, self.counted_elsewhere)
+            if self.on_checked is not None:
+                self.on_checked()
+            yield Fit(self.share, {"layer": step_bytes},
+                      lambda reserve: Streams([stream], reserve=reserve, names=["the base"]))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The base's ``layers`` where ``places`` puts them (an actor on a Ray node), declaring ``need`` (what its part
+    of the pass holds at its largest step); this process holds the hidden states, unadmitted (the node declared
+    the layers' memory)."""
+
+    places: Places
+    base: PassModel
+    layers: int
+    need: int
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[Placing]]:
+        """The base's actor placed (refused, exit 2, where no node holds it), ended with the block."""
+        with self.places([self.base], self.layers, [self.need], torch.bfloat16) as placement:
+            yield Fit(None, {"layer": self.need}, lambda reserve: placement)
+
+
+def gates_folder(workdir: Path, locks: Path | None) -> PassFolder:
+    """The lock of the gates' pass journaled in ``workdir``: ``locks``/KEY (beside the folder, which then holds its
+    routers alone; None: ``workdir``'s own folder, KEY.lock). Two runs of the same gates into two OUTs share the
     folder by content, so the second waits for the first instead of being refused as a second ``check`` is, then
     finds its routers (or, the first killed, resumes its journal)."""
-    lock = nullcontext() if locks is None else pass_lock(
-        locks, f"the prompt forward pass {workdir.name}", f"the prompt forward pass into {workdir}",
-        hint="wait for it to finish", name=workdir.name, wait=True)
-    with lock:
-        if (workdir / ROUTERS_NAME).is_file():  # the run it waited for made them
-            return
-        _journaled(placement, layers, mode, sets, workdir, reserve, run_pid)
+    where, name = (locks, workdir.name) if locks is not None else (workdir.parent, f"{workdir.name}.lock")
+    return PassFolder(where, f"the prompt forward pass {workdir.name}", f"the prompt forward pass into {workdir}",
+                      hint="wait for it to finish", lock_name=name, wait=True)
 
 
-def _journaled(placement: Placement, layers: int, mode: str, sets: ExpertSets, workdir: Path, reserve: Reserve,
-               run_pid: int | None) -> None:
-    """:func:`_gates`' pass, its lock held."""
-    flat = [s for pair in sets for s in pair if s is not None]
-    with torch.no_grad(), reserve("the base's embeddings", "layer"):
-        entering = placement.enter([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
-    journal = Journal(workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
-    gates = LayerPass(journal, layers, point="after_router_layer", run_pid=run_pid, carries=placement)
-    gates.run(_GateStep(placement, layers, mode, journal, sets), entering, len(flat))
+@dataclass(frozen=True)
+class GatesJob:
+    """The gates' pass as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its routers are its
+    answer cache; its steps the base's embeddings, then :class:`_GateStep` over the layers from its journal in
+    ``workdir`` (every prompt set a batch), the base where ``site`` runs it; the routers written after the last
+    layer. Under the pass's lock (``folder``: one process at a time journals in ``workdir``, else one run's
+    :func:`_finish` deletes the layer files another still reads). ``run_pid``: the run's process, the one a kill
+    test kills."""
+
+    folder: PassFolder
+    workdir: Path
+    mode: str
+    sets: ExpertSets
+    site: GateSite
+    run_pid: int | None = None
+
+    def answered(self) -> tuple[Path | None, str | None]:
+        """The routers of a pass that finished (a run it waited for made them)."""
+        done = self.workdir / ROUTERS_NAME
+        return (done if done.is_file() else None), None
+
+    def proved(self) -> str | None:
+        """Nothing to prove: the folder's key holds the base's files (their names, sizes and identities)."""
+        return None
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[Placing]]:
+        """The folder made, and the site's fit."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.site.fitted() as fit:
+            yield fit
+
+    def run(self, ready: Placing, reserve: Reserve) -> None:
+        """The embeddings, then every layer from the journal; the routers after the last."""
+        placement = ready(reserve)
+        flat = [s for pair in self.sets for s in pair if s is not None]
+        with torch.no_grad(), reserve("the base's embeddings", "layer"):
+            entering = placement.enter([(torch.tensor(s[0]), torch.tensor(s[1])) for s in flat])
+        layers = placement.layers
+        journal = Journal(self.workdir, LAYER_PREFIX, hidden="hidden.{s}", keeps_older=True)
+        gates = LayerPass(journal, layers, point="after_router_layer", run_pid=self.run_pid, carries=placement)
+        gates.run(_GateStep(placement, layers, self.mode, journal, self.sets), entering, len(flat))
+
+    def finish(self, found: None, proof: str | None) -> Path:
+        """The routers' file."""
+        return self.workdir / ROUTERS_NAME
+
+    def stopped_at(self) -> None:
+        """None: the pass is a part of the merge, whose own Ctrl-C line says how to continue both."""
+        return None
 
 
 def _vector(hidden: torch.Tensor, mode: str) -> torch.Tensor:

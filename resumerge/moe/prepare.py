@@ -20,17 +20,11 @@ from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
 from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig, prompt_texts
-from resumerge.moe.hiddenpass import PASS_PROCESS_BYTES, HiddenPass, beside_share, routers_job
-from resumerge.moe.passproc import (
-    HIDDEN_MODES,
-    PassProcess,
-    routers_key,
-    run_child,
-    start_child,
-    transformers_usable,
-)
+from resumerge.moe.gatesites import IN_ITS_PROCESS, GatesPass, GatesSite, frozen
+from resumerge.moe.hiddenpass import HiddenPass
+from resumerge.moe.passproc import HIDDEN_MODES, PassProcess, routers_key, run_child, transformers_usable
 from resumerge.moe.planner import build_moe_plan
-from resumerge.moe.routers import Encoded, RouterSources
+from resumerge.moe.routers import RouterSources
 from resumerge.plan.inputrefs import read_value, tensor_ref
 from resumerge.plan.merge_plan import PlanOptions
 from resumerge.plan.outguard import refuse_out_over_inputs
@@ -38,14 +32,13 @@ from resumerge.plan.prepared import Prepared
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
-    from resumerge.forward.placement import Places
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata
 
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, *,
                 model_dirs: Mapping[str, str] | None = None, on_progress: ProgressCallback | None = None,
                 forward: bool = True, beside: bool = False, early: PassProcess | None = None,
-                out: Path | None = None, places: Places | None = None) -> Prepared:
+                out: Path | None = None, site: GatesSite = IN_ITS_PROCESS) -> Prepared:
     """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.moe.routers.RouterSources` (in its
     resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight is
     read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
@@ -54,10 +47,9 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started its process
     already (:func:`~resumerge.moe.passproc.started_early`). A hub base model's weights are downloaded into the cache
     for it, within ``settings.max_disk``. ``out`` (a local OUT) is refused before the pass when it is, or holds, an
-    input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). ``places``: where the run's executor places a
-    forward pass's models, when it places them elsewhere than this machine (then the pass's layers run there, this
-    process driving them, before the merge: :func:`~resumerge.moe.forward.placed_routers`). Raises ``InputError``
-    subclasses."""
+    input (:func:`~resumerge.plan.outguard.refuse_out_over_inputs`). ``site``: where the pass runs, as the run's
+    executor places a forward pass (:mod:`.gatesites`: in its own process here, or its layers on a Ray node, this
+    process driving them before the merge). Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     folder = base_folder(inputs.models[config.base_model.key], settings.state)
@@ -82,7 +74,7 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
         return Prepared(plan, inputs)
     provided = RouterSources()
     running = _hidden_pass(config, inputs, key, provided, settings, folder, beside=beside, early=early,
-                           on_progress=on_progress, places=places)
+                           on_progress=on_progress, site=site)
     resources = Resources((provided,))
     if running.share is not None:
         return Prepared(plan, inputs, resources, beside=running)
@@ -129,12 +121,7 @@ def encode_prompts(config: MoeConfig, tokenizer_dir: Path) -> tuple[tuple[Any, A
            "prompts": prompt_texts(config)}
     with tempfile.TemporaryDirectory(prefix="resumerge-prompts-") as scratch:
         answer = run_child(job, Path(scratch))
-    return tuple((_frozen(p), _frozen(n) if n is not None else None) for p, n in answer["encoded"])
-
-
-def _frozen(encoded: Any) -> Encoded:
-    ids, mask = encoded
-    return (tuple(tuple(int(i) for i in row) for row in ids), tuple(tuple(int(m) for m in row) for row in mask))
+    return tuple((frozen(p), frozen(n) if n is not None else None) for p, n in answer["encoded"])
 
 
 def _cheap_embed_gates(config: MoeConfig, inputs: Inputs, encoded: Any) -> torch.Tensor:
@@ -166,12 +153,11 @@ def _key(config: MoeConfig, base: ModelInput, folder: Path) -> str:
 
 def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings,
                  folder: Path, *, beside: bool, early: PassProcess | None,
-                 on_progress: ProgressCallback | None, places: Places | None = None) -> HiddenPass:
+                 on_progress: ProgressCallback | None, site: GatesSite = IN_ITS_PROCESS) -> HiddenPass:
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
-    the state dir, or started now (beside the merge when ``beside`` and the budget holds both; else finished before
-    this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads its config, tokenizer and
-    tensors."""
-    from resumerge.memory import SystemProbe, default_budget
+    the state dir, or started now where ``site`` runs it (beside the merge when ``beside`` and the budget holds
+    both; else finished before this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads
+    its config, tokenizer and tensors."""
     from resumerge.moe.forward import pass_bytes
     from resumerge.moe.state import ROUTERS_NAME
 
@@ -185,49 +171,9 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     transformers_usable(config.gate_mode)
     if config.base_model.key in inputs.hub:
         _fetch_base(inputs.hub[config.base_model.key], settings.state, settings.max_disk, on_progress)
-    probe = SystemProbe()
-    probe.reclaim()
-    held = probe.rss()
-    budget = settings.max_memory if settings.max_memory is not None else default_budget(probe)
-    tensors = {name: [t.file, t.entry.start, t.entry.end, t.entry.dtype, list(t.entry.shape)]
-               for name, t in base.tensors.items()}
     formats = CODECS.recognise(base.config, base.tensors, where=str(base.directory))
-    if places is not None:
-        _placed_pass(config, base, folder, workdir, layers, pass_bytes(formats, layers), places, early,
-                     settings.state.router_locks_dir)
-        return HiddenPass(key, workdir, layers, provided)
-    share = beside_share(budget, held, pass_bytes(formats, layers)) if beside else None
-    process = start_child(routers_job(config.gate_mode, folder, base.config, prompt_texts(config), tensors,
-                              share=share if share is not None else max(0, budget - held), held=held,
-                              threads=settings.num_threads, locks=settings.state.router_locks_dir), workdir, early)
-    running = HiddenPass(key, workdir, layers, provided, process, share)
-    if share is None:
-        running.routers()  # the merge waits for it
-    else:  # the merge starts once the pass has made plan's checks: what plan refuses, run refuses before a weight
-        process.checked()
-    return running
-
-
-def _placed_pass(config: MoeConfig, base: ModelInput, folder: Path, workdir: Path, layers: int, layer_bytes: int,
-                 places: Places, early: PassProcess | None, locks: Path) -> None:
-    """The pass with the base's layers where ``places`` puts them, driven from this process before the merge starts
-    (its routers then travel with the run's resources, :class:`~resumerge.moe.routers.RouterSources`): the prompts
-    tokenised in the prompt work's process (``early``, else a new one: this one never imports transformers), the
-    base opened from ``folder`` as the run read it, its part of the pass declared as one layer, the prompt
-    sets' hidden states five times over and the process the local pass would start
-    (:data:`~resumerge.moe.hiddenpass.PASS_PROCESS_BYTES`: the node imports transformers); ``locks``: the folder
-    of the passes' locks."""
-    from resumerge.forward.opened import PassModel
-    from resumerge.moe.forward import placed_routers
-
-    job = {"job": "encode", "mode": config.gate_mode, "tokenizer_dir": str(folder), "prompts": prompt_texts(config)}
-    answer = start_child(job, workdir, early).result()
-    sets = tuple((_frozen(p), _frozen(n) if n is not None else None) for p, n in answer["encoded"])
-    width = int(base.config.get("hidden_size", 0))
-    states = sum(len(ids) * len(ids[0]) for pair in sets for ids, _ in (s for s in pair if s is not None)) * width
-    opened = PassModel(role="base", path=str(folder), weight=None, opened=replace(base, directory=folder))
-    placed_routers(places, opened, layers, PASS_PROCESS_BYTES + layer_bytes + 5 * 4 * states, config.gate_mode,
-                   sets, workdir, locks=locks)
+    gates = GatesPass(config, base, folder, key, workdir, layers, pass_bytes(formats, layers), provided)
+    return site.start(gates, settings, beside=beside, early=early)
 
 
 def _fetch_base(meta: RepoMetadata, state: StateDir, max_disk: int | None,

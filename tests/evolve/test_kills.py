@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from resumerge import api
 from tests.evolve.test_search import FILES, OPTIONS, make_search
@@ -64,3 +65,27 @@ def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_pat
     for name in FILES:
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
     assert sorted(p.name for p in killed.iterdir()) == sorted(p.name for p in whole.iterdir())
+
+
+def test_ctrl_c_in_a_generation_s_pass_names_the_layers_it_kept_and_the_command_that_continues_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C is the pass driver's: where the generation's pass stopped, and the search's own command, exit 3.
+    from resumerge.evolve.generation import GenerationPass
+
+    layer = GenerationPass.layer
+
+    def interrupted(step: GenerationPass, index: int, hidden: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        if index == 1:  # the first layer journaled, Ctrl-C in the second
+            raise KeyboardInterrupt
+        return layer(step, index, hidden)
+
+    monkeypatch.setattr(GenerationPass, "layer", interrupted)
+    config = make_search(tmp_path)
+    store = tmp_path / "s"
+    done = cli_here(*_args(config, store))
+    command = shlex.join(["resumerge", *map(str, _args(config, store))])
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "generation-0001" in done.stderr and "layers 1-1 journaled" in done.stderr, done.stderr
+    assert f"finish it with: {command}" in done.stderr, done.stderr
+    monkeypatch.setattr(GenerationPass, "layer", layer)
+    assert cli_here(*_args(config, store)).returncode == 0  # and it does

@@ -70,17 +70,18 @@ def test_the_gate_pass_admits_each_layer_and_stays_inside_the_smallest_share_it_
 def test_the_gate_pass_reserves_its_embeddings_and_every_layer_it_runs(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.config.locations import StateDir
+    from resumerge.forward import driver
     from resumerge.forward.opened import open_for_pass
     from resumerge.moe import forward
 
     admitted: list[tuple[str, str]] = []
 
-    class Counted(forward.Admission):
+    class Counted(driver.Admission):  # the pass driver admits each step of the job (forward.GatesJob)
         def __call__(self, what: str, step: str) -> object:  # type: ignore[override]
             admitted.append((what, step))
             return super().__call__(what, step)
 
-    monkeypatch.setattr(forward, "Admission", Counted)
+    monkeypatch.setattr(driver, "Admission", Counted)
     model = make_model(tmp_path / "base", ModelSpec(layers=3), seed=3)
     ready = forward.pass_checks(model, model, "hidden", PROMPTS)
     opened = open_for_pass(str(model), "base", StateDir.resolve(tmp_path / "state")).opened

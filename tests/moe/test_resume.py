@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from resumerge import api
-from resumerge.moe import prepare
+from resumerge.moe import gatesites
 from resumerge.store.manifest import read_manifest
 from tests.moe.models import llamas, tensors, write
 from tests.moe.passthread import passes_on_a_thread
@@ -128,7 +128,7 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     def no_pass(*_: object) -> None:
         raise AssertionError("the forward pass ran again")
 
-    monkeypatch.setattr(prepare, "start_child", no_pass)  # resumed here: no process is needed to see it is not rerun
+    monkeypatch.setattr(gatesites, "start_child", no_pass)  # resumed here: no process is needed to see it is not rerun
     api.resume(out, state_dir=state)
     assert routers.stat().st_mtime_ns == before and digests(out) == digests(reference)
     assert not [p for p in work.iterdir() if p.name != routers.name]
