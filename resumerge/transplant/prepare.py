@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+import resumerge.transplant.units as registered
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.codecs import CODECS
@@ -52,13 +53,14 @@ def prepare_surgery(text: str, options: PlanOptions, settings: RunSettings, *,
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
     vocabs = vocabularies(opened)
-    matches = match_vocabularies(opened, spec, matrices, vocabs)  # every refusal before a weight is read
+    # every refusal before a weight is read
+    matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
     if spec.magikarp:
         trained, junk = _magikarp(opened, matrices, vocabs)
-        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk)
+        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
     plan = build_plan(spec, opened, matrices, matches, options)
     store = batch_store(out, settings.state) if out is not None else None
-    transplant = Transplant(matches, method, spec.batch_size, store)
+    transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)
 
 
