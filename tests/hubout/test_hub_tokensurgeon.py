@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from hub.fakehub_write import HubWriter
+from transplant.pairs import make_pair
 
 from hubout.conftest import repo_files
 from resumerge import api
-from transplant.pairs import make_pair
 
 # What a transplant's output holds that names no input by where it was read from.
 _WEIGHTS = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json")
