@@ -47,9 +47,16 @@ def prepare_surgery(text: str, options: PlanOptions, settings: RunSettings, *,
     """Open the models of the transplant recorded as ``text``, match their vocabularies and build its plan, with the
     run's :class:`~resumerge.transplant.units.Transplant` in its resources; finished batches are kept in ``out``'s
     run folder (none kept without ``out``: a ``--plan`` estimate)."""
+    return planned_surgery(text, options, settings.state, settings.cache_dir, out=out, model_dirs=model_dirs,
+                           on_progress=on_progress)
+
+
+def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir: str | os.PathLike[str] | None, *,
+                    out: str | os.PathLike[str] | None = None, model_dirs: Mapping[str, str] | None = None,
+                    on_progress: Callable[[HubEvent], None] | None = None) -> Prepared:
+    """:func:`prepare_surgery` with the state dir and hub cache given apart (a recipe's tokensurgeon stage)."""
     spec = load_spec_text(text)
-    opened = open_pair(spec, model_dirs=model_dirs, state=settings.state, cache_dir=settings.cache_dir,
-                       on_progress=on_progress)
+    opened = open_pair(spec, model_dirs=model_dirs, state=state, cache_dir=cache_dir, on_progress=on_progress)
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
     vocabs = vocabularies(opened)
@@ -59,7 +66,7 @@ def prepare_surgery(text: str, options: PlanOptions, settings: RunSettings, *,
         trained, junk = _magikarp(opened, matrices, vocabs)
         matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
     plan = build_plan(spec, opened, matrices, matches, options)
-    store = batch_store(out, settings.state) if out is not None else None
+    store = batch_store(out, state) if out is not None else None
     transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)
 
