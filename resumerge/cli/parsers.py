@@ -131,25 +131,27 @@ def _verify_parser(sub: SubParsers) -> None:
     verify.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _out_type_flags(p: argparse.ArgumentParser) -> None:
-    """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split."""
+def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> None:
+    """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split (and the
+    importance matrix flags where ``importance``)."""
     from resumerge.plan.defaults import GGUF_TYPES
 
     p.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
-                     help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
-                          "tokenizer from a GGUF parent) [default: safetensors]")
+                   help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
+                        "tokenizer from a GGUF parent) [default: safetensors]")
     p.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
-                     help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
-                          "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
-                          "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
+                   help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
+                        "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
+                        "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
     p.add_argument("--gguf-split-max-size", metavar="SIZE",
-                     help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
-                          "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
-    _gguf_type_flags(p.add_argument)
+                   help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
+                        "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
+    _gguf_type_flags(p.add_argument, importance=importance)
 
 
-def _gguf_type_flags(add: Callable[..., Any]) -> None:
-    """The GGUF output's type flags of run and plan (llama-quantize's, under the --gguf- prefix)."""
+def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> None:
+    """The GGUF output's type flags of run and plan (llama-quantize's, under the --gguf- prefix; its importance
+    matrix where ``importance``)."""
     add("--gguf-tensor-type", action="append", dest="gguf_tensor_types", metavar="PATTERN=TYPE",
         help="--out-type gguf: tensors whose GGUF name matches the regular expression PATTERN get TYPE "
              "(llama-quantize's --tensor-type; repeatable, the first match wins)")
@@ -157,9 +159,15 @@ def _gguf_type_flags(add: Callable[..., Any]) -> None:
         help="--out-type gguf: the type of output.weight (llama-quantize's --output-tensor-type)")
     add("--gguf-token-embedding-type", metavar="TYPE",
         help="--out-type gguf: the type of token_embd.weight (llama-quantize's --token-embedding-type)")
+    if not importance:
+        return
     add("--imatrix", metavar="FILE",
         help="--out-type gguf: llama.cpp's importance matrix (llama-imatrix's GGUF or .dat) weighting the "
              "quantizer's choices, as llama-quantize --imatrix")
+    add("--imatrix-texts", metavar="FILE",
+        help="--out-type gguf with a K-quant (or q4_0 ... q5_1) --gguf-type: compute the importance matrix on the "
+             "merge itself from FILE's texts (one a line) before encoding, in a forward pass over the merge never "
+             "written, one decoder layer at a time, journaled (not with --imatrix)")
 
 
 def _plan_parser(sub: SubParsers) -> None:
@@ -360,7 +368,7 @@ def _surgery_parser(sub: SubParsers) -> None:
     ts.add_argument("--out-shard-size", metavar="SIZE",
                     help="maximum bytes per output shard, e.g. 5B or 500M [default: 5B for a folder]")
     ts.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
-    _out_type_flags(ts)
+    _out_type_flags(ts, importance=False)
     ts.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                     help="write no README.md and no tokensurgeon.json")
     ts.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
