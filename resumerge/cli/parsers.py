@@ -38,7 +38,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _run_parser(sub: SubParsers) -> None:
     from resumerge.cli.ignoredflags import UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE, accept_ignored
-    from resumerge.plan.defaults import GGUF_TYPES
 
     run = sub.add_parser("run", help="merge CONFIG into OUT (continues an unfinished run of the same config)",
                          description="Merge a mergekit YAML config into OUT. Interrupted runs continue "
@@ -69,17 +68,7 @@ def _run_parser(sub: SubParsers) -> None:
     run.add_argument("--dequantize", action="store_true",
                      help="store every output tensor unquantized in its dtype, with no quantization_config "
                           "[default: the output keeps the base model's quantized format]")
-    run.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
-                     help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
-                          "tokenizer from a GGUF parent) [default: safetensors]")
-    run.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
-                     help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
-                          "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
-                          "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
-    run.add_argument("--gguf-split-max-size", metavar="SIZE",
-                     help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
-                          "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
-    _gguf_type_flags(run.add_argument)
+    _out_type_flags(run)
     run.add_argument("--out-adapter", action="store_true",
                      help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
                           "most their summed ranks) instead of a merged model")
@@ -134,8 +123,27 @@ def _verify_parser(sub: SubParsers) -> None:
     verify.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _gguf_type_flags(add: Callable[..., Any]) -> None:
-    """The GGUF output's type flags of run and plan (llama-quantize's, under the --gguf- prefix)."""
+def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> None:
+    """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split (and the
+    importance matrix flags where ``importance``)."""
+    from resumerge.plan.defaults import GGUF_TYPES
+
+    p.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
+                   help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
+                        "tokenizer from a GGUF parent) [default: safetensors]")
+    p.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
+                   help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
+                        "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
+                        "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
+    p.add_argument("--gguf-split-max-size", metavar="SIZE",
+                   help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
+                        "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
+    _gguf_type_flags(p.add_argument, importance=importance)
+
+
+def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> None:
+    """The GGUF output's type flags of run and plan (llama-quantize's, under the --gguf- prefix; its importance
+    matrix where ``importance``)."""
     add("--gguf-tensor-type", action="append", dest="gguf_tensor_types", metavar="PATTERN=TYPE",
         help="--out-type gguf: tensors whose GGUF name matches the regular expression PATTERN get TYPE "
              "(llama-quantize's --tensor-type; repeatable, the first match wins)")
@@ -143,6 +151,8 @@ def _gguf_type_flags(add: Callable[..., Any]) -> None:
         help="--out-type gguf: the type of output.weight (llama-quantize's --output-tensor-type)")
     add("--gguf-token-embedding-type", metavar="TYPE",
         help="--out-type gguf: the type of token_embd.weight (llama-quantize's --token-embedding-type)")
+    if not importance:
+        return
     add("--imatrix", metavar="FILE",
         help="--out-type gguf: llama.cpp's importance matrix (llama-imatrix's GGUF or .dat) weighting the "
              "quantizer's choices, as llama-quantize --imatrix")
@@ -334,6 +344,7 @@ def _surgery_parser(sub: SubParsers) -> None:
     ts.add_argument("--out-shard-size", metavar="SIZE",
                     help="maximum bytes per output shard, e.g. 5B or 500M [default: 5B for a folder]")
     flags.add(ts, flags.RESTART)
+    _out_type_flags(ts, importance=False)
     ts.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                     help="write no README.md and no tokensurgeon.json")
     flags.add(ts, flags.DEVICE, flags.CUDA, flags.TRANSFORMERS_CACHE)

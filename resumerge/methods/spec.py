@@ -281,6 +281,10 @@ class MethodSpec:
     # and again at each access, so a method keeps what it needs and drops the rest early; its inputs but the largest
     # are taken a row chunk at a time (MergeContext.read_rows), and its units are estimated so.
     lazy_inputs: bool = False
+    # The parameter in which a unit that reads its inputs itself, by row ranges, states the bytes it holds (figured
+    # by its planner, which knows what it keeps: a transplant's shared rows and batch workspace, never its whole
+    # inputs); the engine and ``plan`` admit its units by that figure. None: the footprint's rule.
+    held_param: str | None = None
     # How ``plan`` times the method when its cost does not follow its output's elements (None: it does).
     whole_cost: WholeCost | None = None
     # Values that replace declared defaults on the vocabulary tensors (the token embedding and the output head) where

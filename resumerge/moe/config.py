@@ -15,11 +15,19 @@ from resumerge.config.merge_config import MergeConfig, SourceConfig, check_dtype
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.yamltext import anchor_holders
 from resumerge.errors import ConfigError
+from resumerge.plan.cardwording import CardWording
 
 # What the output's model card says of an upcycled MoE, as a merge method's declaration says it of the method:
 # (display name, one-line description, link; none when empty). The kinds' card hook reads it.
 CARD_METHOD = ("Mixture of Experts", "a mixture of experts upcycled from dense models (mergekit-moe): the base "
                "model's attention and embeddings, each expert's MLPs, and routers chosen by gate_mode.", "")
+# A mixture of experts' card says what the run was, not a merge's words.
+CARD_WORDING = CardWording(
+    title="Mixture of experts",
+    lead=("A mixture of experts upcycled from dense language models, made with resumerge from a "
+          "[mergekit-moe](https://github.com/arcee-ai/mergekit) configuration."),
+    tags=("moe",),
+)
 GATE_MODES = ("hidden", "hidden_avg", "hidden_last", "cheap_embed", "random", "uniform_random")
 # Gate modes whose routers come from the prompts (they need transformers for the tokenizer).
 PROMPT_MODES = frozenset({"hidden", "hidden_avg", "hidden_last", "cheap_embed"})

@@ -19,7 +19,7 @@ from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
 from resumerge.memory.sizes import format_size
 from resumerge.methods.resources import Resources
-from resumerge.moe.config import CARD_METHOD, PROMPT_MODES, MoeConfig, prompt_texts
+from resumerge.moe.config import CARD_METHOD, CARD_WORDING, PROMPT_MODES, MoeConfig, prompt_texts
 from resumerge.moe.gatesites import IN_ITS_PROCESS, GatesPass, GatesSite, frozen
 from resumerge.moe.hiddenpass import HiddenPass
 from resumerge.moe.passproc import HIDDEN_MODES, PassProcess, routers_key, run_child, transformers_usable
@@ -64,12 +64,13 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     if out is not None:  # before the pass reads a weight (the session checks it again)
         refuse_out_over_inputs(out, plan)
     card = config.as_merge_config()  # the model card lists the models as a models: merge lists them
-    plan = replace(plan, card_config=card, card_method=CARD_METHOD)
+    plan = replace(plan, card_config=card, card_method=CARD_METHOD, card_wording=CARD_WORDING)
     if config.gate_mode == "cheap_embed" and forward and config.base_model.key not in inputs.hub:
         preview = _cheap_embed_gates(config, inputs, encoded)
         preview_plan = build_moe_plan(config, inputs.models, options, encoded=encoded, gates_preview=preview,
                                       tokenizer_dir=folder)
-        return Prepared(replace(preview_plan, card_config=card, card_method=CARD_METHOD), inputs)
+        return Prepared(replace(preview_plan, card_config=card, card_method=CARD_METHOD, card_wording=CARD_WORDING),
+                        inputs)
     if key is None or not forward:
         return Prepared(plan, inputs)
     provided = RouterSources()

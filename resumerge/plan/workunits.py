@@ -35,6 +35,8 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None, 
     :func:`~resumerge.methods.footprint.working_bytes`: its result included, with a margin), the output
     buffer, and a LoRA delta's factors. ``threads`` is torch's thread count where the merge runs (None: this
     process's torch; see :func:`~resumerge.methods.footprint.working_bytes`), as for every sizing function here."""
+    if method.held_param is not None:  # a unit that reads its own row ranges says what it holds (whole, always)
+        return int(dict(tp.params)[method.held_param])
     if tp.experts is not None and rows is None:
         # Merged an expert at a time (resumerge.engine.experts): one expert's estimate, the whole result in the
         # dtype the method computes in, and its encoded output until the writer has it.

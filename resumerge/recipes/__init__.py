@@ -7,7 +7,7 @@ and in OUT (``manifest``; for an ``hf://`` OUT, in the repo: ``hub``), run stage
 ``status`` shows). Nothing below this package knows that recipes exist; :mod:`resumerge.api` decides when a run
 is one.
 
-May import: errors, config, memory, inputs, plan, outputs, store, engine, estimate.
+May import: errors, config, memory, inputs, plan, outputs, store, engine, estimate, transplant.
 """
 
 __all__ = [

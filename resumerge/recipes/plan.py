@@ -146,13 +146,20 @@ def plan_recipe(
     planned: dict[str, StagePlan] = {}
     for stage in recipe.stages:
         with stage_errors(stage.label):
-            try:
-                inputs = open_inputs(stage.config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
-                                     on_progress=on_progress, given={**opened, **virtual})
-            except ResumergeError as exc:
-                _hint_stage_name(exc, recipe, stage)
-                raise
-            plan = build_plan(stage.config, inputs.models, options)
+            if stage.surgery is not None:  # a transplant: its own planner opens MODEL and DONOR
+                from resumerge.transplant.prepare import planned_surgery
+
+                prepared = planned_surgery(stage.surgery, options, state or StateDir.resolve(None), cache_dir,
+                                           model_dirs=model_dirs, on_progress=on_progress)
+                plan, inputs = prepared.plan, prepared.opened()
+            else:
+                try:
+                    inputs = open_inputs(stage.config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
+                                         on_progress=on_progress, given={**opened, **virtual})
+                except ResumergeError as exc:
+                    _hint_stage_name(exc, recipe, stage)
+                    raise
+                plan = build_plan(stage.config, inputs.models, options)
         plan = _with_producer_tokenizer(plan, planned)
         for key, model in inputs.models.items():
             if key not in virtual:

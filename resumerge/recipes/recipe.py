@@ -15,7 +15,7 @@ import difflib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -23,6 +23,7 @@ import yaml
 from resumerge.config.merge_config import MergeConfig, config_from_document, parse_documents
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, ResumergeError
+from resumerge.transplant.spec import stage_of
 
 # Names become directory names under the intermediate dir and must stay referable as a model path.
 _BAD_NAME_CHARS = frozenset("/\\\x00@+")
@@ -41,6 +42,9 @@ class Stage:
     text: str
     config: MergeConfig
     needs: tuple[str, ...]
+    # A stage that transplants a tokenizer (``tokensurgeon:``): its recorded options (its config lists MODEL and
+    # DONOR as a passthrough's models); None for a merge.
+    surgery: str | None = None
 
     @property
     def label(self) -> str:
@@ -106,7 +110,8 @@ def load_recipe_text(text: str, *, source: str = "recipe") -> Recipe:
         name = doc.get("name") if isinstance(doc, dict) else None
         label = f"stage {name}" if isinstance(name, str) else f"document {number}"
         with stage_errors(label):
-            config = config_from_document(doc, own, source=f"{source} document {number}")
+            surgery = stage_of(doc) if isinstance(doc, dict) else None
+            config = config_from_document(surgery[1] if surgery else doc, own, source=f"{source} document {number}")
         if config.name is None:
             if unnamed is not None:
                 raise ConfigError(
@@ -124,7 +129,7 @@ def load_recipe_text(text: str, *, source: str = "recipe") -> Recipe:
                     hint="give every stage its own name",
                 )
             seen[config.name] = number
-        stages.append(Stage(config.name, number, own, config, ()))
+        stages.append(Stage(config.name, number, own, config, (), surgery[0] if surgery else None))
     stages = [_with_needs(s, set(seen)) for s in stages]
     _check_cycles(stages)
     final = _final(stages)
@@ -238,7 +243,11 @@ def _with_needs(stage: Stage, names: set[str]) -> Stage:
             )
         if ref.path not in needs:
             needs.append(ref.path)
-    return Stage(stage.name, stage.document, stage.text, stage.config, tuple(needs))
+    if needs and stage.surgery is not None:  # its tokenizers are read when it is planned, before a stage has run
+        raise ConfigError(f"a tokensurgeon stage reads models, not stages: it reads {needs[0]!r}",
+                          yaml_path=f"[{stage.label}] tokensurgeon",
+                          hint="transplant the models first, then merge the transplanted model in a later stage")
+    return replace(stage, needs=tuple(needs))
 
 
 def _where(stage: Stage, name: str) -> str:

@@ -410,7 +410,8 @@ class _Runner:
             out = Path(sp.out_dir).absolute()
             target = Target(out, self.command, self.where.beside(out), tolerate=_tolerated(sp))
         try:
-            outcome = run_plan(Prepared(sp.plan), sp.stage.text, target, self.settings, restart=self.restart,
+            prepared, text = self._prepared(sp)
+            outcome = run_plan(prepared, text, target, self.settings, restart=self.restart,
                                resuming=self.resuming, reporter=self.reporter, should_stop=self.should_stop)
         except (InterruptedMerge, StorageError, UnreachableError, KeyboardInterrupt) as exc:
             self.ledger.stage_state(key, "interrupted", error=_one_line(exc))
@@ -420,10 +421,31 @@ class _Runner:
             raise
         finally:
             _close_display(self.reporter)
+        if sp.stage.surgery is not None:  # its output is committed: nobody needs the kept batches
+            from resumerge.transplant.prepare import batch_store
+
+            batch_store(self._batches_of(sp), self.settings.state).clear()
         self.ledger.stage_state(key, "done")
         self.settled[key] = StageOutcome(sp.stage.label, sp.out_dir, "merged", outcome.resumed_files)
         if sp.final:
             self.final_outcome = outcome
+
+    def _prepared(self, sp: StagePlan) -> tuple[Prepared, str]:
+        """The stage's planned run and its recorded text: a merge's plan and YAML, or a transplant's plan with its
+        run's matches (its batches kept in the stage's run folder) and its options' JSON."""
+        if sp.stage.surgery is None:
+            return Prepared(sp.plan), sp.stage.text
+        from resumerge.transplant.prepare import planned_surgery
+
+        found = planned_surgery(sp.stage.surgery, self.rplan.options, self.settings.state, self.settings.cache_dir,
+                                out=self._batches_of(sp), model_dirs=self.rplan.model_dirs)
+        if found.plan.fingerprint != sp.plan.fingerprint:
+            raise ResumergeError(f"internal: {sp.stage.label} planned differently when it ran")
+        return replace(found, inputs=None), sp.stage.surgery
+
+    def _batches_of(self, sp: StagePlan) -> str | Path:
+        """Where the transplant of ``sp`` keeps its batches: the run folder of its output."""
+        return self.hub.url if self.hub is not None and sp.final else Path(sp.out_dir).absolute()
 
     def _clean_intermediates(self) -> None:
         """Delete every named stage's output now that the final output is verified; recorded before and after,

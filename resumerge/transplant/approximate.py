@@ -15,6 +15,7 @@ per batch, never torch's global one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from resumerge.torch_import import torch
@@ -28,16 +29,29 @@ _HEWITT_FALLBACK = 0.02
 
 @dataclass(frozen=True)
 class Batch:
-    """One batch's inputs: ``targets`` DONOR's rows of its tokens; ``donor_shared``/``model_shared`` the two
-    models' rows of the shared tokens (by DONOR id); ``model`` MODEL's whole matrix (mean, john_hewitt, subword);
-    ``pieces`` MODEL's ids of each token's subwords; ``lm_head`` whether the matrix is the head."""
+    """One batch's inputs: ``targets`` DONOR's rows of its tokens (no columns for a method that reads none);
+    ``donor_shared``/``model_shared`` the two models' rows of the shared tokens (by DONOR id; MODEL's width and
+    dtype are read from ``model_shared``, which has no rows for a method that reads none); ``stats`` MODEL's whole
+    matrix summed up (mean, john_hewitt); ``piece_rows`` MODEL's rows that ``pieces`` (each token's subwords, by
+    index into ``piece_rows``) name (subword); ``lm_head`` whether the matrix is the head."""
 
     targets: torch.Tensor
     donor_shared: torch.Tensor
     model_shared: torch.Tensor
-    model: torch.Tensor
+    stats: ModelStats | None = None
+    piece_rows: torch.Tensor | None = None
     pieces: tuple[tuple[int, ...], ...] = ()
     lm_head: bool = False
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """MODEL's whole matrix summed up, from float64 sums over its row ranges (the same numbers whatever the ranges'
+    size, to float64 rounding): the mean row, the biased covariance (``john_hewitt`` only) and the row count."""
+
+    mean: torch.Tensor
+    covariance: torch.Tensor | None
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -75,17 +89,22 @@ def approximate(method: Method, batch: Batch, generator: torch.Generator) -> tor
 
 
 def _rows(method: Method, b: Batch, generator: torch.Generator) -> torch.Tensor:
-    count, width, dtype = b.targets.shape[0], b.model.shape[1], b.model.dtype
+    count, width, dtype = b.targets.shape[0], b.model_shared.shape[1], b.model_shared.dtype
+    device = b.model_shared.device
     if method.name == "zero":
-        return torch.zeros((count, width), dtype=dtype, device=b.model.device)
-    if method.name == "mean":
-        return b.model.mean(dim=0).unsqueeze(0).repeat(count, 1)
+        return torch.zeros((count, width), dtype=dtype, device=device)
+    if method.name in ("mean", "john_hewitt"):
+        if b.stats is None:
+            raise ValueError(f"internal: {method.name} needs MODEL's statistics (Batch.stats)")
+        if method.name == "mean":
+            return b.stats.mean.to(dtype).unsqueeze(0).repeat(count, 1)
+        return hewitt(b.stats, count, dtype, generator)
     if method.name == "randn":
-        return torch.randn((count, width), generator=generator, dtype=dtype, device=b.model.device)
-    if method.name == "john_hewitt":
-        return hewitt(b.model, count, generator)
+        return torch.randn((count, width), generator=generator, dtype=dtype, device=device)
     if method.name == "subword":
-        return subword(b.model, b.pieces, method.subword, lm_head=b.lm_head)
+        if b.piece_rows is None:
+            raise ValueError("internal: subword needs MODEL's rows of the pieces (Batch.piece_rows)")
+        return subword(b.piece_rows, b.pieces, method.subword, lm_head=b.lm_head)
     if method.name == "landmark_pca":
         return landmark_pca(b.targets, b.donor_shared, b.model_shared).to(dtype)
     if method.name == "stb":
@@ -169,21 +188,37 @@ def subword(model: torch.Tensor, pieces: tuple[tuple[int, ...], ...], how: str, 
     return out
 
 
-def hewitt(model: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+def hewitt(stats: ModelStats, count: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
     """``count`` draws of N(μ, Σ) fitted to MODEL's rows (Hewitt, "Initializing new word embeddings for
-    pretrained language models", 2021), in float32 then MODEL's dtype; N(0, 0.02²) when Σ is not positive
-    definite (fewer rows than the width, dependent rows)."""
-    rows = model.float()
-    mean = rows.mean(dim=0)
-    centred = rows - mean
-    covariance = centred.T @ centred / rows.shape[0]
-    factor, info = torch.linalg.cholesky_ex(covariance)
+    pretrained language models", 2021), drawn in float32 then cast to ``dtype``; N(0, 0.02²) when Σ is not
+    positive definite (fewer rows than the width, dependent rows)."""
+    if stats.covariance is None:
+        raise ValueError("internal: john_hewitt needs MODEL's covariance (ModelStats.covariance)")
+    mean, width = stats.mean.float(), stats.mean.shape[0]
+    factor, info = torch.linalg.cholesky_ex(stats.covariance.float())
+    draws = torch.randn((count, width), generator=generator, dtype=torch.float32, device=mean.device)
     if int(info) != 0:
-        noise = torch.randn((count, model.shape[1]), generator=generator, dtype=torch.float32, device=model.device)
-        return (noise * _HEWITT_FALLBACK).to(model.dtype)
-    draws = torch.randn((count, model.shape[1]), generator=generator, dtype=torch.float32, device=model.device)
-    drawn: torch.Tensor = (mean + draws @ factor.T).to(model.dtype)
+        return (draws * _HEWITT_FALLBACK).to(dtype)
+    drawn: torch.Tensor = (mean + draws @ factor.T).to(dtype)
     return drawn
+
+
+def model_stats(chunks: Iterable[torch.Tensor], *, covariance: bool) -> ModelStats:
+    """:class:`ModelStats` of the matrix whose consecutive row ranges ``chunks`` are (float64 sums)."""
+    total: torch.Tensor | None = None
+    outer: torch.Tensor | None = None
+    rows = 0
+    for chunk in chunks:
+        wide = chunk.double()
+        total = wide.sum(dim=0) if total is None else total + wide.sum(dim=0)
+        if covariance:
+            outer = wide.T @ wide if outer is None else outer + wide.T @ wide
+        rows += chunk.shape[0]
+    if total is None or rows == 0:
+        raise ValueError("internal: MODEL's matrix has no rows")
+    mean = total / rows
+    spread = None if outer is None else outer / rows - torch.outer(mean, mean)
+    return ModelStats(mean, spread, rows)
 
 
 def landmark_pca(targets: torch.Tensor, donor_points: torch.Tensor, model_points: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,10 +34,13 @@ from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.outputs.containers import container_for, gguf_choices
 from resumerge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
 from resumerge.plan.cardwording import CardWording
 from resumerge.plan.inputrefs import tensor_ref
 from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
+from resumerge.plan.outconfig import set_quantization
+from resumerge.plan.placing import Placing, place_files
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
 from resumerge.transplant.approximate import Method, Rope, method_notes
@@ -59,6 +64,15 @@ class Opened:
     model_key: str
     donor_key: str
     config: MergeConfig
+
+    def tokenizer_files(self, key: str) -> Mapping[str, bytes] | None:
+        """The tokenizer files of input ``key`` when it is a GGUF (rebuilt from its metadata), else None."""
+        model = self.inputs.models[key].recognised(CODECS)
+        if model.gguf is None:
+            return None
+        from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+        return gguf_tokenizer_files(model.directory / model.gguf, model.gguf_header)
 
     @property
     def model(self) -> ModelInput:
@@ -122,12 +136,18 @@ def find_matrices(opened: Opened, *, allow_crimes: bool) -> Matrices:
 
 
 def vocabularies(opened: Opened) -> tuple[Vocabulary, Vocabulary]:
-    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers)."""
-    for what, model in (("MODEL", opened.model), ("DONOR", opened.donor)):
-        if model.gguf is not None:
-            raise UsageError(f"{what} is a GGUF file: tokensurgeon reads folders and hf:// repos of safetensors")
-    return (load_vocabulary(tokenizer_dir(opened.model), what="MODEL"),
-            load_vocabulary(tokenizer_dir(opened.donor), what="DONOR"))
+    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers; a GGUF's rebuilt from its metadata)."""
+    found = []
+    for what, key in (("MODEL", opened.model_key), ("DONOR", opened.donor_key)):
+        files = opened.tokenizer_files(key)
+        if files is None:
+            found.append(load_vocabulary(tokenizer_dir(opened.inputs.models[key].recognised(CODECS)), what=what))
+            continue
+        with tempfile.TemporaryDirectory(prefix="resumerge-tokensurgeon-") as scratch:
+            for name, data in files.items():
+                (Path(scratch) / name).write_bytes(data)
+            found.append(load_vocabulary(Path(scratch), what=what))
+    return found[0], found[1]
 
 
 def donor_head(opened: Opened, matrices: Matrices) -> str:
@@ -136,16 +156,19 @@ def donor_head(opened: Opened, matrices: Matrices) -> str:
 
 
 def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vocabs: tuple[Vocabulary, Vocabulary],
-                       trained: set[Normalized] | None = None, junk: tuple[int, ...] = ()) -> dict[str, MatrixMatch]:
+                       trained: set[Normalized] | None = None, junk: tuple[int, ...] = (), *,
+                       out_type: str = "safetensors") -> dict[str, MatrixMatch]:
     """Each matrix's match of DONOR's tokens to MODEL's rows; ``trained`` and ``junk`` as ``--magikarp`` found them
-    (see :func:`~resumerge.transplant.tokens.match_matrix`)."""
+    (see :func:`~resumerge.transplant.tokens.match_matrix`); a GGUF output (``out_type``) of a GGUF DONOR has the
+    rows of DONOR's file, whose vocabulary it holds."""
     mine, theirs = vocabs
+    cap = out_type == "gguf" and opened.donor.gguf is not None
     matches = {}
     for matrix, (name, donor_name) in matrices.names.items():
         match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
                              opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix,
                              prefix_match=spec.prefix_match, byte_match=spec.byte_match,
-                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk)
+                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk, cap=cap)
         if match.approximated and spec.approximation_method in USES_K and spec.k > len(match.shared):
             raise UsageError(f"-k {spec.k} is more than the {len(match.shared)} tokens MODEL and DONOR share",
                              hint=f"pass -k {max(1, len(match.shared))} or less, or another --approximation-method")
@@ -159,7 +182,8 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
                options: PlanOptions) -> Plan:
     """The frozen plan of the transplant (pure: headers, the matches)."""
     model, donor = opened.model, opened.donor
-    source = _source_digest(opened, spec, matches, surgery_method(spec, opened, matrices).rope)
+    method = surgery_method(spec, opened, matrices)
+    source = _source_digest(opened, spec, matches, method.rope)
     rebuilt = {name: matrix for matrix, (name, _) in matrices.names.items()}
     tensors: dict[str, TensorPlan] = {}
     for name in model.tensors:
@@ -167,7 +191,12 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         if name in rebuilt:
             matrix = rebuilt[name]
             donor_ref = tensor_ref(opened.donor_key, donor, matrices.names[matrix][1])
-            params = (("device", options.device), ("matrix", matrix), ("seed", options.random_seed),
+            mine, theirs = model.tensors[name].entry, donor.tensors[matrices.names[matrix][1]].entry
+            shapes = ((mine.shape[0], mine.shape[1], DTYPE_SIZES[ref.value_dtype]),
+                      (theirs.shape[0], theirs.shape[1], DTYPE_SIZES[donor_ref.value_dtype]))
+            held = registered.held_bytes(method, spec.batch_size, matches[matrix], *shapes, registered.CHUNK_BYTES)
+            params = (("device", options.device), ("donor_rows", shapes[1][0]), ("held", held), ("matrix", matrix),
+                      ("model_rows", shapes[0][0]), ("seed", options.random_seed),
                       ("source", f"{source}:{matches[matrix].digest()}"))
             shape = (matches[matrix].rows, ref.value_shape[1])
             tensors[name] = _tensor(name, registered.SURGERY_ROWS, (ref, donor_ref), params, shape, ref.value_dtype)
@@ -181,9 +210,22 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
     options, naming = output_naming(options, [f.name for f in model.files])
     shards, placed = assign_shards(tensors, options.out_shard_size, naming=naming)
     rows = matches["embed"].rows
-    method = surgery_method(spec, opened, matrices)
     donor_dtype = donor.tensors[matrices.names["embed"][1]].entry.dtype
-    tokenizer_donor = opened.donor_key if options.copy_tokenizer else None
+    written_config = out_config(model.config, donor.config, rows)
+    set_quantization(written_config, model.config, placed)  # a GGUF MODEL's says what its tensors were
+    # As a merge's: --out-type gguf writes one GGUF (or gguf-split's files) holding DONOR's tokenizer.
+    container = container_for(options.out_type, gguf_type=options.gguf_type,
+                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
+    tokenizer_donor = opened.donor_key if options.copy_tokenizer and not container.self_contained else None
+    donor_rows = donor.tensors[matrices.names["embed"][1]].entry.shape[0]
+    if container.self_contained and donor.gguf is not None and rows != donor_rows:
+        # The file takes DONOR's GGUF vocabulary as it is; transformers' rebuild of it has other tokens.
+        raise UsageError(f"a GGUF output holds DONOR's {donor_rows} GGUF tokens, but its tokenizer as transformers "
+                         f"rebuilds it has {rows}", hint="write safetensors (the default --out-type)")
+    blobs = (opened.tokenizer_files(opened.donor_key) if tokenizer_donor else None) or {}
+    parents = {opened.model_key: model, opened.donor_key: donor}
+    shards, placed, container = place_files(container, shards, placed, Placing(
+        written_config, parents, [opened.donor_key], unit_size=options.out_shard_size))
     plan = Plan(
         method=METHOD,
         tensors={n: placed[n] for n in sorted(placed)},
@@ -195,8 +237,10 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         inputs=_input_files(opened.inputs),
         model_dirs={k: str(m.directory) for k, m in opened.inputs.models.items()},
         options=options,
-        out_config=out_config(model.config, donor.config, rows),
-        tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, {}) if tokenizer_donor else (),
+        out_config=written_config,
+        tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, blobs) if tokenizer_donor else (),
+        tokenizer_blobs=blobs,
+        container=container,
         notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec)),
         units=registered.UNITS,
         card_config=opened.config,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
+import resumerge.transplant.units as registered
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.codecs import CODECS
@@ -46,19 +47,27 @@ def prepare_surgery(text: str, options: PlanOptions, settings: RunSettings, *,
     """Open the models of the transplant recorded as ``text``, match their vocabularies and build its plan, with the
     run's :class:`~resumerge.transplant.units.Transplant` in its resources; finished batches are kept in ``out``'s
     run folder (none kept without ``out``: a ``--plan`` estimate)."""
+    return planned_surgery(text, options, settings.state, settings.cache_dir, out=out, model_dirs=model_dirs,
+                           on_progress=on_progress)
+
+
+def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir: str | os.PathLike[str] | None, *,
+                    out: str | os.PathLike[str] | None = None, model_dirs: Mapping[str, str] | None = None,
+                    on_progress: Callable[[HubEvent], None] | None = None) -> Prepared:
+    """:func:`prepare_surgery` with the state dir and hub cache given apart (a recipe's tokensurgeon stage)."""
     spec = load_spec_text(text)
-    opened = open_pair(spec, model_dirs=model_dirs, state=settings.state, cache_dir=settings.cache_dir,
-                       on_progress=on_progress)
+    opened = open_pair(spec, model_dirs=model_dirs, state=state, cache_dir=cache_dir, on_progress=on_progress)
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
     vocabs = vocabularies(opened)
-    matches = match_vocabularies(opened, spec, matrices, vocabs)  # every refusal before a weight is read
+    # every refusal before a weight is read
+    matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
     if spec.magikarp:
         trained, junk = _magikarp(opened, matrices, vocabs)
-        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk)
+        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
     plan = build_plan(spec, opened, matrices, matches, options)
-    store = batch_store(out, settings.state) if out is not None else None
-    transplant = Transplant(matches, method, spec.batch_size, store)
+    store = batch_store(out, state) if out is not None else None
+    transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)
 
 

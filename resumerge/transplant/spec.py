@@ -119,3 +119,40 @@ def is_surgery_text(text: str) -> bool:
     except ValueError:
         return False
     return isinstance(doc, dict) and MARK in doc
+
+
+def stage_of(doc: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A recipe document that transplants (``tokensurgeon: {model: A, donor: B, <option>: value, ...}`` beside
+    ``name``; options as :class:`SurgeryChoices` names them): (its recorded text, the passthrough config over
+    MODEL and DONOR that lists them as the stage's models). None for any other document; ConfigError (exit 2)
+    for a bad one."""
+    from resumerge.errors import ConfigError
+
+    body = doc.get(MARK)
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise ConfigError("tokensurgeon must be a mapping of model, donor and the transplant's options",
+                          yaml_path=MARK)
+    others = sorted(set(doc) - {MARK, "name"})
+    if others:
+        raise ConfigError(f"a tokensurgeon stage holds only name and tokensurgeon, not {', '.join(others)}",
+                          yaml_path=others[0], hint="merge the transplanted model in a stage of its own")
+    known = {each.name for each in fields(SurgerySpec)}
+    for key in body:
+        if key not in known:
+            raise ConfigError(f"unknown tokensurgeon option {key!r}", yaml_path=f"{MARK}.{key}",
+                              hint=f"one of {', '.join(sorted(known))}")
+    for key in ("model", "donor"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            raise ConfigError(f"tokensurgeon needs {key}: a model path or hub id", yaml_path=f"{MARK}.{key}")
+    try:
+        spec = SurgerySpec(**body)
+        check_spec(spec)
+    except (TypeError, UsageError) as exc:
+        raise ConfigError(str(exc), yaml_path=MARK) from None
+    config: dict[str, Any] = {"merge_method": "passthrough", "base_model": spec.model,
+                              "models": [{"model": spec.model}, {"model": spec.donor}]}
+    if "name" in doc:
+        config["name"] = doc["name"]
+    return spec_text(spec), config

@@ -146,12 +146,15 @@ def allowed(choice: str, matrix: str) -> bool:
 
 def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_rows: int, *, matrix: str,
                  prefix_match: str, byte_match: str, pieces: bool, trained: set[Normalized] | None = None,
-                 junk: tuple[int, ...] = ()) -> MatrixMatch:
+                 junk: tuple[int, ...] = (), cap: bool = False) -> MatrixMatch:
     """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR; ``trained``: the
-    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last."""
+    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output
+    has DONOR's rows, not its tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
     orig = {t: i for t, i in model.ids.items() if i < model_rows and (trained is None or t in trained)}
     safe_donor = {t: i for t, i in donor.ids.items() if i < donor_rows}
     rows = max(len(donor.ids), max(donor.ids.values(), default=-1) + 1)
+    if cap:
+        rows = min(rows, donor_rows)
     copies: list[tuple[int, int]] = []
     approximated: list[int] = []
     tokens: list[Normalized] = []

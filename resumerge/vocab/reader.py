@@ -100,6 +100,7 @@ def read_input_tokenizer(key: str, directory: Path, rows: int) -> InputTokenizer
         raise ModelInputError(
             f"the tokenizer of {key} is a {kind} tokenizer: only BPE tokenizers can be merged",
             path=str(path),
+            hint="give the models one tokenizer first with resumerge tokensurgeon MODEL DONOR OUT",
         )
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):

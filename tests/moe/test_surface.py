@@ -46,6 +46,8 @@ def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
         assert outcome.plan.notes == notes
         card = (out / "README.md").read_text()
         assert f"- {POWER}" in card and DEGENERATE in card and "Mixture of Experts" in card
+        # the card says what the run was: a mixture of experts, not a merge
+        assert "# Mixture of experts" in card and "Merged model" not in card and "This is a merge" not in card
         # a later run finds the pass finished: the warning is the plan's own from the start
         again = api.run(config, tmp_path / "again", state_dir=tmp_path / "state")
     assert again.plan.notes == notes

@@ -39,12 +39,14 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
     report = api.status(out, state_dir=state)
     assert report.state == "interrupted"
     said = report.to_json()
-    assert said["kind"] == "tokensurgeon" and said["batches_done"] == nth, said
+    # the two matrices are computed side by side: the other one may have kept a batch more when the kill came
+    kept = said["batches_done"]
+    assert said["kind"] == "tokensurgeon" and nth <= kept <= nth + 1, said
     shown = cli("status", out, "--state-dir", state)
     assert "batches approximated" in shown.stdout and "approximated by randn" in shown.stdout, shown.stdout
-    # the resume computes only the batches not kept: it reaches the point 22 - nth times
+    # the resume computes only the batches not kept: it reaches the point 22 - kept times
     resumed = cli("resume", out, "--state-dir", state, "-q",
-                  env={"RESUMERGE_KILL_AT": f"after_surgery_batch:{22 - nth + 1}"})
+                  env={"RESUMERGE_KILL_AT": f"after_surgery_batch:{22 - kept + 1}"})
     assert resumed.returncode == 0, resumed.stderr
     assert _output(out) == _output(tmp_path / "ref")
     assert api.status(out, state_dir=state).state == "done"

@@ -1,0 +1,122 @@
+"""A transplant within --max-memory: the unit reads MODEL's and DONOR's matrices by row ranges (never indexing a whole
+input) and gives the rows it gives from whole matrices; ``plan`` names what the unit holds (its shared rows and
+batch, not the two whole tables) and refuses a budget under it in one line, exit 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import overload
+
+import pytest
+import torch
+from support import cli
+
+import resumerge.transplant.units as registered
+from resumerge import api
+from resumerge.estimate.costs import Estimate
+from resumerge.methods.resources import Resources
+from resumerge.methods.spec import MergeContext
+from resumerge.transplant.approximate import Method
+from resumerge.transplant.tokens import MatrixMatch
+from resumerge.transplant.units import Transplant, surgery_rows
+from transplant.pairs import make_pair
+
+MODEL_ROWS, DONOR_ROWS, MODEL_WIDTH, DONOR_WIDTH = 70, 90, 12, 16
+
+
+class _Unreadable(Sequence[torch.Tensor]):
+    """Inputs that may only be read by row ranges."""
+
+    def __len__(self) -> int:
+        return 2
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | Sequence[torch.Tensor]:
+        raise AssertionError("a whole input was read")
+
+
+def _match() -> MatrixMatch:
+    shared = tuple((d, (d * 7) % MODEL_ROWS) for d in range(0, 60))  # DONOR row, MODEL row
+    approximated = tuple(range(60, DONOR_ROWS))
+    pieces = tuple(((d * 3) % MODEL_ROWS, (d * 5 + 1) % MODEL_ROWS) for d in approximated)
+    return MatrixMatch(DONOR_ROWS, shared, approximated, shared, pieces, junk=(88,), exact=len(shared))
+
+
+def _run(method: Method, tensors: tuple[torch.Tensor, torch.Tensor], *, chunk_bytes: int,
+         ranges: list[tuple[int, int, int]] | None) -> torch.Tensor:
+    transplant = Transplant({"embed": _match()}, method, 8, None, chunk_bytes)
+    params = {"matrix": "embed", "seed": 3, "source": "x", "device": "cpu", "model_rows": MODEL_ROWS,
+              "donor_rows": DONOR_ROWS, "held": 0}
+
+    def read_rows(i: int, first: int, stop: int) -> torch.Tensor:
+        assert ranges is not None
+        ranges.append((i, first, stop))
+        return tensors[i][first:stop].clone()
+
+    ctx = MergeContext(tensors=_Unreadable() if ranges is not None else tensors, base_index=None,
+                       model_params=[{}, {}], params=params, owned_inputs=ranges is not None,
+                       read_rows=read_rows if ranges is not None else None, resources=Resources((transplant,)))
+    return surgery_rows(ctx)
+
+
+@pytest.mark.parametrize(("name", "tolerance"), [("omp", 0.0), ("common_interpolation", 0.0), ("subword", 0.0),
+                                                 ("landmark_pca", 0.0), ("randn", 0.0), ("mean", 1e-6),
+                                                 ("john_hewitt", 1e-5)])
+def test_the_matrices_are_read_by_row_ranges(name: str, tolerance: float) -> None:
+    generator = torch.Generator().manual_seed(0)
+    tensors = (torch.randn((MODEL_ROWS, MODEL_WIDTH), generator=generator),
+               torch.randn((DONOR_ROWS, DONOR_WIDTH), generator=generator))
+    method = Method(name, k=4)
+    whole = _run(method, tensors, chunk_bytes=1 << 30, ranges=None)
+    ranges: list[tuple[int, int, int]] = []
+    chunk = 16  # rows of MODEL per range; DONOR's rows are wider, fewer per range
+    ranged = _run(method, tensors, chunk_bytes=chunk * MODEL_WIDTH * 4, ranges=ranges)
+    longest = {i: max(stop - first for j, first, stop in ranges if j == i) for i in (0, 1)}
+    assert longest[0] <= chunk and longest[1] <= chunk * MODEL_WIDTH // DONOR_WIDTH, ranges
+    assert whole.shape == ranged.shape == (DONOR_ROWS, MODEL_WIDTH)
+    for donor_row, model_row in _match().copies:
+        assert torch.equal(ranged[donor_row], tensors[0][model_row])  # shared rows bit for bit
+    assert not ranged[88].any()
+    if tolerance == 0.0:
+        assert torch.equal(whole, ranged)
+    else:
+        assert torch.allclose(whole, ranged, atol=tolerance, rtol=0), (whole - ranged).abs().max()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_pair(tmp_path_factory.mktemp("pair"), model_hidden=256, donor_hidden=256)
+
+
+def test_plan_names_what_the_unit_holds_not_the_whole_tables(pair: tuple[Path, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    model, donor = pair
+    tables = 2 * 294 * 256 * 4  # MODEL's and DONOR's embeddings (float32)
+
+    def largest(chunk: int) -> int:
+        monkeypatch.setattr(registered, "CHUNK_BYTES", chunk)
+        estimate = api.tokensurgeon(str(model), str(donor), tmp_path / "out", plan=True,
+                                    surgery=api.Surgery(k=8), state_dir=tmp_path / "s")
+        assert isinstance(estimate, Estimate)
+        return estimate.memory.largest_unit_bytes
+
+    whole, ranged = largest(1 << 30), largest(4096)
+    # read whole, a table and its gathered copy are held; by ranges only a range of each
+    assert whole - ranged >= 2 * tables
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_refuses_a_budget_it_cannot_meet_in_one_line(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    model, donor = pair
+    ran = cli("tokensurgeon", model, donor, tmp_path / "out", "--plan", "--max-memory", "1MB",
+              "--state-dir", tmp_path / "s")
+    assert ran.returncode == 2, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "will not fit" in lines[0] and "--max-memory" in lines[0], ran.stderr
+    assert not (tmp_path / "out").exists()
