@@ -30,7 +30,7 @@ from resumerge.analyses.evaluation.textwork import TextWork, digest_of, text_hea
 from resumerge.config.locations import StateDir
 from resumerge.forward.batches import BATCH_TOKENS
 from resumerge.forward.driver import AnswerFile, Fit, PassFolder, content_key, drive
-from resumerge.forward.journal import latest
+from resumerge.forward.journal import Journal, latest
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import JournalProof
@@ -41,6 +41,7 @@ from resumerge.store.durable import write_file_atomic
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.placed import EvalLayers
     from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.device import GpuBudget
 
 Found = TypeVar("Found")
 # (where its layers run, its steps' reserve, told each layer as it starts, None: the head) -> what the pass found
@@ -132,28 +133,41 @@ class PassNeed:
     peak: int | None
     merging: int
 
-    def budget(self, max_memory: int | None, layers_here: bool) -> int:
-        """The pass's budget (``layers_here`` False: the layers on a Ray node, the heads alone here); refused
-        (:class:`~resumerge.errors.UsageError`, exit 2) where what it holds does not fit ``max_memory``."""
+    def judged(self, settings: EvalSettings, layers_here: bool) -> PassFit:
+        """The pass's budget and the GPU's (``layers_here`` False: the layers on a Ray node, the heads alone
+        here); refused (:class:`~resumerge.errors.UsageError`, exit 2) where what it holds does not fit
+        ``settings``' ``--max-memory`` (or ``--max-gpu-memory``)."""
         largest = max(self.steps.values()) if layers_here else self.steps["heads"]
-        return budget_fitting("the evaluation", self.states + (largest + self.merging if self.peak is None
-                                                               else self.peak), max_memory, SystemProbe())
+        budget = budget_fitting("the evaluation", self.states + (largest + self.merging if self.peak is None
+                                                                 else self.peak), settings.max_memory, SystemProbe())
+        gpu = settings.pass_device().budget("the evaluation", self.steps, self.states)  # None on the CPU
+        return PassFit(budget, self.steps, gpu)
+
+
+@dataclass(frozen=True)
+class PassFit:
+    """A pass judged against its budgets: the RAM's (``budget``), what each step reserves, the GPU's (None: the
+    CPU)."""
+
+    budget: int
+    steps: dict[str, int]
+    gpu: GpuBudget | None
 
 
 @dataclass(frozen=True)
 class EvalJob(Generic[Found]):
     """One of an evaluation's passes as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its
-    ``cache`` the answer of a pass finished before (kept while ``proof`` holds it to the models' bytes), its fit
-    ``need`` judged against the budget (whatever the cache holds: the same command is refused or answered alike),
-    its layers where ``layers`` runs them, its step ``scored``, its progress told as the pass ``kind`` of
-    ``requests`` requests runs."""
+    ``cache`` the answer of a pass finished before (kept while ``proof`` holds it to the models' bytes), its
+    ``fit`` judged before the driver is handed the job (:meth:`PassNeed.judged`: a pass its budget refuses is
+    refused whatever its cache holds, its folder neither locked nor read, no weight hashed), its layers where
+    ``placed`` puts them, its step ``scored``, its progress told as the pass ``kind`` of ``requests`` requests
+    runs."""
 
     folder: PassFolder
     cache: AnswerFile[Found]
     proof: JournalProof
-    need: PassNeed
+    fit: PassFit
     settings: EvalSettings
-    layers: EvalLayers
     placed: Callable[[], Places]
     scored: Scored[Found]
     progress: EvalProgress
@@ -167,23 +181,23 @@ class EvalJob(Generic[Found]):
         done = self.cache.read()
         if done is None or not self.proof.still_holds(self.cache.path):
             return None, None
-        self.need.budget(self.settings.max_memory, self.layers.here)  # judged as when it runs
         return done, None
 
     def proved(self) -> str | None:
-        """Nothing yet: the journal is proved as the step starts (:meth:`~resumerge.forward.proof.JournalProof.
-        before_resuming`), once the pass is fitted, since recording the models' bytes reads every one of them and
-        a pass its budget refuses reads none. Its lines are the proof's ``said``."""
+        """The journal proved against the models' bytes (refused, exit 4, where a journaled layer's changed) and
+        those bytes recorded, before the pass's next journal file; its lines are the proof's ``said``."""
+        workdir = self.folder.path
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proof.before_resuming(Journal(workdir, LAYER_PREFIX))
         return None
 
     @contextmanager
     def fitted(self) -> Iterator[Fit[Places]]:
-        """The budget and the GPU's judged (refused, exit 2, before any weight is read), and the layers placed."""
+        """The fit judged before the job was driven, and the layers placed (refused, exit 2, where nothing can
+        hold them)."""
         self.progress.workdir = self.folder.path
-        need = self.need
-        budget = need.budget(self.settings.max_memory, self.layers.here)
-        gpu = self.settings.pass_device().budget("the evaluation", need.steps, need.states)  # None on the CPU
-        yield Fit(budget, need.steps, self.placed(), gpu)
+        fit = self.fit
+        yield Fit(fit.budget, fit.steps, self.placed(), fit.gpu)
 
     def run(self, ready: Places, reserve: Reserve) -> Found:
         """The pass's step, each layer told to the progress as it starts."""
@@ -226,11 +240,12 @@ class EvalPasses:
         sizes = step_bytes([self.stream], list(work.runs))
         steps = {"layer": max(sizes.layers), "heads": tail_step_bytes(self.stream, work.runs)}
         need = self._need(2 * sizes.states, steps, self._merged_peak(work.runs, steps))
+        fit = need.judged(self.settings, self.layers.here)  # before the folder is locked or a weight is read
 
         def scored(places: Places, reserve: Reserve, on_layer: Callable[[int | None], None]) -> list[Answer]:
-            return score(self.stream, work, workdir, places, reserve=reserve, on_layer=on_layer, proof=proof)
+            return score(self.stream, work, workdir, places, reserve=reserve, on_layer=on_layer)
 
-        return drive(self._job(workdir, answers_file(workdir), proof, need, self.layers,
+        return drive(self._job(workdir, answers_file(workdir), proof, fit,
                                lambda: self.layers.places(self.model, self.stream, sizes, self.state), scored, kind,
                                len(work.run_of)))
 
@@ -248,28 +263,29 @@ class EvalPasses:
             alone = len(streams) == 1  # with a parent, its log-probabilities may be held beside the merge's head
             need = self._need(2 * len(streams) * sizes.states, steps,
                               self._merged_peak(work.tokens, steps) if alone else None)
+            here = LayersHere()
+            fit = need.judged(self.settings, here.here)  # before the folder is locked or a weight is read
 
             def scored(places: Places, reserve: Reserve, on_layer: Callable[[int | None], None]) -> TextFigures:
                 return score_texts(streams, work.tokens, workdir, parent=len(streams) > 1, reserve=reserve,
                                    on_model=lambda layer, m: on_layer(layer), on_heads=lambda: on_layer(None),
-                                   vocab=work.vocab, proof=proof)
+                                   vocab=work.vocab)
 
-            here = LayersHere()
-            return drive(self._job(workdir, figures_file(workdir), proof, need, here,
+            return drive(self._job(workdir, figures_file(workdir), proof, fit,
                                    lambda: here.places(self.model, self.stream, sizes, self.state), scored,
                                    work.task.kind, len(work.tokens)))
         finally:
             for parent in streams[1:]:
                 parent.close()
 
-    def _job(self, workdir: Path, cache: AnswerFile[Found], proof: JournalProof, need: PassNeed, layers: EvalLayers,
+    def _job(self, workdir: Path, cache: AnswerFile[Found], proof: JournalProof, fit: PassFit,
              placed: Callable[[], Places], scored: Scored[Found], kind: str, requests: int) -> EvalJob[Found]:
         # One process per pass: two at once would delete each other's layer files (issue 70).
         folder = PassFolder(workdir, f"this evaluation of {self.model.path}", self.progress.command,
                             hint="wait for it to finish (run again, it answers from its journal), or stop it (it "
                                  "resumes at the layer it reached)")
-        return EvalJob(folder, cache, proof, need, self.settings, layers, placed, scored, self.progress, kind,
-                       requests, self.stream.layers)
+        return EvalJob(folder, cache, proof, fit, self.settings, placed, scored, self.progress, kind, requests,
+                       self.stream.layers)
 
     def _proof(self, models: list[PassModel]) -> JournalProof:
         """The proof of a pass over ``models`` (and a merge never written's inputs), its lines said in :attr:`said`."""

@@ -23,7 +23,6 @@ from resumerge.forward.driver import AnswerFile
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement
-from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch
 
@@ -57,26 +56,24 @@ def _kept_heads(workdir: Path, batch: int) -> AnswerFile[dict[int, Answer]]:
 
 
 def score(stream: ModelStream, work: Scoring, workdir: Path, places: Places, *, reserve: Reserve = unreserved,
-          on_layer: Callable[[int | None], None] | None = None, proof: JournalProof | None = None) -> list[Answer]:
+          on_layer: Callable[[int | None], None] | None = None) -> list[Answer]:
     """Each request's (log-likelihood, greedy) of ``work`` on the model ``stream`` (float32 as lm-eval's ``hf``
     model computes them), resuming the pass journaled in ``workdir``, its answers kept there last
     (:func:`answers_file`); ``on_layer`` is told each layer as it starts (None: the heads); ``reserve(what, step)``
     holds a step's memory while it runs. A client of the forward engine's one journaled pass
     (:class:`~resumerge.forward.layerpass.LayerPass`). ``places(reserve, on_layer)``: where the decoder layers run
     (this process, or a Ray actor with ``--executor ray``: the same answers, the journal the same file); the head
-    runs here. ``proof``: the models' bytes proved against the journal before any is read
-    (:meth:`~resumerge.forward.proof.JournalProof.before_resuming`: exit 4 where a journaled layer's changed)."""
+    runs here. The models' bytes are proved against the journal before (the pass's job:
+    :meth:`~.job.EvalJob.proved`)."""
     told = on_layer if on_layer is not None else (lambda layer: None)
     with places(reserve, told) as placement:
-        return _scored(placement, stream, work, workdir, reserve, told, proof)
+        return _scored(placement, stream, work, workdir, reserve, told)
 
 
 def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Path, reserve: Reserve,
-            told: Callable[[int | None], None], proof: JournalProof | None) -> list[Answer]:
+            told: Callable[[int | None], None]) -> list[Answer]:
     """:func:`score`'s pass with its layers where ``streams`` runs them, its head on ``stream``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    if proof is not None:
-        proof.before_resuming(Journal(workdir, LAYER_PREFIX))
     with torch.no_grad():
         entered = enter(work.runs, streams.enter, streams.runs_batched)
     journal = Journal(workdir, LAYER_PREFIX)
