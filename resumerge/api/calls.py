@@ -28,6 +28,7 @@ from resumerge.api.options import (
     PathLike,
     Resources,
     Stages,
+    computed_imatrix,
     config_text,
     flat_resources,
     nothing_started,
@@ -45,6 +46,7 @@ from resumerge.api.options import (
 from resumerge.api.reading import named
 from resumerge.api.runkind import Call, Driving
 from resumerge.api.unwritten import open_population
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
@@ -135,8 +137,16 @@ def run(
 
         text = config_text(config)
         kind = kind_of(text)
-        options = plan_options(output, merging, resources,
-                               out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+        if output.imatrix_texts is not None and kind.name != "merge":  # its pass runs before a single merge's run
+            from resumerge.api.options import source_name
+            from resumerge.errors import UsageError
+
+            raise UsageError(f"--imatrix-texts computes the importance matrix of a single merge, and "
+                             f"{source_name(config, 'the config')} is a {kind.name} config",
+                             hint="merge it first, then give --imatrix the matrix measure --imatrix writes of it")
+        options = computed_imatrix(plan_options(output, merging, resources,
+                                                out_shard_size=shard_size_choice(output.out_shard_size, out)[0]),
+                                   text, settings.state)
         # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
         where = settings.state.run(out)
         call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
@@ -332,7 +342,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
             resources: Resources = Resources(), executor: Executor | None = None,
             progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
-            state_dir: PathLike | None = None) -> MeasureReport:
+            state_dir: PathLike | None = None, imatrix: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
@@ -345,14 +355,16 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
     merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
     context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
-    (as ``check`` does)."""
+    (as ``check`` does). ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix
+    (llama-imatrix's GGUF: each linear's sums of squared inputs, the diagonal of its Gram times the tokens, named
+    as llama.cpp names the weight; several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
     from resumerge.analyses.measure.run import measure_grams
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("measure", state_dir, resources, executor)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
                          cut_texts=truncate_texts, state=settings.state, placement=pass_placement(settings),
-                         device=PassDevice.of(resources.device, settings.max_gpu_memory))
+                         device=PassDevice.of(resources.device, settings.max_gpu_memory), imatrix=imatrix)
 
 
 def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
@@ -377,8 +389,8 @@ def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging 
     1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
     ``codecs``: as for :func:`run`."""
     shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
-    options = plan_options(output, merging, out_shard_size=shard_size)
     text = config_text(config)
+    options = computed_imatrix(plan_options(output, merging, out_shard_size=shard_size), text, StateDir.resolve())
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
                 codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
@@ -435,6 +447,7 @@ def estimate(
     options = plan_options(output, merging, resources, num_threads=None,
                            out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
     settings = run_settings(state_dir, resources, executor=executor)
+    options = computed_imatrix(options, config_text(config), settings.state)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)

@@ -64,7 +64,9 @@ class Output:
     ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k``, each tensor's type as llama.cpp picks
     it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
-    importance matrix file of llama.cpp's, GGUF or ``.dat``) and its tokenizer from a GGUF parent, or with
+    importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
+    importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
+    never written) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
@@ -81,6 +83,7 @@ class Output:
     gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
 
 
@@ -252,7 +255,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
 
 # The GGUF type options, by field: the flag that sets each
 _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
-                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix"}
+                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
+                 "imatrix_texts": "--imatrix-texts"}
 
 
 def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -286,7 +290,53 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
             raise UsageError(f"--imatrix {given['imatrix']}: no such file (an importance matrix llama-imatrix "
                              "wrote, GGUF or .dat)")
         out["imatrix"] = str(path)
+    if given.get("imatrix_texts") is not None:
+        out["imatrix_texts"] = _imatrix_texts(given)
     return out
+
+
+def _imatrix_texts(given: Mapping[str, Any]) -> str:
+    """``--imatrix-texts`` checked (exit 2): not with ``--imatrix``, a file, and a ``--gguf-type`` whose quantizer
+    reads an importance matrix; the file as an absolute path."""
+    from resumerge.outputs.gguf import kquants, legacyweighted
+    from resumerge.plan.gguftypes import MIXES
+
+    if given.get("imatrix") is not None:
+        raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
+                         "file llama-imatrix wrote, or texts to compute it on the merge from)")
+    mix = str(given.get("gguf_type") or "f16")
+    if mix not in MIXES or (MIXES[mix].default not in kquants.K_TYPES and
+                            MIXES[mix].default not in legacyweighted.LEGACY):
+        raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
+                         hint="give a K-quant mix (q2_k ... q6_k) or q4_0, q4_1, q5_0, q5_1")
+    path = Path(given["imatrix_texts"]).expanduser().resolve()
+    if not path.is_file():
+        raise UsageError(f"--imatrix-texts {given['imatrix_texts']}: no such file (texts, one a line, to compute "
+                         "the importance matrix on the merge from)")
+    return str(path)
+
+
+def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
+    """``options`` with, for ``--imatrix-texts``, where the run writes the importance matrix it computes on the
+    merge: a file in the state dir named by the config and the texts (the plan's codecs read it there); unchanged
+    without it."""
+    if options.imatrix_texts is None:
+        return options
+    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
+
+
+def imatrix_key(text: str, texts: str) -> str:
+    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
+    path and bytes in it (other texts, another file)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
+
+
+# Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
+IMATRIX_DIR = "imatrix"
 
 
 def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | None = None, *,

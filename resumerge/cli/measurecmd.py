@@ -41,6 +41,9 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                                       f"each model on a node of a Ray cluster, side by side ({RAY_NEEDS}; the models "
                                       "on paths every node sees, or hub repos); the Grams are the same bytes, and a "
                                       "measurement started with one resumes with the other", address="the measurement")
+    measure.add_argument("--imatrix", metavar="FILE", help="also write the Grams as llama.cpp's importance matrix "
+                         "(llama-imatrix's GGUF: each linear's sums of squared inputs, named as llama.cpp names the "
+                         "weight; several models' pooled), for run --imatrix or llama-quantize --imatrix")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits); write nothing: exit 0 when it fits, 2 when it will not")
@@ -66,11 +69,14 @@ def run_measure_command(args: argparse.Namespace) -> int:
     resources = Resources(max_memory=args.max_memory, device=args.device, max_gpu_memory=args.max_gpu_memory)
     report = measure(args.config, args.out, texts=args.texts, resources=resources, executor=executor,
                      progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
-                     state_dir=args.state_dir)
+                     state_dir=args.state_dir, imatrix=args.imatrix)
     if not args.quiet:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "
               f"in {report.out}; name it in a regmean merge: parameters: {{grams: {report.out}}}")
+        if report.imatrix is not None:
+            print(f"importance matrix: {report.imatrix_entries} weight(s) in {report.imatrix} (llama.cpp's GGUF "
+                  "imatrix)")
         if report.reused and report.proof is not None:
             print(f"inputs: {report.proof}")
     return 0

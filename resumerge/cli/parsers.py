@@ -154,6 +154,10 @@ def _gguf_type_flags(add: Callable[..., Any]) -> None:
     add("--imatrix", metavar="FILE",
         help="--out-type gguf: llama.cpp's importance matrix (llama-imatrix's GGUF or .dat) weighting the "
              "quantizer's choices, as llama-quantize --imatrix")
+    add("--imatrix-texts", metavar="FILE",
+        help="--out-type gguf with a K-quant (or q4_0 ... q5_1) --gguf-type: compute the importance matrix on the "
+             "merge itself from FILE's texts (one a line) before encoding, in a forward pass over the merge never "
+             "written, one decoder layer at a time, journaled (not with --imatrix)")
 
 
 def _plan_parser(sub: SubParsers) -> None:
