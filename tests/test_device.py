@@ -334,7 +334,7 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
                        (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=OnRay(),
                                               device=gpu), "measurement"),
                        (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
-                                         on_ray=True), "evaluation")):
+                                         placement=OnRay()), "evaluation")):
         with pytest.raises(UsageError, match=f"runs the {what}'s layers on this machine's GPU, and executor ray"
                            ) as caught:
             call()

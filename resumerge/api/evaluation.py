@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.options import Merging, PathLike, Resources, pass_placement, taken
 from resumerge.api.unwritten import open_unwritten
-from resumerge.config.passplace import OnRay
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 
@@ -40,8 +39,6 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
         output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
         device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
     placement = pass_placement(settings)
-    ray = placement if isinstance(placement, OnRay) else None
-    on_ray, address, keep = ray is not None, ray.address if ray else None, ray.keep if ray else 0.0
     taken(merging, "evaluate")
     if not is_config(os.fspath(target)):
         if merging != Merging():  # they change a merge, and a model TARGET is no merge to make
@@ -49,8 +46,8 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
                                 if v != getattr(Merging(), k))
             raise UsageError(f"{changed} applies to a merge config TARGET, and {os.fspath(target)} is a model",
                              hint=f"leave out {changed}")
-        return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, on_ray=on_ray,
-                        ray_address=address, ray_keep=keep, task_index=task_index)
+        return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, placement=placement,
+                        task_index=task_index)
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
     # the budget as run admits its units.
@@ -60,7 +57,7 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
     with MemoryGovernor(budget, SystemProbe()) as governor, \
             open_unwritten(target, state_dir=settings.state.given, merging=merging, governor=governor) as merge:
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, unwritten=merge,
-                        on_ray=on_ray, task_index=task_index, merge_words=_merge_words(merging))
+                        placement=placement, task_index=task_index, merge_words=_merge_words(merging))
 
 
 def _merge_words(merging: Merging) -> tuple[str, ...]:

@@ -9,7 +9,8 @@ the driver            the job's part
                       :func:`content_key`), the job in words, the command that runs it; one process at a time
                       (:func:`~resumerge.forward.folder.pass_lock`; a second is refused naming the first, exit 4)
 2. the answer cache   :meth:`PassJob.answered`: a pass that finished before answers with what it wrote (its bytes
-                      proved the same), or says why it runs (again)
+                      proved the same), or says why it runs (again); an answer kept as one JSON file in the
+                      pass's folder is an :class:`AnswerFile`
 3. the proof          :meth:`PassJob.proved`: what the journal holds proved against the bytes its models hold now
                       (:class:`~resumerge.forward.proof.PassProof`), in one line for the report
 4. the fit            :meth:`PassJob.fitted`: the pass judged against the memory budget before any weight is read
@@ -37,12 +38,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.layerpass import Reserve, unreserved
+from resumerge.store.durable import write_file_atomic
 from resumerge.store.runlock import LOCK_NAME
 
 if TYPE_CHECKING:
@@ -76,6 +78,35 @@ class PassFolder:
     hint: str
     lock_name: str = LOCK_NAME
     wait: bool = False
+
+
+def _as_is(answer: object) -> object:
+    return answer
+
+
+@dataclass(frozen=True)
+class AnswerFile(Generic[Answer]):
+    """An answer kept as one JSON file (``path``) in a pass's folder: written durably (temp, fsync, rename) once
+    what it answers is computed, read back for the pass asked again. ``decode`` makes the answer of the file's
+    JSON (raising ``ValueError``, ``KeyError`` or ``TypeError`` where it is not one), ``encode`` its JSON of an
+    answer; the bytes are ``json.dumps``' of it, the file a pass's last write (a pass's answers) or a step's (a
+    batch's, kept for a resume)."""
+
+    path: Path
+    decode: Callable[[Any], Answer]
+    encode: Callable[[Answer], object] = _as_is
+
+    def read(self) -> Answer | None:
+        """The answer kept (None: none, or a file cut short by a crash: it is computed again)."""
+        try:
+            return self.decode(json.loads(self.path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self, answer: Answer) -> None:
+        """Keep ``answer``, durably (its folder made where it is not yet)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(self.path, json.dumps(self.encode(answer)).encode())
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """resumerge's model opened for lm-eval's own evaluation (``--model resumerge``: :mod:`.registered`): the model's
 headers and tokenizer read, each log-likelihood pass scored on the forward engine and journaled under the state dir
-as ``eval`` scores it (:class:`~.run._Scorer`: the same journal, so ``eval`` and ``lm-eval`` answer each other's
-finished passes), and generation, where the whole model fits the budget, journaled too: a request set generated
-once is answered from its file afterwards, without reading a weight.
+as ``eval`` scores it (:class:`~.job.EvalPasses`, each pass a job of the pass driver: the same journal, so ``eval``
+and ``lm-eval`` answer each other's finished passes), and generation, where the whole model fits the budget, kept
+too (an :class:`~resumerge.forward.driver.AnswerFile`): a request set generated once is answered from its file
+afterwards, without reading a weight.
 
 Unlike ``eval``, lm-eval's command line hands the model its requests without saying beforehand which tasks generate:
 a generation that does not fit is refused (one line, exit 2) when lm-eval asks for it, after the log-likelihood
@@ -17,25 +18,17 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.evaluation.generate import cached_stream, generate
+from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.lm import ResumergeLM
-from resumerge.analyses.evaluation.run import (
-    Watcher,
-    _fits_whole,
-    _float32,
-    _key,
-    _max_length,
-    _Merged,
-    _pass_model,
-    _Scorer,
-    _tokenizer,
-)
+from resumerge.analyses.evaluation.placed import LayersHere
+from resumerge.analyses.evaluation.run import _fits_whole, _float32, _max_length, _pass_model, _tokenizer
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
+from resumerge.forward.driver import AnswerFile
 from resumerge.forward.proof import merge_inputs
 from resumerge.forward.stream import ModelStream
 from resumerge.memory.allocator import tune_allocator
-from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
     from resumerge.engine.unwritten import UnwrittenMerge
@@ -61,30 +54,34 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge lm-eval", key="TARGET",
                          device=settings.pass_device().name)
     restore_allocator = tune_allocator()
-    merged = _Merged.of(unwritten)
+    merged = Merged.of(unwritten)
     inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
-    scorer = _Scorer(stream, model, settings, state, command, watcher, merged, None, inputs)
+    progress = EvalProgress(target, model, settings.tasks, command, watcher)
+    passes = EvalPasses(stream, model, settings, state, progress, LayersHere(), merged, inputs)
 
     def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
         digest = hashlib.sha256(json.dumps(requests, sort_keys=True).encode()).hexdigest()[:32]
-        path = state.evals_dir / _key(model, "generate_until", digest, merged) / GENERATED
-        if path.is_file():
-            return [str(text) for text in json.loads(path.read_text(encoding="utf-8"))]
+        kept = AnswerFile(state.evals_dir / pass_key(model, "generate_until", digest, merged) / GENERATED, _texts)
+        found = kept.read()
+        if found is not None:
+            return found
         _fits_whole(stream, ["the generation requests"], settings)
         with cached_stream(weights, model.opened.config, _float32()) as whole:
             answers = generate(whole, lm, requests)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_atomic(path, json.dumps(answers).encode())
+        kept.write(answers)
         return answers
 
-    lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer, generator=generated)
+    lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes, generator=generated)
     try:
         yield lm
-    except KeyboardInterrupt:
-        raise InterruptedMerge(f"the evaluation of {target} was interrupted{scorer.where()}",
-                               resume_command=command) from None
+    except KeyboardInterrupt:  # outside a pass (lm-eval's own work): in one, the pass driver says where it stopped
+        raise InterruptedMerge(progress.stopped(), resume_command=command) from None
     finally:
         stream.close()
         if restore_allocator is not None:
             restore_allocator()
 
+
+def _texts(doc: Any) -> list[str]:
+    """A generation's answers as kept (``generated.json``)."""
+    return [str(text) for text in doc]

@@ -10,64 +10,70 @@ and ends with the same answers; a pass asked again is answered from its file wit
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.forward.batches import Hidden, enter
+from resumerge.forward.driver import AnswerFile
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.placement import Placement, Streams
-from resumerge.forward.proof import JournalProof
+from resumerge.forward.placement import Placement
 from resumerge.forward.stream import ModelStream
-from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
 
 ANSWERS = "answers.json"
 Answer = tuple[float, bool]
+# Where a pass's decoder layers run (``(reserve, on_layer)`` -> the placement, for the block): this process or a Ray
+# actor, as the executor placed the pass (:mod:`.placed`).
+Places = Callable[[Reserve, Callable[[int], None]], AbstractContextManager[Placement]]
 
 
-def answered(workdir: Path) -> list[Answer] | None:
-    """The answers of the pass journaled in ``workdir`` once it finished (None: not finished)."""
-    try:
-        doc = json.loads((workdir / ANSWERS).read_text())
-    except (OSError, ValueError):
-        return None
+def _answers(doc: Any) -> list[Answer]:
     return [(float(lp), bool(greedy)) for lp, greedy in doc]
 
 
-def score(stream: ModelStream, work: Scoring, workdir: Path, *, reserve: Reserve = unreserved,
-          on_layer: Callable[[int | None], None] | None = None,
-          placed: Callable[[Callable[[int], None]], AbstractContextManager[Placement]] | None = None,
-          proof: JournalProof | None = None) -> list[Answer]:
+def answers_file(workdir: Path) -> AnswerFile[list[Answer]]:
+    """The answers of the pass journaled in ``workdir``, kept once it finished (its answer cache)."""
+    return AnswerFile(workdir / ANSWERS, _answers)
+
+
+def _batch_answers(doc: Any) -> dict[int, Answer]:
+    return {int(request): (float(lp), bool(greedy)) for request, (lp, greedy) in doc}
+
+
+def _batch_doc(found: dict[int, Answer]) -> object:
+    return sorted(found.items())
+
+
+def _kept_heads(workdir: Path, batch: int) -> AnswerFile[dict[int, Answer]]:
+    """The answers of batch ``batch``'s head, kept as it ends (a pass resumed in its head skips that batch)."""
+    return AnswerFile(workdir / f"heads-{batch:06d}.json", _batch_answers, _batch_doc)
+
+
+def score(stream: ModelStream, work: Scoring, workdir: Path, places: Places, *, reserve: Reserve = unreserved,
+          on_layer: Callable[[int | None], None] | None = None) -> list[Answer]:
     """Each request's (log-likelihood, greedy) of ``work`` on the model ``stream`` (float32 as lm-eval's ``hf``
-    model computes them), resuming the pass journaled in ``workdir``; ``on_layer`` is told each layer as it starts
-    (None: the heads); ``reserve(what, step)`` holds a step's memory while it runs. A client of the forward
-    engine's one journaled pass (:class:`~resumerge.forward.layerpass.LayerPass`). ``placed(on_layer)``: where the
-    decoder layers run instead of this process (a Ray actor, ``--executor ray``: the same answers, the journal the
-    same file); the head runs here. ``proof``: the models' bytes proved against the journal before any is read
-    (:meth:`~resumerge.forward.proof.JournalProof.before_resuming`: exit 4 where a journaled layer's changed)."""
-    done = answered(workdir)
-    if done is not None:
-        return done
+    model computes them), resuming the pass journaled in ``workdir``, its answers kept there last
+    (:func:`answers_file`); ``on_layer`` is told each layer as it starts (None: the heads); ``reserve(what, step)``
+    holds a step's memory while it runs. A client of the forward engine's one journaled pass
+    (:class:`~resumerge.forward.layerpass.LayerPass`). ``places(reserve, on_layer)``: where the decoder layers run
+    (this process, or a Ray actor with ``--executor ray``: the same answers, the journal the same file); the head
+    runs here. The models' bytes are proved against the journal before (the pass's job:
+    :meth:`~.job.EvalJob.proved`)."""
     told = on_layer if on_layer is not None else (lambda layer: None)
-    if placed is None:
-        return _scored(Streams([stream], on_model=lambda layer, m: told(layer), reserve=reserve), stream, work,
-                       workdir, reserve, told, proof)
-    with placed(told) as placement:
-        return _scored(placement, stream, work, workdir, reserve, told, proof)
+    with places(reserve, told) as placement:
+        return _scored(placement, stream, work, workdir, reserve, told)
 
 
 def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Path, reserve: Reserve,
-            told: Callable[[int | None], None], proof: JournalProof | None) -> list[Answer]:
+            told: Callable[[int | None], None]) -> list[Answer]:
     """:func:`score`'s pass with its layers where ``streams`` runs them, its head on ``stream``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    if proof is not None:
-        proof.before_resuming(Journal(workdir, LAYER_PREFIX))
     with torch.no_grad():
         entered = enter(work.runs, streams.enter, streams.runs_batched)
     journal = Journal(workdir, LAYER_PREFIX)
@@ -75,7 +81,7 @@ def _scored(streams: Placement, stream: ModelStream, work: Scoring, workdir: Pat
     answers = LayerPass(journal, streams.layers, point="after_eval_layer", carries=streams).run(
         step, entered.hidden, len(entered.batches))
     assert answers is not None  # the step never stops the pass
-    write_file_atomic(workdir / ANSWERS, json.dumps(answers).encode())
+    answers_file(workdir).write(answers)
     journal.clear()
     for path in workdir.glob("heads-*.json"):
         path.unlink(missing_ok=True)
@@ -109,7 +115,7 @@ def _heads(stream: ModelStream, work: Scoring, groups: list[list[int]], hidden: 
     answers: list[Answer | None] = [None] * len(work.run_of)
     todo = []
     for b in range(len(groups)):
-        kept = _kept_heads(workdir, b)
+        kept = _kept_heads(workdir, b).read()
         if kept is None:
             todo.append(b)
         else:
@@ -123,18 +129,8 @@ def _heads(stream: ModelStream, work: Scoring, groups: list[list[int]], hidden: 
             for run, row in zip(runs, tail_answers(stream, hidden[b], [len(work.runs[i]) for i in runs], wanted)):
                 for request, answer in zip(readers.get(run, []), row):
                     found[request] = answer
-            write_file_atomic(workdir / f"heads-{b:06d}.json", json.dumps(sorted(found.items())).encode())
+            _kept_heads(workdir, b).write(found)
             for request, answer in found.items():
                 answers[request] = answer
     assert all(a is not None for a in answers)
     return [a for a in answers if a is not None]
-
-
-def _kept_heads(workdir: Path, batch: int) -> dict[int, Answer] | None:
-    try:
-        doc = json.loads((workdir / f"heads-{batch:06d}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return {int(request): (float(lp), bool(greedy)) for request, (lp, greedy) in doc}
-
-

@@ -7,7 +7,6 @@ figures, so that a pass asked again is answered from its folder without reading 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,12 +14,12 @@ from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
 from resumerge.forward.batches import Batch, Hidden, enter
+from resumerge.forward.driver import AnswerFile
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, Streams
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
-from resumerge.store.durable import write_file_atomic
 from resumerge.torch_import import torch
 
 FIGURES = "figures.json"
@@ -60,12 +59,13 @@ def text_pass(placement: Placement, sequences: Sequence[Sequence[int]], workdir:
     return found
 
 
-def answered(workdir: Path) -> TextFigures | None:
-    """The figures of the pass finished in ``workdir`` (None: not finished)."""
-    try:
-        return TextFigures.from_json(json.loads((workdir / FIGURES).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+def _figures_doc(figures: TextFigures) -> object:
+    return figures.to_json()
+
+
+def figures_file(workdir: Path) -> AnswerFile[TextFigures]:
+    """The figures of the pass journaled in ``workdir``, kept once it finished (its answer cache)."""
+    return AnswerFile(workdir / FIGURES, TextFigures.from_json, _figures_doc)
 
 
 def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]], workdir: Path, *,
@@ -78,7 +78,8 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
     ``m``'s layer is read, ``on_heads()`` before the heads. ``vocab``: how the parent's other vocabulary meets the
     scored models' (check's :class:`~resumerge.analyses.check.vocabs.SharedVocab`, model 0 theirs, 1 the
     parent's): each model reads the texts as its own ids of the same tokens."""
-    done = answered(workdir)
+    kept = figures_file(workdir)
+    done = kept.read()
     if done is not None:
         return done
     count = len(streams) - (1 if parent else 0)
@@ -95,6 +96,6 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
             return text_heads(streams, hidden, batches, parent, vocab)
 
     figures = text_pass(placement, sequences, workdir, heads, point, proof)
-    write_file_atomic(workdir / FIGURES, json.dumps(figures.to_json()).encode())
+    kept.write(figures)
     Journal(workdir, LAYER_PREFIX).clear()
     return figures
