@@ -1,12 +1,12 @@
 """resumerge's model opened for lm-eval's own evaluation (``--model resumerge``: :mod:`.registered`): the model's
 headers and tokenizer read, each log-likelihood pass scored on the forward engine and journaled under the state dir
 as ``eval`` scores it (:class:`~.run._Scorer`: the same journal, so ``eval`` and ``lm-eval`` answer each other's
-finished passes), and generation, where the whole model fits the budget, journaled too: a request set generated
-once is answered from its file afterwards, without reading a weight.
+finished passes), and generation (the whole model held where it fits, else one layer at a time: :mod:`.streamgen`),
+journaled too: a request set generated once is answered from its file afterwards, without reading a weight.
 
 Unlike ``eval``, lm-eval's command line hands the model its requests without saying beforehand which tasks generate:
-a generation that does not fit is refused (one line, exit 2) when lm-eval asks for it, after the log-likelihood
-passes, which are journaled and answered again from their files."""
+a generation whose smallest step does not fit is refused (one line, exit 2) when lm-eval asks for it, after the
+log-likelihood passes, which are journaled and answered again from their files."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.evaluation.generate import cached_stream, generate
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.run import (
     Watcher,
-    _fits_whole,
+    _fits,
     _float32,
     _key,
     _max_length,
@@ -30,6 +29,7 @@ from resumerge.analyses.evaluation.run import (
     _tokenizer,
 )
 from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.proof import merge_inputs
@@ -39,8 +39,6 @@ from resumerge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
     from resumerge.engine.unwritten import UnwrittenMerge
-
-GENERATED = "generated.json"
 
 
 @contextmanager
@@ -65,14 +63,16 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
     inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
     scorer = _Scorer(stream, model, settings, state, command, watcher, merged, None, inputs)
 
+    generation = Generation(model, weights, settings, lambda digest: state.evals_dir / _key(
+        model, "generate_until", digest, merged), command, lambda: _fits(stream, settings), inputs=inputs,
+        said=scorer.said)
+
     def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
         digest = hashlib.sha256(json.dumps(requests, sort_keys=True).encode()).hexdigest()[:32]
         path = state.evals_dir / _key(model, "generate_until", digest, merged) / GENERATED
         if path.is_file():
             return [str(text) for text in json.loads(path.read_text(encoding="utf-8"))]
-        _fits_whole(stream, ["the generation requests"], settings)
-        with cached_stream(weights, model.opened.config, _float32()) as whole:
-            answers = generate(whole, lm, requests)
+        answers = generation(lm, requests)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file_atomic(path, json.dumps(answers).encode())
         return answers

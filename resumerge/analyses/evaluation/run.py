@@ -5,8 +5,9 @@ killed evaluation run again resumes each pass where it stopped and ends with the
 written as lm-eval's CLI writes them (:mod:`.outputs`).
 
 Everything that can be refused is refused before any weight is read: the settings, a merge config as TARGET, a
-TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, a generation task (the whole
-model would be held), and a pass whose largest step does not fit the budget (before its first layer)."""
+TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, and a pass whose largest step
+does not fit the budget (before its first layer). A generation task holds the whole model where it fits, else runs
+one decoder layer at a time for all its requests (:mod:`.streamgen`), judged before its first weight is read."""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resumerge.analyses.check.needs import StepBytes, step_bytes
-from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
+from resumerge.analyses.evaluation.generate import resident_bytes
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import ANSWERS, Answer, answered, score
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import LAYER_PREFIX, PROGRESS_NAME
+from resumerge.analyses.evaluation.streamgen import Generation, GenStep, generated_by
 from resumerge.analyses.evaluation.tails import tail_step_bytes
 from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 from resumerge.analyses.evaluation.textpass import FIGURES, score_texts
@@ -74,7 +76,9 @@ _NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the 
 @dataclass(frozen=True)
 class EvalStep:
     """Where an evaluation is: its ``target``, the ``tasks``, the pass (``kind``: ``loglikelihood`` or
-    ``loglikelihood_rolling``; its ``requests``), the ``layer`` running (None: the head) of ``layers``."""
+    ``loglikelihood_rolling``, ``generate_until``; its ``requests``), the ``layer`` running (None: the head) of
+    ``layers``; a generation's token ``step`` of at most ``steps``, and its estimate (``plan``), said once before it
+    starts."""
 
     target: str
     tasks: tuple[str, ...]
@@ -82,6 +86,9 @@ class EvalStep:
     requests: int
     layer: int | None
     layers: int
+    step: int | None = None
+    steps: int | None = None
+    plan: str | None = None
 
 
 Watcher = Callable[[EvalStep], None]
@@ -137,14 +144,10 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
             raise UsageError(f"eval --executor ray places the log-likelihood passes; the generation task(s) "
                              f"{', '.join(generating)} hold the whole model in this process",
                              hint="leave out --executor ray for them")
-        if generating:
-            _fits_whole(stream, generating, settings)  # before any weight is read
-        def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-            with cached_stream(weights, model.opened.config, _float32()) as whole:
-                return generate(whole, lm, requests)
-
+        # the whole model held where it fits, else one layer at a time for every request (.streamgen)
+        generation = _generation(target, model, weights, settings, state, command, watcher, scorer, stream)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
-                         generator=generated if generating else None)
+                         generator=generated_by(generation, lambda: lm) if generating else None)
         results, tracker = _evaluate(lm, target, settings, runs) if runs is not None else \
             no_lm_tasks(target, settings)
         for work in texts:
@@ -347,6 +350,29 @@ class _Scorer:
             return f" after layer {found[0] + 1} of {step.layers} {pass_} (layers 1-{found[0] + 1} journaled)"
         kept = f"layers 1-{step.layer} journaled" if step.layer else "no layer journaled yet"
         return f" in layer {step.layer + 1} of {step.layers} {pass_} ({kept})"
+
+
+def _generation(target: str, model: PassModel, weights: Weights, settings: EvalSettings, state: StateDir,
+                command: str, watcher: Watcher | None, scorer: _Scorer, stream: ModelStream) -> Generation:
+    """How the evaluation's generation tasks generate (:class:`~.streamgen.Generation`): journaled beside its
+    passes, told to ``watcher`` as its passes are, its proof's lines with theirs."""
+    def told(step: GenStep) -> None:
+        if watcher is not None:
+            watcher(EvalStep(target, settings.tasks, "generate_until", step.requests, step.layer, step.layers,
+                             step.step, step.steps, step.plan))
+
+    return Generation(model, weights, settings,
+                      lambda digest: state.evals_dir / _key(model, "generate_until", digest, scorer.merged), command,
+                      lambda: _fits(stream, settings), told, scorer.inputs, said=scorer.said)
+
+
+def _fits(stream: ModelStream, settings: EvalSettings) -> bool:
+    """Whether the whole model fits the budget (a greedy generation then holds it: :mod:`.generate`)."""
+    try:
+        _fits_whole(stream, ["the generation"], settings)
+    except UsageError:
+        return False
+    return True
 
 
 def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
