@@ -9,6 +9,7 @@ minute on a quiet machine (lm-eval's and torch's imports)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,9 @@ def test_the_same_answers_held_whole_streamed_and_spilled(setup: tuple[Path, Pat
                 streamed(spilled=how == "spilled")
             found[how] = _evaluate(model, tasks, [long], tmp_path / how, said)
         assert (not said) if how == "whole" else ("spilled" in said[0]) == (how == "spilled")
-        folder = next((tmp_path / how / "evals").glob(f"*/{GENERATED}")).parent
-        assert not list(folder.glob(f"{STEP_PREFIX}*")) and not (folder / SPILL_NAME).exists()
+        if how != "whole":  # the journal gone once the answers are kept
+            folder = next((tmp_path / how / "evals").glob(f"*/{GENERATED}")).parent
+            assert not list(folder.glob(f"{STEP_PREFIX}*")) and not (folder / SPILL_NAME).exists()
     assert _answers(found["whole"].results, long) == _answers(found["streamed"].results, long) == \
         _answers(found["spilled"].results, long)
     assert all(len(a[0][0].split()) == 12 for a in _answers(found["whole"].results, long))
@@ -138,7 +140,7 @@ def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tupl
     assert (folder / SPILL_NAME).exists() == spilled
     resumed = cli(*args, script=STREAMED, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    steps = [line for line in resumed.stderr.splitlines() if "token step" in line]
+    steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {4 if not spilled else 3}/8: layer 1/3"), steps[:2]
     once = cli(*[tmp_path / "once" if a == state else a for a in args], script=STREAMED, timeout=300)
     assert once.returncode == 0, once.stderr
