@@ -14,9 +14,9 @@ from support import linear_config, write_config
 from test_quant_codecs import pair
 
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.bufferpool import BufferPool
+from resumerge.engine.bufferpool import MOST_IDLE, BufferPool
 from resumerge.engine.compute import Stored, TensorCompute, compute_tensor
-from resumerge.engine.workspace import BUDGET_SHARE, Workspace, Workspaces, workspace_bytes
+from resumerge.engine.workspace import BUDGET_SHARE, WARM_BYTES, Workspace, Workspaces, workspace_bytes
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.source import InputSources
@@ -146,7 +146,7 @@ def test_a_pool_lends_again_only_what_the_writer_gave_back_within_its_bound() ->
 
 def test_a_workspace_passes_on_a_result_it_holds_and_takes_its_next_buffer_from_the_pool() -> None:
     pool = BufferPool(most=1 << 20)
-    space = Workspace(most=1 << 20, pool=pool)
+    space = Workspace(most=1 << 20, pool=pool, warm_bytes=0)
     result = space.take("result", (64,), torch.float32)
     assert not space.pass_on(torch.empty(64)) and not space.pass_on(result.view(8, 8).t())
     assert space.pass_on(result) and not space.holds(result) and pool.out == 1
@@ -156,6 +156,29 @@ def test_a_workspace_passes_on_a_result_it_holds_and_takes_its_next_buffer_from_
     space.pass_on(nxt)
     assert space.take("result", (32,), torch.float32).data_ptr() == result.data_ptr()
     assert not Workspace(most=1 << 20).pass_on(torch.empty(4))  # without a pool: the caller copies
+
+
+def test_a_small_result_is_copied_and_its_buffer_lent_again() -> None:
+    # A result under WARM_BYTES stays in the workspace (the caller copies it out), so its buffer is lent again
+    # with no allocation; one at the threshold goes to the writer.
+    pool = BufferPool(most=1 << 30)
+    space = Workspace(most=1 << 30, pool=pool)
+    small = space.take("result", (WARM_BYTES // 4 - 1,), torch.float32)
+    assert not space.pass_on(small) and pool.out == 0
+    assert space.take("result", (16,), torch.float32).data_ptr() == small.data_ptr()
+    large = space.take("result", (WARM_BYTES // 4,), torch.float32)
+    assert space.pass_on(large) and pool.out == 1
+
+
+def test_a_pool_keeps_a_bounded_number_of_idle_buffers() -> None:
+    # Many small results given back (a 90k-tensor merge) must not pile up: each take scans the idle buffers.
+    pool = BufferPool(most=1 << 30)
+    buffers = [pool.take(256) for _ in range(MOST_IDLE * 3)]
+    for b in buffers:
+        pool.pass_on(b)
+    pool.give_back(buffers)
+    assert pool.out == 0 and pool.idle_bytes == 256 * MOST_IDLE
+    assert pool.take(256).data_ptr() == buffers[-MOST_IDLE].data_ptr()  # the newest kept, the oldest dropped
 
 
 @pytest.mark.parametrize("dequantize", [True, False])
@@ -171,7 +194,7 @@ def test_results_passed_on_are_stored_as_without_a_pool_until_given_back(tmp_pat
         config = load_config_text(write_config(tmp_path / "c.yml", doc).read_text())
         plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
         pool = BufferPool(most=1 << 30)
-        space = Workspace(most=1 << 30, pool=pool)
+        space = Workspace(most=1 << 30, pool=pool, warm_bytes=0)  # these tensors are small
         with InputSources.local(plan.model_dirs) as sources:
             fresh = {name: compute_tensor(plan, tp, sources, NO_RESOURCES) for name, tp in plan.tensors.items()}
             passed = {name: TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)

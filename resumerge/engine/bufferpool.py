@@ -13,7 +13,10 @@ What the pool holds is bounded twice: a buffer out (passed on, not yet written) 
 reservation until the writer releases it, as a fresh copy was; the idle ones are at most ``most`` bytes (the oldest
 dropped first), in the process's RSS as the workspaces' buffers are (the governor's baseline), and given back to the
 allocator with them when the governor must make room (:meth:`trim`). A buffer is taken only for a request of at
-least half its size, so a small tensor never holds a large buffer's pages.
+least half its size, so a small tensor never holds a large buffer's pages, and at most :data:`MOST_IDLE` buffers
+wait idle: a buffer is found by a scan of them, and a run of many small tensors (90k of them) piled up tens of
+thousands of idle buffers and scanned them all for every tensor (a 18k-tensor linear merge: 1.18x the CPU of the
+tree before the pool, ``bench/many_first_run.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from collections import deque
 from collections.abc import Iterable
 
 from resumerge.torch_import import torch
+
+# The idle buffers kept at most: a few per worker (the writer gives a unit's buffers back together), bounded so that
+# finding one stays a short scan whatever the number of tensors.
+MOST_IDLE = 32
 
 
 class BufferPool:
@@ -76,7 +83,7 @@ class BufferPool:
                     continue
                 self._idle.append(buffer)
             held = sum(b.numel() for b in self._idle)
-            while held > self.most:
+            while held > self.most or len(self._idle) > MOST_IDLE:
                 held -= self._idle.popleft().numel()
 
     def trim(self) -> int:

@@ -18,7 +18,7 @@ from typing import Protocol, overload
 
 from resumerge.engine.blocks import merge_by_block
 from resumerge.engine.experts import merge_by_expert
-from resumerge.engine.workspace import Workspace
+from resumerge.engine.workspace import WARM_BYTES, Workspace
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
 from resumerge.inputs.codecs import MAIN
@@ -397,8 +397,8 @@ def _raw_buffer(ref: InputRef, index: int, workspace: Workspace | None) -> torch
     buffer for them, or None (a fresh one). A plain input's buffer read is its value, and the method reads it where
     it lies: a linear merge of two 1.74 GB models read into fresh buffers faulted in and zeroed 3.5 GB of pages, a
     GGUF input's 2 GB as many."""
-    if workspace is None:
-        return None
+    if workspace is None or (ref.codec.plain and ref.end - ref.start < WARM_BYTES):
+        return None  # a small plain input's fresh buffer comes from warm pages
     return workspace.take(f"raw{index}", (ref.end - ref.start,), torch.uint8)
 
 

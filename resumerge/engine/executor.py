@@ -415,8 +415,9 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
                         for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]
                         for n in names)
+    order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
     if batches is None:
-        for shard in compute_order(plan):  # every unit kept: the writer commits them before any other shard
+        for shard in order:  # every unit kept: the writer commits them before any other shard
             if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):
                 writer.items.put((shard, (), [], None))
     pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
@@ -425,7 +426,7 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     gc.freeze()
     try:
         if batches is None:
-            finished = pipeline.run(_tensors_of(plan, (s for s in compute_order(plan) if s.name not in done), skipped))
+            finished = pipeline.run(_tensors_of(plan, (s for s in order if s.name not in done), skipped))
         else:
             finished = all(pipeline.run(_tensors_of(plan, batch, skipped)) for batch in batches)
     except KeyboardInterrupt as exc:

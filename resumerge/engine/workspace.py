@@ -18,7 +18,9 @@ beside the workspaces.
 Inputs stored as the method reads them (plain float32, bfloat16...) are read into the workspace's buffers too, by
 ``pread`` straight into pages already faulted in. A result stored as it was computed is not copied out where the run
 has a :class:`~resumerge.engine.bufferpool.BufferPool`: the workspace passes its buffer on to the writer
-(:meth:`Workspace.pass_on`) and grows its next buffer from those the writer gave back.
+(:meth:`Workspace.pass_on`) and grows its next buffer from those the writer gave back. Both only from
+:data:`WARM_BYTES` up: a smaller input is read into, and a smaller result copied to, the allocator's warm heap for
+less than the workspace's bookkeeping costs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from resumerge.torch_import import torch
 # without a budget (a run without a governor).
 BUDGET_SHARE = 0.5
 UNBUDGETED = 1 << 30
+# Below this many bytes a fresh buffer comes from the allocator's warm heap (glibc serves requests under its mmap
+# threshold, 128 KiB to 32 MiB, from pages already faulted in): a plain input is read into a fresh one, and a result
+# copied out rather than passed on. What the workspace and the pool save is a large buffer's zero-filled pages; for
+# small tensors their bookkeeping cost more (a run of 18k tiny tensors: 1.18x the CPU, bench/many_first_run.py).
+WARM_BYTES = 1 << 20
 
 
 def workspace_bytes(budget: int | None, workers: int) -> int:
@@ -49,9 +56,10 @@ class Workspace:
     time. With a ``pool``, new buffers come from those the writer gave back, and a result stored as computed is
     passed on to the writer rather than copied (:meth:`pass_on`)."""
 
-    def __init__(self, most: int, pool: BufferPool | None = None) -> None:
+    def __init__(self, most: int, pool: BufferPool | None = None, warm_bytes: int = WARM_BYTES) -> None:
         self.most = most
         self._pool = pool
+        self._warm_bytes = warm_bytes
         self._buffers: dict[str, torch.Tensor] = {}
 
     @property
@@ -84,9 +92,10 @@ class Workspace:
     def pass_on(self, tensor: torch.Tensor) -> bool:
         """Hand the buffer ``tensor`` lives in (contiguous) to the writer through the pool, and forget it: the
         tensor is then stored as it is, and this workspace's next use of its key takes another buffer. False
-        (nothing changes: the caller copies the tensor out) without a pool, or for a tensor in none of the buffers
-        or not contiguous."""
-        if self._pool is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        (nothing changes: the caller copies the tensor out) without a pool, for a tensor in none of the buffers or
+        not contiguous, or one under the workspace's ``warm_bytes`` (cheaper copied)."""
+        if (self._pool is None or tensor.device.type != "cpu" or not tensor.is_contiguous()
+                or tensor.numel() * tensor.element_size() < self._warm_bytes):
             return False
         storage = tensor.untyped_storage().data_ptr()
         for key, buffer in self._buffers.items():
