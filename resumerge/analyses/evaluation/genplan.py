@@ -84,6 +84,13 @@ def gen_plan(stream: ModelStream, asked: Sequence[Wanted], shape: KVShape, max_m
                    step_read_bytes(stream), _read_speed(files))
 
 
+def least_bytes(stream: ModelStream) -> int:
+    """The least a generation of any request holds beside the process: its largest decoder layer (or embeddings) in
+    float32, or the head with one request's logits (what is judged before any weight is read, the requests not yet
+    known: :func:`gen_plan` judges them all once they are)."""
+    return max(max(step_bytes([stream], [[0]]).layers), head_step_bytes(stream, 1, 1))
+
+
 def step_read_bytes(stream: ModelStream) -> int:
     """The stored bytes a token step reads: every tensor of the model but the input embeddings, of which only the
     new tokens' rows (a few kB) are read; with them where the head is tied to them (the head reads them whole)."""

@@ -144,6 +144,8 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
             raise UsageError(f"eval --executor ray places the log-likelihood passes; the generation task(s) "
                              f"{', '.join(generating)} hold the whole model in this process",
                              hint="leave out --executor ray for them")
+        if generating:
+            _fits_streamed(stream, generating, settings)  # before any weight is read
         # the whole model held where it fits, else one layer at a time for every request (.streamgen)
         generation = _generation(target, model, weights, settings, state, command, watcher, scorer, stream)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), scorer,
@@ -373,6 +375,19 @@ def _fits(stream: ModelStream, settings: EvalSettings) -> bool:
     except UsageError:
         return False
     return True
+
+
+def _fits_streamed(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
+    """Refuse (exit 2, one line naming them) generation tasks whose least step, one decoder layer or the head, does
+    not fit the budget: they could not run even one layer at a time."""
+    from resumerge.analyses.evaluation.genplan import least_bytes
+
+    try:
+        budget_fitting("the generation tasks", least_bytes(stream), settings.max_memory, SystemProbe())
+    except UsageError as exc:
+        raise UsageError(f"{', '.join(generating)} generate text (generate_until), one decoder layer at a time "
+                         f"where the whole model does not fit; {exc.message}", hint="raise --max-memory, or leave "
+                         "those tasks out") from None
 
 
 def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
