@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import forkserver
 import numpy as np
 import pytest
 from mergekit_oracle import Mergekit, installed
@@ -18,14 +19,11 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 
 RAY_HEAD = pytest.StashKey[RayHead]()
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
-# Variables a library imported in the test process sets in its environment, no test having asked: scikit-learn's
-# import (lm-eval's metrics; an evaluation in this process) sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, settings
-# of Intel's OpenMP, which torch's and numpy's libraries here never read. Left set, every later command of the worker
-# differed from its fork server's environment and started a fresh interpreter instead (torch imported again: 186 of
-# them in a full run). Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray
-# modules, run first). Each test starts with them as the session did.
-LIBRARY_SET = tuple((name, os.environ.get(name)) for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
-                                                              "PYTHONBREAKPOINT"))
+# Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray modules, run first); each
+# test starts with it as the session did. The variables a fork server reads as it starts are put back by
+# forkserver.session_environment (scikit-learn's KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, set by its import,
+# wandb's WANDB_SERVICE, set as lm-eval's W&B logging starts its service in this process, a test's leftovers).
+BREAKPOINT_SET = os.environ.get("PYTHONBREAKPOINT")
 
 
 def pytest_configure() -> None:
@@ -124,10 +122,79 @@ def gguf_reads_plain_arrays() -> Iterator[None]:
         yield
 
 
+def _copied(value: Any) -> Any:
+    """A copy of a parsed YAML document, every dict and list new (what a parse gives each caller)."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lm_eval_tasks_parsed_once() -> Iterator[None]:
+    """lm-eval's own task YAMLs (~14,700 files of its installed package, unchanged while the session runs) parsed
+    once per worker, not once per ``TaskManager`` that indexes them: each of lm-eval's command lines the tests run in
+    this process (the door's, its ``hf`` oracle's) and each evaluation that looks a task up among lm-eval's builds
+    one, 15-20 CPU s of YAML parsing each (a rebuild from the kept parses: 1.4). Every index still gets its own copy of
+    each document, and a test's own ``include_path`` is read from its files each time. Where lm-eval was not
+    imported by the collection (a run of modules that do not use it) nothing is imported here."""
+    if "lm_eval" not in sys.modules:
+        yield
+        return
+    import lm_eval.tasks._index as index
+
+    own, parse = Path(index.__file__).parent, index.load_yaml
+    parsed: dict[tuple[Any, ...], Any] = {}
+
+    def kept(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if not Path(path).is_relative_to(own):
+            return parse(path, *args, **kwargs)
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in parsed:
+            try:
+                parsed[key] = parse(path, *args, **kwargs)
+            except Exception as exc:  # a file the index skips (its reason logged at debug): skipped each time
+                parsed[key] = exc
+        if isinstance(parsed[key], Exception):
+            raise parsed[key].with_traceback(None)
+        return _copied(parsed[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(index, "load_yaml", kept)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_described_once() -> Iterator[None]:
+    """torch's description of the machine (``collect_env.get_pretty_env_info``: ``pip list`` in a fresh interpreter
+    and a dozen other commands, 1.5-2 CPU s and seconds of waiting) taken once per worker: every lm-eval results
+    object made in this process holds it (lm-eval's ``add_env_info``: its command lines, resumerge's evaluation),
+    and the machine does not change while the session runs. Where torch was not imported by the collection, nothing
+    is imported here."""
+    if "torch" not in sys.modules:
+        yield
+        return
+    import functools
+
+    import torch.utils.collect_env as collect_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(collect_env, "get_pretty_env_info", functools.cache(collect_env.get_pretty_env_info))
+        yield
+
+
 @pytest.fixture(scope="session")
 def installation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One ``$XDG_CACHE_HOME`` for the session: resumerge keeps its measurement of a fresh process's memory there
-    (resumerge.memory.baseline), which costs an import of torch in a child process once, not once per test."""
+    """One ``$XDG_CACHE_HOME`` for the whole run: resumerge keeps its measurement of a fresh process's memory there
+    (resumerge.memory.baseline), which costs an import of torch in a child process once, not once per test, and the
+    names of lm-eval's own tasks (analyses.evaluation.keptnames: lm-eval's whole task index built once). Under xdist
+    the workers share it (the run's folder, beside each worker's own): each kept figure is written atomically, and
+    a worker that finds one kept by the other measures nothing again."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "xdg-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("xdg-cache")
 
 
@@ -143,12 +210,13 @@ def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.delenv("RESUMERGE_KILL_AT", raising=False)
-    for name, value in LIBRARY_SET:
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    forkserver.session_environment()
+    if BREAKPOINT_SET is None:
+        os.environ.pop("PYTHONBREAKPOINT", None)
+    else:
+        os.environ["PYTHONBREAKPOINT"] = BREAKPOINT_SET
     yield
+    forkserver.settle_servers()  # a command the test left running or unreaped would keep its server busy
 
 
 ModelFactory = Callable[..., Path]

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 # What the server imports before it forks: none of them reads an environment variable the tests vary. Past torch and
@@ -60,8 +61,31 @@ _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio"
 # by breakpoint() as it is called, never at an interpreter's start; Ray's driver sets it as it connects
 # (ray._private.worker.connect), so left out, every command after a Ray test of the worker (those run first) started a
 # fresh interpreter for the rest of its session.
+# WANDB_ and TRACKIO_ are read by wandb and trackio, which only a command imports (evolve --wandb/--trackio, eval's
+# lm-eval logging), never the server: the tracking tests' commands were fresh interpreters for them alone.
 _RUNTIME = re.compile(r"(RESUMERGE_|HF_|HUGGINGFACE_|XDG_|PYTEST_|TRANSFORMERS_|TOKENIZERS_|RAY_|NO_COLOR$|"
-                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_|PYTHONBREAKPOINT$)")
+                      r"COLUMNS$|LINES$|TERM$|HOME$|TORCHINDUCTOR_CACHE_DIR$|FAULTSHIM_|PYTHONBREAKPOINT$|WANDB_|"
+                      r"TRACKIO_)")
+# The environment every test starts with, where it is not one of the variables above: the process's as this module is
+# imported (tests/conftest.py imports it first, before any test module or library, so nothing a library sets as it is
+# imported is in it), but for PYTHONDONTWRITEBYTECODE, which conftest's ``bytecode_kept`` takes out for the session.
+# conftest's ``hermetic`` puts these back before each test; a worker's fork server starts with them whatever the test
+# that first needs it has set (see :func:`worker_server`).
+SESSION_ENV = MappingProxyType({name: value for name, value in os.environ.items()
+                                if not _RUNTIME.match(name) and name != "PYTHONDONTWRITEBYTECODE"})
+
+
+def session_environment() -> None:
+    """Put every variable that is not a run-time one (``_RUNTIME``) back as the session started
+    (:data:`SESSION_ENV`): what a library set in this process (wandb's ``WANDB_SERVICE`` as it starts its service,
+    scikit-learn's ``KMP_*``, Ray's ``PYTHONBREAKPOINT``) or a test left set. Left set, every later command of the
+    worker differed from its fork server's environment and started a fresh interpreter instead (torch imported again,
+    2-5 CPU s each) for the rest of the session, from whichever test the worker ran first that set one."""
+    for name in [n for n in os.environ if not _RUNTIME.match(n) and n not in SESSION_ENV]:
+        del os.environ[name]
+    for name, value in SESSION_ENV.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 _SERVER = r"""
 import json, os, runpy, sys
@@ -151,9 +175,10 @@ else:
 class ForkServer:
     """The server process of one test worker, started at its first command."""
 
-    def __init__(self, preload: str | None = None) -> None:
-        """``preload``: the ``LD_PRELOAD`` library the server and its children run under (module docstring)."""
-        self.env = dict(os.environ)
+    def __init__(self, preload: str | None = None, env: dict[str, str] | None = None) -> None:
+        """``preload``: the ``LD_PRELOAD`` library the server and its children run under (module docstring);
+        ``env``: the server's environment (None: this process's)."""
+        self.env = dict(os.environ if env is None else env)
         if preload is not None:
             self.env["LD_PRELOAD"] = preload
         self.process = subprocess.Popen(
@@ -164,6 +189,7 @@ class ForkServer:
         self._modules: dict[str, str | None] | None = None  # what the server imported, once it has said
         self._said = threading.Lock()
         self._busy = threading.Lock()  # one command at a time: a second one at once gets a fresh interpreter
+        self._running: Forked | None = None  # the command started last, until its status is read
         self.folder = Path(tempfile.mkdtemp(prefix="resumerge-forkserver-"))
 
     def forkable(self, env: dict[str, str]) -> bool:
@@ -251,7 +277,20 @@ class ForkServer:
             self._busy.release()
             raise
         command = [sys.executable, *([str(script)] if script else ["-m", "resumerge"]), *args]
-        return Forked(self, command, pid, (out, err) if capture else None)
+        self._running = Forked(self, command, pid, (out, err) if capture else None)
+        return self._running
+
+    def settle(self) -> list[str] | None:
+        """Kill (SIGKILL) and reap the command a test left running, or ended but unread (a :class:`Forked` it never
+        waited for); its argv, None where there was none. Until its status is read the server stays busy, and every
+        command of every later test of the worker would start a fresh interpreter (conftest's ``hermetic`` calls
+        this as each test ends)."""
+        running = self._running
+        if running is None or running.returncode is not None:
+            return None
+        running.kill()
+        running.wait(60)
+        return running.args
 
     def _status(self, timeout: float | None) -> int:
         """The exit status of the command the server runs, waiting at most ``timeout`` seconds (None: as long as it
@@ -266,6 +305,7 @@ class ForkServer:
             self.process.stdin.flush()
             self._reply(60)
         finally:
+            self._running = None
             self._busy.release()
 
     def _reply(self, timeout: float | None) -> dict[str, Any]:
@@ -299,6 +339,19 @@ class ForkServer:
         self.folder.rmdir()
 
 
+def settle_servers() -> None:
+    """:meth:`ForkServer.settle` for each of this worker's servers."""
+    for server in _SERVERS.values():
+        server.settle()
+
+
+def server_environment() -> dict[str, str]:
+    """The environment a worker's fork server starts with: the session's (:data:`SESSION_ENV`) and this moment's
+    run-time variables, not what the test that first needs it set (its ``OMP_NUM_THREADS``, its ``PYTHONPATH``):
+    started with those, every command of every later test, which has them not, started a fresh interpreter."""
+    return {**{k: v for k, v in os.environ.items() if _RUNTIME.match(k)}, **SESSION_ENV}
+
+
 # this worker's fork servers, each started by its first command: the plain one (key None) and one per LD_PRELOAD
 _SERVERS: dict[str | None, ForkServer] = {}
 
@@ -308,7 +361,7 @@ def worker_server(preload: str | None = None) -> ForkServer:
     though the test modules import the helpers both as ``support`` and as ``tests.support`` (two modules, which each
     kept a server of their own: two interpreters importing torch)."""
     if preload not in _SERVERS:
-        _SERVERS[preload] = ForkServer(preload)
+        _SERVERS[preload] = ForkServer(preload, server_environment())
         atexit.register(_SERVERS[preload].close)
     return _SERVERS[preload]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,3 +120,41 @@ def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_
     (added / "torch").mkdir()  # the server imported torch: from here the command would import this one
     assert not server.forkable(env)
     assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
+
+
+def test_what_a_test_or_a_library_leaves_set_never_keeps_later_commands_from_the_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable set in the test process as a library sets one (wandb's ``WANDB_SERVICE`` as lm-eval's W&B logging
+    starts its service here) is gone again when the next test starts (conftest's ``hermetic`` calls
+    ``session_environment``), and a worker's server starts with the session's environment whatever the test that
+    first needs it has set: either left in it, every command of the worker's later tests differed from its server's
+    environment and started a fresh interpreter (torch imported again) for the rest of the session."""
+    from forkserver import SESSION_ENV, server_environment, session_environment
+
+    server = ForkServer.__new__(ForkServer)  # its environment and its checks, no process started
+    server.process = type("Running", (), {"poll": staticmethod(lambda: None)})()  # type: ignore[assignment]
+    server.env, server._modules, server._said = server_environment(), {}, threading.Lock()
+    os.environ["SUITE_LEFT_BY_A_LIBRARY"] = "/tmp/wandb-1/socket"  # as wandb.init sets WANDB_SERVICE (not restored)
+    assert server.unforkable(dict(os.environ)) == "env SUITE_LEFT_BY_A_LIBRARY"
+    session_environment()  # the next test's start
+    assert "SUITE_LEFT_BY_A_LIBRARY" not in os.environ and server.forkable(dict(os.environ))
+    assert server.forkable({**os.environ, "WANDB_MODE": "offline", "TRACKIO_DIR": "/elsewhere"})  # read in a command
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a test's own setting, which its commands start fresh with
+    monkeypatch.setenv("RESUMERGE_SUITE_PROBE", "1")
+    born = server_environment()
+    assert born.get("OMP_NUM_THREADS") == SESSION_ENV.get("OMP_NUM_THREADS") and born["RESUMERGE_SUITE_PROBE"] == "1"
+
+
+def test_a_command_its_test_never_waited_for_is_settled_as_the_test_ends(server: ForkServer,
+                                                                        tmp_path: Path) -> None:
+    """A started command whose status its test never read kept the server busy: every command of every later test
+    of the worker started a fresh interpreter. Settled (killed where it still runs, reaped), the server forks again;
+    one already read is left alone."""
+    env = dict(os.environ)
+    left = server.start(["status", str(tmp_path / "nowhere"), "--json"], env, capture=False)
+    assert left is not None and server.start(["--help"], env, capture=False) is None  # busy
+    assert server.settle() == left.args and left.returncode is not None
+    done = server.start(["--help"], env, capture=False)
+    assert done is not None
+    done.wait(120)
+    assert server.settle() is None

@@ -42,10 +42,11 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
             "--random-seed", str(OPTIONS["random_seed"]), "--wandb", "--wandb-project", "search", "--trackio",
             "--trackio-project", "search")
     for kill in KILLS:
-        done = cli(*args, env={**env, "RESUMERGE_KILL_AT": kill}, timeout=600, fresh=True)
+        done = cli(*args, env={**env, "RESUMERGE_KILL_AT": kill}, timeout=600)
         assert done.returncode == -9, (kill, done.stderr[-2000:])
-    # a process of its own too: trackio reads TRACKIO_DIR once, when it is first imported (here: at collection)
-    done = cli(*args, "--json", env=env, timeout=600, fresh=True)
+    # a process of its own too: trackio reads TRACKIO_DIR once, when it is first imported (here: at collection); forked
+    # from the worker's server, which imports neither trackio nor wandb (their variables are read in the command)
+    done = cli(*args, "--json", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     json.loads(done.stdout)  # trackio's own lines kept off stdout
     expected = Counter({(1, 1): 1, (1, 2): 1, (2, 1): 1, (2, 2): 1})
