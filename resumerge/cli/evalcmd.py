@@ -68,7 +68,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from resumerge.api import evaluate
 
     def progress(step: EvalStep) -> None:
+        if step.plan is not None:  # a generation's estimate, before its first step
+            print(f"eval: {step.target}: {step.plan}", file=sys.stderr, flush=True)
+            return
         where = "the head" if step.layer is None else f"layer {step.layer + 1}/{step.layers}"
+        if step.step is not None:
+            where = f"token step {step.step + 1}/{step.steps}: {where}"
         print(f"eval: {step.target}: {','.join(step.tasks)}: {step.kind} pass of {step.requests} request(s): "
               f"{where}", file=sys.stderr, flush=True)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
@@ -47,6 +47,8 @@ _INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
 Placed = TypeVar("Placed")
+# More of the base model's forward arguments for each batch :meth:`ModelStream.inputs` runs (None: none).
+Given = Sequence[Mapping[str, Any]] | None
 
 
 class _Output:
@@ -63,6 +65,10 @@ class _Output:
         if index != 0:
             raise IndexError(index)
         return self.last_hidden_state
+
+
+def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
+    return None if given is None else given[batch]
 
 
 def final_norm_name(inner: torch.nn.Module, layers: torch.nn.Module) -> str | None:
@@ -366,22 +372,25 @@ class ModelStream:
     # -- running ------------------------------------------------------------------------------------------
 
     def inputs(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
-               read: Callable[[str], torch.Tensor] | None = None) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+               read: Callable[[str], torch.Tensor] | None = None, given: Given = None
+               ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """For each batch of token sequences (ids and attention mask, both (batch, length)), the hidden states
         entering the first decoder layer and every layer's call, as the model's own forward makes them (the
         embeddings read for this, from ``read`` when given (see :meth:`load`), dropped after), made on the host and
-        moved to the stream's device (:meth:`placed`)."""
+        moved to the stream's device (:meth:`placed`). ``given``: more of the forward's arguments, per batch (a
+        generation's KV cache: :mod:`resumerge.analyses.evaluation.streamgen`)."""
         parts = self._before_layers()
         for part in parts:
             self.load(part, read=read, host=True)
         try:
-            return self.placed([self._capture(ids, mask) for ids, mask in batches])
+            return self.placed([self._capture(ids, mask, more=_more(given, b))
+                                for b, (ids, mask) in enumerate(batches)])
         finally:
             for part in parts:
                 self.unload(part)
 
-    def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 4 << 20
-                       ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
+    def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 4 << 20,
+                       given: Given = None) -> list[tuple[torch.Tensor, list[LayerCall]]]:
         """:meth:`inputs`, holding of the input embeddings only the rows of the tokens the batches use: the
         table read ``block_bytes`` at a time, the rows kept, the ids renumbered to them (the same hidden states:
         each is a copy of its token's row; the table's pad index, which need not be among them, set aside). Only
@@ -394,11 +403,11 @@ class ModelStream:
         stored = self.formats.stored.get(key)
         if (self._before_layers() != [embed] or [n for n, _ in embed.named_parameters()] != ["weight"]
                 or stored is None or len(stored.entry.shape) != 2):
-            return self.inputs(batches)
+            return self.inputs(batches, given=given)
         vocab, width = stored.entry.shape
         used = torch.unique(torch.cat([ids.reshape(-1) for ids, _ in batches]))
         if int(used[0]) < 0 or int(used[-1]) >= vocab:  # the embedding's own error, as without this
-            return self.inputs(batches)
+            return self.inputs(batches, given=given)
         if self.reader.spannable(key):
             rows = torch.empty(len(used), width, dtype=self.dtype)
             step = max(1, block_bytes // (width * 4))
@@ -412,7 +421,7 @@ class ModelStream:
         else:  # rows its source computes alone (a merge never written merges only them), or the whole table
             found = self.reader.read_rows(key, used)
             if found is None:
-                return self.inputs(batches)
+                return self.inputs(batches, given=given)
             rows = found
         before, pad = dict(embed._parameters), embed.padding_idx
         embed._parameters["weight"] = torch.nn.Parameter(rows, requires_grad=False)
@@ -421,13 +430,14 @@ class ModelStream:
         # forward value of every id is its row), so the renumbered table runs without one
         embed.padding_idx = None
         try:
-            return self.placed([self._capture(torch.searchsorted(used, ids), mask) for ids, mask in batches])
+            return self.placed([self._capture(torch.searchsorted(used, ids), mask, more=_more(given, b))
+                                for b, (ids, mask) in enumerate(batches)])
         finally:
             embed._parameters.update(before)
             embed.padding_idx = pad
 
-    def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, list[LayerCall]]:
+    def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None,
+                 more: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, list[LayerCall]]:
         """The hidden states entering the first layer and every layer's call for ``ids`` (or, given, the input
         embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
@@ -447,7 +457,8 @@ class ModelStream:
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
                     # per-layer inputs, and which would leave those layers one position to run
-                    self.inner(**given, attention_mask=mask, use_cache=False, output_hidden_states=True)
+                    self.inner(**given, attention_mask=mask, output_hidden_states=True,
+                               **{"use_cache": False, **(more or {})})
             except (ValueError, TypeError, IndexError) as exc:  # the forward unpacks the output otherwise
                 failed = f": {type(exc).__name__}: {exc}"
                 continue

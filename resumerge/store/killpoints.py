@@ -50,6 +50,9 @@ MEASURE_POINTS = ("after_measure_layer",)
 # Reached by ``resumerge eval``'s pass after each decoder layer's hidden states are saved
 # (tests/evaluation/test_resume.py kills there).
 EVAL_POINTS = ("after_eval_layer",)
+# Reached by eval's layer-streamed generation after each decoder layer of a token step (not durable: a kill there
+# reruns the step) and after each token step's file is durable (tests/evaluation/test_streamgen.py kills there).
+GENERATION_POINTS = ("after_generation_layer", "after_generation_step")
 # Reached by ``resumerge evolve``: after a candidate's figures are journaled (inside a generation), after a
 # generation's state is durable (between generations), and while ``best.yml``'s temp file is written
 # (tests/evolve/test_kills.py kills at each).
@@ -62,7 +65,7 @@ SURGERY_POINTS = ("after_surgery_batch",)
 IMATRIX_POINTS = ("after_imatrix_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
 POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
-          + EVAL_POINTS + EVOLVE_POINTS + SURGERY_POINTS + IMATRIX_POINTS)
+          + EVAL_POINTS + GENERATION_POINTS + EVOLVE_POINTS + SURGERY_POINTS + IMATRIX_POINTS)
 
 _counts: dict[str, int] = {}
 

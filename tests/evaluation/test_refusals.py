@@ -1,7 +1,8 @@
 """Bad input to ``resumerge eval`` is one line and exit 2 before any weight is read (nothing journaled): an unknown
 task, a task whose data file is missing (offline), tasks that load alone but not together, ``--limit 0``, a
-generation task, a merge config as TARGET, a folder that is not a model, and a budget the pass cannot fit. In this
-process (the CLI's main): a second or two each, lm-eval's task index built from the test's folder only."""
+generation task whose budget holds none of its layers, a merge config as TARGET, a folder that is not a model, and a
+budget the pass cannot fit. In this process (the CLI's main): a second or two each, lm-eval's task index built from
+the test's folder only."""
 
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def test_a_wrong_option_is_named(setup: tuple[Path, Path, Path], flag: str, valu
     assert said in line
 
 
-def test_a_generation_task_the_budget_cannot_hold_whole_is_refused_naming_it(setup: tuple[Path, Path, Path]) -> None:
+def test_a_generation_task_the_budget_cannot_hold_a_layer_of_is_refused_naming_it(setup: tuple[Path, Path, Path]
+                                                                                   ) -> None:
     model, tasks, state = setup
     line = _refused(model, "--tasks", "tiny_mc,tiny_gen", "--include-path", tasks, "--max-memory", "1MB",
                     "--state-dir", state)
-    assert "tiny_gen generate text (generate_until), which holds the whole model" in line
+    assert "tiny_gen generate text (generate_until), one decoder layer at a time where the whole model" in line
     assert "tiny_mc" not in line.split("—")[0]
     assert not (state / "evals").exists()
 

@@ -17,12 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.errors import UsageError
+from resumerge.analyses.evaluation.genrequests import wanted
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream, build_modules
 from resumerge.torch_import import torch
-
-DEFAULT_MAX_GEN_TOKS = 256
 
 
 def resident_bytes(stream: ModelStream) -> int:
@@ -68,33 +66,16 @@ def resident(stream: ModelStream) -> Iterator[Callable[[list[int]], Iterator[int
 
 
 def generate(stream: ModelStream, lm: Any, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Each request's greedy continuation (context, lm-eval's generation kwargs), cut at its first stop sequence."""
-    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-
-    eos = lm.tokenizer.decode(lm.eot_token_id, skip_special_tokens=False)
+    """Each request's greedy continuation (context, lm-eval's generation kwargs), cut at its first stop sequence
+    (:mod:`.genrequests`: read, stopped and cut as the layer-streamed generation does)."""
+    asked = [wanted(lm, context, gen_kwargs, sampling=False) for context, gen_kwargs in requests]
     answers = []
     with torch.no_grad(), resident(stream) as greedy:
-        for context, gen_kwargs in requests:
-            kwargs = normalize_gen_kwargs(dict(gen_kwargs), DEFAULT_MAX_GEN_TOKS)
-            if kwargs.get("do_sample") or float(kwargs.get("temperature") or 0.0) > 0:
-                raise UsageError("a generation task asks for sampling; eval generates greedily only",
-                                 hint="set do_sample: false in the task's generation_kwargs")
-            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
-            most = int(kwargs.pop("max_gen_toks"))
-            room = lm.max_length - most
-            if room <= 0:
-                raise UsageError(f"a generation task asks for {most} new tokens, the model's context is "
-                                 f"{lm.max_length}", hint="lower max_gen_toks in the task's generation_kwargs")
-            tokens = lm.tok_encode(context, left_truncate_len=room)
+        for want in asked:
             made: list[int] = []
-            for token in greedy(tokens):
+            for token in greedy(list(want.tokens)):
                 made.append(token)
-                text = lm.tokenizer.decode(made, skip_special_tokens=True)
-                if len(made) >= most or token == lm.eot_token_id or any(stop and stop in text for stop in until):
+                if want.done(lm.tokenizer, made):
                     break
-            text = lm.tokenizer.decode(made, skip_special_tokens=True)
-            for stop in until:
-                if stop:
-                    text = text.split(stop)[0]
-            answers.append(text)
+            answers.append(want.answer(lm.tokenizer, made))
     return answers

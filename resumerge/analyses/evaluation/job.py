@@ -51,7 +51,9 @@ Scored = Callable[[Places, Reserve, Callable[[int | None], None]], Found]
 @dataclass(frozen=True)
 class EvalStep:
     """Where an evaluation is: its ``target``, the ``tasks``, the pass (``kind``: ``loglikelihood`` or
-    ``loglikelihood_rolling``; its ``requests``), the ``layer`` running (None: the head) of ``layers``."""
+    ``loglikelihood_rolling``, ``generate_until``; its ``requests``), the ``layer`` running (None: the head) of
+    ``layers``; a generation's token ``step`` of at most ``steps``, and its estimate (``plan``), said once before it
+    starts."""
 
     target: str
     tasks: tuple[str, ...]
@@ -59,6 +61,9 @@ class EvalStep:
     requests: int
     layer: int | None
     layers: int
+    step: int | None = None
+    steps: int | None = None
+    plan: str | None = None
 
 
 Watcher = Callable[[EvalStep], None]

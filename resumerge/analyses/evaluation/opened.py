@@ -1,13 +1,13 @@
 """resumerge's model opened for lm-eval's own evaluation (``--model resumerge``: :mod:`.registered`): the model's
 headers and tokenizer read, each log-likelihood pass scored on the forward engine and journaled under the state dir
-as ``eval`` scores it (:class:`~.job.EvalPasses`, each pass a job of the pass driver: the same journal, so ``eval``
-and ``lm-eval`` answer each other's finished passes), and generation, where the whole model fits the budget, kept
-too (an :class:`~resumerge.forward.driver.AnswerFile`): a request set generated once is answered from its file
+as ``eval`` scores it (:class:`~.job.EvalPasses`, each pass a job of the pass driver: the same journal, so
+``eval`` and ``lm-eval`` answer each other's finished passes), and generation (the whole model held where it fits,
+else one layer at a time: :mod:`.streamgen`), journaled too: a request set generated once is answered from its file
 afterwards, without reading a weight.
 
 Unlike ``eval``, lm-eval's command line hands the model its requests without saying beforehand which tasks generate:
-a generation that does not fit is refused (one line, exit 2) when lm-eval asks for it, after the log-likelihood
-passes, which are journaled and answered again from their files."""
+a generation whose smallest step does not fit is refused (one line, exit 2) when lm-eval asks for it, after the
+log-likelihood passes, which are journaled and answered again from their files."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.evaluation.generate import cached_stream, generate
 from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.placed import LayersHere
-from resumerge.analyses.evaluation.run import _fits_whole, _float32, _max_length, _pass_model, _tokenizer
+from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer
 from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.driver import AnswerFile
@@ -32,8 +32,6 @@ from resumerge.memory.allocator import tune_allocator
 
 if TYPE_CHECKING:
     from resumerge.engine.unwritten import UnwrittenMerge
-
-GENERATED = "generated.json"
 
 
 @contextmanager
@@ -59,15 +57,17 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
     progress = EvalProgress(target, model, settings.tasks, command, watcher)
     passes = EvalPasses(stream, model, settings, state, progress, LayersHere(), merged, inputs)
 
+    generation = Generation(model, weights, settings, lambda digest: state.evals_dir / pass_key(
+        model, "generate_until", digest, merged), command, lambda: _fits(stream, settings), inputs=inputs,
+        said=passes.said)
+
     def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
         digest = hashlib.sha256(json.dumps(requests, sort_keys=True).encode()).hexdigest()[:32]
         kept = AnswerFile(state.evals_dir / pass_key(model, "generate_until", digest, merged) / GENERATED, _texts)
         found = kept.read()
         if found is not None:
             return found
-        _fits_whole(stream, ["the generation requests"], settings)
-        with cached_stream(weights, model.opened.config, _float32()) as whole:
-            answers = generate(whole, lm, requests)
+        answers = generation(lm, requests)
         kept.write(answers)
         return answers
 

@@ -6,8 +6,9 @@ written as lm-eval's CLI writes them (:mod:`.outputs`). Each pass is a job the p
 its folder locked, answered from its cache, fitted, placed where the executor put it, its Ctrl-C line said).
 
 Everything that can be refused is refused before any weight is read: the settings, a merge config as TARGET, a
-TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, a generation task (the whole
-model would be held), and a pass whose largest step does not fit the budget (before its first layer)."""
+TARGET that is not a model, an unknown task or one whose dataset cannot be loaded, and a pass whose largest step
+does not fit the budget (before its first layer). A generation task holds the whole model where it fits, else runs
+one decoder layer at a time for all its requests (:mod:`.streamgen`), judged before its first weight is read."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from resumerge.analyses.evaluation.generate import cached_stream, generate, resident_bytes
-from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, EvalStep, Merged, Watcher
+from resumerge.analyses.evaluation.generate import resident_bytes
+from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, EvalStep, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.placed import eval_layers
 from resumerge.analyses.evaluation.report import EvalReport
 from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.streamgen import Generation, GenStep, generated_by
 from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loaded_tasks
 from resumerge.analyses.evaluation.textwork import add_text_task, no_lm_tasks, text_work
 from resumerge.analyses.evaluation.yamltasks import yaml_text_tasks
@@ -90,13 +92,11 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
 
         layers.refuse_generating(generating)
         if generating:
-            _fits_whole(stream, generating, settings)  # before any weight is read
-        def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-            with cached_stream(weights, model.opened.config, _float32()) as whole:
-                return generate(whole, lm, requests)
-
+            _fits_streamed(stream, generating, settings)  # before any weight is read
+        # the whole model held where it fits, else one layer at a time for every request (.streamgen)
+        generation = _generation(target, model, weights, settings, state, command, watcher, passes, stream)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes,
-                         generator=generated if generating else None)
+                         generator=generated_by(generation, lambda: lm) if generating else None)
         results, tracker = _evaluate(lm, target, settings, runs) if runs is not None else \
             no_lm_tasks(target, settings)
         for work in texts:
@@ -123,6 +123,44 @@ def _evaluate(lm: Any, target: str, settings: EvalSettings, runs: dict[str, Any]
 
     tracker = EvaluationTracker(output_path=settings.output_path) if settings.output_path is not None else None
     return evaluate_tasks(lm, target, settings, runs, tracker), tracker
+
+
+def _generation(target: str, model: PassModel, weights: Weights, settings: EvalSettings, state: StateDir,
+                command: str, watcher: Watcher | None, passes: EvalPasses, stream: ModelStream) -> Generation:
+    """How the evaluation's generation tasks generate (:class:`~.streamgen.Generation`): journaled beside its
+    passes, told to ``watcher`` as its passes are, its proof's lines with theirs."""
+    def told(step: GenStep) -> None:
+        if watcher is not None:
+            watcher(EvalStep(target, settings.tasks, "generate_until", step.requests, step.layer, step.layers,
+                             step.step, step.steps, step.plan))
+
+    def folder(digest: str) -> Path:
+        return state.evals_dir / pass_key(model, "generate_until", digest, passes.merged)
+
+    return Generation(model, weights, settings, folder, command, lambda: _fits(stream, settings), told, passes.inputs,
+                      said=passes.said)
+
+
+def _fits(stream: ModelStream, settings: EvalSettings) -> bool:
+    """Whether the whole model fits the budget (a greedy generation then holds it: :mod:`.generate`)."""
+    try:
+        _fits_whole(stream, ["the generation"], settings)
+    except UsageError:
+        return False
+    return True
+
+
+def _fits_streamed(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:
+    """Refuse (exit 2, one line naming them) generation tasks whose least step, one decoder layer or the head, does
+    not fit the budget: they could not run even one layer at a time."""
+    from resumerge.analyses.evaluation.genplan import least_bytes
+
+    try:
+        budget_fitting("the generation tasks", least_bytes(stream), settings.max_memory, SystemProbe())
+    except UsageError as exc:
+        raise UsageError(f"{', '.join(generating)} generate text (generate_until), one decoder layer at a time "
+                         f"where the whole model does not fit; {exc.message}", hint="raise --max-memory, or leave "
+                         "those tasks out") from None
 
 
 def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:

@@ -1,0 +1,214 @@
+"""The KV cache of a layer-streamed generation (:mod:`.streamgen`): each request's keys and values at each decoder
+layer, kept between token steps while the layers come and go. Two stores behind one protocol (:class:`KVStore`):
+:class:`HeldKV` holds them in RAM (where they fit the budget beside the pass's largest step), :class:`SpilledKV` in
+one file in the pass's folder, read back one request's layer at a time. Either hands a layer a transformers
+``DynamicCache`` holding that request's past at that layer (:meth:`KVStore.cache`), whose own ``update`` the layer's
+attention calls, exactly as in ``model.generate``; what the layer added is kept (:meth:`KVStore.keep`).
+
+Durability is the token step's (:mod:`.streamgen` journals each step in one file): :class:`HeldKV` gives the
+positions a step added for that file and is rebuilt from the files on a resume; :class:`SpilledKV` writes them into
+its file at their places (a rerun of a step writes the same bytes there) and makes the file durable before the step's
+journal file is written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from resumerge.errors import ModelInputError
+from resumerge.torch_import import torch
+
+SPILL_NAME = "kv-spill.bin"
+_FLOAT = 4  # the cache's values: float32, the pass's dtype
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """A model's cache: ``layers`` decoder layers, each keeping ``heads`` key/value heads of ``width`` values per
+    position."""
+
+    layers: int
+    heads: int
+    width: int
+
+    @property
+    def position_bytes(self) -> int:
+        """One position of one request at one layer: its keys and values."""
+        return 2 * self.heads * self.width * _FLOAT
+
+    @classmethod
+    def of(cls, config: Any, layers: int) -> KVShape:
+        """The cache shape of a transformers ``config``; refuses (:class:`ModelInputError`) a family one of whose
+        layers keeps anything but every position's keys and values (a sliding window, a recurrent state): the
+        streamed generation keeps those only."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        layers_made = DynamicCache(config=config).layers
+        kinds = {type(layer).__name__ for layer in layers_made if type(layer) is not DynamicLayer}
+        if kinds:
+            raise ModelInputError(f"its layers keep a {', '.join(sorted(kinds))} cache; a layer-streamed generation "
+                                  "keeps every position's keys and values only",
+                                  hint="raise --max-memory so that the whole model fits: it generates held whole")
+        text = config.get_text_config()
+        heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        width = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        return cls(layers, heads, width)
+
+
+def shaped_cache(config: Any, past: int) -> Any:
+    """A ``DynamicCache`` that says it holds ``past`` positions at every layer and holds no memory (its keys and
+    values a zero broadcast): what the model's own forward reads to make a step's positions and mask."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if past:
+        zero = torch.zeros((), dtype=torch.float32)
+        for layer in cache.layers:
+            shaped = zero.expand(1, 1, past, 1)
+            layer.lazy_initialization(shaped, shaped)
+            layer.keys, layer.values = shaped, shaped
+    return cache
+
+
+def one_layer_cache(layer: int, past: tuple[torch.Tensor, torch.Tensor] | None, device: torch.device) -> Any:
+    """A ``DynamicCache`` whose layer ``layer`` holds ``past`` (keys, values; None: nothing yet) on ``device``."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache()
+    while len(cache.layers) <= layer:
+        cache.layers.append(cache.layer_class_to_replicate())
+    if past is not None:
+        keys, values = (t.to(device) for t in past)
+        cache.layers[layer].lazy_initialization(keys, values)
+        cache.layers[layer].keys, cache.layers[layer].values = keys, values
+    return cache
+
+
+class KVStore(Protocol):
+    """Where a generation's KV cache is kept between token steps."""
+
+    def cache(self, layer: int, request: int, device: torch.device) -> Any:
+        """A ``DynamicCache`` holding ``request``'s past at ``layer`` (:func:`one_layer_cache`)."""
+
+    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
+        """What ``cache`` (as :meth:`cache` gave it, the layer run) holds at ``layer``: ``added`` new positions."""
+
+    def step_done(self) -> dict[str, torch.Tensor]:
+        """The step's positions made durable here, or returned for the step's journal file (named by layer and
+        request)."""
+
+    def restore(self, journaled: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """The store as the journaled steps left it (each step's file's tensors, in order)."""
+
+    def close(self, remove: bool) -> None:
+        """Its files closed (and removed: the generation is done)."""
+
+
+class HeldKV:
+    """The cache in RAM: per layer and request, the keys and values (host tensors)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.added: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cache(self, layer: int, request: int, device: torch.device) -> Any:
+        return one_layer_cache(layer, self.held.get((layer, request)), device)
+
+    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
+        kept = cache.layers[layer]
+        keys, values = kept.keys.to("cpu"), kept.values.to("cpu")
+        self.held[(layer, request)] = (keys, values)
+        self.added[(layer, request)] = (keys[:, :, -added:], values[:, :, -added:])
+
+    def step_done(self) -> dict[str, torch.Tensor]:
+        found = {}
+        for (layer, request), (keys, values) in self.added.items():
+            found[f"k.{layer}.{request}"] = keys.contiguous()
+            found[f"v.{layer}.{request}"] = values.contiguous()
+        self.added = {}
+        return found
+
+    def restore(self, journaled: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        parts: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for step in journaled:
+            for name, keys in step.items():
+                kind, layer, request = name.split(".") if name.count(".") == 2 else ("", "", "")
+                if kind == "k":
+                    parts.setdefault((int(layer), int(request)), []).append((keys, step[f"v.{layer}.{request}"]))
+        self.held = {at: (torch.cat([k for k, _ in kv], dim=2), torch.cat([v for _, v in kv], dim=2))
+                     for at, kv in parts.items()}
+
+    def close(self, remove: bool) -> None:
+        self.held, self.added = {}, {}
+
+
+class SpilledKV:
+    """The cache in one file in ``folder`` (:data:`SPILL_NAME`): per layer, request, keys then values, room for
+    ``room[r]`` positions of request r, each position's heads side by side. A layer's past is read when it runs and
+    let go after; what it adds is written at its place."""
+
+    def __init__(self, folder: Path, shape: KVShape, room: Sequence[int]) -> None:
+        self.shape, self.room = shape, list(room)
+        self.row = shape.heads * shape.width * _FLOAT  # one position's keys (or values) at one layer
+        self.starts = [0]
+        for r in room[:-1]:
+            self.starts.append(self.starts[-1] + 2 * r * self.row)
+        self.per_layer = sum(2 * r * self.row for r in room)
+        self.lengths: dict[tuple[int, int], int] = {}
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / SPILL_NAME
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _at(self, layer: int, request: int, values: bool) -> int:
+        return layer * self.per_layer + self.starts[request] + (self.room[request] * self.row if values else 0)
+
+    def _read(self, at: int, positions: int) -> torch.Tensor:
+        found = torch.empty(positions, self.shape.heads, self.shape.width, dtype=torch.float32)
+        view = memoryview(found.numpy().data).cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:]], at + done)
+            if got <= 0:
+                raise ModelInputError(f"{self.path} ends before the KV cache it holds",
+                                      hint=f"delete {self.path.parent} and generate again")
+            done += got
+        return found.permute(1, 0, 2).unsqueeze(0)  # (1, heads, positions, width), as the cache holds it
+
+    def cache(self, layer: int, request: int, device: torch.device) -> Any:
+        length = self.lengths.get((layer, request), 0)
+        if not length:
+            return one_layer_cache(layer, None, device)
+        past = (self._read(self._at(layer, request, False), length), self._read(self._at(layer, request, True), length))
+        return one_layer_cache(layer, past, device)
+
+    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
+        kept = cache.layers[layer]
+        length = int(kept.keys.shape[2])
+        start = length - added
+        for tensor, values in ((kept.keys, False), (kept.values, True)):
+            rows = tensor[0, :, start:].to("cpu").permute(1, 0, 2).contiguous()
+            os.pwrite(self.fd, rows.numpy().tobytes(), self._at(layer, request, values) + start * self.row)
+        self.lengths[(layer, request)] = length
+
+    def step_done(self) -> dict[str, torch.Tensor]:
+        os.fsync(self.fd)
+        return {}
+
+    def restore(self, journaled: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """The lengths the journaled steps reached (their tokens say: each step added a request's positions at every
+        layer), the file's positions up to them durable since."""
+        for step in journaled:
+            for name, added in step.items():
+                if name.startswith("added."):
+                    request = int(name.split(".")[1])
+                    for layer in range(self.shape.layers):
+                        self.lengths[(layer, request)] = self.lengths.get((layer, request), 0) + int(added)
+
+    def close(self, remove: bool) -> None:
+        os.close(self.fd)
+        if remove:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,323 @@
+"""Generation (``generate_until``) on a model that does not fit the memory budget: one decoder layer at a time for
+every request of the task at once, a pass-driver client (:class:`GenerationJob`, run by
+:func:`~resumerge.forward.driver.drive`). Each token step is one :class:`~resumerge.forward.layerpass.LayerPass`
+over the decoder layers: a layer is read once and run on every unfinished request, each against its own KV cache at
+that layer (:mod:`.kvcache`: held in RAM, or spilled to the pass's folder where the budget does not hold it), then
+the final norm and the head give each request's next token (greedy, or drawn from the evaluation's seed:
+:mod:`.genrequests`). The first step runs each context whole (transformers' prefill); every later one the newest
+token alone against the cache, as ``model.generate`` does: the same calls to the family's own layers, so the same
+tokens as lm-eval's ``hf`` model.
+
+The journal is the token step's, not the layer's: a step's file (``step-<N>.safetensors``: the tokens it chose, the
+positions it added to each request, and a held cache's new keys and values) is written durably once its tokens are
+chosen, after a spilled cache's file is durable; a killed generation resumes at the first step not journaled, its
+cache rebuilt from the files, and ends with the same answers. A layer's own file would cost an fsync per layer per
+token. Where the whole model fits the budget and no request samples, the whole model is held instead
+(:mod:`.generate`); :class:`Generation` decides which."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resumerge.analyses.evaluation.genplan import GenPlan, gen_plan
+from resumerge.analyses.evaluation.genrequests import Wanted, wanted
+from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, shaped_cache
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.status import PROGRESS_NAME
+from resumerge.forward import Weights, durable_save
+from resumerge.forward.batches import Hidden
+from resumerge.forward.driver import Fit, PassFolder, drive
+from resumerge.forward.handed import HandingCall
+from resumerge.forward.journal import Journal, Restart
+from resumerge.forward.layerpass import LayerPass, Reserve, Step
+from resumerge.forward.opened import PassModel
+from resumerge.forward.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
+from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.store.durable import write_file_atomic
+from resumerge.store.killpoints import reach
+from resumerge.torch_import import torch
+
+GENERATED = "generated.json"  # the answers of a finished generation, as the lm-eval door's whole-model one keeps them
+STEP_PREFIX = "step-"
+DEFAULT_SEED = 1234  # lm-eval's default torch seed (its --seed's third figure)
+
+
+@dataclass(frozen=True)
+class GenStep:
+    """Where a generation is, for its watcher: token ``step`` of at most ``steps`` (None: not started), decoder
+    ``layer`` (None: the head) of ``layers``, over ``requests`` unfinished; ``plan``: the estimate, said once before
+    the first step."""
+
+    requests: int
+    step: int | None
+    steps: int
+    layer: int | None
+    layers: int
+    plan: str | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How an evaluation generates: its ``model`` (``weights``), under ``settings``' budget, journaled in
+    ``folder_of(digest)`` (a request set's folder), continued by ``command``; ``fits_whole()``: whether the whole
+    model fits the budget (then a greedy generation holds it: :mod:`.generate`); ``watcher`` told each step;
+    ``inputs``: a merge never written's inputs, proved with the journal as the model's own files are; ``said``:
+    what proving found, a line each."""
+
+    model: PassModel
+    weights: Weights
+    settings: EvalSettings
+    folder_of: Callable[[str], Path]
+    command: str
+    fits_whole: Callable[[], bool]
+    watcher: Callable[[GenStep], None] | None = None
+    inputs: tuple[list[PassModel], list[frozenset[str]]] = ([], [])
+    seed: int = DEFAULT_SEED
+    said: list[str] = field(default_factory=list, compare=False)
+
+    def __call__(self, lm: Any, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """The answers to ``requests`` (context, lm-eval's generation kwargs) of the lm-eval model ``lm``."""
+        asked = [wanted(lm, context, dict(kwargs)) for context, kwargs in requests]
+        sampled = any(w.sampling is not None for w in asked)
+        if not sampled and self.fits_whole():
+            from resumerge.analyses.evaluation.generate import cached_stream, generate
+
+            with cached_stream(self.weights, self.model.opened.config, torch.float32) as whole:
+                return generate(whole, lm, requests)
+        # a greedy request set's key is the lm-eval door's whole-model one: either generation answers the other
+        shown = json.dumps([requests, self.seed] if sampled else requests, sort_keys=True, default=str)
+        digest = hashlib.sha256(shown.encode()).hexdigest()[:32]
+        folder = self.folder_of(digest)
+        hint = "wait for it to finish (run again, it answers from its journal), or stop it (it resumes at its step)"
+        job = GenerationJob(PassFolder(folder, f"this generation of {self.model.path}", self.command, hint), self,
+                            asked, lm.tokenizer)
+        return drive(job)
+
+
+class _StepJournal(Journal):
+    """A token step's layers, not journaled one by one: the step is, whole, once its tokens are chosen (a file per
+    layer would cost an fsync per layer per token); a killed step runs again from its first layer."""
+
+    def save(self, layer: int, hidden: list[list[torch.Tensor]], kept: Any = None,
+             metadata: dict[str, str] | None = None) -> None:
+        return None
+
+    def restart(self, models: int, batches: int) -> Restart:
+        return Restart()
+
+
+@dataclass(frozen=True)
+class _Ready:
+    stream: ModelStream
+    store: KVStore
+    plan: GenPlan
+
+
+class _TokenStep(Step[torch.Tensor]):
+    """One token step over the layers: each layer read once (admitted as the step ``layer``), run on every
+    unfinished request against its cache there; after the last, every request's next-token logits."""
+
+    def __init__(self, ready: _Ready, active: list[int], calls: list[list[LayerCall]], shaped: list[Any],
+                 added: list[int], reserve: Reserve, told: Callable[[int | None], None]) -> None:
+        self.ready, self.active, self.calls, self.shaped, self.added = ready, active, calls, shaped, added
+        self.reserve, self.told = reserve, told
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        stream, store = self.ready.stream, self.ready.store
+        self.told(index)
+        out = []
+        module = stream.layers_list[index]
+        with self.reserve(f"layer {index} of the generation", "layer"), stream.loaded(module) as layer:
+            for k, request in enumerate(self.active):
+                cache = store.cache(index, request, stream.device)
+                out.append(stream.run(layer, hidden[0][k], _with_cache(self.calls[k][index], self.shaped[k], cache)))
+                store.keep(index, request, cache, self.added[k])
+        return [out]
+
+    def finish(self, hidden: Hidden) -> torch.Tensor:
+        self.told(None)
+        last = torch.cat([h[:, -1:, :] for h in hidden[0]])
+        with self.reserve("the head of the generation", "heads"), self.ready.stream.head() as logits:
+            found: torch.Tensor = logits(last)[:, -1, :]
+        return found
+
+
+def _with_cache(call: LayerCall, shaped: Any, cache: Any) -> LayerCall:
+    """``call`` (captured with the stand-in ``shaped`` as the cache) with ``cache`` in its place."""
+    args, kwargs = call
+    made = (tuple(cache if a is shaped else a for a in args),
+            {name: cache if value is shaped else value for name, value in kwargs.items()})
+    return HandingCall(made, call.slots) if isinstance(call, HandingCall) else made
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """A generation as the pass driver runs it: its answers file is its answer cache, its steps the token steps."""
+
+    folder: PassFolder
+    how: Generation
+    asked: list[Wanted]
+    tokenizer: Any
+
+    def _proof(self) -> JournalProof:
+        return JournalProof([self.how.model], f"this generation of {self.how.model.path}", *self.how.inputs,
+                            said=self.how.said)
+
+    def answered(self) -> tuple[list[str] | None, str | None]:
+        path = self.folder.path / GENERATED
+        if path.is_file() and self._proof().still_holds(path):
+            return [str(text) for text in json.loads(path.read_text(encoding="utf-8"))], None
+        return None, None
+
+    def proved(self) -> str | None:
+        """Journaled token steps read every layer: a change in any byte the generation reads refuses it (exit 4)."""
+        folder, how = self.folder.path, self.how
+        journaled = next(folder.glob(f"{STEP_PREFIX}*.safetensors"), None) is not None
+        own, read = 1, how.inputs[1]
+
+        def reads(model: int, name: str) -> bool:
+            return model < own or name in read[model - own]
+
+        proof = PassProof([how.model, *how.inputs[0]], reads, folder / RECORDS_NAME)
+        depends = everything if journaled else layers_through(None, outside=False)
+        line = proof.prove(depends, refuse=f"this generation of {how.model.path}'s journal holds tokens computed from "
+                           "the bytes it held then", hint=f"restore the file as it was and run again (it resumes), or "
+                           f"delete {folder} to generate from the file as it is now").line()
+        proof.record()
+        return line
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[_Ready]]:
+        from resumerge.analyses.evaluation.generate import cached_stream
+
+        how, folder = self.how, self.folder.path
+        stream = cached_stream(how.weights, how.model.opened.config, torch.float32)
+        store: KVStore | None = None
+        try:
+            shape = KVShape.of(stream.config, stream.layers)
+            files = [how.model.opened.directory / f.name for f in how.model.opened.files]
+            plan = gen_plan(stream, self.asked, shape, how.settings.max_memory, files)
+            gpu = how.settings.pass_device().budget("the generation", plan.steps, plan.states)
+            store = HeldKV() if plan.held else SpilledKV(folder, shape, [len(w.tokens) + w.most for w in self.asked])
+            self._say(GenStep(len(self.asked), None, plan.steps_most, None, stream.layers,
+                              plan.line(len(self.asked), folder)))
+            yield Fit(plan.budget, plan.steps, _Ready(stream, store, plan), gpu)
+        finally:
+            if store is not None:
+                store.close(remove=False)
+            stream.close()
+
+    def run(self, ready: _Ready, reserve: Reserve) -> list[list[int]]:
+        """Every token step not journaled yet, then each request's tokens."""
+        folder, stream, store = self.folder.path, ready.stream, ready.store
+        folder.mkdir(parents=True, exist_ok=True)
+        journaled = self._journaled()
+        store.restore(journaled)
+        made: list[list[int]] = [[] for _ in self.asked]
+        for tensors in journaled:
+            for name, value in tensors.items():
+                if name.startswith("token."):
+                    made[int(name.split(".")[1])].append(int(value))
+        step = len(journaled)
+        while True:
+            active = [r for r, w in enumerate(self.asked) if not w.done(self.tokenizer, made[r])]
+            if not active:
+                return made
+            entered, shaped, added = self._entering(stream, active, made, step)
+
+            def told(layer: int | None, step: int = step, active: int = len(active)) -> None:
+                self._say(GenStep(active, step, ready.plan.steps_most, layer, stream.layers))
+
+            token_step = _TokenStep(ready, active, [c for _, c in entered], shaped, added, reserve, told)
+            logits = LayerPass(_StepJournal(folder), stream.layers, "after_generation_layer", carries=None).run(
+                token_step, [[h for h, _ in entered]], len(active))
+            assert logits is not None  # the step never stops the pass
+            tensors = store.step_done()  # a spilled cache durable before the step's file says it is
+            for k, r in enumerate(active):
+                token = self.asked[r].choose(logits[k], self.how.seed, len(made[r]))
+                made[r].append(token)
+                tensors[f"token.{r}"] = torch.tensor(token)
+                tensors[f"added.{r}"] = torch.tensor(added[k])
+            durable_save(tensors, folder / f"{STEP_PREFIX}{step:05d}.safetensors")
+            reach("after_generation_step")  # tests kill here: it resumes at the next step
+            step += 1
+
+    def _entering(self, stream: ModelStream, active: list[int], made: list[list[int]], step: int
+                  ) -> tuple[list[tuple[torch.Tensor, list[LayerCall]]], list[Any], list[int]]:
+        """Each unfinished request's hidden states entering the first layer this step (its whole context at the
+        first step, its newest token after), every layer's call as the model's own forward makes it against a cache
+        of its past (a stand-in: :func:`~.kvcache.shaped_cache`), that stand-in, and the positions it adds."""
+        batches, shaped, added = [], [], []
+        for r in active:
+            want = self.asked[r]
+            ids = list(want.tokens) if not made[r] else [made[r][-1]]
+            past = 0 if not made[r] else len(want.tokens) + len(made[r]) - 1
+            batches.append((torch.tensor([ids]), torch.ones(1, past + len(ids), dtype=torch.long)))
+            shaped.append(shaped_cache(stream.config, past))
+            added.append(len(ids))
+        # the cache's name in this transformers' forward (``cache`` since 5.x, ``past_key_values`` before)
+        name = "cache" if "cache" in inspect.signature(stream.inner.forward).parameters else "past_key_values"
+        given = [{name: cache, "use_cache": True} for cache in shaped]
+        with torch.no_grad():
+            return stream.inputs_of_rows(batches, given=given), shaped, added
+
+    def _journaled(self) -> list[dict[str, torch.Tensor]]:
+        """Every journaled step's tensors, in order (a step file missing ends them: a later one is of no run)."""
+        from safetensors.torch import load_file
+
+        found: list[dict[str, torch.Tensor]] = []
+        while (path := self.folder.path / f"{STEP_PREFIX}{len(found):05d}.safetensors").is_file():
+            found.append(load_file(str(path)))
+        return found
+
+    def finish(self, found: list[list[int]], proof: str | None) -> list[str]:
+        """The answers written (the answer cache), the step files and the spilled cache gone."""
+        folder = self.folder.path
+        answers = [w.answer(self.tokenizer, made) for w, made in zip(self.asked, found)]
+        write_file_atomic(folder / GENERATED, json.dumps(answers).encode())
+        for path in folder.glob(f"{STEP_PREFIX}*.safetensors*"):
+            path.unlink(missing_ok=True)
+        from resumerge.analyses.evaluation.kvcache import SPILL_NAME
+
+        (folder / SPILL_NAME).unlink(missing_ok=True)
+        self._progress(None, done=True)
+        return answers
+
+    def stopped_at(self) -> str:
+        steps = len(list(self.folder.path.glob(f"{STEP_PREFIX}*.safetensors")))
+        return (f"the generation of {self.how.model.path} was interrupted after {steps} token step(s) "
+                f"({steps} journaled)")
+
+    def _say(self, step: GenStep) -> None:
+        self._progress(step)
+        if self.how.watcher is not None:
+            self.how.watcher(step)
+
+    def _progress(self, step: GenStep | None, done: bool = False) -> None:
+        """The progress file ``status`` reads, as an evaluation's passes write it."""
+        model = self.how.model
+        doc = {"target": model.path, "model": model.path if model.remote else os.path.abspath(model.path),
+               "tasks": list(self.how.settings.tasks), "pass": "generate_until", "requests": len(self.asked),
+               "layer": None if step is None else step.layer, "layers": None if step is None else step.layers,
+               "step": None if step is None else step.step, "pid": os.getpid(), "command": self.how.command,
+               "done": done}
+        self.folder.path.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(self.folder.path / PROGRESS_NAME, (json.dumps(doc) + "\n").encode())
+
+
+def generated_by(generation: Generation, lm: Callable[[], Any]) -> Callable[[list[tuple[str, dict[str, Any]]]],
+                                                                          list[str]]:
+    """The generator an lm-eval model is given: ``generation`` of its requests, ``lm()`` the model asking."""
+    def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        return generation(lm(), requests)
+
+    return generated
+

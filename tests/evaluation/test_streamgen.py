@@ -1,0 +1,149 @@
+"""Generation one decoder layer at a time (:mod:`resumerge.analyses.evaluation.streamgen`): on a tiny generated Llama
+judged not to fit whole (``streamedeval``: its whole would fit any budget its layers do), greedy answers equal
+lm-eval's ``hf`` model's, stop sequences and ``max_gen_toks`` included; the same answers held whole, streamed with
+the KV cache in RAM and spilled to the pass's folder, and on a merge config never written as on the written merge;
+sampled answers the same on every run; a generation killed (SIGKILL) after a token step, or inside one with its
+cache spilled, resumes at its step to the same answers. In this process, or a CLI process each: a few seconds to a
+minute on a quiet machine (lm-eval's and torch's imports)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from support import write_config
+
+from resumerge import api
+from resumerge.analyses.evaluation.kvcache import SPILL_NAME
+from resumerge.analyses.evaluation.streamgen import GENERATED, STEP_PREFIX
+from tests.evaluation.evaltasks import GEN, hf_results, tiny_model, write_tasks
+from tests.evaluation.streamedeval import streamed
+from tests.support import cli
+
+STREAMED = Path(__file__).with_name("streamedeval.py")
+
+
+def _task(tasks: Path, name: str, kwargs: str) -> str:
+    """A generation task ``name`` over tiny_gen's data with the generation kwargs ``kwargs`` (YAML)."""
+    text = (tasks / "tiny_gen.yaml").read_text()
+    test = text.split("test: ", 1)[1].split("}")[0]
+    body = GEN.format(test=test).replace("task: tiny_gen", f"task: {name}")
+    (tasks / f"{name}.yaml").write_text(body.replace('{until: ["\\n"], max_gen_toks: 8}', kwargs))
+    return name
+
+
+def _answers(results: dict[str, Any], task: str) -> list[Any]:
+    return [s["resps"] for s in results["samples"][task]]
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    return tiny_model(tmp_path / "model"), write_tasks(tmp_path)
+
+
+def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None) -> Any:
+    def progress(step: Any) -> None:
+        if said is not None and step.plan is not None:
+            said.append(step.plan)
+
+    return api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=state, progress=progress)
+
+
+def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_too(
+        setup: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tasks = setup
+    cut = _task(tasks, "tiny_cut", '{until: ["o", "J"], max_gen_toks: 5}')
+    names = ["tiny_gen", cut]
+    monkeypatch.setattr("resumerge.analyses.evaluation.run._fits", lambda stream, settings: False)
+    said: list[str] = []
+    ours = _evaluate(model, tasks, names, tmp_path / "state", said)
+    monkeypatch.undo()
+    # streamed: every generation request of both tasks in one pass, each with its own stops and length
+    assert len(said) == 1 and "12 request(s)" in said[0] and "held in RAM" in said[0]
+    theirs = hf_results(model, tasks, names)
+    for task in names:
+        assert ours.results["results"][task] == theirs["results"][task]
+        assert _answers(ours.results, task) == _answers(theirs, task)
+    whole, short = _answers(ours.results, "tiny_gen"), _answers(ours.results, cut)
+    assert any(w[0][0].startswith(s[0][0]) and len(s[0][0]) < len(w[0][0]) for w, s in zip(whole, short))
+    assert all(len(s[0][0].split()) <= 5 and "o" not in s[0][0] and "J" not in s[0][0] for s in short)
+
+
+def test_the_same_answers_held_whole_streamed_and_spilled(setup: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.analyses.evaluation import run, streamgen
+
+    model, tasks = setup
+    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 12}')
+    found = {}
+    for how in ("whole", "streamed", "spilled"):
+        said: list[str] = []
+        with monkeypatch.context() as patch:
+            if how != "whole":
+                patch.setattr(run, "_fits", lambda stream, settings: False)
+                patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
+                streamed(spilled=how == "spilled")
+            found[how] = _evaluate(model, tasks, [long], tmp_path / how, said)
+        assert (not said) if how == "whole" else ("spilled" in said[0]) == (how == "spilled")
+        if how != "whole":  # the journal gone once the answers are kept
+            folder = next((tmp_path / how / "evals").glob(f"*/{GENERATED}")).parent
+            assert not list(folder.glob(f"{STEP_PREFIX}*")) and not (folder / SPILL_NAME).exists()
+    assert _answers(found["whole"].results, long) == _answers(found["streamed"].results, long) == \
+        _answers(found["spilled"].results, long)
+    assert all(len(a[0][0].split()) == 12 for a in _answers(found["whole"].results, long))
+
+
+def test_sampled_generation_is_the_same_on_every_run(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    model, tasks = setup
+    drawn = _task(tasks, "tiny_drawn", '{until: ["never"], max_gen_toks: 10, do_sample: true, temperature: 1.5}')
+    first, said = _evaluate(model, tasks, [drawn, "tiny_gen"], tmp_path / "one"), []
+    again = _evaluate(model, tasks, [drawn], tmp_path / "two", said)
+    assert said, "a sampled request is generated one layer at a time: the only path that samples"
+    assert _answers(first.results, drawn) == _answers(again.results, drawn)
+    assert [a[0][0] for a in _answers(first.results, drawn)] != [a[0][0] for a in _answers(first.results, "tiny_gen")]
+
+
+def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tiny_model(tmp_path / "a", seed=0), tiny_model(tmp_path / "b", seed=1)
+    tasks = write_tasks(tmp_path)
+    config = write_config(tmp_path / "linear.yml", {"merge_method": "linear", "dtype": "bfloat16", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    state = tmp_path / "state"
+    api.run(config, tmp_path / "out", state_dir=state, progress=False)
+    written = _evaluate(tmp_path / "out", tasks, ["tiny_gen"], state)  # held whole
+    monkeypatch.setattr("resumerge.analyses.evaluation.run._fits", lambda stream, settings: False)
+    said: list[str] = []
+    unwritten = _evaluate(config, tasks, ["tiny_gen"], state, said)
+    assert said and _answers(unwritten.results, "tiny_gen") == _answers(written.results, "tiny_gen")
+
+
+@pytest.mark.parametrize(("spilled", "point"), [(False, "after_generation_step:3"),
+                                                (True, "after_generation_layer:7")])
+def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tuple[Path, Path], tmp_path: Path,
+                                                                      spilled: bool, point: str) -> None:
+    model, tasks = setup
+    state = tmp_path / "state"
+    args = [*(["--spilled"] if spilled else []), "eval", model, "--tasks", "tiny_gen", "--include-path", tasks,
+            "--state-dir", state, "--json"]
+    killed = cli(*args, env={"RESUMERGE_KILL_AT": point}, script=STREAMED, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "token step 3/8: layer 1/3" in killed.stderr and "token step 4/8" not in killed.stderr
+    folder = next((state / "evals").glob("*/progress.json")).parent
+    assert len(list(folder.glob(f"{STEP_PREFIX}*.safetensors"))) == (3 if not spilled else 2)
+    assert (folder / SPILL_NAME).exists() == spilled
+    resumed = cli(*args, script=STREAMED, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
+    assert steps[0].endswith(f"token step {4 if not spilled else 3}/8: layer 1/3"), steps[:2]
+    once = cli(*[tmp_path / "once" if a == state else a for a in args], script=STREAMED, timeout=300)
+    assert once.returncode == 0, once.stderr
+    assert json.loads(resumed.stdout)["results"] == json.loads(once.stdout)["results"]
+    again = json.loads(next((tmp_path / "once" / "evals").glob(f"*/{GENERATED}")).read_text())
+    assert json.loads((folder / GENERATED).read_text()) == again
