@@ -119,7 +119,7 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
     ray = placement if isinstance(placement, OnRay) else None
     command = evolve_command(config, store, options, resources, merge_best, allow_benchmark_tasks, task_search_path,
-                             None if ray is None else ray.address or "")
+                             None if ray is None else ray.address or "", tracking)
     told = SearchProgress(store, progress)
     with files.locked(store, command), ExitStack() as closing:
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
@@ -139,9 +139,11 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
 
 def evolve_command(config: PathLike, store: Path, options: SearchOptions, resources: Resources,
                    merge_best: PathLike | None, allow_benchmark_tasks: bool, task_search_path: PathLike | None,
-                   ray_address: str | None) -> str:
+                   ray_address: str | None, tracking: Sequence[Tracking] = ()) -> str:
     """The shell command of this search (what continues an interrupted one: the same settings, or STORAGE refuses
-    it); ``ray_address``: on Ray (the empty string: the cluster ``RAY_ADDRESS`` names, or one started here)."""
+    it); ``ray_address``: on Ray (the empty string: the cluster ``RAY_ADDRESS`` names, or one started here);
+    ``tracking``: where it is logged, so the continued search logs on to the same run (W&B's and trackio's keys
+    stay in their environment variables and login files, never in the command)."""
     from resumerge.evolve.spec import OPT_IN
 
     words = ["resumerge", "evolve", os.fspath(config), os.fspath(store), "--max-fevals", str(options.max_fevals)]
@@ -163,6 +165,10 @@ def evolve_command(config: PathLike, store: Path, options: SearchOptions, resour
         words.append(OPT_IN)
     if task_search_path is not None:
         words += ["--task-search-path", os.fspath(task_search_path)]
+    for each in tracking:
+        words += [f"--{each.kind}", f"--{each.kind}-project", each.project]
+        if each.entity is not None:
+            words += [f"--{each.kind}-entity", each.entity]
     return shlex.join(words)
 
 
