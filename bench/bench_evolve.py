@@ -65,12 +65,13 @@ WRITTEN = PEAK + """
 import sys
 from pathlib import Path
 from resumerge import api
-from resumerge.api.evolution import evolve_into
+from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
+from resumerge.config.locations import StateDir
 from resumerge.evolve.search import SearchOptions
 popsize = int(sys.argv[3])
-evolve_into(sys.argv[1], Path(sys.argv[2]), SearchOptions(popsize - 1, popsize), resources=api.Resources(),
-            merge_best=None, allow_benchmark_tasks=False, run=api.run, plan_merge=api.plan_merge,
-            open_population=api.open_population, evaluate=api.evaluate, written=True)
+asked = SearchAsked(sys.argv[1], Path(sys.argv[2]), SearchOptions(popsize - 1, popsize), api.Resources(),
+                    StateDir.resolve())
+evolve_into(asked, ApiCalls(api.run, api.plan_merge, api.open_population, api.evaluate), written=True)
 """
 
 

@@ -1,4 +1,4 @@
-"""Every analysis of :data:`resumerge.analyses.table.ANALYSES` keeps the :class:`~resumerge.analyses.table.Analysis`
+"""Every analysis of :data:`resumerge.api.analyses.ANALYSES` keeps the :class:`~resumerge.api.analyses.Analysis`
 contract (one row per analysis), and the API walks the table with no special case: a test-only analysis plugged in
 by one line is what ``status`` answers for its folder."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from resumerge import api
-from resumerge.analyses import table
+from resumerge.api import analyses as table
 from resumerge.config.locations import StateDir
 from resumerge.errors import NothingRecordedError
 from resumerge.store.statusview import StatusReport

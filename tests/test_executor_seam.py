@@ -14,7 +14,8 @@ from support import digests, linear_config, write_config
 
 from resumerge import api
 from resumerge.api.options import executor_option
-from resumerge.cli.commands import _api_options, build_parser
+from resumerge.cli.commands import build_parser
+from resumerge.cli.flags import api_options
 from resumerge.config.settings import RunSettings
 from resumerge.engine.executors import Executor, LocalExecutor, RayExecutor
 from resumerge.engine.job import Job
@@ -53,7 +54,7 @@ def test_a_callers_own_executor_runs_a_merge_with_the_local_bytes(tmp_path: Path
 
 def test_the_command_line_builds_the_executor_object() -> None:
     def executor(*argv: str) -> object:
-        return _api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]), api.run)["executor"]
+        return api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]), api.run)["executor"]
 
     assert executor() is None
     assert executor("--executor", "ray", "--ray-address", "10.0.0.1:6379", "--keep-workers", "5m") == RayExecutor(

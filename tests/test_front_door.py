@@ -17,7 +17,7 @@ from support import write_config
 
 from resumerge import api
 from resumerge.api.options import GROUPS, grouped, options_of
-from resumerge.cli import commands
+from resumerge.cli import flags
 from resumerge.cli.commands import build_parser, main
 from resumerge.errors import EXIT_REFUSED, OutputDirError, UsageError
 
@@ -54,7 +54,7 @@ def _dests(command: str) -> set[str]:
     """The API parameters the command's options fill: each its own, but the executor's settings, which the command
     folds into the executor object (``--ray-address`` into ``executor=RayExecutor(address=...)``)."""
     dests = {a.dest for a in _subparser(command)._actions if not isinstance(a, argparse._HelpAction)}
-    return {commands.FOLDED.get(d, d) for d in dests if not d.startswith("unneeded_")} - CLI_ONLY
+    return {flags.FOLDED.get(d, d) for d in dests if not d.startswith("unneeded_")} - CLI_ONLY
 
 
 def _parameters(function: Callable[..., Any]) -> set[str]:
@@ -91,9 +91,9 @@ def test_errors_name_each_option_by_its_api_keyword(command: str) -> None:
 
 def test_the_cli_leaves_out_exactly_the_presentation_options() -> None:
     # The command passes every other parsed option to the API by name: the two lists are one.
-    assert commands.CLI_ONLY == CLI_ONLY
+    assert flags.CLI_ONLY == CLI_ONLY
     args = build_parser().parse_args(["run", "c.yml", "out", "--quiet", "--no-cuda", "-j", "2", "--no-staging"])
-    passed = commands._api_options(args, api.run)
+    passed = flags.api_options(args, api.run)
     inspect.signature(api.run).bind(**passed)  # raises TypeError on any name api.run does not take
     assert passed["resources"] == api.Resources(num_threads=2, staging=False) and "quiet" not in passed
 
@@ -162,6 +162,6 @@ def test_a_group_field_a_function_cannot_honour_is_refused(tmp_path: Path, call:
 def test_the_groups_are_what_the_cli_passes() -> None:
     args = build_parser().parse_args(["extract-lora", "--model", "ft", "--base-model", "base", "--out-path", "o",
                                       "--max-rank", "8", "--max-memory", "2GB", "--public", "--plan"])
-    passed = commands._api_options(args, api.extract_lora)
+    passed = flags.api_options(args, api.extract_lora)
     assert passed["lora"] == api.Lora(max_rank=8) and passed["resources"].max_memory == "2GB"
     assert passed["hub"].public and passed["plan"] and passed["model"] == "ft"

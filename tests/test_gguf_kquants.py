@@ -68,6 +68,25 @@ def test_each_k_encoder_writes_llama_cpp_s_bytes(kind: str, weighted: bool) -> N
         assert np.array_equal(ours, theirs), (seed, np.argwhere(ours != theirs)[:5].tolist())
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("kind", list(K_TYPES))
+def test_the_first_of_two_equal_magnitudes_is_the_peak(kind: str, weighted: bool) -> None:
+    """The symmetric searches scale by the signed value of the *first* element of largest magnitude (llama.cpp's
+    strict ``>`` scan); the encoders find it from each sub-block's max and min, so where +m and -m both occur the
+    order decides: every sub-block here holds both, in either order, at random places, and in the first row the
+    sub-blocks' own scales tie the same way (alternating signs)."""
+    needs_library()
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((8, 512)) * 0.3).astype(np.float32)
+    for r in range(8):
+        for b in range(32):
+            i, j = rng.choice(16, 2, replace=False)
+            x[r, 16 * b + i], x[r, 16 * b + j] = (1.0 + r, -1.0 - r) if b % 2 else (-1.0 - r, 1.0 + r)
+    x[0, :256] = np.tile(np.array([1, -1] * 8, np.float32), 16) * np.repeat(np.array([1, -1] * 8, np.float32), 16)
+    weights = importance(512, 1) if weighted else None
+    assert np.array_equal(encode_k(x, K_TYPES[kind], weights), quantize(x, K_TYPES[kind], weights))
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_the_legacy_types_importance_paths_write_llama_cpp_s_bytes(kind: str) -> None:
     """A K mix's fallbacks (rows not whole 256-value blocks) and a legacy file's tensors are weighted too when

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from resumerge.estimate.method_timing import ComputeRate, measure_rate
+from resumerge.estimate.method_timing import ComputeRate, Timing, measure_rate
 from resumerge.methods import MergeContext, MethodSpec, get_method
 
 SLEEP = 0.02
@@ -26,7 +26,7 @@ def _needs_generator(ctx: MergeContext) -> torch.Tensor:
 def test_rate_is_the_fastest_time_per_output_element() -> None:
     spec = MethodSpec(name="sleepy", fn=_sleepy)
     samples = [[torch.zeros(10, 10)], [torch.zeros(30, 10)]]
-    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=2)
+    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, timing=Timing(repeats=2))
     assert rate.method == "sleepy" and rate.sample_elements == 400
     assert rate.threads == torch.get_num_threads()
     # two samples of one sleep each over 400 elements: at least 2·SLEEP/400, and nowhere near ten times that
@@ -44,15 +44,16 @@ def test_rate_is_the_fastest_call_a_busy_spell_does_not_count() -> None:
         return ctx.tensors[0].clone()
 
     spec = MethodSpec(name="once_slow", fn=once_slow)
-    rate = measure_rate(spec, [[torch.zeros(10, 10)]], base_index=None, model_params=[{}], params={}, repeats=3,
-                        warmup=False)
+    rate = measure_rate(spec, [[torch.zeros(10, 10)]], base_index=None, model_params=[{}], params={},
+                        timing=Timing(repeats=3, warmup=False))
     # The mean of the three calls (4·SLEEP per 100 elements) would fail the bound: only the fastest passes it.
     assert len(calls) == 3 and SLEEP / 100 <= rate.seconds_per_element < 2 * SLEEP / 100
 
 
 def test_randomised_methods_get_a_generator() -> None:
     spec = MethodSpec(name="random", fn=_needs_generator, randomized=True)
-    rate = measure_rate(spec, [[torch.zeros(4, 4)]], base_index=None, model_params=[{}], params={}, repeats=1)
+    rate = measure_rate(spec, [[torch.zeros(4, 4)]], base_index=None, model_params=[{}], params={},
+                        timing=Timing(repeats=1))
     assert rate.sample_elements == 16 and rate.seconds_per_element > 0
 
 
@@ -78,9 +79,10 @@ def test_bad_requests_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one sample"):
         measure_rate(spec, [], base_index=None, model_params=[{}], params={})
     with pytest.raises(ValueError, match="repeats"):
-        measure_rate(spec, [[torch.zeros(2)]], base_index=None, model_params=[{}], params={}, repeats=0)
+        measure_rate(spec, [[torch.zeros(2)]], base_index=None, model_params=[{}], params={}, timing=Timing(repeats=0))
     with pytest.raises(ValueError, match="no output elements"):
-        measure_rate(spec, [[torch.zeros(0, 3)]], base_index=None, model_params=[{}], params={}, repeats=1)
+        measure_rate(spec, [[torch.zeros(0, 3)]], base_index=None, model_params=[{}], params={},
+                     timing=Timing(repeats=1))
 
 
 def test_warm_up_and_repeats_can_be_capped() -> None:
@@ -92,15 +94,15 @@ def test_warm_up_and_repeats_can_be_capped() -> None:
 
     spec = MethodSpec(name="counted", fn=counted)
     samples = [[torch.zeros(2, 2)], [torch.zeros(3, 2)]]
-    measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=5)
+    measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, timing=Timing(repeats=5))
     assert calls == [4] + [4] * 5 + [6] * 5  # one warm-up on the first sample, then every repeat
     calls.clear()
     # No warm-up, and once the time budget is spent each sample still gets its one timed call.
-    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={}, repeats=5, warmup=False,
-                        max_seconds=0.0)
+    rate = measure_rate(spec, samples, base_index=None, model_params=[{}], params={},
+                        timing=Timing(repeats=5, warmup=False, max_seconds=0.0))
     assert calls == [4, 6] and rate.sample_elements == 10
     calls.clear()
     # A window: calls go on until they took min_seconds together (here: until max_calls).
-    measure_rate(spec, samples[:1], base_index=None, model_params=[{}], params={}, repeats=1, warmup=False,
-                 min_seconds=60.0, max_calls=7)
+    measure_rate(spec, samples[:1], base_index=None, model_params=[{}], params={},
+                 timing=Timing(repeats=1, warmup=False, min_seconds=60.0, max_calls=7))
     assert calls == [4] * 7

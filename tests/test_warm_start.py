@@ -140,8 +140,9 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
     path.parent.mkdir(parents=True)
     for device in ("cpu", "cuda:0"):
         ledger = Ledger(path)
-        ledger.start_run(out_dir=str(out), config_text="", kind="merge", fingerprint="f", parts={}, inputs={},
-                         options={"device": device}, model_dirs={}, version="0", files=(), tensors=())
+        plan = Manifest(version="0", fingerprint="f", parts={}, inputs={}, options={"device": device}, model_dirs={},
+                        config_text="", planned=())
+        ledger.start_run(str(out), "merge", plan, files=(), tensors=())
         ledger.close()
         assert recorded_device(out, ray) == device
     assert recorded_device(out, RunSettings(state=StateDir.resolve(state))) == "cpu"  # a local run starts none anyway

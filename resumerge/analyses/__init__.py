@@ -6,7 +6,7 @@ run on the layer-streamed forward engine (:mod:`resumerge.forward`); each keeps 
 and answers ``resumerge status`` for the folders it writes. They are grouped here because they share the engine,
 the prompts and the model openers, and the tree should say so; each subpackage's docstring names what it uses.
 
-May import: errors, config, forward, inputs, memory, methods, store, engine, vocab, torch_import.
+May import: errors, config, forward, inputs, memory, methods, store, engine, vocab, outputs, torch_import.
 """
 
-__all__ = ["check", "measure"]
+__all__ = ["check", "importance", "measure"]

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.reading import evolve_status, recipe_status, status, verify
 
-__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "check", "estimate",
+__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "Trackers", "check",
+           "estimate",
            "estimate_extraction", "estimate_measure", "estimate_tokensurgeon", "evaluate", "evolve", "evolve_status",
            "extract_lora", "lm_eval", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status",
            "resume", "run", "status", "tokensurgeon", "verify"]
@@ -38,7 +39,8 @@ __all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "St
 # Where each name imported on its first use lives.
 _LAZY = {
     **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
-    **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery"), "resumerge.api.options"),
+    **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Stages", "Surgery", "Trackers"),
+                    "resumerge.api.options"),
     **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
     **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
     )
     from resumerge.api.evolution import EvolveOutcome
     from resumerge.api.lmevaldoor import lm_eval
-    from resumerge.api.options import Hub, Lora, Merging, Output, Resources, Stages, Surgery
+    from resumerge.api.options import Hub, Lora, Merging, Output, Resources, Stages, Surgery, Trackers
     from resumerge.api.transplanting import estimate_tokensurgeon, tokensurgeon
     from resumerge.api.unwritten import open_population, open_unwritten
 

@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.evolution import EvolveOutcome
+from resumerge.api.importance import computed_imatrix
 from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Hub,
@@ -28,6 +29,7 @@ from resumerge.api.options import (
     PathLike,
     Resources,
     Stages,
+    Trackers,
     config_text,
     flat_resources,
     nothing_started,
@@ -45,6 +47,7 @@ from resumerge.api.options import (
 from resumerge.api.reading import named
 from resumerge.api.runkind import Call, Driving
 from resumerge.api.unwritten import open_population
+from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
@@ -135,8 +138,16 @@ def run(
 
         text = config_text(config)
         kind = kind_of(text)
-        options = plan_options(output, merging, resources,
-                               out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+        if output.imatrix_texts is not None and kind.name != "merge":  # its pass runs before a single merge's run
+            from resumerge.api.options import source_name
+            from resumerge.errors import UsageError
+
+            raise UsageError(f"--imatrix-texts computes the importance matrix of a single merge, and "
+                             f"{source_name(config, 'the config')} is a {kind.name} config",
+                             hint="merge it first, then give --imatrix the matrix measure --imatrix writes of it")
+        options = computed_imatrix(plan_options(output, merging, resources,
+                                                out_shard_size=shard_size_choice(output.out_shard_size, out)[0]),
+                                   text, settings.state)
         # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
         where = settings.state.run(out)
         call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
@@ -187,7 +198,7 @@ def resume(
         own = own_record(where)
         if own is not None:
             return own.resume_own(where, settings, driving)
-        from resumerge.analyses.table import kept
+        from resumerge.api.analyses import kept
         from resumerge.engine.session import resuming
         from resumerge.errors import NothingRecordedError
 
@@ -332,7 +343,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
             resources: Resources = Resources(), executor: Executor | None = None,
             progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
-            state_dir: PathLike | None = None) -> MeasureReport:
+            state_dir: PathLike | None = None, imatrix: PathLike | None = None) -> MeasureReport:
     """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
     over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
     ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
@@ -345,14 +356,16 @@ def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
     by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
     merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
     context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
-    (as ``check`` does)."""
+    (as ``check`` does). ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix
+    (llama-imatrix's GGUF: each linear's sums of squared inputs, the diagonal of its Gram times the tokens, named
+    as llama.cpp names the weight; several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
     from resumerge.analyses.measure.run import measure_grams
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("measure", state_dir, resources, executor)
     return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
                          cut_texts=truncate_texts, state=settings.state, placement=pass_placement(settings),
-                         device=PassDevice.of(resources.device, settings.max_gpu_memory))
+                         device=PassDevice.of(resources.device, settings.max_gpu_memory), imatrix=imatrix)
 
 
 def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
@@ -377,8 +390,8 @@ def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging 
     1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
     ``codecs``: as for :func:`run`."""
     shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
-    options = plan_options(output, merging, out_shard_size=shard_size)
     text = config_text(config)
+    options = computed_imatrix(plan_options(output, merging, out_shard_size=shard_size), text, StateDir.resolve())
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
                 codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
@@ -435,6 +448,7 @@ def estimate(
     options = plan_options(output, merging, resources, num_threads=None,
                            out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
     settings = run_settings(state_dir, resources, executor=executor)
+    options = computed_imatrix(options, config_text(config), settings.state)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)
@@ -491,9 +505,8 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, executor: Executor | None = None,
            max_memory: int | str | None = None, device: str | None = None,
-           progress: Callable[[SearchStep], None] | None = None, wandb: bool = False,
-           wandb_project: str = "mergekit-evolve", wandb_entity: str | None = None, trackio: bool = False,
-           trackio_project: str = "resumerge-evolve") -> EvolveOutcome:
+           progress: Callable[[SearchStep], None] | None = None, trackers: Trackers = Trackers(),
+           state_dir: PathLike | None = None) -> EvolveOutcome:
     """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
     ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
     ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
@@ -513,37 +526,36 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
     layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
     them on stderr.
-    ``wandb`` (mergekit-evolve's ``--wandb``, to
-    ``wandb_project`` of ``wandb_entity``) and ``trackio`` (to ``trackio_project``): the search logged there, a row
+    ``trackers`` (:class:`Trackers`: ``wandb``, mergekit-evolve's ``--wandb``, to
+    ``wandb_project`` of ``wandb_entity``, and ``trackio``, to ``trackio_project``): the search logged there, a row
     per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
     best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
+    ``state_dir``: as for :func:`run` (the parents' small files, the kl tasks' texts' tokens, ``merge_best``'s
+    ledger); ``resumerge status STORAGE`` (:func:`status`) says where the search stands.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching
     nothing, an lm-eval task unknown or not loadable offline, or a STORAGE holding another search."""
     from pathlib import Path
 
-    from resumerge.api.evolution import evolve_into
+    from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.evolve.search import SearchOptions
 
     resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
-    placement = pass_placement(run_settings(None, resources, executor=executor))
-    return evolve_into(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed),
-                       resources=resources, merge_best=merge_best, allow_benchmark_tasks=allow_benchmark_tasks,
-                       run=run, plan_merge=plan_merge, open_population=open_population, evaluate=evaluate,
-                       task_search_path=task_search_path, placement=placement, executor=executor,
-                       progress=progress,
-                       tracking=_tracking(wandb, wandb_project, wandb_entity, trackio, trackio_project))
+    settings = run_settings(state_dir, resources, executor=executor)  # the state dir resolved here, once
+    asked = SearchAsked(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed), resources,
+                        settings.state, merge_best, allow_benchmark_tasks, task_search_path, pass_placement(settings),
+                        executor, _tracking(trackers))
+    return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)
 
 
-def _tracking(wandb: bool, wandb_project: str, wandb_entity: str | None, trackio: bool,
-              trackio_project: str) -> list[Tracking]:
+def _tracking(trackers: Trackers) -> list[Tracking]:
     """Where :func:`evolve` logs its search (an entity or project named without its library: exit 2)."""
     from resumerge.errors import UsageError
     from resumerge.evolve.tracking import Tracking
 
-    if wandb_entity is not None and not wandb:
+    if trackers.wandb_entity is not None and not trackers.wandb:
         raise UsageError("--wandb-entity needs --wandb", hint="add --wandb, or leave out --wandb-entity")
-    found = [Tracking("wandb", wandb_project, wandb_entity)] if wandb else []
-    return found + ([Tracking("trackio", trackio_project)] if trackio else [])
+    found = [Tracking("wandb", trackers.wandb_project, trackers.wandb_entity)] if trackers.wandb else []
+    return found + ([Tracking("trackio", trackers.trackio_project)] if trackers.trackio else [])
 

@@ -46,22 +46,51 @@ class EvolveOutcome:
     merged: Outcome | None = None
 
 
-def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resources: Resources,
-                merge_best: PathLike | None, allow_benchmark_tasks: bool, run: Callable[..., Outcome],
-                plan_merge: Callable[[str], Plan], open_population: Callable[..., Population],
-                evaluate: Callable[..., EvalReport], task_search_path: PathLike | None = None,
-                written: bool = False, placement: PassPlacement = HERE,
-                executor: Executor | None = None, progress: Watcher | None = None,
-                tracking: Sequence[Tracking] = ()) -> EvolveOutcome:
-    """:func:`resumerge.api.evolve`'s work, with the API's own ``run``, ``plan_merge`` and ``open_population``
-    handed in (this module sits under the front door's package). Each generation is scored in one streamed pass
-    per task (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to
-    disk and scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures
-    are held to). ``placement`` (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over
-    the nodes of that cluster (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what
-    writes ``merge_best`` (:func:`resumerge.api.run`'s); ``progress``: told each step of the search (a candidate's
-    pass at each layer, each candidate scored, the best so far and the time left). ``tracking``: where the search
-    is logged (W&B, trackio: :mod:`resumerge.evolve.tracking`), each library imported before anything is read."""
+@dataclass(frozen=True)
+class ApiCalls:
+    """The API's own calls a search makes, handed in by :mod:`resumerge.api.calls` (which imports this module, so
+    this one cannot import it): ``run`` merges a candidate (and ``merge_best``), ``plan_merge`` plans the first,
+    ``open_population`` opens a generation unwritten, ``evaluate`` scores its lm-eval tasks."""
+
+    run: Callable[..., Outcome]
+    plan_merge: Callable[[str], Plan]
+    open_population: Callable[..., Population]
+    evaluate: Callable[..., EvalReport]
+
+
+@dataclass(frozen=True)
+class SearchAsked:
+    """A search as the front door resolved it: the mergekit-evolve ``config``, its ``store`` (STORAGE), CMA-ES's
+    ``options``, the ``resources`` each candidate is merged and scored within, the ``state`` dir (resolved once, at
+    the front door: the parents' small files, the kl tasks' texts' tokens), ``merge_best`` (where the best candidate
+    is then written), ``allow_benchmark_tasks``, lm-eval's ``task_search_path``; ``placement``
+    (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over the nodes of that cluster
+    (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what writes ``merge_best``
+    (:func:`resumerge.api.run`'s); ``tracking``: where the search is logged (W&B, trackio:
+    :mod:`resumerge.evolve.tracking`)."""
+
+    config: PathLike
+    store: Path
+    options: SearchOptions
+    resources: Resources
+    state: StateDir
+    merge_best: PathLike | None = None
+    allow_benchmark_tasks: bool = False
+    task_search_path: PathLike | None = None
+    placement: PassPlacement = HERE
+    executor: Executor | None = None
+    tracking: Sequence[Tracking] = ()
+
+
+def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
+                progress: Watcher | None = None) -> EvolveOutcome:
+    """:func:`resumerge.api.evolve`'s work, with the API's own calls handed in (``calls``: this module sits under
+    the front door's package). Each generation is scored in one streamed pass per task
+    (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to disk and
+    scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures are held
+    to). ``progress``: told each step of the search (a candidate's pass at each layer, each candidate scored, the
+    best so far and the time left). Each tracking library (``asked.tracking``) is imported before anything is
+    read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.evolve import storage as files
     from resumerge.evolve.genome import tokenizer_model
@@ -74,12 +103,13 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     from resumerge.evolve.written import WrittenCandidates
     from resumerge.forward.device import PassDevice
 
-    backends = [(each.kind, backend(each)) for each in tracking]  # a library missing: exit 2 before anything
-    include = os.fspath(task_search_path) if task_search_path is not None else None
+    store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
+    backends = [(each.kind, backend(each)) for each in asked.tracking]  # a library missing: exit 2 before anything
+    include = os.fspath(asked.task_search_path) if asked.task_search_path is not None else None
     on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
     index = TaskIndex()  # lm-eval's tasks indexed once: for the planning and every candidate's evaluation
-    planned, plan = plan_evolve(config, options, allow_benchmark_tasks, plan_merge, include, resources.device,
-                                index)
+    planned, plan = plan_evolve(asked.config, asked.options, asked.allow_benchmark_tasks, calls.plan_merge,
+                                asked.state, include, resources.device, index)
     if resources.max_memory is not None:
         _fits(planned, plan, resources.max_memory)
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
@@ -93,33 +123,32 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
     tokenizer = Path(source) if source is not None else None
 
     def population(texts: Sequence[str]) -> Population:
-        return open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
+        return calls.open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
 
     tasks = planned.spec.tasks
     settings = eval_settings(planned.spec, include, resources.device) if any(t.kind == "lm-eval" for t in tasks) \
         else None
 
     def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
-        return dict(evaluate(target, tasks=settings.tasks, include_path=settings.include_path, limit=settings.limit,
-                             num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template,
-                             max_memory=resources.max_memory, device=settings.device, state_dir=state,
-                             task_index=index).results)
+        return dict(calls.evaluate(target, tasks=settings.tasks, include_path=settings.include_path,
+                                   limit=settings.limit, num_fewshot=settings.num_fewshot,
+                                   apply_chat_template=settings.apply_chat_template, max_memory=resources.max_memory,
+                                   device=settings.device, state_dir=state, task_index=index).results)
 
     def scorer_at(root: Path, say: Say | None = None) -> ScoresGeneration:
         """The search's scorer, its passes journaled and its texts' tokens kept in ``root``, telling ``say`` where
         it is (None: ``root``'s progress file alone; a Ray node's scorer, which this process's watcher never
         reaches)."""
         own: ScoresGeneration = WrittenCandidates(root, tasks, merge, tokenizer, on, say) if written else \
-            StreamedCandidates(root, tasks, population, tokenizer, StateDir.resolve(None), _bytes(resources.max_memory),
+            StreamedCandidates(root, tasks, population, tokenizer, asked.state, _bytes(resources.max_memory),
                                on, say)
         parts = [("own", own)] if any(t.kind != "lm-eval" for t in tasks) else []
         if settings is not None:
             parts.append(("lm-eval", LmEvalCandidates(root, tasks, settings, evaluated, say)))
         return parts[0][1] if len(parts) == 1 else Together(root, parts)
 
-    ray = placement if isinstance(placement, OnRay) else None
-    command = evolve_command(config, store, options, resources, merge_best, allow_benchmark_tasks, task_search_path,
-                             None if ray is None else ray.address or "", tracking)
+    ray = asked.placement if isinstance(asked.placement, OnRay) else None
+    command = evolve_command(asked)
     told = SearchProgress(store, progress)
     with files.locked(store, command), ExitStack() as closing:
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
@@ -132,21 +161,21 @@ def evolve_into(config: PathLike, store: Path, options: SearchOptions, *, resour
                               told, command, logs)
         else:
             best = run_search(planned, store, scorer_at(store, told.say), told, command, logs)
-    merged = run(store / files.BEST, merge_best, resources=resources, executor=executor) \
-        if merge_best is not None else None
+    merged = run(store / files.BEST, merge_best, resources=resources, executor=asked.executor,
+                 state_dir=asked.state.given) if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 
-def evolve_command(config: PathLike, store: Path, options: SearchOptions, resources: Resources,
-                   merge_best: PathLike | None, allow_benchmark_tasks: bool, task_search_path: PathLike | None,
-                   ray_address: str | None, tracking: Sequence[Tracking] = ()) -> str:
-    """The shell command of this search (what continues an interrupted one: the same settings, or STORAGE refuses
-    it); ``ray_address``: on Ray (the empty string: the cluster ``RAY_ADDRESS`` names, or one started here);
-    ``tracking``: where it is logged, so the continued search logs on to the same run (W&B's and trackio's keys
-    stay in their environment variables and login files, never in the command)."""
+def evolve_command(asked: SearchAsked) -> str:
+    """The shell command of the search ``asked`` (what continues an interrupted one: the same settings, or STORAGE
+    refuses it; ``--state-dir`` where it is not the default; where it is logged, so the continued search logs on to
+    the same run: W&B's and trackio's keys stay in their environment variables and login files, never in it)."""
+    from resumerge.config.locations import is_default_state_root
     from resumerge.evolve.spec import OPT_IN
 
-    words = ["resumerge", "evolve", os.fspath(config), os.fspath(store), "--max-fevals", str(options.max_fevals)]
+    options, resources, merge_best = asked.options, asked.resources, asked.merge_best
+    words = ["resumerge", "evolve", os.fspath(asked.config), os.fspath(asked.store), "--max-fevals",
+             str(options.max_fevals)]
     if options.popsize is not None:
         words += ["--popsize", str(options.popsize)]
     if options.sigma0 != 1 / 6:
@@ -157,15 +186,18 @@ def evolve_command(config: PathLike, store: Path, options: SearchOptions, resour
         words += ["--max-memory", str(resources.max_memory)]
     if resources.device not in (None, "cpu"):
         words += ["--device", str(resources.device)]
-    if ray_address is not None:
-        words += ["--executor", "ray", *(["--ray-address", ray_address] if ray_address else [])]
+    if not is_default_state_root(asked.state.given):
+        words += ["--state-dir", os.fspath(asked.state.root)]
+    if isinstance(asked.placement, OnRay):  # no address: the cluster RAY_ADDRESS names, or one started here
+        address = asked.placement.address
+        words += ["--executor", "ray", *(["--ray-address", address] if address else [])]
     if merge_best is not None:
         words += ["--merge-best", os.fspath(merge_best)]
-    if allow_benchmark_tasks:
+    if asked.allow_benchmark_tasks:
         words.append(OPT_IN)
-    if task_search_path is not None:
-        words += ["--task-search-path", os.fspath(task_search_path)]
-    for each in tracking:
+    if asked.task_search_path is not None:
+        words += ["--task-search-path", os.fspath(asked.task_search_path)]
+    for each in asked.tracking:
         words += [f"--{each.kind}", f"--{each.kind}-project", each.project]
         if each.entity is not None:
             words += [f"--{each.kind}-entity", each.entity]
@@ -173,11 +205,11 @@ def evolve_command(config: PathLike, store: Path, options: SearchOptions, resour
 
 
 def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks: bool,
-                plan_merge: Callable[[str], Plan], include_path: str | None = None,
+                plan_merge: Callable[[str], Plan], state: StateDir, include_path: str | None = None,
                 device: str = "cpu", index: TaskIndex | None = None) -> tuple[Planned, Plan]:
     """The search :func:`evolve_into` would run and its first candidate's plan, every refusal made (reading headers
     only, and the tokenizers of a kl parent whose vocabulary differs from the candidates': its texts' tokens kept in
-    the state dir, as ``eval`` keeps them; nothing else written); ``index``: lm-eval's task index, kept for the
+    the ``state`` dir, as ``eval`` keeps them; nothing else written); ``index``: lm-eval's task index, kept for the
     candidates' evaluations."""
     from resumerge.evolve.models import genome_layers
     from resumerge.evolve.search import plan_search
@@ -194,7 +226,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
         from resumerge.evolve.lmeval import eval_settings, refuse_unscorable
 
         refuse_unscorable(eval_settings(spec, include_path, device), index)
-    layers = genome_layers(spec, StateDir.resolve(None))
+    layers = genome_layers(spec, state)
     planned = plan_search(spec, layers, options)
     import yaml
 
@@ -203,7 +235,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     if any(t.kind == "kl" for t in spec.tasks):  # a parent of another vocabulary: can it meet the candidates'?
         from resumerge.evolve.vocabs import refuse_unmet
 
-        refuse_unmet(spec, plan.out_config, StateDir.resolve(None))
+        refuse_unmet(spec, plan.out_config, state)
     return planned, plan
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
@@ -44,13 +46,27 @@ class MergeKind:
         """The merge through :func:`~resumerge.engine.session.run_merge`."""
         from resumerge.engine.session import run_merge
 
+        def before() -> None:  # --imatrix-texts: the importance matrix the encoding reads, computed on the merge
+            from resumerge.api.importance import importance_pass
+
+            importance_pass(call.text, call.options, call.settings, reporter=driving.reporter,
+                            command=f"resumerge run {os.fspath(call.config)} {os.fspath(call.locations.out)}")
+
         return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
                          reporter=driving.reporter, should_stop=driving.should_stop,
-                         codecs=call.codecs)
+                         codecs=call.codecs, before=before if call.options.imatrix_texts is not None else None)
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
-        run found them."""
+        run found them; with ``--imatrix-texts``, its importance matrix first (found computed, or its pass
+        resumed), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
+        options = recorded.options
+        if options.imatrix_texts is not None:
+            from resumerge.api.importance import importance_pass
+
+            _same_texts(recorded)
+            importance_pass(recorded.text, options, settings, model_dirs=recorded.model_dirs,
+                            reporter=driving.reporter, command=f"resumerge resume {recorded.target.out}")
         return resume_journaled(self.name, recorded, settings, driving, _replan)
 
     def plan(self, call: Call) -> Plan:
@@ -74,6 +90,21 @@ class MergeKind:
     def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
         """The ledger's (or the manifest's) account, all a merge's status has."""
         return replace(report, kind=self.name)
+
+
+def _same_texts(recorded: Recorded) -> None:
+    """Refuse (exit 4) the resume of a run whose ``--imatrix-texts`` file is gone or holds other texts than when it
+    started: its importance matrix, so its bytes, would differ (the plan's fingerprint holds the texts' digest; a
+    plan stored with the run is reused without planning again, so it is asked here)."""
+    from resumerge.api.importance import imatrix_key
+    from resumerge.errors import PlanChangedError
+
+    options = recorded.options
+    texts = Path(options.imatrix_texts or "")
+    if not texts.is_file() or Path(options.imatrix or "").stem != imatrix_key(recorded.text, str(texts)):
+        raise PlanChangedError(f"--imatrix-texts {texts}: the texts the run's importance matrix was computed from "
+                               "changed (or are gone) since the run started", path=str(texts),
+                               hint="put the file back as it was to resume, or start over with run --restart")
 
 
 def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:

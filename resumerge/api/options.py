@@ -1,5 +1,6 @@
 """What a caller asks of a run, as a few frozen groups a notebook builds once and passes to every call
-(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`), and the one
+(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`,
+:class:`Surgery`, :class:`Trackers`), and the one
 place they become :class:`~resumerge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
 :class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
 named, a config given as a file or as YAML text, a recipe's OUT kept from a single merge. Each raises
@@ -64,7 +65,9 @@ class Output:
     ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k``, each tensor's type as llama.cpp picks
     it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
-    importance matrix file of llama.cpp's, GGUF or ``.dat``) and its tokenizer from a GGUF parent, or with
+    importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
+    importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
+    never written) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
@@ -81,6 +84,7 @@ class Output:
     gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
 
 
@@ -170,7 +174,20 @@ class Surgery(SurgeryChoices):
     ``new_vocab_noise``/``new_vocab_scale`` of the approximated rows."""
 
 
-GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery)
+@dataclass(frozen=True)
+class Trackers:
+    """Where a search (``evolve``) is logged: ``wandb`` (mergekit-evolve's ``--wandb``, to ``wandb_project`` of
+    ``wandb_entity``, None: yours) and ``trackio`` (to ``trackio_project``); a row per candidate, a summary per
+    generation, ``best.yml`` as an artifact when the best changes."""
+
+    wandb: bool = False
+    wandb_project: str = "mergekit-evolve"
+    wandb_entity: str | None = None
+    trackio: bool = False
+    trackio_project: str = "resumerge-evolve"
+
+
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers)
 
 
 def taken(group: object, function: str) -> None:
@@ -252,7 +269,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
 
 # The GGUF type options, by field: the flag that sets each
 _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
-                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix"}
+                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
+                 "imatrix_texts": "--imatrix-texts"}
 
 
 def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -286,7 +304,30 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
             raise UsageError(f"--imatrix {given['imatrix']}: no such file (an importance matrix llama-imatrix "
                              "wrote, GGUF or .dat)")
         out["imatrix"] = str(path)
+    if given.get("imatrix_texts") is not None:
+        out["imatrix_texts"] = _imatrix_texts(given)
     return out
+
+
+def _imatrix_texts(given: Mapping[str, Any]) -> str:
+    """``--imatrix-texts`` checked (exit 2): not with ``--imatrix``, a file, and a ``--gguf-type`` whose quantizer
+    reads an importance matrix; the file as an absolute path."""
+    from resumerge.outputs.gguf import kquants, legacyweighted
+    from resumerge.plan.gguftypes import MIXES
+
+    if given.get("imatrix") is not None:
+        raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
+                         "file llama-imatrix wrote, or texts to compute it on the merge from)")
+    mix = str(given.get("gguf_type") or "f16")
+    if mix not in MIXES or (MIXES[mix].default not in kquants.K_TYPES and
+                            MIXES[mix].default not in legacyweighted.LEGACY):
+        raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
+                         hint="give a K-quant mix (q2_k ... q6_k) or q4_0, q4_1, q5_0, q5_1")
+    path = Path(given["imatrix_texts"]).expanduser().resolve()
+    if not path.is_file():
+        raise UsageError(f"--imatrix-texts {given['imatrix_texts']}: no such file (texts, one a line, to compute "
+                         "the importance matrix on the merge from)")
+    return str(path)
 
 
 def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | None = None, *,

@@ -28,10 +28,12 @@ def named(out: PathLike) -> None:
         raise UsageError("OUT is empty", hint="name an output directory, or a hub repo hf://NAMESPACE/NAME")
 
 
-def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus:
+def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus | SearchStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
-    recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress)."""
-    from resumerge.analyses.table import analysis_of, annotated
+    recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress); an
+    analysis's own folder answers through the analyses table (:mod:`resumerge.api.analyses`): a search's STORAGE
+    with a :class:`~resumerge.evolve.status.SearchStatus`, as :func:`evolve_status` gives it."""
+    from resumerge.api.analyses import analysis_of, annotated
     from resumerge.api.kinds import killed_account, own_record, recorded_kind
     from resumerge.config.locations import StateDir
     from resumerge.errors import NothingRecordedError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+from resumerge.cli import flags
 
 
 def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,22 +28,8 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")
     check.add_argument("--prompts", metavar="FILE", help="texts to run, one per line, no chat template "
                        "(default: built-in short chat, code, maths and multilingual texts)")
-    check.add_argument("--truncate-texts", action="store_true",
-                       help="cut each text longer than the models' context (max_position_embeddings) to its first "
-                            "tokens, rather than refuse it (exit 2, naming its line)")
-    check.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
-                       "default: most of what is free)")
-    check.add_argument("--state-dir", metavar="DIR", help="where the check's journal is kept")
-    check.add_argument("--device", default="cpu", metavar="DEVICE",
-                       help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
-                            "hidden states kept there: a model larger than the GPU's memory runs on it; not with "
-                            "--executor ray) [default: cpu]")
-    check.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: 85 "
-                       "%% of the GPU's free memory]")
-    add_executor_flags(check, where=f"where the forward pass runs: this process, one model after another, or each "
-                                    f"model on a node of its own of a Ray cluster ({RAY_NEEDS}; the models on paths "
-                                    "every node sees, or hf://); the report is the same, and a check started with one "
-                                    "resumes with the other", address="the check")
+    flags.add(check, flags.TRUNCATE_TEXTS, *flags.PASS_FLAGS)
+    flags.add_executor(check)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (in a terminal a bar with "
                        "the layer, the model and the time left; in a log one line per layer), only the report")
@@ -51,17 +37,12 @@ def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_check_command(args: argparse.Namespace) -> int:
     """Parse nothing more: one API call, then the report."""
-    from resumerge.api import Resources, check
-    from resumerge.api.options import executor_option
+    from resumerge.api import check
     from resumerge.cli.checkprogress import CheckProgress
 
     progress = CheckProgress(quiet=args.quiet)
     try:
-        report = check(args.model, base=args.base, parents=tuple(args.parents), prompts=args.prompts,
-                       resources=Resources(max_memory=args.max_memory, device=args.device,
-                                           max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
-                       executor=executor_option(args.executor, ray_address=args.ray_address),
-                       truncate_texts=args.truncate_texts, progress=progress)
+        report = check(progress=progress, **flags.api_options(args, check))
     finally:
         progress.close()
     if args.json:

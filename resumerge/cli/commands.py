@@ -16,8 +16,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
+from resumerge.cli.flags import api_options
 from resumerge.cli.knobs import (
     Progress,
     fits_exit_code,
@@ -30,15 +31,10 @@ from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageErr
 
 if TYPE_CHECKING:
     from resumerge.engine.drive import Outcome
+    from resumerge.estimate.costs import Estimate
 
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
-# Options that shape what the terminal shows, not what the API does (the rest of each command's options are
-# keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
-CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
-# Options that are settings of the executor object the API takes (``executor=RayExecutor(address, keep_workers)``):
-# the command folds them into it (:func:`resumerge.api.options.executor_option`).
-FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,15 +173,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from resumerge.api import status
-    from resumerge.evolve.storage import is_storage
-
-    if is_storage(Path(args.out)):  # a search's STORAGE (resumerge evolve)
-        from resumerge.cli.evolvecmd import show_search_status
-
-        return show_search_status(args.out, args.json)
 
     report = status(args.out, state_dir=args.state_dir)
     if args.json:
@@ -232,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
         note_ignored(args)
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = run(progress=progress, should_stop=installed_stop_flag(), **_api_options(args, run))
+            outcome = run(progress=progress, should_stop=installed_stop_flag(), **api_options(args, run))
     _finished(outcome, args.quiet)
     report = getattr(outcome, "check", None)  # run --check: the check's report, and its verdict's exit code
     if report is not None:
@@ -248,7 +236,7 @@ def _resume(args: argparse.Namespace) -> int:
 
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = resume(progress=progress, should_stop=installed_stop_flag(), **_api_options(args, resume))
+            outcome = resume(progress=progress, should_stop=installed_stop_flag(), **api_options(args, resume))
     _finished(outcome, args.quiet)
     return EXIT_OK
 
@@ -256,7 +244,7 @@ def _resume(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from resumerge.api import estimate
 
-    result = estimate(fresh_process=True, **_api_options(args, estimate))
+    result = estimate(fresh_process=True, **api_options(args, estimate))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -266,36 +254,26 @@ def _plan(args: argparse.Namespace) -> int:
     return fits_exit_code(result.fits, result.reasons)
 
 
-# extract-lora's options that only a run uses: --plan estimates (estimate_extraction) without them.
+# The options of extract-lora and tokensurgeon that only writing uses: --plan estimates without them.
 EXTRACTION_RUN_ONLY = frozenset({"plan", "restart", "max_gpu_memory", "public", "commit_every", "commit_interval"})
 
 
 def _extract_lora(args: argparse.Namespace) -> int:
     from resumerge.api import estimate_extraction, extract_lora
-    from resumerge.cli.ignoredflags import note_ignored
-    from resumerge.estimate.costs import Estimate
 
-    note_ignored(args)
-    if not args.plan:
-        quiet_hub_uploads(args.out)
-        with Progress(args.quiet) as progress:
-            outcome = extract_lora(progress=progress, should_stop=installed_stop_flag(),
-                                   **_api_options(args, extract_lora))
-        assert not isinstance(outcome, Estimate)  # plan=False runs the extraction
-        _finished(outcome, args.quiet)
-        return EXIT_OK
-    result = estimate_extraction(fresh_process=True, **_api_options(args, estimate_extraction, EXTRACTION_RUN_ONLY))
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        from resumerge.cli.render import show_estimate
-
-        show_estimate(result)
-    return fits_exit_code(result.fits, result.reasons)
+    return _written_or_estimated(args, extract_lora, estimate_extraction)
 
 
 def _tokensurgeon(args: argparse.Namespace) -> int:
     from resumerge.api import estimate_tokensurgeon, tokensurgeon
+
+    return _written_or_estimated(args, tokensurgeon, estimate_tokensurgeon)
+
+
+def _written_or_estimated(args: argparse.Namespace, write: Callable[..., Outcome | Estimate],
+                          estimate: Callable[..., Estimate]) -> int:
+    """A command that writes a model (extract-lora, tokensurgeon): ``write`` it, or with ``--plan`` print what
+    ``estimate`` says it needs and exit with whether it fits."""
     from resumerge.cli.ignoredflags import note_ignored
     from resumerge.estimate.costs import Estimate
 
@@ -303,12 +281,11 @@ def _tokensurgeon(args: argparse.Namespace) -> int:
     if not args.plan:
         quiet_hub_uploads(args.out)
         with Progress(args.quiet) as progress:
-            outcome = tokensurgeon(progress=progress, should_stop=installed_stop_flag(),
-                                   **_api_options(args, tokensurgeon))
-        assert not isinstance(outcome, Estimate)  # plan=False runs the transplant
+            outcome = write(progress=progress, should_stop=installed_stop_flag(), **api_options(args, write))
+        assert not isinstance(outcome, Estimate)  # plan=False writes
         _finished(outcome, args.quiet)
         return EXIT_OK
-    result = estimate_tokensurgeon(fresh_process=True, **_api_options(args, estimate_tokensurgeon, EXTRACTION_RUN_ONLY))
+    result = estimate(fresh_process=True, **api_options(args, estimate, EXTRACTION_RUN_ONLY))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -316,21 +293,6 @@ def _tokensurgeon(args: argparse.Namespace) -> int:
 
         show_estimate(result)
     return fits_exit_code(result.fits, result.reasons)
-
-
-def _api_options(args: argparse.Namespace, function: Callable[..., Any],
-                 leave: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The keyword arguments of ``function`` from the parsed options: every dest but presentation, the mergekit
-    flags accepted only to be ignored and ``leave``, the executor's own flags folded into the executor object
-    (:data:`FOLDED`), each other packed into the option group that has a field of its name
-    (:func:`resumerge.api.options.grouped`; tests/test_front_door.py holds the flags and the API's options equal)."""
-    from resumerge.api.options import executor_option, grouped
-
-    options = {k: v for k, v in vars(args).items() if k not in CLI_ONLY | leave and not k.startswith("unneeded_")}
-    if "executor" in options:
-        folded = {k: options.pop(k) for k in FOLDED if k in options}
-        options["executor"] = executor_option(options["executor"], **folded)
-    return grouped(function, options)
 
 
 def _finished(outcome: Outcome, quiet: bool) -> None:

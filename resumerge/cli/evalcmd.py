@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+from resumerge.cli import flags
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.run import EvalStep
@@ -51,47 +51,28 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--output-path", "--output_path", "-o", metavar="DIR",
                           help="write lm-eval's results file (and the samples) under DIR as lm-eval's --output_path "
                                "does")
-    evaluate.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. 4GB; "
-                          "default: most of what is free)")
-    evaluate.add_argument("--device", default="cpu", metavar="DEVICE",
-                          help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, "
-                               "the hidden states kept there; not with --executor ray) [default: cpu]")
-    evaluate.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda "
-                          "[default: 85 %% of the GPU's free memory]")
-    evaluate.add_argument("--state-dir", metavar="DIR", help="where the evaluation's journal is kept")
+    flags.add(evaluate, *flags.PASS_FLAGS)
     evaluate.add_argument("--random-seed", type=int, default=0, metavar="N",
                           help="a merge config TARGET: seed of randomised methods, as for run [default: 0]")
     evaluate.add_argument("--allow-crimes", action="store_true",
                           help="a merge config TARGET: merge models of different architectures, as for run")
     evaluate.add_argument("--unsafe-truncate-embeddings", action="store_true",
                           help="a merge config TARGET: merge vocabularies of different sizes, as for run")
-    add_executor_flags(evaluate, where=f"where each pass's decoder layers run: this process, or an actor on a node "
-                                       f"of a Ray cluster, the head here ({RAY_NEEDS}; TARGET a written model on a "
-                                       "path every node sees, or hf://); the results are the same, and an evaluation "
-                                       "started with one resumes with the other", address="the evaluation")
+    flags.add_executor(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print lm-eval's results object as JSON")
     evaluate.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (one line per layer)")
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """One API call, then the table (or the JSON)."""
-    from resumerge.api import Merging, Resources, evaluate
-    from resumerge.api.options import executor_option
+    from resumerge.api import evaluate
 
     def progress(step: EvalStep) -> None:
         where = "the head" if step.layer is None else f"layer {step.layer + 1}/{step.layers}"
         print(f"eval: {step.target}: {','.join(step.tasks)}: {step.kind} pass of {step.requests} request(s): "
               f"{where}", file=sys.stderr, flush=True)
 
-    report = evaluate(args.target, tasks=args.tasks, include_path=args.include_path, limit=args.limit,
-                      num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
-                      log_samples=args.log_samples, output_path=args.output_path,
-                      resources=Resources(max_memory=args.max_memory, device=args.device,
-                                          max_gpu_memory=args.max_gpu_memory), state_dir=args.state_dir,
-                      executor=executor_option(args.executor, ray_address=args.ray_address),
-                      progress=None if args.quiet else progress,
-                      merging=Merging(random_seed=args.random_seed, allow_crimes=args.allow_crimes,
-                                      unsafe_truncate_embeddings=args.unsafe_truncate_embeddings))
+    report = evaluate(progress=None if args.quiet else progress, **flags.api_options(args, evaluate))
     if report.proof is not None and not args.quiet:  # stderr: --json's stdout is lm-eval's object alone
         print(f"eval: inputs: {report.proof}", file=sys.stderr)
     if args.json:

@@ -1,5 +1,5 @@
-"""``resumerge evolve CONFIG STORAGE``: its options, its one :func:`resumerge.api.evolve` call and what it prints;
-and ``resumerge status STORAGE`` for a search (:func:`resumerge.api.evolve_status`)."""
+"""``resumerge evolve CONFIG STORAGE``: its options, its one :func:`resumerge.api.evolve` call and what it prints
+(``resumerge status STORAGE`` for a search is :func:`resumerge.api.status`'s, through the analyses table)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+from resumerge.cli import flags
 from resumerge.errors import EXIT_OK
 
 OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
@@ -38,13 +38,8 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     evolve.add_argument("--sigma0", type=float, default=1 / 6, metavar="S",
                         help="CMA-ES's first step size [default: 1/6]")
     evolve.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of CMA-ES's draws [default: 0]")
-    evolve.add_argument("--max-memory", metavar="SIZE", help="memory budget of each candidate's merge (e.g. 4GB)")
-    evolve.add_argument("--device", default="cpu", help="where each candidate is merged (cpu, cuda, cuda:N)")
-    add_executor_flags(evolve, where=f"where each generation's candidates are scored: this process, or spread over "
-                                     f"the nodes of a Ray cluster, a group of them on each node ({RAY_NEEDS}; CONFIG's "
-                                     "models, its texts and STORAGE on paths every node sees); the files are the "
-                                     "same, and a search started with one resumes with the other; --merge-best is "
-                                     "written on it as run writes a merge", address="the search")
+    flags.add(evolve, flags.MAX_MEMORY, flags.STATE_DIR, flags.DEVICE)
+    flags.add_executor(evolve)
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
                         help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
@@ -69,18 +64,10 @@ def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run_evolve_command(args: argparse.Namespace) -> int:
     """One API call, then the best candidate."""
-    from resumerge.api import Resources, evolve
-    from resumerge.api.options import executor_option
+    from resumerge.api import evolve
     from resumerge.cli.evolveprogress import EvolveProgress
 
-    outcome = evolve(args.config, args.storage, max_fevals=args.max_fevals, popsize=args.popsize,
-                     sigma0=args.sigma0, random_seed=args.random_seed,
-                     resources=Resources(max_memory=args.max_memory, device=args.device),
-                     merge_best=args.merge_best, allow_benchmark_tasks=args.allow_benchmark_tasks,
-                     task_search_path=args.task_search_path,
-                     executor=executor_option(args.executor, ray_address=args.ray_address), wandb=args.wandb,
-                     wandb_project=args.wandb_project, wandb_entity=args.wandb_entity, trackio=args.trackio,
-                     trackio_project=args.trackio_project, progress=EvolveProgress(quiet=args.quiet))
+    outcome = evolve(progress=EvolveProgress(quiet=args.quiet), **flags.api_options(args, evolve))
     if args.json:
         print(json.dumps(outcome.best.to_row(), indent=2))
         return EXIT_OK
@@ -94,11 +81,3 @@ def run_evolve_command(args: argparse.Namespace) -> int:
         print(f"merged into {args.merge_best}")
     return EXIT_OK
 
-
-def show_search_status(storage: str, as_json: bool) -> int:
-    """``resumerge status STORAGE`` for a search."""
-    from resumerge.api import evolve_status
-
-    found = evolve_status(storage)
-    print(json.dumps(found.to_json(), indent=2) if as_json else "\n".join(found.lines()))
-    return EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
+from resumerge.cli import flags
 
 
 def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,38 +24,30 @@ def add_measure_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "
                          "(default: check's built-in short chat, code, maths and multilingual texts)")
-    measure.add_argument("--truncate-texts", action="store_true",
-                         help="cut each text longer than the models' context (max_position_embeddings) to its first "
-                              "tokens, rather than refuse it (exit 2, naming its line)")
-    measure.add_argument("--max-memory", metavar="SIZE", help="memory budget for the whole process (e.g. "
-                         "4GB; default: most of what is free)")
-    measure.add_argument("--state-dir", metavar="DIR", help="where the measurement's journal is kept (the Grams go to "
-                         "OUT_DIR)")
-    measure.add_argument("--device", default="cpu", metavar="DEVICE",
-                         help="where the layers run: cpu, or cuda[:N] (each layer moved to the GPU while it runs, the "
-                              "hidden states kept there; not with --executor ray; --plan reads the RAM on the host, "
-                              "whatever the device) [default: cpu]")
-    measure.add_argument("--max-gpu-memory", metavar="SIZE", help="GPU memory budget with --device cuda [default: "
-                         "85 %% of the GPU's free memory]")
-    add_executor_flags(measure, where=f"where each model's pass runs: this process, one model after another, or "
-                                      f"each model on a node of a Ray cluster, side by side ({RAY_NEEDS}; the models "
-                                      "on paths every node sees, or hub repos); the Grams are the same bytes, and a "
-                                      "measurement started with one resumes with the other", address="the measurement")
+    flags.add(measure, flags.TRUNCATE_TEXTS, *flags.PASS_FLAGS)
+    flags.add_executor(measure)
+    measure.add_argument("--imatrix", metavar="FILE", help="also write the Grams as llama.cpp's importance matrix "
+                         "(llama-imatrix's GGUF: each linear's sums of squared inputs, named as llama.cpp names the "
+                         "weight; several models' pooled), for run --imatrix or llama-quantize --imatrix")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
-                         "that fits); write nothing: exit 0 when it fits, 2 when it will not")
+                         "that fits; the RAM on the host, whatever the --device); write nothing: exit 0 when it fits, "
+                         "2 when it will not")
     measure.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+
+
+# The flag that picks the call, not an option of it; and what --plan leaves out: OUT_DIR, and where the layers
+# would run (the estimate reads the RAM on the host).
+PLAN = frozenset({"plan"})
+HOST_ONLY = PLAN | {"out", "device", "max_gpu_memory", "imatrix"}
 
 
 def run_measure_command(args: argparse.Namespace) -> int:
     """One API call, then a one-line summary (with --plan, the estimate)."""
-    from resumerge.api import Resources, estimate_measure, measure
-    from resumerge.api.options import executor_option
+    from resumerge.api import estimate_measure, measure
 
-    executor = executor_option(args.executor, ray_address=args.ray_address)
     if args.plan:  # the plan is the pass's RAM: read on the host from the headers, wherever the layers will run
-        estimate = estimate_measure(args.config, texts=args.texts, resources=Resources(max_memory=args.max_memory),
-                                    executor=executor, truncate_texts=args.truncate_texts, state_dir=args.state_dir)
+        estimate = estimate_measure(**flags.api_options(args, estimate_measure, HOST_ONLY))
         if not args.quiet:
             print("\n".join(estimate.lines()))
         return 0 if estimate.fits else 2
@@ -63,14 +55,14 @@ def run_measure_command(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"measuring: {line}", file=sys.stderr, flush=True)
 
-    resources = Resources(max_memory=args.max_memory, device=args.device, max_gpu_memory=args.max_gpu_memory)
-    report = measure(args.config, args.out, texts=args.texts, resources=resources, executor=executor,
-                     progress=None if args.quiet else progress, truncate_texts=args.truncate_texts,
-                     state_dir=args.state_dir)
+    report = measure(progress=None if args.quiet else progress, **flags.api_options(args, measure, PLAN))
     if not args.quiet:
         state = "already measured" if report.reused else "measured"
         print(f"{state}: {len(report.models)} model(s), {report.tokens} tokens each, {report.files} Gram file(s) "
               f"in {report.out}; name it in a regmean merge: parameters: {{grams: {report.out}}}")
+        if report.imatrix is not None:
+            print(f"importance matrix: {report.imatrix_entries} weight(s) in {report.imatrix} (llama.cpp's GGUF "
+                  "imatrix)")
         if report.reused and report.proof is not None:
             print(f"inputs: {report.proof}")
     return 0

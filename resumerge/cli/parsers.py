@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resumerge.cli import flags
 from resumerge.config.version import __version__
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def _run_parser(sub: SubParsers) -> None:
     run.add_argument("out", metavar="OUT", help="output directory (created; must be empty or resumerge's), or a hub "
                                                  "repo hf://NAMESPACE/NAME[@BRANCH]")
     _common(run)
-    _executor_flags(run)
+    flags.add_executor(run)
     _keep_flag(run)
     run.add_argument("--out-shard-size", default=None, metavar="SIZE",
                      help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
@@ -55,10 +56,7 @@ def _run_parser(sub: SubParsers) -> None:
                           "the most bytes of one unit of the file, written in place in a local OUT)")
     run.add_argument("--random-seed", type=int, default=0, metavar="N",
                      help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
-    run.add_argument("--restart", action="store_true",
-                     help="discard a different earlier run in OUT (only files it wrote) and start over")
-    run.add_argument("--public", action="store_true",
-                     help="hf:// OUT: create a missing repo public [default: private]")
+    flags.add(run, flags.RESTART, flags.PUBLIC)
     run.add_argument("--check", action="store_true", help="then check the merge as resumerge check does; exit "
                      "with the check's code (0 works, 5 no effect, 6 broken)")
     run.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
@@ -90,13 +88,7 @@ def _run_parser(sub: SubParsers) -> None:
     run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
                      dest="allow_same_experts",
                      help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
-    run.add_argument("--device", default="cpu", metavar="DEVICE",
-                     help="where merge methods compute: cpu or cuda[:N] (reading and writing stay on the host; "
-                          "a resume keeps the device) [default: cpu]")
-    run.add_argument("--cuda", action="store_const", const="cuda", dest="device",
-                     help="same as --device cuda (mergekit's flag)")
-    run.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
-                     help="Hugging Face cache directory for hub models [default: HF_HUB_CACHE / HF_HOME]")
+    flags.add(run, flags.DEVICE, flags.CUDA, flags.TRANSFORMERS_CACHE)
     run.add_argument("--stream-inputs", action="store_true",
                      help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
                           "download into the HF cache in the order the merge reads, merging as the bytes land; "
@@ -117,7 +109,7 @@ def _resume_parser(sub: SubParsers) -> None:
                                                     "hf://NAMESPACE/NAME[@BRANCH] (resumes from the repo alone "
                                                     "when the state dir is gone)")
     _common(resume)
-    _executor_flags(resume)
+    flags.add_executor(resume)
     _keep_flag(resume)
     resume.add_argument("--cleanup-intermediates", action="store_true",
                         help="recipes: delete the named stages' outputs once the final output is verified")
@@ -128,7 +120,7 @@ def _status_parser(sub: SubParsers) -> None:
                             description="Show the state of a merge (fast: reads the ledger only).")
     status.add_argument("out", metavar="OUT", help="output directory of the merge (or recipe), or its hub repo "
                                                     "hf://NAMESPACE/NAME[@BRANCH]")
-    status.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    flags.add(status, flags.STATE_DIR)
     status.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -138,7 +130,7 @@ def _verify_parser(sub: SubParsers) -> None:
                                         "files (exit 3: resume repairs them).")
     verify.add_argument("out", metavar="OUT", help="output directory of the merge, or its hub repo "
                                                     "hf://NAMESPACE/NAME[@BRANCH]")
-    verify.add_argument("--state-dir", metavar="DIR", help="state directory used by the run")
+    flags.add(verify, flags.STATE_DIR)
     verify.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -154,6 +146,10 @@ def _gguf_type_flags(add: Callable[..., Any]) -> None:
     add("--imatrix", metavar="FILE",
         help="--out-type gguf: llama.cpp's importance matrix (llama-imatrix's GGUF or .dat) weighting the "
              "quantizer's choices, as llama-quantize --imatrix")
+    add("--imatrix-texts", metavar="FILE",
+        help="--out-type gguf with a K-quant (or q4_0 ... q5_1) --gguf-type: compute the importance matrix on the "
+             "merge itself from FILE's texts (one a line) before encoding, in a forward pass over the merge never "
+             "written, one decoder layer at a time, journaled (not with --imatrix)")
 
 
 def _plan_parser(sub: SubParsers) -> None:
@@ -189,20 +185,10 @@ def _plan_parser(sub: SubParsers) -> None:
     plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
     plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
     _gguf_type_flags(plan.add_argument)
-    plan.add_argument("--state-dir", metavar="DIR", help="state directory the run will use")
-    plan.add_argument("--max-memory", metavar="SIZE", help="RAM budget the run will use, for its whole process "
-                      "[default: as for run]; the smallest that works is printed")
-    plan.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
-                      help="Hugging Face cache directory for hub models")
+    flags.add(plan, flags.STATE_DIR, flags.MAX_MEMORY, flags.TRANSFORMERS_CACHE)
     plan.add_argument("--stream-inputs", action="store_true", help="as for run")
-    plan.add_argument("--device", default="cpu", metavar="DEVICE",
-                      help="as for run: compute time is measured there [default: cpu]")
-    plan.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
-    plan.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
-                      help="as for run: compute time is measured with this many torch threads")
-    staging = plan.add_mutually_exclusive_group()
-    staging.add_argument("--staging-dir", metavar="DIR", dest="staging", help="as for run")
-    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging", help="as for run")
+    flags.add(plan, flags.DEVICE, flags.CUDA, flags.NUM_THREADS)
+    flags.add_staging(plan)
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true",
@@ -210,7 +196,7 @@ def _plan_parser(sub: SubParsers) -> None:
                            "resumerge/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
-    _executor_flags(plan)
+    flags.add_executor(plan)
 
 
 def _check_parser(sub: SubParsers) -> None:
@@ -293,18 +279,12 @@ def _extract_parser(sub: SubParsers) -> None:
                     help="with --embed-lora, cut embeddings and head of different vocabularies to the common rows")
     ex.add_argument("--random-seed", type=int, default=0, metavar="N",
                     help="seed of the randomized truncation (drawn per module) [default: 0]")
-    ex.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
+    flags.add(ex, flags.RESTART)
     ex.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                     help="write no README.md")
-    ex.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
-    ex.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
-    ex.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
-                    help="Hugging Face cache directory for hub models")
-    ex.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
-    ex.add_argument("--plan", action="store_true",
-                    help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing "
-                         "(exit 0 when it fits, 2 when not)")
-    ex.add_argument("--json", action="store_true", help="with --plan: print JSON")
+    flags.add(ex, flags.DEVICE, flags.CUDA, flags.TRANSFORMERS_CACHE)
+    flags.add(ex, flags.PUBLIC)
+    _estimate_flags(ex)
     _common(ex)
     accept_ignored(ex, {**UNNEEDED_FLAGS, **EXTRACT_UNNEEDED}, {**UNNEEDED_WITH_VALUE, **EXTRACT_UNNEEDED_WITH_VALUE})
 
@@ -353,42 +333,31 @@ def _surgery_parser(sub: SubParsers) -> None:
                     help="seed of randn, john_hewitt and the noise (drawn per batch) [default: 0]")
     ts.add_argument("--out-shard-size", metavar="SIZE",
                     help="maximum bytes per output shard, e.g. 5B or 500M [default: 5B for a folder]")
-    ts.add_argument("--restart", action="store_true", help="discard a different earlier run in OUT")
+    flags.add(ts, flags.RESTART)
     ts.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                     help="write no README.md and no tokensurgeon.json")
-    ts.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu or cuda[:N] [default: cpu]")
-    ts.add_argument("--cuda", action="store_const", const="cuda", dest="device", help="same as --device cuda")
-    ts.add_argument("--transformers-cache", metavar="DIR", dest="cache_dir",
-                    help="Hugging Face cache directory for hub models")
+    flags.add(ts, flags.DEVICE, flags.CUDA, flags.TRANSFORMERS_CACHE)
     ts.add_argument("--stream-inputs", action="store_true", help="read every hub input by HTTP Range")
-    ts.add_argument("--public", action="store_true", help="hf:// OUT: create a missing repo public")
-    ts.add_argument("--plan", action="store_true",
-                    help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing "
-                         "(exit 0 when it fits, 2 when not)")
-    ts.add_argument("--json", action="store_true", help="with --plan: print JSON")
+    flags.add(ts, flags.PUBLIC)
+    _estimate_flags(ts)
     _common(ts)
     accept_ignored(ts, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
 
 
+def _estimate_flags(p: argparse.ArgumentParser) -> None:
+    """``--plan`` and its ``--json`` of the commands that write a model (extract-lora, tokensurgeon)."""
+    p.add_argument("--plan", action="store_true",
+                   help="validate and estimate disk, RAM and time as resumerge plan does, writing nothing (exit 0 "
+                        "when it fits, 2 when not)")
+    p.add_argument("--json", action="store_true", help="with --plan: print JSON")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state-dir", metavar="DIR",
-                   help="where the ledger lives (local disk) [default: $RESUMERGE_STATE_DIR, else "
-                        "$XDG_STATE_HOME/resumerge or ~/.local/state/resumerge; runs recorded in ./state are "
-                        "still found there]")
+    flags.add(p, flags.STATE_DIR)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
-    p.add_argument("--max-memory", metavar="SIZE",
-                   help="RAM budget for the whole process (its resident memory, interpreter and torch included), "
-                        "e.g. 6GB [default: 80 %% of what the machine or container allows]; work in flight shrinks "
-                        "before the budget is reached; `plan` names the smallest that works")
-    staging = p.add_mutually_exclusive_group()
-    staging.add_argument("--staging-dir", metavar="DIR", dest="staging",
-                         help="write each file on this local dir first, then publish it to OUT by copy + verify "
-                              "[default: only when OUT is on Drive/FUSE/network storage, in the state dir]")
-    staging.add_argument("--no-staging", action="store_const", const=False, dest="staging",
-                         help="always write straight into OUT")
-    p.add_argument("--max-gpu-memory", metavar="SIZE",
-                   help="GPU memory budget when merging with --device cuda [default: 85 %% of the GPU's free "
-                        "memory]")
+    flags.add(p, flags.MAX_MEMORY)
+    flags.add_staging(p)
+    flags.add(p, flags.MAX_GPU_MEMORY)
     p.add_argument("--max-disk", metavar="SIZE",
                    help="bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files "
                         "not yet committed to the repo stay under it (work waits for commits) [default: no bound]")
@@ -398,16 +367,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
                    help="hf:// OUT: commit files waiting this long even when fewer than N [default: 60 with "
                         "--commit-every]; commits stay under 100 an hour (the hub allows 128 per repo)")
-    p.add_argument("-j", "--num-threads", dest="num_threads", type=int, default=None, metavar="N",
-                   help="threads torch uses for arithmetic [default: torch's choice]")
-
-
-def _executor_flags(p: argparse.ArgumentParser) -> None:
-    from resumerge.cli.executorflags import RAY_NEEDS, add_executor_flags
-
-    add_executor_flags(p, where=f"where the output shards are computed: this process, or a worker per node of a Ray "
-                                f"cluster ({RAY_NEEDS}; OUT and the inputs on paths every node sees); the bytes are "
-                                "the same, and a run started with one resumes with the other", address="the run")
+    flags.add(p, flags.NUM_THREADS)
 
 
 def _keep_flag(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from rich.text import Text
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
+    from resumerge.evolve.status import SearchStatus
     from resumerge.recipes.view import RecipeStatus
     from resumerge.store.statusview import StatusReport
 
@@ -29,12 +30,18 @@ def console(stream: TextIO | None = None, *, width: int | None = None) -> Consol
     return Console(file=stream or sys.stderr, highlight=False, soft_wrap=True, width=width)
 
 
-def show_any_status(report: StatusReport | RecipeStatus, stream: TextIO | None = None) -> None:
-    """``resumerge status``: a recipe's stages (:func:`show_recipe_status`) or one merge's (:func:`show_status`)."""
+def show_any_status(report: StatusReport | RecipeStatus | SearchStatus, stream: TextIO | None = None) -> None:
+    """``resumerge status``: a recipe's stages (:func:`show_recipe_status`), one merge's (:func:`show_status`) or a
+    search's lines (on stdout, as ``resumerge evolve`` prints its outcome)."""
     from resumerge.store.statusview import StatusReport  # imported by every status: the recipes' view need not be
 
     if isinstance(report, StatusReport):
         show_status(report, stream)
+        return
+    from resumerge.evolve.status import SearchStatus
+
+    if isinstance(report, SearchStatus):
+        print("\n".join(report.lines()), file=stream or sys.stdout)
     else:
         show_recipe_status(report, stream)
 

@@ -9,7 +9,7 @@ when the CPU is short, the transfers go first and the merge gets the rest; when 
 Measured hub to hub at 150/75 MB/s on the 2-core bench (bench/RESULTS.md, session 17), linear, 5 runs each: the
 last input byte landed 1.0 s sooner and the run ended 1.0 s sooner (medians, 28.3 s against 29.3 s). A TIES
 merge is what bounds that run on two cores: yielding, its downloads ended 3-8 s sooner and its merge as much
-later, so other methods keep the priority (:func:`resumerge.engine.executor.execute` decides).
+later, so other methods keep the priority (:func:`resumerge.engine.executor.compute_shards` decides).
 
 Linux gives each thread its own nice value, and a thread starts with its creator's: a thread that moves bytes
 must therefore never be started by a compute thread (see :class:`resumerge.inputs.hub.landing.Downloads`; a run

@@ -26,7 +26,7 @@ from resumerge.engine.frozenplan import freeze
 from resumerge.engine.inputcontents import InputContents, Proving
 from resumerge.engine.inputfetch import HubInputs
 from resumerge.engine.job import Job
-from resumerge.engine.outdir import done_line, open_run, planned_files, refuse_changed_plan
+from resumerge.engine.outdir import Recording, done_line, open_run, planned_files, refuse_changed_plan
 from resumerge.engine.quiet import NullReporter, never_stop
 from resumerge.engine.reconcile import reconcile
 from resumerge.engine.target import Target
@@ -188,8 +188,8 @@ class RunSession:
                 refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
                 from resumerge.engine.hubout import create_recorded  # the hub's client: for a repo output only
 
-                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart, frozen=frozen,
-                                          kind=self.prepared.kind)
+                hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart,
+                                          recording=Recording(self.prepared.kind, frozen))
             staged: list[str] = []
             with _make_sink(plan, out, rdir, settings.staging, staged, hub_out, max_disk, should_stop,
                             _telling(reporter, ledger)) as sink:
@@ -197,8 +197,8 @@ class RunSession:
                 # this process's threads): an optional attribute, as executors written before it keep working.
                 in_place = sink.writes_in_place and bool(getattr(executor, "journals_units", False))
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                          restart=restart, resuming=resuming, notes=notes, frozen=frozen,
-                                          kind=self.prepared.kind, in_place=in_place)
+                                          restart=restart, resuming=resuming, notes=notes,
+                                          recording=Recording(self.prepared.kind, frozen, in_place))
                 # A first run computed here into a folder (nothing committed yet, no hub): torch (1-2 CPU s) imported
                 # and the inputs proved while the merge's first units compute, not before them; a shard is published
                 # only once the proof is recorded (the local inputs' check, as a hub download's). Elsewhere the proof

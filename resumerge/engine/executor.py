@@ -21,7 +21,7 @@ import queue
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from resumerge.engine import cpupriority
@@ -66,7 +66,6 @@ from resumerge.torch_import import torch
 if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.
     from resumerge.store.journal_commit import CommitJournal
     from resumerge.store.ledger import Ledger
-    from resumerge.store.manifest import ManifestBook
 
 # Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
 # _Pipeline).
@@ -339,68 +338,41 @@ def _work_budget(governor: MemoryGovernor | None, gpu: MemoryGovernor | None) ->
     return min(governor.work_budget, gpu.budget) if gpu else governor.work_budget
 
 
-def execute(
-    plan: Plan,
-    sources: InputSources,
-    sink: OutputSink,
-    ledger: Ledger,
-    book: ManifestBook,
-    reporter: Reporter,
-    *,
-    should_stop: Callable[[], bool],
-    config_text: str,
-    workers: int = CONCURRENCY,
-    governor: MemoryGovernor | None = None,
-    gpu: MemoryGovernor | None = None,
-    late_notes: Callable[[], tuple[str, ...]] | None = None,
-    transfers: bool = False,
-    resources: Resources,
-) -> tuple[str, ...]:
-    """Bring every pending file of ``plan`` to committed; raises :class:`Stopped` when ``should_stop`` turns true.
+@dataclass(frozen=True)
+class Computing:
+    """How the pipeline computes a plan's shards, wherever it runs (:func:`compute_shards`): stopped when
+    ``should_stop`` turns true, at most ``workers`` units in flight; with a ``governor`` every unit is admitted
+    against the memory budget, the number in flight follows its limit, and tensors of elementwise or streamed
+    methods larger than a quarter of the budget are streamed in row chunks to the writer; streamed methods' tensors
+    of several chunks are computed chunk by chunk in any case (:func:`~resumerge.plan.workunits.unit_mode` decides).
+    ``gpu`` governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
+    ``transfers``: the run moves bytes over the network; when every method of the plan is elementwise (a few passes
+    over memory, far faster than a link), the compute threads (the pool's and the writer's) yield the CPU to the
+    transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on two cores):
+    their threads keep their priority. Every unit's context holds the run's ``resources``."""
 
-    With a ``governor`` every unit is admitted against the memory budget, the number in flight follows its
-    limit, and tensors of elementwise or streamed methods larger than a quarter of the budget are streamed in row
-    chunks to the writer; streamed methods' tensors of several chunks are computed chunk by chunk in any case
-    (:func:`~resumerge.plan.workunits.unit_mode` decides). ``gpu``
-    governs the memory of the plan's GPU the same way (a unit holds its GPU reservation while it computes).
-    Input tensors are read through ``sources`` and every output file is committed through ``sink``, whatever
-    they are. ``late_notes`` gives notes found while the merge ran (by work beside it), added to the plan's
-    before the side files (the model card) are written, and kept in the ledger and shown like them; they are
-    returned. ``transfers``: the run moves bytes over the network; when every method of the plan is elementwise
-    (a few passes over memory, far faster than a link), the compute threads (the pool's and the writer's) yield the
-    CPU to the transfers (:mod:`~resumerge.engine.cpupriority`). Other methods can be what bounds the run (TIES on
-    two cores): their threads keep their priority. Every unit's context holds the run's ``resources``.
-    """
-    from resumerge.store.journal_commit import CommitJournal
-
-    done = {row.name for row in ledger.files() if row.status == "done"}
-    journal = CommitJournal(sink, ledger, book)
-    interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
-    try:
-        finished = compute_shards(plan, sources, sink, journal, reporter, done, should_stop=should_stop,
-                                  workers=workers, governor=governor, gpu=gpu, transfers=transfers,
-                                  resources=resources, units=ledger if sink.writes_in_place else None,
-                                  kept=kept_units(ledger, done) if sink.writes_in_place else None)
-    except KeyboardInterrupt as exc:
-        interrupt, finished = exc, False
-    return finish_run(plan, journal, reporter, done, finished=finished, interrupt=interrupt, config_text=config_text,
-                      should_stop=should_stop, late_notes=late_notes)
+    should_stop: Callable[[], bool]
+    resources: Resources
+    workers: int = CONCURRENCY
+    governor: MemoryGovernor | None = None
+    gpu: MemoryGovernor | None = None
+    transfers: bool = False
 
 
 def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
-                   done: set[str], *, should_stop: Callable[[], bool], workers: int, governor: MemoryGovernor | None,
-                   gpu: MemoryGovernor | None, transfers: bool, resources: Resources,
-                   batches: Iterable[Sequence[ShardPlan]] | None = None, units: UnitJournal | None = None,
-                   kept: Mapping[str, frozenset[int]] | None = None) -> bool:
-    """Compute every shard of ``plan`` not in ``done`` and publish it through ``sink`` into ``journal`` (the
-    pipeline of :func:`execute`); False when stopped first. Raises the writer's error, else a KeyboardInterrupt
-    that stopped it. ``batches``: the shards to compute instead, as they come (a cluster node's actor is fed them
-    by the driver); each batch's last units are handed to the writer before the next batch is awaited, and the
-    writer finishes one shard while the next one's units compute, as in a local run. ``kept``: the files written in
-    place, unit by unit, journaled in ``units``, each with the units a previous run wrote (:func:`kept_units`):
-    their tensors are not computed again; a file whose every unit is kept is only committed."""
+                   done: set[str], computing: Computing, *, batches: Iterable[Sequence[ShardPlan]] | None = None,
+                   units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None) -> bool:
+    """Compute every shard of ``plan`` not in ``done`` as ``computing`` says and publish it through ``sink`` into
+    ``journal`` (the pipeline of :func:`~resumerge.engine.executors.execute`); False when stopped first. Raises the
+    writer's error, else a KeyboardInterrupt that stopped it. ``batches``: the shards to compute instead, as they
+    come (a cluster node's actor is fed them by the driver); each batch's last units are handed to the writer before
+    the next batch is awaited, and the writer finishes one shard while the next one's units compute, as in a local
+    run. ``kept``: the files written in place, unit by unit, journaled in ``units``, each with the units a previous
+    run wrote (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
+    committed."""
     sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
-    yield_cpu = transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
+    workers, governor, gpu = computing.workers, computing.governor, computing.gpu
+    yield_cpu = computing.transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
         start_hashing()  # at this thread's priority: the writer that would start it yields its own
     # The plan and everything made before the run (a 90k-tensor plan is a million objects) outlive it: kept out
@@ -420,7 +392,8 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
         for shard in order:  # every unit kept: the writer commits them before any other shard
             if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):
                 writer.items.put((shard, (), [], None))
-    pipeline = _Pipeline(plan, sources, writer, governor, workers, should_stop, resources, gpu, yield_cpu)
+    pipeline = _Pipeline(plan, sources, writer, governor, workers, computing.should_stop, computing.resources, gpu,
+                         yield_cpu)
     finished = False
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     gc.freeze()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.config.settings import KEEP_WORKERS, RunSettings
-from resumerge.engine.executor import CONCURRENCY, execute
+from resumerge.engine.executor import CONCURRENCY, Computing, compute_shards, finish_run, kept_units
 from resumerge.engine.job import Job
 from resumerge.errors import UsageError
 
@@ -52,7 +52,7 @@ class Executor(Protocol):
 
     def run(self, job: Job) -> tuple[str, ...]:
         """Bring every pending file of ``job`` to committed; returns the late notes (as
-        :func:`~resumerge.engine.executor.execute`). Raises :class:`~resumerge.engine.executor.Stopped` when the
+        :func:`~resumerge.engine.executors.execute`). Raises :class:`~resumerge.engine.executor.Stopped` when the
         job's stop flag turns, and a failed shard's own error (the same one, whichever executor computed it)."""
 
 
@@ -93,11 +93,8 @@ class LocalExecutor:
         return HERE
 
     def run(self, job: Job) -> tuple[str, ...]:
-        """:func:`~resumerge.engine.executor.execute` of ``job``."""
-        return execute(job.plan, job.sources, job.sink, job.ledger, job.book, job.reporter,
-                       should_stop=job.should_stop, config_text=job.config_text, workers=CONCURRENCY,
-                       governor=job.governor, gpu=job.gpu, late_notes=job.late_notes, transfers=job.transfers,
-                       resources=job.resources)
+        """:func:`~resumerge.engine.executors.execute` of ``job``."""
+        return execute(job, CONCURRENCY)
 
 
 @dataclass(frozen=True)
@@ -193,3 +190,27 @@ def executor_for(settings: RunSettings, *, work_beside: bool = False) -> Executo
         raise UsageError(f"--executor {executor.name} cannot run a mergekit-moe config whose gates read prompts yet",
                          hint="run it with the local executor (the default)")
     return executor
+
+
+def execute(job: Job, workers: int = CONCURRENCY) -> tuple[str, ...]:
+    """Bring every pending file of ``job.plan`` to committed, ``workers`` units in flight at most (the job's
+    governors, stop flag, transfers and resources as :class:`~resumerge.engine.executor.Computing` describes them);
+    raises :class:`~resumerge.engine.executor.Stopped` when ``job.should_stop`` turns true. Input tensors are read
+    through ``job.sources`` and every output file is committed through ``job.sink``, whatever they are.
+    ``job.late_notes`` gives notes found while the merge ran (by work beside it), added to the plan's before the
+    side files (the model card) are written, and kept in the ledger and shown like them; they are returned."""
+    from resumerge.store.journal_commit import CommitJournal
+
+    plan, sink, ledger = job.plan, job.sink, job.ledger
+    done = {row.name for row in ledger.files() if row.status == "done"}
+    journal = CommitJournal(sink, ledger, job.book)
+    computing = Computing(job.should_stop, job.resources, workers, job.governor, job.gpu, job.transfers)
+    interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
+    try:
+        finished = compute_shards(plan, job.sources, sink, journal, job.reporter, done, computing,
+                                  units=ledger if sink.writes_in_place else None,
+                                  kept=kept_units(ledger, done) if sink.writes_in_place else None)
+    except KeyboardInterrupt as exc:
+        interrupt, finished = exc, False
+    return finish_run(plan, journal, job.reporter, done, finished=finished, interrupt=interrupt,
+                      config_text=job.config_text, should_stop=job.should_stop, late_notes=job.late_notes)

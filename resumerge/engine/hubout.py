@@ -19,7 +19,7 @@ from pathlib import Path
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import HubOutputOptions
-from resumerge.engine.outdir import Frozen, record_plan
+from resumerge.engine.outdir import Recording, record_plan
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
 from resumerge.memory import format_size
 from resumerge.plan.merge_plan import Plan
@@ -72,7 +72,7 @@ CREATED = "hub-repo"
 
 
 def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger, *, restart: bool,
-                    frozen: Frozen | None = None, kind: str) -> HubOutput:
+                    recording: Recording) -> HubOutput:
     """Create ``hub``'s missing repo once ``ledger`` holds the run's plan, and return it opened.
 
     The plan (and whether the repo is public) is recorded first, so that a run killed while creating the repo, or
@@ -82,7 +82,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
     """
     row = ledger.run_row()
     if row is None or (restart and row.fingerprint != plan.fingerprint):
-        record_plan(plan, config_text, hub.url, ledger, frozen=frozen, kind=kind)
+        record_plan(plan, config_text, hub.url, ledger, recording)
     recorded = ledger.last_event_data(CREATED) or {}
     public = hub.options.public or bool(recorded.get("public"))
     if recorded.get("public") != public:  # a later --public wins over the recorded private

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from resumerge.config.settings import RunSettings
-from resumerge.engine.executor import Reporter
 from resumerge.engine.inputfetch import HubInputs
+from resumerge.engine.reporting import Reporter
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
 from resumerge.methods.resources import Resources
@@ -21,7 +21,7 @@ from resumerge.store.sink import OutputSink
 class Job:
     """One run's pending work as the session hands it over: the frozen plan, where its inputs are read and its
     files committed, the ledger and manifest that journal them, and how the run is watched and stopped (the
-    parameters of :func:`~resumerge.engine.executor.execute`, which describes them; ``hub`` the run's hub inputs,
+    parameters of :func:`~resumerge.engine.executors.execute`, which describes them; ``hub`` the run's hub inputs,
     whose streamed files a cluster's nodes read themselves)."""
 
     plan: Plan

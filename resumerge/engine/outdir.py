@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,18 @@ from resumerge.store.sink import OutputSink
 Frozen = Callable[[], "tuple[str, bytes] | None"]
 
 
+@dataclass(frozen=True)
+class Recording:
+    """How a new run's plan is recorded (:func:`record_plan`): as a run of ``kind``, with the plan's stored form when
+    ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of planning), and,
+    ``in_place`` (the sink writes files in place: :mod:`resumerge.store.units`), the units of each file the plan has
+    written so (a GGUF output's)."""
+
+    kind: str
+    frozen: Frozen | None = None
+    in_place: bool = False
+
+
 def open_run(
     plan: Plan,
     config_text: str,
@@ -41,15 +53,12 @@ def open_run(
     restart: bool,
     resuming: bool,
     notes: list[str],
-    frozen: Frozen | None = None,
-    kind: str,
-    in_place: bool = False,
+    recording: Recording,
 ) -> tuple[ManifestBook, frozenset[str]]:
     """Decide between continuing, rebuilding the ledger, refusing, or starting over.
 
-    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt). ``frozen``
-    makes the plan's stored form when the plan is recorded now (see :func:`record_plan`), recorded as a run of
-    ``kind``, with the units of the files it writes ``in_place``.
+    Returns the manifest book and the files this call already re-hashed (when the ledger was rebuilt). A plan
+    recorded now is recorded as ``recording`` says (:func:`record_plan`).
     """
     row = ledger.run_row()
     if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
@@ -60,7 +69,7 @@ def open_run(
     if row is None and manifest is None and isinstance(out, Path):
         check_room(plan, out)
     if row is None:
-        record_plan(plan, config_text, out, ledger, frozen=frozen, kind=kind, in_place=in_place)
+        record_plan(plan, config_text, out, ledger, recording)
         if manifest is not None:
             # The state dir was lost (a runtime reset) but OUT survived: trust only what re-hashes correctly.
             verified = adopt_manifest(sink, plan, ledger, manifest.committed, notes)
@@ -151,32 +160,21 @@ def planned_files(plan: Plan) -> list[str]:
     return [s.name for s in plan.shards] + [a.name for a in aux_files(plan)]
 
 
-def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, *,
-                frozen: Frozen | None = None, kind: str, in_place: bool = False) -> None:
-    """Record ``plan`` in ``ledger`` as a new run of ``kind`` into OUT (every file pending), with the plan's stored
-    form when ``frozen`` makes one (:func:`resumerge.engine.frozenplan.freeze`: a resume reloads it instead of
-    planning), and, ``in_place`` (the sink writes files in place: :mod:`resumerge.store.units`), the units of each
-    file the plan has written so (a GGUF output's)."""
+def record_plan(plan: Plan, config_text: str, out: Path | str, ledger: Ledger, recording: Recording) -> None:
+    """Record ``plan`` in ``ledger`` as a new run into OUT (every file pending), as ``recording`` says."""
+    frozen = recording.frozen
     files: list[tuple[str, str, int, int, int | None]] = [
         (s.name, "shard", i, len(s.tensors), s.file_size) for i, s in enumerate(plan.shards)
     ]
     files += [(a.name, a.kind, len(files) + i, 0, None) for i, a in enumerate(aux_files(plan))]
     ledger.start_run(
-        out_dir=str(out),
-        config_text=config_text,
-        kind=kind,
-        fingerprint=plan.fingerprint,
-        parts=fingerprint_parts(plan),
-        inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
-        options=asdict(plan.options),
-        model_dirs=plan.model_dirs,
-        version=__version__,
+        str(out), recording.kind, fresh_manifest(plan, config_text),
         files=files,
         tensors=[(t.name, t.shard, t.nbytes) for t in plan.tensors.values()],
         frozen=frozen() if frozen is not None else None,
         units=[(s.name, i, start, end, names) for s in plan.shards
                for i, (start, end, names) in enumerate(plan.file_units(s))]
-        if in_place else (),
+        if recording.in_place else (),
     )
 
 

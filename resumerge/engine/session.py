@@ -81,9 +81,11 @@ def run_merge(
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = never_stop,
     codecs: CodecTable | None = None,
+    before: Callable[[], None] | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller); continue an
-    unfinished run of the same plan there.
+    unfinished run of the same plan there. ``before``: the caller's work once the plan is made and before the run
+    (the importance matrix a GGUF's encoding reads), while ``status`` still says "planning".
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
@@ -97,6 +99,8 @@ def run_merge(
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
         prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir,
                            reporter=reporter, codecs=codecs)
+        if before is not None:
+            before()
         return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
                         should_stop=should_stop)
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.workspace import UNBUDGETED, Workspace
 from resumerge.estimate.costs import ComputeGroup
-from resumerge.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, measure_rate
+from resumerge.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, Timing, measure_rate
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
@@ -400,11 +400,11 @@ def _timed(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: list[torch
     what it costs a worker that has a core, whatever else the machine is doing while ``plan`` measures (the wall
     time of the same calls at load 7 spread 2.7-fold between samples). Elsewhere by the wall clock: kernels on
     torch's threads would have this thread's CPU count only its share of them."""
+    timing = Timing(warmup=warmup, max_seconds=max_seconds, min_seconds=window,
+                    clock=time.thread_time if single else time.perf_counter)
     rate = measure_rate(plan.method_of(tp), [inputs or []], base_index=tp.base_index,
-                        model_params=[dict(p) for p in tp.model_params], params=dict(tp.params), warmup=warmup,
-                        max_seconds=max_seconds, min_seconds=window,
-                        merge=partial(_engine_step, plan, tp, sources, workspace=workspace, read=inputs is None),
-                        clock=time.thread_time if single else time.perf_counter)
+                        model_params=[dict(p) for p in tp.model_params], params=dict(tp.params), timing=timing,
+                        merge=partial(_engine_step, plan, tp, sources, workspace=workspace, read=inputs is None))
     return rate.sample_elements, rate.seconds_per_element * rate.sample_elements
 
 

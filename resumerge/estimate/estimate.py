@@ -158,7 +158,7 @@ def estimate(
     plan, inputs = prepared.plan, prepared.opened()
     measuring = measuring or Measuring()
     startup = startup or Startup()
-    probe_bytes, disk_free, bandwidth = measuring.probe_bytes, measuring.disk_free, measuring.bandwidth
+    probe_bytes, disk_free = measuring.probe_bytes, measuring.disk_free
     state, max_disk, workers = settings.state, settings.max_disk, CONCURRENCY
     notes: list[str] = []
     out = Path(os.path.abspath(out_dir)) if out_dir is not None else None
@@ -200,23 +200,24 @@ def estimate(
     hub = hub_disk_need(plan, max_disk)
     if to_hub and hub.problem:
         reasons.append(hub.problem)
-    network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, bandwidth, probe_bytes,
+    network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, measuring,
                        nearest_existing(state.root), startup.import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network)
 
 
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
-             fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, bandwidth: Bandwidth | None,
-             probe_bytes: int, state_dir: Path, import_seconds: float = 0.0) -> NetworkEstimate | None:
-    """Bytes each way and the pipelined wall time; None when the merge touches no network. The transfers' CPU is
-    probed in ``state_dir`` unless ``probe_bytes`` is 0 (then it counts as nothing). ``import_seconds`` (torch's
+             fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, measuring: Measuring,
+             state_dir: Path, import_seconds: float = 0.0) -> NetworkEstimate | None:
+    """Bytes each way and the pipelined wall time (at ``measuring.bandwidth``, else the rate measured); None when
+    the merge touches no network. The transfers' CPU is probed in ``state_dir`` unless ``measuring.probe_bytes`` is 0
+    (then it counts as nothing). ``import_seconds`` (torch's
     import, part of the timing's start-up) comes after the first bytes move."""
     down = sum(d.bytes for d in downloads.values()) + sum(c.fetch_bytes for c in fetch if c.how == STREAM)
     up = output.total_bytes - output.committed_bytes if to_hub else 0
     if not down and not up:
         return None
-    link = bandwidth
+    link, probe_bytes = measuring.bandwidth, measuring.probe_bytes
     if link is None:
         rate = _measure_link(inputs, fetch) if down and probe_bytes > 0 else None
         link = Bandwidth(rate, None, MEASURED)

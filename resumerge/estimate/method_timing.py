@@ -39,6 +39,22 @@ class ComputeRate:
         return self.seconds_per_element * elements
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How :func:`measure_rate` times: each sample ``repeats`` times (and again while its calls together took less
+    than ``min_seconds``, at most ``max_calls`` calls), after one untimed call unless ``warmup`` is false, stopping
+    once ``max_seconds`` went into timing (each sample still gets one call); a randomised method's generator seeded
+    with ``seed`` per call; ``clock`` reads each call's time."""
+
+    repeats: int = 3
+    seed: int = 0
+    warmup: bool = True
+    max_seconds: float | None = None
+    min_seconds: float = 0.0
+    max_calls: int = 1000
+    clock: Callable[[], float] = time.perf_counter
+
+
 def measure_rate(
     method: MethodSpec | str,
     samples: Sequence[Sequence[torch.Tensor]],
@@ -46,21 +62,16 @@ def measure_rate(
     base_index: int | None,
     model_params: Sequence[Mapping[str, Any]],
     params: Mapping[str, Any],
-    repeats: int = 3,
-    seed: int = 0,
-    warmup: bool = True,
-    max_seconds: float | None = None,
-    min_seconds: float = 0.0,
-    max_calls: int = 1000,
+    timing: Timing = Timing(),
     merge: Callable[[Sequence[torch.Tensor]], int] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
 ) -> ComputeRate:
     """Time ``method`` on each sample and return its seconds per output element.
 
     ``samples`` holds one entry per sampled output tensor: its inputs in config order, already cast to the
     compute dtype and on the compute device (e.g. the same leading rows of each input). ``base_index``,
     ``model_params`` and ``params`` are the resolved parameters, as a :class:`MergeContext` takes them (one set for
-    all samples). Randomised methods get a fresh generator seeded with ``seed`` per call. After one untimed
+    all samples); ``timing`` (:class:`Timing`) says how. Randomised methods get a fresh generator seeded with
+    ``seed`` per call. After one untimed
     warm-up call, each sample is run ``repeats`` times, and again while its calls together took less than
     ``min_seconds`` (at most ``max_calls`` calls); the rate is the sum of each sample's fastest call over the sum of
     the output elements. The fastest call, not the mean or the median: interference (another process on the core,
@@ -82,6 +93,7 @@ def measure_rate(
         raise ValueError(f"unknown merge method {method!r}")
     if not samples:
         raise ValueError("measure_rate needs at least one sample")
+    repeats, seed, clock, max_seconds = timing.repeats, timing.seed, timing.clock, timing.max_seconds
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
 
@@ -94,14 +106,14 @@ def measure_rate(
 
     # The first call pays one-off costs (lazy imports, allocator growth, first-touch page faults) that a long
     # merge amortises, so it is not timed.
-    if warmup:
+    if timing.warmup:
         run(samples[0])
     seconds = 0.0
     elements = 0
     began = time.perf_counter()
     for tensors in samples:
         times: list[float] = []
-        while len(times) < max(1, max_calls) and (len(times) < repeats or sum(times) < min_seconds):
+        while len(times) < max(1, timing.max_calls) and (len(times) < repeats or sum(times) < timing.min_seconds):
             if times and max_seconds is not None and time.perf_counter() - began > max_seconds:
                 break
             _synchronize(tensors)

@@ -19,6 +19,7 @@ May import: errors, config, analyses, forward, inputs, memory, methods, store, e
 """
 
 __all__ = [
+           "analysis",
            "chart",
            "generation",
            "genome",

@@ -36,6 +36,14 @@ class GgufChoices:
     output_type: str | None = None
     token_embedding_type: str | None = None
     imatrix: str | None = None
+    # --imatrix-texts: the texts the importance matrix at ``imatrix`` is computed on the merge from (before the
+    # encoding, by the run); None: ``imatrix`` is the user's file.
+    imatrix_texts: str | None = None
+
+    @property
+    def computed(self) -> bool:
+        """Whether the importance matrix is computed on the merge (not yet there when the plan is made)."""
+        return self.imatrix_texts is not None
 
 
 # no type options: every tensor as llama.cpp's mix picks it, no importance matrix
@@ -143,7 +151,15 @@ class GgufFile(OutputContainer):
 
     def fingerprint_extras(self) -> dict[str, Any]:
         extras: dict[str, Any] = {"gguf_headers": _hashes(self.headers)}
-        if self.choices.imatrix is not None:  # its values change the bytes: a changed file is another plan
+        if self.choices.computed:  # the texts make the matrix: a changed texts file is another plan
+            texts = Path(self.choices.imatrix_texts or "")
+            if not texts.is_file():
+                from resumerge.errors import ModelInputError
+
+                raise ModelInputError(f"--imatrix-texts {texts}: the texts the importance matrix is computed from are "
+                                      "gone", hint="put the file back as it was (or start over with run --restart)")
+            extras["imatrix_texts"] = hashlib.sha256(texts.read_bytes()).hexdigest()
+        elif self.choices.imatrix is not None:  # its values change the bytes: a changed file is another plan
             extras["imatrix"] = hashlib.sha256(Path(self.choices.imatrix).read_bytes()).hexdigest()
         return extras
 
@@ -174,10 +190,29 @@ class GgufFile(OutputContainer):
         stacked = (f"; the {experts} experts of each layer stacked per projection (`blk.N.ffn_*_exps`)" if experts
                    else "")
         fallback = "; rows that are not whole 32-value blocks F16" if kind == "Q8_0" else ""
+        weighted = self._importance_line()
         return ["## GGUF", "",
                 f"Written for llama.cpp as {written}: architecture `{ARCH_OF.get(model_type, model_type)}`, matrices "
                 f"{kind} (`--gguf-type {self.gguf_type}`{fallback}), norms, 1-D tensors and routers F32{stacked}.",
-                "", *([quality, ""] if (quality := quality_line(self.gguf_type)) else [])]
+                "", *([quality, ""] if (quality := quality_line(self.gguf_type)) else []),
+                *([weighted, ""] if weighted else [])]
+
+    def _importance_line(self) -> str | None:
+        """Which importance matrix weighted the quantizer (None: none): the file's sha256, or the texts the matrix
+        was computed on the merge from."""
+        path = self.choices.imatrix
+        if path is None:
+            return None
+        if not self.choices.computed:
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            return f"Importance matrix: `{Path(path).name}` (`--imatrix`, sha256 `{digest}`)."
+        from resumerge.outputs.gguf.imatrix import computed_counts
+
+        texts = Path(self.choices.imatrix_texts or "").name
+        found = computed_counts(path)
+        counted = f"{found[0]} texts, {found[1]} tokens" if found is not None else "its texts"
+        return (f"Importance matrix: computed on the merge from {counted} of `{texts}` (`--imatrix-texts`), in a "
+                "forward pass over the merge never written.")
 
     @classmethod
     def holds(cls, files: Iterable[str]) -> bool:
@@ -215,7 +250,8 @@ def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int 
 def gguf_choices(options: Any) -> GgufChoices:
     """The GGUF type options of a plan's ``options`` (:class:`~resumerge.plan.merge_plan.PlanOptions`)."""
     return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
-                       options.gguf_token_embedding_type, options.imatrix)
+                       options.gguf_token_embedding_type, options.imatrix,
+                       getattr(options, "imatrix_texts", None))
 
 
 def container_of(files: Iterable[str]) -> type[OutputContainer]:

@@ -73,7 +73,11 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
     facts = _facts(arch, out_config, tied)
     wanted = _type_choices(choices)
-    weights = Importance.read(choices.imatrix)
+    if choices.computed and facts.experts:
+        raise ModelInputError("--imatrix-texts with a mixture of experts, whose experts' inputs the pass does not "
+                              "measure per expert yet", hint="leave out --imatrix-texts, or give --imatrix FILE "
+                              "(llama-imatrix's of the merge)")
+    weights = Importance.computed(choices.imatrix) if choices.computed else Importance.read(choices.imatrix)
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
                                                                  facts=facts, choices=wanted, weights=weights,
@@ -154,10 +158,18 @@ def _type_choices(choices: GgufChoices) -> TypeChoices:
 
 @dataclass(frozen=True)
 class Importance:
-    """The ``--imatrix`` file of a plan (``path`` "" for none) and its entries' sizes, by GGUF tensor name."""
+    """The ``--imatrix`` file of a plan (``path`` "" for none) and its entries' sizes, by GGUF tensor name; or
+    (``computed``) where the run writes the matrix it computes on the merge (``--imatrix-texts``): every weight of
+    the decoder blocks has its entry there, of its own size."""
 
     path: str = ""
     sizes: Mapping[str, int] = field(default_factory=dict)
+    later: bool = False
+
+    @classmethod
+    def computed(cls, path: str | None) -> Importance:
+        assert path is not None, "the API names where a computed matrix goes"
+        return cls(path, later=True)
 
     @classmethod
     def read(cls, path: str | None) -> Importance:
@@ -174,8 +186,12 @@ class Importance:
         it)."""
         from resumerge.outputs.gguf import kquants, legacyweighted
 
+        if ggml_type not in kquants.K_TYPES and ggml_type not in legacyweighted.LEGACY:
+            return ""
+        if self.later:  # measured on this very output: a blocks' weight has its entry (token_embd and output none)
+            return self.path if target.startswith("blk.") else ""
         size = self.sizes.get(target)
-        if size is None or (ggml_type not in kquants.K_TYPES and ggml_type not in legacyweighted.LEGACY):
+        if size is None:
             return ""
         if size != columns * experts:
             if target == "token_embd.weight":
@@ -187,7 +203,7 @@ class Importance:
 
     def check_used(self, names: Collection[str]) -> None:
         """Raises :class:`ModelInputError` when the file names none of the output's tensors (another model's)."""
-        if self.path and not set(self.sizes) & set(names):
+        if self.path and not self.later and not set(self.sizes) & set(names):
             shown = ", ".join(sorted(self.sizes)[:2])
             raise ModelInputError(f"--imatrix {self.path}: none of its {len(self.sizes)} entries ({shown}, ...) "
                                   "names a tensor of this output", hint="give the importance matrix measured on "

@@ -67,12 +67,13 @@ class PlanOptions:
     # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
-    # --gguf-tensor-type PATTERN=TYPE, --gguf-output-type, --gguf-token-embedding-type: llama-quantize's --tensor-type,
-    # --output-tensor-type, --token-embedding-type; --imatrix: llama.cpp's importance matrix (GGUF or .dat).
+    # --gguf-tensor-type, --gguf-output-type, --gguf-token-embedding-type: llama-quantize's; --imatrix: llama.cpp's
+    # importance matrix file, or with --imatrix-texts (texts) where the run writes the one it computes on the merge.
     gguf_tensor_types: tuple[str, ...] = ()
     gguf_output_type: str | None = None
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
+    imatrix_texts: str | None = None
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
@@ -82,13 +83,12 @@ class PlanOptions:
         object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
 
 
-# Options added after runs were first recorded: left out of the fingerprint at their default, so a run planned
-# before they existed resumes as the same plan.
+# Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
 LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
-                                     "gguf_split_max_size": None, "out_adapter": False}
+                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ final norm / lm_head come from follow mergekit (see ``shared/reference/mergekit-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -213,6 +214,10 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
                                              Placing(out_config, models, order, template,
                                                      unit_size=options.out_shard_size))
     notes.extend(quantization_notes(tensors))
+    if options.imatrix_texts is not None:  # the run's own work before the encoding: said before it starts
+        notes.append(f"the importance matrix is computed on the merge from the texts of "
+                     f"{os.path.basename(options.imatrix_texts)} (--imatrix-texts) before the GGUF is encoded: a "
+                     "forward pass over the merge never written, one decoder layer at a time, journaled")
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
     plan = Plan(

@@ -57,9 +57,12 @@ EVOLVE_POINTS = ("after_evolve_candidate", "after_evolve_generation", "during_be
 # Reached by ``resumerge tokensurgeon`` after each approximated batch of tokens is durable in the run's folder
 # (tests/transplant/test_resume.py kills there).
 SURGERY_POINTS = ("after_surgery_batch",)
+# Reached by ``run --imatrix-texts``'s importance matrix pass over the merge after each decoder layer's sums and hidden
+# states are durable (tests/test_imatrix_merge.py kills there).
+IMATRIX_POINTS = ("after_imatrix_layer",)
 # Every point the package reaches; a test derived from the code holds this equal to the points used.
 POINTS = (LOCAL_POINTS + UNIT_POINTS + STAGED_POINTS + HUB_POINTS + MOE_POINTS + CHECK_POINTS + MEASURE_POINTS
-          + EVAL_POINTS + EVOLVE_POINTS + SURGERY_POINTS)
+          + EVAL_POINTS + EVOLVE_POINTS + SURGERY_POINTS + IMATRIX_POINTS)
 
 _counts: dict[str, int] = {}
 

@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.store.journal import Journal
 from resumerge.store.journal import set_aside as set_aside
@@ -28,6 +28,9 @@ from resumerge.store.journal import sqlite_failure as sqlite_failure
 from resumerge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.store.ledger_read import FileRow, RunRow, UnitRow, file_rows, run_row, unit_rows
 from resumerge.store.sqlitedb import Database, Migrations
+
+if TYPE_CHECKING:
+    from resumerge.store.manifest import Manifest
 
 migrations = Migrations("resumerge")
 
@@ -135,6 +138,7 @@ def m007_units(db: Database) -> None:
     )
 
 
+
 class Ledger(Journal):
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection.
 
@@ -158,27 +162,21 @@ class Ledger(Journal):
 
     def start_run(
         self,
-        *,
         out_dir: str,
-        config_text: str,
         kind: str,
-        fingerprint: str,
-        parts: Mapping[str, str],
-        inputs: Mapping[str, Any],
-        options: Mapping[str, Any],
-        model_dirs: Mapping[str, str],
-        version: str,
+        plan: Manifest,
+        *,
         files: Iterable[tuple[str, str, int, int, int | None]],
         tensors: Iterable[tuple[str, str, int]],
         frozen: tuple[str, bytes] | None = None,
         units: Iterable[tuple[str, int, int, int, tuple[str, ...]]] = (),
     ) -> None:
-        """Record a new plan in one transaction, replacing any earlier run.
-
-        ``files`` are (name, kind, position, tensor count, planned bytes or None); ``tensors`` are
-        (name, shard, bytes); ``frozen`` the plan itself as (key, bytes) for :meth:`frozen_plan`, when it can be
-        stored; ``units`` (file, index, start, end, tensors) the units of the files written in place.
-        """
+        """Record a new plan in one transaction, replacing any earlier run: a run of ``kind`` into ``out_dir``, the
+        plan as OUT's manifest records it (``plan``: its version, fingerprint and parts, inputs, options, model
+        folders and config text; its files' fields are not read here), and ``files`` are
+        (name, kind, position, tensor count, planned bytes or None); ``tensors`` are (name, shard, bytes); ``frozen``
+        the plan itself as (key, bytes) for :meth:`frozen_plan`, when it can be stored; ``units`` (file, index,
+        start, end, tensors) the units of the files written in place."""
         now = time.time()
         with self._transaction():
             for table in ("run", "files", "tensors", "frozen_plan", "input_contents", "units"):
@@ -187,15 +185,15 @@ class Ledger(Journal):
                 {
                     "id": 1,
                     "out_dir": out_dir,
-                    "config_text": config_text,
+                    "config_text": plan.config_text,
                     "kind": kind,
-                    "fingerprint": fingerprint,
-                    "parts": json.dumps(dict(parts), sort_keys=True),
-                    "inputs": json.dumps(dict(inputs), sort_keys=True),
-                    "options": json.dumps(dict(options), sort_keys=True),
-                    "model_dirs": json.dumps(dict(model_dirs), sort_keys=True),
+                    "fingerprint": plan.fingerprint,
+                    "parts": json.dumps(dict(plan.parts), sort_keys=True),
+                    "inputs": json.dumps(dict(plan.inputs), sort_keys=True),
+                    "options": json.dumps(dict(plan.options), sort_keys=True),
+                    "model_dirs": json.dumps(dict(plan.model_dirs), sort_keys=True),
                     "state": "planned",
-                    "version": version,
+                    "version": plan.version,
                     "created_at": now,
                     "updated_at": now,
                     "peak_rss": 0,

@@ -21,6 +21,7 @@ import yaml
 from resumerge import api
 from resumerge.api.evolution import _fits, plan_evolve
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.evolve.search import SearchOptions
 from resumerge.memory import parse_size
@@ -62,7 +63,7 @@ def _evolve(config: Path, store: Path, budget: str) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_a_search_under_a_tight_budget_stays_within_it(tmp_path: Path) -> None:
     config = _search(tmp_path)
-    planned, plan = plan_evolve(config, SearchOptions(POPSIZE, POPSIZE), False, api.plan_merge)
+    planned, plan = plan_evolve(config, SearchOptions(POPSIZE, POPSIZE), False, api.plan_merge, StateDir.resolve())
     with pytest.raises(UsageError) as refused:  # the generation's own bytes, judged from the plan
         _fits(planned, plan, "1MB")
     named = re.search(r"--max-memory (\S+)", refused.value.hint or "")

@@ -99,13 +99,15 @@ def test_exactly_max_fevals_candidates_are_scored_and_status_counts_the_generati
 
 
 def test_the_written_scorer_says_its_merges_and_layers(config: Path, tmp_path: Path) -> None:
-    from resumerge.api.evolution import evolve_into
+    from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
+    from resumerge.config.locations import StateDir
     from resumerge.evolve.search import SearchOptions
 
     steps: list[SearchStep] = []
-    evolve_into(config, tmp_path / "written", SearchOptions(3, 2, 1 / 6, 5), resources=api.Resources(),
-                merge_best=None, allow_benchmark_tasks=False, run=api.run, plan_merge=api.plan_merge,
-                open_population=api.open_population, evaluate=api.evaluate, written=True, progress=steps.append)
+    asked = SearchAsked(config, tmp_path / "written", SearchOptions(3, 2, 1 / 6, 5), api.Resources(),
+                        StateDir.resolve())
+    evolve_into(asked, ApiCalls(api.run, api.plan_merge, api.open_population, api.evaluate), written=True,
+                progress=steps.append)
     said = [(s.event, s.generation, s.candidates, s.phase, s.layer) for s in steps if s.event in ("phase", "layer")]
     one = [("phase", "merge", None), ("layer", "score nll:t.txt", 0), ("layer", "score nll:t.txt", 1)]
     assert said == [(e, g, (c,), p, layer) for g, c in ((1, 1), (1, 2), (2, 1)) for e, p, layer in one]

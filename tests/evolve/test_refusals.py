@@ -111,6 +111,7 @@ def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that
 
     from resumerge import api
     from resumerge.api.evolution import _fits, plan_evolve
+    from resumerge.config.locations import StateDir
     from resumerge.evolve.search import SearchOptions
 
     config = tmp_path / "evolve.yml"
@@ -124,9 +125,9 @@ def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that
     assert found is not None, err
     fits = int(found[1])
     assert 2 <= fits < 1000
-    planned, plan = plan_evolve(config, SearchOptions(popsize=fits), False, api.plan_merge)
+    planned, plan = plan_evolve(config, SearchOptions(popsize=fits), False, api.plan_merge, StateDir.resolve())
     _fits(planned, plan, "1MB")
-    planned, plan = plan_evolve(config, SearchOptions(popsize=fits + 1), False, api.plan_merge)
+    planned, plan = plan_evolve(config, SearchOptions(popsize=fits + 1), False, api.plan_merge, StateDir.resolve())
     with pytest.raises(UsageError, match=f"a generation of {fits + 1} candidates"):
         _fits(planned, plan, "1MB")
     assert main(["evolve", str(config), str(store), "--max-memory", "1kB"]) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,29 @@ def test_asked_again_it_answers_with_the_same_files_and_status_says_finished(
     assert status.finished and status.evaluated == 4 and status.best == outcome.best.objective
 
 
+def test_status_reaches_a_search_through_the_analyses_table(searched: tuple[Path, Path, api.EvolveOutcome],
+                                                            tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 83: api.status did not know a search (resumerge status STORAGE was the CLI's special case)
+    _, store, _ = searched
+    assert api.status(store) == api.evolve_status(store)
+    assert main(["status", str(store), "--json", "--state-dir", str(tmp_path / "elsewhere")]) == 0
+    assert json.loads(capsys.readouterr().out) == api.evolve_status(store).to_json()
+
+
+def test_a_search_given_a_state_dir_names_it_in_the_command_that_continues_it(tmp_path: Path) -> None:
+    from resumerge.api.evolution import SearchAsked, evolve_command
+    from resumerge.config.locations import StateDir
+    from resumerge.evolve.search import SearchOptions
+
+    def command(state: StateDir) -> list[str]:
+        return shlex.split(evolve_command(SearchAsked("c.yml", tmp_path / "s", SearchOptions(4), api.Resources(),
+                                                      state)))
+
+    assert command(StateDir.resolve(tmp_path / "st"))[-2:] == ["--state-dir", str(tmp_path / "st")]
+    assert "--state-dir" not in command(StateDir.resolve())
+
+
 def test_merge_best_writes_the_merge_run_writes(searched: tuple[Path, Path, api.EvolveOutcome],
                                                 tmp_path: Path) -> None:
     config, store, _ = searched
@@ -143,16 +167,15 @@ def test_a_different_seed_in_the_same_storage_is_another_search(
 
 def test_the_streamed_generation_gives_each_candidate_its_written_merges_figures(
         searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
-    from resumerge.api.evolution import evolve_into
+    from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
+    from resumerge.config.locations import StateDir
     from resumerge.evolve.search import SearchOptions
 
     config, store, _ = searched
     written = tmp_path / "written"
-    evolve_into(config, written, SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6,
-                                               OPTIONS["random_seed"]),
-                resources=api.Resources(), merge_best=None, allow_benchmark_tasks=False, run=api.run,
-                plan_merge=api.plan_merge, open_population=api.open_population, evaluate=api.evaluate,
-                written=True)
+    options = SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6, OPTIONS["random_seed"])
+    evolve_into(SearchAsked(config, written, options, api.Resources(), StateDir.resolve()),
+                ApiCalls(api.run, api.plan_merge, api.open_population, api.evaluate), written=True)
     streamed = [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
     merged = [json.loads(line) for line in (written / "evaluations.jsonl").read_text().splitlines()]
     assert [(r["genotype"], r["config"]) for r in streamed] == [(r["genotype"], r["config"]) for r in merged]

@@ -82,12 +82,14 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
 
 
 def test_the_command_that_continues_a_search_keeps_where_it_is_logged(tmp_path: Path) -> None:
-    from resumerge.api.evolution import evolve_command
+    from resumerge.api.evolution import SearchAsked, evolve_command
     from resumerge.api.options import Resources
+    from resumerge.config.locations import StateDir
     from resumerge.evolve.search import SearchOptions
     from resumerge.evolve.tracking import Tracking
 
-    command = evolve_command(tmp_path / "c.yml", tmp_path / "s", SearchOptions(max_fevals=4), Resources(), None,
-                             False, None, None, [Tracking("wandb", "my runs", "team"), Tracking("trackio", "mine")])
+    logged = [Tracking("wandb", "my runs", "team"), Tracking("trackio", "mine")]
+    command = evolve_command(SearchAsked(tmp_path / "c.yml", tmp_path / "s", SearchOptions(max_fevals=4),
+                                         Resources(), StateDir.resolve(), tracking=logged))
     assert shlex.split(command)[-8:] == ["--wandb", "--wandb-project", "my runs", "--wandb-entity", "team",
                                          "--trackio", "--trackio-project", "mine"]

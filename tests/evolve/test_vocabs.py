@@ -118,15 +118,14 @@ def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as
 
 
 def test_the_written_candidates_scorer_gives_the_same_figures(searched: tuple[Path, Path], tmp_path: Path) -> None:
-    from resumerge.api.evolution import evolve_into
+    from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
+    from resumerge.config.locations import StateDir
     from resumerge.evolve.search import SearchOptions
 
     config, store = searched
-    evolve_into(config, tmp_path / "written", SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6,
-                                                            OPTIONS["random_seed"]),
-                resources=api.Resources(), merge_best=None, allow_benchmark_tasks=False, run=api.run,
-                plan_merge=api.plan_merge, open_population=api.open_population, evaluate=api.evaluate,
-                written=True)
+    options = SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6, OPTIONS["random_seed"])
+    evolve_into(SearchAsked(config, tmp_path / "written", options, api.Resources(), StateDir.resolve()),
+                ApiCalls(api.run, api.plan_merge, api.open_population, api.evaluate), written=True)
     for ours, theirs in zip(_rows(store), _rows(tmp_path / "written"), strict=True):
         assert ours["config"] == theirs["config"]
         for name, value in theirs["tasks"].items():

@@ -61,13 +61,15 @@ class MeasureReport:
     tokens: int
     reused: bool
     proof: str | None = None  # what proving the models' bytes found, in one line (resumerge.forward.proof)
+    imatrix: str | None = None  # --imatrix: where llama.cpp's importance matrix of the Grams was written
+    imatrix_entries: int = 0  # and how many weights it names
 
 
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
                   state: StateDir | None = None, placement: PassPlacement = HERE,
-                  device: PassDevice = HOST) -> MeasureReport:
+                  device: PassDevice = HOST, imatrix: str | os.PathLike[str] | None = None) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
@@ -76,10 +78,13 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
     :mod:`resumerge.forward.device`). ``placement``: where the executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
-    (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2)."""
+    (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2).
+    ``imatrix``: the Grams also written there as llama.cpp's importance matrix (:mod:`.importance`), once measured
+    (or found measured)."""
     placement.refuse("the measurement", device.name, device.on_gpu)
     state = state if state is not None else StateDir.resolve()
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
+    archs = _imatrix_archs(imatrix, out, models)
     merged = _merged_pass(merge)
     if isinstance(placement, OnRay) and merged is not None:
         raise UsageError("measure --executor ray runs each model's own pass on a node; a regmean_plus config's merged "
@@ -101,7 +106,33 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     # Measured into a folder of its own: refused (exit 2) before it is written, its lock included, where the pass
     # would not fit; a finished one answers without its fit.
     finished = _claimed(folder, key) and (folder / MANIFEST).is_file()
-    return drive(job if finished else replace(job, ahead=job.judged()))
+    report = drive(job if finished else replace(job, ahead=job.judged()))
+    if imatrix is None:
+        return report
+    from resumerge.analyses.measure.importance import write_measured
+
+    dataset = os.path.basename(texts) if texts is not None else "resumerge's built-in texts"
+    written = write_measured(folder, read_measurement(folder, yaml_path="OUT_DIR"), archs, Path(imatrix), dataset)
+    return replace(report, imatrix=os.fspath(imatrix), imatrix_entries=written)
+
+
+def _imatrix_archs(imatrix: str | os.PathLike[str] | None, out: str | os.PathLike[str],
+                   models: list[PassModel]) -> list[str]:
+    """Each model's GGUF architecture, whose names ``--imatrix``'s entries take; refused (exit 2, before anything
+    is written) for a family resumerge does not write as GGUF, a file inside OUT_DIR (which holds the Grams alone)
+    or in a folder that does not exist."""
+    if imatrix is None:
+        return []
+    from resumerge.analyses.importance.entries import gguf_arch
+
+    where = Path(imatrix).expanduser().resolve()
+    if not where.parent.is_dir():
+        raise UsageError(f"--imatrix {os.fspath(imatrix)}: no folder {where.parent} to write it in",
+                         hint="name a file in an existing folder")
+    if where.is_relative_to(Path(out).expanduser().resolve()):
+        raise UsageError(f"--imatrix {os.fspath(imatrix)} is inside OUT_DIR, which holds the Grams alone",
+                         hint="name a file outside OUT_DIR")
+    return [gguf_arch(m.opened.config.get("model_type"), "--imatrix") for m in models]
 
 
 @dataclass(frozen=True)

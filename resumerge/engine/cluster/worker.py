@@ -29,7 +29,7 @@ from resumerge.engine.cluster.connect import this_node
 from resumerge.engine.cluster.cores import Cores, node_cores
 from resumerge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
 from resumerge.engine.devices import gpu_governor, make_governor, set_torch_threads
-from resumerge.engine.executor import Stopped, compute_shards
+from resumerge.engine.executor import Computing, Stopped, compute_shards
 from resumerge.engine.quiet import NullReporter
 from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan, ShardPlan
@@ -195,9 +195,9 @@ class ShardStream:
         self.node = None
         try:
             self.node = NodeSources(plan, setup.reads, governor, this_node() if setup.reads else "")
+            computing = Computing(self.stopping.is_set, resources, cores.units, governor, gpu)
             compute_shards(plan, self.node.sources, _HandOver(self.temps), self, NullReporter(), set(self.shards),
-                           should_stop=self.stopping.is_set, workers=cores.units, governor=governor, gpu=gpu,
-                           transfers=False, resources=resources, batches=self._batches())
+                           computing, batches=self._batches())
         except BaseException as exc:
             error = exc
         finally:

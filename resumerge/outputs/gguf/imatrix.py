@@ -9,20 +9,23 @@ expert.
 - The older ``.dat``: i32 entry count; per entry i32 name length, the name, i32 ``ncall``, i32 value count, f32
   values (already means times ``ncall``); the weights are the values over ``ncall`` (as they are where it is 0).
 
-Values that are not finite are refused, as llama-quantize refuses them.
+Values that are not finite are refused, as llama-quantize refuses them. :func:`imatrix_bytes` writes the GGUF form
+(``resumerge measure --imatrix``, and the matrix a merge computes on itself), as llama-imatrix writes it.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from resumerge.errors import ModelInputError
 
-__all__ = ["entry", "read_imatrix"]
+__all__ = ["ImatrixEntry", "computed_counts", "entry", "imatrix_bytes", "read_imatrix"]
 
 _F32 = 0
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
@@ -117,6 +120,24 @@ def read_imatrix(path: str | Path, only: str | None = None) -> dict[str, np.ndar
     return entries
 
 
+def computed_counts(path: str) -> tuple[int, int] | None:
+    """The texts (``imatrix.chunk_count``) and tokens (the largest count) of the GGUF importance matrix at ``path``
+    that resumerge wrote; None where there is none (not computed yet)."""
+    from resumerge.inputs.gguf.header import read_gguf_header
+
+    if not Path(path).is_file():
+        return None
+    header = read_gguf_header(Path(path), {_F32: (1, 4)})
+    counts = [name for name in (t.name for t in header.tensors) if name.endswith(".counts")]
+    tokens = 0
+    with Path(path).open("rb") as file:
+        for t in header.tensors:
+            if t.name in counts:
+                file.seek(t.start)
+                tokens = max(tokens, int(np.frombuffer(file.read(t.end - t.start), dtype="<f4").max(initial=0)))
+    return int(header.metadata.get("imatrix.chunk_count", 0)), tokens
+
+
 def entry(path: str, name: str, expert: int, columns: int) -> np.ndarray | None:
     """The quantizer's weights for GGUF tensor ``name`` (expert ``expert``'s slice of it, -1: the whole entry) of
     rows of ``columns`` values, from the importance matrix at ``path``; None where the file has no entry for it
@@ -126,3 +147,42 @@ def entry(path: str, name: str, expert: int, columns: int) -> np.ndarray | None:
         return None
     first = max(expert, 0) * columns
     return found[first:first + columns]
+
+
+@dataclass(frozen=True)
+class ImatrixEntry:
+    """One weight's entry as llama-imatrix accumulates it: ``sums`` float32 ``[n_mat, n_in]`` (each expert's, or the
+    one matrix's, sums of squared inputs) and ``counts`` float32 ``[n_mat]`` (the rows each slice summed)."""
+
+    sums: np.ndarray
+    counts: np.ndarray
+
+
+def imatrix_bytes(entries: Mapping[str, ImatrixEntry], datasets: Sequence[str], chunk_count: int,
+                  chunk_size: int) -> bytes:
+    """The GGUF importance matrix llama-imatrix writes (``kquants.md`` §4) of ``entries`` (by GGUF weight name):
+    ``general.type = "imatrix"``, ``imatrix.datasets``, ``imatrix.chunk_count``, ``imatrix.chunk_size``, then per
+    weight, names sorted, ``<name>.in_sum2`` F32 ``[n_mat, n_in]`` and ``<name>.counts`` F32 ``[n_mat, 1]``; every
+    tensor padded to 32 bytes, as gguf-py pads them."""
+    from resumerge.outputs.gguf.layout import ARRAY, STRING, U32, TensorInfo, Value, pad, plan_layout
+
+    metadata = [("general.type", Value(STRING, "imatrix")),
+                ("imatrix.datasets", Value(ARRAY, list(datasets), STRING)),
+                ("imatrix.chunk_count", Value(U32, chunk_count)), ("imatrix.chunk_size", Value(U32, chunk_size))]
+    data: list[np.ndarray] = []
+    infos = []
+    for name in sorted(entries):
+        found = entries[name]
+        sums = np.ascontiguousarray(found.sums, dtype="<f4")
+        counts = np.ascontiguousarray(found.counts, dtype="<f4").reshape(-1, 1)
+        if sums.ndim != 2 or sums.shape[0] != counts.shape[0]:
+            raise ValueError(f"{name}: {sums.shape} sums for {counts.shape[0]} counts")
+        for suffix, values in (("in_sum2", sums), ("counts", counts)):
+            infos.append(TensorInfo(f"{name}.{suffix}", values.shape, _F32, values.nbytes))
+            data.append(values)
+    layout = plan_layout(metadata, infos)
+    parts = [layout.header]
+    for values in data:
+        raw = values.tobytes()
+        parts.append(raw + bytes(pad(len(raw)) - len(raw)))
+    return b"".join(parts)

@@ -71,10 +71,19 @@ def _f16(v: _Array) -> tuple[_Array, _Array]:
 
 
 def _largest(x: _Array) -> tuple[_Array, _Array]:
-    """Per column: the largest magnitude and the (signed) value of the first element reaching it."""
-    ax = np.abs(x)
-    first = np.argmax(ax, axis=0)
-    return np.take_along_axis(ax, first[None], 0)[0], np.take_along_axis(x, first[None], 0)[0]
+    """Per column: the largest magnitude and the (signed) value of the first element reaching it, from the max and
+    min (fast reductions); where both signs reach it, the first, as llama.cpp's strict ``>`` scan takes."""
+    hi = x.max(axis=0)
+    lo = x.min(axis=0)
+    neg = -lo
+    amax: _Array = np.maximum(hi, neg)
+    peak: _Array = np.where(hi >= neg, hi, lo)
+    tied = np.flatnonzero((hi == neg) & (hi > 0))
+    if tied.size:
+        sub = x[:, tied]
+        first = np.argmax(np.abs(sub), axis=0)
+        peak[tied] = sub[first, np.arange(tied.size)]
+    return amax, peak
 
 
 def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
@@ -112,14 +121,19 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         np.clip(q, F(0), top, out=q)
         np.rint(q, out=q)
 
-    iscale = top / np.where(flat, F(1), hi - lo)
+    span = np.where(flat, F(1), hi - lo)  # max − min, min being the adopted one
+    iscale = top / span
     scale = F(1) / iscale
     grid(iscale, lo)
     best = error(scale, lo)
     # the adopted candidate's grid, its codes taken once at the end (the same float32 steps, so the same codes)
-    chosen, anchor = iscale, lo
+    chosen, anchor = iscale, lo.copy()
+    # the bookkeeping over (S,) rows in place (fresh arrays, numpy's allocations, were a sixth of the search)
+    iscale, det, part, this_scale, this_min = (np.empty_like(lo) for _ in range(5))
+    ok, positive, better = (np.empty(lo.shape, dtype=bool) for _ in range(3))
+    live = ~flat
     for step in range(nstep + 1):
-        iscale = (F(rmin) + F(rdelta) * F(step) + top) / np.where(flat, F(1), hi - lo)
+        np.divide(F(rmin) + F(rdelta) * F(step) + top, span, out=iscale)
         grid(iscale, lo)
         np.multiply(w, q, out=t)
         sum_l = _sum(t)
@@ -127,22 +141,30 @@ def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int
         sum_xl = _sum(v)
         t *= q
         sum_l2 = _sum(t)
-        det = sum_w * sum_l2 - sum_l * sum_l
-        ok = det > 0
-        det = np.where(ok, det, F(1))
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        positive = this_min > 0
-        this_min = np.where(positive, F(0), this_min)
-        this_scale = np.where(positive, sum_xl / np.where(sum_l2 == 0, F(1), sum_l2), this_scale)
+        np.multiply(sum_w, sum_l2, out=det)
+        det -= np.multiply(sum_l, sum_l, out=part)
+        np.greater(det, F(0), out=ok)
+        np.multiply(sum_w, sum_xl, out=this_scale)
+        this_scale -= np.multiply(sum_x, sum_l, out=part)
+        this_scale /= det
+        np.multiply(sum_l2, sum_x, out=this_min)
+        this_min -= np.multiply(sum_l, sum_xl, out=part)
+        this_min /= det
+        np.greater(this_min, F(0), out=positive)
+        if positive.any():
+            this_min[positive] = 0
+            np.divide(sum_xl, sum_l2, out=this_scale, where=positive)
         current = error(this_scale, this_min)
-        better = ok & (current < best) & ~flat
+        np.less(current, best, out=better)
+        better &= ok
+        better &= live
         if better.any():
-            chosen = np.where(better, iscale, chosen)
-            anchor = np.where(better, lo, anchor)
-            best = np.where(better, current, best)
-            scale = np.where(better, this_scale, scale)
-            lo = np.where(better, this_min, lo)
+            np.copyto(chosen, iscale, where=better)
+            np.copyto(anchor, lo, where=better)
+            np.copyto(best, current, where=better)
+            np.copyto(scale, this_scale, where=better)
+            np.copyto(lo, this_min, where=better)
+            np.subtract(hi, lo, out=span, where=better)
     grid(chosen, anchor)
     codes = q
     scale = np.where(flat, F(0), scale)
@@ -182,16 +204,23 @@ def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
     sumlx, suml2 = sums(chosen)
     scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
     best = scale * sumlx
+    # the bookkeeping over (S,) rows in place (fresh arrays, numpy's allocations, were a fifth of the search)
+    iscale, fit, bar = (np.empty_like(peak) for _ in range(3))
+    adopt, positive = (np.empty(peak.shape, dtype=bool) for _ in range(2))
     for step in range(-9, 10):
         if step == 0:
             continue
-        iscale = -(F(nmax) + F(0.1) * F(step)) / peak
+        np.divide(-(F(nmax) + F(0.1) * F(step)), peak, out=iscale)
         sumlx, suml2 = sums(iscale)
-        adopt = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        np.multiply(sumlx, sumlx, out=fit)
+        np.multiply(best, suml2, out=bar)
+        np.greater(fit, bar, out=adopt)
+        np.greater(suml2, F(0), out=positive)
+        adopt &= positive
         if adopt.any():
-            chosen = np.where(adopt, iscale, chosen)
-            scale = np.where(adopt, sumlx / np.where(adopt, suml2, F(1)), scale)
-            best = np.where(adopt, scale * sumlx, best)
+            np.copyto(chosen, iscale, where=adopt)
+            np.divide(sumlx, suml2, out=scale, where=adopt)
+            np.multiply(scale, sumlx, out=best, where=adopt)
     codes_of(chosen)
     np.add(q, F(nmax), out=q)
     q[:, zero] = 0

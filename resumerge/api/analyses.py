@@ -1,11 +1,14 @@
 """Every analysis, in one tuple the API walks beside the kinds of run (:data:`resumerge.api.kinds.KINDS`): a new
-analysis is its package and one line here.
+analysis is its package and one line here. The table sits in the API's package, above every analysis's own:
+``evolve``'s search scores its candidates with the other analyses' code, so the analyses cannot import it.
 
 An analysis (:class:`Analysis`) recognises a folder that is its own (a measurement's OUT_DIR, a model that was only
 checked), says where it stands for ``resumerge status``, and names what it journals under the state dir. What only
 some analyses do is a small protocol of its own, so that none has a slot it must refuse: one that adds to the
 status of a run it analysed, and keeps what it wrote into that run's OUT across a ``resume``, is
-:class:`Annotates` (``check``: its newest verdict beside the merge's status, its section of the model card)."""
+:class:`Annotates` (``check``: its newest verdict beside the merge's status, its section of the model card). A
+search's status is its own record (:class:`~resumerge.evolve.status.SearchStatus`), shown and printed as JSON as a
+run's is."""
 
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from resumerge.analyses.check.analysis import CheckAnalysis
 from resumerge.analyses.evaluation.analysis import EvalAnalysis
 from resumerge.analyses.measure.analysis import MeasureAnalysis
+from resumerge.evolve.analysis import SearchAnalysis
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
     from resumerge.engine.drive import Outcome
+    from resumerge.evolve.status import SearchStatus
     from resumerge.store.statusview import StatusReport
 
 PathLike = str | os.PathLike[str]
@@ -28,12 +33,12 @@ PathLike = str | os.PathLike[str]
 class Analysis(Protocol):
     """What every analysis does (see the module docstring)."""
 
-    name: str  # the kind ``status`` names it by (``check``, ``measure``)
+    name: str  # the kind ``status`` names it by (``check``, ``measure``, ``eval``, ``evolve``)
 
     def holds(self, out: PathLike, state: StateDir) -> bool:
         """Whether ``out`` is this analysis's own folder (reads its listing and small files only)."""
 
-    def status(self, out: PathLike, state: StateDir) -> StatusReport:
+    def status(self, out: PathLike, state: StateDir) -> StatusReport | SearchStatus:
         """Where the analysis in ``out`` (which it :meth:`holds`) stands, as ``resumerge status`` shows a run."""
 
     def journal(self, state: StateDir) -> Path:
@@ -51,7 +56,7 @@ class Annotates(Protocol):
         """``outcome`` of a resumed run, with what this analysis wrote into its OUT put back."""
 
 
-ANALYSES: tuple[Analysis, ...] = (MeasureAnalysis(), CheckAnalysis(), EvalAnalysis())
+ANALYSES: tuple[Analysis, ...] = (MeasureAnalysis(), CheckAnalysis(), EvalAnalysis(), SearchAnalysis())
 
 
 def analysis_of(out: PathLike, state: StateDir) -> Analysis | None:

@@ -1,0 +1,167 @@
+"""The importance matrix computed on a merge never written (``run --out-type gguf --imatrix-texts FILE``), as the
+forward driver runs a pass (:func:`resumerge.forward.driver.drive`): the merge read as the model it describes
+(:class:`~resumerge.engine.unwritten.UnwrittenMerge`: each tensor merged by ``run``'s code when read, dropped
+after), the texts run through it one decoder layer at a time (:mod:`.sums`), the sums journaled with the hidden
+states under the state dir, and the matrix written last as llama-imatrix writes it (:mod:`.entries`), with the
+content key that made it beside it: the run's encoding reads it there, and a run killed anywhere after finds it.
+
+Its folder and answer are keyed by the merge's float plan, the tokens and the code's versions (a changed input or
+texts file: another key, computed again); each layer is admitted by the RAM governor under the run's budget."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from resumerge.analyses.importance.entries import imatrix_file, named_entries, write_imatrix
+from resumerge.forward.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.layerpass import Reserve
+
+if TYPE_CHECKING:
+    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.stream import ModelStream
+    from resumerge.torch_import import torch
+
+KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
+
+
+@dataclass(frozen=True)
+class ImportanceReport:
+    """A computed importance matrix: where it is, the ``texts`` and ``tokens`` it summed, its ``entries`` (weights)
+    and whether it was there already (``reused``)."""
+
+    path: str
+    texts: int
+    tokens: int
+    entries: int
+    reused: bool
+
+
+def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, *, dataset: str,
+                        max_memory: int | None, command: str,
+                        on_progress: Callable[[str], None] | None = None) -> ImportanceReport:
+    """The importance matrix of ``merge`` (its weights named as an ``arch`` GGUF names them) over ``tokens`` (one
+    sequence a text), written to ``out`` (llama-imatrix's GGUF; ``dataset`` its ``imatrix.datasets``), journaled in
+    a folder beside it; answered without a read where ``out`` holds this very pass's matrix. ``max_memory``: the
+    budget (None: the default), refused (exit 2) before any weight is read where a layer would not fit;
+    ``command``: what continues it (a second process is told it)."""
+    import torch
+
+    versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
+    key = content_key([merge.plan.fingerprint, tokens, versions])
+    folder = out.with_suffix("")
+    where = PassFolder(folder, f"the importance matrix pass into {out}", command,
+                       hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)")
+    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress))
+
+
+@dataclass(frozen=True)
+class _ImportanceJob:
+    """The pass as the driver runs it (:class:`~resumerge.forward.driver.PassJob`)."""
+
+    folder: PassFolder
+    merge: UnwrittenMerge
+    arch: str
+    tokens: list[list[int]]
+    out: Path
+    key: str
+    dataset: str
+    max_memory: int | None
+    on_progress: Callable[[str], None] | None
+
+    @property
+    def _journal_dir(self) -> Path:
+        return self.folder.path / self.key[:32]
+
+    def answered(self) -> tuple[ImportanceReport | None, str | None]:
+        """The matrix ``out`` holds, where this very pass wrote it."""
+        keyed = self.out.with_name(self.out.name + KEY_SUFFIX)
+        if not (self.out.is_file() and keyed.is_file() and keyed.read_text(encoding="utf-8").strip() == self.key):
+            return None, None
+        return self._report(reused=True), None
+
+    def proved(self) -> str | None:
+        """Nothing beyond the key: it holds the merge's plan, whose inputs the run proves before it writes."""
+        return None
+
+    @contextmanager
+    def fitted(self) -> Iterator[Fit[ModelStream]]:
+        """The merge's modules built without weights and its layer step judged against the budget (refused, exit 2,
+        before any weight is read)."""
+        from resumerge.forward import Weights
+        from resumerge.forward.reader import pass_bytes
+        from resumerge.forward.stream import ModelStream
+        from resumerge.memory import SystemProbe, budget_fitting
+        from resumerge.torch_import import torch
+
+        merge = self.merge
+        stream = ModelStream(Weights.of(merge.directory, merge.tensors, source=merge.source), merge.config,
+                             torch.float32, what="resumerge run --imatrix-texts", key="merge")
+        try:
+            hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
+            states = 2 * sum(len(t) for t in self.tokens) * hidden * 4  # the hidden states in and out
+            # a layer's float32 values (each the output of its merge: no copy beside it) and one merge's working set
+            step = pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=lambda name: True) \
+                + merge.merge_bytes
+            budget = budget_fitting("the importance matrix pass over the merge", states + step, self.max_memory,
+                                    SystemProbe())
+            yield Fit(budget, {"layer": step}, stream)
+        finally:
+            stream.close()
+
+    def run(self, stream: ModelStream, reserve: Reserve) -> dict[str, torch.Tensor]:
+        """The texts through every layer, the sums journaled per layer (:class:`~.sums.SumStep`)."""
+        from resumerge.analyses.importance.sums import SumStep
+        from resumerge.forward.batches import one_by_one
+        from resumerge.forward.handed import Held
+        from resumerge.forward.journal import Journal
+        from resumerge.forward.layerpass import LayerPass
+        from resumerge.torch_import import torch
+
+        batches = one_by_one(self.tokens)  # each text alone: every position summed, no padding
+        with torch.no_grad():
+            entering = stream.inputs(batches)
+        calls = [c for _, c in entering]
+        layers = stream.layers
+
+        def on_layer(index: int) -> None:
+            if self.on_progress is not None:
+                self.on_progress(f"importance matrix: layer {index + 1} of {layers} of the merge")
+
+        step = SumStep(stream, calls, reserve, on_layer)
+        journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
+        # kill point after_imatrix_layer: a layer's sums and hidden states durable (resumerge.store.killpoints)
+        found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
+            step, [[h for h, _ in entering]], len(batches))
+        assert found is not None  # the step never stops the pass
+        return found
+
+    def finish(self, found: dict[str, torch.Tensor], proof: str | None) -> ImportanceReport:
+        """The matrix written, then its key beside it (each durable), then the journal removed."""
+        import shutil
+
+        from resumerge.store.durable import write_file_atomic
+
+        tokens = sum(len(t) for t in self.tokens)
+        entries = named_entries(self.arch, {name: s.numpy() for name, s in found.items()}, tokens)
+        write_imatrix(self.out, imatrix_file(entries, self.dataset, len(self.tokens)))
+        write_file_atomic(self.out.with_name(self.out.name + KEY_SUFFIX), (self.key + "\n").encode())
+        shutil.rmtree(self._journal_dir, ignore_errors=True)
+        return self._report(reused=False, entries=len(entries))
+
+    def stopped_at(self) -> str:
+        return ("the importance matrix pass over the merge was interrupted (its journal is kept: run again, it "
+                "resumes at the layer it reached)")
+
+    def _report(self, *, reused: bool, entries: int | None = None) -> ImportanceReport:
+        if entries is None:
+            from resumerge.outputs.gguf.imatrix import read_imatrix
+
+            entries = len(read_imatrix(self.out))
+        return ImportanceReport(os.fspath(self.out), len(self.tokens), sum(len(t) for t in self.tokens), entries,
+                                reused)

@@ -1,0 +1,67 @@
+"""The importance pass's step: each decoder layer read, run over every text with a hook before each of its linears
+that adds the squares of the linear's input (every position of the text, each column apart) to a float64 sum, and
+dropped. What llama-imatrix accumulates for a weight (``values[j] += x_j²``, ``kquants.md`` §4), of every linear the
+layer runs, each its own sum (q/k/v share an input: their sums are equal, as llama-imatrix's entries are).
+
+The sums of every layer run so far are journaled beside the hidden states leaving the layer (float64: a resumed pass
+adds to the very values it had), so a pass killed after layer l resumes at l + 1 with them and ends with the same
+bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from resumerge.forward.batches import Hidden
+from resumerge.forward.journal import Restart
+from resumerge.forward.layerpass import Reserve, Step
+from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.torch_import import torch
+
+# The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
+SUM_PREFIX = "imatrix:"
+
+
+class SumStep(Step[dict[str, torch.Tensor]]):
+    """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
+    inputs summed, by checkpoint module name; ``reserve`` admits each layer, ``on_layer(l)`` is told before it."""
+
+    def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
+                 on_layer: Callable[[int], None] | None = None) -> None:
+        self.stream, self.calls, self.reserve, self.on_layer = stream, calls, reserve, on_layer
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def restore(self, restart: Restart) -> None:
+        self.sums = {name.removeprefix(SUM_PREFIX): value.to(torch.float64)
+                     for name, value in restart.tensors.items() if name.startswith(SUM_PREFIX)}
+
+    def layer(self, index: int, hidden: Hidden) -> Hidden:
+        if self.on_layer is not None:
+            self.on_layer(index)
+        stream = self.stream
+        module = stream.layers_list[index]
+        with self.reserve(f"layer {index} of the merge", "layer"), stream.loaded(module) as layer:
+            prefix = stream.prefix(module)
+            handles = [m.register_forward_pre_hook(self._hook(prefix + name)) for name, m in layer.named_modules()
+                       if isinstance(m, torch.nn.Linear)]
+            try:
+                out = [stream.run(layer, h, self.calls[s][index]) for s, h in enumerate(hidden[0])]
+            finally:
+                for handle in handles:
+                    handle.remove()
+        return [out]
+
+    def _hook(self, name: str) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+        def observe(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach()
+            squares = x.reshape(-1, x.shape[-1]).to("cpu", torch.float64).square().sum(dim=0)
+            found = self.sums.get(name)
+            self.sums[name] = squares if found is None else found.add_(squares)
+
+        return observe
+
+    def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+        return {SUM_PREFIX + name: value for name, value in sorted(self.sums.items())}, None
+
+    def finish(self, hidden: Hidden) -> dict[str, torch.Tensor]:
+        return dict(sorted(self.sums.items()))

@@ -1,0 +1,89 @@
+"""``run --out-type gguf --imatrix-texts FILE``: the importance matrix computed on the merge itself before its GGUF
+is encoded. The merge's float plan (the same config and options, written as safetensors) is opened as the model it
+describes, never written (:class:`~resumerge.engine.unwritten.UnwrittenMerge`), and the texts run through it by
+:func:`~resumerge.analyses.importance.onmerge.importance_on_merge` into the file the GGUF plan's codecs read
+(``PlanOptions.imatrix``, in the state dir: :func:`computed_imatrix`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resumerge.config.locations import StateDir
+    from resumerge.config.settings import RunSettings
+    from resumerge.engine.executor import Reporter
+    from resumerge.plan.merge_plan import PlanOptions
+
+
+def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
+                    model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> None:
+    """Compute the importance matrix of the merge ``text`` describes (planned with ``options``; its models at
+    ``model_dirs`` where a resume found them) over ``options.imatrix_texts`` into ``options.imatrix``, within
+    ``settings``' memory budget; nothing where the options ask none, or the file holds this very matrix already.
+    ``command`` continues it (a second process is told it). Raises UsageError (exit 2) before any weight is read
+    for a text longer than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
+    if options.imatrix_texts is None or options.imatrix is None:
+        return
+    from resumerge.analyses.importance.entries import gguf_arch
+    from resumerge.analyses.importance.onmerge import importance_on_merge
+    from resumerge.config.merge_config import load_config_text
+    from resumerge.engine.devices import set_torch_threads
+    from resumerge.engine.session import prepare
+    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+    from resumerge.inputs.catalog import fetch_inputs
+    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+
+    texts = options.imatrix_texts
+    state = settings.state
+    # The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
+    floats = replace(options, out_type="safetensors", gguf_type="f16", gguf_tensor_types=(), gguf_output_type=None,
+                     gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None)
+    prepared = prepare(load_config_text(text), floats, model_dirs=model_dirs, state=state, cache_dir=settings.cache_dir)
+    fetch_inputs(prepared.opened(), state=state)
+    set_torch_threads(settings.num_threads)  # run's thread count: the merged values are run's
+    budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
+    with MemoryGovernor(budget, SystemProbe()) as governor, \
+            UnwrittenMerge(prepared.plan, state.unwritten_dir, governor=governor) as merge:
+        arch = gguf_arch(merge.config.get("model_type"), "--imatrix-texts")
+        tokenizer = load_tokenizer([merge.directory], what="resumerge run --imatrix-texts", plain=True)
+        tokens = sequences(tokenizer, Path(texts), context_of([("the merge", merge.config)]),
+                           option="--imatrix-texts")
+        if reporter is not None:
+            reporter.message(f"importance matrix: {len(tokens)} texts of {os.path.basename(texts)} through the merge, "
+                             "one decoder layer at a time (--imatrix-texts)")
+        out = Path(options.imatrix)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
+                                     max_memory=settings.max_memory, command=command)
+    if reporter is not None:
+        found = "found computed" if report.reused else "computed"
+        reporter.message(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
+                         f"{report.tokens} tokens")
+
+
+def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
+    """``options`` with, for ``--imatrix-texts``, where the run writes the importance matrix it computes on the
+    merge: a file in the state dir named by the config and the texts (the plan's codecs read it there); unchanged
+    without it."""
+    if options.imatrix_texts is None:
+        return options
+    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
+
+
+def imatrix_key(text: str, texts: str) -> str:
+    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
+    path and bytes in it (other texts, another file)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
+
+
+# Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
+IMATRIX_DIR = "imatrix"

@@ -1,0 +1,236 @@
+"""Importance matrices resumerge makes (issue 84): ``run --out-type gguf --imatrix-texts FILE`` computes llama.cpp's
+importance matrix on the merge itself, never written, and encodes with it; ``measure --imatrix OUT.gguf`` writes one
+from the Grams. Checked against independent oracles: transformers running the written merge with hooks on its linears
+(what llama-imatrix sums: each input column's squares), ``measure``'s Grams of the written merge, and llama.cpp's own
+quantizer (``llama_model_quantize`` given the same matrix: the same bytes). A kill in the pass (a real subprocess)
+or in the encoding resumes to the same bytes; a changed texts file is a changed plan; the flag's misuses are one
+line, exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from llamacpp_oracle import needs_library, quantize_model
+from support import cli, write_config
+
+from resumerge import api
+from resumerge.inputs.gguf.names import gguf_name
+from resumerge.outputs.gguf.imatrix import read_imatrix
+from resumerge.plan.gguftypes import MIXES
+
+TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
+K_MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m")
+
+
+@pytest.fixture(scope="module")
+def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A float16 linear merge of two tiny llama GGUFs (its config) and calibration texts the vocabulary spells."""
+    root = tmp_path_factory.mktemp("imatrix")
+    a, b = root / "a.gguf", root / "b.gguf"
+    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
+    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    texts = root / "texts.txt"
+    texts.write_text(TEXTS)
+    return config, texts
+
+
+@pytest.fixture(scope="module")
+def computed(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The merge run to Q4_K_M with its importance matrix computed on it: OUT and the matrix the run wrote."""
+    config, texts = merge
+    root = tmp_path_factory.mktemp("computed")
+    api.run(config, root / "out", state_dir=root / "s",
+            output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts))
+    (matrix,) = (root / "s" / "imatrix").glob("*.gguf")
+    return root / "out", matrix
+
+
+def _gguf_bytes(path: Path) -> dict[str, tuple[int, bytes]]:
+    return {t.name: (int(t.tensor_type), np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_the_matrix_is_what_transformers_running_the_written_merge_sums(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
+    """Per weight of the decoder blocks, the sums of its input's squares over every token of the texts, over the
+    count (llama-imatrix's entry as llama-quantize reads it): transformers' forward of the merge written as
+    safetensors, hooked before each linear, gives the same values; the matrix names each weight as llama.cpp does
+    and counts every token; the card says it was computed on the merge."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config, texts = merge
+    out, matrix = computed
+    written = tmp_path / "written"
+    api.run(config, written, state_dir=tmp_path / "s")
+    model = transformers.AutoModelForCausalLM.from_pretrained(written, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(written)
+    sums: dict[str, torch.Tensor] = {}
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        def observe(module: object, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0].reshape(-1, args[0].shape[-1]).double()
+            sums[name] = sums.get(name, 0) + (x * x).sum(0)
+        return observe
+
+    for name, module in model.model.layers.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(hook(f"model.layers.{name}.weight"))
+    tokens = 0
+    for line in TEXTS.splitlines():
+        ids = tokenizer(line, return_tensors="pt").input_ids
+        tokens += ids.shape[1]
+        with torch.no_grad():
+            model(ids)
+    ours = read_imatrix(matrix)
+    assert sorted(ours) == sorted(gguf_name("llama", n) for n in sums)
+    for name, total in sums.items():
+        expected = (total / tokens).numpy()
+        assert np.allclose(ours[gguf_name("llama", name)], expected, rtol=1e-5, atol=1e-7), name
+    reader = gguf.GGUFReader(matrix)
+    assert reader.fields["general.type"].contents() == "imatrix"
+    assert reader.fields["imatrix.chunk_count"].contents() == 3
+    counts = {float(np.asarray(t.data).max()) for t in reader.tensors if t.name.endswith(".counts")}
+    assert counts == {float(tokens)}
+    card = (out / "README.md").read_text()
+    assert f"computed on the merge from 3 texts, {tokens} tokens of `{texts.name}`" in card
+
+
+def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama_model_quantize of the merge's F16 GGUF, given the computed matrix, writes the very bytes the run wrote;
+    without a matrix, other bytes (the matrix was used)."""
+    needs_library()
+    config, _ = merge
+    out, matrix = computed
+    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+    f16 = tmp_path / "f16" / "model.gguf"
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=read_imatrix(matrix))
+    ours, theirs = _gguf_bytes(out / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
+    assert ours.keys() == theirs.keys()
+    assert [n for n in ours if ours[n] != theirs[n]] == []
+    quantize_model(f16, tmp_path / "plain.gguf", MIXES["q4_k_m"].file_type)
+    plain = _gguf_bytes(tmp_path / "plain.gguf")
+    assert any(ours[n] != plain[n] for n in plain)
+
+
+def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path], computed: tuple[Path, Path],
+                                                        tmp_path: Path) -> None:
+    """``measure --imatrix`` of the written merge: the Grams' diagonals times the tokens, equal (to float rounding)
+    to the matrix the run computed on the merge never written; given back to ``run --imatrix``, the bytes equal
+    llama_model_quantize's with the same matrix."""
+    config, texts = merge
+    _, matrix = computed
+    written = tmp_path / "written"
+    api.run(config, written, state_dir=tmp_path / "s")
+    one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
+    measured = tmp_path / "measured.gguf"
+    done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
+               "--imatrix", measured)
+    assert done.returncode == 0, done.stderr
+    assert f"14 weight(s) in {measured}" in done.stdout
+    ours, theirs = read_imatrix(measured), read_imatrix(matrix)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert np.allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-6), name
+    needs_library()
+    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(config, tmp_path / "q", state_dir=tmp_path / "s",
+            output=api.Output(out_type="gguf", gguf_type="q3_k_m", imatrix=measured))
+    quantize_model(tmp_path / "f16" / "model.gguf", tmp_path / "llama.gguf", MIXES["q3_k_m"].file_type,
+                   imatrix=ours)
+    got, want = _gguf_bytes(tmp_path / "q" / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
+    assert [n for n in want if got[n] != want[n]] == []
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_kill_in_the_pass_or_in_the_encoding_resumes_to_the_same_bytes(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
+    """The run killed (SIGKILL, a real process) after the pass's first layer is durable, run again, resumes the
+    pass at the second layer; killed while the GGUF is written, ``resume`` finishes it; both files are the bytes
+    of a run never killed. A resume whose texts file changed since is another plan: refused (exit 4)."""
+    config, texts = merge
+    whole, _ = computed
+    out, state = tmp_path / "out", tmp_path / "s"
+    args = ("run", config, out, "--state-dir", state, *K_MIX, "--imatrix-texts", texts)
+    killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_imatrix_layer:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (folder,) = (p for p in (state / "imatrix").iterdir() if p.is_dir())
+    assert [p.name for p in folder.glob("*/layer-*.safetensors")] == ["layer-00000.safetensors"]
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert _sha(out / "model.gguf") == _sha(whole / "model.gguf")
+
+    out2, state2 = tmp_path / "out2", tmp_path / "s2"
+    killed = cli("run", config, out2, "--state-dir", state2, *K_MIX, "--imatrix-texts", texts,
+                 "--out-shard-size", "100KB", env={"RESUMERGE_KILL_AT": "after_unit_commit:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = cli("resume", out2, "--state-dir", state2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _sha(out2 / "model.gguf") == _sha(whole / "model.gguf")
+
+    out3, state3 = tmp_path / "out3", tmp_path / "s3"
+    changed = tmp_path / "changed.txt"
+    changed.write_text(TEXTS)
+    killed = cli("run", config, out3, "--state-dir", state3, *K_MIX, "--imatrix-texts", changed,
+                 "--out-shard-size", "100KB", env={"RESUMERGE_KILL_AT": "after_unit_commit:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    changed.write_text(TEXTS + "one more text.\n")
+    refused = cli("resume", out3, "--state-dir", state3)
+    assert refused.returncode == 4, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path, Path], tmp_path: Path) -> None:
+    config, texts = merge
+    planned = cli("plan", config, *K_MIX, "--imatrix-texts", texts)
+    assert planned.returncode == 0, planned.stderr
+    assert f"the importance matrix is computed on the merge from the texts of {texts.name}" in planned.stdout
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    for flags, said in (((*K_MIX, "--imatrix-texts", texts, "--imatrix", tmp_path / "m.gguf"), "give one"),
+                        (("--out-type", "gguf", "--gguf-type", "q8_0", "--imatrix-texts", texts),
+                         "takes no importance matrix"),
+                        ((*K_MIX, "--imatrix-texts", tmp_path / "none.txt"), "no such file"),
+                        (("--imatrix-texts", texts), "--out-type gguf")):
+        done = cli("run", config, tmp_path / "out", "--state-dir", tmp_path / "s", *flags)
+        assert done.returncode == 2, (flags, done.stderr)
+        assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not (tmp_path / "out").exists()
+    moe = tmp_path / "moe.yml"  # a kind of run whose pass the importance matrix's would not precede
+    moe.write_text(f"base_model: {config.parent / 'a.gguf'}\nexperts:\n  - source_model: {config.parent / 'b.gguf'}\n"
+                   "    positive_prompts: [the cat]\n")
+    done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
+    assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr
+
+
+def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: Path) -> None:
+    """llama-imatrix's GGUF as resumerge writes it (an expert stack's entry a slice per expert, a count of 0
+    kept), read back by gguf-py's reader and by resumerge's: each slice its sums over its count, all ones where
+    the count is 0; two models' entries pooled add sums and counts."""
+    from resumerge.analyses.importance.entries import imatrix_file, pooled
+    from resumerge.outputs.gguf.imatrix import ImatrixEntry
+
+    sums = np.arange(12, dtype=np.float32).reshape(3, 4)
+    entries = {"blk.0.ffn_down_exps.weight": ImatrixEntry(sums, np.array([2, 0, 4], dtype=np.float32)),
+               "blk.0.attn_q.weight": ImatrixEntry(np.full((1, 4), 6, np.float32), np.array([3], np.float32))}
+    both = pooled([entries, {"blk.0.attn_q.weight": ImatrixEntry(np.full((1, 4), 2, np.float32),
+                                                                 np.array([1], np.float32))}])
+    path = tmp_path / "m.gguf"
+    path.write_bytes(imatrix_file(both, "texts.txt", 3))
+    read = read_imatrix(path)
+    assert np.array_equal(read["blk.0.ffn_down_exps.weight"], np.concatenate([sums[0] / 2, np.ones(4), sums[2] / 4]))
+    assert np.array_equal(read["blk.0.attn_q.weight"], np.full(4, 2, np.float32))
+    reader = gguf.GGUFReader(path)
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}  # ggml's ne order
+    assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == (4, 3)
+    assert shapes["blk.0.ffn_down_exps.weight.counts"] == (1, 3)
+    assert reader.fields["imatrix.datasets"].contents() == ["texts.txt"]
