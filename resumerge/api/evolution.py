@@ -169,7 +169,8 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
 
 def evolve_command(asked: SearchAsked) -> str:
     """The shell command of the search ``asked`` (what continues an interrupted one: the same settings, or STORAGE
-    refuses it; ``--state-dir`` where it is not the default)."""
+    refuses it; ``--state-dir`` where it is not the default; where it is logged, so the continued search logs on to
+    the same run: W&B's and trackio's keys stay in their environment variables and login files, never in it)."""
     from resumerge.config.locations import is_default_state_root
     from resumerge.evolve.spec import OPT_IN
 
@@ -197,6 +198,10 @@ def evolve_command(asked: SearchAsked) -> str:
         words.append(OPT_IN)
     if asked.task_search_path is not None:
         words += ["--task-search-path", os.fspath(asked.task_search_path)]
+    for each in asked.tracking:
+        words += [f"--{each.kind}", f"--{each.kind}-project", each.project]
+        if each.entity is not None:
+            words += [f"--{each.kind}-entity", each.entity]
     return shlex.join(words)
 
 

@@ -53,5 +53,22 @@ def run_lm_eval_command(words: Sequence[str]) -> int:
         args = parse_lm_eval(words)
     except SystemExit as exc:  # lm-eval's parser printed its usage (--help: 0) or its one-line refusal (2)
         return 2 if exc.code not in (0, None) else EXIT_OK
-    lm_eval(args, command=shlex.join(["resumerge", "lm-eval", *words]))
+    lm_eval(args, command=shlex.join(["resumerge", "lm-eval", *_tokenless(words)]))
     return EXIT_OK
+
+
+def _tokenless(words: Sequence[str]) -> list[str]:
+    """``words`` with any ``token=`` taken out of ``--hf_hub_log_args``: the command that continues an interrupted
+    run is printed and kept in the journal's progress file, where a token must never be (lm-eval reads HF_TOKEN
+    from the environment when the arguments give none)."""
+    flag = "--hf_hub_log_args"
+    kept: list[str] = []
+    follows = False
+    for word in words:
+        if follows or word.startswith(f"{flag}="):
+            prefix = "" if follows else f"{flag}="
+            pairs = [p for p in word.removeprefix(prefix).split(",") if p.split("=", 1)[0].strip() != "token"]
+            word = prefix + ",".join(pairs)
+        follows = word == flag
+        kept.append(word)
+    return kept

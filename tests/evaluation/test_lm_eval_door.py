@@ -234,3 +234,100 @@ def test_eval_takes_lm_evals_spellings_of_the_flags_it_shares() -> None:
     assert ours == theirs
     assert parser.parse_args(["eval", "M", "-t", "a", "-f", "1", "-s", "-o", "P"]) == \
         parser.parse_args(["eval", "M", "--tasks", "a", "--num-fewshot", "1", "--log-samples", "--output-path", "P"])
+
+
+HUB_TOKEN = "hf_door_write_token_0123456789"
+
+
+@pytest.fixture
+def stand_in_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The suite's stand-in hub on 127.0.0.1 with a write token for org, an HF home in ``tmp_path`` (never the
+    user's cache), and every other host refused."""
+    import socket
+
+    import datasets.config
+    from hub.fakehub import FakeHub
+    from hub.fakehub_write import HubWriter
+    from huggingface_hub import close_session, constants, hf_api
+
+    home = tmp_path / "hf_home"
+    hub = FakeHub()
+    writer = HubWriter.attach(hub)
+    writer.add_token(HUB_TOKEN, "alice", orgs=("org",))
+    real = socket.getaddrinfo
+
+    def loopback_only(host: object, *args: Any, **kwargs: Any) -> Any:
+        if host not in ("127.0.0.1", "localhost", b"127.0.0.1", b"localhost"):
+            raise OSError(f"test tried to reach {host!r}")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    with hub:
+        settings = {"HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
+                    "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_ENDPOINT": hub.url,
+                    "HF_TOKEN": HUB_TOKEN}
+        for name, value in settings.items():
+            monkeypatch.setenv(name, value)
+        for name, setting in {"HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"),
+                              "HF_TOKEN_PATH": str(home / "token"), "HF_HUB_DISABLE_XET": True,
+                              "ENDPOINT": hub.url,
+                              "HUGGINGFACE_CO_URL_TEMPLATE": hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+                              }.items():
+            monkeypatch.setattr(constants, name, setting)
+        # huggingface_hub's module-level functions (a dataset card's push) are a client made when it was imported
+        monkeypatch.setattr(hf_api.api, "endpoint", hub.url)
+        # datasets fixed its caches when it was imported (the card reads the pushed results back through it)
+        for name, path in {"HF_DATASETS_CACHE": "datasets", "DOWNLOADED_DATASETS_PATH": "datasets/downloads",
+                           "EXTRACTED_DATASETS_PATH": "datasets/downloads/extracted"}.items():
+            monkeypatch.setattr(datasets.config, name, home / path)
+        yield writer
+    close_session()
+
+
+def test_hf_hub_log_args_push_lm_evals_files_to_the_hub_as_its_own_logger_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        stand_in_hub: Any) -> None:
+    """``--hf_hub_log_args`` through the door: lm-eval's EvaluationTracker pushes the results and samples files it
+    wrote, and its dataset card, to the dataset repo its arguments name, at the paths it gives them for ``--model hf``
+    on the same folder; a token given in the arguments is in no output, no journal and no pushed file."""
+    model, tasks = _setup(tmp_path)
+    common = ["--tasks", "tiny_mc", "tiny_gen", "--include_path", str(tasks), "--log_samples", "--device", "cpu"]
+
+    def hub_args(repo: str) -> str:
+        return f"hub_results_org=org,details_repo_name={repo},push_results_to_hub=True,push_samples_to_hub=True"
+
+    assert _door("run", "--model", "resumerge", "--model_args", f"pretrained={model}", *common, "--hf_hub_log_args",
+                 f"{hub_args('ours')},token={HUB_TOKEN}", "--output_path", str(tmp_path / "ours"),
+                 "--use_cache", str(tmp_path / "journal")) == 0
+    _theirs(monkeypatch, "run", "--model", "hf", "--model_args", f"pretrained={model},dtype=float32",
+            *common, "--hf_hub_log_args", hub_args("theirs"), "--output_path", str(tmp_path / "theirs"))
+    said = capsys.readouterr()
+    assert HUB_TOKEN not in said.out + said.err
+
+    def layout(repo: str) -> dict[str, bytes]:
+        """The repo's files, each name's run date (results_DATE.json, samples_TASK_DATE.jsonl) taken out."""
+        import re
+
+        return {re.sub(r"_\d{4}-\d\d-\d\dT[\d.-]+\.json", "_DATE.json", path): data
+                for path, data in stand_in_hub.head_files(repo).items()}
+
+    ours, theirs = layout("org/ours-private"), layout("org/theirs-private")
+    assert sorted(ours) == sorted(theirs)
+    assert {p.rsplit("/", 1)[-1] for p in ours} >= {"README.md", "results_DATE.json", "samples_tiny_mc_DATE.jsonl",
+                                                    "samples_tiny_gen_DATE.jsonl"}
+    written = {path.name: path.read_bytes() for path in (tmp_path / "ours").rglob("*.json*")}
+    pushed = {path.rsplit("/", 1)[-1]: data for path, data in stand_in_hub.head_files("org/ours-private").items()}
+    assert {name: pushed[name] for name in written} == written, "the files lm-eval wrote, pushed as they are"
+    assert any(r.path.startswith("/api/datasets/org/ours-private/commit/") for r in stand_in_hub.hub.requests)
+    assert all(HUB_TOKEN.encode() not in data for data in pushed.values())
+    for path in (tmp_path / "journal").rglob("*"):
+        assert not path.is_file() or HUB_TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_the_command_kept_to_continue_names_no_token() -> None:
+    from resumerge.cli.lmevalcmd import _tokenless
+
+    assert _tokenless(["run", "--hf_hub_log_args", "hub_results_org=org,token=hf_a,public_repo=True",
+                       "--hf_hub_log_args=token=hf_b,gated=True", "--metadata", "token=kept"]) == \
+        ["run", "--hf_hub_log_args", "hub_results_org=org,public_repo=True", "--hf_hub_log_args=gated=True",
+         "--metadata", "token=kept"]

@@ -1,12 +1,14 @@
 """``resumerge evolve --wandb --trackio``: the search logged to W&B (offline: its run files, decoded) and trackio (its
 local SQLite store), a row per candidate with its genotype, figures and objective, a summary per generation, the best
 config as an artifact; killed between generations (the first generation durable, not logged) and inside the second
-(the first logged), then resumed: every candidate row exactly once, in the same run. Real processes killed (SIGKILL),
+(the first logged), then resumed by the command ``resumerge status STORAGE`` says continues it (the
+logging flags in it): every candidate row exactly once, in the same run. Real processes killed (SIGKILL),
 the last start unkilled: 3-6 minutes on the shared machine, most of it W&B's service starting."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -44,9 +46,15 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
     for kill in KILLS:
         done = cli(*args, env={**env, "RESUMERGE_KILL_AT": kill}, timeout=600)
         assert done.returncode == -9, (kill, done.stderr[-2000:])
+    # resumed by the command `status` says continues it: it logs on (its flags), to the same run, no row twice
+    status = cli("status", store, "--json", env=env)
+    assert status.returncode == 0, status.stderr[-2000:]
+    resume = shlex.split(json.loads(status.stdout)["resume_command"])
+    assert resume[:2] == ["resumerge", "evolve"] and " ".join(resume).endswith(
+        "--wandb --wandb-project search --trackio --trackio-project search")
     # a process of its own too: trackio reads TRACKIO_DIR once, when it is first imported (here: at collection); forked
     # from the worker's server, which imports neither trackio nor wandb (their variables are read in the command)
-    done = cli(*args, "--json", env=env, timeout=600)
+    done = cli(*resume[1:], "--json", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     json.loads(done.stdout)  # trackio's own lines kept off stdout
     expected = Counter({(1, 1): 1, (1, 2): 1, (2, 1): 1, (2, 2): 1})
@@ -71,3 +79,17 @@ def test_a_killed_and_resumed_search_logs_every_candidate_once(tmp_path: Path,
                    for r in found if "candidate/objective" in r) == expected
     assert sorted(r["population/generation"] for r in found if "population/generation" in r) == [1, 2]
     assert len(runs) == 1
+
+
+def test_the_command_that_continues_a_search_keeps_where_it_is_logged(tmp_path: Path) -> None:
+    from resumerge.api.evolution import SearchAsked, evolve_command
+    from resumerge.api.options import Resources
+    from resumerge.config.locations import StateDir
+    from resumerge.evolve.search import SearchOptions
+    from resumerge.evolve.tracking import Tracking
+
+    logged = [Tracking("wandb", "my runs", "team"), Tracking("trackio", "mine")]
+    command = evolve_command(SearchAsked(tmp_path / "c.yml", tmp_path / "s", SearchOptions(max_fevals=4),
+                                         Resources(), StateDir.resolve(), tracking=logged))
+    assert shlex.split(command)[-8:] == ["--wandb", "--wandb-project", "my runs", "--wandb-entity", "team",
+                                         "--trackio", "--trackio-project", "mine"]

@@ -1,7 +1,7 @@
 """A stand-in Hugging Face Hub on 127.0.0.1 for tests: standard-library HTTP server in a thread.
 
-Serves model repos through the routes the real huggingface_hub client uses (see
-``shared/reference/hf-cache.md`` §7): model info by revision, the tree listing, and ``resolve`` with the
+Serves model repos (and dataset repos, in the same namespace) through the routes the real huggingface_hub client
+uses (see ``shared/reference/hf-cache.md`` §7): model info by revision, the tree listing, and ``resolve`` with the
 hub's headers (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``, ``Content-Length``) and
 ``Range`` support. It counts the body bytes it serves per file and per request (``Request.sent``), notes when each
 file's last byte went out (``served_at``) and when each commit landed (``commit_times``), logs every request, paces
@@ -363,6 +363,11 @@ class _Handler(BaseHTTPRequestHandler):
         with self.hub.lock:
             self.hub.requests.append(self._record)
         query = {k.lower(): v[-1] for k, v in parse_qs(split.query).items()}
+        # A dataset repo's routes are a model repo's with "datasets" in them; here both share one namespace.
+        if parts[:2] == ["api", "datasets"]:
+            parts[1] = "models"
+        elif parts[:1] == ["datasets"]:
+            parts = parts[1:]
         if self.hub.writer is not None and self.hub.writer.route(self, parts, query):
             return
         if len(parts) >= 3 and parts[0] == "api" and parts[1] == "models":
