@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import forkserver
-import numpy as np
-import pytest
-from mergekit_oracle import Mergekit, installed
-from raycluster import RayHead
+# Libraries that fix their cache paths as they are first imported (datasets' HF_DATASETS_CACHE, trackio's store,
+# both from HF_HOME) are imported while the test modules are collected, before `hermetic` points HF_HOME at a test's
+# temp dir: they wrote the user's ~/.cache/huggingface. The session has an HF home of its own from the start.
+SESSION_HF_HOME = tempfile.mkdtemp(prefix="resumerge-tests-hf-")
+os.environ["HF_HOME"] = SESSION_HF_HOME
+atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
 
-from resumerge.cli.modelgen import ModelSpec, make_model
+import forkserver  # noqa: E402  (after HF_HOME: its session environment is recorded as it is imported)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from mergekit_oracle import Mergekit, installed  # noqa: E402
+from raycluster import RayHead  # noqa: E402
+
+from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 
 RAY_HEAD = pytest.StashKey[RayHead]()
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
