@@ -32,6 +32,7 @@ from resumerge.estimate.compute import measure_compute, start_compute
 from resumerge.estimate.costs import FITS, WILL_NOT_FIT, ComputeGroup, Estimate, TimeEstimate
 from resumerge.estimate.estimate import _disk_reason
 from resumerge.estimate.memory import pending_units, working_set
+from resumerge.estimate.method_timing import Timing
 from resumerge.estimate.torchside import TorchHere
 from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
@@ -353,9 +354,9 @@ def test_a_sample_is_timed_by_its_threads_cpu_only_where_its_kernels_stay_on_tha
     clocks: list[Callable[[], float]] = []
     real = compute_estimate.measure_rate
 
-    def recording(*args: Any, clock: Callable[[], float], **kwargs: Any) -> Any:
-        clocks.append(clock)
-        return real(*args, clock=clock, **kwargs)
+    def recording(*args: Any, timing: Timing, **kwargs: Any) -> Any:
+        clocks.append(timing.clock)
+        return real(*args, timing=timing, **kwargs)
 
     monkeypatch.setattr(compute_estimate, "measure_rate", recording)
 

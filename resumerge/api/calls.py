@@ -390,8 +390,9 @@ def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging 
     1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
     ``codecs``: as for :func:`run`."""
     shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
+    options = plan_options(output, merging, out_shard_size=shard_size)  # the options refused before the config is read
     text = config_text(config)
-    options = computed_imatrix(plan_options(output, merging, out_shard_size=shard_size), text, StateDir.resolve())
+    options = computed_imatrix(options, text, StateDir.resolve())
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
                 codecs=codecs)
     return planner_of(kind_of(text)).plan(call)

@@ -121,7 +121,7 @@ class _Ready:
     plan: GenPlan
 
 
-class _TokenStep(Step[torch.Tensor]):
+class _TokenStep(Step["torch.Tensor"]):  # a string: torch is imported when a step runs
     """One token step over the layers: each layer read once (admitted as the step ``layer``), run on every
     unfinished request against its cache there; after the last, every request's next-token logits."""
 

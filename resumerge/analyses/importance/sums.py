@@ -22,7 +22,7 @@ from resumerge.torch_import import torch
 SUM_PREFIX = "imatrix:"
 
 
-class SumStep(Step[dict[str, torch.Tensor]]):
+class SumStep(Step["dict[str, torch.Tensor]"]):  # a string: torch is imported when a step runs
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
     inputs summed, by checkpoint module name; ``reserve`` admits each layer, ``on_layer(l)`` is told before it."""
 
