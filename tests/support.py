@@ -8,6 +8,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -308,3 +309,16 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def loopback_only(monkeypatch: Any) -> None:
+    """Let this process resolve 127.0.0.1 and localhost only (``monkeypatch``: pytest's): a URL built from an
+    import-time constant fails loudly instead of ever reaching a real hub."""
+    real = socket.getaddrinfo
+
+    def resolve(host: object, *args: Any, **kwargs: Any) -> Any:
+        if host not in ("127.0.0.1", "localhost", b"127.0.0.1", b"localhost"):
+            raise OSError(f"test tried to reach {host!r}; only 127.0.0.1 is allowed")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)

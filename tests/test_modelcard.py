@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import ModelFactory
 from hub.fakehub import FakeHub, files_of
 from huggingface_hub import close_session, constants
-from support import cli, cli_here, digests
+from support import cli, cli_here, digests, loopback_only
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -189,14 +187,7 @@ def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
                           "HF_HUB_DISABLE_XET": True}.items():
         if hasattr(constants, name):
             monkeypatch.setattr(constants, name, setting)
-    real = socket.getaddrinfo
-
-    def loopback_only(host: object, *args: Any, **kwargs: Any) -> Any:
-        if host not in ("127.0.0.1", "localhost", b"127.0.0.1", b"localhost"):
-            raise OSError(f"test tried to reach {host!r}")
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    loopback_only(monkeypatch)
     files = files_of(make_model(tmp_path / "alpha", ModelSpec(layers=2), seed=0))
     files["README.md"] = b"# alpha's own card\n"
     hub = FakeHub()

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from support import write_config
+from support import loopback_only, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -243,7 +243,6 @@ HUB_TOKEN = "hf_door_write_token_0123456789"
 def stand_in_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The suite's stand-in hub on 127.0.0.1 with a write token for org, an HF home in ``tmp_path`` (never the
     user's cache), and every other host refused."""
-    import socket
 
     import datasets.config
     from hub.fakehub import FakeHub
@@ -254,14 +253,7 @@ def stand_in_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
     hub = FakeHub()
     writer = HubWriter.attach(hub)
     writer.add_token(HUB_TOKEN, "alice", orgs=("org",))
-    real = socket.getaddrinfo
-
-    def loopback_only(host: object, *args: Any, **kwargs: Any) -> Any:
-        if host not in ("127.0.0.1", "localhost", b"127.0.0.1", b"localhost"):
-            raise OSError(f"test tried to reach {host!r}")
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    loopback_only(monkeypatch)
     with hub:
         settings = {"HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"), "HF_TOKEN_PATH": str(home / "token"),
                     "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_ENDPOINT": hub.url,

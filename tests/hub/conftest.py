@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from huggingface_hub import constants
@@ -16,6 +14,8 @@ try:
     from huggingface_hub import close_session
 except ImportError:  # huggingface_hub 0.x, which test_transformers4_stack.py runs this suite's core against
     from huggingface_hub.utils import reset_sessions as close_session
+
+from support import loopback_only
 
 from hub.fakehub import FakeHub, files_of
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -105,15 +105,7 @@ def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                         "HF_HUB_DISABLE_TELEMETRY": True}.items():
         if hasattr(constants, name):
             monkeypatch.setattr(constants, name, value)
-    real_getaddrinfo = socket.getaddrinfo
-
-    def loopback_only(host: object, *args: Any, **kwargs: Any) -> Any:
-        # Fail loudly instead of ever reaching a real hub (a URL built from an import-time constant would).
-        if host not in ("127.0.0.1", "localhost", b"127.0.0.1", b"localhost"):
-            raise OSError(f"test tried to reach {host!r}; only 127.0.0.1 is allowed")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    loopback_only(monkeypatch)
     yield home
     close_session()  # drop pooled connections to this test's hub
 
