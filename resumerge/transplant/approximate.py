@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from resumerge.torch_import import torch
-from resumerge.transplant.omp import batch_omp
+from resumerge.transplant.omp import batch_omp, next_atoms
 
 # Distances and weight sums below this count as this (mergekit's clamps, so the weights are the same numbers).
 _TINY = 1e-6
@@ -276,11 +276,8 @@ def mp_rope(targets: torch.Tensor, donor_points: torch.Tensor, model_points: tor
     rows = torch.arange(count, device=t.device)
     residual = t.clone()
     for step in range(k):
-        score = (residual @ a.T).abs_()
-        score.masked_fill_(taken, -float("inf"))
-        best = score.argmax(dim=1)
+        best = next_atoms(residual, a, taken, rows)
         picked[:, step] = best
-        taken[rows, best] = True
         atom = a[best]
         plus = rope_position(atom, residual, donor_rope)
         minus = rope_position(atom, -residual, donor_rope)

@@ -34,11 +34,8 @@ def batch_omp(targets: torch.Tensor, atoms: torch.Tensor, k: int) -> tuple[torch
     rows = torch.arange(count, device=t.device)
     residual = t.clone()
     for step in range(k):
-        score = (residual @ a.T).abs_()
-        score.masked_fill_(taken, -float("inf"))
-        best = score.argmax(dim=1)
+        best = next_atoms(residual, a, taken, rows)
         picked[:, step] = best
-        taken[rows, best] = True
         atom = a[best]
         if step == 0:
             r[:, 0, 0] = atom.norm(dim=1)
@@ -59,3 +56,14 @@ def batch_omp(targets: torch.Tensor, atoms: torch.Tensor, k: int) -> tuple[torch
         residual = t - torch.bmm(basis, torch.bmm(basis.transpose(1, 2), t.unsqueeze(-1))).squeeze(-1)
     coeffs = torch.linalg.solve_triangular(r, torch.bmm(q.transpose(1, 2), t.unsqueeze(-1)), upper=True).squeeze(-1)
     return picked, coeffs
+
+
+def next_atoms(residual: torch.Tensor, atoms: torch.Tensor, taken: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Each row's next atom (index into ``atoms``): the one not yet ``taken`` with the largest absolute inner product
+    with the row's ``residual`` (the first on ties), marked taken. The pursuit's pick, shared by ``omp`` and
+    ``mp_rope``."""
+    score = (residual @ atoms.T).abs_()
+    score.masked_fill_(taken, -float("inf"))
+    best = score.argmax(dim=1)
+    taken[rows, best] = True
+    return best
