@@ -39,6 +39,7 @@ from resumerge.plan.planner import build_plan
 from resumerge.plan.prepared import Prepared
 from resumerge.plan.roles import formats_line, formats_report, quantized
 from resumerge.plan.workunits import chunk_plan, row_stream
+from resumerge.store.checksums import XXH3_128
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import LocalDirSink
 
@@ -136,7 +137,7 @@ def test_parts_written_in_row_chunks_land_at_their_places(tmp_path: Path, rows: 
     layout = layout_shard({n: (("I8" if t.dtype == torch.int8 else "F32"), tuple(t.shape))
                            for n, t in expected.items()})
     sink = LocalDirSink(tmp_path)
-    writer = ShardWriter(sink, "model.safetensors", layout, stored)
+    writer = ShardWriter(sink, "model.safetensors", layout, stored, checksum=XXH3_128)
     for name, parts in stored.items():
         total = expected[name].shape[0] if len(parts) > 1 else 1
         for first in range(0, total, rows):
@@ -150,7 +151,8 @@ def test_parts_written_in_row_chunks_land_at_their_places(tmp_path: Path, rows: 
 
 def test_a_tensor_s_parts_come_together_in_the_shard_s_order(tmp_path: Path) -> None:
     layout = layout_shard({"w": ("I8", (2, 2)), "w_scale": ("F32", (2,))})
-    writer = ShardWriter(LocalDirSink(tmp_path), "model.safetensors", layout, {"w": ("w", "w_scale")})
+    writer = ShardWriter(LocalDirSink(tmp_path), "model.safetensors", layout, {"w": ("w", "w_scale")},
+                         checksum=XXH3_128)
     with pytest.raises(Exception, match="came as"):
         writer.write("w", {"w": torch.zeros(2, 2, dtype=torch.int8)})
     writer.abort()

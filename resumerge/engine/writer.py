@@ -23,6 +23,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.memory import Reservation
 from resumerge.plan.fetching import shard_input_files
 from resumerge.plan.merge_plan import Plan, ShardPlan
+from resumerge.store.checksums import Checksum
 from resumerge.store.shardwriter import ShardWriter
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.store.units import Unit
@@ -32,7 +33,10 @@ from resumerge.store.unitwriter import UnitFileWriter
 class Journal(Protocol):
     """Where the writer records each finished shard: the run's :class:`~resumerge.store.journal_commit.
     CommitJournal`, or what a cluster worker hands back to the driver that journals it
-    (:mod:`resumerge.engine.cluster`)."""
+    (:mod:`resumerge.engine.cluster`). Its :attr:`checksum` is what the writer hashes every file and unit with."""
+
+    @property
+    def checksum(self) -> Checksum: ...
 
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
                tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None: ...
@@ -126,9 +130,10 @@ class Writer(threading.Thread):
                          for i, (start, end, tensors) in enumerate(self.plan.file_units(shard))]
                 journal, name = self.units, shard.name
                 self._current = UnitFileWriter(self.sink, name, layout, parts, units, kept,
-                                               lambda index, sha: journal.commit_unit(name, index, sha))
+                                               lambda index, sha: journal.commit_unit(name, index, sha),
+                                               checksum=self.journal.checksum)
             else:
-                self._current = ShardWriter(self.sink, shard.name, layout, parts)
+                self._current = ShardWriter(self.sink, shard.name, layout, parts, checksum=self.journal.checksum)
             self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
             self._shard_since = time.monotonic()
         return self._current

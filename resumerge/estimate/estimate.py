@@ -48,6 +48,7 @@ from resumerge.plan.outguard import refuse_out_over_inputs, refuse_state_in_out
 from resumerge.plan.prepared import Prepared
 from resumerge.plan.sidefiles import aux_files, render_aux
 from resumerge.plan.workorder import compute_order
+from resumerge.store.checksums import SHA256, XXH3_128
 from resumerge.store.diskprobe import (
     DEFAULT_PROBE_BYTES,
     DiskFree,
@@ -175,7 +176,7 @@ def estimate(
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
                                     side=torch_side) if pending else tuple)
     staging_dir = _staging_dir(settings.staging, out, state)
-    output = _output_size(plan, config_text, out, committed, staging_dir, pending)
+    output = _output_size(plan, config_text, out, committed, staging_dir, pending, to_hub)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
     downloads = _downloads(inputs, state, {(c.model, c.file) for c in fetch if c.how != STREAM}
                            if choose_inputs else None)
@@ -279,13 +280,16 @@ def _staging_dir(choice: Staging, out: Path | None, state: StateDir) -> Path | N
 
 
 def _output_size(plan: Plan, config_text: str, out: Path | None, committed: Mapping[str, int],
-                 staging_dir: Path | None, pending: Sequence[Any]) -> OutputSize:
+                 staging_dir: Path | None, pending: Sequence[Any], to_hub: bool) -> OutputSize:
     from resumerge.engine.outdir import fresh_manifest
 
     aux = {a.name: len(render_aux(plan, a, config_text)) for a in aux_files(plan)}
     sizes = {s.name: s.file_size for s in plan.shards} | aux
-    # The finished manifest lists every file with its size and a sha256 of fixed length: its size is exact.
-    final = fresh_manifest(plan, config_text, {n: {"bytes": b, "sha256": "0" * 64} for n, b in sizes.items()})
+    # The finished manifest lists every file with its size and a checksum of fixed length: its size is exact (for a
+    # new run: a hub repo's are sha256, a folder's xxh3-128, as their sinks record them; a run continued keeps the
+    # kind its records have, the same within a few dozen bytes).
+    recorded = (SHA256 if to_hub else XXH3_128).placeholder()
+    final = fresh_manifest(plan, config_text, {n: {"bytes": b, "sha256": recorded} for n, b in sizes.items()})
     manifest_bytes = len(replace(final, state="done").to_bytes())
     largest = max((s.file_size for s in plan.shards), default=0)
     return OutputSize(

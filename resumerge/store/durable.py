@@ -17,7 +17,7 @@ from pathlib import Path
 
 from resumerge.errors import StorageError
 from resumerge.store import killpoints
-from resumerge.store.checksums import hash_file
+from resumerge.store.checksums import hash_file, written_with
 
 TEMP_SUFFIX = ".part"
 # Benchmarks only: set to 1 to skip every fsync (files, directories, the ledger's journal) and measure what
@@ -119,8 +119,9 @@ def publish(temp: Path, final: Path) -> None:
 def publish_copy(staged: Path, final: Path, sha256: str) -> None:
     """Publish the fsynced local file ``staged`` as ``final`` on another filesystem, trusting nothing there.
 
-    Copy to a temp name beside ``final``, fsync it, read it back and compare its sha256 with ``sha256`` (the
-    hash of the bytes written to ``staged``), then rename and fsync the directory; ``staged`` is deleted last.
+    Copy to a temp name beside ``final``, fsync it, read it back and compare its checksum with ``sha256`` (the
+    record of the bytes written to ``staged``, by the algorithm it names: :mod:`resumerge.store.checksums`), then
+    rename and fsync the directory; ``staged`` is deleted last.
     A mismatch raises :class:`StorageError` and leaves no file under ``final``'s name. Other OS errors propagate
     as ``OSError`` after the temp copy is removed.
     """
@@ -131,7 +132,7 @@ def publish_copy(staged: Path, final: Path, sha256: str) -> None:
             dst.flush()
             sync_file(dst.fileno())
         killpoints.reach("after_publish_copy")
-        if hash_file(temp)[1] != sha256:
+        if hash_file(temp, written_with(sha256))[1] != sha256:
             raise StorageError(f"{final.name} read back from {final.parent} differs from what was written",
                                path=str(final), hint="the output filesystem lost data; check it, then resume")
         publish(temp, final)

@@ -26,6 +26,8 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd
 
 from resumerge.config.settings import Batching
+from resumerge.errors import ResumergeError
+from resumerge.store.checksums import SHA256, Checksum, written_with
 from resumerge.store.durable import is_temp_name, temp_path
 from resumerge.store.hubcommits import CommitQueue
 from resumerge.store.hubrepo import HubRepo, check_remote, remote_files
@@ -37,6 +39,8 @@ class HubRepoSink(OutputSink):
     """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
 
     commits_later = True
+    # The hub names an LFS object by its sha256: the writer's digest is the upload's oid and the ledger's record.
+    checksum: Checksum = SHA256
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
                  batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
@@ -76,12 +80,12 @@ class HubRepoSink(OutputSink):
         self._ready[name] = ready
 
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
-        return self.queue.add(name, temp, sha256, temp.stat().st_size, ready=self._ready.pop(name, None))
+        return self.queue.add(name, temp, _oid(sha256), temp.stat().st_size, ready=self._ready.pop(name, None))
 
     def publish_uploaded(self, name: str, op: CommitOperationAdd, sha256: str, size: int) -> Receipt:
         """Like :meth:`publish`, for a file another machine staged and uploaded itself (a cluster node): ``op``
         names the hub's object; nothing is staged here, so it takes none of ``max_disk``."""
-        return self.queue.add_uploaded(name, op, sha256, size, ready=self._ready.pop(name, None))
+        return self.queue.add_uploaded(name, op, _oid(sha256), size, ready=self._ready.pop(name, None))
 
     def replace_small(self, name: str, data: bytes) -> None:
         if name != MANIFEST_NAME:
@@ -110,3 +114,11 @@ class HubRepoSink(OutputSink):
 
     def close(self) -> None:
         self.queue.close()
+
+
+def _oid(recorded: str) -> str:
+    """``recorded`` as the sha256 the hub's LFS needs (a record of another algorithm reaching a hub is a defect)."""
+    found = written_with(recorded)
+    if found.name != SHA256.name:
+        raise ResumergeError(f"internal: a file for the hub was hashed as {found.name}, not sha256")
+    return recorded

@@ -14,13 +14,13 @@ for it boundedly (:meth:`CommitJournal.stopped`); a sink that commits at once ha
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from dataclasses import dataclass
 
 from resumerge.errors import ResumergeError
 from resumerge.store import killpoints
+from resumerge.store.checksums import Checksum
 from resumerge.store.durable import discard, storage_error, write_synced
 from resumerge.store.ledger import Ledger
 from resumerge.store.manifest import ManifestBook
@@ -41,17 +41,21 @@ class _Waiting:
 class CommitJournal:
     """Journals the files published through ``sink`` into ``ledger`` and the manifest ``book``.
 
-    Called from the writer thread while the run computes, and from the calling thread once the writer stopped."""
+    Called from the writer thread while the run computes, and from the calling thread once the writer stopped.
+    :attr:`checksum` is what every file and unit of the run is recorded with: the algorithm of the ledger's
+    committed records, else the sink's (:mod:`resumerge.store.checksums`)."""
 
     def __init__(self, sink: OutputSink, ledger: Ledger, book: ManifestBook) -> None:
         self.sink, self.ledger, self.book = sink, ledger, book
+        self.checksum: Checksum = ledger.records_checksum() or sink.checksum
         self._waiting: dict[str, _Waiting] = {}  # in publish order
         self._lock = threading.Lock()
         self._last: list[Receipt] = []
 
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
                tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
-        """Journal the file ``receipt`` names, just published with ``size`` bytes hashing to ``sha256``.
+        """Journal the file ``receipt`` names, just published with ``size`` bytes hashing to ``sha256`` (the record
+        of :attr:`checksum`'s digest).
 
         ``manifest_point``: whether ``after_manifest_write`` is reached after the manifest lists it (shards)."""
         name = receipt.name
@@ -74,7 +78,7 @@ class CommitJournal:
 
         Raises :class:`~resumerge.errors.StorageError` on ENOSPC, EIO, EROFS and similar.
         """
-        sha = hashlib.sha256(data).hexdigest()
+        sha = self.checksum.of(data)
         temp = self.sink.temp_for(name)
         try:
             write_synced(temp, data, point)

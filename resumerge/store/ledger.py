@@ -7,7 +7,10 @@ state, peak memory), ``files`` (every planned output file: shards, index, config
 sha256, seconds), ``tensors`` (every output tensor: shard, status, bytes), ``events`` (an append-only log),
 ``stream_reads``, ``frozen_plan`` (the plan itself, stored once, for resumes), ``input_contents`` (the sha256
 of every local input file, for :mod:`resumerge.inputs.contents`) and ``units`` (the units of a file written in
-place, each with the sha256 of its bytes once durable: :mod:`resumerge.store.units`). The first schema's
+place, each with the checksum of its bytes once durable: :mod:`resumerge.store.units`). The ``sha256`` columns of
+``files`` and ``units`` keep their first name but hold a record naming its algorithm
+(:mod:`resumerge.store.checksums`: a sha256 bare, as every row before issue 87, or ``xxh3-128:HEX``); a run records
+with the algorithm its rows already use (:meth:`Ledger.records_checksum`). The first schema's
 ``tensors.crc32`` and ``tensors.seconds`` were never filled (a per-tensor checksum cost the writer thread as much
 time as the shard's sha256, and nothing read either); migration m003 drops them. Every state change is one
 transaction; WAL with ``synchronous=FULL`` so a committed row survives power loss. The read-only view for
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.store.checksums import Checksum, checksum_of
 from resumerge.store.journal import Journal
 from resumerge.store.journal import set_aside as set_aside
 from resumerge.store.journal import sqlite_failure as sqlite_failure
@@ -280,6 +284,18 @@ class Ledger(Journal):
             # One statement for the shard's tensors (sqlite-utils' update looks each row up first: 0.1 ms a tensor).
             self.db.conn.executemany("UPDATE tensors SET status = 'done' WHERE name = ?", ((t,) for t in tensors))
             self.db.table("run").update(1, {"updated_at": now})
+
+    def records_checksum(self) -> Checksum | None:
+        """The algorithm of the run's committed records (files, then units, in write order), or None when none is
+        committed: a run continued, or rebuilt from OUT's manifest, records the rest with it, so that its records
+        are of one kind whatever version wrote the first (:mod:`resumerge.store.checksums`). A record of no known
+        kind is passed over (reconcile reopens it)."""
+        with self._transaction():
+            rows = self.db.execute("SELECT sha256 FROM files WHERE status = 'done' AND sha256 IS NOT NULL "
+                                   "ORDER BY position").fetchall()
+            rows += self.db.execute("SELECT sha256 FROM units WHERE status = 'done' AND sha256 IS NOT NULL "
+                                    "ORDER BY file, idx").fetchall()
+        return next((found for (recorded,) in rows if (found := checksum_of(str(recorded))) is not None), None)
 
     def reopen_file(self, name: str, reason: str) -> None:
         """Mark a committed file pending again (it is missing or damaged) with its tensors, and log why."""

@@ -12,7 +12,6 @@ written): publishing reads it into the dict and deletes it.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from resumerge.errors import StorageError
+from resumerge.store.checksums import matches, written_with
 from resumerge.store.durable import temp_path
 from resumerge.store.sink import OutputSink, Receipt
 
@@ -48,7 +48,7 @@ class MemorySink(OutputSink):
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         data = temp.read_bytes()
         temp.unlink()
-        if hashlib.sha256(data).hexdigest() != sha256:
+        if written_with(sha256).of(data) != sha256:
             raise StorageError(f"{name} read back from its temp file differs from what was written", path=str(temp),
                                hint="the scratch folder lost data; check it, then resume")
         with self._lock:
@@ -77,8 +77,7 @@ class MemorySink(OutputSink):
                 elif len(data) != size:
                     problems[name] = f"size {len(data)} differs from the committed {size} bytes"
                 else:
-                    same = hashlib.sha256(data).hexdigest() == sha
-                    problems[name] = None if same else "contents differ from the committed checksum"
+                    problems[name] = None if matches(data, sha) else "contents differ from the committed checksum"
         return problems
 
     def names(self) -> list[str]:

@@ -9,12 +9,12 @@ edited since, is never touched. The run's lock is held throughout, so a merge in
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, OutputDirError
+from resumerge.store.checksums import matches, written_with
 from resumerge.store.durable import write_file_atomic
 from resumerge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.store.manifest import ManifestBook, read_manifest
@@ -58,7 +58,7 @@ def committed_file(out: Path, name: str, state: StateDir) -> Committed | None:
         return None
     path = out / name
     data = path.read_bytes() if path.is_file() and not path.is_symlink() else None
-    if data is not None and (len(data) != record[0] or hashlib.sha256(data).hexdigest() != record[1]):
+    if data is not None and (len(data) != record[0] or not matches(data, record[1])):
         data = None
     return Committed(name, record[0], record[1], data, in_ledger)
 
@@ -81,7 +81,7 @@ def recommit_small(out: Path, found: Committed, data: bytes, state: StateDir) ->
         book = ManifestBook(sink, manifest)
         if not found.ledger:  # the state dir is lost: OUT's manifest is the only record
             write_file_atomic(out / found.name, data)
-            book.commit(found.name, len(data), hashlib.sha256(data).hexdigest())
+            book.commit(found.name, len(data), written_with(found.sha256).of(data))  # the kind it was recorded with
             return True
         # imported only here: the ledger's writer brings sqlite-utils, which a check of a model that is no
         # resumerge output (or whose card is up to date) never needs, and every check imports this module

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import threading
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
+from resumerge.store.checksums import Checksum
 from resumerge.store.durable import discard, start_writeback, storage_error, sync_file
 from resumerge.store.sink import OutputSink, Receipt
 from resumerge.torch_import import torch
@@ -86,16 +86,17 @@ class ShardWriter:
 
     Output tensors come in the shard's order, each (or each row chunk of it) as all its stored parts at once; a
     tensor stored as several parts (a quantized format's codes and scales) has them at different places of the
-    layout (it is sorted by dtype, then name), so each part is written where it goes. The sha256 follows a
-    frontier through the file: bytes written at the frontier are hashed as they are written, and bytes written
-    ahead of it are read back (from the page cache) when the frontier reaches them. A plain shard is written in
-    file order, entirely at the frontier, as before.
+    layout (it is sorted by dtype, then name), so each part is written where it goes. The checksum (the run's
+    algorithm: :mod:`resumerge.store.checksums`) follows a frontier through the file: bytes written at the
+    frontier are hashed as they are written, and bytes written ahead of it are read back (from the page cache)
+    when the frontier reaches them. A plain shard is written in file order, entirely at the frontier, as before.
     """
 
     def __init__(self, sink: OutputSink, name: str, layout: ShardLayout,
-                 parts: Mapping[str, tuple[str, ...]] | None = None) -> None:
+                 parts: Mapping[str, tuple[str, ...]] | None = None, *, checksum: Checksum) -> None:
         """``parts``: the stored parts of each output tensor (the layout's names), by output tensor, in the order
-        the tensors come; None when every tensor is stored as itself, in layout order."""
+        the tensors come; None when every tensor is stored as itself, in layout order. ``checksum``: what the file
+        is recorded with."""
         self.sink, self.name = sink, name
         self.final = sink.where(name)
         self.layout = layout
@@ -104,7 +105,8 @@ class ShardWriter:
         self._order = list(self._parts)
         self._planned = {t.name: t for t in layout.order}
         self._next = 0
-        self._sha = hashlib.sha256()
+        self.checksum = checksum
+        self._digest = checksum.new()
         self._data_start = len(layout.header)
         self._frontier = 0  # the file's bytes before it are written and hashed
         self._at = 0  # the index in layout.order of the part the frontier is in
@@ -175,11 +177,11 @@ class ShardWriter:
         if offset != self._frontier:
             pwrite_all(self._fd, data, offset)
             return
-        # Hash on a helper thread while this one writes: both release the GIL, and sha256 alone costs as much CPU
-        # as the write. Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
-        hashed = hasher().submit(self._sha.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
+        # Hash on a helper thread while this one writes: both release the GIL (a hub's sha256 alone costs more CPU
+        # than the write). Waiting before returning keeps the hash in file order and ``data`` alive while it is read.
+        hashed = hasher().submit(self._digest.update, data) if len(data) >= _PARALLEL_HASH_BYTES else None
         if hashed is None:
-            self._sha.update(data)
+            self._digest.update(data)
         try:
             pwrite_all(self._fd, data, offset)
         finally:
@@ -209,16 +211,16 @@ class ShardWriter:
             got = os.preadv(self._fd, [want], self._frontier)
             if not got:
                 raise OSError(errno.EIO, f"{self.temp} is shorter than what was written to it")
-            self._sha.update(want[:got])
+            self._digest.update(want[:got])
             self._frontier += got
 
     def finish(self) -> tuple[int, str, Receipt]:
         """fsync, verify the header and size, and publish through the sink (local: rename, fsync the directory;
         staged: copy, read back, verify, rename).
 
-        Returns (size, sha256, receipt). When the receipt is settled already the file is durable under its final
-        name; only the ledger row is missing, and resume deletes a final-named file that has none. Otherwise the
-        sink commits it later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
+        Returns (size, the checksum's record, receipt). When the receipt is settled already the file is durable
+        under its final name; only the ledger row is missing, and resume deletes a final-named file that has none.
+        Otherwise the sink commits it later (see :meth:`~resumerge.store.sink.OutputSink.publish`).
         """
         if self._next != len(self._order):
             raise ResumergeError(f"internal: shard {self.final.name} finished with tensors missing")
@@ -230,11 +232,12 @@ class ShardWriter:
                                      f"{self.layout.file_size}")
             fd, self._fd = self._fd, -1
             close_as_planned(fd, self.layout, self.final)
-            receipt = self.sink.publish(self.temp, self.name, self._sha.hexdigest())
+            recorded = self.checksum.record(self._digest.hexdigest())
+            receipt = self.sink.publish(self.temp, self.name, recorded)
         except OSError as exc:
             self.abort()
             raise storage_error(exc, self.final) from exc
-        return self.layout.file_size, self._sha.hexdigest(), receipt
+        return self.layout.file_size, recorded, receipt
 
     def abort(self) -> None:
         """Close and delete the temp file (safe to call more than once; never raises, so the error being

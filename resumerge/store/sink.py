@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from resumerge.errors import UsageError
-from resumerge.store.checksums import check_many
+from resumerge.store.checksums import XXH3_128, Checksum, check_many
 from resumerge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
 from resumerge.store.units import partial_name
 
@@ -86,6 +86,9 @@ class OutputSink(ABC):
     :meth:`stop` and :meth:`commit_when` (and sets :attr:`commits_later`); one that holds background work or
     resources overrides :meth:`close`."""
 
+    # The checksum a new run records the files it commits here with (a run continued keeps the one its records
+    # use: resumerge.store.checksums): xxh3-128, unless the place names files by another (a hub's LFS: sha256).
+    checksum: Checksum = XXH3_128
     # Whether published files are committed later (in batches), so that a file may be published (say, uploaded)
     # before it may be committed: see :meth:`commit_when`.
     commits_later = False
@@ -111,7 +114,8 @@ class OutputSink(ABC):
 
     @abstractmethod
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
-        """Make the fully written, fsynced ``temp`` (whose bytes hash to ``sha256``) durable as ``name``.
+        """Make the fully written, fsynced ``temp`` (whose bytes hash to ``sha256``, a record of
+        :mod:`~resumerge.store.checksums` naming its algorithm) durable as ``name``.
 
         The receipt is settled on return when ``name`` is committed then; otherwise the sink took ``temp`` over and
         settles the receipt once a commit holds it (with the newest manifest :meth:`replace_small` was given).
@@ -125,7 +129,8 @@ class OutputSink(ABC):
 
     @abstractmethod
     def check(self, files: Iterable[tuple[str, int, str]]) -> Mapping[str, str | None]:
-        """For each committed ``(name, size, sha256)``: why it can no longer be trusted, or None when intact."""
+        """For each committed ``(name, size, recorded checksum)``: why it can no longer be trusted, or None when
+        intact."""
 
     @abstractmethod
     def names(self) -> list[str]:

@@ -3,21 +3,23 @@ until it is complete, and the checksums of its units.
 
 The file is made under a name of its own beside its final one (``.model.gguf.units.part``, not a random temp name:
 the next run finds it again), created by resumerge with its planned size, and each unit (the header, then groups of
-consecutive tensors) is written at its offsets, fsynced, and journaled with the sha256 of its byte range
-(:class:`~resumerge.store.unitwriter.UnitFileWriter`). A resume keeps a unit only when its bytes in that file still
-hash to the recorded sha256 (:func:`check_units`); once every unit is in, the file is renamed to its final name and
-committed whole, like any other. A sink that commits a file whole (a hub repo, a staged copy to Drive) has no such
-file: its units are never journaled and an interruption loses the file being written.
+consecutive tensors) is written at its offsets, fsynced, and journaled with the checksum of its byte range
+(:class:`~resumerge.store.unitwriter.UnitFileWriter`; the run's algorithm, :mod:`resumerge.store.checksums`). A
+resume keeps a unit only when its bytes in that file still hash to the recorded checksum (:func:`check_units`);
+once every unit is in, the file is renamed to its final name and committed whole, like any other. A sink that
+commits a file whole (a hub repo, a staged copy to Drive) has no such file: its units are never journaled and an
+interruption loses the file being written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+
+from resumerge.store.checksums import Checksum, checksum_of
 
 UNITS_SUFFIX = ".units.part"
 _BLOCK = 8 << 20
@@ -43,12 +45,12 @@ def is_partial_name(name: str, planned: Iterable[str]) -> bool:
     return name.startswith(".") and name.endswith(UNITS_SUFFIX) and name[1:-len(UNITS_SUFFIX)] in set(planned)
 
 
-def hash_range(fd: int, start: int, end: int, feed: Callable[[memoryview], object] | None = None,
-               pool: Executor | None = None) -> str:
-    """The sha256 of bytes ``start``..``end`` of the open file ``fd``, each block read also given to ``feed`` (on
-    ``pool``'s thread while this one hashes it: both release the GIL); raises ``EOFError`` when the file ends
-    first."""
-    digest = hashlib.sha256()
+def hash_range(fd: int, start: int, end: int, checksum: Checksum,
+               feed: Callable[[memoryview], object] | None = None, pool: Executor | None = None) -> str:
+    """The record of the ``checksum`` digest of bytes ``start``..``end`` of the open file ``fd``, each block read
+    also given to ``feed`` (on ``pool``'s thread while this one hashes it: both release the GIL); raises
+    ``EOFError`` when the file ends first."""
+    digest = checksum.new()
     buffer = memoryview(bytearray(min(_BLOCK, max(1, end - start))))
     at = start
     while at < end:
@@ -64,12 +66,12 @@ def hash_range(fd: int, start: int, end: int, feed: Callable[[memoryview], objec
         elif feed is not None:
             feed(block)
         at += got
-    return digest.hexdigest()
+    return checksum.record(digest.hexdigest())
 
 
 def check_units(path: Path, units: Iterable[tuple[int, int, int, str]]) -> Mapping[int, str | None]:
-    """For each committed unit ``(index, start, end, sha256)`` of the in-place file ``path``: why it can no longer
-    be trusted, or None when its bytes still hash to its record."""
+    """For each committed unit ``(index, start, end, recorded checksum)`` of the in-place file ``path``: why it can
+    no longer be trusted, or None when its bytes still hash to its record (by the algorithm it names)."""
     units = list(units)
     if not units:
         return {}
@@ -81,8 +83,12 @@ def check_units(path: Path, units: Iterable[tuple[int, int, int, str]]) -> Mappi
     problems: dict[int, str | None] = {}
     try:
         for index, start, end, sha in units:
+            checksum = checksum_of(sha)
+            if checksum is None:
+                problems[index] = f"unit {index} (bytes {start}-{end}) has a recorded checksum of no known kind"
+                continue
             try:
-                problems[index] = None if hash_range(fd, start, end) == sha else \
+                problems[index] = None if hash_range(fd, start, end, checksum) == sha else \
                     f"unit {index} (bytes {start}-{end}) differs from its recorded checksum"
             except EOFError:
                 problems[index] = f"unit {index} (bytes {start}-{end}) is cut short"

@@ -12,7 +12,6 @@ any shard (:class:`~resumerge.store.shardwriter.ShardWriter`, whose interface th
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -20,6 +19,7 @@ from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
 from resumerge.store import killpoints
+from resumerge.store.checksums import Checksum
 from resumerge.store.durable import fsync_dir, start_writeback, storage_error, sync_file
 from resumerge.store.shardwriter import close_as_planned, hasher, pwrite_all
 from resumerge.store.sink import OutputSink, Receipt
@@ -32,12 +32,14 @@ _WRITEBACK_BYTES = 32 << 20
 
 class UnitFileWriter:
     """Writes the tensors of the units of ``name`` not in ``kept``, in the file's order, each stored part at its
-    planned place; ``on_unit(index, sha256)`` journals a unit once its bytes are durable (the ledger's
+    planned place; ``on_unit(index, checksum)`` journals a unit once its bytes are durable (the ledger's
     :meth:`~resumerge.store.ledger.Ledger.commit_unit`). Tensors come whole or as row chunks, as to a shard writer.
+    ``checksum``: what the units and the file are recorded with.
     """
 
     def __init__(self, sink: OutputSink, name: str, layout: ShardLayout, parts: Mapping[str, tuple[str, ...]],
-                 units: Sequence[Unit], kept: Collection[int], on_unit: Callable[[int, str], None]) -> None:
+                 units: Sequence[Unit], kept: Collection[int], on_unit: Callable[[int, str], None], *,
+                 checksum: Checksum) -> None:
         self.sink, self.name, self.layout = sink, name, layout
         self.final = sink.where(name)
         self.path = sink.partial_for(name)
@@ -49,7 +51,8 @@ class UnitFileWriter:
         self._next = 0
         self._written = 0  # tensors written by this writer (the kill point after its first)
         self._done = dict.fromkeys(self._planned, 0)  # bytes written of each stored part, from its start
-        self._sha = hashlib.sha256()  # the whole file's, fed in file order up to _frontier
+        self.checksum = checksum
+        self._digest = checksum.new()  # the whole file's, fed in file order up to _frontier
         self._frontier = 0
         self._unsent = 0  # bytes written since the disk was last asked to start writing them
         self._fd = -1
@@ -135,7 +138,8 @@ class UnitFileWriter:
         killpoints.reach("after_unit_fsync")
         in_order = unit.start == self._frontier  # the whole file's hash, fed on the hashing thread meanwhile
         try:
-            sha = hash_range(self._fd, unit.start, unit.end, self._sha.update if in_order else None, hasher())
+            sha = hash_range(self._fd, unit.start, unit.end, self.checksum,
+                             self._digest.update if in_order else None, hasher())
         except EOFError as exc:  # cut short by another process since it was made
             raise self._cut_short(exc) from None
         if in_order:
@@ -145,21 +149,23 @@ class UnitFileWriter:
 
     def finish(self) -> tuple[int, str, Receipt]:
         """Hash the whole file, check its header and size, and publish it under its final name (a rename beside
-        it). Returns (size, sha256, receipt), as :meth:`ShardWriter.finish` does."""
+        it). Returns (size, the checksum's record, receipt), as :meth:`ShardWriter.finish` does."""
         if self._pending:
             raise ResumergeError(f"internal: {self.final.name} finished with units missing")
         try:
             killpoints.reach("after_temp_write")
-            hash_range(self._fd, self._frontier, self.layout.file_size, self._sha.update)  # the units kept
+            hash_range(self._fd, self._frontier, self.layout.file_size, self.checksum,
+                       self._digest.update)  # the units kept
             fd, self._fd = self._fd, -1
             close_as_planned(fd, self.layout, self.final)
-            receipt = self.sink.publish(self.path, self.name, self._sha.hexdigest())
+            recorded = self.checksum.record(self._digest.hexdigest())
+            receipt = self.sink.publish(self.path, self.name, recorded)
         except (OSError, EOFError) as exc:
             self.abort()
             if isinstance(exc, EOFError):
                 raise self._cut_short(exc) from None
             raise storage_error(exc, self.final) from exc
-        return self.layout.file_size, self._sha.hexdigest(), receipt
+        return self.layout.file_size, recorded, receipt
 
     def _cut_short(self, exc: EOFError) -> ResumergeError:
         """The error of a file another process cut short while this one wrote it."""

@@ -119,7 +119,7 @@ class _Dispatch:
         self.hub = job.sink if isinstance(job.sink, HubRepoSink) else None
         upload = None if self.hub is None else HubPlace.of(self.hub.repo, self.hub.resume)
         self.setup = WorkerSetup(_threads(self.plan, settings), settings.max_memory, settings.max_gpu_memory, upload,
-                                 NodeReads.of(job))
+                                 NodeReads.of(job), checksum=journal.checksum)
         self.memory = max((self._memory(shard) for shard, _ in self.pending), default=IMPORT_RESERVE)
         self.shared = ray.put((self.plan, job.resources))
 

@@ -34,6 +34,7 @@ from resumerge.engine.quiet import NullReporter
 from resumerge.methods.resources import Resources
 from resumerge.plan.merge_plan import Plan, ShardPlan
 from resumerge.plan.planner import threads_matter
+from resumerge.store.checksums import SHA256, Checksum
 from resumerge.store.durable import discard, temp_path
 from resumerge.store.sink import LocalDirSink, Receipt
 from resumerge.torch_import import load, torch
@@ -54,7 +55,8 @@ class WorkerSetup:
     and, for a hub OUT, where the worker uploads the shards it writes (their folder is then on the node's own disk,
     made when missing), the hub inputs it streams, and the CPUs the worker declared to Ray (what it computes with
     where the bytes do not depend on the count: :func:`~resumerge.engine.cluster.cores.node_cores`; None: the run's
-    thread count)."""
+    thread count), and what the worker hashes its shards with (the driver's journal's: :mod:`resumerge.store.
+    checksums`; sha256, which every sink can record, where none is given)."""
 
     threads: int
     max_memory: int | None = None
@@ -62,6 +64,7 @@ class WorkerSetup:
     upload: HubPlace | None = None
     reads: NodeReads | None = None
     cpus: int | None = None
+    checksum: Checksum = SHA256
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,12 @@ class ShardStream:
             yield shards
 
     # The pipeline's journal: a written shard's digests answer the call that fed it.
+    @property
+    def checksum(self) -> Checksum:
+        """What the writer hashes each shard with: the driver's journal's (begun before any shard is fed)."""
+        assert self.setup is not None
+        return self.setup.checksum
+
     def record(self, receipt: Receipt, size: int, sha256: str, *, seconds: float = 0.0,
                tensors: tuple[str, ...] = (), manifest_point: bool = True) -> None:
         """The writer wrote ``receipt.name``: its call returns (for a hub OUT once this node uploaded it; the writer
