@@ -4,7 +4,7 @@ state dir (no verification records to reuse), two checkouts alternated, outputs 
 Usage::
 
     python bench/bench_first_run.py --a /work/wt/firstrun [--b /tmp/base] [--mergekit] [--size 600MB] [--layers 27]
-        [--hidden 512] [--runs 2] [--methods ties,breadcrumbs_ties,della,linear] [--work DIR]
+        [--hidden 512] [--runs 2] [--methods ties,breadcrumbs_ties,della,linear] [--work DIR] [--discard]
 
 Generates four Llama-style float32 models of about ``--size`` bytes each (once, in ``--work``), then for every
 method runs ``resumerge run`` of checkout A and of checkout B (``PYTHONPATH``, ``python -P``) in turn, ``--runs``
@@ -14,7 +14,8 @@ layers 0-8 of four models (a slice reads about a third of each file); ``linear``
 compared with the disk floor (a warm read of both inputs plus an fsynced write of the output's size). Every
 output's files must hash alike across A and B (the script stops otherwise). ``--mergekit`` adds mergekit 0.1.5's
 ``mergekit-yaml`` on the same config as a third command in the alternation (its outputs are not compared: DELLA
-draws its own random masks). Ends with markdown rows.
+draws its own random masks). ``--discard`` deletes each output (and its state dir) once hashed, so the disk holds
+one output at a time (two 7 GB merges alternated would hold three otherwise). Ends with markdown rows.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--methods", default="ties,breadcrumbs_ties,della,linear")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-first-run"))
+    parser.add_argument("--discard", action="store_true", help="delete each output once hashed (a shared disk)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     # linear alone merges two models: the other two are not generated for it.
@@ -155,6 +157,7 @@ def main() -> None:
         names = ["A"] + (["B"] if args.b else []) + (["mergekit"] if args.mergekit else [])
         times: dict[str, list[tuple[float, float, str]]] = {n: [] for n in names}
         outputs: dict[str, dict[str, str]] = {}
+        out_bytes = 0
         for run in range(args.runs):
             for name in names if run % 2 == 0 else names[::-1]:
                 seen = load()
@@ -167,13 +170,16 @@ def main() -> None:
                 times[name].append((wall, cpu, seen))
                 if name != "mergekit":
                     outputs[name] = hashes(out)
+                    out_bytes = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+                if args.discard:
+                    shutil.rmtree(out, ignore_errors=True)
+                    shutil.rmtree(args.work / f"state-{method}-{name}", ignore_errors=True)
                 print(f"{method} {name} run {run + 1}: {wall:.2f} s wall, {cpu:.2f} s CPU (load {seen})", flush=True)
         if "B" in outputs and outputs["A"] != outputs["B"]:
             raise SystemExit(f"{method}: the outputs of A and B differ")
         floor = ""
         if method == "linear":
-            size = sum(p.stat().st_size for p in (args.work / "out-linear-A").glob("*.safetensors"))
-            f = disk_floor(inputs[:2], size, args.work)
+            f = disk_floor(inputs[:2], out_bytes, args.work)
             floor = f"{f:.2f} s floor; " + ", ".join(
                 f"{n} {statistics.median(w for w, _, _ in times[n]) / f:.2f}x" for n in names)
         if "mergekit" in times:

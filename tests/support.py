@@ -18,11 +18,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import xxhash
 import yaml
 from forkserver import Forked, worker_server
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+
+MANIFEST = "resumerge-manifest.json"  # OUT's manifest (resumerge.store.manifest.MANIFEST_NAME)
 
 
 def _command(script: Path | None) -> list[str]:
@@ -152,6 +155,23 @@ def drain_pty(master: int) -> str:
 def digests(directory: Path) -> dict[str, str]:
     """sha256 of every regular file directly in ``directory``."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def as_on_the_hub(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A local OUT's ``files`` (name -> bytes) as a hub OUT of the same merge holds them: byte for byte, but for the
+    manifest's records, which a folder writes as xxh3-128 and a hub repo as the sha256 its LFS names each file by
+    (resumerge.store.checksums): the same manifest, each record the sha256 of the same bytes."""
+    manifest = json.loads(files[MANIFEST])
+    for name, entry in manifest["committed"].items():
+        assert entry["sha256"] == "xxh3-128:" + xxhash.xxh3_128_hexdigest(files[name])  # as the folder recorded it
+        entry["sha256"] = hashlib.sha256(files[name]).hexdigest()
+    return {**files, MANIFEST: (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()}
+
+
+def hub_digests(directory: Path) -> dict[str, str]:
+    """:func:`digests` of the local OUT ``directory`` as a hub OUT of the same merge holds it (`as_on_the_hub`)."""
+    files = {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+    return {name: hashlib.sha256(data).hexdigest() for name, data in as_on_the_hub(files).items()}
 
 
 def output_tensors(directory: Path) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
 from raycluster import Cluster, RayHead, ray_cluster
-from support import cli, digests, ties_of_three, write_config
+from support import cli, digests, hub_digests, ties_of_three, write_config
 
 from resumerge import api
 from resumerge.api.options import executor_option
@@ -90,6 +90,7 @@ class Merge:
     reference: dict[str, str]
     slerp: Path
     slerp_reference: dict[int, dict[str, str]]
+    hub_reference: dict[str, str]  # the local bytes as a hub OUT holds them (its manifest records sha256)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
         api.run(slerp, root / f"slerp-j{threads}", state_dir=root / "state", output=api.Output(out_shard_size=SHARD),
                 resources=api.Resources(num_threads=threads))
         references[threads] = digests(root / f"slerp-j{threads}")
-    return Merge(config, digests(root / "local"), slerp, references)
+    return Merge(config, digests(root / "local"), slerp, references, hub_digests(root / "local"))
 
 
 def _largest_shard(merge: Merge) -> int:
@@ -565,7 +566,7 @@ def _hub_output_checked(merge: Merge, writer: HubWriter, repo: str, state: Path,
     """The hub OUT ``repo`` holds the local run's bytes, each shard sent once, committed by the driver alone; its
     shards made on ``nodes`` nodes (None: not counted); nothing left staged."""
     files = repo_files(writer, repo)
-    assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.reference
+    assert {n: hashlib.sha256(b).hexdigest() for n, b in files.items()} == merge.hub_reference
     shards = [n for n in merge.reference if n.endswith(".safetensors")]
     assert uploads(writer, repo) == {merge.reference[n]: 1 for n in shards}  # each sent once
     # Every commit of the repo is one the driver's ledger journaled (the tasks never commit).

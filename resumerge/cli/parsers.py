@@ -115,8 +115,9 @@ def _status_parser(sub: SubParsers) -> None:
 
 def _verify_parser(sub: SubParsers) -> None:
     verify = sub.add_parser("verify", help="re-hash OUT's files against their recorded checksums",
-                            description="Check every committed output file against its sha256; name damaged "
-                                        "files (exit 3: resume repairs them).")
+                            description="Check every committed output file against its recorded checksum "
+                                        "(xxh3-128 in a folder, sha256 in a hub repo and in records made before); "
+                                        "name damaged files (exit 3: resume repairs them).")
     verify.add_argument("out", metavar="OUT", help="output directory of the merge, or its hub repo "
                                                     "hf://NAMESPACE/NAME[@BRANCH]")
     flags.add(verify, flags.STATE_DIR)

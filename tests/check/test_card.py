@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from resumerge import api
 from resumerge.analyses.check.card import BEGIN, END, render_section, update_card
@@ -67,8 +68,8 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     # The new bytes are recorded the way every output file is: the ledger's row and the manifest agree with them.
     data = (out / "README.md").read_bytes()
     ledger_row, manifest_entry = _card_record(out, state)
-    assert ledger_row == (len(data), hashlib.sha256(data).hexdigest())
-    assert manifest_entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert ledger_row == (len(data), "xxh3-128:" + xxhash.xxh3_128_hexdigest(data))  # a folder's checksum
+    assert manifest_entry == {"bytes": len(data), "sha256": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
     verified = api.verify(out, state_dir=state)
     assert verified.ok, verified.damaged
     assert not [p for p in out.iterdir() if p.name.endswith(".part")]  # no temp file left behind
@@ -87,8 +88,8 @@ def test_a_card_a_resume_rebuilds_gets_the_last_checks_section_back(tmp_path: Pa
     api.resume(out, state_dir=state)
     assert (out / "README.md").read_bytes() == checked  # the section written back from the check's record
     ledger_row, manifest_entry = _card_record(out, state)
-    assert ledger_row == (len(checked), hashlib.sha256(checked).hexdigest())
-    assert manifest_entry == {"bytes": len(checked), "sha256": hashlib.sha256(checked).hexdigest()}
+    assert ledger_row == (len(checked), "xxh3-128:" + xxhash.xxh3_128_hexdigest(checked))
+    assert manifest_entry == {"bytes": len(checked), "sha256": "xxh3-128:" + xxhash.xxh3_128_hexdigest(checked)}
     assert api.verify(out, state_dir=state).ok
 
 

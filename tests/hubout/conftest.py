@@ -18,7 +18,7 @@ from huggingface_hub import constants
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
-from tests.support import linear_config, write_config
+from tests.support import as_on_the_hub, linear_config, write_config
 
 TOKEN = "hf_write_alice"
 READ_TOKEN = "hf_read_alice"
@@ -42,7 +42,8 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
     out = root / "local-out"
     api.run(config, out, state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD))
-    return Merge(config, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
+    return Merge(config, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}))
+
 
 
 # The two upload paths of huggingface_hub: the Git-LFS batch API (HF_HUB_DISABLE_XET=1) and Xet (what a current

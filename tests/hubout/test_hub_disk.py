@@ -13,6 +13,7 @@ from resumerge import api
 from resumerge.config.locations import run_dir
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
+from tests.support import as_on_the_hub
 
 SHARD = "1k"  # one tensor per shard: the largest is the 8 KiB embedding
 BUDGET = 9_000
@@ -47,7 +48,7 @@ def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Mer
     finally:
         stop.set()
         sampler.join()
-    assert repo_files(hub, "alice/small") == {p.name: p.read_bytes() for p in local.iterdir()}
+    assert repo_files(hub, "alice/small") == as_on_the_hub({p.name: p.read_bytes() for p in local.iterdir()})
     print(f"output {output} bytes, staging peak {max(peaks)} bytes, budget {BUDGET}, "
           f"{hub.commits['alice/small']} commits, {len(peaks)} samples")
     assert 0 < max(peaks) <= BUDGET

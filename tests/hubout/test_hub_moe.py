@@ -11,7 +11,7 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import SHARD, repo_files
 from resumerge import api
 from tests.moe.models import llamas, write
-from tests.support import cli
+from tests.support import as_on_the_hub, cli
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes
     out = root / "local-out"
     api.run(config, out, state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD),
             merging=api.Merging(random_seed=5))
-    return config, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+    return config, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
 
 
 def test_an_moe_run_into_the_hub_resumes_and_equals_the_local_run(hub: HubWriter, tmp_path: Path,

@@ -25,7 +25,7 @@ from resumerge.plan.merge_plan import PlanOptions
 from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
 from resumerge.recipes.plan import default_intermediate_dir
 from resumerge.recipes.run import run_recipe
-from tests.support import cli
+from tests.support import as_on_the_hub, cli
 
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")
 
@@ -55,7 +55,7 @@ def recipe(merge: Merge, tmp_path_factory: pytest.TempPathFactory) -> Recipe:
     out, inter = root / "local-out", root / "intermediates"
     api.run(path, out, state_dir=root / "local-state", stages=api.Stages(intermediate_dir=inter),
             output=api.Output(out_shard_size=SHARD))
-    return Recipe(path, inter, {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
+    return Recipe(path, inter, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}))
 
 
 def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
