@@ -114,6 +114,7 @@ def test_members_share_one_global_scale_and_decode_as_the_library(models: tuple[
                             scale_dtype=torch.float8_e4m3fn)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     codec = Nvfp4Codec("compressed-tensors", (1,))
+    assert "share one NVFP4 tensor-wide scale" in (out / "README.md").read_text()  # the card says so
     groups = {fused_group(n.removesuffix("_packed")) for n in stored if n.endswith(".weight_packed")}
     assert sum(len(g) > 1 for g in groups) == 4
     for group in groups:
