@@ -26,7 +26,8 @@ from resumerge.engine.unwritten.merged import stored_places
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, Nvfp4Codec
 from resumerge.inputs.source import InputSources
-from resumerge.plan.merge_plan import Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.plan.fusedscales import share_scales
+from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
 from resumerge.plan.planner import build_plan
 
 pytest.importorskip("compressed_tensors")
@@ -176,3 +177,40 @@ def test_a_kill_between_group_members_resumes_identically(models: tuple[Path, Pa
         resumed.update(load_file(shard))
     assert _shares_scale(resumed, "model.layers.1.self_attn")
     shutil.rmtree(state)
+
+
+def _weight(name: str, codec: Nvfp4Codec, *, model: str = "a", copy_of: int | None = None) -> TensorPlan:
+    ref = InputRef(model, "m.safetensors", name, "U8", (16, 8), 0, 128, codec=codec)
+    return TensorPlan(name, "", "linear", (ref,), 0, ((),), (), (16, 16), None, "F32", 0, out_codec=codec,
+                      copy_of=copy_of)
+
+
+@pytest.mark.parametrize(("children", "grouped"), [
+    (("q_proj", "k_proj", "v_proj", "o_proj"), ("q_proj", "k_proj", "v_proj")),
+    (("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"), ("q_a_proj", "kv_a_proj_with_mqa")),
+    (("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"), ("q_proj", "kv_a_proj_with_mqa")),
+    (("gate_proj", "up_proj", "down_proj"), ("gate_proj", "up_proj")),
+    (("w1", "w2", "w3"), ("w1", "w3")),
+    (("q_proj", "k_proj", "o_proj"), ()),  # v_proj stored plainly: no engine fuses a partial set
+    (("qkv_proj", "o_proj"), ()),  # fused already: one tensor
+])
+def test_each_family_s_fused_set_is_one_group(children: tuple[str, ...], grouped: tuple[str, ...]) -> None:
+    codec = Nvfp4Codec("compressed-tensors", (1,))
+    # Two MoE experts of one layer: each expert's own group, never one across experts.
+    tensors = {n: _weight(n, codec) for e in (0, 1) for c in children
+               for n in [f"model.layers.3.mlp.experts.{e}.{c}.weight"]}
+    planned = share_scales(tensors)
+    for name, tp in planned.items():
+        parent, _, child = name.removesuffix(".weight").rpartition(".")
+        assert _group(tp) == (tuple(f"{parent}.{c}.weight" for c in grouped) if child in grouped else ()), name
+
+
+def test_members_of_other_formats_or_copied_from_one_model_are_not_grouped() -> None:
+    ct, modelopt = Nvfp4Codec("compressed-tensors", (1,)), Nvfp4Codec("modelopt", ())
+    names = [f"m.{c}_proj.weight" for c in ("gate", "up")]
+    mixed = {names[0]: _weight(names[0], ct), names[1]: _weight(names[1], modelopt)}
+    assert all(_group(tp) == () for tp in share_scales(mixed).values())
+    copied = {n: _weight(n, ct, copy_of=0) for n in names}
+    assert all(_group(tp) == () and tp.copy_of == 0 for tp in share_scales(copied).values())
+    two = {names[0]: _weight(names[0], ct, copy_of=0), names[1]: _weight(names[1], ct, model="b", copy_of=0)}
+    assert all(_group(tp) == tuple(names) and tp.copy_of is None for tp in share_scales(two).values())
