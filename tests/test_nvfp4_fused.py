@@ -7,8 +7,10 @@ member against compressed-tensors' and ModelOpt's own quantization of the merged
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 from quantmodels import NVFP4_CT_CONFIG, ct_nvfp4_quantizer, fused_group, quantize_model
 from safetensors.torch import load_file
-from support import cli, digests, linear_config, write_config
+from support import cli, digests, linear_config, peak_rss_run, write_config
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -214,3 +216,24 @@ def test_members_of_other_formats_or_copied_from_one_model_are_not_grouped() -> 
     assert all(_group(tp) == () and tp.copy_of == 0 for tp in share_scales(copied).values())
     two = {names[0]: _weight(names[0], ct, copy_of=0), names[1]: _weight(names[1], ct, model="b", copy_of=0)}
     assert all(_group(tp) == tuple(names) and tp.copy_of is None for tp in share_scales(two).values())
+
+
+def test_a_run_at_the_smallest_budget_measures_its_groups_within_it(models: tuple[Path, Path, Path], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Each group is measured member by member, each admitted as its own unit: a run at the smallest budget
+    ``plan`` names writes the bytes of an unbounded one and stays within it."""
+    reference = tmp_path / "reference"
+    assert main(["run", str(models[2]), str(reference), "--state-dir", str(tmp_path / "ref-state"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(models[2]), str(tmp_path / "out"), "--json", "--probe-size", "0"]) == 0
+    smallest = int(json.loads(capsys.readouterr().out)["memory"]["smallest_budget"])
+    out = tmp_path / "out"
+    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(models[2]), str(out),
+                                    "--state-dir", str(tmp_path / "state"), "--quiet", "--max-memory", str(smallest)])
+    assert code == 0, err
+    assert peak <= 1.05 * smallest, (peak, smallest)
+    assert digests(out) == digests(reference)
+    stored: dict[str, torch.Tensor] = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        stored.update(load_file(shard))
+    assert _shares_scale(stored, "model.layers.0.self_attn") and _shares_scale(stored, "model.layers.1.self_attn")
