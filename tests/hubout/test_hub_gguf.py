@@ -14,7 +14,7 @@ from hub.fakehub_write import HubWriter
 from hubout.conftest import TIERS, repo_files
 from resumerge import api
 from tests.ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from tests.support import cli, write_config
+from tests.support import as_on_the_hub, cli, write_config
 
 
 def _gguf_merge(root: Path, split: int | None) -> tuple[Path, api.Output]:
@@ -33,7 +33,7 @@ def test_a_gguf_output_to_the_hub_equals_a_local_run(hub: HubWriter, tmp_path: P
     config, output = _gguf_merge(tmp_path, split)
     local = tmp_path / "local"
     api.run(config, local, state_dir=tmp_path / "s0", output=output)
-    reference = {p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()}
+    reference = as_on_the_hub({p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()})
     assert sum(n.endswith(".gguf") for n in reference) == (1 if split is None else 15)
     api.run(config, "hf://alice/gguf", state_dir=tmp_path / "s1", output=output)
     assert repo_files(hub, "alice/gguf") == reference
@@ -47,7 +47,7 @@ def test_a_split_gguf_output_to_the_hub_killed_resumes_on_a_fresh_machine(hub: H
     config, output = _gguf_merge(tmp_path, 40_000)
     local = tmp_path / "local"
     api.run(config, local, state_dir=tmp_path / "s0", output=output)
-    reference = {p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()}
+    reference = as_on_the_hub({p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()})
     flags = ["--out-shard-size", "1GB", "--out-type", "gguf", "--gguf-type", "q8_0", "--gguf-split-max-size", "40000",
              "--quiet", "--commit-every", "2"]
     for point in ("hub_after_upload:5", "hub_after_commit:2"):  # among the split files' uploads, and between commits

@@ -30,7 +30,7 @@ from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
 from resumerge.store import shardwriter
 from resumerge.store.hubretry import WINDOW, pace_wait
-from tests.support import cli_start, linear_config, write_config
+from tests.support import as_on_the_hub, cli_start, linear_config, write_config
 
 # Several weight files per input (about one decoder layer each), so downloads, merge and uploads can overlap.
 SPEC = ModelSpec(layers=4, hidden=64, intermediate=96, vocab=128, shard_bytes=150_000)
@@ -215,7 +215,7 @@ def test_a_sigkill_mid_pipeline_resumes_on_a_fresh_machine(hub: HubWriter, input
     assert all(v == 1 for v in uploads(hub, "alice/killed").values()), uploads(hub, "alice/killed")
     local = tmp_path / "hub-inputs-local"
     api.run(inputs.config, local, state_dir=tmp_path / "local-state", output=api.Output(out_shard_size=SHARD))
-    assert files == {p.name: p.read_bytes() for p in local.iterdir() if p.is_file()}
+    assert files == as_on_the_hub({p.name: p.read_bytes() for p in local.iterdir() if p.is_file()})
 
 
 def test_plan_shows_the_default_fetch_and_the_hub_shard_size(hub: HubWriter, inputs: Inputs, tmp_path: Path,
