@@ -1,6 +1,6 @@
 """Make OUT agree with the ledger before work continues, and rebuild a lost ledger from OUT's manifest.
 
-Rules (crash-consistency.md §1): a committed file whose bytes still hash to the recorded sha256 is kept; a
+Rules (crash-consistency.md §1): a committed file whose bytes still hash to the recorded checksum is kept; a
 committed file that is missing, truncated or altered is reopened and rebuilt; a planned name with no committed
 record is garbage from an interrupted commit and is deleted, as are resumerge's own temp files. Nothing else
 in OUT is ever touched.
@@ -34,7 +34,7 @@ def reconcile(sink: OutputSink, ledger: Ledger, book: ManifestBook, *, log: list
     rows = ledger.files()
     planned = {r.name for r in rows}
     committed = [r for r in rows if r.status == "done" and r.name not in verified]
-    # commit_file records both size and sha256; a row without them fails the check and is rebuilt
+    # commit_file records both size and checksum; a row without them fails the check and is rebuilt
     problems = sink.check((r.name, r.bytes or 0, r.sha256 or "") for r in committed)
     for row in committed:
         problem = problems[row.name]

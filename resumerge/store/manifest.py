@@ -1,7 +1,8 @@
 """The manifest: a small JSON file in OUT that marks the directory as resumerge's and can rebuild a lost ledger.
 
 It holds the config text, options, model directories, fingerprint parts, input identities, the planned file
-names, and the size and sha256 of every committed file. It is rewritten atomically after each commit, carries
+names, and the size and checksum of every committed file (under the key ``sha256``, its first name: a record naming
+its algorithm, :mod:`resumerge.store.checksums`). It is rewritten atomically after each commit, carries
 no timestamps (so a finished OUT is byte-identical whatever the interruptions), and has no checksum of its own:
 where the run's ledger is at hand it is judged by it (:mod:`resumerge.store.manifestcheck`), and without it
 every file it lists is re-hashed before being trusted.
@@ -26,7 +27,8 @@ FORMAT = 1
 
 @dataclass(frozen=True)
 class Manifest:
-    """The parsed manifest. ``committed`` maps file name -> {"bytes": int, "sha256": str}."""
+    """The parsed manifest. ``committed`` maps file name -> {"bytes": int, "sha256": str}, the second a checksum's
+    record (:mod:`resumerge.store.checksums`: a bare sha256, or ``xxh3-128:HEX``)."""
 
     version: str
     fingerprint: str
