@@ -3,8 +3,8 @@
 (:mod:`resumerge.store.manifestcheck`); a file written in place, unit by unit (a GGUF output), is re-hashed per unit,
 so that a damaged one names the units that differ and the units of one not complete yet are checked too
 (:mod:`resumerge.store.units`); a finished output stored quantized whose every file matched is also read as a loader
-reads it (every weight with its companions, the role counts the run planned: :mod:`resumerge.store.formatcheck`). Checksums come first: a file that fails its own is reported
-damaged and never parsed.
+reads it (every weight with its companions, the role counts the run planned: :mod:`resumerge.store.formatcheck`).
+Checksums come first: a file that fails its own is reported damaged and never parsed.
 
 Like huggingface_hub's cache scan, problems are collected into a report rather than raised one by one, so a
 single damaged shard does not hide another. ``resume`` repairs what the report lists.
