@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.workspace import UNBUDGETED, Workspace
-from resumerge.estimate.costs import ComputeGroup
+from resumerge.estimate.computegroup import ComputeGroup
 from resumerge.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, Timing, measure_rate
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
