@@ -37,8 +37,11 @@ QUALITY: Mapping[str, TypeQuality] = MappingProxyType({
     "q5_1": TypeQuality(0.208, 0.824),
     "q5_0": TypeQuality(0.147, 0.837),
     "q4_0": TypeQuality(0.630, 0.647),
-    # K mixes (issue 84; 2026-11-28): without, then with the importance matrix computed on the merge
+    # K mixes (issue 84; 2026-11-28): without, then with the importance matrix computed on the merge. SmolLM2's
+    # 576-value rows take llama.cpp's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; its 1536-value down
+    # projection and the head keep the K types), so a mix's figure is mostly its fallback's, weighted by the matrix.
     "q4_k_m": TypeQuality(0.0861, 0.886, 0.0653, 0.910),
+    "q5_k_m": TypeQuality(0.183, 0.830, 0.0072, 0.965),
 })
 
 
@@ -57,7 +60,8 @@ def quality_line(gguf_type: str, weighted: bool = False) -> str | None:
         cost = (f"written as {kind} is KL {found.kl:.4f} from its float32 merge without an importance matrix (the "
                 f"most likely next token the same at {found.top1:.1%} of positions) and KL {found.kl_imatrix:.4f} "
                 f"with one computed on the merge from {CALIBRATION} ({found.top1_imatrix:.1%}; nats per token, "
-                f"`resumerge check`'s built-in texts; this file was written {'with' if weighted else 'without'} "
-                "one")
+                f"`resumerge check`'s built-in texts; its rows of 576 values are no whole 256-value blocks, so most "
+                f"of its matrices took llama.cpp's fallback types; this file was written "
+                f"{'with' if weighted else 'without'} one")
     return (f"Quantization: {REFERENCE} {cost}; bench/bench_gguf_kl.py). A larger model loses less at the same "
             "type; `resumerge check` of this file against a float merge (as `--parent`) measures this one.")
