@@ -42,6 +42,7 @@ QUALITY: Mapping[str, TypeQuality] = MappingProxyType({
     # projection and the head keep the K types), so a mix's figure is mostly its fallback's, weighted by the matrix.
     "q4_k_m": TypeQuality(0.0861, 0.886, 0.0653, 0.910),
     "q5_k_m": TypeQuality(0.183, 0.830, 0.0072, 0.965),
+    "q6_k": TypeQuality(0.0102, 0.913, 0.0069, 0.979),
 })
 
 
