@@ -181,10 +181,11 @@ def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importanc
     matrix and with the one computed on the merge, and says which of the two this file is; the matrix lowered KL at
     every mix measured."""
     from resumerge.outputs.gguf.quality import QUALITY
+    from resumerge.plan.defaults import GGUF_TYPES
     from resumerge.plan.modelcard import render_model_card
 
     measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind}
-    assert "q4_k_m" in measured
+    assert set(measured) == {t for t in GGUF_TYPES if "_k" in t}
     for q in measured.values():
         assert q.kl_imatrix is not None and q.top1_imatrix is not None and q.kl_imatrix < q.kl
     config = _parents(tmp_path)

