@@ -23,6 +23,7 @@ from support import write_config
 from resumerge import api
 from resumerge.analyses.evaluation.kvcache import SPILL_NAME
 from resumerge.analyses.evaluation.streamgen import GENERATED, STEP_PREFIX
+from resumerge.forward.stream import ModelStream
 from tests.evaluation.evaltasks import GEN, hf_results, tiny_model, write_tasks
 from tests.evaluation.streamedeval import streamed
 from tests.support import cli
@@ -62,11 +63,22 @@ def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_t
     cut = _task(tasks, "tiny_cut", '{until: ["o", "J"], max_gen_toks: 5}')
     names = ["tiny_gen", cut]
     monkeypatch.setattr("resumerge.analyses.evaluation.run._fits", lambda stream, settings: False)
+    rows: list[int] = []
+    run = ModelStream.run
+
+    def counted(layer: Any, hidden: Any, call: Any, **kwargs: Any) -> Any:
+        rows.append(int(hidden.shape[0]))
+        return run(layer, hidden, call, **kwargs)
+
+    monkeypatch.setattr(ModelStream, "run", staticmethod(counted))
     said: list[str] = []
     ours = _evaluate(model, tasks, names, tmp_path / "state", said)
     monkeypatch.undo()
     # streamed: every generation request of both tasks in one pass, each with its own stops and length
     assert len(said) == 1 and "12 request(s)" in said[0] and "held in RAM" in said[0]
+    # the prefill one context at a time (3 layers, 12 contexts), then each step's newest tokens as one batch a
+    # layer (the first such step checked against its rows run alone too)
+    assert rows[:3 * 12] == [1] * 3 * 12 and rows[3 * 12] == 12 and sum(n > 1 for n in rows) >= 2 * 3
     theirs = hf_results(model, tasks, names)
     for task in names:
         assert ours.results["results"][task] == theirs["results"][task]

@@ -1,10 +1,10 @@
 """A layer-streamed generation judged before any weight is read (:class:`GenPlan`): what each step holds (a decoder
-layer in float32 with one request's attention scores, the head with every request's logits), the hidden states of
-the first token step (every context whole), the KV cache (every request's context and its new tokens, at every
-layer), and whether that cache is held in RAM beside the largest step or spilled to the pass's folder; then the
-estimate said before it starts, as ``plan`` says a merge's: the token steps, the bytes each reads (every decoder
-layer, the final norm and the head, the new tokens' embedding rows) and, where the weights' disk was probed, the
-floor of its time (those bytes at the disk's cold read speed)."""
+layer in float32 with one request's attention scores and every request's past at it, the head with every request's
+logits), the hidden states of the first token step (every context whole), the KV cache (every request's context and
+its new tokens, at every layer), and whether that cache is held in RAM beside the largest step or spilled to the
+pass's folder; then the estimate said before it starts, as ``plan`` says a merge's: the token steps, the bytes each
+reads (every decoder layer, the final norm and the head, the new tokens' embedding rows) and, where the weights' disk
+was probed, the floor of its time (those bytes at the disk's cold read speed)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def gen_plan(stream: ModelStream, asked: Sequence[Wanted], shape: KVShape, max_m
     longest = max(map(len, contexts), default=1)
     scores = 2 * heads * longest * longest * _FLOAT  # one request's attention scores and weights, its first step
     room = [len(w.tokens) + w.most for w in asked]
-    # a step holds its layer beside one request's past at it, read (spilled), grown by the layer, and what it added
-    one = 3 * max(room, default=0) * shape.position_bytes
+    # a step holds its layer beside every request's past at it, read (spilled) and left-padded into one batch,
+    # grown by the layer, and each request's part kept (:mod:`.rowbatch`)
+    one = 3 * len(room) * max(room, default=0) * shape.position_bytes
     layer = max(sizes.layers) + scores + one
     steps = {"layer": layer, "heads": head_step_bytes(stream, len(asked), 1)}
     states = 2 * sum(map(len, contexts)) * int(getattr(text, "hidden_size", 0) or 0) * _FLOAT
