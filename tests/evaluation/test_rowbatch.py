@@ -23,10 +23,9 @@ def _model(family: str) -> Any:
     torch.manual_seed(0)
     common = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
-    if family == "llama":
-        config = transformers.LlamaConfig(**common)
-    else:
-        config = transformers.Qwen2Config(**common)  # biases on q, k and v
+    # Qwen2: biases on q, k and v
+    kind = transformers.LlamaConfig if family == "llama" else transformers.Qwen2Config
+    config = kind(**common)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     return model.eval()
 

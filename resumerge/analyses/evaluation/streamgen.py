@@ -4,9 +4,11 @@ every request of the task at once, a pass-driver client (:class:`GenerationJob`,
 over the decoder layers: a layer is read once and run on every unfinished request, each against its own KV cache at
 that layer (:mod:`.kvcache`: held in RAM, or spilled to the pass's folder where the budget does not hold it), then
 the final norm and the head give each request's next token (greedy, or drawn from the evaluation's seed:
-:mod:`.genrequests`). The first step runs each context whole (transformers' prefill); every later one the newest
-token alone against the cache, as ``model.generate`` does: the same calls to the family's own layers, so the same
-tokens as lm-eval's ``hf`` model.
+:mod:`.genrequests`). The first step runs each context whole (transformers' prefill), one at a time as lm-eval's
+``hf`` model does at its batch size of one; every later one the newest tokens against the cache, as
+``model.generate`` does, as one batch whose rows compute bit for bit what each request computes alone
+(:mod:`.rowbatch`: the layer runs once a step, not once a request, a family's batch checked against its rows on the
+first such step): the same calls to the family's own layers, so the same tokens as lm-eval's ``hf`` model.
 
 The journal is the token step's, not the layer's: a step's file (``step-<N>.safetensors``: the tokens it chose, the
 positions it added to each request, and a held cache's new keys and values) is written durably once its tokens are
@@ -355,7 +357,10 @@ class GenerationJob:
                 f"({steps} journaled)")
 
     def _say(self, step: GenStep) -> None:
-        self._progress(step)
+        # the progress file once a token step (its first layer) and at its head: written durably at every layer it
+        # cost two fsyncs a layer, as much as a step's compute on a loaded disk; the watcher is told every layer
+        if step.layer in (0, None):
+            self._progress(step)
         if self.how.watcher is not None:
             self.how.watcher(step)
 
