@@ -147,26 +147,37 @@ class _TokenStep(Step["torch.Tensor"]):  # a string: torch is imported when a st
                  batching: _Batching) -> None:
         self.ready, self.active, self.calls, self.shaped, self.added = ready, active, calls, shaped, added
         self.reserve, self.told, self.batching = reserve, told, batching
-        self.batched = batching.exact is not False and len(active) > 1 and all(a == 1 for a in added)
+        self.batched = (batching.exact is not False and len(active) > 1 and ready.plan.rows > 1
+                        and all(a == 1 for a in added))
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         stream, store = self.ready.stream, self.ready.store
         self.told(index)
         module = stream.layers_list[index]
         with self.reserve(f"layer {index} of the generation", "layer"), stream.loaded(module) as layer:
-            pasts = [store.past(index, request) for request in self.active]
-            ran = self._batch(layer, index, hidden[0], pasts) if self.batched else None
-            if ran is None or self.batching.exact is None:
-                alone = [self._alone(layer, index, k, hidden[0][k], pasts[k]) for k in range(len(self.active))]
-                if ran is not None and not all(all(torch.equal(a, b) for a, b in zip(one, other))
-                                               for one, other in zip(ran, alone)):
-                    ran = None  # this family's batch rounds otherwise than its rows: one at a time from here
-                if ran is None and self.batched:
-                    self.batched, self.batching.exact = False, False
-                ran = alone if ran is None else ran
-            for k, request in enumerate(self.active):
-                store.keep(index, request, ran[k][1], ran[k][2], self.added[k])
-        return [[out for out, _, _ in ran]]
+            out: list[torch.Tensor] = []
+            at_once = self.ready.plan.rows
+            for first in range(0, len(self.active), at_once):  # as many requests at once as the plan holds
+                rows = range(first, min(first + at_once, len(self.active)))
+                for k, (found, keys, values) in zip(rows, self._rows(layer, index, hidden[0], rows)):
+                    store.keep(index, self.active[k], keys, values, self.added[k])
+                    out.append(found)
+        return [out]
+
+    def _rows(self, layer: torch.nn.Module, index: int, hidden: list[torch.Tensor], rows: range) -> list[_Ran]:
+        """Rows ``rows`` run through ``layer``: as one batch where the step batches (the first such step's batch
+        checked against the rows alone, bit for bit), else one at a time."""
+        pasts = [self.ready.store.past(index, self.active[k]) for k in rows]
+        ran = self._batch(layer, index, rows, [hidden[k] for k in rows], pasts) if self.batched else None
+        if ran is None or self.batching.exact is None:
+            alone = [self._alone(layer, index, k, hidden[k], past) for k, past in zip(rows, pasts)]
+            if ran is not None and not all(all(torch.equal(a, b) for a, b in zip(one, other))
+                                           for one, other in zip(ran, alone)):
+                ran = None  # this family's batch rounds otherwise than its rows: one at a time from here
+            if ran is None and self.batched:
+                self.batched, self.batching.exact = False, False
+            ran = alone if ran is None else ran
+        return ran
 
     def _alone(self, layer: torch.nn.Module, index: int, k: int, hidden: torch.Tensor,
                past: tuple[torch.Tensor, torch.Tensor] | None) -> _Ran:
@@ -176,10 +187,10 @@ class _TokenStep(Step["torch.Tensor"]):  # a string: torch is imported when a st
         kept = cache.layers[index]
         return out, kept.keys, kept.values
 
-    def _batch(self, layer: torch.nn.Module, index: int, hidden: list[torch.Tensor],
+    def _batch(self, layer: torch.nn.Module, index: int, rows: range, hidden: list[torch.Tensor],
                pasts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> list[_Ran] | None:
-        """Every row run through ``layer`` as one batch, each computing what it computes alone (None: the layer's
-        calls cannot be one batch)."""
+        """Rows ``rows`` (entering as ``hidden``, their pasts ``pasts``) run through ``layer`` as one batch, each
+        computing what it computes alone (None: the layer's calls cannot be one batch)."""
         from resumerge.analyses.evaluation.rowbatch import Rows, batched_call, implementation, padded, row_exact
 
         own = implementation(layer)
@@ -188,9 +199,9 @@ class _TokenStep(Step["torch.Tensor"]):  # a string: torch is imported when a st
             return None
         keys, values, starts = padded(held)
         cache = one_layer_cache(index, (keys, values), self.ready.stream.device)
-        calls = [c[index] for c in self.calls]
-        rows = Rows(own, tuple(call[1].get("attention_mask") for call in calls), tuple(starts))
-        call = batched_call(calls, self.shaped, cache, rows)
+        calls = [self.calls[k][index] for k in rows]
+        given = Rows(own, tuple(call[1].get("attention_mask") for call in calls), tuple(starts))
+        call = batched_call(calls, [self.shaped[k] for k in rows], cache, given)
         if call is None:
             return None
         with row_exact(layer):
