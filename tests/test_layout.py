@@ -83,12 +83,14 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _may_import(init: Path) -> set[str] | None:
-    """The names of the ``May import:`` line of ``init``'s docstring (None: it has none)."""
+    """The names of the ``May import:`` line of ``init``'s docstring, with the lines that continue it up to a blank
+    line (None: it has none)."""
     doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-    match = re.search(r"^May import: (.*)$", doc, re.MULTILINE)
+    match = re.search(r"^May import: (.*(?:\n.+)*)", doc, re.MULTILINE)
     if match is None:
         return None
-    names = {n.strip().rstrip(".").strip() for n in re.sub(r"\(.*?\)", "", match.group(1)).split(",")}
+    listed = re.sub(r"\(.*?\)", "", match.group(1).replace("\n", " "), flags=re.DOTALL)
+    names = {n.strip().rstrip(".").strip() for n in listed.split(",")}
     return {n for n in names if n and n != "nothing"}
 
 
@@ -188,7 +190,8 @@ def test_a_group_s_packages_are_layers_of_their_own(tmp_path: Path) -> None:
     # A group's subpackages are held apart like top-level packages: one imports another only where its line says so.
     (tmp_path / "runs" / "moe").mkdir(parents=True)
     (tmp_path / "runs" / "__init__.py").write_text('"""The kinds of run."""\n')
-    (tmp_path / "runs" / "moe" / "__init__.py").write_text('"""MoE.\n\nMay import: errors, analyses."""\n')
+    moe = '"""MoE.\n\nMay import: errors (its\nhierarchy),\nanalyses."""\n'  # a line continued up to a blank line
+    (tmp_path / "runs" / "moe" / "__init__.py").write_text(moe)
     (tmp_path / "plan").mkdir()
     (tmp_path / "plan" / "__init__.py").write_text('"""The plan.\n\nMay import: errors."""\n')
     groups = _groups(tmp_path)
