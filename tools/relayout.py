@@ -255,9 +255,21 @@ def relative_references(path: Path, text: str, old_module: str, renames: list[tu
     return re.sub(r"(:\w+:)`(~?)\.([\w.]+)`", one, text)
 
 
-def _may_import_span(doc_text: str) -> tuple[int, int] | None:
-    match = re.search(r"^May import: .*(?:\n.+)*", doc_text, re.MULTILINE)
-    return (match.start(), match.end()) if match else None
+def _may_import_span(text: str) -> tuple[int, int] | None:
+    """Where the ``May import:`` paragraph of an ``__init__``'s text is: its line and those continuing it, up to a
+    blank line or the docstring's closing quotes (left out)."""
+    match = re.search(r"^May import: ", text, re.MULTILINE)
+    if match is None:
+        return None
+    end = match.start()
+    for line in text[match.start():].split("\n"):
+        if not line.strip() or (end > match.start() and line.lstrip().startswith('"""')):
+            break
+        quotes = line.find('"""')
+        if quotes >= 0:
+            return match.start(), end + len(line[:quotes].rstrip())
+        end += len(line) + 1
+    return match.start(), end - 1
 
 
 def declared_layers(text: str, layer: str, unit_map: dict[str, str], groups: set[str]) -> str:
@@ -292,6 +304,8 @@ def declared_layers(text: str, layer: str, unit_map: dict[str, str], groups: set
         body = body.rstrip()
         end = "." if body.endswith(".") else ""
         body = body.removesuffix(".") + ", " + ", ".join(gained) + end
+    if body == para[len(head):]:
+        return text
     new_para = _fold_paragraph(head + body.replace("\n", " "), LINE - 4)
     return text[:span[0]] + new_para + text[span[1]:]
 
@@ -318,7 +332,7 @@ def group_init(root: Path, group: str) -> str:
     for name in held:
         doc = ast.get_docstring(ast.parse((folder / name / "__init__.py").read_text(encoding="utf-8"))) or ""
         first = re.split(r"(?<=[.:])\s", doc.split("\n\n")[0].replace("\n", " "), maxsplit=1)[0].rstrip(".:")
-        lines.append(f"- :mod:`.{name}`: {first[:1].lower() + first[1:]}.")
+        lines.append(f"- :mod:`.{name}`: {first}.")
     text = GROUPS[group] + "\n\n" + (
         "A group: each package here is a layer of its own, with its own ``May import:`` line (tests/test_layout.py "
         "holds them to it; no analysis imports another); this file imports nothing.")
