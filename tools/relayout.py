@@ -279,7 +279,7 @@ def declared_layers(text: str, layer: str, unit_map: dict[str, str], groups: set
         return text
     para = text[span[0]:span[1]]
     names = sorted(unit_map, key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w.(])(" + "|".join(map(re.escape, names)) + r")(?![\w.])") if names else None
+    pattern = re.compile(r"(?<![\w.(])(" + "|".join(map(re.escape, names)) + r")(?![\w]|\.\w)") if names else None
     head, body = para[:len("May import: ")], para[len("May import: "):]
     # Rename outside parentheses only: what a parenthesis says is prose.
     pieces = re.split(r"(\([^)]*\))", body)
@@ -287,7 +287,7 @@ def declared_layers(text: str, layer: str, unit_map: dict[str, str], groups: set
         if pattern is not None:
             pieces[i] = pattern.sub(lambda m: unit_map[m.group(1)], pieces[i])
         for name, narrowed in NARROWED.get(layer, {}).items():
-            pieces[i] = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", ", ".join(narrowed), pieces[i])
+            pieces[i] = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w]|\.\w)", ", ".join(narrowed), pieces[i])
     body = "".join(pieces)
     listed = [n.strip().rstrip(".").strip() for n in re.sub(r"\(.*?\)", "", body, flags=re.DOTALL)
               .replace("\n", " ").split(",")]
