@@ -368,8 +368,7 @@ def rewrite_declarations(root: Path, say: list[str]) -> None:
     pkg = root / "resumerge"
     units = unit_map(_moves())
     groups = set(GROUPS)
-    inits = [*pkg.glob("*/__init__.py"), *(p for g in groups for p in pkg.glob(f"{g}/*/__init__.py"))]
-    for init in sorted(inits):
+    for init in sorted(pkg.rglob("*/__init__.py")):  # the layers' and, for their readers, their subpackages'
         layer = ".".join(init.parent.relative_to(pkg).parts)
         if layer in groups:
             continue
