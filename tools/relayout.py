@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
 import re
 import shutil
 import subprocess
 import sys
-import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,16 +489,21 @@ def fold_long_lines(path: Path) -> bool:
                 lines[i:i + 1] = [head, f"{indent}# {tail}"]
             changed = True
             continue  # the same line again: it fits now; the next may overflow in turn
-        if i + 1 in inside and i + 2 in inside:  # a docstring line followed by one of the same paragraph
-            following = lines[i + 1]
-            indent = re.match(r"^\s*", following).group(0)  # type: ignore[union-attr]
-            stripped = following.strip()
-            if stripped and not stripped.startswith(('"""', "- ", ":", ">>>")):
-                cut = line.rfind(" ", 0, LINE + 1)
-                if cut > len(indent):
-                    lines[i], lines[i + 1] = line[:cut], f"{indent}{line[cut + 1:]} {stripped}"
-                    changed = True
-                    continue
+        if i in inside:  # a docstring's line: its tail joins the next line of its paragraph, else a line of its own
+            indent = re.match(r"^\s*", line).group(0)  # type: ignore[union-attr]
+            cut = line.rfind(" ", 0, LINE + 1)
+            following = lines[i + 1].strip() if i + 1 in inside and i + 1 < len(lines) else ""
+            if cut > len(indent) + 3:
+                head, tail = line[:cut], line[cut + 1:]
+                if following and not line.rstrip().endswith('"""') \
+                        and not following.startswith(('"""', "- ", ":", ">>>", "*")):
+                    margin = lines[i + 1][:len(lines[i + 1]) - len(lines[i + 1].lstrip())]
+                    lines[i], lines[i + 1] = head, f"{margin}{tail} {following}"
+                else:
+                    lines[i:i + 1] = [head, f"{indent}{tail}"]
+                    inside = {j + (j > i) for j in inside} | {i + 1}
+                changed = True
+                continue
         i += 1
     if changed:
         path.write_text("\n".join(lines), encoding="utf-8")
@@ -508,14 +511,19 @@ def fold_long_lines(path: Path) -> bool:
 
 
 def _docstring_lines(text: str) -> set[int]:
-    """The 1-based line numbers (0-based here: index into lines) inside a triple-quoted string."""
-    found: set[int] = set()
+    """The 0-based indexes of the lines of the docstrings (modules', classes', functions'): prose, refolded freely;
+    other triple-quoted strings (a child process's code) are left alone."""
     try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.type == tokenize.STRING and token.string.endswith(('"""', "'''")):
-                found.update(range(token.start[0] - 1, token.end[0]))
-    except (tokenize.TokenError, SyntaxError, IndentationError):
+        tree = ast.parse(text)
+    except SyntaxError:
         return set()
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str) and first.end_lineno is not None:
+                found.update(range(first.lineno - 1, first.end_lineno))
     return found
 
 
