@@ -274,7 +274,8 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path, source: str, expect
     # The checks above are only as good as the graph: a form of import it missed would hide an upward edge.
     fake = tmp_path / "x.py"
     fake.write_text(source)
-    known = {"resumerge.store", "resumerge.store.ledger", "resumerge.plan", "resumerge.plan.merge_plan"}
+    known = {"resumerge.store", "resumerge.store.ledger",
+             "resumerge.plan", "resumerge.plan.merge_plan"}
     assert set(_imports(fake, "resumerge.store.x", known)) == expected
 
 

@@ -489,6 +489,14 @@ def fold_long_lines(path: Path) -> bool:
                 lines[i:i + 1] = [head, f"{indent}# {tail}"]
             changed = True
             continue  # the same line again: it fits now; the next may overflow in turn
+        trailing = re.match(r"^(\s*)(\S.*?)  # (.*)$", line)
+        if i not in inside and trailing and "'" not in trailing.group(3) and '"' not in trailing.group(3):
+            # Code with a comment after it: the comment goes above, folded like any comment.
+            indent = trailing.group(1)
+            lines[i:i + 1] = [f"{indent}# {trailing.group(3)}", f"{indent}{trailing.group(2)}"]
+            inside = {j + (j >= i) for j in inside}
+            changed = True
+            continue
         if i in inside:  # a docstring's line: its tail joins the next line of its paragraph, else a line of its own
             indent = re.match(r"^\s*", line).group(0)  # type: ignore[union-attr]
             cut = line.rfind(" ", 0, LINE + 1)
@@ -585,6 +593,11 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     folded = [p for p in touched if p.suffix == ".py" and fold_long_lines(p)]
     if folded:
         say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    for path in touched:
+        if path.suffix == ".py":
+            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+                if len(line) > LINE:
+                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
     del pending
     return say
 
