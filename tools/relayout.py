@@ -490,7 +490,8 @@ def fold_long_lines(path: Path) -> bool:
             changed = True
             continue  # the same line again: it fits now; the next may overflow in turn
         trailing = re.match(r"^(\s*)(\S.*?)  # (.*)$", line)
-        if i not in inside and trailing and "'" not in trailing.group(3) and '"' not in trailing.group(3):
+        if i not in inside and trailing and trailing.group(2).count('"') % 2 == 0 \
+                and trailing.group(2).count("'") % 2 == 0:  # the '#' outside any string
             # Code with a comment after it: the comment goes above, folded like any comment.
             indent = trailing.group(1)
             lines[i:i + 1] = [f"{indent}# {trailing.group(3)}", f"{indent}{trailing.group(2)}"]
