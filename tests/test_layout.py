@@ -192,13 +192,13 @@ def test_a_group_s_packages_are_layers_of_their_own(tmp_path: Path) -> None:
     (tmp_path / "runs" / "__init__.py").write_text('"""The kinds of run."""\n')
     moe = '"""MoE.\n\nMay import: errors (its\nhierarchy),\nanalyses."""\n'  # a line continued up to a blank line
     (tmp_path / "runs" / "moe" / "__init__.py").write_text(moe)
-    (tmp_path / "plan").mkdir()
-    (tmp_path / "plan" / "__init__.py").write_text('"""The plan.\n\nMay import: errors."""\n')
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "__init__.py").write_text('"""The inputs.\n\nMay import: errors."""\n')
     groups = _groups(tmp_path)
     assert groups == {"runs"}
     assert _top("resumerge.runs.moe.forward", groups) == "runs.moe"
     assert _top("resumerge.runs", groups) == "runs"
-    assert _top("resumerge.plan.planner", groups) == "plan"
+    assert _top("resumerge.inputs.model", groups) == "inputs"
     assert _may_import(tmp_path / "runs" / "moe" / "__init__.py") == {"errors", "analyses"}
 
 

@@ -549,9 +549,48 @@ def sort_imports(root: Path, files: Iterable[Path], say: list[str]) -> None:
                        capture_output=True, text=True, check=False)
 
 
+def _imported_layers(folder: Path, units: dict[str, str]) -> set[str]:
+    """The layers (new names) the modules under ``folder`` import, read from the code (every import)."""
+    found: set[str] = set()
+    groups = set(GROUPS)
+    for path in folder.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "resumerge" or len(parts) < 2:
+                    continue
+                top = units.get(parts[1], parts[1])
+                found.add(f"{parts[1]}.{parts[2]}" if parts[1] in groups and len(parts) > 2 else top)
+    return found
+
+
+def _analyses_allowed(root: Path) -> set[str] | None:
+    """What the analyses' one ``May import:`` line allowed each of them, in the new names (None: it has none, it
+    is a group already)."""
+    init = root / "resumerge" / "analyses" / "__init__.py"
+    if not init.exists():
+        return None
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    match = re.search(r"^May import: (.*(?:\n.+)*)", doc, re.MULTILINE)
+    if match is None:
+        return None
+    units = unit_map(_moves())
+    listed = re.sub(r"\(.*?\)", "", match.group(1).replace("\n", " "))
+    names = {n.strip().rstrip(".").strip() for n in listed.split(",")}
+    return {units.get(n, n) for n in names if n and n != "nothing"}
+
+
 def relayout(root: Path, dry: bool = False) -> list[str]:
     say: list[str] = []
     moves = _moves()
+    # Each analysis keeps what the analyses' one line allowed it and it imports (each line is its own from now on).
+    allowed = _analyses_allowed(root)
     # Every move, done now or before: the references a merged branch still writes the old way are rewritten too.
     pending = move_files(root, moves, say, dry)
     if dry:
@@ -585,6 +624,11 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
             touched.append(path)
     if touched:
         say.append(f"rewrote references in {len(touched)} files")
+    if allowed is not None:
+        for sub in sorted((pkg / "analyses").glob("*/__init__.py")):
+            layer = f"analyses.{sub.parent.name}"
+            used = _imported_layers(sub.parent, unit_map(moves)) & allowed
+            GAINS[layer] = tuple(sorted({*GAINS.get(layer, ()), *used} - {"errors", "torch_import"}))
     write_groups(root, say)
     rewrite_declarations(root, say)
     layout_test(root, say)
