@@ -418,8 +418,8 @@ def tree_section(root: Path) -> str:
             doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         except (OSError, SyntaxError):
             return ""
-        sentence = re.split(r"(?<=\.)\s", doc.split("\n\n")[0].replace("\n", " "), maxsplit=1)[0]
-        return sentence.replace("``", "`")
+        sentence = re.split(r"(?<=[.:])\s", doc.split("\n\n")[0].replace("\n", " "), maxsplit=1)[0]
+        return sentence.rstrip(":").rstrip(".").replace("``", "`") + "."
 
     rows = []
     for entry in sorted(p for p in pkg.iterdir() if p.name != "__pycache__"):
