@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,7 @@ from raycluster import RayHead  # noqa: E402
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 
 RAY_HEAD = pytest.StashKey[RayHead]()
+COMMANDS = pytest.StashKey[Counter[str]]()  # the workers' tallies of CLI commands (forkserver.TALLY), merged
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
 # Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray modules, run first); each
 # test starts with it as the session did. The variables a fork server reads as it starts are put back by
@@ -258,6 +260,38 @@ def ray_head(pytestconfig: pytest.Config) -> Iterator[RayHead]:
     head = pytestconfig.stash.setdefault(RAY_HEAD, RayHead())
     yield head
     head.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its tally of CLI commands (forked, or why fresh) to the controller's summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["commands"] = dict(forkserver.TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller adds each worker's tally as the worker ends (``pytest_sessionfinish`` above)."""
+    tally = node.config.stash.setdefault(COMMANDS, Counter())
+    tally.update(getattr(node, "workeroutput", {}).get("commands", {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line on how the run's CLI commands started: forked from a worker's fork server, or a fresh interpreter
+    (torch imported again: 2-5 CPU s each) and why. A full run that is minutes slower than the one before shows here
+    whether its commands stopped being forked (a server that ended and was started again counts too)."""
+    merged = config.stash.get(COMMANDS, None)  # the workers' (under xdist), else this process's own
+    tally = merged if merged is not None else forkserver.TALLY
+    if not tally:
+        return
+    fresh = sum(n for why, n in tally.items() if why not in ("forked", "server restarted"))
+    reasons = ", ".join(f"{why}: {n}" for why, n in tally.most_common() if why != "forked")
+    terminalreporter.write_line(f"CLI commands: {tally['forked']} forked from the fork servers, {fresh} fresh "
+                                f"interpreters" + (f" ({reasons})" if reasons else ""))
+
+
+def pytest_unconfigure() -> None:
+    """Close the fork servers as the session ends: an xdist worker exits without its ``atexit`` functions."""
+    forkserver.close_servers()
 
 
 @pytest.hookimpl(trylast=True)
