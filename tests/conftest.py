@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -52,7 +53,6 @@ def _log_interpreters(log: str) -> None:
     through :func:`support.cli` (which logs its own): a test's ``subprocess.run([sys.executable, ...])``, the
     mergekit oracle, a notebook's kernel, the fork server itself. Each imports what it needs afresh (torch: 2-5 CPU
     s); the suite's CPU goes where these go. Ray's workers are started by its raylet, not here, and are not counted."""
-    import json
     import subprocess
 
     started = subprocess.Popen.__init__
@@ -260,6 +260,39 @@ def ray_head(pytestconfig: pytest.Config) -> Iterator[RayHead]:
     head = pytestconfig.stash.setdefault(RAY_HEAD, RayHead())
     yield head
     head.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under RESUMERGE_TEST_CPULOG, one JSON line per test (setup, call and teardown): the CPU seconds of this
+    worker, of the processes it reaped (fresh interpreters, the mergekit oracle, a Ray head it stopped) and of the
+    commands its fork servers forked and reaped, each taken as the test ends minus as it began. Ray's worker
+    processes count where their raylet is reaped (the test that stops the head); a process left running, nowhere.
+    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load."""
+    log = os.environ.get("RESUMERGE_TEST_CPULOG")
+    if not log:
+        yield
+        return
+    began = _cpu_now()
+    yield
+    spent = {name: round(value - began[name], 3) for name, value in _cpu_now().items()}
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(json.dumps({"test": item.nodeid, **spent}) + "\n")
+
+
+def _cpu_now() -> dict[str, float]:
+    """This process's CPU seconds, its reaped children's, and the fork servers' reaped children's."""
+    import resource
+
+    own, reaped = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    forked = 0.0
+    for server in forkserver.servers():
+        try:
+            fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended and reaped: its children's time is in this process's reaped children's now
+            continue
+        forked += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return {"self": own.ru_utime + own.ru_stime, "children": reaped.ru_utime + reaped.ru_stime, "forked": forked}
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -347,6 +347,11 @@ class ForkServer:
             self.folder.rmdir()
 
 
+def servers() -> list[ForkServer]:
+    """This worker's servers now."""
+    return list(_SERVERS.values())
+
+
 def close_servers() -> None:
     """Close this worker's servers (conftest's ``pytest_unconfigure``: an xdist worker ends without running its
     ``atexit`` functions, which left each server's folder in the temp dir)."""
