@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections import Counter
@@ -20,6 +21,12 @@ from typing import Any
 SESSION_HF_HOME = tempfile.mkdtemp(prefix="resumerge-tests-hf-")
 os.environ["HF_HOME"] = SESSION_HF_HOME
 atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
+
+# A suite started as a background job (`pytest … &` in a script) inherits SIGINT ignored, and so does every command
+# it starts: the Ctrl-C tests then saw a run that never stops (exit 6, or 0, where 3 is right). The commands are
+# tested as a terminal starts them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import forkserver  # noqa: E402  (after HF_HOME: its session environment is recorded as it is imported)
 import numpy as np  # noqa: E402
