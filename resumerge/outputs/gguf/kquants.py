@@ -30,9 +30,14 @@ QK = 256  # values a super-block
 K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 # super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py); Q3_K
 # without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose numpy
-# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024)
+# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024); 512 for the
+# symmetric searches (Q3_K with importance, Q6_K) measured no faster, alternating 9 times
 _CHUNK = 256
 _CHUNK_Q3 = 1024
+# the importance paths: their sub-block scales' own searches (make_qp_quants: 8 or 16 values, a descent) are
+# many tiny numpy steps, so those run over this many super-blocks at once, the values' searches over _CHUNK at a
+# time inside them
+_CHUNK_QP = 2048
 
 _Array = np.ndarray
 
@@ -122,6 +127,27 @@ def _unpack_q3_scales(packed: _Array) -> _Array:
     return signed
 
 
+def _qkx_sliced(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
+                v3: bool) -> tuple[_Array, _Array, _Array]:
+    """:func:`.ksearch.qkx` over ``_CHUNK`` super-blocks' sub-blocks (columns of ``x``) at a time: its working
+    arrays stay in the cache while a larger chunk's scales are searched at once."""
+    width = _CHUNK * (QK // x.shape[0])
+    if x.shape[1] <= width:
+        return ks.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3)
+    parts = [ks.qkx(np.ascontiguousarray(x[:, at:at + width]), np.ascontiguousarray(w[:, at:at + width]), nmax,
+                    rmin, rdelta, nstep, mad=mad, v3=v3) for at in range(0, x.shape[1], width)]
+    scales, mins, codes = zip(*parts, strict=True)
+    return np.concatenate(scales), np.concatenate(mins), np.concatenate(codes, axis=1)
+
+
+def _qp_pair(scales: _Array, mins: _Array, nmax: int, sw: _Array) -> tuple[_Array, _Array, _Array, _Array]:
+    """:func:`.ksearch.qp` of the sub-block scales and of the mins (each (m, B)) in one call (the search is many
+    small steps): (d, scale codes, dmin, min codes)."""
+    b = scales.shape[1]
+    d, codes = ks.qp(np.concatenate([scales, mins], axis=1), nmax, np.concatenate([sw, sw], axis=1))
+    return d[:b], codes[:, :b], d[b:], codes[:, b:]
+
+
 def _q2_k(xt: _Array, qw: _Array | None) -> _Array:
     b = xt.shape[1]
     x = _subblocks(xt, 16)
@@ -141,9 +167,8 @@ def _q2_k(xt: _Array, qw: _Array | None) -> _Array:
     else:
         w = _importance(xt, qw, 16, 1.0)
         sw = ks.fsum(w).reshape(16, b)
-        scales, mins, codes = ks.qkx(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
-        dm, ls = ks.qp(scales.reshape(16, b), 15, sw)
-        mm, lm = ks.qp(mins.reshape(16, b), 15, sw)
+        scales, mins, codes = _qkx_sliced(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
+        dm, ls, mm, lm = _qp_pair(scales.reshape(16, b), mins.reshape(16, b), 15, sw)
         byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
         d_bits, d = ks.f16(dm)
         m_bits, dmin = ks.f16(mm)
@@ -221,9 +246,8 @@ def _k45(xt: _Array, qw: _Array | None, nmax: int) -> tuple[_Array, _Array, _Arr
     else:
         w = _importance(xt, qw, 32, 2.0)
         sw = ks.fsum(w).reshape(8, b)
-        scales, mins, codes = ks.qkx(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
-        d_block, ls = ks.qp(scales.reshape(8, b), 63, sw)
-        m_block, lm = ks.qp(mins.reshape(8, b), 63, sw)
+        scales, mins, codes = _qkx_sliced(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        d_block, ls, m_block, lm = _qp_pair(scales.reshape(8, b), mins.reshape(8, b), 63, sw)
         ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
         if nmax == 31:
             ls, lm = np.minimum(ls, np.uint8(63)), np.minimum(lm, np.uint8(63))
@@ -301,7 +325,10 @@ def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out
     result = np.empty((values.shape[0], size), dtype=np.uint8) if out is None else out.reshape(-1, size)
     qw = None if importance is None else np.ascontiguousarray(importance, dtype=F).reshape(per_row, QK)
     encoder = _ENCODERS[ggml_type]
-    chunk = _CHUNK_Q3 if ggml_type == Q3_K and qw is None else _CHUNK
+    if ggml_type in (Q3_K, Q6_K):
+        chunk = _CHUNK_Q3 if ggml_type == Q3_K and qw is None else _CHUNK
+    else:
+        chunk = _CHUNK if qw is None else _CHUNK_QP
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for start in range(0, values.shape[0], chunk):
             block = values[start:start + chunk]

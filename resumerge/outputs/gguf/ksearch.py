@@ -278,7 +278,10 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
     zero = ~(amax >= EPS)
     peak = np.where(zero, F(1), peak)
     low, high = F(-nmax), F(nmax - 1)
-    q = np.clip(ni((F(-nmax) / peak) * x), low, high)
+    iscale = F(-nmax) / peak
+    q = iscale * x
+    q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
+    np.clip(q, low, high, out=q)
     w = x * x
     wx = w * x
     sumlx, suml2 = fsum(wx * q), fsum(w * q * q)
@@ -306,20 +309,40 @@ def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _
         old_lx = wxs * qs
         old_l2 = ws * qs
         old_l2 *= qs
-        changed = np.zeros(xs.shape[1], dtype=bool)
+        width = xs.shape[1]
+        # every step in place in these (fresh arrays, numpy's allocations, were a tenth of the descent)
+        slx, sl2, new, t, u, magic = (np.empty(width, dtype=F) for _ in range(6))
+        bits = magic.view(np.int32)
+        changed, tried, moved, keep, flag = (np.zeros(width, dtype=bool) for _ in range(5))
         for i in range(xs.shape[0]):
             qi, wi, wxi = qs[i], ws[i], wxs[i]
-            slx = lx - old_lx[i]
-            sl2 = l2 - old_l2[i]
-            tried = (slx > 0) & (sl2 > 0) if need_sl2 else slx > 0
-            new = np.multiply(xs[i], sl2)
+            np.subtract(lx, old_lx[i], out=slx)
+            np.subtract(l2, old_l2[i], out=sl2)
+            np.greater(slx, F(0), out=tried)
+            if need_sl2:
+                tried &= np.greater(sl2, F(0), out=flag)
+            np.multiply(xs[i], sl2, out=new)
             np.divide(new, slx, out=new)
-            new = np.clip(ni(new), low, high)  # slx can be tiny: no bound on the argument
-            moved = tried & (new != qi)
-            slx += wxi * new
-            sl2 += wi * new * new
-            keep = moved & ((slx * slx * l2 > lx * lx * sl2) if need_sl2 else
-                            ((sl2 > 0) & (slx * slx * l2 > lx * lx * sl2)))
+            # nearest_int exactly (slx can be tiny: no bound on the argument), in place: see ni
+            np.add(new, MAGIC, out=magic)
+            bits &= 0x7FFFFF
+            bits -= 0x400000
+            np.copyto(new, bits, casting="unsafe")
+            np.clip(new, low, high, out=new)
+            np.not_equal(new, qi, out=moved)
+            moved &= tried
+            slx += np.multiply(wxi, new, out=t)
+            np.multiply(wi, new, out=t)
+            t *= new
+            sl2 += t
+            np.multiply(slx, slx, out=t)
+            t *= l2
+            np.multiply(lx, lx, out=u)
+            u *= sl2
+            np.greater(t, u, out=keep)
+            keep &= moved
+            if not need_sl2:
+                keep &= np.greater(sl2, F(0), out=flag)
             if keep.any():
                 changed |= keep
                 np.copyto(qi, new, where=keep)
