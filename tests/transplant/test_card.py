@@ -28,3 +28,16 @@ def test_transplant_card_has_its_own_wording(tmp_path: Path) -> None:
     assert card.count("212 shared (copied)") == 2  # once per matrix, not again under Notes
     assert "YAML" not in card and "```json\n{\n  \"tokensurgeon\"" in card
     assert "- tokensurgeon" in card.split("---", 2)[1]  # a tag of its own
+
+
+
+def test_the_card_records_the_output_flags_of_the_run(tmp_path: Path) -> None:
+    """The card's command line reproduces the run: its seed and shard size too (before, only the transplant's own
+    options); a GGUF output's format: test_gguf."""
+    model, donor = make_pair(tmp_path / "pair")
+    api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=Surgery(approximation_method="randn"),
+                     output=api.Output(out_shard_size="100kB"), merging=api.Merging(random_seed=7),
+                     state_dir=tmp_path / "state")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert (f"`resumerge tokensurgeon {model} {donor} OUT -a randn --out-shard-size 100000 --random-seed 7`"
+            in card), card
