@@ -41,3 +41,28 @@ def test_the_card_records_the_output_flags_of_the_run(tmp_path: Path) -> None:
     card = (tmp_path / "out" / "README.md").read_text()
     assert (f"`resumerge tokensurgeon {model} {donor} OUT -a randn --out-shard-size 100000 --random-seed 7`"
             in card), card
+
+
+def test_a_check_against_model_is_quoted_in_the_transplants_card(tmp_path: Path) -> None:
+    """``resumerge check OUT --base MODEL`` over texts made of tokens both tokenizers hold: the shared tokens'
+    predictions are MODEL's (KL ~ 0, top-1 100 %), and the card's section says what that means for a transplant and
+    how the vocabularies met."""
+    import json
+
+    from resumerge.analyses.check.card import TRANSPLANT_LEAD
+
+    model, donor = make_pair(tmp_path / "pair")
+    out, state = tmp_path / "out", tmp_path / "state"
+    api.tokensurgeon(str(model), str(donor), out, surgery=Surgery(k=8), state_dir=state)
+    mine = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
+    theirs = json.loads((donor / "tokenizer.json").read_text())["model"]["vocab"]
+    shared = sorted(t for t in mine if t in theirs and not t.startswith("<"))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(" ".join(shared[(7 * i + j) % len(shared)] for j in range(12)) for i in range(6)))
+    report = api.check(out, base=model, prompts=texts, state_dir=state)
+    base = report.models[1]
+    assert base.kl is not None and abs(base.kl) < 1e-6 and base.top1 == 1.0
+    card = (out / "README.md").read_text()
+    section = card.split("## Check", 1)[1]
+    assert TRANSPLANT_LEAD in section
+    assert "- Vocabularies: " in section and "tokens shared" in section.split("- Vocabularies: ", 1)[1], section
