@@ -114,19 +114,21 @@ def _tokenizer_donor(donor: str, options: PlanOptions) -> str | None:
 
 
 def refuse_other_tokenizers(config: MergeConfig, models: Mapping[str, ModelInput]) -> None:
-    """Refuse a merge that builds no tokenizer (no ``tokenizer_source``) over models whose rows mean other tokens
-    (:mod:`resumerge.vocab.sameness` says what the same tokenizer is), as a merge of vocabularies of other sizes is
-    refused: one line naming the command that gives one model the other's tokenizer. Tokenizers of equal bytes
+    """Refuse a merge that builds no tokenizer (no ``tokenizer_source``) over models of one vocabulary size whose
+    rows mean other tokens (:mod:`resumerge.vocab.sameness` says what the same tokenizer is), as a merge of
+    vocabularies of other sizes is refused by its tables' shapes: one line naming the command that gives one model
+    the other's tokenizer. Tokenizers of equal bytes
     (equal token lists, for GGUFs) are not parsed; a model whose tokens cannot be read is not compared."""
     first: tuple[str, object, Callable[[], TokenTable | None]] | None = None
+    rows: int | None = None
     for ref in config.referenced_models():
         found = _tokens_of(models[ref.key])
         if found is None:
             continue
         if first is None:
-            first = (ref.key, *found)
+            first, rows = (ref.key, *found), _rows_of(models[ref.key])
             continue
-        if found[0] == first[1]:
+        if found[0] == first[1] or _rows_of(models[ref.key]) != rows:  # other sizes: the shapes' refusal says it
             continue
         mine, theirs = first[2](), found[1]()
         difference = first_difference(mine, theirs) if mine is not None and theirs is not None else None
@@ -138,6 +140,12 @@ def refuse_other_tokenizers(config: MergeConfig, models: Mapping[str, ModelInput
                 hint="give one model the other's tokenizer first with resumerge tokensurgeon MODEL DONOR OUT, or "
                 "align them with tokenizer_source: base (or union)",
             )
+
+
+def _rows_of(model: ModelInput) -> int | None:
+    """Rows of ``model``'s token embedding (None: it has none)."""
+    return next((found.entry.shape[0] for name, found in sorted(model.tensors.items())
+                 if is_input_embedding(name) and found.entry.shape), None)
 
 
 def _tokens_of(model: ModelInput) -> tuple[object, Callable[[], TokenTable | None]] | None:
