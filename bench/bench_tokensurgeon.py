@@ -13,6 +13,7 @@ tensor bit for bit. Prints one JSON document; issue 85's figures are in docs/per
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,10 +28,8 @@ import psutil
 def _tree_rss(proc: psutil.Process) -> int:
     total = 0
     for each in [proc, *proc.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += each.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
@@ -41,10 +40,8 @@ def run(command: list[str], niceness: int) -> dict[str, float | int]:
                              stderr=subprocess.PIPE, text=True)
     proc, peak = psutil.Process(child.pid), 0
     while child.poll() is None:
-        try:
+        with contextlib.suppress(psutil.Error):
             peak = max(peak, _tree_rss(proc))
-        except psutil.Error:
-            pass
         time.sleep(0.1)
     wall = time.perf_counter() - started
     err = child.stderr.read() if child.stderr else ""
