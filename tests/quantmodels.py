@@ -284,14 +284,27 @@ def _e2m1_index(x: torch.Tensor) -> torch.Tensor:
     return torch.where(even.any(-1), even.to(torch.int64).argmax(-1), candidates.to(torch.int64).argmax(-1))
 
 
-def modelopt_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+# The sibling projections vLLM fuses into one GEMM in the tiny llama models (q/k/v, gate/up): one NVFP4 tensor scale.
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fused_group(name: str) -> tuple[str, ...]:
+    """The output weights sharing ``name``'s NVFP4 tensor scale (its fused siblings, itself among them, in
+    :data:`FUSED`'s order), or ``(name,)``."""
+    parent, _, child = name.removesuffix(".weight").rpartition(".")
+    found = next((fused for fused in FUSED if child in fused), (child,))
+    return tuple(f"{parent}.{c}.weight" for c in found)
+
+
+def modelopt_nvfp4(w: torch.Tensor, amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """NVIDIA ModelOpt's NVFP4 export of one Linear weight, as reference/kquants.md §7 gives its formula:
-    ``weight_scale_2 = amax / (6 · 448)``, ``weight_scale = fp8(block_amax / (6 · weight_scale_2))`` (a zero block:
-    1.0), codes E2M1 of ``W / (fp32(weight_scale) · weight_scale_2)`` ties to even, +0 for every zero, byte k =
-    ``q[2k] | q[2k+1] << 4``; with the value it dequantizes to, ``E2M1 · weight_scale · weight_scale_2``."""
+    ``weight_scale_2 = amax / (6 · 448)`` (``amax``: the largest magnitude over the weight's fused group, when it has
+    one: ModelOpt takes the largest of the group's amaxes), ``weight_scale = fp8(block_amax / (6 · weight_scale_2))``
+    (a zero block: 1.0), codes E2M1 of ``W / (fp32(weight_scale) · weight_scale_2)`` ties to even, +0 for every zero,
+    byte k = ``q[2k] | q[2k+1] << 4``; with the value it dequantizes to, ``E2M1 · weight_scale · weight_scale_2``."""
     w = w.to(torch.float32)
     rows, cols = w.shape
-    scale_2 = w.abs().max() / (6 * 448)
+    scale_2 = (w.abs().max() if amax is None else amax.to(torch.float32)) / (6 * 448)
     blocks = w.reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP)
     weight_scale = (blocks.abs().amax(-1) / (6 * scale_2)).to(torch.float8_e4m3fn).to(torch.float32)
     weight_scale = torch.where(weight_scale == 0, 1.0, weight_scale).to(torch.float8_e4m3fn)
@@ -318,10 +331,24 @@ def modelopt_quantizer(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | 
             "value": parts["value"]}
 
 
-def compressed_tensors_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
-    """compressed-tensors' own NVFP4 of one weight (its observer's global scale and block scales, its
-    ``NVFP4PackedCompressor.compress``), with the float32 value its dequantize gives (``"value"``; checked equal,
-    rounded, to the bfloat16 its ``decompress`` returns)."""
+def ct_global_scale(w: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' global scale of one weight (its minmax observer's ``generate_gparam``), float32 [1]."""
+    from compressed_tensors.quantization.utils.helpers import generate_gparam
+
+    w = w.to(torch.float32)
+    return generate_gparam(w.min(), w.max())
+
+
+def ct_fused_global_scale(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The global scale a fused group's members share, as llm-compressor's ``update_fused_layer_weight_global_scales``
+    sets it after each member's observer: the smallest of the members' own (:func:`ct_global_scale`)."""
+    return torch.min(torch.cat([ct_global_scale(w) for w in weights])).reshape([1])
+
+
+def compressed_tensors_nvfp4(w: torch.Tensor, global_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own NVFP4 of one weight (its observer's global scale, or ``global_scale`` given, a fused
+    group's; its block scales, its ``NVFP4PackedCompressor.compress``), with the float32 value its dequantize gives
+    (``"value"``; checked equal, rounded, to the bfloat16 its ``decompress`` returns)."""
     from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -333,7 +360,7 @@ def compressed_tensors_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     w = w.to(torch.float32)
     rows, cols = w.shape
     blocks = w.reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP)
-    global_scale = generate_gparam(w.min(), w.max())
+    global_scale = generate_gparam(w.min(), w.max()) if global_scale is None else global_scale
     scale, _ = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args, global_scale=global_scale)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     stored = NVFP4PackedCompressor.compress({"weight": w.clone(), "weight_scale": scale,

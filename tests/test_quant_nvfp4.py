@@ -1,9 +1,9 @@
 """NVFP4 checkpoints end to end: a linear merge of two tiny ModelOpt NVFP4 models, and of two compressed-tensors
 ``nvfp4-pack-quantized`` ones (made by the library itself), gives the bytes the same merge of the two models decoded
 independently (ModelOpt's formula, compressed-tensors' decompress) gives; kept in the base's format, each weight is
-stored as its producer would store that merged value (fresh scales) and config.json keeps the base's
-quantization_config; ``verify`` reads the output back through the codec. Variants resumerge does not decode are
-refused in one line."""
+stored as its producer would store that merged value (fresh scales; q/k/v and gate/up with the tensor scale of their
+fused group, as vLLM loads them) and config.json keeps the base's quantization_config; ``verify`` reads the output
+back through the codec. Variants resumerge does not decode are refused in one line."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from quantmodels import (
     NVFP4_CT_CONFIG,
     Quantizer,
     compressed_tensors_nvfp4,
+    ct_fused_global_scale,
     ct_nvfp4_quantizer,
+    fused_group,
     modelopt_nvfp4,
     modelopt_quantizer,
     quantize_model,
@@ -88,7 +90,8 @@ def test_modelopt_merge_round_trips_through_nvfp4(tmp_path: Path, make: ModelFac
     expected = {n: t for n, t in want.items() if not n.endswith("_proj.weight")}
     for name in set(want) - set(expected):
         module = name.removesuffix(".weight")
-        parts = modelopt_nvfp4(want[name])
+        # q/k/v and gate/up share one weight_scale_2: the largest magnitude over the merged group
+        parts = modelopt_nvfp4(want[name], torch.stack([want[m].abs().max() for m in fused_group(name)]).max())
         expected.update({name: parts["weight"], f"{module}.weight_scale": parts["weight_scale"],
                          f"{module}.weight_scale_2": parts["weight_scale_2"],
                          f"{module}.input_scale": base[f"{module}.input_scale"]})
@@ -111,7 +114,9 @@ def test_compressed_tensors_nvfp4_merge_round_trips_through_its_format(tmp_path:
     expected = {n: t for n, t in got.items() if not n.endswith("_proj.weight")}
     for name in set(got) - set(expected):
         module = name.removesuffix(".weight")
-        parts = compressed_tensors_nvfp4(got[name])  # the library's compress of the merged value
+        # The library's compress of the merged value, with the global scale its fused group shares
+        shared = ct_fused_global_scale([got[m] for m in fused_group(name)])
+        parts = compressed_tensors_nvfp4(got[name], shared)
         expected.update({f"{module}.{p}": parts[p] for p in ("weight_packed", "weight_scale", "weight_global_scale")})
     assert_same_bytes(kept, expected)
     out_config = json.loads((tmp_path / "kept" / "config.json").read_text())

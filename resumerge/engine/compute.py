@@ -21,7 +21,7 @@ from resumerge.engine.experts import merge_by_expert
 from resumerge.engine.workspace import WARM_BYTES, Workspace
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
-from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.codecs import MAIN, SharedScale
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
@@ -151,6 +151,22 @@ class TensorCompute:
             self.observe(pass_index, 0, self.total)
             pass_index += 1
         return self.rows(0, self.total, workspace)
+
+    def amax(self) -> float:
+        """The largest magnitude of ``tp``'s output as its codec measures it for the group whose tensor-wide scale it
+        shares (:class:`~resumerge.inputs.codecs.SharedScale`): every statistics pass, then its output rows merged
+        as :meth:`whole` merges them, none encoded."""
+        codec = self.tp.out_codec
+        if not isinstance(codec, SharedScale):
+            raise ResumergeError(f"internal: {self.tp.name} shares no tensor-wide scale", tensor=self.tp.name)
+        pass_index = 0
+        while self.wants(pass_index):
+            self.observe(pass_index, 0, self.total)
+            pass_index += 1
+        found = 0.0
+        for start, end in self._chunks(0, self.total):
+            found = max(found, codec.amax_of(self.merged(start, end)))
+        return found
 
     def selected(self, rows: torch.Tensor) -> torch.Tensor:
         """Output rows ``rows`` (int64, ascending, distinct) of a plain output without companions, as stored: by

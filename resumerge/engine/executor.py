@@ -22,12 +22,14 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from resumerge.engine import cpupriority
 from resumerge.engine.bufferpool import BufferPool
 from resumerge.engine.compute import Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
+from resumerge.engine.groupscales import GroupScales
 from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.engine.interrupts import commit_uploaded
 from resumerge.engine.reporting import Reporter as Reporter
@@ -53,6 +55,7 @@ from resumerge.plan.workunits import (
     collects_sibling,
     estimate_bytes,
     floor_rows,
+    held_bytes,
     row_stream,
     stream_rows,
     unit_bytes,
@@ -122,6 +125,7 @@ class _Pipeline:
         # one per worker, as at most `workers` groups compute at once (sibling-collecting groups compute nothing).
         self.workspaces = Workspaces(workspace_bytes(self._budget() if governor is not None else None, workers),
                                      workers, writer.pool)
+        self.scales = GroupScales(plan)  # each fused group's largest magnitude, measured once
 
     def halted(self) -> bool:
         return self.should_stop() or self.writer.error is not None or not self.writer.is_alive()
@@ -144,7 +148,11 @@ class _Pipeline:
         most = group_bytes(budget)
         previous: TensorPlan | None = None
         pending: UnitGroup | None = None  # small whole units gathered, not launched yet
-        for shard, tp in work:
+        for shard, planned in work:
+            # A member of a group sharing one tensor-wide scale: the group measured first (once per run).
+            tp = self.scales.scaled(planned, partial(self._amax, budget=budget, serial=serial, alone=alone))
+            if tp is None:
+                return False
             method = self.plan.method_of(tp)
             sibling, previous = collects_sibling(previous, tp, method), tp
             # Whether its inputs read again cheaply decides only between a stream's passes and rows: asked of
@@ -168,6 +176,29 @@ class _Pipeline:
                 pending = UnitGroup(shard, alone=not shares, sibling=sibling)
             pending.add(unit, estimate)
         return (pending is None or self._launch(pending, alone)) and self.flush()
+
+    def _amax(self, tp: TensorPlan, *, budget: int | None, serial: bool, alone: bool) -> float | None:
+        """The largest magnitude of ``tp``'s merged value (a member of a group sharing one tensor-wide scale), merged
+        as its own unit merges it (the same mode and kernels' threads) on this thread, admitted as that unit is;
+        None when stopped first."""
+        method, device = self.plan.method_of(tp), self.plan.options.device
+        local = method.streamed is None or self._local(tp)
+        mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
+        stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
+        # A ROWS unit is admitted chunk by chunk (a shared-scale format's chunk is all its rows), with what its
+        # stream keeps across them.
+        estimate = unit_bytes(tp, method, mode) if mode != ROWS else estimate_bytes(tp, method) + held_bytes(
+            tp, method)
+        admitted, reservation, on_gpu = self._admit_both(tp.name, estimate)
+        if not admitted:
+            return None
+        try:
+            with serial_kernels() if (stream is not None if mode == ROWS else alone) else nullcontext():
+                return TensorCompute(self.plan, tp, self.sources, self.resources, stream).amax()
+        finally:
+            for each in (reservation, on_gpu):
+                if each is not None:
+                    each.release()
 
     def _launch(self, group: UnitGroup, alone: bool) -> bool:
         """Admit ``group`` and start computing it on the pool (PASSES units only where the workers fill torch's

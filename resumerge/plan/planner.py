@@ -35,6 +35,7 @@ from resumerge.plan.buildcheck import check_built
 from resumerge.plan.copies import stored_copy
 from resumerge.plan.experts import mark_expert_stacks
 from resumerge.plan.filters import FilterTally
+from resumerge.plan.fusedscales import fused_notes, share_scales
 from resumerge.plan.grams import attach_grams
 from resumerge.plan.input_fates import account, stored_names_of
 from resumerge.plan.inputrefs import refs_of, stored_ref, tensor_ref
@@ -190,6 +191,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     ctx.filters.refuse_unmatched(chain(tensors, *(stored_names_of(m) for m in models.values())))
     tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
+    tensors = share_scales(tensors)  # fused q/k/v, gate/up: one tensor-wide scale each (NVFP4)
     if method.factor_inputs:  # core_space: each adapted tensor from the base and the adapters' factor pairs
         tensors = {name: factor_tensor(tp) for name, tp in tensors.items()}
         notes.extend(kept_at_base(config, models, method.name))
@@ -224,6 +226,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
                                              Placing(out_config, models, order, template,
                                                      unit_size=options.out_shard_size))
     notes.extend(quantization_notes(tensors))
+    notes.extend(fused_notes(tensors))
     if options.imatrix_texts is not None:  # the run's own work before the encoding: said before it starts
         notes.append(f"the importance matrix is computed on the merge from the texts of "
                      f"{os.path.basename(options.imatrix_texts)} (--imatrix-texts) before the GGUF is encoded: a "

@@ -48,6 +48,24 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tiny_model(tmp_path / "model"), write_tasks(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Any, Any]:
+    """The kill tests' reference, made once for both: tiny_gen's streamed generation in a CLI process never killed,
+    its results and the answers it kept (spilled or held, the answers are the same:
+    ``test_the_same_answers_held_whole_streamed_and_spilled``). A run each cost both tests a third CLI process."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    model, tasks = tiny_model(root / "model"), write_tasks(root)
+    with pytest.MonkeyPatch.context() as patch:  # as conftest's ``hermetic`` sets them for a test
+        patch.setenv("XDG_CACHE_HOME", str(installation_cache))
+        patch.setenv("HF_HOME", str(root / "hf"))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        once = cli("eval", model, "--tasks", "tiny_gen", "--include-path", tasks, "--state-dir", root / "state",
+                   "--json", script=STREAMED, timeout=300)
+    assert once.returncode == 0, once.stderr
+    kept = json.loads(next((root / "state" / "evals").glob(f"*/{GENERATED}")).read_text())
+    return json.loads(once.stdout)["results"], kept
+
+
 def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None) -> Any:
     def progress(step: Any) -> None:
         if said is not None and step.plan is not None:
@@ -127,6 +145,7 @@ def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeyp
 @pytest.mark.parametrize(("spilled", "point"), [(False, "after_generation_step:3"),
                                                 (True, "after_generation_layer:7")])
 def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tuple[Path, Path], tmp_path: Path,
+                                                                      uninterrupted: tuple[Any, Any],
                                                                       spilled: bool, point: str) -> None:
     model, tasks = setup
     state = tmp_path / "state"
@@ -142,8 +161,6 @@ def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tupl
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {4 if not spilled else 3}/8: layer 1/3"), steps[:2]
-    once = cli(*[tmp_path / "once" if a == state else a for a in args], script=STREAMED, timeout=300)
-    assert once.returncode == 0, once.stderr
-    assert json.loads(resumed.stdout)["results"] == json.loads(once.stdout)["results"]
-    again = json.loads(next((tmp_path / "once" / "evals").glob(f"*/{GENERATED}")).read_text())
-    assert json.loads((folder / GENERATED).read_text()) == again
+    results, kept = uninterrupted
+    assert json.loads(resumed.stdout)["results"] == results
+    assert json.loads((folder / GENERATED).read_text()) == kept

@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from resumerge.engine.compute import SharedInputs, Stored, TensorCompute
 from resumerge.engine.devices import is_gpu
 from resumerge.engine.executor import CONCURRENCY
+from resumerge.engine.groupscales import GroupScales
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.memory import MemoryGovernor
@@ -36,6 +37,7 @@ from resumerge.plan.workunits import (
     can_chunk,
     estimate_bytes,
     floor_rows,
+    held_bytes,
     row_stream,
     stream_rows,
     unit_bytes,
@@ -45,12 +47,18 @@ from resumerge.torch_import import torch
 
 
 def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, *,
-                  governor: MemoryGovernor | None = None, shared: SharedInputs | None = None) -> Stored:
+                  governor: MemoryGovernor | None = None, shared: SharedInputs | None = None,
+                  scales: GroupScales | None = None) -> Stored:
     """``tp``'s stored parts (each by its name in the shard, on the host, contiguous, its companions with it): the
     bytes ``run`` writes for it, its inputs read from ``sources``. ``governor``: each step is admitted by it as the
     run admits it (the whole tensor, or each row chunk), and the budget chooses the mode as the run's does; None:
     no budget (computed as a run without one would). ``shared``: where other merges of the same inputs share what
-    depends on the inputs alone (:class:`~resumerge.engine.compute.SharedInputs`)."""
+    depends on the inputs alone (:class:`~resumerge.engine.compute.SharedInputs`). ``scales``: the groups sharing
+    one tensor-wide scale measured so far (:class:`~resumerge.engine.groupscales.GroupScales`; None: measured for
+    this tensor alone)."""
+    found = (scales or GroupScales(plan)).scaled(tp, lambda member: _amax(plan, member, sources, resources, governor))
+    assert found is not None  # measuring here is never stopped
+    tp = found
     method = plan.method_of(tp)
     device = plan.options.device
     budget = governor.work_budget if governor is not None else None
@@ -73,6 +81,24 @@ def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: 
             return work.whole()
     with serial_kernels() if stream is not None else nullcontext():
         return _in_rows(tp, work, governor)
+
+
+def _amax(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources,
+          governor: MemoryGovernor | None) -> float:
+    """The largest magnitude of ``tp``'s merged value (a member of a group sharing one tensor-wide scale), merged as
+    the run measures it (:meth:`~resumerge.engine.executor._Pipeline._amax`): the mode, kernels' threads and
+    admission of its own unit."""
+    method = plan.method_of(tp)
+    device = plan.options.device
+    budget = governor.work_budget if governor is not None else None
+    serial = torch.get_num_threads() <= CONCURRENCY
+    local = method.streamed is None or all(sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
+    mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
+    stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
+    estimate = unit_bytes(tp, method, mode) if mode != ROWS else estimate_bytes(tp, method) + held_bytes(tp, method)
+    kernels = stream is not None if mode == ROWS else serial and not is_gpu(device)
+    with _admitted(governor, estimate, tp.name), serial_kernels() if kernels else nullcontext():
+        return TensorCompute(plan, tp, sources, resources, stream).amax()
 
 
 def merged_rows(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, rows: torch.Tensor, *,

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from resumerge.engine.compute import SharedInputs, Stored
+from resumerge.engine.groupscales import GroupScales
 from resumerge.engine.unwritten.compute import merged_rows, merged_tensor
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSource, InputSources
@@ -59,8 +60,9 @@ class MergedFiles(InputSource):
                  shared: SharedInputs | None = None) -> None:
         self.plan = plan
         self._places = stored_places(plan)
+        scales = GroupScales(plan)  # each fused group measured once, as the run measures it
         self._compute: Compute = compute if compute is not None else (
-            lambda tp: merged_tensor(plan, tp, sources, resources, governor=governor, shared=shared))
+            lambda tp: merged_tensor(plan, tp, sources, resources, governor=governor, shared=shared, scales=scales))
         # Some rows of a tensor, merged alone (None: where ``compute`` is given, every read is of a whole tensor).
         self._rows: Rows | None = None if compute is not None else (
             lambda tp, rows: merged_rows(plan, tp, sources, resources, rows, governor=governor, shared=shared))

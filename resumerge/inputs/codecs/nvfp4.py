@@ -3,15 +3,16 @@ as NVIDIA ModelOpt stores them (``quant_method: modelopt``, ``quant_algo: NVFP4`
 ``weight_scale_2``) and as compressed-tensors' ``nvfp4-pack-quantized`` does (``weight_packed``, ``weight_scale``,
 ``weight_global_scale``, recognised by :mod:`resumerge.inputs.quant.recognise_ct`); over the kernels of
 :mod:`resumerge.inputs.quant.nvfp4`. An output whose base is NVFP4 is encoded again with fresh scales, as its
-producer computes them."""
+producer computes them, each fused group of projections (q/k/v, gate/up: :mod:`resumerge.plan.fusedscales`) with
+one tensor-wide scale."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.protocol import MAIN, OutPart, SharedScale, TensorEncoder
 from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec, extra_part, is_extra
 from resumerge.inputs.quant import nvfp4
 from resumerge.inputs.quant.refusals import HeaderMap, refuse, telltale
@@ -35,18 +36,38 @@ _PRODUCER = "export it unquantized with TensorRT Model Optimizer and merge that 
 
 
 @dataclass(frozen=True)
-class Nvfp4Codec(QuantizedCodec):
+class Nvfp4Codec(QuantizedCodec, SharedScale):
     """``quant_method: modelopt`` (``quant_algo: NVFP4``), and compressed-tensors' ``nvfp4-pack-quantized``: value =
     E2M1 code × block scale × (or ÷) tensor scale, float32 ``[rows, 2 · bytes]``.
 
     ``convention``: ``modelopt`` (the tensor scale ``weight_scale_2`` multiplies, a scalar) or
     ``compressed-tensors`` (``weight_global_scale`` divides, shape [1]); ``tensor_shape``: that scale's stored
-    shape, so an encoded tensor is stored the same way."""
+    shape, so an encoded tensor is stored the same way. ``group``: the output tensors an inference engine fuses
+    with this one into one GEMM, which share its tensor scale (() alone; a plan's decision, fingerprinted);
+    ``amax``: the group's largest magnitude, which the engine gives a member's codec before encoding it (never in
+    a plan)."""
 
     name: ClassVar[str] = "nvfp4"
     claims: ClassVar[tuple[str, ...]] = ("modelopt",)
     convention: str = "modelopt"
     tensor_shape: tuple[int, ...] = ()
+    group: tuple[str, ...] = ()
+    amax: float | None = None
+
+    def identity(self) -> tuple[Any, ...]:
+        """The format and its parameters, the group only when there is one (an ungrouped tensor's plan keeps the
+        fingerprint it had before groups existed); never ``amax``, which no plan holds."""
+        found = (self.name, self.convention, self.tensor_shape)
+        return (*found, self.group) if self.group else found
+
+    def grouped(self, group: tuple[str, ...]) -> TensorEncoder:
+        return replace(self, group=tuple(group), amax=None)
+
+    def amax_of(self, value: torch.Tensor) -> float:
+        return nvfp4.amax_of(value)
+
+    def scaled(self, amax: float) -> TensorEncoder:
+        return replace(self, amax=amax)
 
     @classmethod
     def weights(cls, quantization: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
@@ -127,9 +148,9 @@ class Nvfp4Codec(QuantizedCodec):
 
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         """Fresh block and tensor scales and E2M1 codes, as the producer of this convention computes them (the
-        input width must be a multiple of 16)."""
+        input width must be a multiple of 16), the tensor scale from the group's ``amax`` when it is given."""
         packed, scale, tensor = nvfp4.encode(value, "modelopt" if self.convention == "modelopt"
-                                             else "compressed-tensors")
+                                             else "compressed-tensors", self.amax)
         return {MAIN: packed, SCALE: scale, self._tensor_part: tensor.reshape(self.tensor_shape)}
 
 

@@ -217,3 +217,30 @@ class TensorEncoder(_Format, ABC):
 class TensorCodec(TensorDecoder, TensorEncoder, ABC):
     """A format read and written alike (plain dtypes, block FP8, compressed-tensors, MXFP4): its decoder and its
     encoder in one value, so an output tensor keeps its base input's format."""
+
+
+class SharedScale(ABC):
+    """An encoder whose tensor-wide scale a group of output tensors shares. Inference engines (vLLM, TensorRT-LLM)
+    fuse sibling projections (q/k/v, gate/up) into one GEMM with one tensor-wide scale, so the planner names each
+    group once, in the plan (:meth:`grouped`, fingerprinted with the codec), and the engine hands each member's
+    encoder the largest magnitude over the whole group (:meth:`scaled`) before it encodes that member. The group's
+    magnitude is a pure function of the plan (its members' merged values), so a resumed run finds it again."""
+
+    @property
+    @abstractmethod
+    def group(self) -> tuple[str, ...]:
+        """The output tensors sharing this encoder's tensor-wide scale, itself among them; () for none."""
+
+    @abstractmethod
+    def grouped(self, group: tuple[str, ...]) -> TensorEncoder:
+        """This encoder for a member of ``group`` (output tensor names, in the order the engine measures them)."""
+
+    @abstractmethod
+    def amax_of(self, value: torch.Tensor) -> float:
+        """What one member's merged ``value`` brings to the group: its largest magnitude, as this encoder measures
+        it (a float32 value, exact in a Python float)."""
+
+    @abstractmethod
+    def scaled(self, amax: float) -> TensorEncoder:
+        """This encoder with its tensor-wide scale computed from ``amax``, the largest of the group's members'
+        :meth:`amax_of`, instead of from the value it encodes."""

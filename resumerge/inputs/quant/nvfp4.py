@@ -18,7 +18,8 @@ from resumerge.inputs.quant.refusals import HeaderMap, refuse
 from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
 from resumerge.torch_import import torch
 
-__all__ = ["FP4_MAX", "FP8_MAX", "GROUP", "SUFFIXES", "Convention", "decode", "e2m1_codes", "encode", "nvfp4_weights"]
+__all__ = ["FP4_MAX", "FP8_MAX", "GROUP", "SUFFIXES", "Convention", "amax_of", "decode", "e2m1_codes", "encode",
+           "nvfp4_weights"]
 
 GROUP = 16  # input values per FP8 block scale
 FP4_MAX = 6.0
@@ -65,20 +66,32 @@ def decode(packed: torch.Tensor, scale: torch.Tensor, tensor_scale: torch.Tensor
     return value if out is None else out
 
 
-def encode(value: torch.Tensor, convention: Convention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def amax_of(value: torch.Tensor) -> float:
+    """The largest magnitude of ``value`` in float32, as :func:`encode` measures it (a Python float holds it
+    exactly)."""
+    return float(value.to(torch.float32).abs().amax())
+
+
+def encode(value: torch.Tensor, convention: Convention,
+           amax: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fresh NVFP4 parts of float ``value`` ``[rows, cols]`` (cols a multiple of 16): (packed codes uint8
     ``[rows, cols / 2]``, E4M3 block scales ``[rows, cols / 16]``, float32 tensor scale ``[1]``), as ``convention``'s
-    producer computes them from the same float values (its amax, its zero-block scale, its rounding)."""
+    producer computes them from the same float values (its amax, its zero-block scale, its rounding). ``amax``: the
+    largest magnitude the tensor scale is computed from instead of ``value``'s own (:func:`amax_of`), the largest
+    over a group of projections an inference engine fuses into one GEMM, which must share one tensor scale: both
+    producers take the group's (compressed-tensors the smallest of its members' global scales, ModelOpt the largest
+    of their amaxes), which is the same number."""
     w = value.to(torch.float32)
     rows, cols = w.shape
     if cols % GROUP:
         raise ValueError(f"NVFP4 needs rows of whole {GROUP}-value blocks, not {cols}")
     groups = w.reshape(rows, cols // GROUP, GROUP)
     block_amax = groups.abs().amax(-1)
-    amax = w.abs().amax().clamp(min=torch.finfo(torch.float32).tiny)
+    measured = w.abs().amax() if amax is None else torch.tensor(amax, dtype=torch.float32, device=w.device)
+    top = measured.clamp(min=torch.finfo(torch.float32).tiny)
     if convention == "compressed-tensors":
         # generate_gparam, calculate_qparams, _quantize: scale / global divides the value
-        global_scale = torch.nan_to_num(FP8_MAX * FP4_MAX / amax, nan=1.0, posinf=1.0, neginf=1.0).reshape(1)
+        global_scale = torch.nan_to_num(FP8_MAX * FP4_MAX / top, nan=1.0, posinf=1.0, neginf=1.0).reshape(1)
         local = (global_scale * (block_amax / FP4_MAX)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         local = torch.where(local.to(torch.float32) == 0, torch.tensor(0.125, device=w.device),
                             local.to(torch.float32)).to(torch.float8_e4m3fn)
@@ -86,7 +99,7 @@ def encode(value: torch.Tensor, convention: Convention) -> tuple[torch.Tensor, t
         tensor_scale = global_scale
     else:
         # ModelOpt's NVFP4QTensor: weight_scale_2 = amax / (6 · 448); a zero block's scale is 1
-        tensor_scale = (amax / (FP4_MAX * FP8_MAX)).reshape(1)
+        tensor_scale = (top / (FP4_MAX * FP8_MAX)).reshape(1)
         local = (block_amax / (FP4_MAX * tensor_scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         local = torch.where(local.to(torch.float32) == 0, torch.tensor(1.0, device=w.device),
                             local.to(torch.float32)).to(torch.float8_e4m3fn)
