@@ -285,8 +285,9 @@ def _served_sizes(model: object) -> dict[str, int]:
 
 
 def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
-    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; print(sorted(m for m in ('torch', " \
-            "'sqlite_utils', 'resumerge.estimate.estimate') if m in sys.modules))"
+    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; " \
+            "print(sorted(m for m in ('torch', 'sqlite_utils', " \
+            "'resumerge.estimate.estimate') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr

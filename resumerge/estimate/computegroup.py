@@ -53,7 +53,8 @@ class ComputeGroup:
             return f"compute: {self.method} ({where}) {self.note}"
         if self.whole:
             bound = f" {self.note}," if self.note else ""
-            return (f"compute: {self.method} ({where}){bound} timed on one call with synthetic inputs of "
+            inputs = "one call with synthetic inputs" if self.synthetic else "its real inputs"
+            return (f"compute: {self.method} ({where}){bound} timed on {inputs} of "
                     f"{self.sample_elements / 1e6:.2f} M elements: {_seconds_text(self.seconds_per_call)} per tensor, "
                     f"so about {_seconds_text(self.seconds_per_call * self.tensors)} for {self.tensors} tensor(s)")
         sample = (f"{self.sample_elements / 1e6:.2f} M synthetic elements (inputs not on disk yet)" if self.synthetic
@@ -103,8 +104,9 @@ def _whole_line(alike: list[ComputeGroup]) -> str:
     tensors = sum(g.tensors for g in alike)
     total = sum(g.seconds_per_call * g.tensors for g in alike)
     low, high = _seconds_text(per_tensor[0]), _seconds_text(per_tensor[-1])
+    inputs = "synthetic inputs" if first.synthetic else "real inputs"
     return (f"compute: {first.method} ({first._where()}){bound} timed on one call per shape ({len(alike)} shapes, "
-            f"synthetic inputs of {sizes[0] / 1e6:.2f} to {sizes[-1] / 1e6:.2f} M elements): "
+            f"{inputs} of {sizes[0] / 1e6:.2f} to {sizes[-1] / 1e6:.2f} M elements): "
             f"{low if low == high else f'{low} to {high}'} per tensor, so about {_seconds_text(total)} for "
             f"{tensors} tensor(s)")
 

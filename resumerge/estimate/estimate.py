@@ -175,7 +175,7 @@ def estimate(
     # sample timed by its thread's CPU while this one estimates the rest, and any other once the rest is done (see
     # start_compute; the memory is read before: the sample's buffers are not another process's for the run).
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
-                                    side=torch_side) if pending else tuple)
+                                    side=torch_side, resources=prepared.resources) if pending else tuple)
     staging_dir = _staging_dir(settings.staging, out, state)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
