@@ -7,10 +7,13 @@ Usage::
 
 Makes a synthetic fine-tune of SmolLM2-135M-Instruct (float32; bench_regmean's ``fine_tune``: every decoder
 layer's linear weights nudged by 1 % of their spread) and merges it with the base (``linear``, weight 0.5 each),
-once as float32 safetensors and once per ``--gguf-type``. Each GGUF output is then checked by resumerge's own check
-pass (``resumerge.api.check``) with the float32 merge as its parent, over check's built-in texts: the parent's KL
-is KL(float32 merge ‖ GGUF output), and its top-1 agreement the share of positions whose most likely token is the
-same. Prints markdown rows for bench/RESULTS.md and the table's Python literal.
+once as float32 safetensors and once per ``--gguf-type``; a K-quant mix twice, without an importance matrix and with
+the one ``--imatrix-texts`` computes on the merge from the calibration texts (the train files of
+``tests/evolve/data``: weather forecasts and recipes, none of check's texts; computed once, the runs share it). Each
+GGUF output is then checked by resumerge's own check pass (``resumerge.api.check``) with the float32 merge as its
+parent, over check's built-in texts: the parent's KL is KL(float32 merge ‖ GGUF output), and its top-1 agreement
+the share of positions whose most likely token is the same. Prints markdown rows for bench/RESULTS.md and the
+table's Python literal (``resumerge/outputs/gguf/quality.py``'s ``QUALITY``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ for extra in (HERE, HERE.parent / "tests"):
 from bench_regmean import fine_tune  # noqa: E402
 
 TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+K_MIXES = ("q4_k_m", "q5_k_m", "q6_k", "q3_k_m", "q2_k", "q4_k_s", "q5_k_s", "q3_k_s", "q3_k_l")
+CALIBRATION = HERE.parent / "tests" / "evolve" / "data"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="bench-work/gguf-kl")
-    parser.add_argument("--types", default=",".join(TYPES))
+    parser.add_argument("--types", default=",".join(TYPES + K_MIXES))
     args = parser.parse_args()
     from realmodel import smollm2_folder
 
@@ -53,22 +58,29 @@ def main() -> None:
     if not (floated / "model.safetensors").is_file():
         shutil.rmtree(floated, ignore_errors=True)
         subprocess.run([*resumerge, "run", str(config), str(floated), "--state-dir", str(state), "-q"], check=True)
+    texts = work / "calibration.txt"
+    texts.write_text("".join((CALIBRATION / f"{domain}_train.txt").read_text() for domain in ("weather", "recipes")))
     rows, table = [], []
     for kind in args.types.split(","):
-        out = work / f"out-{kind}"
-        shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([*resumerge, "run", str(config), str(out), "--state-dir", str(state), "-q", "--out-type",
-                        "gguf", "--gguf-type", kind], check=True)
-        (gguf,) = sorted(out.glob("*.gguf"))
-        report = api.check(gguf, parents=[floated], state_dir=state).to_json()
-        merge, parent = report["models"][0], report["models"][1]
-        size = gguf.stat().st_size
-        rows.append(f"| {kind} | {size / 1e6:.1f} MB | {parent['kl']:.4f} | {parent['top1']:.1%} | "
-                    f"{merge['nll']:.4f} | {parent['nll']:.4f} |")
-        table.append(f'    "{kind}": {parent["kl"]:.3g},')
-        print(rows[-1], flush=True)
-    print("| --gguf-type | file | KL(float32 merge ‖ GGUF) | top-1 agreement | NLL GGUF | NLL float32 |")
-    print("|---|---|---|---|---|---|")
+        found = []
+        for weighted in (False, True) if "_k" in kind else (False,):
+            out = work / f"out-{kind}{'-imatrix' if weighted else ''}"
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run([*resumerge, "run", str(config), str(out), "--state-dir", str(state), "-q", "--out-type",
+                            "gguf", "--gguf-type", kind, *(("--imatrix-texts", str(texts)) if weighted else ())],
+                           check=True)
+            (gguf,) = sorted(out.glob("*.gguf"))
+            report = api.check(gguf, parents=[floated], state_dir=state).to_json()
+            merge, parent = report["models"][0], report["models"][1]
+            size = gguf.stat().st_size
+            rows.append(f"| {kind} | {'yes' if weighted else 'no'} | {size / 1e6:.1f} MB | {parent['kl']:.4f} | "
+                        f"{parent['top1']:.1%} | {merge['nll']:.4f} | {parent['nll']:.4f} |")
+            found += [f"{parent['kl']:.3g}", f"{parent['top1']:.3f}"]
+            print(rows[-1], flush=True)
+        table.append(f'    "{kind}": TypeQuality({", ".join(found)}),')
+    print("| --gguf-type | importance matrix | file | KL(float32 merge ‖ GGUF) | top-1 agreement | NLL GGUF | "
+          "NLL float32 |")
+    print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print("{\n" + "\n".join(table) + "\n}")
 

@@ -52,7 +52,8 @@ def encode_child(root: str, model: Path, given: bool) -> dict[str, object]:
     job = {"job": "encode", "mode": "cheap_embed", "prompts": [[["ab cd ef gh", "Ab Cd Ef"], None],
                                                                [["zz yy xx", "Zq rs tu vw"], ["mn op"]]],
            "tokenizer_dir": str(model), "workdir": "/tmp", "parent": os.getpid()}
-    argv = [sys.executable, "-P", "-m", "resumerge.moe.passmain", str(os.getpid()), *(["--job-given"] if given else [])]
+    argv = [sys.executable, "-P", "-m", "resumerge.moe.passmain", str(os.getpid()),
+            *(["--job-given"] if given else [])]
     wall, cpu, out = _child_run(argv, root, json.dumps(job))
     return {"wall": round(wall, 2), "cpu": round(cpu, 2), "answer": out.strip().splitlines()[-1][:60]}
 

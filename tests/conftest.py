@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +22,12 @@ SESSION_HF_HOME = tempfile.mkdtemp(prefix="resumerge-tests-hf-")
 os.environ["HF_HOME"] = SESSION_HF_HOME
 atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
 
+# A suite started as a background job (`pytest … &` in a script) inherits SIGINT ignored, and so does every command
+# it starts: the Ctrl-C tests then saw a run that never stops (exit 6, or 0, where 3 is right). The commands are
+# tested as a terminal starts them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import forkserver  # noqa: E402  (after HF_HOME: its session environment is recorded as it is imported)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -28,6 +37,7 @@ from raycluster import RayHead  # noqa: E402
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 
 RAY_HEAD = pytest.StashKey[RayHead]()
+COMMANDS = pytest.StashKey[Counter[str]]()  # the workers' tallies of CLI commands (forkserver.TALLY), merged
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
 # Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray modules, run first); each
 # test starts with it as the session did. The variables a fork server reads as it starts are put back by
@@ -50,7 +60,6 @@ def _log_interpreters(log: str) -> None:
     through :func:`support.cli` (which logs its own): a test's ``subprocess.run([sys.executable, ...])``, the
     mergekit oracle, a notebook's kernel, the fork server itself. Each imports what it needs afresh (torch: 2-5 CPU
     s); the suite's CPU goes where these go. Ray's workers are started by its raylet, not here, and are not counted."""
-    import json
     import subprocess
 
     started = subprocess.Popen.__init__
@@ -258,6 +267,71 @@ def ray_head(pytestconfig: pytest.Config) -> Iterator[RayHead]:
     head = pytestconfig.stash.setdefault(RAY_HEAD, RayHead())
     yield head
     head.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under RESUMERGE_TEST_CPULOG, one JSON line per test (setup, call and teardown): the CPU seconds of this
+    worker, of the processes it reaped (fresh interpreters, the mergekit oracle, a Ray head it stopped) and of the
+    commands its fork servers forked and reaped, each taken as the test ends minus as it began. Ray's worker
+    processes count where their raylet is reaped (the test that stops the head); a process left running, nowhere.
+    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load."""
+    log = os.environ.get("RESUMERGE_TEST_CPULOG")
+    if not log:
+        yield
+        return
+    began = _cpu_now()
+    yield
+    spent = {name: round(value - began[name], 3) for name, value in _cpu_now().items()}
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(json.dumps({"test": item.nodeid, **spent}) + "\n")
+
+
+def _cpu_now() -> dict[str, float]:
+    """This process's CPU seconds, its reaped children's, and the fork servers' reaped children's."""
+    import resource
+
+    own, reaped = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    forked = 0.0
+    for server in forkserver.servers():
+        try:
+            fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended and reaped: its children's time is in this process's reaped children's now
+            continue
+        forked += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return {"self": own.ru_utime + own.ru_stime, "children": reaped.ru_utime + reaped.ru_stime, "forked": forked}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its tally of CLI commands (forked, or why fresh) to the controller's summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["commands"] = dict(forkserver.TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller adds each worker's tally as the worker ends (``pytest_sessionfinish`` above)."""
+    tally = node.config.stash.setdefault(COMMANDS, Counter())
+    tally.update(getattr(node, "workeroutput", {}).get("commands", {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line on how the run's CLI commands started: forked from a worker's fork server, or a fresh interpreter
+    (torch imported again: 2-5 CPU s each) and why. A full run that is minutes slower than the one before shows here
+    whether its commands stopped being forked (a server that ended and was started again counts too)."""
+    merged = config.stash.get(COMMANDS, None)  # the workers' (under xdist), else this process's own
+    tally = merged if merged is not None else forkserver.TALLY
+    if not tally:
+        return
+    fresh = sum(n for why, n in tally.items() if why not in ("forked", "server restarted"))
+    reasons = ", ".join(f"{why}: {n}" for why, n in tally.most_common() if why != "forked")
+    terminalreporter.write_line(f"CLI commands: {tally['forked']} forked from the fork servers, {fresh} fresh "
+                                f"interpreters" + (f" ({reasons})" if reasons else ""))
+
+
+def pytest_unconfigure() -> None:
+    """Close the fork servers as the session ends: an xdist worker exits without its ``atexit`` functions."""
+    forkserver.close_servers()
 
 
 @pytest.hookimpl(trylast=True)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -175,6 +176,8 @@ else:
 class ForkServer:
     """The server process of one test worker, started at its first command."""
 
+    reply_seconds = 60.0  # how long a request's first reply (the forked child's pid) may take
+
     def __init__(self, preload: str | None = None, env: dict[str, str] | None = None) -> None:
         """``preload``: the ``LD_PRELOAD`` library the server and its children run under (module docstring);
         ``env``: the server's environment (None: this process's)."""
@@ -263,6 +266,7 @@ class ForkServer:
         (the server runs one at a time: the caller starts a fresh one)."""
         if not self._busy.acquire(blocking=False):
             return None
+        asked = False
         try:
             out, err = ((self.folder / "stdout", self.folder / "stderr") if capture else
                         (Path(os.devnull), Path(os.devnull)))
@@ -272,8 +276,11 @@ class ForkServer:
                                                  "limits": limits or {}, "path_added": self.path_added(env) or []})
                                      + "\n")
             self.process.stdin.flush()
-            pid = int(self._reply(60)["pid"])
+            asked = True
+            pid = int(self._reply(self.reply_seconds)["pid"])
         except BaseException:
+            if asked:  # its reply may still come, and be read as the next command's: ended, worker_server starts
+                self.process.kill()  # another (the command, if it was forked, runs on alone)
             self._busy.release()
             raise
         command = [sys.executable, *([str(script)] if script else ["-m", "resumerge"]), *args]
@@ -336,7 +343,20 @@ class ForkServer:
             self.process.stdout.close()
         for name in ("stdout", "stderr"):
             (self.folder / name).unlink(missing_ok=True)
-        self.folder.rmdir()
+        if self.folder.exists():  # closed once by the session's end, once more at the interpreter's exit
+            self.folder.rmdir()
+
+
+def servers() -> list[ForkServer]:
+    """This worker's servers now."""
+    return list(_SERVERS.values())
+
+
+def close_servers() -> None:
+    """Close this worker's servers (conftest's ``pytest_unconfigure``: an xdist worker ends without running its
+    ``atexit`` functions, which left each server's folder in the temp dir)."""
+    for server in _SERVERS.values():
+        server.close()
 
 
 def settle_servers() -> None:
@@ -354,12 +374,29 @@ def server_environment() -> dict[str, str]:
 
 # this worker's fork servers, each started by its first command: the plain one (key None) and one per LD_PRELOAD
 _SERVERS: dict[str | None, ForkServer] = {}
+# How this worker's CLI commands started (:func:`tally`): "forked", or why a fresh interpreter ran each instead; and
+# "server restarted" for each server that ended and was started again. conftest's summary prints the run's.
+TALLY: Counter[str] = Counter()
+
+
+def tally(why: str | None) -> None:
+    """Count one command of :func:`support.cli` or :func:`support.cli_start`: forked (``why`` None) or fresh."""
+    TALLY["forked" if why is None else why] += 1
 
 
 def worker_server(preload: str | None = None) -> ForkServer:
     """This worker's fork server for commands under the ``LD_PRELOAD`` library ``preload`` (None: none): one,
     though the test modules import the helpers both as ``support`` and as ``tests.support`` (two modules, which each
-    kept a server of their own: two interpreters importing torch)."""
+    kept a server of their own: two interpreters importing torch). A server that ended once it had started (said what
+    it imported: killed by a test or the kernel's OOM killer, or by :meth:`ForkServer.start` for a reply that came too
+    late to trust the next one) is started again: kept, every later command of the worker's session started a fresh
+    interpreter ("server ended"). One that ended as it started (an ``LD_PRELOAD`` library without
+    ``forkserver_child``, which ends its server at once) stays ended: its commands start fresh ones."""
+    ended = _SERVERS.get(preload)
+    if ended is not None and ended._modules is not None and ended.process.poll() is not None:
+        ended.close()
+        del _SERVERS[preload]
+        TALLY["server restarted"] += 1
     if preload not in _SERVERS:
         _SERVERS[preload] = ForkServer(preload, server_environment())
         atexit.register(_SERVERS[preload].close)

@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 import yaml
-from forkserver import Forked, worker_server
+from forkserver import Forked, tally, worker_server
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -61,7 +61,9 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
 def _log_fork(args: tuple[str | Path, ...], script: Path | None, why: str | None) -> None:
     """One JSON line per CLI process a test starts, appended to the file RESUMERGE_TEST_FORKLOG names (unset: none):
     the test, the command, and why it started a fresh interpreter (None: forked) — what the suite's fresh starts
-    (torch imported again, about 2-5 CPU s each) come from."""
+    (torch imported again, about 2-5 CPU s each) come from. Counted either way (:func:`forkserver.tally`: the
+    run's summary line)."""
+    tally(why)
     log = os.environ.get("RESUMERGE_TEST_FORKLOG")
     if not log:
         return

@@ -29,7 +29,8 @@ from resumerge.cli.modelgen import make_model
 from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
 from resumerge.estimate import compute as compute_estimate
 from resumerge.estimate.compute import measure_compute, start_compute
-from resumerge.estimate.costs import FITS, WILL_NOT_FIT, ComputeGroup, Estimate, TimeEstimate
+from resumerge.estimate.computegroup import ComputeGroup
+from resumerge.estimate.costs import FITS, WILL_NOT_FIT, Estimate, TimeEstimate
 from resumerge.estimate.estimate import _disk_reason
 from resumerge.estimate.memory import pending_units, working_set
 from resumerge.estimate.method_timing import Timing
@@ -148,9 +149,11 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert doc["download"] == {"bytes": 0, "verify_bytes": 0, "cached_bytes": 0, "models": {}}
     assert set(doc["memory"]) == {"budget", "budget_source", "machine_bytes", "baseline_bytes",
                                   "counted_baseline_bytes", "working_set_bytes", "peak_bytes",
-                                  "largest_unit_bytes", "smallest_budget", "prepass_bytes", "prepass_beside"}
+                                  "largest_unit_bytes", "smallest_budget", "prepass_bytes", "prepass_beside",
+                                  "first_pass_bytes"}
     assert doc["memory"]["budget_source"] == "default" and doc["memory"]["peak_bytes"] > 100_000_000
     assert doc["memory"]["prepass_bytes"] == 0 and doc["time"]["prepass_seconds"] == 0  # a merge has no pass
+    assert doc["first_pass"] is None and doc["time"]["first_pass_seconds"] == 0  # nor one before it
     assert [d["roles"] for d in doc["disks"]] == [["output", "state"]]
     time = doc["time"]
     assert time["read_bytes_per_s"] > 0 and time["write_bytes_per_s"] > 0 and time["seconds"] > 0
@@ -282,8 +285,9 @@ def _served_sizes(model: object) -> dict[str, int]:
 
 
 def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
-    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; print(sorted(m for m in ('torch', " \
-            "'sqlite_utils', 'resumerge.estimate.estimate') if m in sys.modules))"
+    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; " \
+            "print(sorted(m for m in ('torch', 'sqlite_utils', " \
+            "'resumerge.estimate.estimate') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -158,3 +158,66 @@ def test_a_command_its_test_never_waited_for_is_settled_as_the_test_ends(server:
     assert done is not None
     done.wait(120)
     assert server.settle() is None
+
+
+def test_a_server_that_ended_once_started_is_started_again_and_one_that_ended_as_it_started_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's server that ended (a test killed it, or the OOM killer) stayed in place: every later command of the
+    worker's session started a fresh interpreter ("server ended"). It is started again, and counted; one that ended
+    before it said what it imported (an ``LD_PRELOAD`` library without ``forkserver_child``) is not started again
+    for each command. Stand-in servers: real processes, killed, without torch's import."""
+    import subprocess
+    from collections import Counter
+
+    import forkserver
+
+    class Standin:
+        def __init__(self, preload: str | None, env: dict[str, str]) -> None:
+            self.process = subprocess.Popen(["sleep", "60"])
+            self._modules: dict[str, str | None] | None = None
+
+        def close(self) -> None:
+            self.process.kill()
+            self.process.wait()
+
+    with monkeypatch.context() as mp:  # undone before conftest's teardown settles the servers
+        mp.setattr(forkserver, "ForkServer", Standin)
+        mp.setattr(forkserver, "_SERVERS", {})
+        mp.setattr(forkserver, "TALLY", Counter())
+        mp.setattr(forkserver.atexit, "register", lambda close: None)
+        first = forkserver.worker_server("/suite/probe.so")
+        first.close()  # ended as it started
+        assert forkserver.worker_server("/suite/probe.so") is first and not forkserver.TALLY
+        running = forkserver.worker_server()
+        running._modules = {}  # it said what it imported
+        running.process.kill()
+        running.process.wait()
+        again = forkserver.worker_server()
+        assert again is not running and again.process.poll() is None and forkserver.worker_server() is again
+        assert dict(forkserver.TALLY) == {"server restarted": 1}
+        again.close()
+
+
+def test_a_server_whose_reply_comes_too_late_is_ended_so_that_no_later_command_reads_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's reply (the child's pid) that came after the caller gave up would be read as the next command's
+    reply: the server is ended (and :func:`forkserver.worker_server` starts another). A stand-in server that says
+    what it imported and never answers a request."""
+    import subprocess
+    import sys
+
+    server = ForkServer.__new__(ForkServer)
+    server.process = subprocess.Popen(  # type: ignore[assignment]
+        [sys.executable, "-c", "import time; print('{\"modules\": []}', flush=True); time.sleep(60)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    server.env, server._modules, server._read = dict(os.environ), None, b""
+    server._said, server._busy, server._running = threading.Lock(), threading.Lock(), None
+    server.folder = Path(os.devnull).parent  # unused: nothing is captured
+    monkeypatch.setattr(server, "reply_seconds", 0.5)
+    with pytest.raises(Exception, match="timed out"):
+        server.start(["--help"], dict(os.environ), capture=False)
+    assert server.process.wait(10) == -signal.SIGKILL
+    assert server._busy.acquire(blocking=False)
+    for pipe in (server.process.stdin, server.process.stdout):
+        assert pipe is not None
+        pipe.close()

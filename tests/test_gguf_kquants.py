@@ -87,6 +87,39 @@ def test_the_first_of_two_equal_magnitudes_is_the_peak(kind: str, weighted: bool
     assert np.array_equal(encode_k(x, K_TYPES[kind], weights), quantize(x, K_TYPES[kind], weights))
 
 
+def extremes(seed: int) -> dict[str, np.ndarray]:
+    """Rows at float32's ends: huge magnitudes whose squares and cubes overflow the searches' sums, tiny and
+    subnormal ones whose scales overflow (nearest_int then sees inf, NaN or values past its range), and mixes."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((4, 512)).astype(np.float32)
+    cases = {f"{mag:g}": base * np.float32(mag) for mag in (1e12, 1e18, 1e20, 1e-20, 1e-38, 1e-40, 1e-44)}
+    mixed = base.copy()
+    mixed[:, ::7] *= np.float32(1e18)
+    mixed[:, 3::11] *= np.float32(1e-40)
+    cases["mixed"] = mixed
+    cases["log-uniform"] = base * np.float32(10.0) ** rng.integers(-44, 38, size=base.shape).astype(np.float32)
+    subnormal = np.zeros_like(base)
+    subnormal[:, ::3] = np.float32(1.4e-45) * rng.integers(-5, 6, size=subnormal[:, ::3].shape)
+    cases["subnormal"] = subnormal
+    cases["near max"] = np.sign(base) * np.float32(3.0e38) * (np.abs(base) > 1)
+    return {name: x.astype(np.float32) for name, x in cases.items()}
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("kind", list(K_TYPES))
+def test_each_k_encoder_writes_llama_cpp_s_bytes_at_float32_s_ends(kind: str, weighted: bool) -> None:
+    """Magnitudes of 1e12 and up, subnormals and mixes: llama.cpp's float32 arithmetic overflows and its
+    nearest_int wraps there (NaN is 0, inf is -4194304, an int8 scale wraps), and the encoders follow it."""
+    needs_library()
+    for seed in range(2):
+        weights = importance(512, seed) if weighted else None
+        for name, x in extremes(seed).items():
+            for scale in ((1.0,) if weights is None else (1.0, 1e30, 1e-30)):
+                w = None if weights is None else weights * np.float32(scale)
+                ours, theirs = encode_k(x, K_TYPES[kind], w), quantize(x, K_TYPES[kind], w)
+                assert np.array_equal(ours, theirs), (seed, name, scale, np.argwhere(ours != theirs)[:3].tolist())
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_the_legacy_types_importance_paths_write_llama_cpp_s_bytes(kind: str) -> None:
     """A K mix's fallbacks (rows not whole 256-value blocks) and a legacy file's tensors are weighted too when

@@ -152,13 +152,13 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     """The card of a GGUF output said which types it holds, not what they cost (issue 71: "with the KL in the
     card"): it quotes its file type's KL from the float32 merge, as resumerge's check measured it on a real merge
     (bench/bench_gguf_kl.py), for every single type ``--gguf-type`` takes but Q4_1 (the reference's weights are
-    Q4_1's own: no figure for it says anything; the K-quant mixes are not measured yet, issue 84); a safetensors
-    output's card has no such line."""
+    Q4_1's own: no figure for it says anything; the K-quant mixes: the next test); a safetensors output's card has no
+    such line."""
     from resumerge.outputs.gguf.quality import QUALITY
     from resumerge.plan.defaults import GGUF_TYPES
     from resumerge.plan.modelcard import render_model_card
 
-    assert set(QUALITY) == {t for t in GGUF_TYPES if "_k" not in t} - {"q4_1"}
+    assert {t for t in QUALITY if "_k" not in t} == {t for t in GGUF_TYPES if "_k" not in t} - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost
         assert [QUALITY[t].kl for t in order] == sorted(QUALITY[t].kl for t in order)
     config = _parents(tmp_path)
@@ -173,3 +173,31 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     assert b"## GGUF" in q4_1 and b"Quantization:" not in q4_1
     plain = render_model_card(api.plan_merge(config), text).decode()
     assert "Quantization:" not in plain and "## GGUF" not in plain
+
+
+def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importance_matrix(tmp_path: Path) -> None:
+    """Issue 84: the card of a K-quant output quotes, for its mix, the KL from the float32 merge and the top-1
+    agreement resumerge's check measured on the real reference merge (bench/bench_gguf_kl.py), without an importance
+    matrix and with the one computed on the merge, and says which of the two this file is; the matrix lowered KL at
+    every mix measured."""
+    from resumerge.outputs.gguf.quality import QUALITY
+    from resumerge.plan.defaults import GGUF_TYPES
+    from resumerge.plan.modelcard import render_model_card
+
+    measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind}
+    assert set(measured) == {t for t in GGUF_TYPES if "_k" in t}
+    for q in measured.values():
+        assert q.kl_imatrix is not None and q.top1_imatrix is not None and q.kl_imatrix < q.kl
+    config = _parents(tmp_path)
+    text = config.read_text()
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat.\n")
+    for kind, q in measured.items():
+        for output, said in ((api.Output(out_type="gguf", gguf_type=kind), "without"),
+                             (api.Output(out_type="gguf", gguf_type=kind, imatrix_texts=texts), "with")):
+            card = render_model_card(api.plan_merge(config, output=output), text).decode()
+            line = next(x for x in card.splitlines() if x.startswith("Quantization:"))
+            assert (f"written as {kind.upper()} is KL {q.kl:.4f} from its float32 merge without an importance "
+                    f"matrix (the most likely next token the same at {q.top1:.1%} of positions) and KL "
+                    f"{q.kl_imatrix:.4f} with one computed on the merge") in line, line
+            assert f"({q.top1_imatrix:.1%};" in line and f"this file was written {said} one" in line, line

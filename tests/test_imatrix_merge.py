@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from ggufmodels import HIDDEN, LAYERS, Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import needs_library, quantize_model
 from support import cli, write_config
 
@@ -210,6 +210,49 @@ def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path,
                    "    positive_prompts: [the cat]\n")
     done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
     assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr
+    experts = []  # a merge of mixtures of experts: refused in one line, saying why, before anything is written
+    for seed in (1, 2):
+        experts.append(tmp_path / f"e{seed}.gguf")
+        write_gguf(experts[-1], "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=seed)), Q.F32)
+    moe = write_config(tmp_path / "experts.yml", {"merge_method": "linear", "models": [
+        {"model": str(e), "parameters": {"weight": 0.5}} for e in experts]})
+    for command in ("run", "plan"):
+        done = cli(command, moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "the tokens routed to it" in done.stderr and "--imatrix FILE" in done.stderr, done.stderr
+        assert not (tmp_path / "out").exists() and not (tmp_path / "s").exists()
+
+
+def test_plan_counts_the_pass_its_time_memory_and_state_dir_bytes(merge: tuple[Path, Path], tmp_path: Path) -> None:
+    """``plan`` with ``--imatrix-texts`` counts the pass before the merge: the inputs it reads (the embeddings' and
+    every layer's, not the head's), the tokens it runs, its journal and matrix in the state dir's disk need, what it
+    holds in the peak, and its seconds in the total; the same plan without the flag counts none of it."""
+    import json
+
+    config, texts = merge
+    state = tmp_path / "s"
+    without = json.loads(cli("plan", config, tmp_path / "out", "--state-dir", state, *K_MIX, "--json").stdout)
+    done = cli("plan", config, tmp_path / "out", "--state-dir", state, *K_MIX, "--imatrix-texts", texts, "--json")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert without["first_pass"] is None and without["memory"]["first_pass_bytes"] == 0
+    first = found["first_pass"]
+    hidden, layers = HIDDEN, LAYERS  # ggufmodels' tiny llama
+    # the texts' tokens, about one per 4 bytes (GGUF inputs: no tokenizer folder), each text one more
+    assert first["tokens"] == sum(1 + -(-len(line.encode()) // 4) for line in TEXTS.splitlines())
+    assert first["read_bytes"] > 0 and 0 < first["merge_share"] < 1  # the head is not read
+    assert first["write_bytes"] >= layers * first["tokens"] * hidden * 4  # every layer's hidden states journaled
+    assert first["held_bytes"] >= 2 * first["tokens"] * hidden * 4
+    assert found["memory"]["first_pass_bytes"] == first["held_bytes"]
+    assert found["memory"]["peak_bytes"] >= found["memory"]["baseline_bytes"] + first["held_bytes"]
+    assert found["time"]["first_pass_seconds"] == pytest.approx(first["seconds"], abs=0.1)
+    state_disk = next(d for d in found["disks"] if "state" in d["roles"])
+    state_without = next(d for d in without["disks"] if "state" in d["roles"])
+    # (the card, an aux file of the ledger, says more with the flag: a few hundred bytes)
+    assert state_disk["needed_bytes"] == pytest.approx(state_without["needed_bytes"] + first["state_bytes"], abs=4096)
+    text = cli("plan", config, tmp_path / "out", "--state-dir", state, *K_MIX, "--imatrix-texts", texts).stdout
+    assert "the importance matrix pass over the merge (texts.txt, --imatrix-texts) first" in text, text
+    assert not state.exists() or not (state / "imatrix").exists()  # plan computes nothing
 
 
 def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: Path) -> None:

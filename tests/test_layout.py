@@ -2,7 +2,10 @@
 
 Each subpackage's ``__init__.py`` docstring has a line ``May import: a, b, c`` naming the packages (and top-level
 modules) it may import; a package is allowed itself and the two leaves any module may import, ``errors`` and
-``torch_import``. This test builds the import graph of every module — imports inside functions and under
+``torch_import``. A top-level package whose docstring has no such line is a group (it holds packages that belong
+together, and nothing else): each of its subpackages is a layer of its own, named ``group.sub`` in those lines (the
+group's name alone allows every layer it holds), and the group's ``__init__`` imports nothing. This test builds
+the import graph of every module — imports inside functions and under
 ``TYPE_CHECKING`` included — and fails on an import a docstring does not allow, on any cycle between modules or
 between packages, and on files that outgrow the size rules.
 """
@@ -79,21 +82,47 @@ def _graph() -> dict[str, set[str]]:
     return {name: set(_imports(path, name, known)) for name, path in modules.items()}
 
 
-def _top(module: str) -> str:
+def _may_import(init: Path) -> set[str] | None:
+    """The names of the ``May import:`` line of ``init``'s docstring, with the lines that continue it up to a blank
+    line (None: it has none)."""
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    match = re.search(r"^May import: (.*(?:\n.+)*)", doc, re.MULTILINE)
+    if match is None:
+        return None
+    listed = re.sub(r"\(.*?\)", "", match.group(1).replace("\n", " "), flags=re.DOTALL)
+    names = {n.strip().rstrip(".").strip() for n in listed.split(",")}
+    return {n for n in names if n and n != "nothing"}
+
+
+def _groups(package: Path = PACKAGE) -> frozenset[str]:
+    """The top-level packages that are groups: their ``__init__`` docstring has no ``May import:`` line."""
+    return frozenset(init.parent.name for init in package.glob("*/__init__.py") if _may_import(init) is None)
+
+
+def _top(module: str, groups: frozenset[str] | None = None) -> str:
+    """The layer ``module`` belongs to: its top-level package, or ``group.sub`` inside a group."""
+    groups = _groups() if groups is None else groups
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in groups:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
 def _allowed() -> dict[str, set[str]]:
-    """Package -> what its ``__init__`` docstring says it may import."""
-    allowed: dict[str, set[str]] = {}
-    for init in sorted(PACKAGE.glob("*/__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-        match = re.search(r"^May import: (.*)$", doc, re.MULTILINE)
-        assert match, f"{init.relative_to(PACKAGE.parent)}: the docstring has no 'May import:' line"
-        names = {n.strip().rstrip(".").strip() for n in re.sub(r"\(.*?\)", "", match.group(1)).split(",")}
-        allowed[init.parent.name] = {n for n in names if n and n != "nothing"}
-    return allowed
+    """Layer -> what its ``__init__`` docstring says it may import (a group's name standing for each of its layers)."""
+    groups = _groups()
+    declared: dict[str, set[str]] = {}
+    inits = [*PACKAGE.glob("*/__init__.py"), *(p for g in groups for p in PACKAGE.glob(f"{g}/*/__init__.py"))]
+    for init in sorted(inits):
+        layer = ".".join(init.parent.relative_to(PACKAGE).parts)
+        if layer in groups:
+            continue
+        names = _may_import(init)
+        assert names is not None, f"{init.relative_to(PACKAGE.parent)}: the docstring has no 'May import:' line"
+        declared[layer] = names
+    return {layer: {each for name in names for each in (
+        [other for other in declared if other.startswith(f"{name}.")] if name in groups else [name])}
+        for layer, names in declared.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -149,17 +178,44 @@ def test_every_package_says_its_job_what_it_may_import_and_its_public_names() ->
         assert exported, f"{where}: no __all__"
 
 
+def test_a_group_holds_packages_only_and_imports_nothing() -> None:
+    graph = _graph()
+    for group in _groups():
+        loose = [p.name for p in (PACKAGE / group).glob("*.py") if p.name != "__init__.py"]
+        assert not loose, f"{group}/ is a group (no 'May import:' line): it holds packages only, not {loose}"
+        assert not graph[f"resumerge.{group}"], f"{group}/__init__.py imports {sorted(graph[f'resumerge.{group}'])}"
+
+
+def test_a_group_s_packages_are_layers_of_their_own(tmp_path: Path) -> None:
+    # A group's subpackages are held apart like top-level packages: one imports another only where its line says so.
+    (tmp_path / "runs" / "moe").mkdir(parents=True)
+    (tmp_path / "runs" / "__init__.py").write_text('"""The kinds of run."""\n')
+    moe = '"""MoE.\n\nMay import: errors (its\nhierarchy),\nanalyses."""\n'  # a line continued up to a blank line
+    (tmp_path / "runs" / "moe" / "__init__.py").write_text(moe)
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "__init__.py").write_text('"""The inputs.\n\nMay import: errors."""\n')
+    groups = _groups(tmp_path)
+    assert groups == {"runs"}
+    assert _top("resumerge.runs.moe.forward", groups) == "runs.moe"
+    assert _top("resumerge.runs", groups) == "runs"
+    assert _top("resumerge.inputs.model", groups) == "inputs"
+    assert _may_import(tmp_path / "runs" / "moe" / "__init__.py") == {"errors", "analyses"}
+
+
 def test_no_upward_import() -> None:
     allowed = _allowed()
+    groups = _groups()
     wrong = []
     for module, targets in _graph().items():
-        top = _top(module)
+        top = _top(module, groups)
+        if top in groups:  # a group's own __init__ (it imports nothing: checked above)
+            continue
         if top in EDGE:
             continue
         # Top-level modules other than the edge (errors, torch_import) import nothing of resumerge.
         may = allowed.get(top, set())
         for target in targets:
-            other = _top(target)
+            other = _top(target, groups)
             if other in (top, *LEAVES) or other in may:
                 continue
             wrong.append(f"{module} -> {target} ({top} may import: {', '.join(sorted(may)) or 'nothing'})")
@@ -177,17 +233,20 @@ def test_no_module_import_cycle() -> None:
 
 
 def test_no_package_import_cycle() -> None:
+    groups = _groups()
     graph: dict[str, set[str]] = {}
     for module, targets in _graph().items():
-        graph.setdefault(_top(module), set()).update(_top(t) for t in targets if _top(t) != _top(module))
+        top = _top(module, groups)
+        graph.setdefault(top, set()).update(_top(t, groups) for t in targets if _top(t, groups) != top)
     assert not _cycles(graph)
 
 
 def test_the_api_never_imports_the_cli() -> None:
     """The CLI calls the API and hands in its progress display (only ``cli.render`` draws, it alone imports rich):
     no arrow runs from the API back up to the CLI."""
-    wrong = [f"{m} -> {t}" for m, targets in _graph().items() if _top(m) == "api"
-             for t in targets if _top(t) == "cli"]
+    groups = _groups()
+    wrong = [f"{m} -> {t}" for m, targets in _graph().items() if _top(m, groups) == "api"
+             for t in targets if _top(t, groups) == "cli"]
     assert not wrong
 
 
@@ -215,7 +274,8 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path, source: str, expect
     # The checks above are only as good as the graph: a form of import it missed would hide an upward edge.
     fake = tmp_path / "x.py"
     fake.write_text(source)
-    known = {"resumerge.store", "resumerge.store.ledger", "resumerge.plan", "resumerge.plan.merge_plan"}
+    known = {"resumerge.store", "resumerge.store.ledger",
+             "resumerge.plan", "resumerge.plan.merge_plan"}
     assert set(_imports(fake, "resumerge.store.x", known)) == expected
 
 

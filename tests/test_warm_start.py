@@ -154,7 +154,8 @@ _IMPORTS = """
 import sys, threading, types
 from resumerge.engine.cluster.warm import WarmStart
 
-assert not [m for m in sys.modules if m.startswith(("resumerge.engine.executor", "resumerge.engine.cluster.worker",
+assert not [m for m in sys.modules if m.startswith(("resumerge.engine.executor",
+                                                      "resumerge.engine.cluster.worker",
                                                       "resumerge.plan"))], "the warm start imports the engine"
 
 imported = []
@@ -189,7 +190,8 @@ for name in fake:
     del sys.modules[name]
 import resumerge.engine.cluster.worker
 assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sys.modules, "a worker imports the hub"
-assert "sqlite_utils" not in sys.modules and "resumerge.store.ledger" not in sys.modules, "a worker imports the ledger"
+assert "sqlite_utils" not in sys.modules and "resumerge.store.ledger" not in sys.modules, \
+    "a worker imports the ledger"
 """
 
 

@@ -6,8 +6,10 @@ describes, never written (:class:`~resumerge.engine.unwritten.UnwrittenMerge`), 
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +18,8 @@ if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
     from resumerge.engine.executor import Reporter
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.estimate.firstpass import FirstPass
+    from resumerge.plan.merge_plan import Plan, PlanOptions
 
 
 def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
@@ -87,3 +90,72 @@ def imatrix_key(text: str, texts: str) -> str:
 
 # Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.
 IMATRIX_DIR = "imatrix"
+
+# The pass's float32 forward per weight of a layer's matrices and token: 1.35e-10 s measured for a 2048 x 5632
+# matmul over 60 tokens on one core of the project's 2-core machine (torch 2.13, under the other engineers' load).
+_SECONDS_PER_WEIGHT_TOKEN = 1.35e-10
+# A text's tokens where no input folder holds a tokenizer plan can read (GGUF inputs): about one per 4 bytes.
+_BYTES_PER_TOKEN = 4
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
+    """What ``run --imatrix-texts texts`` spends on its importance matrix pass before the merge, from ``plan`` (the
+    GGUF merge's: its tensors are the float merge's, encoded otherwise): the pass reads each decoder layer's and the
+    embeddings' tensors once, merged as read (their inputs' bytes, their share of the merge's compute), holds one
+    layer in float32 with a tensor's merge and the hidden states (the figure its own guard judges:
+    :func:`~resumerge.analyses.importance.onmerge.pass_held`), journals every layer's hidden states and the sums so
+    far, and runs the texts' tokens through every layer's matrices."""
+
+    def cost(plan: Plan) -> FirstPass:
+        from resumerge.analyses.importance.onmerge import pass_held, states_bytes
+        from resumerge.estimate.firstpass import FirstPass
+        from resumerge.plan.workunits import estimate_bytes
+
+        tokens = _tokens(plan, Path(texts))
+        hidden = int(plan.out_config.get("hidden_size") or 0)
+        read = total = matrices = 0
+        held: dict[str, int] = {}  # by step (a layer, or the embeddings): its float32 values
+        sums: dict[str, int] = {}  # by layer: its linears' input columns (one float64 sum each)
+        for name, tp in plan.tensors.items():
+            size = sum(i.end - i.start for i in tp.inputs)
+            total += size
+            layer = _LAYER.search(name)
+            if layer is None and "embed_tokens" not in name:
+                continue  # the head and the last norm: the pass never runs them
+            read += size
+            step = layer.group(1) if layer is not None else "embeddings"
+            values = math.prod(tp.shape)
+            held[step] = held.get(step, 0) + 4 * values
+            if layer is not None and len(tp.shape) == 2:
+                matrices += values
+                sums[step] = sums.get(step, 0) + tp.shape[-1]
+        layers = len(sums)
+        merge = max((estimate_bytes(tp, plan.method_of(tp)) for tp in plan.tensors.values()), default=0)
+        states = states_bytes(tokens, hidden) // 2  # one set of hidden states, as a layer's journal holds it
+        layer_sums = 8 * max(sums.values(), default=0)
+        # Each layer's journal: the hidden states leaving it and every sum so far (the older file deleted after).
+        written = sum(states + layer_sums * (i + 1) for i in range(layers))
+        matrix = 4 * sum(sums.values())
+        return FirstPass(f"the importance matrix pass over the merge ({Path(texts).name}, --imatrix-texts)", tokens,
+                         read, read / total if total else 0.0, written + matrix,
+                         2 * (states + layer_sums * layers) + matrix,
+                         pass_held(max(held.values(), default=0) + merge, tokens, hidden),
+                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN)
+
+    return cost
+
+
+def _tokens(plan: Plan, texts: Path) -> int:
+    """The tokens of ``texts`` as the pass counts them, by the first input folder's tokenizer read without
+    transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN` bytes of each text."""
+    from resumerge.forward.plaintok import plain_tokenizer
+    from resumerge.forward.texts import read_texts, sequences
+
+    for key in (plan.donor, *plan.model_dirs):
+        folder = plan.model_dirs.get(key)
+        tokenizer = plain_tokenizer(Path(folder)) if folder is not None else None
+        if tokenizer is not None:
+            return sum(len(t) for t in sequences(tokenizer, texts, option="--imatrix-texts"))
+    lines = [line for line in read_texts(texts, "--imatrix-texts").splitlines() if line.strip()]
+    return sum(1 + math.ceil(len(line.encode()) / _BYTES_PER_TOKEN) for line in lines)

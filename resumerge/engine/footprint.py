@@ -21,8 +21,9 @@ __all__ = ["RUN_MODULES", "run_baseline", "run_overhead", "smallest_run_budget"]
 
 # What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
 # imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
-RUN_MODULES = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.api", "resumerge.engine.session",
-               "resumerge.engine.drive", "resumerge.methods.builtin", "resumerge.plan.planner", "torch")
+RUN_MODULES = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.api",
+               "resumerge.engine.session", "resumerge.engine.drive", "resumerge.methods.builtin",
+               "resumerge.plan.planner", "torch")
 # What a run's process holds beyond a fresh one at its start, besides its units: the ledger's SQLite pages, the
 # worker, writer and sampler threads' stacks and heaps, torch's thread pool, buffers glibc keeps; and per planned
 # tensor its plan, its inputs' header entries and its ledger rows. Measured: a 111-tensor merge's process held

@@ -13,9 +13,11 @@ May import: errors, config, memory, methods, inputs, store, plan, outputs, engin
 
 __all__ = [
     "compute",
+    "computegroup",
     "costs",
     "cpuprobe",
     "estimate",
+    "firstpass",
     "memory",
     "method_timing",
     "network",

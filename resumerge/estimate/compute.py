@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.engine.workspace import UNBUDGETED, Workspace
-from resumerge.estimate.costs import ComputeGroup
+from resumerge.estimate.computegroup import ComputeGroup
 from resumerge.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, Timing, measure_rate
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
@@ -49,7 +49,7 @@ from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
 from resumerge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.methods.regmean import GRAM
-from resumerge.methods.resources import NO_RESOURCES
+from resumerge.methods.resources import NO_RESOURCES, Resources
 from resumerge.outputs.containers import SAFETENSORS
 from resumerge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.plan.workunits import chunk_plan
@@ -135,7 +135,7 @@ class _Sample:
 def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
                     max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS,
                     serial: bool | None = None, workers: int = 1,
-                    side: TorchSide | None = None) -> tuple[ComputeGroup, ...]:
+                    side: TorchSide | None = None, resources: Resources = NO_RESOURCES) -> tuple[ComputeGroup, ...]:
     """Time the methods of the ``pending`` shards of ``plan`` on samples and scale to their pending elements.
 
     ``sources`` reads the inputs (default: every model from its folder, as ``resumerge run`` reads local
@@ -150,15 +150,17 @@ def measure_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputS
 
     The pending tensors are grouped here; the groups are measured where ``side`` runs calls that need torch (None:
     in this process). A :class:`~resumerge.estimate.torchside.TorchProcess` gets only the sampled tensors' plans and
-    reads their rows itself (``sources`` must then be None).
+    reads their rows itself (``sources`` must then be None). ``resources``: the run's (its units' shared objects),
+    which a method with a :class:`~resumerge.methods.spec.ScaledProbe` is timed with, on its real inputs.
     """
     return start_compute(plan, pending, sources=sources, max_bytes=max_bytes, max_seconds=max_seconds,
-                         serial=serial, workers=workers, side=side)()
+                         serial=serial, workers=workers, side=side, resources=resources)()
 
 
 def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSources | None = None,
                   max_bytes: int = SAMPLE_BYTES, max_seconds: float = SAMPLE_SECONDS, serial: bool | None = None,
-                  workers: int = 1, side: TorchSide | None = None) -> Callable[[], tuple[ComputeGroup, ...]]:
+                  workers: int = 1, side: TorchSide | None = None,
+                  resources: Resources = NO_RESOURCES) -> Callable[[], tuple[ComputeGroup, ...]]:
     """:func:`measure_compute`, started: the pending tensors are grouped now; what it returns gives the groups,
     waiting for them if need be. Where every sample is timed by its thread's CPU (:func:`_thread_timed`, and no
     whole-cost method: those are timed by the wall clock) they are sent to ``side`` now, which measures them while
@@ -167,15 +169,15 @@ def start_compute(plan: Plan, pending: Sequence[ShardPlan], *, sources: InputSou
     result is asked for, when nothing else runs here."""
     samples = [g.sample() for g in _groups(plan, pending, _promoted if side is None else partial(side.call, _promoted))]
     if side is None or not samples:
-        return partial(_measure_samples, plan, samples, sources, max_bytes, max_seconds, serial, workers)
+        return partial(_measure_samples, plan, samples, sources, max_bytes, max_seconds, serial, workers, resources)
     assert sources is None, "a helper process reads the inputs itself"
     kept = {tp.name: tp for s in samples for tp in (*s.chosen, s.first)}
     # Only what the sampled tensors' computations read: their plans, the inputs' folders, options and vocabulary.
     small = replace(plan, tensors=kept, shards=(), parts=(), notes=(), filters=(), accounting=None,
                     tokenizer_blobs={}, container=SAFETENSORS)
-    args = (small, samples, None, max_bytes, max_seconds, serial, workers)
+    args = (small, samples, None, max_bytes, max_seconds, serial, workers, resources)
     specs = [get_method(s.method, plan.units) for s in samples]
-    whole = any(spec is not None and spec.whole_cost is not None for spec in specs)
+    whole = any(spec is not None and (spec.whole_cost is not None or spec.scaled_probe is not None) for spec in specs)
     if not whole and side.call(_thread_timed, plan.options.device, serial, workers):
         return side.submit(_measure_samples, *args)
     return partial(side.call, _measure_samples, *args)
@@ -196,7 +198,8 @@ def _serial(serial: bool | None, workers: int) -> bool:
 
 
 def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSources | None, max_bytes: int,
-                    max_seconds: float, serial: bool | None, workers: int) -> tuple[ComputeGroup, ...]:
+                    max_seconds: float, serial: bool | None, workers: int,
+                    resources: Resources = NO_RESOURCES) -> tuple[ComputeGroup, ...]:
     """:func:`measure_compute`'s measuring of ``groups`` (made from ``plan``'s pending tensors), where torch is."""
     if not groups:
         return ()
@@ -220,7 +223,9 @@ def _measure_samples(plan: Plan, groups: Sequence[_Sample], sources: InputSource
         for index, group in enumerate(groups):
             left = len(groups) - index
             spec = get_method(group.method, plan.units)
-            if spec is not None and spec.whole_cost is not None:
+            if spec is not None and spec.scaled_probe is not None:
+                results.append(_measure_scaled(plan, group, spec, reader, resources, at_once))
+            elif spec is not None and spec.whole_cost is not None:
                 results.append(_measure_whole(plan, group, spec, reader, alone, at_once, timed))
             else:
                 results.append(_measure(plan, group, reader, max_bytes // len(groups), max_seconds / left, alone,
@@ -382,6 +387,39 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
                         sum(numel(i.shape) for i in tp.inputs), 0, 0.0, 1 if alone else torch.get_num_threads(),
                         True, spec.whole_cost.bound, measure_seconds=time.perf_counter() - started,
                         seconds_per_call=seconds / spec.whole_cost.shared_by / at_once, whole=True, at_once=at_once)
+
+
+def _measure_scaled(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputSources, resources: Resources,
+                    at_once: int) -> ComputeGroup:
+    """The unit of ``group``'s first tensor run whole on its real inputs at the two reduced scales its
+    :class:`~resumerge.methods.spec.ScaledProbe` gives (the run's ``resources`` reduced), the small one first once
+    more to warm the page cache (the plan prices the disk apart), and extrapolated to the full scale. Timed by the
+    wall clock: the unit's linear algebra runs on torch's threads, as the run's does (a transplant's unit is
+    thread-dependent: it computes on the run's -j threads)."""
+    assert spec.scaled_probe is not None
+    tp = group.first
+    started = time.perf_counter()
+    try:
+        probe = spec.scaled_probe(resources, dict(tp.params))
+
+        def call(reduced: Resources) -> float:
+            unit = TensorCompute(plan, tp, sources, reduced)
+            begun = time.perf_counter()
+            unit.merged(0, unit.total)
+            _settle(torch.device(plan.options.device))
+            return time.perf_counter() - begun
+
+        call(probe.small)
+        small = call(probe.small)
+        large = call(probe.large)
+    except Exception as exc:  # any failure only means no estimate here; the run reports it properly
+        return _unmeasured(group, plan, f"not measured: {group.method} failed on a sample ({type(exc).__name__})")
+    seconds = small + max(0.0, large - small) * probe.scale
+    return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
+                        sum(numel(i.shape) for i in tp.inputs), sum(_ref_bytes(i) for i in tp.inputs), 0.0,
+                        torch.get_num_threads(), False, f"at a reduced scale ({probe.what}, scaled up)",
+                        measure_seconds=time.perf_counter() - started, seconds_per_call=seconds / at_once, whole=True,
+                        at_once=at_once)
 
 
 def _settle(device: torch.device) -> None:

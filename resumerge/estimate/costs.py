@@ -17,12 +17,13 @@ Computed by :mod:`resumerge.estimate.estimate`; read by the CLI's rendering and 
                        cached_bytes}}}  (only the hub files chosen for download)
     input_files       [{model, file, size, needed, how ("download" | "stream" | "cached"), reason, fetch_bytes}]
     memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
-                       counted_baseline_bytes, working_set_bytes, prepass_bytes, prepass_beside, peak_bytes,
+                       counted_baseline_bytes, working_set_bytes, prepass_bytes, prepass_beside,
+                       first_pass_bytes, peak_bytes,
                        largest_unit_bytes,
                        smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
     time              {seconds | null, startup_seconds, prepass_seconds, prepass_beside, prepass_cpu_seconds,
-                       cores_available | null, disk_seconds | null,
+                       cores_available | null, first_pass_seconds, disk_seconds | null,
                        compute_seconds,
                        tail_seconds,
                        shared_cores,
@@ -45,6 +46,9 @@ Computed by :mod:`resumerge.estimate.estimate`; read by the CLI's rendering and 
                        (resumerge/plan/roles.py)
     filters           [{yaml_path, pattern, tensors}]: each ``filter:`` of the config the planner consulted and how many
                        output tensors of its scope it matched (resumerge/plan/filters.py)
+    first_pass        null, or the pass the run's process makes before the merge (--imatrix-texts' importance
+                       matrix pass): {what, tokens, read_bytes, merge_share, write_bytes, state_bytes, held_bytes,
+                       forward_seconds, seconds} (its bytes also in memory.first_pass_bytes, its state dir's in disks)
     accounting        {tensors, merged, copied, renumbered, dropped, dropped_by_reason: {reason: n}, models: {key:
                        the same without models}} or null: what became of every input tensor
                        (resumerge/plan/accounting.py)
@@ -59,6 +63,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from resumerge.engine.hubdisk import HubDiskNeed
+from resumerge.estimate.computegroup import ComputeGroup
+from resumerge.estimate.firstpass import FirstPass
 from resumerge.estimate.network import NetworkEstimate
 from resumerge.estimate.sessions import SessionPlan, hub_commits
 from resumerge.memory import format_size, smallest_budget_for
@@ -131,6 +137,8 @@ class MemoryEstimate:
     # runs beside the merge (``prepass_beside``) or before it; 0 when there is none.
     prepass_bytes: int = 0
     prepass_beside: bool = False
+    # What a pass the run's own process makes before the merge holds beyond the baseline (:class:`FirstPass`).
+    first_pass_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -156,8 +164,8 @@ class MemoryEstimate:
 
     def _peak(self, baseline: int) -> int:
         if self.prepass_beside:
-            return baseline + self.working_set_bytes + self.prepass_bytes
-        return baseline + max(self.working_set_bytes, self.prepass_bytes)
+            return baseline + max(self.working_set_bytes + self.prepass_bytes, self.first_pass_bytes)
+        return baseline + max(self.working_set_bytes, self.prepass_bytes, self.first_pass_bytes)
 
 
 # After the pass answers, the run writes and commits the routers' shard (the plan's last, 64 KB for the bench),
@@ -178,106 +186,6 @@ class DiskNeed:
     def fits(self) -> bool:
         """Whether the needs fit the free space."""
         return self.needed_bytes <= self.free_bytes
-
-
-@dataclass(frozen=True)
-class ComputeGroup:
-    """The compute time of one group of pending tensors (same method, compute dtype and non-numeric parameters),
-    measured on ``sample_elements`` outputs made from ``sample_bytes`` of the plan's own inputs (synthetic inputs
-    of the same shapes when ``synthetic``); ``seconds_per_element`` is None when not measured (``note`` says
-    why; for a group timed by whole calls it says what bounds the method's time, its WholeCost.bound).
-    ``measure_seconds`` is what measuring took."""
-
-    method: str
-    dtype: str
-    device: str
-    tensors: int
-    elements: int
-    sample_elements: int
-    sample_bytes: int
-    seconds_per_element: float | None
-    threads: int
-    synthetic: bool = False
-    note: str = ""
-    measure_seconds: float = 0.0
-    seconds_per_call: float = 0.0  # the fixed part of each tensor's compute (thread wake-ups, kernel launches)
-    # Timed by whole calls on synthetic inputs of the real shapes, priced per tensor (a decomposition, whose cost
-    # does not follow its result's elements; see resumerge.methods.spec.WholeCost).
-    whole: bool = False
-    # Tensors the run computes side by side, each on ``threads`` threads (its workers, where they fill torch's
-    # threads on the CPU): the rates above are the group's wall per element and per tensor, one tensor's timed
-    # cost over this.
-    at_once: int = 1
-
-    @property
-    def seconds(self) -> float | None:
-        """Estimated compute seconds of the group's pending elements (None when not measured)."""
-        if self.seconds_per_element is None:
-            return None
-        return self.seconds_per_element * self.elements + self.seconds_per_call * self.tensors
-
-    def line(self) -> str:
-        """One line for ``plan``: what was measured on what, and what it scales to."""
-        where = self._where()
-        rate = self.seconds_per_element
-        if rate is None:
-            return f"compute: {self.method} ({where}) {self.note}"
-        if self.whole:
-            bound = f" {self.note}," if self.note else ""
-            return (f"compute: {self.method} ({where}){bound} timed on one call with synthetic inputs of "
-                    f"{self.sample_elements / 1e6:.2f} M elements: {_seconds_text(self.seconds_per_call)} per tensor, "
-                    f"so about {_seconds_text(self.seconds_per_call * self.tensors)} for {self.tensors} tensor(s)")
-        sample = (f"{self.sample_elements / 1e6:.2f} M synthetic elements (inputs not on disk yet)" if self.synthetic
-                  else f"{self.sample_elements / 1e6:.2f} M elements from {format_size(self.sample_bytes)} of the "
-                  "inputs")
-        per_call = f" + {self.seconds_per_call * 1e3:.1f} ms per tensor" if self.seconds_per_call else ""
-        total = rate * self.elements + self.seconds_per_call * self.tensors
-        return (f"compute: {self.method} ({where}) measured on {sample}: {rate * 1e9:.1f} ns/element{per_call}, "
-                f"so about {_seconds_text(total)} for {self.elements / 1e6:.1f} M elements in {self.tensors} "
-                "tensor(s)")
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["seconds"] = None if self.seconds is None else round(self.seconds, 2)
-        doc["measure_seconds"] = round(self.measure_seconds, 3)
-        return doc
-
-    def _where(self) -> str:
-        where = f"{self.dtype} on {self.device}, {self.threads} thread(s)"
-        return where + (f" each, {self.at_once} tensors at once" if self.at_once > 1 else "")
-
-
-def compute_lines(groups: list[ComputeGroup]) -> list[str]:
-    """The lines ``plan`` prints for ``groups``: one per group, but one per method for the groups timed by whole
-    calls (a decomposition is timed once per shape class: a model's six classes said the same six times)."""
-    lines: list[str] = []
-    wholes: dict[tuple[Any, ...], list[ComputeGroup]] = {}
-    for group in groups:
-        if group.whole and group.seconds_per_element is not None:
-            key = (group.method, group._where(), group.note)
-            if key not in wholes:
-                lines.append("")  # its place, filled below
-                wholes[key] = []
-            wholes[key].append(group)
-        else:
-            lines.append(group.line())
-    merged = iter([alike[0].line() if len(alike) == 1 else _whole_line(alike) for alike in wholes.values()])
-    return [line or next(merged) for line in lines]
-
-
-def _whole_line(alike: list[ComputeGroup]) -> str:
-    """One line for the whole-call groups ``alike`` (one method, one place, shape classes apart)."""
-    first = alike[0]
-    bound = f" {first.note}," if first.note else ""
-    per_tensor = sorted(g.seconds_per_call for g in alike)
-    sizes = sorted(g.sample_elements for g in alike)
-    tensors = sum(g.tensors for g in alike)
-    total = sum(g.seconds_per_call * g.tensors for g in alike)
-    low, high = _seconds_text(per_tensor[0]), _seconds_text(per_tensor[-1])
-    return (f"compute: {first.method} ({first._where()}){bound} timed on one call per shape ({len(alike)} shapes, "
-            f"synthetic inputs of {sizes[0] / 1e6:.2f} to {sizes[-1] / 1e6:.2f} M elements): "
-            f"{low if low == high else f'{low} to {high}'} per tensor, so about {_seconds_text(total)} for "
-            f"{tensors} tensor(s)")
 
 
 @dataclass(frozen=True)
@@ -314,6 +222,8 @@ class TimeEstimate:
     # processes used while the pass was probed; None: not measured, no contention counted).
     prepass_cpu_seconds: float = 0.0
     cores_available: float | None = None
+    # A pass the run's own process makes before the merge (:class:`FirstPass`), after the start-up.
+    first_pass_seconds: float = 0.0
 
     @property
     def disk_seconds(self) -> float | None:
@@ -339,13 +249,14 @@ class TimeEstimate:
         (overlapped, or added where they share the cores), then the last shard's flush; ``None`` when a disk speed
         could not be measured. A pass in a process of its own starts with the run (its seconds count from there):
         beside the merge, the run ends when both have; before it, the merge starts once the pass and the
-        start-up have both ended."""
+        start-up have both ended. A pass of the run's own process before the merge (:class:`FirstPass`) adds
+        its seconds."""
         disk = self.disk_seconds
         if disk is None:
             return None
         tail = min(self.tail_seconds, disk)
         overlapped = max(disk - tail, self.compute_seconds) + tail
-        merge = disk + self.compute_seconds if self.shared_cores else overlapped
+        merge = (disk + self.compute_seconds if self.shared_cores else overlapped) + self.first_pass_seconds
         if self.prepass_beside:
             return max(self.startup_seconds + merge, self.prepass_seconds + PASS_FINISH_SECONDS,
                        self._shared(self.startup_seconds + merge) + PASS_FINISH_SECONDS)
@@ -377,6 +288,7 @@ class Estimate:
     network: NetworkEstimate | None = None  # bytes each way at the link's rates, when the merge uses the network
     shard_choice: str | None = None  # why the output shards have their size, when no --out-shard-size was given
     session: SessionPlan | None = None  # the merge in notebook sessions of a given length (plan --session)
+    first_pass: FirstPass | None = None  # a pass the run's process makes before the merge (--imatrix-texts')
 
     def __repr__(self) -> str:
         """The text ``resumerge plan`` prints (:func:`estimate_text`), not the whole plan: a notebook cell ending
@@ -458,18 +370,11 @@ class Estimate:
             "hf_output": None if self.hf_output is None else self.hf_output.to_json(),
             "network": None if self.network is None else self.network.to_json() | {"commits": self.hub_commits},
             "sessions": None if self.session is None else self.session.to_json(),
+            "first_pass": None if self.first_pass is None else self.first_pass.to_json(t.first_pass_seconds),
             "formats": formats_report(plan),
             "filters": [f.to_json() for f in plan.filters],
             "accounting": None if plan.accounting is None else plan.accounting.to_json(),
         }
-
-
-def _seconds_text(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # -- the text ``plan`` prints (the CLI draws it with its styles; an Estimate shows it as its repr) -------------
@@ -535,6 +440,8 @@ def estimate_lines(estimate: Estimate) -> list[Line]:
         when = "beside the merge" if memory.prepass_beside else "first"
         fact("pass", f"the prompt forward pass {when}, in a process of its own: about "
              f"{format_duration(estimate.time.prepass_seconds)}, {format_size(memory.prepass_bytes)} in that process")
+    if estimate.first_pass is not None:
+        fact("pass", estimate.first_pass.line(estimate.time.first_pass_seconds))
     for disk in estimate.disks:
         mark = "" if disk.fits else " -- too small"
         fact("disk", f"{' + '.join(disk.roles)}: needs {format_size(disk.needed_bytes)}, "

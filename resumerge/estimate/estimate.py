@@ -26,16 +26,16 @@ from resumerge.engine.hubdisk import hub_disk_need
 from resumerge.engine.inputfetch import plan_fetch
 from resumerge.errors import LedgerError
 from resumerge.estimate.compute import SAMPLE_SECONDS, start_compute
+from resumerge.estimate.computegroup import ComputeGroup, compute_lines
 from resumerge.estimate.costs import (
-    ComputeGroup,
     DiskNeed,
     Estimate,
     ModelDownload,
     OutputSize,
     TimeEstimate,
-    compute_lines,
 )
 from resumerge.estimate.cpuprobe import probe_transfer_cost
+from resumerge.estimate.firstpass import FirstPass
 from resumerge.estimate.memory import memory_estimate
 from resumerge.estimate.network import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.estimate.torchside import TorchHere, TorchProcess, TorchSide
@@ -138,6 +138,7 @@ def estimate(
     to_hub: bool = False,
     prepass: Prepass | None = None,
     torch_side: TorchSide | None = None,
+    first_pass: FirstPass | None = None,
 ) -> Estimate:
     """Estimate what merging the plan of ``prepared`` into ``out_dir`` costs here under ``settings``, and decide
     whether it fits.
@@ -154,7 +155,8 @@ def estimate(
     are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
     fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
     mergekit-moe config's prompt forward pass), given the inputs' read speed. ``torch_side`` runs the speed sample
-    (None: in this process; see :mod:`resumerge.estimate.torchside`).
+    (None: in this process; see :mod:`resumerge.estimate.torchside`). ``first_pass``: a pass the run's own process
+    makes before the merge (``--imatrix-texts``'), whose seconds, memory and state-dir bytes are counted in.
     """
     plan, inputs = prepared.plan, prepared.opened()
     measuring = measuring or Measuring()
@@ -174,7 +176,7 @@ def estimate(
     # sample timed by its thread's CPU while this one estimates the rest, and any other once the rest is done (see
     # start_compute; the memory is read before: the sample's buffers are not another process's for the run).
     compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
-                                    side=torch_side) if pending else tuple)
+                                    side=torch_side, resources=prepared.resources) if pending else tuple)
     staging_dir = _staging_dir(settings.staging, out, state)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending, to_hub)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
@@ -182,7 +184,8 @@ def estimate(
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     memory, memory_reasons = memory_estimate(plan, pending, memory_now, settings.max_memory, workers, remote, facts)
-    disks = _disks(plan, output, downloads, inputs, out, state, disk_free)
+    disks = _disks(plan, output, downloads, inputs, out, state, disk_free,
+                   first_pass.state_bytes if first_pass is not None else 0)
     speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     compute = compute_groups()
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
@@ -193,6 +196,10 @@ def estimate(
         timing = replace(timing, prepass_seconds=seconds, prepass_beside=beside, prepass_cpu_seconds=cpu_seconds,
                          cores_available=cores)
         memory = replace(memory, prepass_bytes=peak, prepass_beside=beside)
+    if first_pass is not None:  # its disk work at the speeds measured, the merge's compute its reads redo
+        timing = replace(timing, first_pass_seconds=first_pass.seconds(
+            timing.read_bytes_per_s, timing.write_bytes_per_s, timing.compute_seconds))
+        memory = replace(memory, first_pass_bytes=first_pass.held_bytes)
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state.root, "the state dir")] if r]  # run would stop at once
@@ -204,7 +211,7 @@ def estimate(
     network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, measuring,
                        nearest_existing(state.root), startup.import_seconds)
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
-                    hub, network)
+                    hub, network, first_pass=first_pass)
 
 
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
@@ -355,14 +362,17 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
 
 
 def _disks(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs, out: Path | None,
-           state: StateDir, disk_free: DiskFree) -> list[DiskNeed]:
-    """Group the needs by filesystem (paths on one filesystem share its free space)."""
+           state: StateDir, disk_free: DiskFree, pass_bytes: int = 0) -> list[DiskNeed]:
+    """Group the needs by filesystem (paths on one filesystem share its free space); ``pass_bytes``: what a pass
+    before the merge holds in the state dir at most."""
     needs: list[tuple[str, Path, int]] = []
     if out is not None:
         needs.append(("output", out, output.needed_bytes))
         needs.append(("state", state.run_dir(out), _ledger_bytes(plan)))
     else:
         needs.append(("state", state.root, _ledger_bytes(plan)))
+    if pass_bytes:
+        needs.append(("state", state.root, pass_bytes))
     if output.staging_dir is not None:
         needs.append(("staging", Path(output.staging_dir), output.staging_bytes))
     for key, d in downloads.items():
@@ -492,6 +502,7 @@ def estimate_config(
     fresh_process: bool = False,
     planner: Callable[[], Prepared] | None = None,
     prepass: Callable[[Plan, Inputs], Prepass | None] | None = None,
+    first_pass: Callable[[Plan], FirstPass] | None = None,
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -506,7 +517,8 @@ def estimate_config(
     overlaps planning; it is killed on the way out, a refusal included. ``planner`` plans a config of another kind
     than a merge config (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None
     plans ``config_text`` as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate
-    of the pass that runs before the merge, if there is one (MoE's prompt forward pass).
+    of the pass that runs before the merge, if there is one (MoE's prompt forward pass); ``first_pass`` that of a
+    pass the run's own process makes before it (``--imatrix-texts``'), from the plan.
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -535,4 +547,5 @@ def estimate_config(
         with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
             return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
                             measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
-                            prepass=prepass(plan, inputs) if prepass is not None else None, torch_side=side)
+                            prepass=prepass(plan, inputs) if prepass is not None else None, torch_side=side,
+                            first_pass=first_pass(plan) if first_pass is not None else None)

@@ -1,5 +1,5 @@
 """The objective per generation as a PNG: the best so far, each generation's best and median, and its spread (a
-bar from its lowest to its highest objective); drawn on check's canvas (:mod:`resumerge.analyses.check.chart`: the
+bar from its lowest to its highest objective); drawn on check's canvas (:mod:`resumerge.analyses.check.canvas`: the
 standard library alone, no plotting dependency)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
-from resumerge.analyses.check.chart import Canvas
+from resumerge.analyses.check.canvas import Canvas
 from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
 
 WIDTH, HEIGHT = 720, 360

@@ -235,6 +235,19 @@ class WholeCost:
 
 
 @dataclass(frozen=True)
+class ScaledProbe:
+    """How ``plan`` times a unit whose work is neither its output's rows nor its inputs' shapes alone (a transplant:
+    its tables read and copied, then as many approximations as it has tokens to approximate): the unit called on its
+    real inputs with ``small`` and with ``large`` in place of the run's resources, its time taken as
+    ``small + (large - small) * scale``. ``what`` says the reduced scale (``16 of 82 approximated tokens``)."""
+
+    small: Resources
+    large: Resources
+    scale: float
+    what: str
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A merge method (or a kind's own unit function): its pure function and the contract the planner checks up
     front.
@@ -287,6 +300,9 @@ class MethodSpec:
     held_param: str | None = None
     # How ``plan`` times the method when its cost does not follow its output's elements (None: it does).
     whole_cost: WholeCost | None = None
+    # How ``plan`` times a unit on its real inputs at a reduced scale (None: by whole_cost, else by rows): given the
+    # run's resources and the unit's parameters, the two reduced runs and how they scale (see ScaledProbe).
+    scaled_probe: Callable[[Resources, Mapping[str, Any]], ScaledProbe] | None = None
     # Values that replace declared defaults on the vocabulary tensors (the token embedding and the output head) where
     # the config sets none for them: the SVD methods merge those by their mean path unless asked otherwise, as
     # mergekit's port of them does (an SVD of a 128k-row head holds tens of GB). Read by the planner only.

@@ -194,7 +194,8 @@ class GgufFile(OutputContainer):
         return ["## GGUF", "",
                 f"Written for llama.cpp as {written}: architecture `{ARCH_OF.get(model_type, model_type)}`, matrices "
                 f"{kind} (`--gguf-type {self.gguf_type}`{fallback}), norms, 1-D tensors and routers F32{stacked}.",
-                "", *([quality, ""] if (quality := quality_line(self.gguf_type)) else []),
+                "", *([quality, ""] if (quality := quality_line(self.gguf_type, self.choices.imatrix is not None))
+                      else []),
                 *([weighted, ""] if weighted else [])]
 
     def _importance_line(self) -> str | None:

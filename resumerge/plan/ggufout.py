@@ -74,9 +74,12 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     facts = _facts(arch, out_config, tied)
     wanted = _type_choices(choices)
     if choices.computed and facts.experts:
-        raise ModelInputError("--imatrix-texts with a mixture of experts, whose experts' inputs the pass does not "
-                              "measure per expert yet", hint="leave out --imatrix-texts, or give --imatrix FILE "
-                              "(llama-imatrix's of the merge)")
+        # llama-imatrix sums each expert's inputs over the tokens routed to it, with a count per expert
+        # (kquants.md §4); the pass's hooks see whole linears, not transformers' fused experts' routed rows.
+        raise ModelInputError("--imatrix-texts with a mixture of experts: llama.cpp's matrix sums each expert's "
+                              "inputs over the tokens routed to it, which the pass over the merge does not measure "
+                              "yet", hint="leave out --imatrix-texts, or give --imatrix FILE (llama-imatrix's of "
+                              "the merge)")
     weights = Importance.computed(choices.imatrix) if choices.computed else Importance.read(choices.imatrix)
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,

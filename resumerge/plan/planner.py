@@ -71,7 +71,13 @@ from resumerge.plan.quantnotes import quantization_notes
 from resumerge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.plan.slices import Slice, check_slice, left_out, normalise
 from resumerge.plan.tensorkinds import TensorKinds, carried_companions, kind_key
-from resumerge.plan.tokenizer_plan import build_output_tokenizer, tokenizer_dir, tokenizer_hashes, tokenizer_output
+from resumerge.plan.tokenizer_plan import (
+    build_output_tokenizer,
+    refuse_other_tokenizers,
+    tokenizer_dir,
+    tokenizer_hashes,
+    tokenizer_output,
+)
 from resumerge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.vocab import BuiltTokenizer, parse_tokenizer_spec, resolve_chat_template
 
@@ -159,7 +165,11 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         spec = parse_tokenizer_spec(config.tokenizer_source, config.tokenizer, config.chat_template)
     except UnknownKeyError as exc:
         raise honest_unknown_key(exc, config.text) from None
-    built = build_output_tokenizer(config, spec, models) if spec.builds else None
+    if spec.builds:
+        built: BuiltTokenizer | None = build_output_tokenizer(config, spec, models)
+    else:  # one tokenizer copied over every model's rows: they must mean the same tokens
+        refuse_other_tokenizers(config, models)
+        built = None
     filters = FilterTally(parameter_places(config))
     ctx = _Ctx(method, config, models, built, options.unsafe_truncate_embeddings and built is None,
                options.dequantize, filters, ParameterResolver(config, filters))

@@ -4,7 +4,7 @@ copied from the donor, with the chat template applied; the plan holds every byte
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from resumerge.config.merge_config import MergeConfig
@@ -22,6 +22,7 @@ from resumerge.vocab import (
     build_tokenizer,
     resolve_chat_template,
 )
+from resumerge.vocab.sameness import TokenTable, first_difference, table_of_gguf, table_of_tokenizer_json
 
 
 def build_output_tokenizer(
@@ -109,3 +110,53 @@ def tokenizer_hashes(models: Mapping[str, ModelInput], donor: str | None,
 def _tokenizer_donor(donor: str, options: PlanOptions) -> str | None:
     """Whose tokenizer files are copied when none is built: the config donor's, unless --no-copy-tokenizer."""
     return donor if options.copy_tokenizer else None
+
+
+
+def refuse_other_tokenizers(config: MergeConfig, models: Mapping[str, ModelInput]) -> None:
+    """Refuse a merge that builds no tokenizer (no ``tokenizer_source``) over models of one vocabulary size whose
+    rows mean other tokens (:mod:`resumerge.vocab.sameness` says what the same tokenizer is), as a merge of
+    vocabularies of other sizes is refused by its tables' shapes: one line naming the command that gives one model
+    the other's tokenizer. Tokenizers of equal bytes
+    (equal token lists, for GGUFs) are not parsed; a model whose tokens cannot be read is not compared."""
+    first: tuple[str, object, Callable[[], TokenTable | None]] | None = None
+    rows: int | None = None
+    for ref in config.referenced_models():
+        found = _tokens_of(models[ref.key])
+        if found is None:
+            continue
+        if first is None:
+            first, rows = (ref.key, *found), _rows_of(models[ref.key])
+            continue
+        if found[0] == first[1] or _rows_of(models[ref.key]) != rows:  # other sizes: the shapes' refusal says it
+            continue
+        mine, theirs = first[2](), found[1]()
+        difference = first_difference(mine, theirs) if mine is not None and theirs is not None else None
+        if difference is not None:
+            raise ModelInputError(
+                f"{first[0]} and {ref.key} have different tokenizers: token id {difference.id} is "
+                f"{difference.first!r} in one and {difference.second!r} in the other",
+                path=str(tokenizer_dir(models[ref.key])),
+                hint="give one model the other's tokenizer first with resumerge tokensurgeon MODEL DONOR OUT, or "
+                "align them with tokenizer_source: base (or union)",
+            )
+
+
+def _rows_of(model: ModelInput) -> int | None:
+    """Rows of ``model``'s token embedding (None: it has none)."""
+    return next((found.entry.shape[0] for name, found in sorted(model.tensors.items())
+                 if is_input_embedding(name) and found.entry.shape), None)
+
+
+def _tokens_of(model: ModelInput) -> tuple[object, Callable[[], TokenTable | None]] | None:
+    """(what its tokens are read from, compared for equality first; its token table, parsed when asked) of
+    ``model``'s tokenizer: its tokenizer.json's bytes, a GGUF's token list; None where it has neither."""
+    if model.gguf is not None:
+        metadata = model.gguf_header.metadata if model.gguf_header is not None else {}
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        return (tokens, lambda: table_of_gguf(metadata)) if tokens is not None else None
+    path = tokenizer_dir(model) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()
+    return raw, lambda: table_of_tokenizer_json(raw)

@@ -246,19 +246,55 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         card_config=opened.config,
         card_method=("tokensurgeon", f"{spec.model} given {spec.donor}'s tokenizer; the rows of the tokens it "
                                      f"lacked approximated by {spec.describe()}", "https://arxiv.org/abs/2506.06607"),
-        card_wording=card_wording(spec, opened, matches),
+        card_wording=card_wording(spec, opened, matches, options),
         config_copy=CONFIG_COPY,
     )
     return fingerprinted(plan)
 
 
-def card_wording(spec: SurgerySpec, opened: Opened, matches: Mapping[str, MatrixMatch]) -> CardWording:
+def output_flags(options: PlanOptions) -> tuple[str, ...]:
+    """The flags of ``options`` that decide the output's bytes where they are not the defaults, as the command
+    line gives them: the format (``--out-type gguf`` and its GGUF types and split), the shard size (an hf:// OUT's,
+    which the planner picks, given as the size it picked so a folder OUT gets the same shards), the seed, the
+    device, the threads and ``--allow-crimes``. Publishing (``--public``, the commit cadence) and resources
+    (``--max-memory``, ``--state-dir``) change no output byte and are left out; so is any token."""
+    default = PlanOptions()
+    flags: list[str] = []
+    if options.out_shard_size != default.out_shard_size:
+        flags += ["--out-shard-size", str(options.out_shard_size)]
+    if options.out_type != default.out_type:
+        flags += ["--out-type", options.out_type]
+        if options.gguf_type != default.gguf_type:
+            flags += ["--gguf-type", options.gguf_type]
+        if options.gguf_split_max_size is not None:
+            flags += ["--gguf-split-max-size", str(options.gguf_split_max_size)]
+        for rule in options.gguf_tensor_types:
+            flags += ["--gguf-tensor-type", rule]
+        if options.gguf_output_type is not None:
+            flags += ["--gguf-output-type", options.gguf_output_type]
+        if options.gguf_token_embedding_type is not None:
+            flags += ["--gguf-token-embedding-type", options.gguf_token_embedding_type]
+    if options.random_seed != default.random_seed:
+        flags += ["--random-seed", str(options.random_seed)]
+    if options.device != default.device:
+        flags += ["--device", options.device]
+    if options.num_threads is not None:
+        flags += ["-j", str(options.num_threads)]
+    if options.allow_crimes:
+        flags.append("--allow-crimes")
+    return tuple(flags)
+
+
+def card_wording(spec: SurgerySpec, opened: Opened, matches: Mapping[str, MatrixMatch],
+                 options: PlanOptions) -> CardWording:
     """The card of a transplant: titled by what was given whose tokenizer, each matrix's account of its tokens in
-    a section of its own, MODEL and DONOR by their roles, and the recorded options as the JSON they are."""
+    a section of its own, MODEL and DONOR by their roles, the command line that makes it (``options``' output
+    flags too), and the recorded options as the JSON they are."""
     lead = (f"{spec.model}'s weights with {spec.donor}'s tokenizer: a tokenizer transplant made with resumerge "
             "tokensurgeon (the options and meanings of mergekit-tokensurgeon 0.1.5). The token embedding and head "
             "rows of the tokens both vocabularies hold are MODEL's, copied bit for bit; the rows of DONOR's other "
-            f"tokens are approximated from MODEL's rows by {spec.describe()}. Made by `{spec.command()}`.")
+            f"tokens are approximated from MODEL's rows by {spec.describe()}. Made by "
+            f"`{spec.command(output_flags(options))}`.")
     return CardWording(
         title=f"{spec.model} with {spec.donor}'s tokenizer",
         lead=lead,

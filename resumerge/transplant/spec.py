@@ -8,6 +8,8 @@ Standard library only: the API recognises a transplant's text without importing 
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -51,8 +53,10 @@ class SurgerySpec(SurgeryChoices):
     model: str
     donor: str
 
-    def command(self) -> str:
-        """The command line that asks for this transplant (written in the model card)."""
+    def command(self, flags: Sequence[str] = ()) -> str:
+        """The command line that asks for this transplant (written in the model card), with ``flags`` (the run's
+        output flags, :func:`~resumerge.transplant.planner.output_flags`) after the transplant's own; each word
+        quoted as a shell reads it."""
         words = ["resumerge", "tokensurgeon", self.model, self.donor, "OUT", "-a", self.approximation_method]
         defaults = SurgerySpec(model="", donor="")
         for each in fields(self):
@@ -64,7 +68,7 @@ class SurgerySpec(SurgeryChoices):
                 words.append(flag if value else "--no-" + flag[2:])
             else:
                 words += [flag, str(value)]
-        return " ".join(words)
+        return " ".join(shlex.quote(word) for word in [*words, *flags])
 
     def describe(self) -> str:
         """The method as the log, ``status`` and the card name it: ``omp (k=64)``."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from resumerge.methods.footprint import measured
-from resumerge.methods.spec import MergeContext, MethodSpec, ParamSpec, Scope, declared
+from resumerge.methods.resources import Resources
+from resumerge.methods.spec import MergeContext, MethodSpec, ParamSpec, ScaledProbe, Scope, declared
 from resumerge.torch_import import torch
 from resumerge.transplant.approximate import Batch, Method, ModelStats, approximate, model_stats
 from resumerge.transplant.batches import BatchStore
@@ -261,11 +263,39 @@ def _work(method: Method, batch: int, shared: int, model_width: int, donor_width
     return 0
 
 
+# Approximated tokens ``plan`` times a unit on (a batch at most): their cost scaled to all of them.
+PROBE_TOKENS = 32
+
+
+def scaled_probe(resources: Resources, params: Mapping[str, Any]) -> ScaledProbe:
+    """How ``plan`` times the unit of ``params["matrix"]`` on the real tables: once with no token to approximate
+    (the tables read, the shared rows copied: what every method pays) and once with the first
+    :data:`PROBE_TOKENS` (at most one batch), the difference scaled to all the matrix's approximated tokens (each
+    batch's work follows its tokens: a pursuit's per token, a fit's once per batch, which a batch of the probe's
+    size pays as the run's do, so a few large batches are priced a little high). Nothing is kept: the store is
+    dropped."""
+    transplant = resources.find(Transplant)
+    if transplant is None:
+        raise ValueError("internal: a transplant's probe needs the run's matches (Transplant) in its resources")
+    matrix = str(params["matrix"])
+    match = transplant.matches[matrix]
+    total = len(match.approximated)
+    step = transplant.batch_size if transplant.batch_size > 0 else total
+    taken = min(total, PROBE_TOKENS, max(1, step))
+
+    def reduced(count: int) -> Resources:
+        cut = replace(match, approximated=match.approximated[:count], pieces=match.pieces[:count])
+        return Resources((replace(transplant, matches={**transplant.matches, matrix: cut}, store=None),))
+
+    return ScaledProbe(reduced(0), reduced(taken), total / taken if taken else 0.0,
+                       f"{taken} of {total} approximated tokens")
+
+
 # The unit functions of a transplant, which its plan hands the engine (Plan.units).
 UNITS = declared(
     MethodSpec(name=SURGERY_ROWS, fn=surgery_rows, params=_PARAMS, min_inputs=2, max_inputs=2,
                title="tokensurgeon", reference="https://arxiv.org/abs/2506.06607",
                summary="MODEL's token rows under DONOR's vocabulary: shared tokens copied, the others approximated",
                footprint=_FOOTPRINT, thread_dependent=True, lazy_inputs=True,
-               held_param="held"),
+               held_param="held", scaled_probe=scaled_probe),
 )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 import zlib
 
-from resumerge.analyses.check.chart import _LIMIT, _TEXT, COLOURS, WIDTH, _Canvas, drift_png
+from resumerge.analyses.check.canvas import Canvas
+from resumerge.analyses.check.chart import _LIMIT, _TEXT, COLOURS, WIDTH, drift_png
 from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
 
 
@@ -40,7 +41,7 @@ def test_each_series_is_drawn_in_its_colour_and_the_named_layer_in_red() -> None
 
 
 def _text_rows(text: str) -> list[bytes]:
-    canvas = _Canvas(text_width(text), GLYPH_HEIGHT)
+    canvas = Canvas(text_width(text), GLYPH_HEIGHT)
     canvas.text(0, 0, text, _TEXT)
     return [bytes(row) for row in canvas.rows]
 

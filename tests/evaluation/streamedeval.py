@@ -1,7 +1,8 @@
 """``python -m resumerge`` as though the whole model did not fit the budget: eval's generation runs one decoder layer
 at a time (:mod:`resumerge.analyses.evaluation.streamgen`) on a tiny model, whose whole would fit any budget its
-layers do; ``--spilled`` first: its KV cache spilled to the pass's folder too. The kill tests of the layer-streamed
-generation run it in a process of their own, as the CLI."""
+layers do; ``--spilled`` first: its KV cache spilled to the pass's folder too, and a step's batch of rows cut in
+parts of 4 (as a plan does where every request's past at a layer would hold more than the layer). The kill tests
+of the layer-streamed generation run it in a process of their own, as the CLI."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from resumerge.cli.commands import main
 
 
 def streamed(spilled: bool) -> None:
-    """The whole model judged not to fit (``spilled``: nor the KV cache beside the largest step)."""
+    """The whole model judged not to fit (``spilled``: nor the KV cache beside the largest step, nor a step's rows
+    in one batch)."""
     run._fits = lambda stream, settings: False  # type: ignore[assignment]
     if spilled:
         planned = streamgen.gen_plan
 
         def spilling(*args: Any, **kwargs: Any) -> Any:
-            return replace(planned(*args, **kwargs), held=False)
+            return replace(planned(*args, **kwargs), held=False, rows=4)  # and a step's batch cut in parts
 
         streamgen.gen_plan = spilling  # type: ignore[assignment]
 

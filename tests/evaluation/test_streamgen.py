@@ -23,6 +23,7 @@ from support import write_config
 from resumerge import api
 from resumerge.analyses.evaluation.kvcache import SPILL_NAME
 from resumerge.analyses.evaluation.streamgen import GENERATED, STEP_PREFIX
+from resumerge.forward.stream import ModelStream
 from tests.evaluation.evaltasks import GEN, hf_results, tiny_model, write_tasks
 from tests.evaluation.streamedeval import streamed
 from tests.support import cli
@@ -48,6 +49,24 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tiny_model(tmp_path / "model"), write_tasks(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Any, Any]:
+    """The kill tests' reference, made once for both: tiny_gen's streamed generation in a CLI process never killed,
+    its results and the answers it kept (spilled or held, the answers are the same:
+    ``test_the_same_answers_held_whole_streamed_and_spilled``). A run each cost both tests a third CLI process."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    model, tasks = tiny_model(root / "model"), write_tasks(root)
+    with pytest.MonkeyPatch.context() as patch:  # as conftest's ``hermetic`` sets them for a test
+        patch.setenv("XDG_CACHE_HOME", str(installation_cache))
+        patch.setenv("HF_HOME", str(root / "hf"))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        once = cli("eval", model, "--tasks", "tiny_gen", "--include-path", tasks, "--state-dir", root / "state",
+                   "--json", script=STREAMED, timeout=300)
+    assert once.returncode == 0, once.stderr
+    kept = json.loads(next((root / "state" / "evals").glob(f"*/{GENERATED}")).read_text())
+    return json.loads(once.stdout)["results"], kept
+
+
 def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None) -> Any:
     def progress(step: Any) -> None:
         if said is not None and step.plan is not None:
@@ -62,11 +81,22 @@ def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_t
     cut = _task(tasks, "tiny_cut", '{until: ["o", "J"], max_gen_toks: 5}')
     names = ["tiny_gen", cut]
     monkeypatch.setattr("resumerge.analyses.evaluation.run._fits", lambda stream, settings: False)
+    rows: list[int] = []
+    run = ModelStream.run
+
+    def counted(layer: Any, hidden: Any, call: Any, **kwargs: Any) -> Any:
+        rows.append(int(hidden.shape[0]))
+        return run(layer, hidden, call, **kwargs)
+
+    monkeypatch.setattr(ModelStream, "run", staticmethod(counted))
     said: list[str] = []
     ours = _evaluate(model, tasks, names, tmp_path / "state", said)
     monkeypatch.undo()
     # streamed: every generation request of both tasks in one pass, each with its own stops and length
     assert len(said) == 1 and "12 request(s)" in said[0] and "held in RAM" in said[0]
+    # the prefill one context at a time (3 layers, 12 contexts), then each step's newest tokens as one batch a
+    # layer (the first such step checked against its rows run alone too)
+    assert rows[:3 * 12] == [1] * 3 * 12 and rows[3 * 12] == 12 and sum(n > 1 for n in rows) >= 2 * 3
     theirs = hf_results(model, tasks, names)
     for task in names:
         assert ours.results["results"][task] == theirs["results"][task]
@@ -127,6 +157,7 @@ def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeyp
 @pytest.mark.parametrize(("spilled", "point"), [(False, "after_generation_step:3"),
                                                 (True, "after_generation_layer:7")])
 def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tuple[Path, Path], tmp_path: Path,
+                                                                      uninterrupted: tuple[Any, Any],
                                                                       spilled: bool, point: str) -> None:
     model, tasks = setup
     state = tmp_path / "state"
@@ -142,8 +173,6 @@ def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tupl
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {4 if not spilled else 3}/8: layer 1/3"), steps[:2]
-    once = cli(*[tmp_path / "once" if a == state else a for a in args], script=STREAMED, timeout=300)
-    assert once.returncode == 0, once.stderr
-    assert json.loads(resumed.stdout)["results"] == json.loads(once.stdout)["results"]
-    again = json.loads(next((tmp_path / "once" / "evals").glob(f"*/{GENERATED}")).read_text())
-    assert json.loads((folder / GENERATED).read_text()) == again
+    results, kept = uninterrupted
+    assert json.loads(resumed.stdout)["results"] == results
+    assert json.loads((folder / GENERATED).read_text()) == kept

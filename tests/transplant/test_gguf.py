@@ -63,7 +63,7 @@ def test_a_gguf_output_holds_the_gguf_donors_vocabulary(files: tuple[Path, Path,
     model, _, path, _ = files
     out = tmp_path / "out"
     api.tokensurgeon(str(model), str(path), out, surgery=api.Surgery(approximation_method="mean"),
-                     output=api.Output(out_type="gguf", gguf_type="f16"), state_dir=tmp_path / "s")
+                     output=api.Output(out_type="gguf", gguf_type="q8_0"), state_dir=tmp_path / "s")
     written, parent = gguf.GGUFReader(out / "model.gguf"), gguf.GGUFReader(path)
     tokens = written.fields["tokenizer.ggml.tokens"]
     assert [bytes(tokens.parts[i]) for i in tokens.data] == [
@@ -74,3 +74,6 @@ def test_a_gguf_output_holds_the_gguf_donors_vocabulary(files: tuple[Path, Path,
     embed = next(t for t in written.tensors if t.name == "token_embd.weight")
     assert np.isfinite(np.asarray(embed.data, dtype=np.float32)).all()
     assert not (out / "tokenizer.json").exists()  # the file holds the tokenizer
+    # the card's command line asks for the GGUF it describes
+    assert f"`resumerge tokensurgeon {model} {path} OUT -a mean --out-type gguf --gguf-type q8_0`" in (
+        out / "README.md").read_text()

@@ -120,3 +120,33 @@ def test_plan_refuses_a_budget_it_cannot_meet_in_one_line(pair: tuple[Path, Path
     lines = [line for line in ran.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "will not fit" in lines[0] and "--max-memory" in lines[0], ran.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_plan_times_the_unit_on_the_real_tables(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """plan's time comes from the transplant's unit run on MODEL's and DONOR's tables (it was left unmeasured: a
+    sample of the output's rows read past MODEL's smaller table), at a reduced scale scaled to every token."""
+    model, donor = pair
+    estimate = api.tokensurgeon(str(model), str(donor), tmp_path / "out", plan=True,
+                                surgery=api.Surgery(k=8, batch_size=16), state_dir=tmp_path / "s")
+    assert isinstance(estimate, Estimate)
+    units = [g for g in estimate.time.compute if g.method == registered.SURGERY_ROWS]
+    assert len(units) == 2  # the embedding and the untied head
+    for group in units:
+        assert group.seconds is not None and group.seconds > 0, group.note
+        assert not group.synthetic and group.sample_bytes > 0
+        assert "16 of 82 approximated tokens" in group.note
+    assert not (tmp_path / "out").exists() and not (tmp_path / "s").exists()
+
+
+def test_the_probe_cuts_the_approximated_tokens_and_keeps_nothing() -> None:
+    match = _match()
+    store = object()
+    transplant = Transplant({"embed": match}, Method("omp", k=4), 8, store, 1 << 20)  # type: ignore[arg-type]
+    probe = registered.scaled_probe(Resources((transplant,)), {"matrix": "embed"})
+    small, large = (r.find(Transplant) for r in (probe.small, probe.large))
+    assert small is not None and large is not None
+    assert small.matches["embed"].approximated == () and small.store is None and large.store is None
+    taken = min(8, len(match.approximated))
+    assert large.matches["embed"].approximated == match.approximated[:taken]
+    assert large.matches["embed"].copies == match.copies and large.matches["embed"].shared == match.shared
+    assert probe.scale == len(match.approximated) / taken

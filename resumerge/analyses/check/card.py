@@ -16,6 +16,7 @@ card is left as committed: changing it is a commit to the repo, which the check 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 from resumerge.analyses.check.names import in_short, short_names
@@ -26,6 +27,14 @@ from resumerge.errors import LedgerError
 from resumerge.store.recommit import committed_file, recommit_small
 
 CARD_NAME = "README.md"
+# The kind of run a tokenizer transplant's ledger records, and what its check against MODEL means.
+TRANSPLANT = "tokensurgeon"
+TRANSPLANT_LEAD = (
+    "This model is MODEL's weights with DONOR's tokenizer; its check against MODEL (as `--base`) is over texts made "
+    "of tokens both tokenizers hold, each model reading the same token strings. Its KL from MODEL and top-1 "
+    "agreement are over the shared tokens: near 0 and 100 % say the rows of those tokens predict as MODEL's do (a "
+    "merge's \"no effect\" is what a transplant aims at); its NLL is over its whole vocabulary, DONOR's tokens "
+    "that MODEL lacked included.")
 BEGIN = "<!-- resumerge check: begin (replaced by each check) -->"
 END = "<!-- resumerge check: end -->"
 
@@ -59,7 +68,7 @@ def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckRep
         return (f"{out / CARD_NAME} is left as it is: this check did not compare the merge with its own "
                 f"{', '.join(missing)} (a check without --base/--parent, or with all of them, writes the section)")
     text = found.data.decode("utf-8", errors="replace")
-    updated = with_section(text, render_section(report)).encode("utf-8")
+    updated = with_section(text, render_section(report, transplant=run_kind(out, run) == TRANSPLANT)).encode("utf-8")
     if updated == found.data:
         return f"{out / CARD_NAME}: the check's section is up to date"
     if not recommit_small(out, found, updated, run):
@@ -116,6 +125,19 @@ def not_compared(out: str | os.PathLike[str], report: CheckReport) -> list[str]:
     return [f"{role} {Path(path).name or path}" for role, path in wanted if same_model(path) not in compared]
 
 
+def run_kind(out: str | os.PathLike[str], state: StateDir) -> str | None:
+    """The kind of run its ledger in ``state`` records for ``out`` (``merge``, ``tokensurgeon``, ...; None: none
+    recorded, or a ledger that cannot be read)."""
+    from resumerge.store.ledger_read import reading
+
+    try:
+        with reading(state.run(out).ledger, "ledger") as conn:
+            row = conn.execute("SELECT kind FROM run LIMIT 1").fetchone()
+    except (LedgerError, LookupError, sqlite3.Error):
+        return None
+    return str(row["kind"]) if row is not None and row["kind"] else None
+
+
 def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
     """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else the one a
     command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or ``./state``); None where
@@ -146,10 +168,12 @@ def with_section(card: str, section: str) -> str:
     return card.rstrip("\n") + "\n\n" + section
 
 
-def render_section(report: CheckReport) -> str:
+def render_section(report: CheckReport, *, transplant: bool = False) -> str:
     """The card's check section (Markdown, ending in a newline): the merge and its own base and parents in the
     table (a model the check was also given is listed as "also compared with"), each by its short name
-    (:mod:`.names`): a card is published, and a local absolute path says nothing on the hub."""
+    (:mod:`.names`): a card is published, and a local absolute path says nothing on the hub. How the vocabularies
+    met where they differ (KL and top-1 over the shared tokens). A ``transplant``'s (``resumerge tokensurgeon``)
+    says what its check against MODEL means: a merge's "no effect" is what a transplant aims at."""
     def num(x: float | None, f: str = ".4f") -> str:
         return "-" if x is None else format(x, f)
 
@@ -158,8 +182,10 @@ def render_section(report: CheckReport) -> str:
     verdict = report.verdict.replace("_", " ")
     lines = [BEGIN, "## Check", "",
              f"`resumerge check`: **{verdict}** (exit {report.exit_code}), over {report.sequences} sequences, "
-             f"{report.tokens} predicted tokens.", "",
-             "| role | model | NLL | KL(this ‖ merge) | top-1 agreement |", "|---|---|---|---|---|"]
+             f"{report.tokens} predicted tokens.", ""]
+    if transplant:
+        lines += [TRANSPLANT_LEAD, ""]
+    lines += ["| role | model | NLL | KL(this ‖ merge) | top-1 agreement |", "|---|---|---|---|---|"]
     for m, name in zip(report.models, names):
         if m.own:
             lines.append(f"| {m.role} | {_cell(name)} | {num(m.nll)} | {num(m.kl, '.4g')} | {num(m.top1, '.1%')} |")
@@ -170,6 +196,8 @@ def render_section(report: CheckReport) -> str:
     lines.append(f"- Broken layer: {layer}.")
     if report.compared is not None:
         lines.append(f"- Compared: {_cell(report.compared)}.")
+    if report.vocabulary is not None:
+        lines.append(f"- Vocabularies: {_cell(report.vocabulary)}.")
     lines += [f"- {_cell(in_short(reason, paths, names))}" for reason in report.reasons]
     lines.append("- Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in sorted(report.thresholds.items())) + ".")
     lines.append(f"- Prompts: {report.prompts}." if report.prompts else "- Prompts: not recorded.")

@@ -5,21 +5,19 @@ pass's departures (the values the verdict judges) with their threshold per layer
 depart_floor), dashed; the layer a localisation names is a red bar; a legend names each line by its model's role
 and short name.
 
-Written with the standard library only (zlib and a few chunks: PNG needs nothing more for an 8-bit RGB image; the
-text in a 5×7 bitmap font, :mod:`.glyphs`), so that a chart costs no plotting dependency.
+Drawn on :mod:`.canvas` (the standard library only, so that a chart costs no plotting dependency).
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.check.glyphs import ADVANCE, GLYPH_HEIGHT, glyph, text_width
+from resumerge.analyses.check.canvas import Canvas
+from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
 from resumerge.analyses.check.names import short_names
 from resumerge.store.durable import write_file_atomic
 
@@ -35,63 +33,6 @@ COLOURS: tuple[tuple[int, int, int], ...] = ((31, 119, 180), (255, 127, 14), (44
 COLOUR_NAMES = ("blue", "orange", "green", "purple", "brown", "pink", "grey", "olive")
 _GRID, _AXIS, _MARK = (225, 225, 225), (90, 90, 90), (214, 39, 40)
 _TEXT, _LIMIT = (40, 40, 40), (120, 120, 120)
-
-
-class _Canvas:
-    """An RGB image held as one bytearray per row."""
-
-    def __init__(self, width: int, height: int) -> None:
-        self.width, self.height = width, height
-        self.rows = [bytearray(b"\xff" * (3 * width)) for _ in range(height)]
-
-    def dot(self, x: int, y: int, colour: tuple[int, int, int]) -> None:
-        if 0 <= x < self.width and 0 <= y < self.height:
-            self.rows[y][3 * x:3 * x + 3] = bytes(colour)
-
-    def line(self, x0: int, y0: int, x1: int, y1: int, colour: tuple[int, int, int], thick: int = 1) -> None:
-        """Bresenham's line, ``thick`` pixels wide (a square brush)."""
-        dx, dy = abs(x1 - x0), -abs(y1 - y0)
-        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
-        error = dx + dy
-        while True:
-            for ox in range(thick):
-                for oy in range(thick):
-                    self.dot(x0 + ox - thick // 2, y0 + oy - thick // 2, colour)
-            if x0 == x1 and y0 == y1:
-                return
-            doubled = 2 * error
-            if doubled >= dy:
-                error, x0 = error + dy, x0 + sx
-            if doubled <= dx:
-                error, y0 = error + dx, y0 + sy
-
-    def text(self, x: int, y: int, text: str, colour: tuple[int, int, int], vertical: bool = False) -> None:
-        """``text`` in the 5×7 font (:mod:`.glyphs`), its top left at (x, y); ``vertical``: turned a quarter
-        left, read from the bottom up, its bottom left at (x, y)."""
-        for number, char in enumerate(text):
-            for column, bits in enumerate(glyph(char)):
-                for row in range(GLYPH_HEIGHT):
-                    if not bits >> row & 1:
-                        continue
-                    along = number * ADVANCE + column
-                    if vertical:
-                        self.dot(x + row, y - along, colour)
-                    else:
-                        self.dot(x + along, y + row, colour)
-
-    def png(self) -> bytes:
-        raw = b"".join(b"\x00" + bytes(row) for row in self.rows)  # filter type 0 on every row
-
-        def chunk(kind: bytes, data: bytes) -> bytes:
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)  # 8-bit RGB
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
-                + chunk(b"IEND", b""))
-
-
-# The canvas, drawn on by other charts too (resumerge evolve's objective per generation).
-Canvas = _Canvas
 
 
 @dataclass(frozen=True)
@@ -122,7 +63,7 @@ def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None
     if broken_layer is not None:
         legend.append((_MARK, f"layer {broken_layer}: named by the localising pass"))
     height = len(panels) * (PANEL + 2 * MARGIN + 24) + 16 + _LINE * len(legend) + MARGIN
-    canvas = _Canvas(WIDTH, height)
+    canvas = Canvas(WIDTH, height)
     top = 8
     for panel in panels:
         _draw_panel(canvas, panel, top, broken_layer)
@@ -134,7 +75,7 @@ def drift_png(series: Sequence[Sequence[float]], broken_layer: int | None = None
     return canvas.png()
 
 
-def _draw_panel(canvas: _Canvas, panel: Panel, at: int, broken_layer: int | None) -> None:
+def _draw_panel(canvas: Canvas, panel: Panel, at: int, broken_layer: int | None) -> None:
     """One panel, its title at ``at`` (pixels from the top)."""
     canvas.text(_LEFT, at, panel.title, _TEXT)
     left, right, top, bottom = _LEFT, WIDTH - MARGIN, at + MARGIN, at + MARGIN + PANEL

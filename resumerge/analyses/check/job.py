@@ -274,7 +274,7 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
     """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
     here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
     ``reads``' journal."""
-    from resumerge.analyses.check.onray import ray_models
+    from resumerge.analyses.check.onray import ActorTerms, ray_models
 
     def on_layer(layer: int, nodes: list[str]) -> None:
         progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
@@ -284,7 +284,7 @@ def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir
         reads.elsewhere(models[m], found)
 
     given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
-    with ray_models(models, placed, layers, on_layer, on_reads, vocab, given, keep=keep) as running:
+    with ray_models(models, placed, layers, on_layer, on_reads, vocab, ActorTerms(given, keep=keep)) as running:
         return run_pass([m.role for m in models], running, tokens, workdir)
 
 

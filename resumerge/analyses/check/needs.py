@@ -11,11 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from resumerge.analyses.check.heads import head_step_bytes
-from resumerge.analyses.check.static import static_bytes
 from resumerge.config.locations import cache_root
 from resumerge.forward import step_sizes
 from resumerge.forward.batches import largest_batch, padded_positions
 from resumerge.forward.stream import ModelStream
+from resumerge.inputs.codecs import StoredFormats
+from resumerge.inputs.safetensors_format import numel
+
+# Values per span the static pass reads a tensor in (4 MB in float32): what it holds of a plain tensor at once.
+STATIC_SPAN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -66,3 +70,16 @@ def settled_held(command: str, models: Sequence[str], tokens: Sequence[Sequence[
 
     texts = hashlib.sha256(json.dumps([list(t) for t in tokens]).encode()).hexdigest()
     return settled_reading((command, *models, texts), SystemProbe().rss(), cache_root())
+
+
+def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
+    """The most the static pass holds at once: three models' spans of a tensor in float32 (two held, the third
+    mapped while it is cast, at most as large again); a span is :data:`STATIC_SPAN` values of a plain tensor, the
+    whole of a quantized one (decoded whole)."""
+    def held(f: StoredFormats, name: str, shape: tuple[int, ...]) -> int:
+        values = numel(f.codec(name).value_shape(shape))
+        return values if name in f.claims else min(values, STATIC_SPAN)
+
+    largest = max((held(f, n, tuple(found.entry.shape)) for f in streams_formats
+                   for n, found in f.logical().items()), default=0)
+    return 3 * largest * 4

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.check.heads import HeadTotals, shared
@@ -193,6 +193,23 @@ class _Lost(Exception):
     """An actor of a step was lost (its process or node died), or an object another actor returned for the step."""
 
 
+@dataclass(frozen=True)
+class ActorTerms:
+    """How the pass's actors are made: ``state``, the state dir a node opens a model under (``--state-dir``; None:
+    the default); ``dtype`` and ``what`` (the pass, as its refusals name it): see :class:`ModelNode`; ``beside``:
+    beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
+    actor waits idle for the next run or pass (0: fresh actors, ended with the pass)."""
+
+    state: str | None = None
+    dtype: torch.dtype | None = None
+    what: str = "check"
+    beside: bool = False
+    keep: float = 0.0
+
+
+CHECK_ACTORS = ActorTerms()
+
+
 class RayModels:
     """The pass's models on a Ray cluster (see the module's docstring); ``on_layer(index, nodes)`` is told before
     each layer, with the node each model runs on.
@@ -202,18 +219,18 @@ class RayModels:
     same figures); the step goes on there, from the hidden states the driver holds: only the lost models' part of a
     layer is run again, the heads step whole. At most :data:`REPLACES` times a check; past that, or with no node
     left to take a model, :class:`~resumerge.errors.UnreachableError` (exit 3): the check run again resumes at the
-    last layer journaled. ``dtype`` and ``what``: see :class:`ModelNode` (``what`` names the pass in its
-    refusals). ``beside``: the actors compute beside a run's workers, which hold the nodes' CPUs while they wait for
+    last layer journaled. ``terms``: how the actors are made (:class:`ActorTerms`); with ``beside`` the actors
+    compute beside a run's workers, which hold the nodes' CPUs while they wait for
     the run's plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
     computes on as many threads as its share of the node's CPUs; its memory is declared all the same."""
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
-                 state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
-                 beside: bool = False, keep: float = 0.0) -> None:
+                 terms: ActorTerms = CHECK_ACTORS) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
-        self.keep = 0.0 if beside else keep  # beside a run's workers (which hold the nodes' CPUs): fresh actors
+        state, dtype, what, beside = terms.state, terms.dtype, terms.what, terms.beside
+        self.keep = 0.0 if beside else terms.keep  # beside a run's workers (which hold the nodes' CPUs): fresh actors
         self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
@@ -428,18 +445,15 @@ class RayModels:
 def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
                on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
-               state: str | None = None, dtype: torch.dtype | None = None, what: str = "check",
-               beside: bool = False, keep: float = 0.0) -> Iterator[RayModels]:
+               terms: ActorTerms = CHECK_ACTORS) -> Iterator[RayModels]:
     """The pass's models as actors of the Ray cluster this process joined
     (:func:`~resumerge.analyses.onray.ray_places`), where ``placed`` says (``vocab``: how their vocabularies meet,
-    where they differ; ``state``: the state dir given with ``--state-dir``, which a node opens a GGUF or hub model
-    under; None: the default; ``dtype``, ``what``, ``beside``: see :class:`RayModels`); they end with the block.
-    ``keep``: on a cluster that outlives the pass, the seconds a node's kept worker that hosts an actor waits idle
-    for the next run or pass (:func:`~resumerge.analyses.onray.kept_hosts`; 0: fresh actors, ended with it)."""
+    where they differ; ``terms``: how the actors are made, :class:`ActorTerms`: the state dir a node opens a GGUF or
+    hub model under, and on a cluster that outlives the pass how long a kept worker waits idle,
+    :func:`~resumerge.analyses.onray.kept_hosts`); they end with the block."""
     from resumerge.engine.cluster.connect import require_ray
 
-    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, state, dtype, what,
-                        beside, keep)
+    running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, terms)
     try:
         running.start()
         yield running
@@ -461,6 +475,6 @@ def placing(address: str | None, state: str | None, what: str) -> Places:
         from resumerge.analyses.onray import ray_places
 
         where = ray_places(address, [IMPORT_RESERVE + need for need in needs], what=what)
-        return ray_models(models, where, layers, state=state, dtype=dtype, what=what, beside=True)
+        return ray_models(models, where, layers, terms=ActorTerms(state, dtype, what, beside=True))
 
     return placed

@@ -25,17 +25,16 @@ with the attention mask), and every figure is taken over real positions only."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from resumerge.analyses.check.folded import FoldedStatic
 from resumerge.analyses.check.heads import HeadTotals, head_figures, kl_at, nll_sum, shared, targets_of
 from resumerge.analyses.check.heads import logprobs as streamed_logprobs
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.vocabs import SharedVocab, own_batches
-from resumerge.forward import Weights
+from resumerge.forward import CastReader, Weights
 from resumerge.forward.batches import BATCH_TOKENS, Batch, Hidden, batches_of, enter, largest_batch, padded_positions
 from resumerge.forward.journal import Journal, Restart
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
@@ -43,9 +42,9 @@ from resumerge.forward.placement import Placement, Streams, batched_on, model_la
 from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch
 
-__all__ = ["BATCH_TOKENS", "LAYER_PREFIX", "LocalModels", "PassFigures", "PassModels", "batched_on", "batches_of",
-           "compared", "forward_pass", "largest_batch", "logprobs", "model_layer", "padded_positions", "run_pass",
-           "streams_of", "totals"]
+__all__ = ["BATCH_TOKENS", "LAYER_PREFIX", "Fold", "LocalModels", "PassFigures", "PassModels", "batched_on",
+           "batches_of", "compared", "forward_pass", "largest_batch", "logprobs", "model_layer", "padded_positions",
+           "run_pass", "streams_of", "totals"]
 
 LAYER_PREFIX = "layer-"
 # The layer file's metadata entry holding the static figures the layers' reads found (resumerge.analyses.check.folded).
@@ -95,7 +94,7 @@ def streams_of(models: Sequence[Checked], device: str = "cpu", dtype: torch.dtyp
 
 def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
-                 reserve: Reserve = unreserved, fold: FoldedStatic | None = None,
+                 reserve: Reserve = unreserved, fold: Fold | None = None,
                  vocab: SharedVocab | None = None) -> PassFigures | None:
     """Run the pass in this process (resuming the one journaled in ``workdir``) and return its figures;
     ``on_model(layer, m)`` is told before model ``m``'s layer is read (``status`` shows it); ``reserve(what,
@@ -108,6 +107,29 @@ def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequ
                     sequences, workdir, fold)
 
 
+class Fold(Protocol):
+    """The static figures taken from the decoder layers' reads as the pass reads them (the check's
+    :class:`~resumerge.analyses.check.folded.FoldedStatic`), journaled with each layer: what the pass asks of them."""
+
+    def order(self) -> list[int]:
+        """The order the models run in within a layer."""
+
+    def watching(self, reader: CastReader, model: int) -> AbstractContextManager[None]:
+        """Take the figures of what ``reader`` (of model ``model``) reads in the block."""
+
+    def end_layer(self) -> None:
+        """The layer's last model has run."""
+
+    def nonfinite(self) -> bool:
+        """Whether the merge holds a non-finite value so far."""
+
+    def to_json(self) -> str:
+        """The figures so far, as journaled with the layer."""
+
+    def restore(self, text: str) -> None:
+        """Take back the figures a layer's journal holds."""
+
+
 class PassModels(Placement, Protocol):
     """Where the check's models run (:class:`~resumerge.forward.placement.Placement`), with their heads: this
     process (:class:`LocalModels`) or a Ray actor each (:mod:`.onray`). :func:`run_pass` drives either the same
@@ -118,7 +140,7 @@ class PassModels(Placement, Protocol):
 
 
 def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Sequence[int]],
-             workdir: Path, fold: FoldedStatic | None = None) -> PassFigures | None:
+             workdir: Path, fold: Fold | None = None) -> PassFigures | None:
     """The pass over ``models`` (resuming the one journaled in ``workdir``, whichever ran it) and its figures;
     ``fold``: the static figures the layers' reads found, journaled with each layer (None returned, the pass
     stopped, once they hold a non-finite value)."""
@@ -136,7 +158,7 @@ class _CheckStep(Step[PassFigures]):
     beside the hidden states with the static figures folded in so far; after the last layer, the heads."""
 
     def __init__(self, roles: Sequence[str], models: PassModels, real: list[torch.Tensor],
-                 batches: Sequence[Sequence[Sequence[int]]], fold: FoldedStatic | None) -> None:
+                 batches: Sequence[Sequence[Sequence[int]]], fold: Fold | None) -> None:
         self.models, self.real, self.batches, self.fold = models, real, batches, fold
         self.base = roles.index("base") if "base" in roles else None
         self.reference = self.base if self.base is not None else (1 if len(roles) > 1 else None)
@@ -166,9 +188,9 @@ class _CheckStep(Step[PassFigures]):
 
 
 class _Folding:
-    """:class:`~.folded.FoldedStatic` as the forward engine's :class:`~resumerge.forward.placement.Watch`."""
+    """:class:`Fold` as the forward engine's :class:`~resumerge.forward.placement.Watch`."""
 
-    def __init__(self, fold: FoldedStatic) -> None:
+    def __init__(self, fold: Fold) -> None:
         self.fold = fold
 
     def order(self, models: int) -> Iterable[int]:
@@ -188,7 +210,7 @@ class LocalModels(Streams):
 
     def __init__(self, streams: Sequence[ModelStream], workdir: Path,
                  on_model: Callable[[int, int], None] | None = None, reserve: Reserve = unreserved,
-                 fold: FoldedStatic | None = None, vocab: SharedVocab | None = None) -> None:
+                 fold: Fold | None = None, vocab: SharedVocab | None = None) -> None:
         def own(m: int, batches: list[Batch]) -> list[Batch]:
             return own_batches(vocab, m, batches)
 

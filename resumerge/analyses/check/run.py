@@ -10,6 +10,7 @@ import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.analyses.check.job import CheckJob, CheckSettings
@@ -50,46 +51,58 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
 
         check_ray()
     with _passive_threads():
-        return _checked(model, base, parents, prompts, CheckSettings(max_memory, state, placement, device),
-                        cut_texts, watcher)
+        return _checked(CheckAsked(model, base, tuple(parents), prompts, cut_texts),
+                        CheckSettings(max_memory, state, placement, device), watcher)
 
 
-def _checked(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
-             parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-             settings: CheckSettings, cut_texts: bool, watcher: Watcher | None) -> CheckReport:
+@dataclass(frozen=True)
+class CheckAsked:
+    """What the user asked to check, as the command line says it: the models, the texts, and whether a text past
+    the context is cut (what the check's command names, :meth:`command`)."""
+
+    model: str | os.PathLike[str]
+    base: str | os.PathLike[str] | None
+    parents: tuple[str | os.PathLike[str], ...]
+    prompts: str | os.PathLike[str] | None
+    cut_texts: bool
+
+    def command(self, settings: CheckSettings) -> str:
+        """:func:`check_command` of this check."""
+        return check_command(self.model, self.base, self.parents, self.prompts, settings.state, self.cut_texts,
+                             settings.device)
+
+
+def _checked(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None) -> CheckReport:
     """:func:`run_check`'s work, its OpenMP setting in force."""
     state = settings.state
-    models = find_models(model, base, tuple(parents), state)
+    models = find_models(asked.model, asked.base, asked.parents, state)
     _comparable(models)
     # imported only where needed: the tokenizer, a family .native does not build
     require_transformers(Needs("resumerge check"), load=False)
-    prompts_file = Path(prompts) if prompts is not None else None
+    prompts_file = Path(asked.prompts) if asked.prompts is not None else None
     # A first check loads its tokenizer (torch and transformers imported: seconds of one core): its models' bytes
     # are hashed meanwhile, on the other cores, outside the GIL. A repeated check has its tokens kept: nothing read.
     proof = PassProof(models, compared_reads(models))
     try:
         texts = cached_sequences([m.opened.directory for m in models], prompts_file, state.checks_dir,
                                  configs=[m.opened.config for m in models], paths=[m.path for m in models],
-                                 cut=cut_texts, on_miss=proof.start)
-        return _keyed(model, base, parents, prompts, settings, cut_texts, watcher, models, texts, prompts_file,
-                      proof)
+                                 cut=asked.cut_texts, on_miss=proof.start)
+        return _keyed(asked, settings, watcher, models, texts, prompts_file, proof)
     finally:
         proof.close()
 
 
-def _keyed(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,
-           parents: Sequence[str | os.PathLike[str]], prompts: str | os.PathLike[str] | None,
-           settings: CheckSettings, cut_texts: bool, watcher: Watcher | None, models: list[Checked],
-           texts: Texts, prompts_file: Path | None, proof: PassProof) -> CheckReport:
+def _keyed(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None, models: list[Checked], texts: Texts,
+           prompts_file: Path | None, proof: PassProof) -> CheckReport:
     """The check, its texts known: its folder found by its key, and the job driven there
     (:func:`~resumerge.forward.driver.drive`: locked, answered from its report, or run)."""
     workdir = settings.state.checks_dir / _key(models, texts.tokens, texts.vocab)
-    command = check_command(model, base, tuple(parents), prompts, settings.state, cut_texts, settings.device)
+    command = asked.command(settings)
     # One process per check: two at once would delete each other's layer and head files (issue 70).
-    folder = PassFolder(workdir, f"this check of {model}", command,
+    folder = PassFolder(workdir, f"this check of {asked.model}", command,
                         hint="wait for it to finish (asked again, the check then answers at once), or stop it (it "
                              "resumes at the layer it reached)")
-    return drive(CheckJob(folder, model, models, texts, prompts_file, settings, watcher, proof))
+    return drive(CheckJob(folder, asked.model, models, texts, prompts_file, settings, watcher, proof))
 
 
 def check_command(model: str | os.PathLike[str], base: str | os.PathLike[str] | None,

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resumerge.analyses.check.models import Checked
+from resumerge.analyses.check.needs import STATIC_SPAN
 from resumerge.analyses.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
 from resumerge.forward.opened import layer_of
@@ -39,10 +40,9 @@ from resumerge.torch_import import torch
 # the merge is below UNMOVED_RATIO of the parents' is named.
 UNMOVED_RATIO = 0.01
 _PARENTS_MOVED = 1e-6
-# Values per block of a difference (4 MB in float32).
-_BLOCK = 1 << 20
-# Values per span a tensor is read in (a whole number of blocks: one, 4 MB in float32).
-_SPAN = _BLOCK
+# Values per block of a difference (4 MB in float32), and per span a tensor is read in (a whole number of blocks:
+# one; the span the budget counts, :data:`~resumerge.analyses.check.needs.STATIC_SPAN`).
+_BLOCK = _SPAN = STATIC_SPAN
 
 # A multimodal model's vision tower and projector: one group, not counted in the decoder layers' groups.
 _VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_projector|vision_embed_tokens)\.")
@@ -83,19 +83,6 @@ def mtp_from(config: Mapping[str, Any]) -> int | None:
         return int(config["num_hidden_layers"]) if int(config.get("num_nextn_predict_layers") or 0) > 0 else None
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
-    """The most the static pass holds at once: three models' spans of a tensor in float32 (two held, the third
-    mapped while it is cast, at most as large again); a span is :data:`_SPAN` values of a plain tensor, the
-    whole of a quantized one (decoded whole)."""
-    def held(f: StoredFormats, name: str, shape: tuple[int, ...]) -> int:
-        values = numel(f.codec(name).value_shape(shape))
-        return values if name in f.claims else min(values, _SPAN)
-
-    largest = max((held(f, n, tuple(found.entry.shape)) for f in streams_formats
-                   for n, found in f.logical().items()), default=0)
-    return 3 * largest * 4
 
 
 # One tensor's static figures: whether the merge's values are all finite, and where it is compared with the base,

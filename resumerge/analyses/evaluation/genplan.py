@@ -1,10 +1,10 @@
 """A layer-streamed generation judged before any weight is read (:class:`GenPlan`): what each step holds (a decoder
-layer in float32 with one request's attention scores, the head with every request's logits), the hidden states of
-the first token step (every context whole), the KV cache (every request's context and its new tokens, at every
-layer), and whether that cache is held in RAM beside the largest step or spilled to the pass's folder; then the
-estimate said before it starts, as ``plan`` says a merge's: the token steps, the bytes each reads (every decoder
-layer, the final norm and the head, the new tokens' embedding rows) and, where the weights' disk was probed, the
-floor of its time (those bytes at the disk's cold read speed)."""
+layer in float32 with one request's attention scores and every request's past at it, the head with every request's
+logits), the hidden states of the first token step (every context whole), the KV cache (every request's context and
+its new tokens, at every layer), and whether that cache is held in RAM beside the largest step or spilled to the
+pass's folder; then the estimate said before it starts, as ``plan`` says a merge's: the token steps, the bytes each
+reads (every decoder layer, the final norm and the head, the new tokens' embedding rows) and, where the weights' disk
+was probed, the floor of its time (those bytes at the disk's cold read speed)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.sizes import format_size
 
 _FLOAT = 4
+_ROWS_HELD = 64 << 20  # what a step's batch of requests' pasts may hold at least, beside its layer
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class GenPlan:
     """The generation's figures: ``budget`` in force, what its steps reserve (``steps``: ``layer``, ``heads``),
     ``states`` (the first step's hidden states, in and out), ``kv`` (the whole cache), ``held`` (the cache kept in
     RAM; False: spilled), ``steps_most`` (token steps at most: the largest ``max_gen_toks``), ``read_bytes`` (what
-    each token step reads of the weights) and ``read_per_s`` (the weights' disk, cold; None: not probed)."""
+    each token step reads of the weights), ``read_per_s`` (the weights' disk, cold; None: not probed) and ``rows``
+    (the requests a later step runs through a layer as one batch at once)."""
 
     budget: int
     steps: dict[str, int]
@@ -39,6 +41,7 @@ class GenPlan:
     steps_most: int
     read_bytes: int
     read_per_s: float | None
+    rows: int = 1
 
     def line(self, requests: int, where: Path) -> str:
         """The estimate in one line, said before the generation starts."""
@@ -66,9 +69,13 @@ def gen_plan(stream: ModelStream, asked: Sequence[Wanted], shape: KVShape, max_m
     longest = max(map(len, contexts), default=1)
     scores = 2 * heads * longest * longest * _FLOAT  # one request's attention scores and weights, its first step
     room = [len(w.tokens) + w.most for w in asked]
-    # a step holds its layer beside one request's past at it, read (spilled), grown by the layer, and what it added
-    one = 3 * max(room, default=0) * shape.position_bytes
-    layer = max(sizes.layers) + scores + one
+    # a step holds its layer beside a batch of requests' pasts at it, read (spilled) and left-padded into one batch,
+    # grown by the layer, and each request's part kept (:mod:`.rowbatch`): as many requests at once as hold no more
+    # than the layer itself or 64 MiB (thousands of long requests' pasts would hold more than the whole model), and
+    # at least one
+    per_row = 3 * max(room, default=0) * shape.position_bytes
+    rows = max(1, min(len(room), max(max(sizes.layers), _ROWS_HELD) // max(per_row, 1)))
+    layer = max(sizes.layers) + scores + rows * per_row
     steps = {"layer": layer, "heads": head_step_bytes(stream, len(asked), 1)}
     states = 2 * sum(map(len, contexts)) * int(getattr(text, "hidden_size", 0) or 0) * _FLOAT
     kv = sum(room) * shape.layers * shape.position_bytes
@@ -81,7 +88,7 @@ def gen_plan(stream: ModelStream, asked: Sequence[Wanted], shape: KVShape, max_m
         budget = budget_fitting("the generation, its KV cache spilled to disk", states + largest, max_memory,
                                 SystemProbe())
     return GenPlan(budget, steps, states, kv, held, max((w.most for w in asked), default=0),
-                   step_read_bytes(stream), _read_speed(files))
+                   step_read_bytes(stream), _read_speed(files), rows)
 
 
 def least_bytes(stream: ModelStream) -> int:

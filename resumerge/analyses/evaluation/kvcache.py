@@ -1,9 +1,10 @@
 """The KV cache of a layer-streamed generation (:mod:`.streamgen`): each request's keys and values at each decoder
 layer, kept between token steps while the layers come and go. Two stores behind one protocol (:class:`KVStore`):
 :class:`HeldKV` holds them in RAM (where they fit the budget beside the pass's largest step), :class:`SpilledKV` in
-one file in the pass's folder, read back one request's layer at a time. Either hands a layer a transformers
-``DynamicCache`` holding that request's past at that layer (:meth:`KVStore.cache`), whose own ``update`` the layer's
-attention calls, exactly as in ``model.generate``; what the layer added is kept (:meth:`KVStore.keep`).
+one file in the pass's folder, read back one request's layer at a time. Either gives a request's past at a layer
+(:meth:`KVStore.past`), which the step hands the layer as a transformers ``DynamicCache`` (:func:`one_layer_cache`;
+a batch's, left-padded: :mod:`.rowbatch`) whose own ``update`` the layer's attention calls, exactly as in
+``model.generate``; what the layer added is kept (:meth:`KVStore.keep`).
 
 Durability is the token step's (:mod:`.streamgen` journals each step in one file): :class:`HeldKV` gives the
 positions a step added for that file and is rebuilt from the files on a resume; :class:`SpilledKV` writes them into
@@ -91,11 +92,13 @@ def one_layer_cache(layer: int, past: tuple[torch.Tensor, torch.Tensor] | None, 
 class KVStore(Protocol):
     """Where a generation's KV cache is kept between token steps."""
 
-    def cache(self, layer: int, request: int, device: torch.device) -> Any:
-        """A ``DynamicCache`` holding ``request``'s past at ``layer`` (:func:`one_layer_cache`)."""
+    def past(self, layer: int, request: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``request``'s keys and values at ``layer`` (each ``(1, heads, positions, width)``, on the host; None:
+        none yet)."""
 
-    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
-        """What ``cache`` (as :meth:`cache` gave it, the layer run) holds at ``layer``: ``added`` new positions."""
+    def keep(self, layer: int, request: int, keys: torch.Tensor, values: torch.Tensor, added: int) -> None:
+        """``request``'s keys and values at ``layer`` once the layer ran (its past and the ``added`` positions it
+        added, each ``(1, heads, positions, width)``)."""
 
     def step_done(self) -> dict[str, torch.Tensor]:
         """The step's positions made durable here, or returned for the step's journal file (named by layer and
@@ -115,12 +118,12 @@ class HeldKV:
         self.held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.added: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def cache(self, layer: int, request: int, device: torch.device) -> Any:
-        return one_layer_cache(layer, self.held.get((layer, request)), device)
+    def past(self, layer: int, request: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.held.get((layer, request))
 
-    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
-        kept = cache.layers[layer]
-        keys, values = kept.keys.to("cpu"), kept.values.to("cpu")
+    def keep(self, layer: int, request: int, keys: torch.Tensor, values: torch.Tensor, added: int) -> None:
+        # its own copy: a batch's row would hold the whole batch's tensor
+        keys, values = keys.to("cpu").contiguous(), values.to("cpu").contiguous()
         self.held[(layer, request)] = (keys, values)
         self.added[(layer, request)] = (keys[:, :, -added:], values[:, :, -added:])
 
@@ -178,20 +181,18 @@ class SpilledKV:
             done += got
         return found.permute(1, 0, 2).unsqueeze(0)  # (1, heads, positions, width), as the cache holds it
 
-    def cache(self, layer: int, request: int, device: torch.device) -> Any:
+    def past(self, layer: int, request: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         length = self.lengths.get((layer, request), 0)
         if not length:
-            return one_layer_cache(layer, None, device)
-        past = (self._read(self._at(layer, request, False), length), self._read(self._at(layer, request, True), length))
-        return one_layer_cache(layer, past, device)
+            return None
+        return self._read(self._at(layer, request, False), length), self._read(self._at(layer, request, True), length)
 
-    def keep(self, layer: int, request: int, cache: Any, added: int) -> None:
-        kept = cache.layers[layer]
-        length = int(kept.keys.shape[2])
+    def keep(self, layer: int, request: int, keys: torch.Tensor, values: torch.Tensor, added: int) -> None:
+        length = int(keys.shape[2])
         start = length - added
-        for tensor, values in ((kept.keys, False), (kept.values, True)):
+        for tensor, second in ((keys, False), (values, True)):
             rows = tensor[0, :, start:].to("cpu").permute(1, 0, 2).contiguous()
-            os.pwrite(self.fd, rows.numpy().tobytes(), self._at(layer, request, values) + start * self.row)
+            os.pwrite(self.fd, rows.numpy().tobytes(), self._at(layer, request, second) + start * self.row)
         self.lengths[(layer, request)] = length
 
     def step_done(self) -> dict[str, torch.Tensor]:

@@ -88,7 +88,7 @@ class LayersOnRay:
 
     def places(self, model: PassModel, stream: ModelStream, sizes: StepBytes, state: StateDir) -> Places:
         """The cluster joined and the pass's actor placed (refused, exit 2, where no node holds it)."""
-        from resumerge.analyses.check.onray import actor_bytes, ray_models
+        from resumerge.analyses.check.onray import ActorTerms, actor_bytes, ray_models
         from resumerge.analyses.onray import ray_places
 
         where = ray_places(self.ray.address, actor_bytes(sizes)[:1], what="evaluation")
@@ -96,7 +96,7 @@ class LayersOnRay:
 
         def placed(reserve: Reserve, told: Callable[[int], None]) -> AbstractContextManager[Placement]:
             return ray_models([replace(model, role="model")], where, stream.layers,
-                              lambda layer, nodes: told(layer), state=given, keep=self.ray.keep)
+                              lambda layer, nodes: told(layer), terms=ActorTerms(given, keep=self.ray.keep))
 
         return placed
 

@@ -4,9 +4,11 @@ every request of the task at once, a pass-driver client (:class:`GenerationJob`,
 over the decoder layers: a layer is read once and run on every unfinished request, each against its own KV cache at
 that layer (:mod:`.kvcache`: held in RAM, or spilled to the pass's folder where the budget does not hold it), then
 the final norm and the head give each request's next token (greedy, or drawn from the evaluation's seed:
-:mod:`.genrequests`). The first step runs each context whole (transformers' prefill); every later one the newest
-token alone against the cache, as ``model.generate`` does: the same calls to the family's own layers, so the same
-tokens as lm-eval's ``hf`` model.
+:mod:`.genrequests`). The first step runs each context whole (transformers' prefill), one at a time as lm-eval's
+``hf`` model does at its batch size of one; every later one the newest tokens against the cache, as
+``model.generate`` does, as one batch whose rows compute bit for bit what each request computes alone
+(:mod:`.rowbatch`: the layer runs once a step, not once a request, a family's batch checked against its rows on the
+first such step): the same calls to the family's own layers, so the same tokens as lm-eval's ``hf`` model.
 
 The journal is the token step's, not the layer's: a step's file (``step-<N>.safetensors``: the tokens it chose, the
 positions it added to each request, and a held cache's new keys and values) is written durably once its tokens are
@@ -29,7 +31,7 @@ from typing import Any
 
 from resumerge.analyses.evaluation.genplan import GenPlan, gen_plan
 from resumerge.analyses.evaluation.genrequests import Wanted, wanted
-from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, shaped_cache
+from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, one_layer_cache, shaped_cache
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
 from resumerge.forward import Weights, durable_save
@@ -121,29 +123,97 @@ class _Ready:
     plan: GenPlan
 
 
+@dataclass
+class _Batching:
+    """Whether a token step's newest tokens run through each layer as one batch (:mod:`.rowbatch`): None until a
+    step compared the batch with its rows run alone, bit for bit, then what it found (False also where the calls
+    cannot be one batch). One a generation run, the first step after the prefill deciding it."""
+
+    exact: bool | None = None
+
+
+# one request's output leaving a layer, and its keys and values there (its past and what the layer added)
+_Ran = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
+
+
 class _TokenStep(Step["torch.Tensor"]):  # a string: torch is imported when a step runs
     """One token step over the layers: each layer read once (admitted as the step ``layer``), run on every
-    unfinished request against its cache there; after the last, every request's next-token logits."""
+    unfinished request against its cache there (the newest tokens as one batch of rows, each computing what it
+    computes alone: :mod:`.rowbatch`; the first step's contexts, of many lengths, one at a time, as lm-eval's
+    ``hf`` model runs them); after the last, every request's next-token logits."""
 
     def __init__(self, ready: _Ready, active: list[int], calls: list[list[LayerCall]], shaped: list[Any],
-                 added: list[int], reserve: Reserve, told: Callable[[int | None], None]) -> None:
+                 added: list[int], reserve: Reserve, told: Callable[[int | None], None],
+                 batching: _Batching) -> None:
         self.ready, self.active, self.calls, self.shaped, self.added = ready, active, calls, shaped, added
-        self.reserve, self.told = reserve, told
+        self.reserve, self.told, self.batching = reserve, told, batching
+        self.batched = (batching.exact is not False and len(active) > 1 and ready.plan.rows > 1
+                        and all(a == 1 for a in added))
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         stream, store = self.ready.stream, self.ready.store
         self.told(index)
-        out = []
         module = stream.layers_list[index]
         with self.reserve(f"layer {index} of the generation", "layer"), stream.loaded(module) as layer:
-            for k, request in enumerate(self.active):
-                cache = store.cache(index, request, stream.device)
-                out.append(stream.run(layer, hidden[0][k], _with_cache(self.calls[k][index], self.shaped[k], cache)))
-                store.keep(index, request, cache, self.added[k])
+            out: list[torch.Tensor] = []
+            at_once = self.ready.plan.rows
+            for first in range(0, len(self.active), at_once):  # as many requests at once as the plan holds
+                rows = range(first, min(first + at_once, len(self.active)))
+                for k, (found, keys, values) in zip(rows, self._rows(layer, index, hidden[0], rows)):
+                    store.keep(index, self.active[k], keys, values, self.added[k])
+                    out.append(found)
         return [out]
+
+    def _rows(self, layer: torch.nn.Module, index: int, hidden: list[torch.Tensor], rows: range) -> list[_Ran]:
+        """Rows ``rows`` run through ``layer``: as one batch where the step batches (the first such step's batch
+        checked against the rows alone, bit for bit), else one at a time."""
+        pasts = [self.ready.store.past(index, self.active[k]) for k in rows]
+        ran = self._batch(layer, index, rows, [hidden[k] for k in rows], pasts) if self.batched else None
+        if ran is None or self.batching.exact is None:
+            alone = [self._alone(layer, index, k, hidden[k], past) for k, past in zip(rows, pasts)]
+            if ran is not None and not all(all(torch.equal(a, b) for a, b in zip(one, other))
+                                           for one, other in zip(ran, alone)):
+                ran = None  # this family's batch rounds otherwise than its rows: one at a time from here
+            if ran is None and self.batched:
+                self.batched, self.batching.exact = False, False
+            ran = alone if ran is None else ran
+        return ran
+
+    def _alone(self, layer: torch.nn.Module, index: int, k: int, hidden: torch.Tensor,
+               past: tuple[torch.Tensor, torch.Tensor] | None) -> _Ran:
+        """Row ``k`` run through ``layer`` alone against its cache."""
+        cache = one_layer_cache(index, past, self.ready.stream.device)
+        out = self.ready.stream.run(layer, hidden, _with_cache(self.calls[k][index], self.shaped[k], cache))
+        kept = cache.layers[index]
+        return out, kept.keys, kept.values
+
+    def _batch(self, layer: torch.nn.Module, index: int, rows: range, hidden: list[torch.Tensor],
+               pasts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> list[_Ran] | None:
+        """Rows ``rows`` (entering as ``hidden``, their pasts ``pasts``) run through ``layer`` as one batch, each
+        computing what it computes alone (None: the layer's calls cannot be one batch)."""
+        from resumerge.analyses.evaluation.rowbatch import Rows, batched_call, implementation, padded, row_exact
+
+        own = implementation(layer)
+        held = [p for p in pasts if p is not None]
+        if own is None or len(held) != len(pasts):
+            return None
+        keys, values, starts = padded(held)
+        cache = one_layer_cache(index, (keys, values), self.ready.stream.device)
+        calls = [self.calls[k][index] for k in rows]
+        given = Rows(own, tuple(call[1].get("attention_mask") for call in calls), tuple(starts))
+        call = batched_call(calls, [self.shaped[k] for k in rows], cache, given)
+        if call is None:
+            return None
+        with row_exact(layer):
+            out = self.ready.stream.run(layer, torch.cat(hidden), call)
+        kept = cache.layers[index]
+        return [(out[k:k + 1], kept.keys[k:k + 1, :, start:], kept.values[k:k + 1, :, start:])
+                for k, start in enumerate(starts)]
 
     def finish(self, hidden: Hidden) -> torch.Tensor:
         self.told(None)
+        if self.batched and self.batching.exact is None:
+            self.batching.exact = True  # every layer's batch was its rows alone, bit for bit
         last = torch.cat([h[:, -1:, :] for h in hidden[0]])
         with self.reserve("the head of the generation", "heads"), self.ready.stream.head() as logits:
             found: torch.Tensor = logits(last)[:, -1, :]
@@ -227,6 +297,7 @@ class GenerationJob:
                 if name.startswith("token."):
                     made[int(name.split(".")[1])].append(int(value))
         step = len(journaled)
+        batching = _Batching()
         while True:
             active = [r for r, w in enumerate(self.asked) if not w.done(self.tokenizer, made[r])]
             if not active:
@@ -236,7 +307,7 @@ class GenerationJob:
             def told(layer: int | None, step: int = step, active: int = len(active)) -> None:
                 self._say(GenStep(active, step, ready.plan.steps_most, layer, stream.layers))
 
-            token_step = _TokenStep(ready, active, [c for _, c in entered], shaped, added, reserve, told)
+            token_step = _TokenStep(ready, active, [c for _, c in entered], shaped, added, reserve, told, batching)
             logits = LayerPass(_StepJournal(folder), stream.layers, "after_generation_layer", carries=None).run(
                 token_step, [[h for h, _ in entered]], len(active))
             assert logits is not None  # the step never stops the pass
@@ -297,7 +368,10 @@ class GenerationJob:
                 f"({steps} journaled)")
 
     def _say(self, step: GenStep) -> None:
-        self._progress(step)
+        # the progress file once a token step (its first layer) and at its head: written durably at every layer it
+        # cost two fsyncs a layer, as much as a step's compute on a loaded disk; the watcher is told every layer
+        if step.layer in (0, None):
+            self._progress(step)
         if self.how.watcher is not None:
             self.how.watcher(step)
 

@@ -60,6 +60,19 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress))
 
 
+def states_bytes(tokens: int, hidden: int) -> int:
+    """The hidden states the pass holds over ``tokens`` tokens of width ``hidden``: those entering a layer and those
+    leaving it, float32."""
+    return 2 * tokens * hidden * 4
+
+
+def pass_held(step: int, tokens: int, hidden: int) -> int:
+    """What the pass holds beyond its process's baseline at its peak: its largest ``step`` (a layer's values and
+    a tensor's merge) beside the hidden states (:func:`states_bytes`); the figure its guard judges and ``plan``
+    names."""
+    return states_bytes(tokens, hidden) + step
+
+
 @dataclass(frozen=True)
 class _ImportanceJob:
     """The pass as the driver runs it (:class:`~resumerge.forward.driver.PassJob`)."""
@@ -104,11 +117,11 @@ class _ImportanceJob:
                              torch.float32, what="resumerge run --imatrix-texts", key="merge")
         try:
             hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
-            states = 2 * sum(len(t) for t in self.tokens) * hidden * 4  # the hidden states in and out
             # a layer's float32 values (each the output of its merge: no copy beside it) and one merge's working set
             step = pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=lambda name: True) \
                 + merge.merge_bytes
-            budget = budget_fitting("the importance matrix pass over the merge", states + step, self.max_memory,
+            budget = budget_fitting("the importance matrix pass over the merge",
+                                    pass_held(step, sum(len(t) for t in self.tokens), hidden), self.max_memory,
                                     SystemProbe())
             yield Fit(budget, {"layer": step}, stream)
         finally:

@@ -10,18 +10,7 @@ S)`` for S sub-blocks of n values, so each elementwise step is one numpy call ov
 ``np.add.reduce`` over axis 0, which numpy runs as a sequential accumulation in index order (a reduction over the
 contiguous axis would be pairwise). ``nearest_int`` (adding 1.5·2^23 and reading the mantissa) is round half to
 even, ``np.rint`` on a float32; float16 conversion is numpy's round to nearest even, as ggml's software one.
-
-The searches (names as in ``ggml-quants.c``, which this module follows but does not copy):
-
-- ``qkx`` (``make_qkx2_quants``/``make_qkx3_quants``): an asymmetric scale and min by least squares over a ladder
-  of candidate inverse scales, each candidate's grid anchored at the best min found so far.
-- ``qx`` (``make_qx_quants``): a symmetric, signed scale (the largest magnitude takes code 0) over 19 candidates.
-- ``q3`` (``make_q3_quants``): ``qx``'s start, then coordinate descent on the codes.
-- ``qp`` (``make_qp_quants``): the non-negative sub-block scales themselves quantized (importance path only).
-
-A candidate is adopted on a strict improvement, so the first of equals wins, as in the scalar loop; a coordinate
-descent pass that changes nothing leaves its sub-block as it was, so running further passes over converged
-sub-blocks (while others still change) changes nothing. Values must be finite (llama.cpp asserts the same).
+The candidate searches themselves are :mod:`.ksearch`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+from resumerge.outputs.gguf import ksearch as ks
+from resumerge.outputs.gguf.ksearch import F
 
 __all__ = ["K_TYPES", "encode_k"]
 
@@ -38,292 +30,16 @@ QK = 256  # values a super-block
 K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 # super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py); Q3_K
 # without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose numpy
-# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024)
+# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024); 512 for the
+# symmetric searches (Q3_K with importance, Q6_K) measured no faster, alternating 9 times
 _CHUNK = 256
 _CHUNK_Q3 = 1024
+# the importance paths: their sub-block scales' own searches (make_qp_quants: 8 or 16 values, a descent) are
+# many tiny numpy steps, so those run over this many super-blocks at once, the values' searches over _CHUNK at a
+# time inside them
+_CHUNK_QP = 2048
 
-F = np.float32
-_EPS = F(1e-15)  # GROUP_MAX_EPS
 _Array = np.ndarray
-
-
-def _sum(a: _Array) -> _Array:
-    """The float32 sum over axis 0 in index order, from 0 (``s = 0; s += a[i]``)."""
-    total: _Array = np.add.reduce(a, axis=0, initial=F(0))
-    return total
-
-
-def _sum_first(a: _Array) -> _Array:
-    """The float32 sum over axis 0 in index order, from ``a[0]`` (``s = a[0]; s += a[i]`` for i >= 1)."""
-    total: _Array = np.add.reduce(a, axis=0)
-    return total
-
-
-def _as_uint8(v: _Array) -> _Array:
-    """Integer-valued float32 ``v`` stored into a uint8, as C does (modulo 256)."""
-    return (v.astype(np.int32) & 0xFF).astype(np.uint8)
-
-
-def _f16(v: _Array) -> tuple[_Array, _Array]:
-    """``v`` rounded to float16 (its bits as uint16) and that half back as float32."""
-    half = v.astype(np.float16)
-    return half.view(np.uint16), half.astype(F)
-
-
-def _largest(x: _Array) -> tuple[_Array, _Array]:
-    """Per column: the largest magnitude and the (signed) value of the first element reaching it, from the max and
-    min (fast reductions); where both signs reach it, the first, as llama.cpp's strict ``>`` scan takes."""
-    hi = x.max(axis=0)
-    lo = x.min(axis=0)
-    neg = -lo
-    amax: _Array = np.maximum(hi, neg)
-    peak: _Array = np.where(hi >= neg, hi, lo)
-    tied = np.flatnonzero((hi == neg) & (hi > 0))
-    if tied.size:
-        sub = x[:, tied]
-        first = np.argmax(np.abs(sub), axis=0)
-        peak[tied] = sub[first, np.arange(tied.size)]
-    return amax, peak
-
-
-def _qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
-         v3: bool) -> tuple[_Array, _Array, _Array]:
-    """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (weights given) of each column of ``x`` (n, S):
-    (scale, the min as a non-negative offset, codes). The candidates' temporaries live in three buffers of
-    ``x``'s shape, every step in place (fresh arrays of this size were half the time)."""
-    lo = x.min(axis=0)
-    hi = x.max(axis=0)
-    sum_w = _sum_first(w)
-    sum_x = _sum_first(w * x)
-    lo = np.where(lo > 0, F(0), lo)
-    flat = hi <= lo if v3 else hi == lo
-    top = F(nmax)
-    v, q, t = np.empty_like(x), np.empty_like(x), np.empty_like(x)
-
-    def error(s: _Array, m: _Array) -> _Array:
-        """Σ w·|s·q + m − x| (or its square) of the codes in ``q``, through ``t``."""
-        np.multiply(s, q, out=t)
-        np.add(t, m, out=t)
-        np.subtract(t, x, out=t)
-        if mad:
-            np.abs(t, out=t)
-        else:
-            np.multiply(t, t, out=t)
-        np.multiply(t, w, out=t)
-        return _sum(t)
-
-    def grid(iscale: _Array, anchor: _Array) -> None:
-        """The codes of ``iscale`` on the grid anchored at ``anchor``, into ``q``, clamped to 0..nmax. (Clamping
-        before rounding is the same, the bounds being integers, and it is make_qkx3_quants' guard too: a grid
-        anchored at a min near max can overflow, v <= 0 is code 0, v > nmax is nmax.)"""
-        np.subtract(x, anchor, out=q)
-        np.multiply(q, iscale, out=q)
-        np.clip(q, F(0), top, out=q)
-        np.rint(q, out=q)
-
-    span = np.where(flat, F(1), hi - lo)  # max − min, min being the adopted one
-    iscale = top / span
-    scale = F(1) / iscale
-    grid(iscale, lo)
-    best = error(scale, lo)
-    # the adopted candidate's grid, its codes taken once at the end (the same float32 steps, so the same codes)
-    chosen, anchor = iscale, lo.copy()
-    # the bookkeeping over (S,) rows in place (fresh arrays, numpy's allocations, were a sixth of the search)
-    iscale, det, part, this_scale, this_min = (np.empty_like(lo) for _ in range(5))
-    ok, positive, better = (np.empty(lo.shape, dtype=bool) for _ in range(3))
-    live = ~flat
-    for step in range(nstep + 1):
-        np.divide(F(rmin) + F(rdelta) * F(step) + top, span, out=iscale)
-        grid(iscale, lo)
-        np.multiply(w, q, out=t)
-        sum_l = _sum(t)
-        np.multiply(t, x, out=v)
-        sum_xl = _sum(v)
-        t *= q
-        sum_l2 = _sum(t)
-        np.multiply(sum_w, sum_l2, out=det)
-        det -= np.multiply(sum_l, sum_l, out=part)
-        np.greater(det, F(0), out=ok)
-        np.multiply(sum_w, sum_xl, out=this_scale)
-        this_scale -= np.multiply(sum_x, sum_l, out=part)
-        this_scale /= det
-        np.multiply(sum_l2, sum_x, out=this_min)
-        this_min -= np.multiply(sum_l, sum_xl, out=part)
-        this_min /= det
-        np.greater(this_min, F(0), out=positive)
-        if positive.any():
-            this_min[positive] = 0
-            np.divide(sum_xl, sum_l2, out=this_scale, where=positive)
-        current = error(this_scale, this_min)
-        np.less(current, best, out=better)
-        better &= ok
-        better &= live
-        if better.any():
-            np.copyto(chosen, iscale, where=better)
-            np.copyto(anchor, lo, where=better)
-            np.copyto(best, current, where=better)
-            np.copyto(scale, this_scale, where=better)
-            np.copyto(lo, this_min, where=better)
-            np.subtract(hi, lo, out=span, where=better)
-    grid(chosen, anchor)
-    codes = q
-    scale = np.where(flat, F(0), scale)
-    codes[:, flat] = 0
-    return scale, -lo, codes
-
-
-def _qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
-    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
-    The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
-    the inverse scale it adopts, and the codes are taken once, from those, at the end (the same float32 product
-    and rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
-    amax, peak = _largest(x)
-    zero = amax < _EPS
-    peak = np.where(zero, F(1), peak)
-    w = x * x if qw is None else qw
-    wx = w * x
-    low, high = F(-nmax), F(nmax - 1)
-    q, t = np.empty_like(x), np.empty_like(x)
-
-    def codes_of(iscale: _Array) -> None:
-        """The codes of ``iscale`` (unshifted) into ``q``."""
-        np.multiply(iscale, x, out=q)
-        np.rint(q, out=q)
-        np.clip(q, low, high, out=q)
-
-    def sums(iscale: _Array) -> tuple[_Array, _Array]:
-        """The codes of ``iscale`` into ``q``: their Σwxq and Σwq²."""
-        codes_of(iscale)
-        np.multiply(wx, q, out=t)
-        sumlx = _sum(t)
-        np.multiply(w, q, out=t)
-        np.multiply(t, q, out=t)
-        return sumlx, _sum(t)
-
-    chosen = F(-nmax) / peak
-    sumlx, suml2 = sums(chosen)
-    scale = np.where(suml2 != 0, sumlx / np.where(suml2 == 0, F(1), suml2), F(0))
-    best = scale * sumlx
-    # the bookkeeping over (S,) rows in place (fresh arrays, numpy's allocations, were a fifth of the search)
-    iscale, fit, bar = (np.empty_like(peak) for _ in range(3))
-    adopt, positive = (np.empty(peak.shape, dtype=bool) for _ in range(2))
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        np.divide(-(F(nmax) + F(0.1) * F(step)), peak, out=iscale)
-        sumlx, suml2 = sums(iscale)
-        np.multiply(sumlx, sumlx, out=fit)
-        np.multiply(best, suml2, out=bar)
-        np.greater(fit, bar, out=adopt)
-        np.greater(suml2, F(0), out=positive)
-        adopt &= positive
-        if adopt.any():
-            np.copyto(chosen, iscale, where=adopt)
-            np.divide(sumlx, suml2, out=scale, where=adopt)
-            np.multiply(scale, sumlx, out=best, where=adopt)
-    codes_of(chosen)
-    np.add(q, F(nmax), out=q)
-    q[:, zero] = 0
-    return np.where(zero, F(0), scale), q
-
-
-def _q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
-    """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, codes 0..2nmax-1)."""
-    amax, peak = _largest(x)
-    zero = amax < _EPS
-    peak = np.where(zero, F(1), peak)
-    low, high = F(-nmax), F(nmax - 1)
-    q = np.clip(np.rint((F(-nmax) / peak) * x), low, high)
-    w = x * x
-    wx = w * x
-    sumlx, suml2 = _sum(wx * q), _sum(w * q * q)
-    sumlx, suml2 = _descend(x, w, wx, q, sumlx, suml2, low, high, need_sl2=False)
-    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
-    return np.where(zero, F(0), scale), np.where(zero, F(0), q + F(nmax))
-
-
-def _descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
-             *, need_sl2: bool) -> tuple[_Array, _Array]:
-    """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (in place): each code in turn moved to
-    its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also require the
-    reduced sum of squares to be positive before trying (``make_qp_quants``), else after (``make_q3_quants``).
-    Returns the final (Σwxq, Σwq²).
-
-    A pass works only on the columns that changed in the one before (llama.cpp stops a sub-block after a pass with
-    no change, and a pass over a converged column changes nothing), gathered into compact arrays, so later passes
-    cost what their few live columns cost. Within a pass, code i changes only at step i, so each step's old terms
-    ``wx·q`` and ``w·q·q`` are the same products taken for every step at once at the pass's start."""
-    sumlx, suml2 = sumlx.copy(), suml2.copy()
-    cols: _Array | None = None  # the live columns of the full arrays (None: all)
-    xs, ws, wxs, qs = x, w, wx, q
-    lx, l2 = sumlx, suml2
-    for _ in range(5):
-        old_lx = wxs * qs
-        old_l2 = ws * qs
-        old_l2 *= qs
-        changed = np.zeros(xs.shape[1], dtype=bool)
-        new = np.empty(xs.shape[1], dtype=F)
-        for i in range(xs.shape[0]):
-            qi, wi, wxi = qs[i], ws[i], wxs[i]
-            slx = lx - old_lx[i]
-            sl2 = l2 - old_l2[i]
-            tried = (slx > 0) & (sl2 > 0) if need_sl2 else slx > 0
-            np.multiply(xs[i], sl2, out=new)
-            np.divide(new, slx, out=new)
-            np.rint(new, out=new)
-            np.clip(new, low, high, out=new)
-            moved = tried & (new != qi)
-            slx += wxi * new
-            sl2 += wi * new * new
-            keep = moved & ((slx * slx * l2 > lx * lx * sl2) if need_sl2 else
-                            ((sl2 > 0) & (slx * slx * l2 > lx * lx * sl2)))
-            if keep.any():
-                changed |= keep
-                np.copyto(qi, new, where=keep)
-                np.copyto(lx, slx, where=keep)
-                np.copyto(l2, sl2, where=keep)
-        if cols is not None:  # the pass's results back into the full arrays
-            q[:, cols] = qs
-            sumlx[cols] = lx
-            suml2[cols] = l2
-        live = np.flatnonzero(changed)
-        if live.size == 0:
-            break
-        cols = live if cols is None else cols[live]
-        xs, ws, wxs, qs = x[:, cols], w[:, cols], wx[:, cols], q[:, cols]
-        lx, l2 = sumlx[cols], suml2[cols]
-    return sumlx, suml2
-
-
-def _qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
-    """``make_qp_quants(n, nmax, x, L, w)`` of each column of ``x`` (n, S; values >= 0 in practice): (scale, codes
-    as the uint8 llama.cpp stores them, as float32)."""
-    peak = np.maximum(x.max(axis=0), F(0))
-    zero = peak < _EPS
-    peak = np.where(zero, F(1), peak)
-    top = F(nmax)
-    iscale = top / peak
-    q = np.rint(iscale * x)
-    scale = F(1) / iscale
-    diff = x - scale * q
-    best = _sum(w * diff * diff)
-    for step in range(-4, 5):
-        if step == 0:
-            continue
-        iscale_is = (F(0.1) * F(step) + top) / peak
-        scale_is = F(1) / iscale_is
-        q = np.minimum(top, np.rint(iscale_is * x))
-        diff = x - scale_is * q
-        mse = _sum(w * diff * diff)
-        better = mse < best
-        best = np.where(better, mse, best)
-        iscale = np.where(better, iscale_is, iscale)
-    q = np.minimum(top, np.rint(iscale * x))
-    q = np.where(q < 0, q + F(256), q)  # stored in a uint8
-    wx = w * x
-    sumlx, suml2 = _descend(x, w, wx, q, _sum(wx * q), _sum(w * q * q), -np.inf, float(nmax), need_sl2=True)
-    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
-    return np.where(zero, F(0), scale), np.where(zero, F(0), q)
 
 
 def _subblocks(xt: _Array, n: int) -> _Array:
@@ -341,7 +57,7 @@ def _superblocks(codes: _Array, n: int, b: int) -> _Array:
 
 def _sigma2(xt: _Array, factor: float) -> _Array:
     """``factor * Σx² / 256`` of each super-block (columns of ``xt``), the sum in index order."""
-    total = _sum(xt * xt)
+    total = ks.fsum(xt * xt)
     mean: _Array = (F(factor) * total if factor != 1 else total) / F(QK)
     return mean
 
@@ -355,10 +71,12 @@ def _importance(xt: _Array, qw: _Array, n: int, factor: float) -> _Array:
 def _recode(x: _Array, codes: _Array, d: _Array, m: _Array | None, low: float, high: float) -> _Array:
     """Codes recomputed from the stored scale ``d`` (and offset ``m``) of each sub-block (columns of ``x``);
     where ``d`` is 0 the search's codes stay."""
-    live = d != 0
+    live = d != 0  # NaN too, as C's ``if (!d)``
     safe = np.where(live, d, F(1))
     with np.errstate(invalid="ignore", over="ignore"):
-        fresh = np.clip(np.rint(((x + m) if m is not None else x) / safe), low, high)
+        ratio = ((x + m) if m is not None else x) / safe
+        reach = np.maximum(x.max(axis=0), -x.min(axis=0)) + (0 if m is None else np.abs(m))
+        fresh = np.clip(np.rint(ratio) if ks.tame(reach / np.abs(safe)) else ks.ni(ratio), low, high)
     return np.where(live, fresh, codes)
 
 
@@ -409,31 +127,51 @@ def _unpack_q3_scales(packed: _Array) -> _Array:
     return signed
 
 
+def _qkx_sliced(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
+                v3: bool) -> tuple[_Array, _Array, _Array]:
+    """:func:`.ksearch.qkx` over ``_CHUNK`` super-blocks' sub-blocks (columns of ``x``) at a time: its working
+    arrays stay in the cache while a larger chunk's scales are searched at once."""
+    width = _CHUNK * (QK // x.shape[0])
+    if x.shape[1] <= width:
+        return ks.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3)
+    parts = [ks.qkx(np.ascontiguousarray(x[:, at:at + width]), np.ascontiguousarray(w[:, at:at + width]), nmax,
+                    rmin, rdelta, nstep, mad=mad, v3=v3) for at in range(0, x.shape[1], width)]
+    scales, mins, codes = zip(*parts, strict=True)
+    return np.concatenate(scales), np.concatenate(mins), np.concatenate(codes, axis=1)
+
+
+def _qp_pair(scales: _Array, mins: _Array, nmax: int, sw: _Array) -> tuple[_Array, _Array, _Array, _Array]:
+    """:func:`.ksearch.qp` of the sub-block scales and of the mins (each (m, B)) in one call (the search is many
+    small steps): (d, scale codes, dmin, min codes)."""
+    b = scales.shape[1]
+    d, codes = ks.qp(np.concatenate([scales, mins], axis=1), nmax, np.concatenate([sw, sw], axis=1))
+    return d[:b], codes[:, :b], d[b:], codes[:, b:]
+
+
 def _q2_k(xt: _Array, qw: _Array | None) -> _Array:
     b = xt.shape[1]
     x = _subblocks(xt, 16)
     out = np.zeros((b, 84), dtype=np.uint8)
     if qw is None:
-        scales, mins, codes = _qkx(x, np.abs(x), 3, -0.5, 0.1, 15, mad=True, v3=False)
+        scales, mins, codes = ks.qkx(x, np.abs(x), 3, -0.5, 0.1, 15, mad=True, v3=False)
         scales, mins = scales.reshape(16, b), mins.reshape(16, b)
-        max_scale = np.maximum(scales.max(axis=0), F(0))
-        max_min = np.maximum(mins.max(axis=0), F(0))
+        max_scale = ks.positive_max(scales)
+        max_min = ks.positive_max(mins)
         has_scale, has_min = max_scale > 0, max_min > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            ls = np.where(has_scale, np.rint((F(15) / max_scale) * scales), F(0))
-            lm = np.where(has_min, np.rint((F(15) / max_min) * mins), F(0))
+            ls = np.where(has_scale, ks.ni((F(15) / max_scale) * scales), F(0))
+            lm = np.where(has_min, ks.ni((F(15) / max_min) * mins), F(0))
         byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
-        d_bits, d = _f16(np.where(has_scale, max_scale / F(15), F(0)))
-        m_bits, dmin = _f16(np.where(has_min, max_min / F(15), F(0)))
+        d_bits, d = ks.f16(np.where(has_scale, max_scale / F(15), F(0)))
+        m_bits, dmin = ks.f16(np.where(has_min, max_min / F(15), F(0)))
     else:
         w = _importance(xt, qw, 16, 1.0)
-        sw = _sum(w).reshape(16, b)
-        scales, mins, codes = _qkx(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
-        dm, ls = _qp(scales.reshape(16, b), 15, sw)
-        mm, lm = _qp(mins.reshape(16, b), 15, sw)
+        sw = ks.fsum(w).reshape(16, b)
+        scales, mins, codes = _qkx_sliced(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
+        dm, ls, mm, lm = _qp_pair(scales.reshape(16, b), mins.reshape(16, b), 15, sw)
         byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
-        d_bits, d = _f16(dm)
-        m_bits, dmin = _f16(mm)
+        d_bits, d = ks.f16(dm)
+        m_bits, dmin = ks.f16(mm)
     sub_d = (d * (byte & 0xF).astype(F)).reshape(-1)
     sub_m = (dmin * (byte >> 4).astype(F)).reshape(-1)
     codes = _recode(x, codes, sub_d, sub_m, 0, 3)
@@ -449,22 +187,22 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
     x = _subblocks(xt, 16)
     out = np.zeros((b, 110), dtype=np.uint8)
     if qw is None:
-        scales, codes = _q3(x, 4)
+        scales, codes = ks.q3(x, 4)
         s = scales.reshape(16, b)
-        _, max_scale = _largest(s)
+        _, max_scale = ks.largest(s)
         live = max_scale != 0
         with np.errstate(divide="ignore", invalid="ignore"):
             iscale = np.where(live, F(-32) / np.where(live, max_scale, F(1)), F(0))
-            l6 = np.clip(np.rint(iscale * s), -32, 31) + F(32)
-            d_bits, d = _f16(np.where(live, F(1) / np.where(live, iscale, F(1)), F(0)))
+            l6 = np.clip(ks.as_int8(ks.ni(iscale * s)), -32, 31) + F(32)
+            d_bits, d = ks.f16(np.where(live, F(1) / np.where(live, iscale, F(1)), F(0)))
         packed = np.where(live[:, None], _pack_q3_scales(l6), np.uint8(0))
     else:
         w = _importance(xt, qw, 16, 2.0)
-        sw = _sum(w).reshape(16, b)
-        scales, codes = _qx(x, 4, w)
-        d_block, l6 = _qx(scales.reshape(16, b), 32, sw)
+        sw = ks.fsum(w).reshape(16, b)
+        scales, codes = ks.qx(x, 4, w)
+        d_block, l6 = ks.qx(scales.reshape(16, b), 32, sw)
         packed = _pack_q3_scales(l6)
-        d_bits, d = _f16(d_block)
+        d_bits, d = ks.f16(d_block)
     sub_d = (d * _unpack_q3_scales(packed)).reshape(-1)
     codes = _recode(x, codes - F(4), sub_d, None, -4, 3) + F(4)
     q = _superblocks(codes, 16, b)
@@ -480,15 +218,15 @@ def _k4_scales_ref(scales: _Array, mins: _Array, b: int) -> tuple[_Array, _Array
     """The no-importance path's 6-bit scales and mins and super-block scales: (packed, d bits, dmin bits, and
     d/dmin as floats stacked)."""
     scales, mins = scales.reshape(8, b), mins.reshape(8, b)
-    max_scale = np.maximum(scales.max(axis=0), F(0))
-    max_min = np.maximum(mins.max(axis=0), F(0))
+    max_scale = ks.positive_max(scales)
+    max_min = ks.positive_max(mins)
     with np.errstate(divide="ignore", invalid="ignore"):
         inv_scale = np.where(max_scale > 0, F(63) / max_scale, F(0))
         inv_min = np.where(max_min > 0, F(63) / max_min, F(0))
-    ls = np.minimum(_as_uint8(np.rint(inv_scale * scales)), np.uint8(63))
-    lm = np.minimum(_as_uint8(np.rint(inv_min * mins)), np.uint8(63))
-    d_bits, d = _f16(max_scale / F(63))
-    m_bits, dmin = _f16(max_min / F(63))
+    ls = np.minimum(ks.as_uint8(ks.ni(inv_scale * scales)), np.uint8(63))
+    lm = np.minimum(ks.as_uint8(ks.ni(inv_min * mins)), np.uint8(63))
+    d_bits, d = ks.f16(max_scale / F(63))
+    m_bits, dmin = ks.f16(max_min / F(63))
     return _pack_k4_scales(ls, lm), d_bits, m_bits, np.stack([d, dmin])
 
 
@@ -497,26 +235,25 @@ def _k45(xt: _Array, qw: _Array | None, nmax: int) -> tuple[_Array, _Array, _Arr
     b = xt.shape[1]
     x = _subblocks(xt, 32)
     if qw is None:
-        sum_x2 = _sum(x * x)
+        sum_x2 = ks.fsum(x * x)
         w = np.sqrt(sum_x2 / F(32)) + np.abs(x)
         if nmax == 15:
-            scales, mins, codes = _qkx(x, w, 15, -1.0, 0.1, 20, mad=False, v3=False)
+            scales, mins, codes = ks.qkx(x, w, 15, -1.0, 0.1, 20, mad=False, v3=False)
         else:
-            scales, mins, codes = _qkx(x, w, 31, -0.5, 0.1, 15, mad=False, v3=False)
+            scales, mins, codes = ks.qkx(x, w, 31, -0.5, 0.1, 15, mad=False, v3=False)
         packed, d_bits, m_bits, dd = _k4_scales_ref(scales, mins, b)
         d, dmin = dd[0], dd[1]
     else:
         w = _importance(xt, qw, 32, 2.0)
-        sw = _sum(w).reshape(8, b)
-        scales, mins, codes = _qkx(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
-        d_block, ls = _qp(scales.reshape(8, b), 63, sw)
-        m_block, lm = _qp(mins.reshape(8, b), 63, sw)
+        sw = ks.fsum(w).reshape(8, b)
+        scales, mins, codes = _qkx_sliced(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        d_block, ls, m_block, lm = _qp_pair(scales.reshape(8, b), mins.reshape(8, b), 63, sw)
         ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
         if nmax == 31:
             ls, lm = np.minimum(ls, np.uint8(63)), np.minimum(lm, np.uint8(63))
         packed = _pack_k4_scales(ls, lm)
-        d_bits, d = _f16(d_block)
-        m_bits, dmin = _f16(m_block)
+        d_bits, d = ks.f16(d_block)
+        m_bits, dmin = ks.f16(m_block)
     sc, m = _unpack_k4_scales(packed)
     codes = _recode(x, codes, (d * sc).reshape(-1), (dmin * m).reshape(-1), 0, nmax)
     return packed, d_bits, m_bits, _superblocks(codes, 32, b), b
@@ -549,14 +286,14 @@ def _q5_k(xt: _Array, qw: _Array | None) -> _Array:
 def _q6_k(xt: _Array, qw: _Array | None) -> _Array:
     b = xt.shape[1]
     x = _subblocks(xt, 16)
-    scales, codes = _qx(x, 32, None if qw is None else _subblocks(qw, 16))
+    scales, codes = ks.qx(x, 32, None if qw is None else _subblocks(qw, 16))
     s = scales.reshape(16, b)
-    amax, max_scale = _largest(s)
-    live = amax >= _EPS
+    amax, max_scale = ks.largest(s)
+    live = amax >= ks.EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = F(-128) / np.where(live, max_scale, F(1))
-        d_bits, d = _f16(np.where(live, F(1) / iscale, F(0)))
-        sc = np.minimum(F(127), np.rint(iscale * s))
+        d_bits, d = ks.f16(np.where(live, F(1) / iscale, F(0)))
+        sc = ks.as_int8(np.minimum(F(127), ks.ni(iscale * s)))
     sc = np.where(live, sc, F(0))
     codes = _recode(x, codes - F(32), (d * sc).reshape(-1), None, -32, 31) + F(32)
     q = _superblocks(codes, 16, b).reshape(b, 2, 4, 32)
@@ -588,7 +325,10 @@ def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out
     result = np.empty((values.shape[0], size), dtype=np.uint8) if out is None else out.reshape(-1, size)
     qw = None if importance is None else np.ascontiguousarray(importance, dtype=F).reshape(per_row, QK)
     encoder = _ENCODERS[ggml_type]
-    chunk = _CHUNK_Q3 if ggml_type == Q3_K and qw is None else _CHUNK
+    if ggml_type in (Q3_K, Q6_K):
+        chunk = _CHUNK_Q3 if ggml_type == Q3_K and qw is None else _CHUNK
+    else:
+        chunk = _CHUNK if qw is None else _CHUNK_QP
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for start in range(0, values.shape[0], chunk):
             block = values[start:start + chunk]

@@ -1,6 +1,6 @@
 """The legacy types' importance paths (``quantize_row_q{4,5}_{0,1}_impl``): llama-quantize uses them for a legacy
 file's tensors, and for a K mix's fallbacks (rows that are not whole 256-value blocks), when it has an importance
-matrix. They search with the K-quants' own scale searches (:mod:`.kquants`: ``qkx`` for the affine types, ``qx``
+matrix. They search with the K-quants' own scale searches (:mod:`.ksearch`: ``qkx`` for the affine types, ``qx``
 for the symmetric), float32 in llama.cpp's order as there.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from resumerge.outputs.gguf.kquants import F, _Array, _f16, _qkx, _qx, _sum
+from resumerge.outputs.gguf.ksearch import F, f16, fsum, qkx, qx
+
+_Array = np.ndarray
 
 Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
 # ggml type -> (bytes a 32-value block, nmax, affine)
@@ -21,18 +23,18 @@ def _legacy_rows(rows: _Array, ggml_type: int, qw: _Array) -> _Array:
     Each block's weights are ``qw * sqrt(sigma2 + x²)`` with sigma2 the mean square of its whole row."""
     size, nmax, affine = LEGACY[ggml_type]
     r, c = rows.shape
-    sigma2 = _sum(np.ascontiguousarray(rows.T) ** 2) / F(c)
+    sigma2 = fsum(np.ascontiguousarray(rows.T) ** 2) / F(c)
     per_row = c // 32
     xt = np.ascontiguousarray(rows.reshape(r * per_row, 32).T)  # (32, blocks), block b = row b // per_row
     w = np.tile(qw.reshape(per_row, 32).T, (1, r)) * np.sqrt(np.repeat(sigma2, per_row)[None, :] + xt * xt)
     out = np.zeros((r * per_row, size), dtype=np.uint8)
     if affine:
-        scale, the_min, codes = _qkx(xt, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
-        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
-        out[:, 2:4] = _f16(-the_min)[0].view(np.uint8).reshape(-1, 2)
+        scale, the_min, codes = qkx(xt, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
+        out[:, 0:2] = f16(scale)[0].view(np.uint8).reshape(-1, 2)
+        out[:, 2:4] = f16(-the_min)[0].view(np.uint8).reshape(-1, 2)
     else:
-        scale, codes = _qx(xt, nmax, w)
-        out[:, 0:2] = _f16(scale)[0].view(np.uint8).reshape(-1, 2)
+        scale, codes = qx(xt, nmax, w)
+        out[:, 0:2] = f16(scale)[0].view(np.uint8).reshape(-1, 2)
     q = codes.T.astype(np.uint8)  # (blocks, 32)
     out[:, -16:] = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
     if nmax > 15:  # the fifth bits, bit k of the 32-bit word for value k

@@ -1,0 +1,49 @@
+"""A pass the run's own process makes before the merge starts, as ``plan`` counts it: ``run --imatrix-texts``'
+importance matrix pass over the merge never written (:func:`resumerge.api.importance.importance_cost` makes it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from resumerge.memory import format_size
+from resumerge.memory.sizes import format_duration
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """A pass the run's own process makes before the merge starts (``--imatrix-texts``: the importance matrix pass
+    over the merge never written), as the estimate counts it: ``what`` it is; the input bytes it reads
+    (``read_bytes``: each tensor it runs, merged as it is read) and ``merge_share``, the part of the merge's own
+    compute those reads redo (their share of the merge's input bytes); the bytes it writes under the state dir
+    (``write_bytes``: its journal, each layer's hidden states and the sums so far, then the matrix) and the most it
+    holds there at once (``state_bytes``); what its process holds beyond the baseline at its peak
+    (``held_bytes``, the figure its own guard judges) and the seconds of its forward over the texts
+    (``forward_seconds``: ``tokens`` through every layer's matrices)."""
+
+    what: str
+    tokens: int
+    read_bytes: int
+    merge_share: float
+    write_bytes: int
+    state_bytes: int
+    held_bytes: int
+    forward_seconds: float
+
+    def seconds(self, read_bytes_per_s: float | None, write_bytes_per_s: float | None, merge_compute: float) -> float:
+        """Its wall: its reads and writes at the disks' speeds (not counted where unknown), the merge's compute
+        its reads redo (``merge_compute``: the merge's), and its forward; the pass runs them in turn."""
+        reads = self.read_bytes / read_bytes_per_s if read_bytes_per_s else 0.0
+        writes = self.write_bytes / write_bytes_per_s if write_bytes_per_s else 0.0
+        return reads + writes + merge_compute * self.merge_share + self.forward_seconds
+
+    def line(self, seconds: float) -> str:
+        """``plan``'s line of the pass, which takes ``seconds``."""
+        return (f"{self.what} first, in the run's process: about {format_duration(seconds)} ({self.tokens} tokens; "
+                f"reads {format_size(self.read_bytes)} of inputs, writes {format_size(self.write_bytes)} in the "
+                f"state dir, {format_size(self.state_bytes)} there at most), {format_size(self.held_bytes)} beyond "
+                "the process")
+
+    def to_json(self, seconds: float) -> dict[str, Any]:
+        """``plan --json``'s ``first_pass``."""
+        return asdict(self) | {"seconds": round(seconds, 1)}
