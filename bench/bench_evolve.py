@@ -67,7 +67,7 @@ from pathlib import Path
 from resumerge import api
 from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
 from resumerge.config.locations import StateDir
-from resumerge.evolve.search import SearchOptions
+from resumerge.runs.evolve.search import SearchOptions
 popsize = int(sys.argv[3])
 asked = SearchAsked(sys.argv[1], Path(sys.argv[2]), SearchOptions(popsize - 1, popsize), api.Resources(),
                     StateDir.resolve())

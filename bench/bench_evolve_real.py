@@ -36,7 +36,7 @@ def main() -> None:
     from realmodel import smollm2_finetunes
 
     from resumerge import api
-    from resumerge.evolve.search import SearchOptions
+    from resumerge.runs.evolve.search import SearchOptions
     from tests.evolve.realsearch import baselines, held_out_tasks, objective_of, planned_of, scored, write_search
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -4,7 +4,7 @@ Usage: ``python bench/bench_fp8_kernels.py [--repeats N]``
 
 Times, on the calling thread alone (``serial_kernels``, as the engine's workers run them), each step a kept-FP8 linear
 merge pays per tensor: the decode of one input into a fresh float32 tensor and into a reused one (the engine's
-workspace, ``resumerge.engine.workspace``), the linear method's accumulation with a fresh accumulator and with a
+workspace, ``resumerge.merge.engine.workspace``), the linear method's accumulation with a fresh accumulator and with a
 reused one (``MergeContext.result_buffer``), and the encode back to codes and scales. Prints the minimum and the median
 of thread CPU time over ``--repeats`` calls: CPU time, not wall, since the machine is shared (a fresh buffer's cost
 is mostly the kernel zero-filling its pages, which thread CPU time counts as system time).
@@ -21,8 +21,8 @@ import torch
 
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.quant import fp8_block
-from resumerge.methods.linear import linear
-from resumerge.methods.spec import MergeContext
+from resumerge.merge.methods.linear import linear
+from resumerge.merge.methods.spec import MergeContext
 
 ROWS, COLS, BLOCK = 5632, 2048, (128, 128)
 

@@ -20,7 +20,7 @@ stop sequence that never appears). Each case runs in a fresh process with a fres
 
 The floor of a token step is the bytes it reads (:func:`~resumerge.analyses.evaluation.genplan.step_read_bytes`:
 every layer, the final norm and the head, once for every request) over the disk's read speed: cold (the file's
-pages dropped first, :func:`~resumerge.store.diskprobe.probe_file_read`) and warm (the page cache's: the file read
+pages dropped first, :func:`~resumerge.merge.store.diskprobe.probe_file_read`) and warm (the page cache's: the file read
 again at once). Prints the load average before and after each case (the machine is shared) and the CPU seconds a
 step takes (every thread's: what a loaded machine's wall time hides).
 """
@@ -116,7 +116,7 @@ def child(case: str, model: Path, tasks: Path, state: Path) -> dict[str, Any]:
 
 def floor_speeds(path: Path) -> tuple[float | None, float]:
     """The file's cold read speed (its pages dropped first) and warm (read twice, the second timed), bytes/s."""
-    from resumerge.store.diskprobe import probe_file_read
+    from resumerge.merge.store.diskprobe import probe_file_read
 
     cold = probe_file_read(path, 256 << 20)
     with open(path, "rb") as f:

@@ -1,5 +1,5 @@
 """Each GGUF file type's KL from the float32 merge, on the real SmolLM2-135M-Instruct: the figures a GGUF output's
-model card quotes (``resumerge.plan.gguftypes.KL_BY_TYPE``).
+model card quotes (``resumerge.merge.plan.gguftypes.KL_BY_TYPE``).
 
 Usage::
 

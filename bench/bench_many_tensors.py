@@ -40,7 +40,7 @@ from bench_vs_mergekit import run_measured  # noqa: E402
 
 from resumerge.config.locations import run_dir  # noqa: E402
 from resumerge.errors import LedgerError  # noqa: E402
-from resumerge.store.ledger_read import read_merge_record  # noqa: E402
+from resumerge.merge.store.ledger_read import read_merge_record  # noqa: E402
 from tests.manylayers import many_layer_merge  # noqa: E402
 
 SHARD = "1M"  # in mergekit's K/M/B form, which resumerge reads too (mergekit reads a trailing B as billions)

@@ -81,7 +81,7 @@ def run_once(config: Path, out: Path, state: Path, *, grouped: bool) -> tuple[fl
     """(wall, CPU seconds) of one merge of ``config`` into ``out``, the planner's groups switched off unless
     ``grouped``."""
     from resumerge import api
-    from resumerge.plan import planner
+    from resumerge.merge.plan import planner
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)

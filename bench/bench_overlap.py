@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from resumerge.methods import MergeContext, get_method  # noqa: E402
+from resumerge.merge.methods import MergeContext, get_method  # noqa: E402
 
 PARAMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ties": ({}, {"weight": 0.5, "density": 0.5}),

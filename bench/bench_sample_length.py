@@ -6,7 +6,7 @@ Usage::
 
 Plans DeepSeek-V3 x R1 (the sparse real-shape checkpoints of ``tests/sparse_checkpoints.py``, as
 ``bench_plan_scale.py`` writes them) once, then times its speed sample
-(:func:`resumerge.estimate.compute.measure_compute`, the run's thread count) ``--pairs`` times at each of
+(:func:`resumerge.analyses.estimate.compute.measure_compute`, the run's thread count) ``--pairs`` times at each of
 ``--budgets`` seconds, the lengths alternated within each pair so that a busy spell hits them alike. Prints each
 group's fit (ns per element + ms per tensor) and the compute time ``plan`` would print, then, per budget and group,
 the spread of its repeats around their median (the goal: within ±20 %), and per shorter budget and group each
@@ -27,11 +27,11 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 
 from sparse_checkpoints import DEEPSEEK_V3, write_sparse_checkpoint  # noqa: E402
 
+from resumerge.analyses.estimate.compute import measure_compute  # noqa: E402
 from resumerge.config.merge_config import load_config_text  # noqa: E402
-from resumerge.engine.executor import CONCURRENCY  # noqa: E402
-from resumerge.engine.session import prepare  # noqa: E402
-from resumerge.estimate.compute import measure_compute  # noqa: E402
-from resumerge.plan.merge_plan import PlanOptions  # noqa: E402
+from resumerge.merge.engine.executor import CONCURRENCY  # noqa: E402
+from resumerge.merge.engine.session import prepare  # noqa: E402
+from resumerge.merge.plan.merge_plan import PlanOptions  # noqa: E402
 
 TOLERANCE = 0.15
 # Repeated samples of one length should agree this well (issue 45: within ±20 % at load 2).

@@ -52,7 +52,7 @@ def encode_child(root: str, model: Path, given: bool) -> dict[str, object]:
     job = {"job": "encode", "mode": "cheap_embed", "prompts": [[["ab cd ef gh", "Ab Cd Ef"], None],
                                                                [["zz yy xx", "Zq rs tu vw"], ["mn op"]]],
            "tokenizer_dir": str(model), "workdir": "/tmp", "parent": os.getpid()}
-    argv = [sys.executable, "-P", "-m", "resumerge.moe.passmain", str(os.getpid()),
+    argv = [sys.executable, "-P", "-m", "resumerge.runs.moe.passmain", str(os.getpid()),
             *(["--job-given"] if given else [])]
     wall, cpu, out = _child_run(argv, root, json.dumps(job))
     return {"wall": round(wall, 2), "cpu": round(cpu, 2), "answer": out.strip().splitlines()[-1][:60]}
@@ -72,8 +72,8 @@ def main() -> None:
     parser.add_argument("models", type=Path, nargs="+")
     parser.add_argument("--pairs", type=int, default=6)
     args = parser.parse_args()
-    given = {"A": "--job-given" in (Path(args.a_root) / "resumerge/moe/passproc.py").read_text(),
-             "B": "--job-given" in (Path(args.b_root) / "resumerge/moe/passproc.py").read_text()}
+    given = {"A": "--job-given" in (Path(args.a_root) / "resumerge/runs/moe/passproc.py").read_text(),
+             "B": "--job-given" in (Path(args.b_root) / "resumerge/runs/moe/passproc.py").read_text()}
     rows: list[dict[str, object]] = []
     for pair in range(args.pairs):
         order = [("A", args.a_root), ("B", args.b_root)]

@@ -31,8 +31,8 @@ def main() -> None:
     from mergekit.merge import MergeOptions, run_merge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from resumerge.evolve.spec import read_spec
     from resumerge.memory import os_peak_rss
+    from resumerge.runs.evolve.spec import read_spec
 
     configs = json.loads(Path(sys.argv[1]).read_text())
     spec = read_spec(Path(sys.argv[2]).read_text(), allow_benchmarks=False)

@@ -64,10 +64,10 @@ def wrap(owner: Any, name: str, stage: str) -> None:
 
 def main() -> None:
     from resumerge.cli.commands import main as cli
-    from resumerge.engine import compute
     from resumerge.inputs import tensorio
     from resumerge.inputs.codecs import fp8_block
-    from resumerge.store import shardwriter
+    from resumerge.merge.engine import compute
+    from resumerge.merge.store import shardwriter
 
     wrap(compute.TensorCompute, "whole", "unit (other)")
     wrap(compute.TensorCompute, "merged", "method")

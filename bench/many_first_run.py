@@ -87,10 +87,10 @@ def child(argv: list[str], report: Path) -> int:
         setattr(owner, name, wrapped)
 
     from resumerge.cli.commands import main as resumerge_main
-    from resumerge.engine import drive, executor, inputcontents, session
     from resumerge.inputs import contents
     from resumerge.inputs.source import InputSources
-    from resumerge.plan import fetching, workorder
+    from resumerge.merge.engine import drive, executor, inputcontents, session
+    from resumerge.merge.plan import fetching, workorder
 
     first(InputSources, "read", "first read")
     first(executor, "compute_shards", "pipeline")

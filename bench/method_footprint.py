@@ -10,14 +10,14 @@ of the compute dtype (elements × its size), the peak memory one call allocates 
 — measured by ``tests/methods/footprint_cases.py`` (torch's profiler replayed, numpy's selection copies added from
 tracemalloc), at ``--inputs`` inputs (the nearest count the method allows) on a ``--shape`` tensor; then what the
 old estimate reserved for the same thing (a cast copy of every input and ``8 × (1 or inputs + 1)`` bytes per
-element) and what :func:`resumerge.methods.footprint.working_bytes` reserves now. The last column is the
+element) and what :func:`resumerge.merge.methods.footprint.working_bytes` reserves now. The last column is the
 measurement per element on ``--large`` over the one on ``--shape`` (float32): 1.00 means the working set scales
 linearly, so the small tensors of the test stand for large ones.
 
 ``--fit`` instead measures every case and variant on the fitting shapes and prints, per method, the figures of
 the ``footprint=measured(...)`` argument of its registration derived from them (per element: the largest slope
 over the input counts, the offset that covers every count, scratch per block from the shapes whose blocks are
-not diluted; each × 1.25 and rounded up to a quarter byte; :data:`~resumerge.methods.footprint.MARGIN` is
+not diluted; each × 1.25 and rounded up to a quarter byte; :data:`~resumerge.merge.methods.footprint.MARGIN` is
 applied where they are used).
 """
 
@@ -39,8 +39,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from methods.footprint_cases import DTYPES, Case, cases, measure, variants  # noqa: E402
 
-from resumerge.methods import get_method, method_names  # noqa: E402
-from resumerge.methods.footprint import (  # noqa: E402
+from resumerge.merge.methods import get_method, method_names  # noqa: E402
+from resumerge.merge.methods.footprint import (  # noqa: E402
     CALL_BYTES,
     MethodFootprint,
     counted_inputs,
@@ -167,7 +167,7 @@ def _programme(points: list[Point], method: str, dtype: str, slope: float, phase
 
 
 def _solve(points: list[Point], method: str, dtype: str, slope: float) -> tuple[list[float], float]:
-    """The figures of :class:`~resumerge.methods.footprint.Footprint` (as a table row) and their worst ratio:
+    """The figures of :class:`~resumerge.merge.methods.footprint.Footprint` (as a table row) and their worst ratio:
     the scratch in its own phase where that fits the measurements more tightly, the per-input slope at least
     ``slope`` (the steepest measured step, so that more inputs than measured stay covered)."""
     plain = _programme(points, method, dtype, slope, phased=False)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from resumerge.methods import MergeContext, get_method
+from resumerge.merge.methods import MergeContext, get_method
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.cli.commands import main as run_cli
-from resumerge.engine import inputcontents
+from resumerge.merge.engine import inputcontents
 
 
 def main() -> None:

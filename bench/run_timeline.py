@@ -48,9 +48,9 @@ def wrap(owner: Any, name: str, before: str, after: str, what: Any = lambda *a: 
 
 
 def instrument() -> None:
-    from resumerge.engine import executor, inflight, inputcontents, writer
-    from resumerge.plan import workunits
-    from resumerge.store import shardwriter
+    from resumerge.merge.engine import executor, inflight, inputcontents, writer
+    from resumerge.merge.plan import workunits
+    from resumerge.merge.store import shardwriter
 
     mode_of = executor.unit_mode
 

@@ -35,7 +35,7 @@ for extra in (ROOT, ROOT / "tests"):
 
 from methods.tieparity import make_sorts_stable, row_ties, threshold_ties  # noqa: E402
 
-from resumerge.methods import MergeContext, get_method, sparsify  # noqa: E402
+from resumerge.merge.methods import MergeContext, get_method, sparsify  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PER_MODEL = {"weight": [None, 0.6, 0.4], "density": [None, 0.5, 0.5], "gamma": [None, 0.01, 0.01]}

@@ -2,10 +2,9 @@
 
 The public Python API is :mod:`resumerge.api`'s, every name of its ``__all__`` reachable here as ``resumerge.NAME``
 (derived from it, not copied: a name the API exports is exported here too), but for a name one of the package's own
-modules holds (``estimate``, ``evolve``, ``lm_eval``): importing that module binds its name here (``resumerge.evolve``
-is the package once anything imported it), so those calls are ``resumerge.api.NAME``, and ``__all__`` leaves them
-out. The API imports its calls on their first use, so that ``import resumerge`` (and ``resumerge status``) never
-pays for importing torch.
+modules holds (``lm_eval``, the module of ``python -m resumerge.lm_eval``): importing that module binds its name here,
+so that call is ``resumerge.api.lm_eval``, and ``__all__`` leaves it out. The API imports its calls on their first
+use, so that ``import resumerge`` (and ``resumerge status``) never pays for importing torch.
 """
 
 from __future__ import annotations

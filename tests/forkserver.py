@@ -44,10 +44,10 @@ from typing import Any
 # rule: no module-level mutable state), nor imports a module that does (the server refuses to start if one did:
 # _NEVER_BEFORE_FORK). A command that imports others (the hub client, check, eval) imports them in the child as before.
 _RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.statusshow", "resumerge.api.calls",
-              "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.engine.session",
-              "resumerge.engine.executors", "resumerge.engine.drive", "resumerge.methods.builtin",
-              "resumerge.recipes.recipe", "resumerge.store.journal_commit", "resumerge.store.runlock",
-              "resumerge.store.integrity")
+              "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.merge.engine.session",
+              "resumerge.merge.engine.executors", "resumerge.merge.engine.drive", "resumerge.merge.methods.builtin",
+              "resumerge.runs.recipes.recipe", "resumerge.merge.store.journal_commit", "resumerge.merge.store.runlock",
+              "resumerge.merge.store.integrity")
 # Read the environment as they are imported: never imported before the fork (see _RUNTIME).
 _NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",

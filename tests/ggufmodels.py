@@ -24,7 +24,7 @@ from resumerge.config.modelref import ModelRef
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput, open_model
 from resumerge.inputs.source import InputSources
-from resumerge.plan.inputrefs import read_value, tensor_ref
+from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FF, HEADS, KV, HEAD_DIM, VOCAB, LAYERS, EXPERTS = 256, 512, 4, 2, 64, 40, 2, 3

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.config.modelref import ModelRef
+from resumerge.forward.models import Checked
+from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
 

@@ -12,10 +12,10 @@ import yaml
 from support import cli, linear_config, write_config
 
 from resumerge import api
+from resumerge.analyses.estimate.costs import MemoryEstimate, memory_line
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID
-from resumerge.estimate.costs import MemoryEstimate, memory_line
 from resumerge.memory.sizes import format_size
 
 MB = 1_000_000

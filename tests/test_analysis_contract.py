@@ -14,7 +14,7 @@ from resumerge import api
 from resumerge.api import analyses as table
 from resumerge.config.locations import StateDir
 from resumerge.errors import NothingRecordedError
-from resumerge.store.statusview import StatusReport
+from resumerge.merge.store.statusview import StatusReport
 
 
 @pytest.mark.parametrize("analysis", table.ANALYSES, ids=lambda a: a.name)

@@ -37,13 +37,13 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
 def test_every_api_call_is_exported_at_the_top() -> None:
     """``resumerge.NAME`` is ``resumerge.api.NAME`` for every name the API exports (issue 83: ``resumerge.evaluate``
     raised AttributeError, the top's list having been copied by hand), but a name one of the package's own modules
-    holds (``resumerge.evolve`` is the package once imported), and every public call is exported."""
+    holds (``resumerge.lm_eval``, once imported), and every public call is exported."""
     import pkgutil
 
     from resumerge import api
 
     own = {each.name for each in pkgutil.iter_modules(resumerge.__path__)}
-    assert set(api.__all__) & own == {"estimate", "evolve", "lm_eval"}  # another: its module renamed, or the call
+    assert set(api.__all__) & own == {"lm_eval"}  # another: its module renamed, or the call
     assert set(resumerge.__all__) == set(api.__all__) - own | {"__version__"}
     assert {"evaluate", "open_unwritten", "EvolveOutcome", "evolve_status"} <= set(resumerge.__all__)
     for name in set(api.__all__) - own:
@@ -150,15 +150,15 @@ def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(
 # What ``resumerge status`` must not import (issue 45: under 0.5 s a call): the heavy libraries, and resumerge's
 # planner, inputs, methods, engine and memory governor, which bring them or psutil and yaml.
 STATUS_NEVER_IMPORTS = ("torch", "sqlite_utils", "safetensors", "transformers", "huggingface_hub", "hf_xet",
-                        "numpy", "psutil", "yaml", "resumerge.plan.merge_plan", "resumerge.inputs",
-                        "resumerge.methods", "resumerge.engine", "resumerge.memory.governor",
+                        "numpy", "psutil", "yaml", "resumerge.merge.plan.merge_plan", "resumerge.inputs",
+                        "resumerge.merge.methods", "resumerge.merge.engine", "resumerge.memory.governor",
                         # issue 72 (status under 0.2 s): the API's option groups and calls, the settings, the
                         # recipes' and the check's report types, the sinks' threads, rich's progress display, and
                         # the standard modules only a merge uses
                         "resumerge.api.options", "resumerge.api.calls", "resumerge.api.evolution",
-                        "resumerge.api.unwritten", "resumerge.config.settings", "resumerge.recipes.view",
+                        "resumerge.api.unwritten", "resumerge.config.settings", "resumerge.runs.recipes.view",
                         "resumerge.analyses.check.report", "resumerge.analyses.evaluation.report",
-                        "resumerge.store.sink", "rich.progress", "concurrent", "ctypes", "csv", "html")
+                        "resumerge.merge.store.sink", "rich.progress", "concurrent", "ctypes", "csv", "html")
 
 
 # What ``resumerge status OUT --json`` leaves unimported besides (issue 72: status under 0.2 s, most of it start-up):
@@ -201,7 +201,7 @@ def test_the_ledger_imports_no_pandas() -> None:
     pytest.importorskip("pandas")
     probe = (
         "import sys\n"
-        "import resumerge.store.ledger, resumerge.store.journal, resumerge.recipes.ledger\n"
+        "import resumerge.merge.store.ledger, resumerge.merge.store.journal, resumerge.runs.recipes.ledger\n"
         "hidden = 'pandas' not in sys.modules\n"
         "import pandas\n"
         "print(hidden, pandas.DataFrame is not None)\n"

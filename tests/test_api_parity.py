@@ -13,7 +13,7 @@ from support import cli, digests, linear_config, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
-from resumerge.store.integrity import report_json
+from resumerge.merge.store.integrity import report_json
 
 # What the machine says at the moment of asking (free RAM and disk, this process's own size, elapsed time).
 MEASURED = {("memory", "baseline_bytes"), ("memory", "counted_baseline_bytes"), ("memory", "peak_bytes"),

@@ -29,7 +29,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.model import ModelInput
-from resumerge.plan.outconfig import build_out_config
+from resumerge.merge.plan.outconfig import build_out_config
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 FAMILY_IDS = [f.name for f in FAMILIES]

@@ -16,17 +16,17 @@ from support import write_config
 from toycodec import TOY, RowScaledInt8, quantize
 
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, OutPart
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
-from resumerge.methods.registry import get_method
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan import workunits
-from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.planner import build_plan
-from resumerge.plan.workunits import aligned_rows, row_step, row_stream
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.methods.registry import get_method
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan import workunits
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.workunits import aligned_rows, row_step, row_stream
 
 BLOCK = 4
 

@@ -23,25 +23,25 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine import compute, session
-from resumerge.engine.compute import compute_tensor
-from resumerge.engine.session import run_plan
-from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import MAIN, PLAIN, CodecTable
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.inputs.source import InputSources
-from resumerge.methods.registry import get_method
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import Plan, PlanOptions, fingerprint_parts
-from resumerge.plan.planner import build_plan
-from resumerge.plan.prepared import Prepared
-from resumerge.plan.roles import formats_line, formats_report, quantized
-from resumerge.plan.workunits import chunk_plan, row_stream
-from resumerge.store.checksums import XXH3_128
-from resumerge.store.shardwriter import ShardWriter
-from resumerge.store.sink import LocalDirSink
+from resumerge.merge.engine import compute, session
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.session import run_plan
+from resumerge.merge.engine.target import Target
+from resumerge.merge.methods.registry import get_method
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions, fingerprint_parts
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.plan.roles import formats_line, formats_report, quantized
+from resumerge.merge.plan.workunits import chunk_plan, row_stream
+from resumerge.merge.store.checksums import XXH3_128
+from resumerge.merge.store.shardwriter import ShardWriter
+from resumerge.merge.store.sink import LocalDirSink
 
 TOYRUN = Path(__file__).with_name("toyrun.py")
 

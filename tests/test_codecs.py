@@ -23,22 +23,22 @@ from toycodec import SCALES_FILE, TOY, WITH_TOY, RowScaledInt8, assert_same_resu
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.compute import compute_tensor
-from resumerge.engine.session import run_plan
-from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, MAIN, PLAIN, Claim, CodecTable, Role
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import TensorEntry
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.inputrefs import format_ref
-from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, compute_fingerprint, stored_layout
-from resumerge.plan.planner import build_plan
-from resumerge.plan.prepared import Prepared
-from resumerge.plan.sharding import assign_shards
-from resumerge.plan.workunits import chunk_plan
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.session import run_plan
+from resumerge.merge.engine.target import Target
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.inputrefs import format_ref
+from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, compute_fingerprint, stored_layout
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.plan.sharding import assign_shards
+from resumerge.merge.plan.workunits import chunk_plan
 
 
 def plan_for(tmp_path: Path, doc: dict[str, object], codecs: CodecTable) -> tuple[Plan, str]:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
 from resumerge.inputs.hub.landing import Downloads
+from resumerge.merge.engine import cpupriority
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from huggingface_hub import constants, get_session
 
 from resumerge.inputs.hub import _hf
-from resumerge.store.hubrepo import xet_disabled
+from resumerge.merge.store.hubrepo import xet_disabled
 
 ROOT = Path(__file__).resolve().parents[1] / "resumerge"
 LIBRARIES = ("huggingface_hub", "transformers", "ray")

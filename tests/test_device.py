@@ -17,13 +17,13 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.devices import gpu_governor, normalise_device
-from resumerge.engine.session import plan_from_config
 from resumerge.errors import UsageError
 from resumerge.memory import FakeProbe, MemoryGovernor, Reservation, parse_size
 from resumerge.memory.budget import smallest_budget_for
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.store.statusview import read_status
+from resumerge.merge.engine.devices import gpu_governor, normalise_device
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.store.statusview import read_status
 from tests.conftest import ModelFactory
 from tests.support import cli, digests, linear_config, write_config
 
@@ -97,7 +97,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
         made.append(gov)
         return gov
 
-    monkeypatch.setattr("resumerge.engine.drive.gpu_governor", fake_gpu)
+    monkeypatch.setattr("resumerge.merge.engine.drive.gpu_governor", fake_gpu)
     api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(max_memory="4GB"))
     gov = made[0]
     plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())
@@ -224,7 +224,7 @@ def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS, hidden: int = 3
 
 
 def _check_pass(models: list[object], workdir: Path, device: str | None) -> object:
-    from resumerge.analyses.check.passes import forward_pass, streams_of
+    from resumerge.forward.passes import forward_pass, streams_of
 
     streams = streams_of(models) if device is None else streams_of(models, device)  # type: ignore[arg-type]
     try:
@@ -440,7 +440,8 @@ def test_a_model_larger_than_the_gpu_budget_runs_a_layer_at_a_time_and_a_layer_b
     found = api.check(merge, base=base, state_dir=state,
                       resources=api.Resources(device="cuda", max_gpu_memory=named))
     want = api.check(merge, base=base, state_dir=tmp_path / "s-cpu")
-    assert abs(found.models[0].nll - want.models[0].nll) <= 1e-5 * max(1.0, want.models[0].nll)  # type: ignore[operator]
+    # type: ignore[operator]
+    assert abs(found.models[0].nll - want.models[0].nll) <= 1e-5 * max(1.0, want.models[0].nll)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -448,7 +449,8 @@ def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     models = _pass_models(tmp_path)
-    config = write_config(tmp_path / "c.yml", linear_config(Path(models[0].path), Path(models[1].path)))  # type: ignore[attr-defined]
+    # type: ignore[attr-defined]
+    config = write_config(tmp_path / "c.yml", linear_config(Path(models[0].path), Path(models[1].path)))
     api.measure(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
     api.measure(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(device="cuda"))
     files = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))

@@ -24,25 +24,25 @@ from hub.fakehub import FakeHub
 from support import cli, cli_here, linear_config, peak_rss_run, write_config
 
 from resumerge import api
+from resumerge.analyses.estimate import compute as compute_estimate
+from resumerge.analyses.estimate.compute import measure_compute, start_compute
+from resumerge.analyses.estimate.computegroup import ComputeGroup
+from resumerge.analyses.estimate.costs import FITS, WILL_NOT_FIT, Estimate, TimeEstimate
+from resumerge.analyses.estimate.estimate import _disk_reason
+from resumerge.analyses.estimate.memory import pending_units, working_set
+from resumerge.analyses.estimate.method_timing import Timing
+from resumerge.analyses.estimate.torchside import TorchHere
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
-from resumerge.engine.unitgroup import GROUP_UNITS, group_bytes
-from resumerge.estimate import compute as compute_estimate
-from resumerge.estimate.compute import measure_compute, start_compute
-from resumerge.estimate.computegroup import ComputeGroup
-from resumerge.estimate.costs import FITS, WILL_NOT_FIT, Estimate, TimeEstimate
-from resumerge.estimate.estimate import _disk_reason
-from resumerge.estimate.memory import pending_units, working_set
-from resumerge.estimate.method_timing import Timing
-from resumerge.estimate.torchside import TorchHere
 from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
-from resumerge.plan.merge_plan import Plan
-from resumerge.plan.workunits import WHOLE, unit_bytes
-from resumerge.store.diskprobe import PROBE_PREFIX
-from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.merge.engine.unitgroup import GROUP_UNITS, group_bytes
+from resumerge.merge.plan.merge_plan import Plan
+from resumerge.merge.plan.workunits import WHOLE, unit_bytes
+from resumerge.merge.store.diskprobe import PROBE_PREFIX
+from resumerge.merge.store.manifest import MANIFEST_NAME
 from tests.manylayers import many_layer_merge
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ MID = {"layers": 2, "hidden": 512, "intermediate": 1024, "vocab": 8000, "heads":
 
 def _plan_json(*args: str | Path) -> dict[str, object]:
     # In this process (the CLI's main): the peak it prints counts a fresh run's baseline, measured once per
-    # installation (resumerge.engine.footprint.run_baseline), not the process that plans; no interpreter started.
+    # installation (resumerge.merge.engine.footprint.run_baseline), not the process that plans; no interpreter started.
     done = cli_here("plan", *args, "--json", "--probe-size", "1MiB")
     assert done.returncode == 0, done.stderr
     doc: dict[str, object] = json.loads(done.stdout)
@@ -182,7 +182,8 @@ def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(
     counted = free["memory"]["counted_baseline_bytes"]  # type: ignore[index]
     bound_options = ["--max-memory", str(int(counted) + 100_000_000)]
     bound = _plan_json(cfg, tmp_path / "bound", *bound_options)
-    assert bound["memory"]["working_set_bytes"] < 100_000_000 < free["memory"]["working_set_bytes"]  # type: ignore[index]
+    # type: ignore[index]
+    assert bound["memory"]["working_set_bytes"] < 100_000_000 < free["memory"]["working_set_bytes"]
     for name, doc, options in (("free", free, []), ("bound", bound, bound_options)):
         out = tmp_path / name
         code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet",
@@ -235,8 +236,8 @@ def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path:
     definite), so the Cholesky factorisation failed and the pseudo-inverse was timed, a path real Grams do not take
     (the estimate 0.3-1x the run's compute). The synthetic Grams are positive definite, well conditioned."""
     pytest.importorskip("transformers")
-    from resumerge.estimate.compute import _synthetic
-    from resumerge.methods.regmean import GRAM, regmean_solve
+    from resumerge.analyses.estimate.compute import _synthetic
+    from resumerge.merge.methods.regmean import GRAM, regmean_solve
 
     a, b = make("a", seed=1, hidden=32, intermediate=48, vocab=64), make("b", seed=2, hidden=32, intermediate=48,
                                                                          vocab=64)
@@ -285,9 +286,9 @@ def _served_sizes(model: object) -> dict[str, int]:
 
 
 def test_status_rendering_stays_off_torch_sqlite_utils_and_the_estimator() -> None:
-    probe = "import sys; import resumerge.cli.render, resumerge.store.statusview; " \
+    probe = "import sys; import resumerge.cli.render, resumerge.merge.store.statusview; " \
             "print(sorted(m for m in ('torch', 'sqlite_utils', " \
-            "'resumerge.estimate.estimate') if m in sys.modules))"
+            "'resumerge.analyses.estimate.estimate') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env=dict(os.environ))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
@@ -444,7 +445,7 @@ def test_compute_and_disk_work_overlap_in_the_total() -> None:
 
 
 def test_compute_and_disk_work_add_up_where_the_engine_fills_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.estimate import estimate as est
+    from resumerge.analyses.estimate import estimate as est
 
     monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert est.cores_are_shared()
@@ -456,7 +457,7 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """run wrote three shards to a disk plan knew was too small, then stopped on ENOSPC (exit 3)."""
-    from resumerge.engine import outdir
+    from resumerge.merge.engine import outdir
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out = tmp_path / "out"
@@ -470,8 +471,8 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 
 
 def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(tmp_path: Path) -> None:
-    """Consecutive tiny tensors of one shard are admitted as one group (resumerge.engine.unitgroup): the working set
-    counts what a group holds, not one tensor's estimate per worker."""
+    """Consecutive tiny tensors of one shard are admitted as one group (resumerge.merge.engine.unitgroup): the working
+    set counts what a group holds, not one tensor's estimate per worker."""
     plan = api.plan_merge(many_layer_merge(tmp_path, 20), output=api.Output(out_shard_size="20k"))
     budget, tensors = 1 << 30, [plan.tensors[n] for s in plan.shards for n in s.tensors]
     units = pending_units(plan, plan.shards, budget)

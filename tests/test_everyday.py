@@ -20,7 +20,7 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import LEDGER_NAME, run_dir
 from resumerge.errors import UsageError
-from resumerge.store.runlock import RunLock
+from resumerge.merge.store.runlock import RunLock
 
 
 def _configs(tmp_path: Path, make: ModelFactory) -> tuple[Path, Path]:
@@ -242,9 +242,9 @@ def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
         capsys: pytest.CaptureFixture[str]) -> None:
     """session.run_merge made every unreachable hub input exit 2 ("nothing was started: run the same command
     again") though the run had a ledger and committed shards: that is the front door's rule for a new run only."""
-    from resumerge.engine import session
     from resumerge.errors import InterruptedMerge
     from resumerge.inputs.hub.remote import HubUnavailableError
+    from resumerge.merge.engine import session
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out, state = tmp_path / "out", tmp_path / "state"

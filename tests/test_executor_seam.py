@@ -17,9 +17,9 @@ from resumerge.api.options import executor_option
 from resumerge.cli.commands import build_parser
 from resumerge.cli.flags import api_options
 from resumerge.config.settings import RunSettings
-from resumerge.engine.executors import Executor, LocalExecutor, RayExecutor
-from resumerge.engine.job import Job
 from resumerge.errors import UsageError
+from resumerge.merge.engine.executors import Executor, LocalExecutor, RayExecutor
+from resumerge.merge.engine.job import Job
 
 
 @dataclass(frozen=True)

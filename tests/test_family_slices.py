@@ -31,10 +31,10 @@ from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
 from resumerge.inputs.model import ModelInput
-from resumerge.plan.architecture import PER_LAYER_KEYS
-from resumerge.plan.buildcheck import NOT_BUILT, check_built
-from resumerge.plan.layerfacts import per_layer_keys
-from resumerge.plan.outconfig import build_out_config
+from resumerge.merge.plan.architecture import PER_LAYER_KEYS
+from resumerge.merge.plan.buildcheck import NOT_BUILT, check_built
+from resumerge.merge.plan.layerfacts import per_layer_keys
+from resumerge.merge.plan.outconfig import build_out_config
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])
@@ -230,7 +230,7 @@ def test_transformers_is_asked_for_per_layer_keys_only_where_the_config_holds_a_
     # A Llama's config holds no list of the layer count's length beside those resumerge names: the keys are known
     # without importing transformers (seconds of a plan's start). Another list of that length is the class's to
     # judge, and its answer is found once per family.
-    from resumerge.plan import layerfacts
+    from resumerge.merge.plan import layerfacts
 
     asked: list[object] = []
     answer = layerfacts.class_per_layer_keys

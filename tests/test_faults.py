@@ -35,7 +35,7 @@ from support import cli, cli_here, cli_start, digests, linear_config, reference_
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import StateDir, run_dir
-from resumerge.store.integrity import verify_output
+from resumerge.merge.store.integrity import verify_output
 
 SHARD = "100k"
 YEAR = 365 * 24 * 3600
@@ -368,7 +368,7 @@ def test_a_ledger_of_the_previous_schema_is_migrated_and_resumes(setup: Setup,
     opens, loses the two columns and resumes to the reference bytes, trusting the files it recorded."""
     from sqlite_utils import Database
 
-    from resumerge.store.ledger import migrations
+    from resumerge.merge.store.ledger import migrations
 
     out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-previous-schema")
     current = ledger.with_name("current.db")

@@ -24,7 +24,7 @@ from resumerge.api import plan_merge
 from resumerge.cli.commands import main
 from resumerge.config.params import evaluate, filter_matches
 from resumerge.errors import ConfigError
-from resumerge.plan.accounting import UNEXPLAINED
+from resumerge.merge.plan.accounting import UNEXPLAINED
 
 EXPERTS = "model.layers.*.mlp.experts.*"
 _HIDDEN, _VOCAB, _EXPERTS, _MOE, _DENSE = 32, 64, 4, 16, 48

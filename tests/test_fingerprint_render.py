@@ -14,12 +14,11 @@ from quantmodels import fp8, fp8_config, quantize_model
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
 from resumerge.inputs.codecs import BlockFp8Codec
 from resumerge.memory import collector_paused
-from resumerge.outputs.containers import PeftAdapter
-from resumerge.plan import merge_plan
-from resumerge.plan.merge_plan import (
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan import merge_plan
+from resumerge.merge.plan.merge_plan import (
     ExpertStack,
     InputRef,
     LoraRef,
@@ -30,6 +29,7 @@ from resumerge.plan.merge_plan import (
     compute_fingerprint,
     fingerprint_parts,
 )
+from resumerge.outputs.containers import PeftAdapter
 
 
 def _one_shot_plan_part(plan: Plan) -> str:

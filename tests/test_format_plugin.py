@@ -19,7 +19,7 @@ from resumerge.config.locations import StateDir
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs import MAIN
 from resumerge.inputs.codecs.quantized import SCALE
-from resumerge.store.integrity import verify_output
+from resumerge.merge.store.integrity import verify_output
 
 
 def test_a_format_from_outside_reads_writes_and_verifies_through_its_codec_and_one_table_line(

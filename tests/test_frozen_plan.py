@@ -7,7 +7,7 @@ import pickle
 import zlib
 from pathlib import Path
 
-from resumerge.engine import frozenplan
+from resumerge.merge.engine import frozenplan
 
 
 class _Hostile:

@@ -26,16 +26,16 @@ from quantmodels import MXFP4_CONFIG, mxfp4_experts
 from safetensors.torch import load_file, save_file
 
 from resumerge import api
-from resumerge.engine import compute
-from resumerge.engine.experts import merge_by_expert
+from resumerge.analyses.estimate.compute import measure_compute
 from resumerge.errors import ModelInputError
-from resumerge.estimate.compute import measure_compute
 from resumerge.inputs.safetensors_format import numel
-from resumerge.methods.registry import get_method, method_names
-from resumerge.methods.spec import MergeContext
-from resumerge.plan import workunits
-from resumerge.plan.experts import FUSED_LAYOUTS, StackFamily, expert_stack, mark_expert_stacks
-from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
+from resumerge.merge.engine import compute
+from resumerge.merge.engine.experts import merge_by_expert
+from resumerge.merge.methods.registry import get_method, method_names
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.merge.plan import workunits
+from resumerge.merge.plan.experts import FUSED_LAYOUTS, StackFamily, expert_stack, mark_expert_stacks
+from resumerge.merge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
 
 EXPERTS, HIDDEN, INTER = 3, 6, 4
 LAYER = "model.layers.0.mlp"

@@ -26,7 +26,7 @@ from support import cli
 
 from resumerge import api
 from resumerge.errors import ModelInputError
-from resumerge.plan.experts import FUSED_LAYOUTS
+from resumerge.merge.plan.experts import FUSED_LAYOUTS
 
 EXPERTS, WIDTH = 3, 8
 HIDDEN = 2 * WIDTH  # the ambiguous shape: an expert's gate_up slice is [2I, 2I]

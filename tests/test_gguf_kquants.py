@@ -21,11 +21,11 @@ from support import cli, digests, write_config
 from resumerge import api
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf import blocks
+from resumerge.merge.plan.gguftypes import MIXES, OVERRIDE_TYPES
+from resumerge.merge.store.killpoints import LOCAL_POINTS
 from resumerge.outputs.gguf.imatrix import read_imatrix
 from resumerge.outputs.gguf.kquants import encode_k
 from resumerge.outputs.gguf.legacyweighted import encode_legacy_weighted
-from resumerge.plan.gguftypes import MIXES, OVERRIDE_TYPES
-from resumerge.store.killpoints import LOCAL_POINTS
 
 K_TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 K_MIXES = [mix for mix in MIXES if "_k" in mix]

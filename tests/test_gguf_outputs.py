@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
 from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
+from resumerge.merge.store.killpoints import LOCAL_POINTS
 from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
-from resumerge.store.killpoints import LOCAL_POINTS
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 TYPES = {"f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
@@ -347,9 +347,9 @@ def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter
 
 def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
     from resumerge.inputs.gguf import blocks
+    from resumerge.merge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.outputs.gguf import kquants
-    from resumerge.plan.defaults import GGUF_TYPES
-    from resumerge.plan.gguftypes import MIXES
 
     assert set(GGUF_TYPES) == set(MIXES) - {"f32"} and set(TYPES) <= set(GGUF_TYPES)
     assert all(MIXES[kind].default in blocks.BLOCK_BYTES for kind in GGUF_TYPES if kind.startswith("q"))
@@ -358,7 +358,7 @@ def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
 
 def test_quantized_gguf_parents_are_noted_with_their_round_trip_error() -> None:
     from resumerge.inputs.gguf.codec import GgufCodec
-    from resumerge.plan.quantnotes import gguf_error_notes
+    from resumerge.merge.plan.quantnotes import gguf_error_notes
 
     (note,) = gguf_error_notes([GgufCodec("Q4_1", (32, 20)), GgufCodec("F32", (1, 4)), GgufCodec("Q6_K", (256, 210))],
                                {})
@@ -372,7 +372,7 @@ def test_a_tensor_computed_in_workspace_row_chunks_is_byte_identical_to_it_whole
     # Quantized parents and output: a tensor over WORKSPACE_CHUNK_BYTES is computed in row chunks of about that
     # much (whole heads for llama's permuted q/k, whole blocks), each in the worker's reused buffers.
     from resumerge import api
-    from resumerge.engine import compute
+    from resumerge.merge.engine import compute
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.Q4_1)

@@ -13,8 +13,8 @@ import numpy as np
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from support import cli_here, write_config
 
+from resumerge.merge.plan.ggufout import split_files
 from resumerge.outputs.gguf.layout import TensorInfo
-from resumerge.plan.ggufout import split_files
 
 SPLIT = 40_000  # tensor bytes per split file: the tiny llama's 1.3 MB of Q8_0 in several files
 

@@ -15,8 +15,8 @@ from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from support import write_config
 
 from resumerge import api
+from resumerge.merge.plan.gguftypes import ModelFacts, TypeChoices, parse_tensor_types, tensor_type
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
-from resumerge.plan.gguftypes import ModelFacts, TypeChoices, parse_tensor_types, tensor_type
 
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 30, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
@@ -154,9 +154,9 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     (bench/bench_gguf_kl.py), for every single type ``--gguf-type`` takes but Q4_1 (the reference's weights are
     Q4_1's own: no figure for it says anything; the K-quant mixes: the next test); a safetensors output's card has no
     such line."""
+    from resumerge.merge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
-    from resumerge.plan.defaults import GGUF_TYPES
-    from resumerge.plan.modelcard import render_model_card
 
     assert {t for t in QUALITY if "_k" not in t} == {t for t in GGUF_TYPES if "_k" not in t} - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost
@@ -180,9 +180,9 @@ def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importanc
     agreement resumerge's check measured on the real reference merge (bench/bench_gguf_kl.py), without an importance
     matrix and with the one computed on the merge, and says which of the two this file is; the matrix lowered KL at
     every mix measured."""
+    from resumerge.merge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
-    from resumerge.plan.defaults import GGUF_TYPES
-    from resumerge.plan.modelcard import render_model_card
 
     measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind}
     assert set(measured) == {t for t in GGUF_TYPES if "_k" in t}

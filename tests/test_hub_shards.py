@@ -14,10 +14,10 @@ from conftest import ModelFactory
 
 from resumerge import api
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
 from resumerge.errors import UsageError
-from resumerge.plan.merge_plan import DEFAULT_SHARD_SIZE, Plan, PlanOptions, TensorPlan, compute_fingerprint
-from resumerge.plan.sharding import (
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import DEFAULT_SHARD_SIZE, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.merge.plan.sharding import (
     AUTO_SHARD_SIZE,
     HUB_MAX_SHARD,
     HUB_MIN_SHARD,

@@ -21,8 +21,8 @@ from support import cli, write_config
 
 from resumerge import api
 from resumerge.inputs.gguf.names import gguf_name
+from resumerge.merge.plan.gguftypes import MIXES
 from resumerge.outputs.gguf.imatrix import read_imatrix
-from resumerge.plan.gguftypes import MIXES
 
 TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
 K_MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m")
@@ -259,7 +259,7 @@ def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: 
     """llama-imatrix's GGUF as resumerge writes it (an expert stack's entry a slice per expert, a count of 0
     kept), read back by gguf-py's reader and by resumerge's: each slice its sums over its count, all ones where
     the count is 0; two models' entries pooled add sums and counts."""
-    from resumerge.analyses.importance.entries import imatrix_file, pooled
+    from resumerge.forward.imatrix import imatrix_file, pooled
     from resumerge.outputs.gguf.imatrix import ImatrixEntry
 
     sums = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -1,5 +1,5 @@
-"""The engine's line of groups in flight (resumerge.engine.inflight): a worker freed by a finished group takes the next
-one while an older group still computes, and the writer gets every group in the order it was started."""
+"""The engine's line of groups in flight (resumerge.merge.engine.inflight): a worker freed by a finished group takes the
+next one while an older group still computes, and the writer gets every group in the order it was started."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from resumerge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
+from resumerge.merge.engine.inflight import HELD_PER_WORKER, InFlight
 
 
 @dataclass(frozen=True)

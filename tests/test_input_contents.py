@@ -175,8 +175,8 @@ def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: Setup, 
                                                                   ) -> None:
     """Tensors re-saved after the plan opened the file (its header and samples as before) and before the run
     hashes it: the plan describes bytes that are gone, so the run is refused before a shard is written."""
-    from resumerge.engine import session
-    from resumerge.plan.planner import build_plan as planned
+    from resumerge.merge.engine import session
+    from resumerge.merge.plan.planner import build_plan as planned
 
     victim = _weights(setup)
     saved = victim.read_bytes()
@@ -240,9 +240,9 @@ def test_a_first_run_proves_its_inputs_beside_its_first_units_and_commits_no_sha
     comes after the digests it was computed from, and the output is the one a proof taken first gave."""
     import threading
 
-    from resumerge.engine import inputcontents
-    from resumerge.engine.compute import TensorCompute
-    from resumerge.store.ledger import Ledger
+    from resumerge.merge.engine import inputcontents
+    from resumerge.merge.engine.compute import TensorCompute
+    from resumerge.merge.store.ledger import Ledger
 
     hashed, whole, file_commit = inputcontents.record_contents, TensorCompute.whole, Ledger.commit_file
     unit = threading.Event()
@@ -276,8 +276,8 @@ def test_a_first_run_whose_proof_fails_publishes_no_shard(setup: Setup, monkeypa
     (exit 4, one line naming the file) and no shard computed meanwhile reaches OUT."""
     import time
 
-    from resumerge.engine import inputcontents
     from resumerge.errors import PlanChangedError
+    from resumerge.merge.engine import inputcontents
 
     victim = _weights(setup)
 
@@ -298,9 +298,9 @@ def test_a_proof_beside_torch_s_import_reads_only_once_the_import_has_ended() ->
     beside the first units starts once the import thread has ended, and the commits wait for it as before."""
     import threading
 
-    from resumerge.engine.inputcontents import Proving
     from resumerge.inputs.contents import Content
-    from resumerge.store.ledger import Ledger
+    from resumerge.merge.engine.inputcontents import Proving
+    from resumerge.merge.store.ledger import Ledger
 
     importing, release = threading.Event(), threading.Event()
     hashed_while: list[bool] = []

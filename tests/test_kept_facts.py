@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from resumerge.plan import buildcheck, keptfacts, layerfacts, packing
-from resumerge.plan.buildcheck import NOT_BUILT, check_built
-from resumerge.plan.layerfacts import class_per_layer_keys
-from resumerge.plan.packing import packed_tables
+from resumerge.merge.plan import buildcheck, keptfacts, layerfacts, packing
+from resumerge.merge.plan.buildcheck import NOT_BUILT, check_built
+from resumerge.merge.plan.layerfacts import class_per_layer_keys
+from resumerge.merge.plan.packing import packed_tables
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32,

@@ -1,6 +1,6 @@
-"""A kept Ray worker's leases without a cluster (resumerge.engine.cluster.keeper): a live run's lease is never taken, a
-dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which reads
-that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
+"""A kept Ray worker's leases without a cluster (resumerge.merge.engine.cluster.keeper): a live run's lease is never
+taken, a dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which
+reads that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
 refuses every lease and ends, a worker refuses a run of other code and ends at once where its own code is not its
 name's, and one whose stream does not stop in time (or fails to) ends; the code digest follows the files' contents
 and every installed distribution's version, not the checkout's path, the files' times or the interpreter's path (on a
@@ -28,11 +28,11 @@ import pytest
 from resumerge.api.options import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
-from resumerge.engine.cluster import keeper, kept, launch
-from resumerge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
-from resumerge.engine.cluster.kept import SPARE_SLOTS, kept_name
-from resumerge.engine.cluster.launch import Worker
 from resumerge.errors import UsageError
+from resumerge.merge.engine.cluster import keeper, kept, launch
+from resumerge.merge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
+from resumerge.merge.engine.cluster.kept import SPARE_SLOTS, kept_name
+from resumerge.merge.engine.cluster.launch import Worker
 
 # The runtime_env of the fake Ray's jobs.
 _CONTEXT = SimpleNamespace(runtime_env={"env_vars": {"HF_HOME": "/hf"}})
@@ -188,8 +188,8 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
     """The actor's side: a worker whose code is not its name's answers its lease without making a stream (no engine,
     no torch imported: it ends at once); a lease that made no call leaves the stream as it was (no stop, no fresh
     one, no collection), one that did gets a fresh stream once, on its release."""
-    import resumerge.engine.cluster.worker
-    from resumerge.engine.cluster.actor import NodeActor
+    import resumerge.merge.engine.cluster.worker
+    from resumerge.merge.engine.cluster.actor import NodeActor
 
     made: list[_Stream] = []
 
@@ -204,7 +204,7 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
         def stop(self) -> None:
             self.stopped = True
 
-    monkeypatch.setattr(resumerge.engine.cluster.worker, "ShardStream", _Stream)
+    monkeypatch.setattr(resumerge.merge.engine.cluster.worker, "ShardStream", _Stream)
     other = NodeActor(None, None, 60.0, "0123456789abcdef")
     assert other.keeper is not None
     _MADE.append(other.keeper)

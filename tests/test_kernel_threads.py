@@ -18,12 +18,12 @@ from toycodec import RowScaledInt8
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.compute import TensorCompute
-from resumerge.engine.workspace import Workspace
 from resumerge.inputs import kernels
 from resumerge.inputs.source import InputSources
-from resumerge.plan.inputrefs import read_value
-from resumerge.plan.merge_plan import InputRef
+from resumerge.merge.engine.compute import TensorCompute
+from resumerge.merge.engine.workspace import Workspace
+from resumerge.merge.plan.inputrefs import read_value
+from resumerge.merge.plan.merge_plan import InputRef
 
 SPEC = ModelSpec(layers=1, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=4, shard_bytes=10_000_000,
                  tokenizer=False, dtype=torch.float32)
@@ -76,9 +76,9 @@ def test_a_run_recorded_before_mkl_was_pinned_with_its_j_is_not_resumed(
     before they were pinned; such a run, stopped and resumed by today's resumerge with the same -j, is refused with
     a sentence saying why, never finished into a mix of both kernels' bytes."""
     from resumerge import api
-    from resumerge.engine import frozenplan
     from resumerge.errors import InterruptedMerge, PlanChangedError
-    from resumerge.plan import merge_plan
+    from resumerge.merge.engine import frozenplan
+    from resumerge.merge.plan import merge_plan
 
     a, b = (make_model(tmp_path / name, SPEC, seed=seed) for seed, name in enumerate("ab"))
     config = write_config(tmp_path / "slerp.yml", {

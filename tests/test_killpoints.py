@@ -1,7 +1,7 @@
 """``killpoints.POINTS`` is read from the code: exactly the points the package reaches, and no test names another.
 
-The crash tests walk the tuples of :mod:`resumerge.store.killpoints`; a point reached in the code but missing there
-would never be walked, and a test that kills at a point nothing reaches would never kill."""
+The crash tests walk the tuples of :mod:`resumerge.merge.store.killpoints`; a point reached in the code but missing
+there would never be walked, and a test that kills at a point nothing reaches would never kill."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-from resumerge.store import killpoints
+from resumerge.merge.store import killpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "resumerge"

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.analyses.check.heads import logprobs
-from resumerge.analyses.check.passes import streams_of
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
 from resumerge.forward import layerpass
 from resumerge.forward.batches import Hidden, enter
+from resumerge.forward.heads import logprobs
 from resumerge.forward.journal import Journal, Restart
 from resumerge.forward.layerpass import LayerPass, Step
 from resumerge.forward.opened import open_for_pass
+from resumerge.forward.passes import streams_of
 from resumerge.forward.placement import Streams
 from resumerge.torch_import import torch
 

@@ -40,11 +40,11 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.inputs.model import ModelInput
-from resumerge.plan.accounting import UNEXPLAINED
-from resumerge.plan.architecture import infer_layout
-from resumerge.plan.mtp import MtpOutcome
-from resumerge.plan.outconfig import build_out_config
-from resumerge.plan.planner import MTP_DROPPED, MTP_FROM_LAST
+from resumerge.merge.plan.accounting import UNEXPLAINED
+from resumerge.merge.plan.architecture import infer_layout
+from resumerge.merge.plan.mtp import MtpOutcome
+from resumerge.merge.plan.outconfig import build_out_config
+from resumerge.merge.plan.planner import MTP_DROPPED, MTP_FROM_LAST
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])

@@ -15,8 +15,8 @@ from support import linear_config, write_config
 # inputs' resolution and transfers, the hub output).
 LOCAL_RUN_NEVER_IMPORTS = ("huggingface_hub", "hf_xet", "httpx", "httpcore", "trio", "h11",
                            "resumerge.inputs.hub.resolve", "resumerge.inputs.hub.remote", "resumerge.inputs.hub.ranges",
-                           "resumerge.inputs.hub.download", "resumerge.engine.hubout",
-                           "resumerge.store.hubsink")
+                           "resumerge.inputs.hub.download", "resumerge.merge.engine.hubout",
+                           "resumerge.merge.store.hubsink")
 
 
 def test_a_local_plan_and_run_never_import_the_hub_client(tmp_path: Path, make: ModelFactory) -> None:

@@ -94,7 +94,7 @@ def _tensor(model: Path, name: str) -> torch.Tensor:
 def test_whole_tensor_unit_over_budget_is_refused_before_work(tmp_path: Path, make: ModelFactory,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     a, b = make("a", seed=1, hidden=256, vocab=4000), make("b", seed=2, hidden=256, vocab=4000)
-    from resumerge.methods import get_method
+    from resumerge.merge.methods import get_method
 
     whole = next(m for m in ("ties", "slerp", "model_stock") if (spec := get_method(m)) and not spec.elementwise)
     doc = {"merge_method": whole, "base_model": str(a), "parameters": {"t": 0.5, "weight": 1.0, "density": 0.5},

@@ -10,8 +10,8 @@ from conftest import ModelFactory
 from support import digests, write_config
 
 from resumerge.cli.commands import build_parser, main
-from resumerge.engine.devices import normalise_device
 from resumerge.errors import UsageError
+from resumerge.merge.engine.devices import normalise_device
 
 # Every option of mergekit 0.1.5's ``add_merge_options`` (read from its click parameters: opts and secondary
 # opts), listed here because importing mergekit costs seconds.

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from resumerge.estimate.method_timing import ComputeRate, Timing, measure_rate
-from resumerge.methods import MergeContext, MethodSpec, get_method
+from resumerge.analyses.estimate.method_timing import ComputeRate, Timing, measure_rate
+from resumerge.merge.methods import MergeContext, MethodSpec, get_method
 
 SLEEP = 0.02
 

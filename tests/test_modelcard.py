@@ -17,10 +17,10 @@ from support import cli, cli_here, digests, loopback_only
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
-from resumerge.methods import get_method, method_names
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.modelcard import _method_line, hub_commit, render_model_card
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.methods import get_method, method_names
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.modelcard import _method_line, hub_commit, render_model_card
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 INTRO = ("This is a merge of pre-trained language models, made with resumerge from a "

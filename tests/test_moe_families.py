@@ -26,9 +26,9 @@ from moe_families import MOE_FAMILIES, make_moe_model
 from safetensors.torch import load_file, save_file
 
 from resumerge import api
-from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.methods.resources import NO_RESOURCES
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 pytest.importorskip("mergekit", reason="mergekit's method kernels are the reference")

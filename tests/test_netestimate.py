@@ -11,13 +11,9 @@ from pathlib import Path
 import pytest
 from support import drain_pty
 
-from resumerge.cli.render import ProgressReporter
-from resumerge.cli.trafficline import TrafficRates, traffic_line
-from resumerge.engine.traffic import Traffic, TrafficMeter
-from resumerge.errors import UsageError
-from resumerge.estimate import cpuprobe
-from resumerge.estimate.cpuprobe import TransferCost, probe_transfer_cost
-from resumerge.estimate.network import (
+from resumerge.analyses.estimate import cpuprobe
+from resumerge.analyses.estimate.cpuprobe import TransferCost, probe_transfer_cost
+from resumerge.analyses.estimate.network import (
     COMPUTE,
     DOWNLOAD,
     GIVEN,
@@ -28,6 +24,10 @@ from resumerge.estimate.network import (
     measure_download,
     parse_bandwidth,
 )
+from resumerge.cli.render import ProgressReporter
+from resumerge.cli.trafficline import TrafficRates, traffic_line
+from resumerge.errors import UsageError
+from resumerge.merge.engine.traffic import Traffic, TrafficMeter
 
 GB, MB = 10**9, 10**6
 SHARE = 0.1 / 1.74  # the first of 100 MB shards of a 1.74 GB output

@@ -1,5 +1,5 @@
 """No module-level mutable state in the packages that hold per-run work: what one run shares among its units
-travels in its context's resources (:mod:`resumerge.methods.resources`), so two runs in one process (a notebook)
+travels in its context's resources (:mod:`resumerge.merge.methods.resources`), so two runs in one process (a notebook)
 never see each other's data.
 
 An ast scan of every module of each package of :data:`PACKAGES`: a module-level assignment of a mutable display

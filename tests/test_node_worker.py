@@ -1,4 +1,4 @@
-"""A cluster node's worker (``engine/cluster/worker.py``) without Ray: the shards fed to it, side by side as Ray's
+"""A cluster node's worker (``merge/engine/cluster/worker.py``) without Ray: the shards fed to it, side by side as Ray's
 threaded actor calls them, come out as the local executor writes them; a failing shard fails every waiting call
 with its error; a stopped worker leaves no temp file and refuses what is fed after; a worker started warm (without
 the plan) computes what was fed once begun, and fails it with the error of a begin that raised.
@@ -18,13 +18,13 @@ from support import digests, ties_of_three
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.cluster.worker import ShardStream, WorkerSetup
-from resumerge.engine.executor import Stopped
-from resumerge.engine.session import prepare
 from resumerge.errors import StorageError
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.prepared import Prepared
-from resumerge.plan.workorder import compute_order
+from resumerge.merge.engine.cluster.worker import ShardStream, WorkerSetup
+from resumerge.merge.engine.executor import Stopped
+from resumerge.merge.engine.session import prepare
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.plan.workorder import compute_order
 
 SHARD = 10_000
 

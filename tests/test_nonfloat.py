@@ -15,7 +15,7 @@ from test_filters import write_glm
 from resumerge.api import plan_merge
 from resumerge.cli.commands import main
 from resumerge.errors import ModelInputError
-from resumerge.plan.nonfloat import CHECKED_EQUAL
+from resumerge.merge.plan.nonfloat import CHECKED_EQUAL
 
 MASK, POSITIONS = "model.layers.1.self_attn.causal_mask", "model.position_ids"
 

@@ -23,14 +23,14 @@ from support import cli, digests, linear_config, peak_rss_run, write_config
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.unwritten import MergedFiles
-from resumerge.engine.unwritten.merged import stored_places
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, Nvfp4Codec
 from resumerge.inputs.source import InputSources
-from resumerge.plan.fusedscales import share_scales
-from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
-from resumerge.plan.planner import build_plan
+from resumerge.merge.engine.unwritten import MergedFiles
+from resumerge.merge.engine.unwritten.merged import stored_places
+from resumerge.merge.plan.fusedscales import share_scales
+from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, compute_fingerprint
+from resumerge.merge.plan.planner import build_plan
 
 pytest.importorskip("compressed_tensors")
 

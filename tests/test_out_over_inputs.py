@@ -15,8 +15,8 @@ from conftest import ModelFactory
 from support import cli, linear_config, write_config
 
 from resumerge import api
-from resumerge.engine import drive
 from resumerge.errors import ResumergeError, UsageError, exit_code_for
+from resumerge.merge.engine import drive
 
 _IS = "is the folder of the input"
 

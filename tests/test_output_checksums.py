@@ -21,9 +21,9 @@ from support import cli, cli_here, digests, flip_byte, linear_config, write_conf
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import run_dir
-from resumerge.store.checksums import SHA256, XXH3_128, check_committed, checksum_of, matches
-from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.units import check_units
+from resumerge.merge.store.checksums import SHA256, XXH3_128, check_committed, checksum_of, matches
+from resumerge.merge.store.manifest import MANIFEST_NAME
+from resumerge.merge.store.units import check_units
 
 SHARD = "100k"
 

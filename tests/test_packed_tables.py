@@ -24,7 +24,7 @@ from support import api_merge as _merge
 from support import cli
 from support import output_tensors as _tensors
 
-from resumerge.plan.packing import Packing, packed_tables
+from resumerge.merge.plan.packing import Packing, packed_tables
 
 pytest.importorskip("transformers", reason="transformers (a dependency of the mergekit test extra) is needed")
 TOKENS = torch.tensor([[1, 5, 9, 2, 77, 127]])
@@ -60,7 +60,7 @@ def test_the_packed_tables_and_their_axis_are_found_from_the_model_transformers_
 def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, Path], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # a search plans every candidate over the same donor: its two models are built on the meta device once
-    from resumerge.plan import packing
+    from resumerge.merge.plan import packing
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # none kept yet by this installation (see the next test)
     built: list[object] = []
@@ -77,7 +77,7 @@ def test_a_donor_s_packed_tables_are_found_once_per_process(gemma4: tuple[Path, 
 # A process of its own: whether it imported transformers, and the tables it found.
 PACKED_IN_A_PROCESS = """
 import json, sys
-from resumerge.plan.packing import packed_tables
+from resumerge.merge.plan.packing import packed_tables
 found = packed_tables(json.loads(sys.argv[1]))
 tables = {name: [packing.axis, packing.width] for name, packing in found.items()}
 print(json.dumps({"imported": "transformers" in sys.modules, "tables": tables}))
@@ -88,7 +88,7 @@ def test_a_later_process_finds_the_packed_tables_kept_without_importing_transfor
         gemma4: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every resume and every start of a search plans its slices again: the first process builds the two models
     # (importing transformers, 3.5-4.5 CPU s), the next ones read what it found from resumerge's cache.
-    from resumerge.plan import packing
+    from resumerge.merge.plan import packing
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     packing._packed.cache_clear()

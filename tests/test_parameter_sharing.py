@@ -1,4 +1,4 @@
-"""Per-tensor parameter resolution (plan/parameters.py ParameterResolver): answers are shared between tensors
+"""Per-tensor parameter resolution (merge/plan/parameters.py ParameterResolver): answers are shared between tensors
 only where their key is exact, so globs, substrings and gradients still give every tensor its own value."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from conftest import ModelFactory
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.params import evaluate
-from resumerge.engine.session import plan_from_config
-from resumerge.plan.architecture import split_layer_name
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.architecture import split_layer_name
+from resumerge.merge.plan.merge_plan import PlanOptions
 
 _WEIGHT = [{"filter": "model.layers.*.mlp.*", "value": 0.7}, {"filter": "self_attn", "value": [0.1, 0.9]},
            {"value": 0.3}]

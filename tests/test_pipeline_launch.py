@@ -1,5 +1,5 @@
-"""How the executor's pipeline starts a group of units (resumerge.engine.executor): the workspaces it lends and the
-memory it reserves, without a plan (fake units, a probe that reports what the workspaces hold)."""
+"""How the executor's pipeline starts a group of units (resumerge.merge.engine.executor): the workspaces it lends and
+the memory it reserves, without a plan (fake units, a probe that reports what the workspaces hold)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import pytest
 
-from resumerge.engine.executor import _Pipeline
-from resumerge.engine.unitgroup import UnitGroup
-from resumerge.engine.workspace import Workspace
 from resumerge.memory import MemoryGovernor
-from resumerge.methods.resources import NO_RESOURCES
+from resumerge.merge.engine.executor import _Pipeline
+from resumerge.merge.engine.unitgroup import UnitGroup
+from resumerge.merge.engine.workspace import Workspace
+from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.torch_import import torch
 
 BUDGET = 1 << 20

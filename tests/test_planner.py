@@ -10,10 +10,10 @@ from conftest import ModelFactory
 
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.params import evaluate, gradient_value
-from resumerge.engine.session import plan_from_config
 from resumerge.errors import ConfigError
-from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.sharding import shard_names
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.sharding import shard_names
 
 
 def _plan(text: str, **options: Any) -> Plan:
@@ -146,7 +146,7 @@ def test_tokenizer_source_must_be_a_merged_model(make: ModelFactory) -> None:
 def test_the_planner_binds_every_default_as_method_spec_bind_does(make: ModelFactory) -> None:
     # Method bodies read their parameters by name (p["density"]): the planner must hand them every parameter, the
     # unset ones at their ParamSpec default, exactly as MethodSpec.bind does for callers that run a method directly.
-    from resumerge.methods import get_method
+    from resumerge.merge.methods import get_method
 
     a, b = make("a", layers=2, seed=1), make("b", layers=2, seed=2)
     plan = _plan(f"""

@@ -31,9 +31,6 @@ from support import linear_config, write_config
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.compute import compute_tensor
-from resumerge.engine.session import run_plan
-from resumerge.engine.target import Target
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, MAIN, quantized
@@ -43,11 +40,14 @@ from resumerge.inputs.codecs.mxfp4 import Mxfp4Codec
 from resumerge.inputs.codecs.quantized import recognise
 from resumerge.inputs.quant.verdict import Checkpoint
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.planner import build_plan
-from resumerge.plan.prepared import Prepared
-from resumerge.plan.workunits import chunk_plan
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.session import run_plan
+from resumerge.merge.engine.target import Target
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.plan.workunits import chunk_plan
 
 # hidden 40, intermediate 56, head_dim 10: no projection is a multiple of 16 or 32 on both sides.
 # Extra plain tensors a model gets (from its seed) before it is quantized.
@@ -254,7 +254,7 @@ def test_plans_compute_time_for_block_fp8_counts_the_decode_and_the_encode(tmp_p
     prices both with the method. It used to time the method alone on inputs decoded beforehand: a DeepSeek-V3 pair's
     FP8 group came out at minutes for hours of work. Here each decode costs a known 50 ms more: the group's time
     holds at least that per sampled input, and the encode runs inside the timed step."""
-    from resumerge.estimate.compute import measure_compute
+    from resumerge.analyses.estimate.compute import measure_compute
 
     a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
     text = write_config(tmp_path / "kept.yml", linear_config(a, b)).read_text()

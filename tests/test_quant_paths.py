@@ -24,16 +24,16 @@ from test_quant_codecs import assert_same_bytes, merge, pair, stored_tensors
 from resumerge import api
 from resumerge.config.locations import run_dir
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, MAIN
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.planner import build_plan
-from resumerge.plan.workunits import chunk_plan
-from resumerge.store.manifest import MANIFEST_NAME, decode_manifest
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.workunits import chunk_plan
+from resumerge.merge.store.manifest import MANIFEST_NAME, decode_manifest
 
 pytest.importorskip("compressed_tensors")
 

@@ -58,19 +58,19 @@ from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
-from resumerge.engine.cluster import driver, launch
-from resumerge.engine.cluster.cores import Cores, node_cores
-from resumerge.engine.cluster.hubreads import NodeReads, NodeSources
-from resumerge.engine.cluster.keeper import run_digest
-from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
-from resumerge.engine.cluster.launch import NODE_LABEL
-from resumerge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
-from resumerge.engine.executor import CONCURRENCY
-from resumerge.engine.executors import LocalExecutor, RayExecutor
-from resumerge.engine.quiet import NullReporter
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
-from resumerge.plan.merge_plan import ShardPlan
-from resumerge.store.hubcommits import CommitQueue
+from resumerge.merge.engine.cluster import driver, launch
+from resumerge.merge.engine.cluster.cores import Cores, node_cores
+from resumerge.merge.engine.cluster.hubreads import NodeReads, NodeSources
+from resumerge.merge.engine.cluster.keeper import run_digest
+from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+from resumerge.merge.engine.cluster.launch import NODE_LABEL
+from resumerge.merge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
+from resumerge.merge.engine.executor import CONCURRENCY
+from resumerge.merge.engine.executors import LocalExecutor, RayExecutor
+from resumerge.merge.engine.quiet import NullReporter
+from resumerge.merge.plan.merge_plan import ShardPlan
+from resumerge.merge.store.hubcommits import CommitQueue
 from resumerge.torch_import import IMPORT_RESERVE
 
 # As in tests/hubout: huggingface_hub's LFS PUT passes ``data=``, which httpx deprecates (its code, not ours).

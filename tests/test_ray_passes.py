@@ -24,11 +24,11 @@ from support import ONE_THREAD, cli, digests, one_thread, write_config
 from resumerge import api
 from resumerge.analyses.measure.grams import Streamed
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.executors import RayExecutor
 from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
 from resumerge.forward.proof import RECORDS_NAME
-from resumerge.moe import gatesites
+from resumerge.merge.engine.executors import RayExecutor
+from resumerge.runs.moe import gatesites
 from tests.moe.passthread import passes_on_a_thread
 
 pytest.importorskip("transformers")
@@ -100,15 +100,15 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
 def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_driver_frees_them(
         tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch, measured: tuple[Path, Path, Any]) -> None:
     """On a cluster that outlives the pass, each model's actor is hosted by its node's kept worker
-    (resumerge.engine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
+    (resumerge.merge.engine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
     does the resume of a measurement whose driver was SIGKILLed on them (each freed once its watchdog saw the driver
     dead); a pass of other code is never served by them (the workers it asks end, and it starts fresh actors);
     ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
     import ray
 
     import resumerge.analyses.measure.onray as onray_measure
-    from resumerge.analyses import onray
-    from resumerge.engine.cluster import kept
+    from resumerge.forward import onray
+    from resumerge.merge.engine.cluster import kept
 
     used: list[list[Any]] = []
 
@@ -165,8 +165,8 @@ def _freed(seconds: float = 30.0) -> None:
     at the node's next slot (a process importing torch) instead."""
     import ray
 
-    from resumerge.engine.cluster.keeper import run_digest
-    from resumerge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+    from resumerge.merge.engine.cluster.keeper import run_digest
+    from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
 
     code, actors = run_digest(ray), []
     for node in ray.nodes():
@@ -189,7 +189,7 @@ def _freed(seconds: float = 30.0) -> None:
 
 def _leased(ray: Any, actor: Any) -> bool:
     """Whether a live driver holds the kept worker ``actor``: it refuses a lease (which, granted, is released)."""
-    from resumerge.engine.cluster.keeper import run_digest
+    from resumerge.merge.engine.cluster.keeper import run_digest
 
     code = run_digest(ray)
     box = [ray.put(code)]
@@ -234,8 +234,8 @@ def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_f
                                                                                     cluster: Cluster) -> None:
     # Both scorers of a search on the nodes: the streamed kl pass and lm-eval's task, one candidate on each node.
     pytest.importorskip("lm_eval")
-    from resumerge.evolve.lmeval import LmEvalCandidates
-    from resumerge.evolve.streamed import StreamedCandidates
+    from resumerge.runs.evolve.lmeval import LmEvalCandidates
+    from resumerge.runs.evolve.streamed import StreamedCandidates
     from tests.evaluation.evaltasks import tiny_model, write_tasks
     from tests.evolve.test_lmeval import _config
     from tests.evolve.test_search import FILES, OPTIONS

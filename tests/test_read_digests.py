@@ -175,8 +175,8 @@ def test_a_first_run_hashes_in_its_reads_and_the_proof_only_what_they_did_not(
     """A first local run: its units give the ranges they read to the proof, which starts (here, held until a unit
     has given one) and hashes only the ranges no read has; the ledger holds each file's per-range record, equal to
     one computed from the file's header."""
-    from resumerge.engine import inputcontents
     from resumerge.inputs import readdigests
+    from resumerge.merge.engine import inputcontents
 
     a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
     config = write_config(tmp_path / "linear.yml", linear_config(a, b))

@@ -35,10 +35,10 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
-from resumerge.recipes.recipe import load_recipe_text
-from resumerge.recipes.view import read_recipe_status
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.runs.recipes.recipe import load_recipe_text
+from resumerge.runs.recipes.view import read_recipe_status
 
 REMOTE = "org/remote"
 SHARD = "100k"
@@ -285,7 +285,7 @@ def _local_recipe(m: Models, *, weight: float = 0.6) -> str:
 def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, models: Models,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from resumerge.errors import InterruptedMerge
-    from resumerge.recipes.run import run_recipe
+    from resumerge.runs.recipes.run import run_recipe
 
     out, state = tmp_path / "out", tmp_path / "state"
     b_manifest = tmp_path / "out.intermediates" / "b" / "resumerge-manifest.json"
@@ -481,7 +481,7 @@ def test_out_left_by_a_kill_inside_the_first_manifest_write_is_resumable(tmp_pat
 
 def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models) -> None:
     from resumerge.cli.render import ProgressReporter
-    from resumerge.recipes.run import run_recipe
+    from resumerge.runs.recipes.run import run_recipe
 
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
@@ -495,8 +495,8 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
 
 
 def test_plan_estimates_every_stage_and_their_shared_disk_writing_nothing(tmp_path: Path, models: Models) -> None:
-    from resumerge.recipes.estimate import estimate_recipe
-    from resumerge.recipes.run import run_recipe
+    from resumerge.runs.recipes.estimate import estimate_recipe
+    from resumerge.runs.recipes.run import run_recipe
 
     text = _local_recipe(models)
     (tmp_path / "recipe.yml").write_text(text)
@@ -530,7 +530,7 @@ def test_a_stage_ledger_killed_while_being_created_reads_as_not_started(tmp_path
     # A SIGKILL between creating ledger.db and committing its schema leaves a file without tables: the stage has
     # committed nothing (its manifest comes first), so its status is "no record", not an unreadable-ledger error.
     from resumerge.config.locations import run_dir
-    from resumerge.recipes.view import stage_record
+    from resumerge.runs.recipes.view import stage_record
 
     out, state = tmp_path / "stage", tmp_path / "state"
     out.mkdir()

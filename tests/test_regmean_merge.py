@@ -20,7 +20,7 @@ from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import UsageError
 from resumerge.inputs.grams import MANIFEST, read_measurement, sha256_of
-from resumerge.methods.regmean import regmean_solve
+from resumerge.merge.methods.regmean import regmean_solve
 
 pytest.importorskip("transformers")
 

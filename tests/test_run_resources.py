@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from resumerge.extract import factors
-from resumerge.extract.factor_cache import FactorCache
-from resumerge.extract.factors import FactorStore, cache_key, factor_a, factor_b
-from resumerge.methods.resources import NO_RESOURCES, Resources
-from resumerge.methods.spec import MergeContext
-from resumerge.moe.routers import RouterSources, router_values
+from resumerge.merge.methods.resources import NO_RESOURCES, Resources
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.runs.extract import factors
+from resumerge.runs.extract.factor_cache import FactorCache
+from resumerge.runs.extract.factors import FactorStore, cache_key, factor_a, factor_b
+from resumerge.runs.moe.routers import RouterSources, router_values
 
 ROUTER_PARAMS = {"routers": "pass-key", "layer": 1, "first": 0, "stop": 2}
 MODULE = {"module": "model.layers.0.mlp.up_proj", "source": "s", "rank": 2, "exact": True, "seed": 3,

@@ -20,13 +20,13 @@ from resumerge.cli.commands import EXIT_BROKEN_PIPE, main
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.compute import compute_tensor
-from resumerge.engine.session import plan_from_config, run_merge
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.store.sink import LocalDirSink, OutputSink, StagedDirSink
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.session import plan_from_config, run_merge
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.store.sink import LocalDirSink, OutputSink, StagedDirSink
 
 SINKS = ("local", "staged")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from resumerge.analyses.estimate.sessions import SessionPlan, hub_commits, parse_duration
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
-from resumerge.estimate.sessions import SessionPlan, hub_commits, parse_duration
 
 HOUR = 3600.0
 

@@ -15,10 +15,10 @@ from support import linear_config, write_config
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
 from resumerge.inputs.safetensors_format import read_header
-from resumerge.plan.merge_plan import PlanOptions, fingerprint_parts
-from resumerge.plan.sharding import ShardNaming, parent_naming
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import PlanOptions, fingerprint_parts
+from resumerge.merge.plan.sharding import ShardNaming, parent_naming
 
 TINY = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 

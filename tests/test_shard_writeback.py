@@ -14,10 +14,10 @@ import xxhash
 from safetensors.torch import load_file
 
 from resumerge.inputs.safetensors_format import layout_shard
-from resumerge.store import durable, shardwriter
-from resumerge.store.checksums import SHA256, XXH3_128, Checksum
-from resumerge.store.shardwriter import ShardWriter
-from resumerge.store.sink import LocalDirSink
+from resumerge.merge.store import durable, shardwriter
+from resumerge.merge.store.checksums import SHA256, XXH3_128, Checksum
+from resumerge.merge.store.shardwriter import ShardWriter
+from resumerge.merge.store.sink import LocalDirSink
 
 
 def _write_shard(out: Path, tensors: dict[str, torch.Tensor], checksum: Checksum = SHA256) -> tuple[str, Path]:

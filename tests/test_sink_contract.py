@@ -16,12 +16,12 @@ from hub.fakehub_write import HubWriter
 
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.settings import Batching
-from resumerge.store.hubrepo import open_hub_repo
-from resumerge.store.hubsink import HubRepoSink
-from resumerge.store.journal_commit import CommitJournal
-from resumerge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, parse_manifest
-from resumerge.store.memsink import MemorySink
-from resumerge.store.sink import LocalDirSink, OutputSink, Receipt, StagedDirSink
+from resumerge.merge.store.hubrepo import open_hub_repo
+from resumerge.merge.store.hubsink import HubRepoSink
+from resumerge.merge.store.journal_commit import CommitJournal
+from resumerge.merge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, parse_manifest
+from resumerge.merge.store.memsink import MemorySink
+from resumerge.merge.store.sink import LocalDirSink, OutputSink, Receipt, StagedDirSink
 
 # huggingface_hub's LFS PUT passes the file as ``data=``, which httpx deprecates (a warning in the client's own
 # code; the suite turns warnings into errors): as for tests/hubout.

@@ -21,11 +21,18 @@ from rich.console import Console
 from support import cli, cli_here, drain_pty, linear_config, write_config
 
 from resumerge import api
+from resumerge.analyses.estimate.costs import (
+    DiskNeed,
+    Estimate,
+    MemoryEstimate,
+    ModelDownload,
+    OutputSize,
+    TimeEstimate,
+)
 from resumerge.cli.commands import main
 from resumerge.cli.render import ProgressReporter, progress_mode, show_plan, show_status
 from resumerge.config.locations import StateDir
-from resumerge.estimate.costs import DiskNeed, Estimate, MemoryEstimate, ModelDownload, OutputSize, TimeEstimate
-from resumerge.store.statusview import FileStatus, StatusReport, read_status
+from resumerge.merge.store.statusview import FileStatus, StatusReport, read_status
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 WIDTH = 100

@@ -16,21 +16,21 @@ import pytest
 import torch
 from support import cli, digests, linear_config, write_config
 
+from resumerge.analyses.estimate import estimate
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine import devices, footprint
-from resumerge.engine.compute import TensorCompute
-from resumerge.engine.session import plan_from_config
-from resumerge.engine.workspace import Workspace
-from resumerge.estimate import estimate
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.memory import FakeProbe
-from resumerge.methods import get_method
-from resumerge.plan import workunits
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.merge.engine import devices, footprint
+from resumerge.merge.engine.compute import TensorCompute
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.engine.workspace import Workspace
+from resumerge.merge.methods import get_method
+from resumerge.merge.plan import workunits
+from resumerge.merge.plan.merge_plan import PlanOptions
 
 # bfloat16 inputs: equal magnitudes at the thresholds are common, so the chunked tie rules are exercised.
 SPEC = ModelSpec(layers=1, hidden=512, intermediate=1024, vocab=8000, heads=8, kv_heads=8, shard_bytes=100_000_000,

@@ -14,7 +14,7 @@ from support import cli, digests, output_tensors, write_config
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.methods import MergeContext, get_method
+from resumerge.merge.methods import MergeContext, get_method
 
 SHARD = "40k"
 WEIGHT = "model.layers.1.mlp.down_proj.weight"
@@ -79,7 +79,7 @@ def test_killed_merge_resumes_byte_identical(models: Path, method: str, capsys: 
 
 def test_the_vocabulary_is_decomposed_only_when_asked(models: Path) -> None:
     from resumerge import api
-    from resumerge.plan.workunits import estimate_bytes
+    from resumerge.merge.plan.workunits import estimate_bytes
 
     def svd_of(parameters: dict[str, Any]) -> dict[str, bool]:
         doc: dict[str, object] = {"merge_method": "tsv", "base_model": str(models / "base"),

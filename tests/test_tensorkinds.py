@@ -15,9 +15,9 @@ from test_quant_codecs import pair
 from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs.fp8_block import BlockFp8Codec
-from resumerge.plan.merge_plan import InputRef, Plan, PlanOptions
-from resumerge.plan.planner import build_plan
-from resumerge.plan.tensorkinds import KeyKinds, Kind, kind_key
+from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.tensorkinds import KeyKinds, Kind, kind_key
 
 
 def _fp8_static(name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:

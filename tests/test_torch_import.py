@@ -16,15 +16,15 @@ from support import linear_config, write_config
 
 import resumerge
 from resumerge import api, torch_import
+from resumerge.analyses.estimate.costs import Estimate
+from resumerge.analyses.estimate.memory import memory_estimate
+from resumerge.analyses.estimate.torchside import TorchHere, TorchProcess
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.devices import set_torch_threads
-from resumerge.engine.session import plan_from_config
 from resumerge.errors import InterruptedMerge
-from resumerge.estimate.costs import Estimate
-from resumerge.estimate.memory import memory_estimate
-from resumerge.estimate.torchside import TorchHere, TorchProcess
 from resumerge.memory.fake import FakeProbe
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.merge.engine.devices import set_torch_threads
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import PlanOptions
 
 _PACKAGE = Path(resumerge.__file__).parent
 
@@ -67,14 +67,14 @@ def _prints_ok(code: str) -> None:
 
 def test_importing_every_module_imports_no_torch() -> None:
     modules = _modules()
-    assert "resumerge.engine.executor" in modules and "resumerge.methods.linear" in modules
+    assert "resumerge.merge.engine.executor" in modules and "resumerge.merge.methods.linear" in modules
     assert _run("import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
                 + "print('ok')") == "ok\n"
 
 
 def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_made() -> None:
     code = (
-        "from resumerge.methods.registry import method_names, get_method\n"
+        "from resumerge.merge.methods.registry import method_names, get_method\n"
         "from resumerge.torch_import import torch\n"
         "import sys\n"
         "assert get_method('ties') is not None and 'linear' in method_names()\n"
@@ -92,7 +92,7 @@ def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
     """``-j``'s count is taken without importing torch (a hub run's downloads start first) and set before torch's
     first use; a newer count replaces one still waiting, None withdraws it, and once torch is loaded a count
     applies at once."""
-    threads = ("import sys\nfrom resumerge.engine.devices import set_torch_threads\n"
+    threads = ("import sys\nfrom resumerge.merge.engine.devices import set_torch_threads\n"
                "from resumerge.torch_import import torch\n")
     _prints_ok(threads + (
         "set_torch_threads(3)\n"
@@ -117,7 +117,7 @@ def test_torch_imported_beside_takes_the_waiting_thread_count_on_the_thread_that
     """A local run imports torch on a thread of its own while its proof reads the inputs; the thread count waiting
     for torch is set by the first use, on the thread that computes (OpenMP keeps one count a thread), not by the
     import's thread."""
-    _prints_ok("import sys\nfrom resumerge.engine.devices import set_torch_threads\n"
+    _prints_ok("import sys\nfrom resumerge.merge.engine.devices import set_torch_threads\n"
                "from resumerge.torch_import import load_beside, torch\n"
                "set_torch_threads(1)\n"
                "thread = load_beside()\n"
@@ -134,9 +134,9 @@ def test_torch_imported_beside_takes_the_waiting_thread_count_on_the_thread_that
 _GOVERN = """
 import sys
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.drive import make_governor
-from resumerge.engine.session import plan_from_config
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.merge.engine.drive import make_governor
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.merge_plan import PlanOptions
 plan = plan_from_config(load_config_text(open(sys.argv[1]).read()), PlanOptions())
 try:
     make_governor(plan, int(sys.argv[2]))

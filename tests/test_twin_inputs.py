@@ -25,8 +25,8 @@ from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable, StoredFormats
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.safetensors_format import Header, read_header
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.planner import build_plan
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.planner import build_plan
 
 
 def test_a_header_byte_for_byte_another_s_is_parsed_once(tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import pytest
 from safetensors import safe_open
 
 from resumerge.cli.commands import main
-from resumerge.engine import drive
 from resumerge.memory import MemoryGovernor
-from resumerge.methods import builtin, linear
-from resumerge.methods.spec import MergeContext
+from resumerge.merge.engine import drive
+from resumerge.merge.methods import builtin, linear
+from resumerge.merge.methods.spec import MergeContext
 from resumerge.torch_import import torch
 from tests.manylayers import many_layer_merge
 

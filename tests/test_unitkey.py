@@ -9,11 +9,11 @@ from conftest import ModelFactory
 from support import write_config
 
 from resumerge import api
-from resumerge.estimate.memory import pending_units
+from resumerge.analyses.estimate.memory import pending_units
 from resumerge.inputs.codecs import PLAIN
-from resumerge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
-from resumerge.plan.unitkey import TensorClasses, sizing_key
-from resumerge.plan.workunits import ROWS, oversized_units, streamed_bytes, unit_bytes, unit_mode
+from resumerge.merge.plan.merge_plan import ExpertStack, InputRef, TensorPlan
+from resumerge.merge.plan.unitkey import TensorClasses, sizing_key
+from resumerge.merge.plan.workunits import ROWS, oversized_units, streamed_bytes, unit_bytes, unit_mode
 
 
 def _ref(file: str, tensor: str, start: int, **changes: object) -> InputRef:
@@ -91,7 +91,7 @@ def test_the_estimate_sizes_every_tensor_as_the_engine_rule_does(tmp_path: Path,
                 mode = unit_mode(tp, method, budget, plan.options.device)
                 expected.append((streamed_bytes(tp, method), True) if mode == ROWS
                                 else (unit_bytes(tp, method, mode), False))
-        # Consecutive whole tensors of one shard may be admitted as one group (engine/unitgroup.py): each unit is
+        # Consecutive whole tensors of one shard may be admitted as one group (merge/engine/unitgroup.py): each unit is
         # then the sum of the next tensors' own sizes, in order; a streamed tensor is always a unit of its own.
         left = iter(expected)
         for size, chunked in pending_units(plan, plan.shards, budget):

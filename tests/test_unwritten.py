@@ -15,12 +15,12 @@ from quantmodels import fp8, fp8_config, quantize_model
 from safetensors.torch import load_file
 
 from resumerge import api
-from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
-from resumerge.engine.unwritten import UnwrittenMerge
 from resumerge.errors import ConfigError, InputError, UsageError
 from resumerge.forward import Weights
+from resumerge.forward.models import open_checked
 from resumerge.forward.stream import ModelStream
+from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 SPEC = {"layers": 2, "hidden": 40, "intermediate": 56, "shard_bytes": 20_000}
 TEXTS = [[1, 5, 9, 3, 7, 2, 11, 4], [6, 2, 8, 8, 1, 30, 12], [3, 3, 14, 2, 9]]

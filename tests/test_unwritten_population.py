@@ -15,13 +15,13 @@ from conftest import ModelFactory
 from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
 
 from resumerge import api
-from resumerge.engine.compute import TensorCompute
-from resumerge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
-from resumerge.plan import workunits
+from resumerge.merge.engine.compute import TensorCompute
+from resumerge.merge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
+from resumerge.merge.plan import workunits
 
 
 class CountedFiles(LocalFiles):
@@ -120,9 +120,9 @@ def test_what_depends_on_the_inputs_alone_is_computed_once_for_the_generation(tm
 
 
 def test_a_value_the_method_does_not_declare_is_never_shared() -> None:
-    from resumerge.engine.unwritten.population import LayerInputs
-    from resumerge.methods.task_stream import TASK_KEYS
-    from resumerge.methods.task_vectors import TASK_VECTOR
+    from resumerge.merge.engine.unwritten.population import LayerInputs
+    from resumerge.merge.methods.task_stream import TASK_KEYS
+    from resumerge.merge.methods.task_vectors import TASK_VECTOR
 
     layer = LayerInputs()
     with layer.sharing():

@@ -15,10 +15,10 @@ from conftest import ModelFactory
 from test_unwritten import SPEC, TEXTS, _config
 
 from resumerge import api
-from resumerge.engine.compute import TensorCompute
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream
-from resumerge.methods.rankstream import StreamedWindow, key_counts
+from resumerge.merge.engine.compute import TensorCompute
+from resumerge.merge.methods.rankstream import StreamedWindow, key_counts
 
 EMBED = "model.embed_tokens.weight"
 # Rows with runs and gaps, the first and the last among them.

@@ -338,9 +338,9 @@ def test_a_config_cannot_name_an_internal_unit_as_its_method(
     """MoE upcycling and LoRA extraction declare their tensor functions in their own packages and hand them to the
     engine through their plans; a merge config naming one is an unknown method, as in mergekit, even in a process
     that ran those kinds, and they are not listed."""
-    import resumerge.extract.factors
-    import resumerge.moe.experts
-    import resumerge.moe.routers  # noqa: F401  (as a run of those kinds would have imported them)
+    import resumerge.runs.extract.factors
+    import resumerge.runs.moe.experts
+    import resumerge.runs.moe.routers  # noqa: F401  (as a run of those kinds would have imported them)
 
     a, b = _two(make)
     code, err = _run(tmp_path, {"merge_method": unit, "models": [{"model": a}, {"model": b}]}, capsys)

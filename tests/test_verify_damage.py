@@ -25,7 +25,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_REFUSED
-from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.merge.store.manifest import MANIFEST_NAME
 
 SHARD = "100k"
 

@@ -1,5 +1,5 @@
-"""A Ray run's warm start (resumerge.engine.cluster.warm) without a cluster: closing it never waits for a start under
-way, and every worker placed is ended once; a recipe's later stage leases again the kept workers the stages before
+"""A Ray run's warm start (resumerge.merge.engine.cluster.warm) without a cluster: closing it never waits for a start
+under way, and every worker placed is ended once; a recipe's later stage leases again the kept workers the stages before
 held, and the call's end releases the others (kills them on a second Ctrl-C meanwhile); a run stopped during the
 start takes nothing at once; a start that fails (an import included) takes nothing and leaves no worker; its thread
 imports no module of resumerge; a resume starts none for a plan recorded on a GPU, nor for one whose device only the
@@ -21,11 +21,11 @@ import pytest
 from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.engine.cluster import connect, kept, launch
-from resumerge.engine.cluster.warm import WarmStart
-from resumerge.engine.executors import RayExecutor
-from resumerge.store.ledger import Ledger
-from resumerge.store.manifest import MANIFEST_NAME, Manifest
+from resumerge.merge.engine.cluster import connect, kept, launch
+from resumerge.merge.engine.cluster.warm import WarmStart
+from resumerge.merge.engine.executors import RayExecutor
+from resumerge.merge.store.ledger import Ledger
+from resumerge.merge.store.manifest import MANIFEST_NAME, Manifest
 
 
 @pytest.fixture
@@ -152,11 +152,11 @@ def test_a_resume_reads_the_recorded_device_before_starting_warm_workers(tmp_pat
 
 _IMPORTS = """
 import sys, threading, types
-from resumerge.engine.cluster.warm import WarmStart
+from resumerge.merge.engine.cluster.warm import WarmStart
 
-assert not [m for m in sys.modules if m.startswith(("resumerge.engine.executor",
-                                                      "resumerge.engine.cluster.worker",
-                                                      "resumerge.plan"))], "the warm start imports the engine"
+assert not [m for m in sys.modules if m.startswith(("resumerge.merge.engine.executor",
+                                                      "resumerge.merge.engine.cluster.worker",
+                                                      "resumerge.merge.plan"))], "the warm start imports the engine"
 
 imported = []
 
@@ -188,9 +188,9 @@ for keep in (0.0, 600.0):  # workers that end with the run, and kept ones leased
 sys.meta_path.remove(Seen)
 for name in fake:
     del sys.modules[name]
-import resumerge.engine.cluster.worker
+import resumerge.merge.engine.cluster.worker
 assert "huggingface_hub" not in sys.modules and "resumerge.inputs.hub" not in sys.modules, "a worker imports the hub"
-assert "sqlite_utils" not in sys.modules and "resumerge.store.ledger" not in sys.modules, \
+assert "sqlite_utils" not in sys.modules and "resumerge.merge.store.ledger" not in sys.modules, \
     "a worker imports the ledger"
 """
 
@@ -224,7 +224,8 @@ def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_
 
 
 class _Actors:
-    """Ray's actor class as :func:`~resumerge.engine.cluster.launch.place` uses it: the second actor made raises."""
+    """Ray's actor class as :func:`~resumerge.merge.engine.cluster.launch.place` uses it: the second actor made
+    raises."""
 
     def __init__(self) -> None:
         self.made: list[str] = []

@@ -8,10 +8,10 @@ from dataclasses import replace
 from conftest import ModelFactory
 
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
-from resumerge.plan.fetching import first_reads, read_order
-from resumerge.plan.merge_plan import Plan, PlanOptions
-from resumerge.plan.workorder import compute_order
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.fetching import first_reads, read_order
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.workorder import compute_order
 
 
 def _linear_plan(make: ModelFactory) -> Plan:

@@ -1,5 +1,5 @@
-"""A worker's reused buffers (resumerge.engine.workspace): what they lend, and that tensors computed one after another
-in one workspace are stored as they are without one, none of them overwritten by the next."""
+"""A worker's reused buffers (resumerge.merge.engine.workspace): what they lend, and that tensors computed one after
+another in one workspace are stored as they are without one, none of them overwritten by the next."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from support import linear_config, write_config
 from test_quant_codecs import pair
 
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.bufferpool import MOST_IDLE, BufferPool
-from resumerge.engine.compute import Stored, TensorCompute, compute_tensor
-from resumerge.engine.workspace import BUDGET_SHARE, WARM_BYTES, Workspace, Workspaces, workspace_bytes
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.planner import build_plan
+from resumerge.merge.engine.bufferpool import MOST_IDLE, BufferPool
+from resumerge.merge.engine.compute import Stored, TensorCompute, compute_tensor
+from resumerge.merge.engine.workspace import BUDGET_SHARE, WARM_BYTES, Workspace, Workspaces, workspace_bytes
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.planner import build_plan
 
 
 def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_beyond_its_bound() -> None:

@@ -14,12 +14,12 @@ from typing import Any, ClassVar
 import torch
 from safetensors.torch import load_file, save_file
 
-from resumerge.engine.compute import compute_tensor
 from resumerge.inputs.codecs import CODECS, MAIN, Claim, CodecTable, OutPart, TensorCodec
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import Plan
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import Plan
 
 SCALES_FILE = "scales.safetensors"
 

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from toycodec import TOY
 
 from resumerge.cli.commands import main
-from resumerge.engine import session
-from resumerge.plan.planner import build_plan
+from resumerge.merge.engine import session
+from resumerge.merge.plan.planner import build_plan
 
 if __name__ == "__main__":
     session.build_plan = partial(build_plan, codecs=TOY)  # type: ignore[assignment]

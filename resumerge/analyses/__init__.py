@@ -1,12 +1,15 @@
-"""The analyses: what resumerge learns from models by running them, beside the merge kinds that write them.
+"""The analyses: what resumerge learns from models by running them (check, measure, eval, the importance matrix) or
+from a run before it runs (estimate), beside the kinds of run that write them.
 
-:mod:`.check` (does a merge work: its static pass, its layer-streamed forward pass over the merge, its base and its
-parents, and the verdict) and :mod:`.measure` (the Gram matrices of every linear's input for the data-aware merges)
-run on the layer-streamed forward engine (:mod:`resumerge.forward`); each keeps its own journal under the state dir
-and answers ``resumerge status`` for the folders it writes. They are grouped here because they share the engine,
-the prompts and the model openers, and the tree should say so; each subpackage's docstring names what it uses.
+A group: each package here is a layer of its own, with its own ``May import:`` line (tests/test_layout.py holds them
+to it; no analysis imports another); this file imports nothing.
 
-May import: errors, config, forward, inputs, memory, methods, store, engine, vocab, outputs, torch_import.
+- :mod:`.check`: Does a merge work.
+- :mod:`.estimate`: What a run will cost before it starts.
+- :mod:`.evaluation`: ``resumerge eval``.
+- :mod:`.importance`: The importance matrix llama.cpp's quantizer weights its choices by (llama-imatrix's sums of
+  each linear's squared inputs), made by resumerge.
+- :mod:`.measure`: ``resumerge measure``.
 """
 
-__all__ = ["check", "importance", "measure"]
+__all__ = ["check", "estimate", "evaluation", "importance", "measure"]

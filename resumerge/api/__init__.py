@@ -9,7 +9,7 @@ config unwritten; ``lm_eval`` (``resumerge lm-eval``): lm-eval's own command lin
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
 describes. Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
 :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`) and turns them into the
-:class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+:class:`~resumerge.merge.plan.merge_plan.PlanOptions` that change output bytes and the
 :class:`~resumerge.config.settings.RunSettings` that do not, then hands the call to its kind of run: a single
 merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) or a LoRA extraction, each one
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked by :mod:`.calls`. Errors are
@@ -19,8 +19,8 @@ The package imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, 
 other name on its first use (:func:`__getattr__`): ``resumerge status`` imports no option group, no kind of run and
 no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and ``api.run(...)`` work as ever.
 
-May import: errors, config, memory, methods, vocab, inputs, store, plan, outputs, moe, extract, transplant, engine,
-recipes, evolve.
+May import: errors, config, memory, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs, runs.moe,
+runs.extract, runs.transplant, merge.engine, runs.recipes, runs.evolve.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ checked), says where it stands for ``resumerge status``, and names what it journ
 some analyses do is a small protocol of its own, so that none has a slot it must refuse: one that adds to the
 status of a run it analysed, and keeps what it wrote into that run's OUT across a ``resume``, is
 :class:`Annotates` (``check``: its newest verdict beside the merge's status, its section of the model card). A
-search's status is its own record (:class:`~resumerge.evolve.status.SearchStatus`), shown and printed as JSON as a
+search's status is its own record (:class:`~resumerge.runs.evolve.status.SearchStatus`), shown and printed as JSON as a
 run's is."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from resumerge.analyses.check.analysis import CheckAnalysis
 from resumerge.analyses.evaluation.analysis import EvalAnalysis
 from resumerge.analyses.measure.analysis import MeasureAnalysis
-from resumerge.evolve.analysis import SearchAnalysis
+from resumerge.runs.evolve.analysis import SearchAnalysis
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
-    from resumerge.engine.drive import Outcome
-    from resumerge.evolve.status import SearchStatus
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.store.statusview import StatusReport
+    from resumerge.runs.evolve.status import SearchStatus
 
 PathLike = str | os.PathLike[str]
 

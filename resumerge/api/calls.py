@@ -5,7 +5,7 @@
 
 Every function takes its options as a few frozen groups (:mod:`.options`: :class:`Output`, :class:`Merging`,
 :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`) and turns them into the
-:class:`~resumerge.plan.merge_plan.PlanOptions` that change output bytes and the
+:class:`~resumerge.merge.plan.merge_plan.PlanOptions` that change output bytes and the
 :class:`~resumerge.config.settings.RunSettings` that do not, then hands the call to its kind of run: a single
 merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) or a LoRA extraction, each one
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked here.
@@ -49,9 +49,9 @@ from resumerge.api.runkind import Call, Driving
 from resumerge.api.unwritten import open_population
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.extract.spec import ExtractSpec
 from resumerge.memory.sizes import parse_size
-from resumerge.plan.defaults import DEFAULT_SHARD_SIZE
+from resumerge.merge.plan.defaults import DEFAULT_SHARD_SIZE
+from resumerge.runs.extract.spec import ExtractSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -59,19 +59,19 @@ if TYPE_CHECKING:
 
     from resumerge.analyses.check import CheckReport
     from resumerge.analyses.check.progress import Step as CheckStep
+    from resumerge.analyses.estimate.costs import Estimate
     from resumerge.analyses.evaluation import EvalReport
     from resumerge.analyses.evaluation.run import EvalStep
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.analyses.measure.run import MeasureEstimate, MeasureReport
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.executors import Executor
-    from resumerge.estimate.costs import Estimate
-    from resumerge.evolve.progress import SearchStep
-    from resumerge.evolve.tracking import Tracking
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.plan.merge_plan import Plan
-    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.executors import Executor
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.runs.evolve.progress import SearchStep
+    from resumerge.runs.evolve.tracking import Tracking
+    from resumerge.runs.recipes.estimate import RecipeEstimate
 
 
 def run(
@@ -98,9 +98,9 @@ def run(
     once and passes to every call; ``restart`` starts over an earlier, different run into ``out``.
 
     ``executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
-    keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.engine.executors`) a worker
-    per node of the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and the
-    inputs must be paths every node sees); the bytes are the same whichever computes, and a run started with one
+    keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.merge.engine.executors`) a
+    worker per node of the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and
+    the inputs must be paths every node sees); the bytes are the same whichever computes, and a run started with one
     resumes with another. On a cluster that outlives the run (``address``, ``RAY_ADDRESS``, or one this process is
     connected to) Ray's workers stay for the next run, idle for at most ``keep_workers`` seconds (600 by default;
     ``0``: they end with the run), holding no CPU while idle.
@@ -134,7 +134,7 @@ def run(
     settings = run_settings(state_dir, resources, hub, executor=executor)
     # A Ray run's workers start first: they import while this process imports and plans.
     with started_early(settings, out, resources.device) as settings:
-        from resumerge.plan.sharding import shard_size_choice
+        from resumerge.merge.plan.sharding import shard_size_choice
 
         text = config_text(config)
         kind = kind_of(text)
@@ -199,8 +199,8 @@ def resume(
         if own is not None:
             return own.resume_own(where, settings, driving)
         from resumerge.api.analyses import kept
-        from resumerge.engine.session import resuming
         from resumerge.errors import NothingRecordedError
+        from resumerge.merge.engine.session import resuming
 
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it; a model card it rebuilt gets the last check's section back.
@@ -247,8 +247,8 @@ def estimate_extraction(
     fresh_process: bool = False,
 ) -> Estimate:
     """Validate the LoRA extraction that :func:`extract_lora` would run with these options (they mean what they
-    mean there) and return its :class:`~resumerge.estimate.costs.Estimate`, as :func:`estimate` does for a merge
-    (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
+    mean there) and return its :class:`~resumerge.analyses.estimate.costs.Estimate`, as :func:`estimate` does for a
+    merge (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
     for group in (output, merging, resources):
         taken(group, "estimate_extraction")
     settings = run_settings(state_dir, resources)
@@ -421,7 +421,7 @@ def estimate(
     The options mean what they mean for :func:`run` (``executor`` is checked, not timed): compute is timed on
     ``resources.device`` with ``resources.num_threads`` threads (a GPU this machine lacks is refused, exit 2).
     ``out`` may be an ``hf://`` target and ``resources.max_disk`` bounds the local disk. A multi-document ``config``
-    is a recipe: every stage is estimated (a :class:`~resumerge.recipes.estimate.RecipeEstimate`), which needs
+    is a recipe: every stage is estimated (a :class:`~resumerge.runs.recipes.estimate.RecipeEstimate`), which needs
     ``out`` to place them (``stages.intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space
     reading (tests simulate small disks with it); ``fresh_process`` says this process was started for this estimate,
     as the merge's will be (the CLI), so its age counts as the merge's start-up. Raises the same errors as
@@ -433,11 +433,11 @@ def estimate(
     ``session`` (a length, ``"12h"``) asks how many notebook sessions of that length the merge takes
     (``.session``).
     """
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.estimate.network import parse_bandwidth
-    from resumerge.estimate.sessions import parse_duration
-    from resumerge.plan.sharding import shard_size_choice
-    from resumerge.store.diskprobe import free_bytes
+    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.network import parse_bandwidth
+    from resumerge.analyses.estimate.sessions import parse_duration
+    from resumerge.merge.plan.sharding import shard_size_choice
+    from resumerge.merge.store.diskprobe import free_bytes
 
     if out is not None:
         named(out)
@@ -458,7 +458,7 @@ def estimate(
     with nothing_written():
         result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
                                         intermediate_dir=stages.intermediate_dir)
-    from resumerge.recipes import estimate as recipes
+    from resumerge.runs.recipes import estimate as recipes
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
         return result
@@ -477,7 +477,7 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, ou
                      resources: Resources) -> Call:
     """The call of the extraction ``spec`` into ``out`` (its recorded text is the spec's; one adapter file, no
     tokenizer)."""
-    from resumerge.extract.spec import spec_text
+    from resumerge.runs.extract.spec import spec_text
 
     options = plan_options(output, merging, resources, out_shard_size=DEFAULT_SHARD_SIZE, copy_tokenizer=False)
     text = spec_text(spec)
@@ -485,7 +485,7 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, ou
 
 
 def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
-    from resumerge.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.estimate import Measuring
 
     with nothing_written():
         return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)
@@ -524,7 +524,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
     the other), and writes ``merge_best`` on it as :func:`run` does. The search ends after exactly ``max_fevals``
     evaluations (its last generation cut to what is left), or earlier where cma's own criteria stop it.
-    ``progress``: told each step (:class:`~resumerge.evolve.progress.SearchStep`: a generation begun, a pass's
+    ``progress``: told each step (:class:`~resumerge.runs.evolve.progress.SearchStep`: a generation begun, a pass's
     layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
     them on stderr.
     ``trackers`` (:class:`Trackers`: ``wandb``, mergekit-evolve's ``--wandb``, to
@@ -540,7 +540,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from pathlib import Path
 
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
-    from resumerge.evolve.search import SearchOptions
+    from resumerge.runs.evolve.search import SearchOptions
 
     resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
     settings = run_settings(state_dir, resources, executor=executor)  # the state dir resolved here, once
@@ -553,7 +553,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
 def _tracking(trackers: Trackers) -> list[Tracking]:
     """Where :func:`evolve` logs its search (an entity or project named without its library: exit 2)."""
     from resumerge.errors import UsageError
-    from resumerge.evolve.tracking import Tracking
+    from resumerge.runs.evolve.tracking import Tracking
 
     if trackers.wandb_entity is not None and not trackers.wandb:
         raise UsageError("--wandb-entity needs --wandb", hint="add --wandb, or leave out --wandb-entity")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from resumerge.engine.drive import Outcome
 from resumerge.errors import UsageError
+from resumerge.merge.engine.drive import Outcome
 
 if TYPE_CHECKING:
     from resumerge.analyses.check import CheckReport
@@ -53,14 +53,14 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
 
 def check_placement(executor: object) -> PassPlacement:
     """Where a check's forward pass runs for ``executor`` (the object ``run`` takes; None: this process): what the
-    executor's :meth:`~resumerge.engine.executors.PlacesPasses.place_pass` says. Raises
+    executor's :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass` says. Raises
     :class:`~resumerge.errors.UsageError` (exit 2) for an executor that places no forward pass, and for one that
     cannot run here (Ray not installed)."""
     from resumerge.config.passplace import HERE
 
     if executor is None:
         return HERE
-    from resumerge.engine.executors import PlacesPasses
+    from resumerge.merge.engine.executors import PlacesPasses
 
     if not isinstance(executor, PlacesPasses):
         raise UsageError(f"a check runs on an executor that places a forward pass (LocalExecutor or RayExecutor), "

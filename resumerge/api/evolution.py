@@ -1,6 +1,6 @@
 """The work of ``resumerge evolve CONFIG STORAGE`` (:func:`resumerge.api.evolve`): every refusal made before any
 weight is read (the config, the options, the genome's headers, the first candidate planned as ``run`` plans it,
-STORAGE's owner), then the search (:mod:`resumerge.evolve.search`) with its candidates merged by :func:`run`'s own
+STORAGE's owner), then the search (:mod:`resumerge.runs.evolve.search`) with its candidates merged by :func:`run`'s own
 code, and ``merge_best`` written as ``run`` writes a merge."""
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from resumerge.analyses.evaluation.report import EvalReport
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.evaluation.tasks import TaskIndex
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executors import Executor
-    from resumerge.engine.unwritten import Population
-    from resumerge.evolve.objective import ScoresGeneration
-    from resumerge.evolve.progress import Watcher
-    from resumerge.evolve.search import Planned, SearchOptions
-    from resumerge.evolve.storage import Evaluated, Say
-    from resumerge.evolve.tracking import Tracking
-    from resumerge.plan.merge_plan import Plan
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executors import Executor
+    from resumerge.merge.engine.unwritten import Population
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.runs.evolve.objective import ScoresGeneration
+    from resumerge.runs.evolve.progress import Watcher
+    from resumerge.runs.evolve.search import Planned, SearchOptions
+    from resumerge.runs.evolve.storage import Evaluated, Say
+    from resumerge.runs.evolve.tracking import Tracking
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class SearchAsked:
     the front door: the parents' small files, the kl tasks' texts' tokens), ``merge_best`` (where the best candidate
     is then written), ``allow_benchmark_tasks``, lm-eval's ``task_search_path``; ``placement``
     (:mod:`resumerge.config.passplace`) on Ray: each generation's candidates spread over the nodes of that cluster
-    (:mod:`resumerge.evolve.spread`), STORAGE on a path every node sees; ``executor``: what writes ``merge_best``
+    (:mod:`resumerge.runs.evolve.spread`), STORAGE on a path every node sees; ``executor``: what writes ``merge_best``
     (:func:`resumerge.api.run`'s); ``tracking``: where the search is logged (W&B, trackio:
-    :mod:`resumerge.evolve.tracking`)."""
+    :mod:`resumerge.runs.evolve.tracking`)."""
 
     config: PathLike
     store: Path
@@ -86,22 +86,22 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
                 progress: Watcher | None = None) -> EvolveOutcome:
     """:func:`resumerge.api.evolve`'s work, with the API's own calls handed in (``calls``: this module sits under
     the front door's package). Each generation is scored in one streamed pass per task
-    (:class:`~resumerge.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to disk and
-    scored alone (:class:`~resumerge.evolve.written.WrittenCandidates`: the reference the streamed figures are held
+    (:class:`~resumerge.runs.evolve.streamed.StreamedCandidates`), or, ``written``, each candidate merged to disk and
+    scored alone (:class:`~resumerge.runs.evolve.written.WrittenCandidates`: the reference the streamed figures are held
     to). ``progress``: told each step of the search (a candidate's pass at each layer, each candidate scored, the
     best so far and the time left). Each tracking library (``asked.tracking``) is imported before anything is
     read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
-    from resumerge.evolve import storage as files
-    from resumerge.evolve.genome import tokenizer_model
-    from resumerge.evolve.lmeval import LmEvalCandidates, eval_settings
-    from resumerge.evolve.progress import SearchProgress
-    from resumerge.evolve.search import run_search
-    from resumerge.evolve.streamed import StreamedCandidates
-    from resumerge.evolve.together import Together
-    from resumerge.evolve.tracking import SearchLog, backend
-    from resumerge.evolve.written import WrittenCandidates
     from resumerge.forward.device import PassDevice
+    from resumerge.runs.evolve import storage as files
+    from resumerge.runs.evolve.genome import tokenizer_model
+    from resumerge.runs.evolve.lmeval import LmEvalCandidates, eval_settings
+    from resumerge.runs.evolve.progress import SearchProgress
+    from resumerge.runs.evolve.search import run_search
+    from resumerge.runs.evolve.streamed import StreamedCandidates
+    from resumerge.runs.evolve.together import Together
+    from resumerge.runs.evolve.tracking import SearchLog, backend
+    from resumerge.runs.evolve.written import WrittenCandidates
 
     store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
     backends = [(each.kind, backend(each)) for each in asked.tracking]  # a library missing: exit 2 before anything
@@ -156,7 +156,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         for log in logs:
             closing.callback(log.close)
         if ray is not None:  # each generation's candidates spread over the cluster's nodes, each group scored there
-            from resumerge.evolve.spread import SpreadOverNodes
+            from resumerge.runs.evolve.spread import SpreadOverNodes
 
             best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray.address, ray.keep, told.say),
                               told, command, logs)
@@ -172,7 +172,7 @@ def evolve_command(asked: SearchAsked) -> str:
     refuses it; ``--state-dir`` where it is not the default; where it is logged, so the continued search logs on to
     the same run: W&B's and trackio's keys stay in their environment variables and login files, never in it)."""
     from resumerge.config.locations import is_default_state_root
-    from resumerge.evolve.spec import OPT_IN
+    from resumerge.runs.evolve.spec import OPT_IN
 
     options, resources, merge_best = asked.options, asked.resources, asked.merge_best
     words = ["resumerge", "evolve", os.fspath(asked.config), os.fspath(asked.store), "--max-fevals",
@@ -212,9 +212,9 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     only, and the tokenizers of a kl parent whose vocabulary differs from the candidates': its texts' tokens kept in
     the ``state`` dir, as ``eval`` keeps them; nothing else written); ``index``: lm-eval's task index, kept for the
     candidates' evaluations."""
-    from resumerge.evolve.models import genome_layers
-    from resumerge.evolve.search import plan_search
-    from resumerge.evolve.spec import read_spec
+    from resumerge.runs.evolve.models import genome_layers
+    from resumerge.runs.evolve.search import plan_search
+    from resumerge.runs.evolve.spec import read_spec
 
     if options.popsize is not None and options.popsize < 2:
         raise UsageError(f"--popsize {options.popsize}: CMA-ES needs two candidates a generation or more")
@@ -224,7 +224,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
         raise UsageError(f"--sigma0 {options.sigma0}: the first step size must be a positive number")
     spec = read_spec(config_text(config), allow_benchmarks=allow_benchmark_tasks)
     if any(t.kind == "lm-eval" for t in spec.tasks):  # known, loadable, none generating: before any weight
-        from resumerge.evolve.lmeval import eval_settings, refuse_unscorable
+        from resumerge.runs.evolve.lmeval import eval_settings, refuse_unscorable
 
         refuse_unscorable(eval_settings(spec, include_path, device), index)
     layers = genome_layers(spec, state)
@@ -234,7 +234,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
     # The first candidate planned as run plans it: a method's own refusal (a parameter, a base) comes now.
     plan = plan_merge(yaml.safe_dump(planned.config_of(planned.settings.x0), sort_keys=False))
     if any(t.kind == "kl" for t in spec.tasks):  # a parent of another vocabulary: can it meet the candidates'?
-        from resumerge.evolve.vocabs import refuse_unmet
+        from resumerge.runs.evolve.vocabs import refuse_unmet
 
         refuse_unmet(spec, plan.out_config, state)
     return planned, plan
@@ -252,9 +252,9 @@ def _fits(planned: Planned, plan: Plan, max_memory: int | str) -> None:
     candidate's plan and the tasks' texts; a genome whose tokenizer is a hub model's is judged when it runs)."""
     import json
 
-    from resumerge.engine.unwritten import generation_bytes, largest_popsize
-    from resumerge.evolve.budget import hidden_bytes, refuse_past_budget
-    from resumerge.evolve.genome import tokenizer_model
+    from resumerge.merge.engine.unwritten import generation_bytes, largest_popsize
+    from resumerge.runs.evolve.budget import hidden_bytes, refuse_past_budget
+    from resumerge.runs.evolve.genome import tokenizer_model
     source = tokenizer_model(planned.spec.genome)
     if source is None:
         return

@@ -1,5 +1,5 @@
 """A LoRA extraction: a fine-tune's adapter against its base (:func:`resumerge.api.extract_lora`), planned by
-:mod:`resumerge.extract`; its recorded text is the extraction's spec, which a resume plans again."""
+:mod:`resumerge.runs.extract`; its recorded text is the extraction's spec, which a resume plans again."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import refuse_same_experts, single_output
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.extract.state import is_extraction_text
+from resumerge.runs.extract.state import is_extraction_text
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations, StateDir
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Recorded
-    from resumerge.estimate.costs import Estimate
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import Details, StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.session import Recorded
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.store.statusview import Details, StatusReport
 
 
 class ExtractionKind:
@@ -31,7 +31,7 @@ class ExtractionKind:
     name = "extraction"
 
     def recognises(self, text: str) -> bool:
-        """An extraction's spec (:func:`~resumerge.extract.spec.spec_text`)."""
+        """An extraction's spec (:func:`~resumerge.runs.extract.spec.spec_text`)."""
         return is_extraction_text(text)
 
     def check(self, call: Call, driving: Driving) -> None:
@@ -41,12 +41,12 @@ class ExtractionKind:
 
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run the extraction (``restart`` also discards the cached factors of the run it replaces)."""
-        from resumerge.engine.session import run_plan
-        from resumerge.engine.target import Target
+        from resumerge.merge.engine.session import run_plan
+        from resumerge.merge.engine.target import Target
 
         assert call.out is not None
         if driving.restart:
-            from resumerge.extract.prepare import clear_factors
+            from resumerge.runs.extract.prepare import clear_factors
 
             clear_factors(call.out, call.settings.state)
         target = Target.at(call.locations, call.settings)
@@ -70,8 +70,8 @@ class ExtractionKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """The extraction's estimate, as a merge's (no factor is kept)."""
+        from resumerge.analyses.estimate.estimate import estimate_config
         from resumerge.api.options import usable_device
-        from resumerge.estimate.estimate import estimate_config
 
         usable_device(call.options.device)
         return estimate_config(call.text, call.options, call.settings, source="extraction", out_dir=call.out,
@@ -89,9 +89,9 @@ def _module_progress(report: StatusReport, where: RunLocations) -> Details | Non
     """The adapter's modules, from this kind's own plan (each module's factor A): every one done once the adapter
     is committed; before that, those whose factors are in the run's factor cache, and the one decomposed now
     (running) or next (interrupted)."""
-    from resumerge.extract.state import FACTORS_DIR, cached_modules, lora_modules
-    from resumerge.store.ledger_read import tensor_names
-    from resumerge.store.statusview import Details
+    from resumerge.merge.store.ledger_read import tensor_names
+    from resumerge.merge.store.statusview import Details
+    from resumerge.runs.extract.state import FACTORS_DIR, cached_modules, lora_modules
 
     names = tensor_names(where.ledger)
     modules = lora_modules(names)
@@ -112,7 +112,7 @@ def _module_progress(report: StatusReport, where: RunLocations) -> Details | Non
 
 def _forget_factors(outcome: Outcome, out: PathLike, state: StateDir) -> None:
     """After an extraction's adapter is committed nobody needs its modules' cached factors: delete them."""
-    from resumerge.extract.prepare import forget_factors
+    from resumerge.runs.extract.prepare import forget_factors
 
     forget_factors(outcome.plan, out, state)
 
@@ -127,8 +127,8 @@ def _prepare(text: str, options: PlanOptions, settings: RunSettings, *, out: Pat
              model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> Prepared:
     """The plan of the extraction recorded as ``text`` and its opened inputs; its finished modules' factors are
     kept in ``out``'s run folder (None: an estimate, nothing kept)."""
-    from resumerge.engine.drive import hub_progress
-    from resumerge.extract.prepare import prepare_extraction
+    from resumerge.merge.engine.drive import hub_progress
+    from resumerge.runs.extract.prepare import prepare_extraction
 
     return replace(prepare_extraction(text, options, settings, out=out, model_dirs=model_dirs,
                                       on_progress=hub_progress(reporter)), kind=ExtractionKind.name)

@@ -1,6 +1,6 @@
 """``run --out-type gguf --imatrix-texts FILE``: the importance matrix computed on the merge itself before its GGUF
 is encoded. The merge's float plan (the same config and options, written as safetensors) is opened as the model it
-describes, never written (:class:`~resumerge.engine.unwritten.UnwrittenMerge`), and the texts run through it by
+describes, never written (:class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`), and the texts run through it by
 :func:`~resumerge.analyses.importance.onmerge.importance_on_merge` into the file the GGUF plan's codecs read
 (``PlanOptions.imatrix``, in the state dir: :func:`computed_imatrix`)."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.firstpass import FirstPass
     from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.executor import Reporter
-    from resumerge.estimate.firstpass import FirstPass
-    from resumerge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
 
 
 def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
@@ -31,15 +31,15 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     for a text longer than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
     if options.imatrix_texts is None or options.imatrix is None:
         return
-    from resumerge.analyses.importance.entries import gguf_arch
     from resumerge.analyses.importance.onmerge import importance_on_merge
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.devices import set_torch_threads
-    from resumerge.engine.session import prepare
-    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.forward.imatrix import gguf_arch
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
     from resumerge.inputs.catalog import fetch_inputs
     from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+    from resumerge.merge.engine.devices import set_torch_threads
+    from resumerge.merge.engine.session import prepare
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
     texts = options.imatrix_texts
     state = settings.state
@@ -108,9 +108,9 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
     far, and runs the texts' tokens through every layer's matrices."""
 
     def cost(plan: Plan) -> FirstPass:
+        from resumerge.analyses.estimate.firstpass import FirstPass
         from resumerge.analyses.importance.onmerge import pass_held, states_bytes
-        from resumerge.estimate.firstpass import FirstPass
-        from resumerge.plan.workunits import estimate_bytes
+        from resumerge.merge.plan.workunits import estimate_bytes
 
         tokens = _tokens(plan, Path(texts))
         hidden = int(plan.out_config.get("hidden_size") or 0)

@@ -4,7 +4,7 @@ logging are lm-eval's own.
 
 lm-eval's ``run`` builds the model from its registry inside ``simple_evaluate``; for ``--model resumerge`` this
 module switches ``lm_eval.simple_evaluate`` for the one call (under a lock, put back after, as
-:func:`~resumerge.store.hubrepo.xet_disabled` switches hub's global) to decide what lm-eval cannot: ``--use_cache
+:func:`~resumerge.merge.store.hubrepo.xet_disabled` switches hub's global) to decide what lm-eval cannot: ``--use_cache
 PATH`` is resumerge's journal kept in the folder PATH (lm-eval's own SQLite cache would hold answers keyed without
 the model; the journal is keyed by the model's files and each pass's tokens, answers a rerun without reading a weight
 byte, and resumes a killed pass at its layer), recorded in the results' config as lm-eval records it; sampling asked

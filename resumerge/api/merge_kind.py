@@ -1,5 +1,5 @@
 """A single merge: one mergekit YAML document (``merge_method`` and its models), planned by
-:mod:`resumerge.plan` through the engine's session."""
+:mod:`resumerge.merge.plan` through the engine's session."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Recorded
-    from resumerge.estimate.costs import Estimate
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.plan.merge_plan import Plan
-    from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.session import Recorded
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.store.statusview import StatusReport
 
 
 class MergeKind:
@@ -43,8 +43,8 @@ class MergeKind:
         single_output(call, driving)
 
     def run(self, call: Call, driving: Driving) -> Outcome:
-        """The merge through :func:`~resumerge.engine.session.run_merge`."""
-        from resumerge.engine.session import run_merge
+        """The merge through :func:`~resumerge.merge.engine.session.run_merge`."""
+        from resumerge.merge.engine.session import run_merge
 
         def before() -> None:  # --imatrix-texts: the importance matrix the encoding reads, computed on the merge
             from resumerge.api.importance import importance_pass
@@ -72,7 +72,7 @@ class MergeKind:
     def plan(self, call: Call) -> Plan:
         """The merge config's plan (headers only)."""
         from resumerge.config.merge_config import load_config_text
-        from resumerge.engine.session import plan_from_config
+        from resumerge.merge.engine.session import plan_from_config
 
         refuse_same_experts(call)
         return plan_from_config(load_config_text(call.text, source=_source(call)), call.options, codecs=call.codecs,
@@ -80,9 +80,9 @@ class MergeKind:
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
-        """The merge's estimate (:func:`~resumerge.estimate.estimate.estimate_config`)."""
+        """The merge's estimate (:func:`~resumerge.analyses.estimate.estimate.estimate_config`)."""
+        from resumerge.analyses.estimate.estimate import estimate_config
         from resumerge.api.importance import importance_cost
-        from resumerge.estimate.estimate import estimate_config
 
         refuse_same_experts(call)
         texts = call.options.imatrix_texts  # its pass before the merge counted in
@@ -113,7 +113,7 @@ def _same_texts(recorded: Recorded) -> None:
 def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:
     """The recorded merge config planned again, its models where the run found them."""
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.session import prepare
+    from resumerge.merge.engine.session import prepare
 
     return prepare(load_config_text(recorded.text), recorded.options, model_dirs=recorded.model_dirs,
                    state=settings.state, reporter=reporter)

@@ -1,4 +1,4 @@
-"""MoE upcycling: a mergekit-moe config (``base_model`` and ``experts``), planned by :mod:`resumerge.moe`; the
+"""MoE upcycling: a mergekit-moe config (``base_model`` and ``experts``), planned by :mod:`resumerge.runs.moe`; the
 hidden-state gate modes' prompt forward pass runs in a process of its own, started before the run plans, or with
 its layers where the run's executor places a forward pass (``--executor ray``: an actor on a node)."""
 
@@ -18,19 +18,19 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Recorded
-    from resumerge.estimate.costs import Estimate
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.moe import MoeConfig
-    from resumerge.moe.gatesites import GatesSite
-    from resumerge.moe.passproc import PassProcess
-    from resumerge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import Details, StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.session import Recorded
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.store.statusview import Details, StatusReport
+    from resumerge.runs.moe import MoeConfig
+    from resumerge.runs.moe.gatesites import GatesSite
+    from resumerge.runs.moe.passproc import PassProcess
 
 # A decoder layer's tensors: the layer count of this kind's own plan, from its tensors' names.
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -43,7 +43,7 @@ class MoeKind:
 
     def recognises(self, text: str) -> bool:
         """A mergekit-moe config: one YAML mapping with ``experts`` and no ``merge_method``."""
-        from resumerge.moe import is_moe_text
+        from resumerge.runs.moe import is_moe_text
 
         return is_moe_text(text)
 
@@ -55,11 +55,11 @@ class MoeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run it, the prompt forward pass (in a process started first, loading while this one plans)
         beside the merge where the budget holds both; nothing is read before the config and OUT are checked."""
-        from resumerge.engine.session import run_plan
-        from resumerge.engine.target import Target
-        from resumerge.moe.passdone import routers_finished
-        from resumerge.moe.passproc import started_early
-        from resumerge.store.planning import planning_mark
+        from resumerge.merge.engine.session import run_plan
+        from resumerge.merge.engine.target import Target
+        from resumerge.merge.store.planning import planning_mark
+        from resumerge.runs.moe.passdone import routers_finished
+        from resumerge.runs.moe.passproc import started_early
 
         assert call.out is not None
         config = _config(call)
@@ -81,16 +81,16 @@ class MoeKind:
 
     def plan(self, call: Call) -> Plan:
         """The plan, without computing the hidden-state routers."""
-        from resumerge.moe.prepare import prepare_moe
+        from resumerge.runs.moe.prepare import prepare_moe
 
         return prepare_moe(_config(call), call.options, call.settings, forward=False).plan
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """Planned without its prompt forward pass: the estimate counts the pass, it does not run it."""
+        from resumerge.analyses.estimate.estimate import estimate_config
         from resumerge.api.options import source_name
-        from resumerge.estimate.estimate import estimate_config
-        from resumerge.moe.passcost import estimators
+        from resumerge.runs.moe.passcost import estimators
 
         source = source_name(call.config, "config")
         planner, prepass = estimators(_config(call), call.options, call.settings)
@@ -100,7 +100,7 @@ class MoeKind:
     def planning_done(self, where: RunLocations) -> str:
         """The decoder layers the prompt forward pass under way had finished, which running it again continues
         after."""
-        from resumerge.moe.state import passes_under_way
+        from resumerge.runs.moe.state import passes_under_way
 
         under_way = passes_under_way(where.root)
         return (f"; its prompt forward pass continues after the {under_way[0]} decoder layers it finished"
@@ -116,9 +116,9 @@ class MoeKind:
 def _pass_progress(where: RunLocations) -> Details | None:
     """The decoder layers done by the one prompt forward pass under way in the state dir (None when none is, or
     several are: which one is this run's is not recorded)."""
-    from resumerge.moe.state import passes_under_way
-    from resumerge.store.ledger_read import tensor_names
-    from resumerge.store.statusview import Details
+    from resumerge.merge.store.ledger_read import tensor_names
+    from resumerge.merge.store.statusview import Details
+    from resumerge.runs.moe.state import passes_under_way
 
     under_way = passes_under_way(where.root)
     if len(under_way) != 1:
@@ -132,7 +132,7 @@ def _pass_progress(where: RunLocations) -> Details | None:
 
 
 def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:
-    from resumerge.moe import load_moe_text
+    from resumerge.runs.moe import load_moe_text
 
     return _prepare(load_moe_text(recorded.text, allow_all_same=True), recorded.options, settings, reporter,
                     recorded.model_dirs)
@@ -141,7 +141,7 @@ def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None
 def _config(call: Call) -> MoeConfig:
     """The loaded config; raises ConfigError naming the YAML path before any model is opened."""
     from resumerge.api.options import source_name
-    from resumerge.moe import load_moe_text
+    from resumerge.runs.moe import load_moe_text
 
     return load_moe_text(call.text, allow_all_same=call.allow_same_experts,
                          source=source_name(call.config, "config"))
@@ -150,10 +150,10 @@ def _config(call: Call) -> MoeConfig:
 def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, reporter: Reporter | None,
              model_dirs: Mapping[str, str] | None = None, *, early: PassProcess | None = None,
              out: Path | None = None) -> Prepared:
-    """The planner (:mod:`resumerge.moe`), which starts the hidden-state modes' prompt pass: beside the merge in
+    """The planner (:mod:`resumerge.runs.moe`), which starts the hidden-state modes' prompt pass: beside the merge in
     ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
-    from resumerge.engine.drive import hub_progress
-    from resumerge.moe.prepare import prepare_moe
+    from resumerge.merge.engine.drive import hub_progress
+    from resumerge.runs.moe.prepare import prepare_moe
 
     return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
                                on_progress=hub_progress(reporter), beside=early is not None, out=out,
@@ -179,7 +179,7 @@ def _site_of(placement: PassPlacement, settings: RunSettings) -> GatesSite:
 @_site_of.register(Here)  # the class named: the annotations are not evaluated (some only for the checker)
 def _(placement: Here, settings: RunSettings) -> GatesSite:
     """In the prompt work's own process, on this machine."""
-    from resumerge.moe.gatesites import IN_ITS_PROCESS
+    from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
 
     return IN_ITS_PROCESS
 
@@ -187,8 +187,8 @@ def _(placement: Here, settings: RunSettings) -> GatesSite:
 @_site_of.register(OnRay)
 def _(placement: OnRay, settings: RunSettings) -> GatesSite:
     """The base's layers on an actor of the Ray cluster, this process driving the pass."""
-    from resumerge.analyses.check.onray import placing
-    from resumerge.moe.gatesites import PlacedBy
+    from resumerge.forward.rayactor import placing
+    from resumerge.runs.moe.gatesites import PlacedBy
 
     given = None if settings.state.given is None else str(settings.state.root)  # --state-dir, as a node opens it
     return PlacedBy(placing(placement.address, given, "prompt forward pass"))

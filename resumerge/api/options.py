@@ -1,7 +1,7 @@
 """What a caller asks of a run, as a few frozen groups a notebook builds once and passes to every call
 (:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`,
 :class:`Surgery`, :class:`Trackers`), and the one
-place they become :class:`~resumerge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
+place they become :class:`~resumerge.merge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
 :class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
 named, a config given as a file or as YAML text, a recipe's OUT kept from a single merge. Each raises
 :class:`~resumerge.errors.UsageError` (exit 2) for a bad value, before any work.
@@ -26,14 +26,14 @@ from resumerge.config.locations import StateDir
 from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
-from resumerge.plan.defaults import DEFAULT_SEED
-from resumerge.transplant.spec import SurgeryChoices
+from resumerge.merge.plan.defaults import DEFAULT_SEED
+from resumerge.runs.transplant.spec import SurgeryChoices
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
     from resumerge.config.passplace import PassPlacement
-    from resumerge.engine.executors import Executor
-    from resumerge.plan.merge_plan import PlanOptions
+    from resumerge.merge.engine.executors import Executor
+    from resumerge.merge.plan.merge_plan import PlanOptions
 
 PathLike = str | os.PathLike[str]
 
@@ -145,8 +145,8 @@ class Stages:
 
 @dataclass(frozen=True)
 class Lora:
-    """mergekit-extract-lora's options (same names and defaults; :class:`~resumerge.extract.spec.ExtractSpec`), plus
-    ``exact``: mergekit's full SVD instead of the seeded randomized truncation."""
+    """mergekit-extract-lora's options (same names and defaults; :class:`~resumerge.runs.extract.spec.ExtractSpec`),
+    plus ``exact``: mergekit's full SVD instead of the seeded randomized truncation."""
 
     max_rank: int = 128
     sv_epsilon: float = 0.0
@@ -167,7 +167,7 @@ class Lora:
 @dataclass(frozen=True)
 class Surgery(SurgeryChoices):
     """mergekit-tokensurgeon 0.1.5's options (same names and defaults;
-    :class:`~resumerge.transplant.spec.SurgerySpec`): the ``approximation_method`` of the rows of DONOR's tokens
+    :class:`~resumerge.runs.transplant.spec.SurgerySpec`): the ``approximation_method`` of the rows of DONOR's tokens
     MODEL lacks, its ``k`` atoms or neighbours, ``cosine_similarity`` and ``weight_scheme`` (common_interpolation),
     ``subword_method``, ``batch_size`` tokens per approximated (and journaled) batch, ``prefix_match`` and
     ``byte_match`` (yes, no, embed, lm_head), ``magikarp`` (match only tokens both models trained well), and
@@ -247,10 +247,10 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
     depend on it, the planner drops it for the others; shard size None: the planner's pick; output shards named
     like the parent's, as every new run's): every field of ``groups`` that :class:`PlanOptions` has, by name, then
     ``overrides``. UsageError if bad."""
-    from resumerge.engine.devices import normalise_device
+    from resumerge.merge.engine.devices import normalise_device
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
     from resumerge.outputs.containers import OUT_TYPES
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
 
     names = {each.name for each in fields(PlanOptions)} - {"out_shard_size", "parent_shard_names"}
     given = {each.name: getattr(group, each.name) for group in groups
@@ -277,7 +277,7 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
     """The GGUF type options of ``given`` checked and normalised (patterns and type names lower-cased, the
     importance matrix an absolute path that exists); UsageError (exit 2) naming the flag for a bad one, or for one
     given without ``--out-type gguf``."""
-    from resumerge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
+    from resumerge.merge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
 
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if not set_:  # the CLI's unset repeatable flag is None, the plan's default an empty tuple
@@ -312,8 +312,8 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
 def _imatrix_texts(given: Mapping[str, Any]) -> str:
     """``--imatrix-texts`` checked (exit 2): not with ``--imatrix``, a file, and a ``--gguf-type`` whose quantizer
     reads an importance matrix; the file as an absolute path."""
+    from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.outputs.gguf import kquants, legacyweighted
-    from resumerge.plan.gguftypes import MIXES
 
     if given.get("imatrix") is not None:
         raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
@@ -346,7 +346,7 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
                            staging=resources.staging, max_disk=size_option(resources.max_disk, "--max-disk"),
                            num_threads=resources.num_threads, executor=executor)
     if executor is not None:  # the default, this process, needs nothing (nor the merge engine imported to say so)
-        from resumerge.engine.executors import executor_of
+        from resumerge.merge.engine.executors import executor_of
 
         executor_of(settings).check()
     return settings if output is None else replace(settings, output=output)
@@ -361,7 +361,8 @@ def pass_settings(function: str, state_dir: PathLike | None, resources: Resource
 
 
 def pass_placement(settings: RunSettings) -> PassPlacement:
-    """Where the settings' executor places a forward pass (:meth:`~resumerge.engine.executors.PlacesPasses.place_pass`:
+    """Where the settings' executor places a forward pass
+    (:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`:
     :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
     model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
@@ -381,10 +382,10 @@ def _local(ray_address: str | None, keep_workers: float | str | None) -> Executo
 
 
 def _ray(ray_address: str | None, keep_workers: float | str | None) -> Executor:
-    """``--executor ray``: a :class:`~resumerge.engine.executors.RayExecutor`."""
+    """``--executor ray``: a :class:`~resumerge.merge.engine.executors.RayExecutor`."""
     # imported only here: it brings the merge engine (its hub, ledger and memory probes), which a local check never
     # uses (0.3-0.5 s of every check's start, a resumed one's included)
-    from resumerge.engine.executors import RayExecutor
+    from resumerge.merge.engine.executors import RayExecutor
 
     return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
 
@@ -421,7 +422,7 @@ def keep_option(keep: float | str | None) -> float:
             return 0.0
         if bare is not None:
             raise UsageError(f"--keep-workers {keep.strip()}: give its unit", hint="e.g. --keep-workers 10m or 600s")
-        from resumerge.estimate.sessions import parse_duration
+        from resumerge.analyses.estimate.sessions import parse_duration
 
         return parse_duration(keep, option="--keep-workers")
     if keep < 0:
@@ -432,10 +433,10 @@ def keep_option(keep: float | str | None) -> float:
 @contextlib.contextmanager
 def started_early(settings: RunSettings, out: PathLike, device: str | None = "cpu") -> Iterator[RunSettings]:
     """``settings`` with what their executor starts while the run plans (a Ray run's workers: see
-    :meth:`~resumerge.engine.executors.Executor.starting`), ended as the call ends, however it ends; ``device``
+    :meth:`~resumerge.merge.engine.executors.Executor.starting`), ended as the call ends, however it ends; ``device``
     None where it is not known yet."""
     from resumerge.config.hubtarget import is_hub_target
-    from resumerge.engine.executors import executor_of
+    from resumerge.merge.engine.executors import executor_of
 
     bounded = settings.max_disk is not None and is_hub_target(out)
     with executor_of(settings).starting(settings, device=device, bounded=bounded) as started:
@@ -448,13 +449,13 @@ def recorded_device(out: PathLike, settings: RunSettings) -> str | None:
     as OUT's manifest in a folder says. None where only the hub can say (an ``hf://`` OUT whose state dir holds no
     ledger of it: the resume reads the repo's manifest itself, and starts no warm worker before). "cpu" for a local
     run and where nothing here can say (nothing recorded, or unreadable: the resume itself says what is wrong)."""
-    from resumerge.engine.executors import executor_of
+    from resumerge.merge.engine.executors import executor_of
 
     if not executor_of(settings).starts_early:
         return "cpu"
     from resumerge.config.hubtarget import is_hub_target
-    from resumerge.store.ledger_read import reading, run_row
-    from resumerge.store.manifest import read_manifest
+    from resumerge.merge.store.ledger_read import reading, run_row
+    from resumerge.merge.store.manifest import read_manifest
 
     path, row = settings.state.run(out).ledger, None
     if path.is_file():
@@ -494,8 +495,8 @@ def single_merge_only(config: PathLike, out: PathLike, settings: RunSettings, *,
     """Refuse recipe-only options with a one-document config, and a single merge into a recipe's OUT (even with
     ``restart``: the recipe's record would be left stale)."""
     from resumerge.config.hubtarget import is_hub_target
-    from resumerge.recipes.held import is_recipe_out
-    from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
+    from resumerge.runs.recipes.held import is_recipe_out
+    from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
 
     for flag, given in (("intermediate-dir", intermediate_dir is not None), ("cleanup-intermediates",
                                                                              cleanup_intermediates)):
@@ -576,8 +577,8 @@ def nothing_started(where: RunLocations) -> Iterator[None]:
     2), whether the hub was unreachable for an input or for OUT itself: exit 3's "resume" would find nothing to
     finish. Once a run is recorded it stays exit 3 (resume finishes it)."""
     from resumerge.errors import UnreachableError, UnreachableInputError
-    from resumerge.recipes.ledger_read import RECIPE_LEDGER_NAME
-    from resumerge.recipes.manifest import recipe_dir
+    from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME
+    from resumerge.runs.recipes.manifest import recipe_dir
 
     try:
         yield

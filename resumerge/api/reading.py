@@ -16,10 +16,10 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.api.options import PathLike
-    from resumerge.evolve.status import SearchStatus
-    from resumerge.recipes.view import RecipeStatus
-    from resumerge.store.integrity import VerifyReport
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.integrity import VerifyReport
+    from resumerge.merge.store.statusview import StatusReport
+    from resumerge.runs.evolve.status import SearchStatus
+    from resumerge.runs.recipes.view import RecipeStatus
 
 
 def named(out: PathLike) -> None:
@@ -30,14 +30,14 @@ def named(out: PathLike) -> None:
 
 def status(out: PathLike, *, state_dir: PathLike | None = None) -> StatusReport | RecipeStatus | SearchStatus:
     """Where the merge into ``out`` stands, like ``resumerge status --json``: a :class:`StatusReport`, or for a
-    recipe's OUT a :class:`~resumerge.recipes.view.RecipeStatus` (every stage, and the one in progress); an
+    recipe's OUT a :class:`~resumerge.runs.recipes.view.RecipeStatus` (every stage, and the one in progress); an
     analysis's own folder answers through the analyses table (:mod:`resumerge.api.analyses`): a search's STORAGE
-    with a :class:`~resumerge.evolve.status.SearchStatus`, as :func:`evolve_status` gives it."""
+    with a :class:`~resumerge.runs.evolve.status.SearchStatus`, as :func:`evolve_status` gives it."""
     from resumerge.api.analyses import analysis_of, annotated
     from resumerge.api.kinds import killed_account, own_record, recorded_kind
     from resumerge.config.locations import StateDir
     from resumerge.errors import NothingRecordedError
-    from resumerge.store.statusview import read_status
+    from resumerge.merge.store.statusview import read_status
 
     named(out)
     state = StateDir.resolve(state_dir)  # resolved once, handed down
@@ -60,7 +60,7 @@ def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> Recipe
     """Where the recipe writing to ``out`` stands (every stage, and the one in progress); raises LedgerError when
     ``out`` holds no recipe. :func:`status` answers this for a recipe's OUT too."""
     from resumerge.config.locations import StateDir
-    from resumerge.recipes.view import read_recipe_status
+    from resumerge.runs.recipes.view import read_recipe_status
 
     return read_recipe_status(out, StateDir.resolve(state_dir))
 
@@ -68,7 +68,7 @@ def recipe_status(out: PathLike, *, state_dir: PathLike | None = None) -> Recipe
 def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
     """Re-hash ``out``'s committed files, like ``resumerge verify``."""
     from resumerge.config.locations import StateDir
-    from resumerge.store.integrity import verify_output
+    from resumerge.merge.store.integrity import verify_output
 
     named(out)
     return verify_output(out, StateDir.resolve(state_dir))
@@ -76,6 +76,6 @@ def verify(out: PathLike, *, state_dir: PathLike | None = None) -> VerifyReport:
 
 def evolve_status(storage: PathLike) -> SearchStatus:
     """Where the search in ``storage`` stands, like ``resumerge status STORAGE`` (its files read; no torch)."""
-    from resumerge.evolve.status import search_status
+    from resumerge.runs.evolve.status import search_status
 
     return search_status(Path(storage))

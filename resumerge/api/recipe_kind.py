@@ -9,23 +9,23 @@ from resumerge.api.runkind import Call, Driving, PathLike
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.recipes.estimate import RecipeEstimate
-    from resumerge.recipes.view import RecipeStatus
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.runs.recipes.estimate import RecipeEstimate
+    from resumerge.runs.recipes.view import RecipeStatus
 
 
 class RecipeKind:
-    """A recipe: its stages are planned and run by :mod:`resumerge.recipes`, which keeps the recipe's own record
+    """A recipe: its stages are planned and run by :mod:`resumerge.runs.recipes`, which keeps the recipe's own record
     (each stage is a merge of its own ledger). It has no single plan: ``plan`` estimates every stage."""
 
     name = "recipe"
 
     def recognises(self, text: str) -> bool:
         """More than one non-empty YAML document."""
-        from resumerge.recipes.recipe import is_recipe_text
+        from resumerge.runs.recipes.recipe import is_recipe_text
 
         return is_recipe_text(text)
 
@@ -42,7 +42,7 @@ class RecipeKind:
         """Every stage still to do; the final stage's outcome. With an ``hf://`` OUT only the final stage is
         committed to the repo, with the recipe's record."""
         from resumerge.api.options import source_name
-        from resumerge.recipes.run import run_recipe
+        from resumerge.runs.recipes.run import run_recipe
 
         return run_recipe(call.text, call.locations, call.options, call.settings,
                           intermediate_dir=driving.intermediate_dir, restart=driving.restart, cleanup=driving.cleanup,
@@ -52,28 +52,28 @@ class RecipeKind:
     def holds(self, where: RunLocations) -> bool:
         """Whether ``where.out`` holds a recipe's record (in the state dir, or in OUT: for an ``hf://`` OUT without
         a recipe ledger here, in the repo)."""
-        from resumerge.recipes.held import is_recipe_out
+        from resumerge.runs.recipes.held import is_recipe_out
 
         return is_recipe_out(where.out, where.state)
 
     def resume_own(self, where: RunLocations, settings: RunSettings, driving: Driving) -> Outcome:
         """Every stage still to do of the recipe recorded in ``where.out``; the final stage's outcome."""
-        from resumerge.recipes.run import resume_recipe
+        from resumerge.runs.recipes.run import resume_recipe
 
         return resume_recipe(where, settings, cleanup=driving.cleanup, reporter=driving.reporter,
                              should_stop=driving.should_stop).outcome()
 
     def status_own(self, where: RunLocations) -> RecipeStatus:
         """Every stage of the recipe writing to ``where.out``, and the one in progress."""
-        from resumerge.recipes.view import read_recipe_status
+        from resumerge.runs.recipes.view import read_recipe_status
 
         return read_recipe_status(where.out, where.state)
 
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> RecipeEstimate:
-        """Every stage estimated (:func:`~resumerge.recipes.estimate.estimate_recipe`); needs OUT to place them."""
+        """Every stage estimated (:func:`~resumerge.runs.recipes.estimate.estimate_recipe`); needs OUT to place them."""
         from resumerge.api.options import source_name
-        from resumerge.recipes.estimate import estimate_recipe
+        from resumerge.runs.recipes.estimate import estimate_recipe
 
         self.check(call, Driving(should_stop=_never))
         if call.out is None:

@@ -6,8 +6,8 @@ what only some kinds do is a small protocol of its own, so that no kind has a sl
 has a single plan is :class:`Plans`; a run recorded in one ledger (every kind but a recipe) is :class:`Journaled`:
 its ledger names its kind, and the API asks that kind to resume it and to say what its status adds; a run that
 keeps a record of its own (a recipe: its stages) is :class:`KeepsItsRecord`. Every kind ends in the engine's one
-session path (:func:`resumerge.engine.session.run_plan`) with a :class:`~resumerge.plan.prepared.Prepared`, and
-its plan records what the model card needs, so ``outputs/`` and ``store/`` never ask which kind they hold.
+session path (:func:`resumerge.merge.engine.session.run_plan`) with a :class:`~resumerge.merge.plan.prepared.Prepared`,
+and its plan records what the model card needs, so ``outputs/`` and ``store/`` never ask which kind they hold.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Recorded
-    from resumerge.estimate.costs import Estimate
-    from resumerge.estimate.estimate import Measuring
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.plan.prepared import Prepared
-    from resumerge.recipes.estimate import RecipeEstimate
-    from resumerge.recipes.view import RecipeStatus
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.session import Recorded
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.store.statusview import StatusReport
+    from resumerge.runs.recipes.estimate import RecipeEstimate
+    from resumerge.runs.recipes.view import RecipeStatus
 
 PathLike = str | os.PathLike[str]
 
@@ -147,7 +147,7 @@ Replanner = Callable[["Recorded", "RunSettings", "Reporter | None"], "Prepared"]
 def resume_journaled(name: str, recorded: Recorded, settings: RunSettings, driving: Driving,
                      replan: Replanner) -> Outcome:
     """Finish the single run ``recorded`` of the kind ``name``: its stored plan, else ``replan`` of its text."""
-    from resumerge.engine.session import finish
+    from resumerge.merge.engine.session import finish
 
     prepared = recorded.stored or replan(recorded, settings, driving.reporter)
     # Recorded under its kind again should the ledger be rebuilt (a damaged one set aside, or a lost state dir).

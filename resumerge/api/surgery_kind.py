@@ -1,5 +1,5 @@
 """A tokenizer transplant (:func:`resumerge.api.tokensurgeon`): MODEL's weights with DONOR's vocabulary, planned by
-:mod:`resumerge.transplant`; its recorded text is the transplant's options, which a resume plans again."""
+:mod:`resumerge.runs.transplant`; its recorded text is the transplant's options, which a resume plans again."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import refuse_same_experts, single_output
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.transplant.spec import is_surgery_text
+from resumerge.runs.transplant.spec import is_surgery_text
 
 if TYPE_CHECKING:
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.config.locations import RunLocations, StateDir
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.engine.session import Recorded
-    from resumerge.estimate.costs import Estimate
-    from resumerge.estimate.estimate import Measuring
-    from resumerge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.plan.prepared import Prepared
-    from resumerge.store.statusview import Details, StatusReport
-    from resumerge.transplant.batches import BatchStore
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.session import Recorded
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.store.statusview import Details, StatusReport
+    from resumerge.runs.transplant.batches import BatchStore
 
 
 class SurgeryKind:
@@ -32,7 +32,7 @@ class SurgeryKind:
     name = "tokensurgeon"
 
     def recognises(self, text: str) -> bool:
-        """A transplant's options (:func:`~resumerge.transplant.spec.spec_text`)."""
+        """A transplant's options (:func:`~resumerge.runs.transplant.spec.spec_text`)."""
         return is_surgery_text(text)
 
     def check(self, call: Call, driving: Driving) -> None:
@@ -42,8 +42,8 @@ class SurgeryKind:
 
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run the transplant (``restart`` also discards the kept batches of the run it replaces)."""
-        from resumerge.engine.session import run_plan
-        from resumerge.engine.target import Target
+        from resumerge.merge.engine.session import run_plan
+        from resumerge.merge.engine.target import Target
 
         assert call.out is not None
         if driving.restart:
@@ -68,8 +68,8 @@ class SurgeryKind:
     def estimate(self, call: Call, measuring: Measuring, *, fresh_process: bool,
                  intermediate_dir: PathLike | None) -> Estimate:
         """The transplant's estimate, as a merge's."""
+        from resumerge.analyses.estimate.estimate import estimate_config
         from resumerge.api.options import usable_device
-        from resumerge.estimate.estimate import estimate_config
 
         usable_device(call.options.device)
         return estimate_config(call.text, call.options, call.settings, source="tokensurgeon", out_dir=call.out,
@@ -82,8 +82,8 @@ class SurgeryKind:
 
 
 def _batches(report: StatusReport, where: RunLocations) -> Details | None:
-    from resumerge.store.statusview import Details
-    from resumerge.transplant.batches import BATCHES_DIR, SUFFIX
+    from resumerge.merge.store.statusview import Details
+    from resumerge.runs.transplant.batches import BATCHES_DIR, SUFFIX
 
     directory = where.run_dir / BATCHES_DIR
     try:
@@ -96,14 +96,14 @@ def _batches(report: StatusReport, where: RunLocations) -> Details | None:
 
 
 def _store(out: PathLike, state: StateDir) -> BatchStore:
-    from resumerge.transplant.prepare import batch_store
+    from resumerge.runs.transplant.prepare import batch_store
 
     return batch_store(out, state)
 
 
 def _forget(outcome: Outcome, out: PathLike, state: StateDir) -> None:
     """After the output is committed nobody needs the kept batches: delete them."""
-    from resumerge.transplant.prepare import batch_store
+    from resumerge.runs.transplant.prepare import batch_store
 
     if outcome.plan.method == "tokensurgeon":
         batch_store(out, state).clear()
@@ -117,8 +117,8 @@ def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None
 
 def _prepare(text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None = None,
              model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> Prepared:
-    from resumerge.engine.drive import hub_progress
-    from resumerge.transplant.prepare import prepare_surgery
+    from resumerge.merge.engine.drive import hub_progress
+    from resumerge.runs.transplant.prepare import prepare_surgery
 
     return replace(prepare_surgery(text, options, settings, out=out, model_dirs=model_dirs,
                                    on_progress=hub_progress(reporter)), kind=SurgeryKind.name)

@@ -27,10 +27,10 @@ from resumerge.api.runkind import Call, Driving
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
-    from resumerge.engine.drive import Outcome
-    from resumerge.engine.executor import Reporter
-    from resumerge.estimate.costs import Estimate
-    from resumerge.transplant.spec import SurgerySpec
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.executor import Reporter
+    from resumerge.runs.transplant.spec import SurgerySpec
 
 
 def tokensurgeon(
@@ -77,7 +77,7 @@ def estimate_tokensurgeon(
 
 
 def _spec(model: str, donor: str, surgery: Surgery) -> SurgerySpec:
-    from resumerge.transplant.spec import SurgerySpec, check_spec
+    from resumerge.runs.transplant.spec import SurgerySpec, check_spec
 
     given: dict[str, Any] = {each.name: getattr(surgery, each.name) for each in fields(surgery)}
     spec = SurgerySpec(model=model, donor=donor, **given)
@@ -87,8 +87,8 @@ def _spec(model: str, donor: str, surgery: Surgery) -> SurgerySpec:
 
 def _call(spec: SurgerySpec, out: PathLike, settings: RunSettings, output: Output, merging: Merging,
           resources: Resources) -> Call:
-    from resumerge.plan.sharding import shard_size_choice
-    from resumerge.transplant.spec import spec_text
+    from resumerge.merge.plan.sharding import shard_size_choice
+    from resumerge.runs.transplant.spec import spec_text
 
     # As a merge's: the default for a local OUT, the planner's pick for an hf:// one.
     options = plan_options(output, merging, resources, out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
@@ -97,7 +97,7 @@ def _call(spec: SurgerySpec, out: PathLike, settings: RunSettings, output: Outpu
 
 
 def _estimate(call: Call, fresh_process: bool) -> Estimate:
-    from resumerge.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.estimate import Measuring
 
     with nothing_written():
         return SURGERY.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)

@@ -1,6 +1,6 @@
 """A merge config opened as the model it describes, never written (:func:`open_unwritten`), and a generation of
 candidate configs over the same inputs (:func:`open_population`): planned as ``run`` plans them, refused in one
-line (exit 2) before any weight is read or downloaded, read through :mod:`resumerge.engine.unwritten`."""
+line (exit 2) before any weight is read or downloaded, read through :mod:`resumerge.merge.engine.unwritten`."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.config.settings import RunSettings
-    from resumerge.engine.unwritten import Population, UnwrittenMerge
     from resumerge.inputs.codecs import CodecTable
     from resumerge.memory import MemoryGovernor
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.prepared import Prepared
+    from resumerge.merge.engine.unwritten import Population, UnwrittenMerge
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.plan.prepared import Prepared
 
 # What a refused candidate is told to give instead.
 _ONE_MERGE = "give each candidate as one YAML document of merge_method and its models"
@@ -38,16 +38,16 @@ def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, outpu
     """The merge ``config`` describes (a merge config, or a recipe's final stage: mergekit-multi), as a model that
     is never written: planned as ``run`` plans it with the same option groups, its small files (config.json,
     tokenizer) in a folder under the state dir, each weight tensor merged by the plan's method code when it is read
-    and dropped after (see :class:`~resumerge.engine.unwritten.UnwrittenMerge`), equal to the bytes ``run`` writes.
-    Hub inputs are downloaded into the Hugging Face cache and verified, as ``run`` downloads them (never twice).
+    and dropped after (see :class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`), equal to the bytes ``run``
+    writes. Hub inputs are downloaded into the Hugging Face cache and verified, as ``run`` downloads them (never twice).
     ``governor``: the caller's memory governor, which admits each tensor's merge as the run admits it (None: one of
     ``resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
     InputError or UsageError (exit 2) before any weight is read or downloaded: a config that does not plan, a
     mergekit-moe or extraction config, an output written as GGUF or as an adapter, ``stream_inputs``."""
     from resumerge.api.kinds import MERGE, kind_of
     from resumerge.api.recipe_kind import RecipeKind
-    from resumerge.engine.unwritten import UnwrittenMerge
     from resumerge.inputs.catalog import fetch_inputs
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
     text = config_text(config)
     options = _options(output, merging, resources)
@@ -72,12 +72,12 @@ def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None =
     """A generation of candidate merge ``configs`` over the same input models, each planned as
     :func:`open_unwritten` plans it (the same refusals, exit 2, before any weight is read or downloaded; a recipe,
     and configs that read other models, are refused too), read together: see
-    :class:`~resumerge.engine.unwritten.Population` (what its pass holds:
-    :meth:`~resumerge.engine.unwritten.Population.holds`). ``governor``: the caller's, which admits each tensor's
+    :class:`~resumerge.merge.engine.unwritten.Population` (what its pass holds:
+    :meth:`~resumerge.merge.engine.unwritten.Population.holds`). ``governor``: the caller's, which admits each tensor's
     merge as the run admits it."""
     from resumerge.api.kinds import MERGE, kind_of
-    from resumerge.engine.unwritten import Population, same_inputs
     from resumerge.inputs.catalog import fetch_inputs
+    from resumerge.merge.engine.unwritten import Population, same_inputs
 
     if not configs:
         raise UsageError("a generation needs at least one candidate config", hint=_ONE_MERGE)
@@ -126,7 +126,7 @@ def _prepared(config: PathLike, text: str, options: PlanOptions, settings: RunSe
               codecs: CodecTable | None) -> Prepared:
     """The merge config ``text`` planned as ``run`` plans it (its inputs opened: headers only)."""
     from resumerge.config.merge_config import load_config_text
-    from resumerge.engine.session import prepare
+    from resumerge.merge.engine.session import prepare
 
     return prepare(load_config_text(text, source=source_name(config, "config")), options, state=settings.state,
                    cache_dir=settings.cache_dir, codecs=codecs)
@@ -135,7 +135,7 @@ def _prepared(config: PathLike, text: str, options: PlanOptions, settings: RunSe
 def _threads(settings: RunSettings) -> None:
     """torch's thread count set as ``run`` sets it (``-j``: the bytes of some methods depend on it), for the
     process, as ``run`` sets it for its own."""
-    from resumerge.engine.devices import set_torch_threads
+    from resumerge.merge.engine.devices import set_torch_threads
 
     set_torch_threads(settings.num_threads)
 
@@ -157,11 +157,11 @@ def _recipe(text: str, options: PlanOptions, settings: RunSettings,
     read, from its inputs, a stage's output among them (its own :class:`MergedFiles`)."""
     import hashlib
 
-    from resumerge.engine.unwritten import MergedFiles, UnwrittenMerge
     from resumerge.inputs.catalog import fetch_inputs
     from resumerge.inputs.source import InputSources, LocalFiles
-    from resumerge.recipes.plan import plan_recipe
-    from resumerge.recipes.recipe import load_recipe_text
+    from resumerge.merge.engine.unwritten import MergedFiles, UnwrittenMerge
+    from resumerge.runs.recipes.plan import plan_recipe
+    from resumerge.runs.recipes.recipe import load_recipe_text
 
     state = settings.state
     recipe = load_recipe_text(text)

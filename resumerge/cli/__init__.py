@@ -7,7 +7,8 @@ tiny-model generator it uses live here too.
 
 ``tokensurgeon``'s flag choices are read from ``transplant``.
 
-May import: api, analyses, errors, config, memory, store, plan, engine, estimate, recipes, evolve, transplant.
+May import: api, analyses, errors, config, memory, merge.store, merge.plan, merge.engine, analyses.estimate,
+runs.recipes, runs.evolve, runs.transplant.
 """
 
 __all__ = [

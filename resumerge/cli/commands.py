@@ -30,8 +30,8 @@ from resumerge.cli.parsers import asked_command, build_parser, command_parser
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 if TYPE_CHECKING:
-    from resumerge.engine.drive import Outcome
-    from resumerge.estimate.costs import Estimate
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.merge.engine.drive import Outcome
 
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
@@ -187,7 +187,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from resumerge.api import verify
-    from resumerge.store.integrity import report_json
+    from resumerge.merge.store.integrity import report_json
 
     report = verify(args.out, state_dir=args.state_dir)
     if args.json:
@@ -203,7 +203,7 @@ def _marked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]
     """The planning mark of the run into ``args.out``, taken before the merging modules are imported (a second
     or two), so that ``status`` says "planning" from the first second; the session's own mark is then this one."""
     from resumerge.config.locations import run_dir
-    from resumerge.store.planning import planning_mark
+    from resumerge.merge.store.planning import planning_mark
 
     try:
         where = run_dir(args.out, args.state_dir)
@@ -274,8 +274,8 @@ def _written_or_estimated(args: argparse.Namespace, write: Callable[..., Outcome
                           estimate: Callable[..., Estimate]) -> int:
     """A command that writes a model (extract-lora, tokensurgeon): ``write`` it, or with ``--plan`` print what
     ``estimate`` says it needs and exit with whether it fits."""
+    from resumerge.analyses.estimate.costs import Estimate
     from resumerge.cli.ignoredflags import note_ignored
-    from resumerge.estimate.costs import Estimate
 
     note_ignored(args)
     if not args.plan:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import state_root
-from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.merge.store.manifest import MANIFEST_NAME
 
 CONFIG = """\
 # A layer-wise linear merge whose weights follow a gradient over the layers.

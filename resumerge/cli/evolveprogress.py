@@ -1,7 +1,7 @@
 """``resumerge evolve``'s progress on stderr, drawn as ``check``'s is in a log (:mod:`resumerge.cli.checkprogress`):
 a line as the search begins or resumes, one as each generation begins, one per decoder layer of a generation's pass
 (the streamed pass of its candidates, or a written candidate's pass of each task) and one per candidate scored, each
-with the best objective so far and the time left the search estimates (:mod:`resumerge.evolve.progress`); nothing
+with the best objective so far and the time left the search estimates (:mod:`resumerge.runs.evolve.progress`); nothing
 with ``--quiet``. A search spread over Ray nodes says its candidates as they are scored; the layers of the nodes'
 passes stay in their folders' progress files."""
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TextIO
 
 from resumerge.cli.render import console, progress_mode
-from resumerge.evolve.progress import SearchStep
-from resumerge.evolve.status import numbered
 from resumerge.memory.sizes import format_duration
+from resumerge.runs.evolve.progress import SearchStep
+from resumerge.runs.evolve.status import numbered
 
 
 class EvolveProgress:
-    """Told each :class:`~resumerge.evolve.progress.SearchStep` of a search; prints its line (see the module
+    """Told each :class:`~resumerge.runs.evolve.progress.SearchStep` of a search; prints its line (see the module
     docstring)."""
 
     def __init__(self, *, quiet: bool = False, stream: TextIO | None = None) -> None:

@@ -127,7 +127,7 @@ def _verify_parser(sub: SubParsers) -> None:
 def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> None:
     """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split (and the
     importance matrix flags where ``importance``)."""
-    from resumerge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.defaults import GGUF_TYPES
 
     p.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
                    help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
@@ -164,7 +164,7 @@ def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> Non
 
 
 def _plan_parser(sub: SubParsers) -> None:
-    from resumerge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.defaults import GGUF_TYPES
 
     plan = sub.add_parser("plan", help="validate CONFIG and estimate disk, download, RAM and time, writing nothing",
                           description="Validate a config against the models' headers, estimate what the merge "
@@ -203,8 +203,8 @@ def _plan_parser(sub: SubParsers) -> None:
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true",
-                      help="print JSON (schema in resumerge/estimate/costs.py; a recipe's in "
-                           "resumerge/recipes/estimate.py)")
+                      help="print JSON (schema in resumerge/analyses/estimate/costs.py; a recipe's in "
+                           "resumerge/runs/recipes/estimate.py)")
     plan.add_argument("--intermediate-dir", metavar="DIR",
                       help="for a multi-document recipe (which needs OUT): where its named stages will go")
     flags.add_executor(plan)
@@ -303,7 +303,7 @@ def _extract_parser(sub: SubParsers) -> None:
 def _surgery_parser(sub: SubParsers) -> None:
     """``tokensurgeon``: mergekit-tokensurgeon 0.1.5's arguments and options, plus --plan and the shared ones."""
     from resumerge.cli.ignoredflags import UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE, accept_ignored
-    from resumerge.transplant.spec import MATCH_CHOICES, METHODS, SUBWORD_METHODS, WEIGHT_SCHEMES
+    from resumerge.runs.transplant.spec import MATCH_CHOICES, METHODS, SUBWORD_METHODS, WEIGHT_SCHEMES
 
     ts = sub.add_parser("tokensurgeon", help="give a model another model's tokenizer (mergekit-tokensurgeon)",
                         description="MODEL's weights with DONOR's vocabulary and tokenizer files: the token "

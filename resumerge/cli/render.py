@@ -47,10 +47,10 @@ from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.analyses.check.report import CheckReport
-    from resumerge.engine.traffic import Traffic
-    from resumerge.estimate.costs import Estimate
-    from resumerge.recipes.estimate import RecipeEstimate
-    from resumerge.store.integrity import VerifyReport
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.merge.engine.traffic import Traffic
+    from resumerge.merge.store.integrity import VerifyReport
+    from resumerge.runs.recipes.estimate import RecipeEstimate
 
 # Set in the environment of every process a Jupyter kernel (JPY_PARENT_PID) or Colab runtime starts.
 _NOTEBOOK_ENV = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG")
@@ -343,7 +343,7 @@ class ProgressReporter:
 
 def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = None) -> None:
     """``resumerge plan``: one merge's estimate, or a recipe's, stage by stage."""
-    from resumerge.recipes.estimate import RecipeEstimate
+    from resumerge.runs.recipes.estimate import RecipeEstimate
 
     if not isinstance(result, RecipeEstimate):
         show_plan(result, stream)
@@ -360,8 +360,8 @@ _VERDICT_STYLES = {"head": "", "fits": "bold green", "unfit": "bold red", "reaso
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:
     """Print the plan summary, its costs here and the verdict with its reasons
-    (:func:`~resumerge.estimate.costs.estimate_lines`, the text an estimate shows in a notebook too)."""
-    from resumerge.estimate.costs import estimate_lines  # imported here: status's rendering never needs it
+    (:func:`~resumerge.analyses.estimate.costs.estimate_lines`, the text an estimate shows in a notebook too)."""
+    from resumerge.analyses.estimate.costs import estimate_lines  # imported here: status's rendering never needs it
 
     out = console(stream or sys.stdout, width=width)
     for line in estimate_lines(estimate):

@@ -17,9 +17,9 @@ from rich.text import Text
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
-    from resumerge.evolve.status import SearchStatus
-    from resumerge.recipes.view import RecipeStatus
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
+    from resumerge.runs.evolve.status import SearchStatus
+    from resumerge.runs.recipes.view import RecipeStatus
 
 _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white",
                 "planning": "cyan"}
@@ -33,12 +33,12 @@ def console(stream: TextIO | None = None, *, width: int | None = None) -> Consol
 def show_any_status(report: StatusReport | RecipeStatus | SearchStatus, stream: TextIO | None = None) -> None:
     """``resumerge status``: a recipe's stages (:func:`show_recipe_status`), one merge's (:func:`show_status`) or a
     search's lines (on stdout, as ``resumerge evolve`` prints its outcome)."""
-    from resumerge.store.statusview import StatusReport  # imported by every status: the recipes' view need not be
+    from resumerge.merge.store.statusview import StatusReport  # imported by every status: the recipes' view need not be
 
     if isinstance(report, StatusReport):
         show_status(report, stream)
         return
-    from resumerge.evolve.status import SearchStatus
+    from resumerge.runs.evolve.status import SearchStatus
 
     if isinstance(report, SearchStatus):
         print("\n".join(report.lines()), file=stream or sys.stdout)
@@ -85,7 +85,7 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         show_field(out, "streamed", f"{format_size(int(f['fetched']))} fetched of {format_size(int(f['needed']))} "
                f"needed at {format_size(int(f['rate']))}/s ({int(f['requests'])} range requests)")
     if report.formats:
-        from resumerge.plan.roles import formats_line
+        from resumerge.merge.plan.roles import formats_line
 
         show_field(out, "formats", formats_line(report.formats))
     if report.inputs is not None:

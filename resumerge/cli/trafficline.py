@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from resumerge.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:
-    from resumerge.engine.traffic import Traffic
+    from resumerge.merge.engine.traffic import Traffic
 
 
 class TrafficRates:

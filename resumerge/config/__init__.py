@@ -2,7 +2,7 @@
 resumerge keeps its state.
 
 Everything here is parsing and validation of text the user wrote; nothing reads a weight or touches OUT. A
-multi-stage recipe is parsed in :mod:`resumerge.recipes.recipe`, from the documents parsed here.
+multi-stage recipe is parsed in :mod:`resumerge.runs.recipes.recipe`, from the documents parsed here.
 
 May import: errors.
 """

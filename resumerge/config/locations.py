@@ -199,7 +199,7 @@ class StateDir:
     @property
     def unwritten_dir(self) -> Path:
         """Where each merge read without being written gets its folder of small files (config.json, tokenizer),
-        one per plan (:mod:`resumerge.engine.unwritten`)."""
+        one per plan (:mod:`resumerge.merge.engine.unwritten`)."""
         return self.root / UNWRITTEN_DIR
 
 

@@ -172,7 +172,7 @@ def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
     """Parse and validate YAML ``text``; raises :class:`ConfigError` naming the YAML path of the first problem.
 
     ``text`` must hold one document; a multi-document (mergekit-multi) recipe is read by
-    :func:`resumerge.recipes.recipe.load_recipe_text`.
+    :func:`resumerge.runs.recipes.recipe.load_recipe_text`.
     """
     docs = parse_documents(text, source=source)
     if len(docs) > 1:

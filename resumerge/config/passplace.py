@@ -1,5 +1,5 @@
 """Where an executor places a forward pass (``check``, ``measure``, ``eval``, ``evolve``'s generations, the MoE
-gates): :meth:`~resumerge.engine.executors.PlacesPasses.place_pass` gives a placement, one small frozen value per
+gates): :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass` gives a placement, one small frozen value per
 executor, and the refusals of a pass the executor cannot place as asked are the placement's own
 (:meth:`PassPlacement.refuse`). :class:`Here`: every model in this process, one after another (the local executor,
 and the default); :class:`OnRay`: an actor per model on a Ray cluster. A third executor is one more such class."""

@@ -1,7 +1,7 @@
 """How a run is carried out, as frozen objects: everything the user may change between two runs of the same merge
 without changing a byte of its output.
 
-:class:`~resumerge.plan.merge_plan.PlanOptions` holds what does change the output (it is part of the plan's
+:class:`~resumerge.merge.plan.merge_plan.PlanOptions` holds what does change the output (it is part of the plan's
 fingerprint); :class:`RunSettings` holds the rest — where state and the hub cache live, the memory, GPU and disk
 budgets, staging, how an ``hf://`` OUT is created and committed (:class:`HubOutputOptions`, :class:`Batching`), and
 the threads. :mod:`resumerge.api` builds one from its keyword parameters; every layer below — the engine and the
@@ -24,8 +24,8 @@ Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
 HOURLY_COMMITS = 100
 
-# How long a Ray run's kept workers (``--keep-workers``: :mod:`resumerge.engine.cluster.kept`) wait idle for the next
-# run on their cluster before they end.
+# How long a Ray run's kept workers (``--keep-workers``: :mod:`resumerge.merge.engine.cluster.kept`) wait idle for the
+# next run on their cluster before they end.
 KEEP_WORKERS = 600.0
 
 
@@ -86,7 +86,7 @@ class HubOutputOptions:
 
 class RunExecutor(Protocol):
     """What computes a run's pending shards, as the caller handed it in, its own settings on it
-    (:mod:`resumerge.engine.executors`: ``LocalExecutor``, ``RayExecutor(address, keep_workers)``). The settings
+    (:mod:`resumerge.merge.engine.executors`: ``LocalExecutor``, ``RayExecutor(address, keep_workers)``). The settings
     only carry it to the engine, which holds the whole protocol; ``name`` is how messages name it."""
 
     @property

@@ -19,19 +19,19 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
 - **Placement** (:mod:`.placement`): a :class:`~.placement.Placement` says where the models run (``enter``,
   ``runs_batched``, ``layer``): :class:`~.placement.Streams` in this process, one layer of one model at a time,
   each admitted by the pass's ``reserve`` and observed by an optional :class:`~.placement.Watch`; a Ray cluster
-  places an actor per model behind the same protocol (:mod:`resumerge.analyses.check.onray`).
+  places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`).
 - **The step** (:mod:`.layerpass`): a client subclasses :class:`~.layerpass.Step`: ``layer(index, hidden)`` runs
   (through its placement, or its stream) and observes decoder layer ``index`` and returns the hidden states leaving
   it; ``kept(index)`` is what to journal beside them (tensors, metadata); ``restore(restart)`` puts that back on a
   resume; ``stopped()`` ends the pass early; ``finish(hidden)`` is what to do after the last layer (a client's
-  heads: :func:`resumerge.analyses.check.heads.logprobs` streams each batch's log-probabilities from the final
+  heads: :func:`resumerge.forward.heads.logprobs` streams each batch's log-probabilities from the final
   hidden states).
 - **The journal and its loop** (:mod:`.journal`, :class:`~.layerpass.LayerPass`): ``LayerPass(Journal(folder,
   prefix), layers, point, carries).run(step, entering, batches)`` restarts from the journal's last file, loops over
   the layers, saves each layer's file durably (temp file, fsync, rename, directory fsync) with what its layers hand
   later ones (``carries``: whoever holds the layers' calls, a placement or :class:`~.handed.Held`; :mod:`.handed`),
   deletes the older one (or keeps it: ``Journal.keeps_older``), reaches the kill point ``point``
-  (:mod:`resumerge.store.killpoints`), and returns ``step.finish``. The one reader and the one writer of every
+  (:mod:`resumerge.merge.store.killpoints`), and returns ``step.finish``. The one reader and the one writer of every
   pass's journal.
 - **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
   step's bytes from the RAM governor for as long as the step runs.
@@ -52,7 +52,8 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   (:func:`~.texts.tokenizer_at`), and :func:`~.requires.require_transformers` is the one "is transformers here"
   check, in each client's words.
 
-May import: errors, config, inputs, memory, plan (inputrefs only), store (killpoints, runlock, ledger, durable).
+May import: errors, config, inputs, memory, merge.plan (inputrefs only), merge.store (killpoints, runlock, ledger,
+durable), merge.engine, merge.vocab, outputs.
 """
 
 from __future__ import annotations

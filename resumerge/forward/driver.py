@@ -44,8 +44,8 @@ from resumerge.errors import InterruptedMerge
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.layerpass import Reserve, unreserved
-from resumerge.store.durable import write_file_atomic
-from resumerge.store.runlock import LOCK_NAME
+from resumerge.merge.store.durable import write_file_atomic
+from resumerge.merge.store.runlock import LOCK_NAME
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget

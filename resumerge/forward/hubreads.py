@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only
     from resumerge.inputs.hub.fetchcache import CachedRanges, FetchCache
     from resumerge.inputs.hub.integrity import StreamHashes
     from resumerge.inputs.hub.stream import Check, Ranges
-    from resumerge.store.ledger import Ledger
+    from resumerge.merge.store.ledger import Ledger
 
 READS_NAME = "hub-reads.db"
 FETCHED_NAME = "fetched"
@@ -69,7 +69,7 @@ class PassReads:
             return list(models)
         from resumerge.inputs.hub.fetchcache import FetchCache
         from resumerge.inputs.hub.integrity import StreamHashes
-        from resumerge.store.ledger import Ledger
+        from resumerge.merge.store.ledger import Ledger
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.workdir / SPILL_NAME, ignore_errors=True)  # a killed run's: its digests died with it

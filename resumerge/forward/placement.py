@@ -1,6 +1,6 @@
 """Where a pass's models run: the :class:`Placement` protocol, and :class:`Streams`, every model in this process,
 one layer of one model at a time, each admitted by the pass's :data:`~resumerge.forward.layerpass.Reserve`. A Ray
-cluster is another placement, an actor per model (:mod:`resumerge.analyses.check.onray`); a client's
+cluster is another placement, an actor per model (:mod:`resumerge.forward.rayactor`); a client's
 :class:`~resumerge.forward.layerpass.Step` drives either the same way, so its journal is the same file whichever
 ran it. A pass whose models the executor places elsewhere is handed a :class:`Places`, and never learns where.
 
@@ -53,7 +53,7 @@ class Places(Protocol):
     ``models`` (``layers`` decoder layers each, read in ``dtype``; ``needs``: the memory each model's part of the
     pass holds at its largest step), refused (:class:`~resumerge.errors.UsageError`, exit 2) before any weight is
     read where they cannot be placed; what runs them ends with the block. An actor per model on a Ray cluster:
-    :func:`resumerge.analyses.check.onray.placing`."""
+    :func:`resumerge.forward.rayactor.placing`."""
 
     def __call__(self, models: Sequence[PassModel], layers: int, needs: Sequence[int],
                  dtype: torch.dtype) -> AbstractContextManager[Placement]: ...

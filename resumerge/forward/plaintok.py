@@ -43,7 +43,7 @@ class PlainTokenizer:
     """A tokenizer.json's tokenizer and chat template, called as a pass calls transformers' tokenizer:
     ``tokenizer(text)["input_ids"]``, ``tokenizer.chat_template``, ``tokenizer.apply_chat_template(messages,
     tokenize=False)``, ``tokenizer.get_vocab()`` (how models of different vocabularies meet:
-    :mod:`resumerge.analyses.check.vocabs`)."""
+    :mod:`resumerge.forward.vocabs`)."""
 
     def __init__(self, backend: Any, template: str | None, specials: Mapping[str, str]) -> None:
         self.backend, self.chat_template, self.specials = backend, template, dict(specials)

@@ -35,7 +35,7 @@ from resumerge.errors import PlanChangedError, ResumergeError
 from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.looks import Look, Spans, group_digests, look_of
 from resumerge.inputs.spans import merged_spans
-from resumerge.store.durable import write_file_atomic
+from resumerge.merge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
@@ -293,7 +293,7 @@ class JournalProof:
 
 
 def merge_inputs(plans: Sequence[Any], state: StateDir) -> tuple[list[PassModel], list[frozenset[str]]]:
-    """The local input models of merges never written (``plans``: :class:`~resumerge.plan.merge_plan.Plan` s over
+    """The local input models of merges never written (``plans``: :class:`~resumerge.merge.plan.merge_plan.Plan` s over
     the same models, a generation's candidates or one config), opened (headers only) for a pass's proof, and the
     stored tensors the merges read of each (a companion part, a quantized tensor's scales, included); a folder a
     pass does not open as a model (a LoRA adapter's) is left to the plan's identity of its files."""

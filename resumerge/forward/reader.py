@@ -23,7 +23,7 @@ from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
 from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.plan.inputrefs import format_ref, read_value
+from resumerge.merge.plan.inputrefs import format_ref, read_value
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
@@ -41,8 +41,8 @@ class Weights:
     (a hub model whose folder is its cache snapshot of small files), each through a client of its own unless
     ``reads`` gives the ones to read through, and the check of every range read. ``source``: where every byte of
     its weight files comes from instead of its folder (whose config.json and tokenizer it still is): a merge never
-    written (:mod:`resumerge.engine.unwritten`), each tensor computed as it is read; the input seam's own protocol,
-    so that a pass reads a model it computes exactly as one stored."""
+    written (:mod:`resumerge.merge.engine.unwritten`), each tensor computed as it is read; the input seam's own
+    protocol, so that a pass reads a model it computes exactly as one stored."""
 
     directory: Path
     tensors: Mapping[str, Location]

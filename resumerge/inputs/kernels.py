@@ -8,7 +8,7 @@ a whole tensor's when the workers are at least torch's threads (the blocked meth
 task-vector combine, issue thousands of block-sized kernels per tensor). A quantized tensor's decode is such a
 run of small kernels too (one FP8 tensor: 8 M values/s over two busy threads, ~200 M on one), and every reader
 decodes (the engine's workers, the MoE and LoRA-extraction preparation), so this lives with the inputs they all
-read through (:func:`~resumerge.plan.inputrefs.read_value` decodes in it).
+read through (:func:`~resumerge.merge.plan.inputrefs.read_value` decodes in it).
 
 torch's ``set_num_threads`` also changes the default of every thread started later, so this sets the calling
 thread's OpenMP thread count alone, through the OpenMP runtime torch loaded (``omp_set_num_threads`` is per

@@ -38,7 +38,7 @@ def default_budget(probe: MemoryProbe, fraction: float = DEFAULT_FRACTION, *, fr
     what other processes use — memory that is not ours. It is also capped at ``fraction`` of
     ``probe.limit()``. Example: a free Colab VM (12.7 GB, ~1.4 GB used by the VM) gives about 9 GB. ``freed``
     bytes held elsewhere now will be available by the time the budget is used (a helper process that ``plan``
-    started and ends before the run: see :mod:`resumerge.estimate.torchside`).
+    started and ends before the run: see :mod:`resumerge.analyses.estimate.torchside`).
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
@@ -97,5 +97,5 @@ def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryPr
 def pass_budget(peak: int, held: int) -> int:
     """The smallest ``--max-memory`` named for work whose largest step holds ``peak`` bytes beside ``held`` bytes its
     process holds apart from it: the one figure ``check``'s and ``measure``'s refusals and ``measure --plan`` name
-    (``plan`` and ``run`` name :func:`~resumerge.engine.footprint.smallest_run_budget`'s, of the same rule)."""
+    (``plan`` and ``run`` name :func:`~resumerge.merge.engine.footprint.smallest_run_budget`'s, of the same rule)."""
     return smallest_budget_for(peak, baseline_bytes=held)

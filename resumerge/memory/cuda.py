@@ -22,7 +22,7 @@ GPU_FRACTION = 0.85
 
 def normalise_device(text: str) -> str:
     """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``; ``auto`` the first GPU when
-    torch sees one, else ``cpu``). The one reading of ``--device``: a merge's (:mod:`resumerge.engine.devices`)
+    torch sees one, else ``cpu``). The one reading of ``--device``: a merge's (:mod:`resumerge.merge.engine.devices`)
     and a forward pass's (:mod:`resumerge.forward.device`).
 
     Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).

@@ -78,7 +78,7 @@ class MemoryGovernor:
             raise ValueError("need max_in_flight >= 1, sample_interval > 0 and 0 <= margin_fraction < 1")
         self.budget = budget_bytes
         # What the budget leaves for units beside the process's own expected baseline: the engine sizes its units,
-        # groups and buffers by it (resumerge.engine.footprint); the budget alone when no baseline is given.
+        # groups and buffers by it (resumerge.merge.engine.footprint); the budget alone when no baseline is given.
         self.work_budget = working_room(budget_bytes, baseline, margin_fraction) if baseline else budget_bytes
         self.probe: MemoryProbe = probe if probe is not None else SystemProbe()
         self.pool = pool

@@ -29,7 +29,7 @@ def _hashes(files: Mapping[str, bytes]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class GgufChoices:
-    """A GGUF output's type options beyond ``--gguf-type`` (:class:`~resumerge.plan.merge_plan.PlanOptions`'
+    """A GGUF output's type options beyond ``--gguf-type`` (:class:`~resumerge.merge.plan.merge_plan.PlanOptions`'
     ``gguf_tensor_types``, ``gguf_output_type``, ``gguf_token_embedding_type``, ``imatrix``), as given."""
 
     tensor_types: tuple[str, ...] = ()
@@ -130,7 +130,7 @@ SAFETENSORS = SafetensorsShards()
 class GgufFile(OutputContainer):
     """``--out-type gguf``: one GGUF file, or gguf-split's files of at most ``split_max_size`` tensor bytes each
     (None: one), matrices in ``gguf_type``; ``headers``: each file's planned header bytes (key-values, tensor infos,
-    padding), fixed by the planner (:mod:`resumerge.plan.ggufout`), its tensors at the offsets they fix."""
+    padding), fixed by the planner (:mod:`resumerge.merge.plan.ggufout`), its tensors at the offsets they fix."""
 
     name: ClassVar[str] = "gguf"
     card_tags: ClassVar[tuple[str, ...]] = ("gguf",)
@@ -249,7 +249,7 @@ def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int 
 
 
 def gguf_choices(options: Any) -> GgufChoices:
-    """The GGUF type options of a plan's ``options`` (:class:`~resumerge.plan.merge_plan.PlanOptions`)."""
+    """The GGUF type options of a plan's ``options`` (:class:`~resumerge.merge.plan.merge_plan.PlanOptions`)."""
     return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
                        options.gguf_token_embedding_type, options.imatrix,
                        getattr(options, "imatrix_texts", None))

@@ -21,7 +21,7 @@ from resumerge.analyses.check.card import BEGIN, END, render_section, update_car
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations, StateDir
-from resumerge.store.manifest import manifest_path, read_manifest
+from resumerge.merge.store.manifest import manifest_path, read_manifest
 
 pytest.importorskip("transformers")
 

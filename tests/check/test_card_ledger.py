@@ -15,7 +15,7 @@ from resumerge import api
 from resumerge.analyses.check.card import BEGIN
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations
-from resumerge.store.manifest import manifest_path
+from resumerge.merge.store.manifest import manifest_path
 
 pytest.importorskip("transformers")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import struct
 import zlib
 
-from resumerge.analyses.check.canvas import Canvas
 from resumerge.analyses.check.chart import _LIMIT, _TEXT, COLOURS, WIDTH, drift_png
-from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
+from resumerge.outputs.canvas import Canvas
+from resumerge.outputs.glyphs import GLYPH_HEIGHT, text_width
 
 
 def _pixels(png: bytes) -> list[bytes]:

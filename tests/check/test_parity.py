@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.passes import PassFigures, forward_pass, streams_of
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.forward import Weights
+from resumerge.forward.models import Checked
+from resumerge.forward.passes import PassFigures, forward_pass, streams_of
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch

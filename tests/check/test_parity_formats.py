@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from resumerge.analyses.check.passes import forward_pass, streams_of
 from resumerge.analyses.check.static import static_pass
 from resumerge.errors import ModelInputError
+from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.torch_import import torch
 
 pytest.importorskip("transformers")

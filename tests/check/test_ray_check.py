@@ -33,7 +33,7 @@ from resumerge import api
 from resumerge.analyses.check.progress import find_progress
 from resumerge.analyses.check.report import CheckReport
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.executors import RayExecutor
+from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -146,8 +146,8 @@ def test_without_ray_a_check_on_ray_is_one_line_and_exit_2(tmp_path: Path, monke
 def test_a_check_runs_where_the_executor_object_says() -> None:
     from resumerge.api.checked import check_placement
     from resumerge.config.passplace import HERE, OnRay
-    from resumerge.engine.executors import LocalExecutor
     from resumerge.errors import UsageError
+    from resumerge.merge.engine.executors import LocalExecutor
 
     assert check_placement(None) == check_placement(LocalExecutor()) == HERE
     assert check_placement(RayExecutor("head:6379", keep_workers=0)) == OnRay("head:6379", 0.0)
@@ -162,7 +162,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
     from resumerge.config.passplace import HERE, OnRay, PassPlacement
-    from resumerge.engine.executors import LocalExecutor
+    from resumerge.merge.engine.executors import LocalExecutor
 
     seen: list[PassPlacement] = []
 

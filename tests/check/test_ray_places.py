@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from resumerge.analyses.onray import Place, places
 from resumerge.errors import UsageError
+from resumerge.forward.onray import Place, places
 
 GB = 1 << 30
 

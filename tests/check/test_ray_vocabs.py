@@ -14,7 +14,7 @@ from support import one_thread
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.executors import RayExecutor
+from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.analyses.check import heads, static
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.passes import batches_of, forward_pass, streams_of
+from resumerge.analyses.check import static
 from resumerge.analyses.check.static import static_pass
 from resumerge.config.modelref import ModelRef
+from resumerge.forward import heads
+from resumerge.forward.models import Checked
+from resumerge.forward.passes import batches_of, forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
 
@@ -128,7 +129,7 @@ def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_wh
 def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A resumed check finds its journal by its tokens: kept, it need not load the tokenizer again to find them.
-    from resumerge.analyses.check import tokens
+    from resumerge.forward import tokens
 
     loaded: list[Path] = []
 
@@ -198,7 +199,7 @@ def test_a_local_check_imports_neither_the_merge_engine_nor_the_hub_nor_the_ledg
     code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.options import executor_option\n"
             "import resumerge.analyses.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
             "print(sorted(m for m in sys.modules\n"
-            "             if m.startswith(('resumerge.engine', 'resumerge.inputs.hub', 'sqlite_utils'))))")
+            "             if m.startswith(('resumerge.merge.engine', 'resumerge.inputs.hub', 'sqlite_utils'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

@@ -24,8 +24,8 @@ from tests.evaluation.evaltasks import tiny_model, write_tasks
 def test_on_ray_a_pass_its_budget_cannot_hold_is_refused_before_the_cluster_is_joined(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The driver judges the fit, then places the pass: refused by --max-memory, the cluster is never asked.
-    import resumerge.analyses.onray as onray
-    from resumerge.engine.executors import RayExecutor
+    import resumerge.forward.onray as onray
+    from resumerge.merge.engine.executors import RayExecutor
 
     def joined(*args: object, **kwargs: object) -> None:
         pytest.fail("the Ray cluster was joined before the pass's budget was judged")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from resumerge.analyses.check import heads
 from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.config.locations import StateDir
-from resumerge.forward import Weights
+from resumerge.forward import Weights, heads
 from resumerge.forward.opened import open_for_pass
 from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch

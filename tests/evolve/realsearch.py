@@ -20,11 +20,11 @@ from realmodel import DATA, DOMAINS
 from resumerge import api
 from resumerge.api.options import Resources
 from resumerge.config.locations import StateDir
-from resumerge.evolve.genome import initial_genotype
-from resumerge.evolve.objective import objective
-from resumerge.evolve.search import Planned, SearchOptions, plan_search
-from resumerge.evolve.spec import Task, read_spec
-from resumerge.evolve.streamed import StreamedCandidates
+from resumerge.runs.evolve.genome import initial_genotype
+from resumerge.runs.evolve.objective import objective
+from resumerge.runs.evolve.search import Planned, SearchOptions, plan_search
+from resumerge.runs.evolve.spec import Task, read_spec
+from resumerge.runs.evolve.streamed import StreamedCandidates
 
 
 def write_search(root: Path, base: Path, tuned: Sequence[Path], *, lines: int, granularity: int,

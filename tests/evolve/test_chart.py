@@ -3,7 +3,7 @@ under the best so far where a generation improved on it, was named and nowhere t
 
 from __future__ import annotations
 
-from resumerge.evolve.chart import _BEST, _BOTTOM, _LEFT, _MEDIAN, _SO_FAR, _SPREAD, _TOP, objective_png
+from resumerge.runs.evolve.chart import _BEST, _BOTTOM, _LEFT, _MEDIAN, _SO_FAR, _SPREAD, _TOP, objective_png
 from tests.check.test_chart import _pixels
 
 

@@ -19,8 +19,8 @@ import yaml
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import ConfigError
-from resumerge.evolve.genome import initial_genotype, layout_of, merge_config
-from resumerge.evolve.spec import Genome
+from resumerge.runs.evolve.genome import initial_genotype, layout_of, merge_config
+from resumerge.runs.evolve.spec import Genome
 
 SPEC = ModelSpec(layers=4, hidden=32, intermediate=48, vocab=64)
 
@@ -28,7 +28,8 @@ SPEC = ModelSpec(layers=4, hidden=32, intermediate=48, vocab=64)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
     root = tmp_path_factory.mktemp("models")
-    return tuple(str(make_model(root / name, SPEC, seed=i)) for i, name in enumerate(("base", "a", "b")))  # type: ignore[return-value]
+    # type: ignore[return-value]
+    return tuple(str(make_model(root / name, SPEC, seed=i)) for i, name in enumerate(("base", "a", "b")))
 
 
 CASES = [(method, granularity, filters, smooth, normalize, negative)
@@ -109,8 +110,8 @@ def test_the_first_genotype_is_mergekits(models: tuple[str, str, str]) -> None:
 
 def test_random_init_starts_from_a_seeded_random_genotype_else_from_mergekits(models: tuple[str, str, str],
                                                                               tmp_path: Path) -> None:
-    from resumerge.evolve.search import SearchOptions, plan_search
-    from resumerge.evolve.spec import read_spec
+    from resumerge.runs.evolve.search import SearchOptions, plan_search
+    from resumerge.runs.evolve.spec import read_spec
 
     base, a, b = models
     (tmp_path / "t.txt").write_text("some words\n")

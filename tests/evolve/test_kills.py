@@ -70,7 +70,7 @@ def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_pat
 def test_ctrl_c_in_a_generation_s_pass_names_the_layers_it_kept_and_the_command_that_continues_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Ctrl-C is the pass driver's: where the generation's pass stopped, and the search's own command, exit 3.
-    from resumerge.evolve.generation import GenerationPass
+    from resumerge.runs.evolve.generation import GenerationPass
 
     layer = GenerationPass.layer
 

@@ -9,10 +9,10 @@ import json
 import math
 from pathlib import Path
 
-from resumerge.evolve import storage
-from resumerge.evolve.objective import BROKEN, objective
-from resumerge.evolve.spec import Task
-from resumerge.evolve.storage import Evaluated
+from resumerge.runs.evolve import storage
+from resumerge.runs.evolve.objective import BROKEN, objective
+from resumerge.runs.evolve.spec import Task
+from resumerge.runs.evolve.storage import Evaluated
 
 TASKS = (Task("lm-eval", "tiny_mc", 2.0), Task("kl", "kl:a", 0.5, "kl", "a", "t"), Task("nll", "nll:t", 1.0, "nll",
                                                                                         None, "t"))

@@ -23,8 +23,8 @@ from resumerge.api.evolution import _fits, plan_evolve
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.evolve.search import SearchOptions
 from resumerge.memory import parse_size
+from resumerge.runs.evolve.search import SearchOptions
 
 SPEC = ModelSpec(layers=2, hidden=128, intermediate=192, vocab=16000)
 POPSIZE = 4

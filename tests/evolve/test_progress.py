@@ -27,8 +27,8 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 from tests.support import cli
 
 if TYPE_CHECKING:
-    from resumerge.evolve.progress import SearchStep
-    from resumerge.evolve.status import SearchStatus
+    from resumerge.runs.evolve.progress import SearchStep
+    from resumerge.runs.evolve.status import SearchStatus
 
 SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 ARGS = ("--max-fevals", "3", "--popsize", "2", "--random-seed", "5")
@@ -101,7 +101,7 @@ def test_exactly_max_fevals_candidates_are_scored_and_status_counts_the_generati
 def test_the_written_scorer_says_its_merges_and_layers(config: Path, tmp_path: Path) -> None:
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.config.locations import StateDir
-    from resumerge.evolve.search import SearchOptions
+    from resumerge.runs.evolve.search import SearchOptions
 
     steps: list[SearchStep] = []
     asked = SearchAsked(config, tmp_path / "written", SearchOptions(3, 2, 1 / 6, 5), api.Resources(),

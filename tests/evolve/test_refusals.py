@@ -112,7 +112,7 @@ def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that
     from resumerge import api
     from resumerge.api.evolution import _fits, plan_evolve
     from resumerge.config.locations import StateDir
-    from resumerge.evolve.search import SearchOptions
+    from resumerge.runs.evolve.search import SearchOptions
 
     config = tmp_path / "evolve.yml"
     config.write_text(yaml.safe_dump(_config(root)))
@@ -138,7 +138,7 @@ def test_a_second_search_in_a_storage_in_use_exits_4_naming_the_first(
         root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import os
 
-    from resumerge.evolve import storage
+    from resumerge.runs.evolve import storage
 
     config = tmp_path / "evolve.yml"
     config.write_text(yaml.safe_dump(_config(root)))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from resumerge.errors import RefusedError
-from resumerge.evolve.strategy import Search, Settings
+from resumerge.runs.evolve.strategy import Search, Settings
 
 SETTINGS = Settings((0.5, 0.5, 1.0, 1.0), 1 / 6, 3, 11, 30)
 

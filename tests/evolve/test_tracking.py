@@ -85,8 +85,8 @@ def test_the_command_that_continues_a_search_keeps_where_it_is_logged(tmp_path: 
     from resumerge.api.evolution import SearchAsked, evolve_command
     from resumerge.api.options import Resources
     from resumerge.config.locations import StateDir
-    from resumerge.evolve.search import SearchOptions
-    from resumerge.evolve.tracking import Tracking
+    from resumerge.runs.evolve.search import SearchOptions
+    from resumerge.runs.evolve.tracking import Tracking
 
     logged = [Tracking("wandb", "my runs", "team"), Tracking("trackio", "mine")]
     command = evolve_command(SearchAsked(tmp_path / "c.yml", tmp_path / "s", SearchOptions(max_fevals=4),

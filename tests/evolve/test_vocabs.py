@@ -120,7 +120,7 @@ def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as
 def test_the_written_candidates_scorer_gives_the_same_figures(searched: tuple[Path, Path], tmp_path: Path) -> None:
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.config.locations import StateDir
-    from resumerge.evolve.search import SearchOptions
+    from resumerge.runs.evolve.search import SearchOptions
 
     config, store = searched
     options = SearchOptions(OPTIONS["max_fevals"], OPTIONS["popsize"], 1 / 6, OPTIONS["random_seed"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resumerge.extract.decompose import (
+from resumerge.runs.extract.decompose import (
     changed_lines,
     exact_svd,
     factors,

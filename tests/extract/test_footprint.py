@@ -13,11 +13,11 @@ import torch
 from methods.footprint_cases import peaks
 
 from resumerge.config.settings import RunSettings
-from resumerge.extract.decompose import full_svd
-from resumerge.extract.factors import FACTOR_A, FACTOR_A_FULL, FACTOR_B, FACTOR_B_FULL, SAVED, UNITS, decompose
-from resumerge.methods import get_method
-from resumerge.methods.footprint import working_bytes
-from resumerge.methods.spec import MergeContext
+from resumerge.merge.methods import get_method
+from resumerge.merge.methods.footprint import working_bytes
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.runs.extract.decompose import full_svd
+from resumerge.runs.extract.factors import FACTOR_A, FACTOR_A_FULL, FACTOR_B, FACTOR_B_FULL, SAVED, UNITS, decompose
 
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # (shape, rank, exact): the randomized truncation at a small rank and just below its fallback to a full SVD (the
@@ -67,10 +67,10 @@ def test_declared_footprints_cover_the_decomposition(dtype: torch.dtype) -> None
 def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
     """The unit of a rank-4 factor reserves the workspace of the whole weight it factors, not of its 4 rows; the
     planner picks the randomized units where the truncation runs randomized, the full SVD's elsewhere."""
-    from resumerge.extract.prepare import prepare_extraction
-    from resumerge.extract.spec import ExtractSpec, spec_text
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.workunits import estimate_bytes
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.plan.workunits import estimate_bytes
+    from resumerge.runs.extract.prepare import prepare_extraction
+    from resumerge.runs.extract.spec import ExtractSpec, spec_text
 
     base, ft = pair("llama-wide")
     for exact in (False, True):
@@ -89,8 +89,8 @@ def test_a_factor_unit_is_admitted_by_its_weight(pair: Callable[[str], tuple[Pat
 def test_the_task_vector_reads_base_a_row_chunk_at_a_time() -> None:
     """With the engine's lazy inputs, BASE is never read whole: FT − BASE is taken in FT's buffer from BASE's row
     chunks, with the bits of one whole subtraction."""
-    from resumerge.extract.factors import task_vector
-    from resumerge.plan.workunits import CHUNK_ELEMENTS
+    from resumerge.merge.plan.workunits import CHUNK_ELEMENTS
+    from resumerge.runs.extract.factors import task_vector
 
     g = torch.Generator().manual_seed(3)
     base, ft = torch.randn(300, 1000, generator=g), torch.randn(300, 1000, generator=g)
@@ -118,10 +118,10 @@ def test_tensors_saved_whole_stream_in_row_chunks(pair: Callable[[str], tuple[Pa
     ``row_chunk`` entries, whatever the budget; a tensor of one chunk or less is computed whole."""
     from dataclasses import replace
 
-    from resumerge.extract.prepare import prepare_extraction
-    from resumerge.extract.spec import ExtractSpec, spec_text
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.workunits import ROWS, WHOLE, fixed_chunk_rows, unit_mode
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.plan.workunits import ROWS, WHOLE, fixed_chunk_rows, unit_mode
+    from resumerge.runs.extract.prepare import prepare_extraction
+    from resumerge.runs.extract.spec import ExtractSpec, spec_text
 
     base, ft = pair("llama-wide")
     plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),
@@ -142,10 +142,10 @@ def test_a_modules_second_factor_collects_the_first_and_takes_no_worker(
         pair: Callable[[str], tuple[Path, Path]]) -> None:
     """In the adapter's data order each module's second factor unit collects its sibling's truncation: the engine
     lets it wait beside its two working units (two modules decomposed at once) and ``plan`` counts the pair once."""
-    from resumerge.extract.prepare import prepare_extraction
-    from resumerge.extract.spec import ExtractSpec, spec_text
-    from resumerge.plan.merge_plan import PlanOptions
-    from resumerge.plan.workunits import collects_sibling
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.plan.workunits import collects_sibling
+    from resumerge.runs.extract.prepare import prepare_extraction
+    from resumerge.runs.extract.spec import ExtractSpec, spec_text
 
     base, ft = pair("llama-wide")
     plan = prepare_extraction(spec_text(ExtractSpec(model=str(ft), base_model=str(base), max_rank=4)),

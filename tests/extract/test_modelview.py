@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.extract import modelview
-from resumerge.extract.loadable import check_loadable
-from resumerge.extract.modelview import model_modules
-from resumerge.extract.peftview import peft_view
-from resumerge.plan.expertmodules import meta_model
+from resumerge.merge.plan.expertmodules import meta_model
+from resumerge.runs.extract import modelview
+from resumerge.runs.extract.loadable import check_loadable
+from resumerge.runs.extract.modelview import model_modules
+from resumerge.runs.extract.peftview import peft_view
 
 
 def _kept(cache: Path) -> list[Path]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from toycodec import TOY, RowScaledInt8, assert_same_results, twins
 
-from resumerge.extract.planner import build_extraction_plan, open_pair
-from resumerge.extract.spec import ExtractSpec
 from resumerge.inputs.codecs import CodecTable
-from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.runs.extract.planner import build_extraction_plan, open_pair
+from resumerge.runs.extract.spec import ExtractSpec
 
 
 def _pair(root: Path, base: Path, ft: Path) -> tuple[tuple[Path, Path], tuple[Path, Path]]:

@@ -93,7 +93,7 @@ def test_plan_estimates_without_writing(tmp_path: Path, pair: Callable[[str], tu
 def test_estimate_extraction_is_extract_lora_plan(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
     """``estimate_extraction`` is ``extract_lora(plan=True)``'s own function: the same estimate, always one, and
     nothing written."""
-    from resumerge.estimate.costs import Estimate
+    from resumerge.analyses.estimate.costs import Estimate
 
     base, ft = pair("llama")
     out = tmp_path / "out"

@@ -15,7 +15,7 @@ from support import cli, digests
 from resumerge import api
 from resumerge.cli.render import show_status
 from resumerge.config.locations import StateDir
-from resumerge.store.statusview import StatusReport
+from resumerge.merge.store.statusview import StatusReport
 
 ADAPTER = ("adapter_model.safetensors", "adapter_config.json", "README.md")
 
@@ -58,9 +58,9 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Stopped after three modules were decomposed (the adapter file not committed), the resumed run decomposes
     only the others; the adapter equals an uninterrupted run's and the cached factors are gone afterwards."""
-    import resumerge.extract.factors as factors
+    import resumerge.runs.extract.factors as factors
     from resumerge.errors import InterruptedMerge
-    from resumerge.extract.prepare import factor_cache
+    from resumerge.runs.extract.prepare import factor_cache
 
     base, ft = pair("llama-wide")
     reference = tmp_path / "reference"

@@ -17,9 +17,9 @@ from resumerge import api
 from resumerge.cli import commands
 from resumerge.cli.commands import main
 from resumerge.errors import InterruptedMerge, PlanChangedError
-from resumerge.extract import planner
-from resumerge.extract.factors import decompose
-from resumerge.methods.spec import MergeContext
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.runs.extract import planner
+from resumerge.runs.extract.factors import decompose
 
 
 @pytest.fixture

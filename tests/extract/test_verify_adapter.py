@@ -16,7 +16,7 @@ from support import DAMAGE, cli, digests
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_INTERRUPTED
-from resumerge.store.manifest import MANIFEST_NAME
+from resumerge.merge.store.manifest import MANIFEST_NAME
 
 FILES = ("adapter_model.safetensors", "adapter_config.json", "README.md", MANIFEST_NAME)
 

@@ -211,7 +211,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
 
 
 class _Actor:
-    """A :class:`~resumerge.analyses.check.onray.ModelNode` as the driver calls a Ray actor
+    """A :class:`~resumerge.forward.rayactor.ModelNode` as the driver calls a Ray actor
     (``actor.method.remote(...)``), run in this process."""
 
     def __init__(self, node: object) -> None:
@@ -224,7 +224,7 @@ class _Actor:
 
 
 class _Ray:
-    """What :class:`~resumerge.analyses.check.onray.RayModels` asks of Ray, each call's result its own reference."""
+    """What :class:`~resumerge.forward.rayactor.RayModels` asks of Ray, each call's result its own reference."""
 
     class exceptions:
         class RayError(Exception):
@@ -244,13 +244,13 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
                                                                             state: Path) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
-    from resumerge.analyses.check.models import find_models
-    from resumerge.analyses.check.onray import ModelNode, RayModels
     from resumerge.analyses.check.static import static_pass
-    from resumerge.analyses.onray import Place, sent
     from resumerge.config.locations import StateDir
     from resumerge.forward.batches import padded as _padded
     from resumerge.forward.hubreads import PassReads
+    from resumerge.forward.models import find_models
+    from resumerge.forward.onray import Place, sent
+    from resumerge.forward.rayactor import ModelNode, RayModels
     from resumerge.inputs.hub.integrity import StreamedInputChanged
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)

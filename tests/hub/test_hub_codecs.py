@@ -15,13 +15,13 @@ from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.settings import RunSettings
-from resumerge.engine.session import run_plan
-from resumerge.engine.target import Target
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, CodecTable
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.planner import build_plan
-from resumerge.plan.prepared import Prepared
+from resumerge.merge.engine.session import run_plan
+from resumerge.merge.engine.target import Target
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.planner import build_plan
+from resumerge.merge.plan.prepared import Prepared
 
 TOY_REPO = "org/toy"
 FP8_REPO = "org/fp8"

@@ -12,9 +12,9 @@ from typing import cast
 
 import pytest
 
-from resumerge.engine.cluster.hubreads import NodeReads
 from resumerge.inputs.hub.fetchcache import FetchCache, private_root
 from resumerge.inputs.hub.ranges import RangeClient
+from resumerge.merge.engine.cluster.hubreads import NodeReads
 
 DATA = os.urandom(1000)
 

@@ -192,8 +192,8 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
 
     from hub.fakehub import iter_requests
     from resumerge import api
-    from resumerge.estimate.costs import Estimate
-    from resumerge.plan.fetching import DOWNLOAD, STREAM
+    from resumerge.analyses.estimate.costs import Estimate
+    from resumerge.merge.plan.fetching import DOWNLOAD, STREAM
 
     assert _merge(tmp_path, str(files["gguf"]), files["folder"], tmp_path / "local") == 0
     data = files["gguf"].read_bytes()
@@ -311,7 +311,7 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
         tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     from hub.fakehub import iter_requests
     from resumerge import api
-    from resumerge.store import killpoints
+    from resumerge.merge.store import killpoints
 
     shards = api.Output(out_shard_size="1MB")
     outs = {}

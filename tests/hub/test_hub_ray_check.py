@@ -36,9 +36,9 @@ from hub.conftest import REPO, SPEC, Model
 from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.engine.executors import RayExecutor
 from resumerge.errors import ModelInputError
 from resumerge.forward.hubreads import READS_NAME
+from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")
@@ -174,13 +174,13 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the driver reads the hub with a token, a hub model's actor on a node without one says so in one line
     (exit 2) as it starts, as a merge's node does, rather than fail on its first read (a private repo's 401)."""
-    import resumerge.engine.cluster.connect
-    from resumerge.analyses.check.models import open_checked
-    from resumerge.analyses.check.onray import ModelNode
+    import resumerge.merge.engine.cluster.connect
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
+    from resumerge.forward.models import open_checked
+    from resumerge.forward.rayactor import ModelNode
 
-    monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "--base", StateDir.resolve(state))
     with one_thread():  # the actor's threads: this process's, for the test
         refused, reads = ModelNode(model, 1, token=True), ModelNode(model, 1, token=False)
@@ -196,14 +196,14 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     """The first layer read to learn whether the family runs padded batches keeps its weights for the pass's first
     layer (a hub model's bytes fetched once); where it does not, or the pass resumes past that layer, they are
     dropped (then it is read again, as one sequence at a time needs)."""
-    import resumerge.analyses.check.passes
-    import resumerge.engine.cluster.connect
     import resumerge.forward.batches
-    from resumerge.analyses.check.models import open_checked
-    from resumerge.analyses.check.onray import ModelNode
+    import resumerge.forward.passes
+    import resumerge.merge.engine.cluster.connect
     from resumerge.config.locations import StateDir
+    from resumerge.forward.models import open_checked
+    from resumerge.forward.rayactor import ModelNode
 
-    monkeypatch.setattr(resumerge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
     batches = [resumerge.forward.batches.padded([[1, 2, 3], [4, 5]])]
 
@@ -224,7 +224,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
         layer = node.stream.layers_list[0]
         for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
             if not batched:
-                monkeypatch.setattr(resumerge.analyses.check.passes, "batched_on", lambda *_: False)
+                monkeypatch.setattr(resumerge.forward.passes, "batched_on", lambda *_: False)
             entering = node.enter(batches)
             hub.reset_counters()
             assert node.runs_batched() is batched

@@ -18,10 +18,10 @@ from hub.conftest import REPO, SPEC, Model
 from hub.fakehub import FakeHub, files_of
 from resumerge import api
 from resumerge.cli.modelgen import make_model
-from resumerge.engine.executors import RayExecutor
 from resumerge.inputs.hub.fetchcache import FetchCache
 from resumerge.inputs.hub.integrity import StreamedInputChanged
-from resumerge.store.ledger import Ledger
+from resumerge.merge.engine.executors import RayExecutor
+from resumerge.merge.store.ledger import Ledger
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray")

@@ -14,9 +14,9 @@ from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.session import plan_from_config
-from resumerge.plan.fetching import needed_ranges
-from resumerge.plan.merge_plan import PlanOptions
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.plan.fetching import needed_ranges
+from resumerge.merge.plan.merge_plan import PlanOptions
 
 DEEP = ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64, shard_bytes=10**9)  # one file: auto streams it
 DEEP_REPO = "org/deep"
@@ -150,7 +150,7 @@ def test_plan_shows_the_choice_and_bytes_per_file(tmp_path: Path, hub: FakeHub, 
 
 def test_auto_rule(tmp_path: Path, deep: Path) -> None:
     """Stream below half of a file; download otherwise unless it breaks --max-disk; cached files stay put."""
-    from resumerge.plan.fetching import choose_fetch
+    from resumerge.merge.plan.fetching import choose_fetch
 
     whole = plan_from_config(load_config_text(json.dumps({"merge_method": "passthrough", "models": [str(deep)]})),
                              PlanOptions())

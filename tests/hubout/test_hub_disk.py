@@ -62,8 +62,8 @@ def test_a_budget_below_the_largest_shard_is_refused(hub: HubWriter, merge: Merg
 
 def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.config.hubtarget import parse_hub_target
-    from resumerge.store import hubcommits, hubretry
-    from resumerge.store.hubrepo import open_hub_repo
+    from resumerge.merge.store import hubcommits, hubretry
+    from resumerge.merge.store.hubrepo import open_hub_repo
 
     clock = [1000.0]
     monkeypatch.setattr(hubcommits.time, "monotonic", lambda: clock[0])

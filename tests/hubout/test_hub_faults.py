@@ -73,7 +73,7 @@ def test_no_usable_token_is_exit_2_before_anything_is_read(
     else:
         monkeypatch.setenv("HF_TOKEN", token)
     opened: list[str] = []
-    monkeypatch.setattr("resumerge.engine.session.prepare", lambda *a, **k: opened.append("headers"))
+    monkeypatch.setattr("resumerge.merge.engine.session.prepare", lambda *a, **k: opened.append("headers"))
     assert _run(merge, out, tmp_path) == 2
     err = capsys.readouterr().err
     assert says in err and "hf_" not in err.replace("hf://", "")

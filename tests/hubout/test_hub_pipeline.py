@@ -26,10 +26,10 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.settings import Batching
-from resumerge.engine import cpupriority
 from resumerge.inputs.hub import landing
-from resumerge.store import shardwriter
-from resumerge.store.hubretry import WINDOW, pace_wait
+from resumerge.merge.engine import cpupriority
+from resumerge.merge.store import shardwriter
+from resumerge.merge.store.hubretry import WINDOW, pace_wait
 from tests.support import as_on_the_hub, cli_start, linear_config, write_config
 
 # Several weight files per input (about one decoder layer each), so downloads, merge and uploads can overlap.
@@ -254,7 +254,7 @@ def test_the_default_commits_each_file_at_once_then_stays_well_under_the_hourly_
 def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
         hub: HubWriter, inputs: Inputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A linear run that downloads and uploads lowers its merge and writer threads' priority
-    (resumerge.engine.cpupriority), every download keeps the run's own, and so does the process's hashing thread,
+    (resumerge.merge.engine.cpupriority), every download keeps the run's own, and so does the process's hashing thread,
     which outlives the run (started by the yielding writer, it would hash a later local run's shards at the lower
     priority); a local run of the same config, and a TIES run to the hub (its merge may be what bounds the run),
     change no priority."""

@@ -20,11 +20,11 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
 from resumerge.config.settings import HOURLY_COMMITS, Batching
-from resumerge.engine.drive import NullReporter
 from resumerge.errors import EXIT_INVALID, StorageError, exit_code_for
-from resumerge.store import hubcommits, hubretry
-from resumerge.store.hubrepo import auth_failed, is_retryable
-from resumerge.store.ledger import LEDGER_NAME
+from resumerge.merge.engine.drive import NullReporter
+from resumerge.merge.store import hubcommits, hubretry
+from resumerge.merge.store.hubrepo import auth_failed, is_retryable
+from resumerge.merge.store.ledger import LEDGER_NAME
 
 
 def _run(merge: Merge, out: str, state: Path) -> int:
@@ -127,7 +127,7 @@ def test_a_recreated_repo_gets_its_uploads_once_more_without_xet(
 
 
 def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> None:
-    from resumerge.engine.hubdisk import FREE_PRIVATE_STORAGE, HubDiskNeed
+    from resumerge.merge.engine.hubdisk import FREE_PRIVATE_STORAGE, HubDiskNeed
 
     assert "--public" not in HubDiskNeed(FREE_PRIVATE_STORAGE, 5 * 10**9, None).line()
     line = HubDiskNeed(FREE_PRIVATE_STORAGE + 1, 5 * 10**9, None).line()
@@ -137,7 +137,7 @@ def test_plan_warns_when_a_private_output_exceeds_a_free_accounts_storage() -> N
 def _commit_times(files: int, seconds_per_file: float, batching: Batching, *, paced: bool) -> list[float]:
     """When a run commits, on a simulated clock: a file is published (and uploaded) every ``seconds_per_file``; a
     batch is due at ``every`` waiting files or ``interval`` seconds after the oldest; each commit first waits for
-    :func:`~resumerge.store.hubretry.pace_wait` when ``paced``; a commit takes no time."""
+    :func:`~resumerge.merge.store.hubretry.pace_wait` when ``paced``; a commit takes no time."""
     recent: deque[float] = deque()
     times: list[float] = []
     waiting: list[float] = []  # publish times of the files not committed yet

@@ -21,10 +21,10 @@ from resumerge.cli.commands import main
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.errors import InterruptedMerge
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.recipes.manifest import RECIPE_MANIFEST_NAME
-from resumerge.recipes.plan import default_intermediate_dir
-from resumerge.recipes.run import run_recipe
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
+from resumerge.runs.recipes.plan import default_intermediate_dir
+from resumerge.runs.recipes.run import run_recipe
 from tests.support import as_on_the_hub, cli
 
 BATCH = ("--commit-every", "2", "--commit-interval", "0.2")

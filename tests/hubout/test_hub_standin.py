@@ -19,7 +19,13 @@ from huggingface_hub.utils._runtime import _package_versions, is_xet_available
 
 from hubout.conftest import TIERS, TOKEN, repo_files
 from resumerge.config.hubtarget import parse_hub_target
-from resumerge.engine.cluster.upload import HubPlace, Uploaded, commit_operation, upload_shard, uploads_through_xet
+from resumerge.merge.engine.cluster.upload import (
+    HubPlace,
+    Uploaded,
+    commit_operation,
+    upload_shard,
+    uploads_through_xet,
+)
 
 
 def _api(hub: HubWriter) -> HfApi:

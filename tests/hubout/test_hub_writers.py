@@ -25,10 +25,10 @@ from hubout.conftest import SHARD, TIERS, Merge, repo_files
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
-from resumerge.engine.interrupts import FINAL_COMMIT_WAIT
 from resumerge.errors import EXIT_REFUSED, OutputDirError, exit_code_for
-from resumerge.store.manifest import MANIFEST_NAME
-from resumerge.store.runlock import RunLock
+from resumerge.merge.engine.interrupts import FINAL_COMMIT_WAIT
+from resumerge.merge.store.manifest import MANIFEST_NAME
+from resumerge.merge.store.runlock import RunLock
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)

@@ -19,12 +19,12 @@ from lora.conftest import Case
 from lora.gen import make_adapter
 from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
-from resumerge.engine.compute import compute_tensor
-from resumerge.engine.session import plan_from_config
 from resumerge.inputs.source import InputSources
-from resumerge.methods.resources import NO_RESOURCES
-from resumerge.plan.merge_plan import PlanOptions
-from resumerge.plan.workunits import chunk_plan
+from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.session import plan_from_config
+from resumerge.merge.methods.resources import NO_RESOURCES
+from resumerge.merge.plan.merge_plan import PlanOptions
+from resumerge.merge.plan.workunits import chunk_plan
 from tests.support import cli, digests
 
 

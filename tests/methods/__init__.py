@@ -1,1 +1,1 @@
-"""Tests of the merge methods (resumerge.methods), one module per method family."""
+"""Tests of the merge methods (resumerge.merge.methods), one module per method family."""

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import pytest
 import torch
 
-from resumerge.methods import MergeContext, get_method
+from resumerge.merge.methods import MergeContext, get_method
 
 
 class Merge(Protocol):

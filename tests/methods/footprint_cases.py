@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from resumerge.methods import BasePolicy, MergeContext, get_method
+from resumerge.merge.methods import BasePolicy, MergeContext, get_method
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # Odd byte counts: every tensor a method makes holds whole elements of 2, 4 or 8 bytes, or bools of a shape
@@ -164,7 +164,7 @@ def call(case: Case, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 # resumerge functions that allocate numpy memory: each is bracketed by segment boundaries (see peaks).
-_NUMPY_USERS = (("resumerge.methods.ranking", "_select_numpy"), ("resumerge.methods.ranking", "_sort_rows"))
+_NUMPY_USERS = (("resumerge.merge.methods.ranking", "_select_numpy"), ("resumerge.merge.methods.ranking", "_sort_rows"))
 
 
 class _Segments:

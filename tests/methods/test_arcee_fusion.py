@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from resumerge.methods import arcee_fusion
+from resumerge.merge.methods import arcee_fusion
 
 Merge = Callable[..., torch.Tensor]
 

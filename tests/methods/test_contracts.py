@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumerge.methods import BasePolicy, MethodSpec, Scope, get_method, method_names
+from resumerge.merge.methods import BasePolicy, MethodSpec, Scope, get_method, method_names
 
 Merge = Callable[..., torch.Tensor]
 G, P, N = Scope.GLOBAL, Scope.PER_MODEL, Scope.NON_BASE

@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 from torch.testing import assert_close
 
-from resumerge.methods import MergeContext, get_method
-from resumerge.methods.core_space import FACTOR, SCALE, TRANSPOSED, core_factors
+from resumerge.merge.methods import MergeContext, get_method
+from resumerge.merge.methods.core_space import FACTOR, SCALE, TRANSPOSED, core_factors
 
 DATA = Path(__file__).parent / "data"
 F64 = torch.float64

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resumerge.methods.registry import BasePolicy, MergeContext, Scope, get_method, method_names
+from resumerge.merge.methods.registry import BasePolicy, MergeContext, Scope, get_method, method_names
 
 
 def _context(name: str) -> MergeContext:

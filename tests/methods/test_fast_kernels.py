@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resumerge.methods import sce_steps, sparsify
-from resumerge.methods.consensus import sign_consensus_weights
+from resumerge.merge.methods import sce_steps, sparsify
+from resumerge.merge.methods.consensus import sign_consensus_weights
 
 SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), float("nan")]
 BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

@@ -1,6 +1,6 @@
 """Each merge method's measured working memory against what the memory governor reserves for it.
 
-The figures each method declares (``MethodSpec.footprint``, evaluated by :mod:`resumerge.methods.footprint`) must
+The figures each method declares (``MethodSpec.footprint``, evaluated by :mod:`resumerge.merge.methods.footprint`) must
 cover every registered method, in every compute dtype, with and without a base, on a 2-D and a 1-D tensor — and must
 not be generous beyond 1.6× the measurement, or ``plan`` over-states RAM and refuses merges that fit. Measured by
 ``footprint_cases`` (torch's profiler, replayed), whose own replay is checked first against allocations computed by
@@ -9,7 +9,7 @@ hand. Small tensors stand for large ones because the per-element working set is 
 DELLA, RAM and half-precision dot products — is modelled by block and exercised here (slerp's 2²⁰-element chunks
 only by the bench, on tensors past them). The estimates themselves are pinned: ``footprint_pinned.json`` holds what
 every method's footprint gave over a grid of dtypes, shapes, input counts and base/no base when the figures moved
-from a table in methods/footprint.py into each method's registration; a changed figure must change that file too
+from a table in merge/methods/footprint.py into each method's registration; a changed figure must change that file too
 (re-measure with ``bench/method_footprint.py --fit`` first).
 """
 
@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from methods.footprint_cases import DTYPES, Case, cases, measure, peaks, variants
-from resumerge.methods import MergeContext, MethodSpec, declared, get_method, method_names
-from resumerge.methods.footprint import (
+from resumerge.merge.methods import MergeContext, MethodSpec, declared, get_method, method_names
+from resumerge.merge.methods.footprint import (
     CALL_BYTES,
     MARGIN,
     MEASURED_DTYPES,
@@ -42,7 +42,7 @@ Job = tuple[Case, tuple[int, ...], torch.dtype]
 
 
 def _merge_methods() -> list[str]:
-    """The merge methods of :mod:`resumerge.methods` (other packages' unit functions, LoRA extraction's factors,
+    """The merge methods of :mod:`resumerge.merge.methods` (other packages' unit functions, LoRA extraction's factors,
     are measured by their own tests; so are ``regmean`` and ``regmean_plus``, whose working set follows the n × n
     Grams the planner adds to their inputs, which these calls do not have: tests/methods/test_regmean.py)."""
     return [name for name in method_names() if name not in ("regmean", "regmean_plus")]
@@ -74,7 +74,7 @@ def _reserved(job: Job) -> int:
 
 
 def test_the_replay_gives_hand_computed_peaks() -> None:
-    from resumerge.methods import ranking
+    from resumerge.merge.methods import ranking
 
     def three_buffers() -> torch.Tensor:
         a = torch.empty(1000, dtype=torch.float32)  # 4000 live

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from resumerge.methods import karcher as karcher_module
-from resumerge.methods.karcher import karcher_mean
+from resumerge.merge.methods import karcher as karcher_module
+from resumerge.merge.methods.karcher import karcher_mean
 
 
 def _scaled(factor: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ def test_linear_summed_tile_by_tile_has_the_bits_of_whole_tensor_passes(merge: M
                                                                         normalize: bool, threads: int) -> None:
     # Three tiles and a ragged end (an odd row length): every element, the vector loop's tail included, is computed
     # as one pass over the whole tensor computes it (tiles on one thread; split over two, the sum runs whole).
-    from resumerge.methods.linear import TILE
+    from resumerge.merge.methods.linear import TILE
 
     gen = torch.Generator().manual_seed(7)
     shape = (3 * TILE // 999 + 5, 999)
@@ -96,7 +96,7 @@ def test_linear_summed_tile_by_tile_has_the_bits_of_whole_tensor_passes(merge: M
 
 
 def test_linear_sums_broadcast_and_strided_inputs_whole(merge: Merge) -> None:
-    from resumerge.methods.linear import TILE
+    from resumerge.merge.methods.linear import TILE
 
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(4, TILE, generator=gen)

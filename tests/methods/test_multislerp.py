@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from resumerge.methods import get_method
+from resumerge.merge.methods import get_method
 
 Merge = Callable[..., torch.Tensor]
 

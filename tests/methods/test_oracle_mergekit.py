@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from methods.tieparity import RANKED, make_sorts_stable, row_ties, straddling, threshold_ties
-from resumerge.methods import BasePolicy, MethodSpec, Scope, get_method, method_names, sparsify
+from resumerge.merge.methods import BasePolicy, MethodSpec, Scope, get_method, method_names, sparsify
 
 mergekit_methods = pytest.importorskip("mergekit.merge_methods")
 mergekit_sparsify = pytest.importorskip("mergekit.sparsify")

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 
-from resumerge.methods import MergeContext, ram
+from resumerge.merge.methods import MergeContext, ram
 
 Merge = Callable[..., torch.Tensor]
 

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumerge.methods import get_method, ranking, sparsify
-from resumerge.methods.rankstream import StreamedWindow
-from resumerge.methods.sce_steps import variance_mask
+from resumerge.merge.methods import get_method, ranking, sparsify
+from resumerge.merge.methods.rankstream import StreamedWindow
+from resumerge.merge.methods.sce_steps import variance_mask
 
 RANK_BASED = ["ties", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "sce"]
 

@@ -19,8 +19,8 @@ import torch
 from safetensors import safe_open
 from torch.testing import assert_close
 
-from resumerge.methods import MergeContext, get_method
-from resumerge.methods.regmean import GRAM, RATIO, regmean_solve, regularised
+from resumerge.merge.methods import MergeContext, get_method
+from resumerge.merge.methods.regmean import GRAM, RATIO, regmean_solve, regularised
 
 F64 = torch.float64
 DATA = Path(__file__).parent / "data"
@@ -140,8 +140,8 @@ def test_the_solve_stays_within_its_declared_footprint(shape: tuple[int, int], m
     """The profiler replay of tests/methods/footprint_cases.py on the Gram path (a = 1 with fewer tokens than
     inputs: the pseudo-inverse), against what the planner reserves for a tensor with its weights and Grams."""
     from methods.footprint_cases import peaks
-    from resumerge.methods.footprint import working_bytes
-    from resumerge.methods.regmean import FOOTPRINT
+    from resumerge.merge.methods.footprint import working_bytes
+    from resumerge.merge.methods.regmean import FOOTPRINT
 
     m, n = shape
     weights, grams = _case(models, m=m, n=n, tokens=n // 2 if a == 1.0 else 2 * n)
@@ -160,7 +160,8 @@ def test_the_solve_stays_within_its_declared_footprint(shape: tuple[int, int], m
 
 def _reference_case(case: dict[str, object]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The inputs the reference file was made from, regenerated from its seed (the file names their sha256)."""
-    models, m, n, tokens, seed = (int(case[k]) for k in ("models", "m", "n", "tokens", "seed"))  # type: ignore[call-overload]
+    # type: ignore[call-overload]
+    models, m, n, tokens, seed = (int(case[k]) for k in ("models", "m", "n", "tokens", "seed"))
     g = torch.Generator().manual_seed(seed)
     weights, draws = _draws(models, m, n, tokens, g)
     bias = [torch.randn(m, generator=g, dtype=F64) for _ in range(models)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, cuts
-from resumerge.methods import MergeContext, get_method, sample_stream
+from resumerge.merge.methods import MergeContext, get_method, sample_stream
 
 SAMPLED = ["dare_ties", "dare_linear", "della", "della_linear"]
 SEED = 1234

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, contexts, cuts, run_streamed, whole
-from resumerge.methods import get_method
-from resumerge.methods.sce_steps import energy_weights
+from resumerge.merge.methods import get_method
+from resumerge.merge.methods.sce_steps import energy_weights
 
 CHUNKINGS: list[list[list[int]]] = [[[1]], [[3, 1, 2]], [[1000]], [[2], [5], [7], [1, 4]]]
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumerge.methods import sparsify
-from resumerge.methods.summation import ordered_sum
+from resumerge.merge.methods import sparsify
+from resumerge.merge.methods.summation import ordered_sum
 
 DELTA = torch.tensor([[3.0, -1.0, 0.5], [2.0, 0.0, -4.0]])
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from support import one_thread as torch_on_one_thread
 
-from resumerge.methods.consensus import sign_consensus_weights
-from resumerge.methods.summation import OrderedSum, ordered_sum, row_sum
+from resumerge.merge.methods.consensus import sign_consensus_weights
+from resumerge.merge.methods.summation import OrderedSum, ordered_sum, row_sum
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 # Around every boundary of the order: lanes, vectors, rows of four vectors, level steps, torch's parallel grain.
@@ -74,7 +74,7 @@ def test_pieces_of_any_size_give_the_same_bits(dtype: torch.dtype) -> None:
 _CHILD = """
 import sys, torch
 torch.set_num_threads(int(sys.argv[1]))
-from resumerge.methods.summation import ordered_sum
+from resumerge.merge.methods.summation import ordered_sum
 g = torch.Generator().manual_seed(5)
 values = torch.rand(11_000_001, generator=g)
 print(values.sum().view(torch.int32).item(), ordered_sum(values).view(torch.int32).item())

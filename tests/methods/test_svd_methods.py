@@ -22,8 +22,8 @@ import torch
 from safetensors import safe_open
 from torch.testing import assert_close
 
-from resumerge.methods import get_method
-from resumerge.methods.iso_cts import split
+from resumerge.merge.methods import get_method
+from resumerge.merge.methods.iso_cts import split
 
 Merge = Callable[..., torch.Tensor]
 DATA = Path(__file__).parent / "data"

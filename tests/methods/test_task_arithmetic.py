@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from resumerge.methods import get_method
+from resumerge.merge.methods import get_method
 
 Merge = Callable[..., torch.Tensor]
 FAMILY = [
@@ -183,7 +183,7 @@ def test_combining_block_by_block_gives_the_whole_tensors_bits(
 ) -> None:
     # The weighted, elected and normalised sum runs over blocks of positions; no block size may change a bit,
     # including blocks that end inside a row and a last block shorter than the others.
-    from resumerge.methods import task_vectors
+    from resumerge.merge.methods import task_vectors
 
     gen = torch.Generator().manual_seed(11)
     tensors = [torch.randn(13, 29, generator=gen).to(dtype) for _ in range(4)]

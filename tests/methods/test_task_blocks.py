@@ -1,5 +1,5 @@
 """A generation's candidate merged from the task vectors and keys the candidates share, its windows' masks made block
-by block (:mod:`resumerge.methods.task_blocks`): the bits of the merge alone, for every rank-window member."""
+by block (:mod:`resumerge.merge.methods.task_blocks`): the bits of the merge alone, for every rank-window member."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from methods.test_task_stream import bits, inputs
-from resumerge.methods import MergeContext, get_method, task_blocks, task_vectors
-from resumerge.methods.spec import InputsOnly
-from resumerge.methods.task_stream import TASK_KEY_COUNTS, TASK_KEYS, magnitude_selector, outlier_selector
-from resumerge.methods.task_vectors import TASK_VECTOR
+from resumerge.merge.methods import MergeContext, get_method, task_blocks, task_vectors
+from resumerge.merge.methods.spec import InputsOnly
+from resumerge.merge.methods.task_stream import TASK_KEY_COUNTS, TASK_KEYS, magnitude_selector, outlier_selector
+from resumerge.merge.methods.task_vectors import TASK_VECTOR
 
 METHODS = ["ties", "breadcrumbs", "breadcrumbs_ties"]
 

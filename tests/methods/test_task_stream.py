@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from methods.test_ranking import whole_window
-from resumerge.methods import MergeContext, get_method, ranking
-from resumerge.methods.rankstream import StreamedWindow
+from resumerge.merge.methods import MergeContext, get_method, ranking
+from resumerge.merge.methods.rankstream import StreamedWindow
 
 STREAMED = ["ties", "breadcrumbs", "breadcrumbs_ties"]
 

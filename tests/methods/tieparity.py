@@ -2,7 +2,7 @@
 
 resumerge orders equal magnitudes (TIES, breadcrumbs, DELLA) and equal variances (SCE) by index, as a stable sort
 orders them; mergekit takes whatever torch's unstable sort or ``topk`` returns. These helpers are written against
-plain stable ``torch.sort`` calls, independently of :mod:`resumerge.methods.ranking`: they find the positions
+plain stable ``torch.sort`` calls, independently of :mod:`resumerge.merge.methods.ranking`: they find the positions
 where the two may legitimately differ, so that differential tests stay exact everywhere else, and they make
 mergekit's sorts stable, after which it must agree with resumerge bit for bit. Small tensors only (they sort).
 """

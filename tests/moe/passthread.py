@@ -1,10 +1,10 @@
 """The prompt work of the hidden-state gate modes done on a thread of the test's process, for tests whose subject
 is what the pass computes (its bits against mergekit's), not the process it runs in.
 
-A run starts a process for the pass (:class:`resumerge.moe.passproc.PassProcess`): an interpreter that imports
+A run starts a process for the pass (:class:`resumerge.runs.moe.passproc.PassProcess`): an interpreter that imports
 torch and transformers, about 6 CPU seconds, for a pass that takes a fraction of one on the tiny models here.
 :func:`passes_on_a_thread` puts :class:`PassOnAThread` in its place: the same job, read back from the same JSON,
-done by the same function (:func:`resumerge.moe.passmain.answer`) in this process, which imports transformers once
+done by the same function (:func:`resumerge.runs.moe.passmain.answer`) in this process, which imports transformers once
 for all its passes. What the process adds is tested with real processes: transformers never enters the run's
 process and a killed run's pass dies with it (tests/moe/test_resume.py), the pass's refusal and memory
 (tests/moe/test_surface.py), its errors and deaths read back (tests/moe/test_passproc.py).
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from resumerge.memory import allocator
-from resumerge.moe import passmain, passproc
+from resumerge.runs.moe import passmain, passproc
 
 _THREAD = "test-prompt-pass"
 
 
 class PassOnAThread:
-    """:class:`~resumerge.moe.passproc.PassProcess`'s interface, its job done on a thread of this process."""
+    """:class:`~resumerge.runs.moe.passproc.PassProcess`'s interface, its job done on a thread of this process."""
 
     def __init__(self, where: Path | None = None, *, given: bool = False) -> None:
         self._thread: threading.Thread | None = None

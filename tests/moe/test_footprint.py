@@ -13,9 +13,9 @@ import pytest
 import torch
 from methods.footprint_cases import peaks
 
-from resumerge.methods import MergeContext, get_method
-from resumerge.methods.footprint import CALL_BYTES, MARGIN, working_bytes
-from resumerge.moe.experts import COPY_PLAIN, FUSED, FUSED_COPIES, UNITS
+from resumerge.merge.methods import MergeContext, get_method
+from resumerge.merge.methods.footprint import CALL_BYTES, MARGIN, working_bytes
+from resumerge.runs.moe.experts import COPY_PLAIN, FUSED, FUSED_COPIES, UNITS
 
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 

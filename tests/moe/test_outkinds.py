@@ -1,5 +1,5 @@
 """A MoE output architecture is one record: the choice, the planner and the config writer read
-:class:`~resumerge.moe.outkinds.OutputKind` and never name an architecture, so a record added here (passed in, no
+:class:`~resumerge.runs.moe.outkinds.OutputKind` and never name an architecture, so a record added here (passed in, no
 module state touched) plans like a built-in one."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from resumerge import api
 from resumerge.errors import ConfigError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.model import ModelInput
-from resumerge.moe import architectures, load_moe_text, outconfig, outkinds, planner
-from resumerge.moe.architectures import choose_output
-from resumerge.moe.outkinds import ATTENTION, OUTPUT_KINDS, ConfigPatch, OutputKind, no_shared, one_gated
-from resumerge.moe.planner import build_moe_plan
-from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.runs.moe import architectures, load_moe_text, outconfig, outkinds, planner
+from resumerge.runs.moe.architectures import choose_output
+from resumerge.runs.moe.outkinds import ATTENTION, OUTPUT_KINDS, ConfigPatch, OutputKind, no_shared, one_gated
+from resumerge.runs.moe.planner import build_moe_plan
 from tests.moe.models import llamas, write
 
 TOY = OutputKind(name="Toy MoE", source_types=("llama",), shared_rule=one_gated, kept=ATTENTION, fused=False,

@@ -20,7 +20,7 @@ from support import peak_rss_and_held_run
 
 PROMPTS = [(["ab cd ef"], ["xy"]), (["Zq rs tu vw"], None)]
 
-# The pass in a process of its own, as the run starts it (resumerge.moe.passmain): the checks, then the routers
+# The pass in a process of its own, as the run starts it (resumerge.runs.moe.passmain): the checks, then the routers
 # under the share given (a refusal printed, exit 2).
 _CHILD = textwrap.dedent(
     """
@@ -29,7 +29,7 @@ _CHILD = textwrap.dedent(
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
     from resumerge.forward.opened import open_for_pass
-    from resumerge.moe import forward
+    from resumerge.runs.moe import forward
 
     model, work, share = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     ready = forward.pass_checks(model, model, "hidden", json.loads(sys.argv[4]))
@@ -72,7 +72,7 @@ def test_the_gate_pass_reserves_its_embeddings_and_every_layer_it_runs(tmp_path:
     from resumerge.config.locations import StateDir
     from resumerge.forward import driver
     from resumerge.forward.opened import open_for_pass
-    from resumerge.moe import forward
+    from resumerge.runs.moe import forward
 
     admitted: list[tuple[str, str]] = []
 

@@ -15,9 +15,9 @@ import pytest
 from resumerge import api
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
-from resumerge.moe import load_moe_text, passproc
-from resumerge.moe.passdone import routers_finished
-from resumerge.moe.prompts import encode, load_tokenizer
+from resumerge.runs.moe import load_moe_text, passproc
+from resumerge.runs.moe.passdone import routers_finished
+from resumerge.runs.moe.prompts import encode, load_tokenizer
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 
@@ -74,7 +74,7 @@ def test_a_process_given_its_job_loads_only_what_it_needs(tmp_path: Path) -> Non
     job = json.dumps({**_ENCODE, "tokenizer_dir": str(base), "workdir": str(tmp_path), "parent": os.getpid()})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(Path(__file__).parents[2]),
                                                                      os.environ.get("PYTHONPATH"))))}
-    said = subprocess.run([sys.executable, "-X", "importtime", "-m", "resumerge.moe.passmain", str(os.getpid()),
+    said = subprocess.run([sys.executable, "-X", "importtime", "-m", "resumerge.runs.moe.passmain", str(os.getpid()),
                            passproc.JOB_GIVEN], input=job, capture_output=True, text=True, env=env, timeout=120)
     assert said.returncode == 0, said.stderr
     imported = {line.split("|")[-1].strip() for line in said.stderr.splitlines() if line.startswith("import time:")}

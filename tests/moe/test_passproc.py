@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resumerge.errors import EXIT_INTERNAL, EXIT_INVALID, ResumergeError, UsageError, exit_code_for
-from resumerge.moe import passproc
+from resumerge.runs.moe import passproc
 
 
 def _fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:

@@ -16,10 +16,10 @@ from toycodec import TOY, RowScaledInt8, assert_same_results, twins
 from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable
-from resumerge.moe import load_moe_text
-from resumerge.moe.forward import ExpertSets, Weights, hidden_routers
-from resumerge.moe.planner import build_moe_plan
-from resumerge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.runs.moe import load_moe_text
+from resumerge.runs.moe.forward import ExpertSets, Weights, hidden_routers
+from resumerge.runs.moe.planner import build_moe_plan
 
 from .models import llamas, write
 

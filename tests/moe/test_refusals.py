@@ -13,7 +13,7 @@ from resumerge.api.options import grouped
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID, InputError, exit_code_for
-from resumerge.moe import is_moe_text, load_moe_text
+from resumerge.runs.moe import is_moe_text, load_moe_text
 from tests.moe.models import llamas, write
 from tests.support import cli
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from resumerge import api
-from resumerge.moe import gatesites
-from resumerge.store.manifest import read_manifest
+from resumerge.merge.store.manifest import read_manifest
+from resumerge.runs.moe import gatesites
 from tests.moe.models import llamas, tensors, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, cli_here, digests

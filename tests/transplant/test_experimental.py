@@ -15,8 +15,8 @@ from mergekit_oracle import Mergekit
 from resumerge import api
 from resumerge.api.options import Surgery
 from resumerge.errors import UsageError
-from resumerge.transplant.approximate import Rope, apply_rope, mp_rope, token_basis
-from resumerge.transplant.planner import rope_of
+from resumerge.runs.transplant.approximate import Rope, apply_rope, mp_rope, token_basis
+from resumerge.runs.transplant.planner import rope_of
 from transplant.pairs import make_pair
 from transplant.test_parity import _shared_rows, tensors
 
@@ -64,7 +64,7 @@ def test_stb_basis_is_mergekits_sparse_basis() -> None:
     resumerge's pursuit over the centred rows picks the same rows with the same weights."""
     from mergekit.tokensurgeon.token_basis import sparse_linear_basis
 
-    from resumerge.transplant.omp import batch_omp
+    from resumerge.runs.transplant.omp import batch_omp
 
     g = torch.Generator().manual_seed(1)
     points = torch.randn(80, 16, generator=g)

@@ -80,7 +80,7 @@ def test_same_size_different_tokenizers_are_refused_and_trivially_different_file
 def test_gguf_tokens_are_compared_by_their_strings() -> None:
     """A GGUF's token list gives the same table as the tokenizer.json of its tokens; its control tokens are
     special."""
-    from resumerge.vocab.sameness import first_difference, table_of_gguf, table_of_tokenizer_json
+    from resumerge.merge.vocab.sameness import first_difference, table_of_gguf, table_of_tokenizer_json
 
     tokens = ["<s>", "a", "b", "ab"]
     gguf = table_of_gguf({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 1, 1, 1]})

@@ -209,7 +209,7 @@ def test_omp_selects_and_solves_as_mergekit() -> None:
     """The pursuit on random matrices: the same atoms, coefficients to float32 rounding."""
     from mergekit.tokensurgeon import batch_omp as theirs
 
-    from resumerge.transplant.omp import batch_omp
+    from resumerge.runs.transplant.omp import batch_omp
 
     g = torch.Generator().manual_seed(0)
     targets, atoms = torch.randn(40, 32, generator=g), torch.randn(300, 32, generator=g)
@@ -226,7 +226,7 @@ def test_landmark_pca_rotation_fits_better_than_mergekits() -> None:
     0.1.5's transposed rotation."""
     from mergekit.tokensurgeon import landmark_pca_approximate as theirs
 
-    from resumerge.transplant.approximate import landmark_pca
+    from resumerge.runs.transplant.approximate import landmark_pca
 
     g = torch.Generator().manual_seed(3)
     model_points = torch.randn(200, 16, generator=g)

@@ -12,14 +12,14 @@ import pytest
 import torch
 from support import cli
 
-import resumerge.transplant.units as registered
+import resumerge.runs.transplant.units as registered
 from resumerge import api
-from resumerge.estimate.costs import Estimate
-from resumerge.methods.resources import Resources
-from resumerge.methods.spec import MergeContext
-from resumerge.transplant.approximate import Method
-from resumerge.transplant.tokens import MatrixMatch
-from resumerge.transplant.units import Transplant, surgery_rows
+from resumerge.analyses.estimate.costs import Estimate
+from resumerge.merge.methods.resources import Resources
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.runs.transplant.approximate import Method
+from resumerge.runs.transplant.tokens import MatrixMatch
+from resumerge.runs.transplant.units import Transplant, surgery_rows
 from transplant.pairs import make_pair
 
 MODEL_ROWS, DONOR_ROWS, MODEL_WIDTH, DONOR_WIDTH = 70, 90, 12, 16

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resumerge.vocab import VocabInput
+from resumerge.merge.vocab import VocabInput
 from tests.vocab.gen import make_tokenizer_dir, write_model_config
 
 

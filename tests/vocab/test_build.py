@@ -13,7 +13,7 @@ import tokenizers
 import transformers
 
 from resumerge.errors import ConfigError, ModelInputError
-from resumerge.vocab import (
+from resumerge.merge.vocab import (
     BUILTIN_TEMPLATES,
     BuiltTokenizer,
     MissingToken,
@@ -143,7 +143,7 @@ def test_same_inputs_give_the_same_bytes_in_any_process(trio: Trio) -> None:
     assert first == again
     script = (
         "import sys; from pathlib import Path\n"
-        "from resumerge.vocab import VocabInput, build_tokenizer, parse_tokenizer_spec\n"
+        "from resumerge.merge.vocab import VocabInput, build_tokenizer, parse_tokenizer_spec\n"
         "keys, rows = sys.argv[1:4], [int(r) for r in sys.argv[4:7]]\n"
         "spec = parse_tokenizer_spec(None, {'source': 'union', 'tokens': {'<new>': {'source': {'kind': 'zero'}}},"
         " 'pad_to_multiple_of': 8}, 'llama3')\n"

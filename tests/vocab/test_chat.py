@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from resumerge.errors import ConfigError, ModelInputError
-from resumerge.vocab import (
+from resumerge.merge.vocab import (
     BUILTIN_TEMPLATES,
     apply_chat_template,
     apply_chat_template_files,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from resumerge.vocab import BuiltTokenizer, align_rows, build_tokenizer, parse_tokenizer_spec
+from resumerge.merge.vocab import BuiltTokenizer, align_rows, build_tokenizer, parse_tokenizer_spec
 from tests.vocab.conftest import Trio
 from tests.vocab.gen import make_tokenizer_dir, write_model_config
 from tests.vocab.oracle import OracleResult, mergekit_merge
@@ -82,7 +82,7 @@ def _union_block(trio_keys: list[str], base_dir: str) -> set[str]:
 def _run(trio_keys: list[str], rows: dict[str, int], base: str | None, section: dict[str, Any],
          tensors: dict[str, torch.Tensor]) -> tuple[BuiltTokenizer, OracleResult, list[torch.Tensor]]:
     spec = parse_tokenizer_spec(None, section, None)
-    from resumerge.vocab import VocabInput
+    from resumerge.merge.vocab import VocabInput
 
     built = build_tokenizer(spec, {k: VocabInput(k, Path(k), rows[k]) for k in trio_keys}, base)
     oracle = mergekit_merge(trio_keys, base, section, tensors)

@@ -18,8 +18,15 @@ import pytest
 import torch
 
 from resumerge.errors import ConfigError, ModelInputError
-from resumerge.vocab import MissingToken, TokenOverride, VocabAlignment, align_rows, check_keys, missing_rows_report
-from resumerge.vocab import permute as permute_module
+from resumerge.merge.vocab import (
+    MissingToken,
+    TokenOverride,
+    VocabAlignment,
+    align_rows,
+    check_keys,
+    missing_rows_report,
+)
+from resumerge.merge.vocab import permute as permute_module
 
 A = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
 B = torch.tensor([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]])

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from resumerge.errors import ConfigError
-from resumerge.vocab import TokenizerSpec, TokenSource, TokenSpec, parse_tokenizer_spec
+from resumerge.merge.vocab import TokenizerSpec, TokenSource, TokenSpec, parse_tokenizer_spec
 
 
 def test_nothing_configured_builds_nothing() -> None:
@@ -109,7 +109,7 @@ def test_both_selectors_and_a_bad_chat_template() -> None:
 
 
 def test_public_names_are_exported_and_sorted() -> None:
-    import resumerge.vocab as vocab
+    import resumerge.merge.vocab as vocab
 
     assert vocab.__all__ == sorted(vocab.__all__)
     assert all(hasattr(vocab, name) for name in vocab.__all__)

@@ -13,8 +13,8 @@ from resumerge.analyses.check.progress import check_status, describe, find_progr
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
-    from resumerge.engine.drive import Outcome
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.store.statusview import StatusReport
 
 
 def _local(out: str | os.PathLike[str]) -> bool:
@@ -43,7 +43,7 @@ class CheckAnalysis:
     def beside(self, report: StatusReport, out: str | os.PathLike[str], state: StateDir) -> StatusReport:
         """``report`` with the newest check of ``out`` (running: its layer and model; done: its verdict) added:
         a row, and ``check`` in the JSON."""
-        from resumerge.store.statusview import Details
+        from resumerge.merge.store.statusview import Details
 
         found = find_progress(state.checks_dir, out) if _local(out) else None
         if found is None:

@@ -5,8 +5,8 @@ The section sits between two HTML comments (invisible on the hub), so checking a
 second one. The card is changed only where resumerge wrote it and only through the run's own ledger
 (:func:`run_state`: in the check's state dir, else the one a command given no ``--state-dir`` finds): its ledger
 holds README.md committed and the bytes on disk still match; the new card is committed as every output file is
-(:func:`~resumerge.store.recommit.recommit_small`: ledger row, then manifest), so ``verify`` passes after it. Where
-the check finds no ledger of the run (a state dir of its own, or a machine without the run's), the card is left as
+(:func:`~resumerge.merge.store.recommit.recommit_small`: ledger row, then manifest), so ``verify`` passes after it.
+Where the check finds no ledger of the run (a state dir of its own, or a machine without the run's), the card is left as
 it is and the line says so: a card changed through the manifest alone would disagree with a ledger kept elsewhere,
 which ``verify`` then calls damaged and a ``resume`` rebuilds without the section (issue 70). A ``resume`` that
 rebuilds the card (deleted or damaged) writes the last check's section back (:func:`restore_section`). A hub OUT's
@@ -24,7 +24,7 @@ from resumerge.analyses.check.report import CheckReport
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError
-from resumerge.store.recommit import committed_file, recommit_small
+from resumerge.merge.store.recommit import committed_file, recommit_small
 
 CARD_NAME = "README.md"
 # The kind of run a tokenizer transplant's ledger records, and what its check against MODEL means.
@@ -84,7 +84,7 @@ def restore_section(model: str | os.PathLike[str], state: StateDir) -> str | Non
     import json
 
     from resumerge.analyses.check.report import CheckReport
-    from resumerge.store.ledger_read import reading
+    from resumerge.merge.store.ledger_read import reading
 
     where = os.fspath(model)
     if is_hub_target(where):
@@ -113,8 +113,8 @@ def not_compared(out: str | os.PathLike[str], report: CheckReport) -> list[str]:
     """The roles and names of the models ``out``'s record names as its base and parents that ``report`` did not
     compare it with (empty: the check is of the merge beside all of its own models, as its card describes it); a
     record that cannot be read names nothing that is missing, only the models the check was given count."""
-    from resumerge.analyses.check.models import recorded_models, same_model
     from resumerge.errors import ResumergeError
+    from resumerge.forward.models import recorded_models, same_model
 
     try:
         base, parents = recorded_models(Path(out))
@@ -128,7 +128,7 @@ def not_compared(out: str | os.PathLike[str], report: CheckReport) -> list[str]:
 def run_kind(out: str | os.PathLike[str], state: StateDir) -> str | None:
     """The kind of run its ledger in ``state`` records for ``out`` (``merge``, ``tokensurgeon``, ...; None: none
     recorded, or a ledger that cannot be read)."""
-    from resumerge.store.ledger_read import reading
+    from resumerge.merge.store.ledger_read import reading
 
     try:
         with reading(state.run(out).ledger, "ledger") as conn:
@@ -142,7 +142,7 @@ def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
     """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else the one a
     command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or ``./state``); None where
     neither does."""
-    from resumerge.store.ledger_read import LEDGER_NAME
+    from resumerge.merge.store.ledger_read import LEDGER_NAME
 
     for candidate in (state, StateDir.resolve(None)):
         if (candidate.run_dir(out) / LEDGER_NAME).is_file():
@@ -151,8 +151,8 @@ def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
 
 
 def _is_output(out: Path, state: StateDir) -> bool:
-    from resumerge.store.ledger_read import LEDGER_NAME
-    from resumerge.store.manifest import manifest_path
+    from resumerge.merge.store.ledger_read import LEDGER_NAME
+    from resumerge.merge.store.manifest import manifest_path
 
     return manifest_path(out).is_file() or (state.run_dir(out) / LEDGER_NAME).is_file()
 

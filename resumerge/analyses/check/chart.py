@@ -5,7 +5,7 @@ pass's departures (the values the verdict judges) with their threshold per layer
 depart_floor), dashed; the layer a localisation names is a red bar; a legend names each line by its model's role
 and short name.
 
-Drawn on :mod:`.canvas` (the standard library only, so that a chart costs no plotting dependency).
+Drawn on :mod:`resumerge.outputs.canvas` (the standard library only, so that a chart costs no plotting dependency).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.check.canvas import Canvas
-from resumerge.analyses.check.glyphs import GLYPH_HEIGHT, text_width
 from resumerge.analyses.check.names import short_names
-from resumerge.store.durable import write_file_atomic
+from resumerge.merge.store.durable import write_file_atomic
+from resumerge.outputs.canvas import Canvas
+from resumerge.outputs.glyphs import GLYPH_HEIGHT, text_width
 
 if TYPE_CHECKING:
     from resumerge.analyses.check.report import CheckReport

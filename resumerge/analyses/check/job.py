@@ -1,7 +1,8 @@
 """A check as the pass driver runs it (:class:`CheckJob`, a :class:`~resumerge.forward.driver.PassJob`): its
-report is its answer cache, its steps the static pass and the forward pass (:mod:`.passes`, here or on Ray:
-:mod:`.onray`), its end the report, the chart, the ledger's event and the model card. :mod:`.run` finds the models
-and the texts, keys the check's folder and hands this job to the driver."""
+report is its answer cache, its steps the static pass and the forward pass (:mod:`resumerge.forward.passes`, here or on
+Ray:
+:mod:`resumerge.forward.rayactor`), its end the report, the chart, the ledger's event and the model card. :mod:`.run`
+finds the models and the texts, keys the check's folder and hands this job to the driver."""
 
 from __future__ import annotations
 
@@ -16,16 +17,11 @@ from typing import TYPE_CHECKING
 from resumerge.analyses.check.card import run_state, update_card
 from resumerge.analyses.check.chart import write_drift_chart
 from resumerge.analyses.check.folded import FoldedStatic
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.needs import StepBytes, settled_held, step_bytes
-from resumerge.analyses.check.passes import LAYER_PREFIX, PassFigures, forward_pass, run_pass, streams_of
 from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.analyses.check.static import TensorResult, logical_shapes, static_pass, tensor_results
 from resumerge.analyses.check.strict import finite
-from resumerge.analyses.check.tokens import Texts
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
-from resumerge.analyses.check.vocabs import SharedVocab, model_rows
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import OnRay, PassPlacement
@@ -35,17 +31,22 @@ from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import Reserve
+from resumerge.forward.models import Checked
+from resumerge.forward.needs import StepBytes, settled_held, step_bytes
 from resumerge.forward.opened import layer_of
+from resumerge.forward.passes import LAYER_PREFIX, PassFigures, forward_pass, run_pass, streams_of
 from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything, layers_through
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import describe
+from resumerge.forward.tokens import Texts
+from resumerge.forward.vocabs import SharedVocab, model_rows
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.allocator import malloc_trim, tune_allocator
-from resumerge.store.durable import write_file_atomic
+from resumerge.merge.store.durable import write_file_atomic
 from resumerge.torch_import import load as load_torch
 
 if TYPE_CHECKING:  # the Ray placements: imported with --executor ray only
-    from resumerge.analyses.onray import Place
+    from resumerge.forward.onray import Place
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -118,8 +119,8 @@ class _Found:
 @dataclass(frozen=True)
 class CheckJob:
     """A check as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its report is the answer
-    cache; its steps are the static pass and the forward pass (:mod:`.passes`); its end the report, the chart, the
-    ledger's event and the card."""
+    cache; its steps are the static pass and the forward pass (:mod:`resumerge.forward.passes`); its end the report, the
+    chart, the ledger's event and the card."""
 
     folder: PassFolder
     model: str | os.PathLike[str]
@@ -260,10 +261,10 @@ class CheckJob:
 
 
 def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
-    """Where each model's actor runs on the Ray cluster at ``address`` and what it declares (:mod:`.onray`);
-    refuses (exit 2) a cluster none of whose nodes holds an actor."""
-    from resumerge.analyses.check.onray import actor_bytes
-    from resumerge.analyses.onray import ray_places
+    """Where each model's actor runs on the Ray cluster at ``address`` and what it declares
+    (:mod:`resumerge.forward.rayactor`); refuses (exit 2) a cluster none of whose nodes holds an actor."""
+    from resumerge.forward.onray import ray_places
+    from resumerge.forward.rayactor import actor_bytes
 
     return ray_places(address, actor_bytes(sizes))
 
@@ -271,10 +272,10 @@ def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
 def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
             placed: list[Place], reads: PassReads, state: StateDir, vocab: SharedVocab | None = None,
             keep: float = 0.0) -> PassFigures | None:
-    """The forward pass with each model on a Ray node of its own (:mod:`.onray`), where ``placed`` says, journaled
-    here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held to
-    ``reads``' journal."""
-    from resumerge.analyses.check.onray import ActorTerms, ray_models
+    """The forward pass with each model on a Ray node of its own (:mod:`resumerge.forward.rayactor`), where ``placed``
+    says, journaled here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held
+    to ``reads``' journal."""
+    from resumerge.forward.rayactor import ActorTerms, ray_models
 
     def on_layer(layer: int, nodes: list[str]) -> None:
         progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
@@ -372,7 +373,7 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
     KL, and where the report is; the merge's own record then says how it was checked. A model without one (any other
     folder) has no record to add to."""
     from resumerge.errors import LedgerError, StorageError
-    from resumerge.store.ledger import Ledger
+    from resumerge.merge.store.ledger import Ledger
 
     if is_hub_target(model) and ".gguf" in os.fspath(model):
         return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
@@ -399,11 +400,11 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
           sizes: StepBytes | None = None) -> tuple[int, dict[str, int], bool]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
-    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.analyses.check.heads`) and one
+    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.forward.heads`) and one
     batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget, what
     the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
     layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
-    see :mod:`.folded`). The figures are :func:`~resumerge.analyses.check.needs.step_bytes`'s (``sizes``, found here
+    see :mod:`.folded`). The figures are :func:`~resumerge.forward.needs.step_bytes`'s (``sizes``, found here
     where not given)."""
     sizes = sizes if sizes is not None else step_bytes(streams, tokens)
     held = settled_held("check", [str(s.reader.directory) for s in streams], tokens)  # what every start names

@@ -2,8 +2,8 @@
 (``checks/<key>/progress.json``), rewritten as the check moves (the static pass, each model of each decoder layer,
 the heads, the verdict), and found again by the merged model's folder.
 
-It is advice, not a journal: the per-layer journal (:mod:`.passes`) is what a resumed check trusts. A check whose
-process is gone before its verdict is ``interrupted``.
+It is advice, not a journal: the per-layer journal (:mod:`resumerge.forward.passes`) is what a resumed check trusts. A
+check whose process is gone before its verdict is ``interrupted``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.store.durable import write_file_atomic
-from resumerge.store.runlock import pid_alive
+from resumerge.merge.store.durable import write_file_atomic
+from resumerge.merge.store.runlock import pid_alive
 
 if TYPE_CHECKING:
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
 
 # In a check's folder (under :attr:`resumerge.config.locations.StateDir.checks_dir`).
 PROGRESS_NAME = "progress.json"
@@ -122,7 +122,7 @@ def check_status(root: Path, model: str | os.PathLike[str]) -> StatusReport | No
     """``resumerge status MODEL`` for a model that was checked and never merged into here (any folder): its newest
     check under ``root`` as a status of its own (kind ``check``: its decoder layers of every model as the steps,
     the command that continues it where it was interrupted); None when it has none."""
-    from resumerge.store.statusview import Details, StatusReport
+    from resumerge.merge.store.statusview import Details, StatusReport
 
     doc = find_progress(root, model)
     if doc is None:

@@ -95,7 +95,7 @@ class CheckReport:
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
     # where the models' vocabularies differ: the tokens they share, and how they were compared
-    # (resumerge.analyses.check.vocabs)
+    # (resumerge.forward.vocabs)
     shared_tokens: int | None = None
     vocabulary: str | None = None
     compared: str | None = None  # what the merge was compared with, in one line

@@ -14,21 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.analyses.check.job import CheckJob, CheckSettings
-from resumerge.analyses.check.models import Checked, find_models
-from resumerge.analyses.check.passes import BATCH_TOKENS
 from resumerge.analyses.check.progress import Watcher
 from resumerge.analyses.check.report import CheckReport
-from resumerge.analyses.check.tokens import Texts, cached_sequences
 from resumerge.analyses.check.verdict import THRESHOLDS
-from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import PassFolder, content_key, drive
+from resumerge.forward.models import Checked, find_models
+from resumerge.forward.passes import BATCH_TOKENS
 from resumerge.forward.proof import PassProof, compared_reads
 from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.tokens import Texts, cached_sequences
+from resumerge.forward.vocabs import SharedVocab
 
 
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
@@ -38,16 +38,17 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``placement``: where the executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's forward pass on a node of a Ray cluster
-    (:mod:`.onray`), with the same report.
+    (:mod:`resumerge.forward.rayactor`), with the same report.
     ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
     models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
-    (:mod:`.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
+    (:mod:`resumerge.forward.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`).
+    Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
     ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
     the GPU's budget too; :mod:`resumerge.forward.device`)."""
     placement.refuse("the check", device.name, device.on_gpu)
     if isinstance(placement, OnRay):  # before anything is read: without Ray, one line and exit 2
-        from resumerge.engine.cluster.connect import check_ray
+        from resumerge.merge.engine.cluster.connect import check_ray
 
         check_ray()
     with _passive_threads():

@@ -27,10 +27,10 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from resumerge.analyses.check.models import Checked
-from resumerge.analyses.check.needs import STATIC_SPAN
 from resumerge.analyses.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
+from resumerge.forward.models import Checked
+from resumerge.forward.needs import STATIC_SPAN
 from resumerge.forward.opened import layer_of
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
@@ -41,7 +41,7 @@ from resumerge.torch_import import torch
 UNMOVED_RATIO = 0.01
 _PARENTS_MOVED = 1e-6
 # Values per block of a difference (4 MB in float32), and per span a tensor is read in (a whole number of blocks:
-# one; the span the budget counts, :data:`~resumerge.analyses.check.needs.STATIC_SPAN`).
+# one; the span the budget counts, :data:`~resumerge.forward.needs.STATIC_SPAN`).
 _BLOCK = _SPAN = STATIC_SPAN
 
 # A multimodal model's vision tower and projector: one group, not counted in the decoder layers' groups.

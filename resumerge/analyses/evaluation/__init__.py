@@ -11,7 +11,7 @@ read once per pass. :mod:`.run` drives an evaluation from the command's options 
 it), :mod:`.textpass` its journaled pass, :mod:`.textwork` what ``eval`` prepares of one and how its figure joins
 lm-eval's results. Generation (:mod:`.generate`) runs with transformers' KV cache where the whole model fits.
 
-May import: analyses.check, config, errors, forward, inputs, memory, store.
+May import: config, errors, forward, inputs, memory, merge.store, merge.engine.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from resumerge.analyses.evaluation.status import eval_status, find_eval
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
 
 
 class EvalAnalysis:

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resumerge.analyses.check.heads import head_step_bytes
-from resumerge.analyses.check.needs import step_bytes
 from resumerge.analyses.evaluation.genrequests import Wanted
 from resumerge.analyses.evaluation.kvcache import KVShape
 from resumerge.errors import UsageError
+from resumerge.forward.heads import head_step_bytes
+from resumerge.forward.needs import step_bytes
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe, budget_fitting
 from resumerge.memory.sizes import format_size
@@ -113,7 +113,7 @@ def step_read_bytes(stream: ModelStream) -> int:
 
 def _read_speed(files: Sequence[Path]) -> float | None:
     """The cold read speed of the largest of ``files`` (None: none is here)."""
-    from resumerge.store.diskprobe import probe_file_read
+    from resumerge.merge.store.diskprobe import probe_file_read
 
     here = [f for f in files if f.is_file()]
     if not here:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from resumerge.analyses.check.needs import step_bytes
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.scorer import Answer, Places, answers_file, score
 from resumerge.analyses.evaluation.settings import EvalSettings
@@ -32,16 +31,17 @@ from resumerge.forward.batches import BATCH_TOKENS
 from resumerge.forward.driver import AnswerFile, Fit, PassFolder, content_key, drive
 from resumerge.forward.journal import Journal, latest
 from resumerge.forward.layerpass import Reserve
+from resumerge.forward.needs import step_bytes
 from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.store.durable import write_file_atomic
+from resumerge.merge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.placed import EvalLayers
-    from resumerge.engine.unwritten import UnwrittenMerge
     from resumerge.forward.device import GpuBudget
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 Found = TypeVar("Found")
 # (where its layers run, its steps' reserve, told each layer as it starts, None: the head) -> what the pass found

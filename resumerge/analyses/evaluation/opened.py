@@ -31,7 +31,7 @@ from resumerge.forward.stream import ModelStream
 from resumerge.memory.allocator import tune_allocator
 
 if TYPE_CHECKING:
-    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 
 @contextmanager

@@ -18,10 +18,10 @@ from resumerge.errors import UsageError
 from resumerge.forward.placement import Placement, Streams
 
 if TYPE_CHECKING:
-    from resumerge.analyses.check.needs import StepBytes
     from resumerge.analyses.evaluation.scorer import Places
     from resumerge.config.locations import StateDir
     from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.needs import StepBytes
     from resumerge.forward.opened import PassModel
     from resumerge.forward.stream import ModelStream
 
@@ -68,7 +68,7 @@ class LayersHere:
 @dataclass(frozen=True)
 class LayersOnRay:
     """The layers on an actor of the Ray cluster ``ray`` names (its kept workers' idle time ``ray.keep``,
-    :func:`~resumerge.analyses.onray.kept_hosts`), the head here: the same answers, journaled alike."""
+    :func:`~resumerge.forward.onray.kept_hosts`), the head here: the same answers, journaled alike."""
 
     ray: OnRay
     here: bool = False
@@ -88,8 +88,8 @@ class LayersOnRay:
 
     def places(self, model: PassModel, stream: ModelStream, sizes: StepBytes, state: StateDir) -> Places:
         """The cluster joined and the pass's actor placed (refused, exit 2, where no node holds it)."""
-        from resumerge.analyses.check.onray import ActorTerms, actor_bytes, ray_models
-        from resumerge.analyses.onray import ray_places
+        from resumerge.forward.onray import ray_places
+        from resumerge.forward.rayactor import ActorTerms, actor_bytes, ray_models
 
         where = ray_places(self.ray.address, actor_bytes(sizes)[:1], what="evaluation")
         given = None if state.given is None else str(state.root)  # --state-dir, as a node opens it

@@ -42,7 +42,7 @@ from resumerge.memory.allocator import tune_allocator
 from resumerge.memory.cuda import is_gpu, normalise_device
 
 if TYPE_CHECKING:
-    from resumerge.engine.unwritten import UnwrittenMerge
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 _CONFIG_SUFFIXES = (".yml", ".yaml")
 _NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the resumerge clone: pip install -c "
@@ -56,7 +56,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``placement``: where the executor placed the passes
     (:mod:`resumerge.config.passplace`): here, or each pass's decoder layers on an actor of a Ray cluster (check's
-    :mod:`~resumerge.analyses.check.onray`), its head here: the same results, journaled alike (:mod:`.placed`).
+    :mod:`~resumerge.forward.rayactor`), its head here: the same results, journaled alike (:mod:`.placed`).
     Each pass is a job the pass driver runs (:mod:`.job`). ``task_index``: lm-eval's task index shared with other
     evaluations (a search's candidates; None: one of its own). ``merge_words``: the flags that merge ``unwritten``
     as it was opened (in the command that continues). Raises :class:`UsageError` (exit 2) for anything refused

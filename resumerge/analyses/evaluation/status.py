@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # store.runlock's, not forward's: status must not import the forward package (its reader imports the plan, numpy).
-from resumerge.store.runlock import is_locked
+from resumerge.merge.store.runlock import is_locked
 
 if TYPE_CHECKING:
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
 
 PROGRESS_NAME = "progress.json"
 LAYER_PREFIX = "layer-"  # a pass's journal files, layer-<N>.safetensors: each pass's scorer writes them
@@ -67,7 +67,7 @@ def eval_status(root: Path, target: str | os.PathLike[str]) -> StatusReport | No
     """The status of the newest evaluation of ``target`` (kind ``eval``: the pass's decoder layers journaled and
     its requests answered as its counts, no shards, tensors or bytes: an evaluation writes none), or None when it
     was never evaluated here."""
-    from resumerge.store.statusview import Details, StatusReport
+    from resumerge.merge.store.statusview import Details, StatusReport
 
     doc = find_eval(root, target)
     if doc is None:

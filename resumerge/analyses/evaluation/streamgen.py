@@ -43,8 +43,8 @@ from resumerge.forward.layerpass import LayerPass, Reserve, Step
 from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
 from resumerge.forward.stream import LayerCall, ModelStream
-from resumerge.store.durable import write_file_atomic
-from resumerge.store.killpoints import reach
+from resumerge.merge.store.durable import write_file_atomic
+from resumerge.merge.store.killpoints import reach
 from resumerge.torch_import import torch
 
 GENERATED = "generated.json"  # the answers of a finished generation, as the lm-eval door's whole-model one keeps them

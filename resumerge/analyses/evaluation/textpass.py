@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from resumerge.analyses.check.vocabs import SharedVocab, own_batches
 from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
 from resumerge.forward.batches import Batch, Hidden, enter
@@ -20,6 +19,7 @@ from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, Streams
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
+from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.torch_import import torch
 
 FIGURES = "figures.json"
@@ -76,7 +76,7 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
     ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
     model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
     ``m``'s layer is read, ``on_heads()`` before the heads. ``vocab``: how the parent's other vocabulary meets the
-    scored models' (check's :class:`~resumerge.analyses.check.vocabs.SharedVocab`, model 0 theirs, 1 the
+    scored models' (check's :class:`~resumerge.forward.vocabs.SharedVocab`, model 0 theirs, 1 the
     parent's): each model reads the texts as its own ids of the same tokens."""
     kept = figures_file(workdir)
     done = kept.read()

@@ -11,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from resumerge.analyses.check.heads import head_step_bytes
-from resumerge.analyses.check.vocabs import SharedVocab
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.texttasks import TextFigures, TextTask, result_entries, shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.forward import Weights
 from resumerge.forward.batches import largest_batch
+from resumerge.forward.heads import head_step_bytes
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.stream import ModelStream
+from resumerge.forward.vocabs import SharedVocab
 
 
 @dataclass(frozen=True)

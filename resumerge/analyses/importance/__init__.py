@@ -9,7 +9,7 @@ before each linear adds the squares of its input); :mod:`.onmerge` is the pass o
 driver runs it (:func:`resumerge.forward.driver.drive`), journaled under the state dir so a killed pass resumes at the
 layer it reached with the same bytes.
 
-May import: errors, config, forward, inputs, memory, store, engine, outputs, torch_import.
+May import: errors, config, forward, inputs, memory, merge.store, merge.engine, outputs, torch_import.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The importance matrix computed on a merge never written (``run --out-type gguf --imatrix-texts FILE``), as the
 forward driver runs a pass (:func:`resumerge.forward.driver.drive`): the merge read as the model it describes
-(:class:`~resumerge.engine.unwritten.UnwrittenMerge`: each tensor merged by ``run``'s code when read, dropped
+(:class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`: each tensor merged by ``run``'s code when read, dropped
 after), the texts run through it one decoder layer at a time (:mod:`.sums`), the sums journaled with the hidden
-states under the state dir, and the matrix written last as llama-imatrix writes it (:mod:`.entries`), with the
-content key that made it beside it: the run's encoding reads it there, and a run killed anywhere after finds it.
+states under the state dir, and the matrix written last as llama-imatrix writes it (:mod:`resumerge.forward.imatrix`),
+with the content key that made it beside it: the run's encoding reads it there, and a run killed anywhere after finds
+it.
 
 Its folder and answer are keyed by the merge's float plan, the tokens and the code's versions (a changed input or
 texts file: another key, computed again); each layer is admitted by the RAM governor under the run's budget."""
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.importance.entries import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
 
 if TYPE_CHECKING:
-    from resumerge.engine.unwritten import UnwrittenMerge
     from resumerge.forward.stream import ModelStream
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
     from resumerge.torch_import import torch
 
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
@@ -148,7 +149,7 @@ class _ImportanceJob:
 
         step = SumStep(stream, calls, reserve, on_layer)
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
-        # kill point after_imatrix_layer: a layer's sums and hidden states durable (resumerge.store.killpoints)
+        # kill point after_imatrix_layer: a layer's sums and hidden states durable (resumerge.merge.store.killpoints)
         found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
             step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
@@ -158,7 +159,7 @@ class _ImportanceJob:
         """The matrix written, then its key beside it (each durable), then the journal removed."""
         import shutil
 
-        from resumerge.store.durable import write_file_atomic
+        from resumerge.merge.store.durable import write_file_atomic
 
         tokens = sum(len(t) for t in self.tokens)
         entries = named_entries(self.arch, {name: s.numpy() for name, s in found.items()}, tokens)

@@ -10,8 +10,8 @@ at the layer it reached with the same bytes; :mod:`.onray` places each model's p
 :mod:`resumerge.inputs.grams`, which the planner reads too. :func:`resumerge.api.measure` calls
 :func:`~resumerge.analyses.measure.run.measure_grams`.
 
-May import: analyses.check, analyses.importance, errors, config, forward, inputs, memory, methods, store, engine,
-outputs, torch_import.
+May import: errors, config, forward, inputs, memory, merge.methods, merge.store, merge.engine, outputs,
+torch_import.
 
 """
 

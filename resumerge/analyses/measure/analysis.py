@@ -12,7 +12,7 @@ from resumerge.analyses.measure.status import RUN_FILE, measure_status
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
 
 
 class MeasureAnalysis:

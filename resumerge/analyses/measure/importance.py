@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resumerge.analyses.importance.entries import imatrix_file, named_entries, pooled, write_imatrix
+from resumerge.forward.imatrix import imatrix_file, named_entries, pooled, write_imatrix
 from resumerge.inputs.grams import Measurement
 from resumerge.outputs.gguf.imatrix import ImatrixEntry
 

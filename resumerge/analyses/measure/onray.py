@@ -1,6 +1,6 @@
 """``measure --executor ray``: each model's measured pass in a Ray actor of its own, the models side by side.
 
-The executor object places the pass (:class:`~resumerge.engine.executors.PlacesPasses`), as it places a check's:
+The executor object places the pass (:class:`~resumerge.merge.engine.executors.PlacesPasses`), as it places a check's:
 an actor per model (:class:`MeasureNode`), placed one per node where the cluster has the nodes and declaring the
 memory of its pass (:func:`actor_bytes`), so that a cluster that cannot hold them is refused before any weight is
 read (exit 2); each opens its model from its path (which every node must see; a hub model read by range from the
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.measure.grams import Recorded, Streamed
 from resumerge.analyses.measure.passes import stream_of
-from resumerge.analyses.onray import Place, Read, driver_token, end_actors, kept_hosts, logged, on_node, sent
 from resumerge.errors import ResumergeError, UnreachableError
+from resumerge.forward.onray import Place, Read, driver_token, end_actors, kept_hosts, logged, on_node, sent
 from resumerge.forward.opened import PassModel
 from resumerge.torch_import import IMPORT_RESERVE, torch
 
@@ -58,7 +58,7 @@ class MeasureNode:
 
     def node(self) -> str:
         """The node this actor runs on; raises the error that kept it from opening its model."""
-        from resumerge.engine.cluster.connect import this_node
+        from resumerge.merge.engine.cluster.connect import this_node
 
         if self.failed is not None:
             raise self.failed
@@ -149,13 +149,13 @@ class OnNode:
 def on_nodes(models: Sequence[PassModel], keys: Sequence[str], layers: Sequence[int], placed: Sequence[Place],
              on_reads: Callable[[int, list[Read]], None], state: str | None = None,
              keep: float = 0.0) -> Iterator[list[OnNode]]:
-    """Each model's actor (where ``placed`` says, :func:`~resumerge.analyses.onray.ray_places`), started and
+    """Each model's actor (where ``placed`` says, :func:`~resumerge.forward.onray.ray_places`), started and
     its model opened, as an :class:`OnNode` each; ``on_reads(m, reads)`` is told what model ``m``'s node read of
     its hub files (called from the model's thread: held by a lock here). The actors end with the block; with
-    ``keep`` seconds, those a node's kept worker hosts (:func:`~resumerge.analyses.onray.kept_hosts`) are released
+    ``keep`` seconds, those a node's kept worker hosts (:func:`~resumerge.forward.onray.kept_hosts`) are released
     to it, idle for the next run or pass."""
-    from resumerge.engine.cluster.connect import require_ray
-    from resumerge.engine.cluster.launch import pinned
+    from resumerge.merge.engine.cluster.connect import require_ray
+    from resumerge.merge.engine.cluster.launch import pinned
 
     ray = require_ray()
     token = any(model.remote for model in models) and driver_token()

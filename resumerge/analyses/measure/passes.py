@@ -86,7 +86,7 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
-    from resumerge.store.durable import write_file_atomic
+    from resumerge.merge.store.durable import write_file_atomic
 
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
@@ -194,7 +194,7 @@ def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[to
 
 def layer_merge(ratio: float) -> LayerMerge:
     """How the merged pass merges a layer's weight: ``regmean``'s solve where it has Grams, else the mean; float32."""
-    from resumerge.methods.regmean import mean, regmean_solve
+    from resumerge.merge.methods.regmean import mean, regmean_solve
     from resumerge.torch_import import torch
 
     def merge(name: str, values: list[torch.Tensor], grams: list[torch.Tensor] | None) -> torch.Tensor:

@@ -123,7 +123,7 @@ def _imatrix_archs(imatrix: str | os.PathLike[str] | None, out: str | os.PathLik
     or in a folder that does not exist."""
     if imatrix is None:
         return []
-    from resumerge.analyses.importance.entries import gguf_arch
+    from resumerge.forward.imatrix import gguf_arch
 
     where = Path(imatrix).expanduser().resolve()
     if not where.parent.is_dir():
@@ -320,7 +320,7 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
 def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
     """For a ``regmean_plus`` config, what its merged pass merges each layer with (its off-diagonal ratio): the
     Grams of RegMean++ come from the merged model's earlier layers; None for any other config."""
-    from resumerge.methods.regmean import RATIO, SPEC_PLUS
+    from resumerge.merge.methods.regmean import RATIO, SPEC_PLUS
 
     if merge.merge_method != SPEC_PLUS.name:
         return None
@@ -393,7 +393,7 @@ def _claimed(folder: Path, key: str) -> bool:
 def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
     """Record in ``folder`` that it holds the measurement ``key`` of ``what`` (the config, the models and their
     layer counts, for ``status``); once: a resumed one finds it there."""
-    from resumerge.store.durable import write_file_atomic
+    from resumerge.merge.store.durable import write_file_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / RUN_FILE).is_file():
@@ -405,7 +405,7 @@ def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], ray: OnRay,
     :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
     :func:`run_measurement` starts them (:mod:`.onray`)."""
     from resumerge.analyses.measure.onray import actor_bytes, on_nodes
-    from resumerge.analyses.onray import ray_places
+    from resumerge.forward.onray import ray_places
 
     where = ray_places(ray.address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
     given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
@@ -451,8 +451,8 @@ def _passes(models: list[PassModel], keys: list[str], tokens: list[list[int]]) -
 
 def _held(models: list[PassModel], tokens: list[list[int]]) -> int:
     """What this process holds before the pass, as ``measure --plan`` and ``measure`` of these models over these
-    tokens both name it (check's :func:`~resumerge.analyses.check.needs.settled_held`)."""
-    from resumerge.analyses.check.needs import settled_held
+    tokens both name it (check's :func:`~resumerge.forward.needs.settled_held`)."""
+    from resumerge.forward.needs import settled_held
 
     return settled_held("measure", [str(m.path) for m in models], tokens)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from resumerge.store.statusview import StatusReport
+    from resumerge.merge.store.statusview import StatusReport
 
 # What the measurement records first: its key, config, models and their layer counts.
 RUN_FILE = "measure-run.json"
@@ -23,8 +23,8 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     """Where the measurement in ``out`` stands, as ``resumerge status`` shows a run (None: ``out`` holds none):
     its Gram files as the shards, each model's decoder layers as its tensors, the model under way, and the command
     that resumes it (none while a process holds the folder's lock: running). Reads the folder's listing only."""
-    from resumerge.store.runlock import is_held
-    from resumerge.store.statusview import Details, StatusReport
+    from resumerge.merge.store.runlock import is_held
+    from resumerge.merge.store.statusview import Details, StatusReport
 
     folder = Path(out)
     try:

@@ -3,7 +3,7 @@ as NVIDIA ModelOpt stores them (``quant_method: modelopt``, ``quant_algo: NVFP4`
 ``weight_scale_2``) and as compressed-tensors' ``nvfp4-pack-quantized`` does (``weight_packed``, ``weight_scale``,
 ``weight_global_scale``, recognised by :mod:`resumerge.inputs.quant.recognise_ct`); over the kernels of
 :mod:`resumerge.inputs.quant.nvfp4`. An output whose base is NVFP4 is encoded again with fresh scales, as its
-producer computes them, each fused group of projections (q/k/v, gate/up: :mod:`resumerge.plan.fusedscales`) with
+producer computes them, each fused group of projections (q/k/v, gate/up: :mod:`resumerge.merge.plan.fusedscales`) with
 one tensor-wide scale."""
 
 from __future__ import annotations

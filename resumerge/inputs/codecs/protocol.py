@@ -105,7 +105,7 @@ class _Format:
     def round_trip(self) -> tuple[str, float] | None:
         """The GGUF quantization type this format's values went through (its name) and the relative RMS error, in
         %, of one encode-decode round trip of normal values: what the plan's note about GGUF precision quotes
-        (:func:`resumerge.plan.quantnotes.gguf_error_notes`); None where it notes nothing."""
+        (:func:`resumerge.merge.plan.quantnotes.gguf_error_notes`); None where it notes nothing."""
         return None
 
 

@@ -1,6 +1,6 @@
 """A machine's fetch cache of streamed hub ranges: bytes fetched once are read again from local disk, not the hub.
 
-A cluster node streams its shards' hub inputs itself (:mod:`resumerge.engine.cluster.hubreads`); what it fetched
+A cluster node streams its shards' hub inputs itself (:mod:`resumerge.merge.engine.cluster.hubreads`); what it fetched
 it keeps in a folder of its own disk (:class:`FetchCache`), one file per fetched piece, named by its byte span, so
 that a later read of any of those bytes (a tensor read twice, a row range of one read already, the read-ahead of
 one worker that another worker of the node then needs, a resumed run's shards on the same node) costs a local

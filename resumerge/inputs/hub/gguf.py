@@ -10,7 +10,7 @@ resumerge does not map, is refused in one line (exit 2) before a tensor byte is 
 
 Nothing else is fetched here: the model becomes a hub input like a safetensors repo (:class:`RepoMetadata` whose
 ``headers`` are the GGUF headers), so the run decides per file, as it does for safetensors shards
-(:func:`~resumerge.plan.fetching.choose_fetch`), whether to read it from the cache, download it while merging
+(:func:`~resumerge.merge.plan.fetching.choose_fetch`), whether to read it from the cache, download it while merging
 (verified against the hub's sha256) or stream the tensors it needs by range (each range's sha256 recorded in the
 run's ledger, and the hub's sha256 checked when every tensor was streamed). The model's directory is the cache
 snapshot of the pinned commit and its files are named by their paths in the repo, so a resume reads the same

@@ -168,7 +168,7 @@ def whole_file_digest(where: str, header: Header | GgufHeader, expected: str, do
 
 class RangeRecord(Protocol):
     """Where the sha256 of each range read is recorded, first read wins: a merge's
-    :class:`~resumerge.store.ledger.Ledger`, or a check's journal of its hub reads."""
+    :class:`~resumerge.merge.store.ledger.Ledger`, or a check's journal of its hub reads."""
 
     def remember_read(self, model: str, file: str, start: int, end: int, sha256: str) -> str:
         """Record ``sha256`` for bytes ``[start, end)`` of ``file`` of ``model`` unless one is recorded; return the

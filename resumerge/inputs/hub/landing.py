@@ -267,7 +267,7 @@ class Downloads:
 
     A wanted file's download is started by a thread of this object's own (:meth:`start`'s caller's priority), not
     by the waiting reader: a thread takes its creator's scheduling priority, and the engine's compute threads lower
-    theirs in a run whose transfers go first (``resumerge.engine.cpupriority``).
+    theirs in a run whose transfers go first (``resumerge.merge.engine.cpupriority``).
 
     ``jobs`` are (model key, metadata, file); :attr:`landings` follow them by (model key, file).
     """

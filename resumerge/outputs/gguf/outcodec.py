@@ -37,7 +37,7 @@ class GgufOutCodec(TensorEncoder):
     transform: str = ""
     head_rows: int = 1
     # The type llama.cpp's quantizer picks for it, where resumerge writes another (-1: the same; see
-    # resumerge.plan.gguftypes): what the plan's notes name.
+    # resumerge.merge.plan.gguftypes): what the plan's notes name.
     llama_type: int = -1
     # The importance matrix file (--imatrix) whose entry for this tensor weights its encoding, as llama-quantize
     # weights it ("": none, or no entry for it); the plan checked the entry's size.

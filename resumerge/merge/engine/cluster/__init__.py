@@ -1,0 +1,25 @@
+"""A merge spread over a Ray cluster: the pending output shards fed to a long-lived worker per node, the driver
+alone journals.
+
+The driver (:class:`~resumerge.merge.engine.cluster.driver.RayDriver`, the executor of ``--executor ray``) plans as
+every run does, with a worker actor per node started meanwhile (:mod:`~resumerge.merge.engine.cluster.warm`, adopted or
+ended by
+:mod:`~resumerge.merge.engine.cluster.launch`), hands it the frozen plan (shared once through Ray's object store) and
+feeds it shards, a few ahead, by name and temp folder, never tensors. The worker
+(:class:`~resumerge.merge.engine.cluster.worker.ShardStream`) reads their inputs itself (streamed hub inputs by byte
+range from the hub, through a fetch cache of its node's: :mod:`~resumerge.merge.engine.cluster.hubreads`), computes and
+writes them with the engine's own pipeline (one shard's write overlapping the next one's compute) and returns each one's
+digests; the driver publishes it through the run's sink and journals it, exactly as the local executor does (for a hub
+OUT the node uploads the shard itself and the driver only commits it: :mod:`~resumerge.merge.engine.cluster.upload`), so
+the ledger stays the one source of truth and a run started with one executor resumes with the other. On a cluster that
+outlives the run the workers are kept for the next run (:mod:`~resumerge.merge.engine.cluster.kept`, leased and watched
+by
+:mod:`~resumerge.merge.engine.cluster.keeper`), and they host the forward passes' actors between runs
+(:mod:`~resumerge.merge.engine.cluster.hosting`). Ray itself is imported only here, and only when a run asks for it
+(:mod:`~resumerge.merge.engine.cluster.connect`).
+
+May import: errors, config, memory, merge.methods, inputs, merge.store, merge.plan, merge.engine (the executor seam
+and its pipeline).
+"""
+
+__all__ = ["actor", "connect", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]

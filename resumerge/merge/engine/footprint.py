@@ -1,0 +1,57 @@
+"""The memory a merge's process holds apart from its units of work, and the smallest budget its merge works under.
+
+``--max-memory`` counts the whole process (:class:`~resumerge.memory.SystemProbe`). Its baseline is what a fresh
+``resumerge run`` holds once it has imported the modules a merge uses (torch included), measured once per
+installation in a fresh interpreter (:func:`~resumerge.memory.baseline.fresh_baseline`), plus what the run adds
+beside its units: the plan and the inputs' headers, the ledger, the threads' stacks and heaps. ``plan`` and ``run``
+both name :func:`smallest_run_budget`, so they name the same figure for the same plan on the same installation.
+"""
+
+from __future__ import annotations
+
+from resumerge import torch_import
+from resumerge.config.locations import cache_root
+from resumerge.memory import SystemProbe, smallest_budget_for
+from resumerge.memory.baseline import fresh_baseline
+from resumerge.merge.plan.merge_plan import Plan
+from resumerge.merge.plan.unitkey import TensorClasses
+from resumerge.merge.plan.workunits import Oversized, smallest_budget
+
+__all__ = ["RUN_MODULES", "run_baseline", "run_overhead", "smallest_run_budget"]
+
+# What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
+# imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
+RUN_MODULES = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.api",
+               "resumerge.merge.engine.session", "resumerge.merge.engine.drive", "resumerge.merge.methods.builtin",
+               "resumerge.merge.plan.planner", "torch")
+# What a run's process holds beyond a fresh one at its start, besides its units: the ledger's SQLite pages, the
+# worker, writer and sampler threads' stacks and heaps, torch's thread pool, buffers glibc keeps; and per planned
+# tensor its plan, its inputs' header entries and its ledger rows. Measured: a 111-tensor merge's process held
+# 5.4 MB over a fresh one once planned, and grew by about 20 MB more in its first units (issue 71).
+RUN_OVERHEAD = 24 << 20
+PER_TENSOR = 4 << 10
+
+
+def run_overhead(plan: Plan) -> int:
+    """What the run of ``plan`` holds beside its units and the fresh process's baseline (see the module)."""
+    return RUN_OVERHEAD + PER_TENSOR * len(plan.tensors)
+
+
+def run_baseline(plan: Plan) -> int:
+    """The resident bytes the run of ``plan`` holds apart from its units of work: a fresh run process's baseline
+    (cached per installation) plus :func:`run_overhead`. Where a fresh process cannot be measured (no interpreter to
+    start, or a container with no room for a second process), this process's own reading, torch imported, stands
+    in for it."""
+    fresh = fresh_baseline(RUN_MODULES, cache_root())
+    if fresh is None:
+        torch_import.load()
+        fresh = SystemProbe().rss()
+    return fresh + run_overhead(plan)
+
+
+def smallest_run_budget(plan: Plan, baseline: int, device: str | None = None, classes: TensorClasses | None = None,
+                        *, threads: int | None = None) -> Oversized:
+    """The smallest ``--max-memory`` the merge of ``plan`` works under beside ``baseline`` (:func:`run_baseline`),
+    with the tensor whose step sets it (no tensor, ``""``, for a plan without tensors: its baseline alone)."""
+    worst = smallest_budget(plan, baseline, device, classes, threads=threads)
+    return worst if worst is not None else Oversized("", "", smallest_budget_for(0, baseline_bytes=baseline))

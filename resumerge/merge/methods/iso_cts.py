@@ -1,0 +1,111 @@
+"""``iso_cts``: Isotropic merging in common and task-specific subspaces (Iso-CTS).
+
+Reference: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces",
+ICML 2025, https://arxiv.org/abs/2502.04959; the authors' code is ``iso_cts`` in danielm1405/iso-merging
+(``src/utils/iso.py``).
+"""
+
+from __future__ import annotations
+
+from resumerge.merge.methods.footprint import measured
+from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
+from resumerge.merge.methods.spectral import (
+    SVD_PARAM,
+    VOCAB_DEFAULTS,
+    Components,
+    as_matrix,
+    base_f64,
+    delta_sum,
+    deltas,
+    finish,
+    frobenius,
+    mean_path,
+    rank,
+    scaling,
+    svd_scratch,
+)
+from resumerge.torch_import import torch
+
+
+def split(k: int, tasks: int, fraction: float) -> tuple[int, int]:
+    """(c, n) for a matrix of k singular values: c common directions and n task-specific ones per task, with
+    c + T·n = k, as the authors' code sizes them: c₀ = ⌊k·f⌋, then the task-specific total rounded to a multiple of
+    T with Python's round (half to even). Where that rounding would leave fewer than no common directions (only
+    when c₀ < T/2) the total is rounded down instead."""
+    common = int(k * fraction)
+    specific = min(round((k - common) / tasks) * tasks, k // tasks * tasks)
+    return k - specific, specific // tasks
+
+
+def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
+    """Return B + α·σ̄·polar(U)·polar(Vᴴ) in float64, U and Vᴴ the common and task-specific singular vectors.
+
+    For an m × n matrix with k = min(m, n), c and n as :func:`split` gives them from ``common_space_fraction``:
+    the common subspace is the first c singular triplets of ΣΔᵢ (Δᵢ = θᵢ − B); each task vector, with its
+    projection on the common left vectors removed (Δᵢ − U_c·(U_cᵀ·Δᵢ)), gives its first n triplets; U holds every
+    task's left vectors then the common ones, Vᴴ their right vectors, and σ̄ is the mean of all k σ's kept. A
+    fraction of 1 is Iso-C. Components with a singular value that is zero up to rounding give no vectors (their σ
+    still counts in σ̄), so a tensor no model changed stays the base. Tensors that are not 2-D get
+    B + α·mean(Δᵢ), as the authors' code averages them, and so do matrices with ``svd`` false (the planner's
+    default for the token embedding and the head). Raises ``ValueError`` without a base.
+    """
+    base = base_f64(ctx)
+    tasks = len(ctx.others())
+    k = min(base.shape) if as_matrix(ctx) else 0
+    if not k or not tasks:  # an empty matrix has no spectrum: the mean path returns it empty
+        return mean_path(ctx, base)
+    common, per_task = split(k, tasks, float(ctx.params["common_space_fraction"]))
+    total = delta_sum(ctx, base)
+    u, s, vh = torch.linalg.svd(total, full_matrices=False)
+    shared = min(common, rank(s, total.shape))
+    del total
+    basis = u[:, :shared].contiguous()
+    sigma_sum = float(s[:common].sum())
+    found = Components(base, k)
+    if per_task:
+        for delta in deltas(ctx, base):
+            scale = frobenius(delta)
+            residual = delta.sub_(basis @ (basis.T @ delta))
+            ru, rs, rvh = torch.linalg.svd(residual, full_matrices=False)
+            del residual, delta
+            sigma_sum += float(rs[:per_task].sum())
+            use = min(per_task, rank(rs, base.shape, scale))
+            found.add(ru[:, :use], rs[:use], rvh[:use])
+            del ru, rs, rvh
+    found.add(basis, s[:shared], vh[:shared])
+    del u, s, vh, basis
+    return finish(found.orthogonalised(sigma_sum / k), base, scaling(ctx))
+
+
+# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
+# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
+# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
+# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+_WIDE = (32, 0, 31.5, 0, None, (24, 0))
+_FLOAT64 = (16, 0, 31, 0, None, (15.5, 0))
+
+SPEC = MethodSpec(
+    name="iso_cts",
+    title="Iso-CTS (isotropic merging in common and task-specific subspaces)",
+    summary=(
+        "the leading singular directions of the summed task vectors, completed by each model's own directions "
+        "outside them, all with one flat singular value, scaled and added to the base."
+    ),
+    reference="https://arxiv.org/abs/2502.04959",
+    fn=iso_common_specific,
+    params=(
+        ParamSpec("scaling", Scope.GLOBAL, float, default=1.0),
+        ParamSpec("common_space_fraction", Scope.GLOBAL, float, default=0.8, minimum=0.0, maximum=1.0,
+                  exclusive_min=True),
+        SVD_PARAM,
+    ),
+    vocab_defaults=VOCAB_DEFAULTS,
+    base=BasePolicy.REQUIRED,
+    min_inputs=2,
+    # LAPACK's SVD splits its work by torch's thread count.
+    thread_dependent=True,
+    # Its time is that of T + 3 SVDs of the matrix's size: plan times a call per shape and fraction.
+    whole_cost=WholeCost(params=("common_space_fraction", "svd"),
+                         bound="SVD-bound (T + 3 SVDs of each matrix, float64)"),
+    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
+)

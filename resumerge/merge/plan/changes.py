@@ -1,0 +1,73 @@
+"""What changed between a recorded run and a plan made today, in sentences a user can act on: the version, an
+option (both values), an input file (new, changed, gone) or the config's keys (``models[0].parameters.weight 0.5 →
+0.6``). A resume whose plan has another fingerprint is refused with these (:mod:`resumerge.merge.plan.merge_plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from resumerge.config.yamldiff import config_changes
+from resumerge.merge.plan.merge_plan import LATER_OPTIONS, Plan, PlanOptions, fingerprint_parts
+
+
+def describe_changes(
+    recorded_parts: Mapping[str, str],
+    recorded_inputs: Mapping[str, list[list[Any]]],
+    plan: Plan,
+    *,
+    recorded_options: Mapping[str, Any] | None = None,
+    configs: tuple[str, str] | None = None,
+) -> list[str]:
+    """Human sentences for each difference between a recorded run and ``plan`` (empty when none).
+
+    With ``recorded_options`` (the run's recorded PlanOptions) a changed option is named with both values; with
+    ``configs`` (the recorded config text and today's) a changed plan is told as the config's keys and values that
+    changed (``models[0].parameters.weight 0.5 → 0.6``); without them, or when the configs read alike (an input's
+    tensors changed), the sentence names what may have changed."""
+    now = fingerprint_parts(plan)
+    changes = []
+    if recorded_parts.get("version") != now["version"]:
+        changes.append(f"resumerge version changed ({recorded_parts.get('version')} -> {now['version']})")
+    if recorded_parts.get("options") != now["options"]:
+        pinned = (recorded_options is not None and plan.options.num_threads is not None
+                  and recorded_options.get("num_threads") == plan.options.num_threads)
+        changes.extend(_option_changes(recorded_options, plan.options) or ([
+            f"-j {plan.options.num_threads}'s kernels changed (an earlier resumerge split MKL's kernels over -j's "
+            "threads where each tensor now computes on one)"] if pinned else []) or [
+            "output options changed (--out-shard-size, --random-seed, --device, tokenizer copying, "
+            "--no-write-model-card, --unsafe-truncate-embeddings, --dequantize or, for slerp, karcher, "
+            "model_stock and nuslerp, -j/--num-threads)"])
+    if recorded_parts.get("inputs") != now["inputs"]:
+        for model, files in sorted(plan.inputs.items()):
+            before = {f[0]: f for f in recorded_inputs.get(model, [])}
+            for name, size, ident in files:
+                old = before.get(name)
+                if old is None:
+                    changes.append(f"input {model}/{name} is new")
+                elif list(old) != [name, size, ident]:
+                    changes.append(f"input file {model}/{name} changed (size {old[1]} -> {size})")
+            for name in sorted(set(before) - {f[0] for f in files}):
+                changes.append(f"input file {model}/{name} is gone")
+        missing = sorted(set(recorded_inputs) - set(plan.inputs))
+        changes.extend(f"input model {m} is no longer used" for m in missing)
+        if not changes:
+            changes.append("input files changed")
+    if recorded_parts.get("plan") != now["plan"]:
+        told = [f"config: {c}" for c in config_changes(*configs)] if configs is not None else []
+        # The options, inputs or version already said explain a plan whose config reads alike.
+        changes.extend(told or ([] if changes else [
+            "the merge plan changed (config, method parameters or input tensor layout)"]))
+    return changes
+
+
+def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) -> list[str]:
+    """``--option OLD → NEW`` for each output option that differs from the ``recorded`` PlanOptions."""
+    if recorded is None:
+        return []
+    now = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")}
+    # The recorded options are JSON: a tuple option (--gguf-tensor-type) comes back a list, which never equals it.
+    then = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in ((k, recorded.get(k, LATER_OPTIONS.get(k))) for k in now)}
+    return [f"--{k.replace('_', '-')} {then[k]} → {v}" for k, v in now.items() if then[k] != v]

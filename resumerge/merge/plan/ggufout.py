@@ -1,0 +1,282 @@
+"""A GGUF output in the plan (``--out-type gguf``): every output tensor's GGUF name, type and transform, and the
+file's header — key-values, tensor infos, every offset and the file's size — fixed before the first tensor is
+merged, so the shard writer writes each tensor at its offset and a resume finds the same bytes planned. With
+``--gguf-split-max-size`` the output is gguf-split's files (``model-00001-of-0000N.gguf``, ``gguf.md`` §1), each a
+complete GGUF and its own shard: the first holds every key-value, the others only the ``split.*`` keys.
+
+Each file is written in place, in units (:attr:`~resumerge.merge.plan.merge_plan.ShardPlan.units`): its header, then
+groups of consecutive tensors of at most ``--out-shard-size`` bytes (a larger tensor alone), each journaled once it
+is durable, so that an interrupted run loses at most the unit being written (:func:`unit_counts`).
+
+llama.cpp's conventions (``gguf.md`` §2-4): each matrix in the type llama.cpp's quantizer picks for ``--gguf-type``
+(:mod:`.gguftypes`), norms, 1-D tensors and routers F32; the family's hyperparameter keys from the
+output's config.json; the ``tokenizer.*`` keys (vocabulary, merges, chat template) copied with their types from a
+GGUF parent, or built from the donor's tokenizer files when no parent is a GGUF (``hfvocab``). A mixture of experts'
+routed projections are stacked per layer as the converter stacks them (:mod:`.ggufstacks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.blocks import BLOCK_BYTES
+from resumerge.inputs.gguf.header import read_gguf_header
+from resumerge.inputs.gguf.model import gguf_module
+from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
+from resumerge.inputs.model import ModelInput
+from resumerge.merge.plan.ggufstacks import WRITTEN, place_tensors
+from resumerge.merge.plan.gguftypes import (
+    MIXES,
+    OVERRIDE_TYPES,
+    ModelFacts,
+    TypeChoices,
+    parse_tensor_types,
+    tensor_type,
+)
+from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
+from resumerge.outputs.containers import NO_CHOICES, GgufChoices
+from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.stackcodec import GgufStackCodec
+
+GGUF_NAME = "model.gguf"
+SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
+_KINDS = {"u32": U32, "f32": F32}
+
+
+def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
+                order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
+                last: Collection[str] = (), unit_size: int | None = None, choices: GgufChoices = NO_CHOICES
+                ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
+    """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split's files of
+    at most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model
+    of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
+    ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header. A
+    mixture of experts' routed projections are stacked as llama.cpp stores them (:mod:`.ggufstacks`); the tensors
+    named in ``last`` come last in the file (a prompt pass's routers). Each file's tensors are written in units of
+    at most ``unit_size`` bytes (:func:`unit_counts`; None: one unit after the header). Each tensor's type is the
+    one llama.cpp's quantizer gives it in a ``gguf_type`` file with the user's ``choices``
+    (:func:`~resumerge.merge.plan.gguftypes.tensor_type`).
+    Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
+    cannot write."""
+    model_type = out_config.get("model_type")
+    arch = ARCH_OF.get(str(model_type))
+    if arch is None:
+        raise ModelInputError(f"a GGUF output of a {model_type} model, which resumerge cannot write yet (it writes "
+                              f"{WRITTEN})", hint="write it as safetensors")
+    if gguf_type not in MIXES:
+        raise ModelInputError(f"--gguf-type {gguf_type}: one of {', '.join(MIXES)}")
+    rope = out_config.get("rope_scaling") or out_config.get("rope_parameters") or {}
+    if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
+                              "scaling, which resumerge cannot write yet", hint="write it as safetensors")
+    # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
+    source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
+    # The file's types as llama.cpp's quantizer picks them (resumerge.merge.plan.gguftypes): its head's is its own, and
+    # a tied embedding is the head.
+    tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
+    facts = _facts(arch, out_config, tied)
+    wanted = _type_choices(choices)
+    if choices.computed and facts.experts:
+        # llama-imatrix sums each expert's inputs over the tokens routed to it, with a count per expert
+        # (kquants.md §4); the pass's hooks see whole linears, not transformers' fused experts' routed rows.
+        raise ModelInputError("--imatrix-texts with a mixture of experts: llama.cpp's matrix sums each expert's "
+                              "inputs over the tokens routed to it, which the pass over the merge does not measure "
+                              "yet", hint="leave out --imatrix-texts, or give --imatrix FILE (llama-imatrix's of "
+                              "the merge)")
+    weights = Importance.computed(choices.imatrix) if choices.computed else Importance.read(choices.imatrix)
+    entries = place_tensors(tensors, arch, out_config,
+                            lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
+                                                                 facts=facts, choices=wanted, weights=weights,
+                                                                 **stack), last)
+    weights.check_used([i.name for e in entries for i in e.infos])
+    placed = {name: tp for entry in entries for name, tp in entry.tensors}
+    metadata = _metadata(arch, out_config, gguf_type, source, template)
+    whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
+             for e in entries]  # an entry is split as one tensor
+    groups = split_files(whole, split_max_size)
+    if len(groups) == 1:
+        layout = plan_layout(metadata, [i for e in entries for i in e.infos])
+        shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size, unit_counts(tuple(placed), placed, unit_size))
+        return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
+    shards, headers, planned = [], {}, {}
+    at = 0
+    for i, group in enumerate(groups):
+        name = SPLIT_NAME.format(i + 1, len(groups))
+        mine = entries[at:at + len(group)]
+        at += len(group)
+        keys = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
+                ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
+        layout = plan_layout([*(metadata if i == 0 else []), *keys], [info for e in mine for info in e.infos])
+        members = tuple(n for e in mine for n, _ in e.tensors)
+        shards.append(ShardPlan(name, members, layout.file_size, unit_counts(members, placed, unit_size)))
+        headers[name] = layout.header
+        planned.update({n: placed[n].in_shard(name) for n in members})
+    return tuple(shards), planned, headers
+
+
+def split_files(infos: list[TensorInfo], max_size: int | None) -> list[list[TensorInfo]]:
+    """``infos`` (in data order) split as gguf-py's writer and gguf-split split them: a tensor starts a new file
+    when the current one holds a tensor already and its tensors' bytes (unpadded) and this one's would exceed
+    ``max_size``; a tensor larger than ``max_size`` gets a file of its own. None: one file."""
+    groups: list[list[TensorInfo]] = [[]]
+    held = 0
+    for info in infos:
+        if max_size is not None and groups[-1] and held + info.nbytes > max_size:
+            groups.append([])
+            held = 0
+        groups[-1].append(info)
+        held += info.nbytes
+    return groups
+
+
+def unit_counts(names: tuple[str, ...], tensors: Mapping[str, TensorPlan], max_size: int | None) -> tuple[int, ...]:
+    """How many of the output tensors ``names`` (in data order) each unit of their file holds: grouped as
+    :func:`split_files` groups tensors into files, by stored bytes, at most ``max_size`` a unit (a larger tensor
+    alone; None: one unit)."""
+    counts: list[int] = []
+    held = 0
+    for name in names:
+        size = tensors[name].nbytes
+        if not counts or (max_size is not None and held + size > max_size):
+            counts.append(0)
+            held = 0
+        counts[-1] += 1
+        held += size
+    return tuple(counts)
+
+
+def _facts(arch: str, config: Mapping[str, Any], tied: bool) -> ModelFacts:
+    """What llama.cpp's type rules read of the output's model (``tied``: it has no head of its own)."""
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    layers = int(config.get("num_hidden_layers") or 1)
+    return ModelFacts(tied=tied, experts=int(config.get("num_experts") or config.get("num_local_experts") or 0),
+                      layers=layers, gqa=heads // kv, is_70b=arch == "llama" and layers == 80 and heads != kv)
+
+
+def _type_choices(choices: GgufChoices) -> TypeChoices:
+    """The user's GGUF type options as llama.cpp's rules take them (checked by the API already)."""
+    return TypeChoices(parse_tensor_types(choices.tensor_types),
+                       OVERRIDE_TYPES[choices.output_type] if choices.output_type else -1,
+                       OVERRIDE_TYPES[choices.token_embedding_type] if choices.token_embedding_type else -1,
+                       choices.imatrix is not None)
+
+
+@dataclass(frozen=True)
+class Importance:
+    """The ``--imatrix`` file of a plan (``path`` "" for none) and its entries' sizes, by GGUF tensor name; or
+    (``computed``) where the run writes the matrix it computes on the merge (``--imatrix-texts``): every weight of
+    the decoder blocks has its entry there, of its own size."""
+
+    path: str = ""
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    later: bool = False
+
+    @classmethod
+    def computed(cls, path: str | None) -> Importance:
+        assert path is not None, "the API names where a computed matrix goes"
+        return cls(path, later=True)
+
+    @classmethod
+    def read(cls, path: str | None) -> Importance:
+        if path is None:
+            return cls()
+        from resumerge.outputs.gguf.imatrix import read_imatrix
+
+        return cls(path, {name: values.size for name, values in read_imatrix(path).items()})
+
+    def for_tensor(self, target: str, columns: int, experts: int, ggml_type: int) -> str:
+        """The file whose entry weights ``target`` (rows of ``columns``, ``experts`` slices) in ``ggml_type`` ("":
+        none: no file, a type that takes no weights, or no entry, as llama-quantize goes on without one). Raises
+        :class:`ModelInputError` for an entry of another size (token_embd's is skipped, as llama-quantize skips
+        it)."""
+        from resumerge.outputs.gguf import kquants, legacyweighted
+
+        if ggml_type not in kquants.K_TYPES and ggml_type not in legacyweighted.LEGACY:
+            return ""
+        if self.later:  # measured on this very output: a blocks' weight has its entry (token_embd and output none)
+            return self.path if target.startswith("blk.") else ""
+        size = self.sizes.get(target)
+        if size is None:
+            return ""
+        if size != columns * experts:
+            if target == "token_embd.weight":
+                return ""
+            raise ModelInputError(f"--imatrix {self.path}: its entry {target} has {size} values, the output's "
+                                  f"tensor {columns * experts} ({experts} x {columns} columns)",
+                                  hint="give the importance matrix measured on this model")
+        return self.path
+
+    def check_used(self, names: Collection[str]) -> None:
+        """Raises :class:`ModelInputError` when the file names none of the output's tensors (another model's)."""
+        if self.path and not self.later and not set(self.sizes) & set(names):
+            shown = ", ".join(sorted(self.sizes)[:2])
+            raise ModelInputError(f"--imatrix {self.path}: none of its {len(self.sizes)} entries ({shown}, ...) "
+                                  "names a tensor of this output", hint="give the importance matrix measured on "
+                                                                        "this model")
+
+
+def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[str, Any], *, facts: ModelFacts,
+             choices: TypeChoices, weights: Importance, expert: int = -1, up_name: str = "") -> TensorPlan:
+    """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
+    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
+    llama.cpp's quantizer picks in a ``mix`` file (:func:`~resumerge.merge.plan.gguftypes.tensor_type`) with the user's
+    ``choices``, with the family's transform."""
+    how = transform(arch, target)
+    chosen = tensor_type(target, tp.shape, mix, facts, choices)
+    ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
+    head_rows = 1
+    if how and how != NORM_MINUS_ONE:
+        heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
+                    config.get("num_key_value_heads") or config["num_attention_heads"])
+        head_rows = tp.shape[0] // heads
+    columns = tp.shape[-1]
+    stacked = expert >= 0 or len(tp.shape) == 3
+    experts = facts.experts if stacked and facts.experts else 1
+    imatrix = weights.for_tensor(target, columns, experts, ggml)
+    if up_name:
+        imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if imatrix and experts > 1 and expert < 0:
+        raise ModelInputError(f"--imatrix with {target}, a stack of experts written whole (a fused checkpoint's "
+                              "experts), which resumerge cannot weight per expert yet", hint="leave out --imatrix")
+    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
+    if expert >= 0 or up_name:
+        codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)
+    return replace(tp, out_codec=codec, carried=()).sized()
+
+
+def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput,
+              template: str | None) -> list[tuple[str, Value]]:
+    """The output's key-values: general, the family's hyperparameters, the GGUF parent's tokenizer keys."""
+    kv: list[tuple[str, Value]] = [("general.architecture", Value(STRING, arch)),
+                                   ("general.type", Value(STRING, "model")),
+                                   ("general.name", Value(STRING, "resumerge merge")),
+                                   ("general.file_type", Value(U32, MIXES[gguf_type].file_type))]
+    if MIXES[gguf_type].default in BLOCK_BYTES:
+        kv.append(("general.quantization_version", Value(U32, 2)))
+    kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
+    if source.gguf is None:
+        from resumerge.merge.plan.tokenizer_plan import tokenizer_dir
+        from resumerge.outputs.gguf.hfvocab import tokenizer_keys
+
+        return kv + tokenizer_keys(tokenizer_dir(source), int(config["vocab_size"]), template)
+    header = source.gguf_header
+    if header is None:  # opened without its header kept
+        gguf = gguf_module()
+        header = read_gguf_header(source.directory / source.gguf, {int(t): s for t, s in gguf.GGML_QUANT_SIZES.items()})
+    for key, value in header.metadata.items():
+        if not key.startswith("tokenizer.") or (template is not None and key == "tokenizer.chat_template"):
+            continue
+        kind, sub = header.kinds[key]
+        if kind == ARRAY:
+            items = value if isinstance(value, list) else value.tolist()
+            kv.append((key, Value(ARRAY, items, sub)))
+        else:
+            kv.append((key, Value(kind, bool(value) if kind == BOOL else value)))
+    if template is not None:
+        kv.append(("tokenizer.chat_template", Value(STRING, template)))
+    return kv

@@ -1,0 +1,273 @@
+"""Each tensor's type in a GGUF output, as llama.cpp's quantizer picks it for the file type asked (``--gguf-type``,
+one of llama-quantize's mixes), with its overrides (``--gguf-tensor-type``, ``--gguf-output-type``,
+``--gguf-token-embedding-type``) and whether an importance matrix is given.
+
+The reference is ``src/llama-quant.cpp`` (``tensor_allows_quantization``, ``llama_tensor_get_type``,
+``llama_tensor_get_type_impl``, ``tensor_type_fallback``; ``shared/reference/kquants.md`` §3), not ``--pure``:
+
+- F32, F16 and BF16 files are not quantized: every matrix has the file's type.
+- Never quantized: 1-D tensors, ``*_norm.weight`` and the routers (``ffn_gate_inp``): F32, as the converter stores
+  them.
+- ``--gguf-token-embedding-type`` (token_embd) and ``--gguf-output-type`` (output.weight) win outright, without
+  the row fallback; ``--gguf-tensor-type PATTERN=TYPE`` patterns are searched (a regular expression anywhere in the
+  GGUF name, in the order given) and the first one naming another type than the mix's default wins, the fallback
+  still applying.
+- ``output.weight``, and ``token_embd.weight`` of a model without one (tied embeddings), get Q6_K unless the
+  file's default type is Q8_0, or Q8_0 when a row is not whole blocks of the default type.
+- The mixes' bumps (``attn_v``, ``ffn_down``, ``attn_output``) by layer: :func:`_bumped`. llama.cpp counts
+  ``attn_v`` and ``ffn_down`` tensors in its name order; the families resumerge writes have one of each a layer
+  (a mixture of experts' ``ffn_down_exps``/``_shexp`` go by the layer in their name, as llama.cpp does), so the
+  count is the layer index and the total the block count.
+- A model with exactly 8 experts (Mixtral) gets Q8_0 for ``attn_v`` and ``attn_k``.
+- A row that is not whole 256-value blocks: Q2_K and Q3_K fall back to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
+  Q8_0, and to F16 when not whole 32-value blocks either. llama.cpp refuses a legacy type (Q4_0 ... Q8_0) on such
+  a row; resumerge writes it F16 and the plan's notes say so (:func:`type_notes`).
+
+resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types and the K-quants).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from resumerge.inputs.gguf.blocks import (
+    BF16,
+    BLOCK_BYTES,
+    F16,
+    F32,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+)
+from resumerge.merge.plan.merge_plan import TensorPlan
+from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One ``--gguf-type``: llama.cpp's file type id (``general.file_type``, ``llama_ftype``) and its default
+    tensor type."""
+
+    file_type: int
+    default: int
+
+
+# --gguf-type -> its llama_ftype and default type (llama_ftype_get_default_type)
+MIXES: Mapping[str, Mix] = {
+    "f32": Mix(0, F32), "f16": Mix(1, F16), "bf16": Mix(32, BF16), "q8_0": Mix(7, Q8_0), "q5_1": Mix(9, Q5_1),
+    "q5_0": Mix(8, Q5_0), "q4_1": Mix(3, Q4_1), "q4_0": Mix(2, Q4_0), "q2_k": Mix(10, Q2_K),
+    "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K), "q3_k_l": Mix(13, Q3_K), "q4_k_s": Mix(14, Q4_K),
+    "q4_k_m": Mix(15, Q4_K), "q5_k_s": Mix(16, Q5_K), "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K)}
+# tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
+OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
+# tensor_type_fallback: a row that is not whole 256-value blocks
+_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0}
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What llama.cpp's rules read of the model: tied embeddings (no ``output.weight``), experts a layer, blocks,
+    heads per KV head (``n_gqa``, integer), and whether it is a llama 70B (80 blocks, grouped KV heads)."""
+
+    tied: bool = False
+    experts: int = 0
+    layers: int = 1
+    gqa: int = 1
+    is_70b: bool = False
+
+
+@dataclass(frozen=True)
+class TypeChoices:
+    """The user's overrides of llama.cpp's choices (llama-quantize's ``--tensor-type``, ``--output-tensor-type``,
+    ``--token-embedding-type``; ggml type ids, -1 unset) and whether an importance matrix is given."""
+
+    tensor_types: tuple[tuple[str, int], ...] = ()
+    output: int = -1
+    token_embedding: int = -1
+    imatrix: bool = False
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """The type llama.cpp's quantizer gives a tensor (``llama``) and the one resumerge writes (``written``: the
+    same, or F16 where llama.cpp refuses the tensor)."""
+
+    llama: int
+    written: int
+
+
+def kept_float(name: str, dims: int) -> bool:
+    """Whether llama.cpp never quantizes the tensor ``name`` of ``dims`` dimensions (stored F32 by the converter)."""
+    return dims < 2 or name.endswith(("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _category(name: str) -> str:
+    """llama.cpp's tensor_get_category: the first of its substrings found in ``name``."""
+    if name == "output.weight":
+        return "output"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embd"
+    for found, category in (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"),
+                            ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"),
+                            ("attn_output.weight", "attn_output"), ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"),
+                            ("ffn_down", "ffn_down")):
+        if found in name:
+            return category
+    return "other"
+
+
+def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts, imatrix: bool) -> int:
+    """llama_tensor_get_type_impl for the mixes resumerge writes (no IQ types; no Falcon)."""
+    layer_match = _LAYER.match(name)
+    layer = int(layer_match.group(1)) if layer_match else 0
+    n = model.layers
+    chosen = default
+    if category == "attn_v":
+        if mix == "q2_k":
+            chosen = Q4_K if model.gqa >= 4 else Q3_K
+        elif mix == "q3_k_m":
+            chosen = Q5_K if layer < 2 else Q4_K
+        elif mix == "q3_k_l":
+            chosen = Q5_K
+        elif mix in ("q4_k_m", "q5_k_m") and _use_more_bits(layer, n):
+            chosen = Q6_K
+        elif mix == "q4_k_s" and layer < 4:
+            chosen = Q5_K
+        if model.is_70b and chosen in (Q3_K, Q4_K):
+            chosen = Q5_K
+        if model.experts == 8:
+            chosen = Q8_0
+    elif category == "attn_k":
+        if model.experts == 8:
+            chosen = Q8_0
+    elif category == "ffn_down":
+        if mix == "q2_k":
+            chosen = Q3_K
+        elif mix == "q3_k_m":
+            chosen = Q5_K if layer < n // 16 else Q4_K
+        elif mix == "q3_k_l":
+            chosen = Q5_K
+        elif mix in ("q4_k_m", "q5_k_m"):
+            if _use_more_bits(layer, n):
+                chosen = Q6_K
+        elif mix == "q4_k_s" and layer < n // 8:
+            chosen = Q5_K
+        elif mix in ("q4_0", "q5_0") and imatrix and layer < n // 8:
+            chosen = Q4_1 if mix == "q4_0" else Q5_1
+    elif category == "attn_output":
+        if model.experts == 8:
+            if mix in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m"):
+                chosen = Q5_K
+        elif mix == "q2_k":
+            chosen = Q3_K
+        elif mix == "q3_k_m":
+            chosen = Q4_K
+        elif mix == "q3_k_l":
+            chosen = Q5_K
+    return chosen
+
+
+def _fallback(chosen: int, row: int) -> int:
+    """tensor_type_fallback: ``chosen``, or its fallback where a row is not whole blocks of it."""
+    if row % BLOCK_BYTES.get(chosen, (1, 0))[0] == 0 or chosen not in _FALLBACK:
+        return chosen
+    fallback = _FALLBACK[chosen]
+    return fallback if row % BLOCK_BYTES[fallback][0] == 0 else F16
+
+
+def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
+                choices: TypeChoices = TypeChoices()) -> TensorType:
+    """The type of the GGUF tensor ``name`` of (Hugging Face, row-major) ``shape`` in a ``mix`` file (a
+    ``--gguf-type``) of ``model``, with the user's ``choices``."""
+    if kept_float(name, len(shape)):
+        return TensorType(F32, F32)
+    default = MIXES[mix].default
+    category = _category(name)
+    row = shape[-1]
+    if choices.token_embedding >= 0 and category == "token_embd":
+        picked = choices.token_embedding
+    elif choices.output >= 0 and category == "output":
+        picked = choices.output
+    elif default not in BLOCK_BYTES:  # F32, F16, BF16: nothing is quantized
+        picked = default
+    else:
+        picked, manual = default, False
+        for pattern, kind in choices.tensor_types:
+            if re.search(pattern, name) and kind != default:
+                picked, manual = kind, True
+                break
+        if not manual:
+            if category == "output" or (model.tied and category == "token_embd"):
+                if choices.output >= 0:
+                    picked = choices.output
+                elif row % BLOCK_BYTES[default][0]:
+                    picked = Q8_0
+                elif default != Q8_0:
+                    picked = Q6_K
+            else:
+                picked = _bumped(name, category, mix, default, model, choices.imatrix)
+        picked = _fallback(picked, row)
+    written = picked if row % BLOCK_BYTES.get(picked, (1, 0))[0] == 0 else F16
+    return TensorType(picked, written)
+
+
+def parse_tensor_types(pairs: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    """``--gguf-tensor-type PATTERN=TYPE`` values as (pattern, ggml type), patterns lower-cased as llama-quantize
+    does; raises ValueError naming the bad one."""
+    parsed = []
+    for pair in pairs:
+        pattern, sep, kind = pair.partition("=")
+        if not sep or not pattern or kind.lower() not in OVERRIDE_TYPES:
+            raise ValueError(f"--gguf-tensor-type {pair}: PATTERN=TYPE with TYPE one of {', '.join(OVERRIDE_TYPES)}")
+        try:
+            re.compile(pattern.lower())
+        except re.error as error:
+            raise ValueError(f"--gguf-tensor-type {pair}: the pattern is not a regular expression ({error})") from None
+        parsed.append((pattern.lower(), OVERRIDE_TYPES[kind.lower()]))
+    return tuple(parsed)
+
+
+def type_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
+    """The notes of a GGUF output: its tensors' size and bits per weight, with how many tensors each type has, and
+    where it writes another type than llama.cpp's quantizer picks (a legacy type on rows that are not whole
+    blocks, which llama.cpp refuses); none for another output."""
+    from resumerge.memory.sizes import format_size
+
+    swapped: dict[tuple[int, int], list[str]] = {}
+    counts: dict[int, int] = {}
+    stored = values = 0
+    for tp in tensors.values():
+        codec = tp.out_codec
+        if not isinstance(codec, GgufOutCodec):
+            continue
+        counts[codec.ggml_type] = counts.get(codec.ggml_type, 0) + 1
+        stored += tp.nbytes
+        values += math.prod(tp.shape)
+        if codec.llama_type not in (-1, codec.ggml_type):
+            swapped.setdefault((codec.llama_type, codec.ggml_type), []).append(codec.gguf_name)
+    if not counts:
+        return []
+    mix = ", ".join(f"{TYPE_NAMES.get(kind, str(kind))} {n}" for kind, n in sorted(counts.items(), key=lambda c: -c[1]))
+    notes = [f"GGUF size: {format_size(stored)} of tensors, {8 * stored / max(values, 1):.2f} bits per weight "
+             f"(tensors by type: {mix})"]
+    for (llama, written), names in sorted(swapped.items()):
+        shown = ", ".join(sorted(set(names))[:3]) + (f" and {len(set(names)) - 3} more" if len(set(names)) > 3 else "")
+        notes.append(f"GGUF types: llama.cpp's quantizer gives {shown} {TYPE_NAMES.get(llama, str(llama))}; its "
+                     f"rows are not whole blocks of that type, which llama.cpp refuses: "
+                     f"{TYPE_NAMES.get(written, str(written))}")
+    return notes

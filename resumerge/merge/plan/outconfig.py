@@ -1,0 +1,338 @@
+"""The output config.json: the donor's config with every per-layer fact, the vocabulary, dtype and tying made true.
+
+mergekit updates only the layer count; transformers 5 then refuses configs whose ``layer_types`` no longer
+match (mergekit-semantics.md §4, defect 11), and frankenmerges of families whose layers differ (Gemma 2/3
+sliding/global attention, Qwen-MoE dense layers) load with layers of the wrong kind. Here each output layer is
+described by the source layer it was made from (``origins``):
+
+- the layer count under the family's key (``num_hidden_layers``; ``n_layer`` for GPT-2 style configs; inside
+  ``text_config`` for wrapper configs);
+- every per-layer fact (:mod:`resumerge.merge.plan.layerfacts`: the lists transformers' config class makes per layer,
+  per-layer pattern strings, layer-index override maps) rebuilt entry by entry from the source layer's entry; the
+  layer count is written where the donor has a count key (Nemotron-H's is its ``layers_block_type``'s length); a
+  stack whose first layer reuses an earlier layer's computation (GLM-5's "shared" indexer) is refused; Gemma 4's
+  ``num_kv_shared_layers`` counts the trailing layers whose source layer shared keys and values (one sharing
+  before one that does not is refused);
+- ``layer_types`` written explicitly when the donor has none but its family derives one (Qwen2/3, Qwen2-MoE,
+  Gemma 2, Gemma 3) and the derivation for the new layer count would give another list than the source layers
+  had. ``max_window_layers`` and ``sliding_window_pattern`` are left as the donor's: transformers 5 consults them
+  only when ``layer_types`` is absent, which is exactly when they still give the right list;
+- MoE dense layers: Qwen-MoE ``mlp_only_layers`` becomes the output indices whose source layer was dense
+  (``decoder_sparse_step`` is reset to 1 when the donor's step would make other layers dense); Llama-4
+  ``moe_layers`` the output indices whose source layer had experts (written even where the donor derived it from
+  ``interleave_moe_layer_step``); DeepSeek/GLM ``first_k_dense_replace`` (LFM2-MoE ``num_dense_layers``) becomes
+  the number of leading dense layers, and a dense layer after a sparse one is refused, naming its slice (that
+  family cannot express it);
+- lists of layer numbers inside a nested config that say which layers are of one kind (Kimi-Linear's
+  ``linear_attn_config`` ``kda_layers`` / ``full_attn_layers``, numbered from 1: what vLLM and the family's own
+  code read where transformers reads ``layer_types``) rewritten for the output's layers (:data:`_NUMBERED`);
+- the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.merge.plan.mtp` decided;
+- layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.merge.plan.skiplists`);
+- ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
+- ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
+- ``tie_word_embeddings`` from whether an output head was written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from resumerge.errors import ConfigError, ModelInputError
+from resumerge.merge.plan.architecture import (
+    MOE_LIST_SCHEME,
+    PER_LAYER_KEYS,
+    PREFIX_SCHEME,
+    QWEN_MOE_SCHEME,
+    dense_mlp_layers,
+    derives_layer_types,
+    is_head,
+    is_input_embedding,
+    layer_config,
+    layer_count,
+    layer_count_key,
+    layer_types_of,
+    prefix_key,
+)
+from resumerge.merge.plan.layerfacts import (
+    REUSES_EARLIER,
+    derived_lists,
+    entry_of,
+    per_layer_keys,
+    reindexed,
+    same_stack,
+)
+from resumerge.merge.plan.mtp import MtpOutcome, set_mtp_count
+from resumerge.merge.plan.skiplists import set_skipped_layers
+
+if TYPE_CHECKING:
+    from resumerge.config.merge_config import MergeConfig
+    from resumerge.inputs.model import ModelInput
+    from resumerge.merge.plan.merge_plan import TensorPlan
+
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def build_out_config(
+    config: MergeConfig,
+    models: Mapping[str, ModelInput],
+    donor: str,
+    origins: tuple[tuple[str, int], ...],
+    tensors: Mapping[str, TensorPlan],
+    *,
+    mtp: MtpOutcome | None = None,
+) -> dict[str, Any]:
+    """Return the output config.json contents (a new dict; no input config is modified).
+
+    ``origins[i]`` is the (model key, source layer) output layer ``i`` was made from; ``mtp`` what became of the
+    inputs' MTP modules (None: they had none). Raises
+    :class:`ConfigError` when the output's dense/MoE layer order cannot be described in the donor's config
+    family, :class:`ModelInputError` when the output head and embedding have different vocabulary sizes.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(models[donor].config))
+    arch = next((s.model.override_architecture for s in _sources(config) if s.model.key == donor), None)
+    if arch:
+        out["architectures"] = [arch]
+    target = layer_config(out)
+    assert isinstance(target, dict)
+    # The donor's own stack (each output layer the layer of its index: every plain merge) keeps the lists resumerge
+    # names and asks nothing of transformers; a new stack carries every per-layer fact its family's config has.
+    same = same_stack(layer_config(models[donor].config), origins)
+    facts = tuple(k for k in PER_LAYER_KEYS if isinstance(target.get(k), list)) if same else per_layer_keys(target)
+    count_key = layer_count_key(target)
+    if count_key in target or not facts:  # Nemotron-H's count is its list's length: no count key is added
+        target[count_key] = len(origins)
+    for key in facts:
+        if key != "layer_types":
+            target[key] = reindexed(key, target[key], [_per_layer(models, donor, key, m, i) for m, i in origins])
+    _refuse_reuse_first(target, origins, config)
+    if isinstance(target.get("layer_types"), list) or derives_layer_types(target):
+        # A source without the list (a config older than transformers' layer_types) counts with the types
+        # transformers derives for it; a derived output list is written only where derivation would go wrong.
+        wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
+        if isinstance(target.get("layer_types"), list) or wanted != layer_types_of(target, len(origins)):
+            target["layer_types"] = wanted
+    if not same:
+        _set_derived(target, models, origins)
+        _set_numbered(target, models, origins)
+    _set_shared_kv(target, models, origins, config)
+    _set_dense_layers(target, models, origins, config)
+    set_mtp_count(target, mtp)
+    _set_vocab(target, tensors)
+    set_quantization(out, models[donor].config, tensors)
+    set_skipped_layers(out, {k: m.config for k, m in models.items()}, donor,
+                       origins + (mtp.origins if mtp is not None else ()))
+    dtype = _tensor_dtype(tensors) or config.out_dtype or config.dtype
+    if dtype is not None:
+        out["dtype"] = dtype
+        if "torch_dtype" in out:
+            out["torch_dtype"] = dtype
+    if any(is_input_embedding(n) for n in tensors):
+        tied = not any(is_head(n) for n in tensors)
+        out["tie_word_embeddings"] = tied
+        if target is not out and "tie_word_embeddings" in target:
+            target["tie_word_embeddings"] = tied
+    return out
+
+
+def render_config(out_config: Mapping[str, Any]) -> bytes:
+    """Serialise config.json deterministically (2-space indent, sorted keys, trailing newline)."""
+    return (json.dumps(out_config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _per_layer(models: Mapping[str, ModelInput], donor: str, key: str, model: str, layer: int) -> Any:
+    for source in (model, donor):
+        values = layer_config(models[source].config).get(key)
+        if isinstance(values, dict):  # a layer-index map: a layer it does not list has no overrides
+            return entry_of(values, layer)
+        if isinstance(values, (list, str)) and layer < len(values):
+            return values[layer]
+    # Neither the source model nor the donor describes this layer: repeat the donor's last entry.
+    values = layer_config(models[donor].config).get(key)
+    return values[-1] if isinstance(values, (list, str)) and values else None
+
+
+def _set_derived(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """Write the per-layer lists the donor's config.json leaves for transformers to derive (GLM-5's
+    ``indexer_types`` from ``index_topk_freq``) where the derivation for the output would give other entries than
+    its source layers had. Needs transformers; without it the build check says it did not run."""
+    derived = {key: derived_lists(layer_config(models[key].config)) for key in {m for m, _ in origins}}
+    out = derived_lists(target)
+    if out is None or any(d is None for d in derived.values()):
+        return
+    for key in sorted(out):
+        if key in target:
+            continue
+        lists = [derived[m].get(key) for m, _ in origins]  # type: ignore[union-attr]
+        wanted = [v[i] if v is not None and i < len(v) else None for v, (_, i) in zip(lists, origins)]
+        if None not in wanted and wanted != out[key]:
+            target[key] = wanted
+
+
+# (nested config, its list of layer numbers, the first layer's number): lists naming the layers of one kind, which
+# transformers' config class turns into ``layer_types`` (so the per-layer finder does not see them as lists per layer).
+_NUMBERED = (("linear_attn_config", "kda_layers", 1), ("linear_attn_config", "full_attn_layers", 1))
+
+
+def _set_numbered(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """Rewrite each list of layer numbers of :data:`_NUMBERED` the donor has: the output layers whose source layer
+    its own config's list names."""
+    for outer, inner, first in _NUMBERED:
+        nested = target.get(outer)
+        if not isinstance(nested, dict) or not isinstance(nested.get(inner), list):
+            continue
+        named = {}
+        for m in {m for m, _ in origins}:
+            theirs = layer_config(models[m].config).get(outer)
+            named[m] = set(theirs.get(inner) or ()) if isinstance(theirs, dict) else set()
+        target[outer] = {**nested, inner: [i + first for i, (m, layer) in enumerate(origins)
+                                           if layer + first in named[m]]}
+
+
+def _set_shared_kv(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
+    config: MergeConfig,
+) -> None:
+    """Gemma 4's ``num_kv_shared_layers``: the last k layers reuse the keys and values of an earlier layer (and hold
+    no key or value projection). It becomes the number of trailing output layers whose source layer shared; a
+    sharing layer before one that computes its own is refused (the count cannot describe it)."""
+    if type(target.get("num_kv_shared_layers")) is not int:
+        return
+    shared = [_kv_shared(layer_config(models[m].config), i) for m, i in origins]
+    trailing = len(shared) - next((i + 1 for i in reversed(range(len(shared))) if not shared[i]), 0)
+    early = next((i for i in range(len(shared) - trailing) if shared[i]), None)
+    if early is not None:
+        raise ConfigError(
+            f"output layer {early} (layer {origins[early][1]} of {origins[early][0]}) reuses an earlier layer's keys "
+            f"and values but comes before output layer {len(shared) - trailing - 1}, which computes its own, and "
+            f"{target.get('model_type')} configs can share them only in the last layers (num_kv_shared_layers)",
+            yaml_path=slice_path(config, early),
+            hint="order the slices so that every layer sharing keys and values comes after the others",
+        )
+    target["num_kv_shared_layers"] = trailing
+
+
+def _kv_shared(cfg: Mapping[str, Any], layer: int) -> bool:
+    count, shared = layer_count(cfg), cfg.get("num_kv_shared_layers")
+    return type(shared) is int and count is not None and layer >= count - shared
+
+
+def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
+    """A stack whose first layer reuses what an earlier layer computed (GLM-5's "shared" indexer) is refused."""
+    for key, marker in REUSES_EARLIER:
+        values = target.get(key)
+        if isinstance(values, list) and values and values[0] == marker:
+            raise ConfigError(
+                f"output layer 0 (layer {origins[0][1]} of {origins[0][0]}) has {key} {marker!r}: it reuses the "
+                f"previous layer's, and the first layer of a {target.get('model_type')} stack has none before it",
+                yaml_path=slice_path(config, 0),
+                hint=f"begin the first slice on a layer whose {key} entry is not {marker!r}",
+            )
+
+
+def _layer_type(models: Mapping[str, ModelInput], donor: str, model: str, layer: int) -> str:
+    for source in (model, donor):
+        types = layer_types_of(models[source].config)
+        if types is not None and layer < len(types):
+            return types[layer]
+    return "full_attention"
+
+
+def _set_dense_layers(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
+    config: MergeConfig,
+) -> None:
+    scheme = dense_mlp_layers(target)
+    if scheme is None:
+        return
+    sources = {key: dense_mlp_layers(models[key].config) for key in {m for m, _ in origins}}
+    dense = [i for i, (model, layer) in enumerate(origins) if _is_dense(sources[model], layer)]
+    if scheme[0] == QWEN_MOE_SCHEME:
+        step = int(target.get("decoder_sparse_step", 1) or 1)
+        # With the explicit list, the donor's step may stay only if it makes no other output layer dense.
+        if any((i + 1) % step for i in range(len(origins)) if i not in dense):
+            target["decoder_sparse_step"] = 1
+        target["mlp_only_layers"] = dense
+    elif scheme[0] == MOE_LIST_SCHEME:
+        target["moe_layers"] = [i for i in range(len(origins)) if i not in dense]
+    elif scheme[0] == PREFIX_SCHEME:
+        late = next((i for i in dense if i > 0 and i - 1 not in dense), None)
+        if late is not None:
+            moe_at = max(i for i in range(late) if i not in dense)
+            path = slice_path(config, late)
+            raise ConfigError(
+                f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is dense (no experts) but "
+                f"comes after MoE output layer {moe_at}, and {target.get('model_type')} configs can describe dense "
+                f"layers only at the start ({prefix_key(target)})",
+                yaml_path=path,
+                hint="order the slices so that every dense source layer comes before the first MoE layer",
+            )
+        target[prefix_key(target)] = len(dense)
+
+
+def slice_path(config: MergeConfig, layer: int) -> str:
+    """The YAML path of the slice that makes output ``layer`` (``slices`` when the config has no slices)."""
+    start = 0
+    for sl in config.slices or ():
+        rng = sl.sources[0].layer_range
+        start += (rng[1] - rng[0]) if rng is not None else 0
+        if layer < start:
+            return sl.yaml_path
+    return "slices"
+
+
+def _is_dense(scheme: tuple[str, frozenset[int]] | None, layer: int) -> bool:
+    # A source whose config describes no dense layers (Mixtral, a dense model mixed in with crimes) is not
+    # marked dense: its layer keeps whatever tensors it has.
+    return scheme is not None and layer in scheme[1]
+
+
+def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
+    names = sorted(tensors)
+    embeds = [tensors[n] for n in names if is_input_embedding(n) and len(tensors[n].shape) == 2]
+    heads = [tensors[n] for n in names if is_head(n) and n.endswith(".weight") and len(tensors[n].shape) == 2]
+    if embeds and heads and embeds[0].shape[0] != heads[0].shape[0]:
+        raise ModelInputError(
+            f"the output embedding {embeds[0].name} has {embeds[0].shape[0]} rows but the head {heads[0].name} "
+            f"(from {heads[0].inputs[0].model}) has {heads[0].shape[0]}",
+            tensor=heads[0].name,
+            hint="the first and last slices' models have different vocabularies: align them with "
+            "tokenizer_source: base (or union, or a model name), or give one model the other's tokenizer first with "
+            "resumerge tokensurgeon MODEL DONOR OUT",
+        )
+    rows = embeds[0].shape[0] if embeds else heads[0].shape[0] if heads else None
+    if rows is not None and type(target.get("vocab_size")) is int and target["vocab_size"] != rows:
+        target["vocab_size"] = rows
+
+
+def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
+    """The output's ``quantization_config``: what the output codec of its first quantized tensor (by name) says,
+    from the config of the model whose format the output keeps (``base``); none when every output tensor is
+    stored plainly and some input was not (``--dequantize``, or a base stored plainly). A merge of plain models
+    keeps the donor's config as it is. The one rule for every kind of run that writes a config.json from an
+    input's (a merge, a MoE upcycling)."""
+    written = next((tensors[n].out_codec for n in sorted(tensors) if not tensors[n].out_codec.plain), None)
+    if written is not None:
+        found = written.quantization_config(base)
+        if found is not None:
+            out["quantization_config"] = copy.deepcopy(dict(found))
+            return
+    if written is not None or any(not r.codec.plain for t in tensors.values() for r in t.inputs):
+        out.pop("quantization_config", None)
+
+
+def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:
+    # The dtype of the plainly stored tensors: a quantized one's value dtype is its codec's working precision.
+    names = {_DTYPE_NAMES[t.out_dtype] for t in tensors.values() if t.out_dtype in _DTYPE_NAMES
+             and t.out_codec.plain}
+    return names.pop() if len(names) == 1 else None
+
+
+def _sources(config: MergeConfig) -> list[Any]:
+    return [*config.all_models(), *(s for sl in config.all_slices() for s in sl.sources)]

@@ -1,0 +1,56 @@
+"""The output's files laid out by the container the planner chose (:mod:`resumerge.outputs.containers`): safetensors
+shards keep the shards :func:`~resumerge.merge.plan.sharding.assign_shards` made; a GGUF file (or gguf-split's files) is
+laid out by :func:`~resumerge.merge.plan.ggufout.gguf_output`, its headers kept on its container. A planner calls
+:func:`place_files` once, whatever the container."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from resumerge.inputs.model import ModelInput
+from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
+from resumerge.outputs.containers import GgufFile, OutputContainer
+
+Placed = tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], OutputContainer]
+
+
+def _no_template() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Placing:
+    """What laying out an output's files may read: its config.json, the opened inputs, their keys (the donor
+    first), the config's chat template (asked only by a container that holds the tokenizer; None: the parent's),
+    the tensors that come last (a prompt pass's routers) and the bytes of a unit of a file written in place."""
+
+    out_config: Mapping[str, Any]
+    models: Mapping[str, ModelInput]
+    order: Sequence[str]
+    template: Callable[[], str | None] = _no_template
+    last: Collection[str] = ()
+    unit_size: int | None = None
+
+
+def place_files(container: OutputContainer, shards: tuple[ShardPlan, ...], tensors: dict[str, TensorPlan],
+                placing: Placing) -> Placed:
+    """``tensors`` in the files of ``container`` (``shards``: as safetensors shards place them), with the container
+    as the plan carries it. Raises :class:`~resumerge.errors.ModelInputError` for what a container cannot write."""
+    placer = _PLACERS.get(container.name)
+    return (shards, tensors, container) if placer is None else placer(container, tensors, placing)
+
+
+def _gguf(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> Placed:
+    from resumerge.merge.plan.ggufout import gguf_output
+
+    gguf: GgufFile = container
+    shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order),
+                                          gguf.gguf_type, placing.template(), gguf.split_max_size, last=placing.last,
+                                          unit_size=placing.unit_size, choices=gguf.choices)
+    return shards, placed, replace(gguf, headers=headers)
+
+
+# The containers whose files are laid out otherwise than as safetensors shards, by name.
+_PLACERS: Mapping[str, Callable[[OutputContainer, dict[str, TensorPlan], Placing], Placed]] = {GgufFile.name: _gguf}

@@ -1,0 +1,51 @@
+"""What a kind of run's planning hands the session path: the plan, the inputs it was built from, the run's shared
+objects for its units, and the work that goes on beside the merge.
+
+Every kind of run (a merge config, a recipe's stage, MoE upcycling, a LoRA extraction) ends in one
+:class:`Prepared` and the engine's one session path; the engine never asks which kind made it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from resumerge.errors import ResumergeError
+from resumerge.merge.methods.resources import NO_RESOURCES, Resources
+
+if TYPE_CHECKING:
+    from resumerge.inputs.catalog import Inputs
+    from resumerge.memory import MemoryGovernor
+    from resumerge.merge.plan.merge_plan import Plan
+
+
+class Beside(Protocol):
+    """Work of the run in a process of its own that goes on beside the merge (MoE upcycling's prompt forward
+    pass, whose results only the plan's last units wait for)."""
+
+    def hold(self, governor: MemoryGovernor) -> None:
+        """Take its share of the memory budget from the run's ``governor`` until it ends."""
+
+    def notes(self) -> tuple[str, ...]:
+        """What it found that the user must hear (the plan was made before it ended): asked once the merge's
+        tensors are done, shown and kept like the plan's notes (in the log, ``status`` and the model card)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A planned run: its ``plan``; the ``inputs`` it was built from (their hub files are fetched by the session;
+    None when they are present already, as for a recipe's stages); the ``resources`` its units share (handed to
+    them in their context); the work ``beside`` the merge, if any; and the ``kind`` of run that planned it, which
+    the ledger records once with the plan (``resume`` and ``status`` ask that kind; a recipe's stages are merges)."""
+
+    plan: Plan
+    inputs: Inputs | None = None
+    resources: Resources = NO_RESOURCES
+    beside: Beside | None = None
+    kind: str = "merge"
+
+    def opened(self) -> Inputs:
+        """The inputs the plan was built from (a planner always opens them; only a recipe's stage runs without)."""
+        if self.inputs is None:
+            raise ResumergeError("internal: this plan was prepared without its inputs")
+        return self.inputs

@@ -1,0 +1,187 @@
+"""The journal base of both ledgers (a merge's :class:`~resumerge.merge.store.ledger.Ledger`, a recipe's
+``RecipeLedger`` in the recipes package): one SQLite file in the state dir, written through sqlite-utils.
+
+It owns what the two must do alike: the connection and its pragmas (WAL with ``synchronous=FULL``, so a committed
+row survives power loss), the migrations, the checks on open (SQLite's ``quick_check`` and every table and column
+the migrations create), the mapping of SQLite failures to :class:`StorageError` (the state dir's disk failed: exit
+3, fix it and resume) or :class:`LedgerError` (the file is bad: exit 4), one locked transaction per change, and
+moving a damaged file aside. May import the standard library, sqlite-utils, ``resumerge.errors`` and
+``resumerge.merge.store.durable``; the read-only side is :mod:`resumerge.merge.store.ledger_read` (standard library
+only). The SQLite companion files a journal may have beside it (:data:`COMPANIONS`) are named here only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+from resumerge.errors import LedgerError, ResumergeError, StorageError
+from resumerge.merge.store.durable import durability_disabled
+from resumerge.merge.store.sqlitedb import Database, Migrations
+
+# SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":
+# SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.
+_STORAGE_CODES = frozenset({3, 8, 10, 13, 14})
+_STORAGE_WORDS = ("disk is full", "disk i/o error", "readonly", "read-only", "unable to open")
+# What SQLite keeps beside a database file: the WAL and its index, and a rollback journal.
+COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def journal_files(name: str) -> tuple[str, ...]:
+    """The file ``name`` of a journal and its SQLite companions' names: what must move or go with it."""
+    return (name, *(name + suffix for suffix in COMPANIONS))
+
+
+def sqlite_failure(exc: sqlite3.DatabaseError, path: Path, what: str = "ledger",
+                   rebuilt_from: str = "OUT's manifest") -> ResumergeError:
+    """Classify a SQLite error on the journal at ``path`` (``what`` names it in the message, ``rebuilt_from`` in
+    the hint: what a resume rebuilds it from).
+
+    Disk full, I/O errors, read-only or unopenable files give :class:`StorageError` (exit 3: fix the disk and
+    resume); anything else (not a database, malformed, wrong schema) gives :class:`LedgerError` (exit 4).
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    storage = (code & 0xFF) in _STORAGE_CODES if isinstance(code, int) else any(
+        w in str(exc).lower() for w in _STORAGE_WORDS)
+    if storage:
+        limit = _file_size_limit()
+        hint = (f"a file size limit of {limit} bytes is set (ulimit -f); raise it, then run resumerge resume OUT"
+                if limit is not None else
+                "free space or fix the state dir's disk (see --state-dir), then run resumerge resume OUT")
+        return StorageError(f"the {what} could not be written ({exc})", path=str(path), hint=hint)
+    return LedgerError(f"the {what} {path} is damaged ({exc})", path=str(path),
+                       hint=f"resumerge resume OUT sets it aside and rebuilds it from {rebuilt_from}")
+
+
+def _file_size_limit() -> int | None:
+    """The process's RLIMIT_FSIZE in bytes, or None when unlimited: SQLite reports EFBIG as a mere I/O error."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def set_aside(path: Path, suffix: str = ".damaged") -> Path:
+    """Move a damaged (or stale) journal and its WAL/shm files to ``<name><suffix>`` names; returns the new path.
+
+    The WAL must go too: SQLite would replay a leftover ``-wal`` file into the fresh journal created next.
+    """
+    target = path.with_name(path.name + suffix)
+    for name, moved in zip(journal_files(path.name), journal_files(target.name), strict=True):
+        source = path.with_name(name)
+        if source.exists():
+            os.replace(source, path.with_name(moved))
+    return target
+
+
+@functools.cache
+def _expected_columns(migrations: Migrations) -> dict[str, frozenset[str]]:
+    """Every table and column ``migrations`` create (from a scratch in-memory database, so never out of date)."""
+    scratch = Database(memory=True)
+    migrations.apply(scratch)
+    columns = {t.name: frozenset(t.columns_dict) for t in scratch.tables}
+    scratch.close()
+    return columns
+
+
+_J = TypeVar("_J", bound="Journal")
+
+
+class Journal:
+    """Write access to one SQLite journal. Thread-safe: one lock guards the connection.
+
+    A subclass names its :attr:`migrations` (the schema, never edited once released: a change is a new
+    migration) and :attr:`what` (how messages name it).
+    """
+
+    migrations: ClassVar[Migrations]
+    what: ClassVar[str] = "ledger"
+    rebuilt_from: ClassVar[str] = "OUT's manifest"
+
+    def __init__(self, path: Path) -> None:
+        """Open (creating if needed) the journal at ``path``, bring its schema up to date and check it.
+
+        Raises :class:`LedgerError` when the file is not a SQLite database, fails SQLite's ``quick_check`` or
+        lacks a table or column the migrations create (:func:`set_aside` then moves it out of the way), and
+        :class:`StorageError` when the state dir cannot be written (full, read-only, I/O error).
+        """
+        self.path = path
+        conn = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            if durability_disabled():  # benchmarks only: no journal on disk, no fsync
+                conn.execute("PRAGMA journal_mode=MEMORY")
+                conn.execute("PRAGMA synchronous=OFF")
+            else:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+            self.db = Database(conn)
+            self.migrations.apply(self.db)
+            self._check()
+        except OSError as exc:
+            if conn is not None:
+                conn.close()
+            raise StorageError(f"cannot create {path}: {exc.strerror or exc}", path=str(path),
+                               hint="use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)"
+                               ) from None
+        except (sqlite3.DatabaseError, LedgerError) as exc:
+            if conn is not None:
+                conn.close()
+            failure = exc if isinstance(exc, LedgerError) else sqlite_failure(exc, path, self.what, self.rebuilt_from)
+            raise failure from None
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open_setting_aside(cls: type[_J], path: Path) -> tuple[_J, str | None]:
+        """Open the journal at ``path``; a damaged one is never trusted: it is moved aside (``<name>.damaged``)
+        and a fresh one opened. Returns the journal and, when one was set aside, a note saying so.
+
+        Only for a journal whose whole content can be rebuilt (the caller rebuilds it); raises
+        :class:`StorageError` when the state dir refuses the move.
+        """
+        try:
+            return cls(path), None
+        except LedgerError as exc:
+            try:
+                aside = set_aside(path)
+            except OSError as failure:
+                raise StorageError(f"the {cls.what} is damaged and cannot be moved aside ({failure.strerror})",
+                                   path=str(path), hint="make the state dir writable, then run resumerge resume OUT"
+                                   ) from None
+            return cls(path), f"{exc.message}: set aside as {aside.name}, nothing in it is trusted"
+
+    def _check(self) -> None:
+        """Raise :class:`LedgerError` when the file fails SQLite's quick_check or lacks a table or column we use."""
+        problems = [row[0] for row in self.db.execute("PRAGMA quick_check").fetchall() if row[0] != "ok"]
+        if problems:
+            raise LedgerError(f"the {self.what} {self.path} is damaged ({problems[0]})", path=str(self.path))
+        tables = {t.name: t for t in self.db.tables}
+        for name, columns in _expected_columns(self.migrations).items():
+            missing = columns - set(tables[name].columns_dict) if name in tables else {"(table)"}
+            if missing:
+                raise LedgerError(f"the {self.what} {self.path} has another schema (table {name} lacks "
+                                  f"{sorted(missing)[0]})", path=str(self.path))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One locked, atomic transaction; SQLite failures become :func:`sqlite_failure` errors."""
+        with self._lock:
+            try:
+                with self.db.atomic():
+                    yield
+            except sqlite3.DatabaseError as exc:
+                raise sqlite_failure(exc, self.path, self.what, self.rebuilt_from) from None
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self.db.conn.close()

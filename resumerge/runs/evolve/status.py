@@ -1,0 +1,120 @@
+"""Where a search in STORAGE stands, read from its files alone (fast: no torch, no model opened): running (its
+process alive), interrupted (gone before the end: the command that continues it) or finished; the generation of
+how many, the candidates and what they are doing (merging, or which task's pass at which layer), the best objective
+so far and, while it runs, the time left the search itself estimates (:mod:`.progress`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumerge.errors import UsageError
+from resumerge.memory.sizes import format_duration
+from resumerge.merge.store.runlock import pid_alive
+from resumerge.runs.evolve import storage
+from resumerge.runs.evolve.progress import generations_of
+
+
+@dataclass(frozen=True)
+class SearchStatus:
+    """A search's state: ``state`` (``running``; ``interrupted``: its process, ``pid``, is gone before the end, and
+    ``resume_command`` continues it; ``finished``), ``generation`` under way (or the last, once finished) of
+    ``generations`` (max_fevals over popsize, the last generation cut to what is left), the ``candidates`` it scores
+    (numbered from 1; a streamed pass: its group) of the generation's ``size`` and their ``phase`` (``merge``,
+    ``score TASK``) at ``layer`` of ``layers``; ``evaluated`` candidates of ``max_fevals``, the ``best`` objective so
+    far, and ``seconds_left`` (the running search's estimate; None: not known yet, or not running)."""
+
+    storage: str
+    state: str
+    pid: int | None
+    resume_command: str | None
+    generation: int
+    generations: int
+    candidates: list[int]
+    size: int
+    popsize: int
+    phase: str | None
+    layer: int | None
+    layers: int | None
+    evaluated: int
+    max_fevals: int
+    best: float | None
+    seconds_left: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    @property
+    def candidate(self) -> int | None:
+        """The first candidate the search scores (numbered from 1), None between candidates."""
+        return self.candidates[0] if self.candidates else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "finished": self.finished}
+
+    def lines(self) -> list[str]:
+        """The status in words, a line each."""
+        if self.finished:
+            return [f"search in {self.storage}: finished, {self.evaluated} candidates in {self.generation} "
+                    "generations", self._best()]
+        found = [f"search in {self.storage}: {self.state}, generation {self.generation} of {self.generations}"
+                 + (f" (pid {self.pid})" if self.state == "running" and self.pid is not None else "")]
+        if self.candidates:
+            doing = f", {self.phase}" if self.phase else ""
+            at = f", layer {self.layer + 1} of {self.layers}" if self.layer is not None and self.layers else ""
+            found.append(f"{numbered(self.candidates)} of {self.size}{doing}{at}")
+        found.append(self._best())
+        if self.state == "running":
+            found.append("time left: " + ("unknown (nothing scored yet by this process)" if self.seconds_left is None
+                                          else f"about {format_duration(self.seconds_left)}"))
+        elif self.resume_command is not None:
+            found.append(f"to continue: {self.resume_command}")
+        return found
+
+    def _best(self) -> str:
+        return ("best objective so far: " + ("none yet" if self.best is None else f"{self.best:.6g}")
+                + f" ({self.evaluated} of {self.max_fevals} candidates evaluated; see best.yml)")
+
+
+def numbered(candidates: list[int]) -> str:
+    """``candidate 3``, ``candidates 1-4`` (a run), ``candidates 1, 3``."""
+    if len(candidates) == 1:
+        return f"candidate {candidates[0]}"
+    if candidates == list(range(candidates[0], candidates[0] + len(candidates))):
+        return f"candidates {candidates[0]}-{candidates[-1]}"
+    return "candidates " + ", ".join(map(str, candidates))
+
+
+def search_status(store: Path) -> SearchStatus:
+    """The status of the search in ``store``; raises :class:`UsageError` where ``store`` holds none."""
+    if not storage.is_storage(store):
+        raise UsageError(f"{store} holds no resumerge evolve search", hint="give the STORAGE of resumerge evolve")
+    identity = json.loads((store / storage.SEARCH).read_text(encoding="utf-8"))
+    generations = storage.read_state(store)
+    seen = storage.progress(store)
+    popsize = int(seen.get("popsize") or identity["settings"].get("popsize") or 1)
+    max_fevals = int(identity["settings"]["max_fevals"])
+    told = sum(len(g) for g in generations)
+    finished = bool(seen.get("finished"))
+    pid = seen.get("pid") if isinstance(seen.get("pid"), int) else None
+    state = "finished" if finished else "running" if pid_alive(pid) else "interrupted"
+    total = max(generations_of(max_fevals, popsize), len(generations))
+    number = len(generations) if finished else len(generations) + 1
+    under_way = not finished and seen.get("generation") == number
+    size = int(seen.get("size") or 0) if under_way else min(popsize, max(max_fevals - told, 0))
+    # the candidates of the generation under way journaled (a kill can come between a journal and its word)
+    evaluated = told + sum(storage.journaled(store, number, i) is not None for i in range(size))
+    command = seen.get("command") if state == "interrupted" and isinstance(seen.get("command"), str) else None
+    best = storage.best_of(generations)
+    lowest = seen.get("best") if under_way and isinstance(seen.get("best"), (int, float)) else None
+    found = [v for v in (lowest, None if best is None else best.objective) if v is not None]
+    return SearchStatus(str(store), state, pid, command, number, total,
+                        list(seen.get("candidates") or []) if under_way else [],
+                        size,
+                        popsize, seen.get("phase") if under_way else None, seen.get("layer") if under_way else None,
+                        seen.get("layers") if under_way else None, evaluated, max_fevals,
+                        min(found) if found else None,
+                        seen.get("seconds_left") if state == "running" else None)
