@@ -6,9 +6,10 @@ weight is read. Before, every such objective was refused ("tokenize differently"
 failed the genome's shape check.
 
 The search merges a model and a copy whose tokenizer renames "k" to "κ" with ``tokenizer_source: union`` (65
-tokens); its parents: the first model (by id: the union extends it), the renamed one (by token string) and a model
-of 80 rows (by id: it extends the union's 64 shared tokens). Tiny generated models (two layers, width 32): one
-generation of two candidates."""
+tokens; without union those two are refused as a merge of other tokenizers, so a genome of one tokenizer merges
+the first model and a twin of its tokenizer); its parents: the first model (by id: the union extends it), the
+renamed one (by token string) and a model of 80 rows (by id: it extends the union's 64 shared tokens). Tiny
+generated models (two layers, width 32): one generation of two candidates."""
 
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ def _renamed(directory: Path, rename: dict[str, str]) -> Path:
 
 
 def _config(root: Path, parents: tuple[str, ...], union: bool = True) -> Path:
-    genome: dict[str, Any] = {"models": [str(root / "a"), str(root / "b")], "merge_method": "linear",
-                              "layer_granularity": 1}
+    # Without union the genome's models share a's tokenizer (a and its retrained twin "a2"): a merge of a and b,
+    # whose row 13 means another token, is refused and sent to tokensurgeon.
+    genome: dict[str, Any] = {"models": [str(root / "a"), str(root / ("b" if union else "a2"))],
+                              "merge_method": "linear", "layer_granularity": 1}
     if union:
         genome["tokenizer_source"] = "union"
     tasks: list[dict[str, Any]] = [{"kl": {"parent": str(root / p), "texts": str(root / "texts.txt")}}
@@ -62,6 +65,7 @@ def _config(root: Path, parents: tuple[str, ...], union: bool = True) -> Path:
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vocabs")
     make_model(root / "a", SPEC, seed=0)
+    make_model(root / "a2", SPEC, seed=6)
     _renamed(make_model(root / "b", SPEC, seed=1), {"k": "κ"})
     make_model(root / "big", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
     (root / "texts.txt").write_text("the cat sat on the mat\nhello world again and again\n")
@@ -100,7 +104,7 @@ def test_each_candidates_figure_is_what_eval_gives_its_written_merge(
 
 def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as_eval_does(
         root: Path, tmp_path: Path) -> None:
-    # No union: every candidate has a's tokenizer (the genome's first model's), judged before STORAGE is written;
+    # No union: every candidate has a's tokenizer (the genome's models share it), judged before STORAGE is written;
     # b (which has "κ" where a has "k") shares 63 of its 64 tokens, big (80 rows) all 64.
     store = tmp_path / "store"
     api.evolve(_config(root, ("b", "big"), union=False), store, **OPTIONS)

@@ -118,7 +118,9 @@ def test_ctrl_c_commits_the_uploaded_files_then_exits_3(hub: HubWriter, merge: M
     # files"), or already by the run's own end, which commits the files uploaded while the last one is in flight.
     said = re.search(r"committing (\d) uploaded files?", err)
     assert said is not None or "committing" not in err, err
-    assert len(shards) in ((2, 3) if hub.cas is None else (1, 2)), err
+    # LFS: the third body arriving means the first two bodies arrived, but on a loaded machine the client may not be
+    # back from the second yet (it is then in flight, abandoned, and made again by the resume): one file at least.
+    assert len(shards) in ((1, 2, 3) if hub.cas is None else (1, 2)), err
     assert (int(said[1]) if said else 0) <= len(shards) and all(committed[n] == merge.reference[n] for n in shards)
     # The ledger recorded them: the resume (same machine) starts after them and ends with the local run's bytes.
     outcome = api.resume("hf://alice/ctrlc", state_dir=state)
