@@ -37,7 +37,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _until(done: Callable[[], bool], what: str, *running: Forked | subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a hang fails; a machine at load 18 once needed more than 120 s
     while time.monotonic() < deadline:
         if done():
             return
