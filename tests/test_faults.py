@@ -35,7 +35,6 @@ from support import cli, cli_here, cli_start, digests, linear_config, reference_
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import StateDir, run_dir
-from resumerge.merge.store.checksums import checksum_of, hash_file
 from resumerge.merge.store.integrity import verify_output
 
 SHARD = "100k"
@@ -108,12 +107,9 @@ def _assert_committed_kept(setup: Setup, out: Path, state: Path, at_least: int) 
     shards = [n for n in committed if n.startswith("model-")]
     assert len(shards) >= at_least, committed
     now = digests(out)
-    for name, recorded in committed.items():
-        # The ledger records by its own algorithm (xxh3-128 for a folder OUT); the file equals the reference's.
-        checksum = checksum_of(recorded)
-        assert checksum is not None and hash_file(out / name, checksum)[1] == recorded, name
+    for name in committed:
         assert setup.reference[name] == now[name], name
-    assert verify_output(out, StateDir.resolve(state)).ok
+    assert verify_output(out, StateDir.resolve(state)).ok  # each file against the ledger's record, by its algorithm
 
 
 def _in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import xxhash
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from support import cli, cli_here, digests, flip_byte, linear_config, write_config
+from support import cli, cli_here, digests, flip_byte, reference_merge, write_config
 
-from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
 from resumerge.merge.store.checksums import SHA256, XXH3_128, check_committed, checksum_of, matches
 from resumerge.merge.store.manifest import MANIFEST_NAME
@@ -57,13 +57,8 @@ class Reference:
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     root = tmp_path_factory.mktemp("checksums")
-    spec = ModelSpec(shard_bytes=60_000)
-    a, b = make_model(root / "a", spec, seed=1), make_model(root / "b", spec, seed=2)
-    config = write_config(root / "merge.yml", linear_config(a, b))
-    out = root / "ref"
-    assert cli_here("run", config, out, "--state-dir", root / "ref-state", "--out-shard-size", SHARD,
-                    "--quiet").returncode == 0
-    return Reference(config, digests(out), root)
+    config, _, reference = reference_merge(root, ModelSpec(shard_bytes=60_000), SHARD)
+    return Reference(config, reference, root)
 
 
 def _ledger(out: Path, state: Path) -> Path:
