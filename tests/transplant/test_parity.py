@@ -206,13 +206,17 @@ def test_john_hewitt_with_fewer_rows_than_width(tmp_path: Path, mergekit: Mergek
 
 
 def test_omp_selects_and_solves_as_mergekit() -> None:
-    """The pursuit on random matrices: the same atoms, coefficients to float32 rounding."""
+    """The pursuit on random matrices: the same atoms, coefficients to float32 rounding; with repeated atoms (the
+    first on ties, a picked one never again) and targets that are atoms (their residual gone after one step, later
+    picks decided by rounding alone)."""
     from mergekit.tokensurgeon import batch_omp as theirs
 
     from resumerge.runs.transplant.omp import batch_omp
 
     g = torch.Generator().manual_seed(0)
     targets, atoms = torch.randn(40, 32, generator=g), torch.randn(300, 32, generator=g)
+    atoms[150:160] = atoms[10:20]
+    targets[:5] = atoms[[3, 12, 155, 7, 299]]
     for k in (1, 8, 24):
         i, c = batch_omp(targets, atoms, k)
         j, d = theirs(targets, atoms, k)

@@ -272,12 +272,10 @@ def mp_rope(targets: torch.Tensor, donor_points: torch.Tensor, model_points: tor
     t, a, b = targets.to(dtype), donor_points.to(dtype), model_points.to(dtype)
     picked = torch.zeros((count, k), dtype=torch.long, device=t.device)
     positions = torch.zeros((count, k), dtype=dtype, device=t.device)
-    taken = torch.zeros((count, n), dtype=torch.bool, device=t.device)
-    rows = torch.arange(count, device=t.device)
+    score = t.new_empty((count, n))
     residual = t.clone()
     for step in range(k):
-        best = next_atoms(residual, a, taken, rows)
-        picked[:, step] = best
+        best = next_atoms(residual, a, picked, step, score)
         atom = a[best]
         plus = rope_position(atom, residual, donor_rope)
         minus = rope_position(atom, -residual, donor_rope)

@@ -7,6 +7,7 @@ every check has passed; a resume reads them again and finds the same tokens.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Mapping
 
@@ -16,6 +17,7 @@ from resumerge.config.settings import RunSettings
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
+from resumerge.memory.allocator import malloc_trim
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -33,8 +35,8 @@ from resumerge.runs.transplant.planner import (
     surgery_method,
     vocabularies,
 )
-from resumerge.runs.transplant.spec import load_spec_text
-from resumerge.runs.transplant.tokens import Normalized, Vocabulary
+from resumerge.runs.transplant.spec import SurgerySpec, load_spec_text
+from resumerge.runs.transplant.tokens import MatrixMatch, Normalized, Vocabulary
 from resumerge.runs.transplant.units import Transplant
 from resumerge.torch_import import torch
 
@@ -59,16 +61,35 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
     opened = open_pair(spec, model_dirs=model_dirs, state=state, cache_dir=cache_dir, on_progress=on_progress)
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
-    vocabs = vocabularies(opened)
-    # every refusal before a weight is read
-    matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
-    if spec.magikarp:
-        trained, junk = _magikarp(opened, matrices, vocabs)
-        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
+    matches = _matched(opened, spec, matrices, options)
+    _give_back()
     plan = build_plan(spec, opened, matrices, matches, options)
     store = batch_store(out, state) if out is not None else None
     transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)
+
+
+def _matched(opened: Opened, spec: SurgerySpec, matrices: Matrices, options: PlanOptions
+             ) -> dict[str, MatrixMatch]:
+    """Each matrix's match (every refusal before a weight is read, ``--magikarp``'s reads after them). The two
+    tokenizers live only in here: they are let go when it returns."""
+    vocabs = vocabularies(opened)
+    matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
+    if spec.magikarp:
+        trained, junk = _magikarp(opened, matrices, vocabs)
+        matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
+    return matches
+
+
+def _give_back() -> None:
+    """Collect the tokenizers just let go and hand the heap's free pages back to the OS (``malloc_trim``) before
+    the units run. A 262,144-token tokenizer's Python vocabulary and transformers' objects take ~370 MB while the
+    match is made; freed, glibc kept ~160 MB of it in the heap for the rest of the run, under the approximation's
+    peak (Gemma-3-270M ← SmolLM2: 590 MB resident after the match, 432 MB trimmed)."""
+    gc.collect()
+    trim = malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def batch_store(out: str | os.PathLike[str], state: StateDir) -> BatchStore:
