@@ -7,7 +7,6 @@ every check has passed; a resume reads them again and finds the same tokens.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Mapping
 
@@ -17,7 +16,6 @@ from resumerge.config.settings import RunSettings
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
-from resumerge.memory.allocator import malloc_trim
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -62,7 +60,6 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
     matches = _matched(opened, spec, matrices, options)
-    _give_back()
     plan = build_plan(spec, opened, matrices, matches, options)
     store = batch_store(out, state) if out is not None else None
     transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
@@ -79,17 +76,6 @@ def _matched(opened: Opened, spec: SurgerySpec, matrices: Matrices, options: Pla
         trained, junk = _magikarp(opened, matrices, vocabs)
         matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
     return matches
-
-
-def _give_back() -> None:
-    """Collect the tokenizers just let go and hand the heap's free pages back to the OS (``malloc_trim``) before
-    the units run. A 262,144-token tokenizer's Python vocabulary and transformers' objects take ~370 MB while the
-    match is made; freed, glibc kept ~160 MB of it in the heap for the rest of the run, under the approximation's
-    peak (Gemma-3-270M ← SmolLM2: 590 MB resident after the match, 432 MB trimmed)."""
-    gc.collect()
-    trim = malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def batch_store(out: str | os.PathLike[str], state: StateDir) -> BatchStore:
