@@ -51,14 +51,17 @@ from resumerge.torch_import import torch
 
 GENERATED = "generated.json"  # the answers of a finished generation, as the lm-eval door's whole-model one keeps them
 STEP_PREFIX = "step-"
+# How a sampled token is drawn (genrequests' Wanted.choose), in a sampled journal's key: a journal of steps drawn
+# another way (before repeats drew apart) is not resumed with these draws
+_DRAWS = "draws-2"
 
 
 def generation_key(requests: list[tuple[str, dict[str, Any]]], seed: int | None) -> str:
     """The key of a request set's generation (context, lm-eval's generation kwargs each): of the requests alone
     where none samples (the lm-eval door's whole-model key: either generation answers the other), of the requests
-    and the torch ``seed`` where one does (another seed draws other answers)."""
+    and the torch ``seed`` where one does (another seed draws other answers), and the way it draws (``_DRAWS``)."""
     sampled = any(samples(kwargs) for _, kwargs in requests)
-    shown = json.dumps([requests, seed] if sampled else requests, sort_keys=True, default=str)
+    shown = json.dumps([requests, seed, _DRAWS] if sampled else requests, sort_keys=True, default=str)
     return hashlib.sha256(shown.encode()).hexdigest()[:32]
 
 
