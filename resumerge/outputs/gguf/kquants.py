@@ -92,6 +92,11 @@ def _recode_lazy(x: _Array, codes_at: Callable[[_Array], _Array], d: _Array, low
     return codes
 
 
+def _columns(codes: _Array) -> Callable[[_Array], _Array]:
+    """Codes already at hand as :func:`_recode_lazy`'s ``codes_at``."""
+    return lambda cols: codes[:, cols]
+
+
 def _planes(codes: _Array) -> _Array:
     """2-bit codes (B, 256) as Q2_K/Q3_K's ``qs`` (B, 64): byte ``32h + l`` holds element ``128h + 32k + l`` at
     bits 2k."""
@@ -199,7 +204,8 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
     x = _subblocks(xt, 16)
     out = np.zeros((b, 110), dtype=np.uint8)
     if qw is None:
-        scales, codes = ks.q3(x, 4)
+        scales, searched = ks.q3(x, 4)
+        codes_at = _columns(searched)
         s = scales.reshape(16, b)
         _, max_scale = ks.largest(s)
         live = max_scale != 0
@@ -216,10 +222,7 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
         packed = _pack_q3_scales(l6)
         d_bits, d = ks.f16(d_block)
     sub_d = (d * _unpack_q3_scales(packed)).reshape(-1)
-    if qw is None:
-        codes = _recode(x, codes - F(4), sub_d, None, -4, 3) + F(4)
-    else:
-        codes = _recode_lazy(x, codes_at, sub_d, -4, 3)
+    codes = _recode_lazy(x, codes_at, sub_d, -4, 3)
     q = _superblocks(codes, 16, b)
     high = (q > 3).astype(np.uint8).reshape(b, 8, 32)
     out[:, 0:32] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)

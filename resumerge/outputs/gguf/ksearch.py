@@ -286,7 +286,7 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
 
     def codes_at(cols: _Array) -> _Array:
         """The adopted candidates' codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
-        some = x[:, cols] * chosen[cols]
+        some: _Array = x[:, cols] * chosen[cols]
         some = np.rint(some, out=some) if in_range else ni(some)
         np.clip(some, low, high, out=some)
         some += F(nmax)
