@@ -132,6 +132,7 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(work / f"state-{name}", ignore_errors=True)
             runs[name].append(run(command, args.nice, env))
+            print(name, runs[name][-1], file=sys.stderr, flush=True)  # each run as it ends: a later failure keeps it
     median = {name: _median(each) for name, each in runs.items()}
     report: dict[str, object] = {
         "model": args.model, "donor": args.donor, "options": options, "load_before": load,
