@@ -43,6 +43,7 @@ from resumerge.merge.engine.hubdisk import hub_disk_need
 from resumerge.merge.engine.inputfetch import plan_fetch
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.plan.fetching import STREAM, FileFetch
+from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions, TensorPlan
 from resumerge.merge.plan.outguard import refuse_out_over_inputs, refuse_state_in_out
 from resumerge.merge.plan.prepared import Prepared
@@ -91,6 +92,17 @@ class Measuring:
 
 
 @dataclass(frozen=True)
+class Passes:
+    """The forward passes a run makes besides its merge, as an estimate counts them: ``prepass``, one in a process
+    of its own beside the merge or before it (a mergekit-moe config's prompt forward pass), given the inputs' read
+    speed; ``first_pass``, one the run's own process makes before the merge (``--imatrix-texts``'), whose seconds,
+    memory and state-dir bytes are counted in."""
+
+    prepass: Prepass | None = None
+    first_pass: FirstPass | None = None
+
+
+@dataclass(frozen=True)
 class _Reading:
     """This machine's memory as a probe read it once (a :class:`~resumerge.memory.probe.MemoryProbe` whose
     readings stay put)."""
@@ -136,9 +148,8 @@ def estimate(
     startup: Startup | None = None,
     choose_inputs: bool = True,
     to_hub: bool = False,
-    prepass: Prepass | None = None,
     torch_side: TorchSide | None = None,
-    first_pass: FirstPass | None = None,
+    passes: Passes = Passes(),
 ) -> Estimate:
     """Estimate what merging the plan of ``prepared`` into ``out_dir`` costs here under ``settings``, and decide
     whether it fits.
@@ -153,12 +164,11 @@ def estimate(
     result. ``choose_inputs`` false counts every hub weight file as downloaded (a recipe stage: recipes download
     their inputs whole). ``settings.max_disk`` (``--max-disk``) bounds the local disk: it decides which hub files
     are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
-    fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
-    mergekit-moe config's prompt forward pass), given the inputs' read speed. ``torch_side`` runs the speed sample
-    (None: in this process; see :mod:`resumerge.analyses.estimate.torchside`). ``first_pass``: a pass the run's own
-    process makes before the merge (``--imatrix-texts``'), whose seconds, memory and state-dir bytes are counted in.
+    fit under it. ``passes`` (:class:`Passes`) are the forward passes the run makes besides the merge.
+    ``torch_side`` runs the speed sample (None: in this process; see :mod:`resumerge.analyses.estimate.torchside`).
     """
     plan, inputs = prepared.plan, prepared.opened()
+    prepass, first_pass = passes.prepass, passes.first_pass
     measuring = measuring or Measuring()
     startup = startup or Startup()
     probe_bytes, disk_free = measuring.probe_bytes, measuring.disk_free
@@ -425,6 +435,13 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
     method_of = plan.method_of
     tensors = plan.tensors
     read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))
+    # NVFP4's group-scale pass: each fused group's members merged (their inputs read) once more first
+    again = [tensors[m] for g in measured_before(tensors, (n for s in pending for n in s.tensors)).values() for m in g]
+    if again:
+        more = sum(_read_share(method_of(tp), tp) for tp in again)
+        read_bytes += more
+        notes.append(f"NVFP4 group scales: {len(again)} tensor(s) of fused groups merged once more first, to measure "
+                     f"each group's largest magnitude ({format_size(more)} of inputs read again)")
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
     if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:
@@ -546,7 +563,8 @@ def estimate_config(
         imported = side.facts().import_seconds
         to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
         with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
+            passes = Passes(prepass(plan, inputs) if prepass is not None else None,
+                            first_pass(plan) if first_pass is not None else None)
             return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
                             measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
-                            prepass=prepass(plan, inputs) if prepass is not None else None, torch_side=side,
-                            first_pass=first_pass(plan) if first_pass is not None else None)
+                            torch_side=side, passes=passes)
