@@ -15,7 +15,8 @@ draw apart) and the token step: a draw depends on nothing else, so every run, a 
 batching of the requests, the whole model held or one layer at a time, give the same answers. transformers draws
 from one global generator in its batch's order, which cannot be reproduced request by request: sampled answers
 match lm-eval's in distribution, not draw for draw. Any other generation kwarg (``num_beams``, ``min_p``, ...) is
-refused in one line naming it, never ignored.
+refused in one line naming it, never ignored. The model's ``generation_config.json`` acts on each step's logits
+before the argmax or the draw, as transformers' ``generate`` applies it (:mod:`.genconfig`: ``Wanted.processors``).
 """
 
 from __future__ import annotations
