@@ -111,7 +111,7 @@ _START = """
 import sys, time
 t0 = time.perf_counter()
 import resumerge.analyses.check.run, resumerge.cli.checkcmd
-from resumerge.api.options import executor_option
+from resumerge.api.flagmap import executor_option
 executor_option("local")
 t1 = time.perf_counter()
 from pathlib import Path

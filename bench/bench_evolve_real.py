@@ -59,8 +59,8 @@ def main() -> None:
                           args.normalize == "true")
     max_fevals = args.popsize * args.generations  # whole generations: the search stops at exactly max_fevals
     started = time.monotonic()
-    outcome = api.evolve(config, root / "store", max_fevals=max_fevals, popsize=args.popsize,
-                         random_seed=args.seed)
+    outcome = api.evolve(config, root / "store", search=api.Search(max_fevals=max_fevals, popsize=args.popsize,
+                                                                   random_seed=args.seed))
     searching = time.monotonic() - started
     rows = [json.loads(line) for line in (root / "store" / "evaluations.jsonl").read_text().splitlines()]
     planned = planned_of(config, SearchOptions(max_fevals, args.popsize, 1 / 6, args.seed))

@@ -39,7 +39,8 @@ def main(scratch: Path, keep: Path | None) -> None:
     config = scratch / "evolve.yml"
     config.write_text(yaml.safe_dump(doc))
     before = resource.getrusage(resource.RUSAGE_SELF)
-    api.evolve(config, scratch / "store", max_fevals=4, popsize=4, task_search_path=scratch / "tasks")
+    api.evolve(config, scratch / "store", search=api.Search(max_fevals=4, popsize=4),
+               task_search_path=scratch / "tasks")
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     # the rows with this run's scratch folder named SCRATCH (the candidates' configs name the models by path)

@@ -78,7 +78,8 @@ def main() -> None:
             for old in (out, work / f"state-l{i}", work / f"state-h{i}"):  # a finished run would only be resumed
                 shutil.rmtree(old, ignore_errors=True)
             started = time.perf_counter()
-            api.run(config, out, state_dir=work / f"state-l{i}", output=api.Output(out_shard_size=args.out_shard_size))
+            api.run(config, out, settings=api.Settings(state_dir=work / f"state-l{i}",
+                                                       output=api.Output(out_shard_size=args.out_shard_size)))
             local_times.append(time.perf_counter() - started)
             output = sum(p.stat().st_size for p in out.iterdir())
             target = f"hf://bench/merged-{i}"
@@ -88,8 +89,10 @@ def main() -> None:
             sampler.start()
             started = time.perf_counter()
             try:
-                api.run(config, target, state_dir=state, output=api.Output(out_shard_size=args.out_shard_size),
-                        resources=api.Resources(max_disk=max_disk), hub=api.Hub(commit_every=20, commit_interval=5))
+                api.run(config, target, settings=api.Settings(state_dir=state,
+                                                              output=api.Output(out_shard_size=args.out_shard_size),
+                                                              resources=api.Resources(max_disk=max_disk),
+                                                              hub=api.Hub(commit_every=20, commit_interval=5)))
             finally:
                 stop.set()
                 sampler.join()

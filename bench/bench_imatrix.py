@@ -71,11 +71,11 @@ def bench(work: Path, which: str, texts: int) -> None:
     importance_pass(text, options, RunSettings(state=state), command="bench")
     passed = time.perf_counter() - started
     started = time.perf_counter()
-    api.run(config, work / "with", state_dir=work / "s-with", output=output)
+    api.run(config, work / "with", settings=api.Settings(state_dir=work / "s-with", output=output))
     with_pass = time.perf_counter() - started
     started = time.perf_counter()
-    api.run(config, work / "without", state_dir=work / "s-without",
-            output=api.Output(out_type="gguf", gguf_type="q4_k_m"))
+    api.run(config, work / "without", settings=api.Settings(state_dir=work / "s-without",
+                                                            output=api.Output(out_type="gguf", gguf_type="q4_k_m")))
     without = time.perf_counter() - started
     print(f"{which}: {texts} texts; pass alone {passed:.1f} s; run q4_k_m with --imatrix-texts {with_pass:.1f} s, "
           f"without {without:.1f} s")

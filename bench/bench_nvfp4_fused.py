@@ -90,7 +90,7 @@ def run_once(config: Path, out: Path, state: Path, *, grouped: bool) -> tuple[fl
         planner.share_scales = dict  # type: ignore[assignment]
     try:
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-        api.run(config, out, state_dir=state)
+        api.run(config, out, settings=api.Settings(state_dir=state))
         wall, after = time.monotonic() - start, resource.getrusage(resource.RUSAGE_SELF)
     finally:
         planner.share_scales = kept

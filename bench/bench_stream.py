@@ -44,12 +44,12 @@ def _cache_bytes(root: Path) -> int:
 
 def _run(config: str, out: Path, work: Path, label: str, **kwargs: object) -> tuple[float, Path]:
     from resumerge import api
-    from resumerge.api.options import grouped
+    from resumerge.api.flagmap import grouped
 
     cache = work / f"cache-{label}"
     os.environ["HF_HUB_CACHE"] = str(cache)
     started = time.perf_counter()
-    api.run(config, out, state_dir=work / f"state-{label}", **grouped(api.run, kwargs))
+    api.run(config, out, **grouped(api.run, {"state_dir": work / f"state-{label}", **kwargs}))
     return time.perf_counter() - started, cache
 
 

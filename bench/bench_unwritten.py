@@ -135,7 +135,7 @@ def step(name: str, work: Path, configs: list[Path], started: float) -> dict[str
     if name == "written":
         out = work / f"out-{time.time_ns()}"
         try:
-            api.run(configs[0], out, state_dir=state)
+            api.run(configs[0], out, settings=api.Settings(state_dir=state))
             model = open_checked(str(out), "MODEL", StateDir.resolve(state))
             result["nll"] = [_pass(Weights.of(model.opened.directory, model.opened.tensors),
                                    dict(model.opened.config))]

@@ -101,7 +101,7 @@ def main() -> None:
             key = f"{name}-{layout}-{method}"
             cfg = root / f"{key}.yml"
             cfg.write_text(yaml.safe_dump(_doc(method, a, b), sort_keys=False))
-            api.run(cfg, root / f"{key}-ours", state_dir=root / "state")
+            api.run(cfg, root / f"{key}-ours", settings=api.Settings(state_dir=root / "state"))
             jobs.append((key, str(cfg), str(root / f"{key}-theirs")))
             rows.append((name, layout, method, key, len(_tensors(a))))
     done = subprocess.run([sys.executable, "-c", _MERGEKIT, json.dumps(jobs)], capture_output=True, text=True,

@@ -191,7 +191,7 @@ def api_merge(tmp_path: Path, doc: dict[str, Any]) -> Path:
     from resumerge import api
 
     out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state")
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, settings=api.Settings(state_dir=tmp_path / "state"))
     return out
 
 

@@ -23,7 +23,8 @@ COMMANDS = ("run", "resume", "status", "verify", "plan", "demo", "extract-lora",
 def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
-    outcome = resumerge.run(cfg, tmp_path / "api", output=resumerge.Output(out_shard_size="30k"))
+    outcome = resumerge.run(cfg, tmp_path / "api",
+                            settings=resumerge.Settings(output=resumerge.Output(out_shard_size="30k")))
     assert main(["run", str(cfg), str(tmp_path / "cli"), "--out-shard-size", "30k", "--quiet"]) == 0
     assert digests(tmp_path / "api") == digests(tmp_path / "cli")
     planned = resumerge.plan_merge(cfg, output=resumerge.Output(out_shard_size="30k"))
@@ -264,7 +265,7 @@ def test_str_of_an_error_is_the_cli_line_in_the_apis_words(tmp_path: Path, make:
     assert str(bad.value).startswith("slices[0].sources[0].layer_range: ") and "— use an end of at most" in str(
         bad.value)
     with pytest.raises(UsageError) as lots:
-        api.run(cfg, tmp_path / "out", resources=api.Resources(max_memory="lots"))
+        api.run(cfg, tmp_path / "out", settings=api.Settings(resources=api.Resources(max_memory="lots")))
     assert str(lots.value).startswith("max_memory: invalid size 'lots' — write a number"), str(lots.value)
     assert lots.value.one_line().startswith("--max-memory: invalid size")  # what the CLI prints
     assert lots.value.exit_code == 2
@@ -278,7 +279,8 @@ def test_a_notebook_sees_a_short_outcome_and_a_readable_status(tmp_path: Path, m
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out = tmp_path / "out"
-    outcome = api.run(cfg, out, state_dir=tmp_path / "state", output=api.Output(out_shard_size="30k"))
+    outcome = api.run(cfg, out, settings=api.Settings(state_dir=tmp_path / "state",
+                                                      output=api.Output(out_shard_size="30k")))
     files = len(list(out.iterdir())) - 1  # every file but the manifest
     assert re.fullmatch(rf"done: {re.escape(str(out))}, {files} files, 0 resumed, \d+\.\d s", repr(outcome)), \
         repr(outcome)

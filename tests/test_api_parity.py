@@ -48,15 +48,17 @@ def test_run_status_verify_and_plan_agree(tmp_path: Path, make: ModelFactory,
     state = tmp_path / "state"
     via_api, via_cli = tmp_path / "api", tmp_path / "cli"
 
-    planned = api.estimate(cfg, via_api, state_dir=state, probe_size=0, output=api.Output(out_shard_size="30k"),
-                           resources=api.Resources(max_memory="16GB"))
+    planned = api.estimate(cfg, via_api, settings=api.Settings(state_dir=state,
+                                                               output=api.Output(out_shard_size="30k"),
+                                                               resources=api.Resources(max_memory="16GB")),
+                                                               probe_size=0, )
     doc = _json_of(capsys, ["plan", str(cfg), str(via_api), "--state-dir", str(state), "--out-shard-size", "30k",
                             "--max-memory", "16GB", "--probe-size", "0", "--json"])
     assert _without_measured(doc) == _without_measured(planned.to_json())
     assert doc["fingerprint"] == api.plan_merge(cfg, output=api.Output(out_shard_size="30k")).fingerprint
     assert doc["memory"]["budget"] == 16_000_000_000 and doc["memory"]["budget_source"] == "--max-memory"
 
-    outcome = api.run(cfg, via_api, state_dir=state, output=api.Output(out_shard_size="30k"))
+    outcome = api.run(cfg, via_api, settings=api.Settings(state_dir=state, output=api.Output(out_shard_size="30k")))
     assert main(["run", str(cfg), str(via_cli), "--state-dir", str(state), "--out-shard-size", "30k", "--quiet"]) == 0
     assert digests(via_api) == digests(via_cli)
     assert outcome.plan.fingerprint == doc["fingerprint"]
@@ -79,7 +81,7 @@ def test_resume_through_the_api_and_the_cli_ends_identical(tmp_path: Path, make:
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     reference = tmp_path / "reference"
-    api.run(cfg, reference, output=api.Output(out_shard_size="30k"))
+    api.run(cfg, reference, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     outs = {"api": tmp_path / "api", "cli": tmp_path / "cli"}
     for out in outs.values():
         killed = cli("run", cfg, out, "--out-shard-size", "30k", "--quiet",

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from support import write_config
 
 from resumerge import api
-from resumerge.api.options import grouped
+from resumerge.api.flagmap import grouped
 from resumerge.cli.commands import main
 from resumerge.config.merge_config import load_config_text
 from resumerge.config.modelref import ModelRef
@@ -55,7 +55,7 @@ def _family(name: str) -> Family:
 
 def _merge(tmp_path: Path, doc: dict[str, Any], **options: Any) -> Path:
     out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / "state", **grouped(api.run, options))
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, **grouped(api.run, {"state_dir": tmp_path / "state", **options}))
     return out
 
 
@@ -348,8 +348,9 @@ def test_allow_crimes_merges_tensor_by_tensor_and_resumes(
     # The flag is recorded with the run: a resume plans the same way without being told again.
     assert main(["resume", str(out), "--quiet", "--state-dir", state]) == 0
     with pytest.raises(ConfigError, match="different architectures"):
-        api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state")
-    api.run(cfg.read_text(), tmp_path / "api-out", state_dir=tmp_path / "state", merging=api.Merging(allow_crimes=True))
+        api.run(cfg.read_text(), tmp_path / "api-out", settings=api.Settings(state_dir=tmp_path / "state"))
+    api.run(cfg.read_text(), tmp_path / "api-out", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                         merging=api.Merging(allow_crimes=True)))
     assert _tensors(tmp_path / "api-out").keys() == got.keys()
 
 

@@ -142,7 +142,7 @@ def test_the_api_takes_a_codec_table(tmp_path: Path, make: ModelFactory) -> None
         api.plan_merge(config)
     plan = api.plan_merge(config, codecs=WITH_TOY)
     assert RowScaledInt8() in {ref.codec for tp in plan.tensors.values() for ref in tp.inputs}
-    api.run(config, tmp_path / "out", state_dir=tmp_path / "s", codecs=WITH_TOY)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s"), codecs=WITH_TOY)
     got = load_file(tmp_path / "out" / "model.safetensors")
     assert got.keys() == plan.tensors.keys()
 

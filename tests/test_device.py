@@ -86,7 +86,7 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
     a = make("a", seed=1, hidden=64, intermediate=256, vocab=512, layers=2)
     b = make("b", seed=2, hidden=64, intermediate=256, vocab=512, layers=2)
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
-    api.run(config, tmp_path / "plain", state_dir=tmp_path / "s1")
+    api.run(config, tmp_path / "plain", settings=api.Settings(state_dir=tmp_path / "s1"))
 
     budget = 600_000  # the embedding (512 x 64 fp32 inputs + working set) needs ~1 MB whole
     made: list[_CountingGovernor] = []
@@ -98,7 +98,8 @@ def test_gpu_budget_governs_units_and_streams_rows(tmp_path: Path, make: ModelFa
         return gov
 
     monkeypatch.setattr("resumerge.merge.engine.drive.gpu_governor", fake_gpu)
-    api.run(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(max_memory="4GB"))
+    api.run(config, tmp_path / "gpu", settings=api.Settings(state_dir=tmp_path / "s2",
+                                                            resources=api.Resources(max_memory="4GB")))
     gov = made[0]
     plan = plan_from_config(load_config_text(config.read_text()), PlanOptions())
     assert len(gov.grants) > len(plan.tensors)  # the two vocab tensors were streamed in chunks
@@ -130,7 +131,7 @@ def test_a_whole_tensor_over_the_gpu_budget_names_the_smallest_that_works(tmp_pa
 def test_cuda_merge_matches_cpu_and_resume_keeps_the_device(tmp_path: Path, make: ModelFactory) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
-    api.run(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
+    api.run(config, tmp_path / "cpu", settings=api.Settings(state_dir=tmp_path / "s1"))
     done = cli("run", config, tmp_path / "gpu", "--device", "cuda", "--state-dir", tmp_path / "s2",
                env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert done.returncode != 0

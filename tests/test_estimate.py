@@ -66,9 +66,9 @@ def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
-    est = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
+    est = api.estimate(cfg, out, probe_size=0, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     assert est.fits and est.verdict == FITS
-    api.run(cfg, out, output=api.Output(out_shard_size="30k"))
+    api.run(cfg, out, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
     shards = {n: s for n, s in sizes.items() if n.endswith(".safetensors")}
     assert len(shards) > 1 and sum(shards.values()) == est.output.shard_bytes
@@ -76,7 +76,7 @@ def test_output_size_is_exact(tmp_path: Path, make: ModelFactory) -> None:
     assert sizes[MANIFEST_NAME] == est.output.manifest_bytes
     assert sum(sizes.values()) - sum(shards.values()) - sizes[MANIFEST_NAME] == est.output.aux_bytes
     assert sum(sizes.values()) == est.output.total_bytes
-    finished = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
+    finished = api.estimate(cfg, out, probe_size=0, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     assert finished.time.compute == () and finished.time.compute_seconds == 0  # nothing pending: nothing timed
 
 
@@ -89,14 +89,15 @@ def test_a_resumable_out_needs_only_what_is_left(tmp_path: Path, make: ModelFact
     assert killed.returncode == -signal.SIGKILL
     committed = json.loads((out / MANIFEST_NAME).read_text())["committed"]
     done_bytes = sum(int(f["bytes"]) for f in committed.values())
-    fresh = api.estimate(cfg, tmp_path / "elsewhere", probe_size=0, output=api.Output(out_shard_size="30k"))
-    est = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
+    fresh = api.estimate(cfg, tmp_path / "elsewhere", probe_size=0,
+                         settings=api.Settings(output=api.Output(out_shard_size="30k")))
+    est = api.estimate(cfg, out, probe_size=0, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     assert len(committed) == 2 and est.output.committed_bytes == done_bytes
     assert est.output.needed_bytes == fresh.output.needed_bytes - done_bytes
     assert est.time.rehash_bytes == done_bytes  # resume re-hashes what is committed
     assert est.time.read_bytes < fresh.time.read_bytes
     # Another plan: refused by run.
-    other = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="40k"))
+    other = api.estimate(cfg, out, probe_size=0, settings=api.Settings(output=api.Output(out_shard_size="40k")))
     assert other.output.committed_bytes == 0 and any("different merge" in n for n in other.notes)
 
 
@@ -104,15 +105,15 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     a, b = make("a", seed=1), make("b", seed=2)
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b))
     out = tmp_path / "out"
-    roomy = api.estimate(cfg, out, probe_size=0, output=api.Output(out_shard_size="30k"))
+    roomy = api.estimate(cfg, out, probe_size=0, settings=api.Settings(output=api.Output(out_shard_size="30k")))
     (disk,) = roomy.disks  # OUT and the state dir share tmp's filesystem
     assert set(disk.roles) == {"output", "state"} and disk.needed_bytes > roomy.output.total_bytes
 
     exact = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes,
-                         output=api.Output(out_shard_size="30k"))
+                         settings=api.Settings(output=api.Output(out_shard_size="30k")))
     assert exact.fits
     short = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes - 1,
-                         output=api.Output(out_shard_size="30k"))
+                         settings=api.Settings(output=api.Output(out_shard_size="30k")))
     assert not short.fits and short.verdict == WILL_NOT_FIT
     (reason,) = short.reasons
     assert reason.startswith("disk: output + state need") and "choose an OUT on a disk with more room" in reason
@@ -123,7 +124,8 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     assert alone.startswith("disk: output needs "), alone  # one role: "needs", as the table's line says
 
     staged = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes,
-                          output=api.Output(out_shard_size="30k"), resources=api.Resources(staging=True))
+                          settings=api.Settings(output=api.Output(out_shard_size="30k"),
+                                                resources=api.Resources(staging=True)))
     assert staged.output.staging_bytes == staged.output.largest_shard_bytes > 0
     assert not staged.fits and "--out-shard-size" in staged.reasons[0]  # one shard more than the disk holds
     assert not out.exists()
@@ -268,14 +270,14 @@ def test_hub_downloads_are_estimated_from_metadata_and_drop_once_verified(
     })
     weights = {name: size for name, size in _served_sizes(models[0]).items() if name.endswith(".safetensors")
                and "/" not in name}
-    est = api.estimate(cfg, tmp_path / "out", state_dir=state, probe_size=0)
+    est = api.estimate(cfg, tmp_path / "out", settings=api.Settings(state_dir=state), probe_size=0)
     assert est.download_bytes == sum(weights.values()) > 0
     assert sum(hub.file_bytes().get(n, 0) for n in weights) < sum(weights.values())  # headers only so far
     assert est.downloads[REPO].cached_bytes == 0 and est.downloads[REPO].repo == REPO
     assert "hub cache" in est.disks[0].roles
     assert any("download time is not included" in n for n in est.time.notes)
     assert main(["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(state), "--quiet"]) == 0
-    after = api.estimate(cfg, tmp_path / "out2", state_dir=state, probe_size=0)
+    after = api.estimate(cfg, tmp_path / "out2", settings=api.Settings(state_dir=state), probe_size=0)
     assert after.download_bytes == 0 and after.downloads[REPO].verify_bytes == 0
     assert after.downloads[REPO].cached_bytes == sum(weights.values())
 
@@ -463,7 +465,7 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
     out = tmp_path / "out"
     free = api.plan_merge(cfg, output=api.Output(out_shard_size="30k")).total_bytes - 1
     assert not api.estimate(cfg, out, probe_size=0, disk_free=lambda path: free,
-                            output=api.Output(out_shard_size="30k")).fits
+                            settings=api.Settings(output=api.Output(out_shard_size="30k"))).fits
     monkeypatch.setattr(outdir, "free_bytes", lambda path: free)
     assert main(["run", str(cfg), str(out), "--out-shard-size", "30k", "--quiet"]) == 2
     assert "the output needs" in capsys.readouterr().err

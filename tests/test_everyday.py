@@ -251,7 +251,7 @@ def test_an_unreachable_hub_once_a_run_is_recorded_is_exit_3_with_resume(
     # Stopped once a shard is committed (7 shards of 20 KB): a stop after a count of polls left none committed
     # when the writer thread lagged the units under load.
     with pytest.raises(InterruptedMerge):
-        api.run(cfg, out, output=api.Output(out_shard_size="20KB"), state_dir=state,
+        api.run(cfg, out, settings=api.Settings(output=api.Output(out_shard_size="20KB"), state_dir=state),
                 should_stop=lambda: any(out.glob("*.safetensors")))
     assert (run_dir(out, state) / LEDGER_NAME).exists() and any(out.glob("*.safetensors"))
 

@@ -13,7 +13,7 @@ from conftest import ModelFactory
 from support import digests, linear_config, write_config
 
 from resumerge import api
-from resumerge.api.options import executor_option
+from resumerge.api.flagmap import executor_option
 from resumerge.cli.commands import build_parser
 from resumerge.cli.flags import api_options
 from resumerge.config.settings import RunSettings
@@ -45,16 +45,16 @@ class _Counting:
 
 def test_a_callers_own_executor_runs_a_merge_with_the_local_bytes(tmp_path: Path, make: ModelFactory) -> None:
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
-    api.run(cfg, tmp_path / "local", output=api.Output(out_shard_size="30k"))
+    api.run(cfg, tmp_path / "local", settings=api.Settings(output=api.Output(out_shard_size="30k")))
     mine = _Counting()
-    api.run(cfg, tmp_path / "mine", output=api.Output(out_shard_size="30k"), executor=mine)
+    api.run(cfg, tmp_path / "mine", settings=api.Settings(output=api.Output(out_shard_size="30k"), executor=mine))
     assert len(mine.jobs) == 1 and mine.jobs[0] > 1
     assert digests(tmp_path / "mine") == digests(tmp_path / "local")
 
 
 def test_the_command_line_builds_the_executor_object() -> None:
     def executor(*argv: str) -> object:
-        return api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]), api.run)["executor"]
+        return api_options(build_parser().parse_args(["run", "c.yml", "out", *argv]), api.run)["settings"].executor
 
     assert executor() is None
     assert executor("--executor", "ray", "--ray-address", "10.0.0.1:6379", "--keep-workers", "5m") == RayExecutor(
@@ -69,9 +69,9 @@ def test_every_command_taking_an_executor_offers_the_names_of_the_one_table(monk
     # A new executor is a class and one line of EXECUTORS: every command's --executor offers it, with no other edit.
     import argparse
 
-    from resumerge.api import options
+    from resumerge.api import flagmap
 
-    monkeypatch.setitem(options.EXECUTORS, "mine", lambda address, keep: None)
+    monkeypatch.setitem(flagmap.EXECUTORS, "mine", lambda address, keep: None)
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     offered = {name: next(a.choices for a in parser._actions if a.dest == "executor")
                for name, parser in subs.choices.items() if any(a.dest == "executor" for a in parser._actions)}

@@ -37,7 +37,7 @@ def test_a_format_from_outside_reads_writes_and_verifies_through_its_codec_and_o
                                         "other": len(plan.tensors) - len(matrices)}
 
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(config, out, state_dir=state, codecs=WITH_TOY_Q8)
+    api.run(config, out, settings=api.Settings(state_dir=state), codecs=WITH_TOY_Q8)
     written = {}
     for file in out.glob("*.safetensors"):
         written.update(load_file(file))

@@ -16,7 +16,8 @@ import pytest
 from support import write_config
 
 from resumerge import api
-from resumerge.api.options import GROUPS, grouped, options_of
+from resumerge.api.flagmap import group_parameters, grouped, options_of
+from resumerge.api.options import GROUPS
 from resumerge.cli import flags
 from resumerge.cli.commands import build_parser, main
 from resumerge.errors import EXIT_REFUSED, OutputDirError, UsageError
@@ -95,7 +96,7 @@ def test_the_cli_leaves_out_exactly_the_presentation_options() -> None:
     args = build_parser().parse_args(["run", "c.yml", "out", "--quiet", "--no-cuda", "-j", "2", "--no-staging"])
     passed = flags.api_options(args, api.run)
     inspect.signature(api.run).bind(**passed)  # raises TypeError on any name api.run does not take
-    assert passed["resources"] == api.Resources(num_threads=2, staging=False) and "quiet" not in passed
+    assert passed["settings"].resources == api.Resources(num_threads=2, staging=False) and "quiet" not in passed
 
 
 def _recipe_out(tmp_path: Path) -> tuple[Path, Path, str]:
@@ -114,7 +115,7 @@ def _recipe_out(tmp_path: Path) -> tuple[Path, Path, str]:
 def test_api_run_refuses_a_single_merge_into_a_recipes_out_even_with_restart(tmp_path: Path) -> None:
     out, cfg, text = _recipe_out(tmp_path)
     with pytest.raises(OutputDirError, match="holds the output of a recipe"):
-        api.run(cfg, out, state_dir=tmp_path / "state", restart=True)
+        api.run(cfg, out, settings=api.Settings(state_dir=tmp_path / "state"), restart=True)
     assert main(["run", str(cfg), str(out), "--state-dir", str(tmp_path / "state"), "--restart"]) == EXIT_REFUSED
     assert sorted(p.name for p in out.iterdir()) == ["resumerge-recipe.json"]
     assert (out / "resumerge-recipe.json").read_text() == text
@@ -130,26 +131,48 @@ def test_the_api_keeps_the_guards_the_cli_had(tmp_path: Path, options: dict[str,
     cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
         {"model": str(tmp_path / "a"), "parameters": {"weight": 1.0}}]})
     with pytest.raises(UsageError, match=message):
-        api.run(cfg, tmp_path / "out", state_dir=tmp_path / "state", **grouped(api.run, options))
+        api.run(cfg, tmp_path / "out", **grouped(api.run, {"state_dir": tmp_path / "state", **options}))
     assert not (tmp_path / "out").exists()
 
 
 def test_each_option_is_one_field_of_one_group_and_a_flag() -> None:
-    # grouped() packs a flag into the group with a field of its name: a name in two groups would be ambiguous, and a
-    # field no command has a flag for would be an option the CLI lacks (a new option: its field and its flag).
-    names = [each.name for group in GROUPS for each in dataclasses.fields(group)]
-    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    # grouped() packs a flag into the group with a field of its name: a name in two groups one function honours
+    # would be ambiguous (evolve's Search.random_seed and run's Merging.random_seed never meet: Settings.merging is
+    # not evolve's), and a field no command has a flag for would be an option the CLI lacks (a new option: its field
+    # and its flag).
+    for function in FUNCTIONS.values():
+        names = [leaf for name, group in group_parameters(function).items()
+                 for leaf in _leaves_listed(group, function.__name__)]
+        assert len(names) == len(set(names)), (function.__name__, sorted(n for n in names if names.count(n) > 1))
+    names = [each.name for group in GROUPS if group is not api.Settings for each in dataclasses.fields(group)]
     flags = set().union(*(_dests(command) for command in FUNCTIONS))
     assert set(names) <= flags, sorted(set(names) - flags)
 
 
+def _leaves_listed(group: type, function: str) -> list[str]:
+    """Every option of ``group`` that ``function`` honours, those of the groups it holds included, repeats kept."""
+    found: list[str] = []
+    for each in dataclasses.fields(group):  # type: ignore[arg-type]
+        if function in each.metadata.get("not_for", ()):
+            continue
+        inner = type(each.default)
+        found += _leaves_listed(inner, function) if inner in GROUPS else [each.name]
+    return found
+
+
 @pytest.mark.parametrize(("call", "refused"), [
-    (lambda out: api.resume(out, resources=api.Resources(device="cuda")), "device does not apply to resume"),
-    (lambda out: api.resume(out, hub=api.Hub(public=True)), "public does not apply to resume"),
-    (lambda out: api.extract_lora("a", "b", out, output=api.Output(out_shard_size="1GB")),
+    (lambda out: api.resume(out, settings=api.Settings(resources=api.Resources(device="cuda"))),
+                            "device does not apply to resume"),
+    (lambda out: api.resume(out, settings=api.Settings(hub=api.Hub(public=True))), "public does not apply to resume"),
+    (lambda out: api.extract_lora("a", "b", out, settings=api.Settings(output=api.Output(out_shard_size="1GB"))),
      "out_shard_size does not apply to extract_lora"),
-    (lambda out: api.estimate("c.yml", out, stages=api.Stages(cleanup_intermediates=True)),
+    (lambda out: api.estimate("c.yml", out, settings=api.Settings(stages=api.Stages(cleanup_intermediates=True))),
      "cleanup_intermediates does not apply to estimate"),
+    # a whole group of Settings a call does not take: refused as one of its fields is
+    (lambda out: api.evolve("c.yml", out, api.Settings(merging=api.Merging(allow_crimes=True))),
+     "merging does not apply to evolve"),
+    (lambda out: api.resume(out, api.Settings(output=api.Output(copy_tokenizer=False))),
+     "output does not apply to resume"),
 ])
 def test_a_group_field_a_function_cannot_honour_is_refused(tmp_path: Path, call: Callable[[Path], object],
                                                            refused: str) -> None:
@@ -163,5 +186,5 @@ def test_the_groups_are_what_the_cli_passes() -> None:
     args = build_parser().parse_args(["extract-lora", "--model", "ft", "--base-model", "base", "--out-path", "o",
                                       "--max-rank", "8", "--max-memory", "2GB", "--public", "--plan"])
     passed = flags.api_options(args, api.extract_lora)
-    assert passed["lora"] == api.Lora(max_rank=8) and passed["resources"].max_memory == "2GB"
-    assert passed["hub"].public and passed["plan"] and passed["model"] == "ft"
+    assert passed["lora"] == api.Lora(max_rank=8) and passed["settings"].resources.max_memory == "2GB"
+    assert passed["settings"].hub.public and passed["plan"] and passed["model"] == "ft"

@@ -102,7 +102,7 @@ def _merge(tmp_path: Path, method: str, models: dict[str, Path], b: str = "b") -
     doc = {"merge_method": method, "base_model": str(models["base"]), "parameters": params, "dtype": "float32",
            "models": [{"model": str(p), "parameters": per_model} for p in (models["base"], *others)]}
     out = tmp_path / f"out-{b}"
-    api.run(yaml.safe_dump(doc, sort_keys=False), out, state_dir=tmp_path / f"state-{b}")
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, settings=api.Settings(state_dir=tmp_path / f"state-{b}"))
     return load_file(str(next(out.glob("*.safetensors"))))
 
 
@@ -258,8 +258,8 @@ def test_mxfp4_stacks_are_merged_per_expert_as_their_decoded_values(tmp_path: Pa
         doc = {"merge_method": "ties", "base_model": str(models["base"]), "dtype": "float32",
                "models": [{"model": str(models[n]), "parameters": {"weight": 0.5, "density": 0.5}}
                           for n in ("base", "a", "b")]}
-        api.run(yaml.safe_dump(doc), tmp_path / key, state_dir=tmp_path / f"state-{key}",
-                output=api.Output(dequantize=True))
+        api.run(yaml.safe_dump(doc), tmp_path / key, settings=api.Settings(state_dir=tmp_path / f"state-{key}",
+                                                                           output=api.Output(dequantize=True)))
         merged[key] = load_file(str(tmp_path / key / "model.safetensors"))
     assert sorted(merged["got"]) == sorted(merged["want"]) == sorted(f"{OSS}.{n}" for n in (
         "gate_up_proj", "gate_up_proj_bias", "down_proj"))

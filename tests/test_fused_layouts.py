@@ -111,7 +111,7 @@ def _merge(tmp_path: Path, family: str, method: str) -> dict[str, torch.Tensor]:
     doc = {"merge_method": method, "base_model": str(models[0]), "dtype": "float32",
            "parameters": {"t": 0.3} if method == "slerp" else {},
            "models": [{"model": str(m), "parameters": per_model} for m in models]}
-    api.run(yaml.safe_dump(doc, sort_keys=False), tmp_path / "out", state_dir=tmp_path / "state")
+    api.run(yaml.safe_dump(doc, sort_keys=False), tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "state"))
     return load_file(str(tmp_path / "out" / "model.safetensors"))
 
 
@@ -164,7 +164,8 @@ def test_a_stack_of_an_unknown_family_is_refused_before_anything_is_written(tmp_
         api.plan_merge(config_path)
     linear = {"merge_method": "linear", "dtype": "float32",
               "models": [{"model": str(m), "parameters": {"weight": 0.5}} for m in models]}
-    api.run(yaml.safe_dump(linear), out, state_dir=tmp_path / "state-linear")  # elementwise: merged whole
+    api.run(yaml.safe_dump(linear), out,
+            settings=api.Settings(state_dir=tmp_path / "state-linear"))  # elementwise: merged whole
     merged = load_file(str(out / "model.safetensors"))
     inputs = [load_file(str(m / "model.safetensors")) for m in models]
     name = f"{LAYER}.mlp.experts.gate_up_proj"

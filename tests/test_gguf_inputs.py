@@ -134,7 +134,8 @@ def test_gguf_and_safetensors_parents_of_one_family_mix(tmp_path: Path) -> None:
     doc = {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(tmp_path / "m.gguf"), "parameters": {"weight": 0.5}},
         {"model": str(folder), "parameters": {"weight": 0.5}}]}
-    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s", output=Output(copy_tokenizer=False))
+    api.run(write_config(tmp_path / "c.yml", doc), out, settings=api.Settings(state_dir=tmp_path / "s",
+                                                                              output=Output(copy_tokenizer=False)))
     assert "GGUF F32 tensors, which mergekit 0.1.5 cannot read" in (out / "README.md").read_text()
     got = load_file(out / "model.safetensors")
     assert got.keys() == hf.keys()
@@ -173,8 +174,8 @@ def test_a_lora_is_extracted_from_two_gguf_models(tmp_path: Path) -> None:
     for name, seed in (("ft", 1), ("base", 2)):
         write_gguf(tmp_path / f"{name}.gguf", "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed)), Q.Q8_0)
     out = tmp_path / "lora"
-    api.extract_lora(str(tmp_path / "ft.gguf"), str(tmp_path / "base.gguf"), out, state_dir=tmp_path / "s",
-                     lora=api.Lora(max_rank=4))
+    api.extract_lora(str(tmp_path / "ft.gguf"), str(tmp_path / "base.gguf"), out,
+                     settings=api.Settings(state_dir=tmp_path / "s"), lora=api.Lora(max_rank=4))
     factors = load_file(out / "adapter_model.safetensors")
     _, ft = decoded(tmp_path / "ft.gguf")
     _, base = decoded(tmp_path / "base.gguf")
@@ -217,7 +218,8 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
             {"source_model": str(models[1]), "positive_prompts": ["the cat sat on the mat", "a dog"]},
             {"source_model": str(models[2]), "positive_prompts": ["12 plus 30 is 42."]}]}
         out = tmp_path / name
-        api.run(write_config(tmp_path / f"{name}.yml", doc), out, state_dir=tmp_path / f"s-{name}")
+        api.run(write_config(tmp_path / f"{name}.yml", doc), out,
+                settings=api.Settings(state_dir=tmp_path / f"s-{name}"))
         return out
 
     ggufs = []
@@ -427,7 +429,7 @@ def real_merge(tmp_path_factory: pytest.TempPathFactory, real: tuple[Path, Path]
     tests that read it (each had made it again: ~8 s a merge): its config and its OUT."""
     root = tmp_path_factory.mktemp("real_merge")
     config = _linear(root, *real)
-    api.run(config, root / "whole", state_dir=root / "s", output=Output(out_shard_size=_SHARD))
+    api.run(config, root / "whole", settings=api.Settings(state_dir=root / "s", output=Output(out_shard_size=_SHARD)))
     return config, root / "whole"
 
 
@@ -445,8 +447,9 @@ def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_
             for name, path in (("q4_1", q41), ("q8_0", q8)))
     from_values = tmp_path / "from_values"
     (tmp_path / "v").mkdir()
-    api.run(_linear(tmp_path / "v", a, b), from_values, state_dir=tmp_path / "s2",
-            output=Output(copy_tokenizer=False, out_shard_size=_SHARD))
+    api.run(_linear(tmp_path / "v", a, b), from_values, settings=api.Settings(state_dir=tmp_path / "s2",
+                                                                              output=Output(copy_tokenizer=False,
+                                                                                            out_shard_size=_SHARD)))
     shards = _shards(from_gguf)  # every shard and the index, byte for byte
     assert len(shards) > 2 and shards == _shards(from_values)
     assert json.loads((from_gguf / "config.json").read_text()) == json.loads(
@@ -486,7 +489,7 @@ def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real_m
                         ("after_ledger_commit:2", ["resume", out, "--state-dir", state])):
         killed = cli(*argv, env={"RESUMERGE_KILL_AT": point}, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert digests(out) == digests(whole)
     assert api.verify(out, state_dir=state).ok
 

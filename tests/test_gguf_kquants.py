@@ -232,7 +232,8 @@ def merges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
         write_gguf(b, arch, to_gguf(arch, hf_tensors(arch, seed=2)), Q.F32)
         config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
             {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-        api.run(config, root / "f16", state_dir=root / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+        api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
+                                                                                                    gguf_type="f16")))
         made[arch] = (config, root / "f16" / "model.gguf")
     return made
 
@@ -270,7 +271,7 @@ def test_each_mix_is_llama_quantize_s_on_the_same_f16_file(tmp_path: Path, arch:
         (_write_imatrix_gguf if imatrix == "gguf" else _write_imatrix_dat)(path, raw)
         entries = _as_llama_quantize_takes_it(raw)
         output["imatrix"] = str(path)
-    api.run(config, tmp_path / "out", state_dir=tmp_path / "s", output=api.Output(**output))
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(**output)))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
     if imatrix:
@@ -341,7 +342,8 @@ def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
     config, _ = merges["qwen3moe"]
     flags = ["--out-type", "gguf", "--gguf-type", "q4_k_m"]
     whole = tmp_path / "whole"  # never killed: in this process
-    api.run(config, whole, state_dir=tmp_path / "s0", output=api.Output(out_type="gguf", gguf_type="q4_k_m"))
+    api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(out_type="gguf",
+                                                                                              gguf_type="q4_k_m")))
     reached = []
     for point in LOCAL_POINTS:
         out, state = tmp_path / point, tmp_path / f"{point}.state"
@@ -350,7 +352,7 @@ def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
             continue  # a point a one-file output without config.json or tokenizer never reaches
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         reached.append(point)
-        api.resume(out, state_dir=state)
+        api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
         assert api.verify(out, state_dir=state).ok, point
     assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(reached)

@@ -124,8 +124,9 @@ def test_a_qwen3moe_merge_of_a_gguf_and_a_safetensors_parent_is_written_with_its
                                                 "models": [{"model": str(folder),
                                                             "parameters": {"weight": 0.7, "density": 0.5}}]})
     merged, out = tmp_path / "merged", tmp_path / "out"  # in this process: the suite's time is short
-    api.run(config, merged, state_dir=tmp_path / "s1", output=api.Output(copy_tokenizer=False))
-    api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type=gguf_type))
+    api.run(config, merged, settings=api.Settings(state_dir=tmp_path / "s1", output=api.Output(copy_tokenizer=False)))
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "s2", output=api.Output(out_type="gguf",
+                                                                                            gguf_type=gguf_type)))
     with readers_built_once():  # the file parsed once, for the test's reading and transformers'
         reader = _check_tensors(out / "model.gguf", _expected("qwen3moe", load_file(merged / "model.safetensors")),
                                 gguf_type)
@@ -188,8 +189,9 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
            **({"shared_experts": shared} if shared else {})}
     config = write_config(tmp_path / "moe.yml", doc)
     merged, out = tmp_path / "merged", tmp_path / "out"
-    api.run(config, merged, state_dir=tmp_path / "s1")
-    api.run(config, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(config, merged, settings=api.Settings(state_dir=tmp_path / "s1"))
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "s2", output=api.Output(out_type="gguf",
+                                                                                            gguf_type="f16")))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_moe_config.yml", "model.gguf",
                                                      "resumerge-manifest.json"]
     with readers_built_once():  # the file parsed once (SmolLM2's vocabulary), for the test's reading and transformers'
@@ -222,8 +224,9 @@ def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(
            "models": [{"model": str(p)} for p in paths]}
     merge = write_config(tmp_path / "c.yml", doc)
     merged, out = tmp_path / "merged", tmp_path / "out"
-    api.run(merge, merged, state_dir=tmp_path / "s1")
-    api.run(merge, out, state_dir=tmp_path / "s2", output=api.Output(out_type="gguf", gguf_type="q8_0"))
+    api.run(merge, merged, settings=api.Settings(state_dir=tmp_path / "s1"))
+    api.run(merge, out, settings=api.Settings(state_dir=tmp_path / "s2", output=api.Output(out_type="gguf",
+                                                                                           gguf_type="q8_0")))
     reader = _check_tensors(out / "model.gguf", _expected("llama", load_file(merged / "model.safetensors"), 4, 2),
                             "q8_0")
     assert _keys(reader, "llama") == {"expert_count": 3, "expert_used_count": 2}

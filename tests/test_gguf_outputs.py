@@ -62,7 +62,8 @@ def merged_as_safetensors(tmp_path_factory: pytest.TempPathFactory) -> Callable[
         if arch not in made:
             root = tmp_path_factory.mktemp(arch)
             config = _config(root, *_parents(root, arch))
-            api.run(config, root / "merged", state_dir=root / "s", output=Output(copy_tokenizer=False))
+            api.run(config, root / "merged", settings=api.Settings(state_dir=root / "s",
+                                                                   output=Output(copy_tokenizer=False)))
             made[arch] = config, root / "merged"
         return made[arch]
 
@@ -77,7 +78,8 @@ def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_value
 
     config, merged = merged_as_safetensors(arch)
     out = tmp_path / "out"
-    api.run(config, out, state_dir=tmp_path / "s", output=Output(out_type="gguf", gguf_type=gguf_type))
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "s", output=Output(out_type="gguf",
+                                                                                       gguf_type=gguf_type)))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "mergekit_config.yml", "model.gguf",
                                                      "resumerge-manifest.json"]
     values = to_gguf(arch, {n: t.numpy() for n, t in load_file(merged / "model.safetensors").items()})
@@ -160,8 +162,8 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
     # written into its stacked tensor (tests/test_gguf_moe.py), killed with the stacks part written and after
     flags = ["--out-type", "gguf", "--gguf-type", "q8_0", *(["--gguf-split-max-size", "40000"] if split else [])]
     whole = tmp_path / "whole"  # never killed: in this process
-    api.run(config, whole, state_dir=tmp_path / "s0", output=api.Output(
-        out_type="gguf", gguf_type="q8_0", **({"gguf_split_max_size": "40000"} if split else {})))
+    api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(
+        out_type="gguf", gguf_type="q8_0", **({"gguf_split_max_size": "40000"} if split else {}))))
     assert len(list(whole.glob("*.gguf"))) == (15 if split else 1)
     reached = []
     points = (("mid_shard_write:3", "after_rename:4", "after_ledger_commit:2") if split else
@@ -173,7 +175,8 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
             continue  # a point a one-file output without config.json or tokenizer never reaches
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         reached.append(point)
-        api.resume(out, state_dir=state)  # never killed: in this process (two process starts a point saved)
+        # never killed: in this process (two process starts a point saved)
+        api.resume(out, api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
         assert api.verify(out, state_dir=state).ok, point
     assert set(points if case != "one" else ("mid_shard_write", "after_temp_write", "after_rename",
@@ -188,8 +191,8 @@ def test_a_gguf_output_takes_the_config_s_chat_template(tmp_path: Path) -> None:
     doc = {"merge_method": "linear", "dtype": "float32", "chat_template": template, "models": [
         {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]}
     out = tmp_path / "out"
-    api.run(write_config(tmp_path / "c.yml", doc), out, state_dir=tmp_path / "s",
-            output=api.Output(out_type="gguf"))
+    api.run(write_config(tmp_path / "c.yml", doc), out, settings=api.Settings(state_dir=tmp_path / "s",
+                                                                              output=api.Output(out_type="gguf")))
     reader = gguf.GGUFReader(out / "model.gguf")
     assert bytes(reader.fields["tokenizer.chat_template"].parts[-1]).decode() == template
     assert _field(reader, "tokenizer.ggml.tokens") == _field(gguf.GGUFReader(a), "tokenizer.ggml.tokens")
@@ -200,7 +203,8 @@ def test_a_damaged_gguf_output_is_found_by_verify(tmp_path: Path) -> None:
 
     a, b = _parents(tmp_path, "qwen3")
     out, state = tmp_path / "out", tmp_path / "s"
-    api.run(_config(tmp_path, a, b), out, state_dir=state, output=api.Output(out_type="gguf"))  # verify's CLI tested
+    # verify's CLI tested
+    api.run(_config(tmp_path, a, b), out, api.Settings(state_dir=state, output=api.Output(out_type="gguf")))
     data = bytearray((out / "model.gguf").read_bytes())
     data[-40] ^= 1
     (out / "model.gguf").write_bytes(bytes(data))
@@ -243,8 +247,9 @@ def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_
 
     source = smollm2_gguf()
     out = tmp_path / "out"
-    api.run(_config(tmp_path, source, source), out, state_dir=tmp_path / "s",
-            output=api.Output(out_type="gguf", gguf_type="q8_0"))  # in this process: a process start saved
+    # in this process: a process start saved
+    api.run(_config(tmp_path, source, source), out,
+            api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="q8_0")))
     _, got = decoded(out / "model.gguf")
     with name_maps_built_once(), readers_built_once():  # one parse of the file for the model's config and weights
         model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32)
@@ -268,8 +273,9 @@ def test_a_gguf_output_of_safetensors_parents_carries_their_tokenizer_as_llama_c
 
     folder = smollm2_folder()
     out = tmp_path / "out"
-    api.run(_config(tmp_path, folder, folder), out, state_dir=tmp_path / "s",
-            output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(_config(tmp_path, folder, folder), out, settings=api.Settings(state_dir=tmp_path / "s",
+                                                                          output=api.Output(out_type="gguf",
+                                                                                            gguf_type="f16")))
     # the written file parsed once by gguf-py, for this test's reading of its keys and transformers' three (the
     # tokenizer's config, the model's config, its weights)
     with readers_built_once():
@@ -379,12 +385,12 @@ def test_a_tensor_computed_in_workspace_row_chunks_is_byte_identical_to_it_whole
     write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.Q8_0)
     config = _config(tmp_path, a, b)
     output = api.Output(out_type="gguf", gguf_type=gguf_type)
-    api.run(config, tmp_path / "whole", state_dir=tmp_path / "s1", output=output)
+    api.run(config, tmp_path / "whole", settings=api.Settings(state_dir=tmp_path / "s1", output=output))
     chunks: list[int] = []
     cut = compute.TensorCompute._workspace_chunks
     monkeypatch.setattr(compute.TensorCompute, "_workspace_chunks",
                         lambda self, first, stop: chunks.append(len(found := cut(self, first, stop))) or found)
     monkeypatch.setattr(compute, "WORKSPACE_CHUNK_BYTES", 4096)
-    api.run(config, tmp_path / "chunked", state_dir=tmp_path / "s2", output=output)
+    api.run(config, tmp_path / "chunked", settings=api.Settings(state_dir=tmp_path / "s2", output=output))
     assert max(chunks) > 4  # the test's tensors were cut
     assert (tmp_path / "chunked" / "model.gguf").read_bytes() == (tmp_path / "whole" / "model.gguf").read_bytes()

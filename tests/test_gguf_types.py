@@ -138,7 +138,8 @@ def test_a_q4_0_output_writes_its_head_q6_k_and_the_plan_names_its_size(tmp_path
     assert not any(n.startswith("GGUF types:") for n in plan.notes)
     note = next(n for n in plan.notes if n.startswith("GGUF size:"))
     out = tmp_path / "out"
-    api.run(config, out, state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="q4_0"))
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf",
+                                                                                           gguf_type="q4_0")))
     reader = gguf.GGUFReader(out / "model.gguf")
     types = {t.name: t.tensor_type for t in reader.tensors}
     assert types["output.weight"] == Q.Q6_K and types["token_embd.weight"] == Q.Q4_0

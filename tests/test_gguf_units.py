@@ -110,7 +110,7 @@ def test_a_gguf_output_killed_at_every_unit_step_resumes_byte_identical_losing_a
         else:
             assert len(kept) == len(units), point  # every unit written before the file's commit
         reporter = _Counting()
-        api.resume(out, state_dir=state, progress=reporter)
+        api.resume(out, settings=api.Settings(state_dir=state), progress=reporter)
         assert digests(out) == digests(whole), point
         again = set(reporter.written)  # the tensors the resume merged and wrote: only the units not journaled
         assert again == tensors - {t for *_, names in kept for t in names}, point
@@ -132,7 +132,7 @@ def test_a_journaled_unit_whose_bytes_changed_is_written_again(tmp_path: Path, m
     assert [d["name"] for d in report["damaged"]] == ["model.gguf"]
     assert f"unit {index} (bytes {start}-{end})" in report["damaged"][0]["problem"]
     reporter = _Counting()
-    api.resume(out, state_dir=state, progress=reporter)
+    api.resume(out, settings=api.Settings(state_dir=state), progress=reporter)
     assert any(f"unit {index}" in m and "writing 1 of its units again" in m for m in reporter.messages)
     assert set(names) <= set(reporter.written)  # merged and written again, not trusted
     assert set(_units(state)[2][4]).isdisjoint(reporter.written)  # the intact unit after it was kept

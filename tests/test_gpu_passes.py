@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -54,9 +53,9 @@ def test_a_search_on_the_gpu_proposes_the_cpus_candidates_and_keeps_the_same_bes
     from tests.evolve.test_search import make_search
 
     config = make_search(tmp_path)  # a ties genome of two layer groups, two kl tasks and an nll task
-    options: dict[str, Any] = {"max_fevals": 6, "popsize": 3, "random_seed": 7}
-    api.evolve(config, tmp_path / "cpu", **options)
-    api.evolve(config, tmp_path / "gpu", resources=api.Resources(device="cuda"), **options)
+    search = api.Search(max_fevals=6, popsize=3, random_seed=7)
+    api.evolve(config, tmp_path / "cpu", search=search)
+    api.evolve(config, tmp_path / "gpu", api.Settings(resources=api.Resources(device="cuda")), search=search)
     rows = {where: [json.loads(line) for line in (tmp_path / where / "evaluations.jsonl").read_text().splitlines()]
             for where in ("cpu", "gpu")}
     assert len(rows["cpu"]) == 6

@@ -47,8 +47,9 @@ def computed(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     """The merge run to Q4_K_M with its importance matrix computed on it: OUT and the matrix the run wrote."""
     config, texts = merge
     root = tmp_path_factory.mktemp("computed")
-    api.run(config, root / "out", state_dir=root / "s",
-            output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts))
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
+                                                                                                gguf_type="q4_k_m",
+                                                                                                imatrix_texts=texts)))
     (matrix,) = (root / "s" / "imatrix").glob("*.gguf")
     return root / "out", matrix
 
@@ -68,7 +69,7 @@ def test_the_matrix_is_what_transformers_running_the_written_merge_sums(
     config, texts = merge
     out, matrix = computed
     written = tmp_path / "written"
-    api.run(config, written, state_dir=tmp_path / "s")
+    api.run(config, written, settings=api.Settings(state_dir=tmp_path / "s"))
     model = transformers.AutoModelForCausalLM.from_pretrained(written, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(written)
     sums: dict[str, torch.Tensor] = {}
@@ -109,7 +110,8 @@ def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
     needs_library()
     config, _ = merge
     out, matrix = computed
-    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(config, tmp_path / "f16", settings=api.Settings(state_dir=tmp_path / "s",
+                                                            output=api.Output(out_type="gguf", gguf_type="f16")))
     f16 = tmp_path / "f16" / "model.gguf"
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=read_imatrix(matrix))
     ours, theirs = _gguf_bytes(out / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
@@ -128,7 +130,7 @@ def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path]
     config, texts = merge
     _, matrix = computed
     written = tmp_path / "written"
-    api.run(config, written, state_dir=tmp_path / "s")
+    api.run(config, written, settings=api.Settings(state_dir=tmp_path / "s"))
     one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
     measured = tmp_path / "measured.gguf"
     done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
@@ -140,9 +142,10 @@ def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path]
     for name in ours:
         assert np.allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-6), name
     needs_library()
-    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
-    api.run(config, tmp_path / "q", state_dir=tmp_path / "s",
-            output=api.Output(out_type="gguf", gguf_type="q3_k_m", imatrix=measured))
+    api.run(config, tmp_path / "f16", settings=api.Settings(state_dir=tmp_path / "s",
+                                                            output=api.Output(out_type="gguf", gguf_type="f16")))
+    api.run(config, tmp_path / "q", api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q3_k_m", imatrix=measured)))
     quantize_model(tmp_path / "f16" / "model.gguf", tmp_path / "llama.gguf", MIXES["q3_k_m"].file_type,
                    imatrix=ours)
     got, want = _gguf_bytes(tmp_path / "q" / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from resumerge.memory import FakeProbe, MemoryGovernor, Reservation
+from resumerge.memory import FakeProbe, MemoryGovernor, Pacing, Reservation
 from resumerge.merge.engine.inflight import HELD_PER_WORKER, InFlight
 
 
@@ -106,7 +106,7 @@ def test_a_stopped_writer_ends_the_wait_and_close_releases_what_is_left() -> Non
 
 
 def test_close_keeps_a_still_computing_groups_memory_reserved_until_its_computation_ends() -> None:
-    governor = MemoryGovernor(1000, FakeProbe(), margin_fraction=0)
+    governor = MemoryGovernor(1000, FakeProbe(), pacing=Pacing(margin_fraction=0))
     line, _ = _line()
     computing: Future[str] = Future()
     computing.set_running_or_notify_cancel()  # its worker has it: it cannot be cancelled

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from resumerge.api.options import executor_option, keep_option
+from resumerge.api.flagmap import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError

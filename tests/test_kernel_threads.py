@@ -96,10 +96,11 @@ def test_a_run_recorded_before_mkl_was_pinned_with_its_j_is_not_resumed(
         monkeypatch.setattr(merge_plan, "_output_options", before_pinning)
         monkeypatch.setattr(frozenplan, "PINNED_KERNELS", None)
         with pytest.raises(InterruptedMerge):
-            api.run(config, out, state_dir=state, resources=api.Resources(num_threads=2), should_stop=lambda: True)
+            api.run(config, out, settings=api.Settings(state_dir=state, resources=api.Resources(num_threads=2)),
+                    should_stop=lambda: True)
         monkeypatch.undo()
         with pytest.raises(PlanChangedError, match="-j 2's kernels changed"):
-            api.resume(out, state_dir=state)
+            api.resume(out, settings=api.Settings(state_dir=state))
     finally:
         torch.set_num_threads(before)
 

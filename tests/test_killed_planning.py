@@ -64,7 +64,7 @@ def test_status_and_resume_say_the_run_died_planning_and_that_running_it_again_c
         resumed = cli("resume", out, "--state-dir", state)
         assert resumed.returncode == 4 and "killed while planning" in resumed.stderr, resumed.stderr
     with pytest.raises(NothingRecordedError, match="killed while planning"):
-        api.resume(out, state_dir=state)
+        api.resume(out, settings=api.Settings(state_dir=state))
     assert "killed while planning" in cli("status", out, "--state-dir", state).stderr
 
 

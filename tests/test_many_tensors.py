@@ -112,7 +112,7 @@ def test_kill_then_resume_is_identical_without_planning(merged: Merged, tmp_path
     try:
         os.replace(other, weights)
         with pytest.raises(PlanChangedError, match="input file"):
-            api.resume(out, state_dir=state)
+            api.resume(out, settings=api.Settings(state_dir=state))
         assert len(calls) == 1
     finally:
         os.replace(tmp_path / "original", weights)  # the same file again, mtime and all

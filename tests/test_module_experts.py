@@ -78,7 +78,7 @@ def test_ties_merges_each_expert_projection_of_a_stack_found_from_the_modules(fa
     models = [_model(tmp_path / f"m{i}", family, i) for i in range(3)]
     doc = {"merge_method": "ties", "base_model": str(models[0]), "dtype": "float32",
            "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5}} for m in models]}
-    api.run(yaml.safe_dump(doc, sort_keys=False), tmp_path / "out", state_dir=tmp_path / "state")
+    api.run(yaml.safe_dump(doc, sort_keys=False), tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "state"))
     (shard,) = (tmp_path / "out").glob("*.safetensors")
     out = load_file(str(shard))
     _, gate_up, down = FAMILIES[family]

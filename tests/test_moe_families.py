@@ -177,7 +177,8 @@ def test_the_output_loads_and_gives_the_reference_logits(
     missing or unexpected key and computes what a model loaded from the expected tensors computes."""
     base, a, b = models = family_models[family]
     out = tmp_path / "out"
-    api.run(yaml.safe_dump(_config("ties", base, a, b), sort_keys=False), out, state_dir=tmp_path / "state")
+    api.run(yaml.safe_dump(_config("ties", base, a, b), sort_keys=False), out,
+            settings=api.Settings(state_dir=tmp_path / "state"))
     expected = _check(load_file(str(out / "model.safetensors")), _inputs(models), "ties", family)
     reference = tmp_path / "reference"
     reference.mkdir()

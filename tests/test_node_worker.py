@@ -42,7 +42,8 @@ class Merge:
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("node")
     config = ties_of_three(root, ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64))
-    api.run(config, root / "local", state_dir=root / "state", output=api.Output(out_shard_size=SHARD))
+    api.run(config, root / "local", settings=api.Settings(state_dir=root / "state",
+                                                          output=api.Output(out_shard_size=SHARD)))
     prepared = prepare(load_config_text(config.read_text()), PlanOptions(out_shard_size=SHARD))
     return Merge(root, prepared, digests(root / "local"))
 

@@ -114,8 +114,8 @@ def test_notebook_merges_and_its_resume_cell_survives_a_runtime_death(
     config = f"merge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{weight: 0.3}}\n" \
              f"  - model: {b}\n    parameters: {{weight: 0.7}}\ndtype: float32\n"
     reference = tmp_path / "reference"
-    resumerge.run(config, reference, state_dir=tmp_path / "reference-state",
-                  output=resumerge.Output(out_shard_size=SHARD_SIZE))
+    resumerge.run(config, reference, settings=resumerge.Settings(state_dir=tmp_path / "reference-state",
+                                                                 output=resumerge.Output(out_shard_size=SHARD_SIZE)))
 
     drive, state = tmp_path / "drive", tmp_path / "content" / "resumerge-state"
     out = drive / "merged"
@@ -237,8 +237,8 @@ def test_resume_cell_starts_a_merge_whose_runtime_died_before_any_commit(
     config = f"merge_method: linear\nmodels:\n  - model: {a}\n    parameters: {{weight: 0.3}}\n" \
              f"  - model: {b}\n    parameters: {{weight: 0.7}}\ndtype: float32\n"
     reference = tmp_path / "reference"
-    resumerge.run(config, reference, state_dir=tmp_path / "reference-state",
-                  output=resumerge.Output(out_shard_size=SHARD_SIZE))
+    resumerge.run(config, reference, settings=resumerge.Settings(state_dir=tmp_path / "reference-state",
+                                                                 output=resumerge.Output(out_shard_size=SHARD_SIZE)))
     out = tmp_path / "drive" / "merged"
     nb = _notebook({"OUT": str(out), "STATE_DIR": str(tmp_path / "state"), "CONFIG_PATH": str(tmp_path / "merge.yml"),
                     "CONFIG": config, "USE_DRIVE": False, "INSTALL": False, "OUT_SHARD_SIZE": SHARD_SIZE}, {})

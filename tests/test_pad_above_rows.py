@@ -74,7 +74,8 @@ def _searched(root: Path) -> list[dict[str, Any]]:
                      {"nll": {"texts": str(root / "texts.txt")}, "weight": 0.1}]}
     config = root / "evolve.yml"
     config.write_text(yaml.safe_dump(doc))
-    api.evolve(config, root / "store", max_fevals=2, popsize=2, random_seed=3)  # one generation of two
+    api.evolve(config, root / "store", search=api.Search(max_fevals=2, popsize=2,
+                                                         random_seed=3))  # one generation of two
     rows = [json.loads(line) for line in (root / "store" / "evaluations.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k != "config" and "time" not in k and "second" not in k} for row in rows]
 
@@ -103,7 +104,7 @@ def test_a_hidden_gate_over_them_is_mergekit_moes_and_a_kill_in_its_pass_resumes
         (work,) = (state / "moe-routers").iterdir()
         assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors", "layer-00001.safetensors"]
         with passes_on_a_thread():  # run again: the pass goes on from its journal (with or without a plan recorded)
-            api.run(config, out, state_dir=state, merging=api.Merging(random_seed=SEED))
+            api.run(config, out, settings=api.Settings(state_dir=state, merging=api.Merging(random_seed=SEED)))
     theirs, ours = tensors(tmp_path / "mk"), tensors(out)
     assert sorted(ours) == sorted(theirs)
     assert [t for t in theirs if not same_bits(theirs[t], ours[t])] == []

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from resumerge.memory import MemoryGovernor
+from resumerge.memory import MemoryGovernor, Pacing
 from resumerge.merge.engine.executor import _Pipeline
 from resumerge.merge.engine.unitgroup import UnitGroup
 from resumerge.merge.engine.workspace import Workspace
@@ -59,7 +59,7 @@ class _Unit:
 @pytest.fixture
 def pipeline() -> Iterator[tuple[_Pipeline, MemoryGovernor, _Probe]]:
     probe = _Probe()
-    governor = MemoryGovernor(BUDGET, probe, margin_fraction=0.0)
+    governor = MemoryGovernor(BUDGET, probe, pacing=Pacing(margin_fraction=0.0))
     # a writer without a buffer pool: the workspaces' own buffers, as before the writer lent them one
     writer = cast(Any, SimpleNamespace(pool=None))
     line = _Pipeline(cast(Any, None), cast(Any, None), writer, governor, 1, lambda: False, NO_RESOURCES)

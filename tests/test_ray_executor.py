@@ -52,7 +52,7 @@ from raycluster import Cluster, RayHead, ray_cluster
 from support import cli, digests, hub_digests, ties_of_three, write_config
 
 from resumerge import api
-from resumerge.api.options import executor_option
+from resumerge.api.flagmap import executor_option
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.cli.render import show_status
@@ -97,14 +97,16 @@ class Merge:
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     root = tmp_path_factory.mktemp("ray")
     config = ties_of_three(root, SPEC)
-    api.run(config, root / "local", state_dir=root / "state", output=api.Output(out_shard_size=SHARD))
+    api.run(config, root / "local", settings=api.Settings(state_dir=root / "state",
+                                                          output=api.Output(out_shard_size=SHARD)))
     a, b = str(root / "a"), str(root / "b")
     slerp = write_config(root / "slerp.yml", {"merge_method": "slerp", "base_model": a, "dtype": "float32",
                                               "models": [{"model": a}, {"model": b}], "parameters": {"t": 0.3}})
     references = {}
     for threads in (2, 1):
-        api.run(slerp, root / f"slerp-j{threads}", state_dir=root / "state", output=api.Output(out_shard_size=SHARD),
-                resources=api.Resources(num_threads=threads))
+        api.run(slerp, root / f"slerp-j{threads}", settings=api.Settings(state_dir=root / "state",
+                                                                         output=api.Output(out_shard_size=SHARD),
+                                                                         resources=api.Resources(num_threads=threads)))
         references[threads] = digests(root / f"slerp-j{threads}")
     return Merge(config, digests(root / "local"), slerp, references, hub_digests(root / "local"))
 
@@ -222,8 +224,10 @@ class _Refusing(NullReporter):
 
 def _a_run_refused_before_it_computes_leaves_no_worker(merge: Merge, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="refused at the start"):
-        api.run(merge.config, tmp_path / "out", state_dir=tmp_path / "state", executor=RayExecutor(),
-                progress=_Refusing(), output=api.Output(out_shard_size=SHARD))
+        api.run(merge.config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                      executor=RayExecutor(),
+                                                                      output=api.Output(out_shard_size=SHARD)),
+                                                                      progress=_Refusing())
     _wait_for_idle_cluster()  # the API call ended its warm workers
 
 
@@ -245,7 +249,7 @@ def _a_killed_local_run_resumes_on_ray_losing_a_worker_node(cluster: tuple[Clust
     out, state = killed
     lost = cluster[0].workers[1]
     remover = _RemovingNode(cluster[1], lost)
-    outcome = api.resume(out, state_dir=state, executor=RayExecutor(), progress=remover)
+    outcome = api.resume(out, settings=api.Settings(state_dir=state, executor=RayExecutor()), progress=remover)
     assert remover.removed_after > 1  # removed mid-run
     assert digests(out) == merge.reference
     assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
@@ -278,9 +282,10 @@ def _failing_run(merge: Merge, tmp_path: Path, executor: str) -> ResumergeError:
     config.write_text(merge.config.read_text().replace(str(merge.config.parent), str(models)))
     victim = sorted((models / "a").glob("*.safetensors"))[0]
     with pytest.raises(ResumergeError) as caught:
-        api.run(config, tmp_path / f"out-{executor}", state_dir=tmp_path / f"state-{executor}",
-                executor=executor_option(executor),
-                progress=_Damaging(victim), output=api.Output(out_shard_size=SHARD))
+        api.run(config, tmp_path / f"out-{executor}", settings=api.Settings(state_dir=tmp_path / f"state-{executor}",
+                                                                            executor=executor_option(executor),
+                                                                            output=api.Output(out_shard_size=SHARD)),
+                                                                            progress=_Damaging(victim))
     return caught.value
 
 
@@ -315,8 +320,9 @@ def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], mer
     config, out, state = tmp_path / "streamed.yml", tmp_path / "out", tmp_path / "state"
     config.write_text(text)
     writer.hub.requests.clear()
-    outcome = api.run(config, out, state_dir=state, executor=RayExecutor(keep_workers=0),
-                      output=api.Output(out_shard_size=SHARD), resources=api.Resources(stream_inputs=True))
+    outcome = api.run(config, out, settings=api.Settings(state_dir=state, executor=RayExecutor(keep_workers=0),
+                                                         output=api.Output(out_shard_size=SHARD),
+                                                         resources=api.Resources(stream_inputs=True)))
     _wait_for_idle_cluster()
     assert _kept() == {}  # --keep-workers 0: the run's workers ended with it
     assert not _alive_pids(out, state)
@@ -380,8 +386,11 @@ def _runs_on_kept_workers_compute_as_fresh_ones(cluster: tuple[Cluster, Any], me
     said = _Said()
     for threads in (2, 1):
         out, state = tmp_path / f"j{threads}", tmp_path / f"state-j{threads}"
-        outcome = api.run(merge.slerp, out, state_dir=state, executor=RayExecutor(), progress=said,
-                          output=api.Output(out_shard_size=SHARD), resources=api.Resources(num_threads=threads))
+        outcome = api.run(merge.slerp, out, settings=api.Settings(state_dir=state, executor=RayExecutor(),
+                                                                  output=api.Output(out_shard_size=SHARD),
+                                                                  resources=api.Resources(num_threads=threads)),
+                                                                  progress=said,
+                          )
         assert digests(out) == merge.slerp_reference[threads] and outcome.resumed_files == 0
         events = _node_events(out, state)
         assert {e["node"] for e in events} == cluster[0].node_ids() and {e["threads"] for e in events} == {threads}
@@ -480,8 +489,8 @@ def _a_killed_ray_driver_resumes_locally(cluster: tuple[Cluster, Any], merge: Me
     assert ran.returncode == -9, ran.stderr
     _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may upload while it resumes
     assert not any(n.endswith(".safetensors") for n in repo_files(writer, "alice/ray"))
-    outcome = api.resume("hf://alice/ray", state_dir=state, executor=LocalExecutor(),
-                         hub=api.Hub(commit_every=4, commit_interval=3600))
+    outcome = api.resume("hf://alice/ray", settings=api.Settings(state_dir=state, executor=LocalExecutor(),
+                                                                 hub=api.Hub(commit_every=4, commit_interval=3600)))
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=None)
 
@@ -497,7 +506,7 @@ def _a_killed_ray_driver_leaves_a_folder_out_that_resumes_locally(cluster: tuple
     assert ran.returncode == -9, ran.stderr
     assert _done_shards(out, state) == 3
     _wait_for_idle_cluster()  # Ray ends the dead driver's tasks: none may write into OUT while it resumes
-    outcome = api.resume(out, state_dir=state, executor=LocalExecutor())
+    outcome = api.resume(out, settings=api.Settings(state_dir=state, executor=LocalExecutor()))
     assert digests(out) == merge.reference
     assert outcome.resumed_files == 3  # every recorded shard kept, only the rest made again
     # The killed driver's last shard lost its node event (journaled after the ledger row the kill followed).
@@ -515,7 +524,7 @@ def _a_killed_ray_driver_resumes_on_its_kept_workers(cluster: tuple[Cluster, Any
     assert ran.returncode == -9, ran.stderr
     assert {e["pid"] for e in _node_events(out, state)} <= kept
     _wait_for_idle_cluster()  # the leases taken back: the dead run's pipelines stopped, without a new run
-    outcome = api.resume(out, state_dir=state, executor=RayExecutor())
+    outcome = api.resume(out, settings=api.Settings(state_dir=state, executor=RayExecutor()))
     assert digests(out) == merge.reference  # every file in OUT is the local run's: no temp file left
     assert outcome.resumed_files == 3
     assert {e["pid"] for e in _node_events(out, state)} == kept  # the killed run's workers served the resume
@@ -538,9 +547,9 @@ def _the_nodes_upload_their_shards_and_the_driver_alone_commits(merge: Merge, wr
     # node's workers are: the driver starts none. The run keeps it two seconds idle, then it ends.
     state = tmp_path / "state"
     with _the_driver_uploads_no_shard(monkeypatch), _no_worker_started_after_the_plan(monkeypatch):
-        outcome = api.run(merge.config, "hf://alice/ray", state_dir=state, executor=RayExecutor(keep_workers=2.0),
-                          output=api.Output(out_shard_size=SHARD), hub=api.Hub(commit_every=4, commit_interval=3600),
-                          resources=api.Resources(max_disk=max_disk))
+        outcome = api.run(merge.config, "hf://alice/ray", api.Settings(
+            state_dir=state, executor=RayExecutor(keep_workers=2.0), output=api.Output(out_shard_size=SHARD),
+            hub=api.Hub(commit_every=4, commit_interval=3600), resources=api.Resources(max_disk=max_disk)))
     assert _kept()
     assert outcome.target == "hf://alice/ray"
     _hub_output_checked(merge, writer, "alice/ray", state, nodes=1, max_disk=max_disk)
@@ -745,8 +754,9 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     # The resume: each node uploads the shards it makes (what the stopped run's nodes uploaded is on the hub
     # already: not sent again), the driver alone commits, in batches.
     with _warm_reservation_never_ready(cluster[0], monkeypatch) as adopted, _the_driver_uploads_no_shard(monkeypatch):
-        outcome = api.resume("hf://alice/stopped", state_dir=state, executor=RayExecutor(),
-                             hub=api.Hub(commit_every=4, commit_interval=3600))
+        outcome = api.resume("hf://alice/stopped", settings=api.Settings(state_dir=state, executor=RayExecutor(),
+                                                                         hub=api.Hub(commit_every=4,
+                                                                                     commit_interval=3600)))
     assert adopted == [False]
     assert outcome.resumed_files >= len(shards)
     _hub_output_checked(merge, writer, "alice/stopped", state, nodes=2)

@@ -246,13 +246,13 @@ def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_f
     (tmp_path / "a.txt").write_text("alpha beta gamma delta\nsigma omega rho tau\n")
     config = _config(tmp_path, [{"name": "tiny_mc", "metric": "acc,none", "weight": 2.0},
                                 {"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}}])
-    asked = {**OPTIONS, "task_search_path": tmp_path / "tasks"}
     with one_thread():
-        api.evolve(config, tmp_path / "local", **asked)
+        api.evolve(config, tmp_path / "local", search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
     with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
         here.setattr(StreamedCandidates, "score", _not_here)
         here.setattr(LmEvalCandidates, "score", _not_here)
-        api.evolve(config, tmp_path / "ray", executor=RayExecutor(address=cluster.address), **asked)
+        api.evolve(config, tmp_path / "ray", api.Settings(executor=RayExecutor(address=cluster.address)),
+                   search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
     for name in FILES:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 
@@ -270,12 +270,12 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     # the Ray runs' tokenising of the prompts) on a thread of this process: its process is not what this tests (an
     # interpreter start with torch and transformers saved each time, ~6 CPU s). The killed run below has its own.
     with one_thread(), passes_on_a_thread():
-        api.run(config, tmp_path / "local", state_dir=tmp_path / "s-local")
+        api.run(config, tmp_path / "local", settings=api.Settings(state_dir=tmp_path / "s-local"))
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here, passes_on_a_thread():  # no decoder layer runs here: on the node
         here.setattr(Streams, "layer", _not_here)
         here.setattr(gatesites, "start_child", _encode_only(gatesites.start_child))
-        api.run(config, tmp_path / "ray", state_dir=tmp_path / "s-ray", executor=on_ray)
+        api.run(config, tmp_path / "ray", settings=api.Settings(state_dir=tmp_path / "s-ray", executor=on_ray))
     assert digests(tmp_path / "ray") == digests(tmp_path / "local")
     (routers,) = (tmp_path / "s-local").glob("moe-routers/*/routers.safetensors")  # keyed by content: the same key
     assert (tmp_path / "s-ray" / routers.relative_to(tmp_path / "s-local")).read_bytes() == routers.read_bytes()
@@ -287,7 +287,7 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     (work,) = (tmp_path / "s-both" / "moe-routers").iterdir()
     assert sorted(p.name for p in work.iterdir()) == ["layer-00000.safetensors"]
     with passes_on_a_thread():
-        api.run(config, tmp_path / "both", state_dir=tmp_path / "s-both", executor=on_ray)
+        api.run(config, tmp_path / "both", settings=api.Settings(state_dir=tmp_path / "s-both", executor=on_ray))
     assert digests(tmp_path / "both") == digests(tmp_path / "local")
 
 

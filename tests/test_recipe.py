@@ -412,7 +412,8 @@ def test_cleanup_intermediates_deletes_only_stage_files_and_rebuilds_when_needed
     recipe.write_text(_local_recipe(models))
     args = ["--state-dir", str(state), "--quiet"]
     # The Python API takes recipes too.
-    outcome = resumerge.run(recipe, out, state_dir=state, output=resumerge.Output(out_shard_size=SHARD))
+    outcome = resumerge.run(recipe, out, settings=resumerge.Settings(state_dir=state,
+                                                                     output=resumerge.Output(out_shard_size=SHARD)))
     assert outcome.out_dir == out and outcome.plan.method == "passthrough"
     assert resumerge.api.recipe_status(out, state_dir=state).stages_done == 3
     kept = _model_files(out)

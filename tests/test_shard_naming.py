@@ -92,8 +92,8 @@ def test_a_plan_names_its_shards_like_its_parent(tmp_path: Path, pattern: str | 
 def test_a_run_writes_the_parent_s_names_and_an_index_of_them(tmp_path: Path) -> None:
     a, b = _pair(tmp_path, SIX)
     out = tmp_path / "out"
-    api.run(write_config(tmp_path / "m.yml", linear_config(a, b)), out, state_dir=tmp_path / "state",
-            output=api.Output(out_shard_size="15k"))
+    api.run(write_config(tmp_path / "m.yml", linear_config(a, b)), out,
+            settings=api.Settings(state_dir=tmp_path / "state", output=api.Output(out_shard_size="15k")))
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(shards) > 2 and shards == [SIX.format(index=i, total=len(shards)) for i in range(1, len(shards) + 1)]
     index = json.loads((out / "model.safetensors.index.json").read_text())

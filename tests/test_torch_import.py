@@ -208,7 +208,8 @@ def test_plan_imports_torch_and_times_the_sample_in_a_helper_that_a_refusal_does
     assert printed[:4] == ["0", "0", "True", "True"]
     threads = torch.get_num_threads()
     try:
-        here = api.estimate(good, tmp_path / "out", probe_size=0, resources=api.Resources(num_threads=1))
+        here = api.estimate(good, tmp_path / "out", probe_size=0,
+                            settings=api.Settings(resources=api.Resources(num_threads=1)))
     finally:
         set_torch_threads(threads)
     assert isinstance(here, Estimate)

@@ -94,8 +94,8 @@ def test_equal_to_mergekit_with_the_smaller_model_as_base(tmp_path: Path, make: 
                                                           mergekit: Mergekit) -> None:
     small, large = make("small", vocab=64, seed=1), make("large", vocab=66, seed=2)
     cfg = write_config(tmp_path / "c.yml", _doc(small, large, small))
-    ours = api.run(cfg, tmp_path / "ours", state_dir=tmp_path / "state",
-                   merging=api.Merging(unsafe_truncate_embeddings=True)).out_dir
+    ours = api.run(cfg, tmp_path / "ours", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                 merging=api.Merging(unsafe_truncate_embeddings=True))).out_dir
     done = mergekit.run(cfg, tmp_path / "theirs", "--unsafe-truncate-embeddings", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     mine, theirs = _tensors(Path(ours)), _tensors(tmp_path / "theirs")

@@ -54,7 +54,7 @@ def _same_as_written(tmp_path: Path, config: Path, resources: api.Resources | No
     the merge, open."""
     state = tmp_path / "state"
     out = tmp_path / "out"
-    api.run(config, out, state_dir=state)
+    api.run(config, out, settings=api.Settings(state_dir=state))
     written = _stored(out)
     merge = api.open_unwritten(config, state_dir=state, resources=resources or api.Resources())
     got = _unwritten_tensors(merge)
@@ -189,7 +189,7 @@ def test_under_a_small_budget_tensors_are_merged_in_row_chunks_into_the_same_byt
         {"model": str(a), "parameters": {"weight": 0.6, "density": 0.5}},
         {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]}
     config = _config(tmp_path / f"{method}.yml", {**doc, "base_model": str(base)} if method == "ties" else doc)
-    api.run(config, tmp_path / "out", state_dir=tmp_path / "state")
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "state"))
     written = _stored(tmp_path / "out")
     # A quarter of it is below a projection's merge: those are merged, as run merges them, a few rows at a time.
     governor = MemoryGovernor(24 << 20, FakeProbe())

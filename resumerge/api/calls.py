@@ -22,13 +22,13 @@ from resumerge.api.evolution import EvolveOutcome
 from resumerge.api.importance import computed_imatrix
 from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
-    Hub,
     Lora,
     Merging,
     Output,
     PathLike,
     Resources,
-    Stages,
+    Search,
+    Settings,
     Trackers,
     config_text,
     flat_resources,
@@ -38,10 +38,9 @@ from resumerge.api.options import (
     pass_settings,
     plan_options,
     recorded_device,
-    run_settings,
+    settings_for,
     started_early,
     stop_flag,
-    taken,
     usable_device,
 )
 from resumerge.api.reading import named
@@ -77,15 +76,9 @@ if TYPE_CHECKING:
 def run(
     config: PathLike,
     out: PathLike,
+    settings: Settings = Settings(),
     *,
-    state_dir: PathLike | None = None,
-    output: Output = Output(),
-    merging: Merging = Merging(),
-    resources: Resources = Resources(),
-    hub: Hub = Hub(),
-    stages: Stages = Stages(),
     restart: bool = False,
-    executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
     codecs: CodecTable | None = None,
@@ -93,11 +86,13 @@ def run(
 ) -> Outcome:
     """Merge ``config`` into ``out``, like ``resumerge run``. ``config`` is a YAML file (a ``Path``, or a ``str``
     naming one) or YAML text (a ``str`` holding a newline or a one-line YAML mapping); the same holds for every
-    ``config`` parameter here. The options come in groups (:mod:`.options`: what OUT holds, how models are merged,
-    what the run may use, how an ``hf://`` OUT is written, a recipe's stages), each a frozen object a notebook builds
-    once and passes to every call; ``restart`` starts over an earlier, different run into ``out``.
+    ``config`` parameter here. ``settings`` (:class:`~resumerge.api.options.Settings`, one frozen object a notebook
+    builds once and passes to every call) holds the options in groups: what OUT holds (``output``), how models are
+    merged (``merging``), what the run may use (``resources``), how an ``hf://`` OUT is written (``hub``), a
+    recipe's stages (``stages``), the ``state_dir`` and the ``executor``; ``restart`` starts over an earlier,
+    different run into ``out``.
 
-    ``executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
+    ``settings.executor`` computes the output shards: None or ``LocalExecutor()`` this process; ``RayExecutor(address,
     keep_workers)`` (``--executor ray --ray-address --keep-workers``, from :mod:`resumerge.merge.engine.executors`) a
     worker per node of the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else a Ray started for the run; OUT and
     the inputs must be paths every node sees); the bytes are the same whichever computes, and a run started with one
@@ -110,8 +105,9 @@ def run(
     recipe's record. A single merge is refused (exit 4) into a recipe's OUT, even with ``restart``: it would leave
     the recipe's record stale.
 
-    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (as ``hub`` says) in shards
-    of about 1/100 of the output by default (25 MB to 1 GB), at most ``resources.max_disk`` bytes uncommitted.
+    ``out`` may be ``"hf://NAMESPACE/NAME[@BRANCH]"``: the merge goes to that hub repo (as ``settings.hub`` says)
+    in shards of about 1/100 of the output by default (25 MB to 1 GB), at most ``resources.max_disk`` bytes
+    uncommitted.
 
     A mergekit-moe config (``base_model`` and ``experts``) is upcycled into a mixture of experts, as
     ``mergekit-moe`` does.
@@ -131,9 +127,9 @@ def run(
     before the run starts.
     """
     named(out)
-    settings = run_settings(state_dir, resources, hub, executor=executor)
+    output, merging, stages = settings.output, settings.merging, settings.stages
     # A Ray run's workers start first: they import while this process imports and plans.
-    with started_early(settings, out, resources.device) as settings:
+    with started_early(settings_for(settings, "run"), out, settings.resources.device) as running:
         from resumerge.merge.plan.sharding import shard_size_choice
 
         text = config_text(config)
@@ -145,12 +141,12 @@ def run(
             raise UsageError(f"--imatrix-texts computes the importance matrix of a single merge, and "
                              f"{source_name(config, 'the config')} is a {kind.name} config",
                              hint="merge it first, then give --imatrix the matrix measure --imatrix writes of it")
-        options = computed_imatrix(plan_options(output, merging, resources,
+        options = computed_imatrix(plan_options(output, merging, settings.resources,
                                                 out_shard_size=shard_size_choice(output.out_shard_size, out)[0]),
-                                   text, settings.state)
+                                   text, running.state)
         # OUT's locations (state dir, run dir, ledger), resolved once and handed down with the call.
-        where = settings.state.run(out)
-        call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts, where=where,
+        where = running.state.run(out)
+        call = Call(config, text, out, options, running, allow_same_experts=merging.allow_same_experts, where=where,
                     codecs=codecs)
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
                           cleanup=stages.cleanup_intermediates)
@@ -165,39 +161,33 @@ def run(
         return outcome
     from resumerge.api.checked import checked
 
-    return checked(outcome, state=settings.state, max_memory=settings.max_memory, executor=settings.executor,
+    return checked(outcome, state=running.state, max_memory=running.max_memory, executor=running.executor,
                    reporter=_reporter(progress))
-
 
 def resume(
     out: PathLike,
+    settings: Settings = Settings(),
     *,
-    state_dir: PathLike | None = None,
-    resources: Resources = Resources(),
-    hub: Hub = Hub(),
-    stages: Stages = Stages(),
-    executor: Executor | None = None,
     progress: bool | Reporter = False,
     should_stop: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Finish the merge recorded for ``out``, like ``resumerge resume`` (for a recipe: every stage still to do,
-    returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. The options mean what they
-    mean for :func:`run` (those a run records, its device and how it reads its inputs, are refused here); none of
+    returning the final stage's outcome); an ``hf://`` OUT resumes from the repo alone. ``settings`` mean what they
+    mean for :func:`run` (what a run records, its output and merging groups, its device and how it reads its inputs,
+    is refused here); none of
     them changes the output, so they may differ from the first run's — but ``num_threads``: a run whose methods'
     bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the recorded count, and a different one is
     refused (UsageError)."""
     named(out)
-    for group in (resources, hub, stages):
-        taken(group, "resume")
-    settings = run_settings(state_dir, resources, hub, executor=executor)
-    driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=stages.cleanup_intermediates)
+    driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=settings.stages.cleanup_intermediates)
+    given = settings_for(settings, "resume")
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
     # only the hub's manifest says the device.
-    with started_early(settings, out, recorded_device(out, settings)) as settings:
-        where = settings.state.run(out)  # resolved once: the recorded kind and the engine take it as is
+    with started_early(given, out, recorded_device(out, given)) as running:
+        where = running.state.run(out)  # resolved once: the recorded kind and the engine take it as is
         own = own_record(where)
         if own is not None:
-            return own.resume_own(where, settings, driving)
+            return own.resume_own(where, running, driving)
         from resumerge.api.analyses import kept
         from resumerge.errors import NothingRecordedError
         from resumerge.merge.engine.session import resuming
@@ -205,62 +195,47 @@ def resume(
         # What the run recorded, read once; the kind it names (or, for a run recorded before kinds were, the one
         # its text is) resumes it; a model card it rebuilt gets the last check's section back.
         try:
-            with resuming(where, settings, driving.reporter) as recorded:
-                outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, settings, driving)
+            with resuming(where, running, driving.reporter) as recorded:
+                outcome = recorded_kind(recorded.kind, recorded.text).resume(recorded, running, driving)
         except NothingRecordedError as exc:  # a run killed while planning: its kind says what it had done
             raise killed_account(exc, where) from None
-        return kept(outcome, settings.state)  # what the analyses wrote into OUT (a check's card section)
-
+        return kept(outcome, running.state)  # what the analyses wrote into OUT (a check's card section)
 
 def extract_lora(
-    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
-    merging: Merging = Merging(), resources: Resources = Resources(), hub: Hub = Hub(),
-    state_dir: PathLike | None = None, restart: bool = False, plan: bool = False,
-    progress: bool | Reporter = False, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
+    model: str, base_model: str, out: PathLike, settings: Settings = Settings(), *, lora: Lora = Lora(),
+    restart: bool = False, plan: bool = False, progress: bool | Reporter = False,
+    should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
     """Extract a PEFT LoRA adapter of ``model`` (the fine-tune) against ``base_model`` into ``out``, like
     ``resumerge extract-lora`` (``lora``: mergekit-extract-lora's options and meanings). Journaled like a merge:
-    :func:`resume` finishes it. The other options mean what they mean for :func:`run` (of ``output`` only
-    ``write_model_card`` applies: an adapter is one file). Each module's factors are kept in the state dir until the
-    adapter is committed, then deleted here.
+    :func:`resume` finishes it. ``settings`` mean what they mean for :func:`run` (of ``output`` only
+    ``write_model_card`` applies: an adapter is one file; no ``stages``, no ``executor``). Each module's factors are
+    kept in the state dir until the adapter is committed, then deleted here.
 
     ``plan=True`` returns :func:`estimate_extraction`'s estimate instead (``fresh_process`` as there), writing
     nothing; call that function for it, which always returns an estimate.
     """
-    for group in (output, merging, resources, hub):
-        taken(group, "extract_lora")
-    settings = run_settings(state_dir, resources, hub)
-    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings, settings_for(settings, "extract_lora"))
     if plan:
         return _estimate_extraction(call, fresh_process)
     named(out)
     driving = Driving(stop_flag(should_stop), restart=restart)
-    call = replace(call, where=settings.state.run(out))  # resolved once, handed down with the call
+    call = replace(call, where=call.settings.state.run(out))  # resolved once, handed down with the call
     with nothing_started(call.locations):
         EXTRACTION.check(call, driving)
         return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
 
 
 def estimate_extraction(
-    model: str, base_model: str, out: PathLike, *, lora: Lora = Lora(), output: Output = Output(),
-    merging: Merging = Merging(), resources: Resources = Resources(), state_dir: PathLike | None = None,
+    model: str, base_model: str, out: PathLike, settings: Settings = Settings(), *, lora: Lora = Lora(),
     fresh_process: bool = False,
 ) -> Estimate:
     """Validate the LoRA extraction that :func:`extract_lora` would run with these options (they mean what they
     mean there) and return its :class:`~resumerge.analyses.estimate.costs.Estimate`, as :func:`estimate` does for a
     merge (``fresh_process`` as there; ``resumerge extract-lora --plan``), writing nothing."""
-    for group in (output, merging, resources):
-        taken(group, "estimate_extraction")
-    settings = run_settings(state_dir, resources)
-    call = _extraction_call(_spec(model, base_model, lora), out, settings, output, merging, resources)
+    call = _extraction_call(_spec(model, base_model, lora), out, settings,
+                            settings_for(settings, "estimate_extraction"))
     return _estimate_extraction(call, fresh_process)
-
-
-
-
-
-
-
 
 def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
           prompts: PathLike | None = None, resources: Resources = Resources(),
@@ -405,31 +380,26 @@ def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging 
 def estimate(
     config: PathLike,
     out: PathLike | None = None,
+    settings: Settings = Settings(),
     *,
-    state_dir: PathLike | None = None,
-    output: Output = Output(),
-    merging: Merging = Merging(),
-    resources: Resources = Resources(),
-    stages: Stages = Stages(),
     probe_size: int | str = "32MiB",
     bandwidth: str | None = None,
     session: str | None = None,
     disk_free: Callable[[Path], int] | None = None,
     fresh_process: bool = False,
-    executor: Executor | None = None,
 ) -> Estimate | RecipeEstimate:
     """Validate ``config`` and estimate disk, downloads, peak RAM and time of merging it into ``out``, like
     ``resumerge plan CONFIG OUT``; ``.fits`` and ``.reasons`` give the verdict, ``.to_json()`` the document
     ``plan --json`` prints. Writes nothing but the disk probe's temp file (deleted; ``probe_size=0`` skips it).
 
-    The options mean what they mean for :func:`run` (``executor`` is checked, not timed): compute is timed on
-    ``resources.device`` with ``resources.num_threads`` threads (a GPU this machine lacks is refused, exit 2).
-    ``out`` may be an ``hf://`` target and ``resources.max_disk`` bounds the local disk. A multi-document ``config``
-    is a recipe: every stage is estimated (a :class:`~resumerge.runs.recipes.estimate.RecipeEstimate`), which needs
-    ``out`` to place them (``stages.intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the free-space
-    reading (tests simulate small disks with it); ``fresh_process`` says this process was started for this estimate,
-    as the merge's will be (the CLI), so its age counts as the merge's start-up. Raises the same errors as
-    :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
+    ``settings`` mean what they mean for :func:`run` (``executor`` is checked, not timed; no ``hub``): compute is
+    timed on ``resources.device`` with ``resources.num_threads`` threads (a GPU this machine lacks is refused, exit
+    2). ``out`` may be an ``hf://`` target and ``resources.max_disk`` bounds the local disk. A multi-document
+    ``config`` is a recipe: every stage is estimated (a :class:`~resumerge.runs.recipes.estimate.RecipeEstimate`),
+    which needs ``out`` to place them (``stages.intermediate_dir`` as for :func:`run`). ``disk_free`` replaces the
+    free-space reading (tests simulate small disks with it); ``fresh_process`` says this process was started for
+    this estimate, as the merge's will be (the CLI), so its age counts as the merge's start-up. Raises the same
+    errors as :func:`plan_merge` for an invalid merge; a merge that does not fit is not an error.
 
     A merge with hub inputs or an ``hf://`` OUT gets a network estimate (``.network``, none for a recipe): bytes
     each way at ``bandwidth`` (``"DOWN[/UP]"`` per second, e.g. ``"150MB/75MB"``) or at a download rate measured by
@@ -445,23 +415,22 @@ def estimate(
 
     if out is not None:
         named(out)
-    for group in (output, merging, resources, stages):
-        taken(group, "estimate")
+    given = settings_for(settings, "estimate")
+    output = settings.output
     link = parse_bandwidth(bandwidth) if bandwidth is not None else None
     length = parse_duration(session) if session is not None else None
     # The estimate plans without the thread count (as it always has): its fingerprint is the config's own.
-    options = plan_options(output, merging, resources, num_threads=None,
+    options = plan_options(output, settings.merging, settings.resources, num_threads=None,
                            out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
-    settings = run_settings(state_dir, resources, executor=executor)
-    options = computed_imatrix(options, config_text(config), settings.state)
+    options = computed_imatrix(options, config_text(config), given.state)
     usable_device(options.device)
     measuring = Measuring(probe_bytes=parse_size(probe_size, option="--probe-size"),
                           disk_free=disk_free or free_bytes, bandwidth=link)
     text = config_text(config)
-    call = Call(config, text, out, options, settings, allow_same_experts=merging.allow_same_experts)
+    call = Call(config, text, out, options, given, allow_same_experts=settings.merging.allow_same_experts)
     with nothing_written():
         result = kind_of(text).estimate(call, measuring, fresh_process=fresh_process,
-                                        intermediate_dir=stages.intermediate_dir)
+                                        intermediate_dir=settings.stages.intermediate_dir)
     from resumerge.runs.recipes import estimate as recipes
 
     if isinstance(result, recipes.RecipeEstimate):  # a plan per stage, each with its own shard size
@@ -477,13 +446,13 @@ def _spec(model: str, base_model: str, lora: Lora) -> ExtractSpec:
     return ExtractSpec(model=model, base_model=base_model, **given)
 
 
-def _extraction_call(spec: ExtractSpec, out: PathLike, settings: RunSettings, output: Output, merging: Merging,
-                     resources: Resources) -> Call:
+def _extraction_call(spec: ExtractSpec, out: PathLike, asked: Settings, settings: RunSettings) -> Call:
     """The call of the extraction ``spec`` into ``out`` (its recorded text is the spec's; one adapter file, no
     tokenizer)."""
     from resumerge.runs.extract.spec import spec_text
 
-    options = plan_options(output, merging, resources, out_shard_size=DEFAULT_SHARD_SIZE, copy_tokenizer=False)
+    options = plan_options(asked.output, asked.merging, asked.resources, out_shard_size=DEFAULT_SHARD_SIZE,
+                           copy_tokenizer=False)
     text = spec_text(spec)
     return Call(text, text, out, options, settings)
 
@@ -505,28 +474,25 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
     return None if isinstance(progress, bool) else progress
 
 
-def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsize: int | None = None,
-           sigma0: float = 1 / 6, random_seed: int = 0, resources: Resources = Resources(),
+def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(), *, search: Search = Search(),
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
-           task_search_path: PathLike | None = None, executor: Executor | None = None,
-           max_memory: int | str | None = None, device: str | None = None,
-           progress: Callable[[SearchStep], None] | None = None, trackers: Trackers = Trackers(),
-           state_dir: PathLike | None = None) -> EvolveOutcome:
-    """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``:
-    ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), ``max_fevals`` evaluations, first step
-    ``sigma0``, draws seeded by ``random_seed``; everything kept in the folder ``storage`` (``evaluations.jsonl``
-    and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the same call resumes and ends with the same
-    files. Each candidate is merged as :func:`run` merges (within ``resources.max_memory``, on
-    ``resources.device``, the only fields of :func:`run`'s group a search honours; the flat ``max_memory=`` and
-    ``device=`` of earlier releases build the same ``Resources`` object) into a folder of
+           task_search_path: PathLike | None = None, trackers: Trackers = Trackers(),
+           progress: Callable[[SearchStep], None] | None = None) -> EvolveOutcome:
+    """Search the merge parameters of the mergekit-evolve ``config`` with CMA-ES, like ``resumerge evolve``
+    (``search``: :class:`~resumerge.api.options.Search`, ``popsize`` candidates a generation, None: cma's 4 + 3 ln
+    n, ``max_fevals`` evaluations, first step ``sigma0``, draws seeded by ``random_seed``); everything kept in the
+    folder ``storage`` (``evaluations.jsonl`` and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the
+    same call resumes and ends with the same files. Each candidate is merged as :func:`run` merges (within
+    ``settings.resources.max_memory``, on ``resources.device``, the only fields of :func:`run`'s resources a search
+    honours; ``settings`` holds no output, merging, hub or stages options here) into a folder of
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
     texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
     :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
-    mergekit-evolve refuses them. ``executor`` (the object :func:`run` takes): None or ``LocalExecutor()`` scores
-    every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes of
-    that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
-    for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with
-    the other), and writes ``merge_best`` on it as :func:`run` does. The search ends after exactly ``max_fevals``
+    mergekit-evolve refuses them. ``settings.executor`` (the object :func:`run` takes): None or ``LocalExecutor()``
+    scores every candidate in this process; ``RayExecutor(address)`` spreads each generation's candidates over the nodes
+    of that Ray cluster, each node scoring a group of them (the streamed pass: its node reads the parents' layers once
+    for its group), ``storage`` on a path every node sees (the same files; a search started with one resumes with the
+    other), and writes ``merge_best`` on it as :func:`run` does. The search ends after exactly ``search.max_fevals``
     evaluations (its last generation cut to what is left), or earlier where cma's own criteria stop it.
     ``progress``: told each step (:class:`~resumerge.runs.evolve.progress.SearchStep`: a generation begun, a pass's
     layer, a candidate scored, with the best objective so far and the time left), as ``resumerge evolve`` prints
@@ -535,7 +501,7 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     ``wandb_project`` of ``wandb_entity``, and ``trackio``, to ``trackio_project``): the search logged there, a row
     per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
     best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
-    ``state_dir``: as for :func:`run` (the parents' small files, the kl tasks' texts' tokens, ``merge_best``'s
+    ``settings.state_dir``: as for :func:`run` (the parents' small files, the kl tasks' texts' tokens, ``merge_best``'s
     ledger); ``resumerge status STORAGE`` (:func:`status`) says where the search stands.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
@@ -546,11 +512,11 @@ def evolve(config: PathLike, storage: PathLike, *, max_fevals: int = 100, popsiz
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.runs.evolve.search import SearchOptions
 
-    resources = flat_resources(resources, "evolve", max_memory=max_memory, device=device)
-    settings = run_settings(state_dir, resources, executor=executor)  # the state dir resolved here, once
-    asked = SearchAsked(config, Path(storage), SearchOptions(max_fevals, popsize, sigma0, random_seed), resources,
-                        settings.state, merge_best, allow_benchmark_tasks, task_search_path, pass_placement(settings),
-                        executor, _tracking(trackers))
+    given = settings_for(settings, "evolve")  # the state dir resolved here, once
+    options = SearchOptions(search.max_fevals, search.popsize, search.sigma0, search.random_seed)
+    asked = SearchAsked(config, Path(storage), options, settings.resources, given.state, merge_best,
+                        allow_benchmark_tasks, task_search_path, pass_placement(given), settings.executor,
+                        _tracking(trackers))
     return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)
 
 

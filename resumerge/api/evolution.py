@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.api.options import Output, PathLike, Resources, config_text
+from resumerge.api.options import Output, PathLike, Resources, Settings, config_text
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, OnRay, PassPlacement
 from resumerge.errors import UsageError
@@ -117,7 +117,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     files.claim(store, planned.identity())
 
     def merge(text: str, out: Path, state: Path) -> None:
-        run(text, out, state_dir=state, resources=resources, output=Output(write_model_card=False))
+        run(text, out, Settings(output=Output(write_model_card=False), resources=resources, state_dir=state))
 
     source = tokenizer_model(planned.spec.genome)
     tokenizer = Path(source) if source is not None else None
@@ -162,8 +162,9 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
                               told, command, logs)
         else:
             best = run_search(planned, store, scorer_at(store, told.say), told, command, logs)
-    merged = run(store / files.BEST, merge_best, resources=resources, executor=asked.executor,
-                 state_dir=asked.state.given) if merge_best is not None else None
+    merged = run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
+                                                          state_dir=asked.state.given)) \
+        if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 

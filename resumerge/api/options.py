@@ -1,21 +1,21 @@
-"""What a caller asks of a run, as a few frozen groups a notebook builds once and passes to every call
-(:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`, :class:`Lora`,
-:class:`Surgery`, :class:`Trackers`), and the one
+"""What a caller asks of a run, as a few frozen groups (:class:`Output`, :class:`Merging`, :class:`Resources`,
+:class:`Hub`, :class:`Stages`, :class:`Lora`, :class:`Surgery`, :class:`Trackers`, :class:`Search`), the run's
+groups held in one :class:`Settings` a notebook builds once and passes to every call, and the one
 place they become :class:`~resumerge.merge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
 :class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
 named, a config given as a file or as YAML text, a recipe's OUT kept from a single merge. Each raises
 :class:`~resumerge.errors.UsageError` (exit 2) for a bad value, before any work.
 
 A group's field is named as the CLI flag's dest (``max_memory`` is ``--max-memory``): the CLI hands its parsed
-flags to :func:`grouped`, which packs them into the groups the API function takes, so a new option is a field of
-its group and a flag, nothing else. A field that some function cannot honour says which (``not_for``): that
-function refuses it when set (UsageError), and the CLI has no such flag there (tests/test_front_door.py).
+flags to :func:`~resumerge.api.flagmap.grouped`, which packs them into the groups the API function takes, so a new
+option is a field of its group and a flag, nothing else. A field that some function cannot honour says which
+(``not_for``): that function refuses it when set (UsageError), and the CLI has no such flag there
+(tests/test_front_door.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import StateDir
-from resumerge.config.settings import KEEP_WORKERS, HubOutputOptions, RunSettings
+from resumerge.config.settings import HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.merge.plan.defaults import DEFAULT_SEED
@@ -187,15 +187,53 @@ class Trackers:
     trackio_project: str = "resumerge-evolve"
 
 
-GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers)
+@dataclass(frozen=True)
+class Search:
+    """How CMA-ES searches (``evolve``, mergekit-evolve's options and defaults): ``max_fevals`` evaluations (the
+    last generation cut to what is left), ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), the first
+    step size ``sigma0`` and the ``random_seed`` of its draws."""
+
+    max_fevals: int = 100
+    popsize: int | None = None
+    sigma0: float = 1 / 6
+    random_seed: int = 0
+
+
+# The calls that write a run, and their estimates, which take one Settings (below).
+_NO_HUB = ("estimate", "estimate_extraction", "estimate_tokensurgeon", *_SEARCH)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a call that writes a run (``run``, ``resume``, ``extract_lora``, ``tokensurgeon``, ``evolve``)
+    and its estimate reads besides what it is asked to do, as one value a notebook builds once and hands to each
+    call: the groups ``output``, ``merging``, ``resources``, ``hub`` and ``stages``, the ``state_dir`` keeping the
+    runs' records (None: ``RESUMERGE_STATE_DIR``, else the default) and the ``executor`` computing the shards (None
+    or ``LocalExecutor()``: this process; ``RayExecutor(address, keep_workers)``: a Ray cluster). A group or field
+    a call cannot honour is refused there when set (UsageError, exit 2), as :func:`taken` says."""
+
+    output: Output = field(default=Output(), metadata=_not_for("resume", *_SEARCH))
+    merging: Merging = field(default=Merging(), metadata=_not_for("resume", *_SEARCH))
+    resources: Resources = Resources()
+    hub: Hub = field(default=Hub(), metadata=_not_for(*_NO_HUB))
+    stages: Stages = field(default=Stages(), metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    state_dir: PathLike | None = None
+    executor: Executor | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+
+
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers, Search, Settings)
 
 
 def taken(group: object, function: str) -> None:
-    """Refuse a field of ``group`` that ``function`` cannot honour, set to other than its default (UsageError)."""
+    """Refuse a field of ``group`` that ``function`` cannot honour, set to other than its default (UsageError); a
+    field that is itself a group (a :class:`Settings`' ``resources``) is walked the same way."""
     for each in fields(group):  # type: ignore[arg-type]
-        if function in each.metadata.get("not_for", ()) and getattr(group, each.name) != each.default:
+        value = getattr(group, each.name)
+        if function in each.metadata.get("not_for", ()) and value != each.default:
             raise UsageError(f"{each.name} does not apply to {function}",
                              hint=f"leave {type(group).__name__}.{each.name} at its default here")
+        if type(value) in GROUPS:
+            taken(value, function)
 
 
 def flat_resources(resources: Resources, function: str, **given: Any) -> Resources:
@@ -212,34 +250,6 @@ def flat_resources(resources: Resources, function: str, **given: Any) -> Resourc
     resources = replace(resources, **said)
     taken(resources, function)
     return resources
-
-
-def group_parameters(function: Callable[..., Any]) -> dict[str, type]:
-    """The parameters of ``function`` that take a group, and the group each takes (read from its defaults)."""
-    return {name: type(p.default) for name, p in inspect.signature(function).parameters.items()
-            if type(p.default) in GROUPS}
-
-
-def options_of(function: Callable[..., Any]) -> set[str]:
-    """Every option ``function`` takes by name: its own parameters, and its groups' fields it honours, each named
-    as the CLI's flag dest (what tests/test_front_door.py compares with the CLI's flags)."""
-    groups = group_parameters(function)
-    own = set(inspect.signature(function).parameters) - set(groups)
-    return own | {each.name for group in groups.values() for each in fields(group)
-                  if function.__name__ not in each.metadata.get("not_for", ())}
-
-
-def grouped(function: Callable[..., Any], flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` options (the CLI's parsed flags, by dest) as the keyword arguments of ``function``: each option
-    that is a field of one of its groups goes into that group, the others are passed as they are."""
-    groups = group_parameters(function)
-    owner = {each.name: name for name, group in groups.items() for each in fields(group)}
-    kwargs: dict[str, Any] = {k: v for k, v in flat.items() if k not in owner}
-    for name, group in groups.items():
-        given = {k: v for k, v in flat.items() if owner.get(k) == name}
-        if given:
-            kwargs[name] = group(**given)
-    return kwargs
 
 
 def plan_options(*groups: object, out_shard_size: int | str | None, **overrides: Any) -> PlanOptions:
@@ -352,6 +362,15 @@ def run_settings(state_dir: PathLike | None, resources: Resources, hub: Hub | No
     return settings if output is None else replace(settings, output=output)
 
 
+def settings_for(settings: Settings, function: str) -> RunSettings:
+    """What never changes the output's bytes for the call ``function`` given ``settings``: what it cannot honour
+    refused (:func:`taken`), the rest as :func:`run_settings` makes it (the hub's options only for a call that
+    writes an ``hf://`` OUT)."""
+    taken(settings, function)
+    hub = None if function in _NO_HUB else settings.hub
+    return run_settings(settings.state_dir, settings.resources, hub, executor=settings.executor)
+
+
 def pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
                   executor: Executor | None) -> RunSettings:
     """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
@@ -372,62 +391,6 @@ def pass_placement(settings: RunSettings) -> PassPlacement:
     from resumerge.api.checked import check_placement
 
     return check_placement(settings.executor)
-
-
-def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:
-    """``--executor local`` (the default): None, the run's and the pass's own process; it takes no setting."""
-    if ray_address is not None or keep_workers is not None:
-        raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
-    return None
-
-
-def _ray(ray_address: str | None, keep_workers: float | str | None) -> Executor:
-    """``--executor ray``: a :class:`~resumerge.merge.engine.executors.RayExecutor`."""
-    # imported only here: it brings the merge engine (its hub, ledger and memory probes), which a local check never
-    # uses (0.3-0.5 s of every check's start, a resumed one's included)
-    from resumerge.merge.engine.executors import RayExecutor
-
-    return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
-
-
-# The one table of ``--executor NAME``: each name's maker from the command line's settings (a new executor is a
-# class and one line here).
-EXECUTORS: dict[str, Callable[[str | None, float | str | None], Executor | None]] = {"local": _local, "ray": _ray}
-
-
-def executor_option(executor: str, ray_address: str | None = None,
-                    keep_workers: float | str | None = None) -> Executor | None:
-    """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
-    ``--keep-workers``), made by :data:`EXECUTORS`; None for ``local`` (the default). Raises UsageError for an
-    unknown name and for a setting given to an executor that takes none."""
-    make = EXECUTORS.get(executor)
-    if make is None:
-        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
-    return make(ray_address, keep_workers)
-
-
-def keep_option(keep: float | str | None) -> float:
-    """The seconds of ``--keep-workers`` (a length with its unit, ``"10m"``; a number of seconds from the API; ``0``
-    keeps none; None: the default, :data:`~resumerge.config.settings.KEEP_WORKERS`); raises UsageError (exit 2) for
-    anything else, a bare number other than 0 in a string included (``--session`` reads one as hours: here it
-    would be ambiguous)."""
-    if keep is None:
-        return KEEP_WORKERS
-    if isinstance(keep, str):
-        try:
-            bare: float | None = float(keep)
-        except ValueError:
-            bare = None
-        if bare == 0 or keep.strip() in ("0s", "0m", "0h"):
-            return 0.0
-        if bare is not None:
-            raise UsageError(f"--keep-workers {keep.strip()}: give its unit", hint="e.g. --keep-workers 10m or 600s")
-        from resumerge.analyses.estimate.sessions import parse_duration
-
-        return parse_duration(keep, option="--keep-workers")
-    if keep < 0:
-        raise UsageError("--keep-workers must be at least 0")
-    return float(keep)
 
 
 @contextlib.contextmanager

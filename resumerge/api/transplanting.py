@@ -9,18 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.kinds import SURGERY
 from resumerge.api.options import (
-    Hub,
-    Merging,
-    Output,
     PathLike,
-    Resources,
+    Settings,
     Surgery,
     nothing_started,
     nothing_written,
     plan_options,
-    run_settings,
+    settings_for,
     stop_flag,
-    taken,
 )
 from resumerge.api.reading import named
 from resumerge.api.runkind import Call, Driving
@@ -34,46 +30,40 @@ if TYPE_CHECKING:
 
 
 def tokensurgeon(
-    model: str, donor: str, out: PathLike, *, surgery: Surgery = Surgery(), output: Output = Output(),
-    merging: Merging = Merging(), resources: Resources = Resources(), hub: Hub = Hub(),
-    state_dir: PathLike | None = None, restart: bool = False, plan: bool = False,
-    progress: Reporter | None = None, should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
+    model: str, donor: str, out: PathLike, settings: Settings = Settings(), *, surgery: Surgery = Surgery(),
+    restart: bool = False, plan: bool = False, progress: Reporter | None = None,
+    should_stop: Callable[[], bool] | None = None, fresh_process: bool = False,
 ) -> Outcome | Estimate:
     """Give ``model`` the tokenizer of ``donor`` into ``out``, like ``resumerge tokensurgeon`` (``surgery``:
     mergekit-tokensurgeon 0.1.5's options and meanings): MODEL's tensors, its token embedding and untied head with
     DONOR's vocabulary (rows of tokens both hold copied, the others approximated), MODEL's config.json with DONOR's
     vocabulary size and token ids, DONOR's tokenizer files. Journaled like a merge: :func:`resume` finishes it, each
-    approximated batch of tokens kept until the run is done. ``merging.allow_crimes`` lets a DONOR of another
-    architecture lend its own token embedding; ``merging.random_seed`` seeds the random methods per batch.
+    approximated batch of tokens kept until the run is done. ``settings`` mean what they mean for :func:`run` (no
+    ``stages``, no ``executor``): ``settings.merging.allow_crimes`` lets a DONOR of another architecture lend its own
+    token embedding; ``merging.random_seed`` seeds the random methods per batch.
 
     ``plan=True`` returns :func:`estimate_tokensurgeon`'s estimate instead, writing nothing.
     Raises UsageError (exit 2) for bad options, a DONOR without a tokenizer or one whose tensors do not line up.
     """
-    for group in (output, merging, resources, hub):
-        taken(group, "tokensurgeon")
-    settings = run_settings(state_dir, resources, hub)
-    call = _call(_spec(model, donor, surgery), out, settings, output, merging, resources)
+    call = _call(_spec(model, donor, surgery), out, settings, settings_for(settings, "tokensurgeon"))
     if plan:
         return _estimate(call, fresh_process)
     named(out)
     driving = Driving(stop_flag(should_stop), restart=restart)
-    call = replace(call, where=settings.state.run(out))
+    call = replace(call, where=call.settings.state.run(out))
     with nothing_started(call.locations):
         SURGERY.check(call, driving)
         return SURGERY.run(call, replace(driving, reporter=progress))
 
 
 def estimate_tokensurgeon(
-    model: str, donor: str, out: PathLike, *, surgery: Surgery = Surgery(), output: Output = Output(),
-    merging: Merging = Merging(), resources: Resources = Resources(), state_dir: PathLike | None = None,
+    model: str, donor: str, out: PathLike, settings: Settings = Settings(), *, surgery: Surgery = Surgery(),
     fresh_process: bool = False,
 ) -> Estimate:
     """Validate the transplant :func:`tokensurgeon` would run with these options and return its estimate, as
     :func:`estimate` does for a merge (``resumerge tokensurgeon --plan``), writing nothing."""
-    for group in (output, merging, resources):
-        taken(group, "estimate_tokensurgeon")
-    settings = run_settings(state_dir, resources)
-    return _estimate(_call(_spec(model, donor, surgery), out, settings, output, merging, resources), fresh_process)
+    call = _call(_spec(model, donor, surgery), out, settings, settings_for(settings, "estimate_tokensurgeon"))
+    return _estimate(call, fresh_process)
 
 
 def _spec(model: str, donor: str, surgery: Surgery) -> SurgerySpec:
@@ -85,13 +75,13 @@ def _spec(model: str, donor: str, surgery: Surgery) -> SurgerySpec:
     return spec
 
 
-def _call(spec: SurgerySpec, out: PathLike, settings: RunSettings, output: Output, merging: Merging,
-          resources: Resources) -> Call:
+def _call(spec: SurgerySpec, out: PathLike, asked: Settings, settings: RunSettings) -> Call:
     from resumerge.merge.plan.sharding import shard_size_choice
     from resumerge.runs.transplant.spec import spec_text
 
     # As a merge's: the default for a local OUT, the planner's pick for an hf:// one.
-    options = plan_options(output, merging, resources, out_shard_size=shard_size_choice(output.out_shard_size, out)[0])
+    options = plan_options(asked.output, asked.merging, asked.resources,
+                           out_shard_size=shard_size_choice(asked.output.out_shard_size, out)[0])
     text = spec_text(spec)
     return Call(text, text, out, options, settings)
 

@@ -4,7 +4,7 @@ that takes it (:func:`add`), and the one way a command's parsed flags become its
 ``--max-gpu-memory`` as one :class:`~resumerge.api.options.Resources`), ``--executor`` and its settings as one
 executor object.
 
-``--executor``'s choices are the API's one table (:data:`resumerge.api.options.EXECUTORS`), so a new executor is a
+``--executor``'s choices are the API's one table (:data:`resumerge.api.flagmap.EXECUTORS`), so a new executor is a
 choice of every command at once."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ RAY_NEEDS = "Ray on every node: pip install -c constraints.txt -e '.[ray]' in th
 # keyword arguments of its API function): the command itself, progress and JSON output, and mergekit's -v.
 CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
 # Options that are settings of the executor object the API takes (``executor=RayExecutor(address, keep_workers)``):
-# the command folds them into it (:func:`resumerge.api.options.executor_option`).
+# the command folds them into it (:func:`resumerge.api.flagmap.executor_option`).
 FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
 
 
@@ -36,7 +36,7 @@ class Flag:
 
 
 def _executor_choices() -> dict[str, Any]:
-    from resumerge.api.options import EXECUTORS  # read when a parser is built, not when this module is imported
+    from resumerge.api.flagmap import EXECUTORS  # read when a parser is built, not when this module is imported
 
     return {"choices": tuple(EXECUTORS)}
 
@@ -119,8 +119,8 @@ def api_options(args: argparse.Namespace, function: Callable[..., Any],
     """The keyword arguments of ``function`` from the parsed options: every dest but presentation (:data:`CLI_ONLY`),
     the mergekit flags accepted only to be ignored and ``leave``, the executor's own flags folded into the executor
     object (:data:`FOLDED`), each other packed into the option group that has a field of its name
-    (:func:`resumerge.api.options.grouped`; tests/test_front_door.py holds the flags and the API's options equal)."""
-    from resumerge.api.options import executor_option, grouped
+    (:func:`resumerge.api.flagmap.grouped`; tests/test_front_door.py holds the flags and the API's options equal)."""
+    from resumerge.api.flagmap import executor_option, grouped
 
     options = {k: v for k, v in vars(args).items() if k not in CLI_ONLY | leave and not k.startswith("unneeded_")}
     if "executor" in options:

@@ -11,12 +11,12 @@ closes them.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+from resumerge.config.closing import Closing
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
 from resumerge.torch_import import torch
@@ -26,15 +26,8 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-class InputSource(ABC):
+class InputSource(Closing):
     """Reads byte ranges of the weight files of one input model."""
-
-    def __enter__(self: _T) -> _T:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
     @abstractmethod
     def read_range(self, file: str, start: int, end: int) -> torch.Tensor:
@@ -63,7 +56,7 @@ class InputSource(ABC):
         """Whether reading bytes of ``file`` again costs a local read, not another network fetch."""
         return True
 
-    def expect(self, order: Sequence[tuple[str, int, int]]) -> None:  # noqa: B027  (local files need no hint)
+    def expect(self, order: Sequence[tuple[str, int, int]]) -> None:
         """Learn the (file, start, end) ranges the engine will read, in order (a remote source coalesces
         adjacent ones); reads outside it remain allowed."""
 
@@ -72,14 +65,14 @@ class InputSource(ABC):
         seconds (a file still downloading is checked at its end); raises what stopped the check."""
         return True
 
-    def hash_reads(self, reads: ReadDigests) -> None:  # noqa: B027  (a source whose reads are not local files)
+    def hash_reads(self, reads: ReadDigests) -> None:
         """Give each range read of a file of ``reads`` to it as read (the local inputs' proof: the digests are
         taken in the reads the merge makes anyway); a source that cannot leaves its files to the proof."""
 
-    def stop(self) -> None:  # noqa: B027  (most sources never wait)
+    def stop(self) -> None:
         """The run is leaving: reads waiting for bytes that have not arrived yet fail now instead."""
 
-    def close(self) -> None:  # noqa: B027  (most sources hold nothing to release)
+    def close(self) -> None:
         """Release what the source holds open (descriptors, connections)."""
 
 
@@ -136,7 +129,7 @@ class LocalFiles(InputSource):
             self._reader.close()
 
 
-class InputSources:
+class InputSources(Closing):
     """The source of every input model of a plan, by model key: what the engine reads tensors through."""
 
     def __init__(self, sources: Mapping[str, InputSource], *, shared: TensorReader | None = None,
@@ -147,13 +140,6 @@ class InputSources:
         self._sources = dict(sources)
         self._shared = shared
         self._proof = proof
-
-    def __enter__(self: _T) -> _T:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
     @classmethod
     def local(cls, model_dirs: Mapping[str, str]) -> InputSources:

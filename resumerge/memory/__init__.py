@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from resumerge.memory.collector import collector_paused
     from resumerge.memory.cuda import CudaProbe
     from resumerge.memory.fake import FakeProbe
-    from resumerge.memory.governor import MemoryGovernor, Reservation
+    from resumerge.memory.governor import MemoryGovernor, Pacing, Reservation
     from resumerge.memory.pressure import Knobs, PressurePolicy
     from resumerge.memory.probe import MemoryProbe, SystemProbe, os_peak_rss, usable_cores
     from resumerge.memory.records import Adaptation, released_on_error
@@ -53,6 +53,7 @@ __all__ = [
     "Knobs",
     "MemoryGovernor",
     "MemoryProbe",
+    "Pacing",
     "PressurePolicy",
     "Reservation",
     "SystemProbe",
@@ -82,6 +83,7 @@ _HOME = MappingProxyType({
     "Knobs": "resumerge.memory.pressure",
     "MemoryGovernor": "resumerge.memory.governor",
     "MemoryProbe": "resumerge.memory.probe",
+    "Pacing": "resumerge.memory.governor",
     "PressurePolicy": "resumerge.memory.pressure",
     "Reservation": "resumerge.memory.governor",
     "SAFETY_MARGIN": "resumerge.memory.budget",

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import NoReturn
 
@@ -33,6 +34,19 @@ _WAIT = object()
 _RECLAIM = object()
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How a :class:`MemoryGovernor` paces its units, the same for every run (tests tune it): the sampler reads the
+    probe every ``sample_interval`` seconds, ``max_in_flight`` is the in-flight limit at level 0,
+    ``margin_fraction`` the part of the budget admission never hands out, and ``policy`` how pressure moves the
+    knobs."""
+
+    sample_interval: float = 0.05
+    max_in_flight: int = 4
+    margin_fraction: float = SAFETY_MARGIN
+    policy: PressurePolicy = field(default_factory=PressurePolicy)
+
+
 class MemoryGovernor:
     """Keeps one memory pool (host RAM, or one GPU) under ``budget_bytes``. All methods are thread-safe.
 
@@ -42,12 +56,12 @@ class MemoryGovernor:
     the headroom in that case, the probe reclaims once and the admission is recorded as ``admit_alone``.
     An estimate above the whole budget is refused at once.
 
-    The sampler thread (:meth:`start`) reads the probe every ``sample_interval`` seconds, tracks the peak and
-    moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
+    The sampler thread (:meth:`start`) reads the probe every ``pacing.sample_interval`` seconds, tracks the peak
+    and moves the knobs. Waiting admissions poll the probe themselves, so admission stays correct without it.
 
     ``baseline`` is what the process is expected to hold apart from its units (0: unknown), which sets
-    :attr:`work_budget`; ``max_in_flight`` is the in-flight limit at level 0; ``margin_fraction`` the part of the
-    budget admission never hands out; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``);
+    :attr:`work_budget`; ``pacing`` (:class:`Pacing`; None: its defaults) the in-flight limit at level 0, the
+    margin and the pressure policy; ``pool`` names the pool in adaptations (``"host"``, ``"cuda:0"``);
     ``budget_option`` the command-line option in error hints; ``clock`` exists for tests. ``reuse_reading``
     (seconds, 0: never) lets admissions and :meth:`chunk_rows` use the last reading while it is younger than that
     instead of reading the probe again: a probe reads a few /proc and cgroup files (about 0.2 ms), more than a tiny
@@ -62,10 +76,7 @@ class MemoryGovernor:
         budget_bytes: int,
         probe: MemoryProbe | None = None,
         *,
-        sample_interval: float = 0.05,
-        max_in_flight: int = 4,
-        margin_fraction: float = SAFETY_MARGIN,
-        policy: PressurePolicy | None = None,
+        pacing: Pacing | None = None,
         pool: str = "host",
         budget_option: str = "--max-memory",
         clock: Callable[[], float] = time.monotonic,
@@ -74,6 +85,9 @@ class MemoryGovernor:
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        pacing = pacing if pacing is not None else Pacing()
+        sample_interval, max_in_flight, margin_fraction = pacing.sample_interval, pacing.max_in_flight, \
+            pacing.margin_fraction
         if max_in_flight < 1 or sample_interval <= 0 or not 0 <= margin_fraction < 1:
             raise ValueError("need max_in_flight >= 1, sample_interval > 0 and 0 <= margin_fraction < 1")
         self.budget = budget_bytes
@@ -86,7 +100,7 @@ class MemoryGovernor:
         self._interval = sample_interval
         self._max_in_flight = max_in_flight
         self._margin = margin_fraction
-        self._policy = policy if policy is not None else PressurePolicy()
+        self._policy = pacing.policy
         self._clock = clock
         self._reuse = reuse_reading
         self._read_at = -float("inf")  # time.monotonic() of the last probe reading

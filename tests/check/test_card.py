@@ -34,7 +34,7 @@ def _merged(root: Path, *, card: bool = True) -> tuple[Path, Path, list[Path]]:
     config.write_text("merge_method: linear\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
     out, state = root / "out", root / "state"
-    api.run(config, out, state_dir=state, output=api.Output(write_model_card=card))
+    api.run(config, out, settings=api.Settings(state_dir=state, output=api.Output(write_model_card=card)))
     return out, state, parents
 
 
@@ -74,7 +74,7 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     assert verified.ok, verified.damaged
     assert not [p for p in out.iterdir() if p.name.endswith(".part")]  # no temp file left behind
     # A resume of the finished output keeps the card with its section (nothing to rebuild).
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_bytes() == data
 
 
@@ -85,7 +85,7 @@ def test_a_card_a_resume_rebuilds_gets_the_last_checks_section_back(tmp_path: Pa
     api.check(out, prompts=texts, state_dir=state)
     checked = (out / "README.md").read_bytes()
     (out / "README.md").unlink()  # the resume makes it again from the plan, which knows nothing of the check
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_bytes() == checked  # the section written back from the check's record
     ledger_row, manifest_entry = _card_record(out, state)
     assert ledger_row == (len(checked), "xxh3-128:" + xxhash.xxh3_128_hexdigest(checked))
@@ -168,5 +168,5 @@ def test_a_one_off_check_against_another_model_leaves_the_card_as_it_is(tmp_path
     assert own.card is not None and "section written" in own.card
     # A resume that rebuilds the card restores the section of the check against its own parents, not the newest.
     (out / "README.md").unlink()
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_bytes() == card and api.verify(out, state_dir=state).ok

@@ -28,7 +28,7 @@ def _merged(root: Path, state: Path | None) -> tuple[Path, list[Path]]:
     config.write_text("merge_method: linear\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
     out = root / "out"
-    api.run(config, out, state_dir=state)
+    api.run(config, out, settings=api.Settings(state_dir=state))
     return out, parents
 
 

@@ -129,6 +129,6 @@ def test_run_check_tells_the_runs_reporter_a_line_per_layer(models: tuple[Path, 
     config.write_text("merge_method: linear\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in (merge, parent)))
     said = _Said()
-    api.run(config, tmp_path / "out", state_dir=tmp_path / "state", check=True, progress=said)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "state"), check=True, progress=said)
     layers = [line.split(" (")[0] for line in said.lines if line.startswith("check: layer")]
     assert layers == [f"check: layer {n} of 3" for n in (1, 2, 3)], said.lines

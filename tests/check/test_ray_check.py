@@ -63,7 +63,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
     config = root / "merge.yml"
     config.write_text(f"merge_method: linear\nbase_model: {parents[0]}\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
-    api.run(config, root / "out", state_dir=root / "state")
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "state"))
     texts = root / "texts.txt"
     texts.write_text(TEXTS)
     with one_thread():
@@ -170,8 +170,8 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
         seen.append(placement)
 
     monkeypatch.setattr(resumerge.analyses.check.run, "run_check", placed)
-    ran = api.run(merged.config, tmp_path / "again", state_dir=tmp_path / "state", check=True,
-                  executor=LocalExecutor())
+    ran = api.run(merged.config, tmp_path / "again", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                           executor=LocalExecutor()), check=True)
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
     assert seen == [HERE, OnRay("head:6379", 0.0)]

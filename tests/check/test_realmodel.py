@@ -84,7 +84,7 @@ def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], tmp_pat
         {"model": str(models["base"]), "parameters": {"weight": 0.5}},
         {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
     out = tmp_path / "out"
-    api.run(config, out, state_dir=tmp_path / "state")
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state"))
     report = api.check(out, prompts=models["texts"], state_dir=tmp_path / "state")  # parents from its record
     print("self-merge", report.verdict, _figures(report), report.reasons)
     assert report.verdict == WORKS and report.exit_code == 0, report.reasons
@@ -160,7 +160,7 @@ def self_merged(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     config = write_config(root / "self.yml", {"merge_method": "linear", "models": [
         {"model": str(models["base"]), "parameters": {"weight": 0.5}},
         {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
-    api.run(config, root / "out", state_dir=root / "state")
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "state"))
     return root / "out", root / "state", config
 
 

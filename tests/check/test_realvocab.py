@@ -57,7 +57,7 @@ def test_a_union_merge_checked_against_its_parents_reports_the_shared_tokens(tmp
         "models": [{"model": str(base), "parameters": {"weight": 0.5}},
                    {"model": str(extended), "parameters": {"weight": 0.5}}]})
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(config, out, state_dir=state)
+    api.run(config, out, settings=api.Settings(state_dir=state))
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 49_152 + ADDED
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)

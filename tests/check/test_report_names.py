@@ -73,7 +73,7 @@ def test_the_card_names_only_the_merges_own_base_and_parents_and_no_local_path(t
     config.write_text("merge_method: linear\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(config, out, state_dir=state)
+    api.run(config, out, settings=api.Settings(state_dir=state))
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\n")
     report = api.check(out, parents=[*parents, other], prompts=texts, state_dir=state)

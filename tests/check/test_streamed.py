@@ -196,7 +196,7 @@ def test_a_local_check_imports_neither_the_merge_engine_nor_the_hub_nor_the_ledg
     import subprocess
     import sys
 
-    code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.options import executor_option\n"
+    code = ("import sys\nfrom resumerge.api import check\nfrom resumerge.api.flagmap import executor_option\n"
             "import resumerge.analyses.check.run, resumerge.cli.checkcmd\nassert executor_option('local') is None\n"
             "print(sorted(m for m in sys.modules\n"
             "             if m.startswith(('resumerge.merge.engine', 'resumerge.inputs.hub', 'sqlite_utils'))))")

@@ -80,7 +80,7 @@ def test_a_merge_as_bad_as_its_worst_parent_is_broken_and_names_it(real: dict[st
         {"model": str(real["base"]), "parameters": {"weight": 0.5}},
         {"model": str(real["destroyed"]), "parameters": {"weight": 0.5}}]})
     out, state = tmp_path / "out", tmp_path / "state"
-    api.run(config, out, state_dir=state)
+    api.run(config, out, settings=api.Settings(state_dir=state))
     report = api.check(out, prompts=real["texts"], state_dir=state)  # the parents from its record
     assert report.verdict == BROKEN and report.compared == "the merge with 2 parent(s)", report.reasons
     assert any(r.startswith(f"as bad as its worst parent {real['destroyed']} ") for r in report.reasons), \

@@ -186,7 +186,7 @@ def test_a_merge_config_scores_as_its_written_merge(tmp_path: Path) -> None:
     config = write_config(tmp_path / "linear.yml", {"merge_method": "linear", "dtype": "bfloat16", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     written = tmp_path / "merged"
-    api.run(config, written, state_dir=tmp_path / "state", progress=False)
+    api.run(config, written, settings=api.Settings(state_dir=tmp_path / "state"), progress=False)
     for target, out in ((config, "unwritten"), (written, "written")):
         assert _door("run", "--model", "resumerge", "--model_args",
                      f"pretrained={target},state_dir={tmp_path / 'state'}", "--tasks", "tiny_mc", "tiny_ppl",

@@ -117,4 +117,4 @@ def test_evaluate_and_evolve_take_resources_and_the_flat_keywords_build_the_same
     with pytest.raises(UsageError, match="num_threads does not apply to evaluate"):
         api.evaluate(tmp_path, tasks="x", resources=Resources(num_threads=2))
     with pytest.raises(UsageError, match="max_gpu_memory does not apply to evolve"):
-        api.evolve(tmp_path / "c.yml", tmp_path / "s", resources=Resources(max_gpu_memory="1GB"))
+        api.evolve(tmp_path / "c.yml", tmp_path / "s", settings=api.Settings(resources=Resources(max_gpu_memory="1GB")))

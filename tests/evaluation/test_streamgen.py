@@ -181,7 +181,7 @@ def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeyp
     config = write_config(tmp_path / "linear.yml", {"merge_method": "linear", "dtype": "bfloat16", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     state = tmp_path / "state"
-    api.run(config, tmp_path / "out", state_dir=state, progress=False)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=state), progress=False)
     written = _evaluate(tmp_path / "out", tasks, ["tiny_gen"], state)  # held whole
     monkeypatch.setattr("resumerge.analyses.evaluation.run._fits", lambda stream, settings: False)
     said: list[str] = []

@@ -42,7 +42,7 @@ def test_an_unwritten_merge_scores_as_the_written_one(tmp_path: Path, method: st
     unwritten = api.evaluate(config, tasks=names, include_path=tasks, log_samples=True, state_dir=state)
     assert not list((state / "unwritten").rglob("*.safetensors")), "no weight is written"
     out = tmp_path / "out"
-    api.run(config, out, state_dir=state, progress=False)
+    api.run(config, out, settings=api.Settings(state_dir=state), progress=False)
     written = api.evaluate(out, tasks=names, include_path=tasks, log_samples=True, state_dir=state)
     for task in names:
         assert unwritten.results["results"][task] == written.results["results"][task]

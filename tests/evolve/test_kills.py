@@ -44,7 +44,7 @@ def _evolve(config: Path, store: Path, kill: str) -> subprocess.CompletedProcess
 def test_a_search_killed_at_every_kind_of_point_ends_with_the_same_files(tmp_path: Path) -> None:
     config = make_search(tmp_path)
     whole = tmp_path / "whole"
-    api.evolve(config, whole, **OPTIONS)
+    api.evolve(config, whole, search=api.Search(**OPTIONS))
     killed = tmp_path / "killed"
     for number, kill in enumerate(KILLS):
         done = _evolve(config, killed, kill)

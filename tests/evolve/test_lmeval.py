@@ -55,7 +55,8 @@ def test_an_lm_eval_task_counts_up_beside_a_kl_task(root: Path, tmp_path: Path,
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", Counted)
     config = _config(root, [{"name": "tiny_mc", "metric": "acc,none", "weight": 2.0},
                             {"kl": {"parent": str(root / "a"), "texts": str(root / "a.txt")}}])
-    outcome = api.evolve(config, tmp_path / "store", max_fevals=4, popsize=2, task_search_path=root / "tasks")
+    outcome = api.evolve(config, tmp_path / "store", search=api.Search(max_fevals=4, popsize=2),
+                         task_search_path=root / "tasks")
     assert len(built) == 1  # lm-eval's tasks indexed once: the planning's index serves the four candidates
     rows = [json.loads(line) for line in (tmp_path / "store" / "evaluations.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and outcome.generations == 2

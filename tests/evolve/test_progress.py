@@ -83,7 +83,7 @@ def test_exactly_max_fevals_candidates_are_scored_and_status_counts_the_generati
         if step.event == "layer" and step.generation == 2:
             seen.append(api.evolve_status(store))  # from another process's point of view: the files alone
 
-    outcome = api.evolve(config, store, max_fevals=3, popsize=2, random_seed=5, progress=watch)
+    outcome = api.evolve(config, store, search=api.Search(max_fevals=3, popsize=2, random_seed=5), progress=watch)
     assert [(r["generation"], r["candidate"]) for r in _rows(store)] == [(1, 1), (1, 2), (2, 1)]
     assert outcome.generations == 2
     assert {(s.generation, s.generations) for s in steps if s.event != "start"} == {(1, 2), (2, 2)}
@@ -94,7 +94,8 @@ def test_exactly_max_fevals_candidates_are_scored_and_status_counts_the_generati
     status = api.evolve_status(store)
     assert status.finished and (status.evaluated, status.generation, status.generations) == (3, 2, 2)
     before = {p.name: p.read_bytes() for p in store.iterdir() if p.is_file() and p.name != "progress.json"}
-    api.evolve(config, store, max_fevals=3, popsize=2, random_seed=5)  # finished: answered, nothing scored again
+    api.evolve(config, store, search=api.Search(max_fevals=3, popsize=2,
+                                                random_seed=5))  # finished: answered, nothing scored again
     assert {p.name: p.read_bytes() for p in store.iterdir() if p.is_file() and p.name != "progress.json"} == before
 
 

@@ -54,7 +54,7 @@ OPTIONS: dict[str, Any] = {"max_fevals": 4, "popsize": 2, "random_seed": 7}
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, api.EvolveOutcome]:
     root = tmp_path_factory.mktemp("search")
     config = make_search(root)
-    return config, root / "store", api.evolve(config, root / "store", **OPTIONS)
+    return config, root / "store", api.evolve(config, root / "store", search=api.Search(**OPTIONS))
 
 
 def test_the_table_holds_every_candidate_and_the_objective_is_the_weighted_sum(
@@ -113,7 +113,7 @@ def test_asked_again_it_answers_with_the_same_files_and_status_says_finished(
         searched: tuple[Path, Path, api.EvolveOutcome], capsys: pytest.CaptureFixture[str]) -> None:
     config, store, outcome = searched
     before = {name: (store / name).read_bytes() for name in FILES}
-    again = api.evolve(config, store, **OPTIONS)
+    again = api.evolve(config, store, search=api.Search(**OPTIONS))
     assert again.best == outcome.best
     assert {name: (store / name).read_bytes() for name in FILES} == before
     assert main(["status", str(store)]) == 0
@@ -195,7 +195,7 @@ def test_a_slerp_genome_of_three_models_scores_candidates_reading_different_pair
         "genome": {"models": [str(tmp_path / m) for m in ("a", "b", "c")], "merge_method": "slerp",
                    "layer_granularity": 1},
         "tasks": [{"nll": {"texts": str(tmp_path / "t.txt")}}]}))
-    api.evolve(config, tmp_path / "store", max_fevals=6, popsize=6, sigma0=1.0, random_seed=3)
+    api.evolve(config, tmp_path / "store", search=api.Search(max_fevals=6, popsize=6, sigma0=1.0, random_seed=3))
     rows = [json.loads(line) for line in (tmp_path / "store" / "evaluations.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["tasks"]["nll:t.txt"] > 0 for r in rows)
     assert len({_models_read(r["config"]) for r in rows}) > 1  # candidates over other pairs: populations of their own

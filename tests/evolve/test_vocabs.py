@@ -75,7 +75,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def searched(root: Path) -> tuple[Path, Path]:
     config = _config(root, PARENTS)
-    api.evolve(config, root / "store", **OPTIONS)
+    api.evolve(config, root / "store", search=api.Search(**OPTIONS))
     return config, root / "store"
 
 
@@ -107,7 +107,7 @@ def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as
     # No union: every candidate has a's tokenizer (the genome's models share it), judged before STORAGE is written;
     # b (which has "κ" where a has "k") shares 63 of its 64 tokens, big (80 rows) all 64.
     store = tmp_path / "store"
-    api.evolve(_config(root, ("b", "big"), union=False), store, **OPTIONS)
+    api.evolve(_config(root, ("b", "big"), union=False), store, search=api.Search(**OPTIONS))
     row = _rows(store)[1]  # not the starting genotype
     merge = tmp_path / "candidate"
     (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))

@@ -16,7 +16,7 @@ from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 
 from resumerge import api
-from resumerge.api.options import grouped
+from resumerge.api.flagmap import grouped
 
 # name -> (pair, mergekit-extract-lora options)
 CASES: dict[str, tuple[str, list[str]]] = {

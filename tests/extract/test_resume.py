@@ -64,11 +64,12 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
 
     base, ft = pair("llama-wide")
     reference = tmp_path / "reference"
-    api.extract_lora(str(ft), str(base), reference, state_dir=tmp_path / "ref-state", lora=api.Lora(max_rank=8))
+    api.extract_lora(str(ft), str(base), reference, settings=api.Settings(state_dir=tmp_path / "ref-state"),
+                     lora=api.Lora(max_rank=8))
     out, state = tmp_path / "out", tmp_path / "state"
     cache = factor_cache(out, StateDir.resolve(state)).directory
     with pytest.raises(InterruptedMerge):
-        api.extract_lora(str(ft), str(base), out, state_dir=state,
+        api.extract_lora(str(ft), str(base), out, settings=api.Settings(state_dir=state),
                          should_stop=lambda: len(list(cache.glob("*.factors"))) >= 3, lora=api.Lora(max_rank=8))
     cached = len(list(cache.glob("*.factors")))
     assert cached >= 3
@@ -95,7 +96,7 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
         return real(ctx)
 
     monkeypatch.setattr(factors, "decompose", counting)
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert len(calls) == modules - cached
     want, got = digests(reference), digests(out)
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}

@@ -91,11 +91,11 @@ def test_an_extraction_planned_before_the_threads_were_pinned_is_not_resumed(
 
     monkeypatch.setattr(planner, "_lora_tensors", unpinned)
     with pytest.raises(InterruptedMerge):
-        api.extract_lora(str(ft), str(base), out, state_dir=state, should_stop=lambda: True,
+        api.extract_lora(str(ft), str(base), out, settings=api.Settings(state_dir=state), should_stop=lambda: True,
                          lora=api.Lora(max_rank=4))
     monkeypatch.setattr(planner, "_lora_tensors", pinned)
     with pytest.raises(PlanChangedError, match="planned differently"):
-        api.resume(out, state_dir=state)
+        api.resume(out, settings=api.Settings(state_dir=state))
 
 
 def test_saved_whole_only_records_no_thread_count(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]],

@@ -105,7 +105,7 @@ def test_an_output_whose_hub_input_was_streamed_is_checked_against_it_by_range(
     config.write_text(f"merge_method: linear\nmodels:\n  - model: {REPO}\n    parameters: {{weight: 0.5}}\n"
                       f"  - model: {other}\n    parameters: {{weight: 0.5}}\n")
     out = tmp_path / "out"
-    api.run(config, out, state_dir=state, resources=api.Resources(stream_inputs=True))
+    api.run(config, out, settings=api.Settings(state_dir=state, resources=api.Resources(stream_inputs=True)))
     assert not _hub_weights_in_cache(hf_env)  # the merge streamed its hub input
     report = api.check(out, state_dir=state)  # its parents from its record: the hub input read by range again
     assert [m.role for m in report.models] == ["merge", "parent", "parent"]
@@ -121,7 +121,7 @@ def test_a_resumerge_output_on_the_hub_names_its_parents_and_keeps_its_card(tmp_
     config.write_text("merge_method: linear\nmodels:\n" + "".join(
         f"  - model: {p}\n    parameters: {{weight: 0.5}}\n" for p in parents))
     out = tmp_path / "out"
-    api.run(config, out, state_dir=tmp_path / "merge-state")
+    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "merge-state"))
     hub.push("org/merged-out", files_of(out))  # as published: the manifest (its record) beside the weights
     report = api.check("hf://org/merged-out", state_dir=state)  # base and parents from the repo's manifest
     assert [(m.role, m.path) for m in report.models] == [("merge", "hf://org/merged-out"),

@@ -210,22 +210,26 @@ def test_a_streamed_hub_gguf_is_read_by_range_checked_against_the_hub_sha256_and
             _xet_push(fake, data, tmp_path, monkeypatch)
         fake.reset_counters()
         # plan: the header read by range, nothing downloaded, and the disk the run will use counted
-        planned = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB")
+        planned = api.estimate(cfg, tmp_path / "hub", settings=api.Settings(state_dir=tmp_path / "s-plan"),
+                               probe_size=0, bandwidth="1GB")
         assert isinstance(planned, Estimate)
         assert [(c.file, c.how, c.fetch_bytes) for c in planned.fetch] == [(FILE, DOWNLOAD, len(data))]
         assert planned.downloads[f"{REPO}/{FILE}"].bytes == len(data)
-        streaming = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0,
-                                 bandwidth="1GB", resources=api.Resources(stream_inputs=True))
+        streaming = api.estimate(cfg, tmp_path / "hub", api.Settings(state_dir=tmp_path / "s-plan",
+                                                                     resources=api.Resources(stream_inputs=True)),
+                                 probe_size=0, bandwidth="1GB")
         assert isinstance(streaming, Estimate)
         assert [(c.how, c.needed < len(data)) for c in streaming.fetch] == [(STREAM, True)]
         assert streaming.downloads[f"{REPO}/{FILE}"].bytes == 0  # nothing kept on disk
-        tight = api.estimate(cfg, tmp_path / "hub", state_dir=tmp_path / "s-plan", probe_size=0, bandwidth="1GB",
-                             resources=api.Resources(max_disk=len(data) // 2))
+        tight = api.estimate(cfg, tmp_path / "hub", api.Settings(state_dir=tmp_path / "s-plan",
+                                                                 resources=api.Resources(max_disk=len(data) // 2)),
+                             probe_size=0, bandwidth="1GB")
         assert isinstance(tight, Estimate)
         assert [(c.how, c.reason) for c in tight.fetch] == [(STREAM, "downloading it would exceed --max-disk")]
         assert fake.file_bytes()[f"{REPO}/{FILE}"] == 3 * FIRST_READ, "plan must read the header only"
         fake.reset_counters()
-        api.run(cfg, tmp_path / "hub", state_dir=tmp_path / "s-hub", resources=api.Resources(stream_inputs=True))
+        api.run(cfg, tmp_path / "hub", settings=api.Settings(state_dir=tmp_path / "s-hub",
+                                                             resources=api.Resources(stream_inputs=True)))
         bodies = [r for r in iter_requests(fake, "GET") if r.sent]
     want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
@@ -300,8 +304,10 @@ def test_a_gguf_output_of_a_streamed_hub_gguf_equals_the_local_file_s(tmp_path: 
             {"model": ref, "parameters": {"weight": 0.5}},
             {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
         outs[name] = tmp_path / name
-        api.run(write_config(tmp_path / f"{name}.yml", doc), outs[name], state_dir=tmp_path / f"s-{name}",
-                output=api.Output(out_type="gguf", gguf_type="q8_0"), resources=api.Resources(stream_inputs=True))
+        api.run(write_config(tmp_path / f"{name}.yml", doc), outs[name],
+                settings=api.Settings(state_dir=tmp_path / f"s-{name}",
+                                      output=api.Output(out_type="gguf", gguf_type="q8_0"),
+                                      resources=api.Resources(stream_inputs=True)))
     # the tokenizer keys copied from the hub file's header, read by range: the file is never on disk
     assert (outs["hub"] / "model.gguf").read_bytes() == (outs["local"] / "model.gguf").read_bytes()
     assert not [p for p in (tmp_path / "hf_home" / "hub").rglob("blobs/*")]
@@ -320,7 +326,7 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
             {"model": ref, "parameters": {"weight": 0.5}},
             {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
         outs[name] = write_config(tmp_path / f"{name}.yml", doc)
-    api.run(outs["local"], tmp_path / "local", state_dir=tmp_path / "s-local", output=shards)
+    api.run(outs["local"], tmp_path / "local", settings=api.Settings(state_dir=tmp_path / "s-local", output=shards))
     commits = 0
 
     def interrupt(point: str, **_: object) -> None:  # Ctrl-C once the first output shard is committed
@@ -332,12 +338,12 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
     with monkeypatch.context() as patched:
         patched.setattr(killpoints, "reach", interrupt)
         with pytest.raises(KeyboardInterrupt):
-            api.run(outs["hub"], tmp_path / "hub", state_dir=tmp_path / "s-hub", output=shards,
-                    resources=api.Resources(stream_inputs=True))
+            api.run(outs["hub"], tmp_path / "hub", settings=api.Settings(state_dir=tmp_path / "s-hub", output=shards,
+                                                                         resources=api.Resources(stream_inputs=True)))
     pinned = gguf_hub.commit_of(REPO, "main")
     gguf_hub.push(REPO, {FILE: files["gguf"].read_bytes()[:-32]})  # main moves on to a damaged file
     gguf_hub.reset_counters()
-    api.resume(tmp_path / "hub", state_dir=tmp_path / "s-hub")
+    api.resume(tmp_path / "hub", settings=api.Settings(state_dir=tmp_path / "s-hub"))
     want, got = digests(tmp_path / "local"), digests(tmp_path / "hub")
     assert [n for n in want if n.endswith(".safetensors")] and all(
         got[n] == want[n] for n in want if n.endswith((".safetensors", ".json")) and n != "resumerge-manifest.json")
@@ -364,8 +370,8 @@ def test_a_streamed_hub_gguf_whose_bytes_are_not_the_listed_sha256_stops_the_mer
         {"model": f"{REPO}/{FILE}", "parameters": {"weight": 0.5}},
         {"model": str(files["folder"]), "parameters": {"weight": 0.5}}]}
     with pytest.raises(StreamedInputChanged, match="does not match the hub's checksum 000000000000"):
-        api.run(write_config(tmp_path / "hub.yml", doc), tmp_path / "hub", state_dir=tmp_path / "s-hub",
-                resources=api.Resources(stream_inputs=True))
+        api.run(write_config(tmp_path / "hub.yml", doc), tmp_path / "hub",
+                settings=api.Settings(state_dir=tmp_path / "s-hub", resources=api.Resources(stream_inputs=True)))
     assert not (tmp_path / "hub" / "model.safetensors").exists()
 
 

@@ -77,7 +77,8 @@ def test_the_merge_reads_a_download_as_it_lands_and_publishes_nothing_unchecked(
     of the local copies."""
     reference = tmp_path / "reference"
     local = write_config(tmp_path / "local.yml", linear_config(pair[A], pair[B]))
-    api.run(local, reference, state_dir=tmp_path / "ref-state", output=api.Output(out_shard_size=SHARD))
+    api.run(local, reference, settings=api.Settings(state_dir=tmp_path / "ref-state",
+                                                    output=api.Output(out_shard_size=SHARD)))
     first = api.plan_merge(local, output=api.Output(out_shard_size=SHARD)).shards[0]
     size = (pair[A] / WEIGHTS).stat().st_size
     release = threading.Event()
@@ -89,7 +90,8 @@ def test_the_merge_reads_a_download_as_it_lands_and_publishes_nothing_unchecked(
 
     def merge() -> None:
         try:
-            api.run(config, out, state_dir=tmp_path / "state", progress=seen, output=api.Output(out_shard_size=SHARD))
+            api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state",
+                                                       output=api.Output(out_shard_size=SHARD)), progress=seen)
         except BaseException as exc:
             errors.append(exc)
 
@@ -108,7 +110,8 @@ def test_the_merge_reads_a_download_as_it_lands_and_publishes_nothing_unchecked(
     assert _weights(out) == _weights(reference)
     # The download went into the cache as always: a second run of the same inputs fetches no weight byte.
     hub.reset_counters()
-    api.run(config, tmp_path / "again", state_dir=tmp_path / "state2", output=api.Output(out_shard_size=SHARD))
+    api.run(config, tmp_path / "again", settings=api.Settings(state_dir=tmp_path / "state2",
+                                                              output=api.Output(out_shard_size=SHARD)))
     assert not {k: v for k, v in hub.file_bytes().items() if k.endswith(".safetensors")}
     assert _weights(tmp_path / "again") == _weights(reference)
 

@@ -32,13 +32,13 @@ def test_hidden_gates_with_a_hub_base_equal_a_local_base(tmp_path: Path, hub: Fa
             (local / name).write_bytes(data)
     experts = [make_model(tmp_path / f"e{i}", SPEC, seed=5 + i) for i in range(2)]
     with pytest.raises(InputError) as refused:
-        api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "small", state_dir=state,
-                resources=api.Resources(max_disk="10KB"))
+        api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "small",
+                settings=api.Settings(state_dir=state, resources=api.Resources(max_disk="10KB")))
     assert "--max-disk" in refused.value.one_line() and refused.value.yaml_path == "base_model"
-    api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "from-hub", state_dir=state)
+    api.run(_config(tmp_path / "hub.yml", REPO, experts), tmp_path / "from-hub", settings=api.Settings(state_dir=state))
     with passes_on_a_thread():  # the reference: its pass needs no process of its own (an interpreter start saved)
         api.run(_config(tmp_path / "local.yml", str(local), experts), tmp_path / "from-folder",
-                state_dir=tmp_path / "state2")
+                settings=api.Settings(state_dir=tmp_path / "state2"))
     ours, theirs = tensors(tmp_path / "from-hub"), tensors(tmp_path / "from-folder")
     assert sorted(ours) == sorted(theirs) and all(ours[k].equal(theirs[k]) for k in ours)
     assert ours["model.layers.1.mlp.gate.weight"].abs().sum() > 0  # routers from the pass, not zeros

@@ -47,8 +47,8 @@ def test_inputs_ten_times_the_budget_merge_under_it(tmp_path: Path, hf_env: Path
     local = {"merge_method": "linear", "dtype": "float32",
              "models": [{"model": str(a), "parameters": {"weight": 0.4}}, {"model": str(b),
                                                                            "parameters": {"weight": 0.6}}]}
-    api.run(write_config(tmp_path / "local.yml", local), tmp_path / "ref", state_dir=tmp_path / "s0",
-            output=api.Output(out_shard_size="50k"))
+    api.run(write_config(tmp_path / "local.yml", local), tmp_path / "ref",
+            settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(out_shard_size="50k")))
     fake = FakeHub()
     writer = HubWriter.attach(fake)
     writer.add_token("hf_w", "alice")
@@ -69,9 +69,10 @@ def test_inputs_ten_times_the_budget_merge_under_it(tmp_path: Path, hf_env: Path
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
-            api.run(write_config(tmp_path / "c.yml", doc), "hf://alice/streamed", state_dir=state,
-                    output=api.Output(out_shard_size="50k"),
-                    resources=api.Resources(max_disk=BUDGET, stream_inputs=True), hub=api.Hub(commit_every=1))
+            api.run(write_config(tmp_path / "c.yml", doc), "hf://alice/streamed",
+                    settings=api.Settings(state_dir=state, output=api.Output(out_shard_size="50k"),
+                                          resources=api.Resources(max_disk=BUDGET,
+                                                                  stream_inputs=True), hub=api.Hub(commit_every=1)))
         finally:
             stop.set()
             sampler.join()
@@ -79,8 +80,9 @@ def test_inputs_ten_times_the_budget_merge_under_it(tmp_path: Path, hf_env: Path
         # A budget the inputs' own cache files leave too little of is refused before any weight is fetched.
         fake.reset_counters()
         with pytest.raises(UsageError, match="hub inputs kept on disk"):
-            api.run(tmp_path / "c.yml", "hf://alice/other", state_dir=state, output=api.Output(out_shard_size="50k"),
-                    resources=api.Resources(max_disk=70_000))
+            api.run(tmp_path / "c.yml", "hf://alice/other",
+                    api.Settings(state_dir=state, output=api.Output(out_shard_size="50k"),
+                                 resources=api.Resources(max_disk=70_000)))
         headers = sum(8 + int.from_bytes(p.read_bytes()[:8], "little") for m in (a, b) for p in m.glob("*.safetensors"))
         assert sum(v for k, v in fake.file_bytes().items() if k.endswith(".safetensors")) == headers
     want = {p.name: p.read_bytes() for p in (tmp_path / "ref").glob("*.safetensors")}

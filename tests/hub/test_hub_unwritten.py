@@ -28,7 +28,7 @@ def test_hub_inputs_are_downloaded_once_and_the_merge_is_the_written_one(tmp_pat
         got = _unwritten_tensors(merge)
     served = sum(hub.file_bytes().values())
     assert served > 0
-    api.run(config, tmp_path / "out", state_dir=state)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=state))
     assert sum(hub.file_bytes().values()) == served  # run found them verified in the cache
     want = _stored(tmp_path / "out")
     assert sorted(got) == sorted(want)

@@ -102,7 +102,7 @@ def test_hidden_gates_on_transformers_4_give_the_same_bytes(tmp_path: Path, stac
     # job through the same function, tests/moe/passthread.py): two interpreter starts saved. The run on the old stack
     # keeps both processes: its transformers is the one under test.
     with passes_on_a_thread():
-        api.run(config, tmp_path / "here", state_dir=tmp_path / "state")
+        api.run(config, tmp_path / "here", settings=api.Settings(state_dir=tmp_path / "state"))
     # The manifest holds the plan's fingerprint, whose routers are named by a key that includes the
     # transformers version (a resume on another version recomputes them); every other file is the same.
     on_4_files, here_files = digests(tmp_path / "on-4"), digests(tmp_path / "here")

@@ -41,7 +41,7 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> Merge:
     b = make_model(root / "b", SPEC, seed=2)
     config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
     out = root / "local-out"
-    api.run(config, out, state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD))
+    api.run(config, out, settings=api.Settings(state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD)))
     return Merge(config, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}))
 
 

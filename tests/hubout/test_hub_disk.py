@@ -35,7 +35,8 @@ def _sample(directory: Path, stop: threading.Event, peaks: list[int]) -> None:
 @pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     local = tmp_path / "local"
-    api.run(merge.config, local, state_dir=tmp_path / "ls", output=api.Output(out_shard_size=SHARD))
+    api.run(merge.config, local, settings=api.Settings(state_dir=tmp_path / "ls",
+                                                       output=api.Output(out_shard_size=SHARD)))
     output = sum(p.stat().st_size for p in local.iterdir())
     assert output >= 10 * BUDGET
     state = tmp_path / "state"
@@ -43,8 +44,11 @@ def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Mer
     sampler = threading.Thread(target=_sample, args=(run_dir("hf://alice/small", state) / "staging", stop, peaks))
     sampler.start()
     try:
-        api.run(merge.config, "hf://alice/small", state_dir=state, output=api.Output(out_shard_size=SHARD),
-                resources=api.Resources(max_disk=BUDGET), hub=api.Hub(commit_every=50, commit_interval=0.05))
+        api.run(merge.config, "hf://alice/small", settings=api.Settings(state_dir=state,
+                                                                        output=api.Output(out_shard_size=SHARD),
+                                                                        resources=api.Resources(max_disk=BUDGET),
+                                                                        hub=api.Hub(commit_every=50,
+                                                                                    commit_interval=0.05)))
     finally:
         stop.set()
         sampler.join()
@@ -56,8 +60,9 @@ def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Mer
 
 def test_a_budget_below_the_largest_shard_is_refused(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="smaller than the largest output shard"):
-        api.run(merge.config, "hf://alice/tiny", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
-                resources=api.Resources(max_disk=1000))
+        api.run(merge.config, "hf://alice/tiny", settings=api.Settings(state_dir=tmp_path,
+                                                                       output=api.Output(out_shard_size=SHARD),
+                                                                       resources=api.Resources(max_disk=1000)))
 
 
 def test_commits_are_paced_under_the_hourly_limit(hub: HubWriter, monkeypatch: pytest.MonkeyPatch) -> None:

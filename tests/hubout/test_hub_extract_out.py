@@ -26,7 +26,8 @@ def extraction(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, di
     base = make_model(root / "base", SPEC, seed=0)
     make_finetune(base, root / "ft")
     out = root / "local"
-    api.extract_lora(str(root / "ft"), str(base), out, state_dir=root / "state", lora=api.Lora(max_rank=4))
+    api.extract_lora(str(root / "ft"), str(base), out, settings=api.Settings(state_dir=root / "state"),
+                     lora=api.Lora(max_rank=4))
     return base, root / "ft", {name: (out / name).read_bytes() for name in ADAPTER}
 
 
@@ -39,8 +40,9 @@ def test_into_the_hub_equals_local_and_resumes_after_a_kill(hub: HubWriter, tmp_
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "adapter_model.safetensors" not in repo_files(hub, "alice/killed")
     shutil.rmtree(tmp_path / "state")  # a fresh machine: the repo's manifest is all there is
-    api.resume("hf://alice/killed", state_dir=tmp_path / "state2")
+    api.resume("hf://alice/killed", settings=api.Settings(state_dir=tmp_path / "state2"))
     assert {n: repo_files(hub, "alice/killed")[n] for n in ADAPTER} == reference
     # Uninterrupted, in process: the same bytes.
-    api.extract_lora(str(ft), str(base), "hf://alice/whole", state_dir=tmp_path / "state3", lora=api.Lora(max_rank=4))
+    api.extract_lora(str(ft), str(base), "hf://alice/whole", settings=api.Settings(state_dir=tmp_path / "state3"),
+                     lora=api.Lora(max_rank=4))
     assert {n: repo_files(hub, "alice/whole")[n] for n in ADAPTER} == reference

@@ -25,8 +25,9 @@ def test_a_500_on_a_commit_and_an_upload_cut_mid_body_are_survived(hub: HubWrite
                                                                     tmp_path: Path) -> None:
     hub.commit_faults = [None, 500]  # the first batch commit fails once (Retry-After: 0)
     hub.cut_put_after = 4000  # the first LFS PUT is cut mid-body; the client sends it again
-    api.run(merge.config, "hf://alice/faults", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
-            hub=api.Hub(commit_every=2))
+    api.run(merge.config, "hf://alice/faults", settings=api.Settings(state_dir=tmp_path,
+                                                                     output=api.Output(out_shard_size=SHARD),
+                                                                     hub=api.Hub(commit_every=2)))
     assert repo_files(hub, "alice/faults") == merge.reference
     assert all(v == 1 for v in hub.puts.values())  # completed PUTs: the cut one never completed
 
@@ -50,12 +51,13 @@ def test_a_token_revoked_mid_run_is_exit_3_with_what_to_do(hub: HubWriter, merge
 
     hub.on_commit = revoke
     with pytest.raises(StorageError) as caught:
-        api.run(merge.config, "hf://alice/revoked", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD))
+        api.run(merge.config, "hf://alice/revoked", settings=api.Settings(state_dir=tmp_path,
+                                                                          output=api.Output(out_shard_size=SHARD)))
     assert "refused the token" in caught.value.message and TOKEN not in caught.value.one_line()
     assert "set HF_TOKEN" in str(caught.value.hint) and "resumerge resume hf://alice/revoked" in str(caught.value.hint)
     hub.on_commit = None
     hub.add_token(TOKEN, "alice", orgs=("team",))
-    api.resume("hf://alice/revoked", state_dir=tmp_path)
+    api.resume("hf://alice/revoked", settings=api.Settings(state_dir=tmp_path))
     assert repo_files(hub, "alice/revoked") == merge.reference
 
 
@@ -91,7 +93,8 @@ def test_a_repo_with_foreign_files_is_refused_and_unchanged(hub: HubWriter, merg
 
 def test_another_plan_is_refused_then_restart_deletes_only_planned_files(
         hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    api.run(merge.config, "hf://alice/redo", state_dir=tmp_path / "a", output=api.Output(out_shard_size="30k"))
+    api.run(merge.config, "hf://alice/redo", settings=api.Settings(state_dir=tmp_path / "a",
+                                                                   output=api.Output(out_shard_size="30k")))
     files = hub.head_files("alice/redo")
     hub.hub.push("alice/redo", {**files, "notes.md": b"# the user's own file\n"})
     assert _run(merge, "hf://alice/redo", tmp_path / "b") == 4

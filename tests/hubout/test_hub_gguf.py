@@ -32,10 +32,10 @@ def _gguf_merge(root: Path, split: int | None) -> tuple[Path, api.Output]:
 def test_a_gguf_output_to_the_hub_equals_a_local_run(hub: HubWriter, tmp_path: Path, split: int | None) -> None:
     config, output = _gguf_merge(tmp_path, split)
     local = tmp_path / "local"
-    api.run(config, local, state_dir=tmp_path / "s0", output=output)
+    api.run(config, local, settings=api.Settings(state_dir=tmp_path / "s0", output=output))
     reference = as_on_the_hub({p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()})
     assert sum(n.endswith(".gguf") for n in reference) == (1 if split is None else 15)
-    api.run(config, "hf://alice/gguf", state_dir=tmp_path / "s1", output=output)
+    api.run(config, "hf://alice/gguf", settings=api.Settings(state_dir=tmp_path / "s1", output=output))
     assert repo_files(hub, "alice/gguf") == reference
     status = api.status("hf://alice/gguf", state_dir=tmp_path / "s1")
     assert status.units_total == 0 and any("committed whole" in note for note in status.plan_notes)
@@ -46,7 +46,7 @@ def test_a_split_gguf_output_to_the_hub_killed_resumes_on_a_fresh_machine(hub: H
                                                                           hf_env: Path) -> None:
     config, output = _gguf_merge(tmp_path, 40_000)
     local = tmp_path / "local"
-    api.run(config, local, state_dir=tmp_path / "s0", output=output)
+    api.run(config, local, settings=api.Settings(state_dir=tmp_path / "s0", output=output))
     reference = as_on_the_hub({p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()})
     flags = ["--out-shard-size", "1GB", "--out-type", "gguf", "--gguf-type", "q8_0", "--gguf-split-max-size", "40000",
              "--quiet", "--commit-every", "2"]
@@ -58,5 +58,6 @@ def test_a_split_gguf_output_to_the_hub_killed_resumes_on_a_fresh_machine(hub: H
         shutil.rmtree(hf_env, ignore_errors=True)
         if hub.cas is not None:
             hub.cas.forget_clients()
-        api.resume(f"hf://{repo}", state_dir=tmp_path / f"fresh-{point}", hub=api.Hub(commit_every=2))
+        api.resume(f"hf://{repo}", settings=api.Settings(state_dir=tmp_path / f"fresh-{point}",
+                                                         hub=api.Hub(commit_every=2)))
         assert repo_files(hub, repo) == reference, point

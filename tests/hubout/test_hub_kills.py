@@ -87,8 +87,8 @@ def test_random_sigkills_resume_from_the_repo_alone(hub: HubWriter, merge: Merge
             hub.cas.forget_clients()
             snapshot = hub.cas.snapshot()
         # The resume runs in this process (the kill above is what needs a real process): it saves a start-up.
-        outcome = api.resume(out, state_dir=tmp_path / f"fresh{trial}",
-                             hub=api.Hub(commit_every=2, commit_interval=0.2))
+        outcome = api.resume(out, settings=api.Settings(state_dir=tmp_path / f"fresh{trial}",
+                                                        hub=api.Hub(commit_every=2, commit_interval=0.2)))
         assert outcome.target == out
         assert repo_files(hub, repo) == merge.reference, f"trial {trial} ({kind}:{nth})"
         sent = uploads(hub, repo)
@@ -114,7 +114,8 @@ def test_a_commit_the_ledger_missed_is_adopted_not_redone(hub: HubWriter, merge:
     out, state = "hf://alice/missed", tmp_path / "state"
     assert _killed_at_point(merge, out, state, "hub_after_commit:1") == -signal.SIGKILL
     committed = set(repo_files(hub, "alice/missed")) - {"resumerge-manifest.json"}
-    outcome = api.resume(out, state_dir=state)  # the same machine: the ledger is there, one commit behind the repo
+    # the same machine: the ledger is there, one commit behind the repo
+    outcome = api.resume(out, api.Settings(state_dir=state))
     assert committed and any("committed with resumerge-manifest.json" in n for n in outcome.notes)
     assert repo_files(hub, "alice/missed") == merge.reference
     assert hub.deletes["alice/missed"] == 0 and all(v == 1 for v in hub.puts.values())

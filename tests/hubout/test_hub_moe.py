@@ -22,8 +22,8 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes
         "base_model": str(m[0]), "gate_mode": "random",
         "experts": [{"source_model": str(m[1]), "noise_scale": 0.01}, {"source_model": str(m[2])}]})
     out = root / "local-out"
-    api.run(config, out, state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD),
-            merging=api.Merging(random_seed=5))
+    api.run(config, out, settings=api.Settings(state_dir=root / "local-state", output=api.Output(out_shard_size=SHARD),
+                                               merging=api.Merging(random_seed=5)))
     return config, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()})
 
 
@@ -36,5 +36,6 @@ def test_an_moe_run_into_the_hub_resumes_and_equals_the_local_run(hub: HubWriter
                  "5", "--commit-every", "2", "--quiet", env={"RESUMERGE_KILL_AT": "hub_after_commit:2"})
     assert killed.returncode == -9, killed.stderr
     assert repo_files(hub, "alice/moe") != reference
-    api.resume("hf://alice/moe", state_dir=state)  # never killed: in this process, an interpreter start saved
+    api.resume("hf://alice/moe",
+               settings=api.Settings(state_dir=state))  # never killed: in this process, an interpreter start saved
     assert repo_files(hub, "alice/moe") == reference

@@ -23,8 +23,10 @@ from tests.support import cli
 def test_an_hf_output_equals_a_local_run_byte_for_byte(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     state = tmp_path / "state"
     # Batches by count only: a batch due by time takes the files uploaded so far (however few, under load).
-    outcome = api.run(merge.config, "hf://alice/merged", state_dir=state, output=api.Output(out_shard_size=SHARD),
-                      hub=api.Hub(commit_every=3, commit_interval=3600))
+    outcome = api.run(merge.config, "hf://alice/merged", settings=api.Settings(state_dir=state,
+                                                                               output=api.Output(out_shard_size=SHARD),
+                                                                               hub=api.Hub(commit_every=3,
+                                                                                           commit_interval=3600)))
     assert outcome.target == "hf://alice/merged"
     assert repo_files(hub, "alice/merged") == merge.reference
     assert hub.private["alice/merged"] is True
@@ -48,7 +50,8 @@ def test_an_hf_output_equals_a_local_run_byte_for_byte(hub: HubWriter, merge: Me
 
 
 def test_status_answers_from_the_repo_alone(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
-    api.run(merge.config, "hf://team/merged@dev", state_dir=tmp_path / "a", output=api.Output(out_shard_size=SHARD))
+    api.run(merge.config, "hf://team/merged@dev", settings=api.Settings(state_dir=tmp_path / "a",
+                                                                        output=api.Output(out_shard_size=SHARD)))
     assert repo_files(hub, "team/merged", "dev") == merge.reference
     assert set(hub.head_files("team/merged")) == {".gitattributes"}  # main untouched
     report = api.status("hf://team/merged@dev", state_dir=tmp_path / "elsewhere")
@@ -69,7 +72,8 @@ def test_target_parsing() -> None:
 def test_verify_names_a_damaged_file_in_the_repo_and_resume_repairs_it(
         hub: HubWriter, merge: Merge, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "state"
-    api.run(merge.config, "hf://alice/v", state_dir=state, output=api.Output(out_shard_size=SHARD))
+    api.run(merge.config, "hf://alice/v", settings=api.Settings(state_dir=state,
+                                                                output=api.Output(out_shard_size=SHARD)))
     assert main(["verify", "hf://alice/v", "--state-dir", str(state), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["checked"] == len(merge.reference) - 1

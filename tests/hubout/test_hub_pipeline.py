@@ -58,8 +58,8 @@ class Inputs:
 def _inputs(root: Path, spec: ModelSpec, shard: str) -> Inputs:
     dirs = {A: make_model(root / "a", spec, seed=11), B: make_model(root / "b", spec, seed=12)}
     local = root / "local-out"
-    api.run(write_config(root / "local.yml", linear_config(dirs[A], dirs[B])), local, state_dir=root / "state",
-            output=api.Output(out_shard_size=shard))
+    api.run(write_config(root / "local.yml", linear_config(dirs[A], dirs[B])), local,
+            settings=api.Settings(state_dir=root / "state", output=api.Output(out_shard_size=shard)))
     reference = {p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()}
     return Inputs(dirs, write_config(root / "hub.yml", linear_config(Path(A), Path(B))), reference)
 
@@ -123,8 +123,8 @@ def test_hub_to_hub_through_a_throttled_link_overlaps_both_directions(hub: HubWr
     hub.hub.link = Link(down=DOWN, up=UP)
     hub.hub.reset_counters()
     started = time.monotonic()
-    api.run(linked.config, "hf://alice/linked", state_dir=tmp_path / "state",
-            output=api.Output(out_shard_size=LINKED_SHARD))
+    api.run(linked.config, "hf://alice/linked", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                      output=api.Output(out_shard_size=LINKED_SHARD)))
     wall = time.monotonic() - started
     files = repo_files(hub, "alice/linked")
     assert _weights(files) == _weights(linked.reference)
@@ -150,11 +150,13 @@ def test_a_merge_that_outruns_its_upload_keeps_the_commit_pacing(hub: HubWriter,
     repo equals a local run's."""
     config = write_config(tmp_path / "local-in.yml", linear_config(linked.dirs[A], linked.dirs[B]))
     local = tmp_path / "local-out"
-    api.run(config, local, state_dir=tmp_path / "local-state", output=api.Output(out_shard_size="100k"))
+    api.run(config, local, settings=api.Settings(state_dir=tmp_path / "local-state",
+                                                 output=api.Output(out_shard_size="100k")))
     shards = [p for p in local.iterdir() if p.name.endswith(".safetensors")]
     assert len(shards) > 2 * Batching.pipelined().burst
     hub.hub.link = Link(up=UP)
-    api.run(config, "hf://alice/outrun", state_dir=tmp_path / "state", output=api.Output(out_shard_size="100k"))
+    api.run(config, "hf://alice/outrun", settings=api.Settings(state_dir=tmp_path / "state",
+                                                               output=api.Output(out_shard_size="100k")))
     files = repo_files(hub, "alice/outrun")
     assert _weights(files) == _weights({p.name: p.read_bytes() for p in local.iterdir() if p.is_file()})
     # The burst, the last commit, and the two manifest-only commits (the first, which marks the repo, and "done").
@@ -171,8 +173,8 @@ def test_shards_are_committed_while_inputs_still_download(hub: HubWriter, inputs
 
     def merge() -> None:
         try:
-            api.run(inputs.config, "hf://alice/pipe", state_dir=tmp_path / "state",
-                    output=api.Output(out_shard_size=SHARD))
+            api.run(inputs.config, "hf://alice/pipe", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                            output=api.Output(out_shard_size=SHARD)))
         except BaseException as exc:
             errors.append(exc)
 
@@ -209,12 +211,13 @@ def test_a_sigkill_mid_pipeline_resumes_on_a_fresh_machine(hub: HubWriter, input
     assert 0 < len(committed) < sum(1 for k in inputs.reference if k.endswith(".safetensors"))
     shutil.rmtree(state)
     shutil.rmtree(hf_env, ignore_errors=True)
-    api.resume(out, state_dir=tmp_path / "fresh")
+    api.resume(out, settings=api.Settings(state_dir=tmp_path / "fresh"))
     files = repo_files(hub, "alice/killed")
     assert _weights(files) == _weights(inputs.reference)
     assert all(v == 1 for v in uploads(hub, "alice/killed").values()), uploads(hub, "alice/killed")
     local = tmp_path / "hub-inputs-local"
-    api.run(inputs.config, local, state_dir=tmp_path / "local-state", output=api.Output(out_shard_size=SHARD))
+    api.run(inputs.config, local, settings=api.Settings(state_dir=tmp_path / "local-state",
+                                                        output=api.Output(out_shard_size=SHARD)))
     assert files == as_on_the_hub({p.name: p.read_bytes() for p in local.iterdir() if p.is_file()})
 
 
@@ -276,7 +279,8 @@ def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
         return land(*args, **kwargs)
 
     monkeypatch.setattr(landing, "land_file", noted)
-    api.run(inputs.config, "hf://alice/yields", state_dir=tmp_path / "state", output=api.Output(out_shard_size=SHARD))
+    api.run(inputs.config, "hf://alice/yields", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                      output=api.Output(out_shard_size=SHARD)))
     assert "resumerge-writer" in yielded and any(n.startswith("resumerge-merge") for n in yielded), yielded
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert downloads and set(downloads) == {ours}
@@ -288,10 +292,12 @@ def test_the_compute_threads_yield_the_cpu_to_the_transfers_in_a_hub_run_only(
     monkeypatch.setattr(shardwriter, "_HASHER", None)
     yielded.clear()
     local = write_config(tmp_path / "local.yml", linear_config(*inputs.dirs.values()))
-    api.run(local, tmp_path / "local-out", state_dir=tmp_path / "local-state", output=api.Output(out_shard_size=SHARD))
+    api.run(local, tmp_path / "local-out", settings=api.Settings(state_dir=tmp_path / "local-state",
+                                                                 output=api.Output(out_shard_size=SHARD)))
     assert yielded == []
     ties = tmp_path / "ties.yml"
     ties.write_text(f"merge_method: ties\nbase_model: {A}\nmodels:\n  - model: {B}\n"
                     "    parameters: {weight: 0.5, density: 0.5}\n")
-    api.run(ties, "hf://alice/ties-keeps", state_dir=tmp_path / "ties-state", output=api.Output(out_shard_size=SHARD))
+    api.run(ties, "hf://alice/ties-keeps", settings=api.Settings(state_dir=tmp_path / "ties-state",
+                                                                 output=api.Output(out_shard_size=SHARD)))
     assert yielded == [] and downloads

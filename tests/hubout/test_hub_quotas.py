@@ -51,8 +51,11 @@ def test_the_commit_quota_is_waited_out_and_the_user_told_when(
     quota = Refusal(429, COMMIT_QUOTA, ratelimit=True)
     hub.commit_faults = [None, *[quota] * (hubretry.ATTEMPTS + 1)]
     reporter = _Told()
-    api.run(merge.config, "hf://alice/quota", state_dir=tmp_path, progress=reporter,
-            output=api.Output(out_shard_size=SHARD), hub=api.Hub(commit_every=2, commit_interval=0.2))
+    api.run(merge.config, "hf://alice/quota", settings=api.Settings(state_dir=tmp_path,
+                                                                    output=api.Output(out_shard_size=SHARD),
+                                                                    hub=api.Hub(commit_every=2, commit_interval=0.2)),
+                                                                    progress=reporter,
+            )
     assert repo_files(hub, "alice/quota") == merge.reference
     assert waits == [3600.0] * (hubretry.ATTEMPTS + 1)  # the hour it names, not the RateLimit bucket's 1 s
     # Told through the run's reporter (the progress display), not printed past it, and kept for `status`.
@@ -85,8 +88,9 @@ def test_a_full_private_storage_is_exit_2_naming_the_quota_not_the_token(
 def test_every_refusal_shows_what_the_hub_said(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     hub.commit_faults = [None, Refusal(400, "Your commit is too large for this tier")]
     with pytest.raises(StorageError) as caught:
-        api.run(merge.config, "hf://alice/said", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
-                hub=api.Hub(commit_every=2))
+        api.run(merge.config, "hf://alice/said", settings=api.Settings(state_dir=tmp_path,
+                                                                       output=api.Output(out_shard_size=SHARD),
+                                                                       hub=api.Hub(commit_every=2)))
     assert "HTTP 400: Your commit is too large for this tier" in caught.value.one_line()
 
 
@@ -94,7 +98,8 @@ def test_every_refusal_shows_what_the_hub_said(hub: HubWriter, merge: Merge, tmp
 def test_a_refused_xet_token_is_the_token_message_at_once(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     hub.xet_token_faults = [401] * 20
     with pytest.raises(StorageError) as caught:
-        api.run(merge.config, "hf://alice/xettoken", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD))
+        api.run(merge.config, "hf://alice/xettoken", settings=api.Settings(state_dir=tmp_path,
+                                                                           output=api.Output(out_shard_size=SHARD)))
     assert "refused the token while uploading" in caught.value.message
     assert "set HF_TOKEN" in str(caught.value.hint) and exit_code_for(caught.value) == 3
     shards = [n for n in merge.reference if n.endswith(".safetensors")]

@@ -53,8 +53,8 @@ def recipe(merge: Merge, tmp_path_factory: pytest.TempPathFactory) -> Recipe:
     path = root / "recipe.yml"
     path.write_text(_recipe_text(merge))
     out, inter = root / "local-out", root / "intermediates"
-    api.run(path, out, state_dir=root / "local-state", stages=api.Stages(intermediate_dir=inter),
-            output=api.Output(out_shard_size=SHARD))
+    api.run(path, out, settings=api.Settings(state_dir=root / "local-state", stages=api.Stages(intermediate_dir=inter),
+                                             output=api.Output(out_shard_size=SHARD)))
     return Recipe(path, inter, as_on_the_hub({p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}))
 
 
@@ -75,9 +75,10 @@ def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
 def test_a_recipe_to_the_hub_equals_a_local_recipe_run(hub: HubWriter, recipe: Recipe, merge: Merge, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     url = "hf://alice/recipe"
-    outcome = api.run(recipe.path, url, state_dir=tmp_path / "state",
-                      stages=api.Stages(intermediate_dir=recipe.intermediates), output=api.Output(out_shard_size=SHARD),
-                      hub=api.Hub(commit_every=3, commit_interval=0.2))
+    outcome = api.run(recipe.path, url, settings=api.Settings(state_dir=tmp_path / "state",
+                                                              stages=api.Stages(intermediate_dir=recipe.intermediates),
+                                                              output=api.Output(out_shard_size=SHARD),
+                                                              hub=api.Hub(commit_every=3, commit_interval=0.2)))
     assert outcome.target == url
     _same_as_local(repo_files(hub, "alice/recipe"), recipe, url)
     assert hub.private["alice/recipe"] is True and all(n == 1 for n in uploads(hub, "alice/recipe").values())
@@ -115,7 +116,7 @@ def test_killed_in_the_final_stage_resumes_from_the_repo_alone(hub: HubWriter, r
     shutil.rmtree(state)
     shutil.rmtree(recipe.intermediates)
     shutil.rmtree(hf_env, ignore_errors=True)
-    outcome = api.resume(url, state_dir=state, hub=api.Hub(commit_every=2, commit_interval=0.2))
+    outcome = api.resume(url, settings=api.Settings(state_dir=state, hub=api.Hub(commit_every=2, commit_interval=0.2)))
     assert outcome.target == url and (recipe.intermediates / "mid").is_dir()  # recomputed
     _same_as_local(repo_files(hub, "team/killed"), recipe, url)
     sent = {k: v for k, v in hub.puts.items() if k.startswith("team/killed/")}
@@ -143,7 +144,7 @@ def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub
     # Another machine, another state dir: the default intermediate dir (under the first one) is gone with it.
     shutil.rmtree(first)
     shutil.rmtree(hf_env, ignore_errors=True)
-    assert api.resume(url, state_dir=second).target == url
+    assert api.resume(url, settings=api.Settings(state_dir=second)).target == url
     files = repo_files(hub, "alice/early")
     records = {RECIPE_MANIFEST_NAME, "resumerge-manifest.json"}  # they name where the stages were written
     assert {k: v for k, v in files.items() if k not in records} == \

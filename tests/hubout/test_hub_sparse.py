@@ -58,8 +58,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Pair:
     root = tmp_path_factory.mktemp("sparse")
     dirs = {A: write_sparse_checkpoint(root / "v3", MINI), B: write_sparse_checkpoint(root / "r1", MINI)}
     local = root / "local-out"
-    api.run(_config(root / "local.yml", *dirs.values()), local, state_dir=root / "state",
-            output=api.Output(out_shard_size=SHARD))
+    api.run(_config(root / "local.yml", *dirs.values()), local, settings=api.Settings(state_dir=root / "state",
+                                                                                      output=api.Output(out_shard_size=SHARD)))
     return Pair(dirs, _config(root / "hub.yml", A, B), _weights(files_of(local)))
 
 
@@ -89,7 +89,7 @@ def test_a_sparse_deepseek_pair_merges_hub_to_hub_by_range_paced_and_resumes_fro
     shutil.rmtree(hf_env, ignore_errors=True)
     monkeypatch.setattr(Batching, "pipelined", classmethod(lambda cls: PACED))
     hub.hub.reset_counters()
-    api.resume(out, state_dir=tmp_path / "fresh")
+    api.resume(out, settings=api.Settings(state_dir=tmp_path / "fresh"))
     assert _weights(repo_files(hub, "alice/mini-deepseek")) == pair.reference
     served = {k: v for k, v in hub.hub.file_bytes().items() if k.endswith(".safetensors")}
     # By range: the inputs' bytes the plan names (plus headers), the killed run's share once more at most.

@@ -22,7 +22,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
     root = tmp_path_factory.mktemp("ts-pair")
     model, donor = make_pair(root)
     out = root / "local"
-    api.tokensurgeon(str(model), str(donor), out, surgery=api.Surgery(k=8), state_dir=root / "s")
+    api.tokensurgeon(str(model), str(donor), out, surgery=api.Surgery(k=8), settings=api.Settings(state_dir=root / "s"))
     return model, donor, {name: (out / name).read_bytes() for name in _WEIGHTS}
 
 
@@ -36,7 +36,7 @@ def test_hub_inputs_read_by_range_into_an_hf_out_equal_a_local_transplant(
     _push(hub, "team/model", model)
     _push(hub, "team/donor", donor)
     api.tokensurgeon("team/model", "team/donor", "hf://alice/transplanted", surgery=api.Surgery(k=8),
-                     resources=api.Resources(stream_inputs=True), state_dir=tmp_path / "s")
+                     settings=api.Settings(resources=api.Resources(stream_inputs=True), state_dir=tmp_path / "s"))
     written = repo_files(hub, "alice/transplanted")
     assert {name: written[name] for name in _WEIGHTS} == reference
     ranged = [r for r in hub.hub.requests if r.method == "GET" and r.path.startswith("/team/")

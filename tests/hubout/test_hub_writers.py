@@ -43,8 +43,9 @@ def test_a_second_writer_is_refused_and_what_is_committed_stays(hub: HubWriter, 
 
     hub.on_commit = second_writer
     with pytest.raises(OutputDirError) as caught:
-        api.run(merge.config, "hf://alice/two", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
-                hub=api.Hub(commit_every=2))
+        api.run(merge.config, "hf://alice/two", settings=api.Settings(state_dir=tmp_path,
+                                                                      output=api.Output(out_shard_size=SHARD),
+                                                                      hub=api.Hub(commit_every=2)))
     line = caught.value.one_line()
     assert f"another run is writing to hf://alice/two: its commit {other[0]} moved the branch" in line
     assert f"stop the other run, then resumerge resume hf://alice/two --state-dir {tmp_path}" in line
@@ -64,8 +65,9 @@ def test_a_commit_whose_answer_was_lost_is_ours_not_a_second_writer(hub: HubWrit
         return None
 
     hub.on_commit = lose_answer
-    api.run(merge.config, "hf://alice/lost", state_dir=tmp_path, output=api.Output(out_shard_size=SHARD),
-            hub=api.Hub(commit_every=2))
+    api.run(merge.config, "hf://alice/lost", settings=api.Settings(state_dir=tmp_path,
+                                                                   output=api.Output(out_shard_size=SHARD),
+                                                                   hub=api.Hub(commit_every=2)))
     assert dropped and repo_files(hub, "alice/lost") == merge.reference
     # The retry found its commit at the head (not sent again, so not refused as a stale parent).
     assert hub.refused == 0 and hub.commit_requests == hub.commits["alice/lost"]
@@ -123,7 +125,7 @@ def test_ctrl_c_commits_the_uploaded_files_then_exits_3(hub: HubWriter, merge: M
     assert len(shards) in ((1, 2, 3) if hub.cas is None else (1, 2)), err
     assert (int(said[1]) if said else 0) <= len(shards) and all(committed[n] == merge.reference[n] for n in shards)
     # The ledger recorded them: the resume (same machine) starts after them and ends with the local run's bytes.
-    outcome = api.resume("hf://alice/ctrlc", state_dir=state)
+    outcome = api.resume("hf://alice/ctrlc", settings=api.Settings(state_dir=state))
     assert outcome.resumed_files >= len(shards)
     assert repo_files(hub, "alice/ctrlc") == merge.reference
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.memory import FakeProbe, MemoryGovernor, PressurePolicy, Reservation, parse_size
+from resumerge.memory import FakeProbe, MemoryGovernor, Pacing, PressurePolicy, Reservation, parse_size
 
 MB = 10**6
 BUDGET = 1000 * MB
@@ -17,8 +17,11 @@ FAST = PressurePolicy(raise_delay=0.0)  # recover one level per sample, so tests
 
 
 def governor(probe: FakeProbe, **kwargs: object) -> MemoryGovernor:
-    kwargs.setdefault("policy", FAST)
-    return MemoryGovernor(BUDGET, probe, **kwargs)  # type: ignore[arg-type]
+    """A governor of :data:`BUDGET` over ``probe``: ``kwargs`` its own and :class:`Pacing`'s (policy: FAST)."""
+    paced = {name: kwargs.pop(name) for name in ("sample_interval", "max_in_flight", "margin_fraction", "policy")
+             if name in kwargs}
+    pacing = Pacing(**{"policy": FAST, **paced})  # type: ignore[arg-type]
+    return MemoryGovernor(BUDGET, probe, pacing=pacing, **kwargs)  # type: ignore[arg-type]
 
 
 def in_thread(target: object) -> tuple[threading.Thread, list[object]]:
@@ -220,7 +223,8 @@ def test_held_bytes_count_in_the_headroom_but_hold_back_no_unit_of_their_own_str
     # A stream's masks, held across its row chunks, take room like any unit; but its chunks come one after
     # another, so counting the masks in flight made each chunk wait at an in-flight limit of 1 (pressure at 85 %
     # here) until the level eased, and over the headroom wait for a release that only the stream's end brings.
-    gov = MemoryGovernor(BUDGET, FakeProbe(), max_in_flight=4)  # default damping: a level falls after 1 s calm
+    # default damping: a level falls after 1 s calm
+    gov = MemoryGovernor(BUDGET, FakeProbe(), pacing=Pacing(max_in_flight=4))
     masks = gov.acquire(700 * MB, held=True, timeout=0)
     chunk = gov.acquire(200 * MB, timeout=0)
     gov.sample()  # 90 % of the budget projected: one unit in flight at most
@@ -330,7 +334,7 @@ def test_invalid_construction() -> None:
     with pytest.raises(ValueError):
         MemoryGovernor(0, FakeProbe())
     with pytest.raises(ValueError):
-        MemoryGovernor(BUDGET, FakeProbe(), max_in_flight=0)
+        MemoryGovernor(BUDGET, FakeProbe(), pacing=Pacing(max_in_flight=0))
 
 
 def test_threads_hammering_the_governor_keep_reservations_within_the_budget() -> None:

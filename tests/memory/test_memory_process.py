@@ -76,9 +76,9 @@ def test_the_os_peak_is_the_merges_own_when_a_large_process_started_it() -> None
 CHILD = textwrap.dedent(
     """
     import json, sys, threading, time
-    from resumerge.memory import MemoryGovernor, SystemProbe
+    from resumerge.memory import MemoryGovernor, Pacing, SystemProbe
     budget, unit, governed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-    governor = MemoryGovernor(budget, SystemProbe(), sample_interval=0.01)
+    governor = MemoryGovernor(budget, SystemProbe(), pacing=Pacing(sample_interval=0.01))
     lock, running, most = threading.Lock(), [0], [0]
     # Ungoverned, all six units provably coexist; governed, a barrier would wait for units never admitted.
     together = None if governed else threading.Barrier(6, timeout=30)

@@ -85,8 +85,8 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
     paths = {name: write(root / f"{name}.yml", doc) for name, doc in configs.items()}
     with oracle([(paths[n], root / "mk" / n, ["--random-seed", str(SEED)]) for n in CASES]), passes_on_a_thread():
         for name in CASES:
-            api.run(paths[name], root / "ours" / name, state_dir=root / "state" / name,
-                    merging=api.Merging(random_seed=SEED))
+            api.run(paths[name], root / "ours" / name, settings=api.Settings(state_dir=root / "state" / name,
+                                                                             merging=api.Merging(random_seed=SEED)))
     return {n: (root / "mk" / n, root / "ours" / n) for n in CASES}
 
 

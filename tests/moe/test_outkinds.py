@@ -122,7 +122,8 @@ def test_a_glm4_moe_output_loads_and_is_its_experts_mixture(models: dict[str, Mo
     base = next(Path(m.directory) for m in models.values() if Path(m.directory).name == "m0")
     doc = {**_doc([base, base, base], "glm"), "experts_per_token": 2}
     out = tmp_path / "out"
-    api.run(yaml.safe_dump(doc), out, state_dir=tmp_path / "state", merging=api.Merging(allow_same_experts=True))
+    api.run(yaml.safe_dump(doc), out, settings=api.Settings(state_dir=tmp_path / "state",
+                                                            merging=api.Merging(allow_same_experts=True)))
     moe, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert {k: v for k, v in info.items() if v} == {}
     assert type(moe).__name__ == "Glm4MoeForCausalLM" and moe.config.n_shared_experts == 1

@@ -80,7 +80,7 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
                     {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
     alone = tmp_path / "alone"
     with passes_on_a_thread():  # the reference: its pass needs no process of its own (the two runs' below do)
-        api.run(config, alone, state_dir=tmp_path / "alone-state")
+        api.run(config, alone, settings=api.Settings(state_dir=tmp_path / "alone-state"))
     state = tmp_path / "state"
     routers, locks = state / "moe-routers", state / "moe-routers-locks"
     # The first's pass stops itself once its journal holds a layer; the run is stopped too (stopped processes keep

@@ -43,16 +43,16 @@ def test_a_run_continued_past_its_gates_starts_no_pass_process(tmp_path: Path,
     assert not routers_finished(moe, where)  # nothing recorded
     reference = tmp_path / "reference"
     with passes_on_a_thread():
-        api.run(config, reference, state_dir=tmp_path / "ref-state")
+        api.run(config, reference, settings=api.Settings(state_dir=tmp_path / "ref-state"))
         # stopped once the pass has written its routers: the routers' shard (the plan's last) is not committed
         with pytest.raises(InterruptedMerge):
-            api.run(config, out, state_dir=state, output=api.Output(out_shard_size="20KB"),
+            api.run(config, out, settings=api.Settings(state_dir=state, output=api.Output(out_shard_size="20KB")),
                     should_stop=lambda: any((state / "moe-routers").glob("*/routers.safetensors")))
     assert not (out / "model.safetensors.index.json").exists()
     assert routers_finished(moe, where)
     assert not routers_finished(load_moe_text(other.read_text()), where)  # other prompts: another pass
     monkeypatch.setattr(passproc, "PassProcess", NoPassProcess)
-    api.run(config, out, state_dir=state, output=api.Output(out_shard_size="20KB"))
+    api.run(config, out, settings=api.Settings(state_dir=state, output=api.Output(out_shard_size="20KB")))
     from safetensors.torch import load_file
 
     def routers(folder: Path) -> dict[str, object]:

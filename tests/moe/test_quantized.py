@@ -83,7 +83,7 @@ def test_an_upcycled_block_fp8_base_loads_with_transformers_as_what_was_written(
                                           "experts": [{"source_model": str(models[1])},
                                                       {"source_model": str(models[2])}]})
     out = tmp_path / "out"
-    api.run(config, out, merging=api.Merging(random_seed=7), state_dir=tmp_path / "state")
+    api.run(config, out, settings=api.Settings(merging=api.Merging(random_seed=7), state_dir=tmp_path / "state"))
     written = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in written
     stored = {n: t for f in sorted(out.glob("*.safetensors")) for n, t in load_file(f).items()}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from resumerge import api
-from resumerge.api.options import grouped
+from resumerge.api.flagmap import grouped
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID, InputError, exit_code_for

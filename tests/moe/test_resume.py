@@ -30,8 +30,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
                     {"source_model": str(m[2]), "positive_prompts": ["b"], "residual_scale": 2.0},
                     {"source_model": str(m[0]), "positive_prompts": ["c"]}]})
     reference = root / "reference"
-    api.run(config, reference, state_dir=root / "ref-state", output=api.Output(out_shard_size="20KB"),
-            merging=api.Merging(random_seed=7))
+    api.run(config, reference, settings=api.Settings(state_dir=root / "ref-state",
+                                                     output=api.Output(out_shard_size="20KB"),
+                                                     merging=api.Merging(random_seed=7)))
     return config, digests(reference), reference
 
 
@@ -47,7 +48,7 @@ def test_kill_then_resume_is_identical(setup: tuple[Path, dict[str, str], Path],
     again = cli("resume", out, "--state-dir", state, "--quiet", env={"RESUMERGE_KILL_AT": "after_ledger_commit:2"})
     assert again.returncode == -9, again.stderr
     shutil.rmtree(state)
-    api.resume(out, state_dir=state)  # never killed: in this process, an interpreter start saved
+    api.resume(out, settings=api.Settings(state_dir=state))  # never killed: in this process, an interpreter start saved
     assert digests(out) == expected
 
 
@@ -87,7 +88,7 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
     # uninterrupted, its pass on a thread of this process (the pass's process is the killed runs' subject below):
     # the same job done by the same function
     with passes_on_a_thread():
-        api.run(config, reference, state_dir=tmp_path / "ref")
+        api.run(config, reference, settings=api.Settings(state_dir=tmp_path / "ref"))
     out, state = tmp_path / "out", tmp_path / "state"
     # the pass runs in a child process, which kills the run's process there (as a kill from outside would); it
     # pauses a second after each layer, so that the run has recorded its plan by then (on an idle machine a pass
@@ -129,6 +130,6 @@ def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch:
         raise AssertionError("the forward pass ran again")
 
     monkeypatch.setattr(gatesites, "start_child", no_pass)  # resumed here: no process is needed to see it is not rerun
-    api.resume(out, state_dir=state)
+    api.resume(out, settings=api.Settings(state_dir=state))
     assert routers.stat().st_mtime_ns == before and digests(out) == digests(reference)
     assert not [p for p in work.iterdir() if p.name != routers.name]

@@ -40,7 +40,7 @@ def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
     # this tests: the pass runs on a thread here, an interpreter start saved.
     out, config = tmp_path / "out", _config(tmp_path, "hidden")
     with passes_on_a_thread():
-        outcome = api.run(config, out, state_dir=tmp_path / "state")
+        outcome = api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state"))
         notes = api.status(out, state_dir=tmp_path / "state").plan_notes
         assert POWER in notes and any(n.startswith(DEGENERATE) for n in notes)
         assert outcome.plan.notes == notes
@@ -49,7 +49,7 @@ def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
         # the card says what the run was: a mixture of experts, not a merge
         assert "# Mixture of experts" in card and "Merged model" not in card and "This is a merge" not in card
         # a later run finds the pass finished: the warning is the plan's own from the start
-        again = api.run(config, tmp_path / "again", state_dir=tmp_path / "state")
+        again = api.run(config, tmp_path / "again", settings=api.Settings(state_dir=tmp_path / "state"))
     assert again.plan.notes == notes
     assert (tmp_path / "again" / "README.md").read_text() == card.replace(str(out), str(tmp_path / "again"))
 
@@ -63,7 +63,7 @@ def test_cheap_embed_routers_too_alike_are_warned_when_the_plan_is_made(tmp_path
         config = write(tmp_path / f"{name}.yml", {
             "base_model": str(m[0]), "gate_mode": "cheap_embed",
             "experts": [{"source_model": str(m[i]), "positive_prompts": p} for i, p in zip((1, 2, 0), prompts)]})
-        outcome = api.run(config, tmp_path / name, state_dir=tmp_path / "state")
+        outcome = api.run(config, tmp_path / name, settings=api.Settings(state_dir=tmp_path / "state"))
         notes = api.status(tmp_path / name, state_dir=tmp_path / "state").plan_notes
         assert outcome.plan.notes == notes and POWER in notes
         assert any(n.startswith(DEGENERATE) for n in notes) is warned, notes
@@ -127,7 +127,8 @@ def test_the_passes_refusal_is_the_runs_one_line(tmp_path: Path) -> None:
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
     with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "small", state_dir=tmp_path / "state", resources=api.Resources(max_memory="200MB"))
+        api.run(config, tmp_path / "small", settings=api.Settings(state_dir=tmp_path / "state",
+                                                                  resources=api.Resources(max_memory="200MB")))
     assert exit_code_for(refused.value) == 2 and "\n" not in refused.value.one_line()
     assert refused.value.message.startswith("the prompt forward pass needs")
     assert "--max-memory" in refused.value.one_line() and not (tmp_path / "small").exists()
@@ -207,8 +208,8 @@ def test_an_input_error_after_the_first_commit_is_not_exit_2(tmp_path: Path, mon
     monkeypatch.setattr(CastReader, "read", unreadable)  # the forward engine's reader: the pass's first weight
     out = tmp_path / "out"
     with passes_on_a_thread(), pytest.raises(InterruptedMerge) as stopped:
-        api.run(_config(tmp_path, "hidden"), out, state_dir=tmp_path / "state",
-                output=api.Output(out_shard_size="30k"))
+        api.run(_config(tmp_path, "hidden"), out, settings=api.Settings(state_dir=tmp_path / "state",
+                                                                        output=api.Output(out_shard_size="30k")))
     assert exit_code_for(stopped.value) == 3
     assert stopped.value.message == "the merge stopped: base: the base's weights cannot be read"
     assert stopped.value.resume_command.startswith(f"resumerge resume {out}")
@@ -273,18 +274,20 @@ def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
     state = tmp_path / "state"
-    estimate = api.estimate(config, tmp_path / "out", state_dir=state, probe_size=0,
-                            resources=api.Resources(max_memory="200MB"))
+    estimate = api.estimate(config, tmp_path / "out",
+                            api.Settings(state_dir=state, resources=api.Resources(max_memory="200MB")), probe_size=0)
     assert not estimate.fits
     (said,) = [r for r in estimate.reasons if "the prompt forward pass needs" in r]
     with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "out", state_dir=state, resources=api.Resources(max_memory="200MB"))
+        api.run(config, tmp_path / "out", settings=api.Settings(state_dir=state,
+                                                                resources=api.Resources(max_memory="200MB")))
     # One rule: the same sentence, up to what each process holds (a few MB apart).
     budget = parse_size(said.rsplit("--max-memory ", 1)[1].split()[0])
     run_budget = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
     assert abs(budget - run_budget) <= 0.05 * budget, (said, refused.value.one_line())
-    assert api.estimate(config, tmp_path / "out", state_dir=state, probe_size=0,
-                        resources=api.Resources(max_memory=budget)).fits
+    assert api.estimate(config, tmp_path / "out", settings=api.Settings(state_dir=state,
+                                                                        resources=api.Resources(max_memory=budget)),
+                                                                        probe_size=0).fits
     code, peak = _tree_peak_anon(["run", str(config), str(tmp_path / "out"), "--state-dir", str(state),
                                   "--max-memory", str(budget), "--quiet"])
     assert code == 0

@@ -13,7 +13,7 @@ from transplant.pairs import make_pair
 def test_transplant_card_has_its_own_wording(tmp_path: Path) -> None:
     model, donor = make_pair(tmp_path / "pair")
     api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=Surgery(k=8, new_vocab_scale=0.5),
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     card = (tmp_path / "out" / "README.md").read_text()
     lines = card.splitlines()
     assert f"# {model} with {donor}'s tokenizer" in lines
@@ -36,8 +36,8 @@ def test_the_card_records_the_output_flags_of_the_run(tmp_path: Path) -> None:
     options); a GGUF output's format: test_gguf."""
     model, donor = make_pair(tmp_path / "pair")
     api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=Surgery(approximation_method="randn"),
-                     output=api.Output(out_shard_size="100kB"), merging=api.Merging(random_seed=7),
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(output=api.Output(out_shard_size="100kB"),
+                                           merging=api.Merging(random_seed=7), state_dir=tmp_path / "state"))
     card = (tmp_path / "out" / "README.md").read_text()
     assert (f"`resumerge tokensurgeon {model} {donor} OUT -a randn --out-shard-size 100000 --random-seed 7`"
             in card), card
@@ -53,7 +53,7 @@ def test_a_check_against_model_is_quoted_in_the_transplants_card(tmp_path: Path)
 
     model, donor = make_pair(tmp_path / "pair")
     out, state = tmp_path / "out", tmp_path / "state"
-    api.tokensurgeon(str(model), str(donor), out, surgery=Surgery(k=8), state_dir=state)
+    api.tokensurgeon(str(model), str(donor), out, surgery=Surgery(k=8), settings=api.Settings(state_dir=state))
     mine = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((donor / "tokenizer.json").read_text())["model"]["vocab"]
     shared = sorted(t for t in mine if t in theirs and not t.startswith("<"))

@@ -128,7 +128,7 @@ def test_runs_where_mergekit_fails(method: str, tmp_path: Path, mergekit: Mergek
     assert ran.returncode != 0 and ("rope_theta" if method == "mp_rope" else "TokenSurgeonOptions") in ran.stderr, \
         ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(approximation_method=method, k=8),
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     out = tensors(tmp_path / "ours")
     _shared_rows(model, donor, out)
     embed = out["model.embed_tokens.weight"]

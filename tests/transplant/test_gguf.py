@@ -52,9 +52,10 @@ def test_a_gguf_model_or_donor_transplants_as_its_decoded_folder(files: tuple[Pa
     surgery = api.Surgery(approximation_method="mean")
     for name, (mine, theirs), (as_folder, their_folder) in (
             ("model", (path, donor), (folder, donor)), ("donor", (model, path), (model, folder))):
-        api.tokensurgeon(str(mine), str(theirs), tmp_path / name, surgery=surgery, state_dir=tmp_path / "s")
+        api.tokensurgeon(str(mine), str(theirs), tmp_path / name, surgery=surgery,
+                         settings=api.Settings(state_dir=tmp_path / "s"))
         api.tokensurgeon(str(as_folder), str(their_folder), tmp_path / f"{name}-folder", surgery=surgery,
-                         state_dir=tmp_path / "s")
+                         settings=api.Settings(state_dir=tmp_path / "s"))
         _same(tmp_path / name, tmp_path / f"{name}-folder")
     assert "quantization_config" not in json.loads((tmp_path / "model" / "config.json").read_text())
 
@@ -63,7 +64,8 @@ def test_a_gguf_output_holds_the_gguf_donors_vocabulary(files: tuple[Path, Path,
     model, _, path, _ = files
     out = tmp_path / "out"
     api.tokensurgeon(str(model), str(path), out, surgery=api.Surgery(approximation_method="mean"),
-                     output=api.Output(out_type="gguf", gguf_type="q8_0"), state_dir=tmp_path / "s")
+                     settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="q8_0"),
+                                           state_dir=tmp_path / "s"))
     written, parent = gguf.GGUFReader(out / "model.gguf"), gguf.GGUFReader(path)
     tokens = written.fields["tokenizer.ggml.tokens"]
     assert [bytes(tokens.parts[i]) for i in tokens.data] == [

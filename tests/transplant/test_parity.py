@@ -86,8 +86,8 @@ def _both(mergekit: Mergekit, model: Path, donor: Path, root: Path, options: tup
     ours, theirs = root / "ours", root / "theirs"
     ran = mergekit.run(model, donor, theirs, *options, script="tokensurgeon")
     assert ran.returncode == 0, ran.stderr
-    api.tokensurgeon(str(model), str(donor), ours, surgery=surgery(options), merging=merging,
-                     state_dir=root / "state")
+    api.tokensurgeon(str(model), str(donor), ours, api.Settings(merging=merging, state_dir=root / "state"),
+                     surgery=surgery(options))
     return ours, theirs
 
 
@@ -138,11 +138,12 @@ def test_prefix_match_targets_the_matrix_it_names(pairs: Callable[[str], tuple[P
     ran = mergekit.run(model, donor, tmp_path / "theirs", "-k", "8", "-pm", "lm_head", script="tokensurgeon")
     assert ran.returncode == 0, ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(k=8, prefix_match="embed"),
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     a, b = tensors(tmp_path / "ours"), tensors(tmp_path / "theirs")
     assert all(torch.equal(a[n], b[n]) for n in a)
     plain = tmp_path / "plain"
-    api.tokensurgeon(str(model), str(donor), plain, surgery=Surgery(k=8), state_dir=tmp_path / "state")
+    api.tokensurgeon(str(model), str(donor), plain, surgery=Surgery(k=8),
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     c = tensors(plain)
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
     assert torch.equal(a["lm_head.weight"], c["lm_head.weight"])
@@ -158,7 +159,8 @@ def test_half_precision_donor_interpolates_in_float32(tmp_path: Path, mergekit: 
                        script="tokensurgeon")
     assert ran.returncode != 0 and "Half" in ran.stderr, ran.stderr
     options = Surgery(approximation_method="common_interpolation", k=8)
-    api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=options, state_dir=tmp_path / "state")
+    api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=options,
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     # the float32 twin: the same DONOR values, widened from float16
     twin = tmp_path / "twin-donor"
     shutil.copytree(donor, twin)
@@ -166,7 +168,7 @@ def test_half_precision_donor_interpolates_in_float32(tmp_path: Path, mergekit: 
         save_file({n: t.float() for n, t in load_file(str(path)).items()}, str(path), metadata={"format": "pt"})
     widened = (model, twin)
     api.tokensurgeon(str(widened[0]), str(widened[1]), tmp_path / "twin", surgery=options,
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     a, b = tensors(tmp_path / "ours"), tensors(tmp_path / "twin")
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert "half-precision DONOR" in (tmp_path / "ours" / "README.md").read_text()
@@ -181,8 +183,8 @@ def test_mean_with_noise_runs_and_is_seeded(pairs: Callable[[str], tuple[Path, P
     options = Surgery(approximation_method="mean", new_vocab_noise=0.01)
     outs = []
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        api.tokensurgeon(str(model), str(donor), tmp_path / name, surgery=options, merging=Merging(random_seed=seed),
-                         state_dir=tmp_path / "state")
+        api.tokensurgeon(str(model), str(donor), tmp_path / name, surgery=options,
+                         settings=api.Settings(merging=Merging(random_seed=seed), state_dir=tmp_path / "state"))
         outs.append(tensors(tmp_path / name)["model.embed_tokens.weight"])
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
     mean = tensors(model)["model.embed_tokens.weight"].mean(dim=0)
@@ -197,7 +199,7 @@ def test_john_hewitt_with_fewer_rows_than_width(tmp_path: Path, mergekit: Mergek
     ran = mergekit.run(model, donor, tmp_path / "theirs", "-a", "john_hewitt", script="tokensurgeon")
     assert ran.returncode != 0 and "len()" in ran.stderr, ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(approximation_method="john_hewitt"),
-                     state_dir=tmp_path / "state")
+                     settings=api.Settings(state_dir=tmp_path / "state"))
     embed = tensors(tmp_path / "ours")["model.embed_tokens.weight"]
     mine = json.loads((donor / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]

@@ -102,7 +102,7 @@ def test_plan_names_what_the_unit_holds_not_the_whole_tables(pair: tuple[Path, P
     def largest(chunk: int) -> int:
         monkeypatch.setattr(registered, "CHUNK_BYTES", chunk)
         estimate = api.tokensurgeon(str(model), str(donor), tmp_path / "out", plan=True,
-                                    surgery=api.Surgery(k=8), state_dir=tmp_path / "s")
+                                    surgery=api.Surgery(k=8), settings=api.Settings(state_dir=tmp_path / "s"))
         assert isinstance(estimate, Estimate)
         return estimate.memory.largest_unit_bytes
 
@@ -127,7 +127,8 @@ def test_plan_times_the_unit_on_the_real_tables(pair: tuple[Path, Path], tmp_pat
     sample of the output's rows read past MODEL's smaller table), at a reduced scale scaled to every token."""
     model, donor = pair
     estimate = api.tokensurgeon(str(model), str(donor), tmp_path / "out", plan=True,
-                                surgery=api.Surgery(k=8, batch_size=16), state_dir=tmp_path / "s")
+                                surgery=api.Surgery(k=8,
+                                                    batch_size=16), settings=api.Settings(state_dir=tmp_path / "s"))
     assert isinstance(estimate, Estimate)
     units = [g for g in estimate.time.compute if g.method == registered.SURGERY_ROWS]
     assert len(units) == 2  # the embedding and the untied head

@@ -57,7 +57,8 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
 def test_the_result_loads_with_the_donors_tokenizer(pair: tuple[Path, Path], tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     model, donor = pair
-    api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=api.Surgery(k=8), state_dir=tmp_path / "s")
+    api.tokensurgeon(str(model), str(donor), tmp_path / "out", surgery=api.Surgery(k=8),
+                     settings=api.Settings(state_dir=tmp_path / "s"))
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert loaded.get_input_embeddings().weight.shape[0] == len(tokenizer)

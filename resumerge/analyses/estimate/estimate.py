@@ -92,6 +92,17 @@ class Measuring:
 
 
 @dataclass(frozen=True)
+class Passes:
+    """The forward passes a run makes besides its merge, as an estimate counts them: ``prepass``, one in a process
+    of its own beside the merge or before it (a mergekit-moe config's prompt forward pass), given the inputs' read
+    speed; ``first_pass``, one the run's own process makes before the merge (``--imatrix-texts``'), whose seconds,
+    memory and state-dir bytes are counted in."""
+
+    prepass: Prepass | None = None
+    first_pass: FirstPass | None = None
+
+
+@dataclass(frozen=True)
 class _Reading:
     """This machine's memory as a probe read it once (a :class:`~resumerge.memory.probe.MemoryProbe` whose
     readings stay put)."""
@@ -137,9 +148,8 @@ def estimate(
     startup: Startup | None = None,
     choose_inputs: bool = True,
     to_hub: bool = False,
-    prepass: Prepass | None = None,
     torch_side: TorchSide | None = None,
-    first_pass: FirstPass | None = None,
+    passes: Passes = Passes(),
 ) -> Estimate:
     """Estimate what merging the plan of ``prepared`` into ``out_dir`` costs here under ``settings``, and decide
     whether it fits.
@@ -154,12 +164,11 @@ def estimate(
     result. ``choose_inputs`` false counts every hub weight file as downloaded (a recipe stage: recipes download
     their inputs whole). ``settings.max_disk`` (``--max-disk``) bounds the local disk: it decides which hub files
     are streamed and what an ``hf://`` OUT may stage; ``to_hub`` says OUT is a hub repo, whose staging must then
-    fit under it. ``prepass`` estimates a pass that runs in a process of its own, beside the merge or before it (a
-    mergekit-moe config's prompt forward pass), given the inputs' read speed. ``torch_side`` runs the speed sample
-    (None: in this process; see :mod:`resumerge.analyses.estimate.torchside`). ``first_pass``: a pass the run's own
-    process makes before the merge (``--imatrix-texts``'), whose seconds, memory and state-dir bytes are counted in.
+    fit under it. ``passes`` (:class:`Passes`) are the forward passes the run makes besides the merge.
+    ``torch_side`` runs the speed sample (None: in this process; see :mod:`resumerge.analyses.estimate.torchside`).
     """
     plan, inputs = prepared.plan, prepared.opened()
+    prepass, first_pass = passes.prepass, passes.first_pass
     measuring = measuring or Measuring()
     startup = startup or Startup()
     probe_bytes, disk_free = measuring.probe_bytes, measuring.disk_free
@@ -554,7 +563,8 @@ def estimate_config(
         imported = side.facts().import_seconds
         to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
         with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
+            passes = Passes(prepass(plan, inputs) if prepass is not None else None,
+                            first_pass(plan) if first_pass is not None else None)
             return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
                             measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
-                            prepass=prepass(plan, inputs) if prepass is not None else None, torch_side=side,
-                            first_pass=first_pass(plan) if first_pass is not None else None)
+                            torch_side=side, passes=passes)

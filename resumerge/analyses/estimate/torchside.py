@@ -37,6 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 
+from resumerge.config.closing import Closing
 from resumerge.merge.engine.devices import set_torch_threads
 from resumerge.torch_import import load as load_torch
 from resumerge.torch_import import loaded as torch_loaded
@@ -117,7 +118,7 @@ class TorchHere:
         return partial(fn, *args)
 
 
-class TorchProcess:
+class TorchProcess(Closing):
     """A helper process that imports torch at once, with ``threads`` torch threads (None: torch's choice, as a
     fresh run's process gets), then runs the calls sent to it, one at a time, and hands back their results.
     Calls and results travel pickled (functions by name), so a call's arguments must be small: send a sample's
@@ -138,13 +139,6 @@ class TorchProcess:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         except OSError:
             self._process = None
-
-    def __enter__(self) -> TorchProcess:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
     def close(self) -> None:
         """Kill the helper (it holds nothing to finish) and reap it."""

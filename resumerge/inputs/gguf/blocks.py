@@ -43,22 +43,27 @@ def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     into *= legacy.scales(blocks[:, :2])
 
 
-def _q4_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
-    """Q4_K blocks (``block_q4_K``: f16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles;
-    (n, 144)) into float32 values (n, 256): sub-block j (32 values) is ``d*scale_j * q - dmin*min_j``, the two
-    products exact and the difference rounded once, as gguf-py computes it. Nibble pair byte k of 32-byte group g
-    holds sub-block 2g's value k (low) and sub-block 2g+1's (high)."""
+def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eight sub-blocks' ``d*scale_j`` and ``dmin*min_j`` (n, 8, 1) of Q4_K or Q5_K blocks: f16 d and dmin, then
+    12 bytes of eight 6-bit scales and mins."""
     from resumerge.torch_import import torch
 
-    n = blocks.shape[0]
     d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
     dmin = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
     low, high, both = blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
     # sub-blocks 0-3 keep their 6 bits whole; 4-7 take 4 bits from ``both`` and their top 2 from the others' bytes
     scales = torch.cat([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], dim=1).to(torch.float32)
     mins = torch.cat([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], dim=1).to(torch.float32)
-    scale = (d * scales).unsqueeze(-1)
-    offset = (dmin * mins).unsqueeze(-1)
+    return (d * scales).unsqueeze(-1), (dmin * mins).unsqueeze(-1)
+
+
+def _q4_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """Q4_K blocks (``block_q4_K``: f16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles;
+    (n, 144)) into float32 values (n, 256): sub-block j (32 values) is ``d*scale_j * q - dmin*min_j``, the two
+    products exact and the difference rounded once, as gguf-py computes it. Nibble pair byte k of 32-byte group g
+    holds sub-block 2g's value k (low) and sub-block 2g+1's (high)."""
+    n = blocks.shape[0]
+    scale, offset = _k_scales(blocks)
     nibbles = blocks[:, 16:].reshape(n, 4, 1, 32)
     q = into.view(n, 4, 2, 32)
     q[:, :, 0:1].copy_(nibbles & 0x0F)
@@ -113,19 +118,15 @@ def _q5_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     from resumerge.torch_import import torch
 
     n = blocks.shape[0]
-    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
-    dmin = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
-    low, high, both = blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16]
-    scales = torch.cat([low & 0x3F, (both & 0x0F) | ((low >> 2) & 0x30)], dim=1).to(torch.float32)
-    mins = torch.cat([high & 0x3F, (both >> 4) | ((high >> 2) & 0x30)], dim=1).to(torch.float32)
+    scale, offset = _k_scales(blocks)
     qh = blocks[:, 16:48].reshape(n, 1, 32)
     nibbles = blocks[:, 48:].reshape(n, 4, 1, 32)
     fifth = torch.cat([(qh >> bit) & 1 for bit in range(8)], dim=1).view(n, 4, 2, 32)
     q = into.view(n, 4, 2, 32)
     q.copy_(torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2) | (fifth << 4))
     values = into.view(n, 8, 32)
-    values *= (d * scales).unsqueeze(-1)
-    values -= (dmin * mins).unsqueeze(-1)
+    values *= scale
+    values -= offset
 
 
 def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:

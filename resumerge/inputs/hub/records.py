@@ -13,8 +13,8 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from types import TracebackType
 
+from resumerge.config.closing import Closing
 from resumerge.inputs.looks import RACY_WINDOW_NS as RACY_WINDOW_NS  # one window for every record of a look
 
 DB_NAME = "hub-verified.sqlite"
@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS verified (
 """
 
 
-class VerifyRecords:
+class VerifyRecords(Closing):
     """Open (creating if needed) the records in ``directory``; ``None`` keeps them in memory for one call.
 
     Use as a context manager or call :meth:`close`. Raises ``sqlite3.Error`` / ``OSError`` only if the state
@@ -47,14 +47,6 @@ class VerifyRecords:
         self._db = sqlite3.connect(target, timeout=30)
         with self._db:
             self._db.execute(_SCHEMA)
-
-    def __enter__(self) -> VerifyRecords:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the database."""

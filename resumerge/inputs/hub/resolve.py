@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError, ResumergeError
@@ -30,6 +31,8 @@ from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, l
 from resumerge.inputs.hub.selection import select_weights, small_files
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.torch_bin import is_pickle_checkpoint, read_bin_header
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -172,17 +175,12 @@ def pin_commit(
         return settings, pinned
     if COMMIT_RE.match(revision):
         return settings, revision
-    if not settings.offline:
-        try:
-            commit = resolve_revision(settings, repo.repo_id, revision)
-        except Exception as e:
-            if not is_network_error(e):
-                raise
-            settings = _fall_back(settings, repo, f"cannot reach {settings.endpoint} ({e})", emit)
-        else:
-            repo.write_ref(revision, commit)
-            emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {commit[:12]}", commit=commit))
-            return settings, commit
+    asking = settings
+    settings, commit = _asked(settings, repo, emit, lambda: resolve_revision(asking, repo.repo_id, revision))
+    if commit is not None:
+        repo.write_ref(revision, commit)
+        emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {commit[:12]}", commit=commit))
+        return settings, commit
     cached = repo.read_ref(revision)
     if cached is None:
         raise _not_cached(settings, name)
@@ -197,16 +195,11 @@ def commit_files(
     files = repo.read_tree(commit)
     if files is not None:
         return settings, files, True
-    if not settings.offline:
-        try:
-            files = list_files(settings, repo.repo_id, commit)
-        except Exception as e:
-            if not is_network_error(e):
-                raise
-            settings = _fall_back(settings, repo, f"cannot reach {settings.endpoint} ({e})", emit)
-        else:
-            repo.write_tree(commit, files)
-            return settings, files, True
+    asking = settings
+    settings, files = _asked(settings, repo, emit, lambda: list_files(asking, repo.repo_id, commit))
+    if files is not None:
+        repo.write_tree(commit, files)
+        return settings, files, True
     files = repo.scan_snapshot(commit)
     if not files:
         raise _not_cached(settings, f"{repo.repo_id}@{commit}")
@@ -220,6 +213,20 @@ def _not_cached(settings: HubSettings, name: str) -> ResumergeError:
         f"{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
         hint="run once without HF_HUB_OFFLINE=1 so the model can be fetched",
     )
+
+
+def _asked(settings: HubSettings, repo: RepoCache, emit: ProgressCallback,
+           ask: Callable[[], _T]) -> tuple[HubSettings, _T | None]:
+    """What ``ask`` gets from the hub, with the settings; None unless online, or where the hub proved unreachable
+    (the settings then offline for the rest of the run: :func:`_fall_back`)."""
+    if settings.offline:
+        return settings, None
+    try:
+        return settings, ask()
+    except Exception as e:
+        if not is_network_error(e):
+            raise
+        return _fall_back(settings, repo, f"cannot reach {settings.endpoint} ({e})", emit), None
 
 
 def _fall_back(settings: HubSettings, repo: RepoCache, why: str, emit: ProgressCallback) -> HubSettings:

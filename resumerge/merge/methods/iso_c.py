@@ -7,11 +7,8 @@ ICML 2025, https://arxiv.org/abs/2502.04959; the authors' code is ``iso_c`` in d
 
 from __future__ import annotations
 
-from resumerge.merge.methods.footprint import measured
-from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
+from resumerge.merge.methods.spec import MergeContext
 from resumerge.merge.methods.spectral import (
-    SVD_PARAM,
-    VOCAB_DEFAULTS,
     as_matrix,
     base_f64,
     delta_sum,
@@ -19,7 +16,7 @@ from resumerge.merge.methods.spectral import (
     mean_path,
     rank,
     scaling,
-    svd_scratch,
+    svd_method,
 )
 from resumerge.torch_import import torch
 
@@ -48,29 +45,14 @@ def iso_common(ctx: MergeContext) -> torch.Tensor:
     return finish(merged.mul_(mean), base, scaling(ctx))
 
 
-# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
-# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
-# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
-# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+# Working memory (bytes per element), as svd_method says.
 _WIDE = (32, 0, 8, 0, None, (28, 0))
 _FLOAT64 = (16, 0, 7.75, 0, None, (20, 0))
 
-SPEC = MethodSpec(
-    name="iso_c",
-    title="Iso-C (isotropic merging in the common subspace)",
-    summary=(
-        "the sum of the task vectors with its singular values all set to their mean (a flat spectrum), scaled "
-        "and added to the base."
-    ),
-    reference="https://arxiv.org/abs/2502.04959",
-    fn=iso_common,
-    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0), SVD_PARAM),
-    vocab_defaults=VOCAB_DEFAULTS,
-    base=BasePolicy.REQUIRED,
-    min_inputs=2,
-    # LAPACK's SVD splits its work by torch's thread count.
-    thread_dependent=True,
-    # Its time is that of one SVD of the matrix's size: plan times a call per shape.
-    whole_cost=WholeCost(params=("svd",), bound="SVD-bound (one SVD of each matrix, float64)"),
-    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
+SPEC = svd_method(
+    "iso_c", "Iso-C (isotropic merging in the common subspace)",
+    "the sum of the task vectors with its singular values all set to their mean (a flat spectrum), scaled and added "
+    "to the base.",
+    "https://arxiv.org/abs/2502.04959", iso_common,
+    bound="SVD-bound (one SVD of each matrix, float64)", wide=_WIDE, float64=_FLOAT64,
 )

@@ -7,11 +7,8 @@ ICML 2025, https://arxiv.org/abs/2502.04959; the authors' code is ``iso_cts`` in
 
 from __future__ import annotations
 
-from resumerge.merge.methods.footprint import measured
-from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
+from resumerge.merge.methods.spec import MergeContext, ParamSpec, Scope
 from resumerge.merge.methods.spectral import (
-    SVD_PARAM,
-    VOCAB_DEFAULTS,
     Components,
     as_matrix,
     base_f64,
@@ -22,7 +19,7 @@ from resumerge.merge.methods.spectral import (
     mean_path,
     rank,
     scaling,
-    svd_scratch,
+    svd_method,
 )
 from resumerge.torch_import import torch
 
@@ -77,35 +74,16 @@ def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
     return finish(found.orthogonalised(sigma_sum / k), base, scaling(ctx))
 
 
-# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
-# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
-# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
-# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+# Working memory (bytes per element), as svd_method says.
 _WIDE = (32, 0, 31.5, 0, None, (24, 0))
 _FLOAT64 = (16, 0, 31, 0, None, (15.5, 0))
 
-SPEC = MethodSpec(
-    name="iso_cts",
-    title="Iso-CTS (isotropic merging in common and task-specific subspaces)",
-    summary=(
-        "the leading singular directions of the summed task vectors, completed by each model's own directions "
-        "outside them, all with one flat singular value, scaled and added to the base."
-    ),
-    reference="https://arxiv.org/abs/2502.04959",
-    fn=iso_common_specific,
-    params=(
-        ParamSpec("scaling", Scope.GLOBAL, float, default=1.0),
-        ParamSpec("common_space_fraction", Scope.GLOBAL, float, default=0.8, minimum=0.0, maximum=1.0,
-                  exclusive_min=True),
-        SVD_PARAM,
-    ),
-    vocab_defaults=VOCAB_DEFAULTS,
-    base=BasePolicy.REQUIRED,
-    min_inputs=2,
-    # LAPACK's SVD splits its work by torch's thread count.
-    thread_dependent=True,
-    # Its time is that of T + 3 SVDs of the matrix's size: plan times a call per shape and fraction.
-    whole_cost=WholeCost(params=("common_space_fraction", "svd"),
-                         bound="SVD-bound (T + 3 SVDs of each matrix, float64)"),
-    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
+SPEC = svd_method(
+    "iso_cts", "Iso-CTS (isotropic merging in common and task-specific subspaces)",
+    "the leading singular directions of the summed task vectors, completed by each model's own directions outside "
+    "them, all with one flat singular value, scaled and added to the base.",
+    "https://arxiv.org/abs/2502.04959", iso_common_specific,
+    params=(ParamSpec("common_space_fraction", Scope.GLOBAL, float, default=0.8, minimum=0.0, maximum=1.0,
+                      exclusive_min=True),),
+    bound="SVD-bound (T + 3 SVDs of each matrix, float64)", wide=_WIDE, float64=_FLOAT64,
 )

@@ -1,5 +1,6 @@
 """What the SVD merge methods share (``tsv``, ``iso_c``, ``iso_cts``): task vectors in float64, their mean for the
-tensors that are not matrices, numerical rank, the partial-isometry polar factor, and how the result is put back.
+tensors that are not matrices, numerical rank, the partial-isometry polar factor, how the result is put back, and
+the declaration they have in common (:func:`svd_method`).
 
 Everything runs in float64 whatever the inputs' dtype and the result is returned in float64, so the engine rounds
 once, to the output dtype. The authors' code (TSV-M, Iso-C/CTS) runs float32 on CUDA; float64 keeps a delta that
@@ -16,14 +17,15 @@ its continuous extension (two identical tasks give that task's kept components, 
 **Signs.** A singular triplet's sign is free (LAPACK picks one); every output here is a product in which each
 sign meets itself (u·σ·vᵀ, or a polar factor of a matrix of such columns), so it does not depend on the choice.
 
-May import: torch only (pure functions).
+May import: torch, and the method declaration's own modules (spec, footprint).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from resumerge.merge.methods.spec import MergeContext, ParamSpec, Scope
+from resumerge.merge.methods.footprint import Column, measured
+from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
 from resumerge.torch_import import torch
 
 
@@ -153,3 +155,22 @@ def svd_scratch(dtype: str, shape: Sequence[int], inputs: int) -> tuple[int, int
         return 0, 0
     k = shorter_side(shape)
     return k * (shape[0] + shape[1]), k * k
+
+
+def svd_method(name: str, title: str, summary: str, reference: str, fn: Callable[[MergeContext], torch.Tensor], *,
+               params: Sequence[ParamSpec] = (), bound: str, wide: Column, float64: Column) -> MethodSpec:
+    """The declaration of an SVD method on task vectors: ``scaling``, then ``params``, then ``svd`` (false for the
+    vocabulary's rows, the planner's default); a base and two models at least; thread-dependent (LAPACK's SVD
+    splits its work by torch's thread count); timed a call per shape and per value of ``params`` (its time is that
+    of its SVDs, ``bound``, not of the tensor's elements); its working memory ``wide`` in float32, bfloat16 and
+    float16 alike, ``float64`` in float64, each with the SVD's scratch (:func:`svd_scratch`), as
+    tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) measures it on 24×24 to 2048×2048 weights: the
+    mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a matrix a phase of float64
+    buffers of its size plus the singular-vector panels and LAPACK's workspace, per element of k·(m + n)."""
+    return MethodSpec(
+        name=name, title=title, summary=summary, reference=reference, fn=fn,
+        params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0), *params, SVD_PARAM),
+        vocab_defaults=VOCAB_DEFAULTS, base=BasePolicy.REQUIRED, min_inputs=2, thread_dependent=True,
+        whole_cost=WholeCost(params=(*(each.name for each in params), "svd"), bound=bound),
+        footprint=measured(wide, wide, wide, float64, scratch=svd_scratch, flat_unless="svd"),
+    )

@@ -7,11 +7,8 @@ AntoAndGar/task_singular_vectors (``src/utils/TSVM_utils.py``). mergekit PR #639
 
 from __future__ import annotations
 
-from resumerge.merge.methods.footprint import measured
-from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
+from resumerge.merge.methods.spec import MergeContext
 from resumerge.merge.methods.spectral import (
-    SVD_PARAM,
-    VOCAB_DEFAULTS,
     Components,
     as_matrix,
     base_f64,
@@ -20,7 +17,7 @@ from resumerge.merge.methods.spectral import (
     mean_path,
     rank,
     scaling,
-    svd_scratch,
+    svd_method,
 )
 from resumerge.torch_import import torch
 
@@ -53,29 +50,14 @@ def task_singular_vectors(ctx: MergeContext) -> torch.Tensor:
     return finish(found.orthogonalised(found.s), base, scaling(ctx))
 
 
-# Working memory measured by tests/methods/footprint_cases.py's profiler replay (torch 2.x CPU) on 24×24 to
-# 2048×2048 weights: the mean path's float64 copies (fixed; a tensor of the other dtypes is widened), and for a
-# matrix a phase of float64 buffers of its size plus the singular-vector panels and LAPACK's workspace, per
-# element of k·(m + n) (spectral.svd_scratch). float32, bfloat16 and float16 measure alike.
+# Working memory (bytes per element), as svd_method says.
 _WIDE = (32, 0, 17, 0, None, (27.5, 0))
 _FLOAT64 = (16, 0, 16.5, 0, None, (20, 0))
 
-SPEC = MethodSpec(
-    name="tsv",
-    title="Task Singular Vectors (TSV-M)",
-    summary=(
-        "each model's task vector cut to its leading singular components (1/T of them each), the components of "
-        "all models decorrelated by orthogonalising their singular vectors, then added to the base."
-    ),
-    reference="https://arxiv.org/abs/2412.00081",
-    fn=task_singular_vectors,
-    params=(ParamSpec("scaling", Scope.GLOBAL, float, default=1.0), SVD_PARAM),
-    vocab_defaults=VOCAB_DEFAULTS,
-    base=BasePolicy.REQUIRED,
-    min_inputs=2,
-    # LAPACK's SVD splits its work by torch's thread count.
-    thread_dependent=True,
-    # Its time is that of T + 2 SVDs of the matrix's size, not of its elements: plan times a call per shape.
-    whole_cost=WholeCost(params=("svd",), bound="SVD-bound (T + 2 SVDs of each matrix, float64)"),
-    footprint=measured(_WIDE, _WIDE, _WIDE, _FLOAT64, scratch=svd_scratch, flat_unless="svd"),
+SPEC = svd_method(
+    "tsv", "Task Singular Vectors (TSV-M)",
+    "each model's task vector cut to its leading singular components (1/T of them each), the components of all "
+    "models decorrelated by orthogonalising their singular vectors, then added to the base.",
+    "https://arxiv.org/abs/2412.00081", task_singular_vectors,
+    bound="SVD-bound (T + 2 SVDs of each matrix, float64)", wide=_WIDE, float64=_FLOAT64,
 )

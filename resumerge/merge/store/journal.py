@@ -16,10 +16,11 @@ import functools
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from resumerge.errors import LedgerError, ResumergeError, StorageError
 from resumerge.merge.store.durable import durability_disabled
@@ -99,12 +100,14 @@ class Journal:
     """Write access to one SQLite journal. Thread-safe: one lock guards the connection.
 
     A subclass names its :attr:`migrations` (the schema, never edited once released: a change is a new
-    migration) and :attr:`what` (how messages name it).
+    migration), :attr:`what` (how messages name it), its :attr:`state_table` (whose one row, id 1, holds the
+    state of what it journals) and how it appends an event (:meth:`_event`).
     """
 
     migrations: ClassVar[Migrations]
     what: ClassVar[str] = "ledger"
     rebuilt_from: ClassVar[str] = "OUT's manifest"
+    state_table: ClassVar[str] = "run"
 
     def __init__(self, path: Path) -> None:
         """Open (creating if needed) the journal at ``path``, bring its schema up to date and check it.
@@ -180,6 +183,20 @@ class Journal:
                     yield
             except sqlite3.DatabaseError as exc:
                 raise sqlite_failure(exc, self.path, self.what, self.rebuilt_from) from None
+
+    def set_state(self, state: str, *, error: str | None = None) -> None:
+        """Move what the journal records to ``state`` (planned, running, interrupted, failed, done), with the last
+        error if any."""
+        with self._transaction():
+            update: dict[str, Any] = {"state": state, "updated_at": time.time()}
+            if error is not None:
+                update["last_error"] = error
+            self.db.table(self.state_table).update(1, update)
+            self._event("state", state + (f": {error}" if error else ""))
+
+    def _event(self, kind: str, message: str) -> None:
+        """Append an event (each journal writes its own columns)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Close the connection."""

@@ -246,15 +246,6 @@ class Ledger(Journal):
             self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.peak_rss if row else 0),
                                             "adaptations": (row.adaptations if row else 0) + adaptations})
 
-    def set_state(self, state: str, *, error: str | None = None) -> None:
-        """Move the run to ``state`` (planned|running|interrupted|failed|done), with the last error if any."""
-        with self._transaction():
-            update: dict[str, Any] = {"state": state, "updated_at": time.time()}
-            if error is not None:
-                update["last_error"] = error
-            self.db.table("run").update(1, update)
-            self._event("state", state + (f": {error}" if error else ""))
-
     # -- files and tensors --------------------------------------------------------------------------------
     def files(self) -> tuple[FileRow, ...]:
         """Every planned output file, in write order (the read side's type and query)."""

@@ -18,13 +18,13 @@ on local disk, copy to OUT, read back and compare, rename — for Drive and othe
 from __future__ import annotations
 
 import os
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 from pathlib import Path
-from types import TracebackType
 from typing import TypeVar
 
+from resumerge.config.closing import Closing
 from resumerge.errors import UsageError
 from resumerge.merge.store.checksums import XXH3_128, Checksum, check_many
 from resumerge.merge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
@@ -79,7 +79,7 @@ class Receipt:
         return self._future.result(timeout=0)
 
 
-class OutputSink(ABC):
+class OutputSink(Closing):
     """Where one output's files are committed: write durably, check, list, delete what resumerge owns.
 
     Besides the seven methods every sink implements, a sink that commits later overrides :meth:`flush`,
@@ -96,13 +96,6 @@ class OutputSink(ABC):
     # that an interrupted run keeps the units it wrote (:mod:`resumerge.merge.store.units`); False: every file is
     # committed whole (a hub repo commits files, a staged copy to Drive copies files).
     writes_in_place = False
-
-    def __enter__(self: _T) -> _T:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
     @abstractmethod
     def where(self, name: str) -> Path:

@@ -45,6 +45,7 @@ class RecipeLedger(Journal):
     migrations = migrations
     what = "recipe ledger"
     rebuilt_from = f"OUT's {RECIPE_MANIFEST_NAME}"
+    state_table = "recipe"
 
     def start(self, out_dir: str, record: RecipeRecord) -> None:
         """Record ``record`` as the recipe of ``out_dir``; keeps stage rows (and their times) whose key and
@@ -78,15 +79,6 @@ class RecipeLedger(Journal):
         with self._transaction():
             self.db.table("recipe").update(1, {"record": json.dumps(record.to_doc(), sort_keys=True),
                                                "updated_at": time.time()})
-
-    def set_state(self, state: str, *, error: str | None = None) -> None:
-        """Move the recipe to ``state`` (running|interrupted|failed|done)."""
-        with self._transaction():
-            update: dict[str, Any] = {"state": state, "updated_at": time.time()}
-            if error is not None:
-                update["last_error"] = error
-            self.db.table("recipe").update(1, update)
-            self._event("state", state + (f": {error}" if error else ""))
 
     def stage_state(self, key: str, state: str, *, error: str | None = None) -> None:
         """Move stage ``key`` to ``state``; ``running`` stamps its start, ``done`` its finish."""

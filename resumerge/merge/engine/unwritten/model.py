@@ -17,9 +17,9 @@ import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from resumerge.config.closing import Closing
 from resumerge.errors import StorageError
 from resumerge.inputs.files import CONFIG_NAME, TensorSource
 from resumerge.inputs.model import ModelInput
@@ -40,7 +40,7 @@ from resumerge.merge.plan.workunits import estimate_bytes
 _KINDS = ("tokenizer",)
 
 
-class UnwrittenMerge:
+class UnwrittenMerge(Closing):
     """The merge ``plan`` as a model never written: :attr:`opened` as a stored model is opened
     (its folder :attr:`directory`, its :attr:`config`, its stored :attr:`tensors`), :attr:`source` the bytes of its
     weight files, each tensor merged when read from ``inputs`` (the plan's inputs by model key, the caller's to
@@ -105,13 +105,6 @@ class UnwrittenMerge:
         if self._on_close is not None:
             self._on_close()
             self._on_close = None
-
-    def __enter__(self) -> UnwrittenMerge:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
 
 def merge_folder(plan: Plan, root: Path) -> Path:

@@ -28,8 +28,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 
+from resumerge.config.closing import Closing
 from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
@@ -180,7 +180,7 @@ class _ChunkMemo:
         return found
 
 
-class Population:
+class Population(Closing):
     """The candidate merges ``plans`` (over the same input models, each in the same folder) as one generation: their
     :attr:`candidates` (an :class:`UnwrittenMerge` each, in order, named ``candidate N``) read their inputs through
     one :attr:`shared` store (see the module docstring). ``root``: where their folder of small files is made (one,
@@ -231,13 +231,6 @@ class Population:
         if self._owned:
             self._inputs.close()
             self._owned = False
-
-    def __enter__(self) -> Population:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
 
 
 def same_inputs(plans: Sequence[Plan]) -> None:
