@@ -275,16 +275,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     worker, of the processes it reaped (fresh interpreters, the mergekit oracle, a Ray head it stopped) and of the
     commands its fork servers forked and reaped, each taken as the test ends minus as it began. Ray's worker
     processes count where their raylet is reaped (the test that stops the head); a process left running, nowhere.
-    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load."""
+    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load. Each
+    line also has the test's wall seconds and its worker (``gw0``; ``main`` without xdist): a test whose wall is
+    well over its CPU waited (a sleep, a poll, a lock, a core the other worker held), and the workers' wall sums
+    show how unevenly the two ended."""
     log = os.environ.get("RESUMERGE_TEST_CPULOG")
     if not log:
         yield
         return
-    began = _cpu_now()
+    import time
+
+    began, started = _cpu_now(), time.monotonic()
     yield
     spent = {name: round(value - began[name], 3) for name, value in _cpu_now().items()}
     with open(log, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"test": item.nodeid, **spent}) + "\n")
+        out.write(json.dumps({"test": item.nodeid, **spent, "wall": round(time.monotonic() - started, 3),
+                              "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\n")
 
 
 def _cpu_now() -> dict[str, float]:
