@@ -210,6 +210,7 @@ def kvcache(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
     from evaluation.evaltasks import tiny_model
 
     from resumerge.analyses.evaluation.generate import cached_stream, resident
+    from resumerge.analyses.evaluation.genrequests import Wanted
     from resumerge.config.locations import StateDir
     from resumerge.forward import Weights
     from resumerge.forward.opened import open_for_pass
@@ -228,7 +229,7 @@ def kvcache(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
                     start = time.perf_counter()
                     if name == "cache":
                         made = []
-                        for token in greedy(context):
+                        for token in greedy(Wanted(tuple(context), (), 32, None, -1), None):
                             made.append(token)
                             if len(made) == 32:
                                 break

@@ -1,18 +1,23 @@
 """CPU seconds of resumerge's K-quant encoders (resumerge/outputs/gguf/kquants.py, numpy) against llama.cpp's own
 quantizer (``ggml_quantize_chunk`` from the test-only oracle, one thread) on the same tensor, per type, with and
-without an importance matrix; bytes checked equal on every run.
+without an importance matrix; bytes checked equal on every run. With ``--against TREE``, instead this checkout's
+encoders against another checkout's (e.g. /work/main), A/B.
 
-    PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]]
+    PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]] [--against TREE]
 
 TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K (default all). The two quantizers run alternately,
 REPEATS times each, so that both see the same load.
 
 Prints one line per (type, path): both CPU times (``time.process_time``; the best of REPEATS), Mweights/s and the
-ratio. Issue 84's goal: ratio <= 1.5.
+ratio. Issue 84's goal: ratio <= 1.5. ``--against``: each checkout's encoder runs in its own child process (two
+versions of one package cannot share a process), the children alternating, each timing one encoding after a
+warm-up one; the ratio is this checkout's over TREE's.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,11 +26,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from llamacpp_oracle import quantize
-
-from resumerge.outputs.gguf.kquants import encode_k
-
 TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+HERE = Path(__file__).resolve().parents[1]
+
+
+def tensors(rows: int, columns: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bench's tensor and importance vector (the same in every process: a fixed seed)."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((rows, columns)) * 0.02).astype(np.float32)
+    weights = (rng.random(columns) ** 2 * 10).astype(np.float32)
+    return x, weights
 
 
 def best(repeats: int, call: object) -> tuple[float, np.ndarray]:
@@ -37,13 +47,63 @@ def best(repeats: int, call: object) -> tuple[float, np.ndarray]:
     return min(times), out  # type: ignore[return-value]
 
 
+def child(rows: int, columns: int, code: int, weighted: bool) -> None:
+    """One warm-up encoding and one timed one with the checkout on ``sys.path``; prints its CPU seconds and a
+    digest of the bytes."""
+    import hashlib
+
+    from resumerge.outputs.gguf.kquants import encode_k
+
+    x, weights = tensors(rows, columns)
+    imatrix = weights if weighted else None
+    encode_k(x, code, imatrix)
+    seconds, out = best(1, lambda: encode_k(x, code, imatrix))
+    print(seconds, hashlib.sha256(out.tobytes()).hexdigest())
+
+
+def against(tree: Path, rows: int, columns: int, repeats: int, chosen: list[str]) -> None:
+    print(f"{rows}x{columns} float32, this checkout against {tree}, best of {repeats}, CPU seconds")
+    for name in chosen:
+        for label, weighted in (("plain", False), ("imatrix", True)):
+            times: dict[Path, list[float]] = {HERE: [], tree: []}
+            digests = set()
+            for _ in range(repeats):
+                for root in (tree, HERE):
+                    env = {**os.environ, "PYTHONPATH": str(root)}
+                    run = subprocess.run([sys.executable, __file__, "--child", str(rows), str(columns),
+                                          str(TYPES[name]), str(int(weighted))], env=env, cwd=root, check=True,
+                                         capture_output=True, text=True)
+                    seconds, digest = run.stdout.split()
+                    times[root].append(float(seconds))
+                    digests.add(digest)
+            assert len(digests) == 1, (name, label)
+            theirs_s, ours_s = min(times[tree]), min(times[HERE])
+            print(f"{name} {label:8s} {tree.name} {theirs_s:6.3f} s  this {ours_s:6.3f} s  "
+                  f"ratio {ours_s / theirs_s:4.2f}", flush=True)
+
+
 def main() -> None:
-    rows, columns = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (1024, 2048)
-    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else list(TYPES)
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal((rows, columns)) * 0.02).astype(np.float32)
-    weights = (rng.random(columns) ** 2 * 10).astype(np.float32)
+    args = sys.argv[1:]
+    if args and args[0] == "--child":
+        child(int(args[1]), int(args[2]), int(args[3]), bool(int(args[4])))
+        return
+    tree = None
+    if "--against" in args:
+        at = args.index("--against")
+        tree = Path(args[at + 1]).resolve()
+        del args[at:at + 2]
+    rows, columns = (int(args[0]), int(args[1])) if len(args) > 1 else (1024, 2048)
+    repeats = int(args[2]) if len(args) > 2 else 3
+    chosen = args[3].split(",") if len(args) > 3 else list(TYPES)
+    if tree is not None:
+        against(tree, rows, columns, repeats, chosen)
+        return
+
+    from llamacpp_oracle import quantize
+
+    from resumerge.outputs.gguf.kquants import encode_k
+
+    x, weights = tensors(rows, columns)
     print(f"{rows}x{columns} float32 ({x.size / 1e6:.1f} Mweights), best of {repeats}, CPU seconds")
     for name in chosen:
         code = TYPES[name]

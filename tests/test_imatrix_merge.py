@@ -210,17 +210,15 @@ def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path,
                    "    positive_prompts: [the cat]\n")
     done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
     assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr
-    experts = []  # a merge of mixtures of experts: refused in one line, saying why, before anything is written
+    experts = []  # a merge of mixtures of experts: its pass measures each expert (tests/test_imatrix_moe.py)
     for seed in (1, 2):
         experts.append(tmp_path / f"e{seed}.gguf")
         write_gguf(experts[-1], "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=seed)), Q.F32)
     moe = write_config(tmp_path / "experts.yml", {"merge_method": "linear", "models": [
         {"model": str(e), "parameters": {"weight": 0.5}} for e in experts]})
-    for command in ("run", "plan"):
-        done = cli(command, moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
-        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert "the tokens routed to it" in done.stderr and "--imatrix FILE" in done.stderr, done.stderr
-        assert not (tmp_path / "out").exists() and not (tmp_path / "s").exists()
+    planned = cli("plan", moe, *K_MIX, "--imatrix-texts", texts)
+    assert planned.returncode == 0, planned.stderr
+    assert "the importance matrix pass over the merge" in planned.stdout
 
 
 def test_plan_counts_the_pass_its_time_memory_and_state_dir_bytes(merge: tuple[Path, Path], tmp_path: Path) -> None:

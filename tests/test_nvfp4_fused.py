@@ -237,3 +237,30 @@ def test_a_run_at_the_smallest_budget_measures_its_groups_within_it(models: tupl
     for shard in sorted(out.glob("*.safetensors")):
         stored.update(load_file(shard))
     assert _shares_scale(stored, "model.layers.0.self_attn") and _shares_scale(stored, "model.layers.1.self_attn")
+
+
+def test_plan_counts_the_group_scale_pass(models: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """``plan`` counts the pass that measures each fused group before its first member is encoded: every member's
+    inputs read once more, its elements computed once more (in its method's compute group), and its merge admitted
+    as a unit of its own in the RAM's units; a note says so. The same plan without groups counts none of it."""
+    from resumerge import api
+    from resumerge.analyses.estimate.memory import pending_units
+    from resumerge.inputs.safetensors_format import numel
+
+    found = api.estimate(models[2], tmp_path / "out", probe_size=0,
+                         resources=api.Resources(max_memory="2GB"))
+    plan = found.plan
+    members = [tp for tp in plan.tensors.values() if isinstance(tp.out_codec, Nvfp4Codec) and tp.out_codec.group]
+    assert len(members) == 2 * 5  # per layer q/k/v and gate/up
+
+    def read(tensors: list[TensorPlan]) -> int:
+        return sum(i.end - i.start for tp in tensors for i in tp.inputs)
+
+    assert found.time.read_bytes == read(list(plan.tensors.values())) + read(members)
+    assert sum(g.elements for g in found.time.compute) == sum(
+        numel(tp.shape) for tp in [*plan.tensors.values(), *members] if tp.inputs)
+    assert any("NVFP4 group scales: 10 tensor(s)" in note for note in found.time.notes)
+    alone = replace(plan, tensors={n: replace(tp, out_codec=replace(tp.out_codec, group=()))
+                                   if isinstance(tp.out_codec, Nvfp4Codec) else tp for n, tp in plan.tensors.items()})
+    budget = 1 << 30
+    assert len(pending_units(plan, plan.shards, budget)) >= len(pending_units(alone, plan.shards, budget)) + 10

@@ -304,7 +304,8 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
              state_dir: PathLike | None = None, executor: Executor | None = None,
              progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
              device: str | None = None, max_gpu_memory: int | str | None = None,
-             task_index: TaskIndex | None = None, merging: Merging = Merging()) -> EvalReport:
+             task_index: TaskIndex | None = None, merging: Merging = Merging(),
+             seed: str | int | None = None) -> EvalReport:
     """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
     model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
     describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
@@ -329,7 +330,10 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     (:class:`~resumerge.analyses.evaluation.tasks.TaskIndex`): lm-eval's index of its tasks, built at its first use
     and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call).
     ``merging`` (the group :func:`run` takes): how a merge config ``target`` is merged (``random_seed``,
-    ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it; refused for a model ``target``."""
+    ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it; refused for a model ``target``.
+    ``seed``: lm-eval's seeds as its ``--seed`` writes them (``"0,1234,1234,1234"``: python's random, numpy, torch,
+    the few-shot sampler; one figure for all four; None: that default); a sampled generation task draws from the
+    torch one, the same answers on every run and resume."""
     from resumerge.api.evaluation import evaluate_with
 
     resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
@@ -337,7 +341,7 @@ def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: Path
     return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
                          include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                          apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
-                         progress=progress, task_index=task_index, merging=merging)
+                         progress=progress, task_index=task_index, merging=merging, seed=seed)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,

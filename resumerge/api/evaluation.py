@@ -24,20 +24,20 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resou
                   include_path: PathLike | None, limit: float | None, num_fewshot: int | None,
                   apply_chat_template: bool | str, log_samples: bool, output_path: PathLike | None,
                   progress: Callable[[EvalStep], None] | None, task_index: TaskIndex | None = None,
-                  merging: Merging = Merging()) -> EvalReport:
+                  merging: Merging = Merging(), seed: str | int | None = None) -> EvalReport:
     """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) under ``resources`` (the device) and
     ``settings`` (the memory budgets parsed, the state dir, the executor); ``task_index``: lm-eval's task index
     shared with other evaluations (None: one of its own); ``merging``: how a merge config ``target`` is merged
-    (refused, exit 2, for a model ``target``)."""
+    (refused, exit 2, for a model ``target``); ``seed``: lm-eval's ``--seed`` (its four seeds)."""
     from resumerge.analyses.evaluation.run import is_config, run_eval
-    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.analyses.evaluation.settings import EvalSettings, Seeds
 
     names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
     evaluation = EvalSettings(
         tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
         num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
         output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
-        device=resources.device, max_gpu_memory=settings.max_gpu_memory).checked()
+        device=resources.device, max_gpu_memory=settings.max_gpu_memory, seeds=Seeds.parse(seed)).checked()
     placement = pass_placement(settings)
     taken(merging, "evaluate")
     if not is_config(os.fspath(target)):

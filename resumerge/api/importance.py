@@ -110,10 +110,14 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
         from resumerge.analyses.importance.onmerge import pass_held, states_bytes
+        from resumerge.inputs.gguf.names import expert_target
         from resumerge.merge.plan.workunits import estimate_bytes
 
         tokens = _tokens(plan, Path(texts))
         hidden = int(plan.out_config.get("hidden_size") or 0)
+        config = plan.out_config
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or 1)
+        used = int(config.get("num_experts_per_tok") or experts)
         read = total = matrices = 0
         held: dict[str, int] = {}  # by step (a layer, or the embeddings): its float32 values
         sums: dict[str, int] = {}  # by layer: its linears' input columns (one float64 sum each)
@@ -127,9 +131,11 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
             step = layer.group(1) if layer is not None else "embeddings"
             values = math.prod(tp.shape)
             held[step] = held.get(step, 0) + 4 * values
-            if layer is not None and len(tp.shape) == 2:
-                matrices += values
-                sums[step] = sums.get(step, 0) + tp.shape[-1]
+            if layer is not None and len(tp.shape) in (2, 3):
+                # a routed expert's weights see only the tokens routed to it: used of experts, on average
+                routed = expert_target(name) is not None
+                matrices += values * used // experts if routed else values
+                sums[step] = sums.get(step, 0) + math.prod(tp.shape[:-2]) * tp.shape[-1]
         layers = len(sums)
         merge = max((estimate_bytes(tp, plan.method_of(tp)) for tp in plan.tensors.values()), default=0)
         states = states_bytes(tokens, hidden) // 2  # one set of hidden states, as a layer's journal holds it

@@ -7,9 +7,11 @@ module switches ``lm_eval.simple_evaluate`` for the one call (under a lock, put 
 :func:`~resumerge.merge.store.hubrepo.xet_disabled` switches hub's global) to decide what lm-eval cannot: ``--use_cache
 PATH`` is resumerge's journal kept in the folder PATH (lm-eval's own SQLite cache would hold answers keyed without
 the model; the journal is keyed by the model's files and each pass's tokens, answers a rerun without reading a weight
-byte, and resumes a killed pass at its layer), recorded in the results' config as lm-eval records it; sampling asked
-by ``--gen_kwargs`` is refused before anything is read; and the model is opened (a merge config as the merge it
-describes, never written) with what it holds closed when the evaluation ends."""
+byte, and resumes a killed pass at its layer), recorded in the results' config as lm-eval records it; ``--seed``'s
+four figures reach the model (a sampled generation draws from the torch one, journaled under it:
+:mod:`~resumerge.analyses.evaluation.genrequests`); a ``--gen_kwargs`` key resumerge does not honour is refused
+before anything is read; and the model is opened (a merge config as the merge it describes, never written) with
+what it holds closed when the evaluation ends."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.lm import ResumergeLM
     from resumerge.analyses.evaluation.registered import ModelArgs
+    from resumerge.analyses.evaluation.settings import Seeds
 
 # Held while lm_eval.simple_evaluate is switched: one process-wide attribute (two evaluations in threads would each
 # save the other's wrapper and put it back for good).
@@ -35,9 +38,10 @@ def lm_eval(args: argparse.Namespace, *, command: str) -> None:
     """Run ``args``, lm-eval's own parsed command line (``lm_eval._cli.HarnessCLI``'s namespace), with ``--model
     resumerge`` registered; ``command``: the shell command that runs it again (said when it is interrupted: the
     rerun resumes each pass where it stopped). lm-eval writes and logs what it writes and logs for any model.
-    Raises :class:`UsageError` (exit 2) for what resumerge cannot honour: an unknown ``--model_args`` key, sampling
-    (``--gen_kwargs do_sample=True`` or a temperature above 0: resumerge generates greedily), ``--use_cache`` and
-    ``state_dir=`` naming two places."""
+    Raises :class:`UsageError` (exit 2) for what resumerge cannot honour: an unknown ``--model_args`` key, a
+    ``--gen_kwargs`` key resumerge does not generate with (``num_beams``, ``min_p``, ...; sampling with
+    ``do_sample``, ``temperature``, ``top_k``, ``top_p`` is honoured), ``--use_cache`` and ``state_dir=`` naming two
+    places."""
     from resumerge.analyses.evaluation.registered import MODEL_NAME, ModelArgs, register
 
     register()
@@ -46,7 +50,7 @@ def lm_eval(args: argparse.Namespace, *, command: str) -> None:
         return
     if args.model == MODEL_NAME:  # refused before lm-eval starts a W&B run or reads a task (again below: --config)
         ModelArgs.of(args.model_args or {}, {})
-        _greedy(args.gen_kwargs)
+        _honoured(args.gen_kwargs)
     import lm_eval as harness
 
     real: Callable[..., Any] = harness.simple_evaluate
@@ -73,34 +77,41 @@ def _switched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 def _evaluated(real: Callable[..., Any], options: dict[str, Any], *, device_flag: str | None,
                command: str) -> Any:
-    """``simple_evaluate(**options)`` for ``--model resumerge``: the cache its journal, the model opened here."""
+    """``simple_evaluate(**options)`` for ``--model resumerge``: the cache its journal, the model opened here with
+    the seeds ``simple_evaluate`` sets (it sets them itself; the torch one is what a sampled generation draws
+    from)."""
     from resumerge.analyses.evaluation.registered import opening
+    from resumerge.analyses.evaluation.settings import Seeds
 
     cache = options.get("use_cache")
-    _greedy(options.get("gen_kwargs"))
+    _honoured(options.get("gen_kwargs"))
     tasks = tuple(str(t) for t in options.get("tasks") or ())  # what the progress file (status) names
-    with ExitStack() as held, opening(lambda given: _opened(held, given, cache, device_flag, command, tasks)):
+    default = Seeds()
+    seeds = Seeds(options.get("random_seed", default.random), options.get("numpy_random_seed", default.numpy),
+                  options.get("torch_random_seed", default.torch), options.get("fewshot_random_seed", default.fewshot))
+    with ExitStack() as held, opening(lambda given: _opened(held, given, cache, device_flag, command, tasks,
+                                                            seeds)):
         results = real(**{**options, "use_cache": None})
     if results is not None:
         results["config"]["use_cache"] = cache
     return results
 
 
-def _greedy(gen_kwargs: Any) -> None:
-    """Refuse sampling asked on the command line (one line, exit 2) before any weight is read."""
+def _honoured(gen_kwargs: Any) -> None:
+    """Refuse (one line, exit 2) a ``--gen_kwargs`` key resumerge does not generate with, before any weight is
+    read (sampling is honoured: :mod:`~resumerge.analyses.evaluation.genrequests`)."""
     if not gen_kwargs:
         return
     from lm_eval.utils import simple_parse_args_string
 
-    given = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else dict(gen_kwargs)
-    sampling = given.get("do_sample") is True or float(given.get("temperature") or 0.0) > 0
-    if sampling:
-        raise UsageError("--gen_kwargs asks for sampling; resumerge generates greedily (the same answers on every "
-                         "run and resume)", hint="leave out do_sample and temperature, or give temperature=0")
+    from resumerge.analyses.evaluation.genrequests import honoured
+
+    honoured(simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else dict(gen_kwargs),
+             "--gen_kwargs")
 
 
 def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: str | None, command: str,
-            tasks: tuple[str, ...]) -> ResumergeLM:
+            tasks: tuple[str, ...], seeds: Seeds) -> ResumergeLM:
     """The model ``given`` names, opened for the evaluation (what it holds closed by ``held`` when it ends)."""
     from resumerge.analyses.evaluation.opened import opened_lm
     from resumerge.analyses.evaluation.run import is_config
@@ -116,7 +127,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
                           max_gpu_memory=given.max_gpu_memory)
     settings = pass_settings("evaluate", state_dir, resources, None)
     evaluation = EvalSettings(tasks=tasks or ("lm-eval",), max_memory=settings.max_memory, device=resources.device,
-                              max_gpu_memory=settings.max_gpu_memory)
+                              max_gpu_memory=settings.max_gpu_memory, seeds=seeds)
     target = given.pretrained
     unwritten = None
     if is_config(target):  # the merge it describes, never written, each tensor's merge admitted by a governor

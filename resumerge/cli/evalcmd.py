@@ -23,8 +23,9 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "set in one pass, one decoder layer at a time (each layer read once), journaled under the state "
                     "dir. Prints lm-eval's results table (--json: its results object). Needs the eval extra "
                     "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
-                    "task, a dataset not available offline, a generation task) before any weight is read, 3 when "
-                    "interrupted (run it again: it resumes at the layer reached, with the same results), 4 when the "
+                    "task, a dataset not available offline, a generation kwarg it does not honour) before any "
+                    "weight is read, 3 when interrupted (run it again: it resumes at the layer reached, with the "
+                    "same results), 4 when the "
                     "same evaluation is under way in another process (named). The flags it shares with lm-eval take "
                     "lm-eval's spellings too (--include_path, --num_fewshot, -t, -o, ...); resumerge lm-eval is "
                     "lm-eval's whole command line.")
@@ -51,6 +52,11 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     evaluate.add_argument("--output-path", "--output_path", "-o", metavar="DIR",
                           help="write lm-eval's results file (and the samples) under DIR as lm-eval's --output_path "
                                "does")
+    evaluate.add_argument("--seed", metavar="SEEDS",
+                          help="lm-eval's seeds: python's random, numpy, torch, few-shot, comma-separated, or one "
+                               "for all four (None leaves one unset); a sampled generation task (do_sample) draws "
+                               "from the torch one, the same answers on every run and resume [default: "
+                               "0,1234,1234,1234]")
     flags.add(evaluate, *flags.PASS_FLAGS)
     evaluate.add_argument("--random-seed", type=int, default=0, metavar="N",
                           help="a merge config TARGET: seed of randomised methods, as for run [default: 0]")

@@ -1,6 +1,8 @@
 """Sums of squared inputs by Hugging Face linear, named and written as llama-imatrix writes them (``kquants.md`` §4):
 each weight's entry under its GGUF name, the linears sharing an input (q/k/v, gate/up) each their own identical entry,
-as llama-imatrix records them; the head is left out (llama-imatrix measures it only with ``--process-output``)."""
+as llama-imatrix records them; the head is left out (llama-imatrix measures it only with ``--process-output``). A
+mixture of experts' fused stack (``experts.gate_up_proj``: gate's and up's entries; ``experts.down_proj``) has one
+row of sums and one count per expert, as llama-imatrix records a ``MUL_MAT_ID``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from resumerge.errors import ModelInputError
-from resumerge.inputs.gguf.names import ARCH_OF, gguf_name
+from resumerge.inputs.gguf.names import ARCH_OF, expert_target, gguf_name
 from resumerge.outputs.gguf.imatrix import ImatrixEntry, imatrix_bytes
 
 # The GGUF names llama-imatrix never records (it measures the matmuls of the decoder blocks only).
@@ -29,15 +31,25 @@ def gguf_arch(model_type: object, option: str) -> str:
     return arch
 
 
-def named_entries(arch: str, sums: Mapping[str, np.ndarray], tokens: int) -> dict[str, ImatrixEntry]:
+def named_entries(arch: str, sums: Mapping[str, np.ndarray], tokens: int,
+                  counts: Mapping[str, np.ndarray] | None = None) -> dict[str, ImatrixEntry]:
     """The entries of the linears ``sums`` (by checkpoint module name: float sums of each input column's squares
-    over ``tokens`` positions) under their GGUF weight names in an ``arch`` file."""
+    over ``tokens`` positions) under their GGUF weight names in an ``arch`` file; a fused experts stack's
+    (``….experts.gate_up_proj``: [E, n_in], one row per expert) over the tokens routed to each expert, ``counts``
+    of its experts module (``….experts``: [E])."""
     found: dict[str, ImatrixEntry] = {}
     for linear, values in sums.items():
-        name = gguf_name(arch, f"{linear}.weight")
-        if name is None or name in _OUTSIDE:
+        stack = expert_target(linear)
+        if stack is not None and stack[1] is None:
+            routed = (counts or {})[linear.rpartition(".")[0]]
+            for name in stack[0]:  # gate's and up's entries are the same sums, as llama-imatrix's are
+                found[name] = ImatrixEntry(np.asarray(values, dtype=np.float32).reshape(len(routed), -1),
+                                           np.asarray(routed, dtype=np.float32))
             continue
-        found[name] = ImatrixEntry(np.asarray(values, dtype=np.float32).reshape(1, -1),
+        dense = gguf_name(arch, f"{linear}.weight", experts=counts is not None and bool(counts))
+        if dense is None or dense in _OUTSIDE:
+            continue
+        found[dense] = ImatrixEntry(np.asarray(values, dtype=np.float32).reshape(1, -1),
                                    np.array([tokens], dtype=np.float32))
     return found
 

@@ -22,7 +22,7 @@ import transformers
 from resumerge.analyses.evaluation.harness import add_environment, evaluate_tasks
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.requests import Scoring
-from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.settings import EvalSettings, Seeds
 from resumerge.analyses.evaluation.tasks import loaded_tasks
 from resumerge.forward.texts import tokenizer_at
 from tests.evaluation.evaltasks import tiny_model, write_tasks
@@ -42,8 +42,9 @@ def _plain(doc: dict[str, Any]) -> str:
     return json.dumps(doc, default=handle_non_serializable, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("options", [{"num_fewshot": 2, "limit": 3}, {"apply_chat_template": True, "limit": 0.5}],
-                         ids=["fewshot", "chat"])
+@pytest.mark.parametrize("options", [{"num_fewshot": 2, "limit": 3}, {"apply_chat_template": True, "limit": 0.5},
+                                     {"num_fewshot": 2, "limit": 3, "seeds": Seeds.parse("5,6,7,8")}],
+                         ids=["fewshot", "chat", "seeds"])
 def test_the_results_object_is_simple_evaluates_but_the_machine(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                                  options: dict[str, Any]) -> None:
     import lm_eval
@@ -62,7 +63,9 @@ def test_the_results_object_is_simple_evaluates_but_the_machine(tmp_path: Path, 
     theirs, warned = run(lambda manager: lm_eval.simple_evaluate(
         model=lm, model_args={"pretrained": str(model)}, tasks=list(settings.lm_tasks),
         num_fewshot=settings.num_fewshot, limit=settings.whole_limit, log_samples=True,
-        apply_chat_template=settings.apply_chat_template, task_manager=manager))
+        apply_chat_template=settings.apply_chat_template, task_manager=manager, random_seed=settings.seeds.random,
+        numpy_random_seed=settings.seeds.numpy, torch_random_seed=settings.seeds.torch,
+        fewshot_random_seed=settings.seeds.fewshot))
     loads: list[object] = []
 
     def loaded_once(manager: Any) -> dict[str, Any]:
@@ -78,6 +81,7 @@ def test_the_results_object_is_simple_evaluates_but_the_machine(tmp_path: Path, 
     assert [k for k in theirs if k not in MACHINE] == list(ours)
     assert _plain({k: v for k, v in ours.items() if k != "date"}) == \
         _plain({k: v for k, v in theirs.items() if k not in [*MACHINE, "date"]})
+    assert ours["config"]["fewshot_seed"] == settings.seeds.fewshot
     add_environment(ours)  # as the results file records it: lm-eval's description, where lm-eval puts it
     assert list(ours) == list(theirs)
     assert ours["pretty_env_info"] and all(ours[k] == theirs[k] for k in MACHINE[1:])

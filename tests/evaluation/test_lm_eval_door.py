@@ -2,8 +2,9 @@
 lm-eval's, and equal those of ``lm-eval --model hf`` (lm-eval's own CLI, transformers, float32) on the same folder:
 multiple choice, rolling perplexity, generation and a group, every metric that counts answers identical, every
 log-likelihood to 1e-4; a merge config scores as its written merge; ``--use_cache DIR`` is resumerge's journal, a
-rerun answers from it without reading a weight and writes the same results file; what resumerge cannot honour is one
-line, exit 2. Runs lm-eval in this process: 10-40 s each on a loaded machine."""
+rerun answers from it without reading a weight and writes the same results file; ``--seed`` and sampling
+``--gen_kwargs`` honoured (the torch seed's answers, eval's for the same requests, journaled under the seed); what
+resumerge cannot honour is one line, exit 2. Runs lm-eval in this process: 10-40 s each on a loaded machine."""
 
 from __future__ import annotations
 
@@ -196,9 +197,33 @@ def test_a_merge_config_scores_as_its_written_merge(tmp_path: Path) -> None:
     assert not list((tmp_path / "state" / "unwritten").rglob("*.safetensors")), "no weight is written"
 
 
+def test_the_door_samples_from_its_seed_as_eval_does(tmp_path: Path) -> None:
+    model, tasks = _setup(tmp_path)
+
+    def run(out: str, seed: str, journal: str = "journal") -> list[Any]:
+        assert _door("run", "--model", "resumerge", "--model_args", f"pretrained={model}", "--tasks", "tiny_gen",
+                     "--include_path", str(tasks), "--log_samples", "--seed", seed, "--gen_kwargs",
+                     "do_sample=True,temperature=1.5", "--output_path", str(tmp_path / out), "--use_cache",
+                     str(tmp_path / journal)) == 0
+        results, samples = _files(tmp_path / out)
+        assert results["config"]["torch_seed"] == int(seed.split(",")[2])
+        return [s["resps"] for s in samples["tiny_gen"]]
+
+    first = run("first", "0,1234,5,1234")
+    assert first == run("again", "0,1234,5,1234", journal="other"), "another journal, the same draws"
+    assert run("other", "0,1234,6,1234") != first, "the first journal holds another seed's answers"
+    gen = (tasks / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_drawn")
+    (tasks / "tiny_drawn.yaml").write_text(gen.replace("max_gen_toks: 8}", "max_gen_toks: 8, do_sample: true, "
+                                                                         "temperature: 1.5}"))
+    report = api.evaluate(model, tasks="tiny_drawn", include_path=tasks, log_samples=True, seed="0,1234,5,1234",
+                          state_dir=tmp_path / "state")
+    assert [s["resps"] for s in report.results["samples"]["tiny_drawn"]] == first, "eval's answers to the same"
+
+
 @pytest.mark.parametrize(("words", "said"), [
     (["--model_args", "pretrained=MODEL,parallelize=True"], "--model_args parallelize: not an argument"),
-    (["--model_args", "pretrained=MODEL", "--gen_kwargs", "do_sample=True,temperature=0.7"], "asks for sampling"),
+    (["--model_args", "pretrained=MODEL", "--gen_kwargs", "do_sample=True,temperature=0.7,num_beams=4"],
+     "gen_kwargs num_beams=4: resumerge does not honour it"),
     (["--model_args", "pretrained=MODEL,state_dir=ELSEWHERE", "--use_cache", "CACHE"], "name two journals"),
     (["--model_args", "pretrained=MODEL,dtype=bfloat16"], "resumerge scores in float32"),
 ])

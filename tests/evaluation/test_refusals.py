@@ -1,6 +1,7 @@
 """Bad input to ``resumerge eval`` is one line and exit 2 before any weight is read (nothing journaled): an unknown
 task, a task whose data file is missing (offline), tasks that load alone but not together, ``--limit 0``, a
-generation task whose budget holds none of its layers, a merge config as TARGET, a folder that is not a model, and a
+``--seed`` lm-eval would not read, a generation task whose budget holds none of its layers or whose generation kwargs
+ask what resumerge does not honour, a merge config as TARGET, a folder that is not a model, and a
 budget the pass cannot fit. In this process (the CLI's main): a second or two each, lm-eval's task index built from
 the test's folder only."""
 
@@ -55,7 +56,8 @@ def test_tasks_that_load_alone_but_not_together_are_named(setup: tuple[Path, Pat
 
 @pytest.mark.parametrize(("flag", "value", "said"), [("--limit", "0", "--limit 0 is not a number of documents"),
                                                      ("--limit", "2.5", "--limit 2.5 is not a number of documents"),
-                                                     ("--num-fewshot", "-1", "--num-fewshot -1 is below 0")])
+                                                     ("--num-fewshot", "-1", "--num-fewshot -1 is below 0"),
+                                                     ("--seed", "1,2", "--seed 1,2 is not lm-eval's seeds")])
 def test_a_wrong_option_is_named(setup: tuple[Path, Path, Path], flag: str, value: str, said: str) -> None:
     model, tasks, state = setup
     line = _refused(model, "--tasks", "tiny_mc", "--include-path", tasks, flag, value, "--state-dir", state)
@@ -69,6 +71,16 @@ def test_a_generation_task_the_budget_cannot_hold_a_layer_of_is_refused_naming_i
                     "--state-dir", state)
     assert "tiny_gen generate text (generate_until), one decoder layer at a time where the whole model" in line
     assert "tiny_mc" not in line.split("—")[0]
+    assert not (state / "evals").exists()
+
+
+def test_a_generation_kwarg_resumerge_does_not_honour_is_named_before_a_weight_is_read(
+        setup: tuple[Path, Path, Path]) -> None:
+    model, tasks, state = setup
+    gen = (tasks / "tiny_gen.yaml").read_text()
+    (tasks / "tiny_gen.yaml").write_text(gen.replace("max_gen_toks: 8}", "max_gen_toks: 8, num_beams: 4}"))
+    line = _refused(model, "--tasks", "tiny_mc,tiny_gen", "--include-path", tasks, "--state-dir", state)
+    assert "tiny_gen's generation_kwargs num_beams=4: resumerge does not honour it" in line
     assert not (state / "evals").exists()
 
 

@@ -67,12 +67,14 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, installation_cache: 
     return json.loads(once.stdout)["results"], kept
 
 
-def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None) -> Any:
+def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None,
+              seed: str | None = None) -> Any:
     def progress(step: Any) -> None:
         if said is not None and step.plan is not None:
             said.append(step.plan)
 
-    return api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=state, progress=progress)
+    return api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=state, progress=progress,
+                        seed=seed)
 
 
 def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_too(
@@ -130,14 +132,47 @@ def test_the_same_answers_held_whole_streamed_and_spilled(setup: tuple[Path, Pat
     assert all(len(a[0][0].split()) == 12 for a in _answers(found["whole"].results, long))
 
 
-def test_sampled_generation_is_the_same_on_every_run(setup: tuple[Path, Path], tmp_path: Path) -> None:
+SAMPLED = '{until: ["never"], max_gen_toks: 6, do_sample: true, temperature: 1.5}'
+
+
+def test_sampled_answers_are_the_seeds_held_whole_or_streamed(setup: tuple[Path, Path], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.analyses.evaluation import run
+
     model, tasks = setup
-    drawn = _task(tasks, "tiny_drawn", '{until: ["never"], max_gen_toks: 10, do_sample: true, temperature: 1.5}')
-    first, said = _evaluate(model, tasks, [drawn, "tiny_gen"], tmp_path / "one"), []
-    again = _evaluate(model, tasks, [drawn], tmp_path / "two", said)
-    assert said, "a sampled request is generated one layer at a time: the only path that samples"
-    assert _answers(first.results, drawn) == _answers(again.results, drawn)
-    assert [a[0][0] for a in _answers(first.results, drawn)] != [a[0][0] for a in _answers(first.results, "tiny_gen")]
+    drawn = _task(tasks, "tiny_drawn", SAMPLED)
+    (tasks / "tiny_drawn.yaml").write_text((tasks / "tiny_drawn.yaml").read_text() + "repeats: 2\n")
+    held_said: list[str] = []
+    whole = _evaluate(model, tasks, [drawn, "tiny_gen"], tmp_path / "one", held_said)
+    assert not held_said, "the whole model fits: held, sampling too"
+    said: list[str] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "_fits", lambda stream, settings: False)
+        streamed = _evaluate(model, tasks, [drawn], tmp_path / "two", said, seed="0,1234,1234,1234")
+        other = _evaluate(model, tasks, [drawn], tmp_path / "two", seed="9")  # the same state dir: not its answers
+    assert said, "generated one layer at a time"
+    assert _answers(whole.results, drawn) == _answers(streamed.results, drawn), "another run, another path"
+    assert _answers(other.results, drawn) != _answers(whole.results, drawn)
+    assert any(a[0][0] != a[0][1] for a in _answers(whole.results, drawn)), "each repeat draws its own answer"
+    assert [a[0][0] for a in _answers(whole.results, drawn)] != [a[0][0] for a in _answers(whole.results, "tiny_gen")]
+    assert whole.results["config"]["torch_seed"] == 1234 and other.results["config"]["torch_seed"] == 9
+
+
+def test_a_killed_sampled_generation_resumes_to_the_seeds_answers(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    model, tasks = setup
+    drawn = _task(tasks, "tiny_drawn", SAMPLED)
+    state = tmp_path / "state"
+    args = ["eval", model, "--tasks", drawn, "--include-path", tasks, "--state-dir", state, "--seed", "7", "--json"]
+    killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_generation_step:3"}, script=STREAMED, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = cli(*args, script=STREAMED, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
+    assert steps[0].endswith("token step 4/6: layer 1/3"), steps[:2]
+    kept = json.loads(next((state / "evals").glob(f"*/{GENERATED}")).read_text())
+    held = _evaluate(model, tasks, [drawn], tmp_path / "held", seed="7")  # the whole model, in this process
+    assert sorted(kept) == sorted(a[0][0] for a in _answers(held.results, drawn))
+    assert json.loads(resumed.stdout)["results"] == held.results["results"]
 
 
 def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ from resumerge.merge.engine.workspace import UNBUDGETED, Workspace
 from resumerge.merge.methods.registry import MergeContext, MethodSpec, get_method
 from resumerge.merge.methods.regmean import GRAM
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources
+from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.merge.plan.workunits import chunk_plan
 from resumerge.outputs.containers import SAFETENSORS
@@ -88,10 +89,12 @@ class _Group:
     dtype: str
     tensors: list[TensorPlan]
     key: tuple[Any, ...] = ()
+    # Tensors computed once more (NVFP4's group-scale pass: :func:`~resumerge.merge.plan.fusedscales.measured_before`)
+    again: list[TensorPlan] = field(default_factory=list)
 
     @property
     def elements(self) -> int:
-        return sum(numel(tp.shape) for tp in self.tensors)
+        return sum(numel(tp.shape) for tp in self.tensors) + sum(numel(tp.shape) for tp in self.again)
 
     def representatives(self) -> list[TensorPlan]:
         """One tensor per row shape, largest classes first, until they cover :data:`COVERAGE` of the group.
@@ -100,7 +103,7 @@ class _Group:
         them is not a smaller instance of the same work); they are priced at the group's rate.
         """
         classes: dict[tuple[int, ...], list[TensorPlan]] = defaultdict(list)
-        for tp in self.tensors:
+        for tp in self.tensors + self.again:
             if not tp.vocab_aligned and tp.shape and numel(tp.shape) > 0:
                 key = (len(tp.inputs), *tp.shape[1:])
                 classes[key].append(tp)
@@ -115,8 +118,9 @@ class _Group:
         return chosen
 
     def sample(self) -> _Sample:
-        return _Sample(self.method, self.dtype, self.key, len(self.tensors), self.elements,
-                       tuple(self.representatives()), self.tensors[0])
+        every = self.tensors + self.again
+        return _Sample(self.method, self.dtype, self.key, len(every), self.elements, tuple(self.representatives()),
+                       every[0])
 
 
 @dataclass(frozen=True)
@@ -249,30 +253,33 @@ def _groups(plan: Plan, pending: Sequence[ShardPlan], promote: Callable[[tuple[s
     stored: dict[tuple[str, ...], str] = {}
     # and the non-numeric parameters once per parameters' tuple (the plan holds it: its id stays its own).
     switches: dict[int, tuple[Any, ...]] = {}
-    for shard in pending:
-        for name in shard.tensors:
-            tp = plan.tensors[name]
-            if not tp.inputs:
-                continue
-            dtype = tp.compute_dtype
-            if not dtype:
-                dtypes = tuple(i.value_dtype for i in tp.inputs)
-                dtype = stored.get(dtypes) or stored.setdefault(dtypes, _stored_name(dtypes, promote))
-            spec = get_method(tp.method, plan.units)
-            if spec is not None and spec.whole_cost is not None:
-                # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
-                values = dict(tp.params)
-                flags: tuple[Any, ...] = (tuple(i.shape for i in tp.inputs),
-                                          *((k, values.get(k)) for k in spec.whole_cost.params))
-            else:
-                if id(tp.params) not in switches:
-                    switches[id(tp.params)] = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
-                flags = switches[id(tp.params)]
-            key = (tp.method, dtype, flags)
-            group = found.get(key)
-            if group is None:
-                group = found[key] = _Group(tp.method, dtype, [], key)
-            group.tensors.append(tp)
+    # NVFP4's group-scale pass: before the first member of a fused group it writes, the engine merges every member
+    # once more (its group's largest magnitude measured), written already or not: each is computed again.
+    names = [n for s in pending for n in s.tensors]
+    again = [m for group in measured_before(plan.tensors, names).values() for m in group]
+    for name, measuring in [*((n, False) for n in names), *((m, True) for m in again)]:
+        tp = plan.tensors[name]
+        if not tp.inputs:
+            continue
+        dtype = tp.compute_dtype
+        if not dtype:
+            dtypes = tuple(i.value_dtype for i in tp.inputs)
+            dtype = stored.get(dtypes) or stored.setdefault(dtypes, _stored_name(dtypes, promote))
+        spec = get_method(tp.method, plan.units)
+        if spec is not None and spec.whole_cost is not None:
+            # Its class: the input shapes and the parameters that set its cost (not the per-tensor strings).
+            values = dict(tp.params)
+            flags: tuple[Any, ...] = (tuple(i.shape for i in tp.inputs),
+                                      *((k, values.get(k)) for k in spec.whole_cost.params))
+        else:
+            if id(tp.params) not in switches:
+                switches[id(tp.params)] = tuple(sorted((k, v) for k, v in tp.params if isinstance(v, (bool, str))))
+            flags = switches[id(tp.params)]
+        key = (tp.method, dtype, flags)
+        group = found.get(key)
+        if group is None:
+            group = found[key] = _Group(tp.method, dtype, [], key)
+        (group.again if measuring else group.tensors).append(tp)
     return sorted(found.values(), key=lambda g: -g.elements)
 
 

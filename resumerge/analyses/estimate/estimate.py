@@ -43,6 +43,7 @@ from resumerge.merge.engine.hubdisk import hub_disk_need
 from resumerge.merge.engine.inputfetch import plan_fetch
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.plan.fetching import STREAM, FileFetch
+from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions, TensorPlan
 from resumerge.merge.plan.outguard import refuse_out_over_inputs, refuse_state_in_out
 from resumerge.merge.plan.prepared import Prepared
@@ -425,6 +426,13 @@ def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Map
     method_of = plan.method_of
     tensors = plan.tensors
     read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))
+    # NVFP4's group-scale pass: each fused group's members merged (their inputs read) once more first
+    again = [tensors[m] for g in measured_before(tensors, (n for s in pending for n in s.tensors)).values() for m in g]
+    if again:
+        more = sum(_read_share(method_of(tp), tp) for tp in again)
+        read_bytes += more
+        notes.append(f"NVFP4 group scales: {len(again)} tensor(s) of fused groups merged once more first, to measure "
+                     f"each group's largest magnitude ({format_size(more)} of inputs read again)")
     read_speed = _input_read_speed(plan, probe_bytes)
     write_speed = speed.write_bytes_per_s if speed is not None else None
     if read_speed is None and speed is not None and speed.read_bytes_per_s is not None:

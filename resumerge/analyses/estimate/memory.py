@@ -15,12 +15,15 @@ from resumerge.analyses.estimate.costs import MemoryEstimate
 from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size, working_room
 from resumerge.merge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.merge.engine.unitgroup import group_bytes, has_room, joins_others
+from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import Plan, TensorPlan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import (
     ROWS,
     WHOLE,
     collects_sibling,
+    estimate_bytes,
+    held_bytes,
     streamed_bytes,
     unit_bytes,
     unit_mode,
@@ -105,15 +108,29 @@ def pending_units(plan: Plan, pending: Sequence[Any], budget: int,
 
         return classes.per_class(size)
 
+    def measuring(tp: TensorPlan) -> int:
+        """What the engine admits to merge ``tp`` once more for its fused group's scale (Executor._amax)."""
+        method = method_of(tp)
+        mode = unit_mode(tp, method, budget, plan.options.device, serial=serial, threads=threads)
+        if mode == ROWS:
+            return estimate_bytes(tp, method, threads=threads) + held_bytes(tp, method)
+        return unit_bytes(tp, method, mode, threads=threads)
+
     local, streamed = sized(True), sized(False)
     most = group_bytes(budget)
     units: list[tuple[int, bool]] = []
     grouped = 0  # how many units the last one holds, while another may join it (0: none may)
     previous: TensorPlan | None = None
+    # NVFP4's group-scale pass: before a fused group's first member, each member merged once more, admitted as
+    # its own unit is (whole: a shared-scale format's chunk is all its rows), one after the other
+    measured = measured_before(plan.tensors, (n for s in pending for n in s.tensors))
     for shard in pending:
         grouped = 0  # no group spans shards
         for name in shard.tensors:
             tp = plan.tensors[name]
+            for member in measured.get(name, ()):
+                units.append((measuring(plan.tensors[member]), False))
+                grouped = 0
             if units and collects_sibling(previous, tp, method_of(tp)):
                 # It collects what its sibling computed, holding its result only, and takes no worker's turn.
                 units[-1], grouped = (units[-1][0] + tp.nbytes, units[-1][1]), 0

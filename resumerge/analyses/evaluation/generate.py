@@ -1,13 +1,15 @@
-"""Greedy generation for lm-eval's ``generate_until`` tasks, where the whole model fits the memory budget: every
+"""Generation for lm-eval's ``generate_until`` tasks, where the whole model fits the memory budget: every
 decoder layer and the head held for the whole generation (read once), each request's tokens generated one at a
 time until one of its stop sequences (or the end-of-text token) appears or ``max_gen_toks`` are made, as lm-eval's
-``hf`` model generates greedily (its own ``normalize_gen_kwargs`` and ``handle_stop_sequences``).
+``hf`` model generates (its own ``normalize_gen_kwargs`` and ``handle_stop_sequences``): greedily, or sampled from
+the evaluation's seed (:mod:`.genrequests`: each draw from a generator of its own, the same draws as the
+layer-streamed generation's).
 
 The model runs as transformers' own modules (:func:`cached_stream` builds them where the pass runs native ones), every
 weight loaded, with transformers' KV cache: the context runs once, then each new token alone against the keys and
 values kept of every position before it, as lm-eval's ``hf`` model generates (``model.generate`` with its cache), so
-a step costs one position rather than the whole sequence. Sampling (``do_sample``, a temperature above 0) is
-refused: greedy generation is what a deterministic, resumable evaluation can promise.
+a step costs one position rather than the whole sequence. Not journaled: a killed generation runs again to the same
+answers (each draw is the seed's, the request's and the step's alone).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.analyses.evaluation.genrequests import wanted
+from resumerge.analyses.evaluation.genrequests import Wanted
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream, build_modules
 from resumerge.torch_import import torch
@@ -36,10 +38,11 @@ def cached_stream(weights: Weights, config: Mapping[str, Any], dtype: torch.dtyp
 
 
 @contextmanager
-def resident(stream: ModelStream) -> Iterator[Callable[[list[int]], Iterator[int]]]:
+def resident(stream: ModelStream) -> Iterator[Callable[[Wanted, int | None], Iterator[int]]]:
     """For the block, every weight of ``stream``'s model loaded (its embeddings, decoder layers, final norm and
-    head, each read once) and a function from a token list to the greedy tokens after it, one at a time, each step
-    running only the newest token against the KV cache of those before."""
+    head, each read once) and a function from a request and the seed to the tokens after its context (greedy or
+    drawn: :meth:`~.genrequests.Wanted.choose`), one at a time, each step running only the newest token against the
+    KV cache of those before."""
     parts = [c for c in stream.inner.children() if c is not stream.layers_list and any(True for _ in c.parameters())]
     parts += list(stream.layers_list)
     head = stream.model.get_output_embeddings()
@@ -52,28 +55,29 @@ def resident(stream: ModelStream) -> Iterator[Callable[[list[int]], Iterator[int
         # the cache's name in this transformers' forward and output (``cache`` since 5.x, ``past_key_values`` before)
         name = "cache" if "cache" in inspect.signature(stream.model.forward).parameters else "past_key_values"
 
-        def greedy(tokens: list[int]) -> Iterator[int]:
-            out = stream.model(input_ids=torch.tensor([tokens]), use_cache=True)
+        def tokens(want: Wanted, seed: int | None) -> Iterator[int]:
+            out = stream.model(input_ids=torch.tensor([list(want.tokens)]), use_cache=True)
+            step = 0
             while True:
-                token = int(out.logits[0, -1].argmax())
+                token = want.choose(out.logits[0, -1], seed, step)
                 yield token
+                step += 1
                 out = stream.model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: getattr(out, name)})
 
-        yield greedy
+        yield tokens
     finally:
         for part in loaded:
             stream.unload(part)
 
 
-def generate(stream: ModelStream, lm: Any, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Each request's greedy continuation (context, lm-eval's generation kwargs), cut at its first stop sequence
-    (:mod:`.genrequests`: read, stopped and cut as the layer-streamed generation does)."""
-    asked = [wanted(lm, context, gen_kwargs, sampling=False) for context, gen_kwargs in requests]
+def generate(stream: ModelStream, lm: Any, asked: list[Wanted], seed: int | None) -> list[str]:
+    """Each request's continuation (:func:`~.genrequests.wanted_all`; sampled ones drawn from ``seed``), cut at
+    its first stop sequence (read, stopped and cut as the layer-streamed generation does)."""
     answers = []
-    with torch.no_grad(), resident(stream) as greedy:
+    with torch.no_grad(), resident(stream) as continued:
         for want in asked:
             made: list[int] = []
-            for token in greedy(list(want.tokens)):
+            for token in continued(want, seed):
                 made.append(token)
                 if want.done(lm.tokenizer, made):
                     break

@@ -35,7 +35,6 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
     they were checked, never run before); ``tracker`` (None: no ``output_path``) is told the experiment as
     ``simple_evaluate`` tells it."""
     import numpy as np
-    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
     from lm_eval.evaluator import evaluate
     from lm_eval.loggers.utils import add_tokenizer_info
     from lm_eval.utils import set_torch_seed
@@ -46,14 +45,18 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
     if not settings.apply_chat_template and any(word in target.lower() for word in _CHAT_NAMES):
         _LOG.warning("pretrained=%s appears to be an instruct or chat variant but chat template is not applied "
                      "(--apply-chat-template applies it)", target)
-    random.seed(DEFAULT_RANDOM_SEED)
-    np.random.seed(DEFAULT_OTHER_SEED)
-    set_torch_seed(DEFAULT_OTHER_SEED)
+    seeds = settings.seeds  # each set where given, as simple_evaluate sets them (None: left as it is)
+    if seeds.random is not None:
+        random.seed(seeds.random)
+    if seeds.numpy is not None:
+        np.random.seed(seeds.numpy)
+    if seeds.torch is not None:
+        set_torch_seed(seeds.torch)
     # simple_evaluate loads the tasks here, after its seeds: loading draws from none of them (a task keeps its own
     # random.Random, seeded below; datasets its own fingerprint generator), so tasks loaded earlier run the same.
     for name, task in loaded["tasks"].items():
         _set_fewshot(name, task, settings.num_fewshot)
-        task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
+        task.set_fewshot_seed(seed=seeds.fewshot)
     chat = settings.apply_chat_template
     if tracker is not None:
         tracker.general_config_tracker.log_experiment_args(
@@ -67,8 +70,8 @@ def evaluate_tasks(lm: Any, target: str, settings: EvalSettings, loaded: Mapping
     results["config"] = {
         "model": type(lm).__name__, "model_args": model_args, "batch_size": None, "batch_sizes": [],
         "device": None, "use_cache": None, "limit": settings.whole_limit, "bootstrap_iters": _BOOTSTRAP_ITERS,
-        "gen_kwargs": None, "random_seed": DEFAULT_RANDOM_SEED, "numpy_seed": DEFAULT_OTHER_SEED,
-        "torch_seed": DEFAULT_OTHER_SEED, "fewshot_seed": DEFAULT_OTHER_SEED}
+        "gen_kwargs": None, "random_seed": seeds.random, "numpy_seed": seeds.numpy,
+        "torch_seed": seeds.torch, "fewshot_seed": seeds.fewshot}
     results["git_hash"] = git_hash()
     results["date"] = started
     add_tokenizer_info(results, lm)

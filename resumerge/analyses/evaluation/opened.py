@@ -3,7 +3,7 @@ headers and tokenizer read, each log-likelihood pass scored on the forward engin
 as ``eval`` scores it (:class:`~.job.EvalPasses`, each pass a job of the pass driver: the same journal, so
 ``eval`` and ``lm-eval`` answer each other's finished passes), and generation (the whole model held where it fits,
 else one layer at a time: :mod:`.streamgen`), journaled too: a request set generated once is answered from its file
-afterwards, without reading a weight.
+afterwards, without reading a weight (a sampled one keyed by the torch seed too: another seed generates anew).
 
 Unlike ``eval``, lm-eval's command line hands the model its requests without saying beforehand which tasks generate:
 a generation whose smallest step does not fit is refused (one line, exit 2) when lm-eval asks for it, after the
@@ -11,8 +11,6 @@ log-likelihood passes, which are journaled and answered again from their files."
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,7 +20,7 @@ from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.placed import LayersHere
 from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer
 from resumerge.analyses.evaluation.settings import EvalSettings
-from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
+from resumerge.analyses.evaluation.streamgen import GENERATED, Generation, generation_key
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.driver import AnswerFile
@@ -62,7 +60,7 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
         said=passes.said)
 
     def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-        digest = hashlib.sha256(json.dumps(requests, sort_keys=True).encode()).hexdigest()[:32]
+        digest = generation_key(requests, settings.seeds.torch)
         kept = AnswerFile(state.evals_dir / pass_key(model, "generate_until", digest, merged) / GENERATED, _texts)
         found = kept.read()
         if found is not None:

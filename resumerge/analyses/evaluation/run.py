@@ -93,6 +93,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         layers.refuse_generating(generating)
         if generating:
             _fits_streamed(stream, generating, settings)  # before any weight is read
+            _honoured(generating, loaded)
         # the whole model held where it fits, else one layer at a time for every request (.streamgen)
         generation = _generation(target, model, weights, settings, state, command, watcher, passes, stream)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes,
@@ -142,7 +143,7 @@ def _generation(target: str, model: PassModel, weights: Weights, settings: EvalS
 
 
 def _fits(stream: ModelStream, settings: EvalSettings) -> bool:
-    """Whether the whole model fits the budget (a greedy generation then holds it: :mod:`.generate`)."""
+    """Whether the whole model fits the budget (a generation then holds it: :mod:`.generate`)."""
     try:
         _fits_whole(stream, ["the generation"], settings)
     except UsageError:
@@ -161,6 +162,15 @@ def _fits_streamed(stream: ModelStream, generating: list[str], settings: EvalSet
         raise UsageError(f"{', '.join(generating)} generate text (generate_until), one decoder layer at a time "
                          f"where the whole model does not fit; {exc.message}", hint="raise --max-memory, or leave "
                          "those tasks out") from None
+
+
+def _honoured(generating: list[str], loaded: Any) -> None:
+    """Refuse (exit 2, one line naming it) a generation task's generation kwarg that resumerge does not honour,
+    before any weight is read (:func:`~.genrequests.honoured`; sampling is honoured)."""
+    from resumerge.analyses.evaluation.genrequests import honoured
+
+    for name in generating:
+        honoured(loaded.task(name).config.generation_kwargs or {}, f"{name}'s generation_kwargs")
 
 
 def _fits_whole(stream: ModelStream, generating: list[str], settings: EvalSettings) -> None:

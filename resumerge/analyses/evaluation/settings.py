@@ -10,6 +10,44 @@ from resumerge.analyses.evaluation.texttasks import TextTask, text_task
 from resumerge.errors import UsageError
 from resumerge.forward.device import PassDevice
 
+DEFAULT_SEEDS = "0,1234,1234,1234"  # lm-eval's --seed default: python's random, numpy, torch, the few-shot sampler
+_SEED_NAMES = ("random", "numpy", "torch", "fewshot")
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """An evaluation's seeds, lm-eval's four (its ``--seed``): python's ``random``, ``numpy``'s, ``torch``'s (a
+    sampled generation's draws: :mod:`.genrequests`), the ``fewshot`` sampler's; None leaves that one unset, as
+    lm-eval leaves it."""
+
+    random: int | None = 0
+    numpy: int | None = 1234
+    torch: int | None = 1234
+    fewshot: int | None = 1234
+
+    @classmethod
+    def parse(cls, given: str | int | Seeds | None) -> Seeds:
+        """``given`` as lm-eval's ``--seed`` reads it: one figure for all four, or three or four comma-separated
+        (the missing fourth lm-eval's default), each an integer or ``None``; :class:`UsageError` (exit 2) else."""
+        if given is None or isinstance(given, Seeds):
+            return given if given is not None else cls()
+        items = str(given).split(",")
+        try:
+            found = [None if item.strip().lower() == "none" else int(item.strip()) for item in items]
+        except ValueError:
+            found = []
+        if not found or len(found) not in (1, 3, 4):
+            raise UsageError(f"--seed {given} is not lm-eval's seeds", hint="give one integer for all four, or "
+                             "four comma-separated (python's random, numpy, torch, few-shot), None to leave one unset")
+        if len(found) == 1:
+            found *= 4
+        defaults = [None if item == "None" else int(item) for item in DEFAULT_SEEDS.split(",")]
+        return cls(*(found + defaults[len(found):]))
+
+    def words(self) -> str:
+        """The seeds as ``--seed`` writes them."""
+        return ",".join(str(getattr(self, name)) for name in _SEED_NAMES)
+
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -19,7 +57,8 @@ class EvalSettings:
     in each prompt; ``apply_chat_template``: the model's chat template (a name picks one of several);
     ``log_samples``: keep each task's samples; ``output_path``: where lm-eval's results file (and the samples) go;
     ``max_memory``: the process's memory budget in bytes (None: the default); ``device``: where the layers run
-    (``cpu``, ``cuda[:N]``: :mod:`resumerge.forward.device`), with the GPU budget ``max_gpu_memory`` in bytes."""
+    (``cpu``, ``cuda[:N]``: :mod:`resumerge.forward.device`), with the GPU budget ``max_gpu_memory`` in bytes;
+    ``seeds``: lm-eval's four seeds (a sampled generation draws from the torch one)."""
 
     tasks: tuple[str, ...]
     include_path: str | None = None
@@ -31,6 +70,7 @@ class EvalSettings:
     max_memory: int | None = None
     device: str = "cpu"
     max_gpu_memory: int | None = None
+    seeds: Seeds = Seeds()
     yaml_texts: tuple[TextTask, ...] = ()  # the text tasks that lm-eval task YAMLs describe (:mod:`.yamltasks`)
 
     def checked(self) -> EvalSettings:
@@ -97,4 +137,6 @@ class EvalSettings:
             words += ["--device", self.device]
         if self.max_gpu_memory is not None:
             words += ["--max-gpu-memory", str(self.max_gpu_memory)]
+        if self.seeds != Seeds():
+            words += ["--seed", self.seeds.words()]
         return words

@@ -3,19 +3,21 @@ every request of the task at once, a pass-driver client (:class:`GenerationJob`,
 :func:`~resumerge.forward.driver.drive`). Each token step is one :class:`~resumerge.forward.layerpass.LayerPass`
 over the decoder layers: a layer is read once and run on every unfinished request, each against its own KV cache at
 that layer (:mod:`.kvcache`: held in RAM, or spilled to the pass's folder where the budget does not hold it), then
-the final norm and the head give each request's next token (greedy, or drawn from the evaluation's seed:
-:mod:`.genrequests`). The first step runs each context whole (transformers' prefill), one at a time as lm-eval's
-``hf`` model does at its batch size of one; every later one the newest tokens against the cache, as
-``model.generate`` does, as one batch whose rows compute bit for bit what each request computes alone
-(:mod:`.rowbatch`: the layer runs once a step, not once a request, a family's batch checked against its rows on the
-first such step): the same calls to the family's own layers, so the same tokens as lm-eval's ``hf`` model.
+the final norm and the head give each request's next token (greedy, or drawn from the evaluation's torch seed:
+:mod:`.genrequests`, each draw from a generator of its own, so the same as the whole model held draws). The first
+step runs each context whole (transformers' prefill), one at a time as lm-eval's ``hf`` model does at its batch size
+of one; every later one the newest tokens against the cache, as ``model.generate`` does, as one batch whose rows
+compute bit for bit what each request computes alone (:mod:`.rowbatch`: the layer runs once a step, not once a
+request, a family's batch checked against its rows on the first such step): the same calls to the family's own
+layers, so the same tokens as lm-eval's ``hf`` model.
 
 The journal is the token step's, not the layer's: a step's file (``step-<N>.safetensors``: the tokens it chose, the
 positions it added to each request, and a held cache's new keys and values) is written durably once its tokens are
 chosen, after a spilled cache's file is durable; a killed generation resumes at the first step not journaled, its
 cache rebuilt from the files, and ends with the same answers. A layer's own file would cost an fsync per layer per
-token. Where the whole model fits the budget and no request samples, the whole model is held instead
-(:mod:`.generate`); :class:`Generation` decides which."""
+token. Where the whole model fits the budget, the whole model is held instead (:mod:`.generate`: the same answers,
+greedy or sampled); :class:`Generation` decides which. A sampled request set's journal is keyed by the seed too
+(:func:`generation_key`): another seed generates anew, the same seed resumes and answers from it."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.analyses.evaluation.genplan import GenPlan, gen_plan
-from resumerge.analyses.evaluation.genrequests import Wanted, wanted
+from resumerge.analyses.evaluation.genrequests import Wanted, model_defaults, samples, wanted_all
 from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, one_layer_cache, shaped_cache
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
@@ -49,7 +51,18 @@ from resumerge.torch_import import torch
 
 GENERATED = "generated.json"  # the answers of a finished generation, as the lm-eval door's whole-model one keeps them
 STEP_PREFIX = "step-"
-DEFAULT_SEED = 1234  # lm-eval's default torch seed (its --seed's third figure)
+# How a sampled token is drawn (genrequests' Wanted.choose), in a sampled journal's key: a journal of steps drawn
+# another way (before repeats drew apart) is not resumed with these draws
+_DRAWS = "draws-2"
+
+
+def generation_key(requests: list[tuple[str, dict[str, Any]]], seed: int | None) -> str:
+    """The key of a request set's generation (context, lm-eval's generation kwargs each): of the requests alone
+    where none samples (the lm-eval door's whole-model key: either generation answers the other), of the requests
+    and the torch ``seed`` where one does (another seed draws other answers), and the way it draws (``_DRAWS``)."""
+    sampled = any(samples(kwargs) for _, kwargs in requests)
+    shown = json.dumps([requests, seed, _DRAWS] if sampled else requests, sort_keys=True, default=str)
+    return hashlib.sha256(shown.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,7 @@ class GenStep:
 class Generation:
     """How an evaluation generates: its ``model`` (``weights``), under ``settings``' budget, journaled in
     ``folder_of(digest)`` (a request set's folder), continued by ``command``; ``fits_whole()``: whether the whole
-    model fits the budget (then a greedy generation holds it: :mod:`.generate`); ``watcher`` told each step;
+    model fits the budget (then the generation holds it: :mod:`.generate`); ``watcher`` told each step;
     ``inputs``: a merge never written's inputs, proved with the journal as the model's own files are; ``said``:
     what proving found, a line each."""
 
@@ -82,26 +95,26 @@ class Generation:
     fits_whole: Callable[[], bool]
     watcher: Callable[[GenStep], None] | None = None
     inputs: tuple[list[PassModel], list[frozenset[str]]] = ([], [])
-    seed: int = DEFAULT_SEED
     said: list[str] = field(default_factory=list, compare=False)
 
     def __call__(self, lm: Any, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """The answers to ``requests`` (context, lm-eval's generation kwargs) of the lm-eval model ``lm``."""
-        asked = [wanted(lm, context, dict(kwargs)) for context, kwargs in requests]
-        sampled = any(w.sampling is not None for w in asked)
-        if not sampled and self.fits_whole():
+        asked = wanted_all(lm, requests, self.seed, model_defaults(self.model.opened.directory))
+        if self.fits_whole():
             from resumerge.analyses.evaluation.generate import cached_stream, generate
 
             with cached_stream(self.weights, self.model.opened.config, torch.float32) as whole:
-                return generate(whole, lm, requests)
-        # a greedy request set's key is the lm-eval door's whole-model one: either generation answers the other
-        shown = json.dumps([requests, self.seed] if sampled else requests, sort_keys=True, default=str)
-        digest = hashlib.sha256(shown.encode()).hexdigest()[:32]
-        folder = self.folder_of(digest)
+                return generate(whole, lm, asked, self.seed)
+        folder = self.folder_of(generation_key(requests, self.seed))
         hint = "wait for it to finish (run again, it answers from its journal), or stop it (it resumes at its step)"
         job = GenerationJob(PassFolder(folder, f"this generation of {self.model.path}", self.command, hint), self,
                             asked, lm.tokenizer)
         return drive(job)
+
+    @property
+    def seed(self) -> int | None:
+        """The seed a sampled request draws from: the evaluation's torch seed (lm-eval's ``--seed``'s third)."""
+        return self.settings.seeds.torch
 
 
 class _StepJournal(Journal):

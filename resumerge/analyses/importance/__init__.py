@@ -5,7 +5,8 @@ encoding.
 
 :mod:`.entries` names each linear as llama.cpp names its weight in the GGUF the merge would be and writes llama.cpp's
 GGUF imatrix (:func:`~resumerge.outputs.gguf.imatrix.imatrix_bytes`); :mod:`.sums` is the pass's layer step (a hook
-before each linear adds the squares of its input); :mod:`.onmerge` is the pass over the unwritten merge as the forward
+before each linear adds the squares of its input; a mixture of experts' fused stacks per expert over the tokens routed
+to it, :mod:`.routed`); :mod:`.onmerge` is the pass over the unwritten merge as the forward
 driver runs it (:func:`resumerge.forward.driver.drive`), journaled under the state dir so a killed pass resumes at the
 layer it reached with the same bytes.
 
@@ -14,4 +15,4 @@ May import: errors, config, forward, inputs, memory, merge.store, merge.engine, 
 
 from __future__ import annotations
 
-__all__ = ["entries", "onmerge", "sums"]
+__all__ = ["entries", "onmerge", "routed", "sums"]

@@ -128,7 +128,7 @@ class _ImportanceJob:
         finally:
             stream.close()
 
-    def run(self, stream: ModelStream, reserve: Reserve) -> dict[str, torch.Tensor]:
+    def run(self, stream: ModelStream, reserve: Reserve) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The texts through every layer, the sums journaled per layer (:class:`~.sums.SumStep`)."""
         from resumerge.analyses.importance.sums import SumStep
         from resumerge.forward.batches import one_by_one
@@ -155,14 +155,17 @@ class _ImportanceJob:
         assert found is not None  # the step never stops the pass
         return found
 
-    def finish(self, found: dict[str, torch.Tensor], proof: str | None) -> ImportanceReport:
+    def finish(self, found: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
+               proof: str | None) -> ImportanceReport:
         """The matrix written, then its key beside it (each durable), then the journal removed."""
         import shutil
 
         from resumerge.merge.store.durable import write_file_atomic
 
         tokens = sum(len(t) for t in self.tokens)
-        entries = named_entries(self.arch, {name: s.numpy() for name, s in found.items()}, tokens)
+        sums, counts = found
+        entries = named_entries(self.arch, {name: s.numpy() for name, s in sums.items()}, tokens,
+                                {name: c.numpy() for name, c in counts.items()})
         write_imatrix(self.out, imatrix_file(entries, self.dataset, len(self.tokens)))
         write_file_atomic(self.out.with_name(self.out.name + KEY_SUFFIX), (self.key + "\n").encode())
         shutil.rmtree(self._journal_dir, ignore_errors=True)

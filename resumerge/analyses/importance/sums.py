@@ -5,13 +5,15 @@ layer runs, each its own sum (q/k/v share an input: their sums are equal, as lla
 
 The sums of every layer run so far are journaled beside the hidden states leaving the layer (float64: a resumed pass
 adds to the very values it had), so a pass killed after layer l resumes at l + 1 with them and ends with the same
-bytes."""
+bytes; so are the experts' counts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
+from resumerge.analyses.importance.routed import RoutedSums, fused_experts, routers
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step
@@ -20,20 +22,25 @@ from resumerge.torch_import import torch
 
 # The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
 SUM_PREFIX = "imatrix:"
+COUNT_PREFIX = "imatrix-counts:"  # an experts module's tokens routed to each expert
 
 
-class SumStep(Step["dict[str, torch.Tensor]"]):  # a string: torch is imported when a step runs
+class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]):  # torch: imported when it runs
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
-    inputs summed, by checkpoint module name; ``reserve`` admits each layer, ``on_layer(l)`` is told before it."""
+    inputs summed, by checkpoint module name, and its fused experts' per expert (:class:`~.routed.RoutedSums`);
+    ``reserve`` admits each layer, ``on_layer(l)`` is told before it. It gives the sums and the experts' counts."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
                  on_layer: Callable[[int], None] | None = None) -> None:
         self.stream, self.calls, self.reserve, self.on_layer = stream, calls, reserve, on_layer
         self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
 
     def restore(self, restart: Restart) -> None:
-        self.sums = {name.removeprefix(SUM_PREFIX): value.to(torch.float64)
-                     for name, value in restart.tensors.items() if name.startswith(SUM_PREFIX)}
+        found = restart.tensors.items()
+        self.sums = {n.removeprefix(SUM_PREFIX): v.to(torch.float64) for n, v in found if n.startswith(SUM_PREFIX)}
+        self.counts = {n.removeprefix(COUNT_PREFIX): v.to(torch.float64) for n, v in found
+                       if n.startswith(COUNT_PREFIX)}
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         if self.on_layer is not None:
@@ -42,10 +49,16 @@ class SumStep(Step["dict[str, torch.Tensor]"]):  # a string: torch is imported w
         module = stream.layers_list[index]
         with self.reserve(f"layer {index} of the merge", "layer"), stream.loaded(module) as layer:
             prefix = stream.prefix(module)
-            handles = [m.register_forward_pre_hook(self._hook(prefix + name)) for name, m in layer.named_modules()
-                       if isinstance(m, torch.nn.Linear)]
+            experts = fused_experts(layer)
+            hooked = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
+            handles = [m.register_forward_pre_hook(self._hook(prefix + name))
+                       for name, m in hooked + routers(layer, experts)]
             try:
-                out = [stream.run(layer, h, self.calls[s][index]) for s, h in enumerate(hidden[0])]
+                with ExitStack() as measured:
+                    routed = RoutedSums(self.sums, self.counts)
+                    for name, m in experts:
+                        measured.enter_context(routed.measuring(m, prefix + name))
+                    out = [stream.run(layer, h, self.calls[s][index]) for s, h in enumerate(hidden[0])]
             finally:
                 for handle in handles:
                     handle.remove()
@@ -61,7 +74,8 @@ class SumStep(Step["dict[str, torch.Tensor]"]):  # a string: torch is imported w
         return observe
 
     def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
-        return {SUM_PREFIX + name: value for name, value in sorted(self.sums.items())}, None
+        return {**{SUM_PREFIX + name: value for name, value in sorted(self.sums.items())},
+                **{COUNT_PREFIX + name: value for name, value in sorted(self.counts.items())}}, None
 
-    def finish(self, hidden: Hidden) -> dict[str, torch.Tensor]:
-        return dict(sorted(self.sums.items()))
+    def finish(self, hidden: Hidden) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return dict(sorted(self.sums.items())), dict(sorted(self.counts.items()))

@@ -182,6 +182,12 @@ class TensorEncoder(_Format, ABC):
         (the block would get two scales, and the second chunk's would overwrite the first's). 1 by default."""
         return 1
 
+    def from_row(self, first: int) -> TensorEncoder:
+        """The encoder of a row chunk whose first row is row ``first`` of what this encoder encodes (the engine
+        encodes a chunk with it): itself by default; an encoding that depends on the row says so here (a stack of
+        experts whose each expert has its own importance weights)."""
+        return self
+
     def carries(self, part: str) -> bool:
         """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
         :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output

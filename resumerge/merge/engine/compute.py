@@ -183,10 +183,11 @@ class TensorCompute:
                      at: dict[str, int]) -> None:
         """Rows ``[first, stop)`` computed in ``workspace`` and encoded into ``out``'s stored parts from ``at`` (each
         part's next row, advanced): no chunk-sized encoded tensor between, which would be fresh pages each time."""
-        parts = self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
+        codec = self._part(first, stop).out_codec  # the chunk's (its rows' own weights: TensorEncoder.from_row)
+        parts = codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
         into = {p.part: out[p.name][at[p.name] : at[p.name] + p.shape[0]] for p in parts}
         with self._failures():
-            self.tp.out_codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
+            codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
         for p in parts:
             at[p.name] += p.shape[0]
 

@@ -11,14 +11,14 @@ otherwise is refused); the engine measures each group before it encodes a member
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from resumerge.inputs.codecs import SharedScale
 from resumerge.merge.plan.merge_plan import TensorPlan
 from resumerge.merge.plan.tensorkinds import carried_companions
 
-__all__ = ["FUSED_SETS", "fused_notes", "share_scales"]
+__all__ = ["FUSED_SETS", "fused_notes", "measured_before", "share_scales"]
 
 # Sibling projections of one module that vLLM fuses into one GEMM (its QKVParallelLinear and
 # MergedColumnParallelLinear; llm-compressor's fused attention and MLP groups), tried in this order: the first set
@@ -77,3 +77,19 @@ def fused_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
             "magnitude over the whole merged group as compressed-tensors and ModelOpt compute it, so vLLM and "
             "TensorRT-LLM load them fused; each group is measured before its first member is encoded (its members "
             "are merged twice)"]
+
+
+def measured_before(tensors: Mapping[str, TensorPlan], order: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The group-scale pass of a run writing ``order`` (output tensors of ``tensors``, in the engine's order), as
+    the engine makes it (:class:`~resumerge.merge.engine.groupscales.GroupScales`): before the first of a fused
+    group's members it writes, every member of the group (written already or not) is merged once more to measure
+    the group's largest magnitude. By that first member's name, the members measured before it; what ``plan``
+    counts of the pass (their reads, compute and memory)."""
+    found: dict[str, tuple[str, ...]] = {}
+    seen: set[tuple[str, ...]] = set()
+    for name in order:
+        codec = tensors[name].out_codec
+        if isinstance(codec, SharedScale) and codec.group and codec.group not in seen:
+            seen.add(codec.group)
+            found[name] = codec.group
+    return found

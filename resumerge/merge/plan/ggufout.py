@@ -80,13 +80,6 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
     facts = _facts(arch, out_config, tied)
     wanted = _type_choices(choices)
-    if choices.computed and facts.experts:
-        # llama-imatrix sums each expert's inputs over the tokens routed to it, with a count per expert
-        # (kquants.md §4); the pass's hooks see whole linears, not transformers' fused experts' routed rows.
-        raise ModelInputError("--imatrix-texts with a mixture of experts: llama.cpp's matrix sums each expert's "
-                              "inputs over the tokens routed to it, which the pass over the merge does not measure "
-                              "yet", hint="leave out --imatrix-texts, or give --imatrix FILE (llama-imatrix's of "
-                              "the merge)")
     weights = Importance.computed(choices.imatrix) if choices.computed else Importance.read(choices.imatrix)
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
@@ -240,9 +233,6 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     imatrix = weights.for_tensor(target, columns, experts, ggml)
     if up_name:
         imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
-    if imatrix and experts > 1 and expert < 0:
-        raise ModelInputError(f"--imatrix with {target}, a stack of experts written whole (a fused checkpoint's "
-                              "experts), which resumerge cannot weight per expert yet", hint="leave out --imatrix")
     codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
     if expert >= 0 or up_name:
         codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)

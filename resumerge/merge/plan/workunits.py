@@ -269,9 +269,11 @@ def unit_bytes(tp: TensorPlan, method: MethodSpec, mode: str, *, threads: int | 
 
 
 def chunk_plan(tp: TensorPlan, first: int, stop: int) -> TensorPlan:
-    """``tp`` restricted to rows ``[first, stop)`` (same name, parameters and dtypes)."""
+    """``tp`` restricted to rows ``[first, stop)`` (same name, parameters and dtypes; its encoder the chunk's:
+    :meth:`~resumerge.inputs.codecs.TensorEncoder.from_row`)."""
     shape = (stop - first, *tp.shape[1:])
-    return replace(tp, inputs=tuple(i.rows(first, stop) for i in tp.inputs), shape=shape).sized()
+    return replace(tp, inputs=tuple(i.rows(first, stop) for i in tp.inputs), shape=shape,
+                   out_codec=tp.out_codec.from_row(first)).sized()
 
 
 @dataclass(frozen=True)

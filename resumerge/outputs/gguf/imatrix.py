@@ -25,7 +25,7 @@ import numpy as np
 
 from resumerge.errors import ModelInputError
 
-__all__ = ["ImatrixEntry", "computed_counts", "entry", "imatrix_bytes", "read_imatrix"]
+__all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_bytes", "read_imatrix"]
 
 _F32 = 0
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
@@ -147,6 +147,13 @@ def entry(path: str, name: str, expert: int, columns: int) -> np.ndarray | None:
         return None
     first = max(expert, 0) * columns
     return found[first:first + columns]
+
+
+def entry_rows(path: str, name: str, columns: int) -> np.ndarray | None:
+    """Every slice of GGUF tensor ``name``'s entry in the importance matrix at ``path``, as rows of ``columns``
+    weights ([n_mat, columns]: expert e's is row e); None where the file has no entry for it."""
+    found = read_imatrix(path, name).get(name)
+    return None if found is None else found.reshape(-1, columns)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ _CHUNK_Q3 = 1024
 _CHUNK_QP = 2048
 
 _Array = np.ndarray
+_NO_CODES = np.zeros(1, dtype=F)  # :func:`_recode`'s codes where every column's are asked for afterwards
 
 
 def _subblocks(xt: _Array, n: int) -> _Array:
@@ -78,6 +79,22 @@ def _recode(x: _Array, codes: _Array, d: _Array, m: _Array | None, low: float, h
         reach = np.maximum(x.max(axis=0), -x.min(axis=0)) + (0 if m is None else np.abs(m))
         fresh = np.clip(np.rint(ratio) if ks.tame(reach / np.abs(safe)) else ks.ni(ratio), low, high)
     return np.where(live, fresh, codes)
+
+
+def _recode_lazy(x: _Array, codes_at: Callable[[_Array], _Array], d: _Array, low: int, high: int) -> _Array:
+    """:func:`_recode` of a symmetric type, its codes shifted by ``-low``, with the search's codes asked of
+    ``codes_at`` (shifted already) only for the columns whose stored scale is 0."""
+    codes = _recode(x, _NO_CODES, d, None, low, high)
+    codes -= F(low)
+    dead = np.flatnonzero(d == 0)
+    if dead.size:
+        codes[:, dead] = codes_at(dead)
+    return codes
+
+
+def _columns(codes: _Array) -> Callable[[_Array], _Array]:
+    """Codes already at hand as :func:`_recode_lazy`'s ``codes_at``."""
+    return lambda cols: codes[:, cols]
 
 
 def _planes(codes: _Array) -> _Array:
@@ -187,7 +204,8 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
     x = _subblocks(xt, 16)
     out = np.zeros((b, 110), dtype=np.uint8)
     if qw is None:
-        scales, codes = ks.q3(x, 4)
+        scales, searched = ks.q3(x, 4)
+        codes_at = _columns(searched)
         s = scales.reshape(16, b)
         _, max_scale = ks.largest(s)
         live = max_scale != 0
@@ -199,12 +217,12 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
     else:
         w = _importance(xt, qw, 16, 2.0)
         sw = ks.fsum(w).reshape(16, b)
-        scales, codes = ks.qx(x, 4, w)
+        scales, codes_at = ks.qx_lazy(x, 4, w)
         d_block, l6 = ks.qx(scales.reshape(16, b), 32, sw)
         packed = _pack_q3_scales(l6)
         d_bits, d = ks.f16(d_block)
     sub_d = (d * _unpack_q3_scales(packed)).reshape(-1)
-    codes = _recode(x, codes - F(4), sub_d, None, -4, 3) + F(4)
+    codes = _recode_lazy(x, codes_at, sub_d, -4, 3)
     q = _superblocks(codes, 16, b)
     high = (q > 3).astype(np.uint8).reshape(b, 8, 32)
     out[:, 0:32] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
@@ -286,7 +304,7 @@ def _q5_k(xt: _Array, qw: _Array | None) -> _Array:
 def _q6_k(xt: _Array, qw: _Array | None) -> _Array:
     b = xt.shape[1]
     x = _subblocks(xt, 16)
-    scales, codes = ks.qx(x, 32, None if qw is None else _subblocks(qw, 16))
+    scales, codes_at = ks.qx_lazy(x, 32, None if qw is None else _subblocks(qw, 16))
     s = scales.reshape(16, b)
     amax, max_scale = ks.largest(s)
     live = amax >= ks.EPS
@@ -295,7 +313,7 @@ def _q6_k(xt: _Array, qw: _Array | None) -> _Array:
         d_bits, d = ks.f16(np.where(live, F(1) / iscale, F(0)))
         sc = ks.as_int8(np.minimum(F(127), ks.ni(iscale * s)))
     sc = np.where(live, sc, F(0))
-    codes = _recode(x, codes - F(32), (d * sc).reshape(-1), None, -32, 31) + F(32)
+    codes = _recode_lazy(x, codes_at, (d * sc).reshape(-1), -32, 31)
     q = _superblocks(codes, 16, b).reshape(b, 2, 4, 32)
     out = np.empty((b, 210), dtype=np.uint8)
     low = q & 0xF

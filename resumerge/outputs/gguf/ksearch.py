@@ -26,10 +26,12 @@ NaN as ``>`` does (:func:`largest`, :func:`positive_max`) or take it as ``MAX`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qp",
-           "qx", "tame"]
+           "qx", "qx_lazy", "tame"]
 
 _Array = np.ndarray
 F = np.float32
@@ -219,10 +221,17 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
 
 
 def qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
-    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1).
+    """``make_qx_quants(n, nmax, x, L, 1, qw)`` of each column of ``x`` (n, S): (signed scale, codes 0..2nmax-1)."""
+    scale, codes_at = qx_lazy(x, nmax, qw)
+    return scale, codes_at(np.arange(x.shape[1]))
+
+
+def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[_Array], _Array]]:
+    """:func:`qx`'s scales, and its codes as a function of the columns wanted (the K encoders recompute every
+    code from the stored scales, and keep the search's only where a stored scale is 0: a few columns).
     The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
-    the inverse scale it adopts, and the codes are taken once, from those, at the end (the same float32 product
-    and rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
+    the inverse scale it adopts, and the codes are taken from those when asked (the same float32 product and
+    rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
     amax, peak = largest(x)
     zero = ~(amax >= EPS)
     peak = np.where(zero, F(1), peak)
@@ -274,10 +283,17 @@ def qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:
             np.copyto(chosen, iscale, where=adopt)
             np.divide(sumlx, suml2, out=scale, where=adopt)
             np.multiply(scale, sumlx, out=best, where=adopt)
-    codes_of(chosen)
-    np.add(q, F(nmax), out=q)
-    q[:, zero] = 0
-    return np.where(zero, F(0), scale), q
+
+    def codes_at(cols: _Array) -> _Array:
+        """The adopted candidates' codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
+        some: _Array = x[:, cols] * chosen[cols]
+        some = np.rint(some, out=some) if in_range else ni(some)
+        np.clip(some, low, high, out=some)
+        some += F(nmax)
+        some[:, zero[cols]] = 0
+        return some
+
+    return np.where(zero, F(0), scale), codes_at
 
 
 def q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:

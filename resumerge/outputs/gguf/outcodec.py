@@ -6,7 +6,7 @@ as llama.cpp's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -42,10 +42,21 @@ class GgufOutCodec(TensorEncoder):
     # The importance matrix file (--imatrix) whose entry for this tensor weights its encoding, as llama-quantize
     # weights it ("": none, or no entry for it); the plan checked the entry's size.
     imatrix: str = ""
+    # The expert the value's first row is, for a stack of experts written whole (dim 0: experts) and encoded in
+    # row chunks of experts (from_row): each expert weighted by its own slice of the entry. Not in the identity:
+    # a chunk's, never the plan's.
+    first_row: int = 0
 
     @property
     def row_block(self) -> int:
         return self.head_rows
+
+    def identity(self) -> tuple[Any, ...]:
+        return tuple(v for v, f in zip(super().identity(), ("name", *(f.name for f in fields(self))))
+                     if f != "first_row")
+
+    def from_row(self, first: int) -> GgufOutCodec:
+        return replace(self, first_row=self.first_row + first) if self.imatrix and first else self
 
     @property
     def mergekit_reads(self) -> bool:
@@ -93,15 +104,37 @@ class GgufOutCodec(TensorEncoder):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
-        stored = encoders.encode(self._gguf_values(value), self.ggml_type,
-                                 importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
+        stored = self._encoded(self._gguf_values(value), self.gguf_name)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        encoders.encode(self._gguf_values(value), self.ggml_type, into[MAIN],  # the block bytes straight there
-                        importance=self.importance(self.gguf_name, self.slice_index, value.shape[-1]))
+        self._encoded(self._gguf_values(value), self.gguf_name, into[MAIN])  # the block bytes straight there
+
+    def _encoded(self, rows: torch.Tensor, gguf_name: str, into: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows`` (GGUF values) of GGUF tensor ``gguf_name`` encoded (into ``into`` when given), with their
+        importance weights: a stack of experts (3-D, written whole) expert by expert, each with its own slice of
+        the entry (the first being expert :attr:`first_row`), as llama-quantize weights expert e by its slice e."""
+        from resumerge.torch_import import torch
+
+        table = self._stacked(gguf_name, rows) if self.slice_index < 0 else None
+        if table is None:
+            return encoders.encode(rows, self.ggml_type, into,
+                                   importance=self.importance(gguf_name, self.slice_index, rows.shape[-1]))
+        done = [encoders.encode(rows[i], self.ggml_type, None if into is None else into[i],
+                                importance=table[self.first_row + i]) for i in range(rows.shape[0])]
+        return into if into is not None else torch.stack(done)
+
+    def _stacked(self, gguf_name: str, rows: torch.Tensor) -> np.ndarray | None:
+        """The per-expert weights [n_mat, columns] of a stack of experts' rows (3-D), None where there is one
+        matrix (or no weights)."""
+        if not self.imatrix or rows.dim() != 3:
+            return None
+        from resumerge.outputs.gguf.imatrix import entry_rows
+
+        table = entry_rows(self.imatrix, gguf_name, rows.shape[-1])
+        return table if table is not None and table.shape[0] > 1 else None
 
     def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""

@@ -8,15 +8,17 @@ encoded alone. An output tensor stored one per expert (Qwen-MoE's ``mlp.experts.
 padded after the last only. Each expert is merged, sized in memory and journaled with its file as any tensor is. A
 fused stack (transformers 5's ``experts.gate_up_proj`` [E, 2I, H]) is written as two GGUF tensors, each expert's
 gate rows to one and its up rows to the other; ``experts.down_proj`` is its stack as it is (:class:`.GgufOutCodec`).
+With an importance matrix each expert of a fused stack is encoded with its own slice of the entry (a row chunk of
+experts knows its first: :meth:`~.GgufOutCodec.from_row`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart
-from resumerge.outputs.gguf import encoders
 from resumerge.outputs.gguf.layout import slice_name
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
@@ -49,18 +51,24 @@ class GgufStackCodec(GgufOutCodec):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         if not self.up_name:
             return super().encode(value, dtype)
+        from resumerge.torch_import import torch
+
         half = value.shape[1] // 2
-        return {MAIN: self._encoded(value[:, :half], self.gguf_name), UP: self._encoded(value[:, half:], self.up_name)}
+        # each half expert by expert with its own tensor's entry (GgufOutCodec._encoded; a chunk's first expert:
+        # from_row)
+        gate, up = (self._encoded(self._gguf_values(v), n) for v, n in ((value[:, :half], self.gguf_name),
+                                                                          (value[:, half:], self.up_name)))
+        if self.ggml_type == 30:
+            gate, up = gate.view(torch.bfloat16), up.view(torch.bfloat16)
+        return {MAIN: gate, UP: up}
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+        if not self.up_name:
+            return super().encode_into(value, dtype, into)
+        for part, stored in self.encode(value, dtype).items():  # two tensors' halves: copied to each part
+            into[part].copy_(stored)
+        return None
 
     @property
     def slice_index(self) -> int:
         return self.expert
-
-    def _encoded(self, value: torch.Tensor, gguf_name: str) -> torch.Tensor:
-        """One half of a fused stack, with its own tensor's importance (a fused stack is refused with a per-expert
-        importance matrix by the plan: its chunks do not say which experts they hold)."""
-        from resumerge.torch_import import torch
-
-        stored = encoders.encode(self._gguf_values(value), self.ggml_type,
-                                 importance=self.importance(gguf_name, -1, value.shape[-1]))
-        return stored.view(torch.bfloat16) if self.ggml_type == 30 else stored
