@@ -45,6 +45,9 @@ from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 from resumerge.merge.store.killpoints import POINTS  # noqa: E402
 
 ConfigBuilder = Callable[[list[Path]], dict[str, object]]
+# Starts a killable run or resume: its command line (``python -m resumerge ...``) and environment in, a process out
+# (subprocess.Popen, or what quacks like it: pid, poll, send_signal, communicate, returncode).
+Starter = Callable[[list[str], dict[str, str]], "subprocess.Popen[str]"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,11 @@ def _env(kill_at: str | None = None) -> dict[str, str]:
     return env
 
 
+def fresh_process(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """The soak's own way to start a killed run or resume: a fresh interpreter (its stderr kept for the report)."""
+    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
 def prepare(scenario: Scenario, work: Path) -> Prepared:
     """Generate the scenario's models, run the reference merge, and time its merge phase."""
     home = work / scenario.name
@@ -225,7 +233,8 @@ def _wait_for_change(path: Path, before: tuple[int, int] | None, proc: subproces
         time.sleep(0.003)
 
 
-def _one_start(prepared: Prepared, out: Path, state: Path, rng: random.Random, *, may_kill: bool) -> tuple[int, bool]:
+def _one_start(prepared: Prepared, out: Path, state: Path, rng: random.Random, *, may_kill: bool,
+               start: Starter = fresh_process) -> tuple[int, bool]:
     """Start run/resume; unless finishing, kill it at a random moment or kill point. Returns (exit code, killed)."""
     command = "resume" if (out / "resumerge-manifest.json").exists() else "run"
     use_point = may_kill and rng.random() < 0.3
@@ -237,8 +246,7 @@ def _one_start(prepared: Prepared, out: Path, state: Path, rng: random.Random, *
         return code, False
     manifest = out / "resumerge-manifest.json"
     before = _stamp(manifest)
-    proc = subprocess.Popen(_command(prepared, out, state, command), env=_env(kill_at), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start(_command(prepared, out, state, command), _env(kill_at))
     if not use_point:
         # Kill at a random point of progress (after a random number of commits, then a random fraction of the
         # time one commit takes) rather than at a random time, which misses whenever the machine is faster than
@@ -258,7 +266,7 @@ def _one_start(prepared: Prepared, out: Path, state: Path, rng: random.Random, *
     return proc.returncode, proc.returncode == -signal.SIGKILL
 
 
-def trial(prepared: Prepared, row: Row, rng: random.Random, work: Path) -> None:
+def trial(prepared: Prepared, row: Row, rng: random.Random, work: Path, start: Starter = fresh_process) -> None:
     """One trial: up to three killed starts (state dir sometimes lost in between), then a finishing resume."""
     out, state = work / prepared.scenario.name / "out", work / prepared.scenario.name / "state"
     shutil.rmtree(out, ignore_errors=True)
@@ -266,7 +274,7 @@ def trial(prepared: Prepared, row: Row, rng: random.Random, work: Path) -> None:
     row.trials += 1
     try:
         for _ in range(rng.randint(1, 3)):
-            code, killed = _one_start(prepared, out, state, rng, may_kill=True)
+            code, killed = _one_start(prepared, out, state, rng, may_kill=True, start=start)
             row.starts += 1
             row.kills += killed
             if code == 0:
@@ -287,8 +295,9 @@ def trial(prepared: Prepared, row: Row, rng: random.Random, work: Path) -> None:
 
 
 def soak(names: Sequence[str], trials: int, seed: int, work: Path, *, deadline: float | None = None,
-         report: Callable[[str], None] = print) -> list[Row]:
-    """Soak the named scenarios; stops starting new trials after ``deadline`` (a time.monotonic value)."""
+         report: Callable[[str], None] = print, start: Starter = fresh_process) -> list[Row]:
+    """Soak the named scenarios; stops starting new trials after ``deadline`` (a time.monotonic value). ``start``
+    starts each killed run or resume (tests/test_soak.py forks them from its fork server: torch imported once)."""
     rows = []
     chosen = [s for s in SCENARIOS if s.name in names]
     for index, scenario in enumerate(chosen):
@@ -298,7 +307,7 @@ def soak(names: Sequence[str], trials: int, seed: int, work: Path, *, deadline: 
         for _ in range(trials):
             if deadline is not None and time.monotonic() > deadline and row.trials:
                 break
-            trial(prepared, row, rng, work)
+            trial(prepared, row, rng, work, start)
         report(f"{row.name}: {row.trials} trials, {row.kills} kills, {row.identical} identical"
                + (f", {len(row.problems)} problems" if row.problems else ""))
         rows.append(row)

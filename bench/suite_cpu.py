@@ -7,7 +7,9 @@ Usage::
     python bench/suite_cpu.py /tmp/cpu.jsonl --top 30
 
 Each test's figure is its worker's own CPU plus what the worker reaped and what its fork servers' commands used,
-from its setup to its teardown (a module-scoped fixture counts in the tests that built it and tore it down).
+from its setup to its teardown (a module-scoped fixture counts in the tests that built it and tore it down). Where
+the log has each test's wall and worker, it also prints each worker's wall and CPU and the tests that waited
+longest beyond their CPU: where a whole run's wall goes that its CPU does not explain.
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ def main() -> None:
     args = parser.parse_args()
     tests: dict[str, float] = {}
     parts: dict[str, float] = defaultdict(float)
+    walls: dict[str, float] = {}
+    workers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for line in args.log.read_text().splitlines():
         row = json.loads(line)
-        tests[row["test"]] = tests.get(row["test"], 0.0) + row["self"] + row["children"] + row["forked"]
+        cpu = row["self"] + row["children"] + row["forked"]
+        tests[row["test"]] = tests.get(row["test"], 0.0) + cpu
+        if "wall" in row:  # logs written before the wall was kept have none
+            walls[row["test"]] = walls.get(row["test"], 0.0) + row["wall"]
+            workers[row["worker"]][0] += row["wall"]
+            workers[row["worker"]][1] += cpu
         for part in ("self", "children", "forked"):
             parts[part] += row[part]
     files: dict[str, float] = defaultdict(float)
@@ -42,6 +51,21 @@ def main() -> None:
     print("\ntests:")
     for name, seconds in sorted(tests.items(), key=lambda kv: -kv[1])[:args.top]:
         print(f"{seconds:8.1f} s  {name}")
+    if walls:
+        _waits(tests, walls, workers, args.top)
+
+
+def _waits(tests: dict[str, float], walls: dict[str, float], workers: dict[str, list[float]], top: int) -> None:
+    """Where the wall went that no CPU explains (logs with ``wall``, tests/conftest.py): each worker's wall and CPU,
+    and the tests that waited longest beyond their CPU (a test's CPU may run on both cores at once: its children, a
+    kernel's threads, so the wait is wall minus CPU, floored at 0)."""
+    print("\nworkers (wall of their tests, CPU):")
+    for worker, (wall, cpu) in sorted(workers.items()):
+        print(f"{wall:8.1f} s wall {cpu:8.1f} s CPU  {worker}")
+    waits = {name: max(0.0, walls[name] - tests[name]) for name in walls}
+    print(f"\nwaits (wall beyond CPU: {sum(waits.values()):.0f} s in all):")
+    for name, seconds in sorted(waits.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{seconds:8.1f} s  {name}  (wall {walls[name]:.1f} s, CPU {tests[name]:.1f} s)")
 
 
 if __name__ == "__main__":

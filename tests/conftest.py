@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -217,11 +218,28 @@ def installation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("xdg-cache")
 
 
+@pytest.fixture(scope="session")
+def each_test_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder under the session's base temp dir that holds each test's ``tmp_path`` and its ``hermetic`` home:
+    kept out of the base temp dir itself, whose every numbered ``mktemp`` lists it whole (pytest finds the next
+    number by scanning its entries: with the ~2 folders a test left there, a worker's 2,000th test listed ~4,000
+    entries for each of them, ~2 ms apiece and growing with the run)."""
+    return tmp_path_factory.mktemp("each-test")
+
+
+@pytest.fixture
+def tmp_path(request: pytest.FixtureRequest, each_test_folders: Path) -> Path:
+    """pytest's ``tmp_path``, a new empty folder for each test named after it, made without a scan
+    (``tempfile.mkdtemp``: a random suffix, not the next number; see ``each_test_folders``). Every one is kept, as
+    pytest's default retention policy ("all", the one this project uses) keeps them."""
+    name = re.sub(r"\W", "_", request.node.name)[:30]
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=each_test_folders))
+
+
 @pytest.fixture(autouse=True)
-def hermetic(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
-             installation_cache: Path) -> Iterator[None]:
+def hermetic(each_test_folders: Path, monkeypatch: pytest.MonkeyPatch, installation_cache: Path) -> Iterator[None]:
     """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
-    home = tmp_path_factory.mktemp("home")
+    home = Path(tempfile.mkdtemp(prefix="home-", dir=each_test_folders))
     monkeypatch.setenv("XDG_CACHE_HOME", str(installation_cache))
     monkeypatch.setenv("RESUMERGE_STATE_DIR", str(home / "state"))
     monkeypatch.setenv("XDG_STATE_HOME", str(home / "xdg-state"))  # for tests that unset the one above
@@ -275,16 +293,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     worker, of the processes it reaped (fresh interpreters, the mergekit oracle, a Ray head it stopped) and of the
     commands its fork servers forked and reaped, each taken as the test ends minus as it began. Ray's worker
     processes count where their raylet is reaped (the test that stops the head); a process left running, nowhere.
-    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load."""
+    ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load. Each
+    line also has the test's wall seconds and its worker (``gw0``; ``main`` without xdist): a test whose wall is
+    well over its CPU waited (a sleep, a poll, a lock, a core the other worker held), and the workers' wall sums
+    show how unevenly the two ended."""
     log = os.environ.get("RESUMERGE_TEST_CPULOG")
     if not log:
         yield
         return
-    began = _cpu_now()
+    import time
+
+    began, started = _cpu_now(), time.monotonic()
     yield
     spent = {name: round(value - began[name], 3) for name, value in _cpu_now().items()}
     with open(log, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"test": item.nodeid, **spent}) + "\n")
+        out.write(json.dumps({"test": item.nodeid, **spent, "wall": round(time.monotonic() - started, 3),
+                              "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\n")
 
 
 def _cpu_now() -> dict[str, float]:

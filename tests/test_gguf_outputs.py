@@ -259,7 +259,10 @@ def test_the_real_model_merged_to_gguf_loads_in_transformers_as_resumerge_reads_
     for name, value in got.items():  # assert_close's |a - b| <= atol in one pass (it took 8 s over these 135M values)
         want = original[name]
         assert value.shape == want.shape and value.dtype == want.dtype, name
-        worst, atol = float((value - want).abs().max()), 0.01 * float(want.abs().max())
+        # the difference's magnitude in place and the original's largest one from its extremes: no temporary of the
+        # original's absolute values (4.3 -> 2.5 CPU s over the model); a NaN in either makes its figure NaN
+        low, high = torch.aminmax(want)
+        worst, atol = float(torch.sub(value, want).abs_().max()), 0.01 * max(-float(low), float(high))
         assert worst <= atol, (name, worst, atol)  # a NaN fails too
 
 

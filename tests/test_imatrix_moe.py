@@ -52,8 +52,8 @@ def computed(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     """The merge run to Q4_K_M with its importance matrix computed on it: OUT and the matrix the run wrote."""
     config, texts = merge
     root = tmp_path_factory.mktemp("computed")
-    api.run(config, root / "out", state_dir=root / "s",
-            output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts))
+    api.run(config, root / "out", api.Settings(
+        state_dir=root / "s", output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
     (matrix,) = (root / "s" / "imatrix").glob("*.gguf")
     return root / "out", matrix
 
@@ -63,7 +63,7 @@ def written(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) 
     """The same merge written as safetensors (per-expert tensors, with its tokenizer)."""
     config, _ = merge
     root = tmp_path_factory.mktemp("written")
-    api.run(config, root / "out", state_dir=root / "s")
+    api.run(config, root / "out", api.Settings(state_dir=root / "s"))
     return root / "out"
 
 
@@ -163,7 +163,8 @@ def test_the_moe_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
     needs_library()
     config, _ = merge
     out, matrix = computed
-    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(config, tmp_path / "f16",
+            api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16")))
     f16 = tmp_path / "f16" / "model.gguf"
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=read_imatrix(matrix))
     ours, theirs = _gguf_bytes(out / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
@@ -216,12 +217,13 @@ def test_a_fused_checkpoint_s_stacks_are_weighted_per_expert_by_the_matrix_compu
     _, texts = merge
     model = _tiny_qwen3_moe(tmp_path / "fused")
     config = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [{"model": str(model)}]})
-    api.run(config, tmp_path / "q", state_dir=tmp_path / "s",
-            output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts))
+    api.run(config, tmp_path / "q", api.Settings(
+        state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
     (matrix,) = (tmp_path / "s" / "imatrix").glob("*.gguf")
     entries = read_imatrix(matrix)
     assert entries["blk.0.ffn_gate_exps.weight"].size == 3 * 256
-    api.run(config, tmp_path / "f16", state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16"))
+    api.run(config, tmp_path / "f16",
+            api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf", gguf_type="f16")))
     quantize_model(tmp_path / "f16" / "model.gguf", tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    imatrix=entries)
     ours, theirs = _gguf_bytes(tmp_path / "q" / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")

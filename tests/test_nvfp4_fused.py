@@ -247,8 +247,8 @@ def test_plan_counts_the_group_scale_pass(models: tuple[Path, Path, Path], tmp_p
     from resumerge.analyses.estimate.memory import pending_units
     from resumerge.inputs.safetensors_format import numel
 
-    found = api.estimate(models[2], tmp_path / "out", probe_size=0,
-                         resources=api.Resources(max_memory="2GB"))
+    found = api.estimate(models[2], tmp_path / "out", api.Settings(resources=api.Resources(max_memory="2GB")),
+                         probe_size=0)
     plan = found.plan
     members = [tp for tp in plan.tensors.values() if isinstance(tp.out_codec, Nvfp4Codec) and tp.out_codec.group]
     assert len(members) == 2 * 5  # per layer q/k/v and gate/up

@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.api.options import Output, PathLike, Resources, Settings, config_text
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, Here, OnRay, PassPlacement
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -135,7 +135,6 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
                                    apply_chat_template=settings.apply_chat_template, max_memory=resources.max_memory,
                                    device=settings.device, state_dir=state, task_index=index).results)
 
-    ray = asked.placement if isinstance(asked.placement, OnRay) else None
     command = evolve_command(asked)
 
     def scorer_at(root: Path, say: Say | None = None) -> ScoresGeneration:
@@ -155,17 +154,47 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
         for log in logs:
             closing.callback(log.close)
-        if ray is not None:  # each generation's candidates spread over the cluster's nodes, each group scored there
-            from resumerge.runs.evolve.spread import SpreadOverNodes
-
-            best = run_search(planned, store, SpreadOverNodes(scorer_at, store, ray.address, ray.keep, told.say),
-                              told, command, logs)
-        else:
-            best = run_search(planned, store, scorer_at(store, told.say), told, command, logs)
+        scorer = asked.placement.made(_Scoring(scorer_at, store, told.say))
+        best = run_search(planned, store, scorer, told, command, logs)
     merged = run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
                                                           state_dir=asked.state.given)) \
         if merge_best is not None else None
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
+
+
+class _MakesScorer(Protocol):
+    """Makes the scorer that keeps its passes in ``root``, telling ``say`` where it is (None: its files alone)."""
+
+    def __call__(self, root: Path, say: Say | None = None) -> ScoresGeneration: ...
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What scores a generation, by where the search's passes run: this process scores every candidate with the
+    scorer ``make`` makes of ``store``; on a Ray cluster each generation's candidates are spread over its nodes,
+    each group scored there."""
+
+    make: _MakesScorer
+    store: Path
+    say: Say
+
+    def here(self, placement: Here) -> ScoresGeneration:
+        return self.make(self.store, self.say)
+
+    def on_ray(self, placement: OnRay) -> ScoresGeneration:
+        from resumerge.runs.evolve.spread import SpreadOverNodes
+
+        return SpreadOverNodes(self.make, self.store, placement.address, placement.keep, self.say)
+
+
+class _ExecutorWords:
+    """The words of the continuing command that name where the passes run (none: this process)."""
+
+    def here(self, placement: Here) -> list[str]:
+        return []
+
+    def on_ray(self, placement: OnRay) -> list[str]:  # no address: the cluster RAY_ADDRESS names, or one started here
+        return ["--executor", "ray", *(["--ray-address", placement.address] if placement.address else [])]
 
 
 def evolve_command(asked: SearchAsked) -> str:
@@ -190,9 +219,7 @@ def evolve_command(asked: SearchAsked) -> str:
         words += ["--device", str(resources.device)]
     if not is_default_state_root(asked.state.given):
         words += ["--state-dir", os.fspath(asked.state.root)]
-    if isinstance(asked.placement, OnRay):  # no address: the cluster RAY_ADDRESS names, or one started here
-        address = asked.placement.address
-        words += ["--executor", "ray", *(["--ray-address", address] if address else [])]
+    words += asked.placement.made(_ExecutorWords())
     if merge_best is not None:
         words += ["--merge-best", os.fspath(merge_best)]
     if asked.allow_benchmark_tasks:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
-from functools import singledispatch
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.passplace import Here, OnRay, PassPlacement
-from resumerge.errors import UsageError
+from resumerge.config.passplace import Here, OnRay
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -163,32 +161,30 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
 
 def _site(settings: RunSettings) -> GatesSite:
     """Where the gates' pass runs: where the run's executor places a forward pass (as it places a check's), one
-    site per kind of placement (:func:`_site_of`)."""
+    method of :class:`_GatesSites` per kind of placement."""
     from resumerge.api.options import pass_placement
 
-    return _site_of(pass_placement(settings), settings)
+    return pass_placement(settings).made(_GatesSites(settings))
 
 
-@singledispatch
-def _site_of(placement: PassPlacement, settings: RunSettings) -> GatesSite:
-    """The gates' site for ``placement`` (a third executor's placement: one more registration)."""
-    raise UsageError(f"the hidden-state gates' prompt pass cannot run where the {placement.name} executor places a "
-                     "forward pass", hint="run it with the local executor")
+@dataclass(frozen=True)
+class _GatesSites:
+    """The gates' site for each placement (a third executor's placement: one more method, which the
+    :class:`~resumerge.config.passplace.Kinds` protocol asks of this class)."""
 
+    settings: RunSettings
 
-@_site_of.register(Here)  # the class named: the annotations are not evaluated (some only for the checker)
-def _(placement: Here, settings: RunSettings) -> GatesSite:
-    """In the prompt work's own process, on this machine."""
-    from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
+    def here(self, placement: Here) -> GatesSite:
+        """In the prompt work's own process, on this machine."""
+        from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
 
-    return IN_ITS_PROCESS
+        return IN_ITS_PROCESS
 
+    def on_ray(self, placement: OnRay) -> GatesSite:
+        """The base's layers on an actor of the Ray cluster, this process driving the pass."""
+        from resumerge.forward.rayactor import placing
+        from resumerge.runs.moe.gatesites import PlacedBy
 
-@_site_of.register(OnRay)
-def _(placement: OnRay, settings: RunSettings) -> GatesSite:
-    """The base's layers on an actor of the Ray cluster, this process driving the pass."""
-    from resumerge.forward.rayactor import placing
-    from resumerge.runs.moe.gatesites import PlacedBy
-
-    given = None if settings.state.given is None else str(settings.state.root)  # --state-dir, as a node opens it
-    return PlacedBy(placing(placement.address, given, "prompt forward pass"))
+        state = self.settings.state
+        given = None if state.given is None else str(state.root)  # --state-dir, as a node opens it
+        return PlacedBy(placing(placement.address, given, "prompt forward pass"))

@@ -208,7 +208,7 @@ class _Folding:
 class LocalModels(Streams):
     """The pass's models run in this process, one layer of one model at a time (see :func:`forward_pass`)."""
 
-    def __init__(self, streams: Sequence[ModelStream], workdir: Path,
+    def __init__(self, streams: Sequence[ModelStream], workdir: Path | None,
                  on_model: Callable[[int, int], None] | None = None, reserve: Reserve = unreserved,
                  fold: Fold | None = None, vocab: SharedVocab | None = None) -> None:
         def own(m: int, batches: list[Batch]) -> list[Batch]:
@@ -220,6 +220,7 @@ class LocalModels(Streams):
 
     def heads(self, hidden: Hidden, batches: Sequence[Sequence[Sequence[int]]], base: int | None) -> HeadTotals:
         """Streamed: one model, one batch, one sequence's log-probabilities at a time (:mod:`.heads`)."""
+        assert self.workdir is not None, "a pass with heads keeps their log-probabilities in its workdir"
         with self.reserve("the heads", "heads"):
             return head_figures(self.streams, hidden, batches, base, self.workdir, self.vocab)
 

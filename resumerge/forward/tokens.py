@@ -5,8 +5,8 @@ Loading the tokenizer (transformers' ``AutoTokenizer``) is one of the costs a ki
 1-2.4 s of a resume on the shared bench machine (bench/RESULTS.md, issue 57). The sequences are kept under a key of
 everything they depend on: each candidate folder's path and its files other than weights (name, size, modification
 time: a changed tokenizer or template is a new key), the prompts (the built-in texts, or the file's bytes), whether
-long texts are cut, and the versions of transformers, tokenizers and resumerge. Anything unreadable is computed
-again.
+long texts are cut, the versions of transformers, tokenizers and resumerge, and how tokens of different
+vocabularies are matched (:data:`~.vocabs.MATCHED_BY`). Anything unreadable is computed again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from typing import Any
 from resumerge.errors import UsageError
 from resumerge.forward import texts as loaders
 from resumerge.forward.texts import BUILT_IN, context_of, named
-from resumerge.forward.vocabs import SharedVocab, model_rows, refuse_unshared, same_vocabularies, shared_vocab
+from resumerge.forward.vocabs import (
+    MATCHED_BY,
+    SharedVocab,
+    model_rows,
+    refuse_unshared,
+    same_vocabularies,
+    shared_vocab,
+)
 from resumerge.merge.store.durable import write_file_atomic
 
 TOKENS_DIR = "tokens"
@@ -112,7 +119,7 @@ def _key(directories: Sequence[Path], prompts_file: Path | None, cut: bool) -> s
             versions.append(importlib.metadata.version(dist))
         except importlib.metadata.PackageNotFoundError:
             versions.append(None)
-    return hashlib.sha256(json.dumps([folders, prompts, versions, cut]).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps([folders, prompts, versions, cut, MATCHED_BY]).encode()).hexdigest()[:32]
 
 
 def _read(path: Path) -> Texts | None:

@@ -1,21 +1,18 @@
 """An evaluation's passes are jobs of the pass driver (:mod:`resumerge.forward.driver`): a pass is fitted before it
-is placed (on Ray, a pass its budget cannot hold joins no cluster), an executor that places no evaluation is
-refused in one line before anything is read, and a pass's answer kept as one JSON file (:class:`~resumerge.forward.
-driver.AnswerFile`) is read back as it was written, a file cut short by a crash computed again."""
+is placed (on Ray, a pass its budget cannot hold joins no cluster), and a pass's answer kept as one JSON file
+(:class:`~resumerge.forward.driver.AnswerFile`) is read back as it was written, a file cut short by a crash
+computed again."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 pytest.importorskip("lm_eval")
 
 from resumerge import api
-from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward.driver import AnswerFile
 from tests.evaluation.evaltasks import tiny_model, write_tasks
@@ -37,26 +34,6 @@ def test_on_ray_a_pass_its_budget_cannot_hold_is_refused_before_the_cluster_is_j
                      executor=RayExecutor(address="127.0.0.1:1"))
     assert "--max-memory" in refused.value.one_line()
     assert not list(state.glob("evals/*/layer-*.safetensors"))
-
-
-@dataclass(frozen=True)
-class _Elsewhere:
-    """A placement of an executor that places no evaluation."""
-
-    name: ClassVar[str] = "elsewhere"
-
-    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
-        """Nothing refused for the device."""
-
-
-def test_an_executor_that_places_no_evaluation_is_refused_before_anything_is_read(tmp_path: Path) -> None:
-    from resumerge.analyses.evaluation.run import run_eval
-    from resumerge.analyses.evaluation.settings import EvalSettings
-
-    state = StateDir.resolve(tmp_path / "state")
-    with pytest.raises(UsageError, match="eval cannot place its passes with the elsewhere executor"):
-        run_eval(str(tmp_path / "absent"), EvalSettings(("x",)), state=state, placement=_Elsewhere())
-    assert not (tmp_path / "state").exists()
 
 
 def test_an_answer_file_reads_back_what_it_kept_and_a_cut_file_is_computed_again(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_a_no_op_kwarg_is_accepted() -> None:
 
 
 def _drawn(want: Wanted, seed: int, steps: int, logits: torch.Tensor) -> list[int]:
-    return [want.choose(logits[step], seed, step) for step in range(steps)]
+    return [want.choose(logits[step], seed, [0] * step) for step in range(steps)]  # the tokens made: any
 
 
 def test_each_draw_is_the_seeds_the_requests_and_the_steps_alone() -> None:
@@ -70,7 +70,7 @@ def test_each_draw_is_the_seeds_the_requests_and_the_steps_alone() -> None:
     first = _drawn(one, 1234, 12, logits)
     _drawn(other, 1234, 12, logits)  # drawing for another request between changes nothing
     assert _drawn(one, 1234, 12, logits) == first
-    assert [one.choose(logits[s], 1234, s) for s in reversed(range(12))] == first[::-1]  # nor the order
+    assert [one.choose(logits[s], 1234, [1] * s) for s in reversed(range(12))] == first[::-1]  # nor the order
     assert _drawn(one, 7, 12, logits) != first  # another seed draws otherwise
     assert _drawn(Wanted((3, 4, 5), (), 12, how, 0, nth=1), 1234, 12, logits) != first  # a repeat draws its own
     assert _drawn(Wanted((3, 4, 5), (), 12, None, 0), 1234, 12, logits) == [int(r.argmax()) for r in logits]

@@ -1,10 +1,11 @@
 """Generation one decoder layer at a time (:mod:`resumerge.analyses.evaluation.streamgen`): on a tiny generated Llama
-judged not to fit whole (``streamedeval``: its whole would fit any budget its layers do), greedy answers equal
-lm-eval's ``hf`` model's, stop sequences and ``max_gen_toks`` included; the same answers held whole, streamed with
-the KV cache in RAM and spilled to the pass's folder, and on a merge config never written as on the written merge;
-sampled answers the same on every run; a generation killed (SIGKILL) after a token step, or inside one with its
-cache spilled, resumes at its step to the same answers. In this process, or a CLI process each: a few seconds to a
-minute on a quiet machine (lm-eval's and torch's imports)."""
+judged not to fit whole (``streamedeval``: its whole would fit any budget its layers do), greedy answers equal lm-eval's
+``hf`` model's, stop sequences and ``max_gen_toks`` included; the same answers held whole, streamed with the KV cache in
+RAM and spilled to the pass's folder, and on a merge config never written as on the written merge; sampled answers the
+same on every run; a generation killed (SIGKILL) after a token step, or inside one with its cache spilled, resumes at
+its step to the same answers. A sliding-window family (a tiny Gemma 3, a Mistral, windows shorter than their contexts)
+streams to lm-eval's ``hf`` model's greedy answers, held or spilled. In this process, or a CLI process each: a few
+seconds to a minute on a quiet machine (lm-eval's and torch's imports)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from support import write_config
 from resumerge import api
 from resumerge.analyses.evaluation.kvcache import SPILL_NAME
 from resumerge.analyses.evaluation.streamgen import GENERATED, STEP_PREFIX
+from resumerge.cli.modelgen import write_tokenizer
 from resumerge.forward.stream import ModelStream
-from tests.evaluation.evaltasks import GEN, hf_results, tiny_model, write_tasks
+from tests.evaluation.evaltasks import CHAT, GEN, SPEC, hf_results, tiny_model, write_tasks
 from tests.evaluation.streamedeval import streamed
 from tests.support import cli
 
@@ -211,3 +213,48 @@ def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tupl
     results, kept = uninterrupted
     assert json.loads(resumed.stdout)["results"] == results
     assert json.loads((folder / GENERATED).read_text()) == kept
+
+
+def _windowed(directory: Path, model_type: str) -> Path:
+    """A tiny generated model of ``model_type`` whose layers (all, or every other) attend within a window of 4
+    positions: shorter than tiny_gen's contexts, so the window changes what a step sees."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = {"vocab_size": SPEC.vocab, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+             "sliding_window": 4, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    if model_type == "gemma3_text":
+        sizes["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **sizes)).to(torch.float32)
+    with torch.no_grad():  # weights large enough that the window changes the greedy tokens
+        for name, tensor in model.named_parameters():
+            tensor.normal_(0.0, 0.05 if "embed" in name else 0.5 if tensor.dim() > 1 else 0.1)
+    model.save_pretrained(directory)
+    write_tokenizer(directory, SPEC.vocab, chat_template=CHAT)
+    return directory
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "mistral"])
+def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: Path, model_type: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from resumerge.analyses.evaluation import run, streamgen
+
+    model, tasks = _windowed(tmp_path / "model", model_type), write_tasks(tmp_path)
+    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
+    found = {}
+    for how in ("streamed", "spilled"):
+        said: list[str] = []
+        with monkeypatch.context() as patch:
+            patch.setattr(run, "_fits", lambda stream, settings: False)
+            patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
+            streamed(spilled=how == "spilled")
+            found[how] = _answers(_evaluate(model, tasks, [long], tmp_path / how, said).results, long)
+        assert ("spilled" in said[0]) == (how == "spilled")
+    theirs = _answers(hf_results(model, tasks, [long]), long)  # transformers' generate, the whole model held
+    assert found["streamed"] == found["spilled"] == theirs
+    assert len({a[0][0] for a in theirs}) > 1
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "sliding_window": 64}))
+    assert _answers(hf_results(model, tasks, [long]), long) != theirs, "the window changes the answers"

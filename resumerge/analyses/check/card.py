@@ -31,10 +31,12 @@ CARD_NAME = "README.md"
 TRANSPLANT = "tokensurgeon"
 TRANSPLANT_LEAD = (
     "This model is MODEL's weights with DONOR's tokenizer; its check against MODEL (as `--base`) is over texts made "
-    "of tokens both tokenizers hold, each model reading the same token strings. Its KL from MODEL and top-1 "
+    "of tokens both tokenizers hold, matched by the bytes each stands for (`Ġthe` and `▁the` are one), each model "
+    "reading the same tokens by its own ids. Its KL from MODEL and top-1 "
     "agreement are over the shared tokens: near 0 and 100 % say the rows of those tokens predict as MODEL's do (a "
-    "merge's \"no effect\" is what a transplant aims at); its NLL is over its whole vocabulary, DONOR's tokens "
-    "that MODEL lacked included.")
+    "merge's \"no effect\" is what a transplant aims at; a shared token the transplant approximated rather than "
+    "copied, one its mergekit matching does not find such as a byte-level `Ã©` for `é`, moves them); its NLL is "
+    "over its whole vocabulary, DONOR's tokens that MODEL lacked included.")
 BEGIN = "<!-- resumerge check: begin (replaced by each check) -->"
 END = "<!-- resumerge check: end -->"
 

@@ -24,7 +24,7 @@ from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import OnRay, PassPlacement
+from resumerge.config.passplace import PassPlacement
 from resumerge.errors import PlanChangedError, UsageError
 from resumerge.forward.device import PassDevice
 from resumerge.forward.driver import Fit, PassFolder
@@ -34,8 +34,9 @@ from resumerge.forward.layerpass import Reserve
 from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes, settled_held, step_bytes
 from resumerge.forward.opened import layer_of
-from resumerge.forward.passes import LAYER_PREFIX, PassFigures, forward_pass, run_pass, streams_of
+from resumerge.forward.passes import LAYER_PREFIX, PassFigures, run_pass, streams_of
 from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything, layers_through
+from resumerge.forward.sites import PassSite, Seats, Told, site_of
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import describe
 from resumerge.forward.tokens import Texts
@@ -45,8 +46,8 @@ from resumerge.memory.allocator import malloc_trim, tune_allocator
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.torch_import import load as load_torch
 
-if TYPE_CHECKING:  # the Ray placements: imported with --executor ray only
-    from resumerge.forward.onray import Place
+if TYPE_CHECKING:
+    from resumerge.forward.onray import Read
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -88,23 +89,23 @@ class CheckSettings:
     device: PassDevice
 
     @property
-    def ray(self) -> OnRay | None:
-        """The Ray cluster the models run on, each on a node of its own; None: here."""
-        return self.placement if isinstance(self.placement, OnRay) else None
+    def site(self) -> PassSite:
+        """Where the models run, as the check asks it (:mod:`resumerge.forward.sites`)."""
+        return site_of(self.placement)
 
 
 @dataclass(frozen=True)
 class _Ready:
     """What a check's fit made, held open while it runs: its models as its hub reads bind them, their modules
     (``streams``), its progress, the hub reads' journal, whether the static pass folds into the layers' reads, and
-    each model's Ray node (on Ray)."""
+    where its models were placed (``seats``)."""
 
     models: list[Checked]
     streams: list[ModelStream]
     progress: Progress
     reads: PassReads
     can_fold: bool
-    placed: list[Place]
+    seats: Seats
 
 
 @dataclass(frozen=True)
@@ -165,12 +166,12 @@ class CheckJob:
     @contextmanager
     def fitted(self) -> Iterator[Fit[_Ready]]:
         """The models bound to the hub reads' journal, their modules built, the check's fit (:func:`_fits`) and
-        the GPU's, and on Ray each model's node; the modules closed and the allocator put back as the block ends
-        (the kept ranges stay for a resume; where a file failed its check, the journal goes)."""
-        workdir, settings, tokens = self.folder.path, self.settings, self.texts.tokens
+        the GPU's, and where the models run (placed: on Ray each model's node); the modules closed and the
+        allocator put back as the block ends (the kept ranges stay for a resume; where a file failed its check, the
+        journal goes)."""
+        workdir, settings, tokens, site = self.folder.path, self.settings, self.texts.tokens, self.settings.site
         reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
-        # on Ray, read once here
-        models = reads.bind(self.models, fresh=not _journaled(workdir), again=settings.ray is None)
+        models = site.bind(reads, self.models, fresh=not _journaled(workdir))
         streams = streams_of(models, settings.device.name)
         progress = Progress(workdir, self.model, streams[0].layers, len(models), self.watcher,
                             sum(len(t) - 1 for t in tokens), self.folder.command)
@@ -179,10 +180,9 @@ class CheckJob:
         try:
             sizes = step_bytes(streams, tokens)
             # before any weight is read
-            budget, steps, can_fold = _fits(streams, tokens, settings.max_memory, settings.ray is None, sizes)
+            budget, steps, can_fold = _fits(streams, tokens, settings.max_memory, site.here, sizes)
             gpu = settings.device.budget("the check", steps, 2 * len(streams) * sizes.states)  # the GPU's, on one
-            ray = settings.ray
-            placed = [] if ray is None else _ray_places(ray.address, sizes)  # can the cluster hold them?
+            seats = site.seat(lambda: _actor_bytes(sizes), "check", settings.state)  # can the cluster hold them?
             _give_back()  # what the imports, the tokenizer and the modules' construction left free
 
             # Each layer and each pair of heads is admitted by the RAM governor, as the merge's tensors are: it
@@ -193,7 +193,7 @@ class CheckJob:
                     progress.say(phase="heads", layer=None, model_index=None, model_role=None, model_path=None)
                     _give_back()
 
-            yield Fit(budget, steps, _Ready(models, streams, progress, reads, can_fold, placed), gpu, before)
+            yield Fit(budget, steps, _Ready(models, streams, progress, reads, can_fold, seats), gpu, before)
         except BaseException as exc:
             error = exc
             raise
@@ -208,8 +208,8 @@ class CheckJob:
         """The static pass (or its figures outside the layers, the rest folded into the layers' reads), then the
         forward pass, here or on Ray."""
         workdir, models, progress, vocab = self.folder.path, ready.models, ready.progress, self.texts.vocab
-        ray = self.settings.ray
-        static, fold, outside = _static_before(models, workdir, progress, ready.can_fold, whole=ray is not None)
+        static, fold, outside = _static_before(models, workdir, progress, ready.can_fold,
+                                               whole=not self.settings.site.here)
         figures = None
         if static is None or not static.nonfinite:  # broken already: a forward over NaNs tells nothing more
 
@@ -222,12 +222,17 @@ class CheckJob:
                 progress.say(phase="forward", layer=layer, model_index=m, model_role=models[m].role,
                              model_path=models[m].path)
 
-            if ray is None:
-                figures = forward_pass(models, ready.streams, self.texts.tokens, workdir, on_model, reserve, fold,
-                                       vocab)
-            else:
-                figures = _on_ray(models, ready.streams[0].layers, self.texts.tokens, workdir, progress, ready.placed,
-                                  ready.reads, self.settings.state, vocab, ray.keep)
+            def on_layer(layer: int, nodes: list[str]) -> None:  # on nodes: ``status`` shows each model's
+                progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None,
+                             nodes=nodes, roles=[m.role for m in models])
+
+            def on_reads(m: int, found: list[Read]) -> None:  # held to the journal as this process's own reads
+                ready.reads.elsewhere(models[m], found)
+
+            told = Told(on_model, on_layer, on_reads)
+            with ready.seats.models(models, ready.streams, told, reserve=reserve, workdir=workdir, fold=fold,
+                                    vocab=vocab) as running:
+                figures = run_pass([m.role for m in models], running, self.texts.tokens, workdir, fold)
         if static is None:  # the layers' figures found as they were read; what they did not read, read now
             assert fold is not None
             static = _static(models, workdir, progress, {**outside, **fold.found})
@@ -260,33 +265,12 @@ class CheckJob:
         return stopped_at(self.model, self.folder.path)
 
 
-def _ray_places(address: str | None, sizes: StepBytes) -> list[Place]:
-    """Where each model's actor runs on the Ray cluster at ``address`` and what it declares
-    (:mod:`resumerge.forward.rayactor`); refuses (exit 2) a cluster none of whose nodes holds an actor."""
-    from resumerge.forward.onray import ray_places
+def _actor_bytes(sizes: StepBytes) -> list[int]:
+    """The memory each model's actor declares where the models run on Ray nodes
+    (:func:`~resumerge.forward.rayactor.actor_bytes`: imported with --executor ray only)."""
     from resumerge.forward.rayactor import actor_bytes
 
-    return ray_places(address, actor_bytes(sizes))
-
-
-def _on_ray(models: list[Checked], layers: int, tokens: list[list[int]], workdir: Path, progress: Progress,
-            placed: list[Place], reads: PassReads, state: StateDir, vocab: SharedVocab | None = None,
-            keep: float = 0.0) -> PassFigures | None:
-    """The forward pass with each model on a Ray node of its own (:mod:`resumerge.forward.rayactor`), where ``placed``
-    says, journaled here as locally; ``status`` shows the node of each model. What the nodes read of hub files is held
-    to ``reads``' journal."""
-    from resumerge.forward.rayactor import ActorTerms, ray_models
-
-    def on_layer(layer: int, nodes: list[str]) -> None:
-        progress.say(phase="forward", layer=layer, model_index=None, model_role=None, model_path=None, nodes=nodes,
-                     roles=[m.role for m in models])
-
-    def on_reads(m: int, found: list[tuple[str, int, int, str]]) -> None:
-        reads.elsewhere(models[m], found)
-
-    given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
-    with ray_models(models, placed, layers, on_layer, on_reads, vocab, ActorTerms(given, keep=keep)) as running:
-        return run_pass([m.role for m in models], running, tokens, workdir)
+    return actor_bytes(sizes)
 
 
 def _static_before(models: list[Checked], workdir: Path, progress: Progress, can_fold: bool, whole: bool = False

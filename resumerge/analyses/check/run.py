@@ -19,7 +19,7 @@ from resumerge.analyses.check.report import CheckReport
 from resumerge.analyses.check.verdict import THRESHOLDS
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.config.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, PassPlacement
 from resumerge.errors import UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import PassFolder, content_key, drive
@@ -27,6 +27,7 @@ from resumerge.forward.models import Checked, find_models
 from resumerge.forward.passes import BATCH_TOKENS
 from resumerge.forward.proof import PassProof, compared_reads
 from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.sites import site_of
 from resumerge.forward.tokens import Texts, cached_sequences
 from resumerge.forward.vocabs import SharedVocab
 
@@ -46,11 +47,9 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
     ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
     the GPU's budget too; :mod:`resumerge.forward.device`)."""
-    placement.refuse("the check", device.name, device.on_gpu)
-    if isinstance(placement, OnRay):  # before anything is read: without Ray, one line and exit 2
-        from resumerge.merge.engine.cluster.connect import check_ray
-
-        check_ray()
+    site = site_of(placement)
+    site.refuse("the check", device.name, device.on_gpu)
+    site.available()  # before anything is read: without Ray (on Ray), one line and exit 2
     with _passive_threads():
         return _checked(CheckAsked(model, base, tuple(parents), prompts, cut_texts),
                         CheckSettings(max_memory, state, placement, device), watcher)

@@ -57,11 +57,11 @@ def resident(stream: ModelStream) -> Iterator[Callable[[Wanted, int | None], Ite
 
         def tokens(want: Wanted, seed: int | None) -> Iterator[int]:
             out = stream.model(input_ids=torch.tensor([list(want.tokens)]), use_cache=True)
-            step = 0
+            made: list[int] = []
             while True:
-                token = want.choose(out.logits[0, -1], seed, step)
+                token = want.choose(out.logits[0, -1], seed, made)
                 yield token
-                step += 1
+                made.append(token)
                 out = stream.model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: getattr(out, name)})
 
         yield tokens

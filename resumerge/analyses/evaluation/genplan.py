@@ -1,10 +1,11 @@
 """A layer-streamed generation judged before any weight is read (:class:`GenPlan`): what each step holds (a decoder
 layer in float32 with one request's attention scores and every request's past at it, the head with every request's
-logits), the hidden states of the first token step (every context whole), the KV cache (every request's context and
-its new tokens, at every layer), and whether that cache is held in RAM beside the largest step or spilled to the
-pass's folder; then the estimate said before it starts, as ``plan`` says a merge's: the token steps, the bytes each
-reads (every decoder layer, the final norm and the head, the new tokens' embedding rows) and, where the weights' disk
-was probed, the floor of its time (those bytes at the disk's cold read speed)."""
+logits), the hidden states of the first token step (every context whole), the KV cache (every request's context and its
+new tokens, at every layer, a sliding-window layer's too: :mod:`.kvcache` keeps them all), and whether that cache is
+held in RAM beside the largest step or spilled to the pass's folder; then the estimate said before it starts, as
+``plan`` says a merge's: the token steps, the bytes each reads (every decoder layer, the final norm and the head, the
+new tokens' embedding rows) and, where the weights' disk was probed, the floor of its time (those bytes at the disk's
+cold read speed)."""
 
 from __future__ import annotations
 

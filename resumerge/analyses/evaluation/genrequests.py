@@ -15,7 +15,8 @@ draw apart) and the token step: a draw depends on nothing else, so every run, a 
 batching of the requests, the whole model held or one layer at a time, give the same answers. transformers draws
 from one global generator in its batch's order, which cannot be reproduced request by request: sampled answers
 match lm-eval's in distribution, not draw for draw. Any other generation kwarg (``num_beams``, ``min_p``, ...) is
-refused in one line naming it, never ignored.
+refused in one line naming it, never ignored. The model's ``generation_config.json`` acts on each step's logits
+before the argmax or the draw, as transformers' ``generate`` applies it (:mod:`.genconfig`: ``Wanted.processors``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resumerge.analyses.evaluation.genconfig import NONE, Processors
 from resumerge.errors import UsageError
 from resumerge.torch_import import torch
 
@@ -68,7 +70,8 @@ class Sampling:
 class Wanted:
     """One request as generation runs it: the context's ``tokens``, the stop sequences ``until``, at most ``most``
     new tokens, ``sampling`` (None: greedy), the ``eot`` token that ends it, and ``nth``: how many identical
-    requests come before it (lm-eval's ``repeats``: each draws its own)."""
+    requests come before it (lm-eval's ``repeats``: each draws its own); ``processors``: what the model's
+    ``generation_config.json`` does to each step's logits, and its end tokens (:mod:`.genconfig`)."""
 
     tokens: tuple[int, ...]
     until: tuple[str, ...]
@@ -76,12 +79,15 @@ class Wanted:
     sampling: Sampling | None
     eot: int
     nth: int = 0
+    processors: Processors = NONE
 
-    def choose(self, logits: torch.Tensor, seed: int | None, step: int) -> int:
-        """The token after the context and ``step`` tokens made, from the last position's ``logits``: the largest
-        (greedy, as transformers' argmax: the first of equals), or drawn (:meth:`Sampling.draw`) from a generator
-        seeded by ``seed``, these tokens, ``nth`` and ``step`` (:func:`wanted_all` refuses a sampled request without
-        a seed)."""
+    def choose(self, logits: torch.Tensor, seed: int | None, made: Sequence[int]) -> int:
+        """The token after the context and the tokens ``made``, from the last position's ``logits`` (after the
+        model's processors, as transformers' ``generate`` applies them): the largest (greedy, as transformers'
+        argmax: the first of equals), or drawn (:meth:`Sampling.draw`) from a generator seeded by ``seed``, these
+        tokens, ``nth`` and the step (:func:`wanted_all` refuses a sampled request without a seed)."""
+        logits = self.processors(logits, self.tokens, made)
+        step = len(made)
         if self.sampling is None:
             return int(logits.argmax())
         key = hashlib.sha256(f"{seed}:{self.nth}:{step}:{','.join(map(str, self.tokens))}".encode()).digest()
@@ -92,7 +98,7 @@ class Wanted:
         sequence in its text."""
         if not made:
             return False
-        if len(made) >= self.most or made[-1] == self.eot:
+        if len(made) >= self.most or made[-1] == self.eot or made[-1] in self.processors.eos:
             return True
         text = tokenizer.decode(list(made), skip_special_tokens=True)
         return any(stop and stop in text for stop in self.until)
@@ -131,15 +137,18 @@ def honoured(gen_kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def wanted_all(lm: Any, requests: Sequence[tuple[str, Mapping[str, Any]]], seed: int | None,
-               defaults: Mapping[str, Any] | None = None) -> list[Wanted]:
+               defaults: Mapping[str, Any] | None = None, processors: Processors = NONE) -> list[Wanted]:
     """Each of ``requests`` (context, lm-eval's generation kwargs) as :func:`wanted` reads it, numbered among those
     identical to it (:attr:`Wanted.nth`); ``seed``: the evaluation's torch seed, which a sampled request needs
-    (None refused, exit 2); ``defaults``: the model's own ``top_k``/``top_p`` (its ``generation_config.json``)."""
+    (None refused, exit 2); ``defaults``: the model's own ``top_k``/``top_p`` (its ``generation_config.json``);
+    ``processors``: the rest of that file that every request honours (:func:`~.genconfig.processors_of`)."""
+    from dataclasses import replace
+
     seen: Counter[str] = Counter()
     asked = []
     for context, kwargs in requests:
         shown = json.dumps([context, kwargs], sort_keys=True, default=str)
-        asked.append(wanted(lm, context, kwargs, defaults=defaults, nth=seen[shown]))
+        asked.append(replace(wanted(lm, context, kwargs, defaults=defaults, nth=seen[shown]), processors=processors))
         seen[shown] += 1
     if seed is None and any(w.sampling is not None for w in asked):
         raise UsageError("--seed leaves torch's seed unset (None), and a generation samples from it",

@@ -44,15 +44,18 @@ class KVShape:
     @classmethod
     def of(cls, config: Any, layers: int) -> KVShape:
         """The cache shape of a transformers ``config``; refuses (:class:`ModelInputError`) a family one of whose
-        layers keeps anything but every position's keys and values (a sliding window, a recurrent state): the
-        streamed generation keeps those only."""
-        from transformers.cache_utils import DynamicCache, DynamicLayer
+        layers keeps anything but keys and values (a recurrent or linear-attention state, a chunked window): the
+        streamed generation keeps those only. A sliding-window layer (Gemma 2/3's, Mistral's with a
+        ``sliding_window``) keeps every position here too: the mask its step is given hides those outside its window
+        (:func:`shaped_cache`), as ``model.generate``'s windowed cache leaves them out."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
         layers_made = DynamicCache(config=config).layers
-        kinds = {type(layer).__name__ for layer in layers_made if type(layer) is not DynamicLayer}
+        kinds = {type(layer).__name__ for layer in layers_made
+                 if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)}
         if kinds:
             raise ModelInputError(f"its layers keep a {', '.join(sorted(kinds))} cache; a layer-streamed generation "
-                                  "keeps every position's keys and values only",
+                                  "keeps keys and values only",
                                   hint="raise --max-memory so that the whole model fits: it generates held whole")
         text = config.get_text_config()
         heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
@@ -62,10 +65,14 @@ class KVShape:
 
 def shaped_cache(config: Any, past: int) -> Any:
     """A ``DynamicCache`` that says it holds ``past`` positions at every layer and holds no memory (its keys and
-    values a zero broadcast): what the model's own forward reads to make a step's positions and mask."""
-    from transformers.cache_utils import DynamicCache
+    values a zero broadcast): what the model's own forward reads to make a step's positions and mask. Every layer
+    is a plain one, a sliding-window layer's too: the store keeps all of its positions (:func:`one_layer_cache`), so
+    its mask spans them all, the family's window mask hiding those the window leaves out (a windowed layer here
+    would make a mask for its last window only, and say it holds no position)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 
     cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() for _ in cache.layers]
     if past:
         zero = torch.zeros((), dtype=torch.float32)
         for layer in cache.layers:

@@ -20,7 +20,7 @@ from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.placed import LayersHere
 from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer
 from resumerge.analyses.evaluation.settings import EvalSettings
-from resumerge.analyses.evaluation.streamgen import GENERATED, Generation, generation_key
+from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
 from resumerge.errors import InterruptedMerge
 from resumerge.forward.driver import AnswerFile
@@ -60,7 +60,7 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
         said=passes.said)
 
     def generated(requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
-        digest = generation_key(requests, settings.seeds.torch)
+        digest = generation.key(requests)  # with the model's generation_config.json (a setting refused: exit 2)
         kept = AnswerFile(state.evals_dir / pass_key(model, "generate_until", digest, merged) / GENERATED, _texts)
         found = kept.read()
         if found is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from resumerge.analyses.evaluation.genconfig import processors_of
 from resumerge.analyses.evaluation.generate import resident_bytes
 from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, EvalStep, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.placed import eval_layers
@@ -94,6 +95,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
         if generating:
             _fits_streamed(stream, generating, settings)  # before any weight is read
             _honoured(generating, loaded)
+            processors_of(model.opened.directory)  # its generation_config.json: a setting not honoured, exit 2
         # the whole model held where it fits, else one layer at a time for every request (.streamgen)
         generation = _generation(target, model, weights, settings, state, command, watcher, passes, stream)
         lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes,

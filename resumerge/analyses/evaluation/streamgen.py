@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resumerge.analyses.evaluation.genconfig import NONE, Processors, processors_of
 from resumerge.analyses.evaluation.genplan import GenPlan, gen_plan
 from resumerge.analyses.evaluation.genrequests import Wanted, model_defaults, samples, wanted_all
 from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, one_layer_cache, shaped_cache
@@ -56,12 +57,18 @@ STEP_PREFIX = "step-"
 _DRAWS = "draws-2"
 
 
-def generation_key(requests: list[tuple[str, dict[str, Any]]], seed: int | None) -> str:
+def generation_key(requests: list[tuple[str, dict[str, Any]]], seed: int | None,
+                   processors: Processors = NONE) -> str:
     """The key of a request set's generation (context, lm-eval's generation kwargs each): of the requests alone
     where none samples (the lm-eval door's whole-model key: either generation answers the other), of the requests
-    and the torch ``seed`` where one does (another seed draws other answers), and the way it draws (``_DRAWS``)."""
+    and the torch ``seed`` where one does (another seed draws other answers), and the way it draws (``_DRAWS``);
+    with the model's ``generation_config.json`` processors where it sets any (:meth:`~.genconfig.Processors.key`:
+    a changed file generates anew)."""
     sampled = any(samples(kwargs) for _, kwargs in requests)
-    shown = json.dumps([requests, seed, _DRAWS] if sampled else requests, sort_keys=True, default=str)
+    doc: list[Any] = [requests, seed, _DRAWS] if sampled else requests
+    if processors.key():
+        doc = [doc, processors.key()]
+    shown = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(shown.encode()).hexdigest()[:32]
 
 
@@ -99,17 +106,27 @@ class Generation:
 
     def __call__(self, lm: Any, requests: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """The answers to ``requests`` (context, lm-eval's generation kwargs) of the lm-eval model ``lm``."""
-        asked = wanted_all(lm, requests, self.seed, model_defaults(self.model.opened.directory))
+        processors = self.processors()  # refused (exit 2) before any weight is read
+        asked = wanted_all(lm, requests, self.seed, model_defaults(self.model.opened.directory), processors)
         if self.fits_whole():
             from resumerge.analyses.evaluation.generate import cached_stream, generate
 
             with cached_stream(self.weights, self.model.opened.config, torch.float32) as whole:
                 return generate(whole, lm, asked, self.seed)
-        folder = self.folder_of(generation_key(requests, self.seed))
+        folder = self.folder_of(self.key(requests))
         hint = "wait for it to finish (run again, it answers from its journal), or stop it (it resumes at its step)"
         job = GenerationJob(PassFolder(folder, f"this generation of {self.model.path}", self.command, hint), self,
                             asked, lm.tokenizer)
         return drive(job)
+
+    def processors(self) -> Processors:
+        """What the model's ``generation_config.json`` does to each token step (:func:`~.genconfig.processors_of`:
+        a setting not honoured refused, exit 2)."""
+        return processors_of(self.model.opened.directory)
+
+    def key(self, requests: list[tuple[str, dict[str, Any]]]) -> str:
+        """The key of the generation of ``requests`` by this model (:func:`generation_key`)."""
+        return generation_key(requests, self.seed, self.processors())
 
     @property
     def seed(self) -> int | None:
@@ -326,7 +343,7 @@ class GenerationJob:
             assert logits is not None  # the step never stops the pass
             tensors = store.step_done()  # a spilled cache durable before the step's file says it is
             for k, r in enumerate(active):
-                token = self.asked[r].choose(logits[k], self.how.seed, len(made[r]))
+                token = self.asked[r].choose(logits[k], self.how.seed, made[r])
                 made[r].append(token)
                 tensors[f"token.{r}"] = torch.tensor(token)
                 tensors[f"added.{r}"] = torch.tensor(added[k])

@@ -1,6 +1,7 @@
 """``measure --executor ray``: each model's measured pass in a Ray actor of its own, the models side by side.
 
-The executor object places the pass (:class:`~resumerge.merge.engine.executors.PlacesPasses`), as it places a check's:
+The executor object places the pass (:class:`~resumerge.merge.engine.executors.PlacesPasses`), as it places a check's
+(:mod:`resumerge.forward.sites`; this module's :class:`NodeRuns` is the measurement's :class:`~.passes.Runs` there):
 an actor per model (:class:`MeasureNode`), placed one per node where the cluster has the nodes and declaring the
 memory of its pass (:func:`actor_bytes`), so that a cluster that cannot hold them is refused before any weight is
 read (exit 2); each opens its model from its path (which every node must see; a hub model read by range from the
@@ -19,10 +20,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.measure.grams import Recorded, Streamed
-from resumerge.analyses.measure.passes import stream_of
+from resumerge.analyses.measure.passes import Measuring, side_by_side, stream_of
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward.onray import Place, Read, driver_token, end_actors, kept_hosts, logged, on_node, sent
 from resumerge.forward.opened import PassModel
@@ -30,6 +32,10 @@ from resumerge.torch_import import IMPORT_RESERVE, torch
 
 if TYPE_CHECKING:
     from resumerge.forward.batches import Batch
+    from resumerge.forward.hubreads import PassReads
+    from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.sites import PassSite
+    from resumerge.inputs.grams import MeasuredModel
 
 _RESUME_HINT = "check the cluster's nodes, then run the measurement again: it resumes at the layers journaled"
 
@@ -39,6 +45,45 @@ def actor_bytes(peaks: Sequence[int]) -> list[int]:
     declare) and its pass at its largest step (``peaks``: the figures the local measurement's budget is found
     from, its hidden states in and out, a layer in float32 and its sums)."""
     return [IMPORT_RESERVE + peak for peak in peaks]
+
+
+@dataclass(frozen=True)
+class NodeRuns:
+    """Each model's pass in an actor of its own where ``placed`` says (``state``: the state dir a node opens a
+    model under, None the default; ``keep``: a kept worker's idle seconds, :func:`on_nodes`), the models side by
+    side, a thread of this process driving each (``layers``: each model's decoder layers; ``site``: where the
+    executor placed them, :class:`~resumerge.forward.sites.OnCluster`)."""
+
+    site: PassSite
+    layers: Sequence[int]
+    placed: Sequence[Place]
+    state: str | None
+    keep: float
+
+    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
+            max_memory: int | None) -> tuple[list[int], int, int, int]:
+        """This process holds no layer, only every model's hidden states in and out at once (the passes run side
+        by side)."""
+        from resumerge.memory import SystemProbe, budget_fitting
+
+        states = sum(peak - step for _, _, peak, step in found)
+        budget = budget_fitting("measuring on Ray", states, max_memory, SystemProbe(), held=held)
+        return [layers for _, layers, _, _ in found], budget, 0, 0
+
+    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
+        return self.site.bind(reads, models, fresh)
+
+    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+        """Each model measured on its actor; what a node read of a hub file held to the journal and read here too,
+        for its file's proof (the layers run elsewhere: ``reserve`` and ``device`` are the nodes')."""
+        m = measuring
+        reads = m.reads
+
+        def on_reads(index: int, found: list[Read]) -> None:
+            reads.elsewhere(m.models[index], found, prove=True)
+
+        with on_nodes(m.models, m.keys, self.layers, self.placed, on_reads, self.state, self.keep) as runners:
+            return side_by_side(runners, m.models, m.keys, m.batches, m.folder, m.workdir, m.on_progress)
 
 
 class MeasureNode:

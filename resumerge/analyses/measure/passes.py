@@ -12,9 +12,9 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from resumerge.errors import UsageError
 from resumerge.forward.opened import PassModel
@@ -33,7 +33,9 @@ from resumerge.inputs.safetensors_format import read_header
 if TYPE_CHECKING:
     from resumerge.analyses.measure.grams import Runner
     from resumerge.forward.batches import Batch
+    from resumerge.forward.hubreads import PassReads
     from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.sites import PassSite
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
@@ -70,19 +72,77 @@ def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
                        model.opened.config, torch.float32, what="resumerge measure", key=key, device=device)
 
 
-# Where the models' passes run on a cluster: (the models as bound to the driver's hub journal, what to tell of
-# model m's node's hub reads) -> a context giving each model's runner (resumerge.analyses.measure.onray.on_nodes).
-Placed = Callable[[list[PassModel], Callable[[int, list[tuple[str, int, int, str]]], None]],
-                  AbstractContextManager[Sequence["Runner"]]]
+@dataclass(frozen=True)
+class Measuring:
+    """A measurement's passes as its :class:`Runs` run them: its ``models`` (bound to the hub reads' journal
+    ``reads``), their ``keys``, the ``batches``, OUT_DIR (``folder``), the journal's folder (``workdir``) and what
+    it tells of its progress."""
+
+    models: list[PassModel]
+    keys: list[str]
+    batches: list[Batch]
+    folder: Path
+    workdir: Path
+    on_progress: Callable[[str], None] | None
+    reads: PassReads
+
+
+class Runs(Protocol):
+    """Where a measurement's models run their passes, as the executor placed them
+    (:meth:`~resumerge.forward.sites.Seats.made`): :class:`HereRuns`, one after another in this process; on a Ray
+    cluster each model's pass in an actor of its own, side by side (:class:`~.onray.NodeRuns`). The Grams are
+    written and the hidden states journaled by this process alike, so the bytes are the same whichever ran them."""
+
+    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
+            max_memory: int | None) -> tuple[list[int], int, int, int]:
+        """The measurement refused (exit 2, before any model is read) where what this process holds of its
+        largest step would not fit ``max_memory`` (None: the default budget) beside ``held`` (what it holds
+        before the pass); each model's decoder layers, the budget, what one step reserves from the RAM governor,
+        and what the hidden states in and out hold (kept on a GPU between layers). ``found``: each model's pass,
+        (key, decoder layers, its peak, what one step of it reserves)."""
+
+    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
+        """``models`` bound to the hub reads' journal (:meth:`~resumerge.forward.sites.PassSite.bind`)."""
+
+    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+        """Every model's Grams into OUT_DIR, journaled; each model's manifest entry."""
+
+
+@dataclass(frozen=True)
+class HereRuns:
+    """Each model's pass in this process, one after another, each layer admitted by the RAM governor (``site``:
+    where the executor placed them, :class:`~resumerge.forward.sites.InProcess`)."""
+
+    site: PassSite
+
+    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
+            max_memory: int | None) -> tuple[list[int], int, int, int]:
+        """The largest pass of every model (a layer in float32, its sums, the hidden states in and out), named
+        as ``measure --plan`` names it."""
+        from resumerge.memory import SystemProbe, budget_fitting
+
+        largest = max(range(len(found)), key=lambda i: found[i][2])
+        budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
+                                held=held)
+        return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
+                max(peak - step for _, _, peak, step in found))
+
+    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
+        return self.site.bind(reads, models, fresh)
+
+    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+        m = measuring
+        return [_run_model(model, m.keys[index], index, len(m.models), m.batches, m.folder, m.workdir, m.on_progress,
+                           reserve, device)
+                for index, model in enumerate(m.models)]
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve, device: str = "cpu", placed: Placed | None = None
-                    ) -> tuple[Measurement, list[MeasuredModel]]:
+                    reserve: Reserve, runs: Runs, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
     """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
-    ``measure.json``; the measurement. ``placed``: each model's pass on a runner of its own (a Ray actor), the
-    models side by side, a thread of this process driving each."""
+    ``measure.json``; the measurement. ``runs``: where the models' passes run (:class:`Runs`); RegMean++'s merged
+    pass (``merged``) runs here, every model's layer merged in one place."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -91,7 +151,7 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
     # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
-    models = reads.bind(models, fresh=not (workdir / HIDDEN).exists(), again=placed is None)
+    models = runs.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
     restore = tune_allocator()
     measured: list[MeasuredModel] = []
     error: BaseException | None = None
@@ -100,12 +160,9 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
             ratio = merged[RATIO_KEY]
             assert isinstance(ratio, float)
             measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
-        if placed is not None:
-            with placed(models, lambda m, found: reads.elsewhere(models[m], found, prove=True)) as runners:
-                measured = _side_by_side(runners, models, keys, batches, folder, workdir, on_progress)
-        for index, model in enumerate(models if merged is None and placed is None else ()):
-            measured.append(_run_model(model, keys[index], index, len(models), batches, folder, workdir,
-                                       on_progress, reserve, device))
+        else:
+            measured = runs.measured(Measuring(models, keys, batches, folder, workdir, on_progress, reads), reserve,
+                                     device)
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -131,7 +188,7 @@ def _run_model(model: PassModel, key: str, index: int, count: int, batches: list
         return measured_on(Streamed(stream), model, key, index, count, batches, folder, workdir, on_progress, reserve)
 
 
-def _side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
+def side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
                   folder: Path, workdir: Path, on_progress: Callable[[str], None] | None) -> list[MeasuredModel]:
     """Each model measured on its runner, a thread each (the runners compute elsewhere: this process writes and
     journals); the first error raised once every thread ended."""

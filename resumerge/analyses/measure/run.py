@@ -16,23 +16,24 @@ import json
 import os
 import shlex
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.measure.passes import Placed, run_measurement, stream_of, workdir_of
+from resumerge.analyses.measure.passes import HereRuns, Runs, run_measurement, stream_of, workdir_of
 from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
-from resumerge.config.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, PassPlacement
 from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
 from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything
+from resumerge.forward.sites import PassSite, site_of
 from resumerge.inputs.grams import (
     LAYER_PREFIX,
     MANIFEST,
@@ -42,8 +43,8 @@ from resumerge.inputs.grams import (
 )
 
 if TYPE_CHECKING:
-    from resumerge.analyses.measure.grams import Runner
     from resumerge.forward.device import GpuBudget
+    from resumerge.forward.onray import Place
     from resumerge.inputs.grams import MeasuredModel
 
 # Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
@@ -81,14 +82,15 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2).
     ``imatrix``: the Grams also written there as llama.cpp's importance matrix (:mod:`.importance`), once measured
     (or found measured)."""
-    placement.refuse("the measurement", device.name, device.on_gpu)
+    site = site_of(placement)
+    site.refuse("the measurement", device.name, device.on_gpu)
     state = state if state is not None else StateDir.resolve()
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
     archs = _imatrix_archs(imatrix, out, models)
     merged = _merged_pass(merge)
-    if isinstance(placement, OnRay) and merged is not None:
-        raise UsageError("measure --executor ray runs each model's own pass on a node; a regmean_plus config's merged "
-                         "pass merges every model's layer in one place", hint="leave out --executor ray")
+    if merged is not None:
+        site.refuse_away("measure", "runs each model's own pass on a node; a regmean_plus config's merged pass "
+                         "merges every model's layer in one place", hint="leave out --executor ray")
     folder = Path(out)
     key = _key(models, keys, tokens, merged)
     # the bytes each model's pass reads, recorded beside its journal (which goes once it is done: so not in it)
@@ -145,17 +147,40 @@ class MeasureSettings:
     placement: PassPlacement
     device: PassDevice
 
+    @property
+    def site(self) -> PassSite:
+        """Where the models run, as the measurement asks it (:mod:`resumerge.forward.sites`)."""
+        return site_of(self.placement)
+
+
+@dataclass(frozen=True)
+class _RunKinds:
+    """Where the measurement's passes run, made from where the executor placed its models
+    (:meth:`~resumerge.forward.sites.Seats.made`): one after another here, or on each model's actor
+    (``layers``: each model's decoder layers)."""
+
+    site: PassSite
+    layers: list[int]
+
+    def here(self) -> Runs:
+        return HereRuns(self.site)
+
+    def on_nodes(self, placed: Sequence[Place], state: str | None, keep: float) -> Runs:
+        from resumerge.analyses.measure.onray import NodeRuns
+
+        return NodeRuns(self.site, self.layers, placed, state, keep)
+
 
 @dataclass(frozen=True)
 class _Judged:
     """A measurement's fit: each model's decoder layers, the budget, what a step reserves, the hidden states the
-    GPU holds, and on Ray where each model's pass runs."""
+    GPU holds, and where each model's pass runs (placed: on Ray each model's node)."""
 
     layers: list[int]
     budget: int
     step: int
     gpu: GpuBudget | None
-    placed: Placed | None
+    runs: Runs
 
 
 @dataclass(frozen=True)
@@ -203,16 +228,24 @@ class MeasureJob:
 
     def judged(self) -> _Judged:
         """The measurement's fit (refused, exit 2, before any weight is read, where it does not fit) and the GPU's,
-        and on Ray each model's node."""
+        and where each model's pass runs (on Ray: the cluster joined and each model's actor placed, refused,
+        exit 2, where it cannot hold them)."""
         settings = self.settings
         passes = _passes(self.models, self.keys, self.tokens)
-        ray = settings.placement
-        placed = _on_ray(self.keys, passes, ray, settings.state) if isinstance(ray, OnRay) else None
-        layers, budget, step, states = _all_fit(self.models, passes, self.tokens, settings.max_memory,
-                                                local=placed is None)
+        site = settings.site
+
+        def needs() -> list[int]:
+            from resumerge.analyses.measure.onray import actor_bytes
+
+            return actor_bytes([peak for _, _, peak, _ in passes])
+
+        seats = site.seat(needs, "measurement", settings.state)
+        runs = seats.made(_RunKinds(site, [n for _, n, _, _ in passes]))
+        layers, budget, step, states = runs.fit(self.models, passes, _held(self.models, self.tokens),
+                                                settings.max_memory)
         # on a GPU: its budget too, before any read
         gpu = settings.device.budget("the measurement", {"layer": step}, states)
-        return _Judged(layers, budget, step, gpu, placed)
+        return _Judged(layers, budget, step, gpu, runs)
 
     @contextmanager
     def fitted(self) -> Iterator[Fit[_Judged]]:
@@ -229,7 +262,7 @@ class MeasureJob:
         """Every model's Grams, then ``measure.json`` (:func:`~.passes.run_measurement`)."""
         workdir = workdir_of(self.folder.path, self.settings.state.measures_dir / self.key[:32])
         _, measured = run_measurement(self.models, self.keys, self.tokens, self.folder.path, workdir,
-                                      self.on_progress, self.merged, reserve, self.settings.device.name, ready.placed)
+                                      self.on_progress, self.merged, reserve, ready.runs, self.settings.device.name)
         return measured
 
     def finish(self, found: list[MeasuredModel], proof: str | None) -> MeasureReport:
@@ -398,45 +431,6 @@ def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / RUN_FILE).is_file():
         write_file_atomic(folder / RUN_FILE, (json.dumps({"key": key, **what}) + "\n").encode())
-
-
-def _on_ray(keys: list[str], found: list[tuple[str, int, int, int]], ray: OnRay, state: StateDir) -> Placed:
-    """Join the Ray cluster ``ray`` names and place each model's actor (``found``: each one's pass,
-    :func:`_passes`; refused, exit 2, where the cluster cannot hold them), before any weight is read: how
-    :func:`run_measurement` starts them (:mod:`.onray`)."""
-    from resumerge.analyses.measure.onray import actor_bytes, on_nodes
-    from resumerge.forward.onray import ray_places
-
-    where = ray_places(ray.address, actor_bytes([peak for _, _, peak, _ in found]), what="measurement")
-    given = None if state.given is None else str(state.root)  # what a node opens a model under: --state-dir
-
-    def placed(bound: list[PassModel], on_reads: Callable[[int, list[tuple[str, int, int, str]]], None]
-               ) -> AbstractContextManager[Sequence[Runner]]:
-        return on_nodes(bound, keys, [n for _, n, _, _ in found], where, on_reads, given, ray.keep)
-
-    return placed
-
-
-def _all_fit(models: list[PassModel], found: list[tuple[str, int, int, int]], tokens: list[list[int]],
-             max_memory: int | None, local: bool = True) -> tuple[list[int], int, int, int]:
-    """Refuse (exit 2, before any model is read) a measurement whose largest pass (:func:`_pass_peak`, of every
-    model) would not fit ``max_memory`` (None: the default budget), naming the figure ``measure --plan`` names;
-    each model's decoder layer count, the budget, what one step of the pass (a layer, its sums) reserves from the
-    RAM governor, and what the widest model's hidden states in and out hold (kept on a GPU between layers)
-    (``found``: each model's pass, :func:`_passes`). Not ``local`` (each pass on a Ray node),
-    this process holds no layer, only every model's hidden states in and out at once (the passes run side by
-    side)."""
-    from resumerge.memory import SystemProbe, budget_fitting
-
-    if not local:
-        states = sum(peak - step for _, _, peak, step in found)
-        budget = budget_fitting("measuring on Ray", states, max_memory, SystemProbe(), held=_held(models, tokens))
-        return [layers for _, layers, _, _ in found], budget, 0, 0
-    largest = max(range(len(found)), key=lambda i: found[i][2])
-    budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
-                            held=_held(models, tokens))
-    return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
-            max(peak - step for _, _, peak, step in found))
 
 
 def _passes(models: list[PassModel], keys: list[str], tokens: list[list[int]]) -> list[tuple[str, int, int, int]]:

@@ -9,7 +9,7 @@ registered unit (:mod:`.units`) and whose other tensors are MODEL's copied as a 
 killed run recomputes only the batch it was in. The engine's one session path runs the plan unchanged.
 
 May import: errors, config, inputs, outputs, merge.plan, merge.methods, merge.store (durable writes, killpoints),
-merge.vocab.
+merge.vocab, forward (vocabs: what a ``<0xNN>`` token stands for, read once for ``check`` and the byte match).
 """
 
 __all__ = ["approximate", "batches", "omp", "planner", "prepare", "spec", "tokens", "units"]

@@ -5,7 +5,11 @@ Normalization (mergekit's ``normalized_vocabulary``): a word-start prefix (``Ġ`
 for SentencePiece ones unless ``Ġhello`` is in the vocabulary, ``Ġ`` for any other class) becomes a marker, and a
 token equal to a value of the tokenizer's ``special_tokens_map`` becomes its role, so MODEL's ``</s>`` and DONOR's
 ``<|endoftext|>`` match as ``eos_token``. A byte match takes MODEL's ``<0xNN>`` for a one-character token (and the
-reverse); a prefix match MODEL's longest proper prefix (special tokens never, stopping at an all-whitespace one).
+reverse; ``<0xNN>`` read as ``check`` reads it: :func:`resumerge.forward.vocabs.byte_token`); a prefix match MODEL's
+longest proper prefix (special tokens never, stopping at an all-whitespace one). These are mergekit's rules, kept for
+its rows bit for bit: ``check`` matches two vocabularies by the bytes each token stands for instead
+(:mod:`resumerge.forward.vocabs`), so a byte-level ``Ã©`` and a SentencePiece ``é``, which 0.1.5 approximates, are
+one token there.
 
 The one difference from 0.1.5: ``--prefix-match embed`` / ``--byte-match embed`` apply to the token embedding and
 ``lm_head`` to the head, as the choices say; 0.1.5 applies each to the other matrix (:func:`allowed`).
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.forward.vocabs import byte_token, byte_token_name
 
 # A normalized token: the text, or (marker, text) for a word start or a special role.
 Normalized = str | tuple[str, str]
@@ -188,13 +193,9 @@ def _byte_twin(token: Normalized, orig: Mapping[Normalized, int]) -> int | None:
     if not isinstance(token, str):
         return None
     if len(token) == 1 and ord(token) < 256:
-        return orig.get(f"<0x{ord(token):02X}>")
-    if token.startswith("<0x") and token.endswith(">") and len(token) == 6:
-        try:
-            return orig.get(chr(int(token[3:-1], 16)))
-        except ValueError:
-            return None
-    return None
+        return orig.get(byte_token_name(ord(token)))
+    byte = byte_token(token)
+    return orig.get(chr(byte)) if byte is not None else None
 
 
 def _prefixes(token: Normalized) -> Iterator[Normalized]:

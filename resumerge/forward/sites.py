@@ -1,0 +1,219 @@
+"""Where the run's executor places a forward pass, as the pass asks it (``check``, ``measure``, ``eval``): a
+:class:`PassSite`, made once from the executor's placement (:func:`site_of`; :mod:`resumerge.config.passplace`
+names it, and may not import this engine). :class:`InProcess`: every model in this process, one layer of one model at
+a time (:class:`~resumerge.forward.placement.Streams`); :class:`OnCluster`: an actor per model on a Ray cluster
+(:mod:`resumerge.forward.rayactor`). A pass asks its site what differs between the two (a refusal, how its hub reads
+bind, where its models' actors go, the :class:`~resumerge.forward.placement.Placement` of its models) and never which
+it is: a third placement is a third class here and one method of :class:`~resumerge.config.passplace.Kinds`.
+
+A site is asked in two steps, as a pass is judged then run: :meth:`PassSite.seat` before any weight is read (on a
+cluster: joined, each model's actor placed, refused where it cannot hold them), giving :class:`Seats`; then
+:meth:`Seats.models`, the models' placement for the pass's loop, ended with the block. What a pass runs on its own
+actors (``measure``'s, whose actor records each layer's Grams) it makes from :meth:`Seats.made`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from resumerge.config.passplace import Here, OnRay, PassPlacement
+from resumerge.errors import UsageError
+from resumerge.forward.layerpass import Reserve, unreserved
+
+if TYPE_CHECKING:
+    from resumerge.config.locations import StateDir
+    from resumerge.forward.hubreads import PassReads
+    from resumerge.forward.onray import Place, Read
+    from resumerge.forward.opened import PassModel
+    from resumerge.forward.passes import Fold, PassModels
+    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.vocabs import SharedVocab
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class Told:
+    """What a pass is told as its placed models run, each placement telling what it knows: ``model(layer, m)``
+    before model ``m``'s layer is read in this process; ``layer(layer, nodes)`` before each layer run on nodes,
+    with the node each model runs on; ``reads(m, found)``: the ranges of its hub files model ``m``'s node read, as
+    (file, start, end, sha256), for the pass's journal (None: not asked of the nodes)."""
+
+    model: Callable[[int, int], None] | None = None
+    layer: Callable[[int, list[str]], None] | None = None
+    reads: Callable[[int, list[Read]], None] | None = None
+
+
+class SeatKinds(Protocol[_T_co]):
+    """What a pass that runs its own actors makes of each kind of seats (:meth:`Seats.made`): its models in this
+    process, or each on a node where ``placed`` says (``state``: the state dir a node opens a model under, None the
+    default; ``keep``: the seconds a node's kept worker hosting one waits idle once the pass ends, 0 fresh
+    actors)."""
+
+    def here(self) -> _T_co: ...
+
+    def on_nodes(self, placed: Sequence[Place], state: str | None, keep: float) -> _T_co: ...
+
+
+class Seats(Protocol):
+    """Where a pass's models were placed (:meth:`PassSite.seat`), before any weight was read."""
+
+    def models(self, models: Sequence[PassModel], streams: Sequence[ModelStream], told: Told, *,
+               reserve: Reserve = unreserved, workdir: Path | None = None, fold: Fold | None = None,
+               vocab: SharedVocab | None = None) -> AbstractContextManager[PassModels]:
+        """The placement of ``models`` (their modules ``streams``, built here) for the pass's loop, ended with the
+        block: each layer admitted by ``reserve`` where it is read here; ``workdir`` where the heads keep their
+        log-probabilities; ``fold``: the static figures taken from the layers' reads (only where they are read
+        here); ``vocab``: how the models' vocabularies meet, where they differ."""
+
+    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
+        """What ``kinds`` makes of these seats."""
+
+
+class PassSite(Protocol):
+    """Where the executor places a pass's models; ``name`` names it in messages (``local``, ``ray``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def here(self) -> bool:
+        """Whether this process reads and runs the models' layers (else only their hidden states are held here:
+        what the pass's budget judges)."""
+
+    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
+        """See :meth:`~resumerge.config.passplace.PassPlacement.refuse`."""
+
+    def available(self) -> None:
+        """Raise :class:`~resumerge.errors.UsageError` (exit 2), before anything is read, where what places the
+        models is not installed."""
+
+    def refuse_away(self, what: str, why: str, hint: str) -> None:
+        """Raise :class:`~resumerge.errors.UsageError` (exit 2) where the models' layers run away from this process
+        and ``what`` (the command) needs them here: ``"{what} --executor {name} {why}"``, with ``hint``."""
+
+    def bind(self, reads: PassReads, models: Sequence[PassModel], fresh: bool) -> list[PassModel]:
+        """``models`` bound to the pass's hub reads (:meth:`~resumerge.forward.hubreads.PassReads.bind`): what this
+        process reads twice kept for the second read, where it runs the layers itself."""
+
+    def seat(self, needs: Callable[[], Sequence[int]], what: str, state: StateDir) -> Seats:
+        """The pass's models placed before any weight is read (``needs()``: the memory each model's actor
+        declares; ``what``: the pass, as refusals name it; ``state``: the state dir the pass runs under), refused
+        (exit 2) where they cannot be."""
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """Every model of the pass in this process, one layer of one model at a time."""
+
+    placement: Here
+    here: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
+        self.placement.refuse(what, device, on_gpu)
+
+    def available(self) -> None:
+        """Nothing to install."""
+
+    def refuse_away(self, what: str, why: str, hint: str) -> None:
+        """Nothing refused: the layers run here."""
+
+    def bind(self, reads: PassReads, models: Sequence[PassModel], fresh: bool) -> list[PassModel]:
+        return reads.bind(models, fresh=fresh, again=True)
+
+    def seat(self, needs: Callable[[], Sequence[int]], what: str, state: StateDir) -> Seats:
+        return _HereSeats()
+
+
+@dataclass(frozen=True)
+class _HereSeats:
+    """The models in this process: nothing placed ahead."""
+
+    def models(self, models: Sequence[PassModel], streams: Sequence[ModelStream], told: Told, *,
+               reserve: Reserve = unreserved, workdir: Path | None = None, fold: Fold | None = None,
+               vocab: SharedVocab | None = None) -> AbstractContextManager[PassModels]:
+        from resumerge.forward.passes import LocalModels
+
+        return nullcontext(LocalModels(streams, workdir, told.model, reserve, fold, vocab))
+
+    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
+        return kinds.here()
+
+
+@dataclass(frozen=True)
+class OnCluster:
+    """An actor per model on the Ray cluster ``placement`` names (:mod:`resumerge.forward.rayactor`); this process
+    holds every model's hidden states and journals the pass as it does here, so a pass started on one resumes on
+    the other with the same bytes."""
+
+    placement: OnRay
+    here: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
+        self.placement.refuse(what, device, on_gpu)
+
+    def available(self) -> None:
+        from resumerge.merge.engine.cluster.connect import check_ray
+
+        check_ray()
+
+    def refuse_away(self, what: str, why: str, hint: str) -> None:
+        raise UsageError(f"{what} --executor {self.name} {why}", hint=hint)
+
+    def bind(self, reads: PassReads, models: Sequence[PassModel], fresh: bool) -> list[PassModel]:
+        # the nodes run the layers: this process reads each byte once, for its file's proof, and keeps none
+        return reads.bind(models, fresh=fresh, again=False)
+
+    def seat(self, needs: Callable[[], Sequence[int]], what: str, state: StateDir) -> Seats:
+        from resumerge.forward.onray import ray_places
+
+        placed = ray_places(self.placement.address, needs(), what=what)
+        given = None if state.given is None else str(state.root)  # --state-dir, as a node opens a model under it
+        return _NodeSeats(placed, given, self.placement.keep)
+
+
+@dataclass(frozen=True)
+class _NodeSeats:
+    """Each model's actor placed on its node (``placed``)."""
+
+    placed: Sequence[Place]
+    state: str | None
+    keep: float
+
+    def models(self, models: Sequence[PassModel], streams: Sequence[ModelStream], told: Told, *,
+               reserve: Reserve = unreserved, workdir: Path | None = None, fold: Fold | None = None,
+               vocab: SharedVocab | None = None) -> AbstractContextManager[PassModels]:
+        from resumerge.forward.rayactor import ActorTerms, ray_models
+
+        return ray_models(models, list(self.placed), streams[0].layers, told.layer, told.reads, vocab,
+                          ActorTerms(self.state, keep=self.keep))
+
+    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
+        return kinds.on_nodes(self.placed, self.state, self.keep)
+
+
+@dataclass(frozen=True)
+class _Sites:
+    """Each placement's site (:meth:`~resumerge.config.passplace.PassPlacement.made`)."""
+
+    def here(self, placement: Here) -> PassSite:
+        return InProcess(placement)
+
+    def on_ray(self, placement: OnRay) -> PassSite:
+        return OnCluster(placement)
+
+
+def site_of(placement: PassPlacement) -> PassSite:
+    """Where ``placement`` runs a pass's models, as the pass asks it."""
+    return placement.made(_Sites())
