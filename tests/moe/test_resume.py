@@ -72,7 +72,7 @@ def test_noise_is_per_tensor_and_scaled(setup: tuple[Path, dict[str, str], Path]
 _RUN_AND_LOOK = """
 import sys
 from resumerge import api
-api.run(sys.argv[1], sys.argv[2], state_dir=sys.argv[3])
+api.run(sys.argv[1], sys.argv[2], api.Settings(state_dir=sys.argv[3]))
 print("transformers" in sys.modules)
 """
 
