@@ -181,7 +181,8 @@ try:
 except InputError:
     pass
 left = len(psutil.Process().children())
-est = api.estimate(sys.argv[2], sys.argv[3], api.Settings(resources=api.Resources(num_threads=1)), fresh_process=True, probe_size=0)
+one = api.Settings(resources=api.Resources(num_threads=1))
+est = api.estimate(sys.argv[2], sys.argv[3], one, fresh_process=True, probe_size=0)
 groups = est.time.compute
 print(left, len(psutil.Process().children()), bool(groups) and all(g.seconds_per_element for g in groups),
       est.memory.counted_baseline_bytes - SystemProbe().rss() > 50 << 20, est.memory.working_set_bytes,
