@@ -116,3 +116,18 @@ def test_a_setting_not_honoured_is_refused_before_any_weight_is_read(
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and f"{setting}=" in line and str(model / "generation_config.json") in line
     assert not (tmp_path / "state" / "evals").exists()
+
+
+def test_a_tasks_generation_kwargs_give_the_processors_over_the_file_as_generate_takes_them(tmp_path: Path) -> None:
+    """A task's ``generation_kwargs`` naming ``repetition_penalty`` and ``no_repeat_ngram_size`` (refused before:
+    "resumerge does not honour it"): lm-eval's ``hf`` model passes them to ``generate``, which takes them over the
+    file's; the answers equal its, and differ from the file's own settings alone."""
+    model, tasks = _model(tmp_path / "model", SETTINGS), _tasks(tmp_path)
+    own = _evaluate(model, tasks, tmp_path / "own")
+    text = (tasks / f"{TASK}.yaml").read_text()
+    (tasks / f"{TASK}.yaml").write_text(text.replace(
+        '{until: ["never"], max_gen_toks: 10}',
+        '{until: ["never"], max_gen_toks: 10, repetition_penalty: 1.15, no_repeat_ngram_size: 3}'))
+    theirs = _answers(hf_results(model, tasks, [TASK]))
+    assert _evaluate(model, tasks, tmp_path / "given") == theirs
+    assert theirs != own

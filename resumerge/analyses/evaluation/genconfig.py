@@ -112,11 +112,24 @@ def processors_of(directory: Any) -> Processors:
                              "and resumerge does not honour it",
                              hint=f"remove {name} from {NAME} (or set it to its default) to evaluate the generation "
                                   "tasks, or leave them out")
-    penalty = found.get("repetition_penalty")
-    if penalty is not None and not float(penalty) > 0:
-        raise UsageError(f"{path}: repetition_penalty={penalty} is not above 0 (transformers refuses it)",
-                         hint=f"fix repetition_penalty in {NAME}")
-    return Processors(float(penalty if penalty is not None else 1.0), int(found.get("no_repeat_ngram_size") or 0),
-                      int(found.get("min_length") or 0), int(found.get("min_new_tokens") or 0),
-                      _ids(found.get("suppress_tokens")), _ids(found.get("begin_suppress_tokens")),
-                      _ids(found.get("eos_token_id")))
+    return replace(over(NONE, found, str(path)), eos=_ids(found.get("eos_token_id")))
+
+
+def over(processors: Processors, given: Mapping[str, Any], where: str) -> Processors:
+    """``processors`` with each honoured setting ``given`` sets (a ``generation_config.json``'s, or a request's
+    generation kwargs over the file's, as ``generate(**kwargs)`` takes them) in its place; :class:`UsageError`
+    (exit 2) for a ``repetition_penalty`` not above 0, which transformers refuses (``where`` names the source)."""
+    changed: dict[str, Any] = {}
+    penalty = given.get("repetition_penalty")
+    if penalty is not None:
+        if not float(penalty) > 0:
+            raise UsageError(f"{where}: repetition_penalty={penalty} is not above 0 (transformers refuses it)",
+                             hint="give a repetition_penalty above 0 (1 changes nothing)")
+        changed["repetition_penalty"] = float(penalty)
+    for name in ("no_repeat_ngram_size", "min_length", "min_new_tokens"):
+        if given.get(name) is not None:
+            changed[name] = int(given[name])
+    for name in ("suppress_tokens", "begin_suppress_tokens"):
+        if given.get(name) is not None:
+            changed[name] = _ids(given[name])
+    return replace(processors, **changed)

@@ -25,10 +25,10 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from resumerge.analyses.evaluation.genconfig import NONE, Processors
+from resumerge.analyses.evaluation.genconfig import NONE, Processors, over
 from resumerge.errors import UsageError
 from resumerge.torch_import import torch
 
@@ -36,7 +36,10 @@ DEFAULT_MAX_GEN_TOKS = 256
 TOP_K = 50  # transformers' GenerationConfig default
 # what lm-eval's normalize_gen_kwargs leaves that resumerge honours; another key is refused unless it is set as
 # transformers' default leaves it (a no-op there, so here too)
-HONOURED = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p"})
+# the generation_config settings a request's kwargs may give too, over the file's (as generate(**kwargs) takes them)
+PROCESSED = frozenset({"repetition_penalty", "no_repeat_ngram_size", "min_length", "min_new_tokens",
+                       "suppress_tokens", "begin_suppress_tokens"})
+HONOURED = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p"}) | PROCESSED
 _NO_OPS: Mapping[str, Any] = {"num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
                               "typical_p": 1.0, "min_p": None, "no_repeat_ngram_size": 0, "use_cache": True}
 
@@ -129,7 +132,7 @@ def honoured(gen_kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
         if key not in HONOURED and not (key in _NO_OPS and value == _NO_OPS[key]):
             raise UsageError(f"{where} {key}={value}: resumerge does not honour it",
                              hint="leave it out: resumerge generates with until, max_gen_toks, do_sample, "
-                                  "temperature, top_k and top_p")
+                                  "temperature, top_k, top_p, " + ", ".join(sorted(PROCESSED)))
     if kwargs.get("do_sample") and not float(kwargs.get("temperature") or 0.0) > 0:
         raise UsageError(f"{where} do_sample=True with temperature 0 (transformers refuses it)",
                          hint="give a temperature above 0 to sample, or do_sample=False for greedy")
@@ -142,13 +145,11 @@ def wanted_all(lm: Any, requests: Sequence[tuple[str, Mapping[str, Any]]], seed:
     identical to it (:attr:`Wanted.nth`); ``seed``: the evaluation's torch seed, which a sampled request needs
     (None refused, exit 2); ``defaults``: the model's own ``top_k``/``top_p`` (its ``generation_config.json``);
     ``processors``: the rest of that file that every request honours (:func:`~.genconfig.processors_of`)."""
-    from dataclasses import replace
-
     seen: Counter[str] = Counter()
     asked = []
     for context, kwargs in requests:
         shown = json.dumps([context, kwargs], sort_keys=True, default=str)
-        asked.append(replace(wanted(lm, context, kwargs, defaults=defaults, nth=seen[shown]), processors=processors))
+        asked.append(wanted(lm, context, kwargs, defaults=defaults, nth=seen[shown], processors=processors))
         seen[shown] += 1
     if seed is None and any(w.sampling is not None for w in asked):
         raise UsageError("--seed leaves torch's seed unset (None), and a generation samples from it",
@@ -157,11 +158,13 @@ def wanted_all(lm: Any, requests: Sequence[tuple[str, Mapping[str, Any]]], seed:
 
 
 def wanted(lm: Any, context: str, gen_kwargs: Mapping[str, Any], *, defaults: Mapping[str, Any] | None = None,
-           nth: int = 0) -> Wanted:
+           nth: int = 0, processors: Processors = NONE) -> Wanted:
     """The request (``context``, lm-eval's generation kwargs) for the lm-eval model ``lm`` (its tokenizer, context
     length and ``tok_encode``), the ``nth`` of those identical to it; ``defaults``: the ``top_k``/``top_p`` of the
     model's ``generation_config.json`` (transformers' own where it sets none). Refuses (exit 2) a kwarg not
-    honoured (:func:`honoured`) and one that asks for more new tokens than the model's context holds."""
+    honoured (:func:`honoured`) and one that asks for more new tokens than the model's context holds.
+    ``processors``: the model file's (:func:`~.genconfig.processors_of`), each setting the kwargs give too taken from
+    the kwargs instead, as ``generate(**kwargs)`` takes it over the file's."""
     from lm_eval.models.utils import handle_stop_sequences
 
     kwargs = honoured(gen_kwargs, "a generation task's generation_kwargs")
@@ -178,7 +181,9 @@ def wanted(lm: Any, context: str, gen_kwargs: Mapping[str, Any], *, defaults: Ma
         own = {**(defaults or {}), **{k: kwargs[k] for k in ("top_k", "top_p") if kwargs.get(k) is not None}}
         drawn = Sampling(float(kwargs["temperature"]), int(own.get("top_k", TOP_K) or 0),
                          float(own.get("top_p", 1.0)))
-    return Wanted(tokens, tuple(until), most, drawn, int(lm.eot_token_id), nth)
+    given = {k: kwargs[k] for k in PROCESSED if kwargs.get(k) is not None}
+    return replace(Wanted(tokens, tuple(until), most, drawn, int(lm.eot_token_id), nth),
+                   processors=over(processors, given, "a generation task's generation_kwargs"))
 
 
 def model_defaults(directory: Any) -> dict[str, Any]:
