@@ -306,7 +306,8 @@ class GenerationJob:
             files = [how.model.opened.directory / f.name for f in how.model.opened.files]
             plan = gen_plan(stream, self.asked, shape, how.settings.max_memory, files)
             gpu = how.settings.pass_device().budget("the generation", plan.steps, plan.states)
-            store = HeldKV() if plan.held else SpilledKV(folder, shape, [len(w.tokens) + w.most for w in self.asked])
+            rooms = [len(w.tokens) + w.most for w in self.asked]
+            store = HeldKV(shape) if plan.held else SpilledKV(folder, shape, rooms)
             self._say(GenStep(len(self.asked), None, plan.steps_most, None, stream.layers,
                               plan.line(len(self.asked), folder)))
             yield Fit(plan.budget, plan.steps, _Ready(stream, store, plan), gpu)
