@@ -323,3 +323,35 @@ def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(tmp_path
     kept = json.loads((folder / GENERATED).read_text())
     theirs = _answers(hf_results(model, tasks, [long]), long)
     assert sorted(kept) == sorted(a[0][0] for a in theirs)
+
+
+def test_generation_runs_on_the_evaluations_device_held_whole_and_streamed(setup: tuple[Path, Path], tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device``: the generation's modules run there (they ran on the CPU whatever the device, before), the
+    whole model held and one layer at a time, to the CPU's answers. ``cpu:0`` is moved to as a GPU is (every
+    weight, buffer, hidden state and call copied there: :func:`~resumerge.forward.device.moved`), which exercises
+    the device's paths here; ``tests/test_gpu_passes.py`` runs them on a GPU."""
+    from resumerge.analyses.evaluation import run
+    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.forward.device import PassDevice
+
+    model, tasks = setup
+    cpu = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / "cpu").results, "tiny_gen")
+    found = {}
+    for how in ("whole", "streamed"):
+        devices: set[str] = set()
+        with monkeypatch.context() as patch:
+            patch.setattr(EvalSettings, "pass_device", lambda self: PassDevice("cpu:0"))
+            load = ModelStream.load
+
+            def recorded(self: ModelStream, *args: Any, devices: set[str] = devices, load: Any = load,
+                         **kwargs: Any) -> Any:
+                devices.add(str(self.device))
+                return load(self, *args, **kwargs)
+
+            patch.setattr(ModelStream, "load", recorded)
+            if how == "streamed":
+                patch.setattr(run, "_fits", lambda stream, settings: False)
+            found[how] = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / how).results, "tiny_gen")
+        assert devices == {"cpu:0"}, (how, devices)
+    assert found["whole"] == found["streamed"] == cpu
