@@ -316,6 +316,13 @@ def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(tmp_path
         rooms = [int(v) + 10 for name, v in first.items() if name.startswith("added.")]
         row = 2 * 8 * 4  # a position's keys (or values) at a layer: 2 heads of 8 float32
         assert (folder / SPILL_NAME).stat().st_size == 2 * row * sum(r + 2 * min(r, 4) for r in rooms)
+    else:  # the held cache's step files: the prefill's keys at a windowed layer its window's 3, at the full one all
+        from safetensors.torch import load_file
+
+        first = load_file(str(folder / f"{STEP_PREFIX}00000.safetensors"))
+        requests = [name.split(".")[1] for name in first if name.startswith("added.")]
+        assert requests and all(first[f"k.0.{r}"].shape[2] == first[f"v.2.{r}"].shape[2] == 3 and
+                                first[f"k.1.{r}"].shape[2] == int(first[f"added.{r}"]) > 3 for r in requests)
     resumed = cli(*args, script=STREAMED, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
@@ -355,3 +362,19 @@ def test_generation_runs_on_the_evaluations_device_held_whole_and_streamed(setup
             found[how] = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / how).results, "tiny_gen")
         assert devices == {"cpu:0"}, (how, devices)
     assert found["whole"] == found["streamed"] == cpu
+
+
+def test_generation_on_a_ray_executor_is_refused_in_one_line_naming_why(setup: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    """``--executor ray`` places the log-likelihood passes' layers on actors; a generation runs its layers here,
+    against the KV cache it keeps here between token steps: refused before any weight is read (exit 2), one line
+    saying so (before: that it held the whole model, which a layer-streamed generation does not)."""
+    model, tasks = setup
+    done = cli("eval", model, "--tasks", "tiny_gen", "--include-path", tasks, "--state-dir", tmp_path / "state",
+               "--executor", "ray", timeout=300)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = done.stderr.strip().splitlines()
+    assert len([e for e in line if e.startswith("error: ")]) == 1 and "Traceback" not in done.stderr
+    error = next(e for e in line if e.startswith("error: "))
+    assert "--executor ray" in error and "tiny_gen" in error and "KV cache" in error
+    assert not (tmp_path / "state" / "evals").exists()
