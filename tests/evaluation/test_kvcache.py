@@ -6,10 +6,9 @@ state is refused in one line. Configs and small tensors, no weights: instant."""
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
 
+import pytest
 import torch
 
 from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, SpilledKV, shaped_cache
