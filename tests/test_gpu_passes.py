@@ -1,8 +1,9 @@
 """``eval`` and ``evolve`` with ``--device cuda`` give the CPU's figures: each layer of a model, and of a merge never
 written, runs on the GPU and every request's score, metric and generation is the CPU's (within float32 rounding:
-a GPU's matrix products sum in another order); a search on the GPU proposes the same candidates and keeps the same
-``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU machine: ``pytest tests/test_gpu_passes.py``); tiny
-generated models, a few seconds each there."""
+a GPU's matrix products sum in another order); a generation one decoder layer at a time on the GPU (a tiny Llama, a
+tiny Gemma 3 with windowed layers; its KV cache in RAM or spilled) gives the CPU's greedy answers; a search on the GPU
+proposes the same candidates and keeps the same ``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU
+machine: ``pytest tests/test_gpu_passes.py``); tiny generated models, a few seconds each there."""
 
 from __future__ import annotations
 
