@@ -136,8 +136,8 @@ def end_tokens(directory: Any) -> tuple[int, ...]:
     found = json.loads(config.read_text(encoding="utf-8"))
     if found.get("eos_token_id") is None:
         # transformers' from_model_config: a value the top level leaves unset is taken from the decoder's config
-        inner = next((found[name] for name in ("decoder", "generator", "text_config")
-                      if isinstance(found.get(name), dict)), {})
+        inner: dict[str, Any] = next((found[name] for name in ("decoder", "generator", "text_config")
+                                      if isinstance(found.get(name), dict)), {})
         return _ids(inner.get("eos_token_id"))
     return _ids(found.get("eos_token_id"))
 
