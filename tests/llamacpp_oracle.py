@@ -173,3 +173,186 @@ def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
         params.tt_overrides = ctypes.cast(pairs, ctypes.c_void_p)
     if llama.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama_model_quantize failed on {src}")
+
+
+# --- llama.cpp's forward, watched through ``cb_eval`` (the hook llama-imatrix itself uses) ----------------------------
+
+class _ModelParams(ctypes.Structure):
+    """``llama_model_params`` of the pinned wheel (its ``_cffi_bindings.py``)."""
+
+    _fields_ = [("devices", ctypes.c_void_p), ("tensor_buft_overrides", ctypes.c_void_p),
+                ("n_gpu_layers", ctypes.c_int32), ("split_mode", ctypes.c_int), ("load_mode", ctypes.c_int),
+                ("lazy_mode", ctypes.c_int), ("main_gpu", ctypes.c_int32), ("tensor_split", ctypes.c_void_p),
+                ("progress_callback", ctypes.c_void_p), ("progress_callback_user_data", ctypes.c_void_p),
+                ("kv_overrides", ctypes.c_void_p), ("vocab_only", ctypes.c_bool), ("check_tensors", ctypes.c_bool),
+                ("use_extra_bufts", ctypes.c_bool), ("no_host", ctypes.c_bool), ("no_alloc", ctypes.c_bool),
+                ("load_mtp", ctypes.c_bool)]
+
+
+_EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)
+
+
+class _ContextParams(ctypes.Structure):
+    """``llama_context_params`` of the pinned wheel."""
+
+    _fields_ = [*((name, ctypes.c_uint32) for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq",
+                                                       "n_outputs_max", "n_outputs_max_per_seq")),
+                ("n_threads", ctypes.c_int32), ("n_threads_batch", ctypes.c_int32),
+                *((name, ctypes.c_int) for name in ("ctx_type", "rope_scaling_type", "pooling_type",
+                                                    "attention_type", "flash_attn_type")),
+                *((name, ctypes.c_float) for name in ("rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
+                                                      "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow")),
+                ("yarn_orig_ctx", ctypes.c_uint32), ("defrag_thold", ctypes.c_float),
+                ("cb_eval", _EVAL_CALLBACK), ("cb_eval_user_data", ctypes.c_void_p),
+                ("type_k", ctypes.c_int), ("type_v", ctypes.c_int), ("moe_cache_size", ctypes.c_size_t),
+                ("abort_callback", ctypes.c_void_p), ("abort_callback_data", ctypes.c_void_p),
+                *((name, ctypes.c_bool) for name in ("embeddings", "offload_kqv", "no_perf", "op_offload",
+                                                     "swa_full", "kv_unified")),
+                ("samplers", ctypes.c_void_p), ("n_samplers", ctypes.c_size_t), ("ctx_other", ctypes.c_void_p)]
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [("n_tokens", ctypes.c_int32), ("token", ctypes.POINTER(ctypes.c_int32)),
+                ("embd", ctypes.c_void_p), ("pos", ctypes.POINTER(ctypes.c_int32)),
+                ("n_seq_id", ctypes.POINTER(ctypes.c_int32)),
+                ("seq_id", ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))), ("logits", ctypes.POINTER(ctypes.c_int8))]
+
+
+_MAX_DIMS, _MAX_OP_PARAMS, _MAX_SRC, _MAX_NAME = 4, 64, 10, 64
+
+
+class _Tensor(ctypes.Structure):
+    """The head of ``struct ggml_tensor`` (ggml.h; :func:`_tensor_layout_holds` checks it against the library)."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * _MAX_DIMS),
+                ("nb", ctypes.c_size_t * _MAX_DIMS), ("op", ctypes.c_int),
+                ("op_params", ctypes.c_int32 * (_MAX_OP_PARAMS // 4)), ("flags", ctypes.c_int32),
+                ("src", ctypes.c_void_p * _MAX_SRC), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
+                ("data", ctypes.c_void_p), ("name", ctypes.c_char * _MAX_NAME)]
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
+    """Whether :class:`_Tensor`'s offsets are this library's: a MUL_MAT built by ggml, its sources, data and name
+    read through the struct equal what ggml's own accessors answer."""
+    base.ggml_init.restype = ctypes.c_void_p
+    base.ggml_init.argtypes = [_InitParams]
+    base.ggml_new_tensor_2d.restype = ctypes.c_void_p
+    base.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_mul_mat.restype = ctypes.c_void_p
+    base.ggml_mul_mat.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    for name in ("ggml_get_name", "ggml_get_data", "ggml_op_desc"):
+        getattr(base, name).restype = ctypes.c_void_p
+        getattr(base, name).argtypes = [ctypes.c_void_p]
+    base.ggml_free.argtypes = [ctypes.c_void_p]
+    ctx = base.ggml_init(_InitParams(1 << 20, None, False))
+    try:
+        a = base.ggml_new_tensor_2d(ctx, 0, 32, 3)
+        b = base.ggml_new_tensor_2d(ctx, 0, 32, 5)
+        product = base.ggml_mul_mat(ctx, a, b)
+        seen = _Tensor.from_address(product)
+        head = _Tensor.from_address(b)
+        return (seen.src[0] == a and seen.src[1] == b and tuple(head.ne) == (32, 5, 1, 1) and head.nb[1] == 128
+                and head.type == 0 and head.data == base.ggml_get_data(b)
+                and ctypes.addressof(head) + _Tensor.name.offset == base.ggml_get_name(b)
+                and ctypes.string_at(base.ggml_op_desc(product)) == b"MUL_MAT")
+    finally:
+        base.ggml_free(ctx)
+
+
+def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16) -> dict[str, tuple[np.ndarray,
+                                                                                                        int]]:
+    """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone with every
+    position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight named
+    ``blk.…``, the float32 sums of each input column's squares over the rows of every MUL_MAT it is the first
+    operand of, and the number of those rows. Collected in ``cb_eval`` (``llama_context_params``), the scheduler
+    hook llama-imatrix itself registers, under its rules: activations F32, batches of fewer than ``min_batch``
+    tokens skipped."""
+    base, llama = needs_library()
+    if not _tensor_layout_holds(base):
+        pytest.skip("struct ggml_tensor of this llama.cpp build differs from the one the oracle reads")
+    llama.llama_backend_init()
+    llama.llama_model_default_params.restype = _ModelParams
+    llama.llama_context_default_params.restype = _ContextParams
+    llama.llama_model_load_from_file.restype = ctypes.c_void_p
+    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
+    llama.llama_init_from_model.restype = ctypes.c_void_p
+    llama.llama_init_from_model.argtypes = [ctypes.c_void_p, _ContextParams]
+    llama.llama_batch_init.restype = _Batch
+    llama.llama_batch_init.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    llama.llama_batch_free.argtypes = [_Batch]
+    llama.llama_decode.restype = ctypes.c_int32
+    llama.llama_decode.argtypes = [ctypes.c_void_p, _Batch]
+    llama.llama_get_memory.restype = ctypes.c_void_p
+    llama.llama_get_memory.argtypes = [ctypes.c_void_p]
+    llama.llama_memory_clear.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    llama.llama_free.argtypes = [ctypes.c_void_p]
+    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+    base.ggml_op_desc.restype = ctypes.c_char_p
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+
+    def weight_of(t: _Tensor) -> tuple[str, _Tensor, _Tensor] | None:
+        if base.ggml_op_desc(ctypes.addressof(t)) != b"MUL_MAT":
+            return None
+        src0, src1 = _Tensor.from_address(t.src[0]), _Tensor.from_address(t.src[1])
+        name = src0.name.decode()
+        name = name.split("#")[1] if "#" in name else name  # backend prefixes, as llama-imatrix strips them
+        if not name.startswith("blk.") or src1.type != 0 or src1.ne[1] < min_batch:
+            return None
+        return name, src0, src1
+
+    def observe(address: int, ask: bool, _: int) -> bool:
+        found = weight_of(_Tensor.from_address(address))
+        if ask or found is None:  # asked: whether to be shown it; shown: False would stop the forward
+            return found is not None or not ask
+        name, src0, src1 = found
+        assert src1.nb[0] == 4 and src0.ne[2] * src0.ne[3] == 1, name  # dense weights only
+        n_in = int(src1.ne[0])
+        rows = []
+        for i3 in range(src1.ne[3]):
+            for i2 in range(src1.ne[2]):
+                for row in range(src1.ne[1]):
+                    at = src1.data + row * src1.nb[1] + i2 * src1.nb[2] + i3 * src1.nb[3]
+                    rows.append(np.ctypeslib.as_array((ctypes.c_float * n_in).from_address(at)).copy())
+        total = sums.setdefault(name, np.zeros(n_in, dtype=np.float32))
+        for x in rows:  # float32, row after row, as llama-imatrix's running sums
+            total += x * x
+        counts[name] = counts.get(name, 0) + len(rows)
+        return True
+
+    callback = _EVAL_CALLBACK(observe)
+    model_params = llama.llama_model_default_params()
+    model_params.n_gpu_layers = 0
+    loaded = llama.llama_model_load_from_file(str(model).encode(), model_params)
+    if not loaded:
+        raise RuntimeError(f"llama.cpp could not load {model}")
+    longest = max(len(t) for t in texts)
+    params = llama.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = max(longest, 32)
+    params.n_threads = params.n_threads_batch = 1
+    params.cb_eval = callback
+    # An F32 cache and no flash attention (its CPU kernel rounds through F16): llama.cpp's attention in float32.
+    params.type_k = params.type_v = 0
+    params.flash_attn_type = 0
+    params.no_perf = True
+    ctx = llama.llama_init_from_model(loaded, params)
+    batch = llama.llama_batch_init(longest, 0, 1)
+    try:
+        assert ctx, "llama_init_from_model failed"
+        for ids in texts:
+            llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
+            for i, token in enumerate(ids):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
+                batch.seq_id[i][0] = 0
+            batch.n_tokens = len(ids)
+            assert llama.llama_decode(ctx, batch) == 0
+    finally:
+        llama.llama_batch_free(batch)
+        if ctx:
+            llama.llama_free(ctx)
+        llama.llama_model_free(loaded)
+    return {name: (sums[name], counts[name]) for name in sums}
