@@ -14,7 +14,6 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import pytest
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import imatrix_of_forward, needs_library
 from support import write_config
