@@ -1,11 +1,12 @@
-"""Each GGUF file type's KL from the float32 merge, on the real SmolLM2-135M-Instruct: the figures a GGUF output's
-model card quotes (``resumerge.merge.plan.gguftypes.KL_BY_TYPE``).
+"""Each GGUF file type's KL from the float32 merge, on the real SmolLM2-135M-Instruct (or Gemma-3-270M): the
+figures a GGUF output's model card quotes (``resumerge.merge.plan.gguftypes.KL_BY_TYPE``).
 
 Usage::
 
-    python bench/bench_gguf_kl.py [--work DIR] [--types q4_0,q8_0,...]
+    python bench/bench_gguf_kl.py [--work DIR] [--types q4_0,q8_0,...] [--model smollm2|gemma3]
 
-Makes a synthetic fine-tune of SmolLM2-135M-Instruct (float32; bench_regmean's ``fine_tune``: every decoder
+Makes a synthetic fine-tune of SmolLM2-135M-Instruct (``--model gemma3``: Gemma-3-270M, its Q4_K_M GGUF fixture
+written as float32 safetensors by resumerge itself) (float32; bench_regmean's ``fine_tune``: every decoder
 layer's linear weights nudged by 1 % of their spread) and merges it with the base (``linear``, weight 0.5 each),
 once as float32 safetensors and once per ``--gguf-type``; a K-quant mix twice, without an importance matrix and with
 the one ``--imatrix-texts`` computes on the merge from the calibration texts (the train files of
@@ -40,19 +41,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="bench-work/gguf-kl")
     parser.add_argument("--types", default=",".join(TYPES + K_MIXES))
+    parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
     args = parser.parse_args()
-    from realmodel import smollm2_folder
+    from realmodel import gemma3_gguf, smollm2_folder
 
     from resumerge import api
 
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
-    base = smollm2_folder()
-    tuned = fine_tune(base, work / "ft", 1)
-    config = work / "linear.yml"
-    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {base}\n    parameters: "
-                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
     resumerge = [sys.executable, "-m", "resumerge"]
+    if args.model == "smollm2":
+        base = smollm2_folder()
+    else:  # the GGUF's values decoded to float32 safetensors, with its tokenizer, by a passthrough run
+        base = work / "gemma3-f32"
+        if not (base / "model.safetensors").is_file():
+            shutil.rmtree(base, ignore_errors=True)
+            (work / "gemma3.yml").write_text(f"merge_method: passthrough\ndtype: float32\nmodels:\n  - model: "
+                                             f"{gemma3_gguf()}\n")
+            subprocess.run([*resumerge, "run", str(work / "gemma3.yml"), str(base), "--state-dir",
+                            str(work / "state-gemma3"), "-q", "--out-shard-size", "10GB"],
+                           check=True)  # one file: fine_tune reads model.safetensors
+    # Gemma's fixture is itself Q4_K_M: a 1 % nudge leaves the merge on Q4_K's grid, and the Q4_K mixes would give
+    # it back all but exactly (KL 0.0000 at q4_k_m, measured); a 25 % nudge takes the merge off the grid.
+    tuned = fine_tune(base, work / "ft", 1, 0.01 if args.model == "smollm2" else 0.25)
+    # Gemma's vocabulary is one resumerge writes to GGUF only from a GGUF parent: the fixture itself stands in the
+    # config for the float32 folder decoded from it (the same values).
+    first = base if args.model == "smollm2" else gemma3_gguf()
+    config = work / "linear.yml"
+    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {first}\n    parameters: "
+                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
     state = work / "state"
     floated = work / "float32"
     if not (floated / "model.safetensors").is_file():

@@ -38,8 +38,9 @@ from bench_vs_mergekit import run_measured  # noqa: E402
 from resumerge.memory.sizes import format_size  # noqa: E402
 
 
-def fine_tune(base: Path, out: Path, seed: int) -> Path:
-    """``base`` with every decoder layer's 2-D weight nudged by 1 % of its standard deviation (seed ``seed``)."""
+def fine_tune(base: Path, out: Path, seed: int, scale: float = 0.01) -> Path:
+    """``base`` with every decoder layer's 2-D weight nudged by ``scale`` (1 %) of its standard deviation (seed
+    ``seed``)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -50,7 +51,7 @@ def fine_tune(base: Path, out: Path, seed: int) -> Path:
     g = torch.Generator().manual_seed(seed)
     for name, t in state.items():
         if ".layers." in name and t.dim() == 2:
-            state[name] = t + 0.01 * float(t.std()) * torch.randn(t.shape, generator=g)
+            state[name] = t + scale * float(t.std()) * torch.randn(t.shape, generator=g)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

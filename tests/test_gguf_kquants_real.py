@@ -1,0 +1,90 @@
+"""Each K mix on real models (issue 84's check): SmolLM2-135M (llama, 576-wide rows, tied embeddings) and
+Gemma-3-270M (gemma3: 640-wide rows, head dim 256, q/k norms, tied embeddings, a 262,144-token table) from their
+GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix: the type of every tensor equals
+``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's bytes are
+the same; once with an importance matrix. Skipped where llama.cpp's library (the test-only oracle) does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from llamacpp_oracle import needs_library, quantize_model
+from support import write_config
+
+from resumerge import api
+from resumerge.merge.plan.gguftypes import MIXES
+
+K_MIXES = [mix for mix in MIXES if "_k" in mix]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    """(model, the config of a float16 passthrough merge of its GGUF fixture, the F16 GGUF resumerge writes of it)."""
+    needs_library()
+    from realmodel import gemma3_gguf, smollm2_gguf
+
+    source = smollm2_gguf() if request.param == "smollm2" else gemma3_gguf()
+    root = tmp_path_factory.mktemp(request.param)
+    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16",
+                                           "models": [{"model": str(source)}]})
+    api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
+                                                                                                gguf_type="f16")))
+    return request.param, config, root / "f16" / "model.gguf"
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
+    return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
+
+
+def _imatrix(f16: Path) -> dict[str, np.ndarray]:
+    """Positive importance values for every block matrix of ``f16`` (as llama-quantize passes them)."""
+    rng = np.random.default_rng(5)
+    return {t.name: (rng.random(int(t.shape[0])) * 4 + 0.01).astype(np.float32)
+            for t in gguf.GGUFReader(f16).tensors if t.name.startswith("blk.") and len(t.shape) >= 2}
+
+
+@pytest.mark.parametrize("mix", K_MIXES)
+def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
+                                                        tmp_path: Path) -> None:
+    model, config, f16 = real_f16
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s",
+                                                            output=api.Output(out_type="gguf", gguf_type=mix)))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
+    (ours,) = (tmp_path / "out").glob("*.gguf")
+    got, want = _tensors(ours), _tensors(tmp_path / "llama.gguf")
+    assert got.keys() == want.keys()
+    assert {n: got[n][0] for n in got} == {n: want[n][0] for n in want}, model
+    assert [n for n in got if got[n][1] != want[n][1]] == [], model
+    # The mix is not the file's default type everywhere: the rules and the fallbacks were exercised.
+    assert len({kind for kind, _ in got.values()}) >= 3
+
+
+def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(real_f16: tuple[str, Path, Path],
+                                                                    tmp_path: Path) -> None:
+    model, config, f16 = real_f16
+    entries = _imatrix(f16)
+    path = tmp_path / "imatrix.gguf"
+    writer = gguf.GGUFWriter(str(path), "")
+    writer.add_string("general.type", "imatrix")
+    writer.add_array("imatrix.datasets", ["random"])
+    writer.add_uint32("imatrix.chunk_count", 1)
+    writer.add_uint32("imatrix.chunk_size", 512)
+    for name in sorted(entries):  # count 1: the sums are the values llama-quantize applies
+        writer.add_tensor(f"{name}.in_sum2", entries[name].reshape(1, -1))
+        writer.add_tensor(f"{name}.counts", np.ones((1, 1), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix=str(path))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=entries)
+    quantize_model(f16, tmp_path / "plain.gguf", MIXES["q4_k_m"].file_type)
+    (ours,) = (tmp_path / "out").glob("*.gguf")
+    got, want, plain = _tensors(ours), _tensors(tmp_path / "llama.gguf"), _tensors(tmp_path / "plain.gguf")
+    assert [n for n in got if got[n] != want[n]] == [], model
+    assert any(got[n] != plain[n] for n in plain)
