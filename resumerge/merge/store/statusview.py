@@ -172,6 +172,14 @@ def read_status(out_dir: str | os.PathLike[str], state: StateDir) -> StatusRepor
     )
 
 
+def recorded(found: StatusReport | None, nothing: str) -> StatusReport:
+    """The status an analysis found in its own folder (:mod:`resumerge.api.analyses`), or, where it found none, the
+    one refusal ``status`` gives for a folder that holds nothing (``nothing`` says what it never recorded)."""
+    if found is None:
+        raise NothingRecordedError(nothing)
+    return found
+
+
 def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command: str, since: float) -> StatusReport:
     """A run or resume planning now (:mod:`resumerge.merge.store.planning`): what the ledger holds, if anything, with
     the state "planning" until the run records its plan and goes on (then the ledger's own state)."""
