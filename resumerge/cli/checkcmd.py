@@ -21,10 +21,8 @@ DESCRIPTION = ("A static pass over MODEL's tensors and a forward pass, one decod
 def add_arguments(check: argparse.ArgumentParser) -> None:
     """The ``check`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
     :data:`DESCRIPTION`)."""
-    check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
-                       "hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as hf://NAMESPACE/NAME/PATH.gguf"
-                       "[@REVISION]), read by byte range (a resumerge output names its base and parents in its "
-                       "record; its model card gets the check's section)")
+    check.add_argument("model", metavar="MODEL", help=f"the merged model: {flags.PASS_MODEL} (a resumerge output "
+                       "names its base and parents in its record; its model card gets the check's section)")
     check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")
     check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")

@@ -32,10 +32,9 @@ DESCRIPTION = ("Runs lm-evaluation-harness (lm-eval) tasks on TARGET: lm-eval bu
 def add_arguments(evaluate: argparse.ArgumentParser) -> None:
     """The ``eval`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
     :data:`DESCRIPTION`)."""
-    evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
-                          "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
-                          "it describes, each layer's tensors merged in memory by run's own method code, never "
-                          "written")
+    evaluate.add_argument("target", metavar="TARGET", help=f"the model: {flags.PASS_MODEL}; or a merge config (.yml): "
+                          "the merge it describes, each layer's tensors merged in memory by run's own method code, "
+                          "never written")
     evaluate.add_argument("--tasks", "-t", required=True, metavar="NAMES",
                           help="lm-eval task, group or tag names, comma-separated (or task YAML paths); and "
                                "check's figures as tasks: nll:FILE (NLL per token of FILE's texts, one a line) and "
