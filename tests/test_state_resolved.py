@@ -10,9 +10,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
 FRONT = ("api", "cli", "config")
-# Below the API and still resolving, each to receive the API's StateDir instead (issue 83's other helpers): only
-# the Ray node is to stay.
-STILL = {"forward/onray.py", "analyses/check/card.py", "runs/evolve/written.py", "runs/recipes/plan.py"}
+# Below the API: the Ray node alone, which resolves the path it was sent.
+STILL = {"forward/onray.py"}
 
 
 def _resolving(path: Path) -> bool:

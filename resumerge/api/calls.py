@@ -264,14 +264,16 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     runs on it), each step admitted by ``max_gpu_memory`` too (None: most of what the GPU has free); the same figures
     to float32's rounding, and a check started on one device resumes on the other (a GPU here and Ray's executor
     together are refused, exit 2)."""
-    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.check.job import CheckSettings
+    from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("check", state_dir, resources, executor)
-    return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
-                     state=settings.state, placement=pass_placement(settings), cut_texts=truncate_texts,
-                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory),
-                     default_state=StateDir.resolve(None))
+    asked = CheckAsked(model, base, tuple(parents), prompts, truncate_texts)
+    return run_check(asked, CheckSettings(state=settings.state, max_memory=settings.max_memory,
+                                          placement=pass_placement(settings),
+                                          device=PassDevice.of(resources.device, settings.max_gpu_memory),
+                                          default_state=StateDir.resolve(None)), progress)
 
 
 def evaluate(target: PathLike, tasks: Sequence[str] | str, settings: Settings = Settings(), *,
