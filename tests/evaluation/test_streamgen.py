@@ -75,8 +75,8 @@ def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: lis
         if said is not None and step.plan is not None:
             said.append(step.plan)
 
-    return api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=state, progress=progress,
-                        seed=seed)
+    return api.evaluate(model, names, api.Settings(state_dir=state),
+                        harness=api.Harness(include_path=tasks, log_samples=True, seed=seed), progress=progress)
 
 
 def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_too(
