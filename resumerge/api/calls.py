@@ -508,11 +508,9 @@ def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(),
     from pathlib import Path
 
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
-    from resumerge.runs.evolve.search import SearchOptions
 
     given = settings_for(settings, "evolve")  # the state dir resolved here, once
-    options = SearchOptions(search.max_fevals, search.popsize, search.sigma0, search.random_seed)
-    asked = SearchAsked(config, Path(storage), options, settings.resources, given.state, merge_best,
+    asked = SearchAsked(config, Path(storage), search, settings.resources, given.state, merge_best,
                         allow_benchmark_tasks, task_search_path, pass_placement(given), settings.executor,
                         _tracking(trackers))
     return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import Population
     from resumerge.merge.plan.merge_plan import Plan
     from resumerge.runs.evolve.objective import ScoresGeneration
+    from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.progress import Watcher
-    from resumerge.runs.evolve.search import Planned, SearchOptions
+    from resumerge.runs.evolve.search import Planned
     from resumerge.runs.evolve.storage import Evaluated, Say
     from resumerge.runs.evolve.tracking import Tracking
 
@@ -213,8 +214,8 @@ def evolve_command(asked: SearchAsked) -> str:
         words += ["--popsize", str(options.popsize)]
     if options.sigma0 != 1 / 6:
         words += ["--sigma0", repr(options.sigma0)]
-    if options.seed != 0:
-        words += ["--random-seed", str(options.seed)]
+    if options.random_seed != 0:
+        words += ["--random-seed", str(options.random_seed)]
     if resources.max_memory is not None:
         words += ["--max-memory", str(resources.max_memory)]
     if resources.device not in (None, "cpu"):

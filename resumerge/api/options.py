@@ -28,6 +28,7 @@ from resumerge.config.settings import HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.merge.plan.defaults import DEFAULT_SEED
+from resumerge.runs.evolve.options import SearchOptions
 from resumerge.runs.transplant.spec import SurgeryChoices
 
 if TYPE_CHECKING:
@@ -189,15 +190,11 @@ class Trackers:
 
 
 @dataclass(frozen=True)
-class Search:
-    """How CMA-ES searches (``evolve``, mergekit-evolve's options and defaults): ``max_fevals`` evaluations (the
-    last generation cut to what is left), ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), the first
-    step size ``sigma0`` and the ``random_seed`` of its draws."""
-
-    max_fevals: int = 100
-    popsize: int | None = None
-    sigma0: float = 1 / 6
-    random_seed: int = 0
+class Search(SearchOptions):
+    """How CMA-ES searches (``evolve``, mergekit-evolve's options and defaults;
+    :class:`~resumerge.runs.evolve.options.SearchOptions`): ``max_fevals`` evaluations (the last generation cut to
+    what is left), ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), the first step size ``sigma0`` and
+    the ``random_seed`` of its draws."""
 
 
 @dataclass(frozen=True)
