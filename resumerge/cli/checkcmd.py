@@ -19,8 +19,8 @@ DESCRIPTION = ("A static pass over MODEL's tensors and a forward pass, one decod
 
 
 def add_arguments(check: argparse.ArgumentParser) -> None:
-    """The ``check`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
-    :data:`DESCRIPTION`)."""
+    """MODEL, its base and parents (its record names them where they are not given), the texts, the pass's
+    flags and the report's form."""
     check.add_argument("model", metavar="MODEL", help=f"the merged model: {flags.PASS_MODEL} (a resumerge output "
                        "names its base and parents in its record; its model card gets the check's section)")
     check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")

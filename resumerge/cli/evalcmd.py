@@ -30,8 +30,8 @@ DESCRIPTION = ("Runs lm-evaluation-harness (lm-eval) tasks on TARGET: lm-eval bu
 
 
 def add_arguments(evaluate: argparse.ArgumentParser) -> None:
-    """The ``eval`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
-    :data:`DESCRIPTION`)."""
+    """TARGET and its --tasks, lm-eval's options (under lm-eval's spellings too), the pass's flags, a merge
+    config TARGET's options and the output's form."""
     evaluate.add_argument("target", metavar="TARGET", help=f"the model: {flags.PASS_MODEL}; or a merge config (.yml): "
                           "the merge it describes, each layer's tensors merged in memory by run's own method code, "
                           "never written")

@@ -28,8 +28,8 @@ DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG desc
 
 
 def add_arguments(evolve: argparse.ArgumentParser) -> None:
-    """The ``evolve`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
-    :data:`DESCRIPTION`)."""
+    """CONFIG and STORAGE, CMA-ES's options, where its passes run, --merge-best, the trackers and the
+    output's form."""
     evolve.add_argument("config", metavar="CONFIG", help="the mergekit-evolve YAML config")
     evolve.add_argument("storage", metavar="STORAGE", help="the folder that keeps the search (new or this search's)")
     evolve.add_argument("--max-fevals", type=int, default=100, metavar="N",

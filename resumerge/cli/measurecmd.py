@@ -20,8 +20,7 @@ DESCRIPTION = ("Runs every model of CONFIG (its models: and base_model) one deco
 
 
 def add_arguments(measure: argparse.ArgumentParser) -> None:
-    """The ``measure`` command's arguments (:mod:`resumerge.cli.parsers` makes its parser from :data:`HELP` and
-    :data:`DESCRIPTION`)."""
+    """CONFIG and OUT_DIR, the texts, the pass's flags, the importance matrix written too and --plan."""
     measure.add_argument("config", metavar="CONFIG", help="the merge config whose models to measure")
     measure.add_argument("out", metavar="OUT_DIR", help="an empty (or this measurement's) folder for the Grams")
     measure.add_argument("--texts", metavar="FILE", help="calibration texts, one per line, no chat template "

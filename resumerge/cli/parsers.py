@@ -42,7 +42,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _add_declared(sub: SubParsers, name: str, module: str) -> None:
     """The parser of the command ``name`` that ``module`` declares, imported only when that parser is built: its
-    ``HELP`` (its line in ``resumerge --help``), ``DESCRIPTION`` and ``add_arguments(parser)``."""
+    ``HELP`` (its line in ``resumerge --help``), ``DESCRIPTION`` (its ``--help``'s opening) and
+    ``add_arguments(parser)`` (every argument and flag it takes)."""
     declared = importlib.import_module(module)
     declared.add_arguments(sub.add_parser(name, help=declared.HELP, description=declared.DESCRIPTION))
 
