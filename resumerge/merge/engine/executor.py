@@ -430,7 +430,9 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     run. ``kept``: the files written in place, unit by unit, journaled in ``units``, each with the units a previous
     run wrote (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
     committed."""
-    sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
+    order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
+    # A streamed source coalesces the reads that come next.
+    sources.expect(read_order(plan, done, order=order if batches is None else None))
     workers, governor, gpu = computing.workers, computing.governor, computing.gpu
     yield_cpu = computing.transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
@@ -447,7 +449,6 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
                         for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]
                         for n in names)
-    order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
     if batches is None:
         for shard in order:  # every unit kept: the writer commits them before any other shard
             if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):
