@@ -180,9 +180,14 @@ def spelled(tokenizer: Any, rows: int | None) -> Spelled:
     return Spelled(keys=keys, ids={key: i for key, (_, i) in best.items()}, strings=strings)
 
 
+def special_key(key: str) -> bool:
+    """Whether ``key`` is a special token's (it matches only a special token's of the same content)."""
+    return key.startswith(_SPECIAL)
+
+
 def shown(key: str) -> str:
     """A key as the text it stands for (a refusal names the token by it: `` the``, not ``Ġthe``)."""
-    if key.startswith(_SPECIAL):
+    if special_key(key):
         return key[len(_SPECIAL):]
     return key.encode("latin-1").decode("utf-8", errors="backslashreplace")
 
