@@ -221,7 +221,8 @@ def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp
     again = api.evaluate(model, state_dir=tmp_path / "ray", progress=lambda step: pytest.fail(f"ran again: {step}"),
                          **asked)
     assert again.to_json()["results"] == local.to_json()["results"]
-    # A merge config (merged in this process) and generation tasks (the whole model held here) are refused on Ray.
+    # A merge config (merged in this process) and generation tasks (their layers run here, against the KV cache kept
+    # here) are refused on Ray.
     config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(model), "parameters": {"weight": 1.0}}]})
     with pytest.raises(UsageError, match="a merge config is merged in this process"):

@@ -270,7 +270,8 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     settings = pass_settings("check", state_dir, resources, executor)
     return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
                      state=settings.state, placement=pass_placement(settings), cut_texts=truncate_texts,
-                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory))
+                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory),
+                     default_state=StateDir.resolve(None))
 
 
 def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,

@@ -44,10 +44,11 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     ``message``), as the merge's progress was."""
     from resumerge.analyses.check.progress import layer_lines
     from resumerge.analyses.check.run import run_check
+    from resumerge.config.locations import StateDir
 
     say = getattr(reporter, "message", None)
     report = run_check(outcome.out_dir, state=state, max_memory=max_memory, placement=check_placement(executor),
-                       watcher=layer_lines(say) if callable(say) else None)
+                       watcher=layer_lines(say) if callable(say) else None, default_state=StateDir.resolve(None))
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 

@@ -116,8 +116,9 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
     files.claim(store, planned.identity())
 
-    def merge(text: str, out: Path, state: Path) -> None:
+    def merge(text: str, out: Path, state: Path) -> StateDir:
         run(text, out, Settings(output=Output(write_model_card=False), resources=resources, state_dir=state))
+        return StateDir.resolve(state)  # the candidate's scoring passes read its run's state as run resolved it
 
     source = tokenizer_model(planned.spec.genome)
     tokenizer = Path(source) if source is not None else None

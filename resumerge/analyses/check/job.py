@@ -81,12 +81,14 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 @dataclass(frozen=True)
 class CheckSettings:
     """How a check runs (none of it in its key): under ``max_memory`` (None: the default budget), journaled under
-    ``state``, its models where the executor placed them (``placement``), its layers on ``device``."""
+    ``state``, its models where the executor placed them (``placement``), its layers on ``device``; a checked
+    merge's ledger looked for in ``state``, then in ``default_state`` (:func:`~.card.run_state`)."""
 
     max_memory: int | None
     state: StateDir
     placement: PassPlacement
     device: PassDevice
+    default_state: StateDir | None = None
 
     @property
     def site(self) -> PassSite:
@@ -148,7 +150,8 @@ class CheckJob:
         proof.record()  # the new look of a file touched, its bytes the same
         report = replace(CheckReport.from_json(json.loads((workdir / REPORT_NAME).read_text())),
                          prompts=describe(self.prompts_file), proof=proved.line())
-        return replace(report, card=update_card(self.model, self.settings.state, report)), None
+        return replace(report, card=update_card(self.model, self.settings.state, report,
+                                                 self.settings.default_state)), None
 
     def proved(self) -> str | None:
         """What the journal of a resumed check holds, proved against the bytes (and those bytes recorded)."""
@@ -256,9 +259,9 @@ class CheckJob:
         found.ready.reads.close()  # the ranges kept for a second read go
         found.ready.progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code,
                                  broken_layer=report.broken_layer)
-        _record(self.model, self.settings.state, report, done)
+        _record(self.model, self.settings, report, done)
         Journal(workdir, LAYER_PREFIX).clear()
-        return replace(report, card=update_card(self.model, self.settings.state, report))
+        return replace(report, card=update_card(self.model, self.settings.state, report, self.settings.default_state))
 
     def stopped_at(self) -> str:
         """Where the check stopped (:func:`stopped_at`)."""
@@ -350,8 +353,7 @@ def _give_back() -> None:
         trim(0)
 
 
-def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
-            where: Path) -> None:
+def _record(model: str | os.PathLike[str], settings: CheckSettings, report: CheckReport, where: Path) -> None:
     """A ``check`` event in the ledger of ``model`` when it is a resumerge output whose ledger the check finds
     (:func:`~resumerge.analyses.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and
     KL, and where the report is; the merge's own record then says how it was checked. A model without one (any other
@@ -361,7 +363,8 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
 
     if is_hub_target(model) and ".gguf" in os.fspath(model):
         return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
-    run = run_state(model, state)  # the run's own ledger: where the card's section is recorded too
+    # the run's own ledger: where the card's section is recorded too
+    run = run_state(model, settings.state, settings.default_state)
     if run is None:
         return
     path = run.run(model).ledger

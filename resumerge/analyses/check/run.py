@@ -35,7 +35,8 @@ from resumerge.forward.vocabs import SharedVocab
 def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
               parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
               max_memory: int | None = None, state: StateDir, placement: PassPlacement = HERE,
-              cut_texts: bool = False, watcher: Watcher | None = None, device: PassDevice = HOST) -> CheckReport:
+              cut_texts: bool = False, watcher: Watcher | None = None, device: PassDevice = HOST,
+              default_state: StateDir | None = None) -> CheckReport:
     """Check ``model`` against its base and parents (given, or from its record) and return the report; its
     journal is kept under ``state``. ``placement``: where the executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's forward pass on a node of a Ray cluster
@@ -46,13 +47,15 @@ def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | N
     Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
     ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
-    the GPU's budget too; :mod:`resumerge.forward.device`)."""
+    the GPU's budget too; :mod:`resumerge.forward.device`). ``default_state``: where the ledger of a checked merge
+    is looked for after ``state`` (the state dir a command given no ``--state-dir`` uses, as the API resolved it;
+    None: ``state`` alone), for its ``check`` event and its card."""
     site = site_of(placement)
     site.refuse("the check", device.name, device.on_gpu)
     site.available()  # before anything is read: without Ray (on Ray), one line and exit 2
     with _passive_threads():
         return _checked(CheckAsked(model, base, tuple(parents), prompts, cut_texts),
-                        CheckSettings(max_memory, state, placement, device), watcher)
+                        CheckSettings(max_memory, state, placement, device, default_state), watcher)
 
 
 @dataclass(frozen=True)
