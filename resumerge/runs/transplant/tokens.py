@@ -136,7 +136,8 @@ def load_vocabulary(directory: Path, *, what: str) -> Vocabulary:
 
 def vocabulary_of(tokenizer: Any) -> Vocabulary:
     """The :class:`Vocabulary` of a loaded tokenizer."""
-    return Vocabulary(normalized(tokenizer), tokenizer, spelled(tokenizer, None), spelling_of(tokenizer))
+    vocab: dict[str, int] = tokenizer.get_vocab()  # once: 262,144 tokens cross from Rust for each call
+    return Vocabulary(normalized(tokenizer, vocab), tokenizer, spelled(tokenizer, None, vocab), spelling_of(tokenizer))
 
 
 def word_start_prefix(tokenizer: Any, vocab: Mapping[str, int]) -> str:
@@ -153,24 +154,34 @@ def word_start_prefix(tokenizer: Any, vocab: Mapping[str, int]) -> str:
     return "Ġ"
 
 
-def normalized(tokenizer: Any) -> dict[Normalized, int]:
-    """``tokenizer``'s vocabulary normalized (see the module docstring)."""
-    vocab: dict[str, int] = tokenizer.get_vocab()
+def normalized(tokenizer: Any, vocab: Mapping[str, int] | None = None) -> dict[Normalized, int]:
+    """``tokenizer``'s vocabulary (``vocab``: its ``get_vocab()``, read here where not given) normalized (see the
+    module docstring)."""
+    if vocab is None:
+        vocab = tokenizer.get_vocab()
     prefix = word_start_prefix(tokenizer, vocab)
-    specials: Mapping[str, Any] = tokenizer.special_tokens_map
+    roles = special_roles(tokenizer.special_tokens_map)
     # By id: get_vocab()'s order follows a hash map's (another in each process), and the order decides which token
     # of several that normalize alike is kept and which batch each approximated token falls in.
-    return {normalize(token, specials, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
+    return {normalize(token, roles, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
 
 
-def normalize(token: str, specials: Mapping[str, Any], prefix: str) -> Normalized:
-    """One token normalized: the word-start marker first, then the first special role it fills."""
+def special_roles(specials: Mapping[str, Any]) -> dict[str, str]:
+    """``special_tokens_map`` as token -> the first role it fills (a dict lookup per token, not a scan of roles)."""
+    roles: dict[str, str] = {}
+    for role, values in specials.items():
+        for value in [values] if isinstance(values, str) else values:
+            roles.setdefault(value, role)
+    return roles
+
+
+def normalize(token: str, roles: Mapping[str, str], prefix: str) -> Normalized:
+    """One token normalized: the word-start marker first, then the first special role it fills (``roles``:
+    :func:`special_roles`)."""
     if token.startswith(prefix):
         return (_WORD_START, token[len(prefix):])
-    for role, values in specials.items():
-        if token in ([values] if isinstance(values, str) else values):
-            return (_SPECIAL, role)
-    return token
+    role = roles.get(token)
+    return (_SPECIAL, role) if role is not None else token
 
 
 def text_of(token: Normalized) -> str:
