@@ -30,10 +30,11 @@ def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     names = ["tiny_mc", "tiny_ppl", "tiny_gen"]
     for number, target in enumerate((a, merge)):
-        cpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-cpu-{number}")
-        gpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-gpu-{number}", resources=api.Resources(device="cuda"))
+        cpu = api.evaluate(target, names, api.Settings(state_dir=tmp_path / f"s-cpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
+        gpu = api.evaluate(target, names, api.Settings(resources=api.Resources(device="cuda"),
+                                                       state_dir=tmp_path / f"s-gpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
         for task in names:
             want, got = cpu.results["results"][task], gpu.results["results"][task]
             assert want.keys() == got.keys(), task

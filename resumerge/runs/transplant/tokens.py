@@ -31,7 +31,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.vocabs import (
@@ -43,6 +43,9 @@ from resumerge.forward.vocabs import (
     spelled,
     spelling_of,
 )
+
+if TYPE_CHECKING:
+    from resumerge.runs.transplant.spec import SurgeryChoices
 
 # A normalized token: the text, or (marker, text) for a word start or a special role.
 Normalized = str | tuple[str, str]
@@ -197,11 +200,13 @@ def allowed(choice: str, matrix: str) -> bool:
 
 
 def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_rows: int, *, matrix: str,
-                 prefix_match: str, byte_match: str, pieces: bool, trained: set[Normalized] | None = None,
-                 junk: tuple[int, ...] = (), cap: bool = False) -> MatrixMatch:
-    """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR; ``trained``: the
-    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output
-    has DONOR's rows, not its tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
+                 choices: SurgeryChoices, trained: set[Normalized] | None = None, junk: tuple[int, ...] = (),
+                 cap: bool = False) -> MatrixMatch:
+    """The match of one matrix (``embed`` or ``lm_head``) of ``model_rows`` rows in MODEL and ``donor_rows`` in
+    DONOR, as the transplant's ``choices`` say (``prefix_match``, ``byte_match``, and whether each approximated
+    token is split into MODEL's pieces: the ``subword`` approximation); ``trained``: the tokens MODEL may lend its
+    rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output has DONOR's rows, not its
+    tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
     orig = {t: i for t, i in model.ids.items() if i < model_rows and (trained is None or t in trained)}
     lends = set(orig.values())
     # MODEL's row of each run of bytes, among the rows it may lend.
@@ -215,7 +220,7 @@ def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_ro
     approximated: list[int] = []
     tokens: list[tuple[Normalized, int]] = []
     exact = same_bytes = byte = prefix = dropped = gained = mended = 0
-    use_byte, use_prefix = allowed(byte_match, matrix), allowed(prefix_match, matrix)
+    use_byte, use_prefix = allowed(choices.byte_match, matrix), allowed(choices.prefix_match, matrix)
     for token, donor_id in donor.ids.items():
         if donor_id >= donor_rows:
             dropped += 1
@@ -250,7 +255,7 @@ def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_ro
         if string_row is not None and string_row != found:
             mended += 1
     split: tuple[tuple[int, ...], ...] = ()
-    if pieces:
+    if choices.approximation_method == "subword":
         split = tuple(tuple(model.tokenizer(_text(t, theirs.get(i), donor.spelling), add_special_tokens=False)
                             ["input_ids"]) for t, i in tokens)
     return MatrixMatch(rows, tuple(copies), tuple(approximated), tuple(shared), split,
