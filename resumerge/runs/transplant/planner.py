@@ -291,7 +291,8 @@ def card_wording(spec: SurgerySpec, opened: Opened, matches: Mapping[str, Matrix
     flags too), and the recorded options as the JSON they are."""
     lead = (f"{spec.model}'s weights with {spec.donor}'s tokenizer: a tokenizer transplant made with resumerge "
             "tokensurgeon (the options and meanings of mergekit-tokensurgeon 0.1.5). The token embedding and head "
-            "rows of the tokens both vocabularies hold are MODEL's, copied bit for bit; the rows of DONOR's other "
+            "rows of the tokens both vocabularies hold (the same bytes, however each tokenizer writes them) are "
+            "MODEL's, copied bit for bit; the rows of DONOR's other "
             f"tokens are approximated from MODEL's rows by {spec.describe()}. Made by "
             f"`{spec.command(output_flags(options))}`.")
     return CardWording(
