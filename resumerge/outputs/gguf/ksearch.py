@@ -309,8 +309,8 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
     np.clip(q, low, high, out=q)
     w = x * x
     wx = w * x
-    sumlx, suml2 = fsum(wx * q), fsum(w * q * q)
-    sumlx, suml2 = descend(x, w, wx, q, sumlx, suml2, low, high, need_sl2=False)
+    terms = (wx * q, w * q * q)
+    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
 
     def codes_at(cols: _Array) -> _Array:
@@ -323,11 +323,12 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
 
 
 def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
-            *, need_sl2: bool) -> tuple[_Array, _Array]:
+            *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None) -> tuple[_Array, _Array]:
     """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (n, S) (in place): each code in turn
     moved to its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also
     require the reduced sum of squares to be positive before trying (``make_qp_quants``), else after
-    (``make_q3_quants``). Returns the final (Σwxq, Σwq²).
+    (``make_q3_quants``). Returns the final (Σwxq, Σwq²). ``terms``: the products ``wx·q`` and ``w·q·q`` the
+    starting sums were taken of, where the caller has them (the first round's, not taken again).
 
     Taken move by move rather than step by step: a column's sums change only where a move is kept, so from its
     cursor (the step after its last kept move) every step up to its next kept move sees the same sums and codes,
@@ -356,7 +357,8 @@ def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _
         live = xs.shape[1]
         f = floats[:5, :n * live].reshape(5, n, live)
         b = flags[:, :n * live].reshape(3, n, live)
-        keep, new, slx, sl2 = _trial(xs, ws, wxs, qs, lx, l2, low, high, f, b, need_sl2=need_sl2)
+        keep, new, slx, sl2 = _trial(xs, ws, wxs, qs, lx, l2, low, high, f, b, need_sl2=need_sl2, terms=terms)
+        terms = None
         # each step's place in the loop's order from the cursor (0 at the cursor), n + that where not kept
         rank = ahead[:n * live].reshape(n, live)
         np.subtract(order, cursor, out=rank)
@@ -400,17 +402,21 @@ def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _
 
 
 def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Array, low: float, high: float,
-           f: _Array, b: _Array, *, need_sl2: bool) -> tuple[_Array, _Array, _Array, _Array]:
+           f: _Array, b: _Array, *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None
+           ) -> tuple[_Array, _Array, _Array, _Array]:
     """Every step of the descent tried at once over (n, S) against the sums ``lx``, ``l2`` (S,) and codes ``qs``
     as they stand: (whether each move is kept, the new codes, the sums after each move), in ``f`` (5, n, S)
-    float32 and ``b`` (3, n, S) bool. The scalar loop's float32 operations, in its order."""
+    float32 and ``b`` (3, n, S) bool. The scalar loop's float32 operations, in its order. ``terms``: each
+    position's ``wx·q`` and ``w·q·q`` of these codes, where the caller has them."""
     slx, sl2, new, t, fit = f
     keep, tried, flag = b
-    np.multiply(wxs, qs, out=slx)
-    np.subtract(lx, slx, out=slx)
-    np.multiply(ws, qs, out=sl2)
-    sl2 *= qs
-    np.subtract(l2, sl2, out=sl2)
+    if terms is None:
+        np.multiply(wxs, qs, out=slx)
+        np.multiply(ws, qs, out=sl2)
+        sl2 *= qs
+        terms = (slx, sl2)
+    np.subtract(lx, terms[0], out=slx)
+    np.subtract(l2, terms[1], out=sl2)
     np.greater(slx, F(0), out=tried)
     if need_sl2:
         tried &= np.greater(sl2, F(0), out=flag)
@@ -468,6 +474,8 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     q = np.minimum(top, ni(iscale * x))
     q = np.where(q < 0, q + F(256), q)  # stored in a uint8
     wx = w * x
-    sumlx, suml2 = descend(x, w, wx, q, fsum(wx * q), fsum(w * q * q), -np.inf, float(nmax), need_sl2=True)
+    terms = (wx * q, w * q * q)
+    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), -np.inf, float(nmax), need_sl2=True,
+                           terms=terms)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
     return np.where(zero, F(0), scale), np.where(zero, F(0), q)
