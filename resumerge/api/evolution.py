@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from resumerge.api.options import Output, PathLike, Resources, Settings, config_text
+from resumerge.api.options import Harness, Output, PathLike, Resources, Settings, config_text
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, Here, OnRay, PassPlacement
 from resumerge.errors import UsageError
@@ -116,8 +116,9 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
     files.claim(store, planned.identity())
 
-    def merge(text: str, out: Path, state: Path) -> None:
+    def merge(text: str, out: Path, state: Path) -> StateDir:
         run(text, out, Settings(output=Output(write_model_card=False), resources=resources, state_dir=state))
+        return StateDir.resolve(state)  # the candidate's scoring passes read its run's state as run resolved it
 
     source = tokenizer_model(planned.spec.genome)
     tokenizer = Path(source) if source is not None else None
@@ -130,10 +131,11 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         else None
 
     def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
-        return dict(calls.evaluate(target, tasks=settings.tasks, include_path=settings.include_path,
-                                   limit=settings.limit, num_fewshot=settings.num_fewshot,
-                                   apply_chat_template=settings.apply_chat_template, max_memory=resources.max_memory,
-                                   device=settings.device, state_dir=state, task_index=index).results)
+        harness = Harness(include_path=settings.include_path, limit=settings.limit,
+                          num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template)
+        given = Settings(resources=Resources(max_memory=resources.max_memory, device=settings.device),
+                         state_dir=state)
+        return dict(calls.evaluate(target, settings.tasks, given, harness=harness, task_index=index).results)
 
     command = evolve_command(asked)
 

@@ -24,10 +24,10 @@ from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME, StageRow, rea
 from resumerge.runs.recipes.manifest import (
     DELETED,
     DELETING,
+    Labelled,
     RecipeRecord,
     recipe_dir,
     recipe_ledger_record,
-    stage_label,
 )
 
 
@@ -51,7 +51,7 @@ class StageRecord:
 
 
 @dataclass(frozen=True)
-class StageStatus:
+class StageStatus(Labelled):
     """One stage: where it writes, its state (pending|running|interrupted|failed|done|deleted) and progress."""
 
     key: str
@@ -66,10 +66,6 @@ class StageStatus:
     bytes_total: int = 0
     started_at: float | None = None
     finished_at: float | None = None
-
-    @property
-    def label(self) -> str:
-        return stage_label(self.name, self.document)
 
 
 @dataclass(frozen=True)
