@@ -28,8 +28,10 @@ def add_arguments(measure: argparse.ArgumentParser) -> None:
     flags.add(measure, flags.TRUNCATE_TEXTS, *flags.PASS_FLAGS)
     flags.add_executor(measure)
     measure.add_argument("--imatrix", metavar="FILE", help="also write the Grams as llama.cpp's importance matrix "
-                         "(llama-imatrix's GGUF: each linear's sums of squared inputs, named as llama.cpp names the "
-                         "weight; several models' pooled), for run --imatrix or llama-quantize --imatrix")
+                         "(llama-imatrix's GGUF, or its older .dat form where FILE ends in .dat: each linear's sums "
+                         "of squared inputs, named as llama.cpp names the weight, a mixture of experts' routed "
+                         "experts one row and one count per expert; several models' pooled), for run --imatrix or "
+                         "llama-quantize --imatrix; with it a mixture of experts is measured (without, refused)")
     measure.add_argument("--plan", action="store_true", help="check the config, the models and the texts and "
                          "estimate each model's pass (decoder layers, memory at its largest step, the smallest budget "
                          "that fits; the RAM on the host, whatever the --device); write nothing: exit 0 when it fits, "
