@@ -16,6 +16,12 @@ from resumerge import api
 from resumerge.memory import collector_paused
 
 
+@pytest.fixture(autouse=True)
+def _nothing_frozen() -> None:
+    # A command run in this worker before (a refusal's exit_with) may have left objects frozen: start from none.
+    gc.unfreeze()
+
+
 def _walked(obj: object) -> bool:
     """Whether the collector's generations hold ``obj`` (a frozen object is in none of them)."""
     return any(o is obj for o in gc.get_objects())
