@@ -1,8 +1,9 @@
 """``eval`` and ``evolve`` with ``--device cuda`` give the CPU's figures: each layer of a model, and of a merge never
 written, runs on the GPU and every request's score, metric and generation is the CPU's (within float32 rounding:
-a GPU's matrix products sum in another order); a search on the GPU proposes the same candidates and keeps the same
-``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU machine: ``pytest tests/test_gpu_passes.py``); tiny
-generated models, a few seconds each there."""
+a GPU's matrix products sum in another order); a generation one decoder layer at a time on the GPU (a tiny Llama, a
+tiny Gemma 3 with windowed layers; its KV cache in RAM or spilled) gives the CPU's greedy answers; a search on the GPU
+proposes the same candidates and keeps the same ``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU
+machine: ``pytest tests/test_gpu_passes.py``); tiny generated models, a few seconds each there."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     names = ["tiny_mc", "tiny_ppl", "tiny_gen"]
     for number, target in enumerate((a, merge)):
-        cpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-cpu-{number}")
-        gpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-gpu-{number}", resources=api.Resources(device="cuda"))
+        cpu = api.evaluate(target, names, api.Settings(state_dir=tmp_path / f"s-cpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
+        gpu = api.evaluate(target, names, api.Settings(resources=api.Resources(device="cuda"),
+                                                       state_dir=tmp_path / f"s-gpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
         for task in names:
             want, got = cpu.results["results"][task], gpu.results["results"][task]
             assert want.keys() == got.keys(), task
@@ -67,3 +69,32 @@ def test_a_search_on_the_gpu_proposes_the_cpus_candidates_and_keeps_the_same_bes
     # the same candidate is best and its config the same bytes; only the objective in the head line may differ
     want, got = ((tmp_path / where / "best.yml").read_text().split("\n", 1) for where in ("cpu", "gpu"))
     assert got[0].split("objective")[0] == want[0].split("objective")[0] and got[1] == want[1]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_a_layer_streamed_generation_on_the_gpu_gives_the_cpus_answers(tmp_path: Path, family: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation with ``--device cuda`` where the whole model does not fit: each decoder layer on the GPU, the KV
+    cache in RAM or spilled (a Gemma 3's windowed layers keeping their window), the same greedy answers as the CPU;
+    and the whole model held on the GPU, the same answers too."""
+    pytest.importorskip("lm_eval")
+    from resumerge.analyses.evaluation import run, streamgen
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+    from tests.evaluation.streamedeval import streamed
+    from tests.evaluation.test_streamgen import _answers, _task, _windowed
+
+    model = tiny_model(tmp_path / "model") if family == "llama" else _windowed(tmp_path / "model", family)
+    tasks = write_tasks(tmp_path)
+    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
+    found = {}
+    for device in ("cpu", "cuda"):
+        for how in ("whole", "streamed", "spilled"):
+            with monkeypatch.context() as patch:
+                if how != "whole":
+                    patch.setattr(run, "_fits", lambda stream, settings: False)
+                    patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
+                    streamed(spilled=how == "spilled")
+                done = api.evaluate(model, tasks=[long], include_path=tasks, log_samples=True,
+                                    state_dir=tmp_path / f"{device}-{how}", resources=api.Resources(device=device))
+            found[device, how] = _answers(done.results, long)
+    assert len({json.dumps(answers) for answers in found.values()}) == 1, found

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.keptwork import KeptWorkKind
 from resumerge.api.runkind import PathLike
-from resumerge.runs.extract.state import is_extraction_text
+from resumerge.runs.extract.state import EXTRACTION_MARK
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations, StateDir
@@ -26,10 +26,7 @@ class ExtractionKind(KeptWorkKind):
     with ``--sv-epsilon`` (to count each module's rank)."""
 
     name = "extraction"
-
-    def recognises(self, text: str) -> bool:
-        """An extraction's spec (:func:`~resumerge.runs.extract.spec.spec_text`)."""
-        return is_extraction_text(text)
+    mark = EXTRACTION_MARK  # an extraction's spec (:func:`~resumerge.runs.extract.spec.spec_text`)
 
     def prepared(self, text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None,
                  model_dirs: Mapping[str, str] | None, on_progress: Callable[[HubEvent], None] | None) -> Prepared:

@@ -6,6 +6,7 @@ text, its planner, its kept work and what ``status`` shows of it."""
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import replace
@@ -34,10 +35,18 @@ class KeptWorkKind(ABC):
     """A kind of run with its work kept until its output is committed (see the module)."""
 
     name: str
+    # The key of this kind's recorded text: a JSON document holding it (a merge's config is YAML).
+    mark: str
 
-    @abstractmethod
     def recognises(self, text: str) -> bool:
-        """Whether ``text`` is this kind's recorded text."""
+        """Whether ``text`` is this kind's recorded text: a JSON object holding :attr:`mark`."""
+        if not text.lstrip().startswith("{"):
+            return False
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and self.mark in doc
 
     @abstractmethod
     def prepared(self, text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None,

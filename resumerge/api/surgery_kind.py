@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from resumerge.api.keptwork import KeptWorkKind
 from resumerge.api.runkind import PathLike
-from resumerge.runs.transplant.spec import is_surgery_text
+from resumerge.runs.transplant.spec import MARK
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations, StateDir
@@ -26,10 +26,7 @@ class SurgeryKind(KeptWorkKind):
     weight."""
 
     name = "tokensurgeon"
-
-    def recognises(self, text: str) -> bool:
-        """A transplant's options (:func:`~resumerge.runs.transplant.spec.spec_text`)."""
-        return is_surgery_text(text)
+    mark = MARK  # a transplant's options (:func:`~resumerge.runs.transplant.spec.spec_text`)
 
     def prepared(self, text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None,
                  model_dirs: Mapping[str, str] | None, on_progress: Callable[[HubEvent], None] | None) -> Prepared:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -21,6 +21,8 @@ from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.params import Setting, check_setting
 from resumerge.config.yamltext import DuplicateKeyError, UniqueKeyLoader, anchor_holders, decode_config
 from resumerge.errors import ConfigError, UsageError
+
+_E = TypeVar("_E")  # what one entry of a config list parses to
 
 TOP_LEVEL_KEYS = frozenset(
     {
@@ -329,49 +331,47 @@ def _modules(value: Any) -> tuple[ModuleConfig, ...]:
     return tuple(out)
 
 
-def _models(value: Any, where: str = "models") -> tuple[SourceConfig, ...]:
+def _listed(value: Any, where: str, what: str, entry: Callable[[Any, str], _E]) -> tuple[_E, ...]:
+    """The entries of the list ``what`` at ``where``, each parsed by ``entry`` at its own path (``where[i]``);
+    anything but a non-empty list is refused."""
     if not isinstance(value, list) or not value:
-        raise ConfigError("models must be a non-empty list", yaml_path=where)
-    out = []
-    for i, item in enumerate(value):
-        path = f"{where}[{i}]"
-        if isinstance(item, str):
-            item = {"model": item}
-        if not isinstance(item, dict) or "model" not in item:
-            raise ConfigError("each entry needs a 'model'", yaml_path=path)
-        extra = sorted(set(item) - {"model", "parameters"})
-        if extra:
-            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=("model", "parameters"), given=item)
-        out.append(
-            SourceConfig(
-                model=_model(item["model"], f"{path}.model"),
-                layer_range=None,
-                parameters=_parameters(item.get("parameters"), f"{path}.parameters"),
-                yaml_path=path,
-            )
-        )
-    return tuple(out)
+        raise ConfigError(f"{what} must be a non-empty list", yaml_path=where)
+    return tuple(entry(item, f"{where}[{i}]") for i, item in enumerate(value))
+
+
+def _models(value: Any, where: str = "models") -> tuple[SourceConfig, ...]:
+    return _listed(value, where, "models", _listed_model)
+
+
+def _listed_model(item: Any, path: str) -> SourceConfig:
+    if isinstance(item, str):
+        item = {"model": item}
+    if not isinstance(item, dict) or "model" not in item:
+        raise ConfigError("each entry needs a 'model'", yaml_path=path)
+    extra = sorted(set(item) - {"model", "parameters"})
+    if extra:
+        raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=("model", "parameters"), given=item)
+    return SourceConfig(model=_model(item["model"], f"{path}.model"), layer_range=None,
+                        parameters=_parameters(item.get("parameters"), f"{path}.parameters"), yaml_path=path)
 
 
 def _slices(value: Any, where: str = "slices") -> tuple[SliceConfig, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError("slices must be a non-empty list", yaml_path=where)
-    out = []
-    for i, item in enumerate(value):
-        path = f"{where}[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
-        allowed = ("sources", "base_model", "parameters", "residual_weight")
-        extra = sorted(set(item) - set(allowed))
-        if extra:
-            raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=allowed, given=item)
-        sources = item.get("sources")
-        if not isinstance(sources, list) or not sources:
-            raise ConfigError("a slice needs a non-empty 'sources' list", yaml_path=f"{path}.sources")
-        parsed = tuple(_source(s, f"{path}.sources[{j}]") for j, s in enumerate(sources))
-        base = _model(item["base_model"], f"{path}.base_model") if item.get("base_model") is not None else None
-        out.append(SliceConfig(parsed, base, _parameters(item.get("parameters"), f"{path}.parameters"), path))
-    return tuple(out)
+    return _listed(value, where, "slices", _slice)
+
+
+def _slice(item: Any, path: str) -> SliceConfig:
+    if not isinstance(item, dict):
+        raise ConfigError("each slice must be a mapping with 'sources'", yaml_path=path)
+    allowed = ("sources", "base_model", "parameters", "residual_weight")
+    extra = sorted(set(item) - set(allowed))
+    if extra:
+        raise unknown_key_error(extra[0], f"{path}.{extra[0]}", allowed=allowed, given=item)
+    sources = item.get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise ConfigError("a slice needs a non-empty 'sources' list", yaml_path=f"{path}.sources")
+    parsed = tuple(_source(s, f"{path}.sources[{j}]") for j, s in enumerate(sources))
+    base = _model(item["base_model"], f"{path}.base_model") if item.get("base_model") is not None else None
+    return SliceConfig(parsed, base, _parameters(item.get("parameters"), f"{path}.parameters"), path)
 
 
 def _source(item: Any, path: str) -> SourceConfig:

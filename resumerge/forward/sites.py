@@ -105,12 +105,10 @@ class PassSite(Protocol):
         (exit 2) where they cannot be."""
 
 
-@dataclass(frozen=True)
-class InProcess:
-    """Every model of the pass in this process, one layer of one model at a time."""
+class _Named:
+    """What every site takes from its executor's ``placement`` as it is: its name and its refusals."""
 
-    placement: Here
-    here: bool = True
+    placement: PassPlacement
 
     @property
     def name(self) -> str:
@@ -118,6 +116,14 @@ class InProcess:
 
     def refuse(self, what: str, device: str, on_gpu: bool) -> None:
         self.placement.refuse(what, device, on_gpu)
+
+
+@dataclass(frozen=True)
+class InProcess(_Named):
+    """Every model of the pass in this process, one layer of one model at a time."""
+
+    placement: Here
+    here: bool = True
 
     def available(self) -> None:
         """Nothing to install."""
@@ -148,20 +154,13 @@ class _HereSeats:
 
 
 @dataclass(frozen=True)
-class OnCluster:
+class OnCluster(_Named):
     """An actor per model on the Ray cluster ``placement`` names (:mod:`resumerge.forward.rayactor`); this process
     holds every model's hidden states and journals the pass as it does here, so a pass started on one resumes on
     the other with the same bytes."""
 
     placement: OnRay
     here: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.placement.name
-
-    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
-        self.placement.refuse(what, device, on_gpu)
 
     def available(self) -> None:
         from resumerge.merge.engine.cluster.connect import check_ray

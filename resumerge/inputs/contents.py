@@ -207,7 +207,15 @@ class _Form(Protocol):
         when it changed while it was read."""
 
 
-class _Whole:
+class _InTake:
+    """A form hashed all in :meth:`take`, nothing of it ahead (as the merge's reads hash a range form's ranges): the
+    records vouching for the file leave nothing to stop."""
+
+    def settled(self) -> None:
+        """Nothing to stop: no hash of the file runs ahead of :meth:`take`."""
+
+
+class _Whole(_InTake):
     """The whole file's sha256: what a ledger recorded before spans were."""
 
     def __init__(self, path: Path) -> None:
@@ -222,9 +230,6 @@ class _Whole:
     def cost(self) -> int:
         return self.path.stat().st_size
 
-    def settled(self) -> None:
-        pass
-
     def take(self) -> tuple[Content, int]:
         path = self.path
         started = now_ns()
@@ -237,7 +242,7 @@ class _Whole:
         return Content(size, mtime, -1 if racy else ctime, digest.hexdigest()), started
 
 
-class _Spans:
+class _Spans(_InTake):
     """The xxh3-128 of a file's merged spans read in order (``xxh3-128:SPANS:HEX``): the form before per-range
     digests, still the one of a pickled ``.bin`` (read by its storages' virtual ranges, hashed whole)."""
 
@@ -252,9 +257,6 @@ class _Spans:
 
     def cost(self) -> int:
         return spans_bytes(self.spans)
-
-    def settled(self) -> None:
-        pass
 
     def take(self) -> tuple[Content, int]:
         path = self.path

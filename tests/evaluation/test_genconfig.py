@@ -49,7 +49,8 @@ def _answers(results: dict[str, Any]) -> list[Any]:
 
 
 def _evaluate(model: Path, tasks: Path, state: Path) -> list[Any]:
-    return _answers(api.evaluate(model, tasks=[TASK], include_path=tasks, log_samples=True, state_dir=state).results)
+    return _answers(api.evaluate(model, [TASK], api.Settings(state_dir=state),
+                                 harness=api.Harness(include_path=tasks, log_samples=True)).results)
 
 
 def test_greedy_answers_follow_the_models_generation_config_as_lm_evals_hf_model(
@@ -131,3 +132,40 @@ def test_a_tasks_generation_kwargs_give_the_processors_over_the_file_as_generate
     theirs = _answers(hf_results(model, tasks, [TASK]))
     assert _evaluate(model, tasks, tmp_path / "given") == theirs
     assert theirs != own
+
+
+def test_without_a_generation_config_the_config_jsons_end_tokens_end_a_continuation_as_generate_ends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``generation_config.json``: transformers makes the generation config from ``config.json``, whose
+    ``eos_token_id`` (here a list, as Llama 3's, naming a plain word besides the tokenizer's end token) ends
+    lm-eval's ``hf`` model's continuations at that word; resumerge's answers (held whole and one layer at a time)
+    end there too (they ran on to ``max_gen_toks`` before)."""
+    from transformers import AutoTokenizer
+
+    from resumerge.analyses.evaluation import run
+    from resumerge.analyses.evaluation.genconfig import end_tokens
+
+    model, tasks = tiny_model(tmp_path / "model"), _tasks(tmp_path)
+    assert not (model / "generation_config.json").exists()
+    plain = _evaluate(model, tasks, tmp_path / "plain")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    made = tokenizer(plain[0][0][0], add_special_tokens=False)["input_ids"]
+    word = made[2]  # the third token of the first answer: a plain word, not the tokenizer's end token
+    assert word != tokenizer.eos_token_id
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "eos_token_id": [config["eos_token_id"], word]}))
+    assert end_tokens(model) == (config["eos_token_id"], word)
+    theirs = _answers(hf_results(model, tasks, [TASK]))
+    whole = _evaluate(model, tasks, tmp_path / "whole")
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "_fits", lambda stream, settings: False)
+        streamed = _evaluate(model, tasks, tmp_path / "streamed")
+    assert whole == streamed == theirs
+    assert whole != plain and len(whole[0][0][0]) < len(plain[0][0][0])
+    # a file naming no end token: transformers stops on none of the config's (the file replaces it)
+    (model / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert end_tokens(model) == ()
+    (model / "generation_config.json").unlink()
+    # a multimodal config (Gemma 3's): the end tokens of its text_config, the top level naming none
+    (model / "config.json").write_text(json.dumps({"model_type": "x", "text_config": {"eos_token_id": [1, 106]}}))
+    assert end_tokens(model) == (1, 106)

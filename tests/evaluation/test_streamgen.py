@@ -75,8 +75,8 @@ def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: lis
         if said is not None and step.plan is not None:
             said.append(step.plan)
 
-    return api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=state, progress=progress,
-                        seed=seed)
+    return api.evaluate(model, names, api.Settings(state_dir=state),
+                        harness=api.Harness(include_path=tasks, log_samples=True, seed=seed), progress=progress)
 
 
 def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_too(
@@ -236,6 +236,22 @@ def _windowed(directory: Path, model_type: str) -> Path:
     return directory
 
 
+def _kept_pasts(patch: pytest.MonkeyPatch) -> dict[int, int]:
+    """The most positions of a request's past handed to each layer (its index) by the streamed generation, from
+    here on (``patch``'s block)."""
+    from resumerge.analyses.evaluation import streamgen
+
+    most: dict[int, int] = {}
+    own = streamgen.one_layer_cache
+
+    def recorded(layer: int, past: Any, device: Any) -> Any:
+        most[layer] = max(most.get(layer, 0), 0 if past is None else int(past[0].shape[2]))
+        return own(layer, past, device)
+
+    patch.setattr(streamgen, "one_layer_cache", recorded)
+    return most
+
+
 @pytest.mark.parametrize("model_type", ["gemma3_text", "mistral"])
 def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: Path, model_type: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,18 +259,123 @@ def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: P
 
     model, tasks = _windowed(tmp_path / "model", model_type), write_tasks(tmp_path)
     long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
-    found = {}
+    found, plans = {}, []
+    windowed = [0, 2] if model_type == "gemma3_text" else [0, 1, 2]
     for how in ("streamed", "spilled"):
         said: list[str] = []
         with monkeypatch.context() as patch:
             patch.setattr(run, "_fits", lambda stream, settings: False)
-            patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
+            patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)  # restored as it was after the block
             streamed(spilled=how == "spilled")
+            planned = streamgen.gen_plan
+
+            def recorded(*args: Any, planned: Any = planned) -> Any:
+                plans.append((planned(*args), args[1]))
+                return plans[-1][0]
+
+            patch.setattr(streamgen, "gen_plan", recorded)
+            most = _kept_pasts(patch)
             found[how] = _answers(_evaluate(model, tasks, [long], tmp_path / how, said).results, long)
         assert ("spilled" in said[0]) == (how == "spilled")
+        # a windowed layer is handed its window's last 3 positions at most (the query the 4th), as generate's
+        # windowed cache holds them; a full layer its whole past
+        assert all(most[layer] == 3 for layer in windowed), most
+        assert all(most[layer] > 10 for layer in range(3) if layer not in windowed), most
+    # the plan counts the windowed cache: 2 heads x 8 values, keys and values in float32 a position
+    plan, asked = plans[0]
+    rooms = [len(w.tokens) + w.most for w in asked]
+    assert plan.kv == sum(128 * sum(min(r, 3) if layer in windowed else r for layer in range(3)) for r in rooms)
     theirs = _answers(hf_results(model, tasks, [long]), long)  # transformers' generate, the whole model held
     assert found["streamed"] == found["spilled"] == theirs
     assert len({a[0][0] for a in theirs}) > 1
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "sliding_window": 64}))
     assert _answers(hf_results(model, tasks, [long]), long) != theirs, "the window changes the answers"
+
+
+@pytest.mark.parametrize(("spilled", "point", "journaled"), [(True, "after_generation_layer:19", 6),
+                                                              (False, "after_generation_step:5", 5)])
+def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(tmp_path: Path, spilled: bool, point: str,
+                                                                        journaled: int) -> None:
+    """A tiny Gemma 3 (windows of 4 on its first and last layers) killed (SIGKILL) inside a token step, after its
+    first, windowed, layer wrote its position into the spilled ring (or after a step, the held cache rebuilt
+    from the step files cut to its window), resumes to transformers' greedy answers."""
+    model, tasks = _windowed(tmp_path / "model", "gemma3_text"), write_tasks(tmp_path)
+    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
+    state = tmp_path / "state"
+    args = [*(["--spilled"] if spilled else []), "eval", model, "--tasks", long, "--include-path", tasks,
+            "--state-dir", state, "--log-samples", "--output-path", tmp_path / "out", "--json"]
+    killed = cli(*args, env={"RESUMERGE_KILL_AT": point}, script=STREAMED, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folder = next((state / "evals").glob("*/progress.json")).parent
+    assert len(list(folder.glob(f"{STEP_PREFIX}*.safetensors"))) == journaled
+    if spilled:  # a ring of 4 positions at each windowed layer (its window), every position at the full one
+        from safetensors.torch import load_file
+
+        first = load_file(str(folder / f"{STEP_PREFIX}00000.safetensors"))  # each context's positions, added
+        rooms = [int(v) + 10 for name, v in first.items() if name.startswith("added.")]
+        row = 2 * 8 * 4  # a position's keys (or values) at a layer: 2 heads of 8 float32
+        assert (folder / SPILL_NAME).stat().st_size == 2 * row * sum(r + 2 * min(r, 4) for r in rooms)
+    else:  # the held cache's step files: the prefill's keys at a windowed layer its window's 3, at the full one all
+        from safetensors.torch import load_file
+
+        first = load_file(str(folder / f"{STEP_PREFIX}00000.safetensors"))
+        requests = [name.split(".")[1] for name in first if name.startswith("added.")]
+        assert requests and all(first[f"k.0.{r}"].shape[2] == first[f"v.2.{r}"].shape[2] == 3 and
+                                first[f"k.1.{r}"].shape[2] == int(first[f"added.{r}"]) > 3 for r in requests)
+    resumed = cli(*args, script=STREAMED, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
+    assert steps[0].endswith(f"token step {journaled + 1}/10: layer 1/3"), steps[:2]
+    kept = json.loads((folder / GENERATED).read_text())
+    theirs = _answers(hf_results(model, tasks, [long]), long)
+    assert sorted(kept) == sorted(a[0][0] for a in theirs)
+
+
+def test_generation_runs_on_the_evaluations_device_held_whole_and_streamed(setup: tuple[Path, Path], tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device``: the generation's modules run there (they ran on the CPU whatever the device, before), the
+    whole model held and one layer at a time, to the CPU's answers. ``cpu:0`` is moved to as a GPU is (every
+    weight, buffer, hidden state and call copied there: :func:`~resumerge.forward.device.moved`), which exercises
+    the device's paths here; ``tests/test_gpu_passes.py`` runs them on a GPU."""
+    from resumerge.analyses.evaluation import run
+    from resumerge.analyses.evaluation.settings import EvalSettings
+    from resumerge.forward.device import PassDevice
+
+    model, tasks = setup
+    cpu = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / "cpu").results, "tiny_gen")
+    found = {}
+    for how in ("whole", "streamed"):
+        devices: set[str] = set()
+        with monkeypatch.context() as patch:
+            patch.setattr(EvalSettings, "pass_device", lambda self: PassDevice("cpu:0"))
+            load = ModelStream.load
+
+            def recorded(self: ModelStream, *args: Any, devices: set[str] = devices, load: Any = load,
+                         **kwargs: Any) -> Any:
+                devices.add(str(self.device))
+                return load(self, *args, **kwargs)
+
+            patch.setattr(ModelStream, "load", recorded)
+            if how == "streamed":
+                patch.setattr(run, "_fits", lambda stream, settings: False)
+            found[how] = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / how).results, "tiny_gen")
+        assert devices == {"cpu:0"}, (how, devices)
+    assert found["whole"] == found["streamed"] == cpu
+
+
+def test_generation_on_a_ray_executor_is_refused_in_one_line_naming_why(setup: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    """``--executor ray`` places the log-likelihood passes' layers on actors; a generation runs its layers here,
+    against the KV cache it keeps here between token steps: refused before any weight is read (exit 2), one line
+    saying so (before: that it held the whole model, which a layer-streamed generation does not)."""
+    pytest.importorskip("ray")  # without Ray the executor itself is refused first (seen on a GPU machine)
+    model, tasks = setup
+    done = cli("eval", model, "--tasks", "tiny_gen", "--include-path", tasks, "--state-dir", tmp_path / "state",
+               "--executor", "ray", timeout=300)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    line = done.stderr.strip().splitlines()
+    assert len([e for e in line if e.startswith("error: ")]) == 1 and "Traceback" not in done.stderr
+    error = next(e for e in line if e.startswith("error: "))
+    assert "--executor ray" in error and "tiny_gen" in error and "KV cache" in error
+    assert not (tmp_path / "state" / "evals").exists()

@@ -41,15 +41,17 @@ BEGIN = "<!-- resumerge check: begin (replaced by each check) -->"
 END = "<!-- resumerge check: end -->"
 
 
-def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckReport) -> str | None:
-    """Write ``report``'s section into ``model``'s card when it is a resumerge output; the one line that says what
-    became of the card (None: ``model`` is no resumerge output, so it has no card of resumerge's)."""
+def update_card(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
+                default_state: StateDir | None = None) -> str | None:
+    """Write ``report``'s section into ``model``'s card when it is a resumerge output, its run's ledger found by
+    :func:`run_state`; the one line that says what became of the card (None: ``model`` is no resumerge output, so it
+    has no card of resumerge's)."""
     where = os.fspath(model)
     if is_hub_target(where):
         return (f"the model card of {where} is left as committed: a check makes no commit to the repo (the "
                 "report is in the state dir)")
     out = Path(where)
-    run = run_state(out, state)
+    run = run_state(out, state, default_state)
     if run is None:
         if _is_output(out, state):
             return (f"{out / CARD_NAME} is left as it is, without the check's section: the run's ledger is neither "
@@ -140,13 +142,13 @@ def run_kind(out: str | os.PathLike[str], state: StateDir) -> str | None:
     return str(row["kind"]) if row is not None and row["kind"] else None
 
 
-def run_state(out: str | os.PathLike[str], state: StateDir) -> StateDir | None:
-    """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else the one a
-    command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or ``./state``); None where
-    neither does."""
+def run_state(out: str | os.PathLike[str], state: StateDir, default_state: StateDir | None = None) -> StateDir | None:
+    """The state dir that holds the ledger of the run into ``out``: ``state`` (the check's), else
+    ``default_state``, the one a command given no ``--state-dir`` finds (``$RESUMERGE_STATE_DIR``, the user's own, or
+    ``./state``: the API resolves it, this package resolves none; None: ``state`` alone); None where neither does."""
     from resumerge.merge.store.ledger_read import LEDGER_NAME
 
-    for candidate in (state, StateDir.resolve(None)):
+    for candidate in (state,) if default_state is None else (state, default_state):
         if (candidate.run_dir(out) / LEDGER_NAME).is_file():
             return candidate
     return None

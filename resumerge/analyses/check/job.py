@@ -24,9 +24,9 @@ from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import PassPlacement
+from resumerge.config.passplace import HERE, PassPlacement
 from resumerge.errors import PlanChangedError, UsageError
-from resumerge.forward.device import PassDevice
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
@@ -78,15 +78,21 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckSettings:
     """How a check runs (none of it in its key): under ``max_memory`` (None: the default budget), journaled under
-    ``state``, its models where the executor placed them (``placement``), its layers on ``device``."""
+    ``state``, its models where the executor placed them (``placement``: here, or each model's forward pass on a
+    node of a Ray cluster, :mod:`resumerge.forward.rayactor`, with the same report), its layers and heads on
+    ``device`` (a GPU: each layer moved there while it runs, each step admitted by the GPU's budget too:
+    :mod:`resumerge.forward.device`); a checked merge's ledger looked for in ``state``, then in ``default_state``
+    (the state dir a command given no ``--state-dir`` uses, as the API resolved it; None: ``state`` alone), for its
+    ``check`` event and its card (:func:`~.card.run_state`)."""
 
-    max_memory: int | None
     state: StateDir
-    placement: PassPlacement
-    device: PassDevice
+    max_memory: int | None = None
+    placement: PassPlacement = HERE
+    device: PassDevice = HOST
+    default_state: StateDir | None = None
 
     @property
     def site(self) -> PassSite:
@@ -148,7 +154,8 @@ class CheckJob:
         proof.record()  # the new look of a file touched, its bytes the same
         report = replace(CheckReport.from_json(json.loads((workdir / REPORT_NAME).read_text())),
                          prompts=describe(self.prompts_file), proof=proved.line())
-        return replace(report, card=update_card(self.model, self.settings.state, report)), None
+        return replace(report, card=update_card(self.model, self.settings.state, report,
+                                                 self.settings.default_state)), None
 
     def proved(self) -> str | None:
         """What the journal of a resumed check holds, proved against the bytes (and those bytes recorded)."""
@@ -256,9 +263,9 @@ class CheckJob:
         found.ready.reads.close()  # the ranges kept for a second read go
         found.ready.progress.say(phase="done", verdict=report.verdict, exit_code=report.exit_code,
                                  broken_layer=report.broken_layer)
-        _record(self.model, self.settings.state, report, done)
+        _record(self.model, self.settings, report, done)
         Journal(workdir, LAYER_PREFIX).clear()
-        return replace(report, card=update_card(self.model, self.settings.state, report))
+        return replace(report, card=update_card(self.model, self.settings.state, report, self.settings.default_state))
 
     def stopped_at(self) -> str:
         """Where the check stopped (:func:`stopped_at`)."""
@@ -350,8 +357,7 @@ def _give_back() -> None:
         trim(0)
 
 
-def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
-            where: Path) -> None:
+def _record(model: str | os.PathLike[str], settings: CheckSettings, report: CheckReport, where: Path) -> None:
     """A ``check`` event in the ledger of ``model`` when it is a resumerge output whose ledger the check finds
     (:func:`~resumerge.analyses.check.card.run_state`): its verdict, exit code, the layer named, each model's NLL and
     KL, and where the report is; the merge's own record then says how it was checked. A model without one (any other
@@ -361,7 +367,8 @@ def _record(model: str | os.PathLike[str], state: StateDir, report: CheckReport,
 
     if is_hub_target(model) and ".gguf" in os.fspath(model):
         return  # a GGUF file of a hub repo: never a resumerge output (an hf:// OUT is a repo)
-    run = run_state(model, state)  # the run's own ledger: where the card's section is recorded too
+    # the run's own ledger: where the card's section is recorded too
+    run = run_state(model, settings.state, settings.default_state)
     if run is None:
         return
     path = run.run(model).ledger

@@ -5,6 +5,13 @@ in its order (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_length``, 
 draw (:meth:`~.genrequests.Wanted.choose`), and its ``eos_token_id`` (one or several) ending a continuation. One
 home for the whole model held and one layer at a time: both choose through it, so they give the same answers.
 
+The end tokens are those ``generate`` stops on (:func:`end_tokens`): the file's ``eos_token_id`` where there is a file
+(none where it names none: transformers then stops on nothing of its own), else the ``config.json``'s, as
+transformers makes a generation config from the model's config when the file is missing (its top-level
+``eos_token_id``, else its decoder's: ``decoder``, ``generator`` or ``text_config``). The tokenizer's end token ends
+a continuation besides, always (:class:`~.genrequests.Wanted`'s ``eot``): lm-eval's ``hf`` model puts its text among
+the stop sequences of every request.
+
 Any other setting of that file that changes ``generate``'s output (beams, ``bad_words_ids``, ``forced_eos_token_id``,
 ``max_new_tokens``, ``stop_strings``, a sampling warper such as ``min_p``, ...) is refused in one line naming it and
 the file (exit 2), before any weight is read: never ignored. Settings lm-eval's ``hf`` model overrides on every
@@ -104,7 +111,7 @@ def processors_of(directory: Any) -> Processors:
     resumerge does not honour."""
     path = Path(directory) / NAME
     if not path.is_file():
-        return NONE
+        return replace(NONE, eos=end_tokens(directory))
     found = json.loads(path.read_text(encoding="utf-8"))
     for name, unchanged in _NOT_HONOURED.items():
         if name in found and found[name] not in unchanged:
@@ -113,6 +120,26 @@ def processors_of(directory: Any) -> Processors:
                              hint=f"remove {name} from {NAME} (or set it to its default) to evaluate the generation "
                                   "tasks, or leave them out")
     return replace(over(NONE, found, str(path)), eos=_ids(found.get("eos_token_id")))
+
+
+def end_tokens(directory: Any) -> tuple[int, ...]:
+    """The token ids transformers' ``generate`` ends a continuation on, for the model in ``directory`` (see the
+    module): its ``generation_config.json``'s ``eos_token_id``, or where it has no such file its ``config.json``'s
+    (the top level's, else the first of its ``decoder``, ``generator``, ``text_config`` that has one); none where
+    neither names one."""
+    folder = Path(directory)
+    if (folder / NAME).is_file():
+        return _ids(json.loads((folder / NAME).read_text(encoding="utf-8")).get("eos_token_id"))
+    config = folder / "config.json"
+    if not config.is_file():
+        return ()
+    found = json.loads(config.read_text(encoding="utf-8"))
+    if found.get("eos_token_id") is None:
+        # transformers' from_model_config: a value the top level leaves unset is taken from the decoder's config
+        inner: dict[str, Any] = next((found[name] for name in ("decoder", "generator", "text_config")
+                                      if isinstance(found.get(name), dict)), {})
+        return _ids(inner.get("eos_token_id"))
+    return _ids(found.get("eos_token_id"))
 
 
 def over(processors: Processors, given: Mapping[str, Any], where: str) -> Processors:

@@ -30,11 +30,13 @@ def resident_bytes(stream: ModelStream) -> int:
     return int(sum(p.numel() for p in stream.model.parameters())) * 4
 
 
-def cached_stream(weights: Weights, config: Mapping[str, Any], dtype: torch.dtype) -> ModelStream:
+def cached_stream(weights: Weights, config: Mapping[str, Any], dtype: torch.dtype, device: str = "cpu"
+                  ) -> ModelStream:
     """The model read from ``weights`` as transformers' own modules (their forward takes a KV cache; the native
-    ones compute the same numbers without one)."""
+    ones compute the same numbers without one), each module run on ``device`` (the evaluation's ``--device``:
+    its passes' device, so a generation runs where they do)."""
     built = build_modules(weights.directory, dtype, what="resumerge eval", native=False)
-    return ModelStream(weights, config, dtype, what="resumerge eval", key="TARGET", built=built)
+    return ModelStream(weights, config, dtype, what="resumerge eval", key="TARGET", built=built, device=device)
 
 
 @contextmanager
@@ -51,18 +53,22 @@ def resident(stream: ModelStream) -> Iterator[Callable[[Wanted, int | None], Ite
         for part in parts:
             loaded.append(stream.load(part))
         loaded.append(stream.load(head, tied_head=stream.tied_head()))
+        # the buffers of modules holding no weight (the rotary embeddings' frequencies) on the device too: the
+        # forward runs there whole
+        stream._on_device(stream.model)
 
         # the cache's name in this transformers' forward and output (``cache`` since 5.x, ``past_key_values`` before)
         name = "cache" if "cache" in inspect.signature(stream.model.forward).parameters else "past_key_values"
 
         def tokens(want: Wanted, seed: int | None) -> Iterator[int]:
-            out = stream.model(input_ids=torch.tensor([list(want.tokens)]), use_cache=True)
+            out = stream.model(input_ids=torch.tensor([list(want.tokens)], device=stream.device), use_cache=True)
             made: list[int] = []
             while True:
                 token = want.choose(out.logits[0, -1], seed, made)
                 yield token
                 made.append(token)
-                out = stream.model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: getattr(out, name)})
+                out = stream.model(input_ids=torch.tensor([[token]], device=stream.device), use_cache=True,
+                                   **{name: getattr(out, name)})
 
         yield tokens
     finally:

@@ -1,11 +1,11 @@
 """A layer-streamed generation judged before any weight is read (:class:`GenPlan`): what each step holds (a decoder
 layer in float32 with one request's attention scores and every request's past at it, the head with every request's
 logits), the hidden states of the first token step (every context whole), the KV cache (every request's context and its
-new tokens, at every layer, a sliding-window layer's too: :mod:`.kvcache` keeps them all), and whether that cache is
-held in RAM beside the largest step or spilled to the pass's folder; then the estimate said before it starts, as
-``plan`` says a merge's: the token steps, the bytes each reads (every decoder layer, the final norm and the head, the
-new tokens' embedding rows) and, where the weights' disk was probed, the floor of its time (those bytes at the disk's
-cold read speed)."""
+new tokens at every layer, a sliding-window layer's only as many as its window sees: :mod:`.kvcache`), and whether
+that cache is held in RAM beside the largest step or spilled to the pass's folder; then the estimate said before it
+starts, as ``plan`` says a merge's: the token steps, the bytes each reads (every decoder layer, the final norm and the
+head, the new tokens' embedding rows) and, where the weights' disk was probed, the floor of its time (those bytes at
+the disk's cold read speed)."""
 
 from __future__ import annotations
 
@@ -74,12 +74,13 @@ def gen_plan(stream: ModelStream, asked: Sequence[Wanted], shape: KVShape, max_m
     # grown by the layer, and each request's part kept (:mod:`.rowbatch`): as many requests at once as hold no more
     # than the layer itself or 64 MiB (thousands of long requests' pasts would hold more than the whole model), and
     # at least one
-    per_row = 3 * max(room, default=0) * shape.position_bytes
+    longest_kept = max((shape.kept(layer, r) for layer in range(shape.layers) for r in room), default=0)
+    per_row = 3 * longest_kept * shape.position_bytes
     rows = max(1, min(len(room), max(max(sizes.layers), _ROWS_HELD) // max(per_row, 1)))
     layer = max(sizes.layers) + scores + rows * per_row
     steps = {"layer": layer, "heads": head_step_bytes(stream, len(asked), 1)}
     states = 2 * sum(map(len, contexts)) * int(getattr(text, "hidden_size", 0) or 0) * _FLOAT
-    kv = sum(room) * shape.layers * shape.position_bytes
+    kv = sum(shape.cache_bytes(r) for r in room)  # a windowed layer's window, not the whole sequence
     largest = max(steps.values())
     held = True
     try:

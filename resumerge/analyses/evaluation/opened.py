@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.placed import LayersHere
-from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer
+from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer, evaluating
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
-from resumerge.errors import InterruptedMerge
 from resumerge.forward.driver import AnswerFile
 from resumerge.forward.proof import merge_inputs
 from resumerge.forward.stream import ModelStream
@@ -70,14 +69,8 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
         return answers
 
     lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes, generator=generated)
-    try:
+    with evaluating(stream, restore_allocator, progress, command):
         yield lm
-    except KeyboardInterrupt:  # outside a pass (lm-eval's own work): in one, the pass driver says where it stopped
-        raise InterruptedMerge(progress.stopped(), resume_command=command) from None
-    finally:
-        stream.close()
-        if restore_allocator is not None:
-            restore_allocator()
 
 
 def _texts(doc: Any) -> list[str]:

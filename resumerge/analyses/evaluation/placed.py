@@ -44,11 +44,15 @@ class EvalLayers:
 
     def refuse_generating(self, generating: list[str]) -> None:
         """Raise :class:`~resumerge.errors.UsageError` (exit 2), before any weight is read, where the generation
-        tasks ``generating`` (named) cannot run so (they hold the whole model in this process)."""
+        tasks ``generating`` (named) cannot run so: a generation (held whole or layer-streamed, :mod:`.streamgen`)
+        runs its layers in this process, against a KV cache kept here between token steps, which the Ray actors
+        the log-likelihood passes use (one forward per layer, hidden states handed back) have no place for."""
         if generating:
             self.site.refuse_away("eval", f"places the log-likelihood passes; the generation task(s) "
-                                  f"{', '.join(generating)} hold the whole model in this process",
-                                  hint="leave out --executor ray for them")
+                                  f"{', '.join(generating)} run every layer in this process (each token step's "
+                                  "layers read here against the KV cache kept here; no Ray actor holds a cache)",
+                                  hint="leave out --executor ray for them (--device cuda runs their layers on this "
+                                       "machine's GPU)")
 
     def places(self, model: PassModel, stream: ModelStream, sizes: StepBytes, state: StateDir) -> Places:
         """Where a pass over ``model`` (its modules ``stream``, its steps' ``sizes``) runs its layers, placed now

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,7 +90,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     inputs = merge_inputs([unwritten.plan], state) if unwritten is not None else ([], [])
     progress = EvalProgress(target, model, settings.tasks, command, watcher)
     passes = EvalPasses(stream, model, settings, state, progress, layers, Merged.of(unwritten), inputs)
-    try:
+    with evaluating(stream, restore_allocator, progress, command):
         from resumerge.analyses.evaluation.lm import ResumergeLM
 
         layers.refuse_generating(generating)
@@ -104,16 +106,25 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
             no_lm_tasks(target, settings)
         for work in texts:
             add_text_task(results, work, passes.texts(work))
+    from resumerge.analyses.evaluation.outputs import write_outputs
+
+    written = write_outputs(results, tracker, settings) if tracker is not None else ()
+    return EvalReport(target=target, results=results, written=written, proof="; ".join(passes.said) or None)
+
+
+@contextmanager
+def evaluating(stream: ModelStream, restore_allocator: Callable[[], None] | None, progress: EvalProgress,
+               command: str) -> Iterator[None]:
+    """An evaluation's work on ``stream`` (its own, or an open model's for a caller's lm-eval): Ctrl-C said as
+    where it stopped and ``command`` (exit 3), the stream closed and the allocator put back however it ends."""
+    try:
+        yield
     except KeyboardInterrupt:  # outside a pass (lm-eval's own work): in one, the pass driver says where it stopped
         raise InterruptedMerge(progress.stopped(), resume_command=command) from None
     finally:
         stream.close()
         if restore_allocator is not None:
             restore_allocator()
-    from resumerge.analyses.evaluation.outputs import write_outputs
-
-    written = write_outputs(results, tracker, settings) if tracker is not None else ()
-    return EvalReport(target=target, results=results, written=written, proof="; ".join(passes.said) or None)
 
 
 def _evaluate(lm: Any, target: str, settings: EvalSettings, runs: dict[str, Any]) -> tuple[dict[str, Any], Any]:

@@ -111,7 +111,8 @@ class Generation:
         if self.fits_whole():
             from resumerge.analyses.evaluation.generate import cached_stream, generate
 
-            with cached_stream(self.weights, self.model.opened.config, torch.float32) as whole:
+            device = self.settings.pass_device().name
+            with cached_stream(self.weights, self.model.opened.config, torch.float32, device) as whole:
                 return generate(whole, lm, asked, self.seed)
         folder = self.folder_of(self.key(requests))
         hint = "wait for it to finish (run again, it answers from its journal), or stop it (it resumes at its step)"
@@ -299,14 +300,16 @@ class GenerationJob:
         from resumerge.analyses.evaluation.generate import cached_stream
 
         how, folder = self.how, self.folder.path
-        stream = cached_stream(how.weights, how.model.opened.config, torch.float32)
+        # on the evaluation's device (--device cuda: each layer there, the KV cache and the chosen tokens here)
+        stream = cached_stream(how.weights, how.model.opened.config, torch.float32, how.settings.pass_device().name)
         store: KVStore | None = None
         try:
             shape = KVShape.of(stream.config, stream.layers)
             files = [how.model.opened.directory / f.name for f in how.model.opened.files]
             plan = gen_plan(stream, self.asked, shape, how.settings.max_memory, files)
             gpu = how.settings.pass_device().budget("the generation", plan.steps, plan.states)
-            store = HeldKV() if plan.held else SpilledKV(folder, shape, [len(w.tokens) + w.most for w in self.asked])
+            rooms = [len(w.tokens) + w.most for w in self.asked]
+            store = HeldKV(shape) if plan.held else SpilledKV(folder, shape, rooms)
             self._say(GenStep(len(self.asked), None, plan.steps_most, None, stream.layers,
                               plan.line(len(self.asked), folder)))
             yield Fit(plan.budget, plan.steps, _Ready(stream, store, plan), gpu)

@@ -57,28 +57,18 @@ class VerifyRecords(Closing):
 
         ``path`` must be the blob's real path. Returns ``False`` for a missing file or record.
         """
-        try:
-            st = path.stat()
-        except OSError:
-            return False
-        row = self._db.execute(
-            "SELECT size, mtime_ns, algorithm, digest, verified_at_ns FROM verified WHERE path = ?",
-            (os.fspath(path),),
-        ).fetchone()
-        if row is None:
-            return False
-        size, mtime_ns, algo, recorded, verified_at_ns = row
-        return (
-            size == st.st_size
-            and mtime_ns == st.st_mtime_ns
-            and (algo, recorded) == (algorithm, digest)
-            and st.st_mtime_ns + RACY_WINDOW_NS < verified_at_ns
-        )
+        return self._recorded(path, algorithm, None) == digest
 
     def digest_of(self, path: Path, algorithm: str, *, newer_than: int) -> str | None:
         """The digest recorded for ``path`` (its real path) in ``algorithm`` while its size and mtime are unchanged
         and it was hashed clearly after ``newer_than`` (ns: the caller's last moment the file could have been
         written, such as its ctime); else None. What a local input's content proof reuses instead of hashing."""
+        return self._recorded(path, algorithm, newer_than)
+
+    def _recorded(self, path: Path, algorithm: str, newer_than: int | None) -> str | None:
+        """The digest recorded for ``path`` in ``algorithm`` while its size and mtime are unchanged and it was
+        hashed clearly (:data:`RACY_WINDOW_NS`) after its mtime and ``newer_than`` (None: its mtime alone); else
+        None (no file, no record)."""
         try:
             st = path.stat()
         except OSError:
@@ -90,7 +80,8 @@ class VerifyRecords(Closing):
         if row is None:
             return None
         size, mtime_ns, algo, recorded, verified_at_ns = row
-        fresh = max(newer_than, st.st_mtime_ns) + RACY_WINDOW_NS < verified_at_ns
+        written = st.st_mtime_ns if newer_than is None else max(newer_than, st.st_mtime_ns)
+        fresh = written + RACY_WINDOW_NS < verified_at_ns
         return str(recorded) if (size, mtime_ns, algo) == (st.st_size, st.st_mtime_ns, algorithm) and fresh else None
 
     def record(self, path: Path, algorithm: str, digest: str, verified_at_ns: int) -> None:

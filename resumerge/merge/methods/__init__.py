@@ -3,24 +3,7 @@
 May import: nothing (methods are pure tensor functions).
 """
 
-from resumerge.merge.methods.registry import (
-    BasePolicy,
-    MergeContext,
-    MethodSpec,
-    ParamSpec,
-    Scope,
-    declared,
-    get_method,
-    method_names,
-)
+from resumerge.merge.methods import registry
+from resumerge.merge.methods.registry import *  # noqa: F403  (the registry's names: its __all__ is this package's)
 
-__all__ = [
-    "BasePolicy",
-    "MergeContext",
-    "MethodSpec",
-    "ParamSpec",
-    "Scope",
-    "declared",
-    "get_method",
-    "method_names",
-]
+__all__ = registry.__all__

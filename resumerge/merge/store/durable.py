@@ -12,12 +12,16 @@ import functools
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from resumerge.errors import StorageError
 from resumerge.merge.store import killpoints
 from resumerge.merge.store.checksums import hash_file, written_with
+
+if TYPE_CHECKING:
+    import torch
 
 TEMP_SUFFIX = ".part"
 # Benchmarks only: set to 1 to skip every fsync (files, directories, the ledger's journal) and measure what
@@ -165,6 +169,31 @@ def write_synced(path: Path, data: bytes, point: str | None = None) -> None:
         if point:
             killpoints.reach(point)
         sync_file(f.fileno())
+
+
+def save_entry(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bool:
+    """Keep ``tensors`` (and safetensors ``metadata``) at ``path``, an entry of a cache of a pure function's
+    results (an extraction's factors, a transplant's batches): written to a temp file beside it named for this
+    process, fsynced, renamed over ``path`` and its folder fsynced, so the entry is whole or absent after a crash.
+    Best effort: False, the temp file removed, where the disk refused it (full, read-only), which costs only a
+    recomputation."""
+    from safetensors.torch import save_file  # imports torch: only once an entry is kept
+
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(dict(tensors), str(temp), metadata=metadata)
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            sync_file(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        fsync_dir(path.parent)
+    except OSError:
+        discard(temp)
+        return False
+    return True
 
 
 def storage_error(exc: OSError, path: Path) -> StorageError:

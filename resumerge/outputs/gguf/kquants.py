@@ -277,24 +277,25 @@ def _k45(xt: _Array, qw: _Array | None, nmax: int) -> tuple[_Array, _Array, _Arr
     return packed, d_bits, m_bits, _superblocks(codes, 32, b), b
 
 
-def _q4_k(xt: _Array, qw: _Array | None) -> _Array:
-    packed, d_bits, m_bits, q, b = _k45(xt, qw, 15)
-    out = np.empty((b, 144), dtype=np.uint8)
+def _k45_blocks(xt: _Array, qw: _Array | None, nmax: int, size: int) -> tuple[_Array, _Array, int]:
+    """Q4_K's or Q5_K's ``b`` superblocks of ``size`` bytes with the head they share written (d and dmin as
+    float16, then the 12 bytes of 6-bit scales and mins), and their codes as (b, 4, 2, 32) for the quants."""
+    packed, d_bits, m_bits, q, b = _k45(xt, qw, nmax)
+    out = np.empty((b, size), dtype=np.uint8)
     out[:, 0:2] = d_bits.view(np.uint8).reshape(b, 2)
     out[:, 2:4] = m_bits.view(np.uint8).reshape(b, 2)
     out[:, 4:16] = packed
-    c = q.reshape(b, 4, 2, 32)
+    return out, q.reshape(b, 4, 2, 32), b
+
+
+def _q4_k(xt: _Array, qw: _Array | None) -> _Array:
+    out, c, b = _k45_blocks(xt, qw, 15, 144)
     out[:, 16:144] = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(b, 128)
     return out
 
 
 def _q5_k(xt: _Array, qw: _Array | None) -> _Array:
-    packed, d_bits, m_bits, q, b = _k45(xt, qw, 31)
-    out = np.empty((b, 176), dtype=np.uint8)
-    out[:, 0:2] = d_bits.view(np.uint8).reshape(b, 2)
-    out[:, 2:4] = m_bits.view(np.uint8).reshape(b, 2)
-    out[:, 4:16] = packed
-    c = q.reshape(b, 4, 2, 32)
+    out, c, b = _k45_blocks(xt, qw, 31, 176)
     high = (c >> 4) << np.array([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=np.uint8)[None, :, :, None]
     out[:, 16:48] = np.bitwise_or.reduce(high.reshape(b, 8, 32), axis=1)
     out[:, 48:176] = ((c[:, :, 0] & 0xF) | ((c[:, :, 1] & 0xF) << 4)).reshape(b, 128)

@@ -18,9 +18,9 @@ from resumerge.runs.evolve.objective import one_by_one
 from resumerge.runs.evolve.scoring import task_figure
 from resumerge.runs.evolve.spec import Task
 
-# Writes merge config ``text`` into ``out`` as ``resumerge run`` does, its run's state under ``state_dir``
-# (handed in by the API: this package sits below it).
-Merge = Callable[[str, Path, Path], None]
+# Writes merge config ``text`` into ``out`` as ``resumerge run`` does, its run's state under ``state_dir``, and
+# gives back that state dir as it resolved it (handed in by the API: this package sits below it and resolves none).
+Merge = Callable[[str, Path, Path], StateDir]
 
 
 class WrittenCandidates:
@@ -49,12 +49,12 @@ class WrittenCandidates:
         work = storage.work_dir(self.store, generation, index)
         out, state = work / "merge", work / "state"
         self.say(generation=generation, candidates=[index], phase="merge", layer=None, layers=None)
-        self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
+        resolved = self.merge(yaml.safe_dump(dict(config), sort_keys=False), out, state)
         figures: dict[str, float] = {}
         for number, task in enumerate(self.tasks):
             def on_layer(layer: int, layers: int, task: Task = task) -> None:
                 self.say(phase=f"score {task.name}", layer=layer, layers=layers)
 
-            figures[task.name] = task_figure(out, task, StateDir.resolve(state), work / f"task-{number}",
+            figures[task.name] = task_figure(out, task, resolved, work / f"task-{number}",
                                              self.store / storage.TOKENS, self.tokenizer, on_layer, self.device)
         return figures

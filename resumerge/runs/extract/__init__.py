@@ -8,7 +8,7 @@ engine (and, for ``--sv-epsilon``, by the rank probe in :mod:`~resumerge.runs.ex
 
 Its factor functions are registered with ``methods`` like merge methods; torch does the math.
 
-May import: errors, config, inputs, outputs, merge.plan, merge.methods.
+May import: errors, config, inputs, outputs, merge.plan, merge.methods, merge.store (durable writes).
 """
 
 __all__ = ["adapter_files", "decompose", "factors", "modelview", "modules", "planner", "prepare", "spec"]

@@ -5,7 +5,8 @@ The adapter is one file (PEFT reads no other), and the journal commits whole fil
 unit of lost work a module instead. It is only a cache of a pure function: an entry is named by a digest of
 everything the factors depend on (module, parameters — the models' file identities among them — input shapes and
 dtypes, device, torch version), holds the float32 factors the function returned with a sha256 of their bytes, and
-is written to a temp file, fsynced and renamed, so it is either whole or absent. A missing, unreadable or
+is written to a temp file, fsynced, renamed and its folder fsynced, so it is either whole or absent
+(:func:`~resumerge.merge.store.durable.save_entry`). A missing, unreadable or
 mismatching entry is recomputed; the adapter's bytes never depend on whether an entry was there. Entries are
 deleted once the adapter is committed (by the caller that ran it).
 """
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
+from resumerge.merge.store.durable import save_entry
 from resumerge.runs.extract.state import FACTORS_SUFFIX, MODULE_KEY
 from resumerge.torch_import import torch
 
@@ -55,24 +56,9 @@ class FactorCache:
     def store(self, key: str, a: torch.Tensor, b: torch.Tensor, *, module: str) -> None:
         """Keep ``(a, b)``, the factors of ``module``, under ``key`` (best effort: a full or read-only disk only
         costs a recomputation). The module's name goes in the entry's metadata, for ``status``."""
-        from safetensors.torch import save_file  # imports torch: only once a factor is kept
-
-        path = self.directory / (key + _SUFFIX)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            check = torch.tensor(list(_digest(a, b)), dtype=torch.uint8)
-            save_file({"a": a.contiguous(), "b": b.contiguous(), "sha256": check}, str(temp),
-                      metadata={MODULE_KEY: module})
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                temp.unlink()
+        check = torch.tensor(list(_digest(a, b)), dtype=torch.uint8)
+        save_entry(self.directory / (key + _SUFFIX), {"a": a.contiguous(), "b": b.contiguous(), "sha256": check},
+                   metadata={MODULE_KEY: module})
 
     def forget(self, keys: list[str]) -> None:
         """Delete the entries ``keys`` (and leftover temp files)."""

@@ -12,7 +12,6 @@ from typing import Any
 
 from resumerge.errors import UsageError
 from resumerge.runs.extract.state import EXTRACTION_MARK
-from resumerge.runs.extract.state import is_extraction_text as is_extraction_text
 
 _MARK = EXTRACTION_MARK
 # The method name an extraction's plan carries (resumerge.runs.extract.planner.METHOD; here for callers that must not

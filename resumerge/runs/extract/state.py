@@ -23,17 +23,6 @@ MODULE_KEY = "module"
 _FACTOR_A = re.compile(r"^base_model\.model\.(.+)\.lora_(?:embedding_)?A(?:\.weight)?$")
 
 
-def is_extraction_text(text: str) -> bool:
-    """Whether a run's recorded text is an extraction's (else it is a merge config)."""
-    if not text.lstrip().startswith("{"):
-        return False
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and EXTRACTION_MARK in doc
-
-
 def lora_modules(tensor_names: Iterable[str]) -> list[str]:
     """The decomposed modules of an adapter, from its tensor names (each module's factor A), sorted by name (the
     order the adapter's data, and so the extraction, goes in)."""

@@ -32,8 +32,20 @@ def stage_label(name: str | None, document: int) -> str:
     return f"stage {name}" if name is not None else f"document {document}"
 
 
+class Labelled:
+    """A stage as its records name it (its ``name``, None for an unnamed one, and its ``document``), with the
+    :attr:`label` a person knows it by."""
+
+    name: str | None
+    document: int
+
+    @property
+    def label(self) -> str:
+        return stage_label(self.name, self.document)
+
+
 @dataclass(frozen=True)
-class StageEntry:
+class StageEntry(Labelled):
     """One stage as planned: key (name, or ``#N`` for the unnamed document), output dir, fingerprint."""
 
     key: str
@@ -44,10 +56,6 @@ class StageEntry:
     final: bool
     parts: Mapping[str, str] = field(default_factory=dict)
     inputs: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return stage_label(self.name, self.document)
 
 
 @dataclass(frozen=True)

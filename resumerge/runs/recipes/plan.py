@@ -122,13 +122,14 @@ def plan_recipe(
     options: PlanOptions,
     *,
     model_dirs: Mapping[str, str] | None = None,
-    state: StateDir | None = None,
+    state: StateDir,
     cache_dir: str | os.PathLike[str] | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> RecipePlan:
     """Open the recipe's inputs (config.json and headers only) and plan every stage; writes nothing.
 
-    ``model_dirs`` are the input directories recorded by an earlier run (a resume pins the same hub commits).
+    ``model_dirs`` are the input directories recorded by an earlier run (a resume pins the same hub commits);
+    ``state`` is the run's state dir as the API resolved it (a transplant stage's planner takes it as is).
     ``out_dir`` may be an ``hf://`` target: the final stage then writes there (see :attr:`RecipePlan.target`).
     Raises :class:`UsageError` when an output dir overlaps OUT or holds an input, and the planner's errors (exit 2)
     prefixed with the stage (``[stage NAME] slices[0].sources[1].layer_range``).
@@ -149,8 +150,8 @@ def plan_recipe(
             if stage.surgery is not None:  # a transplant: its own planner opens MODEL and DONOR
                 from resumerge.runs.transplant.prepare import planned_surgery
 
-                prepared = planned_surgery(stage.surgery, options, state or StateDir.resolve(None), cache_dir,
-                                           model_dirs=model_dirs, on_progress=on_progress)
+                prepared = planned_surgery(stage.surgery, options, state, cache_dir, model_dirs=model_dirs,
+                                           on_progress=on_progress)
                 plan, inputs = prepared.plan, prepared.opened()
             else:
                 try:

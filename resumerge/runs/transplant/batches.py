@@ -12,15 +12,13 @@ entry was there. Entries are deleted once the run is done.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from resumerge.merge.store import killpoints
-from resumerge.merge.store.durable import fsync_dir
+from resumerge.merge.store.durable import save_entry
 from resumerge.torch_import import torch
 
 BATCHES_DIR = "tokensurgeon-batches"
@@ -56,24 +54,8 @@ class BatchStore:
     def store(self, key: str, rows: torch.Tensor) -> None:
         """Keep ``rows`` under ``key`` durably, then reach :data:`BATCH_POINT`. A full or read-only disk only
         costs a recomputation on resume."""
-        from safetensors.torch import save_file
-
-        path = self.directory / (key + SUFFIX)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            check = torch.tensor(list(_digest(rows)), dtype=torch.uint8)
-            save_file({"rows": rows.contiguous(), "sha256": check}, str(temp))
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-            fsync_dir(self.directory)
-        except OSError:
-            with contextlib.suppress(OSError):
-                temp.unlink()
+        check = torch.tensor(list(_digest(rows)), dtype=torch.uint8)
+        if not save_entry(self.directory / (key + SUFFIX), {"rows": rows.contiguous(), "sha256": check}):
             return
         killpoints.reach("after_surgery_batch")  # each batch's entry durable (tests kill there)
 

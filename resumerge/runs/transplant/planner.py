@@ -166,9 +166,8 @@ def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vo
     matches = {}
     for matrix, (name, donor_name) in matrices.names.items():
         match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
-                             opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix,
-                             prefix_match=spec.prefix_match, byte_match=spec.byte_match,
-                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk, cap=cap)
+                             opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix, choices=spec,
+                             trained=trained, junk=junk, cap=cap)
         if match.approximated and spec.approximation_method in USES_K and spec.k > len(match.shared):
             raise UsageError(f"-k {spec.k} is more than the {len(match.shared)} tokens MODEL and DONOR share",
                              hint=f"pass -k {max(1, len(match.shared))} or less, or another --approximation-method")

@@ -114,17 +114,6 @@ def load_spec_text(text: str) -> SurgerySpec:
         raise UsageError(f"the recorded transplant is unreadable ({exc})") from None
 
 
-def is_surgery_text(text: str) -> bool:
-    """Whether a run's recorded text is a transplant's."""
-    if not text.lstrip().startswith("{"):
-        return False
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and MARK in doc
-
-
 def stage_of(doc: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """A recipe document that transplants (``tokensurgeon: {model: A, donor: B, <option>: value, ...}`` beside
     ``name``; options as :class:`SurgeryChoices` names them): (its recorded text, the passthrough config over

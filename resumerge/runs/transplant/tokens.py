@@ -22,10 +22,13 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.vocabs import byte_token, byte_token_name
+
+if TYPE_CHECKING:
+    from resumerge.runs.transplant.spec import SurgeryChoices
 
 # A normalized token: the text, or (marker, text) for a word start or a special role.
 Normalized = str | tuple[str, str]
@@ -150,11 +153,13 @@ def allowed(choice: str, matrix: str) -> bool:
 
 
 def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_rows: int, *, matrix: str,
-                 prefix_match: str, byte_match: str, pieces: bool, trained: set[Normalized] | None = None,
-                 junk: tuple[int, ...] = (), cap: bool = False) -> MatrixMatch:
-    """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR; ``trained``: the
-    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output
-    has DONOR's rows, not its tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
+                 choices: SurgeryChoices, trained: set[Normalized] | None = None, junk: tuple[int, ...] = (),
+                 cap: bool = False) -> MatrixMatch:
+    """The match of one matrix (``embed`` or ``lm_head``) of ``model_rows`` rows in MODEL and ``donor_rows`` in
+    DONOR, as the transplant's ``choices`` say (``prefix_match``, ``byte_match``, and whether each approximated
+    token is split into MODEL's pieces: the ``subword`` approximation); ``trained``: the tokens MODEL may lend its
+    rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output has DONOR's rows, not its
+    tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
     orig = {t: i for t, i in model.ids.items() if i < model_rows and (trained is None or t in trained)}
     safe_donor = {t: i for t, i in donor.ids.items() if i < donor_rows}
     rows = max(len(donor.ids), max(donor.ids.values(), default=-1) + 1)
@@ -164,7 +169,7 @@ def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_ro
     approximated: list[int] = []
     tokens: list[Normalized] = []
     exact = byte = prefix = dropped = 0
-    use_byte, use_prefix = allowed(byte_match, matrix), allowed(prefix_match, matrix)
+    use_byte, use_prefix = allowed(choices.byte_match, matrix), allowed(choices.prefix_match, matrix)
     for token, donor_id in donor.ids.items():
         if donor_id >= donor_rows:
             dropped += 1
@@ -183,7 +188,7 @@ def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_ro
             tokens.append(token)
     shared = sorted(set(orig) & set(safe_donor), key=lambda t: safe_donor[t])
     split: tuple[tuple[int, ...], ...] = ()
-    if pieces:
+    if choices.approximation_method == "subword":
         split = tuple(tuple(model.tokenizer(text_of(t), add_special_tokens=False)["input_ids"]) for t in tokens)
     return MatrixMatch(rows, tuple(copies), tuple(approximated), tuple((safe_donor[t], orig[t]) for t in shared),
                        split, tuple(sorted({j for j in junk if j < rows})), exact, byte, prefix, dropped)
