@@ -82,7 +82,8 @@ def child(case: str, model: Path, tasks: Path, state: Path) -> dict[str, Any]:
     # a tiny model's generation first: what the evaluation's machinery holds (lm-eval, datasets, transformers) is
     # held when the resident set is read, as it is when the generation's budget is judged
     warm = state.with_name(state.name + "-warm")
-    api.evaluate(tiny_model(warm / "model"), tasks="tiny_gen", include_path=write_tasks(warm), state_dir=warm / "s")
+    api.evaluate(tiny_model(warm / "model"), "tiny_gen", api.Settings(state_dir=warm / "s"),
+                 harness=api.Harness(include_path=write_tasks(warm)))
     size = (model / "model.safetensors").stat().st_size
     rss = SystemProbe().rss()
     budget = rss + size // 2 if case == "streamed" else None
@@ -96,9 +97,9 @@ def child(case: str, model: Path, tasks: Path, state: Path) -> dict[str, Any]:
             marks.append((time.perf_counter(), time.process_time(), step.step, step.layer))
 
     started = time.perf_counter()
-    options: dict[str, Any] = {} if budget is None else {"resources": api.Resources(max_memory=budget)}
-    report = api.evaluate(model, tasks="bench_gen", include_path=tasks, log_samples=True, state_dir=state,
-                          progress=progress, **options)
+    settings = api.Settings(resources=api.Resources(max_memory=budget), state_dir=state)
+    report = api.evaluate(model, "bench_gen", settings, harness=api.Harness(include_path=tasks, log_samples=True),
+                          progress=progress)
     wall = time.perf_counter() - started
     starts: dict[int, tuple[float, float]] = {}
     for when, cpu, step, layer in marks:

@@ -53,7 +53,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--popsize", type=int, default=8)
     args = parser.parse_args()
+    # bench_evolve's _setup reads its own flags: one kl task, the parents' own tokenizer (no --parent-vocab).
     args.tasks = 1
+    args.parent_vocab = None
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     config = _setup(work, args)

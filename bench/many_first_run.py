@@ -89,8 +89,12 @@ def child(argv: list[str], report: Path) -> int:
     from resumerge.cli.commands import main as resumerge_main
     from resumerge.inputs import contents
     from resumerge.inputs.source import InputSources
-    from resumerge.merge.engine import drive, executor, inputcontents, session
-    from resumerge.merge.plan import fetching, workorder
+    try:
+        from resumerge.merge.engine import drive, executor, inputcontents, session
+        from resumerge.merge.plan import fetching, workorder
+    except ImportError:  # a tree of the layout before the re-layout (5cb55a4, the baseline of issue 87 item 15)
+        from resumerge.engine import drive, executor, inputcontents, session  # type: ignore[no-redef]
+        from resumerge.plan import fetching, workorder  # type: ignore[no-redef]
 
     first(InputSources, "read", "first read")
     first(executor, "compute_shards", "pipeline")

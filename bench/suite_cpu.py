@@ -9,7 +9,9 @@ Usage::
 Each test's figure is its worker's own CPU plus what the worker reaped and what its fork servers' commands used,
 from its setup to its teardown (a module-scoped fixture counts in the tests that built it and tore it down). Where
 the log has each test's wall and worker, it also prints each worker's wall and CPU and the tests that waited
-longest beyond their CPU: where a whole run's wall goes that its CPU does not explain.
+longest beyond their CPU: where a whole run's wall goes that its CPU does not explain. Where the log has ``group``
+(RESUMERGE_TEST_CGROUP, ``-n 0``: the CPU of every process of the run's cgroup, Ray's raylets and workers included),
+that is each test's CPU instead, and the waits are measured against it.
 """
 
 from __future__ import annotations
@@ -31,20 +33,21 @@ def main() -> None:
     workers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for line in args.log.read_text().splitlines():
         row = json.loads(line)
-        cpu = row["self"] + row["children"] + row["forked"]
+        cpu = row["group"] if "group" in row else row["self"] + row["children"] + row["forked"]
         tests[row["test"]] = tests.get(row["test"], 0.0) + cpu
         if "wall" in row:  # logs written before the wall was kept have none
             walls[row["test"]] = walls.get(row["test"], 0.0) + row["wall"]
             workers[row["worker"]][0] += row["wall"]
             workers[row["worker"]][1] += cpu
-        for part in ("self", "children", "forked"):
-            parts[part] += row[part]
+        for part in ("self", "children", "forked", "group"):
+            parts[part] += row.get(part, 0.0)
     files: dict[str, float] = defaultdict(float)
     for test, seconds in tests.items():
         files[test.split("::", 1)[0]] += seconds
     total = sum(tests.values())
     print(f"{len(tests)} tests, {total:.0f} CPU s (the workers {parts['self']:.0f}, reaped processes "
-          f"{parts['children']:.0f}, forked commands {parts['forked']:.0f})")
+          f"{parts['children']:.0f}, forked commands {parts['forked']:.0f}"
+          + (f"; the cgroup's every process {parts['group']:.0f}" if parts["group"] else "") + ")")
     print("\nfiles:")
     for name, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.top]:
         print(f"{seconds:8.1f} s {100 * seconds / total:5.1f} %  {name}")

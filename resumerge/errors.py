@@ -201,6 +201,13 @@ class NothingRecordedError(LedgerError):
     """No run is recorded for the OUT given (no ledger in the state dir, no manifest in OUT or the repo): one
     answer, exit 4, for ``resume``, ``status`` and ``verify``, local or ``hf://``."""
 
+    @classmethod
+    def of(cls, out: object, what: str = "merge") -> NothingRecordedError:
+        """The refusal for a local ``out`` of which neither the state dir nor OUT holds a record of a ``what``
+        (``merge``, ``recipe``): what is missing and where to look."""
+        return cls(f"no {what} recorded for {out}", path=str(out),
+                   hint="pass the --state-dir used by the run, or check the output path")
+
 
 class KilledPlanningError(NothingRecordedError):
     """Nothing is recorded because the run was killed while it planned; ``kind`` names the kind of run its planning

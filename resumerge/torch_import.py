@@ -6,6 +6,9 @@ are all metadata. A hub run's downloads start right after those, so every module
 from here, and the import happens while the first input bytes arrive instead of before the first request
 (``tests/test_torch_import.py`` keeps that path free of torch). Type checkers see the real module.
 
+A package defers its own names the same way, with one function (:func:`on_first_use`): ``resumerge status`` reads
+a package's small modules without importing the large ones beside them.
+
 Import nothing from resumerge here: any module may import this one.
 """
 
@@ -16,10 +19,10 @@ import importlib
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "load_beside", "loaded", "torch", "when_loaded"]
+__all__ = ["IMPORT_RESERVE", "dtype_name", "load", "load_beside", "loaded", "on_first_use", "torch", "when_loaded"]
 
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11;
 # 276 MB for CUDA 2.11+cu130 on a 16-core H100 machine, Python 3.12, without initialising CUDA).
@@ -73,6 +76,20 @@ class _OnFirstUse(types.ModuleType):
         value = getattr(module, name)
         setattr(self, name, value)
         return value
+
+
+def on_first_use(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` (PEP 562) of ``package`` that gives each name of ``homes`` from the module
+    ``homes`` names for it (relative to ``package`` when it starts with a dot), imported when the name is first
+    read; any other name raises AttributeError, as a module without one does."""
+
+    def __getattr__(name: str) -> Any:
+        home = homes.get(name)
+        if home is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(home, package), name)
+
+    return __getattr__
 
 
 def loaded() -> bool:

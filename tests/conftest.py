@@ -296,7 +296,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     ``python bench/suite_cpu.py LOG`` sums them by file: where the suite's CPU goes, on any machine's load. Each
     line also has the test's wall seconds and its worker (``gw0``; ``main`` without xdist): a test whose wall is
     well over its CPU waited (a sleep, a poll, a lock, a core the other worker held), and the workers' wall sums
-    show how unevenly the two ended."""
+    show how unevenly the two ended. Under RESUMERGE_TEST_CGROUP (a cgroup v1 ``cpuacct`` folder the run was started
+    in: ``mkdir /sys/fs/cgroup/cpuacct/NAME; echo $$ > .../NAME/cgroup.procs``) each line has ``group`` too: the CPU
+    seconds of every process of that cgroup in the test's time, the ones no count above sees included (Ray's raylets,
+    agents and worker processes, which their raylet reaps or nobody does). Under xdist it counts both workers' tests
+    (and the other agents' nothing): measure with ``-n 0``."""
     log = os.environ.get("RESUMERGE_TEST_CPULOG")
     if not log:
         yield
@@ -323,7 +327,10 @@ def _cpu_now() -> dict[str, float]:
         except OSError:  # ended and reaped: its children's time is in this process's reaped children's now
             continue
         forked += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    return {"self": own.ru_utime + own.ru_stime, "children": reaped.ru_utime + reaped.ru_stime, "forked": forked}
+    now = {"self": own.ru_utime + own.ru_stime, "children": reaped.ru_utime + reaped.ru_stime, "forked": forked}
+    if group := os.environ.get("RESUMERGE_TEST_CGROUP"):
+        now["group"] = int(Path(group, "cpuacct.usage").read_text()) / 1e9
+    return now
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

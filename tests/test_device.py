@@ -322,7 +322,8 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
         tmp_path: Path) -> None:
     # A GPU here and Ray's executor name two places for the same layers: check, measure and eval each refuse the
     # pair, naming both, before the models are opened (the paths below do not exist).
-    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.check.job import CheckSettings
+    from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.analyses.evaluation.run import run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.measure.run import measure_grams
@@ -331,7 +332,8 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
 
     state = StateDir.resolve(tmp_path / "state")
     gpu = PassDevice("cuda:0")
-    for call, what in ((lambda: run_check(tmp_path / "m", state=state, placement=OnRay(), device=gpu), "check"),
+    on_ray = CheckSettings(state=state, placement=OnRay(), device=gpu)
+    for call, what in ((lambda: run_check(CheckAsked(tmp_path / "m"), on_ray), "check"),
                        (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=OnRay(),
                                               device=gpu), "measurement"),
                        (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,

@@ -87,6 +87,21 @@ def test_the_first_of_two_equal_magnitudes_is_the_peak(kind: str, weighted: bool
     assert np.array_equal(encode_k(x, K_TYPES[kind], weights), quantize(x, K_TYPES[kind], weights))
 
 
+def test_q3_k_s_descent_stops_after_five_passes() -> None:
+    """Q3_K's code search (make_q3_quants) moves codes for at most five passes over a sub-block: these four
+    N(0, 1) sub-blocks (found by a search over 65,536) still move in the fifth, and two of them would move again in
+    a sixth, which llama.cpp never takes. Each sits in a super-block of its own among ordinary ones at half its size, so
+    that its scale sets the super-block's (a move changes the scale by under 1 %), at each magnitude."""
+    needs_library()
+    subblocks = np.random.default_rng(0).standard_normal((16, 65536)).astype(np.float32).T
+    slow = subblocks[[36189, 43248, 44907, 63559]]
+    rows = np.concatenate([np.concatenate([slow[i:i + 1], subblocks[15 * i:15 * i + 15] * np.float32(0.5)])
+                           for i in range(4)])
+    for scale in (1.0, 0.02, 300.0):
+        x = (rows * np.float32(scale)).reshape(4, 256)
+        assert np.array_equal(encode_k(x, K_TYPES["Q3_K"]), quantize(x, K_TYPES["Q3_K"])), scale
+
+
 def extremes(seed: int) -> dict[str, np.ndarray]:
     """Rows at float32's ends: huge magnitudes whose squares and cubes overflow the searches' sums, tiny and
     subnormal ones whose scales overflow (nearest_int then sees inf, NaN or values past its range), and mixes."""

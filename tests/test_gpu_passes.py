@@ -30,10 +30,11 @@ def test_eval_on_the_gpu_gives_the_cpus_results_for_a_model_and_for_an_unwritten
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     names = ["tiny_mc", "tiny_ppl", "tiny_gen"]
     for number, target in enumerate((a, merge)):
-        cpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-cpu-{number}")
-        gpu = api.evaluate(target, tasks=names, include_path=tasks, log_samples=True,
-                           state_dir=tmp_path / f"s-gpu-{number}", resources=api.Resources(device="cuda"))
+        cpu = api.evaluate(target, names, api.Settings(state_dir=tmp_path / f"s-cpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
+        gpu = api.evaluate(target, names, api.Settings(resources=api.Resources(device="cuda"),
+                                                       state_dir=tmp_path / f"s-gpu-{number}"),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
         for task in names:
             want, got = cpu.results["results"][task], gpu.results["results"][task]
             assert want.keys() == got.keys(), task
@@ -93,7 +94,8 @@ def test_a_layer_streamed_generation_on_the_gpu_gives_the_cpus_answers(tmp_path:
                     patch.setattr(run, "_fits", lambda stream, settings: False)
                     patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
                     streamed(spilled=how == "spilled")
-                done = api.evaluate(model, tasks=[long], include_path=tasks, log_samples=True,
-                                    state_dir=tmp_path / f"{device}-{how}", resources=api.Resources(device=device))
+                done = api.evaluate(model, [long], api.Settings(state_dir=tmp_path / f"{device}-{how}",
+                                                                resources=api.Resources(device=device)),
+                                    harness=api.Harness(include_path=tasks, log_samples=True))
             found[device, how] = _answers(done.results, long)
     assert len({json.dumps(answers) for answers in found.values()}) == 1, found

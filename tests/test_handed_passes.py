@@ -58,7 +58,7 @@ def test_a_killed_evaluation_of_glm5_resumes_with_the_same_figures(tmp_path: Pat
     assert carried_in(tmp_path / "killed", "layer-*.safetensors") == [("2", "0")]
     resumed = cli_here(*args)  # unkilled: the CLI's main in this process, reading the killed one's journal
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
+    whole = api.evaluate(model, f"nll:{texts}", api.Settings(state_dir=tmp_path / "whole"))
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
 
 

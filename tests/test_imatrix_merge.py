@@ -278,3 +278,52 @@ def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: 
     assert shapes["blk.0.ffn_down_exps.weight.in_sum2"] == (4, 3)
     assert shapes["blk.0.ffn_down_exps.weight.counts"] == (1, 3)
     assert reader.fields["imatrix.datasets"].contents() == ["texts.txt"]
+
+
+def test_the_older_dat_form_is_written_as_llama_imatrix_writes_it_and_read_back(tmp_path: Path) -> None:
+    """``.dat`` as llama-imatrix's ``--output-format dat`` writes it (``kquants.md`` §4), field by field: the entries
+    sorted, ``ncall`` the largest count over the chunk size rounded up, each value ``(sum / count) * ncall`` in
+    float32 (an expert never routed to: 1 for both), an entry never seen at all left out, then the chunk count and
+    the dataset's name; read back by resumerge's reader as llama-quantize applies it (each value over ``ncall``):
+    equal, to a float32 rounding, to the GGUF form's sums over counts. (llama.cpp's library, the test oracle, has
+    no reader of either file: its quantizer is given the values.)"""
+    import struct
+
+    from resumerge.forward.imatrix import imatrix_file
+    from resumerge.outputs.gguf.imatrix import ImatrixEntry
+
+    sums = (np.arange(12, dtype=np.float32).reshape(3, 4) + 1) * np.float32(0.7)
+    entries = {"blk.0.ffn_down_exps.weight": ImatrixEntry(sums, np.array([5, 0, 9], dtype=np.float32)),
+               "blk.0.attn_q.weight": ImatrixEntry(np.full((1, 4), 6.5, np.float32), np.array([13], np.float32)),
+               "blk.1.ffn_gate_exps.weight": ImatrixEntry(np.zeros((2, 4), np.float32), np.zeros(2, np.float32))}
+    dat, gguf_path = tmp_path / "m.dat", tmp_path / "m.gguf"
+    dat.write_bytes(imatrix_file(entries, "texts.txt", 3, dat=True))
+    gguf_path.write_bytes(imatrix_file(entries, "texts.txt", 3))
+    data = dat.read_bytes()
+    at = 0
+
+    def take(fmt: str) -> tuple[int, ...]:
+        nonlocal at
+        found = struct.unpack_from(fmt, data, at)
+        at += struct.calcsize(fmt)
+        return found
+
+    chunk = 5  # ceil(13 tokens / 3 texts)
+    assert take("<i") == (2,)
+    for name, count, want in (("blk.0.attn_q.weight", 13, np.full(4, 6.5, np.float32) / np.float32(13)),
+                              ("blk.0.ffn_down_exps.weight", 9, np.concatenate(
+                                  [sums[0] / np.float32(5), np.ones(4, np.float32), sums[2] / np.float32(9)]))):
+        (length,) = take("<i")
+        assert data[at:at + length].decode() == name
+        at += length
+        ncall, nval = take("<ii")
+        assert (ncall, nval) == (-(-count // chunk), want.size)
+        values = np.frombuffer(data, "<f4", nval, at)
+        at += 4 * nval
+        assert np.array_equal(values, want.astype(np.float32) * np.float32(ncall)), name
+    (chunks, length), rest = take("<ii"), data[at:]
+    assert (chunks, length, rest) == (3, 9, b"texts.txt")
+    read, from_gguf = read_imatrix(dat), read_imatrix(gguf_path)
+    assert sorted(read) == ["blk.0.attn_q.weight", "blk.0.ffn_down_exps.weight"]
+    for name, values in read.items():
+        assert np.allclose(values, from_gguf[name], rtol=1e-6, atol=0), name

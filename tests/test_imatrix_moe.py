@@ -273,3 +273,38 @@ def test_a_kill_in_the_moe_pass_resumes_to_the_same_bytes(merge: tuple[Path, Pat
     (resumed,) = (state / "imatrix").glob("*.gguf")
     assert _sha(resumed) == _sha(matrix)
     assert _sha(out / "model.gguf") == _sha(whole / "model.gguf")
+
+
+def test_measure_writes_the_moe_matrix_the_route_computes(merge: tuple[Path, Path], computed: tuple[Path, Path],
+                                                          written: Path, tmp_path: Path) -> None:
+    """``measure --imatrix`` of the written MoE merge (refused before: a mixture of experts has no Grams of its
+    experts) sums each expert's routed inputs with a count per expert, as the run's pass over the merge never
+    written does: the same entries, the same per-expert counts, the raw sums equal to float rounding; ``--imatrix
+    OUT.dat`` writes the older form of the same matrix."""
+    _, texts = merge
+    _, matrix = computed
+    one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
+    measured = tmp_path / "measured.gguf"
+    done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
+               "--imatrix", measured)
+    assert done.returncode == 0, done.stderr
+    ours = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(measured).tensors}
+    route = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(matrix).tensors}
+    assert sorted(ours) == sorted(route)
+    assert any(name.endswith("_exps.weight.counts") for name in ours)
+    for name, want in route.items():
+        if name.endswith(".counts"):
+            assert np.array_equal(ours[name], want), name
+        else:
+            assert ours[name].shape == want.shape and np.allclose(ours[name], want, rtol=1e-4, atol=1e-6), name
+    assert f"{len(read_imatrix(matrix))} weight(s) in {measured}" in done.stdout
+    # by its extension, the older .dat form of the same measurement (found measured), read back alike
+    older = tmp_path / "measured.dat"
+    again = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
+                "--imatrix", older)
+    assert again.returncode == 0 and "already measured" in again.stdout, again.stderr
+    assert not older.read_bytes().startswith(b"GGUF")
+    dat, full = read_imatrix(older), read_imatrix(measured)
+    assert sorted(dat) == sorted(full)
+    for name, values in full.items():
+        assert np.allclose(dat[name], values, rtol=1e-6, atol=0), name

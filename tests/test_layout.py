@@ -26,6 +26,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
 # (``python -m resumerge.lm_eval``: lm-eval's command line with ``--model resumerge``). Issue 83 holds it to 16.
 MAX_ENTRIES = 16
 MAX_LINES = 600
+# Settings travel as records (issue 83): no function takes more than this many parameters (self and cls aside).
+MAX_PARAMETERS = 10
 MAX_MEDIAN_LINES = 150
 # The edge: the Python API and the root package (which re-exports it lazily) may import anything; so may the
 # package's two ``python -m`` entry points.
@@ -280,3 +282,27 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path, source: str, expect
 def test_a_cycle_is_found() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters of ``function`` as a caller gives them: every name, ``*args`` and ``**kwargs`` included,
+    ``self`` and ``cls`` left out."""
+    given = function.args
+    names = [a.arg for a in (*given.posonlyargs, *given.args, *given.kwonlyargs)]
+    names += [a.arg for a in (given.vararg, given.kwarg) if a is not None]
+    return [name for name in names if name not in ("self", "cls")]
+
+
+def test_no_function_takes_more_than_ten_parameters() -> None:
+    # Issue 83: options a call takes grow as a record of them (the API's groups, Harness, Traits, InThisProcess),
+    # not as one more parameter of every function they pass through.
+    wide = sorted(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({len(_parameters(node))})"
+                  for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                  and len(_parameters(node)) > MAX_PARAMETERS)
+    assert wide == []
+
+
+def test_the_parameters_counted_are_what_a_caller_gives() -> None:
+    (method,) = ast.parse("def f(self, a, /, b, *c, d, **e): pass").body
+    assert isinstance(method, ast.FunctionDef) and _parameters(method) == ["a", "b", "d", "c", "e"]

@@ -62,8 +62,8 @@ def test_check_gives_the_figures_of_the_same_weights_without_a_pad_id(roots: dic
 def test_eval_gives_the_results_of_the_same_weights_without_a_pad_id(roots: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("lm_eval")
     tasks = write_tasks(tmp_path)
-    results = [api.evaluate(roots[n] / "a", tasks=["tiny_mc", "tiny_ppl"], include_path=tasks,
-                            state_dir=tmp_path / n).to_json()["results"] for n in ("padded", "plain")]
+    results = [api.evaluate(roots[n] / "a", ["tiny_mc", "tiny_ppl"], api.Settings(state_dir=tmp_path / n),
+                            harness=api.Harness(include_path=tasks)).to_json()["results"] for n in ("padded", "plain")]
     assert results[0] == results[1]
 
 

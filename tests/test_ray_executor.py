@@ -25,6 +25,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import shutil
 import signal
 import sqlite3
@@ -42,6 +43,7 @@ from typing import Any
 
 import psutil
 import pytest
+from forkserver import Forked, worker_server
 from hub.conftest import hf_env  # noqa: F401  (autouse: an isolated HF home, loopback only)
 from hub.fakehub import FakeHub, files_of
 from hub.fakehub_write import HubWriter
@@ -49,7 +51,7 @@ from hub.fakehub_xet import XetCas
 from hubout.conftest import TOKEN, hub, repo_files, tier, uploads  # noqa: F401  (the stand-in hub's fixtures)
 from huggingface_hub import constants
 from raycluster import Cluster, RayHead, ray_cluster
-from support import cli, digests, hub_digests, ties_of_three, write_config
+from support import cli, cli_start, digests, hub_digests, ties_of_three, write_config
 
 from resumerge import api
 from resumerge.api.flagmap import executor_option
@@ -186,15 +188,24 @@ def test_a_ray_cluster_merges_like_the_local_executor_whatever_fails(merge: Merg
 
 
 class _Timeline:
-    """The test's phases with their seconds, printed as each ends (seen under ``-s``): where its wall goes."""
+    """The test's phases with their seconds, printed as each ends (seen under ``-s``): where its wall goes. Under
+    RESUMERGE_TEST_CGROUP (tests/conftest.py) each phase's CPU seconds too, of every process of the run's cgroup: the
+    Ray nodes' and workers' included, which no other count sees."""
 
     def __init__(self) -> None:
         self.began = self.last = time.monotonic()
+        self.cpu = self._cpu()
+
+    @staticmethod
+    def _cpu() -> float | None:
+        group = os.environ.get("RESUMERGE_TEST_CGROUP")
+        return int(Path(group, "cpuacct.usage").read_text()) / 1e9 if group else None
 
     def lap(self, name: str) -> None:
-        now = time.monotonic()
-        print(f"[ray timeline] {now - self.began:6.1f} s  {name}: {now - self.last:.1f} s", flush=True)
-        self.last = now
+        now, cpu = time.monotonic(), self._cpu()
+        spent = "" if cpu is None or self.cpu is None else f", {cpu - self.cpu:.1f} CPU s"
+        print(f"[ray timeline] {now - self.began:6.1f} s  {name}: {now - self.last:.1f} s{spent}", flush=True)
+        self.last, self.cpu = now, cpu
 
 
 @contextmanager
@@ -692,17 +703,18 @@ def test_a_node_without_a_token_refuses_to_read_the_hub_inputs_in_one_line(merge
 
 def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any], merge: Merge, writer: HubWriter,
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A real driver process, whose batches never fill: only the interrupt's last commit commits shards.
+    # A real driver process, whose batches never fill: only the interrupt's last commit commits shards. Forked from
+    # the worker's fork server (support.cli_start: a fresh interpreter imported torch again, ~3 CPU s): the stall
+    # below holds the uploads from the third on until the driver says it stops, whenever its SIGINT lands.
     state, stopping = tmp_path / "state", threading.Event()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resumerge", "run", str(merge.config), "hf://alice/stopped", "--state-dir", str(state),
-         "--out-shard-size", SHARD, "--commit-every", "100", "--commit-interval", "3600", "--executor", "ray",
-         "--ray-address", cluster[0].address], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    (worker_server().folder / "stderr").unlink(missing_ok=True)  # the last command's: see _stderr_lines
+    proc = cli_start("run", merge.config, "hf://alice/stopped", "--state-dir", state, "--out-shard-size", SHARD,
+                     "--commit-every", "100", "--commit-interval", "3600", "--executor", "ray", "--ray-address",
+                     cluster[0].address, capture=True)
     said: list[str] = []
 
     def read_stderr() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
+        for line in _stderr_lines(proc):
             said.append(line)
             # Printed by the driver's SIGINT handler, which sets its stop flag: from its loop's next turn on (which
             # still collects the results already ready) it collects no shard, so the uploads held until now may
@@ -730,10 +742,12 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        # The pipe ends with the driver: the reader is done with it before it is closed (closed under a reader
-        # still reading, its thread would raise, and that warning would hide this test's own failure).
+        # The pipe (a fresh interpreter's) or the file (a forked one's) ends with the driver: the reader is done
+        # with it before it is closed (closed under a reader still reading, its thread would raise, and that
+        # warning would hide this test's own failure).
         reader.join()
-        proc.stderr.close()
+        if isinstance(proc, subprocess.Popen) and proc.stderr is not None:
+            proc.stderr.close()
     err = "".join(said)
     # As locally (tests/hubout/test_hub_writers.py): the uploaded shards committed, the resume command, exit 3.
     assert proc.returncode == 3, err
@@ -761,6 +775,34 @@ def _ctrl_c_stops_a_ray_run_as_it_stops_a_local_one(cluster: tuple[Cluster, Any]
     assert outcome.resumed_files >= len(shards)
     _hub_output_checked(merge, writer, "alice/stopped", state, nodes=2)
     _wait_for_idle_cluster()  # the warm workers' reservations were removed with them, and the run's own workers
+
+
+def _stderr_lines(proc: Forked | subprocess.Popen[str]) -> Iterator[str]:
+    """``proc``'s stderr line by line as it writes them, until it has ended: a fresh interpreter's pipe, or the file
+    a forked command writes (tests/forkserver.py), read as it grows. The forked child makes that file anew (the
+    caller removed the one the server's command before wrote): it is read once it is there."""
+    if isinstance(proc, subprocess.Popen):
+        assert proc.stderr is not None
+        yield from proc.stderr
+        return
+    assert proc.files is not None
+    while not proc.files[1].exists():
+        if proc.poll() is not None:
+            return
+        time.sleep(0.01)
+    with proc.files[1].open(encoding="utf-8", errors="replace") as err:
+        part = ""
+        while True:
+            ended = proc.poll() is not None  # read after: what it wrote before it ended is read below
+            part += err.read()
+            *lines, part = part.split("\n")
+            for line in lines:
+                yield line + "\n"
+            if ended:
+                if part:
+                    yield part
+                return
+            time.sleep(0.05)
 
 
 @contextmanager

@@ -206,29 +206,30 @@ def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp
     from tests.evaluation.evaltasks import tiny_model, write_tasks
 
     model, tasks = tiny_model(tmp_path / "model"), write_tasks(tmp_path)
-    asked: dict[str, Any] = {"tasks": ["tiny_mc", "tiny_ppl"], "include_path": tasks, "limit": 4}
+    names, asked = ["tiny_mc", "tiny_ppl"], api.Harness(include_path=tasks, limit=4)
     with one_thread():
-        local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
+        local = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "local"), harness=asked)
     on_ray = RayExecutor(address=cluster.address)
     layers: list[int | None] = []
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
         here.setattr(Streams, "layer", _not_here)
-        found = api.evaluate(model, state_dir=tmp_path / "ray", executor=on_ray,
-                             progress=lambda step: layers.append(step.layer), **asked)
+        found = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "ray", executor=on_ray), harness=asked,
+                             progress=lambda step: layers.append(step.layer))
     assert found.to_json()["results"] == local.to_json()["results"]
     assert layers == [0, 1, 2, None] * 2  # both passes, each layer on the node and the head here
     # Asked again locally, the Ray evaluation's journal answers: its passes are the local passes' files.
-    again = api.evaluate(model, state_dir=tmp_path / "ray", progress=lambda step: pytest.fail(f"ran again: {step}"),
-                         **asked)
+    again = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "ray"), harness=asked,
+                         progress=lambda step: pytest.fail(f"ran again: {step}"))
     assert again.to_json()["results"] == local.to_json()["results"]
     # A merge config (merged in this process) and generation tasks (their layers run here, against the KV cache kept
     # here) are refused on Ray.
     config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(model), "parameters": {"weight": 1.0}}]})
     with pytest.raises(UsageError, match="a merge config is merged in this process"):
-        api.evaluate(config, state_dir=tmp_path / "s", executor=on_ray, **asked)
+        api.evaluate(config, names, api.Settings(state_dir=tmp_path / "s", executor=on_ray), harness=asked)
     with pytest.raises(UsageError, match="generation task"):
-        api.evaluate(model, tasks=["tiny_gen"], include_path=tasks, state_dir=tmp_path / "s", executor=on_ray)
+        api.evaluate(model, ["tiny_gen"], api.Settings(state_dir=tmp_path / "s", executor=on_ray),
+                     harness=api.Harness(include_path=tasks))
 
 
 def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_files(tmp_path: Path,
@@ -314,9 +315,9 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     from tests.evaluation.evaltasks import write_tasks
 
     model, tasks = glm5(tmp_path / "glm5"), write_tasks(tmp_path)
-    asked: dict[str, Any] = {"tasks": ["tiny_ppl"], "include_path": tasks, "limit": 4}
+    asked = api.Harness(include_path=tasks, limit=4)
     with one_thread():
-        local = api.evaluate(model, state_dir=tmp_path / "local", **asked)
+        local = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=tmp_path / "local"), harness=asked)
     killed = cli("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--limit", "4", "--state-dir",
                  tmp_path / "s", "--executor", "ray", "--ray-address", cluster.address,
                  env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600)
@@ -326,7 +327,8 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
         here.setattr(Streams, "layer", _not_here)
-        found = api.evaluate(model, state_dir=tmp_path / "s", executor=on_ray, **asked)
+        found = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=tmp_path / "s", executor=on_ray),
+                             harness=asked)
     assert found.to_json()["results"] == local.to_json()["results"]
     config, texts = regmean_of_glm5(tmp_path)
     with one_thread():

@@ -7,7 +7,8 @@ for ``eval`` and ``evolve``; ``evaluate`` (``resumerge eval``): lm-evaluation-ha
 config unwritten; ``lm_eval`` (``resumerge lm-eval``): lm-eval's own command line with ``--model resumerge``.
 
 Each CLI command parses its arguments and makes one call here, so a notebook gets the very tool the README
-describes. Every call that writes a run takes its options as one frozen :class:`Settings` (:mod:`.options`), whose
+describes. Every call that writes a run, and ``evaluate``, takes its options as one frozen :class:`Settings`
+(:mod:`.options`), whose
 groups (:class:`Output`, :class:`Merging`, :class:`Resources`, :class:`Hub`, :class:`Stages`) it turns into the
 :class:`~resumerge.merge.plan.merge_plan.PlanOptions` that change output bytes and the
 :class:`~resumerge.config.settings.RunSettings` that do not, then hands the call to its kind of run: a single
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.reading import evolve_status, recipe_status, status, verify
 
-__all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages", "Surgery",
-           "Trackers", "check",
+__all__ = ["EvolveOutcome", "Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
+           "Surgery", "Trackers", "check",
            "estimate",
            "estimate_extraction", "estimate_measure", "estimate_tokensurgeon", "evaluate", "evolve", "evolve_status",
            "extract_lora", "lm_eval", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status",
@@ -40,8 +41,8 @@ __all__ = ["EvolveOutcome", "Hub", "Lora", "Merging", "Output", "Resources", "Se
 # Where each name imported on its first use lives.
 _LAZY = {
     **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
-    **dict.fromkeys(("Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages", "Surgery",
-                     "Trackers"), "resumerge.api.options"),
+    **dict.fromkeys(("Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
+                     "Surgery", "Trackers"), "resumerge.api.options"),
     **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
     **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from resumerge.api.evolution import EvolveOutcome
     from resumerge.api.lmevaldoor import lm_eval
     from resumerge.api.options import (
+        Harness,
         Hub,
         Lora,
         Merging,

@@ -22,6 +22,7 @@ from resumerge.api.evolution import EvolveOutcome
 from resumerge.api.importance import computed_imatrix
 from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
+    Harness,
     Lora,
     Merging,
     Output,
@@ -31,7 +32,6 @@ from resumerge.api.options import (
     Settings,
     Trackers,
     config_text,
-    flat_resources,
     nothing_started,
     nothing_written,
     pass_placement,
@@ -264,60 +264,57 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     runs on it), each step admitted by ``max_gpu_memory`` too (None: most of what the GPU has free); the same figures
     to float32's rounding, and a check started on one device resumes on the other (a GPU here and Ray's executor
     together are refused, exit 2)."""
-    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.check.job import CheckSettings
+    from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.forward.device import PassDevice
 
     settings = pass_settings("check", state_dir, resources, executor)
-    return run_check(model, base=base, parents=tuple(parents), prompts=prompts, max_memory=settings.max_memory,
-                     state=settings.state, placement=pass_placement(settings), cut_texts=truncate_texts,
-                     watcher=progress, device=PassDevice.of(resources.device, settings.max_gpu_memory),
-                     default_state=StateDir.resolve(None))
+    asked = CheckAsked(model, base, tuple(parents), prompts, truncate_texts)
+    return run_check(asked, CheckSettings(state=settings.state, max_memory=settings.max_memory,
+                                          placement=pass_placement(settings),
+                                          device=PassDevice.of(resources.device, settings.max_gpu_memory),
+                                          default_state=StateDir.resolve(None)), progress)
 
 
-def evaluate(target: PathLike, *, tasks: Sequence[str] | str, include_path: PathLike | None = None,
-             limit: float | None = None, num_fewshot: int | None = None, apply_chat_template: bool | str = False,
-             log_samples: bool = False, output_path: PathLike | None = None, resources: Resources = Resources(),
-             state_dir: PathLike | None = None, executor: Executor | None = None,
-             progress: Callable[[EvalStep], None] | None = None, max_memory: int | str | None = None,
-             device: str | None = None, max_gpu_memory: int | str | None = None,
-             task_index: TaskIndex | None = None, merging: Merging = Merging(),
-             seed: str | int | None = None) -> EvalReport:
-    """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``include_path`` too) on the
-    model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the merge it
-    describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
-    ``resumerge eval``: lm-eval
-    builds the requests and computes the metrics, resumerge scores every request of a pass one decoder layer at a
-    time within ``resources.max_memory``, journaled under ``state_dir`` (a killed evaluation run again resumes with
-    the same results). ``check``'s figures are tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and
-    ``kl:PARENT:FILE`` (KL from the model PARENT on them), in the results as ``nll,none`` and ``kl,none``.
+def evaluate(target: PathLike, tasks: Sequence[str] | str, settings: Settings = Settings(), *,
+             harness: Harness = Harness(), progress: Callable[[EvalStep], None] | None = None,
+             task_index: TaskIndex | None = None) -> EvalReport:
+    """lm-evaluation-harness ``tasks`` (names, or a comma-separated string; YAMLs from ``harness.include_path`` too)
+    on the model ``target`` (a folder, a GGUF file, ``"hf://NAMESPACE/NAME[@REVISION]"``, or a merge config: the
+    merge it describes, each tensor merged in memory by ``run``'s method code as its layer runs, never written), like
+    ``resumerge eval``: lm-eval builds the requests and computes the metrics, resumerge scores every request of a
+    pass one decoder layer at a time within ``settings.resources.max_memory``, journaled under
+    ``settings.state_dir`` (a killed evaluation run again resumes with the same results). ``check``'s figures are
+    tasks too: ``nll:FILE`` (NLL per token of FILE's texts) and ``kl:PARENT:FILE`` (KL from the model PARENT on
+    them), in the results as ``nll,none`` and ``kl,none``.
+
+    ``harness`` (:class:`~resumerge.api.options.Harness`) holds lm-eval's options: ``include_path``, ``limit``,
+    ``num_fewshot``, ``apply_chat_template``, ``log_samples``, ``output_path`` and ``seed`` (its four seeds; a
+    sampled generation task draws from the torch one, the same answers on every run and resume).
     ``report.results`` is lm-eval's results object as ``simple_evaluate`` returns it, but for the description of
-    the machine (torch's ``collect_env``, 1.2 s): ``output_path``: written there as lm-eval's CLI writes it, that
-    description included (with each task's samples where ``log_samples``). ``executor`` (the object
-    :func:`run` takes): None or ``LocalExecutor()`` runs every layer in this process; ``RayExecutor(address)`` each
-    pass's decoder layers on an actor of that Ray cluster, the head here (the same results; an evaluation started
-    with one resumes with the other; a merge config and generation tasks are refused there, exit 2). ``progress``
-    is told each layer of each pass. Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a
-    generation task) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues. Of ``resources`` (the group
-    :func:`run` and :func:`check` take) an evaluation honours ``max_memory``, ``device`` and ``max_gpu_memory``
-    (where the layers run, as for :func:`check`; a GPU here, not with Ray's executor) and refuses the others set.
-    The flat ``max_memory=``, ``device=``, ``max_gpu_memory=`` keywords of earlier releases still work: they build
-    the same ``Resources`` object (a field given both ways is refused). ``task_index``
+    the machine (torch's ``collect_env``, 1.2 s): ``harness.output_path``: written there as lm-eval's CLI writes it,
+    that description included (with each task's samples where ``log_samples``).
+
+    ``settings`` (:class:`~resumerge.api.options.Settings`, the object :func:`run` takes): of its ``resources`` an
+    evaluation honours ``max_memory``, ``device`` and ``max_gpu_memory`` (where the layers run, as for
+    :func:`check`; a GPU here, not with Ray's executor); ``merging``: how a merge config ``target`` is merged
+    (``random_seed``, ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it, refused for a
+    model ``target``; ``state_dir`` keeps the journal; ``executor``: None or ``LocalExecutor()`` runs every layer in
+    this process, ``RayExecutor(address)`` each pass's decoder layers on an actor of that Ray cluster, the head here
+    (the same results; an evaluation started with one resumes with the other; a merge config and generation tasks
+    are refused there, exit 2). Its ``output``, ``hub`` and ``stages`` (an evaluation writes no run) and the other
+    resources are refused set (exit 2).
+
+    ``progress`` is told each layer of each pass. ``task_index``
     (:class:`~resumerge.analyses.evaluation.tasks.TaskIndex`): lm-eval's index of its tasks, built at its first use
     and reused by every call given it (indexing lm-eval's own task YAMLs costs ~8 CPU s; None: built for this call).
-    ``merging`` (the group :func:`run` takes): how a merge config ``target`` is merged (``random_seed``,
-    ``allow_crimes``, ``unsafe_truncate_embeddings``), as :func:`run` merges it; refused for a model ``target``.
-    ``seed``: lm-eval's seeds as its ``--seed`` writes them (``"0,1234,1234,1234"``: python's random, numpy, torch,
-    the few-shot sampler; one figure for all four; None: that default); a sampled generation task draws from the
-    torch one, the same answers on every run and resume."""
+    Bad input (an unknown task, a dataset not available offline, ``limit`` 0, a generation kwarg it does not
+    honour) raises :class:`~resumerge.errors.UsageError` before any weight is read; Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the command that continues."""
     from resumerge.api.evaluation import evaluate_with
 
-    resources = flat_resources(resources, "evaluate", max_memory=max_memory, device=device,
-                               max_gpu_memory=max_gpu_memory)
-    return evaluate_with(target, tasks, resources, pass_settings("evaluate", state_dir, resources, executor),
-                         include_path=include_path, limit=limit, num_fewshot=num_fewshot,
-                         apply_chat_template=apply_chat_template, log_samples=log_samples, output_path=output_path,
-                         progress=progress, task_index=task_index, merging=merging, seed=seed)
+    return evaluate_with(target, tasks, settings, settings_for(settings, "evaluate"), harness, progress=progress,
+                         task_index=task_index)
 
 
 def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
@@ -511,11 +508,9 @@ def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(),
     from pathlib import Path
 
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
-    from resumerge.runs.evolve.search import SearchOptions
 
     given = settings_for(settings, "evolve")  # the state dir resolved here, once
-    options = SearchOptions(search.max_fevals, search.popsize, search.sigma0, search.random_seed)
-    asked = SearchAsked(config, Path(storage), options, settings.resources, given.state, merge_best,
+    asked = SearchAsked(config, Path(storage), search, settings.resources, given.state, merge_best,
                         allow_benchmark_tasks, task_search_path, pass_placement(given), settings.executor,
                         _tracking(trackers))
     return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)

@@ -42,13 +42,15 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     """``outcome`` with the check of its output (the base and parents from its record), on the run's
     ``executor`` (see :func:`check_placement`); the run's ``reporter`` is told a line per layer of the check (its
     ``message``), as the merge's progress was."""
+    from resumerge.analyses.check.job import CheckSettings
     from resumerge.analyses.check.progress import layer_lines
-    from resumerge.analyses.check.run import run_check
+    from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.config.locations import StateDir
 
     say = getattr(reporter, "message", None)
-    report = run_check(outcome.out_dir, state=state, max_memory=max_memory, placement=check_placement(executor),
-                       watcher=layer_lines(say) if callable(say) else None, default_state=StateDir.resolve(None))
+    settings = CheckSettings(state=state, max_memory=max_memory, placement=check_placement(executor),
+                             default_state=StateDir.resolve(None))
+    report = run_check(CheckAsked(outcome.out_dir), settings, layer_lines(say) if callable(say) else None)
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 

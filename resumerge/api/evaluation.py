@@ -1,5 +1,5 @@
-""":func:`resumerge.api.evaluate`'s work once its options are one :class:`~resumerge.api.options.Resources` and
-its :class:`~resumerge.config.settings.RunSettings`: the evaluation's settings built and checked (exit 2 before
+""":func:`resumerge.api.evaluate`'s work once its :class:`~resumerge.api.options.Settings` are checked and made its
+:class:`~resumerge.config.settings.RunSettings`: the evaluation's settings built and checked (exit 2 before
 anything is read), then the model evaluated where it is, or a merge config opened as the merge it describes, never
 written."""
 
@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.api.options import Merging, PathLike, Resources, pass_placement, taken
+from resumerge.api.options import Harness, Merging, PathLike, Settings, pass_placement
 from resumerge.api.unwritten import open_unwritten
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
@@ -20,26 +20,26 @@ if TYPE_CHECKING:
     from resumerge.analyses.evaluation.tasks import TaskIndex
 
 
-def evaluate_with(target: PathLike, tasks: Sequence[str] | str, resources: Resources, settings: RunSettings, *,
-                  include_path: PathLike | None, limit: float | None, num_fewshot: int | None,
-                  apply_chat_template: bool | str, log_samples: bool, output_path: PathLike | None,
-                  progress: Callable[[EvalStep], None] | None, task_index: TaskIndex | None = None,
-                  merging: Merging = Merging(), seed: str | int | None = None) -> EvalReport:
-    """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) under ``resources`` (the device) and
-    ``settings`` (the memory budgets parsed, the state dir, the executor); ``task_index``: lm-eval's task index
-    shared with other evaluations (None: one of its own); ``merging``: how a merge config ``target`` is merged
-    (refused, exit 2, for a model ``target``); ``seed``: lm-eval's ``--seed`` (its four seeds)."""
+def evaluate_with(target: PathLike, tasks: Sequence[str] | str, asked: Settings, settings: RunSettings,
+                  harness: Harness, *, progress: Callable[[EvalStep], None] | None,
+                  task_index: TaskIndex | None = None) -> EvalReport:
+    """lm-eval's ``tasks`` on ``target`` (see :func:`resumerge.api.evaluate`) as ``asked`` (the device, how a merge
+    config ``target`` is merged: refused, exit 2, for a model ``target``), its ``settings`` (the memory budgets
+    parsed, the state dir resolved, the executor) and ``harness`` (lm-eval's options); ``task_index``: lm-eval's
+    task index shared with other evaluations (None: one of its own)."""
     from resumerge.analyses.evaluation.run import is_config, run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings, Seeds
 
     names = tuple(t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks))
+    include, output = harness.include_path, harness.output_path
     evaluation = EvalSettings(
-        tasks=names, include_path=os.fspath(include_path) if include_path is not None else None, limit=limit,
-        num_fewshot=num_fewshot, apply_chat_template=apply_chat_template, log_samples=log_samples,
-        output_path=os.fspath(output_path) if output_path is not None else None, max_memory=settings.max_memory,
-        device=resources.device, max_gpu_memory=settings.max_gpu_memory, seeds=Seeds.parse(seed)).checked()
+        tasks=names, include_path=os.fspath(include) if include is not None else None, limit=harness.limit,
+        num_fewshot=harness.num_fewshot, apply_chat_template=harness.apply_chat_template,
+        log_samples=harness.log_samples, output_path=os.fspath(output) if output is not None else None,
+        max_memory=settings.max_memory, device=asked.resources.device, max_gpu_memory=settings.max_gpu_memory,
+        seeds=Seeds.parse(harness.seed)).checked()
     placement = pass_placement(settings)
-    taken(merging, "evaluate")
+    merging = asked.merging
     if not is_config(os.fspath(target)):
         if merging != Merging():  # they change a merge, and a model TARGET is no merge to make
             changed = ", ".join(f"--{k.replace('_', '-')}" for k, v in vars(merging).items()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from resumerge.api.options import Output, PathLike, Resources, Settings, config_text
+from resumerge.api.options import Harness, Output, PathLike, Resources, Settings, config_text
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, Here, OnRay, PassPlacement
 from resumerge.errors import UsageError
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import Population
     from resumerge.merge.plan.merge_plan import Plan
     from resumerge.runs.evolve.objective import ScoresGeneration
+    from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.progress import Watcher
-    from resumerge.runs.evolve.search import Planned, SearchOptions
+    from resumerge.runs.evolve.search import Planned
     from resumerge.runs.evolve.storage import Evaluated, Say
     from resumerge.runs.evolve.tracking import Tracking
 
@@ -131,10 +132,11 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         else None
 
     def evaluated(target: Path, settings: EvalSettings, state: Path) -> dict[str, Any]:
-        return dict(calls.evaluate(target, tasks=settings.tasks, include_path=settings.include_path,
-                                   limit=settings.limit, num_fewshot=settings.num_fewshot,
-                                   apply_chat_template=settings.apply_chat_template, max_memory=resources.max_memory,
-                                   device=settings.device, state_dir=state, task_index=index).results)
+        harness = Harness(include_path=settings.include_path, limit=settings.limit,
+                          num_fewshot=settings.num_fewshot, apply_chat_template=settings.apply_chat_template)
+        given = Settings(resources=Resources(max_memory=resources.max_memory, device=settings.device),
+                         state_dir=state)
+        return dict(calls.evaluate(target, settings.tasks, given, harness=harness, task_index=index).results)
 
     command = evolve_command(asked)
 
@@ -212,8 +214,8 @@ def evolve_command(asked: SearchAsked) -> str:
         words += ["--popsize", str(options.popsize)]
     if options.sigma0 != 1 / 6:
         words += ["--sigma0", repr(options.sigma0)]
-    if options.seed != 0:
-        words += ["--random-seed", str(options.seed)]
+    if options.random_seed != 0:
+        words += ["--random-seed", str(options.random_seed)]
     if resources.max_memory is not None:
         words += ["--max-memory", str(resources.max_memory)]
     if resources.device not in (None, "cpu"):

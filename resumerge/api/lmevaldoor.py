@@ -116,7 +116,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
     from resumerge.analyses.evaluation.opened import opened_lm
     from resumerge.analyses.evaluation.run import is_config
     from resumerge.analyses.evaluation.settings import EvalSettings
-    from resumerge.api.options import Resources, pass_settings
+    from resumerge.api.options import Resources, Settings, settings_for
 
     if cache is not None and given.state_dir is not None and \
             os.path.abspath(cache) != os.path.abspath(given.state_dir):
@@ -125,7 +125,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
     state_dir = given.state_dir if given.state_dir is not None else cache
     resources = Resources(max_memory=given.max_memory, device=given.device or device_flag or "cpu",
                           max_gpu_memory=given.max_gpu_memory)
-    settings = pass_settings("evaluate", state_dir, resources, None)
+    settings = settings_for(Settings(resources=resources, state_dir=state_dir), "evaluate")  # as api.evaluate's
     evaluation = EvalSettings(tasks=tasks or ("lm-eval",), max_memory=settings.max_memory, device=resources.device,
                               max_gpu_memory=settings.max_gpu_memory, seeds=seeds)
     target = given.pretrained

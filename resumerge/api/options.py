@@ -1,5 +1,6 @@
 """What a caller asks of a run, as a few frozen groups (:class:`Output`, :class:`Merging`, :class:`Resources`,
-:class:`Hub`, :class:`Stages`, :class:`Lora`, :class:`Surgery`, :class:`Trackers`, :class:`Search`), the run's
+:class:`Hub`, :class:`Stages`, :class:`Lora`, :class:`Surgery`, :class:`Trackers`, :class:`Search`, :class:`Harness`),
+the run's
 groups held in one :class:`Settings` a notebook builds once and passes to every call, and the one
 place they become :class:`~resumerge.merge.plan.merge_plan.PlanOptions` (what changes the output's bytes) and
 :class:`~resumerge.config.settings.RunSettings` (what does not), with the guards every kind of run shares: OUT
@@ -27,6 +28,7 @@ from resumerge.config.settings import HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
 from resumerge.memory.sizes import parse_size
 from resumerge.merge.plan.defaults import DEFAULT_SEED
+from resumerge.runs.evolve.options import SearchOptions
 from resumerge.runs.transplant.spec import SurgeryChoices
 
 if TYPE_CHECKING:
@@ -188,40 +190,57 @@ class Trackers:
 
 
 @dataclass(frozen=True)
-class Search:
-    """How CMA-ES searches (``evolve``, mergekit-evolve's options and defaults): ``max_fevals`` evaluations (the
-    last generation cut to what is left), ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), the first
-    step size ``sigma0`` and the ``random_seed`` of its draws."""
-
-    max_fevals: int = 100
-    popsize: int | None = None
-    sigma0: float = 1 / 6
-    random_seed: int = 0
+class Search(SearchOptions):
+    """How CMA-ES searches (``evolve``, mergekit-evolve's options and defaults;
+    :class:`~resumerge.runs.evolve.options.SearchOptions`): ``max_fevals`` evaluations (the last generation cut to
+    what is left), ``popsize`` candidates a generation (None: cma's 4 + 3 ln n), the first step size ``sigma0`` and
+    the ``random_seed`` of its draws."""
 
 
-# The calls that write a run, and their estimates, which take one Settings (below).
-_NO_HUB = ("estimate", "estimate_extraction", "estimate_tokensurgeon", *_SEARCH)
+@dataclass(frozen=True)
+class Harness:
+    """How lm-evaluation-harness runs the tasks of an evaluation (``evaluate``, lm-eval's options and meanings):
+    task YAMLs from ``include_path`` too, at most ``limit`` documents a task (below 1: that share), ``num_fewshot``
+    examples a prompt (None: each task's own), each prompt through the chat template (``apply_chat_template``; a
+    name: one of several), lm-eval's results file written under ``output_path`` (with each task's samples where
+    ``log_samples``), and lm-eval's seeds (``seed``) as its ``--seed`` writes them (``"0,1234,1234,1234"``: python's
+    random, numpy, torch, the few-shot sampler; one figure for all four; None: that default)."""
+
+    include_path: PathLike | None = None
+    limit: float | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool | str = False
+    log_samples: bool = False
+    output_path: PathLike | None = None
+    seed: str | int | None = None
+
+
+# The calls that write a run, and their estimates, which take one Settings (below), and the evaluation, which writes
+# no run (no OUT: no output, hub or stages options).
+_NO_HUB = ("estimate", "estimate_extraction", "estimate_tokensurgeon", *_SEARCH, "evaluate")
+_NO_OUT = ("resume", *_SEARCH, "evaluate")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a call that writes a run (``run``, ``resume``, ``extract_lora``, ``tokensurgeon``, ``evolve``)
-    and its estimate reads besides what it is asked to do, as one value a notebook builds once and hands to each
-    call: the groups ``output``, ``merging``, ``resources``, ``hub`` and ``stages``, the ``state_dir`` keeping the
-    runs' records (None: ``RESUMERGE_STATE_DIR``, else the default) and the ``executor`` computing the shards (None
-    or ``LocalExecutor()``: this process; ``RayExecutor(address, keep_workers)``: a Ray cluster). A group or field
-    a call cannot honour is refused there when set (UsageError, exit 2), as :func:`taken` says."""
+    """Everything a call that writes a run (``run``, ``resume``, ``extract_lora``, ``tokensurgeon``, ``evolve``),
+    its estimate and an evaluation (``evaluate``, which writes no run: no ``output``, ``hub`` or ``stages``) read
+    besides what they are asked to do, as one value a notebook builds once and hands to each call: the groups
+    ``output``, ``merging``, ``resources``, ``hub`` and ``stages``, the ``state_dir`` keeping the runs' records
+    (None: ``RESUMERGE_STATE_DIR``, else the default) and the ``executor`` computing the shards (None or
+    ``LocalExecutor()``: this process; ``RayExecutor(address, keep_workers)``: a Ray cluster). A group or field a
+    call cannot honour is refused there when set (UsageError, exit 2), as :func:`taken` says."""
 
-    output: Output = field(default=Output(), metadata=_not_for("resume", *_SEARCH))
+    output: Output = field(default=Output(), metadata=_not_for(*_NO_OUT))
     merging: Merging = field(default=Merging(), metadata=_not_for("resume", *_SEARCH))
     resources: Resources = Resources()
     hub: Hub = field(default=Hub(), metadata=_not_for(*_NO_HUB))
-    stages: Stages = field(default=Stages(), metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    stages: Stages = field(default=Stages(), metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH, "evaluate"))
     state_dir: PathLike | None = None
     executor: Executor | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
 
 
-GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers, Search, Settings)
+GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers, Search, Harness, Settings)
 
 
 def taken(group: object, function: str) -> None:
@@ -234,22 +253,6 @@ def taken(group: object, function: str) -> None:
                              hint=f"leave {type(group).__name__}.{each.name} at its default here")
         if type(value) in GROUPS:
             taken(value, function)
-
-
-def flat_resources(resources: Resources, function: str, **given: Any) -> Resources:
-    """The one :class:`Resources` a call reads: ``resources`` with the flat keywords an older caller passes instead
-    (``max_memory=``, ``device=``, ``max_gpu_memory=``; None: not given) set in it, the same object as
-    ``resources=Resources(...)`` of those values; a field given both ways is refused, as is a field ``function``
-    cannot honour (:func:`taken`; UsageError, exit 2)."""
-    defaults = {each.name: each.default for each in fields(Resources)}
-    said = {name: value for name, value in given.items() if value is not None}
-    for name in said:
-        if getattr(resources, name) != defaults[name]:
-            raise UsageError(f"{name} is given twice, as {name}= and in resources=",
-                             hint=f"give it once: resources=Resources({name}=...)")
-    resources = replace(resources, **said)
-    taken(resources, function)
-    return resources
 
 
 def plan_options(*groups: object, out_shard_size: int | str | None, **overrides: Any) -> PlanOptions:

@@ -8,21 +8,21 @@ import json
 
 from resumerge.cli import flags
 
+# The command's line in ``resumerge --help`` and the opening of its own ``--help``.
+HELP = "does the merge in MODEL work? compare it with its base and parents, layer by layer"
+DESCRIPTION = ("A static pass over MODEL's tensors and a forward pass, one decoder layer of one model at a "
+               "time, of MODEL, its base and its parents over the same texts: NLL, KL, top-1 agreement, "
+               "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
+               "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
+               "reached), 4 a hub file whose bytes are not the hub's (its sha256), or the same check "
+               "already under way in another process (named).")
 
-def add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``check`` command's parser."""
-    check = sub.add_parser(
-        "check", help="does the merge in MODEL work? compare it with its base and parents, layer by layer",
-        description="A static pass over MODEL's tensors and a forward pass, one decoder layer of one model at a "
-                    "time, of MODEL, its base and its parents over the same texts: NLL, KL, top-1 agreement, "
-                    "per-layer drift, and the first layer that departs from every parent. Exit 0 works, 5 no "
-                    "effect, 6 broken, 2 bad input, 3 interrupted (run it again: it resumes at the layer "
-                    "reached), 4 a hub file whose bytes are not the hub's (its sha256), or the same check "
-                    "already under way in another process (named).")
-    check.add_argument("model", metavar="MODEL", help="the merged model's folder, a GGUF file, or a hub repo as "
-                       "hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as hf://NAMESPACE/NAME/PATH.gguf"
-                       "[@REVISION]), read by byte range (a resumerge output names its base and parents in its "
-                       "record; its model card gets the check's section)")
+
+def add_arguments(check: argparse.ArgumentParser) -> None:
+    """MODEL, its base and parents (its record names them where they are not given), the texts, the pass's
+    flags and the report's form."""
+    check.add_argument("model", metavar="MODEL", help=f"the merged model: {flags.PASS_MODEL} (a resumerge output "
+                       "names its base and parents in its record; its model card gets the check's section)")
     check.add_argument("--base", metavar="BASE", help="the base model's folder, GGUF file or hf:// repo")
     check.add_argument("--parent", dest="parents", metavar="P", action="append", default=[],
                        help="a parent model's folder, GGUF file or hf:// repo (repeat for each)")

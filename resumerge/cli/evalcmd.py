@@ -14,25 +14,27 @@ if TYPE_CHECKING:
     from resumerge.analyses.evaluation.run import EvalStep
 
 
-def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``eval`` command's parser."""
-    evaluate = sub.add_parser(
-        "eval", help="lm-evaluation-harness tasks on a model, one decoder layer at a time within the memory budget",
-        description="Runs lm-evaluation-harness (lm-eval) tasks on TARGET: lm-eval builds the requests, the few-shot "
-                    "prompts and chat templates and computes the metrics; resumerge scores every request of a task "
-                    "set in one pass, one decoder layer at a time (each layer read once), journaled under the state "
-                    "dir. Prints lm-eval's results table (--json: its results object). Needs the eval extra "
-                    "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
-                    "task, a dataset not available offline, a generation kwarg it does not honour) before any "
-                    "weight is read, 3 when interrupted (run it again: it resumes at the layer reached, with the "
-                    "same results), 4 when the "
-                    "same evaluation is under way in another process (named). The flags it shares with lm-eval take "
-                    "lm-eval's spellings too (--include_path, --num_fewshot, -t, -o, ...); resumerge lm-eval is "
-                    "lm-eval's whole command line.")
-    evaluate.add_argument("target", metavar="TARGET", help="the model's folder, a GGUF file, a hub repo as "
-                          "hf://NAMESPACE/NAME[@REVISION] (read by byte range), or a merge config (.yml): the merge "
-                          "it describes, each layer's tensors merged in memory by run's own method code, never "
-                          "written")
+# The command's line in ``resumerge --help`` and the opening of its own ``--help``.
+HELP = "lm-evaluation-harness tasks on a model, one decoder layer at a time within the memory budget"
+DESCRIPTION = ("Runs lm-evaluation-harness (lm-eval) tasks on TARGET: lm-eval builds the requests, the few-shot "
+               "prompts and chat templates and computes the metrics; resumerge scores every request of a task "
+               "set in one pass, one decoder layer at a time (each layer read once), journaled under the state "
+               "dir. Prints lm-eval's results table (--json: its results object). Needs the eval extra "
+               "(pip install -c constraints.txt -e '.[eval]' in the clone). Exit 2 on bad input (an unknown "
+               "task, a dataset not available offline, a generation kwarg it does not honour) before any "
+               "weight is read, 3 when interrupted (run it again: it resumes at the layer reached, with the "
+               "same results), 4 when the "
+               "same evaluation is under way in another process (named). The flags it shares with lm-eval take "
+               "lm-eval's spellings too (--include_path, --num_fewshot, -t, -o, ...); resumerge lm-eval is "
+               "lm-eval's whole command line.")
+
+
+def add_arguments(evaluate: argparse.ArgumentParser) -> None:
+    """TARGET and its --tasks, lm-eval's options (under lm-eval's spellings too), the pass's flags, a merge
+    config TARGET's options and the output's form."""
+    evaluate.add_argument("target", metavar="TARGET", help=f"the model: {flags.PASS_MODEL}; or a merge config (.yml): "
+                          "the merge it describes, each layer's tensors merged in memory by run's own method code, "
+                          "never written")
     evaluate.add_argument("--tasks", "-t", required=True, metavar="NAMES",
                           help="lm-eval task, group or tag names, comma-separated (or task YAML paths); and "
                                "check's figures as tasks: nll:FILE (NLL per token of FILE's texts, one a line) and "

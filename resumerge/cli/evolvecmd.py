@@ -13,20 +13,23 @@ from resumerge.errors import EXIT_OK
 OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
 
 
-def add_evolve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The ``evolve`` command's parser."""
-    evolve = sub.add_parser(
-        "evolve", help="search a merge's parameters with CMA-ES (a mergekit-evolve config), resumable",
-        description="Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
-                    "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
-                    "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
-                    "its own texts, one per line, as eval's kl:PARENT:FILE measures it: a parent of another "
-                    "vocabulary over the tokens both hold) and {nll: {texts: FILE}}, weighted. Everything is kept in "
-                    "STORAGE (evaluations.jsonl and .csv, best.yml, objective.png): killed anywhere, the same "
-                    "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
-                    "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
-                    "the best objective so far and the time left (--quiet: none). "
-                    "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
+# The command's line in ``resumerge --help`` and the opening of its own ``--help``.
+HELP = "search a merge's parameters with CMA-ES (a mergekit-evolve config), resumable"
+DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
+               "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
+               "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
+               "its own texts, one per line, as eval's kl:PARENT:FILE measures it: a parent of another "
+               "vocabulary over the tokens both hold) and {nll: {texts: FILE}}, weighted. Everything is kept in "
+               "STORAGE (evaluations.jsonl and .csv, best.yml, objective.png): killed anywhere, the same "
+               "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
+               "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
+               "the best objective so far and the time left (--quiet: none). "
+               "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
+
+
+def add_arguments(evolve: argparse.ArgumentParser) -> None:
+    """CONFIG and STORAGE, CMA-ES's options, where its passes run, --merge-best, the trackers and the
+    output's form."""
     evolve.add_argument("config", metavar="CONFIG", help="the mergekit-evolve YAML config")
     evolve.add_argument("storage", metavar="STORAGE", help="the folder that keeps the search (new or this search's)")
     evolve.add_argument("--max-fevals", type=int, default=100, metavar="N",

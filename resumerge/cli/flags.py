@@ -61,6 +61,10 @@ CUDA = Flag(("--cuda",), {"action": "store_const", "const": "cuda", "dest": "dev
                           "help": "same as --device cuda (mergekit's flag)"})
 MAX_GPU_MEMORY = Flag(("--max-gpu-memory",), {
     "metavar": "SIZE", "help": "GPU memory budget with --device cuda [default: 85 %% of the GPU's free memory]"})
+MAX_DISK = Flag(("--max-disk",), {
+    "metavar": "SIZE",
+    "help": "bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files not yet "
+            "committed to the repo stay under it (work waits for commits) [default: no bound]"})
 RESTART = Flag(("--restart",), {
     "action": "store_true", "help": "discard a different earlier run in OUT (only files it wrote) and start over"})
 PUBLIC = Flag(("--public",), {"action": "store_true",
@@ -93,6 +97,9 @@ EXECUTOR_HELP = (f"where the work runs: local, this process; ray, the nodes of a
 
 # The groups a forward pass's command takes (check, measure, eval), in the order their --help lists them.
 PASS_FLAGS = (MAX_MEMORY, STATE_DIR, DEVICE, MAX_GPU_MEMORY)
+# What a forward pass opens as a model (resumerge.forward.opened.open_for_pass), as the pass commands' help says it.
+PASS_MODEL = ("a folder, a GGUF file, or a hub repo as hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as "
+              "hf://NAMESPACE/NAME/PATH.gguf[@REVISION]), read by byte range")
 
 
 def add(p: argparse.ArgumentParser, *flags: Flag) -> None:

@@ -8,6 +8,7 @@ Used by :mod:`resumerge.cli.commands` (and the docs test); options become API ke
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, add in COMMANDS.items():  # in the order `resumerge --help` lists them
         if command not in COMMANDS or command == name:
-            add(sub)
+            if isinstance(add, str):
+                _add_declared(sub, name, add)
+            else:
+                add(sub)
     return parser
+
+
+def _add_declared(sub: SubParsers, name: str, module: str) -> None:
+    """The parser of the command ``name`` that ``module`` declares, imported only when that parser is built: its
+    ``HELP`` (its line in ``resumerge --help``), ``DESCRIPTION`` (its ``--help``'s opening) and
+    ``add_arguments(parser)`` (every argument and flag it takes)."""
+    declared = importlib.import_module(module)
+    declared.add_arguments(sub.add_parser(name, help=declared.HELP, description=declared.DESCRIPTION))
 
 
 def _run_parser(sub: SubParsers) -> None:
@@ -48,46 +60,52 @@ def _run_parser(sub: SubParsers) -> None:
     _common(run)
     flags.add_executor(run)
     _keep_flag(run)
-    run.add_argument("--out-shard-size", default=None, metavar="SIZE",
-                     help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
-                          "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
-                          "25M to 5B]; an interruption costs at most one shard of work (--out-type gguf: "
-                          "the most bytes of one unit of the file, written in place in a local OUT)")
-    run.add_argument("--random-seed", type=int, default=0, metavar="N",
-                     help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
+    _merge_flags(run)
     flags.add(run, flags.RESTART, flags.PUBLIC)
     run.add_argument("--check", action="store_true", help="then check the merge as resumerge check does; exit "
                      "with the check's code (0 works, 5 no effect, 6 broken)")
-    run.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
-                     help="do not copy tokenizer files")
     run.add_argument("--no-write-model-card", action="store_false", dest="write_model_card",
                      help="write no README.md model card and no mergekit_config.yml")
-    run.add_argument("--unsafe-truncate-embeddings", action="store_true",
-                     help="merge models whose vocabularies differ in size by keeping the common leading rows of "
-                          "embeddings and heads (vocab_size and the tokenizer are cut to match)")
-    run.add_argument("--dequantize", action="store_true",
-                     help="store every output tensor unquantized in its dtype, with no quantization_config "
-                          "[default: the output keeps the base model's quantized format]")
-    _out_type_flags(run)
     run.add_argument("--out-adapter", action="store_true",
                      help="merge_method core_space: write the merged LoRA adapters as one PEFT adapter (rank at "
                           "most their summed ranks) instead of a merged model")
-    run.add_argument("--allow-crimes", action="store_true",
-                     help="merge models of different architectures, tensor by tensor as names and shapes allow")
-    run.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
-                     dest="allow_same_experts",
-                     help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
     flags.add(run, flags.DEVICE, flags.CUDA, flags.TRANSFORMERS_CACHE)
-    run.add_argument("--stream-inputs", action="store_true",
-                     help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
-                          "download into the HF cache in the order the merge reads, merging as the bytes land; "
-                          "stream a file the merge needs less than half of, or that --max-disk has no room for]")
-    run.add_argument("--intermediate-dir", "-I", metavar="DIR",
-                     help="recipes (several YAML documents): where named stages are written, one folder each "
-                          "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
     run.add_argument("--cleanup-intermediates", action="store_true",
                      help="recipes: delete the named stages' outputs once the final output is verified")
     accept_ignored(run, UNNEEDED_FLAGS, UNNEEDED_WITH_VALUE)
+
+
+def _merge_flags(p: argparse.ArgumentParser) -> None:
+    """What a merge of CONFIG is beside the config itself (its shards, seed, tokenizer, vocabularies, output type,
+    crimes and reads): the flags of run, and of plan, which estimates that run with the same words."""
+    p.add_argument("--out-shard-size", default=None, metavar="SIZE",
+                   help="bytes per output shard (k/M/B = 1e3/1e6/1e9, or KiB/MiB/GiB) [default: 1B; for an "
+                        "hf:// OUT, whose shards upload while the next are merged, about 1/100 of the output, "
+                        "25M to 5B]; an interruption costs at most one shard of work (--out-type gguf: "
+                        "the most bytes of one unit of the file, written in place in a local OUT)")
+    p.add_argument("--random-seed", type=int, default=0, metavar="N",
+                   help="seed of randomised methods (drawn per tensor, so resume is exact) [default: 0]")
+    p.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
+                   help="do not copy tokenizer files")
+    p.add_argument("--unsafe-truncate-embeddings", action="store_true",
+                   help="merge models whose vocabularies differ in size by keeping the common leading rows of "
+                        "embeddings and heads (vocab_size and the tokenizer are cut to match)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="store every output tensor unquantized in its dtype, with no quantization_config "
+                        "[default: the output keeps the base model's quantized format]")
+    _out_type_flags(p)
+    p.add_argument("--allow-crimes", action="store_true",
+                   help="merge models of different architectures, tensor by tensor as names and shapes allow")
+    p.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
+                   dest="allow_same_experts",
+                   help="mergekit-moe configs: let every expert be the same model (as mergekit-moe does)")
+    p.add_argument("--stream-inputs", action="store_true",
+                   help="read every hub input's tensors by HTTP Range instead of downloading files [default: "
+                        "download into the HF cache in the order the merge reads, merging as the bytes land; "
+                        "stream a file the merge needs less than half of, or that --max-disk has no room for]")
+    p.add_argument("--intermediate-dir", "-I", metavar="DIR",
+                   help="recipes (several YAML documents): where named stages are written, one folder each "
+                        "[default: OUT.intermediates beside OUT; for hf:// OUT, in the state dir]")
 
 
 def _resume_parser(sub: SubParsers) -> None:
@@ -164,8 +182,6 @@ def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> Non
 
 
 def _plan_parser(sub: SubParsers) -> None:
-    from resumerge.merge.plan.defaults import GGUF_TYPES
-
     plan = sub.add_parser("plan", help="validate CONFIG and estimate disk, download, RAM and time, writing nothing",
                           description="Validate a config against the models' headers, estimate what the merge "
                                       "needs here (disk for OUT, state and downloads, peak RAM, time from a short "
@@ -174,70 +190,28 @@ def _plan_parser(sub: SubParsers) -> None:
     plan.add_argument("config", metavar="CONFIG")
     plan.add_argument("out", metavar="OUT", nargs="?",
                       help="output directory to check the disk of, or hf://NAMESPACE/NAME [optional]")
-    plan.add_argument("--max-disk", metavar="SIZE", help="as for run: the local disk bound of an hf:// OUT")
+    _merge_flags(plan)
+    flags.add(plan, flags.MAX_DISK, flags.STATE_DIR, flags.MAX_MEMORY, flags.TRANSFORMERS_CACHE, flags.DEVICE,
+              flags.CUDA, flags.NUM_THREADS)
+    flags.add_staging(plan)
     plan.add_argument("--bandwidth", metavar="DOWN[/UP]",
                       help="the link's rates per second for the network estimate, e.g. 150MB/75MB [default: the "
                            "download rate measured on a hub input; the upload rate unknown]")
     plan.add_argument("--session", metavar="LENGTH",
                       help="a notebook session's length (12h, 90m): how many sessions the merge takes at the "
                            "measured or --bandwidth rate")
-    plan.add_argument("--out-shard-size", default=None, metavar="SIZE",
-                      help="bytes per output shard [default: as for run: 1B; about 1/100 of the output, 25M to "
-                           "5B, for an hf:// OUT]")
-    plan.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of randomised methods")
-    plan.add_argument("--no-copy-tokenizer", action="store_false", dest="copy_tokenizer",
-                      help="do not count tokenizer files")
-    plan.add_argument("--allow-crimes", action="store_true", help="as for run")
-    plan.add_argument("--i-understand-this-is-not-useful-without-training", action="store_true",
-                      dest="allow_same_experts", help="as for run")
-    plan.add_argument("--unsafe-truncate-embeddings", action="store_true", help="as for run")
-    plan.add_argument("--dequantize", action="store_true", help="as for run")
-    plan.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors", help="as for run")
-    plan.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16", help="as for run")
-    plan.add_argument("--gguf-split-max-size", metavar="SIZE", help="as for run")
-    _gguf_type_flags(plan.add_argument)
-    flags.add(plan, flags.STATE_DIR, flags.MAX_MEMORY, flags.TRANSFORMERS_CACHE)
-    plan.add_argument("--stream-inputs", action="store_true", help="as for run")
-    flags.add(plan, flags.DEVICE, flags.CUDA, flags.NUM_THREADS)
-    flags.add_staging(plan)
     plan.add_argument("--probe-size", default="32MiB", metavar="SIZE",
                       help="bytes of the disk speed probe written (then deleted) beside OUT; 0 skips it")
     plan.add_argument("--json", action="store_true",
                       help="print JSON (schema in resumerge/analyses/estimate/costs.py; a recipe's in "
                            "resumerge/runs/recipes/estimate.py)")
-    plan.add_argument("--intermediate-dir", metavar="DIR",
-                      help="for a multi-document recipe (which needs OUT): where its named stages will go")
     flags.add_executor(plan)
-
-
-def _check_parser(sub: SubParsers) -> None:
-    from resumerge.cli.checkcmd import add_check_parser
-
-    add_check_parser(sub)
-
-
-def _eval_parser(sub: SubParsers) -> None:
-    from resumerge.cli.evalcmd import add_eval_parser
-
-    add_eval_parser(sub)
 
 
 def _lm_eval_parser(sub: SubParsers) -> None:
     from resumerge.cli.lmevalcmd import add_lm_eval_parser
 
     add_lm_eval_parser(sub)
-
-
-def _measure_parser(sub: SubParsers) -> None:
-    from resumerge.cli.measurecmd import add_measure_parser
-
-    add_measure_parser(sub)
-
-
-def _evolve_parser(sub: SubParsers) -> None:
-    from resumerge.cli.evolvecmd import add_evolve_parser
-
-    add_evolve_parser(sub)
 
 
 def _demo_parser(sub: SubParsers) -> None:
@@ -369,10 +343,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     flags.add(p, flags.MAX_MEMORY)
     flags.add_staging(p)
-    flags.add(p, flags.MAX_GPU_MEMORY)
-    p.add_argument("--max-disk", metavar="SIZE",
-                   help="bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files "
-                        "not yet committed to the repo stay under it (work waits for commits) [default: no bound]")
+    flags.add(p, flags.MAX_GPU_MEMORY, flags.MAX_DISK)
     p.add_argument("--commit-every", type=int, default=None, metavar="N",
                    help="hf:// OUT: commit after N uploaded files [default: each file once uploaded, the first 20 "
                         "in an hour at once, then at most one commit a minute holding every file uploaded by then]")
@@ -393,8 +364,9 @@ def _keep_flag(p: argparse.ArgumentParser) -> None:
                         f"[default: {KEEP_WORKERS / 60:g}m]")
 
 
-# Every command, in the order `resumerge --help` lists them, with the function that adds its parser.
-COMMANDS: dict[str, Callable[[SubParsers], None]] = {
+# Every command, in the order `resumerge --help` lists them, with the function that adds its parser, or the module
+# that declares it (:func:`_add_declared`).
+COMMANDS: dict[str, Callable[[SubParsers], None] | str] = {
     "run": _run_parser,
     "resume": _resume_parser,
     "status": _status_parser,
@@ -402,11 +374,11 @@ COMMANDS: dict[str, Callable[[SubParsers], None]] = {
     "plan": _plan_parser,
     "extract-lora": _extract_parser,
     "tokensurgeon": _surgery_parser,
-    "check": _check_parser,
-    "eval": _eval_parser,
+    "check": "resumerge.cli.checkcmd",
+    "eval": "resumerge.cli.evalcmd",
     "lm-eval": _lm_eval_parser,
-    "measure": _measure_parser,
-    "evolve": _evolve_parser,
+    "measure": "resumerge.cli.measurecmd",
+    "evolve": "resumerge.cli.evolvecmd",
     "demo": _demo_parser,
 }
 

@@ -126,6 +126,17 @@ def resume_command(out_dir: str | os.PathLike[str], state_dir: str | os.PathLike
     return f"{command} --state-dir {shlex.quote(os.fspath(state_dir))}"
 
 
+class _Folder:
+    """A folder of the state dir named once, read as an attribute of a :class:`StateDir` (``state.checks_dir`` is
+    ``state.root / CHECKS_DIR``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, state: StateDir, owner: type[StateDir] | None = None) -> Path:
+        return state.root / self.name
+
+
 @dataclass(frozen=True)
 class StateDir:
     """The state dir of one call, resolved once at the front door (:meth:`resolve`) and handed down whole, so
@@ -164,43 +175,23 @@ class StateDir:
         """Where the verification records of downloaded files are kept."""
         return self.root
 
-    @property
-    def checks_dir(self) -> Path:
-        """Where each ``check`` keeps its journal and progress, one folder per check."""
-        return self.root / CHECKS_DIR
-
-    @property
-    def evals_dir(self) -> Path:
-        """Where each ``eval`` keeps its passes' journals and answers and its progress."""
-        return self.root / EVALS_DIR
-
-    @property
-    def measures_dir(self) -> Path:
-        """Where each ``measure`` journals its passes (hidden states, a hub model's reads), one folder per
-        measurement; its Grams go to its OUT_DIR."""
-        return self.root / MEASURES_DIR
-
-    @property
-    def routers_dir(self) -> Path:
-        """Where each mergekit-moe prompt forward pass keeps its layers and routers, one folder per pass."""
-        return self.root / ROUTERS_DIR
-
-    @property
-    def router_locks_dir(self) -> Path:
-        """Where each mergekit-moe prompt forward pass's lock is, named by its key: one process at a time runs it."""
-        return self.root / ROUTER_LOCKS_DIR
-
-    @property
-    def gguf_dir(self) -> Path:
-        """Where each GGUF model read by a check or a MoE prompt pass gets its folder of rebuilt files
-        (:func:`resumerge.inputs.gguf.folder.gguf_folder`)."""
-        return self.root / GGUF_DIR
-
-    @property
-    def unwritten_dir(self) -> Path:
-        """Where each merge read without being written gets its folder of small files (config.json, tokenizer),
-        one per plan (:mod:`resumerge.merge.engine.unwritten`)."""
-        return self.root / UNWRITTEN_DIR
+    # Where each ``check`` keeps its journal and progress, one folder per check.
+    checks_dir = _Folder(CHECKS_DIR)
+    # Where each ``eval`` keeps its passes' journals and answers and its progress.
+    evals_dir = _Folder(EVALS_DIR)
+    # Where each ``measure`` journals its passes (hidden states, a hub model's reads), one folder per measurement;
+    # its Grams go to its OUT_DIR.
+    measures_dir = _Folder(MEASURES_DIR)
+    # Where each mergekit-moe prompt forward pass keeps its layers and routers, one folder per pass.
+    routers_dir = _Folder(ROUTERS_DIR)
+    # Where each mergekit-moe prompt forward pass's lock is, named by its key: one process at a time runs it.
+    router_locks_dir = _Folder(ROUTER_LOCKS_DIR)
+    # Where each GGUF model read by a check or a MoE prompt pass gets its folder of rebuilt files
+    # (:func:`resumerge.inputs.gguf.folder.gguf_folder`).
+    gguf_dir = _Folder(GGUF_DIR)
+    # Where each merge read without being written gets its folder of small files (config.json, tokenizer), one per
+    # plan (:mod:`resumerge.merge.engine.unwritten`).
+    unwritten_dir = _Folder(UNWRITTEN_DIR)
 
 
 @dataclass(frozen=True)

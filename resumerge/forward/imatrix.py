@@ -14,7 +14,7 @@ import numpy as np
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.names import ARCH_OF, expert_target, gguf_name
-from resumerge.outputs.gguf.imatrix import ImatrixEntry, imatrix_bytes
+from resumerge.outputs.gguf.imatrix import ImatrixEntry, imatrix_bytes, imatrix_dat_bytes
 
 # The GGUF names llama-imatrix never records (it measures the matmuls of the decoder blocks only).
 _OUTSIDE = ("output.weight", "token_embd.weight")
@@ -66,12 +66,14 @@ def pooled(entries: Sequence[Mapping[str, ImatrixEntry]]) -> dict[str, ImatrixEn
     return out
 
 
-def imatrix_file(entries: Mapping[str, ImatrixEntry], dataset: str, texts: int) -> bytes:
+def imatrix_file(entries: Mapping[str, ImatrixEntry], dataset: str, texts: int, *, dat: bool = False) -> bytes:
     """The GGUF of ``entries`` measured over ``texts`` texts of the file ``dataset``: ``imatrix.chunk_count`` the
     texts, ``imatrix.chunk_size`` the tokens a text had on average, rounded up (so the older ``.dat`` form's call
-    count, ``ceil(count / chunk_size)``, is the texts)."""
+    count, ``ceil(count / chunk_size)``, is the texts); ``dat``: that older form instead, with the same chunks."""
     most = max((float(e.counts.max()) for e in entries.values()), default=0.0)
     size = max(1, math.ceil(most / max(texts, 1)))
+    if dat:
+        return imatrix_dat_bytes(entries, dataset, max(texts, 1), size)
     return imatrix_bytes(entries, [dataset], max(texts, 1), size)
 
 

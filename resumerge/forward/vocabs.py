@@ -150,7 +150,7 @@ class Spelled:
     strings: Mapping[int, str]
 
 
-def spelled(tokenizer: Any, rows: int | None) -> Spelled:
+def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = None) -> Spelled:
     """``tokenizer``'s tokens (added ones included) whose ids are below ``rows``, by the bytes they stand for.
 
     Two tokens of one vocabulary may stand for the same bytes (SentencePiece's ``<0x41>`` and ``A``; an added token
@@ -158,21 +158,25 @@ def spelled(tokenizer: Any, rows: int | None) -> Spelled:
     emits for those bytes: an added token before the model's own (added tokens are split off first), a model token
     before a byte-fallback one (a byte token is emitted only where no piece covers the byte), and of two alike the
     lowest id. The others still stand for those bytes (a text holding one is read by every model), but are no
-    shared token of their own: two columns of one model's row would count its probability twice."""
+    shared token of their own: two columns of one model's row would count its probability twice. ``vocab``: the
+    tokenizer's ``get_vocab()`` where the caller has it already."""
     spelling = spelling_of(tokenizer)
     added = _added(tokenizer)
     keys: dict[int, str] = {}
     strings: dict[int, str] = {}
     best: dict[str, tuple[int, int]] = {}  # key -> (rank, id) of the id taken for it, the least
-    for token, i in tokenizer.get_vocab().items():
+    fallback = spelling.byte_fallback
+    for token, i in (vocab if vocab is not None else tokenizer.get_vocab()).items():
         if rows is not None and i >= rows:
             continue
         if i in added:
             content, special = added[i]
             rank, key = 0, _SPECIAL + content if special else content.encode("utf-8").decode("latin-1")
+        elif fallback and (byte := byte_token(token)) is not None:
+            # _key's reading of a byte token too, read once (a byte-level spelling writes bytes its own way)
+            rank, key = 2, _key(token, spelling) if spelling.byte_level else chr(byte)
         else:
-            rank = 2 if spelling.byte_fallback and byte_token(token) is not None else 1
-            key = _key(token, spelling)
+            rank, key = 1, _key(token, spelling)
         strings[i], keys[i] = token, key
         taken = best.get(key)
         if taken is None or (rank, i) < taken:
@@ -180,9 +184,14 @@ def spelled(tokenizer: Any, rows: int | None) -> Spelled:
     return Spelled(keys=keys, ids={key: i for key, (_, i) in best.items()}, strings=strings)
 
 
+def special_key(key: str) -> bool:
+    """Whether ``key`` is a special token's (it matches only a special token's of the same content)."""
+    return key.startswith(_SPECIAL)
+
+
 def shown(key: str) -> str:
     """A key as the text it stands for (a refusal names the token by it: `` the``, not ``Ġthe``)."""
-    if key.startswith(_SPECIAL):
+    if special_key(key):
         return key[len(_SPECIAL):]
     return key.encode("latin-1").decode("utf-8", errors="backslashreplace")
 

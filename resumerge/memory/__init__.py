@@ -18,9 +18,10 @@ May import: errors.
 
 from __future__ import annotations
 
-import importlib
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resumerge.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.memory.accounting import Usage
@@ -103,7 +104,4 @@ _HOME = MappingProxyType({
 })
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'resumerge.memory' has no attribute {name!r}")
+__getattr__ = on_first_use(__name__, _HOME)

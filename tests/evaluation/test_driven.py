@@ -30,8 +30,9 @@ def test_on_ray_a_pass_its_budget_cannot_hold_is_refused_before_the_cluster_is_j
     monkeypatch.setattr(onray, "ray_places", joined)
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
     with pytest.raises(UsageError, match="the evaluation") as refused:
-        api.evaluate(model, tasks="tiny_mc", include_path=tasks, max_memory="1MB", state_dir=state,
-                     executor=RayExecutor(address="127.0.0.1:1"))
+        api.evaluate(model, "tiny_mc", api.Settings(resources=api.Resources(max_memory="1MB"), state_dir=state,
+                                                    executor=RayExecutor(address="127.0.0.1:1")),
+                     harness=api.Harness(include_path=tasks))
     assert "--max-memory" in refused.value.one_line()
     assert not list(state.glob("evals/*/layer-*.safetensors"))
 

@@ -70,7 +70,8 @@ def test_a_tokenizer_whose_decoding_transformers_rewrites_is_transformers(tmp_pa
 _EVALUATE = """
 import sys
 from resumerge import api
-api.evaluate(sys.argv[1], tasks=["tiny_mc"], include_path=sys.argv[2], state_dir=sys.argv[3], limit=2)
+api.evaluate(sys.argv[1], ["tiny_mc"], api.Settings(state_dir=sys.argv[3]),
+             harness=api.Harness(include_path=sys.argv[2], limit=2))
 print("transformers" in sys.modules)
 """
 

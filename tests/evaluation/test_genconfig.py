@@ -49,7 +49,8 @@ def _answers(results: dict[str, Any]) -> list[Any]:
 
 
 def _evaluate(model: Path, tasks: Path, state: Path) -> list[Any]:
-    return _answers(api.evaluate(model, tasks=[TASK], include_path=tasks, log_samples=True, state_dir=state).results)
+    return _answers(api.evaluate(model, [TASK], api.Settings(state_dir=state),
+                                 harness=api.Harness(include_path=tasks, log_samples=True)).results)
 
 
 def test_greedy_answers_follow_the_models_generation_config_as_lm_evals_hf_model(

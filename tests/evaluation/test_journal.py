@@ -32,9 +32,11 @@ def test_a_killed_evaluation_resumes_at_its_layer_with_the_same_results(tmp_path
     assert resumed.returncode == 0, resumed.stderr
     first = resumed.stderr.split("loglikelihood pass", 1)[1].split("\n")[0]
     assert "layer 3/3" in first and "layer 1/3" not in resumed.stderr.split("loglikelihood_rolling")[0]
-    whole = api.evaluate(model, tasks=["tiny_mc", "tiny_ppl"], include_path=tasks, state_dir=tmp_path / "whole")
+    whole = api.evaluate(model, ["tiny_mc", "tiny_ppl"], api.Settings(state_dir=tmp_path / "whole"),
+                         harness=api.Harness(include_path=tasks))
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
-    again = api.evaluate(model, tasks=["tiny_mc", "tiny_ppl"], include_path=tasks, state_dir=tmp_path / "whole",
+    again = api.evaluate(model, ["tiny_mc", "tiny_ppl"], api.Settings(state_dir=tmp_path / "whole"),
+                         harness=api.Harness(include_path=tasks),
                          progress=lambda step: pytest.fail(f"a finished pass ran again: {step}"))
     assert again.to_json()["results"] == whole.to_json()["results"]
 

@@ -215,8 +215,8 @@ def test_the_door_samples_from_its_seed_as_eval_does(tmp_path: Path) -> None:
     gen = (tasks / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_drawn")
     (tasks / "tiny_drawn.yaml").write_text(gen.replace("max_gen_toks: 8}", "max_gen_toks: 8, do_sample: true, "
                                                                          "temperature: 1.5}"))
-    report = api.evaluate(model, tasks="tiny_drawn", include_path=tasks, log_samples=True, seed="0,1234,5,1234",
-                          state_dir=tmp_path / "state")
+    report = api.evaluate(model, "tiny_drawn", api.Settings(state_dir=tmp_path / "state"),
+                          harness=api.Harness(include_path=tasks, log_samples=True, seed="0,1234,5,1234"))
     assert [s["resps"] for s in report.results["samples"]["tiny_drawn"]] == first, "eval's answers to the same"
 
 

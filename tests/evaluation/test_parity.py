@@ -70,7 +70,8 @@ def test_multiple_choice_and_perplexity_equal_lm_evals_hf_model(setup: tuple[Pat
     loads: list[object] = []
     load = TaskManager.load
     monkeypatch.setattr(TaskManager, "load", lambda self, names: loads.append(names) or load(self, names))
-    ours = api.evaluate(model, tasks=names, include_path=tasks, log_samples=True, state_dir=tmp_path / "state")
+    ours = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "state"),
+                        harness=api.Harness(include_path=tasks, log_samples=True))
     assert loads == [names]  # each task's dataset read once: checked, then run
     monkeypatch.undo()
     theirs = hf_results(model, tasks, names)
@@ -81,8 +82,9 @@ def test_multiple_choice_and_perplexity_equal_lm_evals_hf_model(setup: tuple[Pat
 
 def test_few_shot_with_a_chat_template_equals_lm_evals_hf_model(setup: tuple[Path, Path], tmp_path: Path) -> None:
     model, tasks = setup
-    ours = api.evaluate(model, tasks="tiny_mc", include_path=tasks, num_fewshot=2, apply_chat_template=True,
-                        log_samples=True, state_dir=tmp_path / "state")
+    ours = api.evaluate(model, "tiny_mc", api.Settings(state_dir=tmp_path / "state"),
+                        harness=api.Harness(include_path=tasks, num_fewshot=2, apply_chat_template=True,
+                                            log_samples=True))
     theirs = hf_results(model, tasks, ["tiny_mc"], num_fewshot=2, apply_chat_template=True)
     compare(ours.results, theirs, ["tiny_mc"])
     context = ours.results["samples"]["tiny_mc"][0]["arguments"][0][0]
@@ -92,7 +94,8 @@ def test_few_shot_with_a_chat_template_equals_lm_evals_hf_model(setup: tuple[Pat
 def test_greedy_generation_where_the_model_fits_equals_lm_evals_hf_model(setup: tuple[Path, Path],
                                                                          tmp_path: Path) -> None:
     model, tasks = setup
-    ours = api.evaluate(model, tasks="tiny_gen", include_path=tasks, log_samples=True, state_dir=tmp_path / "state")
+    ours = api.evaluate(model, "tiny_gen", api.Settings(state_dir=tmp_path / "state"),
+                        harness=api.Harness(include_path=tasks, log_samples=True))
     theirs = hf_results(model, tasks, ["tiny_gen"])
     assert ours.results["results"]["tiny_gen"] == theirs["results"]["tiny_gen"]
     said = [s["resps"] for s in ours.results["samples"]["tiny_gen"]]

@@ -58,19 +58,21 @@ def test_a_resumed_pass_refuses_an_edit_in_a_journaled_layer_and_reads_a_later_o
     assert code == 0, err[-2000:]
     assert f"eval: inputs: {file} changed in ranges this pass had not read yet: read as they are now" in err
     assert "layer 1/3" not in err.split("loglikelihood_rolling", 1)[1]  # resumed at layer 3, not run again
-    whole = api.evaluate(model, tasks=["tiny_ppl"], include_path=tasks, state_dir=tmp_path / "whole")
+    whole = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=tmp_path / "whole"),
+                         harness=api.Harness(include_path=tasks))
     assert resumed == whole.to_json()["results"]  # the results of the file as it is now
 
 
 def test_a_finished_pass_of_bytes_no_longer_held_runs_again(tmp_path: Path) -> None:
     model, tasks, state = _model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
-    first = api.evaluate(model, tasks=["tiny_ppl"], include_path=tasks, state_dir=state)
+    first = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=state), harness=api.Harness(include_path=tasks))
     assert first.proof is None and len(list(state.glob("evals/*/inputs.json"))) == 1
-    again = api.evaluate(model, tasks=["tiny_ppl"], include_path=tasks, state_dir=state,
+    again = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=state),
+                         harness=api.Harness(include_path=tasks),
                          progress=lambda step: pytest.fail(f"a finished pass ran again: {step}"))
     assert again.to_json()["results"] == first.to_json()["results"] and again.proof is None
     file = edit_unsampled(model, "model.layers.1.mlp.down_proj.weight")
-    edited = api.evaluate(model, tasks=["tiny_ppl"], include_path=tasks, state_dir=state)
+    edited = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=state), harness=api.Harness(include_path=tasks))
     assert edited.proof == f"{file} changed since this evaluation of {model} ran (in a range it reads): run again"
     ppl = "word_perplexity,none"
     assert edited.results["results"]["tiny_ppl"][ppl] != first.results["results"]["tiny_ppl"][ppl]

@@ -24,15 +24,14 @@ from tests.evaluation.test_parity import compare
 def test_smollm2_equals_lm_evals_hf_model_and_its_gguf_the_folder(tmp_path: Path) -> None:
     folder, tasks = smollm2_folder(), write_tasks(tmp_path)
     options = {"num_fewshot": 1, "apply_chat_template": True, "limit": 3}
-    ours = api.evaluate(folder, tasks=["tiny_mc"], include_path=tasks, log_samples=True,
-                        state_dir=tmp_path / "state", **options)
+    ours = api.evaluate(folder, ["tiny_mc"], api.Settings(state_dir=tmp_path / "state"),
+                        harness=api.Harness(include_path=tasks, log_samples=True, **options))
     theirs = hf_results(folder, tasks, ["tiny_mc"], batch_size=12, **options)
     largest = compare(ours.results, theirs, ["tiny_mc"])
-    rolling = api.evaluate(folder, tasks=["tiny_ppl"], include_path=tasks, log_samples=True, limit=2,
-                           state_dir=tmp_path / "state")
+    rolled = api.Harness(include_path=tasks, limit=2, log_samples=True)
+    rolling = api.evaluate(folder, ["tiny_ppl"], api.Settings(state_dir=tmp_path / "state"), harness=rolled)
     largest = max(largest, compare(rolling.results, hf_results(folder, tasks, ["tiny_ppl"], limit=2), ["tiny_ppl"]))
     print(f"SmolLM2-135M-Instruct: max |Δ loglik| {largest:.2e}; {ours.results['results']['tiny_mc']}; "
           f"{rolling.results['results']['tiny_ppl']}")
-    gguf = api.evaluate(smollm2_gguf(), tasks=["tiny_ppl"], include_path=tasks, log_samples=True, limit=2,
-                        state_dir=tmp_path / "state")
+    gguf = api.evaluate(smollm2_gguf(), ["tiny_ppl"], api.Settings(state_dir=tmp_path / "state"), harness=rolled)
     assert gguf.results["results"] == rolling.results["results"]  # the folder is its decoded tensors: to the bit

@@ -104,17 +104,21 @@ def test_a_budget_the_pass_cannot_fit_is_refused_before_its_first_layer(setup: t
     assert not list(state.glob("evals/*/layer-*.safetensors"))
 
 
-def test_evaluate_and_evolve_take_resources_and_the_flat_keywords_build_the_same(tmp_path: Path) -> None:
+def test_evaluate_takes_one_settings_and_refuses_the_groups_an_evaluation_cannot_honour(tmp_path: Path) -> None:
+    """evaluate takes the Settings run takes (issue 83: 18 parameters before): what writes a run (output, hub,
+    stages) and the resources a pass does not use are refused by name, exit 2, before anything is read; lm-eval's
+    options are one Harness."""
     from resumerge import api
-    from resumerge.api.options import Resources, flat_resources
+    from resumerge.api.options import Hub, Output, Resources, Stages
     from resumerge.errors import UsageError
 
-    assert flat_resources(Resources(), "evaluate", max_memory="2GB", device="cpu", max_gpu_memory=None) == \
-        Resources(max_memory="2GB", device="cpu")
-    assert flat_resources(Resources(max_memory=5), "evolve", max_memory=None, device=None) == Resources(max_memory=5)
-    with pytest.raises(UsageError, match="max_memory is given twice"):
-        api.evaluate(tmp_path, tasks="x", resources=Resources(max_memory="2GB"), max_memory="3GB")
-    with pytest.raises(UsageError, match="num_threads does not apply to evaluate"):
-        api.evaluate(tmp_path, tasks="x", resources=Resources(num_threads=2))
+    for settings, name in ((api.Settings(resources=Resources(num_threads=2)), "num_threads"),
+                           (api.Settings(output=Output(out_type="gguf")), "output"),
+                           (api.Settings(hub=Hub(public=True)), "hub"),
+                           (api.Settings(stages=Stages(cleanup_intermediates=True)), "stages"),
+                           (api.Settings(merging=api.Merging(allow_same_experts=True)), "allow_same_experts")):
+        with pytest.raises(UsageError, match=f"{name} does not apply to evaluate") as refused:
+            api.evaluate(tmp_path / "nowhere", "x", settings, harness=api.Harness(limit=2))
+        assert refused.value.exit_code == 2
     with pytest.raises(UsageError, match="max_gpu_memory does not apply to evolve"):
         api.evolve(tmp_path / "c.yml", tmp_path / "s", settings=api.Settings(resources=Resources(max_gpu_memory="1GB")))

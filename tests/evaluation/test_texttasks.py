@@ -38,7 +38,7 @@ def test_nll_and_kl_tasks_equal_checks_figures_beside_lm_evals_tasks(tmp_path: P
     tasks, texts = write_tasks(tmp_path), _texts(tmp_path / "texts.txt")
     names = [f"nll:{texts}", f"kl:{parent}:{texts}", "tiny_mc"]
     state = tmp_path / "state"
-    report = api.evaluate(model, tasks=names, include_path=tasks, state_dir=state, limit=2)
+    report = api.evaluate(model, names, api.Settings(state_dir=state), harness=api.Harness(include_path=tasks, limit=2))
     checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
     results = report.to_json()
     assert set(results["results"]) == set(names)
@@ -48,14 +48,15 @@ def test_nll_and_kl_tasks_equal_checks_figures_beside_lm_evals_tasks(tmp_path: P
     assert results["higher_is_better"][names[0]] == {"nll": False}
     assert results["configs"][names[1]]["parent"] == str(parent) and names[0] in results["versions"]
     assert "nll" in report.table() and "tiny_mc" in report.table()
-    again = api.evaluate(model, tasks=names[:2], state_dir=state,
+    again = api.evaluate(model, names[:2], api.Settings(state_dir=state),
                          progress=lambda step: pytest.fail(f"a finished pass ran again: {step}"))
     assert again.to_json()["results"] == {n: results["results"][n] for n in names[:2]}
 
 
 def test_text_tasks_alone_write_lm_evals_results_file(tmp_path: Path) -> None:
     model, texts = tiny_model(tmp_path / "model"), _texts(tmp_path / "texts.txt")
-    report = api.evaluate(model, tasks=f"nll:{texts}", output_path=tmp_path / "out", state_dir=tmp_path / "state")
+    report = api.evaluate(model, f"nll:{texts}", api.Settings(state_dir=tmp_path / "state"),
+                          harness=api.Harness(output_path=tmp_path / "out"))
     (written,) = report.written
     assert json.loads(Path(written).read_text())["results"][f"nll:{texts}"]["nll,none"] == report.metric(
         f"nll:{texts}", "nll")
@@ -63,7 +64,7 @@ def test_text_tasks_alone_write_lm_evals_results_file(tmp_path: Path) -> None:
 
 def test_a_missing_texts_file_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such texts file"):
-        api.evaluate(tmp_path / "nowhere", tasks=f"nll:{tmp_path / 'absent.txt'}", state_dir=tmp_path / "state")
+        api.evaluate(tmp_path / "nowhere", f"nll:{tmp_path / 'absent.txt'}", api.Settings(state_dir=tmp_path / "state"))
 
 
 @pytest.mark.slow
@@ -80,7 +81,7 @@ def test_a_killed_text_task_resumes_at_its_layer_with_the_same_figure(tmp_path: 
     resumed = cli(*argv, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "layer 3/3" in resumed.stderr and "layer 1/3" not in resumed.stderr
-    whole = api.evaluate(model, tasks=f"nll:{texts}", state_dir=tmp_path / "whole")
+    whole = api.evaluate(model, f"nll:{texts}", api.Settings(state_dir=tmp_path / "whole"))
     assert json.loads(resumed.stdout)["results"] == whole.to_json()["results"]
 
 
@@ -93,7 +94,7 @@ def test_a_kl_parent_of_another_vocabulary_is_measured_over_the_shared_tokens_as
     parent = make_model(tmp_path / "parent", ModelSpec(layers=3, hidden=32, intermediate=48, vocab=80), seed=1)
     texts = _texts(tmp_path / "texts.txt")
     names = [f"nll:{texts}", f"kl:{parent}:{texts}"]
-    report = api.evaluate(model, tasks=names, state_dir=tmp_path / "state")
+    report = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "state"))
     checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
     results = report.to_json()
     assert checked.shared_tokens == 64
@@ -112,12 +113,13 @@ def test_a_text_task_written_as_an_lm_eval_task_yaml_equals_the_same_task_named_
     (tasks / "own_kl.yaml").write_text(f"task: own_kl\n{head}metric: kl\ntexts: {texts}\nparent: {parent}\n")
     (tasks / "bad_kl.yaml").write_text(f"task: bad_kl\n{head}metric: kl\ntexts: {texts}\n")
     state = tmp_path / "state"
-    report = api.evaluate(model, tasks="own_nll,own_kl", include_path=tasks, state_dir=state)
+    report = api.evaluate(model, "own_nll,own_kl", api.Settings(state_dir=state),
+                          harness=api.Harness(include_path=tasks))
     results = report.to_json()["results"]
     assert set(results) == {"own_nll", "own_kl"}
-    named = api.evaluate(model, tasks=[f"nll:{texts}", f"kl:{parent}:{texts}"], state_dir=state,
+    named = api.evaluate(model, [f"nll:{texts}", f"kl:{parent}:{texts}"], api.Settings(state_dir=state),
                          progress=lambda step: pytest.fail(f"the same pass ran again: {step}"))
     assert results["own_nll"]["nll,none"] == named.metric(f"nll:{texts}", "nll")
     assert results["own_kl"]["kl,none"] == named.metric(f"kl:{parent}:{texts}", "kl") > 0
     with pytest.raises(UsageError, match="task bad_kl: kl needs a parent"):
-        api.evaluate(model, tasks="bad_kl", include_path=tasks, state_dir=state)
+        api.evaluate(model, "bad_kl", api.Settings(state_dir=state), harness=api.Harness(include_path=tasks))

@@ -39,11 +39,13 @@ def test_an_unwritten_merge_scores_as_the_written_one(tmp_path: Path, method: st
     config = write_config(tmp_path / f"{method}.yml", doc)
     state = tmp_path / "state"
     names = ["tiny_mc", "tiny_ppl"]
-    unwritten = api.evaluate(config, tasks=names, include_path=tasks, log_samples=True, state_dir=state)
+    unwritten = api.evaluate(config, names, api.Settings(state_dir=state),
+                             harness=api.Harness(include_path=tasks, log_samples=True))
     assert not list((state / "unwritten").rglob("*.safetensors")), "no weight is written"
     out = tmp_path / "out"
     api.run(config, out, settings=api.Settings(state_dir=state), progress=False)
-    written = api.evaluate(out, tasks=names, include_path=tasks, log_samples=True, state_dir=state)
+    written = api.evaluate(out, names, api.Settings(state_dir=state),
+                           harness=api.Harness(include_path=tasks, log_samples=True))
     for task in names:
         assert unwritten.results["results"][task] == written.results["results"][task]
         assert _losses(unwritten.results, task) == pytest.approx(_losses(written.results, task), abs=1e-6, rel=0)

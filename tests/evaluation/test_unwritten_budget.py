@@ -39,10 +39,11 @@ CHILD = textwrap.dedent(
         return acquire(self, estimate, **kwargs)
     MemoryGovernor.acquire = counted
     config, small, texts, state, room = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    api.evaluate(small, tasks=f"nll:{texts}", state_dir=state)  # the code paths' imports and caches, on a tiny merge
+    api.evaluate(small, f"nll:{texts}", api.Settings(state_dir=state))  # the code paths' imports and caches
     budget = SystemProbe().rss() + room
     admitted.clear()
-    report = api.evaluate(config, tasks=f"nll:{texts}", max_memory=budget, state_dir=state)
+    report = api.evaluate(config, f"nll:{texts}",
+                          api.Settings(resources=api.Resources(max_memory=budget), state_dir=state))
     print(json.dumps({"budget": budget, "peak": os_peak_rss(), "nll": report.metric(f"nll:{texts}", "nll"),
                       "admitted": admitted}))
     """

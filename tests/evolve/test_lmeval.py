@@ -65,8 +65,8 @@ def test_an_lm_eval_task_counts_up_beside_a_kl_task(root: Path, tmp_path: Path,
         assert 0.0 <= acc <= 1.0 and kl > 0
         assert math.isclose(row["objective"], -2.0 * acc + kl, rel_tol=1e-12)
     first = rows[0]["config"]
-    report = api.evaluate(_yaml(tmp_path / "first.yml", first), tasks=["tiny_mc"], include_path=root / "tasks",
-                          limit=4, state_dir=tmp_path / "state")
+    report = api.evaluate(_yaml(tmp_path / "first.yml", first), ["tiny_mc"], api.Settings(state_dir=tmp_path / "state"),
+                          harness=api.Harness(include_path=root / "tasks", limit=4))
     assert report.metric("tiny_mc", "acc") == rows[0]["tasks"]["tiny_mc"]  # its own index: the same figure
     assert len(built) == 2
 

@@ -85,7 +85,8 @@ def test_the_table_holds_every_candidate_and_the_objective_is_the_weighted_sum(
 
 def test_the_first_candidate_is_the_default_parameter_merge_and_the_best_is_no_worse(
         searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
-    from resumerge.runs.evolve.search import SearchOptions, plan_search
+    from resumerge.runs.evolve.options import SearchOptions
+    from resumerge.runs.evolve.search import plan_search
     from resumerge.runs.evolve.spec import read_spec
 
     config, store, outcome = searched
@@ -136,7 +137,7 @@ def test_status_reaches_a_search_through_the_analyses_table(searched: tuple[Path
 def test_a_search_given_a_state_dir_names_it_in_the_command_that_continues_it(tmp_path: Path) -> None:
     from resumerge.api.evolution import SearchAsked, evolve_command
     from resumerge.config.locations import StateDir
-    from resumerge.runs.evolve.search import SearchOptions
+    from resumerge.runs.evolve.options import SearchOptions
 
     def command(state: StateDir) -> list[str]:
         return shlex.split(evolve_command(SearchAsked("c.yml", tmp_path / "s", SearchOptions(4), api.Resources(),
@@ -169,7 +170,7 @@ def test_the_streamed_generation_gives_each_candidate_its_written_merges_figures
         searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
     from resumerge.api.evolution import ApiCalls, SearchAsked, evolve_into
     from resumerge.config.locations import StateDir
-    from resumerge.runs.evolve.search import SearchOptions
+    from resumerge.runs.evolve.options import SearchOptions
 
     config, store, _ = searched
     written = tmp_path / "written"

@@ -95,7 +95,7 @@ def test_each_candidates_figure_is_what_eval_gives_its_written_merge(
     api.run(tmp_path / "c.yml", merge)
     assert json.loads((merge / "config.json").read_text())["vocab_size"] == 65  # the union's
     names = {f"kl:{p}:texts.txt": f"kl:{root / p}:{texts}" for p in PARENTS}
-    report = api.evaluate(merge, tasks=list(names.values()), state_dir=tmp_path / "state").to_json()
+    report = api.evaluate(merge, list(names.values()), api.Settings(state_dir=tmp_path / "state")).to_json()
     for ours, theirs in names.items():
         assert row["tasks"][ours] == pytest.approx(report["results"][theirs]["kl,none"], rel=1e-6, abs=1e-9)
     how = [report["configs"][names[f"kl:{p}:texts.txt"]]["vocabulary"] for p in PARENTS]
@@ -114,7 +114,7 @@ def test_a_genome_of_one_tokenizer_measures_its_parents_of_other_vocabularies_as
     api.run(tmp_path / "c.yml", merge)
     texts = root / "texts.txt"
     names = {f"kl:{p}:texts.txt": f"kl:{root / p}:{texts}" for p in ("b", "big")}
-    report = api.evaluate(merge, tasks=list(names.values()), state_dir=tmp_path / "state").to_json()
+    report = api.evaluate(merge, list(names.values()), api.Settings(state_dir=tmp_path / "state")).to_json()
     for ours, theirs in names.items():
         assert row["tasks"][ours] == pytest.approx(report["results"][theirs]["kl,none"], rel=1e-6, abs=1e-9)
     how = [report["configs"][names[f"kl:{p}:texts.txt"]]["vocabulary"] for p in ("b", "big")]

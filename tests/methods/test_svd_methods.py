@@ -23,7 +23,7 @@ from safetensors import safe_open
 from torch.testing import assert_close
 
 from resumerge.merge.methods import get_method
-from resumerge.merge.methods.iso_cts import split
+from resumerge.merge.methods.iso import split
 
 Merge = Callable[..., torch.Tensor]
 DATA = Path(__file__).parent / "data"

@@ -35,8 +35,9 @@ _CHILD = textwrap.dedent(
     ready = forward.pass_checks(model, model, "hidden", json.loads(sys.argv[4]))
     opened = open_for_pass(str(model), "base", StateDir.resolve(work / "state")).opened
     try:
-        forward.hidden_routers(forward.Weights.of(opened.directory, opened.tensors), "hidden", ready.sets,
-                               work / "pass", share=share, ready=ready)
+        site = forward.InThisProcess(forward.Weights.of(opened.directory, opened.tensors), "hidden", share=share,
+                                     ready=ready)
+        forward.hidden_routers(site, ready.sets, work / "pass")
     except UsageError as exc:
         print(exc.one_line())
         sys.exit(2)
@@ -86,10 +87,11 @@ def test_the_gate_pass_reserves_its_embeddings_and_every_layer_it_runs(tmp_path:
     ready = forward.pass_checks(model, model, "hidden", PROMPTS)
     opened = open_for_pass(str(model), "base", StateDir.resolve(tmp_path / "state")).opened
     weights = forward.Weights.of(opened.directory, opened.tensors)
-    forward.hidden_routers(weights, "hidden", ready.sets, tmp_path / "pass", share=8 << 30, ready=ready)
+    forward.hidden_routers(forward.InThisProcess(weights, "hidden", share=8 << 30, ready=ready), ready.sets,
+                           tmp_path / "pass")
     # the last layer's input is the last router's: that layer is never run, so never read
     assert admitted == [("the base's embeddings", "layer"), ("layer 0 of the base", "layer"),
                         ("layer 1 of the base", "layer")]
     admitted.clear()
-    forward.hidden_routers(weights, "hidden", ready.sets, tmp_path / "unadmitted", ready=ready)
+    forward.hidden_routers(forward.InThisProcess(weights, "hidden", ready=ready), ready.sets, tmp_path / "unadmitted")
     assert admitted == []  # no share: nothing to admit by

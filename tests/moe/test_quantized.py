@@ -18,7 +18,7 @@ from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
 from resumerge.runs.moe import load_moe_text
-from resumerge.runs.moe.forward import ExpertSets, Weights, hidden_routers
+from resumerge.runs.moe.forward import ExpertSets, InThisProcess, Weights, hidden_routers
 from resumerge.runs.moe.planner import build_moe_plan
 
 from .models import llamas, write
@@ -61,7 +61,7 @@ def test_a_hidden_gate_pass_reads_a_block_fp8_base_through_its_codec(tmp_path: P
         located = {n: (t.file, t.entry.start, t.entry.end, t.entry.dtype, t.entry.shape)
                    for n, t in opened.tensors.items()}
         assert any(d == "F8_E4M3" for _, _, _, d, _ in located.values()) == (name == "quantized")
-        done = hidden_routers(Weights(model, located), "hidden", sets, tmp_path / f"work-{name}")
+        done = hidden_routers(InThisProcess(Weights(model, located), "hidden"), sets, tmp_path / f"work-{name}")
         routers.append(load_file(done))
     quantized, decoded = routers
     assert sorted(quantized) == sorted(decoded) == ["layers.0", "layers.1"]

@@ -22,19 +22,15 @@ merge.vocab, outputs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resumerge.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.analyses.check.report import CheckReport
 
 __all__ = ["CheckReport"]
 
-
-def __getattr__(name: str) -> Any:
-    """``CheckReport``, imported on first use: ``status`` reads this package's progress module without the report's
-    dataclasses."""
-    if name == "CheckReport":
-        from resumerge.analyses.check.report import CheckReport
-
-        return CheckReport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``CheckReport`` imported on first use: ``status`` reads this package's progress module without the report's
+# dataclasses.
+__getattr__ = on_first_use(__name__, {"CheckReport": ".report"})

@@ -30,12 +30,9 @@ class CheckAnalysis:
         return _local(out) and find_progress(state.checks_dir, out) is not None
 
     def status(self, out: str | os.PathLike[str], state: StateDir) -> StatusReport:
-        found = check_status(state.checks_dir, out)
-        if found is None:
-            from resumerge.errors import NothingRecordedError
+        from resumerge.merge.store.statusview import recorded
 
-            raise NothingRecordedError(f"{out} was never checked here")
-        return found
+        return recorded(check_status(state.checks_dir, out), f"{out} was never checked here")
 
     def journal(self, state: StateDir) -> Path:
         return state.checks_dir

@@ -24,9 +24,9 @@ from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import PassPlacement
+from resumerge.config.passplace import HERE, PassPlacement
 from resumerge.errors import PlanChangedError, UsageError
-from resumerge.forward.device import PassDevice
+from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
@@ -78,16 +78,20 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckSettings:
     """How a check runs (none of it in its key): under ``max_memory`` (None: the default budget), journaled under
-    ``state``, its models where the executor placed them (``placement``), its layers on ``device``; a checked
-    merge's ledger looked for in ``state``, then in ``default_state`` (:func:`~.card.run_state`)."""
+    ``state``, its models where the executor placed them (``placement``: here, or each model's forward pass on a
+    node of a Ray cluster, :mod:`resumerge.forward.rayactor`, with the same report), its layers and heads on
+    ``device`` (a GPU: each layer moved there while it runs, each step admitted by the GPU's budget too:
+    :mod:`resumerge.forward.device`); a checked merge's ledger looked for in ``state``, then in ``default_state``
+    (the state dir a command given no ``--state-dir`` uses, as the API resolved it; None: ``state`` alone), for its
+    ``check`` event and its card (:func:`~.card.run_state`)."""
 
-    max_memory: int | None
     state: StateDir
-    placement: PassPlacement
-    device: PassDevice
+    max_memory: int | None = None
+    placement: PassPlacement = HERE
+    device: PassDevice = HOST
     default_state: StateDir | None = None
 
     @property

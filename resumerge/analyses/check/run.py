@@ -19,7 +19,6 @@ from resumerge.analyses.check.report import CheckReport
 from resumerge.analyses.check.verdict import THRESHOLDS
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.config.passplace import HERE, PassPlacement
 from resumerge.errors import UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import PassFolder, content_key, drive
@@ -32,42 +31,32 @@ from resumerge.forward.tokens import Texts, cached_sequences
 from resumerge.forward.vocabs import SharedVocab
 
 
-def run_check(model: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None,
-              parents: Sequence[str | os.PathLike[str]] = (), prompts: str | os.PathLike[str] | None = None,
-              max_memory: int | None = None, state: StateDir, placement: PassPlacement = HERE,
-              cut_texts: bool = False, watcher: Watcher | None = None, device: PassDevice = HOST,
-              default_state: StateDir | None = None) -> CheckReport:
-    """Check ``model`` against its base and parents (given, or from its record) and return the report; its
-    journal is kept under ``state``. ``placement``: where the executor placed the pass
-    (:mod:`resumerge.config.passplace`): here, or each model's forward pass on a node of a Ray cluster
-    (:mod:`resumerge.forward.rayactor`), with the same report.
-    ``cut_texts``: a text longer than the models' context is cut to it rather than refused (exit 2). Where the
-    models' vocabularies differ they are compared over the tokens they share, decided before any layer runs
-    (:mod:`resumerge.forward.vocabs`). ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`).
-    Ctrl-C raises
-    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues.
-    ``device``: where the layers and heads run (a GPU: each layer moved there while it runs, each step admitted by
-    the GPU's budget too; :mod:`resumerge.forward.device`). ``default_state``: where the ledger of a checked merge
-    is looked for after ``state`` (the state dir a command given no ``--state-dir`` uses, as the API resolved it;
-    None: ``state`` alone), for its ``check`` event and its card."""
-    site = site_of(placement)
-    site.refuse("the check", device.name, device.on_gpu)
+def run_check(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None = None) -> CheckReport:
+    """Check ``asked.model`` against its base and parents (given, or from its record) and return the report; its
+    journal is kept under ``settings.state`` (:class:`~.job.CheckSettings`: the budget, where the executor placed
+    the pass, the device, where a checked merge's ledger is looked for). ``asked.cut_texts``: a text longer than
+    the models' context is cut to it rather than refused (exit 2). Where the models' vocabularies differ they are
+    compared over the tokens they share, decided before any layer runs (:mod:`resumerge.forward.vocabs`).
+    ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
+    site = site_of(settings.placement)
+    site.refuse("the check", settings.device.name, settings.device.on_gpu)
     site.available()  # before anything is read: without Ray (on Ray), one line and exit 2
     with _passive_threads():
-        return _checked(CheckAsked(model, base, tuple(parents), prompts, cut_texts),
-                        CheckSettings(max_memory, state, placement, device, default_state), watcher)
+        return _checked(asked, settings, watcher)
 
 
 @dataclass(frozen=True)
 class CheckAsked:
-    """What the user asked to check, as the command line says it: the models, the texts, and whether a text past
-    the context is cut (what the check's command names, :meth:`command`)."""
+    """What the user asked to check, as the command line says it: the ``model``, its ``base`` and ``parents``
+    (none given: from its record), the texts (``prompts``; None: the built-in ones), and whether a text past the
+    context is cut (``cut_texts``; what the check's command names, :meth:`command`)."""
 
     model: str | os.PathLike[str]
-    base: str | os.PathLike[str] | None
-    parents: tuple[str | os.PathLike[str], ...]
-    prompts: str | os.PathLike[str] | None
-    cut_texts: bool
+    base: str | os.PathLike[str] | None = None
+    parents: tuple[str | os.PathLike[str], ...] = ()
+    prompts: str | os.PathLike[str] | None = None
+    cut_texts: bool = False
 
     def command(self, settings: CheckSettings) -> str:
         """:func:`check_command` of this check."""

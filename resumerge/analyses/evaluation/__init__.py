@@ -16,19 +16,15 @@ May import: config, errors, forward, inputs, memory, merge.store, merge.engine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resumerge.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.report import EvalReport
 
 __all__ = ["EvalReport"]
 
-
-def __getattr__(name: str) -> Any:
-    """``EvalReport``, imported on first use: ``status`` reads this package's progress module without the report's
-    dataclasses."""
-    if name == "EvalReport":
-        from resumerge.analyses.evaluation.report import EvalReport
-
-        return EvalReport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``EvalReport`` imported on first use: ``status`` reads this package's progress module without the report's
+# dataclasses.
+__getattr__ = on_first_use(__name__, {"EvalReport": ".report"})

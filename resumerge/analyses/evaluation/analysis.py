@@ -24,12 +24,9 @@ class EvalAnalysis:
         return find_eval(state.evals_dir, out) is not None
 
     def status(self, out: str | os.PathLike[str], state: StateDir) -> StatusReport:
-        found = eval_status(state.evals_dir, out)
-        if found is None:
-            from resumerge.errors import NothingRecordedError
+        from resumerge.merge.store.statusview import recorded
 
-            raise NothingRecordedError(f"{out} was never evaluated here")
-        return found
+        return recorded(eval_status(state.evals_dir, out), f"{out} was never evaluated here")
 
     def journal(self, state: StateDir) -> Path:
         return state.evals_dir

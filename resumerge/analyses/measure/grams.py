@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
@@ -26,6 +27,11 @@ from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.torch_import import torch
 
 HIDDEN_PREFIX = "hidden-"
+# A mixture of experts' layer file also holds, float64, each fused experts stack's sums of squared inputs per expert
+# ([E, n_in], by the stack's checkpoint name) and each experts module's tokens routed to each expert ([E]), the
+# importance matrix's entries (``measure --imatrix``) of weights that have no Gram.
+EXPERT_SUMS = "expert-sums:"
+EXPERT_COUNTS = "expert-counts:"
 
 
 class _Recorder:
@@ -182,23 +188,36 @@ def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor],
                     tokens: int) -> Recorded:
     """Layer ``index`` of ``stream`` run over every sequence with its linears' inputs recorded: its outputs, the
     float32 Grams by the linear holding each, and which linear holds each linear's Gram."""
+    from resumerge.analyses.importance.routed import RoutedSums, fused_experts, routers
+
     module = stream.layers_list[index]
     with stream.loaded(module) as layer:
-        linears = linears_of(layer, stream.prefix(module))
+        prefix = stream.prefix(module)
+        linears = linears_of(layer, prefix)
         if not linears:
             raise ModelInputError(f"decoder layer {index} of {type(stream.model).__name__} has no torch.nn.Linear to "
                                   "measure (GPT-2's Conv1D, for one, is not measured yet)",
                                   path=str(stream.reader.directory))
-        recorder = _Recorder(linears)
+        # A mixture of experts' layer (measured for --imatrix): its routers (matrices over the hidden states that
+        # are not nn.Linear) get Grams as linears do, and its fused experts the importance pass's per-expert sums
+        # and counts (what llama-imatrix records of a MUL_MAT_ID: no Gram of one expert's inputs is kept).
+        experts = fused_experts(layer)
+        recorder = _Recorder(linears + [(prefix + name, m) for name, m in routers(layer, experts)])
+        routed = RoutedSums({}, {})
         try:
-            out = []
-            for s, h in enumerate(hidden):
-                recorder.next_sequence()
-                out.append(stream.run(layer, h, calls[s][index]))
+            with ExitStack() as measuring:
+                for name, m in experts:
+                    measuring.enter_context(routed.measuring(m, prefix + name))
+                out = []
+                for s, h in enumerate(hidden):
+                    recorder.next_sequence()
+                    out.append(stream.run(layer, h, calls[s][index]))
         finally:
             recorder.close()
     # on the host: the merged pass merges a layer's host weights with them (on the host they are these tensors)
     grams = {name: (total / tokens).to(torch.float32).to("cpu").contiguous() for name, total in recorder.sums.items()}
+    for kind, found in ((EXPERT_SUMS, routed.sums), (EXPERT_COUNTS, routed.counts)):
+        grams.update({kind + name: value.to("cpu").contiguous() for name, value in sorted(found.items())})
     return out, grams, dict(sorted(recorder.shares.items()))
 
 

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from resumerge.forward.onray import Place
     from resumerge.inputs.grams import MeasuredModel
 
-# Keys of config.json that make a model a mixture of experts: its expert linears are not measured yet.
+# Keys of config.json that make a model a mixture of experts: its experts have no Grams (their importance
+# matrix is measured, --imatrix).
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -69,14 +70,14 @@ class MeasureReport:
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir | None = None, placement: PassPlacement = HERE,
+                  state: StateDir, placement: PassPlacement = HERE,
                   device: PassDevice = HOST, imatrix: str | os.PathLike[str] | None = None) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
-    one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (None: the default state
-    dir), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
+    one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (the state dir the API
+    resolved), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
     :mod:`resumerge.forward.device`). ``placement``: where the executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
     (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2).
@@ -84,8 +85,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     (or found measured)."""
     site = site_of(placement)
     site.refuse("the measurement", device.name, device.on_gpu)
-    state = state if state is not None else StateDir.resolve()
-    merge, models, keys, tokens = _opened(config, texts, cut_texts, state)
+    merge, models, keys, tokens = _opened(config, texts, cut_texts, state, experts=imatrix is not None)
     archs = _imatrix_archs(imatrix, out, models)
     merged = _merged_pass(merge)
     if merged is not None:
@@ -312,13 +312,14 @@ class MeasureEstimate:
 
 def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike[str] | None = None,
                      max_memory: int | None = None, cut_texts: bool = False,
-                     state: StateDir | None = None) -> MeasureEstimate:
+                     state: StateDir) -> MeasureEstimate:
     """What measuring ``config``'s models over ``texts`` (cut to the context where ``cut_texts``) needs under
     ``max_memory`` (None: the default budget): the checks :func:`measure_grams` makes first, and each pass's peak
-    as it refuses one by; writes nothing (a hub or GGUF model's small files aside, under ``state``)."""
+    as it refuses one by; writes nothing (a hub or GGUF model's small files aside, under ``state``, the state dir
+    the API resolved)."""
     from resumerge.memory import SystemProbe, default_budget, pass_budget
 
-    _, models, keys, tokens = _opened(config, texts, cut_texts, state if state is not None else StateDir.resolve())
+    _, models, keys, tokens = _opened(config, texts, cut_texts, state)
     found = [(key, layers, peak) for key, layers, peak, _ in _passes(models, keys, tokens)]
     probe = SystemProbe()
     held = _held(models, tokens)
@@ -328,10 +329,12 @@ def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike
                            "--max-memory" if max_memory is not None else "default", smallest)
 
 
-def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None, cut_texts: bool = False,
-            state: StateDir | None = None) -> tuple[MergeConfig, list[PassModel], list[str], list[list[int]]]:
+def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None, cut_texts: bool,
+            state: StateDir, *, experts: bool = False
+            ) -> tuple[MergeConfig, list[PassModel], list[str], list[list[int]]]:
     """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
-    context (cut to it where ``cut_texts``): every check before a weight is read."""
+    context (cut to it where ``cut_texts``): every check before a weight is read. ``experts``: mixtures of
+    experts taken (``--imatrix``: their experts' importance is measured, not their Grams)."""
     from resumerge.forward.requires import Needs, require_transformers
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
 
@@ -339,7 +342,7 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
     refs = merge.referenced_models()
     if not refs:
         raise UsageError(f"{os.fspath(config)} names no model to measure")
-    models = [_open(ref, state if state is not None else StateDir.resolve()) for ref in refs]
+    models = [_open(ref, state, experts) for ref in refs]
     keys = [ref.key for ref in refs]
     # transformers found, not imported: a tokenizer it would load unchanged is read without it (.plaintok: the
     # same ids, seconds of a first measure's start), and a family .native builds never imports it.
@@ -382,18 +385,20 @@ def _count(measurement: Measurement) -> int:
     return sum(len(m.sha256) for m in measurement.models)
 
 
-def _open(ref: ModelRef, state: StateDir) -> PassModel:
+def _open(ref: ModelRef, state: StateDir, experts: bool = False) -> PassModel:
     """The model ``ref`` names, opened for its pass (headers only; a local folder, a hub repo, a GGUF file:
-    :func:`~resumerge.forward.opened.open_for_pass`); refuses adapters and mixtures of experts in one line."""
+    :func:`~resumerge.forward.opened.open_for_pass`); refuses adapters, and mixtures of experts unless
+    ``experts`` (``--imatrix``), in one line."""
     if ref.lora is not None:
         raise UsageError(f"{ref.key}: measure runs whole models, not a base+adapter reference",
                          hint="merge the adapter into its base first (resumerge run with passthrough)")
     model = replace(open_for_pass(where_of(ref), f"model {ref.key}", state), role="model")
     config = model.opened.config
     moe = next((k for k in _MOE_KEYS if config.get(k)), None)
-    if moe is not None:
+    if moe is not None and not experts:
         raise UsageError(f"{ref.key} is a mixture of experts ({moe}: {config[moe]}); measure records the "
-                         "Grams of dense linears only", hint="measure and merge dense models")
+                         "Grams of dense linears only (its experts' importance matrix with --imatrix)",
+                         hint="measure and merge dense models, or give --imatrix FILE for llama.cpp's matrix")
     return model
 
 

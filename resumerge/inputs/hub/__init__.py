@@ -12,8 +12,9 @@ Call order for one hub model (``not is_local(ref)``):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resumerge.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub.cache import HubSettings, RemoteFile, hub_settings
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 # Each name's module, imported on first use: a module of this package (the verify records a local run keeps, the
 # counters of its reads) is imported without the others, so a run whose inputs and output are all local never
 # imports huggingface_hub's client and its HTTP stack (httpx, httpcore, trio: about 0.3 s of CPU).
-_WHERE = {"HubSettings": "cache", "RemoteFile": "cache", "hub_settings": "cache", "HubEvent": "events",
-          "ProgressCallback": "events", "HubUnavailableError": "remote", "RepoMetadata": "resolve",
-          "fetch_weights": "resolve", "is_local": "local", "resolve_metadata": "resolve"}
+_WHERE = {"HubSettings": ".cache", "RemoteFile": ".cache", "hub_settings": ".cache", "HubEvent": ".events",
+          "ProgressCallback": ".events", "HubUnavailableError": ".remote", "RepoMetadata": ".resolve",
+          "fetch_weights": ".resolve", "is_local": ".local", "resolve_metadata": ".resolve"}
 
 __all__ = [
     "HubEvent",
@@ -43,8 +44,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The names of :data:`__all__`, each from its module, imported on first use."""
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+__getattr__ = on_first_use(__name__, _WHERE)

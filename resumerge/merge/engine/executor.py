@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 import queue
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -46,6 +46,7 @@ from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.fetching import read_order
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan, TensorPlan
 from resumerge.merge.plan.sidefiles import aux_files, render_aux
+from resumerge.merge.plan.unitkey import sizing_key
 from resumerge.merge.plan.workorder import compute_order
 from resumerge.merge.plan.workunits import (
     PASSES,
@@ -86,6 +87,31 @@ def _tensors_of(plan: Plan, shards: Iterable[ShardPlan],
         for name in shard.tensors:
             if name not in skipped:
                 yield shard, plan.tensors[name]
+
+
+class _SizedUnits:
+    """Each tensor's mode and admitted estimate (:func:`unit_mode`, :func:`unit_bytes`) under one run's budget,
+    device and kernels' threads, worked out once per class of tensors (:func:`sizing_key`: every estimate of
+    :mod:`resumerge.merge.plan.workunits` reads nothing else) and whether its inputs read again cheaply. A 90k-tensor
+    run asked them of every tensor, two or three estimates each (180k of its 240k estimates, with the smallest
+    budget's 60k); its tensors fall into 30k classes (per-layer weights), a model's usually into a few dozen."""
+
+    def __init__(self, budget: int | None, device: str, serial: bool) -> None:
+        self.budget, self.device, self.serial = budget, device, serial
+        self._known: dict[tuple[Hashable, bool], tuple[str, int]] = {}
+
+    def __call__(self, tp: TensorPlan, method: MethodSpec, rereadable: bool) -> tuple[str, int]:
+        try:
+            key = (sizing_key(tp), rereadable)
+            found = self._known.get(key)
+        except TypeError:  # a parameter value that cannot be hashed (a list): sized on its own
+            key, found = None, None
+        if found is None:
+            mode = unit_mode(tp, method, self.budget, self.device, rereadable=rereadable, serial=self.serial)
+            found = mode, unit_bytes(tp, method, mode)
+            if key is not None:
+                self._known[key] = found
+        return found
 
 
 def kept_units(ledger: Ledger, done: Collection[str]) -> dict[str, frozenset[int]]:
@@ -147,6 +173,7 @@ class _Pipeline:
         alone = serial and not is_gpu(self.plan.options.device)
         budget = self._budget() if self.governor is not None else None
         most = group_bytes(budget)
+        sized = _SizedUnits(budget, self.plan.options.device, serial)
         previous: TensorPlan | None = None
         pending: UnitGroup | None = None  # small whole units gathered, not launched yet
         for shard, planned in work:
@@ -159,11 +186,11 @@ class _Pipeline:
             # Whether its inputs read again cheaply decides only between a stream's passes and rows: asked of
             # methods that stream alone (a walk over the tensor's reads).
             local = method.streamed is None or self._local(tp)
-            mode = unit_mode(tp, method, budget, self.plan.options.device, rereadable=local, serial=serial)
+            mode, whole_estimate = sized(tp, method, local)
             stream = row_stream(tp, method, self.plan.options.device) if mode in (ROWS, PASSES) else None
             unit = TensorCompute(self.plan, tp, self.sources, self.resources, stream)
             # A unit collecting its sibling's result holds that result only; its sibling's estimate covers the work.
-            estimate = tp.nbytes if sibling else unit_bytes(tp, method, mode)
+            estimate = tp.nbytes if sibling else whole_estimate
             shares = joins_others(method, whole=mode == WHOLE, sibling=sibling)
             if pending is not None and (mode == ROWS or not shares or not pending.takes(shard, estimate, most)):
                 launched, pending = self._launch(pending, alone), None
@@ -403,7 +430,9 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     run. ``kept``: the files written in place, unit by unit, journaled in ``units``, each with the units a previous
     run wrote (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
     committed."""
-    sources.expect(read_order(plan, done))  # a streamed source coalesces the reads that come next
+    order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
+    # A streamed source coalesces the reads that come next.
+    sources.expect(read_order(plan, done, order=order if batches is None else None))
     workers, governor, gpu = computing.workers, computing.governor, computing.gpu
     yield_cpu = computing.transfers and all(_elementwise(plan, t) for t in plan.tensors.values())
     if yield_cpu:
@@ -420,7 +449,6 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
                         for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]
                         for n in names)
-    order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
     if batches is None:
         for shard in order:  # every unit kept: the writer commits them before any other shard
             if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):

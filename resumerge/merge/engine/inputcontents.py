@@ -104,7 +104,7 @@ class InputContents:
             shards = compute_order(self._plan)
             first = [(r.model, r.file, r.start, r.end) for name in (shards[0].tensors if shards else ())
                      for r in self._plan.tensors[name].reads()]
-            order = read_order(self._plan)
+            order = read_order(self._plan, order=shards)
         reads = self._reads(order, first)
         return Proving(lambda: self._hashed(reads), ledger, after, reads)
 

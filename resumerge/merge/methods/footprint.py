@@ -31,8 +31,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING, TypedDict
 
 from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 # Measurements are exact for the shapes measured; the margin covers other shapes' rounding, allocator alignment
 # and small changes to a method's code between measurements.
@@ -118,20 +122,30 @@ Column = (tuple[float, float] | tuple[float, float, float, float] | tuple[float,
           | tuple[float, float, float, float, None, tuple[float, float]])
 
 
-def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column, *,
-             scratch: ScratchRule = no_scratch, by_models: bool = False, half_dot: bool = False,
-             of_inputs: bool = False, panel: float = 0.0,
-             panel_width: Callable[[int], int] | None = None, in_output: bool = False,
-             flat_unless: str = "") -> MethodFootprint:
+class Traits(TypedDict, total=False):
+    """What a method declares beside its figures, each a :class:`MethodFootprint` field of the same name and
+    default (one record of them, so :func:`measured` does not repeat the eight as parameters of its own)."""
+
+    scratch: ScratchRule
+    by_models: bool
+    half_dot: bool
+    of_inputs: bool
+    panel: float
+    panel_width: Callable[[int], int] | None
+    in_output: bool
+    flat_unless: str
+
+
+def measured(float32: Column, bfloat16: Column, float16: Column, float64: Column,
+             **traits: Unpack[Traits]) -> MethodFootprint:
     """A method's footprint from its figures in each measured dtype, each (fixed, per_input[, block, line[, lone or
     None[, phase]]]) as ``bench/method_footprint.py --fit`` prints them (measured on torch 2.13 CPU, 2 intra-op
     threads, covering every parameter variant, with and without a base, before :data:`MARGIN`; the per-input
     slope is the steepest step between measured input counts, so more inputs than measured stay covered, and a
-    negative offset goes with it)."""
+    negative offset goes with it), and its ``traits`` (:class:`Traits`: ``scratch=``, ``half_dot=``, ...)."""
     columns = (float32, bfloat16, float16, float64)
     by_dtype = {dtype: Footprint(*column) for dtype, column in zip(MEASURED_DTYPES, columns, strict=True)}
-    return MethodFootprint(MappingProxyType(by_dtype), scratch, by_models, half_dot, of_inputs, panel, panel_width,
-                           in_output, flat_unless)
+    return MethodFootprint(MappingProxyType(by_dtype), **traits)
 
 
 def block_scratch(block: int) -> ScratchRule:

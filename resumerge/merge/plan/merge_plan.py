@@ -210,6 +210,11 @@ class TensorPlan:
     def reads(self) -> tuple[InputRef, ...]:
         """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
         right after the one they belong to."""
+        for ref in self.inputs:
+            if ref.companions or ref.lora is not None:
+                break
+        else:  # plain inputs alone (asked four times of each tensor of a 90k-tensor run): the inputs themselves
+            return self.inputs
         return tuple(r for ref in self.inputs
                      for r in (ref, *(c for _, c in ref.companions), *((ref.lora.a, ref.lora.b) if ref.lora else ())))
 

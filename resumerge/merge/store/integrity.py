@@ -165,7 +165,7 @@ def _records(out: Path, state: StateDir) -> tuple[dict[str, tuple[int, str]], in
         return found
     manifest = read_manifest(out)
     if manifest is None:
-        raise NothingRecordedError(f"no merge recorded for {out}", path=str(out), hint="check the path and --state-dir")
+        raise NothingRecordedError.of(out)
     done = {k: (int(v["bytes"]), str(v["sha256"])) for k, v in manifest.committed.items()}
     return done, len(manifest.planned) - len(done)
 

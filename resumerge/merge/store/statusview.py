@@ -165,11 +165,15 @@ def read_status(out_dir: str | os.PathLike[str], state: StateDir) -> StatusRepor
     killed = killed_while_planning(str(out_dir), rdir)
     if killed is not None:
         raise killed
-    raise NothingRecordedError(
-        f"no merge recorded for {out_dir}",
-        path=str(out_dir),
-        hint="pass the --state-dir used by the run, or check the output path",
-    )
+    raise NothingRecordedError.of(out_dir)
+
+
+def recorded(found: StatusReport | None, nothing: str) -> StatusReport:
+    """The status an analysis found in its own folder (:mod:`resumerge.api.analyses`), or, where it found none, the
+    one refusal ``status`` gives for a folder that holds nothing (``nothing`` says what it never recorded)."""
+    if found is None:
+        raise NothingRecordedError(nothing)
+    return found
 
 
 def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command: str, since: float) -> StatusReport:

@@ -10,7 +10,10 @@ expert.
   values (already means times ``ncall``); the weights are the values over ``ncall`` (as they are where it is 0).
 
 Values that are not finite are refused, as llama-quantize refuses them. :func:`imatrix_bytes` writes the GGUF form
-(``resumerge measure --imatrix``, and the matrix a merge computes on itself), as llama-imatrix writes it.
+(``resumerge measure --imatrix``, and the matrix a merge computes on itself), as llama-imatrix writes it;
+:func:`imatrix_dat_bytes` the ``.dat`` form (``measure --imatrix OUT.dat``), as ``llama-imatrix --output-format dat``
+writes it: an entry with no count at all left out, an expert with none stored as 1 (llama.cpp's "partial data"),
+then the chunk count and the dataset's name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import numpy as np
 
 from resumerge.errors import ModelInputError
 
-__all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_bytes", "read_imatrix"]
+__all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_bytes", "imatrix_dat_bytes",
+           "read_imatrix"]
 
 _F32 = 0
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
@@ -193,3 +197,30 @@ def imatrix_bytes(entries: Mapping[str, ImatrixEntry], datasets: Sequence[str], 
         raw = values.tobytes()
         parts.append(raw + bytes(pad(len(raw)) - len(raw)))
     return b"".join(parts)
+
+
+def imatrix_dat_bytes(entries: Mapping[str, ImatrixEntry], dataset: str, chunk_count: int, chunk_size: int) -> bytes:
+    """The older ``.dat`` importance matrix llama-imatrix writes (``kquants.md`` §4) of ``entries``: i32 entry count;
+    per weight, names sorted, i32 name length, the name, i32 ``ncall`` (the largest count over ``chunk_size``,
+    rounded up), i32 value count, f32 values ``(sum / count) * ncall`` in float32 (an expert with a count of 0: 1 for
+    both); then i32 ``chunk_count`` and the ``dataset`` name (i32 length, bytes). A weight whose every count is 0
+    is left out, as llama-imatrix leaves it out (the file cannot say it was never seen)."""
+    parts: list[bytes] = []
+    kept = 0
+    for name in sorted(entries):
+        found = entries[name]
+        sums = np.asarray(found.sums, dtype=np.float32)
+        counts = np.asarray(found.counts, dtype=np.float32).reshape(-1)
+        if sums.ndim != 2 or sums.shape[0] != counts.size:
+            raise ValueError(f"{name}: {sums.shape} sums for {counts.size} counts")
+        if not (counts != 0).any():
+            continue
+        ncall = -(-int(counts.max()) // chunk_size)
+        seen = counts != 0
+        values = np.where(seen[:, None], sums, np.float32(1)) / np.where(seen, counts, np.float32(1))[:, None]
+        values = (values.astype(np.float32) * np.float32(ncall)).astype("<f4")
+        raw = name.encode("utf-8")
+        parts.append(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", ncall, values.size) + values.tobytes())
+        kept += 1
+    named = dataset.encode("utf-8")
+    return struct.pack("<i", kept) + b"".join(parts) + struct.pack("<ii", chunk_count, len(named)) + named

@@ -40,7 +40,6 @@ _CHUNK_Q3 = 1024
 _CHUNK_QP = 2048
 
 _Array = np.ndarray
-_NO_CODES = np.zeros(1, dtype=F)  # :func:`_recode`'s codes where every column's are asked for afterwards
 
 
 def _subblocks(xt: _Array, n: int) -> _Array:
@@ -52,7 +51,7 @@ def _subblocks(xt: _Array, n: int) -> _Array:
 
 def _superblocks(codes: _Array, n: int, b: int) -> _Array:
     """:func:`_subblocks`' codes (n, 256/n * B) back to rows of super-blocks: (B, 256) uint8."""
-    rows: _Array = codes.astype(np.uint8).reshape(n, QK // n, b).transpose(2, 1, 0).reshape(b, QK)
+    rows: _Array = codes.astype(np.uint8, copy=False).reshape(n, QK // n, b).transpose(2, 1, 0).reshape(b, QK)
     return rows
 
 
@@ -82,19 +81,25 @@ def _recode(x: _Array, codes: _Array, d: _Array, m: _Array | None, low: float, h
 
 
 def _recode_lazy(x: _Array, codes_at: Callable[[_Array], _Array], d: _Array, low: int, high: int) -> _Array:
-    """:func:`_recode` of a symmetric type, its codes shifted by ``-low``, with the search's codes asked of
-    ``codes_at`` (shifted already) only for the columns whose stored scale is 0."""
-    codes = _recode(x, _NO_CODES, d, None, low, high)
-    codes -= F(low)
-    dead = np.flatnonzero(d == 0)
+    """:func:`_recode` of a symmetric type, its codes shifted by ``-low``, as uint8, with the search's codes asked
+    of ``codes_at`` (shifted already) only for the columns whose stored scale is 0. Each step in place on one
+    array (the where of :func:`_recode` over every column, and fresh arrays, were a third of this)."""
+    live = d != 0  # NaN too, as C's ``if (!d)``
+    safe = np.where(live, d, F(1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        reach = np.maximum(x.max(axis=0), -x.min(axis=0))
+        ratio = np.divide(x, safe)
+        if ks.tame(reach / np.abs(safe)):
+            np.rint(ratio, out=ratio)
+        else:
+            ratio = ks.ni(ratio)
+    np.clip(ratio, F(low), F(high), out=ratio)
+    codes = np.empty(x.shape, dtype=np.uint8)
+    np.subtract(ratio, F(low), out=codes, casting="unsafe")
+    dead = np.flatnonzero(~live)
     if dead.size:
         codes[:, dead] = codes_at(dead)
     return codes
-
-
-def _columns(codes: _Array) -> Callable[[_Array], _Array]:
-    """Codes already at hand as :func:`_recode_lazy`'s ``codes_at``."""
-    return lambda cols: codes[:, cols]
 
 
 def _planes(codes: _Array) -> _Array:
@@ -204,8 +209,7 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
     x = _subblocks(xt, 16)
     out = np.zeros((b, 110), dtype=np.uint8)
     if qw is None:
-        scales, searched = ks.q3(x, 4)
-        codes_at = _columns(searched)
+        scales, codes_at = ks.q3(x, 4)
         s = scales.reshape(16, b)
         _, max_scale = ks.largest(s)
         live = max_scale != 0
@@ -222,11 +226,20 @@ def _q3_k(xt: _Array, qw: _Array | None) -> _Array:
         packed = _pack_q3_scales(l6)
         d_bits, d = ks.f16(d_block)
     sub_d = (d * _unpack_q3_scales(packed)).reshape(-1)
-    codes = _recode_lazy(x, codes_at, sub_d, -4, 3)
-    q = _superblocks(codes, 16, b)
-    high = (q > 3).astype(np.uint8).reshape(b, 8, 32)
-    out[:, 0:32] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
-    out[:, 32:96] = _planes(q & 3)
+    codes = _recode_lazy(x, codes_at, sub_d, -4, 3).reshape(16, 16, b)  # [i, j, b]: element 16j + i
+    # packed in this layout, then the bytes (96 of a super-block's 256 codes) transposed: element e's high bit is
+    # bit e//32 of hmask[e%32] (j = 2m + jl: bit m of byte 16jl + i), its low two bits at 2(e%128//32) of qs[32(e//128)
+    # + e%32] (j = 8h + 2k + jl: bits 2k of byte 32h + 16jl + i)
+    high = (codes >> 2).reshape(16, 8, 2, b)
+    hmask = high[:, 0].copy()
+    for m in range(1, 8):
+        hmask |= high[:, m] << m
+    out[:, 0:32] = hmask.transpose(2, 1, 0).reshape(b, 32)
+    low = (codes & 3).reshape(16, 2, 4, 2, b)
+    planes = low[:, :, 0] | (low[:, :, 1] << 2)
+    planes |= low[:, :, 2] << 4
+    planes |= low[:, :, 3] << 6
+    out[:, 32:96] = planes.transpose(3, 1, 2, 0).reshape(b, 64)
     out[:, 96:108] = packed
     out[:, 108:110] = d_bits.view(np.uint8).reshape(b, 2)
     return out

@@ -296,8 +296,9 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
     return np.where(zero, F(0), scale), codes_at
 
 
-def q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
-    """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, codes 0..2nmax-1)."""
+def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
+    """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, its codes 0..2nmax-1 as a
+    function of the columns wanted, as :func:`qx_lazy`'s)."""
     amax, peak = largest(x)
     zero = ~(amax >= EPS)
     peak = np.where(zero, F(1), peak)
@@ -308,81 +309,142 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, _Array]:
     np.clip(q, low, high, out=q)
     w = x * x
     wx = w * x
-    sumlx, suml2 = fsum(wx * q), fsum(w * q * q)
-    sumlx, suml2 = descend(x, w, wx, q, sumlx, suml2, low, high, need_sl2=False)
+    terms = (wx * q, w * q * q)
+    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
-    return np.where(zero, F(0), scale), np.where(zero, F(0), q + F(nmax))
+
+    def codes_at(cols: _Array) -> _Array:
+        """The codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
+        some: _Array = q[:, cols] + F(nmax)
+        some[:, zero[cols]] = 0
+        return some
+
+    return np.where(zero, F(0), scale), codes_at
 
 
 def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
-             *, need_sl2: bool) -> tuple[_Array, _Array]:
-    """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (in place): each code in turn moved to
-    its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also require the
-    reduced sum of squares to be positive before trying (``make_qp_quants``), else after (``make_q3_quants``).
-    Returns the final (Σwxq, Σwq²).
+            *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None) -> tuple[_Array, _Array]:
+    """Up to five passes of llama.cpp's coordinate descent on codes ``q`` (n, S) (in place): each code in turn
+    moved to its least-squares value given the others, kept when the weighted fit improves. ``need_sl2``: also
+    require the reduced sum of squares to be positive before trying (``make_qp_quants``), else after
+    (``make_q3_quants``). Returns the final (Σwxq, Σwq²). ``terms``: the products ``wx·q`` and ``w·q·q`` the
+    starting sums were taken of, where the caller has them (the first round's, not taken again).
 
-    A pass works only on the columns that changed in the one before (llama.cpp stops a sub-block after a pass with
-    no change, and a pass over a converged column changes nothing), gathered into compact arrays, so later passes
-    cost what their few live columns cost. Within a pass, code i changes only at step i, so each step's old terms
-    ``wx·q`` and ``w·q·q`` are the same products taken for every step at once at the pass's start."""
+    Taken move by move rather than step by step: a column's sums change only where a move is kept, so from its
+    cursor (the step after its last kept move) every step up to its next kept move sees the same sums and codes,
+    and is what trying every position at once against them (:func:`_trial`) gives; a step's arithmetic there is
+    the scalar loop's. Each round takes every live column's next kept move, the first in the loop's order from
+    its cursor, past the end of a pass into the next. A column with none in a whole cycle is converged (the loop
+    stops after a pass with no change, and a pass repeating these sums and codes changes nothing), and one whose
+    next move would fall in a sixth pass is done. A round is ~30 numpy calls over the live columns where a
+    pass step by step is ~30 a position, and most columns move once or never (measured: 1 in 5 moves at all)."""
+    n, width = x.shape
     sumlx, suml2 = sumlx.copy(), suml2.copy()
-    cols: _Array | None = None  # the live columns of the full arrays (None: all)
-    xs, ws, wxs, qs = x, w, wx, q
-    lx, l2 = sumlx, suml2
-    for _ in range(5):
-        old_lx = wxs * qs
-        old_l2 = ws * qs
-        old_l2 *= qs
-        width = xs.shape[1]
-        # every step in place in these (fresh arrays, numpy's allocations, were a tenth of the descent)
-        slx, sl2, new, t, u, magic = (np.empty(width, dtype=F) for _ in range(6))
-        bits = magic.view(np.int32)
-        changed, tried, moved, keep, flag = (np.zeros(width, dtype=bool) for _ in range(5))
-        for i in range(xs.shape[0]):
-            qi, wi, wxi = qs[i], ws[i], wxs[i]
-            np.subtract(lx, old_lx[i], out=slx)
-            np.subtract(l2, old_l2[i], out=sl2)
-            np.greater(slx, F(0), out=tried)
-            if need_sl2:
-                tried &= np.greater(sl2, F(0), out=flag)
-            np.multiply(xs[i], sl2, out=new)
-            np.divide(new, slx, out=new)
-            # nearest_int exactly (slx can be tiny: no bound on the argument), in place: see ni
-            np.add(new, MAGIC, out=magic)
-            bits &= 0x7FFFFF
-            bits -= 0x400000
-            np.copyto(new, bits, casting="unsafe")
-            np.clip(new, low, high, out=new)
-            np.not_equal(new, qi, out=moved)
-            moved &= tried
-            slx += np.multiply(wxi, new, out=t)
-            np.multiply(wi, new, out=t)
-            t *= new
-            sl2 += t
-            np.multiply(slx, slx, out=t)
-            t *= l2
-            np.multiply(lx, lx, out=u)
-            u *= sl2
-            np.greater(t, u, out=keep)
-            keep &= moved
-            if not need_sl2:
-                keep &= np.greater(sl2, F(0), out=flag)
-            if keep.any():
-                changed |= keep
-                np.copyto(qi, new, where=keep)
-                np.copyto(lx, slx, where=keep)
-                np.copyto(l2, sl2, where=keep)
-        if cols is not None:  # the pass's results back into the full arrays
-            q[:, cols] = qs
-            sumlx[cols] = lx
-            suml2[cols] = l2
-        live = np.flatnonzero(changed)
-        if live.size == 0:
+    cols: _Array | None = None  # the live columns (None: all)
+    cursor = np.zeros(width, dtype=np.int8)  # each live column's next step
+    passes = np.zeros(width, dtype=np.int8)  # each live column's pass at its cursor, 0..4
+    order = np.arange(n, dtype=np.int8)[:, None]
+    # every round's (n, live) arrays are views of these (fresh arrays this size were most of a round: the
+    # allocator hands large ones back to the system, and each new one is paged in again); the live columns'
+    # values are gathered from the round before's (from the whole arrays, every round would read all of them)
+    size = n * width
+    floats = np.empty((13, size), dtype=F)
+    flags = np.empty((3, size), dtype=bool)
+    ahead = np.empty(size, dtype=np.int8)
+    xs, ws, wxs, qs, lx, l2 = x, w, wx, q, sumlx, suml2
+    spare = 5
+    while True:
+        live = xs.shape[1]
+        f = floats[:5, :n * live].reshape(5, n, live)
+        b = flags[:, :n * live].reshape(3, n, live)
+        keep, new, slx, sl2 = _trial(xs, ws, wxs, qs, lx, l2, low, high, f, b, need_sl2=need_sl2, terms=terms)
+        terms = None
+        # each step's place in the loop's order from the cursor (0 at the cursor), n + that where not kept
+        rank = ahead[:n * live].reshape(n, live)
+        np.subtract(order, cursor, out=rank)
+        if n & (n - 1) == 0:  # modulo n, then n on
+            rank &= np.int8(n - 1)
+            rank += np.int8(n)
+        else:
+            rank += np.where(rank < 0, np.int8(2 * n), np.int8(n))
+        rank -= keep.view(np.int8) * np.int8(n)
+        step = np.minimum.reduce(rank, axis=0)
+        at = cursor + step  # the next kept move's step, counted on from the cursor's pass
+        wraps = at >= n
+        passes += wraps
+        moving = np.flatnonzero((step < n) & (passes < 5))
+        if moving.size == 0:
             break
-        cols = live if cols is None else cols[live]
-        xs, ws, wxs, qs = x[:, cols], w[:, cols], wx[:, cols], q[:, cols]
-        lx, l2 = sumlx[cols], suml2[cols]
+        at = at[moving] - np.where(wraps[moving], np.int8(n), np.int8(0))
+        flat = at.astype(np.intp) * live + moving
+        moved, lx, l2 = new.reshape(-1)[flat], slx.reshape(-1)[flat], sl2.reshape(-1)[flat]
+        where = moving if cols is None else cols[moving]
+        q[at, where] = moved
+        sumlx[where] = lx
+        suml2[where] = l2
+        if cols is not None:
+            qs[at, moving] = moved
+        last = at == n - 1
+        cursor = np.where(last, np.int8(0), at + np.int8(1)).astype(np.int8)
+        passes = passes[moving] + last
+        # a move in the fifth pass's last step ends the loop
+        going = np.flatnonzero(passes < 5)
+        if going.size == 0:
+            break
+        cols, cursor, passes, lx, l2 = where[going], cursor[going], passes[going], lx[going], l2[going]
+        taken = moving[going]
+        g = floats[spare:spare + 4, :n * taken.size].reshape(4, n, taken.size)
+        for a, out in zip((xs, ws, wxs, qs), g, strict=True):
+            np.take(a, taken, axis=1, out=out)
+        xs, ws, wxs, qs = g
+        spare = 14 - spare  # the other four
     return sumlx, suml2
+
+
+def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Array, low: float, high: float,
+           f: _Array, b: _Array, *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None
+           ) -> tuple[_Array, _Array, _Array, _Array]:
+    """Every step of the descent tried at once over (n, S) against the sums ``lx``, ``l2`` (S,) and codes ``qs``
+    as they stand: (whether each move is kept, the new codes, the sums after each move), in ``f`` (5, n, S)
+    float32 and ``b`` (3, n, S) bool. The scalar loop's float32 operations, in its order. ``terms``: each
+    position's ``wx·q`` and ``w·q·q`` of these codes, where the caller has them."""
+    slx, sl2, new, t, fit = f
+    keep, tried, flag = b
+    if terms is None:
+        np.multiply(wxs, qs, out=slx)
+        np.multiply(ws, qs, out=sl2)
+        sl2 *= qs
+        terms = (slx, sl2)
+    np.subtract(lx, terms[0], out=slx)
+    np.subtract(l2, terms[1], out=sl2)
+    np.greater(slx, F(0), out=tried)
+    if need_sl2:
+        tried &= np.greater(sl2, F(0), out=flag)
+    np.multiply(xs, sl2, out=new)
+    new /= slx
+    # nearest_int exactly (slx can be tiny: no bound on the argument), in place: see ni
+    new += MAGIC
+    bits = new.view(np.int32)
+    bits &= 0x7FFFFF
+    bits -= 0x400000
+    np.copyto(new, bits, casting="unsafe")
+    np.clip(new, low, high, out=new)
+    np.not_equal(new, qs, out=keep)
+    keep &= tried
+    np.multiply(wxs, new, out=t)
+    slx += t
+    np.multiply(ws, new, out=t)
+    t *= new
+    sl2 += t
+    u = np.multiply(lx, lx)
+    np.multiply(u, sl2, out=fit)
+    np.multiply(slx, slx, out=t)
+    t *= l2
+    np.greater(t, fit, out=flag)
+    keep &= flag
+    if not need_sl2:
+        keep &= np.greater(sl2, F(0), out=flag)
+    return keep, new, slx, sl2
 
 
 def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
@@ -412,6 +474,8 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     q = np.minimum(top, ni(iscale * x))
     q = np.where(q < 0, q + F(256), q)  # stored in a uint8
     wx = w * x
-    sumlx, suml2 = descend(x, w, wx, q, fsum(wx * q), fsum(w * q * q), -np.inf, float(nmax), need_sl2=True)
+    terms = (wx * q, w * q * q)
+    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), -np.inf, float(nmax), need_sl2=True,
+                           terms=terms)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
     return np.where(zero, F(0), scale), np.where(zero, F(0), q)

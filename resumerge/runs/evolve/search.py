@@ -13,23 +13,12 @@ from typing import Any
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.genome import Layout, initial_genotype, layout_of, merge_config, random_genotype
 from resumerge.runs.evolve.objective import ScoresGeneration, objective
+from resumerge.runs.evolve.options import SearchOptions
 from resumerge.runs.evolve.progress import SearchProgress
 from resumerge.runs.evolve.spec import EvolveSpec
 from resumerge.runs.evolve.storage import Evaluated
 from resumerge.runs.evolve.strategy import Search, Settings, default_popsize
 from resumerge.runs.evolve.tracking import SearchLog
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How CMA-ES searches: ``max_fevals`` evaluations (the last generation cut to what is left), ``popsize``
-    candidates a generation (None: cma's 4 + 3 ln n), the first step size ``sigma0`` and the ``seed`` of its draws
-    (mergekit-evolve's defaults)."""
-
-    max_fevals: int = 100
-    popsize: int | None = None
-    sigma0: float = 1 / 6
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,8 +49,8 @@ def plan_search(spec: EvolveSpec, layers: int, options: SearchOptions) -> Planne
     starting from mergekit-evolve's first genotype (the method's default-parameter merge), or with the config's
     ``random_init`` from a random one of the seed."""
     layout = layout_of(spec.genome, layers)
-    start = random_genotype(layout, options.seed) if spec.random_init else initial_genotype(layout)
-    settings = Settings(tuple(start), options.sigma0, options.popsize, options.seed,
+    start = random_genotype(layout, options.random_seed) if spec.random_init else initial_genotype(layout)
+    settings = Settings(tuple(start), options.sigma0, options.popsize, options.random_seed,
                         options.max_fevals)
     return Planned(spec, layout, layers, settings)
 

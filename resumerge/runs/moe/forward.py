@@ -99,29 +99,16 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     return Ready(config, model, sets)
 
 
-def hidden_routers(weights: Weights, mode: str, sets: ExpertSets, workdir: Path, *,
-                   config_doc: Mapping[str, Any] | None = None, share: int | None = None,
-                   counted_elsewhere: int = 0, run_pid: int | None = None, ready: Ready | None = None,
-                   on_checked: Callable[[], None] | None = None, locks: Path | None = None) -> Path:
+def hidden_routers(site: InThisProcess, sets: ExpertSets, workdir: Path, *, run_pid: int | None = None,
+                   locks: Path | None = None) -> Path:
     """Compute (or find, when an earlier run finished it) the routers of every layer into ``workdir`` and return
     the file: tensor ``layers.<i>`` of shape (gated experts, hidden), bfloat16; the base's layers run in this
-    process (:class:`InThisProcess`), the pass driven as :class:`GatesJob`.
-
-    ``config_doc`` is the base's config as the run read it (None: its folder's config.json), which says how
-    the codecs read its tensors (a GGUF base's rebuilt config.json does not: its tensors are the GGUF's).
-    ``share`` is the memory budget this process may hold (counted as the governor counts it): a pass whose
-    largest layer cannot fit is refused before any weight is read (UsageError naming the smallest budget; the
-    run's process holds ``counted_elsewhere`` more), and the embeddings and each layer are then admitted by a RAM
-    governor under it, as each step of ``check`` and ``measure`` is (None: not admitted, a test's pass).
-    ``run_pid`` is the run's process, the one a kill test kills.
-    ``ready`` is what :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is
-    made, before the first weight is read (the run's merge waits for it).
-    ``locks``: the folder of the passes' locks (the run's state dir's
-    :attr:`~resumerge.config.locations.StateDir.router_locks_dir`; None: beside ``workdir``, a test's pass): see
-    :class:`GatesJob`.
+    process as ``site`` says (:class:`InThisProcess`: its weights, gate mode, budget and checks), the pass driven
+    as :class:`GatesJob`. ``run_pid`` is the run's process, the one a kill test kills. ``locks``: the folder of the
+    passes' locks (the run's state dir's :attr:`~resumerge.config.locations.StateDir.router_locks_dir`; None:
+    beside ``workdir``, a test's pass): see :class:`GatesJob`.
     """
-    site = InThisProcess(weights, mode, config_doc, share, counted_elsewhere, ready, on_checked)
-    return drive(GatesJob(gates_folder(workdir, locks), workdir, mode, sets, site, run_pid))
+    return drive(GatesJob(gates_folder(workdir, locks), workdir, site.mode, sets, site, run_pid))
 
 
 def placed_routers(places: Places, base: PassModel, layers: int, need: int, mode: str, sets: ExpertSets,
@@ -147,17 +134,25 @@ class GateSite(Protocol):
 
 @dataclass(frozen=True)
 class InThisProcess:
-    """The base's layers streamed in this process (the prompt work's own: :mod:`.passmain`), each read only while
-    it runs; the fit judges one layer against ``share`` (None: not admitted); ``on_checked`` told once it holds
-    (see :func:`hidden_routers` for the rest)."""
+    """The base's layers (``weights``) streamed in this process (the prompt work's own: :mod:`.passmain`) for the
+    gate ``mode``, each read only while it runs.
+
+    ``config_doc`` is the base's config as the run read it (None: its folder's config.json), which says how the
+    codecs read its tensors (a GGUF base's rebuilt config.json does not: its tensors are the GGUF's). ``share`` is
+    the memory budget this process may hold (counted as the governor counts it): a pass whose largest layer cannot
+    fit is refused before any weight is read (UsageError naming the smallest budget; the run's process holds
+    ``counted_elsewhere`` more), and the embeddings and each layer are then admitted by a RAM governor under it, as
+    each step of ``check`` and ``measure`` is (None: not admitted, a test's pass). ``ready`` is what
+    :func:`pass_checks` built (None: built here); ``on_checked`` is called once every check is made, before the
+    first weight is read (the run's merge waits for it)."""
 
     weights: Weights
     mode: str
-    config_doc: Mapping[str, Any] | None
-    share: int | None
-    counted_elsewhere: int
-    ready: Ready | None
-    on_checked: Callable[[], None] | None
+    config_doc: Mapping[str, Any] | None = None
+    share: int | None = None
+    counted_elsewhere: int = 0
+    ready: Ready | None = None
+    on_checked: Callable[[], None] | None = None
 
     @contextmanager
     def fitted(self) -> Iterator[Fit[Placing]]:

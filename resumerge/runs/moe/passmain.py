@@ -78,7 +78,7 @@ def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lam
         tokenizer = load_tokenizer(Path(job["tokenizer_dir"]), mode)
         return {"encoded": [(encode(tokenizer, positive), encode(tokenizer, negative) if negative else None)
                             for positive, negative in job["prompts"]]}
-    from resumerge.runs.moe.forward import Weights, hidden_routers, pass_checks
+    from resumerge.runs.moe.forward import InThisProcess, Weights, hidden_routers, pass_checks
 
     # plan's probe and the run's pass make the same checks, through the same function.
     ready = pass_checks(Path(job["weights_dir"]), Path(job.get("tokenizer_dir", job["weights_dir"])), mode,
@@ -99,9 +99,9 @@ def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lam
     weights = Weights(directory=Path(job["weights_dir"]),
                       tensors={name: (f, s, e, d, tuple(shape)) for name, (f, s, e, d, shape)
                                in job["tensors"].items()})
-    hidden_routers(weights, mode, ready.sets, workdir, config_doc=job.get("config"), share=job.get("share"),
-                   counted_elsewhere=job.get("parent_bytes", 0), run_pid=int(job["parent"]), ready=ready,
-                   on_checked=checked, locks=Path(job["locks"]))
+    site = InThisProcess(weights, mode, config_doc=job.get("config"), share=job.get("share"),
+                         counted_elsewhere=job.get("parent_bytes", 0), ready=ready, on_checked=checked)
+    hidden_routers(site, ready.sets, workdir, run_pid=int(job["parent"]), locks=Path(job["locks"]))
     return {"routers": str(workdir)}
 
 

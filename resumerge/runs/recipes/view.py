@@ -15,7 +15,7 @@ from typing import Any
 
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, StateDir
-from resumerge.errors import LedgerError
+from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.merge.store.ledger_read import read_merge_record
 from resumerge.merge.store.manifest import Manifest, read_manifest
 from resumerge.merge.store.statusview import StatusReport, read_status
@@ -134,7 +134,7 @@ def stage_record(out_dir: str | os.PathLike[str], state: StateDir, *,
 
 def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeStatus:
     """Status of the recipe writing to ``out_dir`` (its records under the state dir ``at``); raises
-    :class:`LedgerError` when no recipe is recorded."""
+    :class:`~resumerge.errors.NothingRecordedError` when no recipe is recorded (a :class:`LedgerError` too)."""
     from resumerge.merge.store.runlock import is_locked
 
     where = at.run(out_dir)
@@ -158,11 +158,7 @@ def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeS
         if manifest is None:
             if damage is not None:
                 raise damage
-            raise LedgerError(
-                f"no recipe recorded for {out_dir}",
-                path=str(out_dir),
-                hint="pass the --state-dir used by the run, or check the output path",
-            )
+            raise NothingRecordedError.of(out_dir, "recipe")
         record, source = manifest, "manifest"
         state = "done" if record.state == "done" else "interrupted"
         whose = "the repo's" if is_hub_target(out_dir) else "OUT's"

@@ -166,9 +166,8 @@ def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vo
     matches = {}
     for matrix, (name, donor_name) in matrices.names.items():
         match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
-                             opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix,
-                             prefix_match=spec.prefix_match, byte_match=spec.byte_match,
-                             pieces=spec.approximation_method == "subword", trained=trained, junk=junk, cap=cap)
+                             opened.donor.tensors[donor_name].entry.shape[0], matrix=matrix, choices=spec,
+                             trained=trained, junk=junk, cap=cap)
         if match.approximated and spec.approximation_method in USES_K and spec.k > len(match.shared):
             raise UsageError(f"-k {spec.k} is more than the {len(match.shared)} tokens MODEL and DONOR share",
                              hint=f"pass -k {max(1, len(match.shared))} or less, or another --approximation-method")
@@ -292,7 +291,8 @@ def card_wording(spec: SurgerySpec, opened: Opened, matches: Mapping[str, Matrix
     flags too), and the recorded options as the JSON they are."""
     lead = (f"{spec.model}'s weights with {spec.donor}'s tokenizer: a tokenizer transplant made with resumerge "
             "tokensurgeon (the options and meanings of mergekit-tokensurgeon 0.1.5). The token embedding and head "
-            "rows of the tokens both vocabularies hold are MODEL's, copied bit for bit; the rows of DONOR's other "
+            "rows of the tokens both vocabularies hold (the same bytes, however each tokenizer writes them) are "
+            "MODEL's, copied bit for bit; the rows of DONOR's other "
             f"tokens are approximated from MODEL's rows by {spec.describe()}. Made by "
             f"`{spec.command(output_flags(options))}`.")
     return CardWording(

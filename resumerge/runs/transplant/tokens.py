@@ -1,17 +1,26 @@
-"""Which row of MODEL each of DONOR's tokens gets: matched exactly on normalized tokens, by bytes, by prefix, or
-approximated — mergekit-tokensurgeon 0.1.5's rules, decided once at planning from the two tokenizers.
+"""Which row of MODEL each of DONOR's tokens gets: matched on the bytes each token stands for, by bytes (``<0xNN>``),
+by prefix, or approximated — mergekit-tokensurgeon 0.1.5's rules where the two tokenizers write bytes alike, decided
+once at planning from the two tokenizers.
 
-Normalization (mergekit's ``normalized_vocabulary``): a word-start prefix (``Ġ`` for GPT-2 style tokenizers, ``▁``
-for SentencePiece ones unless ``Ġhello`` is in the vocabulary, ``Ġ`` for any other class) becomes a marker, and a
+Tokens are one when they stand for the same bytes, read as ``check`` reads them
+(:func:`resumerge.forward.vocabs.spelled`: GPT-2's byte map, SentencePiece's ``▁`` and ``<0xNN>``, an added token by
+its content), or when they fill the same special role. 0.1.5 matches token *strings* (normalized, below), which
+across tokenizer families is wrong both ways: a byte-level ``Ã©`` and a SentencePiece ``é`` (or ``ĠĠ`` and
+``▁▁``, or ``Ċ`` and ``<0x0A>``) are one token it approximates, and a byte-level ``¡`` (the byte A1) or ``Ċ`` (a
+newline) is another token than a SentencePiece ``¡`` (C2 A1) or ``Ċ`` (C4 8A), whose row it copies. Each matrix's
+match counts both (:attr:`MatrixMatch.gained`, :attr:`MatrixMatch.mended`) for the log, ``status`` and the card.
+Where the two tokenizers write a token's bytes alike the row is 0.1.5's, bit for bit.
+
+Normalization (mergekit's ``normalized_vocabulary``, which decides 0.1.5's row and which of several tokens that
+normalize alike is an output row at all): a word-start prefix (``Ġ`` for GPT-2 style tokenizers, ``▁`` for
+SentencePiece ones unless ``Ġhello`` is in the vocabulary, ``Ġ`` for any other class) becomes a marker, and a
 token equal to a value of the tokenizer's ``special_tokens_map`` becomes its role, so MODEL's ``</s>`` and DONOR's
-``<|endoftext|>`` match as ``eos_token``. A byte match takes MODEL's ``<0xNN>`` for a one-character token (and the
-reverse; ``<0xNN>`` read as ``check`` reads it: :func:`resumerge.forward.vocabs.byte_token`); a prefix match MODEL's
-longest proper prefix (special tokens never, stopping at an all-whitespace one). These are mergekit's rules, kept for
-its rows bit for bit: ``check`` matches two vocabularies by the bytes each token stands for instead
-(:mod:`resumerge.forward.vocabs`), so a byte-level ``Ã©`` and a SentencePiece ``é``, which 0.1.5 approximates, are
-one token there.
+``<|endoftext|>`` match as ``eos_token``. A byte match (``--byte-match``) takes MODEL's ``<0xNN>`` for a
+one-character token (and the reverse; ``<0xNN>`` read by :func:`resumerge.forward.vocabs.byte_token`) where no
+token of the same bytes is MODEL's; a prefix match (``--prefix-match``) MODEL's token of the longest proper prefix
+of the token's bytes, cut where its characters are (special tokens never, stopping at an all-whitespace one).
 
-The one difference from 0.1.5: ``--prefix-match embed`` / ``--byte-match embed`` apply to the token embedding and
+The other difference from 0.1.5: ``--prefix-match embed`` / ``--byte-match embed`` apply to the token embedding and
 ``lm_head`` to the head, as the choices say; 0.1.5 applies each to the other matrix (:func:`allowed`).
 """
 
@@ -22,10 +31,21 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.vocabs import byte_token, byte_token_name
+from resumerge.forward.vocabs import (
+    Spelled,
+    Spelling,
+    byte_token,
+    byte_token_name,
+    special_key,
+    spelled,
+    spelling_of,
+)
+
+if TYPE_CHECKING:
+    from resumerge.runs.transplant.spec import SurgeryChoices
 
 # A normalized token: the text, or (marker, text) for a word start or a special role.
 Normalized = str | tuple[str, str]
@@ -38,11 +58,14 @@ _SP_STYLE = ("LlamaTokenizer", "LlamaTokenizerFast", "T5Tokenizer", "T5Tokenizer
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """One tokenizer's normalized vocabulary (token -> id, by id, the last id of tokens that normalize alike kept)
-    and the tokenizer itself (for subword pieces)."""
+    """One tokenizer's normalized vocabulary (token -> id, by id, the last id of tokens that normalize alike kept),
+    its tokens by the bytes they stand for (``check``'s reading, :func:`~resumerge.forward.vocabs.spelled`), how it
+    writes bytes, and the tokenizer itself (for subword pieces)."""
 
     ids: Mapping[Normalized, int]
     tokenizer: Any = field(compare=False, repr=False)
+    spelled: Spelled = field(default_factory=lambda: Spelled({}, {}, {}), compare=False, repr=False)
+    spelling: Spelling = field(default_factory=Spelling, compare=False)
 
 
 @dataclass(frozen=True)
@@ -51,7 +74,9 @@ class MatrixMatch:
     MODEL's row) of the tokens matched; ``approximated`` the output rows approximated, by DONOR id (the order batches
     cut); ``shared`` the (DONOR row, MODEL row) pairs of the tokens both hold, by DONOR id (the
     basis of omp, common_interpolation and landmark_pca); ``pieces`` MODEL's ids of each approximated token
-    tokenized by MODEL (subword only); the counts of each kind of match."""
+    tokenized by MODEL (subword only); the counts of each kind of match: ``exact`` the tokens both write alike,
+    ``same_bytes`` those MODEL writes otherwise (``Ã©`` for ``é``), ``gained`` the tokens matched that 0.1.5
+    approximates (or prefix-matches), ``mended`` those 0.1.5 copies from a row of other bytes."""
 
     rows: int
     copies: tuple[tuple[int, int], ...]
@@ -64,6 +89,9 @@ class MatrixMatch:
     byte: int = 0
     prefix: int = 0
     dropped: int = 0
+    same_bytes: int = 0
+    gained: int = 0
+    mended: int = 0
 
     def digest(self) -> str:
         """A digest of everything the matrix's rows follow from (the fingerprint holds it)."""
@@ -72,8 +100,10 @@ class MatrixMatch:
 
     def report(self, by: str) -> str:
         """``900 shared (copied), 12 matched by prefix, 85 approximated by omp (k=64)`` (the log's, status's and the
-        card's line; ``by``: the method)."""
-        parts = [f"{self.exact} shared (copied)"]
+        card's line; ``by``: the method), and where 0.1.5's match by token string differs, by how much."""
+        parts = [f"{self.exact + self.same_bytes} shared (copied)"]
+        if self.same_bytes:
+            parts[0] += f" of which {self.same_bytes} written otherwise by MODEL (the same bytes)"
         if self.byte:
             parts.append(f"{self.byte} matched by bytes")
         if self.prefix:
@@ -83,6 +113,10 @@ class MatrixMatch:
             parts.append(f"{len(self.junk)} under-trained in both models left zero")
         if self.dropped:
             parts.append(f"{self.dropped} past the matrix's rows left zero")
+        if self.gained or self.mended:
+            parts.append(f"matched by the bytes each token stands for: mergekit-tokensurgeon 0.1.5 (by token string) "
+                         f"would approximate {self.gained} of the tokens copied here and copy {self.mended} from "
+                         "another token's row")
         return ", ".join(parts)
 
 
@@ -100,7 +134,13 @@ def load_vocabulary(directory: Path, *, what: str) -> Vocabulary:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
     except (OSError, ValueError) as exc:
         raise ModelInputError(f"{what}'s tokenizer cannot be loaded: {exc}", path=str(directory)) from None
-    return Vocabulary(normalized(tokenizer), tokenizer)
+    return vocabulary_of(tokenizer)
+
+
+def vocabulary_of(tokenizer: Any) -> Vocabulary:
+    """The :class:`Vocabulary` of a loaded tokenizer."""
+    vocab: dict[str, int] = tokenizer.get_vocab()  # once: 262,144 tokens cross from Rust for each call
+    return Vocabulary(normalized(tokenizer, vocab), tokenizer, spelled(tokenizer, None, vocab), spelling_of(tokenizer))
 
 
 def word_start_prefix(tokenizer: Any, vocab: Mapping[str, int]) -> str:
@@ -117,24 +157,34 @@ def word_start_prefix(tokenizer: Any, vocab: Mapping[str, int]) -> str:
     return "Ġ"
 
 
-def normalized(tokenizer: Any) -> dict[Normalized, int]:
-    """``tokenizer``'s vocabulary normalized (see the module docstring)."""
-    vocab: dict[str, int] = tokenizer.get_vocab()
+def normalized(tokenizer: Any, vocab: Mapping[str, int] | None = None) -> dict[Normalized, int]:
+    """``tokenizer``'s vocabulary (``vocab``: its ``get_vocab()``, read here where not given) normalized (see the
+    module docstring)."""
+    if vocab is None:
+        vocab = tokenizer.get_vocab()
     prefix = word_start_prefix(tokenizer, vocab)
-    specials: Mapping[str, Any] = tokenizer.special_tokens_map
+    roles = special_roles(tokenizer.special_tokens_map)
     # By id: get_vocab()'s order follows a hash map's (another in each process), and the order decides which token
     # of several that normalize alike is kept and which batch each approximated token falls in.
-    return {normalize(token, specials, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
+    return {normalize(token, roles, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
 
 
-def normalize(token: str, specials: Mapping[str, Any], prefix: str) -> Normalized:
-    """One token normalized: the word-start marker first, then the first special role it fills."""
+def special_roles(specials: Mapping[str, Any]) -> dict[str, str]:
+    """``special_tokens_map`` as token -> the first role it fills (a dict lookup per token, not a scan of roles)."""
+    roles: dict[str, str] = {}
+    for role, values in specials.items():
+        for value in [values] if isinstance(values, str) else values:
+            roles.setdefault(value, role)
+    return roles
+
+
+def normalize(token: str, roles: Mapping[str, str], prefix: str) -> Normalized:
+    """One token normalized: the word-start marker first, then the first special role it fills (``roles``:
+    :func:`special_roles`)."""
     if token.startswith(prefix):
         return (_WORD_START, token[len(prefix):])
-    for role, values in specials.items():
-        if token in ([values] if isinstance(values, str) else values):
-            return (_SPECIAL, role)
-    return token
+    role = roles.get(token)
+    return (_SPECIAL, role) if role is not None else token
 
 
 def text_of(token: Normalized) -> str:
@@ -150,43 +200,83 @@ def allowed(choice: str, matrix: str) -> bool:
 
 
 def match_matrix(model: Vocabulary, donor: Vocabulary, model_rows: int, donor_rows: int, *, matrix: str,
-                 prefix_match: str, byte_match: str, pieces: bool, trained: set[Normalized] | None = None,
-                 junk: tuple[int, ...] = (), cap: bool = False) -> MatrixMatch:
-    """The match of one matrix of ``model_rows`` rows in MODEL and ``donor_rows`` in DONOR; ``trained``: the
-    tokens MODEL may lend its rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output
-    has DONOR's rows, not its tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
+                 choices: SurgeryChoices, trained: set[Normalized] | None = None, junk: tuple[int, ...] = (),
+                 cap: bool = False) -> MatrixMatch:
+    """The match of one matrix (``embed`` or ``lm_head``) of ``model_rows`` rows in MODEL and ``donor_rows`` in
+    DONOR, as the transplant's ``choices`` say (``prefix_match``, ``byte_match``, and whether each approximated
+    token is split into MODEL's pieces: the ``subword`` approximation); ``trained``: the tokens MODEL may lend its
+    rows for (--magikarp; None: all), ``junk`` the rows zeroed last; ``cap``: the output has DONOR's rows, not its
+    tokenizer's size (a GGUF output of a GGUF DONOR holds the file's own vocabulary)."""
     orig = {t: i for t, i in model.ids.items() if i < model_rows and (trained is None or t in trained)}
-    safe_donor = {t: i for t, i in donor.ids.items() if i < donor_rows}
+    lends = set(orig.values())
+    # MODEL's row of each run of bytes, among the rows it may lend.
+    held = {key: i for key, i in model.spelled.ids.items() if i in lends}
+    mine, theirs = model.spelled.keys, donor.spelled.keys
     rows = max(len(donor.ids), max(donor.ids.values(), default=-1) + 1)
     if cap:
         rows = min(rows, donor_rows)
     copies: list[tuple[int, int]] = []
+    shared: list[tuple[int, int]] = []
     approximated: list[int] = []
-    tokens: list[Normalized] = []
-    exact = byte = prefix = dropped = 0
-    use_byte, use_prefix = allowed(byte_match, matrix), allowed(prefix_match, matrix)
+    tokens: list[tuple[Normalized, int]] = []
+    exact = same_bytes = byte = prefix = dropped = gained = mended = 0
+    use_byte, use_prefix = allowed(choices.byte_match, matrix), allowed(choices.prefix_match, matrix)
     for token, donor_id in donor.ids.items():
         if donor_id >= donor_rows:
             dropped += 1
             continue
-        if token in orig:
-            copies.append((donor_id, orig[token]))
+        key = theirs.get(donor_id)
+        # 0.1.5's row: the token of the same normalized string, else its byte twin (it approximates the rest).
+        string_row = orig.get(token)
+        if string_row is None and use_byte:
+            string_row = _byte_twin(token, orig)
+        found: int | None
+        if token in orig and (_is_special(token) or mine.get(orig[token]) == key):
+            found = orig[token]
             exact += 1
+        elif key is not None and (found := held.get(key)) is not None:
+            same_bytes += 1
+        else:
+            found = None
+        if found is not None:
+            copies.append((donor_id, found))
+            shared.append((donor_id, found))
+            if string_row is None:
+                gained += 1
         elif use_byte and (found := _byte_twin(token, orig)) is not None:
             copies.append((donor_id, found))
             byte += 1
-        elif use_prefix and (found := _longest_prefix(token, orig)) is not None:
+        elif use_prefix and (found := _longest_prefix(token, key, held)) is not None:
             copies.append((donor_id, found))
             prefix += 1
         else:
             approximated.append(donor_id)
-            tokens.append(token)
-    shared = sorted(set(orig) & set(safe_donor), key=lambda t: safe_donor[t])
+            tokens.append((token, donor_id))
+        if string_row is not None and string_row != found:
+            mended += 1
     split: tuple[tuple[int, ...], ...] = ()
-    if pieces:
-        split = tuple(tuple(model.tokenizer(text_of(t), add_special_tokens=False)["input_ids"]) for t in tokens)
-    return MatrixMatch(rows, tuple(copies), tuple(approximated), tuple((safe_donor[t], orig[t]) for t in shared),
-                       split, tuple(sorted({j for j in junk if j < rows})), exact, byte, prefix, dropped)
+    if choices.approximation_method == "subword":
+        split = tuple(tuple(model.tokenizer(_text(t, theirs.get(i), donor.spelling), add_special_tokens=False)
+                            ["input_ids"]) for t, i in tokens)
+    return MatrixMatch(rows, tuple(copies), tuple(approximated), tuple(shared), split,
+                       tuple(sorted({j for j in junk if j < rows})), exact, byte, prefix, dropped, same_bytes, gained,
+                       mended)
+
+
+def _is_special(token: Normalized) -> bool:
+    return isinstance(token, tuple) and token[0] == _SPECIAL
+
+
+def _text(token: Normalized, key: str | None, spelling: Spelling) -> str:
+    """The text an approximated token is cut into MODEL's pieces from (subword): the bytes it stands for where its
+    tokenizer writes bytes its own way (byte-level BPE, SentencePiece's byte tokens) and they are UTF-8 text, else
+    0.1.5's reading of the normalized token."""
+    if key is not None and not _is_special(token) and (spelling.byte_level or spelling.byte_fallback):
+        try:
+            return key.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            pass
+    return text_of(token)
 
 
 def _byte_twin(token: Normalized, orig: Mapping[Normalized, int]) -> int | None:
@@ -198,16 +288,30 @@ def _byte_twin(token: Normalized, orig: Mapping[Normalized, int]) -> int | None:
     return orig.get(chr(byte)) if byte is not None else None
 
 
-def _prefixes(token: Normalized) -> Iterator[Normalized]:
-    marker, text = token if isinstance(token, tuple) else (None, token)
-    if marker == _SPECIAL:
+def _prefixes(token: Normalized, key: str) -> Iterator[str]:
+    """The proper prefixes of a token's bytes (``key``, one character per byte), longest first, cut where the
+    characters of its text end (every byte where they are no UTF-8 text), and never the word-start space alone nor
+    any all-whitespace one (where 0.1.5 stops)."""
+    if _is_special(token) or special_key(key):
         return
-    for end in range(len(text) - 1, 0, -1):
-        head = text[:end]
-        if not head.strip():
+    raw = key.encode("latin-1")
+    try:
+        text = raw.decode("utf-8")
+        ends = [len(text[:n].encode("utf-8")) for n in range(len(text) - 1, 0, -1)]
+    except UnicodeDecodeError:
+        ends = list(range(len(raw) - 1, 0, -1))
+    lead = 0  # the word-start marker's bytes: no prefix is the marker alone
+    if isinstance(token, tuple) and token[0] == _WORD_START:
+        text_bytes = token[1].encode("utf-8")
+        lead = 1 if raw.startswith(b" ") else len(raw) - len(text_bytes) if raw.endswith(text_bytes) else 0
+    for end in ends:
+        head = raw[:end]
+        if not head[lead:].strip():
             return
-        yield (marker, head) if marker is not None else head
+        yield head.decode("latin-1")
 
 
-def _longest_prefix(token: Normalized, orig: Mapping[Normalized, int]) -> int | None:
-    return next((orig[p] for p in _prefixes(token) if p in orig), None)
+def _longest_prefix(token: Normalized, key: str | None, held: Mapping[str, int]) -> int | None:
+    if key is None:
+        return None
+    return next((held[p] for p in _prefixes(token, key) if p in held), None)

@@ -1,8 +1,10 @@
-"""``iso_cts``: Isotropic merging in common and task-specific subspaces (Iso-CTS).
+"""``iso_c`` and ``iso_cts``: Isotropic merging in the common subspace (Iso-C), the summed task vectors with a flat
+spectrum, and in common and task-specific subspaces (Iso-CTS), that subspace completed by each model's own
+directions.
 
 Reference: Marczak et al., "No Task Left Behind: Isotropic Model Merging with Common and Task-Specific Subspaces",
-ICML 2025, https://arxiv.org/abs/2502.04959; the authors' code is ``iso_cts`` in danielm1405/iso-merging
-(``src/utils/iso.py``).
+ICML 2025, https://arxiv.org/abs/2502.04959; the authors' code is ``iso_c`` and ``iso_cts`` in
+danielm1405/iso-merging (``src/utils/iso.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,30 @@ from resumerge.merge.methods.spectral import (
     svd_method,
 )
 from resumerge.torch_import import torch
+
+
+def iso_common(ctx: MergeContext) -> torch.Tensor:
+    """Return B + α·σ̄·polar(ΣΔᵢ) in float64: the sum of the task vectors Δᵢ = θᵢ − B with every singular value
+    replaced by their mean σ̄ over all k = min(m, n) of them (the nuclear norm over k).
+
+    Directions where the sum is zero up to rounding get no weight (the authors' code gives them σ̄ along vectors
+    LAPACK picks at will; see :mod:`resumerge.merge.methods.spectral`). Tensors that are not 2-D get B + α·mean(Δᵢ), as
+    the authors' code averages them, and so do matrices with ``svd`` false (the planner's default for the token
+    embedding and the head). Raises ``ValueError`` without a base.
+    """
+    base = base_f64(ctx)
+    if not as_matrix(ctx):
+        return mean_path(ctx, base)
+    total = delta_sum(ctx, base)
+    u, s, vh = torch.linalg.svd(total, full_matrices=False)
+    kept = rank(s, total.shape)
+    mean = float(s.mean()) if s.numel() else 0.0
+    del s
+    left = u[:, :kept]
+    del u
+    merged = torch.matmul(left, vh[:kept], out=total)
+    del left, vh
+    return finish(merged.mul_(mean), base, scaling(ctx))
 
 
 def split(k: int, tasks: int, fraction: float) -> tuple[int, int]:
@@ -74,16 +100,22 @@ def iso_common_specific(ctx: MergeContext) -> torch.Tensor:
     return finish(found.orthogonalised(sigma_sum / k), base, scaling(ctx))
 
 
-# Working memory (bytes per element), as svd_method says.
-_WIDE = (32, 0, 31.5, 0, None, (24, 0))
-_FLOAT64 = (16, 0, 31, 0, None, (15.5, 0))
-
-SPEC = svd_method(
+# Working memory (bytes per element) of each, as svd_method says.
+SPEC_C = svd_method(
+    "iso_c", "Iso-C (isotropic merging in the common subspace)",
+    "the sum of the task vectors with its singular values all set to their mean (a flat spectrum), scaled and added "
+    "to the base.",
+    "https://arxiv.org/abs/2502.04959", iso_common,
+    bound="SVD-bound (one SVD of each matrix, float64)",
+    wide=(32, 0, 8, 0, None, (28, 0)), float64=(16, 0, 7.75, 0, None, (20, 0)),
+)
+SPEC_CTS = svd_method(
     "iso_cts", "Iso-CTS (isotropic merging in common and task-specific subspaces)",
     "the leading singular directions of the summed task vectors, completed by each model's own directions outside "
     "them, all with one flat singular value, scaled and added to the base.",
     "https://arxiv.org/abs/2502.04959", iso_common_specific,
     params=(ParamSpec("common_space_fraction", Scope.GLOBAL, float, default=0.8, minimum=0.0, maximum=1.0,
                       exclusive_min=True),),
-    bound="SVD-bound (T + 3 SVDs of each matrix, float64)", wide=_WIDE, float64=_FLOAT64,
+    bound="SVD-bound (T + 3 SVDs of each matrix, float64)",
+    wide=(32, 0, 31.5, 0, None, (24, 0)), float64=(16, 0, 31, 0, None, (15.5, 0)),
 )
