@@ -94,7 +94,8 @@ def test_a_layer_streamed_generation_on_the_gpu_gives_the_cpus_answers(tmp_path:
                     patch.setattr(run, "_fits", lambda stream, settings: False)
                     patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
                     streamed(spilled=how == "spilled")
-                done = api.evaluate(model, tasks=[long], include_path=tasks, log_samples=True,
-                                    state_dir=tmp_path / f"{device}-{how}", resources=api.Resources(device=device))
+                done = api.evaluate(model, [long], api.Settings(state_dir=tmp_path / f"{device}-{how}",
+                                                                resources=api.Resources(device=device)),
+                                    harness=api.Harness(include_path=tasks, log_samples=True))
             found[device, how] = _answers(done.results, long)
     assert len({json.dumps(answers) for answers in found.values()}) == 1, found

@@ -549,7 +549,9 @@ def estimate_config(
     # core, where the import could only take turns with planning and its seconds would count planning's too).
     apart = (fresh_process and planner is None and not torch_loaded() and not is_gpu(options.device)
              and usable_cores() > 1)
-    with TorchProcess(settings.num_threads) if apart else TorchHere() as side:
+    # One pause over the planning and the estimate (the plan's millions of objects are never garbage while they are
+    # made and walked); a fresh process keeps them, in the Estimate it prints, until it ends: frozen, not collected.
+    with TorchProcess(settings.num_threads) if apart else TorchHere() as side, collector_paused(freeze=fresh_process):
         if planner is not None:
             prepared = planner()
         else:
@@ -562,9 +564,8 @@ def estimate_config(
         # A run imports torch after its planning: its start-up is planning plus the import.
         imported = side.facts().import_seconds
         to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-        with collector_paused():  # the estimate walks every tensor's plan: see resumerge.memory.collector
-            passes = Passes(prepass(plan, inputs) if prepass is not None else None,
-                            first_pass(plan) if first_pass is not None else None)
-            return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
-                            measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
-                            torch_side=side, passes=passes)
+        passes = Passes(prepass(plan, inputs) if prepass is not None else None,
+                        first_pass(plan) if first_pass is not None else None)
+        return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
+                        measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
+                        torch_side=side, passes=passes)
