@@ -135,18 +135,22 @@ def find_matrices(opened: Opened, *, allow_crimes: bool) -> Matrices:
     return Matrices(names)
 
 
-def vocabularies(opened: Opened) -> tuple[Vocabulary, Vocabulary]:
-    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers; a GGUF's rebuilt from its metadata)."""
+def vocabularies(opened: Opened, *, subword: bool = False) -> tuple[Vocabulary, Vocabulary]:
+    """MODEL's and DONOR's normalized vocabularies (reads both tokenizers; a GGUF's rebuilt from its metadata).
+    ``subword``: MODEL's tokenizer cuts the approximated tokens, so it is transformers' own (see
+    :func:`~resumerge.runs.transplant.tokens.load_vocabulary`)."""
     found = []
     for what, key in (("MODEL", opened.model_key), ("DONOR", opened.donor_key)):
         files = opened.tokenizer_files(key)
+        direct = not (subword and key == opened.model_key)
         if files is None:
-            found.append(load_vocabulary(tokenizer_dir(opened.inputs.models[key].recognised(CODECS)), what=what))
+            found.append(load_vocabulary(tokenizer_dir(opened.inputs.models[key].recognised(CODECS)), what=what,
+                                         direct=direct))
             continue
         with tempfile.TemporaryDirectory(prefix="resumerge-tokensurgeon-") as scratch:
             for name, data in files.items():
                 (Path(scratch) / name).write_bytes(data)
-            found.append(load_vocabulary(Path(scratch), what=what))
+            found.append(load_vocabulary(Path(scratch), what=what, direct=direct))
     return found[0], found[1]
 
 

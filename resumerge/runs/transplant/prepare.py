@@ -70,7 +70,7 @@ def _matched(opened: Opened, spec: SurgerySpec, matrices: Matrices, options: Pla
              ) -> dict[str, MatrixMatch]:
     """Each matrix's match (every refusal before a weight is read, ``--magikarp``'s reads after them). The two
     tokenizers live only in here: they are let go when it returns."""
-    vocabs = vocabularies(opened)
+    vocabs = vocabularies(opened, subword=spec.approximation_method == "subword")
     matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
     if spec.magikarp:
         trained, junk = _magikarp(opened, matrices, vocabs)

@@ -31,6 +31,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
@@ -120,14 +121,20 @@ class MatrixMatch:
         return ", ".join(parts)
 
 
-def load_vocabulary(directory: Path, *, what: str) -> Vocabulary:
-    """The normalized vocabulary of the tokenizer in ``directory``; ModelInputError (exit 2) when there is none."""
+def load_vocabulary(directory: Path, *, what: str, direct: bool = True) -> Vocabulary:
+    """The normalized vocabulary of the tokenizer in ``directory``; ModelInputError (exit 2) when there is none.
+    ``direct``: read tokenizer.json with the ``tokenizers`` library where transformers would build that same
+    tokenizer (:func:`direct_vocabulary`); False where the tokenizer must also cut texts as transformers' does (the
+    ``subword`` approximation cuts each approximated token into MODEL's pieces)."""
     from resumerge.inputs.files import tokenizer_files
 
     if not tokenizer_files(directory):
         raise ModelInputError(f"{what} has no tokenizer (no tokenizer.json or tokenizer_config.json in "
                               f"{directory})", path=str(directory),
                               hint=f"give a {what} folder or repo that ships its tokenizer files")
+    found = direct_vocabulary(directory) if direct else None
+    if found is not None:
+        return found
     import transformers
 
     try:
@@ -141,6 +148,84 @@ def vocabulary_of(tokenizer: Any) -> Vocabulary:
     """The :class:`Vocabulary` of a loaded tokenizer."""
     vocab: dict[str, int] = tokenizer.get_vocab()  # once: 262,144 tokens cross from Rust for each call
     return Vocabulary(normalized(tokenizer, vocab), tokenizer, spelled(tokenizer, None, vocab), spelling_of(tokenizer))
+
+
+def direct_vocabulary(directory: Path) -> Vocabulary | None:
+    """The :class:`Vocabulary` of ``directory``'s tokenizer.json read with the ``tokenizers`` library alone, where
+    transformers 5 would give the same one; None where it might not (the caller loads it with transformers).
+
+    Loading Gemma 3's tokenizer through transformers' ``GemmaTokenizer`` costs ~4.3 CPU s (it parses the 33 MB
+    tokenizer.json in Python and rebuilds its backend), the ``tokenizers`` library reads it in ~1 s: the same tokens,
+    added tokens and pipeline (tests/transplant/test_direct.py compares both paths' vocabularies and matches). What
+    transformers adds is the special roles (0.1.5 matches specials by role), and those are read here from the configs
+    as transformers fills them: tokenizer_config.json's named tokens, else the class's defaults
+    (:data:`_DIRECT_CLASSES`). Transformers is used instead where: there is no tokenizer.json or
+    tokenizer_config.json; the class is another (its rebuild may change the pipeline or add tokens: Llama's and
+    GPT-2's set their own pre-tokenizer and decoder); the config has a key that may change the tokens (anything
+    but :data:`~resumerge.forward.plaintok._INERT`'s) or extra special tokens (a mapping of them makes more roles);
+    a special token the configs or the class's defaults name is not an added special token of tokenizer.json with
+    the settings transformers gives it (it would add it: another token, another id), or special_tokens_map.json
+    names another; tokenizer.json sets padding or truncation. Over 100,000 tokens transformers may patch a Mistral
+    model's pre-tokenizer regex: a ``Split`` step, which no byte form reads (:func:`spelling_of`)."""
+    from resumerge.forward.plaintok import _INERT, NAMED_TOKENS, PlainTokenizer, _special, _specials, json_object
+
+    config = json_object(directory / "tokenizer_config.json")
+    if config is None or not set(config) <= _INERT:
+        return None
+    defaults = _DIRECT_CLASSES.get(str(config.get("tokenizer_class")))
+    if defaults is None or any(config.get(key) is not None for key in ("extra_special_tokens",
+                                                                      "additional_special_tokens")):
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception:  # tokenizers raises a bare Exception for a file it cannot read: transformers says why
+        return None
+    if backend.padding is not None or backend.truncation is not None:
+        return None
+    # tokenizer.json's added tokens as its entries write them, from the loaded backend (parsing the 33 MB file again
+    # in Python would cost a second of what this saves)
+    added = {str(t.content): {"id": int(i), "content": str(t.content), "single_word": t.single_word,
+                              "lstrip": t.lstrip, "rstrip": t.rstrip, "normalized": t.normalized,
+                              "special": t.special} for i, t in backend.get_added_tokens_decoder().items()}
+    named = _specials(directory, config, added)
+    if named is None:
+        return None
+    for key, value in defaults.items():
+        if key in config:  # named (or set to null) by the config: the default is not used
+            continue
+        content = _special(value, added)
+        if content is None:
+            return None
+        named[key] = content
+    # In transformers' order of roles: a token filling two (SmolLM2's pad and eos) takes the first.
+    roles = special_roles({key: named[key] for key in NAMED_TOKENS if key in named})
+    tokenizer = PlainTokenizer(backend, None, named)
+    vocab = tokenizer.get_vocab()
+    prefix = _prefix_of_class(str(config["tokenizer_class"]), vocab)
+    ids = {normalize(token, roles, prefix): i for token, i in sorted(vocab.items(), key=lambda item: item[1])}
+    return Vocabulary(ids, tokenizer, spelled(tokenizer, None, vocab), spelling_of(tokenizer))
+
+
+# tokenizer_config.json classes transformers 5 builds from tokenizer.json unchanged, each with the special roles its
+# __init__ fills by default (where the config names none); a test holds these against transformers' own.
+_DIRECT_CLASSES: Mapping[str, Mapping[str, str]] = MappingProxyType({
+    "TokenizersBackend": MappingProxyType({}),
+    "PreTrainedTokenizerFast": MappingProxyType({}),
+    "GemmaTokenizer": MappingProxyType({"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>",
+                                        "pad_token": "<pad>", "mask_token": "<mask>"}),
+})
+
+
+def _prefix_of_class(name: str, vocab: Mapping[str, int]) -> str:
+    """:func:`word_start_prefix` of a tokenizer of the class ``name`` (one of :data:`_DIRECT_CLASSES`), without
+    loading it."""
+    if name in _GPT2_STYLE:
+        return "Ġ"
+    if name in _SP_STYLE:
+        return "Ġ" if "Ġhello" in vocab else "▁"
+    return "Ġ"
 
 
 def word_start_prefix(tokenizer: Any, vocab: Mapping[str, int]) -> str:
