@@ -237,7 +237,8 @@ def tmp_path(request: pytest.FixtureRequest, each_test_folders: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def hermetic(each_test_folders: Path, monkeypatch: pytest.MonkeyPatch, installation_cache: Path) -> Iterator[None]:
+def hermetic(each_test_folders: Path, monkeypatch: pytest.MonkeyPatch, installation_cache: Path,
+             torch_threads: int | None) -> Iterator[None]:
     """Point every cache and the state dir at temp dirs; never touch the user's files or the network."""
     home = Path(tempfile.mkdtemp(prefix="home-", dir=each_test_folders))
     monkeypatch.setenv("XDG_CACHE_HOME", str(installation_cache))
@@ -254,6 +255,20 @@ def hermetic(each_test_folders: Path, monkeypatch: pytest.MonkeyPatch, installat
         os.environ["PYTHONBREAKPOINT"] = BREAKPOINT_SET
     yield
     forkserver.settle_servers()  # a command the test left running or unreaped would keep its server busy
+    torch = sys.modules.get("torch")
+    if torch_threads is not None and torch is not None and torch.get_num_threads() != torch_threads:
+        # A CLI command run in this process with -j 1 (support.cli_here) sets torch's thread count for the process;
+        # every later in-process run of the worker then computed with one thread where its subprocesses used two:
+        # an evolve kill test's uninterrupted search, run here, wrote other KL bits than its resumed one (seen in a
+        # full run; a forward pass's figures depend on torch's thread count).
+        torch.set_num_threads(torch_threads)
+
+
+@pytest.fixture(scope="session")
+def torch_threads() -> int | None:
+    """torch's thread count in this worker before any test ran (None where the collection did not import torch)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())
 
 
 ModelFactory = Callable[..., Path]

@@ -159,6 +159,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
                                                       merged: Merged) -> None:
     """``run --check`` checks where the run ran: its executor reaches the check (a cluster's address included)."""
     import resumerge.analyses.check.run
+    from resumerge.analyses.check.job import CheckSettings
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
     from resumerge.config.passplace import HERE, OnRay, PassPlacement
@@ -166,8 +167,8 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
 
     seen: list[PassPlacement] = []
 
-    def placed(*_: object, placement: PassPlacement, **__: object) -> None:
-        seen.append(placement)
+    def placed(_asked: object, settings: CheckSettings, *_: object) -> None:
+        seen.append(settings.placement)
 
     monkeypatch.setattr(resumerge.analyses.check.run, "run_check", placed)
     ran = api.run(merged.config, tmp_path / "again", settings=api.Settings(state_dir=tmp_path / "state",

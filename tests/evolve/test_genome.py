@@ -117,9 +117,9 @@ def test_random_init_starts_from_a_seeded_random_genotype_else_from_mergekits(mo
     (tmp_path / "t.txt").write_text("some words\n")
     doc = {"genome": {"models": [a, b], "merge_method": "ties", "base_model": base, "layer_granularity": 2},
            "tasks": [{"nll": {"texts": str(tmp_path / "t.txt")}}]}
-    plain = plan_search(read_spec(yaml.safe_dump(doc)), 4, SearchOptions(seed=3)).settings.x0
+    plain = plan_search(read_spec(yaml.safe_dump(doc)), 4, SearchOptions(random_seed=3)).settings.x0
     assert list(plain) == [0.5, 1.0] * 4
-    drawn = [plan_search(read_spec(yaml.safe_dump({**doc, "random_init": True})), 4, SearchOptions(seed=seed))
+    drawn = [plan_search(read_spec(yaml.safe_dump({**doc, "random_init": True})), 4, SearchOptions(random_seed=seed))
              .settings.x0 for seed in (3, 3, 4)]
     assert drawn[0] == drawn[1] != drawn[2] and len(drawn[0]) == 8 and all(0 <= v < 1 for v in drawn[0])
     assert len(set(drawn[0])) == 8

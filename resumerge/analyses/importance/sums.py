@@ -13,10 +13,10 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from resumerge.analyses.importance.routed import RoutedSums, fused_experts, routers
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step
+from resumerge.forward.routed import RoutedSums, fused_experts, routers
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.torch_import import torch
 
@@ -27,7 +27,8 @@ COUNT_PREFIX = "imatrix-counts:"  # an experts module's tokens routed to each ex
 
 class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]):  # torch: imported when it runs
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
-    inputs summed, by checkpoint module name, and its fused experts' per expert (:class:`~.routed.RoutedSums`);
+    inputs summed, by checkpoint module name, and its fused experts' per expert
+    (:class:`~resumerge.forward.routed.RoutedSums`);
     ``reserve`` admits each layer, ``on_layer(l)`` is told before it. It gives the sums and the experts' counts."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,

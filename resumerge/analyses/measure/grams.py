@@ -188,7 +188,7 @@ def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor],
                     tokens: int) -> Recorded:
     """Layer ``index`` of ``stream`` run over every sequence with its linears' inputs recorded: its outputs, the
     float32 Grams by the linear holding each, and which linear holds each linear's Gram."""
-    from resumerge.analyses.importance.routed import RoutedSums, fused_experts, routers
+    from resumerge.forward.routed import RoutedSums, fused_experts, routers
 
     module = stream.layers_list[index]
     with stream.loaded(module) as layer:

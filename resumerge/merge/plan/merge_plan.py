@@ -105,13 +105,11 @@ class LoraRef:
 @dataclass(frozen=True)
 class InputRef:
     """One input tensor of an output tensor: model key, weight file, tensor name, dtype, shape, byte range.
-
     ``cast`` is the dtype the stored tensor is converted to when read (a LoRA adapter's replacement of a base
     tensor takes the base's dtype, as PEFT loads it); ``lora`` a delta added after that; ``first_row`` the
     tensor's first row within the whole tensor when this reference is a row chunk (the LoRA factors are whole).
     ``codec`` decodes the stored tensor (its main part) and its ``companions`` (by the codec's part names, each
-    in any file of the model) into the value, before the cast; dtype, shape and range are the main part's.
-    """
+    in any file of the model) into the value, before the cast; dtype, shape and range are the main part's."""
 
     model: str
     file: str
@@ -210,11 +208,8 @@ class TensorPlan:
     def reads(self) -> tuple[InputRef, ...]:
         """Every input reference this tensor reads: each input, its companions and a LoRA delta's two factors
         right after the one they belong to."""
-        for ref in self.inputs:
-            if ref.companions or ref.lora is not None:
-                break
-        else:  # plain inputs alone (asked four times of each tensor of a 90k-tensor run): the inputs themselves
-            return self.inputs
+        if not any(ref.companions or ref.lora is not None for ref in self.inputs):
+            return self.inputs  # plain inputs (asked four times of each tensor of a 90k-tensor run): as they are
         return tuple(r for ref in self.inputs
                      for r in (ref, *(c for _, c in ref.companions), *((ref.lora.a, ref.lora.b) if ref.lora else ())))
 

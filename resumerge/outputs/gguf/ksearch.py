@@ -357,7 +357,7 @@ def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _
         live = xs.shape[1]
         f = floats[:5, :n * live].reshape(5, n, live)
         b = flags[:, :n * live].reshape(3, n, live)
-        keep, new, slx, sl2 = _trial(xs, ws, wxs, qs, lx, l2, low, high, f, b, need_sl2=need_sl2, terms=terms)
+        keep, new, slx, sl2 = _trial(xs, ws, wxs, qs, lx, l2, (low, high), (f, b), need_sl2=need_sl2, terms=terms)
         terms = None
         # each step's place in the loop's order from the cursor (0 at the cursor), n + that where not kept
         rank = ahead[:n * live].reshape(n, live)
@@ -401,13 +401,16 @@ def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _
     return sumlx, suml2
 
 
-def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Array, low: float, high: float,
-           f: _Array, b: _Array, *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None
+def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Array, bounds: tuple[float, float],
+           scratch: tuple[_Array, _Array], *, need_sl2: bool, terms: tuple[_Array, _Array] | None = None
            ) -> tuple[_Array, _Array, _Array, _Array]:
     """Every step of the descent tried at once over (n, S) against the sums ``lx``, ``l2`` (S,) and codes ``qs``
-    as they stand: (whether each move is kept, the new codes, the sums after each move), in ``f`` (5, n, S)
-    float32 and ``b`` (3, n, S) bool. The scalar loop's float32 operations, in its order. ``terms``: each
-    position's ``wx·q`` and ``w·q·q`` of these codes, where the caller has them."""
+    as they stand: (whether each move is kept, the new codes, the sums after each move), the codes held within
+    ``bounds`` (low, high), in ``scratch``: ``f`` (5, n, S) float32 and ``b`` (3, n, S) bool. The scalar loop's
+    float32 operations, in its order. ``terms``: each position's ``wx·q`` and ``w·q·q`` of these codes, where the
+    caller has them."""
+    low, high = bounds
+    f, b = scratch
     slx, sl2, new, t, fit = f
     keep, tried, flag = b
     if terms is None:

@@ -10,6 +10,10 @@ activation, down, scaled by the routing weight and added back), which adds each 
 feeds them: the hidden states of its tokens for gate/up, the activation product for down. Those are the very
 inputs each expert computed with, whatever its router chose. The router (a matrix applied to every token,
 ``ffn_gate_inp``: llama-imatrix records its matmul too) is hooked as a linear is.
+
+Here in the forward pass's library, not in an analysis: the importance pass over a merge never written
+(:mod:`resumerge.analyses.importance.sums`) and ``measure``'s Grams (``measure --imatrix`` of a mixture of experts)
+both run it, and no analysis imports another.
 """
 
 from __future__ import annotations
