@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bytefallback import byte_fallback_bpe
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -47,18 +48,9 @@ def _byte_level() -> Any:
 def _sentencepiece() -> Any:
     """A SentencePiece-style BPE tokenizer (Llama 2's and Gemma's layout: specials, the 256 byte-fallback tokens
     ``<0xNN>``, then the pieces; ``▁`` for a space)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, pre_tokenizers
 
-    trained = Tokenizer(models.BPE())
-    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=SPECIALS,
-                                                            show_progress=False))
-    doc = json.loads(trained.to_str())["model"]
-    pieces = [t for t, _ in sorted(doc["vocab"].items(), key=lambda item: item[1]) if t not in SPECIALS]
-    order = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in doc["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, byte_fallback=True,
-                               unk_token="<unk>"))
+    tok = byte_fallback_bpe(CORPUS, SPECIALS, 200)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.add_special_tokens(SPECIALS)

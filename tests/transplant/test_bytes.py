@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from bytefallback import byte_fallback_bpe
 from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 
@@ -46,18 +47,9 @@ def _byte_level() -> Any:
 
 
 def _sentencepiece() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, pre_tokenizers
 
-    trained = Tokenizer(models.BPE())
-    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=220, special_tokens=SPECIALS,
-                                                            show_progress=False))
-    doc = json.loads(trained.to_str())["model"]
-    pieces = [t for t, _ in sorted(doc["vocab"].items(), key=lambda item: item[1]) if t not in SPECIALS]
-    order = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in doc["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, byte_fallback=True,
-                               unk_token="<unk>"))
+    tok = byte_fallback_bpe(CORPUS, SPECIALS, 220)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.add_special_tokens(SPECIALS)

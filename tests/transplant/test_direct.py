@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bytefallback import byte_fallback_bpe
 
 from resumerge.runs.transplant.spec import SurgeryChoices
 from resumerge.runs.transplant.tokens import (
@@ -46,18 +47,9 @@ def _byte_level(specials: list[str]) -> Any:
 
 
 def _sentencepiece(specials: list[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import decoders, normalizers, pre_tokenizers
 
-    trained = Tokenizer(models.BPE())
-    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=220, special_tokens=specials,
-                                                            show_progress=False))
-    doc = json.loads(trained.to_str())["model"]
-    pieces = [t for t, _ in sorted(doc["vocab"].items(), key=lambda item: item[1]) if t not in specials]
-    order = specials + [f"<0x{b:02X}>" for b in range(256)] + pieces
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in doc["merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, byte_fallback=True,
-                               unk_token="<unk>"))
+    tok = byte_fallback_bpe(CORPUS, specials, 220)
     # Gemma's layout: spaces replaced by the normalizer, split on them, decoded back with byte fallback
     tok.normalizer = normalizers.Replace(" ", "▁")
     tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_previous")
