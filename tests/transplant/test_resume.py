@@ -39,9 +39,10 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
     report = api.status(out, state_dir=state)
     assert report.state == "interrupted"
     said = report.to_json()
-    # the two matrices are computed side by side: the other one may have kept a batch more when the kill came
+    # the two matrices are computed side by side, each on two threads (the run's): the other three may each have
+    # kept a batch more when the kill came
     kept = said["batches_done"]
-    assert said["kind"] == "tokensurgeon" and nth <= kept <= nth + 1, said
+    assert said["kind"] == "tokensurgeon" and nth <= kept <= nth + 3, said
     shown = cli("status", out, "--state-dir", state)
     assert "batches approximated" in shown.stdout and "approximated by randn" in shown.stdout, shown.stdout
     # the resume computes only the batches not kept: it reaches the point 22 - kept times

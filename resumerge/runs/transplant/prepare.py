@@ -62,7 +62,9 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
     matches = _matched(opened, spec, matrices, options)
     plan = build_plan(spec, opened, matrices, matches, options)
     store = batch_store(out, state) if out is not None else None
-    transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES)
+    # A batch's pursuit is small kernels on one thread; the run's threads compute batches side by side.
+    workers = max(1, options.num_threads or torch.get_num_threads())
+    transplant = Transplant(matches, method, spec.batch_size, store, registered.CHUNK_BYTES, workers)
     return Prepared(plan, opened.inputs, Resources((transplant,)), kind=KIND)
 
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.methods.spec import MergeContext, MethodSpec, ParamSpec, ScaledProbe, Scope, declared
@@ -40,13 +44,15 @@ _READS_STATS = frozenset({"mean", "john_hewitt"})
 @dataclass(frozen=True)
 class Transplant:
     """One run's matches (by matrix: ``embed``, ``lm_head``), its method and batch size, where its finished
-    batches are kept (None: nowhere, a ``--plan`` estimate), and the most bytes of a matrix read at once."""
+    batches are kept (None: nowhere, a ``--plan`` estimate), the most bytes of a matrix read at once, and how many
+    threads compute a matrix's batches (the run's threads: the output's bytes do not depend on it)."""
 
     matches: Mapping[str, MatrixMatch]
     method: Method
     batch_size: int
     store: BatchStore | None = None
     chunk_bytes: int = CHUNK_BYTES
+    workers: int = 1
 
 
 def batch_seed(seed: int, matrix: str, batch: int) -> int:
@@ -176,11 +182,23 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
     donor_shared: torch.Tensor | None = None
     step = transplant.batch_size if transplant.batch_size > 0 else len(match.approximated)
     params = dict(ctx.params)
-    for number, first in enumerate(range(0, len(match.approximated), step)):
-        ids = match.approximated[first:first + step]
-        key = BatchStore.key(params, number)
-        rows = transplant.store.load(key) if transplant.store is not None else None
-        if rows is None or rows.shape != (len(ids), out.shape[1]) or rows.dtype != out.dtype:
+    # Batches run on workers only where the engine runs this unit's kernels on its thread alone (its CPU units, as
+    # -j and its worker count decide), each worker's kernels then alone too: the same kernels, so the same bits,
+    # whatever thread computes a batch and however many do. Kernels already split over torch's threads stay here.
+    workers = transplant.workers if device.type == "cpu" and torch.get_num_threads() == 1 \
+        and not _least_squares(transplant.method) else 1
+    pending: deque[tuple[list[int], Future[torch.Tensor]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokensurgeon") if workers > 1 \
+            else nullcontext() as pool:
+        for number, first in enumerate(range(0, len(match.approximated), step)):
+            ids = list(match.approximated[first:first + step])
+            key = BatchStore.key(params, number)
+            rows = transplant.store.load(key) if transplant.store is not None else None
+            if rows is not None and rows.shape == (len(ids), out.shape[1]) and rows.dtype == out.dtype:
+                out[torch.tensor(ids, dtype=torch.long, device=device)] = rows.to(device)
+                continue
+            # The batch's inputs are read here, on the unit's thread (the engine's readers are not shared across
+            # threads); only the computation and the kept entry go to a worker.
             generator = torch.Generator(device=device).manual_seed(batch_seed(int(params["seed"]), matrix, number))
             if reads_shared:
                 if donor_shared is None:
@@ -191,11 +209,41 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
             pieces, piece_rows = _pieces(match.pieces[first:first + step], model) if name == "subword" \
                 else ((), None)
             batch = Batch(targets, donor_shared, model_shared, stats, piece_rows, pieces, lm_head=matrix == "lm_head")
-            rows = approximate(transplant.method, batch, generator)
-            if transplant.store is not None:
-                transplant.store.store(key, rows.cpu())
-        out[torch.tensor(ids, dtype=torch.long, device=device)] = rows.to(device)
+            if pool is None:
+                out[torch.tensor(ids, dtype=torch.long, device=device)] = \
+                    _computed(transplant, batch, generator, key, serial=False).to(device)
+                continue
+            pending.append((ids, pool.submit(_computed, transplant, batch, generator, key, serial=True)))
+            # At most one batch waiting per worker (each holds its DONOR rows and workspace), and rows written in
+            # batch order: every batch writes its own tokens' rows, so the order changes no byte either way.
+            while len(pending) > workers:
+                _place(out, *pending.popleft())
+        while pending:
+            _place(out, *pending.popleft())
 
+
+def _least_squares(method: Method) -> bool:
+    """Whether ``method`` solves least squares (``torch.linalg.lstsq``): MKL's solver returned other low bits for
+    the same (64, 48, 8) batch from one call to the next, in one thread as in two (torch 2.x, measured for issue
+    85), so those methods keep their batches on the unit's thread, computed as they always were."""
+    return method.name in ("mp_rope", "stb") or (method.name == "common_interpolation"
+                                                 and method.weight_scheme != "distance_proportional")
+
+
+def _computed(transplant: Transplant, batch: Batch, generator: torch.Generator, key: str, *,
+              serial: bool) -> torch.Tensor:
+    """One batch's rows, kept in the run's store. ``serial``: on a worker thread, its kernels on that thread alone,
+    as the engine runs the unit's (so a batch's bits are the same whichever thread computes it, and however many
+    do)."""
+    with serial_kernels() if serial else nullcontext():
+        rows = approximate(transplant.method, batch, generator)
+    if transplant.store is not None:
+        transplant.store.store(key, rows.cpu())
+    return rows
+
+
+def _place(out: torch.Tensor, ids: list[int], future: Future[torch.Tensor]) -> None:
+    out[torch.tensor(ids, dtype=torch.long, device=out.device)] = future.result().to(out.device)
 
 def _pieces(pieces: tuple[tuple[int, ...], ...], model: RowRanges
             ) -> tuple[tuple[tuple[int, ...], ...], torch.Tensor]:

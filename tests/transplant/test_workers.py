@@ -1,0 +1,101 @@
+"""A matrix's batches computed on several threads (issue 85): the same bytes with one worker as with two or three,
+whatever order the batches finish in, and the workers really computed batches side by side (else the comparison
+would prove nothing)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from support import cli, digests
+
+import resumerge.runs.transplant.units as registered
+from resumerge.inputs.kernels import serial_kernels
+from resumerge.merge.methods.resources import Resources
+from resumerge.merge.methods.spec import MergeContext
+from resumerge.runs.transplant.approximate import Batch, Method
+from resumerge.runs.transplant.tokens import MatrixMatch
+from resumerge.runs.transplant.units import Transplant, surgery_rows
+from transplant.pairs import make_pair
+
+MODEL_ROWS, DONOR_ROWS, MODEL_WIDTH, DONOR_WIDTH = 70, 130, 12, 16
+
+
+def _match() -> MatrixMatch:
+    shared = tuple((d, (d * 7) % MODEL_ROWS) for d in range(0, 60))  # DONOR row, MODEL row
+    approximated = tuple(range(60, DONOR_ROWS))
+    pieces = tuple(((d * 3) % MODEL_ROWS, (d * 5 + 1) % MODEL_ROWS) for d in approximated)
+    return MatrixMatch(DONOR_ROWS, shared, approximated, shared, pieces, exact=len(shared))
+
+
+def _rows(method: Method, workers: int, tensors: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    transplant = Transplant({"embed": _match()}, method, 8, None, workers=workers)  # nine batches
+    params = {"matrix": "embed", "seed": 3, "source": "x", "device": "cpu", "model_rows": MODEL_ROWS,
+              "donor_rows": DONOR_ROWS, "held": 0}
+    ctx = MergeContext(tensors=tensors, base_index=None, model_params=[{}, {}], params=params,
+                       resources=Resources((transplant,)))
+    with serial_kernels():  # as the engine runs a CPU unit beside others
+        return surgery_rows(ctx)
+
+
+@pytest.mark.parametrize("name", ["omp", "common_interpolation", "randn", "john_hewitt", "subword", "mean",
+                                  "landmark_pca", "zero"])
+def test_the_rows_are_the_same_bytes_however_many_workers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = torch.Generator().manual_seed(0)
+    tensors = (torch.randn((MODEL_ROWS, MODEL_WIDTH), generator=generator),
+               torch.randn((DONOR_ROWS, DONOR_WIDTH), generator=generator))
+    method = Method(name, k=4, noise=0.1 if name in ("omp", "mean") else None)
+    one = _rows(method, 1, tensors)
+    threads: list[str] = []
+    together = threading.Barrier(2, timeout=30)  # the first two batches only finish once both are being computed
+    computed = registered.approximate
+
+    def approximate(method: Method, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        me = threading.current_thread().name
+        threads.append(me)
+        if threads.count(me) == 1 and len(set(threads)) <= 2:
+            together.wait()
+        return computed(method, batch, generator)
+
+    monkeypatch.setattr(registered, "approximate", approximate)
+    for workers in (2, 3):
+        threads.clear()
+        together.reset()
+        many = _rows(method, workers, tensors)
+        assert len(threads) == 9 and len(set(threads)) >= 2, threads  # two workers computed batches
+        assert all(t.startswith("tokensurgeon") for t in threads), threads
+        assert many.dtype == one.dtype and torch.equal(many.view(torch.uint8), one.view(torch.uint8)), workers
+
+
+def test_the_kernels_split_over_threads_keep_the_batches_on_the_units_thread(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    """Where the engine lets the unit's kernels use torch's threads, the batches stay on its thread: a worker's
+    kernels would run on one thread, other bits than the unit's."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = (torch.randn((MODEL_ROWS, MODEL_WIDTH), generator=generator),
+               torch.randn((DONOR_ROWS, DONOR_WIDTH), generator=generator))
+    threads: list[str] = []
+    computed = registered.approximate
+    monkeypatch.setattr(registered, "approximate",
+                        lambda *a: threads.append(threading.current_thread().name) or computed(*a))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    transplant = Transplant({"embed": _match()}, Method("omp", k=4), 8, None, workers=2)
+    params = {"matrix": "embed", "seed": 3, "source": "x", "device": "cpu", "model_rows": MODEL_ROWS,
+              "donor_rows": DONOR_ROWS, "held": 0}
+    surgery_rows(MergeContext(tensors=tensors, base_index=None, model_params=[{}, {}], params=params,
+                              resources=Resources((transplant,))))
+    assert set(threads) == {threading.current_thread().name}, threads
+
+
+def test_the_output_is_the_same_bytes_with_one_thread_and_two(tmp_path: Path) -> None:
+    model, donor = make_pair(tmp_path / "pair")
+    outputs = []
+    for threads in (1, 2):
+        out = tmp_path / f"j{threads}"
+        ran = cli("tokensurgeon", model, donor, out, "-k", "4", "--batch-size", "8", "-j", str(threads),
+                  "--state-dir", tmp_path / f"s{threads}", "-q")
+        assert ran.returncode == 0, ran.stderr
+        outputs.append({n: d for n, d in digests(out).items() if n.endswith(".safetensors")})
+    assert outputs[0] == outputs[1]
