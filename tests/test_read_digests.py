@@ -247,3 +247,32 @@ def test_small_ranges_are_the_proof_s_read_together(tmp_path: Path, monkeypatch:
     _write(path, 900_500, b"\x01" * 4)
     with pytest.raises(PlanChangedError, match="changed while it was being read"):
         record_contents([path], None, reads=changed)
+
+
+@pytest.mark.parametrize(("ranges", "asked"), [(((0, 64), (64, 1024)), 0), (((0, 64), (64, 4096)), 2)])
+def test_reads_ask_the_proof_only_where_a_read_may_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        ranges: tuple[tuple[int, int], ...], asked: int) -> None:
+    """Where every range is shorter than SMALL (a model of tiny tensors: 180k reads at 90k tensors) no read may hash
+    one, so the sources never ask the proof (issue 87 item 15: two calls and a path lookup a read); where one is
+    long enough, every read asks, and the record is the same either way."""
+    from resumerge.inputs import readdigests
+    from resumerge.inputs.source import InputSources
+
+    path = tmp_path / "model.safetensors"
+    data = random.Random(5).randbytes(8192)
+    path.write_bytes(data)
+    reads = ReadDigests({str(path): ranges})
+    calls: list[tuple[int, int]] = []
+    hasher = readdigests.ReadDigests.hasher
+
+    def counted(self: ReadDigests, p: str, start: int, end: int) -> xxhash.xxh3_128 | None:
+        calls.append((start, end))
+        return hasher(self, p, start, end)
+
+    monkeypatch.setattr(readdigests.ReadDigests, "hasher", counted)
+    sources = InputSources.local({"m": str(tmp_path)}).with_proof(lambda _: True, reads)
+    for start, end in ranges:
+        assert bytes(sources.read("m", path.name, start, end, "U8", (end - start,)).numpy()) == data[start:end]
+    assert len(calls) == asked
+    reads.hash_rest(path, lambda p: PlanChangedError(str(p)))
+    assert reads.digest(path, lambda: PlanChangedError(str(path)))[2] == _reference(data, ranges).rsplit(":", 1)[1]

@@ -151,7 +151,7 @@ class InputSources(Closing):
         """These sources, whose input files count as checked only once ``proof`` (as in the constructor) says the
         run's proof is recorded, each giving the ranges it reads of a file of ``reads`` to it
         (:meth:`InputSource.hash_reads`); the sources returned own (and close) what these hold."""
-        if reads is not None:
+        if reads is not None and reads.in_reads:  # else every read would ask, and be told no range is its
             for source in self._sources.values():
                 source.hash_reads(reads)
         return InputSources(self._sources, shared=self._shared, proof=proof)
