@@ -185,7 +185,7 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
     # Batches run on workers only where the engine runs this unit's kernels on its thread alone (its CPU units, as
     # -j and its worker count decide), each worker's kernels then alone too: the same kernels, so the same bits,
     # whatever thread computes a batch and however many do. Kernels already split over torch's threads stay here.
-    workers = transplant.workers if device.type == "cpu" and torch.get_num_threads() == 1 \
+    workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 \
         and not _least_squares(transplant.method) else 1
     pending: deque[tuple[list[int], Future[torch.Tensor]]] = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokensurgeon") if workers > 1 \
@@ -272,6 +272,10 @@ _PARAMS = (
 _FOOTPRINT = measured((12, 8), (16, 10), (16, 10), (24, 16), of_inputs=True)
 # held_bytes' margin over its count, and the fixed bytes of a batch's bookkeeping (index tensors, the kept entry).
 _MARGIN, _FIXED = 1.25, 4 << 20
+# The most batches a unit computes at once (on CPU threads, -j permitting): a fixed number, so the plan's held
+# bytes (and with them its fingerprint) do not depend on the machine's cores; two, as the pursuit's products keep
+# two threads busy (on the real pair, 0.67x one thread's wall) and each worker's batch is counted in held_bytes.
+BATCH_WORKERS = 2
 
 
 def held_bytes(method: Method, batch_size: int, match: MatrixMatch, model: tuple[int, int, int],
@@ -289,8 +293,11 @@ def held_bytes(method: Method, batch_size: int, match: MatrixMatch, model: tuple
         batch = min(batch_size if batch_size > 0 else count, count)
         shared = len(match.shared) if method.name in _READS_TARGETS else 0
         held += shared * (model_width * model_size + donor_width * donor_size + 4 * (model_width + donor_width))
-        held += 3 * 4 * batch * (donor_width + model_width)  # targets, the rows made, noise
-        held += _work(method, batch, shared, model_width, donor_width, model_size, model_rows)
+        # each batch in flight (BATCH_WORKERS at most, whatever -j): its targets, rows made and noise, its
+        # workspace, and its rows made waiting to be written back in batch order
+        per_batch = 3 * 4 * batch * (donor_width + model_width) + 4 * batch * model_width
+        per_batch += _work(method, batch, shared, model_width, donor_width, model_size, model_rows)
+        held += BATCH_WORKERS * per_batch
     return int(held * _MARGIN) + _FIXED
 
 
