@@ -195,7 +195,7 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
             key = BatchStore.key(params, number)
             rows = transplant.store.load(key) if transplant.store is not None else None
             if rows is not None and rows.shape == (len(ids), out.shape[1]) and rows.dtype == out.dtype:
-                out[torch.tensor(ids, dtype=torch.long, device=device)] = rows.to(device)
+                _put(out, ids, rows)
                 continue
             # The batch's inputs are read here, on the unit's thread (the engine's readers are not shared across
             # threads); only the computation and the kept entry go to a worker.
@@ -210,16 +210,16 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
                 else ((), None)
             batch = Batch(targets, donor_shared, model_shared, stats, piece_rows, pieces, lm_head=matrix == "lm_head")
             if pool is None:
-                out[torch.tensor(ids, dtype=torch.long, device=device)] = \
-                    _computed(transplant, batch, generator, key, serial=False).to(device)
+                _put(out, ids, _computed(transplant, batch, generator, key, serial=False))
                 continue
             pending.append((ids, pool.submit(_computed, transplant, batch, generator, key, serial=True)))
             # At most one batch waiting per worker (each holds its DONOR rows and workspace), and rows written in
             # batch order: every batch writes its own tokens' rows, so the order changes no byte either way.
             while len(pending) > workers:
-                _place(out, *pending.popleft())
-        while pending:
-            _place(out, *pending.popleft())
+                waited, done = pending.popleft()
+                _put(out, waited, done.result())
+        for waited, done in pending:
+            _put(out, waited, done.result())
 
 
 def _least_squares(method: Method) -> bool:
@@ -242,8 +242,10 @@ def _computed(transplant: Transplant, batch: Batch, generator: torch.Generator, 
     return rows
 
 
-def _place(out: torch.Tensor, ids: list[int], future: Future[torch.Tensor]) -> None:
-    out[torch.tensor(ids, dtype=torch.long, device=out.device)] = future.result().to(out.device)
+def _put(out: torch.Tensor, ids: list[int], rows: torch.Tensor) -> None:
+    """A batch's rows into ``out`` at its tokens' ids."""
+    out[torch.tensor(ids, dtype=torch.long, device=out.device)] = rows.to(out.device)
+
 
 def _pieces(pieces: tuple[tuple[int, ...], ...], model: RowRanges
             ) -> tuple[tuple[tuple[int, ...], ...], torch.Tensor]:
