@@ -1,7 +1,8 @@
-"""A SentencePiece-style BPE tokenizer's model, trained here (Llama 2's and Gemma's layout: the specials, the 256
-byte-fallback tokens ``<0xNN>``, then the pieces; ``▁`` for a space): the tests of matching tokens by bytes
-(check's shared vocabulary, the transplant's match and its tokenizer read without transformers) each give it their
-own pre-tokenizer or normalizer and decoder."""
+"""The two tokenizer styles the tests of matching tokens by bytes train (check's shared vocabulary, the
+transplant's match and its tokenizer read without transformers): a byte-level BPE (SmolLM2's pipeline) and a
+SentencePiece-style BPE's model (Llama 2's and Gemma's layout: the specials, the 256 byte-fallback tokens
+``<0xNN>``, then the pieces; ``▁`` for a space), to which each test gives its own pre-tokenizer or normalizer and
+decoder."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ def byte_fallback_bpe(corpus: Sequence[str], specials: list[str], vocab_size: in
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in doc["merges"]]
     return Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(order)}, merges=merges, byte_fallback=True,
                                 unk_token="<unk>"))
+
+
+def byte_level_bpe(corpus: Sequence[str], specials: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer trained on ``corpus`` (ByteLevel pre-tokenizer and decoder, all 256 bytes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok

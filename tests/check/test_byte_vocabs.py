@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bytefallback import byte_fallback_bpe
+from bytefallback import byte_fallback_bpe, byte_level_bpe
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -35,14 +35,7 @@ UNREADABLE = "\ufffd"  # what a decoder writes for bytes that are no UTF-8 text 
 
 def _byte_level() -> Any:
     """A byte-level BPE tokenizer (SmolLM2's pipeline: ByteLevel pre-tokenizer and decoder, all 256 bytes)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=["</s>"], show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    return byte_level_bpe(CORPUS, ["</s>"], 400)
 
 
 def _sentencepiece() -> Any:

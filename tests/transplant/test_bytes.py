@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from bytefallback import byte_fallback_bpe
+from bytefallback import byte_fallback_bpe, byte_level_bpe
 from mergekit_oracle import Mergekit
 from safetensors.torch import load_file
 
@@ -36,14 +36,7 @@ EMBED = "model.embed_tokens.weight"
 
 
 def _byte_level() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=420, special_tokens=["</s>"], show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    return byte_level_bpe(CORPUS, ["</s>"], 420)
 
 
 def _sentencepiece() -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bytefallback import byte_fallback_bpe
+from bytefallback import byte_fallback_bpe, byte_level_bpe
 
 from resumerge.runs.transplant.spec import SurgeryChoices
 from resumerge.runs.transplant.tokens import (
@@ -36,14 +36,7 @@ GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 
 
 def _byte_level(specials: list[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=420, special_tokens=specials, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return tok
+    return byte_level_bpe(CORPUS, specials, 420)
 
 
 def _sentencepiece(specials: list[str]) -> Any:
