@@ -53,16 +53,24 @@ def _evaluate(model: Path, tasks: Path, state: Path) -> list[Any]:
                                  harness=api.Harness(include_path=tasks, log_samples=True)).results)
 
 
-def test_greedy_answers_follow_the_models_generation_config_as_lm_evals_hf_model(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _three_ways(model: Path, tasks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                ) -> tuple[list[Any], list[Any], list[Any]]:
+    """The answers of lm-eval's hf model, of resumerge with the model held whole and layer-streamed."""
     from resumerge.analyses.evaluation import run
 
-    model, tasks = _model(tmp_path / "model", SETTINGS), _tasks(tmp_path)
     theirs = _answers(hf_results(model, tasks, [TASK]))
     whole = _evaluate(model, tasks, tmp_path / "whole")
     with monkeypatch.context() as patch:
         patch.setattr(run, "_fits", lambda stream, settings: False)
         streamed = _evaluate(model, tasks, tmp_path / "streamed")
+    return theirs, whole, streamed
+
+
+def test_greedy_answers_follow_the_models_generation_config_as_lm_evals_hf_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+    model, tasks = _model(tmp_path / "model", SETTINGS), _tasks(tmp_path)
+    theirs, whole, streamed = _three_ways(model, tasks, tmp_path, monkeypatch)
     assert whole == streamed == theirs
     # the file changed (gone): the same state dir generates anew, and the processors did change the answers
     (model / "generation_config.json").unlink()
@@ -142,7 +150,6 @@ def test_without_a_generation_config_the_config_jsons_end_tokens_end_a_continuat
     end there too (they ran on to ``max_gen_toks`` before)."""
     from transformers import AutoTokenizer
 
-    from resumerge.analyses.evaluation import run
     from resumerge.analyses.evaluation.genconfig import end_tokens
 
     model, tasks = tiny_model(tmp_path / "model"), _tasks(tmp_path)
@@ -155,11 +162,7 @@ def test_without_a_generation_config_the_config_jsons_end_tokens_end_a_continuat
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "eos_token_id": [config["eos_token_id"], word]}))
     assert end_tokens(model) == (config["eos_token_id"], word)
-    theirs = _answers(hf_results(model, tasks, [TASK]))
-    whole = _evaluate(model, tasks, tmp_path / "whole")
-    with monkeypatch.context() as patch:
-        patch.setattr(run, "_fits", lambda stream, settings: False)
-        streamed = _evaluate(model, tasks, tmp_path / "streamed")
+    theirs, whole, streamed = _three_ways(model, tasks, tmp_path, monkeypatch)
     assert whole == streamed == theirs
     assert whole != plain and len(whole[0][0][0]) < len(plain[0][0][0])
     # a file naming no end token: transformers stops on none of the config's (the file replaces it)
