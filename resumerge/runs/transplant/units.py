@@ -305,7 +305,8 @@ def held_bytes(method: Method, batch_size: int, match: MatrixMatch, model: tuple
 
 def _work(method: Method, batch: int, shared: int, model_width: int, donor_width: int, model_size: int,
           model_rows: int) -> int:
-    """A batch's workspace beyond its rows, by method (float32; scores per shared token, the chosen atoms)."""
+    """A batch's workspace beyond its rows, by method (float32; scores per shared token, the chosen atoms). omp's
+    screened pick uses the part its pursuit leaves free and screens only where it fits (``omp.screens``)."""
     k, name, width = method.k, method.name, max(model_width, donor_width)
     if name in ("omp", "mp_rope"):
         return 4 * batch * (3 * shared + 3 * k * width + k * k) + batch * shared
