@@ -41,10 +41,11 @@ def _tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def run(command: list[str], niceness: int, env: dict[str, str] | None = None) -> dict[str, float | int]:
+def run(command: list[str], niceness: int, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> dict[str, float | int]:
     """Wall seconds, CPU seconds and the process tree's peak RSS of ``command`` (exit status checked)."""
     started = time.perf_counter()
-    child = subprocess.Popen(["nice", "-n", str(niceness), *command], stdout=subprocess.DEVNULL,
+    child = subprocess.Popen(["nice", "-n", str(niceness), *command], stdout=subprocess.DEVNULL, cwd=cwd,
                              stderr=subprocess.PIPE, text=True, env=env)
     proc, peak = psutil.Process(child.pid), 0
     usage = None
@@ -112,7 +113,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--baseline", help="another resumerge checkout to time alternately (PYTHONPATH=TREE)")
     args = parser.parse_args()
-    work = Path(args.workdir)
+    # Absolute paths: each resumerge runs from its own tree (`python -m` puts the working directory first on
+    # sys.path, ahead of PYTHONPATH, so a baseline started from this checkout imported this checkout's code).
+    args.model, args.donor = str(Path(args.model).resolve()), str(Path(args.donor).resolve())
+    work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ours, theirs, base = work / "resumerge", work / "mergekit", work / "baseline"
     options = ["-k", str(args.k), "-a", args.a]
@@ -131,7 +135,8 @@ def main() -> None:
         for name, (command, folder, env) in tools.items():
             shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(work / f"state-{name}", ignore_errors=True)
-            runs[name].append(run(command, args.nice, env))
+            home = Path(args.baseline).resolve() if name == "baseline" else Path(__file__).resolve().parents[1]
+            runs[name].append(run(command, args.nice, env, cwd=home if name != "mergekit" else None))
             print(name, runs[name][-1], file=sys.stderr, flush=True)  # each run as it ends: a later failure keeps it
     median = {name: _median(each) for name, each in runs.items()}
     report: dict[str, object] = {
