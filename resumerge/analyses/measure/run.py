@@ -41,6 +41,7 @@ from resumerge.inputs.grams import (
     layer_file,
     read_measurement,
 )
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget
@@ -422,7 +423,9 @@ def _claimed(folder: Path, key: str) -> bool:
             raise UsageError(f"{folder} holds a measurement of other models, texts or versions",
                              hint="measure into an empty folder, or delete this one")
         return True
-    if folder.exists() and (not folder.is_dir() or any(p.name != LOCK_FILE for p in folder.iterdir())):
+    # the pass's lock and thread count are written before its record (a kill between them leaves them alone)
+    if folder.exists() and (not folder.is_dir() or any(p.name not in (LOCK_FILE, THREADS_FILE)
+                                                       for p in folder.iterdir())):
         raise UsageError(f"{folder} is not an empty folder: measure writes its Grams into a folder of its own",
                          hint="name a new folder")
     return False

@@ -8,10 +8,11 @@ layers; for lm-eval tasks, its candidates are evaluated there. A node's task jou
 STORAGE as it scores it (STORAGE on a path every node sees, as OUT for a merge on Ray), so a search killed anywhere
 resumes, on Ray or locally; the driver then records the figures it was sent (the same bytes). A candidate's figures
 are its own whichever group it was in (each candidate runs on its own hidden states), and each node's torch
-computes with the CPUs its task declares: on nodes of as many CPUs as the local search's threads, the table is the
-local search's, byte for byte. On a cluster that outlives the search, each node's group is scored by the node's
-kept worker (:mod:`resumerge.merge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
-imported Ray, the engine and torch already, instead of a fresh process each search.
+computes with the thread count the search recorded as it first started (STORAGE's ``threads.json``; the CPUs its
+task declares where none is recorded): the table is the local search's, byte for byte, whatever the nodes' cores.
+On a cluster that outlives the search, each node's group is scored by the node's kept worker
+(:mod:`resumerge.merge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has imported
+Ray, the engine and torch already, instead of a fresh process each search.
 
 A node lost mid-generation stops the search as unreachable (exit 3): run again, it resumes with the candidates
 journaled.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import ResumergeError, UnreachableError, UsageError
+from resumerge.merge.store.threadcount import recorded_threads
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import ScoresGeneration
 
@@ -130,8 +132,10 @@ class SpreadOverNodes:
                      phase=f"scored on {len(groups)} Ray node(s)")
             hosts = kept_hosts(ray, [Place(node, cpus, 0) for _, (node, cpus) in zip(groups, nodes)], self.keep)
             refs = []
+            recorded = recorded_threads(self.store, storage.THREADS)
             for group, (node, cpus), host in zip(groups, nodes, hosts):
-                asked = (generation, group, [configs[i] for i in group], int(cpus))
+                # The search's own count where it recorded one: a candidate's bits are then the same on any node
+                asked = (generation, group, [configs[i] for i in group], recorded or int(cpus))
                 if host is None:
                     refs.append(task.options(num_cpus=cpus, max_retries=0, scheduling_strategy=pinned(node))
                                 .remote(self.make, self.store, *asked))
