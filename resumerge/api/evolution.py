@@ -157,7 +157,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     with files.locked(store, command), ExitStack() as closing:
         # Every candidate scored with the thread count the search first started with (its bits depend on it), on
         # this machine or on the one it is resumed on; each pass records it as its own (forward.threads).
-        closing.enter_context(pass_threads(store, files.THREADS))
+        closing.enter_context(pass_threads(store / files.THREADS))
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
         for log in logs:
             closing.callback(log.close)

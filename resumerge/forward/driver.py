@@ -76,9 +76,9 @@ class PassFolder:
     that runs it (a second process is told it, and Ctrl-C's line names it: ``command``), what a second process is
     told to do (``hint``) and the lock file's name in ``path``; ``wait``: a second process waits for the first
     instead of being refused (a pass whose folder two jobs share by content, the MoE gates': the second then finds
-    the first's answer); ``threads_name``: the name in ``path`` of the file keeping the thread count the pass computes
-    with (:mod:`~resumerge.forward.threads`; a pass whose lock lives in a folder of many passes' locks names its own,
-    as its lock)."""
+    the first's answer); ``threads``: the file keeping the thread count the pass computes with
+    (:mod:`~resumerge.forward.threads`; None: ``threads.json`` in ``path``; a pass whose lock lives in a folder of many
+    passes' locks, or in a user's output folder, keeps it beside its journal or named as its lock)."""
 
     path: Path
     what: str
@@ -86,7 +86,7 @@ class PassFolder:
     hint: str
     lock_name: str = LOCK_NAME
     wait: bool = False
-    threads_name: str = THREADS_FILE
+    threads: Path | None = None
 
 
 def _as_is(answer: object) -> object:
@@ -178,7 +178,7 @@ def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
         answer, said = job.answered()
         if answer is not None:
             return answer
-        with pass_threads(folder.path, folder.threads_name):
+        with pass_threads(folder.threads or folder.path / THREADS_FILE):
             if said is None:
                 said = job.proved()
             with job.fitted() as fit, admitted(fit) as reserve:

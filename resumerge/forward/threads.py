@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from resumerge.inputs.kernels import kernel_threads
-from resumerge.merge.store.threadcount import THREADS_FILE, decided_threads
+from resumerge.merge.store.threadcount import decided_threads
 
 
 @contextmanager
@@ -35,9 +35,9 @@ def computing_with(count: int) -> Iterator[None]:
 
 
 @contextmanager
-def pass_threads(folder: Path, name: str = THREADS_FILE) -> Iterator[int]:
-    """The block computing with the thread count kept in ``folder`` (decided and recorded there where none is
-    yet: :func:`~resumerge.merge.store.threadcount.decided_threads`); the block gets it."""
-    count = decided_threads(folder, name)
+def pass_threads(file: Path) -> Iterator[int]:
+    """The block computing with the thread count kept in ``file`` (decided and recorded there where none is yet:
+    :func:`~resumerge.merge.store.threadcount.decided_threads`); the block gets it."""
+    count = decided_threads(file.parent, file.name)
     with computing_with(count):
         yield count

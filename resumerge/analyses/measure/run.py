@@ -102,7 +102,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     where = PassFolder(folder, f"a measurement into {folder}",
                        shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
-                       lock_name=LOCK_FILE)
+                       lock_name=LOCK_FILE, threads=state.measures_dir / key[:32] / THREADS_FILE)
     job = MeasureJob(where, os.fspath(config), None if texts is None else os.fspath(texts), key, models, keys, tokens,
                      merged, proof, MeasureSettings(max_memory, state, placement, device),
                      on_progress)
@@ -423,9 +423,7 @@ def _claimed(folder: Path, key: str) -> bool:
             raise UsageError(f"{folder} holds a measurement of other models, texts or versions",
                              hint="measure into an empty folder, or delete this one")
         return True
-    # the pass's lock and thread count are written before its record (a kill between them leaves them alone)
-    if folder.exists() and (not folder.is_dir() or any(p.name not in (LOCK_FILE, THREADS_FILE)
-                                                       for p in folder.iterdir())):
+    if folder.exists() and (not folder.is_dir() or any(p.name != LOCK_FILE for p in folder.iterdir())):
         raise UsageError(f"{folder} is not an empty folder: measure writes its Grams into a folder of its own",
                          hint="name a new folder")
     return False

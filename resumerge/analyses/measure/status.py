@@ -25,7 +25,6 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     that resumes it (none while a process holds the folder's lock: running). Reads the folder's listing only."""
     from resumerge.merge.store.runlock import is_held
     from resumerge.merge.store.statusview import Details, StatusReport
-    from resumerge.merge.store.threadcount import recorded_threads, threads_words
 
     folder = Path(out)
     try:
@@ -43,9 +42,6 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     if current is not None:
         rows.append(("measure", f"model {current + 1} of {len(keys)} ({keys[current]}): {done[current]} of "
                                 f"{layers[current]} decoder layers measured"))
-    threads = recorded_threads(folder)  # the count its passes compute with
-    if threads is not None:
-        rows.append(("threads", threads_words(threads)))
     texts = f" --texts {run['texts']}" if run.get("texts") else ""
     running = not finished and is_held(folder / LOCK_FILE)  # a process measuring into it holds its lock
     command = None if finished or running else f"resumerge measure {run.get('config', 'CONFIG')} {folder}{texts}"

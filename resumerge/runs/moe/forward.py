@@ -199,7 +199,7 @@ def gates_folder(workdir: Path, locks: Path | None) -> PassFolder:
     where, name = (locks, workdir.name) if locks is not None else (workdir.parent, f"{workdir.name}.lock")
     return PassFolder(where, f"the prompt forward pass {workdir.name}", f"the prompt forward pass into {workdir}",
                       hint="wait for it to finish", lock_name=name, wait=True,
-                      threads_name=f"{workdir.name}.{THREADS_FILE}")
+                      threads=where / f"{workdir.name}.{THREADS_FILE}")
 
 
 @dataclass(frozen=True)
