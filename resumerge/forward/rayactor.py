@@ -65,8 +65,9 @@ def _resume_hint(what: str) -> str:
 
 
 class ModelNode:
-    """One model of a check as a Ray actor runs it: its :class:`~resumerge.forward.stream.ModelStream` (made in
-    the actor's process), torch on ``threads`` threads, its layers' calls and its last hidden states. ``token``:
+    """One model of a pass (a check's, a measurement's, eval's, the MoE gates') as a Ray actor runs it: its
+    :class:`~resumerge.forward.stream.ModelStream` (made in the actor's process), torch on ``threads`` threads, its
+    layers' calls and its last hidden states. ``token``:
     the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
     work). ``dtype``: what the pass computes in (a check's float32; the MoE gates' bfloat16), ``what`` the pass as
     the model's errors name it; ``watch``: what the pass computes of each layer here, on the node (``measure``'s
