@@ -65,10 +65,10 @@ def test_a_pass_computes_with_the_count_its_folder_records_and_puts_the_thread_s
 
     (tmp_path / "threads.json").write_text(json.dumps({"threads": 1}))
     with _torch_threads(2):
-        with pass_threads(tmp_path) as count:
+        with pass_threads(tmp_path / "threads.json") as count:
             assert count == 1 and torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
         fresh = tmp_path / "fresh"
-        with pass_threads(fresh) as count:
+        with pass_threads(fresh / "threads.json") as count:
             assert count == 2 and torch.get_num_threads() == 2
         assert json.loads((fresh / "threads.json").read_text()) == {"threads": 2}
