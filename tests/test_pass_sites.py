@@ -91,7 +91,7 @@ def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_si
         return f"model {m}"
 
     watches = [object(), object()]
-    each = EachModel(["a", "b"], [2, 3], watches, here, None, "measure")  # type: ignore[arg-type]
+    each = EachModel(["a", "b"], [2, 3], watches, here, "measure")  # type: ignore[arg-type]
     seats = site_of(HERE).seat(lambda: [], "measurement", StateDir.resolve())
     assert seats.each(each, run) == ["model 0", "model 1"]
     assert log == ["open 0", "run placement 0", "close 0", "open 1", "run placement 1", "close 1"]

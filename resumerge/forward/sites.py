@@ -56,15 +56,15 @@ class EachModel:
     """A pass that runs each of its ``models`` as a placement of its own, each at its own layer with its own journal
     (``measure``'s, :meth:`Seats.each`): ``layers[m]`` decoder layers each, ``watches[m]`` recording model ``m``'s
     layers where they run, ``here(m)`` model ``m``'s placement in this process (opened and closed in turn),
-    ``reads(m, found)`` told what model ``m``'s node read of its hub files (as :class:`Told`'s ``reads``),
-    ``what`` the pass as its refusals name it."""
+    ``what`` the pass as its refusals name it, ``reads(m, found)`` told what model ``m``'s node read of its hub
+    files (as :class:`Told`'s ``reads``)."""
 
     models: Sequence[PassModel]
     layers: Sequence[int]
     watches: Sequence[NodeWatch]
     here: Callable[[int], AbstractContextManager[Placement]]
+    what: str
     reads: Callable[[int, list[Read]], None] | None = None
-    what: str = "measure"
 
 
 @dataclass(frozen=True)

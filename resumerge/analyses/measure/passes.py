@@ -173,7 +173,7 @@ def _each(placed: Placed, measuring: Measuring, reserve: Reserve, device: str) -
     def run(index: int, placement: Placement) -> MeasuredModel:
         return measured_on(placement, watches[index], m, index)
 
-    return placed.seats.each(EachModel(m.models, placed.layers, watches, here, on_reads, "measure"), run)
+    return placed.seats.each(EachModel(m.models, placed.layers, watches, here, "measure", on_reads), run)
 
 
 def measured_on(placement: Placement, watch: GramWatch, measuring: Measuring, index: int) -> MeasuredModel:
