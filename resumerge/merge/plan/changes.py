@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from resumerge.config.yamldiff import config_changes
-from resumerge.merge.plan.merge_plan import LATER_OPTIONS, Plan, PlanOptions, fingerprint_parts
+from resumerge.merge.plan.merge_plan import LATER_OPTIONS, READ_PART, Plan, PlanOptions, fingerprint_parts
 
 
 def describe_changes(
@@ -54,11 +54,22 @@ def describe_changes(
         changes.extend(f"input model {m} is no longer used" for m in missing)
         if not changes:
             changes.append("input files changed")
+    for part in sorted({p for p in (*recorded_parts, *now) if p.startswith(READ_PART)}):
+        file = part.removeprefix(READ_PART)
+        if part not in now:
+            changes.append(f"input file {file} is gone")
+        elif part not in recorded_parts:
+            changes.append(f"input file {file} is new")
+        elif recorded_parts[part] != now[part]:
+            changes.append(f"input file {file} changed (its bytes differ)")
     if recorded_parts.get("plan") != now["plan"]:
         told = [f"config: {c}" for c in config_changes(*configs)] if configs is not None else []
         # The options, inputs or version already said explain a plan whose config reads alike.
         changes.extend(told or ([] if changes else [
             "the merge plan changed (config, method parameters or input tensor layout)"]))
+    if recorded_parts.get("card") != now.get("card") and not changes:
+        changes.append("the model card changed (what it shows of the command line, such as --allow-crimes, of the "
+                       "tokens or of the notes)")
     return changes
 
 

@@ -31,6 +31,7 @@ from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.files import tokenizer_files
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
@@ -243,6 +244,7 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         out_config=written_config,
         tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, blobs) if tokenizer_donor else (),
         tokenizer_blobs=blobs,
+        read_files=read_tokenizers(opened),
         container=container,
         notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec)),
         units=registered.UNITS,
@@ -253,6 +255,18 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         config_copy=CONFIG_COPY,
     )
     return fingerprinted(plan)
+
+
+def read_tokenizers(opened: Opened) -> tuple[tuple[str, str, str], ...]:
+    """MODEL's and DONOR's tokenizer files as (model key, name, sha256) (:attr:`Plan.read_files`): both decide the
+    match, the rows copied and the card's Tokens section, and neither is a weight file the inputs' identities
+    cover. A GGUF's tokenizer is in its weight file, whose identity covers it."""
+    found = []
+    for key in (opened.model_key, opened.donor_key):
+        model = opened.inputs.models[key].recognised(CODECS)
+        if model.gguf is None:
+            found += [(key, name, digest) for name, digest in tokenizer_files(tokenizer_dir(model))]
+    return tuple(found)
 
 
 def output_flags(options: PlanOptions) -> tuple[str, ...]:
