@@ -185,8 +185,7 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
     # Batches run on workers only where the engine runs this unit's kernels on its thread alone (its CPU units, as
     # -j and its worker count decide), each worker's kernels then alone too: the same kernels, so the same bits,
     # whatever thread computes a batch and however many do. Kernels already split over torch's threads stay here.
-    workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 \
-        else 1
+    workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 else 1
     pending: deque[tuple[list[int], Future[torch.Tensor]]] = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokensurgeon") if workers > 1 \
             else nullcontext() as pool:
