@@ -19,7 +19,9 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
 - **Placement** (:mod:`.placement`): a :class:`~.placement.Placement` says where the models run (``enter``,
   ``runs_batched``, ``layer``): :class:`~.placement.Streams` in this process, one layer of one model at a time,
   each admitted by the pass's ``reserve`` and observed by an optional :class:`~.placement.Watch`; a Ray cluster
-  places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`).
+  places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`), which runs a
+  :class:`~.placement.NodeWatch` on the node and hands what it found back (``measure``'s Grams; ``measure`` runs
+  each model as a placement of its own, each resuming at its own layer).
 - **The step** (:mod:`.layerpass`): a client subclasses :class:`~.layerpass.Step`: ``layer(index, hidden)`` runs
   (through its placement, or its stream) and observes decoder layer ``index`` and returns the hidden states leaving
   it; ``kept(index)`` is what to journal beside them (tensors, metadata); ``restore(restart)`` puts that back on a

@@ -5,9 +5,9 @@ before any weight is read, the cluster refused where it cannot hold the actors),
 noted for the driver's journal (:func:`logged`: the driver holds them to the pass's proof, as it holds its own), and
 which actors a node's kept worker hosts (:func:`kept_hosts`, on a cluster that outlives the pass).
 
-Each pass's actors and their protocol are the pass's own (:mod:`resumerge.forward.rayactor`,
-:mod:`resumerge.analyses.measure.onray`); this module is the one owner of what they share, so no pass reaches into
-another's privates. Ray is joined through
+Every pass's actor is the one of :mod:`resumerge.forward.rayactor` (``measure``'s Grams computed on it by a
+node-side watch, :class:`~resumerge.forward.placement.NodeWatch`); this module is the one owner of what a pass's
+actors share with the other uses of a cluster's nodes. Ray is joined through
 :mod:`resumerge.merge.engine.cluster.connect` (the merge executor's own).
 """
 

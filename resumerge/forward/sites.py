@@ -8,8 +8,9 @@ it is: a third placement is a third class here and one method of :class:`~resume
 
 A site is asked in two steps, as a pass is judged then run: :meth:`PassSite.seat` before any weight is read (on a
 cluster: joined, each model's actor placed, refused where it cannot hold them), giving :class:`Seats`; then
-:meth:`Seats.models`, the models' placement for the pass's loop, ended with the block. What a pass runs on its own
-actors (``measure``'s, whose actor records each layer's Grams) it makes from :meth:`Seats.made`."""
+:meth:`Seats.models`, the models' placement for the pass's loop, ended with the block. A pass that runs each model as a
+placement of its own, each at its own layer (``measure``'s, whose actors record each layer's Grams with a
+:class:`~resumerge.forward.placement.NodeWatch`), makes them from :meth:`Seats.made`."""
 
 from __future__ import annotations
 

@@ -31,10 +31,11 @@ from resumerge.inputs.grams import sha256_of as sha256_of
 from resumerge.inputs.safetensors_format import read_header
 
 if TYPE_CHECKING:
-    from resumerge.analyses.measure.grams import Runner
+    from resumerge.analyses.measure.grams import GramWatch
     from resumerge.forward.batches import Batch
     from resumerge.forward.hubreads import PassReads
     from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.placement import Placement
     from resumerge.forward.sites import PassSite
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
@@ -131,10 +132,7 @@ class HereRuns:
         return self.site.bind(reads, models, fresh)
 
     def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
-        m = measuring
-        return [_run_model(model, m.keys[index], index, len(m.models), m.batches, m.folder, m.workdir, m.on_progress,
-                           reserve, device)
-                for index, model in enumerate(m.models)]
+        return [_run_model(measuring, index, reserve, device) for index in range(len(measuring.models))]
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
@@ -179,46 +177,46 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     return result, measured
 
 
-def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
-               folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-               reserve: Reserve, device: str) -> MeasuredModel:
-    from resumerge.analyses.measure.grams import Streamed
+def _run_model(measuring: Measuring, index: int, reserve: Reserve, device: str) -> MeasuredModel:
+    """The ``index``-th model measured in this process, its layers on ``device``, each admitted by ``reserve``: a
+    placement of its own (:class:`~resumerge.forward.placement.Streams`) reading the whole embedding table, as the
+    proof of its files wants it read."""
+    from resumerge.analyses.measure.grams import GramWatch, tokens_of
+    from resumerge.forward.placement import Streams
 
-    with stream_of(model, key, device) as stream:
-        return measured_on(Streamed(stream), model, key, index, count, batches, folder, workdir, on_progress, reserve)
+    with stream_of(measuring.models[index], measuring.keys[index], device) as stream:
+        watch = GramWatch(tokens_of(measuring.batches))
+        placement = Streams([stream], reserve=reserve, watch=watch, names=[str(stream.reader.directory)], rows=False)
+        return measured_on(placement, watch, measuring, index)
 
 
-def side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
-                  folder: Path, workdir: Path, on_progress: Callable[[str], None] | None) -> list[MeasuredModel]:
-    """Each model measured on its runner, a thread each (the runners compute elsewhere: this process writes and
-    journals); the first error raised once every thread ended."""
+def side_by_side(placements: Sequence[Placement], watches: Sequence[GramWatch],
+                 measuring: Measuring) -> list[MeasuredModel]:
+    """Each model measured on its placement (recorded by its watch), a thread each (the placements compute
+    elsewhere: this process writes and journals); the first error raised once every thread ended."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from resumerge.forward.layerpass import unreserved
-
-    with ThreadPoolExecutor(max_workers=len(runners), thread_name_prefix="measure") as pool:
-        futures = [pool.submit(measured_on, runner, model, key, index, len(models), batches, folder, workdir,
-                               on_progress, unreserved)
-                   for index, (runner, model, key) in enumerate(zip(runners, models, keys))]
+    with ThreadPoolExecutor(max_workers=len(placements), thread_name_prefix="measure") as pool:
+        futures = [pool.submit(measured_on, placement, watch, measuring, index)
+                   for index, (placement, watch) in enumerate(zip(placements, watches))]
         return [future.result() for future in futures]
 
 
-def measured_on(runner: Runner, model: PassModel, key: str, index: int, count: int, batches: list[Batch],
-                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-                reserve: Reserve) -> MeasuredModel:
-    """The ``index``-th of ``count`` models measured on ``runner`` (this process, or its Ray actor), journaled in
-    ``workdir``; its manifest entry."""
+def measured_on(placement: Placement, watch: GramWatch, measuring: Measuring, index: int) -> MeasuredModel:
+    """The ``index``-th of the measurement's models measured on ``placement`` (of that model alone: this process,
+    or its Ray actor; its layers recorded by ``watch``), journaled in the measurement's workdir; its manifest
+    entry."""
     from resumerge.analyses.measure.grams import measure_model
 
-    layers = runner.layers
+    layers, count, on_progress = placement.layers, len(measuring.models), measuring.on_progress
 
     def on_layer(layer: int) -> None:
         if on_progress is not None:
             on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
 
-    measure_model(runner, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
-                  reserve=reserve)
-    return recorded(model, key, folder, index, layers)
+    measure_model(placement, watch, measuring.batches, measuring.folder, index,
+                  measuring.workdir / HIDDEN / model_folder(index), on_layer=on_layer)
+    return recorded(measuring.models[index], measuring.keys[index], measuring.folder, index, layers)
 
 
 def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],

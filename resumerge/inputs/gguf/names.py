@@ -157,6 +157,10 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
             config["num_local_experts"] = config.pop("num_experts")
         else:
             config["moe_intermediate_size"] = get("expert_feed_forward_length")
+        if arch == "qwen3moe":
+            # llama.cpp's qwen3moe always divides the chosen experts' weights by their sum; transformers'
+            # Qwen3MoeConfig does so only with norm_topk_prob, false by default (Qwen3-MoE's own configs set it).
+            config["norm_topk_prob"] = True
         if get("expert_shared_feed_forward_length") is not None:
             config["shared_expert_intermediate_size"] = get("expert_shared_feed_forward_length")
     if arch in GEMMA:
