@@ -9,7 +9,11 @@ from dataclasses import asdict
 from typing import Any
 
 from resumerge.config.yamldiff import config_changes
-from resumerge.merge.plan.merge_plan import LATER_OPTIONS, READ_PART, Plan, PlanOptions, fingerprint_parts
+from resumerge.merge.plan.merge_plan import LATER_OPTIONS, Plan, PlanOptions, fingerprint_parts
+
+# Names of the parts a kind of run adds to its plan's fingerprint (Plan.extra_parts) that the sentences below tell:
+# a file it read beside the weights (READ_PART + "KEY/NAME": a transplant's tokenizers) and its card's own words.
+READ_PART, CARD_PART = "read ", "card"
 
 
 def describe_changes(
@@ -67,7 +71,7 @@ def describe_changes(
         # The options, inputs or version already said explain a plan whose config reads alike.
         changes.extend(told or ([] if changes else [
             "the merge plan changed (config, method parameters or input tensor layout)"]))
-    if recorded_parts.get("card") != now.get("card") and not changes:
+    if recorded_parts.get(CARD_PART) != now.get(CARD_PART) and not changes:
         changes.append("the model card changed (what it shows of the command line, such as --allow-crimes, of the "
                        "tokens or of the notes)")
     return changes

@@ -278,10 +278,7 @@ class Plan:
     # How each input's vocabulary rows map to the built tokenizer's (None when no tokenizer is built).
     vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
     vocab_digest: str = ""
-    # Files beside the weights that the plan read and does not copy whose bytes decide the output (a transplant's
-    # two tokenizers: its match and its card's Tokens section come from them), as (model key, file name, sha256).
-    # Fingerprinted one part each (:func:`fingerprint_parts`), so a refused resume names the file that changed.
-    read_files: tuple[tuple[str, str, str], ...] = ()
+    extra_parts: tuple[tuple[str, str], ...] = ()  # fingerprint parts of the plan's kind (a transplant's: its planner)
     fingerprint: str = ""
     # The parts ``fingerprint`` hashes (:func:`fingerprint_parts`), kept by :func:`fingerprinted` so that recording
     # the run does not render 90k tensors' plans again; used only while ``fingerprint`` is their hash.
@@ -303,12 +300,10 @@ class Plan:
     # What the model card lists when the run's recorded text is not a merge config (a mergekit-moe config): the
     # merge config of its models and name, as mergekit-moe lists them, and its method line (display name,
     # description, link), so the card never asks which kind made the plan; None: the card reads the recorded merge
-    # config and the method's declaration. The config is derived from the recorded text (compared with a continued
-    # run's, :func:`~resumerge.merge.engine.outdir.refuse_changed_plan`); the method line is fingerprinted.
+    # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
-    # The card's words where the run is not a merge (a transplant's); None: a merge's. Fingerprinted where set (they
-    # hold options the other parts leave out, such as --allow-crimes in a transplant's command line).
+    # The card's words where the run is not a merge (a transplant's); None: a merge's. In its kind's extra_parts.
     card_wording: CardWording | None = field(default=None, compare=False, repr=False)
     # The name of the output's copy of the recorded text (with the model card; mergekit_config.yml as mergekit-yaml
     # writes it, or what the kind of run that made the plan names it: mergekit-moe's mergekit_moe_config.yml), so
@@ -403,24 +398,11 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         "vocab": plan.vocab_digest,
     }
     body.update(plan.container.fingerprint_extras())  # none for safetensors shards: a merge's is unchanged
-    parts = {
+    return {
         "plan": _body_sha(body, plan.tensors),
         "options": _sha(_output_options(plan.options)),
         "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
-        "version": __version__,
-    }
-    # The card's words where a kind of run brings its own (a transplant's: the command line with its output flags,
-    # --allow-crimes among them, and the Tokens section), and the notes under them: output bytes like the shards'.
-    # A merge's card is the recorded text and the plan, both compared already: its parts are unchanged.
-    if plan.card_wording is not None or plan.card_method is not None:
-        wording = asdict(plan.card_wording) if plan.card_wording is not None else None
-        parts["card"] = _sha({"wording": wording, "method": plan.card_method, "notes": plan.notes})
-    parts.update({f"{READ_PART}{key}/{name}": digest for key, name, digest in plan.read_files})
-    return parts
-
-
-# The fingerprint part of each of :attr:`Plan.read_files`: this prefix, the model's key, "/", the file's name.
-READ_PART = "read "
+        "version": __version__, **dict(plan.extra_parts)}
 
 
 def fingerprinted(plan: Plan) -> Plan:

@@ -15,10 +15,11 @@ untied MODEL's head is made from DONOR's head, or from DONOR's embedding where D
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.merge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
 from resumerge.merge.plan.cardwording import CardWording
+from resumerge.merge.plan.changes import CARD_PART, READ_PART
 from resumerge.merge.plan.inputrefs import tensor_ref
 from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
 from resumerge.merge.plan.outconfig import set_quantization
@@ -244,7 +246,6 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         out_config=written_config,
         tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, blobs) if tokenizer_donor else (),
         tokenizer_blobs=blobs,
-        read_files=read_tokenizers(opened),
         container=container,
         notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec)),
         units=registered.UNITS,
@@ -254,19 +255,23 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         card_wording=card_wording(spec, opened, matches, options),
         config_copy=CONFIG_COPY,
     )
-    return fingerprinted(plan)
+    return fingerprinted(replace(plan, extra_parts=own_parts(plan, opened)))
 
 
-def read_tokenizers(opened: Opened) -> tuple[tuple[str, str, str], ...]:
-    """MODEL's and DONOR's tokenizer files as (model key, name, sha256) (:attr:`Plan.read_files`): both decide the
-    match, the rows copied and the card's Tokens section, and neither is a weight file the inputs' identities
-    cover. A GGUF's tokenizer is in its weight file, whose identity covers it."""
-    found = []
+def own_parts(plan: Plan, opened: Opened) -> tuple[tuple[str, str], ...]:
+    """The transplant's own fingerprint parts (:attr:`Plan.extra_parts`, named as
+    :mod:`~resumerge.merge.plan.changes` tells them): its card's words and notes, which hold what the other parts
+    leave out (``--allow-crimes`` in the card's command line), and each tokenizer file of MODEL and DONOR as a part
+    of its own, so a refused resume names the file: both decide the match, the rows copied and the card's Tokens
+    section, and neither is a weight file the inputs' identities cover (a GGUF's tokenizer is in its weight file)."""
+    wording = asdict(plan.card_wording) if plan.card_wording is not None else None
+    card = json.dumps([wording, plan.card_method, plan.notes], sort_keys=True)
+    parts = [(CARD_PART, hashlib.sha256(card.encode()).hexdigest())]
     for key in (opened.model_key, opened.donor_key):
         model = opened.inputs.models[key].recognised(CODECS)
         if model.gguf is None:
-            found += [(key, name, digest) for name, digest in tokenizer_files(tokenizer_dir(model))]
-    return tuple(found)
+            parts += [(f"{READ_PART}{key}/{name}", digest) for name, digest in tokenizer_files(tokenizer_dir(model))]
+    return tuple(parts)
 
 
 def output_flags(options: PlanOptions) -> tuple[str, ...]:
