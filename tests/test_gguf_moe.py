@@ -285,8 +285,9 @@ def test_a_qwen3moe_that_does_not_renormalise_its_experts_weights_is_refused_as_
     with pytest.raises(ModelInputError) as refused:
         api.run(merge, out, settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf")))
     line = refused.value.one_line()
-    assert f"norm_topk_prob {said}" in line and "llama.cpp's qwen3moe always divides the 2 chosen" in line
-    assert "--out-type safetensors" in line and "\n" not in line
+    said_line = "has no norm_topk_prob (transformers reads false)" if said == "absent" else "says norm_topk_prob: false"
+    assert f"the output's config.json {said_line}, and llama.cpp's qwen3moe always divides the 2 chosen" in line
+    assert "--out-type safetensors" in line and "set norm_topk_prob: true" in line and "\n" not in line
     assert refused.value.exit_code == 2
     assert not (out / "model.gguf").exists()
 
@@ -297,10 +298,10 @@ def _moe_config(**extra: object) -> dict[str, object]:
 
 @pytest.mark.parametrize(("arch", "config", "refused"), [
     ("qwen3moe", _moe_config(norm_topk_prob=True), None),
-    ("qwen3moe", _moe_config(), r"norm_topk_prob absent \(transformers: false\).*always divides the 2 chosen"),
+    ("qwen3moe", _moe_config(), r"no norm_topk_prob \(transformers reads false\).*always divides the 2 chosen"),
     ("qwen3moe", _moe_config(norm_topk_prob=False, num_experts_per_tok=4), None),  # all chosen: weights sum to 1
     ("qwen2moe", _moe_config(), None),
-    ("qwen2moe", _moe_config(norm_topk_prob=True), r"norm_topk_prob true.*llama.cpp's qwen2moe never divides"),
+    ("qwen2moe", _moe_config(norm_topk_prob=True), r"norm_topk_prob: true.*llama.cpp's qwen2moe never divides"),
     ("qwen2moe", _moe_config(norm_topk_prob=True, num_experts_per_tok=4), None),
     ("qwen3moe", _moe_config(norm_topk_prob=True, mlp_only_layers=[1]), r"makes layer 1 dense"),
     ("qwen2moe", _moe_config(decoder_sparse_step=2), r"makes layers 0, 2 dense"),

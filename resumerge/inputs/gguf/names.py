@@ -273,15 +273,16 @@ def check_routing(arch: str, config: Mapping[str, Any]) -> None:
     chosen = config.get("num_experts_per_tok")
     normalises = bool(config.get("norm_topk_prob", False))
     if normalises != renormalised and chosen is not None and chosen < count:
-        said = "true" if normalises else "false" if "norm_topk_prob" in config else "absent (transformers: false)"
+        said = (f"says norm_topk_prob: {'true' if normalises else 'false'}" if "norm_topk_prob" in config
+                else "has no norm_topk_prob (transformers reads false)")
         does = "always divides" if renormalised else "never divides"
         raise ModelInputError(
-            f"the output's config.json has norm_topk_prob {said}, and llama.cpp's {arch} {does} the {chosen} chosen "
-            f"experts' routing weights (of {count}) by their sum, whatever the GGUF says: the file would compute "
-            "another model than the merge",
+            f"the output's config.json {said}, and llama.cpp's {arch} {does} the {chosen} chosen experts' routing "
+            f"weights (of {count}) by their sum, whatever the GGUF says: the file would compute another model than "
+            "the merge",
             hint="write it as safetensors (--out-type safetensors)" + (
-                ", or merge models whose config.json says norm_topk_prob: true (as Qwen3-MoE's own do)"
-                if renormalised else ""))
+                ", or, if the model was trained with renormalised weights (Qwen3-MoE's own were), set "
+                "norm_topk_prob: true in its config.json" if renormalised else ""))
     layers = int(config.get("num_hidden_layers") or 0)
     step = int(config.get("decoder_sparse_step") or 1)
     dense = sorted({int(i) for i in config.get("mlp_only_layers") or () if 0 <= int(i) < layers}
