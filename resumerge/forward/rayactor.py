@@ -1,7 +1,8 @@
 """A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check of
 a giant merge against its parents takes about the time of one model's pass.
 
-The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where the
+The models are independent until the comparison: an actor per model (:class:`ModelNode`, made on its node as every
+pass's object is: :func:`~resumerge.forward.onray.on_place`), placed one per node where the
 cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every node
 must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the node's
 name: :func:`~resumerge.forward.onray.on_node`, the sha256 of each range it read held to the driver's journal after
@@ -42,7 +43,20 @@ from resumerge.forward import handed
 from resumerge.forward.heads import HeadTotals, shared
 from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes
-from resumerge.forward.onray import Place, Read, cpus_of, driver_token, end_actors, kept_hosts, logged, on_node, sent
+from resumerge.forward.onray import (
+    Lost,
+    Place,
+    Read,
+    cpus_of,
+    driver_token,
+    end_actors,
+    got,
+    kept_hosts,
+    logged,
+    on_node,
+    on_place,
+    sent,
+)
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.stream import LayerCall
@@ -59,13 +73,15 @@ Batches = Sequence[Sequence[Sequence[int]]]
 REPLACES = 3
 # How long a replacement actor may take to start (be scheduled, import torch, open its model) before the check stops.
 PLACE_SECONDS = 120.0
+
+
 def _resume_hint(what: str) -> str:
     return f"check the cluster's nodes, then run the {what} again: it resumes at the last layer journaled"
 
 
-
 class ModelNode:
-    """One model of a pass (a check's, a measurement's, eval's, the MoE gates') as a Ray actor runs it: its
+    """One model of a pass (a check's, a measurement's, eval's, the MoE gates') as its node runs it, hosted by a
+    kept worker or a fresh actor of the same host (:func:`~resumerge.forward.onray.on_place`): its
     :class:`~resumerge.forward.stream.ModelStream` (made in the actor's process), torch on ``threads`` threads, its
     layers' calls and its last hidden states. ``token``:
     the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
@@ -198,10 +214,6 @@ def actor_bytes(sizes: StepBytes) -> list[int]:
             for layer, heads in zip(sizes.layers, sizes.held_heads)]
 
 
-class _Lost(Exception):
-    """An actor of a step was lost (its process or node died), or an object another actor returned for the step."""
-
-
 @dataclass(frozen=True)
 class ActorTerms:
     """How the pass's actors are made: ``state``, the state dir a node opens a model under (``--state-dir``; None:
@@ -281,36 +293,22 @@ class RayModels:
         """Wait for every actor :meth:`launch` started to open its model (see :meth:`start`)."""
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
-        except _Lost as exc:
+        except Lost as exc:
             raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
                                    hint=self.hint) from None
 
     def _start(self, model: Checked, place: Place, threads: int, host: Any = None) -> Any:
-        """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
-        :func:`~resumerge.merge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it), its node
-        told whether it needs a token of its own (:class:`ModelNode`); hosted by the kept worker ``host`` where
-        given (which its lease reserved those for)."""
-        from resumerge.merge.engine.cluster.launch import pinned
-
-        if host is not None:
-            host.host(ModelNode, sent(model), threads, self.token, self.state, self.dtype, self.what, self.watch)
-            return host
-        return self.ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                                  scheduling_strategy=pinned(place.node_id)) \
-            .remote(sent(model), threads, self.token, self.state, self.dtype, self.what, self.watch)
+        """Model ``model``'s actor (:func:`~resumerge.forward.onray.on_place`: hosted by the kept worker ``host``
+        where given, else by a fresh actor pinned to its node declaring its CPUs and memory, never restarted by Ray:
+        the pass replaces it), its node told whether it needs a token of its own (:class:`ModelNode`)."""
+        return on_place(self.ray, place, host, ModelNode, sent(model), threads, self.token, self.state, self.dtype,
+                        self.what, self.watch)
 
     def end(self) -> None:
         end_actors(self.ray, self.actors, self.hosts)
 
     def _get(self, refs: Any) -> Any:
-        try:
-            return self.ray.get(refs)
-        except self.ray.exceptions.RayTaskError as exc:  # the actor's own error, said as a local check says it
-            if isinstance(exc.cause, ResumergeError):
-                raise exc.cause from None
-            raise
-        except self.ray.exceptions.RayError as exc:  # an actor died, or an object it made was lost with its node
-            raise _Lost(type(exc).__name__) from None
+        return got(self.ray, refs)
 
     def _each(self, call: Callable[[int], Any]) -> list[Any]:
         """``call(m)`` (a remote call of model ``m``'s actor) for every model, its result; those of lost actors
@@ -323,7 +321,7 @@ class RayModels:
             for m, ref in zip(todo, refs):
                 try:
                     found[m] = self._get(ref)
-                except _Lost as exc:
+                except Lost as exc:
                     lost.append((m, str(exc)))
             todo = [m for m, _ in lost]
             if todo:
@@ -335,7 +333,7 @@ class RayModels:
         while True:
             try:
                 return step()
-            except _Lost as exc:
+            except Lost as exc:
                 self._replace(str(exc))
 
     def _replace(self, why: str) -> None:
@@ -361,14 +359,14 @@ class RayModels:
                 if self.batches is not None:
                     self._get(self.actors[m].enter.remote(own_batches(self.vocab, m, self.batches)))
                     self._get(self.actors[m].restore.remote(self.handed[m]))
-            except _Lost:
+            except Lost:
                 raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and so was its model's new "
                                        "actor", hint=self.hint) from None
 
     def _alive(self, actor: Any) -> bool:
         try:
             self._get(actor.node.remote())
-        except _Lost:
+        except Lost:
             return False
         return True
 

@@ -6,8 +6,9 @@ forward engine's journaled layer pass (:mod:`resumerge.forward`) one decoder lay
 the Grams of a layer with hooks before its linears and journals the hidden states, so a killed measurement resumes
 at the layer it reached with the same bytes, each model a placement of the forward engine's own
 (:class:`~resumerge.forward.placement.Placement`) whose layers :class:`~.grams.GramWatch` records where they run;
-:mod:`.onray` places each model's pass on the forward engine's Ray actor (``--executor ray``), the Grams written and
-journaled here alike; :mod:`.status` reads a measurement folder for
+the executor's seats run each model's pass (:meth:`resumerge.forward.sites.Seats.each`: here one after another, on
+Ray side by side on the forward engine's actor, ``--executor ray``, what it declares in :mod:`.onray`), the Grams
+written and journaled here alike; :mod:`.status` reads a measurement folder for
 ``resumerge status`` without importing torch. The files' format (names, ``measure.json``) is
 :mod:`resumerge.inputs.grams`, which the planner reads too. :func:`resumerge.api.measure` calls
 :func:`~resumerge.analyses.measure.run.measure_grams`.

@@ -11,10 +11,11 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from resumerge.errors import UsageError
 from resumerge.forward.opened import PassModel
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
     from resumerge.forward.batches import Batch
     from resumerge.forward.hubreads import PassReads
     from resumerge.forward.layerpass import Reserve
+    from resumerge.forward.onray import Read
     from resumerge.forward.placement import Placement
-    from resumerge.forward.sites import PassSite
+    from resumerge.forward.sites import PassSite, Seats
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
@@ -75,9 +77,9 @@ def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
 
 @dataclass(frozen=True)
 class Measuring:
-    """A measurement's passes as its :class:`Runs` run them: its ``models`` (bound to the hub reads' journal
-    ``reads``), their ``keys``, the ``batches``, OUT_DIR (``folder``), the journal's folder (``workdir``) and what
-    it tells of its progress."""
+    """A measurement's passes as they run: its ``models`` (bound to the hub reads' journal ``reads``), their
+    ``keys``, the ``batches``, OUT_DIR (``folder``), the journal's folder (``workdir``) and what it tells of its
+    progress."""
 
     models: list[PassModel]
     keys: list[str]
@@ -88,59 +90,25 @@ class Measuring:
     reads: PassReads
 
 
-class Runs(Protocol):
-    """Where a measurement's models run their passes, as the executor placed them
-    (:meth:`~resumerge.forward.sites.Seats.made`): :class:`HereRuns`, one after another in this process; on a Ray
-    cluster each model's pass in an actor of its own, side by side (:class:`~.onray.NodeRuns`). The Grams are
-    written and the hidden states journaled by this process alike, so the bytes are the same whichever ran them."""
-
-    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
-            max_memory: int | None) -> tuple[list[int], int, int, int]:
-        """The measurement refused (exit 2, before any model is read) where what this process holds of its
-        largest step would not fit ``max_memory`` (None: the default budget) beside ``held`` (what it holds
-        before the pass); each model's decoder layers, the budget, what one step reserves from the RAM governor,
-        and what the hidden states in and out hold (kept on a GPU between layers). ``found``: each model's pass,
-        (key, decoder layers, its peak, what one step of it reserves)."""
-
-    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
-        """``models`` bound to the hub reads' journal (:meth:`~resumerge.forward.sites.PassSite.bind`)."""
-
-    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
-        """Every model's Grams into OUT_DIR, journaled; each model's manifest entry."""
-
-
 @dataclass(frozen=True)
-class HereRuns:
-    """Each model's pass in this process, one after another, each layer admitted by the RAM governor (``site``:
-    where the executor placed them, :class:`~resumerge.forward.sites.InProcess`)."""
+class Placed:
+    """Where the executor placed a measurement's models: its ``site`` (:mod:`resumerge.forward.sites`) and their
+    ``seats`` there, each model's pass (``layers``: each model's decoder layers) a placement of its own
+    (:meth:`~resumerge.forward.sites.Seats.each`: one after another in this process, side by side on a Ray
+    cluster's actors). The Grams are written and the hidden states journaled by this process alike, so the bytes
+    are the same whichever ran them."""
 
     site: PassSite
-
-    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
-            max_memory: int | None) -> tuple[list[int], int, int, int]:
-        """The largest pass of every model (a layer in float32, its sums, the hidden states in and out), named
-        as ``measure --plan`` names it."""
-        from resumerge.memory import SystemProbe, budget_fitting
-
-        largest = max(range(len(found)), key=lambda i: found[i][2])
-        budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
-                                held=held)
-        return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
-                max(peak - step for _, _, peak, step in found))
-
-    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
-        return self.site.bind(reads, models, fresh)
-
-    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
-        return [_run_model(measuring, index, reserve, device) for index in range(len(measuring.models))]
+    seats: Seats
+    layers: list[int]
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve, runs: Runs, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
+                    reserve: Reserve, placed: Placed, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
     """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
-    ``measure.json``; the measurement. ``runs``: where the models' passes run (:class:`Runs`); RegMean++'s merged
-    pass (``merged``) runs here, every model's layer merged in one place."""
+    ``measure.json``; the measurement. ``placed``: where the models' passes run (:class:`Placed`); RegMean++'s
+    merged pass (``merged``) runs here, every model's layer merged in one place."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -149,7 +117,7 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
     # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
-    models = runs.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
+    models = placed.site.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
     restore = tune_allocator()
     measured: list[MeasuredModel] = []
     error: BaseException | None = None
@@ -159,8 +127,8 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
             assert isinstance(ratio, float)
             measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
         else:
-            measured = runs.measured(Measuring(models, keys, batches, folder, workdir, on_progress, reads), reserve,
-                                     device)
+            measured = _each(placed, Measuring(models, keys, batches, folder, workdir, on_progress, reads),
+                             reserve, device)
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -177,29 +145,35 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     return result, measured
 
 
-def _run_model(measuring: Measuring, index: int, reserve: Reserve, device: str) -> MeasuredModel:
-    """The ``index``-th model measured in this process, its layers on ``device``, each admitted by ``reserve``: a
-    placement of its own (:class:`~resumerge.forward.placement.Streams`) reading the whole embedding table, as the
-    proof of its files wants it read."""
+def _each(placed: Placed, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+    """Each model measured on a placement of its own (:meth:`~resumerge.forward.sites.Seats.each`), its layers
+    recorded by a watch of its own where they run: in this process on ``device``, each admitted by ``reserve``,
+    reading the whole embedding table as the proof of its files wants it read; on a node, what it read of a hub file
+    held to the journal and read here too, for its file's proof."""
+    from contextlib import contextmanager
+
     from resumerge.analyses.measure.grams import GramWatch, tokens_of
     from resumerge.forward.placement import Streams
+    from resumerge.forward.sites import EachModel
 
-    with stream_of(measuring.models[index], measuring.keys[index], device) as stream:
-        watch = GramWatch(tokens_of(measuring.batches))
-        placement = Streams([stream], reserve=reserve, watch=watch, names=[str(stream.reader.directory)], rows=False)
-        return measured_on(placement, watch, measuring, index)
+    m = measuring
+    watches = [GramWatch(tokens_of(m.batches)) for _ in m.models]
+    lock = threading.Lock()  # each model's thread tells its node's reads
 
+    def on_reads(index: int, found: list[Read]) -> None:
+        with lock:
+            m.reads.elsewhere(m.models[index], found, prove=True)
 
-def side_by_side(placements: Sequence[Placement], watches: Sequence[GramWatch],
-                 measuring: Measuring) -> list[MeasuredModel]:
-    """Each model measured on its placement (recorded by its watch), a thread each (the placements compute
-    elsewhere: this process writes and journals); the first error raised once every thread ended."""
-    from concurrent.futures import ThreadPoolExecutor
+    @contextmanager
+    def here(index: int) -> Iterator[Placement]:
+        with stream_of(m.models[index], m.keys[index], device) as stream:
+            yield Streams([stream], reserve=reserve, watch=watches[index], names=[str(stream.reader.directory)],
+                          rows=False)
 
-    with ThreadPoolExecutor(max_workers=len(placements), thread_name_prefix="measure") as pool:
-        futures = [pool.submit(measured_on, placement, watch, measuring, index)
-                   for index, (placement, watch) in enumerate(zip(placements, watches))]
-        return [future.result() for future in futures]
+    def run(index: int, placement: Placement) -> MeasuredModel:
+        return measured_on(placement, watches[index], m, index)
+
+    return placed.seats.each(EachModel(m.models, placed.layers, watches, here, "measure", on_reads), run)
 
 
 def measured_on(placement: Placement, watch: GramWatch, measuring: Measuring, index: int) -> MeasuredModel:
