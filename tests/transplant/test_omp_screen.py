@@ -12,11 +12,21 @@ from resumerge.torch_import import torch
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    """The pursuit screens only on one thread (as the engine's CPU units and batch workers run)."""
+    """The pursuit screens only on one thread (as the engine's CPU units and batch workers run), and only where
+    the CPU multiplies bfloat16 natively and its float32 product keeps the screen's premise
+    (:func:`omp.gathers_exactly`): elsewhere there is nothing screened to compare."""
+    from resumerge.runs.transplant import omp
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    try:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            pytest.skip("this CPU has no native bfloat16 products: the pursuit takes the whole product")
+        if not omp.gathers_exactly(64):
+            pytest.skip("this machine's float32 product gives a gathered block other bits: no screen")
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _pair(seed: int, rows: int, atoms: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,3 +107,24 @@ def test_the_pursuit_screens_only_where_its_picks_stay_the_same(one_thread: None
     assert not omp.screens(targets, points[:200], 8)  # too few atoms
     torch.set_num_threads(2)
     assert not omp.screens(targets, points, 8)  # a product split over threads
+
+
+def test_a_machine_whose_gathered_products_differ_takes_the_whole_product(one_thread: None,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a gathered block's elements would not be the whole product's bits, no step is screened, so the picks
+    are the whole product's whatever the BLAS does."""
+    from resumerge.runs.transplant import omp
+
+    targets, points = _pair(5, 32, 600, 64)
+    assert omp.screens(targets, points, 8)
+    real = torch.mm
+
+    def nudged(a: torch.Tensor, b: torch.Tensor, **kw: object) -> torch.Tensor:
+        out = real(a, b, **kw)  # type: ignore[call-overload]
+        if a.shape[0] < 64 and not kw:
+            out = out * (1 + 2.0 ** -23)  # a block's kernel that rounds otherwise
+        return out
+
+    monkeypatch.setattr(omp.torch, "mm", nudged)
+    assert not omp.gathers_exactly(64)
+    assert not omp.screens(targets, points, 8)

@@ -126,9 +126,29 @@ def screens(targets: torch.Tensor, atoms: torch.Tensor, k: int) -> bool:
     if rows * (4 * n + 8 * k * width) < 3 * n * width:
         return False
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
     except (AttributeError, RuntimeError):
         return False
+    return gathers_exactly(width)
+
+
+def gathers_exactly(width: int) -> bool:
+    """Whether this machine's float32 product keeps what the screen rests on, probed at ``width``: an element of
+    a product of gathered rows (a block's 16 to 32) and columns (16 or more) has the bits of the whole product's
+    element. It holds for MKL on one thread where it was measured, but it is the BLAS's kernel choice, not a
+    contract, so each batch asks (a product of 64 rows and 512 atoms: well under a millisecond) and takes the whole
+    product where it fails: the picks are then the whole product's by construction."""
+    g = torch.Generator().manual_seed(width)
+    atoms, residual = torch.randn(512, width, generator=g), torch.randn(64, width, generator=g)
+    whole = torch.mm(residual, atoms.T)
+    for first, block in ((0, _BLOCK_ROWS // 2), (20, _BLOCK_ROWS - 1), (32, _BLOCK_ROWS)):
+        for columns in (_MIN_COLUMNS, _MIN_COLUMNS + 25, 300):
+            picked = torch.randperm(512, generator=g)[:columns].sort().values
+            part = torch.mm(residual[first:first + block], atoms[picked].T)
+            if not torch.equal(part, whole[first:first + block][:, picked]):
+                return False
+    return True
 
 
 @dataclass(frozen=True)
