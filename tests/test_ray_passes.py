@@ -254,11 +254,14 @@ def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_f
                                 {"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}}])
     with one_thread():
         api.evolve(config, tmp_path / "local", search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
-    with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
+    # Each node's torch computes with the thread count the search recorded as it started (one, as the local one):
+    # the files are the local search's whatever the nodes' CPUs.
+    with pytest.MonkeyPatch.context() as here, one_thread():  # no candidate scored in this process: each on a node
         here.setattr(StreamedCandidates, "score", _not_here)
         here.setattr(LmEvalCandidates, "score", _not_here)
         api.evolve(config, tmp_path / "ray", api.Settings(executor=RayExecutor(address=cluster.address)),
                    search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
+    assert (tmp_path / "ray" / "threads.json").read_text() == '{"threads": 1}'
     for name in FILES:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 

@@ -43,10 +43,12 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   again, and a change in a layer the journal holds refuses the pass (exit 4, the file named).
 - **The lock** (:func:`~.folder.pass_lock`): one process per pass folder (an exclusive flock, which vanishes with
   the process); a second is refused naming the first.
+- **The threads** (:mod:`.threads`): the torch thread count a pass computes with, decided as it first starts and kept
+  in its folder, applied again by the process that resumes it (a float's bits depend on it).
 - **The driver** (:mod:`.driver`): a pass is a job (:class:`~.driver.PassJob`: its folder, answer cache, proof,
   fit, run, end and Ctrl-C's words), and :func:`~.driver.drive` runs every one in the same order: the lock, the
-  answer cache, the proof, the fit, admission, the loop, the end; Ctrl-C raises ``InterruptedMerge`` naming where
-  it stopped and the command that continues it. A new pass writes its job, not its orchestration.
+  answer cache, the threads, the proof, the fit, admission, the loop, the end; Ctrl-C raises ``InterruptedMerge``
+  naming where it stopped and the command that continues it. A new pass writes its job, not its orchestration.
 - **The models and the texts**, each with one owner: :func:`~.opened.open_for_pass` opens a model for a pass (a
   local folder, ``hf://`` repo, GGUF file or split set, a GGUF file of a hub repo; headers only),
   :class:`~.hubreads.PassReads` holds a hub model's ranges to the hub's checksums, :mod:`.texts` makes the token
@@ -55,7 +57,7 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   check, in each client's words.
 
 May import: errors, config, inputs, memory, merge.plan (inputrefs only), merge.store (killpoints, runlock, ledger,
-durable), merge.engine, merge.vocab, outputs.
+durable, threadcount), merge.engine, merge.vocab, outputs.
 """
 
 from __future__ import annotations

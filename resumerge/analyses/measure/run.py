@@ -41,6 +41,7 @@ from resumerge.inputs.grams import (
     layer_file,
     read_measurement,
 )
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget
@@ -100,7 +101,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     where = PassFolder(folder, f"a measurement into {folder}",
                        shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
-                       lock_name=LOCK_FILE)
+                       lock_name=LOCK_FILE, threads=state.measures_dir / key[:32] / THREADS_FILE)
     job = MeasureJob(where, os.fspath(config), None if texts is None else os.fspath(texts), key, models, keys, tokens,
                      merged, proof, MeasureSettings(max_memory, state, placement, device),
                      on_progress)

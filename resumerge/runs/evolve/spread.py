@@ -11,8 +11,9 @@ actor journals each candidate's figures into
 STORAGE as it scores it (STORAGE on a path every node sees, as OUT for a merge on Ray), so a search killed anywhere
 resumes, on Ray or locally; the driver then records the figures it was sent (the same bytes). A candidate's figures
 are its own whichever group it was in (each candidate runs on its own hidden states), and each node's torch
-computes with the CPUs its actor declares: on nodes of as many CPUs as the local search's threads, the table is the
-local search's, byte for byte. On a cluster that outlives the search, each node's group is scored by the node's
+computes with the thread count the search recorded as it first started (STORAGE's ``threads.json``; the CPUs its
+actor declares where none is recorded): the table is the local search's, byte for byte, whatever the nodes' cores.
+On a cluster that outlives the search, each node's group is scored by the node's
 kept worker (:mod:`resumerge.merge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
 imported Ray, the engine and torch already, instead of a fresh process each search.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import UnreachableError
+from resumerge.merge.store.threadcount import recorded_threads
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import ScoresGeneration
 
@@ -117,9 +119,12 @@ class SpreadOverNodes:
                      phase=f"scored on {len(groups)} Ray node(s)")
             hosts = kept_hosts(ray, placed, self.keep)
             actors: list[Any] = []
+            # The search's own count where it recorded one: a candidate's bits are then the same on any node
+            recorded = recorded_threads(self.store, storage.THREADS)
             try:
                 for place, host in zip(placed, hosts):
-                    actors.append(on_place(ray, place, host, NodeScores, self.make, self.store, int(place.cpus)))
+                    actors.append(on_place(ray, place, host, NodeScores, self.make, self.store,
+                                           recorded or int(place.cpus)))
                 scored = got(ray, [actor.score.remote(generation, group, [configs[i] for i in group])
                                    for actor, group in zip(actors, groups)])
             except Lost as exc:  # a node (or its actor's process) lost
