@@ -14,17 +14,34 @@ nodes: the nodes it leaves are kept for the next such test (each node costs a ra
 but the idle kept workers' own: the actors of the test before ended with its driver; else it starts fresh ones). So
 the kept workers a spare test's passes left host the next one's, as they would a second pass on a user's cluster. A
 test that asks otherwise, or for fewer, has the spare nodes it does not take removed first, so every test still sees
-only its own nodes. A test that fails leaves no spare node. A module whose Ray tests ask for spare nodes says so
+only its own nodes. A test that fails leaves no spare node. Spare nodes serve only a test whose settings they were
+started with (:func:`node_settings`: the hub's, huggingface_hub's, transformers' and resumerge's variables, the
+per-test folders aside): their processes keep the environment they started with, so a test that needs its own (the
+stand-in hub's, with ``HF_HUB_OFFLINE`` unset) took nodes whose kept workers still ran offline, and failed only after
+the tests that left them. A module whose Ray tests ask for spare nodes says so
 (``RAY_SPARE_NODES = True``): tests/conftest.py runs those modules one after the other, before the other Ray
 modules, so that the nodes one leaves serve the next."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+# The environment variables that set what a node's processes do (the hub's endpoint, offline mode, a token, a kill
+# point), by prefix; the per-test folders among them (``HF_HOME``, ``RESUMERGE_STATE_DIR``...) change nothing a test
+# that takes spare nodes reads, and differ for every test.
+_SETTINGS = ("HF_", "HUGGING_FACE_", "HUGGINGFACE_", "TRANSFORMERS_", "RESUMERGE_")
+_FOLDERS = ("_HOME", "_CACHE", "_PATH", "_DIR")
+
+
+def node_settings(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The settings in ``environ`` that a node started with it gives its processes (see :data:`_SETTINGS`)."""
+    return tuple(sorted((name, value) for name, value in environ.items()
+                        if name.startswith(_SETTINGS) and not name.endswith(_FOLDERS)))
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,7 @@ class RayHead:
         self._started: Any = None
         self._spare: list[Any] = []  # worker nodes a ``spare`` test left, for the next one
         self._spare_memory: int | None = None  # the memory they declare (None: Ray's default)
+        self._spare_settings: tuple[tuple[str, str], ...] = ()  # the environment's settings they started with
 
     def started(self) -> Any:
         """The head's ``Cluster``, started now where none runs."""
@@ -67,18 +85,20 @@ class RayHead:
                 "include_dashboard": False})
         return self._started
 
-    def take_spare(self, wanted: int, memory: int | None) -> list[Any]:
-        """Up to ``wanted`` of the spare nodes (declaring ``memory``), the others removed."""
+    def take_spare(self, wanted: int, memory: int | None, settings: tuple[tuple[str, str], ...]) -> list[Any]:
+        """Up to ``wanted`` of the spare nodes (declaring ``memory``, started with ``settings``), the others
+        removed."""
         taken: list[Any] = []
-        if self._spare and self._spare_memory == memory:
+        if self._spare and self._spare_memory == memory and self._spare_settings == settings:
             taken, self._spare = self._spare[:wanted], self._spare[wanted:]
         self.drop_spare()
         return taken
 
-    def keep_spare(self, nodes: list[Any], memory: int | None) -> None:
-        """Keep ``nodes`` (declaring ``memory``) for the next test that asks for spare nodes."""
+    def keep_spare(self, nodes: list[Any], memory: int | None, settings: tuple[tuple[str, str], ...]) -> None:
+        """Keep ``nodes`` (declaring ``memory``, started with ``settings``) for the next test that asks for spare
+        nodes with the same."""
         self.drop_spare()
-        self._spare, self._spare_memory = list(nodes), memory
+        self._spare, self._spare_memory, self._spare_settings = list(nodes), memory, settings
 
     def drop_spare(self) -> None:
         """Remove the spare nodes."""
@@ -104,11 +124,13 @@ def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None,
     driver. Yields the test's cluster and the ``ray.cluster_utils.Cluster`` (to remove a node mid-run); on the
     way out the driver disconnects and the worker nodes left are removed, the head seeing them gone. With ``spare``
     (see the module's docstring), the nodes come first from those a ``spare`` test before left, idle, and the ones
-    left are kept for the next."""
+    left are kept for the next (one started with this test's settings: :func:`node_settings`)."""
     import ray
 
     started = head.started()
-    nodes: list[Any] = head.take_spare(workers, memory) if spare else []
+    # Every node this test uses runs with these: the spare ones it takes were started with them, fresh ones now.
+    settings = node_settings(os.environ)
+    nodes: list[Any] = head.take_spare(workers, memory, settings) if spare else []
     if not spare:
         head.drop_spare()
     reused, passed = len(nodes), False
@@ -131,7 +153,7 @@ def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None,
         ray.shutdown()
         left = [node for node in nodes if node in started.worker_nodes]  # not removed by the test itself
         if spare and passed:
-            head.keep_spare(left, memory)
+            head.keep_spare(left, memory, settings)
         else:
             for node in left:
                 started.remove_node(node)

@@ -41,8 +41,14 @@ RAY_SPARE_NODES = True  # tests/conftest.py: this module runs beside the others 
 
 @pytest.fixture(scope="module")
 def cluster(ray_head: RayHead) -> Iterator[Cluster]:
-    with ray_cluster(ray_head, workers=2, spare=True) as (started, _):
-        yield started
+    # Set up before any test's `hermetic` (tests/conftest.py): its nodes start with the settings `hermetic` gives the
+    # module's tests (offline, no telemetry), as the check modules' tests' nodes did, so that it takes the nodes they
+    # left (tests/raycluster.py: spare nodes serve only a test of the settings they started with).
+    with pytest.MonkeyPatch.context() as settings:
+        settings.setenv("HF_HUB_OFFLINE", "1")
+        settings.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        with ray_cluster(ray_head, workers=2, spare=True) as (started, _):
+            yield started
 
 
 def _measured(root: Path, method: str = "regmean") -> tuple[Path, Path]:
