@@ -16,7 +16,9 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
+import gguf
 import numpy as np
 import pytest
 
@@ -219,6 +221,7 @@ class _Batch(ctypes.Structure):
 
 
 _MAX_DIMS, _MAX_OP_PARAMS, _MAX_SRC, _MAX_NAME = 4, 64, 10, 64
+_F32, _I32 = 0, 26  # enum ggml_type
 
 
 class _Tensor(ctypes.Structure):
@@ -242,8 +245,13 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
     base.ggml_init.argtypes = [_InitParams]
     base.ggml_new_tensor_2d.restype = ctypes.c_void_p
     base.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_new_tensor_3d.restype = ctypes.c_void_p
+    base.ggml_new_tensor_3d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_int64]
     base.ggml_mul_mat.restype = ctypes.c_void_p
     base.ggml_mul_mat.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    base.ggml_mul_mat_id.restype = ctypes.c_void_p
+    base.ggml_mul_mat_id.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     for name in ("ggml_get_name", "ggml_get_data", "ggml_op_desc"):
         getattr(base, name).restype = ctypes.c_void_p
         getattr(base, name).argtypes = [ctypes.c_void_p]
@@ -255,22 +263,36 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
         product = base.ggml_mul_mat(ctx, a, b)
         seen = _Tensor.from_address(product)
         head = _Tensor.from_address(b)
+        # A MUL_MAT_ID: 3 experts of [32, 4], 2 used by each of 5 tokens; its ids (I32) the third source.
+        experts = base.ggml_new_tensor_3d(ctx, 0, 32, 4, 3)
+        routed = base.ggml_new_tensor_3d(ctx, 0, 32, 2, 5)
+        ids = base.ggml_new_tensor_2d(ctx, _I32, 2, 5)
+        indirect = _Tensor.from_address(base.ggml_mul_mat_id(ctx, experts, routed, ids))
         return (seen.src[0] == a and seen.src[1] == b and tuple(head.ne) == (32, 5, 1, 1) and head.nb[1] == 128
                 and head.type == 0 and head.data == base.ggml_get_data(b)
                 and ctypes.addressof(head) + _Tensor.name.offset == base.ggml_get_name(b)
-                and ctypes.string_at(base.ggml_op_desc(product)) == b"MUL_MAT")
+                and ctypes.string_at(base.ggml_op_desc(product)) == b"MUL_MAT"
+                and tuple(indirect.src[:3]) == (experts, routed, ids)
+                and ctypes.string_at(base.ggml_op_desc(ctypes.addressof(indirect))) == b"MUL_MAT_ID"
+                and _Tensor.from_address(ids).type == _I32 and tuple(_Tensor.from_address(ids).nb[:2]) == (4, 8))
     finally:
         base.ggml_free(ctx)
 
 
-def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16) -> dict[str, tuple[np.ndarray,
-                                                                                                        int]]:
+def imatrix_of_forward(model: Path, texts: list[list[int]], *,
+                       min_batch: int = 16) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone with every
-    position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight named
-    ``blk.…``, the float32 sums of each input column's squares over the rows of every MUL_MAT it is the first
-    operand of, and the number of those rows. Collected in ``cb_eval`` (``llama_context_params``), the scheduler
-    hook llama-imatrix itself registers, under its rules: activations F32, batches of fewer than ``min_batch``
-    tokens skipped."""
+    position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight, the
+    float32 sums of each input column's squares, [n_mat, n_in], and the rows counted into each matrix, int64
+    [n_mat]. Collected in ``cb_eval`` (``llama_context_params``), the scheduler hook llama-imatrix itself registers,
+    under its rules (``tools/imatrix/imatrix.cpp``, ``collect_imatrix``):
+
+    - a MUL_MAT whose weight is named ``blk.…`` (n_mat 1): every row of its input, when the input is F32 and the
+      batch holds at least ``min_batch`` tokens;
+    - every MUL_MAT_ID (a mixture's experts, stacked [n_in, n_out, n_expert]: n_mat = n_expert), whatever its name
+      or batch: for each token and each expert its ids tensor chose for it, the token's input to that expert (one
+      row shared by every choice for gate/up, one row per choice for down) added to that expert's row, and one to
+      its count. Expert by expert, then choice by choice, then token by token, as llama-imatrix sums them."""
     base, llama = needs_library()
     if not _tensor_layout_holds(base):
         pytest.skip("struct ggml_tensor of this llama.cpp build differs from the one the oracle reads")
@@ -293,35 +315,64 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
     llama.llama_model_free.argtypes = [ctypes.c_void_p]
     base.ggml_op_desc.restype = ctypes.c_char_p
     sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    counts: dict[str, np.ndarray] = {}
 
-    def weight_of(t: _Tensor) -> tuple[str, _Tensor, _Tensor] | None:
-        if base.ggml_op_desc(ctypes.addressof(t)) != b"MUL_MAT":
-            return None
-        src0, src1 = _Tensor.from_address(t.src[0]), _Tensor.from_address(t.src[1])
-        name = src0.name.decode()
-        name = name.split("#")[1] if "#" in name else name  # backend prefixes, as llama-imatrix strips them
-        if not name.startswith("blk.") or src1.type != 0 or src1.ne[1] < min_batch:
-            return None
-        return name, src0, src1
+    def floats(at: int, n: int) -> np.ndarray:
+        return np.ctypeslib.as_array((ctypes.c_float * n).from_address(at)).copy()
 
-    def observe(address: int, ask: bool, _: int) -> bool:
-        found = weight_of(_Tensor.from_address(address))
-        if ask or found is None:  # asked: whether to be shown it; shown: False would stop the forward
-            return found is not None or not ask
-        name, src0, src1 = found
-        assert src1.nb[0] == 4 and src0.ne[2] * src0.ne[3] == 1, name  # dense weights only
+    def wanted(t: _Tensor) -> bool:
+        op = base.ggml_op_desc(ctypes.addressof(t))
+        if op == b"MUL_MAT_ID":  # llama-imatrix asks for every one
+            return True
+        if op != b"MUL_MAT":
+            return False
+        src1 = _Tensor.from_address(t.src[1])
+        return (_weight_name(_Tensor.from_address(t.src[0])).startswith("blk.") and src1.type == _F32
+                and src1.ne[1] >= min_batch)
+
+    def dense(name: str, src0: _Tensor, src1: _Tensor) -> None:
+        assert src0.ne[2] * src0.ne[3] == 1, name  # the blocks' matrices: no batched weights here
         n_in = int(src1.ne[0])
-        rows = []
+        total = sums.setdefault(name, np.zeros((1, n_in), dtype=np.float32))
+        rows = 0
         for i3 in range(src1.ne[3]):
             for i2 in range(src1.ne[2]):
-                for row in range(src1.ne[1]):
-                    at = src1.data + row * src1.nb[1] + i2 * src1.nb[2] + i3 * src1.nb[3]
-                    rows.append(np.ctypeslib.as_array((ctypes.c_float * n_in).from_address(at)).copy())
-        total = sums.setdefault(name, np.zeros(n_in, dtype=np.float32))
-        for x in rows:  # float32, row after row, as llama-imatrix's running sums
-            total += x * x
-        counts[name] = counts.get(name, 0) + len(rows)
+                for row in range(src1.ne[1]):  # float32, row after row, as llama-imatrix's running sums
+                    x = floats(src1.data + row * src1.nb[1] + i2 * src1.nb[2] + i3 * src1.nb[3], n_in)
+                    total[0] += x * x
+                    rows += 1
+        counts[name] = counts.get(name, np.zeros(1, dtype=np.int64)) + rows
+
+    def routed(name: str, src0: _Tensor, src1: _Tensor, ids: _Tensor) -> None:
+        n_expert, n_in, n_chosen, n_tokens = int(src0.ne[2]), int(src1.ne[0]), int(ids.ne[0]), int(ids.ne[1])
+        assert ids.type == _I32 and ids.ne[1] == src1.ne[2] and src1.ne[3] == 1, name
+        chosen = [[ctypes.c_int32.from_address(ids.data + token * ids.nb[1] + k * ids.nb[0]).value
+                   for k in range(n_chosen)] for token in range(n_tokens)]
+        total = sums.setdefault(name, np.zeros((n_expert, n_in), dtype=np.float32))
+        count = counts.setdefault(name, np.zeros(n_expert, dtype=np.int64))
+        for expert in range(n_expert):
+            for k in range(n_chosen):
+                for token in range(n_tokens):
+                    assert 0 <= chosen[token][k] < n_expert, name
+                    if chosen[token][k] != expert:
+                        continue
+                    # gate/up read one row per token (ne[1] 1), down one per choice
+                    x = floats(src1.data + (k % src1.ne[1]) * src1.nb[1] + token * src1.nb[2], n_in)
+                    total[expert] += x * x
+                    count[expert] += 1
+
+    def observe(address: int, ask: bool, _: int) -> bool:
+        t = _Tensor.from_address(address)
+        if ask:  # asked whether to be shown it
+            return wanted(t)
+        if not wanted(t):  # shown one not asked for: False would stop the forward
+            return True
+        src0, src1 = _Tensor.from_address(t.src[0]), _Tensor.from_address(t.src[1])
+        assert src1.type == _F32 and src1.nb[0] == 4, _weight_name(src0)
+        if base.ggml_op_desc(address) == b"MUL_MAT_ID":
+            routed(_weight_name(src0), src0, src1, _Tensor.from_address(t.src[2]))
+        else:
+            dense(_weight_name(src0), src0, src1)
         return True
 
     callback = _EVAL_CALLBACK(observe)
@@ -356,3 +407,55 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
             llama.llama_free(ctx)
         llama.llama_model_free(loaded)
     return {name: (sums[name], counts[name]) for name in sums}
+
+
+def _weight_name(t: _Tensor) -> str:
+    """``t``'s name without the backend's prefix and suffix (``CPU#blk.0.attn_k.weight#0``), as llama-imatrix
+    strips them."""
+    name = t.name.decode()
+    return name.split("#")[1] if "#" in name else name
+
+
+class _GgufInitParams(ctypes.Structure):
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+class Stored(NamedTuple):
+    """A tensor as a GGUF stores it: its type's name, its bytes, its ``ne`` (ggml's order: a row's length first)."""
+
+    kind: str
+    data: bytes
+    ne: tuple[int, ...]
+
+
+def tensors_of(path: Path) -> dict[str, Stored]:
+    """Every tensor of the GGUF at ``path`` read through llama.cpp's own GGUF parser (``gguf_init_from_file``,
+    header only), by name in the file's order. gguf-py's reader turns every element of a vocabulary into a slice of
+    its own (Gemma-3's 262,144 tokens: ~8 CPU s a file); this one, in C, takes a fraction of a second and reads the
+    file as the llama.cpp that will run it does."""
+    base, _ = needs_library()
+    base.gguf_init_from_file.restype = ctypes.c_void_p
+    base.gguf_init_from_file.argtypes = [ctypes.c_char_p, _GgufInitParams]
+    for name, restype in (("gguf_get_n_tensors", ctypes.c_int64), ("gguf_get_data_offset", ctypes.c_size_t)):
+        getattr(base, name).restype = restype
+        getattr(base, name).argtypes = [ctypes.c_void_p]
+    for name, restype in (("gguf_get_tensor_name", ctypes.c_char_p), ("gguf_get_tensor_type", ctypes.c_int),
+                          ("gguf_get_tensor_offset", ctypes.c_size_t), ("gguf_get_tensor_size", ctypes.c_size_t),
+                          ("gguf_get_tensor_ne", ctypes.POINTER(ctypes.c_int64))):
+        getattr(base, name).restype = restype
+        getattr(base, name).argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    base.gguf_free.argtypes = [ctypes.c_void_p]
+    ctx = base.gguf_init_from_file(str(path).encode(), _GgufInitParams(True, None))
+    if not ctx:
+        raise RuntimeError(f"llama.cpp's GGUF parser refused {path}")
+    try:
+        data = base.gguf_get_data_offset(ctx)
+        spans = [(base.gguf_get_tensor_name(ctx, i).decode(), base.gguf_get_tensor_type(ctx, i),
+                  data + base.gguf_get_tensor_offset(ctx, i), base.gguf_get_tensor_size(ctx, i),
+                  tuple(base.gguf_get_tensor_ne(ctx, i)[:_MAX_DIMS]))
+                 for i in range(base.gguf_get_n_tensors(ctx))]
+    finally:
+        base.gguf_free(ctx)
+    stored = np.memmap(path, dtype=np.uint8, mode="r")
+    return {name: Stored(gguf.GGMLQuantizationType(kind).name, stored[at:at + size].tobytes(), ne)
+            for name, kind, at, size, ne in spans}

@@ -389,14 +389,17 @@ def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_ho
 
 def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from resumerge.analyses.measure.grams import Streamed, measure_model
+    from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.analyses.measure.passes import stream_of
     from resumerge.forward.batches import one_by_one
+    from resumerge.forward.placement import Streams
 
     model = _pass_models(tmp_path)[0]
+    batches = one_by_one(PASS_TOKENS)
     for device in ("cpu", "cpu:0"):
         with stream_of(model, "merge", device) as stream:  # type: ignore[arg-type]
-            measure_model(Streamed(stream), one_by_one(PASS_TOKENS), tmp_path / device, 0,
+            watch = GramWatch(tokens_of(batches))
+            measure_model(Streams([stream], watch=watch, rows=False), watch, batches, tmp_path / device, 0,
                           tmp_path / f"{device}-journal")
     grams = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
     assert len(grams) == PASS_SPEC_LAYERS

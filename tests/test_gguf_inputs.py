@@ -60,6 +60,13 @@ def test_a_float32_gguf_of_each_family_reads_back_as_the_hugging_face_weights_it
         _same(got[name], value, name)
     assert model.config["model_type"] == {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
     assert model.config["tie_word_embeddings"] is (arch == "gemma2")
+    # What llama.cpp's forward of the family fixes and the config's defaults do not say (qwen3moe's top-k weights
+    # divided by their sum): as transformers' own GGUF loader sets it.
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
+
+    fixed = GGUF_CONFIG_DEFAULTS_MAPPING.get(model.config["model_type"], {})
+    assert {key: model.config.get(key) for key in fixed} == fixed
+    assert model.config.get("norm_topk_prob") is (True if arch == "qwen3moe" else None)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

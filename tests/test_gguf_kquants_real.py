@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from llamacpp_oracle import needs_library, quantize_model
+from llamacpp_oracle import needs_library, quantize_model, tensors_of
 from support import write_config
 
 from resumerge import api
@@ -43,15 +43,11 @@ def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return request.param, config, root / "f16" / "model.gguf"
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, bytes]]:
-    return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
-
-
 def _imatrix(f16: Path) -> dict[str, np.ndarray]:
     """Positive importance values for every block matrix of ``f16`` (as llama-quantize passes them)."""
     rng = np.random.default_rng(5)
-    return {t.name: (rng.random(int(t.shape[0])) * 4 + 0.01).astype(np.float32)
-            for t in gguf.GGUFReader(f16).tensors if t.name.startswith("blk.") and len(t.shape) >= 2}
+    return {name: (rng.random(t.ne[0]) * 4 + 0.01).astype(np.float32)
+            for name, t in tensors_of(f16).items() if name.startswith("blk.") and t.ne[1] > 1}
 
 
 @pytest.mark.parametrize("mix", K_MIXES)
@@ -62,12 +58,12 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
                                                             output=api.Output(out_type="gguf", gguf_type=mix)))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
     (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want = _tensors(ours), _tensors(tmp_path / "llama.gguf")
+    got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
     assert got.keys() == want.keys()
-    assert {n: got[n][0] for n in got} == {n: want[n][0] for n in want}, model
-    assert [n for n in got if got[n][1] != want[n][1]] == [], model
+    assert {n: got[n].kind for n in got} == {n: want[n].kind for n in want}, model
+    assert [n for n in got if got[n] != want[n]] == [], model
     # The mix is not the file's default type everywhere: the rules and the fallbacks were exercised.
-    assert len({kind for kind, _ in got.values()}) >= 3
+    assert len({t.kind for t in got.values()}) >= 3
 
 
 def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(real_f16: tuple[str, Path, Path],
@@ -92,6 +88,6 @@ def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(real_f16: tu
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=entries)
     quantize_model(f16, tmp_path / "plain.gguf", MIXES["q4_k_m"].file_type)
     (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want, plain = _tensors(ours), _tensors(tmp_path / "llama.gguf"), _tensors(tmp_path / "plain.gguf")
+    got, want, plain = tensors_of(ours), tensors_of(tmp_path / "llama.gguf"), tensors_of(tmp_path / "plain.gguf")
     assert [n for n in got if got[n] != want[n]] == [], model
     assert any(got[n] != plain[n] for n in plain)

@@ -260,3 +260,61 @@ def test_the_slices_of_a_stack_lie_end_to_end_whatever_their_size(tmp_path: Path
     assert np.array_equal(gguf.quants.dequantize(stack.data, stack.tensor_type),
                           np.stack([gguf.quants.dequantize(s, Q.Q8_0) for s in slices]))
     assert np.array_equal(after.data, norm)
+
+
+@pytest.mark.parametrize("said", ["absent", "false"])
+def test_a_qwen3moe_that_does_not_renormalise_its_experts_weights_is_refused_as_gguf(tmp_path: Path,
+                                                                                      said: str) -> None:
+    """llama.cpp's qwen3moe divides the chosen experts' routing weights by their sum whatever the GGUF says;
+    transformers does so only with norm_topk_prob (false when absent): such a model written as a qwen3moe GGUF
+    would compute another model than the merge, so it is refused at plan time (exit 2), nothing written."""
+    from resumerge.errors import ModelInputError
+
+    source = tmp_path / "a.gguf"
+    write_gguf(source, "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=1)), Q.F32)
+    model, values = decoded(source)
+    folder = tmp_path / "a"
+    folder.mkdir()
+    config = {k: v for k, v in model.config.items() if k not in ("quantization_config", "norm_topk_prob")}
+    (folder / "config.json").write_text(json.dumps({**config, **({"norm_topk_prob": False} if said == "false"
+                                                                 else {})}))
+    save_file(values, folder / "model.safetensors")
+    merge = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                               "models": [{"model": str(folder)}]})
+    out = tmp_path / "out"
+    with pytest.raises(ModelInputError) as refused:
+        api.run(merge, out, settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(out_type="gguf")))
+    line = refused.value.one_line()
+    said_line = "has no norm_topk_prob (transformers reads false)" if said == "absent" else "says norm_topk_prob: false"
+    assert f"the output's config.json {said_line}, and llama.cpp's qwen3moe always divides the 2 chosen" in line
+    assert "--out-type safetensors" in line and "set norm_topk_prob: true" in line and "\n" not in line
+    assert refused.value.exit_code == 2
+    assert not (out / "model.gguf").exists()
+
+
+def _moe_config(**extra: object) -> dict[str, object]:
+    return {"num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3, **extra}
+
+
+@pytest.mark.parametrize(("arch", "config", "refused"), [
+    ("qwen3moe", _moe_config(norm_topk_prob=True), None),
+    ("qwen3moe", _moe_config(), r"no norm_topk_prob \(transformers reads false\).*always divides the 2 chosen"),
+    ("qwen3moe", _moe_config(norm_topk_prob=False, num_experts_per_tok=4), None),  # all chosen: weights sum to 1
+    ("qwen2moe", _moe_config(), None),
+    ("qwen2moe", _moe_config(norm_topk_prob=True), r"norm_topk_prob: true.*llama.cpp's qwen2moe never divides"),
+    ("qwen2moe", _moe_config(norm_topk_prob=True, num_experts_per_tok=4), None),
+    ("qwen3moe", _moe_config(norm_topk_prob=True, mlp_only_layers=[1]), r"makes layer 1 dense"),
+    ("qwen2moe", _moe_config(decoder_sparse_step=2), r"makes layers 0, 2 dense"),
+    ("qwen3moe", _moe_config(norm_topk_prob=True, mlp_only_layers=[7]), None),  # no such layer
+    ("llama", {"num_local_experts": 8, "num_experts_per_tok": 2}, None),  # Mixtral: renormalised in both
+])
+def test_a_mixture_of_experts_llama_cpp_would_route_otherwise_is_refused(
+        arch: str, config: dict[str, object], refused: str | None) -> None:
+    from resumerge.errors import ModelInputError
+    from resumerge.inputs.gguf.names import check_routing
+
+    if refused is None:
+        check_routing(arch, config)
+        return
+    with pytest.raises(ModelInputError, match=refused):
+        check_routing(arch, config)

@@ -2,7 +2,8 @@
 llama-imatrix's own accumulation on the written merge (issue 84): llama.cpp's library (the test-only oracle of
 ``tests/llamacpp_oracle.py``) runs its forward on the F32 GGUF resumerge wrote of the same merge over the very token
 ids resumerge read, and ``cb_eval`` (the scheduler hook llama-imatrix registers) sums each MUL_MAT's input columns'
-squares as llama-imatrix does. Skipped where the library does not load.
+squares as llama-imatrix does: each MUL_MAT's rows, and for a mixture's experts (MUL_MAT_ID) each expert's
+tokens as the ids its router chose, counted per expert. Skipped where the library does not load.
 
 llama-imatrix itself cuts one text file into chunks of ``n_ctx`` tokens, each begun by BOS; resumerge runs each line
 as its own sequence. With the same sequences fed to both, the sums are the same: that is what is compared here, and
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from ggufmodels import EXPERTS, LAYERS, Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import imatrix_of_forward, needs_library
 from support import write_config
 
@@ -24,24 +25,28 @@ TEXTS = ("the cat sat on the mat and the dog sat on the log.\nthree plus four is
          "abc def ghi 123 456 789 jkl mno pqr stu\n")
 
 
-def _raw(matrix: Path) -> dict[str, tuple[np.ndarray, float]]:
-    """A GGUF importance matrix's entries as written: per weight, its sums of squares and its count."""
+def _raw(matrix: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A GGUF importance matrix's entries as written: per weight, its sums of squares [n_mat, n_in] and its counts
+    [n_mat] (one matrix for a dense weight, one per expert for a stack)."""
     tensors = {t.name: np.asarray(t.data, dtype=np.float32) for t in gguf.GGUFReader(matrix).tensors}
-    return {name.removesuffix(".in_sum2"): (values.reshape(-1), float(tensors[name.replace(".in_sum2", ".counts")]
-                                                                       .reshape(-1)[0]))
-            for name, values in tensors.items() if name.endswith(".in_sum2")}
+    raw = {}
+    for name, values in tensors.items():
+        if name.endswith(".in_sum2"):
+            counts = tensors[name.replace(".in_sum2", ".counts")].reshape(-1)
+            raw[name.removesuffix(".in_sum2")] = values.reshape(counts.size, -1), counts
+    return raw
 
 
-def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_written_one(tmp_path: Path) -> None:
-    """Per weight of the decoder blocks: the same entries, the same count (every token of every text), and sums of
-    squares equal to float32 tolerance to what llama.cpp's forward of the written F32 GGUF shows llama-imatrix's
-    callback over the same token ids."""
-    needs_library()
+def _both(tmp_path: Path, arch: str) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
+                                              dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """(the matrix ``run --imatrix-texts`` computed on a float32 linear merge of two tiny ``arch`` GGUFs never
+    written, llama-imatrix's accumulation of llama.cpp's forward of that merge written as F32 GGUF over the token ids
+    resumerge's pass read, the number of those tokens)."""
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    write_gguf(a, arch, to_gguf(arch, hf_tensors(arch, seed=1)), Q.F32)
+    write_gguf(b, arch, to_gguf(arch, hf_tensors(arch, seed=2)), Q.F32)
     config = write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
     texts = tmp_path / "texts.txt"
@@ -49,7 +54,6 @@ def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_wr
     api.run(config, tmp_path / "q4", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
     (matrix,) = (tmp_path / "s" / "imatrix").glob("*.gguf")
-    ours = _raw(matrix)
     # The merge written: as F32 GGUF for llama.cpp, as safetensors for the tokenizer resumerge's pass read.
     api.run(config, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2", output=api.Output(
         out_type="gguf", gguf_type="f32")))
@@ -57,14 +61,48 @@ def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_wr
     tokenizer = load_tokenizer([tmp_path / "st"], plain=True)
     ids = sequences(tokenizer, texts, context_of([]), option="--imatrix-texts")
     assert len(ids) == 3 and min(map(len, ids)) >= 16
-    theirs = imatrix_of_forward(tmp_path / "f32" / "model.gguf", ids)
+    return _raw(matrix), imatrix_of_forward(tmp_path / "f32" / "model.gguf", ids), sum(map(len, ids))
+
+
+def _sums_agree(name: str, mine: np.ndarray, sums: np.ndarray) -> None:
+    """Float32 sums of the same squares in another order (and of activations computed in another order)."""
+    assert mine.shape == sums.shape, name
+    assert np.allclose(mine, sums, rtol=2e-4, atol=1e-6 * float(sums.max())), (
+        name, float(np.max(np.abs(mine - sums) / np.maximum(np.abs(sums), 1e-6))))
+
+
+def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_written_one(tmp_path: Path) -> None:
+    """Per weight of the decoder blocks: the same entries, the same count (every token of every text), and sums of
+    squares equal to float32 tolerance to what llama.cpp's forward of the written F32 GGUF shows llama-imatrix's
+    callback over the same token ids."""
+    needs_library()
+    ours, theirs, tokens = _both(tmp_path, "llama")
     assert sorted(ours) == sorted(theirs) and len(theirs) == 14
-    tokens = sum(map(len, ids))
-    for name, (sums, count) in theirs.items():
-        mine, my_count = ours[name]
-        assert count == my_count == tokens, name
-        assert np.allclose(mine, sums, rtol=2e-4, atol=1e-6 * float(sums.max())), (
-            name, float(np.max(np.abs(mine - sums) / np.maximum(np.abs(sums), 1e-6))))
+    for name, (sums, counts) in theirs.items():
+        mine, my_counts = ours[name]
+        assert counts.tolist() == my_counts.tolist() == [tokens], name
+        _sums_agree(name, mine, sums)
+
+
+def test_each_expert_s_entry_is_llama_imatrix_s_on_the_written_mixture(tmp_path: Path) -> None:
+    """A mixture of experts (Qwen3-MoE: 3 experts, 2 a token): llama.cpp runs the experts as MUL_MAT_ID on the
+    stacked ``ffn_{gate,up,down}_exps``, and llama-imatrix counts each expert's tokens from the ids its router
+    chose. The matrix resumerge computed on the merge never written holds the same entries (attention, routers and
+    the three stacks of each layer), each stack's per-expert counts identical to llama.cpp's routing of the same
+    tokens (every expert chosen, two choices a token), and every expert's sums equal to float32 tolerance."""
+    needs_library()
+    ours, theirs, tokens = _both(tmp_path, "qwen3moe")
+    assert sorted(ours) == sorted(theirs)
+    stacks = [name for name in theirs if "_exps." in name]
+    assert len(stacks) == 3 * LAYERS and len(theirs) == 8 * LAYERS  # q k v output, router, gate up down
+    for name, (sums, counts) in theirs.items():
+        mine, my_counts = ours[name]
+        if name in stacks:
+            assert counts.size == EXPERTS and counts.sum() == 2 * tokens and counts.min() > 0, (name, counts)
+        else:
+            assert counts.tolist() == [tokens], name
+        assert my_counts.tolist() == counts.tolist(), name
+        _sums_agree(name, mine, sums)
 
 
 def test_the_oracle_skips_what_llama_imatrix_skips(tmp_path: Path) -> None:
@@ -81,4 +119,22 @@ def test_the_oracle_skips_what_llama_imatrix_skips(tmp_path: Path) -> None:
     model = tmp_path / "f32" / "model.gguf"
     assert imatrix_of_forward(model, [list(range(15))]) == {}
     found = imatrix_of_forward(model, [list(range(16))])
-    assert {count for _, count in found.values()} == {16} and len(found) == 14
+    assert {tuple(counts) for _, counts in found.values()} == {(16,)} and len(found) == 14
+
+
+def test_the_oracle_counts_the_experts_of_every_batch_as_llama_imatrix_does(tmp_path: Path) -> None:
+    """The oracle's rule for a MUL_MAT_ID (llama-imatrix asks for every one, whatever its batch): 15 tokens through
+    a tiny Qwen3-MoE add nothing to the dense weights but count each token twice (two experts chosen) in each expert
+    stack, the down stack's rows its own (one per choice), and each expert's row sums only the tokens routed to it."""
+    needs_library()
+    model = tmp_path / "m.gguf"
+    write_gguf(model, "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=1)), Q.F32)
+    short = imatrix_of_forward(model, [list(range(15))])
+    stacks = (f"blk.{i}.ffn_{p}_exps.weight" for i in range(LAYERS) for p in ("gate", "up", "down"))
+    assert sorted(short) == sorted(stacks)
+    for name, (sums, counts) in short.items():
+        assert sums.shape == (EXPERTS, 512 if "down" in name else 256) and counts.sum() == 2 * 15, name
+        assert np.array_equal(sums.any(axis=1), counts > 0), name
+    (gate, routed), (up, _), (down, _) = (short[f"blk.0.ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))
+    assert np.array_equal(gate, up) and not np.allclose(gate, down[:, :256])  # gate/up share their input row
+    assert routed.tolist() == short["blk.0.ffn_down_exps.weight"][1].tolist()

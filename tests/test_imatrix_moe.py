@@ -198,7 +198,8 @@ def _tiny_qwen3_moe(folder: Path) -> Path:
     config = AutoConfig.for_model("qwen3_moe", hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                   vocab_size=49152, num_experts=3, num_experts_per_tok=2, max_position_embeddings=128,
-                                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+                                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                                  norm_topk_prob=True)  # as Qwen3-MoE ships: llama.cpp's qwen3moe renormalises
     torch.manual_seed(7)
     AutoModelForCausalLM.from_config(config).half().save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -4,7 +4,8 @@ which placement it was handed. Nothing here starts Ray: the cluster's answer is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, OnRay
 from resumerge.errors import UsageError
 from resumerge.forward.onray import Place
-from resumerge.forward.sites import SeatKinds, site_of
+from resumerge.forward.sites import EachModel, Held, site_of
 
 
 class _Reads:
@@ -26,16 +27,6 @@ class _Reads:
     def bind(self, models: Sequence[Any], *, fresh: bool, again: bool = True) -> list[Any]:
         self.again.append(again)
         return list(models)
-
-
-class _Kinds:
-    """What a pass running its own actors makes of its seats: the seats, in words."""
-
-    def here(self) -> tuple[str, ...]:
-        return ("here",)
-
-    def on_nodes(self, placed: Sequence[Place], state: str | None, keep: float) -> tuple[object, ...]:
-        return ("nodes", tuple(placed), state, keep)
 
 
 def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,7 +41,6 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(onray, "ray_places", places)
     state = StateDir.resolve()  # the default state dir: a node opens the models under its own default
-    kinds: SeatKinds[tuple[object, ...]] = _Kinds()
 
     def needs() -> list[int]:
         pytest.fail("a pass placed in this process asked what its actors need")
@@ -58,16 +48,16 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
     here, ray = site_of(HERE), site_of(OnRay("10.0.0.1:6379", keep=30.0))
     assert (here.name, here.here, ray.name, ray.here) == ("local", True, "ray", False)
     # here: nothing placed ahead, and what this process reads twice kept for its second read
-    assert here.seat(needs, "measurement", state).made(kinds) == ("here",)
+    assert type(here.seat(needs, "measurement", state)).__name__ == "_HereSeats"
     here.refuse_away("measure", "needs the models here", hint="leave it out")
     here.available()
     reads = _Reads()
     here.bind(reads, [], fresh=True)  # type: ignore[arg-type]
     # on Ray: the cluster joined with what each actor needs, the state dir a node opens the models under
-    assert ray.seat(lambda: [300], "measurement", state).made(kinds) == ("nodes", (where[0],), None, 30.0)
+    assert vars(ray.seat(lambda: [300], "measurement", state)) == {"placed": where, "state": None, "keep": 30.0}
     assert asked == [("10.0.0.1:6379", [300], "measurement")]
     given = StateDir.resolve(tmp_path / "given")
-    assert ray.seat(lambda: [300], "check", given).made(kinds)[2] == str(given.root)
+    assert vars(ray.seat(lambda: [300], "check", given))["state"] == str(given.root)
     with pytest.raises(UsageError) as refused:
         ray.refuse_away("measure", "needs the models here", hint="leave it out")
     assert refused.value.one_line() == "measure --executor ray needs the models here — leave it out"
@@ -76,3 +66,55 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
     with pytest.raises(UsageError) as refused:
         ray.refuse("the check", "cuda", on_gpu=True)
     assert "--executor ray runs each model on a node" in refused.value.one_line()
+
+
+def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_side_on_ray(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``measure``'s passes (:meth:`~resumerge.forward.sites.Seats.each`): here each model's placement is opened,
+    run and closed before the next one's is opened, and the budget judges the largest model's pass; on Ray every
+    model's actor runs at once (each recording with its own watch, under the seats' state dir and kept workers),
+    and the budget judges every model's hidden states at once, no layer."""
+    import threading
+
+    from resumerge.forward import rayactor
+
+    log: list[str] = []
+
+    @contextmanager
+    def here(m: int) -> Iterator[Any]:
+        log.append(f"open {m}")
+        yield f"placement {m}"
+        log.append(f"close {m}")
+
+    def run(m: int, placement: Any) -> str:
+        log.append(f"run {placement}")
+        return f"model {m}"
+
+    watches = [object(), object()]
+    each = EachModel(["a", "b"], [2, 3], watches, here, "measure")  # type: ignore[arg-type]
+    seats = site_of(HERE).seat(lambda: [], "measurement", StateDir.resolve())
+    assert seats.each(each, run) == ["model 0", "model 1"]
+    assert log == ["open 0", "run placement 0", "close 0", "open 1", "run placement 1", "close 1"]
+    assert seats.held(["a", "b"], [10, 30], [4, 5]) == Held(30, "b", 5, 25)
+
+    made: list[Any] = []
+    both = threading.Barrier(2, timeout=30)  # each model's pass waits for the other's: they run side by side
+
+    @contextmanager
+    def ray_each(models: Any, placed: Any, layers: Any, on_reads: Any, terms: Any) -> Iterator[list[str]]:
+        made.append((list(models), list(placed), list(layers), terms))
+        yield ["actor 0", "actor 1"]
+
+    def together(m: int, placement: Any) -> str:
+        both.wait()
+        return f"{placement} ran"
+
+    monkeypatch.setattr(rayactor, "ray_each", ray_each)
+    where = [Place("node-a", 1.0, 300), Place("node-b", 1.0, 300)]
+    monkeypatch.setattr("resumerge.forward.onray.ray_places", lambda address, needs, what="check": where)
+    seats = site_of(OnRay(keep=5.0)).seat(lambda: [300, 300], "measurement", StateDir.resolve())
+    assert seats.each(each, together) == ["actor 0 ran", "actor 1 ran"]
+    ((models, placed, layers, terms),) = made
+    assert (models, placed, layers) == (["a", "b"], where, [2, 3])
+    assert [(t.watch, t.keep, t.state, t.what) for t in terms] == [(w, 5.0, None, "measure") for w in watches]
+    assert seats.held(["a", "b"], [10, 30], [4, 5]) == Held(31, "on Ray", 0, 0)

@@ -17,7 +17,7 @@ from resumerge.merge.engine.workspace import Workspace
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.torch_import import torch
 
-BUDGET = 1 << 20
+BUDGET = 1 << 23  # half of it is a tensor large enough for a workspace to keep (WARM_BYTES up)
 
 
 @dataclass

@@ -22,7 +22,6 @@ from raycluster import Cluster, RayHead, ray_cluster
 from support import ONE_THREAD, cli, digests, one_thread, write_config
 
 from resumerge import api
-from resumerge.analyses.measure.grams import Streamed
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import UsageError
 from resumerge.forward.placement import Streams
@@ -81,7 +80,7 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     config, texts, local = measured
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on its node
-        here.setattr(Streamed, "layer", _not_here)
+        here.setattr(Streams, "layer", _not_here)
         report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
                              resources=api.Resources(max_memory="8GB"))
     assert not report.reused and report.files == 2 * SPEC.layers
@@ -106,8 +105,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
     import ray
 
-    import resumerge.analyses.measure.onray as onray_measure
-    from resumerge.forward import onray
+    from resumerge.forward import onray, rayactor
     from resumerge.merge.engine.cluster import kept
 
     used: list[list[Any]] = []
@@ -120,7 +118,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     def ids(actors: list[Any]) -> list[str | None]:
         return [None if a is None else a._actor_id.hex() for a in actors]
 
-    monkeypatch.setattr(onray_measure, "kept_hosts", recorded)
+    monkeypatch.setattr(rayactor, "kept_hosts", recorded)
     config, texts, local = measured
     for run, executor in (("first", RayExecutor(address=cluster.address)),
                           ("second", RayExecutor(address=cluster.address)),
@@ -250,11 +248,14 @@ def test_a_search_on_ray_spreads_each_generation_over_the_nodes_with_the_local_f
                                 {"kl": {"parent": str(tmp_path / "a"), "texts": str(tmp_path / "a.txt")}}])
     with one_thread():
         api.evolve(config, tmp_path / "local", search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
-    with pytest.MonkeyPatch.context() as here:  # no candidate is scored in this process: each group on its node
+    # Each node's torch computes with the thread count the search recorded as it started (one, as the local one):
+    # the files are the local search's whatever the nodes' CPUs.
+    with pytest.MonkeyPatch.context() as here, one_thread():  # no candidate scored in this process: each on a node
         here.setattr(StreamedCandidates, "score", _not_here)
         here.setattr(LmEvalCandidates, "score", _not_here)
         api.evolve(config, tmp_path / "ray", api.Settings(executor=RayExecutor(address=cluster.address)),
                    search=api.Search(**OPTIONS), task_search_path=tmp_path / "tasks")
+    assert (tmp_path / "ray" / "threads.json").read_text() == '{"threads": 1}'
     for name in FILES:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 
@@ -337,7 +338,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
                  env={"RESUMERGE_KILL_AT": "after_measure_layer:3"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     with pytest.MonkeyPatch.context() as here:
-        here.setattr(Streamed, "layer", _not_here)
+        here.setattr(Streams, "layer", _not_here)
         api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "s-m", executor=on_ray)
     assert _files(tmp_path / "grams") == _files(tmp_path / "grams-local")
 

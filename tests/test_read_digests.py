@@ -13,6 +13,7 @@ import random
 import sqlite3
 import struct
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -184,12 +185,13 @@ def test_a_first_run_hashes_in_its_reads_and_the_proof_only_what_they_did_not(
     a_read = threading.Event()
     real_give, real_record = readdigests.ReadDigests._give, inputcontents.record_contents
 
-    def give(self: ReadDigests, f: readdigests._File, i: int, digest: bytes) -> None:
+    def give(self: ReadDigests, f: readdigests._File, indices: Iterable[int], digests: Iterable[bytes]) -> None:
         proof = threading.current_thread().name.startswith("resumerge-contents")
-        given.append((proof, f.ranges[i]))
+        indices = list(indices)
+        given.extend((proof, f.ranges[i]) for i in indices)
         if not proof:
             a_read.set()
-        real_give(self, f, i, digest)
+        real_give(self, f, indices, digests)
 
     def after_a_read(*args: object, **kwargs: object) -> object:
         assert a_read.wait(60)

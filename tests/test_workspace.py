@@ -4,6 +4,7 @@ another in one workspace are stored as they are without one, none of them overwr
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from resumerge.merge.plan.planner import build_plan
 
 
 def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_beyond_its_bound() -> None:
-    space = Workspace(most=1000)
+    space = Workspace(most=1000, warm_bytes=0)
     small = space.take("a", (10, 4), torch.float32)
     again = space.take("a", (2, 3), torch.float32)
     assert again.data_ptr() == small.data_ptr() and again.shape == (2, 3) and again.is_contiguous()
@@ -51,7 +52,7 @@ def test_workspaces_lend_each_to_one_computation_at_a_time() -> None:
 def test_every_worker_s_workspace_filled_together_holds_the_share_of_the_budget_and_no_more(budget: int,
                                                                                           workers: int) -> None:
     # The planner sizes units against the whole budget: what the workspaces keep must leave the rest of it.
-    pool = Workspaces(workspace_bytes(budget, workers), workers)
+    pool = Workspaces(workspace_bytes(budget, workers), workers, warm_bytes=0)
     with contextlib.ExitStack() as lent:
         spaces = [lent.enter_context(pool.lend()) for _ in range(workers)]
         for space in spaces:
@@ -63,7 +64,7 @@ def test_every_worker_s_workspace_filled_together_holds_the_share_of_the_budget_
 
 
 def test_workspaces_keep_one_per_worker_and_trim_gives_back_what_the_idle_ones_hold() -> None:
-    pool = Workspaces(most=1000, workers=2)
+    pool = Workspaces(most=1000, workers=2, warm_bytes=0)
     with pool.lend() as first, pool.lend() as second, pool.lend() as third:
         first.take("a", (100,), torch.uint8)
         second.take("a", (200,), torch.uint8)
@@ -87,7 +88,7 @@ def test_tensors_computed_in_one_workspace_are_stored_as_without_one(tmp_path: P
     text = write_config(tmp_path / "c.yml", {**linear_config(a, b), "dtype": "float32"}).read_text()
     config = load_config_text(text)
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
-    space = Workspace(most=1 << 30)
+    space = Workspace(most=1 << 30, warm_bytes=0)  # these tensors are small
     with InputSources.local(plan.model_dirs) as sources:
         fresh = {name: compute_tensor(plan, tp, sources, NO_RESOURCES) for name, tp in plan.tensors.items()}
         reused: dict[str, Stored] = {}
@@ -109,7 +110,7 @@ def test_a_kept_fp8_merge_on_another_device_decodes_in_the_workspace_and_encodes
     doc = {**linear_config(a, b), "parameters": {"normalize": False}}  # normalize reads the weights' sum's value
     config = load_config_text(write_config(tmp_path / "c.yml", doc).read_text())
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=False, device="meta"), CODECS)
-    space = Workspace(most=1 << 30)
+    space = Workspace(most=1 << 30, warm_bytes=0)  # these tensors are small
     kept = 0
     with InputSources.local(plan.model_dirs) as sources:
         for tp in plan.tensors.values():
@@ -158,16 +159,45 @@ def test_a_workspace_passes_on_a_result_it_holds_and_takes_its_next_buffer_from_
     assert not Workspace(most=1 << 20).pass_on(torch.empty(4))  # without a pool: the caller copies
 
 
-def test_a_small_result_is_copied_and_its_buffer_lent_again() -> None:
-    # A result under WARM_BYTES stays in the workspace (the caller copies it out), so its buffer is lent again
-    # with no allocation; one at the threshold goes to the writer.
+def test_a_small_result_is_a_fresh_tensor_none_of_the_workspace_s_and_one_at_the_threshold_is_passed_on() -> None:
+    # Under WARM_BYTES the workspace lends a fresh tensor from the allocator's warm heap and keeps nothing: the result
+    # is stored as it is, where lending a buffer cost a copy of it out (a clone) and a refused pass_on per tensor.
     pool = BufferPool(most=1 << 30)
     space = Workspace(most=1 << 30, pool=pool)
     small = space.take("result", (WARM_BYTES // 4 - 1,), torch.float32)
+    assert not space.holds(small) and space.held_bytes == 0
     assert not space.pass_on(small) and pool.out == 0
-    assert space.take("result", (16,), torch.float32).data_ptr() == small.data_ptr()
     large = space.take("result", (WARM_BYTES // 4,), torch.float32)
-    assert space.pass_on(large) and pool.out == 1
+    assert space.holds(large) and space.pass_on(large) and pool.out == 1
+    kept = space.take("result", (WARM_BYTES // 4,), torch.float32)
+    assert space.take("result", (16,), torch.float32).data_ptr() != kept.data_ptr()
+    assert space.holds(kept)  # a small take leaves the key's buffer as it was
+
+
+def test_a_tiny_tensor_computed_in_a_workspace_is_stored_in_the_buffer_its_method_computed_it_in(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 90k-tensor merge of tiny tensors: each result was computed in the workspace's buffer and cloned out of it.
+    config = load_config_text(write_config(tmp_path / "c.yml", linear_config(
+        make("a", seed=1, layers=1, hidden=8, intermediate=8, vocab=16),
+        make("b", seed=2, layers=1, hidden=8, intermediate=8, vocab=16))).read_text())
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
+    lent: list[torch.Tensor] = []
+    take = Workspace.take
+
+    def recorded(self: Workspace, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        t = take(self, key, shape, dtype)
+        lent.append(t)
+        return t
+
+    monkeypatch.setattr(Workspace, "take", recorded)
+    space = Workspace(most=1 << 30, pool=BufferPool(most=1 << 30))
+    with InputSources.local(plan.model_dirs) as sources:
+        for name, tp in plan.tensors.items():
+            lent.clear()
+            stored = TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space)[name]
+            assert torch.equal(stored, compute_tensor(plan, tp, sources, NO_RESOURCES)[name]), name
+            assert [t.data_ptr() for t in lent] == [stored.data_ptr()], name  # linear's result, not a copy of it
+    assert space.held_bytes == 0
 
 
 def test_a_pool_keeps_a_bounded_number_of_idle_buffers() -> None:
@@ -179,6 +209,20 @@ def test_a_pool_keeps_a_bounded_number_of_idle_buffers() -> None:
     pool.give_back(buffers)
     assert pool.out == 0 and pool.idle_bytes == 256 * MOST_IDLE
     assert pool.take(256).data_ptr() == buffers[-MOST_IDLE].data_ptr()  # the newest kept, the oldest dropped
+
+
+def test_a_pool_with_no_buffer_out_looks_at_none_of_the_tensors_given_back() -> None:
+    # A run of tiny tensors passes none on: the writer's give-backs looked up each one's storage (90k of them).
+    def untouched() -> Iterator[torch.Tensor]:
+        raise AssertionError("a tensor given back was looked at")
+        yield torch.empty(0)
+
+    pool = BufferPool(most=1 << 20)
+    pool.give_back(untouched())
+    buffer = pool.take(64)
+    pool.pass_on(buffer)
+    pool.give_back([torch.empty(4), buffer[8:]])
+    assert pool.out == 0 and pool.idle_bytes == 64
 
 
 @pytest.mark.parametrize("dequantize", [True, False])

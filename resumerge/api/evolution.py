@@ -94,6 +94,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
     from resumerge.forward.device import PassDevice
+    from resumerge.forward.threads import pass_threads
     from resumerge.runs.evolve import storage as files
     from resumerge.runs.evolve.genome import tokenizer_model
     from resumerge.runs.evolve.lmeval import LmEvalCandidates, eval_settings
@@ -154,6 +155,9 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
 
     told = SearchProgress(store, progress)
     with files.locked(store, command), ExitStack() as closing:
+        # Every candidate scored with the thread count the search first started with (its bits depend on it), on
+        # this machine or on the one it is resumed on; each pass records it as its own (forward.threads).
+        closing.enter_context(pass_threads(store / files.THREADS))
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
         for log in logs:
             closing.callback(log.close)

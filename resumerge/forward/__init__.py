@@ -19,7 +19,9 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
 - **Placement** (:mod:`.placement`): a :class:`~.placement.Placement` says where the models run (``enter``,
   ``runs_batched``, ``layer``): :class:`~.placement.Streams` in this process, one layer of one model at a time,
   each admitted by the pass's ``reserve`` and observed by an optional :class:`~.placement.Watch`; a Ray cluster
-  places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`).
+  places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`), which runs a
+  :class:`~.placement.NodeWatch` on the node and hands what it found back (``measure``'s Grams; ``measure`` runs
+  each model as a placement of its own, each resuming at its own layer).
 - **The step** (:mod:`.layerpass`): a client subclasses :class:`~.layerpass.Step`: ``layer(index, hidden)`` runs
   (through its placement, or its stream) and observes decoder layer ``index`` and returns the hidden states leaving
   it; ``kept(index)`` is what to journal beside them (tensors, metadata); ``restore(restart)`` puts that back on a
@@ -41,10 +43,12 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   again, and a change in a layer the journal holds refuses the pass (exit 4, the file named).
 - **The lock** (:func:`~.folder.pass_lock`): one process per pass folder (an exclusive flock, which vanishes with
   the process); a second is refused naming the first.
+- **The threads** (:mod:`.threads`): the torch thread count a pass computes with, decided as it first starts and kept
+  in its folder, applied again by the process that resumes it (a float's bits depend on it).
 - **The driver** (:mod:`.driver`): a pass is a job (:class:`~.driver.PassJob`: its folder, answer cache, proof,
   fit, run, end and Ctrl-C's words), and :func:`~.driver.drive` runs every one in the same order: the lock, the
-  answer cache, the proof, the fit, admission, the loop, the end; Ctrl-C raises ``InterruptedMerge`` naming where
-  it stopped and the command that continues it. A new pass writes its job, not its orchestration.
+  answer cache, the threads, the proof, the fit, admission, the loop, the end; Ctrl-C raises ``InterruptedMerge``
+  naming where it stopped and the command that continues it. A new pass writes its job, not its orchestration.
 - **The models and the texts**, each with one owner: :func:`~.opened.open_for_pass` opens a model for a pass (a
   local folder, ``hf://`` repo, GGUF file or split set, a GGUF file of a hub repo; headers only),
   :class:`~.hubreads.PassReads` holds a hub model's ranges to the hub's checksums, :mod:`.texts` makes the token
@@ -53,7 +57,7 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   check, in each client's words.
 
 May import: errors, config, inputs, memory, merge.plan (inputrefs only), merge.store (killpoints, runlock, ledger,
-durable), merge.engine, merge.vocab, outputs.
+durable, threadcount), merge.engine, merge.vocab, outputs.
 """
 
 from __future__ import annotations

@@ -11,23 +11,27 @@ the driver            the job's part
 2. the answer cache   :meth:`PassJob.answered`: a pass that finished before answers with what it wrote (its bytes
                       proved the same), or says why it runs (again); an answer kept as one JSON file in the
                       pass's folder is an :class:`AnswerFile`
-3. the proof          :meth:`PassJob.proved`: what the journal holds proved against the bytes its models hold now
+3. the threads        the driver's: the thread count the pass computes with, decided as it first starts and kept
+                      in its folder (:mod:`~resumerge.forward.threads`), applied to every step below, resumed ones
+                      on a machine of another core count too (a float's bits depend on it)
+4. the proof          :meth:`PassJob.proved`: what the journal holds proved against the bytes its models hold now
                       (:class:`~resumerge.forward.proof.PassProof`), in one line for the report
-4. the fit            :meth:`PassJob.fitted`: the pass judged against the memory budget before any weight is read
+5. the fit            :meth:`PassJob.fitted`: the pass judged against the memory budget before any weight is read
                       (a :class:`Fit`: the budget, what each step reserves, the GPU's budget), with what the client
                       made to judge it (its models' modules, where they run: the placement) held open
-5. admission          the driver's: each step held by the RAM governor (and the GPU's) while it runs
+6. admission          the driver's: each step held by the RAM governor (and the GPU's) while it runs
                       (:class:`~resumerge.forward.admission.Admission`, handed to the job as its ``reserve``)
-6. the loop           :meth:`PassJob.run`: the client's :class:`~resumerge.forward.layerpass.Step` over the layers
+7. the loop           :meth:`PassJob.run`: the client's :class:`~resumerge.forward.layerpass.Step` over the layers
                       (:class:`~resumerge.forward.layerpass.LayerPass`), what it found returned
-7. the end            :meth:`PassJob.finish`: what the pass writes last (its report, its manifest), once what the
+8. the end            :meth:`PassJob.finish`: what the pass writes last (its report, its manifest), once what the
                       fit held is closed
-8. Ctrl-C             :meth:`PassJob.stopped_at`: where it stopped, in words; the driver raises
+9. Ctrl-C             :meth:`PassJob.stopped_at`: where it stopped, in words; the driver raises
                       :class:`~resumerge.errors.InterruptedMerge` (exit 3) naming the command that continues it
 ====================  =============================================================================================
 
 A killed pass, run again, meets the same driver: the lock is free (it vanished with the process), the answer cache
-is empty, the proof holds the journal to the bytes, and the loop resumes at the layer the journal reached.
+is empty, the thread count is the one the pass started with, the proof holds the journal to the bytes, and the loop
+resumes at the layer the journal reached.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ from resumerge.errors import InterruptedMerge
 from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.layerpass import Reserve, unreserved
+from resumerge.forward.threads import pass_threads
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.merge.store.runlock import LOCK_NAME
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget
@@ -70,7 +76,9 @@ class PassFolder:
     that runs it (a second process is told it, and Ctrl-C's line names it: ``command``), what a second process is
     told to do (``hint``) and the lock file's name in ``path``; ``wait``: a second process waits for the first
     instead of being refused (a pass whose folder two jobs share by content, the MoE gates': the second then finds
-    the first's answer)."""
+    the first's answer); ``threads``: the file keeping the thread count the pass computes with
+    (:mod:`~resumerge.forward.threads`; None: ``threads.json`` in ``path``; a pass whose lock lives in a folder of many
+    passes' locks, or in a user's output folder, keeps it beside its journal or named as its lock)."""
 
     path: Path
     what: str
@@ -78,6 +86,7 @@ class PassFolder:
     hint: str
     lock_name: str = LOCK_NAME
     wait: bool = False
+    threads: Path | None = None
 
 
 def _as_is(answer: object) -> object:
@@ -158,8 +167,9 @@ class PassJob(Protocol[Ready, Found, Answer_co]):
 
 def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
     """Run ``job``: its folder locked, answered from its cache, or proved, fitted, run under admission and
-    finished; Ctrl-C raises :class:`~resumerge.errors.InterruptedMerge` (exit 3) naming where it stopped and the
-    command that continues it (see the module docstring)."""
+    finished with the thread count the pass first started with; Ctrl-C raises
+    :class:`~resumerge.errors.InterruptedMerge` (exit 3) naming where it stopped and the command that continues it
+    (see the module docstring)."""
     folder = job.folder
     lock = pass_lock(folder.path, folder.what, folder.command, hint=folder.hint, name=folder.lock_name,
                      wait=folder.wait)
@@ -168,11 +178,12 @@ def drive(job: PassJob[Ready, Found, Answer]) -> Answer:
         answer, said = job.answered()
         if answer is not None:
             return answer
-        if said is None:
-            said = job.proved()
-        with job.fitted() as fit, admitted(fit) as reserve:
-            found = job.run(fit.ready, reserve)
-        return job.finish(found, said)
+        with pass_threads(folder.threads or folder.path / THREADS_FILE):
+            if said is None:
+                said = job.proved()
+            with job.fitted() as fit, admitted(fit) as reserve:
+                found = job.run(fit.ready, reserve)
+            return job.finish(found, said)
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, and the command that continues it
         stopped = job.stopped_at()
         if stopped is None:  # a part of a larger job, which says it

@@ -5,20 +5,20 @@ before any weight is read, the cluster refused where it cannot hold the actors),
 noted for the driver's journal (:func:`logged`: the driver holds them to the pass's proof, as it holds its own), and
 which actors a node's kept worker hosts (:func:`kept_hosts`, on a cluster that outlives the pass).
 
-Each pass's actors and their protocol are the pass's own (:mod:`resumerge.forward.rayactor`,
-:mod:`resumerge.analyses.measure.onray`); this module is the one owner of what they share, so no pass reaches into
-another's privates. Ray is joined through
+Every pass's actor is the one of :mod:`resumerge.forward.rayactor` (``measure``'s Grams computed on it by a
+node-side watch, :class:`~resumerge.forward.placement.NodeWatch`); this module is the one owner of what a pass's
+actors share with the other uses of a cluster's nodes. Ray is joined through
 :mod:`resumerge.merge.engine.cluster.connect` (the merge executor's own).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resumerge.errors import UsageError
+from resumerge.errors import ResumergeError, UsageError
 from resumerge.forward.opened import PassModel
 from resumerge.memory.sizes import format_size
 
@@ -168,14 +168,41 @@ def kept_hosts(ray: Any, placed: Sequence[Place], keep: float) -> list[Any]:
         return [None] * len(placed)
 
 
-def end_actors(ray: Any, actors: Sequence[Any], hosts: Sequence[Any]) -> None:
-    """End a pass's ``actors``: the fresh ones killed, the kept workers of ``hosts`` released (their pass objects
-    dropped, idle for the next run or pass; killed where they do not answer)."""
-    hosted = {id(host) for host in hosts if host is not None}
-    for actor in actors:
-        if id(actor) not in hosted:
-            ray.kill(actor, no_restart=True)
-    if hosted:
-        from resumerge.merge.engine.cluster.hosting import end_hosts
+def on_place(ray: Any, place: Place, host: Any, factory: Callable[..., Any], *args: Any) -> Any:
+    """A pass's object made as ``factory(*args)`` on ``place``'s node, called as a Ray actor (``.NAME.remote``):
+    hosted by the kept worker ``host`` (:func:`kept_hosts`, whose lease reserved the place's CPUs and memory), else
+    (None) by a fresh actor pinned there declaring them
+    (:func:`~resumerge.merge.engine.cluster.hosting.fresh_host`). The one way every pass's object (a model's
+    :class:`~resumerge.forward.rayactor.ModelNode`, a search's group of candidates) gets onto a node."""
+    if host is None:
+        from resumerge.merge.engine.cluster.hosting import fresh_host
 
-        end_hosts(ray, hosts)
+        host = fresh_host(ray, place.node_id, place.cpus, place.memory)
+    host.host(factory, *args)
+    return host
+
+
+class Lost(Exception):
+    """A pass's actor was lost (its process or node died), or an object another actor returned for the step."""
+
+
+def got(ray: Any, refs: Any) -> Any:
+    """``ray.get(refs)``: the error an actor's object raised said as the pass says it here (a
+    :class:`~resumerge.errors.ResumergeError` raised as itself), a lost actor or object as :class:`Lost`."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ResumergeError):
+            raise exc.cause from None
+        raise
+    except ray.exceptions.RayError as exc:
+        raise Lost(type(exc).__name__) from None
+
+
+def end_actors(ray: Any, actors: Sequence[Any], hosts: Sequence[Any]) -> None:
+    """End a pass's ``actors`` (:func:`on_place`'s) and the kept workers of ``hosts`` whose actors were replaced:
+    the fresh ones killed, the kept ones released (their pass objects dropped, idle for the next run or pass;
+    killed where they do not answer)."""
+    from resumerge.merge.engine.cluster.hosting import end_hosts
+
+    end_hosts(ray, list({id(each): each for each in (*hosts, *actors) if each is not None}.values()))

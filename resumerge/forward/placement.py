@@ -71,19 +71,35 @@ class Watch(Protocol):
     def end_layer(self) -> None: ...
 
 
+class NodeWatch(Watch, Protocol):
+    """A :class:`Watch` whose findings the pass's step takes after each layer (``measure``'s Grams), computed where
+    the layer runs: in this process (:class:`Streams` runs this very watch), or on the model's node, where its actor
+    runs a copy of it (sent as it is: it pickles) and the placement puts what the copy found back into this one
+    (:class:`~resumerge.forward.rayactor.RayModels`). A watch of what this process reads (``check``'s static figures)
+    is a plain :class:`Watch`: it runs only where the layers are read here."""
+
+    def taken(self, m: int) -> object:
+        """What it found of model ``m``'s layer run last, forgotten here."""
+
+    def put(self, m: int, found: object) -> None:
+        """What a copy of it found of model ``m``'s layer where that ran, for :meth:`taken`."""
+
+
 class Streams:
     """The pass's models run in this process, one layer of one model at a time: ``streams`` (each model's
     modules), ``reserve`` admitting each model's layer (step ``layer``), ``on_model(layer, m)`` told before model
     ``m``'s layer is read, ``watch`` observing the layers, ``own_batches(m, batches)`` the batches as model ``m``
     reads them (its own token ids, where the models' vocabularies differ); ``names``: each model as its steps'
-    admissions name it (None: ``model 1``, ``model 2``...)."""
+    admissions name it (None: ``model 1``, ``model 2``...); ``rows``: the input embeddings read only in the rows
+    the batches use (:meth:`~resumerge.forward.stream.ModelStream.inputs_of_rows`; False: the whole table, as a pass
+    that reads each byte of its models for their proof, ``measure``'s, reads it)."""
 
     def __init__(self, streams: Sequence[ModelStream], on_model: Callable[[int, int], None] | None = None,
                  reserve: Reserve = unreserved, watch: Watch | None = None,
                  own_batches: Callable[[int, list[Batch]], list[Batch]] | None = None,
-                 names: Sequence[str] | None = None) -> None:
+                 names: Sequence[str] | None = None, rows: bool = True) -> None:
         self.streams, self.on_model, self.reserve, self.watch = streams, on_model, reserve, watch
-        self.own_batches = own_batches
+        self.own_batches, self.rows = own_batches, rows
         self.names = list(names) if names is not None else [f"model {m + 1}" for m in range(len(streams))]
         self.layers = streams[0].layers
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
@@ -92,7 +108,8 @@ class Streams:
 
     def enter(self, batches: list[Batch]) -> Hidden:
         own = [batches if self.own_batches is None else self.own_batches(m, batches) for m in range(len(self.streams))]
-        entering = [stream.inputs_of_rows(own[m]) for m, stream in enumerate(self.streams)]
+        entering = [stream.inputs_of_rows(own[m]) if self.rows else stream.inputs(own[m])
+                    for m, stream in enumerate(self.streams)]
         self.batches = own[0]
         self.entering = entering[0]
         self.calls = [[c for _, c in model] for model in entering]

@@ -1,7 +1,8 @@
 """A check's forward pass on a Ray cluster (``--executor ray``): each model's pass on a node of its own, so a check of
 a giant merge against its parents takes about the time of one model's pass.
 
-The models are independent until the comparison: an actor per model (:class:`ModelNode`), placed one per node where the
+The models are independent until the comparison: an actor per model (:class:`ModelNode`, made on its node as every
+pass's object is: :func:`~resumerge.forward.onray.on_place`), placed one per node where the
 cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every node
 must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the node's
 name: :func:`~resumerge.forward.onray.on_node`, the sha256 of each range it read held to the driver's journal after
@@ -33,7 +34,7 @@ merge executor's own).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +43,22 @@ from resumerge.forward import handed
 from resumerge.forward.heads import HeadTotals, shared
 from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes
-from resumerge.forward.onray import Place, Read, cpus_of, driver_token, end_actors, kept_hosts, logged, on_node, sent
+from resumerge.forward.onray import (
+    Lost,
+    Place,
+    Read,
+    cpus_of,
+    driver_token,
+    end_actors,
+    got,
+    kept_hosts,
+    logged,
+    on_node,
+    on_place,
+    sent,
+)
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
-from resumerge.forward.placement import Placement, Places
+from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.stream import LayerCall
 from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.memory.sizes import format_size
@@ -59,21 +73,26 @@ Batches = Sequence[Sequence[Sequence[int]]]
 REPLACES = 3
 # How long a replacement actor may take to start (be scheduled, import torch, open its model) before the check stops.
 PLACE_SECONDS = 120.0
+
+
 def _resume_hint(what: str) -> str:
     return f"check the cluster's nodes, then run the {what} again: it resumes at the last layer journaled"
 
 
-
 class ModelNode:
-    """One model of a check as a Ray actor runs it: its :class:`~resumerge.forward.stream.ModelStream` (made in
-    the actor's process), torch on ``threads`` threads, its layers' calls and its last hidden states. ``token``:
+    """One model of a pass (a check's, a measurement's, eval's, the MoE gates') as its node runs it, hosted by a
+    kept worker or a fresh actor of the same host (:func:`~resumerge.forward.onray.on_place`): its
+    :class:`~resumerge.forward.stream.ModelStream` (made in the actor's process), torch on ``threads`` threads, its
+    layers' calls and its last hidden states. ``token``:
     the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
     work). ``dtype``: what the pass computes in (a check's float32; the MoE gates' bfloat16), ``what`` the pass as
-    the model's errors name it."""
+    the model's errors name it; ``watch``: what the pass computes of each layer here, on the node (``measure``'s
+    Grams: :class:`~resumerge.forward.placement.NodeWatch`), returned with the layer."""
 
     def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None,
-                 dtype: torch.dtype | None = None, what: str = "check") -> None:
+                 dtype: torch.dtype | None = None, what: str = "check", watch: NodeWatch | None = None) -> None:
         torch.set_num_threads(max(1, threads))
+        self.watch = watch
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
@@ -130,19 +149,25 @@ class ModelNode:
         return self.first
 
     def layer(self, index: int, own: Hidden | None, same: Hidden | None
-              ) -> tuple[Hidden, Hidden | None, dict[str, torch.Tensor]]:
+              ) -> tuple[Hidden, Hidden | None, dict[str, torch.Tensor], object]:
         """Layer ``index`` on this model's hidden states (``own`` where given, else its last output) and on
         ``same``; see :func:`~resumerge.forward.passes.model_layer`. With them, what the layers up to
-        ``index`` hand later ones (:mod:`resumerge.forward.handed`, named as model 0's), for the driver's journal."""
+        ``index`` hand later ones (:mod:`resumerge.forward.handed`, named as model 0's), for the driver's journal,
+        and what the actor's watch found of the layer (None: it has none)."""
         kept = self.first and index == 0
         if not kept:
             self._drop_first()
         self.first = False
-        with torch.no_grad():
+        watch = self.watch
+        module = self.stream.layers_list[index]
+        with torch.no_grad(), watch.watching(self.stream, 0, module) if watch is not None else nullcontext():
             out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls, same,
                                       loaded=kept)
         self.hidden = out
-        return out, theirs, handed.carried([self.calls], index)
+        if watch is None:
+            return out, theirs, handed.carried([self.calls], index), None
+        watch.end_layer()
+        return out, theirs, handed.carried([self.calls], index), watch.taken(0)
 
     def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Put back what :meth:`layer` handed the driver (named as model 0's): a resumed pass, a new actor."""
@@ -189,22 +214,21 @@ def actor_bytes(sizes: StepBytes) -> list[int]:
             for layer, heads in zip(sizes.layers, sizes.held_heads)]
 
 
-class _Lost(Exception):
-    """An actor of a step was lost (its process or node died), or an object another actor returned for the step."""
-
-
 @dataclass(frozen=True)
 class ActorTerms:
     """How the pass's actors are made: ``state``, the state dir a node opens a model under (``--state-dir``; None:
     the default); ``dtype`` and ``what`` (the pass, as its refusals name it): see :class:`ModelNode`; ``beside``:
     beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
-    actor waits idle for the next run or pass (0: fresh actors, ended with the pass)."""
+    actor waits idle for the next run or pass (0: fresh actors, ended with the pass); ``watch``: what each actor
+    computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this one is told
+    what they found)."""
 
     state: str | None = None
     dtype: torch.dtype | None = None
     what: str = "check"
     beside: bool = False
     keep: float = 0.0
+    watch: NodeWatch | None = None
 
 
 CHECK_ACTORS = ActorTerms()
@@ -249,46 +273,42 @@ class RayModels:
         self.seeded = False
         self.token = False  # whether the driver reads the hub models with a token (then their nodes need theirs)
         self.dtype, self.what, self.hint = dtype, what, _resume_hint(what)
+        self.watch = terms.watch
 
     def start(self) -> None:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
+        self.launch(kept_hosts(self.ray, self.places, self.keep))
+        self.opened()
+
+    def launch(self, hosts: Sequence[Any]) -> None:
+        """Start every model's actor, hosted by the kept worker of ``hosts`` where one is given (None: a fresh
+        actor), without waiting for them (:meth:`opened`)."""
         self.token = any(model.remote for model in self.models) and driver_token()
-        self.hosts = kept_hosts(self.ray, self.places, self.keep)
+        self.hosts = list(hosts)
         self.actors = [self._start(model, place, threads, host)
                        for model, place, threads, host in zip(self.models, self.places, self.threads, self.hosts)]
+
+    def opened(self) -> None:
+        """Wait for every actor :meth:`launch` started to open its model (see :meth:`start`)."""
         try:
             self.nodes = self._get([a.node.remote() for a in self.actors])
-        except _Lost as exc:
+        except Lost as exc:
             raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
                                    hint=self.hint) from None
 
     def _start(self, model: Checked, place: Place, threads: int, host: Any = None) -> Any:
-        """Model ``model``'s actor, pinned to its node, declaring its CPUs and memory (as a merge's Ray workers do:
-        :func:`~resumerge.merge.engine.cluster.launch.pinned`), never restarted by Ray (the pass replaces it), its node
-        told whether it needs a token of its own (:class:`ModelNode`); hosted by the kept worker ``host`` where
-        given (which its lease reserved those for)."""
-        from resumerge.merge.engine.cluster.launch import pinned
-
-        if host is not None:
-            host.host(ModelNode, sent(model), threads, self.token, self.state, self.dtype, self.what)
-            return host
-        return self.ray.remote(ModelNode).options(num_cpus=place.cpus, memory=place.memory, max_restarts=0,
-                                                  scheduling_strategy=pinned(place.node_id)) \
-            .remote(sent(model), threads, self.token, self.state, self.dtype, self.what)
+        """Model ``model``'s actor (:func:`~resumerge.forward.onray.on_place`: hosted by the kept worker ``host``
+        where given, else by a fresh actor pinned to its node declaring its CPUs and memory, never restarted by Ray:
+        the pass replaces it), its node told whether it needs a token of its own (:class:`ModelNode`)."""
+        return on_place(self.ray, place, host, ModelNode, sent(model), threads, self.token, self.state, self.dtype,
+                        self.what, self.watch)
 
     def end(self) -> None:
         end_actors(self.ray, self.actors, self.hosts)
 
     def _get(self, refs: Any) -> Any:
-        try:
-            return self.ray.get(refs)
-        except self.ray.exceptions.RayTaskError as exc:  # the actor's own error, said as a local check says it
-            if isinstance(exc.cause, ResumergeError):
-                raise exc.cause from None
-            raise
-        except self.ray.exceptions.RayError as exc:  # an actor died, or an object it made was lost with its node
-            raise _Lost(type(exc).__name__) from None
+        return got(self.ray, refs)
 
     def _each(self, call: Callable[[int], Any]) -> list[Any]:
         """``call(m)`` (a remote call of model ``m``'s actor) for every model, its result; those of lost actors
@@ -301,7 +321,7 @@ class RayModels:
             for m, ref in zip(todo, refs):
                 try:
                     found[m] = self._get(ref)
-                except _Lost as exc:
+                except Lost as exc:
                     lost.append((m, str(exc)))
             todo = [m for m, _ in lost]
             if todo:
@@ -313,7 +333,7 @@ class RayModels:
         while True:
             try:
                 return step()
-            except _Lost as exc:
+            except Lost as exc:
                 self._replace(str(exc))
 
     def _replace(self, why: str) -> None:
@@ -339,14 +359,14 @@ class RayModels:
                 if self.batches is not None:
                     self._get(self.actors[m].enter.remote(own_batches(self.vocab, m, self.batches)))
                     self._get(self.actors[m].restore.remote(self.handed[m]))
-            except _Lost:
+            except Lost:
                 raise UnreachableError(f"a Ray node of the {self.what} was lost ({why}), and so was its model's new "
                                        "actor", hint=self.hint) from None
 
     def _alive(self, actor: Any) -> bool:
         try:
             self._get(actor.node.remote())
-        except _Lost:
+        except Lost:
             return False
         return True
 
@@ -403,15 +423,18 @@ class RayModels:
             self.on_layer(index, self.nodes)
         same = self.ray.put(hidden[reference]) if reference is not None else None
         before = list(self.nodes)
-        done: list[tuple[Hidden, Hidden | None, dict[str, torch.Tensor]]] = self._each(
+        done: list[tuple[Hidden, Hidden | None, dict[str, torch.Tensor], object]] = self._each(
             lambda m: self.actors[m].layer.remote(index, self._own(m, hidden), None if m == reference else same))
         self._checked()
         self.seeded = True
         self.fresh.clear()
-        self.handed = [values for _, _, values in done]
+        self.handed = [values for _, _, values, _ in done]
+        if self.watch is not None:  # what each node's copy of the watch found, for the pass's step
+            for m, (*_, found) in enumerate(done):
+                self.watch.put(m, found)
         if self.on_layer is not None and self.nodes != before:  # ``status`` names where the models run now
             self.on_layer(index, self.nodes)
-        return [out for out, _, _ in done], [out if theirs is None else theirs for out, theirs, _ in done]
+        return [out for out, *_ in done], [out if theirs is None else theirs for out, theirs, *_ in done]
 
     def carried(self, index: int) -> dict[str, torch.Tensor]:
         """What the models' layers up to ``index`` hand later ones, as their actors sent it with the layer."""
@@ -459,6 +482,36 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
         yield running
     finally:
         running.end()
+
+
+@contextmanager
+def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequence[int],
+             on_reads: Callable[[int, list[Read]], None] | None, terms: Sequence[ActorTerms]
+             ) -> Iterator[list[RayModels]]:
+    """Each of ``models`` a placement of its own (an actor where ``placed`` says, ``layers[m]`` decoder layers,
+    made as ``terms[m]`` says: :class:`ActorTerms`), for passes that run the models side by side, each at its own
+    layer with its own journal (``measure``'s): the kept workers leased for them all at once
+    (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep``), every actor started before any is waited
+    for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
+    from resumerge.merge.engine.cluster.connect import require_ray
+
+    ray = require_ray()
+
+    def told(m: int) -> Callable[[int, list[Read]], None] | None:
+        if on_reads is None:
+            return None
+        return lambda _, found: on_reads(m, found)
+
+    each = [RayModels(ray, [model], [place], count, None, told(m), None, term)
+            for m, (model, place, count, term) in enumerate(zip(models, placed, layers, terms))]
+    with ExitStack() as ending:
+        for running in each:
+            ending.callback(running.end)
+        for running, host in zip(each, kept_hosts(ray, placed, terms[0].keep if terms else 0.0)):
+            running.launch([host])
+        for running in each:
+            running.opened()
+        yield each
 
 
 def placing(address: str | None, state: str | None, what: str) -> Places:

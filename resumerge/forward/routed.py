@@ -96,13 +96,14 @@ def _parameter(module: torch.nn.Module, name: str) -> torch.Tensor:
 def _measured_forward(module: torch.nn.Module, add: Callable[[str, int, torch.Tensor], None]
                       ) -> Callable[..., torch.Tensor]:
     """transformers' eager experts forward of ``module`` (``forward(hidden_states, top_k_index, top_k_weights)``),
-    each expert's inputs handed to ``add(stack, expert, rows)`` as it computes with them."""
-    gate_up, down = _parameter(module, GATE_UP), _parameter(module, DOWN)
+    each expert's inputs handed to ``add(stack, expert, rows)`` as it computes with them. The stacks are looked up
+    as it runs: it may be installed before the layer's weights are read (``measure``'s watch is)."""
     act = module.get_submodule("act_fn")
-    experts = gate_up.shape[0]
+    experts = _parameter(module, GATE_UP).shape[0]
 
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 *args: Any, **kwargs: Any) -> torch.Tensor:
+        gate_up, down = _parameter(module, GATE_UP), _parameter(module, DOWN)
         final = torch.zeros_like(hidden_states)
         with torch.no_grad():
             hit = torch.greater(torch.nn.functional.one_hot(top_k_index, num_classes=experts + 1)

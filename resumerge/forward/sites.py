@@ -8,12 +8,15 @@ it is: a third placement is a third class here and one method of :class:`~resume
 
 A site is asked in two steps, as a pass is judged then run: :meth:`PassSite.seat` before any weight is read (on a
 cluster: joined, each model's actor placed, refused where it cannot hold them), giving :class:`Seats`; then
-:meth:`Seats.models`, the models' placement for the pass's loop, ended with the block. What a pass runs on its own
-actors (``measure``'s, whose actor records each layer's Grams) it makes from :meth:`Seats.made`."""
+:meth:`Seats.models`, the models' placement for the pass's loop, ended with the block. A pass that runs each model as a
+placement of its own, each at its own layer (``measure``'s, whose actors record each layer's Grams with a
+:class:`~resumerge.forward.placement.NodeWatch`), runs them with :meth:`Seats.each` (here one after another, on a
+cluster side by side) and is judged by what :meth:`Seats.held` says this process holds of them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +32,11 @@ if TYPE_CHECKING:
     from resumerge.forward.onray import Place, Read
     from resumerge.forward.opened import PassModel
     from resumerge.forward.passes import Fold, PassModels
+    from resumerge.forward.placement import NodeWatch, Placement
     from resumerge.forward.stream import ModelStream
     from resumerge.forward.vocabs import SharedVocab
 
-_T_co = TypeVar("_T_co", covariant=True)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,33 @@ class Told:
     reads: Callable[[int, list[Read]], None] | None = None
 
 
-class SeatKinds(Protocol[_T_co]):
-    """What a pass that runs its own actors makes of each kind of seats (:meth:`Seats.made`): its models in this
-    process, or each on a node where ``placed`` says (``state``: the state dir a node opens a model under, None the
-    default; ``keep``: the seconds a node's kept worker hosting one waits idle once the pass ends, 0 fresh
-    actors)."""
+@dataclass(frozen=True)
+class EachModel:
+    """A pass that runs each of its ``models`` as a placement of its own, each at its own layer with its own journal
+    (``measure``'s, :meth:`Seats.each`): ``layers[m]`` decoder layers each, ``watches[m]`` recording model ``m``'s
+    layers where they run, ``here(m)`` model ``m``'s placement in this process (opened and closed in turn),
+    ``what`` the pass as its refusals name it, ``reads(m, found)`` told what model ``m``'s node read of its hub
+    files (as :class:`Told`'s ``reads``)."""
 
-    def here(self) -> _T_co: ...
+    models: Sequence[PassModel]
+    layers: Sequence[int]
+    watches: Sequence[NodeWatch]
+    here: Callable[[int], AbstractContextManager[Placement]]
+    what: str
+    reads: Callable[[int, list[Read]], None] | None = None
 
-    def on_nodes(self, placed: Sequence[Place], state: str | None, keep: float) -> _T_co: ...
+
+@dataclass(frozen=True)
+class Held:
+    """What this process holds of a pass run by :meth:`Seats.each` at its largest: ``bytes``, judged against the
+    budget; ``named``, what that is as the pass's refusal names it (the largest model's pass; ``on Ray``: every
+    model's hidden states at once, their layers run on the nodes); what one ``step`` reserves of the RAM governor;
+    the hidden ``states`` a GPU of this machine keeps between layers."""
+
+    bytes: int
+    named: str
+    step: int
+    states: int
 
 
 class Seats(Protocol):
@@ -69,8 +91,14 @@ class Seats(Protocol):
         log-probabilities; ``fold``: the static figures taken from the layers' reads (only where they are read
         here); ``vocab``: how the models' vocabularies meet, where they differ."""
 
-    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
-        """What ``kinds`` makes of these seats."""
+    def held(self, names: Sequence[str], peaks: Sequence[int], steps: Sequence[int]) -> Held:
+        """What this process holds of a pass run by :meth:`each` at its largest, from each model's ``peaks`` (its
+        pass's largest step with its hidden states) and the part of it one step (its layer) reserves (``steps``);
+        ``names``: each model as a refusal names it."""
+
+    def each(self, pass_: EachModel, run: Callable[[int, Placement], _T]) -> list[_T]:
+        """``run(m, placement)`` for each model of ``pass_``, on a placement of that model alone; the results in
+        the models' order."""
 
 
 class PassSite(Protocol):
@@ -149,8 +177,18 @@ class _HereSeats:
 
         return nullcontext(LocalModels(streams, workdir, told.model, reserve, fold, vocab))
 
-    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
-        return kinds.here()
+    def held(self, names: Sequence[str], peaks: Sequence[int], steps: Sequence[int]) -> Held:
+        """The largest model's pass: the models run one after another, each layer read and run here."""
+        largest = max(range(len(peaks)), key=lambda m: peaks[m])
+        return Held(peaks[largest], names[largest], max(steps), max(p - s for p, s in zip(peaks, steps)))
+
+    def each(self, pass_: EachModel, run: Callable[[int, Placement], _T]) -> list[_T]:
+        """One model after another, each placement opened and closed in turn."""
+        found = []
+        for m in range(len(pass_.models)):
+            with pass_.here(m) as placement:
+                found.append(run(m, placement))
+        return found
 
 
 @dataclass(frozen=True)
@@ -198,8 +236,22 @@ class _NodeSeats:
         return ray_models(models, list(self.placed), streams[0].layers, told.layer, told.reads, vocab,
                           ActorTerms(self.state, keep=self.keep))
 
-    def made(self, kinds: SeatKinds[_T_co]) -> _T_co:
-        return kinds.on_nodes(self.placed, self.state, self.keep)
+    def held(self, names: Sequence[str], peaks: Sequence[int], steps: Sequence[int]) -> Held:
+        """Every model's hidden states in and out at once (the passes run side by side), no layer: those run on
+        the nodes."""
+        return Held(sum(p - s for p, s in zip(peaks, steps)), "on Ray", 0, 0)
+
+    def each(self, pass_: EachModel, run: Callable[[int, Placement], _T]) -> list[_T]:
+        """Each model on its actor (:func:`~resumerge.forward.rayactor.ray_each`, recording with its watch), the
+        models side by side, a thread of this process driving each (the layers compute on the nodes); the first
+        error raised once every thread ended."""
+        from resumerge.forward.rayactor import ActorTerms, ray_each
+
+        terms = [ActorTerms(self.state, what=pass_.what, keep=self.keep, watch=watch) for watch in pass_.watches]
+        with ray_each(pass_.models, self.placed, pass_.layers, pass_.reads, terms) as placements, \
+                ThreadPoolExecutor(max_workers=len(placements), thread_name_prefix=pass_.what) as pool:
+            futures = [pool.submit(run, m, placement) for m, placement in enumerate(placements)]
+            return [future.result() for future in futures]
 
 
 @dataclass(frozen=True)

@@ -93,17 +93,36 @@ def _mkl_local() -> Callable[[int], int] | None:
 def serial_kernels() -> Iterator[bool]:
     """Run torch's CPU kernels of the calling thread on that thread alone inside the block, MKL's among them; the
     block gets whether they do (False: no OpenMP runtime found, the kernels stay on torch's threads)."""
+    with kernel_threads(1, process_wide=False) as serial:
+        yield serial
+
+
+@contextmanager
+def kernel_threads(count: int, *, process_wide: bool = True) -> Iterator[bool]:
+    """Run torch's CPU kernels of the calling thread on ``count`` threads inside the block, MKL's among them, and
+    put the thread's counts back as it ends; no other thread's count, nor the default of threads started later,
+    changes. The block gets whether they do: where no OpenMP runtime is found, ``process_wide`` sets torch's
+    process-wide count instead (put back as the block ends: a forward pass, whose figures depend on it), else
+    nothing changes (False)."""
     runtime = _openmp()
     if runtime is None:
-        yield False
+        if not process_wide:
+            yield False
+            return
+        before_all = torch.get_num_threads()
+        torch.set_num_threads(count)
+        try:
+            yield True
+        finally:
+            torch.set_num_threads(before_all)
         return
     # torch sets each thread's OpenMP (and MKL) thread count lazily, at the thread's first parallel kernel; asking
     # for it first makes that happen now, so it cannot overwrite the settings below later.
     torch.get_num_threads()
     before = int(runtime.omp_get_max_threads())
     mkl = _mkl_local()
-    runtime.omp_set_num_threads(1)
-    mkl_before = mkl(1) if mkl is not None else 0
+    runtime.omp_set_num_threads(count)
+    mkl_before = mkl(count) if mkl is not None else 0
     try:
         yield True
     finally:

@@ -88,8 +88,13 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
 
     found = api.status(merge, state_dir=state)
     assert (found.kind, found.state, found.resume_command) == ("check", "interrupted", command)
-    assert found.details is not None and found.details.rows == (
-        ("check", f"interrupted: layer 1 of 3, model 2 of 2 (parent {parent})"),)
+    assert found.details is not None and found.details.rows[0] == (
+        "check", f"interrupted: layer 1 of 3, model 2 of 2 (parent {parent})")
+    # and the thread count its pass computes with, recorded as it first started: the resume computes with it too
+    threads = json.loads(next(state.glob("checks/*/threads.json")).read_text())["threads"]
+    assert found.details.rows[1:] == (
+        ("threads", f"{threads} torch thread{'s' if threads != 1 else ''} (decided at its first start, kept on a "
+                    "resume)"),)
     resumed = cli(*command.split()[1:], "--json", timeout=300)
     assert resumed.returncode in (0, 5, 6), resumed.stderr
     assert "check: layer 1 of 3" not in resumed.stderr and "check: layer 2 of 3" in resumed.stderr

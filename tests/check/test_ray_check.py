@@ -228,11 +228,13 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
         # replaced as a fresh one is.
         nodes.clear()
         state = lost / "none"
-        with pytest.raises(UnreachableError, match="no node left has the CPUs") as stopped:
+        # Started with torch on one thread here, as each node's actor computes: the pass records that count.
+        with pytest.raises(UnreachableError, match="no node left has the CPUs") as stopped, one_thread():
             api.check(out, prompts=texts, state_dir=state, executor=RayExecutor(cluster.address))
         assert stopped.value.exit_code == 3 and len(nodes) == 1
         assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
     monkeypatch.undo()
-    with one_thread():  # run again here (a check started on Ray resumes locally: its journal is the same)
-        again = api.check(out, prompts=texts, state_dir=state)
+    # Run again here, on this process's own thread count: a check started on Ray resumes locally (its journal is the
+    # same) and computes with the count it started with.
+    again = api.check(out, prompts=texts, state_dir=state)
     _same(json.loads(json.dumps(again.to_json())), local)

@@ -108,3 +108,40 @@ def _rename(folder: Path, old: str, new: str) -> None:
         doc = json.loads(index.read_text())
         doc["weight_map"][new] = doc["weight_map"].pop(old)
         index.write_text(json.dumps(doc))
+
+
+def test_an_edit_of_models_tokenizer_before_resume_is_refused(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """MODEL's tokenizer decides the match and the card's Tokens section as DONOR's does: an edit between a kill and
+    ``resume`` that keeps every copied row (here a key tokenizers never reads) is refused in one line naming the
+    file, before a byte is written."""
+    model, donor = pair
+    mine = tmp_path / "model"
+    shutil.copytree(model, mine)
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("tokensurgeon", mine, donor, out, *ARGS, "--state-dir", state, "-q",
+                 env={"RESUMERGE_KILL_AT": "after_surgery_batch:3"})
+    assert killed.returncode == -9, killed.stderr
+    config = json.loads((mine / "tokenizer_config.json").read_text())
+    (mine / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    before = _output(out)
+    resumed = cli("resume", out, "--state-dir", state)
+    assert resumed.returncode == 4, resumed.stderr
+    lines = [line for line in resumed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "tokenizer_config.json changed" in lines[0], resumed.stderr
+    assert _output(out) == before
+
+
+def test_a_flag_the_card_shows_is_compared_when_the_run_goes_on(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """--allow-crimes changes no weight of a pair of one architecture, but the card's command line shows it: a run
+    killed after its card was written and started again with the flag is refused, not finished with a card that
+    lacks it."""
+    model, donor = pair
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("tokensurgeon", model, donor, out, *ARGS, "--state-dir", state, "-q",
+                 env={"RESUMERGE_KILL_AT": "during_tokenizer_write:1"})
+    assert killed.returncode == -9, killed.stderr
+    assert "--allow-crimes" not in (out / "README.md").read_text()
+    again = cli("tokensurgeon", model, donor, out, *ARGS, "--allow-crimes", "--state-dir", state)
+    assert again.returncode == 4, again.stderr
+    lines = [line for line in again.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "model card" in lines[0], again.stderr

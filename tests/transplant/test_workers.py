@@ -15,7 +15,7 @@ import resumerge.runs.transplant.units as registered
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.methods.spec import MergeContext
-from resumerge.runs.transplant.approximate import Batch, Method
+from resumerge.runs.transplant.approximate import Batch, Method, Rope
 from resumerge.runs.transplant.tokens import MatrixMatch
 from resumerge.runs.transplant.units import Transplant, surgery_rows
 from transplant.pairs import make_pair
@@ -40,13 +40,23 @@ def _rows(method: Method, workers: int, tensors: tuple[torch.Tensor, torch.Tenso
         return surgery_rows(ctx)
 
 
-@pytest.mark.parametrize("name", ["omp", "common_interpolation", "randn", "john_hewitt", "subword", "mean",
-                                  "landmark_pca", "zero"])
+# name -> the method (the least-squares ones too: their solver gives the same bits call after call)
+METHODS = {
+    **{name: Method(name, k=4, noise=0.1 if name in ("omp", "mean") else None)
+       for name in ("omp", "common_interpolation", "randn", "john_hewitt", "subword", "mean", "landmark_pca", "zero",
+                    "stb")},
+    "mp_rope": Method("mp_rope", k=4, rope=(Rope(2, 10000.0), Rope(2, 500000.0))),
+    "least_squares": Method("common_interpolation", k=4, weight_scheme="least_squares"),
+    "barycentric": Method("common_interpolation", k=4, weight_scheme="barycentric"),
+}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
 def test_the_rows_are_the_same_bytes_however_many_workers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     generator = torch.Generator().manual_seed(0)
     tensors = (torch.randn((MODEL_ROWS, MODEL_WIDTH), generator=generator),
                torch.randn((DONOR_ROWS, DONOR_WIDTH), generator=generator))
-    method = Method(name, k=4, noise=0.1 if name in ("omp", "mean") else None)
+    method = METHODS[name]
     one = _rows(method, 1, tensors)
     threads: list[str] = []
     together = threading.Barrier(2, timeout=30)  # the first two batches only finish once both are being computed

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.merge.store.runlock import pid_alive
+from resumerge.merge.store.threadcount import recorded_threads, threads_words
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport
@@ -102,7 +103,7 @@ def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] |
     """The newest check of ``model`` under ``root`` (the state dir's ``checks`` folder), its ``state`` set to
     running, interrupted or done; None when there is none."""
     wanted = os.path.abspath(model)
-    found: list[tuple[float, dict[str, Any]]] = []
+    found: list[tuple[float, Path, dict[str, Any]]] = []
     for path in root.glob(f"*/{PROGRESS_NAME}"):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -110,11 +111,12 @@ def find_progress(root: Path, model: str | os.PathLike[str]) -> dict[str, Any] |
         except (OSError, ValueError):  # half-written by nobody (atomic), or removed meanwhile: not this one
             continue
         if isinstance(doc, dict) and doc.get("model") == wanted:
-            found.append((when, doc))
+            found.append((when, path.parent, doc))
     if not found:
         return None
-    doc = max(found, key=lambda pair: pair[0])[1]
+    _, folder, doc = max(found, key=lambda each: each[0])
     doc["state"] = "done" if doc.get("verdict") else "running" if pid_alive(doc.get("pid")) else "interrupted"
+    doc["threads"] = recorded_threads(folder)  # the count its pass computes with (None: not started yet)
     return doc
 
 
@@ -137,7 +139,14 @@ def check_status(root: Path, model: str | os.PathLike[str]) -> StatusReport | No
     return StatusReport(out_dir=os.fspath(model), state=str(doc["state"]), source="check",
                         tensors_total=layers * models, tensors_done=steps, shards_total=layers, shards_done=passed,
                         bytes_total=0, bytes_done=0, resume_command=command if isinstance(command, str) else None,
-                        kind="check", details=Details(rows=(("check", describe(doc)),), data={"check": doc}))
+                        kind="check", details=Details(rows=(("check", describe(doc)), *_threads_row(doc)),
+                                                      data={"check": doc}))
+
+
+def _threads_row(doc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """``status``'s row of the thread count a check's pass computes with (none: not recorded yet)."""
+    count = doc.get("threads")
+    return (("threads", threads_words(count)),) if isinstance(count, int) else ()
 
 
 def describe(doc: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # store.runlock's, not forward's: status must not import the forward package (its reader imports the plan, numpy).
 from resumerge.merge.store.runlock import is_locked
+from resumerge.merge.store.threadcount import recorded_threads, threads_words
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport
@@ -39,6 +40,7 @@ def find_eval(root: Path, target: str | os.PathLike[str]) -> dict[str, Any] | No
     _, folder, doc = max(found, key=lambda each: each[0])
     doc["state"] = "done" if doc.get("done") else "running" if is_locked(folder) else "interrupted"
     doc["journaled"] = _journaled(folder, doc)
+    doc["threads"] = recorded_threads(folder)  # the count its pass computes with (None: not started yet)
     return doc
 
 
@@ -78,6 +80,8 @@ def eval_status(root: Path, target: str | os.PathLike[str]) -> StatusReport | No
     counts = (("layers", passed, layers, f"journaled of the {kind} pass"),
               ("requests", requests if doc.get("done") else 0, requests, f"answered by the {kind} pass"))
     rows = [("eval", describe(doc))]
+    if isinstance(doc.get("threads"), int):
+        rows.append(("threads", threads_words(doc["threads"])))
     if doc["state"] == "running":
         rows.append(("process", f"pid {doc.get('pid')} holds the pass's lock"))
     command = doc.get("command") if doc["state"] == "interrupted" else None

@@ -12,16 +12,17 @@ hidden states in the same order (the file of a layer computed again is replaced 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.handed import Held
 from resumerge.forward.journal import Journal, durable_save
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.placement import Placement, model_layer
 from resumerge.forward.stream import LayerCall, ModelStream
 from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.torch_import import torch
@@ -36,13 +37,15 @@ EXPERT_COUNTS = "expert-counts:"
 
 class _Recorder:
     """The hooks on one layer's linears: each distinct input's float64 Σ x·xᵀ, and which linear's sum each
-    linear shares (found on the first sequence, the same for every sequence: one module's code)."""
+    linear shares (found on the first sequence, the same for every sequence: one module's code); each sequence's
+    inputs are told apart by a hook before the ``layer`` itself, which every sequence's run calls."""
 
-    def __init__(self, linears: Sequence[tuple[str, torch.nn.Module]]) -> None:
+    def __init__(self, layer: torch.nn.Module, linears: Sequence[tuple[str, torch.nn.Module]]) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.shares: dict[str, str] = {}
         self._seen: list[tuple[torch.Tensor, str]] = []  # this sequence's inputs, held: no address is reused
-        self._handles = [module.register_forward_pre_hook(self._hook(name)) for name, module in linears]
+        self._handles = [layer.register_forward_pre_hook(self._next_sequence)]
+        self._handles += [module.register_forward_pre_hook(self._hook(name)) for name, module in linears]
 
     def _hook(self, name: str) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
         def observe(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -63,7 +66,7 @@ class _Recorder:
 
         return observe
 
-    def next_sequence(self) -> None:
+    def _next_sequence(self, layer: torch.nn.Module, args: tuple[Any, ...]) -> None:
         self._seen.clear()
 
     def close(self) -> None:
@@ -77,84 +80,92 @@ def linears_of(layer: torch.nn.Module, prefix: str) -> list[tuple[str, torch.nn.
     return [(prefix + name, module) for name, module in layer.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
-class Runner(Protocol):
-    """Where one model's measured pass runs: this process (:class:`Streamed`), or a Ray actor of its own
-    (:mod:`.onray`). The Grams it gives are written, and the hidden states journaled, by this process alike, so a
-    measurement started on one resumes on the other with the same bytes."""
-
-    @property
-    def layers(self) -> int: ...
-
-    @property
-    def what(self) -> str: ...
-
-    def enter(self, batches: list[Batch]) -> list[torch.Tensor]:
-        """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
-
-    def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
-        """Layer ``index`` run on ``hidden`` with its linears' inputs recorded (:func:`_recorded_layer`)."""
-
-    def carried(self, index: int) -> dict[str, torch.Tensor]:
-        """What the layers up to ``index`` hand later ones beside the hidden states, for the pass's journal
-        (:mod:`resumerge.forward.handed`, named as model 0's)."""
-
-    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Put back what :meth:`carried` journaled (a resumed pass)."""
+# A layer's float32 Grams by the linear holding each, and which linear holds each linear's Gram (a string: this
+# module is imported where torch is not, and annotations are not evaluated).
+Grams: TypeAlias = "tuple[dict[str, torch.Tensor], dict[str, str]]"
 
 
-# A layer's outputs, its float32 Grams by the linear holding each, and which linear holds each linear's Gram (a
-# string: this module is imported where torch is not, and annotations are not evaluated).
-Recorded: TypeAlias = "tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, str]]"
+class GramWatch:
+    """The measurement's :class:`~resumerge.forward.placement.NodeWatch`: each model's layer run with its linears'
+    inputs recorded, its Grams found as the layer ends, where it runs (this process, or the model's node on Ray,
+    whose copy of this watch computes them there): the float32 Grams (the sums over ``tokens``, the real positions
+    of the texts) by the linear holding each, and which linear holds each linear's Gram. The measurement's step
+    takes them (:meth:`taken`) and writes them, in this process whichever ran the layer: the same bytes."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.found: dict[int, Grams] = {}
+
+    def order(self, models: int) -> Iterable[int]:
+        return range(models)
+
+    @contextmanager
+    def watching(self, stream: ModelStream, m: int, module: torch.nn.Module) -> Iterator[None]:
+        """Model ``m``'s decoder layer ``module`` recorded while the block runs it (its weights read in the block:
+        the hooks are on its modules, which keep them)."""
+        from resumerge.forward.routed import RoutedSums, fused_experts, routers
+
+        prefix = stream.prefix(module)
+        linears = linears_of(module, prefix)
+        if not linears:
+            index = next(i for i, layer in enumerate(stream.layers_list) if layer is module)
+            raise ModelInputError(f"decoder layer {index} of {type(stream.model).__name__} has no torch.nn.Linear to "
+                                  "measure (GPT-2's Conv1D, for one, is not measured yet)",
+                                  path=str(stream.reader.directory))
+        # A mixture of experts' layer (measured for --imatrix): its routers (matrices over the hidden states that
+        # are not nn.Linear) get Grams as linears do, and its fused experts the importance pass's per-expert sums
+        # and counts (what llama-imatrix records of a MUL_MAT_ID: no Gram of one expert's inputs is kept).
+        experts = fused_experts(module)
+        recorder = _Recorder(module, linears + [(prefix + name, r) for name, r in routers(module, experts)])
+        routed = RoutedSums({}, {})
+        try:
+            with ExitStack() as measuring:
+                for name, e in experts:
+                    measuring.enter_context(routed.measuring(e, prefix + name))
+                yield
+        finally:
+            recorder.close()
+        tokens = self.tokens
+        # on the host: the merged pass merges a layer's host weights with them (on the host they are these tensors)
+        grams = {name: (total / tokens).to(torch.float32).to("cpu").contiguous()
+                 for name, total in recorder.sums.items()}
+        for kind, found in ((EXPERT_SUMS, routed.sums), (EXPERT_COUNTS, routed.counts)):
+            grams.update({kind + name: value.to("cpu").contiguous() for name, value in sorted(found.items())})
+        self.found[m] = (grams, dict(sorted(recorder.shares.items())))
+
+    def end_layer(self) -> None:
+        """Nothing: each model's Grams are found as its layer ends."""
+
+    def taken(self, m: int) -> Grams:
+        return self.found.pop(m)
+
+    def put(self, m: int, found: object) -> None:
+        assert isinstance(found, tuple), "a copy of a GramWatch finds Grams"
+        self.found[m] = found
 
 
-class Streamed:
-    """A model's measured pass in this process, on its ``stream``."""
-
-    def __init__(self, stream: ModelStream) -> None:
-        self.stream = stream
-        self.calls: list[list[LayerCall]] = []
-
-    @property
-    def layers(self) -> int:
-        return self.stream.layers
-
-    @property
-    def what(self) -> str:
-        return str(self.stream.reader.directory)
-
-    def enter(self, batches: list[Batch]) -> list[torch.Tensor]:
-        with torch.no_grad():
-            entering = self.stream.inputs(batches)
-        self.calls = [c for _, c in entering]
-        return [h for h, _ in entering]
-
-    def layer(self, index: int, hidden: list[torch.Tensor], tokens: int) -> Recorded:
-        return _recorded_layer(self.stream, index, hidden, self.calls, tokens)
-
-    def carried(self, index: int) -> dict[str, torch.Tensor]:
-        return Held(lambda: [self.calls]).carried(index)
-
-    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        Held(lambda: [self.calls]).restore(tensors)
+def tokens_of(batches: list[Batch]) -> int:
+    """The real positions of ``batches``: what a Gram's sums are divided by."""
+    return sum(int(mask.sum()) for _, mask in batches)
 
 
-def measure_model(runner: Runner, batches: list[Batch], out: Path, index: int, journal: Path, *,
-                  on_layer: Callable[[int], None] | None = None, reserve: Reserve = unreserved) -> None:
-    """Write the Gram file of each decoder layer of the model ``runner`` runs (the ``index``-th measured model) under
-    ``out``, journaling the hidden states in ``journal`` and resuming after the last layer journaled there, on the
-    one journaled layer pass (:class:`~resumerge.forward.layerpass.LayerPass`, kill point ``after_measure_layer``
-    once a layer is durable). ``on_layer(l)`` is told before layer l is read, ``reserve`` admits each layer's
-    step (``layer``). Nothing is done for a model whose
-    last layer's file is there already: its pass had finished."""
-    layers = runner.layers
+def measure_model(placement: Placement, watch: GramWatch, batches: list[Batch], out: Path, index: int,
+                  journal: Path, *, on_layer: Callable[[int], None] | None = None) -> None:
+    """Write the Gram file of each decoder layer of the one model ``placement`` runs (the ``index``-th measured
+    model; its layers recorded by ``watch``, where they run) under ``out``, journaling the hidden states in
+    ``journal`` and resuming after the last layer journaled there, on the one journaled layer pass
+    (:class:`~resumerge.forward.layerpass.LayerPass`, kill point ``after_measure_layer`` once a layer is durable).
+    ``on_layer(l)`` is told before layer l is read; the placement admits each layer's step. Nothing is done for a
+    model whose last layer's file is there already: its pass had finished."""
+    layers = placement.layers
     if (out / layer_file(index, layers - 1)).is_file():
         return
     (out / layer_file(index, 0)).parent.mkdir(parents=True, exist_ok=True)
-    tokens = sum(int(mask.sum()) for _, mask in batches)
-    entering = runner.enter(batches)
-    step = _ModelStep(runner, tokens, lambda layer: out / layer_file(index, layer), on_layer, reserve)
+    with torch.no_grad():
+        entering = placement.enter(batches)
+    step = _ModelStep(placement, watch, lambda layer: out / layer_file(index, layer), on_layer)
     kept = _journal(journal)
-    LayerPass(kept, layers, point="after_measure_layer", carries=runner).run(step, [entering], len(batches))
+    LayerPass(kept, layers, point="after_measure_layer", carries=placement).run(step, entering, len(batches))
     kept.remove()
 
 
@@ -164,61 +175,34 @@ def _journal(folder: Path) -> Journal:
 
 
 class _ModelStep(Step[None]):
-    """One model's Grams: each layer run over every sequence with its linears' inputs recorded, its Gram file
-    written (``path(layer)``) before the hidden states leaving it are journaled."""
+    """One model's Grams: each layer run by its placement over every sequence, its Gram file written
+    (``path(layer)``) before the hidden states leaving it are journaled."""
 
-    def __init__(self, runner: Runner, tokens: int, path: Callable[[int], Path],
-                 on_layer: Callable[[int], None] | None, reserve: Reserve) -> None:
-        self.runner, self.tokens, self.path, self.on_layer = runner, tokens, path, on_layer
-        self.reserve = reserve
+    def __init__(self, placement: Placement, watch: GramWatch, path: Callable[[int], Path],
+                 on_layer: Callable[[int], None] | None) -> None:
+        self.placement, self.watch, self.path, self.on_layer = placement, watch, path, on_layer
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         if self.on_layer is not None:
             self.on_layer(index)
-        with self.reserve(f"layer {index} of {self.runner.what}", "layer"):
-            out, grams, shares = self.runner.layer(index, hidden[0], self.tokens)
-            _save(grams, shares, self.tokens, self.path(index))
-            return [out]
+        out, _ = self.placement.layer(index, hidden, None)
+        grams, shares = self.watch.taken(0)
+        _save(grams, shares, self.watch.tokens, self.path(index))
+        return out
 
     def finish(self, hidden: Hidden) -> None:
         return None
 
 
 def _recorded_layer(stream: ModelStream, index: int, hidden: list[torch.Tensor], calls: list[list[LayerCall]],
-                    tokens: int) -> Recorded:
-    """Layer ``index`` of ``stream`` run over every sequence with its linears' inputs recorded: its outputs, the
-    float32 Grams by the linear holding each, and which linear holds each linear's Gram."""
-    from resumerge.forward.routed import RoutedSums, fused_experts, routers
-
+                    tokens: int) -> Grams:
+    """Layer ``index`` of ``stream`` run over every sequence (its merged pass's hidden states) with its linears'
+    inputs recorded (:class:`GramWatch`): its Grams."""
+    watch = GramWatch(tokens)
     module = stream.layers_list[index]
-    with stream.loaded(module) as layer:
-        prefix = stream.prefix(module)
-        linears = linears_of(layer, prefix)
-        if not linears:
-            raise ModelInputError(f"decoder layer {index} of {type(stream.model).__name__} has no torch.nn.Linear to "
-                                  "measure (GPT-2's Conv1D, for one, is not measured yet)",
-                                  path=str(stream.reader.directory))
-        # A mixture of experts' layer (measured for --imatrix): its routers (matrices over the hidden states that
-        # are not nn.Linear) get Grams as linears do, and its fused experts the importance pass's per-expert sums
-        # and counts (what llama-imatrix records of a MUL_MAT_ID: no Gram of one expert's inputs is kept).
-        experts = fused_experts(layer)
-        recorder = _Recorder(linears + [(prefix + name, m) for name, m in routers(layer, experts)])
-        routed = RoutedSums({}, {})
-        try:
-            with ExitStack() as measuring:
-                for name, m in experts:
-                    measuring.enter_context(routed.measuring(m, prefix + name))
-                out = []
-                for s, h in enumerate(hidden):
-                    recorder.next_sequence()
-                    out.append(stream.run(layer, h, calls[s][index]))
-        finally:
-            recorder.close()
-    # on the host: the merged pass merges a layer's host weights with them (on the host they are these tensors)
-    grams = {name: (total / tokens).to(torch.float32).to("cpu").contiguous() for name, total in recorder.sums.items()}
-    for kind, found in ((EXPERT_SUMS, routed.sums), (EXPERT_COUNTS, routed.counts)):
-        grams.update({kind + name: value.to("cpu").contiguous() for name, value in sorted(found.items())})
-    return out, grams, dict(sorted(recorder.shares.items()))
+    with watch.watching(stream, 0, module):
+        model_layer(stream, index, hidden, calls, None)
+    return watch.taken(0)
 
 
 def _save(grams: dict[str, torch.Tensor], shares: dict[str, str], tokens: int, path: Path) -> None:
@@ -243,7 +227,7 @@ def measure_merged(streams: Sequence[ModelStream], batches: list[Batch], out: Pa
         return
     for i in range(len(streams)):
         (out / layer_file(i, 0)).parent.mkdir(parents=True, exist_ok=True)
-    tokens = sum(int(mask.sum()) for _, mask in batches)
+    tokens = tokens_of(batches)
 
     def averaged(key: str) -> torch.Tensor:
         return merge(key, [s.reader.read(key) for s in streams], None)
@@ -273,7 +257,7 @@ class _MergedStep(Step[None]):
         measured = []
         for i, stream in enumerate(streams):
             with self.reserve(f"layer {index} of model {i + 1}", "layer"):
-                _, grams, shares = _recorded_layer(stream, index, states, calls, self.tokens)
+                grams, shares = _recorded_layer(stream, index, states, calls, self.tokens)
             _save(grams, shares, self.tokens, self.out / layer_file(i, index))
             measured.append((grams, shares))
 

@@ -11,10 +11,11 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from resumerge.errors import UsageError
 from resumerge.forward.opened import PassModel
@@ -31,11 +32,13 @@ from resumerge.inputs.grams import sha256_of as sha256_of
 from resumerge.inputs.safetensors_format import read_header
 
 if TYPE_CHECKING:
-    from resumerge.analyses.measure.grams import Runner
+    from resumerge.analyses.measure.grams import GramWatch
     from resumerge.forward.batches import Batch
     from resumerge.forward.hubreads import PassReads
     from resumerge.forward.layerpass import Reserve
-    from resumerge.forward.sites import PassSite
+    from resumerge.forward.onray import Read
+    from resumerge.forward.placement import Placement
+    from resumerge.forward.sites import PassSite, Seats
     from resumerge.forward.stream import ModelStream
     from resumerge.torch_import import torch
 
@@ -74,9 +77,9 @@ def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
 
 @dataclass(frozen=True)
 class Measuring:
-    """A measurement's passes as its :class:`Runs` run them: its ``models`` (bound to the hub reads' journal
-    ``reads``), their ``keys``, the ``batches``, OUT_DIR (``folder``), the journal's folder (``workdir``) and what
-    it tells of its progress."""
+    """A measurement's passes as they run: its ``models`` (bound to the hub reads' journal ``reads``), their
+    ``keys``, the ``batches``, OUT_DIR (``folder``), the journal's folder (``workdir``) and what it tells of its
+    progress."""
 
     models: list[PassModel]
     keys: list[str]
@@ -87,62 +90,25 @@ class Measuring:
     reads: PassReads
 
 
-class Runs(Protocol):
-    """Where a measurement's models run their passes, as the executor placed them
-    (:meth:`~resumerge.forward.sites.Seats.made`): :class:`HereRuns`, one after another in this process; on a Ray
-    cluster each model's pass in an actor of its own, side by side (:class:`~.onray.NodeRuns`). The Grams are
-    written and the hidden states journaled by this process alike, so the bytes are the same whichever ran them."""
-
-    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
-            max_memory: int | None) -> tuple[list[int], int, int, int]:
-        """The measurement refused (exit 2, before any model is read) where what this process holds of its
-        largest step would not fit ``max_memory`` (None: the default budget) beside ``held`` (what it holds
-        before the pass); each model's decoder layers, the budget, what one step reserves from the RAM governor,
-        and what the hidden states in and out hold (kept on a GPU between layers). ``found``: each model's pass,
-        (key, decoder layers, its peak, what one step of it reserves)."""
-
-    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
-        """``models`` bound to the hub reads' journal (:meth:`~resumerge.forward.sites.PassSite.bind`)."""
-
-    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
-        """Every model's Grams into OUT_DIR, journaled; each model's manifest entry."""
-
-
 @dataclass(frozen=True)
-class HereRuns:
-    """Each model's pass in this process, one after another, each layer admitted by the RAM governor (``site``:
-    where the executor placed them, :class:`~resumerge.forward.sites.InProcess`)."""
+class Placed:
+    """Where the executor placed a measurement's models: its ``site`` (:mod:`resumerge.forward.sites`) and their
+    ``seats`` there, each model's pass (``layers``: each model's decoder layers) a placement of its own
+    (:meth:`~resumerge.forward.sites.Seats.each`: one after another in this process, side by side on a Ray
+    cluster's actors). The Grams are written and the hidden states journaled by this process alike, so the bytes
+    are the same whichever ran them."""
 
     site: PassSite
-
-    def fit(self, models: list[PassModel], found: list[tuple[str, int, int, int]], held: int,
-            max_memory: int | None) -> tuple[list[int], int, int, int]:
-        """The largest pass of every model (a layer in float32, its sums, the hidden states in and out), named
-        as ``measure --plan`` names it."""
-        from resumerge.memory import SystemProbe, budget_fitting
-
-        largest = max(range(len(found)), key=lambda i: found[i][2])
-        budget = budget_fitting(f"measuring {models[largest].path}", found[largest][2], max_memory, SystemProbe(),
-                                held=held)
-        return ([layers for _, layers, _, _ in found], budget, max(step for *_, step in found),
-                max(peak - step for _, _, peak, step in found))
-
-    def bind(self, reads: PassReads, models: list[PassModel], fresh: bool) -> list[PassModel]:
-        return self.site.bind(reads, models, fresh)
-
-    def measured(self, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
-        m = measuring
-        return [_run_model(model, m.keys[index], index, len(m.models), m.batches, m.folder, m.workdir, m.on_progress,
-                           reserve, device)
-                for index, model in enumerate(m.models)]
+    seats: Seats
+    layers: list[int]
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve, runs: Runs, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
+                    reserve: Reserve, placed: Placed, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
     """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
-    ``measure.json``; the measurement. ``runs``: where the models' passes run (:class:`Runs`); RegMean++'s merged
-    pass (``merged``) runs here, every model's layer merged in one place."""
+    ``measure.json``; the measurement. ``placed``: where the models' passes run (:class:`Placed`); RegMean++'s
+    merged pass (``merged``) runs here, every model's layer merged in one place."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
     from resumerge.memory.allocator import tune_allocator
@@ -151,7 +117,7 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
     # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
-    models = runs.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
+    models = placed.site.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
     restore = tune_allocator()
     measured: list[MeasuredModel] = []
     error: BaseException | None = None
@@ -161,8 +127,8 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
             assert isinstance(ratio, float)
             measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
         else:
-            measured = runs.measured(Measuring(models, keys, batches, folder, workdir, on_progress, reads), reserve,
-                                     device)
+            measured = _each(placed, Measuring(models, keys, batches, folder, workdir, on_progress, reads),
+                             reserve, device)
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -179,46 +145,52 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     return result, measured
 
 
-def _run_model(model: PassModel, key: str, index: int, count: int, batches: list[tuple[torch.Tensor, torch.Tensor]],
-               folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-               reserve: Reserve, device: str) -> MeasuredModel:
-    from resumerge.analyses.measure.grams import Streamed
+def _each(placed: Placed, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+    """Each model measured on a placement of its own (:meth:`~resumerge.forward.sites.Seats.each`), its layers
+    recorded by a watch of its own where they run: in this process on ``device``, each admitted by ``reserve``,
+    reading the whole embedding table as the proof of its files wants it read; on a node, what it read of a hub file
+    held to the journal and read here too, for its file's proof."""
+    from contextlib import contextmanager
 
-    with stream_of(model, key, device) as stream:
-        return measured_on(Streamed(stream), model, key, index, count, batches, folder, workdir, on_progress, reserve)
+    from resumerge.analyses.measure.grams import GramWatch, tokens_of
+    from resumerge.forward.placement import Streams
+    from resumerge.forward.sites import EachModel
+
+    m = measuring
+    watches = [GramWatch(tokens_of(m.batches)) for _ in m.models]
+    lock = threading.Lock()  # each model's thread tells its node's reads
+
+    def on_reads(index: int, found: list[Read]) -> None:
+        with lock:
+            m.reads.elsewhere(m.models[index], found, prove=True)
+
+    @contextmanager
+    def here(index: int) -> Iterator[Placement]:
+        with stream_of(m.models[index], m.keys[index], device) as stream:
+            yield Streams([stream], reserve=reserve, watch=watches[index], names=[str(stream.reader.directory)],
+                          rows=False)
+
+    def run(index: int, placement: Placement) -> MeasuredModel:
+        return measured_on(placement, watches[index], m, index)
+
+    return placed.seats.each(EachModel(m.models, placed.layers, watches, here, "measure", on_reads), run)
 
 
-def side_by_side(runners: Sequence[Runner], models: list[PassModel], keys: list[str], batches: list[Batch],
-                  folder: Path, workdir: Path, on_progress: Callable[[str], None] | None) -> list[MeasuredModel]:
-    """Each model measured on its runner, a thread each (the runners compute elsewhere: this process writes and
-    journals); the first error raised once every thread ended."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from resumerge.forward.layerpass import unreserved
-
-    with ThreadPoolExecutor(max_workers=len(runners), thread_name_prefix="measure") as pool:
-        futures = [pool.submit(measured_on, runner, model, key, index, len(models), batches, folder, workdir,
-                               on_progress, unreserved)
-                   for index, (runner, model, key) in enumerate(zip(runners, models, keys))]
-        return [future.result() for future in futures]
-
-
-def measured_on(runner: Runner, model: PassModel, key: str, index: int, count: int, batches: list[Batch],
-                folder: Path, workdir: Path, on_progress: Callable[[str], None] | None,
-                reserve: Reserve) -> MeasuredModel:
-    """The ``index``-th of ``count`` models measured on ``runner`` (this process, or its Ray actor), journaled in
-    ``workdir``; its manifest entry."""
+def measured_on(placement: Placement, watch: GramWatch, measuring: Measuring, index: int) -> MeasuredModel:
+    """The ``index``-th of the measurement's models measured on ``placement`` (of that model alone: this process,
+    or its Ray actor; its layers recorded by ``watch``), journaled in the measurement's workdir; its manifest
+    entry."""
     from resumerge.analyses.measure.grams import measure_model
 
-    layers = runner.layers
+    layers, count, on_progress = placement.layers, len(measuring.models), measuring.on_progress
 
     def on_layer(layer: int) -> None:
         if on_progress is not None:
             on_progress(f"model {index + 1} of {count}, layer {layer + 1} of {layers}")
 
-    measure_model(runner, batches, folder, index, workdir / HIDDEN / model_folder(index), on_layer=on_layer,
-                  reserve=reserve)
-    return recorded(model, key, folder, index, layers)
+    measure_model(placement, watch, measuring.batches, measuring.folder, index,
+                  measuring.workdir / HIDDEN / model_folder(index), on_layer=on_layer)
+    return recorded(measuring.models[index], measuring.keys[index], measuring.folder, index, layers)
 
 
 def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -15,13 +15,13 @@ import importlib.metadata
 import json
 import os
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.analyses.measure.passes import HereRuns, Runs, run_measurement, stream_of, workdir_of
+from resumerge.analyses.measure.passes import Placed, run_measurement, stream_of, workdir_of
 from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
@@ -41,10 +41,10 @@ from resumerge.inputs.grams import (
     layer_file,
     read_measurement,
 )
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget
-    from resumerge.forward.onray import Place
     from resumerge.inputs.grams import MeasuredModel
 
 # Keys of config.json that make a model a mixture of experts: its experts have no Grams (their importance
@@ -101,7 +101,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     where = PassFolder(folder, f"a measurement into {folder}",
                        shlex.join(command + (["--texts", os.fspath(texts)] if texts is not None else [])),
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
-                       lock_name=LOCK_FILE)
+                       lock_name=LOCK_FILE, threads=state.measures_dir / key[:32] / THREADS_FILE)
     job = MeasureJob(where, os.fspath(config), None if texts is None else os.fspath(texts), key, models, keys, tokens,
                      merged, proof, MeasureSettings(max_memory, state, placement, device),
                      on_progress)
@@ -154,24 +154,6 @@ class MeasureSettings:
 
 
 @dataclass(frozen=True)
-class _RunKinds:
-    """Where the measurement's passes run, made from where the executor placed its models
-    (:meth:`~resumerge.forward.sites.Seats.made`): one after another here, or on each model's actor
-    (``layers``: each model's decoder layers)."""
-
-    site: PassSite
-    layers: list[int]
-
-    def here(self) -> Runs:
-        return HereRuns(self.site)
-
-    def on_nodes(self, placed: Sequence[Place], state: str | None, keep: float) -> Runs:
-        from resumerge.analyses.measure.onray import NodeRuns
-
-        return NodeRuns(self.site, self.layers, placed, state, keep)
-
-
-@dataclass(frozen=True)
 class _Judged:
     """A measurement's fit: each model's decoder layers, the budget, what a step reserves, the hidden states the
     GPU holds, and where each model's pass runs (placed: on Ray each model's node)."""
@@ -180,7 +162,7 @@ class _Judged:
     budget: int
     step: int
     gpu: GpuBudget | None
-    runs: Runs
+    placed: Placed
 
 
 @dataclass(frozen=True)
@@ -230,6 +212,8 @@ class MeasureJob:
         """The measurement's fit (refused, exit 2, before any weight is read, where it does not fit) and the GPU's,
         and where each model's pass runs (on Ray: the cluster joined and each model's actor placed, refused,
         exit 2, where it cannot hold them)."""
+        from resumerge.memory import SystemProbe, budget_fitting
+
         settings = self.settings
         passes = _passes(self.models, self.keys, self.tokens)
         site = settings.site
@@ -240,12 +224,16 @@ class MeasureJob:
             return actor_bytes([peak for _, _, peak, _ in passes])
 
         seats = site.seat(needs, "measurement", settings.state)
-        runs = seats.made(_RunKinds(site, [n for _, n, _, _ in passes]))
-        layers, budget, step, states = runs.fit(self.models, passes, _held(self.models, self.tokens),
-                                                settings.max_memory)
+        # what this process holds at the largest step: here the largest model's pass (named as ``measure --plan``
+        # names it), on Ray every model's hidden states at once
+        held = seats.held([str(m.path) for m in self.models], [peak for _, _, peak, _ in passes],
+                          [step for *_, step in passes])
+        budget = budget_fitting(f"measuring {held.named}", held.bytes, settings.max_memory, SystemProbe(),
+                                held=_held(self.models, self.tokens))
         # on a GPU: its budget too, before any read
-        gpu = settings.device.budget("the measurement", {"layer": step}, states)
-        return _Judged(layers, budget, step, gpu, runs)
+        gpu = settings.device.budget("the measurement", {"layer": held.step}, held.states)
+        layers = [n for _, n, _, _ in passes]
+        return _Judged(layers, budget, held.step, gpu, Placed(site, seats, layers))
 
     @contextmanager
     def fitted(self) -> Iterator[Fit[_Judged]]:
@@ -262,7 +250,7 @@ class MeasureJob:
         """Every model's Grams, then ``measure.json`` (:func:`~.passes.run_measurement`)."""
         workdir = workdir_of(self.folder.path, self.settings.state.measures_dir / self.key[:32])
         _, measured = run_measurement(self.models, self.keys, self.tokens, self.folder.path, workdir,
-                                      self.on_progress, self.merged, reserve, ready.runs, self.settings.device.name)
+                                      self.on_progress, self.merged, reserve, ready.placed, self.settings.device.name)
         return measured
 
     def finish(self, found: list[MeasuredModel], proof: str | None) -> MeasureReport:

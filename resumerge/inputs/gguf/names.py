@@ -157,6 +157,10 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
             config["num_local_experts"] = config.pop("num_experts")
         else:
             config["moe_intermediate_size"] = get("expert_feed_forward_length")
+        if arch == "qwen3moe":
+            # llama.cpp's qwen3moe always divides the chosen experts' weights by their sum; transformers'
+            # Qwen3MoeConfig does so only with norm_topk_prob, false by default (Qwen3-MoE's own configs set it).
+            config["norm_topk_prob"] = True
         if get("expert_shared_feed_forward_length") is not None:
             config["shared_expert_intermediate_size"] = get("expert_shared_feed_forward_length")
     if arch in GEMMA:
@@ -245,6 +249,50 @@ def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple
                 keys.append((key, (kind, config[hf])))
     keys += _expert_keys(arch, config)
     return [(f"{arch}.{key}", value) for key, value in keys]
+
+
+# Whether llama.cpp's graph of a mixture-of-experts family divides the chosen experts' routing weights by their sum:
+# hard-coded in its call of build_moe_ffn, read from no GGUF key (nor are expert_weights_scale and
+# expert_gating_func for these families: softmax, unscaled, as transformers'). Mixtral always renormalises, in
+# transformers and llama.cpp alike; Qwen-MoE does in transformers only with norm_topk_prob (false when absent).
+_RENORMALISED = {"qwen2moe": False, "qwen3moe": True}
+
+
+def check_routing(arch: str, config: Mapping[str, Any]) -> None:
+    """Refuse (exit 2, at plan time) a mixture of experts whose ``config`` routes tokens otherwise than llama.cpp's
+    ``arch`` graph does, which no GGUF key can say: Qwen-MoE's ``norm_topk_prob`` against the family's hard-coded
+    renormalisation (moot when every expert is chosen: softmax weights over all of them already sum to 1), and a
+    dense layer among the experts (``decoder_sparse_step``, ``mlp_only_layers``), which llama.cpp's Qwen-MoE graphs
+    do not have."""
+    if arch not in _RENORMALISED:
+        return
+    count = config.get("num_experts") or config.get("num_local_experts")
+    if not count:
+        return
+    renormalised = _RENORMALISED[arch]
+    chosen = config.get("num_experts_per_tok")
+    normalises = bool(config.get("norm_topk_prob", False))
+    if normalises != renormalised and chosen is not None and chosen < count:
+        said = (f"says norm_topk_prob: {'true' if normalises else 'false'}" if "norm_topk_prob" in config
+                else "has no norm_topk_prob (transformers reads false)")
+        does = "always divides" if renormalised else "never divides"
+        raise ModelInputError(
+            f"the output's config.json {said}, and llama.cpp's {arch} {does} the {chosen} chosen experts' routing "
+            f"weights (of {count}) by their sum, whatever the GGUF says: the file would compute another model than "
+            "the merge",
+            hint="write it as safetensors (--out-type safetensors)" + (
+                ", or, if the model was trained with renormalised weights (Qwen3-MoE's own were), set "
+                "norm_topk_prob: true in its config.json" if renormalised else ""))
+    layers = int(config.get("num_hidden_layers") or 0)
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense = sorted({int(i) for i in config.get("mlp_only_layers") or () if 0 <= int(i) < layers}
+                   | {i for i in range(layers) if (i + 1) % step})
+    if dense:
+        raise ModelInputError(
+            f"the output's config.json makes layer{'s' if len(dense) > 1 else ''} "
+            f"{', '.join(map(str, dense))} dense (decoder_sparse_step {step}, mlp_only_layers "
+            f"{list(config.get('mlp_only_layers') or [])}), and llama.cpp's {arch} has experts in every layer: it "
+            "would not load the file", hint="write it as safetensors (--out-type safetensors)")
 
 
 def _expert_keys(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:

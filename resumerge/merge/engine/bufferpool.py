@@ -74,6 +74,10 @@ class BufferPool:
     def give_back(self, tensors: Iterable[torch.Tensor]) -> None:
         """The writer is done with ``tensors``: the passed-on buffers they live in become idle (others are not the
         pool's and are left alone)."""
+        if not self._out:
+            # None out, so none of ``tensors`` is the pool's (each was passed on before the writer had it): a run
+            # of tiny tensors, none passed on, looked up every one (90k of them, each its storage's address).
+            return
         with self._lock:
             for tensor in tensors:
                 if tensor.device.type != "cpu":

@@ -185,7 +185,8 @@ class RunSession:
             contents = InputContents(plan, ledger, rdir.parent, seen=seen, restart=restart, tell=reporter.message)
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
-                refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming)
+                refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming,
+                                    config_text=config_text)
                 from resumerge.merge.engine.hubout import create_recorded  # the hub's client: for a repo output only
 
                 hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart,

@@ -81,7 +81,7 @@ def create_recorded(hub: HubOutput, plan: Plan, config_text: str, ledger: Ledger
     again) is kept; a different one is left to the session to refuse (or, with ``restart``, replaced).
     """
     row = ledger.run_row()
-    if row is None or (restart and row.fingerprint != plan.fingerprint):
+    if row is None or (restart and (row.fingerprint != plan.fingerprint or row.config_text != config_text)):
         record_plan(plan, config_text, hub.url, ledger, recording)
     recorded = ledger.last_event_data(CREATED) or {}
     public = hub.options.public or bool(recorded.get("public"))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.version import __version__
+from resumerge.config.yamldiff import config_changes
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
 from resumerge.memory import format_size
 from resumerge.merge.engine.reconcile import adopt_manifest
@@ -109,17 +110,21 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
     repo is created too."""
     row = ledger.run_row()
     recorded = row.fingerprint if row else (manifest.fingerprint if manifest else None)
-    if recorded is None or recorded == plan.fingerprint:
+    recorded_text = row.config_text if row else (manifest.config_text if manifest else None)
+    # The card and the config's copy are written from the text as given (its name, its comments): a run continued
+    # with another text, however alike its plan, would finish with other words than the run it continues.
+    other_text = (plan.options.write_model_card and config_text is not None and recorded_text is not None
+                  and config_text != recorded_text)
+    if recorded is None or (recorded == plan.fingerprint and not other_text):
         return False
     parts = row.parts if row else dict(manifest.parts if manifest else {})
     inputs = row.inputs if row else dict(manifest.inputs if manifest else {})
     if restart:
         return True
-    recorded_text = row.config_text if row else (manifest.config_text if manifest else None)
     options = row.options if row else dict(manifest.options if manifest else {})
     configs = (recorded_text, config_text) if recorded_text is not None and config_text is not None else None
     what = "; ".join(describe_changes(parts, inputs, plan, recorded_options=options, configs=configs)
-                     or ["the plan changed"])
+                     or _text_change(configs) or ["the plan changed"])
     raise PlanChangedError(
         f"{out} holds a merge planned differently: {what}",
         path=str(out),
@@ -127,6 +132,16 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
         if not resuming
         else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
     )
+
+
+def _text_change(configs: tuple[str, str] | None) -> list[str]:
+    """What differs between the recorded text and a continued run's where their plans are alike: the keys and
+    values (a config's ``name``), else the text alone (a comment, the layout)."""
+    if configs is None or configs[0] == configs[1]:
+        return []
+    told = [f"config: {c}" for c in config_changes(*configs)]
+    return told or ["the config's text changed (a comment or the layout), which the model card and the config's "
+                    "copy show as given"]
 
 
 def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | None = None) -> Manifest:

@@ -19,8 +19,8 @@ Inputs stored as the method reads them (plain float32, bfloat16...) are read int
 ``pread`` straight into pages already faulted in. A result stored as it was computed is not copied out where the run
 has a :class:`~resumerge.merge.engine.bufferpool.BufferPool`: the workspace passes its buffer on to the writer
 (:meth:`Workspace.pass_on`) and grows its next buffer from those the writer gave back. Both only from
-:data:`WARM_BYTES` up: a smaller input is read into, and a smaller result copied to, the allocator's warm heap for
-less than the workspace's bookkeeping costs.
+:data:`WARM_BYTES` up: a smaller input is read into, and a smaller result computed in, a fresh buffer from the
+allocator's warm heap for less than the workspace's bookkeeping costs, and the result stored as it is (no copy).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def workspace_bytes(budget: int | None, workers: int) -> int:
 class Workspace:
     """One worker's buffers by use (``key``), holding at most ``most`` bytes in all; used by one thread at a
     time. With a ``pool``, new buffers come from those the writer gave back, and a result stored as computed is
-    passed on to the writer rather than copied (:meth:`pass_on`)."""
+    passed on to the writer rather than copied (:meth:`pass_on`). Under ``warm_bytes`` it lends fresh tensors,
+    none of its own (:data:`WARM_BYTES`)."""
 
     def __init__(self, most: int, pool: BufferPool | None = None, warm_bytes: int = WARM_BYTES) -> None:
         self.most = most
@@ -69,8 +70,13 @@ class Workspace:
 
     def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype``: ``key``'s buffer, grown to fit when
-        the workspace can hold it, else a fresh tensor. It replaces what ``key`` lent before."""
+        the workspace can hold it, else a fresh tensor; a fresh one too under the workspace's ``warm_bytes`` (and
+        ``key``'s buffer kept as it is). It replaces what ``key`` lent before."""
         size = dtype.itemsize * math.prod(shape)
+        if size < self._warm_bytes:
+            # From the allocator's warm heap, as cheap as the buffer's bookkeeping, and never in the workspace: a
+            # tiny result is stored as it is, not copied out (90k tiny tensors: 90k clones and refused pass_ons).
+            return torch.empty(shape, dtype=dtype)
         held = self._buffers.pop(key, None)
         if held is not None and held.numel() >= size:
             self._buffers[key] = held
@@ -84,7 +90,7 @@ class Workspace:
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` shares memory with one of the buffers."""
-        if tensor.device.type != "cpu":
+        if not self._buffers or tensor.device.type != "cpu":
             return False
         storage = tensor.untyped_storage().data_ptr()
         return any(b.untyped_storage().data_ptr() == storage for b in self._buffers.values())
@@ -115,10 +121,10 @@ class Workspaces:
     """The workspaces of one run's ``workers``: :meth:`lend` one to each computation running at once, each holding
     at most ``most`` bytes. At most ``workers`` are kept; a computation beyond them (none should be: the engine runs
     at most ``workers`` at once) is lent one that keeps nothing. ``pool``: where their buffers come from and their
-    results go (see :class:`Workspace`). Thread-safe."""
+    results go; ``warm_bytes``: the least they lend of their own (see :class:`Workspace`). Thread-safe."""
 
-    def __init__(self, most: int, workers: int, pool: BufferPool | None = None) -> None:
-        self.most, self.workers, self.pool = most, workers, pool
+    def __init__(self, most: int, workers: int, pool: BufferPool | None = None, warm_bytes: int = WARM_BYTES) -> None:
+        self.most, self.workers, self.pool, self.warm_bytes = most, workers, pool, warm_bytes
         self._lock = threading.Lock()
         self._idle: list[Workspace] = []
         self._made = 0
@@ -131,7 +137,7 @@ class Workspaces:
                 workspace, kept = self._idle.pop(), True
             elif self._made < self.workers:
                 self._made += 1
-                workspace, kept = Workspace(self.most, self.pool), True
+                workspace, kept = Workspace(self.most, self.pool, self.warm_bytes), True
             else:
                 workspace, kept = Workspace(0), False
         try:

@@ -111,7 +111,7 @@ class Writer(threading.Thread):
             self._open(shard)
             return self._commit(shard)
         for name, tensor in zip(names, tensors, strict=True):
-            current = self._open(shard)
+            current = self._current or self._open(shard)  # asked at each tensor only while none is open
             if not current.write(name, tensor):
                 continue
             self.reporter.tensor_done(name, self.plan.tensors[name].nbytes)

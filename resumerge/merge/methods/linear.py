@@ -42,7 +42,7 @@ def linear(ctx: MergeContext) -> torch.Tensor:
             raise ValueError("linear merge weights sum to zero; set normalize: false or change the weights")
     acc = ctx.result_buffer(tuple(first.shape), acc_dtype, first.device)
     terms = list(zip(ctx.tensors, weights.unbind(0)))
-    if _tiled(acc, ctx.tensors):
+    if acc.numel() > TILE and _tiled(acc, ctx.tensors):  # one tile is summed whole (90k tiny tensors: not asked)
         flat = acc.view(-1)
         inputs = [(t.view(-1), w) for t, w in terms]
         for start in range(0, flat.numel(), TILE):
@@ -62,11 +62,11 @@ def _sum(acc: torch.Tensor, terms: Sequence[tuple[torch.Tensor, torch.Tensor]], 
 
 
 def _tiled(acc: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether the sum runs tile by tile: on the CPU, with this thread's kernels on this thread alone (the engine's
-    whole tensors; a tile's kernels split over torch's threads would wait on each other thousands of times a
-    tensor), over more than one tile of inputs shaped as ``acc`` and contiguous (broadcast or strided inputs are
+    """Whether the sum of an ``acc`` of more than one tile runs tile by tile: on the CPU, with this thread's kernels
+    on this thread alone (the engine's whole tensors; a tile's kernels split over torch's threads would wait on each
+    other thousands of times a tensor), over inputs shaped as ``acc`` and contiguous (broadcast or strided inputs are
     summed whole)."""
-    return (acc.device.type == "cpu" and acc.numel() > TILE and acc.is_contiguous() and torch.get_num_threads() == 1
+    return (acc.device.type == "cpu" and acc.is_contiguous() and torch.get_num_threads() == 1
             and all(t.shape == acc.shape and t.is_contiguous() and t.device == acc.device for t in tensors))
 
 

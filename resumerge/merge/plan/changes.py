@@ -11,6 +11,10 @@ from typing import Any
 from resumerge.config.yamldiff import config_changes
 from resumerge.merge.plan.merge_plan import LATER_OPTIONS, Plan, PlanOptions, fingerprint_parts
 
+# Names of the parts a kind of run adds to its plan's fingerprint (Plan.extra_parts) that the sentences below tell:
+# a file it read beside the weights (READ_PART + "KEY/NAME": a transplant's tokenizers) and its card's own words.
+READ_PART, CARD_PART = "read ", "card"
+
 
 def describe_changes(
     recorded_parts: Mapping[str, str],
@@ -54,11 +58,22 @@ def describe_changes(
         changes.extend(f"input model {m} is no longer used" for m in missing)
         if not changes:
             changes.append("input files changed")
+    for part in sorted({p for p in (*recorded_parts, *now) if p.startswith(READ_PART)}):
+        file = part.removeprefix(READ_PART)
+        if part not in now:
+            changes.append(f"input file {file} is gone")
+        elif part not in recorded_parts:
+            changes.append(f"input file {file} is new")
+        elif recorded_parts[part] != now[part]:
+            changes.append(f"input file {file} changed (its bytes differ)")
     if recorded_parts.get("plan") != now["plan"]:
         told = [f"config: {c}" for c in config_changes(*configs)] if configs is not None else []
         # The options, inputs or version already said explain a plan whose config reads alike.
         changes.extend(told or ([] if changes else [
             "the merge plan changed (config, method parameters or input tensor layout)"]))
+    if recorded_parts.get(CARD_PART) != now.get(CARD_PART) and not changes:
+        changes.append("the model card changed (what it shows of the command line, such as --allow-crimes, of the "
+                       "tokens or of the notes)")
     return changes
 
 

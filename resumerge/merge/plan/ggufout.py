@@ -25,7 +25,15 @@ from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.model import gguf_module
-from resumerge.inputs.gguf.names import ARCH_OF, NORM_MINUS_ONE, UNPERMUTE_Q, gguf_metadata, gguf_name, transform
+from resumerge.inputs.gguf.names import (
+    ARCH_OF,
+    NORM_MINUS_ONE,
+    UNPERMUTE_Q,
+    check_routing,
+    gguf_metadata,
+    gguf_name,
+    transform,
+)
 from resumerge.inputs.model import ModelInput
 from resumerge.merge.plan.ggufstacks import WRITTEN, place_tensors
 from resumerge.merge.plan.gguftypes import (
@@ -73,6 +81,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
+    check_routing(arch, out_config)  # a mixture of experts llama.cpp would route otherwise: refused before writing
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
     # The file's types as llama.cpp's quantizer picks them (resumerge.merge.plan.gguftypes): its head's is its own, and

@@ -278,6 +278,7 @@ class Plan:
     # How each input's vocabulary rows map to the built tokenizer's (None when no tokenizer is built).
     vocab: VocabAlignment | None = field(default=None, compare=False, repr=False)
     vocab_digest: str = ""
+    extra_parts: tuple[tuple[str, str], ...] = ()  # fingerprint parts of the plan's kind (a transplant's: its planner)
     fingerprint: str = ""
     # The parts ``fingerprint`` hashes (:func:`fingerprint_parts`), kept by :func:`fingerprinted` so that recording
     # the run does not render 90k tensors' plans again; used only while ``fingerprint`` is their hash.
@@ -302,7 +303,7 @@ class Plan:
     # config and the method's declaration. Derived from the recorded text: not fingerprinted.
     card_config: MergeConfig | None = field(default=None, compare=False, repr=False)
     card_method: tuple[str, str, str] | None = field(default=None, compare=False, repr=False)
-    # The card's words where the run is not a merge (a transplant's); None: a merge's. Not fingerprinted.
+    # The card's words where the run is not a merge (a transplant's); None: a merge's. In its kind's extra_parts.
     card_wording: CardWording | None = field(default=None, compare=False, repr=False)
     # The name of the output's copy of the recorded text (with the model card; mergekit_config.yml as mergekit-yaml
     # writes it, or what the kind of run that made the plan names it: mergekit-moe's mergekit_moe_config.yml), so
@@ -401,8 +402,7 @@ def fingerprint_parts(plan: Plan) -> dict[str, str]:
         "plan": _body_sha(body, plan.tensors),
         "options": _sha(_output_options(plan.options)),
         "inputs": _sha({k: list(v) for k, v in sorted(plan.inputs.items())}),
-        "version": __version__,
-    }
+        "version": __version__, **dict(plan.extra_parts)}
 
 
 def fingerprinted(plan: Plan) -> Plan:

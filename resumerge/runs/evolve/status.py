@@ -13,6 +13,7 @@ from typing import Any
 from resumerge.errors import UsageError
 from resumerge.memory.sizes import format_duration
 from resumerge.merge.store.runlock import pid_alive
+from resumerge.merge.store.threadcount import recorded_threads, threads_words
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.progress import generations_of
 
@@ -24,7 +25,8 @@ class SearchStatus:
     ``generations`` (max_fevals over popsize, the last generation cut to what is left), the ``candidates`` it scores
     (numbered from 1; a streamed pass: its group) of the generation's ``size`` and their ``phase`` (``merge``,
     ``score TASK``) at ``layer`` of ``layers``; ``evaluated`` candidates of ``max_fevals``, the ``best`` objective so
-    far, and ``seconds_left`` (the running search's estimate; None: not known yet, or not running)."""
+    far, ``seconds_left`` (the running search's estimate; None: not known yet, or not running) and ``threads``, the
+    torch thread count every candidate is scored with, decided as the search first started (None: none recorded)."""
 
     storage: str
     state: str
@@ -42,6 +44,7 @@ class SearchStatus:
     max_fevals: int
     best: float | None
     seconds_left: float | None
+    threads: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -67,6 +70,8 @@ class SearchStatus:
             at = f", layer {self.layer + 1} of {self.layers}" if self.layer is not None and self.layers else ""
             found.append(f"{numbered(self.candidates)} of {self.size}{doing}{at}")
         found.append(self._best())
+        if self.threads is not None:
+            found.append(f"scored with {threads_words(self.threads)}")
         if self.state == "running":
             found.append("time left: " + ("unknown (nothing scored yet by this process)" if self.seconds_left is None
                                           else f"about {format_duration(self.seconds_left)}"))
@@ -117,4 +122,5 @@ def search_status(store: Path) -> SearchStatus:
                         popsize, seen.get("phase") if under_way else None, seen.get("layer") if under_way else None,
                         seen.get("layers") if under_way else None, evaluated, max_fevals,
                         min(found) if found else None,
-                        seen.get("seconds_left") if state == "running" else None)
+                        seen.get("seconds_left") if state == "running" else None,
+                        recorded_threads(store, storage.THREADS))

@@ -9,8 +9,9 @@ and the genome's shape: a STORAGE holds one search), ``state.json`` (every gener
 plain numbers, :mod:`.strategy`), ``journal/`` (each candidate's figures as it is scored, so a killed generation
 resumes at its next candidate), ``work/`` (a candidate's merge while it is built and scored) and
 ``progress.json`` (where the search is, its process, the command that continues it and the time left it estimates:
-``resumerge status STORAGE``, :mod:`.progress`) and
-``tokens/`` (the tasks' texts tokenized once).
+``resumerge status STORAGE``, :mod:`.progress`),
+``tokens/`` (the tasks' texts tokenized once) and ``threads.json`` (the torch thread count every candidate is scored
+with, decided as the search first starts: a search resumed on a machine of other cores scores as the first did).
 
 The user's files are written from ``state.json`` alone after each generation, durably (temp, fsync, rename), so a
 search killed anywhere and resumed ends with the same bytes."""
@@ -30,6 +31,7 @@ from resumerge.errors import UsageError
 from resumerge.merge.store.durable import TEMP_SUFFIX, write_file_atomic
 from resumerge.merge.store.killpoints import reach
 from resumerge.merge.store.runlock import JobLock
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 SEARCH = "search.json"
 STATE = "state.json"
@@ -44,7 +46,8 @@ TOKENS = "tokens"  # the tasks' texts tokenized once per search
 # the log of a search to W&B or trackio (.tracking): its run's id and the generations logged, one file a library
 LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, *LOGGED.values()}
+THREADS = THREADS_FILE  # the torch thread count every pass of the search computes with, decided at its first start
+_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values()}
 
 
 @dataclass(frozen=True)

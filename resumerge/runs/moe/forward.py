@@ -50,6 +50,7 @@ from resumerge.forward.placement import Placement, Places, Streams
 from resumerge.forward.requires import require_transformers
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe
+from resumerge.merge.store.threadcount import THREADS_FILE
 from resumerge.runs.moe.passproc import gate_needs
 from resumerge.runs.moe.passshare import share_problem
 from resumerge.runs.moe.routers import Encoded
@@ -193,10 +194,12 @@ def gates_folder(workdir: Path, locks: Path | None) -> PassFolder:
     """The lock of the gates' pass journaled in ``workdir``: ``locks``/KEY (beside the folder, which then holds its
     routers alone; None: ``workdir``'s own folder, KEY.lock). Two runs of the same gates into two OUTs share the
     folder by content, so the second waits for the first instead of being refused as a second ``check`` is, then
-    finds its routers (or, the first killed, resumes its journal)."""
+    finds its routers (or, the first killed, resumes its journal). The thread count the pass computes with is kept
+    beside its lock, named as it is (KEY.threads.json)."""
     where, name = (locks, workdir.name) if locks is not None else (workdir.parent, f"{workdir.name}.lock")
     return PassFolder(where, f"the prompt forward pass {workdir.name}", f"the prompt forward pass into {workdir}",
-                      hint="wait for it to finish", lock_name=name, wait=True)
+                      hint="wait for it to finish", lock_name=name, wait=True,
+                      threads=where / f"{workdir.name}.{THREADS_FILE}")
 
 
 @dataclass(frozen=True)

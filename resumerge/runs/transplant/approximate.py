@@ -8,7 +8,9 @@ expanded view and raises); ``john_hewitt`` falls back to N(0, 0.02²) rows when 
 definite (0.1.5 raises on ``len(int)``); ``landmark_pca`` takes exact principal components and the Procrustes
 rotation that maps DONOR's landmarks onto MODEL's (0.1.5's randomized PCA moves with the torch seed and its
 rotation is the transpose); ``stb`` is computed (0.1.5 always fails) with its basis combinations applied to centred
-rows; ``mp_rope`` is 0.1.5's pursuit, its RoPE theta read from transformers 5 configs too.
+rows; ``mp_rope`` is 0.1.5's pursuit, its RoPE theta read from transformers 5 configs too. Least squares
+(``mp_rope``, ``stb``, the barycentric and least-squares weights) take lstsq's minimum-norm solution through
+:func:`~resumerge.runs.transplant.leastsq.least_squares`, the same bits on every call (0.1.5's solver is not).
 Random draws (``randn``, ``john_hewitt``, noise) come from the generator the unit seeds
 per batch, never torch's global one.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from resumerge.runs.transplant.leastsq import least_squares
 from resumerge.runs.transplant.omp import batch_omp, next_atoms
 from resumerge.torch_import import torch
 
@@ -143,8 +146,7 @@ def interpolation(targets: torch.Tensor, points: torch.Tensor, method: Method) -
     elif method.weight_scheme == "barycentric":
         weights = _affine(targets, chosen)
     else:
-        weights = torch.linalg.lstsq(chosen.transpose(1, 2).float(), targets.unsqueeze(-1).float()).solution
-        weights = weights.squeeze(-1)
+        weights = least_squares(chosen.transpose(1, 2).float(), targets.unsqueeze(-1).float()).squeeze(-1)
     return picked, weights
 
 
@@ -158,7 +160,7 @@ def _affine(targets: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
                                                                      device=gram.device)], dim=2)], dim=1)
     rhs = torch.cat([torch.bmm(targets.unsqueeze(1), chosen.transpose(1, 2)).squeeze(1),
                      torch.ones((count, 1), dtype=gram.dtype, device=gram.device)], dim=1)
-    weights: torch.Tensor = torch.linalg.lstsq(system, rhs.unsqueeze(-1)).solution.squeeze(-1)[..., :k]
+    weights: torch.Tensor = least_squares(system, rhs.unsqueeze(-1)).squeeze(-1)[..., :k]
     return weights
 
 
@@ -252,7 +254,7 @@ def token_basis(targets: torch.Tensor, donor_points: torch.Tensor, model_points:
     picked, weights = batch_omp(axes.T.contiguous(), source, k)
     basis_a = torch.bmm(weights.unsqueeze(1), ca[picked]).squeeze(1)
     basis_b = torch.bmm(weights.unsqueeze(1), cb[picked]).squeeze(1)
-    coeffs = torch.linalg.lstsq(basis_a.T, (t - mean_a).T).solution.T
+    coeffs = least_squares(basis_a.T, (t - mean_a).T).T
     carried: torch.Tensor = coeffs @ basis_b + mean_b
     return carried
 
@@ -285,7 +287,7 @@ def mp_rope(targets: torch.Tensor, donor_points: torch.Tensor, model_points: tor
         coeff = (residual * turned).sum(dim=1) / turned.pow(2).sum(dim=1).clamp(min=1e-8)
         residual = residual - coeff.unsqueeze(1) * turned
     turned_all = apply_rope(a[picked], positions, donor_rope)
-    coeffs = torch.linalg.lstsq(turned_all.transpose(1, 2), t.unsqueeze(-1)).solution
+    coeffs = least_squares(turned_all.transpose(1, 2), t.unsqueeze(-1))
     atoms = apply_rope(b[picked], positions, model_rope)
     carried: torch.Tensor = torch.bmm(coeffs.transpose(1, 2), atoms).squeeze(1)
     return carried
@@ -348,6 +350,12 @@ def method_notes(method: Method, donor_dtype: str) -> tuple[str, ...]:
     if method.name == "mp_rope":
         notes.append("mp_rope reads the RoPE theta from rope_parameters where a config has no rope_theta "
                      "(mergekit-tokensurgeon 0.1.5 fails on transformers 5 configs)")
+    if method.name in ("mp_rope", "stb") or (method.name == "common_interpolation"
+                                             and method.weight_scheme != "distance_proportional"):
+        notes.append("least squares take lstsq's minimum-norm solution, the same bits on every call "
+                     "(mergekit-tokensurgeon 0.1.5's solver reads its column pivots from uninitialized memory: "
+                     "its low bits vary, and a rank-deficient system, such as two equal neighbours, may lose "
+                     "columns and miss the least-squares fit)")
     if method.name == "randn" or method.noise:
         notes.append("random rows and noise come from a generator seeded per batch (--random-seed, the matrix, "
                      "the batch), so a resumed run draws the same numbers; they differ from 0.1.5's global draws")

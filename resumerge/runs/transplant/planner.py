@@ -15,10 +15,11 @@ untied MODEL's head is made from DONOR's head, or from DONOR's embedding where D
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.files import tokenizer_files
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
 from resumerge.merge.plan.architecture import architecture_of, is_head, is_input_embedding, layer_count
 from resumerge.merge.plan.cardwording import CardWording
+from resumerge.merge.plan.changes import CARD_PART, READ_PART
 from resumerge.merge.plan.inputrefs import tensor_ref
 from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
 from resumerge.merge.plan.outconfig import set_quantization
@@ -252,7 +255,23 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         card_wording=card_wording(spec, opened, matches, options),
         config_copy=CONFIG_COPY,
     )
-    return fingerprinted(plan)
+    return fingerprinted(replace(plan, extra_parts=own_parts(plan, opened)))
+
+
+def own_parts(plan: Plan, opened: Opened) -> tuple[tuple[str, str], ...]:
+    """The transplant's own fingerprint parts (:attr:`Plan.extra_parts`, named as
+    :mod:`~resumerge.merge.plan.changes` tells them): its card's words and notes, which hold what the other parts
+    leave out (``--allow-crimes`` in the card's command line), and each tokenizer file of MODEL and DONOR as a part
+    of its own, so a refused resume names the file: both decide the match, the rows copied and the card's Tokens
+    section, and neither is a weight file the inputs' identities cover (a GGUF's tokenizer is in its weight file)."""
+    wording = asdict(plan.card_wording) if plan.card_wording is not None else None
+    card = json.dumps([wording, plan.card_method, plan.notes], sort_keys=True)
+    parts = [(CARD_PART, hashlib.sha256(card.encode()).hexdigest())]
+    for key in (opened.model_key, opened.donor_key):
+        model = opened.inputs.models[key].recognised(CODECS)
+        if model.gguf is None:
+            parts += [(f"{READ_PART}{key}/{name}", digest) for name, digest in tokenizer_files(tokenizer_dir(model))]
+    return tuple(parts)
 
 
 def output_flags(options: PlanOptions) -> tuple[str, ...]:

@@ -185,8 +185,7 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
     # Batches run on workers only where the engine runs this unit's kernels on its thread alone (its CPU units, as
     # -j and its worker count decide), each worker's kernels then alone too: the same kernels, so the same bits,
     # whatever thread computes a batch and however many do. Kernels already split over torch's threads stay here.
-    workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 \
-        and not _least_squares(transplant.method) else 1
+    workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 else 1
     pending: deque[tuple[list[int], Future[torch.Tensor]]] = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokensurgeon") if workers > 1 \
             else nullcontext() as pool:
@@ -220,14 +219,6 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
                 _put(out, waited, done.result())
         for waited, done in pending:
             _put(out, waited, done.result())
-
-
-def _least_squares(method: Method) -> bool:
-    """Whether ``method`` solves least squares (``torch.linalg.lstsq``): MKL's solver returned other low bits for
-    the same (64, 48, 8) batch from one call to the next, in one thread as in two (torch 2.x, measured for issue
-    85), so those methods keep their batches on the unit's thread, computed as they always were."""
-    return method.name in ("mp_rope", "stb") or (method.name == "common_interpolation"
-                                                 and method.weight_scheme != "distance_proportional")
 
 
 def _computed(transplant: Transplant, batch: Batch, generator: torch.Generator, key: str, *,

@@ -14,8 +14,10 @@ calls of the lease that holds it in the order the driver sent them (a kept worke
 protocol, ``head`` then ``compare`` on one actor, needs Ray's order of a one-thread actor), refuses those of an ended
 lease, and drops the pass's object when the lease ends (released, or its driver dead:
 :class:`~resumerge.merge.engine.cluster.keeper.Keeper`), so the next pass starts as a fresh actor would. Where a node's
-worker cannot be leased or its reservation does not come up, the pass starts a fresh actor there instead
-(:func:`lease_hosts` gives None).
+worker cannot be leased or its reservation does not come up (:func:`lease_hosts` gives None), or where no worker is
+kept, the pass's object is hosted by a fresh actor there instead (:func:`fresh_host`): a ``Hosting`` in a process of
+its own, so a pass's object is made and called one way whichever hosts it, and ``Hosting`` is the one Ray actor
+class of every pass's objects.
 
 The driver's side; the worker's is :mod:`~resumerge.merge.engine.cluster.hostcalls` (which the worker's actor imports:
 this module imports the kept workers' leases and the actor itself).
@@ -33,14 +35,18 @@ from resumerge.merge.engine.cluster.kept import lease_on
 from resumerge.merge.engine.cluster.launch import NODE_LABEL, RESERVE_SECONDS, Worker, declared, end
 from resumerge.torch_import import IMPORT_RESERVE
 
+# The lease a fresh host's calls run under: the actor is the pass's alone, and dies with it.
+FRESH = "fresh"
+
 
 class Hosted:
-    """A pass's actor hosted by the kept ``worker`` the driver leased: called as a Ray actor (``.NAME.remote``),
-    each call numbered in the order it is sent."""
+    """A pass's actor hosted by the kept ``worker`` the driver leased, or by a fresh actor of its own
+    (:func:`fresh_host`, whose ``worker`` holds no lease: it is killed as the pass ends): called as a Ray actor
+    (``.NAME.remote``), each call numbered in the order it is sent."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.lease = worker.token.hex()
+        self.lease = worker.token.hex() if worker.token is not None else FRESH
         self.sent = 0
         self.lock = threading.Lock()
 
@@ -70,6 +76,22 @@ class _Method:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self.hosted.send("call", self.name, *args, **kwargs)
+
+
+def fresh_host(ray: ModuleType, node_id: str, cpus: float, memory: int) -> Hosted:
+    """A fresh actor hosting a pass's object on node ``node_id`` (the kept workers' own
+    :class:`~resumerge.merge.engine.cluster.hostcalls.Hosting`, so that a pass's object runs the same calls in the
+    same order whichever hosts it), declaring ``cpus`` and ``memory`` (bytes; 0: none), pinned there as a merge's
+    Ray workers are (:func:`~resumerge.merge.engine.cluster.launch.pinned`), never restarted by Ray (the pass
+    replaces or stops it); ended by :func:`end_hosts` (killed)."""
+    from resumerge.merge.engine.cluster.hostcalls import Hosting
+    from resumerge.merge.engine.cluster.launch import pinned
+
+    declares: dict[str, Any] = {"memory": memory} if memory > 0 else {}
+    actor = ray.remote(Hosting).options(num_cpus=cpus, max_restarts=0, scheduling_strategy=pinned(node_id),
+                                        **declares).remote()
+    actor.begin.remote(FRESH)  # a one-thread actor: run before the calls sent after it
+    return Hosted(Worker(actor, node_id[:8], node_id, 0))
 
 
 def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float) -> list[Hosted | None]:
