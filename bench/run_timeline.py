@@ -63,6 +63,19 @@ def instrument() -> None:
     wrap(executor._Pipeline, "_admit", "admit", "admitted", lambda self, what, *a: (what,))
     wrap(inflight.InFlight, "hand_over_oldest", "hand", "handed", lambda self: ("oldest",))
     wrap(executor.TensorCompute, "rows", "rows", "rows_end", lambda self, first, stop, *a: (self.tp.name, first, stop))
+    # A streamed tensor's chunks, merged on the calling thread and encoded on a worker (a quantized GGUF's
+    # embeddings and head): each encoding counted as a unit computing.
+    if hasattr(executor._Pipeline, "_encode"):  # a static method: wrapped as one
+        encode = executor._Pipeline._encode
+
+        def encoded(*args: Any) -> Any:
+            rec("rows", "(a streamed chunk's encoding)", 0, 0)
+            try:
+                return encode(*args)
+            finally:
+                rec("rows_end", "(a streamed chunk's encoding)", 0, 0)
+
+        executor._Pipeline._encode = staticmethod(encoded)  # type: ignore[method-assign]
     wrap(writer.Writer, "_write", "write", "written", lambda self, shard, names, tensors: (names[0],))
     wrap(shardwriter.ShardWriter, "finish", "finish", "finished", lambda self: (self.name,))
     # The input proof (its hashing threads' CPU shows in the process's, read around it).
@@ -97,11 +110,20 @@ def spans(start: str, end: str) -> list[tuple[float, float, Any, float]]:
 def report(samples: list[tuple[float, ...]]) -> None:
     modes = collections.Counter((e[4], e[6] >> 20) for e in EVENTS if e[2] == "mode")
     print("units (mode, estimate MiB): count:", dict(sorted(modes.items(), key=lambda kv: -kv[1])))
-    rows = spans("rows", "rows_end")
+    modes_at = [e[0] for e in EVENTS if e[2] == "mode"]
+    if not modes_at:
+        return
+    first = min(modes_at)
+    # The pipeline's units: not the rows an importance pass (--imatrix-texts) merged before the plan's run began.
+    rows = [r for r in spans("rows", "rows_end") if r[0] >= first]
     if not rows:
         return
-    first = min(e[0] for e in EVENTS if e[2] == "mode")
-    last = max(e[0] for e in EVENTS if e[2] == "finished")
+    before = spans("rows", "rows_end")[: len(spans("rows", "rows_end")) - len(rows)]
+    if before:
+        print(f"before the pipeline (an importance pass's merges): {len(before)} tensors' rows from {before[0][0]:.2f} "
+              f"to {before[-1][1]:.2f} s, {sum(c for _, _, _, c in before):.2f} thread CPU s")
+    # A GGUF run publishes no safetensors shard (no ShardWriter.finish): its pipeline ends with its last rows.
+    last = max((e[0] for e in EVENTS if e[2] == "finished"), default=max(e for _, e, _, _ in rows))
     busy: collections.Counter[int] = collections.Counter()
     edges = sorted([(s, 1) for s, _, _, _ in rows] + [(e, -1) for _, e, _, _ in rows])
     at, level = first, 0
