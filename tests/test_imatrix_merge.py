@@ -152,6 +152,35 @@ def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path]
     assert [n for n in want if got[n] != want[n]] == []
 
 
+def test_the_pass_asks_the_merge_for_the_embedding_rows_its_texts_use(
+        merge: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass asks the merge for the input embeddings' rows its texts' tokens use, once (a merge of plain inputs
+    merges them alone: :func:`~resumerge.merge.engine.unwritten.compute.merged_rows`; these GGUF inputs' codecs
+    are not plain, so the table is merged whole after all, as before)."""
+    from resumerge.merge.engine.unwritten.merged import MergedFiles
+
+    config, texts = merge
+    whole: list[str] = []
+    rows: list[int] = []
+    real_part, real_rows = MergedFiles._part, MergedFiles.read_rows
+
+    def part(self: MergedFiles, name: str, part: str) -> object:
+        whole.append(name)
+        return real_part(self, name, part)
+
+    def read_rows(self: MergedFiles, *args: object) -> object:
+        found = real_rows(self, *args)  # type: ignore[arg-type]
+        rows.append(-1 if found is None else int(found.shape[0]))
+        return found
+
+    monkeypatch.setattr(MergedFiles, "_part", part)
+    monkeypatch.setattr(MergedFiles, "read_rows", read_rows)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
+    assert rows == [-1]  # asked, and answered "not alone"
+    assert whole.count("model.embed_tokens.weight") == 1
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

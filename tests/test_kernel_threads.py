@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,3 +228,75 @@ def test_a_quantized_decode_runs_on_the_reading_thread_alone_whoever_reads_it() 
     finally:
         torch.set_num_threads(before)
     assert torch.equal(value, torch.ones(4, 3))
+
+
+@pytest.fixture(scope="module")
+def gguf_merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A linear merge of two tiny llama GGUFs (its config) and texts their vocabulary spells."""
+    from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+
+    root = tmp_path_factory.mktemp("gguf-threads")
+    a, b = root / "a.gguf", root / "b.gguf"
+    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
+    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    texts = root / "texts.txt"
+    texts.write_text("the cat sat on the mat.\nthree plus four is seven.\n")
+    return config, texts
+
+
+@pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")
+def test_the_importance_pass_runs_each_layer_on_one_thread_whatever_j_says(
+        gguf_merge: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A text's products are a few dozen rows: split over torch's threads, each kernel spun at the barrier for a core
+    # the run's other work held (a third of bench_kquant_route.py's CPU). Its bits are then -j's no longer.
+    from resumerge.forward.stream import ModelStream
+
+    seen: list[int] = []
+    real = ModelStream.run
+
+    def recording(layer: torch.nn.Module, hidden: torch.Tensor, call: object, **kwargs: bool) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return real(layer, hidden, call, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ModelStream, "run", staticmethod(recording))
+    config, texts = gguf_merge
+    before = torch.get_num_threads()
+    try:
+        code = main(["run", str(config), str(tmp_path / "out"), "--state-dir", str(tmp_path / "state"), "--quiet",
+                     "-j", "2", "--out-type", "gguf", "--gguf-type", "q4_k_m", "--imatrix-texts", str(texts)])
+        assert code == 0 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+
+
+def test_a_streamed_tensors_chunks_are_encoded_on_the_workers_to_the_same_bytes(
+        gguf_merge: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tensor streamed in row chunks (a quantized GGUF's embeddings and head, past a quarter of the budget) was
+    # encoded on the calling thread while the pool sat idle: one core of two for the largest tensors.
+    from resumerge.merge.engine import executor
+    from resumerge.merge.plan import workunits
+    from resumerge.outputs.gguf import encoders
+
+    config, _ = gguf_merge
+    args = ["--quiet", "--out-type", "gguf", "--gguf-type", "q8_0", "--max-memory", "4GB"]
+    assert main(["run", str(config), str(tmp_path / "whole"), "--state-dir", str(tmp_path / "s1"), *args]) == 0
+    threads: list[str] = []
+    real_encode, real_mode = encoders.encode, executor.unit_mode
+
+    def encode(values: torch.Tensor, ggml_type: int, *rest: object, **kwargs: object) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        return real_encode(values, ggml_type, *rest, **kwargs)  # type: ignore[arg-type]
+
+    def streamed(tp: object, *rest: object, **kwargs: object) -> str:  # every tensor of two rows or more
+        shape = getattr(tp, "shape", ())
+        return workunits.ROWS if len(shape) == 2 and shape[0] > 1 else real_mode(tp, *rest, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(encoders, "encode", encode)
+    monkeypatch.setattr(executor, "unit_mode", streamed)
+    assert main(["run", str(config), str(tmp_path / "rows"), "--state-dir", str(tmp_path / "s2"), *args]) == 0
+    assert threads and all(name.startswith("resumerge-merge") for name in threads)
+    whole, rows = ((tmp_path / out / "model.gguf").read_bytes() for out in ("whole", "rows"))
+    assert rows == whole

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -90,21 +90,29 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     whole tensor (streamed to the writer); ``in_passes``, tensors computed whole by their stream; ``unstreamed``,
     tensors or row chunks computed without a stream (by the method's function, or copied)."""
     counts = {"row_chunks": 0, "in_passes": 0, "unstreamed": 0}
-    rows, whole = TensorCompute.rows, TensorCompute.whole
+    rows, rows_then, whole = TensorCompute.rows, TensorCompute.rows_then, TensorCompute.whole
 
-    def counted_rows(self: TensorCompute, first: int, stop: int,
-                     workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
+    def count(self: TensorCompute, first: int, stop: int) -> None:
         if self.stream is None:
             counts["unstreamed"] += 1
         elif (first, stop) != (0, self.total):
             counts["row_chunks"] += 1
+
+    def counted_rows(self: TensorCompute, first: int, stop: int,
+                     workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
+        count(self, first, stop)
         return rows(self, first, stop, workspace)
+
+    def counted_rows_then(self: TensorCompute, first: int, stop: int) -> Callable[[], dict[str, torch.Tensor]]:
+        count(self, first, stop)  # a chunk streamed to the writer: merged here, encoded on a worker
+        return rows_then(self, first, stop)
 
     def counted_whole(self: TensorCompute, workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
         counts["in_passes"] += self.stream is not None
         return whole(self, workspace)
 
     monkeypatch.setattr(TensorCompute, "rows", counted_rows)
+    monkeypatch.setattr(TensorCompute, "rows_then", counted_rows_then)
     monkeypatch.setattr(TensorCompute, "whole", counted_whole)
     yield counts
 

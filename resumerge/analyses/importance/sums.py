@@ -18,6 +18,7 @@ from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.routed import RoutedSums, fused_experts, routers
 from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.inputs.kernels import serial_kernels
 from resumerge.torch_import import torch
 
 # The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
@@ -59,6 +60,12 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
                     routed = RoutedSums(self.sums, self.counts)
                     for name, m in experts:
                         measured.enter_context(routed.measuring(m, prefix + name))
+                    # One text's products are a few dozen rows: split over torch's threads, each waits at the
+                    # barrier for a core the run's other work (or the machine's) holds, and spins there: 14 of the
+                    # 41 CPU s of a 2-layer bench route (bench/bench_kquant_route.py --layers 2) went to it. Only
+                    # the layer's kernels: its weights were merged on entering, with the threads the run merges
+                    # with. The bits are the run's settings' alone (one thread, whatever -j says).
+                    measured.enter_context(serial_kernels())
                     out = [stream.run(layer, h, self.calls[s][index]) for s, h in enumerate(hidden[0])]
             finally:
                 for handle in handles:

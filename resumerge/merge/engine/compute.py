@@ -143,6 +143,31 @@ class TensorCompute:
         whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)  # written once, with the first rows
         return {**out, **_carried(self.tp, self.sources, whole=whole)}
 
+    def rows_then(self, first: int, stop: int) -> Callable[[], Stored]:
+        """:meth:`rows` without a workspace in two steps: the method's results for rows ``[first, stop)`` now, on
+        the calling thread (a stream's next rows: its chunks in order), and their encoding with the companions by
+        the function returned, which any one thread may call once (the same bytes wherever it runs: a chunk's
+        encoding depends on its rows alone). Not for a copy (:attr:`~resumerge.merge.plan.merge_plan.TensorPlan.
+        copy_of`)."""
+        merged = [(start, end, self.merged(start, end)) for start, end in self._chunks(first, stop)]
+
+        def encoded() -> Stored:
+            if len(merged) == 1:
+                out = _finish(self._part(first, stop), merged[0][2])
+            else:
+                out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in self.tp.out_codec.out_parts(
+                    self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+                at = dict.fromkeys(out, 0)
+                while merged:
+                    start, end, value = merged.pop(0)  # each result dropped once encoded
+                    for name, rows in _finish(self._part(start, end), value).items():
+                        out[name][at[name] : at[name] + rows.shape[0]] = rows
+                        at[name] += rows.shape[0]
+            whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)
+            return {**out, **_carried(self.tp, self.sources, whole=whole)}
+
+        return encoded
+
     def whole(self, workspace: Workspace | None = None) -> Stored:
         """Every statistics pass over all of ``tp``'s rows, then all its output rows (in ``workspace``'s buffers
         when given: see :meth:`rows`)."""

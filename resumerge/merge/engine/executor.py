@@ -255,6 +255,13 @@ class _Pipeline:
             if on_gpu is not None:
                 on_gpu.release()
 
+    @staticmethod
+    def _encode(encode: Callable[[], Stored], serial: bool) -> list[Stored]:
+        """A streamed chunk's encoding (:meth:`~resumerge.merge.engine.compute.TensorCompute.rows_then`) on a worker,
+        its kernels on that thread alone when ``serial`` (as its stream's run)."""
+        with serial_kernels() if serial else nullcontext():
+            return [encode()]
+
     def _local(self, tp: TensorPlan) -> bool:
         """Whether every input of ``tp`` reads again at local cost (a hub file streamed by range would be fetched
         again by each pass: such a tensor is computed whole unless it cannot fit)."""
@@ -343,6 +350,26 @@ class _Pipeline:
                     on_gpu.release()
             return self._put((shard, (tp.name,), [tensor], reservation))
 
+        # On the CPU a chunk's merge (a stream's next rows: in order, here) is cheap beside its encoding (a K-quant's
+        # searches: 9 in 10 of a chunk's CPU), which depends on its rows alone: the workers encode the chunks while
+        # this thread merges the next, and the line hands them to the writer in order, each with its reservation
+        # (so a full budget waits for the oldest to be written, as for whole units). A quantized GGUF's embeddings
+        # and head were encoded on this thread alone, the pool idle: 8 of a 2-layer bench merge's 28 CPU s on one
+        # core (bench/bench_kquant_route.py). The same bytes: how a tensor is cut and where it is encoded never
+        # change them.
+        def emit_encoded(first: int, stop: int, reservation: Reservation | None, on_gpu: Reservation | None) -> bool:
+            with released_on_error(reservation):
+                if not self.inflight.make_room(False, self.limit()):
+                    if reservation is not None:
+                        reservation.release()
+                    return False
+                encode = work.rows_then(first, stop)
+                future = self.pool.submit(self._encode, encode, work.stream is not None)
+            self.inflight.add(UnitGroup(shard, alone=True, units=[work]), future, reservation)
+            return not self.halted()
+
+        pooled = tp.copy_of is None and self.gpu is None and not is_gpu(self.plan.options.device)
+
         try:
             # A stream's kernels are of chunk size: they run serially (see resumerge.inputs.kernels), as in PASSES.
             with serial_kernels() if work.stream is not None else nullcontext():
@@ -351,7 +378,7 @@ class _Pipeline:
                     if not self._each_chunk(tp, method, observe):
                         return False
                     pass_index += 1
-                return self._each_chunk(tp, method, emit)
+                return self._each_chunk(tp, method, emit_encoded if pooled else emit)
         finally:
             if reservation is not None:
                 reservation.release()
