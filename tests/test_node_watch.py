@@ -88,12 +88,11 @@ def _on_node(model: Any, out: Path, journal: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))
-    with one_thread():  # the actor sets this process's threads
-        node = ModelNode(sent(model), 1, what="measure", watch=pickle.loads(pickle.dumps(watch)))  # as Ray sends it
+    node = ModelNode(sent(model), 1, what="measure", watch=pickle.loads(pickle.dumps(watch)))  # as Ray sends it
     running = RayModels(_Ray(), [model], [Place("node", 1.0, 0)], SPEC.layers, terms=ActorTerms(watch=watch))
     running.actors, running.nodes = [_Actor(node)], ["node"]  # as start() leaves them, the actor in this process
     try:
-        with one_thread():  # the node's threads (the actor set them for this process)
+        with one_thread():  # the driver's (the actor computes each call on the one thread it was made with)
             measure_model(running, watch, batches, out, 0, journal)
     finally:
         node.close()
@@ -138,3 +137,52 @@ def test_a_measurement_stopped_here_resumes_on_the_node_with_the_same_bytes(tmp_
     assert not (tmp_path / "both" / "model-00" / "layer-00000.safetensors").exists()
     whole = _files(tmp_path / "whole")
     assert _files(tmp_path / "both") == {k: v for k, v in whole.items() if "00000" not in k}
+
+
+def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass's actors compute with the count the pass's driver recorded and computes with (forward.threads), not
+    with the CPUs each declares to Ray: an actor declaring four computes its layers on one thread under a one-thread
+    pass, and writes the bytes of that pass run here (it computed on four before, whatever the pass recorded)."""
+    import torch
+
+    import resumerge.merge.engine.cluster.connect
+    from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
+    from resumerge.forward import rayactor
+    from resumerge.forward.batches import one_by_one
+    from resumerge.forward.onray import Place
+    from resumerge.forward.threads import computing_with
+
+    model = _model(tmp_path)
+    _here(model, tmp_path / "here", tmp_path / "j-here")
+    seen: list[int] = []
+    layer = rayactor.model_layer
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return layer(*args, **kwargs)
+
+    made: list[Any] = []
+
+    def on_place(ray: object, place: object, host: object, factory: Any, *args: object) -> _Actor:
+        made.append(factory(*pickle.loads(pickle.dumps(args))))  # as Ray sends the terms
+        return _Actor(made[-1])
+
+    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(rayactor, "model_layer", counted)
+    monkeypatch.setattr(rayactor, "on_place", on_place)
+    monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep: [None] * len(places))
+    monkeypatch.setattr(rayactor, "end_actors", lambda ray, actors, hosts: None)
+    batches = one_by_one(TOKENS)
+    watch = GramWatch(tokens_of(batches))
+    with one_thread(), computing_with(1):  # the pass's recorded count, as its driver computes with it
+        running = rayactor.RayModels(_Ray(), [model], [Place("node", 4.0, 0)], SPEC.layers,
+                                     terms=rayactor.ActorTerms(what="measure", watch=watch))
+        running.start()
+        try:
+            measure_model(running, watch, batches, tmp_path / "node", 0, tmp_path / "j-node")
+        finally:
+            running.end()
+            made[0].close()
+    assert seen == [1] * SPEC.layers
+    assert _files(tmp_path / "node") == _files(tmp_path / "here")

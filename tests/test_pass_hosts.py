@@ -104,12 +104,14 @@ def test_a_pass_s_models_are_hosted_by_fresh_actors_of_the_kept_workers_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.forward import rayactor
     from resumerge.forward.onray import Place
+    from resumerge.forward.threads import computing_with
 
     monkeypatch.setattr(rayactor, "ModelNode", _Model)
     monkeypatch.setattr(rayactor, "sent", lambda model: model.name)
     ray = _Ray()
     models = [SimpleNamespace(name=name, remote=()) for name in ("merge", "parent")]
-    running = rayactor.RayModels(ray, models, [Place("a" * 56, 2.0, 1 << 30), Place("b" * 56, 1.0, 1 << 30)], 2)
+    with computing_with(3):  # the pass's recorded count, as its driver computes with it (forward.threads)
+        running = rayactor.RayModels(ray, models, [Place("a" * 56, 2.0, 1 << 30), Place("b" * 56, 1.0, 1 << 30)], 2)
     running.start()
     try:
         assert running.enter([]) == [["h"], ["h"]]
@@ -117,11 +119,14 @@ def test_a_pass_s_models_are_hosted_by_fresh_actors_of_the_kept_workers_host(
         assert own == [["out 0"], ["out 0"]]
     finally:
         running.end()
+    # each declares its place's CPUs to Ray, and computes with the pass's count, whatever it declares
     _made_as_one_host(ray, ["a" * 56, "b" * 56], [2.0, 1.0])
     assert all(options["memory"] == 1 << 30 for _, options in ray.made)
     hosted = [actor.worker.actor.made.hosted for actor in running.actors]
-    assert [each.log for each in hosted] == [["made merge on 2 thread(s)", "enter", "layer 0"],
-                                            ["made parent on 1 thread(s)", "enter", "layer 0"]]
+    assert [each.log for each in hosted] == [["made merge on 3 thread(s)", "enter", "layer 0"],
+                                            ["made parent on 3 thread(s)", "enter", "layer 0"]]
+    told = rayactor.RayModels(_Ray(), models, [Place("a" * 56, 2.0, 0)], 2, terms=rayactor.ActorTerms(threads=5))
+    assert told.threads == [5]
 
 
 class _Scorer:

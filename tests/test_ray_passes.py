@@ -7,8 +7,9 @@ is read.
 One real Ray cluster on this machine for the whole module (a head without CPUs, two one-CPU worker nodes: starting
 one costs 10-20 s), its worker nodes spare ones (tests/raycluster.py: the nodes the check modules' tests left, with the
 kept workers their passes left on them, as a second pass on a user's cluster finds them; its tests' actors read local
-files only); the local references run torch on one thread, as each node's actor does (float32 sums on more threads
-may round otherwise). Tiny generated models."""
+files only); the local references run torch on one thread, as each pass on Ray starts (its driver records the count,
+and each node's actor computes with it, not with its node's CPUs; float32 sums on more threads may round
+otherwise). Tiny generated models."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
                                                                           measured: tuple[Path, Path, Any]) -> None:
     config, texts, local = measured
     on_ray = RayExecutor(address=cluster.address)
-    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on its node
+    with pytest.MonkeyPatch.context() as here, one_thread():  # no decoder layer runs in this process: on its node
         here.setattr(Streams, "layer", _not_here)
         report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
                              resources=api.Resources(max_memory="8GB"))
@@ -129,14 +130,15 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     for run, executor in (("first", RayExecutor(address=cluster.address)),
                           ("second", RayExecutor(address=cluster.address)),
                           ("fresh", RayExecutor(address=cluster.address, keep_workers=0))):
-        api.measure(config, tmp_path / run, texts=texts, state_dir=tmp_path / f"s-{run}", executor=executor)
+        with one_thread():  # the count the pass records, which each node's actor computes with
+            api.measure(config, tmp_path / run, texts=texts, state_dir=tmp_path / f"s-{run}", executor=executor)
         assert _files(tmp_path / run) == local, run
     first = ids(used[0])
     assert None not in first and len(set(first)) == 2 and ids(used[1]) == first and used[2] == [None, None]
     # A driver SIGKILLed holding the kept workers: each frees itself; the resume computes in them.
     killed = cli("measure", config, tmp_path / "killed", "--texts", texts, "--state-dir", tmp_path / "s-killed",
                  "--executor", "ray", "--ray-address", cluster.address,
-                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, timeout=600)
+                 env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, timeout=600, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     deadline = time.monotonic() + 120  # the watchdog looks every 0.25 s; a loaded machine delays it
     while any(_leased(ray, actor) for actor in used[0]):
@@ -157,8 +159,9 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
         return found
 
     monkeypatch.setattr(kept, "_slots", recorded_slots)
-    api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
-                executor=RayExecutor(address=cluster.address))
+    with one_thread():
+        api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
+                    executor=RayExecutor(address=cluster.address))
     assert used[-1] == [None, None] and _files(tmp_path / "other") == local
     assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
@@ -215,7 +218,7 @@ def test_an_evaluation_on_ray_gives_the_local_results_and_resumes_either_way(tmp
         local = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "local"), harness=asked)
     on_ray = RayExecutor(address=cluster.address)
     layers: list[int | None] = []
-    with pytest.MonkeyPatch.context() as here:  # no decoder layer runs in this process: each runs on the node
+    with pytest.MonkeyPatch.context() as here, one_thread():  # no decoder layer runs in this process: on the node
         here.setattr(Streams, "layer", _not_here)
         found = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "ray", executor=on_ray), harness=asked,
                              progress=lambda step: layers.append(step.layer))
@@ -281,7 +284,7 @@ def test_a_moe_s_hidden_gates_on_ray_give_the_local_bytes_and_resume_a_local_kil
     with one_thread(), passes_on_a_thread():
         api.run(config, tmp_path / "local", settings=api.Settings(state_dir=tmp_path / "s-local"))
     on_ray = RayExecutor(address=cluster.address)
-    with pytest.MonkeyPatch.context() as here, passes_on_a_thread():  # no decoder layer runs here: on the node
+    with pytest.MonkeyPatch.context() as here, one_thread(), passes_on_a_thread():  # no decoder layer runs here
         here.setattr(Streams, "layer", _not_here)
         here.setattr(gatesites, "start_child", _encode_only(gatesites.start_child))
         api.run(config, tmp_path / "ray", settings=api.Settings(state_dir=tmp_path / "s-ray", executor=on_ray))
@@ -327,7 +330,7 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
         local = api.evaluate(model, ["tiny_ppl"], api.Settings(state_dir=tmp_path / "local"), harness=asked)
     killed = cli("eval", model, "--tasks", "tiny_ppl", "--include-path", tasks, "--limit", "4", "--state-dir",
                  tmp_path / "s", "--executor", "ray", "--ray-address", cluster.address,
-                 env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600)
+                 env={"RESUMERGE_KILL_AT": "after_eval_layer:3"}, timeout=600, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert carried_in(tmp_path / "s", "layer-*.safetensors") == [("2", "0")]
     _freed()  # the resume's actor hosted by the kept worker the killed pass's was (not one made at the next slot)

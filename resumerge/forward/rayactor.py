@@ -6,9 +6,11 @@ pass's object is: :func:`~resumerge.forward.onray.on_place`), placed one per nod
 cluster has the nodes (models shared round-robin where it has fewer), opens its model from its path (which every node
 must see, as for a merge on Ray; a hub model is read by range from the node, with the node's own token, under the node's
 name: :func:`~resumerge.forward.onray.on_node`, the sha256 of each range it read held to the driver's journal after
-each step, as a merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the CPUs of its node's
-share. The merge's actor keeps the first layer it reads to learn whether the family takes padded batches for the pass's
-first layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that runs one
+each step, as a merge's nodes' reads are: :mod:`resumerge.forward.hubreads`) and computes with the pass's thread count
+(:mod:`~resumerge.forward.threads`: the one its driver recorded and computes with; the CPUs the actor declares are what
+Ray reserves for it, not what it computes with), so a pass started on a cluster resumes on another, or here, with the
+same bits. The merge's actor keeps the first layer it reads to learn whether the family takes padded batches for the
+pass's first layer, so an actor reads each byte of its model once (a tied head's embeddings, and a family that runs one
 sequence at a time, aside); the driver reads every model once more, for the static figures (which compare the models'
 tensors with each other) and each hub file's proof: every tensor, those no figure compares too (the tables of a merge of
 another vocabulary), so that each file is read whole there and checked against the hub's checksum, as in a local check
@@ -60,6 +62,7 @@ from resumerge.forward.onray import (
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.stream import LayerCall
+from resumerge.forward.threads import computing_with
 from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.memory.sizes import format_size
 from resumerge.torch_import import IMPORT_RESERVE, torch
@@ -82,22 +85,25 @@ def _resume_hint(what: str) -> str:
 class ModelNode:
     """One model of a pass (a check's, a measurement's, eval's, the MoE gates') as its node runs it, hosted by a
     kept worker or a fresh actor of the same host (:func:`~resumerge.forward.onray.on_place`): its
-    :class:`~resumerge.forward.stream.ModelStream` (made in the actor's process), torch on ``threads`` threads, its
-    layers' calls and its last hidden states. ``token``:
-    the driver reads the hub with a token, so a hub model's node needs its own (a token never travels with the
-    work). ``dtype``: what the pass computes in (a check's float32; the MoE gates' bfloat16), ``what`` the pass as
-    the model's errors name it; ``watch``: what the pass computes of each layer here, on the node (``measure``'s
-    Grams: :class:`~resumerge.forward.placement.NodeWatch`), returned with the layer."""
+    :class:`~resumerge.forward.stream.ModelStream` (made in the actor's process), torch on ``threads`` threads in
+    every call (the pass's count), its layers' calls and its last hidden states. ``token``: the driver reads the hub
+    with a token, so a hub model's node needs its own (a token never travels with the work). ``dtype``: what the
+    pass computes in (a check's float32; the MoE gates' bfloat16), ``what`` the pass as the model's errors name it;
+    ``watch``: what the pass computes of each layer here, on the node (``measure``'s Grams:
+    :class:`~resumerge.forward.placement.NodeWatch`), returned with the layer."""
 
     def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None,
                  dtype: torch.dtype | None = None, what: str = "check", watch: NodeWatch | None = None) -> None:
-        torch.set_num_threads(max(1, threads))
+        # Applied to each call, on the thread that runs it (a kept worker runs its calls on threads of its own,
+        # which a process-wide count set here would not reach once they computed), and to nothing else.
+        self.threads = max(1, threads)
         self.watch = watch
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            self.stream = streams_of([logged(on_node(model, token, state), self.read_log)],
-                                     dtype=torch.float32 if dtype is None else dtype, what=f"resumerge {what}")[0]
+            with computing_with(self.threads):
+                self.stream = streams_of([logged(on_node(model, token, state), self.read_log)],
+                                         dtype=torch.float32 if dtype is None else dtype, what=f"resumerge {what}")[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
             self.failed = exc
         self.entering: list[tuple[torch.Tensor, list[LayerCall]]] = []
@@ -125,7 +131,7 @@ class ModelNode:
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Hidden:
         """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
         self._drop_first()
-        with torch.no_grad():
+        with torch.no_grad(), computing_with(self.threads):
             self.entering = self.stream.inputs(batches)
         self.batches = batches
         self.calls = [c for _, c in self.entering]
@@ -139,7 +145,7 @@ class ModelNode:
 
         self._drop_first()
         first = self.stream.layers_list[0]
-        with torch.no_grad():
+        with torch.no_grad(), computing_with(self.threads):
             layer = self.stream.load(first)
             try:
                 self.first = batched_on(self.stream, layer, self.entering, self.batches)
@@ -160,13 +166,15 @@ class ModelNode:
         self.first = False
         watch = self.watch
         module = self.stream.layers_list[index]
-        with torch.no_grad(), watch.watching(self.stream, 0, module) if watch is not None else nullcontext():
-            out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls, same,
-                                      loaded=kept)
+        with torch.no_grad(), computing_with(self.threads):
+            with watch.watching(self.stream, 0, module) if watch is not None else nullcontext():
+                out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls,
+                                          same, loaded=kept)
+            if watch is not None:
+                watch.end_layer()
         self.hidden = out
         if watch is None:
             return out, theirs, handed.carried([self.calls], index), None
-        watch.end_layer()
         return out, theirs, handed.carried([self.calls], index), watch.taken(0)
 
     def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -189,7 +197,7 @@ class ModelNode:
         self._drop_first()
         if own is not None:
             self.hidden = own
-        with torch.no_grad():
+        with torch.no_grad(), computing_with(self.threads):
             self.lp = logprobs(self.stream, self.hidden, batches)
             return [shared(vocab, m, lp) for lp in self.lp] if share else None
 
@@ -197,7 +205,7 @@ class ModelNode:
                 m: int = 0) -> ModelHead:
         """See :func:`~resumerge.forward.passes.compared` (of this model's log-probabilities; model ``m`` of the
         check, ``vocab`` how its vocabularies meet)."""
-        with torch.no_grad():
+        with torch.no_grad(), computing_with(self.threads):
             return compared(self.lp, merged, base, batches, vocab, m)
 
     def close(self) -> None:
@@ -221,7 +229,9 @@ class ActorTerms:
     beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
     actor waits idle for the next run or pass (0: fresh actors, ended with the pass); ``watch``: what each actor
     computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this one is told
-    what they found)."""
+    what they found); ``threads``: the thread count the actors compute with, the pass's (None: the one the thread
+    making them computes with, which under a pass's driver is the count recorded in its folder:
+    :func:`~resumerge.forward.threads.pass_threads`)."""
 
     state: str | None = None
     dtype: torch.dtype | None = None
@@ -229,6 +239,7 @@ class ActorTerms:
     beside: bool = False
     keep: float = 0.0
     watch: NodeWatch | None = None
+    threads: int | None = None
 
 
 CHECK_ACTORS = ActorTerms()
@@ -239,14 +250,14 @@ class RayModels:
     each layer, with the node each model runs on.
 
     A model whose actor is lost (its process or node died) gets a new one on a node not lost that has the CPUs and
-    memory the lost one declared free (of the check's own actors' holdings), computing with as many threads (the
-    same figures); the step goes on there, from the hidden states the driver holds: only the lost models' part of a
-    layer is run again, the heads step whole. At most :data:`REPLACES` times a check; past that, or with no node
-    left to take a model, :class:`~resumerge.errors.UnreachableError` (exit 3): the check run again resumes at the
-    last layer journaled. ``terms``: how the actors are made (:class:`ActorTerms`); with ``beside`` the actors
-    compute beside a run's workers, which hold the nodes' CPUs while they wait for
-    the run's plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
-    computes on as many threads as its share of the node's CPUs; its memory is declared all the same."""
+    memory the lost one declared free (of the check's own actors' holdings), computing with the pass's count as
+    every actor does (the same figures); the step goes on there, from the hidden states the driver holds: only the
+    lost models' part of a layer is run again, the heads step whole. At most :data:`REPLACES` times a check; past
+    that, or with no node left to take a model, :class:`~resumerge.errors.UnreachableError` (exit 3): the check run
+    again resumes at the last layer journaled. ``terms``: how the actors are made (:class:`ActorTerms`); with
+    ``beside`` the actors compute beside a run's workers, which hold the nodes' CPUs while they wait for the run's
+    plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
+    computes with the pass's count all the same, and declares its memory."""
 
     def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
@@ -259,7 +270,10 @@ class RayModels:
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
         self.on_reads = on_reads if any(m.remote for m in models) else None
-        self.threads = [max(1, int(place.cpus)) for place in placed]
+        # The pass's count, which its driver recorded and computes with (the driving thread's, as the actors are
+        # made), never the CPUs an actor declares: a pass resumed on another cluster, or here, computes alike.
+        count = terms.threads if terms.threads is not None else torch.get_num_threads()
+        self.threads = [max(1, count) for _ in placed]
         if beside:
             self.places = [replace(place, cpus=0.0) for place in placed]
         self.actors: list[Any] = []

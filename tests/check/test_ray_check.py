@@ -9,9 +9,9 @@ started once for them and tests/check/test_ray_vocabs.py's check); the refusal, 
 memory, runs first. A check whose driver (the real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed
 after a layer on Ray (each model on a node of its own, ``status`` naming them), resumed locally and killed again
 after the last layer, and finished on Ray (the heads only) gives the local check's report, exactly (the actors
-compute on their node's one CPU: the local reference runs torch on one thread too, as float32 sums on more threads
-may round otherwise); ``run --check`` hands the check its run's executor; the CLI without Ray installed exits 2
-naming the install line.
+compute with the check's recorded thread count, not their node's CPUs: each check here starts on one thread, as the
+local reference runs, as float32 sums on more threads may round otherwise); ``run --check`` hands the check its run's
+executor; the CLI without Ray installed exits 2 naming the install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer): the merge checked and its local check are
 made once for the module (the ``merged`` fixture)."""
@@ -217,7 +217,8 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
 
         monkeypatch.setattr(resumerge.forward.layerpass, "reach", lose)
         state = lost / "spare"
-        report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
+        with one_thread():  # the count the pass records, which each node's actor computes with (not its CPUs)
+            report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
         spare = cluster.node_ids() - set(nodes[0])
         _same(json.loads(json.dumps(report.to_json())), local)
         assert len(nodes) == 3 and len(set(nodes[0])) == 3

@@ -24,6 +24,7 @@ from typing import Any
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
+from resumerge.inputs.gguf.hparams import gguf_hparams
 from resumerge.inputs.gguf.model import gguf_module
 from resumerge.inputs.gguf.names import (
     ARCH_OF,
@@ -69,7 +70,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     one llama.cpp's quantizer gives it in a ``gguf_type`` file with the user's ``choices``
     (:func:`~resumerge.merge.plan.gguftypes.tensor_type`).
     Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
-    cannot write."""
+    cannot write, or a config.json without a key the family needs or with a value of the wrong type
+    (:func:`~resumerge.inputs.gguf.hparams.gguf_hparams`)."""
     model_type = out_config.get("model_type")
     arch = ARCH_OF.get(str(model_type))
     if arch is None:
@@ -81,6 +83,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
+    # The keys the writer reads, checked (and num_experts_per_tok defaulted as transformers does) before any is used.
+    out_config = gguf_hparams(out_config)
     check_routing(arch, out_config)  # a mixture of experts llama.cpp would route otherwise: refused before writing
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
