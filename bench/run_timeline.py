@@ -13,8 +13,8 @@ from the last computed rows to the shard's publication (the writer catching up: 
 written ahead of its hash frontier and read back); the thread CPU of the units by kind; and, sampled every 50 ms,
 peak RSS, minor faults and the bytes read from and written to the disk (``/proc/self/io``). A streamed tensor's chunk
 encodings (a quantized GGUF's embeddings and head) count as units; an importance pass's merges (``--imatrix-texts``)
-are printed apart, before the pipeline. ``--timeline FILE``
-also writes every event and sample as JSON. Figures from a shared machine are its load's: compare CPU seconds.
+are printed apart, before the pipeline. ``--timeline FILE`` also writes every event and sample as JSON. Figures
+from a shared machine are its load's: compare CPU seconds.
 """
 
 from __future__ import annotations
