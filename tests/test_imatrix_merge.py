@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import gguf
@@ -356,3 +358,46 @@ def test_the_older_dat_form_is_written_as_llama_imatrix_writes_it_and_read_back(
     assert sorted(read) == ["blk.0.attn_q.weight", "blk.0.ffn_down_exps.weight"]
     for name, values in read.items():
         assert np.allclose(values, from_gguf[name], rtol=1e-6, atol=0), name
+
+
+def test_the_pass_runs_texts_on_two_threads_and_sums_the_bits_one_thread_sums(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense layer's texts run on the pass's own two threads (the other core idled while the pass ran, the
+    encoding waiting for its matrix), and the matrix has the bytes of the pass run on the calling thread alone: each
+    text's squares are added in the texts' order, whichever thread ran it."""
+    from resumerge.analyses.importance import sums
+    from resumerge.forward.stream import ModelStream
+
+    config, texts = merge
+    ran: list[str] = []
+    real_run = ModelStream.run
+
+    def run(*args: object, **kwargs: object) -> object:
+        ran.append(threading.current_thread().name)
+        return real_run(*args, **kwargs)  # type: ignore[arg-type]
+
+    class OneThread:  # the executor's map on the calling thread
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> OneThread:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def map(self, fn: Callable[..., object], *iterables: Iterable[object]) -> Iterator[object]:
+            return map(fn, *iterables)
+
+    monkeypatch.setattr(ModelStream, "run", staticmethod(run))  # a static method, patched as one
+    threaded = tmp_path / "threaded"
+    api.run(config, threaded / "out", settings=api.Settings(state_dir=threaded / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
+    assert ran and all(name.startswith("resumerge-imatrix") for name in ran), ran
+    monkeypatch.setattr(sums, "ThreadPoolExecutor", OneThread)
+    alone = tmp_path / "alone"
+    api.run(config, alone / "out", settings=api.Settings(state_dir=alone / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
+    (first,), (second,) = ((root / "s" / "imatrix").glob("*.gguf") for root in (threaded, alone))
+    assert first.read_bytes() == second.read_bytes() == computed[1].read_bytes()
+    assert _sha(threaded / "out" / "model.gguf") == _sha(alone / "out" / "model.gguf")

@@ -9,7 +9,9 @@ bytes; so are the experts' counts."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -53,31 +55,52 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
             prefix = stream.prefix(module)
             experts = fused_experts(layer)
             hooked = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
-            handles = [m.register_forward_pre_hook(self._hook(prefix + name))
+            texts = hidden[0]
+            # Each text's squares in the order its linears ran, added to the sums after every text ran, text by
+            # text: the additions in the order one thread makes them, so the same bits whichever thread ran a text.
+            squares: list[list[tuple[str, torch.Tensor]]] = [[] for _ in texts]
+            into = threading.local()
+            handles = [m.register_forward_pre_hook(self._hook(prefix + name, into))
                        for name, m in hooked + routers(layer, experts)]
+
+            def run(s: int, h: torch.Tensor) -> torch.Tensor:
+                # One text's products are a few dozen rows: split over torch's threads, each waits at the
+                # barrier for a core the run's other work (or the machine's) holds, and spins there: 14 of the
+                # 41 CPU s of a 2-layer bench route (bench/bench_kquant_route.py --layers 2) went to it. Only
+                # the layer's kernels: its weights were merged on entering, with the threads the run merges
+                # with. The bits are the run's settings' alone (one thread, whatever -j says).
+                into.texts = squares[s]
+                try:
+                    with serial_kernels():
+                        return stream.run(layer, h, self.calls[s][index])
+                finally:
+                    into.texts = None
+
             try:
                 with ExitStack() as measured:
                     routed = RoutedSums(self.sums, self.counts)
                     for name, m in experts:
                         measured.enter_context(routed.measuring(m, prefix + name))
-                    # One text's products are a few dozen rows: split over torch's threads, each waits at the
-                    # barrier for a core the run's other work (or the machine's) holds, and spins there: 14 of the
-                    # 41 CPU s of a 2-layer bench route (bench/bench_kquant_route.py --layers 2) went to it. Only
-                    # the layer's kernels: its weights were merged on entering, with the threads the run merges
-                    # with. The bits are the run's settings' alone (one thread, whatever -j says).
-                    measured.enter_context(serial_kernels())
-                    out = [stream.run(layer, h, self.calls[s][index]) for s, h in enumerate(hidden[0])]
+                    if experts or len(texts) < 2:  # routed sums add as they run: one thread
+                        out = [run(s, h) for s, h in enumerate(texts)]
+                    else:
+                        # Texts two at a time: the pass ran on one core with the other idle, the merge's encoding
+                        # waiting for its matrix (~6 of a 2-layer bench route's ~29 s, docs/performance.md).
+                        with ThreadPoolExecutor(2, thread_name_prefix="resumerge-imatrix") as pool:
+                            out = list(pool.map(run, range(len(texts)), texts))
             finally:
                 for handle in handles:
                     handle.remove()
+            for text in squares:
+                for name, value in text:
+                    found = self.sums.get(name)
+                    self.sums[name] = value if found is None else found.add_(value)
         return [out]
 
-    def _hook(self, name: str) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
+    def _hook(self, name: str, into: threading.local) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
         def observe(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
-            squares = x.reshape(-1, x.shape[-1]).to("cpu", torch.float64).square().sum(dim=0)
-            found = self.sums.get(name)
-            self.sums[name] = squares if found is None else found.add_(squares)
+            into.texts.append((name, x.reshape(-1, x.shape[-1]).to("cpu", torch.float64).square().sum(dim=0)))
 
         return observe
 
