@@ -401,3 +401,14 @@ def test_the_pass_runs_texts_on_two_threads_and_sums_the_bits_one_thread_sums(
     (first,), (second,) = ((root / "s" / "imatrix").glob("*.gguf") for root in (threaded, alone))
     assert first.read_bytes() == second.read_bytes() == computed[1].read_bytes()
     assert _sha(threaded / "out" / "model.gguf") == _sha(alone / "out" / "model.gguf")
+
+
+def test_the_pass_pairs_short_texts_only() -> None:
+    """Two texts run at once only where both are short (their products and scores are held beside what the
+    pass's guard counts): in order, a long text alone."""
+    from resumerge.analyses.importance.sums import _PAIRED_TOKENS, _steps
+
+    long = _PAIRED_TOKENS + 1
+    assert _steps([3, 5, 7]) == [[0, 1], [2]]
+    assert _steps([3, long, 5, 6, long]) == [[0], [1], [2, 3], [4]]
+    assert _steps([]) == []

@@ -56,8 +56,8 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
             experts = fused_experts(layer)
             hooked = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
             texts = hidden[0]
-            # Each text's squares in the order its linears ran, added to the sums after every text ran, text by
-            # text: the additions in the order one thread makes them, so the same bits whichever thread ran a text.
+            # Each text's squares in the order its linears ran, added to the sums once it and the texts before it
+            # ran: the additions in the order one thread makes them, so the same bits whichever thread ran a text.
             squares: list[list[tuple[str, torch.Tensor]]] = [[] for _ in texts]
             into = threading.local()
             handles = [m.register_forward_pre_hook(self._hook(prefix + name, into))
@@ -81,21 +81,32 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
                     routed = RoutedSums(self.sums, self.counts)
                     for name, m in experts:
                         measured.enter_context(routed.measuring(m, prefix + name))
-                    if experts or len(texts) < 2:  # routed sums add as they run: one thread
-                        out = [run(s, h) for s, h in enumerate(texts)]
+                    out: list[torch.Tensor] = []
+                    if experts:  # routed sums add as they run: one thread
+                        for s, h in enumerate(texts):
+                            out.append(run(s, h))
+                            self._add(squares, s)
                     else:
-                        # Texts two at a time: the pass ran on one core with the other idle, the merge's encoding
-                        # waiting for its matrix (~6 of a 2-layer bench route's ~29 s, docs/performance.md).
+                        # Two texts at a time: the pass ran on one core with the other idle, the merge's encoding
+                        # waiting for its matrix (~6 of a 2-layer bench route's ~29 s, docs/performance.md). Only
+                        # short ones: a text's products and scores are held beside the states the pass's guard
+                        # counts, not in them (two long texts' would be twice what one thread holds).
                         with ThreadPoolExecutor(2, thread_name_prefix="resumerge-imatrix") as pool:
-                            out = list(pool.map(run, range(len(texts)), texts))
+                            for pair in _steps([int(h.shape[-2]) for h in texts]):
+                                out.extend(pool.map(run, pair, [texts[i] for i in pair]))
+                                for i in pair:
+                                    self._add(squares, i)
             finally:
                 for handle in handles:
                     handle.remove()
-            for text in squares:
-                for name, value in text:
-                    found = self.sums.get(name)
-                    self.sums[name] = value if found is None else found.add_(value)
         return [out]
+
+    def _add(self, squares: list[list[tuple[str, torch.Tensor]]], text: int) -> None:
+        """Text ``text``'s squares added to the sums, in the order its linears ran, and dropped."""
+        for name, value in squares[text]:
+            found = self.sums.get(name)
+            self.sums[name] = value if found is None else found.add_(value)
+        squares[text] = []
 
     def _hook(self, name: str, into: threading.local) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
         def observe(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -110,3 +121,19 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
 
     def finish(self, hidden: Hidden) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return dict(sorted(self.sums.items())), dict(sorted(self.counts.items()))
+
+
+# The longest texts run two at a time (tokens): llama-imatrix's default chunk. Longer ones run alone.
+_PAIRED_TOKENS = 512
+
+
+def _steps(lengths: list[int]) -> list[list[int]]:
+    """The texts (by their token counts ``lengths``) in order, two at a time where both are short
+    (:data:`_PAIRED_TOKENS`), else one."""
+    steps: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        if steps and len(steps[-1]) == 1 and n <= _PAIRED_TOKENS and lengths[steps[-1][0]] <= _PAIRED_TOKENS:
+            steps[-1].append(i)
+        else:
+            steps.append([i])
+    return steps
