@@ -130,7 +130,7 @@ def transformers_defaults(config: Mapping[str, Any], keys: list[str]) -> dict[st
     hf_logging.set_verbosity_error()  # its warnings about the config's other keys are not this check's
     try:
         built = CONFIG_MAPPING[model_type].from_dict(dict(config))
-    except Exception as e:  # noqa: BLE001 - transformers' refusal, whatever its type, is the user's to fix
+    except Exception as e:  # transformers' refusal, whatever its type, is the user's to fix
         raise ModelInputError(f"transformers refuses the output's config.json: {str(e).splitlines()[0]}",
                               hint=_HINT) from None
     finally:
