@@ -5,6 +5,7 @@ width so completed that the tensors contradict is refused at plan time (transfor
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from safetensors.torch import save_file
 from support import cli, write_config
 
 from resumerge import api
-from resumerge.errors import ModelInputError
+from resumerge.errors import InputError, ModelInputError
 from resumerge.inputs.gguf.hparams import gguf_hparams
 from resumerge.inputs.gguf.names import gguf_metadata
 
@@ -115,3 +116,12 @@ def test_a_completed_width_the_tensors_agree_with_is_taken() -> None:
     """A Qwen3 of 4 heads of 128 over a width of 256 (as Qwen3-0.6B: 16 of 128 over 1024) without head_dim."""
     done = gguf_hparams({**_SHAPE, "model_type": "qwen3", "num_key_value_heads": 2}, (4 * 128, 2 * 128))
     assert done["head_dim"] == 128
+
+
+def test_a_missing_key_without_transformers_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without transformers the value transformers would read is unknown: refused, not guessed."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # its import raises ImportError
+    with pytest.raises(InputError, match=r"has no max_position_embeddings, .* transformers is not installed") as e:
+        gguf_hparams({**_SHAPE, "model_type": "llama", "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+                      "rope_theta": 1e4, "head_dim": 64})
+    assert e.value.exit_code == 2 and "\n" not in e.value.one_line()
