@@ -45,6 +45,10 @@ def _merge(tmp_path: Path, drop: tuple[str, ...] = (), **said: Any) -> Path:
     ((), {"norm_topk_prob": "true"}, 'config.json says norm_topk_prob: "true", where true or false belongs'),
     ((), {"rms_norm_eps": "1e-6"}, 'config.json says rms_norm_eps: "1e-6", where a number belongs'),
     (("hidden_size",), {}, "config.json has no hidden_size, which a GGUF output of a qwen3_moe needs"),
+    # a layer list that is not one (transformers' `layer_idx in` fails on a number, misreads a string)
+    ((), {"mlp_only_layers": 1}, "config.json says mlp_only_layers: 1, where a list of layer numbers belongs"),
+    ((), {"mlp_only_layers": "1"}, 'config.json says mlp_only_layers: "1", where a list of layer numbers belongs'),
+    ((), {"decoder_sparse_step": 0}, "config.json says decoder_sparse_step: 0, where a positive whole number"),
     (("num_experts",), {}, "config.json has no num_experts, which a GGUF output of a qwen3_moe needs"),
 ])
 def test_a_config_json_the_gguf_keys_cannot_be_written_from_is_refused_at_plan_time(

@@ -2,7 +2,11 @@
 checked at plan time: a key the family needs that is absent, or a value of the wrong type, is refused in one line
 (exit 2) before anything is written, instead of failing in the key writer; an absent key transformers itself
 defaults (how many experts route a token, a Qwen-MoE's unused dense width) takes transformers' default, as
-transformers would load the model.
+transformers would load the model. So does every other key the writer reads that config.json leaves out (head_dim,
+num_key_value_heads, rms_norm_eps, rope_theta, max_position_embeddings, Gemma's window and softcaps), read from
+transformers' own configuration class for the family: the GGUF then computes what the safetensors merge computes in
+transformers (and in resumerge's forward, whose native config applies the same defaults). An attention width so
+completed that the tensors contradict is refused: transformers would not load those weights either.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import InputError, ModelInputError
 
 # transformers' defaults (its configuration classes, 5.x) for the keys a config.json may leave out that the key
 # writer needs; tests/test_gguf_keys.py checks them against the installed transformers.
@@ -33,14 +37,20 @@ _GEMMA_INTS, _GEMMA_FLOATS = ("sliding_window",), ("attn_logit_softcapping", "fi
                                                    "rope_local_base_freq")
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _QWEN_MOE_INTS = ("moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step")
+# transformers' attribute holding each key the writer reads where config.json may leave it out; rope_theta is read
+# from rope_parameters (transformers 5 folds it in there).
+_COMPLETED = ("num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
+_GEMMA_COMPLETED = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
 _HINT = "fix the key in the config.json the output's is built from (the base model's), or write it as safetensors"
 
 
-def gguf_hparams(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` (the output's config.json) with the keys a GGUF output's key writer reads checked, and an absent
-    ``num_experts_per_tok`` set to transformers' default for the family. Raises :class:`ModelInputError` (exit 2)
-    for a key the family needs that is absent or null, a value of the wrong type, or a default that cannot route
-    (more experts chosen than the model has)."""
+def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = None) -> dict[str, Any]:
+    """``config`` (the output's config.json) with the keys a GGUF output's key writer reads checked, and each one
+    it leaves out (or null) set to what transformers' configuration class for the family makes of it
+    (:func:`transformers_defaults`); ``attention`` is the tensors' query and key widths (layer 0's q_proj and
+    k_proj rows), when known. Raises :class:`ModelInputError` (exit 2) for a key the family needs that is absent or
+    null, a value of the wrong type, a default that cannot route (more experts chosen than the model has), or an
+    attention width completed from transformers that the tensors contradict."""
     model_type = str(config.get("model_type"))
     if config.get("intermediate_size") is None and model_type in DENSE_WIDTH_DEFAULT:
         config = {**config, "intermediate_size": DENSE_WIDTH_DEFAULT[model_type]}
@@ -52,6 +62,16 @@ def gguf_hparams(config: Mapping[str, Any]) -> dict[str, Any]:
                                   hint=f"set {key} in the config.json the output's is built from (the base model's)")
         _count(config, key)
     gemma, qwen_moe = model_type in _GEMMA, model_type in _QWEN_MOE
+    wanted = (*_COMPLETED, *(_GEMMA_COMPLETED if gemma else ()), "rope_theta",
+              *(("rope_local_base_freq",) if model_type in ("gemma3", "gemma3_text") else ()))
+    missing = [key for key in wanted if config.get(key) is None
+               and not (key == "rope_theta" and _nested_theta(config) is not None)]
+    if missing:
+        completed = {k: v for k, v in transformers_defaults(config, missing).items() if v is not None}
+        config = {**config, **completed}
+        done.update(completed)
+        if attention is not None:
+            _check_widths(config, attention, completed)
     for key in (*_OPTIONAL_INTS, *(_GEMMA_INTS if gemma else ()), *(_QWEN_MOE_INTS if qwen_moe else ())):
         if config.get(key) is not None:
             _count(config, key)
@@ -88,6 +108,69 @@ def gguf_hparams(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ModelInputError(f"the output's config.json says num_experts_per_tok: {chosen}, more than its {count} "
                               "experts", hint=_HINT)
     return done
+
+
+def transformers_defaults(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
+    """What transformers makes of each of ``keys`` when it loads ``config``: its configuration class for the
+    ``model_type`` built from ``config``, so that a default depending on another key (Llama's
+    ``num_key_value_heads``, its attention heads; its ``head_dim``, the width over the heads) is as transformers
+    computes it. None for a key transformers leaves unset (a Qwen2's ``head_dim``: the model divides the width).
+    Raises :class:`InputError` (exit 2) where transformers is not installed, and :class:`ModelInputError`
+    where it refuses ``config``."""
+    try:
+        from transformers import CONFIG_MAPPING
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise InputError(f"the output's config.json has no {', '.join(keys)}, whose values for a GGUF are "
+                                "transformers' defaults, and transformers is not installed",
+                                hint=f"install resumerge[check], or set {keys[0]} in the config.json the output's "
+                                     "is built from (the base model's)") from None
+    model_type = str(config.get("model_type"))
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its warnings about the config's other keys are not this check's
+    try:
+        built = CONFIG_MAPPING[model_type].from_dict(dict(config))
+    except Exception as e:  # transformers' refusal, whatever its type, is the user's to fix
+        raise ModelInputError(f"transformers refuses the output's config.json: {str(e).splitlines()[0]}",
+                              hint=_HINT) from None
+    finally:
+        hf_logging.set_verbosity(before)
+    rope = getattr(built, "rope_parameters", None) or {}
+    full, local = (rope.get("full_attention"), rope.get("sliding_attention")) if isinstance(rope, dict) else (None,
+                                                                                                            None)
+    found: dict[str, Any] = {}
+    for key in keys:
+        if key == "rope_theta":
+            theta = getattr(built, "rope_theta", None)
+            if theta is None and isinstance(rope, dict):
+                theta = rope.get("rope_theta", full.get("rope_theta") if isinstance(full, dict) else None)
+            found[key] = theta
+        elif key == "rope_local_base_freq":
+            found[key] = getattr(built, key, None) or (local.get("rope_theta") if isinstance(local, dict) else None)
+        else:
+            found[key] = getattr(built, key, None)
+    return found
+
+
+def _nested_theta(config: Mapping[str, Any]) -> Any:
+    rope = config.get("rope_parameters")
+    return rope.get("rope_theta") if isinstance(rope, Mapping) else None
+
+
+def _check_widths(config: Mapping[str, Any], attention: tuple[int, int], completed: Mapping[str, Any]) -> None:
+    """Refuse a ``head_dim`` or ``num_key_value_heads`` taken from transformers' defaults that the tensors'
+    query and key widths contradict."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv = config.get("num_key_value_heads") or heads
+    for key, value, width, rows in (("head_dim", head_dim, "query", heads * head_dim),
+                                    ("num_key_value_heads", kv, "key", kv * head_dim)):
+        if key in completed and rows != attention[width == "key"]:
+            raise ModelInputError(
+                f"the output's config.json has no {key}, for which transformers would use {value}, and the "
+                f"tensors' {width} width is {attention[width == 'key']}, not {rows}: neither llama.cpp nor "
+                "transformers would load these weights with it",
+                hint=f"set {key} in the config.json the output's is built from (the base model's) to the model's own")
 
 
 def _is_int(value: object) -> bool:

@@ -16,6 +16,7 @@ source layer each one was made from.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -278,8 +279,7 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
     if n is None or isinstance(cfg.get("mlp_layer_types"), list):
         return None
     if "mlp_only_layers" in cfg or "decoder_sparse_step" in cfg:
-        only = {int(i) for i in cfg.get("mlp_only_layers") or ()}
-        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        only, step = set(_layer_list(cfg, "mlp_only_layers")), _sparse_step(cfg)
         experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 1)) or 0)
         dense = {i for i in range(n) if i in only or not (experts > 0 and (i + 1) % step == 0)}
         return QWEN_MOE_SCHEME, frozenset(dense)
@@ -292,6 +292,36 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
     if type(first) is int:
         return PREFIX_SCHEME, frozenset(range(min(first, n)))
     return None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _layer_list(cfg: Mapping[str, Any], key: str) -> list[int]:
+    """``cfg[key]``, a list of layer numbers (absent or null: none). Raises :class:`ModelInputError` (exit 2) for
+    anything else: transformers tests ``layer_idx in`` it, which a number fails and a string answers wrongly."""
+    value = cfg.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_whole(i) for i in value):
+        raise ModelInputError(f"config.json says {key}: {json.dumps(value)}, where a list of layer numbers belongs (as "
+                              f"[1, 3]; transformers could not build the model from it)",
+                              hint=f"fix {key} in the model's config.json ([] for none)")
+    return list(value)
+
+
+def _sparse_step(cfg: Mapping[str, Any]) -> int:
+    """``cfg``'s ``decoder_sparse_step`` (absent or null: 1, every layer sparse). Raises :class:`ModelInputError`
+    (exit 2) unless a positive whole number: transformers divides the layer number by it."""
+    step = cfg.get("decoder_sparse_step")
+    if step is None:
+        return 1
+    if not _whole(step) or step < 1:
+        raise ModelInputError(f"config.json says decoder_sparse_step: {json.dumps(step)}, where a positive whole "
+                              "number belongs (transformers could not build the model from it)",
+                              hint="fix decoder_sparse_step in the model's config.json (1: every layer sparse)")
+    return int(step)
 
 
 def prefix_key(config: Mapping[str, Any]) -> str:

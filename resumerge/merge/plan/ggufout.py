@@ -56,6 +56,12 @@ SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), n
 _KINDS = {"u32": U32, "f32": F32}
 
 
+def _attention_widths(tensors: Mapping[str, TensorPlan]) -> tuple[int, int] | None:
+    """Layer 0's query and key widths (its q_proj and k_proj rows), or None where the output has neither."""
+    q, k = (tensors.get(f"model.layers.0.self_attn.{p}_proj.weight") for p in "qk")
+    return (q.shape[0], k.shape[0]) if q is not None and k is not None and q.shape and k.shape else None
+
+
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
                 order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
                 last: Collection[str] = (), unit_size: int | None = None, choices: GgufChoices = NO_CHOICES
@@ -84,7 +90,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
         raise ModelInputError(f"a GGUF output of a model with {rope.get('rope_type', rope.get('type'))} rope "
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
     # The keys the writer reads, checked (and num_experts_per_tok defaulted as transformers does) before any is used.
-    out_config = gguf_hparams(out_config)
+    out_config = gguf_hparams(out_config, _attention_widths(tensors))
     check_routing(arch, out_config)  # a mixture of experts llama.cpp would route otherwise: refused before writing
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
