@@ -124,8 +124,9 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, started):
-        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
-                           executor=RayExecutor(cluster.address))
+        with one_thread():  # the pass's count, which its actors compute with: the local reference's
+            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
+                               executor=RayExecutor(cluster.address))
         reads = _reads(hub)
         on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
         # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
@@ -254,8 +255,9 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
     served, texts, paths = _served(tmp_path, hub, models, replace(SPEC, vocab=80))
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, _):
-        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
-                           executor=RayExecutor(cluster.address))
+        with one_thread():  # the pass's count, which its actors compute with: the local reference's
+            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
+                               executor=RayExecutor(cluster.address))
         on_ray = _reads(hub)
     assert not kept
     hub.reset_counters()
