@@ -279,3 +279,18 @@ def made_once(name: str, make: Callable[[Path], object], *helpers: Callable[...,
         (building / "made").write_text("")
         publish(building, target)
     return target
+
+
+def linear_llama_pair(root: Path, texts: str) -> tuple[Path, Path]:
+    """A float16 linear merge (0.3/0.7) of two tiny llama GGUFs under ``root``: its config, and a texts file of
+    ``texts`` (what the importance matrix's tests calibrate on)."""
+    from support import write_config
+
+    a, b = root / "a.gguf", root / "b.gguf"
+    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
+    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
+        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    path = root / "texts.txt"
+    path.write_text(texts)
+    return config, path

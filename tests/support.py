@@ -321,16 +321,23 @@ ONE_THREAD = Path(__file__).with_name("onethread.py")
 
 
 @contextmanager
-def one_thread() -> Iterator[None]:
-    """Torch on one thread in this process for the block (float32 sums on more threads may round otherwise)."""
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch on ``count`` threads in this process for the block, the count before restored after it."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread in this process for the block (float32 sums on more threads may round otherwise)."""
+    with torch_threads(1):
+        yield
 
 
 def loopback_only(monkeypatch: Any) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from ggufmodels import HIDDEN, LAYERS, Q, hf_tensors, to_gguf, write_gguf
+from ggufmodels import HIDDEN, LAYERS, Q, hf_tensors, linear_llama_pair, to_gguf, write_gguf
 from llamacpp_oracle import needs_library, quantize_model
 from support import cli, write_config
 
@@ -33,15 +33,7 @@ K_MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m")
 @pytest.fixture(scope="module")
 def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A float16 linear merge of two tiny llama GGUFs (its config) and calibration texts the vocabulary spells."""
-    root = tmp_path_factory.mktemp("imatrix")
-    a, b = root / "a.gguf", root / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-    texts = root / "texts.txt"
-    texts.write_text(TEXTS)
-    return config, texts
+    return linear_llama_pair(tmp_path_factory.mktemp("imatrix"), TEXTS)
 
 
 @pytest.fixture(scope="module")

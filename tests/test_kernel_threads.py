@@ -233,17 +233,10 @@ def test_a_quantized_decode_runs_on_the_reading_thread_alone_whoever_reads_it() 
 @pytest.fixture(scope="module")
 def gguf_merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A linear merge of two tiny llama GGUFs (its config) and texts their vocabulary spells."""
-    from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+    from ggufmodels import linear_llama_pair
 
-    root = tmp_path_factory.mktemp("gguf-threads")
-    a, b = root / "a.gguf", root / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-    texts = root / "texts.txt"
-    texts.write_text("the cat sat on the mat.\nthree plus four is seven.\n")
-    return config, texts
+    return linear_llama_pair(tmp_path_factory.mktemp("gguf-threads"),
+                             "the cat sat on the mat.\nthree plus four is seven.\n")
 
 
 @pytest.mark.skipif(kernels._openmp() is None, reason="torch's OpenMP runtime is not reachable here")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from raystandin import StandInRay
 from support import one_thread
 
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -20,23 +21,6 @@ pytest.importorskip("transformers")
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 TOKENS = [[1, 5, 9, 13, 2], [3, 4, 5], [7, 8, 9, 10, 11, 12, 2]]
-
-
-class _Ray:
-    """What :class:`~resumerge.forward.rayactor.RayModels` asks of Ray, each call's result its own reference."""
-
-    class exceptions:
-        class RayError(Exception):
-            pass
-
-        class RayTaskError(RayError):
-            pass
-
-    def get(self, refs: object) -> object:
-        return refs
-
-    def put(self, value: object) -> object:
-        return value
 
 
 class _Actor:
@@ -89,7 +73,7 @@ def _on_node(model: Any, out: Path, journal: Path, monkeypatch: pytest.MonkeyPat
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))
     node = ModelNode(sent(model), 1, what="measure", watch=pickle.loads(pickle.dumps(watch)))  # as Ray sends it
-    running = RayModels(_Ray(), [model], [Place("node", 1.0, 0)], SPEC.layers, terms=ActorTerms(watch=watch))
+    running = RayModels(StandInRay(), [model], [Place("node", 1.0, 0)], SPEC.layers, terms=ActorTerms(watch=watch))
     running.actors, running.nodes = [_Actor(node)], ["node"]  # as start() leaves them, the actor in this process
     try:
         with one_thread():  # the driver's (the actor computes each call on the one thread it was made with)
@@ -176,7 +160,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))
     with one_thread(), computing_with(1):  # the pass's recorded count, as its driver computes with it
-        running = rayactor.RayModels(_Ray(), [model], [Place("node", 4.0, 0)], SPEC.layers,
+        running = rayactor.RayModels(StandInRay(), [model], [Place("node", 4.0, 0)], SPEC.layers,
                                      terms=rayactor.ActorTerms(what="measure", watch=watch))
         running.start()
         try:

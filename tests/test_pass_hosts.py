@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from raystandin import StandInRay
 
 from resumerge.errors import UnreachableError, UsageError
 from resumerge.merge.engine.cluster.hostcalls import Hosting
@@ -23,16 +24,9 @@ NODES = [{"NodeID": "a" * 56, "Alive": True, "Resources": {"CPU": 2.0, "memory":
          {"NodeID": "c" * 56, "Alive": False, "Resources": {"CPU": 8.0, "memory": 8e9}}]
 
 
-class _Ray:
+class _Ray(StandInRay):
     """What the passes ask of Ray: each actor made and called in this process (a call's result its own reference),
     every class made an actor of and the options it was made with recorded, and the actors killed."""
-
-    class exceptions:
-        class RayError(Exception):
-            pass
-
-        class RayTaskError(RayError):
-            cause: BaseException | None = None
 
     def __init__(self, nodes: Sequence[dict[str, Any]] = NODES) -> None:
         self.listed = list(nodes)
@@ -50,12 +44,6 @@ class _Ray:
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.listed
-
-    def get(self, refs: object) -> object:
-        return refs
-
-    def put(self, value: object) -> object:
-        return value
 
     def kill(self, actor: object, no_restart: bool = True) -> None:
         self.killed.append(actor)

@@ -11,8 +11,6 @@ Tiny generated models (two layers, width 32): two processes of a few seconds eac
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,24 +18,14 @@ import torch
 from resumerge import api
 from tests.evolve.test_kills import _args
 from tests.evolve.test_search import FILES, OPTIONS, make_search
-from tests.support import cli
-
-
-@contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+from tests.support import cli, torch_threads
 
 
 def test_a_search_killed_on_two_threads_and_resumed_on_one_scores_as_the_two_thread_search_run_whole(
         tmp_path: Path) -> None:
     config = make_search(tmp_path)
     whole = tmp_path / "whole"
-    with _torch_threads(2):
+    with torch_threads(2):
         api.evolve(config, whole, search=api.Search(**OPTIONS))
     killed = tmp_path / "killed"
     # A fresh interpreter each (OMP_NUM_THREADS is read as torch loads): two threads, killed in generation 1's pass
@@ -64,7 +52,7 @@ def test_a_pass_computes_with_the_count_its_folder_records_and_puts_the_thread_s
     from resumerge.forward.threads import pass_threads
 
     (tmp_path / "threads.json").write_text(json.dumps({"threads": 1}))
-    with _torch_threads(2):
+    with torch_threads(2):
         with pass_threads(tmp_path / "threads.json") as count:
             assert count == 1 and torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2

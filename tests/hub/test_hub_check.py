@@ -15,6 +15,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from raystandin import StandInRay
 from support import cli_here
 
 from hub.conftest import REPO, SPEC, Model
@@ -223,23 +224,6 @@ class _Actor:
         return SimpleNamespace(remote=getattr(self._node, name))
 
 
-class _Ray:
-    """What :class:`~resumerge.forward.rayactor.RayModels` asks of Ray, each call's result its own reference."""
-
-    class exceptions:
-        class RayError(Exception):
-            pass
-
-        class RayTaskError(RayError):
-            pass
-
-    def get(self, refs: object) -> object:
-        return refs
-
-    def put(self, value: object) -> object:
-        return value
-
-
 def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_path: Path, hub: FakeHub,
                                                                             state: Path) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
@@ -268,7 +252,7 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
         held.extend(found)
         reads.elsewhere(bound[m], found)
 
-    running = RayModels(_Ray(), bound[:1], [Place("node", 1.0, 0)], 2, None, on_reads)
+    running = RayModels(StandInRay(), bound[:1], [Place("node", 1.0, 0)], 2, None, on_reads)
     running.actors, running.nodes = [_Actor(node)], ["node"]  # as start() leaves them, the actor in this process
     try:
         entering = running.enter([_padded([[1, 5, 9, 3]])])

@@ -7,11 +7,11 @@ solver they share computes lstsq's definition: the minimum-norm solution, rank-d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 import torch
+from support import torch_threads
 
 from resumerge.runs.transplant.approximate import Method, Rope, interpolation, mp_rope, token_basis
 from resumerge.runs.transplant.leastsq import least_squares, pseudo_inverse_solve
@@ -38,16 +38,6 @@ METHODS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Te
 }
 
 
-@contextmanager
-def _threads(count: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _litter(round_: int) -> None:
     """Leave the heap as other work does between two batches: small integer buffers written and freed (an index
     tensor, a previous solve's pivots)."""
@@ -59,7 +49,7 @@ def _litter(round_: int) -> None:
 @pytest.mark.parametrize("name", list(METHODS))
 def test_the_same_batch_gives_the_same_bits_call_after_call(name: str, threads: int) -> None:
     tables = _tables()
-    with _threads(threads):
+    with torch_threads(threads):
         first = METHODS[name](*tables)
         for round_ in range(20):
             _litter(round_)
