@@ -18,6 +18,8 @@ route holds beside its final GGUF every 0.2 s:
   not installed here, so the F16 GGUF is written by resumerge (``run --out-type gguf --gguf-type f16`` of the
   float merge); ``llama-imatrix`` cannot run here either (the wheel ships the libraries, not the tools), so the
   quantizer is given the matrix resumerge computed, and the peer's imatrix pass is **not** timed (in its favour).
+  The quantizer runs on ``--peer-threads`` threads, every hardware thread by default as llama-quantize's own
+  default (until session 46 the bench gave it one, in resumerge's favour).
 
 Prints each command's figures, each route's totals and their ratios. Run it niced on a shared machine: the load
 average is printed beside the figures.
@@ -57,7 +59,8 @@ _QUANTIZE = (
     "from pathlib import Path\n"
     "from llamacpp_oracle import quantize_model\n"
     "from resumerge.outputs.gguf.imatrix import read_imatrix\n"
-    "quantize_model(Path(sys.argv[1]), Path(sys.argv[2]), 15, imatrix=read_imatrix(sys.argv[3]))\n"
+    "quantize_model(Path(sys.argv[1]), Path(sys.argv[2]), 15, imatrix=read_imatrix(sys.argv[3]),\n"
+    "               nthread=int(sys.argv[4]))\n"
 )
 LINES = ("the quick brown fox jumps over the lazy dog and runs into the woods where nobody has been for years",
          "three plus four is seven and seven times six is forty two which is the answer to many questions",
@@ -144,6 +147,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=32)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--max-memory", default="4GB")
+    parser.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
+                        help="the quantizer's threads (llama-quantize's default: every hardware thread)")
     args = parser.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -179,9 +184,9 @@ def main() -> None:
         rows.append(measured("F16 GGUF (resumerge: convert_hf_to_gguf.py not here)",
                              [*rm, "run", str(f16), str(peer / "f16"), "--state-dir", str(peer / "state"),
                               "--out-type", "gguf", "--gguf-type", "f16"], env))
-        rows.append(measured("llama_model_quantize Q4_K_M with the matrix",
+        rows.append(measured(f"llama_model_quantize Q4_K_M with the matrix, {args.peer_threads} threads",
                              [sys.executable, "-c", _QUANTIZE, str(peer / "f16" / "model.gguf"),
-                              str(peer / "q4_k_m.gguf"), str(matrix)], env))
+                              str(peer / "q4_k_m.gguf"), str(matrix), str(args.peer_threads)], env))
     peer_final = (peer / "q4_k_m.gguf").stat().st_size
     p_wall, p_cpu, p_peak = sum(r[0] for r in rows), sum(r[1] for r in rows), max(r[2] for r in rows)
     print(f"  total: wall {p_wall:.1f} s, CPU {p_cpu:.1f} s, peak RSS {p_peak / 2**30:.2f} GiB, GGUF "

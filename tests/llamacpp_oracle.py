@@ -142,10 +142,11 @@ class _TensorType(ctypes.Structure):
 
 def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.ndarray] | None = None,
                    tensor_types: tuple[tuple[str, int], ...] = (), output_type: int = -1,
-                   token_embedding_type: int = -1) -> None:
+                   token_embedding_type: int = -1, nthread: int = 1) -> None:
     """llama-quantize ``src`` (a GGUF) into ``dst`` as file type ``ftype`` (``llama_model_quantize``), with the
     per-tensor importance ``imatrix`` (values as llama-quantize passes them: sums over counts), ``--tensor-type``
-    pairs and the output / token embedding types (-1: unset)."""
+    pairs and the output / token embedding types (-1: unset), on ``nthread`` threads (the tests' one; the tool's
+    own default is every hardware thread: the bench of the peer route gives it that)."""
     _, llama = needs_library()
     assert ctypes.sizeof(_Params) == 64
     llama.llama_model_quantize_default_params.restype = _Params
@@ -153,7 +154,7 @@ def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
     llama.llama_model_quantize.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params)]
     params = llama.llama_model_quantize_default_params()
     params.ftype = ftype
-    params.nthread = 1
+    params.nthread = nthread
     if output_type >= 0:
         params.output_tensor_type = output_type
     if token_embedding_type >= 0:
