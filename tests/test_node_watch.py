@@ -135,7 +135,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     from resumerge.forward import rayactor
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.onray import Place
-    from resumerge.forward.threads import computing_with
+    from resumerge.inputs.kernels import kernel_threads
 
     model = _model(tmp_path)
     _here(model, tmp_path / "here", tmp_path / "j-here")
@@ -159,7 +159,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     monkeypatch.setattr(rayactor, "end_actors", lambda ray, actors, hosts: None)
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))
-    with one_thread(), computing_with(1):  # the pass's recorded count, as its driver computes with it
+    with one_thread(), kernel_threads(1):  # the pass's recorded count, as its driver computes with it
         running = rayactor.RayModels(StandInRay(), [model], [Place("node", 4.0, 0)], SPEC.layers,
                                      terms=rayactor.ActorTerms(what="measure", watch=watch))
         running.start()

@@ -92,13 +92,13 @@ def test_a_pass_s_models_are_hosted_by_fresh_actors_of_the_kept_workers_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.forward import rayactor
     from resumerge.forward.onray import Place
-    from resumerge.forward.threads import computing_with
+    from resumerge.inputs.kernels import kernel_threads
 
     monkeypatch.setattr(rayactor, "ModelNode", _Model)
     monkeypatch.setattr(rayactor, "sent", lambda model: model.name)
     ray = _Ray()
     models = [SimpleNamespace(name=name, remote=()) for name in ("merge", "parent")]
-    with computing_with(3):  # the pass's recorded count, as its driver computes with it (forward.threads)
+    with kernel_threads(3):  # the pass's recorded count, as its driver computes with it (forward.threads)
         running = rayactor.RayModels(ray, models, [Place("a" * 56, 2.0, 1 << 30), Place("b" * 56, 1.0, 1 << 30)], 2)
     running.start()
     try:

@@ -122,5 +122,10 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def is_whole(v: object) -> bool:
+    """Whether ``v`` (a value read from YAML or JSON) is a whole number: an ``int``, not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _is_scalar(v: Any) -> bool:
     return isinstance(v, (int, float, bool, str))

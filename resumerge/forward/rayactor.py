@@ -62,8 +62,8 @@ from resumerge.forward.onray import (
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.stream import LayerCall
-from resumerge.forward.threads import computing_with
 from resumerge.forward.vocabs import SharedVocab, own_batches
+from resumerge.inputs.kernels import kernel_threads
 from resumerge.memory.sizes import format_size
 from resumerge.torch_import import IMPORT_RESERVE, torch
 
@@ -101,7 +101,7 @@ class ModelNode:
         self.failed: ResumergeError | None = None
         self.read_log: list[Read] = []  # the ranges of hub files read here since the driver last asked (reads())
         try:
-            with computing_with(self.threads):
+            with kernel_threads(self.threads):
                 self.stream = streams_of([logged(on_node(model, token, state), self.read_log)],
                                          dtype=torch.float32 if dtype is None else dtype, what=f"resumerge {what}")[0]
         except ResumergeError as exc:  # said by :meth:`node` (an actor whose constructor raises says only "died")
@@ -131,7 +131,7 @@ class ModelNode:
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Hidden:
         """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
         self._drop_first()
-        with torch.no_grad(), computing_with(self.threads):
+        with torch.no_grad(), kernel_threads(self.threads):
             self.entering = self.stream.inputs(batches)
         self.batches = batches
         self.calls = [c for _, c in self.entering]
@@ -145,7 +145,7 @@ class ModelNode:
 
         self._drop_first()
         first = self.stream.layers_list[0]
-        with torch.no_grad(), computing_with(self.threads):
+        with torch.no_grad(), kernel_threads(self.threads):
             layer = self.stream.load(first)
             try:
                 self.first = batched_on(self.stream, layer, self.entering, self.batches)
@@ -166,7 +166,7 @@ class ModelNode:
         self.first = False
         watch = self.watch
         module = self.stream.layers_list[index]
-        with torch.no_grad(), computing_with(self.threads):
+        with torch.no_grad(), kernel_threads(self.threads):
             with watch.watching(self.stream, 0, module) if watch is not None else nullcontext():
                 out, theirs = model_layer(self.stream, index, own if own is not None else self.hidden, self.calls,
                                           same, loaded=kept)
@@ -197,7 +197,7 @@ class ModelNode:
         self._drop_first()
         if own is not None:
             self.hidden = own
-        with torch.no_grad(), computing_with(self.threads):
+        with torch.no_grad(), kernel_threads(self.threads):
             self.lp = logprobs(self.stream, self.hidden, batches)
             return [shared(vocab, m, lp) for lp in self.lp] if share else None
 
@@ -205,7 +205,7 @@ class ModelNode:
                 m: int = 0) -> ModelHead:
         """See :func:`~resumerge.forward.passes.compared` (of this model's log-probabilities; model ``m`` of the
         check, ``vocab`` how its vocabularies meet)."""
-        with torch.no_grad(), computing_with(self.threads):
+        with torch.no_grad(), kernel_threads(self.threads):
             return compared(self.lp, merged, base, batches, vocab, m)
 
     def close(self) -> None:

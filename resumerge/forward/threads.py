@@ -27,17 +27,9 @@ from resumerge.merge.store.threadcount import decided_threads
 
 
 @contextmanager
-def computing_with(count: int) -> Iterator[None]:
-    """torch's CPU kernels of the calling thread on ``count`` threads inside the block, its counts put back after
-    (:func:`~resumerge.inputs.kernels.kernel_threads`)."""
-    with kernel_threads(count):
-        yield
-
-
-@contextmanager
 def pass_threads(file: Path) -> Iterator[int]:
     """The block computing with the thread count kept in ``file`` (decided and recorded there where none is yet:
     :func:`~resumerge.merge.store.threadcount.decided_threads`); the block gets it."""
     count = decided_threads(file.parent, file.name)
-    with computing_with(count):
+    with kernel_threads(count):
         yield count

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from resumerge.config.params import is_whole
 from resumerge.errors import InputError, ModelInputError
 
 # transformers' defaults (its configuration classes, 5.x) for the keys a config.json may leave out that the key
@@ -51,10 +52,10 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
     k_proj rows), when known. Raises :class:`ModelInputError` (exit 2) for a key the family needs that is absent or
     null, a value of the wrong type, a default that cannot route (more experts chosen than the model has), or an
     attention width completed from transformers that the tensors contradict."""
+    config = dict(config)  # completed in place: what the key writer reads
     model_type = str(config.get("model_type"))
     if config.get("intermediate_size") is None and model_type in DENSE_WIDTH_DEFAULT:
-        config = {**config, "intermediate_size": DENSE_WIDTH_DEFAULT[model_type]}
-    done = dict(config)
+        config["intermediate_size"] = DENSE_WIDTH_DEFAULT[model_type]
     for key in _SHAPE:
         if config.get(key) is None:
             raise ModelInputError(f"the output's config.json has no {key}, which a GGUF output of a {model_type} "
@@ -68,8 +69,7 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
                and not (key == "rope_theta" and _nested_theta(config) is not None)]
     if missing:
         completed = {k: v for k, v in transformers_defaults(config, missing).items() if v is not None}
-        config = {**config, **completed}
-        done.update(completed)
+        config.update(completed)
         if attention is not None:
             _check_widths(config, attention, completed)
     for key in (*_OPTIONAL_INTS, *(_GEMMA_INTS if gemma else ()), *(_QWEN_MOE_INTS if qwen_moe else ())):
@@ -92,7 +92,7 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
                               hint=f"set {count_key} in the config.json the output's is built from (the base "
                                    "model's)")
     if not count:
-        return done
+        return config
     count = _count(config, "num_experts" if config.get("num_experts") else "num_local_experts")
     chosen = config.get("num_experts_per_tok")
     if chosen is None:
@@ -103,11 +103,11 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
             raise ModelInputError(f"the output's config.json has no num_experts_per_tok (how many experts route each "
                                   f"token), and {said}", hint="set num_experts_per_tok in the config.json the "
                                                               "output's is built from (the base model's)")
-        done["num_experts_per_tok"] = chosen
+        config["num_experts_per_tok"] = chosen
     elif _count(config, "num_experts_per_tok") > count:
         raise ModelInputError(f"the output's config.json says num_experts_per_tok: {chosen}, more than its {count} "
                               "experts", hint=_HINT)
-    return done
+    return config
 
 
 def transformers_defaults(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
@@ -173,14 +173,10 @@ def _check_widths(config: Mapping[str, Any], attention: tuple[int, int], complet
                 hint=f"set {key} in the config.json the output's is built from (the base model's) to the model's own")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _count(config: Mapping[str, Any], key: str) -> int:
     """``config[key]``, refused unless a positive integer (a GGUF u32 key, or a count llama.cpp sizes by)."""
     value = config[key]
-    if not _is_int(value) or value < 1:
+    if not is_whole(value) or value < 1:
         raise ModelInputError(f"the output's config.json says {key}: {json.dumps(value)}, where a positive whole "
                               "number belongs", hint=_HINT)
     return int(value)

@@ -130,18 +130,14 @@ class TensorCompute:
         if len(chunks) == 1:
             out = self._output(first, stop, workspace)
         else:  # the chunks, each encoded, land in the range's buffers
-            out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
-                   self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+            out = self._range_buffers(first, stop)
             at = dict.fromkeys(out, 0)
             for start, end in chunks:
                 if lent is not None:  # encoded straight into the range's buffers
                     self._encode_into(start, end, lent, out, at)
                     continue
-                for name, rows in self._output(start, end, lent).items():
-                    out[name][at[name] : at[name] + rows.shape[0]] = rows
-                    at[name] += rows.shape[0]
-        whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)  # written once, with the first rows
-        return {**out, **_carried(self.tp, self.sources, whole=whole)}
+                _land(out, at, self._output(start, end, lent))
+        return self._with_companions(out, first)
 
     def rows_then(self, first: int, stop: int) -> Callable[[], Stored]:
         """:meth:`rows` without a workspace in two steps: the method's results for rows ``[first, stop)`` now, on
@@ -155,18 +151,24 @@ class TensorCompute:
             if len(merged) == 1:
                 out = _finish(self._part(first, stop), merged[0][2])
             else:
-                out = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in self.tp.out_codec.out_parts(
-                    self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+                out = self._range_buffers(first, stop)
                 at = dict.fromkeys(out, 0)
                 while merged:
                     start, end, value = merged.pop(0)  # each result dropped once encoded
-                    for name, rows in _finish(self._part(start, end), value).items():
-                        out[name][at[name] : at[name] + rows.shape[0]] = rows
-                        at[name] += rows.shape[0]
-            whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)
-            return {**out, **_carried(self.tp, self.sources, whole=whole)}
+                    _land(out, at, _finish(self._part(start, end), value))
+            return self._with_companions(out, first)
 
         return encoded
+
+    def _range_buffers(self, first: int, stop: int) -> dict[str, torch.Tensor]:
+        """Each stored part's buffer for output rows ``[first, stop)``, where the range's chunks land encoded."""
+        return {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
+                self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+
+    def _with_companions(self, out: Stored, first: int) -> Stored:
+        """``out`` (rows from ``first``) with the companions ``tp`` carries: written once, with the first rows."""
+        whole = first == 0 and all(r.first_row == 0 for r in self.tp.inputs)
+        return {**out, **_carried(self.tp, self.sources, whole=whole)}
 
     def whole(self, workspace: Workspace | None = None) -> Stored:
         """Every statistics pass over all of ``tp``'s rows, then all its output rows (in ``workspace``'s buffers
@@ -384,6 +386,13 @@ class _LazyInputs(Sequence["torch.Tensor"]):
         if self._device.type != "cpu":
             t = t.to(self._device)
         return t.to(self._common) if self._common is not None else t
+
+
+def _land(out: dict[str, torch.Tensor], at: dict[str, int], rows: Stored) -> None:
+    """A chunk's encoded ``rows`` copied into the range's buffers ``out`` at each part's next row (``at``, advanced)."""
+    for name, value in rows.items():
+        out[name][at[name] : at[name] + value.shape[0]] = value
+        at[name] += value.shape[0]
 
 
 def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = None) -> Stored:

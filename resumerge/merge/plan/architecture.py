@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.params import is_whole
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.merge.plan.modules import ModuleLayout, language_stack, layer_stacks, module_of
 from resumerge.merge.plan.mtp import MtpLayout, split_indexed, split_top_level
@@ -294,17 +295,13 @@ def dense_mlp_layers(config: Mapping[str, Any]) -> tuple[str, frozenset[int]] | 
     return None
 
 
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _layer_list(cfg: Mapping[str, Any], key: str) -> list[int]:
     """``cfg[key]``, a list of layer numbers (absent or null: none). Raises :class:`ModelInputError` (exit 2) for
     anything else: transformers tests ``layer_idx in`` it, which a number fails and a string answers wrongly."""
     value = cfg.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(_whole(i) for i in value):
+    if not isinstance(value, list) or not all(is_whole(i) for i in value):
         raise ModelInputError(f"config.json says {key}: {json.dumps(value)}, where a list of layer numbers belongs (as "
                               f"[1, 3]; transformers could not build the model from it)",
                               hint=f"fix {key} in the model's config.json ([] for none)")
@@ -317,7 +314,7 @@ def _sparse_step(cfg: Mapping[str, Any]) -> int:
     step = cfg.get("decoder_sparse_step")
     if step is None:
         return 1
-    if not _whole(step) or step < 1:
+    if not is_whole(step) or step < 1:
         raise ModelInputError(f"config.json says decoder_sparse_step: {json.dumps(step)}, where a positive whole "
                               "number belongs (transformers could not build the model from it)",
                               hint="fix decoder_sparse_step in the model's config.json (1: every layer sparse)")

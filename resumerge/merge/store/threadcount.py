@@ -1,12 +1,13 @@
 """A job's thread count kept in its folder: decided once, as the job first starts, and read back by every process
-that resumes it (a forward pass's, :mod:`resumerge.forward.threads`; a search's, in its STORAGE). Standard library
-only: ``status`` reads it, and must stay fast."""
+that resumes it (a forward pass's, :mod:`resumerge.forward.threads`; a search's, in its STORAGE). Neither torch nor
+numpy imported: ``status`` reads it, and must stay fast."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from resumerge.config.params import is_whole
 from resumerge.merge.store.durable import write_file_atomic
 
 THREADS_FILE = "threads.json"  # {"threads": N}: the count the job computes with
@@ -19,7 +20,7 @@ def recorded_threads(folder: Path, name: str = THREADS_FILE) -> int | None:
         count = json.loads((folder / name).read_text(encoding="utf-8"))["threads"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else None
+    return count if is_whole(count) and count >= 1 else None
 
 
 def decided_threads(folder: Path, name: str = THREADS_FILE) -> int:

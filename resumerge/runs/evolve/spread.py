@@ -69,10 +69,9 @@ class NodeScores:
     in the group's folder (:func:`group_folder`) under STORAGE ``store``, torch on ``threads`` threads."""
 
     def __init__(self, make: ScorerAt, store: Path, threads: int) -> None:
-        from resumerge.torch_import import torch
-
-        torch.set_num_threads(max(1, threads))
-        self.make, self.store = make, store
+        # Applied around each call, on the thread that runs it, as a model's actor applies the pass's count
+        # (a kept worker runs its calls on threads of its own, which a process-wide count set here would not reach).
+        self.make, self.store, self.threads = make, store, max(1, threads)
 
     def score(self, generation: int, indexes: Sequence[int],
               configs: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
@@ -88,7 +87,10 @@ class NodeScores:
         def record(k: int, figures: dict[str, float]) -> None:
             storage.journal(store, generation, indexes[k], figures)
 
-        return self.make(folder).score(generation, configs, done, record)
+        from resumerge.inputs.kernels import kernel_threads
+
+        with kernel_threads(self.threads):
+            return self.make(folder).score(generation, configs, done, record)
 
 
 class SpreadOverNodes:
