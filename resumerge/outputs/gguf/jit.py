@@ -37,5 +37,9 @@ def compiled(fn: _Fn) -> _Fn | None:
     numba = numba_module()
     if numba is None:
         return None
-    kernel: _Fn = numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=False, boundscheck=False)(fn)
+    options: dict[str, Any] = {"nogil": True, "error_model": "numpy", "fastmath": False, "boundscheck": False}
+    try:
+        kernel: _Fn = numba.njit(cache=True, **options)(fn)
+    except RuntimeError:  # numba's "no locator available": no cache directory it can write, so compiled each process
+        kernel = numba.njit(**options)(fn)
     return kernel
