@@ -30,8 +30,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qp",
-           "qx", "qx_lazy", "tame"]
+from resumerge.outputs.gguf import qkxloop
+
+__all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qkx_numpy",
+           "qp", "qx", "qx_lazy", "tame"]
 
 _Array = np.ndarray
 F = np.float32
@@ -129,10 +131,18 @@ def as_int8(v: _Array) -> _Array:
 
 
 def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
-         v3: bool) -> tuple[_Array, _Array, _Array]:
+        v3: bool) -> tuple[_Array, _Array, _Array]:
     """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (weights given) of each column of ``x`` (n, S):
-    (scale, the min as a non-negative offset, codes). The candidates' temporaries live in three buffers of
-    ``x``'s shape, every step in place (fresh arrays of this size were half the time)."""
+    (scale, the min as a non-negative offset, codes). Compiled (:mod:`.qkxloop`) where numba is installed, else
+    :func:`qkx_numpy`: the same bits."""
+    found = qkxloop.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3, tame=TAME, rest=qkx_numpy)
+    return qkx_numpy(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3) if found is None else found
+
+
+def qkx_numpy(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
+              v3: bool) -> tuple[_Array, _Array, _Array]:
+    """:func:`qkx` in numpy. The candidates' temporaries live in three buffers of ``x``'s shape, every step in
+    place (fresh arrays of this size were half the time)."""
     lo = x.min(axis=0)
     hi = x.max(axis=0)
     reach = np.maximum(hi, -lo)  # the largest |x| of each column, bounding the grids' arguments
