@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resumerge.outputs.gguf import jit, kquants, qkxloop
+from resumerge.outputs.gguf import jit, kquants, legacyweighted, qkxloop
 from resumerge.outputs.gguf import ksearch as ks
 
 F = np.float32
-# every (n, nmax, rmin, rdelta, nstep, mad, v3) of kquants' ks.qkx calls (test_the_parameters_are_the_encoders'
-# checks the list against the encoders' calls)
+# every (n, nmax, rmin, rdelta, nstep, mad, v3) of the encoders' ks.qkx calls (test_the_parameters_are_the_encoders
+# checks the list against them)
 PARAMS = {
     "q2_k": (16, 3, -0.5, 0.1, 15, True, False),
     "q2_k_imatrix": (16, 3, -0.9, 0.05, 36, False, True),
@@ -172,7 +172,8 @@ def test_compiled_is_numpy_on_any_finite_columns(kernel: object, data: st.DataOb
 
 
 def test_the_parameters_are_the_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PARAMS are exactly the parameter sets kquants' Q2_K, Q4_K and Q5_K search with."""
+    """PARAMS are exactly the parameter sets kquants' Q2_K, Q4_K and Q5_K search with (legacyweighted's Q4_1 and
+    Q5_1 among them)."""
     seen = set()
     search_of = ks.qkx
 
@@ -181,10 +182,13 @@ def test_the_parameters_are_the_encoders(monkeypatch: pytest.MonkeyPatch) -> Non
         return search_of(x, w, *args, mad=mad, v3=v3)
 
     monkeypatch.setattr(ks, "qkx", spy)
+    monkeypatch.setattr(legacyweighted, "qkx", spy)
     x = (np.random.default_rng(0).standard_normal((2, 512)) * 0.02).astype(F)
     for code in ENCODERS.values():
         for imatrix in (None, np.ones(512, dtype=F)):
             kquants.encode_k(x, code, imatrix)
+    for code in (legacyweighted.Q4_1, legacyweighted.Q5_1):  # a legacy type's fallback rows with a matrix
+        legacyweighted.encode_legacy_weighted(x, code, np.ones(512, dtype=F))
     assert seen == set(PARAMS.values())
 
 
@@ -234,7 +238,15 @@ def test_compiled_path_is_taken_with_numba(kernel: object, monkeypatch: pytest.M
     assert taken == []
 
 
-def test_the_kernel_releases_the_gil(kernel: Any) -> None:
+def test_one_compiled_kernel_for_every_parameter_set_releasing_the_gil(kernel: Any) -> None:
+    """Every parameter set (numpy's integers and floats too) is one signature: compiled (or loaded) once a
+    process; and the merge's workers search in parallel."""
+    x = (np.random.default_rng(1).standard_normal((32, 8)) * 0.02).astype(F)
+    for name, (n, nmax, rmin, rdelta, nstep, mad, v3) in PARAMS.items():
+        search(x[:n], np.abs(x[:n]), name)
+        ks.qkx(x[:n], np.abs(x[:n]), np.int64(nmax), F(rmin), np.float64(rdelta), np.int32(nstep), mad=np.bool_(mad),
+               v3=v3)
+    assert len(kernel.signatures) == 1
     assert kernel.targetoptions["nogil"] is True
 
 
