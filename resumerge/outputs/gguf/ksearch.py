@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from resumerge.outputs.gguf import qxloop
+
 __all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qp",
            "qx", "qx_lazy", "tame"]
 
@@ -231,7 +233,12 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
     code from the stored scales, and keep the search's only where a stored scale is 0: a few columns).
     The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
     the inverse scale it adopts, and the codes are taken from those when asked (the same float32 product and
-    rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
+    rounding as the candidate's, so the same codes, without copying every adopted candidate's). Compiled
+    (:mod:`.qxloop`) where numba is installed, to the same bits."""
+    compiled = qxloop.kernels()
+    if compiled is not None:
+        found, chosen, zero, in_range = compiled.qx(x, x if qw is None else qw, nmax, qw is None)
+        return found, _qx_codes(x, nmax, chosen, zero, in_range)
     amax, peak = largest(x)
     zero = ~(amax >= EPS)
     peak = np.where(zero, F(1), peak)
@@ -283,17 +290,23 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
             np.copyto(chosen, iscale, where=adopt)
             np.divide(sumlx, suml2, out=scale, where=adopt)
             np.multiply(scale, sumlx, out=best, where=adopt)
+    return np.where(zero, F(0), scale), _qx_codes(x, nmax, chosen, zero, in_range)
+
+
+def _qx_codes(x: _Array, nmax: int, chosen: _Array, zero: _Array, in_range: bool) -> Callable[[_Array], _Array]:
+    """:func:`qx_lazy`'s codes of ``x`` (n, S) as a function of the columns wanted, from the adopted inverse
+    scales ``chosen``, the all-zero columns ``zero`` and whether the search rounded with ``np.rint``."""
 
     def codes_at(cols: _Array) -> _Array:
         """The adopted candidates' codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
         some: _Array = x[:, cols] * chosen[cols]
         some = np.rint(some, out=some) if in_range else ni(some)
-        np.clip(some, low, high, out=some)
+        np.clip(some, F(-nmax), F(nmax - 1), out=some)
         some += F(nmax)
         some[:, zero[cols]] = 0
         return some
 
-    return np.where(zero, F(0), scale), codes_at
+    return codes_at
 
 
 def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
@@ -308,9 +321,13 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
     q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
     np.clip(q, low, high, out=q)
     w = x * x
-    wx = w * x
-    terms = (wx * q, w * q * q)
-    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
+    compiled = qxloop.kernels()
+    if compiled is not None:  # the descent compiled (qxloop), to the same bits
+        sumlx, suml2 = compiled.descend(x, w, q, low, high, False)
+    else:
+        wx = w * x
+        terms = (wx * q, w * q * q)
+        sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
 
     def codes_at(cols: _Array) -> _Array:
@@ -452,7 +469,13 @@ def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Arr
 
 def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     """``make_qp_quants(n, nmax, x, L, w)`` of each column of ``x`` (n, S; values >= 0 in practice): (scale, codes
-    as the uint8 llama.cpp stores them, as float32)."""
+    as the uint8 llama.cpp stores them, as float32). Compiled (:mod:`.qxloop`) where numba is installed, to the
+    same bits."""
+    compiled = qxloop.kernels()
+    if compiled is not None:
+        zero, q = compiled.qp_start(x, w, nmax)
+        sumlx, suml2 = compiled.descend(x, w, q, -np.inf, float(nmax), True)
+        return _qp_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
     peak = scan_max(x)
     zero = peak < EPS
     peak = np.where(zero, F(1), peak)
@@ -480,5 +503,12 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     terms = (wx * q, w * q * q)
     sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), -np.inf, float(nmax), need_sl2=True,
                            terms=terms)
+    return _qp_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
+
+
+def _qp_scale(sumlx: _Array, suml2: _Array, zero: _Array) -> _Array:
+    """:func:`qp`'s scales from the descent's final sums: Σwxq/Σwq² where that is positive, else (and in a column
+    under EPS) 0."""
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
-    return np.where(zero, F(0), scale), np.where(zero, F(0), q)
+    found: _Array = np.where(zero, F(0), scale)
+    return found
