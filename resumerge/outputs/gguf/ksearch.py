@@ -311,24 +311,25 @@ def _qx_codes(x: _Array, nmax: int, chosen: _Array, zero: _Array, in_range: bool
 
 def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
     """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, its codes 0..2nmax-1 as a
-    function of the columns wanted, as :func:`qx_lazy`'s)."""
-    amax, peak = largest(x)
-    zero = ~(amax >= EPS)
-    peak = np.where(zero, F(1), peak)
+    function of the columns wanted, as :func:`qx_lazy`'s). Compiled (:mod:`.qxloop`) where numba is installed, to
+    the same bits."""
     low, high = F(-nmax), F(nmax - 1)
-    iscale = F(-nmax) / peak
-    q = iscale * x
-    q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
-    np.clip(q, low, high, out=q)
-    w = x * x
     compiled = qxloop.kernels()
-    if compiled is not None:  # the descent compiled (qxloop), to the same bits
-        sumlx, suml2 = compiled.descend(x, w, q, low, high, False)
+    if compiled is not None:
+        zero, q = compiled.q3_start(x, nmax)
+        sumlx, suml2 = compiled.descend(x, x, q, float(low), float(high), False, True)
     else:
+        amax, peak = largest(x)
+        zero = ~(amax >= EPS)
+        peak = np.where(zero, F(1), peak)
+        iscale = F(-nmax) / peak
+        q = iscale * x
+        q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
+        np.clip(q, low, high, out=q)
+        w = x * x
         wx = w * x
         terms = (wx * q, w * q * q)
         sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
-    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
 
     def codes_at(cols: _Array) -> _Array:
         """The codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
@@ -336,7 +337,7 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
         some[:, zero[cols]] = 0
         return some
 
-    return np.where(zero, F(0), scale), codes_at
+    return _fit_scale(sumlx, suml2, zero), codes_at
 
 
 def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
@@ -474,8 +475,8 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     compiled = qxloop.kernels()
     if compiled is not None:
         zero, q = compiled.qp_start(x, w, nmax)
-        sumlx, suml2 = compiled.descend(x, w, q, -np.inf, float(nmax), True)
-        return _qp_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
+        sumlx, suml2 = compiled.descend(x, w, q, -np.inf, float(nmax), True, False)
+        return _fit_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
     peak = scan_max(x)
     zero = peak < EPS
     peak = np.where(zero, F(1), peak)
@@ -503,12 +504,12 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     terms = (wx * q, w * q * q)
     sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), -np.inf, float(nmax), need_sl2=True,
                            terms=terms)
-    return _qp_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
+    return _fit_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
 
 
-def _qp_scale(sumlx: _Array, suml2: _Array, zero: _Array) -> _Array:
-    """:func:`qp`'s scales from the descent's final sums: Σwxq/Σwq² where that is positive, else (and in a column
-    under EPS) 0."""
+def _fit_scale(sumlx: _Array, suml2: _Array, zero: _Array) -> _Array:
+    """:func:`q3`'s and :func:`qp`'s scales from the descent's final sums: Σwxq/Σwq² where that is positive, else
+    (and in an all-zero column) 0."""
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
     found: _Array = np.where(zero, F(0), scale)
     return found

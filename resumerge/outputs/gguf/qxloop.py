@@ -1,5 +1,5 @@
-"""The compiled twin of :mod:`.ksearch`'s symmetric searches (``qx_lazy``/``qx``, ``q3``'s descent, ``qp``): the
-same float32 operations in the same order, as loops numba compiles (:mod:`.jit`), to the same bits.
+"""The compiled twin of :mod:`.ksearch`'s symmetric searches (``qx_lazy``/``qx``, ``q3``, ``qp``): the same float32
+operations in the same order, as loops numba compiles (:mod:`.jit`), to the same bits.
 
 Each loop runs over rows of sub-blocks, ``for i in range(n): for s in range(S):`` on the element-major (n, S)
 arrays, with one accumulator per sub-block, so LLVM vectorises across sub-blocks while each sum still adds its
@@ -12,14 +12,16 @@ passes it takes after converging change nothing (the argument :func:`.ksearch.de
 
 This module imports numpy, :mod:`.jit` and :mod:`.ksearch`'s constants only; numba itself is imported by
 :mod:`.jit` on the first :func:`kernels` call, never at resumerge's import. Where numba is missing, :func:`kernels`
-is None and :mod:`.ksearch` takes its numpy path, to the same bytes.
+is None and :mod:`.ksearch` takes its numpy path, to the same bytes. (numba's disk cache is keyed on this file:
+the constants read from :mod:`.ksearch`, EPS, MAGIC and TAME, are frozen into the cached kernels, so a change to
+them there needs a change here too.)
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,11 +34,12 @@ _Array = np.ndarray
 
 
 class Kernels(NamedTuple):
-    """The compiled searches (signatures as the plain functions of this module below)."""
+    """The compiled searches (each documented at its plain function below: ``_qx``, ``_descend``, ``_qp_start``)."""
 
-    qx: Callable[..., Any]
-    descend: Callable[..., Any]
-    qp_start: Callable[..., Any]
+    qx: Callable[[_Array, _Array, int, bool], tuple[_Array, _Array, _Array, bool]]
+    descend: Callable[[_Array, _Array, _Array, float, float, bool], tuple[_Array, _Array]]
+    qp_start: Callable[[_Array, _Array, int], tuple[_Array, _Array]]
+    q3_start: Callable[[_Array, int], tuple[_Array, _Array]]
 
 
 def kernels() -> Kernels | None:
@@ -49,10 +52,11 @@ def kernels() -> Kernels | None:
 @functools.cache
 def _compiled() -> Kernels:
     """Each kernel compiled once a process (from numba's disk cache after the first)."""
-    made = [jit.compiled(fn) for fn in (_qx, _descend, _qp_start)]
-    if any(fn is None for fn in made):  # not reached: kernels() checked numba is there
+    qx, descend, qp_start, q3_start = (jit.compiled(_qx), jit.compiled(_descend), jit.compiled(_qp_start),
+                                       jit.compiled(_q3_start))
+    if qx is None or descend is None or qp_start is None or q3_start is None:  # kernels() checked numba is there
         raise RuntimeError("numba is not importable")
-    return Kernels(*made)
+    return Kernels(qx, descend, qp_start, q3_start)
 
 
 def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array, _Array, bool]:
@@ -126,9 +130,11 @@ def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array,
     return scale, chosen, zero, in_range
 
 
-def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2: bool) -> tuple[_Array, _Array]:
-    """:func:`.ksearch.descend` from the codes ``q`` (n, S; in place) of ``x`` weighted by ``w``, its starting sums
-    taken here (Σ wx·q and Σ w·q·q from 0): the final (Σwxq, Σwq²). Each pass tries position i of every column in
+def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2: bool,
+             squares: bool) -> tuple[_Array, _Array]:
+    """:func:`.ksearch.descend` from the codes ``q`` (n, S; in place) of ``x`` weighted by ``w``, or by ``x·x``
+    where ``squares`` (``w`` then unread), its starting sums taken here (Σ wx·q and Σ w·q·q from 0): the final
+    (Σwxq, Σwq²). Each pass tries position i of every column in
     turn, as the scalar loop does; a column's pass that changes nothing would change nothing again, so every
     column takes every pass until one changes no column, or five."""
     n, width = x.shape
@@ -138,7 +144,7 @@ def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2:
     suml2 = np.zeros(width, f32)
     for i in range(n):
         for s in range(width):
-            wv = w[i, s]
+            wv = x[i, s] * x[i, s] if squares else w[i, s]
             sumlx[s] += wv * x[i, s] * q[i, s]
             suml2[s] += wv * q[i, s] * q[i, s]
     for _ in range(5):
@@ -146,7 +152,7 @@ def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2:
         for i in range(n):
             for s in range(width):
                 v = x[i, s]
-                wv = w[i, s]
+                wv = v * v if squares else w[i, s]
                 wx = wv * v
                 was = q[i, s]
                 lx = sumlx[s]
@@ -226,4 +232,37 @@ def _qp_start(x: _Array, w: _Array, nmax: int) -> tuple[_Array, _Array]:
             q = f32((np.float32(iscale[s] * x[i, s] + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
             q = top if top < q else q
             codes[i, s] = q + f32(256) if q < 0 else q  # stored in a uint8
+    return zero, codes
+
+
+def _q3_start(x: _Array, nmax: int) -> tuple[_Array, _Array]:
+    """:func:`.ksearch.q3`'s codes before its descent, for each column of ``x`` (n, S): (whether the column is all
+    zero, the codes of ``-nmax`` over its first value of largest magnitude, within -nmax..nmax-1)."""
+    n, width = x.shape
+    f32 = np.float32
+    amax = np.zeros(width, f32)
+    peak = np.zeros(width, f32)
+    for i in range(n):  # C's scan, as in _qx
+        for s in range(width):
+            v = x[i, s]
+            a = abs(v)
+            if a > amax[s]:
+                amax[s] = a
+                peak[s] = v
+    zero = np.empty(width, np.bool_)
+    iscale = np.empty(width, f32)
+    in_range = True
+    for s in range(width):
+        zero[s] = not amax[s] >= ks.EPS
+        iscale[s] = f32(-nmax) / (f32(1) if zero[s] else peak[s])
+        if not abs(iscale[s]) * amax[s] <= ks.TAME:
+            in_range = False
+    low, high = f32(-nmax), f32(nmax - 1)
+    codes = np.empty_like(x)
+    for i in range(n):
+        for s in range(width):
+            p = iscale[s] * x[i, s]
+            q = np.rint(p) if in_range else f32((np.float32(p + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
+            q = low if q < low else q
+            codes[i, s] = high if q > high else q
     return zero, codes
