@@ -37,7 +37,7 @@ class Kernels(NamedTuple):
     """The compiled searches (each documented at its plain function below: ``_qx``, ``_descend``, ``_qp_start``)."""
 
     qx: Callable[[_Array, _Array, int, bool], tuple[_Array, _Array, _Array, bool]]
-    descend: Callable[[_Array, _Array, _Array, float, float, bool], tuple[_Array, _Array]]
+    descend: Callable[[_Array, _Array, _Array, float, float, bool, bool], tuple[_Array, _Array]]
     qp_start: Callable[[_Array, _Array, int], tuple[_Array, _Array]]
     q3_start: Callable[[_Array, int], tuple[_Array, _Array]]
 
