@@ -4,7 +4,8 @@ operations in the same order, as loops numba compiles (:mod:`.jit`), to the same
 Each loop runs over rows of sub-blocks, ``for i in range(n): for s in range(S):`` on the element-major (n, S)
 arrays, with one accumulator per sub-block, so LLVM vectorises across sub-blocks while each sum still adds its
 terms in index order, from 0 as :func:`.ksearch.fsum` does. The float32 ends are the numpy path's: ``nearest_int``
-is computed exactly as :func:`.ksearch.ni` (its bits, branch-free), wherever the numpy path takes it; C's scans
+is computed exactly as :func:`.ksearch.ni` (its bits, branch-free; written out in each kernel, as a kernel calls
+only compiled functions and these are compiled on first use), wherever the numpy path takes it; C's scans
 (``>`` from 0, ``MAX``) are written as C writes them, which is what :func:`.ksearch.largest` and
 :func:`.ksearch.scan_max` reproduce with reductions. The coordinate descent runs every live sub-block's pass
 together, five at most: a pass that changes nothing in a sub-block leaves its sums and codes as they were, so the
@@ -134,9 +135,9 @@ def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2:
              squares: bool) -> tuple[_Array, _Array]:
     """:func:`.ksearch.descend` from the codes ``q`` (n, S; in place) of ``x`` weighted by ``w``, or by ``x·x``
     where ``squares`` (``w`` then unread), its starting sums taken here (Σ wx·q and Σ w·q·q from 0): the final
-    (Σwxq, Σwq²). Each pass tries position i of every column in
-    turn, as the scalar loop does; a column's pass that changes nothing would change nothing again, so every
-    column takes every pass until one changes no column, or five."""
+    (Σwxq, Σwq²). A pass tries each position in turn in every column, as the scalar loop does in one; a column's
+    pass that changes nothing would change nothing again, so every column takes every pass until one changes no
+    column, or five."""
     n, width = x.shape
     f32 = np.float32
     lo, hi = f32(low), f32(high)
