@@ -22,6 +22,9 @@ sums become inf or NaN and its ``nearest_int`` sees arguments past its range: :f
 (the wrapped mantissa; NaN is 0), used wherever an argument can leave the range (checked per column, :func:`tame`),
 ``np.rint`` where none can; C's int8 and uint8 stores wrap (:func:`as_int8`, :func:`as_uint8`), and its scans skip a
 NaN as ``>`` does (:func:`largest`, :func:`positive_max`) or take it as ``MAX`` does (:func:`scan_max`).
+
+Where numba is installed, ``qx_lazy``/``qx``, ``q3`` and ``qp`` run their compiled twins (:mod:`.qxloop`) instead,
+to the same bits; the numpy code here is the path without it, and the reference those are tested against.
 """
 
 from __future__ import annotations
