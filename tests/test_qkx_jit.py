@@ -8,7 +8,7 @@ tests/test_gguf_kquants.py's, which run the compiled path where numba is install
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resumerge.outputs.gguf import jit, kquants, legacyweighted, qkxloop
+from resumerge.outputs.gguf import jit, kquants, legacyweighted, qkxloop, qxloop
 from resumerge.outputs.gguf import ksearch as ks
 
 F = np.float32
@@ -43,12 +43,9 @@ def kernel() -> Callable[..., Any]:
 
 
 @pytest.fixture
-def no_numba(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """numba as if not installed (the kernel looked up afresh, and again after the test)."""
-    qkxloop._kernel.cache_clear()
+def no_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba as if not installed (every compiled search, qxloop's too, then takes numpy's path)."""
     monkeypatch.setattr(jit, "numba_module", lambda: None)
-    yield
-    qkxloop._kernel.cache_clear()
 
 
 def search(x: np.ndarray, w: np.ndarray, name: str, fn: Callable[..., Any] = ks.qkx) -> list[np.ndarray]:
@@ -273,7 +270,7 @@ def test_encoders_bytes_without_numba_are_the_compiled_ones(kernel: object, weig
     imatrix = (rng.random(1024) ** 3 * 20).astype(F) if weighted else None
     compiled = encoded(x, imatrix)
     request.getfixturevalue("no_numba")
-    assert qkxloop._kernel() is None
+    assert qkxloop._kernel() is None and qxloop.kernels() is None
     assert encoded(x, imatrix) == compiled
 
 

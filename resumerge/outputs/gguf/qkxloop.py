@@ -194,10 +194,20 @@ def _search(x: _Array, w: _Array, lo: _Array, hi: _Array, nmax: int, rmin: float
                 left[c] = True
 
 
-@functools.cache
 def _kernel() -> Callable[..., Any] | None:
-    """:func:`_search` compiled (on its first call, or loaded from numba's cache on disk), or None without numba."""
-    return jit.compiled(_search)
+    """:func:`_search` compiled, or None where numba is not there (checked on each call, as :mod:`.qxloop` does)."""
+    if jit.numba_module() is None:
+        return None
+    return _compiled()
+
+
+@functools.cache
+def _compiled() -> Callable[..., Any]:
+    """:func:`_search` compiled once a process (on its first call, or loaded from numba's cache on disk)."""
+    kernel = jit.compiled(_search)
+    if kernel is None:  # _kernel checked numba is there
+        raise RuntimeError("numba is not importable")
+    return kernel
 
 
 def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool, v3: bool,
