@@ -11,8 +11,8 @@ A sub-block whose result could differ from numpy's is left to numpy (its index r
 finite, a candidate whose grid's nearest_int arguments may leave the range where they are ``np.rint`` (the numpy
 path's :func:`.ksearch.tame` bound, per sub-block), or a scale or min that is NaN (whose bits this kernel's
 operand order need not keep). A flat sub-block's result is its min alone (scale and codes 0), so its candidates
-are not searched. The min and max of each sub-block are numpy's own reductions (their signed zeros are numpy's
-SIMD order's).
+are neither bounded nor adopted. The min and max of each sub-block are numpy's own reductions (their signed
+zeros are numpy's SIMD order's).
 
 Imports numpy and :mod:`.jit` only: the numpy path, and its bound, are passed in by :mod:`.ksearch`.
 """
