@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from resumerge.inputs.kernels import serial_kernels
@@ -78,7 +79,8 @@ class RowRanges:
             yield first, self._read(first, min(self.total, first + self.chunk))
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (int64, any order), read range by range (only the ranges holding one of them)."""
+        """Rows ``ids`` (int64, any order), read range by range: of each range holding one of them, its rows from
+        the first of them to the last."""
         if self.chunk >= self.total:
             whole = self._all()
             return whole[ids.to(whole.device)]
@@ -87,14 +89,16 @@ class RowRanges:
         out: torch.Tensor | None = None
         bounds = torch.arange(0, self.total + self.chunk, self.chunk, dtype=ordered.dtype, device=ordered.device)
         cuts = torch.searchsorted(ordered, bounds).tolist()
-        for number, first in enumerate(range(0, self.total, self.chunk)):
-            lo, hi = cuts[number], cuts[number + 1]
+        for lo, hi in pairwise(cuts):
             if lo == hi:
                 continue
-            rows = self._read(first, min(self.total, first + self.chunk))
+            # From the range's first id to its last, not the whole range: a batch's ids (DONOR's, ascending) are a
+            # stretch of the vocabulary, and the unit's thread reads them while a worker may wait for the batch.
+            start = int(ordered[lo])
+            rows = self._read(start, int(ordered[hi - 1]) + 1)
             if out is None:
                 out = rows.new_empty((ids.shape[0], rows.shape[1]))
-            out[order[lo:hi].to(rows.device)] = rows[(ordered[lo:hi] - first).to(rows.device)]
+            out[order[lo:hi].to(rows.device)] = rows[(ordered[lo:hi] - start).to(rows.device)]
         if out is None:  # no ids: the matrix's width and dtype from its first row
             first_row = self._read(0, 1)
             return first_row.new_empty((0, first_row.shape[1]))
