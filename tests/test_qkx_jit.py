@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from llamacpp_oracle import needs_library, quantize
 
 from resumerge.outputs.gguf import jit, kquants, legacyweighted, qkxloop, qxloop
 from resumerge.outputs.gguf import ksearch as ks
@@ -139,6 +140,20 @@ def test_compiled_is_numpy_on_adversarial_columns(kernel: object, name: str, see
 
 
 @pytest.mark.parametrize("name", list(PARAMS))
+def test_a_zero_code_s_sign_follows_the_whole_search(kernel: object, name: str) -> None:
+    """A -0 product's code is -0 through np.rint and +0 through nearest_int's bits, which the numpy path takes for
+    every column once any column's argument may leave np.rint's range: a flat column's (which the kernel does not
+    search) or a column the kernel leaves to numpy (hypothesis found the first)."""
+    n = PARAMS[name][0]
+    zeros = np.zeros(n, dtype=F)
+    zeros[4], zeros[-1] = F(-0.0), F(0.25)
+    for other in (np.full(n, F(-1e6)), column(3, n, np.random.default_rng(0)), np.full(n, F(-1.0))):
+        x = np.stack([zeros, other.astype(F), zeros], axis=1)
+        assert_same(x, np.abs(x), name)
+        assert_same(x, np.ones_like(x), name)
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
 def test_compiled_is_numpy_on_random_columns(kernel: object, name: str) -> None:
     n = PARAMS[name][0]
     rng = np.random.default_rng(7)
@@ -190,10 +205,10 @@ def test_the_parameters_are_the_encoders(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_compiled_path_is_taken_with_numba(kernel: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With numba, ks.qkx runs the kernel, numpy only for the columns it leaves (duplicated where one: numpy would
-    sum a lone column pairwise), and those columns' results are numpy's."""
+    """With numba, ks.qkx runs the kernel, numpy only for the columns it leaves, and those columns' results are
+    numpy's."""
     taken: list[int] = []
-    numpy_path = ks.qkx_numpy
+    numpy_path = ks._qkx_numpy  # the numpy path, as qkx hands it the columns the kernel leaves
 
     def spy(x: np.ndarray, *args: Any, **kwargs: Any) -> Any:
         taken.append(x.shape[1])
@@ -204,30 +219,30 @@ def test_compiled_path_is_taken_with_numba(kernel: object, monkeypatch: pytest.M
         n = PARAMS[name][0]
         x = (rng.standard_normal((n, 300)) * 0.02).astype(F)
         w = np.abs(x)
-        expected = search(x, w, name, numpy_path)
-        monkeypatch.setattr(ks, "qkx_numpy", spy)
+        expected = search(x, w, name, ks.qkx_numpy)
+        monkeypatch.setattr(ks, "_qkx_numpy", spy)
         assert all(np.array_equal(a, b) for a, b in zip(search(x, w, name), expected, strict=True))
         assert taken == []
-        # one column past nearest_int's exact range (a span of one ulp): numpy's, searched as two
+        # one column past nearest_int's exact range (a span of one ulp): numpy's, searched alone
         x[:, 5] = column(3, n, rng)
-        monkeypatch.setattr(ks, "qkx_numpy", numpy_path)
-        expected = search(x, w, name, numpy_path)
-        monkeypatch.setattr(ks, "qkx_numpy", spy)
+        monkeypatch.setattr(ks, "_qkx_numpy", numpy_path)
+        expected = search(x, w, name, ks.qkx_numpy)
+        monkeypatch.setattr(ks, "_qkx_numpy", spy)
         assert all(np.array_equal(a, b) for a, b in zip(search(x, w, name), expected, strict=True))
-        assert taken == [2]
+        assert taken == [1]
         # and three: a span of one ulp, a value not finite, max − min overflowing
         x[:, 7] = F(np.inf)
         x[:, 9] = np.resize(np.array([-3e38, 3e38], dtype=F), n)
-        monkeypatch.setattr(ks, "qkx_numpy", numpy_path)
-        expected = search(x, w, name, numpy_path)
-        monkeypatch.setattr(ks, "qkx_numpy", spy)
+        monkeypatch.setattr(ks, "_qkx_numpy", numpy_path)
+        expected = search(x, w, name, ks.qkx_numpy)
+        monkeypatch.setattr(ks, "_qkx_numpy", spy)
         taken.clear()
         assert all(np.array_equal(a, b) for a, b in zip(search(x, w, name), expected, strict=True))
         assert taken == [3]
         taken.clear()
-        monkeypatch.setattr(ks, "qkx_numpy", numpy_path)
+        monkeypatch.setattr(ks, "_qkx_numpy", numpy_path)
     # and through the encoders, on a real layer's values
-    monkeypatch.setattr(ks, "qkx_numpy", spy)
+    monkeypatch.setattr(ks, "_qkx_numpy", spy)
     x = (rng.standard_normal((4, 1024)) * 0.02).astype(F)
     for code in ENCODERS.values():
         kquants.encode_k(x, code, None)
@@ -286,14 +301,33 @@ def test_qkx_without_numba_is_the_numpy_path(no_numba: None, monkeypatch: pytest
 
 
 def test_arrays_the_kernel_does_not_take_go_to_numpy(kernel: object) -> None:
-    """A lone column (numpy sums it pairwise), a strided view, float64: numpy's path, its own bits."""
+    """A strided view, float64: numpy's path, its own bits; a lone column is the kernel's, numpy's bits too."""
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((32, 40)) * 0.02).astype(F)
-    for part in (x[:, :1].copy(), x[:, ::2]):
+    for part in (x[:, ::2], x.astype(np.float64)):
         assert qkxloop.qkx(part, np.abs(part), 15, -1.0, 0.1, 20, mad=False, v3=False, tame=ks.TAME,
                            rest=ks.qkx_numpy) is None
+    for part in (x[:, ::2], x[:, :1].copy()):
         fast, slow = search(part, np.abs(part), "q4_k"), search(part, np.abs(part), "q4_k", ks.qkx_numpy)
         assert all(np.array_equal(a, b) for a, b in zip(fast, slow, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_single_block_tensor_has_llama_cpp_s_bytes(seed: int) -> None:
+    """One super-block (one legacy block) a tensor: its sums over a lone column of sub-blocks in index order, as C
+    sums, where numpy's reduction of a (n, 1) array is pairwise (Q5_K with a matrix and Q5_1's differed at 1 and 2
+    of 40 such tensors)."""
+    needs_library()
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((1, 256)) * 10.0 ** rng.integers(-3, 3)).astype(F)
+    imatrix = (rng.random(256) ** 2 * 10).astype(F)
+    for code in (10, 11, 12, 13, 14):
+        for weights_of in (None, imatrix):
+            assert np.array_equal(kquants.encode_k(x, code, weights_of), quantize(x, code, weights_of)), code
+    block = x[:, :32].copy()
+    for code in (legacyweighted.Q4_1, legacyweighted.Q5_1):
+        assert np.array_equal(legacyweighted.encode_legacy_weighted(block, code, imatrix[:32]),
+                              quantize(block, code, imatrix[:32])), code
 
 
 def test_compiled_without_a_writable_cache_directory(kernel: object, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,12 +68,16 @@ def tame(bound: _Array) -> bool:
 
 def fsum(a: _Array) -> _Array:
     """The float32 sum over axis 0 in index order, from 0 (``s = 0; s += a[i]``)."""
+    if a.ndim == 2 and a.shape[1] == 1:  # numpy sums a lone column pairwise: as two columns, in order
+        return fsum(np.repeat(a, 2, axis=1))[:1]
     total: _Array = np.add.reduce(a, axis=0, initial=F(0))
     return total
 
 
 def fsum_first(a: _Array) -> _Array:
     """The float32 sum over axis 0 in index order, from ``a[0]`` (``s = a[0]; s += a[i]`` for i >= 1)."""
+    if a.ndim == 2 and a.shape[1] == 1:  # as fsum
+        return fsum_first(np.repeat(a, 2, axis=1))[:1]
     total: _Array = np.add.reduce(a, axis=0)
     return total
 
@@ -139,14 +143,23 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
     """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (weights given) of each column of ``x`` (n, S):
     (scale, the min as a non-negative offset, codes). Compiled (:mod:`.qkxloop`) where numba is installed, else
     :func:`qkx_numpy`: the same bits."""
-    found = qkxloop.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3, tame=TAME, rest=qkx_numpy)
+    found = qkxloop.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3, tame=TAME, rest=_qkx_numpy)
     return qkx_numpy(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3) if found is None else found
 
 
 def qkx_numpy(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
               v3: bool) -> tuple[_Array, _Array, _Array]:
-    """:func:`qkx` in numpy. The candidates' temporaries live in three buffers of ``x``'s shape, every step in
-    place (fresh arrays of this size were half the time)."""
+    """:func:`qkx` in numpy."""
+    scale, offset, codes, _ = _qkx_numpy(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3)
+    return scale, offset, codes
+
+
+def _qkx_numpy(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
+               v3: bool) -> tuple[_Array, _Array, _Array, bool]:
+    """:func:`qkx_numpy`, and whether its codes were rounded with nearest_int's bits (some column's argument past
+    the range where that is ``np.rint``: every code then, whose zeros are all +0 where ``np.rint`` keeps -0).
+    The candidates' temporaries live in three buffers of ``x``'s shape, every step in place (fresh arrays of this
+    size were half the time)."""
     lo = x.min(axis=0)
     hi = x.max(axis=0)
     reach = np.maximum(hi, -lo)  # the largest |x| of each column, bounding the grids' arguments
@@ -169,17 +182,19 @@ def qkx_numpy(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep
         np.multiply(t, w, out=t)
         return fsum(t)
 
-    def grid(iscale: _Array, anchor: _Array, extent: _Array) -> None:
+    def grid(iscale: _Array, anchor: _Array, extent: _Array) -> bool:
         """The codes of ``iscale`` on the grid anchored at ``anchor``, into ``q``, clamped to 0..nmax. (Clamping
         before rounding is the same, the bounds being integers, where every argument is within nearest_int's
         range, bounded per column by |iscale| times ``extent``, the largest |x| plus |anchor|; else the exact
-        nearest_int first, then the clamp.)"""
+        nearest_int first, then the clamp.) Whether that was nearest_int's bits."""
         np.subtract(x, anchor, out=q)
         np.multiply(q, iscale, out=q)
-        if not tame(np.abs(iscale) * extent):
+        wrapped = not tame(np.abs(iscale) * extent)
+        if wrapped:
             q[...] = ni(q)
         np.clip(q, F(0), top, out=q)
         np.rint(q, out=q)
+        return wrapped
 
     span = np.where(flat, F(1), hi - lo)  # max − min, min being the adopted one
     iscale = top / span
@@ -227,11 +242,11 @@ def qkx_numpy(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep
             np.copyto(lo, this_min, where=better)
             np.subtract(hi, lo, out=span, where=better)
             np.add(reach, np.abs(lo), out=extent)
-    grid(chosen, anchor, reach + np.abs(anchor))
+    wrapped = grid(chosen, anchor, reach + np.abs(anchor))
     codes = q
     scale = np.where(flat, F(0), scale)
     codes[:, flat] = 0
-    return scale, -lo, codes
+    return scale, -lo, codes, wrapped
 
 
 def qx(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, _Array]:

@@ -11,8 +11,10 @@ A sub-block whose result could differ from numpy's is left to numpy (its index r
 finite, a candidate whose grid's nearest_int arguments may leave the range where they are ``np.rint`` (the numpy
 path's :func:`.ksearch.tame` bound, per sub-block), or a scale or min that is NaN (whose bits this kernel's
 operand order need not keep). A flat sub-block's result is its min alone (scale and codes 0), so its candidates
-are neither bounded nor adopted. The min and max of each sub-block are numpy's own reductions (their signed
-zeros are numpy's SIMD order's).
+are neither bounded nor adopted. Once one column's argument may leave the range, the numpy path rounds every
+column with nearest_int's bits, which differ from ``np.rint`` in range only for a -0 product (+0): only the
+final codes show it, so those are then made +0 as numpy's are. The min and max of each sub-block are numpy's
+own reductions (their signed zeros are numpy's SIMD order's).
 
 Imports numpy and :mod:`.jit` only: the numpy path, and its bound, are passed in by :mod:`.ksearch`.
 """
@@ -31,16 +33,20 @@ __all__ = ["qkx"]
 
 _Array = np.ndarray
 _Result = tuple[_Array, _Array, _Array]
+_Rest = tuple[_Array, _Array, _Array, bool]
 # sub-blocks searched together: a block's values, weights and codes (3 x 32 x 64 float32) stay in the first-level
 # cache over all of a search's candidates (blocks of 32 to 2048 measured the same on 2048 sub-blocks)
 _BLOCK = 64
 
 
 def _search(x: _Array, w: _Array, lo: _Array, hi: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
-            mad: bool, v3: bool, tame: float, scale: _Array, offset: _Array, codes: _Array, left: _Array) -> None:
+            mad: bool, v3: bool, tame: float, scale: _Array, offset: _Array, codes: _Array, left: _Array,
+            wrapped: _Array) -> None:
     """The search of :func:`.ksearch.qkx_numpy` over ``x``, ``w`` (n, S) with each column's min ``lo`` and max
     ``hi``, into ``scale``, ``offset`` (S,) and ``codes`` (n, S); ``left`` (S,) set where numpy must take the
-    column (module docstring). Compiled by numba; every float32 operation as the numpy path's, in its order."""
+    column (module docstring); ``wrapped[0]`` set where a flat column's final grid is past the bound (numpy then
+    rounds every column's codes with nearest_int's bits). Compiled by numba; every float32 operation as the numpy
+    path's, in its order."""
     n, width = x.shape
     zero, one, top, bound = np.float32(0), np.float32(1), np.float32(nmax), np.float32(tame)
     size = _BLOCK
@@ -175,8 +181,11 @@ def _search(x: _Array, w: _Array, lo: _Array, hi: _Array, nmax: int, rmin: float
         # the adopted candidate's codes, from its grid; a flat column's are 0
         for j in range(m):
             c = base + np.uint64(j)
-            if live[j] and not abs(chosen[j]) * (reach[j] + abs(anchor[j])) <= bound:
-                left[c] = True
+            if not abs(chosen[j]) * (reach[j] + abs(anchor[j])) <= bound:
+                if live[j]:
+                    left[c] = True
+                elif not left[c]:
+                    wrapped[0] = True
         for i in range(n):
             for j in range(m):
                 c = base + np.uint64(j)
@@ -211,13 +220,13 @@ def _compiled() -> Callable[..., Any]:
 
 
 def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool, v3: bool,
-        tame: float, rest: Callable[..., _Result]) -> _Result | None:
+        tame: float, rest: Callable[..., _Rest]) -> _Result | None:
     """:func:`.ksearch.qkx_numpy`'s (scale, min as an offset, codes) of ``x``, ``w`` (n, S), compiled, with
-    ``rest`` (that function) for the columns the kernel leaves (``tame``: its bound); None where there is no
-    kernel, or the arrays are not what it takes (float32, C-contiguous, two columns or more: numpy sums a single
-    column pairwise)."""
+    ``rest`` (that function, telling whether it rounded its codes with nearest_int's bits) for the columns the
+    kernel leaves (``tame``: its bound); None where there is no kernel, or the arrays are not what it takes
+    (float32, C-contiguous, (n, S) with n and S positive)."""
     kernel = _kernel()
-    if (kernel is None or x.ndim != 2 or x.shape != w.shape or x.shape[0] == 0 or x.shape[1] < 2
+    if (kernel is None or x.ndim != 2 or x.shape != w.shape or x.shape[0] == 0 or x.shape[1] == 0
             or x.dtype != np.float32 or w.dtype != np.float32
             or not (x.flags.c_contiguous and w.flags.c_contiguous)):
         return None
@@ -225,14 +234,18 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
     scale, offset = np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32)
     codes = np.empty_like(x)
     left = np.zeros(width, dtype=np.bool_)
+    wrapped = np.zeros(1, dtype=np.bool_)
     kernel(x, w, x.min(axis=0), x.max(axis=0), int(nmax), float(rmin), float(rdelta), int(nstep), bool(mad),
-           bool(v3), np.float32(tame), scale, offset, codes, left)
+           bool(v3), np.float32(tame), scale, offset, codes, left, wrapped)
     at = np.flatnonzero(left)
     if at.size:
         # numpy's results for these columns are the same searched apart (each column's steps are its own, and
-        # its nearest_int exact either way); one column twice, numpy summing a lone column pairwise
-        every = 2 if at.size == 1 else 1
-        part = rest(np.ascontiguousarray(x[:, at.repeat(every)]), np.ascontiguousarray(w[:, at.repeat(every)]), nmax,
-                    rmin, rdelta, nstep, mad=mad, v3=v3)
-        scale[at], offset[at], codes[:, at] = part[0][::every], part[1][::every], part[2][:, ::every]
+        # nearest_int is np.rint where its argument is in range, but for a -0 product, which it makes +0: only
+        # the final codes show it, below)
+        part = rest(np.ascontiguousarray(x[:, at]), np.ascontiguousarray(w[:, at]), nmax, rmin, rdelta, nstep,
+                    mad=mad, v3=v3)
+        scale[at], offset[at], codes[:, at] = part[:3]
+        wrapped[0] |= part[3]
+    if wrapped[0]:  # the whole search's codes then rounded with nearest_int's bits, as the numpy path's
+        np.add(codes, np.float32(0), out=codes)  # -0 + 0 is +0, every other code itself
     return scale, offset, codes
