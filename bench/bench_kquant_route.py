@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/bench_kquant_route.py [--work DIR] [--texts N] [--layers N] [--peer-threads N]
+    python bench/bench_kquant_route.py [--work DIR] [--texts N] [--layers N] [--peer-threads N] [--peer-batch N]
                                        [--numba cold|warm|both] [--no-encoding | --encoding-only]
 
 Generates two llama bfloat16 models of about 1 GB each once under ``--work`` (``resumerge.cli.modelgen``: hidden
@@ -25,13 +25,23 @@ route holds beside its final GGUF every 0.2 s:
   is not installed here, so the F16 GGUF is written by resumerge (``run --out-type gguf --gguf-type f16`` of the
   float merge). ``llama-imatrix`` is not installed either (the wheel ships the libraries, not the tools), so its
   pass is the oracle's (:func:`llamacpp_oracle.imatrix_of_forward`): llama.cpp's library forward of the F16 GGUF
-  on ``--peer-threads`` threads, each text tokenized by llama.cpp's own tokenizer, the input columns' squares
-  summed in ``cb_eval`` under llama-imatrix's rules, written in llama.cpp's GGUF imatrix format. Its collector is
-  Python, where llama-imatrix's is C++: slower, against the peer. The seconds the Python callback took are printed
-  beside the step, and the peer's totals are printed with and without the matrix pass (until session 47 the
-  quantizer was handed resumerge's matrix and the pass was not timed, in the peer's favour). The quantizer and the
-  pass run on ``--peer-threads`` threads, every hardware thread by default as llama-quantize and llama-imatrix do.
-  The two matrices are compared (counts equal, sums to float32 tolerance) and the two Q4_K_M files tensor by tensor.
+  on ``--peer-threads`` threads, each text tokenized by llama.cpp's own tokenizer and its own sequence, the texts
+  decoded together in batches of up to ``--peer-batch`` tokens (2048, llama-imatrix's default ``n_batch``: it
+  decodes ``n_batch / n_ctx`` chunks at once; one decode a text would read the whole model once a text), the input
+  columns' squares summed in ``cb_eval`` under llama-imatrix's rules, written in llama.cpp's GGUF imatrix format.
+  Its KV cache is F32 and flash attention off (llama-imatrix's defaults: F16, auto), so that its sums can be
+  compared with resumerge's. Its collector (the ``cb_eval`` callback's body) is Python where llama-imatrix's is
+  C++, and the process starts Python: against the peer, by the callback's seconds and the start's, both printed
+  beside the step (about 3 s at 6 layers, session 47). The peer's totals are printed with and without the matrix
+  pass, so that either ratio can be read (until session 47 the quantizer was handed resumerge's matrix and no
+  pass was timed, in the peer's favour). The quantizer and the pass run on ``--peer-threads`` threads, every
+  hardware thread by default as llama-quantize and llama-imatrix do.
+  The two matrices are compared (entries, counts, the sums' differences) and the two Q4_K_M files tensor by
+  tensor. On the F16 GGUF the sums differ by up to ~1e-3 of an entry's largest value: ggml's F16 products round
+  their float32 inputs to F16, so llama.cpp's activations are not the float merge's (on an F32 GGUF of the same
+  merge the two matrices agree to ~4e-6, within float32 tolerance); and the few super-blocks whose search lands
+  elsewhere under the other matrix differ in the two files, while the same matrix gives the same bytes (the
+  encoding comparison below checks it on every tensor).
 
 Then (``--encoding``, the default; ``--encoding-only`` on a work folder the routes already filled) issue 84's
 other figure, the encoding's CPU seconds against llama.cpp's quantizer's for the same tensors: every tensor of the
@@ -84,14 +94,15 @@ _IMATRIX = (
     "from pathlib import Path\n"
     "from llamacpp_oracle import imatrix_of_forward, library, tokenize\n"
     "from resumerge.outputs.gguf.imatrix import ImatrixEntry, imatrix_bytes\n"
-    "model, texts, out, threads = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])\n"
+    "model, texts, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])\n"
+    "threads, batch = int(sys.argv[4]), int(sys.argv[5])\n"
     "started = time.perf_counter()\n"
     "library()\n"
     "loaded = time.perf_counter()\n"
     "ids = tokenize(model, [line for line in texts.read_text().splitlines() if line.strip()])\n"
     "tokenized = time.perf_counter()\n"
     "spent = []\n"
-    "found = imatrix_of_forward(model, ids, n_threads=threads, spent=spent)\n"
+    "found = imatrix_of_forward(model, ids, n_threads=threads, batch_tokens=batch, spent=spent)\n"
     "forward = time.perf_counter()\n"
     "entries = {name: ImatrixEntry(sums, counts.astype('float32')) for name, (sums, counts) in found.items()}\n"
     "out.write_bytes(imatrix_bytes(entries, [str(texts)], len(ids), max(map(len, ids))))\n"
@@ -407,6 +418,9 @@ def main() -> None:
     parser.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
                         help="the peer's matrix pass's and quantizer's threads (llama-imatrix's and "
                              "llama-quantize's default: every hardware thread)")
+    parser.add_argument("--peer-batch", type=int, default=2048,
+                        help="the peer's matrix pass: texts decoded together up to this many tokens, each its own "
+                             "sequence (llama-imatrix's default n_batch 2048); 0: one text a decode")
     parser.add_argument("--numba", choices=("cold", "warm", "both"), default="both",
                         help="resumerge's run with an empty numba cache, with one filled by a run before, or both")
     parser.add_argument("--encoding", action=argparse.BooleanOptionalAction, default=True,
@@ -456,8 +470,9 @@ def main() -> None:
                              [sys.executable, "-m", "resumerge", "run", str(f16), str(peer / "f16"), "--state-dir",
                               str(peer / "state"), "--out-type", "gguf", "--gguf-type", "f16"], env)
         pass_step = measured(f"imatrix pass (llama.cpp's forward, the oracle's Python collector), {args.peer_threads} "
-                             "threads", [sys.executable, "-c", _IMATRIX, str(peer / "f16" / "model.gguf"), str(texts),
-                                         str(peer / "imatrix.gguf"), str(args.peer_threads)], env)
+                             f"threads, batches of {args.peer_batch or 'one text'} tokens",
+                             [sys.executable, "-c", _IMATRIX, str(peer / "f16" / "model.gguf"), str(texts),
+                              str(peer / "imatrix.gguf"), str(args.peer_threads), str(args.peer_batch)], env)
         load, tokenized, forward, callback, write, tokens = map(float, pass_step.stdout.split("parts")[1].split()[:6])
         started = pass_step.wall - load - tokenized - forward - write
         print(f"    of it: library load {load:.1f} s, tokenizing {tokenized:.2f} s, forward {forward:.1f} s of which "

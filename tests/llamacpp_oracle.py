@@ -223,6 +223,7 @@ class _Batch(ctypes.Structure):
 
 
 _MAX_DIMS, _MAX_OP_PARAMS, _MAX_SRC, _MAX_NAME = 4, 64, 10, 64
+_MAX_SEQUENCES = 64  # a batch's sequences in imatrix_of_forward (llama.cpp's own limit, LLAMA_MAX_SEQ, is higher)
 _F32, _I32 = 0, 26  # enum ggml_type
 
 
@@ -282,6 +283,7 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
 
 
 def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16, n_threads: int = 1,
+                       batch_tokens: int = 0,
                        spent: list[float] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone with every
     position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight, the
@@ -297,8 +299,14 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
       its count. Expert by expert, then choice by choice, then token by token, as llama-imatrix sums them.
 
     The forward runs on ``n_threads`` threads (the tests' one; llama-imatrix's default is every hardware thread, as
-    ``bench/bench_kquant_route.py`` runs it). ``spent``, where given, gets the wall seconds the collector's own
-    Python took (the callback's body, which llama-imatrix runs as C++), appended once at the end."""
+    ``bench/bench_kquant_route.py`` runs it). ``batch_tokens`` 0 decodes each text alone; else consecutive texts
+    of at most that many tokens in all (and at most 64) are decoded together, each its own sequence of one batch,
+    as llama-imatrix decodes ``n_batch / n_ctx`` chunks at once (its default ``n_batch``: 2048): the model is read
+    once a batch instead of once a text, and the rows reach the callback in the same order (text after text), so
+    the sums are those of one text at a time up to the products' float32 rounding in a wider batch. A batch is one
+    ubatch (llama-imatrix's ``-ub`` equal to ``-b``), so no part of it falls under ``min_batch`` alone. ``spent``,
+    where given, gets the wall seconds the collector's own Python took (the callback's body, which llama-imatrix
+    runs as C++), appended once at the end."""
     base, llama = needs_library()
     if not _tensor_layout_holds(base):
         pytest.skip("struct ggml_tensor of this llama.cpp build differs from the one the oracle reads")
@@ -396,9 +404,18 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
     loaded = llama.llama_model_load_from_file(str(model).encode(), model_params)
     if not loaded:
         raise RuntimeError(f"llama.cpp could not load {model}")
-    longest = max(len(t) for t in texts)
+    groups: list[list[list[int]]] = []  # the texts decoded together, each its own sequence
+    for ids in texts:
+        if (groups and batch_tokens and len(groups[-1]) < _MAX_SEQUENCES
+                and sum(map(len, groups[-1])) + len(ids) <= batch_tokens):
+            groups[-1].append(ids)
+        else:
+            groups.append([ids])
+    widest = max(sum(map(len, group)) for group in groups)
     params = llama.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = max(longest, 32)
+    params.n_ctx = params.n_batch = params.n_ubatch = max(widest, 32)  # a decode is one ubatch: one graph
+    params.n_seq_max = max(map(len, groups))
+    params.kv_unified = True  # the sequences share the n_ctx cells, as llama-imatrix's parallel chunks do
     params.n_threads = params.n_threads_batch = n_threads
     params.cb_eval = callback
     # An F32 cache and no flash attention (its CPU kernel rounds through F16): llama.cpp's attention in float32.
@@ -406,15 +423,18 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
     params.flash_attn_type = 0
     params.no_perf = True
     ctx = llama.llama_init_from_model(loaded, params)
-    batch = llama.llama_batch_init(longest, 0, 1)
+    batch = llama.llama_batch_init(widest, 0, 1)
     try:
         assert ctx, "llama_init_from_model failed"
-        for ids in texts:
+        for group in groups:
             llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
-            for i, token in enumerate(ids):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
-                batch.seq_id[i][0] = 0
-            batch.n_tokens = len(ids)
+            at = 0
+            for sequence, ids in enumerate(group):  # text after text: the rows in the order of one at a time
+                for i, token in enumerate(ids):
+                    batch.token[at], batch.pos[at], batch.n_seq_id[at], batch.logits[at] = token, i, 1, 1
+                    batch.seq_id[at][0] = sequence
+                    at += 1
+            batch.n_tokens = at
             assert llama.llama_decode(ctx, batch) == 0
     finally:
         llama.llama_batch_free(batch)
