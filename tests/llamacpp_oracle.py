@@ -285,11 +285,11 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
 def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16, n_threads: int = 1,
                        batch_tokens: int = 0,
                        spent: list[float] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone with every
-    position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight, the
-    float32 sums of each input column's squares, [n_mat, n_in], and the rows counted into each matrix, int64
-    [n_mat]. Collected in ``cb_eval`` (``llama_context_params``), the scheduler hook llama-imatrix itself registers,
-    under its rules (``tools/imatrix/imatrix.cpp``, ``collect_imatrix``):
+    """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone or together as
+    ``batch_tokens`` says, with every position's logits asked, as llama-imatrix asks them) when llama.cpp runs the
+    GGUF ``model``: per weight, the float32 sums of each input column's squares, [n_mat, n_in], and the rows
+    counted into each matrix, int64 [n_mat]. Collected in ``cb_eval`` (``llama_context_params``), the scheduler
+    hook llama-imatrix itself registers, under its rules (``tools/imatrix/imatrix.cpp``, ``collect_imatrix``):
 
     - a MUL_MAT whose weight is named ``blk.…`` (n_mat 1): every row of its input, when the input is F32 and the
       batch holds at least ``min_batch`` tokens;
