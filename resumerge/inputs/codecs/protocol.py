@@ -213,6 +213,13 @@ class TensorEncoder(_Format, ABC):
         the CPU; ``dtype`` is the planned value dtype. The engine moves the parts to the host and makes them
         contiguous."""
 
+    @property
+    def writes_into(self) -> bool:
+        """Whether :meth:`encode_into` writes the parts straight into ``into``, with no encoded tensor between (the
+        engine then encodes a whole tensor into buffers it reuses, not by :meth:`encode`). False by default: the
+        default :meth:`encode_into` copies :meth:`encode`'s parts."""
+        return False
+
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
         """:meth:`encode`'s parts written into ``into`` (host tensors by part name, each of its part's shape and
         dtype): a row chunk's bytes straight into the range's buffers. This default copies them there."""

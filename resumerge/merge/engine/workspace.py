@@ -88,6 +88,12 @@ class Workspace:
                                          else self._pool.take(size))
         return held[:size].view(dtype).view(shape)
 
+    @property
+    def passes_on(self) -> bool:
+        """Whether a result in the buffers can be handed to the writer (:meth:`pass_on`: the workspace has a pool)
+        rather than copied out."""
+        return self._pool is not None
+
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` shares memory with one of the buffers."""
         if not self._buffers or tensor.device.type != "cpu":

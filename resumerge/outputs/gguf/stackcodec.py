@@ -62,6 +62,10 @@ class GgufStackCodec(GgufOutCodec):
             gate, up = gate.view(torch.bfloat16), up.view(torch.bfloat16)
         return {MAIN: gate, UP: up}
 
+    @property
+    def writes_into(self) -> bool:
+        return not self.up_name  # two tensors' halves are encoded, then copied (encode_into)
+
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
         if not self.up_name:
             return super().encode_into(value, dtype, into)
