@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
