@@ -338,7 +338,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
 def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
-                 lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+                 lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
                  memo: InputsMemo | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
     a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
