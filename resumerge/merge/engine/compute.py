@@ -224,7 +224,7 @@ class TensorCompute:
         parts = codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
         into = {p.part: out[p.name][at[p.name] : at[p.name] + p.shape[0]] for p in parts}
         with self._failures():
-            codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
+            codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into, lend=workspace.take)
         for p in parts:
             at[p.name] += p.shape[0]
 

@@ -18,7 +18,12 @@ from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 from resumerge.outputs.gguf import encoders
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resumerge.torch_import import torch
+
+    # Where the engine lends a buffer it reuses, by use: (use, shape, dtype) -> an uninitialised contiguous tensor.
+    Lend = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
 
 # ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
@@ -118,11 +123,14 @@ class GgufOutCodec(TensorEncoder):
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
-    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        if self._direct(value) is not None:
-            self._cast_into(value, into[MAIN])
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor], *,
+                    lend: Lend | None = None) -> None:
+        target = self._direct(value)
+        if target is not None:
+            self._cast_into(value, into[MAIN].view(target))
             return
-        self._encoded(self._gguf_values(value), self.gguf_name, into[MAIN])  # the block bytes straight there
+        # the block bytes straight there, from float32 values in the buffer lent for them
+        self._encoded(self._gguf_values(value, lend), self.gguf_name, into[MAIN])
 
     def _direct(self, value: torch.Tensor) -> torch.dtype | None:
         """The dtype an F32 or F16 tensor is stored in where ``value`` is cast straight to it (:meth:`_cast_into`)
@@ -143,12 +151,9 @@ class GgufOutCodec(TensorEncoder):
         return None
 
     def _cast_into(self, value: torch.Tensor, into: torch.Tensor) -> None:
-        """``value`` cast into ``into`` (its stored part: contiguous, of :meth:`_direct`'s dtype or its bytes), the
-        q/k rows permuted on the way (:func:`~resumerge.inputs.gguf.names.gguf_rows`, by strides: no permuted copy
-        between)."""
-        target = self._direct(value)
-        assert target is not None
-        out = into.view(target).view(value.shape)
+        """``value`` cast into ``into`` (contiguous, as many elements), the q/k rows permuted on the way
+        (:func:`~resumerge.inputs.gguf.names.gguf_rows`, by strides: no permuted copy between); not gemma's norms."""
+        out = into.view(value.shape)
         if not self.transform:
             out.copy_(value)
             return
@@ -180,10 +185,19 @@ class GgufOutCodec(TensorEncoder):
         table = entry_rows(self.imatrix, gguf_name, rows.shape[-1])
         return table if table is not None and table.shape[0] > 1 else None
 
-    def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""
+    def _gguf_values(self, value: torch.Tensor, lend: Lend | None = None) -> torch.Tensor:
+        """``value`` as float32 on the host in GGUF's layout: the family's transform applied; in the buffer
+        ``lend`` lends (use ``"gguf-values"``) where given and ``value`` is on the host, else fresh. The block
+        types' float32 copy of every chunk was a fresh buffer of twice a bfloat16 merge's size (the K-quant
+        route's largest), and a permuted q/k a second one; the same values either way."""
         from resumerge.torch_import import torch
 
+        if lend is not None and value.device.type == "cpu":
+            out = lend("gguf-values", tuple(value.shape), torch.float32)
+            if self.transform == NORM_MINUS_ONE:
+                return out.copy_(value).add_(1)  # as rows + 1: the value in float32, then + 1 in float32
+            self._cast_into(value.detach(), out)
+            return out
         rows = value.detach().to("cpu", torch.float32)
         if self.transform == NORM_MINUS_ONE:
             return rows + 1
