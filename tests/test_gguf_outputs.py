@@ -418,7 +418,7 @@ def test_f16_and_f32_cast_a_merge_straight_to_the_bytes_of_the_float32_path(monk
     expected_half = codec._encoded(codec._gguf_values(half), codec.gguf_name).view(torch.uint8)
     through = GgufOutCodec._gguf_values
 
-    def refused(self: GgufOutCodec, value: torch.Tensor) -> torch.Tensor:
+    def refused(self: GgufOutCodec, value: torch.Tensor, lend: object = None) -> torch.Tensor:
         assert value.dtype == torch.float16 and ggml_type == 1, "cast through float32"
         return through(self, value)
 
