@@ -188,8 +188,8 @@ class GgufOutCodec(TensorEncoder):
     def _gguf_values(self, value: torch.Tensor, lend: Lend | None = None) -> torch.Tensor:
         """``value`` as float32 on the host in GGUF's layout: the family's transform applied; in the buffer
         ``lend`` lends (use ``"gguf-values"``) where given and ``value`` is on the host, else fresh. The block
-        types' float32 copy of every chunk was a fresh buffer of twice a bfloat16 merge's size (the K-quant
-        route's largest), and a permuted q/k a second one; the same values either way."""
+        types' float32 copy of every chunk was a fresh buffer twice the size of a bfloat16 merge's chunk, and a
+        permuted q/k a second one; the same values either way."""
         from resumerge.torch_import import torch
 
         if lend is not None and value.device.type == "cpu":
