@@ -169,7 +169,7 @@ class TensorCompute:
         """Each stored part's buffer for output rows ``[first, stop)``, where the range's chunks land encoded: lent
         by ``workspace`` where it passes its buffers on to the writer (then handed over, :func:`_handed`), so that
         the output's bytes are written into pages the writer gave back rather than fresh ones the kernel zeroes
-        (an F16 GGUF of a 1.9 GB merge: 0.95 GB of them); else fresh."""
+        (an F16 GGUF of two 0.94 GB models: 0.95 GB of them); else fresh."""
         parts = self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
         if workspace is None or not workspace.passes_on:
             return {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in parts}
