@@ -404,3 +404,36 @@ def test_the_pass_pairs_short_texts_only() -> None:
     assert _steps([3, 5, 7]) == [[0, 1], [2]]
     assert _steps([3, long, 5, 6, long]) == [[0], [1], [2, 3], [4]]
     assert _steps([]) == []
+
+
+def test_the_next_layer_is_merged_while_one_runs_where_the_step_holds_it_and_the_bytes_stay(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer l + 1's weights are merged on a thread of their own while layer l's texts run (the merge, on one core,
+    held the forward back), where the pass's step has room for a layer beside it: the room kept for its largest
+    merge (the embeddings', in the bench's 1 GB models), unused while a layer runs. The matrix and the GGUF keep the
+    bytes of the pass that reads each layer as it loads (this tiny merge's step has no such room: ``computed``)."""
+    from resumerge.analyses.importance import onmerge
+    from resumerge.forward.ahead import ahead_fits
+    from resumerge.forward.reader import CastReader
+
+    assert ahead_fits(10, 5, 15) and not ahead_fits(10, 6, 15)
+    config, texts = merge
+    reads: list[tuple[str, str]] = []
+    real_read = CastReader.read
+
+    def read(self: CastReader, name: str) -> object:
+        reads.append((name, threading.current_thread().name))
+        return real_read(self, name)
+
+    monkeypatch.setattr(CastReader, "read", read)
+    monkeypatch.setattr(onmerge, "ahead_fits", lambda layer, largest, room: True)
+    ahead = tmp_path / "ahead"
+    api.run(config, ahead / "out", settings=api.Settings(state_dir=ahead / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
+    by_layer = {layer: {thread for name, thread in reads if f".layers.{layer}." in name} for layer in range(LAYERS)}
+    assert by_layer[0] == {"MainThread"}, by_layer  # the first layer is read as it loads
+    assert all(threads and all(t.startswith("resumerge-ahead") for t in threads)
+               for layer, threads in by_layer.items() if layer), by_layer
+    (matrix,) = (ahead / "s" / "imatrix").glob("*.gguf")
+    assert matrix.read_bytes() == computed[1].read_bytes()
+    assert _sha(ahead / "out" / "model.gguf") == _sha(computed[0] / "model.gguf")
