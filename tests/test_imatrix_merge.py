@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -437,3 +439,24 @@ def test_the_next_layer_is_merged_while_one_runs_where_the_step_holds_it_and_the
     (matrix,) = (ahead / "s" / "imatrix").glob("*.gguf")
     assert matrix.read_bytes() == computed[1].read_bytes()
     assert _sha(ahead / "out" / "model.gguf") == _sha(computed[0] / "model.gguf")
+
+
+def test_torch_is_imported_beside_the_plan_of_a_run_with_a_pass(merge: tuple[Path, Path], tmp_path: Path) -> None:
+    """The pass's forward needs torch (~1 CPU s to import): its import starts on a thread of its own before the
+    merge is planned, not after (the planning holds no torch)."""
+    config, texts = merge
+    probe = (
+        "import threading\n"
+        "import resumerge.merge.engine.session as session\n"
+        "from resumerge.cli.commands import main\n"
+        "real, seen = session.prepare, []\n"
+        "def prepare(*args, **kwargs):\n"
+        "    seen.append(sorted(t.name for t in threading.enumerate()))\n"
+        "    return real(*args, **kwargs)\n"
+        "session.prepare = prepare\n"
+        f"code = main(['run', {str(config)!r}, {str(tmp_path / 'out')!r}, '--state-dir', {str(tmp_path / 's')!r},\n"
+        f"             *{K_MIX!r}, '--imatrix-texts', {str(texts)!r}, '--quiet'])\n"
+        "print(code, 'resumerge-torch-import' in seen[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.stdout.strip().splitlines()[-1:] == ["0 True"], done.stdout + done.stderr[-3000:]
