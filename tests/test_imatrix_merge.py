@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -404,3 +406,57 @@ def test_the_pass_pairs_short_texts_only() -> None:
     assert _steps([3, 5, 7]) == [[0, 1], [2]]
     assert _steps([3, long, 5, 6, long]) == [[0], [1], [2, 3], [4]]
     assert _steps([]) == []
+
+
+def test_the_next_layer_is_merged_while_one_runs_where_the_step_holds_it_and_the_bytes_stay(
+        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer l + 1's weights are merged on a thread of their own while layer l's texts run (the merge, on one core,
+    held the forward back), where the pass's step has room for a layer beside it: the room kept for its largest
+    merge (the embeddings', in the bench's 1 GB models), unused while a layer runs. The matrix and the GGUF keep the
+    bytes of the pass that reads each layer as it loads (this tiny merge's step has no such room: ``computed``)."""
+    from resumerge.analyses.importance import onmerge
+    from resumerge.forward.ahead import ahead_fits
+    from resumerge.forward.reader import CastReader
+
+    assert ahead_fits(10, 5, 15) and not ahead_fits(10, 6, 15)
+    config, texts = merge
+    reads: list[tuple[str, str]] = []
+    real_read = CastReader.read
+
+    def read(self: CastReader, name: str) -> object:
+        reads.append((name, threading.current_thread().name))
+        return real_read(self, name)
+
+    monkeypatch.setattr(CastReader, "read", read)
+    monkeypatch.setattr(onmerge, "ahead_fits", lambda layer, largest, room: True)
+    ahead = tmp_path / "ahead"
+    api.run(config, ahead / "out", settings=api.Settings(state_dir=ahead / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
+    by_layer = {layer: {thread for name, thread in reads if f".layers.{layer}." in name} for layer in range(LAYERS)}
+    assert by_layer[0] == {"MainThread"}, by_layer  # the first layer is read as it loads
+    assert all(threads and all(t.startswith("resumerge-ahead") for t in threads)
+               for layer, threads in by_layer.items() if layer), by_layer
+    (matrix,) = (ahead / "s" / "imatrix").glob("*.gguf")
+    assert matrix.read_bytes() == computed[1].read_bytes()
+    assert _sha(ahead / "out" / "model.gguf") == _sha(computed[0] / "model.gguf")
+
+
+def test_torch_is_imported_beside_the_plan_of_a_run_with_a_pass(merge: tuple[Path, Path], tmp_path: Path) -> None:
+    """The pass's forward needs torch (~1 CPU s to import): its import starts on a thread of its own before the
+    merge is planned, not after (the planning holds no torch)."""
+    config, texts = merge
+    probe = (
+        "import threading\n"
+        "import resumerge.merge.engine.session as session\n"
+        "from resumerge.cli.commands import main\n"
+        "real, seen = session.prepare, []\n"
+        "def prepare(*args, **kwargs):\n"
+        "    seen.append(sorted(t.name for t in threading.enumerate()))\n"
+        "    return real(*args, **kwargs)\n"
+        "session.prepare = prepare\n"
+        f"code = main(['run', {str(config)!r}, {str(tmp_path / 'out')!r}, '--state-dir', {str(tmp_path / 's')!r},\n"
+        f"             *{K_MIX!r}, '--imatrix-texts', {str(texts)!r}, '--quiet'])\n"
+        "print(code, 'resumerge-torch-import' in seen[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.stdout.strip().splitlines()[-1:] == ["0 True"], done.stdout + done.stderr[-3000:]

@@ -45,6 +45,7 @@ class MergeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`."""
         from resumerge.merge.engine.session import run_merge
+        from resumerge.torch_import import load_beside
 
         def before() -> None:  # --imatrix-texts: the importance matrix the encoding reads, computed on the merge
             from resumerge.api.importance import importance_pass
@@ -52,9 +53,16 @@ class MergeKind:
             importance_pass(call.text, call.options, call.settings, reporter=driving.reporter,
                             command=f"resumerge run {os.fspath(call.config)} {os.fspath(call.locations.out)}")
 
-        return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
-                         reporter=driving.reporter, should_stop=driving.should_stop,
-                         codecs=call.codecs, before=before if call.options.imatrix_texts is not None else None)
+        imatrix = call.options.imatrix_texts is not None
+        # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
+        importing = load_beside() if imatrix else None
+        try:
+            return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
+                             reporter=driving.reporter, should_stop=driving.should_stop,
+                             codecs=call.codecs, before=before if imatrix else None)
+        finally:
+            if importing is not None:  # a run refused while planning never leaves torch half imported
+                importing.join()
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the

@@ -303,8 +303,7 @@ class ModelStream:
                    read: Callable[[str], torch.Tensor] | None) -> torch.nn.Module:
         """:meth:`load`'s reading, on the host."""
         prefix = self.prefix(module)
-        stored = self.prefix(self.model.get_input_embeddings()) if tied_head else prefix
-        keys = {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
+        keys = self._keys(module, tied_head)
         for key, shape in keys.values():  # all checked before any is read: none is read twice
             if not self.reader.holds(key, shape):
                 if read is not None:
@@ -314,6 +313,17 @@ class ModelStream:
         state = {name: self.reader.read(key) if read is None else read(key) for name, (key, _) in keys.items()}
         module.load_state_dict(state, strict=False, assign=True)
         return module
+
+    def reads(self, module: torch.nn.Module) -> list[str] | None:
+        """The checkpoint's tensors :meth:`load` reads ``module``'s weights from, each once, in its order; None where
+        it loads them through transformers' conversion (some are stored under another name or shape)."""
+        keys = self._keys(module, False).values()
+        return [key for key, _ in keys] if all(self.reader.holds(key, shape) for key, shape in keys) else None
+
+    def _keys(self, module: torch.nn.Module, tied_head: bool) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Each of ``module``'s weights' checkpoint name and shape, by parameter name."""
+        stored = self.prefix(self.model.get_input_embeddings()) if tied_head else self.prefix(module)
+        return {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
 
     def _converted(self, module: torch.nn.Module, prefix: str) -> torch.nn.Module:
         """``module`` loaded through transformers' own checkpoint conversion, for a checkpoint that names or

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
+_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")  # a decoder layer's tensor
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,13 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     where = PassFolder(folder, f"the importance matrix pass into {out}", command,
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)")
     return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress))
+
+
+def _layer_bytes(stream: ModelStream) -> int:
+    """The most a decoder layer of ``stream`` holds: its float32 values, each the output of its merge."""
+    from resumerge.forward.reader import pass_bytes
+
+    return pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=lambda name: True)
 
 
 def states_bytes(tokens: int, hidden: int) -> int:
@@ -108,7 +118,6 @@ class _ImportanceJob:
         """The merge's modules built without weights and its layer step judged against the budget (refused, exit 2,
         before any weight is read)."""
         from resumerge.forward import Weights
-        from resumerge.forward.reader import pass_bytes
         from resumerge.forward.stream import ModelStream
         from resumerge.memory import SystemProbe, budget_fitting
         from resumerge.torch_import import torch
@@ -119,8 +128,7 @@ class _ImportanceJob:
         try:
             hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
             # a layer's float32 values (each the output of its merge: no copy beside it) and one merge's working set
-            step = pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=lambda name: True) \
-                + merge.merge_bytes
+            step = _layer_bytes(stream) + merge.merge_bytes
             budget = budget_fitting("the importance matrix pass over the merge",
                                     pass_held(step, sum(len(t) for t in self.tokens), hidden), self.max_memory,
                                     SystemProbe())
@@ -150,11 +158,17 @@ class _ImportanceJob:
             if self.on_progress is not None:
                 self.on_progress(f"importance matrix: layer {index + 1} of {layers} of the merge")
 
-        step = SumStep(stream, calls, reserve, on_layer)
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
-        # kill point after_imatrix_layer: a layer's sums and hidden states durable (resumerge.merge.store.killpoints)
-        found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
-            step, [[h for h, _ in entering]], len(batches))
+        # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
+        merge = self.merge
+        largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors if _LAYER.search(name)),
+                      default=0)
+        with reading_ahead(stream, ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)) as ahead:
+            step = SumStep(stream, calls, reserve, on_layer, ahead)
+            # kill point after_imatrix_layer: a layer's sums and hidden states durable
+            # (resumerge.merge.store.killpoints)
+            found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
+                step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
         return found
 

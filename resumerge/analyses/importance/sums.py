@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
+from resumerge.forward.ahead import ReadAhead
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step
@@ -32,11 +33,13 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
     inputs summed, by checkpoint module name, and its fused experts' per expert
     (:class:`~resumerge.forward.routed.RoutedSums`);
-    ``reserve`` admits each layer, ``on_layer(l)`` is told before it. It gives the sums and the experts' counts."""
+    ``reserve`` admits each layer, ``on_layer(l)`` is told before it; ``ahead``: each layer's weights read (merged)
+    while the one before it runs, where the pass has room for it. It gives the sums and the experts' counts."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
-                 on_layer: Callable[[int], None] | None = None) -> None:
+                 on_layer: Callable[[int], None] | None = None, ahead: ReadAhead | None = None) -> None:
         self.stream, self.calls, self.reserve, self.on_layer = stream, calls, reserve, on_layer
+        self.ahead = ahead
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
 
@@ -51,7 +54,10 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
             self.on_layer(index)
         stream = self.stream
         module = stream.layers_list[index]
-        with self.reserve(f"layer {index} of the merge", "layer"), stream.loaded(module) as layer:
+        read = self.ahead.take(index) if self.ahead is not None else None
+        with self.reserve(f"layer {index} of the merge", "layer"), stream.loaded(module, read=read) as layer:
+            if self.ahead is not None:  # the next layer merged while this one runs
+                self.ahead.start(index + 1)
             prefix = stream.prefix(module)
             experts = fused_experts(layer)
             hooked = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]

@@ -42,6 +42,13 @@ _QWEN_MOE_INTS = ("moe_intermediate_size", "shared_expert_intermediate_size", "d
 # from rope_parameters (transformers 5 folds it in there).
 _COMPLETED = ("num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
 _GEMMA_COMPLETED = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
+# transformers' values (its configuration classes, 5.x) of the keys a plain config.json of these families most often
+# leaves out, the same for every config of the family: head_dim is the width over the heads (None here), rope_theta
+# its RoPE base. A config missing only these is completed without importing transformers (1.8 of a llama GGUF
+# plan's 2.1 s); tests/test_gguf_defaults.py checks them against the installed transformers. A config with RoPE
+# parameters is transformers' to read (its rope_theta may come from them, or be unset).
+KNOWN_DEFAULTS: Mapping[str, Mapping[str, float | None]] = {
+    "llama": {"head_dim": None, "rope_theta": 10000.0}, "mistral": {"head_dim": None, "rope_theta": 10000.0}}
 _HINT = "fix the key in the config.json the output's is built from (the base model's), or write it as safetensors"
 
 
@@ -68,7 +75,9 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
     missing = [key for key in wanted if config.get(key) is None
                and not (key == "rope_theta" and _nested_theta(config) is not None)]
     if missing:
-        completed = {k: v for k, v in transformers_defaults(config, missing).items() if v is not None}
+        completed = known_defaults(config, missing)
+        if completed is None:
+            completed = {k: v for k, v in transformers_defaults(config, missing).items() if v is not None}
         config.update(completed)
         if attention is not None:
             _check_widths(config, attention, completed)
@@ -108,6 +117,18 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
         raise ModelInputError(f"the output's config.json says num_experts_per_tok: {chosen}, more than its {count} "
                               "experts", hint=_HINT)
     return config
+
+
+def known_defaults(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any] | None:
+    """What :func:`transformers_defaults` answers for ``keys``, where :data:`KNOWN_DEFAULTS` holds every one of them
+    for the config's ``model_type``, the config leaves them out (a null is transformers' to read: its rope_theta
+    stays unset) and has no RoPE parameters; None where transformers must be asked."""
+    known = KNOWN_DEFAULTS.get(str(config.get("model_type")))
+    if known is None or any(k not in known or k in config for k in keys) or config.get("rope_scaling") is not None \
+            or config.get("rope_parameters") is not None:
+        return None
+    heads = config["num_attention_heads"]
+    return {k: known[k] if k != "head_dim" else config["hidden_size"] // heads for k in keys}
 
 
 def transformers_defaults(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
