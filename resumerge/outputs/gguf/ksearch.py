@@ -35,17 +35,12 @@ from collections.abc import Callable
 import numpy as np
 
 from resumerge.outputs.gguf import qkxloop, qxloop
+from resumerge.outputs.gguf.kfloat import EPS, MAGIC, TAME, F
 
 __all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qkx_numpy",
            "qp", "qx", "qx_lazy", "tame"]
 
 _Array = np.ndarray
-F = np.float32
-EPS = F(1e-15)  # GROUP_MAX_EPS
-MAGIC = F(12582912)  # 1.5 * 2**23: nearest_int's shift of the value into the mantissa
-# |argument| up to which nearest_int is round half to even (np.rint); the bound is checked with float32 products
-# of rounded factors, so it stays well under 4194303
-TAME = F(4e6)
 
 
 def ni(v: _Array) -> _Array:

@@ -11,11 +11,11 @@ only compiled functions and these are compiled on first use), wherever the numpy
 together, five at most: a pass that changes nothing in a sub-block leaves its sums and codes as they were, so the
 passes it takes after converging change nothing (the argument :func:`.ksearch.descend` rests on too).
 
-This module imports numpy, :mod:`.jit` and :mod:`.ksearch`'s constants only; numba itself is imported by
-:mod:`.jit` on the first :func:`kernels` call, never at resumerge's import. Where numba is missing, :func:`kernels`
-is None and :mod:`.ksearch` takes its numpy path, to the same bytes. (numba's disk cache is keyed on this file:
-the constants read from :mod:`.ksearch`, EPS, MAGIC and TAME, are frozen into the cached kernels, so a change to
-them there needs a change here too.)
+This module imports numpy, :mod:`.jit` and :mod:`.kfloat` (the constants it shares with :mod:`.ksearch`) only;
+numba itself is imported by :mod:`.jit` on the first :func:`kernels` call, never at resumerge's import. Where numba
+is missing, :func:`kernels` is None and :mod:`.ksearch` takes its numpy path, to the same bytes. (numba's disk cache
+is keyed on this file: the constants read from :mod:`.kfloat`, EPS, MAGIC and TAME, are frozen into the cached
+kernels, so a change to them there needs a change here too.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from resumerge.outputs.gguf import jit
-from resumerge.outputs.gguf import ksearch as ks
+from resumerge.outputs.gguf import kfloat as kf
 
 __all__ = ["Kernels", "kernels"]
 
@@ -79,10 +79,10 @@ def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array,
     zero = np.empty(width, np.bool_)
     in_range = True
     for s in range(width):
-        zero[s] = not amax[s] >= ks.EPS
+        zero[s] = not amax[s] >= kf.EPS
         if zero[s]:
             peak[s] = f32(1)
-        if not f32(nmax + 1) / abs(peak[s]) * amax[s] <= ks.TAME:
+        if not f32(nmax + 1) / abs(peak[s]) * amax[s] <= kf.TAME:
             in_range = False
     low, high = f32(-nmax), f32(nmax - 1)
     chosen = np.empty(width, f32)
@@ -108,7 +108,7 @@ def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array,
                 p = iscale[s] * v
                 # np.rint where every product is in nearest_int's exact range (measured: a third less time than
                 # ksearch.ni throughout), else ksearch.ni: the mantissa of p + 1.5·2^23, less 2^22
-                q = np.rint(p) if in_range else f32((np.float32(p + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
+                q = np.rint(p) if in_range else f32((np.float32(p + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
                 q = low if q < low else q
                 q = high if q > high else q
                 wv = v * v if squares else w[i, s]
@@ -162,7 +162,7 @@ def _descend(x: _Array, w: _Array, q: _Array, low: float, high: float, need_sl2:
                 sl2 = l2 - wv * was * was
                 tried = slx > 0 and sl2 > 0 if need_sl2 else slx > 0
                 new = v * sl2 / slx
-                new = f32((np.float32(new + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)  # ksearch.ni
+                new = f32((np.float32(new + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)  # ksearch.ni
                 new = lo if new < lo else new
                 new = hi if new > hi else new
                 slx += wx * new
@@ -196,7 +196,7 @@ def _qp_start(x: _Array, w: _Array, nmax: int) -> tuple[_Array, _Array]:
     best = np.zeros(width, f32)
     mse = np.empty(width, f32)
     for s in range(width):
-        zero[s] = peak[s] < ks.EPS
+        zero[s] = peak[s] < kf.EPS
         if zero[s]:
             peak[s] = f32(1)
         iscale[s] = top / peak[s]
@@ -204,7 +204,7 @@ def _qp_start(x: _Array, w: _Array, nmax: int) -> tuple[_Array, _Array]:
     for i in range(n):
         for s in range(width):
             v = x[i, s]
-            q = f32((np.float32(iscale[s] * v + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)  # ksearch.ni
+            q = f32((np.float32(iscale[s] * v + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)  # ksearch.ni
             q = q + f32(256) if q < 0 else q  # stored in a uint8 before its error is taken
             diff = v - scale[s] * q
             best[s] += w[i, s] * diff * diff
@@ -219,7 +219,7 @@ def _qp_start(x: _Array, w: _Array, nmax: int) -> tuple[_Array, _Array]:
         for i in range(n):
             for s in range(width):
                 v = x[i, s]
-                q = f32((np.float32(trial[s] * v + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
+                q = f32((np.float32(trial[s] * v + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
                 q = top if top < q else q
                 diff = v - scale[s] * q
                 mse[s] += w[i, s] * diff * diff
@@ -230,7 +230,7 @@ def _qp_start(x: _Array, w: _Array, nmax: int) -> tuple[_Array, _Array]:
     codes = np.empty_like(x)
     for i in range(n):
         for s in range(width):
-            q = f32((np.float32(iscale[s] * x[i, s] + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
+            q = f32((np.float32(iscale[s] * x[i, s] + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
             q = top if top < q else q
             codes[i, s] = q + f32(256) if q < 0 else q  # stored in a uint8
     return zero, codes
@@ -254,16 +254,16 @@ def _q3_start(x: _Array, nmax: int) -> tuple[_Array, _Array]:
     iscale = np.empty(width, f32)
     in_range = True
     for s in range(width):
-        zero[s] = not amax[s] >= ks.EPS
+        zero[s] = not amax[s] >= kf.EPS
         iscale[s] = f32(-nmax) / (f32(1) if zero[s] else peak[s])
-        if not abs(iscale[s]) * amax[s] <= ks.TAME:
+        if not abs(iscale[s]) * amax[s] <= kf.TAME:
             in_range = False
     low, high = f32(-nmax), f32(nmax - 1)
     codes = np.empty_like(x)
     for i in range(n):
         for s in range(width):
             p = iscale[s] * x[i, s]
-            q = np.rint(p) if in_range else f32((np.float32(p + ks.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
+            q = np.rint(p) if in_range else f32((np.float32(p + kf.MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000)
             q = low if q < low else q
             codes[i, s] = high if q > high else q
     return zero, codes
