@@ -233,17 +233,44 @@ def _unpack_q3_scales(packed: _Array) -> _Array:
     return signed
 
 
-def _qkx_sliced(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool,
-                v3: bool) -> tuple[_Array, _Array, _Array]:
-    """:func:`.ksearch.qkx` over ``_CHUNK`` super-blocks' sub-blocks (columns of ``x``) at a time: its working
-    arrays stay in the cache while a larger chunk's scales are searched at once."""
-    width = _CHUNK * (QK // x.shape[0])
-    if x.shape[1] <= width:
-        return ks.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3)
-    parts = [ks.qkx(np.ascontiguousarray(x[:, at:at + width]), np.ascontiguousarray(w[:, at:at + width]), nmax,
-                    rmin, rdelta, nstep, mad=mad, v3=v3) for at in range(0, x.shape[1], width)]
-    scales, mins, codes = zip(*parts, strict=True)
-    return np.concatenate(scales), np.concatenate(mins), np.concatenate(codes, axis=1)
+# one search's share of a chunk: its first and end super-block, values (n, S) and codes
+_Part = tuple[int, int, _Array, _Array]
+
+
+def _searched(block: _Array, qw: _Array | None, offset: int, n: int, mode: int, factor: float,
+              search: Callable[[_Array, _Array], tuple[_Array, _Array, _Array]]
+              ) -> tuple[list[_Part], _Array, _Array, _Array | None]:
+    """``search`` (an asymmetric one: :func:`.ksearch.qkx`) of ``_CHUNK`` super-blocks at a time (its working
+    arrays stay in the cache while a larger chunk's sub-block scales are searched at once), each share laid out on
+    its own (:func:`_layout`: no copy of a share's columns out of the chunk's): the shares, and the chunk's scales,
+    mins and (IMPORTANCE) Σ weights as (256/n, B)."""
+    groups = QK // n
+    rows = 1 if qw is None else qw.shape[0]
+    parts: list[_Part] = []
+    scales, mins, sums = [], [], []
+    for lo in range(0, block.shape[0], _CHUNK):
+        hi = min(lo + _CHUNK, block.shape[0])
+        x, w, sw = _layout(block[lo:hi], qw, (offset + lo) % rows, n, mode, factor)
+        assert w is not None
+        scale, low, codes = search(x, w)
+        parts.append((lo, hi, x, codes))
+        scales.append(scale.reshape(groups, -1))
+        mins.append(low.reshape(groups, -1))
+        if sw is not None:
+            sums.append(sw.reshape(groups, -1))
+
+    def joined(shares: list[_Array]) -> _Array:
+        return shares[0] if len(shares) == 1 else np.concatenate(shares, axis=1)
+
+    return parts, joined(scales), joined(mins), joined(sums) if sums else None
+
+
+def _recoded(parts: list[_Part], sub_d: _Array, sub_m: _Array, high: int, kind: int, out: _Array) -> None:
+    """Each share's codes recomputed from its sub-blocks' stored scales and offsets (``sub_d``, ``sub_m``: (256/n,
+    B)) and packed as ``kind``'s quants into its rows of ``out``."""
+    for lo, hi, x, codes in parts:
+        _pack(_codes(x, codes, sub_d[:, lo:hi].reshape(-1), sub_m[:, lo:hi].reshape(-1), 0, high), kind,
+              out[lo:hi])
 
 
 def _qp_pair(scales: _Array, mins: _Array, nmax: int, sw: _Array) -> tuple[_Array, _Array, _Array, _Array]:
@@ -256,11 +283,9 @@ def _qp_pair(scales: _Array, mins: _Array, nmax: int, sw: _Array) -> tuple[_Arra
 
 def _q2_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
     b = block.shape[0]
-    x, w, sw = _layout(block, qw, offset, 16, ABS if qw is None else IMPORTANCE, 1.0)
-    assert w is not None
-    if sw is None:
-        scales, mins, codes = ks.qkx(x, w, 3, -0.5, 0.1, 15, mad=True, v3=False)
-        scales, mins = scales.reshape(16, b), mins.reshape(16, b)
+    if qw is None:
+        parts, scales, mins, _ = _searched(block, qw, offset, 16, ABS, 1.0, lambda x, w: ks.qkx(
+            x, w, 3, -0.5, 0.1, 15, mad=True, v3=False))
         max_scale = ks.positive_max(scales)
         max_min = ks.positive_max(mins)
         has_scale, has_min = max_scale > 0, max_min > 0
@@ -271,15 +296,15 @@ def _q2_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
         d_bits, d = ks.f16(np.where(has_scale, max_scale / F(15), F(0)))
         m_bits, dmin = ks.f16(np.where(has_min, max_min / F(15), F(0)))
     else:
-        scales, mins, codes = _qkx_sliced(x, w, 3, -0.9, 0.05, 36, mad=False, v3=True)
-        dm, ls, mm, lm = _qp_pair(scales.reshape(16, b), mins.reshape(16, b), 15, sw.reshape(16, b))
+        parts, scales, mins, sw = _searched(block, qw, offset, 16, IMPORTANCE, 1.0, lambda x, w: ks.qkx(
+            x, w, 3, -0.9, 0.05, 36, mad=False, v3=True))
+        assert sw is not None
+        dm, ls, mm, lm = _qp_pair(scales, mins, 15, sw)
         byte = (ls.astype(np.int32) | (lm.astype(np.int32) << 4)) & 0xFF
         d_bits, d = ks.f16(dm)
         m_bits, dmin = ks.f16(mm)
-    sub_d = (d * (byte & 0xF).astype(F)).reshape(-1)
-    sub_m = (dmin * (byte >> 4).astype(F)).reshape(-1)
     out[:, 0:16] = byte.T
-    _pack(_codes(x, codes, sub_d, sub_m, 0, 3), Q2_K, out)
+    _recoded(parts, d * (byte & 0xF).astype(F), dmin * (byte >> 4).astype(F), 3, Q2_K, out)
     out[:, 80:82] = d_bits.view(np.uint8).reshape(b, 2)
     out[:, 82:84] = m_bits.view(np.uint8).reshape(b, 2)
 
@@ -324,48 +349,40 @@ def _k4_scales_ref(scales: _Array, mins: _Array, b: int) -> tuple[_Array, _Array
     return _pack_k4_scales(ls, lm), d_bits, m_bits, np.stack([d, dmin])
 
 
-def _k45(block: _Array, qw: _Array | None, offset: int, nmax: int) -> tuple[_Array, _Array, _Array, _Array, int]:
-    """Q4_K (``nmax`` 15) / Q5_K (31): the packed scales, d and dmin bits, and the codes (x's layout, uint8)."""
+def _k45(block: _Array, qw: _Array | None, offset: int, nmax: int, out: _Array) -> None:
+    """Q4_K (``nmax`` 15) / Q5_K (31) super-blocks into ``out`` (B, block bytes): the head they share (d and
+    dmin as float16, then the 12 bytes of 6-bit scales and mins), then the quants."""
     b = block.shape[0]
-    x, w, sw = _layout(block, qw, offset, 32, RMS if qw is None else IMPORTANCE, 2.0)
-    assert w is not None
-    if sw is None:
-        if nmax == 15:
-            scales, mins, codes = ks.qkx(x, w, 15, -1.0, 0.1, 20, mad=False, v3=False)
-        else:
-            scales, mins, codes = ks.qkx(x, w, 31, -0.5, 0.1, 15, mad=False, v3=False)
+    if qw is None:
+        rmin, nstep = (-1.0, 20) if nmax == 15 else (-0.5, 15)
+        parts, scales, mins, _ = _searched(block, qw, offset, 32, RMS, 1.0, lambda x, w: ks.qkx(
+            x, w, nmax, rmin, 0.1, nstep, mad=False, v3=False))
         packed, d_bits, m_bits, dd = _k4_scales_ref(scales, mins, b)
         d, dmin = dd[0], dd[1]
     else:
-        scales, mins, codes = _qkx_sliced(x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True)
-        d_block, ls, m_block, lm = _qp_pair(scales.reshape(8, b), mins.reshape(8, b), 63, sw.reshape(8, b))
+        parts, scales, mins, sw = _searched(block, qw, offset, 32, IMPORTANCE, 2.0, lambda x, w: ks.qkx(
+            x, w, nmax, -0.9, 0.05, 36, mad=False, v3=True))
+        assert sw is not None
+        d_block, ls, m_block, lm = _qp_pair(scales, mins, 63, sw)
         ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
         if nmax == 31:
             ls, lm = np.minimum(ls, np.uint8(63)), np.minimum(lm, np.uint8(63))
         packed = _pack_k4_scales(ls, lm)
         d_bits, d = ks.f16(d_block)
         m_bits, dmin = ks.f16(m_block)
-    sc, m = _unpack_k4_scales(packed)
-    q = _codes(x, codes, (d * sc).reshape(-1), (dmin * m).reshape(-1), 0, nmax)
-    return packed, d_bits, m_bits, q, b  # q: the codes in x's layout
-
-
-def _k45_blocks(block: _Array, qw: _Array | None, offset: int, nmax: int, out: _Array) -> None:
-    """Q4_K's or Q5_K's super-blocks into ``out`` (B, block bytes): the head they share (d and dmin as float16,
-    then the 12 bytes of 6-bit scales and mins), then the quants."""
-    packed, d_bits, m_bits, q, b = _k45(block, qw, offset, nmax)
     out[:, 0:2] = d_bits.view(np.uint8).reshape(b, 2)
     out[:, 2:4] = m_bits.view(np.uint8).reshape(b, 2)
     out[:, 4:16] = packed
-    _pack(q, Q4_K if nmax == 15 else Q5_K, out)
+    sc, m = _unpack_k4_scales(packed)
+    _recoded(parts, d * sc, dmin * m, nmax, Q4_K if nmax == 15 else Q5_K, out)
 
 
 def _q4_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
-    _k45_blocks(block, qw, offset, 15, out)
+    _k45(block, qw, offset, 15, out)
 
 
 def _q5_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
-    _k45_blocks(block, qw, offset, 31, out)
+    _k45(block, qw, offset, 31, out)
 
 
 def _q6_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
