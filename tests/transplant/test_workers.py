@@ -1,10 +1,11 @@
 """A matrix's batches computed on several threads (issue 85): the same bytes with one worker as with two or three,
 whatever order the batches finish in, and the workers really computed batches side by side (else the comparison
-would prove nothing)."""
+would prove nothing); and no more batches alive at once than the unit's held bytes count."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,51 @@ def test_the_output_is_the_same_bytes_with_one_thread_and_two(tmp_path: Path) ->
         assert ran.returncode == 0, ran.stderr
         outputs.append({n: d for n, d in digests(out).items() if n.endswith(".safetensors")})
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_no_more_batches_are_alive_than_held_bytes_counts(workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """held_bytes counts BATCH_WORKERS batches at most, each from its DONOR rows read to its rows written into the
+    matrix: the unit holds no more. A batch is alive here from its inputs made until both its DONOR rows are let go
+    and its rows are written (batches are made and written in batch order); the number alive is counted each time
+    one is made. Reading the next batch ahead of the oldest's rows held a third batch's rows beside the two
+    computed (and a finished batch's DONOR rows beside the next one, on one thread)."""
+    alive: set[int] = set()  # made, and not both let go and written
+    inputs: set[int] = set()  # whose DONOR rows are still referenced
+    most, made, written = 0, 0, 0
+    lock = threading.Lock()  # the DONOR rows are let go on the workers' threads
+    batch, put = registered.Batch, registered._put
+
+    def gone(number: int) -> None:
+        with lock:
+            inputs.discard(number)
+            if number < written:
+                alive.discard(number)
+
+    def tracked(*args: object, **kwargs: object) -> Batch:
+        nonlocal most, made
+        made_batch = batch(*args, **kwargs)  # type: ignore[arg-type]
+        with lock:
+            number, made = made, made + 1
+            alive.add(number)
+            inputs.add(number)
+            most = max(most, len(alive))
+        weakref.finalize(made_batch.targets, gone, number)
+        return made_batch
+
+    def writing(out: torch.Tensor, ids: list[int], rows: torch.Tensor) -> None:
+        nonlocal written
+        put(out, ids, rows)
+        with lock:
+            number, written = written, written + 1
+            if number not in inputs:
+                alive.discard(number)
+
+    monkeypatch.setattr(registered, "Batch", tracked)
+    monkeypatch.setattr(registered, "_put", writing)
+    generator = torch.Generator().manual_seed(0)
+    tensors = (torch.randn((MODEL_ROWS, MODEL_WIDTH), generator=generator),
+               torch.randn((DONOR_ROWS, DONOR_WIDTH), generator=generator))
+    _rows(Method("omp", k=4), workers, tensors)
+    assert made == written == 9
+    assert most == min(workers, registered.BATCH_WORKERS), most

@@ -22,6 +22,9 @@ sums become inf or NaN and its ``nearest_int`` sees arguments past its range: :f
 (the wrapped mantissa; NaN is 0), used wherever an argument can leave the range (checked per column, :func:`tame`),
 ``np.rint`` where none can; C's int8 and uint8 stores wrap (:func:`as_int8`, :func:`as_uint8`), and its scans skip a
 NaN as ``>`` does (:func:`largest`, :func:`positive_max`) or take it as ``MAX`` does (:func:`scan_max`).
+
+Where numba is installed, ``qx_lazy``/``qx``, ``q3`` and ``qp`` run their compiled twins (:mod:`.qxloop`) instead,
+to the same bits; the numpy code here is the path without it, and the reference those are tested against.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+from resumerge.outputs.gguf import qxloop
 
 __all__ = ["EPS", "F", "as_int8", "as_uint8", "f16", "fsum", "largest", "ni", "positive_max", "q3", "qkx", "qp",
            "qx", "qx_lazy", "tame"]
@@ -231,7 +236,12 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
     code from the stored scales, and keep the search's only where a stored scale is 0: a few columns).
     The candidates' codes and products live in two buffers of ``x``'s shape, every step in place; a column keeps
     the inverse scale it adopts, and the codes are taken from those when asked (the same float32 product and
-    rounding as the candidate's, so the same codes, without copying every adopted candidate's)."""
+    rounding as the candidate's, so the same codes, without copying every adopted candidate's). Compiled
+    (:mod:`.qxloop`) where numba is installed, to the same bits."""
+    compiled = qxloop.kernels()
+    if compiled is not None:
+        found, chosen, zero, in_range = compiled.qx(x, x if qw is None else qw, nmax, qw is None)
+        return found, _qx_codes(x, nmax, chosen, zero, in_range)
     amax, peak = largest(x)
     zero = ~(amax >= EPS)
     peak = np.where(zero, F(1), peak)
@@ -283,35 +293,46 @@ def qx_lazy(x: _Array, nmax: int, qw: _Array | None) -> tuple[_Array, Callable[[
             np.copyto(chosen, iscale, where=adopt)
             np.divide(sumlx, suml2, out=scale, where=adopt)
             np.multiply(scale, sumlx, out=best, where=adopt)
+    return np.where(zero, F(0), scale), _qx_codes(x, nmax, chosen, zero, in_range)
+
+
+def _qx_codes(x: _Array, nmax: int, chosen: _Array, zero: _Array, in_range: bool) -> Callable[[_Array], _Array]:
+    """:func:`qx_lazy`'s codes of ``x`` (n, S) as a function of the columns wanted, from the adopted inverse
+    scales ``chosen``, the all-zero columns ``zero`` and whether the search rounded with ``np.rint``."""
 
     def codes_at(cols: _Array) -> _Array:
         """The adopted candidates' codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
         some: _Array = x[:, cols] * chosen[cols]
         some = np.rint(some, out=some) if in_range else ni(some)
-        np.clip(some, low, high, out=some)
+        np.clip(some, F(-nmax), F(nmax - 1), out=some)
         some += F(nmax)
         some[:, zero[cols]] = 0
         return some
 
-    return np.where(zero, F(0), scale), codes_at
+    return codes_at
 
 
 def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
     """``make_q3_quants(n, nmax, x, L, true)`` of each column of ``x`` (n, S): (scale, its codes 0..2nmax-1 as a
-    function of the columns wanted, as :func:`qx_lazy`'s)."""
-    amax, peak = largest(x)
-    zero = ~(amax >= EPS)
-    peak = np.where(zero, F(1), peak)
+    function of the columns wanted, as :func:`qx_lazy`'s). Compiled (:mod:`.qxloop`) where numba is installed, to
+    the same bits."""
     low, high = F(-nmax), F(nmax - 1)
-    iscale = F(-nmax) / peak
-    q = iscale * x
-    q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
-    np.clip(q, low, high, out=q)
-    w = x * x
-    wx = w * x
-    terms = (wx * q, w * q * q)
-    sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
-    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
+    compiled = qxloop.kernels()
+    if compiled is not None:
+        zero, q = compiled.q3_start(x, nmax)
+        sumlx, suml2 = compiled.descend(x, x, q, float(low), float(high), False, True)
+    else:
+        amax, peak = largest(x)
+        zero = ~(amax >= EPS)
+        peak = np.where(zero, F(1), peak)
+        iscale = F(-nmax) / peak
+        q = iscale * x
+        q = np.rint(q, out=q) if tame(np.abs(iscale) * amax) else ni(q)
+        np.clip(q, low, high, out=q)
+        w = x * x
+        wx = w * x
+        terms = (wx * q, w * q * q)
+        sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), low, high, need_sl2=False, terms=terms)
 
     def codes_at(cols: _Array) -> _Array:
         """The codes of columns ``cols``, shifted to 0..2nmax-1 (0 in an all-zero column)."""
@@ -319,7 +340,7 @@ def q3(x: _Array, nmax: int) -> tuple[_Array, Callable[[_Array], _Array]]:
         some[:, zero[cols]] = 0
         return some
 
-    return np.where(zero, F(0), scale), codes_at
+    return _fit_scale(sumlx, suml2, zero), codes_at
 
 
 def descend(x: _Array, w: _Array, wx: _Array, q: _Array, sumlx: _Array, suml2: _Array, low: float, high: float,
@@ -452,7 +473,13 @@ def _trial(xs: _Array, ws: _Array, wxs: _Array, qs: _Array, lx: _Array, l2: _Arr
 
 def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     """``make_qp_quants(n, nmax, x, L, w)`` of each column of ``x`` (n, S; values >= 0 in practice): (scale, codes
-    as the uint8 llama.cpp stores them, as float32)."""
+    as the uint8 llama.cpp stores them, as float32). Compiled (:mod:`.qxloop`) where numba is installed, to the
+    same bits."""
+    compiled = qxloop.kernels()
+    if compiled is not None:
+        zero, q = compiled.qp_start(x, w, nmax)
+        sumlx, suml2 = compiled.descend(x, w, q, -np.inf, float(nmax), True, False)
+        return _fit_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
     peak = scan_max(x)
     zero = peak < EPS
     peak = np.where(zero, F(1), peak)
@@ -480,5 +507,12 @@ def qp(x: _Array, nmax: int, w: _Array) -> tuple[_Array, _Array]:
     terms = (wx * q, w * q * q)
     sumlx, suml2 = descend(x, w, wx, q, fsum(terms[0]), fsum(terms[1]), -np.inf, float(nmax), need_sl2=True,
                            terms=terms)
+    return _fit_scale(sumlx, suml2, zero), np.where(zero, F(0), q)
+
+
+def _fit_scale(sumlx: _Array, suml2: _Array, zero: _Array) -> _Array:
+    """:func:`q3`'s and :func:`qp`'s scales from the descent's final sums: Σwxq/Σwq² where that is positive, else
+    (and in an all-zero column) 0."""
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F(1)), F(0))
-    return np.where(zero, F(0), scale), np.where(zero, F(0), q)
+    found: _Array = np.where(zero, F(0), scale)
+    return found

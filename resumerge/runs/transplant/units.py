@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 from resumerge.inputs.kernels import serial_kernels
@@ -78,7 +79,8 @@ class RowRanges:
             yield first, self._read(first, min(self.total, first + self.chunk))
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (int64, any order), read range by range (only the ranges holding one of them)."""
+        """Rows ``ids`` (int64, any order), read range by range: of each range holding one of them, its rows from
+        the first of them to the last."""
         if self.chunk >= self.total:
             whole = self._all()
             return whole[ids.to(whole.device)]
@@ -87,14 +89,16 @@ class RowRanges:
         out: torch.Tensor | None = None
         bounds = torch.arange(0, self.total + self.chunk, self.chunk, dtype=ordered.dtype, device=ordered.device)
         cuts = torch.searchsorted(ordered, bounds).tolist()
-        for number, first in enumerate(range(0, self.total, self.chunk)):
-            lo, hi = cuts[number], cuts[number + 1]
+        for lo, hi in pairwise(cuts):
             if lo == hi:
                 continue
-            rows = self._read(first, min(self.total, first + self.chunk))
+            # From the range's first id to its last, not the whole range: a batch's ids (DONOR's, ascending) are a
+            # stretch of the vocabulary, and the unit's thread reads them while a worker may wait for the batch.
+            start = int(ordered[lo])
+            rows = self._read(start, int(ordered[hi - 1]) + 1)
             if out is None:
                 out = rows.new_empty((ids.shape[0], rows.shape[1]))
-            out[order[lo:hi].to(rows.device)] = rows[(ordered[lo:hi] - first).to(rows.device)]
+            out[order[lo:hi].to(rows.device)] = rows[(ordered[lo:hi] - start).to(rows.device)]
         if out is None:  # no ids: the matrix's width and dtype from its first row
             first_row = self._read(0, 1)
             return first_row.new_empty((0, first_row.shape[1]))
@@ -187,45 +191,65 @@ def _approximate(ctx: MergeContext, transplant: Transplant, match: MatrixMatch, 
     # whatever thread computes a batch and however many do. Kernels already split over torch's threads stay here.
     workers = min(transplant.workers, BATCH_WORKERS) if device.type == "cpu" and torch.get_num_threads() == 1 else 1
     pending: deque[tuple[list[int], Future[torch.Tensor]]] = deque()
+
+    def drain(limit: int) -> None:
+        # The oldest batches' rows written, in batch order, until at most ``limit`` are in flight (every batch writes
+        # its own tokens' rows, so the order changes no byte either way). Each one's rows go as they are written: a
+        # future left in the loop's locals would hold them while the next batch is read.
+        while len(pending) > limit:
+            waited, done = pending.popleft()
+            _put(out, waited, done.result())
+
+    def inputs(first: int, ids: list[int]) -> list[Batch]:
+        # The batch's inputs, read here on the unit's thread (the engine's readers are not shared across threads),
+        # in a list the computation empties (_computed): nothing here keeps them once it is done.
+        nonlocal donor_shared
+        if reads_shared:
+            if donor_shared is None:
+                donor_shared = donor.gather(donor_ids)
+            targets = donor.gather(torch.tensor(ids, dtype=torch.long))
+        else:
+            donor_shared = targets = out.new_empty((len(ids), 0))
+        pieces, piece_rows = _pieces(match.pieces[first:first + step], model) if name == "subword" else ((), None)
+        return [Batch(targets, donor_shared, model_shared, stats, piece_rows, pieces, lm_head=matrix == "lm_head")]
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokensurgeon") if workers > 1 \
             else nullcontext() as pool:
         for number, first in enumerate(range(0, len(match.approximated), step)):
+            # At most BATCH_WORKERS batches alive, as held_bytes counts them (each holds its DONOR rows and
+            # workspace, or its rows waiting to be written): the oldest written before the next one's inputs are
+            # read, not after (read ahead, a third batch's DONOR rows were held beside the two computed).
+            drain(workers - 1)
             ids = list(match.approximated[first:first + step])
             key = BatchStore.key(params, number)
-            rows = transplant.store.load(key) if transplant.store is not None else None
-            if rows is not None and rows.shape == (len(ids), out.shape[1]) and rows.dtype == out.dtype:
-                _put(out, ids, rows)
+            if transplant.store is not None and _kept(transplant.store, key, out, ids):
                 continue
-            # The batch's inputs are read here, on the unit's thread (the engine's readers are not shared across
-            # threads); only the computation and the kept entry go to a worker.
             generator = torch.Generator(device=device).manual_seed(batch_seed(int(params["seed"]), matrix, number))
-            if reads_shared:
-                if donor_shared is None:
-                    donor_shared = donor.gather(donor_ids)
-                targets = donor.gather(torch.tensor(ids, dtype=torch.long))
-            else:
-                donor_shared = targets = out.new_empty((len(ids), 0))
-            pieces, piece_rows = _pieces(match.pieces[first:first + step], model) if name == "subword" \
-                else ((), None)
-            batch = Batch(targets, donor_shared, model_shared, stats, piece_rows, pieces, lm_head=matrix == "lm_head")
             if pool is None:
-                _put(out, ids, _computed(transplant, batch, generator, key, serial=False))
+                _put(out, ids, _computed(transplant, inputs(first, ids), generator, key, serial=False))
                 continue
-            pending.append((ids, pool.submit(_computed, transplant, batch, generator, key, serial=True)))
-            # At most one batch waiting per worker (each holds its DONOR rows and workspace), and rows written in
-            # batch order: every batch writes its own tokens' rows, so the order changes no byte either way.
-            while len(pending) > workers:
-                waited, done = pending.popleft()
-                _put(out, waited, done.result())
-        for waited, done in pending:
-            _put(out, waited, done.result())
+            # Only the computation and the kept entry go to a worker.
+            pending.append((ids, pool.submit(_computed, transplant, inputs(first, ids), generator, key, serial=True)))
+        drain(0)
 
 
-def _computed(transplant: Transplant, batch: Batch, generator: torch.Generator, key: str, *,
+def _kept(store: BatchStore, key: str, out: torch.Tensor, ids: list[int]) -> bool:
+    """Whether the batch's rows were kept (a killed run's): then they are in ``out``."""
+    rows = store.load(key)
+    if rows is None or rows.shape != (len(ids), out.shape[1]) or rows.dtype != out.dtype:
+        return False
+    _put(out, ids, rows)
+    return True
+
+
+def _computed(transplant: Transplant, handed: list[Batch], generator: torch.Generator, key: str, *,
               serial: bool) -> torch.Tensor:
-    """One batch's rows, kept in the run's store. ``serial``: on a worker thread, its kernels on that thread alone,
-    as the engine runs the unit's (so a batch's bits are the same whichever thread computes it, and however many
-    do)."""
+    """One batch's rows, kept in the run's store; the batch is taken out of ``handed``, so that its inputs are let
+    go when this returns (a pool's work item keeps its arguments until after its future is done, when the unit's
+    thread may already be reading the next batch). ``serial``: on a worker thread, its kernels on that thread
+    alone, as the engine runs the unit's (so a batch's bits are the same whichever thread computes it, and however
+    many do)."""
+    batch = handed.pop()
     with serial_kernels() if serial else nullcontext():
         rows = approximate(transplant.method, batch, generator)
     if transplant.store is not None:
