@@ -1,14 +1,15 @@
 """The K-quant encoders' layouts in and out, compiled (numba, :mod:`.jit`): a chunk of super-blocks laid out
-element-major for the searches with its sub-block weights, and the codes recomputed from the stored scales laid
-back out as super-blocks.
+element-major for the searches with its sub-block weights, and the codes recomputed from the stored scales and
+packed into the output's bytes.
 
 :mod:`.kquants`' numpy path does each of these as several passes (a transpose to columns of super-blocks, a second
 one to sub-blocks, the weights' squares, sums, roots and products each a temporary of the chunk's size; the codes'
-division, rounding, clip and selection each another, then a transpose back), a quarter of an encoding's CPU beside
-the searches. Here each is one pass, in the same float32 operations and order: every sum runs from 0 in index
-order as :func:`.ksearch.fsum`, every product and root is one float32 operation (numba types float32 with float32
-as float32; the constants are float32). The numpy path stays the reference: where numba is missing, or where a
-ratio leaves the range in which ``nearest_int`` is round half to even (magnitudes near float32's ends, which
+division, rounding, clip and selection each another, a transpose back to super-blocks, then the packing's shifts and
+ors), a tenth to two thirds of an encoding's CPU beside the searches once those were compiled
+(bench/bench_kquant_glue.py). Here each is one pass, in the same float32 operations and order: every sum runs from 0
+in index order as :func:`.ksearch.fsum`, every product and root is one float32 operation (numba types float32 with
+float32 as float32; the constants are float32). The numpy path stays the reference: where numba is missing, or where
+a ratio leaves the range in which ``nearest_int`` is round half to even (magnitudes near float32's ends, which
 realistic weights never reach), the encoders take it, to the same bytes (``tests/test_gguf_klayout.py``).
 """
 

@@ -10,7 +10,9 @@ S)`` for S sub-blocks of n values, so each elementwise step is one numpy call ov
 ``np.add.reduce`` over axis 0, which numpy runs as a sequential accumulation in index order (a reduction over the
 contiguous axis would be pairwise). ``nearest_int`` (adding 1.5·2^23 and reading the mantissa) is round half to
 even, ``np.rint`` on a float32; float16 conversion is numpy's round to nearest even, as ggml's software one.
-The candidate searches themselves are :mod:`.ksearch`'s.
+The candidate searches themselves are :mod:`.ksearch`'s. The layouts in and out (a chunk of super-blocks as
+sub-blocks with their weights; the codes recomputed from the stored scales, packed into the output's bytes) are
+:mod:`.klayout`'s compiled kernels where numba is, and this module's numpy steps otherwise, to the same bytes.
 """
 
 from __future__ import annotations
