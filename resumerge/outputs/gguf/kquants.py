@@ -32,10 +32,13 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 QK = 256  # values a super-block
 # ggml type -> bytes a super-block
 K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
-# super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/kquants.py); Q3_K
-# without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose numpy
-# call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024); 512 for the
-# symmetric searches (Q3_K with importance, Q6_K) measured no faster, alternating 9 times
+# super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/bench_kquants.py);
+# Q3_K without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose
+# numpy call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024); 512 for the
+# symmetric searches (Q3_K with importance, Q6_K) measured no faster, alternating 9 times. Re-measured with the
+# symmetric searches and the glue compiled (session 47, 2048x5632, best of 4 alternated, CPU s): Q3_K plain 256 /
+# 1024 / 4096: 0.069 / 0.063 / 0.107; Q3_K with importance 256 / 1024: 0.075 / 0.087; Q6_K 256 / 1024: 0.052 /
+# 0.056
 _CHUNK = 256
 _CHUNK_Q3 = 1024
 # the importance paths: their sub-block scales' own searches (make_qp_quants: 8 or 16 values, a descent) are
