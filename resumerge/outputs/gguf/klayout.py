@@ -16,13 +16,14 @@ realistic weights never reach), the encoders take it, to the same bytes (``tests
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
-from resumerge.outputs.gguf.jit import compiled
+from resumerge.outputs.gguf import jit
 
-__all__ = ["ABS", "IMPORTANCE", "PLAIN", "QW", "RMS", "kernels"]
+__all__ = ["ABS", "IMPORTANCE", "PLAIN", "QW", "RMS", "Kernels", "kernels"]
 
 _Array = np.ndarray
 
@@ -196,10 +197,26 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                             ((c3 >> 4) << 6)
 
 
+class Kernels(NamedTuple):
+    """The compiled kernels (each the function of its name with a leading underscore)."""
+
+    lay_out: Callable[..., None]
+    recode: Callable[..., bool]
+    pack: Callable[..., None]
+
+
+def kernels() -> Kernels | None:
+    """The compiled kernels, or None where numba is not there (checked on each call, as :mod:`.qxloop` does: a
+    test that takes numba away takes these too)."""
+    if jit.numba_module() is None:
+        return None
+    return _compiled()
+
+
 @functools.cache
-def kernels() -> SimpleNamespace | None:
-    """The compiled kernels (``lay_out``, ``recode``, ``pack``), compiled on first use, or None without numba."""
-    lay_out, recode, pack = compiled(_lay_out), compiled(_recode), compiled(_pack)
+def _compiled() -> Kernels | None:
+    """Each kernel compiled once a process (from numba's disk cache after the first)."""
+    lay_out, recode, pack = jit.compiled(_lay_out), jit.compiled(_recode), jit.compiled(_pack)
     if lay_out is None or recode is None or pack is None:
         return None
-    return SimpleNamespace(lay_out=lay_out, recode=recode, pack=pack)
+    return Kernels(lay_out, recode, pack)
