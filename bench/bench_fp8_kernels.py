@@ -52,14 +52,14 @@ def main() -> None:
     buffer, result = torch.empty_like(decoded), torch.empty_like(decoded)
     params = [{"weight": 0.5}, {"weight": 0.5}]
 
-    def merge(lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None) -> torch.Tensor:
+    def merge(lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None) -> torch.Tensor:
         return linear(MergeContext([decoded, other], None, params, {"normalize": True}, lend=lend))
 
     steps: dict[str, Callable[[], object]] = {
         "decode, fresh buffer": lambda: fp8_block.decode(fp8, scale, BLOCK),
         "decode, reused buffer": lambda: fp8_block.decode(fp8, scale, BLOCK, out=buffer),
         "linear, fresh accumulator": lambda: merge(None),
-        "linear, reused accumulator": lambda: merge(lambda shape, dtype: result.view(shape)),
+        "linear, reused accumulator": lambda: merge(lambda use, shape, dtype: result.view(shape)),
         "encode": lambda: fp8_block.encode(decoded, BLOCK),
     }
     print(f"one {ROWS}x{COLS} block-FP8 tensor, thread CPU ms over {args.repeats} calls\n\n| step | min | median |\n"

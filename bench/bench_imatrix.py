@@ -8,8 +8,9 @@ Usage::
 
 The pass is timed alone (:func:`resumerge.api.importance.importance_pass`: the float plan, the unwritten merge, the
 texts through every decoder layer, the matrix written), then ``run --out-type gguf --gguf-type q4_k_m`` with and
-without ``--imatrix-texts`` (each in a fresh state dir). llama-imatrix is not timed: the test oracle's library
-(llama-cpp-py-sync) ships libllama, not the imatrix tool's collector.
+without ``--imatrix-texts`` (each in a fresh state dir). llama-imatrix is not timed here: the test oracle's library
+(llama-cpp-py-sync) ships libllama, not the imatrix tool; ``bench_kquant_route.py`` times the oracle's pass in its
+place (llama.cpp's forward, a Python collector).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import functools
 import shutil
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -222,6 +223,7 @@ class _Batch(ctypes.Structure):
 
 
 _MAX_DIMS, _MAX_OP_PARAMS, _MAX_SRC, _MAX_NAME = 4, 64, 10, 64
+_MAX_SEQUENCES = 64  # a batch's sequences in imatrix_of_forward (llama.cpp's own limit, LLAMA_MAX_SEQ, is higher)
 _F32, _I32 = 0, 26  # enum ggml_type
 
 
@@ -280,20 +282,31 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
         base.ggml_free(ctx)
 
 
-def imatrix_of_forward(model: Path, texts: list[list[int]], *,
-                       min_batch: int = 16) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone with every
-    position's logits asked, as llama-imatrix asks them) when llama.cpp runs the GGUF ``model``: per weight, the
-    float32 sums of each input column's squares, [n_mat, n_in], and the rows counted into each matrix, int64
-    [n_mat]. Collected in ``cb_eval`` (``llama_context_params``), the scheduler hook llama-imatrix itself registers,
-    under its rules (``tools/imatrix/imatrix.cpp``, ``collect_imatrix``):
+def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16, n_threads: int = 1,
+                       batch_tokens: int = 0,
+                       spent: list[float] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """What llama-imatrix accumulates over ``texts`` (token ids, one sequence each, decoded alone or together as
+    ``batch_tokens`` says, with every position's logits asked, as llama-imatrix asks them) when llama.cpp runs the
+    GGUF ``model``: per weight, the float32 sums of each input column's squares, [n_mat, n_in], and the rows
+    counted into each matrix, int64 [n_mat]. Collected in ``cb_eval`` (``llama_context_params``), the scheduler
+    hook llama-imatrix itself registers, under its rules (``tools/imatrix/imatrix.cpp``, ``collect_imatrix``):
 
     - a MUL_MAT whose weight is named ``blk.…`` (n_mat 1): every row of its input, when the input is F32 and the
       batch holds at least ``min_batch`` tokens;
     - every MUL_MAT_ID (a mixture's experts, stacked [n_in, n_out, n_expert]: n_mat = n_expert), whatever its name
       or batch: for each token and each expert its ids tensor chose for it, the token's input to that expert (one
       row shared by every choice for gate/up, one row per choice for down) added to that expert's row, and one to
-      its count. Expert by expert, then choice by choice, then token by token, as llama-imatrix sums them."""
+      its count. Expert by expert, then choice by choice, then token by token, as llama-imatrix sums them.
+
+    The forward runs on ``n_threads`` threads (the tests' one; llama-imatrix's default is every hardware thread, as
+    ``bench/bench_kquant_route.py`` runs it). ``batch_tokens`` 0 decodes each text alone; else consecutive texts
+    of at most that many tokens in all (and at most 64) are decoded together, each its own sequence of one batch,
+    as llama-imatrix decodes ``n_batch / n_ctx`` chunks at once (its default ``n_batch``: 2048): the model is read
+    once a batch instead of once a text, and the rows reach the callback in the same order (text after text), so
+    the sums are those of one text at a time up to the products' float32 rounding in a wider batch. A batch is one
+    ubatch (llama-imatrix's ``-ub`` equal to ``-b``), so no part of it falls under ``min_batch`` alone. ``spent``,
+    where given, gets the wall seconds the collector's own Python took (the callback's body, which llama-imatrix
+    runs as C++), appended once at the end."""
     base, llama = needs_library()
     if not _tensor_layout_holds(base):
         pytest.skip("struct ggml_tensor of this llama.cpp build differs from the one the oracle reads")
@@ -362,7 +375,16 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *,
                     total[expert] += x * x
                     count[expert] += 1
 
-    def observe(address: int, ask: bool, _: int) -> bool:
+    in_callback = [0.0]
+
+    def observe(address: int, ask: bool, user: int) -> bool:
+        started = time.perf_counter()
+        try:
+            return collect(address, ask, user)
+        finally:
+            in_callback[0] += time.perf_counter() - started
+
+    def collect(address: int, ask: bool, _: int) -> bool:
         t = _Tensor.from_address(address)
         if ask:  # asked whether to be shown it
             return wanted(t)
@@ -382,32 +404,81 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *,
     loaded = llama.llama_model_load_from_file(str(model).encode(), model_params)
     if not loaded:
         raise RuntimeError(f"llama.cpp could not load {model}")
-    longest = max(len(t) for t in texts)
+    groups: list[list[list[int]]] = []  # the texts decoded together, each its own sequence
+    for ids in texts:
+        if (groups and batch_tokens and len(groups[-1]) < _MAX_SEQUENCES
+                and sum(map(len, groups[-1])) + len(ids) <= batch_tokens):
+            groups[-1].append(ids)
+        else:
+            groups.append([ids])
+    widest = max(sum(map(len, group)) for group in groups)
     params = llama.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = max(longest, 32)
-    params.n_threads = params.n_threads_batch = 1
+    params.n_ctx = params.n_batch = params.n_ubatch = max(widest, 32)  # a decode is one ubatch: one graph
+    params.n_seq_max = max(map(len, groups))
+    params.kv_unified = True  # the sequences share the n_ctx cells, as llama-imatrix's parallel chunks do
+    params.n_threads = params.n_threads_batch = n_threads
     params.cb_eval = callback
     # An F32 cache and no flash attention (its CPU kernel rounds through F16): llama.cpp's attention in float32.
     params.type_k = params.type_v = 0
     params.flash_attn_type = 0
     params.no_perf = True
     ctx = llama.llama_init_from_model(loaded, params)
-    batch = llama.llama_batch_init(longest, 0, 1)
+    batch = llama.llama_batch_init(widest, 0, 1)
     try:
         assert ctx, "llama_init_from_model failed"
-        for ids in texts:
+        for group in groups:
             llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
-            for i, token in enumerate(ids):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
-                batch.seq_id[i][0] = 0
-            batch.n_tokens = len(ids)
+            at = 0
+            for sequence, ids in enumerate(group):  # text after text: the rows in the order of one at a time
+                for i, token in enumerate(ids):
+                    batch.token[at], batch.pos[at], batch.n_seq_id[at], batch.logits[at] = token, i, 1, 1
+                    batch.seq_id[at][0] = sequence
+                    at += 1
+            batch.n_tokens = at
             assert llama.llama_decode(ctx, batch) == 0
     finally:
         llama.llama_batch_free(batch)
         if ctx:
             llama.llama_free(ctx)
         llama.llama_model_free(loaded)
+    if spent is not None:
+        spent.append(in_callback[0])
     return {name: (sums[name], counts[name]) for name in sums}
+
+
+def tokenize(model: Path, lines: list[str]) -> list[list[int]]:
+    """Each of ``lines`` as llama.cpp's own tokenizer splits it with the vocabulary of the GGUF ``model``
+    (``llama_tokenize``, special tokens added as the vocabulary asks and not parsed in the text: what
+    llama-imatrix's ``common_tokenize(ctx, prompt, true)`` does to its text file)."""
+    _, llama = needs_library()
+    llama.llama_backend_init()
+    llama.llama_model_default_params.restype = _ModelParams
+    llama.llama_model_load_from_file.restype = ctypes.c_void_p
+    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
+    llama.llama_model_get_vocab.restype = ctypes.c_void_p
+    llama.llama_model_get_vocab.argtypes = [ctypes.c_void_p]
+    llama.llama_tokenize.restype = ctypes.c_int32
+    llama.llama_tokenize.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                     ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_bool, ctypes.c_bool]
+    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+    params = llama.llama_model_default_params()
+    params.vocab_only = True
+    loaded = llama.llama_model_load_from_file(str(model).encode(), params)
+    if not loaded:
+        raise RuntimeError(f"llama.cpp could not load {model}'s vocabulary")
+    try:
+        vocab = llama.llama_model_get_vocab(loaded)
+        found = []
+        for line in lines:
+            text = line.encode()
+            room = len(text) + 8  # at most a token a byte, and the special tokens
+            ids = (ctypes.c_int32 * room)()
+            n = llama.llama_tokenize(vocab, text, len(text), ids, room, True, False)
+            assert 0 <= n <= room, (line, n)
+            found.append(list(ids[:n]))
+    finally:
+        llama.llama_model_free(loaded)
+    return found
 
 
 def _weight_name(t: _Tensor) -> str:

@@ -397,3 +397,34 @@ def test_a_tensor_computed_in_workspace_row_chunks_is_byte_identical_to_it_whole
     api.run(config, tmp_path / "chunked", settings=api.Settings(state_dir=tmp_path / "s2", output=output))
     assert max(chunks) > 4  # the test's tensors were cut
     assert (tmp_path / "chunked" / "model.gguf").read_bytes() == (tmp_path / "whole" / "model.gguf").read_bytes()
+
+
+@pytest.mark.parametrize("ggml_type", [0, 1])  # F32, F16
+@pytest.mark.parametrize("transform", ["", "permute"])
+def test_f16_and_f32_cast_a_merge_straight_to_the_bytes_of_the_float32_path(monkeypatch: pytest.MonkeyPatch,
+                                                                            ggml_type: int, transform: str) -> None:
+    # The float32 path copied a bfloat16 merge to a fresh float32 tensor, then to a fresh float16 one (and a q/k
+    # permutation to a third): the F16 merge's largest source of fresh pages. Straight, every bfloat16 bit pattern
+    # and float32 ones at random (NaNs with payloads among them) give its bytes, by encode and by encode_into; a
+    # float16 value to F16 keeps the float32 path (a NaN's payload comes out quieted through it).
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+
+    codec = GgufOutCodec("blk.0.attn_q.weight", ggml_type, transform, 16)
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(512, 128)
+    bits = torch.randint(-(1 << 31), (1 << 31) - 1, (256, 96), generator=torch.Generator().manual_seed(3))
+    values = [every, bits.to(torch.int32).view(torch.float32), every.t().contiguous().t()]  # the last one strided
+    expected = [codec._encoded(codec._gguf_values(v), codec.gguf_name).view(torch.uint8) for v in values]
+    half = (torch.randn(64, 32) * 1e3).half()
+    expected_half = codec._encoded(codec._gguf_values(half), codec.gguf_name).view(torch.uint8)
+    through = GgufOutCodec._gguf_values
+
+    def refused(self: GgufOutCodec, value: torch.Tensor, lend: object = None) -> torch.Tensor:
+        assert value.dtype == torch.float16 and ggml_type == 1, "cast through float32"
+        return through(self, value)
+
+    monkeypatch.setattr(GgufOutCodec, "_gguf_values", refused)
+    for value, want in [*zip(values, expected), (half, expected_half)]:
+        assert torch.equal(codec.encode(value, "bfloat16")["main"].view(torch.uint8), want)
+        into = torch.full(want.shape, 7, dtype=torch.uint8)
+        codec.encode_into(value, "bfloat16", {"main": into.view(torch.float32 if ggml_type == 0 else torch.float16)})
+        assert torch.equal(into, want)

@@ -16,7 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from ggufmodels import EXPERTS, LAYERS, Q, hf_tensors, to_gguf, write_gguf
-from llamacpp_oracle import imatrix_of_forward, needs_library
+from llamacpp_oracle import imatrix_of_forward, needs_library, tokenize
 from support import write_config
 
 from resumerge import api
@@ -103,6 +103,39 @@ def test_each_expert_s_entry_is_llama_imatrix_s_on_the_written_mixture(tmp_path:
             assert counts.tolist() == [tokens], name
         assert my_counts.tolist() == counts.tolist(), name
         _sums_agree(name, mine, sums)
+
+
+def test_the_oracle_s_pass_as_the_peer_runs_it_gives_the_same_matrix(tmp_path: Path) -> None:
+    """The oracle as ``bench/bench_kquant_route.py`` runs the peer's pass: the texts tokenized by llama.cpp's own
+    tokenizer from the GGUF's vocabulary (llama-imatrix's ``common_tokenize``) into the very ids resumerge's pass
+    read; the forward on two threads (llama-imatrix's default, every hardware thread) summing the same squares
+    bit for bit as on one, the seconds its Python callback took reported; and the texts decoded together as
+    sequences of one batch (llama-imatrix's parallel chunks) giving the same entries and counts, the sums to
+    float32 tolerance, with fewer decodes than texts."""
+    needs_library()
+    _, theirs, _ = _both(tmp_path, "llama")
+    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+
+    model = tmp_path / "f32" / "model.gguf"
+    read = sequences(load_tokenizer([tmp_path / "st"], plain=True), tmp_path / "texts.txt", context_of([]),
+                     option="--imatrix-texts")
+    ids = tokenize(model, [line for line in TEXTS.splitlines() if line.strip()])
+    assert ids == read
+    spent: list[float] = []
+    two = imatrix_of_forward(model, ids, n_threads=2, spent=spent)
+    assert len(spent) == 1 and spent[0] > 0
+    assert sorted(two) == sorted(theirs)
+    for name, (sums, counts) in theirs.items():
+        assert np.array_equal(two[name][0], sums) and np.array_equal(two[name][1], counts), name
+    together = imatrix_of_forward(model, ids, batch_tokens=2048)
+    assert sorted(together) == sorted(theirs)
+    for name, (sums, counts) in theirs.items():
+        assert np.array_equal(together[name][1], counts), name
+        _sums_agree(name, together[name][0], sums)
+    # two texts of 15 tokens: alone each is under llama-imatrix's 16-token batch, together they count
+    assert imatrix_of_forward(model, [ids[0][:15], ids[1][:15]]) == {}
+    paired = imatrix_of_forward(model, [ids[0][:15], ids[1][:15]], batch_tokens=30)
+    assert {tuple(counts) for _, counts in paired.values()} == {(30,)} and len(paired) == len(theirs)
 
 
 def test_the_oracle_skips_what_llama_imatrix_skips(tmp_path: Path) -> None:

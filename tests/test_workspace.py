@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from test_quant_codecs import pair
 from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS
+from resumerge.inputs.gguf.blocks import F16, Q8_0
 from resumerge.inputs.source import InputSources
 from resumerge.merge.engine.bufferpool import MOST_IDLE, BufferPool
 from resumerge.merge.engine.compute import Stored, TensorCompute, compute_tensor
@@ -24,6 +26,7 @@ from resumerge.merge.engine.workspace import BUDGET_SHARE, WARM_BYTES, Workspace
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.planner import build_plan
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 
 def test_a_workspace_lends_one_buffer_per_key_grown_to_the_largest_and_never_beyond_its_bound() -> None:
@@ -255,3 +258,55 @@ def test_results_passed_on_are_stored_as_without_a_pool_until_given_back(tmp_pat
                 for part, t in parts.items():
                     assert not space.holds(got[part]), part
                     assert torch.equal(got[part].view(torch.uint8), t.view(torch.uint8)), part
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    # The engine's workers run torch on one thread each: linear sums tile by tile only then.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("out_type", ["safetensors", "F16", "Q8_0"])
+def test_a_bfloat16_merge_is_cast_and_encoded_into_lent_buffers_passed_on_to_the_writer(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch, out_type: str) -> None:
+    # linear's float32 sum cast to bfloat16 (acc.to()) and a GGUF's encoding (a float32 copy, then a float16 one
+    # for F16) were fresh tensors of the output's size, every page of them zeroed by the kernel at first touch: the
+    # cast now goes to the workspace's "cast" buffer, a block type's float32 values to its "gguf-values" one and
+    # the encoding into its "out:" buffer, passed on to the writer, with the bytes a run without a workspace
+    # stores. (A GGUF output's codec on each tensor, q permuted as llama's is: these models have no tokenizer a
+    # GGUF vocabulary is built from.)
+    spec = {"layers": 1, "hidden": 1024, "intermediate": 2048, "vocab": 256, "dtype": torch.bfloat16}
+    doc = {**linear_config(make("a", seed=1, **spec), make("b", seed=2, **spec)), "dtype": "bfloat16"}
+    config = load_config_text(write_config(tmp_path / "c.yml", doc).read_text())
+    plan = build_plan(config, open_inputs(config).models, PlanOptions(), CODECS)
+    if out_type != "safetensors":
+        ggml_type = {"F16": F16, "Q8_0": Q8_0}[out_type]
+        tensors = {name: replace(tp, out_codec=GgufOutCodec(name, ggml_type, "permute" if "q_proj" in name else "",
+                                                            256)) for name, tp in plan.tensors.items()}
+        plan = replace(plan, tensors=tensors)
+    uses: set[str] = set()
+    take = Workspace.take
+
+    def recorded(self: Workspace, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        uses.add(key)
+        return take(self, key, shape, dtype)
+
+    monkeypatch.setattr(Workspace, "take", recorded)
+    pool = BufferPool(most=1 << 30)
+    space = Workspace(most=1 << 30, pool=pool)
+    with _one_thread(), InputSources.local(plan.model_dirs) as sources:
+        fresh = {name: compute_tensor(plan, tp, sources, NO_RESOURCES) for name, tp in plan.tensors.items()}
+        lent = {name: TensorCompute(plan, tp, sources, NO_RESOURCES).whole(space) for name, tp in plan.tensors.items()}
+    large = [name for name, parts in fresh.items() if next(iter(parts.values())).nbytes >= WARM_BYTES]  # one part
+    assert large and pool.out == len(large)  # each large tensor's stored part is a buffer passed on
+    assert ("gguf-values" in uses) == (out_type == "Q8_0")
+    for name, parts in fresh.items():
+        assert lent[name].keys() == parts.keys()
+        for part, t in parts.items():
+            assert not space.holds(lent[name][part]), part
+            assert torch.equal(lent[name][part].view(torch.uint8), t.view(torch.uint8)), part

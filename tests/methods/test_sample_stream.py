@@ -128,7 +128,7 @@ def test_whole_tensors_computed_in_the_lent_buffer_keep_their_bytes(method: str,
     held = torch.full((5 * 40 * 33 + 7,), -3.5, dtype=dtype)
     asked: list[tuple[int, ...]] = []
 
-    def lend(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def lend(use: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         asked.append(shape)
         return held[: torch.Size(shape).numel()].view(shape)
 

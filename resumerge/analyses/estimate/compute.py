@@ -475,9 +475,9 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
         first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
         if first == 0 and part.shape[0] == tp.shape[0]:  # the whole tensor: inputs of other shapes (Grams) whole
             return make_context(plan, part, spec, device, list(inputs), NO_RESOURCES,
-                                lend=partial(workspace.take, "result"))
+                                lend=workspace.take)
         return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
-                            NO_RESOURCES, lend=partial(workspace.take, "result"))
+                            NO_RESOURCES, lend=workspace.take)
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
     merged = unit.merged(0, unit.total, workspace)

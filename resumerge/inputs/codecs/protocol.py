@@ -19,7 +19,7 @@ size); the plan carries the instance of each input and output tensor, and its fi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -213,9 +213,20 @@ class TensorEncoder(_Format, ABC):
         the CPU; ``dtype`` is the planned value dtype. The engine moves the parts to the host and makes them
         contiguous."""
 
-    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+    @property
+    def writes_into(self) -> bool:
+        """Whether :meth:`encode_into` writes the parts straight into ``into``, with no encoded tensor between (the
+        engine then encodes a whole tensor into buffers it reuses, not by :meth:`encode`). False by default: the
+        default :meth:`encode_into` copies :meth:`encode`'s parts."""
+        return False
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor], *,
+                    lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> None:
         """:meth:`encode`'s parts written into ``into`` (host tensors by part name, each of its part's shape and
-        dtype): a row chunk's bytes straight into the range's buffers. This default copies them there."""
+        dtype): a row chunk's bytes straight into the range's buffers. ``lend(use, shape, dtype)``, where given,
+        lends host buffers the engine reuses from one tensor to the next, valid until this call returns, for what
+        the encoding computes between (an uninitialised contiguous tensor per use). This default copies
+        :meth:`encode`'s parts there and lends nothing."""
         for part, stored in self.encode(value, dtype).items():
             into[part].copy_(stored)
 

@@ -127,16 +127,21 @@ class TensorCompute:
         lent = None  # the stream's chunks are never computed in the workspace: a stream may keep what they hold
         if len(chunks) == 1 and workspace is not None:
             chunks, lent = self._workspace_chunks(first, stop), workspace
-        if len(chunks) == 1:
+        # One chunk whose codec writes straight into its parts is encoded into buffers lent as the chunks' are:
+        # encode() returned a fresh tensor of the output's size (an F16 GGUF's q/k/v), its pages zeroed by the kernel.
+        straight = lent is not None and lent.passes_on and self.tp.out_codec.writes_into
+        if len(chunks) == 1 and not straight:
             out = self._output(first, stop, workspace)
         else:  # the chunks, each encoded, land in the range's buffers
-            out = self._range_buffers(first, stop)
+            out = self._range_buffers(first, stop, lent)
             at = dict.fromkeys(out, 0)
             for start, end in chunks:
                 if lent is not None:  # encoded straight into the range's buffers
                     self._encode_into(start, end, lent, out, at)
                     continue
                 _land(out, at, self._output(start, end, lent))
+            if lent is not None:
+                out = {name: _handed(t, lent) for name, t in out.items()}
         return self._with_companions(out, first)
 
     def rows_then(self, first: int, stop: int) -> Callable[[], Stored]:
@@ -160,10 +165,15 @@ class TensorCompute:
 
         return encoded
 
-    def _range_buffers(self, first: int, stop: int) -> dict[str, torch.Tensor]:
-        """Each stored part's buffer for output rows ``[first, stop)``, where the range's chunks land encoded."""
-        return {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in
-                self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))}
+    def _range_buffers(self, first: int, stop: int, workspace: Workspace | None = None) -> dict[str, torch.Tensor]:
+        """Each stored part's buffer for output rows ``[first, stop)``, where the range's chunks land encoded: lent
+        by ``workspace`` where it passes its buffers on to the writer (then handed over, :func:`_handed`), so that
+        the output's bytes are written into pages the writer gave back rather than fresh ones the kernel zeroes
+        (an F16 GGUF of two 0.94 GB models: 0.95 GB of them); else fresh."""
+        parts = self.tp.out_codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
+        if workspace is None or not workspace.passes_on:
+            return {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in parts}
+        return {p.name: workspace.take(f"out:{p.part}", p.shape, TORCH_DTYPES[p.dtype]) for p in parts}
 
     def _with_companions(self, out: Stored, first: int) -> Stored:
         """``out`` (rows from ``first``) with the companions ``tp`` carries: written once, with the first rows."""
@@ -214,7 +224,7 @@ class TensorCompute:
         parts = codec.out_parts(self.tp.name, self.tp.out_dtype, (stop - first, *self.tp.shape[1:]))
         into = {p.part: out[p.name][at[p.name] : at[p.name] + p.shape[0]] for p in parts}
         with self._failures():
-            codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into)
+            codec.encode_into(self.merged(first, stop, workspace), self.tp.out_dtype, into, lend=workspace.take)
         for p in parts:
             at[p.name] += p.shape[0]
 
@@ -321,14 +331,14 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         # Like mergekit, inputs stored in different dtypes meet in their common (promoted) dtype.
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
-    lend = partial(workspace.take, "result") if workspace is not None else None
+    lend = workspace.take if workspace is not None else None
     return make_context(plan, tp, method, device, tensors, resources, lend=lend)
 
 
 def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
-                 lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+                 lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
                  memo: InputsMemo | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
     a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
@@ -412,6 +422,15 @@ def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = Non
             t = t.clone()
         stored[names[part]] = t.contiguous()
     return stored
+
+
+def _handed(t: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+    """``t`` (a stored part in one of ``workspace``'s buffers, or not) stored as it is: its buffer passed on to the
+    writer, which gives it back once written; copied out where it cannot be (nothing then points into the
+    workspace)."""
+    if workspace.holds(t) and not workspace.pass_on(t):
+        return t.clone()
+    return t
 
 
 def _carried(tp: TensorPlan, sources: InputSources, *, whole: bool) -> Stored:

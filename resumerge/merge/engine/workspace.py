@@ -15,6 +15,11 @@ them. Where the governor must make room (a unit it would admit alone over the he
 buffers back (:meth:`Workspaces.trim`): the planner sizes units against the whole budget, not against what is left
 beside the workspaces.
 
+Its uses (keys): each input's stored bytes (``raw<i>``) and decoded value (``input<i>``), the method's result
+(``result``) and that result cast to the output's dtype (``cast``, linear's float32 sum as bfloat16), a GGUF block
+type's float32 values (``gguf-values``) and the stored parts a whole tensor or a range of chunks is encoded into
+(``out:<part>``, passed on to the writer). Each would otherwise be a fresh tensor-sized buffer per tensor.
+
 Inputs stored as the method reads them (plain float32, bfloat16...) are read into the workspace's buffers too, by
 ``pread`` straight into pages already faulted in. A result stored as it was computed is not copied out where the run
 has a :class:`~resumerge.merge.engine.bufferpool.BufferPool`: the workspace passes its buffer on to the writer
@@ -87,6 +92,12 @@ class Workspace:
             held = self._buffers[key] = (torch.empty(size, dtype=torch.uint8) if self._pool is None
                                          else self._pool.take(size))
         return held[:size].view(dtype).view(shape)
+
+    @property
+    def passes_on(self) -> bool:
+        """Whether a result in the buffers can be handed to the writer (:meth:`pass_on`: the workspace has a pool)
+        rather than copied out."""
+        return self._pool is not None
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` shares memory with one of the buffers."""

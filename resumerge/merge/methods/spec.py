@@ -104,8 +104,9 @@ class MergeContext:
     read_rows: Callable[[int, int, int], torch.Tensor] | None = None
     # The run's shared objects (MoE routers, an extraction's factor pairs): per run, never module globals.
     resources: Resources = NO_RESOURCES
-    # Where the engine lends a buffer it reuses from one tensor to the next for the result: see result_buffer.
-    lend: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None
+    # Where the engine lends the buffers it reuses from one tensor to the next, by use (``lend(use, shape, dtype)``):
+    # see result_buffer.
+    lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None
     # Where the values the method declares from its inputs alone are shared with other merges of the same inputs
     # (see from_inputs); None: each is computed for this merge alone.
     memo: InputsMemo | None = None
@@ -124,13 +125,15 @@ class MergeContext:
             raise ValueError("this merge needs a base tensor")
         return self.tensors[self.base_index]
 
-    def result_buffer(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def result_buffer(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                      use: str = "result") -> torch.Tensor:
         """An uninitialised contiguous tensor for the method's result (its accumulator): on the CPU, the buffer the
         engine lends for results when it lends one (reused across tensors, so no fresh pages to fault in), else a
-        fresh tensor. One per call of the method: a second call returns the same buffer again. The method may
-        return it; the engine copies out what it keeps."""
+        fresh tensor. One per ``use`` and call of the method: a second call for the same use returns the same
+        buffer again (``"cast"``: a second buffer, where an accumulator is cast to the result's dtype). The method
+        may return it; the engine copies out what it keeps."""
         if self.lend is not None and device.type == "cpu":
-            return self.lend(shape, dtype)
+            return self.lend(use, shape, dtype)
         return torch.empty(shape, dtype=dtype, device=device)
 
     def others(self) -> list[int]:

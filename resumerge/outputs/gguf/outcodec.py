@@ -18,7 +18,12 @@ from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 from resumerge.outputs.gguf import encoders
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resumerge.torch_import import torch
+
+    # Where the engine lends a buffer it reuses, by use: (use, shape, dtype) -> an uninitialised contiguous tensor.
+    Lend = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
 
 # ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
@@ -57,6 +62,10 @@ class GgufOutCodec(TensorEncoder):
 
     def from_row(self, first: int) -> GgufOutCodec:
         return replace(self, first_row=self.first_row + first) if self.imatrix and first else self
+
+    @property
+    def writes_into(self) -> bool:
+        return True
 
     @property
     def mergekit_reads(self) -> bool:
@@ -104,13 +113,53 @@ class GgufOutCodec(TensorEncoder):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         from resumerge.torch_import import torch
 
+        target = self._direct(value)
+        if target is not None:
+            out = torch.empty(self.stored_shape(tuple(value.shape)), dtype=target)
+            self._cast_into(value, out)
+            return {MAIN: out}
         stored = self._encoded(self._gguf_values(value), self.gguf_name)
         if self.ggml_type == blocks.BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
-    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
-        self._encoded(self._gguf_values(value), self.gguf_name, into[MAIN])  # the block bytes straight there
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor], *,
+                    lend: Lend | None = None) -> None:
+        target = self._direct(value)
+        if target is not None:
+            self._cast_into(value, into[MAIN].view(target))
+            return
+        # the block bytes straight there, from float32 values in the buffer lent for them
+        self._encoded(self._gguf_values(value, lend), self.gguf_name, into[MAIN])
+
+    def _direct(self, value: torch.Tensor) -> torch.dtype | None:
+        """The dtype an F32 or F16 tensor is stored in where ``value`` is cast straight to it (:meth:`_cast_into`)
+        with the bytes the float32 path writes (None: it takes that path). The float32 path converted a bfloat16
+        merge to a fresh float32 tensor (twice its size, in fresh pages the kernel zeroes) and that to a fresh
+        float16 one: the F16 merge's largest source of page faults. Straight is the same bits where the cast to
+        float32 is exact and the one rounding is the only one: bfloat16 or float32 to F16 (a float16 value takes
+        the float32 path: through float32 a NaN's payload comes out quieted, copied it does not), any of the three
+        to F32; never for gemma's norms (+1 in float32) or off the host."""
+        from resumerge.torch_import import torch
+
+        if value.device.type != "cpu" or self.transform == NORM_MINUS_ONE:
+            return None
+        if self.ggml_type == blocks.F16 and value.dtype in (torch.bfloat16, torch.float32):
+            return torch.float16
+        if self.ggml_type == blocks.F32 and value.dtype in (torch.bfloat16, torch.float16, torch.float32):
+            return torch.float32
+        return None
+
+    def _cast_into(self, value: torch.Tensor, into: torch.Tensor) -> None:
+        """``value`` cast into ``into`` (contiguous, as many elements), the q/k rows permuted on the way
+        (:func:`~resumerge.inputs.gguf.names.gguf_rows`, by strides: no permuted copy between); not gemma's norms."""
+        out = into.view(value.shape)
+        if not self.transform:
+            out.copy_(value)
+            return
+        n, half = value.shape[0] // self.head_rows, self.head_rows // 2
+        # gguf_rows: HF row i of a head is GGUF row 2i, row i + head/2 is 2i + 1.
+        out.view(n, half, 2, *value.shape[1:]).copy_(value.reshape(n, 2, half, *value.shape[1:]).transpose(1, 2))
 
     def _encoded(self, rows: torch.Tensor, gguf_name: str, into: torch.Tensor | None = None) -> torch.Tensor:
         """``rows`` (GGUF values) of GGUF tensor ``gguf_name`` encoded (into ``into`` when given), with their
@@ -136,10 +185,19 @@ class GgufOutCodec(TensorEncoder):
         table = entry_rows(self.imatrix, gguf_name, rows.shape[-1])
         return table if table is not None and table.shape[0] > 1 else None
 
-    def _gguf_values(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` as float32 on the host in GGUF's layout: the family's transform applied."""
+    def _gguf_values(self, value: torch.Tensor, lend: Lend | None = None) -> torch.Tensor:
+        """``value`` as float32 on the host in GGUF's layout: the family's transform applied; in the buffer
+        ``lend`` lends (use ``"gguf-values"``) where given and ``value`` is on the host, else fresh. The block
+        types' float32 copy of every chunk was a fresh buffer twice the size of a bfloat16 merge's chunk, and a
+        permuted q/k a second one; the same values either way."""
         from resumerge.torch_import import torch
 
+        if lend is not None and value.device.type == "cpu":
+            out = lend("gguf-values", tuple(value.shape), torch.float32)
+            if self.transform == NORM_MINUS_ONE:
+                return out.copy_(value).add_(1)  # as rows + 1: the value in float32, then + 1 in float32
+            self._cast_into(value.detach(), out)
+            return out
         rows = value.detach().to("cpu", torch.float32)
         if self.transform == NORM_MINUS_ONE:
             return rows + 1

@@ -23,6 +23,7 @@ from resumerge.outputs.gguf.layout import slice_name
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 if TYPE_CHECKING:
+    from resumerge.outputs.gguf.outcodec import Lend
     from resumerge.torch_import import torch
 
 # The part of a fused gate_up stack holding its up rows (MAIN holds the gate rows).
@@ -62,9 +63,14 @@ class GgufStackCodec(GgufOutCodec):
             gate, up = gate.view(torch.bfloat16), up.view(torch.bfloat16)
         return {MAIN: gate, UP: up}
 
-    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor]) -> None:
+    @property
+    def writes_into(self) -> bool:
+        return not self.up_name  # two tensors' halves are encoded, then copied (encode_into)
+
+    def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor], *,
+                    lend: Lend | None = None) -> None:
         if not self.up_name:
-            return super().encode_into(value, dtype, into)
+            return super().encode_into(value, dtype, into, lend=lend)
         for part, stored in self.encode(value, dtype).items():  # two tensors' halves: copied to each part
             into[part].copy_(stored)
         return None
