@@ -39,14 +39,18 @@ _Rest = tuple[_Array, _Array, _Array, bool]
 _BLOCK = 64
 
 
-def _search(x: _Array, w: _Array, lo: _Array, hi: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
-            mad: bool, v3: bool, tame: float, scale: _Array, offset: _Array, codes: _Array, left: _Array,
+def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[int, float, float, int],
+            flags: tuple[bool, bool, float], scale: _Array, offset: _Array, codes: _Array, left: _Array,
             wrapped: _Array) -> None:
     """The search of :func:`.ksearch.qkx_numpy` over ``x``, ``w`` (n, S) with each column's min ``lo`` and max
-    ``hi``, into ``scale``, ``offset`` (S,) and ``codes`` (n, S); ``left`` (S,) set where numpy must take the
+    ``hi`` (``bounds``), its candidates' ``ladder`` (nmax, rmin, rdelta, nstep) and ``flags`` (mad, v3, tame: the
+    bound), into ``scale``, ``offset`` (S,) and ``codes`` (n, S); ``left`` (S,) set where numpy must take the
     column (module docstring); ``wrapped[0]`` set where a flat column's final grid is past the bound (numpy then
     rounds every column's codes with nearest_int's bits). Compiled by numba; every float32 operation as the numpy
     path's, in its order."""
+    lo, hi = bounds
+    nmax, rmin, rdelta, nstep = ladder
+    mad, v3, tame = flags
     n, width = x.shape
     zero, one, top, bound = np.float32(0), np.float32(1), np.float32(nmax), np.float32(tame)
     size = _BLOCK
@@ -235,8 +239,8 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
     codes = np.empty_like(x)
     left = np.zeros(width, dtype=np.bool_)
     wrapped = np.zeros(1, dtype=np.bool_)
-    kernel(x, w, x.min(axis=0), x.max(axis=0), int(nmax), float(rmin), float(rdelta), int(nstep), bool(mad),
-           bool(v3), np.float32(tame), scale, offset, codes, left, wrapped)
+    kernel(x, w, (x.min(axis=0), x.max(axis=0)), (int(nmax), float(rmin), float(rdelta), int(nstep)),
+           (bool(mad), bool(v3), np.float32(tame)), scale, offset, codes, left, wrapped)
     at = np.flatnonzero(left)
     if at.size:
         # numpy's results for these columns are the same searched apart (each column's steps are its own, and
