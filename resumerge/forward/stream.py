@@ -24,6 +24,7 @@ from resumerge.forward.device import moved
 from resumerge.forward.handed import HandingCall, Slot, given, slots_of
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
+from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.torch_import import torch
@@ -39,10 +40,6 @@ _CALLED = re.compile(r"self\.(\w+)\(")
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it
 _OUTPUT_ARITIES = (0, 1, 2, 3)
-
-# torch.nn.init's in-place initialisers, which :func:`weights_on_meta` makes leave a meta tensor alone.
-_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
-          "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
@@ -127,47 +124,6 @@ def _stubs() -> tuple[Any, Any]:
             return _Output(self.hidden)
 
     return _Captured, _Finished
-
-
-@contextmanager
-def weights_on_meta() -> Iterator[None]:
-    """Modules built in the block get their parameters on the meta device (no memory) and their buffers for real:
-    buffers are computed from the config (rotary frequencies, an embedding's scale), which the files do not hold.
-    The way accelerate's ``init_empty_weights(include_buffers=False)`` builds a model, for this block only.
-
-    Each parameter is marked initialised (``_is_hf_initialized``, the flag transformers' own loading sets on a
-    tensor it loaded), so the model's weight initialisation skips it: a meta tensor has no values to draw, yet
-    drawing them still ran torch's Python reference of ``normal_`` per weight, most of building the modules (0.4 of
-    0.45 s for 120 SmolLM2 layers, paid again by every resumed check). Buffers are not marked: they are still
-    initialised as transformers initialises them. For the same reason ``torch.nn.init``'s functions leave a meta
-    tensor as it is (a module's own ``reset_parameters``: ``nn.Linear``'s uniform draw), and only a meta one."""
-    original = torch.nn.Module.register_parameter
-    inits = {name: getattr(torch.nn.init, name) for name in _INITS if hasattr(torch.nn.init, name)}
-
-    def register(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None:
-            kept = module._parameters[name]
-            assert kept is not None
-            meta = type(kept)(kept.to("meta"), requires_grad=kept.requires_grad)
-            meta._is_hf_initialized = True  # type: ignore[attr-defined]
-            module._parameters[name] = meta
-
-    def skipping(init: Callable[..., Any]) -> Callable[..., Any]:
-        def on_meta(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            return tensor if tensor.is_meta else init(tensor, *args, **kwargs)
-
-        return on_meta
-
-    torch.nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
-    for name, init in inits.items():
-        setattr(torch.nn.init, name, skipping(init))
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
-        for name, init in inits.items():
-            setattr(torch.nn.init, name, init)
 
 
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
