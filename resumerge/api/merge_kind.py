@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
     from resumerge.merge.engine.session import Recorded
-    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.merge.plan.merge_plan import Plan, PlanOptions
     from resumerge.merge.plan.prepared import Prepared
     from resumerge.merge.store.statusview import StatusReport
 
@@ -53,6 +53,9 @@ class MergeKind:
             importance_pass(call.text, call.options, call.settings, reporter=driving.reporter,
                             command=f"resumerge run {os.fspath(call.config)} {os.fspath(call.locations.out)}")
 
+        note = numpy_encoders_note(call.options)
+        if note is not None and driving.reporter is not None:
+            driving.reporter.message(note)
         imatrix = call.options.imatrix_texts is not None
         # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
         importing = load_beside() if imatrix else None
@@ -147,3 +150,17 @@ def _source(call: Call) -> str:
     from resumerge.api.options import source_name
 
     return source_name(call.config, "config")
+
+
+def numpy_encoders_note(options: PlanOptions) -> str | None:
+    """The line a run writing K-quants tells where numba is missing (the ``kquants`` extra): the same bytes, from
+    the numpy path, in ~3x the CPU (docs/performance.md); None otherwise."""
+    from resumerge.merge.plan.gguftypes import MIXES
+    from resumerge.outputs.gguf import jit
+    from resumerge.outputs.gguf.kquants import K_TYPES
+
+    mix = MIXES.get(options.gguf_type)
+    if options.out_type != "gguf" or mix is None or mix.default not in K_TYPES or jit.numba_module() is not None:
+        return None
+    return (f"{options.gguf_type} is encoded by numpy: numba is not installed here (pip install numba, or the "
+            "kquants extra, writes the same bytes in about a third of the CPU)")
