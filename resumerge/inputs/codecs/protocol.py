@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
     from resumerge.torch_import import torch
 
+    # Where the engine lends host buffers it reuses from one tensor to the next, by use: ``lend(use, shape, dtype)``
+    # gives an uninitialised contiguous tensor (an encoder's :meth:`TensorEncoder.encode_into`, a method's result).
+    Lend = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
+
 # The part every logical tensor has: the stored tensor that holds its values (or their codes).
 MAIN = "main"
 
@@ -221,7 +225,7 @@ class TensorEncoder(_Format, ABC):
         return False
 
     def encode_into(self, value: torch.Tensor, dtype: str, into: Mapping[str, torch.Tensor], *,
-                    lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> None:
+                    lend: Lend | None = None) -> None:
         """:meth:`encode`'s parts written into ``into`` (host tensors by part name, each of its part's shape and
         dtype): a row chunk's bytes straight into the range's buffers. ``lend(use, shape, dtype)``, where given,
         lends host buffers the engine reuses from one tensor to the next, valid until this call returns, for what

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Protocol, overload
+from typing import TYPE_CHECKING, Protocol, overload
 
 from resumerge.errors import ResumergeError
 from resumerge.inputs.adapters import apply_lora_rows
@@ -33,6 +33,9 @@ from resumerge.merge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.merge.plan.workunits import aligned_rows, can_chunk, chunk_plan, method_dtype, pass_rows
 from resumerge.merge.vocab import align_rows
 from resumerge.torch_import import torch
+
+if TYPE_CHECKING:
+    from resumerge.inputs.codecs.protocol import Lend
 
 # The most float32 bytes of one input a tensor computed in a workspace is decoded into at once: a larger tensor of an
 # elementwise method with encoded (quantized) inputs or output is computed in row chunks of about this size, each in
@@ -338,7 +341,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
 def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
                  tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
-                 lend: Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+                 lend: Lend | None = None,
                  memo: InputsMemo | None = None) -> MergeContext:
     """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
     a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
@@ -418,8 +421,8 @@ def _finish(tp: TensorPlan, out: torch.Tensor, workspace: Workspace | None = Non
     for part, t in parts.items():
         if t.device.type != "cpu":
             t = t.cpu()  # a blocking copy: the GPU memory of this unit is free once it returns
-        if workspace is not None and workspace.holds(t) and not workspace.pass_on(t):
-            t = t.clone()
+        if workspace is not None:
+            t = _handed(t, workspace)
         stored[names[part]] = t.contiguous()
     return stored
 

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["compiled", "numba_module"]
+__all__ = ["compiled", "lazy_kernels", "numba_module"]
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
+_Kernels = TypeVar("_Kernels")
 
 
 @functools.cache
@@ -35,8 +36,26 @@ def numba_module() -> ModuleType | None:
 def compiled(fn: _Fn) -> _Fn | None:
     """``fn`` compiled by numba as C runs it (module docstring), or None without numba."""
     numba = numba_module()
-    if numba is None:
-        return None
+    return None if numba is None else _njit(numba, fn)
+
+
+def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> Callable[[], _Kernels | None]:
+    """The function giving ``make(*fns compiled)``, compiled once a process on its first call (numba compiles a
+    kernel on its first call with those types, or loads it from its disk cache), or None while numba is missing:
+    checked on each call, so a test that takes numba away takes the kernels too."""
+
+    @functools.cache
+    def built(numba: ModuleType) -> _Kernels:
+        return make(*(_njit(numba, fn) for fn in fns))
+
+    def kernels() -> _Kernels | None:
+        numba = numba_module()
+        return None if numba is None else built(numba)
+
+    return kernels
+
+
+def _njit(numba: ModuleType, fn: _Fn) -> _Fn:
     options: dict[str, Any] = {"nogil": True, "error_model": "numpy", "fastmath": False, "boundscheck": False}
     try:
         kernel: _Fn = numba.njit(cache=True, **options)(fn)

@@ -15,13 +15,14 @@ realistic weights never reach), the encoders take it, to the same bytes (``tests
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
+from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_K, Q5_K
 from resumerge.outputs.gguf import jit
+from resumerge.outputs.gguf import kfloat as kf
 
 __all__ = ["ABS", "IMPORTANCE", "PLAIN", "QW", "RMS", "Kernels", "kernels"]
 
@@ -34,8 +35,6 @@ QW = 2  # qw itself, laid out as the values
 RMS = 3  # sqrt(Σx² / n of the sub-block) + |x| (Q4_K / Q5_K without importance)
 ABS = 4  # |x| (Q2_K without importance)
 
-# |ratio| up to which llama.cpp's nearest_int is round half to even (ksearch.ni): beyond, the numpy path
-_ROUND_HALF_EVEN = 4194303.0
 # super-blocks a kernel lays out at a time: a cache line of float32 each row of x is written in
 _TILE = 16
 # super-blocks :func:`_pack` packs at a time: a cache line of each row of uint8 codes read
@@ -69,11 +68,11 @@ def _lay_out(block: _Array, qw: _Array, offset: int, n: int, mode: int, factor: 
         for t in range(tile):
             for e in range(256):
                 tile_t[e, t] = block[b0 + t, e]
-            if mode == 1 or mode == 2:
+            if mode in (IMPORTANCE, QW):
                 r = (offset + b0 + t) % rows
                 for e in range(256):
                     weight_t[e, t] = qw[r, e]
-        if mode == 1:  # each super-block's sum in index order, the tile's super-blocks side by side
+        if mode == IMPORTANCE:  # each super-block's sum in index order, the tile's super-blocks side by side
             for t in range(tile):
                 sigma2[t] = f32(0.0)
             for e in range(256):
@@ -84,10 +83,10 @@ def _lay_out(block: _Array, qw: _Array, offset: int, n: int, mode: int, factor: 
                 sigma2[t] = (fac * sigma2[t] if scaled else sigma2[t]) / total_n
         for j in range(groups):
             col = j * nb + b0
-            if mode == 1 or mode == 3:
+            if mode in (IMPORTANCE, RMS):
                 for t in range(tile):
                     acc[t] = f32(0.0)
-            if mode == 3:
+            if mode == RMS:
                 for i in range(n):
                     for t in range(tile):
                         v = tile_t[j * n + i, t]
@@ -98,22 +97,22 @@ def _lay_out(block: _Array, qw: _Array, offset: int, n: int, mode: int, factor: 
                 e = j * n + i
                 for t in range(tile):
                     x[i, col + t] = tile_t[e, t]
-                if mode == 1:
+                if mode == IMPORTANCE:
                     for t in range(tile):
                         v = tile_t[e, t]
                         wv = weight_t[e, t] * np.sqrt(sigma2[t] + v * v)
                         w[i, col + t] = wv
                         acc[t] += wv
-                elif mode == 2:
+                elif mode == QW:
                     for t in range(tile):
                         w[i, col + t] = weight_t[e, t]
-                elif mode == 3:
+                elif mode == RMS:
                     for t in range(tile):
                         w[i, col + t] = acc[t] + abs(tile_t[e, t])
-                elif mode == 4:
+                elif mode == ABS:
                     for t in range(tile):
                         w[i, col + t] = abs(tile_t[e, t])
-            if mode == 1:
+            if mode == IMPORTANCE:
                 for t in range(tile):
                     sw[col + t] = acc[t]
 
@@ -125,7 +124,7 @@ def _recode(x: _Array, d: _Array, m: _Array, low: float, high: float, shift: flo
     nearest_int's round half to even range (or is NaN): the caller then takes the numpy path."""
     f32 = np.float32
     n, cols = x.shape
-    lo, hi, sh, bound = f32(low), f32(high), f32(shift), f32(_ROUND_HALF_EVEN)
+    lo, hi, sh, bound = f32(low), f32(high), f32(shift), f32(kf.EXACT)
     safe = np.empty(cols, dtype=np.float32)
     for c in range(cols):  # a column whose scale is 0 gives 0s here, replaced by the caller
         safe[c] = d[c] if d[c] != 0 else np.inf
@@ -146,8 +145,8 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
     nb = out.shape[0]
     for b0 in range(0, nb, _TILE_BYTES):
         tile = min(_TILE_BYTES, nb - b0)
-        if kind == 10 or kind == 11:  # Q2_K (qs at 16) / Q3_K (hmask at 0, qs at 32: the low 2 bits)
-            at = 16 if kind == 10 else 32
+        if kind in (Q2_K, Q3_K):  # Q2_K (qs at 16) / Q3_K (hmask at 0, qs at 32: the low 2 bits)
+            at = 16 if kind == Q2_K else 32
             for h in range(2):
                 for lane in range(32):
                     for t in range(tile):
@@ -156,7 +155,7 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                             e = 128 * h + 32 * k + lane
                             byte |= (codes[e % n, (e // n) * nb + b0 + t] & 3) << (2 * k)
                         out[b0 + t, at + 32 * h + lane] = byte
-            if kind == 11:
+            if kind == Q3_K:
                 for lane in range(32):
                     for t in range(tile):
                         byte = 0
@@ -164,8 +163,8 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                             e = 32 * k + lane
                             byte |= (codes[e % n, (e // n) * nb + b0 + t] >> 2) << k
                         out[b0 + t, lane] = byte
-        elif kind == 12 or kind == 13:  # Q4_K (qs at 16) / Q5_K (qh at 16, qs at 48)
-            at = 16 if kind == 12 else 48
+        elif kind in (Q4_K, Q5_K):  # Q4_K (qs at 16) / Q5_K (qh at 16, qs at 48)
+            at = 16 if kind == Q4_K else 48
             for g in range(4):
                 for lane in range(32):
                     for t in range(tile):
@@ -174,7 +173,7 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                         low = codes[e0 % n, (e0 // n) * nb + b0 + t] & 0xF
                         high = codes[e1 % n, (e1 // n) * nb + b0 + t] & 0xF
                         out[b0 + t, at + 32 * g + lane] = low | (high << 4)
-            if kind == 13:
+            if kind == Q5_K:
                 for lane in range(32):
                     for t in range(tile):
                         byte = 0
@@ -205,18 +204,6 @@ class Kernels(NamedTuple):
     pack: Callable[..., None]
 
 
-def kernels() -> Kernels | None:
-    """The compiled kernels, or None where numba is not there (checked on each call, as :mod:`.qxloop` does: a
-    test that takes numba away takes these too)."""
-    if jit.numba_module() is None:
-        return None
-    return _compiled()
-
-
-@functools.cache
-def _compiled() -> Kernels | None:
-    """Each kernel compiled once a process (from numba's disk cache after the first)."""
-    lay_out, recode, pack = jit.compiled(_lay_out), jit.compiled(_recode), jit.compiled(_pack)
-    if lay_out is None or recode is None or pack is None:
-        return None
-    return Kernels(lay_out, recode, pack)
+# The compiled kernels, or None where numba is not there (checked on each call: a test that takes numba away takes
+# these too).
+kernels = jit.lazy_kernels(Kernels, _lay_out, _recode, _pack)

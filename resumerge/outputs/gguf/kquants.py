@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from resumerge.outputs.gguf import klayout
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.klayout import ABS, IMPORTANCE, PLAIN, QW, RMS
@@ -28,7 +29,6 @@ from resumerge.outputs.gguf.ksearch import F
 
 __all__ = ["K_TYPES", "encode_k"]
 
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 QK = 256  # values a super-block
 # ggml type -> bytes a super-block
 K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}

@@ -18,12 +18,9 @@ from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 from resumerge.outputs.gguf import encoders
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
+    from resumerge.inputs.codecs.protocol import Lend
     from resumerge.torch_import import torch
-
-    # Where the engine lends a buffer it reuses, by use: (use, shape, dtype) -> an uninitialised contiguous tensor.
-    Lend = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
 
 # ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
@@ -115,7 +112,7 @@ class GgufOutCodec(TensorEncoder):
 
         target = self._direct(value)
         if target is not None:
-            out = torch.empty(self.stored_shape(tuple(value.shape)), dtype=target)
+            out = torch.empty(value.shape, dtype=target)  # F16 and F32 store the value's shape
             self._cast_into(value, out)
             return {MAIN: out}
         stored = self._encoded(self._gguf_values(value), self.gguf_name)

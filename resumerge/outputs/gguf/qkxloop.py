@@ -21,9 +21,8 @@ Imports numpy and :mod:`.jit` only: the numpy path, and its bound, are passed in
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -207,20 +206,17 @@ def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[i
                 left[c] = True
 
 
+class _Kernels(NamedTuple):
+    search: Callable[..., None]
+
+
+_compiled = jit.lazy_kernels(_Kernels, _search)
+
+
 def _kernel() -> Callable[..., Any] | None:
-    """:func:`_search` compiled, or None where numba is not there (checked on each call, as :mod:`.qxloop` does)."""
-    if jit.numba_module() is None:
-        return None
-    return _compiled()
-
-
-@functools.cache
-def _compiled() -> Callable[..., Any]:
-    """:func:`_search` compiled once a process (on its first call, or loaded from numba's cache on disk)."""
-    kernel = jit.compiled(_search)
-    if kernel is None:  # _kernel checked numba is there
-        raise RuntimeError("numba is not importable")
-    return kernel
+    """:func:`_search` compiled, or None where numba is not there (checked on each call, as :mod:`.qxloop`'s)."""
+    found = _compiled()
+    return None if found is None else found.search
 
 
 def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool, v3: bool,

@@ -20,7 +20,6 @@ kernels, so a change to them there needs a change here too.)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -41,23 +40,6 @@ class Kernels(NamedTuple):
     descend: Callable[[_Array, _Array, _Array, float, float, bool, bool], tuple[_Array, _Array]]
     qp_start: Callable[[_Array, _Array, int], tuple[_Array, _Array]]
     q3_start: Callable[[_Array, int], tuple[_Array, _Array]]
-
-
-def kernels() -> Kernels | None:
-    """The compiled kernels, or None where numba is not there (checked on each call: cached, so cheap)."""
-    if jit.numba_module() is None:
-        return None
-    return _compiled()
-
-
-@functools.cache
-def _compiled() -> Kernels:
-    """Each kernel compiled once a process (from numba's disk cache after the first)."""
-    qx, descend, qp_start, q3_start = (jit.compiled(_qx), jit.compiled(_descend), jit.compiled(_qp_start),
-                                       jit.compiled(_q3_start))
-    if qx is None or descend is None or qp_start is None or q3_start is None:  # kernels() checked numba is there
-        raise RuntimeError("numba is not importable")
-    return Kernels(qx, descend, qp_start, q3_start)
 
 
 def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array, _Array, bool]:
@@ -267,3 +249,8 @@ def _q3_start(x: _Array, nmax: int) -> tuple[_Array, _Array]:
             q = low if q < low else q
             codes[i, s] = high if q > high else q
     return zero, codes
+
+
+# The compiled kernels, or None where numba is not there (checked on each call: a test that takes numba away takes
+# these too).
+kernels = jit.lazy_kernels(Kernels, _qx, _descend, _qp_start, _q3_start)

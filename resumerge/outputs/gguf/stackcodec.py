@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
 from resumerge.outputs.gguf.layout import slice_name
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 if TYPE_CHECKING:
-    from resumerge.outputs.gguf.outcodec import Lend
+    from resumerge.inputs.codecs.protocol import Lend
     from resumerge.torch_import import torch
 
 # The part of a fused gate_up stack holding its up rows (MAIN holds the gate rows).
@@ -71,9 +71,8 @@ class GgufStackCodec(GgufOutCodec):
                     lend: Lend | None = None) -> None:
         if not self.up_name:
             return super().encode_into(value, dtype, into, lend=lend)
-        for part, stored in self.encode(value, dtype).items():  # two tensors' halves: copied to each part
-            into[part].copy_(stored)
-        return None
+        # two tensors' halves: encoded, then copied to each part (the protocol's own encode_into)
+        return TensorEncoder.encode_into(self, value, dtype, into)
 
     @property
     def slice_index(self) -> int:
