@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.merge.store.runlock import pid_alive
-from resumerge.merge.store.threadcount import recorded_threads, threads_words
+from resumerge.merge.store.threadcount import recorded_threads, threads_rows
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport
@@ -139,14 +139,8 @@ def check_status(root: Path, model: str | os.PathLike[str]) -> StatusReport | No
     return StatusReport(out_dir=os.fspath(model), state=str(doc["state"]), source="check",
                         tensors_total=layers * models, tensors_done=steps, shards_total=layers, shards_done=passed,
                         bytes_total=0, bytes_done=0, resume_command=command if isinstance(command, str) else None,
-                        kind="check", details=Details(rows=(("check", describe(doc)), *_threads_row(doc)),
-                                                      data={"check": doc}))
-
-
-def _threads_row(doc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """``status``'s row of the thread count a check's pass computes with (none: not recorded yet)."""
-    count = doc.get("threads")
-    return (("threads", threads_words(count)),) if isinstance(count, int) else ()
+                        kind="check", details=Details(rows=(("check", describe(doc)),
+                                                            *threads_rows(doc.get("threads"))), data={"check": doc}))
 
 
 def describe(doc: Mapping[str, Any]) -> str:

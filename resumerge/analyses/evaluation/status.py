@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # store.runlock's, not forward's: status must not import the forward package (its reader imports the plan, numpy).
 from resumerge.merge.store.runlock import is_locked
-from resumerge.merge.store.threadcount import recorded_threads, threads_words
+from resumerge.merge.store.threadcount import recorded_threads, threads_rows
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport
@@ -79,9 +79,7 @@ def eval_status(root: Path, target: str | os.PathLike[str]) -> StatusReport | No
     kind = doc.get("pass")
     counts = (("layers", passed, layers, f"journaled of the {kind} pass"),
               ("requests", requests if doc.get("done") else 0, requests, f"answered by the {kind} pass"))
-    rows = [("eval", describe(doc))]
-    if isinstance(doc.get("threads"), int):
-        rows.append(("threads", threads_words(doc["threads"])))
+    rows = [("eval", describe(doc)), *threads_rows(doc.get("threads"))]
     if doc["state"] == "running":
         rows.append(("process", f"pid {doc.get('pid')} holds the pass's lock"))
     command = doc.get("command") if doc["state"] == "interrupted" else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
+from resumerge.merge.plan.architecture import split_layer_name
+from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.stream import ModelStream
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
-_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")  # a decoder layer's tensor
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,11 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
     key = content_key([merge.plan.fingerprint, tokens, versions])
     folder = out.with_suffix("")
+    # the thread count beside the journal, removed with it: the folder is the config's and the texts' (another
+    # merge of them, its inputs changed, passes there too, and decides its own count)
     where = PassFolder(folder, f"the importance matrix pass into {out}", command,
-                       hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)")
+                       hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
+                       threads=folder / key[:32] / THREADS_FILE)
     return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress))
 
 
@@ -161,7 +164,8 @@ class _ImportanceJob:
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
         merge = self.merge
-        largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors if _LAYER.search(name)),
+        largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors
+                       if split_layer_name(name) is not None),
                       default=0)
         with reading_ahead(stream, ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)) as ahead:
             step = SumStep(stream, calls, reserve, on_layer, ahead)

@@ -41,3 +41,8 @@ def decided_threads(folder: Path, name: str = THREADS_FILE) -> int:
 def threads_words(count: int) -> str:
     """``status``'s words for a job's recorded count."""
     return f"{count} torch thread{'s' if count != 1 else ''} (decided at its first start, kept on a resume)"
+
+
+def threads_rows(count: int | None) -> tuple[tuple[str, str], ...]:
+    """``status``'s row of a pass's recorded count (none where it has not started yet)."""
+    return (("threads", threads_words(count)),) if count is not None else ()
