@@ -312,9 +312,12 @@ def test_a_mixture_of_experts_llama_cpp_would_route_otherwise_is_refused(
         arch: str, config: dict[str, object], refused: str | None) -> None:
     from resumerge.errors import ModelInputError
     from resumerge.inputs.gguf.names import check_routing
+    from resumerge.merge.plan.architecture import dense_mlp_layers
 
+    found = dense_mlp_layers(config)
+    dense = found[1] if found is not None else ()
     if refused is None:
-        check_routing(arch, config)
+        check_routing(arch, config, dense)
         return
     with pytest.raises(ModelInputError, match=refused):
-        check_routing(arch, config)
+        check_routing(arch, config, dense)

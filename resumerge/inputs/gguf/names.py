@@ -9,7 +9,7 @@ is refused in one line, before anything is read.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
@@ -258,12 +258,13 @@ def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple
 _RENORMALISED = {"qwen2moe": False, "qwen3moe": True}
 
 
-def check_routing(arch: str, config: Mapping[str, Any]) -> None:
+def check_routing(arch: str, config: Mapping[str, Any], dense_layers: Collection[int]) -> None:
     """Refuse (exit 2, at plan time) a mixture of experts whose ``config`` routes tokens otherwise than llama.cpp's
     ``arch`` graph does, which no GGUF key can say: Qwen-MoE's ``norm_topk_prob`` against the family's hard-coded
     renormalisation (moot when every expert is chosen: softmax weights over all of them already sum to 1), and a
-    dense layer among the experts (``decoder_sparse_step``, ``mlp_only_layers``), which llama.cpp's Qwen-MoE graphs
-    do not have."""
+    dense layer among the experts (``dense_layers``, as the planner reads them from ``decoder_sparse_step`` and
+    ``mlp_only_layers``: :func:`resumerge.merge.plan.architecture.dense_mlp_layers`), which llama.cpp's Qwen-MoE
+    graphs do not have."""
     if arch not in _RENORMALISED:
         return
     count = config.get("num_experts") or config.get("num_local_experts")
@@ -283,11 +284,9 @@ def check_routing(arch: str, config: Mapping[str, Any]) -> None:
             hint="write it as safetensors (--out-type safetensors)" + (
                 ", or, if the model was trained with renormalised weights (Qwen3-MoE's own were), set "
                 "norm_topk_prob: true in its config.json" if renormalised else ""))
-    layers = int(config.get("num_hidden_layers") or 0)
-    step = int(config.get("decoder_sparse_step") or 1)
-    dense = sorted({int(i) for i in config.get("mlp_only_layers") or () if 0 <= int(i) < layers}
-                   | {i for i in range(layers) if (i + 1) % step})
+    dense = sorted(dense_layers)
     if dense:
+        step = config.get("decoder_sparse_step") or 1
         raise ModelInputError(
             f"the output's config.json makes layer{'s' if len(dense) > 1 else ''} "
             f"{', '.join(map(str, dense))} dense (decoder_sparse_step {step}, mlp_only_layers "

@@ -36,6 +36,7 @@ from resumerge.inputs.gguf.names import (
     transform,
 )
 from resumerge.inputs.model import ModelInput
+from resumerge.merge.plan.architecture import dense_mlp_layers
 from resumerge.merge.plan.ggufstacks import WRITTEN, place_tensors
 from resumerge.merge.plan.gguftypes import (
     MIXES,
@@ -91,7 +92,9 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                               "scaling, which resumerge cannot write yet", hint="write it as safetensors")
     # The keys the writer reads, checked (and num_experts_per_tok defaulted as transformers does) before any is used.
     out_config = gguf_hparams(out_config, _attention_widths(tensors))
-    check_routing(arch, out_config)  # a mixture of experts llama.cpp would route otherwise: refused before writing
+    dense = dense_mlp_layers(out_config)
+    # a mixture of experts llama.cpp would route otherwise: refused before writing
+    check_routing(arch, out_config, dense[1] if dense is not None else ())
     # The tokenizer keys: copied from the first GGUF parent, else built from the donor's tokenizer files.
     source = next((models[k] for k in order if models[k].gguf is not None), models[order[0]])
     # The file's types as llama.cpp's quantizer picks them (resumerge.merge.plan.gguftypes): its head's is its own, and
