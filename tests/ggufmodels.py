@@ -281,16 +281,23 @@ def made_once(name: str, make: Callable[[Path], object], *helpers: Callable[...,
     return target
 
 
-def linear_llama_pair(root: Path, texts: str) -> tuple[Path, Path]:
-    """A float16 linear merge (0.3/0.7) of two tiny llama GGUFs under ``root``: its config, and a texts file of
-    ``texts`` (what the importance matrix's tests calibrate on)."""
+def linear_llama_config(root: Path, dtype: str = "float32") -> Path:
+    """A linear merge (0.3/0.7, in ``dtype``) of two tiny llama GGUFs (seeds 1 and 2, F32) under ``root``: its
+    config (``c.yml``). The GGUFs are written once: a second call over the same root reuses them."""
     from support import write_config
 
     a, b = root / "a.gguf", root / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
+    if not a.exists():
+        write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
+        write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
+    return write_config(root / "c.yml", {"merge_method": "linear", "dtype": dtype, "models": [
         {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+
+
+def linear_llama_pair(root: Path, texts: str) -> tuple[Path, Path]:
+    """A float16 :func:`linear_llama_config` under ``root``, and a texts file of ``texts`` (what the importance
+    matrix's tests calibrate on)."""
+    config = linear_llama_config(root, "float16")
     path = root / "texts.txt"
     path.write_text(texts)
     return config, path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from ggufmodels import Q, hf_tensors, linear_llama_config, to_gguf, write_gguf
 from support import cli_here, write_config
 
 from resumerge.merge.plan.ggufout import split_files
@@ -20,12 +20,7 @@ SPLIT = 40_000  # tensor bytes per split file: the tiny llama's 1.3 MB of Q8_0 i
 
 
 def _merge(root: Path, *flags: str) -> Path:
-    a, b = root / "a.gguf", root / "b.gguf"
-    if not a.exists():
-        write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-        write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    config = linear_llama_config(root)
     out = root / f"out{len(flags)}"
     done = cli_here("run", config, out, "--state-dir", root / f"s{len(flags)}", "--out-type", "gguf",
                     "--gguf-type", "q8_0", *flags)

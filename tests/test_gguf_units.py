@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from support import cli, cli_here, digests, write_config
+from ggufmodels import linear_llama_config
+from support import cli, cli_here, digests
 
 from resumerge import api
 from resumerge.merge.store.killpoints import UNIT_POINTS
@@ -54,11 +54,7 @@ class _Counting:
 def merge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     """The two tiny llama GGUF parents' merge config, and its GGUF output of an uninterrupted run."""
     root = tmp_path_factory.mktemp("units")
-    a, b = root / "a.gguf", root / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    config = linear_llama_config(root)
     whole = root / "whole"
     assert cli_here("run", config, whole, "--state-dir", root / "whole.state", *FLAGS).returncode == 0
     yield config, whole

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from support import cli, cli_here, digests, flip_byte, reference_merge, write_config
+from ggufmodels import linear_llama_config
+from support import cli, cli_here, digests, flip_byte, reference_merge
 
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
@@ -143,11 +143,7 @@ def test_a_run_recorded_with_sha256_resumes_with_sha256_and_verifies(ref: Refere
 
 
 def test_units_recorded_with_sha256_are_kept_by_a_resume_and_checked(tmp_path: Path) -> None:
-    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    config = linear_llama_config(tmp_path)
     flags = ("--out-type", "gguf", "--gguf-type", "q8_0", "--out-shard-size", "500k", "--quiet")
     whole = tmp_path / "whole"
     assert cli_here("run", config, whole, "--state-dir", tmp_path / "whole.state", *flags).returncode == 0

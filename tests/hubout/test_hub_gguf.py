@@ -13,16 +13,12 @@ from hub.fakehub_write import HubWriter
 
 from hubout.conftest import TIERS, repo_files
 from resumerge import api
-from tests.ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from tests.support import as_on_the_hub, cli, write_config
+from tests.ggufmodels import linear_llama_config
+from tests.support import as_on_the_hub, cli
 
 
 def _gguf_merge(root: Path, split: int | None) -> tuple[Path, api.Output]:
-    a, b = root / "a.gguf", root / "b.gguf"
-    write_gguf(a, "llama", to_gguf("llama", hf_tensors("llama", seed=1)), Q.F32)
-    write_gguf(b, "llama", to_gguf("llama", hf_tensors("llama", seed=2)), Q.F32)
-    config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float32", "models": [
-        {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
+    config = linear_llama_config(root)
     # the shard size as a local run's default (a local GGUF output's units; a hub repo commits each file whole)
     return config, api.Output(out_shard_size="1GB", out_type="gguf", gguf_type="q8_0", gguf_split_max_size=split)
 
