@@ -19,9 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from bench_kquants import TYPES, tensors
 
-TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 SEARCHES = ("qkx", "qx_lazy", "q3", "qp", "qx")
 HERE = Path(__file__).resolve().parents[1]
 
@@ -29,9 +28,8 @@ HERE = Path(__file__).resolve().parents[1]
 def child(rows: int, columns: int, code: int, weighted: bool, repeats: int) -> None:
     from resumerge.outputs.gguf import kquants, ksearch
 
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal((rows, columns)) * 0.02).astype(np.float32)
-    weights = (rng.random(columns) ** 2 * 10).astype(np.float32) if weighted else None
+    x, vector = tensors(rows, columns)
+    weights = vector if weighted else None
     kquants.encode_k(x[:16], code, weights)  # compiled kernels loaded
     tape: dict[str, list[Any]] = collections.defaultdict(list)
     at: collections.Counter[str] = collections.Counter()

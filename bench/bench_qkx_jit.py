@@ -21,6 +21,7 @@ import time
 from unittest import mock
 
 import numpy as np
+from bench_kquants import tensors
 
 TYPES = {"Q2_K": 10, "Q4_K": 12, "Q5_K": 13}
 FIRST_CALL = """
@@ -53,9 +54,7 @@ def main() -> None:
     rows, columns = (int(args[0]), int(args[1])) if len(args) > 1 else (2048, 5632)
     repeats = int(args[2]) if len(args) > 2 else 3
     chosen = args[3].split(",") if len(args) > 3 else list(TYPES)
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal((rows, columns)) * 0.02).astype(np.float32)
-    weights = (rng.random(columns) ** 2 * 10).astype(np.float32)
+    x, weights = tensors(rows, columns)
     if qkxloop._kernel() is None:
         raise SystemExit("numba is not installed: pip install 'resumerge[kquants]'")
     encode_k(x[:256], TYPES[chosen[0]], weights)  # the kernel compiled or loaded before any timing

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_kquants import tensors
 
 HERE = Path(__file__).resolve().parents[1]
 CASES = [("Q6_K", 14, False), ("Q6_K", 14, True), ("Q3_K", 11, False), ("Q3_K", 11, True)]
@@ -63,9 +64,7 @@ def main(rows: int, columns: int, repeats: int) -> None:
     from resumerge.outputs.gguf import ksearch
     from resumerge.outputs.gguf.kquants import encode_k
 
-    rng = np.random.default_rng(0)
-    x = (rng.standard_normal((rows, columns)) * 0.02).astype(np.float32)
-    weights = (rng.random(columns) ** 2 * 10).astype(np.float32)
+    x, weights = tensors(rows, columns)
     encode_k(x[:8], 14)  # compiled (or loaded from numba's cache) before any timing
     print(f"{rows}x{columns}, best of {repeats} alternating, CPU s: numpy | compiled | ratio")
     for name, code, weighted in CASES:
