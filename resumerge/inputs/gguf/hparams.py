@@ -17,6 +17,7 @@ from typing import Any
 
 from resumerge.config.params import is_whole
 from resumerge.errors import InputError, ModelInputError
+from resumerge.inputs.gguf.names import expert_count
 
 # transformers' defaults (its configuration classes, 5.x) for the keys a config.json may leave out that the key
 # writer needs; tests/test_gguf_keys.py checks them against the installed transformers.
@@ -40,7 +41,7 @@ _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _QWEN_MOE_INTS = ("moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step")
 # transformers' attribute holding each key the writer reads where config.json may leave it out; rope_theta is read
 # from rope_parameters (transformers 5 folds it in there).
-_COMPLETED = ("num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
+_COMPLETED = (*_OPTIONAL_INTS, "rms_norm_eps")
 _GEMMA_COMPLETED = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
 # transformers' values (its configuration classes, 5.x) of the keys a plain config.json of these families most often
 # leaves out, the same for every config of the family: head_dim is the width over the heads (None here), rope_theta
@@ -94,7 +95,7 @@ def gguf_hparams(config: Mapping[str, Any], attention: tuple[int, int] | None = 
         raise ModelInputError(f"the output's config.json says norm_topk_prob: {json.dumps(normalises)}, where true "
                               "or false belongs", hint=_HINT)
     count_key = _COUNT_KEY.get(model_type)
-    count = config.get("num_experts") or config.get("num_local_experts")
+    count = expert_count(config)
     if count_key is not None and not count:
         raise ModelInputError(f"the output's config.json has no {count_key}, which a GGUF output of a {model_type} "
                               "needs (transformers' default is another model's expert count, not these tensors')",

@@ -258,6 +258,12 @@ def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple
 _RENORMALISED = {"qwen2moe": False, "qwen3moe": True}
 
 
+def expert_count(config: Mapping[str, Any]) -> Any:
+    """A mixture of experts' routed expert count as config.json says it (``num_experts``, Mixtral's
+    ``num_local_experts``); None (or 0) for a dense model."""
+    return config.get("num_experts") or config.get("num_local_experts")
+
+
 def check_routing(arch: str, config: Mapping[str, Any], dense_layers: Collection[int]) -> None:
     """Refuse (exit 2, at plan time) a mixture of experts whose ``config`` routes tokens otherwise than llama.cpp's
     ``arch`` graph does, which no GGUF key can say: Qwen-MoE's ``norm_topk_prob`` against the family's hard-coded
@@ -267,7 +273,7 @@ def check_routing(arch: str, config: Mapping[str, Any], dense_layers: Collection
     graphs do not have."""
     if arch not in _RENORMALISED:
         return
-    count = config.get("num_experts") or config.get("num_local_experts")
+    count = expert_count(config)
     if not count:
         return
     renormalised = _RENORMALISED[arch]
@@ -298,7 +304,7 @@ def _expert_keys(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple[
     """The mixture-of-experts keys llama.cpp's converter writes (``gguf.md`` §4): the routed expert count
     (``num_experts``, Mixtral's ``num_local_experts``) and how many route each token; Qwen-MoE's expert width and
     shared expert width. None for a dense model."""
-    count = config.get("num_experts") or config.get("num_local_experts")
+    count = expert_count(config)
     if not count:
         return []
     keys: list[tuple[str, tuple[str, Any]]] = [("expert_count", ("u32", count)),
