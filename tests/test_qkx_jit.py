@@ -305,7 +305,7 @@ def test_arrays_the_kernel_does_not_take_go_to_numpy(kernel: object) -> None:
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((32, 40)) * 0.02).astype(F)
     for part in (x[:, ::2], x.astype(np.float64)):
-        assert qkxloop.qkx(part, np.abs(part), 15, -1.0, 0.1, 20, mad=False, v3=False, tame=ks.TAME,
+        assert qkxloop.qkx(part, np.abs(part), 15, -1.0, 0.1, 20, mad=False, v3=False,
                            rest=ks.qkx_numpy) is None
     for part in (x[:, ::2], x[:, :1].copy()):
         fast, slow = search(part, np.abs(part), "q4_k"), search(part, np.abs(part), "q4_k", ks.qkx_numpy)

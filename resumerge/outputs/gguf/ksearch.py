@@ -138,7 +138,7 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
     """``make_qkx2_quants`` (``v3`` False) / ``make_qkx3_quants`` (weights given) of each column of ``x`` (n, S):
     (scale, the min as a non-negative offset, codes). Compiled (:mod:`.qkxloop`) where numba is installed, else
     :func:`qkx_numpy`: the same bits."""
-    found = qkxloop.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3, tame=TAME, rest=_qkx_numpy)
+    found = qkxloop.qkx(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3, rest=_qkx_numpy)
     return qkx_numpy(x, w, nmax, rmin, rdelta, nstep, mad=mad, v3=v3) if found is None else found
 
 

@@ -16,7 +16,7 @@ column with nearest_int's bits, which differ from ``np.rint`` in range only for 
 final codes show it, so those are then made +0 as numpy's are. The min and max of each sub-block are numpy's
 own reductions (their signed zeros are numpy's SIMD order's).
 
-Imports numpy and :mod:`.jit` only: the numpy path, and its bound, are passed in by :mod:`.ksearch`.
+Imports numpy, :mod:`.jit` and :mod:`.kfloat` only: the numpy path is passed in by :mod:`.ksearch`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from resumerge.outputs.gguf import jit
+from resumerge.outputs.gguf import kfloat as kf
 
 __all__ = ["qkx"]
 
@@ -220,11 +221,11 @@ def _kernel() -> Callable[..., Any] | None:
 
 
 def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int, *, mad: bool, v3: bool,
-        tame: float, rest: Callable[..., _Rest]) -> _Result | None:
+        rest: Callable[..., _Rest]) -> _Result | None:
     """:func:`.ksearch.qkx_numpy`'s (scale, min as an offset, codes) of ``x``, ``w`` (n, S), compiled, with
     ``rest`` (that function, telling whether it rounded its codes with nearest_int's bits) for the columns the
-    kernel leaves (``tame``: its bound); None where there is no kernel, or the arrays are not what it takes
-    (float32, C-contiguous, (n, S) with n and S positive)."""
+    kernel leaves (past :data:`.kfloat.TAME`, the numpy path's bound); None where there is no kernel, or the arrays
+    are not what it takes (float32, C-contiguous, (n, S) with n and S positive)."""
     kernel = _kernel()
     if (kernel is None or x.ndim != 2 or x.shape != w.shape or x.shape[0] == 0 or x.shape[1] == 0
             or x.dtype != np.float32 or w.dtype != np.float32
@@ -236,7 +237,7 @@ def qkx(x: _Array, w: _Array, nmax: int, rmin: float, rdelta: float, nstep: int,
     left = np.zeros(width, dtype=np.bool_)
     wrapped = np.zeros(1, dtype=np.bool_)
     kernel(x, w, (x.min(axis=0), x.max(axis=0)), (int(nmax), float(rmin), float(rdelta), int(nstep)),
-           (bool(mad), bool(v3), np.float32(tame)), scale, offset, codes, left, wrapped)
+           (bool(mad), bool(v3), kf.TAME), scale, offset, codes, left, wrapped)
     at = np.flatnonzero(left)
     if at.size:
         # numpy's results for these columns are the same searched apart (each column's steps are its own, and
