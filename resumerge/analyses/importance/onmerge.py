@@ -23,7 +23,7 @@ from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
-from resumerge.merge.plan.architecture import split_layer_name
+from resumerge.merge.engine.unwritten import layer_of
 from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class _ImportanceJob:
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
         merge = self.merge
         largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors
-                       if split_layer_name(name) is not None),
+                       if layer_of(name) is not None),
                       default=0)
         with reading_ahead(stream, ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)) as ahead:
             step = SumStep(stream, calls, reserve, on_layer, ahead)
