@@ -10,25 +10,74 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.firstpass import FirstPass
     from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
-    from resumerge.merge.engine.executor import Reporter
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+    from resumerge.merge.plan.prepared import Progress
+
+
+@dataclass(frozen=True)
+class ImportancePhase:
+    """``--imatrix-texts``' pass as a phase of the run (:class:`~resumerge.merge.plan.prepared.Phase`): the matrix
+    of the merge ``text`` describes (planned with ``options``; its models at ``model_dirs`` where a resume found
+    them) over ``options.imatrix_texts``, under ``settings``; ``command`` continues it."""
+
+    text: str
+    options: PlanOptions
+    settings: RunSettings
+    command: str
+    model_dirs: Mapping[str, str] | None = None
+    name: ClassVar[str] = "the importance matrix pass over the merge"
+
+    @property
+    def key(self) -> str:
+        """The matrix's name: the config's and the texts' digest (:func:`imatrix_key`)."""
+        return Path(self.options.imatrix or "").stem
+
+    def admit(self, plan: Plan, max_memory: int | None) -> None:
+        """Refuse (exit 2) a budget the pass's step does not fit in beside its process, as ``plan`` names it."""
+        from resumerge.errors import UsageError
+        from resumerge.memory import SystemProbe, default_budget, format_size
+
+        texts = self.options.imatrix_texts
+        assert texts is not None, "a phase of --imatrix-texts"
+        cost = importance_cost(texts)(plan)
+        budget = max_memory if max_memory is not None else default_budget(SystemProbe())
+        if cost.smallest_budget > budget:
+            raise UsageError(f"{self.name} needs a budget of {format_size(cost.smallest_budget)} (its process about "
+                             f"{format_size(cost.baseline_bytes)}, its largest step {format_size(cost.held_bytes)}), "
+                             f"more than the budget of {format_size(budget)}",
+                             hint=f"rerun with --max-memory {format_size(cost.smallest_budget, compact=True)} or more")
+
+    def run(self, progress: Progress, tell: Callable[[str], None]) -> None:
+        """The pass (:func:`importance_pass`), each layer made durable told as ``(done, layers, "layer")``."""
+        importance_pass(self.text, self.options, self.settings, command=self.command, model_dirs=self.model_dirs,
+                        tell=tell, progress=lambda done, total: progress(done, total, "layer"))
+
+
+def importance_phases(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
+                      model_dirs: Mapping[str, str] | None = None) -> tuple[ImportancePhase, ...]:
+    """The run's phases before its merge: the importance pass where ``options`` ask one, else none."""
+    if options.imatrix_texts is None or options.imatrix is None:
+        return ()
+    return (ImportancePhase(text, options, settings, command, model_dirs),)
 
 
 def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
-                    model_dirs: Mapping[str, str] | None = None, reporter: Reporter | None = None) -> None:
+                    model_dirs: Mapping[str, str] | None = None, tell: Callable[[str], None] | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> None:
     """Compute the importance matrix of the merge ``text`` describes (planned with ``options``; its models at
     ``model_dirs`` where a resume found them) over ``options.imatrix_texts`` into ``options.imatrix``, within
     ``settings``' memory budget; nothing where the options ask none, or the file holds this very matrix already.
-    ``command`` continues it (a second process is told it). Raises UsageError (exit 2) before any weight is read
-    for a text longer than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
+    ``command`` continues it (a second process is told it); ``tell``: what the user must hear; ``progress``: the
+    layers done, as each is made durable. Raises UsageError (exit 2) before any weight is read for a text longer
+    than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
     if options.imatrix_texts is None or options.imatrix is None:
         return
     from resumerge.analyses.importance.onmerge import importance_on_merge
@@ -56,17 +105,17 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         tokenizer = load_tokenizer([merge.directory], what="resumerge run --imatrix-texts", plain=True)
         tokens = sequences(tokenizer, Path(texts), context_of([("the merge", merge.config)]),
                            option="--imatrix-texts")
-        if reporter is not None:
-            reporter.message(f"importance matrix: {len(tokens)} texts of {os.path.basename(texts)} through the merge, "
-                             "one decoder layer at a time (--imatrix-texts)")
+        if tell is not None:
+            tell(f"importance matrix: {len(tokens)} texts of {os.path.basename(texts)} through the merge, "
+                 "one decoder layer at a time (--imatrix-texts)")
         out = Path(options.imatrix)
         out.parent.mkdir(parents=True, exist_ok=True)
         report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
-                                     max_memory=settings.max_memory, command=command)
-    if reporter is not None:
+                                     max_memory=settings.max_memory, command=command, on_progress=progress)
+    if tell is not None:
         found = "found computed" if report.reused else "computed"
-        reporter.message(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
-                         f"{report.tokens} tokens")
+        tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
+             f"{report.tokens} tokens")
 
 
 def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
@@ -143,13 +192,39 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
         # Each layer's journal: the hidden states leaving it and every sum so far (the older file deleted after).
         written = sum(states + layer_sums * (i + 1) for i in range(layers))
         matrix = 4 * sum(sums.values())
-        return FirstPass(f"the importance matrix pass over the merge ({Path(texts).name}, --imatrix-texts)", tokens,
+        return FirstPass(f"{ImportancePhase.name} ({Path(texts).name}, --imatrix-texts)", tokens,
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix,
                          pass_held(max(held.values(), default=0) + merge, tokens, hidden),
-                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN)
+                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN, pass_baseline(plan))
 
     return cost
+
+
+# What the pass imports beyond a run's modules (the merge's modules built without weights are transformers'),
+# the family's modeling module after them: a fresh process importing them held 420 MB where a run's held 247 MB, and
+# the run's process read 422 MB as its pass started (the 2-layer tiny Llama of tests/test_imatrix_merge.py).
+PASS_MODULES = ("transformers", "resumerge.forward.stream", "resumerge.analyses.importance.onmerge",
+                "resumerge.merge.engine.unwritten")
+
+
+def pass_baseline(plan: Plan) -> int:
+    """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
+    and the pass's (the family's modeling module among them, where transformers has one; measured once per
+    installation, :func:`~resumerge.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF
+    merge's and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    from resumerge.config.locations import cache_root
+    from resumerge.memory.baseline import fresh_baseline
+    from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_overhead
+
+    family = str(plan.out_config.get("model_type") or "")
+    modeling = (f"transformers.models.{family}.modeling_{family}",) if family.isidentifier() else ()
+    fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *modeling), cache_root())
+    if fresh is None and modeling:  # a family transformers names otherwise
+        fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES), cache_root())
+    if fresh is None:
+        return run_baseline(plan)
+    return fresh + run_overhead(plan) + PER_TENSOR * len(plan.tensors)
 
 
 def _tokens(plan: Plan, texts: Path) -> int:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,42 +42,40 @@ class MergeKind:
         single_output(call, driving)
 
     def run(self, call: Call, driving: Driving) -> Outcome:
-        """The merge through :func:`~resumerge.merge.engine.session.run_merge`."""
+        """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
+        importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
+        from resumerge.api.importance import importance_phases
         from resumerge.merge.engine.session import run_merge
         from resumerge.torch_import import load_beside
 
-        def before() -> None:  # --imatrix-texts: the importance matrix the encoding reads, computed on the merge
-            from resumerge.api.importance import importance_pass
-
-            importance_pass(call.text, call.options, call.settings, reporter=driving.reporter,
-                            command=f"resumerge run {os.fspath(call.config)} {os.fspath(call.locations.out)}")
-
+        phases = importance_phases(call.text, call.options, call.settings,
+                                   command=call.locations.resume_command)
         note = numpy_encoders_note(call.options)
         if note is not None and driving.reporter is not None:
             driving.reporter.message(note)
-        imatrix = call.options.imatrix_texts is not None
         # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
-        importing = load_beside() if imatrix else None
+        importing = load_beside() if phases else None
         try:
             return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
                              reporter=driving.reporter, should_stop=driving.should_stop,
-                             codecs=call.codecs, before=before if imatrix else None)
+                             codecs=call.codecs, phases=phases)
         finally:
             if importing is not None:  # a run refused while planning never leaves torch half imported
                 importing.join()
 
     def resume(self, recorded: Recorded, settings: RunSettings, driving: Driving) -> Outcome:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
-        run found them; with ``--imatrix-texts``, its importance matrix first (found computed, or its pass
-        resumed), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
-        options = recorded.options
-        if options.imatrix_texts is not None:
-            from resumerge.api.importance import importance_pass
+        run found them; with ``--imatrix-texts``, its importance pass first (found computed, or resumed from its
+        journal), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
+        from resumerge.api.importance import computed_imatrix, importance_phases
 
+        # The matrix's place in this state dir (the record names none: it is no part of what the run writes).
+        recorded = replace(recorded, options=computed_imatrix(recorded.options, recorded.text, settings.state))
+        if recorded.options.imatrix_texts is not None:
             _same_texts(recorded)
-            importance_pass(recorded.text, options, settings, model_dirs=recorded.model_dirs,
-                            reporter=driving.reporter, command=f"resumerge resume {recorded.target.out}")
-        return resume_journaled(self.name, recorded, settings, driving, _replan)
+        phases = importance_phases(recorded.text, recorded.options, settings, model_dirs=recorded.model_dirs,
+                                   command=f"resumerge resume {recorded.target.out}")
+        return resume_journaled(self.name, recorded, settings, driving, _replan, phases)
 
     def plan(self, call: Call) -> Plan:
         """The merge config's plan (headers only)."""
@@ -113,9 +110,10 @@ def _same_texts(recorded: Recorded) -> None:
     from resumerge.api.importance import imatrix_key
     from resumerge.errors import PlanChangedError
 
+    stored = recorded.stored.plan.options.imatrix if recorded.stored is not None else None
     options = recorded.options
     texts = Path(options.imatrix_texts or "")
-    if not texts.is_file() or Path(options.imatrix or "").stem != imatrix_key(recorded.text, str(texts)):
+    if not texts.is_file() or Path(stored or options.imatrix or "").stem != imatrix_key(recorded.text, str(texts)):
         raise PlanChangedError(f"--imatrix-texts {texts}: the texts the run's importance matrix was computed from "
                                "changed (or are gone) since the run started", path=str(texts),
                                hint="put the file back as it was to resume, or start over with run --restart")

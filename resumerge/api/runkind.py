@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from resumerge.merge.engine.executor import Reporter
     from resumerge.merge.engine.session import Recorded
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.merge.plan.prepared import Prepared
+    from resumerge.merge.plan.prepared import Phase, Prepared
     from resumerge.merge.store.statusview import StatusReport
     from resumerge.runs.recipes.estimate import RecipeEstimate
     from resumerge.runs.recipes.view import RecipeStatus
@@ -145,11 +145,12 @@ Replanner = Callable[["Recorded", "RunSettings", "Reporter | None"], "Prepared"]
 
 
 def resume_journaled(name: str, recorded: Recorded, settings: RunSettings, driving: Driving,
-                     replan: Replanner) -> Outcome:
-    """Finish the single run ``recorded`` of the kind ``name``: its stored plan, else ``replan`` of its text."""
+                     replan: Replanner, phases: tuple[Phase, ...] = ()) -> Outcome:
+    """Finish the single run ``recorded`` of the kind ``name``: its stored plan, else ``replan`` of its text; its
+    ``phases`` before the merge first (each continued from its own journal)."""
     from resumerge.merge.engine.session import finish
 
     prepared = recorded.stored or replan(recorded, settings, driving.reporter)
     # Recorded under its kind again should the ledger be rebuilt (a damaged one set aside, or a lost state dir).
-    return finish(recorded, replace(prepared, kind=name), settings, reporter=driving.reporter,
+    return finish(recorded, replace(prepared, kind=name, phases=phases), settings, reporter=driving.reporter,
                   should_stop=driving.should_stop)

@@ -69,6 +69,10 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
         table.add_row(label, str(done), str(total), what)
     if merged:
         table.add_row("bytes", format_size(report.bytes_done), format_size(report.bytes_total), "")
+    if report.phase is not None:  # a run of several phases: which one, and how far it is
+        from resumerge.merge.store.statusview import phase_line
+
+        show_field(out, "phase", phase_line(report.phase))
     out.print(table)
     for label, text in details.rows if details is not None else ():  # what the kind of run adds
         show_field(out, label, text)

@@ -77,6 +77,9 @@ class LayerPass:
     point: str
     carries: Carries | None
     run_pid: int | None = None
+    # Told the index of each layer once its file is durable (and of the last one a resume finds journaled): a
+    # run's phase progress (resumerge.merge.engine.phasing).
+    on_saved: Callable[[int], None] | None = None
 
     def run(self, step: Step[Result], entering: Hidden, batches: int) -> Result | None:
         """Run ``step`` over the layers from where the journal left off (``entering``: each model's hidden states
@@ -86,6 +89,8 @@ class LayerPass:
         restart = self.journal.restart(len(entering), batches)
         hidden = entering if restart.hidden is None else _where(restart.hidden, entering)
         step.restore(restart)
+        if restart.layer and self.on_saved is not None:
+            self.on_saved(restart.layer - 1)
         if self.carries is not None:
             self.carries.restore(restart.tensors)
         with torch.no_grad():
@@ -97,6 +102,8 @@ class LayerPass:
                 if self.carries is not None:
                     tensors = {**tensors, **self.carries.carried(index)}
                 self.journal.save(index, hidden, tensors, metadata)
+                if self.on_saved is not None:
+                    self.on_saved(index)
                 reach(point, run_pid=self.run_pid)  # tests kill the pass here: it resumes after this layer
             if step.stopped():
                 return None

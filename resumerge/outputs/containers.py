@@ -71,6 +71,8 @@ class OutputContainer:
     # Whether the container's files are split by a size of its own (--gguf-split-max-size); False: a split size is
     # refused.
     split_by_size: ClassVar[bool] = False
+    # What the last phase of a run writing these files is called (``status`` names it beside the phases before it).
+    writing: ClassVar[str] = "the merge"
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
         """The byte layout of output file ``file`` holding the stored ``parts`` (in data order) in ``file_size``
@@ -138,6 +140,7 @@ class GgufFile(OutputContainer):
     loader_readable: ClassVar[bool] = False
     unwritten_reads: ClassVar[bool] = False
     split_by_size: ClassVar[bool] = True
+    writing: ClassVar[str] = "the merge and its GGUF encoding"
 
     gguf_type: str = "f16"
     split_max_size: int | None = None

@@ -481,7 +481,7 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
     merged = unit.merged(0, unit.total, workspace)
-    for stored in rows.out_codec.encode(merged, rows.out_dtype).values():
+    for stored in rows.out_codec.sampled().encode(merged, rows.out_dtype).values():
         if workspace.holds(stored):  # a result stored as computed: the run copies it out of the workspace
             stored.clone()
     _settle(device)

@@ -18,7 +18,7 @@ Computed by :mod:`resumerge.analyses.estimate.estimate`; read by the CLI's rende
     input_files       [{model, file, size, needed, how ("download" | "stream" | "cached"), reason, fetch_bytes}]
     memory            {budget, budget_source ("--max-memory" | "default"), machine_bytes, baseline_bytes,
                        counted_baseline_bytes, working_set_bytes, prepass_bytes, prepass_beside,
-                       first_pass_bytes, peak_bytes,
+                       first_pass_bytes, first_pass_baseline_bytes, peak_bytes,
                        largest_unit_bytes,
                        smallest_budget}
     disks             [{path, roles, free_bytes, needed_bytes, fits}]  one per filesystem
@@ -48,7 +48,9 @@ Computed by :mod:`resumerge.analyses.estimate.estimate`; read by the CLI's rende
                        output tensors of its scope it matched (resumerge/merge/plan/filters.py)
     first_pass        null, or the pass the run's process makes before the merge (--imatrix-texts' importance
                        matrix pass): {what, tokens, read_bytes, merge_share, write_bytes, state_bytes, held_bytes,
-                       forward_seconds, seconds} (its bytes also in memory.first_pass_bytes, its state dir's in disks)
+                       forward_seconds, baseline_bytes, seconds, peak_bytes, smallest_budget} (its bytes also in
+                       memory.first_pass_bytes, its state dir's in disks; its smallest budget in
+                       memory.smallest_budget, its peak in memory.peak_bytes where it is the run's)
     accounting        {tensors, merged, copied, renumbered, dropped, dropped_by_reason: {reason: n}, models: {key:
                        the same without models}} or null: what became of every input tensor
                        (resumerge/merge/plan/accounting.py)
@@ -137,8 +139,10 @@ class MemoryEstimate:
     # runs beside the merge (``prepass_beside``) or before it; 0 when there is none.
     prepass_bytes: int = 0
     prepass_beside: bool = False
-    # What a pass the run's own process makes before the merge holds beyond the baseline (:class:`FirstPass`).
+    # What a pass the run's own process makes before the merge holds beyond its baseline, and that baseline (the
+    # run's process with the pass's modules imported: :class:`FirstPass`; 0: the merge's).
     first_pass_bytes: int = 0
+    first_pass_baseline_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -163,9 +167,11 @@ class MemoryEstimate:
                 "or more")
 
     def _peak(self, baseline: int) -> int:
-        if self.prepass_beside:
-            return baseline + max(self.working_set_bytes + self.prepass_bytes, self.first_pass_bytes)
-        return baseline + max(self.working_set_bytes, self.prepass_bytes, self.first_pass_bytes)
+        merge = baseline + (self.working_set_bytes + self.prepass_bytes if self.prepass_beside
+                            else max(self.working_set_bytes, self.prepass_bytes))
+        if not self.first_pass_bytes:
+            return merge
+        return max(merge, (self.first_pass_baseline_bytes or baseline) + self.first_pass_bytes)
 
 
 # After the pass answers, the run writes and commits the routers' shard (the plan's last, 64 KB for the bench),

@@ -209,7 +209,15 @@ def estimate(
     if first_pass is not None:  # its disk work at the speeds measured, the merge's compute its reads redo
         timing = replace(timing, first_pass_seconds=first_pass.seconds(
             timing.read_bytes_per_s, timing.write_bytes_per_s, timing.compute_seconds))
-        memory = replace(memory, first_pass_bytes=first_pass.held_bytes)
+        # its own refusal's figure (its process's baseline and its step), the one a run's phase names too
+        memory = replace(memory, first_pass_bytes=first_pass.held_bytes,
+                         first_pass_baseline_bytes=first_pass.baseline_bytes,
+                         smallest_budget=max(memory.smallest_budget, first_pass.smallest_budget))
+        if first_pass.smallest_budget > memory.budget:  # the run's phase refuses it (exit 2) before it starts
+            memory_reasons.append(f"memory: {first_pass.what} needs a budget of "
+                                  f"{format_size(first_pass.smallest_budget)}, more than "
+                                  f"{format_size(memory.budget)}: rerun with --max-memory "
+                                  f"{format_size(first_pass.smallest_budget, compact=True)} or more")
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state.root, "the state dir")] if r]  # run would stop at once

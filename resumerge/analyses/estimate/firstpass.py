@@ -19,7 +19,9 @@ class FirstPass:
     (``write_bytes``: its journal, each layer's hidden states and the sums so far, then the matrix) and the most it
     holds there at once (``state_bytes``); what its process holds beyond the baseline at its peak
     (``held_bytes``, the figure its own guard judges) and the seconds of its forward over the texts
-    (``forward_seconds``: ``tokens`` through every layer's matrices)."""
+    (``forward_seconds``: ``tokens`` through every layer's matrices); ``baseline_bytes``: what the run's process
+    holds as the pass starts (a fresh process with the pass's modules imported, and the run's plans), which its
+    :attr:`smallest_budget` counts, as the run's refusal of a budget too small does."""
 
     what: str
     tokens: int
@@ -29,6 +31,19 @@ class FirstPass:
     state_bytes: int
     held_bytes: int
     forward_seconds: float
+    baseline_bytes: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        """The run's process at the pass's peak."""
+        return self.baseline_bytes + self.held_bytes
+
+    @property
+    def smallest_budget(self) -> int:
+        """The smallest ``--max-memory`` the pass works under: the figure ``plan`` and the run's refusal name."""
+        from resumerge.memory import smallest_budget_for
+
+        return smallest_budget_for(self.held_bytes, baseline_bytes=self.baseline_bytes)
 
     def seconds(self, read_bytes_per_s: float | None, write_bytes_per_s: float | None, merge_compute: float) -> float:
         """Its wall: its reads and writes at the disks' speeds (not counted where unknown), the merge's compute
@@ -42,8 +57,10 @@ class FirstPass:
         return (f"{self.what} first, in the run's process: about {format_duration(seconds)} ({self.tokens} tokens; "
                 f"reads {format_size(self.read_bytes)} of inputs, writes {format_size(self.write_bytes)} in the "
                 f"state dir, {format_size(self.state_bytes)} there at most), {format_size(self.held_bytes)} beyond "
-                "the process")
+                f"the process: peak about {format_size(self.peak_bytes)}, the smallest budget that works "
+                f"{format_size(self.smallest_budget)}")
 
     def to_json(self, seconds: float) -> dict[str, Any]:
         """``plan --json``'s ``first_pass``."""
-        return asdict(self) | {"seconds": round(seconds, 1)}
+        return asdict(self) | {"seconds": round(seconds, 1), "peak_bytes": self.peak_bytes,
+                               "smallest_budget": self.smallest_budget}

@@ -48,12 +48,13 @@ class ImportanceReport:
 
 def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, *, dataset: str,
                         max_memory: int | None, command: str,
-                        on_progress: Callable[[str], None] | None = None) -> ImportanceReport:
+                        on_progress: Callable[[int, int], None] | None = None) -> ImportanceReport:
     """The importance matrix of ``merge`` (its weights named as an ``arch`` GGUF names them) over ``tokens`` (one
     sequence a text), written to ``out`` (llama-imatrix's GGUF; ``dataset`` its ``imatrix.datasets``), journaled in
     a folder beside it; answered without a read where ``out`` holds this very pass's matrix. ``max_memory``: the
     budget (None: the default), refused (exit 2) before any weight is read where a layer would not fit;
-    ``command``: what continues it (a second process is told it)."""
+    ``command``: what continues it (a second process is told it); ``on_progress(done, layers)``: told each time a
+    layer's sums are durable (and the layers a resumed pass found journaled)."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
@@ -99,7 +100,7 @@ class _ImportanceJob:
     key: str
     dataset: str
     max_memory: int | None
-    on_progress: Callable[[str], None] | None
+    on_progress: Callable[[int, int], None] | None
 
     @property
     def _journal_dir(self) -> Path:
@@ -157,9 +158,9 @@ class _ImportanceJob:
         calls = [c for _, c in entering]
         layers = stream.layers
 
-        def on_layer(index: int) -> None:
+        def saved(index: int) -> None:
             if self.on_progress is not None:
-                self.on_progress(f"importance matrix: layer {index + 1} of {layers} of the merge")
+                self.on_progress(index + 1, layers)
 
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
@@ -168,11 +169,11 @@ class _ImportanceJob:
                        if layer_of(name) is not None),
                       default=0)
         with reading_ahead(stream, ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)) as ahead:
-            step = SumStep(stream, calls, reserve, on_layer, ahead)
+            step = SumStep(stream, calls, reserve, ahead=ahead)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
             # (resumerge.merge.store.killpoints)
-            found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls])).run(
-                step, [[h for h, _ in entering]], len(batches))
+            found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls]),
+                              on_saved=saved).run(step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
         return found
 

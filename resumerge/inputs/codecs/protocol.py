@@ -192,6 +192,11 @@ class TensorEncoder(_Format, ABC):
         experts whose each expert has its own importance weights)."""
         return self
 
+    def sampled(self) -> TensorEncoder:
+        """The encoder ``plan``'s speed sample times for this one: itself by default; one that reads what the run
+        makes before it encodes (an importance matrix computed on the merge) says what stands in for it."""
+        return self
+
     def carries(self, part: str) -> bool:
         """Whether companion ``part`` is carried beside the value rather than used to decode it or computed by
         :meth:`encode` (a static activation's ``input_scale``, calibrated on activations, not weights): an output

@@ -32,6 +32,7 @@ from resumerge.merge.engine.inputcontents import InputContents, Proving
 from resumerge.merge.engine.inputfetch import HubInputs
 from resumerge.merge.engine.job import Job
 from resumerge.merge.engine.outdir import Recording, done_line, open_run, planned_files, refuse_changed_plan
+from resumerge.merge.engine.phasing import admit_phases, record_phases, run_phases
 from resumerge.merge.engine.quiet import NullReporter, never_stop
 from resumerge.merge.engine.reconcile import reconcile
 from resumerge.merge.engine.target import Target
@@ -118,6 +119,8 @@ class RunSession:
         if self.target.hub is None:  # OUT over an input: refused before OUT is looked at (a --restart deletes)
             refuse_out_over_inputs(self.target.out, plan)
         set_torch_threads(settings.num_threads)
+        # What the flags decide a phase cannot do (a budget its step does not fit in): refused before OUT is touched.
+        admit_phases(self.prepared.phases, plan, settings.max_memory)
         governors = (make_governor(plan, settings.max_memory),
                      gpu_governor(plan, plan.options.device, settings.max_gpu_memory))
         if beside is not None:
@@ -227,6 +230,17 @@ class RunSession:
                     ledger.event(INPUTS_EVENT, plan.accounting.summary(), plan.accounting.to_json())
                 for note in [*notes, *plan.notes, *whole_files(plan, in_place)]:
                     reporter.message(note)
+                # The phases before the merge, recorded with the plan, run now: a kill in one leaves a recorded
+                # run, which resume continues from the phase's journal (engine.phasing).
+                ledger.set_state("running")
+                record_phases(ledger, self.prepared.phases, plan)
+                try:
+                    run_phases(ledger, self.prepared.phases, plan, reporter.message)
+                except Exception as exc:  # recorded as the merge's own failures are
+                    error = _failure(exc, ledger, watch, command)
+                    if error is exc:
+                        raise
+                    raise error from exc
                 rows = ledger.files()
                 done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
                 done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)
@@ -240,7 +254,6 @@ class RunSession:
                     total_bytes=plan.total_bytes,
                     done_bytes=done_bytes,
                 )
-                ledger.set_state("running")
                 ledger.event("memory", f"budget {format_size(governor.budget)}", {"budget": governor.budget})
                 reporter.memory_budget(governor.budget)
                 governor.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from resumerge.config.yamldiff import config_changes
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
 from resumerge.memory import format_size
 from resumerge.merge.engine.reconcile import adopt_manifest
-from resumerge.merge.plan.changes import describe_changes
+from resumerge.merge.plan.changes import describe_changes, recorded_options
 from resumerge.merge.plan.merge_plan import Plan, fingerprint_parts
 from resumerge.merge.plan.sidefiles import aux_files
 from resumerge.merge.store.diskprobe import free_bytes, unwritable
@@ -152,7 +152,7 @@ def fresh_manifest(plan: Plan, config_text: str, committed: dict[str, Any] | Non
         fingerprint=plan.fingerprint,
         parts=fingerprint_parts(plan),
         inputs={k: [list(f) for f in v] for k, v in plan.inputs.items()},
-        options=asdict(plan.options),
+        options=recorded_options(plan.options),
         model_dirs=dict(plan.model_dirs),
         config_text=config_text,
         planned=tuple(planned_files(plan)),

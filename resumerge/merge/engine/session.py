@@ -36,7 +36,7 @@ from resumerge.merge.engine.target import Target
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
 from resumerge.merge.plan.planner import build_plan, threads_matter
-from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.plan.prepared import Phase, Prepared
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.outgone import refuse_gone
@@ -81,11 +81,11 @@ def run_merge(
     reporter: Reporter | None = None,
     should_stop: Callable[[], bool] = never_stop,
     codecs: CodecTable | None = None,
-    before: Callable[[], None] | None = None,
+    phases: Sequence[Phase] = (),
 ) -> Outcome:
     """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller); continue an
-    unfinished run of the same plan there. ``before``: the caller's work once the plan is made and before the run
-    (the importance matrix a GGUF's encoding reads), while ``status`` still says "planning".
+    unfinished run of the same plan there. ``phases``: the caller's work the merge's units wait for (the importance
+    matrix a GGUF's encoding reads), recorded with the plan and run once it is (:mod:`.phasing`).
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
@@ -99,10 +99,8 @@ def run_merge(
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
         prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir,
                            reporter=reporter, codecs=codecs)
-        if before is not None:
-            before()
-        return run_plan(prepared, config_text, target, settings, restart=restart, reporter=reporter,
-                        should_stop=should_stop)
+        return run_plan(replace(prepared, phases=tuple(phases)), config_text, target, settings, restart=restart,
+                        reporter=reporter, should_stop=should_stop)
 
 
 @dataclass(frozen=True)

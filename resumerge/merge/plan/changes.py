@@ -77,11 +77,24 @@ def describe_changes(
     return changes
 
 
+def recorded_options(options: PlanOptions) -> dict[str, Any]:
+    """``options`` as a run records them (its ledger, OUT's manifest) and its fingerprint hashes them
+    (:func:`~resumerge.merge.plan.merge_plan.fingerprint_parts`): every field,
+    but the place of the importance matrix the run computes (``--imatrix-texts``), a file in the state dir: the
+    output's bytes depend on the texts (their digest is in the fingerprint), not on where the state dir is, and
+    no machine path is published with the output. A resume puts it back, in its own state dir
+    (:func:`resumerge.api.importance.computed_imatrix`)."""
+    found = asdict(options)
+    if options.imatrix_texts is not None:
+        found["imatrix"] = None
+    return found
+
+
 def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) -> list[str]:
     """``--option OLD → NEW`` for each output option that differs from the ``recorded`` PlanOptions."""
     if recorded is None:
         return []
-    now = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")}
+    now = {k: v for k, v in recorded_options(options).items() if k not in ("allow_crimes", "stream_inputs")}
     # The recorded options are JSON: a tuple option (--gguf-tensor-type) comes back a list, which never equals it.
     then = {k: tuple(v) if isinstance(v, list) else v
             for k, v in ((k, recorded.get(k, LATER_OPTIONS.get(k))) for k in now)}

@@ -449,9 +449,9 @@ PINNED_KERNELS = "serial-blocks-pin-mkl"
 
 
 def _output_options(options: PlanOptions) -> dict[str, Any]:
-    """The options that change output bytes, as fingerprinted."""
-    found = {k: v for k, v in asdict(options).items()
-             if k not in ("allow_crimes", "stream_inputs") and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
+    """The options that change output bytes, as fingerprinted (a computed matrix's place not: changes.py)."""
+    found = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")
+             and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k]) and not (k == "imatrix" and options.imatrix_texts)}
     if options.num_threads is not None:
         found["kernels"] = PINNED_KERNELS
     return found

@@ -73,6 +73,12 @@ class UnitRow:
 FORMATS_EVENT = "formats"
 # The kind of event a run records at each start: what became of every input tensor (resumerge.merge.plan.accounting).
 INPUTS_EVENT = "inputs"
+# The events of a run's phases (resumerge.merge.engine.phasing): its plan's phases, recorded with the plan before any
+# starts (data: {"phases": [{"name", "key"}, ...]}), and where the run is, at each phase's start and after each step
+# it made durable (data: {"index", "of", "name", "done", "total", "unit"}; the last phase, the merge, no counts:
+# its shards, tensors and bytes are the run's own).
+PHASES_EVENT = "phases"
+PHASE_EVENT = "phase"
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class MergeStatusRows:
     formats: EventRow | None = None  # the latest FORMATS_EVENT: the plan's formats report (quantized runs only)
     inputs: EventRow | None = None  # the latest INPUTS_EVENT: what became of every input tensor
     units: tuple[UnitRow, ...] = ()  # the units of the files written in place (a GGUF output's)
+    phase: EventRow | None = None  # the latest PHASE_EVENT: where a run of several phases is
 
 
 @contextmanager
@@ -216,7 +223,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
         # A GPU's memory events (their data names its pool) follow the host's at a run's start and end.
         memory = tuple(e for e in latest("memory", 4) if '"pool"' not in (e.data or ""))[-1:]
         stream = latest("stream", 1)
-        formats, inputs = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1)
+        formats, inputs, phase = latest(FORMATS_EVENT, 1), latest(INPUTS_EVENT, 1), latest(PHASE_EVENT, 1)
         notes = conn.execute("SELECT message FROM events WHERE kind = 'plan' GROUP BY message ORDER BY MIN(id)")
         return MergeStatusRows(
             record=MergeRecord(run, file_rows(conn)),
@@ -231,6 +238,7 @@ def read_merge_status(path: Path) -> MergeStatusRows | None:
             formats=formats[0] if formats else None,
             inputs=inputs[0] if inputs else None,
             units=unit_rows(conn),
+            phase=phase[0] if phase else None,
         )
 
 

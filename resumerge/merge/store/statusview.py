@@ -110,6 +110,10 @@ class StatusReport:
     # it), and what that kind adds (its modules, its forward pass, ...); None where it adds nothing.
     kind: str | None = None
     details: Details | None = None
+    # A run of several phases (an importance pass before its merge: resumerge.merge.engine.phasing): where it is, as
+    # its latest phase event recorded it ({"index", "of", "name"} and, within a phase that counts its steps, "done",
+    # "total", "unit"); None for a run whose merge is all it does.
+    phase: dict[str, Any] | None = None
     # The run's recorded text, only for the API to derive the kind of a run that recorded none (a ledger of the
     # version before kinds were recorded, or OUT's manifest alone, whose bytes stay as they were); never printed.
     recorded_text: str | None = field(default=None, repr=False, compare=False)
@@ -245,7 +249,17 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         recorded_text=run.config_text if run.kind is None else None,
         nodes=tuple(node_line(tally, _size) for tally in rows.nodes),
         formats=dict(json.loads(rows.formats.data)) if rows.formats is not None and rows.formats.data else None,
+        phase=_json_object(rows.phase.data) if rows.phase is not None else None,
     )
+
+
+def phase_line(phase: Mapping[str, Any]) -> str:
+    """Where a run of several phases is, in words: ``the importance matrix pass over the merge (phase 1 of 2):
+    layer 17 of 30 done``; the merge's (the last) says no more, its shards, tensors and bytes are the counts."""
+    line = f"{phase.get('name')} (phase {int(phase.get('index', 0)) + 1} of {phase.get('of')})"
+    if "done" in phase:
+        line += f": {phase.get('unit')} {phase.get('done')} of {phase.get('total')} done"
+    return line
 
 
 def _json_object(data: str | None) -> dict[str, Any] | None:
@@ -339,6 +353,8 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
           if report.units_total else []),
         ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
     rows += [(label, f"{done} of {total} {what}") for label, done, total, what in details.counts]
+    if report.phase is not None:
+        rows.insert(0, ("phase", phase_line(report.phase)))
     if not details.counts_only:
         rows.append(("bytes", f"{_size(report.bytes_done)} of {_size(report.bytes_total)}"))
     if report.inputs is not None:

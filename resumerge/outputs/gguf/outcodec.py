@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -54,8 +55,16 @@ class GgufOutCodec(TensorEncoder):
         return self.head_rows
 
     def identity(self) -> tuple[Any, ...]:
-        return tuple(v for v, f in zip(super().identity(), ("name", *(f.name for f in fields(self))))
+        # The importance matrix by its file's name, never its folder (a computed one's is in the state dir): what
+        # its values are, the plan's fingerprint holds apart (the file's digest, or the texts' it is computed from).
+        return tuple(Path(v).name if f == "imatrix" else v
+                     for v, f in zip(super().identity(), ("name", *(f.name for f in fields(self))))
                      if f != "first_row")
+
+    def sampled(self) -> GgufOutCodec:
+        """Itself, or where its importance matrix is computed by the run and not there yet (``plan`` before the
+        run), the same encoding unweighted: the quantizer's search costs the same with weights as without."""
+        return replace(self, imatrix="") if self.imatrix and not Path(self.imatrix).is_file() else self
 
     def from_row(self, first: int) -> GgufOutCodec:
         return replace(self, first_row=self.first_row + first) if self.imatrix and first else self
