@@ -43,7 +43,9 @@ class Phase(Protocol):
     A phase keeps a journal of its own, so that run again it continues where it stopped, and ends with the same
     bytes."""
 
-    name: str  # what ``status`` and ``plan`` call it ("the importance matrix pass over the merge")
+    @property
+    def name(self) -> str:
+        """What ``status`` and ``plan`` call it ("the importance matrix pass over the merge")."""
 
     @property
     def key(self) -> str:
