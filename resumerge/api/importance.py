@@ -159,6 +159,7 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
         from resumerge.analyses.importance.onmerge import pass_held, states_bytes
+        from resumerge.inputs.codecs.plain import PLAIN
         from resumerge.inputs.gguf.names import expert_target
         from resumerge.merge.plan.workunits import estimate_bytes
 
@@ -186,7 +187,9 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
                 matrices += values * used // experts if routed else values
                 sums[step] = sums.get(step, 0) + math.prod(tp.shape[:-2]) * tp.shape[-1]
         layers = len(sums)
-        merge = max((estimate_bytes(tp, plan.method_of(tp)) for tp in plan.tensors.values()), default=0)
+        # a tensor's merge as the float plan the pass reads makes it (its output its values, not the GGUF's blocks)
+        merge = max((estimate_bytes(replace(tp, out_codec=PLAIN, carried=()).sized(), plan.method_of(tp))
+                     for tp in plan.tensors.values()), default=0)
         states = states_bytes(tokens, hidden) // 2  # one set of hidden states, as a layer's journal holds it
         layer_sums = 8 * max(sums.values(), default=0)
         # Each layer's journal: the hidden states leaving it and every sum so far (the older file deleted after).
