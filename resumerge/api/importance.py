@@ -56,9 +56,10 @@ class ImportancePhase:
                              hint=f"rerun with --max-memory {format_size(cost.smallest_budget, compact=True)} or more")
 
     def run(self, progress: Progress, tell: Callable[[str], None]) -> None:
-        """The pass (:func:`importance_pass`), each layer made durable told as ``(done, layers, "layer")``."""
+        """The pass (:func:`importance_pass`), each layer made durable told as ``(done, layers, "layer")``; its
+        budget judged by :meth:`admit` already, by ``plan``'s figures."""
         importance_pass(self.text, self.options, self.settings, command=self.command, model_dirs=self.model_dirs,
-                        tell=tell, progress=lambda done, total: progress(done, total, "layer"))
+                        tell=tell, progress=lambda done, total: progress(done, total, "layer"), judged=True)
 
 
 def importance_phases(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
@@ -71,12 +72,13 @@ def importance_phases(text: str, options: PlanOptions, settings: RunSettings, *,
 
 def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, command: str,
                     model_dirs: Mapping[str, str] | None = None, tell: Callable[[str], None] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> None:
+                    progress: Callable[[int, int], None] | None = None, judged: bool = False) -> None:
     """Compute the importance matrix of the merge ``text`` describes (planned with ``options``; its models at
     ``model_dirs`` where a resume found them) over ``options.imatrix_texts`` into ``options.imatrix``, within
     ``settings``' memory budget; nothing where the options ask none, or the file holds this very matrix already.
     ``command`` continues it (a second process is told it); ``tell``: what the user must hear; ``progress``: the
-    layers done, as each is made durable. Raises UsageError (exit 2) before any weight is read for a text longer
+    layers done, as each is made durable; ``judged``: its budget judged already (the run's phase, by ``plan``'s
+    figures). Raises UsageError (exit 2) before any weight is read for a text longer
     than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
     if options.imatrix_texts is None or options.imatrix is None:
         return
@@ -111,7 +113,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         out = Path(options.imatrix)
         out.parent.mkdir(parents=True, exist_ok=True)
         report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
-                                     max_memory=settings.max_memory, command=command, on_progress=progress)
+                                     max_memory=settings.max_memory, command=command, on_progress=progress,
+                                     judged=judged)
     if tell is not None:
         found = "found computed" if report.reused else "computed"
         tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
@@ -159,37 +162,53 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
         from resumerge.analyses.importance.onmerge import pass_held, states_bytes
+        from resumerge.forward.ahead import ahead_fits
         from resumerge.inputs.codecs.plain import PLAIN
         from resumerge.inputs.gguf.names import expert_target
+        from resumerge.merge.engine.unwritten.compute import rows_alone
         from resumerge.merge.plan.workunits import estimate_bytes
 
-        tokens = _tokens(plan, Path(texts))
+        tokens, distinct = _tokens(plan, Path(texts))
         hidden = int(plan.out_config.get("hidden_size") or 0)
         config = plan.out_config
         experts = int(config.get("num_experts") or config.get("num_local_experts") or 1)
         used = int(config.get("num_experts_per_tok") or experts)
-        read = total = matrices = 0
-        held: dict[str, int] = {}  # by step (a layer, or the embeddings): its float32 values
+        read = total = matrices = whole = 0  # whole: the largest merge of any tensor (the room a read-ahead uses)
+        # By step (a layer, or the embeddings), as the pass's guard counts it (onmerge._ImportanceJob._step): its
+        # float32 values (the embeddings' of the rows the texts use, where they merge alone; ``tables``: whole),
+        # and the largest merge of its own tensors as the float plan the pass reads makes it (their values, not the
+        # GGUF's blocks).
+        held: dict[str, int] = {}
+        tables: dict[str, int] = {}
+        merges: dict[str, int] = {}
         sums: dict[str, int] = {}  # by layer: its linears' input columns (one float64 sum each)
         for name, tp in plan.tensors.items():
             size = sum(i.end - i.start for i in tp.inputs)
             total += size
+            floats, spec = replace(tp, out_codec=PLAIN, carried=()).sized(), plan.method_of(tp)
+            whole = max(whole, estimate_bytes(floats, spec))
             layer = _LAYER.search(name)
             if layer is None and "embed_tokens" not in name:
                 continue  # the head and the last norm: the pass never runs them
             read += size
             step = layer.group(1) if layer is not None else "embeddings"
             values = math.prod(tp.shape)
-            held[step] = held.get(step, 0) + 4 * values
+            rows = (distinct if layer is None and distinct and len(tp.shape) == 2 and rows_alone(floats, spec)
+                    else None)
+            tables[step] = tables.get(step, 0) + 4 * values
+            held[step] = held.get(step, 0) + 4 * values * (rows or tp.shape[0]) // tp.shape[0]
+            merges[step] = max(merges.get(step, 0), estimate_bytes(floats, spec, rows=rows))
             if layer is not None and len(tp.shape) in (2, 3):
                 # a routed expert's weights see only the tokens routed to it: used of experts, on average
                 routed = expert_target(name) is not None
                 matrices += values * used // experts if routed else values
                 sums[step] = sums.get(step, 0) + math.prod(tp.shape[:-2]) * tp.shape[-1]
         layers = len(sums)
-        # a tensor's merge as the float plan the pass reads makes it (its output its values, not the GGUF's blocks)
-        merge = max((estimate_bytes(replace(tp, out_codec=PLAIN, carried=()).sized(), plan.method_of(tp))
-                     for tp in plan.tensors.values()), default=0)
+        needs = {step: held[step] + merges[step] for step in held}
+        layered = [need for step, need in needs.items() if step != "embeddings"]
+        ahead = ahead_fits(max(tables.values(), default=0),
+                           max((m for step, m in merges.items() if step != "embeddings"), default=0), whole)
+        largest = max(needs.values(), default=0) + (max(layered, default=0) if ahead else 0)
         states = states_bytes(tokens, hidden) // 2  # one set of hidden states, as a layer's journal holds it
         layer_sums = 8 * max(sums.values(), default=0)
         # Each layer's journal: the hidden states leaving it and every sum so far (the older file deleted after).
@@ -197,42 +216,52 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
         matrix = 4 * sum(sums.values())
         return FirstPass(f"{ImportancePhase.name} ({Path(texts).name}, --imatrix-texts)", tokens,
                          read, read / total if total else 0.0, written + matrix,
-                         2 * (states + layer_sums * layers) + matrix,
-                         pass_held(max(held.values(), default=0) + merge, tokens, hidden),
+                         2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
                          matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN, pass_baseline(plan))
 
     return cost
 
 
-# What the pass imports beyond a run's modules (the merge's modules built without weights are transformers'),
-# the family's modeling module after them: a fresh process importing them held 420 MB where a run's held 247 MB, and
-# the run's process read 422 MB as its pass started (the 2-layer tiny Llama of tests/test_imatrix_merge.py).
-PASS_MODULES = ("transformers", "resumerge.forward.stream", "resumerge.analyses.importance.onmerge",
-                "resumerge.merge.engine.unwritten")
+# What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,
+# numba where it is installed (a K-quant run imports it for its encoders, and scipy with it), and the family's
+# modules: resumerge's own where it builds them (forward.native), else transformers' and its modeling module. On real
+# SmolLM2 to q4_k_m the run's process held 346 MB as its pass started; a fresh process of these modules 309 MB, of a
+# run's alone 247 MB.
+PASS_MODULES = ("resumerge.forward.stream", "resumerge.analyses.importance.onmerge", "resumerge.merge.engine.unwritten")
+_OPTIONAL = ("tokenizers", "numba")
 
 
 def pass_baseline(plan: Plan) -> int:
     """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
-    and the pass's (the family's modeling module among them, where transformers has one; measured once per
-    installation, :func:`~resumerge.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF
-    merge's and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    and the pass's (:data:`PASS_MODULES`; measured once per installation,
+    :func:`~resumerge.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's and
+    the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    import importlib.util
+
     from resumerge.config.locations import cache_root
+    from resumerge.forward.native.config import read_config
     from resumerge.memory.baseline import fresh_baseline
     from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_overhead
 
     family = str(plan.out_config.get("model_type") or "")
-    modeling = (f"transformers.models.{family}.modeling_{family}",) if family.isidentifier() else ()
-    fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *modeling), cache_root())
-    if fresh is None and modeling:  # a family transformers names otherwise
-        fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES), cache_root())
+    if read_config(plan.out_config) is not None:
+        modules: tuple[str, ...] = ("resumerge.forward.native.modules",)
+    else:
+        modules = ("transformers", *((f"transformers.models.{family}.modeling_{family}",)
+                                     if family.isidentifier() else ()))
+    optional = tuple(m for m in _OPTIONAL if importlib.util.find_spec(m) is not None)
+    fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *optional, *modules), cache_root())
+    if fresh is None:  # a family transformers names otherwise
+        fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *optional), cache_root())
     if fresh is None:
         return run_baseline(plan)
     return fresh + run_overhead(plan) + PER_TENSOR * len(plan.tensors)
 
 
-def _tokens(plan: Plan, texts: Path) -> int:
-    """The tokens of ``texts`` as the pass counts them, by the first input folder's tokenizer read without
-    transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN` bytes of each text."""
+def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None]:
+    """The tokens of ``texts`` as the pass counts them, and how many distinct ones, by the first input folder's
+    tokenizer read without transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN` bytes of
+    each text (the distinct ones unknown: None)."""
     from resumerge.forward.plaintok import plain_tokenizer
     from resumerge.forward.texts import read_texts, sequences
 
@@ -240,6 +269,7 @@ def _tokens(plan: Plan, texts: Path) -> int:
         folder = plan.model_dirs.get(key)
         tokenizer = plain_tokenizer(Path(folder)) if folder is not None else None
         if tokenizer is not None:
-            return sum(len(t) for t in sequences(tokenizer, texts, option="--imatrix-texts"))
+            found = sequences(tokenizer, texts, option="--imatrix-texts")
+            return sum(len(t) for t in found), len({t for each in found for t in each})
     lines = [line for line in read_texts(texts, "--imatrix-texts").splitlines() if line.strip()]
-    return sum(1 + math.ceil(len(line.encode()) / _BYTES_PER_TOKEN) for line in lines)
+    return sum(1 + math.ceil(len(line.encode()) / _BYTES_PER_TOKEN) for line in lines), None

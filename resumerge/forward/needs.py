@@ -9,6 +9,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from resumerge.config.locations import cache_root
 from resumerge.forward import step_sizes
@@ -17,6 +18,9 @@ from resumerge.forward.heads import head_step_bytes
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
+
+if TYPE_CHECKING:
+    from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 # Values per span the static pass reads a tensor in (4 MB in float32): what it holds of a plain tensor at once.
 STATIC_SPAN = 1 << 20
@@ -83,3 +87,29 @@ def static_bytes(streams_formats: Sequence[StoredFormats]) -> int:
     largest = max((held(f, n, tuple(found.entry.shape)) for f in streams_formats
                    for n, found in f.logical().items()), default=0)
     return 3 * largest * 4
+
+
+def merged_steps(stream: ModelStream, merge: UnwrittenMerge, tokens: Sequence[Sequence[int]]) -> dict[str, int]:
+    """What each layer step of a pass over the merge never written ``merge`` (read through ``stream``) over
+    ``tokens`` holds at most, by its prefix (the embeddings', then each decoder layer's): its tensors' float32
+    values, and one of its own tensors' merges at a time beside them, the largest (the embeddings' of the rows the
+    texts use, where the method merges rows alone, as the pass then reads them). The tensor as read *is* its merge's
+    output: counted once (:mod:`resumerge.analyses.evaluation.unwrittenneeds`, whose heads step comes after these;
+    the importance pass runs no head)."""
+    embeddings = stream.prefix(stream.model.get_input_embeddings())
+    stack = stream.prefix(stream.layers_list)
+    prefixes = [embeddings, *(f"{stack}{i}." for i in range(stream.layers))]
+    values = step_sizes(stream.formats, stream.layers, value_bytes=4, embeddings=embeddings, stack=stack,
+                        in_place=lambda name: True)  # the read copy is the merge's output: in its working set
+    used = len({t for sequence in tokens for t in sequence})
+    merges = dict.fromkeys(prefixes, 0)
+    for name in merge.tensors:
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        shape = tuple(merge.tensors[name].entry.shape)
+        rows = used if prefix == embeddings and len(shape) == 2 and merge.merges_rows_alone(name) else None
+        merges[prefix] = max(merges[prefix], merge.tensor_merge_bytes(name, rows) or 0)
+        if rows is not None:  # the embeddings' step holds the rows the texts use, not the table
+            values[prefix] = min(values[prefix], values[prefix] * used // max(1, shape[0]))
+    return {p: values[p] + merges[p] for p in prefixes}

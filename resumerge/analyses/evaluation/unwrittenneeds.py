@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.forward import step_sizes
+from resumerge.forward.needs import merged_steps
 
 if TYPE_CHECKING:
     from resumerge.forward.stream import ModelStream
@@ -30,23 +30,8 @@ def merged_need(stream: ModelStream, merge: UnwrittenMerge, tokens: Sequence[Seq
     """The largest step of a pass over the merge never written ``merge`` (read through ``stream``) with its merges,
     over ``tokens``; ``heads``: the pass's heads step as a stored model's (its head read whole, so held twice while
     cast)."""
+    layer = max(merged_steps(stream, merge, tokens).values(), default=0)
     embeddings = stream.prefix(stream.model.get_input_embeddings())
-    stack = stream.prefix(stream.layers_list)
-    prefixes = [embeddings, *(f"{stack}{i}." for i in range(stream.layers))]
-    values = step_sizes(stream.formats, stream.layers, value_bytes=4, embeddings=embeddings, stack=stack,
-                        in_place=lambda name: True)  # the read copy is the merge's output: in its working set
-    used = len({t for sequence in tokens for t in sequence})
-    merges = dict.fromkeys(prefixes, 0)
-    for name in merge.tensors:
-        prefix = next((p for p in prefixes if name.startswith(p)), None)
-        if prefix is None:
-            continue
-        shape = tuple(merge.tensors[name].entry.shape)
-        rows = used if prefix == embeddings and len(shape) == 2 and merge.merges_rows_alone(name) else None
-        merges[prefix] = max(merges[prefix], merge.tensor_merge_bytes(name, rows) or 0)
-        if rows is not None:  # the embeddings' step holds the rows the texts use, not the table
-            values[prefix] = min(values[prefix], values[prefix] * used // max(1, shape[0]))
-    layer = max((values[p] + merges[p] for p in prefixes), default=0)
     head = stream.model.get_output_embeddings()
     weight = next((p for _, p in head.named_parameters()), None) if head is not None else None
     copy = weight.numel() * 4 if weight is not None else 0  # the head as read: its merge's output

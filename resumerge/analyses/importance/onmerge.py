@@ -48,13 +48,15 @@ class ImportanceReport:
 
 def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, *, dataset: str,
                         max_memory: int | None, command: str,
-                        on_progress: Callable[[int, int], None] | None = None) -> ImportanceReport:
+                        on_progress: Callable[[int, int], None] | None = None,
+                        judged: bool = False) -> ImportanceReport:
     """The importance matrix of ``merge`` (its weights named as an ``arch`` GGUF names them) over ``tokens`` (one
     sequence a text), written to ``out`` (llama-imatrix's GGUF; ``dataset`` its ``imatrix.datasets``), journaled in
     a folder beside it; answered without a read where ``out`` holds this very pass's matrix. ``max_memory``: the
     budget (None: the default), refused (exit 2) before any weight is read where a layer would not fit;
     ``command``: what continues it (a second process is told it); ``on_progress(done, layers)``: told each time a
-    layer's sums are durable (and the layers a resumed pass found journaled)."""
+    layer's sums are durable (and the layers a resumed pass found journaled); ``judged``: the run's phase judged
+    the budget already, by ``plan``'s figures (else judged here, by the process's reading)."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
@@ -65,7 +67,7 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     where = PassFolder(folder, f"the importance matrix pass into {out}", command,
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
                        threads=folder / key[:32] / THREADS_FILE)
-    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress))
+    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress, judged))
 
 
 def _layer_bytes(stream: ModelStream) -> int:
@@ -101,6 +103,7 @@ class _ImportanceJob:
     dataset: str
     max_memory: int | None
     on_progress: Callable[[int, int], None] | None
+    judged: bool = False
 
     @property
     def _journal_dir(self) -> Path:
@@ -120,10 +123,12 @@ class _ImportanceJob:
     @contextmanager
     def fitted(self) -> Iterator[Fit[ModelStream]]:
         """The merge's modules built without weights and its layer step judged against the budget (refused, exit 2,
-        before any weight is read)."""
+        before any weight is read); where the run's phase judged it already (``judged``: by ``plan``'s figures,
+        before anything was written), the budget in force, unjudged again (the texts' tokens of GGUF inputs, which
+        ``plan`` counts by their bytes, would make two refusals of one budget)."""
         from resumerge.forward import Weights
         from resumerge.forward.stream import ModelStream
-        from resumerge.memory import SystemProbe, budget_fitting
+        from resumerge.memory import SystemProbe, budget_fitting, default_budget
         from resumerge.torch_import import torch
 
         merge = self.merge
@@ -131,11 +136,13 @@ class _ImportanceJob:
                              torch.float32, what="resumerge run --imatrix-texts", key="merge")
         try:
             hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
-            # a layer's float32 values (each the output of its merge: no copy beside it) and one merge's working set
-            step = _layer_bytes(stream) + merge.merge_bytes
-            budget = budget_fitting("the importance matrix pass over the merge",
-                                    pass_held(step, sum(len(t) for t in self.tokens), hidden), self.max_memory,
-                                    SystemProbe())
+            step, _ = self._step(stream)
+            if self.judged:
+                budget = self.max_memory if self.max_memory is not None else default_budget(SystemProbe())
+            else:
+                budget = budget_fitting("the importance matrix pass over the merge",
+                                        pass_held(step, sum(len(t) for t in self.tokens), hidden), self.max_memory,
+                                        SystemProbe())
             yield Fit(budget, {"layer": step}, stream)
         finally:
             stream.close()
@@ -164,11 +171,7 @@ class _ImportanceJob:
 
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
-        merge = self.merge
-        largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors
-                       if layer_of(name) is not None),
-                      default=0)
-        with reading_ahead(stream, ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)) as ahead:
+        with reading_ahead(stream, self._step(stream)[1]) as ahead:
             step = SumStep(stream, calls, reserve, ahead=ahead)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
             # (resumerge.merge.store.killpoints)
@@ -176,6 +179,21 @@ class _ImportanceJob:
                               on_saved=saved).run(step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
         return found
+
+    def _step(self, stream: ModelStream) -> tuple[int, bool]:
+        """The pass's largest step and whether it reads a layer ahead: each step's float32 values and the largest
+        merge of its own tensors (the embeddings' of the rows the texts use, where they merge alone:
+        :func:`~resumerge.forward.needs.merged_steps`), and where the room a whole table's merge would take holds a
+        layer read ahead (:func:`~resumerge.forward.ahead.ahead_fits`, as before), that layer's step beside it.
+        What ``plan`` names of it is :func:`resumerge.api.importance.importance_cost`'s, from the plan alone."""
+        from resumerge.forward.needs import merged_steps
+
+        merge = self.merge
+        steps = list(merged_steps(stream, merge, self.tokens).values())  # the embeddings', then each layer's
+        largest = max((merge.tensor_merge_bytes(name) or 0 for name in merge.plan.tensors
+                       if layer_of(name) is not None), default=0)
+        ahead = ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)
+        return max(steps, default=0) + (max(steps[1:], default=0) if ahead else 0), ahead
 
     def finish(self, found: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
                proof: str | None) -> ImportanceReport:

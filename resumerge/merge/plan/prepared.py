@@ -57,7 +57,7 @@ class Phase(Protocol):
 
     def run(self, progress: Progress, tell: Callable[[str], None]) -> None:
         """Do the phase (nothing where its journal says it was done), telling ``progress`` after each step it made
-        durable and ``tell`` what the user must hear."""
+        durable and ``tell`` what the user must hear; its budget judged already (:meth:`admit`)."""
 
 
 @dataclass(frozen=True)
