@@ -2,7 +2,9 @@
 is encoded. The merge's float plan (the same config and options, written as safetensors) is opened as the model it
 describes, never written (:class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`), and the texts run through it by
 :func:`~resumerge.analyses.importance.onmerge.importance_on_merge` into the file the GGUF plan's codecs read
-(``PlanOptions.imatrix``, in the state dir: :func:`computed_imatrix`)."""
+(``PlanOptions.imatrix``, in the state dir: :func:`computed_imatrix`). The pass is a phase of the run
+(:class:`ImportancePhase`): recorded with the plan before it starts, judged against the budget by ``plan``'s own
+figures (:func:`importance_cost`) before anything is written, resumed from its journal by ``resume``."""
 
 from __future__ import annotations
 
@@ -154,10 +156,11 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
     """What ``run --imatrix-texts texts`` spends on its importance matrix pass before the merge, from ``plan`` (the
     GGUF merge's: its tensors are the float merge's, encoded otherwise): the pass reads each decoder layer's and the
-    embeddings' tensors once, merged as read (their inputs' bytes, their share of the merge's compute), holds one
-    layer in float32 with a tensor's merge and the hidden states (the figure its own guard judges:
-    :func:`~resumerge.analyses.importance.onmerge.pass_held`), journals every layer's hidden states and the sums so
-    far, and runs the texts' tokens through every layer's matrices."""
+    embeddings' tensors once, merged as read (their inputs' bytes, their share of the merge's compute), holds its
+    largest step beside the hidden states (:func:`~resumerge.analyses.importance.onmerge.pass_held`; the step as the
+    pass counts it, ``_ImportanceJob._step``, beside its process as it starts, :func:`pass_baseline`: the figure
+    the run's phase judges), journals every layer's hidden states and the sums so far, and runs the texts' tokens
+    through every layer's matrices."""
 
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
