@@ -81,7 +81,7 @@ def test_a_mark_a_live_or_finished_run_holds_is_not_a_killed_one(tmp_path: Path)
     assert killed_planning(run_dir) is None and not list(run_dir.iterdir())
     out, state = tmp_path / "out", tmp_path / "state2"
     said = cli("status", out, "--state-dir", state)
-    assert said.returncode == 4 and "killed while planning" not in said.stderr
+    assert said.returncode == 2 and "killed while planning" not in said.stderr  # no OUT at all: a mistyped path
 
 
 def test_a_run_killed_while_hashing_its_inputs_is_recorded_and_resume_finishes_it(tmp_path: Path) -> None:
