@@ -111,7 +111,8 @@ def test_a_killed_run_s_kind_is_read_from_its_mark_never_guessed_from_the_state_
     work = state / ROUTERS_DIR / "0123abcd"
     work.mkdir(parents=True)
     (work / "layer-00000.safetensors").write_bytes(b"")
-    for call in (lambda: api.status(out, state_dir=state), lambda: api.resume(out, api.Settings(state_dir=state))):
+    for call in (lambda: api.status(out, settings=api.Settings(state_dir=state)),
+                 lambda: api.resume(out, api.Settings(state_dir=state))):
         with pytest.raises(NothingRecordedError, match="killed while planning") as caught:
             call()
         assert "decoder layers" not in (caught.value.hint or "")

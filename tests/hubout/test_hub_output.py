@@ -54,7 +54,7 @@ def test_status_answers_from_the_repo_alone(hub: HubWriter, merge: Merge, tmp_pa
                                                                         output=api.Output(out_shard_size=SHARD)))
     assert repo_files(hub, "team/merged", "dev") == merge.reference
     assert set(hub.head_files("team/merged")) == {".gitattributes"}  # main untouched
-    report = api.status("hf://team/merged@dev", state_dir=tmp_path / "elsewhere")
+    report = api.status("hf://team/merged@dev", settings=api.Settings(state_dir=tmp_path / "elsewhere"))
     assert report.source == "manifest" and report.state == "done" and report.shards_done == report.shards_total
 
 
