@@ -247,18 +247,19 @@ def check(model: PathLike, settings: Settings = Settings(), *, base: PathLike | 
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
     line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
-    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
-    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
-    config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
-    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. Of ``resources`` (the
-    group :func:`run` takes) a check honours ``max_memory``, the whole process's budget, ``device`` and
-    ``max_gpu_memory`` (below), and refuses the others set. ``executor``: None or
-    ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
-    pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
-    other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
-    before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
-    compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
-    or a text holding a token one lacks, are refused before any layer runs.
+    layer under ``settings.state_dir``: a killed check resumes at the layer it reached, with the same report. Any
+    model may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file
+    (its config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets
+    the check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``settings``: the
+    object :func:`run` takes; of its ``resources`` a check honours ``max_memory``, the whole process's budget,
+    ``device`` and ``max_gpu_memory`` (below), and refuses the others set, as it refuses ``output``, ``merging``,
+    ``hub`` and ``stages``. ``settings.executor``: None or ``LocalExecutor()`` runs the models one after another in
+    this process; ``RayExecutor(address)`` each model's pass on a node of its own of that Ray cluster (the same
+    report; a check started with one resumes with the other). A text longer than the models' context
+    (``max_position_embeddings``) is refused naming its line, before any layer runs, or cut to the context with
+    ``truncate_texts``. Models whose vocabularies differ are compared over the tokens they share
+    (``report.shared_tokens``, ``report.vocabulary``); models that share none, or a text holding a token one lacks,
+    are refused before any layer runs.
     ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
     model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
     the layer reached, whose ``resume_command`` is the command that continues it. ``Resources(device="cuda")``: each
@@ -324,21 +325,21 @@ def evaluate(target: PathLike, tasks: Sequence[str] | str, settings: Settings = 
 def measure(config: PathLike, out: PathLike, settings: Settings = Settings(), *, texts: PathLike | None = None,
             progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
             imatrix: PathLike | None = None) -> MeasureReport:
-    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
-    over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
-    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
-    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
-    ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory budget
-    and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled per layer under
-    ``state_dir``: a killed measurement run again resumes at the layer it reached and writes the same bytes.
-    ``executor`` (:func:`run`'s object): None or ``LocalExecutor()`` measures the models one after another in this
-    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side
-    by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
-    merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
-    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
-    (as ``check`` does). ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix
-    (llama-imatrix's GGUF: each linear's sums of squared inputs, the diagonal of its Gram times the tokens, named
-    as llama.cpp names the weight; several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
+    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config`` over
+    calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
+    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte range)
+    or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
+    ``settings.resources.max_memory`` (``settings`` is the object :func:`run` takes; of its resources a measurement
+    honours the memory budget and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled
+    per layer under ``settings.state_dir``: a killed measurement run again resumes at the layer it reached and writes
+    the same bytes. ``settings.executor``: None or ``LocalExecutor()`` measures the models one after another in this
+    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side by
+    side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's merged pass
+    is refused there). ``progress`` is told each layer as it starts. A text longer than the models' context is refused
+    naming its line, before anything is written, or cut to the context with ``truncate_texts`` (as ``check`` does).
+    ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix (llama-imatrix's GGUF: each
+    linear's sums of squared inputs, the diagonal of its Gram times the tokens, named as llama.cpp names the weight;
+    several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
     from resumerge.analyses.measure.run import measure_grams
     from resumerge.forward.device import PassDevice
 

@@ -233,11 +233,11 @@ class Settings:
     (``check``, ``measure``), an unwritten merge (``open_unwritten``), a plan (``plan_merge``) and a reading of what a
     run recorded (``status``, ``verify``: the state dir alone) read besides what they are asked to do, as one value a
     notebook builds once and hands to each call (``settings=``; a field given as a keyword of its own is refused
-    with this spelling: :mod:`.keywords`): the groups
-    ``output``, ``merging``, ``resources``, ``hub`` and ``stages``, the ``state_dir`` keeping the runs' records
-    (None: ``RESUMERGE_STATE_DIR``, else the default) and the ``executor`` computing the shards (None or
-    ``LocalExecutor()``: this process; ``RayExecutor(address, keep_workers)``: a Ray cluster). A group or field a
-    call cannot honour is refused there when set (UsageError, exit 2), as :func:`taken` says."""
+    with this spelling: :mod:`.keywords`): the groups ``output``, ``merging``, ``resources``, ``hub`` and
+    ``stages``, the ``state_dir`` keeping the runs' records (None: ``RESUMERGE_STATE_DIR``, else the default) and
+    the ``executor`` computing the shards (None or ``LocalExecutor()``: this process; ``RayExecutor(address,
+    keep_workers)``: a Ray cluster). A group or field a call cannot honour is refused there when set (UsageError,
+    exit 2), as :func:`taken` says."""
 
     output: Output = field(default=Output(), metadata=_not_for(*_NO_OUT, *_PASS_CALLS, *_READING))
     merging: Merging = field(default=Merging(), metadata=_not_for("resume", *_SEARCH, *_PASS_CALLS, *_READING))
