@@ -36,12 +36,13 @@ _ONE_MERGE = "give each candidate as one YAML document of merge_method and its m
 def open_unwritten(config: PathLike, settings: Settings = Settings(), *, codecs: CodecTable | None = None,
                    governor: MemoryGovernor | None = None) -> UnwrittenMerge:
     """The merge ``config`` describes (a merge config, or a recipe's final stage: mergekit-multi), as a model that
-    is never written: planned as ``run`` plans it with the same option groups, its small files (config.json,
+    is never written: planned as ``run`` plans it with the same ``settings`` (of them its ``output``, ``merging``,
+    ``resources`` and ``state_dir``; ``hub``, ``stages`` and ``executor`` refused set), its small files (config.json,
     tokenizer) in a folder under the state dir, each weight tensor merged by the plan's method code when it is read
     and dropped after (see :class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`), equal to the bytes ``run``
     writes. Hub inputs are downloaded into the Hugging Face cache and verified, as ``run`` downloads them (never twice).
     ``governor``: the caller's memory governor, which admits each tensor's merge as the run admits it (None: one of
-    ``resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
+    ``settings.resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
     InputError or UsageError (exit 2) before any weight is read or downloaded: a config that does not plan, a
     mergekit-moe or extraction config, an output written as GGUF or as an adapter, ``stream_inputs``."""
     from resumerge.api.kinds import MERGE, kind_of
