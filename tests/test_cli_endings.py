@@ -54,7 +54,7 @@ def test_status_into_head_ends_with_0_or_141(out: Path) -> None:
     assert done.stdout.startswith(f"{out}: done") and done.stderr == ""
 
 
-@pytest.mark.parametrize("command", ["status", "verify"])
+@pytest.mark.parametrize("command", ["status", "verify", "resume"])
 def test_an_out_that_does_not_exist_is_exit_2_in_one_line(command: str, tmp_path: Path) -> None:
     nowhere = tmp_path / "nowhere"
     done = cli(command, nowhere)
