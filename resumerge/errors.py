@@ -8,6 +8,7 @@
     │   ├── ModelInputError                     a model directory, config.json, index or header is unusable
     │   │   └── HostileFileError                a file that tries to escape, lie about sizes or execute code
     │   ├── UsageError                          the command line itself is wrong
+    │   │   └── NoSuchOutputError               OUT names nothing at all (also a NothingRecordedError)
     │   └── UnreachableInputError               a hub input unreachable before a run recorded anything
     ├── InterruptedMerge                exit 3  stopped at a safe point (signal); resumable
     ├── RefusedError                    exit 4  state mismatch or damage resumerge will not paper over
@@ -15,7 +16,8 @@
     │   ├── OutputDirError                      OUT holds files resumerge did not write, or is locked
     │   └── LedgerError                         the ledger cannot be read and cannot be rebuilt
     │       └── NothingRecordedError            OUT (a folder or hf:// repo) holds no run: resume, status, verify
-    │           └── KilledPlanningError         none, because the run was killed while it planned
+    │           ├── KilledPlanningError         none, because the run was killed while it planned
+    │           └── NoSuchOutputError           exit 2: OUT names nothing at all (also a UsageError)
     ├── StorageError                    exit 3  disk full, EIO, read-only: nothing committed is lost
     └── UnreachableError                exit 3  the hub cannot be reached and the cache cannot stand in
 
@@ -31,6 +33,7 @@ option named by its keyword (``max_memory``, not ``--max-memory``), except insid
 
 from __future__ import annotations
 
+import os
 import re
 
 EXIT_OK = 0
@@ -204,9 +207,17 @@ class NothingRecordedError(LedgerError):
     @classmethod
     def of(cls, out: object, what: str = "merge") -> NothingRecordedError:
         """The refusal for a local ``out`` of which neither the state dir nor OUT holds a record of a ``what``
-        (``merge``, ``recipe``): what is missing and where to look."""
+        (``merge``, ``recipe``): what is missing and where to look; where ``out`` is no file or folder at all, a
+        :class:`NoSuchOutputError`."""
+        if not os.path.lexists(str(out)):
+            return NoSuchOutputError("no such folder", path=str(out), hint="check the output path")
         return cls(f"no {what} recorded for {out}", path=str(out),
                    hint="pass the --state-dir used by the run, or check the output path")
+
+
+class NoSuchOutputError(UsageError, NothingRecordedError):
+    """Nothing is recorded because OUT names no file or folder at all: a path mistyped (exit 2, as bad input is),
+    still a :class:`NothingRecordedError` to a caller that asks whether a run exists (a notebook's resume cell)."""
 
 
 class KilledPlanningError(NothingRecordedError):

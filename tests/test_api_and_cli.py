@@ -27,7 +27,7 @@ def test_api_and_cli_give_identical_outputs(tmp_path: Path, make: ModelFactory) 
                             settings=resumerge.Settings(output=resumerge.Output(out_shard_size="30k")))
     assert main(["run", str(cfg), str(tmp_path / "cli"), "--out-shard-size", "30k", "--quiet"]) == 0
     assert digests(tmp_path / "api") == digests(tmp_path / "cli")
-    planned = resumerge.plan_merge(cfg, output=resumerge.Output(out_shard_size="30k"))
+    planned = resumerge.plan_merge(cfg, settings=resumerge.Settings(output=resumerge.Output(out_shard_size="30k")))
     assert outcome.plan.fingerprint == planned.fingerprint
     report = resumerge.status(tmp_path / "api")
     assert report.state == "done" and report.shards_done == report.shards_total
@@ -284,7 +284,7 @@ def test_a_notebook_sees_a_short_outcome_and_a_readable_status(tmp_path: Path, m
     files = len(list(out.iterdir())) - 1  # every file but the manifest
     assert re.fullmatch(rf"done: {re.escape(str(out))}, {files} files, 0 resumed, \d+\.\d s", repr(outcome)), \
         repr(outcome)
-    report = api.status(out, state_dir=tmp_path / "state")
+    report = api.status(out, settings=api.Settings(state_dir=tmp_path / "state"))
     text = str(report)
     assert text.splitlines()[0] == f"{out}: done (from the ledger)"
     assert re.search(r"^shards +\d+ of \d+ \(100 % of bytes\)$", text, re.M) and "tensors" in text, text

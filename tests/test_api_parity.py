@@ -55,7 +55,8 @@ def test_run_status_verify_and_plan_agree(tmp_path: Path, make: ModelFactory,
     doc = _json_of(capsys, ["plan", str(cfg), str(via_api), "--state-dir", str(state), "--out-shard-size", "30k",
                             "--max-memory", "16GB", "--probe-size", "0", "--json"])
     assert _without_measured(doc) == _without_measured(planned.to_json())
-    assert doc["fingerprint"] == api.plan_merge(cfg, output=api.Output(out_shard_size="30k")).fingerprint
+    assert doc["fingerprint"] == api.plan_merge(cfg, settings=api.Settings(
+        output=api.Output(out_shard_size="30k"))).fingerprint
     assert doc["memory"]["budget"] == 16_000_000_000 and doc["memory"]["budget_source"] == "--max-memory"
 
     outcome = api.run(cfg, via_api, settings=api.Settings(state_dir=state, output=api.Output(out_shard_size="30k")))
@@ -66,11 +67,11 @@ def test_run_status_verify_and_plan_agree(tmp_path: Path, make: ModelFactory,
 
     for out in (via_api, via_cli):
         shown = _json_of(capsys, ["status", str(out), "--state-dir", str(state), "--json"])
-        assert shown == json.loads(json.dumps(api.status(out, state_dir=state).to_json()))
+        assert shown == json.loads(json.dumps(api.status(out, settings=api.Settings(state_dir=state)).to_json()))
         assert shown["state"] == "done" and shown["resume_command"] is None
         checked = _json_of(capsys, ["verify", str(out), "--state-dir", str(state), "--json"])
-        assert checked == json.loads(report_json(api.verify(out, state_dir=state)))
-    from_api, from_cli = (api.status(o, state_dir=state).to_json() for o in (via_api, via_cli))
+        assert checked == json.loads(report_json(api.verify(out, settings=api.Settings(state_dir=state))))
+    from_api, from_cli = (api.status(o, settings=api.Settings(state_dir=state)).to_json() for o in (via_api, via_cli))
     assert from_api.keys() == from_cli.keys()
     for key in ("state", "source", "tensors_total", "tensors_done", "shards_total", "shards_done", "bytes_total",
                 "bytes_done", "files", "last_error", "adaptations"):

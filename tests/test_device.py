@@ -306,15 +306,15 @@ def test_check_and_measure_take_the_device_in_run_s_resources_and_measure_s_plan
     a, b = make("a", seed=1), make("b", seed=2)
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     state = tmp_path / "state"
-    for call in (lambda: api.check(a, base=b, state_dir=state, resources=api.Resources(max_gpu_memory="1GB")),
-                 lambda: api.measure(config, tmp_path / "g", state_dir=state,
-                                     resources=api.Resources(max_gpu_memory="1GB"))):
+    gpu_budget = api.Settings(state_dir=state, resources=api.Resources(max_gpu_memory="1GB"))
+    for call in (lambda: api.check(a, base=b, settings=gpu_budget),
+                 lambda: api.measure(config, tmp_path / "g", settings=gpu_budget)):
         with pytest.raises(UsageError, match="is the GPU's budget, and this pass runs on the CPU"):
             call()
     for resources, field in ((api.Resources(device="cuda"), "device"),
                              (api.Resources(max_gpu_memory="1GB"), "max_gpu_memory")):
         with pytest.raises(UsageError, match=f"^{field} does not apply to estimate_measure"):
-            api.estimate_measure(config, resources=resources, state_dir=state)
+            api.estimate_measure(config, settings=api.Settings(resources=resources, state_dir=state))
     assert not (tmp_path / "g").exists() and not list(state.rglob("*.safetensors"))
 
 
@@ -410,13 +410,14 @@ def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -
 def test_check_on_the_gpu_gives_the_cpus_figures_and_a_check_killed_there_resumes_on_the_cpu(tmp_path: Path) -> None:
     models = _pass_models(tmp_path)
     merge, base, parent = (str(m.path) for m in models)  # type: ignore[attr-defined]
-    cpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-cpu")
-    gpu = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-gpu",
-                    resources=api.Resources(device="cuda"))
+    cpu = api.check(merge, base=base, parents=[parent], settings=api.Settings(state_dir=tmp_path / "s-cpu"))
+    gpu = api.check(merge, base=base, parents=[parent],
+                    settings=api.Settings(state_dir=tmp_path / "s-gpu", resources=api.Resources(device="cuda")))
     done = cli("check", merge, "--base", base, "--parent", parent, "--device", "cuda", "--state-dir",
                tmp_path / "s-across", env={"RESUMERGE_KILL_AT": "after_check_layer:2"})
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    across = api.check(merge, base=base, parents=[parent], state_dir=tmp_path / "s-across")  # resumed on the CPU
+    across = api.check(merge, base=base, parents=[parent],
+                       settings=api.Settings(state_dir=tmp_path / "s-across"))  # resumed on the CPU
     for found in (gpu, across):
         assert found.verdict == cpu.verdict
         for want, got in zip(cpu.models, found.models):
@@ -437,15 +438,16 @@ def test_a_model_larger_than_the_gpu_budget_runs_a_layer_at_a_time_and_a_layer_b
     # the budget too, so the named budget is compared with the model beside it.
     before = torch.cuda.memory_allocated()
     with pytest.raises(UsageError, match="of GPU memory on cuda:0") as caught:
-        api.check(merge, base=base, state_dir=state, resources=api.Resources(device="cuda", max_gpu_memory=1000))
+        api.check(merge, base=base,
+                  settings=api.Settings(state_dir=state, resources=api.Resources(device="cuda", max_gpu_memory=1000)))
     assert not list(state.rglob("layer-*.safetensors"))  # refused before its first layer
     named = parse_size(caught.value.one_line().split("rerun with --max-gpu-memory ")[1].split(" ")[0])
     whole = sum(f.stat().st_size for f in Path(merge).glob("*.safetensors"))
     # the model (beside what the process holds) does not fit the budget it runs under: one layer at a time does
     assert named < smallest_budget_for(whole, baseline_bytes=before)
-    found = api.check(merge, base=base, state_dir=state,
-                      resources=api.Resources(device="cuda", max_gpu_memory=named))
-    want = api.check(merge, base=base, state_dir=tmp_path / "s-cpu")
+    found = api.check(merge, base=base, settings=api.Settings(
+        state_dir=state, resources=api.Resources(device="cuda", max_gpu_memory=named)))
+    want = api.check(merge, base=base, settings=api.Settings(state_dir=tmp_path / "s-cpu"))
     # type: ignore[operator]
     assert abs(found.models[0].nll - want.models[0].nll) <= 1e-5 * max(1.0, want.models[0].nll)
 
@@ -457,8 +459,9 @@ def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
     models = _pass_models(tmp_path)
     # type: ignore[attr-defined]
     config = write_config(tmp_path / "c.yml", linear_config(Path(models[0].path), Path(models[1].path)))
-    api.measure(config, tmp_path / "cpu", state_dir=tmp_path / "s1")
-    api.measure(config, tmp_path / "gpu", state_dir=tmp_path / "s2", resources=api.Resources(device="cuda"))
+    api.measure(config, tmp_path / "cpu", settings=api.Settings(state_dir=tmp_path / "s1"))
+    api.measure(config, tmp_path / "gpu",
+                settings=api.Settings(state_dir=tmp_path / "s2", resources=api.Resources(device="cuda")))
     files = sorted(p.relative_to(tmp_path / "cpu") for p in (tmp_path / "cpu").rglob("*.safetensors"))
     assert files
     for name in files:

@@ -315,7 +315,7 @@ def _ties_plan(make: ModelFactory, tmp_path: Path) -> Plan:
         "merge_method": "ties", "base_model": str(base), "dtype": "float32",
         "models": [{"model": str(m), "parameters": {"weight": 0.5, "density": 0.5}} for m in (a, b)],
     })
-    return api.plan_merge(cfg, output=api.Output(out_shard_size="60k"))
+    return api.plan_merge(cfg, settings=api.Settings(output=api.Output(out_shard_size="60k")))
 
 
 def test_ties_compute_is_measured_on_the_inputs_and_scales_with_pending_work(tmp_path: Path,
@@ -463,7 +463,7 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 
     cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
     out = tmp_path / "out"
-    free = api.plan_merge(cfg, output=api.Output(out_shard_size="30k")).total_bytes - 1
+    free = api.plan_merge(cfg, settings=api.Settings(output=api.Output(out_shard_size="30k"))).total_bytes - 1
     assert not api.estimate(cfg, out, probe_size=0, disk_free=lambda path: free,
                             settings=api.Settings(output=api.Output(out_shard_size="30k"))).fits
     monkeypatch.setattr(outdir, "free_bytes", lambda path: free)
@@ -475,7 +475,8 @@ def test_run_refuses_before_writing_what_plan_says_will_not_fit(tmp_path: Path, 
 def test_the_ram_estimate_counts_small_tensors_by_the_groups_the_engine_admits(tmp_path: Path) -> None:
     """Consecutive tiny tensors of one shard are admitted as one group (resumerge.merge.engine.unitgroup): the working
     set counts what a group holds, not one tensor's estimate per worker."""
-    plan = api.plan_merge(many_layer_merge(tmp_path, 20), output=api.Output(out_shard_size="20k"))
+    plan = api.plan_merge(many_layer_merge(tmp_path, 20),
+                          settings=api.Settings(output=api.Output(out_shard_size="20k")))
     budget, tensors = 1 << 30, [plan.tensors[n] for s in plan.shards for n in s.tensors]
     units = pending_units(plan, plan.shards, budget)
     each = [unit_bytes(tp, plan.method_of(tp), WHOLE) for tp in tensors]

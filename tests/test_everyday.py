@@ -212,7 +212,7 @@ def test_status_of_a_moved_recipe_out_finds_its_final_stage(tmp_path: Path, make
     assert main(["run", str(recipe), str(out), "--state-dir", str(state), "--quiet"]) == 0
     out.rename(moved)
     shutil.rmtree(state)
-    report = api.recipe_status(moved, state_dir=state)
+    report = api.recipe_status(moved, settings=api.Settings(state_dir=state))
     final = report.stages[-1]
     assert (final.state, final.out_dir) == ("done", str(moved))
     assert report.stages_done == 2

@@ -87,7 +87,7 @@ def test_a_pass_takes_runs_resources_and_refuses_those_it_cannot_honour(tmp_path
     args = (tmp_path / "m",) if function is api.check else (tmp_path / "c.yml",) + (
         (tmp_path / "g",) if function is api.measure else ())
     with pytest.raises(UsageError, match=r"^num_threads does not apply to"):
-        function(*args, resources=api.Resources(num_threads=2), state_dir=tmp_path / "s")
+        function(*args, settings=api.Settings(resources=api.Resources(num_threads=2), state_dir=tmp_path / "s"))
     with pytest.raises(UsageError, match=r"^max_memory must be positive"):
-        function(*args, resources=api.Resources(max_memory="0"), state_dir=tmp_path / "s")
+        function(*args, settings=api.Settings(resources=api.Resources(max_memory="0"), state_dir=tmp_path / "s"))
     assert not (tmp_path / "s").exists()

@@ -149,7 +149,7 @@ def test_a_llama_gguf_is_planned_without_importing_transformers(tmp_path: Path) 
     probe = (
         "import sys\n"
         "from resumerge import api\n"
-        f"plan = api.plan_merge({str(merge)!r}, output=api.Output(out_type='gguf', gguf_type='q8_0'))\n"
+        f"plan = api.plan_merge({str(merge)!r}, api.Settings(output=api.Output(out_type='gguf', gguf_type='q8_0')))\n"
         "print(len(plan.tensors) > 0, sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)

@@ -273,12 +273,14 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
         {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["b"]}]}
     with pytest.raises(ModelInputError, match="gate_mode cheap_embed reads the prompts with the base's tokenizer: "
                                               "transformers cannot rebuild this GGUF's tokenizer"):
-        api.plan_merge(write_config(tmp_path / "moe.yml", doc), merging=api.Merging(allow_same_experts=True))
+        api.plan_merge(write_config(tmp_path / "moe.yml", doc),
+                       settings=api.Settings(merging=api.Merging(allow_same_experts=True)))
     with pytest.raises(ModelInputError, match="the output's tokenizer is the base's: transformers cannot rebuild"):
         api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
-                       merging=api.Merging(allow_same_experts=True))
+                       settings=api.Settings(merging=api.Merging(allow_same_experts=True)))
     plan = api.plan_merge(write_config(tmp_path / "random.yml", {**doc, "gate_mode": "random"}),
-                          output=api.Output(copy_tokenizer=False), merging=api.Merging(allow_same_experts=True))
+                          settings=api.Settings(output=api.Output(copy_tokenizer=False),
+                                                merging=api.Merging(allow_same_experts=True)))
     assert not plan.tokenizer_blobs
     models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
     with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
@@ -507,7 +509,7 @@ def test_a_gguf_input_merge_killed_resumes_byte_identical(tmp_path: Path, real_m
         assert killed.returncode == -signal.SIGKILL, f"{point} was never reached: {killed.stderr}"
     api.resume(out, settings=api.Settings(state_dir=state))
     assert digests(out) == digests(whole)
-    assert api.verify(out, state_dir=state).ok
+    assert api.verify(out, settings=api.Settings(state_dir=state)).ok
 
 
 def test_a_damaged_type_field_is_a_damaged_file_not_a_type_to_re_quantize(tmp_path: Path) -> None:

@@ -338,7 +338,8 @@ def test_a_wrong_imatrix_is_refused_in_one_line_before_anything_is_written(
         path = tmp_path / f"{case}.gguf"
         _write_imatrix_gguf(path, entries)
         with pytest.raises(ModelInputError, match="imatrix"):
-            api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix=str(path)))
+            api.plan_merge(config, settings=api.Settings(
+                output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix=str(path))))
         out = tmp_path / f"out-{case}"
         done = cli("run", config, out, "--state-dir", tmp_path / f"s-{case}", "--out-type", "gguf",
                    "--gguf-type", "q4_k_m", "--imatrix", path)
@@ -369,5 +370,5 @@ def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
         reached.append(point)
         api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
-        assert api.verify(out, state_dir=state).ok, point
+        assert api.verify(out, settings=api.Settings(state_dir=state)).ok, point
     assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(reached)

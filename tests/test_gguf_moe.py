@@ -134,7 +134,7 @@ def test_a_qwen3moe_merge_of_a_gguf_and_a_safetensors_parent_is_written_with_its
         assert exps["blk.1.ffn_down_exps.weight"] == [512, 256, 3]  # ne: [n_ff, n_embd, E]
         assert _keys(reader, "qwen3moe") == {"expert_count": 3, "expert_used_count": 2,
                                              "expert_feed_forward_length": 512}
-        plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=gguf_type))
+        plan = api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type=gguf_type)))
         assert plan.total_bytes == (out / "model.gguf").stat().st_size
         assert f"matrices {gguf_type.upper()}" in (out / "README.md").read_text()
         if gguf_type == "f16":

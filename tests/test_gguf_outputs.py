@@ -178,7 +178,7 @@ def test_a_gguf_output_run_killed_anywhere_resumes_byte_identical(tmp_path: Path
         # never killed: in this process (two process starts a point saved)
         api.resume(out, api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
-        assert api.verify(out, state_dir=state).ok, point
+        assert api.verify(out, settings=api.Settings(state_dir=state)).ok, point
     assert set(points if case != "one" else ("mid_shard_write", "after_temp_write", "after_rename",
                                              "after_ledger_commit")) <= set(reached)
 

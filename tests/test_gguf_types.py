@@ -130,7 +130,7 @@ def test_a_q4_0_output_writes_its_head_q6_k_and_the_plan_names_its_size(tmp_path
     it had the K-quants); every other matrix is Q4_0; the plan's notes (the log, status and the card) give the
     file's tensor bytes and bits per weight."""
     config = _parents(tmp_path)
-    plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q4_0"))
+    plan = api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="q4_0")))
     codecs = {tp.out_codec.gguf_name: tp.out_codec for tp in plan.tensors.values()
               if isinstance(tp.out_codec, GgufOutCodec)}
     assert codecs["output.weight"].ggml_type == Q6_K and codecs["output.weight"].llama_type == -1
@@ -165,12 +165,13 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     config = _parents(tmp_path)
     text = config.read_text()
     for kind in ("q4_0", "q8_0"):
-        plan = api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=kind))
+        plan = api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type=kind)))
         card = render_model_card(plan, text).decode()
         line = next(x for x in card.splitlines() if x.startswith("Quantization:"))
         assert f"written as {kind.upper()} is KL {QUALITY[kind].kl:.4f} from its float32 merge" in line, line
         assert f"{QUALITY[kind].top1:.1%}" in line and "SmolLM2-135M" in line
-    q4_1 = render_model_card(api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q4_1")), text)
+    q4_1 = render_model_card(api.plan_merge(config, settings=api.Settings(
+        output=api.Output(out_type="gguf", gguf_type="q4_1"))), text)
     assert b"## GGUF" in q4_1 and b"Quantization:" not in q4_1
     plain = render_model_card(api.plan_merge(config), text).decode()
     assert "Quantization:" not in plain and "## GGUF" not in plain
@@ -196,7 +197,7 @@ def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importanc
     for kind, q in measured.items():
         for output, said in ((api.Output(out_type="gguf", gguf_type=kind), "without"),
                              (api.Output(out_type="gguf", gguf_type=kind, imatrix_texts=texts), "with")):
-            card = render_model_card(api.plan_merge(config, output=output), text).decode()
+            card = render_model_card(api.plan_merge(config, settings=api.Settings(output=output)), text).decode()
             line = next(x for x in card.splitlines() if x.startswith("Quantization:"))
             assert (f"written as {kind.upper()} is KL {q.kl:.4f} from its float32 merge without an importance "
                     f"matrix (the most likely next token the same at {q.top1:.1%} of positions) and KL "

@@ -110,7 +110,7 @@ def test_a_gguf_output_killed_at_every_unit_step_resumes_byte_identical_losing_a
         assert digests(out) == digests(whole), point
         again = set(reporter.written)  # the tensors the resume merged and wrote: only the units not journaled
         assert again == tensors - {t for *_, names in kept for t in names}, point
-        assert api.verify(out, state_dir=state).ok, point
+        assert api.verify(out, settings=api.Settings(state_dir=state)).ok, point
 
 
 def test_a_journaled_unit_whose_bytes_changed_is_written_again(tmp_path: Path, merge: tuple[Path, Path]) -> None:

@@ -63,7 +63,7 @@ def test_only_the_hub_default_is_picked_by_the_planner() -> None:
 
 def test_a_zero_shard_size_is_still_refused() -> None:
     with pytest.raises(UsageError, match=r"^out_shard_size must be positive"):
-        api.plan_merge("unused.yml", output=api.Output(out_shard_size=0))
+        api.plan_merge("unused.yml", settings=api.Settings(output=api.Output(out_shard_size=0)))
 
 
 def _plan(make: ModelFactory, options: PlanOptions) -> Plan:

@@ -81,7 +81,7 @@ def test_a_mark_a_live_or_finished_run_holds_is_not_a_killed_one(tmp_path: Path)
     assert killed_planning(run_dir) is None and not list(run_dir.iterdir())
     out, state = tmp_path / "out", tmp_path / "state2"
     said = cli("status", out, "--state-dir", state)
-    assert said.returncode == 4 and "killed while planning" not in said.stderr
+    assert said.returncode == 2 and "killed while planning" not in said.stderr  # no OUT at all: a mistyped path
 
 
 def test_a_run_killed_while_hashing_its_inputs_is_recorded_and_resume_finishes_it(tmp_path: Path) -> None:
@@ -111,7 +111,8 @@ def test_a_killed_run_s_kind_is_read_from_its_mark_never_guessed_from_the_state_
     work = state / ROUTERS_DIR / "0123abcd"
     work.mkdir(parents=True)
     (work / "layer-00000.safetensors").write_bytes(b"")
-    for call in (lambda: api.status(out, state_dir=state), lambda: api.resume(out, api.Settings(state_dir=state))):
+    for call in (lambda: api.status(out, settings=api.Settings(state_dir=state)),
+                 lambda: api.resume(out, api.Settings(state_dir=state))):
         with pytest.raises(NothingRecordedError, match="killed while planning") as caught:
             call()
         assert "decoder layers" not in (caught.value.hint or "")

@@ -149,7 +149,7 @@ def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path,
             shutil.rmtree(run)
             shutil.copytree(tmp_path / "killed", run)
             _as_recorded_before(state)
-        report = api.status(out, state_dir=state)
+        report = api.status(out, settings=api.Settings(state_dir=state))
         assert report.state == "interrupted", (recorded, report)
         if case.kind != "recipe":  # a recipe's own record says what it is; each stage is a merge
             said = report.to_json()
@@ -163,7 +163,7 @@ def test_plan_run_kill_resume_status(case: Case, inputs: Path, tmp_path: Path,
         resume = ["resume", str(out), "--state-dir", str(state), "-q"]
         assert (cli(*resume).returncode if fresh else main(resume)) == 0
         assert _output(out) == _output(reference / "out"), recorded
-        assert api.status(out, state_dir=state).state == "done"
+        assert api.status(out, settings=api.Settings(state_dir=state)).state == "done"
 
 
 def test_a_plain_mixtral_merge_shows_no_forward_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

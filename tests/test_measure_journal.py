@@ -51,17 +51,17 @@ def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
     texts = tmp_path / "texts.txt"
     texts.write_text("The capital of France is Paris.\n")
     state = tmp_path / "state"
-    first = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    first = api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=state))
     assert not first.reused
     read = count_reads(monkeypatch)
-    again = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    again = api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=state))
     assert again.reused and read == [] and again.proof is None
     os.utime(b / "model.safetensors")
-    touched = api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+    touched = api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=state))
     assert read == [str(b / "model.safetensors")] and touched.proof is not None and "same bytes" in touched.proof
     file = edit_unsampled(b, "model.layers.1.mlp.down_proj.weight")
     with pytest.raises(PlanChangedError) as refused:
-        api.measure(config, tmp_path / "grams", texts=texts, state_dir=state)
+        api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=state))
     assert str(file) in str(refused.value) and "decoder layer 1" in str(refused.value)
     assert refused.value.exit_code == 4
 
@@ -85,7 +85,8 @@ def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_res
                       f"parameters:\n  grams: {tmp_path / 'grams'}\ndtype: float32\n")
     texts = tmp_path / "texts.txt"
     texts.write_text("The capital of France is Paris.\n")
-    whole = api.measure(config, tmp_path / "whole", texts=texts, state_dir=tmp_path / "state-whole")
+    whole = api.measure(config, tmp_path / "whole", texts=texts,
+                        settings=api.Settings(state_dir=tmp_path / "state-whole"))
     reached: list[str] = []
 
     def ctrl_c_after_the_first_layer(point: str, **_: object) -> None:
@@ -96,11 +97,11 @@ def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_res
     with monkeypatch.context() as patched:
         patched.setattr(layerpass, "reach", ctrl_c_after_the_first_layer)
         with pytest.raises(InterruptedMerge) as caught:
-            api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "state")
+            api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     assert f"the measurement into {tmp_path / 'grams'} was interrupted (2 layer file(s)" in str(caught.value)
     assert caught.value.resume_command == f"resumerge measure {config} {tmp_path / 'grams'} --texts {texts}"
     assert caught.value.exit_code == 3
-    resumed = api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "state")
+    resumed = api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     assert not resumed.reused and resumed.files == whole.files
     written = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*.safetensors"))
     assert written == sorted(p.relative_to(tmp_path / "grams") for p in (tmp_path / "grams").rglob("*.safetensors"))

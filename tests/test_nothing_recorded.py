@@ -20,7 +20,7 @@ def test_an_out_with_nothing_recorded_is_one_refusal(ask: Callable[..., Any], wh
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(NothingRecordedError) as refused:
-        ask(out, state_dir=tmp_path / "state")
+        ask(out, api.Settings(state_dir=tmp_path / "state"))
     assert refused.value.message == f"no {what} recorded for {out}"
     assert refused.value.hint == "pass the --state-dir used by the run, or check the output path"
     assert exit_code_for(refused.value) == EXIT_REFUSED

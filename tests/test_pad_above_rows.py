@@ -49,7 +49,7 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _checked(root: Path) -> dict[str, Any]:
     report = api.check(root / "a", base=root / "base", parents=[root / "b"], prompts=root / "texts.txt",
-                       state_dir=root / "check-state")
+                       settings=api.Settings(state_dir=root / "check-state"))
     return {"verdict": report.verdict, "tokens": report.tokens,
             "models": [{k: v for k, v in vars(m).items() if k != "path"} for m in report.models]}
 

@@ -140,11 +140,11 @@ def test_status_and_verify_count_roles_and_verify_names_a_weight_without_its_com
     a, b = pair(tmp_path, make, fp8((16, 16)), fp8_config((16, 16)))
     out, state = tmp_path / "kept", tmp_path / "state"
     merge(tmp_path, a, b, "kept", dequantize=False)
-    planned = api.status(out, state_dir=state).to_json()["formats"]
+    planned = api.status(out, settings=api.Settings(state_dir=state)).to_json()["formats"]
     roles = {"weight": 14, "companion": 14, "other": len(stored_tensors(out)) - 28}
     assert planned["output"] == {"format": "fp8-block", "roles": roles}
     assert planned["inputs"][str(a)] == {"format": "fp8-block", "roles": roles}
-    report = api.verify(out, state_dir=state)
+    report = api.verify(out, settings=api.Settings(state_dir=state))
     assert report.ok and report.formats == {"found": {"format": "fp8", "roles": roles}, "planned": planned["output"]}
     # A shard rewritten without one scale (its bytes change too): the one line names the weight left without it.
     lost = "model.layers.1.mlp.up_proj.weight"
@@ -152,13 +152,13 @@ def test_status_and_verify_count_roles_and_verify_names_a_weight_without_its_com
     tensors = load_file(shard)
     del tensors[f"{lost}_scale_inv"]
     save_file(tensors, shard)
-    damaged = {d.name: d.problem for d in api.verify(out, state_dir=state).damaged}
+    damaged = {d.name: d.problem for d in api.verify(out, settings=api.Settings(state_dir=state)).damaged}
     # A file that fails its checksum is reported, never parsed (issue 60: verify crashed on a damaged config.json).
     assert list(damaged) == [shard.name]
     # Committed as it is now (as if the run had written it so): its checksum holds, and the loader's look names
     # the weight left without its scale.
     _recommit(out, state, shard.name)
-    damaged = {d.name: d.problem for d in api.verify(out, state_dir=state).damaged}
+    damaged = {d.name: d.problem for d in api.verify(out, settings=api.Settings(state_dir=state)).damaged}
     assert shard.name not in damaged
     assert "an fp8 weight without its scale" in damaged[lost] and f"{lost}_scale_inv" in damaged[lost]
 

@@ -354,7 +354,7 @@ def _streamed_hub_inputs_are_read_by_each_node(cluster: tuple[Cluster, Any], mer
     for ranges in reads.values():
         ranges.sort()
         assert all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(ranges)), "a byte fetched twice"
-    streamed = api.status(out, state_dir=state).streamed
+    streamed = api.status(out, settings=api.Settings(state_dir=state)).streamed
     assert streamed is not None
     assert sum(e - s for ranges in reads.values() for _, s, e in ranges) == streamed["fetched"] == streamed["needed"]
     # Every range the nodes read is in the driver's ledger with the sha256 of the bytes on the hub.
@@ -378,7 +378,7 @@ def _both_worker_nodes_made_shards(cluster: tuple[Cluster, Any], merge: Merge, o
     # A one-CPU node's worker computes on one thread, one unit at a time (the driver's default count is this
     # machine's cores; TIES's bytes do not depend on it).
     assert {(e["threads"], e["units"]) for e in events} == {(1, 1)}
-    report = api.status(out, state_dir=state)
+    report = api.status(out, settings=api.Settings(state_dir=state))
     assert [line.split(":")[0] for line in report.nodes] == sorted(f"node {n}" for n in cluster[0].node_ids())
     assert all(line.endswith("/s") for line in report.nodes)
     shown = io.StringIO()

@@ -70,7 +70,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     root = tmp_path_factory.mktemp("measured")
     config, texts = _measured(root)
     with one_thread():
-        api.measure(config, root / "local", texts=texts, state_dir=root / "s-local")
+        api.measure(config, root / "local", texts=texts, settings=api.Settings(state_dir=root / "s-local"))
     return config, texts, _files(root / "local")
 
 
@@ -88,8 +88,8 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     on_ray = RayExecutor(address=cluster.address)
     with pytest.MonkeyPatch.context() as here, one_thread():  # no decoder layer runs in this process: on its node
         here.setattr(Streams, "layer", _not_here)
-        report = api.measure(config, tmp_path / "ray", texts=texts, state_dir=tmp_path / "s-ray", executor=on_ray,
-                             resources=api.Resources(max_memory="8GB"))
+        report = api.measure(config, tmp_path / "ray", texts=texts, settings=api.Settings(
+            state_dir=tmp_path / "s-ray", executor=on_ray, resources=api.Resources(max_memory="8GB")))
     assert not report.reused and report.files == 2 * SPEC.layers
     assert _files(tmp_path / "ray") == local
     # the journal goes once measure.json is written (the models' byte records stay: a repeat is answered from them)
@@ -99,7 +99,8 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
     killed = cli("measure", config, tmp_path / "both", "--texts", texts, "--state-dir", tmp_path / "s-both",
                  env={"RESUMERGE_KILL_AT": "after_measure_layer:2"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr
-    api.measure(config, tmp_path / "both", texts=texts, state_dir=tmp_path / "s-both", executor=on_ray)
+    api.measure(config, tmp_path / "both", texts=texts,
+                settings=api.Settings(state_dir=tmp_path / "s-both", executor=on_ray))
     assert _files(tmp_path / "both") == local
 
 
@@ -131,7 +132,8 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
                           ("second", RayExecutor(address=cluster.address)),
                           ("fresh", RayExecutor(address=cluster.address, keep_workers=0))):
         with one_thread():  # the count the pass records, which each node's actor computes with
-            api.measure(config, tmp_path / run, texts=texts, state_dir=tmp_path / f"s-{run}", executor=executor)
+            api.measure(config, tmp_path / run, texts=texts,
+                        settings=api.Settings(state_dir=tmp_path / f"s-{run}", executor=executor))
         assert _files(tmp_path / run) == local, run
     first = ids(used[0])
     assert None not in first and len(set(first)) == 2 and ids(used[1]) == first and used[2] == [None, None]
@@ -144,8 +146,8 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     while any(_leased(ray, actor) for actor in used[0]):
         assert time.monotonic() < deadline, "a dead driver's kept worker was not freed"
         time.sleep(0.2)
-    api.measure(config, tmp_path / "killed", texts=texts, state_dir=tmp_path / "s-killed",
-                executor=RayExecutor(address=cluster.address))
+    api.measure(config, tmp_path / "killed", texts=texts,
+                settings=api.Settings(state_dir=tmp_path / "s-killed", executor=RayExecutor(address=cluster.address)))
     assert ids(used[-1]) == first and _files(tmp_path / "killed") == local
     # A pass of other code asks other names: the workers made for it end at once (their own code is not their
     # names'), refusing it; it computes on fresh actors. Each node is asked once: a worker made at its next slot
@@ -160,8 +162,8 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
 
     monkeypatch.setattr(kept, "_slots", recorded_slots)
     with one_thread():
-        api.measure(config, tmp_path / "other", texts=texts, state_dir=tmp_path / "s-other",
-                    executor=RayExecutor(address=cluster.address))
+        api.measure(config, tmp_path / "other", texts=texts, settings=api.Settings(
+            state_dir=tmp_path / "s-other", executor=RayExecutor(address=cluster.address)))
     assert used[-1] == [None, None] and _files(tmp_path / "other") == local
     assert sorted((node[:8], slot) for node, slot, _ in asked) == sorted((n, 0) for n in cluster.node_ids()), asked
 
@@ -342,18 +344,21 @@ def test_glm5s_handed_on_values_are_journaled_from_the_nodes_and_put_back_there(
     assert found.to_json()["results"] == local.to_json()["results"]
     config, texts = regmean_of_glm5(tmp_path)
     with one_thread():
-        api.measure(config, tmp_path / "grams-local", texts=texts, state_dir=tmp_path / "s-local")
+        api.measure(config, tmp_path / "grams-local", texts=texts,
+                    settings=api.Settings(state_dir=tmp_path / "s-local"))
     killed = cli("measure", config, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s-m",
                  env={"RESUMERGE_KILL_AT": "after_measure_layer:3"}, script=ONE_THREAD)
     assert killed.returncode == -9, killed.stderr[-2000:]
     with pytest.MonkeyPatch.context() as here:
         here.setattr(Streams, "layer", _not_here)
-        api.measure(config, tmp_path / "grams", texts=texts, state_dir=tmp_path / "s-m", executor=on_ray)
+        api.measure(config, tmp_path / "grams", texts=texts,
+                    settings=api.Settings(state_dir=tmp_path / "s-m", executor=on_ray))
     assert _files(tmp_path / "grams") == _files(tmp_path / "grams-local")
 
 
 def test_what_a_pass_on_ray_cannot_do_is_refused_before_any_weight_is_read(tmp_path: Path) -> None:
     config, texts = _measured(tmp_path, "regmean_plus")
     with pytest.raises(UsageError, match="regmean_plus config's merged pass"):
-        api.measure(config, tmp_path / "g", texts=texts, executor=RayExecutor(), state_dir=tmp_path / "s")
+        api.measure(config, tmp_path / "g", texts=texts,
+                    settings=api.Settings(executor=RayExecutor(), state_dir=tmp_path / "s"))
     assert not (tmp_path / "g").exists()

@@ -415,7 +415,7 @@ def test_cleanup_intermediates_deletes_only_stage_files_and_rebuilds_when_needed
     outcome = resumerge.run(recipe, out, settings=resumerge.Settings(state_dir=state,
                                                                      output=resumerge.Output(out_shard_size=SHARD)))
     assert outcome.out_dir == out and outcome.plan.method == "passthrough"
-    assert resumerge.api.recipe_status(out, state_dir=state).stages_done == 3
+    assert resumerge.api.recipe_status(out, resumerge.api.Settings(state_dir=state)).stages_done == 3
     kept = _model_files(out)
     assert (tmp_path / "out.intermediates" / "b" / "model.safetensors.index.json").is_file()
 

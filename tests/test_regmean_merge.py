@@ -114,7 +114,7 @@ def test_regmean_merges_the_linears_by_the_closed_form_and_averages_the_rest(mea
             torch.testing.assert_close(tensor, (ws[0] + ws[1]) / 2)
     card = (out / "README.md").read_text()
     assert "https://arxiv.org/abs/2212.09849" in card and "sha256" in card
-    report = api.check(out, state_dir=tmp_path / "state")
+    report = api.check(out, settings=api.Settings(state_dir=tmp_path / "state"))
     assert report.verdict == "works", report.reasons
 
 

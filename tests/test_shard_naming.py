@@ -45,7 +45,7 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_deepseek_parent_s_six_digit_count_is_kept_and_a_recorded_run_keeps_today_s_names(
         deepseek: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path / "m.yml", linear_config(deepseek, deepseek))
-    plan = api.plan_merge(config, output=api.Output(out_shard_size="1GB"))
+    plan = api.plan_merge(config, settings=api.Settings(output=api.Output(out_shard_size="1GB")))
     count = len(plan.shards)
     assert count > 2 and [s.name for s in plan.shards] == [f"model-{i:05d}-of-{count:06d}.safetensors"
                                                           for i in range(1, count + 1)]
@@ -84,7 +84,7 @@ SIX = "model-{index:05d}-of-{total:06d}.safetensors"
 def test_a_plan_names_its_shards_like_its_parent(tmp_path: Path, pattern: str | None, expected: str) -> None:
     a, b = _pair(tmp_path, pattern)
     plan = api.plan_merge(write_config(tmp_path / "m.yml", linear_config(a, b)),
-                          output=api.Output(out_shard_size="15k"))
+                          settings=api.Settings(output=api.Output(out_shard_size="15k")))
     names = [s.name for s in plan.shards]
     assert len(names) > 2 and names == [expected.format(i=i, n=len(names)) for i in range(1, len(names) + 1)]
 

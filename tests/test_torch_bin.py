@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from support import cli, write_config
 
 from resumerge.cli.commands import main
+from resumerge.inputs import torch_bin
 from resumerge.inputs.torch_bin import PickleReader, read_bin_header
 
 
@@ -123,3 +124,26 @@ def test_a_bin_changed_before_resume_is_refused(tmp_path: Path, make: ModelFacto
     capsys.readouterr()
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 4  # the kill alone needs a process
     assert "pytorch_model.bin" in capsys.readouterr().err
+
+
+def test_a_bin_under_a_torch_with_an_unsafe_unpickler_is_refused_unread(
+        tmp_path: Path, make: ModelFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before torch 2.10 the weights-only unpickler runs a crafted pickle's code (CVE-2026-24747): a ``.bin`` is
+    refused while the merge is planned, in one line saying why and what to do, before torch.load sees it."""
+    a_bin = _to_bin(make("a", seed=1), tmp_path / "a-bin")
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": str(a_bin), "parameters": {"weight": 0.5}}, {"model": str(make("b", seed=2)),
+                                                             "parameters": {"weight": 0.5}}]})
+    monkeypatch.setattr(torch_bin, "torch_release", lambda: (2, 9))
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torch.load ran")
+
+    monkeypatch.setattr(torch, "load", never)
+    capsys.readouterr()
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet", "--state-dir", str(tmp_path / "state")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "CVE-2026-24747" in err and "pytorch_model.bin is a pickle" in err, err
+    assert "convert the model to safetensors, or upgrade torch to 2.10 or later" in err, err
+    assert not (tmp_path / "out").exists()

@@ -81,7 +81,7 @@ def test_the_estimate_sizes_every_tensor_as_the_engine_rule_does(tmp_path: Path,
         "merge_method": "ties", "base_model": str(base), "dtype": "float32",
         "models": [{"model": str(a), "parameters": {"weight": 0.5, "density": 0.5}}],
     })
-    plan = api.plan_merge(cfg, output=api.Output(out_shard_size="60k"))
+    plan = api.plan_merge(cfg, settings=api.Settings(output=api.Output(out_shard_size="60k")))
     for budget in (1 << 30, 200_000):  # a small budget streams the larger tensors in rows
         expected = []
         for shard in plan.shards:

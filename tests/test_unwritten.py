@@ -56,7 +56,7 @@ def _same_as_written(tmp_path: Path, config: Path, resources: api.Resources | No
     out = tmp_path / "out"
     api.run(config, out, settings=api.Settings(state_dir=state))
     written = _stored(out)
-    merge = api.open_unwritten(config, state_dir=state, resources=resources or api.Resources())
+    merge = api.open_unwritten(config, settings=api.Settings(state_dir=state, resources=resources or api.Resources()))
     got = _unwritten_tensors(merge)
     assert sorted(got) == sorted(written)
     for name, want in written.items():
@@ -164,17 +164,17 @@ def test_a_config_that_does_not_plan_is_refused_before_a_weight_is_read(tmp_path
     bad = _config(tmp_path / "bad.yml", {"merge_method": "linear", "models": [
         {"model": str(a), "parameters": {"weight": 1.0}}, {"model": str(tmp_path / "missing")}]})
     with pytest.raises(InputError, match="no such directory") as missing:
-        api.open_unwritten(bad, state_dir=tmp_path / "state")
+        api.open_unwritten(bad, settings=api.Settings(state_dir=tmp_path / "state"))
     assert missing.value.exit_code == 2
     unknown = _config(tmp_path / "unknown.yml", {"merge_method": "lineal", "models": [{"model": str(a)}]})
     with pytest.raises(ConfigError, match="lineal"):
-        api.open_unwritten(unknown, state_dir=tmp_path / "state")
+        api.open_unwritten(unknown, settings=api.Settings(state_dir=tmp_path / "state"))
     with pytest.raises(UsageError, match="safetensors"):
-        api.open_unwritten(bad, state_dir=tmp_path / "state", output=api.Output(out_type="gguf"))
+        api.open_unwritten(bad, settings=api.Settings(state_dir=tmp_path / "state", output=api.Output(out_type="gguf")))
     moe = _config(tmp_path / "moe.yml", {"base_model": str(a), "gate_mode": "random", "experts": [
         {"source_model": str(a), "positive_prompts": ["x"]}]})
     with pytest.raises(UsageError, match="mergekit-moe"):
-        api.open_unwritten(moe, state_dir=tmp_path / "state")
+        api.open_unwritten(moe, settings=api.Settings(state_dir=tmp_path / "state"))
 
 
 @pytest.mark.parametrize("method", ["linear", "ties"])
@@ -193,7 +193,7 @@ def test_under_a_small_budget_tensors_are_merged_in_row_chunks_into_the_same_byt
     written = _stored(tmp_path / "out")
     # A quarter of it is below a projection's merge: those are merged, as run merges them, a few rows at a time.
     governor = MemoryGovernor(24 << 20, FakeProbe())
-    with api.open_unwritten(config, state_dir=tmp_path / "state", governor=governor) as merge:
+    with api.open_unwritten(config, settings=api.Settings(state_dir=tmp_path / "state"), governor=governor) as merge:
         got = _unwritten_tensors(merge)
         assert governor.admitted > merge.source.computed  # more admissions than tensors: row chunks
     for name, want in written.items():

@@ -71,7 +71,7 @@ def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its
         tmp_path: Path, make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)
     state = tmp_path / "state"
-    with api.open_population(configs, state_dir=state) as opened:
+    with api.open_population(configs, settings=api.Settings(state_dir=state)) as opened:
         plans = opened.plans
     counts: Counter[tuple[str, str, int, int]] = Counter()
     counted = InputSources({k: CountedFiles(k, d, counts) for k, d in plans[0].model_dirs.items()})
@@ -82,7 +82,7 @@ def test_each_input_range_is_read_once_per_generation_and_every_candidate_is_its
     assert set(counts) == every and set(counts.values()) == {1}
     counted.close()
     for config, tensors in zip(configs, got, strict=True):
-        with api.open_unwritten(config, state_dir=state) as single:
+        with api.open_unwritten(config, settings=api.Settings(state_dir=state)) as single:
             want = _unwritten_tensors(single)
         assert sorted(want) == sorted(tensors)
         for name, t in want.items():
@@ -93,7 +93,7 @@ def test_what_depends_on_the_inputs_alone_is_computed_once_for_the_generation(tm
                                                                             make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)[:3]  # two ties candidates and a task_arithmetic one, float32
     state = tmp_path / "state"
-    with api.open_population(configs, state_dir=state) as population:
+    with api.open_population(configs, settings=api.Settings(state_dir=state)) as population:
         got: list[dict[str, torch.Tensor]] = [{} for _ in configs]
         for c, candidate in enumerate(population.candidates):
             with population.layer():  # each candidate in a block of its own: nothing shared
@@ -140,7 +140,7 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
     configs = _candidates(tmp_path, make)[:3]
     state = tmp_path / "state"
     ids = [torch.tensor([t]) for t in TEXTS]
-    with api.open_population(configs, state_dir=state) as population:
+    with api.open_population(configs, settings=api.Settings(state_dir=state)) as population:
         streams: list[ModelStream] = []
         for c in population.candidates:
             built = (streams[0].config, streams[0].model) if streams else None
@@ -175,7 +175,7 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
         assert population.shared.peak_kept + population.loaded.peak_kept <= population.holds(popsize=1, shared=True)
         assert population.holds(popsize=1, shared=True) > generation_bytes(population.plans, 1)
     for config, figure in zip(configs, figures, strict=True):
-        with api.open_unwritten(config, state_dir=state) as single:
+        with api.open_unwritten(config, settings=api.Settings(state_dir=state)) as single:
             own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
         assert figure == pytest.approx(own, abs=1e-6, rel=0)
     assert figures[0] != figures[1]
@@ -197,11 +197,11 @@ def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the
         observe(self, pass_index, first, stop)
 
     monkeypatch.setattr(TensorCompute, "observe", counted)
-    with api.open_population(configs, state_dir=state) as population:
+    with api.open_population(configs, settings=api.Settings(state_dir=state)) as population:
         got = _every_tensor_by_layer(population)
     assert not passes
     for config, tensors in zip(configs, got, strict=True):
-        with api.open_unwritten(config, state_dir=state) as single:
+        with api.open_unwritten(config, settings=api.Settings(state_dir=state)) as single:
             want = _unwritten_tensors(single)
         assert passes  # alone, as run computes it: in passes
         assert sorted(want) == sorted(tensors)
@@ -211,7 +211,7 @@ def test_a_generation_merges_whole_what_run_merges_in_statistics_passes_with_the
 
 def test_what_a_generation_holds_is_said_before_it_runs(tmp_path: Path, make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)
-    with api.open_population(configs, state_dir=tmp_path / "state") as population:
+    with api.open_population(configs, settings=api.Settings(state_dir=tmp_path / "state")) as population:
         plans = population.plans
         hidden = 3 * 8 * SPEC["hidden"] * 4  # three texts of eight tokens, float32
         one, four = generation_bytes(plans, 1, hidden), generation_bytes(plans, 4, hidden)
@@ -242,11 +242,11 @@ def test_candidates_over_other_models_or_a_recipe_are_refused(tmp_path: Path, ma
         {"model": str(other), "parameters": {"weight": 0.5}}, {"model": str(tmp_path / "models" / "a"),
                                                                "parameters": {"weight": 0.5}}]})
     with pytest.raises(UsageError, match="other models"):
-        api.open_population([configs[0], odd], state_dir=tmp_path / "state")
+        api.open_population([configs[0], odd], settings=api.Settings(state_dir=tmp_path / "state"))
     recipe = _config(tmp_path / "recipe.yml", [{"name": "s", "merge_method": "linear", "models": [
         {"model": str(other), "parameters": {"weight": 1.0}}]}, {"merge_method": "linear", "models": [
             {"model": "s", "parameters": {"weight": 1.0}}]}])
     with pytest.raises(UsageError, match="one merge config"):
-        api.open_population([recipe], state_dir=tmp_path / "state")
+        api.open_population([recipe], settings=api.Settings(state_dir=tmp_path / "state"))
     with pytest.raises(UsageError):
-        api.open_population([], state_dir=tmp_path / "state")
+        api.open_population([], settings=api.Settings(state_dir=tmp_path / "state"))

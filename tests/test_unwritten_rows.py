@@ -82,7 +82,8 @@ def test_the_rows_merged_alone_are_the_whole_merges_rows_and_a_method_that_canno
 
     monkeypatch.setattr(TensorCompute, "whole", counted)
     # One block for all: the whole table's keys and task vectors shared, as in a pass.
-    with api.open_population(configs, state_dir=tmp_path / "state") as population, population.layer():
+    with api.open_population(configs,
+                             settings=api.Settings(state_dir=tmp_path / "state")) as population, population.layer():
         for candidate, (doc, alone) in zip(population.candidates, docs, strict=True):
             t = candidate.tensors[EMBED]
             where = (t.file, t.entry.start, t.entry.end, t.entry.dtype, tuple(t.entry.shape))
@@ -114,7 +115,8 @@ def test_a_pass_reads_only_the_rows_its_texts_use_into_the_same_hidden_states(tm
     docs = _docs(models)
     configs = [_config(tmp_path / f"candidate{i}.yml", doc) for i, (doc, _) in enumerate(docs)]
     batches = [(torch.tensor([t]), torch.ones(1, len(t), dtype=torch.long)) for t in TEXTS]
-    with api.open_population(configs, state_dir=tmp_path / "state") as population, torch.no_grad():
+    with api.open_population(configs,
+                             settings=api.Settings(state_dir=tmp_path / "state")) as population, torch.no_grad():
         for candidate, (doc, alone) in zip(population.candidates, docs, strict=True):
             stream = ModelStream(Weights.of(candidate.directory, candidate.tensors, source=candidate.source),
                                  candidate.config, torch.float32, what="test")

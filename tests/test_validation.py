@@ -331,6 +331,34 @@ def test_a_missing_local_model_is_no_such_directory(
     assert "Repo id must" not in err
 
 
+def test_a_typo_of_a_local_folder_is_said_before_the_hub(
+        tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``models/smol-noisey`` beside ``models/smol-noisy`` is a typo, not a hub repo (it was "not in the hub cache …
+    offline mode is on", online "cannot reach huggingface.co"): said with the near miss, before the hub is asked;
+    a reference whose parent is a local folder but no name there is close says that no such folder exists first."""
+    models = tmp_path / "models"
+    models.mkdir()
+    make("a", seed=1).rename(models / "smol-noisy")
+    monkeypatch.chdir(tmp_path)  # the models named relative to where the command runs, as the issue's were
+    for given, said in [("models/smol-noisey", "no local folder 'models/smol-noisey' exists"),
+                        ("./models/smol-noisey", "no such directory: './models/smol-noisey'")]:
+        doc = {"merge_method": "linear", "models": [{"model": given, "parameters": {"weight": 1}}]}
+        code, err = _run(tmp_path, doc, capsys)
+        assert code == 2 and said in err and "hub" not in err, err
+        assert err.strip().endswith(f"did you mean {given.replace('noisey', 'noisy')!r}?") and err.count("\n") == 1
+    code, err = _run(tmp_path, {"merge_method": "linear", "models": [{"model": "models/elsewhere",
+                                                                      "parameters": {"weight": 1}}]}, capsys)
+    assert code == 2 and err.startswith("error: models[0].model: no local folder 'models/elsewhere' exists, "), err
+
+
+def test_an_unknown_merge_method_gets_a_did_you_mean(tmp_path: Path, make: ModelFactory,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = _two(make)
+    code, err = _run(tmp_path, {"merge_method": "slurp", "models": [{"model": a}, {"model": b}]}, capsys)
+    assert code == 2 and "Unimplemented merge method 'slurp' — did you mean 'slerp'?" in err, err
+
+
 @pytest.mark.parametrize("unit", ["moe_expert", "moe_router_random", "lora_extract_a", "lora_extract_delta"])
 def test_a_config_cannot_name_an_internal_unit_as_its_method(
     tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], unit: str

@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.api.evolution import EvolveOutcome
 from resumerge.api.importance import computed_imatrix
+from resumerge.api.keywords import one_spelling
 from resumerge.api.kinds import EXTRACTION, killed_account, kind_of, own_record, planner_of, recorded_kind
 from resumerge.api.options import (
     Harness,
     Lora,
-    Merging,
-    Output,
     PathLike,
-    Resources,
     Search,
     Settings,
     Trackers,
@@ -41,6 +39,7 @@ from resumerge.api.options import (
     settings_for,
     started_early,
     stop_flag,
+    taken,
     usable_device,
 )
 from resumerge.api.reading import named
@@ -66,13 +65,13 @@ if TYPE_CHECKING:
     from resumerge.inputs.codecs import CodecTable
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
-    from resumerge.merge.engine.executors import Executor
     from resumerge.merge.plan.merge_plan import Plan
     from resumerge.runs.evolve.progress import SearchStep
     from resumerge.runs.evolve.tracking import Tracking
     from resumerge.runs.recipes.estimate import RecipeEstimate
 
 
+@one_spelling
 def run(
     config: PathLike,
     out: PathLike,
@@ -164,6 +163,7 @@ def run(
     return checked(outcome, state=running.state, max_memory=running.max_memory, executor=running.executor,
                    reporter=_reporter(progress))
 
+@one_spelling
 def resume(
     out: PathLike,
     settings: Settings = Settings(),
@@ -201,6 +201,7 @@ def resume(
             raise killed_account(exc, where) from None
         return kept(outcome, running.state)  # what the analyses wrote into OUT (a check's card section)
 
+@one_spelling
 def extract_lora(
     model: str, base_model: str, out: PathLike, settings: Settings = Settings(), *, lora: Lora = Lora(),
     restart: bool = False, plan: bool = False, progress: bool | Reporter = False,
@@ -226,6 +227,7 @@ def extract_lora(
         return EXTRACTION.run(call, replace(driving, reporter=_reporter(progress)))
 
 
+@one_spelling
 def estimate_extraction(
     model: str, base_model: str, out: PathLike, settings: Settings = Settings(), *, lora: Lora = Lora(),
     fresh_process: bool = False,
@@ -237,26 +239,27 @@ def estimate_extraction(
                             settings_for(settings, "estimate_extraction"))
     return _estimate_extraction(call, fresh_process)
 
-def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[PathLike] = (),
-          prompts: PathLike | None = None, resources: Resources = Resources(),
-          state_dir: PathLike | None = None, executor: Executor | None = None,
-          truncate_texts: bool = False, progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
+@one_spelling
+def check(model: PathLike, settings: Settings = Settings(), *, base: PathLike | None = None,
+          parents: Sequence[PathLike] = (), prompts: PathLike | None = None, truncate_texts: bool = False,
+          progress: Callable[[CheckStep], None] | None = None) -> CheckReport:
     """Does the merge in ``model`` work, like ``resumerge check``: a static pass over its tensors and a forward
     pass, one decoder layer of one model at a time, of it, its ``base`` and its ``parents`` (a resumerge
     output's come from its record when none is given) over built-in texts or ``prompts`` (a file, one text per
     line); the report's ``verdict`` is works, no_effect or broken, its ``exit_code`` 0, 5 or 6. Journaled per
-    layer under ``state_dir``: a killed check resumes at the layer it reached, with the same report. Any model
-    may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file (its
-    config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets the
-    check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. Of ``resources`` (the
-    group :func:`run` takes) a check honours ``max_memory``, the whole process's budget, ``device`` and
-    ``max_gpu_memory`` (below), and refuses the others set. ``executor``: None or
-    ``LocalExecutor()`` runs the models one after another in this process; ``RayExecutor(address)`` each model's
-    pass on a node of its own of that Ray cluster (the same report; a check started with one resumes with the
-    other). A text longer than the models' context (``max_position_embeddings``) is refused naming its line,
-    before any layer runs, or cut to the context with ``truncate_texts``. Models whose vocabularies differ are
-    compared over the tokens they share (``report.shared_tokens``, ``report.vocabulary``); models that share none,
-    or a text holding a token one lacks, are refused before any layer runs.
+    layer under ``settings.state_dir``: a killed check resumes at the layer it reached, with the same report. Any
+    model may be a hub repo, the string ``"hf://NAMESPACE/NAME[@REVISION]"``, read by byte range, or a GGUF file
+    (its config and tokenizer rebuilt from its metadata into the state dir). A resumerge output's model card gets
+    the check's section (recorded, so ``verify`` passes); ``report.card`` says what became of it. ``settings``: the
+    object :func:`run` takes; of its ``resources`` a check honours ``max_memory``, the whole process's budget,
+    ``device`` and ``max_gpu_memory`` (below), and refuses the others set, as it refuses ``output``, ``merging``,
+    ``hub`` and ``stages``. ``settings.executor``: None or ``LocalExecutor()`` runs the models one after another in
+    this process; ``RayExecutor(address)`` each model's pass on a node of its own of that Ray cluster (the same
+    report; a check started with one resumes with the other). A text longer than the models' context
+    (``max_position_embeddings``) is refused naming its line, before any layer runs, or cut to the context with
+    ``truncate_texts``. Models whose vocabularies differ are compared over the tokens they share
+    (``report.shared_tokens``, ``report.vocabulary``); models that share none, or a text holding a token one lacks,
+    are refused before any layer runs.
     ``progress`` is told each step (a :class:`~resumerge.analyses.check.progress.Step`: the phase, the layer, the
     model running, the tokens). Interrupted (Ctrl-C), it raises :class:`~resumerge.errors.InterruptedMerge` naming
     the layer reached, whose ``resume_command`` is the command that continues it. ``Resources(device="cuda")``: each
@@ -268,14 +271,15 @@ def check(model: PathLike, *, base: PathLike | None = None, parents: Sequence[Pa
     from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.forward.device import PassDevice
 
-    settings = pass_settings("check", state_dir, resources, executor)
+    given = pass_settings("check", settings)
     asked = CheckAsked(model, base, tuple(parents), prompts, truncate_texts)
-    return run_check(asked, CheckSettings(state=settings.state, max_memory=settings.max_memory,
-                                          placement=pass_placement(settings),
-                                          device=PassDevice.of(resources.device, settings.max_gpu_memory),
+    return run_check(asked, CheckSettings(state=given.state, max_memory=given.max_memory,
+                                          placement=pass_placement(given),
+                                          device=PassDevice.of(settings.resources.device, given.max_gpu_memory),
                                           default_state=StateDir.resolve(None)), progress)
 
 
+@one_spelling
 def evaluate(target: PathLike, tasks: Sequence[str] | str, settings: Settings = Settings(), *,
              harness: Harness = Harness(), progress: Callable[[EvalStep], None] | None = None,
              task_index: TaskIndex | None = None) -> EvalReport:
@@ -317,37 +321,37 @@ def evaluate(target: PathLike, tasks: Sequence[str] | str, settings: Settings = 
                          task_index=task_index)
 
 
-def measure(config: PathLike, out: PathLike, *, texts: PathLike | None = None,
-            resources: Resources = Resources(), executor: Executor | None = None,
+@one_spelling
+def measure(config: PathLike, out: PathLike, settings: Settings = Settings(), *, texts: PathLike | None = None,
             progress: Callable[[str], None] | None = None, truncate_texts: bool = False,
-            state_dir: PathLike | None = None, imatrix: PathLike | None = None) -> MeasureReport:
-    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config``
-    over calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
-    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte
-    range) or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
-    ``resources.max_memory`` (``resources`` is :func:`run`'s group; of it a measurement honours the memory budget
-    and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled per layer under
-    ``state_dir``: a killed measurement run again resumes at the layer it reached and writes the same bytes.
-    ``executor`` (:func:`run`'s object): None or ``LocalExecutor()`` measures the models one after another in this
-    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side
-    by side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's
-    merged pass is refused there). ``progress`` is told each layer as it starts. A text longer than the models'
-    context is refused naming its line, before anything is written, or cut to the context with ``truncate_texts``
-    (as ``check`` does). ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix
-    (llama-imatrix's GGUF: each linear's sums of squared inputs, the diagonal of its Gram times the tokens, named
-    as llama.cpp names the weight; several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
+            imatrix: PathLike | None = None) -> MeasureReport:
+    """Record, like ``resumerge measure``, the Gram matrix of every linear's input for every model of ``config`` over
+    calibration ``texts`` (a file, one text per line; default: built-in texts) into the folder ``out``, for a
+    ``regmean`` merge (``parameters: {grams: out}``). Any model may be a local folder, a hub repo (read by byte range)
+    or a GGUF file. One decoder layer at a time, each admitted by the RAM governor under
+    ``settings.resources.max_memory`` (``settings`` is the object :func:`run` takes; of its resources a measurement
+    honours the memory budget and ``device``/``max_gpu_memory``, where the layers run, as for :func:`check`), journaled
+    per layer under ``settings.state_dir``: a killed measurement run again resumes at the layer it reached and writes
+    the same bytes. ``settings.executor``: None or ``LocalExecutor()`` measures the models one after another in this
+    process; ``RayExecutor(address)`` each model's pass in an actor on a node of that Ray cluster, the models side by
+    side (the same bytes; a measurement started with one resumes with the other; a ``regmean_plus`` config's merged pass
+    is refused there). ``progress`` is told each layer as it starts. A text longer than the models' context is refused
+    naming its line, before anything is written, or cut to the context with ``truncate_texts`` (as ``check`` does).
+    ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix (llama-imatrix's GGUF: each
+    linear's sums of squared inputs, the diagonal of its Gram times the tokens, named as llama.cpp names the weight;
+    several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
     from resumerge.analyses.measure.run import measure_grams
     from resumerge.forward.device import PassDevice
 
-    settings = pass_settings("measure", state_dir, resources, executor)
-    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=settings.max_memory,
-                         cut_texts=truncate_texts, state=settings.state, placement=pass_placement(settings),
-                         device=PassDevice.of(resources.device, settings.max_gpu_memory), imatrix=imatrix)
+    given = pass_settings("measure", settings)
+    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=given.max_memory,
+                         cut_texts=truncate_texts, state=given.state, placement=pass_placement(given),
+                         device=PassDevice.of(settings.resources.device, given.max_gpu_memory), imatrix=imatrix)
 
 
-def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resources: Resources = Resources(),
-                     executor: Executor | None = None, truncate_texts: bool = False,
-                     state_dir: PathLike | None = None) -> MeasureEstimate:
+@one_spelling
+def estimate_measure(config: PathLike, settings: Settings = Settings(), *, texts: PathLike | None = None,
+                     truncate_texts: bool = False) -> MeasureEstimate:
     """What :func:`measure` of ``config`` over ``texts`` needs under ``resources.max_memory``, like ``resumerge
     measure --plan``: each model's decoder layers and the memory of its pass, the smallest budget that fits and
     whether the budget does (``.fits``, ``.lines()``); reads headers and the texts, writes nothing. The options mean
@@ -355,26 +359,29 @@ def estimate_measure(config: PathLike, *, texts: PathLike | None = None, resourc
     installed is refused; the budget is this process's, which holds every layer of a local measurement)."""
     from resumerge.analyses.measure.run import estimate_measure as estimated
 
-    settings = pass_settings("estimate_measure", state_dir, resources, executor)
-    pass_placement(settings)
-    return estimated(config, texts=texts, max_memory=settings.max_memory, cut_texts=truncate_texts,
-                     state=settings.state)
+    given = pass_settings("estimate_measure", settings)
+    pass_placement(given)
+    return estimated(config, texts=texts, max_memory=given.max_memory, cut_texts=truncate_texts, state=given.state)
 
 
-def plan_merge(config: PathLike, *, output: Output = Output(), merging: Merging = Merging(),
-               codecs: CodecTable | None = None) -> Plan:
+@one_spelling
+def plan_merge(config: PathLike, settings: Settings = Settings(), *, codecs: CodecTable | None = None) -> Plan:
     """Validate ``config`` against the models' headers and return the frozen plan (shards of ``out_shard_size``,
-    1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed).
-    ``codecs``: as for :func:`run`."""
+    1 GB when not given); writes nothing (a mergekit-moe config's hidden-state routers are not computed). Of
+    ``settings`` a plan honours ``output``, ``merging`` and ``state_dir`` (where a computed importance matrix is
+    kept). ``codecs``: as for :func:`run`."""
+    taken(settings, "plan_merge")
+    output, merging = settings.output, settings.merging
     shard_size = DEFAULT_SHARD_SIZE if output.out_shard_size is None else output.out_shard_size
     options = plan_options(output, merging, out_shard_size=shard_size)  # the options refused before the config is read
     text = config_text(config)
-    options = computed_imatrix(options, text, StateDir.resolve())
+    options = computed_imatrix(options, text, StateDir.resolve(settings.state_dir))
     call = Call(config, text, None, options, RunSettings(), allow_same_experts=merging.allow_same_experts,
                 codecs=codecs)
     return planner_of(kind_of(text)).plan(call)
 
 
+@one_spelling
 def estimate(
     config: PathLike,
     out: PathLike | None = None,
@@ -472,6 +479,7 @@ def _reporter(progress: bool | Reporter) -> Reporter | None:
     return None if isinstance(progress, bool) else progress
 
 
+@one_spelling
 def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(), *, search: Search = Search(),
            merge_best: PathLike | None = None, allow_benchmark_tasks: bool = False,
            task_search_path: PathLike | None = None, trackers: Trackers = Trackers(),

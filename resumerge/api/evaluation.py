@@ -55,7 +55,8 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, asked: Settings,
 
     budget = evaluation.max_memory if evaluation.max_memory is not None else default_budget(SystemProbe())
     with MemoryGovernor(budget, SystemProbe()) as governor, \
-            open_unwritten(target, state_dir=settings.state.given, merging=merging, governor=governor) as merge:
+            open_unwritten(target, Settings(merging=merging, state_dir=settings.state.given),
+                           governor=governor) as merge:
         return run_eval(os.fspath(target), evaluation, state=settings.state, watcher=progress, unwritten=merge,
                         placement=placement, task_index=task_index, merge_words=_merge_words(merging))
 

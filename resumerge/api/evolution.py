@@ -126,7 +126,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     tokenizer = Path(source) if source is not None else None
 
     def population(texts: Sequence[str]) -> Population:
-        return calls.open_population(texts, state_dir=store / files.WORK / "state", resources=resources)
+        return calls.open_population(texts, Settings(resources=resources, state_dir=store / files.WORK / "state"))
 
     tasks = planned.spec.tasks
     settings = eval_settings(planned.spec, include, resources.device) if any(t.kind == "lm-eval" for t in tasks) \

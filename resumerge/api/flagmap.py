@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from resumerge.api.options import GROUPS
+from resumerge.api.options import GROUPS, Settings
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError
 
@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 
 
 def group_parameters(function: Callable[..., Any]) -> dict[str, type]:
-    """The parameters of ``function`` that take a group, and the group each takes (read from its defaults)."""
-    return {name: type(p.default) for name, p in inspect.signature(function).parameters.items()
-            if type(p.default) in GROUPS}
+    """The parameters of ``function`` that take a group, and the group each takes (read from its defaults; a
+    ``settings`` whose default is None takes a :class:`Settings`: a call that imports no group before it is given
+    one, ``status``)."""
+    return {name: Settings if name == "settings" and p.default is None else type(p.default)
+            for name, p in inspect.signature(function).parameters.items()
+            if type(p.default) in GROUPS or (name == "settings" and p.default is None)}
 
 
 def _honoured(group: type, function: str) -> Iterator[tuple[str, type | None]]:

@@ -136,6 +136,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
 
         budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
         governor = held.enter_context(MemoryGovernor(budget, SystemProbe()))
-        unwritten = held.enter_context(open_unwritten(target, state_dir=settings.state.given, governor=governor))
+        unwritten = held.enter_context(open_unwritten(target, Settings(state_dir=settings.state.given),
+                                                      governor=governor))
     return held.enter_context(opened_lm(target, evaluation, state=settings.state, command=command,
                                         unwritten=unwritten))

@@ -49,6 +49,11 @@ _PASSES = ("check", "measure", "estimate_measure", "evaluate")
 # The parameter search: it merges each candidate on the device within the memory budget, nothing else of these.
 _SEARCH = ("evolve",)
 _ESTIMATES = ("estimate", "estimate_extraction", "estimate_measure")
+# The calls that read what a run recorded (only the state dir), those that run a pass over models read as they are
+# (not evaluate, which may merge a config it reads), and those that open a merge unwritten.
+_READING = ("status", "recipe_status", "verify")
+_PASS_CALLS = ("check", "measure", "estimate_measure")
+_OPENED = ("open_unwritten", "open_population")
 
 
 def _not_for(*functions: str) -> dict[str, tuple[str, ...]]:
@@ -224,20 +229,25 @@ _NO_OUT = ("resume", *_SEARCH, "evaluate")
 @dataclass(frozen=True)
 class Settings:
     """Everything a call that writes a run (``run``, ``resume``, ``extract_lora``, ``tokensurgeon``, ``evolve``),
-    its estimate and an evaluation (``evaluate``, which writes no run: no ``output``, ``hub`` or ``stages``) read
-    besides what they are asked to do, as one value a notebook builds once and hands to each call: the groups
-    ``output``, ``merging``, ``resources``, ``hub`` and ``stages``, the ``state_dir`` keeping the runs' records
-    (None: ``RESUMERGE_STATE_DIR``, else the default) and the ``executor`` computing the shards (None or
-    ``LocalExecutor()``: this process; ``RayExecutor(address, keep_workers)``: a Ray cluster). A group or field a
-    call cannot honour is refused there when set (UsageError, exit 2), as :func:`taken` says."""
+    its estimate, an evaluation (``evaluate``, which writes no run: no ``output``, ``hub`` or ``stages``), a pass
+    (``check``, ``measure``), an unwritten merge (``open_unwritten``), a plan (``plan_merge``) and a reading of what a
+    run recorded (``status``, ``verify``: the state dir alone) read besides what they are asked to do, as one value a
+    notebook builds once and hands to each call (``settings=``; a field given as a keyword of its own is refused
+    with this spelling: :mod:`.keywords`): the groups ``output``, ``merging``, ``resources``, ``hub`` and
+    ``stages``, the ``state_dir`` keeping the runs' records (None: ``RESUMERGE_STATE_DIR``, else the default) and
+    the ``executor`` computing the shards (None or ``LocalExecutor()``: this process; ``RayExecutor(address,
+    keep_workers)``: a Ray cluster). A group or field a call cannot honour is refused there when set (UsageError,
+    exit 2), as :func:`taken` says."""
 
-    output: Output = field(default=Output(), metadata=_not_for(*_NO_OUT))
-    merging: Merging = field(default=Merging(), metadata=_not_for("resume", *_SEARCH))
-    resources: Resources = Resources()
-    hub: Hub = field(default=Hub(), metadata=_not_for(*_NO_HUB))
-    stages: Stages = field(default=Stages(), metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH, "evaluate"))
+    output: Output = field(default=Output(), metadata=_not_for(*_NO_OUT, *_PASS_CALLS, *_READING))
+    merging: Merging = field(default=Merging(), metadata=_not_for("resume", *_SEARCH, *_PASS_CALLS, *_READING))
+    resources: Resources = field(default=Resources(), metadata=_not_for(*_READING, "plan_merge"))
+    hub: Hub = field(default=Hub(), metadata=_not_for(*_NO_HUB, *_PASS_CALLS, *_READING, *_OPENED, "plan_merge"))
+    stages: Stages = field(default=Stages(), metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH, "evaluate",
+                                                                *_PASS_CALLS, *_READING, *_OPENED, "plan_merge"))
     state_dir: PathLike | None = None
-    executor: Executor | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    executor: Executor | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_READING, *_OPENED,
+                                                                     "plan_merge"))
 
 
 GROUPS = (Output, Merging, Resources, Hub, Stages, Lora, Surgery, Trackers, Search, Harness, Settings)
@@ -374,12 +384,12 @@ def settings_for(settings: Settings, function: str) -> RunSettings:
     return run_settings(settings.state_dir, settings.resources, hub, executor=settings.executor)
 
 
-def pass_settings(function: str, state_dir: PathLike | None, resources: Resources,
-                  executor: Executor | None) -> RunSettings:
-    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources`` (those it
-    cannot honour refused), state dir and executor, as ``run`` takes them (UsageError, exit 2, for a bad one)."""
-    taken(resources, function)
-    return run_settings(state_dir, resources, executor=executor)
+def pass_settings(function: str, settings: Settings) -> RunSettings:
+    """The settings of a forward pass's call ``function`` (``check``, ``measure``): its ``resources``, state dir and
+    executor (any other group, and the resources it cannot honour, refused), as ``run`` takes them (UsageError, exit
+    2, for a bad one)."""
+    taken(settings, function)
+    return run_settings(settings.state_dir, settings.resources, executor=settings.executor)
 
 
 def pass_placement(settings: RunSettings) -> PassPlacement:

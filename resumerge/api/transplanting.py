@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
+from resumerge.api.keywords import one_spelling
 from resumerge.api.kinds import SURGERY
 from resumerge.api.options import (
     PathLike,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from resumerge.runs.transplant.spec import SurgerySpec
 
 
+@one_spelling
 def tokensurgeon(
     model: str, donor: str, out: PathLike, settings: Settings = Settings(), *, surgery: Surgery = Surgery(),
     restart: bool = False, plan: bool = False, progress: Reporter | None = None,
@@ -56,6 +58,7 @@ def tokensurgeon(
         return SURGERY.run(call, replace(driving, reporter=progress))
 
 
+@one_spelling
 def estimate_tokensurgeon(
     model: str, donor: str, out: PathLike, settings: Settings = Settings(), *, surgery: Surgery = Surgery(),
     fresh_process: bool = False,

@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from resumerge.api.keywords import one_spelling
 from resumerge.api.options import (
-    Merging,
-    Output,
     PathLike,
-    Resources,
+    Settings,
     config_text,
     nothing_written,
     plan_options,
     run_settings,
     source_name,
+    taken,
 )
 from resumerge.errors import UsageError
 
@@ -32,16 +32,17 @@ if TYPE_CHECKING:
 _ONE_MERGE = "give each candidate as one YAML document of merge_method and its models"
 
 
-def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, output: Output = Output(),
-                   merging: Merging = Merging(), resources: Resources = Resources(),
-                   codecs: CodecTable | None = None, governor: MemoryGovernor | None = None) -> UnwrittenMerge:
+@one_spelling
+def open_unwritten(config: PathLike, settings: Settings = Settings(), *, codecs: CodecTable | None = None,
+                   governor: MemoryGovernor | None = None) -> UnwrittenMerge:
     """The merge ``config`` describes (a merge config, or a recipe's final stage: mergekit-multi), as a model that
-    is never written: planned as ``run`` plans it with the same option groups, its small files (config.json,
+    is never written: planned as ``run`` plans it with the same ``settings`` (of them its ``output``, ``merging``,
+    ``resources`` and ``state_dir``; ``hub``, ``stages`` and ``executor`` refused set), its small files (config.json,
     tokenizer) in a folder under the state dir, each weight tensor merged by the plan's method code when it is read
     and dropped after (see :class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`), equal to the bytes ``run``
     writes. Hub inputs are downloaded into the Hugging Face cache and verified, as ``run`` downloads them (never twice).
     ``governor``: the caller's memory governor, which admits each tensor's merge as the run admits it (None: one of
-    ``resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
+    ``settings.resources.max_memory`` when given, stopped when the merge is closed, else none). Raises ConfigError,
     InputError or UsageError (exit 2) before any weight is read or downloaded: a config that does not plan, a
     mergekit-moe or extraction config, an output written as GGUF or as an adapter, ``stream_inputs``."""
     from resumerge.api.kinds import MERGE, kind_of
@@ -50,24 +51,23 @@ def open_unwritten(config: PathLike, *, state_dir: PathLike | None = None, outpu
     from resumerge.merge.engine.unwritten import UnwrittenMerge
 
     text = config_text(config)
-    options = _options(output, merging, resources)
-    settings = run_settings(state_dir, resources)
+    options, given = _options(settings, "open_unwritten")
     kind = kind_of(text)
     with nothing_written():  # an unreachable hub: exit 2, nothing to resume
         if isinstance(kind, RecipeKind):
-            return _recipe(text, options, settings, governor)
+            return _recipe(text, options, given, governor)
         if kind is not MERGE:
             raise _not_a_merge(kind.name)
-        prepared = _prepared(config, text, options, settings, codecs)
-        fetch_inputs(prepared.opened(), state=settings.state)
-    _threads(settings)
-    owned = _governor(settings) if governor is None else None
-    return UnwrittenMerge(prepared.plan, settings.state.unwritten_dir, governor=governor or owned,
+        prepared = _prepared(config, text, options, given, codecs)
+        fetch_inputs(prepared.opened(), state=given.state)
+    _threads(given)
+    owned = _governor(given) if governor is None else None
+    return UnwrittenMerge(prepared.plan, given.state.unwritten_dir, governor=governor or owned,
                           on_close=owned.stop if owned is not None else None)
 
 
-def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None = None, output: Output = Output(),
-                    merging: Merging = Merging(), resources: Resources = Resources(),
+@one_spelling
+def open_population(configs: Sequence[PathLike], settings: Settings = Settings(), *,
                     codecs: CodecTable | None = None, governor: MemoryGovernor | None = None) -> Population:
     """A generation of candidate merge ``configs`` over the same input models, each planned as
     :func:`open_unwritten` plans it (the same refusals, exit 2, before any weight is read or downloaded; a recipe,
@@ -81,8 +81,7 @@ def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None =
 
     if not configs:
         raise UsageError("a generation needs at least one candidate config", hint=_ONE_MERGE)
-    options = _options(output, merging, resources)
-    settings = run_settings(state_dir, resources)
+    options, given = _options(settings, "open_population")
     with nothing_written():
         prepared = []
         for config in configs:
@@ -91,17 +90,20 @@ def open_population(configs: Sequence[PathLike], *, state_dir: PathLike | None =
             if kind is not MERGE:
                 raise UsageError(f"a candidate of a generation is one merge config, and "
                                  f"{source_name(config, 'a candidate')} is a {kind.name} config", hint=_ONE_MERGE)
-            prepared.append(_prepared(config, text, options, settings, codecs))
+            prepared.append(_prepared(config, text, options, given, codecs))
         same_inputs([p.plan for p in prepared])
-        fetch_inputs(prepared[0].opened(), state=settings.state)
-    _threads(settings)
-    return Population([p.plan for p in prepared], settings.state.unwritten_dir, governor=governor)
+        fetch_inputs(prepared[0].opened(), state=given.state)
+    _threads(given)
+    return Population([p.plan for p in prepared], given.state.unwritten_dir, governor=governor)
 
 
-def _options(output: Output, merging: Merging, resources: Resources) -> PlanOptions:
-    """The plan options ``run`` would plan with; what an unwritten merge cannot honour is refused (exit 2)."""
+def _options(settings: Settings, function: str) -> tuple[PlanOptions, RunSettings]:
+    """The plan options ``run`` would plan with and the run's settings, of ``settings`` given to ``function``; what
+    an unwritten merge cannot honour is refused (exit 2)."""
     from resumerge.outputs.containers import OUT_TYPES
 
+    taken(settings, function)
+    output, resources = settings.output, settings.resources
     container = OUT_TYPES.get(output.out_type)
     if container is None or not container.unwritten_reads:
         raise UsageError(f"an unwritten merge is read as safetensors, not --out-type {output.out_type}",
@@ -111,7 +113,8 @@ def _options(output: Output, merging: Merging, resources: Resources) -> PlanOpti
     if resources.stream_inputs:
         raise UsageError("an unwritten merge reads its hub inputs downloaded, not streamed",
                          hint="drop --stream-inputs (they are downloaded once into the Hugging Face cache)")
-    return plan_options(output, merging, resources, out_shard_size=output.out_shard_size)
+    return (plan_options(output, settings.merging, resources, out_shard_size=output.out_shard_size),
+            run_settings(settings.state_dir, resources))
 
 
 def _not_a_merge(kind: str) -> UsageError:

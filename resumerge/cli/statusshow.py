@@ -25,9 +25,19 @@ _STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "fa
                 "planning": "cyan"}
 
 
+class _Console(Console):
+    """rich's console, but a reader gone away is the CLI's to answer: rich's own answer is ``SystemExit(1)``, the
+    internal-error code with no line (``resumerge status OUT | head -1``); the CLI's entry ends such a command
+    quietly, as Unix tools do (:data:`~resumerge.cli.commands.EXIT_BROKEN_PIPE`)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
     """A rich console on ``stream`` (stderr by default, so stdout stays machine-readable)."""
-    return Console(file=stream or sys.stderr, highlight=False, soft_wrap=True, width=width)
+    return _Console(file=stream or sys.stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def show_any_status(report: StatusReport | RecipeStatus | SearchStatus, stream: TextIO | None = None) -> None:

@@ -1,5 +1,6 @@
-"""How a file looks to the cheap gate of a content proof (size, mtime, ctime, inode), and the xxh3-128 of groups of
-its byte ranges (:mod:`resumerge.forward.proof`: a pass's models, a digest per decoder layer).
+"""How a file looks to the cheap gate of a content proof (size, mtime, ctime, inode), what tells that its content
+moved while it was read (:func:`check_read`: never its ctime alone), and the xxh3-128 of groups of its byte ranges
+(:mod:`resumerge.forward.proof`: a pass's models, a digest per decoder layer).
 
 Kept apart from :mod:`.contents` (a merge's proof, whose records share the hub's verification database): a check
 imports this, and its start is paid again by every check, so nothing of the hub's stack is imported here.
@@ -36,41 +37,81 @@ def look_of(path: Path) -> Look:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
+def same_content(before: Look, after: Look) -> bool:
+    """Whether ``after`` shows the content ``before`` did by its witnesses: size, mtime and inode. The ctime is no
+    witness: a chmod, a chown, a new hard link or an xattr moves it and leaves the bytes as they were (issue 97)."""
+    return (before[0], before[1], before[3]) == (after[0], after[1], after[3])
+
+
+def check_read(path: Path, before: Look, agrees_again: Callable[[], bool],
+               changed: Callable[[], PlanChangedError]) -> bool:
+    """After a read of ``path``, which looked ``before`` when the read began: whether only its ctime moved meanwhile
+    (then what was read was read again and agreed, ``agrees_again()``; the look taken is not to be trusted). Raises
+    ``changed()`` where its content's witnesses moved, or the second read found other bytes (a write whose mtime was
+    set back shows only in the ctime)."""
+    try:
+        after = look_of(path)
+        if after == before:
+            return False
+        if same_content(before, after) and agrees_again() and same_content(before, look_of(path)):
+            return True
+    except FileNotFoundError:
+        pass
+    raise changed()
+
+
 class Digest(Protocol):
     """What a hash object offers to :func:`hash_spans` (xxhash's and hashlib's alike)."""
 
     def update(self, data: memoryview, /) -> None: ...
 
+    def copy(self) -> Digest: ...
+
+    def digest(self) -> bytes: ...
+
 
 def hash_spans(path: Path, groups: Iterable[tuple[Spans, Digest]],
                changed: Callable[[], PlanChangedError]) -> tuple[Look, bool]:
-    """Feed each group's spans of ``path`` to its digest, and return how the file looked while read and whether it
-    was written within a timestamp tick of the read (racy: a later write could keep the same look, so its look must
-    never be trusted: git's "racy clean"). Read by ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would
-    count in the process's RSS, which the RAM governor watches; one buffer, so its pages are faulted in and zeroed
-    once, not at every read. Raises ``changed()`` for a file that changed while it was read."""
-    before = os.stat(path)
+    """Feed each group's spans of ``path`` to its digest, and return how the file looked while read and whether its
+    look is not to be trusted: written within a timestamp tick of the read (racy: a later write could keep the same
+    look: git's "racy clean"), or its ctime moved while it was read (the spans were hashed again and agreed). Read
+    by ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would count in the process's RSS, which the RAM
+    governor watches; one buffer, so its pages are faulted in and zeroed once, not at every read. Raises
+    ``changed()`` for a file that changed while it was read (:func:`check_read`)."""
+    listed = list(groups)
+    spare = [(spans, digest.copy()) for spans, digest in listed]  # as handed in: fed again where only ctime moves
+    before = look_of(path)
     started = time.time_ns()
     block = bytearray(_BLOCK)
-    view = memoryview(block)
+    _feed(path, listed, memoryview(block), changed)
+
+    def agrees_again() -> bool:
+        _feed(path, spare, memoryview(block), changed)
+        return all(a.digest() == b.digest() for (_, a), (_, b) in zip(listed, spare))
+
+    if check_read(path, before, agrees_again, changed):
+        return before, True
+    return before, max(before[1], before[2]) + RACY_WINDOW_NS >= started
+
+
+def _feed(path: Path, groups: Iterable[tuple[Spans, Digest]], view: memoryview,
+          changed: Callable[[], PlanChangedError]) -> None:
+    """Feed each group's spans of ``path`` to its digest, read through ``view``; ``changed()`` where one ends past
+    the file's end."""
+    size = len(view)
     fd = os.open(path, os.O_RDONLY)
     try:
         for spans, digest in groups:
             for start, end in spans:
                 at = start
                 while at < end:
-                    n = os.preadv(fd, [view[:min(_BLOCK, end - at)]], at)
+                    n = os.preadv(fd, [view[:min(size, end - at)]], at)
                     if n <= 0:
                         raise changed()
                     digest.update(view[:n])
                     at += n
     finally:
         os.close(fd)
-    after = os.stat(path)
-    look = (before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino)
-    if look != (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino):
-        raise changed()
-    return look, max(before.st_mtime_ns, before.st_ctime_ns) + RACY_WINDOW_NS >= started
 
 
 def group_digests(path: Path, groups: Mapping[int, Spans]) -> tuple[Look, dict[int, str]]:

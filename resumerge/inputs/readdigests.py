@@ -32,7 +32,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -278,17 +278,8 @@ class ReadDigests:
         try:
             for number, indices in by_file.items():
                 f = self._numbered[number]
-                spans, path = f.ranges, f.path
-                small = [i for i in indices if spans[i][1] - spans[i][0] < SMALL]
-                if small:
-                    self._give(f, small, _small_digests(path, [spans[i] for i in small],
-                                                        functools.partial(changed, path)))
-                large = [i for i in indices if spans[i][1] - spans[i][0] >= SMALL]
-                if large:
-                    hashers = [xxhash.xxh3_128() for _ in large]
-                    groups = [((spans[i],), h) for i, h in zip(large, hashers)]
-                    hash_spans(path, groups, functools.partial(changed, path))
-                    self._give(f, large, [h.digest() for h in hashers])
+                self._give(f, indices, _range_digests(f.path, [f.ranges[i] for i in indices],
+                                                      functools.partial(changed, f.path)))
                 with self._turn:
                     self._turn.notify_all()  # a thread of the proof may wait for these ranges (hash_rest)
         except BaseException:
@@ -301,23 +292,43 @@ class ReadDigests:
             raise
 
     def digest(self, path: Path, changed: Callable[[], PlanChangedError]) -> tuple[Look, int, str]:
-        """``path``'s look before its first read (ctime -1 where written within a timestamp tick of it: a later
-        write could keep the look), when that was (ns) and its digest (hex), once every range is hashed
-        (:meth:`hash_rest` ended); raises ``changed()`` where the file changed while it was read."""
+        """``path``'s look before its first read (ctime -1 where written within a timestamp tick of it, a later
+        write could keep the look, or where its ctime moved since), when that was (ns) and its digest (hex), once
+        every range is hashed (:meth:`hash_rest` ended); raises ``changed()`` where the file changed while it was
+        read (:func:`~resumerge.inputs.looks.check_read`: where only its ctime moved, every range is hashed again
+        and must agree)."""
         f = self._files[str(path)]
         with self._lock:
             digests, conflict = list(f.digests), f.conflict
         if conflict or None in digests:
             raise changed()
-        try:
-            now = look_of(path)
-        except FileNotFoundError:
-            raise changed() from None
-        if now != f.look:
-            raise changed()
+
+        def agrees_again() -> bool:  # only the ctime moved: every range hashed again must agree (issue 97)
+            return _range_digests(path, f.ranges, changed) == digests
+
+        moved = looks.check_read(path, f.look, agrees_again, changed)
         size, mtime, ctime, inode = f.look
-        racy = max(mtime, ctime) + looks.RACY_WINDOW_NS >= f.started  # looked up now: a test sets it
+        racy = moved or max(mtime, ctime) + looks.RACY_WINDOW_NS >= f.started  # looked up now: a test sets it
         return (size, mtime, -1 if racy else ctime, inode), f.started, combined(cast("list[bytes]", digests))
+
+
+def _range_digests(path: Path, ranges: Sequence[tuple[int, int]], changed: Callable[[], PlanChangedError]
+                   ) -> list[bytes]:
+    """The xxh3-128 digest of each of ``ranges`` of ``path`` (sorted): those shorter than :data:`SMALL` read
+    together (:func:`_small_digests`), each longer one alone. Raises ``changed()`` for a file that changed while it
+    was read."""
+    found = [b""] * len(ranges)
+    small = [i for i, (start, end) in enumerate(ranges) if end - start < SMALL]
+    if small:
+        for i, digest in zip(small, _small_digests(path, [ranges[i] for i in small], changed)):
+            found[i] = digest
+    large = [i for i, (start, end) in enumerate(ranges) if end - start >= SMALL]
+    if large:
+        hashers = [xxhash.xxh3_128() for _ in large]
+        hash_spans(path, [((ranges[i],), h) for i, h in zip(large, hashers)], changed)
+        for i, h in zip(large, hashers):
+            found[i] = h.digest()
+    return found
 
 
 def _small_digests(path: Path, ranges: list[tuple[int, int]], changed: Callable[[], PlanChangedError]) -> list[bytes]:
@@ -325,6 +336,13 @@ def _small_digests(path: Path, ranges: list[tuple[int, int]], changed: Callable[
     :data:`_GAP` of each other read together (up to :data:`_BLOCK` at once), each hashed from the buffer in one
     call. Raises ``changed()`` for a file that changed while it was read (its look, or a range past its end)."""
     before = look_of(path)
+    found = _small_read(path, ranges, changed)
+    looks.check_read(path, before, lambda: _small_read(path, ranges, changed) == found, changed)
+    return found
+
+
+def _small_read(path: Path, ranges: list[tuple[int, int]], changed: Callable[[], PlanChangedError]) -> list[bytes]:
+    """:func:`_small_digests`' digests as read, the file's look not checked."""
     view = memoryview(bytearray())  # grown to the longest run read (at most _BLOCK): a few isolated ranges, small
     digest = xxhash.xxh3_128_digest
     found = [b""] * len(ranges)  # each set in place: no append call per range
@@ -355,6 +373,4 @@ def _small_digests(path: Path, ranges: list[tuple[int, int]], changed: Callable[
             found[k] = digest(view[start - at:end - at])
     finally:
         os.close(fd)
-    if look_of(path) != before:
-        raise changed()
     return found

@@ -5,6 +5,9 @@ A ``.bin`` file is a pickle. It is only ever opened with PyTorch's weights-only 
 refuses everything else — custom classes, ``os.system`` and other callables — before running it; refusals are
 :class:`~resumerge.errors.HostileFileError` (exit 2). Legacy non-zip pickles cannot be memory-mapped and are
 refused too. With ``mmap=True`` no tensor data is read while opening: the result is the header-equivalent index.
+Before torch 2.10 that unpickler can itself be made to run code by a crafted file (CVE-2026-24747,
+GHSA-63cw-57p8-fm3p): under an older torch a ``.bin`` is refused unread (:func:`refuse_unsafe_unpickler`), while the
+plan is made (a hub model's before its download).
 
 Each tensor gets a *virtual* byte range: the file's tensors, sorted by name, laid end to end as their contiguous
 bytes. Plans and the engine address ``.bin`` tensors by these ranges exactly as they address safetensors byte
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib.metadata
 import json
 import pickle
+import re
 import threading
 import zipfile
 from collections.abc import Mapping
@@ -32,6 +37,8 @@ from resumerge.torch_import import torch
 
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 BIN_SINGLE_NAME = "pytorch_model.bin"
+# The first torch whose weights-only unpickler is not known to run a crafted pickle's code (CVE-2026-24747).
+SAFE_UNPICKLER = (2, 10)
 
 
 @functools.cache
@@ -45,13 +52,34 @@ def is_pickle_checkpoint(name: str) -> bool:
     return name.endswith(".bin")
 
 
+def torch_release() -> tuple[int, int]:
+    """The installed torch's (major, minor), from its package metadata: torch is not imported for it."""
+    found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("torch"))
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def refuse_unsafe_unpickler(name: str, where: str) -> None:
+    """Raise :class:`ModelInputError` (exit 2) for the pickled checkpoint ``name`` (of the model at ``where``) where
+    the installed torch's weights-only unpickler is one a crafted pickle can run code through (before
+    :data:`SAFE_UNPICKLER`): called before the file is read, or downloaded."""
+    release = torch_release()
+    if release < SAFE_UNPICKLER:
+        raise ModelInputError(
+            f"{name} is a pickle, and the weights-only unpickler of the torch installed "
+            f"({release[0]}.{release[1]}) can be made to run a crafted file's code (CVE-2026-24747, fixed in torch "
+            f"{SAFE_UNPICKLER[0]}.{SAFE_UNPICKLER[1]}); it was not read", path=where,
+            hint="convert the model to safetensors, or upgrade torch to 2.10 or later")
+
+
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of the ``.bin`` file at ``path``, memory-mapped (no data read), by name.
 
-    Raises :class:`HostileFileError` when the weights-only unpickler refuses the file (nothing in it ran), and
+    Raises :class:`ModelInputError` under a torch whose unpickler is unsafe (:func:`refuse_unsafe_unpickler`, nothing
+    read), :class:`HostileFileError` when the weights-only unpickler refuses the file (nothing in it ran), and
     :class:`ModelInputError` for a legacy or damaged file or one that is not a flat dict of dense tensors.
     """
     where = str(path)
+    refuse_unsafe_unpickler(path.name, str(path.parent))
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:

@@ -35,7 +35,8 @@ def test_two_checks_of_the_same_models_at_once_each_end_with_their_own_report(tm
     together = [cli_start(*args(i, tmp_path / "shared"), env=paused, capture=True) for i in range(2)]
     found = [p.communicate(timeout=300) for p in together]
     for i, (process, (out, err)) in enumerate(zip(together, found)):
-        alone = api.check(merge, parents=[parent], prompts=texts[i], state_dir=tmp_path / f"alone{i}")  # here
+        alone = api.check(merge, parents=[parent], prompts=texts[i],
+                          settings=api.Settings(state_dir=tmp_path / f"alone{i}"))  # here
         assert process.returncode == alone.exit_code, err[-3000:]
         doc, again = json.loads(out), json.loads(json.dumps(alone.to_json()))
         assert Path(doc.pop("chart")).read_bytes() == Path(again.pop("chart")).read_bytes()

@@ -165,7 +165,7 @@ def test_a_byte_level_and_a_sentencepiece_model_are_compared_over_the_bytes_they
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(lines) + "\n")
 
-    report = api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "state")
+    report = api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     # Shared: every text both decoders write alike, the 128 bytes above 0x7F alone (a part of a character's
     # bytes: no text, ``Ã`` and ``<0xC3>``), and the special ``</s>``.
     expected = len(set(theirs) & set(mine)) + 128 + 1

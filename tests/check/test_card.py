@@ -51,7 +51,7 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     before = (out / "README.md").read_text()
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world again\n")
-    report = api.check(out, prompts=texts, state_dir=state)
+    report = api.check(out, prompts=texts, settings=api.Settings(state_dir=state))
     card = (out / "README.md").read_text()
     assert card.startswith(before.rstrip("\n")) and card.count(BEGIN) == 1 and card.count(END) == 1
     section = card[card.index(BEGIN):]
@@ -70,7 +70,7 @@ def test_a_check_writes_its_section_into_the_card_and_verify_still_passes(tmp_pa
     ledger_row, manifest_entry = _card_record(out, state)
     assert ledger_row == (len(data), "xxh3-128:" + xxhash.xxh3_128_hexdigest(data))  # a folder's checksum
     assert manifest_entry == {"bytes": len(data), "sha256": "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)}
-    verified = api.verify(out, state_dir=state)
+    verified = api.verify(out, settings=api.Settings(state_dir=state))
     assert verified.ok, verified.damaged
     assert not [p for p in out.iterdir() if p.name.endswith(".part")]  # no temp file left behind
     # A resume of the finished output keeps the card with its section (nothing to rebuild).
@@ -82,7 +82,7 @@ def test_a_card_a_resume_rebuilds_gets_the_last_checks_section_back(tmp_path: Pa
     out, state, _ = _merged(tmp_path)
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world again\n")
-    api.check(out, prompts=texts, state_dir=state)
+    api.check(out, prompts=texts, settings=api.Settings(state_dir=state))
     checked = (out / "README.md").read_bytes()
     (out / "README.md").unlink()  # the resume makes it again from the plan, which knows nothing of the check
     api.resume(out, settings=api.Settings(state_dir=state))
@@ -90,35 +90,37 @@ def test_a_card_a_resume_rebuilds_gets_the_last_checks_section_back(tmp_path: Pa
     ledger_row, manifest_entry = _card_record(out, state)
     assert ledger_row == (len(checked), "xxh3-128:" + xxhash.xxh3_128_hexdigest(checked))
     assert manifest_entry == {"bytes": len(checked), "sha256": "xxh3-128:" + xxhash.xxh3_128_hexdigest(checked)}
-    assert api.verify(out, state_dir=state).ok
+    assert api.verify(out, settings=api.Settings(state_dir=state)).ok
 
 
 def test_checking_again_replaces_the_section_and_never_adds_a_second(tmp_path: Path) -> None:
     out, state, _ = _merged(tmp_path)
-    api.check(out, state_dir=state)  # built-in texts
+    api.check(out, settings=api.Settings(state_dir=state))  # built-in texts
     first = (out / "README.md").read_bytes()
-    again = api.check(out, state_dir=state)  # the same check: its report from the journal, the card unchanged
+    # the same check: its report from the journal, the card unchanged
+    again = api.check(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_bytes() == first and again.card is not None and "up to date" in again.card
     texts = tmp_path / "texts.txt"
     texts.write_text("one two three four five\n")
-    other = api.check(out, prompts=texts, state_dir=state)  # another check: its section replaces the first
+    other = api.check(out, prompts=texts,
+                      settings=api.Settings(state_dir=state))  # another check: its section replaces the first
     card = (out / "README.md").read_text()
     assert card.count(BEGIN) == 1 and card.count("## Check") == 1
     assert "texts.txt (sha256" in card and "built-in" not in card and f"{other.tokens} predicted tokens" in card
     assert card.split(BEGIN)[0] == first.decode().split(BEGIN)[0]  # the rest of the card untouched
-    assert api.verify(out, state_dir=state).ok
+    assert api.verify(out, settings=api.Settings(state_dir=state)).ok
 
 
 def test_a_card_resumerge_did_not_write_or_one_edited_since_is_left_alone(tmp_path: Path) -> None:
     out, state, _ = _merged(tmp_path / "no-card", card=False)  # --no-write-model-card: the README is the user's
     (out / "README.md").write_text("# my own notes\n")
-    report = api.check(out, state_dir=state)
+    report = api.check(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_text() == "# my own notes\n"
     assert report.card is not None and "was not written by resumerge" in report.card
     out, state, _ = _merged(tmp_path / "edited")
     edited = (out / "README.md").read_text() + "\nA line a person added.\n"
     (out / "README.md").write_text(edited)
-    report = api.check(out, state_dir=state)
+    report = api.check(out, settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_text() == edited
     assert report.card is not None and "no longer matches what resumerge wrote" in report.card
 
@@ -128,17 +130,17 @@ def test_without_the_runs_ledger_the_card_is_left_alone_and_said_so(tmp_path: Pa
     shutil.rmtree(state)  # a fresh machine: OUT's manifest is the only record of the run
     fresh = tmp_path / "fresh-state"
     card, manifest = (out / "README.md").read_bytes(), manifest_path(out).read_bytes()
-    report = api.check(out, parents=parents, state_dir=fresh)
+    report = api.check(out, parents=parents, settings=api.Settings(state_dir=fresh))
     # Changed through the manifest alone, the card would disagree with a ledger kept elsewhere (issue 70).
     assert (out / "README.md").read_bytes() == card and manifest_path(out).read_bytes() == manifest
     assert report.card is not None and "left as it is" in report.card and "the run's ledger is neither" in report.card
-    assert api.verify(out, state_dir=fresh).ok
+    assert api.verify(out, settings=api.Settings(state_dir=fresh)).ok
 
 
 def test_a_folder_that_is_no_resumerge_output_gets_no_card_and_no_line(tmp_path: Path) -> None:
     parents = [make_model(tmp_path / f"p{i}", SPEC, seed=i) for i in range(2)]
     (parents[0] / "README.md").write_text("# someone's model\n")
-    report = api.check(parents[0], parents=[parents[1]], state_dir=tmp_path / "state")
+    report = api.check(parents[0], parents=[parents[1]], settings=api.Settings(state_dir=tmp_path / "state"))
     assert report.card is None and (parents[0] / "README.md").read_text() == "# someone's model\n"
     assert json.loads(json.dumps(report.to_json()))["card"] is None
 
@@ -157,16 +159,17 @@ def test_a_hub_out_is_skipped_in_one_line_and_the_broken_layer_is_named(tmp_path
 
 def test_a_one_off_check_against_another_model_leaves_the_card_as_it_is(tmp_path: Path) -> None:
     out, state, parents = _merged(tmp_path)
-    own = api.check(out, state_dir=state)  # against its own parents: the section written
+    own = api.check(out, settings=api.Settings(state_dir=state))  # against its own parents: the section written
     card = (out / "README.md").read_bytes()
     stranger = make_model(tmp_path / "stranger", SPEC, seed=7)
-    other = api.check(out, parents=[stranger], state_dir=state)
+    other = api.check(out, parents=[stranger], settings=api.Settings(state_dir=state))
     assert (out / "README.md").read_bytes() == card  # its card still describes the merge beside its own parents
     assert other.card is not None and "left as it is" in other.card and "parent p0, parent p1" in other.card
-    one = api.check(out, parents=[parents[0]], state_dir=state)  # one of its own, the other left out: the same
+    one = api.check(out, parents=[parents[0]],
+                    settings=api.Settings(state_dir=state))  # one of its own, the other left out: the same
     assert (out / "README.md").read_bytes() == card and one.card is not None and "parent p1" in one.card
     assert own.card is not None and "section written" in own.card
     # A resume that rebuilds the card restores the section of the check against its own parents, not the newest.
     (out / "README.md").unlink()
     api.resume(out, settings=api.Settings(state_dir=state))
-    assert (out / "README.md").read_bytes() == card and api.verify(out, state_dir=state).ok
+    assert (out / "README.md").read_bytes() == card and api.verify(out, settings=api.Settings(state_dir=state)).ok

@@ -35,21 +35,21 @@ def _merged(root: Path, state: Path | None) -> tuple[Path, list[Path]]:
 def test_a_check_in_its_own_state_dir_leaves_the_card_of_a_run_recorded_elsewhere(tmp_path: Path) -> None:
     out, _ = _merged(tmp_path, tmp_path / "runs")
     card, manifest = (out / "README.md").read_bytes(), manifest_path(out).read_bytes()
-    report = api.check(out, state_dir=tmp_path / "checks")
+    report = api.check(out, settings=api.Settings(state_dir=tmp_path / "checks"))
     assert (out / "README.md").read_bytes() == card and manifest_path(out).read_bytes() == manifest
     assert report.card is not None and "left as it is, without the check's section" in report.card
     assert "--state-dir" in report.card
-    verified = api.verify(out, state_dir=tmp_path / "runs")
+    verified = api.verify(out, settings=api.Settings(state_dir=tmp_path / "runs"))
     assert verified.ok, verified.damaged
     # Checked with the run's own state dir, the section is written and recorded there.
-    report = api.check(out, state_dir=tmp_path / "runs")
+    report = api.check(out, settings=api.Settings(state_dir=tmp_path / "runs"))
     assert report.card is not None and "section written" in report.card
-    assert api.verify(out, state_dir=tmp_path / "runs").ok
+    assert api.verify(out, settings=api.Settings(state_dir=tmp_path / "runs")).ok
 
 
 def test_a_check_in_its_own_state_dir_finds_the_ledger_of_the_default_one(tmp_path: Path) -> None:
     out, _ = _merged(tmp_path, None)  # the default state dir (the suite's RESUMERGE_STATE_DIR)
-    report = api.check(out, state_dir=tmp_path / "checks")
+    report = api.check(out, settings=api.Settings(state_dir=tmp_path / "checks"))
     data = (out / "README.md").read_bytes()
     assert BEGIN.encode() in data and report.card is not None and "section written" in report.card
     verified = api.verify(out)

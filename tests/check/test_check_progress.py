@@ -86,7 +86,7 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
     # ``status`` follows the check of any model (this one is no resumerge output), and says how to continue it.
     from resumerge import api
 
-    found = api.status(merge, state_dir=state)
+    found = api.status(merge, settings=api.Settings(state_dir=state))
     assert (found.kind, found.state, found.resume_command) == ("check", "interrupted", command)
     assert found.details is not None and found.details.rows[0] == (
         "check", f"interrupted: layer 1 of 3, model 2 of 2 (parent {parent})")
@@ -98,7 +98,7 @@ def test_ctrl_c_names_the_layer_reached_and_the_command_that_continues(models: t
     resumed = cli(*command.split()[1:], "--json", timeout=300)
     assert resumed.returncode in (0, 5, 6), resumed.stderr
     assert "check: layer 1 of 3" not in resumed.stderr and "check: layer 2 of 3" in resumed.stderr
-    found = api.status(merge, state_dir=state)
+    found = api.status(merge, settings=api.Settings(state_dir=state))
     assert (found.kind, found.state, found.resume_command) == ("check", "done", None)
     whole = cli(*argv[:-1], tmp_path / "whole", timeout=300)
     doc, again = json.loads(resumed.stdout), json.loads(whole.stdout)

@@ -43,7 +43,8 @@ def test_check_refuses_a_text_past_the_context_naming_its_line_and_cuts_it_when_
     assert "--truncate-texts" in err and len(err.strip().splitlines()) <= 2, err
     assert not [p for p in state.rglob("*.safetensors")]  # no layer ran
     assert main([*argv, "--truncate-texts"]) in (0, 5, 6)
-    report = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=state, truncate_texts=True)
+    report = api.check(merge, base=base, parents=[parent], prompts=texts,
+                       settings=api.Settings(state_dir=state), truncate_texts=True)
     assert report.sequences == 2 and 127 < report.tokens < 127 + len("the cat sat on the mat")  # the long one cut
 
 

@@ -63,7 +63,7 @@ def test_json_and_report_json_of_a_broken_merge_are_strict_json(tmp_path: Path,
     kept = next(state.rglob("report.json"))
     assert _strict(kept.read_text()) == doc
     # Read back (the same check asked again answers from report.json) it is the report that was written.
-    again = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=state)
+    again = api.check(merge, base=base, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     assert again.to_json()["static"] == doc["static"] and again.verdict == BROKEN
     assert CheckReport.from_json(doc).to_json()["static"] == doc["static"]
     assert any(g.merge_moved != g.merge_moved for g in again.static.groups)  # NaN again, as the pass found it

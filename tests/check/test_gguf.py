@@ -47,7 +47,7 @@ def test_the_real_gguf_checked_against_its_decoded_tensors_works_with_transforme
     beside = sorted(p.name for p in gguf.parent.iterdir())
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
-    report = api.check(gguf, base=folder, prompts=texts, state_dir=tmp_path / "state")
+    report = api.check(gguf, base=folder, prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     # The file and its decoding hold the same weights: a model identical to its base is "no effect" (exit 5).
     assert report.verdict == NO_EFFECT and report.exit_code == 5, report.reasons
     assert [(m.role, m.path) for m in report.models] == [("merge", str(gguf)), ("base", str(folder))]
@@ -80,7 +80,7 @@ def test_a_gguf_output_is_checked_against_the_gguf_parents_its_record_names(tmp_
                  "--state-dir", str(state), "--quiet"]) == 0
     texts = tmp_path / "texts.txt"
     texts.write_text(TINY_TEXTS)
-    report = api.check(out, prompts=texts, state_dir=state)  # the parents from its record
+    report = api.check(out, prompts=texts, settings=api.Settings(state_dir=state))  # the parents from its record
     assert [(m.role, m.path) for m in report.models] == [("merge", str(out)), ("parent", str(parents[0])),
                                                          ("parent", str(parents[1]))]
     assert report.verdict == WORKS, report.reasons
@@ -99,6 +99,7 @@ def test_a_gguf_holding_nan_is_broken_in_the_static_pass(tmp_path: Path) -> None
     write_gguf(tmp_path / "nan.gguf", "llama", to_gguf("llama", values), Q.F16)
     texts = tmp_path / "texts.txt"
     texts.write_text(TINY_TEXTS)
-    report = api.check(tmp_path / "nan.gguf", base=tmp_path / "base.gguf", prompts=texts, state_dir=tmp_path / "s")
+    report = api.check(tmp_path / "nan.gguf", base=tmp_path / "base.gguf", prompts=texts,
+                       settings=api.Settings(state_dir=tmp_path / "s"))
     assert report.verdict == BROKEN and report.static.nonfinite == ("model.layers.1.mlp.up_proj.weight",)
     assert report.models[0].path == str(tmp_path / "nan.gguf")

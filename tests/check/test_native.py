@@ -284,12 +284,13 @@ def test_a_resumed_check_of_a_native_family_never_imports_transformers(tmp_path:
     assert killed.returncode == -9, killed.stderr[-2000:]
     code = ("import json, sys\nfrom resumerge import api\n"
             f"report = api.check({str(merge)!r}, parents=[{str(parent)!r}], prompts={str(texts)!r}, "
-            f"state_dir={str(state)!r})\n"
+            f"settings=api.Settings(state_dir={str(state)!r}))\n"
             "print(json.dumps({'transformers': 'transformers' in sys.modules, 'report': report.to_json()}))")
     resumed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     found = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert found["transformers"] is False
-    whole = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "whole").to_json()
+    whole = api.check(merge, parents=[parent], prompts=texts,
+                      settings=api.Settings(state_dir=tmp_path / "whole")).to_json()
     found["report"].pop("chart"), whole.pop("chart")
     assert found["report"] == json.loads(json.dumps(whole))

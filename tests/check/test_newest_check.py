@@ -108,7 +108,7 @@ def test_a_killed_check_of_glm5_resumes_with_the_top_k_indices_its_layers_handed
         carried = [n.split(".") for n in opened.keys() if n.startswith("carried.")]  # noqa: SIM118
     assert {m for _, m, _, _, _ in carried} == {"0", "1"} and {(i, q) for *_, i, q in carried} == {("2", "0")}
     resumed = cli_here(*argv)  # unkilled: the CLI's main in this process, reading the killed one's journal
-    whole = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "whole")
+    whole = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=tmp_path / "whole"))
     assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
     doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
     doc.pop("chart"), same.pop("chart")

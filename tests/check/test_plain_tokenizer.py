@@ -105,9 +105,9 @@ def test_a_first_check_or_measure_of_a_plain_tokenizer_s_models_never_imports_tr
     write_tokenizer(wider, 112, chat_template=CHATML)
     config = tmp_path / "rm.yml"  # measure reads its texts with the same tokenizer (one process: both asked)
     config.write_text(f"merge_method: regmean\nmodels:\n  - model: {folders[0]}\n  - model: {folders[1]}\n")
-    code = ("import sys, json; from resumerge import api; r = api.check(sys.argv[1], base=sys.argv[2], "
-            "state_dir=sys.argv[3]); m = api.measure(sys.argv[4], sys.argv[5], state_dir=sys.argv[3]); "
-            "w = api.check(sys.argv[6], base=sys.argv[2], state_dir=sys.argv[3]); "
+    code = ("import sys, json; from resumerge import api; s = api.Settings(state_dir=sys.argv[3]); "
+            "r = api.check(sys.argv[1], s, base=sys.argv[2]); m = api.measure(sys.argv[4], sys.argv[5], s); "
+            "w = api.check(sys.argv[6], s, base=sys.argv[2]); "
             "print(json.dumps(['transformers' in sys.modules, r.models[0].nll, m.tokens, w.shared_tokens]))")
     done = subprocess.run([sys.executable, "-c", code, folders[1], folders[0], str(tmp_path / "state"), str(config),
                            str(tmp_path / "grams"), str(wider)],

@@ -45,14 +45,14 @@ def test_a_repeated_check_reads_no_tensor_and_a_touched_file_is_hashed_not_read(
     trust_fresh_files(monkeypatch)
     merge, parent, texts = _models(tmp_path)
     state = tmp_path / "state"
-    first = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    first = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     records = list((state / "checks").glob("*/inputs.json"))
     assert len(records) == 1 and len(json.loads(records[0].read_text())["files"]) == 2
     read = count_reads(monkeypatch)
-    again = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    again = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     assert read == [] and again.to_json() == first.to_json()
     os.utime(parent / "model.safetensors")  # touched, the same bytes: hashed again, no tensor read
-    touched = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    touched = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     assert read == [str(parent / "model.safetensors")]
     assert touched.proof is not None and "same bytes" in touched.proof
     assert touched.models == first.models
@@ -63,15 +63,15 @@ def test_an_edit_no_step_reads_is_reported_and_a_read_one_checks_again(
     trust_fresh_files(monkeypatch)
     merge, parent, texts = _models(tmp_path, extra=True)
     state = tmp_path / "state"
-    first = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    first = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     edit_unsampled(parent, "extra.weight")
     read = count_reads(monkeypatch)
-    kept = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    kept = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     assert kept.proof is not None and "same bytes in every range this pass reads" in kept.proof
     assert str(parent) in kept.proof and kept.models == first.models
     assert not [r for r in read if not r.endswith(".safetensors")]  # no tensor read: the report kept
     edit_unsampled(merge, "model.layers.2.mlp.up_proj.weight")
-    again = api.check(merge, parents=[parent], prompts=texts, state_dir=state)
+    again = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=state))
     assert again.proof is not None and "checked again" in again.proof and str(merge) in again.proof
     assert again.models[0].nll != first.models[0].nll  # the new bytes were read
 

@@ -67,7 +67,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Merged:
     texts = root / "texts.txt"
     texts.write_text(TEXTS)
     with one_thread():
-        local = api.check(root / "out", prompts=texts, state_dir=root / "local")
+        local = api.check(root / "out", prompts=texts, settings=api.Settings(state_dir=root / "local"))
     assert [m.role for m in local.models] == ["merge", "base", "parent"] and local.models[2].kl
     return Merged(config, root / "out", texts, local)
 
@@ -120,7 +120,7 @@ def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(t
             assert killed.returncode == -9, killed.stderr[-2000:]
             assert [p.name for p in state.rglob("layer-*.safetensors")] == [f"{journal}.safetensors"]
             if journal == "layer-00000":
-                row = dict(api.status(out, state_dir=state).details.rows)["check"]  # type: ignore[union-attr]
+                row = dict(api.status(out, settings=api.Settings(state_dir=state)).details.rows)["check"]  # type: ignore[union-attr]
                 assert row.startswith("interrupted: layer 1 of 3, 3 models on Ray nodes ") and "(parent)" in row
                 found = find_progress(state / "checks", out)
                 assert found is not None and found["roles"] == ["merge", "base", "parent"]
@@ -218,7 +218,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
         monkeypatch.setattr(resumerge.forward.layerpass, "reach", lose)
         state = lost / "spare"
         with one_thread():  # the count the pass records, which each node's actor computes with (not its CPUs)
-            report = api.check(out, prompts=texts, state_dir=state, executor=on_cluster)
+            report = api.check(out, prompts=texts, settings=api.Settings(state_dir=state, executor=on_cluster))
         spare = cluster.node_ids() - set(nodes[0])
         _same(json.loads(json.dumps(report.to_json())), local)
         assert len(nodes) == 3 and len(set(nodes[0])) == 3
@@ -231,11 +231,11 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
         state = lost / "none"
         # Started with torch on one thread here, as each node's actor computes: the pass records that count.
         with pytest.raises(UnreachableError, match="no node left has the CPUs") as stopped, one_thread():
-            api.check(out, prompts=texts, state_dir=state, executor=RayExecutor(cluster.address))
+            api.check(out, prompts=texts, settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
         assert stopped.value.exit_code == 3 and len(nodes) == 1
         assert [p.name for p in state.rglob("layer-*.safetensors")] == ["layer-00000.safetensors"]
     monkeypatch.undo()
     # Run again here, on this process's own thread count: a check started on Ray resumes locally (its journal is the
     # same) and computes with the count it started with.
-    again = api.check(out, prompts=texts, state_dir=state)
+    again = api.check(out, prompts=texts, settings=api.Settings(state_dir=state))
     _same(json.loads(json.dumps(again.to_json())), local)

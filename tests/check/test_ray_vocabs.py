@@ -32,11 +32,12 @@ def test_a_check_on_ray_of_models_whose_vocabularies_differ_is_the_local_check(t
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world again\n")
     with one_thread():
-        local = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=tmp_path / "local")
+        local = api.check(merge, base=base, parents=[parent], prompts=texts,
+                          settings=api.Settings(state_dir=tmp_path / "local"))
     assert local.shared_tokens == 64
     with ray_cluster(ray_head, workers=3, spare=True) as (cluster, _), one_thread():  # the count the check records
-        on_ray = api.check(merge, base=base, parents=[parent], prompts=texts, state_dir=tmp_path / "ray",
-                           executor=RayExecutor(cluster.address))
+        on_ray = api.check(merge, base=base, parents=[parent], prompts=texts,
+                           settings=api.Settings(state_dir=tmp_path / "ray", executor=RayExecutor(cluster.address)))
     found, expected = on_ray.to_json(), json.loads(json.dumps(local.to_json()))
     assert Path(found.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
     assert found == expected

@@ -85,7 +85,8 @@ def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], tmp_pat
         {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
     out = tmp_path / "out"
     api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state"))
-    report = api.check(out, prompts=models["texts"], state_dir=tmp_path / "state")  # parents from its record
+    report = api.check(out, prompts=models["texts"],
+                       settings=api.Settings(state_dir=tmp_path / "state"))  # parents from its record
     print("self-merge", report.verdict, _figures(report), report.reasons)
     assert report.verdict == WORKS and report.exit_code == 0, report.reasons
     assert [m.role for m in report.models] == ["merge", "parent"]
@@ -96,7 +97,7 @@ def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], tmp_pat
 
 def test_a_copy_of_the_base_checked_as_a_blend_has_no_effect(models: dict[str, Path], tmp_path: Path) -> None:
     report = api.check(models["copy"], base=models["base"], parents=[models["base"], models["changed"]],
-                       prompts=models["texts"], state_dir=tmp_path)
+                       prompts=models["texts"], settings=api.Settings(state_dir=tmp_path))
     print("no-effect", report.verdict, _figures(report), report.reasons)
     assert report.verdict == NO_EFFECT and report.exit_code == EXIT_NO_EFFECT, report.reasons
     assert any("indistinguishable from the base" in r for r in report.reasons)
@@ -106,14 +107,15 @@ def test_a_copy_of_the_base_checked_as_a_blend_has_no_effect(models: dict[str, P
 
 def test_a_copy_with_one_layer_scaled_up_is_broken_at_that_layer(models: dict[str, Path], tmp_path: Path) -> None:
     report = api.check(models["scaled"], base=models["base"], parents=[models["changed"]],
-                       prompts=models["texts"], state_dir=tmp_path)
+                       prompts=models["texts"], settings=api.Settings(state_dir=tmp_path))
     print("scaled", report.verdict, _figures(report), report.reasons)
     assert report.verdict == BROKEN and report.exit_code == EXIT_BROKEN
     assert report.broken_layer == SCALED_LAYER
 
 
 def test_nans_are_broken_in_the_static_pass(models: dict[str, Path], tmp_path: Path) -> None:
-    report = api.check(models["nan"], base=models["base"], prompts=models["texts"], state_dir=tmp_path)
+    report = api.check(models["nan"], base=models["base"], prompts=models["texts"],
+                       settings=api.Settings(state_dir=tmp_path))
     assert report.verdict == BROKEN and report.static.nonfinite == (NAN_TENSOR,)
     assert all(m.nll is None for m in report.models)  # no forward over NaNs
     assert not list(tmp_path.rglob("layer-*.safetensors"))
@@ -135,7 +137,7 @@ def test_a_killed_check_resumes_with_the_same_report(models: dict[str, Path], tm
                                                                ("parent", str(models["changed"]))]
     assert doc["models"][0]["nll"] > 0 and doc["models"][1]["kl"] > 0
     whole = api.check(models["copy"], parents=[models["changed"]], prompts=models["texts"],
-                      state_dir=tmp_path / "whole")
+                      settings=api.Settings(state_dir=tmp_path / "whole"))
     same = json.loads(json.dumps(whole.to_json()))
     # Each report names its own chart (under its own state dir); the charts themselves are the same bytes.
     assert Path(doc.pop("chart")).read_bytes() == Path(same.pop("chart")).read_bytes()
@@ -179,16 +181,16 @@ def test_status_shows_a_checks_layer_and_model_and_the_ledger_records_its_verdic
     killed = cli("check", out, "--prompts", models["texts"], "--json", "--state-dir", state,
                  env={"RESUMERGE_KILL_AT": "after_check_layer:5"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    status = api.status(out, state_dir=state)
+    status = api.status(out, settings=api.Settings(state_dir=state))
     found = status.to_json()["check"]
     assert (found["state"], found["phase"], found["layer"], found["layers"]) == ("interrupted", "forward", 4, 30)
     assert (found["model_index"], found["model_role"], found["models"]) == (1, "parent", 2)
     assert status.details is not None and ("check", "interrupted: layer 5 of 30, model 2 of 2 (parent "
                                            f"{models['base']})") in status.details.rows
     assert _check_events(out, state) == []  # no verdict yet, no record
-    report = api.check(out, prompts=models["texts"], state_dir=state)  # resumes
+    report = api.check(out, prompts=models["texts"], settings=api.Settings(state_dir=state))  # resumes
     assert report.chart is not None and Path(report.chart).read_bytes().startswith(b"\x89PNG")
-    found = api.status(out, state_dir=state).to_json()["check"]
+    found = api.status(out, settings=api.Settings(state_dir=state)).to_json()["check"]
     assert (found["state"], found["verdict"], found["exit_code"]) == ("done", "works", 0)
     events = _check_events(out, state)
     assert [(e["verdict"], e["exit_code"], e["broken_layer"]) for e in events] == [("works", 0, None)]

@@ -61,7 +61,7 @@ def test_a_union_merge_checked_against_its_parents_reports_the_shared_tokens(tmp
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 49_152 + ADDED
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
-    report = api.check(out, prompts=texts, state_dir=state)  # its parents from its record
+    report = api.check(out, prompts=texts, settings=api.Settings(state_dir=state))  # its parents from its record
     print("union", report.verdict, report.vocabulary, [(m.role, m.nll, m.kl) for m in report.models])
     assert report.shared_tokens == 49_152
     assert report.vocabulary is not None and "49,280" in report.vocabulary and "by id" in report.vocabulary
@@ -77,5 +77,5 @@ def test_a_text_past_the_context_is_refused_naming_its_line_before_any_layer(tmp
     texts.write_text("a short one\n" + " ".join(["hello"] * 9_619) + "\n")
     refused = r"line 2 of (--)?prompts .* 9,619 tokens, past the 8,192 .*max_position_embeddings"
     with pytest.raises(UsageError, match=refused):
-        api.check(base, parents=[base], prompts=texts, state_dir=tmp_path / "state")
+        api.check(base, parents=[base], prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     assert not list((tmp_path / "state").rglob("*.safetensors"))

@@ -22,7 +22,8 @@ SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 _AGAIN = """
 import json, sys
 from resumerge import api
-report = api.check(sys.argv[1], parents=[sys.argv[2]], prompts=sys.argv[3], state_dir=sys.argv[4])
+report = api.check(sys.argv[1], parents=[sys.argv[2]], prompts=sys.argv[3],
+                   settings=api.Settings(state_dir=sys.argv[4]))
 print(json.dumps({"report": report.to_json(), "imported": sorted(m for m in ("torch", "transformers")
                                                                    if m in sys.modules)}))
 """
@@ -32,7 +33,7 @@ def test_a_repeated_check_answers_from_its_report_without_torch(tmp_path: Path) 
     merge, parent = make_model(tmp_path / "m", SPEC, seed=0), make_model(tmp_path / "p", SPEC, seed=1)
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\n")
-    first = api.check(merge, parents=[parent], prompts=texts, state_dir=tmp_path / "state")
+    first = api.check(merge, parents=[parent], prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     done = subprocess.run([sys.executable, "-c", _AGAIN, str(merge), str(parent), str(texts), str(tmp_path / "state")],
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, capture_output=True, text=True,
                           timeout=300)

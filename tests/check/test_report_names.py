@@ -76,7 +76,7 @@ def test_the_card_names_only_the_merges_own_base_and_parents_and_no_local_path(t
     api.run(config, out, settings=api.Settings(state_dir=state))
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\n")
-    report = api.check(out, parents=[*parents, other], prompts=texts, state_dir=state)
+    report = api.check(out, parents=[*parents, other], prompts=texts, settings=api.Settings(state_dir=state))
     assert [m.own for m in report.models] == [True, True, True, False]
     card = (out / "README.md").read_text()
     section = card[card.index(BEGIN):card.index(END)]

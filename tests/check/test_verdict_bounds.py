@@ -70,7 +70,7 @@ def test_a_model_worse_than_a_uniform_guess_is_broken_with_nothing_to_compare(re
     assert any("guessing uniformly among its 49,152 tokens" in r for r in doc["reasons"]), doc["reasons"]
     assert doc["compared"].startswith("nothing: no base or parent was given or recorded")
     # The trained model itself, alone: works, and the report says it was compared with nothing.
-    alone = api.check(real["base"], prompts=real["texts"], state_dir=tmp_path)
+    alone = api.check(real["base"], prompts=real["texts"], settings=api.Settings(state_dir=tmp_path))
     assert alone.verdict == WORKS and alone.compared is not None and alone.compared.startswith("nothing")
 
 
@@ -81,7 +81,8 @@ def test_a_merge_as_bad_as_its_worst_parent_is_broken_and_names_it(real: dict[st
         {"model": str(real["destroyed"]), "parameters": {"weight": 0.5}}]})
     out, state = tmp_path / "out", tmp_path / "state"
     api.run(config, out, settings=api.Settings(state_dir=state))
-    report = api.check(out, prompts=real["texts"], state_dir=state)  # the parents from its record
+    report = api.check(out, prompts=real["texts"],
+                       settings=api.Settings(state_dir=state))  # the parents from its record
     assert report.verdict == BROKEN and report.compared == "the merge with 2 parent(s)", report.reasons
     assert any(r.startswith(f"as bad as its worst parent {real['destroyed']} ") for r in report.reasons), \
         report.reasons
@@ -101,7 +102,7 @@ def test_a_mergekit_outputs_base_and_parents_come_from_its_config(tmp_path: Path
     out = _mergekit_output(tmp_path, names)
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
-    report = api.check(out, prompts=texts, state_dir=tmp_path / "state")
+    report = api.check(out, prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     assert [(m.role, m.path) for m in report.models] == [
         ("merge", str(out)), ("base", names["base"]), ("parent", names["p1"]), ("parent", names["p2"])]
     assert report.compared == "the merge with its base and 2 parent(s)"
@@ -112,7 +113,7 @@ def test_a_recorded_parent_that_is_gone_is_named_as_recorded(tmp_path: Path) -> 
     names["p2"] = str(tmp_path / "gone")
     out = _mergekit_output(tmp_path, names)
     with pytest.raises(UsageError) as refused:
-        api.check(out, state_dir=tmp_path / "state")
+        api.check(out, settings=api.Settings(state_dir=tmp_path / "state"))
     line = refused.value.one_line()
     assert line.startswith(f"{out / 'mergekit_config.yml'} names the parent {tmp_path / 'gone'}: no such model "
                            "folder — give the models with --base and --parent"), line
@@ -130,14 +131,14 @@ def test_an_output_still_being_written_is_said_to_be(tmp_path: Path) -> None:
                  timeout=300)
     assert killed.returncode == -9 and not (out / "config.json").exists(), killed.stderr
     with pytest.raises(UsageError) as unfinished:
-        api.check(out, state_dir=state)
+        api.check(out, settings=api.Settings(state_dir=state))
     assert unfinished.value.one_line() == (f"the merge into {out} is not finished — finish it with resumerge resume "
                                            f"{out} --state-dir {state}, then check it")
     lock = RunLock(StateDir.resolve(state).run_dir(out), out)
     lock.acquire()  # as the merge holds it while it runs
     try:
         with pytest.raises(UsageError, match="is still being written: a merge into it is running"):
-            api.check(out, state_dir=state)
+            api.check(out, settings=api.Settings(state_dir=state))
     finally:
         lock.release()
 
@@ -151,6 +152,6 @@ def test_a_model_identical_to_the_base_given_alone_has_no_effect(tmp_path: Path)
     base = make_model(tmp_path / "base", SPEC, seed=0)
     same = tmp_path / "same"
     shutil.copytree(base, same)
-    report = api.check(same, base=base, state_dir=tmp_path / "state")
+    report = api.check(same, base=base, settings=api.Settings(state_dir=tmp_path / "state"))
     assert report.verdict == NO_EFFECT and report.exit_code == 5, report.reasons
     assert any("indistinguishable from the base" in r for r in report.reasons), report.reasons

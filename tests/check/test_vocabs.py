@@ -63,13 +63,15 @@ def test_a_merge_whose_vocabulary_extends_its_parents_is_compared_over_the_share
     base = make_model(tmp_path / "base", SPEC, seed=0)
     parent = make_model(tmp_path / "parent", SPEC, seed=1)
     merge = make_model(tmp_path / "merge", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
-    report = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path), state_dir=tmp_path / "state")
+    report = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path),
+                       settings=api.Settings(state_dir=tmp_path / "state"))
     assert report.shared_tokens == 64
     assert report.vocabulary is not None and "64 tokens shared" in report.vocabulary
     assert "the merge's 80" in report.vocabulary and "by id" in report.vocabulary
     _finite(report)
     # The same check asked again answers from its report, the count with it.
-    again = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path), state_dir=tmp_path / "state")
+    again = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path),
+                      settings=api.Settings(state_dir=tmp_path / "state"))
     assert again.shared_tokens == 64 and again.vocabulary == report.vocabulary
 
 
@@ -88,7 +90,8 @@ def test_models_whose_tokenizers_number_tokens_differently_are_matched_by_token_
             if name in tensors:
                 tensors[name] = tensors[name][order].contiguous()
         save_file(tensors, str(shard), metadata={"format": "pt"})
-    report = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path), state_dir=tmp_path / "state")
+    report = api.check(merge, base=base, parents=[parent], prompts=_texts(tmp_path),
+                       settings=api.Settings(state_dir=tmp_path / "state"))
     assert report.shared_tokens == 64
     assert report.vocabulary is not None and "by token string" in report.vocabulary
     _finite(report)
@@ -112,7 +115,7 @@ def test_models_that_share_no_token_are_refused_before_any_layer(tmp_path: Path,
     journaled = [p for p in state.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".json")]
     assert not [p for p in journaled if "tokens" not in p.parts], journaled  # no layer, no static pass, no report
     with pytest.raises(UsageError, match="share no token"):
-        api.check(merge, base=base, parents=[other], prompts=_texts(tmp_path), state_dir=state)
+        api.check(merge, base=base, parents=[other], prompts=_texts(tmp_path), settings=api.Settings(state_dir=state))
 
 
 def test_a_text_holding_a_token_one_model_lacks_is_refused_naming_its_line(tmp_path: Path) -> None:
@@ -123,7 +126,7 @@ def test_a_text_holding_a_token_one_model_lacks_is_refused_naming_its_line(tmp_p
     texts = tmp_path / "texts.txt"
     texts.write_text("the dog sat\nthe cat sat\n")
     with pytest.raises(UsageError, match=r"line 2 of (--)?prompts .* holds the token 'c', which .*base lacks"):
-        api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "state")
+        api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "state"))
     assert not list((tmp_path / "state").rglob("*.safetensors"))
 
 
@@ -137,7 +140,8 @@ def test_run_check_of_a_union_merge_ends_with_its_verdict(tmp_path: Path, capsys
     out, state = tmp_path / "out", tmp_path / "state"
     code = main(["run", str(config), str(out), "--check", "--state-dir", str(state), "--quiet"])
     assert code in (0, 5), capsys.readouterr().err
-    report = api.check(out, state_dir=state)  # the check run --check made, answered from its report
+    report = api.check(out,
+                       settings=api.Settings(state_dir=state))  # the check run --check made, answered from its report
     assert report.shared_tokens == 64 and report.vocabulary is not None and "the merge's 80" in report.vocabulary
 
 
@@ -145,7 +149,7 @@ def test_a_killed_check_of_models_whose_vocabularies_differ_resumes_to_the_same_
     base = make_model(tmp_path / "base", SPEC, seed=0)
     merge = make_model(tmp_path / "merge", ModelSpec(layers=2, hidden=32, intermediate=48, vocab=80), seed=2)
     texts = _texts(tmp_path)
-    whole = api.check(merge, base=base, prompts=texts, state_dir=tmp_path / "whole")
+    whole = api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "whole"))
     state = tmp_path / "killed"
     argv = ["check", merge, "--base", base, "--prompts", texts, "--state-dir", state, "--json"]
     killed = cli(*argv, env={"RESUMERGE_KILL_AT": "after_check_layer:1"}, timeout=300)

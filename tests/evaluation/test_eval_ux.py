@@ -82,11 +82,11 @@ def test_status_of_an_evaluation_says_its_layers_and_requests_and_a_killed_one_i
     first = cli_start(*argv, env={"RESUMERGE_STOP_AT": "after_eval_layer"}, fresh=True)
     try:
         wait_stopped(first, timeout=240)
-        running = api.status(model, state_dir=state)
+        running = api.status(model, settings=api.Settings(state_dir=state))
         assert running.state == "running" and running.resume_command is None
         first.kill()  # SIGKILL, not yet reaped: the pid still "exists", the pass's lock is gone
         _until_zombie(first.pid)
-        found = api.status(model, state_dir=state)
+        found = api.status(model, settings=api.Settings(state_dir=state))
     finally:
         first.kill()
         first.wait()

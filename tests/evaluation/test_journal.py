@@ -48,7 +48,7 @@ def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tm
     first = cli_start(*_argv(model, tasks, state), env={"RESUMERGE_STOP_AT": "after_eval_layer"}, capture=True)
     try:
         wait_stopped(first, timeout=240)
-        running = api.status(model, state_dir=state)
+        running = api.status(model, settings=api.Settings(state_dir=state))
         assert (running.kind, running.state) == ("eval", "running")
         first.send_signal(signal.SIGINT)  # delivered as it continues, where it stopped
         first.send_signal(signal.SIGCONT)
@@ -61,6 +61,6 @@ def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tm
     line = err.strip().splitlines()[-1]
     assert line == (f"error: the evaluation of {model} was interrupted after layer 1 of 3 of its loglikelihood pass "
                     f"(layers 1-1 journaled) — finish it with: {command}"), err
-    found = api.status(model, state_dir=state)
+    found = api.status(model, settings=api.Settings(state_dir=state))
     assert (found.kind, found.state, found.resume_command) == ("eval", "interrupted", command)
     assert found.details is not None and "tiny_mc, tiny_ppl: loglikelihood pass" in found.details.rows[0][1]

@@ -39,7 +39,8 @@ def test_nll_and_kl_tasks_equal_checks_figures_beside_lm_evals_tasks(tmp_path: P
     names = [f"nll:{texts}", f"kl:{parent}:{texts}", "tiny_mc"]
     state = tmp_path / "state"
     report = api.evaluate(model, names, api.Settings(state_dir=state), harness=api.Harness(include_path=tasks, limit=2))
-    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
+    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True,
+                        settings=api.Settings(state_dir=tmp_path / "check"))
     results = report.to_json()
     assert set(results["results"]) == set(names)
     assert results["results"][names[0]]["nll,none"] == pytest.approx(checked.models[0].nll, abs=1e-6)
@@ -95,7 +96,8 @@ def test_a_kl_parent_of_another_vocabulary_is_measured_over_the_shared_tokens_as
     texts = _texts(tmp_path / "texts.txt")
     names = [f"nll:{texts}", f"kl:{parent}:{texts}"]
     report = api.evaluate(model, names, api.Settings(state_dir=tmp_path / "state"))
-    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True, state_dir=tmp_path / "check")
+    checked = api.check(model, parents=[parent], prompts=texts, truncate_texts=True,
+                        settings=api.Settings(state_dir=tmp_path / "check"))
     results = report.to_json()
     assert checked.shared_tokens == 64
     assert results["results"][names[0]]["nll,none"] == pytest.approx(checked.models[0].nll, abs=1e-6)

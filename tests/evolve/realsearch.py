@@ -74,7 +74,7 @@ def scored(store: Path, tasks: Sequence[Task], configs: Mapping[str, Mapping[str
     store.mkdir(parents=True, exist_ok=True)
 
     def population(texts: Sequence[str]) -> Any:
-        return api.open_population(texts, state_dir=store / "state", resources=Resources())
+        return api.open_population(texts, settings=api.Settings(state_dir=store / "state", resources=Resources()))
 
     figures = StreamedCandidates(store, tasks, population, tokenizer, StateDir.resolve(None)).score(
         1, [configs[n] for n in names], lambda _: None, lambda _, __: None)

@@ -105,7 +105,7 @@ def test_best_yml_runs_under_run_and_mergekit_and_its_figure_is_what_check_finds
     theirs = mergekit.run(str(store / "best.yml"), str(tmp_path / "theirs"))
     assert theirs.returncode == 0, theirs.stderr
     report = api.check(ours, parents=[config.parent / "a"], prompts=config.parent / "a.txt",
-                       state_dir=tmp_path / "state")
+                       settings=api.Settings(state_dir=tmp_path / "state"))
     kl = report.models[-1].kl
     assert kl is not None and math.isclose(kl, outcome.best.tasks["kl:a:a.txt"], rel_tol=1e-6)
 

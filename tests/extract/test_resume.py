@@ -50,7 +50,7 @@ def test_kill_then_resume_is_identical(point: str, keep_state: bool, tmp_path: P
     assert done.returncode == 0, done.stderr
     want, got = digests(reference), digests(out)
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
-    report = api.status(out, state_dir=state)
+    report = api.status(out, settings=api.Settings(state_dir=state))
     assert report.to_json()["state"] == "done"
 
 
@@ -75,7 +75,7 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     assert cached >= 3
     # status counts modules, not the adapter's tensors (none of which is committed yet), and names the next one.
     modules = 2 * 7  # two layers of seven linear modules (embeddings, head and norms are saved whole)
-    report = api.status(out, state_dir=state)
+    report = api.status(out, settings=api.Settings(state_dir=state))
     assert isinstance(report, StatusReport)
     said = report.to_json()  # the extraction kind's details, as status --json prints them
     assert (report.kind, report.state, report.tensors_done, said["modules_total"], said["modules_done"]) == \
@@ -101,7 +101,7 @@ def test_resume_decomposes_only_unfinished_modules(tmp_path: Path, pair: Callabl
     want, got = digests(reference), digests(out)
     assert {n: got[n] for n in ADAPTER} == {n: want[n] for n in ADAPTER}
     assert not cache.exists()
-    report = api.status(out, state_dir=state)
+    report = api.status(out, settings=api.Settings(state_dir=state))
     assert isinstance(report, StatusReport)
     said = report.to_json()
     assert (report.state, said["modules_total"], said["modules_done"], said["module_current"]) == \

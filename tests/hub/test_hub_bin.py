@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from support import digests, write_config
@@ -17,6 +18,7 @@ from hub.conftest import SPEC
 from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
+from resumerge.inputs import torch_bin
 
 
 def _bin_repo(model: Path) -> dict[str, bytes]:
@@ -55,3 +57,16 @@ def test_a_bin_only_repo_merges_like_its_safetensors(tmp_path: Path, hub: FakeHu
     assert weights(outs["hub"]) == weights(outs["local"])
     fetched = {r.path.rsplit("/", 1)[-1] for r in iter_requests(hub) if r.path.endswith(".bin")}
     assert fetched == {"pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"}
+
+
+def test_a_bin_only_repo_under_an_unsafe_unpickler_is_refused_before_its_download(
+        tmp_path: Path, hub: FakeHub, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CVE-2026-24747: a torch before 2.10 has an unpickler a crafted pickle runs code through; no ``.bin`` is
+    fetched to be refused after."""
+    hub.push("org/binonly", _bin_repo(make_model(tmp_path / "src", SPEC, seed=3)))
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "linear", "models": [
+        {"model": "org/binonly", "parameters": {"weight": 0.4}},
+        {"model": str(make_model(tmp_path / "other", SPEC, seed=4)), "parameters": {"weight": 0.6}}]})
+    monkeypatch.setattr(torch_bin, "torch_release", lambda: (2, 9))
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--state-dir", str(state), "--quiet"]) == 2
+    assert not [r for r in iter_requests(hub) if r.path.endswith(".bin")]

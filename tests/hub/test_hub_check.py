@@ -77,12 +77,14 @@ def test_hub_models_are_checked_by_range_like_local_folders(tmp_path: Path, hub:
             (local_alpha / name).parent.mkdir(parents=True, exist_ok=True)
             (local_alpha / name).write_bytes(data)
     hub.reset_counters()
-    report = api.check("hf://org/merged", base=f"hf://{REPO}", parents=["hf://org/beta"], state_dir=state)
+    report = api.check("hf://org/merged", base=f"hf://{REPO}", parents=["hf://org/beta"],
+                       settings=api.Settings(state_dir=state))
     assert [m.path for m in report.models] == ["hf://org/merged", f"hf://{REPO}", "hf://org/beta"]
     assert not _hub_weights_in_cache(hf_env)  # weights never downloaded: only configs, tokenizer, index
     ranged = [r for r in iter_requests(hub, "GET") if r.range and r.path.endswith(".safetensors")]
     assert ranged and all(not r.path.endswith(("pytorch_model.bin", "model.gguf")) for r in ranged)
-    local = api.check(merged, base=local_alpha, parents=[beta], state_dir=tmp_path / "local-state")
+    local = api.check(merged, base=local_alpha, parents=[beta],
+                      settings=api.Settings(state_dir=tmp_path / "local-state"))
     assert _figures(report)[1:] == _figures(local)[1:] and report.models[0].nll == local.models[0].nll
     assert report.verdict == local.verdict and report.static == local.static
     # Read by range and cheaply: every byte of each weight file served once (header reads included), though the
@@ -108,11 +110,12 @@ def test_an_output_whose_hub_input_was_streamed_is_checked_against_it_by_range(
     out = tmp_path / "out"
     api.run(config, out, settings=api.Settings(state_dir=state, resources=api.Resources(stream_inputs=True)))
     assert not _hub_weights_in_cache(hf_env)  # the merge streamed its hub input
-    report = api.check(out, state_dir=state)  # its parents from its record: the hub input read by range again
+    # its parents from its record: the hub input read by range again
+    report = api.check(out, settings=api.Settings(state_dir=state))
     assert [m.role for m in report.models] == ["merge", "parent", "parent"]
     assert report.models[1].path.startswith(f"hf://{REPO}@") and report.models[2].path == str(other)
     assert report.verdict == "works" and all(m.nll is not None for m in report.models)
-    assert api.verify(out, state_dir=state).ok  # the card's section recorded
+    assert api.verify(out, settings=api.Settings(state_dir=state)).ok  # the card's section recorded
 
 
 def test_a_resumerge_output_on_the_hub_names_its_parents_and_keeps_its_card(tmp_path: Path, hub: FakeHub,
@@ -124,7 +127,8 @@ def test_a_resumerge_output_on_the_hub_names_its_parents_and_keeps_its_card(tmp_
     out = tmp_path / "out"
     api.run(config, out, settings=api.Settings(state_dir=tmp_path / "merge-state"))
     hub.push("org/merged-out", files_of(out))  # as published: the manifest (its record) beside the weights
-    report = api.check("hf://org/merged-out", state_dir=state)  # base and parents from the repo's manifest
+    report = api.check("hf://org/merged-out",
+                       settings=api.Settings(state_dir=state))  # base and parents from the repo's manifest
     assert [(m.role, m.path) for m in report.models] == [("merge", "hf://org/merged-out"),
                                                          *(("parent", str(p)) for p in parents)]
     assert report.verdict == "works"
@@ -161,7 +165,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
     hub.push("org/merged", files)
-    honest = api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=tmp_path / "honest")
+    honest = api.check("hf://org/merged", base=f"hf://{REPO}", settings=api.Settings(state_dir=tmp_path / "honest"))
 
     class Killed(Exception):
         pass
@@ -173,7 +177,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     with monkeypatch.context() as m:
         m.setattr(layerpass, "reach", kill)
         with pytest.raises(Killed):
-            api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=state)
+            api.check("hf://org/merged", base=f"hf://{REPO}", settings=api.Settings(state_dir=state))
     # The hub now serves other bytes for the embeddings and the head, which the killed check read (the static pass
     # first): the resumed check (its forward pass and the heads) reads them from what it kept, compared with its
     # journal, never the hub's.
@@ -187,7 +191,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
             data = _flipped(data, start, end)
         hub.ranges_from[f"org/merged/{shard}"] = data
     hub.reset_counters()
-    resumed = api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=state)
+    resumed = api.check("hf://org/merged", base=f"hf://{REPO}", settings=api.Settings(state_dir=state))
     assert _figures(resumed) == _figures(honest) and resumed.static == honest.static
     fetched = [(r.path.rsplit("/", 1)[1], *map(int, str(r.range)[6:].split("-"))) for r in iter_requests(hub, "GET")
                if r.range and r.path.startswith("/org/merged/")]
@@ -198,7 +202,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
     with monkeypatch.context() as m:
         m.setattr(layerpass, "reach", kill)
         with pytest.raises(Killed):
-            api.check("hf://org/merged", base=f"hf://{REPO}", state_dir=other)
+            api.check("hf://org/merged", base=f"hf://{REPO}", settings=api.Settings(state_dir=other))
     pieces = [p for p in (other / "checks").rglob(f"{FETCHED_NAME}/*/*") if p.is_file()]
     assert pieces
     for piece in pieces:

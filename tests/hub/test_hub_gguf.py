@@ -261,11 +261,11 @@ def test_check_reads_a_hub_gguf_by_range_as_it_reads_the_local_file(tmp_path: Pa
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the quick brown fox\n")
-    local = api.check(str(files["gguf"]), prompts=prompts, state_dir=tmp_path / "s-local")
+    local = api.check(str(files["gguf"]), prompts=prompts, settings=api.Settings(state_dir=tmp_path / "s-local"))
     # The static pass reads the head first, at the file's end: more than a digest holds in memory (as a real
     # model's head is), kept on disk until its turn rather than leaving the file unchecked.
     monkeypatch.setattr(integrity, "MAX_HELD", 4096)
-    hub = api.check(f"hf://{REPO}/{FILE}@main", prompts=prompts, state_dir=tmp_path / "s-hub")
+    hub = api.check(f"hf://{REPO}/{FILE}@main", prompts=prompts, settings=api.Settings(state_dir=tmp_path / "s-hub"))
     # A tiny random model alone is judged against the uniform guess only (its NLL is above it: broken); what is
     # tested here is that the hub check reads what the local one reads.
     assert hub.verdict == local.verdict and hub.reasons == local.reasons

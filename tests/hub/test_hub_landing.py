@@ -79,7 +79,7 @@ def test_the_merge_reads_a_download_as_it_lands_and_publishes_nothing_unchecked(
     local = write_config(tmp_path / "local.yml", linear_config(pair[A], pair[B]))
     api.run(local, reference, settings=api.Settings(state_dir=tmp_path / "ref-state",
                                                     output=api.Output(out_shard_size=SHARD)))
-    first = api.plan_merge(local, output=api.Output(out_shard_size=SHARD)).shards[0]
+    first = api.plan_merge(local, settings=api.Settings(output=api.Output(out_shard_size=SHARD))).shards[0]
     size = (pair[A] / WEIGHTS).stat().st_size
     release = threading.Event()
     hub.hold_after[f"{A}/{WEIGHTS}"] = (size * 4 // 5, release)

@@ -125,15 +125,15 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, started):
         with one_thread():  # the pass's count, which its actors compute with: the local reference's
-            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
-                               executor=RayExecutor(cluster.address))
+            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                               settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
         reads = _reads(hub)
         on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
         # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
         with pytest.MonkeyPatch.context() as patch, pytest.raises(ModelInputError) as failed:
             gone = _gone_after_layer_0(hub, "org/beta", patch)
-            api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "gone",
-                      executor=RayExecutor(cluster.address))
+            api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                      settings=api.Settings(state_dir=tmp_path / "gone", executor=RayExecutor(cluster.address)))
         hub.repos["org/beta"] = gone.pop()  # the hub as it was
         assert "org/beta@" in failed.value.one_line() and "HTTP 404" in failed.value.one_line()
         assert SECRET not in str(failed.value) + failed.value.one_line() + repr(failed.value)
@@ -141,7 +141,8 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
         logged = [p for folder in logs for p in folder.rglob("*") if p.is_file()]
         assert logged and not [p for p in logged if SECRET.encode() in p.read_bytes()]
     with one_thread():
-        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "local")
+        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                          settings=api.Settings(state_dir=tmp_path / "local"))
     # The local check's report, exactly (each keeps its chart where its journal is: the same bytes).
     doc, expected = (json.loads(json.dumps(r.to_json())) for r in (report, local))
     assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
@@ -256,13 +257,14 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
     hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, _):
         with one_thread():  # the pass's count, which its actors compute with: the local reference's
-            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=state,
-                               executor=RayExecutor(cluster.address))
+            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                               settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
         on_ray = _reads(hub)
     assert not kept
     hub.reset_counters()
     with one_thread():
-        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts, state_dir=tmp_path / "local")
+        local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                          settings=api.Settings(state_dir=tmp_path / "local"))
     here = _reads(hub)
     assert kept
     # The local check's figures, exactly, over the 64 shared tokens.

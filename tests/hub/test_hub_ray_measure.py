@@ -79,22 +79,22 @@ def test_a_measure_of_hub_models_on_ray_proves_and_refuses_each_file_as_the_loca
     refused: list[str] = []
     with ray_cluster(ray_head, workers=2, spare=True) as (cluster, _):
         with one_thread():  # the pass's count, which its actors compute with: the local reference's
-            api.measure(config, tmp_path / "ray", texts=texts, state_dir=state,
-                        executor=RayExecutor(cluster.address))
+            api.measure(config, tmp_path / "ray", texts=texts,
+                        settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
         on_ray, said[:], kept_on_ray = sorted(said), [], list(kept)
         # One bit of one value past a header: each range read is as the hub serves it, the file is not the hub's.
         hub.ranges_from[f"org/beta/{shard}"] = _flipped(beta[shard], length, length + 4)
         with pytest.raises(StreamedInputChanged) as failed:
-            api.measure(config, tmp_path / "bad-ray", texts=texts, state_dir=tmp_path / "s-bad-ray",
-                        executor=RayExecutor(cluster.address))
+            api.measure(config, tmp_path / "bad-ray", texts=texts,
+                        settings=api.Settings(state_dir=tmp_path / "s-bad-ray", executor=RayExecutor(cluster.address)))
         refused.append(failed.value.one_line())
     with one_thread():
         with pytest.raises(StreamedInputChanged) as failed:
-            api.measure(config, tmp_path / "bad", texts=texts, state_dir=tmp_path / "s-bad")
+            api.measure(config, tmp_path / "bad", texts=texts, settings=api.Settings(state_dir=tmp_path / "s-bad"))
         refused.append(failed.value.one_line())
         del hub.ranges_from[f"org/beta/{shard}"]
         said[:] = []
-        api.measure(config, tmp_path / "local", texts=texts, state_dir=tmp_path / "s-local")
+        api.measure(config, tmp_path / "local", texts=texts, settings=api.Settings(state_dir=tmp_path / "s-local"))
     # Each hub file proved (or not) on Ray as locally: those the pass reads whole, against the hub's checksum.
     proved = [f"verify org/{repo}/model-0000{i}-of-00005.safetensors: every byte read, checksum matches the hub's"
               for repo in ("alpha", "beta") for i in (1, 2, 3)]

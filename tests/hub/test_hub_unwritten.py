@@ -24,7 +24,7 @@ def test_hub_inputs_are_downloaded_once_and_the_merge_is_the_written_one(tmp_pat
     config = write_config(tmp_path / "c.yml", {
         "merge_method": "task_arithmetic", "base_model": REPO,
         "models": [{"model": REPO}, {"model": str(local), "parameters": {"weight": 0.7}}]})
-    with api.open_unwritten(config, state_dir=state) as merge:
+    with api.open_unwritten(config, settings=api.Settings(state_dir=state)) as merge:
         got = _unwritten_tensors(merge)
     served = sum(hub.file_bytes().values())
     assert served > 0
@@ -42,7 +42,7 @@ def test_an_unknown_hub_repo_is_refused_before_anything_is_downloaded(tmp_path: 
         {"model": REPO, "parameters": {"weight": 0.5}}, {"model": "org/does-not-exist",
                                                          "parameters": {"weight": 0.5}}]})
     with pytest.raises(InputError, match=r"models\[1\]\.model") as refused:
-        api.open_unwritten(config, state_dir=state)
+        api.open_unwritten(config, settings=api.Settings(state_dir=state))
     assert refused.value.exit_code == 2
     served = hub.file_bytes()  # the headers planned from, no weight
     assert all(served.get(shard, 0) <= models[0].header_bytes(shard) for shard in models[0].shards)

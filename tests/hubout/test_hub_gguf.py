@@ -33,7 +33,7 @@ def test_a_gguf_output_to_the_hub_equals_a_local_run(hub: HubWriter, tmp_path: P
     assert sum(n.endswith(".gguf") for n in reference) == (1 if split is None else 15)
     api.run(config, "hf://alice/gguf", settings=api.Settings(state_dir=tmp_path / "s1", output=output))
     assert repo_files(hub, "alice/gguf") == reference
-    status = api.status("hf://alice/gguf", state_dir=tmp_path / "s1")
+    status = api.status("hf://alice/gguf", settings=api.Settings(state_dir=tmp_path / "s1"))
     assert status.units_total == 0 and any("committed whole" in note for note in status.plan_notes)
 
 

@@ -15,7 +15,7 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
-from resumerge.errors import EXIT_REFUSED
+from resumerge.errors import EXIT_INVALID, EXIT_REFUSED
 from tests.support import cli
 
 
@@ -54,7 +54,7 @@ def test_status_answers_from_the_repo_alone(hub: HubWriter, merge: Merge, tmp_pa
                                                                         output=api.Output(out_shard_size=SHARD)))
     assert repo_files(hub, "team/merged", "dev") == merge.reference
     assert set(hub.head_files("team/merged")) == {".gitattributes"}  # main untouched
-    report = api.status("hf://team/merged@dev", state_dir=tmp_path / "elsewhere")
+    report = api.status("hf://team/merged@dev", settings=api.Settings(state_dir=tmp_path / "elsewhere"))
     assert report.source == "manifest" and report.state == "done" and report.shards_done == report.shards_total
 
 
@@ -122,11 +122,15 @@ def test_plan_into_an_hf_output_does_not_say_no_out_was_given(merge: Merge,
 
 def test_nothing_recorded_is_one_answer_local_or_hub(hub: HubWriter, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """A wrong OUT got exit 4 from a local resume and status but exit 2 from an hf:// resume: now 4 everywhere."""
+    """A wrong OUT got exit 4 from a local resume and status but exit 2 from an hf:// resume: now one answer from
+    the three commands, exit 4 for a repo with no record, and exit 2 for a local path that names nothing at all (a
+    mistyped path, issue 97)."""
     state, never = tmp_path / "state", tmp_path / "never"
     for command in ("resume", "status", "verify"):
-        for out in (str(never), "hf://alice/never"):
-            code = main([command, out, "--state-dir", str(state)])
-            err = capsys.readouterr().err
-            assert code == EXIT_REFUSED, (command, out, err)
-            assert "no merge recorded" in err or "nothing to resume" in err, err
+        code = main([command, "hf://alice/never", "--state-dir", str(state)])
+        err = capsys.readouterr().err
+        assert code == EXIT_REFUSED, (command, err)
+        assert "no merge recorded" in err or "nothing to resume" in err, err
+        code = main([command, str(never), "--state-dir", str(state)])
+        err = capsys.readouterr().err
+        assert (code, err) == (EXIT_INVALID, f"error: {never}: no such folder — check the output path\n"), command

@@ -72,7 +72,7 @@ def test_a_sparse_deepseek_pair_merges_hub_to_hub_by_range_paced_and_resumes_fro
         assert disk_usage(directory) < sum(len(v) for v in served.values()) / 10  # holes, not bytes
     shards = sorted(k for k in pair.reference if k.endswith(".safetensors"))
     assert len(shards) > 8 and shards[0] == f"model-00001-of-{len(shards):06d}.safetensors"  # the parents' names
-    plan = api.plan_merge(pair.config, output=api.Output(out_shard_size=SHARD))
+    plan = api.plan_merge(pair.config, settings=api.Settings(output=api.Output(out_shard_size=SHARD)))
     ranges = {(r.model, r.file, r.start, r.end) for t in plan.tensors.values() for ref in t.inputs
               for r in (ref, *(c for _, c in ref.companions))}
     needed = sum(end - start for _, _, start, end in ranges)

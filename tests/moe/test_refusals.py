@@ -130,7 +130,7 @@ def test_the_same_experts_flag_is_an_api_keyword(models: list[Path], tmp_path: P
     same = {"base_model": m0, "gate_mode": "uniform_random", "experts": [_expert(m1, "a"), _expert(m1, "b")]}
     assert _refused(tmp_path, same).message.startswith("All of your expert models are the same.")
     config = write(tmp_path / "same.yml", same)
-    assert api.plan_merge(config, merging=api.Merging(allow_same_experts=True)).method == "moe"
+    assert api.plan_merge(config, settings=api.Settings(merging=api.Merging(allow_same_experts=True))).method == "moe"
     state = str(tmp_path / "state")
     assert main(["run", str(config), str(tmp_path / "out"), "--i-understand-this-is-not-useful-without-training",
                  "--random-seed", "3", "--state-dir", state, "--quiet"]) == 0

@@ -41,7 +41,7 @@ def test_warnings_reach_status_and_the_model_card(tmp_path: Path) -> None:
     out, config = tmp_path / "out", _config(tmp_path, "hidden")
     with passes_on_a_thread():
         outcome = api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state"))
-        notes = api.status(out, state_dir=tmp_path / "state").plan_notes
+        notes = api.status(out, settings=api.Settings(state_dir=tmp_path / "state")).plan_notes
         assert POWER in notes and any(n.startswith(DEGENERATE) for n in notes)
         assert outcome.plan.notes == notes
         card = (out / "README.md").read_text()
@@ -64,7 +64,7 @@ def test_cheap_embed_routers_too_alike_are_warned_when_the_plan_is_made(tmp_path
             "base_model": str(m[0]), "gate_mode": "cheap_embed",
             "experts": [{"source_model": str(m[i]), "positive_prompts": p} for i, p in zip((1, 2, 0), prompts)]})
         outcome = api.run(config, tmp_path / name, settings=api.Settings(state_dir=tmp_path / "state"))
-        notes = api.status(tmp_path / name, state_dir=tmp_path / "state").plan_notes
+        notes = api.status(tmp_path / name, settings=api.Settings(state_dir=tmp_path / "state")).plan_notes
         assert outcome.plan.notes == notes and POWER in notes
         assert any(n.startswith(DEGENERATE) for n in notes) is warned, notes
         assert (DEGENERATE in (tmp_path / name / "README.md").read_text()) is warned
@@ -90,19 +90,20 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
         "base_model": str(m[0]), "gate_mode": "hidden",
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-    plan = api.plan_merge(config, merging=api.Merging(random_seed=5))
+    plan = api.plan_merge(config, settings=api.Settings(merging=api.Merging(random_seed=5)))
     assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
     # the routers are named by their pass's content key, in a last shard of their own (merged beside the pass)
     key = dict(plan.tensors["model.layers.1.mlp.gate.weight"].params)["routers"]
     assert plan.shards[-1].tensors == ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight")
     # Stable across runs.
-    assert api.plan_merge(config, merging=api.Merging(random_seed=5)).fingerprint == plan.fingerprint
+    assert api.plan_merge(config,
+                          settings=api.Settings(merging=api.Merging(random_seed=5))).fingerprint == plan.fingerprint
     for changed in ({"positive_prompts": ["ab", "x"]}, {"negative_prompts": ["cd"]}):
         other = write(tmp_path / "other.yml", {
             "base_model": str(m[0]), "gate_mode": "hidden",
             "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"], **changed},
                         {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-        replanned = api.plan_merge(other, merging=api.Merging(random_seed=5))
+        replanned = api.plan_merge(other, settings=api.Settings(merging=api.Merging(random_seed=5)))
         assert dict(replanned.tensors["model.layers.1.mlp.gate.weight"].params)["routers"] != key
         assert replanned.fingerprint != plan.fingerprint
     # plan's estimate counts the pass (its process started once to see what it holds), without running it

@@ -129,7 +129,8 @@ def test_tokens_of_the_same_bytes_get_models_row(pair: tuple[Path, Path], tmp_pa
     approximated = [i for i in range(len(theirs_vocab)) if i not in same]
     assert not out[approximated].any()
     assert "mergekit-tokensurgeon 0.1.5 (by token string) would approximate" in card
-    notes = api.status(tmp_path / "out", state_dir=tmp_path / "out-state").to_json()["plan_notes"]
+    notes = api.status(tmp_path / "out",
+                       settings=api.Settings(state_dir=tmp_path / "out-state")).to_json()["plan_notes"]
     assert any("0.1.5 (by token string) would approximate" in note for note in notes), notes
 
 

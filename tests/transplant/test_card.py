@@ -59,7 +59,7 @@ def test_a_check_against_model_is_quoted_in_the_transplants_card(tmp_path: Path)
     shared = sorted(t for t in mine if t in theirs and not t.startswith("<"))
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(" ".join(shared[(7 * i + j) % len(shared)] for j in range(12)) for i in range(6)))
-    report = api.check(out, base=model, prompts=texts, state_dir=state)
+    report = api.check(out, base=model, prompts=texts, settings=api.Settings(state_dir=state))
     base = report.models[1]
     assert base.kl is not None and abs(base.kl) < 1e-6 and base.top1 == 1.0
     card = (out / "README.md").read_text()

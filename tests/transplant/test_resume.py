@@ -36,7 +36,7 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
     killed = cli("tokensurgeon", model, donor, out, *ARGS, "--state-dir", state, "-q",
                  env={"RESUMERGE_KILL_AT": f"after_surgery_batch:{nth}"})
     assert killed.returncode == -9, killed.stderr
-    report = api.status(out, state_dir=state)
+    report = api.status(out, settings=api.Settings(state_dir=state))
     assert report.state == "interrupted"
     said = report.to_json()
     # the two matrices are computed side by side, each on two threads (the run's): the other three may each have
@@ -50,7 +50,7 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
                   env={"RESUMERGE_KILL_AT": f"after_surgery_batch:{22 - kept + 1}"})
     assert resumed.returncode == 0, resumed.stderr
     assert _output(out) == _output(tmp_path / "ref")
-    assert api.status(out, state_dir=state).state == "done"
+    assert api.status(out, settings=api.Settings(state_dir=state)).state == "done"
     assert not list(state.rglob("*.rows")), "the kept batches outlive the run"
     assert cli("verify", out, "--state-dir", state).returncode == 0
 

@@ -26,6 +26,7 @@ from resumerge.inputs.hub.fetch import ensure_files
 from resumerge.inputs.hub.headercheck import check_header, known_prefix
 from resumerge.inputs.hub.headers import read_shard_headers
 from resumerge.inputs.hub.local import is_local as is_local
+from resumerge.inputs.hub.local import local_parent, near_folder
 from resumerge.inputs.hub.records import VerifyRecords
 from resumerge.inputs.hub.remote import HubUnavailableError, is_network_error, list_files, resolve_revision
 from resumerge.inputs.hub.selection import select_weights, small_files
@@ -150,14 +151,18 @@ def fetch_weights(
 def _check_repo_id(ref: ModelRef) -> str:
     if is_local(ref):
         raise ValueError(f"{ref.path!r} exists on disk: open it as a local model, not through the hub")
+    relative = "" if os.path.isabs(os.path.expanduser(ref.path)) else f" (relative to {os.getcwd()})"
+    near = near_folder(ref.path)
     try:
         validate_repo_id(ref.path)
     except ValueError:
         # Not a hub id either, so it was meant as a path: huggingface_hub's wording ("Repo id must be in the
         # form …") would only mislead.
-        relative = "" if os.path.isabs(os.path.expanduser(ref.path)) else f" (relative to {os.getcwd()})"
         raise ModelInputError(f"no such directory: {ref.path!r}{relative}",
-                              hint="check the path; a hub model is named like org/name") from None
+                              hint=f"did you mean {near!r}?" if near else
+                              "check the path; a hub model is named like org/name") from None
+    if near is not None:  # a typo of a local folder's name, not a hub repo: said before the hub is asked
+        raise ModelInputError(f"no local folder {ref.path!r} exists{relative}", hint=f"did you mean {near!r}?")
     return ref.path
 
 
@@ -183,7 +188,7 @@ def pin_commit(
         return settings, commit
     cached = repo.read_ref(revision)
     if cached is None:
-        raise _not_cached(settings, name)
+        raise _not_cached(settings, repo, name)
     emit(HubEvent("resolve", repo.repo_id, f"{name} is commit {cached[:12]} (from the cache)", commit=cached))
     return settings, cached
 
@@ -202,15 +207,18 @@ def commit_files(
         return settings, files, True
     files = repo.scan_snapshot(commit)
     if not files:
-        raise _not_cached(settings, f"{repo.repo_id}@{commit}")
+        raise _not_cached(settings, repo, f"{repo.repo_id}@{commit}")
     return settings, files, False
 
 
-def _not_cached(settings: HubSettings, name: str) -> ResumergeError:
+def _not_cached(settings: HubSettings, repo: RepoCache, name: str) -> ResumergeError:
+    """The error for ``name`` (of ``repo``) that neither the hub nor its cache answers: first, where the id's
+    parent is a local folder, that no local folder of that name exists (it was likely meant as a path)."""
+    local = f"no local folder {repo.repo_id!r} exists, " if local_parent(repo.repo_id) else ""
     if settings.unreachable:
-        return HubUnavailableError(f"cannot reach {settings.endpoint}, and {name} is not in the hub cache")
+        return HubUnavailableError(f"{local}cannot reach {settings.endpoint}, and {name} is not in the hub cache")
     return ModelInputError(
-        f"{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
+        f"{local}{name} is not in the hub cache {settings.cache_dir}, and offline mode is on",
         hint="run once without HF_HUB_OFFLINE=1 so the model can be fetched",
     )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from resumerge.errors import HostileFileError, ModelInputError
 from resumerge.inputs.hub.cache import HubSettings, RemoteFile, RepoCache, check_repo_path
 from resumerge.inputs.hub.fetch import offline_error
-from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME
+from resumerge.inputs.torch_bin import BIN_INDEX_NAME, BIN_SINGLE_NAME, refuse_unsafe_unpickler
 
 # Top-level files a merge reads besides the weights: configs, index, tokenizer, chat template, tagalong JSON.
 SMALL_FILE_PATTERNS = (
@@ -92,6 +92,7 @@ def select_weights(
         return tuple(sorted(names))
     pickled = _bin_weights(where, repo, files, local)
     if pickled:
+        refuse_unsafe_unpickler(pickled[0], where)  # before a byte of it is downloaded
         return pickled
     if any(p.endswith(_PICKLE_SUFFIXES) for p in files):
         raise ModelInputError(

@@ -166,6 +166,8 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
     else:
         if killed is not None:  # the run died planning: say so, and that running it again continues
             raise killed
+        if not os.path.lexists(out):  # a path that names nothing: mistyped (exit 2), as status and verify say
+            raise NothingRecordedError.of(out)
         raise NothingRecordedError(
             f"nothing to resume in {out}: no ledger in the state dir and no {MANIFEST_NAME}",
             path=str(out),

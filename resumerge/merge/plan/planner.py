@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 
-from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key
+from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key, near_key
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorEncoder
@@ -145,10 +145,11 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     """
     method = get_method(config.merge_method)
     if method is None:
+        near = near_key(config.merge_method, method_names())
         raise ConfigError(
             f"Unimplemented merge method {config.merge_method!r}",
             yaml_path="merge_method",
-            hint=f"known methods: {', '.join(method_names())}",
+            hint=f"did you mean {near!r}?" if near else f"known methods: {', '.join(method_names())}",
         )
     check_parameter_names(config, method)
     models = _recognised(models, codecs)

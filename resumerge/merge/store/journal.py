@@ -5,7 +5,8 @@ It owns what the two must do alike: the connection and its pragmas (WAL with ``s
 row survives power loss), the migrations, the checks on open (SQLite's ``quick_check`` and every table and column
 the migrations create), the mapping of SQLite failures to :class:`StorageError` (the state dir's disk failed: exit
 3, fix it and resume) or :class:`LedgerError` (the file is bad: exit 4), one locked transaction per change, and
-moving a damaged file aside. May import the standard library, sqlite-utils, ``resumerge.errors`` and
+moving a damaged file aside, and one writing connection per journal file in a process (:func:`_hold_writer`).
+May import the standard library, sqlite-utils, ``resumerge.errors`` and
 ``resumerge.merge.store.durable``; the read-only side is :mod:`resumerge.merge.store.ledger_read` (standard library
 only). The SQLite companion files a journal may have beside it (:data:`COMPANIONS`) are named here only.
 """
@@ -17,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +97,35 @@ def _expected_columns(migrations: Migrations) -> dict[str, frozenset[str]]:
 
 _J = TypeVar("_J", bound="Journal")
 
+# The journal open for writing at each real path in this process. SQLite before 3.51.3 can corrupt a WAL that two
+# connections write or checkpoint at once (its WAL-reset bug), so a journal has one writing connection, and a second
+# one in the same process is a bug of ours, refused loudly. Other processes are kept out by OUT's run lock.
+_WRITERS: dict[str, weakref.ref[Journal]] = {}
+_WRITERS_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_WRITERS.clear)  # a forked child holds none of its parent's connections
+
+
+def _hold_writer(journal: Journal) -> str:
+    """Register ``journal`` as its file's one writer in this process (the key, to release it by); raises
+    :class:`ResumergeError` (an internal error: a bug) where another open journal of this process writes it."""
+    key = os.path.realpath(journal.path)
+    with _WRITERS_LOCK:
+        held = _WRITERS.get(key)
+        other = held() if held is not None else None
+        if other is not None and other is not journal:
+            raise ResumergeError(f"a second writer of the {journal.what} {journal.path} in one process: SQLite "
+                                 "before 3.51.3 can corrupt a WAL two connections write at once",
+                                 hint="this is a bug in resumerge: please report it")
+        _WRITERS[key] = weakref.ref(journal)
+    return key
+
+
+def _release_writer(key: str, journal: Journal) -> None:
+    with _WRITERS_LOCK:
+        held = _WRITERS.get(key)
+        if held is not None and held() in (journal, None):
+            del _WRITERS[key]
+
 
 class Journal:
     """Write access to one SQLite journal. Thread-safe: one lock guards the connection.
@@ -117,6 +148,7 @@ class Journal:
         :class:`StorageError` when the state dir cannot be written (full, read-only, I/O error).
         """
         self.path = path
+        self._writer = _hold_writer(self)
         conn = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,12 +165,14 @@ class Journal:
         except OSError as exc:
             if conn is not None:
                 conn.close()
+            _release_writer(self._writer, self)
             raise StorageError(f"cannot create {path}: {exc.strerror or exc}", path=str(path),
                                hint="use a writable local state dir (--state-dir DIR or RESUMERGE_STATE_DIR)"
                                ) from None
         except (sqlite3.DatabaseError, LedgerError) as exc:
             if conn is not None:
                 conn.close()
+            _release_writer(self._writer, self)
             failure = exc if isinstance(exc, LedgerError) else sqlite_failure(exc, path, self.what, self.rebuilt_from)
             raise failure from None
         self._lock = threading.RLock()
@@ -199,6 +233,7 @@ class Journal:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection: the journal's file may have another writer now."""
         with self._lock:
             self.db.conn.close()
+            _release_writer(self._writer, self)

@@ -20,6 +20,7 @@ transaction; WAL with ``synchronous=FULL`` so a committed row survives power los
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -142,6 +143,12 @@ def m007_units(db: Database) -> None:
     )
 
 
+@migrations()
+def m008_sqlite_version(db: Database) -> None:
+    """The SQLite library version that recorded the run (``sqlite3.sqlite_version``; issue 97): SQLite before
+    3.51.3 can corrupt a WAL two connections write at once, so a damaged ledger says which SQLite wrote it."""
+    db.table("run").add_column("sqlite_version", str)
+
 
 class Ledger(Journal):
     """Write access to one output directory's ledger. Thread-safe: one lock guards the connection.
@@ -198,6 +205,7 @@ class Ledger(Journal):
                     "model_dirs": json.dumps(dict(plan.model_dirs), sort_keys=True),
                     "state": "planned",
                     "version": plan.version,
+                    "sqlite_version": sqlite3.sqlite_version,
                     "created_at": now,
                     "updated_at": now,
                     "peak_rss": 0,
