@@ -91,12 +91,13 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
                         from_base.append(kl_at(_kept(scratch, base, b, row), theirs))
                     del theirs
             nll[m] = total / tokens
-            values = torch.cat(per_position).double()
+            # KL is never negative: a position's own rounding (-2.4e-09 where the two models are one) is 0
+            values = torch.cat(per_position).double().clamp(min=0.0)
             kl[m] = float(values.mean())
             p95[m] = float(torch.quantile(values, 0.95))
             top1[m] = float(agree / tokens)
             if from_base:
-                base_kl[m] = float(torch.cat(from_base).double().mean())
+                base_kl[m] = float(torch.cat(from_base).double().clamp(min=0.0).mean())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return HeadTotals(nll=nll, kl=kl, kl_p95=p95, top1=top1, base_kl=base_kl, tokens=tokens)
