@@ -4,7 +4,8 @@ vocabularies, and freeze a :class:`Plan` of the output.
 The plan is the same kind a merge has, so the session path runs it unchanged: MODEL's tensors copied as a
 passthrough merge copies them (``passthrough``), the token embedding and an untied head computed by this package's
 unit (:data:`~resumerge.runs.transplant.units.SURGERY_ROWS`) from MODEL's matrix and DONOR's, config.json MODEL's with
-DONOR's vocabulary size and special token ids, and DONOR's tokenizer files copied byte for byte.
+DONOR's vocabulary size and special token ids, and DONOR's tokenizer files copied byte for byte, but for what they
+add around a text where MODEL's tokenizer adds otherwise (its BOS: :mod:`.adds`).
 
 Which of DONOR's tensors is MODEL's embedding's counterpart: the tensor of the same name (as mergekit reads it by
 MODEL's architecture); a DONOR that has none (another architecture's names) is refused unless ``--allow-crimes``,

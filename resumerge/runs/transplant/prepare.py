@@ -20,6 +20,7 @@ from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.store import killpoints
 from resumerge.runs.transplant.adds import OutputAdds, output_adds
 from resumerge.runs.transplant.batches import BATCHES_DIR, BatchStore
 from resumerge.runs.transplant.magikarp import well_trained
@@ -61,6 +62,7 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
     matches, adds = _matched(opened, spec, matrices, options)
+    killpoints.reach("after_surgery_match")  # planning: nothing recorded yet (tests kill there)
     plan = build_plan(spec, opened, matrices, matches, options, adds)
     store = batch_store(out, state) if out is not None else None
     # A batch's pursuit is small kernels on one thread; the run's threads compute batches side by side.
