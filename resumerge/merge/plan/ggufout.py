@@ -129,9 +129,9 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
         name = SPLIT_NAME.format(i + 1, len(groups))
         mine = entries[at:at + len(group)]
         at += len(group)
-        keys = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
-                ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
-        layout = plan_layout([*(metadata if i == 0 else []), *keys], [info for e in mine for info in e.infos])
+        split = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
+                 ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
+        layout = plan_layout([*(metadata if i == 0 else []), *split], [info for e in mine for info in e.infos])
         members = tuple(n for e in mine for n, _ in e.tensors)
         shards.append(ShardPlan(name, members, layout.file_size, unit_counts(members, placed, unit_size)))
         headers[name] = layout.header

@@ -221,9 +221,9 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
     rows = matches["embed"].rows
     donor_dtype = donor.tensors[matrices.names["embed"][1]].entry.dtype
     written_config = out_config(model.config, donor.config, rows)
-    changed = adds is not None and adds.changed
-    if changed:
-        written_config = out_config_ids(written_config, adds.wanted)
+    wanted = adds.wanted if adds is not None and adds.changed else None  # None: what DONOR's tokenizer adds
+    if wanted is not None:
+        written_config = out_config_ids(written_config, wanted)
     set_quantization(written_config, model.config, placed)  # a GGUF MODEL's says what its tensors were
     # As a merge's: --out-type gguf writes one GGUF (or gguf-split's files) holding DONOR's tokenizer.
     container = container_for(options.out_type, gguf_type=options.gguf_type,
@@ -235,12 +235,12 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         raise UsageError(f"a GGUF output holds DONOR's {donor_rows} GGUF tokens, but its tokenizer as transformers "
                          f"rebuilds it has {rows}", hint="write safetensors (the default --out-type)")
     blobs = (opened.tokenizer_files(opened.donor_key) if tokenizer_donor else None) or {}
-    if changed and tokenizer_donor:  # MODEL's BOS (EOS) added by DONOR's tokens: the files say it
-        blobs = rewritten(blobs or _folder_files(donor), adds.wanted)
+    if wanted is not None and tokenizer_donor:  # MODEL's BOS (EOS) added by DONOR's tokens: the files say it
+        blobs = rewritten(blobs or _folder_files(donor), wanted)
     parents = {opened.model_key: model, opened.donor_key: donor}
     keys: dict[str, str | bool | int] = {"general.name": gguf_name(spec)}
-    if changed:
-        keys.update(adds.wanted.gguf_keys())
+    if wanted is not None:
+        keys.update(wanted.gguf_keys())
     shards, placed, container = place_files(container, shards, placed, Placing(
         written_config, parents, [opened.donor_key], unit_size=options.out_shard_size, gguf_keys=keys))
     plan = Plan(
