@@ -107,3 +107,21 @@ def test_a_gguf_output_adds_models_bos_and_is_named_after_model(pair: tuple[Path
     card = (out / "README.md").read_text()
     front = card.split("---", 2)[1]
     assert "library_name" not in front and "- gguf" in front
+
+
+def test_a_bos_donors_tokenizer_adds_is_dropped_where_models_adds_none(pair: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """The other way round: MODEL (the BOS-less one) given the tokenizer of one that adds a BOS. MODEL never read a
+    BOS, so the output's tokenizer adds none, and its config and card say so."""
+    import transformers
+
+    with_bos, without = pair[0], pair[1]
+    out = tmp_path / "out"
+    api.tokensurgeon(str(without), str(with_bos), out, surgery=api.Surgery(k=8),
+                     settings=api.Settings(state_dir=tmp_path / "state"))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(with_bos))
+    made = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert theirs("A B")["input_ids"] == [theirs.convert_tokens_to_ids(t) for t in ("<s>", "A", "B")]
+    assert made("A B")["input_ids"] == [made.convert_tokens_to_ids(t) for t in ("A", "B")]
+    assert json.loads((out / "tokenizer_config.json").read_text())["add_bos_token"] is False
+    assert "the output's tokenizer adds nothing" in (out / "README.md").read_text()
