@@ -272,9 +272,10 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
 
 def gguf_name(spec: SurgerySpec) -> str:
     """A transplant's GGUF ``general.name``: MODEL's name with DONOR's tokenizer (each by the last part of its
-    path or hub id)."""
+    path or hub id, no revision or adapter)."""
     def name(ref: str) -> str:
-        return ref.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or ref
+        path = parse_model_ref(ref).path
+        return path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or ref
 
     return f"{name(spec.model)} with {name(spec.donor)}'s tokenizer"
 
