@@ -35,3 +35,15 @@ def test_check_of_a_transplant_compares_it_with_model_on_the_built_in_texts(tmp_
     assert base.kl is not None and 0.0 <= base.kl < 1e-6 and base.kl_p95 is not None and base.kl_p95 >= 0.0
     assert base.top1 == 1.0
     assert report.prompts.startswith("built-in")
+
+
+def test_a_kl_below_zero_by_rounding_is_reported_as_zero() -> None:
+    """Per-position KL of two models that are one is 0 up to rounding, of either sign: the report printed
+    ``-2.4e-09``. The mean and the 95th percentile are of the values clamped at 0."""
+    import torch
+
+    from resumerge.forward.heads import kl_summary
+
+    assert kl_summary(torch.tensor([-2.4e-09, -1e-09, 0.0, -3e-10])) == (0.0, 0.0)
+    mean, p95 = kl_summary(torch.tensor([-1e-08, 2e-08], dtype=torch.float64))
+    assert mean == 1e-08 and p95 > 0.0
