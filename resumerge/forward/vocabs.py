@@ -15,8 +15,9 @@ figure:
   (GPT-2's byte map: SmolLM2, Llama 3, Qwen) through that map (``Ġthe`` is `` the``), a SentencePiece token
   (Gemma, Llama 2, Mistral) with its ``▁`` as a space (``▁the`` is `` the`` too) and a byte-fallback token
   ``<0xNN>`` as its byte, an added token as its content (a special one matches only a special one of the same
-  content), any other tokenizer's token as its text. Matched by token string, ``Ġthe`` and ``▁the`` were never
-  one token and a SmolLM2-Gemma check shared almost nothing. The **shared tokens** are those every model holds
+  content, or of the same named role: each model's BOS is one token), any other tokenizer's token as its text.
+  Matched by token string, ``Ġthe`` and ``▁the`` were never one token and a SmolLM2-Gemma check shared almost
+  nothing. The **shared tokens** are those every model holds
   (the same id everywhere where one vocabulary extends the other: "by id"). The texts are cut by the tokenizer of
   the first model (merge, base, parents) whose every token the others hold (a union merge's parent's: then every
   text token is shared), else the merge's; a text that holds a token some model lacks is refused in one line
