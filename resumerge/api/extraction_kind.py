@@ -26,6 +26,7 @@ class ExtractionKind(KeptWorkKind):
     with ``--sv-epsilon`` (to count each module's rank)."""
 
     name = "extraction"
+    started_by = "resumerge extract-lora --model FT --base-model BASE"
     mark = EXTRACTION_MARK  # an extraction's spec (:func:`~resumerge.runs.extract.spec.spec_text`)
 
     def prepared(self, text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None,

@@ -37,6 +37,9 @@ class KeptWorkKind(ABC):
     name: str
     # The key of this kind's recorded text: a JSON document holding it (a merge's config is YAML).
     mark: str
+    # The command that starts a run of this kind, before OUT (what a run killed while planning is told to run
+    # again: :func:`~resumerge.api.kinds.killed_account`).
+    started_by: str
 
     def recognises(self, text: str) -> bool:
         """Whether ``text`` is this kind's recorded text: a JSON object holding :attr:`mark`."""
@@ -76,14 +79,19 @@ class KeptWorkKind(ABC):
         kept work."""
         from resumerge.merge.engine.session import run_plan
         from resumerge.merge.engine.target import Target
+        from resumerge.merge.store.planning import planning_mark
 
         assert call.out is not None
         if driving.restart:
             self.clear(call.out, call.settings.state)
-        target = Target.at(call.locations, call.settings)
-        prepared = self._prepare(call.text, call.options, call.settings, out=call.out, reporter=driving.reporter)
-        outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
-                           reporter=driving.reporter, should_stop=driving.should_stop)
+        # The mark names this kind: status says "planning" while the models are matched, and a run killed then is
+        # told as one of this kind, with its own command (killed_account).
+        with planning_mark(call.locations.run_dir, kind=self.name):
+            target = Target.at(call.locations, call.settings)
+            prepared = self._prepare(call.text, call.options, call.settings, out=call.out,
+                                     reporter=driving.reporter)
+            outcome = run_plan(prepared, call.text, target, call.settings, restart=driving.restart,
+                               reporter=driving.reporter, should_stop=driving.should_stop)
         self.forget(outcome, call.out, call.settings.state)
         return outcome
 

@@ -46,6 +46,9 @@ def killed_account(error: NothingRecordedError, where: RunLocations) -> NothingR
     a run killed while planning had done (:class:`~resumerge.api.runkind.PlansLong`); unchanged otherwise."""
     named = getattr(error, "kind", "")  # a KilledPlanningError's
     kind = next((k for k in KINDS if k.name == named), None) if named else None
+    started_by = getattr(kind, "started_by", None)  # a kind started by a command of its own (tokensurgeon)
+    if started_by is not None:
+        error.hint = f"run the same {started_by} {where.out} again (with the options it was given)"
     if isinstance(kind, PlansLong):
         error.hint = f"{error.hint or ''}{kind.planning_done(where)}"
     return error

@@ -27,6 +27,7 @@ class SurgeryKind(KeptWorkKind):
 
     name = "tokensurgeon"
     mark = MARK  # a transplant's options (:func:`~resumerge.runs.transplant.spec.spec_text`)
+    started_by = "resumerge tokensurgeon MODEL DONOR"
 
     def prepared(self, text: str, options: PlanOptions, settings: RunSettings, *, out: PathLike | None,
                  model_dirs: Mapping[str, str] | None, on_progress: Callable[[HubEvent], None] | None) -> Prepared:

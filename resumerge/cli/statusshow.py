@@ -127,7 +127,7 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
 
 def show_field(out: Console, label: str, text: str, *, style: str = "bold") -> None:
     """One ``label  text`` line; long text runs on rather than wrapping, so logs keep one line per fact."""
-    out.print(Text.assemble((f"{label:<13}", style), text))
+    out.print(Text.assemble((f"{label:<12} ", style), text))  # a space after a longer label too
 
 
 def show_recipe_status(report: RecipeStatus, stream: TextIO | None = None, *, width: int | None = None) -> None:

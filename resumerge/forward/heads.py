@@ -91,15 +91,20 @@ def head_figures(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]
                         from_base.append(kl_at(_kept(scratch, base, b, row), theirs))
                     del theirs
             nll[m] = total / tokens
-            values = torch.cat(per_position).double()
-            kl[m] = float(values.mean())
-            p95[m] = float(torch.quantile(values, 0.95))
+            kl[m], p95[m] = kl_summary(torch.cat(per_position))
             top1[m] = float(agree / tokens)
             if from_base:
-                base_kl[m] = float(torch.cat(from_base).double().mean())
+                base_kl[m] = kl_summary(torch.cat(from_base))[0]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return HeadTotals(nll=nll, kl=kl, kl_p95=p95, top1=top1, base_kl=base_kl, tokens=tokens)
+
+
+def kl_summary(values: torch.Tensor) -> tuple[float, float]:
+    """The mean and the 95th percentile of per-position KL ``values``, in float64. KL is never negative: a
+    position's rounding below 0 (-2.4e-09 where two models are one, issue 97) counts as 0."""
+    found = values.double().clamp(min=0.0)
+    return float(found.mean()), float(torch.quantile(found, 0.95))
 
 
 def logprobs(stream: ModelStream, states: Sequence[torch.Tensor], batches: Sequence[Batch]

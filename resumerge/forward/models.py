@@ -2,7 +2,8 @@
 
 A resumerge output's manifest holds the merge config and where each of its models was: the config's
 ``base_model`` is the base and its ``models`` the parents (their ``weight`` parameters, where plain numbers, are
-the merge's own weights). ``--base``/``--parent`` given win over the record.
+the merge's own weights); a transplant's (``resumerge tokensurgeon``) MODEL is its base, and it has no parent.
+``--base``/``--parent`` given win over the record.
 
 Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, tokenizer and safetensors headers
 are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import SCHEME, is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
-from resumerge.config.modelref import ModelRef
+from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text, transplanted_model
+from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.forward.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
 from resumerge.merge.store.manifest import read_manifest
@@ -109,8 +110,11 @@ def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], st
     manifest = read_manifest(out) if out.is_dir() else None
     if manifest is None:
         return _mergekit_recorded(out)
-    config = load_config_text(manifest.config_text, source=str(out))
     dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()}
+    transplanted = transplanted_model(manifest.config_text)
+    if transplanted is not None:  # a transplant's MODEL is its base; DONOR lent only its tokenizer
+        return _located(parse_model_ref(transplanted), dirs), [], f"{out}'s record"
+    config = load_config_text(manifest.config_text, source=str(out))
     return *_named(config, dirs), f"{out}'s record"
 
 

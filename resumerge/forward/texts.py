@@ -127,9 +127,11 @@ def sequences(tokenizer: Any, prompts_file: Path | None, context: Context | None
 
 
 def named(tokenizer: Any, prompts_file: Path | None, context: Context | None = None, *,
-          option: str = "--prompts") -> list[Text]:
+          option: str = "--prompts", chat: bool = True) -> list[Text]:
     """The token ids of each sequence, at least two tokens each, and where each text is; each within the models'
-    ``context`` (:func:`bounded`). ``option``: how the command names the file (``--prompts``, ``--texts``)."""
+    ``context`` (:func:`bounded`). ``option``: how the command names the file (``--prompts``, ``--texts``).
+    ``chat``: the built-in texts in the tokenizer's chat template where it has one; False: as plain text (models
+    of different tokenizers: a template's special tokens are one family's)."""
     if prompts_file is not None:
         lines = [(n, line) for n, line in enumerate(read_texts(prompts_file, option).splitlines(), 1)
                  if line.strip()]
@@ -138,7 +140,7 @@ def named(tokenizer: Any, prompts_file: Path | None, context: Context | None = N
         found = [Text(list(tokenizer(line)["input_ids"]), f"line {n} of {option} {prompts_file}")
                  for n, line in lines]
     else:
-        found = [Text(_chat(tokenizer, user, answer), f"{BUILT_IN_TEXT} {n}")
+        found = [Text(_chat(tokenizer, user, answer, chat), f"{BUILT_IN_TEXT} {n}")
                  for n, (user, answer) in enumerate(BUILT_IN, 1)]
     found = [text for text in found if len(text.ids) >= 2]
     if not found:
@@ -212,8 +214,8 @@ def describe(prompts_file: Path | None) -> str:
     return f"{prompts_file.name} (sha256 {digest})"
 
 
-def _chat(tokenizer: Any, user: str, answer: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
+def _chat(tokenizer: Any, user: str, answer: str, chat: bool = True) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template([{"role": "user", "content": user},
                                               {"role": "assistant", "content": answer}], tokenize=False)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 from resumerge.errors import UsageError
 from resumerge.forward import texts as loaders
-from resumerge.forward.texts import BUILT_IN, context_of, named
+from resumerge.forward.texts import BUILT_IN, Text, context_of, named
 from resumerge.forward.vocabs import (
     MATCHED_BY,
     SharedVocab,
@@ -72,8 +73,10 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
         tokenizer, vocab = shared_vocab(directories, rows, _tokenizer_of)
         if tokenizer is None:
             tokenizer = load_tokenizer(directories)  # none has one: its one line
-    texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut), option=option)
+    texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut), option=option,
+                  chat=vocab is None)
     if vocab is not None:
+        texts = _shared_built_ins(vocab, texts, names) if prompts_file is None else texts
         refuse_unshared(vocab, [t.ids for t in texts], names, [t.where for t in texts])
     found = Texts([t.ids for t in texts], vocab)
     if path is not None:
@@ -84,6 +87,23 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
         except OSError:  # a read-only state dir: the check runs all the same
             pass
     return found
+
+
+def _shared_built_ins(vocab: SharedVocab, texts: list[Text], names: Sequence[str]) -> list[Text]:
+    """The built-in texts the models can be compared on (every token of each held by all): one that holds a token
+    some model lacks is left out with a warning, never refused (no one can edit it); all left out: refused by
+    :func:`~.vocabs.refuse_unshared`, naming the first."""
+    held = vocab.held
+    kept = [t for t in texts if all(held[i] for i in t.ids)]
+    if not kept:
+        return texts
+    for text in texts:
+        if text not in kept:
+            token = next(i for i in text.ids if not held[i])
+            logging.getLogger(__name__).warning(
+                "%s is left out of the check: its token %r is not held by every one of %s", text.where,
+                dict(vocab.alignment.names).get(token, str(token)), ", ".join(names))
+    return kept
 
 
 def load_tokenizer(directories: Sequence[Path]) -> Any:

@@ -15,8 +15,9 @@ figure:
   (GPT-2's byte map: SmolLM2, Llama 3, Qwen) through that map (``Ġthe`` is `` the``), a SentencePiece token
   (Gemma, Llama 2, Mistral) with its ``▁`` as a space (``▁the`` is `` the`` too) and a byte-fallback token
   ``<0xNN>`` as its byte, an added token as its content (a special one matches only a special one of the same
-  content), any other tokenizer's token as its text. Matched by token string, ``Ġthe`` and ``▁the`` were never
-  one token and a SmolLM2-Gemma check shared almost nothing. The **shared tokens** are those every model holds
+  content, or of the same named role: each model's BOS is one token), any other tokenizer's token as its text.
+  Matched by token string, ``Ġthe`` and ``▁the`` were never one token and a SmolLM2-Gemma check shared almost
+  nothing. The **shared tokens** are those every model holds
   (the same id everywhere where one vocabulary extends the other: "by id"). The texts are cut by the tokenizer of
   the first model (merge, base, parents) whose every token the others hold (a union merge's parent's: then every
   text token is shared), else the merge's; a text that holds a token some model lacks is refused in one line
@@ -51,7 +52,7 @@ from resumerge.torch_import import torch
 
 # How tokens of different vocabularies are matched, in the key of a check's kept token sequences (:mod:`.tokens`):
 # kept under another rule (by token string, before issue 85's byte form) they are found again.
-MATCHED_BY = "bytes"
+MATCHED_BY = "bytes, specials by role"
 # The files that say a tokenizer's vocabulary (its template and settings aside).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 
@@ -71,6 +72,8 @@ _BYTE_CHARS = frozenset(BYTE_OF)
 # A token's key is the bytes it stands for, written one character per byte (latin-1: every character below U+0100);
 # a special token's is its content after this mark, which no bytes' key holds, so it matches only a special token.
 _SPECIAL = "\uffff"
+# After the special mark: a special token that fills a named role (``bos_token``) stands for the role (``roles``).
+_ROLE = "\ufffd"
 # The key of an id no token has (a gap in the texts' tokenizer's ids): no model's key, so no model holds it.
 _NO_KEY = "\ufffe"
 
@@ -150,7 +153,8 @@ class Spelled:
     strings: Mapping[int, str]
 
 
-def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = None) -> Spelled:
+def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = None, *,
+            roles: bool = False) -> Spelled:
     """``tokenizer``'s tokens (added ones included) whose ids are below ``rows``, by the bytes they stand for.
 
     Two tokens of one vocabulary may stand for the same bytes (SentencePiece's ``<0x41>`` and ``A``; an added token
@@ -159,9 +163,13 @@ def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = 
     before a byte-fallback one (a byte token is emitted only where no piece covers the byte), and of two alike the
     lowest id. The others still stand for those bytes (a text holding one is read by every model), but are no
     shared token of their own: two columns of one model's row would count its probability twice. ``vocab``: the
-    tokenizer's ``get_vocab()`` where the caller has it already."""
+    tokenizer's ``get_vocab()`` where the caller has it already. ``roles``: a special token that fills a named role
+    (``bos_token``, ``eos_token``, ``unk_token``, ...; the first it fills, in transformers' order) stands for that
+    role, so two tokenizers' BOS are one token whatever each writes (the rule a transplant matches special tokens
+    by: MODEL's ``<s>`` is DONOR's ``<|begin|>``)."""
     spelling = spelling_of(tokenizer)
     added = _added(tokenizer)
+    role_of = _roles(tokenizer) if roles else {}
     keys: dict[int, str] = {}
     strings: dict[int, str] = {}
     best: dict[str, tuple[int, int]] = {}  # key -> (rank, id) of the id taken for it, the least
@@ -171,7 +179,9 @@ def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = 
             continue
         if i in added:
             content, special = added[i]
-            rank, key = 0, _SPECIAL + content if special else content.encode("utf-8").decode("latin-1")
+            role = role_of.get(content) if special else None
+            rank, key = 0, (_SPECIAL + _ROLE + role if role is not None else _SPECIAL + content if special
+                            else content.encode("utf-8").decode("latin-1"))
         elif fallback and (byte := byte_token(token)) is not None:
             # _key's reading of a byte token too, read once (a byte-level spelling writes bytes its own way)
             rank, key = 2, _key(token, spelling) if spelling.byte_level else chr(byte)
@@ -184,13 +194,30 @@ def spelled(tokenizer: Any, rows: int | None, vocab: Mapping[str, int] | None = 
     return Spelled(keys=keys, ids={key: i for key, (_, i) in best.items()}, strings=strings)
 
 
+def _roles(tokenizer: Any) -> dict[str, str]:
+    """``tokenizer``'s special tokens by content -> the first named role each fills (transformers'
+    ``special_tokens_map``, or the plain tokenizer's named tokens), in :data:`~.plaintok.NAMED_TOKENS`' order."""
+    from resumerge.forward.plaintok import NAMED_TOKENS
+
+    named = getattr(tokenizer, "special_tokens_map", None) or getattr(tokenizer, "specials", None) or {}
+    found: dict[str, str] = {}
+    for role in NAMED_TOKENS:
+        value = named.get(role)
+        if isinstance(value, str) and value:
+            found.setdefault(value, role)
+    return found
+
+
 def special_key(key: str) -> bool:
     """Whether ``key`` is a special token's (it matches only a special token's of the same content)."""
     return key.startswith(_SPECIAL)
 
 
 def shown(key: str) -> str:
-    """A key as the text it stands for (a refusal names the token by it: `` the``, not ``Ġthe``)."""
+    """A key as the text it stands for (a refusal names the token by it: `` the``, not ``Ġthe``; a special role's
+    as ``<bos_token>``)."""
+    if key.startswith(_SPECIAL + _ROLE):
+        return f"<{key[len(_SPECIAL + _ROLE):]}>"
     if special_key(key):
         return key[len(_SPECIAL):]
     return key.encode("latin-1").decode("utf-8", errors="backslashreplace")
@@ -304,7 +331,7 @@ def shared_vocab(directories: Sequence[Path], rows: Sequence[int | None], load: 
     if first is None:
         return None, None
     own = [t if t is not None else first for t in tokenizers]
-    vocabs = [spelled(t, r) for t, r in zip(own, rows)]
+    vocabs = [spelled(t, r, roles=True) for t, r in zip(own, rows)]
     if len(set(rows)) <= 1 and all(v.keys == vocabs[0].keys for v in vocabs):
         return first, None
     held = [set(v.ids) for v in vocabs]

@@ -5,6 +5,7 @@ the run as a transplant with its batches; and bad input is refused in one line, 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -44,7 +45,15 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
     kept = said["batches_done"]
     assert said["kind"] == "tokensurgeon" and nth <= kept <= nth + 3, said
     shown = cli("status", out, "--state-dir", state)
-    assert "batches approximated" in shown.stdout and "approximated by randn" in shown.stdout, shown.stdout
+    assert f"batches approximated {kept}" in shown.stdout and "approximated by randn" in shown.stdout, shown.stdout
+    # The elapsed time of a killed run counts to the last batch it kept (its record was last updated when it
+    # started: status said less than it had said while the run was running). A batch dated an hour on says so.
+    batches = list(state.rglob("*.rows"))
+    later = max(p.stat().st_mtime for p in batches) + 3600
+    os.utime(batches[0], (later, later))
+    elapsed = api.status(out, state_dir=state).elapsed_seconds
+    assert elapsed is not None and elapsed >= 3600, elapsed
+    os.utime(batches[0], (later - 3600, later - 3600))
     # the resume computes only the batches not kept: it reaches the point 22 - kept times
     resumed = cli("resume", out, "--state-dir", state, "-q",
                   env={"RESUMERGE_KILL_AT": f"after_surgery_batch:{22 - kept + 1}"})
@@ -84,6 +93,12 @@ def test_bad_input_is_one_line_exit_2_nothing_written(pair: tuple[Path, Path], t
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (bare / name).unlink()
     _refused([model, bare], tmp_path / "a" / "out", "DONOR has no tokenizer")
+    # a tokenizer_config.json alone (no vocabulary file): one line naming the files, not transformers' five lines
+    # asking for sentencepiece, nor a transplant onto a tokenizer of its special tokens alone (issue 97)
+    (bare / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
+                                                            "bos_token": "<s>", "eos_token": "</s>"}))
+    _refused([model, bare], tmp_path / "f" / "out",
+             f"DONOR has no tokenizer files: none of tokenizer.json, tokenizer.model, vocab.json in {bare}")
     _refused([model, donor, "-k", "0"], tmp_path / "b" / "out", "-k must be at least 1")
     _refused([model, donor, "-k", "5000"], tmp_path / "c" / "out", "tokens MODEL and DONOR share")
     renamed = tmp_path / "renamed"
@@ -145,3 +160,20 @@ def test_a_flag_the_card_shows_is_compared_when_the_run_goes_on(pair: tuple[Path
     assert again.returncode == 4, again.stderr
     lines = [line for line in again.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "model card" in lines[0], again.stderr
+
+
+def test_a_transplant_killed_while_planning_is_told_with_its_own_command(pair: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    """status and resume of a transplant killed while it matched the vocabularies: it died planning, and what
+    continues it is the transplant's command, not ``resumerge run CONFIG OUT`` (issue 97)."""
+    model, donor = pair
+    out, state = tmp_path / "out", tmp_path / "state"
+    killed = cli("tokensurgeon", model, donor, out, "-k", "8", "--state-dir", state, "-q",
+                 env={"RESUMERGE_KILL_AT": "after_surgery_match:1"})
+    assert killed.returncode == -9, killed.stderr
+    for command in ("status", "resume"):
+        said = cli(command, out, "--state-dir", state)
+        assert said.returncode == 4, said.stderr
+        assert f"no tokensurgeon run recorded for {out}" in said.stderr and "killed while planning" in said.stderr
+        assert f"run the same resumerge tokensurgeon MODEL DONOR {out} again" in said.stderr, said.stderr
+        assert "resumerge run CONFIG" not in said.stderr, said.stderr

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -47,7 +48,7 @@ from resumerge.merge.plan.gguftypes import (
     tensor_type,
 )
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
-from resumerge.outputs.containers import NO_CHOICES, GgufChoices
+from resumerge.outputs.containers import GgufChoices, GgufFile
 from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
@@ -55,6 +56,8 @@ from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 GGUF_NAME = "model.gguf"
 SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
 _KINDS = {"u32": U32, "f32": F32}
+# A key-value an output sets over the one made or read (general.name, a tokenizer's added tokens).
+OwnValue = str | bool | int
 
 
 def _attention_widths(tensors: Mapping[str, TensorPlan]) -> tuple[int, int] | None:
@@ -64,13 +67,15 @@ def _attention_widths(tensors: Mapping[str, TensorPlan]) -> tuple[int, int] | No
 
 
 def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any], models: Mapping[str, ModelInput],
-                order: list[str], gguf_type: str, template: str | None = None, split_max_size: int | None = None,
-                last: Collection[str] = (), unit_size: int | None = None, choices: GgufChoices = NO_CHOICES
+                order: list[str], gguf: GgufFile, template: str | None = None, last: Collection[str] = (),
+                unit_size: int | None = None, keys: Mapping[str, OwnValue] = MappingProxyType({})
                 ) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
-    """The GGUF file of an output of ``tensors`` whose config.json is ``out_config`` (or its gguf-split's files of
-    at most ``split_max_size`` tensor bytes each: :func:`split_files`), its tokenizer keys from the first GGUF model
-    of ``order`` (model keys, the donor first; none: built from the donor's tokenizer files) with the config's chat
-    ``template`` (None: the parent's); the tensors with their GGUF codec and shard, and each shard's header. A
+    """The GGUF file ``gguf`` (its type, split and the user's choices) of an output of ``tensors`` whose config.json
+    is ``out_config`` (or its gguf-split's files of at most ``gguf.split_max_size`` tensor bytes each:
+    :func:`split_files`), its tokenizer keys from the first GGUF model of ``order`` (model keys, the donor first;
+    none: built from the donor's tokenizer files) with the config's chat ``template`` (None: the parent's), and
+    ``keys`` set over the ones made or read (:func:`own_keys`: a transplant's name and the BOS its tokenizer adds);
+    the tensors with their GGUF codec and shard, and each shard's header. A
     mixture of experts' routed projections are stacked as llama.cpp stores them (:mod:`.ggufstacks`); the tensors
     named in ``last`` come last in the file (a prompt pass's routers). Each file's tensors are written in units of
     at most ``unit_size`` bytes (:func:`unit_counts`; None: one unit after the header). Each tensor's type is the
@@ -79,6 +84,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     Raises :class:`ModelInputError` (exit 2, before anything is written) for a family, a tensor or a tokenizer it
     cannot write, or a config.json without a key the family needs or with a value of the wrong type
     (:func:`~resumerge.inputs.gguf.hparams.gguf_hparams`)."""
+    gguf_type, split_max_size, choices = gguf.gguf_type, gguf.split_max_size, gguf.choices
     model_type = out_config.get("model_type")
     arch = ARCH_OF.get(str(model_type))
     if arch is None:
@@ -109,7 +115,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                                                                  **stack), last)
     weights.check_used([i.name for e in entries for i in e.infos])
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
-    metadata = _metadata(arch, out_config, gguf_type, source, template)
+    metadata = own_keys(_metadata(arch, out_config, gguf_type, source, template), keys)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
              for e in entries]  # an entry is split as one tensor
     groups = split_files(whole, split_max_size)
@@ -123,9 +129,9 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
         name = SPLIT_NAME.format(i + 1, len(groups))
         mine = entries[at:at + len(group)]
         at += len(group)
-        keys = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
-                ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
-        layout = plan_layout([*(metadata if i == 0 else []), *keys], [info for e in mine for info in e.infos])
+        split = [("split.no", Value(U16, i)), ("split.count", Value(U16, len(groups))),
+                 ("split.tensors.count", Value(I32, sum(len(e.infos) for e in entries)))]
+        layout = plan_layout([*(metadata if i == 0 else []), *split], [info for e in mine for info in e.infos])
         members = tuple(n for e in mine for n, _ in e.tensors)
         shards.append(ShardPlan(name, members, layout.file_size, unit_counts(members, placed, unit_size)))
         headers[name] = layout.header
@@ -292,3 +298,14 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
     if template is not None:
         kv.append(("tokenizer.chat_template", Value(STRING, template)))
     return kv
+
+
+def own_keys(metadata: list[tuple[str, Value]], keys: Mapping[str, OwnValue]) -> list[tuple[str, Value]]:
+    """``metadata`` with ``keys`` set over it (in place of the same key, else after the rest): a string as
+    STRING, a bool as BOOL, an int (a token id) as U32, as llama.cpp's converter writes each."""
+    def value(v: OwnValue) -> Value:
+        return Value(BOOL, v) if isinstance(v, bool) else Value(U32, v) if isinstance(v, int) else Value(STRING, v)
+
+    done = [(k, value(keys[k]) if k in keys else v) for k, v in metadata]
+    present = {k for k, _ in metadata}
+    return done + [(k, value(v)) for k, v in keys.items() if k not in present]

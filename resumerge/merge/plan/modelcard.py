@@ -64,7 +64,8 @@ def render_model_card(plan: Plan, config_text: str) -> bytes:
     meta: dict[str, object] = {}
     if hub_ids:
         meta["base_model"] = hub_ids
-    meta["library_name"] = "transformers"
+    if not plan.container.self_contained:  # a GGUF is no transformers folder: its "gguf" tag says what it is
+        meta["library_name"] = "transformers"
     meta["tags"] = [*CARD_TAGS, *words.tags, *plan.container.card_tags]
     front = yaml.safe_dump(meta, sort_keys=False, default_flow_style=False, allow_unicode=True)
     lines = ["---", front.rstrip("\n"), "---", f"# {config.name or words.title}", ""]

@@ -6,7 +6,7 @@ laid out by :func:`~resumerge.merge.plan.ggufout.gguf_output`, its headers kept 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from resumerge.inputs.model import ModelInput
@@ -24,7 +24,8 @@ def _no_template() -> str | None:
 class Placing:
     """What laying out an output's files may read: its config.json, the opened inputs, their keys (the donor
     first), the config's chat template (asked only by a container that holds the tokenizer; None: the parent's),
-    the tensors that come last (a prompt pass's routers) and the bytes of a unit of a file written in place."""
+    the tensors that come last (a prompt pass's routers), the bytes of a unit of a file written in place, and the
+    key-values a GGUF sets over those made or read (``gguf_keys``: a transplant's name and added tokens)."""
 
     out_config: Mapping[str, Any]
     models: Mapping[str, ModelInput]
@@ -32,6 +33,7 @@ class Placing:
     template: Callable[[], str | None] = _no_template
     last: Collection[str] = ()
     unit_size: int | None = None
+    gguf_keys: Mapping[str, str | bool | int] = field(default_factory=dict)
 
 
 def place_files(container: OutputContainer, shards: tuple[ShardPlan, ...], tensors: dict[str, TensorPlan],
@@ -46,9 +48,9 @@ def _gguf(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> P
     from resumerge.merge.plan.ggufout import gguf_output
 
     gguf: GgufFile = container
-    shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order),
-                                          gguf.gguf_type, placing.template(), gguf.split_max_size, last=placing.last,
-                                          unit_size=placing.unit_size, choices=gguf.choices)
+    shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order), gguf,
+                                          placing.template(), last=placing.last, unit_size=placing.unit_size,
+                                          keys=placing.gguf_keys)
     return shards, placed, replace(gguf, headers=headers)
 
 

@@ -57,9 +57,9 @@ GENERATION_POINTS = ("after_generation_layer", "after_generation_step")
 # generation's state is durable (between generations), and while ``best.yml``'s temp file is written
 # (tests/evolve/test_kills.py kills at each).
 EVOLVE_POINTS = ("after_evolve_candidate", "after_evolve_generation", "during_best_write")
-# Reached by ``resumerge tokensurgeon`` after each approximated batch of tokens is durable in the run's folder
-# (tests/transplant/test_resume.py kills there).
-SURGERY_POINTS = ("after_surgery_batch",)
+# Reached by ``resumerge tokensurgeon`` after each approximated batch of tokens is durable in the run's folder, and
+# once its vocabularies are matched, while it plans (tests/transplant/test_resume.py kills at both).
+SURGERY_POINTS = ("after_surgery_batch", "after_surgery_match")
 # Reached by ``run --imatrix-texts``'s importance matrix pass over the merge after each decoder layer's sums and hidden
 # states are durable (tests/test_imatrix_merge.py kills there).
 IMATRIX_POINTS = ("after_imatrix_layer",)

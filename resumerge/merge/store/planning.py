@@ -128,7 +128,8 @@ def killed_while_planning(out: str, run_dir: Path) -> KilledPlanningError | None
     if found is None:
         return None
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(found[0]))
+    what = f"{found[3]} run" if found[3] else "merge"  # the kind its mark names
     return KilledPlanningError(
-        f"no merge recorded for {out}: the run started {started} was killed while planning, before it recorded "
+        f"no {what} recorded for {out}: the run started {started} was killed while planning, before it recorded "
         "its plan, and wrote nothing",
         path=str(out), hint=f"run the same resumerge run CONFIG {out} again", kind=found[3])

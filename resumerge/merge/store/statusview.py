@@ -196,6 +196,23 @@ def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command
                         shards_total=0, shards_done=0, bytes_total=0, bytes_done=0, elapsed_seconds=elapsed)
 
 
+def _last_work(updated_at: float | None, rdir: Path) -> float:
+    """When an interrupted run last did work: its record's last update, or later the newest file it kept in its
+    run folder's subfolders (a transplant's approximated batches, an extraction's factors, staged shards: work
+    done between two updates of the record, which a SIGKILL leaves unrecorded; the folder's own files, the ledger
+    and its lock, are left out: a reader touches them)."""
+    newest = updated_at or time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(rdir):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            for root, _, names in os.walk(entry.path):
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        newest = max(newest, os.stat(os.path.join(root, name)).st_mtime)
+    return newest
+
+
 def _check_still_there(report: StatusReport, state: StateDir) -> None:
     """Refuse a ledger's story about an OUT that is no longer there (status reported the old state of files that
     do not exist): :func:`~resumerge.merge.store.outgone.refuse_gone`."""
@@ -233,8 +250,10 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         last_error=run.last_error,
         peak_rss=run.peak_rss or None,
         adaptations=run.adaptations,
-        # A running run's record is updated when its state changes, not as time passes: count to now.
-        elapsed_seconds=max(0.0, (time.time() if state == "running" else run.updated_at or time.time())
+        # A running run's record is updated when its state changes, not as time passes: count to now; a run
+        # whose process is gone, to the last work it kept (never less than it showed while running).
+        elapsed_seconds=max(0.0, (time.time() if state == "running" else _last_work(run.updated_at, rdir)
+                                  if state == "interrupted" else run.updated_at or time.time())
                             - (run.created_at or time.time())),
         events=tuple(f"{e.kind}: {e.message}" for e in rows.events),
         budget=_count(memory, "budget"),

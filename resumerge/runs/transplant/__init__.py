@@ -6,10 +6,11 @@ output as a :class:`~resumerge.merge.plan.merge_plan.Plan` whose token embedding
 registered unit (:mod:`.units`) and whose other tensors are MODEL's copied as a passthrough merge copies them
 (:mod:`.planner`), and approximate the rows of DONOR's tokens that MODEL lacks by pure functions (:mod:`.approximate`,
 :mod:`.omp`) one batch of tokens at a time, each batch kept durably in the run's folder (:mod:`.batches`) so that a
-killed run recomputes only the batch it was in. The engine's one session path runs the plan unchanged.
+killed run recomputes only the batch it was in. The output's tokenizer is DONOR's, adding around a text what MODEL's
+adds (its BOS as DONOR's token of that row: :mod:`.adds`). The engine's one session path runs the plan unchanged.
 
 May import: errors, config, inputs, outputs, merge.plan, merge.methods, merge.store (durable writes, killpoints),
 merge.vocab, forward (vocabs: what a ``<0xNN>`` token stands for, read once for ``check`` and the byte match).
 """
 
-__all__ = ["approximate", "batches", "omp", "planner", "prepare", "spec", "tokens", "units"]
+__all__ = ["adds", "approximate", "batches", "omp", "planner", "prepare", "spec", "tokens", "units"]

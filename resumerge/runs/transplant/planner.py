@@ -4,7 +4,8 @@ vocabularies, and freeze a :class:`Plan` of the output.
 The plan is the same kind a merge has, so the session path runs it unchanged: MODEL's tensors copied as a
 passthrough merge copies them (``passthrough``), the token embedding and an untied head computed by this package's
 unit (:data:`~resumerge.runs.transplant.units.SURGERY_ROWS`) from MODEL's matrix and DONOR's, config.json MODEL's with
-DONOR's vocabulary size and special token ids, and DONOR's tokenizer files copied byte for byte.
+DONOR's vocabulary size and special token ids, and DONOR's tokenizer files copied byte for byte, but for what they
+add around a text where MODEL's tokenizer adds otherwise (its BOS: :mod:`.adds`).
 
 Which of DONOR's tensors is MODEL's embedding's counterpart: the tensor of the same name (as mergekit reads it by
 MODEL's architecture); a DONOR that has none (another architecture's names) is refused unless ``--allow-crimes``,
@@ -46,6 +47,7 @@ from resumerge.merge.plan.placing import Placing, place_files
 from resumerge.merge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.merge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
 from resumerge.outputs.containers import container_for, gguf_choices
+from resumerge.runs.transplant.adds import OutputAdds, out_config_ids, rewritten
 from resumerge.runs.transplant.approximate import Method, Rope, method_notes
 from resumerge.runs.transplant.spec import USES_K, SurgerySpec, check_spec
 from resumerge.runs.transplant.tokens import MatrixMatch, Normalized, Vocabulary, load_vocabulary, match_matrix
@@ -185,8 +187,9 @@ def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vo
 
 
 def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: Mapping[str, MatrixMatch],
-               options: PlanOptions) -> Plan:
-    """The frozen plan of the transplant (pure: headers, the matches)."""
+               options: PlanOptions, adds: OutputAdds | None = None) -> Plan:
+    """The frozen plan of the transplant (pure: headers, the matches, what the output's tokenizer adds around a
+    text: ``adds``, :mod:`.adds`; None: what DONOR's adds)."""
     model, donor = opened.model, opened.donor
     method = surgery_method(spec, opened, matrices)
     source = _source_digest(opened, spec, matches, method.rope)
@@ -218,6 +221,9 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
     rows = matches["embed"].rows
     donor_dtype = donor.tensors[matrices.names["embed"][1]].entry.dtype
     written_config = out_config(model.config, donor.config, rows)
+    wanted = adds.wanted if adds is not None and adds.changed else None  # None: what DONOR's tokenizer adds
+    if wanted is not None:
+        written_config = out_config_ids(written_config, wanted)
     set_quantization(written_config, model.config, placed)  # a GGUF MODEL's says what its tensors were
     # As a merge's: --out-type gguf writes one GGUF (or gguf-split's files) holding DONOR's tokenizer.
     container = container_for(options.out_type, gguf_type=options.gguf_type,
@@ -229,9 +235,14 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         raise UsageError(f"a GGUF output holds DONOR's {donor_rows} GGUF tokens, but its tokenizer as transformers "
                          f"rebuilds it has {rows}", hint="write safetensors (the default --out-type)")
     blobs = (opened.tokenizer_files(opened.donor_key) if tokenizer_donor else None) or {}
+    if wanted is not None and tokenizer_donor:  # MODEL's BOS (EOS) added by DONOR's tokens: the files say it
+        blobs = rewritten(blobs or _folder_files(donor), wanted)
     parents = {opened.model_key: model, opened.donor_key: donor}
+    keys: dict[str, str | bool | int] = {"general.name": gguf_name(spec)}
+    if wanted is not None:
+        keys.update(wanted.gguf_keys())
     shards, placed, container = place_files(container, shards, placed, Placing(
-        written_config, parents, [opened.donor_key], unit_size=options.out_shard_size))
+        written_config, parents, [opened.donor_key], unit_size=options.out_shard_size, gguf_keys=keys))
     plan = Plan(
         method=METHOD,
         tensors={n: placed[n] for n in sorted(placed)},
@@ -247,7 +258,8 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         tokenizer_files=tokenizer_hashes(opened.inputs.models, tokenizer_donor, blobs) if tokenizer_donor else (),
         tokenizer_blobs=blobs,
         container=container,
-        notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec)),
+        notes=(*report_lines(spec, matches), *method_notes(method, donor_dtype), *_match_notes(spec),
+               *_adds_notes(adds)),
         units=registered.UNITS,
         card_config=opened.config,
         card_method=("tokensurgeon", f"{spec.model} given {spec.donor}'s tokenizer; the rows of the tokens it "
@@ -256,6 +268,27 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         config_copy=CONFIG_COPY,
     )
     return fingerprinted(replace(plan, extra_parts=own_parts(plan, opened)))
+
+
+def gguf_name(spec: SurgerySpec) -> str:
+    """A transplant's GGUF ``general.name``: MODEL's name with DONOR's tokenizer (each by the last part of its
+    path or hub id, no revision or adapter)."""
+    def name(ref: str) -> str:
+        path = parse_model_ref(ref).path
+        return path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf") or ref
+
+    return f"{name(spec.model)} with {name(spec.donor)}'s tokenizer"
+
+
+def _folder_files(model: ModelInput) -> dict[str, bytes]:
+    """The tokenizer files of a folder model, by name (a few MB at most: read once, held by the plan)."""
+    directory = tokenizer_dir(model)
+    return {name: (directory / name).read_bytes() for name, _ in tokenizer_files(directory)}
+
+
+def _adds_notes(adds: OutputAdds | None) -> tuple[str, ...]:
+    note = adds.note() if adds is not None else None
+    return (note,) if note else ()
 
 
 def own_parts(plan: Plan, opened: Opened) -> tuple[tuple[str, str], ...]:

@@ -20,6 +20,8 @@ from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.prepared import Prepared
+from resumerge.merge.store import killpoints
+from resumerge.runs.transplant.adds import OutputAdds, output_adds
 from resumerge.runs.transplant.batches import BATCHES_DIR, BatchStore
 from resumerge.runs.transplant.magikarp import well_trained
 from resumerge.runs.transplant.planner import (
@@ -59,8 +61,9 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
     opened = open_pair(spec, model_dirs=model_dirs, state=state, cache_dir=cache_dir, on_progress=on_progress)
     matrices = find_matrices(opened, allow_crimes=options.allow_crimes)
     method = surgery_method(spec, opened, matrices)
-    matches = _matched(opened, spec, matrices, options)
-    plan = build_plan(spec, opened, matrices, matches, options)
+    matches, adds = _matched(opened, spec, matrices, options)
+    killpoints.reach("after_surgery_match")  # planning: nothing recorded yet (tests kill there)
+    plan = build_plan(spec, opened, matrices, matches, options, adds)
     store = batch_store(out, state) if out is not None else None
     # A batch's pursuit is small kernels on one thread; the run's threads compute batches side by side.
     workers = max(1, options.num_threads or torch.get_num_threads())
@@ -69,15 +72,16 @@ def planned_surgery(text: str, options: PlanOptions, state: StateDir, cache_dir:
 
 
 def _matched(opened: Opened, spec: SurgerySpec, matrices: Matrices, options: PlanOptions
-             ) -> dict[str, MatrixMatch]:
-    """Each matrix's match (every refusal before a weight is read, ``--magikarp``'s reads after them). The two
-    tokenizers live only in here: they are let go when it returns."""
+             ) -> tuple[dict[str, MatrixMatch], OutputAdds]:
+    """Each matrix's match (every refusal before a weight is read, ``--magikarp``'s reads after them) and what
+    the output's tokenizer adds around a text (:mod:`.adds`). The two tokenizers live only in here: they are let go
+    when it returns."""
     vocabs = vocabularies(opened, subword=spec.approximation_method == "subword")
     matches = match_vocabularies(opened, spec, matrices, vocabs, out_type=options.out_type)
     if spec.magikarp:
         trained, junk = _magikarp(opened, matrices, vocabs)
         matches = match_vocabularies(opened, spec, matrices, vocabs, trained, junk, out_type=options.out_type)
-    return matches
+    return matches, output_adds(*vocabs, matches["embed"])
 
 
 def batch_store(out: str | os.PathLike[str], state: StateDir) -> BatchStore:

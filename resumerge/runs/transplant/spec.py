@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from resumerge.config.merge_config import TRANSPLANT_MARK
 from resumerge.errors import UsageError
 
-MARK = "tokensurgeon"
+MARK = TRANSPLANT_MARK
 # mergekit-tokensurgeon 0.1.5's --approximation-method choices that resumerge computes.
 METHODS = ("omp", "common_interpolation", "subword", "mean", "zero", "randn", "john_hewitt", "landmark_pca", "stb",
            "mp_rope")

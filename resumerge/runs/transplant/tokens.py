@@ -126,11 +126,11 @@ def load_vocabulary(directory: Path, *, what: str, direct: bool = True) -> Vocab
     ``direct``: read tokenizer.json with the ``tokenizers`` library where transformers would build that same
     tokenizer (:func:`direct_vocabulary`); False where the tokenizer must also cut texts as transformers' does (the
     ``subword`` approximation cuts each approximated token into MODEL's pieces)."""
-    from resumerge.inputs.files import tokenizer_files
-
-    if not tokenizer_files(directory):
-        raise ModelInputError(f"{what} has no tokenizer (no tokenizer.json or tokenizer_config.json in "
-                              f"{directory})", path=str(directory),
+    if not any((directory / name).is_file() for name in _VOCABULARY_FILES):
+        # A tokenizer_config.json alone names a class with no vocabulary to build it from (transformers then
+        # fails in five lines asking for sentencepiece, or builds a tokenizer of the special tokens alone).
+        raise ModelInputError(f"{what} has no tokenizer files: none of {', '.join(_VOCABULARY_FILES)} in "
+                              f"{directory}", path=str(directory),
                               hint=f"give a {what} folder or repo that ships its tokenizer files")
     found = direct_vocabulary(directory) if direct else None
     if found is not None:
@@ -139,9 +139,14 @@ def load_vocabulary(directory: Path, *, what: str, direct: bool = True) -> Vocab
 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
-    except (OSError, ValueError) as exc:
-        raise ModelInputError(f"{what}'s tokenizer cannot be loaded: {exc}", path=str(directory)) from None
+    except (OSError, ValueError, ImportError) as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ModelInputError(f"{what}'s tokenizer cannot be loaded: {first}", path=str(directory)) from None
     return vocabulary_of(tokenizer)
+
+
+# The files a tokenizer's vocabulary is read from (one at least), among those an output copies.
+_VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def vocabulary_of(tokenizer: Any) -> Vocabulary:
