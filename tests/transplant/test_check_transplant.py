@@ -28,7 +28,7 @@ def test_check_of_a_transplant_compares_it_with_model_on_the_built_in_texts(tmp_
     done = subprocess.run([sys.executable, "-m", "resumerge", "check", str(out), "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode in (0, 5), done.stdout + done.stderr  # works or "no effect": compared, not refused
-    report = api.check(out, state_dir=state)
+    report = api.check(out, settings=api.Settings(state_dir=state))
     assert [m.role for m in report.models] == ["merge", "base"]
     base = report.models[1]
     assert Path(base.path).resolve() == model.resolve()
