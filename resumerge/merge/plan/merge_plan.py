@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,8 @@ from resumerge.merge.methods.registry import MethodSpec, get_method
 from resumerge.merge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.merge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
 from resumerge.merge.plan.layerblocks import LayerBlocks
+from resumerge.merge.plan.planjson import dumps as _dumps
+from resumerge.merge.plan.planjson import sha as _sha
 from resumerge.outputs.containers import SAFETENSORS, OutputContainer
 
 if TYPE_CHECKING:
@@ -583,18 +585,3 @@ _OWN = ("carried", "inputs", "name", "nbytes", "shape", "shard")
 _LATER_FIELDS = frozenset({"copy_of", "experts", "blocks"})
 _SHARED = attrgetter(*(name for name in _FIELDS if name not in _OWN))
 
-
-def _json_default(value: Any) -> Any:
-    """What JSON cannot write as it is: a dataclass as :func:`dataclasses.asdict` renders it, anything else (a set,
-    a codec's identity) as a list."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return list(value)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
-
-
-def _sha(value: Any) -> str:
-    return hashlib.sha256(_dumps(value).encode()).hexdigest()
