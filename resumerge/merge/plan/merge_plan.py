@@ -76,6 +76,10 @@ class PlanOptions:
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
     imatrix_texts: str | None = None
+    # --gguf-override-kv KEY=TYPE:VALUE key-values and --pure (llama-quantize's --override-kv and --pure); the
+    # pairs of --gguf-tensor-type-file are in gguf_tensor_types (the file's content is the plan's, not its path).
+    gguf_override_kv: tuple[str, ...] = ()
+    gguf_pure: bool = False
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
@@ -83,6 +87,7 @@ class PlanOptions:
 
     def __post_init__(self) -> None:  # recorded options are JSON, a tuple a list: [] != () changed the fingerprint
         object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
+        object.__setattr__(self, "gguf_override_kv", tuple(self.gguf_override_kv))
 
 
 # Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
@@ -90,7 +95,8 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
-                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False}
+                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
+                                     "gguf_override_kv": (), "gguf_pure": False}
 
 
 @dataclass(frozen=True)
