@@ -135,7 +135,8 @@ def matrix_facts(path: str | Path, entries: Mapping[str, np.ndarray]) -> tuple[s
         magic = file.read(4)
     if magic == b"GGUF":
         metadata = read_gguf_header(path, {_F32: (1, 4)}).metadata
-        datasets = list(metadata.get("imatrix.datasets") or [])
+        named = metadata.get("imatrix.datasets")
+        datasets = [] if named is None else list(named)
         return (str(datasets[0]) if datasets else None), int(metadata.get("imatrix.chunk_count", 0))
     data = path.read_bytes()
     at = 4 + sum(12 + len(name.encode()) + 4 * values.size for name, values in entries.items())
