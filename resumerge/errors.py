@@ -76,6 +76,7 @@ API_NAMES: dict[str, str] = {
     "--include-regex": "include_regexes",
     "--parent": "parents",
     "--gguf-tensor-type": "gguf_tensor_types",
+    "--pure": "gguf_pure",
 }
 # A flag (not part of a path or word), or a whole ``resumerge …`` command, whose flags stay as typed.
 _FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora|check)\b[^;)—]*"

@@ -141,13 +141,30 @@ class _TensorType(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("type", ctypes.c_int)]
 
 
+class _KvValue(ctypes.Union):
+    _fields_ = [("val_i64", ctypes.c_int64), ("val_f64", ctypes.c_double), ("val_bool", ctypes.c_bool),
+                ("val_str", ctypes.c_char * 128)]
+
+
+class _KvOverride(ctypes.Structure):
+    """``llama_model_kv_override``: ``tag`` (0 int, 1 float, 2 bool, 3 str), ``key``, the value."""
+
+    _fields_ = [("tag", ctypes.c_int), ("key", ctypes.c_char * 128), ("value", _KvValue)]
+
+
+_KV_TAGS = {"int": 0, "float": 1, "bool": 2, "str": 3}
+
+
 def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.ndarray] | None = None,
                    tensor_types: tuple[tuple[str, int], ...] = (), output_type: int = -1,
-                   token_embedding_type: int = -1, nthread: int = 1) -> None:
+                   token_embedding_type: int = -1, nthread: int = 1, pure: bool = False,
+                   kv_overrides: tuple[tuple[str, str, int | float | bool | str], ...] = ()) -> None:
     """llama-quantize ``src`` (a GGUF) into ``dst`` as file type ``ftype`` (``llama_model_quantize``), with the
     per-tensor importance ``imatrix`` (values as llama-quantize passes them: sums over counts), ``--tensor-type``
-    pairs and the output / token embedding types (-1: unset), on ``nthread`` threads (the tests' one; the tool's
-    own default is every hardware thread: the bench of the peer route gives it that)."""
+    pairs and the output / token embedding types (-1: unset), ``--pure``, ``--override-kv`` triples (key, ``int``
+    ``float`` ``bool`` or ``str``, value: the ``llama_model_kv_override`` entries llama-quantize passes, its own
+    ``quantize.imatrix.*`` keys among them), on ``nthread`` threads (the tests' one; the tool's own default is every
+    hardware thread: the bench of the peer route gives it that)."""
     _, llama = needs_library()
     assert ctypes.sizeof(_Params) == 64
     llama.llama_model_quantize_default_params.restype = _Params
@@ -156,6 +173,7 @@ def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
     params = llama.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = nthread
+    params.pure = pure
     if output_type >= 0:
         params.output_tensor_type = output_type
     if token_embedding_type >= 0:
@@ -175,6 +193,16 @@ def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
             pairs[i] = _TensorType(pattern.encode(), kind)
         keep.append(pairs)
         params.tt_overrides = ctypes.cast(pairs, ctypes.c_void_p)
+    if kv_overrides:
+        kvs = (_KvOverride * (len(kv_overrides) + 1))()
+        for i, (key, tag, value) in enumerate(kv_overrides):
+            kvs[i].tag, kvs[i].key = _KV_TAGS[tag], key.encode()
+            if tag == "str":
+                kvs[i].value.val_str = str(value).encode()
+            else:
+                setattr(kvs[i].value, {"int": "val_i64", "float": "val_f64", "bool": "val_bool"}[tag], value)
+        keep.append(kvs)
+        params.kv_overrides = ctypes.cast(kvs, ctypes.c_void_p)
     if llama.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama_model_quantize failed on {src}")
 

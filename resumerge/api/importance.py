@@ -98,7 +98,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     state = settings.state
     # The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
     floats = replace(options, out_type="safetensors", gguf_type="f16", gguf_tensor_types=(), gguf_output_type=None,
-                     gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None)
+                     gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None,
+                     gguf_override_kv=(), gguf_pure=False)
     prepared = prepare(load_config_text(text), floats, model_dirs=model_dirs, state=state, cache_dir=settings.cache_dir)
     fetch_inputs(prepared.opened(), state=state)
     set_torch_threads(settings.num_threads)  # run's thread count: the merged values are run's

@@ -74,7 +74,9 @@ class Output:
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
     importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
     importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
-    never written) and its tokenizer from a GGUF parent, or with
+    never written; ``gguf_tensor_type_file``: a file of ``PATTERN=TYPE`` pairs, after ``gguf_tensor_types``;
+    ``gguf_override_kv`` ``KEY=TYPE:VALUE`` key-values and ``gguf_pure`` as llama-quantize's ``--tensor-type-file``,
+    ``--override-kv`` and ``--pure``) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
@@ -90,6 +92,9 @@ class Output:
     gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
     gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
     gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    gguf_tensor_type_file: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION))
+    gguf_override_kv: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
+    gguf_pure: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
     imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
@@ -275,7 +280,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
     from resumerge.merge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
     from resumerge.outputs.containers import OUT_TYPES
 
-    names = {each.name for each in fields(PlanOptions)} - {"out_shard_size", "parent_shard_names"}
+    # the tensor-type file is read here: its pairs, not its path, are the plan's
+    names = {each.name for each in fields(PlanOptions)} - {"out_shard_size", "parent_shard_names"} | {_TYPE_FILE}
     given = {each.name: getattr(group, each.name) for group in groups
              for each in fields(group) if each.name in names}  # type: ignore[arg-type]
     given.update(overrides)
@@ -285,36 +291,49 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
     given.update(_gguf_choices(given))
+    given.pop(_TYPE_FILE, None)
     shard_size = size_option(out_shard_size, "--out-shard-size")
     return PlanOptions(out_shard_size=AUTO_SHARD_SIZE if shard_size is None else shard_size,
                        parent_shard_names=True, **{**given, "device": normalise_device(given.get("device", "cpu"))})
 
 
 # The GGUF type options, by field: the flag that sets each
+_TYPE_FILE = "gguf_tensor_type_file"
 _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
                  "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
-                 "imatrix_texts": "--imatrix-texts"}
+                 "imatrix_texts": "--imatrix-texts", _TYPE_FILE: "--gguf-tensor-type-file",
+                 "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure"}
 
 
 def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
     """The GGUF type options of ``given`` checked and normalised (patterns and type names lower-cased, the
     importance matrix an absolute path that exists); UsageError (exit 2) naming the flag for a bad one, or for one
     given without ``--out-type gguf``."""
+    from resumerge.merge.plan.ggufswitches import parse_override_kv, tensor_type_file
     from resumerge.merge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
 
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if not set_:  # the CLI's unset repeatable flag is None, the plan's default an empty tuple
-        return {"gguf_tensor_types": ()} if "gguf_tensor_types" in given else {}
+        return {name: () for name in ("gguf_tensor_types", "gguf_override_kv") if name in given}
     if given.get("out_type") != "gguf":
         raise UsageError(f"{set_[0]} chooses a GGUF output's types: give it with --out-type gguf")
     out: dict[str, Any] = {}
+    pairs = list(given.get("gguf_tensor_types") or ())
     try:
+        if given.get(_TYPE_FILE) is not None:
+            pairs += tensor_type_file(Path(given[_TYPE_FILE]).expanduser(), parse_tensor_types)
         out["gguf_tensor_types"] = tuple(f"{p}={t}" for p, t in
                                          ((pair.partition("=")[0].lower(), pair.partition("=")[2].lower())
-                                          for pair in given.get("gguf_tensor_types") or ()))
+                                          for pair in pairs))
         parse_tensor_types(out["gguf_tensor_types"])
+        out["gguf_override_kv"] = tuple(given.get("gguf_override_kv") or ())
+        for spec in out["gguf_override_kv"]:
+            parse_override_kv(spec)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"--gguf-tensor-type-file {given[_TYPE_FILE]}: cannot be read "
+                         f"({error.strerror or error})") from None
     for name in ("gguf_output_type", "gguf_token_embedding_type"):
         kind = given.get(name)
         if kind is not None:

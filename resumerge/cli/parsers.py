@@ -170,6 +170,15 @@ def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> Non
         help="--out-type gguf: the type of output.weight (llama-quantize's --output-tensor-type)")
     add("--gguf-token-embedding-type", metavar="TYPE",
         help="--out-type gguf: the type of token_embd.weight (llama-quantize's --token-embedding-type)")
+    add("--gguf-tensor-type-file", metavar="FILE",
+        help="--out-type gguf: FILE's PATTERN=TYPE pairs (white-space separated), after --gguf-tensor-type's "
+             "(llama-quantize's --tensor-type-file)")
+    add("--gguf-override-kv", action="append", metavar="KEY=TYPE:VALUE",
+        help="--out-type gguf: write the key-value KEY (TYPE int, float, bool or str) over the one resumerge "
+             "writes (llama-quantize's --override-kv; repeatable)")
+    add("--pure", action="store_true", dest="gguf_pure",
+        help="--out-type gguf: no mix rules: every matrix the --gguf-type's default type, output.weight and "
+             "token_embd.weight too, the override flags still applying (llama-quantize's --pure)")
     if not importance:
         return
     add("--imatrix", metavar="FILE",

@@ -39,6 +39,9 @@ class GgufChoices:
     # --imatrix-texts: the texts the importance matrix at ``imatrix`` is computed on the merge from (before the
     # encoding, by the run); None: ``imatrix`` is the user's file.
     imatrix_texts: str | None = None
+    # --gguf-override-kv KEY=TYPE:VALUE key-values, --pure
+    override_kv: tuple[str, ...] = ()
+    pure: bool = False
 
     @property
     def computed(self) -> bool:
@@ -255,7 +258,8 @@ def gguf_choices(options: Any) -> GgufChoices:
     """The GGUF type options of a plan's ``options`` (:class:`~resumerge.merge.plan.merge_plan.PlanOptions`)."""
     return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
                        options.gguf_token_embedding_type, options.imatrix,
-                       getattr(options, "imatrix_texts", None))
+                       getattr(options, "imatrix_texts", None), tuple(getattr(options, "gguf_override_kv", ())),
+                       bool(getattr(options, "gguf_pure", False)))
 
 
 def container_of(files: Iterable[str]) -> type[OutputContainer]:

@@ -39,6 +39,7 @@ from resumerge.inputs.gguf.names import (
 from resumerge.inputs.model import ModelInput
 from resumerge.merge.plan.architecture import dense_mlp_layers
 from resumerge.merge.plan.ggufstacks import WRITTEN, place_tensors
+from resumerge.merge.plan.ggufswitches import imatrix_keys, overridden, parse_override_kv
 from resumerge.merge.plan.gguftypes import (
     MIXES,
     OVERRIDE_TYPES,
@@ -115,7 +116,11 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
                                                                  **stack), last)
     weights.check_used([i.name for e in entries for i in e.infos])
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
-    metadata = own_keys(_metadata(arch, out_config, gguf_type, source, template), keys)
+    overrides = [parse_override_kv(spec) for spec in choices.override_kv]
+    # the run's own keys (a transplant's name, the BOS its tokenizer adds) in place; the user's overrides and the
+    # imatrix keys after them, as llama-quantize appends them
+    metadata = overridden(own_keys(_metadata(arch, out_config, gguf_type, source, template), keys),
+                          overrides + weights.keys())
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
              for e in entries]  # an entry is split as one tensor
     groups = split_files(whole, split_max_size)
@@ -184,7 +189,7 @@ def _type_choices(choices: GgufChoices) -> TypeChoices:
     return TypeChoices(parse_tensor_types(choices.tensor_types),
                        OVERRIDE_TYPES[choices.output_type] if choices.output_type else -1,
                        OVERRIDE_TYPES[choices.token_embedding_type] if choices.token_embedding_type else -1,
-                       choices.imatrix is not None)
+                       choices.imatrix is not None, choices.pure)
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,9 @@ class Importance:
     path: str = ""
     sizes: Mapping[str, int] = field(default_factory=dict)
     later: bool = False
+    # the dataset the file names (None: none) and its chunk count, for the quantize.imatrix.* keys
+    dataset: str | None = None
+    chunks: int = 0
 
     @classmethod
     def computed(cls, path: str | None) -> Importance:
@@ -206,9 +214,18 @@ class Importance:
     def read(cls, path: str | None) -> Importance:
         if path is None:
             return cls()
-        from resumerge.outputs.gguf.imatrix import read_imatrix
+        from resumerge.outputs.gguf.imatrix import matrix_facts, read_imatrix
 
-        return cls(path, {name: values.size for name, values in read_imatrix(path).items()})
+        entries = read_imatrix(path)
+        dataset, chunks = matrix_facts(path, entries)
+        return cls(path, {name: values.size for name, values in entries.items()}, dataset=dataset, chunks=chunks)
+
+    def keys(self) -> list[tuple[str, Value]]:
+        """The ``quantize.imatrix.*`` keys llama-quantize writes for the user's file (none without one; none yet
+        for a matrix computed on the merge)."""
+        if not self.path or self.later:
+            return []
+        return imatrix_keys(self.path, self.dataset, len(self.sizes), self.chunks)
 
     def for_tensor(self, target: str, columns: int, experts: int, ggml_type: int) -> str:
         """The file whose entry weights ``target`` (rows of ``columns``, ``experts`` slices) in ``ggml_type`` ("":

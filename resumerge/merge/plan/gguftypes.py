@@ -3,7 +3,8 @@ one of llama-quantize's mixes), with its overrides (``--gguf-tensor-type``, ``--
 ``--gguf-token-embedding-type``) and whether an importance matrix is given.
 
 The reference is ``src/llama-quant.cpp`` (``tensor_allows_quantization``, ``llama_tensor_get_type``,
-``llama_tensor_get_type_impl``, ``tensor_type_fallback``; ``shared/reference/kquants.md`` §3), not ``--pure``:
+``llama_tensor_get_type_impl``, ``tensor_type_fallback``; ``shared/reference/kquants.md`` §3); ``--pure`` skips
+the mix's bumps and the head's rule below (its overrides and the row fallback still apply, as llama.cpp's):
 
 - F32, F16 and BF16 files are not quantized: every matrix has the file's type.
 - Never quantized: 1-D tensors, ``*_norm.weight`` and the routers (``ffn_gate_inp``): F32, as the converter stores
@@ -96,6 +97,9 @@ class TypeChoices:
     output: int = -1
     token_embedding: int = -1
     imatrix: bool = False
+    # --pure: none of the mix's own rules (its bumps, output.weight's Q6_K): every other tensor the default type;
+    # the override flags and the row fallback still apply, as llama-quantize --pure
+    pure: bool = False
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
             if re.search(pattern, name) and kind != default:
                 picked, manual = kind, True
                 break
-        if not manual:
+        if not manual and not choices.pure:
             if category == "output" or (model.tied and category == "token_embd"):
                 if choices.output >= 0:
                     picked = choices.output

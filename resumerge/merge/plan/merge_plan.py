@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,8 @@ from resumerge.merge.methods.registry import MethodSpec, get_method
 from resumerge.merge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.merge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE
 from resumerge.merge.plan.layerblocks import LayerBlocks
+from resumerge.merge.plan.planjson import dumps as _dumps
+from resumerge.merge.plan.planjson import sha as _sha
 from resumerge.outputs.containers import SAFETENSORS, OutputContainer
 
 if TYPE_CHECKING:
@@ -74,6 +76,10 @@ class PlanOptions:
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
     imatrix_texts: str | None = None
+    # --gguf-override-kv KEY=TYPE:VALUE key-values and --pure (llama-quantize's --override-kv and --pure); the
+    # pairs of --gguf-tensor-type-file are in gguf_tensor_types (the file's content is the plan's, not its path).
+    gguf_override_kv: tuple[str, ...] = ()
+    gguf_pure: bool = False
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
@@ -81,6 +87,7 @@ class PlanOptions:
 
     def __post_init__(self) -> None:  # recorded options are JSON, a tuple a list: [] != () changed the fingerprint
         object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
+        object.__setattr__(self, "gguf_override_kv", tuple(self.gguf_override_kv))
 
 
 # Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
@@ -88,7 +95,8 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "num_threads": None, "dequantize": False, "parent_shard_names": False,
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
-                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False}
+                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
+                                     "gguf_override_kv": (), "gguf_pure": False}
 
 
 @dataclass(frozen=True)
@@ -583,18 +591,3 @@ _OWN = ("carried", "inputs", "name", "nbytes", "shape", "shard")
 _LATER_FIELDS = frozenset({"copy_of", "experts", "blocks"})
 _SHARED = attrgetter(*(name for name in _FIELDS if name not in _OWN))
 
-
-def _json_default(value: Any) -> Any:
-    """What JSON cannot write as it is: a dataclass as :func:`dataclasses.asdict` renders it, anything else (a set,
-    a codec's identity) as a list."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return list(value)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
-
-
-def _sha(value: Any) -> str:
-    return hashlib.sha256(_dumps(value).encode()).hexdigest()

@@ -124,6 +124,29 @@ def read_imatrix(path: str | Path, only: str | None = None) -> dict[str, np.ndar
     return entries
 
 
+def matrix_facts(path: str | Path, entries: Mapping[str, np.ndarray]) -> tuple[str | None, int]:
+    """The dataset the importance matrix at ``path`` (whose entries :func:`read_imatrix` read as ``entries``) was
+    measured on (GGUF: the first of ``imatrix.datasets``; ``.dat``: the name after its entries; None where it
+    names none) and its chunk count (0 where it has none), as llama-quantize's ``load_imatrix`` reads them."""
+    from resumerge.inputs.gguf.header import read_gguf_header
+
+    path = Path(path)
+    with path.open("rb") as file:
+        magic = file.read(4)
+    if magic == b"GGUF":
+        metadata = read_gguf_header(path, {_F32: (1, 4)}).metadata
+        named = metadata.get("imatrix.datasets")
+        datasets = [] if named is None else list(named)
+        return (str(datasets[0]) if datasets else None), int(metadata.get("imatrix.chunk_count", 0))
+    data = path.read_bytes()
+    at = 4 + sum(12 + len(name.encode()) + 4 * values.size for name, values in entries.items())
+    if at + 8 > len(data):
+        return None, 0
+    chunks, length = struct.unpack_from("<ii", data, at)
+    dataset = data[at + 8:at + 8 + max(length, 0)].decode("utf-8", errors="replace")
+    return dataset, max(chunks, 0)
+
+
 def computed_counts(path: str) -> tuple[int, int] | None:
     """The texts (``imatrix.chunk_count``) and tokens (the largest count) of the GGUF importance matrix at ``path``
     that resumerge wrote; None where there is none (not computed yet)."""

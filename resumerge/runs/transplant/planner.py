@@ -329,6 +329,10 @@ def output_flags(options: PlanOptions) -> tuple[str, ...]:
             flags += ["--gguf-output-type", options.gguf_output_type]
         if options.gguf_token_embedding_type is not None:
             flags += ["--gguf-token-embedding-type", options.gguf_token_embedding_type]
+        for spec in options.gguf_override_kv:
+            flags += ["--gguf-override-kv", spec]
+        if options.gguf_pure:
+            flags.append("--pure")
     if options.random_seed != default.random_seed:
         flags += ["--random-seed", str(options.random_seed)]
     if options.device != default.device:
