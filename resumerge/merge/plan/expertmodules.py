@@ -87,6 +87,14 @@ def meta_model(config: Mapping[str, Any]) -> tuple[Any, int, list[tuple[re.Patte
     return model, hidden, renames
 
 
+def names_on_load(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """Checkpoint tensor ``names`` as transformers' conversion for the family of ``config`` (its config.json) renames
+    them on load (DeepSeek-V4's ``head.weight`` is its ``lm_head.weight``); the names as they are where transformers
+    is missing or cannot build the family."""
+    built = meta_model(config)
+    return [renamed(name, built[2]) if built is not None else name for name in names]
+
+
 def renamed(name: str, renames: list[tuple[re.Pattern[str], str]]) -> str:
     """Checkpoint tensor ``name`` as transformers' conversion ``renames`` it on load (its module's name)."""
     for pattern, target in renames:

@@ -30,7 +30,8 @@ described by the source layer it was made from (``origins``):
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.merge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
 - ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
-- ``tie_word_embeddings`` from whether an output head was written.
+- ``tie_word_embeddings`` from whether an output head was written, as transformers reads the checkpoint (a head
+  under a name the family's conversion maps to ``lm_head``, DeepSeek-V4's ``head.weight``, is one).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from resumerge.merge.plan.architecture import (
     layer_types_of,
     prefix_key,
 )
+from resumerge.merge.plan.expertmodules import names_on_load
 from resumerge.merge.plan.layerfacts import (
     REUSES_EARLIER,
     derived_lists,
@@ -129,12 +131,26 @@ def build_out_config(
         out["dtype"] = dtype
         if "torch_dtype" in out:
             out["torch_dtype"] = dtype
-    if any(is_input_embedding(n) for n in tensors):
-        tied = not any(is_head(n) for n in tensors)
+    tied = _tied(out, target, tensors)
+    if tied is not None:
         out["tie_word_embeddings"] = tied
         if target is not out and "tie_word_embeddings" in target:
             target["tie_word_embeddings"] = tied
     return out
+
+
+def _tied(out: Mapping[str, Any], target: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> bool | None:
+    """Whether transformers must tie the output's head to its embeddings: where no tensor written is the head as
+    transformers reads the checkpoint (under any name the family's conversion maps to ``lm_head``: DeepSeek-V4's
+    ``head.weight``); None where no embedding is written (the donor's setting stays). transformers is asked only
+    where the names alone show no head and the donor's config does not tie: a tied model's output is then tied
+    whatever transformers says."""
+    names = sorted(tensors)
+    embedded, headed = any(is_input_embedding(n) for n in names), any(is_head(n) for n in names)
+    if not headed and target.get("tie_word_embeddings", out.get("tie_word_embeddings")) is not True:
+        read = names_on_load(out, names)
+        embedded, headed = embedded or any(is_input_embedding(n) for n in read), any(is_head(n) for n in read)
+    return not headed if embedded else None
 
 
 def render_config(out_config: Mapping[str, Any]) -> bytes:
