@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,8 @@ if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
     from resumerge.merge.plan.merge_plan import TensorPlan
 
+# a numbered part of a tensor's name (``.3.``): a layer's, an expert's
+_NUMBERED_PART = re.compile(r"\.\d+\.")
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
@@ -131,7 +134,7 @@ def build_out_config(
         out["dtype"] = dtype
         if "torch_dtype" in out:
             out["torch_dtype"] = dtype
-    tied = _tied(out, target, tensors)
+    tied = _tied(out, target, tensors, models)
     if tied is not None:
         out["tie_word_embeddings"] = tied
         if target is not out and "tie_word_embeddings" in target:
@@ -139,17 +142,25 @@ def build_out_config(
     return out
 
 
-def _tied(out: Mapping[str, Any], target: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> bool | None:
+def _tied(out: Mapping[str, Any], target: Mapping[str, Any], tensors: Mapping[str, TensorPlan],
+          models: Mapping[str, ModelInput]) -> bool | None:
     """Whether transformers must tie the output's head to its embeddings: where no tensor written is the head as
     transformers reads the checkpoint (under any name the family's conversion maps to ``lm_head``: DeepSeek-V4's
-    ``head.weight``); None where no embedding is written (the donor's setting stays). transformers is asked only
-    where the names alone show no head and the donor's config does not tie: a tied model's output is then tied
-    whatever transformers says."""
+    ``head.weight``); None where no embedding is written, or no input has a head either (Mistral 4's checkpoint, a
+    base model): the donor's setting stays. transformers is asked only where the names alone show no head and the
+    donor's config does not tie: a tied model's output is then tied whatever transformers says."""
     names = sorted(tensors)
     embedded, headed = any(is_input_embedding(n) for n in names), any(is_head(n) for n in names)
-    if not headed and target.get("tie_word_embeddings", out.get("tie_word_embeddings")) is not True:
-        read = names_on_load(out, names)
-        embedded, headed = embedded or any(is_input_embedding(n) for n in read), any(is_head(n) for n in read)
+    if not headed and out.get("tie_word_embeddings", target.get("tie_word_embeddings")) is not True:
+        # the tensors outside the numbered layers (a head or an embedding is one): a 90k-tensor model has a few
+        loose = [n for n in names if _NUMBERED_PART.search(n) is None]
+        theirs = sorted({n for m in models.values() for n in m.tensors if _NUMBERED_PART.search(n) is None}
+                        - set(loose))
+        read = names_on_load(out, [*loose, *theirs])
+        ours = read[:len(loose)]
+        embedded, headed = embedded or any(is_input_embedding(n) for n in ours), any(is_head(n) for n in ours)
+        if not headed and not any(is_head(n) for n in read):
+            return None
     return not headed if embedded else None
 
 
@@ -269,6 +280,8 @@ def _set_dense_layers(
         return
     sources = {key: dense_mlp_layers(models[key].config) for key in {m for m, _ in origins}}
     dense = [i for i, (model, layer) in enumerate(origins) if _is_dense(sources[model], layer)]
+    if scheme[1] == frozenset(dense):  # the donor's config says it already (Qwen3-MoE's decoder_sparse_step)
+        return
     if scheme[0] == QWEN_MOE_SCHEME:
         step = int(target.get("decoder_sparse_step", 1) or 1)
         # With the explicit list, the donor's step may stay only if it makes no other output layer dense.
