@@ -123,3 +123,35 @@ def test_the_shipped_fp4_fp8_layout_is_merged_in_it(method: str, tmp_path: Path)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert checked_nll(out, TOKENS, tmp_path / "journal") == pytest.approx(unpadded_nll(out, TOKENS), abs=1e-4)
+
+
+def test_a_stack_of_slices_rewrites_the_shipped_layer_keys(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # deepseek-ai's code and vLLM read compress_ratios and num_hash_layers where transformers reads layer_types and
+    # mlp_layer_types: slices a[0, 2) + a[1, 3) make them [0, 4, 4, 128] (+ the MTP layer's 0) and 3 hash layers
+    import yaml
+    from deepseek_v4_models import make_shipped_v4
+    from newest_check import checked_nll, unpadded_nll
+
+    from resumerge.cli.commands import main
+
+    a = make_shipped_v4(tmp_path / "a", 1)
+    out = api_merge(tmp_path, {"merge_method": "passthrough", "dtype": "float32", "slices": [
+        {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(a), "layer_range": [1, 3]}]}]})
+    written = json.loads((out / "config.json").read_text())
+    assert written["compress_ratios"] == [0, 4, 4, 128, 0] and written["num_hash_layers"] == 3
+    ours, theirs = output_tensors(out), output_tensors(a)
+    assert torch.equal(ours["layers.2.ffn.gate.tid2eid"], theirs["layers.1.ffn.gate.tid2eid"])
+    assert torch.equal(ours["layers.2.ffn.experts.1.w3.weight"], theirs["layers.1.ffn.experts.1.w3.weight"])
+    _, info = _load(out)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert checked_nll(out, TOKENS, tmp_path / "journal") == pytest.approx(unpadded_nll(out, TOKENS), abs=1e-4)
+    late = tmp_path / "late.yml"
+    late.write_text(yaml.safe_dump({"merge_method": "passthrough", "dtype": "float32", "slices": [
+        {"sources": [{"model": str(a), "layer_range": [2, 4]}]},
+        {"sources": [{"model": str(a), "layer_range": [0, 2]}]}]}))
+    capsys.readouterr()
+    assert main(["plan", str(late)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is hash-routed but comes after output layer 0" in lines[0], lines

@@ -122,6 +122,7 @@ def build_out_config(
     if not same:
         _set_derived(target, models, origins)
         _set_numbered(target, models, origins)
+        _set_v4_layers(target, models, donor, origins, config)
     _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
@@ -220,6 +221,34 @@ def _set_numbered(
             named[m] = set(theirs.get(inner) or ()) if isinstance(theirs, dict) else set()
         target[outer] = {**nested, inner: [i + first for i, (m, layer) in enumerate(origins)
                                            if layer + first in named[m]]}
+
+
+def _set_v4_layers(target: dict[str, Any], models: Mapping[str, ModelInput], donor: str,
+                   origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
+    """DeepSeek-V4's own keys for its layers, which its reference code and vLLM read where transformers reads the
+    lists it derives from them (``layer_types``, ``mlp_layer_types``, written as every per-layer list): each output
+    layer's ``compress_ratios`` entry its source layer's (the donor's entries past its layers, its MTP layers',
+    after them), and ``num_hash_layers`` the number of leading output layers whose source layer is hash-routed; a
+    hash-routed layer after one that is not is refused (the count cannot describe it)."""
+    ratios, hashed = target.get("compress_ratios"), type(target.get("num_hash_layers")) is int
+    if not isinstance(ratios, list) and not hashed:
+        return
+    cfgs = {m: layer_config(models[m].config) for m in {m for m, _ in origins}}
+    theirs = [cfgs[m].get("compress_ratios") for m, _ in origins]
+    if isinstance(ratios, list) and all(isinstance(r, list) and i < len(r) for r, (_, i) in zip(theirs, origins)):
+        own = layer_count(layer_config(models[donor].config)) or len(ratios)
+        target["compress_ratios"] = [r[i] for r, (_, i) in zip(theirs, origins)] + ratios[own:]  # type: ignore[index]
+    if hashed:
+        hash_layers = [i < int(cfgs[m].get("num_hash_layers") or 0) for m, i in origins]
+        leading = next((i for i, h in enumerate(hash_layers) if not h), len(hash_layers))
+        late = next((i for i in range(leading, len(hash_layers)) if hash_layers[i]), None)
+        if late is not None:
+            raise ConfigError(
+                f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is hash-routed but comes "
+                f"after output layer {leading}, which is not, and {target.get('model_type')} configs can hash-route "
+                "only the first layers (num_hash_layers)", yaml_path=slice_path(config, late),
+                hint="order the slices so that every hash-routed source layer comes before the others")
+        target["num_hash_layers"] = leading
 
 
 def _set_shared_kv(
