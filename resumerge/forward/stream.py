@@ -426,12 +426,12 @@ class ModelStream:
         # forward value of every id is its row), so the renumbered table runs without one
         embed.padding_idx = None
         try:
-            found = []
+            entering = []
             for b, (ids, mask) in enumerate(batches):
                 renumbered = torch.searchsorted(used, ids)
                 hidden, calls = self._capture(renumbered, mask, more=_more(given, b))
-                found.append((hidden, [_ids_back(call, renumbered, ids) for call in calls]))
-            return self.placed(found)
+                entering.append((hidden, [_ids_back(call, renumbered, ids) for call in calls]))
+            return self.placed(entering)
         finally:
             embed._parameters.update(before)
             embed.padding_idx = pad
