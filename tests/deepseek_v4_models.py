@@ -5,7 +5,8 @@ init and saved by ``save_pretrained`` (DeepSeek-V4's head then is ``head.weight`
 (``compress_ratios``, ``num_hash_layers``, ``expert_dtype: fp4``, ``quantization_config`` fp8 with ``scale_fmt:
 ue8m0``), the linears FP8 E4M3 in 128×128 blocks and the routed experts FP4 E2M1 (two codes a byte, I8) with one
 power of two per 32 inputs, every scale F8_E8M0 named ``X.scale`` beside ``X.weight``; the hash-routing tables
-``tid2eid`` I64. The quantization here is the test's own, written from the published format (not resumerge's)."""
+``tid2eid`` I64; its multi-token-prediction module ``mtp.0.*``. The quantization here is the test's own, written
+from the published format (not resumerge's)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def make_shipped_v4(directory: Path, seed: int, *, tables: int = 0) -> Path:
             tensors[name], tensors[name.removesuffix("weight") + "scale"] = fp8_encode(tensor)
         else:
             tensors[name] = tensor.to(torch.bfloat16) if tensor.is_floating_point() and tensor.dim() == 2 else tensor
+    _add_mtp(tensors, seed)
     directory.mkdir(parents=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     doc = json.loads((plain / "config.json").read_text())
@@ -100,6 +102,23 @@ def make_shipped_v4(directory: Path, seed: int, *, tables: int = 0) -> Path:
                 "torch_dtype": "bfloat16"})
     (directory / "config.json").write_text(json.dumps(doc, indent=2))
     return directory
+
+
+def _add_mtp(tensors: dict[str, torch.Tensor], seed: int) -> None:
+    """The multi-token-prediction module (``num_nextn_predict_layers: 1``) the shipped checkpoint holds beside its
+    layers as ``mtp.0.*`` (which transformers does not load): a layer like the last one, with its own input norms
+    and projections (FP8) and hyper-connection head."""
+    generator = torch.Generator().manual_seed(seed + 2000)
+    last = f"layers.{DEEPSEEK_V4['num_hidden_layers'] - 1}."
+    for name in [n for n in tensors if n.startswith(last)]:
+        tensors["mtp.0." + name.removeprefix(last)] = tensors[name].clone()
+    for name in ("e_proj", "h_proj"):
+        tensors[f"mtp.0.{name}.weight"], tensors[f"mtp.0.{name}.scale"] = fp8_encode(
+            0.02 * torch.randn(32, 32, generator=generator))
+    for name in ("enorm", "hnorm", "norm"):
+        tensors[f"mtp.0.{name}.weight"] = 1 + 0.05 * torch.randn(32, generator=generator)
+    for name in ("hc_head_fn", "hc_head_base", "hc_head_scale"):
+        tensors[f"mtp.0.{name}"] = tensors[name].clone()
 
 
 def _power_of_two_at_least(value: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deepseek_v4_models import FAMILIES as V4, make_v4_model
+from deepseek_v4_models import FAMILIES as V4
+from deepseek_v4_models import make_v4_model
 from families import FAMILIES, make_family_model
 from family_table import TABLE, make_table_model
 from moe_families import MOE_FAMILIES, make_moe_model
