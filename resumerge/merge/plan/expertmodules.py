@@ -129,10 +129,20 @@ def _stacks_in(model: Any, hidden: int, count: int) -> dict[str, ExpertStack | N
 
 
 def _forward_code(module: Any) -> str:
+    """The code of ``module``'s forward, and of each of its class's own methods the forward calls (Hunyuan v4's
+    ``self._apply_gate(``, where it splits gate and up)."""
     try:
-        return inspect.getsource(type(module).forward)
+        code = inspect.getsource(type(module).forward)
     except (OSError, TypeError):
         return ""
+    for name in dict.fromkeys(re.findall(r"self\.(\w+)\(", code)):
+        method = getattr(type(module), name, None)
+        if name != "forward" and inspect.isfunction(method):
+            try:
+                code += "\n" + inspect.getsource(method)
+            except (OSError, TypeError):
+                continue
+    return code
 
 
 def _module_stacks(weights: dict[str, tuple[int, ...]], hidden: int, count: int, code: str
