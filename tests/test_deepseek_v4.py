@@ -155,3 +155,25 @@ def test_a_stack_of_slices_rewrites_the_shipped_layer_keys(tmp_path: Path,
     assert main(["plan", str(late)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "is hash-routed but comes after output layer 0" in lines[0], lines
+
+
+def test_a_dequantized_merge_of_the_shipped_layout_says_nothing_of_fp4(tmp_path: Path) -> None:
+    # --dequantize: every weight written plainly, and neither quantization_config nor expert_dtype (vLLM's loader
+    # would read fp4 experts) left in config.json
+    from deepseek_v4_models import make_shipped_v4
+    from newest_check import checked_nll, unpadded_nll
+
+    from resumerge.cli.commands import main
+
+    a, b = make_shipped_v4(tmp_path / "a", 1), make_shipped_v4(tmp_path / "b", 2)
+    doc = tmp_path / "linear.yml"
+    doc.write_text(json.dumps({"merge_method": "linear", "dtype": "float32", "models": [
+        {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]}))
+    out = tmp_path / "out"
+    assert main(["run", str(doc), str(out), "--dequantize", "--quiet", "--state-dir", str(tmp_path / "s")]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in written and "expert_dtype" not in written
+    merged = output_tensors(out)
+    assert {t.dtype for t in merged.values()} == {torch.float32, torch.int64}
+    assert not any(n.endswith(".scale") for n in merged)
+    assert checked_nll(out, TOKENS, tmp_path / "journal") == pytest.approx(unpadded_nll(out, TOKENS), abs=1e-4)

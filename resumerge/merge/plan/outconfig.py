@@ -372,7 +372,8 @@ def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> Non
 def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
     """The output's ``quantization_config``: what the output codec of its first quantized tensor (by name) says,
     from the config of the model whose format the output keeps (``base``); none when every output tensor is
-    stored plainly and some input was not (``--dequantize``, or a base stored plainly). A merge of plain models
+    stored plainly and some input was not (``--dequantize``, or a base stored plainly), nor DeepSeek-V4's top-level
+    ``expert_dtype``. A merge of plain models
     keeps the donor's config as it is. The one rule for every kind of run that writes a config.json from an
     input's (a merge, a MoE upcycling)."""
     written = next((tensors[n].out_codec for n in sorted(tensors) if not tensors[n].out_codec.plain), None)
@@ -383,6 +384,7 @@ def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapp
             return
     if written is not None or any(not r.codec.plain for t in tensors.values() for r in t.inputs):
         out.pop("quantization_config", None)
+        out.pop("expert_dtype", None)  # DeepSeek-V4's (fp4: its experts' storage), beside quantization_config
 
 
 def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:
