@@ -71,8 +71,9 @@ def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, .
     """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
     it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
     hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
-    calls in the statements after the last one that uses the decoder layers ``layers``, arguments before the call
-    that takes them. Empty where it calls none (the head reads the last layer's output) or its code cannot be read."""
+    calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
+    before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
+    cannot be read."""
     children = dict(inner.named_children())
     layer_name = next((n for n, c in children.items() if c is layers), None)
     try:
@@ -89,7 +90,9 @@ def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, .
     def visit(node: ast.AST) -> None:  # evaluation order: what a call's arguments call comes before it
         for child in ast.iter_child_nodes(node):
             visit(child)
-        name = _self_attribute(node.func) if isinstance(node, ast.Call) else None
+        # a module given the hidden states alone (Inkling2's final_input, given its block states too, is no such)
+        alone = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+        name = _self_attribute(node.func) if isinstance(node, ast.Call) and alone else None
         if name is not None and name != layer_name and isinstance(children.get(name), torch.nn.Module):
             found.append(name)
 
