@@ -260,7 +260,8 @@ def test_qwen_moe_sparse_step_is_reset_when_the_list_alone_describes_the_layers(
     models = _inputs({"a": step2})
     same = (("a", 0, 4),)
     out = build_out_config(_stack(*same), models, "a", _origins(*same), {})
-    assert out["mlp_only_layers"] == [0, 2] and out["decoder_sparse_step"] == 2
+    # the donor's config says already which layers are dense: kept as it is (what transformers reads of it)
+    assert out["mlp_only_layers"] == [] and out["decoder_sparse_step"] == 2
     shifted = (("a", 1, 4),)  # source layers 1 (MoE), 2 (dense), 3 (MoE)
     out = build_out_config(_stack(*shifted), models, "a", _origins(*shifted), {})
     assert out["mlp_only_layers"] == [1] and out["decoder_sparse_step"] == 1

@@ -8,7 +8,7 @@ stack the test stores each expert's gate, up and down projections alone (cut by 
 families' experts classes: ``linear(x, gate_up[e]).chunk(2, dim=-1)``, gate's rows then up's); TIES makes both, and
 every projection of every expert of the fused output has the bytes of its per-expert twin's. Before, Granite 4's
 stacks were merged whole by TIES (its experts ranked together) and Mistral 4's were refused ("whose layout resumerge
-does not know").
+does not know"); Hunyuan v4's gate and up were ranked together (its forward splits them in ``_apply_gate``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,18 @@ MISTRAL4: dict[str, Any] = {
     "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 8,
 }
+# Hunyuan v4: its experts' forward splits gate and up in a method of its own (``self._apply_gate``)
+HY_V4: dict[str, Any] = {
+    **{k: MISTRAL4[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                                "num_hidden_layers", "n_routed_experts", "num_experts_per_tok", "num_attention_heads",
+                                "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                                "qk_nope_head_dim", "v_head_dim")},
+    "head_dim": 16, "hc_mult": 2, "index_n_heads": 2, "index_head_dim": 8, "index_topk": 4, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2,
+}
 # family -> (config, its stored input and output projection stacks within a layer)
 FAMILIES = {
+    "hy_v4": (HY_V4, "mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
     "granitemoehybrid": (GRANITE4, "block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight"),
     "mistral4": (MISTRAL4, "mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
 }

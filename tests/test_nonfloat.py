@@ -1,6 +1,6 @@
 """Non-float tensors (integer buffers, bool masks, int64 position ids) are never blended (issue 44): copied from the
-base when equal across the models, refused with the tensor's name when not — at plan time when the headers tell,
-else when read, in the same words."""
+base when equal across the models, refused with the tensor's name when not — at plan time when the headers tell or
+the files are on disk (issue 96: DeepSeek-V4's hash-routing tables), else when read, in the same words."""
 
 from __future__ import annotations
 
@@ -52,11 +52,14 @@ def test_non_float_tensors_of_other_dtypes_are_refused_when_planned(tmp_path: Pa
     assert f"non-float tensor {POSITIONS} differs between {a} and {b} (I64 and I32)" in refused.value.one_line()
 
 
-def test_non_float_tensors_of_other_values_are_refused_when_read(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_non_float_tensors_of_other_values_are_refused_when_planned(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     a = write_glm(tmp_path / "a", 1, _buffers())
     b = write_glm(tmp_path / "b", 2, _buffers(torch.arange(1, 9, dtype=torch.int64)[None]))
+    assert main(["plan", str(_ties(tmp_path, a, b))]) == 2  # local files: compared before anything runs
+    capsys.readouterr()
     assert main(["run", str(_ties(tmp_path, a, b)), str(tmp_path / "out"), "--quiet"]) == 2
+    assert not (tmp_path / "out").exists()
     err = capsys.readouterr().err
     assert f"non-float tensor {POSITIONS} differs between {a} and {b} (values): non-float tensors are copied, " \
            "never blended" in err

@@ -121,9 +121,12 @@ def logprobs(stream: ModelStream, states: Sequence[torch.Tensor], batches: Seque
         return
     vocab = blocks[-1][1]
     for h, batch in zip(states, batches):
-        logits = torch.empty(*h.shape[:-1], vocab)
+        logits: torch.Tensor | None = None
         for start, found in logit_blocks(stream, h):
+            if logits is None:  # the positions' shape the head gives (DeepSeek-V4's hyper-connection streams: one)
+                logits = torch.empty(*found.shape[:-1], vocab)
             logits[..., start:start + found.shape[-1]] = found
+        assert logits is not None  # a head has a block at least
         yield _rows(logits, batch)
         del logits
 

@@ -10,9 +10,10 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
-import re
+import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
@@ -35,8 +36,6 @@ from resumerge.torch_import import torch
 # float32's rounding of batched matrix products is 1e-6 of it at most; a top-k choice changed by the padding
 # (DeepSeek-V3.2) moves it by 1e-2
 PAD_TOLERANCE = 1e-4
-# A module the base model's forward calls, as its code writes it (``self.norm(``)
-_CALLED = re.compile(r"self\.(\w+)\(")
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it
 _OUTPUT_ARITIES = (0, 1, 2, 3)
@@ -68,22 +67,45 @@ def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
 
 
-def final_norm_name(inner: torch.nn.Module, layers: torch.nn.Module) -> str | None:
-    """The attribute of the module ``inner``'s forward applies to the last decoder layer's output (its final norm:
-    ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``), found in that forward's own code: the first of
-    ``inner``'s modules it calls after its last use of the decoder layers ``layers``. None where it calls none
-    (the head reads the last layer's output) or its code cannot be read."""
+def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, ...]:
+    """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
+    it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
+    hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
+    calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
+    before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
+    cannot be read."""
     children = dict(inner.named_children())
     layer_name = next((n for n, c in children.items() if c is layers), None)
     try:
-        code = inspect.getsource(type(inner).forward)
-    except (OSError, TypeError):
-        return None
-    uses = [m.end() for m in re.finditer(rf"self\.{layer_name}\b", code)] if layer_name else []
-    if not uses:
-        return None
-    return next((m.group(1) for m in _CALLED.finditer(code, uses[-1])
-                 if m.group(1) != layer_name and isinstance(children.get(m.group(1)), torch.nn.Module)), None)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    using = [i for i, statement in enumerate(body)
+             if any(_self_attribute(n) == layer_name for n in ast.walk(statement))]
+    if layer_name is None or not using:
+        return ()
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:  # evaluation order: what a call's arguments call comes before it
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+        # a module given the hidden states alone (Inkling2's final_input, given its block states too, is no such)
+        alone = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+        name = _self_attribute(node.func) if isinstance(node, ast.Call) and alone else None
+        if name is not None and name != layer_name and isinstance(children.get(name), torch.nn.Module):
+            found.append(name)
+
+    for statement in body[using[-1] + 1:]:
+        visit(statement)
+    return tuple(dict.fromkeys(found))
+
+
+def _self_attribute(node: ast.AST) -> str | None:
+    """``X`` where ``node`` is ``self.X``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
 
 
 def _stubs() -> tuple[Any, Any]:
@@ -179,6 +201,16 @@ def _native_reads_all(model: Any, reader: CastReader, tied: bool) -> bool:
                for name, param in model.named_parameters())
 
 
+def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> LayerCall:
+    """A layer's ``call`` captured with the ``renumbered`` token ids (rows of a cut embedding table), the real
+    ``ids`` in their place: a layer that reads the ids (DeepSeek-V4's hash routing, ``tid2eid[input_ids]``) is
+    given the tokens themselves."""
+    args, kwargs = call
+    fixed = (tuple(ids if v is renumbered else v for v in args),
+             {k: ids if v is renumbered else v for k, v in kwargs.items()})
+    return HandingCall(fixed, call.slots) if isinstance(call, HandingCall) else fixed
+
+
 class ModelStream:
     """A model's modules without weights, read from ``weights`` in ``dtype`` as each part runs.
 
@@ -206,8 +238,9 @@ class ModelStream:
         self._names = names
         self.layers_list = self._layer_list()
         self.layers = len(self.layers_list)
-        self._final_name = final_norm_name(self.inner, self.layers_list)
-        self.final_norm = getattr(self.inner, self._final_name) if self._final_name is not None else None
+        self._final_names = final_names(self.inner, self.layers_list)
+        # what the base model applies to the last layer's output, in order (the final norm)
+        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.inner, n) for n in self._final_names)
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> torch.nn.ModuleList:
@@ -332,7 +365,7 @@ class ModelStream:
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
         return [child for child in self.inner.children()
-                if child is not self.layers_list and child is not self.final_norm
+                if child is not self.layers_list and all(child is not f for f in self.finals)
                 and any(True for _ in child.parameters())]
 
     # -- running ------------------------------------------------------------------------------------------
@@ -396,8 +429,12 @@ class ModelStream:
         # forward value of every id is its row), so the renumbered table runs without one
         embed.padding_idx = None
         try:
-            return self.placed([self._capture(torch.searchsorted(used, ids), mask, more=_more(given, b))
-                                for b, (ids, mask) in enumerate(batches)])
+            entering = []
+            for b, (ids, mask) in enumerate(batches):
+                renumbered = torch.searchsorted(used, ids)
+                hidden, calls = self._capture(renumbered, mask, more=_more(given, b))
+                entering.append((hidden, [_ids_back(call, renumbered, ids) for call in calls]))
+            return self.placed(entering)
         finally:
             embed._parameters.update(before)
             embed.padding_idx = pad
@@ -408,7 +445,6 @@ class ModelStream:
         embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.layers_list)
-        final = self.final_norm
         failed = ""
         for arity in _OUTPUT_ARITIES:
             calls: list[list[LayerCall]] = [[] for _ in real_layers]
@@ -417,8 +453,8 @@ class ModelStream:
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
-                if final is not None:
-                    self._set_final(torch.nn.Identity())
+                for name in self._final_names:
+                    setattr(self.inner, name, torch.nn.Identity())
                 with torch.no_grad():
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
@@ -431,8 +467,8 @@ class ModelStream:
             finally:
                 for i, layer in enumerate(real_layers):
                     self.layers_list[i] = layer
-                if final is not None:
-                    self._set_final(final)
+                for name, final in zip(self._final_names, self.finals):
+                    setattr(self.inner, name, final)
             first = stubs[0].seen[0] if stubs[0].seen else None
             if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
                 continue
@@ -440,10 +476,6 @@ class ModelStream:
             # (GLM-5's top-k indices: resumerge.forward.handed)
             return first, [HandingCall(c[0], stub.made) if stub.made else c[0] for c, stub in zip(calls, stubs)]
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time{failed}")
-
-    def _set_final(self, module: torch.nn.Module) -> None:
-        assert self._final_name is not None
-        setattr(self.inner, self._final_name, module)
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                    entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
@@ -514,7 +546,7 @@ class ModelStream:
         those tokens only), instead of read from the checkpoint."""
         head = self.model.get_output_embeddings()
         tied = self.tied_head()
-        parts = [p for p in (self.final_norm,) if p is not None]
+        parts = list(self.finals)
         for part in parts:
             self.load(part)
         before = dict(head._parameters)
@@ -528,7 +560,9 @@ class ModelStream:
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
-            normed = self.final_norm(hidden) if self.final_norm is not None else hidden
+            normed = hidden
+            for final in self.finals:
+                normed = final(normed)
             setattr(site, attribute, _stubs()[1](normed))
             try:
                 out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),

@@ -30,7 +30,7 @@ from resumerge.forward.batches import padded
 from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.forward.placement import runs_batched
-from resumerge.forward.stream import final_norm_name
+from resumerge.forward.stream import final_names
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
 
@@ -75,7 +75,7 @@ def test_check_nll_is_transformers_unpadded_nll(family: str, models: dict[str, P
     model = _checked(models[family])
     streams = streams_of([model])
     try:
-        assert final_norm_name(streams[0].inner, streams[0].layers_list) == norm
+        assert final_names(streams[0].inner, streams[0].layers_list) == (norm,)
         with torch.no_grad():
             batch = padded(TOKENS)
             assert runs_batched(streams[0], streams[0].inputs([batch]), batches=[batch]) is batched

@@ -3,10 +3,10 @@ sees, and how each output tensor is encoded into the tensors it is stored as.
 
 ``protocol`` defines :class:`TensorDecoder` and :class:`TensorEncoder` (a stored format's two directions;
 :class:`TensorCodec`: both), the roles of stored tensors and :class:`SharedScale` (an encoder whose tensor-wide
-scale a group of output tensors shares); ``plain`` is the codec of a tensor stored in its own dtype; ``fp8_block``,
-``compressed``, ``mxfp4`` and ``nvfp4`` are the quantized formats' codecs over the kernels of
-:mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds the per-run
-:class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
+scale a group of output tensors shares); ``plain`` is the codec of a tensor stored in its own dtype; ``fp8_block``
+(with ``fp4``, DeepSeek-V4's FP4 experts it recognises), ``compressed``, ``mxfp4`` and ``nvfp4`` are the quantized
+formats' codecs over the kernels of :mod:`resumerge.inputs.quant` (``quantized``: what they share); ``table`` holds
+the per-run :class:`CodecTable` the planner recognises formats with, and :data:`CODECS`, the default one.
 """
 
 from resumerge.inputs.codecs.compressed import CompressedTensorsCodec

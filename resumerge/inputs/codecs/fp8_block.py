@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from resumerge.inputs.codecs.protocol import MAIN, OutPart
+from resumerge.inputs.codecs.fp4 import FP4, Fp4Codec, dotted_scale
+from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorCodec
 from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec, is_extra
 from resumerge.inputs.quant import fp8_block
 from resumerge.inputs.quant.grid import grid_rows, grid_shape
@@ -39,8 +40,20 @@ class BlockFp8Codec(QuantizedCodec):
         return _fp8_weights(quantization, headers, source)
 
     @classmethod
-    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], BlockFp8Codec]:
-        return cls._codecs()
+    def codec_of(cls, tensors: Mapping[str, TensorSource]) -> Callable[[QuantizedTensor], TensorCodec]:
+        """The codec of each weight: block FP8 (its scale ``X_scale_inv``, or DeepSeek-V4's ``X.scale``), or
+        DeepSeek-V4's FP4 experts (:mod:`.fp4`)."""
+        codecs = cls._codecs()
+        fp4s: dict[str, Fp4Codec] = {}
+
+        def codec(weight: QuantizedTensor) -> TensorCodec:
+            if weight.scheme.kind == FP4:
+                dtype = weight.scheme.scale_dtype
+                return fp4s.get(dtype) or fp4s.setdefault(dtype, Fp4Codec(dtype))
+            made = codecs(weight)
+            return DottedFp8Codec(*astuple(made)) if weight.scale == dotted_scale(weight.name) else made
+
+        return codec
 
     @classmethod
     def of(cls, weight: QuantizedTensor) -> BlockFp8Codec:
@@ -103,13 +116,25 @@ class BlockFp8Codec(QuantizedCodec):
         return {MAIN: codes.reshape(values.shape), SCALE: scales.reshape(*values.shape[:-2], *scales.shape[-2:])}
 
 
+@dataclass(frozen=True)
+class DottedFp8Codec(BlockFp8Codec):
+    """Block FP8 whose scale is ``X.scale`` beside ``X.weight`` (DeepSeek-V4's naming) rather than
+    ``X.weight_scale_inv``."""
+
+    name: ClassVar[str] = "fp8-block-dotted"
+
+    def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
+        main, scale = super().out_parts(name, dtype, shape)
+        return main, OutPart(SCALE, dotted_scale(name), scale.dtype, scale.shape)
+
+
 _SCALE_DTYPES = ("F32", "BF16", "F16")
 
 
 def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> dict[str, QuantizedTensor]:
     fmt = str(config.get("fmt", "e4m3")).lower()
     scale_fmt = str(config.get("scale_fmt") or "float").lower()
-    if fmt != "e4m3" or scale_fmt not in ("float", "ue8m0") or config.get("expert_dtype") not in (None, "fp8"):
+    if fmt != "e4m3" or scale_fmt not in ("float", "ue8m0") or config.get("expert_dtype") not in (None, "fp8", "fp4"):
         detail = f"fmt {fmt}, scale_fmt {scale_fmt}, expert_dtype {config.get('expert_dtype')}"
         raise refuse(source, f"an fp8 quantization resumerge cannot decode ({detail})", min(headers, default=None))
     size = config.get("weight_block_size")
@@ -120,14 +145,20 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
     schemes: dict[tuple[tuple[int, int], str], Scheme] = {}
     inputs = {n for n in headers if n.endswith(".input_scale")}
     carried: set[str] = set()  # the activation scales the weights carry
-    scales = sorted(n for n in headers if n.endswith("_scale_inv"))
+    # DeepSeek-V4 names a weight's scale X.scale beside X.weight (an FP8 one's, and its FP4 experts')
+    dotted = {dotted_scale(n): n for n, (dtype, _) in headers.items()
+              if n.endswith(".weight") and dtype in ("F8_E4M3", "I8") and dotted_scale(n) in headers}
+    scales = sorted(n for n in headers if n.endswith("_scale_inv")) + sorted(dotted)
     for scale_name in scales:
-        name = scale_name.removesuffix("_scale_inv")
+        name = dotted.get(scale_name) or scale_name.removesuffix("_scale_inv")
         weight = headers.get(name)
         if weight is None:
             raise refuse(source, "an fp8 scale without its weight (looked for "
                                  f"{name})", scale_name, "the checkpoint is incomplete: download it again")
         scale = headers[scale_name]
+        if weight[0] == "I8":
+            found[name] = _fp4_weight(name, weight, scale, scale_name, source)
+            continue
         scheme = checked.get((weight, scale))
         if scheme is None:
             block = _fp8_block(weight, scale, size, scale_name, source)
@@ -153,6 +184,23 @@ def _fp8_weights(config: Mapping[str, Any], headers: HeaderMap, source: str) -> 
     if stray_input is not None:
         raise refuse(source, "an activation scale without a quantized weight", stray_input)
     return found
+
+
+def _fp4_weight(name: str, weight: tuple[str, tuple[int, ...]], scale: tuple[str, tuple[int, ...]], scale_name: str,
+                source: str) -> QuantizedTensor:
+    """DeepSeek-V4's FP4 expert ``name`` (header ``weight``) with its scale ``scale_name`` (header ``scale``):
+    refused unless I8 ``[..., rows, cols / 2]`` with an F8_E8M0 (or U8) ``[..., rows, cols / 32]`` scale."""
+    (_, shape), (scale_dtype, scale_shape) = weight, scale
+    if scale_dtype not in ("F8_E8M0", "U8") or len(shape) < 2 or shape[-1] % 16:
+        raise refuse(source, f"an fp4 weight must be I8 [..., rows, cols / 2] (cols a multiple of 32) with an "
+                             f"F8_E8M0 scale, not {list(shape)} with {scale_dtype}", name)
+    expected = (*shape[:-1], shape[-1] // 16)
+    if tuple(scale_shape) != expected:
+        raise refuse(source, f"the scale {scale_name} has shape {list(scale_shape)}, but a {list(shape)} fp4 weight "
+                             f"(one scale per 32 values) needs {list(expected)}", name,
+                     "the checkpoint is incomplete or damaged: download it again")
+    scheme = Scheme(FP4, 4, None, "group", scale_dtype, group_size=32, scale_fmt="ue8m0")
+    return QuantizedTensor(name, name, scale_name, scheme, (*shape[:-1], shape[-1] * 2))
 
 
 def _fp8_block(weight: tuple[str, tuple[int, ...]], scale: tuple[str, tuple[int, ...]],

@@ -87,6 +87,14 @@ def meta_model(config: Mapping[str, Any]) -> tuple[Any, int, list[tuple[re.Patte
     return model, hidden, renames
 
 
+def names_on_load(config: Mapping[str, Any], names: Iterable[str]) -> list[str]:
+    """Checkpoint tensor ``names`` as transformers' conversion for the family of ``config`` (its config.json) renames
+    them on load (DeepSeek-V4's ``head.weight`` is its ``lm_head.weight``); the names as they are where transformers
+    is missing or cannot build the family."""
+    built = meta_model(config)
+    return [renamed(name, built[2]) if built is not None else name for name in names]
+
+
 def renamed(name: str, renames: list[tuple[re.Pattern[str], str]]) -> str:
     """Checkpoint tensor ``name`` as transformers' conversion ``renames`` it on load (its module's name)."""
     for pattern, target in renames:
@@ -121,10 +129,20 @@ def _stacks_in(model: Any, hidden: int, count: int) -> dict[str, ExpertStack | N
 
 
 def _forward_code(module: Any) -> str:
+    """The code of ``module``'s forward, and of each of its class's own methods the forward calls (Hunyuan v4's
+    ``self._apply_gate(``, where it splits gate and up)."""
     try:
-        return inspect.getsource(type(module).forward)
+        code = inspect.getsource(type(module).forward)
     except (OSError, TypeError):
         return ""
+    for name in dict.fromkeys(re.findall(r"self\.(\w+)\(", code)):
+        method = getattr(type(module), name, None)
+        if name != "forward" and inspect.isfunction(method):
+            try:
+                code += "\n" + inspect.getsource(method)
+            except (OSError, TypeError):
+                continue
+    return code
 
 
 def _module_stacks(weights: dict[str, tuple[int, ...]], hidden: int, count: int, code: str

@@ -2,7 +2,9 @@
 
 A non-float tensor of several inputs is copied from the base (the first input without one) when it is equal in
 every input, and refused with its name when it is not: at plan time when the headers already tell (another dtype;
-shapes are refused for every tensor), else when it is read, with the same line (:func:`differs`). Quantized codes
+shapes are refused for every tensor) or its inputs' stored bytes are on disk and differ (a local model's: DeepSeek-V4's
+hash-routing tables ``tid2eid``, read at planning, :func:`refuse_differing`), else when it is read (a hub model's
+files, not fetched at planning), with the same line (:func:`differs`). Quantized codes
 are not this case: a codec claims them and decodes them to floats, so their value dtype is a float one.
 
 The copy is this module's unit (:data:`UNITS`, handed to the engine through the plan's units), so a tensor's
@@ -11,7 +13,8 @@ inputs are compared chunk by chunk as they are read, and the result is the base'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
@@ -59,6 +62,35 @@ def nonfloat_tensor(name: str, inputs: Sequence[InputRef], base_index: int | Non
     return TensorPlan(name=name, shard="", method=NONFLOAT_COPY, inputs=tuple(inputs), base_index=base_index,
                       model_params=tuple(() for _ in inputs), params=(("models", keys), ("tensor", name)),
                       shape=shape, compute_dtype=None, out_dtype=dtype, nbytes=numel(shape) * DTYPE_SIZES[dtype])
+
+
+def refuse_differing(tensors: Mapping[str, TensorPlan], directories: Mapping[str, Path]) -> None:
+    """Raise the refusal of :func:`differs` for the first (by name) non-float tensor of several inputs whose stored
+    bytes differ from the base's (the first input's without a base), of the inputs whose safetensors files are on
+    disk under their model's folder in ``directories`` (by model key); the others are compared when read."""
+    for name in sorted(tensors):
+        tp = tensors[name]
+        if tp.method != NONFLOAT_COPY or len(tp.inputs) < 2:
+            continue
+        base = tp.base_index if tp.base_index is not None else 0
+        keep = _stored_bytes(tp.inputs[base], directories)
+        for i, ref in enumerate(tp.inputs):
+            found = _stored_bytes(ref, directories) if keep is not None and i != base else None
+            if found is not None and found != keep:
+                raise differs(name, tuple(r.model for r in tp.inputs), base, i)
+
+
+def _stored_bytes(ref: InputRef, directories: Mapping[str, Path]) -> bytes | None:
+    """The bytes input ``ref`` is stored as, where they are a plain safetensors tensor in a file on disk."""
+    folder = directories.get(ref.model)
+    if folder is None or not ref.codec.plain or ref.cast or ref.lora or not ref.file.endswith(".safetensors"):
+        return None
+    path = folder / ref.file
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        f.seek(ref.start)
+        return f.read(ref.end - ref.start)
 
 
 def nonfloat_copy(ctx: MergeContext) -> torch.Tensor:

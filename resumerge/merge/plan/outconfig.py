@@ -30,13 +30,15 @@ described by the source layer it was made from (``origins``):
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.merge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
 - ``dtype`` (and the legacy ``torch_dtype`` when present) from the output tensors' dtype;
-- ``tie_word_embeddings`` from whether an output head was written.
+- ``tie_word_embeddings`` from whether an output head was written, as transformers reads the checkpoint (a head
+  under a name the family's conversion maps to ``lm_head``, DeepSeek-V4's ``head.weight``, is one).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +58,7 @@ from resumerge.merge.plan.architecture import (
     layer_types_of,
     prefix_key,
 )
+from resumerge.merge.plan.expertmodules import names_on_load
 from resumerge.merge.plan.layerfacts import (
     REUSES_EARLIER,
     derived_lists,
@@ -72,6 +75,8 @@ if TYPE_CHECKING:
     from resumerge.inputs.model import ModelInput
     from resumerge.merge.plan.merge_plan import TensorPlan
 
+# a numbered part of a tensor's name (``.3.``): a layer's, an expert's
+_NUMBERED_PART = re.compile(r"\.\d+\.")
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
@@ -117,6 +122,7 @@ def build_out_config(
     if not same:
         _set_derived(target, models, origins)
         _set_numbered(target, models, origins)
+        _set_v4_layers(target, models, donor, origins, config)
     _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
     set_mtp_count(target, mtp)
@@ -129,12 +135,34 @@ def build_out_config(
         out["dtype"] = dtype
         if "torch_dtype" in out:
             out["torch_dtype"] = dtype
-    if any(is_input_embedding(n) for n in tensors):
-        tied = not any(is_head(n) for n in tensors)
+    tied = _tied(out, target, tensors, models)
+    if tied is not None:
         out["tie_word_embeddings"] = tied
         if target is not out and "tie_word_embeddings" in target:
             target["tie_word_embeddings"] = tied
     return out
+
+
+def _tied(out: Mapping[str, Any], target: Mapping[str, Any], tensors: Mapping[str, TensorPlan],
+          models: Mapping[str, ModelInput]) -> bool | None:
+    """Whether transformers must tie the output's head to its embeddings: where no tensor written is the head as
+    transformers reads the checkpoint (under any name the family's conversion maps to ``lm_head``: DeepSeek-V4's
+    ``head.weight``); None where no embedding is written, or no input has a head either (Mistral 4's checkpoint, a
+    base model): the donor's setting stays. transformers is asked only where the names alone show no head and the
+    donor's config does not tie: a tied model's output is then tied whatever transformers says."""
+    names = sorted(tensors)
+    embedded, headed = any(is_input_embedding(n) for n in names), any(is_head(n) for n in names)
+    if not headed and out.get("tie_word_embeddings", target.get("tie_word_embeddings")) is not True:
+        # the tensors outside the numbered layers (a head or an embedding is one): a 90k-tensor model has a few
+        loose = [n for n in names if _NUMBERED_PART.search(n) is None]
+        theirs = sorted({n for m in models.values() for n in m.tensors if _NUMBERED_PART.search(n) is None}
+                        - set(loose))
+        read = names_on_load(out, [*loose, *theirs])
+        ours = read[:len(loose)]
+        embedded, headed = embedded or any(is_input_embedding(n) for n in ours), any(is_head(n) for n in ours)
+        if not headed and not any(is_head(n) for n in read):
+            return None
+    return not headed if embedded else None
 
 
 def render_config(out_config: Mapping[str, Any]) -> bytes:
@@ -195,6 +223,34 @@ def _set_numbered(
                                            if layer + first in named[m]]}
 
 
+def _set_v4_layers(target: dict[str, Any], models: Mapping[str, ModelInput], donor: str,
+                   origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
+    """DeepSeek-V4's own keys for its layers, which its reference code and vLLM read where transformers reads the
+    lists it derives from them (``layer_types``, ``mlp_layer_types``, written as every per-layer list): each output
+    layer's ``compress_ratios`` entry its source layer's (the donor's entries past its layers, its MTP layers',
+    after them), and ``num_hash_layers`` the number of leading output layers whose source layer is hash-routed; a
+    hash-routed layer after one that is not is refused (the count cannot describe it)."""
+    ratios, hashed = target.get("compress_ratios"), type(target.get("num_hash_layers")) is int
+    if not isinstance(ratios, list) and not hashed:
+        return
+    cfgs = {m: layer_config(models[m].config) for m in {m for m, _ in origins}}
+    theirs = [cfgs[m].get("compress_ratios") for m, _ in origins]
+    if isinstance(ratios, list) and all(isinstance(r, list) and i < len(r) for r, (_, i) in zip(theirs, origins)):
+        own = layer_count(layer_config(models[donor].config)) or len(ratios)
+        target["compress_ratios"] = [r[i] for r, (_, i) in zip(theirs, origins)] + ratios[own:]  # type: ignore[index]
+    if hashed:
+        hash_layers = [i < int(cfgs[m].get("num_hash_layers") or 0) for m, i in origins]
+        leading = next((i for i, h in enumerate(hash_layers) if not h), len(hash_layers))
+        late = next((i for i in range(leading, len(hash_layers)) if hash_layers[i]), None)
+        if late is not None:
+            raise ConfigError(
+                f"output layer {late} (layer {origins[late][1]} of {origins[late][0]}) is hash-routed but comes "
+                f"after output layer {leading}, which is not, and {target.get('model_type')} configs can hash-route "
+                "only the first layers (num_hash_layers)", yaml_path=slice_path(config, late),
+                hint="order the slices so that every hash-routed source layer comes before the others")
+        target["num_hash_layers"] = leading
+
+
 def _set_shared_kv(
     target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...],
     config: MergeConfig,
@@ -253,6 +309,8 @@ def _set_dense_layers(
         return
     sources = {key: dense_mlp_layers(models[key].config) for key in {m for m, _ in origins}}
     dense = [i for i, (model, layer) in enumerate(origins) if _is_dense(sources[model], layer)]
+    if scheme[1] == frozenset(dense):  # the donor's config says it already (Qwen3-MoE's decoder_sparse_step)
+        return
     if scheme[0] == QWEN_MOE_SCHEME:
         step = int(target.get("decoder_sparse_step", 1) or 1)
         # With the explicit list, the donor's step may stay only if it makes no other output layer dense.
@@ -314,7 +372,8 @@ def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> Non
 def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
     """The output's ``quantization_config``: what the output codec of its first quantized tensor (by name) says,
     from the config of the model whose format the output keeps (``base``); none when every output tensor is
-    stored plainly and some input was not (``--dequantize``, or a base stored plainly). A merge of plain models
+    stored plainly and some input was not (``--dequantize``, or a base stored plainly), nor DeepSeek-V4's top-level
+    ``expert_dtype``. A merge of plain models
     keeps the donor's config as it is. The one rule for every kind of run that writes a config.json from an
     input's (a merge, a MoE upcycling)."""
     written = next((tensors[n].out_codec for n in sorted(tensors) if not tensors[n].out_codec.plain), None)
@@ -325,6 +384,7 @@ def set_quantization(out: dict[str, Any], base: Mapping[str, Any], tensors: Mapp
             return
     if written is not None or any(not r.codec.plain for t in tensors.values() for r in t.inputs):
         out.pop("quantization_config", None)
+        out.pop("expert_dtype", None)  # DeepSeek-V4's (fp4: its experts' storage), beside quantization_config
 
 
 def _tensor_dtype(tensors: Mapping[str, TensorPlan]) -> str | None:

@@ -61,7 +61,7 @@ from resumerge.merge.plan.module_views import (
 from resumerge.merge.plan.modules import plan_modules
 from resumerge.merge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.merge.plan.nonfloat import UNITS as NONFLOAT_UNITS
-from resumerge.merge.plan.nonfloat import is_float, nonfloat_tensor
+from resumerge.merge.plan.nonfloat import is_float, nonfloat_tensor, refuse_differing
 from resumerge.merge.plan.outconfig import build_out_config, slice_path
 from resumerge.merge.plan.packing import OutLayer, cut_table, packed_tables, whole_stack
 from resumerge.merge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
@@ -190,6 +190,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
             lambda name, names, t: _tensor(name, names, sl, t, ctx), yaml_path="models",
         ))
     ctx.filters.refuse_unmatched(chain(tensors, *(stored_names_of(m) for m in models.values())))
+    refuse_differing(tensors, {key: m.directory for key, m in models.items()})
     tensors = mark_expert_stacks(tensors, models[_donor(config)].config)
     tensors = {name: out_format(tp, dequantize=options.dequantize) for name, tp in tensors.items()}
     tensors = share_scales(tensors)  # fused q/k/v, gate/up: one tensor-wide scale each (NVFP4)
