@@ -159,7 +159,10 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
 
-    assert {t for t in QUALITY if "_k" not in t} == {t for t in GGUF_TYPES if "_k" not in t} - {"q4_1"}
+    def single(kind: str) -> bool:  # a type, not a mix (those: the next test)
+        return "_k" not in kind and not kind.startswith("iq")
+
+    assert {t for t in QUALITY if single(t)} == {t for t in GGUF_TYPES if single(t)} - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost
         assert [QUALITY[t].kl for t in order] == sorted(QUALITY[t].kl for t in order)
     config = _parents(tmp_path)
@@ -180,13 +183,14 @@ def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importanc
     """Issue 84: the card of a K-quant output quotes, for its mix, the KL from the float32 merge and the top-1
     agreement resumerge's check measured on the real reference merge (bench/bench_gguf_kl.py), without an importance
     matrix and with the one computed on the merge, and says which of the two this file is; the matrix lowered KL at
-    every mix measured."""
+    every mix measured. So does an IQ4 mix's (issue 95); Q2_K_S, written only with a matrix, has no figure."""
     from resumerge.merge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
 
-    measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind}
-    assert set(measured) == {t for t in GGUF_TYPES if "_k" in t}
+    measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind or kind.startswith("iq")}
+    assert set(measured) == {t for t in GGUF_TYPES if ("_k" in t or t.startswith("iq")) and not MIXES[t].needs_imatrix}
     for q in measured.values():
         assert q.kl_imatrix is not None and q.top1_imatrix is not None and q.kl_imatrix < q.kl
     config = _parents(tmp_path)
