@@ -6,8 +6,9 @@ loop block by block, the same float32 operations in the same order (numba types 
 and every constant here is float32): the super-block's mean square summed from 0 in index order, each weight one
 product and one root, each candidate's sums in index order, adopted on the same strict comparisons. The nearest
 level is ``best_index_int8``'s: the level just above found from ``floor`` through a table rather than by bisection
-(the same index: the levels are integers), the same float32 comparison between its two neighbours, NaN and values
-past the ends as C's comparisons take them.
+(the same index: the levels are integers), the same float32 comparison between its two neighbours taken as a
+select rather than a branch (half go each way: as a branch it mispredicted, half the kernel's time, measured with
+bench/bench_kquants.py), NaN and values past the ends as C's comparisons take them.
 
 This module imports numpy, :mod:`.jit` and :mod:`.kfloat` only; numba itself is imported by :mod:`.jit` on the first
 :func:`kernels` call, never at resumerge's import. Where numba is missing :func:`kernels` is None and
