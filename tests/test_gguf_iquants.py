@@ -309,6 +309,9 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
     with pytest.raises(ModelInputError, match=r"blk\.1\.ffn_up\.weight as Q2_K only with an importance matrix"):
         api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q2_k_s",
                                                  imatrix=str(tmp_path / "partial.gguf")))
+    texts = tmp_path / "texts.txt"  # a matrix computed on the merge will have every block tensor's entry
+    texts.write_text("the cat sat on the mat.\n")
+    api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q2_k_s", imatrix_texts=texts))
     for mix, needs in NOT_YET.items():
         with pytest.raises(UsageError, match=f"gguf.type {mix}: llama-quantize's {mix.upper()}") as refused:
             api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=mix))
