@@ -18,7 +18,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import imatrix_of_forward, needs_library, quantize, quantize_model, tensors_of
+from llamacpp_oracle import (
+    imatrix_of_forward,
+    needs_library,
+    quant_types,
+    quantize,
+    quantize_model,
+    tensors_of,
+)
 from support import cli
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
@@ -269,6 +276,49 @@ def test_the_override_flags_take_the_iq4_types(tmp_path: Path, merges: dict[str,
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
     types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model.gguf").items()}
     assert (types["blk.0.ffn_down.weight"], types["blk.1.attn_q.weight"], types["output.weight"]) == (23, 20, 23)
+
+
+# name -> (arch, n_embd, n_ff, n_layer, n_head, n_head_kv, n_expert, head dim), tied: the shapes the rules read
+SHAPES = {"llama-8b": (("llama", 4096, 14336, 32, 32, 8, 0, 128), False),  # 4 heads a KV head
+          "llama-70b": (("llama", 8192, 28672, 80, 64, 8, 0, 128), False),  # the 70B bump
+          "smollm2": (("llama", 576, 1536, 30, 9, 3, 0, 64), True),  # rows of 576: the fallbacks; tied
+          "mha": (("llama", 512, 288, 16, 8, 8, 0, 64), False),  # a KV head each; ffn_down rows of 288
+          "mixtral": (("llama", 1024, 512, 8, 16, 4, 8, 64), False)}  # 8 experts
+
+
+def _tensors_of_shape(hparams: tuple[int, ...], tied: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """A model's quantized tensors (name, ggml ne) in llama.cpp's order."""
+    _, embd, ff, layers, heads, kv, experts, head = hparams
+    found: list[tuple[str, tuple[int, ...]]] = [] if tied else [("output.weight", (embd, 1000))]
+    found.append(("token_embd.weight", (embd, 1000)))
+    ffn = ("_exps", (experts,)) if experts else ("", ())
+    for i in range(layers):
+        found += [(f"blk.{i}.attn_k.weight", (embd, kv * head)), (f"blk.{i}.attn_output.weight", (heads * head, embd)),
+                  (f"blk.{i}.attn_q.weight", (embd, heads * head)), (f"blk.{i}.attn_v.weight", (embd, kv * head)),
+                  (f"blk.{i}.ffn_down{ffn[0]}.weight", (ff, embd, *ffn[1])),
+                  (f"blk.{i}.ffn_gate{ffn[0]}.weight", (embd, ff, *ffn[1])),
+                  (f"blk.{i}.ffn_up{ffn[0]}.weight", (embd, ff, *ffn[1]))]
+    return found
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_mix_s_types_are_llama_cpp_s_on_every_shape(shape: str) -> None:
+    """Each quantized --gguf-type's type for every tensor of model shapes the tiny tests cannot reach (4+ heads a
+    KV head, 16-80 layers, a 70B, 8 experts, rows of 576 and 288, tied embeddings) equals llama.cpp's own choice
+    (``llama_quant_compute_types``, no model file, no importance matrix)."""
+    needs_library()
+    hparams, tied = SHAPES[shape]
+    tensors = _tensors_of_shape(hparams, tied)
+    _, _, _, layers, heads, kv, experts, _ = hparams
+    model = ModelFacts(tied=tied, experts=experts, layers=layers, gqa=heads // kv,
+                       is_70b=layers == 80 and heads != kv)
+    for mix, kind in MIXES.items():
+        if kind.default not in blocks.BLOCK_BYTES:
+            continue
+        theirs = quant_types(hparams[0], hparams[1:], tensors, kind.file_type)
+        ours = [tensor_type(name, tuple(reversed(ne)), mix, model).llama for name, ne in tensors]
+        differ = [(name, o, t) for (name, _), o, t in zip(tensors, ours, theirs, strict=True) if o != t]
+        assert not differ, (mix, differ[:6])
 
 
 @pytest.mark.parametrize("mix", IQ4_MIXES)
