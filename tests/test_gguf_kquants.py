@@ -313,6 +313,22 @@ def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[st
     assert (types["blk.0.attn_q.weight"], types["output.weight"], types["token_embd.weight"]) == (8, 13, 11)
 
 
+def test_a_tensor_type_naming_the_mix_s_default_keeps_the_tensor_there(
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+    """llama-quantize's first matching --tensor-type wins even where it names the mix's own default type: the
+    mix's bumps are then not applied (ffn_down=q4_k in a Q4_K_M file keeps the last layer's ffn_down Q4_K, where
+    the mix alone gives it Q6_K); resumerge skipped such a pattern and bumped it."""
+    needs_library()
+    config, f16 = merges["llama"]
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=("ffn_down=q4_k", "blk\\.1\\.ffn_down=q8_0"))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
+                   tensor_types=(("ffn_down", OVERRIDE_TYPES["q4_k"]), ("blk\\.1\\.ffn_down", OVERRIDE_TYPES["q8_0"])))
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model.gguf").items()}
+    assert (types["blk.1.ffn_down.weight"], types["blk.1.attn_v.weight"]) == (12, 14)
+
+
 def test_both_imatrix_formats_read_as_llama_quantize_applies_them(tmp_path: Path) -> None:
     entries = {"blk.0.ffn_down.weight": (np.arange(1, 9, dtype=np.float32).reshape(2, 4) * 3,
                                          np.array([3.0, 0.0], dtype=np.float32)),

@@ -10,8 +10,8 @@ The reference is ``src/llama-quant.cpp`` (``tensor_allows_quantization``, ``llam
   them.
 - ``--gguf-token-embedding-type`` (token_embd) and ``--gguf-output-type`` (output.weight) win outright, without
   the row fallback; ``--gguf-tensor-type PATTERN=TYPE`` patterns are searched (a regular expression anywhere in the
-  GGUF name, in the order given) and the first one naming another type than the mix's default wins, the fallback
-  still applying.
+  GGUF name, in the order given) and the first that matches wins, the fallback still applying: one naming the mix's
+  default type keeps the tensor at it, the mix's bumps not applied.
 - ``output.weight``, and ``token_embd.weight`` of a model without one (tied embeddings), get Q6_K unless the
   file's default type is Q8_0, or Q8_0 when a row is not whole blocks of the default type.
 - The mixes' bumps (``attn_v``, ``ffn_down``, ``attn_output``) by layer: :func:`_bumped`. llama.cpp counts
@@ -239,7 +239,7 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
     else:
         picked, manual = default, False
         for pattern, kind in choices.tensor_types:
-            if re.search(pattern, name) and kind != default:
+            if re.search(pattern, name):  # naming the default type too: the mix's rules are then not applied
                 picked, manual = kind, True
                 break
         if not manual:
