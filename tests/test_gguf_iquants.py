@@ -26,7 +26,7 @@ from llamacpp_oracle import (
     quantize_model,
     tensors_of,
 )
-from support import cli
+from support import cli, write_config
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
     _imatrix_entries,
@@ -184,6 +184,26 @@ def test_each_iq4_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     for stored in (encode_iq(awkward(16, 512, 1), code), noise.reshape(16, -1)):
         ours = blocks.decode(torch.from_numpy(stored), code).numpy()
         assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
+
+
+def test_an_iq4_xs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                 ) -> None:
+    """An IQ4_XS file resumerge wrote, merged again (passthrough to float32 safetensors): its matrices read back
+    with torch's decoders to gguf-py's values of the stored blocks."""
+    from safetensors.torch import load_file
+
+    config, _ = merges["llama"]
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="iq4_xs")))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    read = load_file(tmp_path / "f32" / "model.safetensors")
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    down = stored["blk.1.ffn_down.weight"]
+    assert down.tensor_type == gguf.GGMLQuantizationType.IQ4_XS
+    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
+    assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), want)
 
 
 def test_the_compiled_kernels_are_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
