@@ -99,12 +99,14 @@ def test_each_tensor_gets_the_type_llama_cpp_s_quantizer_picks(name: str, shape:
 
 
 def test_the_type_overrides_follow_llama_quantize_s() -> None:
-    """--gguf-tensor-type: the first pattern naming another type than the mix's default wins (one naming the
-    default is passed over), then the row fallback; --gguf-output-type and --gguf-token-embedding-type win
-    outright, without it; a tied embedding takes the output type."""
+    """--gguf-tensor-type: the first pattern that matches wins, one naming the mix's default too (the mix's bumps
+    then not applied: attn_v of a use_more_bits layer stays Q4_K; tests/test_gguf_kquants.py checks it against
+    llama-quantize), then the row fallback; --gguf-output-type and --gguf-token-embedding-type win outright,
+    without it; a tied embedding takes the output type."""
     pairs = parse_tensor_types(["attn_v=q4_k", "ATTN_=Q8_0", "ffn_down=q6_k"])
     chosen = TypeChoices(pairs, output=Q5_K, token_embedding=Q3_K)
-    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
+    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q4_K
+    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B).llama == Q6_K
     assert tensor_type("blk.0.attn_q.weight", (4096, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
     assert tensor_type("blk.0.ffn_down.weight", (4096, 576), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
     assert tensor_type("output.weight", (32000, 576), "q4_k_m", LLAMA_7B, chosen).llama == Q5_K
