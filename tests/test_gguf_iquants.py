@@ -10,6 +10,7 @@ load."""
 from __future__ import annotations
 
 import itertools
+import signal
 from pathlib import Path
 
 import gguf
@@ -26,7 +27,7 @@ from llamacpp_oracle import (
     quantize_model,
     tensors_of,
 )
-from support import cli, write_config
+from support import cli, digests, write_config
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
     _imatrix_entries,
@@ -406,3 +407,23 @@ def test_an_iq4_xs_run_is_loaded_and_run_by_llama_cpp(tmp_path: Path,
     assert seen and all(np.isfinite(sums).all() for sums, _ in seen.values())
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["iq4_xs"].file_type)
     _same_as_llama_quantize(model, tmp_path / "llama.gguf")
+
+
+def test_an_iq4_xs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
+                                                               merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                               ) -> None:
+    """Killed while the IQ4_XS file is written (mid-write, after a unit's temp write, after the ledger commit),
+    ``resume`` ends with the bytes of a run never killed, and verify passes (as the K mixes' test does at every
+    point, tests/test_gguf_kquants.py)."""
+    config, _ = merges["qwen3moe"]
+    whole = tmp_path / "whole"
+    api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(
+        out_type="gguf", gguf_type="iq4_xs")))
+    for point in ("mid_shard_write", "after_temp_write", "after_ledger_commit"):
+        out, state = tmp_path / point, tmp_path / f"{point}.state"
+        killed = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "iq4_xs",
+                     env={"RESUMERGE_KILL_AT": point})
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        api.resume(out, settings=api.Settings(state_dir=state))
+        assert digests(out) == digests(whole), point
+        assert api.verify(out, state_dir=state).ok, point
