@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from llamacpp_oracle import needs_library, quantize_model, tensors_of
 from support import write_config
+from test_gguf_kquants import _write_imatrix_gguf
 
 from resumerge import api
 from resumerge.merge.plan.gguftypes import MIXES
@@ -53,19 +53,9 @@ def _imatrix(f16: Path) -> dict[str, np.ndarray]:
 
 
 def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
-    """``entries`` as llama-imatrix's GGUF (count 1: the sums are the values llama-quantize applies)."""
-    writer = gguf.GGUFWriter(str(path), "")
-    writer.add_string("general.type", "imatrix")
-    writer.add_array("imatrix.datasets", ["random"])
-    writer.add_uint32("imatrix.chunk_count", 1)
-    writer.add_uint32("imatrix.chunk_size", 512)
-    for name in sorted(entries):
-        writer.add_tensor(f"{name}.in_sum2", entries[name].reshape(1, -1))
-        writer.add_tensor(f"{name}.counts", np.ones((1, 1), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    """``entries`` as llama-imatrix's GGUF, each counted once (the sums are the values llama-quantize applies)."""
+    _write_imatrix_gguf(path, {name: (values.reshape(1, -1), np.ones(1, dtype=np.float32))
+                               for name, values in entries.items()})
 
 
 @pytest.mark.parametrize("mix", K_MIXES)
