@@ -65,12 +65,12 @@ class Output:
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
     ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k`` (``q2_k_s`` with an importance matrix
-    only) or IQ4 mixes ``iq4_nl``, ``iq4_xs``, each tensor's type as llama.cpp picks it; ``gguf_tensor_types``
-    ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as llama-quantize's
-    ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an importance matrix
-    file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the importance matrix
-    computed on the merge itself from them before the encoding, in a forward pass over the merge never written) and
-    its tokenizer from a GGUF parent, or with
+    only) or IQ4 mixes ``iq4_nl``, ``iq4_xs``, each tensor's type as llama.cpp picks
+    it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
+    llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
+    importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
+    importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
+    never written) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
