@@ -8,9 +8,10 @@ Usage::
 Makes a synthetic fine-tune of SmolLM2-135M-Instruct (``--model gemma3``: Gemma-3-270M, its Q4_K_M GGUF fixture
 written as float32 safetensors by resumerge itself) (float32; bench_regmean's ``fine_tune``: every decoder
 layer's linear weights nudged by 1 % of their spread) and merges it with the base (``linear``, weight 0.5 each),
-once as float32 safetensors and once per ``--gguf-type``; a K-quant mix twice, without an importance matrix and with
-the one ``--imatrix-texts`` computes on the merge from the calibration texts (the train files of
-``tests/evolve/data``: weather forecasts and recipes, none of check's texts; computed once, the runs share it). Each
+once as float32 safetensors and once per ``--gguf-type``; a K-quant or IQ4 mix twice, without an importance matrix
+and with the one ``--imatrix-texts`` computes (Q2_K_S only with it) on the merge from the calibration texts (the
+train files of ``tests/evolve/data``: weather forecasts and recipes, none of check's texts; computed once, the runs
+share it). Each
 GGUF output is then checked by resumerge's own check pass (``resumerge.api.check``) with the float32 merge as its
 parent, over check's built-in texts: the parent's KL is KL(float32 merge ‖ GGUF output), and its top-1 agreement
 the share of positions whose most likely token is the same. Prints markdown rows for bench/RESULTS.md and the
@@ -34,13 +35,15 @@ from bench_regmean import fine_tune  # noqa: E402
 
 TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 K_MIXES = ("q4_k_m", "q5_k_m", "q6_k", "q3_k_m", "q2_k", "q4_k_s", "q5_k_s", "q3_k_s", "q3_k_l")
+# the mixes measured without and with the matrix too (Q2_K_S: only with one, as llama.cpp writes it)
+I_MIXES = ("iq4_nl", "iq4_xs", "q2_k_s")
 CALIBRATION = HERE.parent / "tests" / "evolve" / "data"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="bench-work/gguf-kl")
-    parser.add_argument("--types", default=",".join(TYPES + K_MIXES))
+    parser.add_argument("--types", default=",".join(TYPES + K_MIXES + I_MIXES))
     parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
     args = parser.parse_args()
     from realmodel import gemma3_gguf, smollm2_folder
@@ -80,7 +83,10 @@ def main() -> None:
     rows, table = [], []
     for kind in args.types.split(","):
         found = []
-        for weighted in (False, True) if "_k" in kind else (False,):
+        from resumerge.merge.plan.gguftypes import MIXES
+
+        for weighted in ((True,) if MIXES[kind].needs_imatrix else (False, True) if kind in K_MIXES + I_MIXES
+                         else (False,)):
             out = work / f"out-{kind}{'-imatrix' if weighted else ''}"
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run([*resumerge, "run", str(config), str(out), "--state-dir", str(state), "-q", "--out-type",

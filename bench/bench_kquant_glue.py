@@ -77,7 +77,7 @@ def main() -> None:
         del args[at:at + 2]
     rows, columns = (int(args[0]), int(args[1])) if len(args) > 1 else (2048, 5632)
     repeats = int(args[2]) if len(args) > 2 else 3
-    chosen = args[3].split(",") if len(args) > 3 else list(TYPES)
+    chosen = args[3].split(",") if len(args) > 3 else [name for name in TYPES if name.endswith("_K")]
     print(f"{rows}x{columns} float32, CPU s: the whole encoding | outside the searches (best of {repeats} replays)")
     for name in chosen:
         for label, weighted in (("plain", False), ("imatrix", True)):

@@ -1,18 +1,19 @@
-"""CPU seconds of resumerge's K-quant encoders (resumerge/outputs/gguf/kquants.py, numpy) against llama.cpp's own
-quantizer (``ggml_quantize_chunk`` from the test-only oracle, one thread) on the same tensor, per type, with and
-without an importance matrix; bytes checked equal on every run. With ``--against TREE``, instead this checkout's
-encoders against another checkout's (e.g. /work/main), A/B.
+"""CPU seconds of resumerge's K-quant and IQ4 encoders (resumerge/outputs/gguf/kquants.py, iquants.py: numpy and
+their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the test-only oracle, one
+thread) on the same tensor, per type, with and without an importance matrix; bytes checked equal on every run. With
+``--against TREE``, instead this checkout's encoders against another checkout's (e.g. /work/main), A/B.
 
     PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]] [--against TREE]
 
-TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K (default all). The two quantizers run alternately,
-REPEATS times each, so that both see the same load.
+TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS (default all). The two quantizers run
+alternately, REPEATS times each, so that both see the same load.
 
 Prints one line per (type, path): both CPU times (``time.process_time``; the best of REPEATS), Mweights/s and the
-ratio. Issue 84's goal: ratio <= 1.5. On random N(0, 0.02) tensors, each type alike; the same figure on a real
-route's tensors, each with the type Q4_K_M gives it, is ``bench_kquant_route.py``'s last step. ``--against``:
-each checkout's encoder runs in its own child process (two versions of one package cannot share a process), the
-children alternating, each timing one encoding after a warm-up one; the ratio is this checkout's over TREE's.
+ratio. Issue 84's goal (issue 95's for the i-quants): ratio <= 1.5. On random N(0, 0.02) tensors, each type alike;
+the same figure on a real route's tensors, each with the type Q4_K_M gives it, is ``bench_kquant_route.py``'s last
+step. ``--against``: each checkout's encoder runs in its own child process (two versions of one package cannot
+share a process), the children alternating, each timing one encoding after a warm-up one; the ratio is this
+checkout's over TREE's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
 HERE = Path(__file__).resolve().parents[1]
 
 
@@ -53,12 +54,13 @@ def child(rows: int, columns: int, code: int, weighted: bool) -> None:
     digest of the bytes."""
     import hashlib
 
-    from resumerge.outputs.gguf.kquants import encode_k
+    from resumerge.outputs.gguf.encoders import SEARCHED
 
     x, weights = tensors(rows, columns)
     imatrix = weights if weighted else None
-    encode_k(x, code, imatrix)
-    seconds, out = best(1, lambda: encode_k(x, code, imatrix))
+    encode = SEARCHED[code]
+    encode(x, code, imatrix)
+    seconds, out = best(1, lambda: encode(x, code, imatrix))
     print(seconds, hashlib.sha256(out.tobytes()).hexdigest())
 
 
@@ -102,7 +104,7 @@ def main() -> None:
 
     from llamacpp_oracle import quantize
 
-    from resumerge.outputs.gguf.kquants import encode_k
+    from resumerge.outputs.gguf.encoders import SEARCHED
 
     x, weights = tensors(rows, columns)
     print(f"{rows}x{columns} float32 ({x.size / 1e6:.1f} Mweights), best of {repeats}, CPU seconds")
@@ -112,7 +114,7 @@ def main() -> None:
             theirs_t, ours_t = [], []
             for _ in range(repeats):
                 theirs_s, theirs = best(1, lambda c=code, w=imatrix: quantize(x, c, w))
-                ours_s, ours = best(1, lambda c=code, w=imatrix: encode_k(x, c, w))
+                ours_s, ours = best(1, lambda c=code, w=imatrix: SEARCHED[c](x, c, w))
                 theirs_t.append(theirs_s)
                 ours_t.append(ours_s)
             theirs_s, ours_s = min(theirs_t), min(ours_t)

@@ -559,3 +559,59 @@ def tensors_of(path: Path) -> dict[str, Stored]:
     stored = np.memmap(path, dtype=np.uint8, mode="r")
     return {name: Stored(gguf.GGMLQuantizationType(kind).name, stored[at:at + size].tobytes(), ne)
             for name, kind, at, size, ne in spans}
+
+
+# --- llama.cpp's per-tensor type choice without a model file (``src/llama-ext.h``, C++ names) ------------------------
+
+class _QuantModelDesc(ctypes.Structure):
+    """``llama_quant_model_desc``: an architecture and the hyperparameters the type rules read."""
+
+    _fields_ = [("architecture", ctypes.c_char_p), *((name, ctypes.c_uint32) for name in (
+        "n_embd", "n_ff", "n_layer", "n_head", "n_head_kv", "n_expert", "n_embd_head_k", "n_embd_head_v"))]
+
+
+def quant_types(arch: str, hparams: tuple[int, ...], tensors: list[tuple[str, tuple[int, ...]]],
+                ftype: int) -> list[int]:
+    """The ggml type llama-quantize gives each of ``tensors`` (name, ``ne``: a row's length first; in llama.cpp's
+    order: blocks by layer) in an ``ftype`` file of a model of ``arch`` with ``hparams`` (n_embd, n_ff, n_layer,
+    n_head, n_head_kv, n_expert, head dim), without an importance matrix (``llama_quant_compute_types`` on
+    ``llama_quant_model_from_metadata``'s mock model: llama.cpp's own rules, fallbacks included)."""
+    base, llama = needs_library()
+    mangled = {"model": "_Z31llama_quant_model_from_metadataPK22llama_quant_model_desc",
+               "init": "_Z16llama_quant_initPK11llama_modelPK27llama_model_quantize_params",
+               "types": "_Z25llama_quant_compute_typesP19quantize_state_impl11llama_ftypePP11ggml_tensorP9ggml_typem",
+               "free": "_Z16llama_quant_freeP19quantize_state_impl"}
+    fn = {key: getattr(llama, name) for key, name in mangled.items()}
+    fn["model"].restype, fn["model"].argtypes = ctypes.c_void_p, [ctypes.POINTER(_QuantModelDesc)]
+    fn["init"].restype, fn["init"].argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(_Params)]
+    fn["types"].restype = None
+    fn["types"].argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.POINTER(ctypes.c_int), ctypes.c_size_t]
+    fn["free"].argtypes = [ctypes.c_void_p]
+    llama.llama_model_quantize_default_params.restype = _Params
+    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+    base.ggml_init.restype, base.ggml_init.argtypes = ctypes.c_void_p, [_InitParams]
+    base.ggml_new_tensor.restype = ctypes.c_void_p
+    base.ggml_new_tensor.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    base.ggml_set_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    base.ggml_set_name.restype = ctypes.c_void_p
+    base.ggml_free.argtypes = [ctypes.c_void_p]
+    llama.llama_backend_init()
+    desc = _QuantModelDesc(arch.encode(), *hparams, hparams[-1])
+    model = fn["model"](ctypes.byref(desc))
+    params = llama.llama_model_quantize_default_params()
+    state = fn["init"](model, ctypes.byref(params))
+    ctx = base.ggml_init(_InitParams(1 << 24, None, True))  # no data: names and shapes only
+    try:
+        made = []
+        for name, ne in tensors:
+            t = base.ggml_new_tensor(ctx, 1, len(ne), (ctypes.c_int64 * len(ne))(*ne))  # F16
+            base.ggml_set_name(t, name.encode())
+            made.append(t)
+        out = (ctypes.c_int * len(made))()
+        fn["types"](state, ftype, (ctypes.c_void_p * len(made))(*made), out, len(made))
+        return list(out)
+    finally:
+        base.ggml_free(ctx)
+        fn["free"](state)
+        llama.llama_model_free(model)

@@ -28,7 +28,7 @@ from resumerge.outputs.gguf.kquants import encode_k
 from resumerge.outputs.gguf.legacyweighted import encode_legacy_weighted
 
 K_TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-K_MIXES = [mix for mix in MIXES if "_k" in mix]
+K_MIXES = [mix for mix in MIXES if "_k" in mix and not MIXES[mix].needs_imatrix]  # q2_k_s: test_gguf_iquants
 
 
 def awkward(rows: int, columns: int, seed: int) -> np.ndarray:
@@ -267,7 +267,10 @@ def _same_as_llama_quantize(ours: Path, theirs: Path) -> None:
 
 
 CASES = [*(("llama", mix, "") for mix in K_MIXES), ("qwen3moe", "q4_k_m", ""), ("qwen3moe", "q3_k_m", "gguf"),
-         ("llama", "q2_k", "gguf"), ("llama", "q5_k_s", "dat"), ("llama", "q4_0", "gguf")]
+         ("llama", "q2_k", "gguf"), ("llama", "q5_k_s", "dat"), ("llama", "q4_0", "gguf"),
+         # issue 95: the IQ4 mixes and Q2_K_S (written only with a matrix)
+         ("llama", "iq4_nl", ""), ("llama", "iq4_nl", "gguf"), ("llama", "iq4_xs", ""), ("llama", "iq4_xs", "dat"),
+         ("qwen3moe", "iq4_xs", "gguf"), ("qwen3moe", "iq4_nl", ""), ("llama", "q2_k_s", "gguf")]
 
 
 @pytest.mark.parametrize(("arch", "mix", "imatrix"), CASES)
@@ -289,7 +292,7 @@ def test_each_mix_is_llama_quantize_s_on_the_same_f16_file(tmp_path: Path, arch:
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(**output)))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    if imatrix:
+    if imatrix and not MIXES[mix].needs_imatrix:
         quantize_model(f16, tmp_path / "plain.gguf", MIXES[mix].file_type)
         weighted, plain = _tensors(tmp_path / "out" / "model.gguf"), _tensors(tmp_path / "plain.gguf")
         assert any(weighted[n] != plain[n] for n in plain)
@@ -311,6 +314,22 @@ def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[st
     _same_as_llama_quantize(out / "model.gguf", tmp_path / "llama.gguf")
     types = {n: t for n, (t, _) in _tensors(out / "model.gguf").items()}
     assert (types["blk.0.attn_q.weight"], types["output.weight"], types["token_embd.weight"]) == (8, 13, 11)
+
+
+def test_a_tensor_type_naming_the_mix_s_default_keeps_the_tensor_there(
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+    """llama-quantize's first matching --tensor-type wins even where it names the mix's own default type: the
+    mix's bumps are then not applied (ffn_down=q4_k in a Q4_K_M file keeps the last layer's ffn_down Q4_K, where
+    the mix alone gives it Q6_K); resumerge skipped such a pattern and bumped it."""
+    needs_library()
+    config, f16 = merges["llama"]
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=("ffn_down=q4_k", "blk\\.1\\.ffn_down=q8_0"))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
+                   tensor_types=(("ffn_down", OVERRIDE_TYPES["q4_k"]), ("blk\\.1\\.ffn_down", OVERRIDE_TYPES["q8_0"])))
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model.gguf").items()}
+    assert (types["blk.1.ffn_down.weight"], types["blk.1.attn_v.weight"]) == (12, 14)
 
 
 def test_both_imatrix_formats_read_as_llama_quantize_applies_them(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 Gemma-3-270M (gemma3: 640-wide rows, head dim 256, q/k norms, tied embeddings, a 262,144-token table) from their
 GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix: the type of every tensor equals
 ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's bytes are
-the same; once with an importance matrix. Skipped where llama.cpp's library (the test-only oracle) does not load.
+the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the test-only
+oracle) does not load.
 
 The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``;
 the suite keeps Gemma-3 at q3_k_m (Q3_K, Q4_K and Q5_K beside each other under the mix's rules) and q6_k, and the
@@ -14,17 +15,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from llamacpp_oracle import needs_library, quantize_model, tensors_of
 from support import write_config
+from test_gguf_kquants import _write_imatrix_gguf
 
 from resumerge import api
 from resumerge.merge.plan.gguftypes import MIXES
 
 EVERY_MIX = os.environ.get("RESUMERGE_TEST_EVERY_MIX") == "1"
-K_MIXES = [mix for mix in MIXES if "_k" in mix and (EVERY_MIX or mix in ("q3_k_m", "q6_k"))]
+K_MIXES = [mix for mix in MIXES if "_k" in mix and not MIXES[mix].needs_imatrix
+           and (EVERY_MIX or mix in ("q3_k_m", "q6_k"))]
 pytestmark = pytest.mark.slow
 
 
@@ -50,6 +52,12 @@ def _imatrix(f16: Path) -> dict[str, np.ndarray]:
             for name, t in tensors_of(f16).items() if name.startswith("blk.") and t.ne[1] > 1}
 
 
+def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
+    """``entries`` as llama-imatrix's GGUF, each counted once (the sums are the values llama-quantize applies)."""
+    _write_imatrix_gguf(path, {name: (values.reshape(1, -1), np.ones(1, dtype=np.float32))
+                               for name, values in entries.items()})
+
+
 @pytest.mark.parametrize("mix", K_MIXES)
 def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
                                                         tmp_path: Path) -> None:
@@ -66,28 +74,22 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
     assert len({t.kind for t in got.values()}) >= 3
 
 
-def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(real_f16: tuple[str, Path, Path],
+@pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", "iq4_xs"])
+def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
                                                                     tmp_path: Path) -> None:
+    """With a matrix, every tensor llama_model_quantize's; Q2_K_S (written only with one) and IQ4_XS (issue 95)
+    too, on Gemma-3's 4 heads a KV head and 18 layers (their attn_v and ffn_down rules)."""
     model, config, f16 = real_f16
     entries = _imatrix(f16)
     path = tmp_path / "imatrix.gguf"
-    writer = gguf.GGUFWriter(str(path), "")
-    writer.add_string("general.type", "imatrix")
-    writer.add_array("imatrix.datasets", ["random"])
-    writer.add_uint32("imatrix.chunk_count", 1)
-    writer.add_uint32("imatrix.chunk_size", 512)
-    for name in sorted(entries):  # count 1: the sums are the values llama-quantize applies
-        writer.add_tensor(f"{name}.in_sum2", entries[name].reshape(1, -1))
-        writer.add_tensor(f"{name}.counts", np.ones((1, 1), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_imatrix(path, entries)
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="q4_k_m", imatrix=str(path))))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=entries)
-    quantize_model(f16, tmp_path / "plain.gguf", MIXES["q4_k_m"].file_type)
+        out_type="gguf", gguf_type=mix, imatrix=str(path))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
     (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want, plain = tensors_of(ours), tensors_of(tmp_path / "llama.gguf"), tensors_of(tmp_path / "plain.gguf")
+    got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
     assert [n for n in got if got[n] != want[n]] == [], model
-    assert any(got[n] != plain[n] for n in plain)
+    if not MIXES[mix].needs_imatrix:
+        quantize_model(f16, tmp_path / "plain.gguf", MIXES[mix].file_type)
+        plain = tensors_of(tmp_path / "plain.gguf")
+        assert any(got[n] != plain[n] for n in plain)

@@ -99,12 +99,14 @@ def test_each_tensor_gets_the_type_llama_cpp_s_quantizer_picks(name: str, shape:
 
 
 def test_the_type_overrides_follow_llama_quantize_s() -> None:
-    """--gguf-tensor-type: the first pattern naming another type than the mix's default wins (one naming the
-    default is passed over), then the row fallback; --gguf-output-type and --gguf-token-embedding-type win
-    outright, without it; a tied embedding takes the output type."""
+    """--gguf-tensor-type: the first pattern that matches wins, one naming the mix's default too (the mix's bumps
+    then not applied: attn_v of a use_more_bits layer stays Q4_K; tests/test_gguf_kquants.py checks it against
+    llama-quantize), then the row fallback; --gguf-output-type and --gguf-token-embedding-type win outright,
+    without it; a tied embedding takes the output type."""
     pairs = parse_tensor_types(["attn_v=q4_k", "ATTN_=Q8_0", "ffn_down=q6_k"])
     chosen = TypeChoices(pairs, output=Q5_K, token_embedding=Q3_K)
-    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
+    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q4_K
+    assert tensor_type("blk.0.attn_v.weight", (1024, 4096), "q4_k_m", LLAMA_7B).llama == Q6_K
     assert tensor_type("blk.0.attn_q.weight", (4096, 4096), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
     assert tensor_type("blk.0.ffn_down.weight", (4096, 576), "q4_k_m", LLAMA_7B, chosen).llama == Q8_0
     assert tensor_type("output.weight", (32000, 576), "q4_k_m", LLAMA_7B, chosen).llama == Q5_K
@@ -159,7 +161,10 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
 
-    assert {t for t in QUALITY if "_k" not in t} == {t for t in GGUF_TYPES if "_k" not in t} - {"q4_1"}
+    def single(kind: str) -> bool:  # a type, not a mix (those: the next test)
+        return "_k" not in kind and not kind.startswith("iq")
+
+    assert {t for t in QUALITY if single(t)} == {t for t in GGUF_TYPES if single(t)} - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost
         assert [QUALITY[t].kl for t in order] == sorted(QUALITY[t].kl for t in order)
     config = _parents(tmp_path)
@@ -181,13 +186,14 @@ def test_a_k_quant_outputs_card_gives_its_mixs_kl_with_and_without_the_importanc
     """Issue 84: the card of a K-quant output quotes, for its mix, the KL from the float32 merge and the top-1
     agreement resumerge's check measured on the real reference merge (bench/bench_gguf_kl.py), without an importance
     matrix and with the one computed on the merge, and says which of the two this file is; the matrix lowered KL at
-    every mix measured."""
+    every mix measured. So does an IQ4 mix's (issue 95); Q2_K_S, written only with a matrix, has no figure."""
     from resumerge.merge.plan.defaults import GGUF_TYPES
+    from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
 
-    measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind}
-    assert set(measured) == {t for t in GGUF_TYPES if "_k" in t}
+    measured = {kind: q for kind, q in QUALITY.items() if "_k" in kind or kind.startswith("iq")}
+    assert set(measured) == {t for t in GGUF_TYPES if ("_k" in t or t.startswith("iq")) and not MIXES[t].needs_imatrix}
     for q in measured.values():
         assert q.kl_imatrix is not None and q.top1_imatrix is not None and q.kl_imatrix < q.kl
     config = _parents(tmp_path)

@@ -155,10 +155,10 @@ def numpy_encoders_note(options: PlanOptions) -> str | None:
     the numpy path, in ~3x the CPU (docs/performance.md); None otherwise."""
     from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.outputs.gguf import jit
-    from resumerge.outputs.gguf.kquants import K_TYPES
+    from resumerge.outputs.gguf.encoders import SEARCHED
 
     mix = MIXES.get(options.gguf_type)
-    if options.out_type != "gguf" or mix is None or mix.default not in K_TYPES or jit.numba_module() is not None:
+    if options.out_type != "gguf" or mix is None or mix.default not in SEARCHED or jit.numba_module() is not None:
         return None
     return (f"{options.gguf_type} is encoded by numpy: numba is not installed here (pip install numba, or the "
             "kquants extra, writes the same bytes in about a third of the CPU)")

@@ -69,7 +69,8 @@ class Output:
     mergekit_config.yml (``write_model_card``), and ``dequantize``: every tensor stored plainly in its dtype, whatever
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
-    ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k``, each tensor's type as llama.cpp picks
+    ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k`` (``q2_k_s`` with an importance matrix
+    only) or IQ4 mixes ``iq4_nl``, ``iq4_xs``, each tensor's type as llama.cpp picks
     it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
     importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
@@ -290,6 +291,7 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
         if container is None or not container.split_by_size:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
+    _gguf_type(given)
     given.update(_gguf_choices(given))
     given.pop(_TYPE_FILE, None)
     shard_size = size_option(out_shard_size, "--out-shard-size")
@@ -303,6 +305,26 @@ _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": 
                  "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
                  "imatrix_texts": "--imatrix-texts", _TYPE_FILE: "--gguf-tensor-type-file",
                  "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure"}
+
+
+def _gguf_type(given: Mapping[str, Any]) -> None:
+    """A GGUF output's ``--gguf-type`` checked (exit 2, before any work): one of llama-quantize's file types that
+    resumerge does not write yet is named as such, and a mix llama.cpp's quantizer refuses without an importance
+    matrix (Q2_K_S) is refused without ``--imatrix`` or ``--imatrix-texts``."""
+    from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
+
+    mix = str(given.get("gguf_type") or "f16")
+    if given.get("out_type") != "gguf":
+        return
+    if mix in NOT_YET:
+        needs = ", which llama.cpp's quantizer writes only with an importance matrix," if NOT_YET[mix] else ""
+        raise UsageError(f"--gguf-type {mix}: llama-quantize's {mix.upper()}{needs} is not a type resumerge writes "
+                         "yet", hint=f"give one of {', '.join(MIXES)}")
+    if (mix in MIXES and MIXES[mix].needs_imatrix and given.get("imatrix") is None
+            and given.get("imatrix_texts") is None):
+        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes it only with an importance matrix",
+                         hint="give --imatrix FILE (llama-imatrix's) or --imatrix-texts FILE (texts to compute it "
+                              "on the merge from)")
 
 
 def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -355,16 +377,15 @@ def _imatrix_texts(given: Mapping[str, Any]) -> str:
     """``--imatrix-texts`` checked (exit 2): not with ``--imatrix``, a file, and a ``--gguf-type`` whose quantizer
     reads an importance matrix; the file as an absolute path."""
     from resumerge.merge.plan.gguftypes import MIXES
-    from resumerge.outputs.gguf import kquants, legacyweighted
+    from resumerge.outputs.gguf.encoders import WEIGHTED
 
     if given.get("imatrix") is not None:
         raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
                          "file llama-imatrix wrote, or texts to compute it on the merge from)")
     mix = str(given.get("gguf_type") or "f16")
-    if mix not in MIXES or (MIXES[mix].default not in kquants.K_TYPES and
-                            MIXES[mix].default not in legacyweighted.LEGACY):
+    if mix not in MIXES or MIXES[mix].default not in WEIGHTED:
         raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
-                         hint="give a K-quant mix (q2_k ... q6_k) or q4_0, q4_1, q5_0, q5_1")
+                         hint="give a K-quant mix (q2_k ... q6_k), iq4_nl, iq4_xs or q4_0, q4_1, q5_0, q5_1")
     path = Path(given["imatrix_texts"]).expanduser().resolve()
     if not path.is_file():
         raise UsageError(f"--imatrix-texts {given['imatrix_texts']}: no such file (texts, one a line, to compute "

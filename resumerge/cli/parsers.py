@@ -152,8 +152,9 @@ def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> N
                         "tokenizer from a GGUF parent) [default: safetensors]")
     p.add_argument("--gguf-type", choices=GGUF_TYPES, default="f16",
                    help="--out-type gguf: how matrices are stored, a type or one of llama-quantize's K-quant "
-                        "mixes (q4_k_m ...: each tensor's type as llama-quantize picks it, its bytes as "
-                        "llama.cpp's quantizer writes them); norms and 1-D tensors are F32 [default: f16]")
+                        "and IQ4 mixes (q4_k_m, iq4_xs ...: each tensor's type as llama-quantize picks it, its "
+                        "bytes as llama.cpp's quantizer writes them; q2_k_s needs an importance matrix); norms and "
+                        "1-D tensors are F32 [default: f16]")
     p.add_argument("--gguf-split-max-size", metavar="SIZE",
                    help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
                         "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")

@@ -1,7 +1,8 @@
-"""GGUF's F16, BF16, Q8_0 and K-quant (Q2_K ... Q6_K) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1:
-:mod:`.legacy`) decoded with torch, vectorised over torch's compute threads, to the float32 values gguf-py's
-``quants`` gives; and the block layouts (ggml type ids, values and bytes a block) that a GGUF output's encoders
-share (:mod:`resumerge.outputs.gguf.encoders`, :mod:`resumerge.outputs.gguf.kquants`).
+"""GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K) and 4-bit i-quant (IQ4_NL, IQ4_XS) tensors (and the legacy
+Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch, vectorised over torch's compute threads, to the float32
+values gguf-py's ``quants`` gives; and the block layouts (ggml type ids, values and bytes a block) that a GGUF
+output's encoders share (:mod:`resumerge.outputs.gguf.encoders`, :mod:`resumerge.outputs.gguf.kquants`,
+:mod:`resumerge.outputs.gguf.iquants`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, a float16 scale ``d`` then
 32 int8 codes ``q``; the value is ``d * q`` (an exact product). Values are float32 rows whose last dimension is whole
@@ -19,14 +20,19 @@ from resumerge.inputs.gguf import legacy
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
-__all__ = ["BLOCK_BYTES", "CHUNK", "decode"]
+__all__ = ["BLOCK_BYTES", "CHUNK", "IQ4_VALUES", "decode"]
 
 # ggml type ids this module decodes (and a GGUF output encodes)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+IQ4_NL, IQ4_XS = 20, 23
 _Q8_VALUES, _Q8_BYTES = 32, 34
 # ggml type -> (values, bytes) of a block, for every block type this module decodes
 BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
-               Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+               Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
+               IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
+# The 16 levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``), in increasing order: a 4-bit code is an
+# index into them, times its block's scale
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 # blocks coded together (Q8_0's 7680 are 960 KiB of float32): in the cache, and under the allocator's 1 MiB mmap
@@ -149,10 +155,50 @@ def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     values *= (d * scales).unsqueeze(-1)
 
 
+def _iq4_levels(nibbles: torch.Tensor, into: torch.Tensor) -> None:
+    """Groups of 16 bytes of 4-bit codes (n, g, 16) as their IQ4 levels into float32 ``into`` (n, g, 32): byte j
+    holds value j (low nibble) and value j + 16 (high)."""
+    from resumerge.torch_import import torch
+
+    levels = torch.tensor(IQ4_VALUES, dtype=torch.float32)
+    n, groups = nibbles.shape[:2]
+    q = into.view(n, groups, 2, 16)
+    q[:, :, 0] = levels[(nibbles & 0x0F).long()]
+    q[:, :, 1] = levels[(nibbles >> 4).long()]
+
+
+def _iq4_nl_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ4_NL blocks (``block_iq4_nl``: f16 d, 16 bytes of 4-bit codes; (n, 18)) into float32 values (n, 32):
+    ``d * level`` (an exact product)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    _iq4_levels(blocks[:, 2:].reshape(n, 1, 16), into.view(n, 1, 32))
+    into *= blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+
+
+def _iq4_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ4_XS blocks (``block_iq4_xs``: f16 d, u16 ``scales_h``, 4 bytes ``scales_l``, 128 of 4-bit codes; (n,
+    136)) into float32 values (n, 256): sub-block j (32 values, bytes ``8 + 16j`` on) is ``(d * (s_j - 32)) *
+    level`` (the first product exact), the 6-bit ``s_j`` from nibble ``j % 2`` of ``scales_l[j // 2]`` and bits
+    ``2j`` of ``scales_h`` (its top two)."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    high = blocks[:, 2:4].to(torch.int32)
+    high = (high[:, 0:1] | (high[:, 1:2] << 8)) >> torch.arange(0, 16, 2, dtype=torch.int32)
+    low = blocks[:, 4:8].to(torch.int32)
+    low = torch.stack([low & 0x0F, low >> 4], dim=2).reshape(n, 8)
+    scales = (low | ((high & 3) << 4)) - 32
+    _iq4_levels(blocks[:, 8:].reshape(n, 8, 16), into.view(n, 8, 32))
+    into.view(n, 8, 32).mul_((d * scales.to(torch.float32)).unsqueeze(-1))
+
+
 # ggml type -> the function that decodes a run of its blocks
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
-    Q6_K: _q6_k_values,
+    Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 

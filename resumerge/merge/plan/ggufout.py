@@ -46,12 +46,13 @@ from resumerge.merge.plan.gguftypes import (
     ModelFacts,
     TypeChoices,
     parse_tensor_types,
+    requires_imatrix,
     tensor_type,
 )
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufChoices, GgufFile
 from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
-from resumerge.outputs.gguf.outcodec import GgufOutCodec
+from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 
 GGUF_NAME = "model.gguf"
@@ -232,9 +233,9 @@ class Importance:
         none: no file, a type that takes no weights, or no entry, as llama-quantize goes on without one). Raises
         :class:`ModelInputError` for an entry of another size (token_embd's is skipped, as llama-quantize skips
         it)."""
-        from resumerge.outputs.gguf import kquants, legacyweighted
+        from resumerge.outputs.gguf.encoders import WEIGHTED
 
-        if ggml_type not in kquants.K_TYPES and ggml_type not in legacyweighted.LEGACY:
+        if ggml_type not in WEIGHTED:
             return ""
         if self.later:  # measured on this very output: a blocks' weight has its entry (token_embd and output none)
             return self.path if target.startswith("blk.") else ""
@@ -278,6 +279,11 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     imatrix = weights.for_tensor(target, columns, experts, ggml)
     if up_name:
         imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if not imatrix and requires_imatrix(target, ggml, mix):
+        raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
+                              f"{TYPE_NAMES[ggml]} only with an importance matrix, and --imatrix {weights.path} has "
+                              "no entry for it", tensor=target, hint="give the importance matrix measured on this "
+                                                                     "model")
     codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
     if expert >= 0 or up_name:
         codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)

@@ -11,8 +11,8 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   them.
 - ``--gguf-token-embedding-type`` (token_embd) and ``--gguf-output-type`` (output.weight) win outright, without
   the row fallback; ``--gguf-tensor-type PATTERN=TYPE`` patterns are searched (a regular expression anywhere in the
-  GGUF name, in the order given) and the first one naming another type than the mix's default wins, the fallback
-  still applying.
+  GGUF name, in the order given) and the first that matches wins, the fallback still applying: one naming the mix's
+  default type keeps the tensor at it, the mix's bumps not applied.
 - ``output.weight``, and ``token_embd.weight`` of a model without one (tied embeddings), get Q6_K unless the
   file's default type is Q8_0, or Q8_0 when a row is not whole blocks of the default type.
 - The mixes' bumps (``attn_v``, ``ffn_down``, ``attn_output``) by layer: :func:`_bumped`. llama.cpp counts
@@ -21,10 +21,16 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   count is the layer index and the total the block count.
 - A model with exactly 8 experts (Mixtral) gets Q8_0 for ``attn_v`` and ``attn_k``.
 - A row that is not whole 256-value blocks: Q2_K and Q3_K fall back to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
-  Q8_0, and to F16 when not whole 32-value blocks either. llama.cpp refuses a legacy type (Q4_0 ... Q8_0) on such
-  a row; resumerge writes it F16 and the plan's notes say so (:func:`type_notes`).
+  Q8_0, IQ4_XS to IQ4_NL, and to F16 when not whole 32-value blocks either. llama.cpp refuses a legacy type (Q4_0
+  ... Q8_0) or IQ4_NL on such a row; resumerge writes it F16 and the plan's notes say so (:func:`type_notes`).
+- The IQ4_NL and IQ4_XS mixes: ``attn_v`` Q5_K where ``n_gqa >= 4``, the first eighth of ``ffn_down`` Q5_K only
+  without an importance matrix (with one, those tensors keep the i-quant: the matrix changes types, not only bytes).
+- Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K; llama.cpp
+  refuses it without an importance matrix (:attr:`Mix.needs_imatrix`, :func:`requires_imatrix`), as it refuses
+  the i-quant mixes below 4 bits, which resumerge does not write yet (:data:`NOT_YET`).
 
-resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types and the K-quants).
+resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL and
+IQ4_XS).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from resumerge.inputs.gguf.blocks import (
     BLOCK_BYTES,
     F16,
     F32,
+    IQ4_NL,
+    IQ4_XS,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -56,23 +64,31 @@ from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 
 @dataclass(frozen=True)
 class Mix:
-    """One ``--gguf-type``: llama.cpp's file type id (``general.file_type``, ``llama_ftype``) and its default
-    tensor type."""
+    """One ``--gguf-type``: llama.cpp's file type id (``general.file_type``, ``llama_ftype``), its default
+    tensor type, and whether llama.cpp's quantizer refuses it without an importance matrix (its default type's
+    tensors, token_embd and output.weight apart, need one: ``tensor_requires_imatrix``)."""
 
     file_type: int
     default: int
+    needs_imatrix: bool = False
 
 
 # --gguf-type -> its llama_ftype and default type (llama_ftype_get_default_type)
 MIXES: Mapping[str, Mix] = {
     "f32": Mix(0, F32), "f16": Mix(1, F16), "bf16": Mix(32, BF16), "q8_0": Mix(7, Q8_0), "q5_1": Mix(9, Q5_1),
     "q5_0": Mix(8, Q5_0), "q4_1": Mix(3, Q4_1), "q4_0": Mix(2, Q4_0), "q2_k": Mix(10, Q2_K),
-    "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K), "q3_k_l": Mix(13, Q3_K), "q4_k_s": Mix(14, Q4_K),
-    "q4_k_m": Mix(15, Q4_K), "q5_k_s": Mix(16, Q5_K), "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K)}
+    "q2_k_s": Mix(21, Q2_K, needs_imatrix=True), "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K),
+    "q3_k_l": Mix(13, Q3_K), "q4_k_s": Mix(14, Q4_K), "q4_k_m": Mix(15, Q4_K), "q5_k_s": Mix(16, Q5_K),
+    "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS)}
+# llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
+# matrix for them (IQ3_XS for its attn_q/attn_k and middle ffn_gate/ffn_up, in IQ3_XXS)
+NOT_YET: Mapping[str, bool] = {
+    "iq1_s": True, "iq1_m": True, "iq2_xxs": True, "iq2_xs": True, "iq2_s": True, "iq2_m": True, "iq3_xxs": True,
+    "iq3_xs": True, "iq3_s": False, "iq3_m": False, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
-# tensor_type_fallback: a row that is not whole 256-value blocks
-_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0}
+# tensor_type_fallback: a row that is not whole blocks of the type (256 values): IQ4_XS to IQ4_NL (32)
+_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -136,7 +152,7 @@ def _category(name: str) -> str:
 
 
 def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts, imatrix: bool) -> int:
-    """llama_tensor_get_type_impl for the mixes resumerge writes (no IQ types; no Falcon)."""
+    """llama_tensor_get_type_impl for the mixes resumerge writes (no Falcon)."""
     layer_match = _LAYER.match(name)
     layer = int(layer_match.group(1)) if layer_match else 0
     n = model.layers
@@ -144,6 +160,10 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
     if category == "attn_v":
         if mix == "q2_k":
             chosen = Q4_K if model.gqa >= 4 else Q3_K
+        elif mix == "q2_k_s" and model.gqa >= 4:
+            chosen = Q4_K
+        elif mix in ("iq4_nl", "iq4_xs") and model.gqa >= 4:
+            chosen = Q5_K
         elif mix == "q3_k_m":
             chosen = Q5_K if layer < 2 else Q4_K
         elif mix == "q3_k_l":
@@ -162,6 +182,10 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
     elif category == "ffn_down":
         if mix == "q2_k":
             chosen = Q3_K
+        elif mix == "q2_k_s" and layer < n // 8:
+            chosen = Q4_K
+        elif mix in ("iq4_nl", "iq4_xs") and not imatrix and layer < n // 8:
+            chosen = Q5_K
         elif mix == "q3_k_m":
             chosen = Q5_K if layer < n // 16 else Q4_K
         elif mix == "q3_k_l":
@@ -175,7 +199,7 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
             chosen = Q4_1 if mix == "q4_0" else Q5_1
     elif category == "attn_output":
         if model.experts == 8:
-            if mix in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m"):
+            if mix in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", "iq4_nl", "iq4_xs"):
                 chosen = Q5_K
         elif mix == "q2_k":
             chosen = Q3_K
@@ -184,6 +208,13 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
         elif mix == "q3_k_l":
             chosen = Q5_K
     return chosen
+
+
+def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
+    """Whether llama.cpp's quantizer refuses to write GGUF tensor ``name`` as ``ggml_type`` in a ``mix`` file
+    without an importance matrix entry for it (``tensor_requires_imatrix``: of the types resumerge writes, Q2_K in
+    a Q2_K_S file, token_embd and output.weight apart)."""
+    return ggml_type == Q2_K and mix == "q2_k_s" and _category(name) not in ("token_embd", "output")
 
 
 def _fallback(chosen: int, row: int) -> int:
@@ -212,7 +243,7 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
     else:
         picked, manual = default, False
         for pattern, kind in choices.tensor_types:
-            if re.search(pattern, name) and kind != default:
+            if re.search(pattern, name):  # naming the default type too: the mix's rules are then not applied
                 picked, manual = kind, True
                 break
         if not manual and not choices.pure:

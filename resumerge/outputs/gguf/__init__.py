@@ -1,7 +1,7 @@
 """GGUF (llama.cpp's format) as an output: the encoder of each tensor (:mod:`.outcodec`, :mod:`.stackcodec` for a
-mixture of experts' stacked projections; the block-encode kernels: :mod:`.encoders`, the K-quants' :mod:`.kquants`),
-the file's bytes planned before a tensor is written (:mod:`.layout`), and the ``tokenizer.*`` keys built from a
-Hugging Face tokenizer folder (:mod:`.hfvocab`)."""
+mixture of experts' stacked projections; the block-encode kernels: :mod:`.encoders`, the K-quants' :mod:`.kquants`,
+the 4-bit i-quants' :mod:`.iquants`), the file's bytes planned before a tensor is written (:mod:`.layout`), and the
+``tokenizer.*`` keys built from a Hugging Face tokenizer folder (:mod:`.hfvocab`)."""
 
 from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec

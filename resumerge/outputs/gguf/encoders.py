@@ -35,14 +35,23 @@ import numpy as np
 from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
 from resumerge.inputs.gguf.legacy import Kind
-from resumerge.outputs.gguf import kquants, legacyweighted
+from resumerge.outputs.gguf import iquants, kquants, legacyweighted
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resumerge.torch_import import torch
 
-__all__ = ["encode"]
+__all__ = ["SEARCHED", "WEIGHTED", "encode"]
 
 _Q8_VALUES, _Q8_BYTES = BLOCK_BYTES[Q8_0]
+# the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
+# importance matrix: ggml type -> its encoder (rows, ggml type, importance or None, out)
+SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], np.ndarray]] = {
+    **dict.fromkeys(kquants.K_TYPES, kquants.encode_k), **dict.fromkeys(iquants.I_TYPES, iquants.encode_iq)}
+# the types whose encoding reads an importance matrix (llama-quantize's, one entry a tensor): those, and the legacy
+# 4- and 5-bit types' weighted paths
+WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
 
 
 def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
@@ -110,25 +119,24 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
 def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None,
            importance: np.ndarray | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the K-quants of :mod:`.kquants`:
-    ``values.shape[-1]`` whole blocks); a block type written straight into ``into`` when given (contiguous, of the
-    result's bytes), the others copied there. ``importance`` (float32, one per column): a K or legacy 4-/5-bit
-    type's importance weights (llama.cpp's imatrix entry over its count), None for the quantizer's path without
-    them."""
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants of :mod:`.kquants` and the i-quants
+    of :mod:`.iquants`: ``values.shape[-1]`` whole blocks); a block type written straight into ``into`` when given
+    (contiguous, of the result's bytes), the others copied there. ``importance`` (float32, one per column): a
+    :data:`WEIGHTED` type's importance weights (llama.cpp's imatrix entry over its count), None for the
+    quantizer's path without them."""
     from resumerge.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    if importance is not None and ggml_type in legacyweighted.LEGACY:  # the legacy types' importance paths
-        size = legacyweighted.LEGACY[ggml_type][0]
-        shape = (*rows.shape[:-1], rows.shape[-1] // 32 * size)
+    searched = SEARCHED.get(ggml_type)
+    weighted = importance is not None and ggml_type in legacyweighted.LEGACY  # the legacy types' importance paths
+    if searched is not None or weighted:
+        block, size = BLOCK_BYTES[ggml_type]
+        shape = (*rows.shape[:-1], rows.shape[-1] // block * size)
         out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
-        legacyweighted.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
-        return out
-    if ggml_type in kquants.K_TYPES:
-        size = kquants.K_TYPES[ggml_type]
-        shape = (*rows.shape[:-1], rows.shape[-1] // kquants.QK * size)
-        out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
-        kquants.encode_k(rows.numpy(), ggml_type, importance, out.numpy())
+        if searched is not None:
+            searched(rows.numpy(), ggml_type, importance, out.numpy())
+        elif importance is not None:
+            legacyweighted.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
         return out
     if ggml_type == Q8_0:
         return _q8_0(rows, into)

@@ -1,7 +1,7 @@
 """The GGUF output codec: an output tensor's value (Hugging Face layout) stored as llama.cpp stores it — under its
 GGUF name, with the family's transform applied (llama's q/k rows permuted per head, gemma's norms +1) and encoded
-as llama.cpp's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K:
-:mod:`.encoders`), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
+as llama.cpp's quantizer encodes it (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K ... Q6_K and
+the i-quants IQ4_NL, IQ4_XS: :mod:`.encoders`), a row chunk at a time (a chunk of a permuted q/k is whole heads)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 # ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
-                                 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+                                 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL",
+                                 23: "IQ4_XS"}
 _STORED = {0: "F32", 1: "F16", 30: "BF16"}  # the stored dtype of the plain types (the others: bytes)
 
 

@@ -12,12 +12,15 @@ from types import MappingProxyType
 class TypeQuality:
     """What writing a merge as one ``--gguf-type`` cost on the reference merge: KL(float32 merge ‖ the GGUF file)
     in nats per predicted token, and the share of positions whose most likely next token is the same; for a K-quant
-    mix, also with the importance matrix computed on the merge (``--imatrix-texts``, :data:`CALIBRATION`)."""
+    or IQ4 mix, also with the importance matrix computed on the merge (``--imatrix-texts``, :data:`CALIBRATION`),
+    and whether the reference's rows, not whole 256-value blocks, took llama.cpp's fallback types (``falls_back``;
+    IQ4_NL's blocks are 32 values)."""
 
     kl: float
     top1: float
     kl_imatrix: float | None = None
     top1_imatrix: float | None = None
+    falls_back: bool = True
 
 
 # Measured by bench/bench_gguf_kl.py (bench/RESULTS.md, session 33): a linear merge of SmolLM2-135M-Instruct (30
@@ -49,6 +52,10 @@ QUALITY: Mapping[str, TypeQuality] = MappingProxyType({
     "q3_k_m": TypeQuality(0.232, 0.782, 0.182, 0.779),
     "q3_k_s": TypeQuality(0.646, 0.661, 0.563, 0.640),
     "q2_k": TypeQuality(0.646, 0.661, 0.563, 0.640),
+    # IQ4 mixes (issue 95; 2026-11-28), as the K mixes: IQ4_XS's 576-value rows take IQ4_NL (its down projection
+    # keeps IQ4_XS); IQ4_NL's 32-value blocks fit them. Q2_K_S, written only with a matrix, has no figure here.
+    "iq4_xs": TypeQuality(0.385, 0.730, 0.208, 0.799),
+    "iq4_nl": TypeQuality(0.380, 0.754, 0.205, 0.782, falls_back=False),
 })
 
 
@@ -67,8 +74,9 @@ def quality_line(gguf_type: str, weighted: bool = False) -> str | None:
         cost = (f"written as {kind} is KL {found.kl:.4f} from its float32 merge without an importance matrix (the "
                 f"most likely next token the same at {found.top1:.1%} of positions) and KL {found.kl_imatrix:.4f} "
                 f"with one computed on the merge from {CALIBRATION} ({found.top1_imatrix:.1%}; nats per token, "
-                f"`resumerge check`'s built-in texts; its rows of 576 values are no whole 256-value blocks, so most "
-                f"of its matrices took llama.cpp's fallback types; this file was written "
-                f"{'with' if weighted else 'without'} one")
+                f"`resumerge check`'s built-in texts; "
+                + ("its rows of 576 values are no whole 256-value blocks, so most of its matrices took llama.cpp's "
+                   "fallback types; " if found.falls_back else "")
+                + f"this file was written {'with' if weighted else 'without'} one")
     return (f"Quantization: {REFERENCE} {cost}; bench/bench_gguf_kl.py). A larger model loses less at the same "
             "type; `resumerge check` of this file against a float merge (as `--parent`) measures this one.")
