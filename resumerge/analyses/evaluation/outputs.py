@@ -20,7 +20,7 @@ def results_folder(target: str) -> str:
     from lm_eval.utils import sanitize_model_name
 
     local = Path(target).expanduser()
-    return sanitize_model_name(local.resolve().name if local.exists() else target.removeprefix("hf://"))
+    return str(sanitize_model_name(local.resolve().name if local.exists() else target.removeprefix("hf://")))
 
 
 def write_outputs(results: dict[str, Any], tracker: Any, settings: EvalSettings, target: str) -> tuple[str, ...]:
