@@ -293,12 +293,12 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
     flag for a bad one, or for one given without ``--out-type gguf`` (a ``--gguf-type`` other than the default
     too: ignored, it would write safetensors the user did not ask for)."""
     from resumerge.merge.plan.defaults import GGUF_TYPES
-    from resumerge.merge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
+    from resumerge.merge.plan.gguftypes import MIXES, OVERRIDE_TYPES, parse_tensor_types
 
     out: dict[str, Any] = {}
     if given.get("gguf_type") is not None:
         out["gguf_type"] = str(given["gguf_type"]).lower()
-        if out["gguf_type"] not in GGUF_TYPES:
+        if out["gguf_type"] not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
             raise UsageError(f"--gguf-type {given['gguf_type']}: one of {', '.join(GGUF_TYPES)}")
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if out.get("gguf_type", _DEFAULT_GGUF_TYPE) != _DEFAULT_GGUF_TYPE:
