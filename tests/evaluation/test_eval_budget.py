@@ -18,6 +18,7 @@ from tests.evaluation.evaltasks import write_tasks
 pytest.importorskip("lm_eval")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 def test_the_budget_eval_names_for_a_quantized_model_is_within_1_3x_of_its_peak(tmp_path: Path) -> None:
     from realmodel import smollm2_gguf
