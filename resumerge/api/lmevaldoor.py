@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import UsageError
@@ -27,7 +28,8 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.lm import ResumergeLM
     from resumerge.analyses.evaluation.registered import ModelArgs
-    from resumerge.analyses.evaluation.settings import Seeds
+    from resumerge.analyses.evaluation.settings import EvalSettings, Seeds
+    from resumerge.config.settings import RunSettings
 
 # Held while lm_eval.simple_evaluate is switched: one process-wide attribute (two evaluations in threads would each
 # save the other's wrapper and put it back for good).
@@ -38,7 +40,8 @@ def lm_eval(args: argparse.Namespace, *, command: str) -> None:
     """Run ``args``, lm-eval's own parsed command line (``lm_eval._cli.HarnessCLI``'s namespace), with ``--model
     resumerge`` registered; ``command``: the shell command that runs it again (said when it is interrupted: the
     rerun resumes each pass where it stopped). lm-eval writes and logs what it writes and logs for any model.
-    Raises :class:`UsageError` (exit 2) for what resumerge cannot honour: an unknown ``--model_args`` key, a
+    Raises :class:`UsageError` (exit 2) for what resumerge cannot honour, before lm-eval loads a task: an unknown
+    ``--model_args`` key, a device ``run`` refuses too (``mps``; ``cuda`` without a GPU) or a bad size, a
     ``--gen_kwargs`` key resumerge does not generate with (``num_beams``, ``min_p``, ...; sampling with
     ``do_sample``, ``temperature``, ``top_k``, ``top_p`` is honoured), ``--use_cache`` and ``state_dir=`` naming two
     places."""
@@ -49,7 +52,7 @@ def lm_eval(args: argparse.Namespace, *, command: str) -> None:
         args.func(args)
         return
     if args.model == MODEL_NAME:  # refused before lm-eval starts a W&B run or reads a task (again below: --config)
-        ModelArgs.of(args.model_args or {}, {})
+        _evaluation(ModelArgs.of(args.model_args or {}, {}), args.use_cache, args.device)[1].checked()
         _honoured(args.gen_kwargs)
     import lm_eval as harness
 
@@ -115,22 +118,13 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
     """The model ``given`` names, opened for the evaluation (what it holds closed by ``held`` when it ends)."""
     from resumerge.analyses.evaluation.opened import opened_lm
     from resumerge.analyses.evaluation.run import is_config
-    from resumerge.analyses.evaluation.settings import EvalSettings
-    from resumerge.api.options import Resources, Settings, settings_for
 
-    if cache is not None and given.state_dir is not None and \
-            os.path.abspath(cache) != os.path.abspath(given.state_dir):
-        raise UsageError(f"--use_cache {cache} and --model_args state_dir={given.state_dir} name two journals",
-                         hint="give one of them: --use_cache is the folder resumerge's journal is kept in")
-    state_dir = given.state_dir if given.state_dir is not None else cache
-    resources = Resources(max_memory=given.max_memory, device=given.device or device_flag or "cpu",
-                          max_gpu_memory=given.max_gpu_memory)
-    settings = settings_for(Settings(resources=resources, state_dir=state_dir), "evaluate")  # as api.evaluate's
-    evaluation = EvalSettings(tasks=tasks or ("lm-eval",), max_memory=settings.max_memory, device=resources.device,
-                              max_gpu_memory=settings.max_gpu_memory, seeds=seeds)
+    settings, evaluation = _evaluation(given, cache, device_flag)
+    evaluation = replace(evaluation, tasks=tasks or evaluation.tasks, seeds=seeds)
     target = given.pretrained
     unwritten = None
     if is_config(target):  # the merge it describes, never written, each tensor's merge admitted by a governor
+        from resumerge.api.options import Settings
         from resumerge.api.unwritten import open_unwritten
         from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
 
@@ -140,3 +134,35 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
                                                       governor=governor))
     return held.enter_context(opened_lm(target, evaluation, state=settings.state, command=command,
                                         unwritten=unwritten))
+
+
+def _run_settings(given: ModelArgs, cache: str | None, device_flag: str | None) -> RunSettings:
+    """The run settings of ``--model resumerge`` with ``given`` (``cache``: ``--use_cache``, the journal's folder;
+    ``device_flag``: lm-eval's ``--device``), as ``api.evaluate`` makes them; :class:`UsageError` (exit 2) for a
+    bad size or for ``--use_cache`` and ``state_dir=`` naming two journals."""
+    from resumerge.api.options import Resources, Settings, settings_for
+
+    if cache is not None and given.state_dir is not None and \
+            os.path.abspath(cache) != os.path.abspath(given.state_dir):
+        raise UsageError(f"--use_cache {cache} and --model_args state_dir={given.state_dir} name two journals",
+                         hint="give one of them: --use_cache is the folder resumerge's journal is kept in")
+    resources = Resources(max_memory=given.max_memory, device=_device(given, device_flag),
+                          max_gpu_memory=given.max_gpu_memory)
+    state_dir = given.state_dir if given.state_dir is not None else cache
+    return settings_for(Settings(resources=resources, state_dir=state_dir), "evaluate")  # as api.evaluate's
+
+
+def _device(given: ModelArgs, device_flag: str | None) -> str:
+    """The device the passes run on: ``device=`` of ``--model_args``, else lm-eval's ``--device``, else the CPU."""
+    return given.device or device_flag or "cpu"
+
+
+def _evaluation(given: ModelArgs, cache: str | None, device_flag: str | None) -> tuple[RunSettings, EvalSettings]:
+    """The run's and the evaluation's settings for ``given`` (its tasks lm-eval's, named later): what
+    :meth:`EvalSettings.checked` refuses (a device ``run`` refuses too, ``mps``, or ``cuda`` without a GPU) and
+    :func:`_run_settings` are refused in one line, exit 2, before lm-eval loads a task."""
+    from resumerge.analyses.evaluation.settings import EvalSettings
+
+    settings = _run_settings(given, cache, device_flag)
+    return settings, EvalSettings(tasks=("lm-eval",), max_memory=settings.max_memory,
+                                  device=_device(given, device_flag), max_gpu_memory=settings.max_gpu_memory)

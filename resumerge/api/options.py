@@ -299,6 +299,7 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
                        parent_shard_names=True, **{**given, "device": normalise_device(given.get("device", "cpu"))})
 
 
+_DEFAULT_GGUF_TYPE = Output.gguf_type  # what --gguf-type is when not given (f16)
 # The GGUF type options, by field: the flag that sets each
 _TYPE_FILE = "gguf_tensor_type_file"
 _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
@@ -313,7 +314,7 @@ def _gguf_type(given: Mapping[str, Any]) -> None:
     matrix (Q2_K_S) is refused without ``--imatrix`` or ``--imatrix-texts``."""
     from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
 
-    mix = str(given.get("gguf_type") or "f16")
+    mix = str(given.get("gguf_type") or "f16").lower()
     if given.get("out_type") != "gguf":
         return
     if mix in NOT_YET:
@@ -328,18 +329,26 @@ def _gguf_type(given: Mapping[str, Any]) -> None:
 
 
 def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
-    """The GGUF type options of ``given`` checked and normalised (patterns and type names lower-cased, the
-    importance matrix an absolute path that exists); UsageError (exit 2) naming the flag for a bad one, or for one
-    given without ``--out-type gguf``."""
+    """The GGUF type options of ``given`` checked and normalised (patterns and type names lower-cased: llama.cpp's
+    ``Q4_K_M`` is ``q4_k_m``; the importance matrix an absolute path that exists); UsageError (exit 2) naming the
+    flag for a bad one, or for one given without ``--out-type gguf`` (a ``--gguf-type`` other than the default
+    too: ignored, it would write safetensors the user did not ask for)."""
+    from resumerge.merge.plan.defaults import GGUF_TYPES
     from resumerge.merge.plan.ggufswitches import parse_override_kv, tensor_type_file
-    from resumerge.merge.plan.gguftypes import OVERRIDE_TYPES, parse_tensor_types
+    from resumerge.merge.plan.gguftypes import MIXES, OVERRIDE_TYPES, parse_tensor_types
 
+    out: dict[str, Any] = {}
+    if given.get("gguf_type") is not None:
+        out["gguf_type"] = str(given["gguf_type"]).lower()
+        if out["gguf_type"] not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
+            raise UsageError(f"--gguf-type {given['gguf_type']}: one of {', '.join(GGUF_TYPES)}")
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
+    if out.get("gguf_type", _DEFAULT_GGUF_TYPE) != _DEFAULT_GGUF_TYPE:
+        set_.insert(0, "--gguf-type")
     if not set_:  # the CLI's unset repeatable flag is None, the plan's default an empty tuple
-        return {name: () for name in ("gguf_tensor_types", "gguf_override_kv") if name in given}
+        return {**out, **{name: () for name in ("gguf_tensor_types", "gguf_override_kv") if name in given}}
     if given.get("out_type") != "gguf":
         raise UsageError(f"{set_[0]} chooses a GGUF output's types: give it with --out-type gguf")
-    out: dict[str, Any] = {}
     pairs = list(given.get("gguf_tensor_types") or ())
     try:
         if given.get(_TYPE_FILE) is not None:
@@ -369,7 +378,7 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
                              "wrote, GGUF or .dat)")
         out["imatrix"] = str(path)
     if given.get("imatrix_texts") is not None:
-        out["imatrix_texts"] = _imatrix_texts(given)
+        out["imatrix_texts"] = _imatrix_texts({**given, **out})
     return out
 
 

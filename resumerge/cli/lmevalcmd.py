@@ -1,12 +1,14 @@
 """``resumerge lm-eval ARGS...`` (and ``python -m resumerge.lm_eval ARGS...``): lm-eval's own command line, parsed by
 lm-eval's own parser (``lm-eval run|ls|validate``, and its legacy form without ``run``), with ``--model resumerge``
-registered; its one :func:`resumerge.api.lm_eval` call. Every flag is lm-eval's, so ``--help`` is lm-eval's."""
+registered; its one :func:`resumerge.api.lm_eval` call. Every flag is lm-eval's, so ``--help`` is lm-eval's, followed by
+what it cannot say: the ``resumerge`` model's ``--model_args`` and what ``--use_cache`` is to it."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from resumerge.errors import EXIT_OK
@@ -14,16 +16,17 @@ from resumerge.errors import EXIT_OK
 HELP = ("lm-eval's own command line (lm-eval run --model resumerge --model_args pretrained=PATH ...), every flag "
         "as lm-eval parses it")
 
+# What lm-eval's own --help cannot say: the model resumerge registers, its model_args, what --use_cache is to it
+MODEL_HELP = ("--model resumerge takes --model_args pretrained=PATH (a model folder, a GGUF file, hf://NAMESPACE/NAME "
+              "or a merge config, merged as it is read, never written), max_memory=SIZE, max_gpu_memory=SIZE, "
+              "device=cpu|cuda[:N], state_dir=DIR; --use_cache DIR keeps resumerge's journal there (a rerun answers "
+              "what is done without reading a weight). Needs the eval extra.")
+
 
 def add_lm_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``lm-eval`` command's entry in ``resumerge --help``; its words are parsed by lm-eval's own parser (see
     :func:`run_lm_eval_command`), never by this one."""
-    door = sub.add_parser("lm-eval", help=HELP, add_help=False,
-                          description=f"{HELP}. --model resumerge takes --model_args pretrained=PATH (a model folder, "
-                                      "a GGUF file, hf://NAMESPACE/NAME or a merge config, merged as it is read, "
-                                      "never written), max_memory=SIZE, max_gpu_memory=SIZE, device=cpu|cuda[:N], "
-                                      "state_dir=DIR; --use_cache DIR keeps resumerge's journal there (a rerun "
-                                      "answers what is done without reading a weight). Needs the eval extra.")
+    door = sub.add_parser("lm-eval", help=HELP, add_help=False, description=f"{HELP}. {MODEL_HELP}")
     door.add_argument("words", nargs=argparse.REMAINDER, metavar="ARGS", help="lm-eval's arguments")
 
 
@@ -52,7 +55,11 @@ def run_lm_eval_command(words: Sequence[str]) -> int:
     try:
         args = parse_lm_eval(words)
     except SystemExit as exc:  # lm-eval's parser printed its usage (--help: 0) or its one-line refusal (2)
-        return 2 if exc.code not in (0, None) else EXIT_OK
+        if exc.code not in (0, None):
+            return 2
+        if "-h" in words or "--help" in words:  # lm-eval's help, then what it cannot know of resumerge
+            print(f"\nresumerge:\n{textwrap.fill(MODEL_HELP, width=79, initial_indent='  ', subsequent_indent='  ')}")
+        return EXIT_OK
     lm_eval(args, command=shlex.join(["resumerge", "lm-eval", *_tokenless(words)]))
     return EXIT_OK
 

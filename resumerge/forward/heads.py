@@ -164,18 +164,35 @@ def head_blocks(stream: ModelStream) -> list[tuple[int, int]] | None:
 
 def head_step_bytes(stream: ModelStream, positions: int, longest: int, held: int = 0) -> int:
     """What the heads hold at most for batches of up to ``positions`` padded positions and sequences of up to
-    ``longest`` tokens: the head's block (or the whole head), cast and mapped while read, one batch's logits, and
-    five (sequence, vocabulary) float32 tensors (its log-probabilities, the merge's and the base's read back,
-    the KL's two temporaries); and ``held`` more positions' log-probabilities (a Ray actor holds its own, the
-    merge's and the base's whole: :mod:`resumerge.forward.rayactor`)."""
+    ``longest`` tokens: the head's block cast and mapped while read (or the whole head:
+    :func:`_whole_head_bytes`), one batch's logits, and five (sequence, vocabulary) float32 tensors (its
+    log-probabilities, the merge's and the base's read back, the KL's two temporaries); and ``held`` more positions'
+    log-probabilities (a Ray actor holds its own, the merge's and the base's whole:
+    :mod:`resumerge.forward.rayactor`)."""
     head = stream.model.get_output_embeddings()
     weight = next((p for _, p in head.named_parameters()), None) if head is not None else None
     if weight is None or weight.dim() != 2:
         return 0
     vocab, width = int(weight.shape[0]), int(weight.shape[1])
     blocks = head_blocks(stream)
-    rows = max(b - a for a, b in blocks) if blocks is not None else vocab
-    return 2 * rows * width * 4 + (positions + 5 * longest + held) * vocab * 4
+    read = 2 * max(b - a for a, b in blocks) * width * 4 if blocks is not None else _whole_head_bytes(stream, head)
+    return read + (positions + 5 * longest + held) * vocab * 4
+
+
+def _whole_head_bytes(stream: ModelStream, head: torch.nn.Module) -> int:
+    """What the head read whole holds: its values in float32 beside what is read of it (a quantized one's parts, a
+    copied one's bytes), as :func:`~.reader.step_sizes` counts a tensor read; where its stored form is not known,
+    twice its float32 values. (Twice float32 always made a Q4_1 SmolLM2's head 95 MB more than it holds: eval's
+    estimate 1.3-1.4x its run's peak.)"""
+    values = read = 0
+    for name, key in _head_keys(stream, head).items():
+        found = stream.formats.stored.get(key)
+        size = numel(tuple(getattr(head, name).shape))
+        if found is None:
+            return 2 * 4 * sum(numel(tuple(p.shape)) for _, p in head.named_parameters())
+        values += size
+        read += found.entry.nbytes + sum(c.entry.nbytes for _, c in stream.formats.companions(key))
+    return values * 4 + read
 
 
 def _head_keys(stream: ModelStream, head: torch.nn.Module) -> dict[str, str]:

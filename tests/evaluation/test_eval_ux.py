@@ -131,15 +131,31 @@ def test_the_docs_task_over_local_data_runs_as_written(tmp_path: Path, monkeypat
     assert results["n-samples"]["capitals"]["effective"] == len(jsonl.strip().splitlines()) == 3
 
 
-def test_output_path_names_the_folder_of_a_target_given_with_a_trailing_slash_as_without(tmp_path: Path) -> None:
-    from lm_eval.utils import sanitize_model_name
-
-    model, tasks = tiny_model(tmp_path / "out-linear"), write_tasks(tmp_path)
-    done = cli_here("eval", f"{model}/", "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir",
-                    tmp_path / "state", "--limit", "2", "--output-path", tmp_path / "results")
+def test_output_path_names_the_results_folder_after_the_models_own_name(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eval merged/ --output-path res`` wrote ``res/merged__/`` and ``eval ../out --output-path r`` the hidden
+    ``r/..__out/`` (issue 97, item 7): a local model's results go in a folder of its own name, its resolved path's,
+    through a text task alone as through an lm-eval task."""
+    merged, out = tiny_model(tmp_path / "merged"), tiny_model(tmp_path / "out", seed=1)
+    tasks, texts = write_tasks(tmp_path), tmp_path / "texts.txt"
+    texts.write_text("alpha beta gamma\ndelta epsilon\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    done = cli_here("eval", "merged/", "--tasks", f"nll:{texts}", "--state-dir", tmp_path / "state",
+                    "--output-path", "res")
     assert done.returncode == 0, done.stderr
-    folders = [p.name for p in (tmp_path / "results").iterdir()]
-    assert folders == [sanitize_model_name(str(model))], folders  # lm-eval's name of the folder, no "__" tail
+    assert [p.name for p in (tmp_path / "res").iterdir()] == [merged.name]
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    done = cli_here("eval", "../out", "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir",
+                    tmp_path / "state", "--limit", "2", "--output-path", "r")
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in (tmp_path / "work" / "r").iterdir()] == [out.name]
+
+
+def test_a_hub_models_results_folder_is_named_as_lm_eval_names_it() -> None:
+    from resumerge.analyses.evaluation.outputs import results_folder
+
+    assert results_folder("hf://org/name") == "org__name" == results_folder("org/name")
 
 
 def test_max_memory_is_judged_when_the_answer_comes_from_the_journal(tmp_path: Path) -> None:

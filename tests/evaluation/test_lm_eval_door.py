@@ -239,6 +239,49 @@ def test_what_resumerge_cannot_honour_is_one_line_and_exit_2(tmp_path: Path, cap
     assert not (tmp_path / "out").exists() and not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize(("words", "said"), [
+    (["--device", "mps"], "unknown device 'mps'"),
+    (["--model_args", "pretrained=MODEL,device=mps"], "unknown device 'mps'"),
+    (["--model_args", "pretrained=MODEL,max_memory=lots"], "--max-memory"),
+])
+def test_a_bad_device_or_model_argument_is_refused_in_one_line_before_a_task_is_loaded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, words: list[str],
+        said: str) -> None:
+    """``--device mps`` was refused after lm-eval's 24 s of task loading, in 6 lines (issue 97, item 8): now as an
+    unknown ``--model_args`` key is, before lm-eval reads a task (here one that does not exist)."""
+    import lm_eval.tasks
+
+    def loaded(*args: object, **kwargs: object) -> None:
+        raise AssertionError("lm-eval loaded its tasks before the refusal")
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", loaded)
+    model = tiny_model(tmp_path / "model")
+    words = [w.replace("MODEL", str(model)) for w in words]
+    if words[0] == "--device":
+        words = ["--model_args", f"pretrained={model}", *words]
+    assert _door("run", "--model", "resumerge", "--tasks", "no_such_task", *words, "--output_path",
+                 str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "WARNING" not in line and "INFO" not in line]
+    assert len(lines) == 1 and said in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_lm_evals_help_says_what_the_resumerge_model_takes() -> None:
+    """``resumerge lm-eval --help`` was lm-eval's alone: no word of the ``resumerge`` model, its ``--model_args``,
+    or of ``--use_cache`` as its journal (issue 97, item 8)."""
+    import subprocess
+
+    for words in (["--help"], ["run", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "resumerge", "lm-eval", *words], capture_output=True, text=True,
+                              check=False, timeout=120)
+        assert done.returncode == 0, done.stderr
+        ours = " ".join(done.stdout.split("resumerge:")[-1].split())
+        assert "--model resumerge takes --model_args pretrained=PATH" in ours, done.stdout
+        assert all(f"{key}=" in ours for key in ("max_memory", "state_dir", "device")), ours
+        assert "--use_cache DIR keeps resumerge's journal" in ours, ours
+
+
 def test_python_m_resumerge_lm_eval_is_lm_evals_command_line(tmp_path: Path) -> None:
     import subprocess
 

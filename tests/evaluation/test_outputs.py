@@ -30,7 +30,7 @@ def test_json_the_table_and_lm_evals_files(tmp_path: Path) -> None:
     assert set(doc["results"]["tiny_ppl"]) >= {"word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"}
     assert doc["n-shot"] == {"tiny_mc": 0, "tiny_ppl": 0} and doc["config"]["limit"] == 3
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    folder = str(model).replace("/", "__")  # lm-eval names the folder after model_args' pretrained
+    folder = model.name  # named after the model's own folder, never its path's spelling (issue 97, item 7)
     assert [w.split("/")[0] for w in written] == [folder] * 3, written
     results = [p for p in out.rglob("results_*.json")]
     assert len(results) == 1 and json.loads(results[0].read_text())["results"] == doc["results"]

@@ -5,6 +5,7 @@ batch, not the two whole tables) and refuses a budget under it in one line, exit
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import overload
 
@@ -151,6 +152,20 @@ def test_the_probe_cuts_the_approximated_tokens_and_keeps_nothing() -> None:
     assert large.matches["embed"].approximated == match.approximated[:taken]
     assert large.matches["embed"].copies == match.copies and large.matches["embed"].shared == match.shared
     assert probe.scale == len(match.approximated) / taken
+
+
+def test_the_probe_is_one_batch_of_the_runs_size() -> None:
+    """plan timed a transplant's unit on 32 tokens whatever its batches (512 by default), so each batch's fixed
+    cost was counted once per 32 tokens: "about 3 min" for a 12-26 s transplant (issue 97, item 6). The probe is a
+    batch as the run computes one, and scales by the run's batches."""
+    total = 200  # more tokens than the 32 of a probe before
+    match = replace(_match(), approximated=tuple(range(total)), pieces=tuple((t % MODEL_ROWS,) for t in range(total)))
+    for batch in (64, total):
+        transplant = Transplant({"embed": match}, Method("omp", k=4), batch, None, 1 << 20)
+        probe = registered.scaled_probe(Resources((transplant,)), {"matrix": "embed"})
+        large = probe.large.find(Transplant)
+        assert large is not None and len(large.matches["embed"].approximated) == batch
+        assert probe.scale == total / batch  # the run's batches, the last one's part of one
 
 
 def test_a_gather_reads_of_each_range_only_the_rows_from_its_first_id_to_its_last() -> None:

@@ -336,10 +336,11 @@ def _measure(plan: Plan, group: _Sample, sources: InputSources, max_bytes: int, 
                 synthetic = synthetic or made_up
                 budget = max(0.0, max_seconds - (time.perf_counter() - started)) / (len(chosen) - index)
                 window = min(WINDOW_SECONDS, budget / 3) if group.elements >= PRECISE_ELEMENTS else 0.0
-                # A sample read in each call is warmed up once on its own: its first read is the disk's, not the
-                # page cache's (the plan prices the disk's time apart).
-                n1, t1 = _timed(plan, part, sources, tensors, workspace, single, index == 0 or tensors is None,
-                                budget / 2, window)
+                # Each sample is warmed up once on its own: its first call pays what a run pays once, not per
+                # element — a compiled encoder's load for its output type (a K-quant's numba kernels: ~1 s, where
+                # a Q4_K sample's call takes ms, made a q4_k_m plan say "about 2 min" for 9-14 s), a first read
+                # from the disk rather than the page cache (the plan prices the disk's time apart).
+                n1, t1 = _timed(plan, part, sources, tensors, workspace, single, True, budget / 2, window)
                 full.append((n1, t1))
                 quarter = part.shape[0] // 4
                 if quarter >= 1 and window > 0:

@@ -36,6 +36,7 @@ from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.memory import SystemProbe, budget_fitting
+from resumerge.memory.allocator import give_back_heap
 from resumerge.merge.store.durable import write_file_atomic
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class PassNeed:
         here); refused (:class:`~resumerge.errors.UsageError`, exit 2) where what it holds does not fit
         ``settings``' ``--max-memory`` (or ``--max-gpu-memory``)."""
         largest = max(self.steps.values()) if layers_here else self.steps["heads"]
+        give_back_heap()  # the process read as the pass runs beside it, not with what was freed before
         budget = budget_fitting("the evaluation", self.states + (largest + self.merging if self.peak is None
                                                                  else self.peak), settings.max_memory, SystemProbe())
         gpu = settings.pass_device().budget("the evaluation", self.steps, self.states)  # None on the CPU

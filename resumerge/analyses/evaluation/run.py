@@ -108,7 +108,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
             add_text_task(results, work, passes.texts(work))
     from resumerge.analyses.evaluation.outputs import write_outputs
 
-    written = write_outputs(results, tracker, settings) if tracker is not None else ()
+    written = write_outputs(results, tracker, settings, target) if tracker is not None else ()
     return EvalReport(target=target, results=results, written=written, proof="; ".join(passes.said) or None)
 
 

@@ -83,6 +83,13 @@ def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeade
         return _Parser(view, str(path)).header(sizes)
 
 
+def read_gguf_metadata(path: Path) -> dict[str, Any]:
+    """The key-value metadata of the GGUF at ``path``, its tensor infos unread (so a tensor of any type is no
+    refusal: what a file is, asked before it is read as one kind). Raises as :func:`read_gguf_header`."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return _Parser(view, str(path)).key_values()[1]
+
+
 def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: str,
                       sizes: dict[int, tuple[int, int]], first: int = 64 << 10) -> GgufHeader:
     """Parse the header of a ``file_size``-byte GGUF whose bytes ``[start, end)`` ``read(start, end)`` returns (a
@@ -176,7 +183,8 @@ class _Parser:
         data = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype)
         return data.astype(bool) if inner == 7 else data
 
-    def header(self, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+    def key_values(self) -> tuple[int, dict[str, Any], dict[str, tuple[int, int | None]]]:
+        """The tensor count, the metadata and each key's value kind: the header up to its tensor infos."""
         if self.take(4) != MAGIC:
             raise self.bad("it does not start with GGUF's magic")
         version = self.scalar(4)
@@ -196,6 +204,10 @@ class _Parser:
             kind = self.scalar(4)
             metadata[key] = self.value(kind)
             kinds[key] = (kind, self.sub)
+        return n_tensors, metadata, kinds
+
+    def header(self, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+        n_tensors, metadata, kinds = self.key_values()
         kv_end = self.at
         infos = []
         for _ in range(n_tensors):

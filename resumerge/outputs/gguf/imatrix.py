@@ -35,20 +35,28 @@ _F32 = 0
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
 
 
-def _refused(path: Path, why: str) -> ModelInputError:
-    return ModelInputError(f"--imatrix {path}: {why}", hint="give the importance matrix llama-imatrix wrote for "
-                                                             "this model (GGUF or .dat)")
+def _refused(path: Path, why: str, hint: str = "give the importance matrix llama-imatrix wrote for this model "
+                                                 "(GGUF or .dat)") -> ModelInputError:
+    return ModelInputError(f"--imatrix {path}: {why}", hint=hint)
 
 
 def _from_gguf(path: Path, only: str | None) -> dict[str, np.ndarray]:
-    from resumerge.inputs.gguf.header import read_gguf_header
+    from resumerge.inputs.gguf.header import read_gguf_header, read_gguf_metadata
 
-    header = read_gguf_header(path, {_F32: (1, 4)})
-    missing = [key for key in _REQUIRED if key not in header.metadata]
-    if header.metadata.get("general.type") != "imatrix" or missing:
+    # What the file is, judged from its key-values before its tensor infos are read: a model's F16 or quantized
+    # tensors would be refused as types an importance matrix (F32) never holds
+    metadata = read_gguf_metadata(path)
+    arch = metadata.get("general.architecture")
+    if metadata.get("general.type") != "imatrix" and (arch is not None or metadata.get("general.type") == "model"):
+        raise _refused(path, f"it is a model GGUF{f' ({arch})' if arch else ''}, not an importance matrix",
+                       hint="llama-imatrix -m MODEL.gguf -f TEXTS writes one; or give --imatrix-texts TEXTS to "
+                            "compute it on the merge itself")
+    missing = [key for key in _REQUIRED if key not in metadata]
+    if metadata.get("general.type") != "imatrix" or missing:
         lacking = f"; missing {', '.join(missing)}" if missing else ""
         raise _refused(path, f"not an importance matrix GGUF (general.type \"imatrix\" and {', '.join(_REQUIRED)} "
                              f"are needed{lacking})")
+    header = read_gguf_header(path, {_F32: (1, 4)})
     tensors = {t.name: t for t in header.tensors}
     entries: dict[str, np.ndarray] = {}
     with path.open("rb") as file:

@@ -336,17 +336,18 @@ def _work(method: Method, batch: int, shared: int, model_width: int, donor_width
     return 0
 
 
-# Approximated tokens ``plan`` times a unit on (a batch at most): their cost scaled to all of them.
-PROBE_TOKENS = 32
+# The most approximated tokens ``plan`` times a unit on: one batch of the run's (512 by default) up to this, its cost
+# scaled to all of them. A batch pays a fixed cost (the fit's, the gather's) beside its tokens': a probe of 32 tokens
+# priced it 16 times per run batch ("about 3 min" for a 12-26 s transplant).
+PROBE_TOKENS = 2048
 
 
 def scaled_probe(resources: Resources, params: Mapping[str, Any]) -> ScaledProbe:
     """How ``plan`` times the unit of ``params["matrix"]`` on the real tables: once with no token to approximate
-    (the tables read, the shared rows copied: what every method pays) and once with the first
-    :data:`PROBE_TOKENS` (at most one batch), the difference scaled to all the matrix's approximated tokens (each
-    batch's work follows its tokens: a pursuit's per token, a fit's once per batch, which a batch of the probe's
-    size pays as the run's do, so a few large batches are priced a little high). Nothing is kept: the store is
-    dropped."""
+    (the tables read, the shared rows copied: what every method pays) and once with the first batch of the run's
+    size (at most :data:`PROBE_TOKENS` tokens), the difference scaled to all the matrix's approximated tokens: a
+    pursuit's work per token and a fit's once per batch each priced as the run pays them (a probe smaller than the
+    run's batches paid a batch's fixed cost for each of its few tokens). Nothing is kept: the store is dropped."""
     transplant = resources.find(Transplant)
     if transplant is None:
         raise ValueError("internal: a transplant's probe needs the run's matches (Transplant) in its resources")
