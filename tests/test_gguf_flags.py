@@ -35,7 +35,7 @@ def test_a_gguf_type_without_a_gguf_output_is_refused_as_imatrix_texts_is(tmp_pa
     assert "--gguf-type chooses a GGUF output's types: give it with --out-type gguf" in said, said
     # the API's guard, whoever calls (its words are the API's names)
     with pytest.raises(UsageError, match="gguf_type chooses a GGUF output's types: give it with out_type gguf"):
-        api.plan_merge(cfg, output=api.Output(gguf_type="q8_0"))
+        api.plan_merge(cfg, settings=api.Settings(output=api.Output(gguf_type="q8_0")))
     # the default, and the type with the output it chooses for, stay accepted
     assert cli_here("plan", cfg, "--probe-size", "0", "--json").returncode == 0
 

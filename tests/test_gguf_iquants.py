@@ -354,14 +354,15 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
     del raw["blk.1.ffn_up.weight"]
     _write_imatrix_gguf(tmp_path / "partial.gguf", raw)
     with pytest.raises(ModelInputError, match=r"blk\.1\.ffn_up\.weight as Q2_K only with an importance matrix"):
-        api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q2_k_s",
-                                                 imatrix=str(tmp_path / "partial.gguf")))
+        api.plan_merge(config, settings=api.Settings(output=api.Output(
+            out_type="gguf", gguf_type="q2_k_s", imatrix=str(tmp_path / "partial.gguf"))))
     texts = tmp_path / "texts.txt"  # a matrix computed on the merge will have every block tensor's entry
     texts.write_text("the cat sat on the mat.\n")
-    api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type="q2_k_s", imatrix_texts=texts))
+    api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="q2_k_s",
+                                                                imatrix_texts=texts)))
     for mix, needs in NOT_YET.items():
         with pytest.raises(UsageError, match=f"gguf.type {mix}: llama-quantize's {mix.upper()}") as refused:
-            api.plan_merge(config, output=api.Output(out_type="gguf", gguf_type=mix))
+            api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type=mix)))
         assert ("only with an importance matrix" in str(refused.value)) == needs
     done = cli("run", config, out, "--out-type", "gguf", "--gguf-type", "iq2_m")
     assert done.returncode == 2 and "iq2_m" in done.stderr and not out.exists()
@@ -402,4 +403,4 @@ def test_an_iq4_xs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
-        assert api.verify(out, state_dir=state).ok, point
+        assert api.verify(out, api.Settings(state_dir=state)).ok, point

@@ -20,7 +20,7 @@ import json, sys
 from resumerge import api
 from resumerge.analyses.estimate.compute import measure_compute
 
-plan = api.plan_merge(sys.argv[1], output=api.Output(out_type="gguf", gguf_type="q4_k_m"))
+plan = api.plan_merge(sys.argv[1], api.Settings(output=api.Output(out_type="gguf", gguf_type="q4_k_m")))
 kinds = sorted({plan.tensors[n].out_codec.ggml_type for s in plan.shards for n in s.tensors})
 # As plan measures where the run's workers fill the cores (each sample on one thread, by its CPU time), no encoder's
 # kernels loaded in this process yet; then the same samples again, every kernel loaded.

@@ -51,7 +51,7 @@ def test_killed_mid_batches_resumes_to_the_same_bytes(pair: tuple[Path, Path], t
     batches = list(state.rglob("*.rows"))
     later = max(p.stat().st_mtime for p in batches) + 3600
     os.utime(batches[0], (later, later))
-    elapsed = api.status(out, state_dir=state).elapsed_seconds
+    elapsed = api.status(out, api.Settings(state_dir=state)).elapsed_seconds
     assert elapsed is not None and elapsed >= 3600, elapsed
     os.utime(batches[0], (later - 3600, later - 3600))
     # the resume computes only the batches not kept: it reaches the point 22 - kept times
