@@ -130,17 +130,22 @@ def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOp
     without it."""
     if options.imatrix_texts is None:
         return options
-    return replace(options, imatrix=str(state.root / IMATRIX_DIR / f"{imatrix_key(text, options.imatrix_texts)}.gguf"))
+    if options.imatrix_texts_sha256 is None:  # options made by hand: the digest the API's front door records
+        from resumerge.api.options import file_sha256
+
+        options = replace(options, imatrix_texts_sha256=file_sha256(Path(options.imatrix_texts)))
+    assert options.imatrix_texts_sha256 is not None
+    return replace(options, imatrix=str(state.root / IMATRIX_DIR /
+                                        f"{imatrix_key(text, options.imatrix_texts_sha256)}.gguf"))
 
 
-def imatrix_key(text: str, texts: str) -> str:
-    """The name of the importance matrix computed for the merge config ``text`` from the texts file ``texts``: its
-    path and bytes in it (other texts, another file)."""
+def imatrix_key(text: str, texts_sha256: str) -> str:
+    """The name of the importance matrix computed for the merge config ``text`` from the texts whose bytes have the
+    digest ``texts_sha256`` (other texts, another file; the same texts from any folder, the same file)."""
     import hashlib
     import json
 
-    digest = hashlib.sha256(Path(texts).read_bytes()).hexdigest()
-    return hashlib.sha256(json.dumps([text, texts, digest]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([text, texts_sha256]).encode()).hexdigest()[:16]
 
 
 # Under the state dir: the importance matrices computed on merges (--imatrix-texts), each with its pass's journal.

@@ -70,9 +70,8 @@ class MergeKind:
         from resumerge.api.importance import computed_imatrix, importance_phases
 
         # The matrix's place in this state dir (the record names none: it is no part of what the run writes).
+        _same_files(recorded)
         recorded = replace(recorded, options=computed_imatrix(recorded.options, recorded.text, settings.state))
-        if recorded.options.imatrix_texts is not None:
-            _same_texts(recorded)
         phases = importance_phases(recorded.text, recorded.options, settings, model_dirs=recorded.model_dirs,
                                    command=f"resumerge resume {recorded.target.out}")
         return resume_journaled(self.name, recorded, settings, driving, _replan, phases)
@@ -103,20 +102,35 @@ class MergeKind:
         return replace(report, kind=self.name)
 
 
-def _same_texts(recorded: Recorded) -> None:
-    """Refuse (exit 4) the resume of a run whose ``--imatrix-texts`` file is gone or holds other texts than when it
-    started: its importance matrix, so its bytes, would differ (the plan's fingerprint holds the texts' digest; a
-    plan stored with the run is reused without planning again, so it is asked here)."""
-    from resumerge.api.importance import imatrix_key
+def _same_files(recorded: Recorded) -> None:
+    """Refuse (exit 4) the resume of a run whose ``--imatrix`` or ``--imatrix-texts`` file is not where this
+    machine's ledger found it (or OUT's manifest alone holds the run, which names no machine's path: the file must
+    be given again), holds other bytes than when the run started (its importance matrix, so its output, would
+    differ; a plan stored with the run is reused without planning again, so it is asked here), or was recorded by
+    its path alone (a run started before the digests were: its plan is not today's)."""
+    from resumerge.api.options import file_sha256
     from resumerge.errors import PlanChangedError
+    from resumerge.merge.plan.merge_plan import PATH_OPTIONS
 
-    stored = recorded.stored.plan.options.imatrix if recorded.stored is not None else None
-    options = recorded.options
-    texts = Path(options.imatrix_texts or "")
-    if not texts.is_file() or Path(stored or options.imatrix or "").stem != imatrix_key(recorded.text, str(texts)):
-        raise PlanChangedError(f"--imatrix-texts {texts}: the texts the run's importance matrix was computed from "
-                               "changed (or are gone) since the run started", path=str(texts),
-                               hint="put the file back as it was to resume, or start over with run --restart")
+    options, out = recorded.options, recorded.target.out
+    for name in PATH_OPTIONS:
+        where = getattr(options, name)
+        if where is None or (name == "imatrix" and options.imatrix_texts is not None):  # none, or computed here
+            continue
+        digest, flag, shown = getattr(options, f"{name}_sha256"), f"--{name.replace('_', '-')}", Path(where).name
+        if digest is None:
+            raise PlanChangedError(f"{flag} {where}: the run was recorded by an earlier resumerge, by the file's "
+                                   "path and not its bytes; its plan is not today's", path=str(where),
+                                   hint="start over with resumerge run CONFIG OUT --restart")
+        if not Path(where).is_absolute() or not Path(where).is_file():
+            said = f"is gone from {where}" if Path(where).is_absolute() else "is not recorded on this machine"
+            raise PlanChangedError(f"{flag} {shown} (sha256 {digest}): the file the run reads {said}", path=str(where),
+                                   hint=f"give it again: resumerge run CONFIG {out} with the run's options and "
+                                        f"{flag} FILE (a file of those bytes) continues the run")
+        if file_sha256(Path(where)) != digest:
+            raise PlanChangedError(f"{flag} {where}: its bytes changed since the run started (then sha256 {digest})",
+                                   path=str(where), hint="put the file back as it was to resume, or start over "
+                                                         "with resumerge run --restart")
 
 
 def _replan(recorded: Recorded, settings: RunSettings, reporter: Reporter | None) -> Prepared:

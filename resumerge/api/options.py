@@ -376,10 +376,19 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
         if not path.is_file():
             raise UsageError(f"--imatrix {given['imatrix']}: no such file (an importance matrix llama-imatrix "
                              "wrote, GGUF or .dat)")
-        out["imatrix"] = str(path)
+        out["imatrix"], out["imatrix_sha256"] = str(path), file_sha256(path)
     if given.get("imatrix_texts") is not None:
         out["imatrix_texts"] = _imatrix_texts({**given, **out})
+        out["imatrix_texts_sha256"] = file_sha256(Path(out["imatrix_texts"]))
     return out
+
+
+def file_sha256(path: Path) -> str:
+    """The digest of the bytes of the file at ``path`` (the user's ``--imatrix`` or ``--imatrix-texts``), as the
+    plan's options record it in place of the path: what the output's bytes depend on."""
+    from resumerge.merge.store.checksums import hash_file
+
+    return hash_file(path)[1]
 
 
 def _imatrix_texts(given: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ from resumerge.config.yamldiff import config_changes
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
 from resumerge.memory import format_size
 from resumerge.merge.engine.reconcile import adopt_manifest
-from resumerge.merge.plan.changes import describe_changes, recorded_options
+from resumerge.merge.plan.changes import describe_changes, local_files, recorded_options
 from resumerge.merge.plan.merge_plan import Plan, fingerprint_parts
 from resumerge.merge.plan.sidefiles import aux_files
 from resumerge.merge.store.diskprobe import free_bytes, unwritable
@@ -81,12 +81,26 @@ def open_run(
         missed = {name: info for name, info in manifest.committed.items() if name in pending}
         if missed:
             verified = adopt_manifest(sink, plan, ledger, missed, notes, rebuilt=False)
+    remember_files(plan, ledger)
     committed = {
         r.name: {"bytes": r.bytes, "sha256": r.sha256} for r in ledger.files() if r.status == "done"
     }
     book = ManifestBook(sink, fresh_manifest(plan, config_text, committed))
     book.set_state("running")
     return book, verified
+
+
+# The ledger's event saying where this machine reads the files the run is given by path (--imatrix, --imatrix-texts):
+# what a resume here reads them from. OUT's manifest names them by base name and digest alone (recorded_options).
+FILES_READ = "files-read"
+
+
+def remember_files(plan: Plan, ledger: Ledger) -> None:
+    """Record in ``ledger`` where this machine reads the files ``plan`` is given by path, where a run (a new one, or
+    one continued with a file given again from another place) reads them elsewhere than the ledger last said."""
+    found = local_files(plan.options)
+    if found and ledger.last_event_data(FILES_READ) != found:
+        ledger.event(FILES_READ, f"the run reads {', '.join(found.values())}", found)
 
 
 def check_room(plan: Plan, out: Path) -> None:

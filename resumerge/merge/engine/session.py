@@ -31,6 +31,7 @@ from resumerge.memory.collector import collector_paused
 from resumerge.merge.engine.drive import Outcome, RunSession, hub_progress
 from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.engine.frozenplan import thaw
+from resumerge.merge.engine.outdir import FILES_READ
 from resumerge.merge.engine.quiet import never_stop
 from resumerge.merge.engine.target import Target
 from resumerge.merge.methods.registry import MethodSpec
@@ -137,7 +138,7 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
               killed: KilledPlanningError | None = None) -> Recorded:
     out, manifest, state = target.out, target.manifest(), settings.state
     ledger_path = target.locations.ledger
-    row, stored = None, None
+    row, stored, read = None, None, {}
     if ledger_path.exists():
         try:
             ledger = Ledger(ledger_path)
@@ -149,6 +150,7 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
         else:
             row = ledger.run_row()
             stored = ledger.frozen_plan() if row is not None else None
+            read = ledger.last_event_data(FILES_READ) or {}
             committed = sum(1 for r in ledger.files() if r.status == "done")
             ledger.close()
             if row is not None and target.hub is None:
@@ -180,6 +182,8 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
         # What the stored plan's key compares (frozenplan._folder): the proof of the files' bytes comes after.
         reporter.message("the plan recorded when the run started is reused: the input folders list the files, sizes "
                          "and modification times they listed then")
+    # The files given by path where this machine read them (the ledger's event; the record names them by base name)
+    opts = {**opts, **{k: v for k, v in read.items() if opts.get(k) is not None}}
     return Recorded(target, text, PlanOptions(**opts), dirs, Prepared(thawed) if thawed is not None else None,
                     row.kind if row is not None else None)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import PurePath
 from typing import Any
 
 from resumerge.config.yamldiff import config_changes
-from resumerge.merge.plan.merge_plan import LATER_OPTIONS, Plan, PlanOptions, fingerprint_parts
+from resumerge.merge.plan.merge_plan import LATER_OPTIONS, PATH_OPTIONS, Plan, PlanOptions, fingerprint_parts
 
 # Names of the parts a kind of run adds to its plan's fingerprint (Plan.extra_parts) that the sentences below tell:
 # a file it read beside the weights (READ_PART + "KEY/NAME": a transplant's tokenizers) and its card's own words.
@@ -79,15 +80,33 @@ def describe_changes(
 
 def recorded_options(options: PlanOptions) -> dict[str, Any]:
     """``options`` as a run records them (its ledger, OUT's manifest) and its fingerprint hashes them
-    (:func:`~resumerge.merge.plan.merge_plan.fingerprint_parts`): every field,
-    but the place of the importance matrix the run computes (``--imatrix-texts``), a file in the state dir: the
-    output's bytes depend on the texts (their digest is in the fingerprint), not on where the state dir is, and
-    no machine path is published with the output. A resume puts it back, in its own state dir
-    (:func:`resumerge.api.importance.computed_imatrix`)."""
+    (:func:`~resumerge.merge.plan.merge_plan.fingerprint_parts`): every field, but a file given by its path
+    (``--imatrix``, ``--imatrix-texts``: PATH_OPTIONS) by its base name alone, to show, beside the digest of its bytes
+    (what the output's bytes depend on, fingerprinted), and the place of the importance matrix the run computes
+    (``--imatrix-texts``), a file in the state dir, not at all: two runs of the same files from other folders or
+    machines record the same, and no machine path is published with the output. Where this machine read the files
+    the ledger says apart (:func:`local_files`); a resume elsewhere is given them again. The computed matrix a
+    resume puts back in its own state dir (:func:`resumerge.api.importance.computed_imatrix`)."""
     found = asdict(options)
     if options.imatrix_texts is not None:
         found["imatrix"] = None
+    for name in PATH_OPTIONS:
+        found[name] = _base_name(found[name])
     return found
+
+
+def local_files(options: PlanOptions) -> dict[str, str]:
+    """Where this machine reads the files ``options`` give by path, by option (the matrix a run computes not: it is
+    the state dir's)."""
+    found = {name: getattr(options, name) for name in PATH_OPTIONS if getattr(options, name) is not None}
+    if options.imatrix_texts is not None:
+        found.pop("imatrix", None)
+    return found
+
+
+def _base_name(path: Any) -> Any:
+    """The last part of a recorded path (a base name, None as is)."""
+    return path if path is None else PurePath(str(path)).name
 
 
 def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) -> list[str]:
@@ -96,6 +115,6 @@ def _option_changes(recorded: Mapping[str, Any] | None, options: PlanOptions) ->
         return []
     now = {k: v for k, v in recorded_options(options).items() if k not in ("allow_crimes", "stream_inputs")}
     # The recorded options are JSON: a tuple option (--gguf-tensor-type) comes back a list, which never equals it.
-    then = {k: tuple(v) if isinstance(v, list) else v
+    then = {k: tuple(v) if isinstance(v, list) else _base_name(v) if k in PATH_OPTIONS else v
             for k, v in ((k, recorded.get(k, LATER_OPTIONS.get(k))) for k in now)}
     return [f"--{k.replace('_', '-')} {then[k]} → {v}" for k, v in now.items() if then[k] != v]

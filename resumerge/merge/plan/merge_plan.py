@@ -70,12 +70,15 @@ class PlanOptions:
     out_type: str = "safetensors"
     gguf_type: str = "f16"
     # --gguf-tensor-type, --gguf-output-type, --gguf-token-embedding-type: llama-quantize's; --imatrix: llama.cpp's
-    # importance matrix file, or with --imatrix-texts (texts) where the run writes the one it computes on the merge.
+    # importance matrix file, or with --imatrix-texts (texts) where the run writes the one it computes on the merge;
+    # paths of this machine, never fingerprinted nor published: their bytes' digests are (PATH_OPTIONS).
     gguf_tensor_types: tuple[str, ...] = ()
     gguf_output_type: str | None = None
     gguf_token_embedding_type: str | None = None
     imatrix: str | None = None
     imatrix_texts: str | None = None
+    imatrix_sha256: str | None = None
+    imatrix_texts_sha256: str | None = None
     # --gguf-override-kv KEY=TYPE:VALUE key-values and --pure (llama-quantize's --override-kv and --pure); the
     # pairs of --gguf-tensor-type-file are in gguf_tensor_types (the file's content is the plan's, not its path).
     gguf_override_kv: tuple[str, ...] = ()
@@ -96,7 +99,10 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
                                      "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
-                                     "gguf_override_kv": (), "gguf_pure": False}
+                                     "gguf_override_kv": (), "gguf_pure": False, "imatrix_sha256": None,
+                                     "imatrix_texts_sha256": None}
+# Options naming a file of the machine that runs: recorded by its digest (NAME_sha256) and base name (changes.py).
+PATH_OPTIONS = ("imatrix", "imatrix_texts")
 
 
 @dataclass(frozen=True)
@@ -457,9 +463,9 @@ PINNED_KERNELS = "serial-blocks-pin-mkl"
 
 
 def _output_options(options: PlanOptions) -> dict[str, Any]:
-    """The options that change output bytes, as fingerprinted (a computed matrix's place not: changes.py)."""
-    found = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs")
-             and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k]) and not (k == "imatrix" and options.imatrix_texts)}
+    """The options that change output bytes, as fingerprinted: a file's digest, never its path (PATH_OPTIONS)."""
+    found = {k: v for k, v in asdict(options).items() if k not in ("allow_crimes", "stream_inputs", *PATH_OPTIONS)
+             and (k not in LATER_OPTIONS or v != LATER_OPTIONS[k])}
     if options.num_threads is not None:
         found["kernels"] = PINNED_KERNELS
     return found
