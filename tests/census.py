@@ -35,13 +35,15 @@ SMALL: Mapping[str, Any] = {
     "state_size": 8, "expand": 2, "conv_kernel": 4, "time_step_rank": 8, "top_k_experts": 2, "ffn_hidden_size": 64,
     "rotary_dim": 4, "partial_rotary_factor": 0.5, "use_mamba_kernels": False, "use_cache": True,
     "attention_chunk_size": 16, "intermediate_size_mlp": 48, "num_shared_experts": 1, "shared_intermediate_size": 16,
-    "moe_shared_expert_intermediate_size": 16, "embedding_size": 32, "block_size": 16,
+    "moe_shared_expert_intermediate_size": 16, "embedding_size": 32, "block_size": 16, "num_layers": LAYERS,
+    "n_layers": LAYERS, "decoder_layers": LAYERS,
 }
 # families that need a size the shared table cannot give (a head count its defaults tie to another key)
 OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     "falcon_h1": {"mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_head": 8},
     "mamba2": {"num_heads": 8, "head_dim": 8},
     "zaya": {"num_experts_per_tok": 1},
+    "gpt_neo": {"attention_types": [[["global", "local"], 2]]},
     # hybrids whose first four layers, as their defaults place them, hold no attention layer: one every other layer
     "bamba": {"attn_layer_indices": [1, 3]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},

@@ -176,12 +176,13 @@ class ModelStream:
         counts = [int(text.num_hidden_layers), *([text.num_layers] if type(getattr(text, "num_layers", None)) is int
                                                  else [])]
         for count in counts:
-            found = sorted((name.count("."), name) for name, m in self.inner.named_modules()
-                           if isinstance(m, torch.nn.ModuleList) and len(m) == count)
+            found = sorted((name for name, m in self.inner.named_modules()  # the shallowest, the first of those
+                            if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
             if found:
-                name = found[0][1]
-                holder = self.inner.get_submodule(name.rpartition(".")[0])
-                return holder, self.inner.get_submodule(name)
+                name = found[0]
+                layers = self.inner.get_submodule(name)
+                assert isinstance(layers, torch.nn.ModuleList)
+                return self.inner.get_submodule(name.rpartition(".")[0]), layers
         raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}")
 
     def prefix(self, module: torch.nn.Module) -> str:
