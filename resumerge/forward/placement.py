@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 from resumerge.forward import handed
 from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.layerpass import Reserve, unreserved
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.standins import LayerCall
+from resumerge.forward.stream import ModelStream
 from resumerge.torch_import import torch
 
 if TYPE_CHECKING:

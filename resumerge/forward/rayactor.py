@@ -61,7 +61,7 @@ from resumerge.forward.onray import (
 )
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
-from resumerge.forward.stream import LayerCall
+from resumerge.forward.standins import LayerCall
 from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.inputs.kernels import kernel_threads
 from resumerge.memory.sizes import format_size

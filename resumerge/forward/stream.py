@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.device import moved
-from resumerge.forward.handed import HandingCall, Slot, given, slots_of
+from resumerge.forward.handed import HandingCall, given, slots_of
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.standins import LayerCall, stand_ins
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -40,27 +41,9 @@ PAD_TOLERANCE = 1e-4
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it
 _OUTPUT_ARITIES = (0, 1, 2, 3)
 
-# One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
-LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
 Placed = TypeVar("Placed")
 # More of the base model's forward arguments for each batch :meth:`ModelStream.inputs` runs (None: none).
 Given = Sequence[Mapping[str, Any]] | None
-
-
-class _Output:
-    """The base model's output as the causal-LM class reads it: the last hidden state, and None for whatever
-    else a family asks of it (the cache, attentions)."""
-
-    def __init__(self, hidden: torch.Tensor) -> None:
-        self.last_hidden_state = hidden
-
-    def __getattr__(self, name: str) -> None:
-        return None
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        if index != 0:
-            raise IndexError(index)
-        return self.last_hidden_state
 
 
 def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
@@ -108,44 +91,19 @@ def _self_attribute(node: ast.AST) -> str | None:
     return None
 
 
-def _stubs() -> tuple[Any, Any]:
-    """The stand-ins a pass puts in a model's place, as classes made here: they subclass ``torch.nn.Module``, and a
-    class statement at module level would import torch with this module (torch loads on first use)."""
-
-    class _Captured(torch.nn.Module):
-        """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
-
-        def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module) -> None:
-            super().__init__()
-            self.calls, self.arity = calls, arity
-            self.seen: list[torch.Tensor] = []
-            self.made = tuple(Slot() for _ in range(max(0, arity - 1)))
-            # the real layer, not registered as a child: the forward reads its attributes (Nemotron-H picks each
-            # layer's mask by its ``block_type``)
-            object.__setattr__(self, "real", real)
-
-        def __getattr__(self, name: str) -> Any:
-            try:
-                return super().__getattr__(name)
-            except AttributeError:
-                return getattr(self.__dict__["real"], name)
-
-        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            self.calls.append((args, kwargs))
-            self.seen.append(hidden_states)
-            return (hidden_states, *self.made) if self.arity else hidden_states
-
-    class _Finished(torch.nn.Module):
-        """The base model's stand-in under the causal-LM head: returns the final norm's output it is given."""
-
-        def __init__(self, hidden: torch.Tensor) -> None:
-            super().__init__()
-            self.hidden = hidden
-
-        def forward(self, *args: Any, **kwargs: Any) -> _Output:
-            return _Output(self.hidden)
-
-    return _Captured, _Finished
+def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
+                   ) -> list[torch.nn.Module]:
+    """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
+    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
+    found: list[torch.nn.Module] = []
+    for child in root.children():
+        if any(child is s for s in skip):
+            continue
+        if any(m is within for m in child.modules()):
+            found += weighted_parts(child, within, skip)
+        elif any(True for _ in child.parameters()):
+            found.append(child)
+    return found
 
 
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
@@ -236,19 +194,29 @@ class ModelStream:
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
         names = {id(m): n for n, m in self.model.named_modules()}
         self._names = names
-        self.layers_list = self._layer_list()
+        self.holder, self.layers_list = self._layer_list()
         self.layers = len(self.layers_list)
-        self._final_names = final_names(self.inner, self.layers_list)
+        self._final_names = final_names(self.holder, self.layers_list)
         # what the base model applies to the last layer's output, in order (the final norm)
-        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.inner, n) for n in self._final_names)
+        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.holder, n) for n in self._final_names)
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
-    def _layer_list(self) -> torch.nn.ModuleList:
-        count = int(self.config.get_text_config().num_hidden_layers)
-        for child in self.inner.children():
-            if isinstance(child, torch.nn.ModuleList) and len(child) == count:
-                return child
-        raise ModelInputError(f"cannot find the {count} decoder layers of {type(self.inner).__name__}")
+    def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+        """The decoder layers and the module holding them: the base model, or a module of it (OPT's ``decoder``,
+        CPM-Ant's ``encoder``); the list as long as the layer count, or as ``num_layers`` where the count is of
+        sub-layers (LongCat-Flash's two attention blocks per layer)."""
+        text = self.config.get_text_config()
+        counts = [int(text.num_hidden_layers), *([text.num_layers] if type(getattr(text, "num_layers", None)) is int
+                                                 else [])]
+        for count in counts:
+            found = sorted((name for name, m in self.inner.named_modules()  # the shallowest, the first of those
+                            if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
+            if found:
+                name = found[0]
+                layers = self.inner.get_submodule(name)
+                assert isinstance(layers, torch.nn.ModuleList)
+                return self.inner.get_submodule(name.rpartition(".")[0]), layers
+        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}")
 
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
@@ -310,9 +278,20 @@ class ModelStream:
         return [key for key, _ in keys] if all(self.reader.holds(key, shape) for key, shape in keys) else None
 
     def _keys(self, module: torch.nn.Module, tied_head: bool) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Each of ``module``'s weights' checkpoint name and shape, by parameter name."""
-        stored = self.prefix(self.model.get_input_embeddings()) if tied_head else self.prefix(module)
-        return {name: (stored + name, tuple(param.shape)) for name, param in module.named_parameters()}
+        """Each of ``module``'s weights' checkpoint name and shape, by parameter name; a tied head's weight is the
+        input embedding's, its bias its own (CTRL's, ModernBERT's decoder); a weight the checkpoint does not hold
+        that transformers ties to another is that one (BERT's decoder bias, Zamba's shared block in each layer)."""
+        own, embedding = self.prefix(module), self.prefix(self.model.get_input_embeddings())
+        ties = getattr(self.model, "all_tied_weights_keys", None) or {}
+        built = self._names[id(module)]
+        keys = {}
+        for name, param in module.named_parameters():
+            key, shape = (embedding if tied_head and name == "weight" else own) + name, tuple(param.shape)
+            source = ties.get(f"{built}.{name}" if built else name)
+            if source is not None and not self.reader.holds(key, shape):
+                key = renamed(source, self._stored)
+            keys[name] = (key, shape)
+        return keys
 
     def _converted(self, module: torch.nn.Module, prefix: str) -> torch.nn.Module:
         """``module`` loaded through transformers' own checkpoint conversion, for a checkpoint that names or
@@ -364,9 +343,13 @@ class ModelStream:
 
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
-        return [child for child in self.inner.children()
-                if child is not self.layers_list and all(child is not f for f in self.finals)
-                and any(True for _ in child.parameters())]
+        return weighted_parts(self.inner, self.layers_list, (self.layers_list, *self.finals))
+
+    def _path_to_layers(self) -> list[torch.nn.Module]:
+        """The base model and each of its modules down to the one holding the decoder layers."""
+        name = self._names[id(self.holder)][len(self._names[id(self.inner)]):].strip(".")
+        parts = name.split(".") if name else []
+        return [self.inner.get_submodule(".".join(parts[:i])) for i in range(len(parts) + 1)]
 
     # -- running ------------------------------------------------------------------------------------------
 
@@ -381,12 +364,24 @@ class ModelStream:
         parts = self._before_layers()
         for part in parts:
             self.load(part, read=read, host=True)
+        own = self._own_weights(read)  # the base model's own (Zaya's input scale and bias)
         try:
             return self.placed([self._capture(ids, mask, more=_more(given, b))
                                 for b, (ids, mask) in enumerate(batches)])
         finally:
             for part in parts:
                 self.unload(part)
+            for name in own:
+                self.inner._parameters[name] = torch.nn.Parameter(own[name].to("meta"), requires_grad=False)
+
+    def _own_weights(self, read: Callable[[str], torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The base model's weights of its own (of no child module), read in place (from ``read`` when given)."""
+        prefix = self.prefix(self.inner)
+        found = {name: (self.reader.read if read is None else read)(prefix + name)
+                 for name, _ in self.inner.named_parameters(recurse=False)}
+        for name, value in found.items():
+            self.inner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+        return found
 
     def inputs_of_rows(self, batches: list[tuple[torch.Tensor, torch.Tensor]], block_bytes: int = 4 << 20,
                        given: Given = None) -> list[tuple[torch.Tensor, list[LayerCall]]]:
@@ -401,6 +396,7 @@ class ModelStream:
         key = self.prefix(embed) + "weight" if isinstance(embed, torch.nn.Embedding) else ""
         stored = self.formats.stored.get(key)
         if (self._before_layers() != [embed] or [n for n, _ in embed.named_parameters()] != ["weight"]
+                or any(True for _ in self.inner.parameters(recurse=False))
                 or stored is None or len(stored.entry.shape) != 2):
             return self.inputs(batches, given=given)
         vocab, width = stored.entry.shape
@@ -448,13 +444,13 @@ class ModelStream:
         failed = ""
         for arity in _OUTPUT_ARITIES:
             calls: list[list[LayerCall]] = [[] for _ in real_layers]
-            captured, _ = _stubs()
+            captured = stand_ins()[0]
             stubs = [captured(c, arity, layer) for c, layer in zip(calls, real_layers)]
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
-                for name in self._final_names:
-                    setattr(self.inner, name, torch.nn.Identity())
+                for name, final in zip(self._final_names, self.finals):
+                    setattr(self.holder, name, stand_ins()[2](final))
                 with torch.no_grad():
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
@@ -468,7 +464,7 @@ class ModelStream:
                 for i, layer in enumerate(real_layers):
                     self.layers_list[i] = layer
                 for name, final in zip(self._final_names, self.finals):
-                    setattr(self.inner, name, final)
+                    setattr(self.holder, name, final)
             first = stubs[0].seen[0] if stubs[0].seen else None
             if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
                 continue
@@ -529,7 +525,7 @@ class ModelStream:
         if weight is not None and hidden.device != weight.device:
             hidden = hidden.to(weight.device)
         out = layer(hidden, *args, **kwargs)
-        if not isinstance(out, tuple):
+        if not isinstance(out, (tuple, list)):  # (GPT-1's layer returns a list)
             alone: torch.Tensor = out
             return alone
         if hand_on:
@@ -546,7 +542,11 @@ class ModelStream:
         those tokens only), instead of read from the checkpoint."""
         head = self.model.get_output_embeddings()
         tied = self.tied_head()
-        parts = list(self.finals)
+        site, attribute = head_site(self.model, self.inner)
+        inner = getattr(site, attribute)
+        # the final norm, and whatever else of the causal-LM class's runs around its head (ModernBERT's lm_head,
+        # BERT's prediction transform beside its decoder)
+        parts = [*self.finals, *weighted_parts(site, head, (inner, head))]
         for part in parts:
             self.load(part)
         before = dict(head._parameters)
@@ -555,15 +555,13 @@ class ModelStream:
         else:
             for name, value in weights.items():
                 head._parameters[name] = torch.nn.Parameter(value.to(self.device), requires_grad=False)
-        site, attribute = head_site(self.model, self.inner)
-        inner = getattr(site, attribute)
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
             normed = hidden
             for final in self.finals:
                 normed = final(normed)
-            setattr(site, attribute, _stubs()[1](normed))
+            setattr(site, attribute, stand_ins()[1](normed, inner, frozenset(map(id, self._path_to_layers()))))
             try:
                 out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),
                            use_cache=False)

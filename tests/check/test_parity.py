@@ -81,13 +81,13 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, m
 
 
 def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: Path) -> None:
-    # OPT's base model holds its layers one level down (OPTModel.decoder.layers): not followed.
-    from transformers import OPTConfig, OPTForCausalLM
+    # HRM runs two stacks of 4 layers in cycles, its config counting 32: no one list of its layers is the stack.
+    # (OPT's, one level down, OPTModel.decoder.layers, are followed now: tests/test_census.py checks it.)
+    from census import make_census_model
 
-    OPTForCausalLM(OPTConfig(vocab_size=128, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=2,
-                             max_position_embeddings=32, word_embed_proj_dim=16)).save_pretrained(tmp_path / "opt")
-    with pytest.raises(ModelInputError, match="cannot find the 2 decoder layers of OPTModel") as refused:
-        streams_of([as_checked(tmp_path / "opt")])
+    make_census_model(tmp_path / "hrm", "hrm_text", 1)
+    with pytest.raises(ModelInputError, match="cannot find the 32 decoder layers of HrmTextModel") as refused:
+        streams_of([as_checked(tmp_path / "hrm")])
     assert "\n" not in str(refused.value)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.forward.handed import HandingCall
-from resumerge.forward.stream import LayerCall
+from resumerge.forward.standins import LayerCall
 from resumerge.torch_import import torch
 
 ROWS = "resumerge_rows"  # the attention implementation's name in transformers' registry, and its keyword

@@ -45,7 +45,8 @@ from resumerge.forward.journal import Journal, Restart
 from resumerge.forward.layerpass import LayerPass, Reserve, Step
 from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.standins import LayerCall
+from resumerge.forward.stream import ModelStream
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.merge.store.killpoints import reach
 from resumerge.torch_import import torch

@@ -20,7 +20,8 @@ from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.routed import RoutedSums, fused_experts, routers
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.standins import LayerCall
+from resumerge.forward.stream import ModelStream
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.torch_import import torch
 

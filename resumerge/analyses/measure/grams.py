@@ -23,7 +23,8 @@ from resumerge.forward.handed import Held
 from resumerge.forward.journal import Journal, durable_save
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement, model_layer
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.standins import LayerCall
+from resumerge.forward.stream import ModelStream
 from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.torch_import import torch
 

@@ -177,15 +177,39 @@ def infer_layout(names: Iterable[str], config: Mapping[str, Any], *, where: str)
 
 
 def layer_count(config: Mapping[str, Any]) -> int | None:
-    """The number of layers config.json declares, or None when it has no known key."""
+    """The number of layers config.json declares, or None when it has no known key. A config that counts each
+    layer's attention and MLP blocks apart (Dory's ``layer_types``: an attention type, then ``mlp``, per layer)
+    declares twice its layers."""
     for key in LAYER_COUNT_KEYS:
         value = config.get(key)
         if type(value) is int:
-            return value
+            return value // 2 if counts_blocks(config) else value
     text = config.get("text_config")
     if isinstance(text, dict):
         return layer_count(text)
     return None
+
+
+# Families whose layers are not a stack a slice can cut: what each does with its layers (a slice's refusal says it)
+_UNSLICEABLE: Mapping[str, str] = {
+    "dory": "loops its middle layers (n_recurrent_layers, n_recurrent_loops times)",
+    "hrm_text": "runs its two layer stacks in turn, in cycles",
+    "zamba": "shares one transformer block across its hybrid layers",
+    "zamba2": "shares its transformer blocks across its hybrid layers",
+}
+
+
+def unsliceable(config: Mapping[str, Any]) -> str | None:
+    """Why a stack of this family's layers other than its own is not a model of the family (None: it is)."""
+    return _UNSLICEABLE.get(str(layer_config(config).get("model_type", config.get("model_type"))))
+
+
+def counts_blocks(config: Mapping[str, Any]) -> bool:
+    """Whether config.json counts a layer's attention and MLP blocks apart: ``layer_types`` naming an attention
+    type, then ``mlp``, for each layer (Dory: transformers halves its counts as it reads them)."""
+    kinds = config.get("layer_types")
+    return (isinstance(kinds, list) and len(kinds) % 2 == 0 and len(kinds) > 0
+            and all(k == "mlp" for k in kinds[1::2]) and "mlp" not in kinds[::2])
 
 
 def layer_count_key(config: Mapping[str, Any]) -> str:

@@ -67,11 +67,13 @@ def module_of(layers: Mapping[int, list[str]], prefix: str) -> ModuleLayout:
     return ModuleLayout(prefix, found, by_layer)
 
 
-def language_stack(prefixes: Iterable[str], embedding: str | None, *, where: str) -> str:
+def language_stack(prefixes: Iterable[str], embedding: str | None, *, where: str) -> str | None:
     """The prefix of the language model's layers among several stacks: the one under the token embedding's
-    parent (``language_model.model.embed_tokens.weight`` → ``language_model.model.layers``).
+    parent (``language_model.model.embed_tokens.weight`` → ``language_model.model.layers``); None when several
+    sit there (HRM's ``model.H_module.layers`` and ``model.L_module.layers``, which the language model runs in
+    turn: every stack is the language model's, none alone).
 
-    Raises :class:`ModelInputError` when no single stack sits beside the embedding.
+    Raises :class:`ModelInputError` when no stack sits beside the embedding.
     """
     candidates = sorted(prefixes)
     if embedding is not None and "." in embedding:
@@ -79,6 +81,8 @@ def language_stack(prefixes: Iterable[str], embedding: str | None, *, where: str
         beside = [p for p in candidates if p.startswith(parent)]
         if len(beside) == 1:
             return beside[0]
+        if len(beside) > 1:
+            return None
     raise ModelInputError(
         f"cannot tell which of the layer stacks {', '.join(candidates)} is the language model's",
         path=where,
@@ -125,6 +129,13 @@ def _describe(modules: tuple[ModuleLayout, ...]) -> str:
 def refuse_sliced_modules(key: str, text_prefix: str | None, modules: tuple[ModuleLayout, ...], yaml_path: str) -> None:
     """Refuse a ``slices:`` merge of a multi-module model: a ``layer_range`` cannot say which module it means
     (mergekit refuses it too). Raises :class:`ConfigError` naming the modules."""
+    if modules and text_prefix is None:
+        raise ConfigError(
+            f"{key}'s language model runs its layer stacks {_describe(modules)} in turn: a layer_range cannot "
+            "say which stack it slices, and a stack cut short is another model",
+            yaml_path=yaml_path,
+            hint="merge it in the models: form (every stack merged layer by layer)",
+        )
     if modules:
         raise ConfigError(
             f"{key} is a multi-module model (language model {text_prefix}, and {_describe(modules)}): "

@@ -48,6 +48,7 @@ from resumerge.merge.plan.architecture import (
     PER_LAYER_KEYS,
     PREFIX_SCHEME,
     QWEN_MOE_SCHEME,
+    TIED_NAMES,
     dense_mlp_layers,
     derives_layer_types,
     is_head,
@@ -57,6 +58,7 @@ from resumerge.merge.plan.architecture import (
     layer_count_key,
     layer_types_of,
     prefix_key,
+    unsliceable,
 )
 from resumerge.merge.plan.expertmodules import names_on_load
 from resumerge.merge.plan.layerfacts import (
@@ -104,16 +106,19 @@ def build_out_config(
     assert isinstance(target, dict)
     # The donor's own stack (each output layer the layer of its index: every plain merge) keeps the lists resumerge
     # names and asks nothing of transformers; a new stack carries every per-layer fact its family's config has.
-    same = same_stack(layer_config(models[donor].config), origins)
+    # (a model whose stacks are all merged as modules, HRM's, has no stack of its own here: its config is kept)
+    same = not origins or same_stack(layer_config(models[donor].config), origins)
     facts = tuple(k for k in PER_LAYER_KEYS if isinstance(target.get(k), list)) if same else per_layer_keys(target)
+    if not same:
+        _refuse_unsliceable(models, origins)
     count_key = layer_count_key(target)
-    if count_key in target or not facts:  # Nemotron-H's count is its list's length: no count key is added
+    if not same and (count_key in target or not facts):  # Nemotron-H's count is its list's length: none added
         target[count_key] = len(origins)
     for key in facts:
         if key != "layer_types":
             target[key] = reindexed(key, target[key], [_per_layer(models, donor, key, m, i) for m, i in origins])
     _refuse_reuse_first(target, origins, config)
-    if isinstance(target.get("layer_types"), list) or derives_layer_types(target):
+    if not same and (isinstance(target.get("layer_types"), list) or derives_layer_types(target)):
         # A source without the list (a config older than transformers' layer_types) counts with the types
         # transformers derives for it; a derived output list is written only where derivation would go wrong.
         wanted = [_layer_type(models, donor, model, layer) for model, layer in origins]
@@ -279,6 +284,19 @@ def _kv_shared(cfg: Mapping[str, Any], layer: int) -> bool:
     return type(shared) is int and count is not None and layer >= count - shared
 
 
+def _refuse_unsliceable(models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]) -> None:
+    """A stack of slices of a family whose layers are no stack a slice can cut (:func:`unsliceable`) is refused."""
+    for key in sorted({m for m, _ in origins}):
+        why = unsliceable(models[key].config)
+        if why is not None:
+            raise ConfigError(
+                f"{key} is a {models[key].config.get('model_type')} model, which {why}: a stack of its layers "
+                "other than its own is not a model of its family",
+                yaml_path="slices",
+                hint="merge it in the models: form (every layer merged with the same layer of the other models)",
+            )
+
+
 def _refuse_reuse_first(target: Mapping[str, Any], origins: tuple[tuple[str, int], ...], config: MergeConfig) -> None:
     """A stack whose first layer reuses what an earlier layer computed (GLM-5's "shared" indexer) is refused."""
     for key, marker in REUSES_EARLIER:
@@ -354,7 +372,8 @@ def _is_dense(scheme: tuple[str, frozenset[int]] | None, layer: int) -> bool:
 def _set_vocab(target: dict[str, Any], tensors: Mapping[str, TensorPlan]) -> None:
     names = sorted(tensors)
     embeds = [tensors[n] for n in names if is_input_embedding(n) and len(tensors[n].shape) == 2]
-    heads = [tensors[n] for n in names if is_head(n) and n.endswith(".weight") and len(tensors[n].shape) == 2]
+    # the head's own weight (lm_head.weight), not a module inside it (ModernBERT's lm_head.dense is [hidden, hidden])
+    heads = [tensors[n] for n in names if n in TIED_NAMES and len(tensors[n].shape) == 2]
     if embeds and heads and embeds[0].shape[0] != heads[0].shape[0]:
         raise ModelInputError(
             f"the output embedding {embeds[0].name} has {embeds[0].shape[0]} rows but the head {heads[0].name} "

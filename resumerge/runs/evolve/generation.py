@@ -34,7 +34,8 @@ from resumerge.forward.handed import Held
 from resumerge.forward.heads import kl_at, logprobs, nll_sum, shared, targets_of
 from resumerge.forward.layerpass import Reserve, Step
 from resumerge.forward.placement import batched_on, model_layer
-from resumerge.forward.stream import LayerCall, ModelStream
+from resumerge.forward.standins import LayerCall
+from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.torch_import import torch
 
