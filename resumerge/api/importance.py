@@ -131,7 +131,7 @@ def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOp
     if options.imatrix_texts is None:
         return options
     if options.imatrix_texts_sha256 is None:  # options made by hand: the digest the API's front door records
-        from resumerge.api.options import file_sha256
+        from resumerge.api.ggufoptions import file_sha256
 
         options = replace(options, imatrix_texts_sha256=file_sha256(Path(options.imatrix_texts)))
     assert options.imatrix_texts_sha256 is not None

@@ -108,7 +108,7 @@ def _same_files(recorded: Recorded) -> None:
     be given again), holds other bytes than when the run started (its importance matrix, so its output, would
     differ; a plan stored with the run is reused without planning again, so it is asked here), or was recorded by
     its path alone (a run started before the digests were: its plan is not today's)."""
-    from resumerge.api.options import file_sha256
+    from resumerge.api.ggufoptions import file_sha256
     from resumerge.errors import PlanChangedError
     from resumerge.merge.plan.merge_plan import PATH_OPTIONS
 
