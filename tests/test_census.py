@@ -61,7 +61,10 @@ def test_a_stack_that_moves_a_layer_of_a_family_that_loops_or_shares_its_layers_
     from resumerge.cli.commands import main
 
     for family, said in (("dory", "loops its middle layers"), ("zamba", "shares one transformer block"),
-                         ("hrm_text", "runs its layer stacks")):
+                         ("hrm_text", "runs its layer stacks"),
+                         # (before: "layer_range [0, 2] is past the end of …, which has 0 layers")
+                         ("xlm", "keeps its layers' parts in separate numbered lists (transformer.attentions, "
+                                 "transformer.ffns, transformer.layer_norm1, transformer.layer_norm2)")):
         model = make_census_model(tmp_path / family, family, 1)
         config = write_config(tmp_path / f"{family}.yml", {"merge_method": "passthrough", "dtype": "float32",
                                                            "slices": [

@@ -2,8 +2,8 @@
 decoder layers by the stream's own rule (``ModelStream._before_layers``), and the final norm and what the
 causal-LM class runs around its head: before, it loaded the base model's children but the layer list, which for
 OPT (its embeddings inside ``decoder`` beside the layers) read the whole decoder again, layers and all, and for the
-BERT-likes left the head's prediction transform unread (a crash on the meta device). Tiny census models against transformers' greedy
-``generate``."""
+BERT-likes left the head's prediction transform unread (a crash on the meta device). Tiny census models against
+transformers' greedy ``generate``."""
 
 from __future__ import annotations
 
