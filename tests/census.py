@@ -282,8 +282,8 @@ OPEN: Mapping[str, Mapping[str, str]] = {
     "reformer": {"check": "crash: AttributeError: 'Tensor' object has no attribute 'attn_output'"},
     "roberta-prelayernorm": {"check": NLL},
     "rwkv": {"check": "refused: ModelInputError: decoder layer ? takes what an earlier layer returned"},
-    "trocr": {"check": NLL},
-    "xlm": {"slices": "refused: ConfigError: slices[0].sources[0].layer_range: layer_range [0, 2] is past the end",
+    "xlm": {"slices": "keeps its layers' parts in separate numbered lists (transformer.attentions, transformer.ffns, "
+                      "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers",
             "check": "crash: RuntimeError: The expanded size of the tensor (60) must match"},
     "xlnet": {"check": "crash: AttributeError: 'Slot' object has no attribute 'permute'"},
     "xlstm": {"check": "crash: ValueError: matC_old has wrong shape"},

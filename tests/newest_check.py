@@ -24,11 +24,16 @@ def checked_nll(directory: Path, tokens: list[list[int]], journal: Path) -> floa
 
 
 def unpadded_nll(directory: Path, tokens: list[list[int]]) -> float:
-    """transformers' NLL per predicted token, each sequence alone (no padding)."""
+    """transformers' NLL per predicted token, each sequence alone (no padding): each next token's log-probability
+    under the causal-LM class's own logits. (Not its ``loss``: TrOCR's takes its labels as already shifted, a
+    decoder's targets, so ``labels=ids`` scores each token at its own position.)"""
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    total = 0.0
     with torch.no_grad():  # every hidden state asked for: Gemma 4's key-sharing shortcut fails otherwise (5.24)
-        losses = [float(reference(input_ids=torch.tensor([ids]), labels=torch.tensor([ids]),
-                                  output_hidden_states=True).loss) * (len(ids) - 1) for ids in tokens]
-    return sum(losses) / sum(len(ids) - 1 for ids in tokens)
+        for ids in tokens:
+            logits = reference(input_ids=torch.tensor([ids]), output_hidden_states=True).logits[0, :-1].float()
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1))
+            total -= float(picked.sum())
+    return total / sum(len(ids) - 1 for ids in tokens)

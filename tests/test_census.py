@@ -61,7 +61,10 @@ def test_a_stack_that_moves_a_layer_of_a_family_that_loops_or_shares_its_layers_
     from resumerge.cli.commands import main
 
     for family, said in (("dory", "loops its middle layers"), ("zamba", "shares one transformer block"),
-                         ("hrm_text", "runs its layer stacks")):
+                         ("hrm_text", "runs its layer stacks"),
+                         # (before: "layer_range [0, 2] is past the end of …, which has 0 layers")
+                         ("xlm", "keeps its layers' parts in separate numbered lists (transformer.attentions, "
+                                 "transformer.ffns, transformer.layer_norm1, transformer.layer_norm2)")):
         model = make_census_model(tmp_path / family, family, 1)
         config = write_config(tmp_path / f"{family}.yml", {"merge_method": "passthrough", "dtype": "float32",
                                                            "slices": [
@@ -77,3 +80,20 @@ def test_supported_md_holds_the_census_table_made_from_the_census() -> None:
     # `python tests/census.py` writes it again
     text = DOC.read_text(encoding="utf-8")
     assert census_markdown() in text
+
+
+def test_a_gpt_neo_stack_writes_attention_types_for_its_own_layers(tmp_path: Path) -> None:
+    # GPT-Neo's config class expands attention_types into attention_layers and refuses a count other than num_layers:
+    # the donor's [[["global", "local"], 2]] kept for a 3-layer stack made a config.json transformers would not read
+    from census import config_doc, not_loaded, read_back
+    from support import api_merge
+
+    a, b = make_census_model(tmp_path / "a", "gpt_neo", 1), make_census_model(tmp_path / "b", "gpt_neo", 2)
+    out = api_merge(tmp_path / "out", {"merge_method": "passthrough", "dtype": "float32", "slices": [
+        {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(b), "layer_range": [1, 2]}]}]})
+    doc = config_doc(out)
+    assert doc["attention_types"] == [[["global"], 1], [["local"], 2]]
+    assert doc["attention_layers"] == ["global", "local", "local"]
+    model, info = read_back(out)
+    assert model.config.attention_layers == ["global", "local", "local"] and not not_loaded(info)

@@ -345,6 +345,13 @@ class ModelStream:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
         return weighted_parts(self.inner, self.layers_list, (self.layers_list, *self.finals))
 
+    def _around_head(self) -> list[torch.nn.Module]:
+        """The final norm, and whatever else of the causal-LM class's runs around its head and holds weights
+        (ModernBERT's lm_head, BERT's prediction transform beside its decoder), the head itself not."""
+        site, attribute = head_site(self.model, self.inner)
+        head = self.model.get_output_embeddings()
+        return [*self.finals, *weighted_parts(site, head, (getattr(site, attribute), head))]
+
     def _path_to_layers(self) -> list[torch.nn.Module]:
         """The base model and each of its modules down to the one holding the decoder layers."""
         name = self._names[id(self.holder)][len(self._names[id(self.inner)]):].strip(".")
@@ -544,9 +551,7 @@ class ModelStream:
         tied = self.tied_head()
         site, attribute = head_site(self.model, self.inner)
         inner = getattr(site, attribute)
-        # the final norm, and whatever else of the causal-LM class's runs around its head (ModernBERT's lm_head,
-        # BERT's prediction transform beside its decoder)
-        parts = [*self.finals, *weighted_parts(site, head, (inner, head))]
+        parts = self._around_head()
         for part in parts:
             self.load(part)
         before = dict(head._parameters)

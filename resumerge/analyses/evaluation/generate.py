@@ -45,8 +45,9 @@ def resident(stream: ModelStream) -> Iterator[Callable[[Wanted, int | None], Ite
     head, each read once) and a function from a request and the seed to the tokens after its context (greedy or
     drawn: :meth:`~.genrequests.Wanted.choose`), one at a time, each step running only the newest token against the
     KV cache of those before."""
-    parts = [c for c in stream.inner.children() if c is not stream.layers_list and any(True for _ in c.parameters())]
-    parts += list(stream.layers_list)
+    # the parts before the layers by the stream's own rule (OPT's embeddings inside its ``decoder`` beside the
+    # layers), the layers, then the final norm and what runs around the head (BERT's prediction transform)
+    parts = [*stream._before_layers(), *stream.layers_list, *stream._around_head()]
     head = stream.model.get_output_embeddings()
     loaded: list[torch.nn.Module] = []
     try:

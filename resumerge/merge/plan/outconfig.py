@@ -25,7 +25,8 @@ described by the source layer it was made from (``origins``):
   family cannot express it);
 - lists of layer numbers inside a nested config that say which layers are of one kind (Kimi-Linear's
   ``linear_attn_config`` ``kda_layers`` / ``full_attn_layers``, numbered from 1: what vLLM and the family's own
-  code read where transformers reads ``layer_types``) rewritten for the output's layers (:data:`_NUMBERED`);
+  code read where transformers reads ``layer_types``) rewritten for the output's layers (:data:`_NUMBERED`), and
+  GPT-Neo's run-length ``attention_types`` written as the runs of the source layers' types;
 - the MTP layer count (``num_nextn_predict_layers``) as :mod:`resumerge.merge.plan.mtp` decided;
 - layer indices in ``quantization_config``'s skip lists (:mod:`resumerge.merge.plan.skiplists`);
 - ``vocab_size`` from the output embedding's rows; a head whose rows differ is refused;
@@ -127,6 +128,7 @@ def build_out_config(
     if not same:
         _set_derived(target, models, origins)
         _set_numbered(target, models, origins)
+        _set_run_lengths(target, models, origins)
         _set_v4_layers(target, models, donor, origins, config)
     _set_shared_kv(target, models, origins, config)
     _set_dense_layers(target, models, origins, config)
@@ -226,6 +228,41 @@ def _set_numbered(
             named[m] = set(theirs.get(inner) or ()) if isinstance(theirs, dict) else set()
         target[outer] = {**nested, inner: [i + first for i, (m, layer) in enumerate(origins)
                                            if layer + first in named[m]]}
+
+
+def _set_run_lengths(
+    target: dict[str, Any], models: Mapping[str, ModelInput], origins: tuple[tuple[str, int], ...]
+) -> None:
+    """GPT-Neo's ``attention_types`` (runs of a pattern: ``[[["global", "local"], 6]]``, which its config class
+    expands into ``attention_layers`` and checks against ``num_layers``) written as the output's runs of its source
+    layers' types, and ``attention_layers`` as their list."""
+    if not isinstance(target.get("attention_types"), list):
+        return
+    expanded = {m: _expand_runs(layer_config(models[m].config).get("attention_types")) for m in {m for m, _ in origins}}
+    kinds = [expanded[m][i] if i < len(expanded[m]) else None for m, i in origins]
+    if None in kinds:
+        return
+    runs: list[list[Any]] = []
+    for kind in kinds:
+        if runs and runs[-1][0] == [kind]:
+            runs[-1][1] += 1
+        else:
+            runs.append([[kind], 1])
+    target["attention_types"] = runs
+    if "attention_layers" in target:
+        target["attention_layers"] = kinds
+
+
+def _expand_runs(runs: Any) -> list[Any]:
+    """The per-layer list a run-length ``attention_types`` stands for (empty for anything else)."""
+    if not isinstance(runs, list):
+        return []
+    out: list[Any] = []
+    for item in runs:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and type(item[1]) is int):
+            return []
+        out += list(item[0]) * item[1]
+    return out
 
 
 def _set_v4_layers(target: dict[str, Any], models: Mapping[str, ModelInput], donor: str,

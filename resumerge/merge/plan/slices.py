@@ -4,6 +4,7 @@ and what a stack of slices leaves out of each model."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -74,11 +75,25 @@ def normalise(
     return out
 
 
+def _refuse_no_stack(key: str, layout: Layout, yaml_path: str) -> None:
+    """Refuse a ``layer_range`` of a model whose tensors hold no one list of numbered decoder layers: XLM keeps
+    each layer's attention, norms and feed-forward in lists of their own (``attentions.N``, ``ffns.N``, …), which
+    a slice cannot take whole layers from."""
+    lists = sorted({found.group(1) for name in (*layout.pre, *layout.post)
+                    if (found := re.match(r"(.+?)\.\d+\.", name)) is not None})
+    what = (f"keeps its layers' parts in separate numbered lists ({', '.join(lists)}), not one list of decoder "
+            "layers" if len(lists) > 1 else "holds no list of numbered decoder layers")
+    raise ConfigError(f"{key} {what}: a layer_range cannot take whole layers from it", yaml_path=yaml_path,
+                      hint="merge it in the models: form (every tensor merged by its name)")
+
+
 def check_slice(sl: Slice, method: MethodSpec, layouts: Mapping[str, Layout]) -> None:
     """Raise ConfigError for a slice whose ranges run past a model's layers or differ in length, or whose sources
     ``method`` does not take (its base, its number of models)."""
     for src, (start, end) in zip(sl.sources, sl.ranges):
         available = layouts[src.model.key].num_layers
+        if end > 0 and available == 0:
+            _refuse_no_stack(src.model.key, layouts[src.model.key], f"{src.yaml_path}.layer_range")
         if end > available:
             raise ConfigError(
                 f"layer_range [{start}, {end}] is past the end of {src.model.key}, which has {available} layers",
