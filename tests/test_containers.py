@@ -67,7 +67,7 @@ def test_a_gguf_codec_answers_its_round_trip_error_and_other_formats_none() -> N
 
 
 def test_a_split_size_and_an_unwritten_merge_are_answered_by_the_container() -> None:
-    from resumerge.api import Merging, Output, Resources
+    from resumerge.api import Output, Settings
     from resumerge.api.options import plan_options
     from resumerge.api.unwritten import _options
     from resumerge.errors import UsageError
@@ -78,6 +78,6 @@ def test_a_split_size_and_an_unwritten_merge_are_answered_by_the_container() -> 
     assert plan_options(split, out_shard_size=None).gguf_split_max_size == 1_000_000
     with pytest.raises(UsageError, match="splits a GGUF output"):
         plan_options(Output(gguf_split_max_size="1MB"), out_shard_size=None)
-    assert _options(Output(), Merging(), Resources()).out_type == "safetensors"
+    assert _options(Settings(), "open_unwritten")[0].out_type == "safetensors"
     with pytest.raises(UsageError, match=r"an unwritten merge is read as safetensors, not .*gguf"):
-        _options(Output(out_type="gguf"), Merging(), Resources())
+        _options(Settings(output=Output(out_type="gguf")), "open_unwritten")

@@ -56,8 +56,8 @@ def test_the_pass_flags_reach_the_api_as_one_resources_object(command: str, call
     args = build_parser().parse_args([command, *words, "--max-memory", "2GB", "--device", "cuda:1", *device,
                                       "--state-dir", "st", "--executor", "local"])
     passed = flags.api_options(args, call)  # type: ignore[arg-type]
-    # evolve and eval take them in their one Settings, check as keywords of its own
-    held = vars(passed.pop("settings")) if command in ("evolve", "eval") else passed
+    # every call takes them in its one Settings
+    held = vars(passed.pop("settings"))
     assert held["resources"] == api.Resources(max_memory="2GB", device="cuda:1",
                                               max_gpu_memory=None if command == "evolve" else "3GB")
     assert held["state_dir"] == "st" and held["executor"] is None

@@ -185,24 +185,6 @@ def load_config_text(text: str, *, source: str = "config") -> MergeConfig:
     return config_from_document(docs[0], text, source=source)
 
 
-# The key of a transplant's recorded text (:func:`resumerge.runs.transplant.spec.spec_text`: ``{"tokensurgeon":
-# {"model": MODEL, "donor": DONOR, ...}}``), which no merge config holds.
-TRANSPLANT_MARK = "tokensurgeon"
-
-
-def transplanted_model(text: str) -> str | None:
-    """MODEL of a transplant whose recorded text is ``text`` (what ``check`` compares its output with, as a
-    merge's record names its base); None for any other text."""
-    import json
-
-    try:
-        body = json.loads(text).get(TRANSPLANT_MARK)
-    except (ValueError, AttributeError):
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) and model else None
-
-
 def parse_documents(text: str, *, source: str = "config") -> list[Any]:
     """The non-empty YAML documents of ``text`` (safe loader only); raises :class:`ConfigError` for bad YAML
     (with line and column), a key given twice in one mapping (naming both lines), or no document at all."""

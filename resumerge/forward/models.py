@@ -27,8 +27,9 @@ from pathlib import Path
 
 from resumerge.config.hubtarget import SCHEME, is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text, transplanted_model
+from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config_text
 from resumerge.config.modelref import ModelRef, parse_model_ref
+from resumerge.config.transplantmark import transplanted_model
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.forward.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
 from resumerge.merge.store.manifest import PUBLISHED_HUB, read_manifest

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from resumerge.config.merge_config import TRANSPLANT_MARK
+from resumerge.config.transplantmark import TRANSPLANT_MARK
 from resumerge.errors import UsageError
 
 MARK = TRANSPLANT_MARK
