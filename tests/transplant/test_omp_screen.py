@@ -82,19 +82,24 @@ def test_a_step_of_too_many_candidates_takes_the_whole_product(one_thread: None)
     assert screen.pick(residual, points, picked, 1) is None
 
 
-def test_a_gathered_products_elements_are_the_whole_products(one_thread: None) -> None:
+def test_a_gathered_products_elements_are_the_whole_products_where_the_screen_is_used(one_thread: None) -> None:
     """What the screen rests on: an element of the float32 product of 16 to 63 gathered rows and 16 or more
-    gathered columns has the whole product's bits (MKL, one thread)."""
+    gathered columns has the whole product's bits (MKL, one thread) — on every width the screen is used for; where
+    this machine's kernels sum a gather in another order, the screen is off for that width."""
+    from resumerge.runs.transplant import omp
+
     g = torch.Generator().manual_seed(11)
     for width, rows in ((64, 512), (576, 512), (640, 40), (2048, 64)):
         atoms, residual = torch.randn(3000, width, generator=g), torch.randn(rows, width, generator=g)
         whole = torch.mm(residual, atoms.T)
-        for block in (16, 31, 32, 63):
+        exact = True
+        for block in (b for b in (16, 31, 32, 63) if b <= rows):  # a block is never more rows than the batch
             first = (rows - block) // 3
             for columns in (16, 17, 40, 333, 2999):
                 picked = torch.randperm(3000, generator=g)[:columns].sort().values
                 part = torch.mm(residual[first:first + block], atoms[picked].T)
-                assert torch.equal(part, whole[first:first + block][:, picked]), (width, block, columns)
+                exact = exact and torch.equal(part, whole[first:first + block][:, picked])
+        assert exact or not omp.gathers_exactly(width), width  # the probe turns the screen off where it fails
 
 
 def test_the_pursuit_screens_only_where_its_picks_stay_the_same(one_thread: None) -> None:

@@ -136,13 +136,14 @@ def screens(targets: torch.Tensor, atoms: torch.Tensor, k: int) -> bool:
 def gathers_exactly(width: int) -> bool:
     """Whether this machine's float32 product keeps what the screen rests on, probed at ``width``: an element of
     a product of gathered rows (a block's 16 to 32) and columns (16 or more) has the bits of the whole product's
-    element. It holds for MKL on one thread where it was measured, but it is the BLAS's kernel choice, not a
-    contract, so each batch asks (a product of 64 rows and 512 atoms: well under a millisecond) and takes the whole
+    element. It holds for MKL on one thread where it was first measured, but it is the BLAS's kernel choice, not a
+    contract, so each batch asks (a product of 128 rows and 512 atoms: about a millisecond) and takes the whole
     product where it fails: the picks are then the whole product's by construction."""
     g = torch.Generator().manual_seed(width)
-    atoms, residual = torch.randn(512, width, generator=g), torch.randn(64, width, generator=g)
+    atoms, residual = torch.randn(512, width, generator=g), torch.randn(128, width, generator=g)
     whole = torch.mm(residual, atoms.T)
-    for first, block in ((0, _BLOCK_ROWS // 2), (20, _BLOCK_ROWS - 1), (32, _BLOCK_ROWS)):
+    # a block is 16 to 63 rows (a batch's rows cut in blocks of at least _BLOCK_ROWS): the largest is probed too
+    for first, block in ((0, _BLOCK_ROWS // 2), (20, _BLOCK_ROWS - 1), (32, _BLOCK_ROWS), (40, 2 * _BLOCK_ROWS - 1)):
         for columns in (_MIN_COLUMNS, _MIN_COLUMNS + 25, 300):
             picked = torch.randperm(512, generator=g)[:columns].sort().values
             part = torch.mm(residual[first:first + block], atoms[picked].T)
