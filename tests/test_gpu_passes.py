@@ -2,8 +2,9 @@
 written, runs on the GPU and every request's score, metric and generation is the CPU's (within float32 rounding:
 a GPU's matrix products sum in another order); a generation one decoder layer at a time on the GPU (a tiny Llama, a
 tiny Gemma 3 with windowed layers; its KV cache in RAM or spilled) gives the CPU's greedy answers; a search on the GPU
-proposes the same candidates and keeps the same ``best.yml`` config. Skipped without a CUDA GPU (run on a lent GPU
-machine: ``pytest tests/test_gpu_passes.py``); tiny generated models, a few seconds each there."""
+proposes the same candidates and keeps the same ``best.yml`` config; an importance pass on the GPU steers a GGUF to
+the CPU's bytes. Skipped without a CUDA GPU (run on a lent GPU machine: ``pytest tests/test_gpu_passes.py``); tiny
+generated models, a few seconds each there."""
 
 from __future__ import annotations
 
@@ -99,3 +100,25 @@ def test_a_layer_streamed_generation_on_the_gpu_gives_the_cpus_answers(tmp_path:
                                     harness=api.Harness(include_path=tasks, log_samples=True))
             found[device, how] = _answers(done.results, long)
     assert len({json.dumps(answers) for answers in found.values()}) == 1, found
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "iq4_xs"])
+def test_a_gguf_whose_importance_pass_ran_on_the_gpu_is_the_cpus_file(mix: str, tmp_path: Path) -> None:
+    """``run --out-type gguf --imatrix-texts --device cuda``: the importance pass (a recorded phase of the run) runs
+    each layer on the GPU, and its matrix and the K-quant / i-quant file it steers are the CPU's, byte for byte (the
+    matrix sums squares of activations in float32 on either device, then the encoders run on the CPU)."""
+    import hashlib
+
+    from ggufmodels import linear_llama_pair
+    from support import cli
+
+    config, texts = linear_llama_pair(tmp_path, "the cat sat on the mat.\nthree plus four is seven.\n" * 6)
+    digests: dict[str, tuple[str, list[str]]] = {}
+    for device in ("cpu", "cuda"):
+        out, state = tmp_path / device / "out", tmp_path / device / "state"
+        done = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", mix,
+                   "--imatrix-texts", texts, "--device", device)
+        assert done.returncode == 0, done.stderr
+        digests[device] = (hashlib.sha256((out / "model.gguf").read_bytes()).hexdigest(),
+                           sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in (state / "imatrix").glob("*")))
+    assert digests["cuda"] == digests["cpu"]
