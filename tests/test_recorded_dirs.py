@@ -1,0 +1,62 @@
+"""Where a run's models are recorded (issue 95: OUT's manifest never holds a machine path): the manifest names a
+local model as the config names it (relative as typed), never the folder resumerge resolved, so the same merge of
+the same models from two folders writes byte-identical manifests; this machine's folders stay in the state dir's
+ledger, and a resume with it (or with OUT's manifest alone) finishes the run. A hub model's case (``org/name@<sha>``,
+its commit pinned on a fresh machine) is tested with the stand-in hub: ``tests/hubout/test_hub_dirs.py``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ModelFactory
+from support import cli_here
+
+from resumerge.config.locations import StateDir
+from resumerge.forward.models import find_models
+from resumerge.merge.store.manifest import MANIFEST_NAME, published_dirs
+
+CONFIG = "merge_method: linear\nmodels:\n  - model: ./a\n    parameters: {weight: 0.5}\n" \
+         "  - model: models/b\n    parameters: {weight: 0.5}\ndtype: float32\n"
+
+
+def test_two_runs_from_two_folders_write_the_same_manifest_with_no_machine_path(
+        make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = make("a", seed=1), make("b", seed=2)
+    for folder in ("one", "two"):
+        (tmp_path / folder / "models").mkdir(parents=True)
+        shutil.copytree(a, tmp_path / folder / "a")
+        shutil.copytree(b, tmp_path / folder / "models" / "b")
+        (tmp_path / folder / "config.yml").write_text(CONFIG)
+        monkeypatch.chdir(tmp_path / folder)
+        done = cli_here("run", "config.yml", "out", "--state-dir", "state")
+        assert done.returncode == 0, done.stderr
+    one, two = ((tmp_path / f / "out" / MANIFEST_NAME).read_bytes() for f in ("one", "two"))
+    assert one == two
+    assert str(tmp_path).encode() not in one
+    assert json.loads(one)["model_dirs"] == {"./a": "./a", "models/b": "models/b"}
+    # Resumed here with the ledger, and with OUT's manifest alone (another state dir): the models are found again.
+    for state in ("state", "fresh"):
+        again = cli_here("resume", "out", "--state-dir", state)
+        assert again.returncode == 0, again.stderr
+    assert (tmp_path / "two" / "out" / MANIFEST_NAME).read_bytes() == one
+    # ``check`` run from elsewhere finds the parents where this machine's ledger read them (the manifest alone
+    # names them as the config does).
+    monkeypatch.chdir(tmp_path)
+    found = find_models(tmp_path / "two" / "out", None, (), StateDir.resolve(tmp_path / "two" / "state"))
+    assert [Path(m.path) for m in found[1:]] == [tmp_path / "two" / "a", tmp_path / "two" / "models" / "b"]
+
+
+def test_the_published_form_keeps_no_folder_and_reads_back_the_same() -> None:
+    """One place makes what the manifest records of a plan's folders (the ledger's row and a fresh plan both go
+    through it); written again from a manifest read back, it is unchanged."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    dirs = {"org/name": f"/home/u/.cache/huggingface/hub/models--org--name/snapshots/{sha}",
+            "gpt2@main": f"/c/models--gpt2/snapshots/{sha}",
+            "./base+../loras/x": "/work/base", "./base+../loras/x#adapter": "/loras/x"}
+    published = published_dirs(dirs)
+    assert published == {"org/name": f"org/name@{sha}", "gpt2@main": f"gpt2@{sha}",
+                         "./base+../loras/x": "./base", "./base+../loras/x#adapter": "../loras/x"}
+    assert published_dirs(published) == published
