@@ -60,3 +60,23 @@ def test_the_published_form_keeps_no_folder_and_reads_back_the_same() -> None:
     assert published == {"org/name": f"org/name@{sha}", "gpt2@main": f"gpt2@{sha}",
                          "./base+../loras/x": "./base", "./base+../loras/x#adapter": "../loras/x"}
     assert published_dirs(published) == published
+
+
+def test_an_out_finished_with_this_machine_s_folders_in_its_manifest_verifies(
+        make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OUT an earlier resumerge finished holds the ledger's folders as ``model_dirs``: ``verify`` finds it whole
+    (the same run, written before the folders were published), and another ``model_dirs`` is still damage."""
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    shutil.copytree(make("a", seed=1), work / "a")
+    shutil.copytree(make("b", seed=2), work / "models" / "b")
+    (work / "config.yml").write_text(CONFIG)
+    monkeypatch.chdir(work)
+    assert cli_here("run", "config.yml", "out", "--state-dir", "state").returncode == 0
+    manifest = work / "out" / MANIFEST_NAME
+    doc = json.loads(manifest.read_text())
+    for older, code in (({"./a": str(work / "a"), "models/b": str(work / "models" / "b")}, 0),
+                        ({"./a": str(work / "a"), "models/b": str(work / "elsewhere")}, 3)):
+        manifest.write_text(json.dumps({**doc, "model_dirs": older}, indent=2, sort_keys=True) + "\n")
+        checked = cli_here("verify", "out", "--state-dir", "state")
+        assert checked.returncode == code, checked.stdout + checked.stderr

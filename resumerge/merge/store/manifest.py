@@ -77,8 +77,9 @@ class Manifest:
     committed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     state: str = "running"
 
-    def to_bytes(self) -> bytes:
-        """Deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
+    def to_bytes(self, published: bool = True) -> bytes:
+        """Deterministic JSON (sorted keys, 2-space indent, trailing newline); ``published`` False: ``model_dirs``
+        as this machine's folders, as resumerge wrote them before they were published (:func:`published_dirs`)."""
         doc = {
             "format": FORMAT,
             "resumerge_version": self.version,
@@ -86,7 +87,7 @@ class Manifest:
             "parts": dict(self.parts),
             "inputs": dict(self.inputs),
             "options": dict(self.options),
-            "model_dirs": published_dirs(self.model_dirs),
+            "model_dirs": published_dirs(self.model_dirs) if published else dict(self.model_dirs),
             "config_text": self.config_text,
             "planned": list(self.planned),
             "shard_sizes": dict(self.shard_sizes),
