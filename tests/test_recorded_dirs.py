@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 from conftest import ModelFactory
-from support import cli_here
+from support import cli, cli_here
 
 from resumerge.config.locations import StateDir
-from resumerge.forward.models import find_models
+from resumerge.forward.models import find_models, recorded_models
 from resumerge.merge.store.manifest import MANIFEST_NAME, published_dirs
 
 CONFIG = "merge_method: linear\nmodels:\n  - model: ./a\n    parameters: {weight: 0.5}\n" \
@@ -80,3 +81,30 @@ def test_an_out_finished_with_this_machine_s_folders_in_its_manifest_verifies(
         manifest.write_text(json.dumps({**doc, "model_dirs": older}, indent=2, sort_keys=True) + "\n")
         checked = cli_here("verify", "out", "--state-dir", "state")
         assert checked.returncode == code, checked.stdout + checked.stderr
+
+
+def test_a_merge_of_gguf_files_resumes_and_names_its_parents_from_out_s_manifest_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF input is recorded as the config names it, its file (the ledger keeps the file's folder): a killed
+    run resumed with another state dir opens each file once (not ``a.gguf/a.gguf``, which a folder's rule made of
+    it), and OUT's record names the files themselves as its parents (so ``check`` compares with them)."""
+    from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+
+    parents = [tmp_path / f"p{seed}.gguf" for seed in (1, 2)]
+    for seed, path in enumerate(parents, 1):
+        write_gguf(path, "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed=seed)), Q.F32)
+    config = tmp_path / "merge.yml"
+    config.write_text(f"merge_method: linear\nmodels:\n  - model: {parents[0]}\n    parameters: {{weight: 0.3}}\n"
+                      f"  - model: {parents[1]}\n    parameters: {{weight: 0.7}}\ndtype: float32\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli_here("run", config, "whole", "--state-dir", "s0", "--out-shard-size", "100KB").returncode == 0
+    killed = cli("run", config, "out", "--state-dir", "s1", "--out-shard-size", "100KB",
+                 env={"RESUMERGE_KILL_AT": "after_manifest_write:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())["model_dirs"] == {
+        str(p): str(p) for p in parents}
+    resumed = cli_here("resume", "out", "--state-dir", "fresh")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.safetensors")} == {
+        p.name: p.read_bytes() for p in (tmp_path / "whole").glob("*.safetensors")}
+    assert recorded_models(tmp_path / "out") == (None, [str(p) for p in parents])

@@ -158,9 +158,9 @@ def _named(config: MergeConfig, dirs: dict[str, str]) -> tuple[str | None, list[
 
 
 def _located(model: ModelRef, dirs: dict[str, str]) -> str:
-    """Where recorded ``model`` is: its recorded folder, or the GGUF file in it (a GGUF input's record names the
-    file's folder), else its path in the config."""
-    if model.key not in dirs:
+    """Where recorded ``model`` is: its recorded folder, or the GGUF file in it (a GGUF input's ledger names the
+    file's folder), else its path in the config (so a manifest that records it as the config names it)."""
+    if model.key not in dirs or dirs[model.key] == model.path:
         return model.path
     if Path(model.path).suffix == ".gguf":
         return str(Path(dirs[model.key]) / Path(model.path).name)

@@ -100,7 +100,7 @@ def _open_one(
 ) -> ModelInput:
     """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases).
     A local model's safetensors headers are parsed once with the others' (``parsed``)."""
-    folder, pinned = _recorded_at(recorded)
+    folder, pinned = _recorded_at(recorded, ref.path)
     if folder is not None:
         return open_model(ref, yaml_path=where, directory=folder, parsed=parsed)
     from resumerge.inputs.hub import is_local
@@ -135,7 +135,7 @@ def _open_adapter(
     on_progress: ProgressCallback | None,
 ) -> Adapter:
     """Open the LoRA adapter ``ref``: a local folder, or a hub repo fetched whole (it is small) and verified."""
-    folder, pinned = _recorded_at(recorded)
+    folder, pinned = _recorded_at(recorded, ref.path)
     if folder is not None:
         return open_adapter(folder, yaml_path=where)
     from resumerge.inputs.hub import is_local
@@ -149,14 +149,15 @@ def _open_adapter(
                             on_progress=on_progress)
 
 
-def _recorded_at(recorded: str | None) -> tuple[Path | None, str | None]:
+def _recorded_at(recorded: str | None, named: str) -> tuple[Path | None, str | None]:
     """Where a resume finds a model by its ``recorded`` entry: this machine's folder (the ledger's record of a
     local model), or the hub commit it pins (a cache folder, or a manifest's ``org/name@<sha>``); neither: a
-    manifest's local model, named as the config names it, is opened by the config's reference."""
+    manifest's local model, recorded as the config ``named`` it (relative as typed, or a GGUF input's file where
+    the ledger records its folder), is opened by the config's reference."""
     pinned = _SNAPSHOT.search(recorded or "")
     if pinned is not None:
         return None, pinned[1] or pinned[2]
-    if recorded is not None and Path(recorded).is_absolute():
+    if recorded is not None and recorded != named and Path(recorded).is_absolute():
         return Path(recorded), None
     return None, None
 
