@@ -18,6 +18,7 @@ from support import cli, cli_here
 from resumerge.config.locations import StateDir
 from resumerge.forward.models import find_models, recorded_models
 from resumerge.merge.store.manifest import MANIFEST_NAME, published_dirs
+from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
 
 CONFIG = "merge_method: linear\nmodels:\n  - model: ./a\n    parameters: {weight: 0.5}\n" \
          "  - model: models/b\n    parameters: {weight: 0.5}\ndtype: float32\n"
@@ -108,3 +109,48 @@ def test_a_merge_of_gguf_files_resumes_and_names_its_parents_from_out_s_manifest
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.safetensors")} == {
         p.name: p.read_bytes() for p in (tmp_path / "whole").glob("*.safetensors")}
     assert recorded_models(tmp_path / "out") == (None, [str(p) for p in parents])
+
+
+RECIPE = "name: mid\nmerge_method: linear\nmodels:\n  - model: ./a\n    parameters: {weight: 0.5}\n" \
+         "  - model: models/b\n    parameters: {weight: 0.5}\ndtype: float32\n---\nmerge_method: linear\n" \
+         "models:\n  - model: mid\n    parameters: {weight: 0.7}\n  - model: ./a\n    parameters: {weight: 0.3}\n" \
+         "dtype: float32\n"
+
+
+def test_two_recipe_runs_from_two_folders_write_the_same_records_and_resume_from_out_alone(
+        make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe's record in OUT (``resumerge-recipe.json``) names no machine path either: its models as the config
+    names them, the intermediate dir and the stages' outputs relative to OUT; the same recipe of the same models
+    from two folders, with two state dirs, writes byte-identical records and manifests. Killed with its first
+    stage done and its state dir lost, it resumes from OUT's record alone, reading the stage where it is."""
+    a, b = make("a", seed=1), make("b", seed=2)
+    written = {}
+    for folder in ("one", "two"):
+        (tmp_path / folder / "models").mkdir(parents=True)
+        shutil.copytree(a, tmp_path / folder / "a")
+        shutil.copytree(b, tmp_path / folder / "models" / "b")
+        (tmp_path / folder / "recipe.yml").write_text(RECIPE)
+        monkeypatch.chdir(tmp_path / folder)
+        done = cli_here("run", "recipe.yml", "out", "--state-dir", f"state-{folder}")
+        assert done.returncode == 0, done.stderr
+        written[folder] = [(tmp_path / folder / "out" / name).read_bytes() for name in (RECIPE_MANIFEST_NAME,
+                                                                                        MANIFEST_NAME)]
+    assert written["one"] == written["two"]
+    record = json.loads(written["one"][0])
+    assert str(tmp_path).encode() not in written["one"][0] + written["one"][1]
+    assert record["model_dirs"] == {"./a": "./a", "models/b": "models/b"}
+    assert record["intermediate_dir"] == "../out.intermediates"
+    assert [s["out_dir"] for s in record["stages"]] == ["../out.intermediates/mid", "."]
+    # The state dir lost once the first stage is done: resume from OUT's record alone, the stage found done.
+    monkeypatch.chdir(tmp_path / "two")
+    final = {p.name: p.read_bytes() for p in (tmp_path / "two" / "out").glob("*.safetensors")}
+    stage = {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "out.intermediates" / "mid").iterdir()}
+    for p in (tmp_path / "two" / "out").iterdir():
+        if p.name != RECIPE_MANIFEST_NAME:
+            p.unlink()
+    shutil.rmtree(tmp_path / "two" / "state-two")
+    again = cli_here("resume", "out", "--state-dir", "fresh")
+    assert again.returncode == 0, again.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "two" / "out").glob("*.safetensors")} == final
+    assert (tmp_path / "two" / "out" / RECIPE_MANIFEST_NAME).read_bytes() == written["one"][0]
+    assert {p: p.stat().st_mtime_ns for p in stage} == stage  # the stage verified where it is, not written again
