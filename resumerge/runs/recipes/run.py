@@ -351,7 +351,8 @@ class _Runner:
             return
         current = {str(sp.out_dir) for sp in self.rplan.stages}
         for entry in self.previous.stages:
-            if entry.out_dir not in current and not entry.final:
+            # a repo's record names its stages by no folder of this machine (published_record): nothing here to delete
+            if entry.out_dir not in current and not entry.final and Path(entry.out_dir).is_absolute():
                 if overlap(entry.out_dir, model_places(self.rplan.inputs.models)) is not None:
                     # The new recipe reads it by its path: an input now, never deleted.
                     self.ledger.event("restart", f"kept the output of the dropped {entry.label}: the recipe reads it")
