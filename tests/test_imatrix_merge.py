@@ -101,18 +101,29 @@ def test_the_matrix_is_what_transformers_running_the_written_merge_sums(
 
 def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
         merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
-    """llama_model_quantize of the merge's F16 GGUF, given the computed matrix, writes the very bytes the run wrote;
-    without a matrix, other bytes (the matrix was used)."""
+    """llama_model_quantize of the merge's F16 GGUF, given the computed matrix, writes the very bytes the run wrote,
+    and the key-values, the ``quantize.imatrix.*`` keys llama-quantize adds for that matrix among them (as for
+    ``--imatrix``: its base name, the texts' base name, its entries and its chunks, one a text); without a matrix,
+    other bytes (the matrix was used)."""
+    from test_gguf_switches import _file
+
     needs_library()
-    config, _ = merge
+    config, texts = merge
     out, matrix = computed
     api.run(config, tmp_path / "f16", settings=api.Settings(state_dir=tmp_path / "s",
                                                             output=api.Output(out_type="gguf", gguf_type="f16")))
     f16 = tmp_path / "f16" / "model.gguf"
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=read_imatrix(matrix))
+    keys = (("quantize.imatrix.file", "str", matrix.name), ("quantize.imatrix.dataset", "str", texts.name),
+            ("quantize.imatrix.entries_count", "int", len(read_imatrix(matrix))),
+            ("quantize.imatrix.chunks_count", "int", len(TEXTS.splitlines())))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=read_imatrix(matrix),
+                   kv_overrides=keys)
     ours, theirs = _gguf_bytes(out / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
     assert ours.keys() == theirs.keys()
     assert [n for n in ours if ours[n] != theirs[n]] == []
+    our_kv, their_kv = _file(out / "model.gguf")[1], _file(tmp_path / "llama.gguf")[1]
+    assert our_kv == their_kv
+    assert list(our_kv)[-len(keys):] == [key for key, _, _ in keys]
     quantize_model(f16, tmp_path / "plain.gguf", MIXES["q4_k_m"].file_type)
     plain = _gguf_bytes(tmp_path / "plain.gguf")
     assert any(ours[n] != plain[n] for n in plain)

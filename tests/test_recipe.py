@@ -203,7 +203,9 @@ def test_recipe_output_equals_the_stages_run_one_by_one(tmp_path: Path, models: 
     assert "name: slerp-pq" in (run.inter / "slerp-pq" / "mergekit_config.yml").read_text()
     record = json.loads((run.out / RECIPE_MANIFEST_NAME).read_text())
     assert [s["key"] for s in record["stages"]] == ["slerp-pq", "lin", "#2"]
-    assert record["state"] == "done" and record["intermediate_dir"] == str(run.inter)
+    # OUT's record names the intermediate dir relative to OUT, never this machine's folder (issue 95)
+    assert record["state"] == "done" and record["intermediate_dir"] == f"../{run.inter.name}"
+    assert str(run.inter.parent) not in (run.out / RECIPE_MANIFEST_NAME).read_text()
     # A second run finds every stage done, re-verifies the final output only, and fetches nothing.
     before = digests(run.out)
     assert main([str(a) for a in run.args("run")]) == 0

@@ -32,7 +32,7 @@ from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.transplantmark import transplanted_model
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.forward.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
-from resumerge.merge.store.manifest import read_manifest
+from resumerge.merge.store.manifest import PUBLISHED_HUB, read_manifest
 
 # A model of the check, opened for its pass (the forward engine's one opener: :mod:`resumerge.forward.opened`).
 Checked = PassModel
@@ -53,7 +53,7 @@ def find_models(model: str | os.PathLike[str], base: str | os.PathLike[str] | No
     merge = open_checked(os.fspath(model), "MODEL", state)
     record = merge.opened.directory if merge.opened.gguf is None else Path(merge.path)
     try:
-        recorded_base, recorded, source = _recorded(record)
+        recorded_base, recorded, source = _recorded(record, state)
     except ResumergeError:  # a record that cannot be read: where the models are given, they are all it needs
         if base is None and not parents:
             raise
@@ -103,7 +103,7 @@ def _finished(model: str, state: StateDir) -> None:
                      "then check it")
 
 
-def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], str]:
+def _recorded(out: Path, state: StateDir | None = None) -> tuple[str | None, list[tuple[str, float | None]], str]:
     """The base and the parents (with their weights) a resumerge output's manifest records, or a mergekit
     output's ``mergekit_config.yml`` names (none: neither), and which record it was (its words, for messages); a
     hub OUT's manifest is in its cache snapshot. A model recorded at a folder this machine lacks (a hub input's
@@ -111,7 +111,7 @@ def _recorded(out: Path) -> tuple[str | None, list[tuple[str, float | None]], st
     manifest = read_manifest(out) if out.is_dir() else None
     if manifest is None:
         return _mergekit_recorded(out)
-    dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()}
+    dirs = {key: _here(directory) for key, directory in manifest.model_dirs.items()} | _ledger_dirs(out, state)
     transplanted = transplanted_model(manifest.config_text)
     if transplanted is not None:  # a transplant's MODEL is its base; DONOR lent only its tokenizer
         return _located(parse_model_ref(transplanted), dirs), [], f"{out}'s record"
@@ -158,17 +158,34 @@ def _named(config: MergeConfig, dirs: dict[str, str]) -> tuple[str | None, list[
 
 
 def _located(model: ModelRef, dirs: dict[str, str]) -> str:
-    """Where recorded ``model`` is: its recorded folder, or the GGUF file in it (a GGUF input's record names the
-    file's folder), else its path in the config."""
-    if model.key not in dirs:
+    """Where recorded ``model`` is: its recorded folder, or the GGUF file in it (a GGUF input's ledger names the
+    file's folder), else its path in the config (so a manifest that records it as the config names it)."""
+    if model.key not in dirs or dirs[model.key] == model.path:
         return model.path
     if Path(model.path).suffix == ".gguf":
         return str(Path(dirs[model.key]) / Path(model.path).name)
     return dirs[model.key]
 
 
+def _ledger_dirs(out: Path, state: StateDir | None) -> dict[str, str]:
+    """The local folders this machine's ledger of the merge into ``out`` read its models from (the manifest names
+    them as the config does, relative to where the merge ran): none without a readable ledger."""
+    from resumerge.errors import LedgerError
+    from resumerge.merge.store.ledger_read import read_merge_record
+
+    ledger = state.run(str(out)).ledger if state is not None else None
+    try:
+        record = read_merge_record(ledger) if ledger is not None and ledger.is_file() else None
+    except LedgerError:
+        return {}
+    dirs = record.run.model_dirs if record is not None else {}
+    return {key: folder for key, folder in dirs.items() if Path(folder).is_dir() and Path(folder).is_absolute()}
+
+
 def _here(directory: str) -> str:
-    snapshot = SNAPSHOT.search(directory)
+    if PUBLISHED_HUB.fullmatch(directory):  # a hub model as a manifest records it: org/name@<sha>
+        return f"{SCHEME}{directory}"
+    snapshot = SNAPSHOT.search(directory)  # a manifest written before the published form: the cache snapshot
     if snapshot is None or Path(directory).is_dir():
         return directory
     return f"{SCHEME}{snapshot[1]}/{snapshot[2]}@{snapshot[3]}"

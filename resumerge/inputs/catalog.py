@@ -29,7 +29,8 @@ from resumerge.inputs.safetensors_format import Header
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata
 
-_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})$")
+# A recorded hub model: its cache folder (a ledger's record) or ``org/name@<sha>`` (a manifest's, published form).
+_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})$|^[^/@][^@]*@([0-9a-f]{40})$")
 # model_dirs / plan.inputs key suffix of a ``model+adapter`` input's adapter folder and files.
 ADAPTER_SUFFIX = "#adapter"
 
@@ -99,9 +100,9 @@ def _open_one(
 ) -> ModelInput:
     """Open one model: from its recorded directory (a resume), as a local folder, or from the hub (two phases).
     A local model's safetensors headers are parsed once with the others' (``parsed``)."""
-    pinned = _SNAPSHOT.search(recorded or "")
-    if recorded is not None and pinned is None:
-        return open_model(ref, yaml_path=where, directory=Path(recorded), parsed=parsed)
+    folder, pinned = _recorded_at(recorded, ref.path)
+    if folder is not None:
+        return open_model(ref, yaml_path=where, directory=folder, parsed=parsed)
     from resumerge.inputs.hub import is_local
 
     if pinned is None and is_local(ref):  # the hub's client imported for a hub model only
@@ -112,11 +113,11 @@ def _open_one(
     try:
         if hub_gguf(ref) is not None:  # a GGUF file of a hub repo: its headers read by range, its tensors later
             meta = resolve_gguf(ref, cache_dir=Path(cache_dir) if cache_dir else None,
-                                pinned_commit=pinned[1] if pinned else None, on_progress=on_progress)
+                                pinned_commit=pinned, on_progress=on_progress)
             inputs.hub[ref.key] = meta
             return gguf_input(ref, meta)
         meta = resolve_metadata(ref, cache_dir=Path(cache_dir) if cache_dir else None,
-                                pinned_commit=pinned[1] if pinned else None,
+                                pinned_commit=pinned,
                                 records_dir=_records_dir(state), on_progress=on_progress)
     except ResumergeError as exc:
         exc.yaml_path = exc.yaml_path or where  # the hub layer knows the repo, the config knows where
@@ -134,9 +135,9 @@ def _open_adapter(
     on_progress: ProgressCallback | None,
 ) -> Adapter:
     """Open the LoRA adapter ``ref``: a local folder, or a hub repo fetched whole (it is small) and verified."""
-    pinned = _SNAPSHOT.search(recorded or "")
-    if recorded is not None and pinned is None:
-        return open_adapter(Path(recorded), yaml_path=where)
+    folder, pinned = _recorded_at(recorded, ref.path)
+    if folder is not None:
+        return open_adapter(folder, yaml_path=where)
     from resumerge.inputs.hub import is_local
 
     if pinned is None and is_local(ref):
@@ -144,8 +145,21 @@ def _open_adapter(
     from resumerge.inputs.hub.adapters import open_hub_adapter
 
     return open_hub_adapter(ref, yaml_path=where, cache_dir=Path(cache_dir) if cache_dir else None,
-                            pinned_commit=pinned[1] if pinned else None, records_dir=_records_dir(state),
+                            pinned_commit=pinned, records_dir=_records_dir(state),
                             on_progress=on_progress)
+
+
+def _recorded_at(recorded: str | None, named: str) -> tuple[Path | None, str | None]:
+    """Where a resume finds a model by its ``recorded`` entry: this machine's folder (the ledger's record of a
+    local model), or the hub commit it pins (a cache folder, or a manifest's ``org/name@<sha>``); neither: a
+    manifest's local model, recorded as the config ``named`` it (relative as typed, or a GGUF input's file where
+    the ledger records its folder), is opened by the config's reference."""
+    pinned = _SNAPSHOT.search(recorded or "")
+    if pinned is not None:
+        return None, pinned[1] or pinned[2]
+    if recorded is not None and recorded != named and Path(recorded).is_absolute():
+        return Path(recorded), None
+    return None, None
 
 
 def fetch_inputs(inputs: Inputs, *, state: StateDir, on_progress: ProgressCallback | None = None) -> None:

@@ -153,7 +153,12 @@ class GgufFile(OutputContainer):
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
         from resumerge.outputs.gguf.layout import shard_layout
 
-        return shard_layout(self.headers[file], list(parts), file_size)
+        header = self.headers[file]
+        if self.choices.computed and self.choices.imatrix is not None:  # the counts of the matrix computed first
+            from resumerge.outputs.gguf.imatrix import with_counts
+
+            header = with_counts(header, self.choices.imatrix)
+        return shard_layout(header, list(parts), file_size)
 
     def fingerprint_extras(self) -> dict[str, Any]:
         extras: dict[str, Any] = {"gguf_headers": _hashes(self.headers)}

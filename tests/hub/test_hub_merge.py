@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_hub_input_fetched_once_then_offline(tmp_path: Path, hub: FakeHub, state
     assert first > 0
     assert not any(p.endswith((".bin", ".gguf", ".onnx", ".h5", ".msgpack")) for p in hub.file_bytes())
     manifest = json.loads((tmp_path / "o1" / "resumerge-manifest.json").read_text())
-    assert "/snapshots/" in manifest["model_dirs"][REPO]
+    assert re.fullmatch(f"{REPO}@[0-9a-f]{{40}}", manifest["model_dirs"][REPO])  # pinned, no cache path
 
     assert main(["run", str(cfg), str(tmp_path / "o2"), *args]) == 0
     assert _served(hub) == first, "a second merge must not fetch any file again"

@@ -59,15 +59,26 @@ def recipe(merge: Merge, tmp_path_factory: pytest.TempPathFactory) -> Recipe:
 
 
 def _same_as_local(files: dict[str, bytes], recipe: Recipe, url: str) -> None:
-    """Every file byte for byte as the local run wrote it; the recipe record differs only in naming the repo."""
+    """Every file byte for byte as the local run wrote it; the recipe record differs only in naming the repo as
+    the final stage's output and in its places: a folder OUT's relative to OUT, the repo's relative to the
+    intermediate dir's parent (no machine path in either, issue 95)."""
     assert files.keys() == recipe.reference.keys()
     for name, data in files.items():
         if name != RECIPE_MANIFEST_NAME:
             assert data == recipe.reference[name], name
+    assert str(recipe.intermediates.parent) not in files[RECIPE_MANIFEST_NAME].decode()
     ours, local = json.loads(files[RECIPE_MANIFEST_NAME]), json.loads(recipe.reference[RECIPE_MANIFEST_NAME])
     final = next(s for s in ours["stages"] if s["final"])
     assert final["out_dir"] == url and ours["state"] == "done"
     final["out_dir"] = next(s for s in local["stages"] if s["final"])["out_dir"]
+    assert ours["intermediate_dir"] == Path(ours["intermediate_dir"]).name  # the dir's name (a resume's own)
+    assert local["intermediate_dir"] == f"../{recipe.intermediates.name}"
+    for each in (ours, local):
+        for stage in each["stages"]:
+            if not stage["final"]:
+                assert stage["out_dir"] == f"{each['intermediate_dir']}/{stage['name']}"
+        del each["intermediate_dir"]
+        each["stages"] = [{**stage, "out_dir": None} if not stage["final"] else stage for stage in each["stages"]]
     assert ours == local
 
 
@@ -117,16 +128,19 @@ def test_killed_in_the_final_stage_resumes_from_the_repo_alone(hub: HubWriter, r
     shutil.rmtree(recipe.intermediates)
     shutil.rmtree(hf_env, ignore_errors=True)
     outcome = api.resume(url, settings=api.Settings(state_dir=state, hub=api.Hub(commit_every=2, commit_interval=0.2)))
-    assert outcome.target == url and (recipe.intermediates / "mid").is_dir()  # recomputed
+    # recomputed where this machine puts a repo's intermediates: the repo names no folder of the first machine
+    assert outcome.target == url and (default_intermediate_dir(url, StateDir.resolve(state)) / "mid").is_dir()
+    assert not recipe.intermediates.exists()
     _same_as_local(repo_files(hub, "team/killed"), recipe, url)
     sent = {k: v for k, v in hub.puts.items() if k.startswith("team/killed/")}
     assert all(v == 1 for v in sent.values()), f"an object was PUT twice: {sent}"
     assert any(puts.get(k) for k in sent)  # some were sent before the kill, and not again
-    # Status from the repo alone (another machine: no ledger), then from this machine's ledgers.
+    # Status from the repo alone (another machine: no ledger, and none of the stages' folders, which the repo does
+    # not name), then from this machine's ledgers.
     assert main(["status", url, "--state-dir", str(tmp_path / "elsewhere"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "recipe" and doc["source"] == "manifest" and doc["state"] == "done"
-    assert [(s["key"], s["state"]) for s in doc["stages"]] == [("mid", "done"), ("#2", "done")]
+    assert [(s["key"], s["state"]) for s in doc["stages"]] == [("mid", "pending"), ("#2", "done")]
     assert main(["status", url, "--state-dir", str(state), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["source"] == "ledger" and doc["stages_done"] == 2 and doc["stages"][-1]["out_dir"] == url
@@ -150,4 +164,5 @@ def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub
     assert {k: v for k, v in files.items() if k not in records} == \
         {k: v for k, v in recipe.reference.items() if k not in records}
     record = json.loads(files[RECIPE_MANIFEST_NAME])
-    assert record["state"] == "done" and record["intermediate_dir"].startswith(str(second))
+    assert (default_intermediate_dir(url, StateDir.resolve(second)) / "mid").is_dir()
+    assert record["state"] == "done" and record["intermediate_dir"] == mid.parent.name  # no machine's folder

@@ -110,7 +110,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     tied = not any(gguf_name(arch, n) == "output.weight" for n in tensors if n.endswith("lm_head.weight"))
     facts = _facts(arch, out_config, tied)
     wanted = _type_choices(choices)
-    weights = Importance.computed(choices.imatrix) if choices.computed else Importance.read(choices.imatrix)
+    weights = (Importance.computed(choices.imatrix, choices.imatrix_texts) if choices.computed
+               else Importance.read(choices.imatrix))
     entries = place_tensors(tensors, arch, out_config,
                             lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
                                                                  facts=facts, choices=wanted, weights=weights,
@@ -207,9 +208,9 @@ class Importance:
     chunks: int = 0
 
     @classmethod
-    def computed(cls, path: str | None) -> Importance:
+    def computed(cls, path: str | None, texts: str | None) -> Importance:
         assert path is not None, "the API names where a computed matrix goes"
-        return cls(path, later=True)
+        return cls(path, later=True, dataset=texts)
 
     @classmethod
     def read(cls, path: str | None) -> Importance:
@@ -222,10 +223,14 @@ class Importance:
         return cls(path, {name: values.size for name, values in entries.items()}, dataset=dataset, chunks=chunks)
 
     def keys(self) -> list[tuple[str, Value]]:
-        """The ``quantize.imatrix.*`` keys llama-quantize writes for the user's file (none without one; none yet
-        for a matrix computed on the merge)."""
-        if not self.path or self.later:
+        """The ``quantize.imatrix.*`` keys llama-quantize writes for the user's file (none without one); for a
+        matrix computed on the merge (by the run's first phase, after the plan), its name and texts' (base names),
+        its two counts written when the encoding lays the file out (:meth:`GgufFile.layout
+        <resumerge.outputs.containers.GgufFile.layout>`: U32s, so no offset moves)."""
+        if not self.path:
             return []
+        if self.later:
+            return imatrix_keys(self.path, self.dataset, 0, 1)
         return imatrix_keys(self.path, self.dataset, len(self.sizes), self.chunks)
 
     def for_tensor(self, target: str, columns: int, experts: int, ggml_type: int) -> str:

@@ -11,11 +11,13 @@ every file it lists is re-hashed before being trusted.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resumerge.config.modelref import parse_model_ref
 from resumerge.errors import LedgerError
 
 if TYPE_CHECKING:  # a type only: status reads manifests without the sinks' futures and threads
@@ -23,6 +25,37 @@ if TYPE_CHECKING:  # a type only: status reads manifests without the sinks' futu
 
 MANIFEST_NAME = "resumerge-manifest.json"
 FORMAT = 1
+
+# A hub model's folder as this machine's HF cache holds it (``.../models--org--name/snapshots/<sha>``), and a hub
+# model as the manifest publishes it (``org/name@<sha>``: :func:`published_dirs`; both pin the commit on resume).
+_CACHE_SNAPSHOT = re.compile(r"models--([^/]+)/snapshots/([0-9a-f]{40})/?$")
+PUBLISHED_HUB = re.compile(r"[^/@][^@]*@([0-9a-f]{40})")
+_ADAPTER = "#adapter"  # resumerge.inputs.catalog.ADAPTER_SUFFIX: the adapter folder of a ``model+adapter`` input
+
+
+def published_dirs(model_dirs: Mapping[str, str]) -> dict[str, str]:
+    """What a manifest records of a plan's ``model_dirs`` (the folders this machine read, kept in the ledger
+    only): a hub model as its repo id at the pinned commit (``org/name@<sha>``), a local one as the config names
+    it (relative as typed), so that OUT never holds a machine path and the same merge from another folder writes
+    the same bytes. Entries already in that form are kept (a manifest read back and written again)."""
+    return {key: _published(key, folder) for key, folder in model_dirs.items()}
+
+
+def _published(key: str, folder: str) -> str:
+    hub = _CACHE_SNAPSHOT.search(folder)
+    if hub is not None:
+        return f"{hub[1].replace('--', '/')}@{hub[2]}"
+    if PUBLISHED_HUB.fullmatch(folder):
+        return folder
+    model, _, suffix = key.partition("#")
+    try:
+        ref = parse_model_ref(model)
+    except ValueError:  # not a config's reference: the folder's base name alone
+        return Path(folder).name
+    if "#" + suffix == _ADAPTER and ref.lora is not None:
+        return ref.lora.path
+    # Another folder a plan reads (a measurement's Grams): the config names it; its base name says which.
+    return ref.path if not suffix else Path(folder).name
 
 
 @dataclass(frozen=True)
@@ -44,8 +77,9 @@ class Manifest:
     committed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     state: str = "running"
 
-    def to_bytes(self) -> bytes:
-        """Deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
+    def to_bytes(self, published: bool = True) -> bytes:
+        """Deterministic JSON (sorted keys, 2-space indent, trailing newline); ``published`` False: ``model_dirs``
+        as this machine's folders, as resumerge wrote them before they were published (:func:`published_dirs`)."""
         doc = {
             "format": FORMAT,
             "resumerge_version": self.version,
@@ -53,7 +87,7 @@ class Manifest:
             "parts": dict(self.parts),
             "inputs": dict(self.inputs),
             "options": dict(self.options),
-            "model_dirs": dict(self.model_dirs),
+            "model_dirs": published_dirs(self.model_dirs) if published else dict(self.model_dirs),
             "config_text": self.config_text,
             "planned": list(self.planned),
             "shard_sizes": dict(self.shard_sizes),

@@ -29,7 +29,7 @@ import numpy as np
 from resumerge.errors import ModelInputError
 
 __all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_bytes", "imatrix_dat_bytes",
-           "read_imatrix"]
+           "read_imatrix", "with_counts"]
 
 _F32 = 0
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
@@ -171,6 +171,22 @@ def computed_counts(path: str) -> tuple[int, int] | None:
                 file.seek(t.start)
                 tokens = max(tokens, int(np.frombuffer(file.read(t.end - t.start), dtype="<f4").max(initial=0)))
     return int(header.metadata.get("imatrix.chunk_count", 0)), tokens
+
+
+def with_counts(header: bytes, path: str) -> bytes:
+    """A planned GGUF ``header`` with the ``quantize.imatrix.entries_count`` and ``.chunks_count`` llama-quantize
+    writes for the GGUF importance matrix at ``path`` that resumerge computed on the merge (its entries, its
+    ``imatrix.chunk_count``); ``header`` as planned where the matrix is not there yet (a layout's sizes only: the
+    values are U32s, nothing moves) or the header holds no such key (a split file after the first)."""
+    from resumerge.inputs.gguf.header import read_gguf_header
+    from resumerge.outputs.gguf.layout import with_u32
+
+    if not Path(path).is_file():
+        return header
+    matrix = read_gguf_header(Path(path), {_F32: (1, 4)})
+    entries = sum(1 for t in matrix.tensors if t.name.endswith(".in_sum2"))
+    header = with_u32(header, "quantize.imatrix.entries_count", entries)
+    return with_u32(header, "quantize.imatrix.chunks_count", int(matrix.metadata.get("imatrix.chunk_count", 0)))
 
 
 def entry(path: str, name: str, expert: int, columns: int) -> np.ndarray | None:

@@ -101,6 +101,17 @@ def plan_layout(metadata: Sequence[tuple[str, Value]], tensors: Sequence[TensorI
     return GgufLayout(header, tuple(offsets), len(header) + at)
 
 
+def with_u32(header: bytes, key: str, value: int) -> bytes:
+    """``header`` (a :func:`plan_layout` header) with the U32 value of its key ``key`` set to ``value`` (the same
+    length: nothing after it moves); ``header`` as it is where it has no such key."""
+    named = _string(key) + struct.pack("<I", U32)
+    at = header.find(named)
+    if at < 0:
+        return header
+    at += len(named)
+    return header[:at] + struct.pack("<I", value) + header[at + 4:]
+
+
 def shard_layout(header: bytes, parts: Sequence[tuple[str, str, tuple[int, ...]]], file_size: int) -> ShardLayout:
     """The shard writer's layout of a planned GGUF: its ``header``, then each stored part (name, stored dtype,
     shape) in data order, each padded to the alignment (the gaps and the tail are zeros), ``file_size`` in all; the

@@ -27,7 +27,7 @@ from resumerge.inputs.hub.cache import hub_settings
 from resumerge.merge.engine.hubout import HubOutput, open_hub_output
 from resumerge.merge.store.hubrepo import HubRepo, read_file, read_remote_manifest
 from resumerge.merge.store.hubretry import with_retries
-from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord, record_from_doc
+from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME, RecipeRecord, published_record, record_from_doc
 
 
 class RecipeHub:
@@ -51,7 +51,7 @@ class RecipeHub:
 
     def store(self, record: RecipeRecord) -> None:
         """Commit ``record`` as the repo's ``resumerge-recipe.json`` unless the repo already holds these bytes."""
-        data = record.to_bytes()
+        data = published_record(record, self.url).to_bytes()
         if data != self.committed:
             commit_recipe_record(self.output.repo, data, resume=self.output.resume)
             self.committed = data

@@ -3,8 +3,10 @@
 Written atomically into OUT before the first stage runs, it holds the recipe text, the options, the intermediate
 dir, the input directories (hub commits pinned) and every stage's name, output dir, fingerprint and fingerprint
 parts — so ``resumerge resume OUT`` finds the whole recipe from OUT alone, even when the recipe died in its first
-stage and the state dir was lost. Standard library only (``resumerge status`` reads it). No timestamps: the
-same recipe and options give the same bytes.
+stage and the state dir was lost. The ledger keeps this machine's folders; OUT's copy names none
+(:func:`published_record`: the models as the config names them or pinned on the hub, the places relative to OUT),
+and is read back at this machine's places (:func:`located_record`). No timestamps: the same recipe and options, of
+the same models from any folder, give the same bytes.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.errors import LedgerError
 from resumerge.merge.store.durable import write_file_atomic
@@ -142,9 +145,55 @@ def recipe_dir(where: RunLocations) -> Path:
     return where.root / f"recipe-{where.run_dir.name}"
 
 
+def published_record(record: RecipeRecord, out: str | os.PathLike[str]) -> RecipeRecord:
+    """``record`` (this machine's, as the recipe ledger keeps it) as OUT ``out`` holds it: no machine path, so the
+    same recipe of the same models from other folders or state dirs writes the same bytes and an ``hf://`` OUT
+    publishes no home folder. Its models as a merge's manifest records them (:func:`published_dirs`: a hub model
+    as ``org/name@<sha>``, a local one as the config names it), a file option by its base name (the digest beside
+    it: :func:`~resumerge.merge.plan.changes.recorded_options`), and the places of the stages' outputs relative to
+    OUT (``../OUT.intermediates/NAME``; the final stage ``.``), or for a repo OUT, which has no "beside",
+    relative to the intermediate dir's parent (``NAME.intermediates/STAGE``: where a resume finds them is this
+    machine's, :func:`located_record`). A record read back from OUT is published unchanged."""
+    from resumerge.merge.plan.changes import recorded_options
+    from resumerge.merge.plan.merge_plan import PlanOptions
+    from resumerge.merge.store.manifest import published_dirs
+
+    hub = is_hub_target(os.fspath(out))
+    base = Path(record.intermediate_dir).parent if hub else Path(os.fspath(out)).absolute()
+
+    def place(path: str) -> str:
+        return os.path.relpath(path, base) if Path(path).is_absolute() else path
+
+    stages = tuple(s if hub and s.final else replace(s, out_dir=place(s.out_dir)) for s in record.stages)
+    return replace(record, intermediate_dir=place(record.intermediate_dir),
+                   model_dirs=published_dirs(record.model_dirs),
+                   options=recorded_options(PlanOptions(**record.options)), stages=stages)
+
+
+def located_record(record: RecipeRecord, out: str | os.PathLike[str], intermediates: Path | None = None
+                   ) -> RecipeRecord:
+    """``record`` as OUT ``out`` holds it (:func:`published_record`) with its places on this machine: a folder
+    OUT's relative to OUT (wherever OUT is now); a repo OUT's in ``intermediates`` (this state dir's default:
+    nothing of the machine that recorded it is here), or left as read without one. An older record's absolute
+    places are kept."""
+    if is_hub_target(os.fspath(out)):
+        if intermediates is None or Path(record.intermediate_dir).is_absolute():
+            return record
+        stages = tuple(s if s.final or Path(s.out_dir).is_absolute() else
+                       replace(s, out_dir=str(intermediates / Path(s.out_dir).name)) for s in record.stages)
+        return replace(record, intermediate_dir=str(intermediates), stages=stages)
+    base = Path(os.fspath(out)).absolute()
+
+    def here(path: str) -> str:
+        return path if Path(path).is_absolute() else os.path.normpath(base / path)
+
+    return replace(record, intermediate_dir=here(record.intermediate_dir),
+                   stages=tuple(replace(s, out_dir=here(s.out_dir)) for s in record.stages))
+
+
 def write_recipe_manifest(out_dir: Path, record: RecipeRecord) -> None:
-    """Atomically replace ``OUT/resumerge-recipe.json``."""
-    write_file_atomic(out_dir / RECIPE_MANIFEST_NAME, record.to_bytes())
+    """Atomically replace ``OUT/resumerge-recipe.json`` with ``record`` as OUT holds it (:func:`published_record`)."""
+    write_file_atomic(out_dir / RECIPE_MANIFEST_NAME, published_record(record, out_dir).to_bytes())
 
 
 def read_recipe_manifest(out_dir: Path) -> RecipeRecord | None:
@@ -156,7 +205,7 @@ def read_recipe_manifest(out_dir: Path) -> RecipeRecord | None:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LedgerError(f"the recipe record {path} is unreadable ({exc})", path=str(path)) from None
-    return record_from_doc(doc, str(path))
+    return located_record(record_from_doc(doc, str(path)), out_dir)
 
 
 def recipe_ledger_record(path: Path) -> tuple[RecipeRecord, RecipeRow] | None:

@@ -65,6 +65,7 @@ from resumerge.runs.recipes.manifest import (
     RECIPE_MANIFEST_NAME,
     RecipeRecord,
     StageEntry,
+    located_record,
     read_recipe_ledger,
     read_recipe_record,
     recipe_dir,
@@ -350,7 +351,8 @@ class _Runner:
             return
         current = {str(sp.out_dir) for sp in self.rplan.stages}
         for entry in self.previous.stages:
-            if entry.out_dir not in current and not entry.final:
+            # a repo's record names its stages by no folder of this machine (published_record): nothing here to delete
+            if entry.out_dir not in current and not entry.final and Path(entry.out_dir).is_absolute():
                 if overlap(entry.out_dir, model_places(self.rplan.inputs.models)) is not None:
                     # The new recipe reads it by its path: an input now, never deleted.
                     self.ledger.event("restart", f"kept the output of the dropped {entry.label}: the recipe reads it")
@@ -473,7 +475,8 @@ def recipe_changes(previous: RecipeRecord, rplan: RecipePlan) -> list[str]:
     """Sentences for what differs between the recorded recipe and ``rplan``, the first changed stage first
     (with what changed in it); empty when they agree."""
     changes = []
-    if previous.intermediate_dir != str(rplan.intermediate_dir):
+    # a repo's record names no machine's folder (published_record): where its stages go is this machine's choice
+    if Path(previous.intermediate_dir).is_absolute() and previous.intermediate_dir != str(rplan.intermediate_dir):
         changes.append(f"the intermediate dir changed ({previous.intermediate_dir} -> {rplan.intermediate_dir})")
     before = {s.key: s for s in previous.stages}
     now = {sp.stage.key: sp for sp in rplan.stages}
@@ -515,9 +518,11 @@ def _recorded_intermediates(previous: RecipeRecord, out: str | Path,
     machine whose recorded default dir (under the first machine's state dir) is gone uses this state dir's default
     instead: nothing there was kept, the stages are recomputed, and their place is not part of any plan."""
     recorded = Path(previous.intermediate_dir)
-    if not isinstance(out, str) or recorded.exists():
+    if not isinstance(out, str) or (recorded.is_absolute() and recorded.exists()):
         return previous, recorded
     here = default_intermediate_dir(out, where.state)
+    if not recorded.is_absolute():  # the repo's record names no folder of any machine (published_record)
+        return located_record(previous, out, here), here
     if here == recorded or here.name != recorded.name:
         return previous, recorded
     return replace(previous, intermediate_dir=str(here)), here
