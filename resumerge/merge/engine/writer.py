@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from resumerge.errors import ResumergeError
@@ -81,9 +81,14 @@ class FileGroup:
             raise ResumergeError(f"internal: no file of {self.files[0][0].name} expected {name}")
         return all(took)
 
-    def finish(self) -> list[tuple[ShardPlan, tuple[int, str, Receipt]]]:
-        """Each file hashed and published, in order (a stop between two keeps the first committed)."""
-        return [(shard, w.finish()) for shard, w, _ in self.files]
+    def finish(self) -> Iterator[tuple[ShardPlan, tuple[int, str, Receipt]]]:
+        """Each file hashed and published, in order, each as it is asked for: the caller records one before the
+        next is published (a kill between two keeps the first committed)."""
+        while self.files:
+            shard, w, _ = self.files[0]
+            found = w.finish()
+            del self.files[0]  # published: never aborted after
+            yield shard, found
 
     def abort(self) -> None:
         for _, w, _ in self.files:
@@ -160,8 +165,9 @@ class Writer(threading.Thread):
     def _open(self, shard: ShardPlan) -> FileGroup:
         """The writers of ``shard`` and the files written with it, made at its first tensor."""
         if self._current is None:
-            self._current = FileGroup([(m, self._file(m), self.plan.shard_parts(m))
-                                       for m in self.members.get(shard.name, (shard,))])
+            self._current = FileGroup([])
+            for member in self.members.get(shard.name, (shard,)):  # each made in turn: all aborted on a failure
+                self._current.files.append((member, self._file(member), self.plan.shard_parts(member)))
             self._shard_since = time.monotonic()
         return self._current
 
@@ -189,16 +195,12 @@ class Writer(threading.Thread):
         elif not self._inputs_checked(shard):
             self.abort()
             return False
-        group, self._current = self._current, None
-        try:
-            for member, (size, sha, receipt) in group.finish():
-                # every tensor is in it (a file written in place: some kept)
-                self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
-                                    tensors=member.tensors)
-                self.reporter.file_done(member.name, "shard")
-        except BaseException:
-            self._current = group  # what is not finished yet is aborted with the run
-            raise
+        for member, (size, sha, receipt) in self._current.finish():
+            # every tensor is in it (a file written in place: some kept)
+            self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
+                                tensors=member.tensors)
+            self.reporter.file_done(member.name, "shard")
+        self._current = None
         return True
 
     def _inputs_checked(self, shard: ShardPlan) -> bool:
