@@ -77,9 +77,9 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
     if given.get("gguf_type") is not None:
         kinds = gguf_types(given["gguf_type"])
         out["gguf_type"] = ",".join(kinds)
-        for kind in kinds:
-            if kind not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
-                raise UsageError(f"--gguf-type {given['gguf_type']}: {kind} is not one of {', '.join(GGUF_TYPES)} "
+        for each in kinds:
+            if each not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
+                raise UsageError(f"--gguf-type {given['gguf_type']}: {each} is not one of {', '.join(GGUF_TYPES)} "
                                  "(or give a comma list of them: one file per type)")
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if out.get("gguf_type", DEFAULT_GGUF_TYPE) != DEFAULT_GGUF_TYPE:

@@ -504,7 +504,7 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     writer.start()
     skipped = _skipped(plan, members, kept)
     if batches is None:
-        order = tuple(s for s in order if s.name in members and members[s.name])
+        order = tuple(s for s in order if members.get(s.name))
         for shard in order:  # every unit kept: the writer commits them before any other shard
             if shard.tensors and all(n in skipped for n in shard.tensors):
                 writer.items.put((shard, (), [], None))

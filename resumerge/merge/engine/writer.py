@@ -72,7 +72,7 @@ class FileGroup:
         """The tensor some file needs next, or None when every file is written."""
         return next((name for _, w, _ in self.files if (name := w.expected_name) is not None), None)
 
-    def write(self, name: str, tensor: Mapping[str, torch.Tensor]) -> bool:
+    def write(self, name: str, tensor: Stored) -> bool:
         """Each file's parts of ``tensor`` (whole or its next rows) written to every file whose next tensor it is;
         True once all its bytes are written."""
         took = [w.write(name, {p: tensor[p] for p in parts[name]}) for _, w, parts in self.files
@@ -178,7 +178,7 @@ class Writer(threading.Thread):
         kept = self.kept.get(shard.name)
         self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
         if kept is not None and self.units is not None:
-            units = [Unit(i, start, end, tensors) for i, (start, end, tensors) in enumerate(self.plan.file_units(shard))]
+            units = [Unit(i, start, end, names) for i, (start, end, names) in enumerate(self.plan.file_units(shard))]
             journal, name = self.units, shard.name
             return UnitFileWriter(self.sink, name, layout, parts, units, kept,
                                   lambda index, sha: journal.commit_unit(name, index, sha),

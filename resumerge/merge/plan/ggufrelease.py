@@ -12,10 +12,11 @@ keeps its own units, journaled on their own, so each resumes on its own.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.codecs import TensorEncoder
 from resumerge.inputs.safetensors_format import numel
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufFile, GgufRelease
@@ -58,6 +59,6 @@ def release_output(release: GgufRelease, name: str | None, single: Callable[[Ggu
     return tuple(shards), placed, replace(release, headers=headers, facts=tuple(facts))
 
 
-def _codecs(singles: list[Single], name: str) -> list[object]:
+def _codecs(singles: list[Single], name: str) -> list[TensorEncoder]:
     """Each file's codec of output tensor ``name``."""
     return [placed[name].out_codec for _, placed, _ in singles]
