@@ -75,7 +75,7 @@ class StatusReport:
     units_total: int = 0
     units_done: int = 0
     # Where several files are written in place together (a GGUF release): each one's (name, units done, units),
-    # in file order, those of a committed file all done; empty for one file.
+    # as the ledger lists them (by name), those of a committed file all done; empty for one file.
     unit_files: tuple[tuple[str, int, int], ...] = ()
     last_error: str | None = None
     peak_rss: int | None = None
