@@ -79,8 +79,9 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
         out["gguf_type"] = ",".join(kinds)
         for each in kinds:
             if each not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
-                raise UsageError(f"--gguf-type {given['gguf_type']}: {each} is not one of {', '.join(GGUF_TYPES)} "
-                                 "(or give a comma list of them: one file per type)")
+                which = f"{each} is not " if len(kinds) > 1 else ""
+                raise UsageError(f"--gguf-type {given['gguf_type']}: {which}one of {', '.join(GGUF_TYPES)} (or a "
+                                 "comma list of them: one file per type)")
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if out.get("gguf_type", DEFAULT_GGUF_TYPE) != DEFAULT_GGUF_TYPE:
         set_.insert(0, "--gguf-type")

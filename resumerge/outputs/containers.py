@@ -81,8 +81,9 @@ class OutputContainer:
     writing: ClassVar[str] = "the merge"
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
-        """The byte layout of output file ``file`` holding the stored ``parts`` (in data order) in ``file_size``
-        bytes, as the writer must produce it."""
+        """The byte layout of output file ``file`` holding the stored ``parts`` (in data order; those of every file
+        written with it, in a GGUF release: :meth:`parts_in`) in ``file_size`` bytes, as the writer must produce
+        it."""
         return layout_shard({name: (dtype, shape) for name, dtype, shape in parts})
 
     def parts_in(self, file: str, parts: tuple[OutPart, ...]) -> tuple[OutPart, ...]:
@@ -262,6 +263,11 @@ class GgufRelease(GgufFile):
     def file_names(self) -> tuple[str, ...]:
         """The release's files, one per type in order: ``STEM-TYPE.gguf``, the type as llama.cpp spells it."""
         return tuple(f"{self.stem}-{kind.upper()}.gguf" for kind in self.gguf_types)
+
+    def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
+        from resumerge.outputs.gguf.releasecodec import parts_of_file
+
+        return super().layout(file, parts_of_file(file, parts, lambda p: p[0]), file_size)
 
     def parts_in(self, file: str, parts: tuple[OutPart, ...]) -> tuple[OutPart, ...]:
         from resumerge.outputs.gguf.releasecodec import parts_of_file

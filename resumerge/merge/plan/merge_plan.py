@@ -351,13 +351,8 @@ class Plan:
 
     def shard_layout(self, shard: ShardPlan) -> ShardLayout:
         """The byte layout of ``shard`` (header and data order), as the writer must produce it."""
-        parts = [(p.name, p.dtype, p.shape) for n in shard.tensors for p in self.file_parts(shard, n)]
+        parts = [(p.name, p.dtype, p.shape) for n in shard.tensors for p in self.tensors[n].stored_parts()]
         return self.container.layout(shard.name, parts, shard.file_size)
-
-    def file_parts(self, shard: ShardPlan, name: str) -> tuple[OutPart, ...]:
-        """The stored parts of output tensor ``name`` that ``shard`` holds: all of them, but in a file written
-        together with others (a GGUF release: :meth:`~resumerge.outputs.containers.OutputContainer.parts_in`)."""
-        return self.container.parts_in(shard.name, self.tensors[name].stored_parts())
 
     def file_units(self, shard: ShardPlan) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
         """The units ``shard`` is written and journaled in, as (first byte, end byte, output tensors): the header
@@ -372,7 +367,7 @@ class Plan:
         for count in shard.units:
             names = shard.tensors[at:at + count]
             at += count
-            starts.append(data + min(where[p.name] for p in self.file_parts(shard, names[0])))
+            starts.append(data + min(where[p.name] for p in self.tensors[names[0]].stored_parts() if p.name in where))
             groups.append(names)
         ends = [*starts[1:], shard.file_size]
         return ((0, data, ()), *((s, e, g) for s, e, g in zip(starts, ends, groups, strict=True)))
@@ -386,7 +381,8 @@ class Plan:
 
     def shard_parts(self, shard: ShardPlan) -> dict[str, tuple[str, ...]]:
         """The stored parts of each output tensor of ``shard`` (its layout's names), in the shard's order."""
-        return {n: tuple(p.name for p in self.file_parts(shard, n)) for n in shard.tensors}
+        return {n: tuple(p.name for p in self.container.parts_in(shard.name, self.tensors[n].stored_parts()))
+                for n in shard.tensors}  # all of them, but in files written together (a GGUF release's)
 
     @property
     def weight_map(self) -> dict[str, str]:
