@@ -83,6 +83,11 @@ def test_a_release_killed_in_its_second_file_resumes_with_every_file_s_bytes(
     assert cli_here("resume", out, "--state-dir", state).returncode == 0
     assert _gguf_digests(out) == alone
     assert api.verify(out, settings=api.Settings(state_dir=state)).ok
+    data = bytearray((out / FILES[1]).read_bytes())  # verify names the file of a release that differs
+    data[-100] ^= 1
+    (out / FILES[1]).write_bytes(bytes(data))
+    report = json.loads(cli_here("verify", out, "--state-dir", state, "--json").stdout)
+    assert [d["name"] for d in report["damaged"]] == [FILES[1]]
 
 
 class _Written:
