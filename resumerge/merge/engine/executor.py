@@ -499,8 +499,9 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # Results written from the buffers they were computed in, which come back to the workspaces (bufferpool): the
     # idle ones kept are at most one worker's share of what the workspaces may keep.
     pool = BufferPool(workspace_bytes(_work_budget(governor, gpu), workers))
+    # (a cluster node's batches are the driver's to choose: each shard written alone there, a release's files too)
     writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept, pool=pool,
-                    members=members)
+                    members=members if batches is None else None)
     writer.start()
     skipped = _skipped(plan, members, kept)
     if batches is None:
