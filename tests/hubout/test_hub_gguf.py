@@ -1,6 +1,7 @@
 """A GGUF output (``--out-type gguf``, one file, gguf-split's files or a release of several types) to an ``hf://``
-OUT: the repo holds the bytes a local run writes, each split file its own upload, committed whole (no unit of it is journaled, and the run says
-so); killed among the split files' uploads or between commits, it resumes on a fresh machine to the same repo."""
+OUT: the repo holds the bytes a local run writes, each split file its own upload, committed whole (no unit of it is
+journaled, and the run says so); killed among the split files' uploads or between commits, it resumes on a fresh
+machine to the same repo."""
 
 from __future__ import annotations
 
