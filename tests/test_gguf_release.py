@@ -181,3 +181,18 @@ def test_a_release_of_a_mixture_of_experts_writes_each_expert_s_slice_into_every
     api.run(merge, release, settings=api.Settings(state_dir=tmp_path / "s-release",
                                                   output=api.Output(out_type="gguf", gguf_type="q8_0,f16")))
     assert _gguf_digests(release) == alone  # named after the config's name:
+
+
+def test_plan_counts_a_release_s_inputs_read_and_tensors_computed_once(tmp_path: Path) -> None:
+    config = linear_llama_config(tmp_path)
+
+    def planned(types: str) -> dict[str, object]:
+        done = cli_here("plan", config, tmp_path / "out", "--out-type", "gguf", "--gguf-type", types,
+                        "--probe-size", "0", "--json")
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    alone, release = planned("q8_0"), planned(",".join(TYPES))
+    assert release["shards"] == list(FILES)
+    assert release["time"]["read_bytes"] == alone["time"]["read_bytes"]  # type: ignore[index]
+    assert release["time"]["compute"][0]["tensors"] == alone["time"]["compute"][0]["tensors"]  # type: ignore[index]
