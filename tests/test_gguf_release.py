@@ -152,6 +152,7 @@ def test_a_release_computes_its_importance_matrix_once_for_every_file(tmp_path: 
     assert status["phase"]["of"] == 2  # one importance pass, then the merge writing both files
 
 
+@pytest.mark.slow  # three runs of a generated Mixtral (as test_gguf_moe's own Mixtral merge, also slow)
 def test_a_release_of_a_mixture_of_experts_writes_each_expert_s_slice_into_every_file(tmp_path: Path) -> None:
     """Mixtral's experts saved one by one, each merged alone and written as its slice of each file's stacks."""
     from realmodel import smollm2_folder
