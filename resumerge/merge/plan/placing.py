@@ -47,27 +47,30 @@ def place_files(container: OutputContainer, shards: tuple[ShardPlan, ...], tenso
 
 
 def _gguf(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> Placed:
-    from resumerge.merge.plan.ggufout import gguf_output
-
     gguf: GgufFile = container
-    shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order), gguf,
-                                          placing.template(), last=placing.last, unit_size=placing.unit_size,
-                                          keys=placing.gguf_keys)
+    shards, placed, headers = _laid_out(tensors, placing)(gguf)
     return shards, placed, replace(gguf, headers=headers)
 
 
 def _release(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> Placed:
-    from resumerge.merge.plan.ggufout import gguf_output
     from resumerge.merge.plan.ggufrelease import release_output
 
-    template = placing.template()
+    name = placing.name or placing.gguf_keys.get("general.name")
+    return release_output(container, None if name is None else str(name), _laid_out(tensors, placing))
+
+
+def _laid_out(tensors: dict[str, TensorPlan], placing: Placing
+              ) -> Callable[[GgufFile], tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]]:
+    """How ``tensors`` are laid out in one GGUF file (or gguf-split's files) of a given type and split."""
+    from resumerge.merge.plan.ggufout import gguf_output
+
+    template = placing.template()  # asked once: a release lays out a file per type
 
     def single(gguf: GgufFile) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
         return gguf_output(tensors, placing.out_config, placing.models, list(placing.order), gguf, template,
                            last=placing.last, unit_size=placing.unit_size, keys=placing.gguf_keys)
 
-    name = placing.name or placing.gguf_keys.get("general.name")
-    return release_output(container, None if name is None else str(name), single)
+    return single
 
 
 # The containers whose files are laid out otherwise than as safetensors shards, by name.
