@@ -10,7 +10,7 @@ The merged value is encoded into every file before it is dropped: no float copy 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from math import lcm
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -30,12 +30,7 @@ def file_part(file: str, name: str) -> str:
     return f"{file}{_SEP}{name}"
 
 
-def part_file(stored: str) -> str:
-    """The file of the release's stored part ``stored`` (:func:`file_part`)."""
-    return stored.partition(_SEP)[0]
-
-
-def parts_of_file(file: str, parts: Sequence[_P], name_of: Any) -> list[_P]:
+def parts_of_file(file: str, parts: Sequence[_P], name_of: Callable[[_P], str]) -> list[_P]:
     """Those of ``parts`` (each named by ``name_of(part)``) stored in file ``file`` of a release."""
     prefix = file + _SEP
     return [p for p in parts if name_of(p).startswith(prefix)]
