@@ -32,11 +32,27 @@ def _gguf_type(given: Mapping[str, Any]) -> None:
     """A GGUF output's ``--gguf-type`` checked (exit 2, before any work): one of llama-quantize's file types that
     resumerge does not write yet is named as such, and a mix llama.cpp's quantizer refuses without an importance
     matrix (Q2_K_S) is refused without ``--imatrix`` or ``--imatrix-texts``."""
-    from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
-
-    mix = str(given.get("gguf_type") or "f16").lower()
     if given.get("out_type") != "gguf":
         return
+    kinds = gguf_types(given.get("gguf_type"))
+    if len(kinds) > 1 and given.get("gguf_split_max_size") is not None:
+        raise UsageError(f"--gguf-type {','.join(kinds)} with --gguf-split-max-size: a release of several types is "
+                         "written as one file per type, not split yet", hint="give one type to split its file")
+    if len(set(kinds)) < len(kinds):
+        raise UsageError(f"--gguf-type {','.join(kinds)}: a type given twice (one file per type)")
+    for mix in kinds:
+        _one_type(mix, given)
+
+
+def gguf_types(given: object) -> list[str]:
+    """The types ``--gguf-type`` names (one, or a comma list: a release of one file per type), lower-cased."""
+    return [kind.strip() for kind in str(given or DEFAULT_GGUF_TYPE).lower().split(",")]
+
+
+def _one_type(mix: str, given: Mapping[str, Any]) -> None:
+    """One type of ``--gguf-type`` checked: see :func:`_gguf_type`."""
+    from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
+
     if mix in NOT_YET:
         needs = ", which llama.cpp's quantizer writes only with an importance matrix," if NOT_YET[mix] else ""
         raise UsageError(f"--gguf-type {mix}: llama-quantize's {mix.upper()}{needs} is not a type resumerge writes "
@@ -59,9 +75,13 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     if given.get("gguf_type") is not None:
-        out["gguf_type"] = str(given["gguf_type"]).lower()
-        if out["gguf_type"] not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
-            raise UsageError(f"--gguf-type {given['gguf_type']}: one of {', '.join(GGUF_TYPES)}")
+        kinds = gguf_types(given["gguf_type"])
+        out["gguf_type"] = ",".join(kinds)
+        for each in kinds:
+            if each not in MIXES:  # the CLI's GGUF_TYPES, and f32 for a notebook
+                which = f"{each} is not " if len(kinds) > 1 else ""
+                raise UsageError(f"--gguf-type {given['gguf_type']}: {which}one of {', '.join(GGUF_TYPES)} (or a "
+                                 "comma list of them: one file per type)")
     set_ = [flag for name, flag in _GGUF_CHOICES.items() if given.get(name)]
     if out.get("gguf_type", DEFAULT_GGUF_TYPE) != DEFAULT_GGUF_TYPE:
         set_.insert(0, "--gguf-type")
@@ -121,7 +141,7 @@ def _imatrix_texts(given: Mapping[str, Any]) -> str:
         raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
                          "file llama-imatrix wrote, or texts to compute it on the merge from)")
     mix = str(given.get("gguf_type") or "f16")
-    if mix not in MIXES or MIXES[mix].default not in WEIGHTED:
+    if not any(kind in MIXES and MIXES[kind].default in WEIGHTED for kind in gguf_types(mix)):
         raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
                          hint="give a K-quant mix (q2_k ... q6_k), iq4_nl, iq4_xs or q4_0, q4_1, q5_0, q5_1")
     path = Path(given["imatrix_texts"]).expanduser().resolve()

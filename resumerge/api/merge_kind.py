@@ -171,8 +171,8 @@ def numpy_encoders_note(options: PlanOptions) -> str | None:
     from resumerge.outputs.gguf import jit
     from resumerge.outputs.gguf.encoders import SEARCHED
 
-    mix = MIXES.get(options.gguf_type)
-    if options.out_type != "gguf" or mix is None or mix.default not in SEARCHED or jit.numba_module() is not None:
+    searched = [k for k in options.gguf_type.split(",") if k in MIXES and MIXES[k].default in SEARCHED]
+    if options.out_type != "gguf" or not searched or jit.numba_module() is not None:
         return None
-    return (f"{options.gguf_type} is encoded by numpy: numba is not installed here (pip install numba, or the "
+    return (f"{','.join(searched)} is encoded by numpy: numba is not installed here (pip install numba, or the "
             "kquants extra, writes the same bytes in about a third of the CPU)")

@@ -84,6 +84,11 @@ def show_status(report: StatusReport, stream: TextIO | None = None, *, width: in
 
         show_field(out, "phase", phase_line(report.phase))
     out.print(table)
+    if report.unit_files and merged:  # several files written in place together (a GGUF release): each one's units
+        from resumerge.merge.store.statusview import file_line
+
+        for file in report.unit_files:
+            show_field(out, "file", file_line(file))
     for label, text in details.rows if details is not None else ():  # what the kind of run adds
         show_field(out, label, text)
     if report.peak_rss or report.budget:

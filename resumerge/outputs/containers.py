@@ -15,9 +15,12 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
+
+if TYPE_CHECKING:
+    from resumerge.inputs.codecs.protocol import OutPart
 
 # A stored part of an output file as a layout places it: (stored name, safetensors dtype, shape).
 Part = tuple[str, str, tuple[int, ...]]
@@ -78,9 +81,20 @@ class OutputContainer:
     writing: ClassVar[str] = "the merge"
 
     def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
-        """The byte layout of output file ``file`` holding the stored ``parts`` (in data order) in ``file_size``
-        bytes, as the writer must produce it."""
+        """The byte layout of output file ``file`` holding the stored ``parts`` (in data order; those of every file
+        written with it, in a GGUF release: :meth:`parts_in`) in ``file_size`` bytes, as the writer must produce
+        it."""
         return layout_shard({name: (dtype, shape) for name, dtype, shape in parts})
+
+    def parts_in(self, file: str, parts: tuple[OutPart, ...]) -> tuple[OutPart, ...]:
+        """Those of an output tensor's stored ``parts`` that file ``file`` holds: all of them, but in files one
+        computation writes together (:meth:`lead`)."""
+        return parts
+
+    def lead(self, file: str) -> str:
+        """The file whose computation writes file ``file`` too, each tensor computed once for both (``file``
+        itself, but in a GGUF release: its first file, each file holding its own parts of every tensor)."""
+        return file
 
     def fingerprint_extras(self) -> dict[str, Any]:
         """What the plan's fingerprint records of the container beyond its tensors and shards (nothing for
@@ -187,6 +201,8 @@ class GgufFile(OutputContainer):
     @classmethod
     def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
                ) -> OutputContainer:
+        if "," in gguf_type:  # a list of types: a release, one file of each
+            return GgufRelease(gguf_type, split_max_size, choices)
         return cls(gguf_type, split_max_size, choices)
 
     def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
@@ -229,6 +245,60 @@ class GgufFile(OutputContainer):
     @classmethod
     def holds(cls, files: Iterable[str]) -> bool:
         return any(name.endswith(".gguf") for name in files)
+
+
+@dataclass(frozen=True)
+class GgufRelease(GgufFile):
+    """``--gguf-type`` given a list (``q8_0,q6_k,q4_k_m``): one GGUF file of each type, named as publishers name
+    them (``NAME-Q4_K_M.gguf``), each holding the bytes a run of that type alone writes, all written from one
+    computation of each tensor (:mod:`resumerge.outputs.gguf.releasecodec`): the first file's pass writes every
+    file, each its own stored parts. ``headers`` by file, as a single file's; ``facts``: each file's (name, type,
+    size, bits per weight), for the card."""
+
+    name: ClassVar[str] = "gguf-release"
+
+    stem: str = "model"
+    facts: tuple[tuple[str, str, int, float], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def gguf_types(self) -> tuple[str, ...]:
+        """The types of the release, in the order given."""
+        return tuple(self.gguf_type.split(","))
+
+    def file_names(self) -> tuple[str, ...]:
+        """The release's files, one per type in order: ``STEM-TYPE.gguf``, the type as llama.cpp spells it."""
+        return tuple(f"{self.stem}-{kind.upper()}.gguf" for kind in self.gguf_types)
+
+    def layout(self, file: str, parts: Sequence[Part], file_size: int) -> ShardLayout:
+        from resumerge.outputs.gguf.releasecodec import parts_of_file
+
+        return super().layout(file, parts_of_file(file, parts, lambda p: p[0]), file_size)
+
+    def parts_in(self, file: str, parts: tuple[OutPart, ...]) -> tuple[OutPart, ...]:
+        from resumerge.outputs.gguf.releasecodec import parts_of_file
+
+        return tuple(parts_of_file(file, parts, lambda p: p.name))
+
+    def lead(self, file: str) -> str:
+        return self.file_names()[0]
+
+    def files_fact(self) -> str | None:
+        return f"{len(self.gguf_types)} GGUF files, one per type ({', '.join(self.file_names())})"
+
+    def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
+        from resumerge.inputs.gguf.names import ARCH_OF
+        from resumerge.memory.sizes import format_size
+
+        model_type = str(out_config.get("model_type"))
+        weighted = self._importance_line()
+        return ["## GGUF", "",
+                f"Written for llama.cpp as {len(self.facts)} files, one per type (`--gguf-type {self.gguf_type}`), "
+                f"each the bytes a run of its type alone writes: architecture `{ARCH_OF.get(model_type, model_type)}`"
+                ", norms, 1-D tensors and routers F32.", "",
+                "| file | type | size | bits per weight |", "|---|---|---|---|",
+                *(f"| `{file}` | {kind.upper()} | {format_size(size)} | {bpw:.2f} |"
+                  for file, kind, size, bpw in self.facts), "",
+                *([weighted, ""] if weighted else [])]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""A GGUF output (``--out-type gguf``, one file or gguf-split's files) to an ``hf://`` OUT: the repo holds the bytes
-a local run writes, each split file its own upload, committed whole (no unit of it is journaled, and the run says
-so); killed among the split files' uploads or between commits, it resumes on a fresh machine to the same repo."""
+"""A GGUF output (``--out-type gguf``, one file, gguf-split's files or a release of several types) to an ``hf://``
+OUT: the repo holds the bytes a local run writes, each split file its own upload, committed whole (no unit of it is
+journaled, and the run says so); killed among the split files' uploads or between commits, it resumes on a fresh
+machine to the same repo."""
 
 from __future__ import annotations
 
@@ -57,3 +58,24 @@ def test_a_split_gguf_output_to_the_hub_killed_resumes_on_a_fresh_machine(hub: H
         api.resume(f"hf://{repo}", settings=api.Settings(state_dir=tmp_path / f"fresh-{point}",
                                                          hub=api.Hub(commit_every=2)))
         assert repo_files(hub, repo) == reference, point
+
+
+def test_a_gguf_release_to_the_hub_equals_a_local_run_killed_or_not(hub: HubWriter, tmp_path: Path,
+                                                                    hf_env: Path) -> None:
+    config = linear_llama_config(tmp_path)
+    output = api.Output(out_shard_size="1GB", out_type="gguf", gguf_type="q8_0,q4_k_m")
+    local = tmp_path / "local"
+    api.run(config, local, settings=api.Settings(state_dir=tmp_path / "s0", output=output))
+    reference = as_on_the_hub({p.name: p.read_bytes() for p in sorted(local.iterdir()) if p.is_file()})
+    assert sorted(n for n in reference if n.endswith(".gguf")) == ["model-Q4_K_M.gguf", "model-Q8_0.gguf"]
+    api.run(config, "hf://alice/release", settings=api.Settings(state_dir=tmp_path / "s1", output=output))
+    assert repo_files(hub, "alice/release") == reference
+    # killed once the first file is uploaded, the second not yet: a fresh machine's resume ends with the same repo
+    flags = ["--out-shard-size", "1GB", "--out-type", "gguf", "--gguf-type", "q8_0,q4_k_m", "--quiet"]
+    killed = cli("run", config, "hf://alice/killed", "--state-dir", tmp_path / "s2", *flags,
+                 env={"RESUMERGE_KILL_AT": "hub_after_upload:1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    shutil.rmtree(tmp_path / "s2")
+    shutil.rmtree(hf_env, ignore_errors=True)
+    api.resume("hf://alice/killed", settings=api.Settings(state_dir=tmp_path / "s3"))
+    assert repo_files(hub, "alice/killed") == reference

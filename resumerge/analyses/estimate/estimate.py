@@ -185,8 +185,9 @@ def estimate(
     # Nothing pending (a finished merge): no sample is read and no method is timed. A helper process times a
     # sample timed by its thread's CPU while this one estimates the rest, and any other once the rest is done (see
     # start_compute; the memory is read before: the sample's buffers are not another process's for the run).
-    compute_groups = (start_compute(plan, pending, max_seconds=measuring.compute_budget, workers=workers,
-                                    side=torch_side, resources=prepared.resources) if pending else tuple)
+    compute_groups = (start_compute(plan, computed_once(plan, pending), max_seconds=measuring.compute_budget,
+                                    workers=workers, side=torch_side, resources=prepared.resources)
+                      if pending else tuple)
     staging_dir = _staging_dir(settings.staging, out, state)
     output = _output_size(plan, config_text, out, committed, staging_dir, pending, to_hub)
     fetch = plan_fetch(plan, inputs, max_disk=max_disk) if choose_inputs else ()
@@ -436,15 +437,30 @@ def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
             + " or ".join(fixes))
 
 
+def computed_once(plan: Plan, pending: Sequence[Any]) -> list[Any]:
+    """Those of the ``pending`` shards that are computed: one of the files one computation writes together (a GGUF
+    release's; :meth:`~resumerge.outputs.containers.OutputContainer.lead`), every shard of any other output."""
+    leads: set[str] = set()
+    found = []
+    for shard in pending:
+        lead = plan.container.lead(shard.name)
+        if lead not in leads:
+            leads.add(lead)
+            found.append(shard)
+    return found
+
+
 def _time(plan: Plan, pending: Sequence[Any], output: OutputSize, downloads: Mapping[str, ModelDownload],
           committed: Mapping[str, int], speed: DiskSpeed | None, probe_bytes: int,
           compute: Sequence[ComputeGroup] = (), to_hub: bool = False) -> TimeEstimate:
     notes = compute_lines(list(compute))
     method_of = plan.method_of
     tensors = plan.tensors
-    read_bytes = sum(_read_share(method_of(tp), tp) for s in pending for tp in map(tensors.__getitem__, s.tensors))
+    computed = computed_once(plan, pending)
+    read_bytes = sum(_read_share(method_of(tp), tp) for s in computed for tp in map(tensors.__getitem__, s.tensors))
     # NVFP4's group-scale pass: each fused group's members merged (their inputs read) once more first
-    again = [tensors[m] for g in measured_before(tensors, (n for s in pending for n in s.tensors)).values() for m in g]
+    again = [tensors[m] for g in measured_before(tensors, (n for s in computed for n in s.tensors)).values()
+             for m in g]
     if again:
         more = sum(_read_share(method_of(tp), tp) for tp in again)
         read_bytes += more

@@ -89,6 +89,32 @@ def _tensors_of(plan: Plan, shards: Iterable[ShardPlan],
                 yield shard, plan.tensors[name]
 
 
+def _members(plan: Plan, done: Collection[str]) -> dict[str, tuple[ShardPlan, ...]]:
+    """For each file that leads a computation (:meth:`~resumerge.outputs.containers.OutputContainer.lead`: every
+    file, but in a GGUF release its first), the files it writes that are not ``done`` (none: all committed)."""
+    members: dict[str, list[ShardPlan]] = {}
+    for shard in plan.shards:
+        group = members.setdefault(plan.container.lead(shard.name), [])
+        if shard.name not in done:
+            group.append(shard)
+    return {lead: tuple(group) for lead, group in members.items()}
+
+
+def _skipped(plan: Plan, members: Mapping[str, Sequence[ShardPlan]],
+             kept: Mapping[str, frozenset[int]]) -> frozenset[str]:
+    """The tensors not computed again: in a unit a previous run kept of every file still pending that holds
+    them."""
+    skipped: set[str] = set()
+    for group in members.values():
+        found: set[str] | None = None
+        for shard in group:
+            kept_here = {n for i, (_, _, names) in enumerate(plan.file_units(shard))
+                         if i in kept.get(shard.name, ()) for n in names}
+            found = kept_here if found is None else found & kept_here
+        skipped |= found or set()
+    return frozenset(skipped)
+
+
 class _SizedUnits:
     """Each tensor's mode and admitted estimate (:func:`unit_mode`, :func:`unit_bytes`) under one run's budget,
     device and kernels' threads, worked out once per class of tensors (:func:`sizing_key`: every estimate of
@@ -468,17 +494,20 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
     kept = dict(kept or {})
+    # Files one computation writes together (a GGUF release's): computed once, by their lead, while any is pending.
+    members = _members(plan, done)
     # Results written from the buffers they were computed in, which come back to the workspaces (bufferpool): the
     # idle ones kept are at most one worker's share of what the workspaces may keep.
     pool = BufferPool(workspace_bytes(_work_budget(governor, gpu), workers))
-    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept, pool=pool)
+    # (a cluster node's batches are the driver's to choose: each shard written alone there, a release's files too)
+    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept, pool=pool,
+                    members=members if batches is None else None)
     writer.start()
-    skipped = frozenset(n for shard in plan.shards if kept.get(shard.name)
-                        for i, (_, _, names) in enumerate(plan.file_units(shard)) if i in kept[shard.name]
-                        for n in names)
+    skipped = _skipped(plan, members, kept)
     if batches is None:
+        order = tuple(s for s in order if members.get(s.name))
         for shard in order:  # every unit kept: the writer commits them before any other shard
-            if shard.name not in done and shard.tensors and all(n in skipped for n in shard.tensors):
+            if shard.tensors and all(n in skipped for n in shard.tensors):
                 writer.items.put((shard, (), [], None))
     pipeline = _Pipeline(plan, sources, writer, governor, workers, computing.should_stop, computing.resources, gpu,
                          yield_cpu)
@@ -487,7 +516,7 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     gc.freeze()
     try:
         if batches is None:
-            finished = pipeline.run(_tensors_of(plan, (s for s in order if s.name not in done), skipped))
+            finished = pipeline.run(_tensors_of(plan, order, skipped))
         else:
             finished = all(pipeline.run(_tensors_of(plan, batch, skipped)) for batch in batches)
     except KeyboardInterrupt as exc:

@@ -55,5 +55,8 @@ class HubDiskNeed:
 
 def hub_disk_need(plan: Plan, max_disk: int | None) -> HubDiskNeed:
     """The local disk merging ``plan`` into a hub repo needs, under ``max_disk``."""
-    sizes = [s.file_size for s in plan.shards]
-    return HubDiskNeed(sum(sizes), max(sizes, default=0), max_disk)
+    together: dict[str, int] = {}  # files one computation writes are staged together (a GGUF release's)
+    for shard in plan.shards:
+        lead = plan.container.lead(shard.name)
+        together[lead] = together.get(lead, 0) + shard.file_size
+    return HubDiskNeed(sum(together.values()), max(together.values(), default=0), max_disk)

@@ -21,6 +21,7 @@ from resumerge.config.locations import StateDir
 from resumerge.config.settings import HubOutputOptions
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
 from resumerge.memory import format_size
+from resumerge.merge.engine.hubdisk import hub_disk_need
 from resumerge.merge.engine.outdir import Recording, record_plan
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.store.hubrepo import (
@@ -61,7 +62,7 @@ class HubOutput:
         if not self.exists:
             raise ResumergeError(f"internal: {self.url} is written before it was created")
         check_max_disk(plan, max_disk)
-        reserve = max((s.file_size for s in plan.shards), default=0)
+        reserve = hub_disk_need(plan, max_disk).largest_file  # the files staged at once (a release's together)
         return HubRepoSink(self.repo, run_dir / "staging", planned=planned, resume=self.resume,
                            batching=self.options.batching, max_disk=max_disk, reserve=reserve, head=self.head,
                            should_stop=should_stop, tell=tell)
@@ -118,10 +119,13 @@ def open_hub_output(out: str, *, state: StateDir,
 
 
 def check_max_disk(plan: Plan, max_disk: int | None) -> None:
-    """Refuse (exit 2) a ``--max-disk`` smaller than the largest planned shard: it could never be staged."""
-    largest = max((s.file_size for s in plan.shards), default=0)
+    """Refuse (exit 2) a ``--max-disk`` smaller than the largest planned shard (a GGUF release: its files, written
+    together): it could never be staged."""
+    largest = hub_disk_need(plan, max_disk).largest_file
     if max_disk is not None and max_disk < largest:
-        raise UsageError(f"--max-disk {format_size(max_disk)} is smaller than the largest output shard "
+        shard = max((s.file_size for s in plan.shards), default=0)
+        what = "output shard" if largest == shard else "set of files written together (a GGUF release's)"
+        raise UsageError(f"--max-disk {format_size(max_disk)} is smaller than the largest {what} "
                          f"({format_size(largest)})",
                          hint=f"pass --max-disk {format_size(largest, compact=True)} or more, or a smaller "
                               "--out-shard-size")

@@ -4,7 +4,8 @@ ShardWriter`), and once a shard's last tensor is in and every input file it read
 the sink and records it in the :class:`Journal`; a stop deletes the unfinished shard's temp file. A file planned
 in units whose sink writes in place (a GGUF output in a local OUT) is written by a :class:`~resumerge.merge.store.
 unitwriter.UnitFileWriter` instead, each unit journaled through the :class:`UnitJournal` once durable; a stop keeps
-it, with the units journaled.
+it, with the units journaled. Files one computation writes together (a GGUF release's: ``members``) are written as
+a :class:`FileGroup`, each tensor's parts to the file that holds them, each file committed on its own.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSources
 from resumerge.memory import Reservation
 from resumerge.merge.engine import cpupriority
@@ -53,6 +55,44 @@ class UnitJournal(Protocol):
 
 # (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
 Item = tuple[ShardPlan, tuple[str, ...], list[Stored], "Reservation | None"]
+FileWriter = ShardWriter | UnitFileWriter
+
+
+class FileGroup:
+    """The files one computation writes together (a GGUF release's), each by its own writer: a tensor's stored
+    parts go to the file that holds them, to each file that still needs the tensor (one that kept the unit holding
+    it from a previous run is not written again)."""
+
+    def __init__(self, files: Sequence[tuple[ShardPlan, FileWriter, Mapping[str, tuple[str, ...]]]]) -> None:
+        """``files``: each file's plan, writer and its stored parts of each tensor."""
+        self.files = list(files)
+
+    @property
+    def expected_name(self) -> str | None:
+        """The tensor some file needs next, or None when every file is written."""
+        return next((name for _, w, _ in self.files if (name := w.expected_name) is not None), None)
+
+    def write(self, name: str, tensor: Stored) -> bool:
+        """Each file's parts of ``tensor`` (whole or its next rows) written to every file whose next tensor it is;
+        True once all its bytes are written."""
+        took = [w.write(name, {p: tensor[p] for p in parts[name]}) for _, w, parts in self.files
+                if w.expected_name == name]
+        if not took:
+            raise ResumergeError(f"internal: no file of {self.files[0][0].name} expected {name}")
+        return all(took)
+
+    def finish(self) -> Iterator[tuple[ShardPlan, tuple[int, str, Receipt]]]:
+        """Each file hashed and published, in order, each as it is asked for: the caller records one before the
+        next is published (a kill between two keeps the first committed)."""
+        while self.files:
+            shard, w, _ = self.files[0]
+            found = w.finish()
+            del self.files[0]  # published: never aborted after
+            yield shard, found
+
+    def abort(self) -> None:
+        for _, w, _ in self.files:
+            w.abort()
 
 
 class Writer(threading.Thread):
@@ -61,10 +101,12 @@ class Writer(threading.Thread):
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
                  sources: InputSources | None = None, yield_cpu: bool = False, *,
                  units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, members: Mapping[str, Sequence[ShardPlan]] | None = None) -> None:
         """``kept``: for each file written in place (its units journaled in ``units``), the units a previous run
         wrote and this one keeps; a file not there is written whole. ``pool``: where the buffers of the tensors
-        written go back (those the workers passed on to the writer)."""
+        written go back (those the workers passed on to the writer). ``members``: for a file whose computation
+        writes others too (:meth:`~resumerge.outputs.containers.OutputContainer.lead`), the files not committed yet
+        that it writes, itself among them unless committed; a file not there writes itself."""
         super().__init__(name="resumerge-writer", daemon=True)
         self.plan, self.sink, self.journal, self.reporter = plan, sink, journal, reporter
         self.sources = sources
@@ -74,7 +116,8 @@ class Writer(threading.Thread):
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
         self.units, self.kept = units, dict(kept or {})
         self.pool = pool
-        self._current: ShardWriter | UnitFileWriter | None = None
+        self.members = dict(members or {})
+        self._current: FileGroup | None = None
         self._shard_since = 0.0  # when the current shard started
 
     def run(self) -> None:
@@ -119,39 +162,45 @@ class Writer(threading.Thread):
                 return False
         return True
 
-    def _open(self, shard: ShardPlan) -> ShardWriter | UnitFileWriter:
-        """The writer of ``shard``, made at its first tensor: in place, unit by unit, when its units are journaled
-        (:attr:`kept` names it), else streamed whole to a temp file."""
+    def _open(self, shard: ShardPlan) -> FileGroup:
+        """The writers of ``shard`` and the files written with it, made at its first tensor."""
         if self._current is None:
-            layout, parts = self.plan.shard_layout(shard), self.plan.shard_parts(shard)
-            kept = self.kept.get(shard.name)
-            if kept is not None and self.units is not None:
-                units = [Unit(i, start, end, tensors)
-                         for i, (start, end, tensors) in enumerate(self.plan.file_units(shard))]
-                journal, name = self.units, shard.name
-                self._current = UnitFileWriter(self.sink, name, layout, parts, units, kept,
-                                               lambda index, sha: journal.commit_unit(name, index, sha),
-                                               checksum=self.journal.checksum)
-            else:
-                self._current = ShardWriter(self.sink, shard.name, layout, parts, checksum=self.journal.checksum)
-            self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+            self._current = FileGroup([])
+            for member in self.members.get(shard.name, (shard,)):  # each made in turn: all aborted on a failure
+                self._current.files.append((member, self._file(member), self.plan.shard_parts(member)))
             self._shard_since = time.monotonic()
         return self._current
 
+    def _file(self, shard: ShardPlan) -> FileWriter:
+        """The writer of one file: in place, unit by unit, when its units are journaled (:attr:`kept` names it),
+        else streamed whole to a temp file."""
+        layout, parts = self.plan.shard_layout(shard), self.plan.shard_parts(shard)
+        kept = self.kept.get(shard.name)
+        self.reporter.shard_started(shard.name, shard.file_size, len(shard.tensors))
+        if kept is not None and self.units is not None:
+            units = [Unit(i, start, end, names) for i, (start, end, names) in enumerate(self.plan.file_units(shard))]
+            journal, name = self.units, shard.name
+            return UnitFileWriter(self.sink, name, layout, parts, units, kept,
+                                  lambda index, sha: journal.commit_unit(name, index, sha),
+                                  checksum=self.journal.checksum)
+        return ShardWriter(self.sink, shard.name, layout, parts, checksum=self.journal.checksum)
+
     def _commit(self, shard: ShardPlan) -> bool:
-        """Finish the shard just completed and record it; False when the run stopped first (its temp file is
-        deleted)."""
+        """Finish the shard just completed (and the files written with it) and record each; False when the run
+        stopped first (the temp files not committed are deleted)."""
         assert self._current is not None
         if self.sink.commits_later and self.sources is not None:
-            self.sink.commit_when(shard.name, self._checked_now(shard))  # upload now, commit after
+            for member, _, _ in self._current.files:
+                self.sink.commit_when(member.name, self._checked_now(shard))  # upload now, commit after
         elif not self._inputs_checked(shard):
             self.abort()
             return False
-        size, sha, receipt = self._current.finish()
+        for member, (size, sha, receipt) in self._current.finish():
+            # every tensor is in it (a file written in place: some kept)
+            self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
+                                tensors=member.tensors)
+            self.reporter.file_done(member.name, "shard")
         self._current = None
-        self.journal.record(receipt, size, sha, seconds=time.monotonic() - self._shard_since,
-                            tensors=shard.tensors)  # every one is in it (a file written in place: some kept)
-        self.reporter.file_done(shard.name, "shard")
         return True
 
     def _inputs_checked(self, shard: ShardPlan) -> bool:

@@ -367,7 +367,7 @@ class Plan:
         for count in shard.units:
             names = shard.tensors[at:at + count]
             at += count
-            starts.append(data + min(where[p.name] for p in self.tensors[names[0]].stored_parts()))
+            starts.append(data + min(where[p.name] for p in self.tensors[names[0]].stored_parts() if p.name in where))
             groups.append(names)
         ends = [*starts[1:], shard.file_size]
         return ((0, data, ()), *((s, e, g) for s, e, g in zip(starts, ends, groups, strict=True)))
@@ -381,7 +381,8 @@ class Plan:
 
     def shard_parts(self, shard: ShardPlan) -> dict[str, tuple[str, ...]]:
         """The stored parts of each output tensor of ``shard`` (its layout's names), in the shard's order."""
-        return {n: tuple(p.name for p in self.tensors[n].stored_parts()) for n in shard.tensors}
+        return {n: tuple(p.name for p in self.container.parts_in(shard.name, self.tensors[n].stored_parts()))
+                for n in shard.tensors}  # all of them, but in files written together (a GGUF release's)
 
     @property
     def weight_map(self) -> dict[str, str]:

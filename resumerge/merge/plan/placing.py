@@ -11,7 +11,7 @@ from typing import Any
 
 from resumerge.inputs.model import ModelInput
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
-from resumerge.outputs.containers import GgufFile, OutputContainer
+from resumerge.outputs.containers import GgufFile, GgufRelease, OutputContainer
 
 Placed = tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], OutputContainer]
 
@@ -34,6 +34,8 @@ class Placing:
     last: Collection[str] = ()
     unit_size: int | None = None
     gguf_keys: Mapping[str, str | bool | int] = field(default_factory=dict)
+    # the output's model name (the config's ``name:``): a GGUF release names its files after it
+    name: str | None = None
 
 
 def place_files(container: OutputContainer, shards: tuple[ShardPlan, ...], tensors: dict[str, TensorPlan],
@@ -45,14 +47,32 @@ def place_files(container: OutputContainer, shards: tuple[ShardPlan, ...], tenso
 
 
 def _gguf(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> Placed:
-    from resumerge.merge.plan.ggufout import gguf_output
-
     gguf: GgufFile = container
-    shards, placed, headers = gguf_output(tensors, placing.out_config, placing.models, list(placing.order), gguf,
-                                          placing.template(), last=placing.last, unit_size=placing.unit_size,
-                                          keys=placing.gguf_keys)
+    shards, placed, headers = _laid_out(tensors, placing)(gguf)
     return shards, placed, replace(gguf, headers=headers)
 
 
+def _release(container: Any, tensors: dict[str, TensorPlan], placing: Placing) -> Placed:
+    from resumerge.merge.plan.ggufrelease import release_output
+
+    name = placing.name or placing.gguf_keys.get("general.name")
+    return release_output(container, None if name is None else str(name), _laid_out(tensors, placing))
+
+
+def _laid_out(tensors: dict[str, TensorPlan], placing: Placing
+              ) -> Callable[[GgufFile], tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]]:
+    """How ``tensors`` are laid out in one GGUF file (or gguf-split's files) of a given type and split."""
+    from resumerge.merge.plan.ggufout import gguf_output
+
+    template = placing.template()  # asked once: a release lays out a file per type
+
+    def single(gguf: GgufFile) -> tuple[tuple[ShardPlan, ...], dict[str, TensorPlan], dict[str, bytes]]:
+        return gguf_output(tensors, placing.out_config, placing.models, list(placing.order), gguf, template,
+                           last=placing.last, unit_size=placing.unit_size, keys=placing.gguf_keys)
+
+    return single
+
+
 # The containers whose files are laid out otherwise than as safetensors shards, by name.
-_PLACERS: Mapping[str, Callable[[OutputContainer, dict[str, TensorPlan], Placing], Placed]] = {GgufFile.name: _gguf}
+_PLACERS: Mapping[str, Callable[[OutputContainer, dict[str, TensorPlan], Placing], Placed]] = {
+    GgufFile.name: _gguf, GgufRelease.name: _release}

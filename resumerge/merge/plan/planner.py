@@ -226,7 +226,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
 
     shards, tensors, container = place_files(container, shards, tensors,
                                              Placing(out_config, models, order, template,
-                                                     unit_size=options.out_shard_size))
+                                                     unit_size=options.out_shard_size, name=config.name))
     notes.extend(quantization_notes(tensors))
     notes.extend(fused_notes(tensors))
     if options.imatrix_texts is not None:  # the run's own work before the encoding: said before it starts

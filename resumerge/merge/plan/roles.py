@@ -39,8 +39,9 @@ def output_roles(plan: Plan) -> dict[str, int]:
 
 
 def _roles(parts: Iterable[str]) -> Counter[str]:
-    """The roles of stored parts named ``parts``: the main part a weight, any other a companion."""
-    return Counter((Role.WEIGHT if part == MAIN else Role.COMPANION).value for part in parts)
+    """The roles of stored parts named ``parts``: the main part a weight, any other a companion (a GGUF release's
+    part ``FILE:main`` is its file's main part: :func:`~resumerge.outputs.gguf.releasecodec.file_part`)."""
+    return Counter((Role.WEIGHT if part.rpartition(":")[2] == MAIN else Role.COMPANION).value for part in parts)
 
 
 def formats_report(plan: Plan) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,9 @@ class StatusReport:
     # to --out-shard-size), those of committed files counted done; 0 of 0 where every file is committed whole.
     units_total: int = 0
     units_done: int = 0
+    # Where several files are written in place together (a GGUF release): each one's (name, units done, units),
+    # as the ledger lists them (by name), those of a committed file all done; empty for one file.
+    unit_files: tuple[tuple[str, int, int], ...] = ()
     last_error: str | None = None
     peak_rss: int | None = None
     adaptations: int = 0
@@ -247,6 +250,7 @@ def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusRe
         files=tuple(FileStatus(f.name, f.kind, f.status, f.bytes) for f in files),
         units_total=len(rows.units),
         units_done=len(written) + sum(1 for u in rows.units if u.file in committed),
+        unit_files=_unit_files(rows.units, committed),
         last_error=run.last_error,
         peak_rss=run.peak_rss or None,
         adaptations=run.adaptations,
@@ -361,6 +365,22 @@ def _size(n: int | None) -> str:
     return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.3g} {unit}"
 
 
+def _unit_files(units: Sequence[Any], committed: Collection[str]) -> tuple[tuple[str, int, int], ...]:
+    """Each file's (name, units done, units) where ``units`` (ledger rows) belong to several files; else none."""
+    files: dict[str, list[int]] = {}
+    for u in units:
+        counts = files.setdefault(u.file, [0, 0])
+        counts[0] += u.status == "done" or u.file in committed
+        counts[1] += 1
+    return tuple((name, done, total) for name, (done, total) in files.items()) if len(files) > 1 else ()
+
+
+def file_line(file: tuple[str, int, int]) -> str:
+    """One file's line of a run writing several in place: ``NAME: 3 of 4 units``."""
+    name, done, total = file
+    return f"{name}: {done} of {total} units" + (" (written)" if done == total else "")
+
+
 def status_rows(report: StatusReport) -> list[tuple[str, str]]:
     """(label, value) rows in the CLI's order: counts (the kind's own among them), the kind's rows, memory,
     elapsed time, pending files, the last error and the command that finishes the run."""
@@ -370,6 +390,7 @@ def status_rows(report: StatusReport) -> list[tuple[str, str]]:
         ("shards", f"{report.shards_done} of {report.shards_total} ({pct:.0f} % of bytes)"),
         *([("units", f"{report.units_done} of {report.units_total} (written in place, each kept by a resume)")]
           if report.units_total else []),
+        *(("file", file_line(f)) for f in report.unit_files),
         ("tensors", f"{report.tensors_done} of {report.tensors_total}")]
     rows += [(label, f"{done} of {total} {what}") for label, done, total, what in details.counts]
     if report.phase is not None:
