@@ -121,8 +121,13 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     overrides = [parse_override_kv(spec) for spec in choices.override_kv]
     # the run's own keys (a transplant's name, the BOS its tokenizer adds) in place; the user's overrides and the
     # imatrix keys after them, as llama-quantize appends them
+    # a matrix computed for a release's other files is not named by a file whose types read none (a Q8_0 beside a
+    # Q4_K_M): that file is the one its type alone writes; a user's --imatrix file is named as llama-quantize does
+    from resumerge.outputs.gguf.encoders import WEIGHTED
+
+    named = weights.keys() if not weights.later or MIXES[gguf_type].default in WEIGHTED else []
     metadata = overridden(own_keys(_metadata(arch, out_config, gguf_type, source, template), keys),
-                          overrides + weights.keys())
+                          overrides + named)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))
              for e in entries]  # an entry is split as one tensor
     groups = split_files(whole, split_max_size)
