@@ -10,10 +10,7 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
-import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
@@ -29,6 +26,7 @@ from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
+from resumerge.forward.tail import Tail, final_names, tail_names
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -48,47 +46,6 @@ Given = Sequence[Mapping[str, Any]] | None
 
 def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
-
-
-def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, ...]:
-    """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
-    it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
-    hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
-    calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
-    before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
-    cannot be read."""
-    children = dict(inner.named_children())
-    layer_name = next((n for n, c in children.items() if c is layers), None)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
-    except (OSError, TypeError, SyntaxError):
-        return ()
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
-    using = [i for i, statement in enumerate(body)
-             if any(_self_attribute(n) == layer_name for n in ast.walk(statement))]
-    if layer_name is None or not using:
-        return ()
-    found: list[str] = []
-
-    def visit(node: ast.AST) -> None:  # evaluation order: what a call's arguments call comes before it
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-        # a module given the hidden states alone (Inkling2's final_input, given its block states too, is no such)
-        alone = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
-        name = _self_attribute(node.func) if isinstance(node, ast.Call) and alone else None
-        if name is not None and name != layer_name and isinstance(children.get(name), torch.nn.Module):
-            found.append(name)
-
-    for statement in body[using[-1] + 1:]:
-        visit(statement)
-    return tuple(dict.fromkeys(found))
-
-
-def _self_attribute(node: ast.AST) -> str | None:
-    """``X`` where ``node`` is ``self.X``."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return node.attr
-    return None
 
 
 def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
@@ -169,6 +126,13 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     return HandingCall(fixed, call.slots) if isinstance(call, HandingCall) else fixed
 
 
+def _row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torch.Tensor:
+    """Sequence ``r``'s first ``n`` positions of a ``batch``-shaped batch's hidden states ``value`` (a batch of one):
+    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first)."""
+    axis = next((i for i in range(value.dim() - 1) if tuple(value.shape[i:i + 2]) == tuple(batch)), 0)
+    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n)
+
+
 class ModelStream:
     """A model's modules without weights, read from ``weights`` in ``dtype`` as each part runs.
 
@@ -199,6 +163,13 @@ class ModelStream:
         self._final_names = final_names(self.holder, self.layers_list)
         # what the base model applies to the last layer's output, in order (the final norm)
         self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.holder, n) for n in self._final_names)
+        # where that forward does more after the layers than apply those (Gemma 3n folds its streams into one), it
+        # is run for it (.tail), with the modules it uses there
+        used = tail_names(self.holder, self.layers_list)
+        self._tail_parts = tuple(getattr(self.holder, n) for n in used)
+        self._tail = Tail(self.holder, self.layers_list, weighted_parts(
+            self.holder, self.layers_list, (self.layers_list, *self._tail_parts))) if set(used) - set(
+            self._final_names) else None
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
@@ -350,7 +321,8 @@ class ModelStream:
         (ModernBERT's lm_head, BERT's prediction transform beside its decoder), the head itself not."""
         site, attribute = head_site(self.model, self.inner)
         head = self.model.get_output_embeddings()
-        return [*self.finals, *weighted_parts(site, head, (getattr(site, attribute), head))]
+        return [*(self.finals if self._tail is None else self._tail_parts),
+                *weighted_parts(site, head, (getattr(site, attribute), head))]
 
     def _path_to_layers(self) -> list[torch.nn.Module]:
         """The base model and each of its modules down to the one holding the decoder layers."""
@@ -493,8 +465,8 @@ class ModelStream:
         if not rows:
             return True
         for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
-            own = self.run(layer, hidden, calls[0])[0]
-            padded = outputs[b][r, :n]
+            own = self.run(layer, hidden, calls[0])
+            padded = _row(outputs[b], batches[b][1].shape, r, n)
             if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
                 return False
         return True
@@ -510,7 +482,7 @@ class ModelStream:
         found = []
         try:
             for (ids, mask), (b, r, n) in zip(alone, rows):
-                embeds = entering[b][0][r:r + 1, :n].to("cpu")  # made on the host, as the embeddings are
+                embeds = _row(entering[b][0], batches[b][1].shape, r, n).to("cpu")  # made on the host, as the embeddings are
                 hidden, calls = self._capture(ids, mask, embeds)
                 if not torch.equal(hidden, embeds):
                     break
@@ -564,8 +536,10 @@ class ModelStream:
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
             normed = hidden
-            for final in self.finals:
+            for final in self.finals if self._tail is None else ():
                 normed = final(normed)
+            if self._tail is not None:
+                normed = self._tail(hidden)
             setattr(site, attribute, stand_ins()[1](normed, inner, frozenset(map(id, self._path_to_layers()))))
             try:
                 out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),
