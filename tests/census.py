@@ -267,7 +267,6 @@ OPEN: Mapping[str, Mapping[str, str]] = {
     "cpmant": {"check": "crash: RuntimeError: The size of tensor a (62) must match"},  # its prompt positions
     "ctrl": {"check": NLL},
     "dory": {"check": "refused: ModelInputError: cannot follow DoryModel's forward one layer at a time"},
-    "gemma3n_text": {"check": "crash: RuntimeError: Index tensor must have the same number of dimensions"},
     "hrm_text": {"slices": "refused: ConfigError: slices[0].sources[0].model: ",
                  "check": "refused: ModelInputError: cannot find the 32 decoder layers of HrmTextModel"},
     # the head found under transformers' own names writes tie_word_embeddings false where the inputs say none (as
@@ -275,7 +274,6 @@ OPEN: Mapping[str, Mapping[str, str]] = {
     **{family: {"linear": "tensors [], config {'tie_word_embeddings': (None, False)}",
                 "check": "crash: RuntimeError: index 507 is out of bounds for dimension 1 with size 500"}
        for family in ("inkling2_loop_text", "inkling2_text")},
-    "inkling_text": {"linear": "tensors [], config {'tie_word_embeddings': (None, False)}"},
     "longcat_flash": {aspect: "not run: its merge and check do not end in minutes here (transformers' conversion of "
                               "its experts)" for aspect in ("linear", "slices", "check")},
     "nanochat": {"check": NLL},
