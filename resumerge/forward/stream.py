@@ -27,6 +27,7 @@ from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
 from resumerge.forward.tail import Tail, final_names, tail_names
+from resumerge.inputs.stacks import not_a_stack
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -128,9 +129,11 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
 
 def _row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torch.Tensor:
     """Sequence ``r``'s first ``n`` positions of a ``batch``-shaped batch's hidden states ``value`` (a batch of one):
-    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first)."""
-    axis = next((i for i in range(value.dim() - 1) if tuple(value.shape[i:i + 2]) == tuple(batch)), 0)
-    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n)
+    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first), with
+    any positions they hold before the tokens' (CPM-Ant's prompt)."""
+    axis = next((i for i in range(value.dim() - 1) if value.shape[i] == batch[0] and value.shape[i + 1] >= batch[1]),
+                0)
+    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n + value.shape[axis + 1] - batch[1])
 
 
 class ModelStream:
@@ -160,16 +163,32 @@ class ModelStream:
         self._names = names
         self.holder, self.layers_list = self._layer_list()
         self.layers = len(self.layers_list)
-        self._final_names = final_names(self.holder, self.layers_list)
-        # what the base model applies to the last layer's output, in order (the final norm)
-        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.holder, n) for n in self._final_names)
-        # where that forward does more after the layers than apply those (Gemma 3n folds its streams into one), it
-        # is run for it (.tail), with the modules it uses there
-        used = tail_names(self.holder, self.layers_list)
-        self._tail_parts = tuple(getattr(self.holder, n) for n in used)
-        self._tail = Tail(self.holder, self.layers_list, weighted_parts(
-            self.holder, self.layers_list, (self.layers_list, *self._tail_parts))) if set(used) - set(
-            self._final_names) else None
+        # what the base model applies to the last layer's output, in order (the final norm), each by the module
+        # whose forward applies it: the one holding the layers first, then each above it (RoBERTa-PreLayerNorm's
+        # LayerNorm is the base model's, its layers its encoder's)
+        path = self._path_to_layers()
+        self._finals_at: list[tuple[torch.nn.Module, str]] = []
+        # those it applies before the layers too (NanoChat's norm, before and after them): run with the embeddings
+        self._late: list[tuple[torch.nn.Module, str]] = []
+        used: list[tuple[torch.nn.Module, str]] = []  # every module it uses after the layers, however
+        # whether the module holding the layers does more there than apply the finals (Gemma 3n folds its streams)
+        opaque = False
+        for owner, inside in reversed(list(zip(path, [*path[1:], self.layers_list]))):
+            early = tail_names(owner, inside, before=True)
+            finals = final_names(owner, inside, rebinds=owner is not self.holder)
+            for name in finals:
+                self._finals_at.append((owner, name))
+                if name not in early:
+                    self._late.append((owner, name))
+            used += [(owner, n) for n in tail_names(owner, inside)]
+            opaque = opaque or (owner is self.holder and bool(set(tail_names(owner, inside)) - set(finals)))
+        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(o, n) for o, n in self._finals_at)
+        # where it does more than that, or where the layers' hidden states are not the tokens' (CPM-Ant's hold its
+        # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
+        self._tail_parts = tuple(getattr(o, n) for o, n in used)
+        self._tail = Tail(self.inner, self.layers_list, weighted_parts(
+            self.inner, self.layers_list, (self.layers_list, *self._tail_parts)))
+        self._opaque = opaque
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
@@ -187,7 +206,8 @@ class ModelStream:
                 layers = self.inner.get_submodule(name)
                 assert isinstance(layers, torch.nn.ModuleList)
                 return self.inner.get_submodule(name.rpartition(".")[0]), layers
-        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}")
+        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}"
+                              + self._not_a_stack())
 
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
@@ -314,15 +334,20 @@ class ModelStream:
 
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
-        return weighted_parts(self.inner, self.layers_list, (self.layers_list, *self.finals))
+        return weighted_parts(self.inner, self.layers_list,
+                              (self.layers_list, *(getattr(o, n) for o, n in self._late)))
 
     def _around_head(self) -> list[torch.nn.Module]:
         """The final norm, and whatever else of the causal-LM class's runs around its head and holds weights
         (ModernBERT's lm_head, BERT's prediction transform beside its decoder), the head itself not."""
         site, attribute = head_site(self.model, self.inner)
         head = self.model.get_output_embeddings()
-        return [*(self.finals if self._tail is None else self._tail_parts),
+        return [*(self._tail_parts if self._tailed() else self.finals),
                 *weighted_parts(site, head, (getattr(site, attribute), head))]
+
+    def _tailed(self) -> bool:
+        """Whether the base model's forward is run after the layers (:class:`~.tail.Tail`), not its finals."""
+        return self._opaque or self._tail.reshapes(self.device)
 
     def _path_to_layers(self) -> list[torch.nn.Module]:
         """The base model and each of its modules down to the one holding the decoder layers."""
@@ -428,8 +453,8 @@ class ModelStream:
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
-                for name, final in zip(self._final_names, self.finals):
-                    setattr(self.holder, name, stand_ins()[2](final))
+                for owner, name in self._late:
+                    setattr(owner, name, stand_ins()[2](getattr(owner, name)))
                 with torch.no_grad():
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
@@ -442,15 +467,24 @@ class ModelStream:
             finally:
                 for i, layer in enumerate(real_layers):
                     self.layers_list[i] = layer
-                for name, final in zip(self._final_names, self.finals):
-                    setattr(self.holder, name, final)
+                for (owner, name), final in zip(self._finals_at, self.finals):
+                    setattr(owner, name, final)  # (the late ones' stand-ins undone)
             first = stubs[0].seen[0] if stubs[0].seen else None
             if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
                 continue
             # a layer returning more than its hidden states puts them in its slots, which a later call may take
             # (GLM-5's top-k indices: resumerge.forward.handed)
             return first, [HandingCall(c[0], stub.made) if stub.made else c[0] for c, stub in zip(calls, stubs)]
-        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time{failed}")
+        why = self._not_a_stack()
+        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
+                              + (why or failed))
+
+    def _not_a_stack(self) -> str:
+        """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
+        known): its model type's (:mod:`resumerge.inputs.stacks`)."""
+        text = self.config.get_text_config()
+        why = not_a_stack(getattr(text, "model_type", None))
+        return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                    entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
@@ -482,7 +516,9 @@ class ModelStream:
         found = []
         try:
             for (ids, mask), (b, r, n) in zip(alone, rows):
-                embeds = _row(entering[b][0], batches[b][1].shape, r, n).to("cpu")  # made on the host, as the embeddings are
+                # made on the host, as the embeddings are; a copy: a forward may scale them in place (CTRL's did,
+                # the batch's own entering states with them)
+                embeds = _row(entering[b][0], batches[b][1].shape, r, n).to("cpu", copy=True)
                 hidden, calls = self._capture(ids, mask, embeds)
                 if not torch.equal(hidden, embeds):
                     break
@@ -536,9 +572,9 @@ class ModelStream:
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
             normed = hidden
-            for final in self.finals if self._tail is None else ():
+            for final in () if self._tailed() else self.finals:
                 normed = final(normed)
-            if self._tail is not None:
+            if self._tailed():
                 normed = self._tail(hidden)
             setattr(site, attribute, stand_ins()[1](normed, inner, frozenset(map(id, self._path_to_layers()))))
             try:
@@ -559,8 +595,16 @@ class ModelStream:
 
     def tied_head(self) -> bool:
         """Whether the head is read from the input embeddings (tied): as transformers ties them, by the top-level
-        config (a multimodal model's, not its text config's: Mistral 3 ties where its text config says not)."""
-        return bool(getattr(self.config, "tie_word_embeddings", False))
+        config (a multimodal model's, not its text config's: Mistral 3 ties where its text config says not); not
+        where transformers' modules tie no head and the checkpoint holds one (CPM-Ant's config says tie, its
+        embeddings hold its prompt tokens' rows too, its head ships apart)."""
+        if not getattr(self.config, "tie_word_embeddings", False):
+            return False
+        ties = getattr(self.model, "all_tied_weights_keys", None)
+        head = self.model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        return (ties is None or f"{self._names[id(head)]}.weight" in ties or weight is None
+                or not self.reader.holds(self.prefix(head) + "weight", tuple(weight.shape)))
 
     def close(self) -> None:
         self.reader.close()

@@ -24,9 +24,10 @@ from resumerge.torch_import import torch
 _PROBE = (3, 5)
 
 
-def _after(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str | None, list[ast.stmt]]:
+def _after(inner: torch.nn.Module, layers: torch.nn.Module, *, before: bool = False
+           ) -> tuple[str | None, list[ast.stmt]]:
     """The attribute of ``inner`` holding ``layers`` and the statements of ``inner``'s forward after the last one
-    that uses them (none where its code cannot be read)."""
+    that uses them (``before``: before the first one), none where its code cannot be read."""
     children = dict(inner.named_children())
     layer_name = next((n for n, c in children.items() if c is layers), None)
     try:
@@ -38,16 +39,18 @@ def _after(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str | None,
              if any(_self_attribute(n) == layer_name for n in ast.walk(statement))]
     if layer_name is None or not using:
         return layer_name, []
-    return layer_name, body[using[-1] + 1:]
+    return layer_name, body[:using[0]] if before else body[using[-1] + 1:]
 
 
-def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, ...]:
+def final_names(inner: torch.nn.Module, layers: torch.nn.Module, *, rebinds: bool = False) -> tuple[str, ...]:
     """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
     it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
     hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
     calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
     before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
-    cannot be read."""
+    cannot be read. ``rebinds``: only those whose output is bound to the name of their input (``x = self.norm(x)``),
+    for a module above the one holding the layers (``layers`` then the module on the way to them), whose forward
+    goes on to other things than the hidden states (BigBird's pooler, given the first position)."""
     children = dict(inner.named_children())
     layer_name, after = _after(inner, layers)
     found: list[str] = []
@@ -62,15 +65,21 @@ def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, .
             found.append(name)
 
     for statement in after:
-        visit(statement)
+        if not rebinds:
+            visit(statement)
+        elif isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call) and [
+                t.id for t in statement.targets if isinstance(t, ast.Name)] == [
+                a.id for a in statement.value.args if isinstance(a, ast.Name)] != []:
+            visit(statement.value)
     return tuple(dict.fromkeys(found))
 
 
-def tail_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, ...]:
-    """The attributes of every module of ``inner`` its forward uses after the decoder layers ``layers``, however
-    (called, indexed: Gemma 3n's ``altup_unembed_projections[i - 1]``), in the order its code names them."""
+def tail_names(inner: torch.nn.Module, layers: torch.nn.Module, *, before: bool = False) -> tuple[str, ...]:
+    """The attributes of every module of ``inner`` its forward uses after the decoder layers ``layers``
+    (``before``: before them), however (called, indexed: Gemma 3n's ``altup_unembed_projections[i - 1]``), in the
+    order its code names them."""
     children = dict(inner.named_children())
-    layer_name, after = _after(inner, layers)
+    layer_name, after = _after(inner, layers, before=before)
     named = (_self_attribute(n) for statement in after for n in ast.walk(statement))
     return tuple(dict.fromkeys(n for n in named if n is not None and n != layer_name
                                and isinstance(children.get(n), torch.nn.Module)))
@@ -93,22 +102,33 @@ class Tail:
     def __init__(self, inner: torch.nn.Module, layers: torch.nn.ModuleList,
                  before: Sequence[torch.nn.Module]) -> None:
         self.inner, self.layers, self.before = inner, layers, tuple(before)
-        self._found: tuple[int, int] | None = None  # the layers' output arity, the batch's axis
+        # the layers' output arity, the batch's axis in their hidden states, the positions they hold before the
+        # tokens' (CPM-Ant's prompt)
+        self._found: tuple[int, int, int] | None = None
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
             return self._last[1]
-        arity, axis = self._probe(hidden.device)
-        ids = torch.zeros(tuple(hidden.shape[axis:axis + 2]), dtype=torch.long, device=hidden.device)
-        found = self._run(ids, arity, lambda entering: hidden)
+        arity, axis, extra = self.probe(hidden.device)
+        shape = (hidden.shape[axis], hidden.shape[axis + 1] - extra)
+        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity, lambda entering: hidden)
         self._last = (hidden, found)
         return found
 
-    def _probe(self, device: torch.device) -> tuple[int, int]:
-        """How many values the forward unpacks from a layer's output (0: it takes the hidden states alone) and
-        where the hidden states hold the batch and the positions: found once, by a run whose layers see what the
-        forward gives them for ids of shape :data:`_PROBE`."""
+    def reshapes(self, device: torch.device) -> bool:
+        """Whether the layers' hidden states hold the batch and the positions otherwise than the tokens do (after
+        other axes: Gemma 3n's streams; more positions: CPM-Ant's prompt before the tokens), so that only the
+        forward's own code after them gives the last hidden state; False where the probe cannot run."""
+        try:
+            return self.probe(device)[1:] != (0, 0)
+        except Exception:  # whatever the forward raises with its parts before the layers stood in for
+            return False
+
+    def probe(self, device: torch.device) -> tuple[int, int, int]:
+        """How many values the forward unpacks from a layer's output (0: it takes the hidden states alone), where
+        the layers' hidden states hold the batch and how many positions they hold before the tokens': found once,
+        by a run whose layers see what the forward gives them for ids of shape :data:`_PROBE`."""
         if self._found is None:
             failed: Exception | None = None
             seen: list[tuple[int, ...]] = []
@@ -120,8 +140,9 @@ class Tail:
                 except (ValueError, TypeError, IndexError) as error:  # the forward unpacks the output otherwise
                     failed = error
                     continue
-                axis = next((i for i in range(len(seen[0]) - 1) if seen[0][i:i + 2] == _PROBE), 0)
-                self._found = (arity, axis)
+                axis = next((i for i in range(len(seen[0]) - 1)
+                             if seen[0][i] == _PROBE[0] and seen[0][i + 1] >= _PROBE[1]), 0)
+                self._found = (arity, axis, seen[0][axis + 1] - _PROBE[1])
                 break
             else:
                 assert failed is not None
