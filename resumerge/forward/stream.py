@@ -26,7 +26,7 @@ from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
-from resumerge.forward.tail import Tail, final_names, tail_names
+from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
 from resumerge.inputs.stacks import not_a_stack
 from resumerge.torch_import import torch
 
@@ -47,21 +47,6 @@ Given = Sequence[Mapping[str, Any]] | None
 
 def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
-
-
-def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
-                   ) -> list[torch.nn.Module]:
-    """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
-    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
-    found: list[torch.nn.Module] = []
-    for child in root.children():
-        if any(child is s for s in skip):
-            continue
-        if any(m is within for m in child.modules()):
-            found += weighted_parts(child, within, skip)
-        elif any(True for _ in child.parameters()):
-            found.append(child)
-    return found
 
 
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
@@ -127,15 +112,6 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     return HandingCall(fixed, call.slots) if isinstance(call, HandingCall) else fixed
 
 
-def _row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torch.Tensor:
-    """Sequence ``r``'s first ``n`` positions of a ``batch``-shaped batch's hidden states ``value`` (a batch of one):
-    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first), with
-    any positions they hold before the tokens' (CPM-Ant's prompt)."""
-    axis = next((i for i in range(value.dim() - 1) if value.shape[i] == batch[0] and value.shape[i + 1] >= batch[1]),
-                0)
-    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n + value.shape[axis + 1] - batch[1])
-
-
 class ModelStream:
     """A model's modules without weights, read from ``weights`` in ``dtype`` as each part runs.
 
@@ -187,7 +163,7 @@ class ModelStream:
         # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
         self._tail_parts = tuple(getattr(o, n) for o, n in used)
         self._tail = Tail(self.inner, self.layers_list, weighted_parts(
-            self.inner, self.layers_list, (self.layers_list, *self._tail_parts)))
+            self.inner, self.layers_list, (self.layers_list, *self._tail_parts)), self._tail_parts)
         self._opaque = opaque
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
@@ -500,7 +476,7 @@ class ModelStream:
             return True
         for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
             own = self.run(layer, hidden, calls[0])
-            padded = _row(outputs[b], batches[b][1].shape, r, n)
+            padded = sequence_row(outputs[b], batches[b][1].shape, r, n)
             if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
                 return False
         return True
@@ -518,7 +494,7 @@ class ModelStream:
             for (ids, mask), (b, r, n) in zip(alone, rows):
                 # made on the host, as the embeddings are; a copy: a forward may scale them in place (CTRL's did,
                 # the batch's own entering states with them)
-                embeds = _row(entering[b][0], batches[b][1].shape, r, n).to("cpu", copy=True)
+                embeds = sequence_row(entering[b][0], batches[b][1].shape, r, n).to("cpu", copy=True)
                 hidden, calls = self._capture(ids, mask, embeds)
                 if not torch.equal(hidden, embeds):
                     break

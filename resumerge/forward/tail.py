@@ -5,7 +5,9 @@ Where it does more (Gemma 3n folds its four hidden-state streams into one, each 
 rescaled, before the norm), the forward itself is run over given last hidden states (:class:`Tail`): its decoder
 layers stand-ins that return them, the parts that run before the layers stand-ins that return zeros of their
 outputs' shapes (no weight read for them: a Gemma 3n's per-layer embeddings are gigabytes), so that what comes
-after the layers is transformers' own code, never rewritten here.
+after the layers is transformers' own code, never rewritten here. The same probe says where the layers' hidden
+states hold a sequence's positions (:func:`sequence_row`), and :func:`weighted_parts` which of a model's modules
+hold weights around the layers.
 """
 
 from __future__ import annotations
@@ -92,20 +94,45 @@ def _self_attribute(node: ast.AST) -> str | None:
     return None
 
 
+def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
+                   ) -> list[torch.nn.Module]:
+    """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
+    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
+    found: list[torch.nn.Module] = []
+    for child in root.children():
+        if any(child is s for s in skip):
+            continue
+        if any(m is within for m in child.modules()):
+            found += weighted_parts(child, within, skip)
+        elif any(True for _ in child.parameters()):
+            found.append(child)
+    return found
+
+
+def sequence_row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torch.Tensor:
+    """Sequence ``r``'s first ``n`` positions of a ``batch``-shaped batch's hidden states ``value`` (a batch of one):
+    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first), with
+    any positions they hold before the tokens' (CPM-Ant's prompt)."""
+    axis = next((i for i in range(value.dim() - 1) if value.shape[i] == batch[0] and value.shape[i + 1] >= batch[1]),
+                0)
+    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n + value.shape[axis + 1] - batch[1])
+
+
 class Tail:
     """``inner``'s forward after its decoder ``layers``, over given last hidden states: its parts that run before
     the layers (``before``) are stood in for by zeros of their outputs' shapes, its layers by what returns the
-    given states (a tuple of ``arity`` values where the forward unpacks one, as the pass's capture found); the
+    given states (a tuple of values where the forward unpacks one: :meth:`probe`); the
     modules it uses after them must hold their weights while it runs. Its output: the base model's last hidden
     state (after the final norm)."""
 
-    def __init__(self, inner: torch.nn.Module, layers: torch.nn.ModuleList,
-                 before: Sequence[torch.nn.Module]) -> None:
-        self.inner, self.layers, self.before = inner, layers, tuple(before)
+    def __init__(self, inner: torch.nn.Module, layers: torch.nn.ModuleList, before: Sequence[torch.nn.Module],
+                 after: Sequence[torch.nn.Module] = ()) -> None:
+        self.inner, self.layers, self.before, self.after = inner, layers, tuple(before), tuple(after)
         # the layers' output arity, the batch's axis in their hidden states, the positions they hold before the
         # tokens' (CPM-Ant's prompt)
         self._found: tuple[int, int, int] | None = None
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._unprobed = False  # the probe failed: not asked again
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
@@ -120,23 +147,32 @@ class Tail:
         """Whether the layers' hidden states hold the batch and the positions otherwise than the tokens do (after
         other axes: Gemma 3n's streams; more positions: CPM-Ant's prompt before the tokens), so that only the
         forward's own code after them gives the last hidden state; False where the probe cannot run."""
+        if self._unprobed:
+            return False
         try:
             return self.probe(device)[1:] != (0, 0)
         except Exception:  # whatever the forward raises with its parts before the layers stood in for
+            self._unprobed = True
             return False
 
     def probe(self, device: torch.device) -> tuple[int, int, int]:
         """How many values the forward unpacks from a layer's output (0: it takes the hidden states alone), where
         the layers' hidden states hold the batch and how many positions they hold before the tokens': found once,
-        by a run whose layers see what the forward gives them for ids of shape :data:`_PROBE`."""
+        by a run whose layers see what the forward gives them for ids of shape :data:`_PROBE`, every part that
+        holds weights stood in for (none read)."""
         if self._found is None:
             failed: Exception | None = None
             seen: list[tuple[int, ...]] = []
+
+            def seeing(entering: torch.Tensor) -> torch.Tensor:
+                seen.append(tuple(entering.shape))
+                return entering
+
             for arity in range(4):
                 seen.clear()
                 try:
-                    self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity,
-                              lambda entering: seen.append(tuple(entering.shape)) or entering)
+                    self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
+                              (*self.before, *self.after))
                 except (ValueError, TypeError, IndexError) as error:  # the forward unpacks the output otherwise
                     failed = error
                     continue
@@ -149,7 +185,10 @@ class Tail:
                 raise failed
         return self._found
 
-    def _run(self, ids: torch.Tensor, arity: int, returned: Any) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, arity: int, returned: Any,
+             zeroed: Sequence[torch.nn.Module] | None = None) -> torch.Tensor:
+        """The forward over ids ``ids``, each layer returning what ``returned`` makes of what it is given (``arity``
+        values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros."""
         real = list(self.layers)
         _, _, passed = _stand_ins()
 
@@ -161,7 +200,7 @@ class Tail:
         try:
             for i, layer in enumerate(real):
                 self.layers[i] = _Returning(layer)
-            with _zeros_for(self.before), torch.no_grad():
+            with _zeros_for(self.before if zeroed is None else zeroed), torch.no_grad():
                 out = self.inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
                                  output_hidden_states=True)
         finally:
@@ -179,10 +218,11 @@ def _stand_ins() -> tuple[Any, Any, Any]:
 
 @contextmanager
 def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
-    """Each of ``parts`` (weights on the meta device) made, for the block, to return zeros of the shape and dtype
-    its forward gives: computed on the meta device."""
+    """Each of ``parts`` whose weights are on the meta device made, for the block, to return zeros of the shape
+    and dtype its forward gives: computed on the meta device."""
     parts = [leaf for part in parts for leaf in (part.children() if isinstance(
-        part, (torch.nn.ModuleList, torch.nn.ModuleDict)) else (part,))]  # (Gemma 3n's altup_projections[i])
+        part, (torch.nn.ModuleList, torch.nn.ModuleDict)) else (part,))  # (Gemma 3n's altup_projections[i])
+             if all(p.is_meta for p in leaf.parameters())]  # one given its weights runs as it is
     saved = [part.forward for part in parts]
 
     def zeros(real: Any) -> Any:
