@@ -264,28 +264,24 @@ def census_row(model_type: str, root: Path) -> dict[str, str]:
 # not run, it would not end). tests/test_census.py fails for a family that does other than this.
 NLL = "NLL off transformers' by"
 OPEN: Mapping[str, Mapping[str, str]] = {
-    "cpmant": {"check": "crash: RuntimeError: The size of tensor a (62) must match"},  # its prompt positions
-    "ctrl": {"check": NLL},
-    "dory": {"check": "refused: ModelInputError: cannot follow DoryModel's forward one layer at a time"},
-    "gemma3n_text": {"check": "crash: RuntimeError: Index tensor must have the same number of dimensions"},
+    "dory": {"check": "refused: ModelInputError: cannot follow DoryModel's forward one layer at a time: dory loops "
+                      "its middle layers"},
     "hrm_text": {"slices": "refused: ConfigError: slices[0].sources[0].model: ",
-                 "check": "refused: ModelInputError: cannot find the 32 decoder layers of HrmTextModel"},
-    # the head found under transformers' own names writes tie_word_embeddings false where the inputs say none (as
-    # inkling_text's); check reads a token id past the unpadded vocabulary
-    **{family: {"linear": "tensors [], config {'tie_word_embeddings': (None, False)}",
-                "check": "crash: RuntimeError: index 507 is out of bounds for dimension 1 with size 500"}
+                 "check": "refused: ModelInputError: cannot find the 32 decoder layers of HrmTextModel: hrm_text runs "
+                         "its two layer stacks in turn"},
+    # the census's texts hold token ids past the head's rows (its unpadded vocabulary), which transformers' own
+    # forward cannot score either; and the forward hands each layer the block states of earlier layers' inputs, which
+    # a layer-by-layer pass does not follow yet (5e-3 off with ids under the head's rows)
+    **{family: {"check": "crash: RuntimeError: index 507 is out of bounds for dimension 1 with size 500"}
        for family in ("inkling2_loop_text", "inkling2_text")},
-    "inkling_text": {"linear": "tensors [], config {'tie_word_embeddings': (None, False)}"},
     "longcat_flash": {aspect: "not run: its merge and check do not end in minutes here (transformers' conversion of "
                               "its experts)" for aspect in ("linear", "slices", "check")},
-    "nanochat": {"check": NLL},
     "reformer": {"check": "crash: AttributeError: 'Tensor' object has no attribute 'attn_output'"},
-    "roberta-prelayernorm": {"check": NLL},
-    "rwkv": {"check": "refused: ModelInputError: decoder layer ? takes what an earlier layer returned"},
     "xlm": {"slices": "keeps its layers' parts in separate numbered lists (transformer.attentions, transformer.ffns, "
                       "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers",
             "check": "crash: RuntimeError: The expanded size of the tensor (60) must match"},
-    "xlnet": {"check": "crash: AttributeError: 'Slot' object has no attribute 'permute'"},
+    # (its forward holds the hidden states positions first, and runs its dropout on a second stream's output)
+    "xlnet": {"check": "refused: ModelInputError: cannot follow XLNetModel's forward one layer at a time"},
     "xlstm": {"check": "crash: ValueError: matC_old has wrong shape"},
 }
 # the 2026 families by their names, with the model types transformers gives them

@@ -19,18 +19,24 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resumerge.errors import ModelInputError
+from resumerge.torch_import import torch
 
 # How a carried value is named in a pass's journal: model m's, batch s's, layer i's extra output q.
 CARRIED = "carried.{m}.{s}.{i}.{q}"
 
 
+# A slot's value before its layer ran (or once no later layer takes it): None is a value a layer returns (RWKV's
+# state, without a cache)
+NOT_RUN: Any = type("NotRun", (), {"__repr__": lambda self: "NOT_RUN"})()
+
+
 class Slot:
-    """One extra output of one layer's call: its value once the layer ran (None before)."""
+    """One extra output of one layer's call: its value once the layer ran (:data:`NOT_RUN` before)."""
 
     __slots__ = ("value",)
 
     def __init__(self) -> None:
-        self.value: Any = None
+        self.value: Any = NOT_RUN
 
 
 class HandingCall(tuple):  # type: ignore[type-arg]
@@ -69,7 +75,7 @@ def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[st
     def value(v: Any) -> Any:
         if not isinstance(v, Slot):
             return v
-        if v.value is None:
+        if v.value is NOT_RUN:
             raise ModelInputError(f"decoder layer {layer if layer is not None else '?'} takes what an earlier layer "
                                   "returned beside its hidden states, which this pass no longer holds",
                                   hint="run the pass again from its first layer (remove its journal)")
@@ -88,25 +94,28 @@ def live(calls: Sequence[Any], after: int) -> list[tuple[int, int, Slot]]:
             if id(slot) in wanted:
                 found.append((i, q, slot))
             else:
-                slot.value = None
+                slot.value = NOT_RUN
     return found
 
 
 def carried(calls: Sequence[Sequence[Sequence[Any]]], after: int) -> dict[str, Any]:
     """What a later layer still takes after layer ``after``, for each model's (``calls[m][s]``: batch ``s``'s
-    calls) batches, by journal name (:data:`CARRIED`)."""
-    return {CARRIED.format(m=m, s=s, i=i, q=q): slot.value.contiguous()
+    calls) batches, by journal name (:data:`CARRIED`; a None value as an empty tensor under that name and
+    ``.none``)."""
+    return {CARRIED.format(m=m, s=s, i=i, q=q) + ("" if slot.value is not None else ".none"):
+            slot.value.contiguous() if slot.value is not None else torch.empty(0)
             for m, model in enumerate(calls) for s, batch in enumerate(model)
-            for i, q, slot in live(batch, after) if slot.value is not None}
+            for i, q, slot in live(batch, after) if slot.value is not NOT_RUN}
+
 
 
 def restore(calls: Sequence[Sequence[Sequence[Any]]], tensors: Mapping[str, Any]) -> None:
     """Put the journaled values (:func:`carried`) back in the slots of ``calls``."""
     for name, value in tensors.items():
         parts = name.split(".")
-        if len(parts) == 5 and parts[0] == "carried":
-            m, s, i, q = map(int, parts[1:])
-            slots_of(calls[m][s][i])[q].value = value
+        if len(parts) in (5, 6) and parts[0] == "carried":
+            m, s, i, q = map(int, parts[1:5])
+            slots_of(calls[m][s][i])[q].value = value if len(parts) == 5 else None
 
 
 def as_model(tensors: Mapping[str, Any], m: int) -> dict[str, Any]:
@@ -123,7 +132,7 @@ def of_model(tensors: Mapping[str, Any], m: int) -> dict[str, Any]:
     found = {}
     for name, value in tensors.items():
         parts = name.split(".")
-        if len(parts) == 5 and parts[0] == "carried" and parts[1] == str(m):
+        if len(parts) in (5, 6) and parts[0] == "carried" and parts[1] == str(m):
             found[".".join([parts[0], "0", *parts[2:]])] = value
     return found
 

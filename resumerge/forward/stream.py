@@ -10,10 +10,7 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
-import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
@@ -29,6 +26,8 @@ from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
+from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
+from resumerge.inputs.stacks import not_a_stack
 from resumerge.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -48,62 +47,6 @@ Given = Sequence[Mapping[str, Any]] | None
 
 def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
-
-
-def final_names(inner: torch.nn.Module, layers: torch.nn.Module) -> tuple[str, ...]:
-    """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
-    it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
-    hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
-    calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
-    before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
-    cannot be read."""
-    children = dict(inner.named_children())
-    layer_name = next((n for n, c in children.items() if c is layers), None)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
-    except (OSError, TypeError, SyntaxError):
-        return ()
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
-    using = [i for i, statement in enumerate(body)
-             if any(_self_attribute(n) == layer_name for n in ast.walk(statement))]
-    if layer_name is None or not using:
-        return ()
-    found: list[str] = []
-
-    def visit(node: ast.AST) -> None:  # evaluation order: what a call's arguments call comes before it
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-        # a module given the hidden states alone (Inkling2's final_input, given its block states too, is no such)
-        alone = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
-        name = _self_attribute(node.func) if isinstance(node, ast.Call) and alone else None
-        if name is not None and name != layer_name and isinstance(children.get(name), torch.nn.Module):
-            found.append(name)
-
-    for statement in body[using[-1] + 1:]:
-        visit(statement)
-    return tuple(dict.fromkeys(found))
-
-
-def _self_attribute(node: ast.AST) -> str | None:
-    """``X`` where ``node`` is ``self.X``."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return node.attr
-    return None
-
-
-def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
-                   ) -> list[torch.nn.Module]:
-    """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
-    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
-    found: list[torch.nn.Module] = []
-    for child in root.children():
-        if any(child is s for s in skip):
-            continue
-        if any(m is within for m in child.modules()):
-            found += weighted_parts(child, within, skip)
-        elif any(True for _ in child.parameters()):
-            found.append(child)
-    return found
 
 
 def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
@@ -196,9 +139,32 @@ class ModelStream:
         self._names = names
         self.holder, self.layers_list = self._layer_list()
         self.layers = len(self.layers_list)
-        self._final_names = final_names(self.holder, self.layers_list)
-        # what the base model applies to the last layer's output, in order (the final norm)
-        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(self.holder, n) for n in self._final_names)
+        # what the base model applies to the last layer's output, in order (the final norm), each by the module
+        # whose forward applies it: the one holding the layers first, then each above it (RoBERTa-PreLayerNorm's
+        # LayerNorm is the base model's, its layers its encoder's)
+        path = self._path_to_layers()
+        self._finals_at: list[tuple[torch.nn.Module, str]] = []
+        # those it applies before the layers too (NanoChat's norm, before and after them): run with the embeddings
+        self._late: list[tuple[torch.nn.Module, str]] = []
+        used: list[tuple[torch.nn.Module, str]] = []  # every module it uses after the layers, however
+        # whether the module holding the layers does more there than apply the finals (Gemma 3n folds its streams)
+        opaque = False
+        for owner, inside in reversed(list(zip(path, [*path[1:], self.layers_list]))):
+            early = tail_names(owner, inside, before=True)
+            finals = final_names(owner, inside, rebinds=owner is not self.holder)
+            for name in finals:
+                self._finals_at.append((owner, name))
+                if name not in early:
+                    self._late.append((owner, name))
+            used += [(owner, n) for n in tail_names(owner, inside)]
+            opaque = opaque or (owner is self.holder and bool(set(tail_names(owner, inside)) - set(finals)))
+        self.finals: tuple[torch.nn.Module, ...] = tuple(getattr(o, n) for o, n in self._finals_at)
+        # where it does more than that, or where the layers' hidden states are not the tokens' (CPM-Ant's hold its
+        # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
+        self._tail_parts = tuple(getattr(o, n) for o, n in used)
+        self._tail = Tail(self.inner, self.layers_list, weighted_parts(
+            self.inner, self.layers_list, (self.layers_list, *self._tail_parts)), self._tail_parts)
+        self._opaque = opaque
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
 
     def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
@@ -216,7 +182,8 @@ class ModelStream:
                 layers = self.inner.get_submodule(name)
                 assert isinstance(layers, torch.nn.ModuleList)
                 return self.inner.get_submodule(name.rpartition(".")[0]), layers
-        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}")
+        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}"
+                              + self._not_a_stack())
 
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
@@ -343,14 +310,20 @@ class ModelStream:
 
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
-        return weighted_parts(self.inner, self.layers_list, (self.layers_list, *self.finals))
+        return weighted_parts(self.inner, self.layers_list,
+                              (self.layers_list, *(getattr(o, n) for o, n in self._late)))
 
     def _around_head(self) -> list[torch.nn.Module]:
         """The final norm, and whatever else of the causal-LM class's runs around its head and holds weights
         (ModernBERT's lm_head, BERT's prediction transform beside its decoder), the head itself not."""
         site, attribute = head_site(self.model, self.inner)
         head = self.model.get_output_embeddings()
-        return [*self.finals, *weighted_parts(site, head, (getattr(site, attribute), head))]
+        return [*(self._tail_parts if self._tailed() else self.finals),
+                *weighted_parts(site, head, (getattr(site, attribute), head))]
+
+    def _tailed(self) -> bool:
+        """Whether the base model's forward is run after the layers (:class:`~.tail.Tail`), not its finals."""
+        return self._opaque or self._tail.reshapes(self.device)
 
     def _path_to_layers(self) -> list[torch.nn.Module]:
         """The base model and each of its modules down to the one holding the decoder layers."""
@@ -456,8 +429,8 @@ class ModelStream:
             try:
                 for i, stub in enumerate(stubs):
                     self.layers_list[i] = stub
-                for name, final in zip(self._final_names, self.finals):
-                    setattr(self.holder, name, stand_ins()[2](final))
+                for owner, name in self._late:
+                    setattr(owner, name, stand_ins()[2](getattr(owner, name)))
                 with torch.no_grad():
                     # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
                     # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
@@ -470,15 +443,24 @@ class ModelStream:
             finally:
                 for i, layer in enumerate(real_layers):
                     self.layers_list[i] = layer
-                for name, final in zip(self._final_names, self.finals):
-                    setattr(self.holder, name, final)
+                for (owner, name), final in zip(self._finals_at, self.finals):
+                    setattr(owner, name, final)  # (the late ones' stand-ins undone)
             first = stubs[0].seen[0] if stubs[0].seen else None
             if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
                 continue
             # a layer returning more than its hidden states puts them in its slots, which a later call may take
             # (GLM-5's top-k indices: resumerge.forward.handed)
             return first, [HandingCall(c[0], stub.made) if stub.made else c[0] for c, stub in zip(calls, stubs)]
-        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time{failed}")
+        why = self._not_a_stack()
+        raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
+                              + (why or failed))
+
+    def _not_a_stack(self) -> str:
+        """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
+        known): its model type's (:mod:`resumerge.inputs.stacks`)."""
+        text = self.config.get_text_config()
+        why = not_a_stack(getattr(text, "model_type", None))
+        return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                    entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
@@ -493,8 +475,8 @@ class ModelStream:
         if not rows:
             return True
         for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
-            own = self.run(layer, hidden, calls[0])[0]
-            padded = outputs[b][r, :n]
+            own = self.run(layer, hidden, calls[0])
+            padded = sequence_row(outputs[b], batches[b][1].shape, r, n)
             if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
                 return False
         return True
@@ -510,7 +492,9 @@ class ModelStream:
         found = []
         try:
             for (ids, mask), (b, r, n) in zip(alone, rows):
-                embeds = entering[b][0][r:r + 1, :n].to("cpu")  # made on the host, as the embeddings are
+                # made on the host, as the embeddings are; a copy: a forward may scale them in place (CTRL's did,
+                # the batch's own entering states with them)
+                embeds = sequence_row(entering[b][0], batches[b][1].shape, r, n).to("cpu", copy=True)
                 hidden, calls = self._capture(ids, mask, embeds)
                 if not torch.equal(hidden, embeds):
                     break
@@ -564,8 +548,10 @@ class ModelStream:
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
             normed = hidden
-            for final in self.finals:
+            for final in () if self._tailed() else self.finals:
                 normed = final(normed)
+            if self._tailed():
+                normed = self._tail(hidden)
             setattr(site, attribute, stand_ins()[1](normed, inner, frozenset(map(id, self._path_to_layers()))))
             try:
                 out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),
@@ -585,8 +571,16 @@ class ModelStream:
 
     def tied_head(self) -> bool:
         """Whether the head is read from the input embeddings (tied): as transformers ties them, by the top-level
-        config (a multimodal model's, not its text config's: Mistral 3 ties where its text config says not)."""
-        return bool(getattr(self.config, "tie_word_embeddings", False))
+        config (a multimodal model's, not its text config's: Mistral 3 ties where its text config says not); not
+        where transformers' modules tie no head and the checkpoint holds one (CPM-Ant's config says tie, its
+        embeddings hold its prompt tokens' rows too, its head ships apart)."""
+        if not getattr(self.config, "tie_word_embeddings", False):
+            return False
+        ties = getattr(self.model, "all_tied_weights_keys", None)
+        head = self.model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        return (ties is None or f"{self._names[id(head)]}.weight" in ties or weight is None
+                or not self.reader.holds(self.prefix(head) + "weight", tuple(weight.shape)))
 
     def close(self) -> None:
         self.reader.close()

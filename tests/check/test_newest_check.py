@@ -30,7 +30,7 @@ from resumerge.forward.batches import padded
 from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.forward.placement import runs_batched
-from resumerge.forward.stream import final_names
+from resumerge.forward.tail import final_names
 from resumerge.inputs.model import open_model
 from resumerge.torch_import import torch
 

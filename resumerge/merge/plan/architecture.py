@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.params import is_whole
 from resumerge.errors import ConfigError, ModelInputError
+from resumerge.inputs.stacks import not_a_stack
 from resumerge.merge.plan.modules import ModuleLayout, language_stack, layer_stacks, module_of
 from resumerge.merge.plan.mtp import MtpLayout, split_indexed, split_top_level
 
@@ -190,18 +191,9 @@ def layer_count(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-# Families whose layers are not a stack a slice can cut: what each does with its layers (a slice's refusal says it)
-_UNSLICEABLE: Mapping[str, str] = {
-    "dory": "loops its middle layers (n_recurrent_layers, n_recurrent_loops times)",
-    "hrm_text": "runs its two layer stacks in turn, in cycles",
-    "zamba": "shares one transformer block across its hybrid layers",
-    "zamba2": "shares its transformer blocks across its hybrid layers",
-}
-
-
 def unsliceable(config: Mapping[str, Any]) -> str | None:
     """Why a stack of this family's layers other than its own is not a model of the family (None: it is)."""
-    return _UNSLICEABLE.get(str(layer_config(config).get("model_type", config.get("model_type"))))
+    return not_a_stack(layer_config(config).get("model_type", config.get("model_type")))
 
 
 def counts_blocks(config: Mapping[str, Any]) -> bool:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
@@ -142,22 +142,26 @@ def build_out_config(
         out["dtype"] = dtype
         if "torch_dtype" in out:
             out["torch_dtype"] = dtype
-    tied = _tied(out, target, tensors, models)
-    if tied is not None:
+    tied = _tied(out, target, list(tensors), models)
+    # a donor whose config does not say (Inkling's config class has no such setting) is read as it is where its own
+    # tensors put it as the output's do: written only where they differ
+    said = "tie_word_embeddings" in out or "tie_word_embeddings" in target
+    if tied is not None and (said or tied != _tied(out, target, list(models[donor].tensors), models)):
         out["tie_word_embeddings"] = tied
         if target is not out and "tie_word_embeddings" in target:
             target["tie_word_embeddings"] = tied
     return out
 
 
-def _tied(out: Mapping[str, Any], target: Mapping[str, Any], tensors: Mapping[str, TensorPlan],
+def _tied(out: Mapping[str, Any], target: Mapping[str, Any], written: Collection[str],
           models: Mapping[str, ModelInput]) -> bool | None:
-    """Whether transformers must tie the output's head to its embeddings: where no tensor written is the head as
+    """Whether transformers must tie the head of a checkpoint of tensors ``written`` (the output's) to its
+    embeddings: where no tensor written is the head as
     transformers reads the checkpoint (under any name the family's conversion maps to ``lm_head``: DeepSeek-V4's
     ``head.weight``); None where no embedding is written, or no input has a head either (Mistral 4's checkpoint, a
     base model): the donor's setting stays. transformers is asked only where the names alone show no head and the
     donor's config does not tie: a tied model's output is then tied whatever transformers says."""
-    names = sorted(tensors)
+    names = sorted(written)
     embedded, headed = any(is_input_embedding(n) for n in names), any(is_head(n) for n in names)
     if not headed and out.get("tie_word_embeddings", target.get("tie_word_embeddings")) is not True:
         # the tensors outside the numbered layers (a head or an embedding is one): a 90k-tensor model has a few

@@ -1,0 +1,260 @@
+"""What a base model's forward does after its decoder layers, read from that forward's own code.
+
+Mostly the modules it applies to the last layer's output one after another (:func:`final_names`: the final norm).
+Where it does more (Gemma 3n folds its four hidden-state streams into one, each through its own projection and
+rescaled, before the norm), the forward itself is run over given last hidden states (:class:`Tail`): its decoder
+layers stand-ins that return them, the parts that run before the layers stand-ins that return zeros of their
+outputs' shapes (no weight read for them: a Gemma 3n's per-layer embeddings are gigabytes), so that what comes
+after the layers is transformers' own code, never rewritten here. The same probe says where the layers' hidden
+states hold a sequence's positions (:func:`sequence_row`), and :func:`weighted_parts` which of a model's modules
+hold weights around the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from resumerge.torch_import import torch
+
+# The token ids' shape the probe runs with, to find where the hidden states hold the batch and positions (Gemma 3n's
+# stack its streams first): two sizes no stream count or width is taken for
+_PROBE = (3, 5)
+
+
+def _after(inner: torch.nn.Module, layers: torch.nn.Module, *, before: bool = False
+           ) -> tuple[str | None, list[ast.stmt]]:
+    """The attribute of ``inner`` holding ``layers`` and the statements of ``inner``'s forward after the last one
+    that uses them (``before``: before the first one), none where its code cannot be read."""
+    children = dict(inner.named_children())
+    layer_name = next((n for n, c in children.items() if c is layers), None)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return layer_name, []
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    using = [i for i, statement in enumerate(body)
+             if any(_self_attribute(n) == layer_name for n in ast.walk(statement))]
+    if layer_name is None or not using:
+        return layer_name, []
+    return layer_name, body[:using[0]] if before else body[using[-1] + 1:]
+
+
+def final_names(inner: torch.nn.Module, layers: torch.nn.Module, *, rebinds: bool = False) -> tuple[str, ...]:
+    """The attributes of the modules ``inner``'s forward applies to the last decoder layer's output, in the order
+    it applies them (its final norm: ``norm``, LFM2's ``embedding_norm``, Nemotron-H's ``norm_f``; DeepSeek-V4's
+    hyper-connection head ``hc_head`` before it), found in that forward's own code: the modules of ``inner`` it
+    calls with one argument in the statements after the last one that uses the decoder layers ``layers``, arguments
+    before the call that takes them. Empty where it calls none (the head reads the last layer's output) or its code
+    cannot be read. ``rebinds``: only those whose output is bound to the name of their input (``x = self.norm(x)``),
+    for a module above the one holding the layers (``layers`` then the module on the way to them), whose forward
+    goes on to other things than the hidden states (BigBird's pooler, given the first position)."""
+    children = dict(inner.named_children())
+    layer_name, after = _after(inner, layers)
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:  # evaluation order: what a call's arguments call comes before it
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+        # a module given the hidden states alone (Inkling2's final_input, given its block states too, is no such)
+        alone = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+        name = _self_attribute(node.func) if isinstance(node, ast.Call) and alone else None
+        if name is not None and name != layer_name and isinstance(children.get(name), torch.nn.Module):
+            found.append(name)
+
+    for statement in after:
+        if not rebinds:
+            visit(statement)
+        elif isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call) and [
+                t.id for t in statement.targets if isinstance(t, ast.Name)] == [
+                a.id for a in statement.value.args if isinstance(a, ast.Name)] != []:
+            visit(statement.value)
+    return tuple(dict.fromkeys(found))
+
+
+def tail_names(inner: torch.nn.Module, layers: torch.nn.Module, *, before: bool = False) -> tuple[str, ...]:
+    """The attributes of every module of ``inner`` its forward uses after the decoder layers ``layers``
+    (``before``: before them), however (called, indexed: Gemma 3n's ``altup_unembed_projections[i - 1]``), in the
+    order its code names them."""
+    children = dict(inner.named_children())
+    layer_name, after = _after(inner, layers, before=before)
+    named = (_self_attribute(n) for statement in after for n in ast.walk(statement))
+    return tuple(dict.fromkeys(n for n in named if n is not None and n != layer_name
+                               and isinstance(children.get(n), torch.nn.Module)))
+
+
+def _self_attribute(node: ast.AST) -> str | None:
+    """``X`` where ``node`` is ``self.X``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
+                   ) -> list[torch.nn.Module]:
+    """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
+    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
+    found: list[torch.nn.Module] = []
+    for child in root.children():
+        if any(child is s for s in skip):
+            continue
+        if any(m is within for m in child.modules()):
+            found += weighted_parts(child, within, skip)
+        elif any(True for _ in child.parameters()):
+            found.append(child)
+    return found
+
+
+def sequence_row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torch.Tensor:
+    """Sequence ``r``'s first ``n`` positions of a ``batch``-shaped batch's hidden states ``value`` (a batch of one):
+    where ``value`` holds the batch and the positions first, or after other axes (Gemma 3n's streams first), with
+    any positions they hold before the tokens' (CPM-Ant's prompt)."""
+    axis = next((i for i in range(value.dim() - 1) if value.shape[i] == batch[0] and value.shape[i + 1] >= batch[1]),
+                0)
+    return value.narrow(axis, r, 1).narrow(axis + 1, 0, n + value.shape[axis + 1] - batch[1])
+
+
+class Tail:
+    """``inner``'s forward after its decoder ``layers``, over given last hidden states: its parts that run before
+    the layers (``before``) are stood in for by zeros of their outputs' shapes, its layers by what returns the
+    given states (a tuple of values where the forward unpacks one: :meth:`probe`); the
+    modules it uses after them must hold their weights while it runs. Its output: the base model's last hidden
+    state (after the final norm)."""
+
+    def __init__(self, inner: torch.nn.Module, layers: torch.nn.ModuleList, before: Sequence[torch.nn.Module],
+                 after: Sequence[torch.nn.Module] = ()) -> None:
+        self.inner, self.layers, self.before, self.after = inner, layers, tuple(before), tuple(after)
+        # the layers' output arity, the batch's axis in their hidden states, the positions they hold before the
+        # tokens' (CPM-Ant's prompt)
+        self._found: tuple[int, int, int] | None = None
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._unprobed = False  # the probe failed: not asked again
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
+            return self._last[1]
+        arity, axis, extra = self.probe(hidden.device)
+        shape = (hidden.shape[axis], hidden.shape[axis + 1] - extra)
+        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity, lambda entering: hidden)
+        self._last = (hidden, found)
+        return found
+
+    def reshapes(self, device: torch.device) -> bool:
+        """Whether the layers' hidden states hold the batch and the positions otherwise than the tokens do (after
+        other axes: Gemma 3n's streams; more positions: CPM-Ant's prompt before the tokens), so that only the
+        forward's own code after them gives the last hidden state; False where the probe cannot run."""
+        if self._unprobed:
+            return False
+        try:
+            return self.probe(device)[1:] != (0, 0)
+        except Exception:  # whatever the forward raises with its parts before the layers stood in for
+            self._unprobed = True
+            return False
+
+    def probe(self, device: torch.device) -> tuple[int, int, int]:
+        """How many values the forward unpacks from a layer's output (0: it takes the hidden states alone), where
+        the layers' hidden states hold the batch and how many positions they hold before the tokens': found once,
+        by a run whose layers see what the forward gives them for ids of shape :data:`_PROBE`, every part that
+        holds weights stood in for (none read)."""
+        if self._found is None:
+            failed: Exception | None = None
+            seen: list[tuple[int, ...]] = []
+
+            def seeing(entering: torch.Tensor) -> torch.Tensor:
+                seen.append(tuple(entering.shape))
+                return entering
+
+            for arity in range(4):
+                seen.clear()
+                try:
+                    self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
+                              (*self.before, *self.after))
+                except (ValueError, TypeError, IndexError) as error:  # the forward unpacks the output otherwise
+                    failed = error
+                    continue
+                axis = next((i for i in range(len(seen[0]) - 1)
+                             if seen[0][i] == _PROBE[0] and seen[0][i + 1] >= _PROBE[1]), 0)
+                self._found = (arity, axis, seen[0][axis + 1] - _PROBE[1])
+                break
+            else:
+                assert failed is not None
+                raise failed
+        return self._found
+
+    def _run(self, ids: torch.Tensor, arity: int, returned: Any,
+             zeroed: Sequence[torch.nn.Module] | None = None) -> torch.Tensor:
+        """The forward over ids ``ids``, each layer returning what ``returned`` makes of what it is given (``arity``
+        values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros."""
+        real = list(self.layers)
+        _, _, passed = _stand_ins()
+
+        class _Returning(passed):  # type: ignore[misc, valid-type]
+            def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                out = returned(hidden_states)
+                return (out, *[None] * (arity - 1)) if arity else out
+
+        try:
+            for i, layer in enumerate(real):
+                self.layers[i] = _Returning(layer)
+            with _zeros_for(self.before if zeroed is None else zeroed), torch.no_grad():
+                out = self.inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                 output_hidden_states=True)
+        finally:
+            for i, layer in enumerate(real):
+                self.layers[i] = layer
+        found: torch.Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return found
+
+
+def _stand_ins() -> tuple[Any, Any, Any]:
+    from resumerge.forward.standins import stand_ins
+
+    return stand_ins()
+
+
+@contextmanager
+def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Each of ``parts`` whose weights are on the meta device made, for the block, to return zeros of the shape
+    and dtype its forward gives: computed on the meta device."""
+    parts = [leaf for part in parts for leaf in (part.children() if isinstance(
+        part, (torch.nn.ModuleList, torch.nn.ModuleDict)) else (part,))  # (Gemma 3n's altup_projections[i])
+             if all(p.is_meta for p in leaf.parameters())]  # one given its weights runs as it is
+    saved = [part.forward for part in parts]
+
+    def zeros(real: Any) -> Any:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            on_meta = _to_meta((args, kwargs))
+            shaped = real(*on_meta[0], **on_meta[1])
+            device = next((v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+            return _zeros_like(shaped, device)
+        return forward
+
+    try:
+        for part, real in zip(parts, saved):
+            part.forward = zeros(real)  # type: ignore[method-assign]
+        yield
+    finally:
+        for part, real in zip(parts, saved):
+            part.forward = real  # type: ignore[method-assign]
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    return value
+
+
+def _zeros_like(value: Any, device: torch.device | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.zeros(value.shape, dtype=value.dtype, device=device or "cpu")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_zeros_like(v, device) for v in value)
+    return value
