@@ -1,0 +1,137 @@
+"""The structure genome (issue 99): a search over a tiny model's layer path, scored from the base's cached hidden
+states.
+
+The hand-checkable case: the ``kl`` task's parent is the base with layers 2-3 repeated (written by ``run`` from a
+``slices:`` config), so the candidate ``repeat 2-3`` is the parent itself (KL 0) and every other candidate is not.
+Its pass ran N − i layers for a block starting at i (the cache's saving); the NLL the search records for a
+candidate is what ``eval`` finds on that candidate written with ``run``; run again, the search answers with the same
+files; ``status`` shows the front; ``--merge-best`` writes the best shape.
+
+Tiny generated models (six layers, width 32): a scan of 16 single blocks and a beam round, a few seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resumerge import api
+from resumerge.cli.commands import main
+from resumerge.cli.modelgen import ModelSpec, make_model
+
+SPEC = ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64)
+FILES = ("evaluations.jsonl", "front.json", "best.yml", "shapes.json")
+
+
+def make_structure(root: Path, **genome: Any) -> Path:
+    """The base, the parent (the base with layers 2-3 repeated), the texts and the config; returns its path."""
+    make_model(root / "base", SPEC, seed=3)
+    slices = {"merge_method": "passthrough",
+              "slices": [{"sources": [{"model": str(root / "base"), "layer_range": r}]} for r in ([0, 4], [2, 6])]}
+    (root / "parent.yml").write_text(yaml.safe_dump(slices))
+    if not (root / "parent").exists():
+        api.run(root / "parent.yml", root / "parent")
+    (root / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    (root / "b.txt").write_text("one two three four five six\nsome other words here too\n")
+    doc = {"genome": {"kind": "structure", "model": str(root / "base"), "grow": 50, "beam_width": 2,
+                      "beam_depth": 1, "beam_edits": 16, **genome},
+           "tasks": [{"kl": {"parent": str(root / "parent"), "texts": str(root / "a.txt")}},
+                     {"nll": {"texts": str(root / "a.txt")}, "weight": 0.01}],
+           "held_out": [{"nll": {"texts": str(root / "b.txt")}}]}
+    config = root / "evolve.yml"
+    config.write_text(yaml.safe_dump(doc))
+    return config
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, api.EvolveOutcome]:
+    root = tmp_path_factory.mktemp("structure")
+    config = make_structure(root)
+    return config, root / "store", api.evolve(config, root / "store")
+
+
+def _rows(store: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (store / "evaluations.jsonl").read_text().splitlines()]
+
+
+def test_repeating_the_parent_s_block_is_best_and_every_other_shape_is_worse(
+        searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
+    _, store, outcome = searched
+    rows = _rows(store)
+    scan = [r for r in rows if r["phase"] == "scan"]
+    # the base, then every block of 1-3 layers (grow 50 % of 6: three layers at most) repeated
+    assert [r["shape"] for r in scan[:3]] == ["base", "repeat 0-0", "repeat 0-1"]
+    assert len(scan) == 1 + sum(min(3, 6 - i) for i in range(6))
+    best = min(rows, key=lambda r: r["objective"])
+    assert best["shape"] == "repeat 2-3" and best["path"] == [0, 1, 2, 3, 2, 3, 4, 5]
+    assert best["tasks"]["kl:parent:a.txt"] < 1e-6
+    assert all(r["tasks"]["kl:parent:a.txt"] > 1e-4 for r in rows if r is not best)
+    assert outcome.best.config == best["config"] == yaml.safe_load((store / "best.yml").read_text())
+    assert best["config"]["slices"] == [{"sources": [{"model": str(store.parent / "base"), "layer_range": r}]}
+                                        for r in ([0, 4], [2, 6])]
+    beam = [r for r in rows if r["phase"] == "beam 1"]
+    assert beam and all(len(r["edits"]) == 2 for r in beam)
+
+
+def test_a_block_starting_at_i_costs_n_minus_i_layers(searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
+    _, store, _ = searched
+    for r in _rows(store):
+        if r["phase"] == "scan" and r["shape"] != "base":
+            (kind, first, after), = r["edits"]
+            assert (kind, r["computed"], r["full"]) == ("repeat", 6 - first, 6 + after - first)
+    assert _rows(store)[0]["computed"] == 0  # the base: its last hidden states are cached
+
+
+def test_the_front_holds_held_out_figures_and_status_shows_it(
+        searched: tuple[Path, Path, api.EvolveOutcome], capsys: pytest.CaptureFixture[str]) -> None:
+    _, store, _ = searched
+    front = json.loads((store / "front.json").read_text())
+    assert front[0]["shape"] == "base" and front[-1]["shape"] == "repeat 2-3"
+    assert [f["layers"] for f in front] == sorted(f["layers"] for f in front)
+    assert all(f["held_out"]["nll:b.txt"] > 0 for f in front)
+    assert main(["status", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "finished" in out and "repeat 2-3" in out and "front" in out
+
+
+def test_a_candidate_s_figure_is_what_eval_finds_on_it_written_by_run(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    config, store, _ = searched
+    row = next(r for r in _rows(store) if r["shape"] == "repeat 1-3")
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+    api.run(tmp_path / "c.yml", tmp_path / "c")
+    report = api.evaluate(tmp_path / "c", [f"nll:{config.parent / 'a.txt'}"],
+                          api.Settings(state_dir=tmp_path / "state"))
+    (found,) = report.results["results"].values()
+    assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)
+
+
+def test_asked_again_it_answers_with_the_same_files_and_merge_best_writes_the_shape(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    config, store, outcome = searched
+    before = {name: (store / name).read_bytes() for name in FILES}
+    assert main(["evolve", str(config), str(store), "--merge-best", str(tmp_path / "best")]) == 0
+    assert {name: (store / name).read_bytes() for name in FILES} == before
+    written = json.loads((tmp_path / "best" / "config.json").read_text())
+    assert written["num_hidden_layers"] == 8
+
+
+@pytest.mark.parametrize(("genome", "words"), [
+    ({"grow": "lots"}, "genome.grow: must be a percentage"),
+    ({"repeat": [4, 2]}, "genome.repeat: must be [first, last]"),
+    ({"repeat": [1, 9]}, "genome.repeat: layer 9 is past the base's last, 5"),
+    ({"pattern": "mirror"}, "genome.pattern: must be rewrite or keep"),
+    ({"beam_width": 0}, "genome.beam_width: must be a whole number of 1 or more"),
+    ({"grow": 0}, "genome: the genome allows no edit"),
+    ({"layers": 3}, "genome.layers: unknown key 'layers'"),
+])
+def test_a_bad_structure_genome_is_refused_in_one_line(tmp_path: Path, genome: dict[str, Any], words: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    config = make_structure(tmp_path, **genome)
+    assert main(["evolve", str(config), str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
