@@ -111,7 +111,7 @@ def test_a_candidate_s_figure_is_what_eval_finds_on_it_written_by_run(
 
 def test_asked_again_it_answers_with_the_same_files_and_merge_best_writes_the_shape(
         searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
-    config, store, outcome = searched
+    config, store, _ = searched
     before = {name: (store / name).read_bytes() for name in FILES}
     assert main(["evolve", str(config), str(store), "--merge-best", str(tmp_path / "best")]) == 0
     assert {name: (store / name).read_bytes() for name in FILES} == before
@@ -135,3 +135,38 @@ def test_a_bad_structure_genome_is_refused_in_one_line(tmp_path: Path, genome: d
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
     assert not (tmp_path / "store").exists()
+
+
+def test_under_max_disk_the_cache_keeps_every_other_layer_and_the_figures_stay(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    # three boundaries' room: the states entering layers 2, 4 and 6 kept; a candidate departing at layer j runs
+    # from the kept layer at or below j, and finds the same figures to the bit
+    config, store, _ = searched
+    room = int(3.5 * (store / "cache" / "states-0001.safetensors").stat().st_size)
+    parents = sum(p.stat().st_size for p in (store / "cache" / "parents").glob("*.safetensors"))
+    other = tmp_path / "store"
+    api.evolve(config, other, api.Settings(resources=api.Resources(max_disk=room + 2 * parents)))
+    assert sorted(p.name for p in (other / "cache").glob("states-*")) == [
+        "states-0002.safetensors", "states-0004.safetensors", "states-0006.safetensors"]
+    for ours, theirs in zip(_rows(other), _rows(store), strict=True):
+        assert ours["tasks"] == theirs["tasks"] and ours["shape"] == theirs["shape"]
+        if ours["phase"] == "scan" and ours["shape"] != "base":
+            (_, first, after), = ours["edits"]
+            assert ours["computed"] == 6 - first + after % 2
+
+
+@pytest.mark.slow
+def test_a_structure_search_killed_anywhere_ends_with_the_same_files(
+        searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
+    from tests.support import cli
+
+    config, store, _ = searched
+    killed = store.parent / "killed"
+    # in the cache's build (after its second layer), twice inside the scan, in the beam, writing best.yml
+    for kill in ("after_check_layer:2", "after_evolve_candidate:3", "after_evolve_candidate:6",
+                 "after_evolve_candidate:8", "during_best_write:1"):
+        done = cli("evolve", config, killed, env={"RESUMERGE_KILL_AT": kill}, timeout=600)
+        assert done.returncode == -9, (kill, done.returncode, done.stderr[-2000:])
+    assert api.evolve_status(killed).state == "interrupted"
+    assert main(["evolve", str(config), str(killed)]) == 0
+    assert {n: (killed / n).read_bytes() for n in FILES} == {n: (store / n).read_bytes() for n in FILES}

@@ -48,7 +48,8 @@ LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
 SHAPES = ("shapes.json", "front.json", "cache")  # a structure search's own (resumerge.runs.evolve.shapes.search)
 THREADS = THREADS_FILE  # the torch thread count every pass of the search computes with, decided at its first start
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(), *SHAPES}
+_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(),
+         *SHAPES}
 
 
 @dataclass(frozen=True)
