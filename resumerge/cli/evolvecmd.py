@@ -14,7 +14,7 @@ OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
 
 
 # The command's line in ``resumerge --help`` and the opening of its own ``--help``.
-HELP = "search a merge's parameters with CMA-ES (a mergekit-evolve config), resumable"
+HELP = "search a merge's parameters with CMA-ES (a mergekit-evolve config), or a model's layer path, resumable"
 DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
                "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
                "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
@@ -24,6 +24,10 @@ DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG desc
                "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
                "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
                "the best objective so far and the time left (--quiet: none). "
+               "A genome of kind: structure searches a model's layer path instead (blocks repeated or skipped, "
+               "written as a slices: config): every single block, then a beam over compositions, each candidate "
+               "scored from the base's hidden states cached in STORAGE (--max-disk bounds them); front.json holds "
+               "the size/score Pareto front (docs/evolve.md). "
                "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
 
 

@@ -100,8 +100,8 @@ def plan_shapes(text: str, state: StateDir) -> ShapePlan:
     YAML path."""
     spec = read_shape_spec(text)
     config = open_for_pass(spec.genome.model, "genome.model", state).opened.config
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = text_config.get("num_hidden_layers")
+    inner = config.get("text_config")
+    layers = (inner if isinstance(inner, dict) else config).get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
         raise ConfigError(f"{spec.genome.model}'s config.json gives no num_hidden_layers", yaml_path="genome.model")
     repeat = spec.genome.repeat
