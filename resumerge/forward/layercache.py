@@ -16,7 +16,7 @@ as every pass batches them (:mod:`.batches`). A family whose layers hand values 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +93,9 @@ class LayerCache:
         """Whether every boundary the stride keeps is on disk."""
         return self.last_kept() == max((b for b in range(1, self.layers + 1) if self.kept(b)), default=0)
 
-    def build(self, reserve: Reserve) -> int:
-        """Run the base over its layers from the last boundary kept, keeping each boundary durably; the layers run
-        by this call (0: the folder held them all)."""
+    def build(self, reserve: Reserve, on_layer: Callable[[int], None] | None = None) -> int:
+        """Run the base over its layers from the last boundary kept, keeping each boundary durably (``on_layer``:
+        told each layer's index as it starts); the layers run by this call (0: the folder held them all)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         stop = max((b for b in range(1, self.layers + 1) if self.kept(b)), default=0)
         start = self.last_kept()
@@ -104,6 +104,8 @@ class LayerCache:
         every = list(range(len(self.entered.batches)))
         hidden = self.states(start, every)
         for layer in range(start, stop):
+            if on_layer is not None:
+                on_layer(layer)
             hidden = self._layer(layer, layer, hidden, every, reserve)
             if self.kept(layer + 1):
                 durable_save({f"b{b}": h for b, h in zip(every, hidden)},

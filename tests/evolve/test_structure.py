@@ -170,3 +170,40 @@ def test_a_structure_search_killed_anywhere_ends_with_the_same_files(
     assert api.evolve_status(killed).state == "interrupted"
     assert main(["evolve", str(config), str(killed)]) == 0
     assert {n: (killed / n).read_bytes() for n in FILES} == {n: (store / n).read_bytes() for n in FILES}
+
+
+def _hybrid(root: Path, pattern: str) -> Path:
+    """A Qwen2 base whose layers alternate sliding (window 3) and full attention, and an nll search of it."""
+    if not (root / "hybrid").exists():
+        make_model(root / "hybrid", ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64, arch="qwen2"), seed=5)
+        doc = json.loads((root / "hybrid" / "config.json").read_text())
+        doc.update(use_sliding_window=True, sliding_window=3, max_window_layers=0,
+                   layer_types=["sliding_attention", "full_attention"] * 3)
+        (root / "hybrid" / "config.json").write_text(json.dumps(doc))
+        (root / "long.txt").write_text("the cat sat on the mat and looked at the dog for a long while\n"
+                                       "hello world again and again and again until the end\n")
+    config = root / f"hybrid-{pattern}.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(root / "hybrid"), "grow": 34, "pattern": pattern,
+                   "beam_depth": 0},
+        "tasks": [{"nll": {"texts": str(root / "long.txt")}}]}))
+    return config
+
+
+def test_a_hybrid_family_keeps_its_pattern_or_each_layer_keeps_its_type(tmp_path: Path) -> None:
+    # keep: only blocks of whole periods (two layers: sliding, full) repeat; rewrite: a single layer repeated too,
+    # written with its source's type, and the figure the search found is eval's on that written candidate
+    api.evolve(_hybrid(tmp_path, "keep"), tmp_path / "keep")
+    assert [r["shape"] for r in _rows(tmp_path / "keep")] == [
+        "base", "repeat 0-1", "repeat 1-2", "repeat 2-3", "repeat 3-4", "repeat 4-5"]
+    api.evolve(_hybrid(tmp_path, "rewrite"), tmp_path / "rewrite")
+    rows = _rows(tmp_path / "rewrite")
+    row = next(r for r in rows if r["shape"] == "repeat 2-2")
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+    api.run(tmp_path / "c.yml", tmp_path / "c")
+    written = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert written["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention",
+                                      "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    report = api.evaluate(tmp_path / "c", [f"nll:{tmp_path / 'long.txt'}"], api.Settings(state_dir=tmp_path / "st"))
+    (found,) = report.results["results"].values()
+    assert found["nll,none"] == pytest.approx(row["tasks"]["nll:long.txt"], abs=1e-6)

@@ -176,8 +176,8 @@ class ShapeJob(Generic[Found]):
     def run(self, ready: _Ready, reserve: Reserve) -> Found:
         folder = self.folder.path
         cache = LayerCache(folder, ready.stream, ready.entered, ready.stride)
-        self.say(phase="cache the base's hidden states", layer=cache.last_kept(), layers=cache.layers)
-        cache.build(reserve)
+        phase = "cache the base's hidden states"
+        cache.build(reserve, lambda layer: self.say(phase=phase, layer=layer, layers=cache.layers))
         parents = folder / PARENTS
         self._parents(ready, parents, reserve)
         return self.work(ShapeScorer(cache, ready.texts, parents, reserve))
