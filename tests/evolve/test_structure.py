@@ -207,3 +207,27 @@ def test_a_hybrid_family_keeps_its_pattern_or_each_layer_keeps_its_type(tmp_path
     report = api.evaluate(tmp_path / "c", [f"nll:{tmp_path / 'long.txt'}"], api.Settings(state_dir=tmp_path / "st"))
     (found,) = report.results["results"].values()
     assert found["nll,none"] == pytest.approx(row["tasks"]["nll:long.txt"], abs=1e-6)
+
+
+def test_a_surrogate_chooses_the_beam_s_children_and_its_rank_correlation_is_reported(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    from scipy.stats import spearmanr
+
+    from resumerge.runs.evolve.shapes.surrogate import _spearman
+
+    config, store, _ = searched
+    doc = yaml.safe_load(config.read_text())
+    doc["genome"]["surrogate"] = 3
+    (tmp_path / "evolve.yml").write_text(yaml.safe_dump(doc))
+    api.evolve(tmp_path / "evolve.yml", tmp_path / "store")
+    rows = _rows(tmp_path / "store")
+    whole = {r["shape"] for r in _rows(store) if r["phase"] == "beam 1"}
+    chosen = [r["shape"] for r in rows if r["phase"] == "beam 1"]
+    assert len(chosen) == 3 and set(chosen) < whole  # three of the children the whole beam scored
+    found = json.loads((tmp_path / "store" / "surrogate.json").read_text())
+    scored = len(rows)
+    assert (found["trained_on"], found["held_out"]) == ((scored + 1) // 2, scored // 2)
+    assert -1 <= found["spearman"] <= 1
+    a, b = [3.0, 1.0, 2.0, 2.0, 5.0], [0.3, 0.1, 0.25, 0.2, 0.9]
+    assert _spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)

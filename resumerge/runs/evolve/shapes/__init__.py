@@ -7,7 +7,9 @@ skipped) into its layer path and the ``slices:`` passthrough config ``run`` merg
 candidate from the base's hidden states kept on disk (:class:`~resumerge.forward.layercache.LayerCache`: only the
 layers after its departure from the base run); :mod:`.search` decides the candidates (every single block within the
 constraints, then a beam over compositions of the best), keeps each candidate's figures durably as it is scored,
-and writes the table, the size/score Pareto front and ``best.yml`` from them, the same bytes after any kill.
+and writes the table, the size/score Pareto front and ``best.yml`` from them, the same bytes after any kill;
+:mod:`.surrogate` (optional, scikit-learn's gradient-boosted trees) ranks a beam round's children so that only the
+best it predicts are scored.
 """
 
-__all__ = ["genome", "scoring", "search"]
+__all__ = ["genome", "scoring", "search", "surrogate"]

@@ -15,6 +15,7 @@ The genome (``genome:`` with ``kind: structure``)::
       beam_width: 4          # the beam over compositions: its width, its depth (edits beyond the first) and
       beam_depth: 1          # how many of the best single edits are composed with its members
       beam_edits: 8
+      surrogate: 12          # optional: each beam round scores only the 12 children a surrogate ranks best
     tasks: [{nll: {texts: FILE}}, {kl: {parent: PATH, texts: FILE}}]
     held_out: [{nll: {texts: FILE}}]   # scored for the front's candidates once the search ends
 
@@ -32,7 +33,8 @@ from resumerge.config.merge_config import parse_documents
 from resumerge.errors import ConfigError
 from resumerge.runs.evolve.spec import Task, _known, _path, _tasks
 
-_KEYS = ("kind", "model", "grow", "shrink", "repeat", "pattern", "beam_width", "beam_depth", "beam_edits")
+_KEYS = ("kind", "model", "grow", "shrink", "repeat", "pattern", "beam_width", "beam_depth", "beam_edits",
+         "surrogate")
 _TOP = ("genome", "tasks", "held_out")
 PATTERNS = ("rewrite", "keep")
 REPEAT, SKIP = "repeat", "skip"
@@ -52,6 +54,7 @@ class StructureGenome:
     beam_width: int = 4
     beam_depth: int = 1
     beam_edits: int = 8
+    surrogate: int | None = None  # each beam round scores the children a surrogate ranks best, this many
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,11 @@ def _genome(value: Any, base_dir: Path | None) -> StructureGenome:
     for (key, floor), found in zip((("beam_width", 1), ("beam_depth", 0), ("beam_edits", 1)), beam):
         if not _whole(found) or found < floor:
             raise ConfigError(f"must be a whole number of {floor} or more", yaml_path=f"genome.{key}")
-    return StructureGenome(model, grow, shrink, repeat, pattern, *beam)
+    surrogate = value.get("surrogate")
+    if surrogate is not None and (not _whole(surrogate) or surrogate < 1):
+        raise ConfigError("must be a whole number of 1 or more: the children a beam round scores",
+                          yaml_path="genome.surrogate")
+    return StructureGenome(model, grow, shrink, repeat, pattern, *beam, surrogate)
 
 
 def _whole(value: Any) -> bool:

@@ -33,10 +33,12 @@ from resumerge.runs.evolve.shapes.genome import (
     single_edits,
     within,
 )
+from resumerge.runs.evolve.shapes.surrogate import rank_correlation, ranked, require
 from resumerge.runs.evolve.spec import Task
 
 MEASURED = "shapes.json"  # every candidate's figures, in the order scored: what the search resumes from
 FRONT = "front.json"
+SURROGATE = "surrogate.json"  # the surrogate's rank correlation on scored candidates it was not trained on
 
 
 class Scores(Protocol):
@@ -107,6 +109,8 @@ def plan_shapes(text: str, state: StateDir) -> ShapePlan:
     repeat = spec.genome.repeat
     if repeat is not None and repeat[1] >= layers:
         raise ConfigError(f"layer {repeat[1]} is past the base's last, {layers - 1}", yaml_path="genome.repeat")
+    if spec.genome.surrogate is not None:
+        require()
     types = layer_types(config)
     plan = ShapePlan(spec, layers, tuple(types) if types else None)
     if len(plan.scan()) < 2:
@@ -141,13 +145,24 @@ class ShapeSearch:
                     child = parent.shape.with_edit(edit)
                     if child is not None and plan.allowed(child):
                         children.setdefault(child.key, child)
-            for key in sorted(children):
+            chosen = sorted(children)
+            if genome.surrogate is not None:  # trained on the rounds before: a resumed round chooses the same
+                earlier = [(m.shape, self._order(m)[0]) for m in self._numbered() if len(m.shape.edits) <= depth]
+                best = ranked(earlier, [children[k] for k in chosen], plan.layers)[:genome.surrogate]
+                chosen = sorted(s.key for s in best)
+            for key in chosen:
                 self._measure(children[key], f"beam {depth}")
         if plan.spec.held_out:
             for each in front(plan, list(self.measured.values())):
                 self._held_out(each)
+        if genome.surrogate is not None:
+            found = rank_correlation([(m.shape, self._order(m)[0]) for m in self._numbered()], plan.layers)
+            write_file_atomic(self.store / SURROGATE, json.dumps(found, indent=1).encode())
         write_outputs(self.store, plan, list(self.measured.values()))
         return best_of(plan, list(self.measured.values()))
+
+    def _numbered(self) -> list[Measured]:
+        return sorted(self.measured.values(), key=lambda m: m.number)
 
     def _ranked(self, edits: int) -> list[Measured]:
         """The candidates of ``edits`` edits, best first (ties: fewer layers, then by name)."""
