@@ -167,7 +167,10 @@ def test_a_structure_search_killed_anywhere_ends_with_the_same_files(
                  "after_evolve_candidate:8", "during_best_write:1"):
         done = cli("evolve", config, killed, env={"RESUMERGE_KILL_AT": kill}, timeout=600)
         assert done.returncode == -9, (kill, done.returncode, done.stderr[-2000:])
-    assert api.evolve_status(killed).state == "interrupted"
+    status = api.evolve_status(killed)
+    assert status.state == "interrupted" and status.resume_command is not None
+    lines = status.lines()
+    assert "  base: 6 layers" in "\n".join(lines) and lines[-1].startswith("to continue: resumerge evolve")
     assert main(["evolve", str(config), str(killed)]) == 0
     assert {n: (killed / n).read_bytes() for n in FILES} == {n: (store / n).read_bytes() for n in FILES}
 

@@ -64,7 +64,9 @@ class SearchStatus:
         if self.front:
             return [f"structure search in {self.storage}: {self.state}, {self.evaluated} candidates scored"
                     + (f" (pid {self.pid})" if self.state == "running" and self.pid is not None else ""),
-                    *([f"now: {self.phase}"] if self.phase and not self.finished else []),
+                    *([f"now: {self.phase}" + (f", layer {self.layer + 1} of {self.layers}"
+                                               if self.layer is not None and self.layers else "")]
+                      if self.phase and not self.finished else []),
                     "the size/score front (layers, objective, held-out):", *self.front,
                     *([f"to continue: {self.resume_command}"] if self.resume_command is not None else [])]
         if self.finished:
@@ -143,17 +145,30 @@ def _structure_status(store: Path) -> SearchStatus:
     pid = seen.get("pid") if isinstance(seen.get("pid"), int) else None
     state = "finished" if finished else "running" if pid_alive(pid) else "interrupted"
     command = seen.get("command") if state == "interrupted" and isinstance(seen.get("command"), str) else None
-    try:
-        front = json.loads((store / "front.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        front = []
+    measured = _json_list(store / "shapes.json")
+    front = _json_list(store / "front.json") if finished else []
+    if not front:  # while it runs: the front of what is scored so far
+        lowest = float("inf")
+        known = [m for m in measured if isinstance(m, dict) and {"layers", "objective", "shape"} <= set(m)]
+        for m in sorted(known, key=lambda m: (m["layers"], m["objective"], m["shape"])):
+            if m["objective"] < lowest:
+                front.append(m)
+                lowest = m["objective"]
     lines = tuple(f"  {f['shape']}: {f['layers']} layers, {f['objective']:.6g}"
                   + (f", held out {f['held_out_objective']:.6g}" if f.get("held_out_objective") is not None else "")
-                  for f in front) or ("  (written as the search ends)",)
-    try:
-        evaluated = len(json.loads((store / "shapes.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        evaluated = 0
+                  for f in front) or ("  (none scored yet)",)
+    evaluated = len(measured)
     best = seen.get("best") if isinstance(seen.get("best"), (int, float)) else None
-    return SearchStatus(str(store), state, pid, command, 1, 1, [], 0, 0, seen.get("phase"), None, None,
+    layer, layers = seen.get("layer"), seen.get("layers")
+    return SearchStatus(str(store), state, pid, command, 1, 1, [], 0, 0, seen.get("phase"),
+                        layer if isinstance(layer, int) else None, layers if isinstance(layers, int) else None,
                         evaluated, evaluated, best, None, recorded_threads(store, storage.THREADS), lines)
+
+
+def _json_list(path: Path) -> list[dict[str, Any]]:
+    """The list of records a structure search's file holds (empty where it is not there yet)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return found if isinstance(found, list) else []

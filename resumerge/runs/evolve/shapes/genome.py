@@ -131,7 +131,8 @@ def _genome(value: Any, base_dir: Path | None) -> StructureGenome:
     if surrogate is not None and (not _whole(surrogate) or surrogate < 1):
         raise ConfigError("must be a whole number of 1 or more: the children a beam round scores",
                           yaml_path="genome.surrogate")
-    return StructureGenome(model, grow, shrink, repeat, pattern, *beam, surrogate)
+    return StructureGenome(model, grow, shrink, repeat, pattern, beam_width=beam[0], beam_depth=beam[1],
+                           beam_edits=beam[2], surrogate=surrogate)
 
 
 def _whole(value: Any) -> bool:

@@ -188,7 +188,9 @@ class ShapeSearch:
 
     def _record(self, m: Measured) -> None:
         self.measured[m.shape.key] = m
-        doc = [each.to_json() for each in self.measured.values()]
+        # each with its size and objective: status shows the front so far from this file alone
+        doc = [{**each.to_json(), "shape": each.shape.key, "layers": len(each.shape.path(self.plan.layers)),
+                "objective": self._order(each)[0]} for each in self.measured.values()]
         write_file_atomic(self.store / MEASURED, json.dumps(doc, indent=1).encode())
         best = best_of(self.plan, list(self.measured.values()))
         self.say(evaluated=len(self.measured), best=figure_of(self.plan.spec.tasks, best.tasks))
