@@ -234,3 +234,21 @@ def test_a_surrogate_chooses_the_beam_s_children_and_its_rank_correlation_is_rep
     assert -1 <= found["spearman"] <= 1
     a, b = [3.0, 1.0, 2.0, 2.0, 5.0], [0.3, 0.1, 0.25, 0.2, 0.9]
     assert _spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)
+
+
+def test_a_base_changed_under_a_killed_search_s_cache_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from tests.support import cli
+
+    config = make_structure(tmp_path)
+    done = cli("evolve", config, tmp_path / "store", env={"RESUMERGE_KILL_AT": "after_check_layer:3"}, timeout=600)
+    assert done.returncode == -9, done.stderr[-2000:]
+    name = "model.layers.0.self_attn.q_proj.weight"
+    shard = next(p for p in sorted((tmp_path / "base").glob("*.safetensors")) if name in load_file(str(p)))
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    again = cli("evolve", config, tmp_path / "store", timeout=600)
+    assert again.returncode == 4, again.stderr[-2000:]
+    assert "journal holds hidden states computed from the bytes it held then" in again.stderr

@@ -25,7 +25,7 @@ from resumerge.forward import Weights
 from resumerge.forward.batches import Batch, batches_of, padded
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
-from resumerge.forward.layercache import Entered, LayerCache, stride_for
+from resumerge.forward.layercache import PREFIX, Entered, LayerCache, stride_for
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
@@ -128,6 +128,19 @@ class ShapeJob(Generic[Found]):
         return None, None
 
     def proved(self) -> str | None:
+        """Before any weight is read: the base's and the kl parents' bytes the cache's layers came from, proved
+        (exit 4 where a kept layer's inputs changed since), and what the build will read recorded before its first
+        file."""
+        from resumerge.forward.journal import Journal
+        from resumerge.forward.proof import JournalProof
+
+        parents = dict.fromkeys(t.parent for t in self.tasks if t.parent is not None)
+        models = [open_for_pass(self.model, "genome.model", self.state),
+                  *(open_for_pass(p, "the kl task's parent", self.state) for p in parents if p is not None)]
+        proof = JournalProof(models, f"the structure search's cache in {self.folder.path}")
+        proof.before_resuming(Journal(self.folder.path, PREFIX))
+        for line in proof.said:
+            self.say(inputs=line)
         return None
 
     @contextmanager
