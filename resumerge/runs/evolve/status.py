@@ -57,7 +57,7 @@ class SearchStatus:
         return self.candidates[0] if self.candidates else None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "finished": self.finished}
+        return {**self.__dict__, "front": list(self.front), "finished": self.finished}
 
     def lines(self) -> list[str]:
         """The status in words, a line each."""
