@@ -45,6 +45,8 @@ class EvolveOutcome:
     best: Evaluated
     generations: int
     merged: Outcome | None = None
+    shape: str | None = None  # a structure search's best, in words (``repeat 8-11``), of ``candidates`` scored
+    candidates: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     from resumerge.runs.evolve import storage as files
     from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.shapes.scoring import CACHE, Budgets, ShapeJob
-    from resumerge.runs.evolve.shapes.search import ShapeSearch, figure_of, plan_shapes
+    from resumerge.runs.evolve.shapes.search import ShapeSearch, figure_of, plan_shapes, read_measured
     from resumerge.runs.evolve.storage import Evaluated
 
     options, store, resources, merge_best = asked.options, asked.store, asked.resources, asked.merge_best
@@ -224,7 +226,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
         if merge_best is not None else None
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
-    return EvolveOutcome(store, found, 1, merged)
+    return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
 
 
 class _MakesScorer(Protocol):

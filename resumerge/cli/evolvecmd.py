@@ -82,8 +82,12 @@ def run_evolve_command(args: argparse.Namespace) -> int:
         print(json.dumps(outcome.best.to_row(), indent=2))
         return EXIT_OK
     best = outcome.best
-    print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
-          f"objective {best.objective:.6g}")
+    if outcome.shape is not None:
+        print(f"best of {outcome.candidates} candidates: {outcome.shape} (candidate {best.number}), objective "
+              f"{best.objective:.6g}; the size/score front: {Path(args.storage) / 'front.json'}")
+    else:
+        print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
+              f"objective {best.objective:.6g}")
     for name, value in best.tasks.items():
         print(f"  {name}: " + (f"{value:.6g}" if value is not None else "not finite"))
     print(f"its merge config: {Path(args.storage) / 'best.yml'}")

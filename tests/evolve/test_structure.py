@@ -110,10 +110,11 @@ def test_a_candidate_s_figure_is_what_eval_finds_on_it_written_by_run(
 
 
 def test_asked_again_it_answers_with_the_same_files_and_merge_best_writes_the_shape(
-        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config, store, _ = searched
     before = {name: (store / name).read_bytes() for name in FILES}
     assert main(["evolve", str(config), str(store), "--merge-best", str(tmp_path / "best")]) == 0
+    assert capsys.readouterr().out.startswith(f"best of {len(_rows(store))} candidates: repeat 2-3 (candidate ")
     assert {name: (store / name).read_bytes() for name in FILES} == before
     written = json.loads((tmp_path / "best" / "config.json").read_text())
     assert written["num_hidden_layers"] == 8
