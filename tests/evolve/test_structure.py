@@ -253,3 +253,32 @@ def test_a_base_changed_under_a_killed_search_s_cache_is_refused(tmp_path: Path)
     again = cli("evolve", config, tmp_path / "store", timeout=600)
     assert again.returncode == 4, again.stderr[-2000:]
     assert "journal holds hidden states computed from the bytes it held then" in again.stderr
+
+
+def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
+    from resumerge.forward.layercache import departure, stride_for
+    from resumerge.runs.evolve.shapes.genome import (
+        Shape,
+        StructureGenome,
+        keeps_pattern,
+        period,
+        shape_config,
+        single_edits,
+        within,
+    )
+
+    skip, twice = Shape((("skip", 2, 4),)), Shape((("repeat", 1, 3), ("skip", 4, 5)))
+    assert skip.path(6) == [0, 1, 4, 5] and departure(skip.path(6)) == 2 and skip.key == "skip 2-3"
+    assert twice.path(6) == [0, 1, 2, 1, 2, 3, 5] and departure(twice.path(6)) == 3
+    assert twice.with_edit(("repeat", 2, 4)) is None  # overlaps an edit it has
+    assert shape_config("m", twice.path(6))["slices"] == [
+        {"sources": [{"model": "m", "layer_range": r}]} for r in ([0, 3], [1, 4], [5, 6])]
+    genome = StructureGenome("m", grow=20, shrink=40, repeat=(1, 4))
+    edits = single_edits(genome, 10)  # at most 2 layers added, 4 dropped, inside layers 1-4
+    assert ("repeat", 1, 3) in edits and ("repeat", 1, 4) not in edits and ("skip", 1, 5) in edits
+    assert all(a >= 1 and b <= 5 for _, a, b in edits)
+    assert within(genome, Shape((("skip", 1, 5),)), 10) and not within(genome, Shape((("skip", 0, 5),)), 10)
+    assert period(["s", "s", "f"] * 3) == 3 and period(["f"] * 4) == 1 and period(["s", "f", "f"]) == 3
+    assert keeps_pattern(["s", "f"] * 3, [0, 1, 2, 3, 2, 3, 4, 5]) and not keeps_pattern(["s", "f"] * 3, [0, 1, 1])
+    assert (stride_for(30, 100, None), stride_for(30, 100, 3000), stride_for(30, 100, 1000),
+            stride_for(30, 100, 99)) == (1, 1, 3, 31)
