@@ -282,3 +282,12 @@ def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
     assert keeps_pattern(["s", "f"] * 3, [0, 1, 2, 3, 2, 3, 4, 5]) and not keeps_pattern(["s", "f"] * 3, [0, 1, 1])
     assert (stride_for(30, 100, None), stride_for(30, 100, 3000), stride_for(30, 100, 1000),
             stride_for(30, 100, 99)) == (1, 1, 3, 31)
+
+
+def test_a_pass_past_max_memory_is_refused_in_one_line(searched: tuple[Path, Path, api.EvolveOutcome],
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, _, _ = searched
+    assert main(["evolve", str(config), str(tmp_path / "store"), "--max-memory", "10MB"]) == 2
+    err = capsys.readouterr().err
+    assert "the structure search's pass needs" in err and "Traceback" not in err
+    assert not list((tmp_path / "store" / "cache").glob("states-*"))  # no layer run
