@@ -39,6 +39,11 @@ def departure(path: Sequence[int]) -> int:
     return next((k for k, layer in enumerate(path) if layer != k), len(path))
 
 
+def branch(path: Sequence[int], other: Sequence[int]) -> int:
+    """The first position where ``path`` is not ``other`` (the shorter one's length where one begins the other)."""
+    return next((k for k, (a, b) in enumerate(zip(path, other)) if a != b), min(len(path), len(other)))
+
+
 def stride_for(layers: int, boundary_bytes: int, max_disk: int | None) -> int:
     """Every how many layers the base's states are kept so that they fit ``max_disk`` bytes (None: every layer);
     ``layers + 1`` where not even one boundary fits (nothing kept: each candidate runs from the embeddings)."""
@@ -133,10 +138,15 @@ class LayerCache:
         get them: from the kept states nearest below the path's departure, the base's layers up to it, then the
         path's own."""
         start = self.start_of(path)
-        hidden = self.states(start, which)
-        for k in range(start, len(path)):
+        return self.advance(path, start, len(path), self.states(start, which), which, reserve), len(path) - start
+
+    def advance(self, path: Sequence[int], start: int, stop: int, hidden: list[torch.Tensor],
+                which: Sequence[int], reserve: Reserve) -> list[torch.Tensor]:
+        """The hidden states leaving position ``stop − 1`` of ``path``, from ``hidden`` entering position
+        ``start`` (the kept states, or a path's that shares this one's layers up to ``start``: a beam's parent's)."""
+        for k in range(start, stop):
             hidden = self._layer(k, path[k], hidden, which, reserve)
-        return hidden, len(path) - start
+        return hidden
 
     def _layer(self, position: int, layer: int, hidden: list[torch.Tensor], which: Sequence[int],
                reserve: Reserve) -> list[torch.Tensor]:

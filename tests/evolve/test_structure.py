@@ -76,6 +76,22 @@ def test_repeating_the_parent_s_block_is_best_and_every_other_shape_is_worse(
     assert beam and all(len(r["edits"]) == 2 for r in beam)
 
 
+def test_a_beam_child_runs_from_where_it_branches_off_its_parent(
+        searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
+    from resumerge.forward.layercache import branch, departure
+
+    _, store, _ = searched
+    rows = _rows(store)
+    paths = {r["shape"]: r["path"] for r in rows}
+    beam = [r for r in rows if r["phase"] == "beam 1"]
+    shared = 0
+    for r in beam:
+        off, base = branch(r["path"], paths[r["parent"]]), departure(r["path"])
+        assert r["computed"] == len(r["path"]) - max(off, base)
+        shared += off > base
+    assert shared  # some children add their edit after their parent's: they start past the base's departure
+
+
 def test_a_block_starting_at_i_costs_n_minus_i_layers(searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
     _, store, _ = searched
     for r in _rows(store):
@@ -99,14 +115,20 @@ def test_the_front_holds_held_out_figures_and_status_shows_it(
 
 def test_a_candidate_s_figure_is_what_eval_finds_on_it_written_by_run(
         searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
+    from resumerge.forward.layercache import branch, departure
+
     config, store, _ = searched
-    row = next(r for r in _rows(store) if r["shape"] == "repeat 1-3")
-    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
-    api.run(tmp_path / "c.yml", tmp_path / "c")
-    report = api.evaluate(tmp_path / "c", [f"nll:{config.parent / 'a.txt'}"],
-                          api.Settings(state_dir=tmp_path / "state"))
-    (found,) = report.results["results"].values()
-    assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)
+    rows = _rows(store)
+    paths = {r["shape"]: r["path"] for r in rows}
+    child = next(r for r in rows if r["parent"] is not None  # a beam child run from its parent's prefix
+                 and branch(r["path"], paths[r["parent"]]) > departure(r["path"]))
+    for row in (next(r for r in rows if r["shape"] == "repeat 1-3"), child):
+        (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+        api.run(tmp_path / "c.yml", tmp_path / row["shape"])
+        report = api.evaluate(tmp_path / row["shape"], [f"nll:{config.parent / 'a.txt'}"],
+                              api.Settings(state_dir=tmp_path / "state"))
+        (found,) = report.results["results"].values()
+        assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)
 
 
 def test_asked_again_it_answers_with_the_same_files_and_merge_best_writes_the_shape(

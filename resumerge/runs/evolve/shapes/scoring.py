@@ -26,6 +26,7 @@ from resumerge.forward.batches import Batch, batches_of, padded
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
 from resumerge.forward.layercache import PREFIX, Entered, LayerCache, stride_for
+from resumerge.forward.layercache import branch as branch_of
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
@@ -66,18 +67,46 @@ class ShapeScorer:
 
     def __init__(self, cache: LayerCache, texts: Sequence[TaskBatches], parents: Path, reserve: Reserve) -> None:
         self.cache, self.texts, self.parents, self.reserve = cache, list(texts), parents, reserve
+        # a beam parent's path run so far: (its path, the batches, the position reached, the states entering it)
+        self.prefix: tuple[tuple[int, ...], tuple[int, ...], int, list[torch.Tensor]] | None = None
+        self.prefix_layers = 0  # the layers the parents' prefixes ran (beside each candidate's own)
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task]) -> tuple[dict[str, float], int]:
-        """The figure per task of the candidate running ``path`` and the decoder layers run to find them."""
+    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+              ) -> tuple[dict[str, float], int]:
+        """The figure per task of the candidate running ``path`` and the decoder layers run to find them; with a
+        ``parent`` (a beam's member this candidate adds an edit to), from the parent's states where its path departs
+        from the parent's, past where it departs from the base: the parent's prefix run once for its children, the
+        next child of the same parent taking it on from where the last one branched off (the same numbers as a
+        run from the base's states: the same layers on the same inputs)."""
         chosen = [t for t in self.texts if t.task in tasks]
         which = [b for t in chosen for b in t.batches]
-        hidden, computed = self.cache.run_path(path, which, self.reserve)
+        branch = branch_of(path, parent) if parent is not None else 0
+        start = self.cache.start_of(path)
+        if parent is not None and branch > start:
+            hidden = self.cache.advance(path, branch, len(path), self._prefix(parent, which, start, branch), which,
+                                        self.reserve)
+            computed = len(path) - branch
+        else:
+            hidden, computed = self.cache.run_path(path, which, self.reserve)
         states = dict(zip(which, hidden))
         figures: dict[str, float] = {}
         with self.reserve("the head", "heads"):
             for each in chosen:
                 figures[each.task.name] = self._figure(each, states)
         return figures, computed
+
+    def _prefix(self, parent: Sequence[int], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
+        """The states entering ``position`` of the ``parent``'s path, run on from where its prefix reached (or from
+        the kept layer ``start``, at or below the child's departure from the base: the two paths are one below
+        ``position``)."""
+        key, batches = tuple(parent), tuple(which)
+        if self.prefix is None or self.prefix[:2] != (key, batches) or self.prefix[2] > position:
+            self.prefix = (key, batches, start, self.cache.states(start, which))
+        _, _, reached, hidden = self.prefix
+        hidden = self.cache.advance(parent, reached, position, hidden, which, self.reserve)
+        self.prefix_layers += position - reached
+        self.prefix = (key, batches, position, hidden)
+        return hidden
 
     def _figure(self, each: TaskBatches, states: dict[int, torch.Tensor]) -> float:
         sequences = [[each.sequences[i] for i in g] for g in each.groups]

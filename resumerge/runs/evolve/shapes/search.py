@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
+from resumerge.forward.layercache import branch
 from resumerge.forward.opened import open_for_pass
 from resumerge.merge.store.durable import write_file_atomic
 from resumerge.merge.store.killpoints import reach
@@ -42,9 +43,13 @@ SURROGATE = "surrogate.json"  # the surrogate's rank correlation on scored candi
 
 
 class Scores(Protocol):
-    """Scores a layer path on tasks: its figure per task and the layers its pass ran."""
+    """Scores a layer path on tasks: its figure per task and the layers its pass ran (``prefix_layers``: those
+    its beam parents' shared prefixes ran, beside them)."""
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task]) -> tuple[dict[str, float], int]: ...
+    prefix_layers: int
+
+    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+              ) -> tuple[dict[str, float], int]: ...
 
 
 @dataclass(frozen=True)
@@ -85,15 +90,16 @@ class Measured:
     tasks: dict[str, float | None]
     computed: int
     held_out: dict[str, float | None] | None = None
+    parent: str | None = None  # the beam member it adds an edit to, whose prefix it ran from
 
     def to_json(self) -> dict[str, Any]:
         return {"number": self.number, "phase": self.phase, "edits": self.shape.to_json(), "tasks": self.tasks,
-                "computed": self.computed, "held_out": self.held_out}
+                "computed": self.computed, "held_out": self.held_out, "parent": self.parent}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Measured:
         return cls(int(doc["number"]), str(doc["phase"]), Shape.from_json(doc["edits"]), dict(doc["tasks"]),
-                   int(doc["computed"]), doc.get("held_out"))
+                   int(doc["computed"]), doc.get("held_out"), doc.get("parent"))
 
 
 def plan_shapes(text: str, state: StateDir) -> ShapePlan:
@@ -140,18 +146,22 @@ class ShapeSearch:
         for depth in range(1, genome.beam_depth + 1):
             parents = self._ranked(depth)[:genome.beam_width]
             children: dict[str, Shape] = {}
-            for parent in parents:
+            made_by: dict[str, int] = {}  # each child's parent (the first that makes it), by its rank
+            for rank, parent in enumerate(parents):
                 for edit in edits:
                     child = parent.shape.with_edit(edit)
-                    if child is not None and plan.allowed(child):
-                        children.setdefault(child.key, child)
+                    if child is not None and plan.allowed(child) and child.key not in children:
+                        children[child.key], made_by[child.key] = child, rank
             chosen = sorted(children)
             if genome.surrogate is not None:  # trained on the rounds before: a resumed round chooses the same
                 earlier = [(m.shape, self._order(m)[0]) for m in self._numbered() if len(m.shape.edits) <= depth]
                 best = ranked(earlier, [children[k] for k in chosen], plan.layers)[:genome.surrogate]
                 chosen = sorted(s.key for s in best)
-            for key in chosen:
-                self._measure(children[key], f"beam {depth}")
+            # a parent's children one after another, in the order they branch off its path: its prefix runs once
+            paths = {rank: parent.shape.path(plan.layers) for rank, parent in enumerate(parents)}
+            for key in sorted(chosen, key=lambda k: (made_by[k], branch(children[k].path(plan.layers),
+                                                                         paths[made_by[k]]), k)):
+                self._measure(children[key], f"beam {depth}", parents[made_by[key]].shape)
         if plan.spec.held_out:
             for each in front(plan, list(self.measured.values())):
                 self._held_out(each)
@@ -171,20 +181,23 @@ class ShapeSearch:
     def _order(self, m: Measured) -> tuple[float, int, str]:
         return figure_of(self.plan.spec.tasks, m.tasks), len(m.shape.path(self.plan.layers)), m.shape.key
 
-    def _measure(self, shape: Shape, phase: str) -> None:
+    def _measure(self, shape: Shape, phase: str, parent: Shape | None = None) -> None:
         if shape.key in self.measured:
             return
         number = len(self.measured) + 1
         self.say(phase=f"{phase}: {shape.key}", candidates=[number], layer=None, layers=None)
-        figures, computed = self.scorer.score(shape.path(self.plan.layers), self.plan.spec.tasks)
-        self._record(Measured(number, phase, shape, _finite(figures), computed))
+        figures, computed = self.scorer.score(shape.path(self.plan.layers), self.plan.spec.tasks,
+                                              None if parent is None else parent.path(self.plan.layers))
+        self._record(Measured(number, phase, shape, _finite(figures), computed,
+                              parent=None if parent is None else parent.key))
+        self.say(prefix_layers=self.scorer.prefix_layers)
 
     def _held_out(self, m: Measured) -> None:
         if m.held_out is not None:
             return
         self.say(phase=f"held out: {m.shape.key}", candidates=[m.number], layer=None, layers=None)
         figures, _ = self.scorer.score(m.shape.path(self.plan.layers), self.plan.spec.held_out)
-        self._record(Measured(m.number, m.phase, m.shape, m.tasks, m.computed, _finite(figures)))
+        self._record(Measured(m.number, m.phase, m.shape, m.tasks, m.computed, _finite(figures), m.parent))
 
     def _record(self, m: Measured) -> None:
         self.measured[m.shape.key] = m
@@ -235,7 +248,7 @@ def row(plan: ShapePlan, m: Measured) -> dict[str, Any]:
     path = m.shape.path(plan.layers)
     return {"candidate": m.number, "phase": m.phase, "shape": m.shape.key, "edits": m.shape.to_json(),
             "layers": len(path), "path": path, "objective": figure_of(plan.spec.tasks, m.tasks), "tasks": m.tasks,
-            "computed": m.computed, "full": len(path), "config": plan.config(m.shape)}
+            "computed": m.computed, "full": len(path), "parent": m.parent, "config": plan.config(m.shape)}
 
 
 def write_outputs(store: Path, plan: ShapePlan, measured: Sequence[Measured]) -> None:
