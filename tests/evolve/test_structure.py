@@ -313,3 +313,16 @@ def test_a_pass_past_max_memory_is_refused_in_one_line(searched: tuple[Path, Pat
     err = capsys.readouterr().err
     assert "the structure search's pass needs" in err and "Traceback" not in err
     assert not list((tmp_path / "store" / "cache").glob("states-*"))  # no layer run
+
+
+def test_options_of_the_other_genome_are_refused_in_one_line(
+        searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.evolve.test_search import make_search
+
+    config, _, _ = searched
+    assert main(["evolve", str(config), str(tmp_path / "s1"), "--popsize", "4"]) == 2
+    assert "CMA-ES's: a structure genome is searched by a scan and a beam" in capsys.readouterr().err
+    parameters = make_search(tmp_path)
+    assert main(["evolve", str(parameters), str(tmp_path / "s2"), "--max-disk", "1GB"]) == 2
+    assert "--max-disk bounds a structure genome's cache" in capsys.readouterr().err
+    assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
