@@ -45,6 +45,8 @@ class EvolveOutcome:
     best: Evaluated
     generations: int
     merged: Outcome | None = None
+    shape: str | None = None  # a structure search's best, in words (``repeat 8-11``), of ``candidates`` scored
+    candidates: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,19 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     from resumerge.runs.evolve.lmeval import LmEvalCandidates, eval_settings
     from resumerge.runs.evolve.progress import SearchProgress
     from resumerge.runs.evolve.search import run_search
+    from resumerge.runs.evolve.shapes.genome import is_structure
     from resumerge.runs.evolve.streamed import StreamedCandidates
     from resumerge.runs.evolve.together import Together
     from resumerge.runs.evolve.tracking import SearchLog, backend
     from resumerge.runs.evolve.written import WrittenCandidates
 
+    text = config_text(asked.config)
+    if is_structure(text):
+        return _evolve_structure(asked, calls, text)
     store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
+    if resources.max_disk is not None:
+        raise UsageError("--max-disk bounds a structure genome's cache; a parameter genome keeps none",
+                         hint="leave out --max-disk")
     backends = [(each.kind, backend(each)) for each in asked.tracking]  # a library missing: exit 2 before anything
     include = os.fspath(asked.task_search_path) if asked.task_search_path is not None else None
     on = PassDevice.of(resources.device).name  # the scoring passes run where the merges do (refused first)
@@ -169,6 +178,57 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 
+def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveOutcome:
+    """A structure genome's search (:mod:`resumerge.runs.evolve.shapes`): every refusal first (the genome, the
+    options it does not take, its first edit planned as ``run`` plans it, STORAGE's owner), then the base's cache
+    and the search in one pass of the pass driver, then ``merge_best`` written as ``run`` writes it."""
+    import yaml
+
+    from resumerge.forward.driver import PassFolder, drive
+    from resumerge.runs.evolve import storage as files
+    from resumerge.runs.evolve.options import SearchOptions
+    from resumerge.runs.evolve.shapes.scoring import CACHE, Budgets, ShapeJob
+    from resumerge.runs.evolve.shapes.search import ShapeSearch, figure_of, plan_shapes, read_measured
+    from resumerge.runs.evolve.storage import Evaluated
+
+    options, store, resources, merge_best = asked.options, asked.store, asked.resources, asked.merge_best
+    plain = SearchOptions()
+    if (options.popsize, options.sigma0, options.random_seed) != (plain.popsize, plain.sigma0, plain.random_seed):
+        raise UsageError("--popsize, --sigma0 and --random-seed are CMA-ES's: a structure genome is searched by a "
+                         "scan and a beam", hint="set beam_width, beam_depth and beam_edits in the genome")
+    if asked.tracking or asked.placement != HERE:
+        raise UsageError("a structure search runs in this process, logged to its STORAGE alone",
+                         hint="leave out --wandb, --trackio and --executor ray")
+    plan = plan_shapes(text, asked.state)
+    scan = plan.scan()
+    calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
+    if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
+        raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
+    files.claim(store, plan.identity())
+    command = evolve_command(asked)
+    files.say(store, pid=os.getpid(), command=command, finished=False, kind="structure")
+
+    def say(**where: Any) -> None:
+        files.say(store, **where)
+
+    def search(scorer: Any) -> Any:
+        return ShapeSearch(plan, store, scorer, say).run()
+
+    folder = PassFolder(store / CACHE, f"the structure search's pass in {store}", command,
+                        hint="wait for the search to end", threads=store / files.THREADS)
+    budgets = Budgets(_bytes(resources.max_memory), _bytes(resources.max_disk))
+    with files.locked(store, command):
+        best = drive(ShapeJob(folder, plan.spec.genome.model, (*plan.spec.tasks, *plan.spec.held_out),
+                              asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say))
+    files.say(store, finished=True, phase=None, candidates=[])
+    merged = calls.run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
+                                                                state_dir=asked.state.given)) \
+        if merge_best is not None else None
+    found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
+                      best.tasks)
+    return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
+
+
 class _MakesScorer(Protocol):
     """Makes the scorer that keeps its passes in ``root``, telling ``say`` where it is (None: its files alone)."""
 
@@ -222,6 +282,8 @@ def evolve_command(asked: SearchAsked) -> str:
         words += ["--random-seed", str(options.random_seed)]
     if resources.max_memory is not None:
         words += ["--max-memory", str(resources.max_memory)]
+    if resources.max_disk is not None:
+        words += ["--max-disk", str(resources.max_disk)]
     if resources.device not in (None, "cpu"):
         words += ["--device", str(resources.device)]
     if not is_default_state_root(asked.state.given):

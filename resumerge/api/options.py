@@ -130,7 +130,7 @@ class Resources:
     device: str = field(default="cpu", metadata=_not_for("resume", "estimate_measure"))
     max_memory: int | str | None = None
     max_gpu_memory: int | str | None = field(default=None, metadata=_not_for(*_ESTIMATES, *_SEARCH))
-    max_disk: int | str | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
+    max_disk: int | str | None = field(default=None, metadata=_not_for(*_PASSES))
     staging: bool | PathLike | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
     num_threads: int | None = field(default=None, metadata=_not_for(*_PASSES, *_SEARCH))
     cache_dir: PathLike | None = field(default=None, metadata=_not_for("resume", *_PASSES, *_SEARCH))

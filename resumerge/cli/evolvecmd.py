@@ -14,7 +14,7 @@ OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
 
 
 # The command's line in ``resumerge --help`` and the opening of its own ``--help``.
-HELP = "search a merge's parameters with CMA-ES (a mergekit-evolve config), resumable"
+HELP = "search a merge's parameters with CMA-ES (a mergekit-evolve config), or a model's layer path, resumable"
 DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG describes (its genome: models, "
                "merge_method, base_model, layer_granularity, filters, smooth, ...) with CMA-ES, scoring each "
                "candidate on the config's tasks: {kl: {parent: PATH, texts: FILE}} (KL from that parent on "
@@ -24,6 +24,10 @@ DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG desc
                "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
                "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
                "the best objective so far and the time left (--quiet: none). "
+               "A genome of kind: structure searches a model's layer path instead (blocks repeated or skipped, "
+               "written as a slices: config): every single block, then a beam over compositions, each candidate "
+               "scored from the base's hidden states cached in STORAGE (--max-disk bounds them); front.json holds "
+               "the size/score Pareto front (docs/evolve.md). "
                "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
 
 
@@ -42,6 +46,9 @@ def add_arguments(evolve: argparse.ArgumentParser) -> None:
                         help="CMA-ES's first step size [default: 1/6]")
     evolve.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of CMA-ES's draws [default: 0]")
     flags.add(evolve, flags.MAX_MEMORY, flags.STATE_DIR, flags.DEVICE)
+    evolve.add_argument("--max-disk", metavar="SIZE",
+                        help="a structure genome's search: bytes its cache of the base's hidden states may keep on "
+                             "disk (kept every few layers where every layer's do not fit) [default: no bound]")
     flags.add_executor(evolve)
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
@@ -75,8 +82,12 @@ def run_evolve_command(args: argparse.Namespace) -> int:
         print(json.dumps(outcome.best.to_row(), indent=2))
         return EXIT_OK
     best = outcome.best
-    print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
-          f"objective {best.objective:.6g}")
+    if outcome.shape is not None:
+        print(f"best of {outcome.candidates} candidates: {outcome.shape} (candidate {best.number}), objective "
+              f"{best.objective:.6g}; the size/score front: {Path(args.storage) / 'front.json'}")
+    else:
+        print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
+              f"objective {best.objective:.6g}")
     for name, value in best.tasks.items():
         print(f"  {name}: " + (f"{value:.6g}" if value is not None else "not finite"))
     print(f"its merge config: {Path(args.storage) / 'best.yml'}")

@@ -45,6 +45,7 @@ class SearchStatus:
     best: float | None
     seconds_left: float | None
     threads: int | None = None
+    front: tuple[str, ...] = ()  # a structure search's size/score Pareto front, a line a candidate
 
     @property
     def finished(self) -> bool:
@@ -56,10 +57,18 @@ class SearchStatus:
         return self.candidates[0] if self.candidates else None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "finished": self.finished}
+        return {**self.__dict__, "front": list(self.front), "finished": self.finished}
 
     def lines(self) -> list[str]:
         """The status in words, a line each."""
+        if self.front:
+            return [f"structure search in {self.storage}: {self.state}, {self.evaluated} candidates scored"
+                    + (f" (pid {self.pid})" if self.state == "running" and self.pid is not None else ""),
+                    *([f"now: {self.phase}" + (f", layer {self.layer + 1} of {self.layers}"
+                                               if self.layer is not None and self.layers else "")]
+                      if self.phase and not self.finished else []),
+                    "the size/score front (layers, objective, held-out):", *self.front,
+                    *([f"to continue: {self.resume_command}"] if self.resume_command is not None else [])]
         if self.finished:
             return [f"search in {self.storage}: finished, {self.evaluated} candidates in {self.generation} "
                     "generations", self._best()]
@@ -98,6 +107,8 @@ def search_status(store: Path) -> SearchStatus:
     if not storage.is_storage(store):
         raise UsageError(f"{store} holds no resumerge evolve search", hint="give the STORAGE of resumerge evolve")
     identity = json.loads((store / storage.SEARCH).read_text(encoding="utf-8"))
+    if identity.get("kind") == "structure":
+        return _structure_status(store)
     generations = storage.read_state(store)
     seen = storage.progress(store)
     popsize = int(seen.get("popsize") or identity["settings"].get("popsize") or 1)
@@ -124,3 +135,40 @@ def search_status(store: Path) -> SearchStatus:
                         min(found) if found else None,
                         seen.get("seconds_left") if state == "running" else None,
                         recorded_threads(store, storage.THREADS))
+
+
+def _structure_status(store: Path) -> SearchStatus:
+    """A structure search's status: how many candidates are scored, what it does now, and its front so far (the
+    front's file is written as the search ends; while it runs, the front of what ``shapes.json`` holds)."""
+    seen = storage.progress(store)
+    finished = bool(seen.get("finished"))
+    pid = seen.get("pid") if isinstance(seen.get("pid"), int) else None
+    state = "finished" if finished else "running" if pid_alive(pid) else "interrupted"
+    command = seen.get("command") if state == "interrupted" and isinstance(seen.get("command"), str) else None
+    measured = _json_list(store / "shapes.json")
+    front = _json_list(store / "front.json") if finished else []
+    if not front:  # while it runs: the front of what is scored so far
+        lowest = float("inf")
+        known = [m for m in measured if isinstance(m, dict) and {"layers", "objective", "shape"} <= set(m)]
+        for m in sorted(known, key=lambda m: (m["layers"], m["objective"], m["shape"])):
+            if m["objective"] < lowest:
+                front.append(m)
+                lowest = m["objective"]
+    lines = tuple(f"  {f['shape']}: {f['layers']} layers, {f['objective']:.6g}"
+                  + (f", held out {f['held_out_objective']:.6g}" if f.get("held_out_objective") is not None else "")
+                  for f in front) or ("  (none scored yet)",)
+    evaluated = len(measured)
+    best = seen.get("best") if isinstance(seen.get("best"), (int, float)) else None
+    layer, layers = seen.get("layer"), seen.get("layers")
+    return SearchStatus(str(store), state, pid, command, 1, 1, [], 0, 0, seen.get("phase"),
+                        layer if isinstance(layer, int) else None, layers if isinstance(layers, int) else None,
+                        evaluated, evaluated, best, None, recorded_threads(store, storage.THREADS), lines)
+
+
+def _json_list(path: Path) -> list[dict[str, Any]]:
+    """The list of records a structure search's file holds (empty where it is not there yet)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return found if isinstance(found, list) else []

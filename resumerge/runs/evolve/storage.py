@@ -46,8 +46,10 @@ TOKENS = "tokens"  # the tasks' texts tokenized once per search
 # the log of a search to W&B or trackio (.tracking): its run's id and the generations logged, one file a library
 LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
+SHAPES = ("shapes.json", "front.json", "surrogate.json", "cache")  # a structure search's own (.shapes.search)
 THREADS = THREADS_FILE  # the torch thread count every pass of the search computes with, decided at its first start
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values()}
+_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(),
+         *SHAPES}
 
 
 @dataclass(frozen=True)
