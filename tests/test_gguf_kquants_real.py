@@ -7,7 +7,9 @@ oracle) does not load.
 
 The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``;
 the suite keeps Gemma-3 at q3_k_m (Q3_K, Q4_K and Q5_K beside each other under the mix's rules) and q6_k, and the
-importance-matrix case, within its 15 minutes (SmolLM2's rows meet every K encoder in tests/test_gguf_kquants.py).
+importance-matrix case at q4_k_m and q2_k_s, within its 15 minutes (SmolLM2's rows meet every K encoder in
+tests/test_gguf_kquants.py; IQ4_XS with a matrix on Gemma-3, 87 CPU s, with the sweep: tests/test_gguf_iquants_real.py
+keeps it on SmolLM2).
 Session 45 ran the whole sweep: 20 passed."""
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
     assert len({t.kind for t in got.values()}) >= 3
 
 
-@pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", "iq4_xs"])
+@pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", *(["iq4_xs"] if EVERY_MIX else [])])
 def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
                                                                     tmp_path: Path) -> None:
     """With a matrix, every tensor llama_model_quantize's; Q2_K_S (written only with one) and IQ4_XS (issue 95)
