@@ -25,11 +25,12 @@ __all__ = ["BLOCK_BYTES", "CHUNK", "IQ4_VALUES", "decode"]
 # ggml type ids this module decodes (and a GGUF output encodes)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 IQ4_NL, IQ4_XS = 20, 23
+IQ3_XXS, IQ3_S = 18, 21
 _Q8_VALUES, _Q8_BYTES = 32, 34
 # ggml type -> (values, bytes) of a block, for every block type this module decodes
 BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
                Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-               IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
+               IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110)}
 # The 16 levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``), in increasing order: a 4-bit code is an
 # index into them, times its block's scale
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
