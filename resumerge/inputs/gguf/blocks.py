@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from resumerge.inputs.gguf import legacy
+from resumerge.inputs.gguf import iq3grid, legacy
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -196,10 +196,70 @@ def _iq4_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     into.view(n, 8, 32).mul_((d * scales.to(torch.float32)).unsqueeze(-1))
 
 
+def _iq3_points(size: int, magnitudes: tuple[int, ...]) -> torch.Tensor:
+    """A 3-bit grid's points (:mod:`.iq3grid`) as their stored magnitudes, float32 (size, 4)."""
+    from resumerge.torch_import import torch
+
+    table = torch.tensor(magnitudes, dtype=torch.float32)
+    return table[torch.from_numpy(iq3grid.levels(size).astype("int64"))]
+
+
+def _iq3_signed(points: torch.Tensor, index: torch.Tensor, signs: torch.Tensor, scale: torch.Tensor,
+                into: torch.Tensor) -> None:
+    """Blocks of 32 values into ``into`` (n, 8, 32): eight grid points by ``index`` (n, 8, 8), each value of 8 taken
+    negative by bit j of its sign byte (``signs`` (n, 8, 4)), ``scale * magnitude`` (``scale`` (n, 8, 1)) then the
+    sign (both exact but the first product)."""
+    from resumerge.torch_import import torch
+
+    n = index.shape[0]
+    magnitudes = points[index.long()].reshape(n, 8, 32)
+    negative = (signs.unsqueeze(-1).to(torch.int32) >> torch.arange(8, dtype=torch.int32)) & 1
+    torch.mul(magnitudes, scale, out=into)
+    into.mul_(1 - 2 * negative.reshape(n, 8, 32).to(torch.float32))
+
+
+def _iq3_xxs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ3_XXS blocks (``block_iq3_xxs``: f16 d, 64 grid indices, eight 32-bit words; (n, 98)) into float32 values
+    (n, 256): block j's word holds four 7-bit sign groups (the eighth bit the parity of the seven) and its scale
+    ``s`` in the top four bits; a value is ``((d * (0.5 + s)) * 0.5) * magnitude``, signed."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    words = blocks[:, 66:98].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (n, 8)
+    seven = (words.unsqueeze(-1) >> (7 * torch.arange(4))) & 127  # (n, 8, 4)
+    parity = seven.clone()
+    for shift in (4, 2, 1):
+        parity ^= parity >> shift
+    signs = seven | ((parity & 1) << 7)
+    scale = (d * (0.5 + (words >> 28).to(torch.float32)) * 0.5).unsqueeze(-1)
+    _iq3_signed(_iq3_points(256, iq3grid.XXS_MAGNITUDES), blocks[:, 2:66].reshape(n, 8, 8), signs, scale,
+                into.view(n, 8, 32))
+
+
+def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ3_S blocks (``block_iq3_s``: f16 d, 64 index bytes, 8 bytes of their high bits, 32 sign bytes, 4 bytes of
+    4-bit scales; (n, 110)) into float32 values (n, 256): block j's point k has index ``qs[8j + k]`` plus bit k of
+    ``qh[j]`` as its ninth, value ``8l + i`` of the block is negative by bit i of ``signs[4j + l]``, and a value is
+    ``(d * (1 + 2 s_j)) * magnitude``, signed."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    high = (blocks[:, 66:74].to(torch.int32).unsqueeze(-1) >> torch.arange(8, dtype=torch.int32)) & 1  # (n, 8, 8)
+    index = blocks[:, 2:66].reshape(n, 8, 8).to(torch.int32) | (high << 8)
+    nibbles = blocks[:, 106:110].to(torch.int32)
+    steps = torch.stack([nibbles & 15, nibbles >> 4], dim=2).reshape(n, 8)
+    scale = (d * (1 + 2 * steps).to(torch.float32)).unsqueeze(-1)
+    _iq3_signed(_iq3_points(512, iq3grid.S_MAGNITUDES), index, blocks[:, 74:106].reshape(n, 8, 4), scale,
+                into.view(n, 8, 32))
+
+
 # ggml type -> the function that decodes a run of its blocks
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
-    Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values,
+    Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
+    IQ3_S: _iq3_s_values,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 
