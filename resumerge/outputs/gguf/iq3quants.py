@@ -125,9 +125,10 @@ def _codes(xval: _Array, waux: _Array, inverse: _Array, near: _Array, grid: Neig
 
 
 def _fit(xval: _Array, w: _Array, levels: _Array) -> tuple[_Array, _Array]:
-    """Σ w·x·q and Σ w·q·q (q = 2l + 1) over each block, in index order."""
+    """Σ w·x·q and Σ w·q·q (q = 2l + 1) over each block, in index order (the terms C-ordered: numpy sums an axis
+    that is contiguous in memory pairwise)."""
     q = (2 * levels.reshape(32, -1) + 1).astype(F)
-    return ks.fsum(w * xval * q), ks.fsum(w * q * q)
+    return ks.fsum(np.ascontiguousarray(w * xval * q)), ks.fsum(np.ascontiguousarray(w * q * q))
 
 
 def _search(xval: _Array, w: _Array, waux: _Array, top: _Array, xxs: bool,
