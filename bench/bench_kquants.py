@@ -1,7 +1,8 @@
 """CPU seconds of resumerge's K-quant, IQ4 and IQ3 encoders (resumerge/outputs/gguf/kquants.py, iquants.py,
-iq3quants.py: numpy and their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the test-only oracle, one
-thread) on the same tensor, per type, with and without an importance matrix; bytes checked equal on every run. With
-``--against TREE``, instead this checkout's encoders against another checkout's (e.g. /work/main), A/B.
+iq3quants.py: numpy and their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the
+test-only oracle, one thread) on the same tensor, per type, with and without an importance matrix; bytes checked
+equal on every run. With ``--against TREE``, instead this checkout's encoders against another checkout's (e.g.
+/work/main), A/B.
 
     PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]] [--against TREE]
 

@@ -238,9 +238,9 @@ def test_an_importance_matrix_changes_the_iq3_xxs_mix_s_types() -> None:
 def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix_and_iq2_s_at_the_plan(
         tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     """IQ3_XXS and IQ3_XS without an importance matrix: one line, exit 2, before any work, as llama-quantize
-    refuses them; IQ3_XXS whose attn_q and attn_k rows are whole super-blocks (llama.cpp gives them IQ2_S, not written yet):
-    refused at the plan, naming the tensor and the type."""
-    config, f16 = merges["llama"]
+    refuses them; IQ3_XXS whose attn_q and attn_k rows are whole super-blocks (llama.cpp gives them IQ2_S, not
+    written yet): refused at the plan, naming the tensor and the type."""
+    config, _ = merges["llama"]
     out = tmp_path / "out"
     for mix in ("iq3_xxs", "iq3_xs"):
         done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", mix)

@@ -1,8 +1,8 @@
-"""GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K) and 4-bit i-quant (IQ4_NL, IQ4_XS) tensors (and the legacy
-Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch, vectorised over torch's compute threads, to the float32
-values gguf-py's ``quants`` gives; and the block layouts (ggml type ids, values and bytes a block) that a GGUF
-output's encoders share (:mod:`resumerge.outputs.gguf.encoders`, :mod:`resumerge.outputs.gguf.kquants`,
-:mod:`resumerge.outputs.gguf.iquants`).
+"""GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K), 4-bit i-quant (IQ4_NL, IQ4_XS) and 3-bit i-quant (IQ3_XXS, IQ3_S,
+their grids: :mod:`.iq3grid`) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
+vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives; and the block layouts (ggml
+type ids, values and bytes a block) that a GGUF output's encoders share (:mod:`resumerge.outputs.gguf.encoders`,
+:mod:`resumerge.outputs.gguf.kquants`, :mod:`resumerge.outputs.gguf.iquants`, :mod:`resumerge.outputs.gguf.iq3quants`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, a float16 scale ``d`` then
 32 int8 codes ``q``; the value is ``d * q`` (an exact product). Values are float32 rows whose last dimension is whole
