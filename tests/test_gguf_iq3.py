@@ -114,9 +114,12 @@ def test_exact_ties_and_empty_blocks_as_merges_make_them_are_llama_cpp_s(kind: s
 @pytest.mark.parametrize("kind", list(I3_TYPES))
 def test_each_iq3_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray,  # noqa: F811
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row compiled; every eighth through the numpy path too (its cost, not its bytes, is the reason)."""
     needs_library()
     for weights in (None, importance(1536, 7)):
-        assert_llama_cpp_s(real_rows, I3_TYPES[kind], weights, monkeypatch, weights is None)
+        assert np.array_equal(encode_iq3(real_rows, I3_TYPES[kind], weights),
+                              quantize(real_rows, I3_TYPES[kind], weights)), weights is None
+        assert_llama_cpp_s(real_rows[::8], I3_TYPES[kind], weights, monkeypatch, weights is None)
 
 
 def test_a_row_split_across_chunks_keeps_each_block_s_importance() -> None:
