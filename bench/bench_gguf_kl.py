@@ -36,7 +36,7 @@ from bench_regmean import fine_tune  # noqa: E402
 TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 K_MIXES = ("q4_k_m", "q5_k_m", "q6_k", "q3_k_m", "q2_k", "q4_k_s", "q5_k_s", "q3_k_s", "q3_k_l")
 # the mixes measured without and with the matrix too (Q2_K_S: only with one, as llama.cpp writes it)
-I_MIXES = ("iq4_nl", "iq4_xs", "q2_k_s")
+I_MIXES = ("iq4_nl", "iq4_xs", "q2_k_s", "iq3_m", "iq3_s", "iq3_xs", "iq3_xxs")
 CALIBRATION = HERE.parent / "tests" / "evolve" / "data"
 
 
@@ -93,7 +93,7 @@ def main() -> None:
                             "gguf", "--gguf-type", kind, *(("--imatrix-texts", str(texts)) if weighted else ())],
                            check=True)
             (gguf,) = sorted(out.glob("*.gguf"))
-            report = api.check(gguf, parents=[floated], state_dir=state).to_json()
+            report = api.check(gguf, parents=[floated], settings=api.Settings(state_dir=state)).to_json()
             merge, parent = report["models"][0], report["models"][1]
             size = gguf.stat().st_size
             rows.append(f"| {kind} | {'yes' if weighted else 'no'} | {size / 1e6:.1f} MB | {parent['kl']:.4f} | "

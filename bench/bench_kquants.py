@@ -1,12 +1,13 @@
-"""CPU seconds of resumerge's K-quant and IQ4 encoders (resumerge/outputs/gguf/kquants.py, iquants.py: numpy and
-their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the test-only oracle, one
-thread) on the same tensor, per type, with and without an importance matrix; bytes checked equal on every run. With
-``--against TREE``, instead this checkout's encoders against another checkout's (e.g. /work/main), A/B.
+"""CPU seconds of resumerge's K-quant, IQ4 and IQ3 encoders (resumerge/outputs/gguf/kquants.py, iquants.py,
+iq3quants.py: numpy and their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the
+test-only oracle, one thread) on the same tensor, per type, with and without an importance matrix; bytes checked
+equal on every run. With ``--against TREE``, instead this checkout's encoders against another checkout's (e.g.
+/work/main), A/B.
 
     PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]] [--against TREE]
 
-TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS (default all). The two quantizers run
-alternately, REPEATS times each, so that both see the same load.
+TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,IQ3_XXS,IQ3_S (default all). The two
+quantizers run alternately, REPEATS times each, so that both see the same load.
 
 Prints one line per (type, path): both CPU times (``time.process_time``; the best of REPEATS), Mweights/s and the
 ratio. Issue 84's goal (issue 95's for the i-quants): ratio <= 1.5. On random N(0, 0.02) tensors, each type alike;
@@ -28,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "IQ3_XXS": 18,
+         "IQ3_S": 21}
 HERE = Path(__file__).resolve().parents[1]
 
 

@@ -122,6 +122,32 @@ def quantize(values: np.ndarray, ggml_type: int, imatrix: np.ndarray | None = No
     return out.reshape(*values.shape[:-1], row_bytes)
 
 
+class _TypeTraits(ctypes.Structure):
+    """``struct ggml_type_traits`` (ggml.h); :func:`dequantize` checks its name and sizes against the type."""
+
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+def dequantize(stored: np.ndarray, ggml_type: int) -> np.ndarray:
+    """llama.cpp's own float32 values of block bytes ``stored`` (uint8 rows) of ``ggml_type`` (its type traits'
+    ``to_float``): one row of values per row."""
+    base, _ = needs_library()
+    base.ggml_get_type_traits.restype = ctypes.POINTER(_TypeTraits)
+    base.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    traits = base.ggml_get_type_traits(ggml_type).contents
+    assert traits.type_size == base.ggml_row_size(ggml_type, traits.blck_size), traits.type_name
+    rows = np.ascontiguousarray(stored, dtype=np.uint8).reshape(-1, stored.shape[-1])
+    n = rows.shape[1] // traits.type_size * traits.blck_size
+    out = np.zeros((rows.shape[0], n), dtype=np.float32)
+    _TO_FLOAT(traits.to_float)(rows.ctypes.data, out.ctypes.data, out.size)
+    return out.reshape(*stored.shape[:-1], n)
+
+
 class _Params(ctypes.Structure):
     """``llama_model_quantize_params`` of the pinned wheel (64 bytes, kquants.md §6)."""
 

@@ -1,18 +1,20 @@
-"""The IQ4 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 30 layers, 576-wide rows that take
+"""The IQ4 and IQ3 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 30 layers, 576-wide rows that take
 IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF fixture, passed
 through resumerge to ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal
 ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, without and with an
-importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS). The suite runs the matrix's case
-(the costlier rules; 55 CPU s); without one and ``iq4_nl`` with ``RESUMERGE_TEST_EVERY_MIX=1`` (60 CPU s each: tests/
-test_gguf_iquants.py checks the mixes on tiny models, test_gguf_kquants_real.py IQ4_XS on Gemma-3). Skipped where
-llama.cpp's library (the test-only oracle) does not load. All three ran on this change: 3 passed."""
+importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS); the IQ3 mixes (SmolLM2's
+1536-wide ``ffn_down`` written by the IQ3 encoders). The suite runs IQ4_XS and IQ3_XXS with a matrix (55 CPU s each:
+the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S, IQ3_XS) with ``RESUMERGE_TEST_EVERY_MIX=1``
+(tests/test_gguf_iquants.py and tests/test_gguf_iq3.py check every mix on tiny models and the encoders on SmolLM2's
+rows; test_gguf_kquants_real.py IQ4_XS on Gemma-3). Skipped where llama.cpp's library (the test-only oracle) does not
+load."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from llamacpp_oracle import needs_library, quantize_model, tensors_of
+from llamacpp_oracle import Stored, needs_library, quantize_model, tensors_of
 from support import write_config
 from test_gguf_kquants_real import EVERY_MIX, _imatrix, write_imatrix
 
@@ -36,10 +38,9 @@ def smollm2_f16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return config, root / "f16" / "model.gguf"
 
 
-@pytest.mark.parametrize(("mix", "weighted"), [("iq4_xs", True),
-                                               *((("iq4_xs", False), ("iq4_nl", False)) if EVERY_MIX else ())])
-def test_each_iq4_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
-                                                          tmp_path: Path) -> None:
+def _written(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path], tmp_path: Path) -> dict[str, Stored]:
+    """The ``mix`` file resumerge writes of SmolLM2 (with an importance matrix where ``weighted``), its every
+    tensor's type and bytes checked equal to llama_model_quantize's on the F16 file with the same matrix."""
     config, f16 = smollm2_f16
     output = api.Output(out_type="gguf", gguf_type=mix)
     entries = None
@@ -53,7 +54,27 @@ def test_each_iq4_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
     assert got.keys() == want.keys()
     assert {n: got[n].kind for n in got} == {n: want[n].kind for n in want}
     assert [n for n in got if got[n] != want[n]] == []
+    return got
+
+
+@pytest.mark.parametrize(("mix", "weighted"), [("iq4_xs", True),
+                                               *((("iq4_xs", False), ("iq4_nl", False)) if EVERY_MIX else ())])
+def test_each_iq4_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    got = _written(mix, weighted, smollm2_f16, tmp_path)
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
     if mix == "iq4_xs":  # the matrix changes the first eighth's type, not only its bytes
         assert down == ["IQ4_XS"] * 4 if weighted else down == ["Q5_K"] * 3 + ["IQ4_XS"]
         assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"  # 576 values a row: IQ4_XS's fallback
+
+
+@pytest.mark.parametrize(("mix", "weighted"), [("iq3_xxs", True), *((("iq3_m", False), ("iq3_s", False),
+                                                                     ("iq3_xs", True)) if EVERY_MIX else ())])
+def test_each_iq3_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    """The IQ3 mixes: SmolLM2's 1536-wide ffn_down written by the IQ3 encoders (IQ3_M's first eighth Q4_K; IQ3_XXS's
+    all IQ3_XXS with the matrix, which needs one), its 576-wide rows IQ4_NL (the fallback)."""
+    got = _written(mix, weighted, smollm2_f16, tmp_path)
+    down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
+    assert down == (["Q4_K"] * 3 + ["IQ3_S"] if mix == "iq3_m" else ["IQ3_XXS"] * 4 if mix == "iq3_xxs" else down)
+    assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"

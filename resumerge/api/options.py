@@ -71,8 +71,9 @@ class Output:
     format the base model is stored in. ``out_type="gguf"`` writes one GGUF file, ``model.gguf``, instead of
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
     ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k`` (``q2_k_s`` with an importance matrix
-    only) or IQ4 mixes ``iq4_nl``, ``iq4_xs``, each tensor's type as llama.cpp picks
-    it; ``gguf_tensor_types`` ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
+    only), IQ4 mixes ``iq4_nl``, ``iq4_xs`` or IQ3 mixes ``iq3_m``, ``iq3_s``, ``iq3_xs``, ``iq3_xxs`` (the last two
+    with an importance matrix only), each tensor's type as llama.cpp picks it; ``gguf_tensor_types``
+    ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
     importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the
     importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge

@@ -1,8 +1,8 @@
-"""GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K) and 4-bit i-quant (IQ4_NL, IQ4_XS) tensors (and the legacy
-Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch, vectorised over torch's compute threads, to the float32
-values gguf-py's ``quants`` gives; and the block layouts (ggml type ids, values and bytes a block) that a GGUF
-output's encoders share (:mod:`resumerge.outputs.gguf.encoders`, :mod:`resumerge.outputs.gguf.kquants`,
-:mod:`resumerge.outputs.gguf.iquants`).
+"""GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K), 4-bit i-quant (IQ4_NL, IQ4_XS) and 3-bit i-quant (IQ3_XXS, IQ3_S,
+their grids: :mod:`.iq3grid`) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
+vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives; and the block layouts (ggml
+type ids, values and bytes a block) that a GGUF output's encoders share (:mod:`resumerge.outputs.gguf.encoders`,
+:mod:`resumerge.outputs.gguf.kquants`, :mod:`resumerge.outputs.gguf.iquants`, :mod:`resumerge.outputs.gguf.iq3quants`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, a float16 scale ``d`` then
 32 int8 codes ``q``; the value is ``d * q`` (an exact product). Values are float32 rows whose last dimension is whole
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from resumerge.inputs.gguf import legacy
+from resumerge.inputs.gguf import iq3grid, legacy
 
 if TYPE_CHECKING:
     from resumerge.torch_import import torch
@@ -25,11 +25,12 @@ __all__ = ["BLOCK_BYTES", "CHUNK", "IQ4_VALUES", "decode"]
 # ggml type ids this module decodes (and a GGUF output encodes)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 IQ4_NL, IQ4_XS = 20, 23
+IQ3_XXS, IQ3_S = 18, 21
 _Q8_VALUES, _Q8_BYTES = 32, 34
 # ggml type -> (values, bytes) of a block, for every block type this module decodes
 BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
                Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-               IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
+               IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110)}
 # The 16 levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``), in increasing order: a 4-bit code is an
 # index into them, times its block's scale
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -195,10 +196,70 @@ def _iq4_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     into.view(n, 8, 32).mul_((d * scales.to(torch.float32)).unsqueeze(-1))
 
 
+def _iq3_points(size: int, magnitudes: tuple[int, ...]) -> torch.Tensor:
+    """A 3-bit grid's points (:mod:`.iq3grid`) as their stored magnitudes, float32 (size, 4)."""
+    from resumerge.torch_import import torch
+
+    table = torch.tensor(magnitudes, dtype=torch.float32)
+    return table[torch.from_numpy(iq3grid.levels(size).astype("int64"))]
+
+
+def _iq3_signed(points: torch.Tensor, index: torch.Tensor, signs: torch.Tensor, scale: torch.Tensor,
+                into: torch.Tensor) -> None:
+    """Blocks of 32 values into ``into`` (n, 8, 32): eight grid points by ``index`` (n, 8, 8), each value of 8 taken
+    negative by bit j of its sign byte (``signs`` (n, 8, 4)), ``scale * magnitude`` (``scale`` (n, 8, 1)) then the
+    sign (both exact but the first product)."""
+    from resumerge.torch_import import torch
+
+    n = index.shape[0]
+    magnitudes = points[index.long()].reshape(n, 8, 32)
+    negative = (signs.unsqueeze(-1).to(torch.int32) >> torch.arange(8, dtype=torch.int32)) & 1
+    torch.mul(magnitudes, scale, out=into)
+    into.mul_(1 - 2 * negative.reshape(n, 8, 32).to(torch.float32))
+
+
+def _iq3_xxs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ3_XXS blocks (``block_iq3_xxs``: f16 d, 64 grid indices, eight 32-bit words; (n, 98)) into float32 values
+    (n, 256): block j's word holds four 7-bit sign groups (the eighth bit the parity of the seven) and its scale
+    ``s`` in the top four bits; a value is ``((d * (0.5 + s)) * 0.5) * magnitude``, signed."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    words = blocks[:, 66:98].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (n, 8)
+    seven = (words.unsqueeze(-1) >> (7 * torch.arange(4))) & 127  # (n, 8, 4)
+    parity = seven.clone()
+    for shift in (4, 2, 1):
+        parity ^= parity >> shift
+    signs = seven | ((parity & 1) << 7)
+    scale = (d * (0.5 + (words >> 28).to(torch.float32)) * 0.5).unsqueeze(-1)
+    _iq3_signed(_iq3_points(256, iq3grid.XXS_MAGNITUDES), blocks[:, 2:66].reshape(n, 8, 8), signs, scale,
+                into.view(n, 8, 32))
+
+
+def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
+    """IQ3_S blocks (``block_iq3_s``: f16 d, 64 index bytes, 8 bytes of their high bits, 32 sign bytes, 4 bytes of
+    4-bit scales; (n, 110)) into float32 values (n, 256): block j's point k has index ``qs[8j + k]`` plus bit k of
+    ``qh[j]`` as its ninth, value ``8l + i`` of the block is negative by bit i of ``signs[4j + l]``, and a value is
+    ``(d * (1 + 2 s_j)) * magnitude``, signed."""
+    from resumerge.torch_import import torch
+
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    high = (blocks[:, 66:74].to(torch.int32).unsqueeze(-1) >> torch.arange(8, dtype=torch.int32)) & 1  # (n, 8, 8)
+    index = blocks[:, 2:66].reshape(n, 8, 8).to(torch.int32) | (high << 8)
+    nibbles = blocks[:, 106:110].to(torch.int32)
+    steps = torch.stack([nibbles & 15, nibbles >> 4], dim=2).reshape(n, 8)
+    scale = (d * (1 + 2 * steps).to(torch.float32)).unsqueeze(-1)
+    _iq3_signed(_iq3_points(512, iq3grid.S_MAGNITUDES), index, blocks[:, 74:106].reshape(n, 8, 4), scale,
+                into.view(n, 8, 32))
+
+
 # ggml type -> the function that decodes a run of its blocks
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
-    Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values,
+    Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
+    IQ3_S: _iq3_s_values,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 

@@ -1,10 +1,10 @@
 """The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
-It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a
-row chunk (F16, BF16, Q8_0, the legacy types, the K-quants, IQ4_NL and IQ4_XS with torch, :mod:`.blocks`; the other
-types with ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's q/k rows
-un-permuted per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. A decoder only: an
-output tensor of a GGUF base is stored plainly, or written to a GGUF by :mod:`resumerge.outputs.gguf` (one encoder
+It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a row
+chunk (F16, BF16, Q8_0, the legacy types, the K-quants, IQ4_NL, IQ4_XS, IQ3_XXS and IQ3_S with torch, :mod:`.blocks`;
+the other types with ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's transform: llama's
+q/k rows un-permuted per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's norms −1. A decoder only:
+an output tensor of a GGUF base is stored plainly, or written to a GGUF by :mod:`resumerge.outputs.gguf` (one encoder
 per tensor).
 """
 
@@ -27,15 +27,16 @@ if TYPE_CHECKING:
 # The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
 # types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
 # gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL and IQ4_XS measured with
-# resumerge's (llama.cpp's bytes, without an importance matrix). A GGUF codec's round_trip, read and written.
+# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike. A GGUF codec's round_trip,
+# read and written.
 GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "IQ4_NL": 7.6,
-                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6}
+                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0}
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
 _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
                 "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q2_K": blocks.Q2_K, "Q3_K": blocks.Q3_K,
                 "Q4_K": blocks.Q4_K, "Q5_K": blocks.Q5_K, "Q6_K": blocks.Q6_K, "IQ4_NL": blocks.IQ4_NL,
-                "IQ4_XS": blocks.IQ4_XS}
+                "IQ4_XS": blocks.IQ4_XS, "IQ3_XXS": blocks.IQ3_XXS, "IQ3_S": blocks.IQ3_S}
 
 
 @dataclass(frozen=True)

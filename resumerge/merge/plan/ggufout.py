@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import ModelInputError, UsageError
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.hparams import gguf_hparams
@@ -48,6 +48,7 @@ from resumerge.merge.plan.gguftypes import (
     parse_tensor_types,
     requires_imatrix,
     tensor_type,
+    unwritten,
 )
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufChoices, GgufFile
@@ -278,6 +279,10 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     how = transform(arch, target)
     chosen = tensor_type(target, tp.shape, mix, facts, choices)
     ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
+    if unwritten(ggml):
+        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {unwritten(ggml)}, a type "
+                         "resumerge does not write yet", hint=f"give --gguf-tensor-type {target}=TYPE (iq3_s, "
+                                                              "q3_k ...), or another --gguf-type")
     head_rows = 1
     if how and how != NORM_MINUS_ONE:
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else

@@ -21,16 +21,24 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   count is the layer index and the total the block count.
 - A model with exactly 8 experts (Mixtral) gets Q8_0 for ``attn_v`` and ``attn_k``.
 - A row that is not whole 256-value blocks: Q2_K and Q3_K fall back to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to
-  Q8_0, IQ4_XS to IQ4_NL, and to F16 when not whole 32-value blocks either. llama.cpp refuses a legacy type (Q4_0
-  ... Q8_0) or IQ4_NL on such a row; resumerge writes it F16 and the plan's notes say so (:func:`type_notes`).
+  Q8_0, IQ4_XS, IQ3_XXS, IQ3_S (and IQ2_S) to IQ4_NL, and to F16 when not whole 32-value blocks either. llama.cpp
+  refuses a legacy type (Q4_0 ... Q8_0) or IQ4_NL on such a row; resumerge writes it F16 and the plan's notes say so
+  (:func:`type_notes`).
 - The IQ4_NL and IQ4_XS mixes: ``attn_v`` Q5_K where ``n_gqa >= 4``, the first eighth of ``ffn_down`` Q5_K only
   without an importance matrix (with one, those tensors keep the i-quant: the matrix changes types, not only bytes).
-- Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K; llama.cpp
-  refuses it without an importance matrix (:attr:`Mix.needs_imatrix`, :func:`requires_imatrix`), as it refuses
-  the i-quant mixes below 4 bits, which resumerge does not write yet (:data:`NOT_YET`).
+- The IQ3 mixes (IQ3_XS, IQ3_S, IQ3_M: IQ3_S; IQ3_XXS: IQ3_XXS): ``attn_v`` Q4_K where ``n_gqa >= 4`` (IQ3_M: always;
+  IQ3_XXS otherwise IQ3_S without a matrix, IQ3_XXS with one); IQ3_XS's ``attn_q``/``attn_k`` and the middle
+  six eighths of ``ffn_gate``/``ffn_up`` IQ3_XXS; IQ3_XXS's ``attn_q``/``attn_k`` IQ2_S, ``attn_output`` and an
+  untied ``token_embd`` IQ3_S, ``output.weight`` Q5_K, ``ffn_down`` without a matrix Q4_K (first eighth) or Q3_K;
+  IQ3_M's ``attn_output`` Q4_K and first eighth of ``ffn_down`` Q4_K; with 8 experts every IQ3 mix's
+  ``attn_output`` Q5_K.
+- Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K. llama.cpp
+  refuses it, IQ3_XXS and IQ3_XS without an importance matrix (:attr:`Mix.needs_imatrix`, :func:`requires_imatrix`),
+  as it refuses the i-quant mixes below 3 bits, which resumerge does not write yet (:data:`NOT_YET`).
 
-resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL and
-IQ4_XS).
+resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL, IQ4_XS,
+IQ3_XXS and IQ3_S) but IQ2_S: an IQ3_XXS file whose ``attn_q``/``attn_k`` rows are whole 256-value blocks is refused
+at the plan (:func:`unwritten`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ from resumerge.inputs.gguf.blocks import (
     BLOCK_BYTES,
     F16,
     F32,
+    IQ3_S,
+    IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
     Q2_K,
@@ -79,16 +89,27 @@ MIXES: Mapping[str, Mix] = {
     "q5_0": Mix(8, Q5_0), "q4_1": Mix(3, Q4_1), "q4_0": Mix(2, Q4_0), "q2_k": Mix(10, Q2_K),
     "q2_k_s": Mix(21, Q2_K, needs_imatrix=True), "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K),
     "q3_k_l": Mix(13, Q3_K), "q4_k_s": Mix(14, Q4_K), "q4_k_m": Mix(15, Q4_K), "q5_k_s": Mix(16, Q5_K),
-    "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS)}
+    "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS),
+    # IQ3_XS: its attn_q/attn_k and middle ffn_gate/ffn_up are IQ3_XXS, which needs a matrix
+    "iq3_xxs": Mix(23, IQ3_XXS, needs_imatrix=True), "iq3_xs": Mix(22, IQ3_S, needs_imatrix=True),
+    "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S)}
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
-# matrix for them (IQ3_XS for its attn_q/attn_k and middle ffn_gate/ffn_up, in IQ3_XXS)
+# matrix for them
 NOT_YET: Mapping[str, bool] = {
-    "iq1_s": True, "iq1_m": True, "iq2_xxs": True, "iq2_xs": True, "iq2_s": True, "iq2_m": True, "iq3_xxs": True,
-    "iq3_xs": True, "iq3_s": False, "iq3_m": False, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
+    "iq1_s": True, "iq1_m": True, "iq2_xxs": True, "iq2_xs": True, "iq2_s": True, "iq2_m": True, "tq1_0": False,
+    "tq2_0": False, "mxfp4_moe": False}
+# types llama.cpp's rules pick that resumerge does not encode yet (IQ2_S: an IQ3_XXS file's attn_q and attn_k) ->
+# (name, values a block): a tensor given one is refused at the plan (:func:`unwritten`), unless its rows fall back
+IQ2_S = 22
+_UNWRITTEN = {IQ2_S: ("IQ2_S", 256)}
+# the types llama.cpp's quantizer writes only with an importance matrix (token_embd and output.weight apart:
+# tensor_requires_imatrix): IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S
+_NEED_MATRIX = frozenset({IQ3_XXS, 16, 17, IQ2_S, 29, 19})
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
 # tensor_type_fallback: a row that is not whole blocks of the type (256 values): IQ4_XS to IQ4_NL (32)
-_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL}
+_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL, IQ3_XXS: IQ4_NL,
+             IQ3_S: IQ4_NL, IQ2_S: IQ4_NL}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -164,6 +185,10 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
             chosen = Q4_K
         elif mix in ("iq4_nl", "iq4_xs") and model.gqa >= 4:
             chosen = Q5_K
+        elif mix == "iq3_xxs":
+            chosen = Q4_K if model.gqa >= 4 else IQ3_XXS if imatrix else IQ3_S
+        elif (mix in ("iq3_xs", "iq3_s") and model.gqa >= 4) or mix == "iq3_m":
+            chosen = Q4_K
         elif mix == "q3_k_m":
             chosen = Q5_K if layer < 2 else Q4_K
         elif mix == "q3_k_l":
@@ -176,9 +201,18 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
             chosen = Q5_K
         if model.experts == 8:
             chosen = Q8_0
-    elif category == "attn_k":
-        if model.experts == 8:
-            chosen = Q8_0
+    elif category == "attn_k" and model.experts == 8:
+        chosen = Q8_0
+    elif category in ("attn_k", "attn_q"):
+        if mix == "iq3_xs":
+            chosen = IQ3_XXS
+        elif mix == "iq3_xxs":
+            chosen = IQ2_S
+    elif category in ("ffn_gate", "ffn_up"):
+        if mix == "iq3_xs" and n // 8 <= layer < 7 * n // 8:
+            chosen = IQ3_XXS
+    elif category == "token_embd" and mix == "iq3_xxs":  # untied (a tied one is output.weight's rule)
+        chosen = IQ3_S
     elif category == "ffn_down":
         if mix == "q2_k":
             chosen = Q3_K
@@ -186,6 +220,10 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
             chosen = Q4_K
         elif mix in ("iq4_nl", "iq4_xs") and not imatrix and layer < n // 8:
             chosen = Q5_K
+        elif mix == "iq3_xxs" and not imatrix:
+            chosen = Q4_K if layer < n // 8 else Q3_K
+        elif mix == "iq3_m" and (layer < n // 8 or (model.experts == 8 and _use_more_bits(layer, n))):
+            chosen = Q4_K
         elif mix == "q3_k_m":
             chosen = Q5_K if layer < n // 16 else Q4_K
         elif mix == "q3_k_l":
@@ -199,11 +237,14 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
             chosen = Q4_1 if mix == "q4_0" else Q5_1
     elif category == "attn_output":
         if model.experts == 8:
-            if mix in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", "iq4_nl", "iq4_xs"):
+            if mix in ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", "iq4_nl", "iq4_xs", "iq3_xxs", "iq3_xs",
+                       "iq3_s", "iq3_m"):
                 chosen = Q5_K
         elif mix == "q2_k":
             chosen = Q3_K
-        elif mix == "q3_k_m":
+        elif mix == "iq3_xxs":
+            chosen = IQ3_S
+        elif mix in ("q3_k_m", "iq3_m"):
             chosen = Q4_K
         elif mix == "q3_k_l":
             chosen = Q5_K
@@ -212,14 +253,25 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
 
 def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     """Whether llama.cpp's quantizer refuses to write GGUF tensor ``name`` as ``ggml_type`` in a ``mix`` file
-    without an importance matrix entry for it (``tensor_requires_imatrix``: of the types resumerge writes, Q2_K in
-    a Q2_K_S file, token_embd and output.weight apart)."""
-    return ggml_type == Q2_K and mix == "q2_k_s" and _category(name) not in ("token_embd", "output")
+    without an importance matrix entry for it (``tensor_requires_imatrix``: IQ3_XXS and the 1- and 2-bit
+    i-quants, and Q2_K in a Q2_K_S file; token_embd and output.weight apart)."""
+    needs = ggml_type in _NEED_MATRIX or (ggml_type == Q2_K and mix == "q2_k_s")
+    return needs and _category(name) not in ("token_embd", "output")
+
+
+def unwritten(kind: int) -> str:
+    """The name of a type llama.cpp's rules give that resumerge does not encode yet, or "" (one it writes)."""
+    return _UNWRITTEN[kind][0] if kind in _UNWRITTEN else ""
+
+
+def _block(kind: int) -> int:
+    """The values a block of ggml type ``kind`` (1 for F32, F16, BF16)."""
+    return BLOCK_BYTES[kind][0] if kind in BLOCK_BYTES else _UNWRITTEN.get(kind, ("", 1))[1]
 
 
 def _fallback(chosen: int, row: int) -> int:
     """tensor_type_fallback: ``chosen``, or its fallback where a row is not whole blocks of it."""
-    if row % BLOCK_BYTES.get(chosen, (1, 0))[0] == 0 or chosen not in _FALLBACK:
+    if row % _block(chosen) == 0 or chosen not in _FALLBACK:
         return chosen
     fallback = _FALLBACK[chosen]
     return fallback if row % BLOCK_BYTES[fallback][0] == 0 else F16
@@ -252,12 +304,14 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
                     picked = choices.output
                 elif row % BLOCK_BYTES[default][0]:
                     picked = Q8_0
+                elif mix == "iq3_xxs":
+                    picked = Q5_K
                 elif default != Q8_0:
                     picked = Q6_K
             else:
                 picked = _bumped(name, category, mix, default, model, choices.imatrix)
         picked = _fallback(picked, row)
-    written = picked if row % BLOCK_BYTES.get(picked, (1, 0))[0] == 0 else F16
+    written = picked if row % _block(picked) == 0 else F16
     return TensorType(picked, written)
 
 

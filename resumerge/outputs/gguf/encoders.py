@@ -35,7 +35,7 @@ import numpy as np
 from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
 from resumerge.inputs.gguf.legacy import Kind
-from resumerge.outputs.gguf import iquants, kquants, legacyweighted
+from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,7 +48,8 @@ _Q8_VALUES, _Q8_BYTES = BLOCK_BYTES[Q8_0]
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
 # importance matrix: ggml type -> its encoder (rows, ggml type, importance or None, out)
 SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], np.ndarray]] = {
-    **dict.fromkeys(kquants.K_TYPES, kquants.encode_k), **dict.fromkeys(iquants.I_TYPES, iquants.encode_iq)}
+    **dict.fromkeys(kquants.K_TYPES, kquants.encode_k), **dict.fromkeys(iquants.I_TYPES, iquants.encode_iq),
+    **dict.fromkeys(iq3quants.I3_TYPES, iq3quants.encode_iq3)}
 # the types whose encoding reads an importance matrix (llama-quantize's, one entry a tensor): those, and the legacy
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)

@@ -56,6 +56,10 @@ QUALITY: Mapping[str, TypeQuality] = MappingProxyType({
     # keeps IQ4_XS); IQ4_NL's 32-value blocks fit them. Q2_K_S, written only with a matrix, has no figure here.
     "iq4_xs": TypeQuality(0.385, 0.730, 0.208, 0.799),
     "iq4_nl": TypeQuality(0.380, 0.754, 0.205, 0.782, falls_back=False),
+    # IQ3 mixes (issue 95; 2026-11-28), as the IQ4 ones: the 576-value rows take IQ4_NL, the down projection keeps
+    # IQ3_S (IQ3_M: Q4_K in its first eighth); IQ3_XS and IQ3_XXS, written only with a matrix, have no figure here.
+    "iq3_m": TypeQuality(1.70, 0.471, 0.279, 0.768),
+    "iq3_s": TypeQuality(1.85, 0.453, 0.299, 0.792),
 })
 
 

@@ -1,0 +1,256 @@
+"""GGUF's 3-bit i-quants written as llama.cpp writes them (issue 95): IQ3_XXS and IQ3_S byte-equal to
+``ggml_quantize_chunk`` with and without an importance matrix, on awkward rows, exact ties and empty blocks (the
+zeros TIES/DARE merges leave: IQ3_S's empty block does not move the next one's codes), float32's ends and real
+weights, the compiled kernel to the numpy path's bits; their grids and decoders equal to llama.cpp's own
+dequantizer; the IQ3_XXS, IQ3_XS, IQ3_S and IQ3_M mixes' whole files equal to ``llama_model_quantize``'s (with a
+matrix, which changes IQ3_XXS's types), IQ3_XXS and IQ3_XS refused without one in one line, and an IQ2_S tensor
+(IQ3_XXS's attn_q/attn_k, not written yet) refused at the plan. llama.cpp's library is the oracle
+(tests/llamacpp_oracle.py); those tests skip where it does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
+from support import cli
+from test_gguf_iquants import ties
+from test_gguf_kquants import (
+    _as_llama_quantize_takes_it,
+    _imatrix_entries,
+    _same_as_llama_quantize,
+    _tensors,
+    _write_imatrix_dat,
+    _write_imatrix_gguf,
+    awkward,
+    importance,
+    merges,  # noqa: F401 (a fixture)
+    real_rows,  # noqa: F401 (a fixture)
+)
+
+from resumerge import api
+from resumerge.errors import UsageError
+from resumerge.inputs.gguf import blocks, iq3grid
+from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, tensor_type
+from resumerge.outputs.gguf import iq3loop, iq3quants, jit
+from resumerge.outputs.gguf.iq3quants import encode_iq3
+
+I3_TYPES = {"IQ3_XXS": 18, "IQ3_S": 21}
+F = np.float32
+
+
+def both_paths(x: np.ndarray, code: int, weights: np.ndarray | None,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_iq3``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
+    fast = encode_iq3(x, code, weights)
+    with monkeypatch.context() as patched:
+        patched.setattr(jit, "numba_module", lambda: None)
+        slow = encode_iq3(x, code, weights)
+    return fast, slow
+
+
+def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, monkeypatch: pytest.MonkeyPatch,
+                       label: object = "") -> None:
+    theirs = quantize(x, code, weights)
+    for path, ours in zip(("compiled", "numpy"), both_paths(x, code, weights, monkeypatch), strict=True):
+        assert ours.shape == theirs.shape
+        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
+
+
+@pytest.mark.parametrize("size", [256, 512])
+def test_the_grids_are_llama_cpp_s(size: int) -> None:
+    """Each grid point decoded by llama.cpp's own dequantizer (a block of 64 indices, d 1, scale 0, no signs) is
+    the point of :mod:`resumerge.inputs.gguf.iq3grid` (IQ3_XXS's magnitudes 4(2l + 1), its top one 62)."""
+    needs_library()
+    code, magnitudes = (18, iq3grid.XXS_MAGNITUDES) if size == 256 else (21, iq3grid.S_MAGNITUDES)
+    stored = np.zeros((size // 64, blocks.BLOCK_BYTES[code][1]), dtype=np.uint8)
+    stored[:, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    index = np.arange(size).reshape(-1, 64)
+    stored[:, 2:66] = index & 255
+    if code == 21:  # the ninth bit of index k of block j: bit k of qh[j]
+        high = (index >> 8).reshape(-1, 8, 8) << np.arange(8)
+        stored[:, 66:74] = high.sum(axis=2)
+    scale = 0.25 if code == 18 else 1.0  # d * (0.5 + 0) * 0.5, d * (1 + 2 * 0)
+    theirs = dequantize(stored, code).reshape(size, 4) / scale
+    assert np.array_equal(theirs, np.array(magnitudes, dtype=F)[iq3grid.levels(size)])
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("kind", list(I3_TYPES))
+def test_each_iq3_encoder_writes_llama_cpp_s_bytes(kind: str, weighted: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_library()
+    for seed in range(2):
+        x = awkward(16, 1024, seed)
+        assert_llama_cpp_s(x, I3_TYPES[kind], importance(1024, seed) if weighted else None, monkeypatch, seed)
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("kind", list(I3_TYPES))
+def test_exact_ties_and_empty_blocks_as_merges_make_them_are_llama_cpp_s(kind: str, weighted: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many values exactly equal (zeros, copies, ±m), whole 32-value blocks of zeros at every place of a
+    super-block (IQ3_S writes the next block's codes and signs where the empty one's would have gone), blocks
+    under IQ3_XXS's 1e-8, and equal weights: llama.cpp's bytes."""
+    needs_library()
+    for seed in range(2):
+        x = ties(seed)
+        x[0, 32:64] = 0
+        x[1, 0:32] = 0
+        x[1, 224:256] = 0
+        x[2, 256 + 96:256 + 192] = 0
+        x[3, 64:96] = F(3e-9)
+        weights = importance(768, seed) if weighted else None
+        if weights is not None:
+            weights[100:400] = weights[100]
+        assert_llama_cpp_s(x, I3_TYPES[kind], weights, monkeypatch, seed)
+
+
+@pytest.mark.parametrize("kind", list(I3_TYPES))
+def test_each_iq3_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray,  # noqa: F811
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row compiled; every eighth through the numpy path too (its cost, not its bytes, is the reason)."""
+    needs_library()
+    for weights in (None, importance(1536, 7)):
+        assert np.array_equal(encode_iq3(real_rows, I3_TYPES[kind], weights),
+                              quantize(real_rows, I3_TYPES[kind], weights)), weights is None
+        assert_llama_cpp_s(real_rows[::8], I3_TYPES[kind], weights, monkeypatch, weights is None)
+
+
+def test_a_row_split_across_chunks_keeps_each_block_s_importance() -> None:
+    """Rows longer than a chunk of super-blocks: each is weighted by its own columns' importance."""
+    needs_library()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 256 * 300)).astype(F)
+    weights = (rng.random(256 * 300) * 5).astype(F)
+    for code in I3_TYPES.values():
+        assert np.array_equal(encode_iq3(x, code, weights), quantize(x, code, weights))
+
+
+def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests
+    above compare both with llama.cpp)."""
+    if iq3loop.kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    monkeypatch.setattr(iq3quants, "_encode_numpy", refused)
+    for code in I3_TYPES.values():
+        encode_iq3(awkward(12, 512, 2), code, importance(512, 2))
+
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(list(I3_TYPES)), weighted=st.booleans())
+def test_compiled_is_numpy_on_any_finite_rows(data: st.DataObject, kind: str, weighted: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without llama.cpp's library too: the compiled kernel's bytes are the numpy path's on any finite values (and
+    few distinct ones: ties, empty and flat blocks) and any finite importance."""
+    if iq3loop.kernels() is None:
+        pytest.skip("numba is not installed")
+    n = 256
+    values = data.draw(st.one_of(
+        st.lists(finite32, min_size=n, max_size=n),
+        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-45, -3e38]), min_size=n, max_size=n)))
+    x = np.array(values, dtype=F).reshape(1, n)
+    w = np.array(data.draw(st.lists(st.floats(0, float(F(3e38)), width=32, allow_subnormal=True), min_size=n,
+                                    max_size=n)), dtype=F) if weighted else None
+    fast, slow = both_paths(x, I3_TYPES[kind], w, monkeypatch)
+    assert np.array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("kind", list(I3_TYPES))
+def test_each_iq3_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> None:
+    """The input side decodes IQ3_XXS and IQ3_S with torch to llama.cpp's own values and gguf-py's: on encodings
+    and on random bytes."""
+    needs_library()
+    code = I3_TYPES[kind]
+    size = blocks.BLOCK_BYTES[code][1]
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
+    noise[:, 0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
+    for stored in (encode_iq3(awkward(16, 512, 1), code), noise.reshape(16, -1)):
+        ours = blocks.decode(torch.from_numpy(stored), code).numpy()
+        assert np.array_equal(ours, dequantize(stored, code))
+        assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
+
+
+# (arch, mix, importance matrix file or "", --gguf-tensor-type pairs both sides take): IQ3_XXS gives attn_q and
+# attn_k IQ2_S, which resumerge does not write yet: overridden here (its other rules still apply)
+_NOT_IQ2_S = (("attn_q", 21), ("attn_k", 18))
+CASES = [("llama", "iq3_s", "", ()), ("llama", "iq3_s", "gguf", ()), ("llama", "iq3_m", "", ()),
+         ("llama", "iq3_m", "dat", ()), ("llama", "iq3_xs", "gguf", ()), ("llama", "iq3_xxs", "gguf", _NOT_IQ2_S),
+         ("qwen3moe", "iq3_xxs", "gguf", _NOT_IQ2_S), ("qwen3moe", "iq3_m", "", ())]
+
+
+@pytest.mark.parametrize(("arch", "mix", "imatrix", "overrides"), CASES)
+def test_each_iq3_mix_is_llama_quantize_s_on_the_same_f16_file(
+        tmp_path: Path, arch: str, mix: str, imatrix: str, overrides: tuple[tuple[str, int], ...],
+        merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+    """Every tensor's type and bytes equal llama_model_quantize's for the IQ3 mix on the F16 file resumerge wrote
+    of the same merge (the tiny models' rows are whole super-blocks: the IQ3 encoders write them), with the same
+    importance matrix where one is given."""
+    needs_library()
+    config, f16 = merges[arch]
+    names = {18: "iq3_xxs", 21: "iq3_s"}
+    output = {"out_type": "gguf", "gguf_type": mix,
+              "gguf_tensor_types": tuple(f"{p}={names[t]}" for p, t in overrides)}
+    entries = None
+    if imatrix:
+        raw = _imatrix_entries(f16, 3)
+        path = tmp_path / f"imatrix.{imatrix}"
+        (_write_imatrix_gguf if imatrix == "gguf" else _write_imatrix_dat)(path, raw)
+        entries = _as_llama_quantize_takes_it(raw)
+        output["imatrix"] = str(path)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(**output)))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries, tensor_types=overrides)
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    kinds = {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
+    assert 21 in kinds or 18 in kinds
+
+
+def test_an_importance_matrix_changes_the_iq3_xxs_mix_s_types() -> None:
+    """llama.cpp's IQ3_XXS mix gives attn_v IQ3_S without a matrix and IQ3_XXS with one (Q4_K where four heads
+    share a KV head), and ffn_down Q4_K (first eighth) or Q3_K without one, IQ3_XXS with one; the other IQ3 mixes'
+    types do not depend on it."""
+    model = ModelFacts(layers=16, gqa=2)
+    plain, weighted = TypeChoices(), TypeChoices(imatrix=True)
+    assert tensor_type("blk.3.attn_v.weight", (256, 512), "iq3_xxs", model, plain).llama == 21
+    assert tensor_type("blk.3.attn_v.weight", (256, 512), "iq3_xxs", model, weighted).llama == 18
+    assert tensor_type("blk.3.attn_v.weight", (256, 512), "iq3_xxs", ModelFacts(layers=16, gqa=4)).llama == 12
+    for layer, bumped in ((0, 12), (1, 12), (2, 11), (15, 11)):
+        name = f"blk.{layer}.ffn_down.weight"
+        assert tensor_type(name, (256, 512), "iq3_xxs", model, plain).llama == bumped
+        assert tensor_type(name, (256, 512), "iq3_xxs", model, weighted).llama == 18
+    for mix in ("iq3_xs", "iq3_s", "iq3_m"):
+        for name in ("blk.3.attn_v.weight", "blk.0.ffn_down.weight", "blk.5.ffn_up.weight"):
+            assert tensor_type(name, (256, 512), mix, model, plain) == tensor_type(name, (256, 512), mix, model,
+                                                                                 weighted)
+    assert tensor_type("blk.3.attn_q.weight", (256, 576), "iq3_s", model).llama == 20  # the fallback: IQ4_NL
+
+
+def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix_and_iq2_s_at_the_plan(
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+    """IQ3_XXS and IQ3_XS without an importance matrix: one line, exit 2, before any work, as llama-quantize
+    refuses them; IQ3_XXS whose attn_q and attn_k rows are whole super-blocks (llama.cpp gives them IQ2_S, not
+    written yet): refused at the plan, naming the tensor and the type."""
+    config, _ = merges["llama"]
+    out = tmp_path / "out"
+    for mix in ("iq3_xxs", "iq3_xs"):
+        done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", mix)
+        assert done.returncode == 2 and "only with an importance matrix" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr and not out.exists()
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat.\n")
+    with pytest.raises(UsageError, match=r"attn_[qk]\.weight as IQ2_S, a type resumerge does not write yet"):
+        api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="iq3_xxs",
+                                                                    imatrix_texts=texts)))
