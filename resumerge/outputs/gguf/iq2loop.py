@@ -180,8 +180,8 @@ def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _A
     scales = np.zeros(blocks, dtype=np.float32)
     level = np.zeros(size, dtype=np.int64)
     trial = np.zeros(size, dtype=np.int64)
-    on_grid = np.ones(2, dtype=np.bool_)
-    trial_on = np.ones(2, dtype=np.bool_)
+    on_grid = np.ones(4, dtype=np.bool_)
+    trial_on = np.ones(4, dtype=np.bool_)
     for b in range(xval.shape[0]):
         out[b, :] = 0
         max_scale = zero
