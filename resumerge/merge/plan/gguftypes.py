@@ -58,6 +58,7 @@ from resumerge.inputs.gguf.blocks import (
     Q6_K,
     Q8_0,
 )
+from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.merge.plan.merge_plan import TensorPlan
 from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 
@@ -79,16 +80,28 @@ MIXES: Mapping[str, Mix] = {
     "q5_0": Mix(8, Q5_0), "q4_1": Mix(3, Q4_1), "q4_0": Mix(2, Q4_0), "q2_k": Mix(10, Q2_K),
     "q2_k_s": Mix(21, Q2_K, needs_imatrix=True), "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K),
     "q3_k_l": Mix(13, Q3_K), "q4_k_s": Mix(14, Q4_K), "q4_k_m": Mix(15, Q4_K), "q5_k_s": Mix(16, Q5_K),
-    "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS)}
+    "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS),
+    "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
+    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True)}
+IQ3_S = 21  # ggml's id: in the IQ2_S and IQ2_M mixes' rules (its encoder: not yet, see NOT_YET)
+# ggml type -> (values, bytes) of a block, for every type these rules pick
+_BLOCKS = {IQ3_S: (256, 110), **BLOCK_BYTES}
+# the 2-bit i-quant mixes (their rules: _iq2_bumped)
+_IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
+# IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
+_IQ2_RICH = ("iq2_s", "iq2_m")
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
 # matrix for them (IQ3_XS for its attn_q/attn_k and middle ffn_gate/ffn_up, in IQ3_XXS)
+# (IQ2_S and IQ2_M: their rules are in MIXES, but their files have IQ3_S tensors, which resumerge does not encode
+# yet; they leave this table when it does)
 NOT_YET: Mapping[str, bool] = {
-    "iq1_s": True, "iq1_m": True, "iq2_xxs": True, "iq2_xs": True, "iq2_s": True, "iq2_m": True, "iq3_xxs": True,
+    "iq1_s": True, "iq1_m": True, "iq2_s": True, "iq2_m": True, "iq3_xxs": True,
     "iq3_xs": True, "iq3_s": False, "iq3_m": False, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
 # tensor_type_fallback: a row that is not whole blocks of the type (256 values): IQ4_XS to IQ4_NL (32)
-_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL}
+_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL, IQ2_XXS: IQ4_NL,
+             IQ2_XS: IQ4_NL, IQ2_S: IQ4_NL, IQ3_S: IQ4_NL}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -151,12 +164,31 @@ def _category(name: str) -> str:
     return "other"
 
 
+def _iq2_bumped(category: str, mix: str, layer: int, default: int, model: ModelFacts) -> int:
+    """llama_tensor_get_type_impl's branch for the 2-bit i-quant mixes (taken instead of every other rule but the
+    head's and token_embd's): attn_v Q4_K where 4+ heads share a KV head or 4+ experts, else IQ3_S (IQ2_S, IQ2_M)
+    or Q2_K; attn_k Q4_K with 8 experts; the first eighth of ffn_down IQ3_S or Q2_K; attn_output Q5_K with 8
+    experts, else IQ3_S in IQ2_S and IQ2_M files."""
+    rich = mix in _IQ2_RICH
+    if category == "attn_v":
+        return Q4_K if model.gqa >= 4 or model.experts >= 4 else (IQ3_S if rich else Q2_K)
+    if category == "attn_k" and model.experts == 8:
+        return Q4_K
+    if category == "ffn_down" and layer < model.layers // 8:
+        return IQ3_S if rich else Q2_K
+    if category == "attn_output":
+        return Q5_K if model.experts == 8 else (IQ3_S if rich else default)
+    return default
+
+
 def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts, imatrix: bool) -> int:
     """llama_tensor_get_type_impl for the mixes resumerge writes (no Falcon)."""
     layer_match = _LAYER.match(name)
     layer = int(layer_match.group(1)) if layer_match else 0
     n = model.layers
     chosen = default
+    if mix in _IQ2_MIXES:
+        return _iq2_bumped(category, mix, layer, default, model)
     if category == "attn_v":
         if mix == "q2_k":
             chosen = Q4_K if model.gqa >= 4 else Q3_K
@@ -212,17 +244,18 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
 
 def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     """Whether llama.cpp's quantizer refuses to write GGUF tensor ``name`` as ``ggml_type`` in a ``mix`` file
-    without an importance matrix entry for it (``tensor_requires_imatrix``: of the types resumerge writes, Q2_K in
-    a Q2_K_S file, token_embd and output.weight apart)."""
-    return ggml_type == Q2_K and mix == "q2_k_s" and _category(name) not in ("token_embd", "output")
+    without an importance matrix entry for it (``tensor_requires_imatrix``: of the types resumerge writes, the
+    2-bit i-quants in any file and Q2_K in a Q2_K_S file, token_embd and output.weight apart)."""
+    needs = ggml_type in (IQ2_XXS, IQ2_XS, IQ2_S) or (ggml_type == Q2_K and mix == "q2_k_s")
+    return needs and _category(name) not in ("token_embd", "output")
 
 
 def _fallback(chosen: int, row: int) -> int:
     """tensor_type_fallback: ``chosen``, or its fallback where a row is not whole blocks of it."""
-    if row % BLOCK_BYTES.get(chosen, (1, 0))[0] == 0 or chosen not in _FALLBACK:
+    if row % _BLOCKS.get(chosen, (1, 0))[0] == 0 or chosen not in _FALLBACK:
         return chosen
     fallback = _FALLBACK[chosen]
-    return fallback if row % BLOCK_BYTES[fallback][0] == 0 else F16
+    return fallback if row % _BLOCKS[fallback][0] == 0 else F16
 
 
 def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
@@ -252,12 +285,16 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
                     picked = choices.output
                 elif row % BLOCK_BYTES[default][0]:
                     picked = Q8_0
+                elif mix in _IQ2_MIXES:
+                    picked = Q5_K
                 elif default != Q8_0:
                     picked = Q6_K
+            elif category == "token_embd" and mix in _IQ2_MIXES:
+                picked = IQ3_S if mix in _IQ2_RICH else Q2_K
             else:
                 picked = _bumped(name, category, mix, default, model, choices.imatrix)
         picked = _fallback(picked, row)
-    written = picked if row % BLOCK_BYTES.get(picked, (1, 0))[0] == 0 else F16
+    written = picked if row % _BLOCKS.get(picked, (1, 0))[0] == 0 else F16
     return TensorType(picked, written)
 
 
