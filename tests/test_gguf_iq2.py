@@ -1,0 +1,162 @@
+"""GGUF's 2-bit i-quants written as llama.cpp writes them (issue 95): IQ2_XXS, IQ2_XS and IQ2_S byte-equal to
+``ggml_quantize_chunk`` with an importance matrix (IQ2_S without one too) on awkward rows, exact ties as TIES/DARE
+merges leave them, rows of zeros and zero importances; the plain-Python path (no numba) to the compiled kernels'
+bytes; the grids and decoders against gguf-py's; the IQ2_XXS and IQ2_XS mixes' whole files against
+``llama_model_quantize`` with a matrix, and refused in one line without one. llama.cpp's own library is the oracle
+(tests/llamacpp_oracle.py); those tests skip where it does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from llamacpp_oracle import needs_library, quantize, quantize_model
+from test_gguf_iquants import ties
+from test_gguf_kquants import (
+    _as_llama_quantize_takes_it,
+    _imatrix_entries,
+    _same_as_llama_quantize,
+    _tensors,
+    _write_imatrix_gguf,
+    awkward,
+    importance,
+    merges,  # noqa: F401 (a fixture)
+)
+
+from resumerge import api
+from resumerge.errors import UsageError
+from resumerge.inputs.gguf import blocks, iq2blocks
+from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, requires_imatrix, tensor_type
+from resumerge.outputs.gguf import iq2grid, jit
+from resumerge.outputs.gguf.iquants import encode_iq
+
+IQ2 = {"IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22}
+F = np.float32
+
+
+def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, label: object = "") -> None:
+    theirs = quantize(x, code, weights)
+    ours = encode_iq(x, code, weights)
+    assert ours.shape == theirs.shape
+    assert np.array_equal(ours, theirs), (label, np.argwhere(ours != theirs)[:5].tolist())
+
+
+@pytest.mark.parametrize("kind", list(IQ2))
+def test_each_iq2_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
+    needs_library()
+    for seed in range(3):
+        weights = importance(1024, seed)
+        weights[:256] *= F(seed)  # seed 0: a super-block of zero importances
+        assert_llama_cpp_s(awkward(16, 1024, seed), IQ2[kind], weights, seed)
+    if kind == "IQ2_S":  # ggml's IQ2_S has weights without a matrix too
+        assert_llama_cpp_s(awkward(16, 512, 5), IQ2[kind], None, "plain")
+
+
+@pytest.mark.parametrize("kind", list(IQ2))
+def test_exact_ties_as_merges_make_them_are_llama_cpp_s(kind: str) -> None:
+    """Zeros, copies and ±m (tests/test_gguf_iquants.py's ties): the sign parity's least value is the first of
+    equals, a trial scale is adopted only on a strict improvement, a group's nearest grid point the first of equal
+    distances in (distance, index) order, as llama.cpp's; a tiny importance, and equal ones."""
+    needs_library()
+    for seed in range(3):
+        weights = importance(768, seed)
+        weights[100:400] = weights[100]
+        assert_llama_cpp_s(ties(seed), IQ2[kind], weights, seed)
+        assert_llama_cpp_s(ties(seed), IQ2[kind], weights * F(1e-30), (seed, "tiny"))
+
+
+def test_the_plain_python_path_is_the_compiled_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without numba the same kernels run uncompiled, to the same bytes (and llama.cpp's)."""
+    needs_library()
+    x = awkward(16, 512, 9)[8:10].copy()
+    x[1, :300] = 0
+    weights = importance(512, 9)
+    compiled = {code: encode_iq(x, code, weights) for code in IQ2.values()}
+    monkeypatch.setattr(jit, "numba_module", lambda: None)
+    for code, fast in compiled.items():
+        slow = encode_iq(x, code, weights)
+        assert np.array_equal(slow, fast), code
+        assert np.array_equal(slow, quantize(x, code, weights)), code
+
+
+def test_iq2_xxs_and_iq2_xs_need_an_importance_matrix() -> None:
+    with pytest.raises(ValueError, match="need an importance matrix"):
+        encode_iq(awkward(16, 256, 0), IQ2["IQ2_XXS"], None)
+
+
+@pytest.mark.parametrize("kind", list(IQ2))
+def test_the_grids_and_decoders_are_gguf_py_s(kind: str) -> None:
+    """The grid each type's codes index is gguf-py's (its grid_hex); every grid point is in the quantizer's map
+    and every off-grid key of levels 0..2 has neighbours; random blocks decode to gguf-py's float32 bits."""
+    code = IQ2[kind]
+    reference = getattr(gguf.quants, kind)
+    assert iq2blocks.kgrid(code).tobytes() == bytes.fromhex(reference.grid_hex.decode())
+    tables = iq2grid.tables(code)
+    assert np.array_equal(tables.kmap[iq2blocks.kgrid(code)], np.arange(iq2blocks.kgrid(code).size))
+    keys = np.arange(tables.kmap.size)
+    legal = np.all(((keys[:, None] >> (2 * np.arange(8))) & 3) < 3, axis=1)
+    off = keys[legal & (tables.kmap < 0)]
+    assert off.size and np.all(tables.neighbours[-tables.kmap[off] - 1] > 0)
+    rng = np.random.default_rng(code)
+    size = blocks.BLOCK_BYTES[code][1]
+    raw = rng.integers(0, 256, (64, size), dtype=np.uint8)
+    raw[:, 0:2] = np.frombuffer(rng.normal(size=64).astype(np.float16).tobytes(), np.uint8).reshape(64, 2)
+    want = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType(code)).astype(F).reshape(64, 256)
+    got = blocks.decode(torch.from_numpy(raw.reshape(4, -1)), code).numpy().reshape(64, 256)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_what_the_encoder_writes_decodes_near_the_values() -> None:
+    """A round trip: IQ2_S of Gaussian rows decodes within its 2.5 bits' error (a check of the layout's order)."""
+    x = np.random.default_rng(3).standard_normal((16, 512)).astype(F)
+    decoded = blocks.decode(torch.from_numpy(encode_iq(x, IQ2["IQ2_S"], importance(512, 3))), IQ2["IQ2_S"]).numpy()
+    assert np.linalg.norm(decoded - x) < 0.6 * np.linalg.norm(x)
+
+
+@pytest.mark.parametrize("mix", ["iq2_xxs", "iq2_xs"])
+def test_each_iq2_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str,
+                                                        merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                        ) -> None:
+    """Every tensor's type and bytes equal llama_model_quantize's for the mix, with the same importance matrix."""
+    needs_library()
+    config, f16 = merges["llama"]
+    raw = _imatrix_entries(f16, 3)
+    _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type=mix, imatrix=str(tmp_path / "imatrix.gguf"))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=_as_llama_quantize_takes_it(raw))
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    kinds = {kind for kind, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
+    assert MIXES[mix].default in kinds  # the 2-bit encoder itself, not only fallbacks
+
+
+@pytest.mark.parametrize("mix", ["iq2_xxs", "iq2_xs", "iq2_s", "iq2_m"])
+def test_an_iq2_mix_without_a_matrix_is_refused_before_any_work(mix: str, tmp_path: Path,
+                                                                merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                                ) -> None:
+    config, _ = merges["llama"]
+    with pytest.raises(UsageError, match="only with an importance matrix"):
+        api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type=mix)))
+
+
+def test_the_iq2_mixes_rules() -> None:
+    """llama.cpp's 2-bit branch on one model: attn_v Q2_K (IQ3_S in IQ2_S/M files), Q4_K with 4+ heads a KV head;
+    the first eighth of ffn_down Q2_K or IQ3_S; output Q5_K; token_embd Q2_K or IQ3_S; a 2-bit type needs a
+    matrix, token_embd and output apart. (Every shape against llama.cpp's own choice:
+    tests/test_gguf_iquants.py's test_every_mix_s_types_are_llama_cpp_s_on_every_shape.)"""
+    model = ModelFacts(layers=16, gqa=2)
+    with_matrix = TypeChoices(imatrix=True)
+    for mix, rich in (("iq2_xxs", False), ("iq2_xs", False), ("iq2_s", True), ("iq2_m", True)):
+        second = 21 if rich else 10
+        assert tensor_type("blk.3.attn_v.weight", (256, 512), mix, model, with_matrix).llama == second
+        assert tensor_type("blk.3.attn_v.weight", (256, 512), mix, ModelFacts(layers=16, gqa=4)).llama == 12
+        assert tensor_type("blk.1.ffn_down.weight", (512, 1024), mix, model).llama == second
+        assert tensor_type("blk.2.ffn_down.weight", (512, 1024), mix, model).llama == MIXES[mix].default
+        assert tensor_type("output.weight", (100, 512), mix, model).llama == 13
+        assert tensor_type("token_embd.weight", (100, 512), mix, model).llama == second
+        assert tensor_type("blk.2.attn_q.weight", (512, 576), mix, model).llama == 20  # IQ4_NL: rows of 576
+    assert requires_imatrix("blk.0.attn_q.weight", 16, "q4_k_m")
+    assert not requires_imatrix("output.weight", 16, "iq2_xxs")
