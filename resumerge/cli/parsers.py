@@ -155,7 +155,8 @@ def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> N
                    help=f"--out-type gguf: how matrices are stored, one of {', '.join(GGUF_TYPES)} (either case): a "
                         "type or one of llama-quantize's K-quant and i-quant mixes (q4_k_m, iq4_xs ...: each "
                         "tensor's type as llama-quantize picks it, its bytes as llama.cpp's quantizer writes them; "
-                        "q2_k_s, iq2_xs and iq2_xxs need an importance matrix); norms and 1-D tensors are F32 [default: f16]")
+                        "q2_k_s, iq2_xs and iq2_xxs need an importance matrix); norms and 1-D tensors are F32 "
+                        "[default: f16]")
     p.add_argument("--gguf-split-max-size", metavar="SIZE",
                    help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
                         "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")

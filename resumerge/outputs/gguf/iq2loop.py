@@ -41,7 +41,7 @@ class Kernels(NamedTuple):
 
     prepare: Callable[[_Array, _Array, int, int, _Array, _Array, _Array, _Array], None]
     start: Callable[[_Array, _Array, _Array], None]
-    search: Callable[[_Array, _Array, _Array, _Array, _Array, int, _Array, _Array, _Array, _Array, _Array], None]
+    search: Callable[[_Array, _Array, _Array, _Array, _Array, int, tuple[_Array, _Array, _Array], _Array, _Array], None]
 
 
 def _prepare(block: _Array, qw: _Array, offset: int, kind: int, xval: _Array, weight: _Array, waux: _Array,
@@ -162,12 +162,13 @@ def _start(xval: _Array, weight: _Array, start: _Array) -> None:
             start[b, ib] = sumlx / suml2 if suml2 > zero else zero
 
 
-def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _Array, kind: int, grid: _Array,
-            kmap: _Array, neighbours: _Array, out: _Array, d: _Array) -> None:
+def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _Array, kind: int,
+            tables: tuple[_Array, _Array, _Array], out: _Array, d: _Array) -> None:
     """Each super-block's codes into ``out`` (uint8 (B, block bytes - 2), the block past its float16 ``d``) and
     its ``d`` as float32 into ``d`` (B,), from :func:`_prepare`'s arrays; ``start`` (float32 (B, 8)): IQ2_XXS's
-    ``make_qp_quants`` scale of each 32-value block (unread for the others); ``grid``, ``kmap``, ``neighbours``:
-    :func:`.iq2grid.tables`'."""
+    ``make_qp_quants`` scale of each 32-value block (unread for the others); ``tables``: :func:`.iq2grid.tables`'
+    (``grid``, ``kmap``, ``neighbours``)."""
+    grid, kmap, neighbours = tables
     f32 = np.float32
     zero, one, half = f32(0.0), f32(1.0), f32(0.5)
     size = 32 if kind == XXS else 16

@@ -48,6 +48,5 @@ def encode(ggml_type: int, block: _Array, qw: _Array | None, offset: int, out: _
         kernels.start(xval, weight, start)
     tables = iq2grid.tables(ggml_type)
     d = np.empty(b, dtype=F)
-    kernels.search(xval, weight, waux, signs, start, kind, tables.grid,
-                   tables.kmap, tables.neighbours, out[:, 2:], d)
+    kernels.search(xval, weight, waux, signs, start, kind, (tables.grid, tables.kmap, tables.neighbours), out[:, 2:], d)
     out[:, 0:2] = ks.f16(d)[0].view(np.uint8).reshape(-1, 2)

@@ -20,9 +20,9 @@ search and the final codes run compiled (:mod:`.iqloop`), a scalar loop per bloc
 
 from __future__ import annotations
 
-import numpy as np
-
 from functools import partial
+
+import numpy as np
 
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES, IQ4_NL, IQ4_VALUES, IQ4_XS
 from resumerge.outputs.gguf import iq2quants, iqloop
@@ -173,7 +173,8 @@ def _pack(found: _Array, out: _Array) -> None:
     out[...] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out.shape)
 
 
-_ENCODERS = {IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
+_ENCODERS = {IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs,
+             **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
 
 
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
