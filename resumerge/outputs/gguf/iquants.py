@@ -20,6 +20,7 @@ search and the final codes run compiled (:mod:`.iqloop`), a scalar loop per bloc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -173,8 +174,9 @@ def _pack(found: _Array, out: _Array) -> None:
     out[...] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out.shape)
 
 
-_ENCODERS = {IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs,
-             **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
+# ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out)
+_ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
+    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
 
 
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
