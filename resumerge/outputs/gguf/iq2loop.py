@@ -206,10 +206,21 @@ def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _A
                 reach = peak
             on_grid[:] = True
             best = zero
-            for step in range(low_try, high_try):
-                inverse = (f32(5.0) + f32(step) * f32(0.1)) / reach
-                this_scale = one / inverse
+            # the trial scales, then (a last pass) the refit of the groups to the best trial's scale
+            for step in range(low_try, high_try + 1):
+                final = step == high_try
+                if final:
+                    if not (scale > zero) or (kind != XXS and on_grid[0] and on_grid[1]):
+                        break
+                    inverse = one / scale
+                    this_scale = scale
+                else:
+                    inverse = (f32(5.0) + f32(step) * f32(0.1)) / reach
+                    this_scale = one / inverse
                 for k in range(groups):
+                    if final and kind != XXS and on_grid[k]:  # IQ2_XS, IQ2_S: only the off-grid groups again
+                        trial[8 * k:8 * k + 8] = level[8 * k:8 * k + 8]
+                        continue
                     key = 0
                     for i in range(8):
                         p = half * (inverse * xval[b, base + 8 * k + i] - one)
@@ -219,7 +230,7 @@ def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _A
                         key |= q << (2 * i)
                     point = kmap[key]
                     trial_on[k] = point >= 0
-                    if point < 0:  # iq2_find_best_neighbour at this trial's scale
+                    if point < 0:  # iq2_find_best_neighbour at this scale
                         at = -point - 1
                         best_d2 = np.float32(3.4028234663852886e38)
                         for j in range(1, neighbours[at] + 1):
@@ -239,53 +250,15 @@ def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _A
                     q = f32(2 * trial[i] + 1)
                     sumqx += w * xval[b, base + i] * q
                     sumq2 += w * q * q
-                if sumq2 > zero and sumqx * sumqx > best * sumq2:
+                if final:
+                    level[:] = trial[:]
+                    if sumq2 > zero:
+                        scale = sumqx / sumq2
+                elif sumq2 > zero and sumqx * sumqx > best * sumq2:
                     scale = sumqx / sumq2
                     best = scale * sumqx
                     level[:] = trial[:]
                     on_grid[:groups] = trial_on[:groups]
-            refit = scale > zero
-            if kind != XXS:
-                refit = refit and not (on_grid[0] and on_grid[1])
-            if refit:
-                inverse = one / scale
-                for k in range(groups):
-                    if kind != XXS and on_grid[k]:
-                        continue
-                    key = 0
-                    for i in range(8):
-                        p = half * (inverse * xval[b, base + 8 * k + i] - one)
-                        q = (np.float32(p + magic).view(np.int32) & 0x7FFFFF) - 0x400000
-                        q = 0 if q < 0 else (2 if q > 2 else q)
-                        if kind != XXS:
-                            level[8 * k + i] = q
-                        key |= q << (2 * i)
-                    point = kmap[key]
-                    if point < 0:
-                        at = -point - 1
-                        best_d2 = np.float32(3.4028234663852886e38)
-                        for j in range(1, neighbours[at] + 1):
-                            candidate = neighbours[at + j]
-                            d2 = zero
-                            for i in range(8):
-                                diff = scale * f32(grid[candidate, i]) - xval[b, base + 8 * k + i]
-                                d2 += waux[b, base + 8 * k + i] * diff * diff
-                            if d2 < best_d2:
-                                best_d2 = d2
-                                point = candidate
-                        for i in range(8):
-                            level[8 * k + i] = (grid[point, i] - 1) // 2
-                    elif kind == XXS:
-                        for i in range(8):
-                            level[8 * k + i] = (grid[point, i] - 1) // 2
-                sumqx, sumq2 = zero, zero
-                for i in range(size):
-                    w = weight[b, base + i]
-                    q = f32(2 * level[i] + 1)
-                    sumqx += w * xval[b, base + i] * q
-                    sumq2 += w * q * q
-                if sumq2 > zero:
-                    scale = sumqx / sumq2
             flip = scale < zero
             if flip:
                 scale = -scale
