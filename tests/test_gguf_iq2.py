@@ -1,7 +1,7 @@
 """GGUF's 2-bit i-quants written as llama.cpp writes them (issue 95): IQ2_XXS, IQ2_XS and IQ2_S byte-equal to
 ``ggml_quantize_chunk`` with an importance matrix (IQ2_S without one too) on awkward rows, exact ties as TIES/DARE
-merges leave them, rows of zeros and zero importances; the plain-Python path (no numba) to the compiled kernels'
-bytes; the grids and decoders against gguf-py's; the IQ2_XXS and IQ2_XS mixes' whole files against
+merges leave them, rows of zeros and zero importances; the numpy path (no numba) and the uncompiled kernels to the
+compiled ones' bytes; the grids and decoders against gguf-py's; the IQ2_XXS and IQ2_XS mixes' whole files against
 ``llama_model_quantize`` with a matrix, and refused in one line without one. llama.cpp's own library is the oracle
 (tests/llamacpp_oracle.py); those tests skip where it does not load."""
 
@@ -30,7 +30,7 @@ from resumerge import api
 from resumerge.errors import UsageError
 from resumerge.inputs.gguf import blocks, iq2blocks
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, requires_imatrix, tensor_type
-from resumerge.outputs.gguf import iq2grid, jit
+from resumerge.outputs.gguf import iq2grid, iq2loop, jit
 from resumerge.outputs.gguf.iquants import encode_iq
 
 IQ2 = {"IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22}
@@ -38,10 +38,15 @@ F = np.float32
 
 
 def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, label: object = "") -> None:
+    """``encode_iq``'s bytes, compiled (where numba is) and on the numpy path, are llama.cpp's."""
     theirs = quantize(x, code, weights)
-    ours = encode_iq(x, code, weights)
-    assert ours.shape == theirs.shape
-    assert np.array_equal(ours, theirs), (label, np.argwhere(ours != theirs)[:5].tolist())
+    for path in ("compiled", "numpy"):
+        with pytest.MonkeyPatch.context() as patched, np.errstate(all="ignore"):
+            if path == "numpy":
+                patched.setattr(jit, "numba_module", lambda: None)
+            ours = encode_iq(x, code, weights)
+        assert ours.shape == theirs.shape
+        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
 
 
 @pytest.mark.parametrize("kind", list(IQ2))
@@ -68,18 +73,26 @@ def test_exact_ties_as_merges_make_them_are_llama_cpp_s(kind: str) -> None:
         assert_llama_cpp_s(ties(seed), IQ2[kind], weights * F(1e-30), (seed, "tiny"))
 
 
-def test_the_plain_python_path_is_the_compiled_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without numba the same kernels run uncompiled, to the same bytes (and llama.cpp's)."""
+def test_the_numpy_path_and_the_plain_kernels_are_the_compiled_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without numba the numpy path (resumerge.outputs.gguf.iq2numpy) writes the compiled kernels' bytes, and so
+    do the kernels run uncompiled (iq2loop.plain, the numpy path's reference): llama.cpp's, on ties, zeros, a
+    super-block of zero importances and IQ2_S without a matrix."""
     needs_library()
-    x = awkward(16, 512, 9)[8:10].copy()
-    x[1, :300] = 0
+    x = ties(4)[:4, :512].copy()
+    x[3] = awkward(16, 512, 9)[3]
     weights = importance(512, 9)
-    compiled = {code: encode_iq(x, code, weights) for code in IQ2.values()}
+    weights[256:] = 0
+    cases = [(code, weights) for code in IQ2.values()] + [(IQ2["IQ2_S"], None)]
+    compiled = [encode_iq(x, code, w) for code, w in cases]
     monkeypatch.setattr(jit, "numba_module", lambda: None)
-    for code, fast in compiled.items():
-        slow = encode_iq(x, code, weights)
+    for (code, w), fast in zip(cases, compiled, strict=True):
+        with np.errstate(all="ignore"):
+            slow = encode_iq(x, code, w)
         assert np.array_equal(slow, fast), code
-        assert np.array_equal(slow, quantize(x, code, weights)), code
+        assert np.array_equal(slow, quantize(x, code, w)), code
+    monkeypatch.setattr(iq2loop, "kernels", lambda: iq2loop.plain)
+    for (code, w), fast in zip(cases[:3], compiled, strict=True):  # slow: one super-block a second
+        assert np.array_equal(encode_iq(x[:1], code, w), fast[:1]), code
 
 
 def test_iq2_xxs_and_iq2_xs_need_an_importance_matrix() -> None:

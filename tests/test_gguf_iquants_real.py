@@ -35,8 +35,8 @@ def smollm2_f16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return config, root / "f16" / "model.gguf"
 
 
-@pytest.mark.parametrize(("mix", "weighted"), [("iq4_xs", False), ("iq4_xs", True),
-                                               *((("iq4_nl", False),) if EVERY_MIX else ())])
+@pytest.mark.parametrize(("mix", "weighted"), [("iq4_xs", False), ("iq4_xs", True), ("iq2_xxs", True),
+                                               *((("iq4_nl", False), ("iq2_xs", True)) if EVERY_MIX else ())])
 def test_each_iq4_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
                                                           tmp_path: Path) -> None:
     config, f16 = smollm2_f16

@@ -1,6 +1,7 @@
 """The 2-bit i-quants' quantizer (IQ2_XXS, IQ2_XS, IQ2_S): llama.cpp's ``quantize_row_iq2_*_impl`` as scalar loops
 numba compiles (:mod:`.jit`), in the same float32 operations and order, to the same bytes; where numba is missing
-the same functions run as plain Python (same bits, far slower: :mod:`.iq2quants` says so where it calls them).
+:mod:`.iq2numpy` takes the same steps vectorised across blocks (and these functions run uncompiled, :data:`plain`,
+are the tests' reference).
 
 Per super-block of 256 values (``_prepare``): σ² the mean square (IQ2_S: twice it), each value's weight
 ``qw · sqrt(σ² + x²)`` (IQ2_S without a matrix: ``σ²/4 + x²``), ``waux`` its root, each group of eight's
@@ -29,7 +30,7 @@ import numpy as np
 from resumerge.outputs.gguf import jit
 from resumerge.outputs.gguf import kfloat as kf
 
-__all__ = ["Kernels", "kernels", "plain"]
+__all__ = ["XS", "XXS", "Kernels", "S", "kernels", "plain"]
 
 _Array = np.ndarray
 # the kinds these kernels take (not ggml ids: the kernels are compiled once for all three)
@@ -307,11 +308,6 @@ def _search(xval: _Array, weight: _Array, waux: _Array, signs: _Array, start: _A
     return
 
 
-_compiled = jit.lazy_kernels(Kernels, _prepare, _start, _search)
+kernels = jit.lazy_kernels(Kernels, _prepare, _start, _search)
+# the same functions uncompiled: the reference the tests hold both paths to (too slow for a model)
 plain = Kernels(_prepare, _start, _search)
-
-
-def kernels() -> Kernels:
-    """The compiled kernels where numba is, else the plain functions (:data:`plain`: the same bits, slowly)."""
-    compiled = _compiled()
-    return plain if compiled is None else compiled

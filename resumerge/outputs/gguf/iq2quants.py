@@ -7,8 +7,7 @@ IQ2_S takes one too, and has ggml's weights without (llama.cpp's quantizer still
 matrix; that refusal is the plan's: :func:`resumerge.merge.plan.gguftypes.requires_imatrix`). IQ2_XXS's first
 scale of each 32-value block is ``make_qp_quants``' (:func:`.ksearch.qp`, compiled or numpy, to the same bits).
 
-Where numba is missing the kernels run as plain Python: the same bytes, about a thousand times slower (a test
-tensor's seconds; a model's hours), which is why ``numba`` is in the ``kquants`` extra these encoders share.
+Where numba is missing the same steps run vectorised in numpy (:mod:`.iq2numpy`), to the same bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from resumerge.inputs.gguf.iq2blocks import IQ2_BLOCK_BYTES, IQ2_S, IQ2_XS, IQ2_XXS
-from resumerge.outputs.gguf import iq2grid, iq2loop
+from resumerge.outputs.gguf import iq2grid, iq2loop, iq2numpy
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import F
 
@@ -37,16 +36,20 @@ def encode(ggml_type: int, block: _Array, qw: _Array | None, offset: int, out: _
     kind = _KINDS[ggml_type]
     if qw is None and kind != iq2loop.S:
         raise ValueError("IQ2_XXS and IQ2_XS need an importance matrix (llama.cpp's quantizer asserts one)")
-    kernels = iq2loop.kernels()
-    b = block.shape[0]
-    weights = np.empty((0, 256), dtype=F) if qw is None else qw
-    xval, weight, waux = (np.empty((b, 256), dtype=F) for _ in range(3))
-    signs = np.empty((b, 32), dtype=np.uint8)
-    kernels.prepare(block, weights, offset, kind, xval, weight, waux, signs)
-    start = np.zeros((b, 8), dtype=F)
-    if kind == iq2loop.XXS:
-        kernels.start(xval, weight, start)
     tables = iq2grid.tables(ggml_type)
-    d = np.empty(b, dtype=F)
-    kernels.search(xval, weight, waux, signs, start, kind, (tables.grid, tables.kmap, tables.neighbours), out[:, 2:], d)
+    arrays = (tables.grid, tables.kmap, tables.neighbours)
+    kernels = iq2loop.kernels()
+    if kernels is None:
+        d = iq2numpy.encode(block, qw, offset, kind, arrays, out[:, 2:])
+    else:
+        b = block.shape[0]
+        weights = np.empty((0, 256), dtype=F) if qw is None else qw
+        xval, weight, waux = (np.empty((b, 256), dtype=F) for _ in range(3))
+        signs = np.empty((b, 32), dtype=np.uint8)
+        kernels.prepare(block, weights, offset, kind, xval, weight, waux, signs)
+        start = np.zeros((b, 8), dtype=F)
+        if kind == iq2loop.XXS:
+            kernels.start(xval, weight, start)
+        d = np.empty(b, dtype=F)
+        kernels.search(xval, weight, waux, signs, start, kind, arrays, out[:, 2:], d)
     out[:, 0:2] = ks.f16(d)[0].view(np.uint8).reshape(-1, 2)
