@@ -91,7 +91,7 @@ def test_the_numpy_path_and_the_plain_kernels_are_the_compiled_ones(monkeypatch:
         assert np.array_equal(slow, fast), code
         assert np.array_equal(slow, quantize(x, code, w)), code
     monkeypatch.setattr(iq2loop, "kernels", lambda: iq2loop.plain)
-    for (code, w), fast in zip(cases[:3], compiled, strict=True):  # slow: one super-block a second
+    for (code, w), fast in zip(cases[:3], compiled[:3], strict=True):  # slow: a super-block a second
         assert np.array_equal(encode_iq(x[:1], code, w), fast[:1]), code
 
 
