@@ -2,8 +2,10 @@
 IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF fixture, passed
 through resumerge to ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal
 ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, without and with an
-importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS); ``iq4_nl`` with
-``RESUMERGE_TEST_EVERY_MIX=1`` (tests/test_gguf_iquants.py checks its mixes on tiny models). Skipped where llama.cpp's
+importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS); ``iq2_xxs`` with a matrix
+(IQ4_NL for the 576-wide rows, IQ2_XXS for ``ffn_down``, Q2_K for the first eighth's, Q5_K for the tied embedding:
+passed, 10 min on this shared machine); ``iq4_nl`` and ``iq2_xs`` with ``RESUMERGE_TEST_EVERY_MIX=1``
+(tests/test_gguf_iquants.py and tests/test_gguf_iq2.py check their mixes on tiny models). Skipped where llama.cpp's
 library (the test-only oracle) does not load. All three ran on this change: 3 passed."""
 
 from __future__ import annotations
