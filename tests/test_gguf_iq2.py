@@ -173,3 +173,23 @@ def test_the_iq2_mixes_rules() -> None:
         assert tensor_type("blk.2.attn_q.weight", (512, 576), mix, model).llama == 20  # IQ4_NL: rows of 576
     assert requires_imatrix("blk.0.attn_q.weight", 16, "q4_k_m")
     assert not requires_imatrix("output.weight", 16, "iq2_xxs")
+
+
+def test_the_override_flags_take_the_iq2_types(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                               ) -> None:
+    """--gguf-tensor-type names IQ2_XXS and IQ2_S in a Q4_K_M file as llama-quantize's --tensor-type does: with a
+    matrix the file is llama_model_quantize's; without one refused at the plan in one line (llama.cpp's
+    tensor_requires_imatrix), before any work."""
+    needs_library()
+    config, f16 = merges["llama"]
+    overrides = ("ffn_down=IQ2_XXS", "attn_q=iq2_s")
+    with pytest.raises(UsageError, match=r"writes blk\.0\.\w+\.weight as IQ2_\w+ only with an importance matrix"):
+        api.plan_merge(config, settings=api.Settings(output=api.Output(
+            out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=overrides)))
+    raw = _imatrix_entries(f16, 4)
+    _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=overrides, imatrix=str(tmp_path / "imatrix.gguf"))))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=_as_llama_quantize_takes_it(raw),
+                   tensor_types=(("ffn_down", IQ2["IQ2_XXS"]), ("attn_q", IQ2["IQ2_S"])))
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")

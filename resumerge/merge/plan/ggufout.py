@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from resumerge.errors import ModelInputError
+from resumerge.errors import ModelInputError, UsageError
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.hparams import gguf_hparams
@@ -279,6 +279,10 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     imatrix = weights.for_tensor(target, columns, experts, ggml)
     if up_name:
         imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if not imatrix and requires_imatrix(target, ggml, mix) and not weights.path:
+        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPE_NAMES[ggml]} only "
+                         "with an importance matrix", hint="give --imatrix FILE (llama-imatrix's) or --imatrix-texts "
+                                                           "FILE (texts to compute it on the merge from)")
     if not imatrix and requires_imatrix(target, ggml, mix):
         raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
                               f"{TYPE_NAMES[ggml]} only with an importance matrix, and --imatrix {weights.path} has "
