@@ -193,3 +193,31 @@ def test_the_override_flags_take_the_iq2_types(tmp_path: Path, merges: dict[str,
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=_as_llama_quantize_takes_it(raw),
                    tensor_types=(("ffn_down", IQ2["IQ2_XXS"]), ("attn_q", IQ2["IQ2_S"])))
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+
+
+def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                  ) -> None:
+    """An IQ2_XXS file resumerge wrote, merged again (passthrough to float32 safetensors): its IQ2_XXS matrices
+    read back with torch's decoders to gguf-py's values of the stored blocks."""
+    from safetensors.torch import load_file
+    from support import write_config
+
+    config, f16 = merges["llama"]
+    _write_imatrix_gguf(tmp_path / "imatrix.gguf", _imatrix_entries(f16, 5))
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="iq2_xxs", imatrix=str(tmp_path / "imatrix.gguf"))))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    read = load_file(tmp_path / "f32" / "model.safetensors")
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    found = [n for n, t in stored.items() if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XXS]
+    assert found
+    layer = found[0].split(".")[1]
+    kind = found[0].split(".")[2]
+    names = {"ffn_down": "mlp.down_proj", "ffn_up": "mlp.up_proj", "ffn_gate": "mlp.gate_proj",
+             "attn_output": "self_attn.o_proj", "attn_v": "self_attn.v_proj"}
+    if kind not in names:
+        pytest.skip(f"{found[0]}: a permuted or unnamed tensor")
+    want = gguf.quants.dequantize(np.asarray(stored[found[0]].data), stored[found[0]].tensor_type)
+    assert np.array_equal(read[f"model.layers.{layer}.{names[kind]}.weight"].numpy(), want)
