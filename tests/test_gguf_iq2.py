@@ -7,6 +7,7 @@ compiled ones' bytes; the grids and decoders against gguf-py's; the IQ2_XXS and 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import gguf
@@ -16,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import needs_library, quantize, quantize_model
+from support import cli, digests, write_config
 from test_gguf_iquants import ties
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
@@ -202,7 +204,6 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
     """An IQ2_XXS file resumerge wrote, merged again (passthrough to float32 safetensors): its IQ2_XXS matrices
     read back with torch's decoders to gguf-py's values of the stored blocks."""
     from safetensors.torch import load_file
-    from support import write_config
 
     config, f16 = merges["llama"]
     _write_imatrix_gguf(tmp_path / "imatrix.gguf", _imatrix_entries(f16, 5))
@@ -247,3 +248,25 @@ def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str,
         patched.setattr(jit, "numba_module", lambda: None)
         slow = encode_iq(x, IQ2[kind], w)
     assert np.array_equal(fast, slow)
+
+
+def test_an_iq2_xxs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
+                                                               merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                               ) -> None:
+    """Killed while the IQ2_XXS file is written (mid-write, after a unit's temp write, after the ledger commit),
+    ``resume`` ends with the bytes of a run never killed, and verify passes (tests/test_gguf_iquants.py's IQ4_XS
+    test, with the importance matrix the 2-bit mix needs)."""
+    config, f16 = merges["llama"]
+    _write_imatrix_gguf(tmp_path / "imatrix.gguf", _imatrix_entries(f16, 6))
+    matrix = str(tmp_path / "imatrix.gguf")
+    whole = tmp_path / "whole"
+    api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(
+        out_type="gguf", gguf_type="iq2_xxs", imatrix=matrix)))
+    for point in ("mid_shard_write", "after_temp_write", "after_ledger_commit"):
+        out, state = tmp_path / point, tmp_path / f"{point}.state"
+        killed = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "iq2_xxs",
+                     "--imatrix", matrix, env={"RESUMERGE_KILL_AT": point})
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        api.resume(out, settings=api.Settings(state_dir=state))
+        assert digests(out) == digests(whole), point
+        assert api.verify(out, api.Settings(state_dir=state)).ok, point
