@@ -3,8 +3,8 @@
 zeros TIES/DARE merges leave: IQ3_S's empty block does not move the next one's codes), float32's ends and real
 weights, the compiled kernel to the numpy path's bits; their grids and decoders equal to llama.cpp's own
 dequantizer; the IQ3_XXS, IQ3_XS, IQ3_S and IQ3_M mixes' whole files equal to ``llama_model_quantize``'s (with a
-matrix, which changes IQ3_XXS's types), IQ3_XXS and IQ3_XS refused without one in one line, and an IQ2_S tensor
-(IQ3_XXS's attn_q/attn_k, not written yet) refused at the plan. llama.cpp's library is the oracle
+matrix, which changes IQ3_XXS's types, and whose attn_q/attn_k are IQ2_S), IQ3_XXS and IQ3_XS refused without one
+in one line. llama.cpp's library is the oracle
 (tests/llamacpp_oracle.py); those tests skip where it does not load."""
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from test_gguf_kquants import (
 )
 
 from resumerge import api
-from resumerge.errors import UsageError
 from resumerge.inputs.gguf import blocks, iq3grid
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, tensor_type
 from resumerge.outputs.gguf import iq3loop, iq3quants, jit
@@ -184,12 +183,11 @@ def test_each_iq3_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> 
         assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
 
 
-# (arch, mix, importance matrix file or "", --gguf-tensor-type pairs both sides take): IQ3_XXS gives attn_q and
-# attn_k IQ2_S, which resumerge does not write yet: overridden here (its other rules still apply)
-_NOT_IQ2_S = (("attn_q", 21), ("attn_k", 18))
+# (arch, mix, importance matrix file or "", --gguf-tensor-type pairs both sides take): IQ3_XXS's attn_q and attn_k
+# are IQ2_S (tests/test_gguf_iq2.py's encoder)
 CASES = [("llama", "iq3_s", "", ()), ("llama", "iq3_s", "gguf", ()), ("llama", "iq3_m", "", ()),
-         ("llama", "iq3_m", "dat", ()), ("llama", "iq3_xs", "gguf", ()), ("llama", "iq3_xxs", "gguf", _NOT_IQ2_S),
-         ("qwen3moe", "iq3_xxs", "gguf", _NOT_IQ2_S), ("qwen3moe", "iq3_m", "", ())]
+         ("llama", "iq3_m", "dat", ()), ("llama", "iq3_xs", "gguf", ()), ("llama", "iq3_xxs", "gguf", ()),
+         ("qwen3moe", "iq3_xxs", "gguf", ()), ("qwen3moe", "iq3_m", "", ())]
 
 
 @pytest.mark.parametrize(("arch", "mix", "imatrix", "overrides"), CASES)
@@ -238,11 +236,11 @@ def test_an_importance_matrix_changes_the_iq3_xxs_mix_s_types() -> None:
     assert tensor_type("blk.3.attn_q.weight", (256, 576), "iq3_s", model).llama == 20  # the fallback: IQ4_NL
 
 
-def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix_and_iq2_s_at_the_plan(
+def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix(
         tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     """IQ3_XXS and IQ3_XS without an importance matrix: one line, exit 2, before any work, as llama-quantize
-    refuses them; IQ3_XXS whose attn_q and attn_k rows are whole super-blocks (llama.cpp gives them IQ2_S, not
-    written yet): refused at the plan, naming the tensor and the type."""
+    refuses them; with one, IQ3_XXS's attn_q and attn_k (rows of whole super-blocks) are planned IQ2_S, as
+    llama.cpp gives them."""
     config, _ = merges["llama"]
     out = tmp_path / "out"
     for mix in ("iq3_xxs", "iq3_xs"):
@@ -251,6 +249,8 @@ def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix_and_iq2_s_at_the_plan(
         assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr and not out.exists()
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat.\n")
-    with pytest.raises(UsageError, match=r"attn_[qk]\.weight as IQ2_S, a type resumerge does not write yet"):
-        api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="iq3_xxs",
-                                                                    imatrix_texts=texts)))
+    plan = api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="iq3_xxs",
+                                                                       imatrix_texts=texts)))
+    kinds = {tp.out_codec.gguf_name: tp.out_codec.ggml_type for tp in plan.tensors.values()
+             if hasattr(tp.out_codec, "gguf_name")}
+    assert kinds["blk.0.attn_q.weight"] == kinds["blk.0.attn_k.weight"] == 22  # IQ2_S

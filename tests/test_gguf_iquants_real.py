@@ -1,11 +1,13 @@
-"""The IQ4 and IQ3 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 30 layers, 576-wide rows that take
-IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF fixture, passed
-through resumerge to ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal
+"""The IQ4, IQ3 and IQ2 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 30 layers, 576-wide rows
+that take IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF
+fixture, passed through resumerge to ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal
 ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, without and with an
 importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS); the IQ3 mixes (SmolLM2's
-1536-wide ``ffn_down`` written by the IQ3 encoders). The suite runs IQ4_XS and IQ3_XXS with a matrix (55 CPU s each:
-the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S, IQ3_XS) with ``RESUMERGE_TEST_EVERY_MIX=1``
-(tests/test_gguf_iquants.py and tests/test_gguf_iq3.py check every mix on tiny models and the encoders on SmolLM2's
+1536-wide ``ffn_down`` written by the IQ3 encoders) and the IQ2 ones (IQ2_XXS ``ffn_down``, Q2_K for its first
+eighth, Q5_K for the tied embedding). The suite runs IQ4_XS and IQ3_XXS with a matrix (55 CPU s each:
+the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S, IQ3_XS, the IQ2 mixes: ~10 minutes each on
+a loaded 2-core machine) with ``RESUMERGE_TEST_EVERY_MIX=1`` (tests/test_gguf_iquants.py, tests/test_gguf_iq3.py and
+tests/test_gguf_iq2.py check every mix on tiny models and the encoders on SmolLM2's
 rows; test_gguf_kquants_real.py IQ4_XS on Gemma-3). Skipped where llama.cpp's library (the test-only oracle) does not
 load."""
 
@@ -78,3 +80,17 @@ def test_each_iq3_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
     assert down == (["Q4_K"] * 3 + ["IQ3_S"] if mix == "iq3_m" else ["IQ3_XXS"] * 4 if mix == "iq3_xxs" else down)
     assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"
+
+
+@pytest.mark.parametrize(("mix", "weighted"), [(mix, True) for mix in ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
+                                               if EVERY_MIX])
+def test_each_iq2_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    """The IQ2 mixes (a matrix each, as llama-quantize needs), every tensor's type and bytes llama.cpp's: SmolLM2's
+    576-wide rows IQ4_NL (the fallback), its tied embedding Q5_K; IQ2_XXS's 1536-wide ffn_down IQ2_XXS but its first
+    eighth's Q2_K."""
+    got = _written(mix, weighted, smollm2_f16, tmp_path)
+    assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"
+    assert got["token_embd.weight"].kind == "Q5_K"
+    if mix == "iq2_xxs":
+        assert [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)] == ["Q2_K"] * 3 + ["IQ2_XXS"]

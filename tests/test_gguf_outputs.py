@@ -357,11 +357,12 @@ def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter
 def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
     from resumerge.inputs.gguf import blocks
     from resumerge.merge.plan.defaults import GGUF_TYPES
-    from resumerge.merge.plan.gguftypes import MIXES
+    from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
     from resumerge.outputs.gguf import kquants
 
-    assert set(GGUF_TYPES) == set(MIXES) - {"f32"} and set(TYPES) <= set(GGUF_TYPES)
-    assert all(MIXES[kind].default in blocks.BLOCK_BYTES for kind in GGUF_TYPES if kind.startswith("q"))
+    # (a mix whose rules are in MIXES but one of whose types has no encoder yet is refused: NOT_YET)
+    assert set(GGUF_TYPES) == set(MIXES) - {"f32"} - set(NOT_YET) and set(TYPES) <= set(GGUF_TYPES)
+    assert all(MIXES[kind].default in blocks.BLOCK_BYTES for kind in GGUF_TYPES if kind.startswith(("q", "iq")))
     assert set(kquants.K_TYPES) <= set(blocks.BLOCK_BYTES)
 
 

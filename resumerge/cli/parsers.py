@@ -153,7 +153,7 @@ def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> N
     # no argparse choices: the API takes llama.cpp's spelling (Q4_K_M) as its own, and refuses another in one line
     p.add_argument("--gguf-type", metavar="TYPE", default="f16",
                    help=f"--out-type gguf: how matrices are stored, one of {', '.join(GGUF_TYPES)} (either case): a "
-                        "type or one of llama-quantize's K-quant and i-quant mixes (q4_k_m, iq4_xs, iq3_m, iq2_xs "
+                        "type or one of llama-quantize's K-quant and i-quant mixes (q4_k_m, iq4_xs, iq3_m, iq2_m "
                         "...: each tensor's type as llama-quantize picks it, its bytes as llama.cpp's quantizer "
                         "writes them; q2_k_s, iq3_xs, iq3_xxs and the iq2 mixes need an importance matrix); norms "
                         "and 1-D tensors are F32. A comma list (q8_0,q6_k,q4_k_m) writes a release: one file per "

@@ -48,7 +48,6 @@ from resumerge.merge.plan.gguftypes import (
     parse_tensor_types,
     requires_imatrix,
     tensor_type,
-    unwritten,
 )
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufChoices, GgufFile
@@ -279,10 +278,6 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     how = transform(arch, target)
     chosen = tensor_type(target, tp.shape, mix, facts, choices)
     ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
-    if unwritten(ggml):
-        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {unwritten(ggml)}, a type "
-                         "resumerge does not write yet", hint=f"give --gguf-tensor-type {target}=TYPE (iq3_s, "
-                                                              "q3_k ...), or another --gguf-type")
     head_rows = 1
     if how and how != NORM_MINUS_ONE:
         heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
@@ -294,6 +289,10 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     imatrix = weights.for_tensor(target, columns, experts, ggml)
     if up_name:
         imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+    if not imatrix and requires_imatrix(target, ggml, mix) and not weights.path:
+        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPE_NAMES[ggml]} only "
+                         "with an importance matrix", hint="give --imatrix FILE (llama-imatrix's) or --imatrix-texts "
+                                                           "FILE (texts to compute it on the merge from)")
     if not imatrix and requires_imatrix(target, ggml, mix):
         raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
                               f"{TYPE_NAMES[ggml]} only with an importance matrix, and --imatrix {weights.path} has "

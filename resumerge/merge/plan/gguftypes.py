@@ -32,13 +32,14 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   untied ``token_embd`` IQ3_S, ``output.weight`` Q5_K, ``ffn_down`` without a matrix Q4_K (first eighth) or Q3_K;
   IQ3_M's ``attn_output`` Q4_K and first eighth of ``ffn_down`` Q4_K; with 8 experts every IQ3 mix's
   ``attn_output`` Q5_K.
+- The 2-bit mixes (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M): llama.cpp's own branch of rules (:func:`_iq2_bumped`),
+  ``output.weight`` Q5_K, ``token_embd`` Q2_K (IQ3_S in IQ2_S and IQ2_M files).
 - Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K. llama.cpp
-  refuses it, IQ3_XXS and IQ3_XS without an importance matrix (:attr:`Mix.needs_imatrix`, :func:`requires_imatrix`),
-  as it refuses the i-quant mixes below 3 bits, which resumerge does not write yet (:data:`NOT_YET`).
+  refuses it, IQ3_XXS, IQ3_XS and the 2-bit mixes without an importance matrix (:attr:`Mix.needs_imatrix`,
+  :func:`requires_imatrix`); the 1-bit mixes and the ternary ones resumerge does not write yet (:data:`NOT_YET`).
 
 resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL, IQ4_XS,
-IQ3_XXS and IQ3_S) but IQ2_S: an IQ3_XXS file whose ``attn_q``/``attn_k`` rows are whole 256-value blocks is refused
-at the plan (:func:`unwritten`).
+IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from resumerge.inputs.gguf.blocks import (
     Q6_K,
     Q8_0,
 )
+from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.merge.plan.merge_plan import TensorPlan
 from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 
@@ -92,24 +94,24 @@ MIXES: Mapping[str, Mix] = {
     "q5_k_m": Mix(17, Q5_K), "q6_k": Mix(18, Q6_K), "iq4_nl": Mix(25, IQ4_NL), "iq4_xs": Mix(30, IQ4_XS),
     # IQ3_XS: its attn_q/attn_k and middle ffn_gate/ffn_up are IQ3_XXS, which needs a matrix
     "iq3_xxs": Mix(23, IQ3_XXS, needs_imatrix=True), "iq3_xs": Mix(22, IQ3_S, needs_imatrix=True),
-    "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S)}
+    "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S),
+    "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
+    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True)}
+# the 2-bit i-quant mixes (their rules: _iq2_bumped)
+_IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
+# IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
+_IQ2_RICH = ("iq2_s", "iq2_m")
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
 # matrix for them
-NOT_YET: Mapping[str, bool] = {
-    "iq1_s": True, "iq1_m": True, "iq2_xxs": True, "iq2_xs": True, "iq2_s": True, "iq2_m": True, "tq1_0": False,
-    "tq2_0": False, "mxfp4_moe": False}
-# types llama.cpp's rules pick that resumerge does not encode yet (IQ2_S: an IQ3_XXS file's attn_q and attn_k) ->
-# (name, values a block): a tensor given one is refused at the plan (:func:`unwritten`), unless its rows fall back
-IQ2_S = 22
-_UNWRITTEN = {IQ2_S: ("IQ2_S", 256)}
+NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
 # the types llama.cpp's quantizer writes only with an importance matrix (token_embd and output.weight apart:
 # tensor_requires_imatrix): IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S
-_NEED_MATRIX = frozenset({IQ3_XXS, 16, 17, IQ2_S, 29, 19})
+_NEED_MATRIX = frozenset({IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, 29, 19})
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
-# tensor_type_fallback: a row that is not whole blocks of the type (256 values): IQ4_XS to IQ4_NL (32)
+# tensor_type_fallback: a row that is not whole blocks of the type (256 values): the i-quants to IQ4_NL (32)
 _FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL, IQ3_XXS: IQ4_NL,
-             IQ3_S: IQ4_NL, IQ2_S: IQ4_NL}
+             IQ3_S: IQ4_NL, IQ2_XXS: IQ4_NL, IQ2_XS: IQ4_NL, IQ2_S: IQ4_NL}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -172,12 +174,31 @@ def _category(name: str) -> str:
     return "other"
 
 
+def _iq2_bumped(category: str, mix: str, layer: int, default: int, model: ModelFacts) -> int:
+    """llama_tensor_get_type_impl's branch for the 2-bit i-quant mixes (taken instead of every other rule but the
+    head's and token_embd's): attn_v Q4_K where 4+ heads share a KV head or 4+ experts, else IQ3_S (IQ2_S, IQ2_M)
+    or Q2_K; attn_k Q4_K with 8 experts; the first eighth of ffn_down IQ3_S or Q2_K; attn_output Q5_K with 8
+    experts, else IQ3_S in IQ2_S and IQ2_M files."""
+    rich = mix in _IQ2_RICH
+    if category == "attn_v":
+        return Q4_K if model.gqa >= 4 or model.experts >= 4 else (IQ3_S if rich else Q2_K)
+    if category == "attn_k" and model.experts == 8:
+        return Q4_K
+    if category == "ffn_down" and layer < model.layers // 8:
+        return IQ3_S if rich else Q2_K
+    if category == "attn_output":
+        return Q5_K if model.experts == 8 else (IQ3_S if rich else default)
+    return default
+
+
 def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts, imatrix: bool) -> int:
     """llama_tensor_get_type_impl for the mixes resumerge writes (no Falcon)."""
     layer_match = _LAYER.match(name)
     layer = int(layer_match.group(1)) if layer_match else 0
     n = model.layers
     chosen = default
+    if mix in _IQ2_MIXES:
+        return _iq2_bumped(category, mix, layer, default, model)
     if category == "attn_v":
         if mix == "q2_k":
             chosen = Q4_K if model.gqa >= 4 else Q3_K
@@ -259,14 +280,9 @@ def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     return needs and _category(name) not in ("token_embd", "output")
 
 
-def unwritten(kind: int) -> str:
-    """The name of a type llama.cpp's rules give that resumerge does not encode yet, or "" (one it writes)."""
-    return _UNWRITTEN[kind][0] if kind in _UNWRITTEN else ""
-
-
 def _block(kind: int) -> int:
     """The values a block of ggml type ``kind`` (1 for F32, F16, BF16)."""
-    return BLOCK_BYTES[kind][0] if kind in BLOCK_BYTES else _UNWRITTEN.get(kind, ("", 1))[1]
+    return BLOCK_BYTES[kind][0] if kind in BLOCK_BYTES else 1
 
 
 def _fallback(chosen: int, row: int) -> int:
@@ -274,7 +290,7 @@ def _fallback(chosen: int, row: int) -> int:
     if row % _block(chosen) == 0 or chosen not in _FALLBACK:
         return chosen
     fallback = _FALLBACK[chosen]
-    return fallback if row % BLOCK_BYTES[fallback][0] == 0 else F16
+    return fallback if row % _block(fallback) == 0 else F16
 
 
 def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
@@ -304,10 +320,12 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
                     picked = choices.output
                 elif row % BLOCK_BYTES[default][0]:
                     picked = Q8_0
-                elif mix == "iq3_xxs":
+                elif mix == "iq3_xxs" or mix in _IQ2_MIXES:
                     picked = Q5_K
                 elif default != Q8_0:
                     picked = Q6_K
+            elif category == "token_embd" and mix in _IQ2_MIXES:
+                picked = IQ3_S if mix in _IQ2_RICH else Q2_K
             else:
                 picked = _bumped(name, category, mix, default, model, choices.imatrix)
         picked = _fallback(picked, row)

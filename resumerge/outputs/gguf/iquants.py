@@ -20,10 +20,13 @@ search and the final codes run compiled (:mod:`.iqloop`), a scalar loop per bloc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES, IQ4_NL, IQ4_VALUES, IQ4_XS
-from resumerge.outputs.gguf import iqloop
+from resumerge.outputs.gguf import iq2quants, iqloop
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import EPS, F
 
@@ -32,7 +35,7 @@ __all__ = ["I_TYPES", "best_index", "encode_iq", "search", "search_numpy"]
 _Array = np.ndarray
 
 # ggml type -> bytes a block (its values: BLOCK_BYTES)
-I_TYPES = {IQ4_NL: BLOCK_BYTES[IQ4_NL][1], IQ4_XS: BLOCK_BYTES[IQ4_XS][1]}
+I_TYPES = {IQ4_NL: BLOCK_BYTES[IQ4_NL][1], IQ4_XS: BLOCK_BYTES[IQ4_XS][1], **iq2quants.IQ2_TYPES}
 _BLOCK = 32  # values a scale
 _NTRY = 7
 _LEVELS = np.array(IQ4_VALUES, dtype=F)
@@ -171,7 +174,9 @@ def _pack(found: _Array, out: _Array) -> None:
     out[...] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out.shape)
 
 
-_ENCODERS = {IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs}
+# ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out)
+_ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
+    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
 
 
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
