@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.merge.plan.prepared import Progress
+    from resumerge.merge.plan.prepared import Prepared, Progress
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     # The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
     floats = replace(options, out_type="safetensors", gguf_type="f16", gguf_tensor_types=(), gguf_output_type=None,
                      gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None,
-                     gguf_override_kv=(), gguf_pure=False)
+                     gguf_override_kv=(), gguf_pure=False, gguf_target_size=None, gguf_target_bpw=None,
+                     gguf_chosen_types=())
     prepared = prepare(load_config_text(text), floats, model_dirs=model_dirs, state=state, cache_dir=settings.cache_dir)
     fetch_inputs(prepared.opened(), state=state)
     set_torch_threads(settings.num_threads)  # run's thread count: the merged values are run's
@@ -117,11 +118,45 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         out.parent.mkdir(parents=True, exist_ok=True)
         report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
                                      max_memory=settings.max_memory, command=command, on_progress=progress,
-                                     judged=judged)
+                                     judged=judged, costs=_measures(options))
     if tell is not None:
         found = "found computed" if report.reused else "computed"
         tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
              f"{report.tokens} tokens")
+
+
+def _measures(options: PlanOptions) -> bool:
+    """Whether the pass measures each linear's costs too: a size target's (``--gguf-target-size``)."""
+    return options.gguf_target_size is not None or options.gguf_target_bpw is not None
+
+
+def target_settle(text: str, options: PlanOptions, settings: RunSettings,
+                  model_dirs: Mapping[str, str] | None = None) -> Callable[[Plan], Prepared | None] | None:
+    """How a run with a size target (``--gguf-target-size``, its types not chosen yet) settles its plan once the
+    importance pass measured the costs: the types :func:`~resumerge.merge.plan.ggufbudget.choose_for` picks
+    recorded in the options (``gguf_chosen_types``) and the merge ``text`` planned again with them; None for a run
+    without a target or whose options hold the choice already."""
+    if not _measures(options) or options.gguf_chosen_types or options.imatrix is None:
+        return None
+    imatrix = options.imatrix
+
+    def settle(plan: Plan) -> Prepared:
+        import json
+
+        from resumerge.analyses.importance.onmerge import costs_path
+        from resumerge.config.merge_config import load_config_text
+        from resumerge.merge.engine.session import prepare
+        from resumerge.merge.plan.ggufbudget import Target, choose_for, chosen_pairs
+
+        costs = json.loads(costs_path(Path(imatrix)).read_text(encoding="utf-8"))
+        (shard,) = plan.shards
+        choice = choose_for(plan.tensors, shard.file_size, Target(options.gguf_target_size, options.gguf_target_bpw),
+                            costs)
+        chosen = replace(options, gguf_chosen_types=chosen_pairs(choice))
+        return prepare(load_config_text(text), chosen, model_dirs=model_dirs or plan.model_dirs, state=settings.state,
+                       cache_dir=settings.cache_dir)
+
+    return settle
 
 
 def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:

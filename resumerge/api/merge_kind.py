@@ -44,7 +44,7 @@ class MergeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
         importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
-        from resumerge.api.importance import importance_phases
+        from resumerge.api.importance import importance_phases, target_settle
         from resumerge.merge.engine.session import run_merge
         from resumerge.torch_import import load_beside
 
@@ -58,7 +58,8 @@ class MergeKind:
         try:
             return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
                              reporter=driving.reporter, should_stop=driving.should_stop,
-                             codecs=call.codecs, phases=phases)
+                             codecs=call.codecs, phases=phases,
+                             settle=target_settle(call.text, call.options, call.settings))
         finally:
             if importing is not None:  # a run refused while planning never leaves torch half imported
                 importing.join()
@@ -67,14 +68,15 @@ class MergeKind:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
         run found them; with ``--imatrix-texts``, its importance pass first (found computed, or resumed from its
         journal), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
-        from resumerge.api.importance import computed_imatrix, importance_phases
+        from resumerge.api.importance import computed_imatrix, importance_phases, target_settle
 
         # The matrix's place in this state dir (the record names none: it is no part of what the run writes).
         _same_files(recorded)
         recorded = replace(recorded, options=computed_imatrix(recorded.options, recorded.text, settings.state))
         phases = importance_phases(recorded.text, recorded.options, settings, model_dirs=recorded.model_dirs,
                                    command=f"resumerge resume {recorded.target.out}")
-        return resume_journaled(self.name, recorded, settings, driving, _replan, phases)
+        return resume_journaled(self.name, recorded, settings, driving, _replan, phases,
+                                target_settle(recorded.text, recorded.options, settings, recorded.model_dirs))
 
     def plan(self, call: Call) -> Plan:
         """The merge config's plan (headers only)."""

@@ -78,7 +78,9 @@ class Output:
     importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
     never written; ``gguf_tensor_type_file``: a file of ``PATTERN=TYPE`` pairs, after ``gguf_tensor_types``;
     ``gguf_override_kv`` ``KEY=TYPE:VALUE`` key-values and ``gguf_pure`` as llama-quantize's ``--tensor-type-file``,
-    ``--override-kv`` and ``--pure``) and its tokenizer from a GGUF parent, or with
+    ``--override-kv`` and ``--pure``; ``gguf_target_size`` (bytes or ``"90MB"``) or ``gguf_target_bpw``: the
+    decoder layers' matrices' types chosen, by what each costs the merge on ``imatrix_texts``, for the file to be
+    at most that size) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
@@ -99,6 +101,8 @@ class Output:
     gguf_pure: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
     imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_target_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_target_bpw: float | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
 
 

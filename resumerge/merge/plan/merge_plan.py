@@ -83,6 +83,12 @@ class PlanOptions:
     # pairs of --gguf-tensor-type-file are in gguf_tensor_types (the file's content is the plan's, not its path).
     gguf_override_kv: tuple[str, ...] = ()
     gguf_pure: bool = False
+    # --gguf-target-size (bytes of the file) or --gguf-target-bpw: the decoder layers' matrices' types chosen by the
+    # costs the importance pass measures (merge/plan/ggufbudget.py); the choice, once made, as NAME=type pairs (a run
+    # is planned without it, then again with it once its importance pass has measured: engine.phasing's settle).
+    gguf_target_size: int | None = None
+    gguf_target_bpw: float | None = None
+    gguf_chosen_types: tuple[str, ...] = ()
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
@@ -91,6 +97,7 @@ class PlanOptions:
     def __post_init__(self) -> None:  # recorded options are JSON, a tuple a list: [] != () changed the fingerprint
         object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
         object.__setattr__(self, "gguf_override_kv", tuple(self.gguf_override_kv))
+        object.__setattr__(self, "gguf_chosen_types", tuple(self.gguf_chosen_types))
 
 
 # Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
@@ -100,7 +107,8 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
                                      "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
                                      "gguf_override_kv": (), "gguf_pure": False, "imatrix_sha256": None,
-                                     "imatrix_texts_sha256": None}
+                                     "imatrix_texts_sha256": None, "gguf_target_size": None,
+                                     "gguf_target_bpw": None, "gguf_chosen_types": ()}
 # Options naming a file of the machine that runs: recorded by its digest (NAME_sha256) and base name (changes.py).
 PATH_OPTIONS = ("imatrix", "imatrix_texts")
 
