@@ -20,7 +20,7 @@ from llamacpp_oracle import imatrix_of_forward, needs_library
 from support import cli
 
 TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
-TARGET = 650_000  # the merge's Q4_K_M file (its own types, the same matrix) is 727,968 bytes; the least it can be ~530 kB
+TARGET = 650_000  # below the merge's Q4_K_M file with the same matrix, 727,968 bytes
 MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m", "--out-shard-size", "100KB")
 
 

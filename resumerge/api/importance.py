@@ -118,14 +118,14 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         out.parent.mkdir(parents=True, exist_ok=True)
         report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
                                      max_memory=settings.max_memory, command=command, on_progress=progress,
-                                     judged=judged, costs=_measures(options))
+                                     judged=judged, costs=measures_costs(options))
     if tell is not None:
         found = "found computed" if report.reused else "computed"
         tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
              f"{report.tokens} tokens")
 
 
-def _measures(options: PlanOptions) -> bool:
+def measures_costs(options: PlanOptions) -> bool:
     """Whether the pass measures each linear's costs too: a size target's (``--gguf-target-size``)."""
     return options.gguf_target_size is not None or options.gguf_target_bpw is not None
 
@@ -136,7 +136,7 @@ def target_settle(text: str, options: PlanOptions, settings: RunSettings,
     importance pass measured the costs: the types :func:`~resumerge.merge.plan.ggufbudget.choose_for` picks
     recorded in the options (``gguf_chosen_types``) and the merge ``text`` planned again with them; None for a run
     without a target or whose options hold the choice already."""
-    if not _measures(options) or options.gguf_chosen_types or options.imatrix is None:
+    if not measures_costs(options) or options.gguf_chosen_types or options.imatrix is None:
         return None
     imatrix = options.imatrix
 
@@ -194,14 +194,15 @@ _BYTES_PER_TOKEN = 4
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
+def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], FirstPass]:
     """What ``run --imatrix-texts texts`` spends on its importance matrix pass before the merge, from ``plan`` (the
     GGUF merge's: its tensors are the float merge's, encoded otherwise): the pass reads each decoder layer's and the
     embeddings' tensors once, merged as read (their inputs' bytes, their share of the merge's compute), holds its
     largest step beside the hidden states (:func:`~resumerge.analyses.importance.onmerge.pass_held`; the step as the
     pass counts it, ``_ImportanceJob._step``, beside its process as it starts, :func:`pass_baseline`: the figure
     the run's phase judges), journals every layer's hidden states and the sums so far, and runs the texts' tokens
-    through every layer's matrices."""
+    through every layer's matrices; ``measuring`` (a size target): with each matrix's cost measured at every
+    candidate type (:func:`measuring_seconds`)."""
 
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
@@ -261,9 +262,30 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
         return FirstPass(f"{ImportancePhase.name} ({Path(texts).name}, --imatrix-texts)", tokens,
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
-                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN, pass_baseline(plan))
+                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN
+                         + (measuring_seconds(plan) if measuring else 0.0), pass_baseline(plan))
 
     return cost
+
+
+# The cost of a matrix at one candidate type, per value measured (encoded with the matrix, decoded, its error
+# summed): 280 ns measured on a 1536 x 512 and a 576 x 1536 matrix at the K and the legacy candidates on one core
+# of the project's 2-core machine (numba 0.68, under the other engineers' load).
+_SECONDS_PER_VALUE_TYPE = 2.8e-7
+
+
+def measuring_seconds(plan: Plan) -> float:
+    """The CPU seconds the pass spends measuring the costs of ``plan``'s decoder matrices (a size target's)."""
+    from resumerge.merge.plan.ggufbudget import chosen_tensor
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+    from resumerge.outputs.gguf.sensitivity import candidate_types, measured_values
+
+    values = 0
+    for tp in plan.tensors.values():
+        codec = tp.out_codec
+        if isinstance(codec, GgufOutCodec) and chosen_tensor(codec.gguf_name, tp.shape):
+            values += measured_values(tp.shape) * len(candidate_types(tp.shape[-1]))
+    return values * _SECONDS_PER_VALUE_TYPE
 
 
 # What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,

@@ -91,13 +91,14 @@ class MergeKind:
                  intermediate_dir: PathLike | None) -> Estimate:
         """The merge's estimate (:func:`~resumerge.analyses.estimate.estimate.estimate_config`)."""
         from resumerge.analyses.estimate.estimate import estimate_config
-        from resumerge.api.importance import importance_cost
+        from resumerge.api.importance import importance_cost, measures_costs
 
         refuse_same_experts(call)
         texts = call.options.imatrix_texts  # its pass before the merge counted in
         return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process,
-                               first_pass=importance_cost(texts) if texts is not None else None)
+                               first_pass=importance_cost(texts, measuring=measures_costs(call.options))
+                               if texts is not None else None)
 
     def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
         """The ledger's (or the manifest's) account, all a merge's status has."""

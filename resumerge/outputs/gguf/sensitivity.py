@@ -13,7 +13,8 @@ with the same importance weights, decoded back: the error measured is the one th
 makes the linears of a layer comparable (an absolute one is in each output's own units); that their sum predicts the
 KL of the output distribution is the choice's assumption, which ``bench/bench_gguf_target.py`` measures.
 
-Sums in float64 numpy, one thread: a resumed pass measures the layers it had not reached to the same bits.
+Sums in float64 numpy, one thread, chunk by chunk in order: a resumed pass measures the layers it had not
+reached to the same bits.
 """
 
 from __future__ import annotations
@@ -55,19 +56,43 @@ def type_bytes(ggml_type: int, shape: Sequence[int]) -> int:
 
 def quantization_costs(weight: torch.Tensor, importance: np.ndarray, types: Sequence[int]) -> np.ndarray:
     """The cost (float64, one per type of ``types``) of storing ``weight`` (float32 rows, CPU) as each type, with
-    the importance weights ``importance`` (float32, one per column: the matrix's entry over its count)."""
+    the importance weights ``importance`` (float32, one per column: the matrix's entry over its count). Measured
+    :data:`CHUNK_VALUES` values of rows at a time (a type's blocks lie within a row): what it holds beside the
+    weight is a few copies of a chunk, whatever the matrix's size."""
     from resumerge.inputs.gguf.blocks import decode
     from resumerge.outputs.gguf.encoders import encode
 
-    rows = weight.detach().to("cpu").float().contiguous()
-    values = rows.numpy().astype(np.float64)
+    rows = sampled_rows(weight.detach().to("cpu").float())
     w = np.asarray(importance, dtype=np.float64)
-    signal = float(np.dot(np.square(values).sum(axis=0), w))
-    costs = np.zeros(len(types), dtype=np.float64)
-    if signal <= 0.0:
-        return costs
     weights = np.asarray(importance, dtype=np.float32)
-    for k, kind in enumerate(types):
-        back = decode(encode(rows, kind, importance=weights), kind).numpy().astype(np.float64)
-        costs[k] = float(np.dot(np.square(values - back).sum(axis=0), w)) / signal
-    return costs
+    step = max(1, CHUNK_VALUES // max(int(rows.shape[-1]), 1))
+    signal = 0.0
+    errors = np.zeros(len(types), dtype=np.float64)
+    for start in range(0, int(rows.shape[0]), step):
+        chunk = rows[start:start + step]
+        values = chunk.numpy().astype(np.float64)
+        signal += float(np.dot(np.square(values).sum(axis=0), w))
+        for k, kind in enumerate(types):
+            back = decode(encode(chunk, kind, importance=weights), kind).numpy()
+            errors[k] += float(np.dot(np.square(values - back).sum(axis=0), w))
+    return errors / signal if signal > 0.0 else np.zeros(len(types), dtype=np.float64)
+
+
+def sampled_rows(weight: torch.Tensor) -> torch.Tensor:
+    """The rows of ``weight`` a cost is measured on: every one up to :data:`MEASURED_ROWS`, else that many evenly
+    spread (every k-th from the first): a relative error averaged over that many rows of thousands of values moves
+    little, and a large model's matrices (tens of thousands of rows) cost no more to measure than a small one's."""
+    count = int(weight.shape[0])
+    stride = -(-count // MEASURED_ROWS)
+    return (weight if stride == 1 else weight[::stride]).contiguous()
+
+
+def measured_values(shape: Sequence[int]) -> int:
+    """How many of a matrix of ``shape``'s values its costs are measured on (:func:`sampled_rows`)."""
+    count = int(shape[0])
+    return -(-count // -(-count // MEASURED_ROWS)) * int(shape[-1])
+
+
+MEASURED_ROWS = 512
+# Values of a matrix measured at a time (float64 copies of them, and a type's decoded values, are held).
+CHUNK_VALUES = 1 << 20
