@@ -109,8 +109,6 @@ def _target(given: Mapping[str, Any]) -> dict[str, Any]:
     """``--gguf-target-size SIZE`` (bytes) or ``--gguf-target-bpw X`` checked (exit 2, before any work): one of
     them, with the texts whose pass measures the costs (``--imatrix-texts``), one file, the decoder layers' types
     the target's alone; none given: nothing."""
-    from resumerge.api.options import size_option
-
     size, bpw = given.get("gguf_target_size"), given.get("gguf_target_bpw")
     if size is None and bpw is None:
         return {}
@@ -126,8 +124,8 @@ def _target(given: Mapping[str, Any]) -> dict[str, Any]:
     if given.get("gguf_tensor_types"):
         raise UsageError(f"{flag} chooses the decoder layers' types: not with --gguf-tensor-type or "
                          "--gguf-tensor-type-file (give one)")
-    if size is not None:
-        return {"gguf_target_size": size_option(size, "--gguf-target-size")}
+    if size is not None:  # bytes: plan_options read the SIZE
+        return {"gguf_target_size": size}
     try:
         bits = float(bpw)
     except (TypeError, ValueError):

@@ -296,6 +296,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
         if container is None or not container.split_by_size:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
+    if given.get("gguf_target_size") is not None:
+        given["gguf_target_size"] = size_option(given["gguf_target_size"], "--gguf-target-size")
     given.update(gguf_options(given))
     given.pop(TYPE_FILE, None)
     shard_size = size_option(out_shard_size, "--out-shard-size")
