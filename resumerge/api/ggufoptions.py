@@ -127,8 +127,8 @@ def _target(given: Mapping[str, Any]) -> dict[str, Any]:
     if size is not None:  # bytes: plan_options read the SIZE
         return {"gguf_target_size": size}
     try:
-        bits = float(bpw)
-    except (TypeError, ValueError):
+        bits = float(str(bpw))
+    except ValueError:
         bits = math.nan
     if not math.isfinite(bits) or bits <= 0:
         raise UsageError(f"--gguf-target-bpw {bpw}: a number of bits per weight above 0 (e.g. 4.5)")

@@ -10,7 +10,7 @@ bytes; so are the experts' counts."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
@@ -119,7 +119,7 @@ class SumStep(Step[Found]):  # torch: imported when it runs
                 self._measure(prefix, hooked, sum(h.numel() // h.shape[-1] for h in texts))
         return [out]
 
-    def _measure(self, prefix: str, linears: list[tuple[str, torch.nn.Module]], tokens: int) -> None:
+    def _measure(self, prefix: str, linears: Sequence[tuple[str, torch.nn.Linear]], tokens: int) -> None:
         """Each of ``linears``' cost at its candidate types, with its importance (its sums over ``tokens``)."""
         from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs
 
