@@ -28,9 +28,8 @@ for extra in (HERE, HERE.parent / "tests"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from bench_gguf_kl import float_merge  # noqa: E402
 from bench_regmean import fine_tune  # noqa: E402
-
-CALIBRATION = HERE.parent / "tests" / "evolve" / "data"
 
 
 def main() -> None:
@@ -47,16 +46,7 @@ def main() -> None:
     resumerge = [sys.executable, "-m", "resumerge"]
     base = smollm2_folder()
     tuned = fine_tune(base, work / "ft", 1, 0.01)
-    config = work / "linear.yml"
-    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {base}\n    parameters: "
-                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
-    state = work / "state"
-    floated = work / "float32"
-    if not (floated / "model.safetensors").is_file():
-        shutil.rmtree(floated, ignore_errors=True)
-        subprocess.run([*resumerge, "run", str(config), str(floated), "--state-dir", str(state), "-q"], check=True)
-    texts = work / "calibration.txt"
-    texts.write_text("".join((CALIBRATION / f"{domain}_train.txt").read_text() for domain in ("weather", "recipes")))
+    config, state, floated, texts = float_merge(work, base, tuned)
 
     def gguf_run(name: str, *flags: str) -> tuple[Path, dict[str, float]]:
         out = work / name
