@@ -101,18 +101,19 @@ def test_a_kill_in_the_measurement_is_a_recorded_run_that_resume_finishes(
     assert (out / "resumerge-manifest.json").read_bytes() == (whole[0] / "resumerge-manifest.json").read_bytes()
 
 
-def test_a_kill_in_the_encoding_after_the_choice_is_resumed(
+def test_a_kill_in_the_encoding_after_the_choice_is_continued_by_the_same_run(
         merge: tuple[Path, Path], whole: tuple[Path, Path], tmp_path: Path) -> None:
     """Killed once the chosen file's first unit is durable: the run recorded is the settled one (its choice in the
-    ledger), ``status`` names the encoding, and ``resume`` finishes the same bytes."""
+    ledger), ``status`` names the encoding, and the same ``run`` command again (planned with the mix's types, not
+    yet the choice) continues it to the same bytes, as ``resume`` would."""
     killed = cli("run", *_args(merge, tmp_path), env={"RESUMERGE_KILL_AT": "after_unit_commit:1"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     out, state = tmp_path / "out", tmp_path / "state"
     found = _status(out, state)
     assert found["state"] == "interrupted" and found["units_done"] == 1
     assert found["phase"] == {"index": 1, "of": 2, "name": "the merge and its GGUF encoding"}
-    resumed = cli("resume", out, "--state-dir", state)
-    assert resumed.returncode == 0, resumed.stderr
+    again = cli("run", *_args(merge, tmp_path))
+    assert again.returncode == 0, again.stderr
     assert _sha(out / "model.gguf") == _sha(whole[0] / "model.gguf")
 
 

@@ -159,6 +159,32 @@ def target_settle(text: str, options: PlanOptions, settings: RunSettings,
     return settle
 
 
+def recorded_choice(options: PlanOptions, text: str, ledger: Path) -> PlanOptions:
+    """``options`` of a run with a size target, with the types the run into the same OUT recorded in ``ledger``
+    chose, where that run had the same config text, mix, target and texts: running the same command again
+    continues the run its choice settled, as ``resume`` does (any other difference still makes another plan, which
+    the run refuses as such); else ``options``."""
+    if not measures_costs(options) or options.gguf_chosen_types or not ledger.is_file():
+        return options
+    from resumerge.errors import LedgerError
+    from resumerge.merge.store.ledger_read import reading, run_row
+
+    try:
+        with reading(ledger, "ledger") as conn:
+            row = run_row(conn)
+    except LedgerError:
+        return options  # the run itself says what is wrong with it
+    if row is None or row.config_text != text:
+        return options
+    same = all(row.options.get(name) == getattr(options, name) for name in _TARGET_OPTIONS)
+    chosen = tuple(row.options.get("gguf_chosen_types") or ())
+    return replace(options, gguf_chosen_types=chosen) if same and chosen else options
+
+
+# What makes a recorded choice this run's (recorded_choice).
+_TARGET_OPTIONS = ("out_type", "gguf_type", "gguf_target_size", "gguf_target_bpw", "imatrix_texts_sha256")
+
+
 def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
     """``options`` with, for ``--imatrix-texts``, where the run writes the importance matrix it computes on the
     merge: a file in the state dir named by the config and the texts (the plan's codecs read it there); unchanged

@@ -44,22 +44,23 @@ class MergeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
         importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
-        from resumerge.api.importance import importance_phases, target_settle
+        from resumerge.api.importance import importance_phases, recorded_choice, target_settle
         from resumerge.merge.engine.session import run_merge
         from resumerge.torch_import import load_beside
 
-        phases = importance_phases(call.text, call.options, call.settings,
-                                   command=call.locations.resume_command)
-        note = numpy_encoders_note(call.options)
+        # A size target's run already settled in OUT (killed in its encoding): the same command continues it.
+        options = recorded_choice(call.options, call.text, call.locations.ledger)
+        phases = importance_phases(call.text, options, call.settings, command=call.locations.resume_command)
+        note = numpy_encoders_note(options)
         if note is not None and driving.reporter is not None:
             driving.reporter.message(note)
         # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
         importing = load_beside() if phases else None
         try:
-            return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
+            return run_merge(call.text, call.locations, options, call.settings, restart=driving.restart,
                              reporter=driving.reporter, should_stop=driving.should_stop,
                              codecs=call.codecs, phases=phases,
-                             settle=target_settle(call.text, call.options, call.settings))
+                             settle=target_settle(call.text, options, call.settings))
         finally:
             if importing is not None:  # a run refused while planning never leaves torch half imported
                 importing.join()
