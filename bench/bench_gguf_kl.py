@@ -70,16 +70,7 @@ def main() -> None:
     # Gemma's vocabulary is one resumerge writes to GGUF only from a GGUF parent: the fixture itself stands in the
     # config for the float32 folder decoded from it (the same values).
     first = base if args.model == "smollm2" else gemma3_gguf()
-    config = work / "linear.yml"
-    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {first}\n    parameters: "
-                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
-    state = work / "state"
-    floated = work / "float32"
-    if not (floated / "model.safetensors").is_file():
-        shutil.rmtree(floated, ignore_errors=True)
-        subprocess.run([*resumerge, "run", str(config), str(floated), "--state-dir", str(state), "-q"], check=True)
-    texts = work / "calibration.txt"
-    texts.write_text("".join((CALIBRATION / f"{domain}_train.txt").read_text() for domain in ("weather", "recipes")))
+    config, state, floated, texts = float_merge(work, first, tuned)
     rows, table = [], []
     for kind in args.types.split(","):
         found = []
@@ -106,6 +97,23 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print("{\n" + "\n".join(table) + "\n}")
+
+
+def float_merge(work: Path, first: Path, tuned: Path) -> tuple[Path, Path, Path, Path]:
+    """The bench's merge under ``work``: the linear config of ``first`` and ``tuned`` (0.5 each, float32), its state
+    dir, its float32 safetensors output (made once) and the calibration texts (the evolve train files)."""
+    config = work / "linear.yml"
+    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {first}\n    parameters: "
+                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
+    state = work / "state"
+    floated = work / "float32"
+    if not (floated / "model.safetensors").is_file():
+        shutil.rmtree(floated, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(floated), "--state-dir",
+                        str(state), "-q"], check=True)
+    texts = work / "calibration.txt"
+    texts.write_text("".join((CALIBRATION / f"{domain}_train.txt").read_text() for domain in ("weather", "recipes")))
+    return config, state, floated, texts
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ matrix (``--imatrix`` or the texts of ``--imatrix-texts``, each recorded by its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ TYPE_FILE = "gguf_tensor_type_file"
 _GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
                  "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
                  "imatrix_texts": "--imatrix-texts", TYPE_FILE: "--gguf-tensor-type-file",
-                 "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure"}
+                 "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure",
+                 "gguf_target_size": "--gguf-target-size", "gguf_target_bpw": "--gguf-target-bpw"}
 
 
 def _gguf_type(given: Mapping[str, Any]) -> None:
@@ -120,7 +122,37 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
     if given.get("imatrix_texts") is not None:
         out["imatrix_texts"] = _imatrix_texts({**given, **out})
         out["imatrix_texts_sha256"] = file_sha256(Path(out["imatrix_texts"]))
-    return out
+    return {**out, **_target({**given, **out})}
+
+
+def _target(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``--gguf-target-size SIZE`` (bytes) or ``--gguf-target-bpw X`` checked (exit 2, before any work): one of
+    them, with the texts whose pass measures the costs (``--imatrix-texts``), one file, the decoder layers' types
+    the target's alone; none given: nothing."""
+    size, bpw = given.get("gguf_target_size"), given.get("gguf_target_bpw")
+    if size is None and bpw is None:
+        return {}
+    flag = "--gguf-target-size" if size is not None else "--gguf-target-bpw"
+    if size is not None and bpw is not None:
+        raise UsageError("--gguf-target-size and --gguf-target-bpw both set the size the GGUF's types are chosen "
+                         "for: give one")
+    if given.get("imatrix_texts") is None:
+        raise UsageError(f"{flag} chooses each tensor's type by what quantizing it costs the merge on texts: give "
+                         "--imatrix-texts FILE (the texts the importance matrix and the costs are measured on)")
+    if given.get("gguf_split_max_size") is not None:
+        raise UsageError(f"{flag} sizes one GGUF file: not with --gguf-split-max-size")
+    if given.get("gguf_tensor_types"):
+        raise UsageError(f"{flag} chooses the decoder layers' types: not with --gguf-tensor-type or "
+                         "--gguf-tensor-type-file (give one)")
+    if size is not None:  # bytes: plan_options read the SIZE
+        return {"gguf_target_size": size}
+    try:
+        bits = float(str(bpw))
+    except ValueError:
+        bits = math.nan
+    if not math.isfinite(bits) or bits <= 0:
+        raise UsageError(f"--gguf-target-bpw {bpw}: a number of bits per weight above 0 (e.g. 4.5)")
+    return {"gguf_target_bpw": bits}
 
 
 def file_sha256(path: Path) -> str:

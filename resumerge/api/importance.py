@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
     from resumerge.config.settings import RunSettings
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
-    from resumerge.merge.plan.prepared import Progress
+    from resumerge.merge.plan.prepared import Prepared, Progress
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     # The GGUF options at their defaults: the merge's float plan, whose values the pass reads.
     floats = replace(options, out_type="safetensors", gguf_type="f16", gguf_tensor_types=(), gguf_output_type=None,
                      gguf_token_embedding_type=None, imatrix=None, imatrix_texts=None, gguf_split_max_size=None,
-                     gguf_override_kv=(), gguf_pure=False)
+                     gguf_override_kv=(), gguf_pure=False, gguf_target_size=None, gguf_target_bpw=None,
+                     gguf_chosen_types=())
     prepared = prepare(load_config_text(text), floats, model_dirs=model_dirs, state=state, cache_dir=settings.cache_dir)
     fetch_inputs(prepared.opened(), state=state)
     set_torch_threads(settings.num_threads)  # run's thread count: the merged values are run's
@@ -117,11 +118,71 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         out.parent.mkdir(parents=True, exist_ok=True)
         report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
                                      max_memory=settings.max_memory, command=command, on_progress=progress,
-                                     judged=judged)
+                                     judged=judged, costs=measures_costs(options))
     if tell is not None:
         found = "found computed" if report.reused else "computed"
         tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "
              f"{report.tokens} tokens")
+
+
+def measures_costs(options: PlanOptions) -> bool:
+    """Whether the pass measures each linear's costs too: a size target's (``--gguf-target-size``)."""
+    return options.gguf_target_size is not None or options.gguf_target_bpw is not None
+
+
+def target_settle(text: str, options: PlanOptions, settings: RunSettings,
+                  model_dirs: Mapping[str, str] | None = None) -> Callable[[Plan], Prepared | None] | None:
+    """How a run with a size target (``--gguf-target-size``, its types not chosen yet) settles its plan once the
+    importance pass measured the costs: the types :func:`~resumerge.merge.plan.ggufbudget.choose_for` picks
+    recorded in the options (``gguf_chosen_types``) and the merge ``text`` planned again with them; None for a run
+    without a target or whose options hold the choice already."""
+    if not measures_costs(options) or options.gguf_chosen_types or options.imatrix is None:
+        return None
+    imatrix = options.imatrix
+
+    def settle(plan: Plan) -> Prepared:
+        import json
+
+        from resumerge.analyses.importance.onmerge import costs_path
+        from resumerge.config.merge_config import load_config_text
+        from resumerge.merge.engine.session import prepare
+        from resumerge.merge.plan.ggufbudget import Target, choose_for, chosen_pairs
+
+        costs = json.loads(costs_path(Path(imatrix)).read_text(encoding="utf-8"))
+        (shard,) = plan.shards
+        choice = choose_for(plan.tensors, shard.file_size, Target(options.gguf_target_size, options.gguf_target_bpw),
+                            costs)
+        chosen = replace(options, gguf_chosen_types=chosen_pairs(choice))
+        return prepare(load_config_text(text), chosen, model_dirs=model_dirs or plan.model_dirs, state=settings.state,
+                       cache_dir=settings.cache_dir)
+
+    return settle
+
+
+def recorded_choice(options: PlanOptions, text: str, ledger: Path) -> PlanOptions:
+    """``options`` of a run with a size target, with the types the run into the same OUT recorded in ``ledger``
+    chose, where that run had the same config text, mix, target and texts: running the same command again
+    continues the run its choice settled, as ``resume`` does (any other difference still makes another plan, which
+    the run refuses as such); else ``options``."""
+    if not measures_costs(options) or options.gguf_chosen_types or not ledger.is_file():
+        return options
+    from resumerge.errors import LedgerError
+    from resumerge.merge.store.ledger_read import reading, run_row
+
+    try:
+        with reading(ledger, "ledger") as conn:
+            row = run_row(conn)
+    except LedgerError:
+        return options  # the run itself says what is wrong with it
+    if row is None or row.config_text != text:
+        return options
+    same = all(row.options.get(name) == getattr(options, name) for name in _TARGET_OPTIONS)
+    chosen = tuple(row.options.get("gguf_chosen_types") or ())
+    return replace(options, gguf_chosen_types=chosen) if same and chosen else options
+
+
+# What makes a recorded choice this run's (recorded_choice).
+_TARGET_OPTIONS = ("out_type", "gguf_type", "gguf_target_size", "gguf_target_bpw", "imatrix_texts_sha256")
 
 
 def computed_imatrix(options: PlanOptions, text: str, state: StateDir) -> PlanOptions:
@@ -159,14 +220,15 @@ _BYTES_PER_TOKEN = 4
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
+def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], FirstPass]:
     """What ``run --imatrix-texts texts`` spends on its importance matrix pass before the merge, from ``plan`` (the
     GGUF merge's: its tensors are the float merge's, encoded otherwise): the pass reads each decoder layer's and the
     embeddings' tensors once, merged as read (their inputs' bytes, their share of the merge's compute), holds its
     largest step beside the hidden states (:func:`~resumerge.analyses.importance.onmerge.pass_held`; the step as the
     pass counts it, ``_ImportanceJob._step``, beside its process as it starts, :func:`pass_baseline`: the figure
     the run's phase judges), journals every layer's hidden states and the sums so far, and runs the texts' tokens
-    through every layer's matrices."""
+    through every layer's matrices; ``measuring`` (a size target): with each matrix's cost measured at every
+    candidate type (:func:`measuring_seconds`)."""
 
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
@@ -226,9 +288,30 @@ def importance_cost(texts: str) -> Callable[[Plan], FirstPass]:
         return FirstPass(f"{ImportancePhase.name} ({Path(texts).name}, --imatrix-texts)", tokens,
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
-                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN, pass_baseline(plan))
+                         matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN
+                         + (measuring_seconds(plan) if measuring else 0.0), pass_baseline(plan))
 
     return cost
+
+
+# The cost of a matrix at one candidate type, per value measured (encoded with the matrix, decoded, its error
+# summed): 280 ns measured on a 1536 x 512 and a 576 x 1536 matrix at the K and the legacy candidates on one core
+# of the project's 2-core machine (numba 0.68, under the other engineers' load).
+_SECONDS_PER_VALUE_TYPE = 2.8e-7
+
+
+def measuring_seconds(plan: Plan) -> float:
+    """The CPU seconds the pass spends measuring the costs of ``plan``'s decoder matrices (a size target's)."""
+    from resumerge.merge.plan.ggufbudget import chosen_tensor
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+    from resumerge.outputs.gguf.sensitivity import candidate_types, measured_values
+
+    values = 0
+    for tp in plan.tensors.values():
+        codec = tp.out_codec
+        if isinstance(codec, GgufOutCodec) and chosen_tensor(codec.gguf_name, tp.shape):
+            values += measured_values(tp.shape) * len(candidate_types(tp.shape[-1]))
+    return values * _SECONDS_PER_VALUE_TYPE
 
 
 # What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,

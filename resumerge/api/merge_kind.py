@@ -44,21 +44,23 @@ class MergeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
         importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
-        from resumerge.api.importance import importance_phases
+        from resumerge.api.importance import importance_phases, recorded_choice, target_settle
         from resumerge.merge.engine.session import run_merge
         from resumerge.torch_import import load_beside
 
-        phases = importance_phases(call.text, call.options, call.settings,
-                                   command=call.locations.resume_command)
-        note = numpy_encoders_note(call.options)
+        # A size target's run already settled in OUT (killed in its encoding): the same command continues it.
+        options = recorded_choice(call.options, call.text, call.locations.ledger)
+        phases = importance_phases(call.text, options, call.settings, command=call.locations.resume_command)
+        note = numpy_encoders_note(options)
         if note is not None and driving.reporter is not None:
             driving.reporter.message(note)
         # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
         importing = load_beside() if phases else None
         try:
-            return run_merge(call.text, call.locations, call.options, call.settings, restart=driving.restart,
+            return run_merge(call.text, call.locations, options, call.settings, restart=driving.restart,
                              reporter=driving.reporter, should_stop=driving.should_stop,
-                             codecs=call.codecs, phases=phases)
+                             codecs=call.codecs, phases=phases,
+                             settle=target_settle(call.text, options, call.settings))
         finally:
             if importing is not None:  # a run refused while planning never leaves torch half imported
                 importing.join()
@@ -67,14 +69,15 @@ class MergeKind:
         """Finish the merge ``recorded``: its stored plan, else its config planned again, its models where the
         run found them; with ``--imatrix-texts``, its importance pass first (found computed, or resumed from its
         journal), unless the texts changed since (the plan then differs: refused as such, before any pass)."""
-        from resumerge.api.importance import computed_imatrix, importance_phases
+        from resumerge.api.importance import computed_imatrix, importance_phases, target_settle
 
         # The matrix's place in this state dir (the record names none: it is no part of what the run writes).
         _same_files(recorded)
         recorded = replace(recorded, options=computed_imatrix(recorded.options, recorded.text, settings.state))
         phases = importance_phases(recorded.text, recorded.options, settings, model_dirs=recorded.model_dirs,
                                    command=f"resumerge resume {recorded.target.out}")
-        return resume_journaled(self.name, recorded, settings, driving, _replan, phases)
+        return resume_journaled(self.name, recorded, settings, driving, _replan, phases,
+                                target_settle(recorded.text, recorded.options, settings, recorded.model_dirs))
 
     def plan(self, call: Call) -> Plan:
         """The merge config's plan (headers only)."""
@@ -89,13 +92,14 @@ class MergeKind:
                  intermediate_dir: PathLike | None) -> Estimate:
         """The merge's estimate (:func:`~resumerge.analyses.estimate.estimate.estimate_config`)."""
         from resumerge.analyses.estimate.estimate import estimate_config
-        from resumerge.api.importance import importance_cost
+        from resumerge.api.importance import importance_cost, measures_costs
 
         refuse_same_experts(call)
         texts = call.options.imatrix_texts  # its pass before the merge counted in
         return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process,
-                               first_pass=importance_cost(texts) if texts is not None else None)
+                               first_pass=importance_cost(texts, measuring=measures_costs(call.options))
+                               if texts is not None else None)
 
     def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
         """The ledger's (or the manifest's) account, all a merge's status has."""

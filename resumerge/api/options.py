@@ -79,7 +79,9 @@ class Output:
     importance matrix computed on the merge itself from them before the encoding, in a forward pass over the merge
     never written; ``gguf_tensor_type_file``: a file of ``PATTERN=TYPE`` pairs, after ``gguf_tensor_types``;
     ``gguf_override_kv`` ``KEY=TYPE:VALUE`` key-values and ``gguf_pure`` as llama-quantize's ``--tensor-type-file``,
-    ``--override-kv`` and ``--pure``) and its tokenizer from a GGUF parent, or with
+    ``--override-kv`` and ``--pure``; ``gguf_target_size`` (bytes or ``"90MB"``) or ``gguf_target_bpw``: the
+    decoder layers' matrices' types chosen, by what each costs the merge on ``imatrix_texts``, for the file to be
+    at most that size) and its tokenizer from a GGUF parent, or with
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
@@ -100,6 +102,8 @@ class Output:
     gguf_pure: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
     imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_target_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    gguf_target_bpw: float | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
     out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
 
 
@@ -293,6 +297,8 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
         if container is None or not container.split_by_size:
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
+    if given.get("gguf_target_size") is not None:
+        given["gguf_target_size"] = size_option(given["gguf_target_size"], "--gguf-target-size")
     given.update(gguf_options(given))
     given.pop(TYPE_FILE, None)
     shard_size = size_option(out_shard_size, "--out-shard-size")

@@ -145,12 +145,13 @@ Replanner = Callable[["Recorded", "RunSettings", "Reporter | None"], "Prepared"]
 
 
 def resume_journaled(name: str, recorded: Recorded, settings: RunSettings, driving: Driving,
-                     replan: Replanner, phases: tuple[Phase, ...] = ()) -> Outcome:
+                     replan: Replanner, phases: tuple[Phase, ...] = (),
+                     settle: Callable[[Plan], Prepared | None] | None = None) -> Outcome:
     """Finish the single run ``recorded`` of the kind ``name``: its stored plan, else ``replan`` of its text; its
-    ``phases`` before the merge first (each continued from its own journal)."""
+    ``phases`` before the merge first (each continued from its own journal), then ``settle`` of the plan."""
     from resumerge.merge.engine.session import finish
 
     prepared = recorded.stored or replan(recorded, settings, driving.reporter)
     # Recorded under its kind again should the ledger be rebuilt (a damaged one set aside, or a lost state dir).
-    return finish(recorded, replace(prepared, kind=name, phases=phases), settings, reporter=driving.reporter,
-                  should_stop=driving.should_stop)
+    return finish(recorded, replace(prepared, kind=name, phases=phases, settle=settle), settings,
+                  reporter=driving.reporter, should_stop=driving.should_stop)

@@ -194,6 +194,12 @@ def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> Non
         help="--out-type gguf with a K-quant (or q4_0 ... q5_1) --gguf-type: compute the importance matrix on the "
              "merge itself from FILE's texts (one a line) before encoding, in a forward pass over the merge never "
              "written, one decoder layer at a time, journaled (not with --imatrix)")
+    add("--gguf-target-size", metavar="SIZE",
+        help="--out-type gguf with --imatrix-texts: choose each decoder layer matrix's type (Q2_K ... Q8_0) for "
+             "the least loss the same pass measures on the texts, the file at most SIZE (e.g. 90MB); the rest as "
+             "--gguf-type writes it")
+    add("--gguf-target-bpw", metavar="X", type=float,
+        help="as --gguf-target-size, at most X bits per weight over every tensor")
 
 
 def _plan_parser(sub: SubParsers) -> None:

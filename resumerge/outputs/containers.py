@@ -45,6 +45,10 @@ class GgufChoices:
     # --gguf-override-kv KEY=TYPE:VALUE key-values, --pure
     override_kv: tuple[str, ...] = ()
     pure: bool = False
+    # --gguf-target-size (bytes) or --gguf-target-bpw, and the types chosen for it (NAME=type pairs; none: not yet)
+    target_size: int | None = None
+    target_bpw: float | None = None
+    chosen: tuple[str, ...] = ()
 
     @property
     def computed(self) -> bool:
@@ -334,7 +338,8 @@ def gguf_choices(options: Any) -> GgufChoices:
     return GgufChoices(tuple(options.gguf_tensor_types), options.gguf_output_type,
                        options.gguf_token_embedding_type, options.imatrix,
                        getattr(options, "imatrix_texts", None), tuple(getattr(options, "gguf_override_kv", ())),
-                       bool(getattr(options, "gguf_pure", False)))
+                       bool(getattr(options, "gguf_pure", False)), getattr(options, "gguf_target_size", None),
+                       getattr(options, "gguf_target_bpw", None), tuple(getattr(options, "gguf_chosen_types", ())))
 
 
 def container_of(files: Iterable[str]) -> type[OutputContainer]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.analyses.importance.sums import Found
 from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
     from resumerge.torch_import import torch
 
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
+COSTS_SUFFIX = ".costs.json"  # beside it too, where the pass measured costs (--gguf-target-size)
+
+
+def costs_path(out: Path) -> Path:
+    """Where the pass writing the matrix ``out`` writes the costs it measured."""
+    return out.with_name(out.stem + COSTS_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -49,25 +56,28 @@ class ImportanceReport:
 def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, *, dataset: str,
                         max_memory: int | None, command: str,
                         on_progress: Callable[[int, int], None] | None = None,
-                        judged: bool = False) -> ImportanceReport:
+                        judged: bool = False, costs: bool = False) -> ImportanceReport:
     """The importance matrix of ``merge`` (its weights named as an ``arch`` GGUF names them) over ``tokens`` (one
     sequence a text), written to ``out`` (llama-imatrix's GGUF; ``dataset`` its ``imatrix.datasets``), journaled in
     a folder beside it; answered without a read where ``out`` holds this very pass's matrix. ``max_memory``: the
     budget (None: the default), refused (exit 2) before any weight is read where a layer would not fit;
     ``command``: what continues it (a second process is told it); ``on_progress(done, layers)``: told each time a
     layer's sums are durable (and the layers a resumed pass found journaled); ``judged``: the run's phase judged
-    the budget already, by ``plan``'s figures (else judged here, by the process's reading)."""
+    the budget already, by ``plan``'s figures (else judged here, by the process's reading); ``costs``: each
+    linear's cost at every candidate GGUF type measured in the same pass, written beside the matrix
+    (:func:`costs_path`: JSON, by GGUF name then type name)."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    key = content_key([merge.plan.fingerprint, tokens, versions])
+    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs"] if costs else [])])
     folder = out.with_suffix("")
     # the thread count beside the journal, removed with it: the folder is the config's and the texts' (another
     # merge of them, its inputs changed, passes there too, and decides its own count)
     where = PassFolder(folder, f"the importance matrix pass into {out}", command,
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
                        threads=folder / key[:32] / THREADS_FILE)
-    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress, judged))
+    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress, judged,
+                                costs))
 
 
 def _layer_bytes(stream: ModelStream) -> int:
@@ -104,6 +114,7 @@ class _ImportanceJob:
     max_memory: int | None
     on_progress: Callable[[int, int], None] | None
     judged: bool = False
+    costs: bool = False
 
     @property
     def _journal_dir(self) -> Path:
@@ -113,6 +124,8 @@ class _ImportanceJob:
         """The matrix ``out`` holds, where this very pass wrote it."""
         keyed = self.out.with_name(self.out.name + KEY_SUFFIX)
         if not (self.out.is_file() and keyed.is_file() and keyed.read_text(encoding="utf-8").strip() == self.key):
+            return None, None
+        if self.costs and not costs_path(self.out).is_file():
             return None, None
         return self._report(reused=True), None
 
@@ -147,7 +160,7 @@ class _ImportanceJob:
         finally:
             stream.close()
 
-    def run(self, stream: ModelStream, reserve: Reserve) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def run(self, stream: ModelStream, reserve: Reserve) -> Found:
         """The texts through every layer, the sums journaled per layer (:class:`~.sums.SumStep`)."""
         from resumerge.analyses.importance.sums import SumStep
         from resumerge.forward.batches import one_by_one
@@ -172,7 +185,7 @@ class _ImportanceJob:
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
         with reading_ahead(stream, self._step(stream)[1]) as ahead:
-            step = SumStep(stream, calls, reserve, ahead=ahead)
+            step = SumStep(stream, calls, reserve, ahead=ahead, costs=self.costs)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
             # (resumerge.merge.store.killpoints)
             found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls]),
@@ -195,17 +208,18 @@ class _ImportanceJob:
         ahead = ahead_fits(_layer_bytes(stream), largest, merge.merge_bytes)
         return max(steps, default=0) + (max(steps[1:], default=0) if ahead else 0), ahead
 
-    def finish(self, found: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
-               proof: str | None) -> ImportanceReport:
-        """The matrix written, then its key beside it (each durable), then the journal removed."""
+    def finish(self, found: Found, proof: str | None) -> ImportanceReport:
+        """The matrix written (and the costs), then its key beside it (each durable), then the journal removed."""
         import shutil
 
         from resumerge.merge.store.durable import write_file_atomic
 
         tokens = sum(len(t) for t in self.tokens)
-        sums, counts = found
+        sums, counts, costs = found
         entries = named_entries(self.arch, {name: s.numpy() for name, s in sums.items()}, tokens,
                                 {name: c.numpy() for name, c in counts.items()})
+        if self.costs:
+            write_file_atomic(costs_path(self.out), costs_json(self.arch, costs, bool(counts)))
         write_imatrix(self.out, imatrix_file(entries, self.dataset, len(self.tokens)))
         write_file_atomic(self.out.with_name(self.out.name + KEY_SUFFIX), (self.key + "\n").encode())
         shutil.rmtree(self._journal_dir, ignore_errors=True)
@@ -222,3 +236,21 @@ class _ImportanceJob:
             entries = len(read_imatrix(self.out))
         return ImportanceReport(os.fspath(self.out), len(self.tokens), sum(len(t) for t in self.tokens), entries,
                                 reused)
+
+
+def costs_json(arch: str, costs: dict[str, torch.Tensor], experts: bool) -> bytes:
+    """The costs the pass measured (by checkpoint module name: a row of candidate types over a row of costs) as the
+    file beside the matrix: by GGUF weight name, each type's name and cost (JSON floats round-trip exactly)."""
+    import json
+
+    from resumerge.inputs.gguf.names import gguf_name
+    from resumerge.outputs.gguf.outcodec import TYPE_NAMES
+
+    named: dict[str, dict[str, float]] = {}
+    for linear, values in costs.items():  # [types; costs]
+        name = gguf_name(arch, f"{linear}.weight", experts=experts)
+        if name is None:
+            continue
+        types, found = values.tolist()
+        named[name] = {TYPE_NAMES[int(t)]: float(c) for t, c in zip(types, found, strict=True)}
+    return (json.dumps(named, sort_keys=True, indent=0) + "\n").encode()

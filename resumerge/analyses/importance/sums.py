@@ -10,7 +10,7 @@ bytes; so are the experts' counts."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
@@ -28,27 +28,36 @@ from resumerge.torch_import import torch
 # The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
 SUM_PREFIX = "imatrix:"
 COUNT_PREFIX = "imatrix-counts:"  # an experts module's tokens routed to each expert
+COST_PREFIX = "cost:"  # a linear's candidate GGUF types over its cost at each (--gguf-target-size)
+# What the pass gives: the sums, the experts' counts and (measuring) each linear's costs, by module name.
+Found = tuple[dict[str, "torch.Tensor"], dict[str, "torch.Tensor"], dict[str, "torch.Tensor"]]
 
 
-class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]):  # torch: imported when it runs
+class SumStep(Step[Found]):  # torch: imported when it runs
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
     inputs summed, by checkpoint module name, and its fused experts' per expert
     (:class:`~resumerge.forward.routed.RoutedSums`);
     ``reserve`` admits each layer, ``on_layer(l)`` is told before it; ``ahead``: each layer's weights read (merged)
-    while the one before it runs, where the pass has room for it. It gives the sums and the experts' counts."""
+    while the one before it runs, where the pass has room for it; ``costs``: each dense linear's cost at every
+    candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held
+    (:func:`~resumerge.outputs.gguf.sensitivity.quantization_costs`). It gives the sums, the experts' counts and the
+    costs."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
-                 on_layer: Callable[[int], None] | None = None, ahead: ReadAhead | None = None) -> None:
+                 on_layer: Callable[[int], None] | None = None, ahead: ReadAhead | None = None,
+                 costs: bool = False) -> None:
         self.stream, self.calls, self.reserve, self.on_layer = stream, calls, reserve, on_layer
-        self.ahead = ahead
+        self.ahead, self.measuring = ahead, costs
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
+        self.costs: dict[str, torch.Tensor] = {}
 
     def restore(self, restart: Restart) -> None:
         found = restart.tensors.items()
         self.sums = {n.removeprefix(SUM_PREFIX): v.to(torch.float64) for n, v in found if n.startswith(SUM_PREFIX)}
         self.counts = {n.removeprefix(COUNT_PREFIX): v.to(torch.float64) for n, v in found
                        if n.startswith(COUNT_PREFIX)}
+        self.costs = {n.removeprefix(COST_PREFIX): v.to(torch.float64) for n, v in found if n.startswith(COST_PREFIX)}
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         if self.on_layer is not None:
@@ -106,7 +115,22 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
             finally:
                 for handle in handles:
                     handle.remove()
+            if self.measuring and not experts:
+                self._measure(prefix, hooked, sum(h.numel() // h.shape[-1] for h in texts))
         return [out]
+
+    def _measure(self, prefix: str, linears: Sequence[tuple[str, torch.nn.Linear]], tokens: int) -> None:
+        """Each of ``linears``' cost at its candidate types, with its importance (its sums over ``tokens``)."""
+        from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs
+
+        for name, module in linears:
+            weight, sums = module.weight, self.sums.get(prefix + name)
+            types = candidate_types(int(weight.shape[-1]))
+            if weight.dim() != 2 or sums is None or not types or tokens == 0:
+                continue
+            importance = (sums / tokens).to(torch.float32).numpy()
+            measured = quantization_costs(weight.data, importance, types)
+            self.costs[prefix + name] = torch.tensor([list(types), measured.tolist()], dtype=torch.float64)
 
     def _add(self, squares: list[list[tuple[str, torch.Tensor]]], text: int) -> None:
         """Text ``text``'s squares added to the sums, in the order its linears ran, and dropped."""
@@ -124,10 +148,11 @@ class SumStep(Step["tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]"]): 
 
     def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
         return {**{SUM_PREFIX + name: value for name, value in sorted(self.sums.items())},
-                **{COUNT_PREFIX + name: value for name, value in sorted(self.counts.items())}}, None
+                **{COUNT_PREFIX + name: value for name, value in sorted(self.counts.items())},
+                **{COST_PREFIX + name: value for name, value in sorted(self.costs.items())}}, None
 
-    def finish(self, hidden: Hidden) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return dict(sorted(self.sums.items())), dict(sorted(self.counts.items()))
+    def finish(self, hidden: Hidden) -> Found:
+        return dict(sorted(self.sums.items())), dict(sorted(self.counts.items())), dict(sorted(self.costs.items()))
 
 
 # The longest texts run two at a time (tokens): llama-imatrix's default chunk. Longer ones run alone.

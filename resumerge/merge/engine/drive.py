@@ -31,8 +31,15 @@ from resumerge.merge.engine.frozenplan import freeze
 from resumerge.merge.engine.inputcontents import InputContents, Proving
 from resumerge.merge.engine.inputfetch import HubInputs
 from resumerge.merge.engine.job import Job
-from resumerge.merge.engine.outdir import Recording, done_line, open_run, planned_files, refuse_changed_plan
-from resumerge.merge.engine.phasing import admit_phases, record_phases, run_phases
+from resumerge.merge.engine.outdir import (
+    Recording,
+    done_line,
+    open_run,
+    planned_files,
+    record_plan,
+    refuse_changed_plan,
+)
+from resumerge.merge.engine.phasing import admit_phases, record_phases, run_phases, settle_plan
 from resumerge.merge.engine.quiet import NullReporter, never_stop
 from resumerge.merge.engine.reconcile import reconcile
 from resumerge.merge.engine.target import Target
@@ -241,6 +248,9 @@ class RunSession:
                     if error is exc:
                         raise
                     raise error from exc
+                settle_plan(ledger, self.prepared, lambda settled: record_plan(
+                    settled.plan, config_text, hub_out.url if hub_out else out, ledger,
+                    Recording(self.prepared.kind, functools.partial(freeze, settled), in_place)))
                 rows = ledger.files()
                 done_shards = {r.name for r in rows if r.status == "done" and r.kind == "shard"}
                 done_bytes = sum(s.file_size for s in plan.shards if s.name in done_shards)

@@ -5,15 +5,21 @@ The phases are recorded in the ledger with the plan, before any starts, so a run
 ``resume`` continues it (each phase from its own journal) and ``status`` names the phase and its progress from the
 latest phase event. Nothing here asks which phase it runs; a run without phases records none of this (its merge is
 all it does, and its ledger reads as it always did).
+
+A run whose plan depends on what a phase found (``--gguf-target-size``: the types the importance pass's costs
+choose) is planned first without it, then, once its phases ended, settled (:func:`settle_plan`): the settled plan
+recorded in place of the first (nothing of the merge is written yet), and the run goes on as a resume of it
+(:class:`Replanned`), so that a kill anywhere leaves a recorded run whose resume writes the same bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from resumerge.memory import format_size, os_peak_rss
 from resumerge.merge.plan.merge_plan import Plan
-from resumerge.merge.plan.prepared import Phase
+from resumerge.merge.plan.prepared import Phase, Prepared
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.ledger_read import PHASE_EVENT, PHASES_EVENT
 
@@ -51,6 +57,36 @@ def run_phases(ledger: Ledger, phases: Sequence[Phase], plan: Plan, tell: Callab
         ledger.event(PHASE_EVENT, f"{phase.name} (phase {index + 1} of {of}) done, peak {format_size(peak or 0)}",
                      {"index": index, "of": of, "name": phase.name, "ended": True, "peak_bytes": peak})
     _where(ledger, len(phases), of, merge_name(plan))
+
+
+class Replanned(Exception):  # not an error: the session's signal to go on as a resume
+    """The run's plan was settled after its phases and recorded anew: the session continues ``prepared`` as a
+    resume (:func:`resumerge.merge.engine.session.run_plan`)."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        super().__init__("the plan was settled after its phases")
+        self.prepared = prepared
+
+
+# The ledger's event recording a plan settled after the phases (what it decided, said in its text).
+SETTLED_EVENT = "settled"
+
+
+def settle_plan(ledger: Ledger, prepared: Prepared, record: Callable[[Prepared], None]) -> None:
+    """Where ``prepared``'s plan depends on what its phases found (``prepared.settle``), its settled plan: one
+    other than the recorded one is recorded by ``record`` (the ledger's run replaced; nothing of the merge written
+    yet), its decision kept as an event, and :class:`Replanned` raised for the session to go on with it."""
+    if prepared.settle is None:
+        return
+    settled = prepared.settle(prepared.plan)
+    if settled is None or settled.plan.fingerprint == prepared.plan.fingerprint:
+        return
+    record(settled)
+    ledger.set_state("running")
+    for note in settled.plan.notes:
+        if note.startswith("GGUF types chosen"):
+            ledger.event(SETTLED_EVENT, note)
+    raise Replanned(replace(settled, phases=prepared.phases, kind=prepared.kind))
 
 
 def merge_name(plan: Plan) -> str:

@@ -83,10 +83,12 @@ def run_merge(
     should_stop: Callable[[], bool] = never_stop,
     codecs: CodecTable | None = None,
     phases: Sequence[Phase] = (),
+    settle: Callable[[Plan], Prepared | None] | None = None,
 ) -> Outcome:
     """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller); continue an
     unfinished run of the same plan there. ``phases``: the caller's work the merge's units wait for (the importance
-    matrix a GGUF's encoding reads), recorded with the plan and run once it is (:mod:`.phasing`).
+    matrix a GGUF's encoding reads), recorded with the plan and run once it is (:mod:`.phasing`); ``settle``: the
+    plan as their results settle it (:func:`~.phasing.settle_plan`).
 
     Raises InputError (exit 2) before touching OUT; PlanChangedError when OUT holds another run and
     ``restart`` is false; InterruptedMerge when ``should_stop`` turned true; StorageError on write failures.
@@ -100,7 +102,8 @@ def run_merge(
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
         prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir,
                            reporter=reporter, codecs=codecs)
-        return run_plan(replace(prepared, phases=tuple(phases)), config_text, target, settings, restart=restart,
+        return run_plan(replace(prepared, phases=tuple(phases), settle=settle), config_text, target, settings,
+                        restart=restart,
                         reporter=reporter, should_stop=should_stop)
 
 
@@ -234,7 +237,13 @@ def run_plan(
     """The session path every kind of run ends in: :meth:`RunSession.run` of ``prepared`` (of ``config_text``)
     into ``target`` under ``settings``. A new kind of run is a planner that makes a :class:`Prepared`, then this
     call. The outcome's ``elapsed_seconds`` is this call's wall time (planning excepted)."""
+    from resumerge.merge.engine.phasing import Replanned
+
     started = time.monotonic()
-    outcome = RunSession(prepared, config_text, target, settings, restart=restart, resuming=resuming,
-                         reporter=reporter, should_stop=should_stop).run()
+    try:
+        outcome = RunSession(prepared, config_text, target, settings, restart=restart, resuming=resuming,
+                             reporter=reporter, should_stop=should_stop).run()
+    except Replanned as settled:  # recorded: the run goes on as its resume (its phases find their work done)
+        outcome = RunSession(settled.prepared, config_text, target, settings, resuming=True, reporter=reporter,
+                             should_stop=should_stop).run()
     return replace(outcome, elapsed_seconds=time.monotonic() - started)

@@ -38,6 +38,7 @@ from resumerge.inputs.gguf.names import (
 )
 from resumerge.inputs.model import ModelInput
 from resumerge.merge.plan.architecture import dense_mlp_layers
+from resumerge.merge.plan.ggufbudget import Target, check_target, chosen_patterns
 from resumerge.merge.plan.ggufstacks import WRITTEN, place_tensors
 from resumerge.merge.plan.ggufswitches import imatrix_keys, overridden, parse_override_kv
 from resumerge.merge.plan.gguftypes import (
@@ -133,6 +134,9 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     groups = split_files(whole, split_max_size)
     if len(groups) == 1:
         layout = plan_layout(metadata, [i for e in entries for i in e.infos])
+        if choices.target_size is not None or choices.target_bpw is not None:  # split: refused by the API
+            check_target(placed, layout.file_size, gguf_type, Target(choices.target_size, choices.target_bpw),
+                         choices.chosen)
         shard = ShardPlan(GGUF_NAME, tuple(placed), layout.file_size, unit_counts(tuple(placed), placed, unit_size))
         return (shard,), {n: tp.in_shard(GGUF_NAME) for n, tp in placed.items()}, {GGUF_NAME: layout.header}
     shards, headers, planned = [], {}, {}
@@ -193,7 +197,7 @@ def _facts(arch: str, config: Mapping[str, Any], tied: bool) -> ModelFacts:
 
 def _type_choices(choices: GgufChoices) -> TypeChoices:
     """The user's GGUF type options as llama.cpp's rules take them (checked by the API already)."""
-    return TypeChoices(parse_tensor_types(choices.tensor_types),
+    return TypeChoices(parse_tensor_types(chosen_patterns(choices.chosen) + choices.tensor_types),
                        OVERRIDE_TYPES[choices.output_type] if choices.output_type else -1,
                        OVERRIDE_TYPES[choices.token_embedding_type] if choices.token_embedding_type else -1,
                        choices.imatrix is not None, choices.pure)

@@ -58,20 +58,17 @@ class PlanOptions:
     # -j/--num-threads, kept only when a method of the plan is thread_dependent (the planner drops it otherwise,
     # so it never changes the fingerprint of a plan whose bytes do not depend on it); None: torch's choice.
     num_threads: int | None = None
-    # --dequantize: every output tensor stored plainly in its dtype (no quantized format, no companions), whatever
-    # format the base model is stored in.
+    # --dequantize: every output tensor stored plainly in its dtype (no quantized format, no companions).
     dequantize: bool = False
-    # Output shards numbered like the base (or first) model's (merge/plan/sharding.py's output_naming). False, today's
-    # transformers naming, is what a run recorded before this option existed resumes with; every new run asks for
-    # it, and the planner drops it where the parent is named the default way (its names would not change).
+    # Output shards numbered like the parent's (sharding.py's output_naming); False (transformers naming) is what a
+    # run recorded before it resumes with; every new run asks it, dropped where the names would not change.
     parent_shard_names: bool = False
-    # --out-type gguf: the output is one GGUF file (llama.cpp's layout) with --gguf-type's encoding of the matrices
-    # (f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0; norms and 1-D tensors F32); "safetensors" (the default) as always.
+    # --out-type gguf: one GGUF file (llama.cpp's layout), its matrices as --gguf-type; else safetensors shards.
     out_type: str = "safetensors"
     gguf_type: str = "f16"
     # --gguf-tensor-type, --gguf-output-type, --gguf-token-embedding-type: llama-quantize's; --imatrix: llama.cpp's
-    # importance matrix file, or with --imatrix-texts (texts) where the run writes the one it computes on the merge;
-    # paths of this machine, never fingerprinted nor published: their bytes' digests are (PATH_OPTIONS).
+    # matrix file, or with --imatrix-texts where the run writes the one it computes on the merge; paths of this
+    # machine, never fingerprinted nor published: their bytes' digests are (PATH_OPTIONS).
     gguf_tensor_types: tuple[str, ...] = ()
     gguf_output_type: str | None = None
     gguf_token_embedding_type: str | None = None
@@ -79,18 +76,21 @@ class PlanOptions:
     imatrix_texts: str | None = None
     imatrix_sha256: str | None = None
     imatrix_texts_sha256: str | None = None
-    # --gguf-override-kv KEY=TYPE:VALUE key-values and --pure (llama-quantize's --override-kv and --pure); the
-    # pairs of --gguf-tensor-type-file are in gguf_tensor_types (the file's content is the plan's, not its path).
+    # --gguf-override-kv and --pure (llama-quantize's); --gguf-tensor-type-file's pairs are in gguf_tensor_types.
     gguf_override_kv: tuple[str, ...] = ()
     gguf_pure: bool = False
+    # --gguf-target-size (file bytes) / --gguf-target-bpw, and the NAME=type pairs chosen for it (ggufbudget.py).
+    gguf_target_size: int | None = None
+    gguf_target_bpw: float | None = None
+    gguf_chosen_types: tuple[str, ...] = ()
     # --gguf-split-max-size: gguf-split's files of at most this many tensor bytes each (None: one file, model.gguf).
     gguf_split_max_size: int | None = None
     # --out-adapter: a factor merge (core_space) written as a merged PEFT adapter instead of a merged model.
     out_adapter: bool = False
 
     def __post_init__(self) -> None:  # recorded options are JSON, a tuple a list: [] != () changed the fingerprint
-        object.__setattr__(self, "gguf_tensor_types", tuple(self.gguf_tensor_types))
-        object.__setattr__(self, "gguf_override_kv", tuple(self.gguf_override_kv))
+        for name in ("gguf_tensor_types", "gguf_override_kv", "gguf_chosen_types"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 # Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
@@ -100,7 +100,8 @@ LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_e
                                      "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
                                      "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
                                      "gguf_override_kv": (), "gguf_pure": False, "imatrix_sha256": None,
-                                     "imatrix_texts_sha256": None}
+                                     "imatrix_texts_sha256": None, "gguf_target_size": None, "gguf_target_bpw": None,
+                                     "gguf_chosen_types": ()}
 # Options naming a file of the machine that runs: recorded by its digest (NAME_sha256) and base name (changes.py).
 PATH_OPTIONS = ("imatrix", "imatrix_texts")
 

@@ -35,6 +35,7 @@ from resumerge.merge.plan.copies import stored_copy
 from resumerge.merge.plan.experts import mark_expert_stacks
 from resumerge.merge.plan.filters import FilterTally
 from resumerge.merge.plan.fusedscales import fused_notes, share_scales
+from resumerge.merge.plan.ggufbudget import target_notes
 from resumerge.merge.plan.grams import attach_grams
 from resumerge.merge.plan.input_fates import account, stored_names_of
 from resumerge.merge.plan.inputrefs import refs_of, stored_ref, tensor_ref
@@ -233,6 +234,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
         notes.append(f"the importance matrix is computed on the merge from the texts of "
                      f"{os.path.basename(options.imatrix_texts)} (--imatrix-texts) before the GGUF is encoded: a "
                      "forward pass over the merge never written, one decoder layer at a time, journaled")
+        notes.extend(target_notes(options))
     if options.num_threads is not None and not threads_matter({method.name, *(t.method for t in tensors.values())}):
         options = replace(options, num_threads=None)
     plan = Plan(

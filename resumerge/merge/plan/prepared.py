@@ -66,7 +66,8 @@ class Prepared:
     None when they are present already, as for a recipe's stages); the ``resources`` its units share (handed to
     them in their context); the work ``beside`` the merge, if any; and the ``kind`` of run that planned it, which
     the ledger records once with the plan (``resume`` and ``status`` ask that kind; a recipe's stages are merges);
-    the ``phases`` the run makes, in order, once the plan is recorded and before the merge's units."""
+    the ``phases`` the run makes, in order, once the plan is recorded and before the merge's units, and how their
+    results ``settle`` the plan."""
 
     plan: Plan
     inputs: Inputs | None = None
@@ -74,6 +75,9 @@ class Prepared:
     beside: Beside | None = None
     kind: str = "merge"
     phases: tuple[Phase, ...] = ()
+    # The plan as its phases' results settle it (``--gguf-target-size``: the types the measured costs choose),
+    # asked once they ended: None where it stays as planned (:func:`resumerge.merge.engine.phasing.settle_plan`).
+    settle: Callable[[Plan], Prepared | None] | None = None
 
     def opened(self) -> Inputs:
         """The inputs the plan was built from (a planner always opens them; only a recipe's stage runs without)."""

@@ -1,0 +1,98 @@
+"""How much a GGUF tensor's quantization costs the model, per candidate type: what ``--gguf-target-size`` chooses
+each tensor's type by (:mod:`resumerge.merge.plan.ggufbudget`).
+
+The cost of storing weight ``W`` (rows × columns, the GGUF row a column count) as type ``t`` is the relative error
+the quantized linear makes on its inputs, weighted by the importance matrix ``w`` (each column's mean squared
+input over the texts, llama-imatrix's entry over its count):
+
+    cost(t) = Σ_j w_j Σ_i (W_ij − Q_t(W)_ij)² / Σ_j w_j Σ_i W_ij²
+
+— the expected ‖(W − Q_t W) x‖² / ‖W x‖² over the texts' inputs ``x`` where their columns are uncorrelated (the
+diagonal of their second moments, which is what the matrix keeps). ``Q_t`` is the encoder the GGUF is written with,
+with the same importance weights, decoded back: the error measured is the one the file will have. A relative error
+makes the linears of a layer comparable (an absolute one is in each output's own units); that their sum predicts the
+KL of the output distribution is the choice's assumption, which ``bench/bench_gguf_target.py`` measures.
+
+Sums in float64 numpy, one thread, chunk by chunk in order: a resumed pass measures the layers it had not
+reached to the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from resumerge.inputs.gguf.blocks import BLOCK_BYTES, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+
+if TYPE_CHECKING:
+    from resumerge.torch_import import torch
+
+# The types a size target chooses among, by row: the K-quants where a row is whole 256-value blocks; else the
+# legacy 32-value ones (llama.cpp's quantizer falls a K type back to them on such rows); Q8_0 on both.
+K_CANDIDATES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0)
+LEGACY_CANDIDATES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+
+
+def candidate_types(row: int) -> tuple[int, ...]:
+    """The types a tensor whose rows hold ``row`` values may be chosen as (none where a row is not whole 32-value
+    blocks: it stays as its mix writes it)."""
+    if row % BLOCK_BYTES[Q2_K][0] == 0:
+        return K_CANDIDATES
+    if row % BLOCK_BYTES[Q8_0][0] == 0:
+        return LEGACY_CANDIDATES
+    return ()
+
+
+def type_bytes(ggml_type: int, shape: Sequence[int]) -> int:
+    """The bytes of a tensor of (row-major) ``shape`` stored as block type ``ggml_type``."""
+    values, size = BLOCK_BYTES[ggml_type]
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= int(dim)
+    return rows * (int(shape[-1]) // values) * size
+
+
+def quantization_costs(weight: torch.Tensor, importance: np.ndarray, types: Sequence[int]) -> np.ndarray:
+    """The cost (float64, one per type of ``types``) of storing ``weight`` (float32 rows, CPU) as each type, with
+    the importance weights ``importance`` (float32, one per column: the matrix's entry over its count). Measured
+    :data:`CHUNK_VALUES` values of rows at a time (a type's blocks lie within a row): what it holds beside the
+    weight is a few copies of a chunk, whatever the matrix's size."""
+    from resumerge.inputs.gguf.blocks import decode
+    from resumerge.outputs.gguf.encoders import encode
+
+    rows = sampled_rows(weight.detach().to("cpu").float())
+    w = np.asarray(importance, dtype=np.float64)
+    weights = np.asarray(importance, dtype=np.float32)
+    step = max(1, CHUNK_VALUES // max(int(rows.shape[-1]), 1))
+    signal = 0.0
+    errors = np.zeros(len(types), dtype=np.float64)
+    for start in range(0, int(rows.shape[0]), step):
+        chunk = rows[start:start + step]
+        values = chunk.numpy().astype(np.float64)
+        signal += float(np.dot(np.square(values).sum(axis=0), w))
+        for k, kind in enumerate(types):
+            back = decode(encode(chunk, kind, importance=weights), kind).numpy()
+            errors[k] += float(np.dot(np.square(values - back).sum(axis=0), w))
+    return errors / signal if signal > 0.0 else np.zeros(len(types), dtype=np.float64)
+
+
+def sampled_rows(weight: torch.Tensor) -> torch.Tensor:
+    """The rows of ``weight`` a cost is measured on: every one up to :data:`MEASURED_ROWS`, else that many evenly
+    spread (every k-th from the first): a relative error averaged over that many rows of thousands of values moves
+    little, and a large model's matrices (tens of thousands of rows) cost no more to measure than a small one's."""
+    count = int(weight.shape[0])
+    stride = -(-count // MEASURED_ROWS)
+    return (weight if stride == 1 else weight[::stride]).contiguous()
+
+
+def measured_values(shape: Sequence[int]) -> int:
+    """How many of a matrix of ``shape``'s values its costs are measured on (:func:`sampled_rows`)."""
+    count = int(shape[0])
+    return -(-count // -(-count // MEASURED_ROWS)) * int(shape[-1])
+
+
+MEASURED_ROWS = 512
+# Values of a matrix measured at a time (float64 copies of them, and a type's decoded values, are held).
+CHUNK_VALUES = 1 << 20
