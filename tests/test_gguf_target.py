@@ -135,6 +135,7 @@ def test_a_bits_per_weight_target(merge: tuple[Path, Path], tmp_path: Path) -> N
     (("--gguf-target-bpw", "0"), "a number of bits per weight above 0"),
     (("--gguf-target-size", "600kB", "--gguf-split-max-size", "100kB"), "not with --gguf-split-max-size"),
     (("--gguf-target-size", "600kB", "--gguf-tensor-type", "ffn=q8_0"), "not with --gguf-tensor-type"),
+    (("--gguf-type", "q8_0,q4_k_m", "--gguf-target-size", "600kB"), "not with a --gguf-type list"),
 ])
 def test_a_refusal_the_flags_decide_comes_before_any_work(merge: tuple[Path, Path], tmp_path: Path,
                                                           flags: tuple[str, ...], said: str) -> None:

@@ -141,6 +141,9 @@ def _target(given: Mapping[str, Any]) -> dict[str, Any]:
                          "--imatrix-texts FILE (the texts the importance matrix and the costs are measured on)")
     if given.get("gguf_split_max_size") is not None:
         raise UsageError(f"{flag} sizes one GGUF file: not with --gguf-split-max-size")
+    if len(gguf_types(given.get("gguf_type"))) > 1:
+        raise UsageError(f"{flag} sizes one GGUF file: not with a --gguf-type list (a release; run the target "
+                         "alone, or give the list without it)")
     if given.get("gguf_tensor_types"):
         raise UsageError(f"{flag} chooses the decoder layers' types: not with --gguf-tensor-type or "
                          "--gguf-tensor-type-file (give one)")
