@@ -131,3 +131,15 @@ def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
     masked = quantization_costs(blocked, half, (Q8_0,))
     alone = quantization_costs(weight[:, :256].contiguous(), ones[:256], (Q8_0,))
     assert masked[0] == pytest.approx(alone[0], rel=1e-12)
+
+
+def test_a_choice_below_four_bits_says_it_is_not_calibrated_yet() -> None:
+    """The notes (log, status, card) say a choice holding Q2_K or Q3_K is not calibrated per role yet: measured
+    worse than llama.cpp's Q3_K_M mix at its size (docs/output.md); a choice of 4 bits and more says nothing so."""
+    from resumerge.merge.plan.ggufbudget import target_notes
+    from resumerge.merge.plan.merge_plan import PlanOptions
+
+    low = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q3_K}))
+    high = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q4_K}))
+    assert any("not calibrated per tensor role yet" in note for note in target_notes(low))
+    assert not any("not calibrated" in note for note in target_notes(high))
