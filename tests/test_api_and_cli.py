@@ -152,7 +152,7 @@ def test_plan_times_compute_with_the_runs_threads_and_refuses_a_missing_gpu(
 # planner, inputs, methods, engine and memory governor, which bring them or psutil and yaml.
 STATUS_NEVER_IMPORTS = ("torch", "sqlite_utils", "safetensors", "transformers", "huggingface_hub", "hf_xet",
                         "numpy", "psutil", "yaml", "resumerge.merge.plan.merge_plan", "resumerge.inputs",
-                        "resumerge.merge.methods", "resumerge.merge.engine", "resumerge.memory.governor",
+                        "resumerge.merge.methods", "resumerge.merge.engine", "resumerge.machine.memory.governor",
                         # issue 72 (status under 0.2 s): the API's option groups and calls, the settings, the
                         # recipes' and the check's report types, the sinks' threads, rich's progress display, and
                         # the standard modules only a merge uses

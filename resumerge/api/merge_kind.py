@@ -45,8 +45,8 @@ class MergeKind:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
         importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
         from resumerge.api.importance import importance_phases
+        from resumerge.machine.torch_import import load_beside
         from resumerge.merge.engine.session import run_merge
-        from resumerge.torch_import import load_beside
 
         phases = importance_phases(call.text, call.options, call.settings,
                                    command=call.locations.resume_command)

@@ -3,7 +3,7 @@
 The only module that knows about argv (each command's parser is in :mod:`resumerge.cli.parsers`); what a run is, and
 every guard on its options, is decided in the API.
 Heavy modules (sqlite-utils) are imported inside the commands that merge, and torch on its first use
-(:mod:`resumerge.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
+(:mod:`resumerge.machine.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
 Exit codes: 0 done, 1 internal error, 2 invalid input, 3 interrupted and resumable, 4 refused (see
 :data:`resumerge.errors.EXIT_CODES`); ``check`` ends with its verdict's: 5 no effect, 6 broken.
 """
@@ -193,7 +193,7 @@ def _marked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]
     """The planning mark of the run into ``args.out``, taken before the merging modules are imported (a second
     or two), so that ``status`` says "planning" from the first second; the session's own mark is then this one."""
     from resumerge.config.locations import run_dir
-    from resumerge.merge.store.planning import planning_mark
+    from resumerge.machine.planning import planning_mark
 
     try:
         where = run_dir(args.out, args.state_dir)

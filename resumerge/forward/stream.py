@@ -29,7 +29,7 @@ from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
 # the clone's ``check`` extra, not the ``moe`` one that MoE gates name.

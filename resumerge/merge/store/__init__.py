@@ -8,14 +8,10 @@ manifest, in ``journal_commit``, the protocol's one owner); the engine writes ev
 is a local directory, a staged remote mount, a hub repo (``hub*.py``: access checks, batched uploads and commits)
 or a dict (``memsink``, for tests and notebooks).
 
-May import: errors, config, inputs (the safetensors format, tensor bytes, the hub client helpers), outputs.
+May import: errors, config, machine, inputs (the safetensors format, tensor bytes, the hub client helpers), outputs.
 """
 
 __all__ = [
-    "checksums",
-    "diskprobe",
-    "durable",
-    "filesystems",
     "hubcommits",
     "hubrepo",
     "hubretry",
@@ -24,14 +20,11 @@ __all__ = [
     "integrity",
     "journal",
     "journal_commit",
-    "killpoints",
     "ledger",
     "ledger_read",
     "manifest",
     "memsink",
-    "planning",
     "recommit",
-    "runlock",
     "shardwriter",
     "sqlitedb",
     "statusview",
