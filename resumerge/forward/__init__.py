@@ -56,8 +56,9 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   (:func:`~.texts.tokenizer_at`), and :func:`~.requires.require_transformers` is the one "is transformers here"
   check, in each client's words.
 
-May import: errors, config, inputs, machine, merge.plan (inputrefs only), merge.store (killpoints, runlock, ledger,
-durable, threadcount), merge.engine, merge.vocab, outputs.
+May import: errors, config, inputs, machine, merge.plan (input references only), merge.store (the ledger and the
+manifest of a merge's output), merge.engine (the unwritten merge; the kept workers that host a pass on Ray),
+merge.vocab, outputs.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ imported only for the prompt gate modes, only in the prompt work's own process (
 :mod:`.forward`): the run's process never holds it.
 
 May import: errors, config, forward, inputs, machine, merge.methods, outputs, merge.plan (types, sharding...),
-merge.store (killpoints, threadcount).
+merge.store (the ledger read).
 """
 
 from __future__ import annotations
