@@ -30,7 +30,6 @@ Usage: ``python tools/relayout_machine.py [ROOT]`` (ROOT: the checkout, default 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib.util
 import re
@@ -254,35 +253,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     R.move_files(root, todo, say, dry)
     if dry:
         return say
-    pkg = root / "resumerge"
-    moved_from: dict[Path, str] = {}  # new path of a moved file -> its old dotted module
-    for move in todo:
-        there = pkg / move.new
-        if there.is_file():
-            moved_from[there] = R._dotted(move.old)
-        elif there.is_dir():
-            for each in there.rglob("*.py"):
-                rel = each.relative_to(there).with_suffix("").as_posix().replace("/", ".")
-                moved_from[each] = R._dotted(move.old) + ("" if rel == "__init__" else "." + rel.removesuffix(
-                    ".__init__"))
-    renames = R._renames(todo)
-    touched = []
-    for path in R.text_files(root):
-        rel = path.relative_to(root).as_posix()
-        if rel in SKIP_FILES:
-            continue
-        text = path.read_text(encoding="utf-8")
-        new = R.rename_from_imports(text, renames) if path.suffix == ".py" else text
-        new = R.rename_dotted(new, renames)
-        new = R.rename_paths(new, todo)
-        if path.suffix == ".py" and path.is_relative_to(pkg):
-            old_module = moved_from.get(path) or path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
-            new = R.relative_references(path, new, old_module, renames)
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            touched.append(path)
-    if touched:
-        say.append(f"rewrote references in {len(touched)} files")
+    touched = R.rewrite_references(root, todo, say, frozenset(SKIP_FILES))
     drop_from_all(root, say)
     write_bottom_init(root, say)
     rewrite_declarations(root, say)
@@ -301,17 +272,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
-    parser.add_argument("--check", action="store_true", help="say what would move; exit 1 if anything would")
-    args = parser.parse_args(argv)
-    root = args.root.resolve()
-    if not (root / "resumerge" / "__init__.py").exists():
-        print(f"relayout_machine: {root} is not a resumerge checkout (no resumerge/__init__.py)", file=sys.stderr)
-        return 2
-    said = relayout(root, dry=args.check)
-    print("\n".join(said) if said else "relayout_machine: nothing to do")
-    return 1 if args.check and said else 0
+    return int(R.main(argv, run=relayout, doc=__doc__, name="relayout_machine"))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Typical use by the engine::
 Importing this package never imports torch, and imports each name"s module only at the name"s first use (PEP 562):
 ``resumerge status`` needs only :mod:`.sizes`, and the governor"s modules bring psutil and ctypes.
 
-May import: errors, machine (``torch_import``: its names imported on their first use).
+May import: errors, machine (its names imported on their first use, as torch is).
 """
 
 from __future__ import annotations
