@@ -69,7 +69,7 @@ def budget(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
     """A generated model twice ``--max-memory`` (default 1.2GB) evaluated within it: ``tiny_mc`` (4 documents)
     and ``nll`` on 4 texts of 40 words."""
     from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
-    from resumerge.memory import parse_size
+    from resumerge.machine.memory import parse_size
 
     limit = parse_size(args.max_memory or "1.2GB")
     layer = (2 * 2048 * 2048 + 2 * 2048 * 1024 + 3 * 2048 * 5632) * 4
@@ -95,7 +95,7 @@ def budget_real(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> N
     the budget."""
     from bench_eval import deepened
 
-    from resumerge.memory import parse_size
+    from resumerge.machine.memory import parse_size
 
     limit = parse_size(args.max_memory or "600MB")
     config = json.loads((args.model / "config.json").read_text())

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK = """
-from resumerge.memory import os_peak_rss
+from resumerge.machine.memory import os_peak_rss
 import atexit
 atexit.register(lambda: print("peak", os_peak_rss(), flush=True))
 """

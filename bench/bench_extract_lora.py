@@ -30,7 +30,7 @@ if str(HERE) not in sys.path:
 
 from bench_vs_mergekit import model_spec, run_measured  # noqa: E402
 
-from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 
 def make_pair(work: Path, size: int) -> tuple[Path, Path]:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
-from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 RANK = {"ties": {"density": 0.5, "weight": 0.3}, "breadcrumbs_ties": {"density": 0.8, "gamma": 0.01, "weight": 0.3},
         "della": {"density": 0.5, "epsilon": 0.1, "weight": 0.3}}

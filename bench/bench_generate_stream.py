@@ -20,7 +20,7 @@ stop sequence that never appears). Each case runs in a fresh process with a fres
 
 The floor of a token step is the bytes it reads (:func:`~resumerge.analyses.evaluation.genplan.step_read_bytes`:
 every layer, the final norm and the head, once for every request) over the disk's read speed: cold (the file's
-pages dropped first, :func:`~resumerge.merge.store.diskprobe.probe_file_read`) and warm (the page cache's: the file read
+pages dropped first, :func:`~resumerge.machine.diskprobe.probe_file_read`) and warm (the page cache's: the file read
 again at once). Prints the load average before and after each case (the machine is shared) and the CPU seconds a
 step takes (every thread's: what a loaded machine's wall time hides).
 """
@@ -77,7 +77,7 @@ def child(case: str, model: Path, tasks: Path, state: Path) -> dict[str, Any]:
     from evaluation.evaltasks import tiny_model, write_tasks
 
     from resumerge import api
-    from resumerge.memory import SystemProbe
+    from resumerge.machine.memory import SystemProbe
 
     # a tiny model's generation first: what the evaluation's machinery holds (lm-eval, datasets, transformers) is
     # held when the resident set is read, as it is when the generation's budget is judged
@@ -117,7 +117,7 @@ def child(case: str, model: Path, tasks: Path, state: Path) -> dict[str, Any]:
 
 def floor_speeds(path: Path) -> tuple[float | None, float]:
     """The file's cold read speed (its pages dropped first) and warm (read twice, the second timed), bytes/s."""
-    from resumerge.merge.store.diskprobe import probe_file_read
+    from resumerge.machine.diskprobe import probe_file_read
 
     cold = probe_file_read(path, 256 << 20)
     with open(path, "rb") as f:
@@ -137,7 +137,7 @@ def step_bytes(model: Path) -> int:
     from resumerge.config.locations import StateDir
     from resumerge.forward import Weights
     from resumerge.forward.opened import open_for_pass
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     opened = open_for_pass(str(model), "TARGET", StateDir.resolve(None))
     weights = Weights.of(opened.opened.directory, opened.opened.tensors, opened.remote)

@@ -27,8 +27,8 @@ if str(HERE) not in sys.path:
 
 from bench_vs_mergekit import make_inputs, run_measured  # noqa: E402
 
-from resumerge.memory.sizes import parse_size  # noqa: E402
-from resumerge.merge.store.checksums import hash_file  # noqa: E402
+from resumerge.machine.checksums import hash_file  # noqa: E402
+from resumerge.machine.memory.sizes import parse_size  # noqa: E402
 
 METHODS = ("linear", "ties", "della", "karcher", "iso_c", "tsv")
 BASED = {"ties", "della", "tsv", "iso_c", "iso_cts", "task_arithmetic", "dare_ties"}

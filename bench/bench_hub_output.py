@@ -35,7 +35,7 @@ from hub.fakehub_write import HubWriter  # noqa: E402
 from resumerge import api  # noqa: E402
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 from resumerge.config.locations import run_dir  # noqa: E402
-from resumerge.memory import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory import format_size, parse_size  # noqa: E402
 from tests.support import linear_config, write_config  # noqa: E402
 
 

@@ -39,7 +39,7 @@ for path in (str(ROOT), str(HERE)):
 
 from bench_vs_mergekit import make_inputs  # noqa: E402
 
-from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 PROMPTS = (["ab cd ef gh", "Ab Cd Ef"], ["zz yy xx", "Zq rs tu vw"], ["mn op qr", "st uv"])
 

@@ -45,7 +45,7 @@ def main() -> None:
     from resumerge.forward.onray import ray_places
     from resumerge.forward.opened import open_for_pass
     from resumerge.forward.rayactor import ray_models
-    from resumerge.torch_import import IMPORT_RESERVE
+    from resumerge.machine.torch_import import IMPORT_RESERVE
 
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0,
             "prestart_worker_first_driver": False, "enable_worker_prestart": False}

@@ -35,7 +35,7 @@ for extra in (HERE, HERE.parent / "tests"):
 
 from bench_vs_mergekit import run_measured  # noqa: E402
 
-from resumerge.memory.sizes import format_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size  # noqa: E402
 
 
 def fine_tune(base: Path, out: Path, seed: int, scale: float = 0.01) -> Path:

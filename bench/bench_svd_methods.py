@@ -30,7 +30,7 @@ if str(HERE) not in sys.path:
 
 from bench_vs_mergekit import make_inputs, run_measured  # noqa: E402
 
-from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 METHODS = ("task_arithmetic", "tsv", "iso_c", "iso_cts", "regmean", "regmean_plus")
 GRAM_METHODS = ("regmean", "regmean_plus")

@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 
 from plan_estimate import against_measured, plan_estimate, planned_text  # noqa: E402
 
-from resumerge.memory.sizes import format_size, parse_size  # noqa: E402
+from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 # Forks the measured command and reports its exit code, its own peak RSS and the I/O the kernel credited to this
 # launcher once the child was reaped (the child's rchar/wchar/read_bytes/write_bytes, plus a few kB of our own).

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
-from resumerge.merge.store.killpoints import POINTS  # noqa: E402
+from resumerge.machine.killpoints import POINTS  # noqa: E402
 
 ConfigBuilder = Callable[[list[Path]], dict[str, object]]
 # Starts a killable run or resume: its command line (``python -m resumerge ...``) and environment in, a process out

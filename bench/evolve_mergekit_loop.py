@@ -31,7 +31,7 @@ def main() -> None:
     from mergekit.merge import MergeOptions, run_merge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from resumerge.memory import os_peak_rss
+    from resumerge.machine.memory import os_peak_rss
     from resumerge.runs.evolve.spec import read_spec
 
     configs = json.loads(Path(sys.argv[1]).read_text())

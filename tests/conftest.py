@@ -207,8 +207,8 @@ def machine_described_once() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def installation_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One ``$XDG_CACHE_HOME`` for the whole run: resumerge keeps its measurement of a fresh process's memory there
-    (resumerge.memory.baseline), which costs an import of torch in a child process once, not once per test, and the
-    names of lm-eval's own tasks (analyses.evaluation.keptnames: lm-eval's whole task index built once). Under xdist
+    (resumerge.machine.memory.baseline), which costs an import of torch in a child process once, not once per test, and
+    the names of lm-eval's own tasks (analyses.evaluation.keptnames: lm-eval's whole task index built once). Under xdist
     the workers share it (the run's folder, beside each worker's own): each kept figure is written atomically, and
     a worker that finds one kept by the other measures nothing again."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

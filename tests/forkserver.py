@@ -46,7 +46,7 @@ from typing import Any
 _RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.statusshow", "resumerge.api.calls",
               "resumerge.api.merge_kind", "resumerge.api.recipe_kind", "resumerge.merge.engine.session",
               "resumerge.merge.engine.executors", "resumerge.merge.engine.drive", "resumerge.merge.methods.builtin",
-              "resumerge.runs.recipes.recipe", "resumerge.merge.store.journal_commit", "resumerge.merge.store.runlock",
+              "resumerge.runs.recipes.recipe", "resumerge.merge.store.journal_commit", "resumerge.machine.runlock",
               "resumerge.merge.store.integrity")
 # Read the environment as they are imported: never imported before the fork (see _RUNTIME).
 _NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")

@@ -8,7 +8,7 @@ from resumerge.config.modelref import ModelRef
 from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def checked_nll(directory: Path, tokens: list[list[int]], journal: Path) -> float:

@@ -177,10 +177,10 @@ def _idle(ray: Any, seconds: float = 20.0) -> bool:
 
 def _kept_memory(ray: Any) -> float:
     """The memory the kept workers of this code on the cluster's live nodes declare (each its imports')."""
+    from resumerge.machine.torch_import import IMPORT_RESERVE
     from resumerge.merge.engine.cluster.keeper import run_digest
     from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
     from resumerge.merge.engine.cluster.launch import declared
-    from resumerge.torch_import import IMPORT_RESERVE
 
     code, held = run_digest(ray), 0.0
     for node in ray.nodes():

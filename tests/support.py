@@ -162,7 +162,7 @@ def digests(directory: Path) -> dict[str, str]:
 def as_on_the_hub(files: dict[str, bytes]) -> dict[str, bytes]:
     """A local OUT's ``files`` (name -> bytes) as a hub OUT of the same merge holds them: byte for byte, but for the
     manifest's records, which a folder writes as xxh3-128 and a hub repo as the sha256 its LFS names each file by
-    (resumerge.merge.store.checksums): the same manifest, each record the sha256 of the same bytes."""
+    (resumerge.machine.checksums): the same manifest, each record the sha256 of the same bytes."""
     manifest = json.loads(files[MANIFEST])
     for name, entry in manifest["committed"].items():
         assert entry["sha256"] == "xxh3-128:" + xxhash.xxh3_128_hexdigest(files[name])  # as the folder recorded it

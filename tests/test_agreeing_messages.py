@@ -16,7 +16,7 @@ from resumerge.analyses.estimate.costs import MemoryEstimate, memory_line
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import EXIT_INVALID
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 
 MB = 1_000_000
 

@@ -1,5 +1,5 @@
 """The two caches of a pure function's tensors (an extraction's factors, a transplant's batches) keep an entry one
-way (:func:`resumerge.merge.store.durable.save_entry`): temp file, fsync, rename, the folder fsynced, so a power
+way (:func:`resumerge.machine.durable.save_entry`): temp file, fsync, rename, the folder fsynced, so a power
 loss leaves it whole or absent; a disk that refuses it costs only a recomputation. The extraction's copy of that
 write never fsynced its folder (the rename could be lost with the power); the transplant's did."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resumerge.merge.store import durable
+from resumerge.machine import durable
 from resumerge.runs.extract.factor_cache import FactorCache
 from resumerge.runs.transplant.batches import BatchStore
 

@@ -28,6 +28,7 @@ from resumerge.inputs.codecs import MAIN, PLAIN, CodecTable
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, layout_shard, numel
 from resumerge.inputs.source import InputSources
+from resumerge.machine.checksums import XXH3_128
 from resumerge.merge.engine import compute, session
 from resumerge.merge.engine.compute import compute_tensor
 from resumerge.merge.engine.session import run_plan
@@ -39,7 +40,6 @@ from resumerge.merge.plan.planner import build_plan
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.roles import formats_line, formats_report, quantized
 from resumerge.merge.plan.workunits import chunk_plan, row_stream
-from resumerge.merge.store.checksums import XXH3_128
 from resumerge.merge.store.shardwriter import ShardWriter
 from resumerge.merge.store.sink import LocalDirSink
 

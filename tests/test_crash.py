@@ -23,7 +23,7 @@ from support import cli, cli_here, cli_start, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
-from resumerge.merge.store.killpoints import LOCAL_POINTS as POINTS
+from resumerge.machine.killpoints import LOCAL_POINTS as POINTS
 
 SHARD = "400k"
 

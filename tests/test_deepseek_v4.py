@@ -15,7 +15,7 @@ import pytest
 from deepseek_v4_models import make_v4_model
 from support import api_merge, output_tensors
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

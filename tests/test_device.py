@@ -18,8 +18,8 @@ from resumerge.cli.commands import main
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
 from resumerge.errors import UsageError
-from resumerge.memory import FakeProbe, MemoryGovernor, Reservation, parse_size
-from resumerge.memory.budget import smallest_budget_for
+from resumerge.machine.memory import FakeProbe, MemoryGovernor, Reservation, parse_size
+from resumerge.machine.memory.budget import smallest_budget_for
 from resumerge.merge.engine.devices import gpu_governor, normalise_device
 from resumerge.merge.engine.session import plan_from_config
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -252,8 +252,8 @@ def test_a_pass_device_reads_device_as_run_does_and_refuses_a_gpu_budget_on_the_
 def test_a_pass_on_a_gpu_is_refused_a_step_its_budget_cannot_hold_naming_the_smallest() -> None:
     from resumerge.forward.admission import Admission
     from resumerge.forward.device import HOST, GpuBudget, PassDevice
-    from resumerge.memory import default_budget
-    from resumerge.memory.cuda import GPU_FRACTION
+    from resumerge.machine.memory import default_budget
+    from resumerge.machine.memory.cuda import GPU_FRACTION
 
     probe = FakeProbe(rss=50_000, available=10**9)
     steps = {"layer": 2_000_000, "heads": 700_000}

@@ -38,10 +38,10 @@ from resumerge.inputs import kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
+from resumerge.machine.diskprobe import PROBE_PREFIX
 from resumerge.merge.engine.unitgroup import GROUP_UNITS, group_bytes
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.workunits import WHOLE, unit_bytes
-from resumerge.merge.store.diskprobe import PROBE_PREFIX
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from tests.manylayers import many_layer_merge
 

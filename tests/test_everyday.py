@@ -20,7 +20,7 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import LEDGER_NAME, run_dir
 from resumerge.errors import UsageError
-from resumerge.merge.store.runlock import RunLock
+from resumerge.machine.runlock import RunLock
 
 
 def _configs(tmp_path: Path, make: ModelFactory) -> tuple[Path, Path]:

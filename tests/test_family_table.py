@@ -18,7 +18,7 @@ from family_table import TABLE, make_table_model
 from newest_families import NEWEST
 from support import api_merge, output_tensors
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

@@ -15,7 +15,7 @@ from quantmodels import fp8, fp8_config, quantize_model
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.codecs import BlockFp8Codec
-from resumerge.memory import collector_paused
+from resumerge.machine.memory import collector_paused
 from resumerge.merge.engine.session import plan_from_config
 from resumerge.merge.plan import merge_plan
 from resumerge.merge.plan.merge_plan import (

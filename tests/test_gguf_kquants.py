@@ -21,8 +21,8 @@ from support import cli, digests, write_config
 from resumerge import api
 from resumerge.errors import ModelInputError
 from resumerge.inputs.gguf import blocks
+from resumerge.machine.killpoints import LOCAL_POINTS
 from resumerge.merge.plan.gguftypes import MIXES, OVERRIDE_TYPES
-from resumerge.merge.store.killpoints import LOCAL_POINTS
 from resumerge.outputs.gguf.imatrix import read_imatrix
 from resumerge.outputs.gguf.kquants import encode_k
 from resumerge.outputs.gguf.legacyweighted import encode_legacy_weighted

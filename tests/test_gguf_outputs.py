@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
 from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
-from resumerge.merge.store.killpoints import LOCAL_POINTS
+from resumerge.machine.killpoints import LOCAL_POINTS
 from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")

@@ -17,7 +17,7 @@ from ggufmodels import linear_llama_config
 from support import cli, cli_here, digests
 
 from resumerge import api
-from resumerge.merge.store.killpoints import UNIT_POINTS
+from resumerge.machine.killpoints import UNIT_POINTS
 
 UNIT = "500k"  # the tiny llama's 1.28 MB of Q8_0 in three units after the header
 FLAGS = ("--out-type", "gguf", "--gguf-type", "q8_0", "--out-shard-size", UNIT)

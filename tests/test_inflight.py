@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from resumerge.memory import FakeProbe, MemoryGovernor, Pacing, Reservation
+from resumerge.machine.memory import FakeProbe, MemoryGovernor, Pacing, Reservation
 from resumerge.merge.engine.inflight import HELD_PER_WORKER, InFlight
 
 

@@ -16,13 +16,13 @@ from resumerge import api
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import ROUTERS_DIR, StateDir
 from resumerge.errors import NothingRecordedError
-from resumerge.merge.store.planning import killed_planning, planning_mark, planning_since
+from resumerge.machine.planning import killed_planning, planning_mark, planning_since
 from tests.support import cli, digests, reference_merge
 
 _HOLD = """
 import sys, time
 from pathlib import Path
-from resumerge.merge.store.planning import planning_mark
+from resumerge.machine.planning import planning_mark
 with planning_mark(Path(sys.argv[1]), kind=sys.argv[2]):
     print("planning", flush=True)
     time.sleep(120)

@@ -1,6 +1,6 @@
 """``killpoints.POINTS`` is read from the code: exactly the points the package reaches, and no test names another.
 
-The crash tests walk the tuples of :mod:`resumerge.merge.store.killpoints`; a point reached in the code but missing
+The crash tests walk the tuples of :mod:`resumerge.machine.killpoints`; a point reached in the code but missing
 there would never be walked, and a test that kills at a point nothing reaches would never kill."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-from resumerge.merge.store import killpoints
+from resumerge.machine import killpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "resumerge"

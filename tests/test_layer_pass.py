@@ -21,7 +21,7 @@ from resumerge.forward.layerpass import LayerPass, Step
 from resumerge.forward.opened import open_for_pass
 from resumerge.forward.passes import streams_of
 from resumerge.forward.placement import Streams
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)
 TOKENS = [[1, 5, 9, 13, 2], [3, 4, 5], [7, 8, 9, 10, 11, 12, 2]]

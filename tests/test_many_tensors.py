@@ -19,10 +19,10 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import make_model
 from resumerge.config.locations import StateDir, run_dir
 from resumerge.errors import LedgerError, NothingRecordedError, PlanChangedError
+from resumerge.machine.planning import PLANNING_NAME, planning_mark
 from resumerge.merge.engine import session
 from resumerge.merge.engine.unitgroup import GROUP_BYTES, GROUP_UNITS, group_bytes, has_room
 from resumerge.merge.store.ledger_read import read_merge_record
-from resumerge.merge.store.planning import PLANNING_NAME, planning_mark
 from resumerge.merge.store.statusview import read_status
 from tests.manylayers import many_layer_merge, many_layer_spec
 from tests.support import cli_start, digests

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from support import linear_config, peak_rss_and_held_run, write_config
 
 from resumerge.cli.commands import main
-from resumerge.memory import parse_size
+from resumerge.machine.memory import parse_size
 
 BUDGET = 600_000_000
 

@@ -13,7 +13,7 @@ from support import digests, linear_config, write_config
 
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
-from resumerge.merge.store.runlock import RunLock
+from resumerge.machine.runlock import RunLock
 
 
 def load_model(directory: Path) -> dict[str, torch.Tensor]:

@@ -63,13 +63,13 @@ def _here(model: Any, out: Path, journal: Path) -> None:
 
 def _on_node(model: Any, out: Path, journal: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The model measured on its actor; the watches the actor computed with."""
-    import resumerge.merge.engine.cluster.connect
+    import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.onray import Place, sent
     from resumerge.forward.rayactor import ActorTerms, ModelNode, RayModels
 
-    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))
     node = ModelNode(sent(model), 1, what="measure", watch=pickle.loads(pickle.dumps(watch)))  # as Ray sends it
@@ -130,7 +130,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     pass, and writes the bytes of that pass run here (it computed on four before, whatever the pass recorded)."""
     import torch
 
-    import resumerge.merge.engine.cluster.connect
+    import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.forward import rayactor
     from resumerge.forward.batches import one_by_one
@@ -152,7 +152,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
         made.append(factory(*pickle.loads(pickle.dumps(args))))  # as Ray sends the terms
         return _Actor(made[-1])
 
-    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     monkeypatch.setattr(rayactor, "model_layer", counted)
     monkeypatch.setattr(rayactor, "on_place", on_place)
     monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep: [None] * len(places))

@@ -21,7 +21,7 @@ from support import cli, cli_here, digests, flip_byte, reference_merge
 
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
-from resumerge.merge.store.checksums import SHA256, XXH3_128, check_committed, checksum_of, matches
+from resumerge.machine.checksums import SHA256, XXH3_128, check_committed, checksum_of, matches
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.units import check_units
 

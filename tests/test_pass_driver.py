@@ -21,7 +21,7 @@ from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.journal import Journal, latest
 from resumerge.forward.layerpass import LayerPass, Reserve, Step
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 LAYERS = 4
 ANSWER = "answer.json"

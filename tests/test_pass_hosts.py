@@ -135,7 +135,7 @@ class _Scorer:
 
 
 def _spread(store: Path, ray: _Ray, monkeypatch: pytest.MonkeyPatch) -> Any:
-    import resumerge.merge.engine.cluster.connect as connect
+    import resumerge.machine.rayconnect as connect
     from resumerge.runs.evolve.spread import SpreadOverNodes
 
     monkeypatch.setattr(connect, "join", lambda address: ray)

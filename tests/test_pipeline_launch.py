@@ -10,12 +10,12 @@ from typing import Any, cast
 
 import pytest
 
-from resumerge.memory import MemoryGovernor, Pacing
+from resumerge.machine.memory import MemoryGovernor, Pacing
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.executor import _Pipeline
 from resumerge.merge.engine.unitgroup import UnitGroup
 from resumerge.merge.engine.workspace import Workspace
 from resumerge.merge.methods.resources import NO_RESOURCES
-from resumerge.torch_import import torch
 
 BUDGET = 1 << 23  # half of it is a tensor large enough for a workspace to keep (WARM_BYTES up)
 

@@ -13,7 +13,7 @@ from conftest import ModelFactory
 from support import linear_config, write_config
 
 from resumerge import api
-from resumerge.memory import collector_paused
+from resumerge.machine.memory import collector_paused
 
 
 @pytest.fixture(autouse=True)

@@ -61,6 +61,7 @@ from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
+from resumerge.machine.torch_import import IMPORT_RESERVE
 from resumerge.merge.engine.cluster import driver, launch
 from resumerge.merge.engine.cluster.cores import Cores, node_cores
 from resumerge.merge.engine.cluster.hubreads import NodeReads, NodeSources
@@ -73,7 +74,6 @@ from resumerge.merge.engine.executors import LocalExecutor, RayExecutor
 from resumerge.merge.engine.quiet import NullReporter
 from resumerge.merge.plan.merge_plan import ShardPlan
 from resumerge.merge.store.hubcommits import CommitQueue
-from resumerge.torch_import import IMPORT_RESERVE
 
 # As in tests/hubout: huggingface_hub's LFS PUT passes ``data=``, which httpx deprecates (its code, not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")

@@ -14,8 +14,9 @@ import xxhash
 from safetensors.torch import load_file
 
 from resumerge.inputs.safetensors_format import layout_shard
-from resumerge.merge.store import durable, shardwriter
-from resumerge.merge.store.checksums import SHA256, XXH3_128, Checksum
+from resumerge.machine import durable
+from resumerge.machine.checksums import SHA256, XXH3_128, Checksum
+from resumerge.merge.store import shardwriter
 from resumerge.merge.store.shardwriter import ShardWriter
 from resumerge.merge.store.sink import LocalDirSink
 

@@ -10,9 +10,9 @@ import pytest
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import StorageError
-from resumerge.merge.store.durable import publish_copy
-from resumerge.merge.store.filesystems import filesystem_type, needs_staging, parse_mountinfo
-from resumerge.merge.store.killpoints import STAGED_POINTS
+from resumerge.machine.durable import publish_copy
+from resumerge.machine.filesystems import filesystem_type, needs_staging, parse_mountinfo
+from resumerge.machine.killpoints import STAGED_POINTS
 from tests.support import cli, digests, linear_config, write_config
 
 COLAB = """\

@@ -23,7 +23,7 @@ from resumerge.config.merge_config import load_config_text
 from resumerge.inputs.hub.ranges import RangeClient
 from resumerge.inputs.hub.stream import HubStream
 from resumerge.inputs.source import InputSources, LocalFiles
-from resumerge.memory import FakeProbe
+from resumerge.machine.memory import FakeProbe
 from resumerge.merge.engine import devices, footprint
 from resumerge.merge.engine.compute import TensorCompute
 from resumerge.merge.engine.session import plan_from_config

@@ -1,5 +1,5 @@
 """No resumerge module imports torch when it is imported: torch (about 2 s of CPU) loads on first use, so a hub
-run's downloads start before it (:mod:`resumerge.torch_import`)."""
+run's downloads start before it (:mod:`resumerge.machine.torch_import`)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from conftest import ModelFactory
 from support import linear_config, write_config
 
 import resumerge
-from resumerge import api, torch_import
+from resumerge import api
 from resumerge.analyses.estimate.costs import Estimate
 from resumerge.analyses.estimate.memory import memory_estimate
 from resumerge.analyses.estimate.torchside import TorchHere, TorchProcess
 from resumerge.config.merge_config import load_config_text
 from resumerge.errors import InterruptedMerge
-from resumerge.memory.fake import FakeProbe
+from resumerge.machine import torch_import
+from resumerge.machine.memory.fake import FakeProbe
 from resumerge.merge.engine.devices import set_torch_threads
 from resumerge.merge.engine.session import plan_from_config
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -75,7 +76,7 @@ def test_importing_every_module_imports_no_torch() -> None:
 def test_the_method_registry_and_the_proxy_import_torch_only_when_a_tensor_is_made() -> None:
     code = (
         "from resumerge.merge.methods.registry import method_names, get_method\n"
-        "from resumerge.torch_import import torch\n"
+        "from resumerge.machine.torch_import import torch\n"
         "import sys\n"
         "assert get_method('ties') is not None and 'linear' in method_names()\n"
         "from resumerge.inputs.tensorio import TORCH_DTYPES\n"
@@ -93,7 +94,7 @@ def test_a_thread_count_waits_for_torch_and_the_newest_one_applies() -> None:
     first use; a newer count replaces one still waiting, None withdraws it, and once torch is loaded a count
     applies at once."""
     threads = ("import sys\nfrom resumerge.merge.engine.devices import set_torch_threads\n"
-               "from resumerge.torch_import import torch\n")
+               "from resumerge.machine.torch_import import torch\n")
     _prints_ok(threads + (
         "set_torch_threads(3)\n"
         "set_torch_threads(1)\n"
@@ -118,7 +119,7 @@ def test_torch_imported_beside_takes_the_waiting_thread_count_on_the_thread_that
     for torch is set by the first use, on the thread that computes (OpenMP keeps one count a thread), not by the
     import's thread."""
     _prints_ok("import sys\nfrom resumerge.merge.engine.devices import set_torch_threads\n"
-               "from resumerge.torch_import import load_beside, torch\n"
+               "from resumerge.machine.torch_import import load_beside, torch\n"
                "set_torch_threads(1)\n"
                "thread = load_beside()\n"
                "assert thread is not None and thread.name == 'resumerge-torch-import'\n"
@@ -175,7 +176,7 @@ _APART = """
 import sys, psutil
 from resumerge import api
 from resumerge.errors import InputError
-from resumerge.memory import SystemProbe
+from resumerge.machine.memory import SystemProbe
 try:
     api.estimate(sys.argv[1], sys.argv[3], fresh_process=True, probe_size=0)
 except InputError:

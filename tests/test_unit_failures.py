@@ -13,11 +13,11 @@ import pytest
 from safetensors import safe_open
 
 from resumerge.cli.commands import main
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine import drive
 from resumerge.merge.methods import builtin, linear
 from resumerge.merge.methods.spec import MergeContext
-from resumerge.torch_import import torch
 from tests.manylayers import many_layer_merge
 
 # In the middle of the merge's only shard, so the middle of its group of small tensors.

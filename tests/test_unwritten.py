@@ -180,7 +180,7 @@ def test_a_config_that_does_not_plan_is_refused_before_a_weight_is_read(tmp_path
 @pytest.mark.parametrize("method", ["linear", "ties"])
 def test_under_a_small_budget_tensors_are_merged_in_row_chunks_into_the_same_bytes(tmp_path: Path, make: ModelFactory,
                                                                                   method: str) -> None:
-    from resumerge.memory import FakeProbe, MemoryGovernor
+    from resumerge.machine.memory import FakeProbe, MemoryGovernor
 
     # Projections whose merge is larger than the least row chunk the engine cuts (plan.workunits.MIN_CHUNK_BYTES).
     wide = {**SPEC, "layers": 1, "hidden": 512, "intermediate": 1536, "shard_bytes": 8 << 20}

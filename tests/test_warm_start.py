@@ -21,7 +21,8 @@ import pytest
 from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.merge.engine.cluster import connect, kept, launch
+from resumerge.machine import rayconnect as connect
+from resumerge.merge.engine.cluster import kept, launch
 from resumerge.merge.engine.cluster.warm import WarmStart
 from resumerge.merge.engine.executors import RayExecutor
 from resumerge.merge.store.ledger import Ledger

@@ -39,7 +39,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -607,17 +607,9 @@ def _analyses_allowed(root: Path) -> set[str] | None:
     return {units.get(n, n) for n in names if n and n != "nothing"}
 
 
-def relayout(root: Path, dry: bool = False) -> list[str]:
-    say: list[str] = []
-    moves = _moves()
-    # Each analysis keeps what the analyses' one line allowed it and it imports (each line is its own from now on).
-    allowed = _analyses_allowed(root)
-    # Every move, done now or before: the references a merged branch still writes the old way are rewritten too.
-    move_files(root, moves, say, dry)
-    if dry:
-        return say
-    root_docstring(root, say)
-    collision_tests(root, say)
+def rewrite_references(root: Path, moves: list[Move], say: list[str], skip: frozenset[str] = frozenset()) -> list[Path]:
+    """Rewrite every reference to a moved module in every text file (:func:`text_files`, but those in ``skip``):
+    imports, dotted names, paths, and a moved module's relative references; the files changed."""
     moved_from = {}  # new path of a moved file -> its old dotted module
     pkg = root / "resumerge"
     for move in moves:
@@ -632,6 +624,8 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     renames = _renames(moves)
     touched = []
     for path in text_files(root):
+        if path.relative_to(root).as_posix() in skip:
+            continue
         text = path.read_text(encoding="utf-8")
         new = rename_from_imports(text, renames) if path.suffix == ".py" else text
         new = rename_dotted(new, renames)
@@ -647,6 +641,22 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
             touched.append(path)
     if touched:
         say.append(f"rewrote references in {len(touched)} files")
+    return touched
+
+
+def relayout(root: Path, dry: bool = False) -> list[str]:
+    say: list[str] = []
+    moves = _moves()
+    # Each analysis keeps what the analyses' one line allowed it and it imports (each line is its own from now on).
+    allowed = _analyses_allowed(root)
+    # Every move, done now or before: the references a merged branch still writes the old way are rewritten too.
+    move_files(root, moves, say, dry)
+    if dry:
+        return say
+    root_docstring(root, say)
+    collision_tests(root, say)
+    touched = rewrite_references(root, moves, say)
+    pkg = root / "resumerge"
     if allowed is not None:
         for sub in sorted((pkg / "analyses").glob("*/__init__.py")):
             layer = f"analyses.{sub.parent.name}"
@@ -668,17 +678,20 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     return say
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, *, run: Callable[[Path, bool], list[str]] | None = None,
+         doc: str | None = None, name: str = "relayout") -> int:
+    """The command line of this script, and of a sibling that hands in its own ``run`` (its moves), ``doc`` and
+    ``name``."""
+    parser = argparse.ArgumentParser(description=(doc or __doc__ or "").split("\n\n")[0])
     parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--check", action="store_true", help="say what would move; exit 1 if anything would")
     args = parser.parse_args(argv)
     root = args.root.resolve()
     if not (root / "resumerge" / "__init__.py").exists():
-        print(f"relayout: {root} is not a resumerge checkout (no resumerge/__init__.py)", file=sys.stderr)
+        print(f"{name}: {root} is not a resumerge checkout (no resumerge/__init__.py)", file=sys.stderr)
         return 2
-    said = relayout(root, dry=args.check)
-    print("\n".join(said) if said else "relayout: nothing to do")
+    said = (run or relayout)(root, args.check)
+    print("\n".join(said) if said else f"{name}: nothing to do")
     return 1 if args.check and said else 0
 
 

@@ -20,7 +20,7 @@ The package imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, 
 other name on its first use (:func:`__getattr__`): ``resumerge status`` imports no option group, no kind of run and
 no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and ``api.run(...)`` work as ever.
 
-May import: errors, config, memory, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs, runs.moe,
+May import: errors, config, machine, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs, runs.moe,
 runs.extract, runs.transplant, merge.engine, runs.recipes, runs.evolve.
 """
 

@@ -47,7 +47,7 @@ from resumerge.api.runkind import Call, Driving
 from resumerge.api.unwritten import open_population
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
-from resumerge.memory.sizes import parse_size
+from resumerge.machine.memory.sizes import parse_size
 from resumerge.merge.plan.defaults import DEFAULT_SHARD_SIZE
 from resumerge.runs.extract.spec import ExtractSpec
 
@@ -415,8 +415,8 @@ def estimate(
     from resumerge.analyses.estimate.estimate import Measuring
     from resumerge.analyses.estimate.network import parse_bandwidth
     from resumerge.analyses.estimate.sessions import parse_duration
+    from resumerge.machine.diskprobe import free_bytes
     from resumerge.merge.plan.sharding import shard_size_choice
-    from resumerge.merge.store.diskprobe import free_bytes
 
     if out is not None:
         named(out)

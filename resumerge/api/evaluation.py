@@ -51,7 +51,7 @@ def evaluate_with(target: PathLike, tasks: Sequence[str] | str, asked: Settings,
     # A merge config: the merge it describes, each tensor merged by run's code as the pass reads it, never written
     # (planned, and refused in one line, before any weight is read); each tensor's merge admitted by a governor of
     # the budget as run admits its units.
-    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+    from resumerge.machine.memory import MemoryGovernor, SystemProbe, default_budget
 
     budget = evaluation.max_memory if evaluation.max_memory is not None else default_budget(SystemProbe())
     with MemoryGovernor(budget, SystemProbe()) as governor, \

@@ -339,7 +339,7 @@ def plan_evolve(config: PathLike, options: SearchOptions, allow_benchmark_tasks:
 
 def _bytes(max_memory: int | str | None) -> int | None:
     """``--max-memory`` in bytes (None: not given)."""
-    from resumerge.memory.sizes import parse_size
+    from resumerge.machine.memory.sizes import parse_size
 
     return parse_size(max_memory) if isinstance(max_memory, str) else max_memory
 

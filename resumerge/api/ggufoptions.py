@@ -161,7 +161,7 @@ def _target(given: Mapping[str, Any]) -> dict[str, Any]:
 def file_sha256(path: Path) -> str:
     """The digest of the bytes of the file at ``path`` (the user's ``--imatrix`` or ``--imatrix-texts``), as the
     plan's options record it in place of the path: what the output's bytes depend on."""
-    from resumerge.merge.store.checksums import hash_file
+    from resumerge.machine.checksums import hash_file
 
     return hash_file(path)[1]
 

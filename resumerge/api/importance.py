@@ -45,7 +45,7 @@ class ImportancePhase:
     def admit(self, plan: Plan, max_memory: int | None) -> None:
         """Refuse (exit 2) a budget the pass's step does not fit in beside its process, as ``plan`` names it."""
         from resumerge.errors import UsageError
-        from resumerge.memory import SystemProbe, default_budget, format_size
+        from resumerge.machine.memory import SystemProbe, default_budget, format_size
 
         texts = self.options.imatrix_texts
         assert texts is not None, "a phase of --imatrix-texts"
@@ -89,7 +89,7 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     from resumerge.forward.imatrix import gguf_arch
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
     from resumerge.inputs.catalog import fetch_inputs
-    from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+    from resumerge.machine.memory import MemoryGovernor, SystemProbe, default_budget
     from resumerge.merge.engine.devices import set_torch_threads
     from resumerge.merge.engine.session import prepare
     from resumerge.merge.engine.unwritten import UnwrittenMerge
@@ -326,13 +326,13 @@ _OPTIONAL = ("tokenizers", "numba")
 def pass_baseline(plan: Plan) -> int:
     """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
     and the pass's (:data:`PASS_MODULES`; measured once per installation,
-    :func:`~resumerge.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's and
-    the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    :func:`~resumerge.machine.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's
+    and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
     import importlib.util
 
     from resumerge.config.locations import cache_root
     from resumerge.forward.native.config import read_config
-    from resumerge.memory.baseline import fresh_baseline
+    from resumerge.machine.memory.baseline import fresh_baseline
     from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_overhead
 
     family = str(plan.out_config.get("model_type") or "")

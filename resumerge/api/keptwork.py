@@ -77,9 +77,9 @@ class KeptWorkKind(ABC):
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run ``call`` (``restart`` also discards the work kept by the run it replaces), then delete the
         kept work."""
+        from resumerge.machine.planning import planning_mark
         from resumerge.merge.engine.session import run_plan
         from resumerge.merge.engine.target import Target
-        from resumerge.merge.store.planning import planning_mark
 
         assert call.out is not None
         if driving.restart:

@@ -126,7 +126,7 @@ def _opened(held: ExitStack, given: ModelArgs, cache: str | None, device_flag: s
     if is_config(target):  # the merge it describes, never written, each tensor's merge admitted by a governor
         from resumerge.api.options import Settings
         from resumerge.api.unwritten import open_unwritten
-        from resumerge.memory import MemoryGovernor, SystemProbe, default_budget
+        from resumerge.machine.memory import MemoryGovernor, SystemProbe, default_budget
 
         budget = settings.max_memory if settings.max_memory is not None else default_budget(SystemProbe())
         governor = held.enter_context(MemoryGovernor(budget, SystemProbe()))

@@ -45,8 +45,8 @@ class MergeKind:
         """The merge through :func:`~resumerge.merge.engine.session.run_merge`; with ``--imatrix-texts``, its
         importance pass a phase before the merge (recorded with the plan: a kill in it is resumed)."""
         from resumerge.api.importance import importance_phases, recorded_choice, target_settle
+        from resumerge.machine.torch_import import load_beside
         from resumerge.merge.engine.session import run_merge
-        from resumerge.torch_import import load_beside
 
         # A size target's run already settled in OUT (killed in its encoding): the same command continues it.
         options = recorded_choice(call.options, call.text, call.locations.ledger)

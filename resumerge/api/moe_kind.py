@@ -53,9 +53,9 @@ class MoeKind:
     def run(self, call: Call, driving: Driving) -> Outcome:
         """Plan and run it, the prompt forward pass (in a process started first, loading while this one plans)
         beside the merge where the budget holds both; nothing is read before the config and OUT are checked."""
+        from resumerge.machine.planning import planning_mark
         from resumerge.merge.engine.session import run_plan
         from resumerge.merge.engine.target import Target
-        from resumerge.merge.store.planning import planning_mark
         from resumerge.runs.moe.passdone import routers_finished
         from resumerge.runs.moe.passproc import started_early
 

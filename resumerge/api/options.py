@@ -27,7 +27,7 @@ from resumerge.api.ggufoptions import DEFAULT_GGUF_TYPE, TYPE_FILE, gguf_options
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import HubOutputOptions, RunSettings
 from resumerge.errors import LedgerError, OutputDirError, UsageError
-from resumerge.memory.sizes import parse_size
+from resumerge.machine.memory.sizes import parse_size
 from resumerge.merge.plan.defaults import DEFAULT_SEED
 from resumerge.runs.evolve.options import SearchOptions
 from resumerge.runs.transplant.spec import SurgeryChoices
@@ -460,7 +460,7 @@ def is_yaml_text(config: PathLike) -> bool:
 def usable_device(device: str) -> None:
     """A GPU the run would refuse is refused by the estimate too (exit 2), rather than a plan that "fits"."""
     if device != "cpu":
-        from resumerge.memory.cuda import CudaProbe
+        from resumerge.machine.memory.cuda import CudaProbe
 
         CudaProbe(device)
 

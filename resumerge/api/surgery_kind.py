@@ -68,7 +68,7 @@ def _give_back() -> None:
     the approximation's peak (Gemma-3-270M ← SmolLM2: 590 MB resident after the match, 432 MB trimmed)."""
     import gc
 
-    from resumerge.memory.allocator import malloc_trim
+    from resumerge.machine.memory.allocator import malloc_trim
 
     gc.collect()
     trim = malloc_trim()

@@ -23,7 +23,7 @@ from resumerge.errors import UsageError
 if TYPE_CHECKING:
     from resumerge.config.settings import RunSettings
     from resumerge.inputs.codecs import CodecTable
-    from resumerge.memory import MemoryGovernor
+    from resumerge.machine.memory import MemoryGovernor
     from resumerge.merge.engine.unwritten import Population, UnwrittenMerge
     from resumerge.merge.plan.merge_plan import PlanOptions
     from resumerge.merge.plan.prepared import Prepared
@@ -147,7 +147,7 @@ def _governor(settings: RunSettings) -> MemoryGovernor | None:
     """A governor of ``--max-memory`` when given, started (None without one)."""
     if settings.max_memory is None:
         return None
-    from resumerge.memory import MemoryGovernor, SystemProbe
+    from resumerge.machine.memory import MemoryGovernor, SystemProbe
 
     governor = MemoryGovernor(settings.max_memory, SystemProbe())
     governor.start()
@@ -185,7 +185,7 @@ def _recipe(text: str, options: PlanOptions, settings: RunSettings,
         if not sp.final:
             assert sp.stage.name is not None  # every stage but the final one is named
             # Admitted inside the final stage's admission of the tensor that reads it: a second reservation taken
-            # by the thread holding the first could wait for it (resumerge.memory.governor).
+            # by the thread holding the first could wait for it (resumerge.machine.memory.governor).
             stages[sp.stage.name] = MergedFiles(sp.plan, inputs)
             continue
 

@@ -7,7 +7,7 @@ tiny-model generator it uses live here too.
 
 ``tokensurgeon``'s flag choices are read from ``transplant``.
 
-May import: api, analyses, errors, config, memory, merge.store, merge.plan, merge.engine, analyses.estimate,
+May import: api, analyses, errors, config, machine, merge.store, merge.plan, merge.engine, analyses.estimate,
 runs.recipes, runs.evolve, runs.transplant.
 """
 

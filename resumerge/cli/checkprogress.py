@@ -11,7 +11,7 @@ from typing import TextIO
 
 from resumerge.analyses.check.progress import Step
 from resumerge.cli.render import StepBar, console, progress_mode
-from resumerge.memory.sizes import format_duration
+from resumerge.machine.memory.sizes import format_duration
 
 _PHASES = {"static": "the static pass: every tensor of every model compared", "heads": "the heads: NLL and KL",
            "starting": "starting"}

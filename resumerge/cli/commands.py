@@ -3,7 +3,7 @@
 The only module that knows about argv (each command's parser is in :mod:`resumerge.cli.parsers`); what a run is, and
 every guard on its options, is decided in the API.
 Heavy modules (sqlite-utils) are imported inside the commands that merge, and torch on its first use
-(:mod:`resumerge.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
+(:mod:`resumerge.machine.torch_import`), so ``resumerge status`` stays fast and a run starts its downloads before torch.
 Exit codes: 0 done, 1 internal error, 2 invalid input, 3 interrupted and resumable, 4 refused (see
 :data:`resumerge.errors.EXIT_CODES`); ``check`` ends with its verdict's: 5 no effect, 6 broken.
 """
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from resumerge.cli.flags import api_options
 from resumerge.cli.knobs import (
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 
 # What a shell shows for a process that SIGPIPE ended (128 + 13): a closed pipe is no error of ours.
 EXIT_BROKEN_PIPE = 141
-# A command: the parsed arguments in, its exit code out.
-Command = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,21 +132,10 @@ def exit_with(code: int) -> NoReturn:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    command = _COMMANDS.get(args.command)
+    command = COMMANDS.get(args.command)
     if command is None:
         raise UsageError(f"unknown command {args.command}")
-    return command(args)
-
-
-def _elsewhere(module: str, name: str, given: Callable[[argparse.Namespace], Any] = lambda args: args) -> Command:
-    """The command ``name`` of the module ``module``, imported when it runs (so that no other command pays for its
-    imports), handed ``given(args)``."""
-
-    def command(args: argparse.Namespace) -> int:
-        found: Callable[[Any], int] = getattr(importlib.import_module(module), name)
-        return found(given(args))
-
-    return command
+    return command.run(args)
 
 
 def _reading(args: argparse.Namespace) -> Settings | None:
@@ -193,7 +179,7 @@ def _marked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]
     """The planning mark of the run into ``args.out``, taken before the merging modules are imported (a second
     or two), so that ``status`` says "planning" from the first second; the session's own mark is then this one."""
     from resumerge.config.locations import run_dir
-    from resumerge.merge.store.planning import planning_mark
+    from resumerge.machine.planning import planning_mark
 
     try:
         where = run_dir(args.out, args.state_dir)
@@ -298,15 +284,3 @@ def _finished(outcome: Outcome, quiet: bool) -> None:
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
-
-# The one table of commands: each one's function of the parsed arguments (a new command is its module and a line).
-_COMMANDS: dict[str, Command] = {
-    "status": _status, "verify": _verify, "run": _run, "resume": _resume, "plan": _plan,
-    "extract-lora": _extract_lora, "tokensurgeon": _tokensurgeon,
-    "check": _elsewhere("resumerge.cli.checkcmd", "run_check_command"),
-    "eval": _elsewhere("resumerge.cli.evalcmd", "run_eval_command"),
-    "lm-eval": _elsewhere("resumerge.cli.lmevalcmd", "run_lm_eval_command", lambda args: args.words),
-    "measure": _elsewhere("resumerge.cli.measurecmd", "run_measure_command"),
-    "evolve": _elsewhere("resumerge.cli.evolvecmd", "run_evolve_command"),
-    "demo": _elsewhere("resumerge.cli.demo", "run_demo", lambda args: args.dir),
-}

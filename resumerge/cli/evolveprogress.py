@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from resumerge.cli.render import console, progress_mode
-from resumerge.memory.sizes import format_duration
+from resumerge.machine.memory.sizes import format_duration
 from resumerge.runs.evolve.progress import SearchStep
 from resumerge.runs.evolve.status import numbered
 

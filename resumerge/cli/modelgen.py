@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resumerge.torch_import import dtype_name, torch
+from resumerge.machine.torch_import import dtype_name, torch
 
 
 @dataclass(frozen=True)

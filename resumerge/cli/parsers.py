@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resumerge.cli import flags
@@ -31,12 +32,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"resumerge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, add in COMMANDS.items():  # in the order `resumerge --help` lists them
+    for name, each in COMMANDS.items():  # in the order `resumerge --help` lists them
         if command not in COMMANDS or command == name:
-            if isinstance(add, str):
-                _add_declared(sub, name, add)
+            if isinstance(each.parser, str):
+                _add_declared(sub, name, each.parser)
             else:
-                add(sub)
+                each.parser(sub)
     return parser
 
 
@@ -385,23 +386,43 @@ def _keep_flag(p: argparse.ArgumentParser) -> None:
                         f"[default: {KEEP_WORKERS / 60:g}m]")
 
 
-# Every command, in the order `resumerge --help` lists them, with the function that adds its parser, or the module
-# that declares it (:func:`_add_declared`).
-COMMANDS: dict[str, Callable[[SubParsers], None] | str] = {
-    "run": _run_parser,
-    "resume": _resume_parser,
-    "status": _status_parser,
-    "verify": _verify_parser,
-    "plan": _plan_parser,
-    "extract-lora": _extract_parser,
-    "tokensurgeon": _surgery_parser,
-    "check": "resumerge.cli.checkcmd",
-    "eval": "resumerge.cli.evalcmd",
-    "lm-eval": _lm_eval_parser,
-    "measure": "resumerge.cli.measurecmd",
-    "evolve": "resumerge.cli.evolvecmd",
-    "demo": _demo_parser,
-}
+@dataclass(frozen=True)
+class Command:
+    """One command, the one row the parser (:func:`build_parser`), the dispatch
+    (:func:`resumerge.cli.commands.main`) and the command reference (:mod:`resumerge.cli.reference`) read: its
+    ``name``; its ``parser``, the function that adds it or the module that declares it (:func:`_add_declared`); what
+    ``runs`` it, ``"module:function"``, imported when it runs (so no other command pays for its imports) and handed
+    the parsed arguments, or the one of them named ``given``. A new command is its module and one row."""
+
+    name: str
+    parser: Callable[[SubParsers], None] | str
+    runs: str
+    given: str | None = None
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Run the command on the parsed ``args``; its exit code."""
+        module, function = self.runs.split(":")
+        found: Callable[[Any], int] = getattr(importlib.import_module(module), function)
+        return found(getattr(args, self.given) if self.given else args)
+
+
+_HERE = "resumerge.cli.commands"
+# Every command, in the order `resumerge --help` lists them.
+COMMANDS: dict[str, Command] = {command.name: command for command in (
+    Command("run", _run_parser, f"{_HERE}:_run"),
+    Command("resume", _resume_parser, f"{_HERE}:_resume"),
+    Command("status", _status_parser, f"{_HERE}:_status"),
+    Command("verify", _verify_parser, f"{_HERE}:_verify"),
+    Command("plan", _plan_parser, f"{_HERE}:_plan"),
+    Command("extract-lora", _extract_parser, f"{_HERE}:_extract_lora"),
+    Command("tokensurgeon", _surgery_parser, f"{_HERE}:_tokensurgeon"),
+    Command("check", "resumerge.cli.checkcmd", "resumerge.cli.checkcmd:run_check_command"),
+    Command("eval", "resumerge.cli.evalcmd", "resumerge.cli.evalcmd:run_eval_command"),
+    Command("lm-eval", _lm_eval_parser, "resumerge.cli.lmevalcmd:run_lm_eval_command", given="words"),
+    Command("measure", "resumerge.cli.measurecmd", "resumerge.cli.measurecmd:run_measure_command"),
+    Command("evolve", "resumerge.cli.evolvecmd", "resumerge.cli.evolvecmd:run_evolve_command"),
+    Command("demo", _demo_parser, "resumerge.cli.demo:run_demo", given="dir"),
+)}
 
 
 def asked_command(argv: Sequence[str] | None) -> str | None:

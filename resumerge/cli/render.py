@@ -43,7 +43,7 @@ from resumerge.cli.statusshow import show_any_status as show_any_status
 from resumerge.cli.statusshow import show_recipe_status as show_recipe_status
 from resumerge.cli.statusshow import show_status as show_status
 from resumerge.cli.trafficline import TrafficRates, traffic_line
-from resumerge.memory.sizes import format_duration, format_size
+from resumerge.machine.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.analyses.check.report import CheckReport
@@ -305,7 +305,7 @@ class ProgressReporter:
 
     def _read_rss(self) -> int | None:
         if self._rss is None:
-            from resumerge.memory import SystemProbe
+            from resumerge.machine.memory import SystemProbe
 
             self._rss = SystemProbe().rss
         try:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from resumerge.memory.sizes import format_duration, format_size
+from resumerge.machine.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:  # status must stay fast: these are imported only for annotations
     from resumerge.merge.store.statusview import StatusReport

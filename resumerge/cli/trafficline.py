@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from resumerge.memory.sizes import format_duration, format_size
+from resumerge.machine.memory.sizes import format_duration, format_size
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.traffic import Traffic

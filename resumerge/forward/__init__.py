@@ -33,7 +33,7 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   the layers, saves each layer's file durably (temp file, fsync, rename, directory fsync) with what its layers hand
   later ones (``carries``: whoever holds the layers' calls, a placement or :class:`~.handed.Held`; :mod:`.handed`),
   deletes the older one (or keeps it: ``Journal.keeps_older``), reaches the kill point ``point``
-  (:mod:`resumerge.merge.store.killpoints`), and returns ``step.finish``. The one reader and the one writer of every
+  (:mod:`resumerge.machine.killpoints`), and returns ``step.finish``. The one reader and the one writer of every
   pass's journal.
 - **Admission** (:mod:`.admission`): :class:`~.admission.Admission` is a ``reserve(what, step)`` holding each
   step's bytes from the RAM governor for as long as the step runs.
@@ -56,8 +56,9 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   (:func:`~.texts.tokenizer_at`), and :func:`~.requires.require_transformers` is the one "is transformers here"
   check, in each client's words.
 
-May import: errors, config, inputs, memory, merge.plan (inputrefs only), merge.store (killpoints, runlock, ledger,
-durable, threadcount), merge.engine, merge.vocab, outputs.
+May import: errors, config, inputs, machine, merge.plan (input references only), merge.store (the ledger and the
+manifest of a merge's output), merge.engine (the unwritten merge; the kept workers that host a pass on Ray),
+merge.vocab, outputs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from resumerge.memory import MemoryGovernor, SystemProbe
+from resumerge.machine.memory import MemoryGovernor, SystemProbe
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget

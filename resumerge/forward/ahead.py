@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.kernels import kernel_threads
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.forward.stream import ModelStream

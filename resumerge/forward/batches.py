@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
 # intermediate size in float32) stay about 100 MB on a 70B model.

@@ -7,7 +7,7 @@ states. The journal holds host tensors whatever the device (:class:`~resumerge.f
 started on a GPU resumes on the CPU and the other way round, with the same files.
 
 One owner for a pass's device: its name read as ``run`` reads ``--device``
-(:func:`~resumerge.memory.cuda.normalise_device`), the refusal where torch sees no GPU (one line, exit 2, the
+(:func:`~resumerge.machine.memory.cuda.normalise_device`), the refusal where torch sees no GPU (one line, exit 2, the
 probe's own words, as ``run``'s), and the GPU budget's arithmetic (:meth:`PassDevice.budget`: the largest step
 beside the hidden states, refused before any weight is read, naming the smallest ``--max-gpu-memory`` that fits),
 whose governor :class:`~resumerge.forward.admission.Admission` holds each step from."""
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.memory import MemoryGovernor, MemoryProbe, default_budget, format_size, parse_size
-from resumerge.memory.budget import smallest_budget_for
-from resumerge.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, CudaProbe, is_gpu, normalise_device
-from resumerge.torch_import import torch
+from resumerge.machine.memory import MemoryGovernor, MemoryProbe, default_budget, format_size, parse_size
+from resumerge.machine.memory.budget import smallest_budget_for
+from resumerge.machine.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, CudaProbe, is_gpu, normalise_device
+from resumerge.machine.torch_import import torch
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class GpuBudget:
 @dataclass(frozen=True)
 class PassDevice:
     """Where a pass's layers run: ``name`` (``cpu`` or ``cuda:N``, as :meth:`of` reads it) and the GPU budget
-    ``max_gpu_memory`` in bytes (None: :data:`~resumerge.memory.cuda.GPU_FRACTION` of what the GPU has free)."""
+    ``max_gpu_memory`` in bytes (None: :data:`~resumerge.machine.memory.cuda.GPU_FRACTION` of what the GPU has free)."""
 
     name: str = CPU
     max_gpu_memory: int | None = None
@@ -73,7 +73,7 @@ class PassDevice:
         bytes it keeps there throughout (the hidden states); None on the CPU. Raises :class:`UsageError` (exit 2,
         before any weight is read) naming the smallest ``--max-gpu-memory`` that fits, where the largest step does
         not fit beside them and what the device holds already; ``what`` names the pass ("the check"). ``probe``:
-        the device's readings (a :class:`~resumerge.memory.cuda.CudaProbe` of it unless given)."""
+        the device's readings (a :class:`~resumerge.machine.memory.cuda.CudaProbe` of it unless given)."""
         if not self.on_gpu:
             return None
         probe = probe if probe is not None else CudaProbe(self.name)

@@ -49,9 +49,9 @@ from resumerge.forward.admission import Admission
 from resumerge.forward.folder import pass_lock
 from resumerge.forward.layerpass import Reserve, unreserved
 from resumerge.forward.threads import pass_threads
-from resumerge.merge.store.durable import write_file_atomic
-from resumerge.merge.store.runlock import LOCK_NAME
-from resumerge.merge.store.threadcount import THREADS_FILE
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.runlock import LOCK_NAME
+from resumerge.machine.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget

@@ -1,12 +1,12 @@
 """A pass folder's lock: one process at a time journals in it (two at once would delete each other's layer
-files), the second refused naming the first (:class:`~resumerge.merge.store.runlock.JobLock`, exit 4)."""
+files), the second refused naming the first (:class:`~resumerge.machine.runlock.JobLock`, exit 4)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 # The lock file is a run's (store.runlock's name): held by the one process running the pass, its pid and command in it.
-from resumerge.merge.store.runlock import LOCK_NAME, JobLock
+from resumerge.machine.runlock import LOCK_NAME, JobLock
 
 
 def pass_lock(folder: Path, what: str, command: str, *, hint: str, name: str = LOCK_NAME,

@@ -22,7 +22,7 @@ from pathlib import Path
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab
 from resumerge.inputs.safetensors_format import numel
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The head's rows read at a time: about this many bytes in float32, in whole multiples of _ROWS rows: the matmul
 # kernels work across rows in groups of 16 (AVX-512's float32 lanes), and a block of a multiple of them gives the

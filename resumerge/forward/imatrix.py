@@ -79,6 +79,6 @@ def imatrix_file(entries: Mapping[str, ImatrixEntry], dataset: str, texts: int, 
 
 def write_imatrix(path: Path, data: bytes) -> None:
     """``data`` written to ``path`` durably (temp, fsync, rename, fsync dir)."""
-    from resumerge.merge.store.durable import write_file_atomic
+    from resumerge.machine.durable import write_file_atomic
 
     write_file_atomic(path, data)

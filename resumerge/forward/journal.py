@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # How a hidden state is named in a layer's file: model m's, batch s's (a pass over one model may leave out m).
 HIDDEN = "hidden.{m}.{s}"

@@ -14,8 +14,8 @@ from typing import Generic, Protocol, TypeVar
 
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Journal, Restart
-from resumerge.merge.store.killpoints import reach
-from resumerge.torch_import import torch
+from resumerge.machine.killpoints import reach
+from resumerge.machine.torch_import import torch
 
 Result = TypeVar("Result")
 # Holds the memory of one step of a pass while it runs: (what, step) -> a context manager (the RAM governor's
@@ -66,7 +66,7 @@ class Carries(Protocol):
 @dataclass(frozen=True)
 class LayerPass:
     """A pass of ``layers`` decoder layers journaled in ``journal``; ``point``: the kill point reached after each
-    layer's file is durable (:mod:`resumerge.merge.store.killpoints`; ``run_pid`` where the process to kill is another);
+    layer's file is durable (:mod:`resumerge.machine.killpoints`; ``run_pid`` where the process to kill is another);
     ``carries``: whoever holds the layers' calls, whose values handed on to later layers beside the hidden states
     (GLM-5's top-k indices) the pass journals with them and puts back on a resume. Every client names it (None
     only where no layer runs a model's own calls): a pass that forgot it would stop, resumed, at the first layer

@@ -89,7 +89,7 @@ def recorded_models(out: Path) -> tuple[str | None, list[str]]:
 def _finished(model: str, state: StateDir) -> None:
     """Refuse (exit 2) a resumerge output whose merge is not finished (its ledger here, no config.json yet): a
     merge still running, or one interrupted, is checked once it is done, and said so rather than "no config.json"."""
-    from resumerge.merge.store.runlock import is_locked
+    from resumerge.machine.runlock import is_locked
 
     if is_hub_target(model) or (Path(model) / "config.json").is_file() or gguf_file(Path(model)) is not None:
         return

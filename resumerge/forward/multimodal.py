@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 _TEXT_PARTS = ("language_model", "text_model")
 # Where checkpoints put a language model's tensors, besides where the built model has them.

@@ -66,11 +66,11 @@ def step_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[int]]) 
 
 def settled_held(command: str, models: Sequence[str], tokens: Sequence[Sequence[int]]) -> int:
     """What this process of ``command`` (``check``, ``measure``) holds before its pass over ``models`` and ``tokens``,
-    as every start of that work names it (:func:`~resumerge.memory.baseline.settled_reading`, from this process's
-    reading): the baseline its refusal and ``measure --plan`` name the smallest budget beside
-    (:func:`~resumerge.memory.budget.pass_budget`)."""
-    from resumerge.memory import SystemProbe
-    from resumerge.memory.baseline import settled_reading
+    as every start of that work names it (:func:`~resumerge.machine.memory.baseline.settled_reading`, from this
+    process's reading): the baseline its refusal and ``measure --plan`` name the smallest budget beside
+    (:func:`~resumerge.machine.memory.budget.pass_budget`)."""
+    from resumerge.machine.memory import SystemProbe
+    from resumerge.machine.memory.baseline import settled_reading
 
     texts = hashlib.sha256(json.dumps([list(t) for t in tokens]).encode()).hexdigest()
     return settled_reading((command, *models, texts), SystemProbe().rss(), cache_root())

@@ -1,7 +1,7 @@
 """Modules built with their parameters on the meta device (no memory) and their buffers for real: how
 :mod:`.stream` builds a model whose weights it gives each module only while it runs.
 
-May import: torch (through resumerge.torch_import).
+May import: torch (through resumerge.machine.torch_import).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["weights_on_meta"]
 

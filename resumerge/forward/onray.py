@@ -8,7 +8,7 @@ which actors a node's kept worker hosts (:func:`kept_hosts`, on a cluster that o
 Every pass's actor is the one of :mod:`resumerge.forward.rayactor` (``measure``'s Grams computed on it by a
 node-side watch, :class:`~resumerge.forward.placement.NodeWatch`); this module is the one owner of what a pass's
 actors share with the other uses of a cluster's nodes. Ray is joined through
-:mod:`resumerge.merge.engine.cluster.connect` (the merge executor's own).
+:mod:`resumerge.machine.rayconnect` (the merge executor's own).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from resumerge.errors import ResumergeError, UsageError
 from resumerge.forward.opened import PassModel
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 
 Read = tuple[str, int, int, str]  # a range of a hub file an actor read: (file, start, end, sha256)
 
@@ -40,7 +40,7 @@ def ray_places(address: str | None, needs: Sequence[int], what: str = "check") -
     Raises :class:`~resumerge.errors.UsageError` without Ray or where the cluster cannot hold the actors,
     :class:`~resumerge.errors.UnreachableError` where it cannot be joined. ``what``: the pass, as the refusals name
     it (``check``, ``measurement``)."""
-    from resumerge.merge.engine.cluster.connect import join
+    from resumerge.machine.rayconnect import join
 
     return places(join(address).nodes(), needs, what)
 
@@ -118,7 +118,7 @@ def on_node(model: PassModel, token: bool, state: str | None = None) -> PassMode
     ``--state-dir`` (None: the default), which a GGUF or hub model is opened under."""
     from dataclasses import replace
 
-    from resumerge.merge.engine.cluster.connect import this_node
+    from resumerge.machine.rayconnect import this_node
 
     node = this_node()
     if token and model.remote:

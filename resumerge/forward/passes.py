@@ -40,7 +40,7 @@ from resumerge.forward.models import Checked
 from resumerge.forward.placement import Placement, Streams, batched_on, model_layer
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab, own_batches
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["BATCH_TOKENS", "LAYER_PREFIX", "Fold", "LocalModels", "PassFigures", "PassModels", "batched_on",
            "batches_of", "compared", "forward_pass", "largest_batch", "logprobs", "model_layer", "padded_positions",

@@ -18,7 +18,7 @@ from resumerge.forward.batches import Batch, Hidden
 from resumerge.forward.layerpass import Reserve, unreserved
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.forward.opened import PassModel

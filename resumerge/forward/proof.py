@@ -35,7 +35,7 @@ from resumerge.errors import PlanChangedError, ResumergeError
 from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.looks import Look, Spans, group_digests, look_of
 from resumerge.inputs.spans import merged_spans
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir

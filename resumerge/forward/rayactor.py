@@ -29,7 +29,7 @@ cluster none of whose nodes holds one (or that cannot hold them all at once) is 
 (exit 2). A node lost mid-pass costs only its models' part of the step it was in: each gets a new actor on a node
 left with room for it, as a merge's Ray executor gives a lost worker's shards to the workers left (the pass
 journaled so far stays; :class:`RayModels`); where no node has room, the check ends as unreachable (exit 3), and run
-again it resumes at the layer journaled last. Ray is joined through :mod:`resumerge.merge.engine.cluster.connect` (the
+again it resumes at the layer journaled last. Ray is joined through :mod:`resumerge.machine.rayconnect` (the
 merge executor's own).
 """
 
@@ -64,8 +64,8 @@ from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.vocabs import SharedVocab, own_batches
 from resumerge.inputs.kernels import kernel_threads
-from resumerge.memory.sizes import format_size
-from resumerge.torch_import import IMPORT_RESERVE, torch
+from resumerge.machine.memory.sizes import format_size
+from resumerge.machine.torch_import import IMPORT_RESERVE, torch
 
 if TYPE_CHECKING:  # torch loads on first use (the annotations are strings)
     Hidden = list[torch.Tensor]
@@ -122,7 +122,7 @@ class ModelNode:
     def node(self) -> str:
         """The node this actor runs on (its short id, as ``status`` shows it); raises the error that kept it from
         opening its model."""
-        from resumerge.merge.engine.cluster.connect import this_node
+        from resumerge.machine.rayconnect import this_node
 
         if self.failed is not None:
             raise self.failed
@@ -214,8 +214,8 @@ class ModelNode:
 
 def actor_bytes(sizes: StepBytes) -> list[int]:
     """The memory each model's actor declares (the merge's first), from the figures the local check's budget is
-    found from (:mod:`.needs`): torch's imports (:data:`~resumerge.torch_import.IMPORT_RESERVE`, as a merge's Ray
-    workers declare), its hidden states five times (entering the first layer, kept with the layers' calls; its own
+    found from (:mod:`.needs`): torch's imports (:data:`~resumerge.machine.torch_import.IMPORT_RESERVE`, as a merge's
+    Ray workers declare), its hidden states five times (entering the first layer, kept with the layers' calls; its own
     and the reference's, each in and out) and the larger of one layer of its model in float32 and its heads step
     (its log-probabilities and the merge's and the base's held whole)."""
     return [IMPORT_RESERVE + 5 * sizes.states + max(layer, heads)
@@ -488,7 +488,7 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
     where they differ; ``terms``: how the actors are made, :class:`ActorTerms`: the state dir a node opens a GGUF or
     hub model under, and on a cluster that outlives the pass how long a kept worker waits idle,
     :func:`~resumerge.forward.onray.kept_hosts`); they end with the block."""
-    from resumerge.merge.engine.cluster.connect import require_ray
+    from resumerge.machine.rayconnect import require_ray
 
     running = RayModels(require_ray(), models, list(placed), layers, on_layer, on_reads, vocab, terms)
     try:
@@ -507,7 +507,7 @@ def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequenc
     layer with its own journal (``measure``'s): the kept workers leased for them all at once
     (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep``), every actor started before any is waited
     for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
-    from resumerge.merge.engine.cluster.connect import require_ray
+    from resumerge.machine.rayconnect import require_ray
 
     ray = require_ray()
 

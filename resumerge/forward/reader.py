@@ -23,8 +23,8 @@ from resumerge.inputs.safetensors_format import DTYPE_SIZES, TensorEntry, numel
 from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
+from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.inputrefs import format_ref, read_value
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:  # the hub's range reader (its HTTP stack) is imported only where a model is read from the hub
     from resumerge.inputs.hub.ranges import StreamedFile

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from resumerge.errors import ResumergeError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The fused stacks' parameter names (transformers 5's experts modules): gate/up share an input, down its own.
 GATE_UP, DOWN = "gate_up_proj", "down_proj"

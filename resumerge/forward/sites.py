@@ -201,7 +201,7 @@ class OnCluster(_Named):
     here: bool = False
 
     def available(self) -> None:
-        from resumerge.merge.engine.cluster.connect import check_ray
+        from resumerge.machine.rayconnect import check_ray
 
         check_ray()
 

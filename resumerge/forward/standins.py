@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from resumerge.forward.handed import Slot
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]

@@ -28,7 +28,7 @@ from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
 from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
 from resumerge.inputs.stacks import not_a_stack
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
 # the clone's ``check`` extra, not the ``moe`` one that MoE gates name.

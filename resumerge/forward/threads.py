@@ -5,7 +5,7 @@ A forward pass's figures depend on torch's thread count: a matmul's or an attent
 threads rounds otherwise than over one (a search's KL on the tests' tiny models: 0.007962717729 on two threads,
 0.007962716593 on one). A pass killed on a machine of N cores and resumed on one of M then computed its later
 layers, and the candidates scored after the resume, with M threads: other bits than the same pass run whole. So
-the count is the pass's own state, written beside its journal (:data:`~resumerge.merge.store.threadcount.THREADS_FILE`,
+the count is the pass's own state, written beside its journal (:data:`~resumerge.machine.threadcount.THREADS_FILE`,
 before its first layer) and read back by the process that resumes it, as the merge engine decides its kernel
 threads from the run's settings alone (:mod:`resumerge.inputs.kernels`).
 
@@ -23,13 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from resumerge.inputs.kernels import kernel_threads
-from resumerge.merge.store.threadcount import decided_threads
+from resumerge.machine.threadcount import decided_threads
 
 
 @contextmanager
 def pass_threads(file: Path) -> Iterator[int]:
     """The block computing with the thread count kept in ``file`` (decided and recorded there where none is yet:
-    :func:`~resumerge.merge.store.threadcount.decided_threads`); the block gets it."""
+    :func:`~resumerge.machine.threadcount.decided_threads`); the block gets it."""
     count = decided_threads(file.parent, file.name)
     with kernel_threads(count):
         yield count

@@ -32,7 +32,7 @@ from resumerge.forward.vocabs import (
     same_vocabularies,
     shared_vocab,
 )
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 
 TOKENS_DIR = "tokens"
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".npz")

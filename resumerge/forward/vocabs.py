@@ -47,8 +47,8 @@ import numpy as np
 import numpy.typing as npt
 
 from resumerge.errors import UsageError
+from resumerge.machine.torch_import import torch
 from resumerge.merge.vocab import VocabAlignment, source_rows
-from resumerge.torch_import import torch
 
 # How tokens of different vocabularies are matched, in the key of a check's kept token sequences (:mod:`.tokens`):
 # kept under another rule (by token string, before issue 85's byte form) they are found again.

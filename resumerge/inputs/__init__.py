@@ -6,7 +6,7 @@ A model is opened from its config and headers alone; weights are read later, ten
 tensor's codec (``codecs/``: one class per stored format, plain dtypes or quantized, the quantized ones over the
 kernels and format recognition of ``quant/``, run on the decoding thread alone: ``kernels``).
 
-May import: errors, config.
+May import: errors, config, machine.
 """
 
 __all__ = [

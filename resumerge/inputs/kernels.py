@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 @functools.cache

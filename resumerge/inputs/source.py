@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from resumerge.config.closing import Closing
 from resumerge.inputs.tensorio import TORCH_DTYPES, TensorReader
 from resumerge.inputs.torch_bin import PickleReader, is_pickle_checkpoint
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.readdigests import ReadDigests

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from resumerge.errors import StorageError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 class _Dtypes(Mapping[str, "torch.dtype"]):

@@ -33,7 +33,7 @@ from pathlib import Path
 from resumerge.errors import HostileFileError, ModelInputError, PlanChangedError
 from resumerge.inputs.safetensors_format import Header, TensorEntry
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 BIN_SINGLE_NAME = "pytorch_model.bin"

@@ -5,7 +5,7 @@ only write (GGUF: ``gguf/``, its codec, stacked experts, file layout and tokeniz
 The planner picks one container per run and carries it on the plan; nothing outside this package and the format
 objects asks which one it has.
 
-May import: errors, config, memory (sizes), inputs.
+May import: errors, config, machine (sizes), inputs.
 """
 
 __all__ = [

@@ -196,7 +196,7 @@ class GgufFile(OutputContainer):
         return "tokenizer in the GGUF"
 
     def files_fact(self) -> str | None:
-        from resumerge.memory.sizes import format_size
+        from resumerge.machine.memory.sizes import format_size
 
         return ("one GGUF file" if self.split_max_size is None else
                 f"gguf-split's files of at most {format_size(self.split_max_size)} of tensors each "

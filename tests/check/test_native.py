@@ -23,7 +23,7 @@ from resumerge.forward import Weights
 from resumerge.forward.native import NativeConfig, read_config
 from resumerge.forward.stream import ModelStream, build_modules
 from resumerge.inputs.model import open_model
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

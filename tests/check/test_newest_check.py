@@ -32,7 +32,7 @@ from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.forward.placement import runs_batched
 from resumerge.forward.tail import final_names
 from resumerge.inputs.model import open_model
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

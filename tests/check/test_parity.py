@@ -19,7 +19,7 @@ from resumerge.forward.models import Checked
 from resumerge.forward.passes import PassFigures, forward_pass, streams_of
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.model import open_model
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

@@ -17,7 +17,7 @@ import pytest
 from resumerge.analyses.check.static import static_pass
 from resumerge.errors import ModelInputError
 from resumerge.forward.passes import forward_pass, streams_of
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

@@ -29,7 +29,7 @@ def _models(tmp_path: Path, extra: bool = False) -> tuple[Path, Path, Path]:
     if extra:  # a tensor the merge does not hold: no step of the check reads it
         from safetensors.torch import load_file, save_file
 
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         file = parent / "model.safetensors"
         tensors = load_file(str(file))

@@ -120,7 +120,8 @@ def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(t
             assert killed.returncode == -9, killed.stderr[-2000:]
             assert [p.name for p in state.rglob("layer-*.safetensors")] == [f"{journal}.safetensors"]
             if journal == "layer-00000":
-                row = dict(api.status(out, settings=api.Settings(state_dir=state)).details.rows)["check"]  # type: ignore[union-attr]
+                # type: ignore[union-attr]
+                row = dict(api.status(out, settings=api.Settings(state_dir=state)).details.rows)["check"]
                 assert row.startswith("interrupted: layer 1 of 3, 3 models on Ray nodes ") and "(parent)" in row
                 found = find_progress(state / "checks", out)
                 assert found is not None and found["roles"] == ["merge", "base", "parent"]
@@ -190,7 +191,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
 
     import resumerge.forward.layerpass
     from resumerge.errors import UnreachableError
-    from resumerge.torch_import import IMPORT_RESERVE
+    from resumerge.machine.torch_import import IMPORT_RESERVE
 
     out, texts, local = merged.out, merged.texts, merged.local
     nodes: list[list[str]] = []

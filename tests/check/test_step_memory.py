@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import peak_rss_run
 
-from resumerge.memory import parse_size
+from resumerge.machine.memory import parse_size
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 

@@ -15,7 +15,7 @@ from resumerge.forward import heads
 from resumerge.forward.models import Checked
 from resumerge.forward.passes import batches_of, forward_pass, streams_of
 from resumerge.inputs.model import open_model
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
 

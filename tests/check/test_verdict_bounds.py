@@ -121,7 +121,7 @@ def test_a_recorded_parent_that_is_gone_is_named_as_recorded(tmp_path: Path) -> 
 
 
 def test_an_output_still_being_written_is_said_to_be(tmp_path: Path) -> None:
-    from resumerge.merge.store.runlock import RunLock
+    from resumerge.machine.runlock import RunLock
 
     a, b = make_model(tmp_path / "a", SPEC, seed=0), make_model(tmp_path / "b", SPEC, seed=1)
     config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "models": [

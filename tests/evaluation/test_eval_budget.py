@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import peak_rss_run
 
-from resumerge.memory import parse_size
+from resumerge.machine.memory import parse_size
 from tests.evaluation.evaltasks import write_tasks
 
 pytest.importorskip("lm_eval")
@@ -43,7 +43,7 @@ def test_a_pass_is_judged_beside_the_process_once_its_freed_memory_is_given_back
     counted as what the pass runs beside: the pass gives it back at its first step."""
     from resumerge.analyses.evaluation import job
     from resumerge.analyses.evaluation.settings import EvalSettings
-    from resumerge.memory import MemoryProbe, SystemProbe
+    from resumerge.machine.memory import MemoryProbe, SystemProbe
 
     seen: list[int] = []
 
@@ -68,7 +68,7 @@ def test_a_quantized_head_read_whole_counts_its_float32_values_once_beside_its_p
     from resumerge.forward import Weights, heads
     from resumerge.forward.opened import open_for_pass
     from resumerge.forward.stream import ModelStream
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     path = tmp_path / "model.gguf"
     write_gguf(path, "llama", to_gguf("llama", hf_tensors("llama")), Q.Q8_0)

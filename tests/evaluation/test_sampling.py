@@ -14,7 +14,7 @@ pytest.importorskip("lm_eval")
 from resumerge.analyses.evaluation.genrequests import Sampling, Wanted, honoured, samples
 from resumerge.analyses.evaluation.settings import Seeds
 from resumerge.errors import UsageError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 @pytest.mark.parametrize("given", ["42", "0,1234,1234,1234", "1,2,3", "0,None,8,52", "none", " 5 , 6 ,7,8"])

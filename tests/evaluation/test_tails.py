@@ -13,7 +13,7 @@ from resumerge.config.locations import StateDir
 from resumerge.forward import Weights, heads
 from resumerge.forward.opened import open_for_pass
 from resumerge.forward.stream import ModelStream
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 from tests.evaluation.evaltasks import tiny_model
 
 

@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
     import json, sys
     import lm_eval, transformers, torch  # what the process holds before the evaluation: in the baseline
     from resumerge import api
-    from resumerge.memory import MemoryGovernor, SystemProbe, os_peak_rss
+    from resumerge.machine.memory import MemoryGovernor, SystemProbe, os_peak_rss
     admitted = []
     acquire = MemoryGovernor.acquire
     def counted(self, estimate, **kwargs):

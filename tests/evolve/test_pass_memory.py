@@ -23,7 +23,7 @@ from resumerge.api.evolution import _fits, plan_evolve
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.memory import parse_size
+from resumerge.machine.memory import parse_size
 from resumerge.runs.evolve.search import SearchOptions
 
 SPEC = ModelSpec(layers=2, hidden=128, intermediate=192, vocab=16000)
@@ -31,7 +31,7 @@ POPSIZE = 4
 CHILD = """
 import sys
 from resumerge.cli.commands import main
-from resumerge.memory import os_peak_rss
+from resumerge.machine.memory import os_peak_rss
 code = main(sys.argv[1:])
 print("peak", os_peak_rss(), flush=True)
 sys.exit(code)

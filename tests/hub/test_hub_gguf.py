@@ -318,7 +318,7 @@ def test_an_interrupted_streamed_hub_gguf_resumes_by_range_at_its_pinned_commit(
         tmp_path: Path, files: dict[str, Path], gguf_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     from hub.fakehub import iter_requests
     from resumerge import api
-    from resumerge.merge.store import killpoints
+    from resumerge.machine import killpoints
 
     shards = api.Output(out_shard_size="1MB")
     outs = {}

@@ -176,13 +176,13 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the driver reads the hub with a token, a hub model's actor on a node without one says so in one line
     (exit 2) as it starts, as a merge's node does, rather than fail on its first read (a private repo's 401)."""
-    import resumerge.merge.engine.cluster.connect
+    import resumerge.machine.rayconnect
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
     from resumerge.forward.models import open_checked
     from resumerge.forward.rayactor import ModelNode
 
-    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "--base", StateDir.resolve(state))
     with one_thread():  # the actor's threads: this process's, for the test
         refused, reads = ModelNode(model, 1, token=True), ModelNode(model, 1, token=False)
@@ -200,12 +200,12 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     dropped (then it is read again, as one sequence at a time needs)."""
     import resumerge.forward.batches
     import resumerge.forward.passes
-    import resumerge.merge.engine.cluster.connect
+    import resumerge.machine.rayconnect
     from resumerge.config.locations import StateDir
     from resumerge.forward.models import open_checked
     from resumerge.forward.rayactor import ModelNode
 
-    monkeypatch.setattr(resumerge.merge.engine.cluster.connect, "this_node", lambda: "0123abcd")
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
     batches = [resumerge.forward.batches.padded([[1, 2, 3], [4, 5]])]
 

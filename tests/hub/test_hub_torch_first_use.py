@@ -1,5 +1,5 @@
 """A hub run's downloads start before torch is imported: planning, the locks and OUT's checks need no tensor, and
-torch's import (about 2 s of CPU) then overlaps the first bytes (:mod:`resumerge.torch_import`)."""
+torch's import (about 2 s of CPU) then overlaps the first bytes (:mod:`resumerge.machine.torch_import`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from hub.fakehub_xet import XetCas
 
 from hubout.conftest import SHARD, TIERS, Merge, repo_files, uploads
 from resumerge import api
-from resumerge.merge.store.killpoints import HUB_POINTS
+from resumerge.machine.killpoints import HUB_POINTS
 from tests.support import cli, cli_start
 
 # Each kind once, then (LFS) one more at a random point: rng 14 draws hub_after_upload:8, a kill late in the uploads

@@ -26,9 +26,9 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_REFUSED, OutputDirError, exit_code_for
+from resumerge.machine.runlock import RunLock
 from resumerge.merge.engine.interrupts import FINAL_COMMIT_WAIT
 from resumerge.merge.store.manifest import MANIFEST_NAME
-from resumerge.merge.store.runlock import RunLock
 
 
 @pytest.mark.parametrize("tier", TIERS, indirect=True)

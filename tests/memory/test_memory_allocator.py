@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # then maps a 64 MiB buffer (a tensor) and frees it, and reads whether RSS dropped again.
 _PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, json, resource, sys, threading
-    from resumerge.memory import allocator
+    from resumerge.machine.memory import allocator
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]

@@ -7,8 +7,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from resumerge.memory import SystemProbe, read_snapshot
-from resumerge.memory.cgroup import (
+from resumerge.machine.memory import SystemProbe, read_snapshot
+from resumerge.machine.memory.cgroup import (
     inactive_file,
     locate,
     memory_limit,

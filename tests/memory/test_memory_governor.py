@@ -9,7 +9,7 @@ import time
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.memory import FakeProbe, MemoryGovernor, Pacing, PressurePolicy, Reservation, parse_size
+from resumerge.machine.memory import FakeProbe, MemoryGovernor, Pacing, PressurePolicy, Reservation, parse_size
 
 MB = 10**6
 BUDGET = 1000 * MB

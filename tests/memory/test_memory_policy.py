@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resumerge.memory import (
+from resumerge.machine.memory import (
     FakeProbe,
     Knobs,
     PressurePolicy,
@@ -14,8 +14,8 @@ from resumerge.memory import (
     parse_size,
     smallest_budget_for,
 )
-from resumerge.memory.accounting import next_baseline
-from resumerge.memory.pressure import PressureTracker
+from resumerge.machine.memory.accounting import next_baseline
+from resumerge.machine.memory.pressure import PressureTracker
 
 GB = 10**9
 MB = 10**6

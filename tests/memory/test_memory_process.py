@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.memory import SystemProbe, os_peak_rss
+from resumerge.machine.memory import SystemProbe, os_peak_rss
 
 MB = 10**6
 
@@ -21,7 +21,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
-    code = "import sys, resumerge.memory; sys.exit('torch' in sys.modules)"
+    code = "import sys, resumerge.machine.memory; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -29,7 +29,7 @@ def test_cuda_probe_refuses_without_a_gpu() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    from resumerge.memory import CudaProbe
+    from resumerge.machine.memory import CudaProbe
 
     with pytest.raises(UsageError, match="no CUDA GPU"):
         CudaProbe()
@@ -65,7 +65,7 @@ def test_the_os_peak_is_the_merges_own_when_a_large_process_started_it() -> None
     # kernel's size as its own peak RAM (in status and the ledger). The peak read is the process's own.
     ballast = bytearray(600 * MB)
     ballast[::4096] = b"\x01" * len(ballast[::4096])  # resident, not just reserved
-    code = "from resumerge.memory import os_peak_rss; print(os_peak_rss())"
+    code = "from resumerge.machine.memory import os_peak_rss; print(os_peak_rss())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     del ballast
     assert int(done.stdout) < 400 * MB
@@ -76,7 +76,7 @@ def test_the_os_peak_is_the_merges_own_when_a_large_process_started_it() -> None
 CHILD = textwrap.dedent(
     """
     import json, sys, threading, time
-    from resumerge.memory import MemoryGovernor, Pacing, SystemProbe
+    from resumerge.machine.memory import MemoryGovernor, Pacing, SystemProbe
     budget, unit, governed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     governor = MemoryGovernor(budget, SystemProbe(), pacing=Pacing(sample_interval=0.01))
     lock, running, most = threading.Lock(), [0], [0]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resumerge.errors import UsageError
-from resumerge.memory import format_size, parse_size
+from resumerge.machine.memory import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from support import cli, linear_config, peak_rss_run, write_config
 
 from resumerge.cli.commands import main
-from resumerge.memory import format_size, parse_size
+from resumerge.machine.memory import format_size, parse_size
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 
@@ -49,7 +49,8 @@ def test_plan_and_run_name_one_smallest_budget_and_a_run_there_stays_within_it(
     assert (code, at["fits"], at["memory"]["smallest_budget"]) == (0, True, smallest)  # type: ignore[index]
     code, below = _plan(capsys, cfg, out, "--max-memory", str(smallest - 1))
     assert (code, below["fits"], below["memory"]["smallest_budget"]) == (2, False, smallest)  # type: ignore[index]
-    assert any(f"--max-memory {format_size(smallest, compact=True)} " in r for r in below["reasons"])  # type: ignore[union-attr]
+    # type: ignore[union-attr]
+    assert any(f"--max-memory {format_size(smallest, compact=True)} " in r for r in below["reasons"])
 
     # run refuses a byte less, naming the same figure, before OUT exists.
     assert main(["run", str(cfg), str(out), "--state-dir", str(state), "--quiet",
@@ -74,7 +75,7 @@ def test_a_check_or_measure_rerun_at_the_budget_it_was_told_is_not_refused_again
     KB more or less, and a rerun at the figure the first refusal named was refused again, naming one a little
     higher."""
     from resumerge.errors import UsageError
-    from resumerge.memory import FakeProbe, budget_fitting
+    from resumerge.machine.memory import FakeProbe, budget_fitting
 
     held, step = 412_345_678, 37_000_000
     with pytest.raises(UsageError) as refused:
@@ -88,7 +89,7 @@ def test_a_fresh_process_baseline_is_measured_once_and_read_from_any_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two readings of fresh processes differ by a few hundred KB: ``plan`` and ``run`` (started from any folder)
     read one measurement, kept per installation; a torn cache file is measured again, never trusted."""
-    from resumerge.memory import baseline
+    from resumerge.machine.memory import baseline
 
     first = baseline.fresh_baseline(("json",), tmp_path)
     assert first is not None and first > 1_000_000  # an interpreter's own RSS

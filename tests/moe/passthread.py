@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from resumerge.memory import allocator
+from resumerge.machine.memory import allocator
 from resumerge.runs.moe import passmain, passproc
 
 _THREAD = "test-prompt-pass"

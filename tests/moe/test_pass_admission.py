@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.memory import parse_size
+from resumerge.machine.memory import parse_size
 
 pytest.importorskip("transformers")
 

@@ -16,7 +16,7 @@ from resumerge import api
 from resumerge.config.locations import state_root
 from resumerge.errors import InterruptedMerge, ModelInputError, UsageError, exit_code_for
 from resumerge.forward.reader import CastReader
-from resumerge.memory.sizes import parse_size
+from resumerge.machine.memory.sizes import parse_size
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, cli_here

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ byte fetched twice), :mod:`.verdict` holds the thresholds and rules and :mod:`.r
 share), and :mod:`.card` writes a finished check's section into a resumerge output's model card.
 :func:`~resumerge.analyses.check.run.run_check` does it all; :func:`resumerge.api.check` calls it.
 
-May import: errors, config, forward, inputs, memory, merge.store (killpoints, manifest, durable...), merge.engine,
+May import: errors, config, forward, inputs, machine, merge.store (the ledger, the manifest, the status), merge.engine,
 merge.vocab, outputs.
 
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resumerge.torch_import import on_first_use
+from resumerge.machine.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.analyses.check.report import CheckReport

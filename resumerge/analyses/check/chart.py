@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.analyses.check.names import short_names
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 from resumerge.outputs.canvas import Canvas
 from resumerge.outputs.glyphs import GLYPH_HEIGHT, text_width
 

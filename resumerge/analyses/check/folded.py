@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from resumerge.analyses.check.static import TensorResult, all_finite, compared_with, difference_buffer, squared
 from resumerge.forward import CastReader
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 class FoldedStatic:

@@ -41,10 +41,10 @@ from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import describe
 from resumerge.forward.tokens import Texts
 from resumerge.forward.vocabs import SharedVocab, model_rows
-from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.allocator import malloc_trim, tune_allocator
-from resumerge.merge.store.durable import write_file_atomic
-from resumerge.torch_import import load as load_torch
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory.allocator import malloc_trim, tune_allocator
+from resumerge.machine.torch_import import load as load_torch
 
 if TYPE_CHECKING:
     from resumerge.forward.onray import Read
@@ -349,7 +349,7 @@ def _journaled(workdir: Path) -> bool:
 def _give_back() -> None:
     """Hand the heap's free pages back to the OS (``malloc_trim``) between the check's steps: before the static
     pass, once per layer and before the heads. A run's allocator keeps up to 64 MB free at the top of each heap
-    for its next row chunk (:mod:`resumerge.memory.allocator`); the check's steps leave their small temporaries
+    for its next row chunk (:mod:`resumerge.machine.memory.allocator`); the check's steps leave their small temporaries
     there, and without this its peak RSS varied by 50-200 MB from one run of the same check to the next
     (bench/RESULTS.md, issue 57)."""
     trim = malloc_trim()

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.merge.store.durable import write_file_atomic
-from resumerge.merge.store.runlock import pid_alive
-from resumerge.merge.store.threadcount import recorded_threads, threads_rows
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.runlock import pid_alive
+from resumerge.machine.threadcount import recorded_threads, threads_rows
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport

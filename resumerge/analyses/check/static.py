@@ -34,7 +34,7 @@ from resumerge.forward.needs import STATIC_SPAN
 from resumerge.forward.opened import layer_of
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # A kind the parents moved (their movement above this share of the base's norm over the kind) whose movement by
 # the merge is below UNMOVED_RATIO of the parents' is named.
@@ -271,7 +271,8 @@ def squared(values: torch.Tensor, minus: torch.Tensor | None = None, total: floa
     """``total`` + ‖values − minus‖² (‖values‖² without ``minus``), a block of rows at a time: no difference of
     a whole embedding is held, and each block's norm is taken in float32 as torch reduces it. ``scratch`` (a
     :func:`difference_buffer`) takes each block's difference: the same values, without a fresh 4 MB allocation per
-    block (mapped and faulted in anew by the tuned allocator, :mod:`resumerge.memory.allocator`: 2-3x the cost)."""
+    block (mapped and faulted in anew by the tuned allocator, :mod:`resumerge.machine.memory.allocator`: 2-3x the
+    cost)."""
     flat, other = values.reshape(-1), None if minus is None else minus.reshape(-1)
     for start in range(0, flat.numel(), _BLOCK):
         block = flat[start:start + _BLOCK]

@@ -8,7 +8,7 @@ cheap answer needs no torch here (:mod:`.torchside`); :mod:`.sessions` turns a s
 It sits above the engine: it may run the engine's pieces to time them, and the engine never asks it anything, so a
 run's code path is the same with or without an estimate.
 
-May import: errors, config, memory, merge.methods, inputs, merge.store, merge.plan, outputs, merge.engine.
+May import: errors, config, machine, merge.methods, inputs, merge.store, merge.plan, outputs, merge.engine.
 """
 
 __all__ = [

@@ -45,6 +45,7 @@ from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
+from resumerge.machine.torch_import import dtype_name, torch
 from resumerge.merge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.merge.engine.workspace import UNBUDGETED, Workspace
 from resumerge.merge.methods.registry import MergeContext, MethodSpec, get_method
@@ -54,7 +55,6 @@ from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
 from resumerge.merge.plan.workunits import chunk_plan
 from resumerge.outputs.containers import SAFETENSORS
-from resumerge.torch_import import dtype_name, torch
 
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.torchside import TorchSide

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from resumerge.memory import format_size
+from resumerge.machine.memory import format_size
 
 
 @dataclass(frozen=True)

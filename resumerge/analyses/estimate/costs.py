@@ -68,8 +68,8 @@ from resumerge.analyses.estimate.computegroup import ComputeGroup
 from resumerge.analyses.estimate.firstpass import FirstPass
 from resumerge.analyses.estimate.network import NetworkEstimate
 from resumerge.analyses.estimate.sessions import SessionPlan, hub_commits
-from resumerge.memory import format_size, smallest_budget_for
-from resumerge.memory.sizes import format_duration
+from resumerge.machine.memory import format_size, smallest_budget_for
+from resumerge.machine.memory.sizes import format_duration
 from resumerge.merge.engine.hubdisk import HubDiskNeed
 from resumerge.merge.plan.fetching import FileFetch, fetch_summary
 from resumerge.merge.plan.merge_plan import Plan

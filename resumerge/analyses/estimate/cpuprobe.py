@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.inputs.hub.counters import DOWNLOAD_CHUNK
-from resumerge.merge.store.diskprobe import PROBE_PREFIX
+from resumerge.machine.diskprobe import PROBE_PREFIX
 
 PROBE_BYTES = 16 * 2**20
 ROUNDS = 3  # the median of three: about 0.2 s of CPU on the 2-core bench machine for the default size

@@ -2,7 +2,7 @@
 
 ``resumerge plan`` prints this; :func:`resumerge.api.estimate` returns it. Everything comes from the plan (headers
 only), the hub metadata already fetched to build it, the machine's memory and a short disk speed probe (see
-:mod:`resumerge.merge.store.diskprobe`). Nothing is written except the probe's own temp file, which is always deleted.
+:mod:`resumerge.machine.diskprobe`). Nothing is written except the probe's own temp file, which is always deleted.
 The result and its JSON schema are in :mod:`resumerge.analyses.estimate.costs`.
 """
 
@@ -37,7 +37,21 @@ from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings, Staging
 from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
-from resumerge.memory import MemoryProbe, SystemProbe, collector_paused, format_size, usable_cores
+from resumerge.machine.checksums import SHA256, XXH3_128
+from resumerge.machine.diskprobe import (
+    DEFAULT_PROBE_BYTES,
+    DiskFree,
+    DiskSpeed,
+    device_of,
+    free_bytes,
+    nearest_existing,
+    probe_directory,
+    probe_file_read,
+    unwritable,
+)
+from resumerge.machine.filesystems import staging_dir
+from resumerge.machine.memory import MemoryProbe, SystemProbe, collector_paused, format_size, usable_cores
+from resumerge.machine.torch_import import loaded as torch_loaded
 from resumerge.merge.engine.executor import CONCURRENCY
 from resumerge.merge.engine.hubdisk import hub_disk_need
 from resumerge.merge.engine.inputfetch import plan_fetch
@@ -49,21 +63,7 @@ from resumerge.merge.plan.outguard import refuse_out_over_inputs, refuse_state_i
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.sidefiles import aux_files, render_aux
 from resumerge.merge.plan.workorder import compute_order
-from resumerge.merge.store.checksums import SHA256, XXH3_128
-from resumerge.merge.store.diskprobe import (
-    DEFAULT_PROBE_BYTES,
-    DiskFree,
-    DiskSpeed,
-    device_of,
-    free_bytes,
-    nearest_existing,
-    probe_directory,
-    probe_file_read,
-    unwritable,
-)
-from resumerge.merge.store.filesystems import staging_dir
 from resumerge.merge.store.manifest import read_manifest
-from resumerge.torch_import import loaded as torch_loaded
 
 # What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
 # run's start on a core of its own, its CPU seconds, its process's memory at its peak (as the budget counts it),
@@ -104,7 +104,7 @@ class Passes:
 
 @dataclass(frozen=True)
 class _Reading:
-    """This machine's memory as a probe read it once (a :class:`~resumerge.memory.probe.MemoryProbe` whose
+    """This machine's memory as a probe read it once (a :class:`~resumerge.machine.memory.probe.MemoryProbe` whose
     readings stay put)."""
 
     rss_bytes: int
@@ -132,7 +132,7 @@ class _Reading:
 class Startup:
     """What the merge spends before its first tensor (imports, planning): ``seconds`` in all, ``import_seconds``
     the part of it that torch's import takes, which a run makes once its first bytes move
-    (:mod:`resumerge.torch_import`)."""
+    (:mod:`resumerge.machine.torch_import`)."""
 
     seconds: float = 0.0
     import_seconds: float = 0.0

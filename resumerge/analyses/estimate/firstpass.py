@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from resumerge.memory import format_size
-from resumerge.memory.sizes import format_duration
+from resumerge.machine.memory import format_size
+from resumerge.machine.memory.sizes import format_duration
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class FirstPass:
     @property
     def smallest_budget(self) -> int:
         """The smallest ``--max-memory`` the pass works under: the figure ``plan`` and the run's refusal name."""
-        from resumerge.memory import smallest_budget_for
+        from resumerge.machine.memory import smallest_budget_for
 
         return smallest_budget_for(self.held_bytes, baseline_bytes=self.baseline_bytes)
 

@@ -12,7 +12,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.estimate.costs import MemoryEstimate
-from resumerge.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size, working_room
+from resumerge.machine.memory import SAFETY_MARGIN, MemoryProbe, default_budget, format_size, working_room
 from resumerge.merge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.merge.engine.unitgroup import group_bytes, has_room, joins_others
 from resumerge.merge.plan.fusedscales import measured_before

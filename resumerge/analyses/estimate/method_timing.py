@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.registry import MergeContext, MethodSpec, get_method
-from resumerge.torch_import import torch
 
 DEFAULT_SAMPLE_ELEMENTS = 1 << 20  # per sampled tensor: 4 MB of float32, a few milliseconds for most methods
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.errors import ResumergeError, UsageError
-from resumerge.memory.sizes import format_duration, format_size, parse_size
+from resumerge.machine.memory.sizes import format_duration, format_size, parse_size
 
 GIVEN, MEASURED = "--bandwidth", "measured"
 DOWNLOAD, UPLOAD, COMPUTE = "download", "upload", "compute"
@@ -58,9 +58,9 @@ class NetworkEstimate:
     ``local_seconds`` is the merge without the network after start-up (disk work and compute, as the time estimate has
     it; None when unknown); ``startup_seconds`` what comes before the first byte moves (imports, planning);
     ``import_seconds`` torch's import, after the first bytes move and before the first shard is merged
-    (:mod:`resumerge.torch_import`); ``transfer_cpu_seconds`` the CPU the transfers take here, shared with the merge by
-    ``cores``; ``first_share`` the fraction of the output in the first shard (its inputs are fetched and merged before
-    the first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
+    (:mod:`resumerge.machine.torch_import`); ``transfer_cpu_seconds`` the CPU the transfers take here, shared with the
+    merge by ``cores``; ``first_share`` the fraction of the output in the first shard (its inputs are fetched and merged
+    before the first upload); ``tail_bytes`` the last shard's size (uploaded after the merge).
     """
 
     down_bytes: int

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
-from resumerge.memory.sizes import format_duration
+from resumerge.machine.memory.sizes import format_duration
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|hours?|m|min|minutes?|s|sec|seconds?)?\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}

@@ -38,10 +38,10 @@ from typing import Any, Generic, Protocol, TypeVar
 import psutil
 
 from resumerge.config.closing import Closing
+from resumerge.machine.torch_import import load as load_torch
+from resumerge.machine.torch_import import loaded as torch_loaded
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.devices import set_torch_threads
-from resumerge.torch_import import load as load_torch
-from resumerge.torch_import import loaded as torch_loaded
-from resumerge.torch_import import torch
 
 __all__ = ["TorchFacts", "TorchHere", "TorchProcess", "TorchSide", "serve"]
 

@@ -11,14 +11,14 @@ read once per pass. :mod:`.run` drives an evaluation from the command's options 
 it), :mod:`.textpass` its journaled pass, :mod:`.textwork` what ``eval`` prepares of one and how its figure joins
 lm-eval's results. Generation (:mod:`.generate`) runs with transformers' KV cache where the whole model fits.
 
-May import: config, errors, forward, inputs, memory, merge.store, merge.engine.
+May import: config, errors, forward, inputs, machine, merge.store, merge.engine.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resumerge.torch_import import on_first_use
+from resumerge.machine.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.report import EvalReport

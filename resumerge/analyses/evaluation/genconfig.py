@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 NAME = "generation_config.json"
 # settings that change generate()'s output, each with the values that leave it unchanged (transformers' defaults)

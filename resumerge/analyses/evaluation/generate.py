@@ -22,7 +22,7 @@ from typing import Any
 from resumerge.analyses.evaluation.genrequests import Wanted
 from resumerge.forward import Weights
 from resumerge.forward.stream import ModelStream, build_modules
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def resident_bytes(stream: ModelStream) -> int:

@@ -19,8 +19,8 @@ from resumerge.errors import UsageError
 from resumerge.forward.heads import head_step_bytes
 from resumerge.forward.needs import step_bytes
 from resumerge.forward.stream import ModelStream
-from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory.sizes import format_size
 
 _FLOAT = 4
 _ROWS_HELD = 64 << 20  # what a step's batch of requests' pasts may hold at least, beside its layer
@@ -115,7 +115,7 @@ def step_read_bytes(stream: ModelStream) -> int:
 
 def _read_speed(files: Sequence[Path]) -> float | None:
     """The cold read speed of the largest of ``files`` (None: none is here)."""
-    from resumerge.merge.store.diskprobe import probe_file_read
+    from resumerge.machine.diskprobe import probe_file_read
 
     here = [f for f in files if f.is_file()]
     if not here:

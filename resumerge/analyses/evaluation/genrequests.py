@@ -30,7 +30,7 @@ from typing import Any
 
 from resumerge.analyses.evaluation.genconfig import NONE, Processors, over
 from resumerge.errors import UsageError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 DEFAULT_MAX_GEN_TOKS = 256
 TOP_K = 50  # transformers' GenerationConfig default

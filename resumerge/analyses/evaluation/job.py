@@ -35,9 +35,9 @@ from resumerge.forward.needs import step_bytes
 from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
-from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.allocator import give_back_heap
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory.allocator import give_back_heap
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.placed import EvalLayers

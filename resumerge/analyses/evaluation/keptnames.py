@@ -105,7 +105,7 @@ class KeptTaskNames:
         """Keep ``names`` (lm-eval's default ``TaskManager``'s ``all_tasks``) under this key, durably (temp, fsync,
         rename, fsync of the folder); a cache: a set not kept costs building the index next time, nothing else."""
         from resumerge.errors import StorageError
-        from resumerge.merge.store.durable import write_file_atomic
+        from resumerge.machine.durable import write_file_atomic
 
         text = json.dumps({"key": list(self.key), "names": sorted(names)})
         with contextlib.suppress(OSError, StorageError):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumerge.errors import ModelInputError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 SPILL_NAME = "kv-spill.bin"
 _FLOAT = 4  # the cache's values: float32, the pass's dtype

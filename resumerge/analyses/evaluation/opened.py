@@ -25,7 +25,7 @@ from resumerge.config.locations import StateDir
 from resumerge.forward.driver import AnswerFile
 from resumerge.forward.proof import merge_inputs
 from resumerge.forward.stream import ModelStream
-from resumerge.memory.allocator import tune_allocator
+from resumerge.machine.memory.allocator import tune_allocator
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import UnwrittenMerge

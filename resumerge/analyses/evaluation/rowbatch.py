@@ -34,7 +34,7 @@ from typing import Any
 
 from resumerge.forward.handed import HandingCall
 from resumerge.forward.standins import LayerCall
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 ROWS = "resumerge_rows"  # the attention implementation's name in transformers' registry, and its keyword
 _MASK = "attention_mask"

@@ -40,9 +40,9 @@ from resumerge.forward.proof import merge_inputs
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.texts import tokenizer_at
-from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.allocator import tune_allocator
-from resumerge.memory.cuda import is_gpu, normalise_device
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory.allocator import tune_allocator
+from resumerge.machine.memory.cuda import is_gpu, normalise_device
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import UnwrittenMerge
@@ -266,7 +266,7 @@ def _max_length(model: PassModel, tokenizer: Any) -> int:
 
 
 def _float32() -> Any:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     return torch.float32
 

@@ -24,7 +24,7 @@ from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.placement import Placement
 from resumerge.forward.stream import ModelStream
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 ANSWERS = "answers.json"
 Answer = tuple[float, bool]

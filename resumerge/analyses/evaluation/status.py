@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # store.runlock's, not forward's: status must not import the forward package (its reader imports the plan, numpy).
-from resumerge.merge.store.runlock import is_locked
-from resumerge.merge.store.threadcount import recorded_threads, threads_rows
+from resumerge.machine.runlock import is_locked
+from resumerge.machine.threadcount import recorded_threads, threads_rows
 
 if TYPE_CHECKING:
     from resumerge.merge.store.statusview import StatusReport

@@ -47,9 +47,9 @@ from resumerge.forward.opened import PassModel
 from resumerge.forward.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
-from resumerge.merge.store.durable import write_file_atomic
-from resumerge.merge.store.killpoints import reach
-from resumerge.torch_import import torch
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.killpoints import reach
+from resumerge.machine.torch_import import torch
 
 GENERATED = "generated.json"  # the answers of a finished generation, as the lm-eval door's whole-model one keeps them
 STEP_PREFIX = "step-"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from resumerge.forward.batches import largest_batch
 from resumerge.forward.heads import head_blocks, head_step_bytes, logit_blocks
 from resumerge.forward.stream import ModelStream
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 Answer = tuple[float, bool]
 

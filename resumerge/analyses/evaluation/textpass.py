@@ -20,7 +20,7 @@ from resumerge.forward.placement import Placement, Streams
 from resumerge.forward.proof import JournalProof
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab, own_batches
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 FIGURES = "figures.json"
 # (hidden states leaving the last layer, the token sequences of each batch) -> the figures

@@ -26,7 +26,7 @@ from resumerge.forward.heads import kl_at, logprobs, nll_sum, shared, targets_of
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.tokens import Texts, cached_sequences
 from resumerge.forward.vocabs import SharedVocab
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 NLL, KL = "nll", "kl"
 KINDS = (NLL, KL)

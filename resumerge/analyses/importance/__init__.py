@@ -10,7 +10,7 @@ to it, :mod:`resumerge.forward.routed`, which measure's Grams use too); :mod:`.o
 merge as the forward driver runs it (:func:`resumerge.forward.driver.drive`), journaled under the state dir so a
 killed pass resumes at the layer it reached with the same bytes.
 
-May import: errors, config, forward, inputs, memory, merge.store, merge.engine, outputs, torch_import.
+May import: errors, config, forward, inputs, machine, merge.engine, outputs.
 """
 
 from __future__ import annotations

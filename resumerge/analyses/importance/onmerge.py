@@ -24,13 +24,13 @@ from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
+from resumerge.machine.threadcount import THREADS_FILE
 from resumerge.merge.engine.unwritten import layer_of
-from resumerge.merge.store.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.stream import ModelStream
+    from resumerge.machine.torch_import import torch
     from resumerge.merge.engine.unwritten import UnwrittenMerge
-    from resumerge.torch_import import torch
 
 KEY_SUFFIX = ".key"  # beside the matrix: the content key of the pass that wrote it
 COSTS_SUFFIX = ".costs.json"  # beside it too, where the pass measured costs (--gguf-target-size)
@@ -141,8 +141,8 @@ class _ImportanceJob:
         ``plan`` counts by their bytes, would make two refusals of one budget)."""
         from resumerge.forward import Weights
         from resumerge.forward.stream import ModelStream
-        from resumerge.memory import SystemProbe, budget_fitting, default_budget
-        from resumerge.torch_import import torch
+        from resumerge.machine.memory import SystemProbe, budget_fitting, default_budget
+        from resumerge.machine.torch_import import torch
 
         merge = self.merge
         stream = ModelStream(Weights.of(merge.directory, merge.tensors, source=merge.source), merge.config,
@@ -167,7 +167,7 @@ class _ImportanceJob:
         from resumerge.forward.handed import Held
         from resumerge.forward.journal import Journal
         from resumerge.forward.layerpass import LayerPass
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         batches = one_by_one(self.tokens)  # each text alone: every position summed, no padding
         with torch.no_grad():
@@ -187,7 +187,7 @@ class _ImportanceJob:
         with reading_ahead(stream, self._step(stream)[1]) as ahead:
             step = SumStep(stream, calls, reserve, ahead=ahead, costs=self.costs)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
-            # (resumerge.merge.store.killpoints)
+            # (resumerge.machine.killpoints)
             found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls]),
                               on_saved=saved).run(step, [[h for h, _ in entering]], len(batches))
         assert found is not None  # the step never stops the pass
@@ -212,7 +212,7 @@ class _ImportanceJob:
         """The matrix written (and the costs), then its key beside it (each durable), then the journal removed."""
         import shutil
 
-        from resumerge.merge.store.durable import write_file_atomic
+        from resumerge.machine.durable import write_file_atomic
 
         tokens = sum(len(t) for t in self.tokens)
         sums, counts, costs = found

@@ -23,7 +23,7 @@ from resumerge.forward.routed import RoutedSums, fused_experts, routers
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.kernels import serial_kernels
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
 SUM_PREFIX = "imatrix:"

@@ -13,8 +13,7 @@ written and journaled here alike; :mod:`.status` reads a measurement folder for
 :mod:`resumerge.inputs.grams`, which the planner reads too. :func:`resumerge.api.measure` calls
 :func:`~resumerge.analyses.measure.run.measure_grams`.
 
-May import: errors, config, forward, inputs, memory, merge.methods, merge.store, merge.engine, outputs,
-torch_import.
+May import: errors, config, forward, inputs, machine, merge.methods, merge.store, outputs.
 
 """
 

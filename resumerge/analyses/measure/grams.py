@@ -26,7 +26,7 @@ from resumerge.forward.placement import Placement, model_layer
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.grams import METADATA_KEY, layer_file
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 HIDDEN_PREFIX = "hidden-"
 # A mixture of experts' layer file also holds, float64, each fused experts stack's sums of squared inputs per expert

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from resumerge.torch_import import IMPORT_RESERVE
+from resumerge.machine.torch_import import IMPORT_RESERVE
 
 
 def actor_bytes(peaks: Sequence[int]) -> list[int]:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from resumerge.forward.placement import Placement
     from resumerge.forward.sites import PassSite, Seats
     from resumerge.forward.stream import ModelStream
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 JOURNAL = ".journal"  # where a measurement of an earlier version journaled, inside OUT_DIR (moved on resume)
 HIDDEN = "journal"  # the hidden states' journal, in the measurement's folder under the state dir
@@ -69,7 +69,7 @@ def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
     run on ``device``."""
     from resumerge.forward import Weights
     from resumerge.forward.stream import ModelStream
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     return ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads),
                        model.opened.config, torch.float32, what="resumerge measure", key=key, device=device)
@@ -111,8 +111,8 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     merged pass (``merged``) runs here, every model's layer merged in one place."""
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.hubreads import PassReads
-    from resumerge.memory.allocator import tune_allocator
-    from resumerge.merge.store.durable import write_file_atomic
+    from resumerge.machine.durable import write_file_atomic
+    from resumerge.machine.memory.allocator import tune_allocator
 
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
     reads = PassReads(workdir)
@@ -223,8 +223,8 @@ def _run_merged(models: list[PassModel], keys: list[str], batches: list[tuple[to
 
 def layer_merge(ratio: float) -> LayerMerge:
     """How the merged pass merges a layer's weight: ``regmean``'s solve where it has Grams, else the mean; float32."""
+    from resumerge.machine.torch_import import torch
     from resumerge.merge.methods.regmean import mean, regmean_solve
-    from resumerge.torch_import import torch
 
     def merge(name: str, values: list[torch.Tensor], grams: list[torch.Tensor] | None) -> torch.Tensor:
         if grams is None:

@@ -41,7 +41,7 @@ from resumerge.inputs.grams import (
     layer_file,
     read_measurement,
 )
-from resumerge.merge.store.threadcount import THREADS_FILE
+from resumerge.machine.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
     from resumerge.forward.device import GpuBudget
@@ -212,7 +212,7 @@ class MeasureJob:
         """The measurement's fit (refused, exit 2, before any weight is read, where it does not fit) and the GPU's,
         and where each model's pass runs (on Ray: the cluster joined and each model's actor placed, refused,
         exit 2, where it cannot hold them)."""
-        from resumerge.memory import SystemProbe, budget_fitting
+        from resumerge.machine.memory import SystemProbe, budget_fitting
 
         settings = self.settings
         passes = _passes(self.models, self.keys, self.tokens)
@@ -287,7 +287,7 @@ class MeasureEstimate:
 
     def lines(self) -> list[str]:
         """The estimate as ``measure --plan`` prints it."""
-        from resumerge.memory import format_size
+        from resumerge.machine.memory import format_size
 
         found = [f"model {key}: {layers} decoder layer(s), its pass at most {format_size(peak)} beyond this "
                  f"process's {format_size(self.held)}" for key, layers, peak in self.models]
@@ -305,7 +305,7 @@ def estimate_measure(config: str | os.PathLike[str], *, texts: str | os.PathLike
     ``max_memory`` (None: the default budget): the checks :func:`measure_grams` makes first, and each pass's peak
     as it refuses one by; writes nothing (a hub or GGUF model's small files aside, under ``state``, the state dir
     the API resolved)."""
-    from resumerge.memory import SystemProbe, default_budget, pass_budget
+    from resumerge.machine.memory import SystemProbe, default_budget, pass_budget
 
     _, models, keys, tokens = _opened(config, texts, cut_texts, state)
     found = [(key, layers, peak) for key, layers, peak, _ in _passes(models, keys, tokens)]
@@ -419,7 +419,7 @@ def _claimed(folder: Path, key: str) -> bool:
 def _claim(folder: Path, key: str, what: dict[str, object]) -> None:
     """Record in ``folder`` that it holds the measurement ``key`` of ``what`` (the config, the models and their
     layer counts, for ``status``); once: a resumed one finds it there."""
-    from resumerge.merge.store.durable import write_file_atomic
+    from resumerge.machine.durable import write_file_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / RUN_FILE).is_file():

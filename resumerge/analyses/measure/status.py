@@ -23,7 +23,7 @@ def measure_status(out: str | os.PathLike[str]) -> StatusReport | None:
     """Where the measurement in ``out`` stands, as ``resumerge status`` shows a run (None: ``out`` holds none):
     its Gram files as the shards, each model's decoder layers as its tensors, the model under way, and the command
     that resumes it (none while a process holds the folder's lock: running). Reads the folder's listing only."""
-    from resumerge.merge.store.runlock import is_held
+    from resumerge.machine.runlock import is_held
     from resumerge.merge.store.statusview import Details, StatusReport
 
     folder = Path(out)

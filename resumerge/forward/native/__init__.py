@@ -17,7 +17,7 @@ family, a RoPE scaling it does not implement, another activation, bidirectional 
 modules, as before. :mod:`.rope` holds the rotary frequencies,
 :mod:`.modules` the modules (imported only when built: they subclass ``torch.nn.Module``).
 
-May import: errors, torch_import.
+May import: errors, machine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from resumerge.forward.native.config import NativeConfig, read_config
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def native_modules(doc: Mapping[str, Any], dtype: torch.dtype) -> tuple[NativeConfig, Any] | None:

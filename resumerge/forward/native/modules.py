@@ -21,7 +21,7 @@ from typing import Any
 
 from resumerge.forward.native.config import NativeConfig, Rope
 from resumerge.forward.native.rope import inverse_frequencies
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 _GQA_WIDEST = 256  # the widest head the sdpa kernel takes grouped key/value heads for (transformers' rule)
 

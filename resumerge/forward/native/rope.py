@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from resumerge.forward.native.config import Rope
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def inverse_frequencies(rope: Rope, head_dim: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ thread (torch parallelises larger ones) and in cache. Cost: 1–3 ns per ``rows 
 
 from __future__ import annotations
 
-from resumerge.torch_import import dtype_name, torch
+from resumerge.machine.torch_import import dtype_name, torch
 
 # torch runs an elementwise operation on one thread below its grain size (32 768 elements); staying under it
 # keeps merges from fighting the engine's worker threads for cores, and the tile in cache. On an accelerator,

@@ -22,7 +22,7 @@ from resumerge.inputs.quant.recognise_ct import compressed_tensors_weights
 from resumerge.inputs.quant.refusals import HeaderMap
 from resumerge.inputs.quant.verdict import Kind, QuantizedTensor
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource

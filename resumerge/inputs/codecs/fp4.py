@@ -15,7 +15,7 @@ from resumerge.inputs.codecs.protocol import MAIN, Claim, OutPart, TensorCodec
 from resumerge.inputs.codecs.quantized import SCALE
 from resumerge.inputs.quant import mxfp4
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource

@@ -16,7 +16,7 @@ from resumerge.inputs.quant.grid import grid_rows, grid_shape
 from resumerge.inputs.quant.refusals import HeaderMap, refuse
 from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource

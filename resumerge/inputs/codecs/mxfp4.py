@@ -13,7 +13,7 @@ from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec
 from resumerge.inputs.quant import mxfp4
 from resumerge.inputs.quant.refusals import HeaderMap, refuse
 from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource

@@ -17,7 +17,7 @@ from resumerge.inputs.codecs.quantized import SCALE, QuantizedCodec, extra_part,
 from resumerge.inputs.quant import nvfp4
 from resumerge.inputs.quant.refusals import HeaderMap, refuse, telltale
 from resumerge.inputs.quant.verdict import QuantizedTensor
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource

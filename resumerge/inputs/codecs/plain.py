@@ -12,7 +12,7 @@ from resumerge.inputs.tensorio import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     # Where the engine lends host buffers it reuses from one tensor to the next, by use: ``lend(use, shape, dtype)``
     # gives an uninitialised contiguous tensor (an encoder's :meth:`TensorEncoder.encode_into`, a method's result).

@@ -19,7 +19,7 @@ from resumerge.inputs.gguf import iq3grid, legacy
 from resumerge.inputs.gguf.iq2blocks import IQ2_BLOCK_BYTES, IQ2_DECODERS
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 __all__ = ["BLOCK_BYTES", "CHUNK", "IQ4_VALUES", "decode"]
 
@@ -38,14 +38,14 @@ IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 8
 
 
 # blocks coded together (Q8_0's 7680 are 960 KiB of float32): in the cache, and under the allocator's 1 MiB mmap
-# threshold (resumerge.memory.allocator), so the temporaries come from the heap again rather than as fresh pages
+# threshold (resumerge.machine.memory.allocator), so the temporaries come from the heap again rather than as fresh pages
 CHUNK = 7680
 
 
 def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """Q8_0 blocks (uint8, (n, 34)) into float32 values (n, 32): the int8 widened in place, then scaled while in the
     cache (an exact product: an f16 scale times an int8)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     into.copy_(blocks[:, 2:].view(torch.int8))
     into *= legacy.scales(blocks[:, :2])
@@ -54,7 +54,7 @@ def _q8_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eight sub-blocks' ``d*scale_j`` and ``dmin*min_j`` (n, 8, 1) of Q4_K or Q5_K blocks: f16 d and dmin, then
     12 bytes of eight 6-bit scales and mins."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
     dmin = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
@@ -85,7 +85,7 @@ def _q2_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """Q2_K blocks (``block_q2_K``: 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit codes, f16 d, dmin;
     (n, 84)) into float32 values (n, 256): sub-block j (16 values) is ``(d*scale_j) * q - dmin*min_j``; value
     ``128h + 32k + l`` has its code at bits 2k of byte ``32h + l``."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     scales = blocks[:, :16]
@@ -103,7 +103,7 @@ def _q3_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     into float32 values (n, 256): ``d*(scale_j - 32) * (q - 4)``, q's high bit of value e in bit ``e // 32`` of
     byte ``e % 32`` of the mask; scale j's low 4 bits in byte ``j % 8`` (high nibble for j >= 8), its top 2 in byte
     ``8 + j % 4`` at bits ``2 * (j // 4)``."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     hmask = blocks[:, :32].reshape(n, 1, 32)
@@ -123,7 +123,7 @@ def _q5_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """Q5_K blocks (``block_q5_K``: f16 d and dmin, 12 bytes of scales and mins as Q4_K's, 32 bytes of fifth bits,
     128 of nibbles; (n, 176)) into float32 values (n, 256): as Q4_K, the fifth bit of sub-block j's value l in bit
     j of byte l."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     scale, offset = _k_scales(blocks)
@@ -142,7 +142,7 @@ def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     (n, 210)) into float32 values (n, 256): value p of each half h (128 values) has its low 4 bits from byte
     ``h*64 + p % 64`` (shifted by 4 for p >= 64) and its high 2 from byte ``h*32 + p % 32`` (shifted by 2 * (p // 32)),
     minus 32, times ``d * scale`` of its 16 values (an exact product, rounded once)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     low = blocks[:, :128].reshape(n, 2, 1, 64)
@@ -160,7 +160,7 @@ def _q6_k_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 def _iq4_levels(nibbles: torch.Tensor, into: torch.Tensor) -> None:
     """Groups of 16 bytes of 4-bit codes (n, g, 16) as their IQ4 levels into float32 ``into`` (n, g, 32): byte j
     holds value j (low nibble) and value j + 16 (high)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     levels = torch.tensor(IQ4_VALUES, dtype=torch.float32)
     n, groups = nibbles.shape[:2]
@@ -172,7 +172,7 @@ def _iq4_levels(nibbles: torch.Tensor, into: torch.Tensor) -> None:
 def _iq4_nl_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """IQ4_NL blocks (``block_iq4_nl``: f16 d, 16 bytes of 4-bit codes; (n, 18)) into float32 values (n, 32):
     ``d * level`` (an exact product)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     _iq4_levels(blocks[:, 2:].reshape(n, 1, 16), into.view(n, 1, 32))
@@ -184,7 +184,7 @@ def _iq4_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     136)) into float32 values (n, 256): sub-block j (32 values, bytes ``8 + 16j`` on) is ``(d * (s_j - 32)) *
     level`` (the first product exact), the 6-bit ``s_j`` from nibble ``j % 2`` of ``scales_l[j // 2]`` and bits
     ``2j`` of ``scales_h`` (its top two)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
@@ -268,7 +268,7 @@ def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
     """The float32 values of ``stored`` (as :func:`resumerge.outputs.gguf.encoders.encode` returns it, or a block
     type as any uint8/int8 block bytes), in
     ``out`` when given (float32, contiguous, of the values' shape)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     if ggml_type in (F32, F16, BF16):
         plain = stored.view(torch.bfloat16) if ggml_type == BF16 and stored.dtype == torch.int16 else stored

@@ -22,7 +22,7 @@ from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, tr
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 # The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
 # types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
@@ -109,7 +109,7 @@ class GgufCodec(TensorDecoder):
 
     def decode(self, parts: Mapping[str, torch.Tensor], first_row: int,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         stored = parts[MAIN]
         kind = _BLOCK_TYPES.get(self.ggml_type)
@@ -160,7 +160,7 @@ def _hf_rows_in_place(value: torch.Tensor, head_rows: int) -> None:
     """:func:`~resumerge.inputs.gguf.names.hf_rows` of ``value`` (contiguous) in place, a head at a time through
     one head's buffer: a decoded q/k is not copied whole into fresh memory (twice: decoded, then re-ordered), which
     the kernel faults in and zeroes page by page."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     rest = value.shape[1:]
     held = torch.empty((head_rows, *rest), dtype=value.dtype, device=value.device)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 __all__ = ["KINDS", "Kind", "decode_blocks", "scales"]
 
@@ -50,7 +50,7 @@ KINDS = {2: Kind(15, False), 3: Kind(15, True), 6: Kind(31, False), 7: Kind(31, 
 def scales(raw: torch.Tensor) -> torch.Tensor:
     """Float16 scales (uint8, (n, 2)) as float32 ((n, 1)), a NaN's sign and payload kept as numpy keeps them
     (torch's conversion makes every NaN its one quiet NaN)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     half = raw.contiguous().view(torch.float16)
     value = half.to(torch.float32)
@@ -65,7 +65,7 @@ def scales(raw: torch.Tensor) -> torch.Tensor:
 def decode_blocks(blocks: torch.Tensor, into: torch.Tensor, kind: Kind) -> None:
     """``blocks`` (uint8, (n, kind.size)) as float32 values into ``into`` ((n, 32)): the codes written in place,
     then scaled (an exact product: a float16 scale times a code of at most 5 bits) and offset."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     nibbles = blocks[:, -16:]

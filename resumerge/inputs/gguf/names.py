@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ModelInputError
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 # general.architecture -> (architectures[0], model_type)
 FAMILIES: Mapping[str, tuple[str, str]] = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resumerge.torch_import import on_first_use
+from resumerge.machine.torch_import import on_first_use
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub.cache import HubSettings, RemoteFile, hub_settings

@@ -35,7 +35,7 @@ from resumerge.inputs.hub.resolve import RepoMetadata
 from resumerge.inputs.source import InputSource
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 class DownloadCancelled(BaseException):

@@ -22,7 +22,7 @@ from resumerge.inputs.gguf.header import GgufHeader
 from resumerge.inputs.safetensors_format import Header
 from resumerge.inputs.source import InputSource, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # Grants ``nbytes`` of read-ahead and returns the callable that gives them back, or None when there is no room.
 Reserve = Callable[[int], "Callable[[], None] | None"]

@@ -12,7 +12,7 @@ Each format's codec (:mod:`resumerge.inputs.codecs`) recognises its own ``quant_
 tensors through :mod:`.recognise_ct`); what they share, and every format resumerge refuses, is :mod:`.refusals`, one
 line naming a tensor and the fix.
 
-May import: errors, torch_import.
+May import: errors, machine.
 """
 
 __all__ = [

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Concatenate, ParamSpec, TypeVar, cast
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["ByteTable", "byte_table", "decode_bytes", "per_device"]
 

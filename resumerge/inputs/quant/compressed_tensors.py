@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from resumerge.inputs.quant import fp8_block, int_pack
 from resumerge.inputs.quant.grid import Block, divide, grid_extremes, pieces
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = [
     "STRATEGIES",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
 from resumerge.inputs.quant.grid import Block, divide, grid_max, pieces
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["E4M3_MAX", "decode", "encode", "scales_for"]
 

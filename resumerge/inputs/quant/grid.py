@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["Block", "divide", "grid_extremes", "grid_max", "grid_rows", "grid_shape", "pieces"]
 

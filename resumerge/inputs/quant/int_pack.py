@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["PACKABLE_BITS", "decode_words", "pack", "packed_cols", "unpack"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from resumerge.inputs.quant.byte_tables import ByteTable, byte_table, decode_bytes, per_device
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["E2M1_VALUES", "GROUP", "decode", "decoded_shape", "encode"]
 

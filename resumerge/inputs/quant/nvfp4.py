@@ -16,7 +16,7 @@ from typing import Literal
 
 from resumerge.inputs.quant.refusals import HeaderMap, refuse
 from resumerge.inputs.quant.verdict import QuantizedTensor, Scheme
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 __all__ = ["FP4_MAX", "FP8_MAX", "GROUP", "SUFFIXES", "Convention", "amax_of", "decode", "e2m1_codes", "encode",
            "nvfp4_weights"]

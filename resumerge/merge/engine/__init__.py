@@ -8,7 +8,7 @@ planner that makes a :class:`~resumerge.merge.plan.prepared.Prepared`, then
 :func:`resumerge.merge.engine.session.run_plan`; the kinds themselves live above (:mod:`resumerge.api.kinds`) and never
 reach the engine as anything but a plan.
 
-May import: errors, config, memory, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs.
+May import: errors, config, machine, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs.
 """
 
 __all__ = [

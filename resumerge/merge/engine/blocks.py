@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.spec import MergeContext, MergeFn
 from resumerge.merge.plan.merge_plan import TensorPlan
-from resumerge.torch_import import torch
 
 
 def merge_by_block(tp: TensorPlan, ctx: MergeContext, fn: MergeFn,

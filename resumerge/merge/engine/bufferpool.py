@@ -25,7 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The idle buffers kept at most: a few per worker (the writer gives a unit's buffers back together), bounded so that
 # finding one stays a short scan whatever the number of tensors.

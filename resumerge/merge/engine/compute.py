@@ -22,6 +22,7 @@ from resumerge.inputs.codecs import MAIN, SharedScale
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.blocks import merge_by_block
 from resumerge.merge.engine.experts import merge_by_expert
 from resumerge.merge.engine.workspace import WARM_BYTES, Workspace
@@ -32,7 +33,6 @@ from resumerge.merge.plan.inputrefs import read_value
 from resumerge.merge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.merge.plan.workunits import aligned_rows, can_chunk, chunk_plan, method_dtype, pass_rows
 from resumerge.merge.vocab import align_rows
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.codecs.protocol import Lend

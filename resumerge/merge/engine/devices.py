@@ -4,8 +4,8 @@ The device is part of :class:`~resumerge.merge.plan.merge_plan.PlanOptions` (and
 may round differently from the CPU's, and an output must never mix tensors computed on both, so a resume keeps
 the device the merge started with. Reading and writing always happen on the host; only the method's arithmetic moves.
 
-The device names (:func:`normalise_device`, :func:`is_gpu`) are :mod:`resumerge.memory.cuda`'s, the one owner the
-forward pass reads too, re-exported here. torch is imported lazily, so this module is cheap to import for the
+The device names (:func:`normalise_device`, :func:`is_gpu`) are :mod:`resumerge.machine.memory.cuda`'s, the one owner
+the forward pass reads too, re-exported here. torch is imported lazily, so this module is cheap to import for the
 CLI's argument checks.
 """
 
@@ -15,13 +15,13 @@ import contextlib
 import functools
 
 from resumerge.errors import UsageError
-from resumerge.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
-from resumerge.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, is_gpu, normalise_device
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
+from resumerge.machine.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, is_gpu, normalise_device
+from resumerge.machine.memory.sizes import format_size
+from resumerge.machine.torch_import import when_loaded
 from resumerge.merge.engine.footprint import run_baseline, smallest_run_budget
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.workunits import Oversized, largest, oversized_units
-from resumerge.torch_import import when_loaded
 
 __all__ = ["CPU", "GPU_BUDGET_OPTION", "GPU_FRACTION", "gpu_governor", "is_gpu", "make_governor", "normalise_device",
            "set_torch_threads"]
@@ -31,8 +31,9 @@ def set_torch_threads(count: int | None) -> None:
     """mergekit's ``-j/--num-threads``: torch's intra-op (and, while still settable, inter-op) thread count;
     None leaves torch's choice. Raises :class:`UsageError` for a count below 1.
 
-    The count is taken now and applied when torch is imported (:func:`resumerge.torch_import.when_loaded`), before
-    its first kernel: importing it here would put its import (about 2 s of CPU) before a hub run's first download.
+    The count is taken now and applied when torch is imported (:func:`resumerge.machine.torch_import.when_loaded`),
+    before its first kernel: importing it here would put its import (about 2 s of CPU) before a hub run's first
+    download.
     """
     if count is not None and count < 1:
         raise UsageError("--num-threads must be at least 1")

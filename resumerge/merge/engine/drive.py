@@ -23,7 +23,10 @@ from resumerge.errors import InputError, InterruptedMerge, ResumergeError, Stora
 from resumerge.inputs.contents import opened_looks
 from resumerge.inputs.model import InputWatch
 from resumerge.inputs.source import InputSources
-from resumerge.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
+from resumerge.machine.durable import is_temp_name
+from resumerge.machine.filesystems import filesystem_type, staging_dir
+from resumerge.machine.memory import CudaProbe, MemoryGovernor, format_size, os_peak_rss
+from resumerge.machine.torch_import import load_beside
 from resumerge.merge.engine.devices import gpu_governor, make_governor
 from resumerge.merge.engine.executor import Reporter, Stopped, kept_units
 from resumerge.merge.engine.executors import Executor, executor_for
@@ -48,13 +51,10 @@ from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.outguard import read_paths, refuse_out_over_inputs
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.roles import formats_line, formats_report, quantized
-from resumerge.merge.store.durable import is_temp_name
-from resumerge.merge.store.filesystems import filesystem_type, staging_dir
 from resumerge.merge.store.ledger import LEDGER_NAME, Ledger, set_aside
 from resumerge.merge.store.ledger_read import FORMATS_EVENT, INPUTS_EVENT
 from resumerge.merge.store.manifest import Manifest
 from resumerge.merge.store.sink import LocalDirSink, OutputSink, StagedDirSink
-from resumerge.torch_import import load_beside
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
@@ -146,8 +146,8 @@ class RunSession:
     def _drive(self, manifest: Manifest | None, governors: tuple[MemoryGovernor, MemoryGovernor | None],
                hub: HubInputs | None, meter: TrafficMeter,
                late_notes: Callable[[], tuple[str, ...]] | None, executor: Executor) -> Outcome:
-        from resumerge.memory.allocator import tune_allocator
-        from resumerge.merge.store.runlock import RunLock
+        from resumerge.machine.memory.allocator import tune_allocator
+        from resumerge.machine.runlock import RunLock
 
         plan, settings, reporter, restart, resuming = self.prepared.plan, self.settings, self.reporter, self.restart, \
             self.resuming

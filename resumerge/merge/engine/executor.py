@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor, Reservation, released_on_error
+from resumerge.machine.memory import MemoryGovernor, Reservation, released_on_error
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine import cpupriority
 from resumerge.merge.engine.bufferpool import BufferPool
 from resumerge.merge.engine.compute import Stored, TensorCompute
@@ -64,7 +65,6 @@ from resumerge.merge.plan.workunits import (
 )
 from resumerge.merge.store.shardwriter import start_hashing
 from resumerge.merge.store.sink import OutputSink
-from resumerge.torch_import import torch
 
 # The journal (the ledger, sqlite-utils) is the journaling process's: a cluster node's worker runs this pipeline
 if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.

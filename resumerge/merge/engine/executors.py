@@ -78,7 +78,8 @@ class LocalExecutor:
     # (a GGUF output) in place, journaling each unit (resumerge.merge.store.units), where the sink can.
     journals_units: ClassVar[bool] = True
     # An optional attribute (an executor without it computes elsewhere): whether this process computes the tensors,
-    # so that torch is imported here while the run's proof reads its inputs (resumerge.torch_import.load_beside).
+    # so that torch is imported here while the run's proof reads its inputs
+    # (resumerge.machine.torch_import.load_beside).
     computes_here: ClassVar[bool] = True
 
     def check(self) -> None:
@@ -118,7 +119,7 @@ class RayExecutor:
         """Raises UsageError when Ray is not installed (saying how to install it) or ``keep_workers`` is negative."""
         if self.keep_workers < 0:
             raise UsageError("--keep-workers must be at least 0")
-        from resumerge.merge.engine.cluster.connect import check_ray
+        from resumerge.machine.rayconnect import check_ray
 
         check_ray()
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.spec import MergeContext, MergeFn
 from resumerge.merge.plan.merge_plan import ExpertStack, TensorPlan
 from resumerge.merge.plan.workunits import chunk_plan
-from resumerge.torch_import import torch
 
 
 def merge_by_expert(tp: TensorPlan, load: Callable[[TensorPlan], MergeContext], fn: MergeFn) -> torch.Tensor:

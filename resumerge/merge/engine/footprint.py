@@ -1,18 +1,18 @@
 """The memory a merge's process holds apart from its units of work, and the smallest budget its merge works under.
 
-``--max-memory`` counts the whole process (:class:`~resumerge.memory.SystemProbe`). Its baseline is what a fresh
+``--max-memory`` counts the whole process (:class:`~resumerge.machine.memory.SystemProbe`). Its baseline is what a fresh
 ``resumerge run`` holds once it has imported the modules a merge uses (torch included), measured once per
-installation in a fresh interpreter (:func:`~resumerge.memory.baseline.fresh_baseline`), plus what the run adds
+installation in a fresh interpreter (:func:`~resumerge.machine.memory.baseline.fresh_baseline`), plus what the run adds
 beside its units: the plan and the inputs' headers, the ledger, the threads' stacks and heaps. ``plan`` and ``run``
 both name :func:`smallest_run_budget`, so they name the same figure for the same plan on the same installation.
 """
 
 from __future__ import annotations
 
-from resumerge import torch_import
 from resumerge.config.locations import cache_root
-from resumerge.memory import SystemProbe, smallest_budget_for
-from resumerge.memory.baseline import fresh_baseline
+from resumerge.machine import torch_import
+from resumerge.machine.memory import SystemProbe, smallest_budget_for
+from resumerge.machine.memory.baseline import fresh_baseline
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import Oversized, smallest_budget

@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 
 from resumerge.config.version import __version__
-from resumerge.memory.collector import collector_paused
+from resumerge.machine.memory.collector import collector_paused
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.merge.plan.merge_plan import (
     PINNED_KERNELS,
@@ -45,7 +46,6 @@ from resumerge.merge.plan.merge_plan import (
 )
 from resumerge.merge.plan.nonfloat import UNITS as MERGE_UNITS
 from resumerge.merge.plan.prepared import Prepared
-from resumerge.torch_import import torch
 
 
 def freeze(prepared: Prepared) -> tuple[str, bytes] | None:

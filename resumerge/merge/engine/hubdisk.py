@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 
 if TYPE_CHECKING:
     from resumerge.merge.plan.merge_plan import Plan

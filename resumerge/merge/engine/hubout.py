@@ -20,7 +20,7 @@ from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import HubOutputOptions
 from resumerge.errors import OutputDirError, ResumergeError, UsageError
-from resumerge.memory import format_size
+from resumerge.machine.memory import format_size
 from resumerge.merge.engine.hubdisk import hub_disk_need
 from resumerge.merge.engine.outdir import Recording, record_plan
 from resumerge.merge.plan.merge_plan import Plan

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Generic, Protocol, TypeVar
 
-from resumerge.memory import Reservation, released_on_error
+from resumerge.machine.memory import Reservation, released_on_error
 
 # Groups in flight per worker (computing, or finished and waiting for an older one to reach the writer): a finished
 # group holds its result and its reservation until it is written, so this bounds what waits behind a long unit.

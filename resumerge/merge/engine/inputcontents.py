@@ -27,11 +27,11 @@ from resumerge.inputs.contents import (
 from resumerge.inputs.readdigests import Ranges, ReadDigests, hashed_in_reads
 from resumerge.inputs.spans import merged_spans
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.memory import format_size
+from resumerge.machine import killpoints
+from resumerge.machine.memory import format_size
 from resumerge.merge.plan.fetching import read_order
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.workorder import compute_order
-from resumerge.merge.store import killpoints
 from resumerge.merge.store.ledger import Ledger
 
 _TELL_FROM = 1 << 30

@@ -23,7 +23,7 @@ from resumerge.inputs.hub.counters import FetchCounters
 from resumerge.inputs.hub.integrity import StreamHashes
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
-from resumerge.memory import MemoryGovernor, format_size
+from resumerge.machine.memory import MemoryGovernor, format_size
 from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.plan.fetching import CACHED, DOWNLOAD, STREAM, FileFetch, choose_fetch, first_reads, needed_ranges
 from resumerge.merge.plan.merge_plan import Plan

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
 from resumerge.merge.engine.inputfetch import HubInputs
 from resumerge.merge.engine.reporting import Reporter
 from resumerge.merge.methods.resources import Resources

@@ -15,13 +15,13 @@ from typing import Any
 from resumerge.config.version import __version__
 from resumerge.config.yamldiff import config_changes
 from resumerge.errors import OutputDirError, PlanChangedError, UsageError
-from resumerge.memory import format_size
+from resumerge.machine.diskprobe import free_bytes, unwritable
+from resumerge.machine.durable import is_temp_name
+from resumerge.machine.memory import format_size
 from resumerge.merge.engine.reconcile import adopt_manifest
 from resumerge.merge.plan.changes import describe_changes, local_files, recorded_options
 from resumerge.merge.plan.merge_plan import Plan, fingerprint_parts
 from resumerge.merge.plan.sidefiles import aux_files
-from resumerge.merge.store.diskprobe import free_bytes, unwritable
-from resumerge.merge.store.durable import is_temp_name
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import MANIFEST_NAME, Manifest, ManifestBook, read_manifest
 from resumerge.merge.store.manifestcheck import ledger_vouches, manifest_or_ledger

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from resumerge.memory import format_size, os_peak_rss
+from resumerge.machine.memory import format_size, os_peak_rss
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.prepared import Phase, Prepared
 from resumerge.merge.store.ledger import Ledger

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from resumerge.machine.durable import is_temp_name
 from resumerge.merge.plan.merge_plan import Plan
-from resumerge.merge.store.durable import is_temp_name
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import MANIFEST_NAME, ManifestBook
 from resumerge.merge.store.sink import OutputSink

@@ -27,7 +27,8 @@ from resumerge.errors import (
 )
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CodecTable
-from resumerge.memory.collector import collector_paused
+from resumerge.machine.memory.collector import collector_paused
+from resumerge.machine.planning import killed_while_planning, planning_mark
 from resumerge.merge.engine.drive import Outcome, RunSession, hub_progress
 from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.engine.frozenplan import thaw
@@ -41,7 +42,6 @@ from resumerge.merge.plan.prepared import Phase, Prepared
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.outgone import refuse_gone
-from resumerge.merge.store.planning import killed_while_planning, planning_mark
 
 
 def prepare(
@@ -57,7 +57,7 @@ def prepare(
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched.
     ``state``: where hub files' verification is recorded (None: for this call only).
     ``codecs``: the stored formats recognised (None: :data:`~resumerge.inputs.codecs.CODECS`)."""
-    with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.memory.collector
+    with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.machine.memory.collector
         inputs = open_inputs(config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
                              on_progress=hub_progress(reporter))
         if codecs is None:  # the planner's own default table

@@ -35,8 +35,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.bufferpool import BufferPool
-from resumerge.torch_import import torch
 
 # The share of the memory budget that the workspaces of all workers may hold between tensors, and what they may hold
 # without a budget (a run without a governor).

@@ -18,14 +18,14 @@ from typing import Protocol
 
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSources
-from resumerge.memory import Reservation
+from resumerge.machine.checksums import Checksum
+from resumerge.machine.memory import Reservation
 from resumerge.merge.engine import cpupriority
 from resumerge.merge.engine.bufferpool import BufferPool
 from resumerge.merge.engine.compute import Stored
 from resumerge.merge.engine.reporting import Reporter
 from resumerge.merge.plan.fetching import shard_input_files
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan
-from resumerge.merge.store.checksums import Checksum
 from resumerge.merge.store.shardwriter import ShardWriter
 from resumerge.merge.store.sink import OutputSink, Receipt
 from resumerge.merge.store.units import Unit

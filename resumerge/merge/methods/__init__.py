@@ -1,6 +1,6 @@
 """Merge methods: pure tensor functions, declared once each under their mergekit names.
 
-May import: nothing (methods are pure tensor functions).
+May import: machine (torch, imported on first use: methods are pure tensor functions).
 """
 
 from resumerge.merge.methods import registry

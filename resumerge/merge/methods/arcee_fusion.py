@@ -6,6 +6,7 @@ scores. Reference: https://arcee.ai (Arcee Fusion, as implemented in mergekit 0.
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.ranking import order_statistics
 from resumerge.merge.methods.spec import (
@@ -13,7 +14,6 @@ from resumerge.merge.methods.spec import (
     MergeContext,
     MethodSpec,
 )
-from resumerge.torch_import import torch
 
 # Quantiles of larger tensors are estimated from this many samples (drawn with replacement), which bounds
 # the selection.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def sign_consensus_weights(deltas: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
 from resumerge.merge.methods.spectral import finish
 from resumerge.merge.methods.tsv import task_singular_vectors
-from resumerge.torch_import import torch
 
 # The per-input parameters the planner gives each factor (resumerge.merge.plan.lorafactors writes them).
 FACTOR = "lora_factor"

@@ -9,6 +9,7 @@ danielm1405/iso-merging (``src/utils/iso.py``).
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.spec import MergeContext, ParamSpec, Scope
 from resumerge.merge.methods.spectral import (
     Components,
@@ -23,7 +24,6 @@ from resumerge.merge.methods.spectral import (
     scaling,
     svd_method,
 )
-from resumerge.torch_import import torch
 
 
 def iso_common(ctx: MergeContext) -> torch.Tensor:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
-from resumerge.torch_import import torch
 
 
 def multislerp(ctx: MergeContext) -> torch.Tensor:

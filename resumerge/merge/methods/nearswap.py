@@ -5,6 +5,7 @@ Reference: https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.spec import (
     BasePolicy,
@@ -13,7 +14,6 @@ from resumerge.merge.methods.spec import (
     ParamSpec,
     Scope,
 )
-from resumerge.torch_import import torch
 
 
 def nearswap(ctx: MergeContext) -> torch.Tensor:

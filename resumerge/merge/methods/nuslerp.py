@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.spec import (
     BasePolicy,
@@ -10,7 +11,6 @@ from resumerge.merge.methods.spec import (
     ParamSpec,
     Scope,
 )
-from resumerge.torch_import import torch
 
 _UNIT_EPS = 1e-7  # floor on the norm when computing directions
 _COLLINEAR_EPS = 1e-8  # lerp where 1 − cos²Ω ≤ this squared

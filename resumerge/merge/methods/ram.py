@@ -30,9 +30,9 @@ import functools
 import itertools
 import math
 
+from resumerge.machine.torch_import import dtype_name, torch
 from resumerge.merge.methods.footprint import measured, model_block_scratch
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
-from resumerge.torch_import import dtype_name, torch
 
 # torch runs an operation on the calling thread below this many elements: blocks stay under it, so a merge does
 # not fight the engine's worker threads for cores, and its buffers stay in a core's cache.

@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from resumerge.torch_import import dtype_name, torch
+from resumerge.machine.torch_import import dtype_name, torch
 
 _KEY_DTYPES = MappingProxyType({  # dtype names: torch is imported on first use
     "float64": "int64",

@@ -32,8 +32,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.ranking import order_statistics
-from resumerge.torch_import import torch
 
 # Buckets of the first pass over float32 keys: the top bits above these (the sign bit is always 0: 2¹⁵ buckets).
 _COARSE_SHIFT = 16

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import Footprint, MethodFootprint
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
-from resumerge.torch_import import torch
 
 # The per-model parameter that marks an input as a Gram matrix (set by the planner, never by a config).
 GRAM = "regmean_gram"

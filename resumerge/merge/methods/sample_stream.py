@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods import sparsify
 from resumerge.merge.methods.spec import MergeContext, RowStream, RowStreamFactory
 from resumerge.merge.methods.task_vectors import combine_task_vectors
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

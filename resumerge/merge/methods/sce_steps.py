@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.consensus import sign_consensus_weights
 from resumerge.merge.methods.ranking import magnitude_keys
 from resumerge.merge.methods.rankstream import StreamedWindow
 from resumerge.merge.methods.spec import MergeContext
 from resumerge.merge.methods.summation import OrderedSum
-from resumerge.torch_import import torch
 
 
 def stacked_task_vectors(ctx: MergeContext) -> torch.Tensor:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import dtype_size
 from resumerge.merge.methods.ranking import exact_key_shift, magnitude_keys
 from resumerge.merge.methods.rankstream import StreamedWindow
@@ -41,7 +42,6 @@ from resumerge.merge.methods.sce_steps import (
 )
 from resumerge.merge.methods.spec import MergeContext, RowStream
 from resumerge.merge.methods.summation import OrderedSum
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -5,6 +5,7 @@ Reference: https://en.wikipedia.org/wiki/Slerp (as used for LLMs by mergekit).
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import block_scratch, measured
 from resumerge.merge.methods.spec import (
     BasePolicy,
@@ -13,7 +14,6 @@ from resumerge.merge.methods.spec import (
     ParamSpec,
     Scope,
 )
-from resumerge.torch_import import torch
 
 # mergekit 0.1.5 walks the flattened tensor in chunks of this many elements, accumulating norms as norms of
 # per-chunk norms and the dot product as a sum of per-chunk sums. We keep the same chunk boundaries both to

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.ranking import exact_key_shift, magnitude_keys, stable_order
 from resumerge.merge.methods.rankstream import StreamedWindow
 from resumerge.merge.methods.summation import OrderedSum
-from resumerge.torch_import import torch
 
 # Below this L1 norm (before or after masking) the masked tensor is returned unscaled, avoiding 0/0.
 RESCALE_EPS = 1e-7
@@ -284,7 +284,7 @@ def draw_and_mask(values: torch.Tensor, sampled: Sampled, generator: torch.Gener
 class Scratch:
     """Working buffers of the draws, one per use, each grown to the largest asked and lent again to the next
     block, task vector or chunk. A block's int64 sort keys (1 MiB) or a span's magnitudes (4 MiB) lie above the
-    allocator's mmap threshold (:mod:`resumerge.memory.allocator`), so a fresh one per block was mapped anew and
+    allocator's mmap threshold (:mod:`resumerge.machine.memory.allocator`), so a fresh one per block was mapped anew and
     its pages zeroed by the kernel at first touch: that cost about as much as the block's sort. Used by one thread
     at a time; what one use lends is valid until that use is asked again."""
 

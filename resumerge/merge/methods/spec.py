@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from resumerge.machine.torch_import import dtype_name, torch
 from resumerge.merge.methods.footprint import MethodFootprint
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources
-from resumerge.torch_import import dtype_name, torch
 
 
 class Scope(enum.Enum):
@@ -179,7 +179,7 @@ class RowStreamFactory(Protocol):
     """Returns a fresh :class:`RowStream` for one output tensor. Arguments are those of :class:`MergeContext`,
     with the tensors' ``shape`` instead of the tensors, and the name of the dtype the method will see them in
     (``"float32"``, ``"bfloat16"``…; None: not known yet). A name, not a torch dtype: the planner builds streams
-    to size a run's memory before torch is imported (:mod:`resumerge.torch_import`).
+    to size a run's memory before torch is imported (:mod:`resumerge.machine.torch_import`).
 
     With ``whole`` the stream will see the tensor as one chunk (:func:`one_chunk`): it always exists, and it
     takes from that chunk in its output pass what a statistics pass would have to gather (no pass reads the

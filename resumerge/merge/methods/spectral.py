@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import Column, measured
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost
-from resumerge.torch_import import torch
 
 
 def scaling(ctx: MergeContext) -> float:

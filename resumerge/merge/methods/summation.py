@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 _ILP: Final = 4  # independent vector accumulators per level (torch's ilp_factor)
 _LEVELS: Final = 4  # cascade levels (torch's num_levels)

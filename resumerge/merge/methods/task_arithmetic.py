@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods import sparsify
 from resumerge.merge.methods.footprint import MethodFootprint, measured, row_block_scratch
 from resumerge.merge.methods.sample_stream import sampled_stream
@@ -38,7 +39,6 @@ from resumerge.merge.methods.task_stream import (
     task_vector_stream,
 )
 from resumerge.merge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
-from resumerge.torch_import import torch
 
 
 def merge_task_vectors(ctx: MergeContext) -> torch.Tensor:

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods import sparsify
 from resumerge.merge.methods.consensus import sign_consensus_weights
 from resumerge.merge.methods.ranking import exact_key_shift
 from resumerge.merge.methods.rankstream import StreamedWindow
 from resumerge.merge.methods.spec import MergeContext
 from resumerge.merge.methods.task_vectors import TASK_VECTOR, combine_filled_blocks
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

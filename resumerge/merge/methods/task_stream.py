@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods import sparsify
 from resumerge.merge.methods.footprint import dtype_size
 from resumerge.merge.methods.ranking import exact_key_shift
@@ -26,7 +27,6 @@ from resumerge.merge.methods.spec import InputsOnly, MergeContext, RowSelection,
 from resumerge.merge.methods.summation import OrderedSum
 from resumerge.merge.methods.task_blocks import shared_window_merge
 from resumerge.merge.methods.task_vectors import TASK_VECTOR, combine_task_vectors
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.consensus import sign_consensus_weights
 from resumerge.merge.methods.spec import InputsOnly, MergeContext
 from resumerge.merge.methods.summation import row_sum
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from torch import Tensor

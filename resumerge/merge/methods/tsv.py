@@ -7,6 +7,7 @@ AntoAndGar/task_singular_vectors (``src/utils/TSVM_utils.py``). mergekit PR #639
 
 from __future__ import annotations
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.spec import MergeContext
 from resumerge.merge.methods.spectral import (
     Components,
@@ -19,7 +20,6 @@ from resumerge.merge.methods.spectral import (
     scaling,
     svd_method,
 )
-from resumerge.torch_import import torch
 
 
 def task_singular_vectors(ctx: MergeContext) -> torch.Tensor:

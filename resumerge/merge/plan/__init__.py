@@ -6,7 +6,7 @@ transformers answered about a config (``keptfacts``). Architecture families, the
 and the memory cost of each unit are decided here; the side files of an output (``sidefiles``, ``modelcard``) are
 pure functions of the plan.
 
-May import: errors, config, memory, merge.methods, merge.vocab, inputs, outputs.
+May import: errors, config, machine, merge.methods, merge.vocab, inputs, outputs.
 """
 
 __all__ = [

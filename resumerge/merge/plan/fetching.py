@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from resumerge.inputs.spans import merged_spans
 from resumerge.inputs.torch_bin import is_pickle_checkpoint
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 from resumerge.merge.plan.merge_plan import InputRef, Plan, ShardPlan
 from resumerge.merge.plan.workorder import compute_order
 

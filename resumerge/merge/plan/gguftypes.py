@@ -353,7 +353,7 @@ def type_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     """The notes of a GGUF output: its tensors' size and bits per weight, with how many tensors each type has, and
     where it writes another type than llama.cpp's quantizer picks (a legacy type on rows that are not whole
     blocks, which llama.cpp refuses); none for another output."""
-    from resumerge.memory.sizes import format_size
+    from resumerge.machine.memory.sizes import format_size
 
     swapped: dict[tuple[int, int], list[str]] = {}
     counts: dict[int, int] = {}

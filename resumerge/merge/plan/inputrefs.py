@@ -13,8 +13,8 @@ from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
+from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.merge_plan import InputRef
-from resumerge.torch_import import torch
 
 
 def stored_ref(key: str, found: TensorSource) -> InputRef:

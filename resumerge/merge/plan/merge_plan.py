@@ -19,7 +19,7 @@ from resumerge.config.version import __version__
 from resumerge.errors import ResumergeError
 from resumerge.inputs.codecs import PLAIN, OutPart, TensorDecoder, TensorEncoder
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, ShardLayout, layout_shard, numel
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 from resumerge.merge.methods.registry import MethodSpec, get_method
 from resumerge.merge.plan.defaults import DEFAULT_SEED as DEFAULT_SEED
 from resumerge.merge.plan.defaults import DEFAULT_SHARD_SIZE as DEFAULT_SHARD_SIZE

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.registry import MergeContext, MethodSpec, declared
 from resumerge.merge.plan.accounting import Drops
 from resumerge.merge.plan.merge_plan import InputRef, TensorPlan
-from resumerge.torch_import import torch
 
 NONFLOAT_COPY = "nonfloat_copy"
 # Why a non-float tensor's other inputs are not in the output (resumerge.merge.plan.accounting).

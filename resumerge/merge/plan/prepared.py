@@ -16,7 +16,7 @@ from resumerge.merge.methods.resources import NO_RESOURCES, Resources
 
 if TYPE_CHECKING:
     from resumerge.inputs.catalog import Inputs
-    from resumerge.memory import MemoryGovernor
+    from resumerge.machine.memory import MemoryGovernor
     from resumerge.merge.plan.merge_plan import Plan
 
 

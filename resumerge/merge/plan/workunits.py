@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import working_bytes
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.methods.spec import RowStream
 from resumerge.merge.plan.merge_plan import Plan, TensorPlan
 from resumerge.merge.plan.unitkey import TensorClasses
-from resumerge.torch_import import torch
 
 _COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 
@@ -120,7 +120,7 @@ def row_stream(tp: TensorPlan, method: MethodSpec, device: str) -> RowStream | N
     if (method.streamed is None or device != "cpu" or not tp.shape or tp.shape[0] < 2 or tp.vocab_aligned
             or tp.experts is not None or tp.blocks is not None):  # it ranks all its rows, not an expert's or block's
         return None
-    # The dtype's name: sizing a run's streams must not import torch (resumerge.torch_import).
+    # The dtype's name: sizing a run's streams must not import torch (resumerge.machine.torch_import).
     return method.streamed(tuple(tp.shape), tp.base_index, [dict(p) for p in tp.model_params], dict(tp.params),
                            dtype=_seen_dtype(tp))
 
@@ -146,8 +146,8 @@ def held_bytes(tp: TensorPlan, method: MethodSpec) -> int:
 WHOLE, ROWS, PASSES = "whole", "rows", "passes"
 
 # Entries per row chunk of a streamed (multi-pass) tensor, per input and over its stacked task vectors. A chunk's
-# buffers stay at or under the 1 MiB mmap threshold :func:`~resumerge.memory.allocator.tune_allocator` sets (128 Ki
-# float32 entries are 512 KiB), so they reuse heap memory that glibc keeps instead of faulting fresh pages in; and a
+# buffers stay at or under the 1 MiB mmap threshold :func:`~resumerge.machine.memory.allocator.tune_allocator` sets (128
+# Ki float32 entries are 512 KiB), so they reuse heap memory that glibc keeps instead of faulting fresh pages in; and a
 # chunk is large enough that the Python between its kernels, which holds the GIL, costs the engine's other worker
 # little. Measured on the 1.75 GB float32 bench (breadcrumbs, two workers, 2 cores): 24.5 / 18.6 / 15.3 / 18.8 /
 # 21.6 s for chunks of 32 / 64 / 128 / 256 / 512 Ki entries, against 15.7-16.1 s holding every tensor whole.
@@ -311,7 +311,7 @@ def oversized_units(plan: Plan, budget: int, baseline: int, device: str | None =
     ``device`` (default the plan's): a tensor that can be cut into rows needs room for one chunk of
     :func:`floor_rows` rows (:func:`step_bytes`). Each class of the plan's tensors is sized once (``classes``, when
     the caller sorted them already: a 92k-tensor plan holds a few dozen classes)."""
-    from resumerge.memory import smallest_budget_for
+    from resumerge.machine.memory import smallest_budget_for
 
     where = device or plan.options.device
 
@@ -332,7 +332,7 @@ def smallest_budget(plan: Plan, baseline: int, device: str | None = None, classe
     """The smallest budget ``plan``'s merge works under beside ``baseline`` bytes (the process's own, see
     :func:`resumerge.merge.engine.footprint.run_baseline`), with the tensor whose step needs it; None for a plan without
     tensors. The one figure ``plan``, ``run`` and their refusals name (:func:`oversized_units` with no budget)."""
-    from resumerge.memory import smallest_budget_for
+    from resumerge.machine.memory import smallest_budget_for
 
     where = device or plan.options.device
     classes = classes if classes is not None else TensorClasses(plan.tensors.values())

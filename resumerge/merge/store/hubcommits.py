@@ -52,8 +52,8 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
 from resumerge.config.settings import Batching
 from resumerge.errors import OutputDirError, ResumergeError
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.durable import discard
+from resumerge.machine import killpoints
+from resumerge.machine.durable import discard
 from resumerge.merge.store.hubrepo import (
     HubRepo,
     branch_head,

@@ -27,8 +27,8 @@ from huggingface_hub import CommitOperationAdd
 
 from resumerge.config.settings import Batching
 from resumerge.errors import ResumergeError
-from resumerge.merge.store.checksums import SHA256, Checksum, written_with
-from resumerge.merge.store.durable import is_temp_name, temp_path
+from resumerge.machine.checksums import SHA256, Checksum, written_with
+from resumerge.machine.durable import is_temp_name, temp_path
 from resumerge.merge.store.hubcommits import CommitQueue
 from resumerge.merge.store.hubrepo import HubRepo, check_remote, remote_files
 from resumerge.merge.store.manifest import MANIFEST_NAME

@@ -12,7 +12,7 @@ from huggingface_hub import get_token
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.errors import NothingRecordedError
 from resumerge.inputs.hub.cache import hub_settings
-from resumerge.merge.store.durable import TEMP_SUFFIX
+from resumerge.machine.durable import TEMP_SUFFIX
 from resumerge.merge.store.hubrepo import HubRepo, check_remote, read_file
 from resumerge.merge.store.manifest import MANIFEST_NAME, parse_manifest
 

@@ -1,5 +1,5 @@
 """``verify``: re-hash every committed output file against its recorded checksum (by the algorithm the record names:
-:mod:`resumerge.merge.store.checksums`) and report, never repair; OUT's manifest is judged by the run's ledger
+:mod:`resumerge.machine.checksums`) and report, never repair; OUT's manifest is judged by the run's ledger
 (:mod:`resumerge.merge.store.manifestcheck`); a file written in place, unit by unit (a GGUF output), is re-hashed per
 unit, so that a damaged one names the units that differ and the units of one not complete yet are checked too
 (:mod:`resumerge.merge.store.units`); a finished output stored quantized whose every file matched is also read as a
@@ -24,7 +24,7 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
 from resumerge.inputs.codecs import CODECS, CodecTable
-from resumerge.merge.store.checksums import check_many
+from resumerge.machine.checksums import check_many
 from resumerge.merge.store.formatcheck import check_formats
 from resumerge.merge.store.ledger_read import LEDGER_NAME, read_formats, read_merge_record, read_unit_rows
 from resumerge.merge.store.manifest import MANIFEST_NAME, read_manifest

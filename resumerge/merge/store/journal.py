@@ -7,7 +7,7 @@ the migrations create), the mapping of SQLite failures to :class:`StorageError` 
 3, fix it and resume) or :class:`LedgerError` (the file is bad: exit 4), one locked transaction per change, and
 moving a damaged file aside, and one writing connection per journal file in a process (:func:`_hold_writer`).
 May import the standard library, sqlite-utils, ``resumerge.errors`` and
-``resumerge.merge.store.durable``; the read-only side is :mod:`resumerge.merge.store.ledger_read` (standard library
+``resumerge.machine.durable``; the read-only side is :mod:`resumerge.merge.store.ledger_read` (standard library
 only). The SQLite companion files a journal may have beside it (:data:`COMPANIONS`) are named here only.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from resumerge.errors import LedgerError, ResumergeError, StorageError
-from resumerge.merge.store.durable import durability_disabled
+from resumerge.machine.durable import durability_disabled
 from resumerge.merge.store.sqlitedb import Database, Migrations
 
 # SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":

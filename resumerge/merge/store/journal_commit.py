@@ -6,7 +6,7 @@ at once, then the manifest lists it. A file committed later (a hub repo, which c
 the files it lists) is listed in the manifest at once, and gets its ledger row when its receipt is settled. A
 kill between any two steps leaves a state the resume repairs: a durable file without a ledger row is re-hashed
 against the manifest or made again, a manifest entry without a durable file is dropped. The kill points
-``after_ledger_commit`` and ``after_manifest_write`` mark those steps (:mod:`resumerge.merge.store.killpoints`).
+``after_ledger_commit`` and ``after_manifest_write`` mark those steps (:mod:`resumerge.machine.killpoints`).
 
 A stopped run asks the sink for one last commit of what it has uploaded (:meth:`CommitJournal.stop`) and waits
 for it boundedly (:meth:`CommitJournal.stopped`); a sink that commits at once has nothing to wait for.
@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 
 from resumerge.errors import ResumergeError
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.checksums import Checksum
-from resumerge.merge.store.durable import discard, storage_error, write_synced
+from resumerge.machine import killpoints
+from resumerge.machine.checksums import Checksum
+from resumerge.machine.durable import discard, storage_error, write_synced
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import ManifestBook
 from resumerge.merge.store.sink import OutputSink, Receipt
@@ -43,7 +43,7 @@ class CommitJournal:
 
     Called from the writer thread while the run computes, and from the calling thread once the writer stopped.
     :attr:`checksum` is what every file and unit of the run is recorded with: the algorithm of the ledger's
-    committed records, else the sink's (:mod:`resumerge.merge.store.checksums`)."""
+    committed records, else the sink's (:mod:`resumerge.machine.checksums`)."""
 
     def __init__(self, sink: OutputSink, ledger: Ledger, book: ManifestBook) -> None:
         self.sink, self.ledger, self.book = sink, ledger, book

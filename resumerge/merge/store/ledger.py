@@ -9,7 +9,7 @@ sha256, seconds), ``tensors`` (every output tensor: shard, status, bytes), ``eve
 of every local input file, for :mod:`resumerge.inputs.contents`) and ``units`` (the units of a file written in
 place, each with the checksum of its bytes once durable: :mod:`resumerge.merge.store.units`). The ``sha256`` columns of
 ``files`` and ``units`` keep their first name but hold a record naming its algorithm
-(:mod:`resumerge.merge.store.checksums`: a sha256 bare, as every row before issue 87, or ``xxh3-128:HEX``); a run
+(:mod:`resumerge.machine.checksums`: a sha256 bare, as every row before issue 87, or ``xxh3-128:HEX``); a run
 records with the algorithm its rows already use (:meth:`Ledger.records_checksum`). The first schema's
 ``tensors.crc32`` and ``tensors.seconds`` were never filled (a per-tensor checksum cost the writer thread as much
 time as the shard's sha256, and nothing read either); migration m003 drops them. Every state change is one
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resumerge.merge.store.checksums import Checksum, checksum_of
+from resumerge.machine.checksums import Checksum, checksum_of
 from resumerge.merge.store.journal import Journal
 from resumerge.merge.store.journal import set_aside as set_aside
 from resumerge.merge.store.journal import sqlite_failure as sqlite_failure
@@ -287,7 +287,7 @@ class Ledger(Journal):
     def records_checksum(self) -> Checksum | None:
         """The algorithm of the run's committed records (files, then units, in write order), or None when none is
         committed: a run continued, or rebuilt from OUT's manifest, records the rest with it, so that its records
-        are of one kind whatever version wrote the first (:mod:`resumerge.merge.store.checksums`). A record of no known
+        are of one kind whatever version wrote the first (:mod:`resumerge.machine.checksums`). A record of no known
         kind is passed over (reconcile reopens it)."""
         with self._transaction():
             rows = self.db.execute("SELECT sha256 FROM files WHERE status = 'done' AND sha256 IS NOT NULL "

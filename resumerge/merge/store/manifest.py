@@ -2,7 +2,7 @@
 
 It holds the config text, options, model directories, fingerprint parts, input identities, the planned file
 names, and the size and checksum of every committed file (under the key ``sha256``, its first name: a record naming
-its algorithm, :mod:`resumerge.merge.store.checksums`). It is rewritten atomically after each commit, carries
+its algorithm, :mod:`resumerge.machine.checksums`). It is rewritten atomically after each commit, carries
 no timestamps (so a finished OUT is byte-identical whatever the interruptions), and has no checksum of its own:
 where the run's ledger is at hand it is judged by it (:mod:`resumerge.merge.store.manifestcheck`), and without it
 every file it lists is re-hashed before being trusted.
@@ -61,7 +61,7 @@ def _published(key: str, folder: str) -> str:
 @dataclass(frozen=True)
 class Manifest:
     """The parsed manifest. ``committed`` maps file name -> {"bytes": int, "sha256": str}, the second a checksum's
-    record (:mod:`resumerge.merge.store.checksums`: a bare sha256, or ``xxh3-128:HEX``)."""
+    record (:mod:`resumerge.machine.checksums`: a bare sha256, or ``xxh3-128:HEX``)."""
 
     version: str
     fingerprint: str

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from resumerge.errors import LedgerError
-from resumerge.merge.store.durable import is_temp_name
+from resumerge.machine.durable import is_temp_name
 from resumerge.merge.store.ledger_read import ManifestFacts, read_manifest_facts, read_merge_record
 from resumerge.merge.store.manifest import DECODE_ERRORS, MANIFEST_NAME, Manifest, decode_manifest, read_manifest
 

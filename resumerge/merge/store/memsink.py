@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from resumerge.errors import StorageError
-from resumerge.merge.store.checksums import matches, written_with
-from resumerge.merge.store.durable import temp_path
+from resumerge.machine.checksums import matches, written_with
+from resumerge.machine.durable import temp_path
 from resumerge.merge.store.sink import OutputSink, Receipt
 
 

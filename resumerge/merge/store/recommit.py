@@ -14,11 +14,11 @@ from pathlib import Path
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, OutputDirError
-from resumerge.merge.store.checksums import matches, written_with
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.checksums import matches, written_with
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.runlock import RunLock
 from resumerge.merge.store.ledger_read import LEDGER_NAME, read_merge_record
 from resumerge.merge.store.manifest import ManifestBook, read_manifest
-from resumerge.merge.store.runlock import RunLock
 from resumerge.merge.store.sink import LocalDirSink
 
 

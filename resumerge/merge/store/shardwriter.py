@@ -20,11 +20,11 @@ from pathlib import Path
 from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.checksums import Checksum
-from resumerge.merge.store.durable import discard, start_writeback, storage_error, sync_file
+from resumerge.machine import killpoints
+from resumerge.machine.checksums import Checksum
+from resumerge.machine.durable import discard, start_writeback, storage_error, sync_file
+from resumerge.machine.torch_import import torch
 from resumerge.merge.store.sink import OutputSink, Receipt
-from resumerge.torch_import import torch
 
 _PARALLEL_HASH_BYTES = 1 << 20
 # Bytes read back at a time to hash a part written ahead of the hash's frontier (from the page cache).
@@ -87,7 +87,7 @@ class ShardWriter:
     Output tensors come in the shard's order, each (or each row chunk of it) as all its stored parts at once; a
     tensor stored as several parts (a quantized format's codes and scales) has them at different places of the
     layout (it is sorted by dtype, then name), so each part is written where it goes. The checksum (the run's
-    algorithm: :mod:`resumerge.merge.store.checksums`) follows a frontier through the file: bytes written at the
+    algorithm: :mod:`resumerge.machine.checksums`) follows a frontier through the file: bytes written at the
     frontier are hashed as they are written, and bytes written ahead of it are read back (from the page cache)
     when the frontier reaches them. A plain shard is written in file order, entirely at the frontier, as before.
     """

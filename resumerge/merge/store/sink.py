@@ -26,8 +26,8 @@ from typing import TypeVar
 
 from resumerge.config.closing import Closing
 from resumerge.errors import UsageError
-from resumerge.merge.store.checksums import XXH3_128, Checksum, check_many
-from resumerge.merge.store.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
+from resumerge.machine.checksums import XXH3_128, Checksum, check_many
+from resumerge.machine.durable import fsync_dir, publish, publish_copy, temp_path, write_file_atomic
 from resumerge.merge.store.units import partial_name
 
 _T = TypeVar("_T")
@@ -87,7 +87,7 @@ class OutputSink(Closing):
     resources overrides :meth:`close`."""
 
     # The checksum a new run records the files it commits here with (a run continued keeps the one its records
-    # use: resumerge.merge.store.checksums): xxh3-128, unless the place names files by another (a hub's LFS: sha256).
+    # use: resumerge.machine.checksums): xxh3-128, unless the place names files by another (a hub's LFS: sha256).
     checksum: Checksum = XXH3_128
     # Whether published files are committed later (in batches), so that a file may be published (say, uploaded)
     # before it may be committed: see :meth:`commit_when`.
@@ -108,7 +108,7 @@ class OutputSink(Closing):
     @abstractmethod
     def publish(self, temp: Path, name: str, sha256: str) -> Receipt:
         """Make the fully written, fsynced ``temp`` (whose bytes hash to ``sha256``, a record of
-        :mod:`~resumerge.merge.store.checksums` naming its algorithm) durable as ``name``.
+        :mod:`~resumerge.machine.checksums` naming its algorithm) durable as ``name``.
 
         The receipt is settled on return when ``name`` is committed then; otherwise the sink took ``temp`` over and
         settles the receipt once a commit holds it (with the newest manifest :meth:`replace_small` was given).

@@ -20,12 +20,12 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.errors import LedgerError, NothingRecordedError
+from resumerge.machine.planning import killed_while_planning, planning_since
 from resumerge.merge.store.ledger_read import LEDGER_NAME as LEDGER_NAME
 from resumerge.merge.store.ledger_read import read_merge_status
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.nodestats import node_line
 from resumerge.merge.store.outgone import refuse_gone
-from resumerge.merge.store.planning import killed_while_planning, planning_since
 
 # The kind-specific keys of the JSON that the version before kinds' details printed for every run (null where they
 # did not apply): still printed so, that a script reading them keeps working. A new kind's keys are its own.
@@ -184,7 +184,7 @@ def recorded(found: StatusReport | None, nothing: str) -> StatusReport:
 
 
 def _planning(out_dir: str | os.PathLike[str], ledger: Path, rdir: Path, command: str, since: float) -> StatusReport:
-    """A run or resume planning now (:mod:`resumerge.merge.store.planning`): what the ledger holds, if anything, with
+    """A run or resume planning now (:mod:`resumerge.machine.planning`): what the ledger holds, if anything, with
     the state "planning" until the run records its plan and goes on (then the ledger's own state)."""
     report = None
     if ledger.exists():
@@ -223,7 +223,7 @@ def _check_still_there(report: StatusReport, state: StateDir) -> None:
 
 
 def _from_ledger(path: Path, rdir: Path, out_dir: str, command: str) -> StatusReport | None:
-    from resumerge.merge.store.runlock import is_locked
+    from resumerge.machine.runlock import is_locked
 
     rows = read_merge_status(path)
     if rows is None:

@@ -5,7 +5,7 @@ The file is made under a name of its own beside its final one (``.model.gguf.uni
 the next run finds it again), created by resumerge with its planned size, and each unit (the header, then groups of
 consecutive tensors) is written at its offsets, fsynced, and journaled with the checksum of its byte range
 (:class:`~resumerge.merge.store.unitwriter.UnitFileWriter`; the run's algorithm,
-:mod:`resumerge.merge.store.checksums`). A resume keeps a unit only when its bytes in that file still hash to the
+:mod:`resumerge.machine.checksums`). A resume keeps a unit only when its bytes in that file still hash to the
 recorded checksum (:func:`check_units`); once every unit is in, the file is renamed to its final name and committed
 whole, like any other. A sink that commits a file whole (a hub repo, a staged copy to Drive) has no such file: its units
 are never journaled and an interruption loses the file being written.
@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from resumerge.merge.store.checksums import Checksum, checksum_of
+from resumerge.machine.checksums import Checksum, checksum_of
 
 UNITS_SUFFIX = ".units.part"
 _BLOCK = 8 << 20

@@ -18,13 +18,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from resumerge.errors import ResumergeError
 from resumerge.inputs.safetensors_format import ShardLayout
 from resumerge.inputs.tensorio import TORCH_DTYPES, tensor_bytes
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.checksums import Checksum
-from resumerge.merge.store.durable import fsync_dir, start_writeback, storage_error, sync_file
+from resumerge.machine import killpoints
+from resumerge.machine.checksums import Checksum
+from resumerge.machine.durable import fsync_dir, start_writeback, storage_error, sync_file
+from resumerge.machine.torch_import import torch
 from resumerge.merge.store.shardwriter import close_as_planned, hasher, pwrite_all
 from resumerge.merge.store.sink import OutputSink, Receipt
 from resumerge.merge.store.units import Unit, hash_range
-from resumerge.torch_import import torch
 
 # Bytes written between two starts of their write-out to disk, as a shard writer does (durable.start_writeback).
 _WRITEBACK_BYTES = 32 << 20

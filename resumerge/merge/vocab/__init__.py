@@ -6,7 +6,7 @@ plan. The engine calls :func:`align_rows` on each vocabulary-axis tensor group (
 before the merge method and writes ``BuiltTokenizer.files`` as they are. When the donor's tokenizer is only
 copied, :func:`resolve_chat_template` and :func:`apply_chat_template_files` set ``chat_template:`` on its files.
 
-May import: errors, config.
+May import: errors, config, machine.
 """
 
 from resumerge.merge.vocab.alignment import MissingToken, TokenOverride, VocabAlignment, check_keys, missing_rows_report

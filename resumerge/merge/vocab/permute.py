@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from resumerge.errors import ModelInputError
+from resumerge.machine.torch_import import torch
 from resumerge.merge.vocab.alignment import Runs, VocabAlignment, check_keys
-from resumerge.torch_import import torch
 
 # Rows gathered per step: bounds the temporary copy to a slice of the matrix instead of all of it.
 _CHUNK_ROWS = 16384

@@ -40,7 +40,7 @@ from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 __all__ = ["SEARCHED", "WEIGHTED", "encode"]
 
@@ -59,7 +59,7 @@ def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Te
     """Q8_0 bytes of ``blocks`` (float32, (n, 32)) into ``out`` (uint8, (n, 34)), the temporaries in ``scratch``
     (three float32 buffers of at least n blocks), every step in place or into them: no temporary of a chunk's size
     (a bool mask added to a float one is cast into one)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     a, y, whole = (buffer[:n] for buffer in scratch)
@@ -80,7 +80,7 @@ def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Te
 
 
 def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     blocks = rows.reshape(-1, _Q8_VALUES)
     out = torch.empty((blocks.shape[0], _Q8_BYTES), dtype=torch.uint8) if into is None else \
@@ -93,7 +93,7 @@ def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     kind = legacy.KINDS[ggml_type]
     blocks = rows.reshape(-1, _Q8_VALUES)
@@ -107,7 +107,7 @@ def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None
 
 
 def _bf16(rows: torch.Tensor) -> torch.Tensor:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     bits = rows.to(torch.bfloat16).view(torch.int16)
     nan = rows.isnan()
@@ -125,7 +125,7 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
     (contiguous, of the result's bytes), the others copied there. ``importance`` (float32, one per column): a
     :data:`WEIGHTED` type's importance weights (llama.cpp's imatrix entry over its count), None for the
     quantizer's path without them."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
     searched = SEARCHED.get(ggml_type)
@@ -160,7 +160,7 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
 def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The codes (uint8, (n, 32)) of ``blocks`` (float32, (n, 32)), with ``d`` and ``m`` ((n, 1) float32; ``m`` is
     ``d`` for a symmetric kind); ``y`` and ``a`` are float32 scratch of the blocks' shape."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     # amin and amax are fast; which of equal extremes (only zeros of both signs differ) or of equal magnitudes of
     # both signs is taken matters, so blocks with such a tie (or a NaN) take the first, as llama.cpp does: argmin
@@ -199,7 +199,7 @@ def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -
 def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch: tuple[torch.Tensor, ...]) -> None:
     """The bytes of ``blocks`` (float32, (n, 32)) as ``kind`` into ``out`` (uint8, (n, kind.size)), the
     temporaries in ``scratch`` (two float32 buffers of at least n blocks)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     y, a = (buffer[:n] for buffer in scratch)

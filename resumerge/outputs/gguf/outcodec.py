@@ -21,7 +21,7 @@ from resumerge.outputs.gguf import encoders
 if TYPE_CHECKING:
 
     from resumerge.inputs.codecs.protocol import Lend
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 # ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
@@ -119,7 +119,7 @@ class GgufOutCodec(TensorEncoder):
         return entry(self.imatrix, name, expert, columns)
 
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         target = self._direct(value)
         if target is not None:
@@ -148,7 +148,7 @@ class GgufOutCodec(TensorEncoder):
         float32 is exact and the one rounding is the only one: bfloat16 or float32 to F16 (a float16 value takes
         the float32 path: through float32 a NaN's payload comes out quieted, copied it does not), any of the three
         to F32; never for gemma's norms (+1 in float32) or off the host."""
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         if value.device.type != "cpu" or self.transform == NORM_MINUS_ONE:
             return None
@@ -173,7 +173,7 @@ class GgufOutCodec(TensorEncoder):
         """``rows`` (GGUF values) of GGUF tensor ``gguf_name`` encoded (into ``into`` when given), with their
         importance weights: a stack of experts (3-D, written whole) expert by expert, each with its own slice of
         the entry (the first being expert :attr:`first_row`), as llama-quantize weights expert e by its slice e."""
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         table = self._stacked(gguf_name, rows) if self.slice_index < 0 else None
         if table is None:
@@ -198,7 +198,7 @@ class GgufOutCodec(TensorEncoder):
         ``lend`` lends (use ``"gguf-values"``) where given and ``value`` is on the host, else fresh. The block
         types' float32 copy of every chunk was a fresh buffer twice the size of a bfloat16 merge's chunk, and a
         permuted q/k a second one; the same values either way."""
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         if lend is not None and value.device.type == "cpu":
             out = lend("gguf-values", tuple(value.shape), torch.float32)

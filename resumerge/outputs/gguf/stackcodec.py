@@ -24,7 +24,7 @@ from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 if TYPE_CHECKING:
     from resumerge.inputs.codecs.protocol import Lend
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 # The part of a fused gate_up stack holding its up rows (MAIN holds the gate rows).
 UP = "up"
@@ -52,7 +52,7 @@ class GgufStackCodec(GgufOutCodec):
     def encode(self, value: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
         if not self.up_name:
             return super().encode(value, dtype)
-        from resumerge.torch_import import torch
+        from resumerge.machine.torch_import import torch
 
         half = value.shape[1] // 2
         # each half expert by expert with its own tensor's entry (GgufOutCodec._encoded; a chunk's first expert:

@@ -15,8 +15,7 @@ cannot meet the candidates' (one that can is measured over the tokens both hold,
 :mod:`.spread` spreads a generation's candidates over a Ray cluster's nodes (``--executor ray``); :mod:`.search`
 drives a search from start to end.
 
-May import: errors, config, analyses.evaluation, forward, inputs, memory, merge.methods, merge.store, merge.engine,
-torch_import, outputs.
+May import: errors, config, analyses.evaluation, forward, inputs, machine, merge.methods, merge.engine, outputs.
 """
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import UsageError
 from resumerge.forward.passes import padded_positions
 from resumerge.forward.texts import context_of, load_tokenizer, sequences
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
 from resumerge.runs.evolve.spec import EvolveSpec
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from resumerge.forward.placement import batched_on, model_layer
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab, own_batches
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import Population

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from resumerge.errors import ConfigError
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.registry import BasePolicy, Scope, get_method
 from resumerge.runs.evolve.spec import MERGEKIT_METHODS, Genome
-from resumerge.torch_import import torch
 
 # Global parameters that tune arithmetic, not the merge (a tolerance, an epsilon against division by zero).
 _NUMERICAL = frozenset({"eps", "tol", "epsilon"})

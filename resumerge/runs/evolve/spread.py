@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import UnreachableError
-from resumerge.merge.store.threadcount import recorded_threads
+from resumerge.machine.threadcount import recorded_threads
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import ScoresGeneration
 
@@ -108,7 +108,7 @@ class SpreadOverNodes:
               done: Callable[[int], dict[str, float] | None],
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
         from resumerge.forward.onray import Lost, end_actors, got, kept_hosts, on_place
-        from resumerge.merge.engine.cluster.connect import join
+        from resumerge.machine.rayconnect import join
 
         found = {i: done(i) for i in range(len(configs))}
         pending = [i for i, figures in found.items() if figures is None]

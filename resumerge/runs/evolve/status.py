@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.memory.sizes import format_duration
-from resumerge.merge.store.runlock import pid_alive
-from resumerge.merge.store.threadcount import recorded_threads, threads_words
+from resumerge.machine.memory.sizes import format_duration
+from resumerge.machine.runlock import pid_alive
+from resumerge.machine.threadcount import recorded_threads, threads_words
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.progress import generations_of
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumerge.errors import UsageError
-from resumerge.merge.store.durable import TEMP_SUFFIX, write_file_atomic
-from resumerge.merge.store.killpoints import reach
-from resumerge.merge.store.runlock import JobLock
-from resumerge.merge.store.threadcount import THREADS_FILE
+from resumerge.machine.durable import TEMP_SUFFIX, write_file_atomic
+from resumerge.machine.killpoints import reach
+from resumerge.machine.runlock import JobLock
+from resumerge.machine.threadcount import THREADS_FILE
 
 SEARCH = "search.json"
 STATE = "state.json"

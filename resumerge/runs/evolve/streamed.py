@@ -32,14 +32,14 @@ from resumerge.forward.layerpass import LayerPass, Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.proof import JournalProof, merge_inputs
 from resumerge.forward.stream import ModelStream
-from resumerge.memory import SystemProbe, budget_fitting
-from resumerge.memory.allocator import malloc_trim, tune_allocator
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory.allocator import malloc_trim, tune_allocator
+from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.budget import pass_steps
 from resumerge.runs.evolve.generation import SCRATCH, GenerationPass, TaskTexts
 from resumerge.runs.evolve.scoring import task_texts, text_task
 from resumerge.runs.evolve.spec import Task
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.unwritten import Population

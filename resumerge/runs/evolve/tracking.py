@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumerge.errors import UsageError
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 from resumerge.runs.evolve.storage import BEST, LOGGED, Evaluated
 
 _EXTRA = "pip install wandb trackio (in the resumerge clone: pip install -c constraints.txt -e '.[logging]')"

@@ -8,7 +8,7 @@ engine (and, for ``--sv-epsilon``, by the rank probe in :mod:`~resumerge.runs.ex
 
 Its factor functions are registered with ``methods`` like merge methods; torch does the math.
 
-May import: errors, config, inputs, outputs, merge.plan, merge.methods, merge.store (durable writes).
+May import: errors, config, machine, inputs, outputs, merge.plan, merge.methods.
 """
 
 __all__ = ["adapter_files", "decompose", "factors", "modelview", "modules", "planner", "prepare", "spec"]

@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The sketch has r + max(8, r) columns and 5 power iterations. Measured (tests/extract/test_decompose.py and
 # bench/bench_extract_lora.py) on low-rank-plus-noise task vectors where the noise tail dominates (the hard case

@@ -6,7 +6,7 @@ unit of lost work a module instead. It is only a cache of a pure function: an en
 everything the factors depend on (module, parameters — the models' file identities among them — input shapes and
 dtypes, device, torch version), holds the float32 factors the function returned with a sha256 of their bytes, and
 is written to a temp file, fsynced, renamed and its folder fsynced, so it is either whole or absent
-(:func:`~resumerge.merge.store.durable.save_entry`). A missing, unreadable or
+(:func:`~resumerge.machine.durable.save_entry`). A missing, unreadable or
 mismatching entry is recomputed; the adapter's bytes never depend on whether an entry was there. Entries are
 deleted once the adapter is committed (by the caller that ran it).
 """
@@ -18,9 +18,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from resumerge.merge.store.durable import save_entry
+from resumerge.machine.durable import save_entry
+from resumerge.machine.torch_import import torch
 from resumerge.runs.extract.state import FACTORS_SUFFIX, MODULE_KEY
-from resumerge.torch_import import torch
 
 _SUFFIX = FACTORS_SUFFIX
 

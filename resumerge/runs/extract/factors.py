@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from resumerge.inputs.kernels import serial_kernels
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import MethodFootprint, measured
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope, WholeCost, declared
 from resumerge.merge.plan.workunits import CHUNK_ELEMENTS
@@ -45,7 +46,6 @@ from resumerge.runs.extract.decompose import (
     truncate,
 )
 from resumerge.runs.extract.factor_cache import FactorCache
-from resumerge.torch_import import torch
 
 FACTOR_A = "lora_extract_a"
 FACTOR_B = "lora_extract_b"

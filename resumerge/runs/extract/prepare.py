@@ -20,6 +20,7 @@ from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
@@ -38,7 +39,6 @@ from resumerge.runs.extract.modules import LoraModule, ModuleChoice
 from resumerge.runs.extract.planner import METHOD, build_extraction_plan, module_choice, module_seed, open_pair
 from resumerge.runs.extract.spec import ExtractSpec, load_spec_text
 from resumerge.runs.extract.state import FACTORS_DIR
-from resumerge.torch_import import torch
 
 
 def prepare_extraction(text: str, options: PlanOptions, settings: RunSettings, *,

@@ -21,8 +21,8 @@ in :mod:`resumerge.merge.plan.modelcard`, reads a MoE plan's config through :fun
 imported only for the prompt gate modes, only in the prompt work's own process (:mod:`.passmain`, :mod:`.prompts`,
 :mod:`.forward`): the run's process never holds it.
 
-May import: errors, config, forward, inputs, memory, merge.methods, outputs, merge.plan (types, sharding...),
-merge.store (killpoints, threadcount)
+May import: errors, config, forward, inputs, machine, merge.methods, outputs, merge.plan (types, sharding...),
+merge.store (the ledger read).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import MethodFootprint, measured
 from resumerge.merge.methods.spec import MergeContext, MethodSpec, declared
-from resumerge.torch_import import torch
 
 COPY = "moe_expert"
 # The same copy where nothing is drawn or scaled (every base tensor, and experts without noise_scale or

@@ -49,13 +49,13 @@ from resumerge.forward.opened import PassModel
 from resumerge.forward.placement import Placement, Places, Streams
 from resumerge.forward.requires import require_transformers
 from resumerge.forward.stream import ModelStream
-from resumerge.memory import SystemProbe
-from resumerge.merge.store.threadcount import THREADS_FILE
+from resumerge.machine.memory import SystemProbe
+from resumerge.machine.threadcount import THREADS_FILE
+from resumerge.machine.torch_import import torch
 from resumerge.runs.moe.passproc import gate_needs
 from resumerge.runs.moe.passshare import share_problem
 from resumerge.runs.moe.routers import Encoded
 from resumerge.runs.moe.state import LAYER_PREFIX, ROUTERS_NAME
-from resumerge.torch_import import torch
 
 __all__ = ["ExpertSets", "GatesJob", "InThisProcess", "Placed", "Ready", "Weights", "hidden_routers", "pass_bytes",
            "pass_checks", "placed_routers"]

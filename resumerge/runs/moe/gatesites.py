@@ -61,7 +61,7 @@ class InItsProcess:
               early: PassProcess | None) -> HiddenPass:
         """The pass started; returned once it made plan's checks (beside: what plan refuses, run refuses before a
         weight), or once it ended (first)."""
-        from resumerge.memory import SystemProbe, default_budget
+        from resumerge.machine.memory import SystemProbe, default_budget
 
         probe = SystemProbe()
         probe.reclaim()

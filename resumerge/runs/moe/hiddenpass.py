@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resumerge.memory import MemoryGovernor, Reservation
-from resumerge.memory.budget import SAFETY_MARGIN
+from resumerge.machine.memory import MemoryGovernor, Reservation
+from resumerge.machine.memory.budget import SAFETY_MARGIN
+from resumerge.machine.torch_import import torch
 from resumerge.runs.moe import routers
 from resumerge.runs.moe.passproc import PassProcess
-from resumerge.torch_import import torch
 
 # What the pass's process holds before its first layer (torch, transformers, the tokenizer, the model's modules
 # built without weights), counted as the governor counts it: 300 MB measured (transformers 5.2, torch 2.13 on

@@ -23,7 +23,7 @@ from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.inputs.catalog import Inputs
 from resumerge.inputs.codecs import CODECS
-from resumerge.memory import SystemProbe, default_budget, usable_cores
+from resumerge.machine.memory import SystemProbe, default_budget, usable_cores
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.runs.moe.config import MoeConfig, prompt_texts

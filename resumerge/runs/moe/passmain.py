@@ -85,7 +85,7 @@ def answer(job: dict[str, Any], workdir: Path, checked: Callable[[], None] = lam
                         job.get("prompts", ()))
     if job["job"] == "probe":
         return _probe()
-    from resumerge.memory.allocator import tune_allocator
+    from resumerge.machine.memory.allocator import tune_allocator
 
     # As in the run's process: each layer's freed weights go back to the OS at once instead of staying in a heap
     # whose thresholds glibc raised, so this process holds what its share counts (one layer), not two. This
@@ -111,7 +111,7 @@ def _probe() -> dict[str, Any]:
     encoded (``plan``'s estimate of the pass)."""
     import psutil
 
-    from resumerge.memory import SystemProbe
+    from resumerge.machine.memory import SystemProbe
 
     process = psutil.Process()
     cpu = process.cpu_times()

@@ -8,8 +8,8 @@ smallest budget. Light: no torch, no transformers.
 from __future__ import annotations
 
 from resumerge.errors import UsageError
-from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.budget import SAFETY_MARGIN, smallest_budget_for
+from resumerge.machine.memory.sizes import format_size
 
 
 def share_problem(child_held: int, layer_bytes: int, share: int, parent_held: int) -> UsageError | None:

@@ -18,6 +18,7 @@ from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.safetensors_format import DTYPE_SIZES, numel
+from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.gguftypes import type_notes
 from resumerge.merge.plan.inputrefs import tensor_ref
 from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorPlan, fingerprinted
@@ -32,7 +33,6 @@ from resumerge.runs.moe.config import PROMPT_MODES, ExpertConfig, MoeConfig
 from resumerge.runs.moe.outconfig import moe_config, not_power_of_two
 from resumerge.runs.moe.outkinds import OUTPUT_KINDS, OutputKind
 from resumerge.runs.moe.tokenizer import tokenizer_blobs
-from resumerge.torch_import import torch
 
 METHOD = "moe"
 DTYPE_CODES = MappingProxyType({"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",

@@ -17,7 +17,8 @@ from resumerge.errors import InputError, ModelInputError
 from resumerge.inputs.catalog import Inputs, open_inputs
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.model import ModelInput
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.sizes import format_size
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -29,7 +30,6 @@ from resumerge.runs.moe.hiddenpass import HiddenPass
 from resumerge.runs.moe.passproc import HIDDEN_MODES, PassProcess, routers_key, run_child, transformers_usable
 from resumerge.runs.moe.planner import build_moe_plan
 from resumerge.runs.moe.routers import RouterSources
-from resumerge.torch_import import torch
 
 if TYPE_CHECKING:
     from resumerge.inputs.hub import ProgressCallback, RepoMetadata

@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.spec import MergeContext, MethodSpec, declared
 from resumerge.runs.moe.experts import SMALL_FOOTPRINT
-from resumerge.torch_import import torch
 
 RANDOM = "moe_router_random"
 CHEAP_EMBED = "moe_router_cheap_embed"

@@ -7,7 +7,7 @@ and in OUT (``manifest``; for an ``hf://`` OUT, in the repo: ``hub``), run stage
 ``status`` shows). Nothing below this package knows that recipes exist; :mod:`resumerge.api` decides when a run
 is one.
 
-May import: errors, config, memory, inputs, merge.plan, outputs, merge.store, merge.engine, analyses.estimate,
+May import: errors, config, machine, inputs, merge.plan, outputs, merge.store, merge.engine, analyses.estimate,
 runs.transplant.
 """
 

@@ -23,10 +23,10 @@ from resumerge.analyses.estimate.costs import Estimate
 from resumerge.analyses.estimate.estimate import Measuring, estimate
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.settings import RunSettings
-from resumerge.memory.sizes import format_size
+from resumerge.machine.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
+from resumerge.machine.memory.sizes import format_size
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.prepared import Prepared
-from resumerge.merge.store.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing
 from resumerge.runs.recipes.plan import default_intermediate_dir, plan_recipe, refuse_streamed_recipe
 from resumerge.runs.recipes.recipe import load_recipe_text
 

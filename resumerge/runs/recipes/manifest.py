@@ -21,7 +21,7 @@ from typing import Any
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.errors import LedgerError
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME, RecipeRow, read_recipe_row
 
 RECIPE_MANIFEST_NAME = "resumerge-recipe.json"

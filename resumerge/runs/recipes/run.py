@@ -38,6 +38,8 @@ from resumerge.errors import (
     UnreachableError,
 )
 from resumerge.inputs.catalog import fetch_inputs
+from resumerge.machine.durable import fsync_dir, is_temp_name
+from resumerge.machine.runlock import LOCK_NAME, RunLock, is_locked
 from resumerge.merge.engine.devices import make_governor
 from resumerge.merge.engine.drive import Outcome, hub_progress
 from resumerge.merge.engine.executor import Reporter
@@ -50,11 +52,9 @@ from resumerge.merge.plan.merge_plan import PlanOptions, fingerprint_parts
 from resumerge.merge.plan.outguard import model_places, overlap, refuse_state_in_out
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.sidefiles import aux_files
-from resumerge.merge.store.durable import fsync_dir, is_temp_name
 from resumerge.merge.store.integrity import verify_output
 from resumerge.merge.store.journal import journal_files
 from resumerge.merge.store.manifest import MANIFEST_NAME, read_manifest
-from resumerge.merge.store.runlock import LOCK_NAME, RunLock, is_locked
 from resumerge.runs.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.runs.recipes.ledger import open_recipe_ledger
 from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME

@@ -135,7 +135,7 @@ def stage_record(out_dir: str | os.PathLike[str], state: StateDir, *,
 def read_recipe_status(out_dir: str | os.PathLike[str], at: StateDir) -> RecipeStatus:
     """Status of the recipe writing to ``out_dir`` (its records under the state dir ``at``); raises
     :class:`~resumerge.errors.NothingRecordedError` when no recipe is recorded (a :class:`LedgerError` too)."""
-    from resumerge.merge.store.runlock import is_locked
+    from resumerge.machine.runlock import is_locked
 
     where = at.run(out_dir)
     rdir = recipe_dir(where)

@@ -9,8 +9,8 @@ registered unit (:mod:`.units`) and whose other tensors are MODEL's copied as a 
 killed run recomputes only the batch it was in. The output's tokenizer is DONOR's, adding around a text what MODEL's
 adds (its BOS as DONOR's token of that row: :mod:`.adds`). The engine's one session path runs the plan unchanged.
 
-May import: errors, config, inputs, outputs, merge.plan, merge.methods, merge.store (durable writes, killpoints),
-merge.vocab, forward (vocabs: what a ``<0xNN>`` token stands for, read once for ``check`` and the byte match).
+May import: errors, config, machine, inputs, outputs, merge.plan, merge.methods, merge.vocab, forward (vocabs: what
+a ``<0xNN>`` token stands for, read once for ``check`` and the byte match).
 """
 
 __all__ = ["adds", "approximate", "batches", "omp", "planner", "prepare", "spec", "tokens", "units"]

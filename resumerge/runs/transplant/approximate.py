@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from resumerge.machine.torch_import import torch
 from resumerge.runs.transplant.leastsq import least_squares
 from resumerge.runs.transplant.omp import batch_omp, next_atoms
-from resumerge.torch_import import torch
 
 # Distances and weight sums below this count as this (mergekit's clamps, so the weights are the same numbers).
 _TINY = 1e-6

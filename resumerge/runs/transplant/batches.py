@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.durable import save_entry
-from resumerge.torch_import import torch
+from resumerge.machine import killpoints
+from resumerge.machine.durable import save_entry
+from resumerge.machine.torch_import import torch
 
 BATCHES_DIR = "tokensurgeon-batches"
 SUFFIX = ".rows"

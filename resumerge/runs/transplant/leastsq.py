@@ -14,7 +14,7 @@ decomposition instead (LAPACK's SVD routines keep no state between calls).
 
 from __future__ import annotations
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 
 def least_squares(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from resumerge.machine.torch_import import torch
 from resumerge.runs.transplant.tokens import Normalized, text_of
-from resumerge.torch_import import torch
 
 QUANTILE = 0.01
 # The cosine threshold never drops below this, however alike the model's rows are.

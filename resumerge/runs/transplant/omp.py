@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # Below this an atom's orthogonal part counts as this long (a repeated or dependent atom).
 EPS = 1e-8

@@ -16,11 +16,12 @@ from resumerge.config.settings import RunSettings
 from resumerge.inputs.codecs import CODECS
 from resumerge.inputs.hub import HubEvent
 from resumerge.inputs.source import InputSources
+from resumerge.machine import killpoints
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.inputrefs import read_value, tensor_ref
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.prepared import Prepared
-from resumerge.merge.store import killpoints
 from resumerge.runs.transplant.adds import OutputAdds, output_adds
 from resumerge.runs.transplant.batches import BATCHES_DIR, BatchStore
 from resumerge.runs.transplant.magikarp import well_trained
@@ -38,7 +39,6 @@ from resumerge.runs.transplant.planner import (
 from resumerge.runs.transplant.spec import SurgerySpec, load_spec_text
 from resumerge.runs.transplant.tokens import MatrixMatch, Normalized, Vocabulary
 from resumerge.runs.transplant.units import Transplant
-from resumerge.torch_import import torch
 
 KIND = "tokensurgeon"
 

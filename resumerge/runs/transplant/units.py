@@ -22,13 +22,13 @@ from itertools import pairwise
 from typing import Any
 
 from resumerge.inputs.kernels import serial_kernels
+from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.methods.spec import MergeContext, MethodSpec, ParamSpec, ScaledProbe, Scope, declared
 from resumerge.runs.transplant.approximate import Batch, Method, ModelStats, approximate, model_stats
 from resumerge.runs.transplant.batches import BatchStore
 from resumerge.runs.transplant.tokens import MatrixMatch
-from resumerge.torch_import import torch
 
 SURGERY_ROWS = "tokensurgeon_rows"
 

@@ -15,11 +15,11 @@ the ledger stays the one source of truth and a run started with one executor res
 outlives the run the workers are kept for the next run (:mod:`~resumerge.merge.engine.cluster.kept`, leased and watched
 by
 :mod:`~resumerge.merge.engine.cluster.keeper`), and they host the forward passes' actors between runs
-(:mod:`~resumerge.merge.engine.cluster.hosting`). Ray itself is imported only here, and only when a run asks for it
-(:mod:`~resumerge.merge.engine.cluster.connect`).
+(:mod:`~resumerge.merge.engine.cluster.hosting`). Ray itself is imported only when a run asks for it
+(:mod:`~resumerge.machine.rayconnect`, the bottom package's).
 
-May import: errors, config, memory, merge.methods, inputs, merge.store, merge.plan, merge.engine (the executor seam
+May import: errors, config, machine, merge.methods, inputs, merge.store, merge.plan, merge.engine (the executor seam
 and its pipeline).
 """
 
-__all__ = ["actor", "connect", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]
+__all__ = ["actor", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]

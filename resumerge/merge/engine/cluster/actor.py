@@ -92,7 +92,7 @@ class NodeActor:
         collection of a process holding torch costs ~0.1 CPU s, twice a lease)."""
         import gc
 
-        from resumerge.memory.allocator import malloc_trim
+        from resumerge.machine.memory.allocator import malloc_trim
         from resumerge.merge.engine.cluster.worker import ShardStream
 
         self.hosting.end()  # a pass's object, hosted for the lease, dropped

@@ -31,8 +31,10 @@ from typing import Any
 
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UnreachableError
-from resumerge.memory.sizes import format_size
-from resumerge.merge.engine.cluster.connect import join
+from resumerge.machine.durable import discard, is_temp_name, storage_error
+from resumerge.machine.memory.sizes import format_size
+from resumerge.machine.rayconnect import join
+from resumerge.machine.torch_import import IMPORT_RESERVE, torch
 from resumerge.merge.engine.cluster.hubreads import NodeReads
 from resumerge.merge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, fit, place, unreserve
 from resumerge.merge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
@@ -46,11 +48,9 @@ from resumerge.merge.plan.merge_plan import Plan, ShardPlan
 from resumerge.merge.plan.planner import threads_matter
 from resumerge.merge.plan.workorder import compute_order
 from resumerge.merge.plan.workunits import estimate_bytes
-from resumerge.merge.store.durable import discard, is_temp_name, storage_error
 from resumerge.merge.store.hubsink import HubRepoSink
 from resumerge.merge.store.journal_commit import CommitJournal
 from resumerge.merge.store.nodestats import NODE_EVENT, node_line
-from resumerge.torch_import import IMPORT_RESERVE, torch
 
 # The driver's re-issues of a shard whose worker was lost (its process or node died) before the run gives up.
 REISSUES = 3
@@ -70,7 +70,7 @@ class RayDriver:
 
     @classmethod
     def connect(cls, address: str | None, warm: WarmStart | None = None) -> RayDriver:
-        """Join the cluster at ``address`` (see :func:`~resumerge.merge.engine.cluster.connect.join`), once the ``warm``
+        """Join the cluster at ``address`` (see :func:`~resumerge.machine.rayconnect.join`), once the ``warm``
         start of the run's workers, if any, has joined it (its workers are taken when the run starts)."""
         if warm is not None:
             warm.joined()

@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from resumerge.machine.torch_import import IMPORT_RESERVE
 from resumerge.merge.engine.cluster.kept import lease_on
 from resumerge.merge.engine.cluster.launch import NODE_LABEL, RESERVE_SECONDS, Worker, declared, end
-from resumerge.torch_import import IMPORT_RESERVE
 
 # The lease a fresh host's calls run under: the actor is the pass's alone, and dies with it.
 FRESH = "fresh"

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from resumerge.errors import UsageError
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.inputs.tensorio import TensorReader
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan
 
 # The hub's modules (huggingface_hub, the range client and its HTTP stack: a second of a worker's start, on the

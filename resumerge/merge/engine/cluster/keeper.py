@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.version import __version__
-from resumerge.merge.engine.cluster.connect import require_ray
+from resumerge.machine.rayconnect import require_ray
 
 # How often the watchdog reads the lease's token (and looks at the idle time).
 WATCH_SECONDS = 0.25

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from resumerge.machine.torch_import import IMPORT_RESERVE
 from resumerge.merge.engine.cluster.actor import NodeActor
 from resumerge.merge.engine.cluster.keeper import OTHER_CODE, run_digest
 from resumerge.merge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout, pinned
-from resumerge.torch_import import IMPORT_RESERVE
 
 # The namespace of every kept worker's name.
 NAMESPACE = "resumerge"

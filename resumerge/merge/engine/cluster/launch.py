@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from resumerge.errors import UnreachableError
+from resumerge.machine.torch_import import IMPORT_RESERVE
 from resumerge.merge.engine.cluster.actor import NodeActor
-from resumerge.torch_import import IMPORT_RESERVE
 
 if TYPE_CHECKING:  # the engine's modules: imported by the workers' processes, not by a warm start's thread
     from resumerge.merge.engine.cluster.worker import WorkerSetup

@@ -22,14 +22,16 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from resumerge.machine import rayconnect as connect
+from resumerge.machine.torch_import import IMPORT_RESERVE
+
 # The workers' launch (which brings nothing of the engine: the workers' processes import it) is imported here, by
 # the API call's thread, and Ray by the start's own thread: that thread imports no module of resumerge while the
 # call imports the planner beside it. Two threads importing one package tree at once can fail (CPython raises
 # _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
 # half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
 # adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
-from resumerge.merge.engine.cluster import connect, kept, launch
-from resumerge.torch_import import IMPORT_RESERVE
+from resumerge.merge.engine.cluster import kept, launch
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.cluster.launch import Worker

@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.merge.engine.cluster.connect import this_node
+from resumerge.machine.checksums import SHA256, Checksum
+from resumerge.machine.durable import discard, temp_path
+from resumerge.machine.rayconnect import this_node
+from resumerge.machine.torch_import import load, torch
 from resumerge.merge.engine.cluster.cores import Cores, node_cores
 from resumerge.merge.engine.cluster.hubreads import NodeReads, NodeSources, ReadDigest
 from resumerge.merge.engine.devices import gpu_governor, make_governor, set_torch_threads
@@ -34,10 +37,7 @@ from resumerge.merge.engine.quiet import NullReporter
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan
 from resumerge.merge.plan.planner import threads_matter
-from resumerge.merge.store.checksums import SHA256, Checksum
-from resumerge.merge.store.durable import discard, temp_path
 from resumerge.merge.store.sink import LocalDirSink, Receipt
-from resumerge.torch_import import load, torch
 
 # A hub OUT's upload (huggingface_hub: most of a second of a worker's start) is imported by the workers that upload.
 if TYPE_CHECKING:

@@ -33,8 +33,7 @@ Public API:
 
 How configs become one: :func:`resumerge.api.open_unwritten` and :func:`resumerge.api.open_population`.
 
-May import: errors, config, memory, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs (the
-engine's own).
+May import: errors, config, machine, merge.methods, merge.vocab, inputs, merge.plan, outputs (the engine's own).
 """
 
 from resumerge.merge.engine.unwritten.compute import merged_rows, merged_tensor

@@ -21,7 +21,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.compute import SharedInputs, Stored, TensorCompute
 from resumerge.merge.engine.devices import is_gpu
 from resumerge.merge.engine.executor import CONCURRENCY
@@ -43,7 +44,6 @@ from resumerge.merge.plan.workunits import (
     unit_bytes,
     unit_mode,
 )
-from resumerge.torch_import import torch
 
 
 def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, *,

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from resumerge.errors import ResumergeError
 from resumerge.inputs.source import InputSource, InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.compute import SharedInputs, Stored
 from resumerge.merge.engine.groupscales import GroupScales
 from resumerge.merge.engine.unwritten.compute import merged_rows, merged_tensor
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources
 from resumerge.merge.plan.merge_plan import Plan, TensorPlan
-from resumerge.torch_import import torch
 
 # Where a stored part lies in the planned files: (file, start) -> (output tensor, part name, end).
 Places = dict[tuple[str, int], tuple[str, str, int]]

@@ -24,7 +24,7 @@ from resumerge.errors import StorageError
 from resumerge.inputs.files import CONFIG_NAME, TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
 from resumerge.merge.engine.compute import SharedInputs
 from resumerge.merge.engine.unwritten.merged import MergedFiles
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources

@@ -33,14 +33,14 @@ from resumerge.config.closing import Closing
 from resumerge.errors import UsageError
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
-from resumerge.memory import MemoryGovernor
+from resumerge.machine.memory import MemoryGovernor
+from resumerge.machine.torch_import import torch
 from resumerge.merge.engine.unwritten.model import UnwrittenMerge
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources
 from resumerge.merge.methods.spec import InputsOnly
 from resumerge.merge.plan.architecture import split_layer_name
 from resumerge.merge.plan.merge_plan import InputRef, Plan, TensorPlan
 from resumerge.merge.plan.workunits import estimate_bytes, method_dtype
-from resumerge.torch_import import torch
 
 # A read as the engine asks for it: (model, file, start, end, dtype, shape).
 ReadKey = tuple[str, str, int, int, str, tuple[int, ...]]

@@ -1,7 +1,7 @@
 """The memory governor: admits units of work only while their estimates fit, and shrinks the batch early.
 
-See :mod:`resumerge.memory.accounting` for how usage and headroom are computed and
-:mod:`resumerge.memory.pressure` for the levels at which the knobs come down.
+See :mod:`resumerge.machine.memory.accounting` for how usage and headroom are computed and
+:mod:`resumerge.machine.memory.pressure` for the levels at which the knobs come down.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from types import TracebackType
 from typing import NoReturn
 
 from resumerge.errors import UsageError
-from resumerge.memory.accounting import Usage, next_baseline
-from resumerge.memory.budget import SAFETY_MARGIN, smallest_budget_for, working_room
-from resumerge.memory.pressure import PressurePolicy, PressureTracker
-from resumerge.memory.probe import MemoryProbe, SystemProbe
-from resumerge.memory.records import Adaptation, Reservation
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.accounting import Usage, next_baseline
+from resumerge.machine.memory.budget import SAFETY_MARGIN, smallest_budget_for, working_room
+from resumerge.machine.memory.pressure import PressurePolicy, PressureTracker
+from resumerge.machine.memory.probe import MemoryProbe, SystemProbe
+from resumerge.machine.memory.records import Adaptation, Reservation
+from resumerge.machine.memory.sizes import format_size
 
 __all__ = ["MemoryGovernor", "Reservation"]
 

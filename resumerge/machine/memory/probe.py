@@ -1,8 +1,8 @@
 """Memory probes: where the governor learns how much memory we use and how much is left.
 
 The governor never reads the OS itself; it asks a :class:`MemoryProbe`. :class:`SystemProbe` reads host RAM
-(psutil) and the container's cgroup, :class:`~resumerge.memory.cuda.CudaProbe` a GPU, and
-:class:`~resumerge.memory.fake.FakeProbe` whatever a test scripts.
+(psutil) and the container's cgroup, :class:`~resumerge.machine.memory.cuda.CudaProbe` a GPU, and
+:class:`~resumerge.machine.memory.fake.FakeProbe` whatever a test scripts.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Protocol, runtime_checkable
 
 import psutil
 
-from resumerge.memory import allocator, cgroup
-from resumerge.memory.baseline import resident_bytes
+from resumerge.machine.memory import allocator, cgroup
+from resumerge.machine.memory.baseline import resident_bytes
 
 __all__ = ["MemoryProbe", "SystemProbe", "os_peak_rss"]
 
@@ -95,8 +95,8 @@ class SystemProbe:
         """Collect garbage cycles (they may hold tensors) and ask glibc to return free heap pages to the OS.
 
         glibc keeps freed heap blocks for reuse (a run keeps row chunks' buffers on purpose, see
-        :mod:`resumerge.memory.allocator`), so RSS stays above what is in use; ``malloc_trim(0)`` gives those pages
-        back. A no-op where glibc is absent.
+        :mod:`resumerge.machine.memory.allocator`), so RSS stays above what is in use; ``malloc_trim(0)`` gives those
+        pages back. A no-op where glibc is absent.
         """
         gc.collect()
         if self._trim is not None:

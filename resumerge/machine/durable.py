@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.errors import StorageError
-from resumerge.merge.store import killpoints
-from resumerge.merge.store.checksums import hash_file, written_with
+from resumerge.machine import killpoints
+from resumerge.machine.checksums import hash_file, written_with
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def publish_copy(staged: Path, final: Path, sha256: str) -> None:
     """Publish the fsynced local file ``staged`` as ``final`` on another filesystem, trusting nothing there.
 
     Copy to a temp name beside ``final``, fsync it, read it back and compare its checksum with ``sha256`` (the
-    record of the bytes written to ``staged``, by the algorithm it names: :mod:`resumerge.merge.store.checksums`), then
+    record of the bytes written to ``staged``, by the algorithm it names: :mod:`resumerge.machine.checksums`), then
     rename and fsync the directory; ``staged`` is deleted last.
     A mismatch raises :class:`StorageError` and leaves no file under ``final``'s name. Other OS errors propagate
     as ``OSError`` after the temp copy is removed.

@@ -1,7 +1,7 @@
-"""GPU memory as a :class:`~resumerge.memory.probe.MemoryProbe`, for ``--device cuda``.
+"""GPU memory as a :class:`~resumerge.machine.memory.probe.MemoryProbe`, for ``--device cuda``.
 
 torch is imported inside the constructor, never at module import, so ``resumerge status`` stays fast. Give the
-probe its own :class:`~resumerge.memory.governor.MemoryGovernor` (``pool="cuda:0"``); host and GPU budgets are
+probe its own :class:`~resumerge.machine.memory.governor.MemoryGovernor` (``pool="cuda:0"``); host and GPU budgets are
 governed independently.
 """
 

@@ -3,7 +3,7 @@
 Google Drive in Colab is a FUSE mount whose uploads happen behind the kernel's back: a file can be renamed and
 fsynced yet still be half-synced, and the mount can vanish with the runtime. Network filesystems have cousins of
 these problems. On such filesystems resumerge writes and fsyncs each shard on local staging and publishes it to
-OUT by copy + read-back verify (see :func:`resumerge.merge.store.durable.publish_copy`).
+OUT by copy + read-back verify (see :func:`resumerge.machine.durable.publish_copy`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from resumerge.config.locations import STAGING_NAME
 from resumerge.config.settings import Staging
-from resumerge.merge.store.diskprobe import nearest_existing
+from resumerge.machine.diskprobe import nearest_existing
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 # Filesystem types whose durability or visibility resumerge does not take on trust.

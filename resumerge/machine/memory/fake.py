@@ -1,4 +1,4 @@
-"""A scripted :class:`~resumerge.memory.probe.MemoryProbe` for tests: memory figures are whatever you set."""
+"""A scripted :class:`~resumerge.machine.memory.probe.MemoryProbe` for tests: memory figures are whatever you set."""
 
 from __future__ import annotations
 

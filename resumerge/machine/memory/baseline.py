@@ -1,8 +1,8 @@
 """The process's own baseline: the resident memory a fresh process of a command holds before it does any work.
 
-``--max-memory`` counts the whole process (:class:`~resumerge.memory.probe.SystemProbe`), so the smallest budget a
-command can work under is that baseline (the interpreter, torch, the modules the command imports) plus its largest
-step (:func:`~resumerge.memory.budget.smallest_budget_for`). ``plan`` names that budget before the run's process
+``--max-memory`` counts the whole process (:class:`~resumerge.machine.memory.probe.SystemProbe`), so the smallest budget
+a command can work under is that baseline (the interpreter, torch, the modules the command imports) plus its largest
+step (:func:`~resumerge.machine.memory.budget.smallest_budget_for`). ``plan`` names that budget before the run's process
 exists, and the run, ``check`` and ``measure`` name it again in theirs: for them to name the same figure, the
 baseline is not read in whichever process asks (each holds a different mix of modules and objects, and two readings
 of one process differ by a few hundred KB) but measured once in a fresh interpreter that imports exactly the
@@ -38,7 +38,7 @@ SETTLE_FRACTION = 0.01
 # A fresh interpreter with this process's import path imports the modules, collects garbage and prints its RSS.
 _MEASURE = ("import gc, importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
             "for name in json.loads(sys.argv[2]):\n    importlib.import_module(name)\ngc.collect()\n"
-            "from resumerge.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
+            "from resumerge.machine.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
 
 
 def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:

@@ -28,7 +28,7 @@ __all__ = ["IMPORT_RESERVE", "dtype_name", "load", "load_beside", "loaded", "on_
 # 276 MB for CUDA 2.11+cu130 on a 16-core H100 machine, Python 3.12, without initialising CUDA).
 # What a Ray actor declares for its process before its own work (resumerge.merge.engine.cluster,
 # resumerge.forward.rayactor). A local run's memory check counts torch through a fresh process's measured baseline
-# instead (:mod:`resumerge.memory.baseline`), without importing it.
+# instead (:mod:`resumerge.machine.memory.baseline`), without importing it.
 IMPORT_RESERVE = 1 << 30
 
 

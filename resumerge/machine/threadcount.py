@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from resumerge.config.params import is_whole
-from resumerge.merge.store.durable import write_file_atomic
+from resumerge.machine.durable import write_file_atomic
 
 THREADS_FILE = "threads.json"  # {"threads": N}: the count the job computes with
 
@@ -30,7 +30,7 @@ def decided_threads(folder: Path, name: str = THREADS_FILE) -> int:
     count = recorded_threads(folder, name)
     if count is not None:
         return count
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     count = max(1, int(torch.get_num_threads()))
     folder.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from resumerge.errors import UsageError
-from resumerge.memory.probe import MemoryProbe
-from resumerge.memory.sizes import format_size
+from resumerge.machine.memory.probe import MemoryProbe
+from resumerge.machine.memory.sizes import format_size
 
 __all__ = [
     "DEFAULT_FRACTION",
@@ -54,7 +54,7 @@ def smallest_budget_for(unit_bytes: int, *, baseline_bytes: int = 0, margin_frac
 
     ``baseline_bytes`` is the memory held before the unit starts (interpreter, torch, the write buffer);
     the governor admits while ``baseline + unit`` fits the budget less its safety margin. The result is
-    rounded *up* to three significant digits so that :func:`~resumerge.memory.sizes.format_size` prints it
+    rounded *up* to three significant digits so that :func:`~resumerge.machine.memory.sizes.format_size` prints it
     exactly and the printed figure still works.
     """
     if unit_bytes < 0 or baseline_bytes < 0:
@@ -80,8 +80,8 @@ def budget_fitting(what: str, peak: int, max_memory: int | None, probe: MemoryPr
     :class:`~resumerge.errors.UsageError` (exit 2, before any weight is read) naming the smallest budget that fits
     (:func:`pass_budget`, the figure ``measure --plan`` names too), when that one does not. ``what`` names the work
     ("the check"). ``held``: the process's settled reading
-    (:func:`~resumerge.memory.baseline.settled_reading`: what every start of this work names), the one figure the
-    budget is judged by; None: ``probe``'s reading now, judged as it is and named with 1 % of it more (a rerun with
+    (:func:`~resumerge.machine.memory.baseline.settled_reading`: what every start of this work names), the one figure
+    the budget is judged by; None: ``probe``'s reading now, judged as it is and named with 1 % of it more (a rerun with
     the named budget is not refused again for a reading a little higher)."""
     budget = max_memory if max_memory is not None else default_budget(probe)
     reading = probe.rss()

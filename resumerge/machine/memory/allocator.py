@@ -10,7 +10,7 @@ Two settings, made once per run by :func:`tune_allocator`:
   faults its pages in again and the kernel zeroes each one. The bench's della merge of 5 GB of inputs under
   ``--max-memory 1GB`` (row chunks): 3.5 million page faults given back, 0.26 million kept; system time 12.0 s
   against 8.0 s, wall time 26.0 against 23.0 s (medians, bench/RESULTS.md). What is kept is bounded by the chunks
-  in flight (peak RSS +11 MiB there), and the governor's :meth:`~resumerge.memory.probe.MemoryProbe.reclaim`
+  in flight (peak RSS +11 MiB there), and the governor's :meth:`~resumerge.machine.memory.probe.MemoryProbe.reclaim`
   hands it back (``malloc_trim``) when memory runs short.
 
 The settings are the whole process's, so a run puts them back when it ends (a notebook that called ``api.run``

@@ -1,0 +1,100 @@
+"""tools/relayout_machine.py (issue 98: the infrastructure out of ``merge/`` into the bottom package ``machine/``):
+on a small tree of the same shape it moves the modules, rewrites their references, declares the layers, and a
+second run changes nothing. The script leaves this file alone (its old names are the inputs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "relayout_machine.py"
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("relayout_machine_tool", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["relayout_machine_tool"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tree(root: Path) -> None:
+    files = {
+        "resumerge/__init__.py": '"""resumerge."""\n',
+        "resumerge/torch_import.py": '"""torch, on first use."""\n\ntorch = None\n',
+        "resumerge/memory/__init__.py": '"""Memory.\n\nMay import: errors.\n"""\n\n'
+                                        "from resumerge.torch_import import torch\n\n__all__ = [\"sizes\"]\n",
+        "resumerge/memory/sizes.py": '"""Sizes."""\n',
+        "resumerge/merge/__init__.py": '"""The merge."""\n\n__all__ = ["engine", "store"]\n',
+        "resumerge/merge/store/__init__.py": '"""The store.\n\nMay import: errors.\n"""\n\n'
+                                             '__all__ = [\n    "durable",\n    "killpoints",\n    "ledger",\n]\n',
+        "resumerge/merge/store/killpoints.py": '"""Kill points."""\n\n\ndef reach() -> None: ...\n',
+        "resumerge/merge/store/durable.py": '"""Durable writes (:mod:`.killpoints`)."""\n\n'
+                                            "from resumerge.merge.store import killpoints\n\n\n"
+                                            "def write() -> None:\n    killpoints.reach()\n",
+        "resumerge/merge/store/ledger.py": '"""The ledger (:mod:`.durable`)."""\n\n'
+                                           "from resumerge.merge.store.durable import write\n",
+        "resumerge/merge/engine/__init__.py": '"""The engine.\n\nMay import: errors, merge.store.\n"""\n\n'
+                                              "__all__: list[str] = []\n",
+        "resumerge/merge/engine/cluster/__init__.py": '"""The cluster."""\n\n__all__ = ["connect", "driver"]\n',
+        "resumerge/merge/engine/cluster/connect.py": '"""Ray, joined."""\n\n\ndef join() -> None: ...\n',
+        "resumerge/merge/engine/cluster/driver.py": '"""The driver."""\n\n'
+                                                    "from resumerge.merge.engine.cluster.connect import join\n"
+                                                    "from resumerge.merge.store.ledger import write\n",
+        "resumerge/forward/__init__.py": '"""The forward engine.\n\nMay import: errors, memory, merge.store (durable), '
+                                         'merge.engine.\n"""\n\n__all__: list[str] = []\n',
+        "resumerge/forward/driver.py": '"""A pass."""\n\nfrom resumerge.merge.engine.cluster.connect import join\n'
+                                       "from resumerge.merge.store.durable import write\n"
+                                       "from resumerge.torch_import import torch\n",
+        "tests/test_x.py": 'TARGET = "resumerge.merge.store.durable.write"\nFILE = "resumerge/memory/sizes.py"\n',
+        "docs/dev.md": "See `resumerge/merge/store/killpoints.py` and `torch_import.py`.\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    tool = _tool()
+    _tree(tmp_path)
+    said = tool.relayout(tmp_path)
+    pkg = tmp_path / "resumerge"
+    assert not (pkg / "merge" / "store" / "durable.py").exists() and not (pkg / "memory").exists()
+    for moved in ("durable.py", "killpoints.py", "torch_import.py", "rayconnect.py", "memory/sizes.py"):
+        assert (pkg / "machine" / moved).is_file(), moved
+    forward = (pkg / "forward" / "driver.py").read_text()
+    assert "from resumerge.machine.durable import write" in forward
+    assert "from resumerge.machine.rayconnect import join" in forward
+    assert "from resumerge.machine.torch_import import torch" in forward
+    # ``from resumerge.merge.store import killpoints``: the module moved, the name stays
+    assert "from resumerge.machine import killpoints" in (pkg / "machine" / "durable.py").read_text()
+    assert "from resumerge.machine.durable import write" in (pkg / "merge" / "store" / "ledger.py").read_text()
+    assert ":mod:`resumerge.machine.durable`" in (pkg / "merge" / "store" / "ledger.py").read_text()
+    assert (tmp_path / "tests" / "test_x.py").read_text() == (
+        'TARGET = "resumerge.machine.durable.write"\nFILE = "resumerge/machine/memory/sizes.py"\n')
+    assert (tmp_path / "docs" / "dev.md").read_text() == (
+        "See `resumerge/machine/killpoints.py` and `machine/torch_import.py`.\n")
+    # the packages the modules left no longer list them; the bottom package says its job and lists what it holds
+    assert '"durable"' not in (pkg / "merge" / "store" / "__init__.py").read_text()
+    assert '__all__ = ["driver"]' in (pkg / "merge" / "engine" / "cluster" / "__init__.py").read_text()
+    bottom = (pkg / "machine" / "__init__.py").read_text()
+    assert "May import: errors, config." in bottom and '"memory",' in bottom and '"torch_import",' in bottom
+    # forward imports nothing of merge/ any more: memory is the bottom package, the emptied layers are dropped
+    assert "May import: errors, machine.\n" in (pkg / "forward" / "__init__.py").read_text()
+    assert "May import: errors, machine, merge.store.\n" in (pkg / "merge" / "engine" / "__init__.py").read_text()
+    assert any("write resumerge/machine/__init__.py" in line for line in said)
+
+    before = {p: p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".py", ".md")}
+    assert tool.relayout(tmp_path) == []
+    assert {p: p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".py", ".md")} == before
+
+
+def test_a_line_s_prose_naming_a_moved_module_is_left_for_a_person() -> None:
+    tool = _tool()
+    text = '"""Moe.\n\nMay import: errors, merge.store (killpoints, ledger), torch_import.\n"""\n'
+    new, left = tool.declared(text, "runs.moe", {"errors", "merge.store", "machine"})
+    assert "May import: errors, merge.store (killpoints, ledger), machine.\n" in new
+    assert left == ["runs.moe: 'May import:' prose names a module now in machine/: merge.store (killpoints, ledger)"]
