@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.ggufbudget import Option, choose, chosen_pairs, chosen_patterns, chosen_tensor
 from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs, type_bytes
-from resumerge.torch_import import torch
 
 SMALL, LARGE, LARGEST = 1, 2, 3  # stand-in type ids: only their order and identity matter to choose()
 

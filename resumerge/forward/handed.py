@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from resumerge.errors import ModelInputError
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # How a carried value is named in a pass's journal: model m's, batch s's, layer i's extra output q.
 CARRIED = "carried.{m}.{s}.{i}.{q}"

@@ -27,8 +27,8 @@ from resumerge.forward.journal import durable_save, latest
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
-from resumerge.merge.store.killpoints import reach
-from resumerge.torch_import import torch
+from resumerge.machine.killpoints import reach
+from resumerge.machine.torch_import import torch
 
 PREFIX = "states-"
 

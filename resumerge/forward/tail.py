@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.torch_import import torch
+from resumerge.machine.torch_import import torch
 
 # The token ids' shape the probe runs with, to find where the hidden states hold the batch and positions (Gemma 3n's
 # stack its streams first): two sizes no stream count or width is taken for

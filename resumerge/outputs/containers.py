@@ -291,7 +291,7 @@ class GgufRelease(GgufFile):
 
     def card_lines(self, files: Sequence[str], out_config: Mapping[str, Any]) -> list[str]:
         from resumerge.inputs.gguf.names import ARCH_OF
-        from resumerge.memory.sizes import format_size
+        from resumerge.machine.memory.sizes import format_size
 
         model_type = str(out_config.get("model_type"))
         weighted = self._importance_line()

@@ -199,7 +199,7 @@ def _iq4_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 def _iq3_points(size: int, magnitudes: tuple[int, ...]) -> torch.Tensor:
     """A 3-bit grid's points (:mod:`.iq3grid`) as their stored magnitudes, float32 (size, 4)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     table = torch.tensor(magnitudes, dtype=torch.float32)
     return table[torch.from_numpy(iq3grid.levels(size).astype("int64"))]
@@ -210,7 +210,7 @@ def _iq3_signed(points: torch.Tensor, index: torch.Tensor, signs: torch.Tensor, 
     """Blocks of 32 values into ``into`` (n, 8, 32): eight grid points by ``index`` (n, 8, 8), each value of 8 taken
     negative by bit j of its sign byte (``signs`` (n, 8, 4)), ``scale * magnitude`` (``scale`` (n, 8, 1)) then the
     sign (both exact but the first product)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = index.shape[0]
     magnitudes = points[index.long()].reshape(n, 8, 32)
@@ -223,7 +223,7 @@ def _iq3_xxs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """IQ3_XXS blocks (``block_iq3_xxs``: f16 d, 64 grid indices, eight 32-bit words; (n, 98)) into float32 values
     (n, 256): block j's word holds four 7-bit sign groups (the eighth bit the parity of the seven) and its scale
     ``s`` in the top four bits; a value is ``((d * (0.5 + s)) * 0.5) * magnitude``, signed."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
@@ -243,7 +243,7 @@ def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     4-bit scales; (n, 110)) into float32 values (n, 256): block j's point k has index ``qs[8j + k]`` plus bit k of
     ``qh[j]`` as its ninth, value ``8l + i`` of the block is negative by bit i of ``signs[4j + l]``, and a value is
     ``(d * (1 + 2 s_j)) * magnitude``, signed."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)

@@ -16,7 +16,7 @@ shares; the test suite checks them against llama.cpp's own dequantization and qu
 - IQ2_S (82 bytes): f16 ``d``, 32 bytes of grid indices' low 8 bits, 32 sign bytes (all eight signs), 8 bytes of
   the indices' top 2 bits (group ``4j + k`` at bits 2k of byte j), 8 bytes of scales as IQ2_XS's.
 
-May import: numpy, torch (through :mod:`resumerge.torch_import`).
+May import: numpy, torch (through :mod:`resumerge.machine.torch_import`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 __all__ = ["IQ2_BLOCK_BYTES", "IQ2_DECODERS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "LEVELS", "kgrid"]
 
@@ -124,7 +124,7 @@ def kgrid(ggml_type: int) -> np.ndarray:
 @functools.cache
 def _values(ggml_type: int) -> torch.Tensor:
     """Each grid point's eight coordinate values (float32 (points, 8))."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     levels = (kgrid(ggml_type).astype(np.int64)[:, None] >> (2 * np.arange(8))) & 3
     return torch.from_numpy(np.asarray(LEVELS, dtype=np.float32)[levels])
@@ -132,7 +132,7 @@ def _values(ggml_type: int) -> torch.Tensor:
 
 def _words(raw: torch.Tensor, dtype: torch.dtype, mask: int) -> torch.Tensor:
     """Little-endian unsigned words of ``raw`` (uint8 (n, bytes)) as int64 (n, bytes / width)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     return raw.contiguous().view(dtype).to(torch.int64) & mask
 
@@ -142,7 +142,7 @@ def _fill(ggml_type: int, points: torch.Tensor, signs: torch.Tensor, scale: torc
     """Groups' grid points (int64 (n, 32)) with their sign bytes (int64 (n, 32): bit i negates coordinate i) and
     scales (float32 (n, 32)) into ``into`` (float32 (n, 256)): ``scale * value`` (llama.cpp's product), negated
     where the sign says."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = points.shape[0]
     out = into.view(n, 32, 8)
@@ -168,7 +168,7 @@ def _scales(d: torch.Tensor, nibbles: torch.Tensor) -> torch.Tensor:
 def _halves(d: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """The 32 groups' scales (float32 (n, 32)) of 8 bytes of two 4-bit scales (int64 (n, 8)): byte j holds groups
     ``4j, 4j+1`` (low nibble) and ``4j+2, 4j+3`` (high)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = packed.shape[0]
     nibbles = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, 16)
@@ -177,7 +177,7 @@ def _halves(d: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def _iq2_xxs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """IQ2_XXS blocks (uint8 (n, 66)) into float32 values (n, 256)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     words = _words(blocks[:, 2:], torch.int32, 0xFFFFFFFF).reshape(n, 8, 2)
@@ -190,7 +190,7 @@ def _iq2_xxs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 def _iq2_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """IQ2_XS blocks (uint8 (n, 74)) into float32 values (n, 256)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     words = _words(blocks[:, 2:66], torch.int16, 0xFFFF)
     scale = _halves(_half(blocks), blocks[:, 66:74].to(torch.int64))
@@ -199,7 +199,7 @@ def _iq2_xs_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 def _iq2_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
     """IQ2_S blocks (uint8 (n, 82)) into float32 values (n, 256)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]
     high = blocks[:, 66:74].to(torch.int64).unsqueeze(-1) >> (2 * torch.arange(4))
@@ -210,7 +210,7 @@ def _iq2_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 def _half(blocks: torch.Tensor) -> torch.Tensor:
     """The f16 ``d`` of each block (uint8 (n, bytes)) as float32 (n, 1)."""
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
     return blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
 

@@ -48,7 +48,7 @@ class Target:
     bpw: float | None = None
 
     def describe(self) -> str:
-        from resumerge.memory.sizes import format_size
+        from resumerge.machine.memory.sizes import format_size
 
         return (f"--gguf-target-size {format_size(self.size)}" if self.size is not None
                 else f"--gguf-target-bpw {self.bpw}")
@@ -183,7 +183,7 @@ def check_target(tensors: Mapping[str, TensorPlan], file_size: int, gguf_type: s
     GGUF plan of ``tensors`` in ``file_size`` bytes can be (each chosen tensor at its smallest type, the rest as
     the ``gguf_type`` mix writes them); with the types ``chosen``, an internal error where they do not fit it."""
     from resumerge.errors import ModelInputError, ResumergeError
-    from resumerge.memory.sizes import format_size
+    from resumerge.machine.memory.sizes import format_size
 
     found = budgeting(tensors, file_size, target)
     if chosen:

@@ -19,7 +19,7 @@ from resumerge.inputs.codecs.protocol import OutPart, TensorEncoder
 
 if TYPE_CHECKING:
     from resumerge.inputs.codecs.protocol import Lend
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 _SEP = ":"  # a GGUF tensor name holds none (gguf.md §2: dots, digits, letters, underscores)
 _P = TypeVar("_P")

@@ -27,7 +27,7 @@ import numpy as np
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 
 if TYPE_CHECKING:
-    from resumerge.torch_import import torch
+    from resumerge.machine.torch_import import torch
 
 # The types a size target chooses among, by row: the K-quants where a row is whole 256-value blocks; else the
 # legacy 32-value ones (llama.cpp's quantizer falls a K type back to them on such rows); Q8_0 on both.

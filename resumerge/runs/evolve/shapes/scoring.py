@@ -32,10 +32,10 @@ from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
 from resumerge.forward.reader import step_sizes
 from resumerge.forward.stream import ModelStream
-from resumerge.memory import SystemProbe, budget_fitting
+from resumerge.machine.memory import SystemProbe, budget_fitting
+from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve.scoring import task_texts
 from resumerge.runs.evolve.spec import Task
-from resumerge.torch_import import torch
 
 Found = TypeVar("Found")
 CACHE = "cache"
@@ -232,7 +232,7 @@ class ShapeJob(Generic[Found]):
             return
         from safetensors.torch import save_file
 
-        from resumerge.merge.store.durable import write_file_atomic
+        from resumerge.machine.durable import write_file_atomic
 
         folder.mkdir(parents=True, exist_ok=True)
         for t in ready.texts:

@@ -20,8 +20,8 @@ from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
 from resumerge.forward.layercache import branch
 from resumerge.forward.opened import open_for_pass
-from resumerge.merge.store.durable import write_file_atomic
-from resumerge.merge.store.killpoints import reach
+from resumerge.machine.durable import write_file_atomic
+from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import objective
 from resumerge.runs.evolve.shapes.genome import (
