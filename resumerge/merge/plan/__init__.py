@@ -17,6 +17,7 @@ __all__ = [
     "modelcard",
     "module_views",
     "modules",
+    "options",
     "outconfig",
     "parameters",
     "placing",
