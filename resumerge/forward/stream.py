@@ -27,7 +27,7 @@ from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
 from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
-from resumerge.inputs.stacks import not_a_stack
+from resumerge.inputs.stacks import not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -437,7 +437,7 @@ class ModelStream:
                     # per-layer inputs, and which would leave those layers one position to run
                     self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                **{"use_cache": False, **(more or {})})
-            except (ValueError, TypeError, IndexError) as exc:  # the forward unpacks the output otherwise
+            except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
                 failed = f": {type(exc).__name__}: {exc}"
                 continue
             finally:
@@ -459,7 +459,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_a_stack(getattr(text, "model_type", None))
+        why = not_layer_by_layer(getattr(text, "model_type", None))
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
