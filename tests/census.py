@@ -283,7 +283,8 @@ OPEN: Mapping[str, Mapping[str, str]] = {
                           "reformer runs its layers as a reversible pair of streams"},
     "xlm": {"slices": "keeps its layers' parts in separate numbered lists (transformer.attentions, transformer.ffns, "
                       "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers",
-            "check": "crash: RuntimeError: The expanded size of the tensor (60) must match"},
+            "check": "refused: ModelInputError: cannot follow XLMModel's forward one layer at a time: it keeps its "
+                     "layers' parts in separate numbered lists (attentions, "},
     # (its forward holds the hidden states positions first, and runs its dropout on a second stream's output)
     "xlnet": {"check": "refused: ModelInputError: cannot follow XLNetModel's forward one layer at a time"},
 }

@@ -179,6 +179,11 @@ class ModelStream:
                             if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
             if found:
                 name = found[0]
+                beside = [n for n in found if n.rpartition(".")[0] == name.rpartition(".")[0]]
+                if len(beside) > 1:  # XLM's attentions, ffns, layer_norm1, layer_norm2: no list runs a layer whole
+                    raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
+                                          f"it keeps its layers' parts in separate numbered lists "
+                                          f"({', '.join(beside)}), not one list of decoder layers")
                 layers = self.inner.get_submodule(name)
                 assert isinstance(layers, torch.nn.ModuleList)
                 return self.inner.get_submodule(name.rpartition(".")[0]), layers
