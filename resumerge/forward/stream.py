@@ -27,7 +27,7 @@ from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, stand_ins
 from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
-from resumerge.inputs.stacks import not_a_stack
+from resumerge.inputs.stacks import not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -179,6 +179,11 @@ class ModelStream:
                             if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
             if found:
                 name = found[0]
+                beside = [n for n in found if n.rpartition(".")[0] == name.rpartition(".")[0]]
+                if len(beside) > 1:  # XLM's attentions, ffns, layer_norm1, layer_norm2: no list runs a layer whole
+                    raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
+                                          f"it keeps its layers' parts in separate numbered lists "
+                                          f"({', '.join(beside)}), not one list of decoder layers")
                 layers = self.inner.get_submodule(name)
                 assert isinstance(layers, torch.nn.ModuleList)
                 return self.inner.get_submodule(name.rpartition(".")[0]), layers
@@ -437,7 +442,7 @@ class ModelStream:
                     # per-layer inputs, and which would leave those layers one position to run
                     self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                **{"use_cache": False, **(more or {})})
-            except (ValueError, TypeError, IndexError) as exc:  # the forward unpacks the output otherwise
+            except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
                 failed = f": {type(exc).__name__}: {exc}"
                 continue
             finally:
@@ -459,7 +464,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_a_stack(getattr(text, "model_type", None))
+        why = not_layer_by_layer(getattr(text, "model_type", None))
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
