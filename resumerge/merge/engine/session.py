@@ -22,7 +22,6 @@ from resumerge.config.settings import RunSettings
 from resumerge.errors import (
     KilledPlanningError,
     LedgerError,
-    NoSuchOutputError,
     NothingRecordedError,
     UsageError,
 )
@@ -169,11 +168,9 @@ def _recorded(target: Target, settings: RunSettings, reporter: Reporter | None,
     elif target.hub is not None:  # nothing anywhere holds the run: only `run` can start it (never "try later")
         url = target.hub.url
         where = "it does not exist on the hub" if not target.hub.exists else f"the repo holds no {MANIFEST_NAME}"
-        # A repo that does not exist: a mistyped OUT (exit 2), as a local OUT that names nothing and as status says
-        error = NoSuchOutputError if not target.hub.exists else NothingRecordedError
-        raise error(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it",
-                    path=url, hint=f"start it with: resumerge run CONFIG {url} (pass the killed run's --state-dir if "
-                                   "it used one)")
+        raise NothingRecordedError(f"nothing to resume in {url}: {where} and the state dir holds no ledger of it",
+                                   path=url, hint=f"start it with: resumerge run CONFIG {url} (pass the killed "
+                                                  "run's --state-dir if it used one)")
     else:
         if killed is not None:  # the run died planning: say so, and that running it again continues
             raise killed
