@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -197,3 +198,10 @@ def test_plan_counts_a_release_s_inputs_read_and_tensors_computed_once(tmp_path:
     assert release["shards"] == list(FILES)
     assert release["time"]["read_bytes"] == alone["time"]["read_bytes"]  # type: ignore[index]
     assert release["time"]["compute"][0]["tensors"] == alone["time"]["compute"][0]["tensors"]  # type: ignore[index]
+    # Each tensor counted once, the files named (it said "63 weight" for 21 tensors in 3 files).
+    formats: dict[str, Any] = release["formats"]  # type: ignore[assignment]
+    assert formats["output"]["roles"] == alone["formats"]["output"]["roles"]  # type: ignore[index]
+    assert formats["output"]["files"] == list(FILES)
+    said = cli_here("plan", config, tmp_path / "out", "--out-type", "gguf", "--gguf-type", ",".join(TYPES),
+                    "--probe-size", "0")
+    assert f"(21 weight, 0 companion, 0 other, in each of {', '.join(FILES)})" in said.stdout, said.stdout

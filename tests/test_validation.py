@@ -359,6 +359,15 @@ def test_an_unknown_merge_method_gets_a_did_you_mean(tmp_path: Path, make: Model
     assert code == 2 and "Unimplemented merge method 'slurp' — did you mean 'slerp'?" in err, err
 
 
+def test_an_unknown_merge_method_is_refused_before_any_model_is_opened(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: the models were opened first, so a missing one (or a hub id, asked of the hub) was said instead.
+    for model in (str(tmp_path / "models" / "nope"), "no-such-org/no-such-model"):
+        code, err = _run(tmp_path, {"merge_method": "nonsense", "models": [{"model": model}]}, capsys)
+        assert code == 2 and "merge_method: Unimplemented merge method 'nonsense'" in err, err
+        assert "no such directory" not in err and "hub" not in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("unit", ["moe_expert", "moe_router_random", "lora_extract_a", "lora_extract_delta"])
 def test_a_config_cannot_name_an_internal_unit_as_its_method(
     tmp_path: Path, make: ModelFactory, capsys: pytest.CaptureFixture[str], unit: str

@@ -28,6 +28,7 @@ from resumerge.forward.vocabs import (
     MATCHED_BY,
     SharedVocab,
     model_rows,
+    refuse_past_rows,
     refuse_unshared,
     same_vocabularies,
     shared_vocab,
@@ -75,7 +76,9 @@ def cached_sequences(directories: Sequence[Path], prompts_file: Path | None, cac
             tokenizer = load_tokenizer(directories)  # none has one: its one line
     texts = named(tokenizer, prompts_file, context_of(list(zip(names, configs)), cut), option=option,
                   chat=vocab is None)
-    if vocab is not None:
+    if vocab is None:
+        refuse_past_rows(tokenizer, texts, rows, names)
+    else:
         texts = _shared_built_ins(vocab, texts, names) if prompts_file is None else texts
         refuse_unshared(vocab, [t.ids for t in texts], names, [t.where for t in texts])
     found = Texts([t.ids for t in texts], vocab)

@@ -380,6 +380,26 @@ def refuse_unshared(vocab: SharedVocab, tokens: Sequence[Sequence[int]], paths: 
                          hint="leave that text out, or check the merge against models that hold the token")
 
 
+def refuse_past_rows(tokenizer: Any, texts: Sequence[Any], rows: Sequence[int | None], paths: Sequence[str]) -> None:
+    """Refuse (exit 2, before any layer) a text holding a token id past the models' rows (``rows``: their
+    config's ``vocab_size``, None where not said): a tokenizer that numbers tokens the embedding and head lack,
+    which torch would meet as an index error inside the first layer. ``texts``: :class:`~.texts.Text` (ids, where)."""
+    known = [r for r in rows if r is not None]
+    if not known:
+        return
+    limit = min(known)
+    for text in texts:
+        past = next((i for i in text.ids if i >= limit), None)
+        if past is None:
+            continue
+        names = {i: t for t, i in tokenizer.get_vocab().items()} if hasattr(tokenizer, "get_vocab") else {}
+        short = list(dict.fromkeys(p for p, r in zip(paths, rows) if r is not None and r <= past))
+        raise UsageError(f"{text.where} holds the token {names.get(past, str(past))!r} (id {past:,}), past the "
+                         f"{limit:,} rows of {', '.join(short)}: its tokenizer numbers tokens the model has no row "
+                         "for", hint="leave that text out, or give the model a tokenizer that matches its "
+                         "vocab_size")
+
+
 def _backend(tokenizer: Any) -> Any:
     """``tokenizer``'s ``tokenizers.Tokenizer`` (transformers' fast tokenizers and the plain one have one), or
     None."""

@@ -160,3 +160,25 @@ def test_a_killed_check_of_models_whose_vocabularies_differ_resumes_to_the_same_
     doc, expected = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
     assert Path(doc.pop("chart")).read_bytes() == Path(expected.pop("chart")).read_bytes()
     assert doc == expected and doc["shared_tokens"] == 64
+
+
+def test_a_text_holding_a_token_past_the_models_rows_is_refused_naming_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The tokenizer numbers a token (an added one) the embedding and head have no row for. Before: the check ran
+    # its static pass and then torch's index error ended it inside the first layer ("cannot follow ... IndexError").
+    model = make_model(tmp_path / "model", SPEC, seed=0)
+    doc = json.loads((model / "tokenizer.json").read_text())
+    doc["added_tokens"].append({"id": 64, "content": "<extra>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    (model / "tokenizer.json").write_text(json.dumps(doc))
+    base = make_model(tmp_path / "base", SPEC, seed=1)
+    (base / "tokenizer.json").write_text(json.dumps(doc))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\nthe <extra> dog\n")
+    state = tmp_path / "state"
+    code = main(["check", str(model), "--base", str(base), "--prompts", str(texts), "--state-dir", str(state)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "line 2 of --prompts" in err and "'<extra>' (id 64), past the 64 rows" in err, err
+    assert "Traceback" not in err and "IndexError" not in err and len(err.strip().splitlines()) <= 2, err
+    assert not list(state.rglob("*.safetensors"))

@@ -124,13 +124,24 @@ def test_nothing_recorded_is_one_answer_local_or_hub(hub: HubWriter, tmp_path: P
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """A wrong OUT got exit 4 from a local resume and status but exit 2 from an hf:// resume: now one answer from
     the three commands, exit 4 for a repo with no record, and exit 2 for a local path that names nothing at all (a
-    mistyped path, issue 97)."""
+    mistyped path, issue 97); ``status`` and ``verify`` of a repo the hub says does not exist are exit 2 in one line too
+    (they were exit 4, "no merge recorded", as for a repo that exists)."""
     state, never = tmp_path / "state", tmp_path / "never"
+    hub.create_repo("alice/never")
     for command in ("resume", "status", "verify"):
         code = main([command, "hf://alice/never", "--state-dir", str(state)])
         err = capsys.readouterr().err
         assert code == EXIT_REFUSED, (command, err)
         assert "no merge recorded" in err or "nothing to resume" in err, err
+        # A repo that does not exist: status and verify say so, exit 2; resume stays exit 4 with the command that
+        # starts it (a run killed before it created its repo: tests/hubout/test_hub_startup.py).
+        code = main([command, "hf://alice/nowhere", "--state-dir", str(state)])
+        err = capsys.readouterr().err
+        if command == "resume":
+            assert code == EXIT_REFUSED and "it does not exist on the hub" in err, err
+        else:
+            assert (code, err) == (EXIT_INVALID, "error: hf://alice/nowhere: no such repo on the hub — check the "
+                                                 "output repo's name (hf://NAMESPACE/NAME)\n"), command
         code = main([command, str(never), "--state-dir", str(state)])
         err = capsys.readouterr().err
         assert (code, err) == (EXIT_INVALID, f"error: {never}: no such folder — check the output path\n"), command

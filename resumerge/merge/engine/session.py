@@ -37,6 +37,7 @@ from resumerge.merge.engine.quiet import never_stop
 from resumerge.merge.engine.target import Target
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
+from resumerge.merge.plan.parameters import checked_method
 from resumerge.merge.plan.planner import build_plan, threads_matter
 from resumerge.merge.plan.prepared import Phase, Prepared
 from resumerge.merge.store.ledger import Ledger
@@ -57,6 +58,7 @@ def prepare(
     """Open every referenced model (config.json and headers only) and build the plan; no weight is fetched.
     ``state``: where hub files' verification is recorded (None: for this call only).
     ``codecs``: the stored formats recognised (None: :data:`~resumerge.inputs.codecs.CODECS`)."""
+    checked_method(config)  # an unknown method: refused from the YAML, before any model is opened or downloaded
     with collector_paused():  # millions of long-lived objects, few cycles: see resumerge.machine.memory.collector
         inputs = open_inputs(config, model_dirs=model_dirs, state=state, cache_dir=cache_dir,
                              on_progress=hub_progress(reporter))
@@ -96,6 +98,7 @@ def run_merge(
     read. ``settings`` (budgets, staging, the hub's commits) are described on :class:`RunSettings`.
     """
     config = load_config_text(config_text)
+    checked_method(config)  # before OUT's hub repo is asked
     target = Target.at(where, settings)
     with planning_mark(target.locations.run_dir):  # status says "planning" until the plan is recorded
         # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from resumerge.config.merge_config import MergeConfig
+from resumerge.config.merge_config import MergeConfig, near_key
 from resumerge.config.params import Setting, coerce, evaluate, filter_matches, is_catch_all, is_missing
 from resumerge.errors import ConfigError
-from resumerge.merge.methods.registry import MethodSpec, Scope, parameter_names
+from resumerge.merge.methods.registry import MethodSpec, Scope, get_method, method_names, parameter_names
 from resumerge.merge.plan.architecture import is_head, is_input_embedding
 from resumerge.merge.plan.filters import FilterTally
 
@@ -68,6 +68,21 @@ def parameter_places(config: MergeConfig) -> list[tuple[str, Mapping[str, Settin
         places.append((f"{sl.yaml_path}.parameters", sl.parameters))
         places.extend((f"{s.yaml_path}.parameters", s.parameters) for s in sl.sources)
     return places
+
+
+def checked_method(config: MergeConfig) -> MethodSpec:
+    """The merge method ``config`` names, with the names of its parameters checked: what the YAML alone settles,
+    asked before any model is opened or downloaded (a ConfigError, exit 2, for an unknown method or parameter)."""
+    method = get_method(config.merge_method)
+    if method is None:
+        near = near_key(config.merge_method, method_names())
+        raise ConfigError(
+            f"Unimplemented merge method {config.merge_method!r}",
+            yaml_path="merge_method",
+            hint=f"did you mean {near!r}?" if near else f"known methods: {', '.join(method_names())}",
+        )
+    check_parameter_names(config, method)
+    return method
 
 
 def check_parameter_names(config: MergeConfig, method: MethodSpec) -> None:

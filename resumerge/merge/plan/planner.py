@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 
-from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key, near_key
+from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorEncoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
-from resumerge.merge.methods.registry import BasePolicy, MethodSpec, get_method, method_names
+from resumerge.merge.methods.registry import BasePolicy, MethodSpec, get_method
 from resumerge.merge.plan.accounting import Drops
 from resumerge.merge.plan.architecture import (
     TIED_NAMES,
@@ -65,7 +65,7 @@ from resumerge.merge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.merge.plan.nonfloat import is_float, nonfloat_tensor, refuse_differing
 from resumerge.merge.plan.outconfig import build_out_config, slice_path
 from resumerge.merge.plan.packing import OutLayer, cut_table, packed_tables, whole_stack
-from resumerge.merge.plan.parameters import ParameterResolver, Resolved, check_parameter_names, parameter_places
+from resumerge.merge.plan.parameters import ParameterResolver, Resolved, checked_method, parameter_places
 from resumerge.merge.plan.placing import Placing, place_files
 from resumerge.merge.plan.quantnotes import quantization_notes
 from resumerge.merge.plan.sharding import assign_shards, output_naming, resolve_shard_size
@@ -144,15 +144,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     Raises :class:`ConfigError` (with the YAML path) or :class:`ModelInputError` for anything that would fail
     later; returns a plan with its fingerprint set.
     """
-    method = get_method(config.merge_method)
-    if method is None:
-        near = near_key(config.merge_method, method_names())
-        raise ConfigError(
-            f"Unimplemented merge method {config.merge_method!r}",
-            yaml_path="merge_method",
-            hint=f"did you mean {near!r}?" if near else f"known methods: {', '.join(method_names())}",
-        )
-    check_parameter_names(config, method)
+    method = checked_method(config)
     models = _recognised(models, codecs)
     check_architectures(config, models, allow_crimes=options.allow_crimes)
     if method.factor_inputs:

@@ -11,6 +11,7 @@ from typing import Any
 
 from resumerge.inputs.codecs import MAIN, PLAIN, Role, TensorEncoder
 from resumerge.merge.plan.merge_plan import Plan
+from resumerge.outputs.gguf.releasecodec import ReleaseCodec, parts_of_file
 
 # The format of a model or output none of whose tensors a quantized format claims.
 PLAIN_FORMAT = PLAIN.name
@@ -18,7 +19,8 @@ PLAIN_FORMAT = PLAIN.name
 
 def output_roles(plan: Plan) -> dict[str, int]:
     """How many stored output tensors have each role: a plain tensor is "other", a quantized one's main part a
-    "weight" and each further part a "companion" (every role listed)."""
+    "weight" and each further part a "companion" (every role listed). A GGUF release's tensors are counted once,
+    as its first file stores them (each file holds every tensor: :func:`release_files` names them)."""
     counts: Counter[str] = Counter()
     # The parts a codec writes depend on the value's dtype and shape, never on its name (only their stored names
     # do): counted once per codec, dtype and shape, not for each of 46k tensors (the codec held: its id stays).
@@ -31,7 +33,10 @@ def output_roles(plan: Plan) -> dict[str, int]:
         key = (id(codec), tp.out_dtype, tp.shape)
         found = roles_of.get(key)
         if found is None:
-            found = roles_of[key] = (codec, _roles(p.part for p in codec.out_parts(tp.name, tp.out_dtype, tp.shape)))
+            parts = codec.out_parts(tp.name, tp.out_dtype, tp.shape)
+            if isinstance(codec, ReleaseCodec):
+                parts = tuple(parts_of_file(codec.files[0], parts, lambda p: p.part))
+            found = roles_of[key] = (codec, _roles(p.part for p in parts))
         counts.update(found[1])
         if tp.carried:  # the companions stored beside it: parts too (see TensorPlan.stored_parts)
             counts.update(_roles(part for part, _ in tp.carried))
@@ -55,7 +60,16 @@ def formats_report(plan: Plan) -> dict[str, Any]:
     written = {tp.out_codec.name for tp in plan.tensors.values() if not tp.out_codec.plain}
     inputs = {model: {"format": _name(names),
                       "roles": dict(plan.input_roles.get(model, {}))} for model, names in sorted(found.items())}
-    return {"inputs": inputs, "output": {"format": _name(written), "roles": output_roles(plan)}}
+    output: dict[str, Any] = {"format": _name(written), "roles": output_roles(plan)}
+    files = release_files(plan)
+    if files:
+        output["files"] = list(files)
+    return {"inputs": inputs, "output": output}
+
+
+def release_files(plan: Plan) -> tuple[str, ...]:
+    """The files of a GGUF release each of which holds every output tensor (none for any other output)."""
+    return next((tp.out_codec.files for tp in plan.tensors.values() if isinstance(tp.out_codec, ReleaseCodec)), ())
 
 
 def formats_line(report: dict[str, Any]) -> str:
@@ -67,7 +81,9 @@ def formats_line(report: dict[str, Any]) -> str:
 
     models = [f"{model}: {m['format']} ({counts(m['roles'])})" for model, m in report["inputs"].items()]
     out = report["output"]
-    return "; ".join([*models, f"output: {out['format']} ({counts(out['roles'])})"])
+    files = out.get("files") or ()
+    each = f", in each of {', '.join(files)}" if files else ""
+    return "; ".join([*models, f"output: {out['format']} ({counts(out['roles'])}{each})"])
 
 
 def quantized(report: dict[str, Any]) -> bool:

@@ -21,7 +21,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from huggingface_hub.hf_api import RepoFile
 
 from resumerge.config.hubtarget import HubTarget
-from resumerge.errors import OutputDirError, StorageError, UnreachableError, UsageError
+from resumerge.errors import NoSuchOutputError, OutputDirError, StorageError, UnreachableError, UsageError
 from resumerge.inputs.hub._hf import TRANSPORT_ERRORS, build_hf_headers, get_bytes
 from resumerge.inputs.hub.cache import hub_settings
 from resumerge.merge.store.manifest import MANIFEST_NAME, Manifest, parse_manifest
@@ -299,8 +299,10 @@ def remote_files(repo: HubRepo, *, resume: str, revision: str | None = None) -> 
             for e in entries if isinstance(e, RepoFile) and "/" not in e.path}
 
 
-def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
-    """The bytes of the top-level file ``name`` at the branch head, or None when the repo has no such file."""
+def read_file(repo: HubRepo, name: str, *, resume: str, repo_needed: bool = False) -> bytes | None:
+    """The bytes of the top-level file ``name`` at the branch head, or None when the repo has no such file.
+    ``repo_needed``: a repo the hub says does not exist is :class:`NoSuchOutputError` (exit 2, a mistyped OUT, as
+    a local OUT that names no folder), not None (``run`` creates it)."""
     url = f"{repo.endpoint}/{repo.target.repo_id}/resolve/{quote(repo.target.branch, safe='')}/{quote(name)}"
 
     # No token (a reader of a public repo): no Authorization header, which an empty "Bearer " would break.
@@ -312,6 +314,9 @@ def read_file(repo: HubRepo, name: str, *, resume: str) -> bytes | None:
                                path=repo.target.url, hint=f"run {resume} when the hub answers") from None
     status = response.status_code
     if status == 404:
+        if repo_needed and response.headers.get("X-Error-Code") == "RepoNotFound":
+            raise NoSuchOutputError("no such repo on the hub", path=repo.target.url,
+                                    hint="check the output repo's name (hf://NAMESPACE/NAME)")
         return None
     if 200 <= status < 300:
         return response.content

@@ -30,7 +30,7 @@ def repo_url(out: str) -> str:
 def remote_manifest_bytes(out: str, command: str) -> tuple[bytes, str]:
     """The repo's manifest and where it was read; raises :class:`LedgerError` when the repo has none."""
     repo = _repo(out)
-    data = read_file(repo, MANIFEST_NAME, resume=command)
+    data = read_file(repo, MANIFEST_NAME, resume=command, repo_needed=True)
     if data is None:
         raise NothingRecordedError(
             f"no merge recorded for {repo.target.url}: no ledger here and no {MANIFEST_NAME} in the repo",

@@ -29,6 +29,7 @@ from resumerge.inputs.model import ModelInput
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions, fingerprinted
 from resumerge.merge.plan.outguard import model_places, refuse_out_over
 from resumerge.merge.plan.outmodel import planned_model
+from resumerge.merge.plan.parameters import checked_method
 from resumerge.merge.plan.planner import build_plan
 from resumerge.runs.recipes.recipe import Recipe, Stage, near_stage_name, stage_errors
 
@@ -141,6 +142,10 @@ def plan_recipe(
     if target is None:  # a repo cannot overlap a local folder
         _check_layout(out, intermediate_dir, dirs, recipe)
     _check_near_misses(recipe)
+    for stage in recipe.stages:  # every stage's method, from the YAML, before the first stage opens a model
+        if stage.surgery is None:
+            with stage_errors(stage.label):
+                checked_method(stage.config)
     opened: dict[str, ModelInput] = {}
     union = Inputs()
     virtual: dict[str, ModelInput] = {}
