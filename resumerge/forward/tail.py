@@ -225,21 +225,57 @@ def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
              if all(p.is_meta for p in leaf.parameters())]  # one given its weights runs as it is
     saved = [part.forward for part in parts]
 
-    def zeros(real: Any) -> Any:
+    def zeros(part: torch.nn.Module, real: Any) -> Any:
         def forward(*args: Any, **kwargs: Any) -> Any:
-            on_meta = _to_meta((args, kwargs))
-            shaped = real(*on_meta[0], **on_meta[1])
             device = next((v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
-            return _zeros_like(shaped, device)
+            return _zeros_like(_shaped(part, real, args, kwargs), device)
         return forward
 
     try:
         for part, real in zip(parts, saved):
-            part.forward = zeros(real)  # type: ignore[method-assign]
+            part.forward = zeros(part, real)  # type: ignore[method-assign]
         yield
     finally:
         for part, real in zip(parts, saved):
             part.forward = real  # type: ignore[method-assign]
+
+
+# a part whose weights are at most this many bytes is run on the CPU with unset stand-ins for them (only its
+# output's shape is taken), not on the meta device: torch's first computation there imports its symbolic-shape
+# machinery (sympy, ~75 MB a process), which a check's budget would then have to hold
+_SMALL_PART = 1 << 22
+
+
+def _shaped(part: torch.nn.Module, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What ``part`` (its weights on the meta device; its forward ``real``) returns for ``args``, for its shape and
+    dtype alone: an embedding's from the ids' shape (``*ids, width``: Gemma's scaled ones too), a small part's run
+    on the CPU with unset weights, another's from the meta device."""
+    if isinstance(part, torch.nn.Embedding) and args and isinstance(args[0], torch.Tensor):
+        return torch.empty((*args[0].shape, part.embedding_dim), dtype=part.weight.dtype)
+    named = [*part.named_parameters(), *part.named_buffers()]
+    if sum(t.numel() * t.element_size() for _, t in named) <= _SMALL_PART:
+        from torch.func import functional_call
+
+        given = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in named}  # no computation on the meta device
+        standing = part.forward
+        part.forward = real  # type: ignore[method-assign]
+        try:
+            with torch.no_grad():
+                return functional_call(part, given, _to_cpu(args), _to_cpu(kwargs))
+        finally:
+            part.forward = standing  # type: ignore[method-assign]
+    on_meta = _to_meta((args, kwargs))
+    return real(*on_meta[0], **on_meta[1])
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.zeros(value.shape, dtype=value.dtype) if value.is_meta else value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
 
 
 def _to_meta(value: Any) -> Any:
