@@ -45,10 +45,7 @@ def add_arguments(evolve: argparse.ArgumentParser) -> None:
     evolve.add_argument("--sigma0", type=float, default=1 / 6, metavar="S",
                         help="CMA-ES's first step size [default: 1/6]")
     evolve.add_argument("--random-seed", type=int, default=0, metavar="N", help="seed of CMA-ES's draws [default: 0]")
-    flags.add(evolve, flags.MAX_MEMORY, flags.STATE_DIR, flags.DEVICE)
-    evolve.add_argument("--max-disk", metavar="SIZE",
-                        help="a structure genome's search: bytes its cache of the base's hidden states may keep on "
-                             "disk (kept every few layers where every layer's do not fit) [default: no bound]")
+    flags.add(evolve, flags.MAX_MEMORY, flags.STATE_DIR, flags.DEVICE, flags.MAX_DISK)
     flags.add_executor(evolve)
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",

@@ -63,8 +63,9 @@ MAX_GPU_MEMORY = Flag(("--max-gpu-memory",), {
     "metavar": "SIZE", "help": "GPU memory budget with --device cuda [default: 85 %% of the GPU's free memory]"})
 MAX_DISK = Flag(("--max-disk",), {
     "metavar": "SIZE",
-    "help": "bytes resumerge may keep on the local disk for the output: with hf:// OUT, staged files not yet "
-            "committed to the repo stay under it (work waits for commits) [default: no bound]"})
+    "help": "bytes resumerge may keep on the local disk: with hf:// OUT, staged files not yet committed to the "
+            "repo stay under it (work waits for commits); evolve's structure search keeps its cache of the base's "
+            "hidden states under it (every few layers where every layer's do not fit) [default: no bound]"})
 RESTART = Flag(("--restart",), {
     "action": "store_true", "help": "discard a different earlier run in OUT (only files it wrote) and start over"})
 PUBLIC = Flag(("--public",), {"action": "store_true",
