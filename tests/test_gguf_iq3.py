@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
 from support import cli
-from test_gguf_iquants import ties
+from test_gguf_iquants import finite_row, ties
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
     _imatrix_entries,
@@ -145,9 +145,6 @@ def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch
         encode_iq3(awkward(12, 512, 2), code, importance(512, 2))
 
 
-finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), kind=st.sampled_from(list(I3_TYPES)), weighted=st.booleans())
 def test_compiled_is_numpy_on_any_finite_rows(data: st.DataObject, kind: str, weighted: bool,
@@ -156,13 +153,7 @@ def test_compiled_is_numpy_on_any_finite_rows(data: st.DataObject, kind: str, we
     few distinct ones: ties, empty and flat blocks) and any finite importance."""
     if iq3loop.kernels() is None:
         pytest.skip("numba is not installed")
-    n = 256
-    values = data.draw(st.one_of(
-        st.lists(finite32, min_size=n, max_size=n),
-        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-45, -3e38]), min_size=n, max_size=n)))
-    x = np.array(values, dtype=F).reshape(1, n)
-    w = np.array(data.draw(st.lists(st.floats(0, float(F(3e38)), width=32, allow_subnormal=True), min_size=n,
-                                    max_size=n)), dtype=F) if weighted else None
+    x, w = finite_row(data, weighted)
     fast, slow = both_paths(x, I3_TYPES[kind], w, monkeypatch)
     assert np.array_equal(fast, slow)
 

@@ -235,15 +235,20 @@ def test_compiled_is_numpy_on_any_finite_rows(data: st.DataObject, kind: str, we
     few distinct ones: ties, flat and zero blocks) and any finite importance."""
     if iqloop.kernels() is None:
         pytest.skip("numba is not installed")
-    n = 256
+    x, w = finite_row(data, weighted)
+    fast, slow = both_paths(x, I_TYPES[kind], w, monkeypatch)
+    assert np.array_equal(fast, slow)
+
+
+def finite_row(data: st.DataObject, weighted: bool, n: int = 256) -> tuple[np.ndarray, np.ndarray | None]:
+    """A row of ``n`` finite float32 values, or of few distinct ones (ties, flat and zero blocks, float32's ends),
+    and where ``weighted`` any finite importance: what an i-quant's compiled kernel and numpy path must agree on."""
     values = data.draw(st.one_of(
         st.lists(finite32, min_size=n, max_size=n),
         st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-45, -3e38]), min_size=n, max_size=n)))
-    x = np.array(values, dtype=F).reshape(1, n)
     w = np.array(data.draw(st.lists(st.floats(0, float(F(3e38)), width=32, allow_subnormal=True), min_size=n,
                                     max_size=n)), dtype=F) if weighted else None
-    fast, slow = both_paths(x, I_TYPES[kind], w, monkeypatch)
-    assert np.array_equal(fast, slow)
+    return np.array(values, dtype=F).reshape(1, n), w
 
 
 def test_a_row_split_across_chunks_keeps_each_block_s_importance() -> None:
