@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -219,7 +219,7 @@ def _stand_ins() -> tuple[Any, Any, Any]:
 @contextmanager
 def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
     """Each of ``parts`` whose weights are on the meta device made, for the block, to return zeros of the shape
-    and dtype its forward gives: computed on the meta device."""
+    and dtype its forward gives (:func:`_shaped`)."""
     parts = [leaf for part in parts for leaf in (part.children() if isinstance(
         part, (torch.nn.ModuleList, torch.nn.ModuleDict)) else (part,))  # (Gemma 3n's altup_projections[i])
              if all(p.is_meta for p in leaf.parameters())]  # one given its weights runs as it is
@@ -269,28 +269,25 @@ def _shaped(part: torch.nn.Module, real: Any, args: tuple[Any, ...], kwargs: dic
 
 
 def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.zeros(value.shape, dtype=value.dtype) if value.is_meta else value.cpu()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+    return _tensors_mapped(value, lambda t: torch.zeros(t.shape, dtype=t.dtype) if t.is_meta else t.cpu())
 
 
 def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to("meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
-    return value
+    return _tensors_mapped(value, lambda t: t.to("meta"))
 
 
 def _zeros_like(value: Any, device: torch.device | None) -> Any:
+    # a dict a part returns (a ModelOutput) is left as it is
+    return _tensors_mapped(value, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device or "cpu"),
+                           dicts=False)
+
+
+def _tensors_mapped(value: Any, change: Callable[[torch.Tensor], torch.Tensor], *, dicts: bool = True) -> Any:
+    """``value`` with ``change`` applied to each tensor in it, through tuples, lists and (``dicts``) dicts."""
     if isinstance(value, torch.Tensor):
-        return torch.zeros(value.shape, dtype=value.dtype, device=device or "cpu")
+        return change(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_zeros_like(v, device) for v in value)
+        return type(value)(_tensors_mapped(v, change, dicts=dicts) for v in value)
+    if dicts and isinstance(value, dict):
+        return {k: _tensors_mapped(v, change, dicts=dicts) for k, v in value.items()}
     return value
