@@ -15,19 +15,18 @@ from pathlib import Path
 import pytest
 from ggufmodels import LAYERS, linear_llama_pair
 from support import cli
+from test_imatrix_merge import K_MIX, TEXTS
 
 from resumerge.config.locations import StateDir
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.statusview import read_status
 
-TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
-K_MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m")
 MB = 1_000_000
 
 
 @pytest.fixture(scope="module")
 def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A float16 linear merge of two tiny llama GGUFs (its config) and calibration texts the vocabulary spells."""
+    """test_imatrix_merge's tiny merge and texts, built for this module."""
     return linear_llama_pair(tmp_path_factory.mktemp("phases"), TEXTS)
 
 
