@@ -93,28 +93,10 @@ def measured(label: str, argv: list[str], out: Path) -> Step:
 
 
 def make_inputs(work: Path, layers: int, hidden: int, intermediate: int) -> Path:
-    """The two models (made once) and the merge config."""
-    import torch
-    from realmodel import smollm2_folder
+    """The two models (made once) and the merge config: the K-quant route bench's pair."""
+    from bench_kquant_route import linear_pair  # this folder is the script's: on sys.path
 
-    from resumerge.cli.modelgen import ModelSpec, make_model
-
-    vocab_from = smollm2_folder()  # a byte-level BPE tokenizer resumerge builds a GGUF vocabulary from
-    spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=49152, heads=16, kv_heads=4,
-                     dtype=torch.bfloat16, shard_bytes=450_000_000, tokenizer=False)
-    models = []
-    for seed, name in enumerate("ab"):
-        path = work / f"models-{layers}-{hidden}-{intermediate}" / name
-        if not (path / "config.json").exists():
-            shutil.rmtree(path, ignore_errors=True)
-            make_model(path, spec, seed=seed + 1)
-            for file in ("tokenizer.json", "tokenizer_config.json"):
-                shutil.copy(vocab_from / file, path / file)
-        models.append(path)
-    config = work / "merge.yml"
-    config.write_text("merge_method: linear\ndtype: bfloat16\nmodels:\n" + "".join(
-        f"  - model: {m}\n    parameters:\n      weight: 0.5\n" for m in models))
-    return config
+    return linear_pair(work, layers, hidden, intermediate)
 
 
 def total(label: str, steps: list[Step]) -> Step:

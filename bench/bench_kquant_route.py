@@ -185,30 +185,37 @@ def measured(label: str, argv: list[str], env: dict[str, str] | None = None, *, 
 
 def make_inputs(work: Path, layers: int, texts: int) -> tuple[Path, Path]:
     """The two models (made once), the texts file and the merge config."""
+    config = linear_pair(work, layers, 2048, 5632)
+    text_file = work / "texts.txt"
+    text_file.write_text("\n".join(LINES[i % len(LINES)] for i in range(texts)) + "\n")
+    return config, text_file
+
+
+def linear_pair(work: Path, layers: int, hidden: int, intermediate: int) -> Path:
+    """Two generated llama bfloat16 models under ``work`` (made once: 16 heads, 4 KV heads, SmolLM2's vocabulary of
+    49152 and its byte-level BPE tokenizer, a GGUF vocabulary resumerge builds; modelgen's own is not byte-level)
+    and their linear 0.5/0.5 merge config."""
     import torch
     from realmodel import smollm2_folder
 
     from resumerge.cli.modelgen import ModelSpec, make_model
 
-    # SmolLM2's byte-level BPE tokenizer (a GGUF vocabulary resumerge builds; modelgen's own is not byte-level)
     vocab_from = smollm2_folder()
-    spec = ModelSpec(layers=layers, hidden=2048, intermediate=5632, vocab=49152, heads=16, kv_heads=4,
+    spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=49152, heads=16, kv_heads=4,
                      dtype=torch.bfloat16, shard_bytes=450_000_000, tokenizer=False)
     models = []
     for seed, name in enumerate("ab"):
-        path = work / f"models-{layers}" / name
+        path = work / f"models-{layers}-{hidden}-{intermediate}" / name
         if not (path / "config.json").exists():
             shutil.rmtree(path, ignore_errors=True)
             make_model(path, spec, seed=seed + 1)
             for file in ("tokenizer.json", "tokenizer_config.json"):
                 shutil.copy(vocab_from / file, path / file)
         models.append(path)
-    text_file = work / "texts.txt"
-    text_file.write_text("\n".join(LINES[i % len(LINES)] for i in range(texts)) + "\n")
     config = work / "merge.yml"
     config.write_text("merge_method: linear\ndtype: bfloat16\nmodels:\n" + "".join(
         f"  - model: {m}\n    parameters:\n      weight: 0.5\n" for m in models))
-    return config, text_file
+    return config
 
 
 def numba_line() -> str:
