@@ -203,10 +203,8 @@ def test_a_mergekit_moe_output_is_written_as_gguf(tmp_path: Path, kind: str) -> 
             _same_logits(out, merged)
 
 
-@pytest.mark.slow
-def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(tmp_path: Path) -> None:
-    """transformers saves Mixtral's experts one by one (``block_sparse_moe.experts.e.w1``, ``w3``, ``w2``): each is
-    merged alone (slerp, not elementwise) and written as its slice of the gate, up and down stacks; q/k permuted."""
+def mixtral_pair(root: Path) -> list[Path]:
+    """Two tiny Mixtral checkpoints as transformers saves them (experts one by one), SmolLM2's tokenizer beside."""
     from realmodel import smollm2_folder
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -216,10 +214,18 @@ def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(
     paths = []
     for i in range(2):
         torch.manual_seed(i)
-        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"x{i}")
+        AutoModelForCausalLM.from_config(config).save_pretrained(root / f"x{i}")
         for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(smollm2_folder() / name, tmp_path / f"x{i}" / name)
-        paths.append(tmp_path / f"x{i}")
+            shutil.copy(smollm2_folder() / name, root / f"x{i}" / name)
+        paths.append(root / f"x{i}")
+    return paths
+
+
+@pytest.mark.slow
+def test_a_merge_of_mixtral_checkpoints_is_written_as_a_llama_gguf_with_experts(tmp_path: Path) -> None:
+    """transformers saves Mixtral's experts one by one (``block_sparse_moe.experts.e.w1``, ``w3``, ``w2``): each is
+    merged alone (slerp, not elementwise) and written as its slice of the gate, up and down stacks; q/k permuted."""
+    paths = mixtral_pair(tmp_path)
     doc = {"merge_method": "slerp", "base_model": str(paths[0]), "dtype": "float32", "parameters": {"t": 0.4},
            "models": [{"model": str(p)} for p in paths]}
     merge = write_config(tmp_path / "c.yml", doc)

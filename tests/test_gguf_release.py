@@ -7,14 +7,12 @@ alone refuse is refused before any work."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from ggufmodels import linear_llama_config, linear_llama_pair
 from support import cli, cli_here, digests
 
@@ -156,20 +154,10 @@ def test_a_release_computes_its_importance_matrix_once_for_every_file(tmp_path: 
 @pytest.mark.slow  # three runs of a generated Mixtral (as test_gguf_moe's own Mixtral merge, also slow)
 def test_a_release_of_a_mixture_of_experts_writes_each_expert_s_slice_into_every_file(tmp_path: Path) -> None:
     """Mixtral's experts saved one by one, each merged alone and written as its slice of each file's stacks."""
-    from realmodel import smollm2_folder
     from support import write_config
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from test_gguf_moe import mixtral_pair
 
-    config = AutoConfig.for_model("mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152,
-                                  num_local_experts=3, num_experts_per_tok=2, max_position_embeddings=128)
-    paths = []
-    for i in range(2):
-        torch.manual_seed(i)
-        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"x{i}")
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(smollm2_folder() / name, tmp_path / f"x{i}" / name)
-        paths.append(tmp_path / f"x{i}")
+    paths = mixtral_pair(tmp_path)
     merge = write_config(tmp_path / "c.yml", {"merge_method": "slerp", "base_model": str(paths[0]), "name": "Tiny MoE",
                                               "dtype": "float32", "parameters": {"t": 0.4},
                                               "models": [{"model": str(p)} for p in paths]})
