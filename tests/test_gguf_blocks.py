@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf import blocks, ggmltypes
 from resumerge.outputs.gguf import encoders
 
 KINDS = {name: gguf.GGMLQuantizationType[name.upper()] for name in
@@ -118,10 +118,10 @@ def test_q8_0_decodes_as_gguf_py_dequantizes(case: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = gguf.quants.dequantize(stored, KINDS["q8_0"])
-    ours = blocks.decode(torch.from_numpy(stored), blocks.Q8_0).numpy()
+    ours = blocks.decode(torch.from_numpy(stored), ggmltypes.Q8_0).numpy()
     assert np.array_equal(ours, expected, equal_nan=True)
     into = torch.full(expected.shape, 7.0)
-    assert blocks.decode(torch.from_numpy(stored), blocks.Q8_0, into) is into
+    assert blocks.decode(torch.from_numpy(stored), ggmltypes.Q8_0, into) is into
     assert np.array_equal(into.numpy(), expected, equal_nan=True)
 
 

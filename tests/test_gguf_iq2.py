@@ -32,7 +32,7 @@ from test_gguf_kquants import (
 
 from resumerge import api
 from resumerge.errors import UsageError
-from resumerge.inputs.gguf import blocks, iq2blocks
+from resumerge.inputs.gguf import blocks, ggmltypes, iq2blocks
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, requires_imatrix, tensor_type
 from resumerge.outputs.gguf import iq2grid, iq2loop, jit
 from resumerge.outputs.gguf.iquants import encode_iq
@@ -118,7 +118,7 @@ def test_the_grids_and_decoders_are_gguf_py_s(kind: str) -> None:
     off = keys[legal & (tables.kmap < 0)]
     assert off.size and np.all(tables.neighbours[-tables.kmap[off] - 1] > 0)
     rng = np.random.default_rng(code)
-    size = blocks.BLOCK_BYTES[code][1]
+    size = ggmltypes.TYPES[code].size
     raw = rng.integers(0, 256, (64, size), dtype=np.uint8)
     raw[:, 0:2] = np.frombuffer(rng.normal(size=64).astype(np.float16).tobytes(), np.uint8).reshape(64, 2)
     want = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType(code)).astype(F).reshape(64, 256)

@@ -34,7 +34,7 @@ from test_gguf_kquants import (
 )
 
 from resumerge import api
-from resumerge.inputs.gguf import blocks, iq3grid
+from resumerge.inputs.gguf import blocks, ggmltypes, iq3grid
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, tensor_type
 from resumerge.outputs.gguf import iq3loop, iq3quants, jit
 from resumerge.outputs.gguf.iq3quants import encode_iq3
@@ -67,7 +67,7 @@ def test_the_grids_are_llama_cpp_s(size: int) -> None:
     the point of :mod:`resumerge.inputs.gguf.iq3grid` (IQ3_XXS's magnitudes 4(2l + 1), its top one 62)."""
     needs_library()
     code, magnitudes = (18, iq3grid.XXS_MAGNITUDES) if size == 256 else (21, iq3grid.S_MAGNITUDES)
-    stored = np.zeros((size // 64, blocks.BLOCK_BYTES[code][1]), dtype=np.uint8)
+    stored = np.zeros((size // 64, ggmltypes.TYPES[code].size), dtype=np.uint8)
     stored[:, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
     index = np.arange(size).reshape(-1, 64)
     stored[:, 2:66] = index & 255
@@ -164,7 +164,7 @@ def test_each_iq3_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> 
     and on random bytes."""
     needs_library()
     code = I3_TYPES[kind]
-    size = blocks.BLOCK_BYTES[code][1]
+    size = ggmltypes.TYPES[code].size
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
     noise[:, 0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d

@@ -43,7 +43,7 @@ from test_gguf_kquants import (
 
 from resumerge import api
 from resumerge.errors import ModelInputError, UsageError
-from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf import blocks, ggmltypes
 from resumerge.merge.plan.gguftypes import MIXES, NOT_YET, ModelFacts, TypeChoices, tensor_type
 from resumerge.outputs.gguf import iqloop, iquants, jit
 from resumerge.outputs.gguf.iquants import encode_iq
@@ -178,7 +178,7 @@ def test_the_nearest_level_is_best_index_int8_s_on_every_kind_of_value() -> None
 def test_each_iq4_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     """The input side decodes IQ4_NL and IQ4_XS with torch to gguf-py's values: on encodings and random bytes."""
     code = I_TYPES[kind]
-    size = blocks.BLOCK_BYTES[code][1]
+    size = ggmltypes.TYPES[code].size
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
     noise[:, 0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
@@ -315,7 +315,7 @@ def test_every_mix_s_types_are_llama_cpp_s_on_every_shape(shape: str) -> None:
     model = ModelFacts(tied=tied, experts=experts, layers=layers, gqa=heads // kv,
                        is_70b=layers == 80 and heads != kv)
     for mix, kind in MIXES.items():
-        if kind.default not in blocks.BLOCK_BYTES:
+        if not ggmltypes.TYPES[kind.default].is_block:
             continue
         theirs = quant_types(hparams[0], hparams[1:], tensors, kind.file_type)
         ours = [tensor_type(name, tuple(reversed(ne)), mix, model).llama for name, ne in tensors]

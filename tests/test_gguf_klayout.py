@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_gguf_kquants import K_TYPES, awkward, extremes, importance
 
+from resumerge.inputs.gguf import ggmltypes
 from resumerge.outputs.gguf import klayout, kquants
 
 pytestmark = pytest.mark.skipif(klayout.kernels() is None, reason="numba is not installed")
@@ -92,7 +93,7 @@ def test_the_pack_kernel_writes_the_numpy_quants(monkeypatch: pytest.MonkeyPatch
                                                  levels: int) -> None:
     """Every code of the type's range, 70 super-blocks (a tile of 64 and a part), the heads' bytes untouched."""
     codes = np.random.default_rng(8).integers(0, levels, (n, 256 // n * 70)).astype(np.uint8)
-    size = kquants.K_TYPES[K_TYPES[kind]]
+    size = ggmltypes.TYPES[K_TYPES[kind]].size
 
     def packed() -> np.ndarray:
         out = np.full((70, size), 0xA5, dtype=np.uint8)

@@ -20,7 +20,7 @@ from support import cli, digests, write_config
 
 from resumerge import api
 from resumerge.errors import ModelInputError
-from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf import blocks, ggmltypes
 from resumerge.machine.killpoints import LOCAL_POINTS
 from resumerge.merge.plan.gguftypes import MIXES, OVERRIDE_TYPES
 from resumerge.outputs.gguf.imatrix import read_imatrix
@@ -173,7 +173,7 @@ def test_each_k_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     """The input side decodes every K type with torch (one owner of the block layouts) to gguf-py's values: on
     llama.cpp's encodings and on random bytes."""
     code = K_TYPES[kind]
-    size = blocks.BLOCK_BYTES[code][1]
+    size = ggmltypes.TYPES[code].size
     x = awkward(16, 512, 1)
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)

@@ -20,7 +20,7 @@ from realmodel import smollm2_folder, smollm2_gguf
 from safetensors.torch import load_file, save_file
 from support import cli, cli_here, digests, write_config
 
-from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
+from resumerge.inputs.gguf.ggmltypes import BY_NAME
 from resumerge.machine.killpoints import LOCAL_POINTS
 from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
 
@@ -98,7 +98,7 @@ def test_every_tensor_of_a_gguf_output_is_gguf_py_s_encoding_of_the_merged_value
     card = (out / "README.md").read_text()  # the card's note gives a quantized output's round-trip error
     assert ("round trip" in card) is gguf_type.startswith("q"), card
     if gguf_type.startswith("q"):
-        assert f"{gguf_type.upper()} {GGUF_ROUND_TRIP[gguf_type.upper()]} % (the output)" in card
+        assert f"{gguf_type.upper()} {BY_NAME[gguf_type.upper()].round_trip} % (the output)" in card
     parent = gguf.GGUFReader(config.parent / "a.gguf")
     for key in parent.fields:  # the tokenizer keys, types and bytes, as the parent has them
         if key.startswith("tokenizer."):
@@ -355,15 +355,15 @@ def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter
 
 
 def test_every_gguf_type_the_cli_offers_has_an_encoder() -> None:
-    from resumerge.inputs.gguf import blocks
+    from resumerge.inputs.gguf.ggmltypes import TYPES as GGML_TYPES
     from resumerge.merge.plan.defaults import GGUF_TYPES
     from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
     from resumerge.outputs.gguf import kquants
 
     # (a mix whose rules are in MIXES but one of whose types has no encoder yet is refused: NOT_YET)
     assert set(GGUF_TYPES) == set(MIXES) - {"f32"} - set(NOT_YET) and set(TYPES) <= set(GGUF_TYPES)
-    assert all(MIXES[kind].default in blocks.BLOCK_BYTES for kind in GGUF_TYPES if kind.startswith(("q", "iq")))
-    assert set(kquants.K_TYPES) <= set(blocks.BLOCK_BYTES)
+    assert all(GGML_TYPES[MIXES[kind].default].is_block for kind in GGUF_TYPES if kind.startswith(("q", "iq")))
+    assert set(kquants.K_TYPES) <= {code for code, row in GGML_TYPES.items() if row.is_block}
 
 
 def test_quantized_gguf_parents_are_noted_with_their_round_trip_error() -> None:

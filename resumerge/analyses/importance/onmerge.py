@@ -243,8 +243,8 @@ def costs_json(arch: str, costs: dict[str, torch.Tensor], experts: bool) -> byte
     file beside the matrix: by GGUF weight name, each type's name and cost (JSON floats round-trip exactly)."""
     import json
 
+    from resumerge.inputs.gguf.ggmltypes import TYPES
     from resumerge.inputs.gguf.names import gguf_name
-    from resumerge.outputs.gguf.outcodec import TYPE_NAMES
 
     named: dict[str, dict[str, float]] = {}
     for linear, values in costs.items():  # [types; costs]
@@ -252,5 +252,5 @@ def costs_json(arch: str, costs: dict[str, torch.Tensor], experts: bool) -> byte
         if name is None:
             continue
         types, found = values.tolist()
-        named[name] = {TYPE_NAMES[int(t)]: float(c) for t, c in zip(types, found, strict=True)}
+        named[name] = {TYPES[int(t)].name: float(c) for t, c in zip(types, found, strict=True)}
     return (json.dumps(named, sort_keys=True, indent=0) + "\n").encode()

@@ -1,8 +1,8 @@
 """GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K), 4-bit i-quant (IQ4_NL, IQ4_XS) and 3-bit i-quant (IQ3_XXS, IQ3_S,
 their grids: :mod:`.iq3grid`) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
-vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives; and the block layouts (ggml
-type ids, values and bytes a block) that a GGUF output's encoders share (:mod:`resumerge.outputs.gguf.encoders`,
-:mod:`resumerge.outputs.gguf.kquants`, :mod:`resumerge.outputs.gguf.iquants`, :mod:`resumerge.outputs.gguf.iq3quants`).
+vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives: each type's decoder
+registered by its id (``_DECODERS``) against its row of :mod:`.ggmltypes`, whose block layouts (values and bytes a
+block) the encoders of a GGUF output read too (:mod:`resumerge.outputs.gguf.encoders`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, a float16 scale ``d`` then
 32 int8 codes ``q``; the value is ``d * q`` (an exact product). Values are float32 rows whose last dimension is whole
@@ -16,22 +16,30 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf import iq3grid, legacy
-from resumerge.inputs.gguf.iq2blocks import IQ2_BLOCK_BYTES, IQ2_DECODERS
+from resumerge.inputs.gguf.ggmltypes import (
+    BF16,
+    F16,
+    F32,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    TYPES,
+)
+from resumerge.inputs.gguf.iq2blocks import IQ2_DECODERS
 
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
-__all__ = ["BLOCK_BYTES", "CHUNK", "IQ4_VALUES", "decode"]
+__all__ = ["CHUNK", "IQ4_VALUES", "decode", "decodes"]
 
-# ggml type ids this module decodes (and a GGUF output encodes)
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
-IQ4_NL, IQ4_XS = 20, 23
-IQ3_XXS, IQ3_S = 18, 21
-_Q8_VALUES, _Q8_BYTES = 32, 34
-# ggml type -> (values, bytes) of a block, for every block type this module decodes
-BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
-               Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-               IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), **IQ2_BLOCK_BYTES}
+_Q8_VALUES = TYPES[Q8_0].values
 # The 16 levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``), in increasing order: a 4-bit code is an
 # index into them, times its block's scale
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -256,12 +264,17 @@ def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
                 into.view(n, 8, 32))
 
 
-# ggml type -> the function that decodes a run of its blocks
+# ggml type -> the function that decodes a run of its blocks (its row: resumerge.inputs.gguf.ggmltypes)
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
     Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
     IQ3_S: _iq3_s_values, **IQ2_DECODERS,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
+
+
+def decodes(ggml_type: int) -> bool:
+    """Whether :func:`decode` decodes ``ggml_type`` (a plain type, or a block type with its decoder here)."""
+    return ggml_type in (F32, F16, BF16) or ggml_type in _DECODERS
 
 
 def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -275,8 +288,8 @@ def decode(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
         if out is None:
             return plain.to(torch.float32, copy=True)
         return out.copy_(plain)
-    if ggml_type in BLOCK_BYTES:
-        values_per_block, size = BLOCK_BYTES[ggml_type]
+    if ggml_type in _DECODERS:
+        values_per_block, size = TYPES[ggml_type].block
         raw = stored.contiguous().view(torch.uint8)
         shape = (*raw.shape[:-1], raw.shape[-1] // size * values_per_block)
         blocks = raw.reshape(-1, size)

@@ -16,28 +16,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
-from resumerge.inputs.gguf import blocks, iq2blocks
-from resumerge.inputs.gguf.model import METHOD, NVFP4_COMPANIONS, PLAIN_TYPES, gguf_module
+from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf.ggmltypes import BY_NAME
+from resumerge.inputs.gguf.model import METHOD, NVFP4_COMPANIONS, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
 
 if TYPE_CHECKING:
     from resumerge.inputs.files import TensorSource
     from resumerge.machine.torch_import import torch
 
-# The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
-# types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
-# gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL and IQ4_XS measured with
-# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike. A GGUF codec's round_trip,
-# read and written.
-GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "IQ4_NL": 7.6,
-                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0}
-
-# The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
-_BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
-                "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q2_K": blocks.Q2_K, "Q3_K": blocks.Q3_K,
-                "Q4_K": blocks.Q4_K, "Q5_K": blocks.Q5_K, "Q6_K": blocks.Q6_K, "IQ4_NL": blocks.IQ4_NL,
-                "IQ4_XS": blocks.IQ4_XS, "IQ3_XXS": blocks.IQ3_XXS, "IQ3_S": blocks.IQ3_S,
-                "IQ2_XXS": iq2blocks.IQ2_XXS, "IQ2_XS": iq2blocks.IQ2_XS, "IQ2_S": iq2blocks.IQ2_S}
 
 
 @dataclass(frozen=True)
@@ -55,8 +42,8 @@ class GgufCodec(TensorDecoder):
 
     @property
     def round_trip(self) -> tuple[str, float] | None:
-        error = GGUF_ROUND_TRIP.get(self.ggml_type)
-        return None if error is None else (self.ggml_type, error)
+        row = BY_NAME.get(self.ggml_type)  # its error: resumerge.inputs.gguf.ggmltypes
+        return None if row is None or row.round_trip is None else (self.ggml_type, row.round_trip)
 
     @classmethod
     def recognise(cls, config: Mapping[str, Any], tensors: Mapping[str, TensorSource]) -> tuple[Claim, ...]:
@@ -102,7 +89,8 @@ class GgufCodec(TensorDecoder):
         return self.head_rows
 
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        if self.ggml_type in PLAIN_TYPES.values():
+        row = BY_NAME.get(self.ggml_type)
+        if row is not None and not row.is_block:
             return stored
         values, size = self.block
         return (*stored[:-1], stored[-1] // size * values)
@@ -112,10 +100,11 @@ class GgufCodec(TensorDecoder):
         from resumerge.machine.torch_import import torch
 
         stored = parts[MAIN]
-        kind = _BLOCK_TYPES.get(self.ggml_type)
-        if kind is not None:  # torch over the compute threads, into ``out`` and transformed there
+        row = BY_NAME.get(self.ggml_type)
+        # torch over the compute threads, into ``out`` and transformed there
+        if row is not None and blocks.decodes(row.code):
             direct = out if out is not None and out.is_contiguous() and stored.device == out.device else None
-            value = blocks.decode(stored, kind, direct)
+            value = blocks.decode(stored, row.code, direct)
             if direct is not None:
                 if self.transform == NORM_MINUS_ONE:
                     direct -= 1

@@ -16,7 +16,7 @@ shares; the test suite checks them against llama.cpp's own dequantization and qu
 - IQ2_S (82 bytes): f16 ``d``, 32 bytes of grid indices' low 8 bits, 32 sign bytes (all eight signs), 8 bytes of
   the indices' top 2 bits (group ``4j + k`` at bits 2k of byte j), 8 bytes of scales as IQ2_XS's.
 
-May import: numpy, torch (through :mod:`resumerge.machine.torch_import`).
+May import: numpy, torch (through :mod:`resumerge.machine.torch_import`), the ggml types' table (:mod:`.ggmltypes`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
+
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
-__all__ = ["IQ2_BLOCK_BYTES", "IQ2_DECODERS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "LEVELS", "kgrid"]
+__all__ = ["IQ2_DECODERS", "LEVELS", "kgrid"]
 
-IQ2_XXS, IQ2_XS, IQ2_S = 16, 17, 22
-# ggml type -> (values, bytes) of a block
-IQ2_BLOCK_BYTES = {IQ2_XXS: (256, 66), IQ2_XS: (256, 74), IQ2_S: (256, 82)}
 # a grid coordinate's value for each 2-bit level (the quantizer's own coordinates are 2l + 1)
 LEVELS = (8, 25, 43)
 

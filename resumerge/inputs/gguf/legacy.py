@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from resumerge.inputs.gguf.ggmltypes import Q4_0, Q4_1, Q5_0, Q5_1
+
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
@@ -38,13 +40,9 @@ class Kind:
         """The byte offset of the four high-bit bytes (5-bit types)."""
         return 4 if self.affine else 2
 
-    @property
-    def size(self) -> int:
-        return 2 + 2 * self.affine + 4 * (self.levels == 31) + 16
 
-
-# ggml type id -> its kind
-KINDS = {2: Kind(15, False), 3: Kind(15, True), 6: Kind(31, False), 7: Kind(31, True)}
+# ggml type id -> its kind (its block's values and bytes: its row in resumerge.inputs.gguf.ggmltypes)
+KINDS = {Q4_0: Kind(15, False), Q4_1: Kind(15, True), Q5_0: Kind(31, False), Q5_1: Kind(31, True)}
 
 
 def scales(raw: torch.Tensor) -> torch.Tensor:
@@ -63,8 +61,8 @@ def scales(raw: torch.Tensor) -> torch.Tensor:
 
 
 def decode_blocks(blocks: torch.Tensor, into: torch.Tensor, kind: Kind) -> None:
-    """``blocks`` (uint8, (n, kind.size)) as float32 values into ``into`` ((n, 32)): the codes written in place,
-    then scaled (an exact product: a float16 scale times a code of at most 5 bits) and offset."""
+    """``blocks`` (uint8, (n, the type's block bytes)) as float32 values into ``into`` ((n, 32)): the codes written
+    in place, then scaled (an exact product: a float16 scale times a code of at most 5 bits) and offset."""
     from resumerge.machine.torch_import import torch
 
     n = blocks.shape[0]

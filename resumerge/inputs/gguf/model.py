@@ -16,6 +16,7 @@ from typing import Any
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.files import TensorSource
+from resumerge.inputs.gguf.ggmltypes import F32, TYPES
 from resumerge.inputs.gguf.header import GgufHeader, GgufTensor, read_gguf_header
 from resumerge.inputs.gguf.names import family, hf_config, hf_names
 from resumerge.inputs.safetensors_format import TensorEntry
@@ -23,8 +24,12 @@ from resumerge.inputs.safetensors_format import TensorEntry
 METHOD = "gguf"
 INSTALL = "pip install -c constraints.txt -e '.[gguf]' (the gguf package reads GGUF files)"
 _SPLIT = re.compile(r"(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
-# ggml type ids stored as plain safetensors dtypes (the rest as U8 rows of blocks).
-PLAIN_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+
+
+def plain_dtype(ggml_type: int) -> str:
+    """The safetensors dtype ``ggml_type`` is stored as where it is a plain type ("": rows of blocks, U8)."""
+    row = TYPES.get(ggml_type)
+    return "" if row is None else row.stored
 
 
 def gguf_module() -> Any:
@@ -121,14 +126,13 @@ def gguf_model(headers: tuple[tuple[str, GgufHeader], ...], where: str) -> GgufM
 # weight_scale_2 as ``<name>.scale`` (F32, multiplied at run time) and its input_scale as ``<name>.input_scale``;
 # named after the weight's HF module as ModelOpt names them.
 NVFP4_COMPANIONS = {"scale": "weight_scale_2", "input_scale": "input_scale"}
-_F32 = 0
 
 
 def _hf_names(arch: str, info: GgufTensor, experts: int, where: str) -> list[tuple[str, int | None]]:
     """:func:`~resumerge.inputs.gguf.names.hf_names` of ``info``, an NVFP4 weight's F32 companion named after
     its weight's module."""
     base, _, suffix = info.name.rpartition(".")
-    if suffix in NVFP4_COMPANIONS and info.ggml_type == _F32 and base.startswith("blk."):
+    if suffix in NVFP4_COMPANIONS and info.ggml_type == F32 and base.startswith("blk."):
         return [(hf.removesuffix("weight") + NVFP4_COMPANIONS[suffix], expert)
                 for hf, expert in hf_names(arch, f"{base}.weight", experts, where)]
     return hf_names(arch, info.name, experts, where)
@@ -145,7 +149,7 @@ def _decodable(gguf: Any, ggml_type: int) -> bool:
     raise NotImplementedError in 0.19.0; a tensor of one is refused by the header parser)."""
     import numpy as np
 
-    if ggml_type in PLAIN_TYPES:
+    if plain_dtype(ggml_type):
         return True
     try:
         gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[ggml_type][1]), np.uint8), ggml_type)
@@ -167,8 +171,8 @@ def _entry(hf: str, info: GgufTensor, size: tuple[int, int], expert: int | None,
         start, end, shape = start + expert * step, start + (expert + 1) * step, shape[1:]
     if hf.endswith("shared_expert_gate.weight") and len(shape) == 1:
         shape = (1, *shape)  # ggml drops a trailing ne of 1 (gguf.md §1)
-    dtype = PLAIN_TYPES.get(info.ggml_type)
-    if dtype is None:
+    dtype = plain_dtype(info.ggml_type)
+    if not dtype:
         block, type_size = size
         shape, dtype = (*shape[:-1], shape[-1] // block * type_size), "U8"
     return TensorEntry(hf, dtype, tuple(shape), start, end)

@@ -22,9 +22,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from resumerge.inputs.gguf.ggmltypes import TYPES
 from resumerge.merge.plan.merge_plan import PlanOptions, TensorPlan
 from resumerge.outputs.gguf.layout import pad
-from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.outputs.gguf.sensitivity import candidate_types, type_bytes
 
 # The matrices of a decoder layer a target chooses the type of (llama.cpp's tensor categories).
@@ -169,7 +170,7 @@ def _slope(hull: Sequence[Option], i: int) -> float:
 
 def chosen_pairs(choice: Mapping[str, int]) -> tuple[str, ...]:
     """``choice`` (GGUF name -> ggml type) as the plan records it: ``NAME=type`` pairs, by name."""
-    return tuple(f"{name}={TYPE_NAMES[kind].lower()}" for name, kind in sorted(choice.items()))
+    return tuple(f"{name}={TYPES[kind].name.lower()}" for name, kind in sorted(choice.items()))
 
 
 def chosen_patterns(pairs: Sequence[str]) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError, UsageError
-from resumerge.inputs.gguf.blocks import BLOCK_BYTES
+from resumerge.inputs.gguf.ggmltypes import TYPES
 from resumerge.inputs.gguf.header import read_gguf_header
 from resumerge.inputs.gguf.hparams import gguf_hparams
 from resumerge.inputs.gguf.model import gguf_module
@@ -53,7 +53,7 @@ from resumerge.merge.plan.gguftypes import (
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufChoices, GgufFile
 from resumerge.outputs.gguf.layout import ARRAY, BOOL, F32, I32, STRING, U16, U32, TensorInfo, Value, plan_layout
-from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 
 GGUF_NAME = "model.gguf"
@@ -294,12 +294,12 @@ def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[s
     if up_name:
         imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
     if not imatrix and requires_imatrix(target, ggml, mix) and not weights.path:
-        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPE_NAMES[ggml]} only "
+        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPES[ggml].name} only "
                          "with an importance matrix", hint="give --imatrix FILE (llama-imatrix's) or --imatrix-texts "
                                                            "FILE (texts to compute it on the merge from)")
     if not imatrix and requires_imatrix(target, ggml, mix):
         raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
-                              f"{TYPE_NAMES[ggml]} only with an importance matrix, and --imatrix {weights.path} has "
+                              f"{TYPES[ggml].name} only with an importance matrix, and --imatrix {weights.path} has "
                               "no entry for it", tensor=target, hint="give the importance matrix measured on this "
                                                                      "model")
     codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
@@ -315,7 +315,7 @@ def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: Mode
                                    ("general.type", Value(STRING, "model")),
                                    ("general.name", Value(STRING, "resumerge merge")),
                                    ("general.file_type", Value(U32, MIXES[gguf_type].file_type))]
-    if MIXES[gguf_type].default in BLOCK_BYTES:
+    if TYPES[MIXES[gguf_type].default].is_block:
         kv.append(("general.quantization_version", Value(U32, 2)))
     kv += [(key, Value(_KINDS[kind], value)) for key, (kind, value) in gguf_metadata(arch, config)]
     if source.gguf is None:

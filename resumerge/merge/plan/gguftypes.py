@@ -49,11 +49,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from resumerge.inputs.gguf.blocks import (
+from resumerge.inputs.gguf.ggmltypes import (
     BF16,
-    BLOCK_BYTES,
     F16,
     F32,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
     IQ3_S,
     IQ3_XXS,
     IQ4_NL,
@@ -68,10 +70,11 @@ from resumerge.inputs.gguf.blocks import (
     Q5_K,
     Q6_K,
     Q8_0,
+    TYPES,
+    name_of,
 )
-from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.merge.plan.merge_plan import TensorPlan
-from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
 
 @dataclass(frozen=True)
@@ -104,14 +107,8 @@ _IQ2_RICH = ("iq2_s", "iq2_m")
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
 # matrix for them
 NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
-# the types llama.cpp's quantizer writes only with an importance matrix (token_embd and output.weight apart:
-# tensor_requires_imatrix): IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S
-_NEED_MATRIX = frozenset({IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, 29, 19})
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
-OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
-# tensor_type_fallback: a row that is not whole blocks of the type (256 values): the i-quants to IQ4_NL (32)
-_FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL, IQ3_XXS: IQ4_NL,
-             IQ3_S: IQ4_NL, IQ2_XXS: IQ4_NL, IQ2_XS: IQ4_NL, IQ2_S: IQ4_NL}
+OVERRIDE_TYPES: Mapping[str, int] = {row.name.lower(): code for code, row in TYPES.items()}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -276,20 +273,21 @@ def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     """Whether llama.cpp's quantizer refuses to write GGUF tensor ``name`` as ``ggml_type`` in a ``mix`` file
     without an importance matrix entry for it (``tensor_requires_imatrix``: IQ3_XXS and the 1- and 2-bit
     i-quants, and Q2_K in a Q2_K_S file; token_embd and output.weight apart)."""
-    needs = ggml_type in _NEED_MATRIX or (ggml_type == Q2_K and mix == "q2_k_s")
+    row = TYPES.get(ggml_type)
+    needs = (row is not None and row.needs_imatrix) or (ggml_type == Q2_K and mix == "q2_k_s")
     return needs and _category(name) not in ("token_embd", "output")
 
 
 def _block(kind: int) -> int:
     """The values a block of ggml type ``kind`` (1 for F32, F16, BF16)."""
-    return BLOCK_BYTES[kind][0] if kind in BLOCK_BYTES else 1
+    return TYPES[kind].values if kind in TYPES else 1
 
 
 def _fallback(chosen: int, row: int) -> int:
     """tensor_type_fallback: ``chosen``, or its fallback where a row is not whole blocks of it."""
-    if row % _block(chosen) == 0 or chosen not in _FALLBACK:
+    fallback = TYPES[chosen].fallback if chosen in TYPES else -1
+    if row % _block(chosen) == 0 or fallback < 0:
         return chosen
-    fallback = _FALLBACK[chosen]
     return fallback if row % _block(fallback) == 0 else F16
 
 
@@ -306,7 +304,7 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
         picked = choices.token_embedding
     elif choices.output >= 0 and category == "output":
         picked = choices.output
-    elif default not in BLOCK_BYTES:  # F32, F16, BF16: nothing is quantized
+    elif not TYPES[default].is_block:  # F32, F16, BF16: nothing is quantized
         picked = default
     else:
         picked, manual = default, False
@@ -318,7 +316,7 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
             if category == "output" or (model.tied and category == "token_embd"):
                 if choices.output >= 0:
                     picked = choices.output
-                elif row % BLOCK_BYTES[default][0]:
+                elif row % TYPES[default].values:
                     picked = Q8_0
                 elif mix == "iq3_xxs" or mix in _IQ2_MIXES:
                     picked = Q5_K
@@ -369,12 +367,12 @@ def type_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
             swapped.setdefault((codec.llama_type, codec.ggml_type), []).append(codec.gguf_name)
     if not counts:
         return []
-    mix = ", ".join(f"{TYPE_NAMES.get(kind, str(kind))} {n}" for kind, n in sorted(counts.items(), key=lambda c: -c[1]))
+    mix = ", ".join(f"{name_of(kind)} {n}" for kind, n in sorted(counts.items(), key=lambda c: -c[1]))
     notes = [f"GGUF size: {format_size(stored)} of tensors, {8 * stored / max(values, 1):.2f} bits per weight "
              f"(tensors by type: {mix})"]
     for (llama, written), names in sorted(swapped.items()):
         shown = ", ".join(sorted(set(names))[:3]) + (f" and {len(set(names)) - 3} more" if len(set(names)) > 3 else "")
-        notes.append(f"GGUF types: llama.cpp's quantizer gives {shown} {TYPE_NAMES.get(llama, str(llama))}; its "
+        notes.append(f"GGUF types: llama.cpp's quantizer gives {shown} {name_of(llama)}; its "
                      f"rows are not whole blocks of that type, which llama.cpp refuses: "
-                     f"{TYPE_NAMES.get(written, str(written))}")
+                     f"{name_of(written)}")
     return notes

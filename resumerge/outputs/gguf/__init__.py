@@ -3,7 +3,7 @@ mixture of experts' stacked projections; the block-encode kernels: :mod:`.encode
 the 4-bit i-quants' :mod:`.iquants`), the file's bytes planned before a tensor is written (:mod:`.layout`), and the
 ``tokenizer.*`` keys built from a Hugging Face tokenizer folder (:mod:`.hfvocab`)."""
 
-from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
+from resumerge.outputs.gguf.outcodec import GgufOutCodec
 from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 
-__all__ = ["TYPE_NAMES", "GgufOutCodec", "GgufStackCodec"]
+__all__ = ["GgufOutCodec", "GgufStackCodec"]

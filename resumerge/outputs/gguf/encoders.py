@@ -1,7 +1,9 @@
 """GGUF's F16, BF16, Q8_0 and legacy Q4_0, Q4_1, Q5_0, Q5_1 tensors encoded with torch for a GGUF output
 (:class:`~resumerge.outputs.gguf.outcodec.GgufOutCodec`): vectorised over torch's compute threads, and byte-equal
 to gguf-py's ``quants`` (llama.cpp's reference rounding), which is single-threaded numpy and was the run's bound
-(bench/RESULTS.md, GGUF). Their decoders, and the block layouts both sides share, are the input side's
+(bench/RESULTS.md, GGUF); and every type's encoder registered by its id (``_TORCH``: these; :data:`SEARCHED`:
+the searched types of :mod:`.kquants`, :mod:`.iquants` and :mod:`.iq3quants`) against its row of the ggml types'
+table (:mod:`resumerge.inputs.gguf.ggmltypes`: the block layouts both sides read). Their decoders are the input side's
 (:mod:`resumerge.inputs.gguf.blocks`, :mod:`resumerge.inputs.gguf.legacy`).
 
 Q8_0 (``ggml-common.h`` ``block_q8_0``): each 32 values of a row are a block of 34 bytes, the scale
@@ -33,7 +35,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from resumerge.inputs.gguf import legacy
-from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
+from resumerge.inputs.gguf.blocks import CHUNK
+from resumerge.inputs.gguf.ggmltypes import BF16, F16, F32, Q8_0, TYPES
 from resumerge.inputs.gguf.legacy import Kind
 from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted
 
@@ -42,9 +45,9 @@ if TYPE_CHECKING:
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "WEIGHTED", "encode"]
+__all__ = ["SEARCHED", "WEIGHTED", "encode", "encodes"]
 
-_Q8_VALUES, _Q8_BYTES = BLOCK_BYTES[Q8_0]
+_Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
 # importance matrix: ggml type -> its encoder (rows, ggml type, importance or None, out)
 SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], np.ndarray]] = {
@@ -79,7 +82,7 @@ def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Te
     out[:, 2:].view(torch.int8).copy_(whole)
 
 
-def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+def _q8_0(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
     from resumerge.machine.torch_import import torch
 
     blocks = rows.reshape(-1, _Q8_VALUES)
@@ -95,15 +98,15 @@ def _q8_0(rows: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
 def _legacy(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
     from resumerge.machine.torch_import import torch
 
-    kind = legacy.KINDS[ggml_type]
+    kind, block_bytes = legacy.KINDS[ggml_type], TYPES[ggml_type].size
     blocks = rows.reshape(-1, _Q8_VALUES)
-    out = torch.empty((blocks.shape[0], kind.size), dtype=torch.uint8) if into is None else \
-        into.view(torch.uint8).view(-1, kind.size)
+    out = torch.empty((blocks.shape[0], block_bytes), dtype=torch.uint8) if into is None else \
+        into.view(torch.uint8).view(-1, block_bytes)
     size = (min(CHUNK, blocks.shape[0]), _Q8_VALUES)
     scratch = (torch.empty(size), torch.empty(size))
     for start in range(0, blocks.shape[0], CHUNK):
         _legacy_blocks(blocks[start:start + CHUNK], out[start:start + CHUNK], kind, scratch)
-    return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * kind.size)
+    return out.reshape(*rows.shape[:-1], rows.shape[-1] // _Q8_VALUES * block_bytes)
 
 
 def _bf16(rows: torch.Tensor) -> torch.Tensor:
@@ -115,6 +118,32 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
         high = torch.bitwise_right_shift(rows.view(torch.int32), 16) | 0x40
         bits = torch.where(nan, high.to(torch.int16), bits)
     return bits
+
+
+def _plain(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    """F32, F16 or BF16 (bfloat16 bits as int16) values of ``rows``, copied into ``into`` when given."""
+    from resumerge.machine.torch_import import torch
+
+    if ggml_type == F32:
+        stored = rows
+    elif ggml_type == F16:
+        stored = rows.to(torch.float16)
+    else:
+        stored = _bf16(rows)
+    if into is not None:
+        into.view(stored.dtype).copy_(stored.reshape(into.shape))
+        return into
+    return stored
+
+
+# the types encoded with torch: ggml type -> its encoder (rows, ggml type, into or None)
+_TORCH: dict[int, Callable[[torch.Tensor, int, torch.Tensor | None], torch.Tensor]] = {
+    F32: _plain, F16: _plain, BF16: _plain, Q8_0: _q8_0, **dict.fromkeys(legacy.KINDS, _legacy)}
+
+
+def encodes(ggml_type: int) -> bool:
+    """Whether :func:`encode` encodes ``ggml_type`` (its row: :mod:`resumerge.inputs.gguf.ggmltypes`)."""
+    return ggml_type in _TORCH or ggml_type in SEARCHED
 
 
 def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None,
@@ -131,7 +160,7 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
     searched = SEARCHED.get(ggml_type)
     weighted = importance is not None and ggml_type in legacyweighted.LEGACY  # the legacy types' importance paths
     if searched is not None or weighted:
-        block, size = BLOCK_BYTES[ggml_type]
+        block, size = TYPES[ggml_type].block
         shape = (*rows.shape[:-1], rows.shape[-1] // block * size)
         out = torch.empty(shape, dtype=torch.uint8) if into is None else into.view(torch.uint8).view(shape)
         if searched is not None:
@@ -139,22 +168,10 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
         elif importance is not None:
             legacyweighted.encode_legacy_weighted(rows.numpy(), ggml_type, importance, out.numpy())
         return out
-    if ggml_type == Q8_0:
-        return _q8_0(rows, into)
-    if ggml_type in legacy.KINDS:
-        return _legacy(rows, ggml_type, into)
-    if ggml_type == F32:
-        stored = rows
-    elif ggml_type == F16:
-        stored = rows.to(torch.float16)
-    elif ggml_type == BF16:
-        stored = _bf16(rows)
-    else:
+    coder = _TORCH.get(ggml_type)
+    if coder is None:
         raise ValueError(f"ggml type {ggml_type} is not one this module encodes")
-    if into is not None:
-        into.view(stored.dtype).copy_(stored.reshape(into.shape))
-        return into
-    return stored
+    return coder(rows, ggml_type, into)
 
 
 def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -197,7 +214,7 @@ def _codes(blocks: torch.Tensor, kind: Kind, y: torch.Tensor, a: torch.Tensor) -
 
 
 def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch: tuple[torch.Tensor, ...]) -> None:
-    """The bytes of ``blocks`` (float32, (n, 32)) as ``kind`` into ``out`` (uint8, (n, kind.size)), the
+    """The bytes of ``blocks`` (float32, (n, 32)) as ``kind`` into ``out`` (uint8, (n, its block bytes)), the
     temporaries in ``scratch`` (two float32 buffers of at least n blocks)."""
     from resumerge.machine.torch_import import torch
 

@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS, kgrid
+from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
+from resumerge.inputs.gguf.iq2blocks import kgrid
 
 __all__ = ["Tables", "tables"]
 

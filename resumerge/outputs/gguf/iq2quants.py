@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from resumerge.inputs.gguf.iq2blocks import IQ2_BLOCK_BYTES, IQ2_S, IQ2_XS, IQ2_XXS
+from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.outputs.gguf import iq2grid, iq2loop, iq2numpy
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import F
@@ -23,10 +23,10 @@ __all__ = ["IQ2_TYPES", "encode"]
 
 _Array = np.ndarray
 
-# ggml type -> the kernels' kind
+# ggml type -> the kernels' kind (its row: resumerge.inputs.gguf.ggmltypes)
 _KINDS = {IQ2_XXS: iq2loop.XXS, IQ2_XS: iq2loop.XS, IQ2_S: iq2loop.S}
-# ggml type -> bytes a block
-IQ2_TYPES = {kind: size for kind, (_, size) in IQ2_BLOCK_BYTES.items()}
+# the types encode encodes
+IQ2_TYPES = tuple(_KINDS)
 
 
 def encode(ggml_type: int, block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from resumerge.inputs.gguf.blocks import BLOCK_BYTES, IQ3_S, IQ3_XXS
+from resumerge.inputs.gguf.ggmltypes import IQ3_S, IQ3_XXS, TYPES
 from resumerge.outputs.gguf import iq3loop
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.iq3neighbours import Neighbours, neighbours
@@ -38,9 +38,10 @@ __all__ = ["I3_TYPES", "encode_iq3"]
 
 _Array = np.ndarray
 
-# ggml type -> bytes a block
-I3_TYPES = {IQ3_XXS: BLOCK_BYTES[IQ3_XXS][1], IQ3_S: BLOCK_BYTES[IQ3_S][1]}
+# ggml type -> its grid's points (its row, the block's bytes: resumerge.inputs.gguf.ggmltypes)
 _GRID = {IQ3_XXS: 256, IQ3_S: 512}
+# the types encode_iq3 encodes
+I3_TYPES = tuple(_GRID)
 _FUDGE = {IQ3_XXS: F(1.0125), IQ3_S: F(1.033)}
 _QK = 256
 # super-blocks coded together: a chunk's working arrays stay small
@@ -215,7 +216,7 @@ def encode_iq3(rows: _Array, ggml_type: int, importance: _Array | None = None, o
     uint8 (..., n / 256 * block bytes), into ``out`` when given (uint8, contiguous, of that many bytes).
     ``importance`` (float32, (n,)): llama.cpp's per-column importance for this tensor (an imatrix entry over its
     count), or None for the quantizer's path without one."""
-    size = I3_TYPES[ggml_type]
+    size = TYPES[ggml_type].size
     n = rows.shape[-1]
     per_row = n // _QK
     values = np.ascontiguousarray(rows, dtype=F).reshape(-1, _QK)

@@ -25,7 +25,8 @@ from functools import partial
 
 import numpy as np
 
-from resumerge.inputs.gguf.blocks import BLOCK_BYTES, IQ4_NL, IQ4_VALUES, IQ4_XS
+from resumerge.inputs.gguf.blocks import IQ4_VALUES
+from resumerge.inputs.gguf.ggmltypes import IQ4_NL, IQ4_XS, TYPES
 from resumerge.outputs.gguf import iq2quants, iqloop
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import EPS, F
@@ -34,8 +35,6 @@ __all__ = ["I_TYPES", "best_index", "encode_iq", "search", "search_numpy"]
 
 _Array = np.ndarray
 
-# ggml type -> bytes a block (its values: BLOCK_BYTES)
-I_TYPES = {IQ4_NL: BLOCK_BYTES[IQ4_NL][1], IQ4_XS: BLOCK_BYTES[IQ4_XS][1], **iq2quants.IQ2_TYPES}
 _BLOCK = 32  # values a scale
 _NTRY = 7
 _LEVELS = np.array(IQ4_VALUES, dtype=F)
@@ -174,9 +173,12 @@ def _pack(found: _Array, out: _Array) -> None:
     out[...] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out.shape)
 
 
-# ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out)
+# ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out); its row (the block's
+# values and bytes): resumerge.inputs.gguf.ggmltypes
 _ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
     IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
+# the types encode_iq encodes
+I_TYPES = tuple(_ENCODERS)
 
 
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
@@ -184,7 +186,7 @@ def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, ou
     ``ggml_type``: uint8 (..., n / block values * block bytes), into ``out`` when given (uint8, contiguous, of that
     many bytes). ``importance`` (float32, (n,)): llama.cpp's per-column importance for this tensor (an imatrix entry
     divided by its count), or None for the quantizer's path without one."""
-    values_per_block, size = BLOCK_BYTES[ggml_type]
+    values_per_block, size = TYPES[ggml_type].block
     n = rows.shape[-1]
     per_row = n // values_per_block
     values = np.ascontiguousarray(rows, dtype=F).reshape(-1, values_per_block)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_K, Q5_K
+from resumerge.inputs.gguf.ggmltypes import Q2_K, Q3_K, Q4_K, Q5_K
 from resumerge.outputs.gguf import jit
 from resumerge.outputs.gguf import kfloat as kf
 

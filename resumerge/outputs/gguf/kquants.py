@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+from resumerge.inputs.gguf.ggmltypes import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TYPES
 from resumerge.outputs.gguf import klayout
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.klayout import ABS, IMPORTANCE, PLAIN, QW, RMS
@@ -30,8 +30,6 @@ from resumerge.outputs.gguf.ksearch import F
 __all__ = ["K_TYPES", "encode_k"]
 
 QK = 256  # values a super-block
-# ggml type -> bytes a super-block
-K_TYPES = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 # super-blocks coded together: the (n, S) working arrays stay in the cache (measured: bench/bench_kquants.py);
 # Q3_K without importance takes more at once, its coordinate descent being many small steps over (S,) rows whose
 # numpy call overhead a wider row spreads thinner (0.19 -> 0.12 s a Mweight measured, 256 -> 1024); 512 for the
@@ -411,8 +409,11 @@ def _q6_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
         out[dead] = 0
 
 
+# ggml type -> its encoder of super-blocks (its row, the block's bytes: resumerge.inputs.gguf.ggmltypes)
 _ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
     Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+# the types encode_k encodes
+K_TYPES = tuple(_ENCODERS)
 
 
 def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
@@ -420,7 +421,7 @@ def encode_k(rows: _Array, ggml_type: int, importance: _Array | None = None, out
     (..., n / 256 * block bytes), into ``out`` when given (uint8, contiguous, of that many bytes). ``importance``
     (float32, (n,)): llama.cpp's per-column importance for this tensor (an imatrix entry divided by its count), or
     None for the quantizer's path without one."""
-    size = K_TYPES[ggml_type]
+    size = TYPES[ggml_type].size
     n = rows.shape[-1]
     values = np.ascontiguousarray(rows, dtype=F).reshape(-1, QK)
     per_row = n // QK

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from resumerge.inputs.gguf.ggmltypes import TYPES
+from resumerge.inputs.gguf.legacy import KINDS
 from resumerge.outputs.gguf.ksearch import F, f16, fsum, qkx, qx
 
 _Array = np.ndarray
 
-Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
-# ggml type -> (bytes a 32-value block, nmax, affine)
-LEGACY = {Q4_0: (18, 8, False), Q4_1: (20, 15, True), Q5_0: (22, 16, False), Q5_1: (24, 31, True)}
+# the types encoded here: the legacy ones (their layouts: resumerge.inputs.gguf.legacy)
+LEGACY = frozenset(KINDS)
 _ROWS = 64  # rows coded together
 
 
 def _legacy_rows(rows: _Array, ggml_type: int, qw: _Array) -> _Array:
     """The bytes of ``rows`` (float32, (R, C)) as a legacy type with importance ``qw`` (C,): (R, C/32 * size).
     Each block's weights are ``qw * sqrt(sigma2 + x²)`` with sigma2 the mean square of its whole row."""
-    size, nmax, affine = LEGACY[ggml_type]
+    kind, size = KINDS[ggml_type], TYPES[ggml_type].size
+    affine = kind.affine
+    nmax = kind.levels if affine else (kind.levels + 1) // 2  # the symmetric types search -nmax ... nmax - 1
     r, c = rows.shape
     sigma2 = fsum(np.ascontiguousarray(rows.T) ** 2) / F(c)
     per_row = c // 32
@@ -47,7 +50,7 @@ def encode_legacy_weighted(rows: _Array, ggml_type: int, importance: _Array, out
     """llama.cpp's bytes of ``rows`` (float32, (..., n), n whole 32-value blocks) as legacy type ``ggml_type``
     (Q4_0, Q4_1, Q5_0, Q5_1) with the per-column ``importance`` (float32, (n,)): uint8 (..., n / 32 * block bytes),
     into ``out`` when given."""
-    size = LEGACY[ggml_type][0]
+    size = TYPES[ggml_type].size
     n = rows.shape[-1]
     values = np.ascontiguousarray(rows, dtype=F).reshape(-1, n)
     result = np.empty((values.shape[0], n // 32 * size), dtype=np.uint8) if out is None else out.reshape(

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
-from resumerge.inputs.gguf import blocks
-from resumerge.inputs.gguf.codec import GGUF_ROUND_TRIP
+from resumerge.inputs.gguf.ggmltypes import BF16, F16, F32, TYPES
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, gguf_rows
 from resumerge.outputs.gguf import encoders
 
@@ -23,12 +22,6 @@ if TYPE_CHECKING:
     from resumerge.inputs.codecs.protocol import Lend
     from resumerge.machine.torch_import import torch
 
-# ggml type id -> its name (ggml_type_name upper-cased; GGUF_ROUND_TRIP's key), for every type a GGUF output writes
-TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
-                                 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL",
-                                 23: "IQ4_XS", 18: "IQ3_XXS", 21: "IQ3_S", 16: "IQ2_XXS", 17: "IQ2_XS",
-                                 22: "IQ2_S"}
-_STORED = {0: "F32", 1: "F16", 30: "BF16"}  # the stored dtype of the plain types (the others: bytes)
 
 
 @dataclass(frozen=True)
@@ -81,28 +74,27 @@ class GgufOutCodec(TensorEncoder):
 
     @property
     def round_trip(self) -> tuple[str, float] | None:
-        name = TYPE_NAMES[self.ggml_type]
-        error = GGUF_ROUND_TRIP.get(name)
-        return None if error is None else (name, error)
+        row = TYPES[self.ggml_type]
+        return None if row.round_trip is None else (row.name, row.round_trip)
 
     def quantization_config(self, base: Mapping[str, Any]) -> Mapping[str, Any] | None:
         return None
 
     def stored_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The stored shape of a value of ``shape``: a block type as rows of block bytes."""
-        if self.ggml_type in _STORED:
+        row = TYPES[self.ggml_type]
+        if not row.is_block:
             return shape
-        values, size = blocks.BLOCK_BYTES[self.ggml_type]
-        return (*shape[:-1], shape[-1] // values * size)
+        return (*shape[:-1], shape[-1] // row.values * row.size)
 
     def value_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        if self.ggml_type in _STORED:
+        row = TYPES[self.ggml_type]
+        if not row.is_block:
             return stored
-        values, size = blocks.BLOCK_BYTES[self.ggml_type]
-        return (*stored[:-1], stored[-1] // size * values)
+        return (*stored[:-1], stored[-1] // row.size * row.values)
 
     def out_parts(self, name: str, dtype: str, shape: tuple[int, ...]) -> tuple[OutPart, ...]:
-        return (OutPart(MAIN, self.gguf_name, _STORED.get(self.ggml_type, "U8"), self.stored_shape(shape)),)
+        return (OutPart(MAIN, self.gguf_name, TYPES[self.ggml_type].stored or "U8", self.stored_shape(shape)),)
 
     @property
     def slice_index(self) -> int:
@@ -127,7 +119,7 @@ class GgufOutCodec(TensorEncoder):
             self._cast_into(value, out)
             return {MAIN: out}
         stored = self._encoded(self._gguf_values(value), self.gguf_name)
-        if self.ggml_type == blocks.BF16:
+        if self.ggml_type == BF16:
             stored = stored.view(torch.bfloat16)
         return {MAIN: stored.to(value.device)}
 
@@ -152,9 +144,9 @@ class GgufOutCodec(TensorEncoder):
 
         if value.device.type != "cpu" or self.transform == NORM_MINUS_ONE:
             return None
-        if self.ggml_type == blocks.F16 and value.dtype in (torch.bfloat16, torch.float32):
+        if self.ggml_type == F16 and value.dtype in (torch.bfloat16, torch.float32):
             return torch.float16
-        if self.ggml_type == blocks.F32 and value.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        if self.ggml_type == F32 and value.dtype in (torch.bfloat16, torch.float16, torch.float32):
             return torch.float32
         return None
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from resumerge.inputs.gguf.blocks import BLOCK_BYTES, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from resumerge.inputs.gguf.ggmltypes import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES
 
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
@@ -38,16 +38,16 @@ LEGACY_CANDIDATES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
 def candidate_types(row: int) -> tuple[int, ...]:
     """The types a tensor whose rows hold ``row`` values may be chosen as (none where a row is not whole 32-value
     blocks: it stays as its mix writes it)."""
-    if row % BLOCK_BYTES[Q2_K][0] == 0:
+    if row % TYPES[Q2_K].values == 0:
         return K_CANDIDATES
-    if row % BLOCK_BYTES[Q8_0][0] == 0:
+    if row % TYPES[Q8_0].values == 0:
         return LEGACY_CANDIDATES
     return ()
 
 
 def type_bytes(ggml_type: int, shape: Sequence[int]) -> int:
     """The bytes of a tensor of (row-major) ``shape`` stored as block type ``ggml_type``."""
-    values, size = BLOCK_BYTES[ggml_type]
+    values, size = TYPES[ggml_type].block
     rows = 1
     for dim in shape[:-1]:
         rows *= int(dim)
