@@ -30,8 +30,10 @@ from resumerge.outputs.gguf import GgufOutCodec, GgufStackCodec
 
 
 def test_each_container_answers_for_its_own_files() -> None:
-    assert container_for("safetensors") == SAFETENSORS
-    gguf = container_for("gguf", gguf_type="q8_0", split_max_size=1 << 30)
+    from resumerge.merge.plan.merge_plan import PlanOptions
+
+    assert container_for(PlanOptions()) == SAFETENSORS
+    gguf = container_for(PlanOptions(out_type="gguf", gguf_type="q8_0", gguf_split_max_size=1 << 30))
     assert gguf == GgufFile("q8_0", 1 << 30) and gguf.self_contained and not gguf.loader_readable
     # a merge's fingerprint gains nothing; a GGUF's headers and an adapter's side files are hashed into it
     assert SAFETENSORS.fingerprint_extras() == {} == PeftAdapter().fingerprint_extras()
@@ -70,9 +72,10 @@ def test_a_split_size_and_an_unwritten_merge_are_answered_by_the_container() -> 
     from resumerge.api import Output, Settings
     from resumerge.api.options import plan_options
     from resumerge.api.unwritten import _options
+    from resumerge.config.outformats import takes
     from resumerge.errors import UsageError
 
-    assert (GgufFile.split_by_size, SafetensorsShards.split_by_size) == (True, False)
+    assert (takes("gguf", "gguf_split_max_size"), takes("safetensors", "gguf_split_max_size")) == (True, False)
     assert (GgufFile.unwritten_reads, SafetensorsShards.unwritten_reads) == (False, True)
     split = Output(out_type="gguf", gguf_split_max_size="1MB")
     assert plan_options(split, out_shard_size=None).gguf_split_max_size == 1_000_000

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from resumerge.config.outformats import takes
 from resumerge.errors import UsageError
 
 
@@ -34,7 +35,7 @@ def _gguf_type(given: Mapping[str, Any]) -> None:
     """A GGUF output's ``--gguf-type`` checked (exit 2, before any work): one of llama-quantize's file types that
     resumerge does not write yet is named as such, and a mix llama.cpp's quantizer refuses without an importance
     matrix (Q2_K_S) is refused without ``--imatrix`` or ``--imatrix-texts``."""
-    if given.get("out_type") != "gguf":
+    if not takes(given.get("out_type"), "gguf_type"):
         return
     kinds = gguf_types(given.get("gguf_type"))
     if len(kinds) > 1 and given.get("gguf_split_max_size") is not None:
@@ -89,7 +90,7 @@ def _gguf_choices(given: Mapping[str, Any]) -> dict[str, Any]:
         set_.insert(0, "--gguf-type")
     if not set_:  # the CLI's unset repeatable flag is None, the plan's default an empty tuple
         return {**out, **{name: () for name in ("gguf_tensor_types", "gguf_override_kv") if name in given}}
-    if given.get("out_type") != "gguf":
+    if not takes(given.get("out_type"), "gguf_type"):
         raise UsageError(f"{set_[0]} chooses a GGUF output's types: give it with --out-type gguf")
     pairs = list(given.get("gguf_tensor_types") or ())
     try:

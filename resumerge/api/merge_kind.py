@@ -171,12 +171,13 @@ def _source(call: Call) -> str:
 def numpy_encoders_note(options: PlanOptions) -> str | None:
     """The line a run writing K-quants tells where numba is missing (the ``kquants`` extra): the same bytes, from
     the numpy path, in ~3x the CPU (docs/performance.md); None otherwise."""
+    from resumerge.config.outformats import takes
     from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.outputs.gguf import jit
     from resumerge.outputs.gguf.encoders import SEARCHED
 
     searched = [k for k in options.gguf_type.split(",") if k in MIXES and MIXES[k].default in SEARCHED]
-    if options.out_type != "gguf" or not searched or jit.numba_module() is not None:
+    if not takes(options.out_type, "gguf_type") or not searched or jit.numba_module() is not None:
         return None
     return (f"{','.join(searched)} is encoded by numpy: numba is not installed here (pip install numba, or the "
             "kquants extra, writes the same bytes in about a third of the CPU)")

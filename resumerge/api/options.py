@@ -282,19 +282,20 @@ def plan_options(*groups: object, out_shard_size: int | str | None, **overrides:
     depend on it, the planner drops it for the others; shard size None: the planner's pick; output shards named
     like the parent's, as every new run's): every field of ``groups`` that :class:`PlanOptions` has, by name, then
     ``overrides``. UsageError if bad."""
+    from resumerge.config.outformats import out_format, out_types, takes
     from resumerge.merge.engine.devices import normalise_device
     from resumerge.merge.plan.merge_plan import PlanOptions
     from resumerge.merge.plan.sharding import AUTO_SHARD_SIZE  # the planner picks (an hf:// OUT's default)
-    from resumerge.outputs.containers import OUT_TYPES
 
     # the tensor-type file is read here: its pairs, not its path, are the plan's
     names = {each.name for each in fields(PlanOptions)} - {"out_shard_size", "parent_shard_names"} | {TYPE_FILE}
     given = {each.name: getattr(group, each.name) for group in groups
              for each in fields(group) if each.name in names}  # type: ignore[arg-type]
     given.update(overrides)
+    if out_format(given.get("out_type", "safetensors")) is None:
+        raise UsageError(f"--out-type {given['out_type']}: one of {', '.join(out_types())}")
     if given.get("gguf_split_max_size") is not None:
-        container = OUT_TYPES.get(given.get("out_type", ""))
-        if container is None or not container.split_by_size:
+        if not takes(given.get("out_type"), "gguf_split_max_size"):
             raise UsageError("--gguf-split-max-size splits a GGUF output: give it with --out-type gguf")
         given["gguf_split_max_size"] = size_option(given["gguf_split_max_size"], "--gguf-split-max-size")
     if given.get("gguf_target_size") is not None:

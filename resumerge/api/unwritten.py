@@ -100,12 +100,12 @@ def open_population(configs: Sequence[PathLike], settings: Settings = Settings()
 def _options(settings: Settings, function: str) -> tuple[PlanOptions, RunSettings]:
     """The plan options ``run`` would plan with and the run's settings, of ``settings`` given to ``function``; what
     an unwritten merge cannot honour is refused (exit 2)."""
-    from resumerge.outputs.containers import OUT_TYPES
+    from resumerge.config.outformats import out_format
+    from resumerge.outputs.containers import container_class
 
     taken(settings, function)
     output, resources = settings.output, settings.resources
-    container = OUT_TYPES.get(output.out_type)
-    if container is None or not container.unwritten_reads:
+    if out_format(output.out_type) is None or not container_class(output.out_type).unwritten_reads:
         raise UsageError(f"an unwritten merge is read as safetensors, not --out-type {output.out_type}",
                          hint="drop --out-type, or write the merge with resumerge run and read the output")
     if output.out_adapter:

@@ -146,9 +146,10 @@ def _verify_parser(sub: SubParsers) -> None:
 def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> None:
     """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split (and the
     importance matrix flags where ``importance``)."""
+    from resumerge.config.outformats import out_types
     from resumerge.merge.plan.defaults import GGUF_TYPES
 
-    p.add_argument("--out-type", choices=("safetensors", "gguf"), default="safetensors",
+    p.add_argument("--out-type", choices=out_types(), default="safetensors",
                    help="write the output as safetensors shards, or as one GGUF file llama.cpp loads (its "
                         "tokenizer from a GGUF parent) [default: safetensors]")
     # no argparse choices: the API takes llama.cpp's spelling (Q4_K_M) as its own, and refuses another in one line

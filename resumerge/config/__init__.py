@@ -12,6 +12,7 @@ __all__ = [
     "locations",
     "merge_config",
     "modelref",
+    "outformats",
     "params",
     "passplace",
     "settings",

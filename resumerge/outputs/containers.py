@@ -3,20 +3,23 @@ tokenizer files (:class:`SafetensorsShards`), one GGUF file or gguf-split's file
 tokenizer themselves (:class:`GgufFile`), or a PEFT adapter whose side files the plan made
 (:class:`PeftAdapter`).
 
-The planner picks one by :func:`container_for` and carries it on the plan (``Plan.container``); it owns the files'
-byte layout, which side files are written (and the bytes of those it planned itself), what the fingerprint records
-beyond the tensors, the estimate's fact about the files, the model card's tags and section, and ``verify``'s
-integrity rule. Nothing outside this module asks which container it has.
+The planner picks one by :func:`container_for` (the class a row of :data:`resumerge.config.outformats.OUT_FORMATS`
+names for ``--out-type``, given the plan's options, of which each container reads its own) and carries it on the
+plan (``Plan.container``); it owns the files' byte layout, which side files are written (and the bytes of those it
+planned itself), what the fingerprint records beyond the tensors, the estimate's fact about the files, the model
+card's tags and section, and ``verify``'s integrity rule. Nothing outside this module asks which container it has.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from resumerge.config.outformats import out_format
 from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
 
 if TYPE_CHECKING:
@@ -78,9 +81,6 @@ class OutputContainer:
     # container: it serves the merge's values under their own names, as these files hold them; False where the
     # files store them otherwise (a GGUF's names and blocks).
     unwritten_reads: ClassVar[bool] = True
-    # Whether the container's files are split by a size of its own (--gguf-split-max-size); False: a split size is
-    # refused.
-    split_by_size: ClassVar[bool] = False
     # What the last phase of a run writing these files is called (``status`` names it beside the phases before it).
     writing: ClassVar[str] = "the merge"
 
@@ -133,10 +133,10 @@ class OutputContainer:
         return True
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
-               ) -> OutputContainer:
-        """The container ``--out-type`` names, given the GGUF options (which only a GGUF reads), its files not laid
-        out yet (the planner lays them out)."""
+    def chosen(cls, options: Any) -> OutputContainer:
+        """The container ``--out-type`` names, given the plan's ``options``
+        (:class:`~resumerge.merge.plan.merge_plan.PlanOptions`, of which it reads its own: its row's in
+        :data:`resumerge.config.outformats.OUT_FORMATS`), its files not laid out yet (the planner lays them out)."""
         return cls()
 
 
@@ -160,7 +160,6 @@ class GgufFile(OutputContainer):
     self_contained: ClassVar[bool] = True
     loader_readable: ClassVar[bool] = False
     unwritten_reads: ClassVar[bool] = False
-    split_by_size: ClassVar[bool] = True
     writing: ClassVar[str] = "the merge and its GGUF encoding"
 
     gguf_type: str = "f16"
@@ -203,8 +202,8 @@ class GgufFile(OutputContainer):
                 "(--gguf-split-max-size)")
 
     @classmethod
-    def chosen(cls, gguf_type: str, split_max_size: int | None, choices: GgufChoices = NO_CHOICES
-               ) -> OutputContainer:
+    def chosen(cls, options: Any) -> OutputContainer:
+        gguf_type, split_max_size, choices = options.gguf_type, options.gguf_split_max_size, gguf_choices(options)
         if "," in gguf_type:  # a list of types: a release, one file of each
             return GgufRelease(gguf_type, split_max_size, choices)
         return cls(gguf_type, split_max_size, choices)
@@ -321,16 +320,25 @@ class PeftAdapter(OutputContainer):
         return self.files
 
 
-# The containers ``--out-type`` names (an adapter is its kind's own, or ``--out-adapter``'s).
-OUT_TYPES: Mapping[str, type[OutputContainer]] = {SafetensorsShards.name: SafetensorsShards, GgufFile.name: GgufFile}
 # Every container whose files ``verify`` may find, the most particular first.
 CONTAINERS: tuple[type[OutputContainer], ...] = (GgufFile, SafetensorsShards)
 
 
-def container_for(out_type: str, *, gguf_type: str = "f16", split_max_size: int | None = None,
-                  choices: GgufChoices = NO_CHOICES) -> OutputContainer:
-    """The container ``--out-type out_type`` writes, its files not laid out yet (the planner lays them out)."""
-    return OUT_TYPES[out_type].chosen(gguf_type, split_max_size, choices)
+def container_class(out_type: str) -> type[OutputContainer]:
+    """The container class of ``--out-type out_type`` (its row of :data:`resumerge.config.outformats.OUT_FORMATS`;
+    an adapter is its kind's own, or ``--out-adapter``'s). KeyError for no such format."""
+    row = out_format(out_type)
+    if row is None:
+        raise KeyError(out_type)
+    module, _, name = row.container.partition(":")
+    found: type[OutputContainer] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def container_for(options: Any) -> OutputContainer:
+    """The container the plan's ``options`` (:class:`~resumerge.merge.plan.merge_plan.PlanOptions`) write: their
+    ``--out-type``'s, given them (it reads its own), its files not laid out yet (the planner lays them out)."""
+    return container_class(options.out_type).chosen(options)
 
 
 def gguf_choices(options: Any) -> GgufChoices:

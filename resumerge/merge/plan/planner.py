@@ -80,7 +80,7 @@ from resumerge.merge.plan.tokenizer_plan import (
 )
 from resumerge.merge.plan.truncation import common_rows, leading_rows, truncation_notes
 from resumerge.merge.vocab import BuiltTokenizer, parse_tokenizer_spec, resolve_chat_template
-from resumerge.outputs.containers import container_for, gguf_choices
+from resumerge.outputs.containers import container_for
 
 # Why a planner leaves input tensors out (resumerge.merge.plan.accounting).
 NOT_IN_FIRST = "not in the layer of the slice's first model, whose names the output follows"
@@ -202,8 +202,7 @@ def build_plan(config: MergeConfig, models: Mapping[str, ModelInput], options: P
     shards, tensors = assign_shards(tensors, options.out_shard_size, naming=naming)
     cut_rows = _embed_rows(tensors) if ctx.truncate and notes else None
     # Chosen once: what the output's files are (a GGUF holds its tokenizer: no tokenizer files beside it).
-    container = container_for(options.out_type, gguf_type=options.gguf_type,
-                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
+    container = container_for(options)
     tokenizer_donor, blobs = (None, {}) if container.self_contained else tokenizer_output(
         config, spec, built, donor, options, models, cut_rows)
     out_config = build_out_config(config, models, donor, tuple(origins), tensors, mtp=mtp)

@@ -25,7 +25,7 @@ from resumerge.merge.plan.merge_plan import InputRef, Plan, PlanOptions, TensorP
 from resumerge.merge.plan.outconfig import set_quantization
 from resumerge.merge.plan.placing import Placing, place_files
 from resumerge.merge.plan.sharding import assign_shards, output_naming, resolve_shard_size
-from resumerge.outputs.containers import container_for, gguf_choices
+from resumerge.outputs.containers import container_for
 from resumerge.runs.moe import experts as expert_methods
 from resumerge.runs.moe import routers
 from resumerge.runs.moe.architectures import check_experts, choose_output
@@ -114,8 +114,7 @@ def build_moe_plan(config: MoeConfig, models: Mapping[str, ModelInput], options:
     # transformers read them as its format.
     set_quantization(out_config, base.config, tensors)
     # What the output's files are (one GGUF file, or gguf-split's files, holds its tokenizer), laid out.
-    container = container_for(options.out_type, gguf_type=options.gguf_type,
-                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
+    container = container_for(options)
     shards, tensors, container = place_files(container, shards, tensors,
                                              Placing(out_config, models, [config.base_model.key], last=late,
                                                      unit_size=options.out_shard_size))

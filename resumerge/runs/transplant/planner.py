@@ -46,7 +46,7 @@ from resumerge.merge.plan.outconfig import set_quantization
 from resumerge.merge.plan.placing import Placing, place_files
 from resumerge.merge.plan.sharding import assign_shards, output_naming, resolve_shard_size
 from resumerge.merge.plan.tokenizer_plan import tokenizer_dir, tokenizer_hashes
-from resumerge.outputs.containers import container_for, gguf_choices
+from resumerge.outputs.containers import container_class, container_for
 from resumerge.runs.transplant.adds import OutputAdds, out_config_ids, rewritten
 from resumerge.runs.transplant.approximate import Method, Rope, method_notes
 from resumerge.runs.transplant.spec import USES_K, SurgerySpec, check_spec
@@ -171,7 +171,7 @@ def match_vocabularies(opened: Opened, spec: SurgerySpec, matrices: Matrices, vo
     (see :func:`~resumerge.runs.transplant.tokens.match_matrix`); a GGUF output (``out_type``) of a GGUF DONOR has the
     rows of DONOR's file, whose vocabulary it holds."""
     mine, theirs = vocabs
-    cap = out_type == "gguf" and opened.donor.gguf is not None
+    cap = container_class(out_type).self_contained and opened.donor.gguf is not None
     matches = {}
     for matrix, (name, donor_name) in matrices.names.items():
         match = match_matrix(mine, theirs, opened.model.tensors[name].entry.shape[0],
@@ -226,8 +226,7 @@ def build_plan(spec: SurgerySpec, opened: Opened, matrices: Matrices, matches: M
         written_config = out_config_ids(written_config, wanted)
     set_quantization(written_config, model.config, placed)  # a GGUF MODEL's says what its tensors were
     # As a merge's: --out-type gguf writes one GGUF (or gguf-split's files) holding DONOR's tokenizer.
-    container = container_for(options.out_type, gguf_type=options.gguf_type,
-                              split_max_size=options.gguf_split_max_size, choices=gguf_choices(options))
+    container = container_for(options)
     tokenizer_donor = opened.donor_key if options.copy_tokenizer and not container.self_contained else None
     donor_rows = donor.tensors[matrices.names["embed"][1]].entry.shape[0]
     if container.self_contained and donor.gguf is not None and rows != donor_rows:
