@@ -39,6 +39,16 @@ def test_every_row_names_a_container_that_exists() -> None:
     assert OUT_FORMATS["gguf"].options == GGUF_OPTIONS
 
 
+def test_an_unknown_out_type_is_refused_in_one_line_before_any_work() -> None:
+    # (the API names its own field where the CLI says --out-type, whose choices argparse holds)
+    from resumerge.api import Output
+    from resumerge.api.options import plan_options
+    from resumerge.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^out_type onnx: one of safetensors, gguf$"):
+        plan_options(Output(out_type="onnx"), out_shard_size=None)
+
+
 def _run(tmp_path: Path, config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return cli_here("run", config, tmp_path / "out", "--state-dir", tmp_path / "state", *flags)
 
