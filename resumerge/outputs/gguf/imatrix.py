@@ -27,11 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from resumerge.errors import ModelInputError
+from resumerge.inputs.gguf.ggmltypes import F32, TYPES
 
 __all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_bytes", "imatrix_dat_bytes",
            "read_imatrix", "with_counts"]
 
-_F32 = 0
+# the one tensor type of an importance matrix's GGUF -> its block (the header parser's sizes)
+_F32_ONLY = {F32: TYPES[F32].block}
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
 
 
@@ -56,13 +58,13 @@ def _from_gguf(path: Path, only: str | None) -> dict[str, np.ndarray]:
         lacking = f"; missing {', '.join(missing)}" if missing else ""
         raise _refused(path, f"not an importance matrix GGUF (general.type \"imatrix\" and {', '.join(_REQUIRED)} "
                              f"are needed{lacking})")
-    header = read_gguf_header(path, {_F32: (1, 4)})
+    header = read_gguf_header(path, _F32_ONLY)
     tensors = {t.name: t for t in header.tensors}
     entries: dict[str, np.ndarray] = {}
     with path.open("rb") as file:
         def values(name: str) -> np.ndarray:
             t = tensors[name]
-            if t.ggml_type != _F32:
+            if t.ggml_type != F32:
                 raise _refused(path, f"tensor {name} is not F32")
             file.seek(t.start)
             return np.frombuffer(file.read(t.end - t.start), dtype="<f4").reshape(t.shape)
@@ -142,7 +144,7 @@ def matrix_facts(path: str | Path, entries: Mapping[str, np.ndarray]) -> tuple[s
     with path.open("rb") as file:
         magic = file.read(4)
     if magic == b"GGUF":
-        metadata = read_gguf_header(path, {_F32: (1, 4)}).metadata
+        metadata = read_gguf_header(path, _F32_ONLY).metadata
         named = metadata.get("imatrix.datasets")
         datasets = [] if named is None else list(named)
         return (str(datasets[0]) if datasets else None), int(metadata.get("imatrix.chunk_count", 0))
@@ -162,7 +164,7 @@ def computed_counts(path: str) -> tuple[int, int] | None:
 
     if not Path(path).is_file():
         return None
-    header = read_gguf_header(Path(path), {_F32: (1, 4)})
+    header = read_gguf_header(Path(path), _F32_ONLY)
     counts = [name for name in (t.name for t in header.tensors) if name.endswith(".counts")]
     tokens = 0
     with Path(path).open("rb") as file:
@@ -183,7 +185,7 @@ def with_counts(header: bytes, path: str) -> bytes:
 
     if not Path(path).is_file():
         return header
-    matrix = read_gguf_header(Path(path), {_F32: (1, 4)})
+    matrix = read_gguf_header(Path(path), _F32_ONLY)
     entries = sum(1 for t in matrix.tensors if t.name.endswith(".in_sum2"))
     header = with_u32(header, "quantize.imatrix.entries_count", entries)
     return with_u32(header, "quantize.imatrix.chunks_count", int(matrix.metadata.get("imatrix.chunk_count", 0)))
@@ -236,7 +238,7 @@ def imatrix_bytes(entries: Mapping[str, ImatrixEntry], datasets: Sequence[str], 
         if sums.ndim != 2 or sums.shape[0] != counts.shape[0]:
             raise ValueError(f"{name}: {sums.shape} sums for {counts.shape[0]} counts")
         for suffix, values in (("in_sum2", sums), ("counts", counts)):
-            infos.append(TensorInfo(f"{name}.{suffix}", values.shape, _F32, values.nbytes))
+            infos.append(TensorInfo(f"{name}.{suffix}", values.shape, F32, values.nbytes))
             data.append(values)
     layout = plan_layout(metadata, infos)
     parts = [layout.header]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, TensorEncoder
+from resumerge.inputs.gguf.ggmltypes import BF16
 from resumerge.outputs.gguf.layout import slice_name
 from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
@@ -59,7 +60,7 @@ class GgufStackCodec(GgufOutCodec):
         # from_row)
         gate, up = (self._encoded(self._gguf_values(v), n) for v, n in ((value[:, :half], self.gguf_name),
                                                                           (value[:, half:], self.up_name)))
-        if self.ggml_type == 30:
+        if self.ggml_type == BF16:
             gate, up = gate.view(torch.bfloat16), up.view(torch.bfloat16)
         return {MAIN: gate, UP: up}
 
