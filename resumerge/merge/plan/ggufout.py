@@ -113,10 +113,8 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     wanted = _type_choices(choices)
     weights = (Importance.computed(choices.imatrix, choices.imatrix_texts) if choices.computed
                else Importance.read(choices.imatrix))
-    entries = place_tensors(tensors, arch, out_config,
-                            lambda tp, target, **stack: _encoded(tp, arch, target, gguf_type, out_config,
-                                                                 facts=facts, choices=wanted, weights=weights,
-                                                                 **stack), last)
+    encoding = _Encoding(arch, gguf_type, out_config, facts, wanted, weights)
+    entries = place_tensors(tensors, arch, out_config, encoding.encoded, last)
     weights.check_used([i.name for e in entries for i in e.infos])
     placed = {name: tp for entry in entries for name, tp in entry.tensors}
     overrides = [parse_override_kv(spec) for spec in choices.override_kv]
@@ -273,39 +271,53 @@ class Importance:
                                                                         "this model")
 
 
-def _encoded(tp: TensorPlan, arch: str, target: str, mix: str, config: Mapping[str, Any], *, facts: ModelFacts,
-             choices: TypeChoices, weights: Importance, expert: int = -1, up_name: str = "") -> TensorPlan:
-    """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
-    gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
-    llama.cpp's quantizer picks in a ``mix`` file (:func:`~resumerge.merge.plan.gguftypes.tensor_type`) with the user's
-    ``choices``, with the family's transform."""
-    how = transform(arch, target)
-    chosen = tensor_type(target, tp.shape, mix, facts, choices)
-    ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
-    head_rows = 1
-    if how and how != NORM_MINUS_ONE:
-        heads = int(config["num_attention_heads"] if how == UNPERMUTE_Q else
-                    config.get("num_key_value_heads") or config["num_attention_heads"])
-        head_rows = tp.shape[0] // heads
-    columns = tp.shape[-1]
-    stacked = expert >= 0 or len(tp.shape) == 3
-    experts = facts.experts if stacked and facts.experts else 1
-    imatrix = weights.for_tensor(target, columns, experts, ggml)
-    if up_name:
-        imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
-    if not imatrix and requires_imatrix(target, ggml, mix) and not weights.path:
-        raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPES[ggml].name} only "
-                         "with an importance matrix", hint="give --imatrix FILE (llama-imatrix's) or --imatrix-texts "
-                                                           "FILE (texts to compute it on the merge from)")
-    if not imatrix and requires_imatrix(target, ggml, mix):
-        raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
-                              f"{TYPES[ggml].name} only with an importance matrix, and --imatrix {weights.path} has "
-                              "no entry for it", tensor=target, hint="give the importance matrix measured on this "
-                                                                     "model")
-    codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
-    if expert >= 0 or up_name:
-        codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)
-    return replace(tp, out_codec=codec, carried=()).sized()
+@dataclass(frozen=True)
+class _Encoding:
+    """What each tensor of one GGUF file is encoded by: the family (``arch``), the ``--gguf-type`` ``mix``, the
+    output's ``config``, the model's ``facts`` the type rules read, the user's type ``choices`` and the importance
+    matrix (``weights``)."""
+
+    arch: str
+    mix: str
+    config: Mapping[str, Any]
+    facts: ModelFacts
+    choices: TypeChoices
+    weights: Importance
+
+    def encoded(self, tp: TensorPlan, target: str, *, expert: int = -1, up_name: str = "") -> TensorPlan:
+        """``tp`` written as GGUF tensor ``target`` (expert ``expert``'s slice of it, or with ``up_name`` a fused
+        gate_up stack's gate half, its up half to ``up_name``: :mod:`resumerge.outputs.gguf.stackcodec`) in the type
+        llama.cpp's quantizer picks in a ``mix`` file (:func:`~resumerge.merge.plan.gguftypes.tensor_type`) with the
+        user's ``choices``, with the family's transform."""
+        how = transform(self.arch, target)
+        mix, weights = self.mix, self.weights
+        chosen = tensor_type(target, tp.shape, mix, self.facts, self.choices)
+        ggml, llama = chosen.written, -1 if chosen.llama == chosen.written else chosen.llama
+        head_rows = 1
+        if how and how != NORM_MINUS_ONE:
+            heads = int(self.config["num_attention_heads"] if how == UNPERMUTE_Q else
+                        self.config.get("num_key_value_heads") or self.config["num_attention_heads"])
+            head_rows = tp.shape[0] // heads
+        columns = tp.shape[-1]
+        stacked = expert >= 0 or len(tp.shape) == 3
+        experts = self.facts.experts if stacked and self.facts.experts else 1
+        imatrix = weights.for_tensor(target, columns, experts, ggml)
+        if up_name:
+            imatrix = imatrix or weights.for_tensor(up_name, columns, experts, ggml)
+        if not imatrix and requires_imatrix(target, ggml, mix) and not weights.path:
+            raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as {TYPES[ggml].name} "
+                             "only with an importance matrix", hint="give --imatrix FILE (llama-imatrix's) or "
+                                                                    "--imatrix-texts FILE (texts to compute it on "
+                                                                    "the merge from)")
+        if not imatrix and requires_imatrix(target, ggml, mix):
+            raise ModelInputError(f"--gguf-type {mix}: llama.cpp's quantizer writes {target} as "
+                                  f"{TYPES[ggml].name} only with an importance matrix, and --imatrix "
+                                  f"{weights.path} has no entry for it", tensor=target,
+                                  hint="give the importance matrix measured on this model")
+        codec: GgufOutCodec = GgufOutCodec(target, ggml, how, head_rows, llama, imatrix)
+        if expert >= 0 or up_name:
+            codec = GgufStackCodec(target, ggml, how, head_rows, llama, imatrix, expert=expert, up_name=up_name)
+        return replace(tp, out_codec=codec, carried=()).sized()
 
 
 def _metadata(arch: str, config: Mapping[str, Any], gguf_type: str, source: ModelInput,
