@@ -33,7 +33,7 @@ GGUF_OPTIONS = frozenset({"gguf_type", "gguf_split_max_size", "gguf_tensor_types
                           "gguf_token_embedding_type", "imatrix", "imatrix_texts", "gguf_override_kv", "gguf_pure",
                           "gguf_target_size", "gguf_target_bpw"})
 
-# --out-type -> its row (the first: the default)
+# --out-type -> its row (in the order --help lists them)
 OUT_FORMATS: dict[str, OutFormat] = {
     "safetensors": OutFormat("safetensors", "resumerge.outputs.containers:SafetensorsShards"),
     "gguf": OutFormat("gguf", "resumerge.outputs.containers:GgufFile", GGUF_OPTIONS),
