@@ -84,7 +84,7 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
     than the merge's context, a family resumerge does not write as GGUF, a budget too small."""
     if options.imatrix_texts is None or options.imatrix is None:
         return
-    from resumerge.analyses.importance.onmerge import importance_on_merge
+    from resumerge.analyses.importance.onmerge import PassTerms, importance_on_merge
     from resumerge.config.merge_config import load_config_text
     from resumerge.forward.imatrix import gguf_arch
     from resumerge.forward.texts import context_of, load_tokenizer, sequences
@@ -116,9 +116,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
                  "one decoder layer at a time (--imatrix-texts)")
         out = Path(options.imatrix)
         out.parent.mkdir(parents=True, exist_ok=True)
-        report = importance_on_merge(merge, arch, tokens, out, dataset=os.path.basename(texts),
-                                     max_memory=settings.max_memory, command=command, on_progress=progress,
-                                     judged=judged, costs=measures_costs(options))
+        terms = PassTerms(os.path.basename(texts), settings.max_memory, command, judged, measures_costs(options))
+        report = importance_on_merge(merge, arch, tokens, out, terms, progress)
     if tell is not None:
         found = "found computed" if report.reused else "computed"
         tell(f"importance matrix {found} on the merge: {report.entries} weights, {report.texts} texts, "

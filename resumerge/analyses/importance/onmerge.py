@@ -53,31 +53,39 @@ class ImportanceReport:
     reused: bool
 
 
-def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, *, dataset: str,
-                        max_memory: int | None, command: str,
-                        on_progress: Callable[[int, int], None] | None = None,
-                        judged: bool = False, costs: bool = False) -> ImportanceReport:
+@dataclass(frozen=True)
+class PassTerms:
+    """How an importance pass runs: ``dataset``, the matrix file's ``imatrix.datasets``; ``max_memory``, the budget
+    (None: the default), refused (exit 2) before any weight is read where a layer would not fit; ``command``, what
+    continues it (a second process is told it); ``judged``: the run's phase judged the budget already, by
+    ``plan``'s figures (else judged here, by the process's reading); ``costs``: each linear's cost at every
+    candidate GGUF type measured in the same pass, written beside the matrix (:func:`costs_path`: JSON, by GGUF
+    name then type name)."""
+
+    dataset: str
+    max_memory: int | None
+    command: str
+    judged: bool = False
+    costs: bool = False
+
+
+def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]], out: Path, terms: PassTerms,
+                        on_progress: Callable[[int, int], None] | None = None) -> ImportanceReport:
     """The importance matrix of ``merge`` (its weights named as an ``arch`` GGUF names them) over ``tokens`` (one
-    sequence a text), written to ``out`` (llama-imatrix's GGUF; ``dataset`` its ``imatrix.datasets``), journaled in
-    a folder beside it; answered without a read where ``out`` holds this very pass's matrix. ``max_memory``: the
-    budget (None: the default), refused (exit 2) before any weight is read where a layer would not fit;
-    ``command``: what continues it (a second process is told it); ``on_progress(done, layers)``: told each time a
-    layer's sums are durable (and the layers a resumed pass found journaled); ``judged``: the run's phase judged
-    the budget already, by ``plan``'s figures (else judged here, by the process's reading); ``costs``: each
-    linear's cost at every candidate GGUF type measured in the same pass, written beside the matrix
-    (:func:`costs_path`: JSON, by GGUF name then type name)."""
+    sequence a text), written to ``out`` (llama-imatrix's GGUF), journaled in a folder beside it, run on ``terms``;
+    answered without a read where ``out`` holds this very pass's matrix. ``on_progress(done, layers)``: told each
+    time a layer's sums are durable (and the layers a resumed pass found journaled)."""
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs"] if costs else [])])
+    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs"] if terms.costs else [])])
     folder = out.with_suffix("")
     # the thread count beside the journal, removed with it: the folder is the config's and the texts' (another
     # merge of them, its inputs changed, passes there too, and decides its own count)
-    where = PassFolder(folder, f"the importance matrix pass into {out}", command,
+    where = PassFolder(folder, f"the importance matrix pass into {out}", terms.command,
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
                        threads=folder / key[:32] / THREADS_FILE)
-    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, dataset, max_memory, on_progress, judged,
-                                costs))
+    return drive(_ImportanceJob(where, merge, arch, tokens, out, key, terms, on_progress))
 
 
 def _layer_bytes(stream: ModelStream) -> int:
@@ -110,11 +118,8 @@ class _ImportanceJob:
     tokens: list[list[int]]
     out: Path
     key: str
-    dataset: str
-    max_memory: int | None
+    terms: PassTerms
     on_progress: Callable[[int, int], None] | None
-    judged: bool = False
-    costs: bool = False
 
     @property
     def _journal_dir(self) -> Path:
@@ -125,7 +130,7 @@ class _ImportanceJob:
         keyed = self.out.with_name(self.out.name + KEY_SUFFIX)
         if not (self.out.is_file() and keyed.is_file() and keyed.read_text(encoding="utf-8").strip() == self.key):
             return None, None
-        if self.costs and not costs_path(self.out).is_file():
+        if self.terms.costs and not costs_path(self.out).is_file():
             return None, None
         return self._report(reused=True), None
 
@@ -150,11 +155,11 @@ class _ImportanceJob:
         try:
             hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
             step, _ = self._step(stream)
-            if self.judged:
-                budget = self.max_memory if self.max_memory is not None else default_budget(SystemProbe())
+            if self.terms.judged:
+                budget = self.terms.max_memory if self.terms.max_memory is not None else default_budget(SystemProbe())
             else:
-                budget = budget_fitting("the importance matrix pass over the merge",
-                                        pass_held(step, sum(len(t) for t in self.tokens), hidden), self.max_memory,
+                held = pass_held(step, sum(len(t) for t in self.tokens), hidden)
+                budget = budget_fitting("the importance matrix pass over the merge", held, self.terms.max_memory,
                                         SystemProbe())
             yield Fit(budget, {"layer": step}, stream)
         finally:
@@ -185,7 +190,7 @@ class _ImportanceJob:
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
         # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
         with reading_ahead(stream, self._step(stream)[1]) as ahead:
-            step = SumStep(stream, calls, reserve, ahead=ahead, costs=self.costs)
+            step = SumStep(stream, calls, reserve, ahead=ahead, costs=self.terms.costs)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
             # (resumerge.machine.killpoints)
             found = LayerPass(journal, layers, point="after_imatrix_layer", carries=Held(lambda: [calls]),
@@ -218,9 +223,9 @@ class _ImportanceJob:
         sums, counts, costs = found
         entries = named_entries(self.arch, {name: s.numpy() for name, s in sums.items()}, tokens,
                                 {name: c.numpy() for name, c in counts.items()})
-        if self.costs:
+        if self.terms.costs:
             write_file_atomic(costs_path(self.out), costs_json(self.arch, costs, bool(counts)))
-        write_imatrix(self.out, imatrix_file(entries, self.dataset, len(self.tokens)))
+        write_imatrix(self.out, imatrix_file(entries, self.terms.dataset, len(self.tokens)))
         write_file_atomic(self.out.with_name(self.out.name + KEY_SUFFIX), (self.key + "\n").encode())
         shutil.rmtree(self._journal_dir, ignore_errors=True)
         return self._report(reused=False, entries=len(entries))
