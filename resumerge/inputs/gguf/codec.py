@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
-from resumerge.inputs.gguf import blocks, iq2blocks
+from resumerge.inputs.gguf import blocks, iq2blocks, mxfp4blocks, tqblocks
 from resumerge.inputs.gguf.model import METHOD, NVFP4_COMPANIONS, PLAIN_TYPES, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
 
@@ -27,17 +27,20 @@ if TYPE_CHECKING:
 # The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
 # types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
 # gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL and IQ4_XS measured with
-# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike. A GGUF codec's round_trip,
-# read and written.
+# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike, TQ1_0, TQ2_0 and MXFP4 too
+# (the ternary types keep a ternary tensor exactly, a normal one hardly: resumerge.outputs.gguf.tquants). A GGUF
+# codec's round_trip, read and written.
 GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "IQ4_NL": 7.6,
-                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0}
+                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0,
+                   "MXFP4": 11.5, "TQ1_0": 81.0, "TQ2_0": 81.0}
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
 _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
                 "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q2_K": blocks.Q2_K, "Q3_K": blocks.Q3_K,
                 "Q4_K": blocks.Q4_K, "Q5_K": blocks.Q5_K, "Q6_K": blocks.Q6_K, "IQ4_NL": blocks.IQ4_NL,
                 "IQ4_XS": blocks.IQ4_XS, "IQ3_XXS": blocks.IQ3_XXS, "IQ3_S": blocks.IQ3_S,
-                "IQ2_XXS": iq2blocks.IQ2_XXS, "IQ2_XS": iq2blocks.IQ2_XS, "IQ2_S": iq2blocks.IQ2_S}
+                "IQ2_XXS": iq2blocks.IQ2_XXS, "IQ2_XS": iq2blocks.IQ2_XS, "IQ2_S": iq2blocks.IQ2_S,
+                "TQ1_0": tqblocks.TQ1_0, "TQ2_0": tqblocks.TQ2_0, "MXFP4": mxfp4blocks.MXFP4}
 
 
 @dataclass(frozen=True)

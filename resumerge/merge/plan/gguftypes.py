@@ -70,6 +70,8 @@ from resumerge.inputs.gguf.blocks import (
     Q8_0,
 )
 from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS
+from resumerge.inputs.gguf.mxfp4blocks import MXFP4
+from resumerge.inputs.gguf.tqblocks import TQ1_0, TQ2_0
 from resumerge.merge.plan.merge_plan import TensorPlan
 from resumerge.outputs.gguf.outcodec import TYPE_NAMES, GgufOutCodec
 
@@ -96,14 +98,15 @@ MIXES: Mapping[str, Mix] = {
     "iq3_xxs": Mix(23, IQ3_XXS, needs_imatrix=True), "iq3_xs": Mix(22, IQ3_S, needs_imatrix=True),
     "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S),
     "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
-    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True)}
+    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True),
+    "tq1_0": Mix(36, TQ1_0), "tq2_0": Mix(37, TQ2_0), "mxfp4_moe": Mix(38, MXFP4)}
 # the 2-bit i-quant mixes (their rules: _iq2_bumped)
 _IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
 # IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
 _IQ2_RICH = ("iq2_s", "iq2_m")
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
 # matrix for them
-NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
+NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True}
 # the types llama.cpp's quantizer writes only with an importance matrix (token_embd and output.weight apart:
 # tensor_requires_imatrix): IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M, IQ1_S
 _NEED_MATRIX = frozenset({IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, 29, 19})
@@ -111,7 +114,7 @@ _NEED_MATRIX = frozenset({IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, 29, 19})
 OVERRIDE_TYPES: Mapping[str, int] = {name.lower(): code for code, name in TYPE_NAMES.items()}
 # tensor_type_fallback: a row that is not whole blocks of the type (256 values): the i-quants to IQ4_NL (32)
 _FALLBACK = {Q2_K: Q4_0, Q3_K: Q4_0, Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, IQ4_XS: IQ4_NL, IQ3_XXS: IQ4_NL,
-             IQ3_S: IQ4_NL, IQ2_XXS: IQ4_NL, IQ2_XS: IQ4_NL, IQ2_S: IQ4_NL}
+             IQ3_S: IQ4_NL, IQ2_XXS: IQ4_NL, IQ2_XS: IQ4_NL, IQ2_S: IQ4_NL, TQ1_0: Q4_0, TQ2_0: Q4_0}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -280,6 +283,12 @@ def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     return needs and _category(name) not in ("token_embd", "output")
 
 
+def _experts_stack(name: str, shape: tuple[int, ...], model: ModelFacts) -> bool:
+    """Whether GGUF tensor ``name`` is a stack of more than one expert (llama.cpp's ``ne[2] > 1``): written whole
+    (3-D ``shape``) or an expert's slice of an ``*_exps`` tensor."""
+    return shape[0] > 1 if len(shape) == 3 else "_exps." in name and model.experts > 1
+
+
 def _block(kind: int) -> int:
     """The values a block of ggml type ``kind`` (1 for F32, F16, BF16)."""
     return BLOCK_BYTES[kind][0] if kind in BLOCK_BYTES else 1
@@ -318,14 +327,18 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
             if category == "output" or (model.tied and category == "token_embd"):
                 if choices.output >= 0:
                     picked = choices.output
-                elif row % BLOCK_BYTES[default][0]:
+                elif mix == "mxfp4_moe" or row % BLOCK_BYTES[default][0]:
                     picked = Q8_0
                 elif mix == "iq3_xxs" or mix in _IQ2_MIXES:
                     picked = Q5_K
                 elif default != Q8_0:
                     picked = Q6_K
+            elif mix == "mxfp4_moe":  # llama.cpp: "MoE tensors -> MXFP4, other tensors -> Q8_0"
+                picked = MXFP4 if _experts_stack(name, shape, model) else Q8_0
             elif category == "token_embd" and mix in _IQ2_MIXES:
                 picked = IQ3_S if mix in _IQ2_RICH else Q2_K
+            elif category == "token_embd" and mix in ("tq1_0", "tq2_0"):
+                picked = Q4_K
             else:
                 picked = _bumped(name, category, mix, default, model, choices.imatrix)
         picked = _fallback(picked, row)
@@ -372,6 +385,10 @@ def type_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     mix = ", ".join(f"{TYPE_NAMES.get(kind, str(kind))} {n}" for kind, n in sorted(counts.items(), key=lambda c: -c[1]))
     notes = [f"GGUF size: {format_size(stored)} of tensors, {8 * stored / max(values, 1):.2f} bits per weight "
              f"(tensors by type: {mix})"]
+    if counts.keys() & {TQ1_0, TQ2_0}:
+        from resumerge.outputs.gguf.tquants import NOT_TERNARY
+
+        notes.append(NOT_TERNARY)
     for (llama, written), names in sorted(swapped.items()):
         shown = ", ".join(sorted(set(names))[:3]) + (f" and {len(set(names)) - 3} more" if len(set(names)) > 3 else "")
         notes.append(f"GGUF types: llama.cpp's quantizer gives {shown} {TYPE_NAMES.get(llama, str(llama))}; its "

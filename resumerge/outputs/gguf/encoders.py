@@ -35,7 +35,7 @@ import numpy as np
 from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import BF16, BLOCK_BYTES, CHUNK, F16, F32, Q8_0
 from resumerge.inputs.gguf.legacy import Kind
-from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted
+from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted, mxfp4quants, tquants
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,6 +53,8 @@ SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], n
 # the types whose encoding reads an importance matrix (llama-quantize's, one entry a tensor): those, and the legacy
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
+# the block types encoded in numpy that read no importance matrix (the ternary ones, MXFP4): as SEARCHED's
+_UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq), mxfp4quants.MXFP4: mxfp4quants.encode_mxfp4}
 
 
 def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
@@ -128,7 +130,7 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
     from resumerge.machine.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    searched = SEARCHED.get(ggml_type)
+    searched = SEARCHED.get(ggml_type) or _UNWEIGHTED.get(ggml_type)
     weighted = importance is not None and ggml_type in legacyweighted.LEGACY  # the legacy types' importance paths
     if searched is not None or weighted:
         block, size = BLOCK_BYTES[ggml_type]
