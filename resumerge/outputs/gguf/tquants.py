@@ -12,8 +12,8 @@ write of the same merge, and its plan says so (:func:`resumerge.merge.plan.gguft
 ternary parents is itself ternary only where the method keeps each value one parent's (a passthrough, a slerp at
 t 0 or 1); an average of two ternary tensors is not.
 
-Vectorised across blocks with numpy; the values are finite (a GGUF output's merge is), every step the C loop's
-float32 operation, so the bytes agree (tests/test_gguf_tquants.py).
+Vectorised across blocks with numpy, every step the C loop's float32 operation, so the bytes agree on finite values
+(tests/test_gguf_tquants.py).
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ def _trits(blocks: _Array) -> tuple[_Array, _Array]:
     """Each value's trit (0, 1, 2; int32 (n, 256)) and each block's ``d`` (float32 (n, 1)) of ``blocks``."""
     d = np.abs(blocks).max(axis=1, keepdims=True)
     inverse = np.zeros_like(d)
-    np.divide(F(1), d, out=inverse, where=d != 0)
-    y = blocks * inverse
-    # lroundf: half away from zero, exactly (floor(|y| + 0.5) is not: the sum rounds 0.49999997 up)
-    magnitude = np.abs(y)
-    whole = np.floor(magnitude)
-    whole += (magnitude - whole) >= F(0.5)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.divide(F(1), d, out=inverse, where=d != 0)
+        y = blocks * inverse
+        # lroundf: half away from zero, exactly (floor(|y| + 0.5) is not: the sum rounds 0.49999997 up)
+        magnitude = np.abs(y)
+        whole = np.floor(magnitude)
+        whole += (magnitude - whole) >= F(0.5)
+    # a block under 2^-128 has 1/d infinite: lroundf of ±inf or NaN is LONG_MIN on x86, whose int + 1 is trit 1
+    whole[~np.isfinite(whole)] = 0
     return (np.copysign(whole, y).astype(np.int32) + 1), d
 
 
@@ -85,6 +88,7 @@ def encode_tq(rows: _Array, ggml_type: int, importance: _Array | None = None, ou
         trits, d = _trits(blocks[start:start + _CHUNK])
         chunk = flat[start:start + _CHUNK]
         pack(trits, chunk)
-        chunk[:, -2:] = d.astype(np.float16).view(np.uint8)
+        with np.errstate(over="ignore"):  # d past float16's range is inf, as llama.cpp stores it
+            chunk[:, -2:] = d.astype(np.float16).view(np.uint8)
     return result
 

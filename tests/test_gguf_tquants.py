@@ -1,0 +1,129 @@
+"""GGUF's ternary types written as llama.cpp writes them (issue 95): TQ1_0 and TQ2_0 byte-equal to
+``ggml_quantize_chunk`` on awkward rows, merges' exact ties, ternary tensors (kept exactly), any finite row and real
+weights; decoded as llama.cpp and gguf-py decode them; the tq1_0 and tq2_0 mixes' whole files equal to
+``llama_model_quantize``'s (token_embd Q4_K, the rows that are not whole super-blocks Q4_0), with the plan's note
+that a tensor which is not ternary is rounded to ternary as llama.cpp's quantizer rounds it. llama.cpp's library is
+the oracle (tests/llamacpp_oracle.py); those tests skip where it does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
+from test_gguf_iquants import finite_row, ties
+from test_gguf_kquants import (
+    _same_as_llama_quantize,
+    _tensors,
+    awkward,
+    importance,
+    merges,  # noqa: F401 (a fixture)
+    real_rows,  # noqa: F401 (a fixture)
+)
+
+from resumerge import api
+from resumerge.inputs.gguf import blocks
+from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, tensor_type
+from resumerge.outputs.gguf.tquants import NOT_TERNARY, encode_tq
+
+TQ_TYPES = {"TQ1_0": 34, "TQ2_0": 35}
+F = np.float32
+
+
+def ternary(rows: int, seed: int) -> np.ndarray:
+    """A BitNet-like tensor: each super-block's values -d, 0 or d (d float16-exact, one a block)."""
+    rng = np.random.default_rng(seed)
+    d = np.float16(rng.random((rows, 4, 1)) + 0.01).astype(F)
+    return (rng.integers(-1, 2, (rows, 4, 256)).astype(F) * d).reshape(rows, 1024)
+
+
+def halves(seed: int) -> np.ndarray:
+    """Values at exactly half a power-of-two block maximum, of both signs (lroundf's ties: away from zero), and just
+    under it."""
+    x = ties(seed)[:, :512].copy()
+    x[0, :256] = np.where(np.arange(256) % 3 == 0, F(0.5), F(-0.5))
+    x[0, 7] = F(1)
+    x[1, :256] = np.where(np.arange(256) % 2 == 0, np.nextafter(F(0.25), F(0)), F(-0.25))
+    x[1, 9] = F(-0.5)
+    return x
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
+    """On awkward rows, merges' ties and zeros, lroundf's halves, ternary tensors and real-sized rows: llama.cpp's
+    bytes; an importance matrix changes nothing (llama.cpp's quantizer reads none for these types)."""
+    needs_library()
+    code = TQ_TYPES[kind]
+    for x in (awkward(16, 1024, 0), ties(1)[:, :512], halves(2), ternary(4, 3)):
+        assert np.array_equal(encode_tq(x, code), quantize(x, code))
+        assert np.array_equal(encode_tq(x, code, importance(x.shape[1], 1)), quantize(x, code, importance(x.shape[1], 1)))
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray  # noqa: F811
+                                                                  ) -> None:
+    needs_library()
+    assert np.array_equal(encode_tq(real_rows, TQ_TYPES[kind]), quantize(real_rows, TQ_TYPES[kind]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(list(TQ_TYPES)))
+def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str) -> None:
+    """Any finite values, few distinct ones and float32's ends included."""
+    needs_library()
+    x, _ = finite_row(data, False)
+    assert np.array_equal(encode_tq(x, TQ_TYPES[kind]), quantize(x, TQ_TYPES[kind]))
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> None:
+    """The input side decodes TQ1_0 and TQ2_0 with torch to llama.cpp's own values and gguf-py's, on encodings and on
+    random bytes (trits and packed bytes that no encoder writes); a ternary tensor comes back exactly."""
+    needs_library()
+    code = TQ_TYPES[kind]
+    size = blocks.BLOCK_BYTES[code][1]
+    noise = np.random.default_rng(0).integers(0, 256, (64, size), dtype=np.uint8)
+    noise[:, -2:] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
+    exact = ternary(8, 1)
+    for stored in (encode_tq(awkward(16, 512, 1), code), noise.reshape(16, -1), encode_tq(exact, code)):
+        ours = blocks.decode(torch.from_numpy(stored), code).numpy()
+        assert np.array_equal(ours, dequantize(stored, code))
+        assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
+    assert np.array_equal(blocks.decode(torch.from_numpy(encode_tq(exact, code)), code).numpy(), exact)
+
+
+def test_the_ternary_mixes_types_are_llama_cpp_s() -> None:
+    """token_embd (untied) Q4_K, output.weight Q6_K (Q8_0 on rows not whole super-blocks), a row not whole
+    super-blocks Q4_0, every other matrix the mix's type; 8 experts' attn_v and attn_k Q8_0 (llama.cpp's rule for
+    every mix)."""
+    model = ModelFacts(layers=4)
+    for mix, code in (("tq1_0", 34), ("tq2_0", 35)):
+        assert tensor_type("token_embd.weight", (1000, 512), mix, model).llama == 12
+        assert tensor_type("output.weight", (1000, 512), mix, model).llama == 14
+        assert tensor_type("output.weight", (1000, 576), mix, model).llama == 8
+        assert tensor_type("token_embd.weight", (1000, 512), mix, ModelFacts(tied=True)).llama == 14
+        assert tensor_type("blk.0.attn_q.weight", (512, 576), mix, model).llama == 2
+        for name in ("blk.0.attn_v.weight", "blk.3.ffn_down.weight", "blk.1.attn_output.weight"):
+            assert tensor_type(name, (512, 512), mix, model).llama == code
+        assert tensor_type("blk.0.attn_v.weight", (512, 512), mix, ModelFacts(experts=8)).llama == 8
+
+
+@pytest.mark.parametrize(("arch", "mix"), [("llama", "tq1_0"), ("llama", "tq2_0"), ("qwen3moe", "tq1_0")])
+def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
+        tmp_path: Path, arch: str, mix: str, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+    """Every tensor's type and bytes equal llama_model_quantize's for the mix on the F16 file resumerge wrote of the
+    same merge (which is not ternary: an average of two normal models, rounded as llama.cpp rounds it); the plan
+    says a tensor that is not ternary is rounded so."""
+    needs_library()
+    config, f16 = merges[arch]
+    output = api.Output(out_type="gguf", gguf_type=mix)
+    assert NOT_TERNARY in api.plan_merge(config, settings=api.Settings(output=output)).notes
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=output))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    assert TQ_TYPES[mix.upper()] in {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
