@@ -11,7 +11,6 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
 from test_gguf_iquants import finite_row, ties
@@ -60,8 +60,9 @@ def test_each_tq_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
     needs_library()
     code = TQ_TYPES[kind]
     for x in (awkward(16, 1024, 0), ties(1)[:, :512], halves(2), ternary(4, 3)):
+        weights = importance(x.shape[1], 1)
         assert np.array_equal(encode_tq(x, code), quantize(x, code))
-        assert np.array_equal(encode_tq(x, code, importance(x.shape[1], 1)), quantize(x, code, importance(x.shape[1], 1)))
+        assert np.array_equal(encode_tq(x, code, weights), quantize(x, code, weights))
 
 
 @pytest.mark.parametrize("kind", list(TQ_TYPES))

@@ -1,5 +1,6 @@
 """GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K), 4-bit i-quant (IQ4_NL, IQ4_XS) and 3-bit i-quant (IQ3_XXS, IQ3_S,
-their grids: :mod:`.iq3grid`) tensors (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
+their grids: :mod:`.iq3grid`) tensors (the 2-bit i-quants: :mod:`.iq2blocks`, TQ1_0 and TQ2_0: :mod:`.tqblocks`, MXFP4:
+:mod:`.mxfp4blocks`) (and the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
 vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives; and the block layouts (ggml
 type ids, values and bytes a block) that a GGUF output's encoders share (:mod:`resumerge.outputs.gguf.encoders`,
 :mod:`resumerge.outputs.gguf.kquants`, :mod:`resumerge.outputs.gguf.iquants`, :mod:`resumerge.outputs.gguf.iq3quants`).

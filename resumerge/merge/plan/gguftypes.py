@@ -36,10 +36,13 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   ``output.weight`` Q5_K, ``token_embd`` Q2_K (IQ3_S in IQ2_S and IQ2_M files).
 - Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K. llama.cpp
   refuses it, IQ3_XXS, IQ3_XS and the 2-bit mixes without an importance matrix (:attr:`Mix.needs_imatrix`,
-  :func:`requires_imatrix`); the 1-bit mixes and the ternary ones resumerge does not write yet (:data:`NOT_YET`).
+  :func:`requires_imatrix`); the 1-bit mixes resumerge does not write yet (:data:`NOT_YET`).
+- MXFP4_MOE: a stack of more than one expert (``ne[2] > 1``: a 3-D tensor, or an expert's slice of ``*_exps``)
+  MXFP4, every other matrix Q8_0 (``token_embd`` and ``output.weight`` too); no bumps.
+- TQ1_0 and TQ2_0 (ternary): an untied ``token_embd`` Q4_K, a row not whole 256-value blocks Q4_0.
 
 resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL, IQ4_XS,
-IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S).
+IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, TQ1_0, TQ2_0 and MXFP4).
 """
 
 from __future__ import annotations

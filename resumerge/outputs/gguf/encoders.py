@@ -54,7 +54,8 @@ SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], n
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
 # the block types encoded in numpy that read no importance matrix (the ternary ones, MXFP4): as SEARCHED's
-_UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq), mxfp4quants.MXFP4: mxfp4quants.encode_mxfp4}
+_UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
+               **dict.fromkeys(mxfp4quants.MXFP4_TYPES, mxfp4quants.encode_mxfp4)}
 
 
 def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
@@ -122,11 +123,11 @@ def _bf16(rows: torch.Tensor) -> torch.Tensor:
 def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None,
            importance: np.ndarray | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants of :mod:`.kquants` and the i-quants
-    of :mod:`.iquants`: ``values.shape[-1]`` whole blocks); a block type written straight into ``into`` when given
-    (contiguous, of the result's bytes), the others copied there. ``importance`` (float32, one per column): a
-    :data:`WEIGHTED` type's importance weights (llama.cpp's imatrix entry over its count), None for the
-    quantizer's path without them."""
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants of :mod:`.kquants`, the i-quants
+    of :mod:`.iquants`, TQ1_0 and TQ2_0 of :mod:`.tquants`, MXFP4 of :mod:`.mxfp4quants`: ``values.shape[-1]``
+    whole blocks); a block type written straight into ``into`` when given (contiguous, of the result's bytes), the
+    others copied there. ``importance`` (float32, one per column): a :data:`WEIGHTED` type's importance weights
+    (llama.cpp's imatrix entry over its count), None for the quantizer's path without them."""
     from resumerge.machine.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()

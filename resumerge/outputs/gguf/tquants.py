@@ -7,10 +7,11 @@ Each super-block of 256 values: ``d`` its largest magnitude (stored float16), ev
 rounded half away from zero). A ternary tensor — each block's values -d, 0 or d, as a BitNet b1.58 parent's — is
 kept exactly (but for ``d``'s float16). Any other tensor is rounded as llama.cpp's quantizer rounds it: to
 {-1, 0, 1} times its block's largest magnitude, every value under half of it to 0 (a normal weight matrix loses
-most of itself: its round-trip error on normal values, ``GGUF_ROUND_TRIP``, is 81 %). resumerge writes what llama-quantize would
-write of the same merge, and its plan says so (:func:`resumerge.merge.plan.gguftypes.type_notes`): a merge of
-ternary parents is itself ternary only where the method keeps each value one parent's (a passthrough, a slerp at
-t 0 or 1); an average of two ternary tensors is not.
+most of itself: its round-trip error on normal values, ``GGUF_ROUND_TRIP``, is 81 %). resumerge writes what
+llama-quantize would write of the same merge, and its plan says so (:data:`NOT_TERNARY`, in
+:func:`resumerge.merge.plan.gguftypes.type_notes`): a merge of ternary parents is itself ternary only where the
+method keeps each value one parent's (a passthrough, a slerp at t 0 or 1); an average of two ternary tensors is
+not.
 
 Vectorised across blocks with numpy, every step the C loop's float32 operation, so the bytes agree on finite values
 (tests/test_gguf_tquants.py).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from resumerge.inputs.gguf.tqblocks import TQ1_0, TQ2_0, TQ_BLOCK_BYTES
+from resumerge.inputs.gguf.tqblocks import TQ1_0, TQ_BLOCK_BYTES
 
 __all__ = ["NOT_TERNARY", "TQ_TYPES", "encode_tq"]
 
@@ -72,7 +73,8 @@ def _tq1_0(trits: _Array, out: _Array) -> None:
 def _tq2_0(trits: _Array, out: _Array) -> None:
     n = trits.shape[0]
     quads = trits.reshape(n, 2, 4, 32)
-    out[:, :64] = (quads[:, :, 0] | (quads[:, :, 1] << 2) | (quads[:, :, 2] << 4) | (quads[:, :, 3] << 6)).reshape(n, 64)
+    packed = quads[:, :, 0] | (quads[:, :, 1] << 2) | (quads[:, :, 2] << 4) | (quads[:, :, 3] << 6)
+    out[:, :64] = packed.reshape(n, 64)
 
 
 def encode_tq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
