@@ -136,3 +136,23 @@ def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_mixtral_experts_one_by_one(tmp
     _same_as_llama_quantize(tmp_path / "mxfp4_moe" / "model.gguf", tmp_path / "llama.gguf")
     types = {n: t for n, (t, _) in _tensors(tmp_path / "mxfp4_moe" / "model.gguf").items()}
     assert types["blk.0.ffn_gate_exps.weight"] == MXFP4 and types["blk.0.attn_q.weight"] == 8
+
+
+def test_an_mxfp4_moe_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                    ) -> None:
+    """An MXFP4_MOE file resumerge wrote, merged again (passthrough to float32 safetensors): each expert of an
+    MXFP4 stack read back with torch's decoder to gguf-py's values of its stored blocks."""
+    from safetensors.torch import load_file
+
+    config, _ = merges["qwen3moe"]
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="mxfp4_moe")))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    read = load_file(tmp_path / "f32" / "model.safetensors")
+    down = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}["blk.1.ffn_down_exps.weight"]
+    assert down.tensor_type == gguf.GGMLQuantizationType.MXFP4
+    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
+    experts = [read[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].numpy() for e in range(want.shape[0])]
+    assert np.array_equal(np.stack(experts), want)

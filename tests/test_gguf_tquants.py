@@ -128,3 +128,23 @@ def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
     assert TQ_TYPES[mix.upper()] in {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
+
+
+def test_a_tq1_0_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                               ) -> None:
+    """A TQ1_0 file resumerge wrote, merged again (passthrough to float32 safetensors): its ternary matrices read
+    back with torch's decoder to gguf-py's values of the stored blocks."""
+    from safetensors.torch import load_file
+    from support import write_config
+
+    config, _ = merges["llama"]
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="tq1_0")))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    read = load_file(tmp_path / "f32" / "model.safetensors")
+    down = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}["blk.1.ffn_down.weight"]
+    assert down.tensor_type == gguf.GGMLQuantizationType.TQ1_0
+    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
+    assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), want)
