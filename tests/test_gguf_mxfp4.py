@@ -11,10 +11,11 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
+from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
 from support import write_config
 from test_gguf_iquants import finite_row, ties
 from test_gguf_kquants import (
@@ -29,10 +30,26 @@ from test_gguf_kquants import (
 from resumerge import api
 from resumerge.inputs.gguf import blocks
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, tensor_type
+from resumerge.outputs.gguf import jit, mxfp4quants, tqmxloop
 from resumerge.outputs.gguf.mxfp4quants import encode_mxfp4
 
 MXFP4 = 39
 F = np.float32
+
+
+def both_paths(x: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_mxfp4``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
+    fast = encode_mxfp4(x)
+    with monkeypatch.context() as patched:
+        patched.setattr(jit, "numba_module", lambda: None)
+        slow = encode_mxfp4(x)
+    return fast, slow
+
+
+def assert_llama_cpp_s(x: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = quantize(x, MXFP4)
+    for path, ours in zip(("compiled", "numpy"), both_paths(x, monkeypatch), strict=True):
+        assert np.array_equal(ours, theirs), (path, np.argwhere(ours != theirs)[:5].tolist())
 
 
 def edges() -> np.ndarray:
@@ -54,26 +71,41 @@ def edges() -> np.ndarray:
     return x
 
 
-def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes() -> None:
-    """Awkward rows, merges' ties and zeros, the edges; an importance matrix changes nothing (llama.cpp's quantizer
-    reads none for MXFP4)."""
+def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Awkward rows, merges' ties and zeros, the edges, compiled and numpy; an importance matrix changes nothing
+    (llama.cpp's quantizer reads none for MXFP4)."""
     needs_library()
     for x in (awkward(16, 1024, 0), ties(1), edges()):
-        assert np.array_equal(encode_mxfp4(x), quantize(x, MXFP4))
-        assert np.array_equal(encode_mxfp4(x), quantize(x, MXFP4, importance(x.shape[1], 2)))
+        assert_llama_cpp_s(x, monkeypatch)
+        assert np.array_equal(encode_mxfp4(x, MXFP4, importance(x.shape[1], 2)), quantize(x, MXFP4))
 
 
-def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes_on_real_weights(real_rows: np.ndarray) -> None:  # noqa: F811
+def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes_on_real_weights(real_rows: np.ndarray,  # noqa: F811
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     needs_library()
-    assert np.array_equal(encode_mxfp4(real_rows), quantize(real_rows, MXFP4))
+    assert_llama_cpp_s(real_rows, monkeypatch)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_finite_row_is_llama_cpp_s(data: st.DataObject) -> None:
-    needs_library()
+def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled kernel's bytes are the numpy path's on any finite values, and llama.cpp's where it loads."""
     x, _ = finite_row(data, False)
-    assert np.array_equal(encode_mxfp4(x), quantize(x, MXFP4))
+    fast, slow = both_paths(x, monkeypatch)
+    assert np.array_equal(fast, slow)
+    if library() is not None:
+        assert np.array_equal(fast, quantize(x, MXFP4))
+
+
+def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    if tqmxloop.kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    monkeypatch.setattr(mxfp4quants, "_codes", refused)
+    encode_mxfp4(awkward(12, 512, 2))
 
 
 def test_mxfp4_decodes_as_llama_cpp_and_gguf_py_decode_it() -> None:

@@ -13,9 +13,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
+from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
 from test_gguf_iquants import finite_row, ties
 from test_gguf_kquants import (
     _same_as_llama_quantize,
@@ -29,10 +29,26 @@ from test_gguf_kquants import (
 from resumerge import api
 from resumerge.inputs.gguf import blocks
 from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, tensor_type
+from resumerge.outputs.gguf import jit, tqmxloop, tquants
 from resumerge.outputs.gguf.tquants import NOT_TERNARY, encode_tq
 
 TQ_TYPES = {"TQ1_0": 34, "TQ2_0": 35}
 F = np.float32
+
+
+def both_paths(x: np.ndarray, code: int, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_tq``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
+    fast = encode_tq(x, code)
+    with monkeypatch.context() as patched:
+        patched.setattr(jit, "numba_module", lambda: None)
+        slow = encode_tq(x, code)
+    return fast, slow
+
+
+def assert_llama_cpp_s(x: np.ndarray, code: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = quantize(x, code)
+    for path, ours in zip(("compiled", "numpy"), both_paths(x, code, monkeypatch), strict=True):
+        assert np.array_equal(ours, theirs), (path, np.argwhere(ours != theirs)[:5].tolist())
 
 
 def ternary(rows: int, seed: int) -> np.ndarray:
@@ -54,31 +70,47 @@ def halves(seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", list(TQ_TYPES))
-def test_each_tq_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
-    """On awkward rows, merges' ties and zeros, lroundf's halves, ternary tensors and real-sized rows: llama.cpp's
+def test_each_tq_encoder_writes_llama_cpp_s_bytes(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On awkward rows, merges' ties and zeros, lroundf's halves and ternary tensors, compiled and numpy: llama.cpp's
     bytes; an importance matrix changes nothing (llama.cpp's quantizer reads none for these types)."""
     needs_library()
     code = TQ_TYPES[kind]
     for x in (awkward(16, 1024, 0), ties(1)[:, :512], halves(2), ternary(4, 3)):
-        weights = importance(x.shape[1], 1)
-        assert np.array_equal(encode_tq(x, code), quantize(x, code))
-        assert np.array_equal(encode_tq(x, code, weights), quantize(x, code, weights))
+        assert_llama_cpp_s(x, code, monkeypatch)
+        assert np.array_equal(encode_tq(x, code, importance(x.shape[1], 1)), quantize(x, code))
 
 
 @pytest.mark.parametrize("kind", list(TQ_TYPES))
-def test_each_tq_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray  # noqa: F811
-                                                                  ) -> None:
+def test_each_tq_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray,  # noqa: F811
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     needs_library()
-    assert np.array_equal(encode_tq(real_rows, TQ_TYPES[kind]), quantize(real_rows, TQ_TYPES[kind]))
+    assert_llama_cpp_s(real_rows, TQ_TYPES[kind], monkeypatch)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), kind=st.sampled_from(list(TQ_TYPES)))
-def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str) -> None:
-    """Any finite values, few distinct ones and float32's ends included."""
-    needs_library()
+def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any finite values, few distinct ones and float32's ends included: the compiled kernel's bytes are the numpy
+    path's, and llama.cpp's where its library loads."""
     x, _ = finite_row(data, False)
-    assert np.array_equal(encode_tq(x, TQ_TYPES[kind]), quantize(x, TQ_TYPES[kind]))
+    fast, slow = both_paths(x, TQ_TYPES[kind], monkeypatch)
+    assert np.array_equal(fast, slow)
+    if library() is not None:
+        assert np.array_equal(fast, quantize(x, TQ_TYPES[kind]))
+
+
+def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests above
+    compare both with llama.cpp)."""
+    if tqmxloop.kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    monkeypatch.setattr(tquants, "_trits", refused)
+    for code in TQ_TYPES.values():
+        encode_tq(awkward(12, 512, 2), code)
 
 
 @pytest.mark.parametrize("kind", list(TQ_TYPES))

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "WEIGHTED", "encode"]
+__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode"]
 
 _Q8_VALUES, _Q8_BYTES = BLOCK_BYTES[Q8_0]
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
@@ -54,7 +54,7 @@ SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], n
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
 # the block types encoded in numpy that read no importance matrix (the ternary ones, MXFP4): as SEARCHED's
-_UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
+UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
                **dict.fromkeys(mxfp4quants.MXFP4_TYPES, mxfp4quants.encode_mxfp4)}
 
 
@@ -131,7 +131,7 @@ def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = Non
     from resumerge.machine.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    searched = SEARCHED.get(ggml_type) or _UNWEIGHTED.get(ggml_type)
+    searched = SEARCHED.get(ggml_type) or UNWEIGHTED.get(ggml_type)
     weighted = importance is not None and ggml_type in legacyweighted.LEGACY  # the legacy types' importance paths
     if searched is not None or weighted:
         block, size = BLOCK_BYTES[ggml_type]

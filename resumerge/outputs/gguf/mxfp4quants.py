@@ -9,8 +9,8 @@ is float32's correctly rounded log2 (the largest floats of a binade round up to 
 gets ``e`` of 16), taken here through float64. This is not gpt-oss's MXFP4 rounding
 (:mod:`resumerge.inputs.quant.mxfp4`: ties away from zero, the exponent exact), hence its own encoder.
 
-Vectorised across blocks with numpy, the C search's 16 candidates in its order, so the bytes agree on finite
-values (tests/test_gguf_mxfp4.py).
+Compiled where numba is (:mod:`.tqmxloop`: C's loop), else vectorised across blocks with numpy (the two candidates
+that can win of C's 16: :func:`_codes`); the bytes agree on finite values (tests/test_gguf_mxfp4.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from resumerge.inputs.gguf.mxfp4blocks import MXFP4, MXFP4_BLOCK_BYTES, kvalues
+from resumerge.outputs.gguf import tqmxloop
 
 __all__ = ["MXFP4_TYPES", "encode_mxfp4"]
 
@@ -28,6 +29,11 @@ MXFP4_TYPES = {MXFP4: MXFP4_BLOCK_BYTES[MXFP4][1]}
 _BLOCK = 32
 # blocks coded together: a chunk's working arrays stay in the cache
 _CHUNK = 2048
+# the codes' magnitudes (kvalues_mxfp4's 0 ... 7), in float64 to find a value's neighbours and float32 as C's
+_MAGNITUDES = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float64)
+_MAGNITUDES_F = _MAGNITUDES.astype(F)
+# 2^(e - 128) for each E8M0 byte e (float32, exact: 2^-128 a subnormal)
+_HALVES = np.ldexp(F(1), np.arange(-128, 128, dtype=np.int32)).astype(F)
 
 
 def _exponents(amax: _Array) -> _Array:
@@ -38,18 +44,29 @@ def _exponents(amax: _Array) -> _Array:
     return e & 0xFF
 
 
-def _codes(blocks: _Array, d: _Array) -> _Array:
-    """Each value's code (int64 (n, 32)): the first of the nearest ``k * d``."""
-    values = np.array(kvalues(), dtype=F)
-    best = np.zeros(blocks.shape, dtype=np.int64)
+def _codes(blocks: _Array, e: _Array) -> _Array:
+    """Each value's code (int64 (n, 32)) of ``blocks`` with E8M0 bytes ``e`` (n,): the first of the nearest
+    ``k * d``, ``d = 2^(e - 128)``.
+
+    Not C's sixteen trials: for ``x >= 0`` a negative ``k`` is never nearer than code 0 (its distance ``x + |k| d``
+    is at least ``x``, and a tie goes to the lower code), nor is the -0 of code 8; for ``x < 0`` alike with the
+    positive ones. So the code is the nearest of the magnitudes 0, 1, 2, 3, 4, 6, 8, 12 (times ``d``) to ``|x|``,
+    numbered 0 ... 7 for ``x >= 0`` and 0, 9 ... 15 below. The exact distances are unimodal in the magnitude and
+    float32 rounding is monotonic, so the first nearest is one of the two magnitudes around ``|x|`` (at least ``d``
+    apart from every other's distance, which no rounding closes): ``|x| / d`` (exact in float64) finds them, their
+    float32 distances ``|k d - |x||`` (C's, up to the sign) choose, the lower on a tie. A NaN is code 0, as C's
+    comparisons leave it."""
+    magnitude = np.abs(blocks)
+    scaled = magnitude.astype(np.float64) * np.ldexp(1.0, 128 - e)[:, None]  # |x| / d, exact
+    below = np.clip(np.searchsorted(_MAGNITUDES, scaled, side="right") - 1, 0, 7)
+    above = np.minimum(below + 1, 7)
+    d = np.ldexp(F(1), (e - 128).astype(np.int32)).astype(F)[:, None]  # 2^(e - 128), exact
     with np.errstate(over="ignore", invalid="ignore"):
-        error = np.abs(values[0] * d - blocks)
-        for code in range(1, 16):
-            trial = np.abs(values[code] * d - blocks)
-            better = trial < error
-            best[better] = code
-            np.copyto(error, trial, where=better)
-    return best
+        nearer_above = np.abs(_MAGNITUDES_F[above] * d - magnitude) < np.abs(_MAGNITUDES_F[below] * d - magnitude)
+    chosen = np.where(nearer_above, above, below)
+    codes = np.where((blocks < 0) & (chosen > 0), chosen + 8, chosen)
+    codes[np.isnan(blocks)] = 0
+    return codes
 
 
 def encode_mxfp4(rows: _Array, ggml_type: int = MXFP4, importance: _Array | None = None,
@@ -61,11 +78,14 @@ def encode_mxfp4(rows: _Array, ggml_type: int = MXFP4, importance: _Array | None
     shape = (*rows.shape[:-1], rows.shape[-1] // _BLOCK * size)
     result = np.empty(shape, dtype=np.uint8) if out is None else out
     flat = result.reshape(-1, size)
+    compiled = tqmxloop.kernels()
+    if compiled is not None:
+        compiled.mxfp4(blocks, np.array(kvalues(), dtype=F), _HALVES, flat)
+        return result
     for start in range(0, blocks.shape[0], _CHUNK):
         chunk = blocks[start:start + _CHUNK]
         e = _exponents(np.abs(chunk).max(axis=1))
-        d = np.ldexp(F(1), (e - 128).astype(np.int32)).astype(F)[:, None]  # 2^(e - 128), exact
-        codes = _codes(chunk, d)
+        codes = _codes(chunk, e)
         flat[start:start + _CHUNK, 0] = e
         flat[start:start + _CHUNK, 1:] = codes[:, :16] | (codes[:, 16:] << 4)
     return result

@@ -13,8 +13,8 @@ llama-quantize would write of the same merge, and its plan says so (:data:`NOT_T
 method keeps each value one parent's (a passthrough, a slerp at t 0 or 1); an average of two ternary tensors is
 not.
 
-Vectorised across blocks with numpy, every step the C loop's float32 operation, so the bytes agree on finite values
-(tests/test_gguf_tquants.py).
+Compiled where numba is (:mod:`.tqmxloop`: C's loop), else vectorised across blocks with numpy, every step the C
+loop's float32 operation; the bytes agree on finite values (tests/test_gguf_tquants.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from resumerge.inputs.gguf.tqblocks import TQ1_0, TQ_BLOCK_BYTES
+from resumerge.outputs.gguf import tqmxloop
 
 __all__ = ["NOT_TERNARY", "TQ_TYPES", "encode_tq"]
 
@@ -86,6 +87,13 @@ def encode_tq(rows: _Array, ggml_type: int, importance: _Array | None = None, ou
     result = np.empty(shape, dtype=np.uint8) if out is None else out
     flat = result.reshape(-1, size)
     pack = _tq1_0 if ggml_type == TQ1_0 else _tq2_0
+    compiled = tqmxloop.kernels()
+    if compiled is not None:
+        d = np.empty(blocks.shape[0], dtype=F)
+        compiled.ternary(blocks, ggml_type == TQ1_0, flat, d)
+        with np.errstate(over="ignore"):
+            flat[:, -2:] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        return result
     for start in range(0, blocks.shape[0], _CHUNK):
         trits, d = _trits(blocks[start:start + _CHUNK])
         chunk = flat[start:start + _CHUNK]
