@@ -174,17 +174,8 @@ def test_an_mxfp4_moe_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict
                                                     ) -> None:
     """An MXFP4_MOE file resumerge wrote, merged again (passthrough to float32 safetensors): each expert of an
     MXFP4 stack read back with torch's decoder to gguf-py's values of its stored blocks."""
-    from safetensors.torch import load_file
+    from test_gguf_tquants import read_back
 
-    config, _ = merges["qwen3moe"]
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="mxfp4_moe")))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
-    read = load_file(tmp_path / "f32" / "model.safetensors")
-    down = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}["blk.1.ffn_down_exps.weight"]
-    assert down.tensor_type == gguf.GGMLQuantizationType.MXFP4
-    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
+    read, want = read_back(tmp_path, merges["qwen3moe"][0], "mxfp4_moe", "blk.1.ffn_down_exps.weight")
     experts = [read[f"model.layers.1.mlp.experts.{e}.down_proj.weight"].numpy() for e in range(want.shape[0])]
     assert np.array_equal(np.stack(experts), want)

@@ -162,21 +162,26 @@ def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
     assert TQ_TYPES[mix.upper()] in {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
 
 
+def read_back(tmp_path: Path, config: Path, mix: str, name: str) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """The ``mix`` GGUF of ``config`` merged again (passthrough to float32 safetensors, its tensors returned), and
+    gguf-py's values of its stored tensor ``name``."""
+    from safetensors.torch import load_file
+    from support import write_config
+
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type=mix)))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}[name]
+    assert stored.tensor_type == MIXES[mix].default
+    return load_file(tmp_path / "f32" / "model.safetensors"), gguf.quants.dequantize(np.asarray(stored.data),
+                                                                                     stored.tensor_type)
+
+
 def test_a_tq1_0_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
                                                ) -> None:
     """A TQ1_0 file resumerge wrote, merged again (passthrough to float32 safetensors): its ternary matrices read
     back with torch's decoder to gguf-py's values of the stored blocks."""
-    from safetensors.torch import load_file
-    from support import write_config
-
-    config, _ = merges["llama"]
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="tq1_0")))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
-    read = load_file(tmp_path / "f32" / "model.safetensors")
-    down = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}["blk.1.ffn_down.weight"]
-    assert down.tensor_type == gguf.GGMLQuantizationType.TQ1_0
-    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
+    read, want = read_back(tmp_path, merges["llama"][0], "tq1_0", "blk.1.ffn_down.weight")
     assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), want)
