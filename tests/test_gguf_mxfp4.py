@@ -151,6 +151,7 @@ def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_stacked_experts(
     assert {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()} == {0, 8, MXFP4}
 
 
+@pytest.mark.slow
 def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_mixtral_experts_one_by_one(tmp_path: Path) -> None:
     """transformers saves Mixtral's experts one by one: each is written MXFP4 as its slice of a stack, and the
     file equals llama_model_quantize's MXFP4_MOE of the F16 file of the same (float16) merge."""
@@ -161,12 +162,11 @@ def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_mixtral_experts_one_by_one(tmp
     merge = write_config(tmp_path / "c.yml", {"merge_method": "linear", "dtype": "float16",
                                               "models": [{"model": str(p), "parameters": {"weight": 0.5}}
                                                          for p in paths]})
-    for mix in ("f16", "mxfp4_moe"):
-        api.run(merge, tmp_path / mix, settings=api.Settings(state_dir=tmp_path / f"s-{mix}", output=api.Output(
-            out_type="gguf", gguf_type=mix)))
-    quantize_model(tmp_path / "f16" / "model.gguf", tmp_path / "llama.gguf", MIXES["mxfp4_moe"].file_type)
-    _same_as_llama_quantize(tmp_path / "mxfp4_moe" / "model.gguf", tmp_path / "llama.gguf")
-    types = {n: t for n, (t, _) in _tensors(tmp_path / "mxfp4_moe" / "model.gguf").items()}
+    api.run(merge, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type="f16,mxfp4_moe")))  # a release: one merge, both files
+    quantize_model(tmp_path / "out" / "model-F16.gguf", tmp_path / "llama.gguf", MIXES["mxfp4_moe"].file_type)
+    _same_as_llama_quantize(tmp_path / "out" / "model-MXFP4_MOE.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model-MXFP4_MOE.gguf").items()}
     assert types["blk.0.ffn_gate_exps.weight"] == MXFP4 and types["blk.0.attn_q.weight"] == 8
 
 
