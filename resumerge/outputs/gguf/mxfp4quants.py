@@ -60,11 +60,11 @@ def _codes(blocks: _Array, e: _Array) -> _Array:
     scaled = magnitude.astype(np.float64) * np.ldexp(1.0, 128 - e)[:, None]  # |x| / d, exact
     below = np.clip(np.searchsorted(_MAGNITUDES, scaled, side="right") - 1, 0, 7)
     above = np.minimum(below + 1, 7)
-    d = np.ldexp(F(1), (e - 128).astype(np.int32)).astype(F)[:, None]  # 2^(e - 128), exact
+    d = _HALVES[e][:, None]  # 2^(e - 128)
     with np.errstate(over="ignore", invalid="ignore"):
         nearer_above = np.abs(_MAGNITUDES_F[above] * d - magnitude) < np.abs(_MAGNITUDES_F[below] * d - magnitude)
     chosen = np.where(nearer_above, above, below)
-    codes = np.where((blocks < 0) & (chosen > 0), chosen + 8, chosen)
+    codes: _Array = np.where((blocks < 0) & (chosen > 0), chosen + 8, chosen)
     codes[np.isnan(blocks)] = 0
     return codes
 
