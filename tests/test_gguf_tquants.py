@@ -18,8 +18,11 @@ from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
 from test_gguf_iquants import finite_row, ties
 from test_gguf_kquants import (
+    _as_llama_quantize_takes_it,
+    _imatrix_entries,
     _same_as_llama_quantize,
     _tensors,
+    _write_imatrix_gguf,
     awkward,
     importance,
     merges,  # noqa: F401 (a fixture)
@@ -146,20 +149,31 @@ def test_the_ternary_mixes_types_are_llama_cpp_s() -> None:
         assert tensor_type("blk.0.attn_v.weight", (512, 512), mix, ModelFacts(experts=8)).llama == 8
 
 
-@pytest.mark.parametrize(("arch", "mix"), [("llama", "tq1_0"), ("llama", "tq2_0"), ("qwen3moe", "tq1_0")])
+@pytest.mark.parametrize(("arch", "mix", "imatrix"), [("llama", "tq1_0", False), ("llama", "tq2_0", True),
+                                                     ("qwen3moe", "tq1_0", False)])
 def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
-        tmp_path: Path, arch: str, mix: str, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+        tmp_path: Path, arch: str, mix: str, imatrix: bool, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     """Every tensor's type and bytes equal llama_model_quantize's for the mix on the F16 file resumerge wrote of the
-    same merge (which is not ternary: an average of two normal models, rounded as llama.cpp rounds it); the plan
-    says a tensor that is not ternary is rounded so."""
+    same merge (which is not ternary: an average of two normal models, rounded as llama.cpp rounds it), with an
+    importance matrix too (it weights the K-quant head and token_embd, not the ternary tensors); the plan says a tensor that is not
+    ternary is rounded so."""
     needs_library()
     config, f16 = merges[arch]
-    output = api.Output(out_type="gguf", gguf_type=mix)
+    entries = None
+    if imatrix:
+        raw = _imatrix_entries(f16, 3)
+        _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
+        entries = _as_llama_quantize_takes_it(raw)
+    output = api.Output(out_type="gguf", gguf_type=mix, imatrix=str(tmp_path / "imatrix.gguf") if imatrix else None)
     assert NOT_TERNARY in api.plan_merge(config, settings=api.Settings(output=output)).notes
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=output))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
     assert TQ_TYPES[mix.upper()] in {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
+    if imatrix:  # the matrix is used by the K-quant head (Q6_K) and token_embd (Q4_K) only
+        quantize_model(f16, tmp_path / "plain.gguf", MIXES[mix].file_type)
+        weighted, plain = _tensors(tmp_path / "out" / "model.gguf"), _tensors(tmp_path / "plain.gguf")
+        assert {n for n in plain if weighted[n] != plain[n]} == {"output.weight", "token_embd.weight"}
 
 
 def read_back(tmp_path: Path, config: Path, mix: str, name: str) -> tuple[dict[str, torch.Tensor], np.ndarray]:
