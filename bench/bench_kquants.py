@@ -1,12 +1,14 @@
 """CPU seconds of resumerge's K-quant, IQ4 and IQ3 encoders (resumerge/outputs/gguf/kquants.py, iquants.py,
-iq3quants.py: numpy and their numba kernels) against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the
+iq3quants.py: numpy and their numba kernels), and the numpy-only TQ1_0, TQ2_0 and MXFP4 (tquants.py, mxfp4quants.py:
+no importance matrix, so one line each), against llama.cpp's own quantizer (``ggml_quantize_chunk`` from the
 test-only oracle, one thread) on the same tensor, per type, with and without an importance matrix; bytes checked
 equal on every run. With ``--against TREE``, instead this checkout's encoders against another checkout's (e.g.
 /work/main), A/B.
 
     PYTHONPATH=$PWD python bench/bench_kquants.py [ROWS COLUMNS [REPEATS [TYPES]]] [--against TREE]
 
-TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,IQ3_XXS,IQ3_S (default all). The two
+TYPES: a comma-separated subset of Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,IQ3_XXS,IQ3_S,TQ1_0,TQ2_0,MXFP4 (default
+all). The two
 quantizers run alternately, REPEATS times each, so that both see the same load.
 
 Prints one line per (type, path): both CPU times (``time.process_time``; the best of REPEATS), Mweights/s and the
@@ -30,8 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "IQ3_XXS": 18,
-         "IQ3_S": 21}
+         "IQ3_S": 21, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39}
 HERE = Path(__file__).resolve().parents[1]
+UNREAD = (34, 35, 39)  # the types whose quantizer reads no importance matrix
 
 
 def tensors(rows: int, columns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,11 +59,11 @@ def child(rows: int, columns: int, code: int, weighted: bool) -> None:
     digest of the bytes."""
     import hashlib
 
-    from resumerge.outputs.gguf.encoders import SEARCHED
+    from resumerge.outputs.gguf.encoders import SEARCHED, UNWEIGHTED
 
     x, weights = tensors(rows, columns)
     imatrix = weights if weighted else None
-    encode = SEARCHED[code]
+    encode = {**SEARCHED, **UNWEIGHTED}[code]
     encode(x, code, imatrix)
     seconds, out = best(1, lambda: encode(x, code, imatrix))
     print(seconds, hashlib.sha256(out.tobytes()).hexdigest())
@@ -69,7 +72,7 @@ def child(rows: int, columns: int, code: int, weighted: bool) -> None:
 def against(tree: Path, rows: int, columns: int, repeats: int, chosen: list[str]) -> None:
     print(f"{rows}x{columns} float32, this checkout against {tree}, best of {repeats}, CPU seconds")
     for name in chosen:
-        for label, weighted in (("plain", False), ("imatrix", True)):
+        for label, weighted in (("plain", False), ("imatrix", True))[:1 if TYPES[name] in UNREAD else 2]:
             times: dict[Path, list[float]] = {HERE: [], tree: []}
             digests = set()
             for _ in range(repeats):
@@ -106,17 +109,18 @@ def main() -> None:
 
     from llamacpp_oracle import quantize
 
-    from resumerge.outputs.gguf.encoders import SEARCHED
+    from resumerge.outputs.gguf.encoders import SEARCHED, UNWEIGHTED
 
+    encoders = {**SEARCHED, **UNWEIGHTED}
     x, weights = tensors(rows, columns)
     print(f"{rows}x{columns} float32 ({x.size / 1e6:.1f} Mweights), best of {repeats}, CPU seconds")
     for name in chosen:
         code = TYPES[name]
-        for label, imatrix in (("plain", None), ("imatrix", weights)):
+        for label, imatrix in (("plain", None), ("imatrix", weights))[:1 if code in UNREAD else 2]:
             theirs_t, ours_t = [], []
             for _ in range(repeats):
                 theirs_s, theirs = best(1, lambda c=code, w=imatrix: quantize(x, c, w))
-                ours_s, ours = best(1, lambda c=code, w=imatrix: SEARCHED[c](x, c, w))
+                ours_s, ours = best(1, lambda c=code, w=imatrix: encoders[c](x, c, w))
                 theirs_t.append(theirs_s)
                 ours_t.append(ours_s)
             theirs_s, ours_s = min(theirs_t), min(ours_t)

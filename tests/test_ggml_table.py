@@ -14,7 +14,7 @@ def test_every_row_is_decoded_and_encoded_and_every_coder_has_a_row() -> None:
     assert all(blocks.decodes(code) and encoders.encodes(code) for code in TYPES)
     plain = set(TYPES) - block_types()
     assert set(blocks._DECODERS) | plain == set(TYPES)
-    assert set(encoders._TORCH) | set(encoders.SEARCHED) == set(TYPES)
+    assert set(encoders._TORCH) | set(encoders.SEARCHED) | set(encoders.UNWEIGHTED) == set(TYPES)
     assert set(encoders.WEIGHTED) <= block_types()
     assert not blocks.decodes(99) and not encoders.encodes(99)
 

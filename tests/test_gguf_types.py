@@ -155,14 +155,15 @@ def test_a_gguf_outputs_card_gives_its_file_types_kl_from_the_float_merge(tmp_pa
     """The card of a GGUF output said which types it holds, not what they cost (issue 71: "with the KL in the
     card"): it quotes its file type's KL from the float32 merge, as resumerge's check measured it on a real merge
     (bench/bench_gguf_kl.py), for every single type ``--gguf-type`` takes but Q4_1 (the reference's weights are
-    Q4_1's own: no figure for it says anything; the K-quant mixes: the next test); a safetensors output's card has no
-    such line."""
+    Q4_1's own: no figure for it says anything; the K-quant mixes: the next test; the ternary and MXFP4_MOE mixes
+    have none: on the reference merge every ternary matrix falls back to Q4_0, and a dense model's MXFP4_MOE is all
+    Q8_0); a safetensors output's card has no such line."""
     from resumerge.merge.plan.defaults import GGUF_TYPES
     from resumerge.merge.plan.modelcard import render_model_card
     from resumerge.outputs.gguf.quality import QUALITY
 
     def single(kind: str) -> bool:  # a type, not a mix (those: the next test)
-        return "_k" not in kind and not kind.startswith("iq")
+        return "_k" not in kind and not kind.startswith(("iq", "tq", "mxfp4"))
 
     assert {t for t in QUALITY if single(t)} == {t for t in GGUF_TYPES if single(t)} - {"q4_1"}
     for order in (("f16", "q8_0", "q5_0", "q4_0"), ("bf16", "q8_0", "q5_1", "q4_0")):  # fewer bits, more lost

@@ -80,6 +80,11 @@ IQ3_S = _row("IQ3_S", 21, 256, 110, round_trip=17.0, fallback=IQ4_NL)
 IQ2_XXS = _row("IQ2_XXS", 16, 256, 66, needs_imatrix=True, fallback=IQ4_NL)
 IQ2_XS = _row("IQ2_XS", 17, 256, 74, needs_imatrix=True, fallback=IQ4_NL)
 IQ2_S = _row("IQ2_S", 22, 256, 82, needs_imatrix=True, fallback=IQ4_NL)
+# The ternary types keep a ternary tensor exactly, a normal one hardly (resumerge.outputs.gguf.tquants); MXFP4's
+# error measured with resumerge's encoder (llama.cpp's bytes).
+TQ1_0 = _row("TQ1_0", 34, 256, 54, round_trip=81.0, fallback=Q4_0)
+TQ2_0 = _row("TQ2_0", 35, 256, 66, round_trip=81.0, fallback=Q4_0)
+MXFP4 = _row("MXFP4", 39, 32, 17, round_trip=11.5)
 
 # ggml type id -> its row; name -> its row (in the rows' order: the order the override flags' choices are listed in)
 TYPES: Mapping[int, GgmlType] = MappingProxyType({row.code: row for row in _ROWS})

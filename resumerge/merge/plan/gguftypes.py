@@ -36,10 +36,13 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   ``output.weight`` Q5_K, ``token_embd`` Q2_K (IQ3_S in IQ2_S and IQ2_M files).
 - Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K. llama.cpp
   refuses it, IQ3_XXS, IQ3_XS and the 2-bit mixes without an importance matrix (:attr:`Mix.needs_imatrix`,
-  :func:`requires_imatrix`); the 1-bit mixes and the ternary ones resumerge does not write yet (:data:`NOT_YET`).
+  :func:`requires_imatrix`); the 1-bit mixes resumerge does not write yet (:data:`NOT_YET`).
+- MXFP4_MOE: a stack of more than one expert (``ne[2] > 1``: a 3-D tensor, or an expert's slice of ``*_exps``)
+  MXFP4, every other matrix Q8_0 (``token_embd`` and ``output.weight`` too); no bumps.
+- TQ1_0 and TQ2_0 (ternary): an untied ``token_embd`` Q4_K, a row not whole 256-value blocks Q4_0.
 
 resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL, IQ4_XS,
-IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS and IQ2_S).
+IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, TQ1_0, TQ2_0 and MXFP4).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from resumerge.inputs.gguf.ggmltypes import (
     IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -70,6 +74,8 @@ from resumerge.inputs.gguf.ggmltypes import (
     Q5_K,
     Q6_K,
     Q8_0,
+    TQ1_0,
+    TQ2_0,
     TYPES,
     name_of,
 )
@@ -99,14 +105,15 @@ MIXES: Mapping[str, Mix] = {
     "iq3_xxs": Mix(23, IQ3_XXS, needs_imatrix=True), "iq3_xs": Mix(22, IQ3_S, needs_imatrix=True),
     "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S),
     "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
-    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True)}
+    "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True),
+    "tq1_0": Mix(36, TQ1_0), "tq2_0": Mix(37, TQ2_0), "mxfp4_moe": Mix(38, MXFP4)}
 # the 2-bit i-quant mixes (their rules: _iq2_bumped)
 _IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
 # IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
 _IQ2_RICH = ("iq2_s", "iq2_m")
 # llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
 # matrix for them
-NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True, "tq1_0": False, "tq2_0": False, "mxfp4_moe": False}
+NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True}
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {row.name.lower(): code for code, row in TYPES.items()}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -278,6 +285,12 @@ def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     return needs and _category(name) not in ("token_embd", "output")
 
 
+def _experts_stack(name: str, shape: tuple[int, ...], model: ModelFacts) -> bool:
+    """Whether GGUF tensor ``name`` is a stack of more than one expert (llama.cpp's ``ne[2] > 1``): written whole
+    (3-D ``shape``) or an expert's slice of an ``*_exps`` tensor."""
+    return shape[0] > 1 if len(shape) == 3 else "_exps." in name and model.experts > 1
+
+
 def _block(kind: int) -> int:
     """The values a block of ggml type ``kind`` (1 for F32, F16, BF16)."""
     return TYPES[kind].values if kind in TYPES else 1
@@ -316,14 +329,18 @@ def tensor_type(name: str, shape: tuple[int, ...], mix: str, model: ModelFacts,
             if category == "output" or (model.tied and category == "token_embd"):
                 if choices.output >= 0:
                     picked = choices.output
-                elif row % TYPES[default].values:
+                elif mix == "mxfp4_moe" or row % TYPES[default].values:
                     picked = Q8_0
                 elif mix == "iq3_xxs" or mix in _IQ2_MIXES:
                     picked = Q5_K
                 elif default != Q8_0:
                     picked = Q6_K
+            elif mix == "mxfp4_moe":  # llama.cpp: "MoE tensors -> MXFP4, other tensors -> Q8_0"
+                picked = MXFP4 if _experts_stack(name, shape, model) else Q8_0
             elif category == "token_embd" and mix in _IQ2_MIXES:
                 picked = IQ3_S if mix in _IQ2_RICH else Q2_K
+            elif category == "token_embd" and mix in ("tq1_0", "tq2_0"):
+                picked = Q4_K
             else:
                 picked = _bumped(name, category, mix, default, model, choices.imatrix)
         picked = _fallback(picked, row)
@@ -370,6 +387,10 @@ def type_notes(tensors: Mapping[str, TensorPlan]) -> list[str]:
     mix = ", ".join(f"{name_of(kind)} {n}" for kind, n in sorted(counts.items(), key=lambda c: -c[1]))
     notes = [f"GGUF size: {format_size(stored)} of tensors, {8 * stored / max(values, 1):.2f} bits per weight "
              f"(tensors by type: {mix})"]
+    if counts.keys() & {TQ1_0, TQ2_0}:
+        from resumerge.outputs.gguf.tquants import NOT_TERNARY
+
+        notes.append(NOT_TERNARY)
     for (llama, written), names in sorted(swapped.items()):
         shown = ", ".join(sorted(set(names))[:3]) + (f" and {len(set(names)) - 3} more" if len(set(names)) > 3 else "")
         notes.append(f"GGUF types: llama.cpp's quantizer gives {shown} {name_of(llama)}; its "

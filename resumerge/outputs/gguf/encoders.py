@@ -38,14 +38,14 @@ from resumerge.inputs.gguf import legacy
 from resumerge.inputs.gguf.blocks import CHUNK
 from resumerge.inputs.gguf.ggmltypes import BF16, F16, F32, Q8_0, TYPES
 from resumerge.inputs.gguf.legacy import Kind
-from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted
+from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted, mxfp4quants, tquants
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "WEIGHTED", "encode", "encodes"]
+__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes"]
 
 _Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
@@ -56,6 +56,9 @@ SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], n
 # the types whose encoding reads an importance matrix (llama-quantize's, one entry a tensor): those, and the legacy
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
+# the block types encoded in numpy that read no importance matrix (the ternary ones, MXFP4): as SEARCHED's
+UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
+              **dict.fromkeys(mxfp4quants.MXFP4_TYPES, mxfp4quants.encode_mxfp4)}
 
 
 def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
@@ -143,21 +146,22 @@ _TORCH: dict[int, Callable[[torch.Tensor, int, torch.Tensor | None], torch.Tenso
 
 def encodes(ggml_type: int) -> bool:
     """Whether :func:`encode` encodes ``ggml_type`` (its row: :mod:`resumerge.inputs.gguf.ggmltypes`)."""
-    return ggml_type in _TORCH or ggml_type in SEARCHED
+    return ggml_type in _TORCH or ggml_type in SEARCHED or ggml_type in UNWEIGHTED
 
 
 def encode(values: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None,
            importance: np.ndarray | None = None) -> torch.Tensor:
     """``values`` (float32 on the CPU) stored as ``ggml_type``: float32 (F32), float16 (F16), bfloat16 bits as int16
-    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants of :mod:`.kquants` and the i-quants
-    of :mod:`.iquants`: ``values.shape[-1]`` whole blocks); a block type written straight into ``into`` when given
+    (BF16), or uint8 block bytes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants of :mod:`.kquants`, the i-quants
+    of :mod:`.iquants`, TQ1_0 and TQ2_0 of :mod:`.tquants`, MXFP4 of :mod:`.mxfp4quants`: ``values.shape[-1]``
+    whole blocks); a block type written straight into ``into`` when given
     (contiguous, of the result's bytes), the others copied there. ``importance`` (float32, one per column): a
     :data:`WEIGHTED` type's importance weights (llama.cpp's imatrix entry over its count), None for the
     quantizer's path without them."""
     from resumerge.machine.torch_import import torch
 
     rows = values.to(torch.float32).contiguous()
-    searched = SEARCHED.get(ggml_type)
+    searched = SEARCHED.get(ggml_type) or UNWEIGHTED.get(ggml_type)
     weighted = importance is not None and ggml_type in legacyweighted.LEGACY  # the legacy types' importance paths
     if searched is not None or weighted:
         block, size = TYPES[ggml_type].block

@@ -1,0 +1,202 @@
+"""GGUF's ternary types written as llama.cpp writes them (issue 95): TQ1_0 and TQ2_0 byte-equal to
+``ggml_quantize_chunk`` on awkward rows, merges' exact ties, ternary tensors (kept exactly), any finite row and real
+weights; decoded as llama.cpp and gguf-py decode them; the tq1_0 and tq2_0 mixes' whole files equal to
+``llama_model_quantize``'s (token_embd Q4_K, the rows that are not whole super-blocks Q4_0), with the plan's note
+that a tensor which is not ternary is rounded to ternary as llama.cpp's quantizer rounds it. llama.cpp's library is
+the oracle (tests/llamacpp_oracle.py); those tests skip where it does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
+from test_gguf_iquants import finite_row, ties
+from test_gguf_kquants import (
+    _as_llama_quantize_takes_it,
+    _imatrix_entries,
+    _same_as_llama_quantize,
+    _tensors,
+    _write_imatrix_gguf,
+    awkward,
+    importance,
+    merges,  # noqa: F401 (a fixture)
+    real_rows,  # noqa: F401 (a fixture)
+)
+
+from resumerge import api
+from resumerge.inputs.gguf import blocks
+from resumerge.inputs.gguf.ggmltypes import TYPES
+from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, tensor_type
+from resumerge.outputs.gguf import jit, tqmxloop, tquants
+from resumerge.outputs.gguf.tquants import NOT_TERNARY, encode_tq
+
+TQ_TYPES = {"TQ1_0": 34, "TQ2_0": 35}
+F = np.float32
+
+
+def both_paths(x: np.ndarray, code: int, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_tq``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
+    fast = encode_tq(x, code)
+    with monkeypatch.context() as patched:
+        patched.setattr(jit, "numba_module", lambda: None)
+        slow = encode_tq(x, code)
+    return fast, slow
+
+
+def assert_llama_cpp_s(x: np.ndarray, code: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = quantize(x, code)
+    for path, ours in zip(("compiled", "numpy"), both_paths(x, code, monkeypatch), strict=True):
+        assert np.array_equal(ours, theirs), (path, np.argwhere(ours != theirs)[:5].tolist())
+
+
+def ternary(rows: int, seed: int) -> np.ndarray:
+    """A BitNet-like tensor: each super-block's values -d, 0 or d (d float16-exact, one a block)."""
+    rng = np.random.default_rng(seed)
+    d = np.float16(rng.random((rows, 4, 1)) + 0.01).astype(F)
+    return (rng.integers(-1, 2, (rows, 4, 256)).astype(F) * d).reshape(rows, 1024)
+
+
+def halves(seed: int) -> np.ndarray:
+    """Values at exactly half a power-of-two block maximum, of both signs (lroundf's ties: away from zero), and just
+    under it."""
+    x = ties(seed)[:, :512].copy()
+    x[0, :256] = np.where(np.arange(256) % 3 == 0, F(0.5), F(-0.5))
+    x[0, 7] = F(1)
+    x[1, :256] = np.where(np.arange(256) % 2 == 0, np.nextafter(F(0.25), F(0)), F(-0.25))
+    x[1, 9] = F(-0.5)
+    return x
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_encoder_writes_llama_cpp_s_bytes(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On awkward rows, merges' ties and zeros, lroundf's halves and ternary tensors, compiled and numpy: llama.cpp's
+    bytes; an importance matrix changes nothing (llama.cpp's quantizer reads none for these types)."""
+    needs_library()
+    code = TQ_TYPES[kind]
+    for x in (awkward(16, 1024, 0), ties(1)[:, :512], halves(2), ternary(4, 3)):
+        assert_llama_cpp_s(x, code, monkeypatch)
+        assert np.array_equal(encode_tq(x, code, importance(x.shape[1], 1)), quantize(x, code))
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray,  # noqa: F811
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_library()
+    assert_llama_cpp_s(real_rows, TQ_TYPES[kind], monkeypatch)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(list(TQ_TYPES)))
+def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any finite values, few distinct ones and float32's ends included: the compiled kernel's bytes are the numpy
+    path's, and llama.cpp's where its library loads."""
+    x, _ = finite_row(data, False)
+    fast, slow = both_paths(x, TQ_TYPES[kind], monkeypatch)
+    assert np.array_equal(fast, slow)
+    if library() is not None:
+        assert np.array_equal(fast, quantize(x, TQ_TYPES[kind]))
+
+
+def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests above
+    compare both with llama.cpp)."""
+    if tqmxloop.kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    monkeypatch.setattr(tquants, "_trits", refused)
+    for code in TQ_TYPES.values():
+        encode_tq(awkward(12, 512, 2), code)
+
+
+@pytest.mark.parametrize("kind", list(TQ_TYPES))
+def test_each_tq_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> None:
+    """The input side decodes TQ1_0 and TQ2_0 with torch to llama.cpp's own values and gguf-py's, on encodings and on
+    random bytes (trits and packed bytes that no encoder writes); a ternary tensor comes back exactly."""
+    needs_library()
+    code = TQ_TYPES[kind]
+    size = TYPES[code].size
+    noise = np.random.default_rng(0).integers(0, 256, (64, size), dtype=np.uint8)
+    noise[:, -2:] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
+    exact = ternary(8, 1)
+    for stored in (encode_tq(awkward(16, 512, 1), code), noise.reshape(16, -1), encode_tq(exact, code)):
+        ours = blocks.decode(torch.from_numpy(stored), code).numpy()
+        assert np.array_equal(ours, dequantize(stored, code))
+        assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
+    assert np.array_equal(blocks.decode(torch.from_numpy(encode_tq(exact, code)), code).numpy(), exact)
+
+
+def test_the_ternary_mixes_types_are_llama_cpp_s() -> None:
+    """token_embd (untied) Q4_K, output.weight Q6_K (Q8_0 on rows not whole super-blocks), a row not whole
+    super-blocks Q4_0, every other matrix the mix's type; 8 experts' attn_v and attn_k Q8_0 (llama.cpp's rule for
+    every mix)."""
+    model = ModelFacts(layers=4)
+    for mix, code in (("tq1_0", 34), ("tq2_0", 35)):
+        assert tensor_type("token_embd.weight", (1000, 512), mix, model).llama == 12
+        assert tensor_type("output.weight", (1000, 512), mix, model).llama == 14
+        assert tensor_type("output.weight", (1000, 576), mix, model).llama == 8
+        assert tensor_type("token_embd.weight", (1000, 512), mix, ModelFacts(tied=True)).llama == 14
+        assert tensor_type("blk.0.attn_q.weight", (512, 576), mix, model).llama == 2
+        for name in ("blk.0.attn_v.weight", "blk.3.ffn_down.weight", "blk.1.attn_output.weight"):
+            assert tensor_type(name, (512, 512), mix, model).llama == code
+        assert tensor_type("blk.0.attn_v.weight", (512, 512), mix, ModelFacts(experts=8)).llama == 8
+
+
+@pytest.mark.parametrize(("arch", "mix", "imatrix"), [("llama", "tq1_0", False), ("llama", "tq2_0", True),
+                                                     ("qwen3moe", "tq1_0", False)])
+def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
+        tmp_path: Path, arch: str, mix: str, imatrix: bool, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+    """Every tensor's type and bytes equal llama_model_quantize's for the mix on the F16 file resumerge wrote of the
+    same merge (which is not ternary: an average of two normal models, rounded as llama.cpp rounds it), with an
+    importance matrix too (it weights the K-quant head and token_embd, not the ternary tensors); the plan says a
+    tensor that is not ternary is rounded so."""
+    needs_library()
+    config, f16 = merges[arch]
+    entries = None
+    if imatrix:
+        raw = _imatrix_entries(f16, 3)
+        _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
+        entries = _as_llama_quantize_takes_it(raw)
+    output = api.Output(out_type="gguf", gguf_type=mix, imatrix=str(tmp_path / "imatrix.gguf") if imatrix else None)
+    assert NOT_TERNARY in api.plan_merge(config, settings=api.Settings(output=output)).notes
+    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=output))
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
+    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    assert TQ_TYPES[mix.upper()] in {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
+    if imatrix:  # the matrix is used by the K-quant head (Q6_K) and token_embd (Q4_K) only
+        quantize_model(f16, tmp_path / "plain.gguf", MIXES[mix].file_type)
+        weighted, plain = _tensors(tmp_path / "out" / "model.gguf"), _tensors(tmp_path / "plain.gguf")
+        assert {n for n in plain if weighted[n] != plain[n]} == {"output.weight", "token_embd.weight"}
+
+
+def read_back(tmp_path: Path, config: Path, mix: str, name: str) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """The ``mix`` GGUF of ``config`` merged again (passthrough to float32 safetensors, its tensors returned), and
+    gguf-py's values of its stored tensor ``name``."""
+    from safetensors.torch import load_file
+    from support import write_config
+
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type=mix)))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}[name]
+    assert stored.tensor_type == MIXES[mix].default
+    return load_file(tmp_path / "f32" / "model.safetensors"), gguf.quants.dequantize(np.asarray(stored.data),
+                                                                                     stored.tensor_type)
+
+
+def test_a_tq1_0_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                               ) -> None:
+    """A TQ1_0 file resumerge wrote, merged again (passthrough to float32 safetensors): its ternary matrices read
+    back with torch's decoder to gguf-py's values of the stored blocks."""
+    read, want = read_back(tmp_path, merges["llama"][0], "tq1_0", "blk.1.ffn_down.weight")
+    assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), want)
