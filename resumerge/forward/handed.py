@@ -52,7 +52,7 @@ class Output(Slot):
     """A layer's hidden output, where a later layer's call or the forward after the layers takes it (:class:`Derived`);
     ``kept``: held to the end of the pass (the forward after the layers reads it: :class:`~.tail.Tail`)."""
 
-    __slots__ = ("kept",)
+    __slots__ = ("__weakref__", "kept")
 
     def __init__(self) -> None:
         super().__init__()
@@ -93,7 +93,7 @@ class Derived:
 
     __slots__ = ("node", "outputs")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node | Output) -> None:
         self.node = node
         found: dict[int, Output] = {}
 
@@ -181,7 +181,7 @@ def outputs_read(value: Any) -> tuple[Output, ...]:
 def derived(value: Any) -> Any:
     """A layer's call's argument as the pass hands it: a :class:`Derived` where the capture computed it from earlier
     layers' outputs, else its value at the capture."""
-    if outputs_read(value):
+    if outputs_read(value):  # (a layer's output itself as +output: a copy)
         node = _node_of(value)
         return Derived(node if isinstance(node, Node) else Node(operator.pos, (node,), {}))
     return _map(value, plain)
@@ -206,6 +206,12 @@ def slots_of(call: Any) -> tuple[Slot, ...]:
     """The slots a layer's ``call`` puts its extra outputs in (none for a layer that returns none), and its hidden
     output's (:class:`Output`, last) where a later call or the forward after the layers takes it."""
     return call.slots if isinstance(call, HandingCall) else ()
+
+
+def hands_on(call: Any) -> bool:
+    """Whether a layer's ``call`` takes what an earlier layer returned, or its layer returns more than its hidden
+    states for a later one (not where only the forward after the layers reads its output: :class:`Output`)."""
+    return bool(takes(call)) or any(not isinstance(s, Output) for s in slots_of(call))
 
 
 def takes(call: Any) -> list[Slot]:
@@ -280,7 +286,9 @@ def carried(calls: Sequence[Sequence[Sequence[Any]]], after: int) -> dict[str, A
     calls) batches, by journal name (:data:`CARRIED`; a None value as an empty tensor under that name and
     ``.none``)."""
     return {CARRIED.format(m=m, s=s, i=i, q=q) + ("" if slot.value is not None else ".none"):
-            slot.value.contiguous() if slot.value is not None else torch.empty(0)
+            torch.empty(0) if slot.value is None else slot.value.clone(memory_format=torch.contiguous_format)
+            if i == after and isinstance(slot, Output) else slot.value.contiguous()  # (layer ``after``'s output is
+            # the hidden states journaled beside it: a copy)
             for m, model in enumerate(calls) for s, batch in enumerate(model)
             for i, q, slot in live(batch, after) if slot.value is not NOT_RUN}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -134,10 +135,12 @@ class Tail:
         self._found: tuple[int, int, int] | None = None
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._unprobed = False  # the probe failed: not asked again
-        # per batch its capture ran for: what the input embeddings gave, and the layers' outputs the forward after
-        # the layers reads (Inkling 2's final block-attention residual reads the block states: the embeddings and
-        # the states entering each block-boundary layer), the last layer's among them
-        self._kept: list[tuple[Any, dict[int, Output]]] = []
+        # per batch its capture ran for, by its last layer's output (for as long as the pass holds that batch's
+        # calls): what the input embeddings gave, the other layers' outputs the forward after the layers reads
+        # (Inkling 2's final block-attention residual reads the block states: the embeddings and the states entering
+        # each block-boundary layer)
+        self._kept: weakref.WeakKeyDictionary[Output, tuple[Any, dict[int, Output]]] = \
+            weakref.WeakKeyDictionary()
 
     def keep(self, out: Any, embedded: Sequence[Any], outputs: Sequence[Output]) -> None:
         """Keep for the tail what the capture of a batch found (its forward's output ``out``, traced, what the input
@@ -148,7 +151,8 @@ class Tail:
         kept = {i: o for i, o in enumerate(outputs) if id(o) in read}
         for output in kept.values():
             output.kept = True
-        self._kept.append((plain(embedded[0]) if embedded else None, kept))
+        self._kept[outputs[-1]] = (plain(embedded[0]) if embedded else None,
+                                   {i: o for i, o in kept.items() if o is not outputs[-1]})
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
@@ -164,8 +168,8 @@ class Tail:
     def _sources(self, hidden: torch.Tensor) -> tuple[Any, dict[int, Any]]:
         """What the forward after the layers reads beside ``hidden`` (a batch's last layer's output): what the
         input embeddings gave, the layers' outputs it reads, by layer; nothing where no capture kept them."""
-        for embedded, outputs in reversed(self._kept):
-            last = outputs[max(outputs)].value if outputs else None
+        for output, (embedded, outputs) in list(self._kept.items()):
+            last = output.value
             if isinstance(last, torch.Tensor) and (last is hidden or (
                     last.shape == hidden.shape and torch.equal(last.to(hidden.device), hidden))):
                 return embedded, {i: o.value for i, o in outputs.items()}
@@ -230,7 +234,7 @@ class Tail:
                 out = returned(hidden_states, self.index)
                 return (out, *[None] * (arity - 1)) if arity else out
 
-        embedding = self.inner.get_input_embeddings()
+        embedding: torch.nn.Module = self.inner.get_input_embeddings()  # type: ignore[operator]
         parts = [p for p in (self.before if zeroed is None else zeroed) if embedded is None or p is not embedding]
         try:
             for i, layer in enumerate(real):
