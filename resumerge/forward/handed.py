@@ -96,12 +96,14 @@ class Derived:
     def __init__(self, node: Node | Output) -> None:
         self.node = node
         found: dict[int, Output] = {}
+        seen: set[int] = set()  # (a node several later ones read is walked once)
 
         def walk(value: Any) -> None:
             for leaf in _leaves(value):
                 if isinstance(leaf, Output):
                     found[id(leaf)] = leaf
-                elif isinstance(leaf, Node):
+                elif isinstance(leaf, Node) and id(leaf) not in seen:
+                    seen.add(id(leaf))
                     walk((leaf.args, leaf.kwargs))
 
         walk(node)
