@@ -29,3 +29,32 @@ def test_a_none_extra_output_is_handed_on_journaled_and_restored() -> None:
     resumed = _calls()
     restore(resumed, journal)
     assert given(resumed[0][0][1], 1) == ((), {"state": None})
+
+
+def test_a_call_moved_to_a_device_keeps_the_slots_its_layer_hands_on() -> None:
+    # (before, a layer's call moved to a GPU was a plain tuple: the values its layer returned beside its hidden
+    # states went nowhere, and the layer taking them was refused; ``cpu:0`` is moved to as a GPU is)
+    from resumerge.forward.device import moved
+    from resumerge.machine.torch_import import torch
+
+    calls = _calls()
+    on = moved(calls[0][0], torch.device("cpu:0"))
+    assert isinstance(on[0], HandingCall) and on[0].slots == calls[0][0][0].slots  # type: ignore[attr-defined]
+
+
+def test_a_value_the_forward_computed_from_earlier_outputs_is_computed_again_from_the_passs() -> None:
+    # (Inkling 2's block states: its forward stacks the states entering its block-boundary layers between layer
+    # calls; a stand-in's output is traced, and what a later call holds of it computed again as that layer runs)
+    import torch
+
+    from resumerge.forward.handed import Output, handed_on, handing, traced
+
+    out = Output()
+    entering = torch.ones(1, 2, 3)
+    stacked = torch.cat([entering.unsqueeze(-2), traced(entering, out).unsqueeze(-2)], dim=-2)
+    calls = handing([((), {}), ((stacked,), {"other": traced(entering, out).shape[0]})], [(), ()], [out, Output()])
+    assert isinstance(calls[0], HandingCall) and calls[0].slots == (out,)
+    assert handed_on(calls[0], (entering * 5, "more")) is not None
+    (block,), kwargs = given(calls[1], 1)
+    assert kwargs == {"other": 1} and torch.equal(block, torch.stack([entering, entering * 5], dim=-2))
+    assert [k.split(".")[3:] for k in carried([[calls]], 0)] == [["0", "0"]]  # journaled for layer 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resumerge.errors import UsageError
+from resumerge.forward.handed import HandingCall
 from resumerge.machine.memory import MemoryGovernor, MemoryProbe, default_budget, format_size, parse_size
 from resumerge.machine.memory.budget import smallest_budget_for
 from resumerge.machine.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, CudaProbe, is_gpu, normalise_device
@@ -107,6 +108,8 @@ def moved(value: Any, device: torch.device, seen: dict[int, Any] | None = None) 
         return seen[id(value)]
     if isinstance(value, tuple):
         items = [moved(v, device, seen) for v in value]
+        if isinstance(value, HandingCall):  # its slots kept: the values its layer hands on go there
+            return HandingCall(tuple(items), value.slots)
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)  # a named tuple by its fields
     if isinstance(value, list):
         return [moved(v, device, seen) for v in value]

@@ -11,11 +11,20 @@ hands it on too; what none takes any more is dropped. That is the one layer pass
 (:class:`~resumerge.forward.layerpass.LayerPass`'s ``carries``), whoever holds the calls: :class:`Held` for calls
 held in this process, a placement's own for calls held by a Ray actor (which sends its model's values with each
 layer's outputs, named by :func:`as_model`, and takes them back by :func:`of_model`).
+
+What the forward itself computes between the layers from their hidden outputs is followed the same way (Inkling 2's
+block states: the states entering each block-boundary layer, stacked by its forward between layer calls, which every
+later layer takes): each stand-in returns its input as a :func:`traced` tensor, whose value is known and whose every
+torch operation is recorded, so a later call's value computed from earlier layers' outputs is a :class:`Derived`
+(those operations, over the :class:`Output` slots of the layers read), computed again from the outputs the pass's
+layers gave when that layer runs (:func:`given`); one computed from no layer's output keeps its value.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -39,6 +48,147 @@ class Slot:
         self.value: Any = NOT_RUN
 
 
+class Output(Slot):
+    """A layer's hidden output, where a later layer's call or the forward after the layers takes it (:class:`Derived`);
+    ``kept``: held to the end of the pass (the forward after the layers reads it: :class:`~.tail.Tail`)."""
+
+    __slots__ = ("__weakref__", "kept")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = False
+
+
+class Node:
+    """One torch operation the forward applied to a traced value: ``func`` of ``args`` and ``kwargs``, which hold
+    nodes, :class:`Output` slots and values as they were."""
+
+    __slots__ = ("args", "func", "kwargs")
+
+    def __init__(self, func: Any, args: Any, kwargs: Any) -> None:
+        self.func, self.args, self.kwargs = func, args, kwargs
+
+    def __reduce__(self) -> Any:
+        return (Node, (self.func, self.args, self.kwargs))
+
+
+def _map(value: Any, change: Callable[[Any], Any]) -> Any:
+    """``value`` with ``change`` applied to each leaf, through tuples, lists and dicts."""
+    if type(value) in (tuple, list):
+        return type(value)(_map(v, change) for v in value)
+    if type(value) is dict:
+        return {k: _map(v, change) for k, v in value.items()}
+    return change(value)
+
+
+def _leaves(value: Any) -> list[Any]:
+    found: list[Any] = []
+    _map(value, found.append)
+    return found
+
+
+class Derived:
+    """A value of a layer's call that the forward computed from earlier layers' outputs: ``node``, computed again
+    from the outputs the pass's layers gave (:meth:`computed`)."""
+
+    __slots__ = ("node", "outputs")
+
+    def __init__(self, node: Node | Output) -> None:
+        self.node = node
+        found: dict[int, Output] = {}
+        seen: set[int] = set()  # (a node several later ones read is walked once)
+
+        def walk(value: Any) -> None:
+            for leaf in _leaves(value):
+                if isinstance(leaf, Output):
+                    found[id(leaf)] = leaf
+                elif isinstance(leaf, Node) and id(leaf) not in seen:
+                    seen.add(id(leaf))
+                    walk((leaf.args, leaf.kwargs))
+
+        walk(node)
+        self.outputs = tuple(found.values())
+
+    def __reduce__(self) -> Any:
+        return (Derived, (self.node,))
+
+    def computed(self, value: Callable[[Slot], Any]) -> Any:
+        """Its value, each output read by ``value`` (the values it holds as they were moved where they are)."""
+        device = next((v.device for v in map(value, self.outputs) if isinstance(v, torch.Tensor)), None)
+        done: dict[int, Any] = {}
+
+        def run(leaf: Any) -> Any:
+            if isinstance(leaf, Slot):
+                return value(leaf)
+            if isinstance(leaf, torch.Tensor):
+                return leaf if device is None else leaf.to(device)
+            if not isinstance(leaf, Node):
+                return leaf
+            if id(leaf) not in done:
+                done[id(leaf)] = leaf.func(*_map(leaf.args, run), **_map(leaf.kwargs, run))
+            return done[id(leaf)]
+
+        return run(self.node)
+
+
+@cache
+def _traced_class() -> Any:
+    """The tensor class whose operations are recorded (a class made on first use: torch loads then)."""
+
+    class Traced(torch.Tensor):
+        node: Any
+
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            with torch._C.DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
+            if not isinstance(out, torch.Tensor) and type(out) not in (tuple, list):
+                return out  # (a shape, a dtype, a number)
+            made = Node(func, _map(args, _node_of), _map(kwargs, _node_of))
+            if isinstance(out, torch.Tensor):
+                return traced(out, made)
+            return type(out)(traced(o, Node(operator.getitem, (made, i), {})) if isinstance(o, torch.Tensor) else o
+                             for i, o in enumerate(out))
+
+    return Traced
+
+
+def traced(value: torch.Tensor, node: Node | Output) -> Any:
+    """``value`` as a tensor whose operations are recorded, computed by ``node`` (or a layer's output)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        made = torch.Tensor._make_subclass(_traced_class(), value)
+    made.node = node
+    return made
+
+
+def _node_of(value: Any) -> Any:
+    return value.node if isinstance(value, _traced_class()) else value
+
+
+def plain(value: Any) -> Any:
+    """``value`` (a traced tensor) as a plain one (its value at the capture); anything else as it is."""
+    if isinstance(value, _traced_class()):
+        with torch._C.DisableTorchFunctionSubclass():
+            return value.as_subclass(torch.Tensor)
+    return value
+
+
+def outputs_read(value: Any) -> tuple[Output, ...]:
+    """The layers' outputs traced ``value`` was computed from (none for any other value)."""
+    node = _node_of(value)
+    return Derived(node).outputs if isinstance(node, (Node, Output)) and not isinstance(value, Slot) else ()
+
+
+def derived(value: Any) -> Any:
+    """A layer's call's argument as the pass hands it: a :class:`Derived` where the capture computed it from earlier
+    layers' outputs, else its value at the capture."""
+    if outputs_read(value):  # (a layer's output itself as +output: a copy)
+        node = _node_of(value)
+        return Derived(node if isinstance(node, Node) else Node(operator.pos, (node,), {}))
+    return _map(value, plain)
+
+
 class HandingCall(tuple):  # type: ignore[type-arg]
     """A layer's call (positional arguments after the hidden states, keywords) whose layer returns extra outputs:
     ``slots`` receive them, in the order the layer returns them."""
@@ -55,14 +205,22 @@ class HandingCall(tuple):  # type: ignore[type-arg]
 
 
 def slots_of(call: Any) -> tuple[Slot, ...]:
-    """The slots a layer's ``call`` puts its extra outputs in (none for a layer that returns none)."""
+    """The slots a layer's ``call`` puts its extra outputs in (none for a layer that returns none), and its hidden
+    output's (:class:`Output`, last) where a later call or the forward after the layers takes it."""
     return call.slots if isinstance(call, HandingCall) else ()
 
 
+def hands_on(call: Any) -> bool:
+    """Whether a layer's ``call`` takes what an earlier layer returned, or its layer returns more than its hidden
+    states for a later one (not where only the forward after the layers reads its output: :class:`Output`)."""
+    return bool(takes(call)) or any(not isinstance(s, Output) for s in slots_of(call))
+
+
 def takes(call: Any) -> list[Slot]:
-    """The slots of earlier layers' outputs ``call`` takes."""
+    """The slots of earlier layers' outputs ``call`` takes (those its derived values are computed from too)."""
     args, kwargs = call
-    return [v for v in (*args, *kwargs.values()) if isinstance(v, Slot)]
+    return [s for v in (*args, *kwargs.values()) for s in (v.outputs if isinstance(v, Derived) else (v,))
+            if isinstance(s, Slot)]
 
 
 def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -81,7 +239,34 @@ def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[st
                                   hint="run the pass again from its first layer (remove its journal)")
         return v.value
 
-    return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
+    def given_value(v: Any) -> Any:
+        return v.computed(value) if isinstance(v, Derived) else value(v)
+
+    return tuple(given_value(a) for a in args), {k: given_value(v) for k, v in kwargs.items()}
+
+
+def handing(calls: Sequence[Any], made: Sequence[tuple[Slot, ...]], outputs: Sequence[Output]) -> list[Any]:
+    """Layer by layer, the calls a capture recorded (their stand-ins' extra outputs ``made``, hidden ``outputs``) as
+    the pass hands them: each value computed from earlier layers' outputs a :class:`Derived`, any other its value;
+    a :class:`HandingCall` where the layer returns extra outputs, or a later call or the forward after the layers
+    (``kept``) takes its hidden output."""
+    found = [(tuple(derived(a) for a in args), {k: derived(v) for k, v in kwargs.items()}) for args, kwargs in calls]
+    taken = {id(s) for call in found for s in takes(call)}
+    slots = [(*m, *([o] if id(o) in taken or o.kept else [])) for m, o in zip(made, outputs)]
+    return [HandingCall(call, s) if s else call for call, s in zip(found, slots)]
+
+
+def handed_on(call: Any, out: Any) -> Any:
+    """A layer's hidden output of its output ``out`` under ``call``, its extra outputs and its hidden output put in
+    the call's slots for later layers."""
+    hidden = out[0] if isinstance(out, (tuple, list)) else out  # (GPT-1's layer returns a list)
+    extras = [s for s in slots_of(call) if not isinstance(s, Output)]
+    for slot, value in zip(extras, out[1:] if isinstance(out, (tuple, list)) else ()):
+        slot.value = value
+    for slot in slots_of(call):
+        if isinstance(slot, Output):
+            slot.value = hidden
+    return hidden
 
 
 def live(calls: Sequence[Any], after: int) -> list[tuple[int, int, Slot]]:
@@ -91,7 +276,7 @@ def live(calls: Sequence[Any], after: int) -> list[tuple[int, int, Slot]]:
     found = []
     for i, call in enumerate(calls[:after + 1]):
         for q, slot in enumerate(slots_of(call)):
-            if id(slot) in wanted:
+            if id(slot) in wanted or (isinstance(slot, Output) and slot.kept):
                 found.append((i, q, slot))
             else:
                 slot.value = NOT_RUN
@@ -103,7 +288,9 @@ def carried(calls: Sequence[Sequence[Sequence[Any]]], after: int) -> dict[str, A
     calls) batches, by journal name (:data:`CARRIED`; a None value as an empty tensor under that name and
     ``.none``)."""
     return {CARRIED.format(m=m, s=s, i=i, q=q) + ("" if slot.value is not None else ".none"):
-            slot.value.contiguous() if slot.value is not None else torch.empty(0)
+            torch.empty(0) if slot.value is None else slot.value.clone(memory_format=torch.contiguous_format)
+            if i == after and isinstance(slot, Output) else slot.value.contiguous()  # (layer ``after``'s output is
+            # the hidden states journaled beside it: a copy)
             for m, model in enumerate(calls) for s, batch in enumerate(model)
             for i, q, slot in live(batch, after) if slot.value is not NOT_RUN}
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from resumerge.errors import ModelInputError
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab
 from resumerge.inputs.safetensors_format import numel
@@ -250,5 +251,10 @@ def kl_at(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 def nll_sum(found: torch.Tensor, target: torch.Tensor, total: float) -> float:
-    """``total`` plus the negative log-likelihood of one sequence's next tokens."""
+    """``total`` plus the negative log-likelihood of one sequence's next tokens; :class:`ModelInputError` for a token
+    past the head's rows (Inkling 2's head holds its unpadded vocabulary's, fewer than its embedding's)."""
+    rows = found.shape[-1]
+    if len(target) and int(target.max()) >= rows:
+        raise ModelInputError(f"a text holds token {int(target.max())}, past the {rows:,} rows of the model's head "
+                              f"(it scores tokens 0 to {rows - 1:,})")
     return total + float(-found.gather(-1, target.unsqueeze(-1)).double().sum())

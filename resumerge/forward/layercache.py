@@ -22,7 +22,7 @@ from pathlib import Path
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.batches import Batch
-from resumerge.forward.handed import HandingCall
+from resumerge.forward.handed import hands_on
 from resumerge.forward.journal import durable_save, latest
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.standins import LayerCall
@@ -70,7 +70,7 @@ class Entered:
         a repeated layer would hand them to the wrong one)."""
         found = stream.inputs_of_rows(batches)
         calls = [c for _, c in found]
-        if any(isinstance(call, HandingCall) for each in calls for call in each):
+        if any(hands_on(call) for each in calls for call in each):
             raise ModelInputError("a structure search cannot run this family: its layers hand values on to later "
                                   "layers, which a repeated or skipped layer would hand to the wrong one")
         return cls(batches, [h for h, _ in found], calls)

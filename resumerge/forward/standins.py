@@ -4,9 +4,11 @@ calls are captured. Each reads its other attributes from the module it stands in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.handed import Slot
+from resumerge.forward.handed import Output, Slot, plain, traced
 from resumerge.machine.torch_import import torch
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
@@ -50,18 +52,21 @@ def stand_ins() -> tuple[Any, Any, Any]:
                 return getattr(self.__dict__["real"], name)
 
     class _Captured(_StandIn):
-        """A decoder layer's stand-in: records what it is called with and hands the hidden states on."""
+        """A decoder layer's stand-in: records what it is called with and hands the hidden states on, as its output
+        (``out``: traced, so that what the forward computes from it is known: :mod:`.handed`)."""
 
         def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module) -> None:
             super().__init__(real)
             self.calls, self.arity = calls, arity
             self.seen: list[torch.Tensor] = []
             self.made = tuple(Slot() for _ in range(max(0, arity - 1)))
+            self.out = Output()
 
         def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self.calls.append((args, kwargs))
             self.seen.append(hidden_states)
-            return (hidden_states, *self.made) if self.arity else hidden_states
+            out = traced(plain(hidden_states), self.out)
+            return (out, *self.made) if self.arity else out
 
     class _Finished(_StandIn):
         """The base model's stand-in under the causal-LM head: returns the final norm's output it is given; so does
@@ -89,3 +94,14 @@ def stand_ins() -> tuple[Any, Any, Any]:
             return hidden
 
     return _Captured, _Finished, _Passed
+
+
+@contextmanager
+def recorded(module: torch.nn.Module) -> Iterator[list[Any]]:
+    """What ``module`` returns in the block, each time, in a list."""
+    found: list[Any] = []
+    hook = module.register_forward_hook(lambda _module, _args, out: found.append(out))
+    try:
+        yield found
+    finally:
+        hook.remove()

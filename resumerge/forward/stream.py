@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
 from resumerge.forward.device import moved
-from resumerge.forward.handed import HandingCall, given, slots_of
+from resumerge.forward.handed import HandingCall, given, handed_on, handing
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
-from resumerge.forward.standins import LayerCall, stand_ins
+from resumerge.forward.standins import LayerCall, recorded, stand_ins
 from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
 from resumerge.inputs.stacks import not_layer_by_layer
 from resumerge.machine.torch_import import torch
@@ -427,35 +427,40 @@ class ModelStream:
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.layers_list)
         failed = ""
-        for arity in _OUTPUT_ARITIES:
-            calls: list[list[LayerCall]] = [[] for _ in real_layers]
-            captured = stand_ins()[0]
-            stubs = [captured(c, arity, layer) for c, layer in zip(calls, real_layers)]
-            try:
-                for i, stub in enumerate(stubs):
-                    self.layers_list[i] = stub
-                for owner, name in self._late:
-                    setattr(owner, name, stand_ins()[2](getattr(owner, name)))
-                with torch.no_grad():
-                    # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
-                    # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
-                    # per-layer inputs, and which would leave those layers one position to run
-                    self.inner(**given, attention_mask=mask, output_hidden_states=True,
-                               **{"use_cache": False, **(more or {})})
-            except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
-                failed = f": {type(exc).__name__}: {exc}"
-                continue
-            finally:
-                for i, layer in enumerate(real_layers):
-                    self.layers_list[i] = layer
-                for (owner, name), final in zip(self._finals_at, self.finals):
-                    setattr(owner, name, final)  # (the late ones' stand-ins undone)
-            first = stubs[0].seen[0] if stubs[0].seen else None
-            if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
-                continue
-            # a layer returning more than its hidden states puts them in its slots, which a later call may take
-            # (GLM-5's top-k indices: resumerge.forward.handed)
-            return first, [HandingCall(c[0], stub.made) if stub.made else c[0] for c, stub in zip(calls, stubs)]
+        with recorded(self.model.get_input_embeddings()) as embedded:  # (the forward after the layers may read it)
+            for arity in _OUTPUT_ARITIES:
+                calls: list[list[LayerCall]] = [[] for _ in real_layers]
+                captured = stand_ins()[0]
+                stubs = [captured(c, arity, layer) for c, layer in zip(calls, real_layers)]
+                embedded.clear()
+                try:
+                    for i, stub in enumerate(stubs):
+                        self.layers_list[i] = stub
+                    for owner, name in self._late:
+                        setattr(owner, name, stand_ins()[2](getattr(owner, name)))
+                    with torch.no_grad():
+                        # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
+                        # last position (its logits_to_keep shortcut), which transformers 5.24 fails at without
+                        # per-layer inputs, and which would leave those layers one position to run
+                        out = self.inner(**given, attention_mask=mask, output_hidden_states=True,
+                                         **{"use_cache": False, **(more or {})})
+                except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
+                    failed = f": {type(exc).__name__}: {exc}"
+                    continue
+                finally:
+                    for i, layer in enumerate(real_layers):
+                        self.layers_list[i] = layer
+                    for (owner, name), final in zip(self._finals_at, self.finals):
+                        setattr(owner, name, final)  # (the late ones' stand-ins undone)
+                first = stubs[0].seen[0] if stubs[0].seen else None
+                if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
+                    continue
+                if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
+                    self._tail.keep(out, embedded, [stub.out for stub in stubs])
+                # a layer returning more than its hidden states puts them in its slots, which a later call may take
+                # (GLM-5's top-k indices), and what the forward computes from their outputs is computed again from
+                # the pass's (Inkling 2's block states): resumerge.forward.handed
+                return first, handing([c[0] for c in calls], [s.made for s in stubs], [s.out for s in stubs])
         why = self._not_a_stack()
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
                               + (why or failed))
@@ -521,13 +526,7 @@ class ModelStream:
         if weight is not None and hidden.device != weight.device:
             hidden = hidden.to(weight.device)
         out = layer(hidden, *args, **kwargs)
-        if not isinstance(out, (tuple, list)):  # (GPT-1's layer returns a list)
-            alone: torch.Tensor = out
-            return alone
-        if hand_on:
-            for slot, value in zip(slots_of(call), out[1:]):
-                slot.value = value
-        result: torch.Tensor = out[0]
+        result: torch.Tensor = handed_on(call, out) if hand_on else out[0] if isinstance(out, (tuple, list)) else out
         return result
 
     @contextmanager

@@ -15,10 +15,12 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from resumerge.forward.handed import Output, outputs_read, plain
 from resumerge.machine.torch_import import torch
 
 # The token ids' shape the probe runs with, to find where the hidden states hold the batch and positions (Gemma 3n's
@@ -133,15 +135,45 @@ class Tail:
         self._found: tuple[int, int, int] | None = None
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._unprobed = False  # the probe failed: not asked again
+        # per batch its capture ran for, by its last layer's output (for as long as the pass holds that batch's
+        # calls): what the input embeddings gave, the other layers' outputs the forward after the layers reads
+        # (Inkling 2's final block-attention residual reads the block states: the embeddings and the states entering
+        # each block-boundary layer)
+        self._kept: weakref.WeakKeyDictionary[Output, tuple[Any, dict[int, Output]]] = \
+            weakref.WeakKeyDictionary()
+
+    def keep(self, out: Any, embedded: Sequence[Any], outputs: Sequence[Output]) -> None:
+        """Keep for the tail what the capture of a batch found (its forward's output ``out``, traced, what the input
+        embeddings gave, the layers' ``outputs``): the outputs the forward read after the layers, to the end of
+        the pass."""
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        read = {id(o) for o in outputs_read(last)} | {id(outputs[-1])}
+        kept = {i: o for i, o in enumerate(outputs) if id(o) in read}
+        for output in kept.values():
+            output.kept = True
+        self._kept[outputs[-1]] = (plain(embedded[0]) if embedded else None,
+                                   {i: o for i, o in kept.items() if o is not outputs[-1]})
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
             return self._last[1]
         arity, axis, extra = self.probe(hidden.device)
         shape = (hidden.shape[axis], hidden.shape[axis + 1] - extra)
-        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity, lambda entering: hidden)
+        embedded, outputs = self._sources(hidden)
+        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity,
+                          lambda entering, i: outputs.get(i, hidden), embedded=embedded)
         self._last = (hidden, found)
         return found
+
+    def _sources(self, hidden: torch.Tensor) -> tuple[Any, dict[int, Any]]:
+        """What the forward after the layers reads beside ``hidden`` (a batch's last layer's output): what the
+        input embeddings gave, the layers' outputs it reads, by layer; nothing where no capture kept them."""
+        for output, (embedded, outputs) in list(self._kept.items()):
+            last = output.value
+            if isinstance(last, torch.Tensor) and (last is hidden or (
+                    last.shape == hidden.shape and torch.equal(last.to(hidden.device), hidden))):
+                return embedded, {i: o.value for i, o in outputs.items()}
+        return None, {}
 
     def reshapes(self, device: torch.device) -> bool:
         """Whether the layers' hidden states hold the batch and the positions otherwise than the tokens do (after
@@ -164,7 +196,7 @@ class Tail:
             failed: Exception | None = None
             seen: list[tuple[int, ...]] = []
 
-            def seeing(entering: torch.Tensor) -> torch.Tensor:
+            def seeing(entering: torch.Tensor, i: int) -> torch.Tensor:
                 seen.append(tuple(entering.shape))
                 return entering
 
@@ -186,26 +218,37 @@ class Tail:
         return self._found
 
     def _run(self, ids: torch.Tensor, arity: int, returned: Any,
-             zeroed: Sequence[torch.nn.Module] | None = None) -> torch.Tensor:
-        """The forward over ids ``ids``, each layer returning what ``returned`` makes of what it is given (``arity``
-        values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros."""
+             zeroed: Sequence[torch.nn.Module] | None = None, embedded: Any = None) -> torch.Tensor:
+        """The forward over ids ``ids``, each layer ``i`` returning what ``returned`` makes of what it is given and
+        ``i`` (``arity`` values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros, the input
+        embeddings by ``embedded`` where given (what they gave the batch)."""
         real = list(self.layers)
         _, _, passed = _stand_ins()
 
         class _Returning(passed):  # type: ignore[misc, valid-type]
+            def __init__(self, layer: torch.nn.Module, index: int) -> None:
+                super().__init__(layer)
+                self.index = index
+
             def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                out = returned(hidden_states)
+                out = returned(hidden_states, self.index)
                 return (out, *[None] * (arity - 1)) if arity else out
 
+        embedding: torch.nn.Module = self.inner.get_input_embeddings()  # type: ignore[operator]
+        parts = [p for p in (self.before if zeroed is None else zeroed) if embedded is None or p is not embedding]
         try:
             for i, layer in enumerate(real):
-                self.layers[i] = _Returning(layer)
-            with _zeros_for(self.before if zeroed is None else zeroed), torch.no_grad():
+                self.layers[i] = _Returning(layer, i)
+            if embedded is not None:
+                embedding.forward = lambda *args, **kwargs: embedded.to(ids.device)  # type: ignore[method-assign]
+            with _zeros_for(parts), torch.no_grad():
                 out = self.inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
                                  output_hidden_states=True)
         finally:
             for i, layer in enumerate(real):
                 self.layers[i] = layer
+            if embedded is not None:
+                del embedding.forward  # (its class's again)
         found: torch.Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return found
 

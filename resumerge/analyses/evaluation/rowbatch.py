@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from resumerge.forward.handed import HandingCall
+from resumerge.forward.handed import hands_on
 from resumerge.forward.standins import LayerCall
 from resumerge.machine.torch_import import torch
 
@@ -151,7 +151,7 @@ def batched_call(calls: Sequence[LayerCall], shaped: Sequence[Any], cache: Any, 
     ``shaped[r]``): each row's tensors stacked (those the rows share as they are), the stand-ins replaced by the
     batch's ``cache``, the masks moved to ``rows`` (the layer given none; :func:`rows_attention` gives each row
     its own). None where the calls cannot be one (a layer handing values on, calls of other forms)."""
-    if any(isinstance(call, HandingCall) for call in calls):
+    if any(hands_on(call) for call in calls):
         return None
     first_args, first_kwargs = calls[0]
     if any(len(args) != len(first_args) or kwargs.keys() != first_kwargs.keys() for args, kwargs in calls):
