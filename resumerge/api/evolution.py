@@ -219,7 +219,8 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     budgets = Budgets(_bytes(resources.max_memory), _bytes(resources.max_disk))
     with files.locked(store, command):
         best = drive(ShapeJob(folder, plan.spec.genome.model, (*plan.spec.tasks, *plan.spec.held_out),
-                              asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say))
+                              asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say,
+                              plan.spec.genome.sources))
     files.say(store, finished=True, phase=None, candidates=[])
     merged = calls.run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
                                                                 state_dir=asked.state.given)) \

@@ -278,8 +278,9 @@ def test_a_base_changed_under_a_killed_search_s_cache_is_refused(tmp_path: Path)
 
 
 def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
-    from resumerge.forward.layercache import departure, stride_for
+    from resumerge.forward.layercache import Borrowed, departure, stride_for
     from resumerge.runs.evolve.shapes.genome import (
+        Edit,
         Shape,
         StructureGenome,
         keeps_pattern,
@@ -289,17 +290,27 @@ def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
         within,
     )
 
-    skip, twice = Shape((("skip", 2, 4),)), Shape((("repeat", 1, 3), ("skip", 4, 5)))
+    skip, twice = Shape((Edit("skip", 2, 4),)), Shape((Edit("repeat", 1, 3), Edit("skip", 4, 5)))
     assert skip.path(6) == [0, 1, 4, 5] and departure(skip.path(6)) == 2 and skip.key == "skip 2-3"
     assert twice.path(6) == [0, 1, 2, 1, 2, 3, 5] and departure(twice.path(6)) == 3
-    assert twice.with_edit(("repeat", 2, 4)) is None  # overlaps an edit it has
+    assert twice.with_edit(Edit("repeat", 2, 4)) is None  # overlaps an edit it has
+    mixed = Shape((Edit("repeat", 1, 2, 1, 0.5), Edit("swap", 3, 5, 0, 2.0)))
+    assert mixed.key == "repeat 1-1 from 1 ×0.5, swap 3-4 ×2.0"
+    assert mixed.path(6) == [0, 1, Borrowed(1, 1, 0.5), 2, Borrowed(0, 3, 2.0), Borrowed(0, 4, 2.0), 5]
+    assert Shape.from_json(mixed.to_json()) == mixed
+    assert mixed.scaled([1.0, 0.75]).key == "repeat 1-1 from 1, swap 3-4 ×0.75"
+    half = [{"filter": "o_proj", "value": 0.5}, {"filter": "down_proj", "value": 0.5}, {"value": 1.0}]
+    assert shape_config("m", mixed.path(6), ["o"])["slices"][1:3] == [
+        {"sources": [{"model": "o", "layer_range": [1, 2], "parameters": {"scale": half}}]},
+        {"sources": [{"model": "m", "layer_range": [2, 3]}]}]
     assert shape_config("m", twice.path(6))["slices"] == [
         {"sources": [{"model": "m", "layer_range": r}]} for r in ([0, 3], [1, 4], [5, 6])]
     genome = StructureGenome("m", grow=20, shrink=40, repeat=(1, 4))
     edits = single_edits(genome, 10)  # at most 2 layers added, 4 dropped, inside layers 1-4
-    assert ("repeat", 1, 3) in edits and ("repeat", 1, 4) not in edits and ("skip", 1, 5) in edits
-    assert all(a >= 1 and b <= 5 for _, a, b in edits)
-    assert within(genome, Shape((("skip", 1, 5),)), 10) and not within(genome, Shape((("skip", 0, 5),)), 10)
+    assert Edit("repeat", 1, 3) in edits and Edit("repeat", 1, 4) not in edits and Edit("skip", 1, 5) in edits
+    assert all(e.first >= 1 and e.after <= 5 for e in edits)
+    assert within(genome, Shape((Edit("skip", 1, 5),)), 10) and not within(genome, Shape((Edit("skip", 0, 5),)), 10)
+    assert not within(genome, Shape((Edit("repeat", 8, 10, 1),)), 10)  # another source's layer would end the path
     assert period(["s", "s", "f"] * 3) == 3 and period(["f"] * 4) == 1 and period(["s", "f", "f"]) == 3
     assert keeps_pattern(["s", "f"] * 3, [0, 1, 2, 3, 2, 3, 4, 5]) and not keeps_pattern(["s", "f"] * 3, [0, 1, 1])
     assert (stride_for(30, 100, None), stride_for(30, 100, 3000), stride_for(30, 100, 1000),
@@ -326,3 +337,60 @@ def test_options_of_the_other_genome_are_refused_in_one_line(
     assert main(["evolve", str(parameters), str(tmp_path / "s2"), "--max-disk", "1GB"]) == 2
     assert "--max-disk bounds a structure genome's cache" in capsys.readouterr().err
     assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
+
+
+def _mixed(root: Path, **genome: Any) -> Path:
+    """The base, another model of its family (``other``), a kl parent that is the base with layers 3-4 taken from
+    ``other`` at half their output projections (written by ``run`` from a hand-written slices config, mergekit's
+    filtered ``scale``), and a search swapping blocks of layers 2-4 for ``other``'s or scaling them."""
+    config = make_structure(root)
+    make_model(root / "other", SPEC, seed=4)
+    half = [{"filter": "o_proj", "value": 0.5}, {"filter": "down_proj", "value": 0.5}, {"value": 1.0}]
+    slices = {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": str(root / "base"), "layer_range": [0, 3]}]},
+        {"sources": [{"model": str(root / "other"), "layer_range": [3, 5], "parameters": {"scale": half}}]},
+        {"sources": [{"model": str(root / "base"), "layer_range": [5, 6]}]}]}
+    (root / "mixed.yml").write_text(yaml.safe_dump(slices))
+    api.run(root / "mixed.yml", root / "mixed")
+    doc = yaml.safe_load(config.read_text())
+    doc["genome"].update(grow=0, swap=2, repeat=[2, 4], beam_depth=0, sources=[str(root / "other")],
+                         scales=[0.5, 1.0], **genome)
+    doc["tasks"][0]["kl"]["parent"] = str(root / "mixed")
+    (root / "mixed-evolve.yml").write_text(yaml.safe_dump(doc))
+    return root / "mixed-evolve.yml"
+
+
+def test_a_block_from_another_source_at_a_scale_is_found_and_written_as_run_merges_it(tmp_path: Path) -> None:
+    # the parent is the base with layers 3-4 of the other model at half their output projections: that swap has
+    # KL 0, every other candidate not; each swap runs the N − i layers after its block's first; the config the
+    # search writes for a candidate is the one whose merge eval scores as the search did
+    config = _mixed(tmp_path)
+    outcome = api.evolve(config, tmp_path / "store")
+    rows = _rows(tmp_path / "store")
+    assert len(rows) == 1 + 5 * 3  # five blocks of 1-2 layers in 2-4, each from the other at 0.5, 1, or halved
+    best = min(rows, key=lambda r: r["objective"])
+    assert best["shape"] == outcome.shape == "swap 3-4 from 1 ×0.5"
+    assert best["path"] == [0, 1, 2, [1, 3, 0.5], [1, 4, 0.5], 5]
+    assert best["tasks"]["kl:mixed:a.txt"] < 1e-6
+    assert all(r["tasks"]["kl:mixed:a.txt"] > 1e-4 for r in rows if r is not best)
+    assert best["config"] == yaml.safe_load((tmp_path / "mixed.yml").read_text())
+    for r in rows[1:]:
+        assert r["computed"] == 6 - r["edits"][0][1]
+    row = next(r for r in rows if r["shape"] == "swap 2-3 ×0.5")  # the base's own layers scaled
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+    api.run(tmp_path / "c.yml", tmp_path / "c")
+    report = api.evaluate(tmp_path / "c", [f"nll:{tmp_path / 'a.txt'}"], api.Settings(state_dir=tmp_path / "st"))
+    (found,) = report.results["results"].values()
+    assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)
+
+
+def test_a_source_of_another_family_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = make_structure(tmp_path)
+    make_model(tmp_path / "wide", ModelSpec(layers=6, hidden=48, intermediate=48, vocab=64), seed=4)
+    doc = yaml.safe_load(config.read_text())
+    doc["genome"].update(sources=[str(tmp_path / "wide")], swap=1)
+    config.write_text(yaml.safe_dump(doc))
+    assert main(["evolve", str(config), str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "genome.sources[0]:" in err and "is not of the base's family" in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()

@@ -25,12 +25,12 @@ from resumerge.forward import Weights
 from resumerge.forward.batches import Batch, batches_of, padded
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
-from resumerge.forward.layercache import PREFIX, Entered, LayerCache, stride_for
+from resumerge.forward.layercache import PREFIX, Entered, Layer, LayerCache, stride_for
 from resumerge.forward.layercache import branch as branch_of
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
-from resumerge.forward.reader import step_sizes
+from resumerge.forward.reader import CastReader, base_formats, step_sizes
 from resumerge.forward.stream import ModelStream
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
@@ -68,10 +68,10 @@ class ShapeScorer:
     def __init__(self, cache: LayerCache, texts: Sequence[TaskBatches], parents: Path, reserve: Reserve) -> None:
         self.cache, self.texts, self.parents, self.reserve = cache, list(texts), parents, reserve
         # a beam parent's path run so far: (its path, the batches, the position reached, the states entering it)
-        self.prefix: tuple[tuple[int, ...], tuple[int, ...], int, list[torch.Tensor]] | None = None
+        self.prefix: tuple[tuple[Layer, ...], tuple[int, ...], int, list[torch.Tensor]] | None = None
         self.prefix_layers = 0  # the layers the parents' prefixes ran (beside each candidate's own)
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+    def score(self, path: Sequence[Layer], tasks: Sequence[Task], parent: Sequence[Layer] | None = None
               ) -> tuple[dict[str, float], int]:
         """The figure per task of the candidate running ``path`` and the decoder layers run to find them; with a
         ``parent`` (a beam's member this candidate adds an edit to), from the parent's states where its path departs
@@ -95,7 +95,7 @@ class ShapeScorer:
                 figures[each.task.name] = self._figure(each, states)
         return figures, computed
 
-    def _prefix(self, parent: Sequence[int], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
+    def _prefix(self, parent: Sequence[Layer], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
         """The states entering ``position`` of the ``parent``'s path, run on from where its prefix reached (or from
         the kept layer ``start``, at or below the child's departure from the base: the two paths are one below
         ``position``)."""
@@ -135,6 +135,7 @@ class _Ready:
     entered: Entered
     texts: list[TaskBatches]
     stride: int
+    sources: list[CastReader] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class ShapeJob(Generic[Found]):
     budgets: Budgets = Budgets()
     device: str = "cpu"
     say: Callable[..., None] = lambda **_: None
+    sources: Sequence[str] = ()  # the other models a candidate borrows layers from (source 1, 2, ...)
 
     def answered(self) -> tuple[Found | None, str | None]:
         return None, None
@@ -176,7 +178,14 @@ class ShapeJob(Generic[Found]):
     def fitted(self) -> Iterator[Fit[_Ready]]:
         base = open_for_pass(self.model, "genome.model", self.state)
         stream = _stream(base, self.device)
+        sources: list[CastReader] = []
         try:
+            for i, path in enumerate(self.sources):
+                opened = open_for_pass(path, f"genome.sources[{i}]", self.state)
+                model = opened.opened
+                weights = Weights.of(model.directory, model.tensors, opened.remote, opened.reads)
+                sources.append(CastReader(weights, base_formats(weights.tensors, model.config, model.directory),
+                                          torch.float32, key=opened.path))
             texts = [self._batches(task, base) for task in self.tasks]
             batches = _numbered(texts)
             entered = Entered.of(stream, batches)
@@ -199,8 +208,10 @@ class ShapeJob(Generic[Found]):
             steps = {"layer": layer, "heads": head_step_bytes(stream, positions, longest)}
             budget = budget_fitting(WORDS, 2 * boundary + max(steps.values()), self.budgets.max_memory,
                                     SystemProbe())
-            yield Fit(budget, steps, _Ready(stream, entered, texts, stride))
+            yield Fit(budget, steps, _Ready(stream, entered, texts, stride, sources))
         finally:
+            for reader in sources:
+                reader.close()
             stream.close()
 
     def _batches(self, task: Task, base: PassModel) -> TaskBatches:
@@ -217,7 +228,7 @@ class ShapeJob(Generic[Found]):
 
     def run(self, ready: _Ready, reserve: Reserve) -> Found:
         folder = self.folder.path
-        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride)
+        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride, sources=ready.sources)
         phase = "cache the base's hidden states"
         cache.build(reserve, lambda layer: self.say(phase=phase, layer=layer, layers=cache.layers))
         parents = folder / PARENTS

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
-from resumerge.forward.layercache import branch
-from resumerge.forward.opened import open_for_pass
+from resumerge.forward.layercache import SCALED, Layer, branch
+from resumerge.forward.opened import layer_of, open_for_pass
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
@@ -48,7 +48,7 @@ class Scores(Protocol):
 
     prefix_layers: int
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+    def score(self, path: Sequence[Layer], tasks: Sequence[Task], parent: Sequence[Layer] | None = None
               ) -> tuple[dict[str, float], int]: ...
 
 
@@ -76,7 +76,7 @@ class ShapePlan:
         return [Shape(), *(s for s in singles if self.allowed(s))]
 
     def config(self, shape: Shape) -> dict[str, Any]:
-        return shape_config(self.spec.genome.model, shape.path(self.layers))
+        return shape_config(self.spec.genome.model, shape.path(self.layers), self.spec.genome.sources)
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,33 @@ def plan_shapes(text: str, state: StateDir) -> ShapePlan:
         raise ConfigError(f"layer {repeat[1]} is past the base's last, {layers - 1}", yaml_path="genome.repeat")
     if spec.genome.surrogate is not None:
         require()
+    _refuse_unlike(spec, state)
     types = layer_types(config)
     plan = ShapePlan(spec, layers, tuple(types) if types else None)
     if len(plan.scan()) < 2:
         raise ConfigError("the genome allows no edit of the base's layers", yaml_path="genome",
                           hint="raise grow (or shrink), or widen repeat")
     return plan
+
+
+def _refuse_unlike(spec: ShapeSpec, state: StateDir) -> None:
+    """A source whose layers are not the base's (the same names, shapes and layer types), or scales on a family
+    without the output projections they multiply, refused naming the YAML path (headers only)."""
+    genome = spec.genome
+    base = open_for_pass(genome.model, "genome.model", state).opened
+    layered = {n: t.entry.shape for n, t in base.tensors.items() if layer_of(n) is not None}
+    if any(c != 1 for c in genome.scales) and not any(p in n for n in layered for p in SCALED):
+        raise ConfigError(f"the base's layers have none of the output projections a scale multiplies "
+                          f"({', '.join(SCALED)})", yaml_path="genome.scales")
+    for i, source in enumerate(genome.sources):
+        opened = open_for_pass(source, f"genome.sources[{i}]", state).opened
+        theirs = {n: t.entry.shape for n, t in opened.tensors.items() if layer_of(n) is not None}
+        unlike = next((n for n in sorted(layered) if theirs.get(n) != layered[n]), None)
+        if unlike is None and layer_types(opened.config) != layer_types(base.config):
+            unlike = "layer_types"
+        if unlike is not None:
+            raise ConfigError(f"{source} is not of the base's family: its {unlike} is not the base's",
+                              yaml_path=f"genome.sources[{i}]", hint="a source has the base's layers and shapes")
 
 
 def figure_of(tasks: Sequence[Task], figures: Mapping[str, float | None]) -> float:
