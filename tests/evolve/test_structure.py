@@ -353,8 +353,8 @@ def _mixed(root: Path, **genome: Any) -> Path:
     (root / "mixed.yml").write_text(yaml.safe_dump(slices))
     api.run(root / "mixed.yml", root / "mixed")
     doc = yaml.safe_load(config.read_text())
-    doc["genome"].update(grow=0, swap=2, repeat=[2, 4], beam_depth=0, sources=[str(root / "other")],
-                         scales=[0.5, 1.0], **genome)
+    doc["genome"].update({"grow": 0, "swap": 2, "repeat": [2, 4], "beam_depth": 0, "sources": [str(root / "other")],
+                          "scales": [0.5, 1.0], **genome})
     doc["tasks"][0]["kl"]["parent"] = str(root / "mixed")
     (root / "mixed-evolve.yml").write_text(yaml.safe_dump(doc))
     return root / "mixed-evolve.yml"
@@ -394,3 +394,29 @@ def test_a_source_of_another_family_is_refused_in_one_line(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "genome.sources[0]:" in err and "is not of the base's family" in err and "Traceback" not in err
     assert not (tmp_path / "store").exists()
+
+
+def test_cma_es_over_the_front_s_scales_moves_the_best_toward_the_parent_s_and_resumes_alike(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the parent's block 3-4 is the other model's at half: the scan (scale 1 alone) finds that swap, CMA-ES over its
+    # scale improves on it; the front holds the scaled candidate and status shows it; a search whose record lost
+    # its last candidates, run again, replays the strategy and ends with the same files
+    config = _mixed(tmp_path, scales=[1.0], repeat=[3, 4],
+                    scale_search={"evaluations": 8, "sigma0": 0.3})
+    store = tmp_path / "store"
+    api.evolve(config, store)
+    rows = _rows(store)
+    scan = [r for r in rows if r["phase"] == "scan"]
+    scaled = [r for r in rows if r["phase"] == "scales"]
+    assert scaled and all(" ×" in r["shape"] for r in scaled)
+    best = min(rows, key=lambda r: r["objective"])
+    assert best["phase"] == "scales" and best["objective"] < min(r["objective"] for r in scan)
+    assert best["shape"].startswith("swap 3-4 from 1 ×")
+    assert best["shape"] in [f["shape"] for f in json.loads((store / "front.json").read_text())]
+    assert main(["status", str(store)]) == 0
+    assert best["shape"] in capsys.readouterr().out
+    before = {name: (store / name).read_bytes() for name in FILES}
+    records = json.loads((store / "shapes.json").read_text())
+    (store / "shapes.json").write_text(json.dumps(records[:-3]))
+    api.evolve(config, store)
+    assert {name: (store / name).read_bytes() for name in FILES} == before

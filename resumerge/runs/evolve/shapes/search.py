@@ -25,6 +25,7 @@ from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import objective
 from resumerge.runs.evolve.shapes.genome import (
+    SKIP,
     Shape,
     ShapeSpec,
     keeps_pattern,
@@ -39,6 +40,7 @@ from resumerge.runs.evolve.spec import Task
 
 MEASURED = "shapes.json"  # every candidate's figures, in the order scored: what the search resumes from
 FRONT = "front.json"
+SCALES = "scales"  # the phase of the candidates CMA-ES over the front's scales scores
 SURROGATE = "surrogate.json"  # the surrogate's rank correlation on scored candidates it was not trained on
 
 
@@ -183,6 +185,9 @@ class ShapeSearch:
             for key in sorted(chosen, key=lambda k: (made_by[k], branch(children[k].path(plan.layers),
                                                                          paths[made_by[k]]), k)):
                 self._measure(children[key], f"beam {depth}", parents[made_by[key]].shape)
+        if genome.scale_search is not None:  # the front of the scan and the beam: the same after any kill
+            for member in front(plan, [m for m in self.measured.values() if m.phase != SCALES]):
+                self._scales(member)
         if plan.spec.held_out:
             for each in front(plan, list(self.measured.values())):
                 self._held_out(each)
@@ -191,6 +196,27 @@ class ShapeSearch:
             write_file_atomic(self.store / SURROGATE, json.dumps(found, indent=1).encode())
         write_outputs(self.store, plan, list(self.measured.values()))
         return best_of(plan, list(self.measured.values()))
+
+    def _scales(self, member: Measured) -> None:
+        """CMA-ES (:class:`~resumerge.runs.evolve.strategy.Search`, seed 0) over the scales of ``member``'s
+        repeated and swapped blocks, from the scales it has: each genotype clipped to the bounds and rounded to four
+        decimals is a candidate (``phase`` ``scales``), scored once (a resumed search replays the strategy from the
+        recorded figures: the same genotypes, the same candidates)."""
+        from resumerge.runs.evolve.strategy import Search, Settings
+
+        asked = self.plan.spec.genome.scale_search
+        x0 = tuple(e.scale for e in member.shape.edits if e.kind != SKIP)
+        if asked is None or not x0:
+            return
+        low, high = asked.bounds
+        strategy = Search(Settings(x0, asked.sigma0, None, 0, asked.evaluations))
+        while not strategy.done():
+            figures = []
+            for genotype in strategy.ask():
+                shape = member.shape.scaled([round(min(max(v, low), high), 4) for v in genotype])
+                self._measure(shape, SCALES)  # its size and ends are the member's: allowed as it is
+                figures.append(self._order(self.measured[shape.key])[0])
+            strategy.tell(figures)
 
     def _numbered(self) -> list[Measured]:
         return sorted(self.measured.values(), key=lambda m: m.number)
