@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.progress import Watcher
     from resumerge.runs.evolve.search import Planned
+    from resumerge.runs.evolve.shapes.genome import ShapeSpec
+    from resumerge.runs.evolve.shapes.scoring import LmAsked
     from resumerge.runs.evolve.storage import Evaluated, Say
     from resumerge.runs.evolve.tracking import Tracking
 
@@ -199,7 +201,8 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     if asked.tracking or asked.placement != HERE:
         raise UsageError("a structure search runs in this process, logged to its STORAGE alone",
                          hint="leave out --wandb, --trackio and --executor ray")
-    plan = plan_shapes(text, asked.state)
+    plan = plan_shapes(text, asked.state, asked.allow_benchmark_tasks)
+    lm = _lm_tasks(asked, plan.spec)  # known, loadable, none generating: before anything is written
     scan = plan.scan()
     calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
@@ -220,7 +223,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     with files.locked(store, command):
         best = drive(ShapeJob(folder, plan.spec.genome.model, (*plan.spec.tasks, *plan.spec.held_out),
                               asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say,
-                              plan.spec.genome.sources))
+                              plan.spec.genome.sources, lm))
     files.say(store, finished=True, phase=None, candidates=[])
     merged = calls.run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
                                                                 state_dir=asked.state.given)) \
@@ -228,6 +231,26 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
     return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
+
+
+def _lm_tasks(asked: SearchAsked, spec: ShapeSpec) -> list[LmAsked]:
+    """The structure search's lm-eval tasks, the searched ones and the held-out ones each scored together, every
+    one refused (exit 2) where lm-eval does not know it, cannot load it, or it generates."""
+    from resumerge.analyses.evaluation.tasks import TaskIndex
+    from resumerge.runs.evolve.lmeval import refuse_unscorable
+    from resumerge.runs.evolve.shapes.lmtasks import lm_settings
+
+    include = os.fspath(asked.task_search_path) if asked.task_search_path is not None else None
+    index = TaskIndex()
+    found: list[LmAsked] = []
+    for tasks in (spec.tasks, spec.held_out):
+        chosen = tuple(t for t in tasks if t.kind == "lm-eval")
+        if chosen:
+            settings = lm_settings([t.name for t in chosen], include, spec.limit, spec.num_fewshot,
+                                   spec.apply_chat_template, asked.resources.device or "cpu")
+            refuse_unscorable(settings, index)
+            found.append((chosen, settings, index))
+    return found
 
 
 class _MakesScorer(Protocol):

@@ -420,3 +420,35 @@ def test_cma_es_over_the_front_s_scales_moves_the_best_toward_the_parent_s_and_r
     (store / "shapes.json").write_text(json.dumps(records[:-3]))
     api.evolve(config, store)
     assert {name: (store / name).read_bytes() for name in FILES} == before
+
+
+def test_lm_eval_tasks_score_a_structure_from_the_cache_as_eval_scores_it_written(tmp_path: Path) -> None:
+    # a multiple-choice task searched, a perplexity task held out: each candidate's figures are lm-eval's on the
+    # answers of its layer path from the cache, equal to eval's on the candidate written by run
+    pytest.importorskip("lm_eval")
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+    tiny_model(tmp_path / "base", seed=1, context=64)
+    write_tasks(tmp_path)
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 34, "beam_depth": 0},
+        "tasks": [{"name": "tiny_mc", "metric": "acc,none"}, {"name": "tiny_ppl", "metric": "word_perplexity,none",
+                                                              "weight": 0.001}],
+        "held_out": [{"name": "tiny_ppl", "metric": "bits_per_byte,none"}],
+        "limit": 4, "apply_chat_template": False}))
+    api.evolve(config, tmp_path / "store", task_search_path=tmp_path / "tasks")
+    rows = _rows(tmp_path / "store")
+    assert [r["shape"] for r in rows] == ["base", "repeat 0-0", "repeat 1-1", "repeat 2-2"]
+    front = json.loads((tmp_path / "store" / "front.json").read_text())
+    for row in (rows[0], rows[2]):
+        (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+        out = tmp_path / f"c{row['candidate']}"
+        api.run(tmp_path / "c.yml", out)
+        report = api.evaluate(out, ["tiny_mc", "tiny_ppl"], api.Settings(state_dir=tmp_path / "st"),
+                              harness=api.Harness(include_path=tmp_path / "tasks", limit=4))
+        assert report.metric("tiny_mc", "acc") == row["tasks"]["tiny_mc"]
+        assert report.metric("tiny_ppl", "word_perplexity") == pytest.approx(row["tasks"]["tiny_ppl"], abs=1e-6)
+        held = next((f["held_out"] for f in front if f["shape"] == row["shape"]), None)
+        if held is not None:
+            assert report.metric("tiny_ppl", "bits_per_byte") == pytest.approx(held["tiny_ppl"], abs=1e-6)

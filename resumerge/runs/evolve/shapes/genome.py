@@ -21,8 +21,11 @@ The genome (``genome:`` with ``kind: structure``)::
       scales: [1.0, 0.5]     # the multipliers a repeated or swapped block's output projections are tried at
       swap: 2                # blocks of at most 2 layers swapped for another source's or scaled [default: 0]
       scale_search: {evaluations: 12, sigma0: 0.2}   # CMA-ES over the scales of the front's members' blocks
-    tasks: [{nll: {texts: FILE}}, {kl: {parent: PATH, texts: FILE}}]
+    tasks: [{nll: {texts: FILE}}, {kl: {parent: PATH, texts: FILE}}, {name: arc_easy, metric: acc,none}]
     held_out: [{nll: {texts: FILE}}]   # scored for the front's candidates once the search ends
+    limit: 100                         # lm-eval's settings of its tasks (as the parameter genome's)
+    num_fewshot: 0
+    apply_chat_template: false
 
 A borrowed layer never begins or ends a path (``run`` takes the embeddings from the first slice's model, the final
 norm and head from the last's: the base's, as the search scores them). Every problem is one
@@ -39,11 +42,11 @@ from typing import Any, NamedTuple
 from resumerge.config.merge_config import parse_documents
 from resumerge.errors import ConfigError
 from resumerge.forward.layercache import Borrowed, Layer, layer_of, scale_parameter
-from resumerge.runs.evolve.spec import Task, _known, _path, _tasks
+from resumerge.runs.evolve.spec import Task, _count, _flag, _known, _path, _tasks
 
 _KEYS = ("kind", "model", "grow", "shrink", "repeat", "pattern", "beam_width", "beam_depth", "beam_edits",
          "surrogate", "sources", "scales", "swap", "scale_search")
-_TOP = ("genome", "tasks", "held_out")
+_TOP = ("genome", "tasks", "held_out", "limit", "num_fewshot", "apply_chat_template")
 PATTERNS = ("rewrite", "keep")
 REPEAT, SKIP, SWAP = "repeat", "skip", "swap"
 
@@ -108,6 +111,9 @@ class ShapeSpec:
     tasks: tuple[Task, ...]
     held_out: tuple[Task, ...]
     text: str
+    limit: int | None = None  # lm-eval's tasks' settings
+    num_fewshot: int | None = None
+    apply_chat_template: bool = True
 
     @property
     def fingerprint(self) -> str:
@@ -125,25 +131,20 @@ def is_structure(text: str) -> bool:
     return isinstance(genome, dict) and genome.get("kind") == "structure"
 
 
-def read_shape_spec(text: str, base_dir: Path | None = None) -> ShapeSpec:
-    """The structure search in YAML ``text`` (paths relative to ``base_dir``); :class:`ConfigError` for the first
-    problem, naming its YAML path."""
+def read_shape_spec(text: str, base_dir: Path | None = None, allow_benchmarks: bool = False) -> ShapeSpec:
+    """The structure search in YAML ``text`` (paths relative to ``base_dir``; benchmark task names refused unless
+    ``allow_benchmarks``, as the parameter genome's); :class:`ConfigError` for the first problem, naming its YAML
+    path."""
     doc: dict[str, Any] = parse_documents(text, source="CONFIG")[0]
     _known(doc, _TOP, "")
     if "tasks" not in doc:
-        raise ConfigError("CONFIG has no tasks", yaml_path="tasks", hint="nll or kl tasks score a structure")
+        raise ConfigError("CONFIG has no tasks", yaml_path="tasks", hint="nll, kl or lm-eval tasks score a structure")
     genome = _genome(doc["genome"], base_dir)
-    tasks = _scored(_tasks(doc["tasks"], base_dir, False), "tasks")
-    held = _scored(_tasks(doc["held_out"], base_dir, False), "held_out") if "held_out" in doc else ()
-    return ShapeSpec(genome, tasks, held, text)
-
-
-def _scored(tasks: tuple[Task, ...], where: str) -> tuple[Task, ...]:
-    for i, task in enumerate(tasks):
-        if task.kind == "lm-eval":
-            raise ConfigError(f"task {task.name}: a structure search scores nll and kl tasks (lm-eval's: not yet)",
-                              yaml_path=f"{where}[{i}]", hint="use {nll: {texts: FILE}} or {kl: {parent, texts}}")
-    return tasks
+    tasks = _tasks(doc["tasks"], base_dir, allow_benchmarks)
+    held = _tasks(doc["held_out"], base_dir, allow_benchmarks) if "held_out" in doc else ()
+    return ShapeSpec(genome, tasks, held, text, limit=_count(doc.get("limit"), "limit"),
+                     num_fewshot=_count(doc.get("num_fewshot"), "num_fewshot"),
+                     apply_chat_template=_flag(doc.get("apply_chat_template", True), "apply_chat_template"))
 
 
 def _genome(value: Any, base_dir: Path | None) -> StructureGenome:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.tasks import TaskIndex
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
@@ -35,9 +37,11 @@ from resumerge.forward.stream import ModelStream
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve.scoring import task_texts
+from resumerge.runs.evolve.shapes.lmtasks import LmGroup, lm_group
 from resumerge.runs.evolve.spec import Task
 
 Found = TypeVar("Found")
+LmAsked = tuple[tuple[Task, ...], EvalSettings, TaskIndex]  # lm-eval tasks scored together, how, their index
 CACHE = "cache"
 PARENTS = "parents"  # each kl parent's log-probabilities of its texts, one file a sequence
 WORDS = "the structure search's pass"
@@ -52,6 +56,7 @@ class TaskBatches:
     sequences: list[list[int]]
     groups: list[list[int]]
     batches: list[int] = field(default_factory=list)
+    lm: LmGroup | None = None  # lm-eval's tasks, scored together: their requests' runs are the sequences
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class ShapeScorer:
         from the parent's, past where it departs from the base: the parent's prefix run once for its children, the
         next child of the same parent taking it on from where the last one branched off (the same numbers as a
         run from the base's states: the same layers on the same inputs)."""
-        chosen = [t for t in self.texts if t.task in tasks]
+        chosen = [t for t in self.texts if (t.task in tasks if t.lm is None else all(x in tasks for x in t.lm.tasks))]
         which = [b for t in chosen for b in t.batches]
         branch = branch_of(path, parent) if parent is not None else 0
         start = self.cache.start_of(path)
@@ -92,7 +97,11 @@ class ShapeScorer:
         figures: dict[str, float] = {}
         with self.reserve("the head", "heads"):
             for each in chosen:
-                figures[each.task.name] = self._figure(each, states)
+                if each.lm is not None:
+                    figures.update(each.lm.figures(self.cache.stream, [states[x] for x in each.batches],
+                                                   each.groups))
+                else:
+                    figures[each.task.name] = self._figure(each, states)
         return figures, computed
 
     def _prefix(self, parent: Sequence[Layer], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
@@ -154,6 +163,7 @@ class ShapeJob(Generic[Found]):
     device: str = "cpu"
     say: Callable[..., None] = lambda **_: None
     sources: Sequence[str] = ()  # the other models a candidate borrows layers from (source 1, 2, ...)
+    lm: Sequence[LmAsked] = ()  # lm-eval's tasks: the searched ones, the held-out ones
 
     def answered(self) -> tuple[Found | None, str | None]:
         return None, None
@@ -186,7 +196,10 @@ class ShapeJob(Generic[Found]):
                 weights = Weights.of(model.directory, model.tensors, opened.remote, opened.reads)
                 sources.append(CastReader(weights, base_formats(weights.tensors, model.config, model.directory),
                                           torch.float32, key=opened.path))
-            texts = [self._batches(task, base) for task in self.tasks]
+            texts = [self._batches(task, base) for task in self.tasks if task.kind != "lm-eval"]
+            for tasks, settings, index in self.lm:  # lm-eval's requests, asked once: their runs join the texts
+                group = lm_group(tasks, settings, base, index)
+                texts.append(TaskBatches(tasks[0], group.runs, batches_of(group.runs), lm=group))
             batches = _numbered(texts)
             entered = Entered.of(stream, batches)
             if any(len(g) > 1 for t in texts for g in t.groups) and \

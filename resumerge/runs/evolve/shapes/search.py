@@ -104,11 +104,11 @@ class Measured:
                    int(doc["computed"]), doc.get("held_out"), doc.get("parent"))
 
 
-def plan_shapes(text: str, state: StateDir) -> ShapePlan:
+def plan_shapes(text: str, state: StateDir, allow_benchmarks: bool = False) -> ShapePlan:
     """The structure search the evolve config ``text`` asks for, judged from its YAML and the base's config.json
     (headers only): a ``repeat`` range past the base's layers, or a genome that allows no edit, refused naming the
     YAML path."""
-    spec = read_shape_spec(text)
+    spec = read_shape_spec(text, allow_benchmarks=allow_benchmarks)
     config = open_for_pass(spec.genome.model, "genome.model", state).opened.config
     inner = config.get("text_config")
     layers = (inner if isinstance(inner, dict) else config).get("num_hidden_layers")
