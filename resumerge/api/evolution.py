@@ -85,6 +85,7 @@ class SearchAsked:
     placement: PassPlacement = HERE
     executor: Executor | None = None
     tracking: Sequence[Tracking] = ()
+    output: Output = Output()  # how merge_best is written (its format: safetensors, or GGUF of a type)
 
 
 def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
@@ -111,6 +112,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     from resumerge.runs.evolve.written import WrittenCandidates
 
     text = config_text(asked.config)
+    _refuse_output(asked)
     if is_structure(text):
         return _evolve_structure(asked, calls, text)
     store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
@@ -174,9 +176,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
             closing.callback(log.close)
         scorer = asked.placement.made(_Scoring(scorer_at, store, told.say))
         best = run_search(planned, store, scorer, told, command, logs)
-    merged = run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
-                                                          state_dir=asked.state.given)) \
-        if merge_best is not None else None
+    merged = _merge_best(asked, run)
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 
@@ -225,9 +225,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
                               asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say,
                               plan.spec.genome.sources, lm))
     files.say(store, finished=True, phase=None, candidates=[])
-    merged = calls.run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
-                                                                state_dir=asked.state.given)) \
-        if merge_best is not None else None
+    merged = _merge_best(asked, calls.run)
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
     return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
@@ -251,6 +249,29 @@ def _lm_tasks(asked: SearchAsked, spec: ShapeSpec) -> list[LmAsked]:
             refuse_unscorable(settings, index)
             found.append((chosen, settings, index))
     return found
+
+
+def _merge_best(asked: SearchAsked, run: Callable[..., Outcome]) -> Outcome | None:
+    """``best.yml`` written into ``merge_best`` as :func:`run` writes it, in the output format asked (None: not
+    asked)."""
+    if asked.merge_best is None:
+        return None
+    from resumerge.runs.evolve import storage as files
+
+    return run(asked.store / files.BEST, asked.merge_best, Settings(
+        output=asked.output, resources=asked.resources, executor=asked.executor, state_dir=asked.state.given))
+
+
+def _refuse_output(asked: SearchAsked) -> None:
+    """An output format asked without ``merge_best`` (nothing it would apply to), or a GGUF type ``run`` would
+    refuse, refused before the search (exit 2)."""
+    from dataclasses import fields
+
+    from resumerge.api.ggufoptions import gguf_options
+
+    if asked.merge_best is None and asked.output != Output():
+        raise UsageError("--out-type and --gguf-type say how --merge-best is written", hint="add --merge-best OUT")
+    gguf_options({each.name: getattr(asked.output, each.name) for each in fields(Output)})
 
 
 class _MakesScorer(Protocol):
@@ -315,6 +336,10 @@ def evolve_command(asked: SearchAsked) -> str:
     words += asked.placement.made(_ExecutorWords())
     if merge_best is not None:
         words += ["--merge-best", os.fspath(merge_best)]
+    if asked.output.out_type != Output().out_type:
+        words += ["--out-type", asked.output.out_type]
+    if asked.output.gguf_type != Output().gguf_type:
+        words += ["--gguf-type", asked.output.gguf_type]
     if asked.allow_benchmark_tasks:
         words.append(OPT_IN)
     if asked.task_search_path is not None:

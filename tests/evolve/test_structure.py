@@ -452,3 +452,34 @@ def test_lm_eval_tasks_score_a_structure_from_the_cache_as_eval_scores_it_writte
         held = next((f["held_out"] for f in front if f["shape"] == row["shape"]), None)
         if held is not None:
             assert report.metric("tiny_ppl", "bits_per_byte") == pytest.approx(held["tiny_ppl"], abs=1e-6)
+
+
+def test_merge_best_is_written_as_gguf_where_asked_and_a_type_run_refuses_is_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a tiny base with SmolLM2's tokenizer (a vocabulary the GGUF writer builds): --out-type gguf writes the best
+    # shape as one GGUF file; a GGUF type run refuses, or an output format without --merge-best, refused before
+    # anything is written
+    import shutil
+
+    from resumerge.inputs.gguf.header import read_gguf_metadata
+    from tests.realmodel import smollm2_folder
+
+    make_model(tmp_path / "base", ModelSpec(layers=6, hidden=32, intermediate=64, vocab=49152), seed=3)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_folder() / name, tmp_path / "base" / name)
+    (tmp_path / "base" / "special_tokens_map.json").unlink(missing_ok=True)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 17, "beam_depth": 0},
+        "tasks": [{"nll": {"texts": str(tmp_path / "a.txt")}}]}))
+    assert main(["evolve", str(config), str(tmp_path / "s"), "--merge-best", str(tmp_path / "b2"),
+                 "--out-type", "gguf", "--gguf-type", "q9_z"]) == 2
+    assert main(["evolve", str(config), str(tmp_path / "s"), "--out-type", "gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "--gguf-type q9_z" in err and "say how --merge-best is written" in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b2").exists()
+    assert main(["evolve", str(config), str(tmp_path / "store"), "--merge-best", str(tmp_path / "best"),
+                 "--out-type", "gguf", "--gguf-type", "q8_0"]) == 0
+    best = min(_rows(tmp_path / "store"), key=lambda r: (r["objective"], r["layers"], r["shape"]))
+    assert read_gguf_metadata(tmp_path / "best" / "model.gguf")["llama.block_count"] == best["layers"]
