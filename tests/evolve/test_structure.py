@@ -483,3 +483,21 @@ def test_merge_best_is_written_as_gguf_where_asked_and_a_type_run_refuses_is_ref
                  "--out-type", "gguf", "--gguf-type", "q8_0"]) == 0
     best = min(_rows(tmp_path / "store"), key=lambda r: (r["objective"], r["layers"], r["shape"]))
     assert read_gguf_metadata(tmp_path / "best" / "model.gguf")["llama.block_count"] == best["layers"]
+
+
+@pytest.mark.oracle
+def test_mergekit_writes_a_filtered_scale_s_slices_as_run_does(tmp_path: Path, mergekit: Any) -> None:
+    # the candidate's config as the search writes it (another source's block, its output projections halved),
+    # merged by mergekit 0.1.5: the same tensors as run's
+    import torch
+
+    from tests.support import output_tensors
+
+    _mixed(tmp_path)
+    done = mergekit.run(tmp_path / "mixed.yml", tmp_path / "theirs", "--quiet", "--no-copy-tokenizer")
+    assert done.returncode == 0, done.stderr
+    ours, theirs = output_tensors(tmp_path / "mixed"), output_tensors(tmp_path / "theirs")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    half = "model.layers.3.self_attn.o_proj.weight"
+    assert torch.equal(ours[half], output_tensors(tmp_path / "other")[half] * 0.5)
