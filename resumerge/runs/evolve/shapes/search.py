@@ -1,11 +1,12 @@
-"""A structure search from start to end: the base, then every single edit the genome allows (the scan), then a beam
-over compositions (each round, the ``beam_width`` best candidates of the last round each given one more of the
-``beam_edits`` best single edits that overlaps none of theirs), then the held-out tasks of every candidate on the
-size/score Pareto front. Which candidates come next depends only on the figures recorded so far, and each
-candidate's figures are recorded durably (``shapes.json``: temp, fsync, rename) before the next starts, so a search
-killed at any instant, run again, scores the rest and writes the same files: ``evaluations.jsonl`` (a row per
-candidate: its edits, layer path, size, figures, objective, the layers its pass ran and a full pass's), ``front.json``
-(the Pareto front, with held-out figures) and ``best.yml`` (the lowest objective's merge config)."""
+"""A structure search from start to end: the base, then every single edit the genome allows (the scan), then a beam over
+compositions (each round, the ``beam_width`` best candidates of the last round each given one more of the ``beam_edits``
+best single edits that overlaps none of theirs), then (``scale_search``) CMA-ES over the scales of each member of that
+front, then the held-out tasks of every candidate on the size/score Pareto front. Which candidates come next depends
+only on the figures recorded so far, and each candidate's figures are recorded durably (``shapes.json``: temp, fsync,
+rename) before the next starts, so a search killed at any instant, run again, scores the rest and writes the same files:
+``evaluations.jsonl`` (a row per candidate: its edits, layer path, size, figures, objective, the layers its pass ran and
+a full pass's), ``front.json`` (the Pareto front, with held-out figures) and ``best.yml`` (the lowest objective's merge
+config)."""
 
 from __future__ import annotations
 
