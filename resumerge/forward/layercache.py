@@ -1,18 +1,20 @@
-"""A model's hidden states on fixed texts kept on disk layer by layer, and a *layer path* run from them: the
-shared computation of a search over a model's structure (``evolve``'s structure genome).
+"""A model's hidden states on fixed texts kept on disk layer by layer, and a *layer path* run from them: the shared
+computation of a search over a model's structure (``evolve``'s structure genome).
 
-A layer path is the ordered list of the model's decoder layers a candidate runs (``[0, 1, 2, 3, 2, 3, 4, 5]``
-repeats layers 2–3; ``[0, 1, 4, 5]`` skips 2–3): the model a ``slices:`` passthrough of those layer ranges writes,
-whose output config gives each layer its source layer's type (:mod:`resumerge.merge.plan.outconfig`). Such a
-candidate equals the base up to the first position where its path departs from ``0, 1, 2, …`` (its *departure*),
-so its hidden states there are the base's: :class:`LayerCache` keeps the base's states entering every ``stride``-th
-layer (``states-NNNN.safetensors``, each written durably as the base's pass reaches it, so a killed build resumes
-after its last file), and :meth:`LayerCache.run_path` starts a candidate from the cached layer nearest below its
-departure, running only the layers after it: a candidate repeating layers i..j−1 of N costs N − i layers (with a
-stride of one) instead of N + (j − i). Each layer of the path runs with its source layer's own call (its mask,
-its positions: a sliding layer stays sliding wherever it lands, as the written config says), on the texts' batches
-as every pass batches them (:mod:`.batches`). A family whose layers hand values on to later layers
-(:mod:`.handed`: GLM-5's shared indexer) is refused: a repeated layer would hand them to the wrong one."""
+A layer path is the ordered list of the model's decoder layers a candidate runs (``[0, 1, 2, 3, 2, 3, 4, 5]`` repeats
+layers 2–3; ``[0, 1, 4, 5]`` skips 2–3): the model a ``slices:`` passthrough of those layer ranges writes, whose output
+config gives each layer its source layer's type (:mod:`resumerge.merge.plan.outconfig`). Such a candidate equals the
+base up to the first position where its path departs from ``0, 1, 2, …`` (its *departure*), so its hidden states there
+are the base's: :class:`LayerCache` keeps the base's states entering every ``stride``-th layer
+(``states-NNNN.safetensors``, each written durably as the base's pass reaches it, so a killed build resumes after its
+last file), and :meth:`LayerCache.run_path` starts a candidate from the cached layer nearest below its departure,
+running only the layers after it: a candidate repeating layers i..j−1 of N costs N − i layers (with a stride of one)
+instead of N + (j − i). Each layer of the path runs with its source layer's own call (its mask, its positions: a sliding
+layer stays sliding wherever it lands, as the written config says), on the texts' batches as every pass batches them
+(:mod:`.batches`). A path's entry may also be a :class:`Borrowed` layer: the layer of that number of another model of
+the base's family (its weights read from that model) or of the base, its output projections scaled, as a passthrough
+slice with mergekit's filtered ``scale`` writes it (:func:`scale_parameter`). A family whose layers hand values on to
+later layers (:mod:`.handed`: GLM-5's shared indexer) is refused: a repeated layer would hand them to the wrong one."""
 
 from __future__ import annotations
 
