@@ -204,7 +204,8 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     plan = plan_shapes(text, asked.state, asked.allow_benchmark_tasks)
     lm = _lm_tasks(asked, plan.spec)  # known, loadable, none generating: before anything is written
     scan = plan.scan()
-    calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
+    first = calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
+    dtypes = {t.out_dtype for t in first.tensors.values()}  # what run writes every candidate's layers in
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
         raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
     files.claim(store, plan.identity())
@@ -223,7 +224,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     with files.locked(store, command):
         best = drive(ShapeJob(folder, plan.spec.genome.model, (*plan.spec.tasks, *plan.spec.held_out),
                               asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say,
-                              plan.spec.genome.sources, lm))
+                              plan.spec.genome.sources, lm, dtypes.pop() if len(dtypes) == 1 else None))
     files.say(store, finished=True, phase=None, candidates=[])
     merged = _merge_best(asked, calls.run)
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),

@@ -110,13 +110,17 @@ class Entered:
 class LayerCache:
     """The base's hidden states on the texts of ``entered`` entering every ``stride``-th decoder layer, kept in
     ``folder`` (see the module's docstring); ``point``: the kill point reached after each file is durable;
-    ``sources``: the readers of the other models a path borrows layers from (the k-th: source k)."""
+    ``sources``: the readers of the other models a path borrows layers from (the k-th: source k); ``written``: the
+    dtype ``run`` writes a borrowed layer's weights in, each rounded to it as ``run`` rounds it (None: kept as
+    read)."""
 
     def __init__(self, folder: Path, stream: ModelStream, entered: Entered, stride: int,
-                 point: str = "after_check_layer", sources: Sequence[CastReader] = ()) -> None:
+                 point: str = "after_check_layer", sources: Sequence[CastReader] = (),
+                 written: torch.dtype | None = None) -> None:
         self.folder, self.stream, self.entered, self.stride, self.point = folder, stream, entered, stride, point
         self.layers = stream.layers
         self.sources = list(sources)
+        self.written = written  # the dtype a merge writes a borrowed layer's weights in (None: as read)
 
     def kept(self, layer: int) -> bool:
         """Whether the states entering ``layer`` are kept (the embeddings, layer 0, are computed again instead)."""
@@ -195,10 +199,12 @@ class LayerCache:
 
     def _reader(self, entry: Borrowed) -> Callable[[str], torch.Tensor]:
         """Each weight of ``entry``'s layer by checkpoint name: its source's, an output projection's multiplied by
-        its scale in the pass's dtype (as ``run``'s passthrough multiplies it)."""
+        its scale, then rounded to the dtype the merge writes (as ``run``'s passthrough multiplies and writes it)."""
         reader = self.stream.reader if entry.source == 0 else self.sources[entry.source - 1]
+        written = self.written
 
         def read(key: str) -> torch.Tensor:
             found = reader.read(key)
-            return found * float(entry.scale) if entry.scale != 1 and any(n in key for n in SCALED) else found
+            value = found * float(entry.scale) if entry.scale != 1 and any(n in key for n in SCALED) else found
+            return value if written is None else value.to(written).to(found.dtype)
         return read

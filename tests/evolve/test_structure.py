@@ -501,3 +501,29 @@ def test_mergekit_writes_a_filtered_scale_s_slices_as_run_does(tmp_path: Path, m
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     half = "model.layers.3.self_attn.o_proj.weight"
     assert torch.equal(ours[half], output_tensors(tmp_path / "other")[half] * 0.5)
+
+
+def test_a_scaled_block_of_a_bfloat16_base_is_scored_as_run_writes_it(tmp_path: Path) -> None:
+    # run writes a scaled block's weights rounded to bfloat16 (0.7: not a power of two); the search rounds them so
+    # too, and its figure is eval's on the candidate written by run
+    import torch
+
+    bf16 = ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64, dtype=torch.bfloat16)
+    make_model(tmp_path / "base", bf16, seed=3)
+    make_model(tmp_path / "other", bf16, seed=4)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 0, "swap": 1, "repeat": [3, 3],
+                   "sources": [str(tmp_path / "other")], "scales": [0.7], "beam_depth": 0},
+        "tasks": [{"nll": {"texts": str(tmp_path / "a.txt")}}]}))
+    api.evolve(config, tmp_path / "store")
+    rows = _rows(tmp_path / "store")
+    assert [r["shape"] for r in rows] == ["base", "swap 3-3 ×0.7", "swap 3-3 from 1 ×0.7"]
+    for row in rows[1:]:
+        (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+        out = tmp_path / f"c{row['candidate']}"
+        api.run(tmp_path / "c.yml", out)
+        report = api.evaluate(out, [f"nll:{tmp_path / 'a.txt'}"], api.Settings(state_dir=tmp_path / "st"))
+        (found,) = report.results["results"].values()
+        assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)

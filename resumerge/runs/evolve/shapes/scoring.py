@@ -34,6 +34,7 @@ from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
 from resumerge.forward.reader import CastReader, base_formats, step_sizes
 from resumerge.forward.stream import ModelStream
+from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve.scoring import task_texts
@@ -164,6 +165,7 @@ class ShapeJob(Generic[Found]):
     say: Callable[..., None] = lambda **_: None
     sources: Sequence[str] = ()  # the other models a candidate borrows layers from (source 1, 2, ...)
     lm: Sequence[LmAsked] = ()  # lm-eval's tasks: the searched ones, the held-out ones
+    written: str | None = None  # the dtype run writes the candidates' layers in (None: not one dtype)
 
     def answered(self) -> tuple[Found | None, str | None]:
         return None, None
@@ -241,7 +243,8 @@ class ShapeJob(Generic[Found]):
 
     def run(self, ready: _Ready, reserve: Reserve) -> Found:
         folder = self.folder.path
-        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride, sources=ready.sources)
+        written = TORCH_DTYPES.get(self.written) if self.written is not None else None
+        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride, sources=ready.sources, written=written)
         phase = "cache the base's hidden states"
         cache.build(reserve, lambda layer: self.say(phase=phase, layer=layer, layers=cache.layers))
         parents = folder / PARENTS
