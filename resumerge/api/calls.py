@@ -490,7 +490,8 @@ def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(),
     folder ``storage`` (``evaluations.jsonl`` and ``.csv``, ``best.yml``, ``objective.png``). Killed anywhere, the
     same call resumes and ends with the same files. Each candidate is merged as :func:`run` merges (within
     ``settings.resources.max_memory``, on ``resources.device``, the only fields of :func:`run`'s resources a search
-    honours; ``settings`` holds no output, merging, hub or stages options here) into a folder of
+    honours; ``settings`` holds no merging, hub or stages options here, and of ``output`` only ``out_type`` and
+    ``gguf_type``: how ``merge_best`` is written, a GGUF file as :func:`run` writes one) into a folder of
     its own under ``storage``, scored on its tasks (``{kl: {parent, texts}}``: KL from that parent on its own
     texts; ``{nll: {texts}}``), then removed. ``merge_best``: the best candidate is then written there as
     :func:`run` writes it. Task names of common benchmarks are refused unless ``allow_benchmark_tasks``, as
@@ -520,7 +521,7 @@ def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(),
     given = settings_for(settings, "evolve")  # the state dir resolved here, once
     asked = SearchAsked(config, Path(storage), search, settings.resources, given.state, merge_best,
                         allow_benchmark_tasks, task_search_path, pass_placement(given), settings.executor,
-                        _tracking(trackers))
+                        _tracking(trackers), settings.output)
     return evolve_into(asked, ApiCalls(run, plan_merge, open_population, evaluate), progress=progress)
 
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.progress import Watcher
     from resumerge.runs.evolve.search import Planned
+    from resumerge.runs.evolve.shapes.genome import ShapeSpec
+    from resumerge.runs.evolve.shapes.scoring import LmAsked
     from resumerge.runs.evolve.storage import Evaluated, Say
     from resumerge.runs.evolve.tracking import Tracking
 
@@ -83,6 +85,7 @@ class SearchAsked:
     placement: PassPlacement = HERE
     executor: Executor | None = None
     tracking: Sequence[Tracking] = ()
+    output: Output = Output()  # how merge_best is written (its format: safetensors, or GGUF of a type)
 
 
 def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
@@ -109,6 +112,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     from resumerge.runs.evolve.written import WrittenCandidates
 
     text = config_text(asked.config)
+    _refuse_output(asked)
     if is_structure(text):
         return _evolve_structure(asked, calls, text)
     store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
@@ -172,9 +176,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
             closing.callback(log.close)
         scorer = asked.placement.made(_Scoring(scorer_at, store, told.say))
         best = run_search(planned, store, scorer, told, command, logs)
-    merged = run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
-                                                          state_dir=asked.state.given)) \
-        if merge_best is not None else None
+    merged = _merge_best(asked, run)
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
 
 
@@ -199,9 +201,11 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     if asked.tracking or asked.placement != HERE:
         raise UsageError("a structure search runs in this process, logged to its STORAGE alone",
                          hint="leave out --wandb, --trackio and --executor ray")
-    plan = plan_shapes(text, asked.state)
+    plan = plan_shapes(text, asked.state, asked.allow_benchmark_tasks)
+    lm = _lm_tasks(asked, plan.spec)  # known, loadable, none generating: before anything is written
     scan = plan.scan()
-    calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
+    first = calls.plan_merge(yaml.safe_dump(plan.config(scan[min(1, len(scan) - 1)]), sort_keys=False))
+    dtypes = {t.out_dtype for t in first.tensors.values()}  # what run writes every candidate's layers in
     if merge_best is not None and Path(merge_best).resolve().is_relative_to(store.resolve()):
         raise UsageError(f"--merge-best {merge_best} is inside STORAGE", hint="write the best merge elsewhere")
     files.claim(store, plan.identity())
@@ -219,14 +223,56 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     budgets = Budgets(_bytes(resources.max_memory), _bytes(resources.max_disk))
     with files.locked(store, command):
         best = drive(ShapeJob(folder, plan.spec.genome.model, (*plan.spec.tasks, *plan.spec.held_out),
-                              asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say))
+                              asked.state, store / files.TOKENS, search, budgets, resources.device or "cpu", say,
+                              plan.spec.genome.sources, lm, dtypes.pop() if len(dtypes) == 1 else None))
     files.say(store, finished=True, phase=None, candidates=[])
-    merged = calls.run(store / files.BEST, merge_best, Settings(resources=resources, executor=asked.executor,
-                                                                state_dir=asked.state.given)) \
-        if merge_best is not None else None
+    merged = _merge_best(asked, calls.run)
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
     return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
+
+
+def _lm_tasks(asked: SearchAsked, spec: ShapeSpec) -> list[LmAsked]:
+    """The structure search's lm-eval tasks, the searched ones and the held-out ones each scored together, every
+    one refused (exit 2) where lm-eval does not know it, cannot load it, or it generates."""
+    from resumerge.analyses.evaluation.tasks import TaskIndex
+    from resumerge.runs.evolve.lmeval import refuse_unscorable
+    from resumerge.runs.evolve.shapes.lmtasks import lm_settings
+
+    include = os.fspath(asked.task_search_path) if asked.task_search_path is not None else None
+    index = TaskIndex()
+    found: list[LmAsked] = []
+    for tasks in (spec.tasks, spec.held_out):
+        chosen = tuple(t for t in tasks if t.kind == "lm-eval")
+        if chosen:
+            settings = lm_settings([t.name for t in chosen], include, spec.limit, spec.num_fewshot,
+                                   spec.apply_chat_template, asked.resources.device or "cpu")
+            refuse_unscorable(settings, index)
+            found.append((chosen, settings, index))
+    return found
+
+
+def _merge_best(asked: SearchAsked, run: Callable[..., Outcome]) -> Outcome | None:
+    """``best.yml`` written into ``merge_best`` as :func:`run` writes it, in the output format asked (None: not
+    asked)."""
+    if asked.merge_best is None:
+        return None
+    from resumerge.runs.evolve import storage as files
+
+    return run(asked.store / files.BEST, asked.merge_best, Settings(
+        output=asked.output, resources=asked.resources, executor=asked.executor, state_dir=asked.state.given))
+
+
+def _refuse_output(asked: SearchAsked) -> None:
+    """An output format asked without ``merge_best`` (nothing it would apply to), or a GGUF type ``run`` would
+    refuse, refused before the search (exit 2)."""
+    from dataclasses import fields
+
+    from resumerge.api.ggufoptions import gguf_options
+
+    if asked.merge_best is None and asked.output != Output():
+        raise UsageError("--out-type and --gguf-type say how --merge-best is written", hint="add --merge-best OUT")
+    gguf_options({each.name: getattr(asked.output, each.name) for each in fields(Output)})
 
 
 class _MakesScorer(Protocol):
@@ -291,6 +337,10 @@ def evolve_command(asked: SearchAsked) -> str:
     words += asked.placement.made(_ExecutorWords())
     if merge_best is not None:
         words += ["--merge-best", os.fspath(merge_best)]
+    if asked.output.out_type != Output().out_type:
+        words += ["--out-type", asked.output.out_type]
+    if asked.output.gguf_type != Output().gguf_type:
+        words += ["--gguf-type", asked.output.gguf_type]
     if asked.allow_benchmark_tasks:
         words.append(OPT_IN)
     if asked.task_search_path is not None:

@@ -85,26 +85,27 @@ class Output:
     ``gguf_split_max_size`` (bytes or ``"2GB"``)
     gguf-split's files ``model-00001-of-0000N.gguf`` of at most that many tensor bytes each; ``out_adapter`` writes a
     ``core_space`` merge of LoRA adapters as one merged PEFT adapter (rank at most the adapters' summed ranks)
-    instead of a merged model."""
+    instead of a merged model. ``evolve`` honours ``out_type`` and ``gguf_type`` alone: how its ``--merge-best``
+    is written."""
 
-    out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION, *_SURGERY))
-    write_model_card: bool = field(default=True, metadata=_not_for("estimate"))
-    dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY))
+    out_shard_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    copy_tokenizer: bool = field(default=True, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    write_model_card: bool = field(default=True, metadata=_not_for("estimate", *_SEARCH))
+    dequantize: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
     out_type: str = field(default="safetensors", metadata=_not_for(*_EXTRACTION))
     gguf_type: str = field(default=DEFAULT_GGUF_TYPE, metadata=_not_for(*_EXTRACTION))
-    gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
-    gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_tensor_type_file: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION))
-    gguf_override_kv: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION))
-    gguf_pure: bool = field(default=False, metadata=_not_for(*_EXTRACTION))
-    imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
-    imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
-    gguf_target_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
-    gguf_target_bpw: float | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY))
-    out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY))
+    gguf_split_max_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_tensor_types: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_output_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_token_embedding_type: str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_tensor_type_file: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_override_kv: tuple[str, ...] = field(default=(), metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    gguf_pure: bool = field(default=False, metadata=_not_for(*_EXTRACTION, *_SEARCH))
+    imatrix: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    imatrix_texts: PathLike | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    gguf_target_size: int | str | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    gguf_target_bpw: float | None = field(default=None, metadata=_not_for(*_EXTRACTION, *_SURGERY, *_SEARCH))
+    out_adapter: bool = field(default=False, metadata=_not_for("estimate", *_EXTRACTION, *_SURGERY, *_SEARCH))
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ class Harness:
 # The calls that write a run, and their estimates, which take one Settings (below), and the evaluation, which writes
 # no run (no OUT: no output, hub or stages options).
 _NO_HUB = ("estimate", "estimate_extraction", "estimate_tokensurgeon", *_SEARCH, "evaluate")
-_NO_OUT = ("resume", *_SEARCH, "evaluate")
+_NO_OUT = ("resume", "evaluate")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from resumerge.cli import flags
+from resumerge.cli.parsers import out_format_flags
 from resumerge.errors import EXIT_OK
 
 OPT_IN = "--i-understand-the-depths-of-the-evils-i-am-unleashing"
@@ -24,10 +25,11 @@ DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG desc
                "command resumes and ends with the same files; resumerge status STORAGE says where it is. "
                "Progress on stderr: a line per layer of a generation's pass and per candidate scored, with "
                "the best objective so far and the time left (--quiet: none). "
-               "A genome of kind: structure searches a model's layer path instead (blocks repeated or skipped, "
-               "written as a slices: config): every single block, then a beam over compositions, each candidate "
-               "scored from the base's hidden states cached in STORAGE (--max-disk bounds them); front.json holds "
-               "the size/score Pareto front (docs/evolve.md). "
+               "A genome of kind: structure searches a model's layer path instead (blocks repeated, skipped or "
+               "swapped for another source's, optionally scaled, written as a slices: config): every single "
+               "block, then a beam over compositions, then optionally CMA-ES over the front's scales, each "
+               "candidate scored (nll, kl, lm-eval tasks) from the base's hidden states cached in STORAGE "
+               "(--max-disk bounds them); front.json holds the size/score Pareto front (docs/evolve.md). "
                "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
 
 
@@ -48,6 +50,7 @@ def add_arguments(evolve: argparse.ArgumentParser) -> None:
     flags.add(evolve, flags.MAX_MEMORY, flags.STATE_DIR, flags.DEVICE, flags.MAX_DISK)
     flags.add_executor(evolve)
     evolve.add_argument("--merge-best", metavar="OUT", help="write the best candidate's merge into OUT, as run does")
+    out_format_flags(evolve)  # how --merge-best is written
     evolve.add_argument(OPT_IN, dest="allow_benchmark_tasks", action="store_true",
                         help="allow tasks named after common benchmarks (mmlu, hellaswag, arc_, ...) as objectives")
     evolve.add_argument("--task-search-path", metavar="DIR", help="a folder of lm-eval task YAMLs, for the config's "

@@ -146,6 +146,15 @@ def _verify_parser(sub: SubParsers) -> None:
 def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> None:
     """The output's format flags of run and tokensurgeon: --out-type, the GGUF output's type and split (and the
     importance matrix flags where ``importance``)."""
+    out_format_flags(p)
+    p.add_argument("--gguf-split-max-size", metavar="SIZE",
+                   help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
+                        "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
+    _gguf_type_flags(p.add_argument, importance=importance)
+
+
+def out_format_flags(p: argparse.ArgumentParser) -> None:
+    """--out-type and --gguf-type: run's, and evolve's for --merge-best."""
     from resumerge.config.outformats import out_types
     from resumerge.merge.plan.defaults import GGUF_TYPES
 
@@ -163,10 +172,6 @@ def _out_type_flags(p: argparse.ArgumentParser, *, importance: bool = True) -> N
                         "writes a release: one file per type, NAME-Q4_K_M.gguf (NAME: the config's name:, else "
                         "model), each the bytes of a run of its type alone, from one merge of each tensor "
                         "[default: f16]")
-    p.add_argument("--gguf-split-max-size", metavar="SIZE",
-                   help="--out-type gguf: write gguf-split's files model-00001-of-0000N.gguf of at most SIZE "
-                        "tensor bytes each (e.g. 2GB; llama.cpp loads the first) [default: one model.gguf]")
-    _gguf_type_flags(p.add_argument, importance=importance)
 
 
 def _gguf_type_flags(add: Callable[..., Any], *, importance: bool = True) -> None:

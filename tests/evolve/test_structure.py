@@ -278,8 +278,9 @@ def test_a_base_changed_under_a_killed_search_s_cache_is_refused(tmp_path: Path)
 
 
 def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
-    from resumerge.forward.layercache import departure, stride_for
+    from resumerge.forward.layercache import Borrowed, departure, stride_for
     from resumerge.runs.evolve.shapes.genome import (
+        Edit,
         Shape,
         StructureGenome,
         keeps_pattern,
@@ -289,17 +290,27 @@ def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
         within,
     )
 
-    skip, twice = Shape((("skip", 2, 4),)), Shape((("repeat", 1, 3), ("skip", 4, 5)))
+    skip, twice = Shape((Edit("skip", 2, 4),)), Shape((Edit("repeat", 1, 3), Edit("skip", 4, 5)))
     assert skip.path(6) == [0, 1, 4, 5] and departure(skip.path(6)) == 2 and skip.key == "skip 2-3"
     assert twice.path(6) == [0, 1, 2, 1, 2, 3, 5] and departure(twice.path(6)) == 3
-    assert twice.with_edit(("repeat", 2, 4)) is None  # overlaps an edit it has
+    assert twice.with_edit(Edit("repeat", 2, 4)) is None  # overlaps an edit it has
+    mixed = Shape((Edit("repeat", 1, 2, 1, 0.5), Edit("swap", 3, 5, 0, 2.0)))
+    assert mixed.key == "repeat 1-1 from 1 ×0.5, swap 3-4 ×2.0"
+    assert mixed.path(6) == [0, 1, Borrowed(1, 1, 0.5), 2, Borrowed(0, 3, 2.0), Borrowed(0, 4, 2.0), 5]
+    assert Shape.from_json(mixed.to_json()) == mixed
+    assert mixed.scaled([1.0, 0.75]).key == "repeat 1-1 from 1, swap 3-4 ×0.75"
+    half = [{"filter": "o_proj", "value": 0.5}, {"filter": "down_proj", "value": 0.5}, {"value": 1.0}]
+    assert shape_config("m", mixed.path(6), ["o"])["slices"][1:3] == [
+        {"sources": [{"model": "o", "layer_range": [1, 2], "parameters": {"scale": half}}]},
+        {"sources": [{"model": "m", "layer_range": [2, 3]}]}]
     assert shape_config("m", twice.path(6))["slices"] == [
         {"sources": [{"model": "m", "layer_range": r}]} for r in ([0, 3], [1, 4], [5, 6])]
     genome = StructureGenome("m", grow=20, shrink=40, repeat=(1, 4))
     edits = single_edits(genome, 10)  # at most 2 layers added, 4 dropped, inside layers 1-4
-    assert ("repeat", 1, 3) in edits and ("repeat", 1, 4) not in edits and ("skip", 1, 5) in edits
-    assert all(a >= 1 and b <= 5 for _, a, b in edits)
-    assert within(genome, Shape((("skip", 1, 5),)), 10) and not within(genome, Shape((("skip", 0, 5),)), 10)
+    assert Edit("repeat", 1, 3) in edits and Edit("repeat", 1, 4) not in edits and Edit("skip", 1, 5) in edits
+    assert all(e.first >= 1 and e.after <= 5 for e in edits)
+    assert within(genome, Shape((Edit("skip", 1, 5),)), 10) and not within(genome, Shape((Edit("skip", 0, 5),)), 10)
+    assert not within(genome, Shape((Edit("repeat", 8, 10, 1),)), 10)  # another source's layer would end the path
     assert period(["s", "s", "f"] * 3) == 3 and period(["f"] * 4) == 1 and period(["s", "f", "f"]) == 3
     assert keeps_pattern(["s", "f"] * 3, [0, 1, 2, 3, 2, 3, 4, 5]) and not keeps_pattern(["s", "f"] * 3, [0, 1, 1])
     assert (stride_for(30, 100, None), stride_for(30, 100, 3000), stride_for(30, 100, 1000),
@@ -326,3 +337,193 @@ def test_options_of_the_other_genome_are_refused_in_one_line(
     assert main(["evolve", str(parameters), str(tmp_path / "s2"), "--max-disk", "1GB"]) == 2
     assert "--max-disk bounds a structure genome's cache" in capsys.readouterr().err
     assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
+
+
+def _mixed(root: Path, **genome: Any) -> Path:
+    """The base, another model of its family (``other``), a kl parent that is the base with layers 3-4 taken from
+    ``other`` at half their output projections (written by ``run`` from a hand-written slices config, mergekit's
+    filtered ``scale``), and a search swapping blocks of layers 2-4 for ``other``'s or scaling them."""
+    config = make_structure(root)
+    make_model(root / "other", SPEC, seed=4)
+    half = [{"filter": "o_proj", "value": 0.5}, {"filter": "down_proj", "value": 0.5}, {"value": 1.0}]
+    slices = {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": str(root / "base"), "layer_range": [0, 3]}]},
+        {"sources": [{"model": str(root / "other"), "layer_range": [3, 5], "parameters": {"scale": half}}]},
+        {"sources": [{"model": str(root / "base"), "layer_range": [5, 6]}]}]}
+    (root / "mixed.yml").write_text(yaml.safe_dump(slices))
+    api.run(root / "mixed.yml", root / "mixed")
+    doc = yaml.safe_load(config.read_text())
+    doc["genome"].update({"grow": 0, "swap": 2, "repeat": [2, 4], "beam_depth": 0, "sources": [str(root / "other")],
+                          "scales": [0.5, 1.0], **genome})
+    doc["tasks"][0]["kl"]["parent"] = str(root / "mixed")
+    (root / "mixed-evolve.yml").write_text(yaml.safe_dump(doc))
+    return root / "mixed-evolve.yml"
+
+
+def test_a_block_from_another_source_at_a_scale_is_found_and_written_as_run_merges_it(tmp_path: Path) -> None:
+    # the parent is the base with layers 3-4 of the other model at half their output projections: that swap has
+    # KL 0, every other candidate not; each swap runs the N − i layers after its block's first; the config the
+    # search writes for a candidate is the one whose merge eval scores as the search did
+    config = _mixed(tmp_path)
+    outcome = api.evolve(config, tmp_path / "store")
+    rows = _rows(tmp_path / "store")
+    assert len(rows) == 1 + 5 * 3  # five blocks of 1-2 layers in 2-4, each from the other at 0.5, 1, or halved
+    best = min(rows, key=lambda r: r["objective"])
+    assert best["shape"] == outcome.shape == "swap 3-4 from 1 ×0.5"
+    assert best["path"] == [0, 1, 2, [1, 3, 0.5], [1, 4, 0.5], 5]
+    assert best["tasks"]["kl:mixed:a.txt"] < 1e-6
+    assert all(r["tasks"]["kl:mixed:a.txt"] > 1e-4 for r in rows if r is not best)
+    assert best["config"] == yaml.safe_load((tmp_path / "mixed.yml").read_text())
+    for r in rows[1:]:
+        assert r["computed"] == 6 - r["edits"][0][1]
+    row = next(r for r in rows if r["shape"] == "swap 2-3 ×0.5")  # the base's own layers scaled
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+    api.run(tmp_path / "c.yml", tmp_path / "c")
+    report = api.evaluate(tmp_path / "c", [f"nll:{tmp_path / 'a.txt'}"], api.Settings(state_dir=tmp_path / "st"))
+    (found,) = report.results["results"].values()
+    assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)
+
+
+def test_a_source_of_another_family_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = make_structure(tmp_path)
+    make_model(tmp_path / "wide", ModelSpec(layers=6, hidden=48, intermediate=48, vocab=64), seed=4)
+    doc = yaml.safe_load(config.read_text())
+    doc["genome"].update(sources=[str(tmp_path / "wide")], swap=1)
+    config.write_text(yaml.safe_dump(doc))
+    assert main(["evolve", str(config), str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "genome.sources[0]:" in err and "is not of the base's family" in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
+def test_cma_es_over_the_front_s_scales_moves_the_best_toward_the_parent_s_and_resumes_alike(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the parent's block 3-4 is the other model's at half: the scan (scale 1 alone) finds that swap, CMA-ES over its
+    # scale improves on it; the front holds the scaled candidate and status shows it; a search whose record lost
+    # its last candidates, run again, replays the strategy and ends with the same files
+    config = _mixed(tmp_path, scales=[1.0], repeat=[3, 4],
+                    scale_search={"evaluations": 8, "sigma0": 0.3})
+    store = tmp_path / "store"
+    api.evolve(config, store)
+    rows = _rows(store)
+    scan = [r for r in rows if r["phase"] == "scan"]
+    scaled = [r for r in rows if r["phase"] == "scales"]
+    assert scaled and all(" ×" in r["shape"] for r in scaled)
+    best = min(rows, key=lambda r: r["objective"])
+    assert best["phase"] == "scales" and best["objective"] < min(r["objective"] for r in scan)
+    assert best["shape"].startswith("swap 3-4 from 1 ×")
+    assert best["shape"] in [f["shape"] for f in json.loads((store / "front.json").read_text())]
+    assert main(["status", str(store)]) == 0
+    assert best["shape"] in capsys.readouterr().out
+    before = {name: (store / name).read_bytes() for name in FILES}
+    records = json.loads((store / "shapes.json").read_text())
+    (store / "shapes.json").write_text(json.dumps(records[:-3]))
+    api.evolve(config, store)
+    assert {name: (store / name).read_bytes() for name in FILES} == before
+
+
+def test_lm_eval_tasks_score_a_structure_from_the_cache_as_eval_scores_it_written(tmp_path: Path) -> None:
+    # a multiple-choice task searched, a perplexity task held out: each candidate's figures are lm-eval's on the
+    # answers of its layer path from the cache, equal to eval's on the candidate written by run
+    pytest.importorskip("lm_eval")
+    from tests.evaluation.evaltasks import tiny_model, write_tasks
+
+    tiny_model(tmp_path / "base", seed=1, context=64)
+    write_tasks(tmp_path)
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 34, "beam_depth": 0},
+        "tasks": [{"name": "tiny_mc", "metric": "acc,none"}, {"name": "tiny_ppl", "metric": "word_perplexity,none",
+                                                              "weight": 0.001}],
+        "held_out": [{"name": "tiny_ppl", "metric": "bits_per_byte,none"}],
+        "limit": 4, "apply_chat_template": False}))
+    api.evolve(config, tmp_path / "store", task_search_path=tmp_path / "tasks")
+    rows = _rows(tmp_path / "store")
+    assert [r["shape"] for r in rows] == ["base", "repeat 0-0", "repeat 1-1", "repeat 2-2"]
+    front = json.loads((tmp_path / "store" / "front.json").read_text())
+    for row in (rows[0], rows[2]):
+        (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+        out = tmp_path / f"c{row['candidate']}"
+        api.run(tmp_path / "c.yml", out)
+        report = api.evaluate(out, ["tiny_mc", "tiny_ppl"], api.Settings(state_dir=tmp_path / "st"),
+                              harness=api.Harness(include_path=tmp_path / "tasks", limit=4))
+        assert report.metric("tiny_mc", "acc") == row["tasks"]["tiny_mc"]
+        assert report.metric("tiny_ppl", "word_perplexity") == pytest.approx(row["tasks"]["tiny_ppl"], abs=1e-6)
+        held = next((f["held_out"] for f in front if f["shape"] == row["shape"]), None)
+        if held is not None:
+            assert report.metric("tiny_ppl", "bits_per_byte") == pytest.approx(held["tiny_ppl"], abs=1e-6)
+
+
+def test_merge_best_is_written_as_gguf_where_asked_and_a_type_run_refuses_is_refused_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a tiny base with SmolLM2's tokenizer (a vocabulary the GGUF writer builds): --out-type gguf writes the best
+    # shape as one GGUF file; a GGUF type run refuses, or an output format without --merge-best, refused before
+    # anything is written
+    import shutil
+
+    from resumerge.inputs.gguf.header import read_gguf_metadata
+    from tests.realmodel import smollm2_folder
+
+    make_model(tmp_path / "base", ModelSpec(layers=6, hidden=32, intermediate=64, vocab=49152), seed=3)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_folder() / name, tmp_path / "base" / name)
+    (tmp_path / "base" / "special_tokens_map.json").unlink(missing_ok=True)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 17, "beam_depth": 0},
+        "tasks": [{"nll": {"texts": str(tmp_path / "a.txt")}}]}))
+    assert main(["evolve", str(config), str(tmp_path / "s"), "--merge-best", str(tmp_path / "b2"),
+                 "--out-type", "gguf", "--gguf-type", "q9_z"]) == 2
+    assert main(["evolve", str(config), str(tmp_path / "s"), "--out-type", "gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "--gguf-type q9_z" in err and "say how --merge-best is written" in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b2").exists()
+    assert main(["evolve", str(config), str(tmp_path / "store"), "--merge-best", str(tmp_path / "best"),
+                 "--out-type", "gguf", "--gguf-type", "q8_0"]) == 0
+    best = min(_rows(tmp_path / "store"), key=lambda r: (r["objective"], r["layers"], r["shape"]))
+    assert read_gguf_metadata(tmp_path / "best" / "model.gguf")["llama.block_count"] == best["layers"]
+
+
+@pytest.mark.oracle
+def test_mergekit_writes_a_filtered_scale_s_slices_as_run_does(tmp_path: Path, mergekit: Any) -> None:
+    # the candidate's config as the search writes it (another source's block, its output projections halved),
+    # merged by mergekit 0.1.5: the same tensors as run's
+    import torch
+
+    from tests.support import output_tensors
+
+    _mixed(tmp_path)
+    done = mergekit.run(tmp_path / "mixed.yml", tmp_path / "theirs", "--quiet", "--no-copy-tokenizer")
+    assert done.returncode == 0, done.stderr
+    ours, theirs = output_tensors(tmp_path / "mixed"), output_tensors(tmp_path / "theirs")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    half = "model.layers.3.self_attn.o_proj.weight"
+    assert torch.equal(ours[half], output_tensors(tmp_path / "other")[half] * 0.5)
+
+
+def test_a_scaled_block_of_a_bfloat16_base_is_scored_as_run_writes_it(tmp_path: Path) -> None:
+    # run writes a scaled block's weights rounded to bfloat16 (0.7: not a power of two); the search rounds them so
+    # too, and its figure is eval's on the candidate written by run
+    import torch
+
+    bf16 = ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64, dtype=torch.bfloat16)
+    make_model(tmp_path / "base", bf16, seed=3)
+    make_model(tmp_path / "other", bf16, seed=4)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat\nhello world again and again\n")
+    config = tmp_path / "evolve.yml"
+    config.write_text(yaml.safe_dump({
+        "genome": {"kind": "structure", "model": str(tmp_path / "base"), "grow": 0, "swap": 1, "repeat": [3, 3],
+                   "sources": [str(tmp_path / "other")], "scales": [0.7], "beam_depth": 0},
+        "tasks": [{"nll": {"texts": str(tmp_path / "a.txt")}}]}))
+    api.evolve(config, tmp_path / "store")
+    rows = _rows(tmp_path / "store")
+    assert [r["shape"] for r in rows] == ["base", "swap 3-3 ×0.7", "swap 3-3 from 1 ×0.7"]
+    for row in rows[1:]:
+        (tmp_path / "c.yml").write_text(yaml.safe_dump(row["config"]))
+        out = tmp_path / f"c{row['candidate']}"
+        api.run(tmp_path / "c.yml", out)
+        report = api.evaluate(out, [f"nll:{tmp_path / 'a.txt'}"], api.Settings(state_dir=tmp_path / "st"))
+        (found,) = report.results["results"].values()
+        assert found["nll,none"] == pytest.approx(row["tasks"]["nll:a.txt"], abs=1e-6)

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from resumerge.analyses.evaluation.job import EvalPasses, EvalProgress, Merged, Watcher, pass_key
 from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.placed import LayersHere
-from resumerge.analyses.evaluation.run import _fits, _float32, _max_length, _pass_model, _tokenizer, evaluating
+from resumerge.analyses.evaluation.run import (
+    _fits,
+    _float32,
+    _pass_model,
+    evaluating,
+    target_max_length,
+    target_tokenizer,
+)
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
@@ -40,7 +47,7 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
     for a target that is not a model, before any weight is read."""
     model, weights = _pass_model(target, unwritten, state)
     # transformers' tokenizer, as lm-eval's hf model loads it: whether a chat template applies is lm-eval's to say
-    tokenizer = _tokenizer(model, True)
+    tokenizer = target_tokenizer(model, True)
     from lm_eval.models.utils import configure_pad_token
 
     # the padding token lm-eval's hf model gives a tokenizer without one (recorded in the results file)
@@ -68,7 +75,7 @@ def opened_lm(target: str, settings: EvalSettings, *, state: StateDir, command: 
         kept.write(answers)
         return answers
 
-    lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes, generator=generated)
+    lm = ResumergeLM(tokenizer, target_max_length(model, tokenizer), passes, generator=generated)
     with evaluating(stream, restore_allocator, progress, command):
         yield lm
 

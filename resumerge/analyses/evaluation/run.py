@@ -80,7 +80,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     # What lm-eval runs (None: no task, or every name a text task's YAML: lm-eval runs none)
     runs = loaded.runs(settings) if loaded is not None and settings.lm_tasks else None
     generating = generation_tasks(loaded.kinds) if loaded is not None else []
-    tokenizer = _tokenizer(model, bool(settings.apply_chat_template))
+    tokenizer = target_tokenizer(model, bool(settings.apply_chat_template))
     texts = [text_work(task, model, state) for task in settings.text_tasks]  # parents opened, texts tokenized
     command = eval_command(target, settings, state, merge_words)
     stream = ModelStream(weights, model.opened.config, _float32(), what="resumerge eval", key="TARGET",
@@ -100,7 +100,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
             processors_of(model.opened.directory)  # its generation_config.json: a setting not honoured, exit 2
         # the whole model held where it fits, else one layer at a time for every request (.streamgen)
         generation = _generation(target, model, weights, settings, state, command, watcher, passes, stream)
-        lm = ResumergeLM(tokenizer, _max_length(model, tokenizer), passes,
+        lm = ResumergeLM(tokenizer, target_max_length(model, tokenizer), passes,
                          generator=generated_by(generation, lambda: lm) if generating else None)
         results, tracker = _evaluate(lm, target, settings, runs) if runs is not None else \
             no_lm_tasks(target, settings)
@@ -234,7 +234,7 @@ def _not_a_config(target: str) -> None:
         raise UsageError(f"TARGET {target} is a merge config", hint="evaluate it through resumerge.api.evaluate")
 
 
-def _tokenizer(model: PassModel, chat: bool) -> Any:
+def target_tokenizer(model: PassModel, chat: bool) -> Any:
     """The model's tokenizer, loaded as lm-eval's ``hf`` model loads it (transformers' ``AutoTokenizer``), or,
     without a chat template (``chat``), read without transformers where that gives the same tokens and texts
     (:func:`~.evaltok.eval_tokenizer`)."""
@@ -255,7 +255,7 @@ def _tokenizer(model: PassModel, chat: bool) -> Any:
                          hint="copy a working tokenizer into its folder") from None
 
 
-def _max_length(model: PassModel, tokenizer: Any) -> int:
+def target_max_length(model: PassModel, tokenizer: Any) -> int:
     """The model's context as lm-eval's ``hf`` model resolves it (its config's, else its tokenizer's)."""
     from lm_eval.models.utils import resolve_max_length
 

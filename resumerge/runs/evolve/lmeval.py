@@ -66,9 +66,9 @@ class LmEvalCandidates:
         target.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
         self.say(generation=generation, candidates=[index], phase="lm-eval", layer=None, layers=None)
         results = self.evaluate(target, self.settings, work / "eval-state")
-        return {task.name: _metric(results, task) for task in self.tasks}
+        return {task.name: metric_of(results, task) for task in self.tasks}
 
-def _metric(results: Mapping[str, Any], task: Task) -> float:
+def metric_of(results: Mapping[str, Any], task: Task) -> float:
     """``task``'s metric in lm-eval's results; :class:`UsageError` naming the ones there where it is not."""
     found = results.get("results", {}).get(task.name, {})
     if task.metric not in found:

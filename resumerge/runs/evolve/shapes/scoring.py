@@ -19,25 +19,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from resumerge.analyses.evaluation.settings import EvalSettings
+from resumerge.analyses.evaluation.tasks import TaskIndex
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
 from resumerge.forward import Weights
 from resumerge.forward.batches import Batch, batches_of, padded
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
-from resumerge.forward.layercache import PREFIX, Entered, LayerCache, stride_for
+from resumerge.forward.layercache import PREFIX, Entered, Layer, LayerCache, stride_for
 from resumerge.forward.layercache import branch as branch_of
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
-from resumerge.forward.reader import step_sizes
+from resumerge.forward.reader import CastReader, base_formats, step_sizes
 from resumerge.forward.stream import ModelStream
+from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve.scoring import task_texts
+from resumerge.runs.evolve.shapes.lmtasks import LmGroup, lm_group
 from resumerge.runs.evolve.spec import Task
 
 Found = TypeVar("Found")
+LmAsked = tuple[tuple[Task, ...], EvalSettings, TaskIndex]  # lm-eval tasks scored together, how, their index
 CACHE = "cache"
 PARENTS = "parents"  # each kl parent's log-probabilities of its texts, one file a sequence
 WORDS = "the structure search's pass"
@@ -52,6 +57,7 @@ class TaskBatches:
     sequences: list[list[int]]
     groups: list[list[int]]
     batches: list[int] = field(default_factory=list)
+    lm: LmGroup | None = None  # lm-eval's tasks, scored together: their requests' runs are the sequences
 
 
 @dataclass(frozen=True)
@@ -68,17 +74,17 @@ class ShapeScorer:
     def __init__(self, cache: LayerCache, texts: Sequence[TaskBatches], parents: Path, reserve: Reserve) -> None:
         self.cache, self.texts, self.parents, self.reserve = cache, list(texts), parents, reserve
         # a beam parent's path run so far: (its path, the batches, the position reached, the states entering it)
-        self.prefix: tuple[tuple[int, ...], tuple[int, ...], int, list[torch.Tensor]] | None = None
+        self.prefix: tuple[tuple[Layer, ...], tuple[int, ...], int, list[torch.Tensor]] | None = None
         self.prefix_layers = 0  # the layers the parents' prefixes ran (beside each candidate's own)
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+    def score(self, path: Sequence[Layer], tasks: Sequence[Task], parent: Sequence[Layer] | None = None
               ) -> tuple[dict[str, float], int]:
         """The figure per task of the candidate running ``path`` and the decoder layers run to find them; with a
         ``parent`` (a beam's member this candidate adds an edit to), from the parent's states where its path departs
         from the parent's, past where it departs from the base: the parent's prefix run once for its children, the
         next child of the same parent taking it on from where the last one branched off (the same numbers as a
         run from the base's states: the same layers on the same inputs)."""
-        chosen = [t for t in self.texts if t.task in tasks]
+        chosen = [t for t in self.texts if (t.task in tasks if t.lm is None else all(x in tasks for x in t.lm.tasks))]
         which = [b for t in chosen for b in t.batches]
         branch = branch_of(path, parent) if parent is not None else 0
         start = self.cache.start_of(path)
@@ -92,10 +98,14 @@ class ShapeScorer:
         figures: dict[str, float] = {}
         with self.reserve("the head", "heads"):
             for each in chosen:
-                figures[each.task.name] = self._figure(each, states)
+                if each.lm is not None:
+                    figures.update(each.lm.figures(self.cache.stream, [states[x] for x in each.batches],
+                                                   each.groups))
+                else:
+                    figures[each.task.name] = self._figure(each, states)
         return figures, computed
 
-    def _prefix(self, parent: Sequence[int], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
+    def _prefix(self, parent: Sequence[Layer], which: Sequence[int], start: int, position: int) -> list[torch.Tensor]:
         """The states entering ``position`` of the ``parent``'s path, run on from where its prefix reached (or from
         the kept layer ``start``, at or below the child's departure from the base: the two paths are one below
         ``position``)."""
@@ -135,6 +145,7 @@ class _Ready:
     entered: Entered
     texts: list[TaskBatches]
     stride: int
+    sources: list[CastReader] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,9 @@ class ShapeJob(Generic[Found]):
     budgets: Budgets = Budgets()
     device: str = "cpu"
     say: Callable[..., None] = lambda **_: None
+    sources: Sequence[str] = ()  # the other models a candidate borrows layers from (source 1, 2, ...)
+    lm: Sequence[LmAsked] = ()  # lm-eval's tasks: the searched ones, the held-out ones
+    written: str | None = None  # the dtype run writes the candidates' layers in (None: not one dtype)
 
     def answered(self) -> tuple[Found | None, str | None]:
         return None, None
@@ -176,8 +190,18 @@ class ShapeJob(Generic[Found]):
     def fitted(self) -> Iterator[Fit[_Ready]]:
         base = open_for_pass(self.model, "genome.model", self.state)
         stream = _stream(base, self.device)
+        sources: list[CastReader] = []
         try:
-            texts = [self._batches(task, base) for task in self.tasks]
+            for i, path in enumerate(self.sources):
+                opened = open_for_pass(path, f"genome.sources[{i}]", self.state)
+                model = opened.opened
+                weights = Weights.of(model.directory, model.tensors, opened.remote, opened.reads)
+                sources.append(CastReader(weights, base_formats(weights.tensors, model.config, model.directory),
+                                          torch.float32, key=opened.path))
+            texts = [self._batches(task, base) for task in self.tasks if task.kind != "lm-eval"]
+            for tasks, settings, index in self.lm:  # lm-eval's requests, asked once: their runs join the texts
+                group = lm_group(tasks, settings, base, index)
+                texts.append(TaskBatches(tasks[0], group.runs, batches_of(group.runs), lm=group))
             batches = _numbered(texts)
             entered = Entered.of(stream, batches)
             if any(len(g) > 1 for t in texts for g in t.groups) and \
@@ -199,8 +223,10 @@ class ShapeJob(Generic[Found]):
             steps = {"layer": layer, "heads": head_step_bytes(stream, positions, longest)}
             budget = budget_fitting(WORDS, 2 * boundary + max(steps.values()), self.budgets.max_memory,
                                     SystemProbe())
-            yield Fit(budget, steps, _Ready(stream, entered, texts, stride))
+            yield Fit(budget, steps, _Ready(stream, entered, texts, stride, sources))
         finally:
+            for reader in sources:
+                reader.close()
             stream.close()
 
     def _batches(self, task: Task, base: PassModel) -> TaskBatches:
@@ -217,7 +243,8 @@ class ShapeJob(Generic[Found]):
 
     def run(self, ready: _Ready, reserve: Reserve) -> Found:
         folder = self.folder.path
-        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride)
+        written = TORCH_DTYPES.get(self.written) if self.written is not None else None
+        cache = LayerCache(folder, ready.stream, ready.entered, ready.stride, sources=ready.sources, written=written)
         phase = "cache the base's hidden states"
         cache.build(reserve, lambda layer: self.say(phase=phase, layer=layer, layers=cache.layers))
         parents = folder / PARENTS

@@ -1,11 +1,12 @@
-"""A structure search from start to end: the base, then every single edit the genome allows (the scan), then a beam
-over compositions (each round, the ``beam_width`` best candidates of the last round each given one more of the
-``beam_edits`` best single edits that overlaps none of theirs), then the held-out tasks of every candidate on the
-size/score Pareto front. Which candidates come next depends only on the figures recorded so far, and each
-candidate's figures are recorded durably (``shapes.json``: temp, fsync, rename) before the next starts, so a search
-killed at any instant, run again, scores the rest and writes the same files: ``evaluations.jsonl`` (a row per
-candidate: its edits, layer path, size, figures, objective, the layers its pass ran and a full pass's), ``front.json``
-(the Pareto front, with held-out figures) and ``best.yml`` (the lowest objective's merge config)."""
+"""A structure search from start to end: the base, then every single edit the genome allows (the scan), then a beam over
+compositions (each round, the ``beam_width`` best candidates of the last round each given one more of the ``beam_edits``
+best single edits that overlaps none of theirs), then (``scale_search``) CMA-ES over the scales of each member of that
+front, then the held-out tasks of every candidate on the size/score Pareto front. Which candidates come next depends
+only on the figures recorded so far, and each candidate's figures are recorded durably (``shapes.json``: temp, fsync,
+rename) before the next starts, so a search killed at any instant, run again, scores the rest and writes the same files:
+``evaluations.jsonl`` (a row per candidate: its edits, layer path, size, figures, objective, the layers its pass ran and
+a full pass's), ``front.json`` (the Pareto front, with held-out figures) and ``best.yml`` (the lowest objective's merge
+config)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from typing import Any, Protocol
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
-from resumerge.forward.layercache import branch
-from resumerge.forward.opened import open_for_pass
+from resumerge.forward.layercache import SCALED, Layer, branch
+from resumerge.forward.opened import layer_of, open_for_pass
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import objective
 from resumerge.runs.evolve.shapes.genome import (
+    SKIP,
     Shape,
     ShapeSpec,
     keeps_pattern,
@@ -39,6 +41,7 @@ from resumerge.runs.evolve.spec import Task
 
 MEASURED = "shapes.json"  # every candidate's figures, in the order scored: what the search resumes from
 FRONT = "front.json"
+SCALES = "scales"  # the phase of the candidates CMA-ES over the front's scales scores
 SURROGATE = "surrogate.json"  # the surrogate's rank correlation on scored candidates it was not trained on
 
 
@@ -48,7 +51,7 @@ class Scores(Protocol):
 
     prefix_layers: int
 
-    def score(self, path: Sequence[int], tasks: Sequence[Task], parent: Sequence[int] | None = None
+    def score(self, path: Sequence[Layer], tasks: Sequence[Task], parent: Sequence[Layer] | None = None
               ) -> tuple[dict[str, float], int]: ...
 
 
@@ -76,7 +79,7 @@ class ShapePlan:
         return [Shape(), *(s for s in singles if self.allowed(s))]
 
     def config(self, shape: Shape) -> dict[str, Any]:
-        return shape_config(self.spec.genome.model, shape.path(self.layers))
+        return shape_config(self.spec.genome.model, shape.path(self.layers), self.spec.genome.sources)
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,11 @@ class Measured:
                    int(doc["computed"]), doc.get("held_out"), doc.get("parent"))
 
 
-def plan_shapes(text: str, state: StateDir) -> ShapePlan:
+def plan_shapes(text: str, state: StateDir, allow_benchmarks: bool = False) -> ShapePlan:
     """The structure search the evolve config ``text`` asks for, judged from its YAML and the base's config.json
     (headers only): a ``repeat`` range past the base's layers, or a genome that allows no edit, refused naming the
     YAML path."""
-    spec = read_shape_spec(text)
+    spec = read_shape_spec(text, allow_benchmarks=allow_benchmarks)
     config = open_for_pass(spec.genome.model, "genome.model", state).opened.config
     inner = config.get("text_config")
     layers = (inner if isinstance(inner, dict) else config).get("num_hidden_layers")
@@ -117,12 +120,33 @@ def plan_shapes(text: str, state: StateDir) -> ShapePlan:
         raise ConfigError(f"layer {repeat[1]} is past the base's last, {layers - 1}", yaml_path="genome.repeat")
     if spec.genome.surrogate is not None:
         require()
+    _refuse_unlike(spec, state)
     types = layer_types(config)
     plan = ShapePlan(spec, layers, tuple(types) if types else None)
     if len(plan.scan()) < 2:
         raise ConfigError("the genome allows no edit of the base's layers", yaml_path="genome",
                           hint="raise grow (or shrink), or widen repeat")
     return plan
+
+
+def _refuse_unlike(spec: ShapeSpec, state: StateDir) -> None:
+    """A source whose layers are not the base's (the same names, shapes and layer types), or scales on a family
+    without the output projections they multiply, refused naming the YAML path (headers only)."""
+    genome = spec.genome
+    base = open_for_pass(genome.model, "genome.model", state).opened
+    layered = {n: t.entry.shape for n, t in base.tensors.items() if layer_of(n) is not None}
+    if any(c != 1 for c in genome.scales) and not any(p in n for n in layered for p in SCALED):
+        raise ConfigError(f"the base's layers have none of the output projections a scale multiplies "
+                          f"({', '.join(SCALED)})", yaml_path="genome.scales")
+    for i, source in enumerate(genome.sources):
+        opened = open_for_pass(source, f"genome.sources[{i}]", state).opened
+        theirs = {n: t.entry.shape for n, t in opened.tensors.items() if layer_of(n) is not None}
+        unlike = next((n for n in sorted(layered) if theirs.get(n) != layered[n]), None)
+        if unlike is None and layer_types(opened.config) != layer_types(base.config):
+            unlike = "layer_types"
+        if unlike is not None:
+            raise ConfigError(f"{source} is not of the base's family: its {unlike} is not the base's",
+                              yaml_path=f"genome.sources[{i}]", hint="a source has the base's layers and shapes")
 
 
 def figure_of(tasks: Sequence[Task], figures: Mapping[str, float | None]) -> float:
@@ -162,6 +186,9 @@ class ShapeSearch:
             for key in sorted(chosen, key=lambda k: (made_by[k], branch(children[k].path(plan.layers),
                                                                          paths[made_by[k]]), k)):
                 self._measure(children[key], f"beam {depth}", parents[made_by[key]].shape)
+        if genome.scale_search is not None:  # the front of the scan and the beam: the same after any kill
+            for member in front(plan, [m for m in self.measured.values() if m.phase != SCALES]):
+                self._scales(member)
         if plan.spec.held_out:
             for each in front(plan, list(self.measured.values())):
                 self._held_out(each)
@@ -170,6 +197,27 @@ class ShapeSearch:
             write_file_atomic(self.store / SURROGATE, json.dumps(found, indent=1).encode())
         write_outputs(self.store, plan, list(self.measured.values()))
         return best_of(plan, list(self.measured.values()))
+
+    def _scales(self, member: Measured) -> None:
+        """CMA-ES (:class:`~resumerge.runs.evolve.strategy.Search`, seed 0) over the scales of ``member``'s
+        repeated and swapped blocks, from the scales it has: each genotype clipped to the bounds and rounded to four
+        decimals is a candidate (``phase`` ``scales``), scored once (a resumed search replays the strategy from the
+        recorded figures: the same genotypes, the same candidates)."""
+        from resumerge.runs.evolve.strategy import Search, Settings
+
+        asked = self.plan.spec.genome.scale_search
+        x0 = tuple(e.scale for e in member.shape.edits if e.kind != SKIP)
+        if asked is None or not x0:
+            return
+        low, high = asked.bounds
+        strategy = Search(Settings(x0, asked.sigma0, None, 0, asked.evaluations))
+        while not strategy.done():
+            figures = []
+            for genotype in strategy.ask():
+                shape = member.shape.scaled([round(min(max(v, low), high), 4) for v in genotype])
+                self._measure(shape, SCALES)  # its size and ends are the member's: allowed as it is
+                figures.append(self._order(self.measured[shape.key])[0])
+            strategy.tell(figures)
 
     def _numbered(self) -> list[Measured]:
         return sorted(self.measured.values(), key=lambda m: m.number)

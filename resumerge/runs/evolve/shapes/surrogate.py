@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.runs.evolve.shapes.genome import REPEAT, Shape
+from resumerge.runs.evolve.shapes.genome import REPEAT, SKIP, Shape
 
 _SLOTS = 4  # edits described; a candidate of more is described by its first four and its size
 
@@ -22,9 +22,10 @@ _SLOTS = 4  # edits described; a candidate of more is described by its first fou
 def features(shape: Shape, layers: int) -> list[float]:
     """The candidate as the surrogate reads it."""
     found: list[float] = []
-    for kind, a, b in shape.edits[:_SLOTS]:
-        found += [1.0 if kind == REPEAT else -1.0, a / layers, (b - a) / layers]
-    found += [0.0] * (3 * _SLOTS - len(found))
+    for e in shape.edits[:_SLOTS]:
+        found += [{REPEAT: 1.0, SKIP: -1.0}.get(e.kind, 0.0), e.first / layers, (e.after - e.first) / layers,
+                  float(e.source), e.scale]
+    found += [0.0] * (5 * _SLOTS - len(found))
     return [*found, len(shape.path(layers)) / layers]
 
 
