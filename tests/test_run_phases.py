@@ -24,7 +24,7 @@ from resumerge.merge.store.statusview import read_status
 
 MB = 1_000_000
 # Each run with --imatrix-texts starts interpreters of its own that import torch (the pass's estimate, its first use
-# of torch): a few CPU s, which took over support.cli's 120 s on a two-core machine under a load of 20 (2 of 6 runs of
+# of torch): a few CPU s, which took over support.cli's 120 s on a two-core machine under a load of 20 (3 of 6 runs of
 # this file on two workers timed out there, in the pass's runs and a refusal's). 600 s still bounds a hung command.
 cli = partial(support_cli, timeout=600)
 
