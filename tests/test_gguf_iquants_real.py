@@ -1,15 +1,14 @@
-"""The IQ4, IQ3 and IQ2 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 30 layers, 576-wide rows
-that take IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF
-fixture, passed through resumerge to ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal
-``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, without and with an
-importance matrix (which turns the first three ``ffn_down`` from Q5_K to IQ4_XS); the IQ3 mixes (SmolLM2's
-1536-wide ``ffn_down`` written by the IQ3 encoders) and the IQ2 ones (IQ2_XXS ``ffn_down``, Q2_K for its first
-eighth, Q5_K for the tied embedding). The suite runs IQ4_XS and IQ3_XXS with a matrix (55 CPU s each:
-the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S, IQ3_XS, the IQ2 mixes: ~10 minutes each on
-a loaded 2-core machine) with ``RESUMERGE_TEST_EVERY_MIX=1`` (tests/test_gguf_iquants.py, tests/test_gguf_iq3.py and
-tests/test_gguf_iq2.py check every mix on tiny models and the encoders on SmolLM2's
-rows; test_gguf_kquants_real.py IQ4_XS on Gemma-3). Skipped where llama.cpp's library (the test-only oracle) does not
-load."""
+"""The IQ4, IQ3 and IQ2 mixes on a real model (issue 95's check): SmolLM2-135M (llama, 576-wide rows that take
+IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddings) from its GGUF fixture, its first
+``LAYERS`` layers (every tensor's shape and every branch of the mixes' layer rules), passed through resumerge to
+``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal ``llama_model_quantize``'s for the mix on the
+F16 GGUF resumerge wrote of the same merge, without and with an importance matrix (which turns the first eighth of
+``ffn_down`` from Q5_K to IQ4_XS); the IQ3 mixes (SmolLM2's 1536-wide ``ffn_down`` written by the IQ3 encoders) and the
+IQ2 ones (IQ2_XXS ``ffn_down``, Q2_K for its first eighth, Q5_K for the tied embedding). The suite runs IQ4_XS and
+IQ3_XXS with a matrix (27 and 32 CPU s: the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S,
+IQ3_XS, the IQ2 mixes) with ``RESUMERGE_TEST_EVERY_MIX=1`` (tests/test_gguf_iquants.py, tests/test_gguf_iq3.py and
+tests/test_gguf_iq2.py check every mix on tiny models and the encoders on SmolLM2's rows; test_gguf_kquants_real.py
+IQ4_XS on Gemma-3). Skipped where llama.cpp's library (the test-only oracle) does not load."""
 
 from __future__ import annotations
 
@@ -26,15 +25,23 @@ from resumerge.merge.plan.gguftypes import MIXES
 pytestmark = pytest.mark.slow
 
 
+# SmolLM2's first 8 of its 30 layers: every tensor's shape and kind of row, the tied embedding, and every branch of
+# the mixes' layer rules (the first eighth, llama.cpp's use_more_bits: layers 0, 3, 6 and 7), at 56 million weights
+# instead of 134 million (each mix encodes and llama.cpp quantizes all of them).
+LAYERS = 8
+EIGHTH = LAYERS // 8  # the first eighth of ffn_down that some mixes write in a richer type
+
+
 @pytest.fixture(scope="module")
 def smollm2_f16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the config of a float16 passthrough merge of SmolLM2's GGUF fixture, the F16 GGUF resumerge writes of it)."""
+    """(the config of a float16 passthrough merge of SmolLM2's GGUF fixture's first LAYERS layers, the F16 GGUF
+    resumerge writes of it)."""
     needs_library()
     from realmodel import smollm2_gguf
 
     root = tmp_path_factory.mktemp("smollm2")
-    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16",
-                                           "models": [{"model": str(smollm2_gguf())}]})
+    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", "slices": [
+        {"sources": [{"model": str(smollm2_gguf()), "layer_range": [0, LAYERS]}]}]})
     api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
                                                                                                 gguf_type="f16")))
     return config, root / "f16" / "model.gguf"
@@ -66,7 +73,7 @@ def test_each_iq4_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
     got = _written(mix, weighted, smollm2_f16, tmp_path)
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
     if mix == "iq4_xs":  # the matrix changes the first eighth's type, not only its bytes
-        assert down == ["IQ4_XS"] * 4 if weighted else down == ["Q5_K"] * 3 + ["IQ4_XS"]
+        assert down == ["IQ4_XS"] * 4 if weighted else down == ["Q5_K"] * EIGHTH + ["IQ4_XS"] * (4 - EIGHTH)
         assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"  # 576 values a row: IQ4_XS's fallback
 
 
@@ -78,7 +85,8 @@ def test_each_iq3_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
     all IQ3_XXS with the matrix, which needs one), its 576-wide rows IQ4_NL (the fallback)."""
     got = _written(mix, weighted, smollm2_f16, tmp_path)
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
-    assert down == (["Q4_K"] * 3 + ["IQ3_S"] if mix == "iq3_m" else ["IQ3_XXS"] * 4 if mix == "iq3_xxs" else down)
+    iq3_m = ["Q4_K"] * EIGHTH + ["IQ3_S"] * (4 - EIGHTH)
+    assert down == (iq3_m if mix == "iq3_m" else ["IQ3_XXS"] * 4 if mix == "iq3_xxs" else down)
     assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"
 
 
@@ -93,4 +101,5 @@ def test_each_iq2_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
     assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"
     assert got["token_embd.weight"].kind == "Q5_K"
     if mix == "iq2_xxs":
-        assert [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)] == ["Q2_K"] * 3 + ["IQ2_XXS"]
+        down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
+        assert down == ["Q2_K"] * EIGHTH + ["IQ2_XXS"] * (4 - EIGHTH)

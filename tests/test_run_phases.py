@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+from functools import partial
 from pathlib import Path
 
 import pytest
 from ggufmodels import LAYERS, linear_llama_pair
-from support import cli
+from support import cli as support_cli
 from test_imatrix_merge import K_MIX, TEXTS
 
 from resumerge.config.locations import StateDir
@@ -22,6 +23,10 @@ from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.statusview import read_status
 
 MB = 1_000_000
+# Each run with --imatrix-texts starts interpreters of its own that import torch (the pass's estimate, its first use
+# of torch): a few CPU s, which took over support.cli's 120 s on a two-core machine under a load of 20 (3 of 6 runs of
+# this file on two workers timed out there, in the pass's runs and a refusal's). 600 s still bounds a hung command.
+cli = partial(support_cli, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 SCALED_LAYER = 12
 NAN_TENSOR = "model.layers.3.mlp.down_proj.weight"
+UNCHECKED = "state-unchecked"  # beside self_merged's state dir: a copy of it as the run left it
 TEXTS = "The quick brown fox jumps over the lazy dog.\nIn 1492, Columbus sailed across the Atlantic Ocean.\n"
 
 
@@ -79,14 +81,12 @@ def _figures(report: CheckReport) -> dict[str, Any]:
     return {m.role: (m.nll, m.kl) for m in report.models}
 
 
-def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], tmp_path: Path) -> None:
-    config = write_config(tmp_path / "self.yml", {"merge_method": "linear", "models": [
-        {"model": str(models["base"]), "parameters": {"weight": 0.5}},
-        {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
-    out = tmp_path / "out"
-    api.run(config, out, settings=api.Settings(state_dir=tmp_path / "state"))
-    report = api.check(out, prompts=models["texts"],
-                       settings=api.Settings(state_dir=tmp_path / "state"))  # parents from its record
+def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], self_merged: tuple[Path, Path, Path],
+                                               tmp_path: Path) -> None:
+    out, made, _ = self_merged  # the module's self-merge (a merge of SmolLM2 is ~4 CPU s), its record as the run
+    # left it (never checked) copied: this check's verdict stays out of the status test's ledger
+    state = Path(shutil.copytree(made.with_name(UNCHECKED), tmp_path / "state"))
+    report = api.check(out, prompts=models["texts"], settings=api.Settings(state_dir=state))  # parents from its record
     print("self-merge", report.verdict, _figures(report), report.reasons)
     assert report.verdict == WORKS and report.exit_code == 0, report.reasons
     assert [m.role for m in report.models] == ["merge", "parent"]
@@ -163,6 +163,7 @@ def self_merged(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         {"model": str(models["base"]), "parameters": {"weight": 0.5}},
         {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
     api.run(config, root / "out", settings=api.Settings(state_dir=root / "state"))
+    shutil.copytree(root / "state", root / UNCHECKED)  # its record before any check, whichever test checks first
     return root / "out", root / "state", config
 
 
