@@ -412,7 +412,7 @@ def estimate(
     ``session`` (a length, ``"12h"``) asks how many notebook sessions of that length the merge takes
     (``.session``).
     """
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.analyses.estimate.network import parse_bandwidth
     from resumerge.analyses.estimate.sessions import parse_duration
     from resumerge.machine.diskprobe import free_bytes
@@ -463,7 +463,7 @@ def _extraction_call(spec: ExtractSpec, out: PathLike, asked: Settings, settings
 
 
 def _estimate_extraction(call: Call, fresh_process: bool) -> Estimate:
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
 
     with nothing_written():
         return EXTRACTION.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from resumerge.analyses.estimate.costs import Estimate
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.config.locations import RunLocations, StateDir
     from resumerge.config.settings import RunSettings
     from resumerge.inputs.hub import HubEvent

@@ -12,7 +12,7 @@ from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.costs import Estimate
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome
@@ -92,14 +92,15 @@ class MergeKind:
                  intermediate_dir: PathLike | None) -> Estimate:
         """The merge's estimate (:func:`~resumerge.analyses.estimate.estimate.estimate_config`)."""
         from resumerge.analyses.estimate.estimate import estimate_config
+        from resumerge.analyses.estimate.measuring import PassMakers
         from resumerge.api.importance import importance_cost, measures_costs
 
         refuse_same_experts(call)
         texts = call.options.imatrix_texts  # its pass before the merge counted in
         return estimate_config(call.text, call.options, call.settings, source=_source(call), out_dir=call.out,
                                measuring=measuring, fresh_process=fresh_process,
-                               first_pass=importance_cost(texts, measuring=measures_costs(call.options))
-                               if texts is not None else None)
+                               passes=PassMakers(first_pass=importance_cost(
+                                   texts, measuring=measures_costs(call.options)) if texts is not None else None))
 
     def status(self, report: StatusReport, where: RunLocations) -> StatusReport:
         """The ledger's (or the manifest's) account, all a merge's status has."""

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from resumerge.analyses.estimate.costs import Estimate
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome
@@ -87,13 +87,15 @@ class MoeKind:
                  intermediate_dir: PathLike | None) -> Estimate:
         """Planned without its prompt forward pass: the estimate counts the pass, it does not run it."""
         from resumerge.analyses.estimate.estimate import estimate_config
+        from resumerge.analyses.estimate.measuring import PassMakers
         from resumerge.api.options import source_name
         from resumerge.runs.moe.passcost import estimators
 
         source = source_name(call.config, "config")
         planner, prepass = estimators(_config(call), call.options, call.settings)
         return estimate_config(call.text, call.options, call.settings, source=source, out_dir=call.out,
-                               measuring=measuring, fresh_process=fresh_process, planner=planner, prepass=prepass)
+                               measuring=measuring, fresh_process=fresh_process, planner=planner,
+                               passes=PassMakers(prepass=prepass))
 
     def planning_done(self, where: RunLocations) -> str:
         """The decoder layers the prompt forward pass under way had finished, which running it again continues

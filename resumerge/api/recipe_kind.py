@@ -9,7 +9,7 @@ from resumerge.api.runkind import Call, Driving, PathLike
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.costs import Estimate
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
     from resumerge.inputs.codecs import CodecTable

@@ -90,7 +90,7 @@ def _call(spec: SurgerySpec, out: PathLike, asked: Settings, settings: RunSettin
 
 
 def _estimate(call: Call, fresh_process: bool) -> Estimate:
-    from resumerge.analyses.estimate.estimate import Measuring
+    from resumerge.analyses.estimate.measuring import Measuring
 
     with nothing_written():
         return SURGERY.estimate(call, Measuring(), fresh_process=fresh_process, intermediate_dir=None)

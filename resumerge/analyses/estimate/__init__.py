@@ -18,6 +18,7 @@ __all__ = [
     "cpuprobe",
     "estimate",
     "firstpass",
+    "measuring",
     "memory",
     "method_timing",
     "network",

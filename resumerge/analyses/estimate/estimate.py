@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from resumerge.analyses.estimate.compute import SAMPLE_SECONDS, start_compute
+from resumerge.analyses.estimate.compute import start_compute
 from resumerge.analyses.estimate.computegroup import ComputeGroup, compute_lines
 from resumerge.analyses.estimate.costs import (
     DiskNeed,
@@ -28,7 +28,7 @@ from resumerge.analyses.estimate.costs import (
     TimeEstimate,
 )
 from resumerge.analyses.estimate.cpuprobe import probe_transfer_cost
-from resumerge.analyses.estimate.firstpass import FirstPass
+from resumerge.analyses.estimate.measuring import Measuring, Passes, PassMakers, Startup
 from resumerge.analyses.estimate.memory import memory_estimate
 from resumerge.analyses.estimate.network import MEASURED, Bandwidth, NetworkEstimate, measure_download
 from resumerge.analyses.estimate.torchside import TorchHere, TorchProcess, TorchSide
@@ -39,11 +39,9 @@ from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.machine.checksums import SHA256, XXH3_128
 from resumerge.machine.diskprobe import (
-    DEFAULT_PROBE_BYTES,
     DiskFree,
     DiskSpeed,
     device_of,
-    free_bytes,
     nearest_existing,
     probe_directory,
     probe_file_read,
@@ -65,41 +63,9 @@ from resumerge.merge.plan.sidefiles import aux_files, render_aux
 from resumerge.merge.plan.workorder import compute_order
 from resumerge.merge.store.manifest import read_manifest
 
-# What a pass in a process of its own costs, given the inputs' read speed (None: unknown): its seconds from the
-# run's start on a core of its own, its CPU seconds, its process's memory at its peak (as the budget counts it),
-# whether it runs beside the merge rather than before it, the cores the run's processes may expect (None: not
-# measured), and why the run would refuse it under the budget (None: it fits).
-Prepass = Callable[[float | None], tuple[float, float, int, bool, float | None, str | None]]
-
 # A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
 _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
-
-
-@dataclass(frozen=True)
-class Measuring:
-    """How an estimate measures this machine: ``probe_bytes`` sizes the disk speed probe (0 skips it, and the
-    transfer-CPU and download probes too); ``disk_free`` reads a filesystem's free bytes (injectable for tests);
-    ``compute_budget`` bounds the seconds spent timing the methods on samples of the pending tensors (0 skips it;
-    see :mod:`resumerge.analyses.estimate.compute`); ``bandwidth`` is the link (``--bandwidth``) the network estimate
-    uses (None: the download rate is measured on a hub input, the upload rate stays unknown; see
-    :mod:`resumerge.analyses.estimate.network`)."""
-
-    probe_bytes: int = DEFAULT_PROBE_BYTES
-    disk_free: DiskFree = free_bytes
-    compute_budget: float = SAMPLE_SECONDS
-    bandwidth: Bandwidth | None = None
-
-
-@dataclass(frozen=True)
-class Passes:
-    """The forward passes a run makes besides its merge, as an estimate counts them: ``prepass``, one in a process
-    of its own beside the merge or before it (a mergekit-moe config's prompt forward pass), given the inputs' read
-    speed; ``first_pass``, one the run's own process makes before the merge (``--imatrix-texts``'), whose seconds,
-    memory and state-dir bytes are counted in."""
-
-    prepass: Prepass | None = None
-    first_pass: FirstPass | None = None
 
 
 @dataclass(frozen=True)
@@ -128,16 +94,6 @@ class _Reading:
         return None
 
 
-@dataclass(frozen=True)
-class Startup:
-    """What the merge spends before its first tensor (imports, planning): ``seconds`` in all, ``import_seconds``
-    the part of it that torch's import takes, which a run makes once its first bytes move
-    (:mod:`resumerge.machine.torch_import`)."""
-
-    seconds: float = 0.0
-    import_seconds: float = 0.0
-
-
 def estimate(
     prepared: Prepared,
     config_text: str,
@@ -145,7 +101,6 @@ def estimate(
     *,
     out_dir: str | os.PathLike[str] | None = None,
     measuring: Measuring | None = None,
-    startup: Startup | None = None,
     choose_inputs: bool = True,
     to_hub: bool = False,
     torch_side: TorchSide | None = None,
@@ -158,8 +113,8 @@ def estimate(
     ``settings`` (state dir, memory budget, staging, disk budget) mean what they mean for ``resumerge run``. The
     merge process's RSS before any tensor is read is taken as this process's own, which is right when the merge
     runs in a process like this one (``resumerge plan`` before ``resumerge run``, or :func:`resumerge.api.estimate`
-    before :func:`resumerge.api.run` in one notebook). ``measuring`` says how this machine is measured and
-    ``startup`` what the merge spends before its first tensor (both at their defaults when None). Without
+    before :func:`resumerge.api.run` in one notebook). ``measuring`` says how this machine is measured (at its
+    defaults when None), the merge's start-up included. Without
     ``out_dir`` the output's disk is not checked. Never raises for a merge that does not fit: the reasons are in the
     result. ``choose_inputs`` false counts every hub weight file as downloaded (a recipe stage: recipes download
     their inputs whole). ``settings.max_disk`` (``--max-disk``) bounds the local disk: it decides which hub files
@@ -170,7 +125,7 @@ def estimate(
     plan, inputs = prepared.plan, prepared.opened()
     prepass, first_pass = passes.prepass, passes.first_pass
     measuring = measuring or Measuring()
-    startup = startup or Startup()
+    startup = measuring.startup
     probe_bytes, disk_free = measuring.probe_bytes, measuring.disk_free
     state, max_disk, workers = settings.state, settings.max_disk, CONCURRENCY
     notes: list[str] = []
@@ -228,23 +183,23 @@ def estimate(
     if to_hub and hub.problem:
         reasons.append(hub.problem)
     network = _network(plan, inputs, output, downloads, fetch, timing, to_hub, measuring,
-                       nearest_existing(state.root), startup.import_seconds)
+                       nearest_existing(state.root))
     return Estimate(plan, output, downloads, memory, tuple(disks), timing, tuple(reasons), tuple(notes), fetch,
                     hub, network, first_pass=first_pass)
 
 
 def _network(plan: Plan, inputs: Inputs, output: OutputSize, downloads: Mapping[str, ModelDownload],
              fetch: Sequence[FileFetch], timing: TimeEstimate, to_hub: bool, measuring: Measuring,
-             state_dir: Path, import_seconds: float = 0.0) -> NetworkEstimate | None:
+             state_dir: Path) -> NetworkEstimate | None:
     """Bytes each way and the pipelined wall time (at ``measuring.bandwidth``, else the rate measured); None when
     the merge touches no network. The transfers' CPU is probed in ``state_dir`` unless ``measuring.probe_bytes`` is 0
-    (then it counts as nothing). ``import_seconds`` (torch's
-    import, part of the timing's start-up) comes after the first bytes move."""
+    (then it counts as nothing). Torch's import (``measuring.startup.import_seconds``, part of the timing's
+    start-up) comes after the first bytes move."""
     down = sum(d.bytes for d in downloads.values()) + sum(c.fetch_bytes for c in fetch if c.how == STREAM)
     up = output.total_bytes - output.committed_bytes if to_hub else 0
     if not down and not up:
         return None
-    link, probe_bytes = measuring.bandwidth, measuring.probe_bytes
+    link, probe_bytes, import_seconds = measuring.bandwidth, measuring.probe_bytes, measuring.startup.import_seconds
     if link is None:
         rate = _measure_link(inputs, fetch) if down and probe_bytes > 0 else None
         link = Bandwidth(rate, None, MEASURED)
@@ -542,8 +497,7 @@ def estimate_config(
     measuring: Measuring | None = None,
     fresh_process: bool = False,
     planner: Callable[[], Prepared] | None = None,
-    prepass: Callable[[Plan, Inputs], Prepass | None] | None = None,
-    first_pass: Callable[[Plan], FirstPass] | None = None,
+    passes: PassMakers = PassMakers(),
 ) -> Estimate:
     """Validate ``config_text`` fully (config, every input's config.json and headers) and :func:`estimate` it.
 
@@ -558,9 +512,8 @@ def estimate_config(
     helper process started before planning (:class:`~resumerge.analyses.estimate.torchside.TorchProcess`), so the import
     overlaps planning; it is killed on the way out, a refusal included. ``planner`` plans a config of another kind
     than a merge config (:mod:`resumerge.api` passes MoE upcycling's, which skips the prompt forward pass); None
-    plans ``config_text`` as a merge config. ``measuring`` as for :func:`estimate`; ``prepass`` gives the estimate
-    of the pass that runs before the merge, if there is one (MoE's prompt forward pass); ``first_pass`` that of a
-    pass the run's own process makes before it (``--imatrix-texts``'), from the plan.
+    plans ``config_text`` as a merge config. ``measuring`` as for :func:`estimate` (its start-up is measured here);
+    ``passes`` gives the estimates of the run's passes besides the merge from the plan (:class:`PassMakers`).
     """
     started = time.time()
     from resumerge.config.merge_config import load_config_text
@@ -588,8 +541,6 @@ def estimate_config(
         # A run imports torch after its planning: its start-up is planning plus the import.
         imported = side.facts().import_seconds
         to_hub = out_dir is not None and is_hub_target(os.fspath(out_dir))
-        passes = Passes(prepass(plan, inputs) if prepass is not None else None,
-                        first_pass(plan) if first_pass is not None else None)
+        measured = replace(measuring or Measuring(), startup=Startup(startup + imported, imported))
         return estimate(prepared, config_text, settings, out_dir=None if to_hub else out_dir,
-                        measuring=measuring, startup=Startup(startup + imported, imported), to_hub=to_hub,
-                        torch_side=side, passes=passes)
+                        measuring=measured, to_hub=to_hub, torch_side=side, passes=passes.of(plan, inputs))

@@ -71,7 +71,7 @@ def align_rows(
     needs_default = forced | (count < len(keys))
     default_ids = torch.nonzero(needs_default).flatten()
     base_key = base if base is not None else alignment.base
-    defaults = _default_rows(alignment, base_key, views, keys, sources, present, count, configured, default_ids, dtype)
+    defaults = _default_rows(alignment, base_key, views, keys, sources, present, configured, default_ids, dtype)
 
     results = []
     for key, view, src, has in zip(keys, views, sources, present):
@@ -121,7 +121,6 @@ def _default_rows(
     keys: list[str],
     sources: list[torch.Tensor],
     present: torch.Tensor,
-    count: torch.Tensor,
     configured: torch.Tensor,
     ids: torch.Tensor,
     dtype: torch.dtype,
@@ -132,8 +131,8 @@ def _default_rows(
         return defaults
     position = {int(t): i for i, t in enumerate(ids.tolist())}
     auto = ~configured[ids]
-    cnt = count[ids]
     has = present[:, ids]
+    cnt = has.sum(dim=0)  # how many models have each token
     for index in range(len(keys)):
         # Exactly one model has the token: its row (whether or not it is the base).
         only = auto & (cnt == 1) & has[index]

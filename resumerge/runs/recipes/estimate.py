@@ -20,7 +20,8 @@ from typing import Any
 
 from resumerge.analyses.estimate.compute import SAMPLE_SECONDS
 from resumerge.analyses.estimate.costs import Estimate
-from resumerge.analyses.estimate.estimate import Measuring, estimate
+from resumerge.analyses.estimate.estimate import estimate
+from resumerge.analyses.estimate.measuring import Measuring
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.settings import RunSettings
 from resumerge.machine.diskprobe import DEFAULT_PROBE_BYTES, DiskFree, device_of, free_bytes, nearest_existing

@@ -1,0 +1,102 @@
+"""Every example of the topic pages runs as it is after ``resumerge demo tour`` (docs/*.md say so in their first
+lines): each ```bash block that starts with that command, line by line in a folder of its own, each ``resumerge``
+command exiting 0 (or with one of ``check``'s verdicts), and each ```python block of the same page that names
+``tour/`` after it. A page whose example stops working fails here, not in a reader's shell. Examples that need what
+a test cannot have (a hub, a lm-eval dataset, a cluster) are plain ``` blocks, which are not run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import cli
+
+from resumerge.errors import EXIT_BROKEN, EXIT_NO_EFFECT, EXIT_OK
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+TOUR = "resumerge demo tour"
+# `check`'s verdicts are answers, not failures (the tour's two random models are no merge of each other).
+_ANSWERS = {"check": {EXIT_OK, EXIT_NO_EFFECT, EXIT_BROKEN}}
+# Pages whose example the Ray tests run instead, on the suite's Ray head: a Ray started for each command here took
+# minutes on a loaded machine (ray.md's `run --executor ray`: tests/test_ray_executor.py; its `check --executor ray`:
+# tests/check/test_ray_check.py).
+_ELSEWHERE = {"ray.md"}
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def _examples(page: Path) -> tuple[list[str], list[str]]:
+    """The page's runnable bash blocks and its python blocks that name ``tour/``."""
+    blocks = _FENCE.findall(page.read_text(encoding="utf-8"))
+    return ([body for info, body in blocks if info == "bash" and body.startswith(TOUR)],
+            [body for info, body in blocks if info == "python" and "tour/" in body])
+
+
+PAGES = [page.name for page in sorted(DOCS.glob("*.md")) if _examples(page)[0]]
+
+
+def _steps(block: str) -> list[str]:
+    """The block's commands: one a line, a here-document kept whole with the line that opens it."""
+    steps, lines = [], block.splitlines()
+    while lines:
+        line = lines.pop(0)
+        if match := re.search(r"<<\s*'?(\w+)'?", line):
+            end = lines.index(match.group(1))
+            line, lines = "\n".join([line, *lines[:end + 1]]), lines[end + 1:]
+        steps.append(line)
+    return steps
+
+
+def _run(step: str, where: Path) -> None:
+    """A ``resumerge`` command (several joined by ``&&``, stdout maybe redirected to a file) through the suite's
+    CLI runner; any other line (printf, cat <<EOF) through bash."""
+    if not step.startswith("resumerge "):
+        subprocess.run(["bash", "-euc", step], cwd=where, check=True)
+        return
+    for command in step.split("#", 1)[0].split("&&"):
+        words = shlex.split(command)
+        target = None
+        if ">" in words:
+            at = words.index(">")
+            words, target = words[:at], words[at + 1]
+        done = cli(*words[1:], timeout=600)
+        assert done.returncode in _ANSWERS.get(words[1], {EXIT_OK}), (command, done.returncode,
+                                                                       done.stdout[-2000:], done.stderr[-2000:])
+        if target is not None:
+            (where / target).write_text(done.stdout, encoding="utf-8")
+
+
+def _run_pages(pages: list[str], where: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The examples of ``pages`` after one ``resumerge demo tour`` in ``where``: each page in a folder of its own
+    (pages write the same names: merged/, texts.txt) where ``tour`` links to that one (each page's first line, the
+    tour again, skipped)."""
+    monkeypatch.chdir(where)
+    _run(TOUR, where)
+    for page in pages:
+        folder = where / page.removesuffix(".md")
+        folder.mkdir()
+        (folder / "tour").symlink_to(where / "tour", target_is_directory=True)
+        monkeypatch.chdir(folder)
+        bash, python = _examples(DOCS / page)
+        for block in bash:
+            for step in _steps(block)[1:]:
+                _run(step, folder)
+        for block in python:
+            done = subprocess.run([sys.executable, "-c", block], cwd=folder, capture_output=True, text=True,
+                                  timeout=600, check=False)
+            assert done.returncode == 0, (page, block, done.stdout[-2000:], done.stderr[-2000:])
+
+
+def test_every_example_of_the_pages_runs_after_the_tour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_pages([page for page in PAGES if page not in _ELSEWHERE], tmp_path, monkeypatch)
+
+
+def test_the_pages_that_say_their_examples_run_have_one_that_does() -> None:
+    """Each page opening with "Every example on these pages runs as it is after `resumerge demo tour`" holds a
+    block this module runs (a page whose only block lost its first line would be read and never run)."""
+    claimed = [page.name for page in sorted(DOCS.glob("*.md"))
+               if "Every example on these pages runs as it is after" in page.read_text(encoding="utf-8")]
+    assert claimed and set(claimed) <= set(PAGES), sorted(set(claimed) - set(PAGES))
