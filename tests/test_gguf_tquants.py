@@ -177,6 +177,25 @@ def test_each_ternary_mix_is_llama_quantize_s_on_the_same_f16_file(
         assert {n for n in plain if weighted[n] != plain[n]} == {"output.weight", "token_embd.weight"}
 
 
+def test_texts_for_the_matrix_are_taken_by_the_ternary_mixes_and_refused_by_mxfp4_moe(
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
+    """A ternary file's K-quant head and token_embd read an importance matrix (as llama-quantize's with --imatrix),
+    so ``--imatrix-texts`` computes one for tq1_0 and tq2_0 (it was refused: "takes no importance matrix", the
+    ternary default reads none); MXFP4_MOE's Q8_0 and MXFP4 read none: refused in one line, nothing written."""
+    from support import cli
+
+    config, _ = merges["llama"]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat.\ntwo plus two is four.\n")
+    for mix in ("tq1_0", "tq2_0"):
+        planned = cli("plan", config, "--out-type", "gguf", "--gguf-type", mix, "--imatrix-texts", texts)
+        assert planned.returncode == 0, planned.stderr
+    refused = cli("run", config, tmp_path / "out", "--state-dir", tmp_path / "s", "--out-type", "gguf",
+                  "--gguf-type", "mxfp4_moe", "--imatrix-texts", texts)
+    assert refused.returncode == 2 and "takes no importance matrix" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 def read_back(tmp_path: Path, config: Path, mix: str, name: str) -> tuple[dict[str, torch.Tensor], np.ndarray]:
     """The ``mix`` GGUF of ``config`` merged again (passthrough to float32 safetensors, its tensors returned), and
     gguf-py's values of its stored tensor ``name``."""

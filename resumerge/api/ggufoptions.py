@@ -170,16 +170,16 @@ def file_sha256(path: Path) -> str:
 def _imatrix_texts(given: Mapping[str, Any]) -> str:
     """``--imatrix-texts`` checked (exit 2): not with ``--imatrix``, a file, and a ``--gguf-type`` whose quantizer
     reads an importance matrix; the file as an absolute path."""
-    from resumerge.merge.plan.gguftypes import MIXES
-    from resumerge.outputs.gguf.encoders import WEIGHTED
+    from resumerge.merge.plan.gguftypes import MIXES, reads_matrix
 
     if given.get("imatrix") is not None:
         raise UsageError("--imatrix FILE and --imatrix-texts FILE both give the importance matrix: give one (a "
                          "file llama-imatrix wrote, or texts to compute it on the merge from)")
     mix = str(given.get("gguf_type") or "f16")
-    if not any(kind in MIXES and MIXES[kind].default in WEIGHTED for kind in gguf_types(mix)):
+    if not any(kind in MIXES and reads_matrix(kind) for kind in gguf_types(mix)):
         raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
-                         hint="give a K-quant mix (q2_k ... q6_k), iq4_nl, iq4_xs or q4_0, q4_1, q5_0, q5_1")
+                         hint="give a K-quant or i-quant mix (q2_k ... q6_k, iq4_xs ...), a legacy or ternary "
+                              "type (q4_0, q4_1, q5_0, q5_1, tq1_0, tq2_0)")
     path = Path(given["imatrix_texts"]).expanduser().resolve()
     if not path.is_file():
         raise UsageError(f"--imatrix-texts {given['imatrix_texts']}: no such file (texts, one a line, to compute "

@@ -47,6 +47,7 @@ from resumerge.merge.plan.gguftypes import (
     ModelFacts,
     TypeChoices,
     parse_tensor_types,
+    reads_matrix,
     requires_imatrix,
     tensor_type,
 )
@@ -122,9 +123,7 @@ def gguf_output(tensors: Mapping[str, TensorPlan], out_config: Mapping[str, Any]
     # imatrix keys after them, as llama-quantize appends them
     # a matrix computed for a release's other files is not named by a file whose types read none (a Q8_0 beside a
     # Q4_K_M): that file is the one its type alone writes; a user's --imatrix file is named as llama-quantize does
-    from resumerge.outputs.gguf.encoders import WEIGHTED
-
-    named = weights.keys() if not weights.later or MIXES[gguf_type].default in WEIGHTED else []
+    named = weights.keys() if not weights.later or reads_matrix(gguf_type) else []
     metadata = overridden(own_keys(_metadata(arch, out_config, gguf_type, source, template), keys),
                           overrides + named)
     whole = [TensorInfo(e.infos[0].name, e.infos[0].shape, e.infos[0].ggml_type, sum(i.nbytes for i in e.infos))

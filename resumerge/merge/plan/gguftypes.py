@@ -276,6 +276,16 @@ def _bumped(name: str, category: str, mix: str, default: int, model: ModelFacts,
     return chosen
 
 
+def reads_matrix(mix: str) -> bool:
+    """Whether a ``mix`` file holds a tensor whose type reads an importance matrix: its default type's, or the
+    head's Q6_K (every quantized mix's but Q8_0's and MXFP4_MOE's, whose heads are Q8_0: the ternary mixes' matrix
+    weights their K-quant head and ``token_embd``, as llama-quantize's does)."""
+    from resumerge.outputs.gguf.encoders import WEIGHTED
+
+    default = MIXES[mix].default
+    return default in WEIGHTED or (TYPES[default].is_block and default != Q8_0 and mix != "mxfp4_moe")
+
+
 def requires_imatrix(name: str, ggml_type: int, mix: str) -> bool:
     """Whether llama.cpp's quantizer refuses to write GGUF tensor ``name`` as ``ggml_type`` in a ``mix`` file
     without an importance matrix entry for it (``tensor_requires_imatrix``: IQ3_XXS and the 1- and 2-bit
