@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf import iq3grid, legacy
+from resumerge.inputs.gguf.iq1blocks import IQ1_BLOCK_BYTES, IQ1_DECODERS
 from resumerge.inputs.gguf.iq2blocks import IQ2_BLOCK_BYTES, IQ2_DECODERS
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ _Q8_VALUES, _Q8_BYTES = 32, 34
 # ggml type -> (values, bytes) of a block, for every block type this module decodes
 BLOCK_BYTES = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (_Q8_VALUES, _Q8_BYTES),
                Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-               IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), **IQ2_BLOCK_BYTES}
+               IQ4_NL: (32, 18), IQ4_XS: (256, 136), IQ3_XXS: (256, 98), IQ3_S: (256, 110), **IQ2_BLOCK_BYTES,
+               **IQ1_BLOCK_BYTES}
 # The 16 levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``), in increasing order: a 4-bit code is an
 # index into them, times its block's scale
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -260,7 +262,7 @@ def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
     Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
-    IQ3_S: _iq3_s_values, **IQ2_DECODERS,
+    IQ3_S: _iq3_s_values, **IQ2_DECODERS, **IQ1_DECODERS,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 

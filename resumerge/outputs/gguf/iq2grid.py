@@ -21,7 +21,7 @@ import numpy as np
 
 from resumerge.inputs.gguf.iq2blocks import IQ2_S, IQ2_XS, IQ2_XXS, kgrid
 
-__all__ = ["Tables", "tables"]
+__all__ = ["Tables", "build", "tables"]
 
 _KEYS = 43692  # kmap_size: every key of levels 0 ... 2 (the largest, all 2s, is 43690)
 _NWANT = {IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 1}
@@ -47,12 +47,16 @@ def _coordinates(keys: np.ndarray) -> np.ndarray:
 @functools.cache
 def tables(ggml_type: int) -> Tables:
     """The quantizer's tables of ``ggml_type`` (IQ2_XXS, IQ2_XS or IQ2_S), built on first use."""
-    points = kgrid(ggml_type)
+    return build(kgrid(ggml_type), _NWANT[ggml_type])
+
+
+def build(points: np.ndarray, nwant: int) -> Tables:
+    """The tables of a grid of ``points`` (uint16 keys) whose off-grid keys list the points at the nearest
+    ``nwant`` distinct distances (the 1-bit grid's too: :mod:`.iq1quants`)."""
     grid = _coordinates(points)
     kmap = np.full(_KEYS, -1, dtype=np.int32)
     kmap[points] = np.arange(points.size, dtype=np.int32)
     off = np.flatnonzero(kmap < 0)
-    nwant = _NWANT[ggml_type]
     counts: list[np.ndarray] = []
     found: list[np.ndarray] = []
     for at in range(0, off.size, _ROWS):

@@ -26,7 +26,7 @@ from functools import partial
 import numpy as np
 
 from resumerge.inputs.gguf.blocks import BLOCK_BYTES, IQ4_NL, IQ4_VALUES, IQ4_XS
-from resumerge.outputs.gguf import iq2quants, iqloop
+from resumerge.outputs.gguf import iq1quants, iq2quants, iqloop
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import EPS, F
 
@@ -35,7 +35,8 @@ __all__ = ["I_TYPES", "best_index", "encode_iq", "search", "search_numpy"]
 _Array = np.ndarray
 
 # ggml type -> bytes a block (its values: BLOCK_BYTES)
-I_TYPES = {IQ4_NL: BLOCK_BYTES[IQ4_NL][1], IQ4_XS: BLOCK_BYTES[IQ4_XS][1], **iq2quants.IQ2_TYPES}
+I_TYPES = {IQ4_NL: BLOCK_BYTES[IQ4_NL][1], IQ4_XS: BLOCK_BYTES[IQ4_XS][1], **iq2quants.IQ2_TYPES,
+           **iq1quants.IQ1_TYPES}
 _BLOCK = 32  # values a scale
 _NTRY = 7
 _LEVELS = np.array(IQ4_VALUES, dtype=F)
@@ -176,7 +177,8 @@ def _pack(found: _Array, out: _Array) -> None:
 
 # ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out)
 _ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
-    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
+    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES},
+    **{kind: partial(iq1quants.encode, kind) for kind in iq1quants.IQ1_TYPES}}
 
 
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
