@@ -369,8 +369,8 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
         with pytest.raises(UsageError, match=f"gguf.type {mix}: llama-quantize's {mix.upper()}") as refused:
             api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type=mix)))
         assert ("only with an importance matrix" in str(refused.value)) == needs
-    done = cli("run", config, out, "--out-type", "gguf", "--gguf-type", "iq1_m")
-    assert done.returncode == 2 and "iq1_m" in done.stderr and not out.exists()
+    done = cli("run", config, out, "--out-type", "gguf", "--gguf-type", "tq1_0")
+    assert done.returncode == 2 and "tq1_0" in done.stderr and not out.exists()
 
 
 def test_an_iq4_xs_run_is_loaded_and_run_by_llama_cpp(tmp_path: Path,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.errors import ModelInputError
 from resumerge.inputs.codecs.protocol import MAIN, Claim, TensorDecoder
-from resumerge.inputs.gguf import blocks, iq2blocks
+from resumerge.inputs.gguf import blocks, iq1blocks, iq2blocks
 from resumerge.inputs.gguf.model import METHOD, NVFP4_COMPANIONS, PLAIN_TYPES, gguf_module
 from resumerge.inputs.gguf.names import NORM_MINUS_ONE, UNPERMUTE_Q, hf_rows, transform
 
@@ -37,7 +37,8 @@ _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0
                 "Q4_1": blocks.Q4_1, "Q5_0": blocks.Q5_0, "Q5_1": blocks.Q5_1, "Q2_K": blocks.Q2_K, "Q3_K": blocks.Q3_K,
                 "Q4_K": blocks.Q4_K, "Q5_K": blocks.Q5_K, "Q6_K": blocks.Q6_K, "IQ4_NL": blocks.IQ4_NL,
                 "IQ4_XS": blocks.IQ4_XS, "IQ3_XXS": blocks.IQ3_XXS, "IQ3_S": blocks.IQ3_S,
-                "IQ2_XXS": iq2blocks.IQ2_XXS, "IQ2_XS": iq2blocks.IQ2_XS, "IQ2_S": iq2blocks.IQ2_S}
+                "IQ2_XXS": iq2blocks.IQ2_XXS, "IQ2_XS": iq2blocks.IQ2_XS, "IQ2_S": iq2blocks.IQ2_S,
+                "IQ1_S": iq1blocks.IQ1_S, "IQ1_M": iq1blocks.IQ1_M}
 
 
 @dataclass(frozen=True)

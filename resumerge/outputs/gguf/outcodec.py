@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 TYPE_NAMES: Mapping[int, str] = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 7: "Q5_1", 6: "Q5_0", 3: "Q4_1", 2: "Q4_0",
                                  10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL",
                                  23: "IQ4_XS", 18: "IQ3_XXS", 21: "IQ3_S", 16: "IQ2_XXS", 17: "IQ2_XS",
-                                 22: "IQ2_S"}
+                                 22: "IQ2_S", 19: "IQ1_S", 29: "IQ1_M"}
 _STORED = {0: "F32", 1: "F16", 30: "BF16"}  # the stored dtype of the plain types (the others: bytes)
 
 
