@@ -107,7 +107,7 @@ def test_each_iq1_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, re
                                                                    ) -> None:
     """SmolLM2-135M's rows (a slice of every matrix), with a matrix (IQ1_M without one too)."""
     needs_library()
-    rows = real_rows[::4]
+    rows = real_rows[::16]
     assert_llama_cpp_s(rows, IQ1[kind], importance(1536, 7), "imatrix")
     if kind == "IQ1_M":
         assert np.array_equal(encode_iq(rows, IQ1[kind], None), quantize(rows, IQ1[kind], None))

@@ -59,10 +59,13 @@ def build(points: np.ndarray, nwant: int) -> Tables:
     off = np.flatnonzero(kmap < 0)
     counts: list[np.ndarray] = []
     found: list[np.ndarray] = []
+    points_f = grid.astype(np.float32)
+    norms = (points_f * points_f).sum(axis=1)
     for at in range(0, off.size, _ROWS):
-        keys = off[at:at + _ROWS]
-        diff = _coordinates(keys)[:, None, :] - grid[None, :, :]
-        d2 = np.einsum("kgi,kgi->kg", diff, diff, dtype=np.int32)
+        keys = _coordinates(off[at:at + _ROWS]).astype(np.float32)
+        # |k - g|² = |k|² + |g|² - 2 k·g: small integers, exact in float32 (a matrix product, not a (keys, points,
+        # 8) difference)
+        d2 = ((keys * keys).sum(axis=1)[:, None] + norms[None, :] - 2 * (keys @ points_f.T)).astype(np.int32)
         # the nwant-th smallest distinct distance of each key: the farthest a neighbour may be
         bound = d2.min(axis=1)
         for _ in range(nwant - 1):
@@ -70,7 +73,7 @@ def build(points: np.ndarray, nwant: int) -> Tables:
         row, col = np.nonzero(d2 <= bound[:, None])
         # by key, then distance, then point index: qsort's order with iq2_compare_func
         order = np.lexsort((col, d2[row, col], row))
-        counts.append(np.bincount(row, minlength=keys.size))
+        counts.append(np.bincount(row, minlength=keys.shape[0]))
         found.append(col[order])
     count = np.concatenate(counts)
     starts = np.concatenate([[0], np.cumsum(count + 1)[:-1]])
