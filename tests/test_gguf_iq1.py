@@ -205,7 +205,7 @@ def test_the_iq1_mixes_rules() -> None:
     """llama.cpp's 1-bit mixes share the 2-bit branch, attn_output apart: IQ2_XXS (Q5_K with 8 experts); attn_v
     Q2_K (Q4_K with 4+ heads a KV head); the first eighth of ffn_down Q2_K; output Q5_K; token_embd Q2_K; a row
     not whole 256-value blocks IQ4_NL; a 1-bit type needs a matrix, token_embd and output apart. (Every shape
-    against llama.cpp's own choice: tests/test_gguf_iquants.py's test_every_mix_s_types_are_llama_cpp_s_on_every_shape.)"""
+    against llama.cpp's own choice: test_gguf_iquants.py's test_every_mix_s_types_are_llama_cpp_s_on_every_shape.)"""
     model = ModelFacts(layers=16, gqa=2)
     for mix in ("iq1_s", "iq1_m"):
         default = MIXES[mix].default

@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 # The relative RMS error of one encode-decode round trip of normal values (N(0, 1), 256 x 1024), in %, of the GGUF
 # types that lose more than BF16: the legacy ones and Q8_0 measured with resumerge's encoders (byte-equal to
 # gguf-py's), the K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL and IQ4_XS measured with
-# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike. A GGUF codec's round_trip,
-# read and written.
+# resumerge's (llama.cpp's bytes, without an importance matrix), IQ3_S and IQ3_XXS alike, IQ1_S and IQ1_M with a
+# uniform one (they need one). A GGUF codec's round_trip, read and written.
 GGUF_ROUND_TRIP = {"Q8_0": 0.54, "Q6_K": 1.8, "Q5_K": 3.6, "Q5_1": 3.8, "Q5_0": 4.3, "Q4_K": 7.2, "IQ4_NL": 7.6,
-                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0}
+                   "IQ4_XS": 7.7, "Q4_1": 7.9, "Q4_0": 8.6, "IQ3_S": 17.0, "IQ3_XXS": 21.0,
+                   "IQ1_M": 45.2, "IQ1_S": 48.6}
 
 # The types :mod:`.blocks` decodes with torch (the others: gguf-py's numpy dequantizer), by name
 _BLOCK_TYPES = {"F32": blocks.F32, "F16": blocks.F16, "BF16": blocks.BF16, "Q8_0": blocks.Q8_0, "Q4_0": blocks.Q4_0,
