@@ -19,11 +19,13 @@ over 15 (each block's 3-bit ``nearest_int(0.5·(scale/d − 1))``), written time
 once more over the whole super-block at the blocks' 3-bit scales and writes it times 1.1125.
 
 **The sort's ties.** C sorts the (value, index) pairs with ``qsort``, comparing the values only, so the order of
-equal values is the C library's: glibc's ``qsort`` (every version, the oracle's among them) is a merge sort for
-arrays this small, which keeps equal values in index order — a stable sort, what these kernels do (an insertion
-sort). The order of equal values matters only where the best split falls strictly inside a run of equal values
-(an exact tie of two fits, or fits whose float32 sums differ by that order alone); a C library whose ``qsort`` is
-not stable (musl, macOS, MSVC) may then write other bytes than these and than glibc's llama.cpp. A NaN makes every
+equal values is the C library's: glibc's ``qsort`` sorts arrays this small (16 or 32 pairs) with a merge sort,
+which keeps equal values in index order — a stable sort, what these kernels do (an insertion sort); the oracle
+(llama-cpp-py-sync 0.11739 on glibc 2.36) is held to it on blocks whose bytes change with that order
+(tests/test_gguf_iq1.py). The order matters where a run of equal values has unequal weights: the prefix sums
+through the run, and so the fits compared, round by it (a constant block, copies and zeros of TIES/DARE merges
+with an importance matrix); a C library whose ``qsort`` is not stable (musl, macOS, MSVC) may there write other
+bytes than these and than glibc's llama.cpp. A NaN makes every
 fit NaN (nothing adopted: the block is empty), whatever the order.
 
 ``nearest_int`` is written out as :func:`.ksearch.ni`'s bits, ``MAX`` as C's ``a > b ? a : b``. The float16 ``d``
