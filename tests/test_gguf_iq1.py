@@ -245,3 +245,14 @@ def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str, 
         patched.setattr(jit, "numba_module", lambda: None)
         slow = encode_iq(x, IQ1[kind], weights)
     assert np.array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("mix", ["iq1_s", "iq1_m"])
+def test_a_row_not_whole_super_blocks_falls_back_to_llama_cpp_s_iq4_nl(mix: str) -> None:
+    """A tensor whose rows are not whole 256-value blocks (SmolLM2's 576) takes IQ4_NL in a 1-bit file, as
+    llama.cpp's tensor_type_fallback picks it, and its bytes with the matrix are llama.cpp's."""
+    needs_library()
+    picked = tensor_type("blk.2.ffn_up.weight", (64, 576), mix, ModelFacts(layers=16), TypeChoices(imatrix=True))
+    assert picked.llama == picked.written == 20
+    x, weights = awkward(16, 576, 3), importance(576, 3)
+    assert np.array_equal(encode_iq(x, picked.written, weights), quantize(x, picked.written, weights))
