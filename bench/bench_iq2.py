@@ -23,12 +23,19 @@ def best(fn, repeat: int = 3) -> float:
     return min(times)
 
 
-def main() -> None:
+def matrix() -> tuple[np.ndarray, np.ndarray]:
+    """The benched matrix (1024 x 4096, a fifth exact zeros) and its importance."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1024, 4096)).astype(np.float32)
     x[rng.random(x.shape) < 0.2] = 0
     weights = (rng.random(4096) ** 2 + 0.01).astype(np.float32)
-    for name, code in (("IQ2_XXS", 16), ("IQ2_XS", 17), ("IQ2_S", 22)):
+    return x, weights
+
+
+def compare(types: dict[str, int]) -> None:
+    """Each of ``types`` (name -> ggml type) encoded by both, the CPU printed."""
+    x, weights = matrix()
+    for name, code in types.items():
         ours = encode_iq(x[:16], code, weights)  # compile (or load the cached kernels), build the grid's tables
         assert np.array_equal(ours, quantize(x[:16], code, weights))
         resumerge_s = best(lambda code=code: encode_iq(x, code, weights))
@@ -36,6 +43,10 @@ def main() -> None:
         print(f"{name}: resumerge {resumerge_s:.2f} s CPU, llama.cpp {llama_s:.2f} s CPU, "
               f"ratio {resumerge_s / llama_s:.2f}x ({x.size / 1e6 / resumerge_s:.1f} vs {x.size / 1e6 / llama_s:.1f} "
               "Mweights/s)")
+
+
+def main() -> None:
+    compare({"IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22})
 
 
 if __name__ == "__main__":

@@ -40,4 +40,4 @@ def test_a_fallback_is_a_row_of_smaller_blocks_and_unknown_types_are_named_by_id
     for row in TYPES.values():
         if row.fallback >= 0:
             assert row.values % TYPES[row.fallback].values == 0 and row.values > TYPES[row.fallback].values
-    assert name_of(12) == "Q4_K" and name_of(29) == "29"
+    assert name_of(12) == "Q4_K" and name_of(29) == "IQ1_M" and name_of(99) == "99"

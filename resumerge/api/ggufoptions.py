@@ -54,12 +54,8 @@ def gguf_types(given: object) -> list[str]:
 
 def _one_type(mix: str, given: Mapping[str, Any]) -> None:
     """One type of ``--gguf-type`` checked: see :func:`_gguf_type`."""
-    from resumerge.merge.plan.gguftypes import MIXES, NOT_YET
+    from resumerge.merge.plan.gguftypes import MIXES
 
-    if mix in NOT_YET:
-        needs = ", which llama.cpp's quantizer writes only with an importance matrix," if NOT_YET[mix] else ""
-        raise UsageError(f"--gguf-type {mix}: llama-quantize's {mix.upper()}{needs} is not a type resumerge writes "
-                         "yet", hint=f"give one of {', '.join(MIXES)}")
     if (mix in MIXES and MIXES[mix].needs_imatrix and given.get("imatrix") is None
             and given.get("imatrix_texts") is None):
         raise UsageError(f"--gguf-type {mix}: llama.cpp's quantizer writes it only with an importance matrix",

@@ -72,7 +72,8 @@ class Output:
     safetensors shards, its matrices as ``gguf_type`` (``f16``, ``bf16``, ``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``,
     ``q4_0``, or one of llama-quantize's K-quant mixes ``q2_k`` ... ``q6_k`` (``q2_k_s`` with an importance matrix
     only), IQ4 mixes ``iq4_nl``, ``iq4_xs`` or IQ3 mixes ``iq3_m``, ``iq3_s``, ``iq3_xs``, ``iq3_xxs`` (the last two
-    with an importance matrix only), each tensor's type as llama.cpp picks it; ``gguf_tensor_types``
+    with an importance matrix only), IQ2 and IQ1 mixes ``iq2_m`` ... ``iq2_xxs``, ``iq1_m``, ``iq1_s`` (with an
+    importance matrix only), each tensor's type as llama.cpp picks it; ``gguf_tensor_types``
     ``PATTERN=TYPE`` pairs, ``gguf_output_type`` and ``gguf_token_embedding_type`` as
     llama-quantize's ``--tensor-type``, ``--output-tensor-type`` and ``--token-embedding-type``; ``imatrix``: an
     importance matrix file of llama.cpp's, GGUF or ``.dat``; or ``imatrix_texts``: a file of texts, one a line, the

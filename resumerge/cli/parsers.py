@@ -166,7 +166,7 @@ def out_format_flags(p: argparse.ArgumentParser) -> None:
                    help=f"--out-type gguf: how matrices are stored, one of {', '.join(GGUF_TYPES)} (either case): a "
                         "type or one of llama-quantize's K-quant and i-quant mixes (q4_k_m, iq4_xs, iq3_m, iq2_m "
                         "...: each tensor's type as llama-quantize picks it, its bytes as llama.cpp's quantizer "
-                        "writes them; q2_k_s, iq3_xs, iq3_xxs and the iq2 mixes need an importance matrix; "
+                        "writes them; q2_k_s, iq3_xs, iq3_xxs and the iq2 and iq1 mixes need an importance matrix; "
                         "mxfp4_moe: experts MXFP4, the rest Q8_0; tq1_0 and tq2_0 keep only ternary weights exactly, "
                         "for BitNet-like parents); norms and 1-D tensors are F32. A comma list (q8_0,q6_k,q4_k_m) "
                         "writes a release: one file per type, NAME-Q4_K_M.gguf (NAME: the config's name:, else "

@@ -1,6 +1,7 @@
 """GGUF's F16, BF16, Q8_0, K-quant (Q2_K ... Q6_K), 4-bit i-quant (IQ4_NL, IQ4_XS) and 3-bit i-quant (IQ3_XXS, IQ3_S,
-their grids: :mod:`.iq3grid`) tensors (the 2-bit i-quants: :mod:`.iq2blocks`, TQ1_0 and TQ2_0: :mod:`.tqblocks`,
-MXFP4: :mod:`.mxfp4blocks`; the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`) decoded with torch,
+their grids: :mod:`.iq3grid`) tensors (the 2-bit i-quants: :mod:`.iq2blocks`, the 1-bit ones: :mod:`.iq1blocks`,
+TQ1_0 and TQ2_0: :mod:`.tqblocks`, MXFP4: :mod:`.mxfp4blocks`; the legacy Q4_0, Q4_1, Q5_0, Q5_1: :mod:`.legacy`)
+decoded with torch,
 vectorised over torch's compute threads, to the float32 values gguf-py's ``quants`` gives: each type's decoder
 registered by its id (``_DECODERS``) against its row of :mod:`.ggmltypes`, whose block layouts (values and bytes a
 block) the encoders of a GGUF output read too (:mod:`resumerge.outputs.gguf.encoders`).
@@ -33,6 +34,7 @@ from resumerge.inputs.gguf.ggmltypes import (
     Q8_0,
     TYPES,
 )
+from resumerge.inputs.gguf.iq1blocks import IQ1_DECODERS
 from resumerge.inputs.gguf.iq2blocks import IQ2_DECODERS
 from resumerge.inputs.gguf.mxfp4blocks import MXFP4_DECODERS
 from resumerge.inputs.gguf.tqblocks import TQ_DECODERS
@@ -271,7 +273,7 @@ def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 _DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
     Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
-    IQ3_S: _iq3_s_values, **IQ2_DECODERS, **TQ_DECODERS, **MXFP4_DECODERS,
+    IQ3_S: _iq3_s_values, **IQ2_DECODERS, **IQ1_DECODERS, **TQ_DECODERS, **MXFP4_DECODERS,
     **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
 
 

@@ -1,7 +1,7 @@
 """The GGUF input codec: each tensor of a GGUF model decoded to float32, in Hugging Face's values.
 
 It claims every tensor of a model :mod:`.model` opened (``quant_method: gguf`` in its synthesized config), decodes a row
-chunk (F16, BF16, Q8_0, the legacy types, the K-quants, the i-quants but IQ1, TQ1_0, TQ2_0 and MXFP4 with torch,
+chunk (F16, BF16, Q8_0, the legacy types, the K-quants, the i-quants, TQ1_0, TQ2_0 and MXFP4 with torch,
 :mod:`.blocks`; the other types with ``gguf.quants.dequantize``; blocks never cross rows) and applies the family's
 transform: llama's q/k rows un-permuted per head (a chunk is whole heads: :attr:`GgufCodec.read_block`), gemma's
 norms −1. A decoder only: an output tensor of a GGUF base is stored plainly, or written to a GGUF by

@@ -85,6 +85,9 @@ IQ2_S = _row("IQ2_S", 22, 256, 82, needs_imatrix=True, fallback=IQ4_NL)
 TQ1_0 = _row("TQ1_0", 34, 256, 54, round_trip=81.0, fallback=Q4_0)
 TQ2_0 = _row("TQ2_0", 35, 256, 66, round_trip=81.0, fallback=Q4_0)
 MXFP4 = _row("MXFP4", 39, 32, 17, round_trip=11.5)
+# The 1-bit i-quants' errors measured with resumerge's encoders under a uniform importance matrix (they need one).
+IQ1_S = _row("IQ1_S", 19, 256, 50, round_trip=48.6, needs_imatrix=True, fallback=IQ4_NL)
+IQ1_M = _row("IQ1_M", 29, 256, 56, round_trip=45.2, needs_imatrix=True, fallback=IQ4_NL)
 
 # ggml type id -> its row; name -> its row (in the rows' order: the order the override flags' choices are listed in)
 TYPES: Mapping[int, GgmlType] = MappingProxyType({row.code: row for row in _ROWS})

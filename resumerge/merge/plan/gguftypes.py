@@ -32,17 +32,17 @@ the mix's bumps and the head's rule below (its overrides and the row fallback st
   untied ``token_embd`` IQ3_S, ``output.weight`` Q5_K, ``ffn_down`` without a matrix Q4_K (first eighth) or Q3_K;
   IQ3_M's ``attn_output`` Q4_K and first eighth of ``ffn_down`` Q4_K; with 8 experts every IQ3 mix's
   ``attn_output`` Q5_K.
-- The 2-bit mixes (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M): llama.cpp's own branch of rules (:func:`_iq2_bumped`),
-  ``output.weight`` Q5_K, ``token_embd`` Q2_K (IQ3_S in IQ2_S and IQ2_M files).
+- The 1- and 2-bit mixes (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M): llama.cpp's own branch of rules
+  (:func:`_iq2_bumped`), ``output.weight`` Q5_K, ``token_embd`` Q2_K (IQ3_S in IQ2_S and IQ2_M files).
 - Q2_K_S: Q2_K but ``attn_v`` Q4_K where ``n_gqa >= 4`` and the first eighth of ``ffn_down`` Q4_K. llama.cpp
-  refuses it, IQ3_XXS, IQ3_XS and the 2-bit mixes without an importance matrix (:attr:`Mix.needs_imatrix`,
-  :func:`requires_imatrix`); the 1-bit mixes resumerge does not write yet (:data:`NOT_YET`).
+  refuses it, IQ3_XXS, IQ3_XS and the 1- and 2-bit mixes without an importance matrix (:attr:`Mix.needs_imatrix`,
+  :func:`requires_imatrix`).
 - MXFP4_MOE: a stack of more than one expert (``ne[2] > 1``: a 3-D tensor, or an expert's slice of ``*_exps``)
   MXFP4, every other matrix Q8_0 (``token_embd`` and ``output.weight`` too); no bumps.
 - TQ1_0 and TQ2_0 (ternary): an untied ``token_embd`` Q4_K, a row not whole 256-value blocks Q4_0.
 
 resumerge encodes every type these rules pick (F32, F16, BF16, the legacy block types, the K-quants, IQ4_NL, IQ4_XS,
-IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, TQ1_0, TQ2_0 and MXFP4).
+IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0 and MXFP4).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ from resumerge.inputs.gguf.ggmltypes import (
     BF16,
     F16,
     F32,
+    IQ1_M,
+    IQ1_S,
     IQ2_S,
     IQ2_XS,
     IQ2_XXS,
@@ -106,14 +108,13 @@ MIXES: Mapping[str, Mix] = {
     "iq3_s": Mix(26, IQ3_S), "iq3_m": Mix(27, IQ3_S),
     "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
     "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True),
+    "iq1_s": Mix(24, IQ1_S, needs_imatrix=True), "iq1_m": Mix(31, IQ1_M, needs_imatrix=True),
     "tq1_0": Mix(36, TQ1_0), "tq2_0": Mix(37, TQ2_0), "mxfp4_moe": Mix(38, MXFP4)}
-# the 2-bit i-quant mixes (their rules: _iq2_bumped)
-_IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m")
+# the 1- and 2-bit i-quant mixes (their rules: _iq2_bumped)
+_IQ1_MIXES = ("iq1_s", "iq1_m")
+_IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", *_IQ1_MIXES)
 # IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
 _IQ2_RICH = ("iq2_s", "iq2_m")
-# llama-quantize's file types resumerge does not write yet -> whether llama.cpp's quantizer needs an importance
-# matrix for them
-NOT_YET: Mapping[str, bool] = {"iq1_s": True, "iq1_m": True}
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
 OVERRIDE_TYPES: Mapping[str, int] = {row.name.lower(): code for code, row in TYPES.items()}
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -179,10 +180,10 @@ def _category(name: str) -> str:
 
 
 def _iq2_bumped(category: str, mix: str, layer: int, default: int, model: ModelFacts) -> int:
-    """llama_tensor_get_type_impl's branch for the 2-bit i-quant mixes (taken instead of every other rule but the
-    head's and token_embd's): attn_v Q4_K where 4+ heads share a KV head or 4+ experts, else IQ3_S (IQ2_S, IQ2_M)
-    or Q2_K; attn_k Q4_K with 8 experts; the first eighth of ffn_down IQ3_S or Q2_K; attn_output Q5_K with 8
-    experts, else IQ3_S in IQ2_S and IQ2_M files."""
+    """llama_tensor_get_type_impl's branch for the 1- and 2-bit i-quant mixes (taken instead of every other rule but
+    the head's and token_embd's): attn_v Q4_K where 4+ heads share a KV head or 4+ experts, else IQ3_S (IQ2_S,
+    IQ2_M) or Q2_K; attn_k Q4_K with 8 experts; the first eighth of ffn_down IQ3_S or Q2_K; attn_output Q5_K with 8
+    experts, else IQ3_S in IQ2_S and IQ2_M files, IQ2_XXS in IQ1_S and IQ1_M files."""
     rich = mix in _IQ2_RICH
     if category == "attn_v":
         return Q4_K if model.gqa >= 4 or model.experts >= 4 else (IQ3_S if rich else Q2_K)
@@ -191,7 +192,7 @@ def _iq2_bumped(category: str, mix: str, layer: int, default: int, model: ModelF
     if category == "ffn_down" and layer < model.layers // 8:
         return IQ3_S if rich else Q2_K
     if category == "attn_output":
-        return Q5_K if model.experts == 8 else (IQ3_S if rich else default)
+        return Q5_K if model.experts == 8 else (IQ3_S if rich else IQ2_XXS if mix in _IQ1_MIXES else default)
     return default
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.inputs.gguf.iq2blocks import kgrid
 
-__all__ = ["Tables", "tables"]
+__all__ = ["Tables", "build", "tables"]
 
 _KEYS = 43692  # kmap_size: every key of levels 0 ... 2 (the largest, all 2s, is 43690)
 _NWANT = {IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 1}
@@ -48,18 +48,25 @@ def _coordinates(keys: np.ndarray) -> np.ndarray:
 @functools.cache
 def tables(ggml_type: int) -> Tables:
     """The quantizer's tables of ``ggml_type`` (IQ2_XXS, IQ2_XS or IQ2_S), built on first use."""
-    points = kgrid(ggml_type)
+    return build(kgrid(ggml_type), _NWANT[ggml_type])
+
+
+def build(points: np.ndarray, nwant: int) -> Tables:
+    """The tables of a grid of ``points`` (uint16 keys) whose off-grid keys list the points at the nearest
+    ``nwant`` distinct distances (the 1-bit grid's too: :mod:`.iq1quants`)."""
     grid = _coordinates(points)
     kmap = np.full(_KEYS, -1, dtype=np.int32)
     kmap[points] = np.arange(points.size, dtype=np.int32)
     off = np.flatnonzero(kmap < 0)
-    nwant = _NWANT[ggml_type]
     counts: list[np.ndarray] = []
     found: list[np.ndarray] = []
+    points_f = grid.astype(np.float32)
+    norms = (points_f * points_f).sum(axis=1)
     for at in range(0, off.size, _ROWS):
-        keys = off[at:at + _ROWS]
-        diff = _coordinates(keys)[:, None, :] - grid[None, :, :]
-        d2 = np.einsum("kgi,kgi->kg", diff, diff, dtype=np.int32)
+        keys = _coordinates(off[at:at + _ROWS]).astype(np.float32)
+        # |k - g|² = |k|² + |g|² - 2 k·g: small integers, exact in float32 (a matrix product, not a (keys, points,
+        # 8) difference)
+        d2 = ((keys * keys).sum(axis=1)[:, None] + norms[None, :] - 2 * (keys @ points_f.T)).astype(np.int32)
         # the nwant-th smallest distinct distance of each key: the farthest a neighbour may be
         bound = d2.min(axis=1)
         for _ in range(nwant - 1):
@@ -67,7 +74,7 @@ def tables(ggml_type: int) -> Tables:
         row, col = np.nonzero(d2 <= bound[:, None])
         # by key, then distance, then point index: qsort's order with iq2_compare_func
         order = np.lexsort((col, d2[row, col], row))
-        counts.append(np.bincount(row, minlength=keys.size))
+        counts.append(np.bincount(row, minlength=keys.shape[0]))
         found.append(col[order])
     count = np.concatenate(counts)
     starts = np.concatenate([[0], np.cumsum(count + 1)[:-1]])

@@ -27,7 +27,7 @@ import numpy as np
 
 from resumerge.inputs.gguf.blocks import IQ4_VALUES
 from resumerge.inputs.gguf.ggmltypes import IQ4_NL, IQ4_XS, TYPES
-from resumerge.outputs.gguf import iq2quants, iqloop
+from resumerge.outputs.gguf import iq1quants, iq2quants, iqloop
 from resumerge.outputs.gguf import ksearch as ks
 from resumerge.outputs.gguf.kfloat import EPS, F
 
@@ -176,7 +176,8 @@ def _pack(found: _Array, out: _Array) -> None:
 # ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out); its row (the block's
 # values and bytes): resumerge.inputs.gguf.ggmltypes
 _ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
-    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES}}
+    IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES},
+    **{kind: partial(iq1quants.encode, kind) for kind in iq1quants.IQ1_TYPES}}
 # the types encode_iq encodes
 I_TYPES = tuple(_ENCODERS)
 
