@@ -29,7 +29,7 @@ from resumerge.api.flagmap import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError
-from resumerge.merge.engine.cluster import keeper, kept, launch
+from resumerge.merge.engine.cluster import STREAM, keeper, kept, launch
 from resumerge.merge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
 from resumerge.merge.engine.cluster.kept import SPARE_SLOTS, kept_name
 from resumerge.merge.engine.cluster.launch import Worker
@@ -205,12 +205,12 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
             self.stopped = True
 
     monkeypatch.setattr(resumerge.merge.engine.cluster.worker, "ShardStream", _Stream)
-    other = NodeActor(None, None, 60.0, "0123456789abcdef")
+    other = NodeActor(None, None, 60.0, "0123456789abcdef", stream=STREAM)
     assert other.keeper is not None
     _MADE.append(other.keeper)
     assert other.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and made == []
     _ended(fake_ray)
-    actor = NodeActor(None, None, 60.0, _code())
+    actor = NodeActor(None, None, 60.0, _code(), stream=STREAM)
     assert actor.keeper is not None
     _MADE.append(actor.keeper)
     tokens = [_Token(f"run-{n}") for n in range(4)]
@@ -337,7 +337,7 @@ class _Actors:
 
     def options(self, *, name: str, **options: object) -> SimpleNamespace:
         self.asked.append(name)
-        return SimpleNamespace(remote=lambda *args: self.actor(name, self.answers.get(name, 0)))
+        return SimpleNamespace(remote=lambda *args, **kwargs: self.actor(name, self.answers.get(name, 0)))
 
     def actor(self, name: str, answer: object, release: object = None) -> SimpleNamespace:
         def released(box: list[str]) -> _Ref:
@@ -372,7 +372,7 @@ def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
                                   **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
     ray = _Actors(answers)
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0, STREAM)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
     # Every node's slots asked at once (then the spare ones), the spare slots and no more, each round's new workers
@@ -392,7 +392,7 @@ def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_kille
                                   kept_name(code, full, 2): 2, kept_name(code, slow, 0): LATE}
     ray = _Actors(answers, existing={kept_name(code, full, 2)}, free=0.0)
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0, STREAM)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, full, 2)] and reused == 1
     assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
                          kept_name(code, full, 2)]
@@ -408,7 +408,7 @@ def test_a_worker_made_for_the_lease_is_waited_for_less_than_a_kept_one(monkeypa
     spares = {kept_name(code, node, 2): None, kept_name(code, node, 3): OTHER_CODE}
     ray = _Actors({live: LATE, new: LATE, **spares}, existing={live})
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0, 1)  # type: ignore[arg-type]
+    assert kept.lease(ray, _nodes(a=2), 1, 60.0, STREAM) == ([], 0, 1)  # type: ignore[arg-type]
     assert ray.waits[0] <= kept.NEW_LEASE_SECONDS < kept.LEASE_SECONDS - 1 < ray.waits[1]
     assert ray.killed == [live, new]
 

@@ -45,7 +45,7 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
     def needs() -> list[int]:
         pytest.fail("a pass placed in this process asked what its actors need")
 
-    here, ray = site_of(HERE), site_of(OnRay("10.0.0.1:6379", keep=30.0))
+    here, ray = site_of(HERE), site_of(OnRay("10.0.0.1:6379", keep=30.0, stream="m:S"))
     assert (here.name, here.here, ray.name, ray.here) == ("local", True, "ray", False)
     # here: nothing placed ahead, and what this process reads twice kept for its second read
     assert type(here.seat(needs, "measurement", state)).__name__ == "_HereSeats"
@@ -54,7 +54,8 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
     reads = _Reads()
     here.bind(reads, [], fresh=True)  # type: ignore[arg-type]
     # on Ray: the cluster joined with what each actor needs, the state dir a node opens the models under
-    assert vars(ray.seat(lambda: [300], "measurement", state)) == {"placed": where, "state": None, "keep": 30.0}
+    assert vars(ray.seat(lambda: [300], "measurement", state)) == {"placed": where, "state": None, "keep": 30.0,
+                                                                   "stream": "m:S"}
     assert asked == [("10.0.0.1:6379", [300], "measurement")]
     given = StateDir.resolve(tmp_path / "given")
     assert vars(ray.seat(lambda: [300], "check", given))["state"] == str(given.root)
@@ -112,9 +113,10 @@ def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_si
     monkeypatch.setattr(rayactor, "ray_each", ray_each)
     where = [Place("node-a", 1.0, 300), Place("node-b", 1.0, 300)]
     monkeypatch.setattr("resumerge.forward.onray.ray_places", lambda address, needs, what="check": where)
-    seats = site_of(OnRay(keep=5.0)).seat(lambda: [300, 300], "measurement", StateDir.resolve())
+    seats = site_of(OnRay(keep=5.0, stream="m:S")).seat(lambda: [300, 300], "measurement", StateDir.resolve())
     assert seats.each(each, together) == ["actor 0 ran", "actor 1 ran"]
     ((models, placed, layers, terms),) = made
     assert (models, placed, layers) == (["a", "b"], where, [2, 3])
-    assert [(t.watch, t.keep, t.state, t.what) for t in terms] == [(w, 5.0, None, "measure") for w in watches]
+    assert [(t.watch, t.keep, t.stream, t.state, t.what) for t in terms] == [(w, 5.0, "m:S", None, "measure")
+                                                                      for w in watches]
     assert seats.held(["a", "b"], [10, 30], [4, 5]) == Held(31, "on Ray", 0, 0)

@@ -118,8 +118,8 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
 
     used: list[list[Any]] = []
 
-    def recorded(ray_: Any, placed: Any, keep: float) -> list[Any]:
-        hosts = onray.kept_hosts(ray_, placed, keep)
+    def recorded(ray_: Any, placed: Any, keep: float, stream: str) -> list[Any]:
+        hosts = onray.kept_hosts(ray_, placed, keep, stream)
         used.append([None if h is None else h.worker.actor for h in hosts])
         return hosts
 

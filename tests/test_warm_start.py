@@ -234,7 +234,7 @@ class _Actors:
     def options(self, **declared: Any) -> _Actors:
         return self
 
-    def remote(self, *args: Any) -> str:
+    def remote(self, *args: Any, **kwargs: Any) -> str:
         if self.made:
             raise RuntimeError("the raylet refused the actor")
         self.made.append("w1")

@@ -251,7 +251,7 @@ class _Scoring:
     def on_ray(self, placement: OnRay) -> ScoresGeneration:
         from resumerge.runs.evolve.spread import SpreadOverNodes
 
-        return SpreadOverNodes(self.make, self.store, placement.address, placement.keep, self.say)
+        return SpreadOverNodes(self.make, self.store, placement.address, placement.keep, self.say, placement.stream)
 
 
 class _ExecutorWords:

@@ -57,10 +57,12 @@ class Here:
 class OnRay:
     """An actor per model on the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here), hosted
     by the nodes' kept workers that wait idle ``keep`` seconds once the pass ends (0: fresh actors, ended with
-    it)."""
+    it); ``stream``: the class, by name (``"module:Class"``), a kept worker made for the pass computes a later
+    merge's shards with, as the executor names it (empty: no kept worker, fresh actors)."""
 
     address: str | None = None
     keep: float = 0.0
+    stream: str = ""
     name: ClassVar[str] = "ray"
 
     def refuse(self, what: str, device: str, on_gpu: bool) -> None:

@@ -153,17 +153,19 @@ def driver_token() -> bool:
     return bool(get_token())
 
 
-def kept_hosts(ray: Any, placed: Sequence[Place], keep: float) -> list[Any]:
+def kept_hosts(ray: Any, placed: Sequence[Place], keep: float, stream: str) -> list[Any]:
     """For each actor of a pass ``placed`` so, the kept worker of its node that hosts it
     (:func:`~resumerge.merge.engine.cluster.hosting.lease_hosts`: leased, the actor's CPUs and memory reserved on its
-    node, idle for at most ``keep`` seconds once the pass ends), else None: a fresh actor (``keep`` 0: the cluster was
-    started for the pass, or ``keep_workers=0``; no kept worker free on the node; its reservation not up in time)."""
-    if keep <= 0:
+    node, idle for at most ``keep`` seconds once the pass ends, one made for the lease computing a later merge's
+    shards with the class named ``stream``), else None: a fresh actor (``keep`` 0: the cluster was started for the
+    pass, or ``keep_workers=0``; no ``stream`` named; no kept worker free on the node; its reservation not up in
+    time)."""
+    if keep <= 0 or not stream:
         return [None] * len(placed)
     from resumerge.merge.engine.cluster.hosting import lease_hosts
 
     try:
-        return list(lease_hosts(ray, [(p.node_id, p.cpus, p.memory) for p in placed], keep))
+        return list(lease_hosts(ray, [(p.node_id, p.cpus, p.memory) for p in placed], keep, stream))
     except Exception:  # (what it leased is ended) the pass starts fresh actors, which say what is wrong if anything
         return [None] * len(placed)
 

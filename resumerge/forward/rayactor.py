@@ -227,10 +227,11 @@ class ActorTerms:
     """How the pass's actors are made: ``state``, the state dir a node opens a model under (``--state-dir``; None:
     the default); ``dtype`` and ``what`` (the pass, as its refusals name it): see :class:`ModelNode`; ``beside``:
     beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
-    actor waits idle for the next run or pass (0: fresh actors, ended with the pass); ``watch``: what each actor
-    computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this one is told
-    what they found); ``threads``: the thread count the actors compute with, the pass's (None: the one the thread
-    making them computes with, which under a pass's driver is the count recorded in its folder:
+    actor waits idle for the next run or pass (0: fresh actors, ended with the pass), and ``stream`` the class, by
+    name, one made for the pass computes a merge's shards with (:class:`~resumerge.config.passplace.OnRay`); ``watch``:
+    what each actor computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this
+    one is told what they found); ``threads``: the thread count the actors compute with, the pass's (None: the one the
+    thread making them computes with, which under a pass's driver is the count recorded in its folder:
     :func:`~resumerge.forward.threads.pass_threads`)."""
 
     state: str | None = None
@@ -238,6 +239,7 @@ class ActorTerms:
     what: str = "check"
     beside: bool = False
     keep: float = 0.0
+    stream: str = ""
     watch: NodeWatch | None = None
     threads: int | None = None
 
@@ -266,6 +268,7 @@ class RayModels:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
         state, dtype, what, beside = terms.state, terms.dtype, terms.what, terms.beside
         self.keep = 0.0 if beside else terms.keep  # beside a run's workers (which hold the nodes' CPUs): fresh actors
+        self.stream = terms.stream
         self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
@@ -292,7 +295,7 @@ class RayModels:
     def start(self) -> None:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
-        self.launch(kept_hosts(self.ray, self.places, self.keep))
+        self.launch(kept_hosts(self.ray, self.places, self.keep, self.stream))
         self.opened()
 
     def launch(self, hosts: Sequence[Any]) -> None:
@@ -505,8 +508,8 @@ def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequenc
     """Each of ``models`` a placement of its own (an actor where ``placed`` says, ``layers[m]`` decoder layers,
     made as ``terms[m]`` says: :class:`ActorTerms`), for passes that run the models side by side, each at its own
     layer with its own journal (``measure``'s): the kept workers leased for them all at once
-    (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep``), every actor started before any is waited
-    for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
+    (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep`` and ``stream``), every actor started before any is
+    waited for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
     from resumerge.machine.rayconnect import require_ray
 
     ray = require_ray()
@@ -521,7 +524,8 @@ def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequenc
     with ExitStack() as ending:
         for running in each:
             ending.callback(running.end)
-        for running, host in zip(each, kept_hosts(ray, placed, terms[0].keep if terms else 0.0)):
+        first = terms[0] if terms else ActorTerms()
+        for running, host in zip(each, kept_hosts(ray, placed, first.keep, first.stream)):
             running.launch([host])
         for running in each:
             running.opened()

@@ -217,16 +217,18 @@ class OnCluster(_Named):
 
         placed = ray_places(self.placement.address, needs(), what=what)
         given = None if state.given is None else str(state.root)  # --state-dir, as a node opens a model under it
-        return _NodeSeats(placed, given, self.placement.keep)
+        return _NodeSeats(placed, given, self.placement.keep, self.placement.stream)
 
 
 @dataclass(frozen=True)
 class _NodeSeats:
-    """Each model's actor placed on its node (``placed``)."""
+    """Each model's actor placed on its node (``placed``), hosted as :class:`~resumerge.config.passplace.OnRay`'s
+    ``keep`` and ``stream`` say."""
 
     placed: Sequence[Place]
     state: str | None
     keep: float
+    stream: str
 
     def models(self, models: Sequence[PassModel], streams: Sequence[ModelStream], told: Told, *,
                reserve: Reserve = unreserved, workdir: Path | None = None, fold: Fold | None = None,
@@ -234,7 +236,7 @@ class _NodeSeats:
         from resumerge.forward.rayactor import ActorTerms, ray_models
 
         return ray_models(models, list(self.placed), streams[0].layers, told.layer, told.reads, vocab,
-                          ActorTerms(self.state, keep=self.keep))
+                          ActorTerms(self.state, keep=self.keep, stream=self.stream))
 
     def held(self, names: Sequence[str], peaks: Sequence[int], steps: Sequence[int]) -> Held:
         """Every model's hidden states in and out at once (the passes run side by side), no layer: those run on
@@ -247,7 +249,8 @@ class _NodeSeats:
         error raised once every thread ended."""
         from resumerge.forward.rayactor import ActorTerms, ray_each
 
-        terms = [ActorTerms(self.state, what=pass_.what, keep=self.keep, watch=watch) for watch in pass_.watches]
+        terms = [ActorTerms(self.state, what=pass_.what, keep=self.keep, stream=self.stream,
+                             watch=watch) for watch in pass_.watches]
         with ray_each(pass_.models, self.placed, pass_.layers, pass_.reads, terms) as placements, \
                 ThreadPoolExecutor(max_workers=len(placements), thread_name_prefix=pass_.what) as pool:
             futures = [pool.submit(run, m, placement) for m, placement in enumerate(placements)]

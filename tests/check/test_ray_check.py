@@ -33,6 +33,7 @@ from resumerge import api
 from resumerge.analyses.check.progress import find_progress
 from resumerge.analyses.check.report import CheckReport
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.merge.engine.cluster import STREAM
 from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
@@ -151,7 +152,7 @@ def test_a_check_runs_where_the_executor_object_says() -> None:
     from resumerge.merge.engine.executors import LocalExecutor
 
     assert check_placement(None) == check_placement(LocalExecutor()) == HERE
-    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == OnRay("head:6379", 0.0)
+    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == OnRay("head:6379", 0.0, STREAM)
     with pytest.raises(UsageError, match="LocalExecutor or RayExecutor"):
         check_placement("ray")
 
@@ -176,7 +177,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
                                                                            executor=LocalExecutor()), check=True)
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
-    assert seen == [HERE, OnRay("head:6379", 0.0)]
+    assert seen == [HERE, OnRay("head:6379", 0.0, STREAM)]
 
 
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(

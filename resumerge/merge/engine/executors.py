@@ -128,7 +128,9 @@ class RayExecutor:
         nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.merge.engine.cluster.hosting`); raises
         UsageError where Ray is not installed."""
         self.check()
-        return OnRay(self.address, self._pass_keep())
+        from resumerge.merge.engine.cluster import STREAM
+
+        return OnRay(self.address, self._pass_keep(), STREAM)
 
     def _pass_keep(self) -> float:
         """How long a pass's kept workers wait idle once it ends: ``keep_workers`` on a cluster that outlives the

@@ -22,4 +22,8 @@ May import: errors, config, machine, merge.methods, inputs, merge.store, merge.p
 and its pipeline).
 """
 
-__all__ = ["actor", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]
+# The class a node's worker computes a merge's shards with, by name: every worker the driver or a pass starts makes
+# one in its own process (:class:`~resumerge.merge.engine.cluster.actor.NodeActor`), which the driver never imports.
+STREAM = "resumerge.merge.engine.cluster.worker:ShardStream"
+
+__all__ = ["STREAM", "actor", "cores", "driver", "hostcalls", "hosting", "keeper", "kept", "launch", "warm", "worker"]

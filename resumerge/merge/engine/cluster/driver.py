@@ -35,6 +35,7 @@ from resumerge.machine.durable import discard, is_temp_name, storage_error
 from resumerge.machine.memory.sizes import format_size
 from resumerge.machine.rayconnect import join
 from resumerge.machine.torch_import import IMPORT_RESERVE, torch
+from resumerge.merge.engine.cluster import STREAM
 from resumerge.merge.engine.cluster.hubreads import NodeReads
 from resumerge.merge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, fit, place, unreserve
 from resumerge.merge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
@@ -188,7 +189,8 @@ class _Dispatch:
                                           "started for this one")
                 return
             end(self.ray, warm, kill=True)
-        self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost)
+        self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost,
+                             stream=STREAM)
         self.job.reporter.message(f"Ray workers: {len(self.workers)} started for this run")
 
     def _width(self, nodes: list[dict[str, Any]]) -> int:

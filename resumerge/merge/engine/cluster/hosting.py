@@ -94,13 +94,15 @@ def fresh_host(ray: ModuleType, node_id: str, cpus: float, memory: int) -> Hoste
     return Hosted(Worker(actor, node_id[:8], node_id, 0))
 
 
-def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float) -> list[Hosted | None]:
+def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float,
+                stream: str) -> list[Hosted | None]:
     """A kept worker for each actor a pass ``wants`` as (node id, CPUs, memory), kept ``keep`` seconds idle once
-    released, its CPUs and the memory beyond its imports reserved on its node; None where none could be leased or
-    reserved (the pass starts a fresh actor there). End them with :func:`end_hosts`."""
+    released (one made for the lease makes the stream it serves a merge's run with of the class named ``stream``), its
+    CPUs and the memory beyond its imports reserved on its node; None where none could be leased or reserved (the pass
+    starts a fresh actor there). End them with :func:`end_hosts`."""
     nodes = ray.nodes()
     has = {node["NodeID"]: node.get("Resources", {}) for node in nodes}
-    leased, _, _ = lease_on(ray, nodes, Counter(node_id for node_id, _, _ in wants), keep)
+    leased, _, _ = lease_on(ray, nodes, Counter(node_id for node_id, _, _ in wants), keep, stream)
     free: dict[str, list[Worker]] = {}
     for worker in leased:
         free.setdefault(worker.node_id, []).append(worker)

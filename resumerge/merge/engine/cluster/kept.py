@@ -59,34 +59,35 @@ def kept_name(code: str, node_id: str, slot: int) -> str:
     return f"worker-{code}-{node_id[:16]}-{slot}"
 
 
-def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
-          keep: float) -> tuple[list[Worker], int, int]:
+def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float,
+          stream: str) -> tuple[list[Worker], int, int]:
     """A kept worker leased on every live node with a CPU, one per share of its CPUs ``wanted`` wide, each made
-    (detached, idle for at most ``keep`` seconds once released) where the node has none that this process's code
-    runs and no live run holds; how many of them served a run before; and how many workers refused the lease for
-    running other code or another runtime_env (:data:`~resumerge.merge.engine.cluster.keeper.OTHER_CODE`). Every node's
-    slots are asked at once and answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease
-    within :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones, up to
+    (detached, idle for at most ``keep`` seconds once released, its stream of the class named ``stream``) where the node
+    has none that this process's code runs and no live run holds; how many of them served a run before; and how many
+    workers refused the lease for running other code or another runtime_env
+    (:data:`~resumerge.merge.engine.cluster.keeper.OTHER_CODE`). Every node's slots are asked at once and answered
+    within one :data:`LEASE_SECONDS` deadline (a worker made for the lease within :data:`NEW_LEASE_SECONDS` of its ask);
+    a node whose slots live runs hold is asked its next ones, up to
     :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free; a node whose
     worker runs other code is asked no more (each worker made there, a process importing torch, would run it too).
     A worker ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.merge.engine.cluster.launch.adopt`);
     ended (:func:`~resumerge.merge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken
     are released."""
     return _leased(ray, {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count
-                         in layout(nodes, wanted, gpu=False, lost=set())}, keep)
+                         in layout(nodes, wanted, gpu=False, lost=set())}, keep, stream)
 
 
-def lease_on(ray: ModuleType, nodes: list[dict[str, Any]], counts: Mapping[str, int],
-             keep: float) -> tuple[list[Worker], int, int]:
+def lease_on(ray: ModuleType, nodes: list[dict[str, Any]], counts: Mapping[str, int], keep: float,
+             stream: str) -> tuple[list[Worker], int, int]:
     """As :func:`lease`, ``counts[node]`` kept workers on each live node named there (a forward pass's actors:
     :mod:`~resumerge.merge.engine.cluster.hosting`), each one CPU wide as the driver sees it (the pass reserves the CPUs
     it computes with itself); fewer where live runs hold the node's slots and its spare ones."""
     alive = {node["NodeID"]: node.get("Resources", {}) for node in nodes if node.get("Alive")}
     return _leased(ray, {node_id: _Node(alive[node_id], 1, count, 0, count + SPARE_SLOTS)
-                         for node_id, count in counts.items() if node_id in alive and count > 0}, keep)
+                         for node_id, count in counts.items() if node_id in alive and count > 0}, keep, stream)
 
 
-def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[Worker], int, int]:
+def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float, stream: str) -> tuple[list[Worker], int, int]:
     """:func:`lease`'s work, for the workers ``todo`` says on each node."""
     code = run_digest(ray)
     token = ray.put(code)  # owned by this process: the lease ends with it
@@ -102,7 +103,8 @@ def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[
                 name=kept_name(code, node_id, slot), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                 num_cpus=0, memory=declared(IMPORT_RESERVE, todo[node_id].has), max_restarts=0,
                 max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
-                scheduling_strategy=pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
+                scheduling_strategy=pinned(node_id)).remote(None, None, keep, code, stream=stream))
+                     for node_id, slot, _ in asks]
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 other += served == OTHER_CODE

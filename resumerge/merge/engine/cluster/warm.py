@@ -31,7 +31,7 @@ from resumerge.machine.torch_import import IMPORT_RESERVE
 # _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
 # half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
 # adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
-from resumerge.merge.engine.cluster import kept, launch
+from resumerge.merge.engine.cluster import STREAM, kept, launch
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.cluster.launch import Worker
@@ -91,7 +91,7 @@ class WarmStart:
             self._release(held)  # released: the lease below is refused while this run's token holds them
             try:
                 workers, self.reused, self.other = kept.lease(self.ray, self.ray.nodes(),
-                                                              launch.default_threads(self.threads), self.keep)
+                                                              launch.default_threads(self.threads), self.keep, STREAM)
             except Exception:  # only the head start is lost: the executor places its own
                 return []
         return workers
@@ -135,10 +135,10 @@ class WarmStart:
                 return
             threads = launch.default_threads(self.threads)
             if self.keep > 0:
-                workers, reused, other = kept.lease(ray, ray.nodes(), threads, self.keep)
+                workers, reused, other = kept.lease(ray, ray.nodes(), threads, self.keep, STREAM)
             else:
                 workers, reused, other = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE,
-                                                      gpu=False, lost=set()), 0, 0
+                                                      gpu=False, lost=set(), stream=STREAM), 0, 0
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:
