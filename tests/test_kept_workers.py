@@ -1,4 +1,4 @@
-"""A kept Ray worker's leases without a cluster (resumerge.merge.engine.cluster.keeper): a live run's lease is never
+"""A kept Ray worker's leases without a cluster (resumerge.machine.cluster.keeper): a live run's lease is never
 taken, a dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which
 reads that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
 refuses every lease and ends, a worker refuses a run of other code and ends at once where its own code is not its
@@ -29,10 +29,11 @@ from resumerge.api.flagmap import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError
-from resumerge.merge.engine.cluster import STREAM, keeper, kept, launch
-from resumerge.merge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
-from resumerge.merge.engine.cluster.kept import SPARE_SLOTS, kept_name
-from resumerge.merge.engine.cluster.launch import Worker
+from resumerge.machine.cluster import keeper, kept, launch
+from resumerge.machine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
+from resumerge.machine.cluster.kept import SPARE_SLOTS, kept_name
+from resumerge.machine.cluster.launch import Worker
+from resumerge.merge.engine.cluster import STREAM
 
 # The runtime_env of the fake Ray's jobs.
 _CONTEXT = SimpleNamespace(runtime_env={"env_vars": {"HF_HOME": "/hf"}})
@@ -189,7 +190,7 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
     no torch imported: it ends at once); a lease that made no call leaves the stream as it was (no stop, no fresh
     one, no collection), one that did gets a fresh stream once, on its release."""
     import resumerge.merge.engine.cluster.worker
-    from resumerge.merge.engine.cluster.actor import NodeActor
+    from resumerge.machine.cluster.actor import NodeActor
 
     made: list[_Stream] = []
 

@@ -22,7 +22,7 @@ from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.machine import rayconnect as connect
-from resumerge.merge.engine.cluster import kept, launch
+from resumerge.machine.cluster import kept, launch
 from resumerge.merge.engine.cluster.warm import WarmStart
 from resumerge.merge.engine.executors import RayExecutor
 from resumerge.merge.store.ledger import Ledger
@@ -225,7 +225,7 @@ def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_
 
 
 class _Actors:
-    """Ray's actor class as :func:`~resumerge.merge.engine.cluster.launch.place` uses it: the second actor made
+    """Ray's actor class as :func:`~resumerge.machine.cluster.launch.place` uses it: the second actor made
     raises."""
 
     def __init__(self) -> None:

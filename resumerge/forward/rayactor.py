@@ -280,7 +280,7 @@ class RayModels:
         if beside:
             self.places = [replace(place, cpus=0.0) for place in placed]
         self.actors: list[Any] = []
-        self.hosts: list[Any] = []  # the kept workers hosting actors (:mod:`resumerge.merge.engine.cluster.hosting`)
+        self.hosts: list[Any] = []  # the kept workers hosting actors (:mod:`resumerge.machine.cluster.hosting`)
         self.nodes: list[str] = []
         self.lost: set[str] = set()  # nodes whose actor died: none is placed there again
         self.fresh: set[int] = set()  # models whose actor is a replacement holding no hidden states yet

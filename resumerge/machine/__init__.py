@@ -12,6 +12,7 @@ May import: errors, config.
 
 __all__ = [
     "checksums",
+    "cluster",
     "diskprobe",
     "durable",
     "filesystems",

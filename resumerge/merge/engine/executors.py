@@ -125,7 +125,7 @@ class RayExecutor:
 
     def place_pass(self) -> PassPlacement:
         """A forward pass runs an actor per model on the cluster (on one that outlives the pass, hosted by the
-        nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.merge.engine.cluster.hosting`); raises
+        nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.machine.cluster.hosting`); raises
         UsageError where Ray is not installed."""
         self.check()
         from resumerge.merge.engine.cluster import STREAM

@@ -14,7 +14,7 @@ are its own whichever group it was in (each candidate runs on its own hidden sta
 computes with the thread count the search recorded as it first started (STORAGE's ``threads.json``; the CPUs its
 actor declares where none is recorded): the table is the local search's, byte for byte, whatever the nodes' cores.
 On a cluster that outlives the search, each node's group is scored by the node's
-kept worker (:mod:`resumerge.merge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
+kept worker (:mod:`resumerge.machine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
 imported Ray, the engine and torch already, instead of a fresh process each search.
 
 A node lost mid-generation stops the search as unreachable (exit 3): run again, it resumes with the candidates

@@ -2,7 +2,7 @@
 
 The driver starts one :class:`ShardStream` actor per node (per share of its CPUs) with the frozen plan and the
 run's settings (:class:`WorkerSetup`), or starts it warm, before the plan exists, and gives it both by
-:meth:`ShardStream.begin` (:mod:`~resumerge.merge.engine.cluster.launch`); then it feeds it shards, a few ahead
+:meth:`ShardStream.begin` (:mod:`~resumerge.machine.cluster.launch`); then it feeds it shards, a few ahead
 (:meth:`ShardStream.compute`: a shard's name and the folder its temp file goes to, never tensors). The actor runs
 :func:`~resumerge.merge.engine.executor.compute_shards` once, over those shards as they come, so one shard's write
 overlaps the next one's compute as in a local run, and torch is imported once per node, not per shard. Each call

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resumerge.merge.engine.cluster.keeper import Keeper
+    from resumerge.machine.cluster.keeper import Keeper
 
 
 class Stream(Protocol):
@@ -42,17 +42,17 @@ def stream_class(name: str) -> Callable[[Any, Any], Stream]:
 class NodeActor:
     """A node's worker as Ray runs it: the stream of class ``stream`` (its name, :func:`stream_class`) made in the
     actor's process with ``shared`` and ``setup`` (both None: a warm worker, given them by :meth:`begin`); with ``keep``
-    seconds, a kept worker (:mod:`~resumerge.merge.engine.cluster.kept`) named with the digest ``named`` (it ends at
+    seconds, a kept worker (:mod:`~resumerge.machine.cluster.kept`) named with the digest ``named`` (it ends at
     once where its own differs), whose every lease gets a fresh stream; a kept worker hosts a forward pass's actor too
-    (:mod:`~resumerge.merge.engine.cluster.hosting`: :meth:`host`, :meth:`call`), one lease at a time."""
+    (:mod:`~resumerge.machine.cluster.hosting`: :meth:`host`, :meth:`call`), one lease at a time."""
 
     def __init__(self, shared: Any, setup: Any, keep: float = 0.0, named: str = "", *, stream: str) -> None:
         self.streams = stream  # the stream's class, by name: a renewal makes a fresh one
         self.keeper: Keeper | None = None
         self.used = False  # whether a call used the stream or hosted a pass since the last renewal (see _renew)
         if keep > 0:
-            from resumerge.merge.engine.cluster.hostcalls import Hosting
-            from resumerge.merge.engine.cluster.keeper import Keeper
+            from resumerge.machine.cluster.hostcalls import Hosting
+            from resumerge.machine.cluster.keeper import Keeper
 
             self.hosting = Hosting()
             self.keeper = Keeper(keep, self._renew, named)
@@ -76,7 +76,7 @@ class NodeActor:
         self.stream.stop()
 
     def lease(self, box: list[Any], code: str, keep: float) -> int | None:
-        """See :meth:`~resumerge.merge.engine.cluster.keeper.Keeper.lease` (None from a worker that is not kept)."""
+        """See :meth:`~resumerge.machine.cluster.keeper.Keeper.lease` (None from a worker that is not kept)."""
         if self.keeper is None:
             return None
         served = self.keeper.lease(box, code, keep)
@@ -85,17 +85,17 @@ class NodeActor:
         return served
 
     def host(self, lease: str, seq: int, factory: Callable[..., Any], *args: Any) -> None:
-        """See :meth:`~resumerge.merge.engine.cluster.hostcalls.Hosting.host`."""
+        """See :meth:`~resumerge.machine.cluster.hostcalls.Hosting.host`."""
         self.used = True
         self.hosting.host(lease, seq, factory, *args)
 
     def call(self, lease: str, seq: int, name: str, *args: Any, **kwargs: Any) -> Any:
-        """See :meth:`~resumerge.merge.engine.cluster.hostcalls.Hosting.call`."""
+        """See :meth:`~resumerge.machine.cluster.hostcalls.Hosting.call`."""
         self.used = True
         return self.hosting.call(lease, seq, name, *args, **kwargs)
 
     def release(self, box: list[Any]) -> None:
-        """See :meth:`~resumerge.merge.engine.cluster.keeper.Keeper.release`."""
+        """See :meth:`~resumerge.machine.cluster.keeper.Keeper.release`."""
         if self.keeper is not None:
             self.keeper.release(box)
 

@@ -1,5 +1,5 @@
 """How a Ray run's workers start: a :class:`~resumerge.merge.engine.cluster.worker.ShardStream` per share of every
-node's CPUs (in a :class:`~resumerge.merge.engine.cluster.actor.NodeActor`), pinned to its node, declaring the CPUs, GPU
+node's CPUs (in a :class:`~resumerge.machine.cluster.actor.NodeActor`), pinned to its node, declaring the CPUs, GPU
 and memory its shards need.
 
 A worker's start is a fresh process importing the engine and torch: seconds that a driver would wait for once it
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import psutil
 
 from resumerge.errors import UnreachableError
+from resumerge.machine.cluster.actor import NodeActor
 from resumerge.machine.torch_import import IMPORT_RESERVE
-from resumerge.merge.engine.cluster.actor import NodeActor
 
 # How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
 AHEAD = 2
@@ -52,7 +52,7 @@ class Worker:
     fed: int = 0
     reserved: Any = None
     begun: Any = None
-    # a kept worker's lease (:mod:`~resumerge.merge.engine.cluster.kept`): released, killed on fallbacks
+    # a kept worker's lease (:mod:`~resumerge.machine.cluster.kept`): released, killed on fallbacks
     token: Any = None
 
 
@@ -111,7 +111,7 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Node
     """An actor on every live node with a CPU (a GPU when ``gpu``) not ``lost``, one per share of the node's CPUs
     ``wanted`` wide; each declares those CPUs and ``memory`` (at most what its node has) and is given ``shared``
     (the plan in the object store) and ``setup`` (both None: a warm worker, given them by :func:`adopt`), its
-    stream made of the class named ``stream`` (:class:`~resumerge.merge.engine.cluster.actor.NodeActor`). The
+    stream made of the class named ``stream`` (:class:`~resumerge.machine.cluster.actor.NodeActor`). The
     actors import torch and the engine as they start, while the driver goes on. Raises :class:`UnreachableError`
     when no node is left; on any raise, the actors already made are ended."""
     actor_class = ray.remote(NodeActor)
