@@ -57,8 +57,7 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   check, in each client's words.
 
 May import: errors, config, inputs, machine, merge.plan (input references only), merge.store (the ledger and the
-manifest of a merge's output), merge.engine (the unwritten merge; the kept workers that host a pass on Ray),
-merge.vocab, outputs.
+manifest of a merge's output), merge.engine (the unwritten merge), merge.vocab, outputs.
 """
 
 from __future__ import annotations
