@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import resumerge
 from resumerge.api.flagmap import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
@@ -235,10 +236,14 @@ def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert before == code_digest() and len(before) == 16
     # Equal on every node that runs the same code: another checkout's path, file times and interpreter path do
     # not count (a copy of the package's tree: the installed files are never touched).
-    root = Path(keeper.__file__).resolve().parents[2]
+    root = Path(resumerge.__file__).parent  # the whole package is digested, wherever this module lies in it
     copy = tmp_path / "elsewhere" / "resumerge"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    source = copy / "engine" / "cluster" / "keeper.py"
+    (copy / "__main__.py").write_text((copy / "__main__.py").read_text() + "\n")
+    source = copy / Path(keeper.__file__).resolve().relative_to(root)
+    monkeypatch.setattr(keeper, "__file__", str(source))
+    assert code_digest() != before  # the package's entry point, far from this module's folder
+    (copy / "__main__.py").write_text((copy / "__main__.py").read_text()[:-1])
     times = source.stat()
     os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
     monkeypatch.setattr(keeper, "__file__", str(source))

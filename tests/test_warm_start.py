@@ -76,7 +76,7 @@ def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held
     calls: list[tuple[str, list[str], bool]] = []
     leases = iter([(["k1", "k2"], 0, 0), (["k1", "k2"], 2, 1)])
 
-    def lease(ray: Any, nodes: Any, threads: int, keep: float) -> tuple[list[str], int, int]:
+    def lease(ray: Any, nodes: Any, threads: int, keep: float, stream: str) -> tuple[list[str], int, int]:
         calls.append(("lease", [], False))
         return next(leases)
 
@@ -106,7 +106,7 @@ def test_a_second_ctrl_c_while_the_call_releases_its_kept_workers_kills_them(mon
             raise KeyboardInterrupt
 
     monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
-    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep: (["k1"], 0, 0))
+    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep, stream: (["k1"], 0, 0))
     monkeypatch.setattr(launch, "end", end)
     warm = WarmStart(None, 1, keep=60.0)
     warm.hold(warm.take())

@@ -51,8 +51,9 @@ TELL_SECONDS = 5.0
 def code_digest() -> str:
     """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
     or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
-    every installed distribution's name and version (:func:`installed`)."""
-    root = Path(__file__).resolve().parents[2]
+    every installed distribution's name and version (:func:`installed`). The package is the folder above this
+    file that holds ``__main__.py``, however deep the layout files this module."""
+    root = next(p for p in Path(__file__).resolve().parents if (p / "__main__.py").is_file())  # resumerge/
     python = f"{sys.implementation.name} {platform.python_version()}"
     digest = hashlib.sha256(f"{__version__}\0{python}\n".encode())
     for name in sorted(installed()):
