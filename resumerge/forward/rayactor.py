@@ -228,10 +228,11 @@ class ActorTerms:
     the default); ``dtype`` and ``what`` (the pass, as its refusals name it): see :class:`ModelNode`; ``beside``:
     beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
     actor waits idle for the next run or pass (0: fresh actors, ended with the pass), and ``stream`` the class, by
-    name, one made for the pass computes a merge's shards with (:class:`~resumerge.config.passplace.OnRay`); ``watch``:
-    what each actor computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this
-    one is told what they found); ``threads``: the thread count the actors compute with, the pass's (None: the one the
-    thread making them computes with, which under a pass's driver is the count recorded in its folder:
+    name, one made for the pass computes a merge's shards with (:class:`~resumerge.config.passplace.PassPlace`);
+    ``watch``: what each actor computes of its model's layers on its node
+    (:class:`~resumerge.forward.placement.NodeWatch`; this one is told what they found); ``threads``: the thread count
+    the actors compute with, the pass's (None: the one the thread making them computes with, which under a pass's driver
+    is the count recorded in its folder:
     :func:`~resumerge.forward.threads.pass_threads`)."""
 
     state: str | None = None

@@ -24,7 +24,7 @@ from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import HERE, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import PlanChangedError, UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder
@@ -90,7 +90,7 @@ class CheckSettings:
 
     state: StateDir
     max_memory: int | None = None
-    placement: PassPlacement = HERE
+    placement: PassPlace = HERE
     device: PassDevice = HOST
     default_state: StateDir | None = None
 

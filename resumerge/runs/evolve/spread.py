@@ -98,7 +98,7 @@ class SpreadOverNodes:
     at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here); see the module's docstring. ``keep``: the
     seconds the nodes' kept workers that score the groups wait idle after each generation (0: a fresh actor's
     process each), ``stream`` the class, by name, one made for it computes a merge's shards with
-    (:class:`~resumerge.config.passplace.OnRay`); ``say``: told where the generation is (None: ``progress.json`` in
+    (:class:`~resumerge.config.passplace.PassPlace`); ``say``: told where the generation is (None: ``progress.json`` in
     ``store`` alone)."""
 
     def __init__(self, make: ScorerAt, store: Path, address: str | None, keep: float = 0.0,
