@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward import handed
 from resumerge.forward.heads import HeadTotals, shared
-from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes
 from resumerge.forward.onray import (
     Lost,
@@ -59,6 +58,7 @@ from resumerge.forward.onray import (
     on_place,
     sent,
 )
+from resumerge.forward.opened import PassModel
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.standins import LayerCall
@@ -92,7 +92,7 @@ class ModelNode:
     ``watch``: what the pass computes of each layer here, on the node (``measure``'s Grams:
     :class:`~resumerge.forward.placement.NodeWatch`), returned with the layer."""
 
-    def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None,
+    def __init__(self, model: PassModel, threads: int, token: bool = False, state: str | None = None,
                  dtype: torch.dtype | None = None, what: str = "check", watch: NodeWatch | None = None) -> None:
         # Applied to each call, on the thread that runs it (a kept worker runs its calls on threads of its own,
         # which a process-wide count set here would not reach once they computed), and to nothing else.
@@ -262,7 +262,7 @@ class RayModels:
     plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
     computes with the pass's count all the same, and declares its memory."""
 
-    def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
+    def __init__(self, ray: Any, models: Sequence[PassModel], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                  terms: ActorTerms = CHECK_ACTORS) -> None:
@@ -315,7 +315,7 @@ class RayModels:
             raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
                                    hint=self.hint) from None
 
-    def _start(self, model: Checked, place: Place, threads: int, host: Any = None) -> Any:
+    def _start(self, model: PassModel, place: Place, threads: int, host: Any = None) -> Any:
         """Model ``model``'s actor (:func:`~resumerge.forward.onray.on_place`: hosted by the kept worker ``host``
         where given, else by a fresh actor pinned to its node declaring its CPUs and memory, never restarted by Ray:
         the pass replaces it), its node told whether it needs a token of its own (:class:`ModelNode`)."""
@@ -483,7 +483,7 @@ class RayModels:
 
 
 @contextmanager
-def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
+def ray_models(models: Sequence[PassModel], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
                on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                terms: ActorTerms = CHECK_ACTORS) -> Iterator[RayModels]:
@@ -503,7 +503,7 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
 
 
 @contextmanager
-def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequence[int],
+def ray_each(models: Sequence[PassModel], placed: Sequence[Place], layers: Sequence[int],
              on_reads: Callable[[int, list[Read]], None] | None, terms: Sequence[ActorTerms]
              ) -> Iterator[list[RayModels]]:
     """Each of ``models`` a placement of its own (an actor where ``placed`` says, ``layers[m]`` decoder layers,
@@ -542,7 +542,7 @@ def placing(address: str | None, state: str | None, what: str) -> Places:
     pass runs while the run's workers wait for its plan, holding the CPUs (:class:`RayModels`, ``beside``);
     ``state``: the state dir given with ``--state-dir``; ``what``: the pass, as its refusals name it."""
 
-    def placed(models: Sequence[Checked], layers: int, needs: Sequence[int],
+    def placed(models: Sequence[PassModel], layers: int, needs: Sequence[int],
                dtype: torch.dtype) -> AbstractContextManager[Placement]:
         from resumerge.forward.onray import ray_places
 
