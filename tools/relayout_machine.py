@@ -171,10 +171,10 @@ def write_subpackages(root: Path, say: list[str]) -> None:
             say.append(f"resumerge/{BOTTOM}/__init__.py: {where.name} into __all__")
 
 
-def drop_from_all(root: Path, say: list[str]) -> None:
-    """The packages a module left no longer list it in ``__all__``."""
+def drop_from_all(root: Path, say: list[str], done: list[Move] | None = None) -> None:
+    """The packages a module left (one of ``done``, else of this script's moves) no longer list it in ``__all__``."""
     pkg = root / "resumerge"
-    for move in moves():
+    for move in moves() if done is None else done:
         old = pkg / move.old
         init = old.parent / "__init__.py"
         if old.exists() or not init.exists():
