@@ -4,7 +4,7 @@ in which order: repeated blocks, skipped ones), beside the parameter genome CMA-
 :mod:`.genome` reads the genome (``genome: {kind: structure, model, grow, shrink, repeat, pattern, beam_width,
 beam_depth, beam_edits}``) and turns a candidate (a set of edits of the base's layers: a block repeated, a block
 skipped) into its layer path and the ``slices:`` passthrough config ``run`` merges; :mod:`.scoring` scores a
-candidate from the base's hidden states kept on disk (:class:`~resumerge.forward.layercache.LayerCache`: only the
+candidate from the base's hidden states kept on disk (:class:`~resumerge.runs.evolve.layercache.LayerCache`: only the
 layers after its departure from the base run); :mod:`.search` decides the candidates (every single block within the
 constraints, then a beam over compositions of the best), keeps each candidate's figures durably as it is scored,
 and writes the table, the size/score Pareto front and ``best.yml`` from them, the same bytes after any kill;
