@@ -23,8 +23,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from resumerge.machine import rayconnect as connect
-from resumerge.machine.cluster import kept, launch
-from resumerge.machine.torch_import import IMPORT_RESERVE
 
 # The workers' launch (which brings nothing of the engine: the workers' processes import it) is imported here, by
 # the API call's thread, and Ray by the start's own thread: that thread imports no module of resumerge while the
@@ -32,6 +30,8 @@ from resumerge.machine.torch_import import IMPORT_RESERVE
 # _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
 # half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
 # adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
+from resumerge.machine.cluster import kept, launch
+from resumerge.machine.torch_import import IMPORT_RESERVE
 from resumerge.merge.engine.cluster import STREAM
 
 if TYPE_CHECKING:
