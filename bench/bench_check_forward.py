@@ -25,7 +25,7 @@ def main() -> None:
     import torch
     from realmodel import smollm2_folder
 
-    from resumerge.forward.models import find_models
+    from resumerge.analyses.check.models import find_models
     from resumerge.forward.passes import forward_pass, streams_of
     from resumerge.forward.texts import load_tokenizer, sequences
 

@@ -126,9 +126,9 @@ def _written_bytes() -> int:
 def step(name: str, work: Path, configs: list[Path], started: float) -> dict[str, Any]:
     """One measured step, in this (fresh) process."""
     from resumerge import api
+    from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
     from resumerge.forward import Weights
-    from resumerge.forward.models import open_checked
 
     state = work / "state"
     result: dict[str, Any] = {"step": name}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch

@@ -162,7 +162,7 @@ def ray_cluster(head: RayHead, workers: int = 2, memory: int | None = None,
 
 def _idle(ray: Any, seconds: float = 20.0) -> bool:
     """Whether, within ``seconds``, no CPU or memory of the cluster is held but the memory of the idle kept workers
-    the tests before left (each declares its imports', and no CPU: resumerge.merge.engine.cluster.kept): the actors and
+    the tests before left (each declares its imports', and no CPU: resumerge.machine.cluster.kept): the actors and
     reservations of the test before, which ended with its driver, gone from the spare nodes."""
     deadline = time.monotonic() + seconds
     kept = _kept_memory(ray)
@@ -177,10 +177,10 @@ def _idle(ray: Any, seconds: float = 20.0) -> bool:
 
 def _kept_memory(ray: Any) -> float:
     """The memory the kept workers of this code on the cluster's live nodes declare (each its imports')."""
+    from resumerge.machine.cluster.keeper import run_digest
+    from resumerge.machine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+    from resumerge.machine.cluster.launch import declared
     from resumerge.machine.torch_import import IMPORT_RESERVE
-    from resumerge.merge.engine.cluster.keeper import run_digest
-    from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
-    from resumerge.merge.engine.cluster.launch import declared
 
     code, held = run_digest(ray), 0.0
     for node in ray.nodes():

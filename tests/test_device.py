@@ -327,17 +327,18 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     from resumerge.analyses.evaluation.run import run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.measure.run import measure_grams
-    from resumerge.config.passplace import OnRay
+    from resumerge.config.passplace import PassPlace
     from resumerge.forward.device import PassDevice
 
     state = StateDir.resolve(tmp_path / "state")
     gpu = PassDevice("cuda:0")
-    on_ray = CheckSettings(state=state, placement=OnRay(), device=gpu)
+    ray = PassPlace("ray")
+    on_ray = CheckSettings(state=state, placement=ray, device=gpu)
     for call, what in ((lambda: run_check(CheckAsked(tmp_path / "m"), on_ray), "check"),
-                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=OnRay(),
+                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=ray,
                                               device=gpu), "measurement"),
                        (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
-                                         placement=OnRay()), "evaluation")):
+                                         placement=ray), "evaluation")):
         with pytest.raises(UsageError, match=f"runs the {what}'s layers on this machine's GPU, and executor ray"
                            ) as caught:
             call()

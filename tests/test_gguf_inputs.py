@@ -262,9 +262,9 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
 
 def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(tmp_path: Path) -> None:
     from resumerge import api
+    from resumerge.analyses.check.models import find_models
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.models import find_models
     from resumerge.forward.texts import load_tokenizer
 
     write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, merges=("q z",))

@@ -426,7 +426,7 @@ def test_the_next_layer_is_merged_while_one_runs_where_the_step_holds_it_and_the
     merge (the embeddings', in the bench's 1 GB models), unused while a layer runs. The matrix and the GGUF keep the
     bytes of the pass that reads each layer as it loads (this tiny merge's step has no such room: ``computed``)."""
     from resumerge.analyses.importance import onmerge
-    from resumerge.forward.ahead import ahead_fits
+    from resumerge.analyses.importance.ahead import ahead_fits
     from resumerge.forward.reader import CastReader
 
     assert ahead_fits(10, 5, 15) and not ahead_fits(10, 6, 15)

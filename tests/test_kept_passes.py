@@ -1,4 +1,4 @@
-"""A forward pass's actor hosted by a kept Ray worker, without a cluster (resumerge.merge.engine.cluster.hostcalls and
+"""A forward pass's actor hosted by a kept Ray worker, without a cluster (resumerge.machine.cluster.hostcalls and
 .hosting): the calls of the lease that holds the worker run one at a time in the order the driver sent them, whatever
 order its threads take them in; a call of an ended lease is refused; the lease's end closes the pass's object once
 its running call returned; what the object raised as it was made is raised by every call after; the driver's
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.merge.engine.cluster.hostcalls import EndedLease, Hosting
-from resumerge.merge.engine.cluster.hosting import Hosted
+from resumerge.machine.cluster.hostcalls import EndedLease, Hosting
+from resumerge.machine.cluster.hosting import Hosted
 
 
 class _Pass:

@@ -1,4 +1,4 @@
-"""A kept Ray worker's leases without a cluster (resumerge.merge.engine.cluster.keeper): a live run's lease is never
+"""A kept Ray worker's leases without a cluster (resumerge.machine.cluster.keeper): a live run's lease is never
 taken, a dead run's is taken back only after its stream stopped (by the next lease or by the watchdog on its own, which
 reads that fail otherwise do not stop), a release by another run's token changes nothing, a worker idle for its time
 refuses every lease and ends, a worker refuses a run of other code and ends at once where its own code is not its
@@ -25,14 +25,16 @@ from types import SimpleNamespace
 
 import pytest
 
+import resumerge
 from resumerge.api.flagmap import executor_option, keep_option
 from resumerge.cli.commands import main
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError
-from resumerge.merge.engine.cluster import keeper, kept, launch
-from resumerge.merge.engine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
-from resumerge.merge.engine.cluster.kept import SPARE_SLOTS, kept_name
-from resumerge.merge.engine.cluster.launch import Worker
+from resumerge.machine.cluster import keeper, kept, launch
+from resumerge.machine.cluster.keeper import OTHER_CODE, Keeper, code_digest, installed, run_digest
+from resumerge.machine.cluster.kept import SPARE_SLOTS, kept_name
+from resumerge.machine.cluster.launch import Worker
+from resumerge.merge.engine.cluster import STREAM
 
 # The runtime_env of the fake Ray's jobs.
 _CONTEXT = SimpleNamespace(runtime_env={"env_vars": {"HF_HOME": "/hf"}})
@@ -189,7 +191,7 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
     no torch imported: it ends at once); a lease that made no call leaves the stream as it was (no stop, no fresh
     one, no collection), one that did gets a fresh stream once, on its release."""
     import resumerge.merge.engine.cluster.worker
-    from resumerge.merge.engine.cluster.actor import NodeActor
+    from resumerge.machine.cluster.actor import NodeActor
 
     made: list[_Stream] = []
 
@@ -205,12 +207,12 @@ def test_a_kept_worker_renews_only_what_a_lease_used_and_one_of_other_code_makes
             self.stopped = True
 
     monkeypatch.setattr(resumerge.merge.engine.cluster.worker, "ShardStream", _Stream)
-    other = NodeActor(None, None, 60.0, "0123456789abcdef")
+    other = NodeActor(None, None, 60.0, "0123456789abcdef", stream=STREAM)
     assert other.keeper is not None
     _MADE.append(other.keeper)
     assert other.lease([_Token("run")], "0123456789abcdef", 60.0) == OTHER_CODE and made == []
     _ended(fake_ray)
-    actor = NodeActor(None, None, 60.0, _code())
+    actor = NodeActor(None, None, 60.0, _code(), stream=STREAM)
     assert actor.keeper is not None
     _MADE.append(actor.keeper)
     tokens = [_Token(f"run-{n}") for n in range(4)]
@@ -234,10 +236,14 @@ def test_the_code_digest_follows_the_code(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert before == code_digest() and len(before) == 16
     # Equal on every node that runs the same code: another checkout's path, file times and interpreter path do
     # not count (a copy of the package's tree: the installed files are never touched).
-    root = Path(keeper.__file__).resolve().parents[2]
+    root = Path(resumerge.__file__).parent  # the whole package is digested, wherever this module lies in it
     copy = tmp_path / "elsewhere" / "resumerge"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    source = copy / "engine" / "cluster" / "keeper.py"
+    (copy / "__main__.py").write_text((copy / "__main__.py").read_text() + "\n")
+    source = copy / Path(keeper.__file__).resolve().relative_to(root)
+    monkeypatch.setattr(keeper, "__file__", str(source))
+    assert code_digest() != before  # the package's entry point, far from this module's folder
+    (copy / "__main__.py").write_text((copy / "__main__.py").read_text()[:-1])
     times = source.stat()
     os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
     monkeypatch.setattr(keeper, "__file__", str(source))
@@ -337,7 +343,7 @@ class _Actors:
 
     def options(self, *, name: str, **options: object) -> SimpleNamespace:
         self.asked.append(name)
-        return SimpleNamespace(remote=lambda *args: self.actor(name, self.answers.get(name, 0)))
+        return SimpleNamespace(remote=lambda *args, **kwargs: self.actor(name, self.answers.get(name, 0)))
 
     def actor(self, name: str, answer: object, release: object = None) -> SimpleNamespace:
         def released(box: list[str]) -> _Ref:
@@ -372,7 +378,7 @@ def test_a_run_leases_the_next_slots_where_live_runs_hold_a_nodes_kept_workers(
                                   **{kept_name(code, full, slot): None for slot in range(2 + SPARE_SLOTS)}}
     ray = _Actors(answers)
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(a=2, b=2), 1, 60.0, STREAM)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, busy, slot) for slot in (1, 2)] and reused == 1
     assert {w.token for w in workers} == {code} and {w.width for w in workers} == {1}
     # Every node's slots asked at once (then the spare ones), the spare slots and no more, each round's new workers
@@ -392,7 +398,7 @@ def test_spare_slots_need_free_memory_and_a_worker_that_does_not_answer_is_kille
                                   kept_name(code, full, 2): 2, kept_name(code, slow, 0): LATE}
     ray = _Actors(answers, existing={kept_name(code, full, 2)}, free=0.0)
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0)  # type: ignore[arg-type]
+    workers, reused, _ = kept.lease(ray, _nodes(b=2, c=1), 1, 60.0, STREAM)  # type: ignore[arg-type]
     assert [w.actor.name for w in workers] == [kept_name(code, full, 2)] and reused == 1
     assert ray.asked == [kept_name(code, full, 0), kept_name(code, full, 1), kept_name(code, slow, 0),
                          kept_name(code, full, 2)]
@@ -408,7 +414,7 @@ def test_a_worker_made_for_the_lease_is_waited_for_less_than_a_kept_one(monkeypa
     spares = {kept_name(code, node, 2): None, kept_name(code, node, 3): OTHER_CODE}
     ray = _Actors({live: LATE, new: LATE, **spares}, existing={live})
     monkeypatch.setattr(kept, "pinned", lambda node_id: None)
-    assert kept.lease(ray, _nodes(a=2), 1, 60.0) == ([], 0, 1)  # type: ignore[arg-type]
+    assert kept.lease(ray, _nodes(a=2), 1, 60.0, STREAM) == ([], 0, 1)  # type: ignore[arg-type]
     assert ray.waits[0] <= kept.NEW_LEASE_SECONDS < kept.LEASE_SECONDS - 1 < ray.waits[1]
     assert ray.killed == [live, new]
 

@@ -18,8 +18,8 @@ import pytest
 from conftest import ModelFactory
 from support import cli_here, write_config
 
+from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
-from resumerge.forward.models import open_checked
 
 _COPIED = {"config.json", "generation_config.json"}  # and every tokenizer file: names starting "tokenizer"
 

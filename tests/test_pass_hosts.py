@@ -1,7 +1,7 @@
 """Every pass's object on a Ray node is made one way (issue 83): a model of a check, measurement, evaluation or the
 MoE gates (:class:`~resumerge.forward.rayactor.ModelNode`) and a search's group of candidates
 (:class:`~resumerge.runs.evolve.spread.NodeScores`) are hosted by the kept workers' own host
-(:class:`~resumerge.merge.engine.cluster.hostcalls.Hosting`), in a kept worker or, where none is kept, in a fresh
+(:class:`~resumerge.machine.cluster.hostcalls.Hosting`), in a kept worker or, where none is kept, in a fresh
 actor of it pinned to the node (:func:`~resumerge.forward.onray.on_place`): the one Ray actor class of every pass.
 Without a cluster: a stand-in for Ray that runs each actor in this process and records what was asked of it. The
 same passes on a real cluster: tests/test_ray_passes.py."""
@@ -17,7 +17,7 @@ import pytest
 from raystandin import StandInRay
 
 from resumerge.errors import UnreachableError, UsageError
-from resumerge.merge.engine.cluster.hostcalls import Hosting
+from resumerge.machine.cluster.hostcalls import Hosting
 
 NODES = [{"NodeID": "a" * 56, "Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}},
          {"NodeID": "b" * 56, "Alive": True, "Resources": {"CPU": 4.0, "memory": 8e9}},

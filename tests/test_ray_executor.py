@@ -61,13 +61,14 @@ from resumerge.cli.render import show_status
 from resumerge.config.hubtarget import parse_hub_target
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_INVALID, ResumergeError, UsageError
+from resumerge.machine.cluster import launch
+from resumerge.machine.cluster.keeper import run_digest
+from resumerge.machine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+from resumerge.machine.cluster.launch import NODE_LABEL
 from resumerge.machine.torch_import import IMPORT_RESERVE
-from resumerge.merge.engine.cluster import driver, launch
+from resumerge.merge.engine.cluster import driver
 from resumerge.merge.engine.cluster.cores import Cores, node_cores
 from resumerge.merge.engine.cluster.hubreads import NodeReads, NodeSources
-from resumerge.merge.engine.cluster.keeper import run_digest
-from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
-from resumerge.merge.engine.cluster.launch import NODE_LABEL
 from resumerge.merge.engine.cluster.upload import HubPlace, task_cpus, upload_shard
 from resumerge.merge.engine.executor import CONCURRENCY
 from resumerge.merge.engine.executors import LocalExecutor, RayExecutor

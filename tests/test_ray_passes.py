@@ -107,19 +107,19 @@ def test_a_measure_on_ray_writes_the_local_bytes_and_resumes_a_local_one(tmp_pat
 def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_driver_frees_them(
         tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch, measured: tuple[Path, Path, Any]) -> None:
     """On a cluster that outlives the pass, each model's actor is hosted by its node's kept worker
-    (resumerge.merge.engine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
+    (resumerge.machine.cluster.hosting): a second measurement computes in the same processes (the same actors), as
     does the resume of a measurement whose driver was SIGKILLed on them (each freed once its watchdog saw the driver
     dead); a pass of other code is never served by them (the workers it asks end, and it starts fresh actors);
     ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
     import ray
 
     from resumerge.forward import onray, rayactor
-    from resumerge.merge.engine.cluster import kept
+    from resumerge.machine.cluster import kept
 
     used: list[list[Any]] = []
 
-    def recorded(ray_: Any, placed: Any, keep: float) -> list[Any]:
-        hosts = onray.kept_hosts(ray_, placed, keep)
+    def recorded(ray_: Any, placed: Any, keep: float, stream: str) -> list[Any]:
+        hosts = onray.kept_hosts(ray_, placed, keep, stream)
         used.append([None if h is None else h.worker.actor for h in hosts])
         return hosts
 
@@ -174,8 +174,8 @@ def _freed(seconds: float = 30.0) -> None:
     at the node's next slot (a process importing torch) instead."""
     import ray
 
-    from resumerge.merge.engine.cluster.keeper import run_digest
-    from resumerge.merge.engine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
+    from resumerge.machine.cluster.keeper import run_digest
+    from resumerge.machine.cluster.kept import NAMESPACE, SPARE_SLOTS, kept_name
 
     code, actors = run_digest(ray), []
     for node in ray.nodes():
@@ -198,7 +198,7 @@ def _freed(seconds: float = 30.0) -> None:
 
 def _leased(ray: Any, actor: Any) -> bool:
     """Whether a live driver holds the kept worker ``actor``: it refuses a lease (which, granted, is released)."""
-    from resumerge.merge.engine.cluster.keeper import run_digest
+    from resumerge.machine.cluster.keeper import run_digest
 
     code = run_digest(ray)
     box = [ray.put(code)]

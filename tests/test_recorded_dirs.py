@@ -15,8 +15,8 @@ import pytest
 from conftest import ModelFactory
 from support import cli, cli_here
 
+from resumerge.analyses.check.models import find_models, recorded_models
 from resumerge.config.locations import StateDir
-from resumerge.forward.models import find_models, recorded_models
 from resumerge.merge.store.manifest import MANIFEST_NAME, published_dirs
 from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
 

@@ -43,7 +43,14 @@ def _tree(root: Path) -> None:
         "resumerge/merge/engine/cluster/connect.py": '"""Ray, joined."""\n\n\ndef join() -> None: ...\n',
         "resumerge/merge/engine/cluster/driver.py": '"""The driver."""\n\n'
                                                     "from resumerge.merge.engine.cluster.connect import join\n"
-                                                    "from resumerge.merge.store.ledger import write\n",
+                                                    "from resumerge.merge.store.ledger import write\n"
+                                                    "from resumerge.merge.engine.cluster import kept\n",
+        "resumerge/merge/engine/cluster/kept.py": '"""Kept workers (:mod:`.hosting`)."""\n\n'
+                                                  "from resumerge.merge.engine.cluster.connect import join\n",
+        "resumerge/merge/engine/cluster/hosting.py": '"""Hosting."""\n\nfrom resumerge.merge.engine.cluster.kept '
+                                                     "import join\n",
+        "resumerge/forward/onray.py": '"""On Ray."""\n\n\ndef hosts() -> None:\n'
+                                      "    from resumerge.merge.engine.cluster.hosting import join\n",
         "resumerge/forward/__init__.py": '"""The forward engine.\n\nMay import: errors, memory, merge.store (durable), '
                                          'merge.engine.\n"""\n\n__all__: list[str] = []\n',
         "resumerge/forward/driver.py": '"""A pass."""\n\nfrom resumerge.merge.engine.cluster.connect import join\n'
@@ -80,8 +87,17 @@ def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(
     # the packages the modules left no longer list them; the bottom package says its job and lists what it holds
     assert '"durable"' not in (pkg / "merge" / "store" / "__init__.py").read_text()
     assert '__all__ = ["driver"]' in (pkg / "merge" / "engine" / "cluster" / "__init__.py").read_text()
+    # the kept workers and the passes' hosting: the bottom package's own package, which it lists
+    assert not (pkg / "merge" / "engine" / "cluster" / "kept.py").exists()
+    assert "    from resumerge.machine.cluster.hosting import join\n" in (pkg / "forward" / "onray.py").read_text()
+    driver = (pkg / "merge" / "engine" / "cluster" / "driver.py").read_text()
+    assert "from resumerge.machine.cluster import kept" in driver
+    assert "from resumerge.machine.cluster.kept import join" in (pkg / "machine" / "cluster" / "hosting.py").read_text()
+    cluster = (pkg / "machine" / "cluster" / "__init__.py").read_text()
+    assert "May import: errors, config, machine." in cluster and '    "hosting",\n    "kept",\n' in cluster
     bottom = (pkg / "machine" / "__init__.py").read_text()
     assert "May import: errors, config." in bottom and '"memory",' in bottom and '"torch_import",' in bottom
+    assert '__all__ = [\n    "cluster",\n    "durable",\n' in bottom
     # forward imports nothing of merge/ any more: memory is the bottom package, the emptied layers are dropped
     assert "May import: errors, machine.\n" in (pkg / "forward" / "__init__.py").read_text()
     assert "May import: errors, machine, merge.store.\n" in (pkg / "merge" / "engine" / "__init__.py").read_text()

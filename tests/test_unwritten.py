@@ -15,10 +15,10 @@ from quantmodels import fp8, fp8_config, quantize_model
 from safetensors.torch import load_file
 
 from resumerge import api
+from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError, InputError, UsageError
 from resumerge.forward import Weights
-from resumerge.forward.models import open_checked
 from resumerge.forward.stream import ModelStream
 from resumerge.merge.engine.unwritten import UnwrittenMerge
 

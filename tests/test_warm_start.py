@@ -22,7 +22,7 @@ from resumerge.api.options import recorded_device, started_early
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.machine import rayconnect as connect
-from resumerge.merge.engine.cluster import kept, launch
+from resumerge.machine.cluster import kept, launch
 from resumerge.merge.engine.cluster.warm import WarmStart
 from resumerge.merge.engine.executors import RayExecutor
 from resumerge.merge.store.ledger import Ledger
@@ -76,7 +76,7 @@ def test_a_recipes_later_stage_leases_again_the_kept_workers_an_earlier_one_held
     calls: list[tuple[str, list[str], bool]] = []
     leases = iter([(["k1", "k2"], 0, 0), (["k1", "k2"], 2, 1)])
 
-    def lease(ray: Any, nodes: Any, threads: int, keep: float) -> tuple[list[str], int, int]:
+    def lease(ray: Any, nodes: Any, threads: int, keep: float, stream: str) -> tuple[list[str], int, int]:
         calls.append(("lease", [], False))
         return next(leases)
 
@@ -106,7 +106,7 @@ def test_a_second_ctrl_c_while_the_call_releases_its_kept_workers_kills_them(mon
             raise KeyboardInterrupt
 
     monkeypatch.setattr(connect, "require_ray", lambda: SimpleNamespace(nodes=lambda: []))
-    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep: (["k1"], 0, 0))
+    monkeypatch.setattr(kept, "lease", lambda ray, nodes, threads, keep, stream: (["k1"], 0, 0))
     monkeypatch.setattr(launch, "end", end)
     warm = WarmStart(None, 1, keep=60.0)
     warm.hold(warm.take())
@@ -225,7 +225,7 @@ def test_a_resume_from_the_manifest_alone_starts_warm_workers_only_for_a_device_
 
 
 class _Actors:
-    """Ray's actor class as :func:`~resumerge.merge.engine.cluster.launch.place` uses it: the second actor made
+    """Ray's actor class as :func:`~resumerge.machine.cluster.launch.place` uses it: the second actor made
     raises."""
 
     def __init__(self) -> None:
@@ -234,7 +234,7 @@ class _Actors:
     def options(self, **declared: Any) -> _Actors:
         return self
 
-    def remote(self, *args: Any) -> str:
+    def remote(self, *args: Any, **kwargs: Any) -> str:
         if self.made:
             raise RuntimeError("the raylet refused the actor")
         self.made.append("w1")

@@ -9,14 +9,17 @@ merged branch still writes the old way):
    ``resumerge/machine/``: durable writes and the checksums they record, the kill points, the run's locks (the run
    lock, the planning mark), a job's thread count, disks and filesystems (``merge/store/``), the Ray connection
    (``merge/engine/cluster/connect.py``, as ``rayconnect.py``), the memory governor (``memory/``, whole) and
-   ``torch_import.py``. ``resumerge/`` goes from 16 entries to 15; ``merge/`` keeps the ledger, the manifest, the
-   sink and the merge.
+   ``torch_import.py``; then (issue 98's second step) what keeps workers on a Ray cluster's nodes and hosts the
+   forward passes there (``merge/engine/cluster/``'s actor, launch, keeper, kept, hostcalls and hosting, into
+   ``machine/cluster/``). ``resumerge/`` goes from 16 entries to 15; ``merge/`` keeps the ledger, the manifest, the
+   sink and the merge (its cluster driver, warm start and shard stream among it).
 2. Rewrites every reference to a moved module in every text file of the checkout (git's tracked and untracked, not
    ignored; CHANGELOG.md and the two relayout scripts with their tests left alone), with tools/relayout.py's own
    rewriters: dotted names, ``from resumerge.a import b`` where ``b`` moved, paths, relative ``:mod:`` references;
    drops the moved modules' names from the ``__all__`` of the packages they left.
-3. Keeps the layers' declarations true: writes ``machine/__init__.py`` where it is missing (its ``May import:``
-   line: errors, config); in every ``May import:`` line, ``memory`` and ``torch_import`` become ``machine``, which
+3. Keeps the layers' declarations true: writes ``machine/__init__.py`` and ``machine/cluster/__init__.py`` where
+   they are missing (their ``May import:`` lines: errors, config; and machine), the latter named in the former's
+   ``__all__``; in every ``May import:`` line, ``memory`` and ``torch_import`` become ``machine``, which
    is added where the layer's code imports it (``torch_import`` was a leaf every module could import; the bottom
    package is declared); ``merge.store`` / ``merge.engine`` are dropped where the layer no longer imports them. Prose
    in parentheses naming a moved module is reported (``LEFT FOR YOU``), not rewritten. tests/test_layout.py's leaves
@@ -65,6 +68,14 @@ MODULE_MOVES: tuple[tuple[str, str], ...] = (
     ("merge/store/diskprobe.py", "machine/diskprobe.py"),
     ("merge/store/filesystems.py", "machine/filesystems.py"),
     ("merge/engine/cluster/connect.py", "machine/rayconnect.py"),
+    # Issue 98's second step: a node's worker actor, its start and end, the kept workers and the passes they host,
+    # which the merge's driver and the forward passes both use (the actor is handed its stream's class by name).
+    ("merge/engine/cluster/actor.py", "machine/cluster/actor.py"),
+    ("merge/engine/cluster/launch.py", "machine/cluster/launch.py"),
+    ("merge/engine/cluster/keeper.py", "machine/cluster/keeper.py"),
+    ("merge/engine/cluster/kept.py", "machine/cluster/kept.py"),
+    ("merge/engine/cluster/hostcalls.py", "machine/cluster/hostcalls.py"),
+    ("merge/engine/cluster/hosting.py", "machine/cluster/hosting.py"),
 )
 # Whole packages moved (old path under resumerge/ -> new path under resumerge/).
 PACKAGE_MOVES: tuple[tuple[str, str], ...] = (("memory", "machine/memory"),)
@@ -95,6 +106,27 @@ __all__ = [
 '''
 
 
+CLUSTER_INIT = '''\
+"""The workers resumerge keeps on a Ray cluster's nodes, and what they host: a node's worker actor
+(:mod:`.actor`, made with the class of the stream it computes with, which whoever starts it names: the merge's
+shard stream), how the workers start on their nodes and end (:mod:`.launch`), kept for the next run and leased
+(:mod:`.kept`, watched in the worker by :mod:`.keeper`), and a forward pass's objects hosted in them or in a fresh
+actor of their own (:mod:`.hosting`; the worker's side, :mod:`.hostcalls`). The merge's driver
+(:mod:`resumerge.merge.engine.cluster`) and the forward passes (:mod:`resumerge.forward.onray`) both use it; it
+imports nothing of either.
+
+May import: errors, config, machine.
+"""
+
+__all__ = [
+{names}
+]
+'''
+# The bottom package's own packages (folder under resumerge/, the __init__ written where it is missing), each named
+# in the bottom package's __all__.
+SUBPACKAGES: tuple[tuple[str, str], ...] = (("machine/cluster", CLUSTER_INIT),)
+
+
 def moves() -> list[Move]:
     return [*(Move(o, n) for o, n in MODULE_MOVES), *(Move(o, n) for o, n in PACKAGE_MOVES)]
 
@@ -107,14 +139,42 @@ def write_bottom_init(root: Path, say: list[str]) -> None:
         return
     held = sorted({p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
                   | {p.parent.name for p in folder.glob("*/__init__.py")})
-    init.write_text(BOTTOM_INIT.format(names="\n".join(f'    "{n}",' for n in held)), encoding="utf-8")
+    init.write_text(BOTTOM_INIT.format(names=_listed(held)), encoding="utf-8")
     say.append(f"write resumerge/{BOTTOM}/__init__.py")
 
 
-def drop_from_all(root: Path, say: list[str]) -> None:
-    """The packages a module left no longer list it in ``__all__``."""
+def _listed(names: list[str]) -> str:
+    return "\n".join(f'    "{n}",' for n in names)
+
+
+def write_subpackages(root: Path, say: list[str]) -> None:
+    """Each of the bottom package's own packages gets its ``__init__.py`` where it is missing (a hand-edited one is
+    kept) and is named in the bottom package's ``__all__``."""
+    bottom = root / "resumerge" / BOTTOM / "__init__.py"
+    for folder, template in SUBPACKAGES:
+        where = root / "resumerge" / folder
+        if not where.is_dir():
+            continue
+        init = where / "__init__.py"
+        if not init.exists():
+            held = sorted(p.stem for p in where.glob("*.py") if p.name != "__init__.py")
+            init.write_text(template.format(names=_listed(held)), encoding="utf-8")
+            say.append(f"write resumerge/{folder}/__init__.py")
+        if not bottom.exists():
+            continue
+        text = bottom.read_text(encoding="utf-8")
+        found = re.search(r"__all__ = \[([^\]]*)\]", text)
+        names = re.findall(r'"(\w+)"', found.group(1)) if found else []
+        if found and where.name not in names:
+            bottom.write_text(text[:found.start()] + f"__all__ = [\n{_listed(sorted([*names, where.name]))}\n]"
+                              + text[found.end():], encoding="utf-8")
+            say.append(f"resumerge/{BOTTOM}/__init__.py: {where.name} into __all__")
+
+
+def drop_from_all(root: Path, say: list[str], done: list[Move] | None = None) -> None:
+    """The packages a module left (one of ``done``, else of this script's moves) no longer list it in ``__all__``."""
     pkg = root / "resumerge"
-    for move in moves():
+    for move in moves() if done is None else done:
         old = pkg / move.old
         init = old.parent / "__init__.py"
         if old.exists() or not init.exists():
@@ -256,6 +316,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     touched = R.rewrite_references(root, todo, say, frozenset(SKIP_FILES))
     drop_from_all(root, say)
     write_bottom_init(root, say)
+    write_subpackages(root, say)
     rewrite_declarations(root, say)
     layout_test(root, say)
     R.architecture(root, say)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from resumerge.analyses.check import CheckReport
     from resumerge.api.runkind import PathLike
     from resumerge.config.locations import StateDir
-    from resumerge.config.passplace import PassPlacement
+    from resumerge.config.passplace import PassPlace
 
 # The kinds whose output is a model made from a base and parents that its record names (an upcycled MoE and a
 # LoRA adapter are not compared layer by layer with their inputs).
@@ -54,7 +54,7 @@ def checked(outcome: Outcome, *, state: StateDir, max_memory: int | None,
     return CheckedOutcome(**{f.name: getattr(outcome, f.name) for f in fields(Outcome)}, check=report)
 
 
-def check_placement(executor: object) -> PassPlacement:
+def check_placement(executor: object) -> PassPlace:
     """Where a check's forward pass runs for ``executor`` (the object ``run`` takes; None: this process): what the
     executor's :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass` says. Raises
     :class:`~resumerge.errors.UsageError` (exit 2) for an executor that places no forward pass, and for one that

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from resumerge.api.options import Harness, Output, PathLike, Resources, Settings, config_text
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import HERE, Here, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class SearchAsked:
     merge_best: PathLike | None = None
     allow_benchmark_tasks: bool = False
     task_search_path: PathLike | None = None
-    placement: PassPlacement = HERE
+    placement: PassPlace = HERE
     executor: Executor | None = None
     tracking: Sequence[Tracking] = ()
     output: Output = Output()  # how merge_best is written (its format: safetensors, or GGUF of a type)
@@ -174,7 +174,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
         logs = [SearchLog(store, kind, each, planned.identity()) for kind, each in backends]
         for log in logs:
             closing.callback(log.close)
-        scorer = asked.placement.made(_Scoring(scorer_at, store, told.say))
+        scorer = _scoring(asked.placement, scorer_at, store, told.say)
         best = run_search(planned, store, scorer, told, command, logs)
     merged = _merge_best(asked, run)
     return EvolveOutcome(store, best, len(files.read_state(store)), merged)
@@ -281,33 +281,17 @@ class _MakesScorer(Protocol):
     def __call__(self, root: Path, say: Say | None = None) -> ScoresGeneration: ...
 
 
-@dataclass(frozen=True)
-class _Scoring:
-    """What scores a generation, by where the search's passes run: this process scores every candidate with the
-    scorer ``make`` makes of ``store``; on a Ray cluster each generation's candidates are spread over its nodes,
-    each group scored there."""
+def _scoring(placement: PassPlace, make: _MakesScorer, store: Path, say: Say) -> ScoresGeneration:
+    """What scores a generation where ``placement`` runs the search's passes: this process scores every candidate
+    with the scorer ``make`` makes of ``store`` where its site runs the layers here; else each generation's
+    candidates are spread over the nodes of the cluster it names, each group scored there."""
+    from resumerge.forward.sites import site_of
 
-    make: _MakesScorer
-    store: Path
-    say: Say
+    if site_of(placement).here:
+        return make(store, say)
+    from resumerge.runs.evolve.spread import SpreadOverNodes
 
-    def here(self, placement: Here) -> ScoresGeneration:
-        return self.make(self.store, self.say)
-
-    def on_ray(self, placement: OnRay) -> ScoresGeneration:
-        from resumerge.runs.evolve.spread import SpreadOverNodes
-
-        return SpreadOverNodes(self.make, self.store, placement.address, placement.keep, self.say)
-
-
-class _ExecutorWords:
-    """The words of the continuing command that name where the passes run (none: this process)."""
-
-    def here(self, placement: Here) -> list[str]:
-        return []
-
-    def on_ray(self, placement: OnRay) -> list[str]:  # no address: the cluster RAY_ADDRESS names, or one started here
-        return ["--executor", "ray", *(["--ray-address", placement.address] if placement.address else [])]
+    return SpreadOverNodes(make, store, placement.address, placement.keep, say, placement.stream)
 
 
 def evolve_command(asked: SearchAsked) -> str:
@@ -315,6 +299,7 @@ def evolve_command(asked: SearchAsked) -> str:
     refuses it; ``--state-dir`` where it is not the default; where it is logged, so the continued search logs on to
     the same run: W&B's and trackio's keys stay in their environment variables and login files, never in it)."""
     from resumerge.config.locations import is_default_state_root
+    from resumerge.forward.sites import site_of
     from resumerge.runs.evolve.spec import OPT_IN
 
     options, resources, merge_best = asked.options, asked.resources, asked.merge_best
@@ -334,7 +319,7 @@ def evolve_command(asked: SearchAsked) -> str:
         words += ["--device", str(resources.device)]
     if not is_default_state_root(asked.state.given):
         words += ["--state-dir", os.fspath(asked.state.root)]
-    words += asked.placement.made(_ExecutorWords())
+    words += site_of(asked.placement).words()
     if merge_best is not None:
         words += ["--merge-best", os.fspath(merge_best)]
     if asked.output.out_type != Output().out_type:

@@ -231,8 +231,8 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
 
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
+        from resumerge.analyses.importance.ahead import ahead_fits
         from resumerge.analyses.importance.onmerge import pass_held, states_bytes
-        from resumerge.forward.ahead import ahead_fits
         from resumerge.inputs.codecs.plain import PLAIN
         from resumerge.inputs.gguf.names import expert_target
         from resumerge.merge.engine.unwritten.compute import rows_alone

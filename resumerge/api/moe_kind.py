@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
 from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
-from resumerge.config.passplace import Here, OnRay
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from resumerge.merge.plan.prepared import Prepared
     from resumerge.merge.store.statusview import Details, StatusReport
     from resumerge.runs.moe import MoeConfig
-    from resumerge.runs.moe.gatesites import GatesSite
+    from resumerge.runs.moe.gatesites import StartsGates
     from resumerge.runs.moe.passproc import PassProcess
 
 # A decoder layer's tensors: the layer count of this kind's own plan, from its tensors' names.
@@ -161,32 +160,15 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
                    kind=MoeKind.name)
 
 
-def _site(settings: RunSettings) -> GatesSite:
-    """Where the gates' pass runs: where the run's executor places a forward pass (as it places a check's), one
-    method of :class:`_GatesSites` per kind of placement."""
+def _site(settings: RunSettings) -> StartsGates:
+    """Where the gates' pass runs: where the run's executor places a forward pass (as it places a check's): in the
+    prompt work's own process, on this machine, or the base's layers where the executor's site places them (an
+    actor of the Ray cluster), this process driving the pass."""
     from resumerge.api.options import pass_placement
+    from resumerge.forward.sites import site_of
+    from resumerge.runs.moe.gatesites import IN_ITS_PROCESS, PlacedBy
 
-    return pass_placement(settings).made(_GatesSites(settings))
-
-
-@dataclass(frozen=True)
-class _GatesSites:
-    """The gates' site for each placement (a third executor's placement: one more method, which the
-    :class:`~resumerge.config.passplace.Kinds` protocol asks of this class)."""
-
-    settings: RunSettings
-
-    def here(self, placement: Here) -> GatesSite:
-        """In the prompt work's own process, on this machine."""
-        from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
-
-        return IN_ITS_PROCESS
-
-    def on_ray(self, placement: OnRay) -> GatesSite:
-        """The base's layers on an actor of the Ray cluster, this process driving the pass."""
-        from resumerge.forward.rayactor import placing
-        from resumerge.runs.moe.gatesites import PlacedBy
-
-        state = self.settings.state
-        given = None if state.given is None else str(state.root)  # --state-dir, as a node opens it
-        return PlacedBy(placing(placement.address, given, "prompt forward pass"))
+    state = settings.state
+    given = None if state.given is None else str(state.root)  # --state-dir, as a node opens it
+    places = site_of(pass_placement(settings)).places(given, "prompt forward pass")
+    return IN_ITS_PROCESS if places is None else PlacedBy(places)

@@ -34,7 +34,7 @@ from resumerge.runs.transplant.spec import SurgeryChoices
 
 if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
-    from resumerge.config.passplace import PassPlacement
+    from resumerge.config.passplace import PassPlace
     from resumerge.merge.engine.executors import Executor
     from resumerge.merge.plan.merge_plan import PlanOptions
 
@@ -348,11 +348,10 @@ def pass_settings(function: str, settings: Settings) -> RunSettings:
     return run_settings(settings.state_dir, settings.resources, executor=settings.executor)
 
 
-def pass_placement(settings: RunSettings) -> PassPlacement:
+def pass_placement(settings: RunSettings) -> PassPlace:
     """Where the settings' executor places a forward pass
-    (:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`:
-    :class:`~resumerge.config.passplace.Here` this process, :class:`~resumerge.config.passplace.OnRay` an actor per
-    model on a Ray cluster)."""
+    (:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`, named as the executor is:
+    :data:`~resumerge.config.passplace.HERE` this process, ``ray`` an actor per model on a Ray cluster)."""
     if settings.executor is None:  # the merge engine (api.checked's executors) is never imported for a local pass
         from resumerge.config.passplace import HERE
 

@@ -24,7 +24,7 @@ Staging: TypeAlias = "bool | str | os.PathLike[str] | None"
 # hour)"). This process makes at most HOURLY_COMMITS in any hour, leaving room for retries and other writers.
 HOURLY_COMMITS = 100
 
-# How long a Ray run's kept workers (``--keep-workers``: :mod:`resumerge.merge.engine.cluster.kept`) wait idle for the
+# How long a Ray run's kept workers (``--keep-workers``: :mod:`resumerge.machine.cluster.kept`) wait idle for the
 # next run on their cluster before they end.
 KEEP_WORKERS = 600.0
 

@@ -21,7 +21,8 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   each admitted by the pass's ``reserve`` and observed by an optional :class:`~.placement.Watch`; a Ray cluster
   places an actor per model behind the same protocol (:mod:`resumerge.forward.rayactor`), which runs a
   :class:`~.placement.NodeWatch` on the node and hands what it found back (``measure``'s Grams; ``measure`` runs
-  each model as a placement of its own, each resuming at its own layer).
+  each model as a placement of its own, each resuming at its own layer). Where the run's executor places a pass is
+  its site (:mod:`.sites`: one class per executor, found by the executor's name), which a pass asks what differs.
 - **The step** (:mod:`.layerpass`): a client subclasses :class:`~.layerpass.Step`: ``layer(index, hidden)`` runs
   (through its placement, or its stream) and observes decoder layer ``index`` and returns the hidden states leaving
   it; ``kept(index)`` is what to journal beside them (tensors, metadata); ``restore(restart)`` puts that back on a
@@ -56,9 +57,8 @@ The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and a
   (:func:`~.texts.tokenizer_at`), and :func:`~.requires.require_transformers` is the one "is transformers here"
   check, in each client's words.
 
-May import: errors, config, inputs, machine, merge.plan (input references only), merge.store (the ledger and the
-manifest of a merge's output), merge.engine (the unwritten merge; the kept workers that host a pass on Ray),
-merge.vocab, outputs.
+May import: errors, config, inputs, machine, merge.plan (input references only), merge.store (the ledger, as the
+journal of a pass's hub reads), merge.engine (the unwritten merge), merge.vocab, outputs.
 """
 
 from __future__ import annotations

@@ -153,17 +153,19 @@ def driver_token() -> bool:
     return bool(get_token())
 
 
-def kept_hosts(ray: Any, placed: Sequence[Place], keep: float) -> list[Any]:
+def kept_hosts(ray: Any, placed: Sequence[Place], keep: float, stream: str) -> list[Any]:
     """For each actor of a pass ``placed`` so, the kept worker of its node that hosts it
-    (:func:`~resumerge.merge.engine.cluster.hosting.lease_hosts`: leased, the actor's CPUs and memory reserved on its
-    node, idle for at most ``keep`` seconds once the pass ends), else None: a fresh actor (``keep`` 0: the cluster was
-    started for the pass, or ``keep_workers=0``; no kept worker free on the node; its reservation not up in time)."""
-    if keep <= 0:
+    (:func:`~resumerge.machine.cluster.hosting.lease_hosts`: leased, the actor's CPUs and memory reserved on its
+    node, idle for at most ``keep`` seconds once the pass ends, one made for the lease computing a later merge's
+    shards with the class named ``stream``), else None: a fresh actor (``keep`` 0: the cluster was started for the
+    pass, or ``keep_workers=0``; no ``stream`` named; no kept worker free on the node; its reservation not up in
+    time)."""
+    if keep <= 0 or not stream:
         return [None] * len(placed)
-    from resumerge.merge.engine.cluster.hosting import lease_hosts
+    from resumerge.machine.cluster.hosting import lease_hosts
 
     try:
-        return list(lease_hosts(ray, [(p.node_id, p.cpus, p.memory) for p in placed], keep))
+        return list(lease_hosts(ray, [(p.node_id, p.cpus, p.memory) for p in placed], keep, stream))
     except Exception:  # (what it leased is ended) the pass starts fresh actors, which say what is wrong if anything
         return [None] * len(placed)
 
@@ -172,10 +174,10 @@ def on_place(ray: Any, place: Place, host: Any, factory: Callable[..., Any], *ar
     """A pass's object made as ``factory(*args)`` on ``place``'s node, called as a Ray actor (``.NAME.remote``):
     hosted by the kept worker ``host`` (:func:`kept_hosts`, whose lease reserved the place's CPUs and memory), else
     (None) by a fresh actor pinned there declaring them
-    (:func:`~resumerge.merge.engine.cluster.hosting.fresh_host`). The one way every pass's object (a model's
+    (:func:`~resumerge.machine.cluster.hosting.fresh_host`). The one way every pass's object (a model's
     :class:`~resumerge.forward.rayactor.ModelNode`, a search's group of candidates) gets onto a node."""
     if host is None:
-        from resumerge.merge.engine.cluster.hosting import fresh_host
+        from resumerge.machine.cluster.hosting import fresh_host
 
         host = fresh_host(ray, place.node_id, place.cpus, place.memory)
     host.host(factory, *args)
@@ -203,6 +205,6 @@ def end_actors(ray: Any, actors: Sequence[Any], hosts: Sequence[Any]) -> None:
     """End a pass's ``actors`` (:func:`on_place`'s) and the kept workers of ``hosts`` whose actors were replaced:
     the fresh ones killed, the kept ones released (their pass objects dropped, idle for the next run or pass;
     killed where they do not answer)."""
-    from resumerge.merge.engine.cluster.hosting import end_hosts
+    from resumerge.machine.cluster.hosting import end_hosts
 
     end_hosts(ray, list({id(each): each for each in (*hosts, *actors) if each is not None}.values()))

@@ -36,7 +36,7 @@ from resumerge.forward.heads import HeadTotals, head_figures, kl_at, nll_sum, sh
 from resumerge.forward.heads import logprobs as streamed_logprobs
 from resumerge.forward.journal import Journal, Restart
 from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.models import Checked
+from resumerge.forward.opened import PassModel
 from resumerge.forward.placement import Placement, Streams, batched_on, model_layer
 from resumerge.forward.stream import ModelStream
 from resumerge.forward.vocabs import SharedVocab, own_batches
@@ -71,7 +71,7 @@ class PassFigures:
     base_kl: list[float | None]
 
 
-def streams_of(models: Sequence[Checked], device: str = "cpu", dtype: torch.dtype | None = None,
+def streams_of(models: Sequence[PassModel], device: str = "cpu", dtype: torch.dtype | None = None,
                what: str = "resumerge check") -> list[ModelStream]:
     """Each model's modules without weights (read as the pass runs, each layer on ``device``: see
     :mod:`resumerge.forward.device`), computing in ``dtype`` (None: float32, a check's), ``what`` naming the pass in
@@ -92,7 +92,7 @@ def streams_of(models: Sequence[Checked], device: str = "cpu", dtype: torch.dtyp
     return streams
 
 
-def forward_pass(models: Sequence[Checked], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
+def forward_pass(models: Sequence[PassModel], streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]],
                  workdir: Path, on_model: Callable[[int, int], None] | None = None,
                  reserve: Reserve = unreserved, fold: Fold | None = None,
                  vocab: SharedVocab | None = None) -> PassFigures | None:

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 from resumerge.errors import ResumergeError, UnreachableError
 from resumerge.forward import handed
 from resumerge.forward.heads import HeadTotals, shared
-from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes
 from resumerge.forward.onray import (
     Lost,
@@ -59,6 +58,7 @@ from resumerge.forward.onray import (
     on_place,
     sent,
 )
+from resumerge.forward.opened import PassModel
 from resumerge.forward.passes import ModelHead, compared, logprobs, model_layer, streams_of, totals
 from resumerge.forward.placement import NodeWatch, Placement, Places
 from resumerge.forward.standins import LayerCall
@@ -92,7 +92,7 @@ class ModelNode:
     ``watch``: what the pass computes of each layer here, on the node (``measure``'s Grams:
     :class:`~resumerge.forward.placement.NodeWatch`), returned with the layer."""
 
-    def __init__(self, model: Checked, threads: int, token: bool = False, state: str | None = None,
+    def __init__(self, model: PassModel, threads: int, token: bool = False, state: str | None = None,
                  dtype: torch.dtype | None = None, what: str = "check", watch: NodeWatch | None = None) -> None:
         # Applied to each call, on the thread that runs it (a kept worker runs its calls on threads of its own,
         # which a process-wide count set here would not reach once they computed), and to nothing else.
@@ -227,10 +227,12 @@ class ActorTerms:
     """How the pass's actors are made: ``state``, the state dir a node opens a model under (``--state-dir``; None:
     the default); ``dtype`` and ``what`` (the pass, as its refusals name it): see :class:`ModelNode`; ``beside``:
     beside a run's workers (see :class:`RayModels`); ``keep``: the seconds a node's kept worker that hosts an
-    actor waits idle for the next run or pass (0: fresh actors, ended with the pass); ``watch``: what each actor
-    computes of its model's layers on its node (:class:`~resumerge.forward.placement.NodeWatch`; this one is told
-    what they found); ``threads``: the thread count the actors compute with, the pass's (None: the one the thread
-    making them computes with, which under a pass's driver is the count recorded in its folder:
+    actor waits idle for the next run or pass (0: fresh actors, ended with the pass), and ``stream`` the class, by
+    name, one made for the pass computes a merge's shards with (:class:`~resumerge.config.passplace.PassPlace`);
+    ``watch``: what each actor computes of its model's layers on its node
+    (:class:`~resumerge.forward.placement.NodeWatch`; this one is told what they found); ``threads``: the thread count
+    the actors compute with, the pass's (None: the one the thread making them computes with, which under a pass's driver
+    is the count recorded in its folder:
     :func:`~resumerge.forward.threads.pass_threads`)."""
 
     state: str | None = None
@@ -238,6 +240,7 @@ class ActorTerms:
     what: str = "check"
     beside: bool = False
     keep: float = 0.0
+    stream: str = ""
     watch: NodeWatch | None = None
     threads: int | None = None
 
@@ -259,13 +262,14 @@ class RayModels:
     plan, which waits for this pass (the MoE gates'): each declares no CPU (else none could start) and
     computes with the pass's count all the same, and declares its memory."""
 
-    def __init__(self, ray: Any, models: Sequence[Checked], placed: list[Place], layers: int,
+    def __init__(self, ray: Any, models: Sequence[PassModel], placed: list[Place], layers: int,
                  on_layer: Callable[[int, list[str]], None] | None = None,
                  on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                  terms: ActorTerms = CHECK_ACTORS) -> None:
         self.ray, self.models, self.places, self.layers, self.on_layer = ray, models, placed, layers, on_layer
         state, dtype, what, beside = terms.state, terms.dtype, terms.what, terms.beside
         self.keep = 0.0 if beside else terms.keep  # beside a run's workers (which hold the nodes' CPUs): fresh actors
+        self.stream = terms.stream
         self.state = state  # the state dir a node opens a model under (--state-dir; None: the default)
         self.vocab = vocab  # where the models' vocabularies differ: each reads its own ids, compared over the shared
         # asked of the actors after each step only where a model is read from the hub: a round trip per layer
@@ -277,7 +281,7 @@ class RayModels:
         if beside:
             self.places = [replace(place, cpus=0.0) for place in placed]
         self.actors: list[Any] = []
-        self.hosts: list[Any] = []  # the kept workers hosting actors (:mod:`resumerge.merge.engine.cluster.hosting`)
+        self.hosts: list[Any] = []  # the kept workers hosting actors (:mod:`resumerge.machine.cluster.hosting`)
         self.nodes: list[str] = []
         self.lost: set[str] = set()  # nodes whose actor died: none is placed there again
         self.fresh: set[int] = set()  # models whose actor is a replacement holding no hidden states yet
@@ -292,7 +296,7 @@ class RayModels:
     def start(self) -> None:
         """Start every model's actor, and wait for each to open its model (raises the error that kept one from it,
         and :class:`UnreachableError` where one's node was lost meanwhile)."""
-        self.launch(kept_hosts(self.ray, self.places, self.keep))
+        self.launch(kept_hosts(self.ray, self.places, self.keep, self.stream))
         self.opened()
 
     def launch(self, hosts: Sequence[Any]) -> None:
@@ -311,7 +315,7 @@ class RayModels:
             raise UnreachableError(f"a Ray node of the {self.what} was lost as its actors started ({exc})",
                                    hint=self.hint) from None
 
-    def _start(self, model: Checked, place: Place, threads: int, host: Any = None) -> Any:
+    def _start(self, model: PassModel, place: Place, threads: int, host: Any = None) -> Any:
         """Model ``model``'s actor (:func:`~resumerge.forward.onray.on_place`: hosted by the kept worker ``host``
         where given, else by a fresh actor pinned to its node declaring its CPUs and memory, never restarted by Ray:
         the pass replaces it), its node told whether it needs a token of its own (:class:`ModelNode`)."""
@@ -479,7 +483,7 @@ class RayModels:
 
 
 @contextmanager
-def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
+def ray_models(models: Sequence[PassModel], placed: list[Place], layers: int,
                on_layer: Callable[[int, list[str]], None] | None = None,
                on_reads: Callable[[int, list[Read]], None] | None = None, vocab: SharedVocab | None = None,
                terms: ActorTerms = CHECK_ACTORS) -> Iterator[RayModels]:
@@ -499,14 +503,14 @@ def ray_models(models: Sequence[Checked], placed: list[Place], layers: int,
 
 
 @contextmanager
-def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequence[int],
+def ray_each(models: Sequence[PassModel], placed: Sequence[Place], layers: Sequence[int],
              on_reads: Callable[[int, list[Read]], None] | None, terms: Sequence[ActorTerms]
              ) -> Iterator[list[RayModels]]:
     """Each of ``models`` a placement of its own (an actor where ``placed`` says, ``layers[m]`` decoder layers,
     made as ``terms[m]`` says: :class:`ActorTerms`), for passes that run the models side by side, each at its own
     layer with its own journal (``measure``'s): the kept workers leased for them all at once
-    (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep``), every actor started before any is waited
-    for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
+    (:func:`~resumerge.forward.onray.kept_hosts`, ``terms[0].keep`` and ``stream``), every actor started before any is
+    waited for; ``on_reads(m, reads)``: what model ``m``'s node read of its hub files. They end with the block."""
     from resumerge.machine.rayconnect import require_ray
 
     ray = require_ray()
@@ -521,7 +525,8 @@ def ray_each(models: Sequence[Checked], placed: Sequence[Place], layers: Sequenc
     with ExitStack() as ending:
         for running in each:
             ending.callback(running.end)
-        for running, host in zip(each, kept_hosts(ray, placed, terms[0].keep if terms else 0.0)):
+        first = terms[0] if terms else ActorTerms()
+        for running, host in zip(each, kept_hosts(ray, placed, first.keep, first.stream)):
             running.launch([host])
         for running in each:
             running.opened()
@@ -537,7 +542,7 @@ def placing(address: str | None, state: str | None, what: str) -> Places:
     pass runs while the run's workers wait for its plan, holding the CPUs (:class:`RayModels`, ``beside``);
     ``state``: the state dir given with ``--state-dir``; ``what``: the pass, as its refusals name it."""
 
-    def placed(models: Sequence[Checked], layers: int, needs: Sequence[int],
+    def placed(models: Sequence[PassModel], layers: int, needs: Sequence[int],
                dtype: torch.dtype) -> AbstractContextManager[Placement]:
         from resumerge.forward.onray import ray_places
 

@@ -1,10 +1,12 @@
-"""Where the run's executor places a forward pass, as the pass asks it (``check``, ``measure``, ``eval``): a
-:class:`PassSite`, made once from the executor's placement (:func:`site_of`; :mod:`resumerge.config.passplace`
-names it, and may not import this engine). :class:`InProcess`: every model in this process, one layer of one model at
-a time (:class:`~resumerge.forward.placement.Streams`); :class:`OnCluster`: an actor per model on a Ray cluster
-(:mod:`resumerge.forward.rayactor`). A pass asks its site what differs between the two (a refusal, how its hub reads
-bind, where its models' actors go, the :class:`~resumerge.forward.placement.Placement` of its models) and never which
-it is: a third placement is a third class here and one method of :class:`~resumerge.config.passplace.Kinds`.
+"""Where the run's executor places a forward pass, as the pass asks it (``check``, ``measure``, ``eval``,
+``evolve``, the MoE gates): a :class:`PassSite`, one class per executor, found by the executor's name in
+:data:`SITES` from the :class:`~resumerge.config.passplace.PassPlace` the executor gave (:func:`site_of`;
+:mod:`resumerge.config.passplace` may not import this engine). :class:`InProcess` (``local``): every model in this
+process, one layer of one model at a time (:class:`~resumerge.forward.placement.Streams`); :class:`OnCluster`
+(``ray``): an actor per model on a Ray cluster (:mod:`resumerge.forward.rayactor`). A pass asks its site what
+differs between executors (a refusal, how its hub reads bind, where its models' actors go, the
+:class:`~resumerge.forward.placement.Placement` of its models, the words that name it in a command) and never which
+it is: a new executor's passes are one class here and one row of :data:`SITES`.
 
 A site is asked in two steps, as a pass is judged then run: :meth:`PassSite.seat` before any weight is read (on a
 cluster: joined, each model's actor placed, refused where it cannot hold them), giving :class:`Seats`; then
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from resumerge.config.passplace import Here, OnRay, PassPlacement
+from resumerge.config.passplace import PassPlace
 from resumerge.errors import UsageError
 from resumerge.forward.layerpass import Reserve, unreserved
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from resumerge.forward.onray import Place, Read
     from resumerge.forward.opened import PassModel
     from resumerge.forward.passes import Fold, PassModels
-    from resumerge.forward.placement import NodeWatch, Placement
+    from resumerge.forward.placement import NodeWatch, Placement, Places
     from resumerge.forward.stream import ModelStream
     from resumerge.forward.vocabs import SharedVocab
 
@@ -102,7 +104,11 @@ class Seats(Protocol):
 
 
 class PassSite(Protocol):
-    """Where the executor places a pass's models; ``name`` names it in messages (``local``, ``ray``)."""
+    """Where the executor places a pass's models, as its ``placement`` says; ``name`` names it in messages and
+    commands (``local``, ``ray``: the executor's)."""
+
+    @property
+    def placement(self) -> PassPlace: ...
 
     @property
     def name(self) -> str: ...
@@ -113,7 +119,12 @@ class PassSite(Protocol):
         what the pass's budget judges)."""
 
     def refuse(self, what: str, device: str, on_gpu: bool) -> None:
-        """See :meth:`~resumerge.config.passplace.PassPlacement.refuse`."""
+        """Raise :class:`~resumerge.errors.UsageError` (exit 2), before anything is read, where ``what`` (the pass
+        in words: ``the check``) cannot be placed so with its layers on ``device`` (``on_gpu``: a GPU of this
+        machine)."""
+
+    def words(self) -> list[str]:
+        """The flags that place a pass so in a command that continues it (none: this process)."""
 
     def available(self) -> None:
         """Raise :class:`~resumerge.errors.UsageError` (exit 2), before anything is read, where what places the
@@ -132,26 +143,34 @@ class PassSite(Protocol):
         declares; ``what``: the pass, as refusals name it; ``state``: the state dir the pass runs under), refused
         (exit 2) where they cannot be."""
 
+    def places(self, state: str | None, what: str) -> Places | None:
+        """Where a pass that does not learn where it runs (the MoE hidden-state gates') places its models, asked
+        as it starts (``state``: the state dir given with ``--state-dir``; ``what``: the pass, as refusals name it);
+        None: in the pass's own process."""
+
 
 class _Named:
-    """What every site takes from its executor's ``placement`` as it is: its name and its refusals."""
+    """What every site takes from its executor's ``placement``: the executor's name."""
 
-    placement: PassPlacement
+    placement: PassPlace
 
     @property
     def name(self) -> str:
         return self.placement.name
-
-    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
-        self.placement.refuse(what, device, on_gpu)
 
 
 @dataclass(frozen=True)
 class InProcess(_Named):
     """Every model of the pass in this process, one layer of one model at a time."""
 
-    placement: Here
+    placement: PassPlace
     here: bool = True
+
+    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
+        """Nothing to refuse: this process runs the layers wherever the device is."""
+
+    def words(self) -> list[str]:
+        return []
 
     def available(self) -> None:
         """Nothing to install."""
@@ -164,6 +183,9 @@ class InProcess(_Named):
 
     def seat(self, needs: Callable[[], Sequence[int]], what: str, state: StateDir) -> Seats:
         return _HereSeats()
+
+    def places(self, state: str | None, what: str) -> Places | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -197,8 +219,23 @@ class OnCluster(_Named):
     holds every model's hidden states and journals the pass as it does here, so a pass started on one resumes on
     the other with the same bytes."""
 
-    placement: OnRay
+    placement: PassPlace
     here: bool = False
+
+    def refuse(self, what: str, device: str, on_gpu: bool) -> None:
+        """A GPU of this machine refused: the layers run on the cluster's nodes."""
+        if on_gpu:
+            raise UsageError(f"--device {device} runs {what}'s layers on this machine's GPU, and --executor ray runs "
+                             "each model on a node of the cluster", hint="leave out one of the two")
+
+    def words(self) -> list[str]:  # no address: the cluster RAY_ADDRESS names, or one started here
+        address = self.placement.address
+        return ["--executor", self.name, *(["--ray-address", address] if address else [])]
+
+    def places(self, state: str | None, what: str) -> Places | None:
+        from resumerge.forward.rayactor import placing
+
+        return placing(self.placement.address, state, what)
 
     def available(self) -> None:
         from resumerge.machine.rayconnect import check_ray
@@ -217,16 +254,18 @@ class OnCluster(_Named):
 
         placed = ray_places(self.placement.address, needs(), what=what)
         given = None if state.given is None else str(state.root)  # --state-dir, as a node opens a model under it
-        return _NodeSeats(placed, given, self.placement.keep)
+        return _NodeSeats(placed, given, self.placement.keep, self.placement.stream)
 
 
 @dataclass(frozen=True)
 class _NodeSeats:
-    """Each model's actor placed on its node (``placed``)."""
+    """Each model's actor placed on its node (``placed``), hosted as :class:`~resumerge.config.passplace.PassPlace`'s
+    ``keep`` and ``stream`` say."""
 
     placed: Sequence[Place]
     state: str | None
     keep: float
+    stream: str
 
     def models(self, models: Sequence[PassModel], streams: Sequence[ModelStream], told: Told, *,
                reserve: Reserve = unreserved, workdir: Path | None = None, fold: Fold | None = None,
@@ -234,7 +273,7 @@ class _NodeSeats:
         from resumerge.forward.rayactor import ActorTerms, ray_models
 
         return ray_models(models, list(self.placed), streams[0].layers, told.layer, told.reads, vocab,
-                          ActorTerms(self.state, keep=self.keep))
+                          ActorTerms(self.state, keep=self.keep, stream=self.stream))
 
     def held(self, names: Sequence[str], peaks: Sequence[int], steps: Sequence[int]) -> Held:
         """Every model's hidden states in and out at once (the passes run side by side), no layer: those run on
@@ -247,24 +286,19 @@ class _NodeSeats:
         error raised once every thread ended."""
         from resumerge.forward.rayactor import ActorTerms, ray_each
 
-        terms = [ActorTerms(self.state, what=pass_.what, keep=self.keep, watch=watch) for watch in pass_.watches]
+        terms = [ActorTerms(self.state, what=pass_.what, keep=self.keep, stream=self.stream,
+                             watch=watch) for watch in pass_.watches]
         with ray_each(pass_.models, self.placed, pass_.layers, pass_.reads, terms) as placements, \
                 ThreadPoolExecutor(max_workers=len(placements), thread_name_prefix=pass_.what) as pool:
             futures = [pool.submit(run, m, placement) for m, placement in enumerate(placements)]
             return [future.result() for future in futures]
 
 
-@dataclass(frozen=True)
-class _Sites:
-    """Each placement's site (:meth:`~resumerge.config.passplace.PassPlacement.made`)."""
-
-    def here(self, placement: Here) -> PassSite:
-        return InProcess(placement)
-
-    def on_ray(self, placement: OnRay) -> PassSite:
-        return OnCluster(placement)
+# Each executor's site, by the executor's name (the ``name`` of the placement it gives): a new executor's passes
+# are its site's class and one row here.
+SITES: dict[str, Callable[[PassPlace], PassSite]] = {"local": InProcess, "ray": OnCluster}
 
 
-def site_of(placement: PassPlacement) -> PassSite:
-    """Where ``placement`` runs a pass's models, as the pass asks it."""
-    return placement.made(_Sites())
+def site_of(placement: PassPlace) -> PassSite:
+    """Where ``placement`` runs a pass's models, as the pass asks it: the site of its executor (:data:`SITES`)."""
+    return SITES[placement.name](placement)

@@ -23,11 +23,11 @@ from safetensors import safe_open
 from support import cli, cli_here
 
 from resumerge import api
+from resumerge.analyses.check.models import Checked
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
 from resumerge.forward.batches import padded
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.forward.placement import runs_batched
 from resumerge.forward.tail import final_names

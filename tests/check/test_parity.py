@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
 from resumerge.forward import Weights
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import PassFigures, forward_pass, streams_of
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.model import open_model

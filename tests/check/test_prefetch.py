@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
 

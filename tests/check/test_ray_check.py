@@ -33,6 +33,7 @@ from resumerge import api
 from resumerge.analyses.check.progress import find_progress
 from resumerge.analyses.check.report import CheckReport
 from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.merge.engine.cluster import STREAM
 from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
@@ -146,12 +147,12 @@ def test_without_ray_a_check_on_ray_is_one_line_and_exit_2(tmp_path: Path, monke
 
 def test_a_check_runs_where_the_executor_object_says() -> None:
     from resumerge.api.checked import check_placement
-    from resumerge.config.passplace import HERE, OnRay
+    from resumerge.config.passplace import HERE, PassPlace
     from resumerge.errors import UsageError
     from resumerge.merge.engine.executors import LocalExecutor
 
     assert check_placement(None) == check_placement(LocalExecutor()) == HERE
-    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == OnRay("head:6379", 0.0)
+    assert check_placement(RayExecutor("head:6379", keep_workers=0)) == PassPlace("ray", "head:6379", 0.0, STREAM)
     with pytest.raises(UsageError, match="LocalExecutor or RayExecutor"):
         check_placement("ray")
 
@@ -163,10 +164,10 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
     from resumerge.analyses.check.job import CheckSettings
     from resumerge.api.checked import checked
     from resumerge.config.locations import StateDir
-    from resumerge.config.passplace import HERE, OnRay, PassPlacement
+    from resumerge.config.passplace import HERE, PassPlace
     from resumerge.merge.engine.executors import LocalExecutor
 
-    seen: list[PassPlacement] = []
+    seen: list[PassPlace] = []
 
     def placed(_asked: object, settings: CheckSettings, *_: object) -> None:
         seen.append(settings.placement)
@@ -176,7 +177,7 @@ def test_run_check_hands_the_check_its_run_s_executor(tmp_path: Path, monkeypatc
                                                                            executor=LocalExecutor()), check=True)
     checked(ran, state=StateDir.resolve(tmp_path / "state"), max_memory=None,
             executor=RayExecutor("head:6379", keep_workers=0))
-    assert seen == [HERE, OnRay("head:6379", 0.0)]
+    assert seen == [HERE, PassPlace("ray", "head:6379", 0.0, STREAM)]
 
 
 def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stops_resumably(

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from resumerge.analyses.check import static
+from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.static import static_pass
 from resumerge.config.modelref import ModelRef
 from resumerge.forward import heads
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import batches_of, forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch

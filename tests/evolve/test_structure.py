@@ -78,7 +78,7 @@ def test_repeating_the_parent_s_block_is_best_and_every_other_shape_is_worse(
 
 def test_a_beam_child_runs_from_where_it_branches_off_its_parent(
         searched: tuple[Path, Path, api.EvolveOutcome]) -> None:
-    from resumerge.forward.layercache import branch, departure
+    from resumerge.runs.evolve.layercache import branch, departure
 
     _, store, _ = searched
     rows = _rows(store)
@@ -115,7 +115,7 @@ def test_the_front_holds_held_out_figures_and_status_shows_it(
 
 def test_a_candidate_s_figure_is_what_eval_finds_on_it_written_by_run(
         searched: tuple[Path, Path, api.EvolveOutcome], tmp_path: Path) -> None:
-    from resumerge.forward.layercache import branch, departure
+    from resumerge.runs.evolve.layercache import branch, departure
 
     config, store, _ = searched
     rows = _rows(store)
@@ -278,7 +278,7 @@ def test_a_base_changed_under_a_killed_search_s_cache_is_refused(tmp_path: Path)
 
 
 def test_edits_make_paths_slices_and_sizes_as_the_genome_bounds_them() -> None:
-    from resumerge.forward.layercache import Borrowed, departure, stride_for
+    from resumerge.runs.evolve.layercache import Borrowed, departure, stride_for
     from resumerge.runs.evolve.shapes.genome import (
         Edit,
         Shape,

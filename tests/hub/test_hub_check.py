@@ -232,11 +232,11 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
                                                                             state: Path) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
+    from resumerge.analyses.check.models import find_models
     from resumerge.analyses.check.static import static_pass
     from resumerge.config.locations import StateDir
     from resumerge.forward.batches import padded as _padded
     from resumerge.forward.hubreads import PassReads
-    from resumerge.forward.models import find_models
     from resumerge.forward.onray import Place, sent
     from resumerge.forward.rayactor import ModelNode, RayModels
     from resumerge.inputs.hub.integrity import StreamedInputChanged

@@ -177,9 +177,9 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
     """Where the driver reads the hub with a token, a hub model's actor on a node without one says so in one line
     (exit 2) as it starts, as a merge's node does, rather than fail on its first read (a private repo's 401)."""
     import resumerge.machine.rayconnect
+    from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.models import open_checked
     from resumerge.forward.rayactor import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
@@ -201,8 +201,8 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     import resumerge.forward.batches
     import resumerge.forward.passes
     import resumerge.machine.rayconnect
+    from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
-    from resumerge.forward.models import open_checked
     from resumerge.forward.rayactor import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")

@@ -117,8 +117,8 @@ def not_compared(out: str | os.PathLike[str], report: CheckReport) -> list[str]:
     """The roles and names of the models ``out``'s record names as its base and parents that ``report`` did not
     compare it with (empty: the check is of the merge beside all of its own models, as its card describes it); a
     record that cannot be read names nothing that is missing, only the models the check was given count."""
+    from resumerge.analyses.check.models import recorded_models, same_model
     from resumerge.errors import ResumergeError
-    from resumerge.forward.models import recorded_models, same_model
 
     try:
         base, parents = recorded_models(Path(out))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from resumerge.analyses.check.card import run_state, update_card
 from resumerge.analyses.check.chart import write_drift_chart
 from resumerge.analyses.check.folded import FoldedStatic
+from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.progress import PROGRESS_NAME, Progress, Watcher
 from resumerge.analyses.check.report import CheckReport, ModelFigures, StaticFigures
 from resumerge.analyses.check.static import TensorResult, logical_shapes, static_pass, tensor_results
@@ -24,14 +25,13 @@ from resumerge.analyses.check.strict import finite
 from resumerge.analyses.check.verdict import THRESHOLDS, judge
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
-from resumerge.config.passplace import HERE, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import PlanChangedError, UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.hubreads import PassReads
 from resumerge.forward.journal import Journal
 from resumerge.forward.layerpass import Reserve
-from resumerge.forward.models import Checked
 from resumerge.forward.needs import StepBytes, settled_held, step_bytes
 from resumerge.forward.opened import layer_of
 from resumerge.forward.passes import LAYER_PREFIX, PassFigures, run_pass, streams_of
@@ -90,7 +90,7 @@ class CheckSettings:
 
     state: StateDir
     max_memory: int | None = None
-    placement: PassPlacement = HERE
+    placement: PassPlace = HERE
     device: PassDevice = HOST
     default_state: StateDir | None = None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resumerge.analyses.check.job import CheckJob, CheckSettings
+from resumerge.analyses.check.models import Checked, find_models
 from resumerge.analyses.check.progress import Watcher
 from resumerge.analyses.check.report import CheckReport
 from resumerge.analyses.check.verdict import THRESHOLDS
@@ -22,7 +23,6 @@ from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import PassFolder, content_key, drive
-from resumerge.forward.models import Checked, find_models
 from resumerge.forward.passes import BATCH_TOKENS
 from resumerge.forward.proof import PassProof, compared_reads
 from resumerge.forward.requires import Needs, require_transformers

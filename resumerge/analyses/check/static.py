@@ -27,9 +27,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.report import GroupFigures, StaticFigures
 from resumerge.forward import CastReader, Weights, base_formats
-from resumerge.forward.models import Checked
 from resumerge.forward.needs import STATIC_SPAN
 from resumerge.forward.opened import layer_of
 from resumerge.inputs.codecs import StoredFormats

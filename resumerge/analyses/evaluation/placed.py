@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from resumerge.config.passplace import HERE, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.forward.placement import Placement
 from resumerge.forward.sites import PassSite, Told, site_of
 
@@ -80,6 +80,6 @@ class LayersHere(EvalLayers):
         super().__init__(site_of(HERE))
 
 
-def eval_layers(placement: PassPlacement) -> EvalLayers:
+def eval_layers(placement: PassPlace) -> EvalLayers:
     """Where ``placement`` runs an evaluation's decoder layers."""
     return EvalLayers(site_of(placement))

@@ -32,7 +32,7 @@ from resumerge.analyses.evaluation.tasks import TaskIndex, generation_tasks, loa
 from resumerge.analyses.evaluation.textwork import add_text_task, no_lm_tasks, text_work
 from resumerge.analyses.evaluation.yamltasks import yaml_text_tasks
 from resumerge.config.locations import StateDir, is_default_state_root
-from resumerge.config.passplace import HERE, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import InterruptedMerge, UsageError
 from resumerge.forward import Weights
 from resumerge.forward.opened import PassModel, open_for_pass
@@ -53,7 +53,7 @@ _NEEDS = Needs("resumerge eval", hint="pip install transformers lm-eval (in the 
 
 
 def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: Watcher | None = None,
-             unwritten: UnwrittenMerge | None = None, placement: PassPlacement = HERE,
+             unwritten: UnwrittenMerge | None = None, placement: PassPlace = HERE,
              task_index: TaskIndex | None = None, merge_words: tuple[str, ...] = ()) -> EvalReport:
     """Evaluate the model at ``target`` (a folder, a GGUF file, ``hf://`` repo) on ``settings``' tasks and return
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
@@ -66,8 +66,8 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     before a weight is read, and :class:`InterruptedMerge` (exit 3) on Ctrl-C, naming the command that
     continues."""
     # the layers run on a Ray node, not this machine's GPU
-    placement.refuse("the evaluation", settings.device, is_gpu(normalise_device(settings.device)))
     layers = eval_layers(placement)
+    layers.site.refuse("the evaluation", settings.device, is_gpu(normalise_device(settings.device)))
     settings = settings.checked()
     if unwritten is not None:
         layers.refuse_unwritten()

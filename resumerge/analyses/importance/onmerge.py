@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resumerge.analyses.importance.ahead import ahead_fits, reading_ahead
 from resumerge.analyses.importance.sums import Found
-from resumerge.forward.ahead import ahead_fits, reading_ahead
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.forward.layerpass import Reserve
@@ -202,8 +202,8 @@ class _ImportanceJob:
         """The pass's largest step and whether it reads a layer ahead: each step's float32 values and the largest
         merge of its own tensors (the embeddings' of the rows the texts use, where they merge alone:
         :func:`~resumerge.forward.needs.merged_steps`), and where the room a whole table's merge would take holds a
-        layer read ahead (:func:`~resumerge.forward.ahead.ahead_fits`, as before), that layer's step beside it.
-        What ``plan`` names of it is :func:`resumerge.api.importance.importance_cost`'s, from the plan alone."""
+        layer read ahead (:func:`~resumerge.analyses.importance.ahead.ahead_fits`, as before), that layer's step beside
+        it. What ``plan`` names of it is :func:`resumerge.api.importance.importance_cost`'s, from the plan alone."""
         from resumerge.forward.needs import merged_steps
 
         merge = self.merge

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
-from resumerge.forward.ahead import ReadAhead
+from resumerge.analyses.importance.ahead import ReadAhead
 from resumerge.forward.batches import Hidden
 from resumerge.forward.journal import Restart
 from resumerge.forward.layerpass import Reserve, Step

@@ -26,7 +26,7 @@ from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
-from resumerge.config.passplace import HERE, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import ConfigError, UsageError
 from resumerge.forward.device import HOST, PassDevice
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
@@ -70,7 +70,7 @@ class MeasureReport:
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
                   texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
                   on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir, placement: PassPlacement = HERE,
+                  state: StateDir, placement: PassPlace = HERE,
                   device: PassDevice = HOST, imatrix: str | os.PathLike[str] | None = None) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
@@ -144,7 +144,7 @@ class MeasureSettings:
 
     max_memory: int | None
     state: StateDir
-    placement: PassPlacement
+    placement: PassPlace
     device: PassDevice
 
     @property

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
-from resumerge.config.passplace import HERE, OnRay, PassPlacement
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.config.settings import KEEP_WORKERS, RunSettings
 from resumerge.errors import UsageError
 from resumerge.merge.engine.executor import CONCURRENCY, Computing, compute_shards, finish_run, kept_units
@@ -61,9 +61,9 @@ class Executor(Protocol):
 class PlacesPasses(Protocol):
     """An executor that places a forward pass (``check``'s, ``measure``'s) as well as a merge's shards."""
 
-    def place_pass(self) -> PassPlacement:
-        """Where a forward pass runs on this executor (:mod:`resumerge.config.passplace`): :class:`Here` in this
-        process, one model after another; :class:`OnRay`, an actor per model on the Ray cluster. Raises
+    def place_pass(self) -> PassPlace:
+        """Where a forward pass runs on this executor (:class:`~resumerge.config.passplace.PassPlace`, named as the
+        executor is: its site, :data:`resumerge.forward.sites.SITES`, runs it). Raises
         :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
 
 
@@ -90,7 +90,7 @@ class LocalExecutor:
         """Itself: nothing starts early."""
         yield self
 
-    def place_pass(self) -> PassPlacement:
+    def place_pass(self) -> PassPlace:
         """A forward pass runs in this process."""
         return HERE
 
@@ -123,12 +123,14 @@ class RayExecutor:
 
         check_ray()
 
-    def place_pass(self) -> PassPlacement:
+    def place_pass(self) -> PassPlace:
         """A forward pass runs an actor per model on the cluster (on one that outlives the pass, hosted by the
-        nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.merge.engine.cluster.hosting`); raises
+        nodes' kept workers, idle for ``keep_workers`` after it: :mod:`~resumerge.machine.cluster.hosting`); raises
         UsageError where Ray is not installed."""
         self.check()
-        return OnRay(self.address, self._pass_keep())
+        from resumerge.merge.engine.cluster import STREAM
+
+        return PassPlace(self.name, self.address, self._pass_keep(), STREAM)
 
     def _pass_keep(self) -> float:
         """How long a pass's kept workers wait idle once it ends: ``keep_workers`` on a cluster that outlives the

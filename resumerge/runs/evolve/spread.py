@@ -14,7 +14,7 @@ are its own whichever group it was in (each candidate runs on its own hidden sta
 computes with the thread count the search recorded as it first started (STORAGE's ``threads.json``; the CPUs its
 actor declares where none is recorded): the table is the local search's, byte for byte, whatever the nodes' cores.
 On a cluster that outlives the search, each node's group is scored by the node's
-kept worker (:mod:`resumerge.merge.engine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
+kept worker (:mod:`resumerge.machine.cluster.hosting`: leased for the generation, its CPUs reserved), which has
 imported Ray, the engine and torch already, instead of a fresh process each search.
 
 A node lost mid-generation stops the search as unreachable (exit 3): run again, it resumes with the candidates
@@ -97,11 +97,13 @@ class SpreadOverNodes:
     """Scores a generation with the scorer ``make`` makes, its candidates spread over the nodes of the Ray cluster
     at ``address`` (None: ``RAY_ADDRESS``, else a Ray started here); see the module's docstring. ``keep``: the
     seconds the nodes' kept workers that score the groups wait idle after each generation (0: a fresh actor's
-    process each); ``say``: told where the generation is (None: ``progress.json`` in ``store`` alone)."""
+    process each), ``stream`` the class, by name, one made for it computes a merge's shards with
+    (:class:`~resumerge.config.passplace.PassPlace`); ``say``: told where the generation is (None: ``progress.json`` in
+    ``store`` alone)."""
 
     def __init__(self, make: ScorerAt, store: Path, address: str | None, keep: float = 0.0,
-                 say: storage.Say | None = None) -> None:
-        self.make, self.store, self.address, self.keep = make, store, address, keep
+                 say: storage.Say | None = None, stream: str = "") -> None:
+        self.make, self.store, self.address, self.keep, self.stream = make, store, address, keep, stream
         self.say: storage.Say = say or partial(storage.say, store)
 
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
@@ -119,7 +121,7 @@ class SpreadOverNodes:
             # status shows the generation spread (each node's pass keeps its own progress in its group's folder)
             self.say(generation=generation, candidates=pending, layer=None, layers=None,
                      phase=f"scored on {len(groups)} Ray node(s)")
-            hosts = kept_hosts(ray, placed, self.keep)
+            hosts = kept_hosts(ray, placed, self.keep, self.stream)
             actors: list[Any] = []
             # The search's own count where it recorded one: a candidate's bits are then the same on any node
             recorded = recorded_threads(self.store, storage.THREADS)

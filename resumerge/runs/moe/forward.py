@@ -127,8 +127,9 @@ def placed_routers(places: Places, base: PassModel, layers: int, need: int, mode
 Placing = Callable[[Reserve], Placement]
 
 
-class GateSite(Protocol):
-    """Where the gates' pass runs the base's layers, fitted before any weight is read (:meth:`GatesJob.fitted`)."""
+class FitsBase(Protocol):
+    """Fits the base's layers where the gates' pass runs them, before any weight is read (:meth:`GatesJob.fitted`):
+    in this process (:class:`InThisProcess`) or where the executor placed them (:class:`Placed`)."""
 
     def fitted(self) -> AbstractContextManager[Fit[Placing]]: ...
 
@@ -215,7 +216,7 @@ class GatesJob:
     workdir: Path
     mode: str
     sets: ExpertSets
-    site: GateSite
+    site: FitsBase
     run_pid: int | None = None
 
     def answered(self) -> tuple[Path | None, str | None]:

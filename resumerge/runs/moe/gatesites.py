@@ -1,9 +1,10 @@
 """Where a run's hidden-state gate pass runs, as the run's executor places a forward pass
-(:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`, :mod:`resumerge.config.passplace`): a
-:class:`GatesSite` starts it. :class:`InItsProcess`: the prompt work's own process on this machine (the local
-executor's :class:`~resumerge.config.passplace.Here`), beside the merge where the budget holds both;
-:class:`PlacedBy`: the base's layers where the executor places them (an actor per model on a Ray cluster), this
-process driving the pass before the merge. A third executor is one more such class.
+(:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`, :mod:`resumerge.config.passplace`):
+:class:`StartsGates` starts it. :class:`InItsProcess`: the prompt work's own process on this machine, beside the merge
+where the budget holds both (where the executor's site runs a pass in its own process:
+:meth:`~resumerge.forward.sites.PassSite.places` gives None); :class:`PlacedBy`: the base's layers where the
+executor's site places them (an actor per model on a Ray cluster), this process driving the pass before the merge.
+A new executor needs nothing here: its site says which.
 
 May import: config, errors, forward (placement's protocol, lazily its driver), inputs, memory, moe (not its
 transformers-using modules up front).
@@ -43,9 +44,9 @@ class GatesPass:
     provided: RouterSources
 
 
-class GatesSite(Protocol):
-    """Where the gate pass runs: :meth:`start` it for a run under ``settings`` (``beside``: the caller hands the
-    pass to the engine, which merges beside it; ``early``: the prompt work's process, started already)."""
+class StartsGates(Protocol):
+    """Starts the gate pass where it runs: :meth:`start` it for a run under ``settings`` (``beside``: the caller hands
+    the pass to the engine, which merges beside it; ``early``: the prompt work's process, started already)."""
 
     def start(self, gates: GatesPass, settings: RunSettings, *, beside: bool,
               early: PassProcess | None) -> HiddenPass: ...

@@ -25,7 +25,7 @@ from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.outguard import refuse_out_over_inputs
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.runs.moe.config import CARD_METHOD, CARD_WORDING, PROMPT_MODES, MoeConfig, prompt_texts
-from resumerge.runs.moe.gatesites import IN_ITS_PROCESS, GatesPass, GatesSite, frozen
+from resumerge.runs.moe.gatesites import IN_ITS_PROCESS, GatesPass, StartsGates, frozen
 from resumerge.runs.moe.hiddenpass import HiddenPass
 from resumerge.runs.moe.passproc import HIDDEN_MODES, PassProcess, routers_key, run_child, transformers_usable
 from resumerge.runs.moe.planner import build_moe_plan
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, *,
                 model_dirs: Mapping[str, str] | None = None, on_progress: ProgressCallback | None = None,
                 forward: bool = True, beside: bool = False, early: PassProcess | None = None,
-                out: Path | None = None, site: GatesSite = IN_ITS_PROCESS) -> Prepared:
+                out: Path | None = None, site: StartsGates = IN_ITS_PROCESS) -> Prepared:
     """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.runs.moe.routers.RouterSources` (in
     its resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight
     is read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
@@ -154,7 +154,7 @@ def _key(config: MoeConfig, base: ModelInput, folder: Path) -> str:
 
 def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings,
                  folder: Path, *, beside: bool, early: PassProcess | None,
-                 on_progress: ProgressCallback | None, site: GatesSite = IN_ITS_PROCESS) -> HiddenPass:
+                 on_progress: ProgressCallback | None, site: StartsGates = IN_ITS_PROCESS) -> HiddenPass:
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
     the state dir, or started now where ``site`` runs it (beside the merge when ``beside`` and the budget holds
     both; else finished before this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads

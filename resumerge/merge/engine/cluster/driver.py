@@ -3,7 +3,7 @@ and journals each one.
 
 The driver has a :class:`~resumerge.merge.engine.cluster.worker.ShardStream` actor on every node (one per share of its
 CPUs as wide as the run's thread count: started warm while the run planned, else once the plan is known; see
-:mod:`~resumerge.merge.engine.cluster.launch`) and keeps :data:`~resumerge.merge.engine.cluster.launch.AHEAD` shards fed
+:mod:`~resumerge.machine.cluster.launch`) and keeps :data:`~resumerge.machine.cluster.launch.AHEAD` shards fed
 to each, so that a node computes one shard while it writes the one before, as a local run does. Only the driver (the
 process that runs ``resumerge run`` or ``resume``) writes the ledger and the manifest and commits: a worker returns
 each shard's temp path and digests (:class:`~resumerge.merge.engine.cluster.worker.ShardDone`), and the driver publishes
@@ -16,7 +16,7 @@ Faults: the shards of a worker whose process or node died go back to the front o
 failed gets its own error re-raised here, so the run ends with the same one-line error and exit code as the local
 executor. A stopped run (SIGINT, SIGTERM) stops its workers, which abandon their shards, then ends their actors.
 A driver killed at any instant takes its actors with it (Ray ends a dead driver's job), and its kept workers stop
-its shards on their own (:mod:`~resumerge.merge.engine.cluster.keeper`); the resume, with either executor, keeps every
+its shards on their own (:mod:`~resumerge.machine.cluster.keeper`); the resume, with either executor, keeps every
 shard the ledger records and makes the rest again.
 """
 
@@ -31,12 +31,13 @@ from typing import Any
 
 from resumerge.config.settings import RunSettings
 from resumerge.errors import UnreachableError
+from resumerge.machine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, fit, place, unreserve
 from resumerge.machine.durable import discard, is_temp_name, storage_error
 from resumerge.machine.memory.sizes import format_size
 from resumerge.machine.rayconnect import join
 from resumerge.machine.torch_import import IMPORT_RESERVE, torch
+from resumerge.merge.engine.cluster import STREAM
 from resumerge.merge.engine.cluster.hubreads import NodeReads
-from resumerge.merge.engine.cluster.launch import AHEAD, Worker, adopt, default_threads, end, fit, place, unreserve
 from resumerge.merge.engine.cluster.upload import HubPlace, commit_operation, task_cpus
 from resumerge.merge.engine.cluster.warm import WarmStart
 from resumerge.merge.engine.cluster.worker import ShardDone, WorkerSetup
@@ -155,7 +156,7 @@ class _Dispatch:
         """The workers of every live node with a CPU (a GPU with ``--device cuda``) not lost yet, one per share of
         the node's CPUs as wide as the run's thread count, each declaring those CPUs and the memory the plan's
         largest shard needs (at most what its node has): the warm ones taken from the run's start when they fit
-        (:func:`~resumerge.merge.engine.cluster.launch.fit`, :func:`~resumerge.merge.engine.cluster.launch.adopt`), else
+        (:func:`~resumerge.machine.cluster.launch.fit`, :func:`~resumerge.machine.cluster.launch.adopt`), else
         ones started now. Raises :class:`UnreachableError`
         when no node is left; none, with nothing placed, when the run is stopped while the warm start is under
         way."""
@@ -188,7 +189,8 @@ class _Dispatch:
                                           "started for this one")
                 return
             end(self.ray, warm, kill=True)
-        self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost)
+        self.workers = place(self.ray, nodes, self.shared, self.setup, wanted, self.memory, gpu=gpu, lost=self.lost,
+                             stream=STREAM)
         self.job.reporter.message(f"Ray workers: {len(self.workers)} started for this run")
 
     def _width(self, nodes: list[dict[str, Any]]) -> int:
@@ -390,7 +392,7 @@ def _raise_cause(exc: Any) -> None:
 
 def _threads(plan: Plan, settings: RunSettings) -> int:
     """Every node's thread count: ``-j``, else this process's torch's own where a method's bytes depend on it (as a
-    local run computes), else :func:`~resumerge.merge.engine.cluster.launch.default_threads` (without importing torch:
+    local run computes), else :func:`~resumerge.machine.cluster.launch.default_threads` (without importing torch:
     the driver computes nothing, and its import is two CPU seconds beside the workers' own)."""
     if settings.num_threads is None and threads_matter({tp.method for tp in plan.tensors.values()}, plan.units):
         return int(torch.get_num_threads())

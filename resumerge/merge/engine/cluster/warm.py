@@ -5,11 +5,11 @@ seconds) overlap the driver's own imports and planning instead of following them
 The API call that runs or resumes a merge owns one :class:`WarmStart` for its run (on its executor:
 :attr:`~resumerge.merge.engine.executors.RayExecutor.early`) and closes it when the call ends, which ends every worker
 the run did not take, whatever ended the call; the Ray executor takes the workers (:meth:`WarmStart.take`) once it
-knows the plan, and from then on ends them itself (:mod:`~resumerge.merge.engine.cluster.launch` adopts or ends them).
+knows the plan, and from then on ends them itself (:mod:`~resumerge.machine.cluster.launch` adopts or ends them).
 Nothing is started where the API call names no cluster and the process is not connected to one (a Ray started for
 the run is left to the executor's own join), and a start that fails only loses the head start: the executor's own
 join and start then say what is wrong. Such a cluster outlives the run: unless ``--keep-workers 0``, the start
-leases the kept workers the runs before left on it (:mod:`~resumerge.merge.engine.cluster.kept`), which have imported
+leases the kept workers the runs before left on it (:mod:`~resumerge.machine.cluster.kept`), which have imported
 everything already, and "ending" them releases them for the next run.
 """
 
@@ -23,7 +23,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from resumerge.machine import rayconnect as connect
-from resumerge.machine.torch_import import IMPORT_RESERVE
 
 # The workers' launch (which brings nothing of the engine: the workers' processes import it) is imported here, by
 # the API call's thread, and Ray by the start's own thread: that thread imports no module of resumerge while the
@@ -31,16 +30,18 @@ from resumerge.machine.torch_import import IMPORT_RESERVE
 # _DeadlockError in the thread that imports a submodule of a package the other is initialising, or hands it the
 # half-made package), and the packages that the call has not loaded yet (methods, moe, vocab, inputs' codecs,
 # adapters and hub) import their modules eagerly. tests/test_warm_start.py pins that the thread imports none.
-from resumerge.merge.engine.cluster import kept, launch
+from resumerge.machine.cluster import kept, launch
+from resumerge.machine.torch_import import IMPORT_RESERVE
+from resumerge.merge.engine.cluster import STREAM
 
 if TYPE_CHECKING:
-    from resumerge.merge.engine.cluster.launch import Worker
+    from resumerge.machine.cluster.launch import Worker
 
 
 class WarmStart:
     """Joining the cluster at ``where`` (None: the one this process is connected to) and starting a warm worker of
     ``threads`` threads per share of every node's CPUs, in a thread of its own started at once: with ``keep``
-    seconds, leasing the node's kept workers (made where none is free: :mod:`~resumerge.merge.engine.cluster.kept`),
+    seconds, leasing the node's kept workers (made where none is free: :mod:`~resumerge.machine.cluster.kept`),
     else starting workers that end with the run."""
 
     def __init__(self, where: str | None, threads: int | None, keep: float = 0.0) -> None:
@@ -91,7 +92,7 @@ class WarmStart:
             self._release(held)  # released: the lease below is refused while this run's token holds them
             try:
                 workers, self.reused, self.other = kept.lease(self.ray, self.ray.nodes(),
-                                                              launch.default_threads(self.threads), self.keep)
+                                                              launch.default_threads(self.threads), self.keep, STREAM)
             except Exception:  # only the head start is lost: the executor places its own
                 return []
         return workers
@@ -135,10 +136,10 @@ class WarmStart:
                 return
             threads = launch.default_threads(self.threads)
             if self.keep > 0:
-                workers, reused, other = kept.lease(ray, ray.nodes(), threads, self.keep)
+                workers, reused, other = kept.lease(ray, ray.nodes(), threads, self.keep, STREAM)
             else:
                 workers, reused, other = launch.place(ray, ray.nodes(), None, None, threads, IMPORT_RESERVE,
-                                                      gpu=False, lost=set()), 0, 0
+                                                      gpu=False, lost=set(), stream=STREAM), 0, 0
             with self._lock:
                 closed = self.closed.is_set()
                 if not closed:

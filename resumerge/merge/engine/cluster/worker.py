@@ -2,7 +2,7 @@
 
 The driver starts one :class:`ShardStream` actor per node (per share of its CPUs) with the frozen plan and the
 run's settings (:class:`WorkerSetup`), or starts it warm, before the plan exists, and gives it both by
-:meth:`ShardStream.begin` (:mod:`~resumerge.merge.engine.cluster.launch`); then it feeds it shards, a few ahead
+:meth:`ShardStream.begin` (:mod:`~resumerge.machine.cluster.launch`); then it feeds it shards, a few ahead
 (:meth:`ShardStream.compute`: a shard's name and the folder its temp file goes to, never tensors). The actor runs
 :func:`~resumerge.merge.engine.executor.compute_shards` once, over those shards as they come, so one shard's write
 overlaps the next one's compute as in a local run, and torch is imported once per node, not per shard. Each call
@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,7 +56,7 @@ class WorkerSetup:
     made when missing), the hub inputs it streams, and the CPUs the worker declared to Ray (what it computes with
     where the bytes do not depend on the count: :func:`~resumerge.merge.engine.cluster.cores.node_cores`; None: the
     run's thread count), and what the worker hashes its shards with (the driver's journal's:
-    :mod:`resumerge.merge.store. checksums`; sha256, which every sink can record, where none is given)."""
+    :mod:`resumerge.machine.checksums`; sha256, which every sink can record, where none is given)."""
 
     threads: int
     max_memory: int | None = None
@@ -65,6 +65,11 @@ class WorkerSetup:
     reads: NodeReads | None = None
     cpus: int | None = None
     checksum: Checksum = SHA256
+
+    def on_node(self, width: int, count: int) -> WorkerSetup:
+        """This setup for one of ``count`` workers of a node, each ``width`` CPUs wide: the CPUs it computes with where
+        the bytes do not depend on the thread count, and the node's fetch cache split between them."""
+        return replace(self, cpus=width, reads=None if self.reads is None else self.reads.shared_by(count))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ genome CMA-ES searches.
 beam_depth, beam_edits, surrogate, sources, scales, swap, scale_search}``) and turns a candidate (a set of edits of the
 base's layers: a block repeated, skipped or swapped, from a source, at a scale) into its layer path and the ``slices:``
 passthrough config ``run`` merges; :mod:`.scoring` scores a candidate from the base's hidden states kept on disk
-(:class:`~resumerge.forward.layercache.LayerCache`: only the layers after its departure from the base run);
+(:class:`~resumerge.runs.evolve.layercache.LayerCache`: only the layers after its departure from the base run);
 :mod:`.search` decides the candidates (every single block within the constraints, then a beam over compositions of the
 best), keeps each candidate's figures durably as it is scored, then CMA-ES over the front's scales where asked, and
 writes the table, the size/score Pareto front and ``best.yml`` from them, the same bytes after any kill; :mod:`.lmtasks`

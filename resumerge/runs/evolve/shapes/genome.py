@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from resumerge.config.merge_config import parse_documents
 from resumerge.errors import ConfigError
-from resumerge.forward.layercache import Borrowed, Layer, layer_of, scale_parameter
+from resumerge.runs.evolve.layercache import Borrowed, Layer, layer_of, scale_parameter
 from resumerge.runs.evolve.spec import Task, _count, _flag, _known, _path, _tasks
 
 _KEYS = ("kind", "model", "grow", "shrink", "repeat", "pattern", "beam_width", "beam_depth", "beam_edits",

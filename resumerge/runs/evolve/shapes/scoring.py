@@ -1,8 +1,9 @@
 """A structure search's candidates scored from the base's cached hidden states: the pass is one job of the pass
 driver (:class:`ShapeJob`: its lock, threads, fit and admission, Ctrl-C's line are the driver's), whose run builds
-the base's :class:`~resumerge.forward.layercache.LayerCache` on every task's texts (journaled: a killed build resumes
-at its last boundary), keeps each ``kl`` task's parent's log-probabilities on disk (one pass of the parent), then
-hands a :class:`ShapeScorer` to the search, which scores each candidate from the layer where it departs from the base.
+the base's :class:`~resumerge.runs.evolve.layercache.LayerCache` on every task's texts (journaled: a killed build
+resumes at its last boundary), keeps each ``kl`` task's parent's log-probabilities on disk (one pass of the parent),
+then hands a :class:`ShapeScorer` to the search, which scores each candidate from the layer where it departs from the
+base.
 
 The figures are those of the candidate written by ``run`` and scored by ``eval`` (:mod:`..scoring`): each task's
 texts batched alone, as a pass over that task batches them, its NLL per predicted token and KL(parent ‖ candidate)
@@ -27,8 +28,6 @@ from resumerge.forward import Weights
 from resumerge.forward.batches import Batch, batches_of, padded
 from resumerge.forward.driver import Fit, PassFolder
 from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
-from resumerge.forward.layercache import PREFIX, Entered, Layer, LayerCache, stride_for
-from resumerge.forward.layercache import branch as branch_of
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass
 from resumerge.forward.placement import runs_batched
@@ -37,6 +36,8 @@ from resumerge.forward.stream import ModelStream
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
+from resumerge.runs.evolve.layercache import PREFIX, Entered, Layer, LayerCache, stride_for
+from resumerge.runs.evolve.layercache import branch as branch_of
 from resumerge.runs.evolve.scoring import task_texts
 from resumerge.runs.evolve.shapes.lmtasks import LmGroup, lm_group
 from resumerge.runs.evolve.spec import Task

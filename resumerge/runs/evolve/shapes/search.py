@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
-from resumerge.forward.layercache import SCALED, Layer, branch
 from resumerge.forward.opened import layer_of, open_for_pass
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
+from resumerge.runs.evolve.layercache import SCALED, Layer, branch
 from resumerge.runs.evolve.objective import objective
 from resumerge.runs.evolve.shapes.genome import (
     SKIP,

@@ -1,5 +1,5 @@
 """A forward pass's actor hosted by a kept worker: the check's, measure's and eval's model actors and evolve's node
-scorers computed in the kept worker of their node (:mod:`~resumerge.merge.engine.cluster.kept`) instead of a fresh
+scorers computed in the kept worker of their node (:mod:`~resumerge.machine.cluster.kept`) instead of a fresh
 process, so a second pass on a cluster that outlives the run computes at once instead of waiting seconds for a
 process to import Ray, the engine and torch. One kept process per (node, slot) serves a merge's shards or a pass,
 one lease at a time: the same rules, names, lease and idle time (``--keep-workers``).
@@ -9,17 +9,17 @@ slots where live runs hold the first ones, as a merge's run asks them) and reser
 group pinned there, the CPUs the actor would have declared and the rest of its memory (an idle kept worker declares
 only its imports'), removed when the pass ends; a :class:`Hosted` then stands for the pass's actor: its
 :meth:`Hosted.host` makes the pass's object in the worker, and every other method is called as on a Ray actor
-(``hosted.layer.remote(...)``). In the worker, :class:`~resumerge.merge.engine.cluster.hostcalls.Hosting` runs the
+(``hosted.layer.remote(...)``). In the worker, :class:`~resumerge.machine.cluster.hostcalls.Hosting` runs the
 calls of the lease that holds it in the order the driver sent them (a kept worker runs its calls on threads: a pass's
 protocol, ``head`` then ``compare`` on one actor, needs Ray's order of a one-thread actor), refuses those of an ended
 lease, and drops the pass's object when the lease ends (released, or its driver dead:
-:class:`~resumerge.merge.engine.cluster.keeper.Keeper`), so the next pass starts as a fresh actor would. Where a node's
+:class:`~resumerge.machine.cluster.keeper.Keeper`), so the next pass starts as a fresh actor would. Where a node's
 worker cannot be leased or its reservation does not come up (:func:`lease_hosts` gives None), or where no worker is
 kept, the pass's object is hosted by a fresh actor there instead (:func:`fresh_host`): a ``Hosting`` in a process of
 its own, so a pass's object is made and called one way whichever hosts it, and ``Hosting`` is the one Ray actor
 class of every pass's objects.
 
-The driver's side; the worker's is :mod:`~resumerge.merge.engine.cluster.hostcalls` (which the worker's actor imports:
+The driver's side; the worker's is :mod:`~resumerge.machine.cluster.hostcalls` (which the worker's actor imports:
 this module imports the kept workers' leases and the actor itself).
 """
 
@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from resumerge.machine.cluster.kept import lease_on
+from resumerge.machine.cluster.launch import NODE_LABEL, RESERVE_SECONDS, Worker, declared, end
 from resumerge.machine.torch_import import IMPORT_RESERVE
-from resumerge.merge.engine.cluster.kept import lease_on
-from resumerge.merge.engine.cluster.launch import NODE_LABEL, RESERVE_SECONDS, Worker, declared, end
 
 # The lease a fresh host's calls run under: the actor is the pass's alone, and dies with it.
 FRESH = "fresh"
@@ -80,12 +80,12 @@ class _Method:
 
 def fresh_host(ray: ModuleType, node_id: str, cpus: float, memory: int) -> Hosted:
     """A fresh actor hosting a pass's object on node ``node_id`` (the kept workers' own
-    :class:`~resumerge.merge.engine.cluster.hostcalls.Hosting`, so that a pass's object runs the same calls in the
+    :class:`~resumerge.machine.cluster.hostcalls.Hosting`, so that a pass's object runs the same calls in the
     same order whichever hosts it), declaring ``cpus`` and ``memory`` (bytes; 0: none), pinned there as a merge's
-    Ray workers are (:func:`~resumerge.merge.engine.cluster.launch.pinned`), never restarted by Ray (the pass
+    Ray workers are (:func:`~resumerge.machine.cluster.launch.pinned`), never restarted by Ray (the pass
     replaces or stops it); ended by :func:`end_hosts` (killed)."""
-    from resumerge.merge.engine.cluster.hostcalls import Hosting
-    from resumerge.merge.engine.cluster.launch import pinned
+    from resumerge.machine.cluster.hostcalls import Hosting
+    from resumerge.machine.cluster.launch import pinned
 
     declares: dict[str, Any] = {"memory": memory} if memory > 0 else {}
     actor = ray.remote(Hosting).options(num_cpus=cpus, max_restarts=0, scheduling_strategy=pinned(node_id),
@@ -94,13 +94,15 @@ def fresh_host(ray: ModuleType, node_id: str, cpus: float, memory: int) -> Hoste
     return Hosted(Worker(actor, node_id[:8], node_id, 0))
 
 
-def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float) -> list[Hosted | None]:
+def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: float,
+                stream: str) -> list[Hosted | None]:
     """A kept worker for each actor a pass ``wants`` as (node id, CPUs, memory), kept ``keep`` seconds idle once
-    released, its CPUs and the memory beyond its imports reserved on its node; None where none could be leased or
-    reserved (the pass starts a fresh actor there). End them with :func:`end_hosts`."""
+    released (one made for the lease makes the stream it serves a merge's run with of the class named ``stream``), its
+    CPUs and the memory beyond its imports reserved on its node; None where none could be leased or reserved (the pass
+    starts a fresh actor there). End them with :func:`end_hosts`."""
     nodes = ray.nodes()
     has = {node["NodeID"]: node.get("Resources", {}) for node in nodes}
-    leased, _, _ = lease_on(ray, nodes, Counter(node_id for node_id, _, _ in wants), keep)
+    leased, _, _ = lease_on(ray, nodes, Counter(node_id for node_id, _, _ in wants), keep, stream)
     free: dict[str, list[Worker]] = {}
     for worker in leased:
         free.setdefault(worker.node_id, []).append(worker)
@@ -117,7 +119,7 @@ def lease_hosts(ray: ModuleType, wants: Sequence[tuple[str, float, int]], keep: 
 
 def _reserve(ray: ModuleType, asks: list[tuple[Hosted, float, int]]) -> None:
     """Reserve each hosted actor's CPUs and memory on its worker's node; where they did not all come up within
-    :data:`~resumerge.merge.engine.cluster.launch.RESERVE_SECONDS`, raise: the caller ends the workers."""
+    :data:`~resumerge.machine.cluster.launch.RESERVE_SECONDS`, raise: the caller ends the workers."""
     from ray.util.placement_group import placement_group
 
     for hosted, cpus, memory in asks:

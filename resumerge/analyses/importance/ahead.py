@@ -3,10 +3,11 @@ written (:class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`) merges each 
 while the texts' forward waits for it (about a fifth of the importance pass of the K-quant route's bench, one core
 idle meanwhile). Read ahead, the merge of layer l + 1 runs beside layer l's forward.
 
-The values are those the pass's own thread would read: the same reads (:meth:`~.stream.ModelStream.reads`), each
-merged by the run's code, its kernels' threads the count the pass's thread has (a merge's bits may depend on it),
-handed to :meth:`~.stream.ModelStream.loaded` as its ``read``. Only where the pass declared room for it: its caller
-judges that its step holds a layer read ahead beside the one running (:func:`ahead_fits`).
+The values are those the pass's own thread would read: the same reads
+(:meth:`~resumerge.forward.stream.ModelStream.reads`), each merged by the run's code, its kernels' threads the count the
+pass's thread has (a merge's bits may depend on it), handed to :meth:`~resumerge.forward.stream.ModelStream.loaded` as
+its ``read``. Only where the pass declared room for it: its caller judges that its step holds a layer read ahead beside
+the one running (:func:`ahead_fits`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def ahead_fits(layer: int, largest_merge: int, merge: int) -> bool:
 
 class ReadAhead:
     """Each decoder layer of ``stream`` read on one worker thread (``pool``) while the one before it runs
-    (:meth:`start`, then :meth:`take`); a layer whose weights :meth:`~.stream.ModelStream.reads` cannot name is read
-    as it loads (:meth:`take` gives None)."""
+    (:meth:`start`, then :meth:`take`); a layer whose weights :meth:`~resumerge.forward.stream.ModelStream.reads` cannot
+    name is read as it loads (:meth:`take` gives None)."""
 
     def __init__(self, stream: ModelStream, pool: ThreadPoolExecutor) -> None:
         self.stream, self.pool = stream, pool
@@ -52,7 +53,7 @@ class ReadAhead:
 
     def take(self, index: int) -> Callable[[str], torch.Tensor] | None:
         """Layer ``index``'s weights read ahead, once each (the ``read`` of
-        :meth:`~.stream.ModelStream.loaded`), once they are; None where they were not started."""
+        :meth:`~resumerge.forward.stream.ModelStream.loaded`), once they are; None where they were not started."""
         if self._pending is None or self._pending[0] != index:
             return None
         values = self._pending[1].result()

@@ -1,5 +1,5 @@
 """How a Ray run's workers start: a :class:`~resumerge.merge.engine.cluster.worker.ShardStream` per share of every
-node's CPUs (in a :class:`~resumerge.merge.engine.cluster.actor.NodeActor`), pinned to its node, declaring the CPUs, GPU
+node's CPUs (in a :class:`~resumerge.machine.cluster.actor.NodeActor`), pinned to its node, declaring the CPUs, GPU
 and memory its shards need.
 
 A worker's start is a fresh process importing the engine and torch: seconds that a driver would wait for once it
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 
 from resumerge.errors import UnreachableError
+from resumerge.machine.cluster.actor import NodeActor
 from resumerge.machine.torch_import import IMPORT_RESERVE
-from resumerge.merge.engine.cluster.actor import NodeActor
-
-if TYPE_CHECKING:  # the engine's modules: imported by the workers' processes, not by a warm start's thread
-    from resumerge.merge.engine.cluster.worker import WorkerSetup
 
 # How many shards the driver keeps fed to each node's worker: one computing while the one before is written.
 AHEAD = 2
@@ -55,8 +52,16 @@ class Worker:
     fed: int = 0
     reserved: Any = None
     begun: Any = None
-    # a kept worker's lease (:mod:`~resumerge.merge.engine.cluster.kept`): released, killed on fallbacks
+    # a kept worker's lease (:mod:`~resumerge.machine.cluster.kept`): released, killed on fallbacks
     token: Any = None
+
+
+class NodeSetup(Protocol):
+    """What every shard of a run's workers shares besides the plan (the merge's
+    :class:`~resumerge.merge.engine.cluster.worker.WorkerSetup`), as each node's worker is given it."""
+
+    def on_node(self, width: int, count: int) -> NodeSetup:
+        """This setup for one of ``count`` workers of a node, each ``width`` CPUs wide."""
 
 
 def default_threads(threads: int | None) -> int:
@@ -101,11 +106,12 @@ def unreserve(workers: list[Worker]) -> None:
         worker.reserved = None
 
 
-def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup | None, wanted: int,
-          memory: int, *, gpu: bool, lost: set[str]) -> list[Worker]:
+def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: NodeSetup | None, wanted: int,
+          memory: int, *, gpu: bool, lost: set[str], stream: str) -> list[Worker]:
     """An actor on every live node with a CPU (a GPU when ``gpu``) not ``lost``, one per share of the node's CPUs
     ``wanted`` wide; each declares those CPUs and ``memory`` (at most what its node has) and is given ``shared``
-    (the plan in the object store) and ``setup`` (both None: a warm worker, given them by :func:`adopt`). The
+    (the plan in the object store) and ``setup`` (both None: a warm worker, given them by :func:`adopt`), its
+    stream made of the class named ``stream`` (:class:`~resumerge.machine.cluster.actor.NodeActor`). The
     actors import torch and the engine as they start, while the driver goes on. Raises :class:`UnreachableError`
     when no node is left; on any raise, the actors already made are ended."""
     actor_class = ray.remote(NodeActor)
@@ -117,7 +123,7 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
                     num_cpus=width, num_gpus=1 if gpu else 0, memory=declared(memory, has), max_restarts=0,
                     max_concurrency=AHEAD + 3,  # the shards fed and waiting, begin, and a call to stop
                     scheduling_strategy=pinned(node_id),
-                ).remote(shared, None if setup is None else node_setup(setup, width, count))
+                ).remote(shared, None if setup is None else setup.on_node(width, count), stream=stream)
                 workers.append(Worker(actor, node_id[:8], node_id, width))
     except BaseException:
         end(ray, workers)
@@ -128,7 +134,7 @@ def place(ray: ModuleType, nodes: list[dict[str, Any]], shared: Any, setup: Work
     return workers
 
 
-def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shared: Any, setup: WorkerSetup,
+def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shared: Any, setup: NodeSetup,
           wanted: int, memory: int) -> bool:
     """Give the ``warm`` workers (placed without a plan, ``wanted`` CPUs wide) the plan ``shared`` and ``setup``
     once the rest of the ``memory`` each needs beyond its imports (and a kept worker's CPUs) is reserved on its
@@ -159,7 +165,7 @@ def adopt(ray: ModuleType, warm: list[Worker], nodes: list[dict[str, Any]], shar
     if waits and len(ray.wait(waits, num_returns=len(waits), timeout=RESERVE_SECONDS)[0]) < len(waits):
         return False
     for worker in warm:
-        worker.begun = worker.actor.begin.remote(shared, node_setup(setup, worker.width, placed[worker.node_id]))
+        worker.begun = worker.actor.begin.remote(shared, setup.on_node(worker.width, placed[worker.node_id]))
     return True
 
 
@@ -189,12 +195,6 @@ def pinned(node_id: str) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-def node_setup(setup: WorkerSetup, width: int, count: int) -> WorkerSetup:
-    """``setup`` for one of ``count`` workers of a node, each ``width`` CPUs wide: the CPUs it computes with where
-    the bytes do not depend on the thread count, and the node's fetch cache split between them."""
-    return replace(setup, cpus=width, reads=None if setup.reads is None else setup.reads.shared_by(count))
 
 
 def layout(nodes: list[dict[str, Any]], wanted: int, *, gpu: bool,

@@ -1,9 +1,9 @@
-"""A kept worker's side of the forward pass's actor it hosts (:mod:`~resumerge.merge.engine.cluster.hosting`): the calls
+"""A kept worker's side of the forward pass's actor it hosts (:mod:`~resumerge.machine.cluster.hosting`): the calls
 of the lease that holds the worker run one at a time, in the order the driver sent them (a kept worker runs its calls
 on threads, where a pass's protocol needs a one-thread actor's order), those of an ended lease refused, and the pass's
 object dropped when the lease ends, so the next pass starts as a fresh actor would. Imports nothing of the engine:
 the worker's actor makes one as it starts. Where no worker is kept, a :class:`Hosting` is the pass's fresh actor itself
-(:func:`~resumerge.merge.engine.cluster.hosting.fresh_host`, under a lease of its own): every pass's object on a node
+(:func:`~resumerge.machine.cluster.hosting.fresh_host`, under a lease of its own): every pass's object on a node
 (a model's, a search's group of candidates) is made and called by this one class.
 """
 

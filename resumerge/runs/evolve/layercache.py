@@ -11,10 +11,11 @@ last file), and :meth:`LayerCache.run_path` starts a candidate from the cached l
 running only the layers after it: a candidate repeating layers i..j−1 of N costs N − i layers (with a stride of one)
 instead of N + (j − i). Each layer of the path runs with its source layer's own call (its mask, its positions: a sliding
 layer stays sliding wherever it lands, as the written config says), on the texts' batches as every pass batches them
-(:mod:`.batches`). A path's entry may also be a :class:`Borrowed` layer: the layer of that number of another model of
-the base's family (its weights read from that model) or of the base, its output projections scaled, as a passthrough
-slice with mergekit's filtered ``scale`` writes it (:func:`scale_parameter`). A family whose layers hand values on to
-later layers (:mod:`.handed`: GLM-5's shared indexer) is refused: a repeated layer would hand them to the wrong one."""
+(:mod:`resumerge.forward.batches`). A path's entry may also be a :class:`Borrowed` layer: the layer of that number of
+another model of the base's family (its weights read from that model) or of the base, its output projections scaled, as
+a passthrough slice with mergekit's filtered ``scale`` writes it (:func:`scale_parameter`). A family whose layers hand
+values on to later layers (:mod:`resumerge.forward.handed`: GLM-5's shared indexer) is refused: a repeated layer would
+hand them to the wrong one."""
 
 from __future__ import annotations
 

@@ -5,25 +5,25 @@ the engine and torch (3.5-4 CPU seconds a worker).
 Only a run on a cluster that outlives it keeps its workers: one joined at ``--ray-address`` or ``RAY_ADDRESS``, or the
 one its process is connected to (the warm start's clusters, :mod:`~resumerge.merge.engine.cluster.warm`); never a Ray
 started for the run, nor a GPU run (an idle process would hold the GPU). A kept worker is a detached, named
-:class:`~resumerge.merge.engine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot), named
+:class:`~resumerge.machine.cluster.actor.NodeActor` in the :data:`NAMESPACE` namespace, one per (node, slot), named
 with the digest of the code it runs and its job's runtime_env
-(:func:`~resumerge.merge.engine.cluster.keeper.run_digest`), so a worker never serves a run of other code or another
+(:func:`~resumerge.machine.cluster.keeper.run_digest`), so a worker never serves a run of other code or another
 runtime_env (and checks that digest against its own as it starts, ending once it said so to the lease that made it where
 another node's code differs, and at every lease). Idle, it declares no CPU, only the memory its imports take; the run
 that leases it reserves the CPUs it computes with and the rest of its memory by a placement group pinned to its node
-(:func:`~resumerge.merge.engine.cluster.launch.adopt`), removed when the run ends.
+(:func:`~resumerge.machine.cluster.launch.adopt`), removed when the run ends.
 
 A lease is a token the driver ``ray.put``s (the driver owns it): while the driver lives no other run takes the
 worker (that run asks the node's next slot); once it died (``OwnerDiedError`` on the token) the worker stops the
 dead run's pipeline at its next safe point, its temp files deleted, before it serves anyone, and a watchdog in the
-worker does so on its own (:class:`~resumerge.merge.engine.cluster.keeper.Keeper`). Its delay, stated here only: about
+worker does so on its own (:class:`~resumerge.machine.cluster.keeper.Keeper`). Its delay, stated here only: about
 two seconds after the driver's death (Ray's notice that the token's owner died, then the watchdog's next turn),
 plus the wait for the dead run's pipeline to reach its safe point (a hub upload's can be minutes away: the worker
-waits for it at most :data:`~resumerge.merge.engine.cluster.keeper.RENEW_SECONDS`, then ends itself). With a ``ray://``
+waits for it at most :data:`~resumerge.machine.cluster.keeper.RENEW_SECONDS`, then ends itself). With a ``ray://``
 address the token belongs to the proxy driver on the head node, which outlives a killed client for Ray Client's
 reconnect grace (about 30 s): the worker is freed that much later. A kept worker idle for ``--keep-workers`` ends
 itself, which frees its name. A kept worker hosts a forward pass's actor too, under the same lease
-(:func:`lease_on`, :mod:`~resumerge.merge.engine.cluster.hosting`): one kept process per (node, slot) serves a merge's
+(:func:`lease_on`, :mod:`~resumerge.machine.cluster.hosting`): one kept process per (node, slot) serves a merge's
 shards or a check's, measure's, eval's or evolve's pass, one lease at a time.
 """
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from resumerge.machine.cluster.actor import NodeActor
+from resumerge.machine.cluster.keeper import OTHER_CODE, run_digest
+from resumerge.machine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout, pinned
 from resumerge.machine.torch_import import IMPORT_RESERVE
-from resumerge.merge.engine.cluster.actor import NodeActor
-from resumerge.merge.engine.cluster.keeper import OTHER_CODE, run_digest
-from resumerge.merge.engine.cluster.launch import AHEAD, RESERVE_SECONDS, Worker, declared, end, layout, pinned
 
 # The namespace of every kept worker's name.
 NAMESPACE = "resumerge"
@@ -59,34 +59,35 @@ def kept_name(code: str, node_id: str, slot: int) -> str:
     return f"worker-{code}-{node_id[:16]}-{slot}"
 
 
-def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int,
-          keep: float) -> tuple[list[Worker], int, int]:
+def lease(ray: ModuleType, nodes: list[dict[str, Any]], wanted: int, keep: float,
+          stream: str) -> tuple[list[Worker], int, int]:
     """A kept worker leased on every live node with a CPU, one per share of its CPUs ``wanted`` wide, each made
-    (detached, idle for at most ``keep`` seconds once released) where the node has none that this process's code
-    runs and no live run holds; how many of them served a run before; and how many workers refused the lease for
-    running other code or another runtime_env (:data:`~resumerge.merge.engine.cluster.keeper.OTHER_CODE`). Every node's
-    slots are asked at once and answered within one :data:`LEASE_SECONDS` deadline (a worker made for the lease
-    within :data:`NEW_LEASE_SECONDS` of its ask); a node whose slots live runs hold is asked its next ones, up to
+    (detached, idle for at most ``keep`` seconds once released, its stream of the class named ``stream``) where the node
+    has none that this process's code runs and no live run holds; how many of them served a run before; and how many
+    workers refused the lease for running other code or another runtime_env
+    (:data:`~resumerge.machine.cluster.keeper.OTHER_CODE`). Every node's slots are asked at once and answered
+    within one :data:`LEASE_SECONDS` deadline (a worker made for the lease within :data:`NEW_LEASE_SECONDS` of its ask);
+    a node whose slots live runs hold is asked its next ones, up to
     :data:`SPARE_SLOTS` more, a new worker only while the cluster has the memory it declares free; a node whose
     worker runs other code is asked no more (each worker made there, a process importing torch, would run it too).
-    A worker ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.merge.engine.cluster.launch.adopt`);
-    ended (:func:`~resumerge.merge.engine.cluster.launch.end`) it is released. On any raise, the leases already taken
+    A worker ``wanted`` wide once its run reserved its CPUs (:func:`~resumerge.machine.cluster.launch.adopt`);
+    ended (:func:`~resumerge.machine.cluster.launch.end`) it is released. On any raise, the leases already taken
     are released."""
     return _leased(ray, {node_id: _Node(has, width, count, 0, count + SPARE_SLOTS) for node_id, has, width, count
-                         in layout(nodes, wanted, gpu=False, lost=set())}, keep)
+                         in layout(nodes, wanted, gpu=False, lost=set())}, keep, stream)
 
 
-def lease_on(ray: ModuleType, nodes: list[dict[str, Any]], counts: Mapping[str, int],
-             keep: float) -> tuple[list[Worker], int, int]:
+def lease_on(ray: ModuleType, nodes: list[dict[str, Any]], counts: Mapping[str, int], keep: float,
+             stream: str) -> tuple[list[Worker], int, int]:
     """As :func:`lease`, ``counts[node]`` kept workers on each live node named there (a forward pass's actors:
-    :mod:`~resumerge.merge.engine.cluster.hosting`), each one CPU wide as the driver sees it (the pass reserves the CPUs
+    :mod:`~resumerge.machine.cluster.hosting`), each one CPU wide as the driver sees it (the pass reserves the CPUs
     it computes with itself); fewer where live runs hold the node's slots and its spare ones."""
     alive = {node["NodeID"]: node.get("Resources", {}) for node in nodes if node.get("Alive")}
     return _leased(ray, {node_id: _Node(alive[node_id], 1, count, 0, count + SPARE_SLOTS)
-                         for node_id, count in counts.items() if node_id in alive and count > 0}, keep)
+                         for node_id, count in counts.items() if node_id in alive and count > 0}, keep, stream)
 
 
-def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[Worker], int, int]:
+def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float, stream: str) -> tuple[list[Worker], int, int]:
     """:func:`lease`'s work, for the workers ``todo`` says on each node."""
     code = run_digest(ray)
     token = ray.put(code)  # owned by this process: the lease ends with it
@@ -102,7 +103,8 @@ def _leased(ray: ModuleType, todo: dict[str, _Node], keep: float) -> tuple[list[
                 name=kept_name(code, node_id, slot), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                 num_cpus=0, memory=declared(IMPORT_RESERVE, todo[node_id].has), max_restarts=0,
                 max_concurrency=AHEAD + 5,  # as a run's worker, and the lease's calls
-                scheduling_strategy=pinned(node_id)).remote(None, None, keep, code)) for node_id, slot, _ in asks]
+                scheduling_strategy=pinned(node_id)).remote(None, None, keep, code, stream=stream))
+                     for node_id, slot, _ in asks]
             answers = [actor.lease.remote([token], code, keep) for _, actor in asked]
             for (node_id, actor), served in zip(asked, _answers(ray, asked, answers, deadlines), strict=True):
                 other += served == OTHER_CODE

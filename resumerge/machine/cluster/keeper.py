@@ -1,10 +1,10 @@
-"""A kept worker's side of its leases (:mod:`~resumerge.merge.engine.cluster.kept`): who holds it, whether that run's
+"""A kept worker's side of its leases (:mod:`~resumerge.machine.cluster.kept`): who holds it, whether that run's
 driver still lives, and when the worker ends itself.
 
 Runs in the worker's process. A lease is the driver's token (an object the driver put, so owned by it): the
 worker holds its reference and reads it; the read raises ``OwnerDiedError`` once the driver died (``ray.wait``
 still says ready then: only the read tells). A lease whose holder died is taken back by the next lease asked, or
-by the watchdog thread (every :data:`WATCH_SECONDS`; the delay: :mod:`~resumerge.merge.engine.cluster.kept`): either
+by the watchdog thread (every :data:`WATCH_SECONDS`; the delay: :mod:`~resumerge.machine.cluster.kept`): either
 first stops the dead run's pipeline at its next safe point (the shard it was writing abandoned, its temp file deleted)
 and makes a fresh stream, so the next run computes as a fresh worker would. A worker no run holds for ``keep``
 seconds refuses every lease from then on and ends its actor, which frees its name; so does, at once, a worker whose
@@ -43,7 +43,7 @@ RENEW_SECONDS = 8.0
 # says so, each of its runs then starting its own workers).
 OTHER_CODE = -1
 # How long a worker whose own code is not its name's waits for the lease that made it before it ends: answered
-# OTHER_CODE, that run asks the node no further slot (resumerge.merge.engine.cluster.kept); ended first, it would answer
+# OTHER_CODE, that run asks the node no further slot (resumerge.machine.cluster.kept); ended first, it would answer
 # nothing, and the run would make a worker at the node's next slot, which would run the node's code too.
 TELL_SECONDS = 5.0
 
@@ -51,8 +51,9 @@ TELL_SECONDS = 5.0
 def code_digest() -> str:
     """A digest of the code a worker runs, equal on every node that runs the same code whatever its checkout's path
     or file times: resumerge's version and its package files' relative paths and contents, Python's version, and
-    every installed distribution's name and version (:func:`installed`)."""
-    root = Path(__file__).resolve().parents[2]
+    every installed distribution's name and version (:func:`installed`). The package is the folder above this
+    file that holds ``__main__.py``, however deep the layout files this module."""
+    root = next(p for p in Path(__file__).resolve().parents if (p / "__main__.py").is_file())  # resumerge/
     python = f"{sys.implementation.name} {platform.python_version()}"
     digest = hashlib.sha256(f"{__version__}\0{python}\n".encode())
     for name in sorted(installed()):

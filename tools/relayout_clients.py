@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Issue 98's third step: the modules of ``forward/`` that serve one client alone, back with that client, as a
+script the integrator runs again once every branch has merged (others edit ``forward/`` in parallel).
+
+``forward/models.py`` (the models a check compares, read from a merge's record: check's alone) goes to
+``analyses/check/``; ``forward/ahead.py`` (the importance pass's read-ahead) to ``analyses/importance/``;
+``forward/layercache.py`` (a search's cache of a layer's inputs) to ``runs/evolve/``. Every reference is rewritten
+with tools/relayout.py's rewriters (dotted names, ``from resumerge.a import b``, paths, relative ``:mod:``
+references), the imports it touched sorted and long docstring lines refolded, the ``May import:`` lines kept true
+(tools/relayout_machine.py's); the packages left no longer list the modules in ``__all__``. Idempotent: on a moved
+tree it only rewrites the references a merged branch still writes the old way; a module some branch adds again at an
+old path is refused (both exist: merge them by hand).
+
+Usage: ``python tools/relayout_clients.py [ROOT]`` (ROOT: the checkout, default the one this file is in);
+``--check``: say what would move and exit 1 if anything would, changing nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def _machine() -> ModuleType:
+    """tools/relayout_machine.py, whose declarations and tools/relayout.py's movers and rewriters this script runs."""
+    path = Path(__file__).resolve().parent / "relayout_machine.py"
+    spec = importlib.util.spec_from_file_location("relayout_machine_tool_98", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("relayout_machine_tool_98", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+M = _machine()
+R = M.R
+
+# Modules of forward/ with one client (old path under resumerge/ -> new path under resumerge/).
+MOVES: tuple[tuple[str, str], ...] = (
+    ("forward/models.py", "analyses/check/models.py"),
+    ("forward/ahead.py", "analyses/importance/ahead.py"),
+    ("forward/layercache.py", "runs/evolve/layercache.py"),
+)
+SKIP_FILES = frozenset({*M.SKIP_FILES, "tools/relayout_clients.py", "tests/test_relayout_clients.py"})
+
+
+def moves() -> list[R.Move]:
+    return [R.Move(old, new) for old, new in MOVES]
+
+
+def relayout(root: Path, dry: bool = False) -> list[str]:
+    say: list[str] = []
+    todo = moves()
+    R.move_files(root, todo, say, dry)
+    if dry:
+        return say
+    touched = R.rewrite_references(root, todo, say, SKIP_FILES)
+    M.drop_from_all(root, say, todo)
+    M.rewrite_declarations(root, say)
+    R.sort_imports(root, touched, say)
+    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
+    if folded:
+        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    return say
+
+
+def main(argv: list[str] | None = None) -> int:
+    return int(R.main(argv, run=relayout, doc=__doc__, name="relayout_clients"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
