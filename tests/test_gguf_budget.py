@@ -163,18 +163,6 @@ def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
     assert masked[0] == pytest.approx(alone[0], rel=1e-12)
 
 
-def test_a_choice_below_four_bits_says_it_is_not_calibrated_yet() -> None:
-    """The notes (log, status, card) say a choice holding Q2_K or Q3_K is not calibrated per role yet: measured
-    worse than llama.cpp's Q3_K_M mix at its size (docs/output.md); a choice of 4 bits and more says nothing so."""
-    from resumerge.merge.plan.ggufbudget import target_notes
-    from resumerge.merge.plan.merge_plan import PlanOptions
-
-    low = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q3_K}))
-    high = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q4_K}))
-    assert any("not calibrated per tensor role yet" in note for note in target_notes(low))
-    assert not any("not calibrated" in note for note in target_notes(high))
-
-
 WIDTH = 64  # rows of two 32-value blocks: the 32-value candidates (a few quick encoders)
 
 

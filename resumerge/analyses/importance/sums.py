@@ -5,7 +5,7 @@ layer runs, each its own sum (q/k/v share an input: their sums are equal, as lla
 
 The sums of every layer run so far are journaled beside the hidden states leaving the layer (float64: a resumed pass
 adds to the very values it had), so a pass killed after layer l resumes at l + 1 with them and ends with the same
-bytes; so are the experts' counts."""
+bytes; so are the experts' counts, and a size target's costs and gains."""
 
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ class SumStep(Step[Found]):  # torch: imported when it runs
     (:class:`~resumerge.forward.routed.RoutedSums`);
     ``reserve`` admits each layer, ``on_layer(l)`` is told before it; ``ahead``: each layer's weights read (merged)
     while the one before it runs, where the pass has room for it; ``costs``: each dense linear's cost at every
-    candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held
-    (:func:`~resumerge.outputs.gguf.sensitivity.quantization_costs`). It gives the sums, the experts' counts and the
-    costs."""
+    candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held: its
+    weight error (:func:`~resumerge.outputs.gguf.sensitivity.quantization_costs`) calibrated to the error it makes
+    in the layer's output (:class:`Rerun`), and the layer's gain, which carries the costs of the layers before it
+    to the last one's output (:func:`carried`). It gives the sums, the experts' counts and the costs."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
                  on_layer: Callable[[int], None] | None = None, ahead: ReadAhead | None = None,
