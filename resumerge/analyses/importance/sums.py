@@ -189,8 +189,8 @@ def carried(costs: dict[str, torch.Tensor], gains: dict[str, torch.Tensor]) -> d
         product *= float(found[1])
     out: dict[str, torch.Tensor] = {}
     for name, values in sorted(costs.items()):
-        prefix = max((p for p in after if name.startswith(p)), key=len, default=None)
-        scale = after[prefix] if prefix is not None else 1.0
+        owners = [p for p in after if name.startswith(p)]
+        scale = after[max(owners, key=len)] if owners else 1.0
         out[name] = torch.stack([values[0], values[1] * scale])
     return out
 
