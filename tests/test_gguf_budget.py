@@ -5,10 +5,34 @@ what the hull's steps leave, breaks ties by name; and the costs the importance p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import numpy as np
 import pytest
 
-from resumerge.inputs.gguf.blocks import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from resumerge.analyses.importance.sums import Rerun, SumStep, carried
+from resumerge.forward.layerpass import unreserved
+from resumerge.inputs.gguf.ggmltypes import (
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+)
 from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.ggufbudget import Option, choose, chosen_pairs, chosen_patterns, chosen_tensor
 from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs, type_bytes
@@ -108,8 +132,11 @@ def test_which_tensors_a_target_chooses_and_among_which_types() -> None:
     assert not chosen_tensor("output.weight", (49152, 576))
     assert not chosen_tensor("blk.0.attn_norm.weight", (576,))
     assert not chosen_tensor("blk.0.attn_q.weight", (64, 100))  # not whole 32-value blocks: as its mix writes it
-    assert candidate_types(512) == (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0)
-    assert candidate_types(576) == (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+    # the i-quants publishers ship below 4 bits beside the K-quants; on rows not whole 256-value blocks the
+    # 32-value types llama.cpp falls them back to (IQ4_NL the i-quants')
+    assert candidate_types(512) == (IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K,
+                                    Q8_0)
+    assert candidate_types(576) == (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
     assert candidate_types(100) == ()
     assert type_bytes(Q4_K, (3, 512)) == 3 * 2 * 144
     assert type_bytes(Q8_0, (2, 64)) == 2 * 2 * 34
@@ -121,9 +148,14 @@ def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
     the important half's alone."""
     weight = torch.from_numpy(np.random.default_rng(1).standard_normal((8, 512)).astype(np.float32))
     ones = np.ones(512, dtype=np.float32)
-    costs = quantization_costs(weight, ones, candidate_types(512))
+    kinds = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0)
+    costs = quantization_costs(weight, ones, kinds)
     assert all(costs[i] > costs[i + 1] > 0 for i in range(len(costs) - 1)), costs
     assert 0.005 < costs[2] < 0.05  # Q4_K: a few per cent of the signal's power
+    # the i-quants, each below the K-quant of about its bits: IQ2_S (2.5 bits) < Q2_K (2.6), IQ3_S (3.4) < Q3_K
+    # (3.4), IQ4_XS (4.25) about Q4_K (4.5)
+    found = dict(zip((IQ2_S, IQ3_S, IQ4_XS), quantization_costs(weight, ones, (IQ2_S, IQ3_S, IQ4_XS)), strict=True))
+    assert found[IQ2_S] < costs[0] and found[IQ3_S] < costs[1] and found[IQ4_XS] < 1.5 * costs[2], (found, costs)
     half = ones.copy()
     half[256:] = 0
     blocked = weight.clone()
@@ -133,13 +165,101 @@ def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
     assert masked[0] == pytest.approx(alone[0], rel=1e-12)
 
 
-def test_a_choice_below_four_bits_says_it_is_not_calibrated_yet() -> None:
-    """The notes (log, status, card) say a choice holding Q2_K or Q3_K is not calibrated per role yet: measured
-    worse than llama.cpp's Q3_K_M mix at its size (docs/output.md); a choice of 4 bits and more says nothing so."""
-    from resumerge.merge.plan.ggufbudget import target_notes
-    from resumerge.merge.plan.merge_plan import PlanOptions
+WIDTH = 64  # rows of two 32-value blocks: the 32-value candidates (a few quick encoders)
 
-    low = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q3_K}))
-    high = PlanOptions(gguf_target_size=1_000_000, gguf_chosen_types=chosen_pairs({"blk.0.ffn_up.weight": Q4_K}))
-    assert any("not calibrated per tensor role yet" in note for note in target_notes(low))
-    assert not any("not calibrated" in note for note in target_notes(high))
+
+class _Layer(torch.nn.Module):
+    """A decoder layer of two matrices over its input: what ``loud`` gives is added to what leaves the layer,
+    a thousandth of what ``quiet`` gives; the input itself ``scale`` times."""
+
+    def __init__(self, quiet: torch.Tensor, loud: torch.Tensor, scale: float = 1.0) -> None:
+        super().__init__()
+        self.quiet = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.loud = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.quiet.weight.data, self.loud.weight.data, self.scale = quiet, loud, scale
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.scale * h + 1e-3 * self.quiet(h) + self.loud(h)
+
+
+class _Stream:
+    """What the importance pass's step asks of a model stream, over layers already in memory."""
+
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        self.layers_list = layers
+
+    @contextmanager
+    def loaded(self, module: torch.nn.Module, read: Any = None) -> Iterator[torch.nn.Module]:
+        yield module
+
+    def prefix(self, module: torch.nn.Module) -> str:
+        return f"model.layers.{next(i for i, m in enumerate(self.layers_list) if m is module)}."
+
+    @staticmethod
+    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: object, *, hand_on: bool = True) -> torch.Tensor:
+        return layer(hidden)
+
+
+def _measured(layers: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """The costs the importance pass's step measures on ``layers`` over two random texts."""
+    g = torch.Generator().manual_seed(3)
+    hidden = [[torch.randn((1, n, WIDTH), generator=g) for n in (40, 24)]]
+    step = SumStep(_Stream(layers), [[None] * len(layers)] * 2, unreserved, costs=True)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for index in range(len(layers)):
+            hidden = step.layer(index, hidden)
+    return step.finish(hidden)[2]
+
+
+def _heavy(seed: int) -> torch.Tensor:
+    """Weights whose blocks hold outliers (Student's t, 2 degrees of freedom): a larger relative error at every
+    type than normal weights'."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_t(2, (WIDTH, WIDTH)).astype(np.float32) * 0.02)
+
+
+def test_a_matrix_whose_error_moves_the_output_more_gets_more_bits_than_its_weight_error_gives_it() -> None:
+    """Two matrices of one layer on the same input: ``quiet``'s weights lose more to quantization (outliers in its
+    blocks), but only a thousandth of its output leaves the layer. By the weight error alone it would get the
+    bits; measured by the error each makes in the layer's output, ``loud`` gets them."""
+    loud = torch.from_numpy(np.random.default_rng(2).standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.02)
+    weights = {"quiet": quantization_costs(_heavy(1), np.ones(WIDTH, dtype=np.float32), candidate_types(WIDTH)),
+               "loud": quantization_costs(loud, np.ones(WIDTH, dtype=np.float32), candidate_types(WIDTH))}
+    assert all(weights["quiet"] > weights["loud"])  # the weight error alone favours quiet
+    costs = _measured([_Layer(_heavy(1), loud)])
+    assert set(costs) == {"model.layers.0.quiet", "model.layers.0.loud"}
+    options = {name.rpartition(".")[2]: [Option(int(t), type_bytes(int(t), (WIDTH, WIDTH)), float(c))
+                                         for t, c in zip(*values.tolist(), strict=True)]
+               for name, values in costs.items()}
+    budget = type_bytes(Q8_0, (WIDTH, WIDTH)) + type_bytes(Q4_0, (WIDTH, WIDTH))  # one at 8 bits, one at 4
+    choice = choose(options, budget)
+    assert choice is not None
+    assert choice == {"loud": Q8_0, "quiet": IQ4_NL}, choice  # IQ4_NL: Q4_0's bytes, less error
+    by_weight = choose({name: [Option(o.ggml_type, o.nbytes, float(w)) for o, w in zip(opts, weights[name],
+                                                                                         strict=True)]
+                        for name, opts in options.items()}, budget)
+    assert by_weight is not None
+    assert type_bytes(by_weight["quiet"], (WIDTH, WIDTH)) >= type_bytes(by_weight["loud"], (WIDTH, WIDTH))
+
+
+def test_an_earlier_layers_costs_carry_the_gain_of_the_layers_after_it() -> None:
+    """A layer that triples its input (and adds nothing: its matrices' weights 0) multiplies an error entering it
+    by 9 in squares: its gain, measured; the layer before it has its costs carried through it (9 times what its
+    output error was), the last layer's are its own."""
+    zero = torch.zeros((WIDTH, WIDTH))
+    loud = torch.from_numpy(np.random.default_rng(2).standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.02)
+    layers: list[torch.nn.Module] = [_Layer(_heavy(1), loud), _Layer(zero, zero, scale=3.0)]
+    h = [torch.randn((1, 16, WIDTH), generator=torch.Generator().manual_seed(0))]
+    with torch.no_grad():
+        tripled = Rerun(_Stream(layers), layers[1], 1, [None], h, [layers[1](h[0])])  # type: ignore[arg-type]
+        assert tripled.gain() == pytest.approx(9.0, rel=1e-6)
+    alone = _measured(layers[:1])
+    both = _measured(layers)
+    for name in ("model.layers.0.quiet", "model.layers.0.loud"):
+        assert torch.equal(both[name][0], alone[name][0])
+        assert both[name][1].tolist() == pytest.approx((9.0 * alone[name][1]).tolist(), rel=1e-6)
+    types = torch.tensor([float(Q4_0)], dtype=torch.float64)
+    found = carried({"a.0.x": torch.stack([types, torch.tensor([2.0], dtype=torch.float64)]),
+                     "a.1.x": torch.stack([types, torch.tensor([3.0], dtype=torch.float64)])},
+                    {"a.1.": torch.tensor([1.0, 5.0], dtype=torch.float64),
+                     "a.0.": torch.tensor([0.0, 7.0], dtype=torch.float64)})
+    assert found["a.0.x"][1].tolist() == [10.0] and found["a.1.x"][1].tolist() == [3.0]

@@ -288,29 +288,41 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
                          matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN
-                         + (measuring_seconds(plan) if measuring else 0.0), pass_baseline(plan))
+                         + (measuring_seconds(plan, tokens) if measuring else 0.0), pass_baseline(plan))
 
     return cost
 
 
 # The cost of a matrix at one candidate type, per value measured (encoded with the matrix, decoded, its error
-# summed): 280 ns measured on a 1536 x 512 and a 576 x 1536 matrix at the K and the legacy candidates on one core
-# of the project's 2-core machine (numba 0.68, under the other engineers' load).
+# summed): 280 ns measured on a 576 x 1536 matrix at the 32-value candidates on one core of the project's 2-core
+# machine (numba 0.68, under the other engineers' load); 1.1 µs on a 512 x 1536 one at the K- and i-quants (550 ns
+# unloaded: the i-quants' grid searches are most of it).
 _SECONDS_PER_VALUE_TYPE = 2.8e-7
+_SECONDS_PER_VALUE_SEARCHED = 1.1e-6
 
 
-def measuring_seconds(plan: Plan) -> float:
-    """The CPU seconds the pass spends measuring the costs of ``plan``'s decoder matrices (a size target's)."""
+def measuring_seconds(plan: Plan, tokens: int) -> float:
+    """The CPU seconds the pass spends measuring the costs of ``plan``'s decoder matrices (a size target's) over
+    ``tokens`` tokens of texts: each at its candidate types, and its layer run again on the first texts (at most
+    :data:`~resumerge.outputs.gguf.sensitivity.RERUN_TOKENS` tokens or so) once per matrix and once for its gain."""
     from resumerge.merge.plan.ggufbudget import chosen_tensor
     from resumerge.outputs.gguf.outcodec import GgufOutCodec
-    from resumerge.outputs.gguf.sensitivity import candidate_types, measured_values
+    from resumerge.outputs.gguf.sensitivity import K_CANDIDATES, RERUN_TOKENS, candidate_types, measured_values
 
-    values = 0
-    for tp in plan.tensors.values():
+    seconds = 0.0
+    layers: dict[str, list[int]] = {}  # by layer: its chosen matrices' values, and how many there are
+    for name, tp in plan.tensors.items():
         codec = tp.out_codec
         if isinstance(codec, GgufOutCodec) and chosen_tensor(codec.gguf_name, tp.shape):
-            values += measured_values(tp.shape) * len(candidate_types(tp.shape[-1]))
-    return values * _SECONDS_PER_VALUE_TYPE
+            types = candidate_types(tp.shape[-1])
+            each = _SECONDS_PER_VALUE_SEARCHED if types == K_CANDIDATES else _SECONDS_PER_VALUE_TYPE
+            seconds += measured_values(tp.shape) * len(types) * each
+            found = _LAYER.search(name)
+            layer = layers.setdefault(found.group(1) if found else name, [0, 0])
+            layer[0] += math.prod(tp.shape)
+            layer[1] += 1
+    reruns = sum(values * (count + 1) for values, count in layers.values())
+    return seconds + reruns * min(tokens, RERUN_TOKENS) * _SECONDS_PER_WEIGHT_TOKEN
 
 
 # What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,

@@ -78,7 +78,7 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     import torch
 
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs"] if terms.costs else [])])
+    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs by output error"] if terms.costs else [])])
     folder = out.with_suffix("")
     # the thread count beside the journal, removed with it: the folder is the config's and the texts' (another
     # merge of them, its inputs changed, passes there too, and decides its own count)

@@ -5,7 +5,7 @@ layer runs, each its own sum (q/k/v share an input: their sums are equal, as lla
 
 The sums of every layer run so far are journaled beside the hidden states leaving the layer (float64: a resumed pass
 adds to the very values it had), so a pass killed after layer l resumes at l + 1 with them and ends with the same
-bytes; so are the experts' counts."""
+bytes; so are the experts' counts, and a size target's costs and gains."""
 
 from __future__ import annotations
 
@@ -24,11 +24,13 @@ from resumerge.forward.standins import LayerCall
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.machine.torch_import import torch
+from resumerge.outputs.gguf.sensitivity import RERUN_TOKENS
 
 # The journal's name of a linear's sums beside the hidden states (apart from what the layers hand on).
 SUM_PREFIX = "imatrix:"
 COUNT_PREFIX = "imatrix-counts:"  # an experts module's tokens routed to each expert
 COST_PREFIX = "cost:"  # a linear's candidate GGUF types over its cost at each (--gguf-target-size)
+GAIN_PREFIX = "gain:"  # a layer's index over how much it amplifies an error in its input (--gguf-target-size)
 # What the pass gives: the sums, the experts' counts and (measuring) each linear's costs, by module name.
 Found = tuple[dict[str, "torch.Tensor"], dict[str, "torch.Tensor"], dict[str, "torch.Tensor"]]
 
@@ -39,9 +41,10 @@ class SumStep(Step[Found]):  # torch: imported when it runs
     (:class:`~resumerge.forward.routed.RoutedSums`);
     ``reserve`` admits each layer, ``on_layer(l)`` is told before it; ``ahead``: each layer's weights read (merged)
     while the one before it runs, where the pass has room for it; ``costs``: each dense linear's cost at every
-    candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held
-    (:func:`~resumerge.outputs.gguf.sensitivity.quantization_costs`). It gives the sums, the experts' counts and the
-    costs."""
+    candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held: its
+    weight error (:func:`~resumerge.outputs.gguf.sensitivity.quantization_costs`) calibrated to the error it makes
+    in the layer's output (:class:`Rerun`), and the layer's gain, which carries the costs of the layers before it
+    to the last one's output (:func:`carried`). It gives the sums, the experts' counts and the costs."""
 
     def __init__(self, stream: ModelStream, calls: list[list[LayerCall]], reserve: Reserve,
                  on_layer: Callable[[int], None] | None = None, ahead: ReadAhead | None = None,
@@ -51,6 +54,7 @@ class SumStep(Step[Found]):  # torch: imported when it runs
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
         self.costs: dict[str, torch.Tensor] = {}
+        self.gains: dict[str, torch.Tensor] = {}
 
     def restore(self, restart: Restart) -> None:
         found = restart.tensors.items()
@@ -58,6 +62,7 @@ class SumStep(Step[Found]):  # torch: imported when it runs
         self.counts = {n.removeprefix(COUNT_PREFIX): v.to(torch.float64) for n, v in found
                        if n.startswith(COUNT_PREFIX)}
         self.costs = {n.removeprefix(COST_PREFIX): v.to(torch.float64) for n, v in found if n.startswith(COST_PREFIX)}
+        self.gains = {n.removeprefix(GAIN_PREFIX): v.to(torch.float64) for n, v in found if n.startswith(GAIN_PREFIX)}
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
         if self.on_layer is not None:
@@ -116,12 +121,19 @@ class SumStep(Step[Found]):  # torch: imported when it runs
                 for handle in handles:
                     handle.remove()
             if self.measuring and not experts:
-                self._measure(prefix, hooked, sum(h.numel() // h.shape[-1] for h in texts))
+                rerun = Rerun(stream, layer, index, [self.calls[s][index] for s in range(len(texts))], texts, out)
+                self._measure(prefix, hooked, sum(h.numel() // h.shape[-1] for h in texts), rerun)
         return [out]
 
-    def _measure(self, prefix: str, linears: Sequence[tuple[str, torch.nn.Linear]], tokens: int) -> None:
-        """Each of ``linears``' cost at its candidate types, with its importance (its sums over ``tokens``)."""
-        from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs
+    def _measure(self, prefix: str, linears: Sequence[tuple[str, torch.nn.Linear]], tokens: int,
+                 rerun: Rerun) -> None:
+        """Each of ``linears``' cost at its candidate types, with its importance (its sums over ``tokens``): its
+        weight error at each, relative to its probe type's, times the error the probe makes in the layer's output
+        (the layer run again with the matrix quantized: :class:`Rerun`); and the layer's gain (an error in its input,
+        as it leaves the layer), which :meth:`finish` carries back to the layers before."""
+        from resumerge.inputs.gguf.blocks import decode
+        from resumerge.outputs.gguf.encoders import encode
+        from resumerge.outputs.gguf.sensitivity import candidate_types, probe_type, quantization_costs
 
         for name, module in linears:
             weight, sums = module.weight, self.sums.get(prefix + name)
@@ -130,7 +142,15 @@ class SumStep(Step[Found]):  # torch: imported when it runs
                 continue
             importance = (sums / tokens).to(torch.float32).numpy()
             measured = quantization_costs(weight.data, importance, types)
+            probe = probe_type(types)
+            relative = measured[types.index(probe)]
+            if relative > 0.0:
+                held = weight.data.to("cpu", torch.float32)
+                quantized = decode(encode(held, probe, importance=importance), probe).reshape(held.shape)
+                measured = measured * (rerun.error(module, quantized.to(weight.dtype)) / relative)
             self.costs[prefix + name] = torch.tensor([list(types), measured.tolist()], dtype=torch.float64)
+        if linears:
+            self.gains[prefix] = torch.tensor([float(rerun.index), rerun.gain()], dtype=torch.float64)
 
     def _add(self, squares: list[list[tuple[str, torch.Tensor]]], text: int) -> None:
         """Text ``text``'s squares added to the sums, in the order its linears ran, and dropped."""
@@ -149,10 +169,81 @@ class SumStep(Step[Found]):  # torch: imported when it runs
     def kept(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
         return {**{SUM_PREFIX + name: value for name, value in sorted(self.sums.items())},
                 **{COUNT_PREFIX + name: value for name, value in sorted(self.counts.items())},
-                **{COST_PREFIX + name: value for name, value in sorted(self.costs.items())}}, None
+                **{COST_PREFIX + name: value for name, value in sorted(self.costs.items())},
+                **{GAIN_PREFIX + name: value for name, value in sorted(self.gains.items())}}, None
 
     def finish(self, hidden: Hidden) -> Found:
-        return dict(sorted(self.sums.items())), dict(sorted(self.counts.items())), dict(sorted(self.costs.items()))
+        return (dict(sorted(self.sums.items())), dict(sorted(self.counts.items())),
+                carried(self.costs, self.gains))
+
+
+def carried(costs: dict[str, torch.Tensor], gains: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``costs`` (by module name: [types; the error each makes in its layer's output]) as the error they make
+    where the last layer leaves: each times the gains (by layer prefix: [index, gain]) of the layers after its
+    own, by name."""
+    order = sorted(gains.items(), key=lambda item: float(item[1][0]))
+    after: dict[str, float] = {}
+    product = 1.0
+    for prefix, found in reversed(order):
+        after[prefix] = product
+        product *= float(found[1])
+    out: dict[str, torch.Tensor] = {}
+    for name, values in sorted(costs.items()):
+        owners = [p for p in after if name.startswith(p)]
+        scale = after[max(owners, key=len)] if owners else 1.0
+        out[name] = torch.stack([values[0], values[1] * scale])
+    return out
+
+
+class Rerun:
+    """Layer ``index`` of ``stream`` (``layer``, loaded) run again on the first texts of the pass's (``texts``,
+    under ``calls``; ``out`` their outputs), up to :data:`RERUN_TOKENS` of them: the error in its output when one
+    matrix's weight is another (:meth:`error`), or its input carries a small error (:meth:`gain`). One thread, the
+    texts in order, sums in float64: a resumed pass measures the same bits."""
+
+    def __init__(self, stream: ModelStream, layer: torch.nn.Module, index: int, calls: list[LayerCall],
+                 texts: list[torch.Tensor], out: list[torch.Tensor]) -> None:
+        self.stream, self.layer, self.index = stream, layer, index
+        count, tokens = 0, 0
+        while count < len(texts) and tokens < RERUN_TOKENS:
+            tokens += texts[count].numel() // texts[count].shape[-1]
+            count += 1
+        self.calls, self.texts, self.out, self.tokens = calls[:count], texts[:count], out[:count], tokens
+
+    def _error(self, inputs: Sequence[torch.Tensor]) -> float:
+        total = 0.0
+        with serial_kernels():
+            for h, call, was in zip(inputs, self.calls, self.out, strict=True):
+                found = self.stream.run(self.layer, h, call, hand_on=False)
+                total += float((found.to(torch.float64) - was.to(found.device, torch.float64)).square().sum())
+        return total / max(self.tokens, 1)
+
+    def error(self, module: torch.nn.Linear, weight: torch.Tensor) -> float:
+        """The mean squared error per token in the layer's output with ``module``'s weight ``weight``."""
+        held = module.weight.data
+        module.weight.data = weight.to(held.device)
+        try:
+            return self._error(self.texts)
+        finally:
+            module.weight.data = held
+
+    def gain(self) -> float:
+        """The squared error leaving the layer over the one entering it, for an error in its input of
+        :data:`GAIN_ERROR` of each position's root mean square, in directions drawn from a generator seeded with the
+        layer's index: how much an earlier layer's error grows on its way through this one."""
+        moved, entering = [], 0.0
+        generator = torch.Generator().manual_seed(self.index)
+        for h in self.texts:
+            noise = torch.randn(h.shape, generator=generator, dtype=torch.float32)
+            scale = h.detach().to("cpu", torch.float32).square().mean(dim=-1, keepdim=True).sqrt() * GAIN_ERROR
+            delta = (noise * scale).to(h.device, h.dtype)
+            entering += float(delta.to(torch.float64).square().sum())
+            moved.append(h + delta)
+        return self._error(moved) * max(self.tokens, 1) / entering if entering > 0.0 else 1.0
+
+
+# The error put in a layer's input to measure its gain, relative to each position's root mean square.
+GAIN_ERROR = 1e-2
 
 
 # The longest texts run two at a time (tokens): llama-imatrix's default chunk. Longer ones run alone.

@@ -217,14 +217,9 @@ def target_notes(options: PlanOptions) -> list[str]:
         kind = pair.partition("=")[2].upper()
         counts[kind] = counts.get(kind, 0) + 1
     told = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items(), key=lambda c: (-c[1], c[0])))
-    notes = [f"GGUF types chosen for {target.describe()} by what each costs the merge on the --imatrix-texts texts "
-             f"(measured in the importance pass): the decoder layers' {len(options.gguf_chosen_types)} matrices as "
-             f"{told}"]
-    if counts.keys() & {"Q2_K", "Q3_K"}:  # said, not silent: the cost is one scale for every role (docs/output.md)
-        notes.append("below 4 bits a size target's choice is not calibrated per tensor role yet: on SmolLM2 at "
-                     "Q3_K_M's size it measured 45 % more KL than llama.cpp's Q3_K_M mix (at Q4_K_M's, 20 % less); "
-                     "compare the two with resumerge check before publishing it")
-    return notes
+    return [f"GGUF types chosen for {target.describe()} by what each costs the merge on the --imatrix-texts texts "
+            f"(measured in the importance pass): the decoder layers' {len(options.gguf_chosen_types)} matrices as "
+            f"{told}"]
 
 
 def choose_for(tensors: Mapping[str, TensorPlan], file_size: int, target: Target,

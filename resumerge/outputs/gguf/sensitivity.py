@@ -1,17 +1,24 @@
 """How much a GGUF tensor's quantization costs the model, per candidate type: what ``--gguf-target-size`` chooses
 each tensor's type by (:mod:`resumerge.merge.plan.ggufbudget`).
 
-The cost of storing weight ``W`` (rows × columns, the GGUF row a column count) as type ``t`` is the relative error
-the quantized linear makes on its inputs, weighted by the importance matrix ``w`` (each column's mean squared
-input over the texts, llama-imatrix's entry over its count):
+The weight error of storing weight ``W`` (rows × columns, the GGUF row a column count) as type ``t`` is the
+relative error the quantized linear makes on its inputs, weighted by the importance matrix ``w`` (each column's mean
+squared input over the texts, llama-imatrix's entry over its count):
 
-    cost(t) = Σ_j w_j Σ_i (W_ij − Q_t(W)_ij)² / Σ_j w_j Σ_i W_ij²
+    e(t) = Σ_j w_j Σ_i (W_ij − Q_t(W)_ij)² / Σ_j w_j Σ_i W_ij²
 
 — the expected ‖(W − Q_t W) x‖² / ‖W x‖² over the texts' inputs ``x`` where their columns are uncorrelated (the
 diagonal of their second moments, which is what the matrix keeps). ``Q_t`` is the encoder the GGUF is written with,
-with the same importance weights, decoded back: the error measured is the one the file will have. A relative error
-makes the linears of a layer comparable (an absolute one is in each output's own units); that their sum predicts the
-KL of the output distribution is the choice's assumption, which ``bench/bench_gguf_target.py`` measures.
+with the same importance weights, decoded back: the error measured is the one the file will have.
+
+A weight error alone says nothing of how much the model's output moves: a query's error passes a softmax, a down
+projection's is added to the residual stream; an early layer's error passes every layer after it. So the importance
+pass (:class:`~resumerge.analyses.importance.sums.SumStep`) calibrates it on the texts: the layer is run again with
+the matrix quantized as its :func:`probe_type`, and the cost at ``t`` is the squared error that made in the layer's
+output, times ``e(t) / e(probe)``, times the gain of the layers after it (how much each amplifies an error entering
+it, measured as it runs): the squared error the matrix's quantization as ``t`` puts where the last layer leaves,
+which the final norm and the head turn into the KL the choice minimises (the sum over matrices: errors of
+independent quantizations add in squares). ``bench/bench_gguf_target.py`` measures the KL it gets.
 
 Sums in float64 numpy, one thread, chunk by chunk in order: a resumed pass measures the layers it had not
 reached to the same bits.
@@ -24,15 +31,38 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from resumerge.inputs.gguf.ggmltypes import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TYPES
+from resumerge.inputs.gguf.ggmltypes import (
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    TYPES,
+)
 
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
-# The types a size target chooses among, by row: the K-quants where a row is whole 256-value blocks; else the
-# legacy 32-value ones (llama.cpp's quantizer falls a K type back to them on such rows); Q8_0 on both.
-K_CANDIDATES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0)
-LEGACY_CANDIDATES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+# The types a size target chooses among, by row: the K-quants and the i-quants publishers ship below 4 bits where a
+# row is whole 256-value blocks; else the 32-value ones llama.cpp's quantizer falls them back to on such rows (the
+# legacy types and IQ4_NL, which the i-quants fall back to); Q8_0 on both.
+K_CANDIDATES = (IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0)
+LEGACY_CANDIDATES = (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
+# The type whose error a matrix's output is measured with (:func:`probe_type`), by row as above: the lowest K-quant
+# llama.cpp's mixes use, the lowest 32-value type.
+K_PROBE, LEGACY_PROBE = Q3_K, Q4_0
 
 
 def candidate_types(row: int) -> tuple[int, ...]:
@@ -43,6 +73,12 @@ def candidate_types(row: int) -> tuple[int, ...]:
     if row % TYPES[Q8_0].values == 0:
         return LEGACY_CANDIDATES
     return ()
+
+
+def probe_type(types: Sequence[int]) -> int:
+    """The type of ``types`` (a row's :func:`candidate_types`) a matrix's output error is measured at: its cost at
+    each type is that error scaled by the type's weight error over the probe's."""
+    return K_PROBE if K_PROBE in types else LEGACY_PROBE
 
 
 def type_bytes(ggml_type: int, shape: Sequence[int]) -> int:
@@ -94,5 +130,7 @@ def measured_values(shape: Sequence[int]) -> int:
 
 
 MEASURED_ROWS = 512
+# The texts a layer is run on again to measure its matrices' output errors: the first ones, this many tokens or more.
+RERUN_TOKENS = 4096
 # Values of a matrix measured at a time (float64 copies of them, and a type's decoded values, are held).
 CHUNK_VALUES = 1 << 20
