@@ -468,24 +468,23 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
     rows = chunk_plan(tp, 0, tp.shape[0])
     if rows.experts is not None:  # the experts sampled, not the stack's
         rows = replace(rows, experts=replace(rows.experts, count=rows.shape[0]))
-    spec, device = plan.method_of(tp), torch.device(plan.options.device)
+    spec = plan.method_of(tp)
 
     def load(part: TensorPlan) -> MergeContext:
         if read:
             return load_context(plan, part, sources, spec, NO_RESOURCES, workspace)
         first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
         if first == 0 and part.shape[0] == tp.shape[0]:  # the whole tensor: inputs of other shapes (Grams) whole
-            return make_context(plan, part, spec, device, list(inputs), NO_RESOURCES,
-                                lend=workspace.take)
-        return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
-                            NO_RESOURCES, lend=workspace.take)
+            return make_context(plan, part, spec, list(inputs), NO_RESOURCES, lend=workspace.take)
+        return make_context(plan, part, spec, [t[first : first + part.shape[0]] for t in inputs], NO_RESOURCES,
+                            lend=workspace.take)
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
     merged = unit.merged(0, unit.total, workspace)
     for stored in rows.out_codec.sampled().encode(merged, rows.out_dtype).values():
         if workspace.holds(stored):  # a result stored as computed: the run copies it out of the workspace
             stored.clone()
-    _settle(device)
+    _settle(torch.device(plan.options.device))
     return numel(rows.shape)
 
 
