@@ -43,11 +43,12 @@ class HubRepoSink(OutputSink):
     checksum: Checksum = SHA256
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
-                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
-                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False,
-                 tell: Callable[[str], None] | None = None) -> None:
+                 batching: Batching | None = None, room: int | None = None, head: str | None = None,
+                 should_stop: Callable[[], bool] = lambda: False, tell: Callable[[str], None] | None = None) -> None:
+        """``room``: the staged, uncommitted bytes a new file may start beside (``max_disk`` less the largest
+        planned file); None: no bound."""
         self.repo, self.staging, self.resume = repo, staging, resume
-        self.max_disk, self.reserve = max_disk, reserve
+        self.room = room
         staging.mkdir(parents=True, exist_ok=True)
         names = set(planned) | {MANIFEST_NAME}
         for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
@@ -72,8 +73,8 @@ class HubRepoSink(OutputSink):
         return self.staging / name
 
     def temp_for(self, name: str) -> Path:
-        if self.max_disk is not None:
-            self.queue.wait_room(max(0, self.max_disk - self.reserve))
+        if self.room is not None:
+            self.queue.wait_room(self.room)
         return self.staging / temp_path(self.staging / name).name
 
     def commit_when(self, name: str, ready: Callable[[], bool]) -> None:

@@ -19,7 +19,6 @@ the repo alone and recomputes the intermediates it lacks (they are deterministic
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -45,6 +44,7 @@ from resumerge.merge.engine.drive import Outcome, hub_progress
 from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.engine.hubout import check_max_disk
 from resumerge.merge.engine.outdir import check_out_dir
+from resumerge.merge.engine.reporting import UNDRIVEN, Driving
 from resumerge.merge.engine.session import recorded_threads, run_plan
 from resumerge.merge.engine.target import Target
 from resumerge.merge.plan.changes import describe_changes
@@ -115,19 +115,15 @@ def run_recipe(
     where: RunLocations,
     options: PlanOptions,
     settings: RunSettings,
+    driving: Driving = UNDRIVEN,
     *,
-    intermediate_dir: str | os.PathLike[str] | None = None,
-    restart: bool = False,
-    cleanup: bool = False,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
     source: str = "recipe",
 ) -> RecipeOutcome:
     """Run the recipe ``text`` (several YAML documents) into ``where.out``, its state where ``where`` says (resolved
-    once by the caller: every stage's locations are taken beside it); continue an unfinished run of the same recipe
-    there.
+    once by the caller: every stage's locations are taken beside it), driven as ``driving`` says; continue an
+    unfinished run of the same recipe there.
 
-    Named stages go to ``intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
+    Named stages go to ``driving.intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
     recorded run used). ``cleanup`` deletes them once the final output is verified. Raises ConfigError /
     InputError (exit 2) before anything is written; PlanChangedError when OUT holds a recipe planned
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
@@ -144,32 +140,28 @@ def run_recipe(
     if isinstance(out, Path):
         refuse_state_in_out(out, where.state)
     previous = _recorded(out, where, hub)
-    if intermediate_dir is not None:
-        inter = Path(intermediate_dir).absolute()
-    elif previous is not None and not restart:
+    if driving.intermediate_dir is not None:
+        inter = Path(driving.intermediate_dir).absolute()
+    elif previous is not None and not driving.restart:
         previous, inter = _recorded_intermediates(previous, out, where)
     else:
         inter = default_intermediate_dir(out, where.state)
     # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
     # (resumerge.api.options.nothing_started), the one rule for every kind of run.
     rplan = plan_recipe(recipe, out, inter, options, state=where.state, cache_dir=settings.cache_dir,
-                        on_progress=hub_progress(reporter))
-    runner = _Runner(rplan, previous, settings, hub, where, restart=restart, resuming=False, cleanup=cleanup)
-    return runner.run(reporter, should_stop)
+                        on_progress=hub_progress(driving.reporter))
+    runner = _Runner(rplan, previous, settings, hub, where, restart=driving.restart, resuming=False,
+                     cleanup=driving.cleanup)
+    return runner.run(driving.reporter, driving.should_stop)
 
 
-def resume_recipe(
-    where: RunLocations,
-    settings: RunSettings,
-    *,
-    cleanup: bool = False,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> RecipeOutcome:
+def resume_recipe(where: RunLocations, settings: RunSettings, driving: Driving = UNDRIVEN) -> RecipeOutcome:
     """Finish the recipe recorded for ``where.out`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
-    recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
-    the state dir is gone: the intermediates are recomputed (in the recorded intermediate dir, or under this state
-    dir when that one is gone too) and the final stage continues without sending committed files again.
+    recorded text, options, intermediate dir and pinned inputs, driven as ``driving`` says (its ``restart`` and
+    ``intermediate_dir`` aside: a resume continues the recorded run, where it recorded its stages). An ``hf://``
+    OUT resumes from the repo alone when the state dir is gone: the intermediates are recomputed (in the recorded
+    intermediate dir, or under this state dir when that one is gone too) and the final stage continues without
+    sending committed files again.
 
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
@@ -186,13 +178,13 @@ def resume_recipe(
     recipe = load_recipe_text(previous.recipe_text)
     previous, inter = _recorded_intermediates(previous, out, where)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
-                        model_dirs=previous.model_dirs, state=where.state, on_progress=hub_progress(reporter))
+                        model_dirs=previous.model_dirs, state=where.state, on_progress=hub_progress(driving.reporter))
     # The stages compute with the -j the recipe was started with where their bytes depend on it, as a merge does.
     settings = recorded_threads(rplan.options.num_threads,
                                 {t.method for sp in rplan.stages for t in sp.plan.tensors.values()}, settings,
-                                reporter)
-    runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=cleanup)
-    return runner.run(reporter, should_stop)
+                                driving.reporter)
+    runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=driving.cleanup)
+    return runner.run(driving.reporter, driving.should_stop)
 
 
 def discard_stage_output(out_dir: Path, names: Iterable[str], where: RunLocations) -> int:
