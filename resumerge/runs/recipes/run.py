@@ -18,27 +18,25 @@ the repo alone and recomputes the intermediates it lacks (they are deterministic
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import LEDGER_NAME, RunLocations
+from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
 from resumerge.errors import (
     InterruptedMerge,
     NothingRecordedError,
-    OutputDirError,
     PlanChangedError,
     ResumergeError,
     StorageError,
     UnreachableError,
 )
 from resumerge.inputs.catalog import fetch_inputs
-from resumerge.machine.durable import fsync_dir, is_temp_name
-from resumerge.machine.runlock import LOCK_NAME, RunLock, is_locked
+from resumerge.machine.durable import is_temp_name
+from resumerge.machine.runlock import RunLock
 from resumerge.merge.engine.devices import make_governor
 from resumerge.merge.engine.drive import Outcome, hub_progress
 from resumerge.merge.engine.executor import Reporter
@@ -53,8 +51,7 @@ from resumerge.merge.plan.outguard import model_places, overlap, refuse_state_in
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.sidefiles import aux_files
 from resumerge.merge.store.integrity import verify_output
-from resumerge.merge.store.journal import journal_files
-from resumerge.merge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.runs.recipes.discard import discard_stage_output, rmdir_if_empty
 from resumerge.runs.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.runs.recipes.ledger import open_recipe_ledger
 from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME
@@ -80,9 +77,6 @@ from resumerge.runs.recipes.plan import (
 )
 from resumerge.runs.recipes.recipe import load_recipe_text
 from resumerge.runs.recipes.view import StageRecord, stage_record
-
-# A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
-_LEDGER_FILES = (*journal_files(LEDGER_NAME), LOCK_NAME)
 
 
 @dataclass(frozen=True)
@@ -185,37 +179,6 @@ def resume_recipe(where: RunLocations, settings: RunSettings, driving: Driving =
                                 driving.reporter)
     runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=driving.cleanup)
     return runner.run(driving.reporter, driving.should_stop)
-
-
-def discard_stage_output(out_dir: Path, names: Iterable[str], where: RunLocations) -> int:
-    """Delete a stage's output: the files its plan names (and its manifest's), their temp files, the manifest,
-    then its ledger in the state dir; the folder too when that leaves it empty. Never any other file.
-
-    ``where`` is the locations of the stage's output. Returns the number of files deleted. Raises
-    :class:`OutputDirError` when a process is merging into it.
-    """
-    rdir = where.run_dir
-    if is_locked(rdir):
-        raise OutputDirError(f"another resumerge process is merging into {out_dir}", path=str(out_dir))
-    removed = 0
-    if out_dir.is_dir():
-        manifest = read_manifest(out_dir)
-        planned = set(names) | set(manifest.planned if manifest else ())
-        for entry in sorted(out_dir.iterdir()):
-            ours = entry.name in planned or is_temp_name(entry.name, planned | {MANIFEST_NAME})
-            if ours and entry.is_file() and not entry.is_symlink():
-                entry.unlink()
-                removed += 1
-        # The manifest goes last: until then the folder still says it is resumerge's.
-        if (out_dir / MANIFEST_NAME).is_file():
-            (out_dir / MANIFEST_NAME).unlink()
-            removed += 1
-        fsync_dir(out_dir)
-        _rmdir_if_empty(out_dir)
-    for name in _LEDGER_FILES:
-        (rdir / name).unlink(missing_ok=True)
-    _rmdir_if_empty(rdir)
-    return removed
 
 
 class _Runner:
@@ -454,7 +417,7 @@ class _Runner:
             removed = discard_stage_output(sp.out_dir, names, self.where.beside(sp.out_dir))
             self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
             self.ledger.stage_state(sp.stage.key, "deleted")
-        _rmdir_if_empty(self.rplan.intermediate_dir)
+        rmdir_if_empty(self.rplan.intermediate_dir)
         self._store(replace(self.record, intermediates=DELETED))
         self._message(f"intermediate stage outputs deleted from {self.rplan.intermediate_dir}")
 
@@ -532,11 +495,6 @@ def _record_of(rplan: RecipePlan, cleanup: bool, intermediates: str) -> RecipeRe
 
 def _tolerated(sp: StagePlan) -> frozenset[str]:
     return frozenset({RECIPE_MANIFEST_NAME}) if sp.final else frozenset()
-
-
-def _rmdir_if_empty(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty (other files are never ours to delete) or already gone
-        directory.rmdir()
 
 
 def _close_display(reporter: Reporter | None) -> None:
