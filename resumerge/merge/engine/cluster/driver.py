@@ -198,7 +198,8 @@ class _Dispatch:
         if self.hub is None:
             return self.setup.threads
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")]
-        return task_cpus(self.setup.threads, cpus, self.hub.max_disk,
+        budget = self.hub.budget
+        return task_cpus(self.setup.threads, cpus, budget.max_disk if budget is not None else None,
                          max((s.file_size for s in self.plan.shards), default=0))
 
     def _hungriest(self) -> Worker | None:
