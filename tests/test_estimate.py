@@ -238,7 +238,7 @@ def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path:
     definite), so the Cholesky factorisation failed and the pseudo-inverse was timed, a path real Grams do not take
     (the estimate 0.3-1x the run's compute). The synthetic Grams are positive definite, well conditioned."""
     pytest.importorskip("transformers")
-    from resumerge.analyses.estimate.compute import _synthetic
+    from resumerge.analyses.estimate.synthetic import synthetic_inputs
     from resumerge.merge.methods.regmean import GRAM, regmean_solve
 
     a, b = make("a", seed=1, hidden=32, intermediate=48, vocab=64), make("b", seed=2, hidden=32, intermediate=48,
@@ -253,10 +253,10 @@ def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path:
         marked = [dict(p).get(GRAM, False) for p in tp.model_params]
         assert marked == [False, False, True, True]
         for grams, pinv in ((True, False), (False, True)):
-            made = _synthetic(tp, torch.device("cpu"), grams=grams)
+            made = synthetic_inputs(tp, torch.device("cpu"), grams=grams)
             weights, gram = [t for t, m in zip(made, marked) if not m], [t for t, m in zip(made, marked) if m]
             assert regmean_solve(weights, gram, 0.5)[1] is pinv, (name, grams)
-        for g in _synthetic(tp, torch.device("cpu"), grams=True)[2:]:
+        for g in synthetic_inputs(tp, torch.device("cpu"), grams=True)[2:]:
             assert torch.equal(g, g.T) and float(torch.linalg.eigvalsh(g.double()).min()) >= 0.5
 
 

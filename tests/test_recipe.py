@@ -35,6 +35,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
+from resumerge.merge.engine.reporting import Driving
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
 from resumerge.runs.recipes.recipe import load_recipe_text
@@ -300,8 +301,7 @@ def test_status_and_edited_recipe_refused_while_unfinished(tmp_path: Path, model
 
     with pytest.raises(InterruptedMerge) as stopped:
         run_recipe(_local_recipe(models), RunLocations.of(out, state), PlanOptions(out_shard_size=100_000),
-                   RunSettings(state=StateDir.resolve(state)),
-                   should_stop=b_has_three_shards)
+                   RunSettings(state=StateDir.resolve(state)), Driving(should_stop=b_has_three_shards))
     # The exact command that continues from the ledgers in the state dir (not one that rebuilds them).
     assert stopped.value.resume_command == f"resumerge resume {out} --state-dir {state}"
     assert main(["status", str(out), "--state-dir", str(state), "--json"]) == 0
@@ -489,7 +489,8 @@ def test_a_live_display_restarts_for_every_stage(tmp_path: Path, models: Models)
     stream = io.StringIO()
     reporter = ProgressReporter(mode="live", stream=stream, width=100)
     outcome = run_recipe(_local_recipe(models), RunLocations.of(tmp_path / "out", tmp_path / "state"),
-                         PlanOptions(), RunSettings(state=StateDir.resolve(tmp_path / "state")), reporter=reporter)
+                         PlanOptions(), RunSettings(state=StateDir.resolve(tmp_path / "state")),
+                         Driving(lambda: False, reporter))
     reporter.close()
     assert [s.action for s in outcome.stages] == ["merged", "merged", "merged"]
     shown = stream.getvalue()

@@ -23,6 +23,7 @@ from resumerge.config.settings import RunSettings
 from resumerge.errors import InterruptedMerge
 from resumerge.inputs.source import InputSource, InputSources, LocalFiles
 from resumerge.merge.engine.compute import compute_tensor
+from resumerge.merge.engine.reporting import Driving
 from resumerge.merge.engine.session import plan_from_config, run_merge
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.merge.plan.merge_plan import PlanOptions
@@ -136,8 +137,7 @@ def test_the_interrupt_hint_is_the_exact_command_that_continues_from_the_ledger(
     out, state = tmp_path / "big out", tmp_path / "state-big"
     with pytest.raises(InterruptedMerge) as stopped:
         run_merge(cfg.read_text(), RunLocations.of(out, state), PlanOptions(out_shard_size=30_000),
-                  RunSettings(state=StateDir.resolve(state)),
-                  should_stop=lambda: True)
+                  RunSettings(state=StateDir.resolve(state)), Driving(should_stop=lambda: True))
     command = stopped.value.resume_command
     assert command == f"resumerge resume {shlex.quote(str(out))} --state-dir {shlex.quote(str(state))}"
     assert command in stopped.value.one_line()

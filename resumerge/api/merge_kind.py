@@ -57,9 +57,8 @@ class MergeKind:
         # The pass's forward imports torch (~1 CPU s): imported while the merge plans, not after it.
         importing = load_beside() if phases else None
         try:
-            return run_merge(call.text, call.locations, options, call.settings, restart=driving.restart,
-                             reporter=driving.reporter, should_stop=driving.should_stop,
-                             codecs=call.codecs, phases=phases,
+            return run_merge(call.text, call.locations, options, call.settings, driving, codecs=call.codecs,
+                             phases=phases,
                              settle=target_settle(call.text, options, call.settings))
         finally:
             if importing is not None:  # a run refused while planning never leaves torch half imported

@@ -44,9 +44,7 @@ class RecipeKind:
         from resumerge.api.options import source_name
         from resumerge.runs.recipes.run import run_recipe
 
-        return run_recipe(call.text, call.locations, call.options, call.settings,
-                          intermediate_dir=driving.intermediate_dir, restart=driving.restart, cleanup=driving.cleanup,
-                          reporter=driving.reporter, should_stop=driving.should_stop,
+        return run_recipe(call.text, call.locations, call.options, call.settings, driving,
                           source=source_name(call.config, "recipe")).outcome()
 
     def holds(self, where: RunLocations) -> bool:
@@ -60,8 +58,7 @@ class RecipeKind:
         """Every stage still to do of the recipe recorded in ``where.out``; the final stage's outcome."""
         from resumerge.runs.recipes.run import resume_recipe
 
-        return resume_recipe(where, settings, cleanup=driving.cleanup, reporter=driving.reporter,
-                             should_stop=driving.should_stop).outcome()
+        return resume_recipe(where, settings, driving).outcome()
 
     def status_own(self, where: RunLocations) -> RecipeStatus:
         """Every stage of the recipe writing to ``where.out``, and the one in progress."""

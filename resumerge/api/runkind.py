@@ -17,6 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+# How a run is driven: the engine's record, which every kind hands on whole.
+from resumerge.merge.engine.reporting import Driving as Driving
+
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.costs import Estimate
     from resumerge.analyses.estimate.measuring import Measuring
@@ -59,18 +62,6 @@ class Call:
         """``where``, for a call that has OUT (a run)."""
         assert self.where is not None, "a run's call has OUT"
         return self.where
-
-
-@dataclass(frozen=True)
-class Driving:
-    """How a run is driven: ``restart`` an earlier different run in OUT, show progress on ``reporter``, stop once
-    ``should_stop`` turns true; a recipe's ``intermediate_dir`` and ``cleanup`` of its intermediates."""
-
-    should_stop: Callable[[], bool]
-    reporter: Reporter | None = None
-    restart: bool = False
-    intermediate_dir: PathLike | None = None
-    cleanup: bool = False
 
 
 class RunKind(Protocol):

@@ -21,6 +21,7 @@ from resumerge.cli.commands import main
 from resumerge.config.locations import RunLocations, StateDir
 from resumerge.config.settings import RunSettings
 from resumerge.errors import InterruptedMerge
+from resumerge.merge.engine.reporting import Driving
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.runs.recipes.manifest import RECIPE_MANIFEST_NAME
 from resumerge.runs.recipes.plan import default_intermediate_dir
@@ -153,7 +154,7 @@ def test_stopped_in_a_named_stage_resumes_on_another_machine_from_the_record(hub
     with pytest.raises(InterruptedMerge):  # stopped once stage mid has written a shard (no process start needed)
         run_recipe(recipe.path.read_text(), RunLocations.of(url, first), PlanOptions(out_shard_size=20_000),
                    RunSettings(state=StateDir.resolve(first)),
-                   should_stop=lambda: any(mid.glob("model-*.safetensors")))
+                   Driving(should_stop=lambda: any(mid.glob("model-*.safetensors"))))
     assert set(repo_files(hub, "alice/early")) == {RECIPE_MANIFEST_NAME}
     # Another machine, another state dir: the default intermediate dir (under the first one) is gone with it.
     shutil.rmtree(first)

@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.analyses.estimate.computegroup import ComputeGroup
 from resumerge.analyses.estimate.method_timing import DEFAULT_SAMPLE_ELEMENTS, Timing, measure_rate
+from resumerge.analyses.estimate.synthetic import synthetic_inputs
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.source import InputSources
-from resumerge.inputs.tensorio import DTYPE_NAMES, NAME_DTYPES, TORCH_DTYPES
+from resumerge.inputs.tensorio import DTYPE_NAMES, TORCH_DTYPES
 from resumerge.machine.torch_import import dtype_name, torch
 from resumerge.merge.engine.compute import TensorCompute, load_context, make_context
 from resumerge.merge.engine.workspace import UNBUDGETED, Workspace
 from resumerge.merge.methods.registry import MergeContext, MethodSpec, get_method
-from resumerge.merge.methods.regmean import GRAM
 from resumerge.merge.methods.resources import NO_RESOURCES, Resources
 from resumerge.merge.plan.fusedscales import measured_before
 from resumerge.merge.plan.merge_plan import InputRef, Plan, ShardPlan, TensorPlan
@@ -299,10 +299,6 @@ def _promoted(dtypes: tuple[str, ...]) -> str:
     return dtype_name(common)
 
 
-def _stored_dtype_name(tp: TensorPlan) -> str:
-    return _stored_name(tuple(i.value_dtype for i in tp.inputs) or (tp.out_dtype,), _promoted)
-
-
 def _unmeasured(group: _Sample, plan: Plan, why: str) -> ComputeGroup:
     return ComputeGroup(group.method, group.dtype, plan.options.device, group.tensors, group.elements,
                         0, 0, None, torch.get_num_threads(), False, why)
@@ -382,7 +378,7 @@ def _measure_whole(plan: Plan, group: _Sample, spec: MethodSpec, sources: InputS
     device = torch.device(plan.options.device)
     if seconds is None:
         try:
-            inputs = _synthetic(tp, device, grams=spec.gram_inputs)
+            inputs = synthetic_inputs(tp, device, grams=spec.gram_inputs)
             with serial_kernels() if alone else nullcontext():
                 _settle(device)
                 begun = time.perf_counter()
@@ -468,24 +464,23 @@ def _engine_step(plan: Plan, tp: TensorPlan, sources: InputSources, inputs: Sequ
     rows = chunk_plan(tp, 0, tp.shape[0])
     if rows.experts is not None:  # the experts sampled, not the stack's
         rows = replace(rows, experts=replace(rows.experts, count=rows.shape[0]))
-    spec, device = plan.method_of(tp), torch.device(plan.options.device)
+    spec = plan.method_of(tp)
 
     def load(part: TensorPlan) -> MergeContext:
         if read:
             return load_context(plan, part, sources, spec, NO_RESOURCES, workspace)
         first = part.inputs[0].first_row - rows.inputs[0].first_row  # an expert's rows, or all of them
         if first == 0 and part.shape[0] == tp.shape[0]:  # the whole tensor: inputs of other shapes (Grams) whole
-            return make_context(plan, part, spec, device, list(inputs), NO_RESOURCES,
-                                lend=workspace.take)
-        return make_context(plan, part, spec, device, [t[first : first + part.shape[0]] for t in inputs],
-                            NO_RESOURCES, lend=workspace.take)
+            return make_context(plan, part, spec, list(inputs), NO_RESOURCES, lend=workspace.take)
+        return make_context(plan, part, spec, [t[first : first + part.shape[0]] for t in inputs], NO_RESOURCES,
+                            lend=workspace.take)
 
     unit = TensorCompute(plan, rows, sources, NO_RESOURCES, load=load)
     merged = unit.merged(0, unit.total, workspace)
     for stored in rows.out_codec.sampled().encode(merged, rows.out_dtype).values():
         if workspace.holds(stored):  # a result stored as computed: the run copies it out of the workspace
             stored.clone()
-    _settle(device)
+    _settle(torch.device(plan.options.device))
     return numel(rows.shape)
 
 
@@ -508,7 +503,7 @@ def _prepare(plan: Plan, tp: TensorPlan, sources: InputSources,
     applied, mixed dtypes promoted), so what is timed is what the run computes on.
     """
     if not all(_on_disk(plan, ref) for ref in tp.inputs):
-        return _synthetic(tp, torch.device(plan.options.device), grams=spec.gram_inputs), 0, True
+        return synthetic_inputs(tp, torch.device(plan.options.device), grams=spec.gram_inputs), 0, True
     nbytes = sum(_ref_bytes(ref) for ref in tp.inputs)
     if not all(ref.codec.plain for ref in tp.inputs):
         return None, nbytes, False
@@ -523,33 +518,3 @@ def _ref_bytes(ref: InputRef) -> int:
 def _on_disk(plan: Plan, ref: InputRef) -> bool:
     refs: Iterable[InputRef] = (ref, ref.lora.a, ref.lora.b) if ref.lora is not None else (ref,)
     return all((Path(plan.model_dirs[r.model]) / r.file).is_file() for r in refs)
-
-
-def _synthetic(tp: TensorPlan, device: torch.device, *, grams: bool = False) -> list[torch.Tensor]:
-    """Random inputs of ``tp``'s shapes and dtype: a base and small deltas from it, like fine-tunes of one model.
-    With ``grams`` (a method given its weights' Gram matrices,
-    :attr:`~resumerge.merge.methods.spec.MethodSpec.gram_inputs`) each input the plan marks as a Gram is made symmetric
-    positive definite, as a measured Gram is: a random matrix (or, for a square weight, a delta of it) is not, its
-    Cholesky factorisation fails and the solve takes the pseudo-inverse, which real Grams do not."""
-    dtype = NAME_DTYPES[tp.compute_dtype] if tp.compute_dtype else getattr(torch, _stored_dtype_name(tp))
-    generator = torch.Generator().manual_seed(0)
-    marked = [grams and bool(dict(p).get(GRAM)) and _square(ref.shape) for p, ref in zip(tp.model_params, tp.inputs)]
-    base = torch.randn(tp.inputs[0].shape, generator=generator)
-    # An input of another shape than the first is no fine-tune of it (core_space's LoRA factors): random alone.
-    made = [_gram(ref.shape[0], generator) if gram else base if i == 0 else
-            base + 0.01 * torch.randn(ref.shape, generator=generator) if ref.shape == base.shape
-            else torch.randn(ref.shape, generator=generator)
-            for i, (ref, gram) in enumerate(zip(tp.inputs, marked))]
-    return [t.to(device=device, dtype=dtype) for t in made]
-
-
-def _square(shape: tuple[int, ...]) -> bool:
-    return len(shape) == 2 and shape[0] == shape[1]
-
-
-def _gram(n: int, generator: torch.Generator) -> torch.Tensor:
-    """An n x n symmetric matrix with its eigenvalues within [0.5, 1.5] (a symmetric random matrix of entries of
-    spread s has its eigenvalues within 2·s·√n): well conditioned, made in O(n²)."""
-    noise = torch.randn(n, n, generator=generator)
-    symmetric = (noise + noise.T) / (2 * 2 ** 0.5)  # entries of spread 1/√2 off the diagonal
-    return torch.eye(n).add_(symmetric, alpha=1 / (4 * (2 * n) ** 0.5))

@@ -283,8 +283,8 @@ class TensorCompute:
         key = (part.name, part.inputs, part.compute_dtype, part.vocab_aligned, self.plan.options.device)
         tensors = self._shared.loaded(
             key, lambda: load_context(self.plan, part, self.sources, method, self._resources).tensors)
-        return make_context(self.plan, part, method, torch.device(self.plan.options.device), tensors,
-                            self._resources, memo=self._shared.memo(key, method.from_inputs))
+        return make_context(self.plan, part, method, tensors, self._resources,
+                            memo=self._shared.memo(key, method.from_inputs))
 
     def _generator(self, name: str) -> torch.Generator:
         """A generator seeded from (the run's seed, ``name``), on the plan's device."""
@@ -315,7 +315,7 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
     on_gpu = device.type != "cpu"
     if method.lazy_inputs and not tp.vocab_aligned:
         lazy = _LazyInputs(tp, sources, device)
-        return make_context(plan, tp, method, device, lazy, resources, owned=True, read_rows=lazy.rows)
+        return make_context(plan, tp, method, lazy, resources, owned=True, read_rows=lazy.rows)
     tensors = []
     for i, ref in enumerate(tp.inputs):
         t = _read_input(ref, sources, _decode_buffer(ref, i, workspace), _raw_buffer(ref, i, workspace))
@@ -335,20 +335,21 @@ def load_context(plan: Plan, tp: TensorPlan, sources: InputSources, method: Meth
         common = method_dtype(tp)
         tensors = [t.to(common) for t in tensors]
     lend = workspace.take if workspace is not None else None
-    return make_context(plan, tp, method, device, tensors, resources, lend=lend)
+    return make_context(plan, tp, method, tensors, resources, lend=lend)
 
 
-def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, device: torch.device,
-                 tensors: Sequence[torch.Tensor], resources: Resources, *, owned: bool = False,
+def make_context(plan: Plan, tp: TensorPlan, method: MethodSpec, tensors: Sequence[torch.Tensor],
+                 resources: Resources, *, owned: bool = False,
                  read_rows: Callable[[int, int, int], torch.Tensor] | None = None,
                  lend: Lend | None = None,
                  memo: InputsMemo | None = None) -> MergeContext:
-    """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on ``device``): its resolved parameters,
-    a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's ``resources``,
-    ``lend`` for its result buffer and ``memo`` where its declared values of the inputs are shared."""
+    """The context ``method`` sees for ``tp`` over its prepared ``tensors`` (on the plan's device): its resolved
+    parameters, a generator seeded from (the run's seed, ``tp``'s name) when it draws at random, the run's
+    ``resources``, ``lend`` for its result buffer and ``memo`` where its declared values of the inputs are shared."""
     generator = None
     if method.randomized:
-        generator = torch.Generator(device=device).manual_seed(tensor_seed(plan.options.random_seed, tp.name))
+        generator = torch.Generator(device=torch.device(plan.options.device)).manual_seed(
+            tensor_seed(plan.options.random_seed, tp.name))
     return MergeContext(
         tensors=tensors,
         base_index=tp.base_index,

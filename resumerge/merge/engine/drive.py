@@ -35,6 +35,7 @@ from resumerge.merge.engine.inputcontents import InputContents, Proving
 from resumerge.merge.engine.inputfetch import HubInputs
 from resumerge.merge.engine.job import Job
 from resumerge.merge.engine.outdir import (
+    EarlierRun,
     Recording,
     done_line,
     open_run,
@@ -112,7 +113,7 @@ class RunSession:
                  restart: bool = False, resuming: bool = False, reporter: Reporter | None = None,
                  should_stop: Callable[[], bool] = never_stop) -> None:
         self.prepared, self.config_text, self.target, self.settings = prepared, config_text, target, settings
-        self.restart, self.resuming, self.should_stop = restart, resuming, should_stop
+        self.earlier, self.should_stop = EarlierRun(restart, resuming), should_stop
         self.reporter: Reporter = reporter or NullReporter()
 
     def run(self) -> Outcome:
@@ -149,8 +150,8 @@ class RunSession:
         from resumerge.machine.memory.allocator import tune_allocator
         from resumerge.machine.runlock import RunLock
 
-        plan, settings, reporter, restart, resuming = self.prepared.plan, self.settings, self.reporter, self.restart, \
-            self.resuming
+        plan, settings, reporter, earlier = self.prepared.plan, self.settings, self.reporter, self.earlier
+        restart = earlier.restart
         config_text, should_stop = self.config_text, self.should_stop
         out, hub_out, command = self.target.out, self.target.hub, self.target.command
         if plan.options.num_threads is not None:  # the resume reuses it anyway; the command says what it will do
@@ -173,7 +174,7 @@ class RunSession:
         notes: list[str] = []
         try:
             ledger = _open_ledger(rdir / LEDGER_NAME, notes)
-            if hub_out is None and manifest is None and not (restart or resuming):
+            if hub_out is None and manifest is None and not (restart or earlier.resuming):
                 ledger = _set_aside_stale(ledger, rdir / LEDGER_NAME, plan, notes, out)
         except BaseException:
             lock.release()
@@ -195,8 +196,7 @@ class RunSession:
             contents = InputContents(plan, ledger, rdir.parent, seen=seen, restart=restart, tell=reporter.message)
             if hub_out is not None and not hub_out.exists:  # the plan is recorded before the repo exists, never after
                 # A state dir holding another plan for this repo is refused before the repo is created, not after.
-                refuse_changed_plan(plan, hub_out.url, ledger, None, restart=restart, resuming=resuming,
-                                    config_text=config_text)
+                refuse_changed_plan(plan, hub_out.url, ledger, None, earlier, config_text=config_text)
                 from resumerge.merge.engine.hubout import create_recorded  # the hub's client: for a repo output only
 
                 hub_out = create_recorded(hub_out, plan, config_text, ledger, restart=restart,
@@ -208,7 +208,7 @@ class RunSession:
                 # this process's threads): an optional attribute, as executors written before it keep working.
                 in_place = sink.writes_in_place and bool(getattr(executor, "journals_units", False))
                 book, verified = open_run(plan, config_text, hub_out.url if hub_out else out, sink, ledger, manifest,
-                                          restart=restart, resuming=resuming, notes=notes,
+                                          earlier, notes=notes,
                                           recording=Recording(self.prepared.kind, frozen, in_place))
                 # A first run computed here into a folder (nothing committed yet, no hub): torch (1-2 CPU s) imported
                 # and the inputs proved while the merge's first units compute, not before them; a shard is published

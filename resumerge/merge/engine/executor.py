@@ -21,11 +21,10 @@ import queue
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from resumerge.errors import ResumergeError
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.machine.memory import MemoryGovernor, Reservation, released_on_error
@@ -36,17 +35,15 @@ from resumerge.merge.engine.compute import Stored, TensorCompute
 from resumerge.merge.engine.devices import is_gpu
 from resumerge.merge.engine.groupscales import GroupScales
 from resumerge.merge.engine.inflight import HELD_PER_WORKER, InFlight
-from resumerge.merge.engine.interrupts import commit_uploaded
 from resumerge.merge.engine.reporting import Reporter as Reporter
 from resumerge.merge.engine.reporting import Stopped as Stopped
 from resumerge.merge.engine.unitgroup import UnitGroup, group_bytes, joins_others
 from resumerge.merge.engine.workspace import Workspace, Workspaces, workspace_bytes
-from resumerge.merge.engine.writer import Item, Journal, UnitJournal, Writer
+from resumerge.merge.engine.writer import InPlace, Item, Journal, Writer
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.methods.resources import Resources
 from resumerge.merge.plan.fetching import read_order
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan, TensorPlan
-from resumerge.merge.plan.sidefiles import aux_files, render_aux
 from resumerge.merge.plan.unitkey import sizing_key
 from resumerge.merge.plan.workorder import compute_order
 from resumerge.merge.plan.workunits import (
@@ -68,7 +65,6 @@ from resumerge.merge.store.sink import OutputSink
 
 # The journal (the ledger, sqlite-utils) is the journaling process's: a cluster node's worker runs this pipeline
 if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.
-    from resumerge.merge.store.journal_commit import CommitJournal
     from resumerge.merge.store.ledger import Ledger
 
 # Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
@@ -474,14 +470,14 @@ class Computing:
 
 def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal: Journal, reporter: Reporter,
                    done: set[str], computing: Computing, *, batches: Iterable[Sequence[ShardPlan]] | None = None,
-                   units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None) -> bool:
+                   in_place: InPlace | None = None) -> bool:
     """Compute every shard of ``plan`` not in ``done`` as ``computing`` says and publish it through ``sink`` into
     ``journal`` (the pipeline of :func:`~resumerge.merge.engine.executors.execute`); False when stopped first. Raises
     the writer's error, else a KeyboardInterrupt that stopped it. ``batches``: the shards to compute instead, as they
     come (a cluster node's actor is fed them by the driver); each batch's last units are handed to the writer before
     the next batch is awaited, and the writer finishes one shard while the next one's units compute, as in a local
-    run. ``kept``: the files written in place, unit by unit, journaled in ``units``, each with the units a previous
-    run wrote (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
+    run. ``in_place``: the files written in place, unit by unit, each with the units a previous run wrote
+    (:func:`kept_units`): their tensors are not computed again; a file whose every unit is kept is only
     committed."""
     order = compute_order(plan) if batches is None else ()  # once: a 90k-tensor plan's order costs a moment
     # A streamed source coalesces the reads that come next.
@@ -493,14 +489,14 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     # The plan and everything made before the run (a 90k-tensor plan is a million objects) outlive it: kept out
     # of the collector's sight, they are not scanned again by every full collection the run's own garbage
     # triggers (a third of a 90k-tensor run's CPU). They are handed back to it when the shards are done.
-    kept = dict(kept or {})
+    kept = dict(in_place.kept) if in_place is not None else {}
     # Files one computation writes together (a GGUF release's): computed once, by their lead, while any is pending.
     members = _members(plan, done)
     # Results written from the buffers they were computed in, which come back to the workspaces (bufferpool): the
     # idle ones kept are at most one worker's share of what the workspaces may keep.
     pool = BufferPool(workspace_bytes(_work_budget(governor, gpu), workers))
     # (a cluster node's batches are the driver's to choose: each shard written alone there, a release's files too)
-    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, units=units, kept=kept, pool=pool,
+    writer = Writer(plan, sink, journal, reporter, sources, yield_cpu, in_place=in_place, pool=pool,
                     members=members if batches is None else None)
     writer.start()
     skipped = _skipped(plan, members, kept)
@@ -538,50 +534,3 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
     if interrupt is not None:
         raise interrupt
     return finished
-
-
-def finish_run(plan: Plan, journal: CommitJournal, reporter: Reporter, done: set[str], *, finished: bool,
-               interrupt: KeyboardInterrupt | None, config_text: str, should_stop: Callable[[], bool],
-               late_notes: Callable[[], tuple[str, ...]] | None) -> tuple[str, ...]:
-    """The end of a run whatever executed its shards: once they are ``finished``, the late notes, the side files
-    and the sink's last commits (returns the late notes); otherwise :class:`Stopped` (or the ``interrupt``) after
-    one last commit of what the sink already uploaded."""
-    ledger = journal.ledger
-    try:
-        if interrupt is not None:
-            raise interrupt
-        if not finished:
-            raise Stopped()
-        late = late_notes() if late_notes is not None else ()
-        for note in late:
-            ledger.event("plan", note)
-            reporter.message(note)
-        _write_aux(replace(plan, notes=plan.notes + late) if late else plan, journal, reporter, done, config_text,
-                   should_stop)
-        waiting = journal.finish()
-        if waiting and should_stop():
-            raise Stopped()
-        if waiting:
-            raise ResumergeError(f"internal: the output sink never committed {', '.join(waiting)}")
-        return late
-    except (Stopped, KeyboardInterrupt):
-        commit_uploaded(journal, reporter.message)
-        raise
-
-
-def _write_aux(
-    plan: Plan,
-    journal: CommitJournal,
-    reporter: Reporter,
-    done: set[str],
-    config_text: str,
-    should_stop: Callable[[], bool],
-) -> None:
-    for aux in aux_files(plan):
-        if aux.name in done:
-            continue
-        if should_stop():
-            raise Stopped()
-        data = render_aux(plan, aux, config_text)
-        journal.write_small(aux.name, data, point=aux.point)
-        reporter.file_done(aux.name, aux.kind)

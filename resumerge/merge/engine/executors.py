@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 from resumerge.config.passplace import HERE, PassPlace
 from resumerge.config.settings import KEEP_WORKERS, RunSettings
 from resumerge.errors import UsageError
-from resumerge.merge.engine.executor import CONCURRENCY, Computing, compute_shards, finish_run, kept_units
+from resumerge.merge.engine.executor import CONCURRENCY, Computing, compute_shards, kept_units
 from resumerge.merge.engine.job import Job
+from resumerge.merge.engine.runend import finish_run
+from resumerge.merge.engine.writer import InPlace
 
 if TYPE_CHECKING:
     from resumerge.merge.engine.cluster.warm import WarmStart
@@ -212,8 +214,7 @@ def execute(job: Job, workers: int = CONCURRENCY) -> tuple[str, ...]:
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
     try:
         finished = compute_shards(plan, job.sources, sink, journal, job.reporter, done, computing,
-                                  units=ledger if sink.writes_in_place else None,
-                                  kept=kept_units(ledger, done) if sink.writes_in_place else None)
+                                  in_place=InPlace(ledger, kept_units(ledger, done)) if sink.writes_in_place else None)
     except KeyboardInterrupt as exc:
         interrupt, finished = exc, False
     return finish_run(plan, journal, job.reporter, done, finished=finished, interrupt=interrupt,

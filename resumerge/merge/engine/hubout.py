@@ -33,7 +33,7 @@ from resumerge.merge.store.hubrepo import (
     open_hub_repo,
     read_remote_manifest,
 )
-from resumerge.merge.store.hubsink import HubRepoSink
+from resumerge.merge.store.hubsink import HubRepoSink, StagingBudget
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.manifest import Manifest
 
@@ -62,10 +62,11 @@ class HubOutput:
         if not self.exists:
             raise ResumergeError(f"internal: {self.url} is written before it was created")
         check_max_disk(plan, max_disk)
-        reserve = hub_disk_need(plan, max_disk).largest_file  # the files staged at once (a release's together)
+        # The files staged at once (a release's together) always find their room.
+        budget = None if max_disk is None else StagingBudget(max_disk, hub_disk_need(plan, max_disk).largest_file)
         return HubRepoSink(self.repo, run_dir / "staging", planned=planned, resume=self.resume,
-                           batching=self.options.batching, max_disk=max_disk, reserve=reserve, head=self.head,
-                           should_stop=should_stop, tell=tell)
+                           batching=self.options.batching, budget=budget, head=self.head, should_stop=should_stop,
+                           tell=tell)
 
 
 # The ledger event that records how the run creates its repo, so that a resume creates it the same way.

@@ -32,6 +32,15 @@ Frozen = Callable[[], "tuple[str, bytes] | None"]
 
 
 @dataclass(frozen=True)
+class EarlierRun:
+    """What the command asked of a run OUT may hold already: ``restart`` discards one planned differently and starts
+    over; ``resuming`` says the command continues one (``resume``), so a changed plan is refused with its hint."""
+
+    restart: bool = False
+    resuming: bool = False
+
+
+@dataclass(frozen=True)
 class Recording:
     """How a new run's plan is recorded (:func:`record_plan`): as a run of ``kind``, with the plan's stored form when
     ``frozen`` makes one (:func:`resumerge.merge.engine.frozenplan.freeze`: a resume reloads it instead of planning),
@@ -50,9 +59,8 @@ def open_run(
     sink: OutputSink,
     ledger: Ledger,
     manifest: Manifest | None,
+    earlier: EarlierRun,
     *,
-    restart: bool,
-    resuming: bool,
     notes: list[str],
     recording: Recording,
 ) -> tuple[ManifestBook, frozenset[str]]:
@@ -62,7 +70,7 @@ def open_run(
     recorded now is recorded as ``recording`` says (:func:`record_plan`).
     """
     row = ledger.run_row()
-    if refuse_changed_plan(plan, out, ledger, manifest, restart=restart, resuming=resuming, config_text=config_text):
+    if refuse_changed_plan(plan, out, ledger, manifest, earlier, config_text=config_text):
         _clean_previous(sink, ledger, manifest)
         notes.append("previous run in OUT discarded (--restart)")
         row, manifest = None, None
@@ -116,8 +124,8 @@ def check_room(plan: Plan, out: Path) -> None:
                  "(resumerge plan CONFIG OUT tells what a run needs)")
 
 
-def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: Manifest | None, *, restart: bool,
-                        resuming: bool, config_text: str | None = None) -> bool:
+def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: Manifest | None, earlier: EarlierRun,
+                        *, config_text: str | None = None) -> bool:
     """Whether the ledger (or, without one, OUT's manifest) records a plan other than ``plan``: with ``restart`` the
     caller starts over; without, :class:`PlanChangedError` (exit 4) says what changed (with ``config_text``, the
     config's keys and values that changed). Called before anything is written for the new plan — before a missing
@@ -133,7 +141,7 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
         return False
     parts = row.parts if row else dict(manifest.parts if manifest else {})
     inputs = row.inputs if row else dict(manifest.inputs if manifest else {})
-    if restart:
+    if earlier.restart:
         return True
     options = row.options if row else dict(manifest.options if manifest else {})
     configs = (recorded_text, config_text) if recorded_text is not None and config_text is not None else None
@@ -143,7 +151,7 @@ def refuse_changed_plan(plan: Plan, out: Path | str, ledger: Ledger, manifest: M
         f"{out} holds a merge planned differently: {what}",
         path=str(out),
         hint="resume it unchanged, use another OUT, or pass --restart to start over"
-        if not resuming
+        if not earlier.resuming
         else "restore the inputs as they were, or start over with resumerge run CONFIG OUT --restart",
     )
 

@@ -1,10 +1,15 @@
-"""What a run tells its caller as it goes (:class:`Reporter`) and how the engine says a stop was asked for
-(:class:`Stopped`): the two names every stage of a run shares, the executor's pipeline, the session and each kind of
-run above it."""
+"""What a run tells its caller as it goes (:class:`Reporter`), how the engine says a stop was asked for
+(:class:`Stopped`) and how the caller drives a run (:class:`Driving`): the names every stage of a run shares, the
+executor's pipeline, the session and each kind of run above it."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+
+from resumerge.merge.engine.quiet import never_stop
 
 
 class Reporter(Protocol):
@@ -30,3 +35,19 @@ class Reporter(Protocol):
 
 class Stopped(Exception):
     """Raised inside the engine when a stop was requested; the caller turns it into InterruptedMerge."""
+
+
+@dataclass(frozen=True)
+class Driving:
+    """How a run is driven: ``restart`` an earlier different run in OUT, show progress on ``reporter``, stop once
+    ``should_stop`` turns true; a recipe's ``intermediate_dir`` and ``cleanup`` of its intermediates."""
+
+    should_stop: Callable[[], bool]
+    reporter: Reporter | None = None
+    restart: bool = False
+    intermediate_dir: str | os.PathLike[str] | None = None
+    cleanup: bool = False
+
+
+# A run nobody stops nor watches, that keeps what OUT holds (a library call's default).
+UNDRIVEN = Driving(never_stop)

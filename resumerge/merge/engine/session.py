@@ -34,6 +34,7 @@ from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.engine.frozenplan import thaw
 from resumerge.merge.engine.outdir import FILES_READ
 from resumerge.merge.engine.quiet import never_stop
+from resumerge.merge.engine.reporting import UNDRIVEN, Driving
 from resumerge.merge.engine.target import Target
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.plan.merge_plan import Plan, PlanOptions
@@ -79,16 +80,15 @@ def run_merge(
     where: RunLocations,
     options: PlanOptions,
     settings: RunSettings,
+    driving: Driving = UNDRIVEN,
     *,
-    restart: bool = False,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = never_stop,
     codecs: CodecTable | None = None,
     phases: Sequence[Phase] = (),
     settle: Callable[[Plan], Prepared | None] | None = None,
 ) -> Outcome:
-    """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller); continue an
-    unfinished run of the same plan there. ``phases``: the caller's work the merge's units wait for (the importance
+    """Merge ``config_text`` into ``where.out`` (its locations resolved once, by the caller), driven as ``driving``
+    says (its ``restart``, ``reporter`` and ``should_stop``); continue an unfinished run of the same plan there.
+    ``phases``: the caller's work the merge's units wait for (the importance
     matrix a GGUF's encoding reads), recorded with the plan and run once it is (:mod:`.phasing`); ``settle``: the
     plan as their results settle it (:func:`~.phasing.settle_plan`).
 
@@ -104,10 +104,9 @@ def run_merge(
         # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
         # (resumerge.api.options.nothing_started), the one rule for every kind of run.
         prepared = prepare(config, options, state=settings.state, cache_dir=settings.cache_dir,
-                           reporter=reporter, codecs=codecs)
+                           reporter=driving.reporter, codecs=codecs)
         return run_plan(replace(prepared, phases=tuple(phases), settle=settle), config_text, target, settings,
-                        restart=restart,
-                        reporter=reporter, should_stop=should_stop)
+                        restart=driving.restart, reporter=driving.reporter, should_stop=driving.should_stop)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from resumerge.errors import ResumergeError
@@ -51,6 +52,16 @@ class UnitJournal(Protocol):
     Ledger`)."""
 
     def commit_unit(self, name: str, index: int, sha256: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """The files a run writes in place, unit by unit: each unit journaled in ``units`` once durable; ``kept``, for
+    each such file still pending, the units a previous run wrote and this one keeps
+    (:func:`~resumerge.merge.engine.executor.kept_units`): their tensors are not computed again."""
+
+    units: UnitJournal
+    kept: Mapping[str, frozenset[int]]
 
 
 # (shard, names, their tensors or rows, the reservation that holds them all): one unit's, a group's or a chunk's.
@@ -99,11 +110,10 @@ class Writer(threading.Thread):
     """Consumes items of one shard's tensors in its order; commits each shard after its last tensor."""
 
     def __init__(self, plan: Plan, sink: OutputSink, journal: Journal, reporter: Reporter,
-                 sources: InputSources | None = None, yield_cpu: bool = False, *,
-                 units: UnitJournal | None = None, kept: Mapping[str, frozenset[int]] | None = None,
+                 sources: InputSources | None = None, yield_cpu: bool = False, *, in_place: InPlace | None = None,
                  pool: BufferPool | None = None, members: Mapping[str, Sequence[ShardPlan]] | None = None) -> None:
-        """``kept``: for each file written in place (its units journaled in ``units``), the units a previous run
-        wrote and this one keeps; a file not there is written whole. ``pool``: where the buffers of the tensors
+        """``in_place``: the files written in place and the units of each a previous run wrote; a file not kept
+        there is written whole. ``pool``: where the buffers of the tensors
         written go back (those the workers passed on to the writer). ``members``: for a file whose computation
         writes others too (:meth:`~resumerge.outputs.containers.OutputContainer.lead`), the files not committed yet
         that it writes, itself among them unless committed; a file not there writes itself."""
@@ -114,7 +124,8 @@ class Writer(threading.Thread):
         self.items: queue.Queue[Item | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self.leaving = threading.Event()  # the run stops: a wait for input checks ends
-        self.units, self.kept = units, dict(kept or {})
+        self.units = in_place.units if in_place is not None else None
+        self.kept = dict(in_place.kept) if in_place is not None else {}
         self.pool = pool
         self.members = dict(members or {})
         self._current: FileGroup | None = None

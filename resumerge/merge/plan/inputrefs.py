@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 
+from resumerge.inputs.catalog import adapter_key
 from resumerge.inputs.codecs import MAIN, PLAIN, Claim, StoredFormats, TensorDecoder
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.kernels import serial_kernels
@@ -14,13 +16,33 @@ from resumerge.inputs.model import ModelInput
 from resumerge.inputs.source import InputSources
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.machine.torch_import import torch
-from resumerge.merge.plan.merge_plan import InputRef
+from resumerge.merge.plan.merge_plan import InputRef, LoraRef
 
 
 def stored_ref(key: str, found: TensorSource) -> InputRef:
     """The stored tensor ``found`` of input ``key``, read plainly."""
     e = found.entry
     return _stored_input(key, found.file, e.name, e.dtype, e.shape, e.start, e.end)
+
+
+def adapted_ref(key: str, model: ModelInput, name: str) -> InputRef:
+    """Where input tensor ``name`` of ``model`` comes from — its stored parts and their codec, when a format
+    claims it — with its LoRA adapter's replacement or delta."""
+    ref = tensor_ref(key, model, name)
+    adapter = model.adapter
+    if adapter is None:
+        return ref
+    where = adapter_key(key)
+    replaced = adapter.replacements.get(name)
+    if replaced is not None:
+        value = ref.value_dtype  # the base's, as decoded
+        ref = replace(stored_ref(where, replaced), cast=value if replaced.entry.dtype != value else None)
+    target = adapter.targets.get(name)
+    if target is not None:
+        lora = LoraRef(stored_ref(where, target.a), stored_ref(where, target.b), target.scale, target.fan_in_fan_out,
+                       target.embedding)
+        ref = replace(ref, lora=lora)
+    return ref
 
 
 def tensor_ref(key: str, model: ModelInput, name: str) -> InputRef:

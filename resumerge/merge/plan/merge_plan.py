@@ -150,7 +150,7 @@ class TensorPlan:
     blocks: LayerBlocks | None = None
     # Companions stored beside the result but not computed from it (a static activation's input_scale), by part
     # name: each written as the stored bytes of that input companion (the one of the input whose format the output
-    # keeps), under the output tensor's module (see resumerge.merge.plan.planner.out_format); recorded only when any.
+    # keeps), under the output tensor's module (see resumerge.merge.plan.outformat.out_format); recorded only when any.
     carried: tuple[tuple[str, InputRef], ...] = ()
 
     def reads(self) -> tuple[InputRef, ...]:

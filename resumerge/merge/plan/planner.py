@@ -17,7 +17,7 @@ from itertools import chain
 from resumerge.config.merge_config import MergeConfig, SourceConfig, UnknownKeyError, honest_unknown_key
 from resumerge.errors import ConfigError, ModelInputError
 from resumerge.inputs.catalog import adapter_key
-from resumerge.inputs.codecs import CODECS, PLAIN, CodecTable, TensorEncoder
+from resumerge.inputs.codecs import CODECS, CodecTable
 from resumerge.inputs.files import TensorSource
 from resumerge.inputs.model import ModelInput
 from resumerge.merge.methods.registry import BasePolicy, MethodSpec, get_method
@@ -31,18 +31,16 @@ from resumerge.merge.plan.architecture import (
     is_input_embedding,
 )
 from resumerge.merge.plan.buildcheck import check_built
-from resumerge.merge.plan.copies import stored_copy
 from resumerge.merge.plan.experts import mark_expert_stacks
 from resumerge.merge.plan.filters import FilterTally
 from resumerge.merge.plan.fusedscales import fused_notes, share_scales
 from resumerge.merge.plan.ggufbudget import target_notes
 from resumerge.merge.plan.grams import attach_grams
 from resumerge.merge.plan.input_fates import account, stored_names_of
-from resumerge.merge.plan.inputrefs import refs_of, stored_ref, tensor_ref
+from resumerge.merge.plan.inputrefs import adapted_ref, refs_of
 from resumerge.merge.plan.lorafactors import adapter_output, check_adapter_parents, factor_tensor, kept_at_base
 from resumerge.merge.plan.merge_plan import (
     InputRef,
-    LoraRef,
     Plan,
     PlanOptions,
     TensorPlan,
@@ -64,6 +62,7 @@ from resumerge.merge.plan.mtp import MtpOutcome, plan_mtp
 from resumerge.merge.plan.nonfloat import UNITS as NONFLOAT_UNITS
 from resumerge.merge.plan.nonfloat import is_float, nonfloat_tensor, refuse_differing
 from resumerge.merge.plan.outconfig import build_out_config, slice_path
+from resumerge.merge.plan.outformat import copied, out_dtype, out_format, stored_codec
 from resumerge.merge.plan.packing import OutLayer, cut_table, packed_tables, whole_stack
 from resumerge.merge.plan.parameters import ParameterResolver, Resolved, checked_method, parameter_places
 from resumerge.merge.plan.placing import Placing, place_files
@@ -86,7 +85,6 @@ from resumerge.outputs.containers import container_for
 NOT_IN_FIRST = "not in the layer of the slice's first model, whose names the output follows"
 MTP_FROM_LAST = "MTP module: taken from the last slice's models"
 MTP_DROPPED = "MTP module dropped: a model of the last slice has none"
-DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,7 @@ def _sources(sl: Slice, ctx: _Ctx) -> _Sources:
     for src in sl.sources:
         key = src.model.key
         model = ctx.models[key]
-        ref = refs_of(key, model) if model.adapter is None else partial(_input_ref, key, model)
+        ref = refs_of(key, model) if model.adapter is None else partial(adapted_ref, key, model)
         each.append((key, src.yaml_path, model.tensors, ref))
     keys = [key for key, *_ in each]
     base_index = keys.index(sl.base.key) if sl.base is not None and sl.base.key in keys else None
@@ -459,11 +457,11 @@ def _planned(out_name: str, inputs: list[InputRef], base_index: int | None, reso
     method, config = ctx.method, ctx.config
     g_params, m_params = resolved
     shape = inputs[0].value_shape if vocab_rows is None else (vocab_rows, *inputs[0].value_shape[1:])
-    out_code = _out_dtype(config, inputs, base_index)
+    out_code = out_dtype(config, inputs, base_index)
     if config.out_dtype is None and method.half_result_float32 and out_code in ("F16", "BF16"):
         out_code = "F32"
     # Made in its stored format at once (what out_format makes of it): a 92k-tensor plan makes 46k of them.
-    codec = _stored_codec(inputs, base_index, dequantize=ctx.dequantize)
+    codec = stored_codec(inputs, base_index, dequantize=ctx.dequantize)
     carried = carried_companions(inputs, codec, base_index=base_index)
     tp = TensorPlan(
         name=out_name,
@@ -481,55 +479,7 @@ def _planned(out_name: str, inputs: list[InputRef], base_index: int | None, reso
         out_codec=codec,
         carried=carried,
     )
-    return tp if codec.plain else _copied(tp)
-
-
-def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:
-    """``tp`` stored in the format its base input is stored in (its first input's without a base), with the
-    companions that format carries copied from that input (see :attr:`TensorPlan.carried`), sized by its stored
-    parts (and copied from an input in that format when its value is exactly that input's); plainly in its
-    ``out_dtype`` with ``dequantize``."""
-    codec = _stored_codec(tp.inputs, tp.base_index, dequantize=dequantize)
-    if codec is tp.out_codec or codec == tp.out_codec:  # as _tensor made it: asked of 46k tensors
-        return tp
-    carried = carried_companions(tp.inputs, codec, base_index=tp.base_index)
-    return _copied(replace(tp, out_codec=codec, carried=carried).sized())
-
-
-def _stored_codec(inputs: Sequence[InputRef], base_index: int | None, *, dequantize: bool) -> TensorEncoder:
-    """The format an output tensor of ``inputs`` is stored in (see :func:`out_format`)."""
-    codec = inputs[base_index if base_index is not None else 0].codec
-    # A format read and written alike keeps it (a decoder that is an encoder too); one read only is stored plainly.
-    return codec if isinstance(codec, TensorEncoder) and not dequantize else PLAIN
-
-
-def _copied(tp: TensorPlan) -> TensorPlan:
-    """``tp`` (in its stored format, sized) marked as a copy of its sole input's stored parts when it is one
-    (:func:`~resumerge.merge.plan.copies.stored_copy`)."""
-    tp = stored_copy(tp)
-    if tp.copy_of is not None:  # the module is that input's, whole: its carried companions too (same shapes)
-        tp = replace(tp, carried=carried_companions(tp.inputs, tp.out_codec, copy_of=tp.copy_of))
-    return tp
-
-
-def _input_ref(key: str, model: ModelInput, name: str) -> InputRef:
-    """Where input tensor ``name`` of ``model`` comes from — its stored parts and their codec, when a format
-    claims it — with its LoRA adapter's replacement or delta."""
-    ref = tensor_ref(key, model, name)
-    adapter = model.adapter
-    if adapter is None:
-        return ref
-    where = adapter_key(key)
-    replaced = adapter.replacements.get(name)
-    if replaced is not None:
-        value = ref.value_dtype  # the base's, as decoded
-        ref = replace(stored_ref(where, replaced), cast=value if replaced.entry.dtype != value else None)
-    target = adapter.targets.get(name)
-    if target is not None:
-        lora = LoraRef(stored_ref(where, target.a), stored_ref(where, target.b), target.scale, target.fan_in_fan_out,
-                       target.embedding)
-        ref = replace(ref, lora=lora)
-    return ref
+    return tp if codec.plain else copied(tp)
 
 
 def _edge_tensor(name: str, sl: Slice, ctx: _Ctx) -> TensorPlan:
@@ -562,14 +512,6 @@ def _mtp_tensor(name: str, in_names: list[str], vocab: bool, sl: Slice, ctx: _Ct
 def _kept_rows(models: Mapping[str, ModelInput], sl: Slice, in_names: list[str]) -> int | None:
     found = [models[s.model.key].tensors.get(n) for s, n in zip(sl.sources, in_names)]
     return common_rows([f.entry.shape for f in found if f is not None])
-
-
-def _out_dtype(config: MergeConfig, inputs: list[InputRef], base_index: int | None) -> str:
-    if config.out_dtype is not None:
-        return DTYPE_CODES[config.out_dtype]
-    if config.dtype is not None:
-        return DTYPE_CODES[config.dtype]
-    return inputs[base_index if base_index is not None else 0].value_dtype
 
 
 def _donor(config: MergeConfig) -> str:

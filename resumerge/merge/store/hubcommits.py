@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -66,6 +65,7 @@ from resumerge.merge.store.hubrepo import (
 from resumerge.merge.store.hubretry import pace_wait, to_stderr, with_retries
 from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.sink import Receipt
+from resumerge.merge.store.uploads import DaemonUploads
 
 
 @dataclass
@@ -96,49 +96,6 @@ class _State:
     draining: bool = False  # the run's last files: commit them together once all are uploaded
     stopping: bool = False  # the run was stopped: no new batch, only the last commit of stop()
     closed: bool = False
-
-
-class _Uploads:
-    """A few daemon threads that run uploads: unlike a ThreadPoolExecutor's, they never hold up the exit of a
-    stopped process (the resume sends again what was cut short: the whole object through LFS, the chunks the CAS
-    lacks through Xet)."""
-
-    def __init__(self, workers: int) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Future[None], Callable[[], None]] | None] = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, name="resumerge-upload", daemon=True)
-                        for _ in range(workers)]
-        for thread in self.threads:
-            thread.start()
-
-    def submit(self, fn: Callable[[], None]) -> Future[None]:
-        future: Future[None] = Future()
-        self.jobs.put((future, fn))
-        return future
-
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            future, fn = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                fn()
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(None)
-
-    def shutdown(self, *, wait: bool) -> None:
-        """Cancel the uploads not started; with ``wait``, let the running ones finish."""
-        with contextlib.suppress(queue.Empty):
-            while True:
-                job = self.jobs.get_nowait()
-                if job is not None:
-                    job[0].cancel()
-        for _ in self.threads:
-            self.jobs.put(None)
-        if wait:
-            for thread in self.threads:
-                thread.join()
 
 
 class _DropEmptyCommitWarning(logging.Filter):
@@ -174,7 +131,7 @@ class CommitQueue:
         self.state = _State()
         self.cond = threading.Condition()
         self.commit_lock = threading.RLock()  # reentrant: the last commit of stop() holds it around _commit
-        self.pool = _Uploads(uploads)
+        self.pool = DaemonUploads(uploads)
         self.commits = 0
         self.uploaded_bytes = self.committed_bytes = 0  # of the staged files (progress shows both)
         self.recent: deque[float] = deque()  # when this process's commits of the last hour were made

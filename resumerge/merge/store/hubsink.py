@@ -21,6 +21,7 @@ uploaded (:meth:`HubRepoSink.stop`) rather than leaving it to the resume to comp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd
@@ -35,6 +36,20 @@ from resumerge.merge.store.manifest import MANIFEST_NAME
 from resumerge.merge.store.sink import OutputSink, Receipt
 
 
+@dataclass(frozen=True)
+class StagingBudget:
+    """The local disk staged, uncommitted files may take: ``max_disk`` bytes (``--max-disk``, less what the run's
+    hub inputs take), of which ``reserve`` are kept for the files staged at once (the largest, a release's
+    together): a new file starts only once what is staged fits in the :attr:`room` left."""
+
+    max_disk: int
+    reserve: int = 0
+
+    @property
+    def room(self) -> int:
+        return max(0, self.max_disk - self.reserve)
+
+
 class HubRepoSink(OutputSink):
     """OUT is ``hf://NAMESPACE/NAME[@BRANCH]``: stage, upload, commit in batches with the manifest."""
 
@@ -43,11 +58,11 @@ class HubRepoSink(OutputSink):
     checksum: Checksum = SHA256
 
     def __init__(self, repo: HubRepo, staging: Path, *, planned: Iterable[str], resume: str,
-                 batching: Batching | None = None, max_disk: int | None = None, reserve: int = 0,
-                 head: str | None = None, should_stop: Callable[[], bool] = lambda: False,
-                 tell: Callable[[str], None] | None = None) -> None:
+                 batching: Batching | None = None, budget: StagingBudget | None = None, head: str | None = None,
+                 should_stop: Callable[[], bool] = lambda: False, tell: Callable[[str], None] | None = None) -> None:
+        """``budget``: what staged files may take on the local disk; None: no bound."""
         self.repo, self.staging, self.resume = repo, staging, resume
-        self.max_disk, self.reserve = max_disk, reserve
+        self.budget = budget
         staging.mkdir(parents=True, exist_ok=True)
         names = set(planned) | {MANIFEST_NAME}
         for leftover in staging.iterdir():  # temp files of a run that died: only resumerge's own names
@@ -72,8 +87,8 @@ class HubRepoSink(OutputSink):
         return self.staging / name
 
     def temp_for(self, name: str) -> Path:
-        if self.max_disk is not None:
-            self.queue.wait_room(max(0, self.max_disk - self.reserve))
+        if self.budget is not None:
+            self.queue.wait_room(self.budget.room)
         return self.staging / temp_path(self.staging / name).name
 
     def commit_when(self, name: str, ready: Callable[[], bool]) -> None:
@@ -84,7 +99,7 @@ class HubRepoSink(OutputSink):
 
     def publish_uploaded(self, name: str, op: CommitOperationAdd, sha256: str, size: int) -> Receipt:
         """Like :meth:`publish`, for a file another machine staged and uploaded itself (a cluster node): ``op``
-        names the hub's object; nothing is staged here, so it takes none of ``max_disk``."""
+        names the hub's object; nothing is staged here, so it takes none of the budget."""
         return self.queue.add_uploaded(name, op, _oid(sha256), size, ready=self._ready.pop(name, None))
 
     def replace_small(self, name: str, data: bytes) -> None:

@@ -12,6 +12,7 @@ runs.transplant.
 """
 
 __all__ = [
+    "discard",
     "estimate",
     "hub",
     "ledger",

@@ -18,33 +18,31 @@ the repo alone and recomputes the intermediates it lacks (they are deterministic
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from resumerge.config.hubtarget import is_hub_target
-from resumerge.config.locations import LEDGER_NAME, RunLocations
+from resumerge.config.locations import RunLocations
 from resumerge.config.settings import RunSettings
 from resumerge.config.version import __version__
 from resumerge.errors import (
     InterruptedMerge,
     NothingRecordedError,
-    OutputDirError,
     PlanChangedError,
     ResumergeError,
     StorageError,
     UnreachableError,
 )
 from resumerge.inputs.catalog import fetch_inputs
-from resumerge.machine.durable import fsync_dir, is_temp_name
-from resumerge.machine.runlock import LOCK_NAME, RunLock, is_locked
+from resumerge.machine.durable import is_temp_name
+from resumerge.machine.runlock import RunLock
 from resumerge.merge.engine.devices import make_governor
 from resumerge.merge.engine.drive import Outcome, hub_progress
 from resumerge.merge.engine.executor import Reporter
 from resumerge.merge.engine.hubout import check_max_disk
 from resumerge.merge.engine.outdir import check_out_dir
+from resumerge.merge.engine.reporting import UNDRIVEN, Driving
 from resumerge.merge.engine.session import recorded_threads, run_plan
 from resumerge.merge.engine.target import Target
 from resumerge.merge.plan.changes import describe_changes
@@ -53,8 +51,7 @@ from resumerge.merge.plan.outguard import model_places, overlap, refuse_state_in
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.sidefiles import aux_files
 from resumerge.merge.store.integrity import verify_output
-from resumerge.merge.store.journal import journal_files
-from resumerge.merge.store.manifest import MANIFEST_NAME, read_manifest
+from resumerge.runs.recipes.discard import discard_stage_output, rmdir_if_empty
 from resumerge.runs.recipes.hub import RecipeHub, open_recipe_hub
 from resumerge.runs.recipes.ledger import open_recipe_ledger
 from resumerge.runs.recipes.ledger_read import RECIPE_LEDGER_NAME
@@ -80,9 +77,6 @@ from resumerge.runs.recipes.plan import (
 )
 from resumerge.runs.recipes.recipe import load_recipe_text
 from resumerge.runs.recipes.view import StageRecord, stage_record
-
-# A stage's files in the state dir: its SQLite ledger with WAL/journal companions, and its lock.
-_LEDGER_FILES = (*journal_files(LEDGER_NAME), LOCK_NAME)
 
 
 @dataclass(frozen=True)
@@ -115,19 +109,15 @@ def run_recipe(
     where: RunLocations,
     options: PlanOptions,
     settings: RunSettings,
+    driving: Driving = UNDRIVEN,
     *,
-    intermediate_dir: str | os.PathLike[str] | None = None,
-    restart: bool = False,
-    cleanup: bool = False,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
     source: str = "recipe",
 ) -> RecipeOutcome:
     """Run the recipe ``text`` (several YAML documents) into ``where.out``, its state where ``where`` says (resolved
-    once by the caller: every stage's locations are taken beside it); continue an unfinished run of the same recipe
-    there.
+    once by the caller: every stage's locations are taken beside it), driven as ``driving`` says; continue an
+    unfinished run of the same recipe there.
 
-    Named stages go to ``intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
+    Named stages go to ``driving.intermediate_dir/<name>`` (default: ``OUT.intermediates`` beside OUT, or the one the
     recorded run used). ``cleanup`` deletes them once the final output is verified. Raises ConfigError /
     InputError (exit 2) before anything is written; PlanChangedError when OUT holds a recipe planned
     differently and ``restart`` is false (naming the stage that changed); OutputDirError for foreign files or
@@ -144,32 +134,28 @@ def run_recipe(
     if isinstance(out, Path):
         refuse_state_in_out(out, where.state)
     previous = _recorded(out, where, hub)
-    if intermediate_dir is not None:
-        inter = Path(intermediate_dir).absolute()
-    elif previous is not None and not restart:
+    if driving.intermediate_dir is not None:
+        inter = Path(driving.intermediate_dir).absolute()
+    elif previous is not None and not driving.restart:
         previous, inter = _recorded_intermediates(previous, out, where)
     else:
         inter = default_intermediate_dir(out, where.state)
     # An unreachable hub input: exit 2 or 3 by whether a run is recorded, decided at the front door
     # (resumerge.api.options.nothing_started), the one rule for every kind of run.
     rplan = plan_recipe(recipe, out, inter, options, state=where.state, cache_dir=settings.cache_dir,
-                        on_progress=hub_progress(reporter))
-    runner = _Runner(rplan, previous, settings, hub, where, restart=restart, resuming=False, cleanup=cleanup)
-    return runner.run(reporter, should_stop)
+                        on_progress=hub_progress(driving.reporter))
+    runner = _Runner(rplan, previous, settings, hub, where, restart=driving.restart, resuming=False,
+                     cleanup=driving.cleanup)
+    return runner.run(driving.reporter, driving.should_stop)
 
 
-def resume_recipe(
-    where: RunLocations,
-    settings: RunSettings,
-    *,
-    cleanup: bool = False,
-    reporter: Reporter | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> RecipeOutcome:
+def resume_recipe(where: RunLocations, settings: RunSettings, driving: Driving = UNDRIVEN) -> RecipeOutcome:
     """Finish the recipe recorded for ``where.out`` (recipe ledger, else ``OUT/resumerge-recipe.json``), with the
-    recorded text, options, intermediate dir and pinned inputs. An ``hf://`` OUT resumes from the repo alone when
-    the state dir is gone: the intermediates are recomputed (in the recorded intermediate dir, or under this state
-    dir when that one is gone too) and the final stage continues without sending committed files again.
+    recorded text, options, intermediate dir and pinned inputs, driven as ``driving`` says (its ``restart`` and
+    ``intermediate_dir`` aside: a resume continues the recorded run, where it recorded its stages). An ``hf://``
+    OUT resumes from the repo alone when the state dir is gone: the intermediates are recomputed (in the recorded
+    intermediate dir, or under this state dir when that one is gone too) and the final stage continues without
+    sending committed files again.
 
     Raises LedgerError when no recipe is recorded, PlanChangedError (exit 4, naming the stage) when an input or
     resumerge itself changed since the recipe was planned.
@@ -186,44 +172,13 @@ def resume_recipe(
     recipe = load_recipe_text(previous.recipe_text)
     previous, inter = _recorded_intermediates(previous, out, where)
     rplan = plan_recipe(recipe, out, inter, PlanOptions(**previous.options),
-                        model_dirs=previous.model_dirs, state=where.state, on_progress=hub_progress(reporter))
+                        model_dirs=previous.model_dirs, state=where.state, on_progress=hub_progress(driving.reporter))
     # The stages compute with the -j the recipe was started with where their bytes depend on it, as a merge does.
     settings = recorded_threads(rplan.options.num_threads,
                                 {t.method for sp in rplan.stages for t in sp.plan.tensors.values()}, settings,
-                                reporter)
-    runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=cleanup)
-    return runner.run(reporter, should_stop)
-
-
-def discard_stage_output(out_dir: Path, names: Iterable[str], where: RunLocations) -> int:
-    """Delete a stage's output: the files its plan names (and its manifest's), their temp files, the manifest,
-    then its ledger in the state dir; the folder too when that leaves it empty. Never any other file.
-
-    ``where`` is the locations of the stage's output. Returns the number of files deleted. Raises
-    :class:`OutputDirError` when a process is merging into it.
-    """
-    rdir = where.run_dir
-    if is_locked(rdir):
-        raise OutputDirError(f"another resumerge process is merging into {out_dir}", path=str(out_dir))
-    removed = 0
-    if out_dir.is_dir():
-        manifest = read_manifest(out_dir)
-        planned = set(names) | set(manifest.planned if manifest else ())
-        for entry in sorted(out_dir.iterdir()):
-            ours = entry.name in planned or is_temp_name(entry.name, planned | {MANIFEST_NAME})
-            if ours and entry.is_file() and not entry.is_symlink():
-                entry.unlink()
-                removed += 1
-        # The manifest goes last: until then the folder still says it is resumerge's.
-        if (out_dir / MANIFEST_NAME).is_file():
-            (out_dir / MANIFEST_NAME).unlink()
-            removed += 1
-        fsync_dir(out_dir)
-        _rmdir_if_empty(out_dir)
-    for name in _LEDGER_FILES:
-        (rdir / name).unlink(missing_ok=True)
-    _rmdir_if_empty(rdir)
-    return removed
+                                driving.reporter)
+    runner = _Runner(rplan, previous, settings, hub, where, restart=False, resuming=True, cleanup=driving.cleanup)
+    return runner.run(driving.reporter, driving.should_stop)
 
 
 class _Runner:
@@ -462,7 +417,7 @@ class _Runner:
             removed = discard_stage_output(sp.out_dir, names, self.where.beside(sp.out_dir))
             self.settled[sp.stage.key] = StageOutcome(sp.stage.label, sp.out_dir, "deleted", removed)
             self.ledger.stage_state(sp.stage.key, "deleted")
-        _rmdir_if_empty(self.rplan.intermediate_dir)
+        rmdir_if_empty(self.rplan.intermediate_dir)
         self._store(replace(self.record, intermediates=DELETED))
         self._message(f"intermediate stage outputs deleted from {self.rplan.intermediate_dir}")
 
@@ -540,11 +495,6 @@ def _record_of(rplan: RecipePlan, cleanup: bool, intermediates: str) -> RecipeRe
 
 def _tolerated(sp: StagePlan) -> frozenset[str]:
     return frozenset({RECIPE_MANIFEST_NAME}) if sp.final else frozenset()
-
-
-def _rmdir_if_empty(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty (other files are never ours to delete) or already gone
-        directory.rmdir()
 
 
 def _close_display(reporter: Reporter | None) -> None:

@@ -42,8 +42,9 @@ from resumerge.merge.engine.cluster.upload import HubPlace, commit_operation, ta
 from resumerge.merge.engine.cluster.warm import WarmStart
 from resumerge.merge.engine.cluster.worker import ShardDone, WorkerSetup
 from resumerge.merge.engine.devices import is_gpu
-from resumerge.merge.engine.executor import CONCURRENCY, finish_run
+from resumerge.merge.engine.executor import CONCURRENCY
 from resumerge.merge.engine.job import Job
+from resumerge.merge.engine.runend import finish_run
 from resumerge.merge.plan.fetching import read_order, shard_input_files
 from resumerge.merge.plan.merge_plan import Plan, ShardPlan
 from resumerge.merge.plan.planner import threads_matter
@@ -79,7 +80,7 @@ class RayDriver:
 
     def run(self, job: Job) -> tuple[str, ...]:
         """Every pending shard of ``job`` computed by the nodes' workers and journaled here, then the run's side
-        files and last commits (:func:`~resumerge.merge.engine.executor.finish_run`)."""
+        files and last commits (:func:`~resumerge.merge.engine.runend.finish_run`)."""
         done = {row.name for row in job.ledger.files() if row.status == "done"}
         journal = CommitJournal(job.sink, job.ledger, job.book)
         interrupt: KeyboardInterrupt | None = None
@@ -199,7 +200,8 @@ class _Dispatch:
         if self.hub is None:
             return self.setup.threads
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")]
-        return task_cpus(self.setup.threads, cpus, self.hub.max_disk,
+        budget = self.hub.budget
+        return task_cpus(self.setup.threads, cpus, budget.max_disk if budget is not None else None,
                          max((s.file_size for s in self.plan.shards), default=0))
 
     def _hungriest(self) -> Worker | None:
