@@ -152,11 +152,11 @@ def _prepare(config: MoeConfig, options: PlanOptions, settings: RunSettings, rep
     """The planner (:mod:`resumerge.runs.moe`), which starts the hidden-state modes' prompt pass: beside the merge in
     ``early``, the process the caller started (and stops), where the budget allows; else it is done here."""
     from resumerge.merge.engine.drive import hub_progress
+    from resumerge.runs.moe.gatesites import Starting
     from resumerge.runs.moe.prepare import prepare_moe
 
-    return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, early=early,
-                               on_progress=hub_progress(reporter), beside=early is not None, out=out,
-                               site=_site(settings)),
+    return replace(prepare_moe(config, options, settings, model_dirs=model_dirs, on_progress=hub_progress(reporter),
+                               out=out, starting=Starting(_site(settings), early is not None, early)),
                    kind=MoeKind.name)
 
 

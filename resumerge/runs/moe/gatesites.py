@@ -118,6 +118,18 @@ class PlacedBy:
 IN_ITS_PROCESS = InItsProcess()
 
 
+@dataclass(frozen=True)
+class Starting:
+    """How a run starts its gates' pass: where (``site``, as the run's executor places a forward pass), beside the
+    merge where the budget holds both (``beside``: the caller hands the pass to the engine and stops it when the run
+    ends; else it is finished first), and in the process the caller started already (``early``:
+    :func:`~resumerge.runs.moe.passproc.started_early`)."""
+
+    site: StartsGates = IN_ITS_PROCESS
+    beside: bool = False
+    early: PassProcess | None = None
+
+
 def frozen(encoded: Any) -> Encoded:
     """A prompt set's (ids, mask) as the prompt work's process answered it (JSON lists), as tuples of ints."""
     ids, mask = encoded

@@ -25,9 +25,9 @@ from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.outguard import refuse_out_over_inputs
 from resumerge.merge.plan.prepared import Prepared
 from resumerge.runs.moe.config import CARD_METHOD, CARD_WORDING, PROMPT_MODES, MoeConfig, prompt_texts
-from resumerge.runs.moe.gatesites import IN_ITS_PROCESS, GatesPass, StartsGates, frozen
+from resumerge.runs.moe.gatesites import GatesPass, Starting, frozen
 from resumerge.runs.moe.hiddenpass import HiddenPass
-from resumerge.runs.moe.passproc import HIDDEN_MODES, PassProcess, routers_key, run_child, transformers_usable
+from resumerge.runs.moe.passproc import HIDDEN_MODES, routers_key, run_child, transformers_usable
 from resumerge.runs.moe.planner import build_moe_plan
 from resumerge.runs.moe.routers import RouterSources
 
@@ -37,19 +37,17 @@ if TYPE_CHECKING:
 
 def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, *,
                 model_dirs: Mapping[str, str] | None = None, on_progress: ProgressCallback | None = None,
-                forward: bool = True, beside: bool = False, early: PassProcess | None = None,
-                out: Path | None = None, site: StartsGates = IN_ITS_PROCESS) -> Prepared:
-    """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.runs.moe.routers.RouterSources` (in
-    its resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No weight
-    is read, except by that pass, which starts (or is found finished in the state dir) only when ``forward`` and after
-    every check, in a process of its own (:mod:`.hiddenpass`) under ``settings``' memory budget and thread count. With
-    ``beside`` (the caller hands the pass to the engine and stops it when the run ends) the pass runs beside the merge
-    where the budget holds both; otherwise this waits for it. It runs in ``early`` when the caller started its process
-    already (:func:`~resumerge.runs.moe.passproc.started_early`). A hub base model's weights are downloaded into the
-    cache for it, within ``settings.max_disk``. ``out`` (a local OUT) is refused before the pass when it is, or holds,
-    an input (:func:`~resumerge.merge.plan.outguard.refuse_out_over_inputs`). ``site``: where the pass runs, as the
-    run's executor places a forward pass (:mod:`.gatesites`: in its own process here, or its layers on a Ray node, this
-    process driving them before the merge). Raises ``InputError`` subclasses."""
+                forward: bool = True, out: Path | None = None, starting: Starting = Starting()) -> Prepared:
+    """The plan of ``config`` with its opened inputs, the run's :class:`~resumerge.runs.moe.routers.RouterSources`
+    (in its resources) and the prompt forward pass of the hidden-state gate modes when it runs beside the merge. No
+    weight is read, except by that pass, which starts (or is found finished in the state dir) only when ``forward``
+    and after every check, in a process of its own (:mod:`.hiddenpass`) under ``settings``' memory budget and thread
+    count, started as ``starting`` says (:class:`~resumerge.runs.moe.gatesites.Starting`: where, beside the merge or
+    finished first, in a process the caller started already). A hub base model's weights are downloaded into the
+    cache for it, within ``settings.max_disk``. ``out`` (a local OUT) is refused before the pass when it is, or
+    holds, an input (:func:`~resumerge.merge.plan.outguard.refuse_out_over_inputs`). Its site runs it in its own
+    process here, or its layers on a Ray node, this process driving them before the merge (:mod:`.gatesites`).
+    Raises ``InputError`` subclasses."""
     inputs = open_inputs(config.as_merge_config(), model_dirs=model_dirs, state=settings.state,
                          cache_dir=settings.cache_dir, on_progress=on_progress)
     folder = base_folder(inputs.models[config.base_model.key], settings.state)
@@ -74,8 +72,8 @@ def prepare_moe(config: MoeConfig, options: PlanOptions, settings: RunSettings, 
     if key is None or not forward:
         return Prepared(plan, inputs)
     provided = RouterSources()
-    running = _hidden_pass(config, inputs, key, provided, settings, folder, beside=beside, early=early,
-                           on_progress=on_progress, site=site)
+    running = _hidden_pass(config, inputs, key, provided, settings, folder, starting=starting,
+                           on_progress=on_progress)
     resources = Resources((provided,))
     if running.share is not None:
         return Prepared(plan, inputs, resources, beside=running)
@@ -153,11 +151,10 @@ def _key(config: MoeConfig, base: ModelInput, folder: Path) -> str:
 
 
 def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSources, settings: RunSettings,
-                 folder: Path, *, beside: bool, early: PassProcess | None,
-                 on_progress: ProgressCallback | None, site: StartsGates = IN_ITS_PROCESS) -> HiddenPass:
+                 folder: Path, *, starting: Starting, on_progress: ProgressCallback | None) -> HiddenPass:
     """The forward pass ``key`` of the hidden-state modes, its routers provided in ``provided``: found finished in
-    the state dir, or started now where ``site`` runs it (beside the merge when ``beside`` and the budget holds
-    both; else finished before this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads
+    the state dir, or started now as ``starting`` says (where; beside the merge when it may be and the budget holds
+    both, else finished before this returns). ``folder``: the base's (:func:`base_folder`), where the pass reads
     its config, tokenizer and tensors."""
     from resumerge.runs.moe.forward import pass_bytes
     from resumerge.runs.moe.state import ROUTERS_NAME
@@ -166,15 +163,15 @@ def _hidden_pass(config: MoeConfig, inputs: Inputs, key: str, provided: RouterSo
     layers = int(base.config["num_hidden_layers"])
     workdir = settings.state.routers_dir / key
     if (workdir / ROUTERS_NAME).is_file():
-        if early is not None:
-            early.stop()  # not needed: it must not take the merge's cores while it loads
+        if starting.early is not None:
+            starting.early.stop()  # not needed: it must not take the merge's cores while it loads
         return HiddenPass(key, workdir, layers, provided)
     transformers_usable(config.gate_mode)
     if config.base_model.key in inputs.hub:
         _fetch_base(inputs.hub[config.base_model.key], settings.state, settings.max_disk, on_progress)
     formats = CODECS.recognise(base.config, base.tensors, where=str(base.directory))
     gates = GatesPass(config, base, folder, key, workdir, layers, pass_bytes(formats, layers), provided)
-    return site.start(gates, settings, beside=beside, early=early)
+    return starting.site.start(gates, settings, beside=starting.beside, early=starting.early)
 
 
 def _fetch_base(meta: RepoMetadata, state: StateDir, max_disk: int | None,
