@@ -326,7 +326,7 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     from resumerge.analyses.check.run import CheckAsked, run_check
     from resumerge.analyses.evaluation.run import run_eval
     from resumerge.analyses.evaluation.settings import EvalSettings
-    from resumerge.analyses.measure.run import measure_grams
+    from resumerge.analyses.measure.run import MeasureSettings, measure_grams
     from resumerge.config.passplace import PassPlace
     from resumerge.forward.device import PassDevice
 
@@ -335,8 +335,8 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     ray = PassPlace("ray")
     on_ray = CheckSettings(state=state, placement=ray, device=gpu)
     for call, what in ((lambda: run_check(CheckAsked(tmp_path / "m"), on_ray), "check"),
-                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g", state=state, placement=ray,
-                                              device=gpu), "measurement"),
+                       (lambda: measure_grams(tmp_path / "c.yml", tmp_path / "g",
+                                              settings=MeasureSettings(None, state, ray, gpu)), "measurement"),
                        (lambda: run_eval(str(tmp_path / "m"), EvalSettings(("x",), device="cuda"), state=state,
                                          placement=ray), "evaluation")):
         with pytest.raises(UsageError, match=f"runs the {what}'s layers on this machine's GPU, and executor ray"

@@ -340,13 +340,14 @@ def measure(config: PathLike, out: PathLike, settings: Settings = Settings(), *,
     ``imatrix``: a file the Grams are also written to as llama.cpp's importance matrix (llama-imatrix's GGUF: each
     linear's sums of squared inputs, the diagonal of its Gram times the tokens, named as llama.cpp names the weight;
     several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
-    from resumerge.analyses.measure.run import measure_grams
+    from resumerge.analyses.measure.run import MeasureSettings, measure_grams
     from resumerge.forward.device import PassDevice
 
     given = pass_settings("measure", settings)
-    return measure_grams(config, out, texts=texts, on_progress=progress, max_memory=given.max_memory,
-                         cut_texts=truncate_texts, state=given.state, placement=pass_placement(given),
-                         device=PassDevice.of(settings.resources.device, given.max_gpu_memory), imatrix=imatrix)
+    measuring = MeasureSettings(given.max_memory, given.state, pass_placement(given),
+                                PassDevice.of(settings.resources.device, given.max_gpu_memory))
+    return measure_grams(config, out, texts=texts, on_progress=progress, cut_texts=truncate_texts,
+                         settings=measuring, imatrix=imatrix)
 
 
 @one_spelling

@@ -26,9 +26,9 @@ from resumerge.analyses.measure.status import LOCK_FILE, RUN_FILE
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import MergeConfig, load_config_text, read_config_file
 from resumerge.config.modelref import ModelRef
-from resumerge.config.passplace import HERE, PassPlace
+from resumerge.config.passplace import PassPlace
 from resumerge.errors import ConfigError, UsageError
-from resumerge.forward.device import HOST, PassDevice
+from resumerge.forward.device import PassDevice
 from resumerge.forward.driver import Fit, PassFolder, content_key, drive
 from resumerge.forward.layerpass import Reserve
 from resumerge.forward.opened import PassModel, open_for_pass, where_of
@@ -68,22 +68,23 @@ class MeasureReport:
 
 
 def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                  texts: str | os.PathLike[str] | None = None, max_memory: int | None = None,
-                  on_progress: Callable[[str], None] | None = None, cut_texts: bool = False,
-                  state: StateDir, placement: PassPlace = HERE,
-                  device: PassDevice = HOST, imatrix: str | os.PathLike[str] | None = None) -> MeasureReport:
+                  texts: str | os.PathLike[str] | None = None, on_progress: Callable[[str], None] | None = None,
+                  cut_texts: bool = False, settings: MeasureSettings,
+                  imatrix: str | os.PathLike[str] | None = None) -> MeasureReport:
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
     :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
-    one opener: :mod:`resumerge.forward.opened`); the journal is kept under ``state`` (the state dir the API
-    resolved), and each layer is admitted by the RAM governor (and, on a GPU, ``device``'s:
-    :mod:`resumerge.forward.device`). ``placement``: where the executor placed the pass
+    one opener: :mod:`resumerge.forward.opened`); ``settings`` (:class:`MeasureSettings`): the journal is kept
+    under its ``state`` (the state dir the API resolved), and each layer is admitted by the RAM governor under its
+    ``max_memory`` (and, on a GPU, its ``device``'s: :mod:`resumerge.forward.device`); its ``placement``: where the
+    executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
     (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2).
     ``imatrix``: the Grams also written there as llama.cpp's importance matrix (:mod:`.importance`), once measured
     (or found measured)."""
-    site = site_of(placement)
+    state, device = settings.state, settings.device
+    site = settings.site
     site.refuse("the measurement", device.name, device.on_gpu)
     merge, models, keys, tokens = _opened(config, texts, cut_texts, state, experts=imatrix is not None)
     archs = _imatrix_archs(imatrix, out, models)
@@ -103,8 +104,7 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
                        hint="wait for it to finish, or stop it (run again, it resumes at the layer it reached)",
                        lock_name=LOCK_FILE, threads=state.measures_dir / key[:32] / THREADS_FILE)
     job = MeasureJob(where, os.fspath(config), None if texts is None else os.fspath(texts), key, models, keys, tokens,
-                     merged, proof, MeasureSettings(max_memory, state, placement, device),
-                     on_progress)
+                     merged, proof, settings, on_progress)
     # Measured into a folder of its own: refused (exit 2) before it is written, its lock included, where the pass
     # would not fit; a finished one answers without its fit.
     finished = _claimed(folder, key) and (folder / MANIFEST).is_file()
