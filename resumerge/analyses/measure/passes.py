@@ -95,18 +95,19 @@ class Placed:
     """Where the executor placed a measurement's models: its ``site`` (:mod:`resumerge.forward.sites`) and their
     ``seats`` there, each model's pass (``layers``: each model's decoder layers) a placement of its own
     (:meth:`~resumerge.forward.sites.Seats.each`: one after another in this process, side by side on a Ray
-    cluster's actors). The Grams are written and the hidden states journaled by this process alike, so the bytes
-    are the same whichever ran them."""
+    cluster's actors), each layer run on ``device`` there. The Grams are written and the hidden states journaled
+    by this process alike, so the bytes are the same whichever ran them."""
 
     site: PassSite
     seats: Seats
     layers: list[int]
+    device: str = "cpu"
 
 
 def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[int]], folder: Path, workdir: Path,
                     on_progress: Callable[[str], None] | None, merged: dict[str, object] | None,
-                    reserve: Reserve, placed: Placed, device: str = "cpu") -> tuple[Measurement, list[MeasuredModel]]:
-    """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``device``), then
+                    reserve: Reserve, placed: Placed) -> tuple[Measurement, list[MeasuredModel]]:
+    """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``placed.device``), then
     ``measure.json``; the measurement. ``placed``: where the models' passes run (:class:`Placed`); RegMean++'s
     merged pass (``merged``) runs here, every model's layer merged in one place."""
     from resumerge.forward.batches import one_by_one
@@ -125,10 +126,11 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
         if merged is not None:
             ratio = merged[RATIO_KEY]
             assert isinstance(ratio, float)
-            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve, device)
+            measured = _run_merged(models, keys, batches, folder, workdir, on_progress, ratio, reserve,
+                                   placed.device)
         else:
             measured = _each(placed, Measuring(models, keys, batches, folder, workdir, on_progress, reads),
-                             reserve, device)
+                             reserve)
         reads.finish()
     except BaseException as exc:
         error = exc
@@ -145,9 +147,9 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     return result, measured
 
 
-def _each(placed: Placed, measuring: Measuring, reserve: Reserve, device: str) -> list[MeasuredModel]:
+def _each(placed: Placed, measuring: Measuring, reserve: Reserve) -> list[MeasuredModel]:
     """Each model measured on a placement of its own (:meth:`~resumerge.forward.sites.Seats.each`), its layers
-    recorded by a watch of its own where they run: in this process on ``device``, each admitted by ``reserve``,
+    recorded by a watch of its own where they run: in this process on ``placed.device``, each admitted by ``reserve``,
     reading the whole embedding table as the proof of its files wants it read; on a node, what it read of a hub file
     held to the journal and read here too, for its file's proof."""
     from contextlib import contextmanager
@@ -166,7 +168,7 @@ def _each(placed: Placed, measuring: Measuring, reserve: Reserve, device: str) -
 
     @contextmanager
     def here(index: int) -> Iterator[Placement]:
-        with stream_of(m.models[index], m.keys[index], device) as stream:
+        with stream_of(m.models[index], m.keys[index], placed.device) as stream:
             yield Streams([stream], reserve=reserve, watch=watches[index], names=[str(stream.reader.directory)],
                           rows=False)
 

@@ -233,7 +233,7 @@ class MeasureJob:
         # on a GPU: its budget too, before any read
         gpu = settings.device.budget("the measurement", {"layer": held.step}, held.states)
         layers = [n for _, n, _, _ in passes]
-        return _Judged(layers, budget, held.step, gpu, Placed(site, seats, layers))
+        return _Judged(layers, budget, held.step, gpu, Placed(site, seats, layers, settings.device.name))
 
     @contextmanager
     def fitted(self) -> Iterator[Fit[_Judged]]:
@@ -250,7 +250,7 @@ class MeasureJob:
         """Every model's Grams, then ``measure.json`` (:func:`~.passes.run_measurement`)."""
         workdir = workdir_of(self.folder.path, self.settings.state.measures_dir / self.key[:32])
         _, measured = run_measurement(self.models, self.keys, self.tokens, self.folder.path, workdir,
-                                      self.on_progress, self.merged, reserve, ready.placed, self.settings.device.name)
+                                      self.on_progress, self.merged, reserve, ready.placed)
         return measured
 
     def finish(self, found: list[MeasuredModel], proof: str | None) -> MeasureReport:
