@@ -133,6 +133,8 @@ class Tail:
         # the layers' output arity, the batch's axis in their hidden states, the positions they hold before the
         # tokens' (CPM-Ant's prompt)
         self._found: tuple[int, int, int] | None = None
+        # the index of the layer each of the forward's layer calls calls, in its order (a loop calls some twice)
+        self.order: list[int] = []
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._unprobed = False  # the probe failed: not asked again
         # per batch its capture ran for, by its last layer's output (for as long as the pass holds that batch's
@@ -203,8 +205,8 @@ class Tail:
             for arity in range(4):
                 seen.clear()
                 try:
-                    self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
-                              (*self.before, *self.after))
+                    self.order = self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
+                                           (*self.before, *self.after), ordered=True)
                 except (ValueError, TypeError, IndexError) as error:  # the forward unpacks the output otherwise
                     failed = error
                     continue
@@ -218,11 +220,13 @@ class Tail:
         return self._found
 
     def _run(self, ids: torch.Tensor, arity: int, returned: Any,
-             zeroed: Sequence[torch.nn.Module] | None = None, embedded: Any = None) -> torch.Tensor:
-        """The forward over ids ``ids``, each layer ``i`` returning what ``returned`` makes of what it is given and
-        ``i`` (``arity`` values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros, the input
-        embeddings by ``embedded`` where given (what they gave the batch)."""
+             zeroed: Sequence[torch.nn.Module] | None = None, embedded: Any = None, ordered: bool = False) -> Any:
+        """The forward over ids ``ids``, the ``i``-th layer call returning what ``returned`` makes of what it is
+        given and ``i`` (``arity`` values; a layer the forward calls in a loop is several calls), the parts ``zeroed``
+        (the parts before the layers) stood in for by zeros, the input embeddings by ``embedded`` where given (what
+        they gave the batch). Its last hidden state, or (``ordered``) the layer each call called, in order."""
         real = list(self.layers)
+        order: list[int] = []
         _, _, passed = _stand_ins()
 
         class _Returning(passed):  # type: ignore[misc, valid-type]
@@ -231,7 +235,8 @@ class Tail:
                 self.index = index
 
             def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                out = returned(hidden_states, self.index)
+                order.append(self.index)
+                out = returned(hidden_states, len(order) - 1)
                 return (out, *[None] * (arity - 1)) if arity else out
 
         embedding: torch.nn.Module = self.inner.get_input_embeddings()  # type: ignore[operator]
@@ -250,7 +255,7 @@ class Tail:
             if embedded is not None:
                 del embedding.forward  # (its class's again)
         found: torch.Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return found
+        return order if ordered else found
 
 
 def _stand_ins() -> tuple[Any, Any, Any]:
