@@ -21,6 +21,7 @@ from resumerge.errors import ModelInputError
 from resumerge.forward.calls import call_order, in_order, looped, steps_of
 from resumerge.forward.device import moved
 from resumerge.forward.handed import HandingCall, entered, given, handed_on, handing
+from resumerge.forward.layerlists import first_list, innermost, layer_lists
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.onmeta import weights_on_meta
@@ -137,7 +138,8 @@ class ModelStream:
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
         self._names = {id(m): n for n, m in self.model.named_modules()}
-        self.holder, self.stack = self._layer_list()  # (the pass's steps: the forward's calls of them, .calls)
+        self.holder, self.stack = layer_lists(self.inner, self.config.get_text_config(), self.model,
+                                              self._not_a_stack())  # (the pass's steps: their calls, .calls)
         # what the base model applies to the last layer's output, in order (the final norm), each by the module
         # whose forward applies it: the one holding the layers first, then each above it (RoBERTa-PreLayerNorm's
         # LayerNorm is the base model's, its layers its encoder's)
@@ -147,7 +149,7 @@ class ModelStream:
         self._late: list[tuple[torch.nn.Module, str]] = []
         used: list[tuple[torch.nn.Module, str]] = []  # every module it uses after the layers, however
         opaque = False  # whether the layers' holder does more there than apply the finals (Gemma 3n's streams)
-        for owner, inside in reversed(list(zip(path, [*path[1:], self.stack]))):
+        for owner, inside in reversed(list(zip(path, [*path[1:], innermost(self.stack)]))):
             early = tail_names(owner, inside, before=True)
             finals = final_names(owner, inside, rebinds=owner is not self.holder)
             for name in finals:
@@ -160,8 +162,9 @@ class ModelStream:
         # where it does more than that, or where the layers' hidden states are not the tokens' (CPM-Ant's hold its
         # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
         self._tail_parts = tuple(getattr(o, n) for o, n in used)
-        self._tail = Tail(self.inner, self.stack, weighted_parts(
-            self.inner, self.stack, (self.stack, *self._tail_parts)), self._tail_parts)
+        lists = tuple(getattr(self.stack, "lists", (self.stack,)))
+        self._tail = Tail(self.inner, self.stack, weighted_parts(self.inner, lists, (*lists, *self._tail_parts)),
+                          self._tail_parts)
         self.order = call_order(self._tail, len(self.stack))
         self.layers_list: list[torch.nn.Module] = steps_of(self.stack, self.order)
         self.layers = len(self.layers_list)
@@ -170,29 +173,6 @@ class ModelStream:
         self._unread = [] if looped(self.order) else self._late
         self._opaque = opaque
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
-
-    def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-        """The decoder layers and the module holding them: the base model, or a module of it (OPT's ``decoder``,
-        CPM-Ant's ``encoder``); the list as long as the layer count, or as ``num_layers`` where the count is of
-        sub-layers (LongCat-Flash's two attention blocks per layer)."""
-        text = self.config.get_text_config()
-        counts = [int(text.num_hidden_layers), *([text.num_layers] if type(getattr(text, "num_layers", None)) is int
-                                                 else [])]
-        for count in counts:
-            found = sorted((name for name, m in self.inner.named_modules()  # the shallowest, the first of those
-                            if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
-            if found:
-                name = found[0]
-                beside = [n for n in found if n.rpartition(".")[0] == name.rpartition(".")[0]]
-                if len(beside) > 1:  # XLM's attentions, ffns, layer_norm1, layer_norm2: no list runs a layer whole
-                    raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
-                                          f"it keeps its layers' parts in separate numbered lists "
-                                          f"({', '.join(beside)}), not one list of decoder layers")
-                layers = self.inner.get_submodule(name)
-                assert isinstance(layers, torch.nn.ModuleList)
-                return self.inner.get_submodule(name.rpartition(".")[0]), layers
-        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}"
-                              + self._not_a_stack())
 
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
@@ -280,7 +260,7 @@ class ModelStream:
 
         names = [n for n in self.formats.logical() if n.startswith(prefix)]
         if not names:
-            layers = self.prefix(self.stack)
+            layers = self.prefix(first_list(self.stack))
             names = [n for n in self.formats.logical() if not n.startswith(layers)]
         mine = {id(m) for m in module.modules()}  # the conversion sets new parameters: known by their module
         others = [m for m in self.model.modules() if id(m) not in mine]
@@ -319,7 +299,8 @@ class ModelStream:
 
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
-        return weighted_parts(self.inner, self.stack, (self.stack, *(getattr(o, n) for o, n in self._unread)))
+        lists = tuple(getattr(self.stack, "lists", (self.stack,)))
+        return weighted_parts(self.inner, lists, (*lists, *(getattr(o, n) for o, n in self._unread)))
 
     def _around_head(self) -> list[torch.nn.Module]:
         """The final norm, and whatever else of the causal-LM class's runs around its head and holds weights

@@ -96,15 +96,17 @@ def _self_attribute(node: ast.AST) -> str | None:
     return None
 
 
-def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
-                   ) -> list[torch.nn.Module]:
+def weighted_parts(root: torch.nn.Module, within: torch.nn.Module | tuple[torch.nn.Module, ...],
+                   skip: Sequence[torch.nn.Module | None]) -> list[torch.nn.Module]:
     """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
-    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
+    holds ``within`` (or one of them) in place of that module (OPT's embeddings inside ``decoder`` beside its
+    layers; HRM's two stacks' norms beside their layers)."""
     found: list[torch.nn.Module] = []
+    inside = within if isinstance(within, tuple) else (within,)
     for child in root.children():
         if any(child is s for s in skip):
             continue
-        if any(m is within for m in child.modules()):
+        if any(m is w for m in child.modules() for w in inside):
             found += weighted_parts(child, within, skip)
         elif any(True for _ in child.parameters()):
             found.append(child)
@@ -246,7 +248,7 @@ class Tail:
                 self.layers[i] = _Returning(layer, i)
             if embedded is not None:
                 embedding.forward = lambda *args, **kwargs: embedded.to(ids.device)  # type: ignore[method-assign]
-            with _zeros_for(parts), torch.no_grad():
+            with _zeros_for(parts), _own_zeros(self.inner if zeroed is not None else None), torch.no_grad():
                 out = self.inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
                                  output_hidden_states=True)
         finally:
@@ -286,6 +288,21 @@ def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
     finally:
         for part, real in zip(parts, saved):
             part.forward = real  # type: ignore[method-assign]
+
+
+@contextmanager
+def _own_zeros(inner: torch.nn.Module | None) -> Iterator[None]:
+    """``inner``'s own weights on the meta device (of no child module: HRM's low-level initial state) made zeros of
+    their shapes for the block (a probe's: none read); nothing where ``inner`` is None."""
+    own = {} if inner is None else {n: p for n, p in inner.named_parameters(recurse=False) if p.is_meta}
+    try:
+        for name, param in own.items():
+            zeros = torch.nn.Parameter(torch.zeros(param.shape, dtype=param.dtype), requires_grad=False)
+            inner._parameters[name] = zeros  # type: ignore[union-attr]
+        yield
+    finally:
+        for name, param in own.items():
+            inner._parameters[name] = param  # type: ignore[union-attr]
 
 
 # a part whose weights are at most this many bytes is run on the CPU with unset stand-ins for them (only its
