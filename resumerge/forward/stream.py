@@ -414,7 +414,7 @@ class ModelStream:
         with recorded(self.model.get_input_embeddings()) as embedded:  # (the forward after the layers may read it)
             for arity in _OUTPUT_ARITIES:
                 calls: list[list[LayerCall]] = [[] for _ in real_layers]
-                captured, order = stand_ins()[0], []
+                captured, order = stand_ins()[0], list[int]()
                 stubs = [captured(c, arity, layer, order, i) for i, (c, layer) in enumerate(zip(calls, real_layers))]
                 embedded.clear()
                 try:

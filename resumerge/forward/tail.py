@@ -164,8 +164,8 @@ class Tail:
         arity, axis, extra = self.probe(hidden.device)
         shape = (hidden.shape[axis], hidden.shape[axis + 1] - extra)
         embedded, outputs = self._sources(hidden)
-        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity,
-                          lambda entering, i: outputs.get(i, hidden), embedded=embedded)
+        found: torch.Tensor = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity,
+                                        lambda entering, i: outputs.get(i, hidden), embedded=embedded)
         self._last = (hidden, found)
         return found
 
