@@ -37,17 +37,22 @@ def test_an_inkling2_loop_model_whose_loop_runs_is_no_stack_a_slice_may_cut() ->
 
 
 @pytest.mark.slow
-# after call 2 (layer 1's first, before its second) and after call 4 (layer 1's second, between layer 2's two)
-@pytest.mark.parametrize("kill", [2, 4])
-def test_a_killed_check_of_a_looped_forward_resumes_between_two_calls_of_one_layer(tmp_path: Path, kill: int) -> None:
-    # (tests/census.py's Dory: one input layer, two looped twice, one output layer)
-    merge, base = (make_census_model(tmp_path / role, "dory", seed) for role, seed in (("merge", 1), ("base", 2)))
+# Dory after call 2 (layer 1's first, before its second) and after call 4 (layer 1's second, between layer 2's two);
+# HRM after call 14 (its high-level stack's second layer's first call, of two; its low-level stack's layers run 6 times)
+@pytest.mark.parametrize(("family", "kill"), [("dory", 2), ("dory", 4), ("hrm_text", 14)])
+def test_a_killed_check_of_a_looped_forward_resumes_between_two_calls_of_one_layer(
+    tmp_path: Path, family: str, kill: int
+) -> None:
+    # (tests/census.py's Dory: one input layer, two looped twice, one output layer; its HRM: two stacks of four
+    # layers, each high-level cycle three low-level runs then one high-level run, two cycles)
+    merge, base = (make_census_model(tmp_path / role, family, seed) for role, seed in (("merge", 1), ("base", 2)))
     write_tokenizer(merge, 128)
     write_tokenizer(base, 128)
     model = Checked("merge", str(merge), None, open_model(ModelRef(str(merge)), directory=merge))
     (stream,) = streams_of([model])
-    with stream:
-        assert stream.order == [0, 1, 2, 1, 2, 3] and stream.layers == 6  # each call a step
+    with stream:  # each call a step
+        assert stream.order == ([0, 1, 2, 1, 2, 3] if family == "dory" else
+                                [*[0, 1, 2, 3] * 3, 4, 5, 6, 7, *[0, 1, 2, 3] * 3, 4, 5, 6, 7])
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world, and a longer line of words than the others\n")
     argv = ["check", merge, "--base", base, "--prompts", texts, "--json", "--state-dir", tmp_path / "killed"]
@@ -56,10 +61,11 @@ def test_a_killed_check_of_a_looped_forward_resumes_between_two_calls_of_one_lay
     (journal,) = list((tmp_path / "killed").rglob("layer-*.safetensors"))
     with safe_open(str(journal), "pt") as opened:  # the input section's output, which the next loop's start takes
         carried = {tuple(n.split(".")[3:]) for n in opened.keys() if n.startswith("carried.")}  # noqa: SIM118
-    assert carried == ({("0", "0")} if kill == 2 else set())  # (after the last loop's start: none)
+    if family == "dory":  # (after the last loop's start: none)
+        assert carried == ({("0", "0")} if kill == 2 else set())
     resumed = cli_here(*argv)  # unkilled: the CLI's main in this process, reading the killed one's journal
     whole = api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "whole"))
     assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
     doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
     doc.pop("chart"), same.pop("chart")
-    assert doc == same and len(doc["models"][1]["drift"]) == 6  # a figure per call
+    assert doc == same and len(doc["models"][1]["drift"]) == len(stream.order)  # a figure per call
