@@ -58,3 +58,24 @@ def test_a_value_the_forward_computed_from_earlier_outputs_is_computed_again_fro
     (block,), kwargs = given(calls[1], 1)
     assert kwargs == {"other": 1} and torch.equal(block, torch.stack([entering, entering * 5], dim=-2))
     assert [k.split(".")[3:] for k in carried([[calls]], 0)] == [["0", "0"]]  # journaled for layer 1
+
+
+def test_the_hidden_states_a_loops_start_is_given_are_computed_again_from_the_passs_outputs() -> None:
+    # (Dory: each loop starts from its normed output plus its input section's normed output, not from the previous
+    # call's output alone; a call given the previous output as it is, or cast to its own dtype, takes it as it is)
+    import torch
+
+    from resumerge.forward.handed import Output, entered, handed_on, handing, traced
+
+    outs = [Output(), Output(), Output()]
+    first = torch.ones(1, 2, 3)
+    seen = [first, traced(first, outs[0]), traced(first, outs[1]) * 2 + traced(first, outs[0]),
+            traced(first * 3, outs[2]).to(torch.float32)]  # (a stand-in returns what it is given)
+    calls = handing([((), {})] * 4, [(), (), (), ()], [*outs, Output()], seen)
+    assert [getattr(c, "entering", None) is None for c in calls] == [True, True, False, True]
+    assert calls[0].slots == (outs[0],) and calls[1].slots == (outs[1],)  # (the outputs the loop's start takes)
+    handed_on(calls[0], first * 3)
+    handed_on(calls[1], first * 5)
+    assert torch.equal(entered(calls[2], first * 5, 2), first * 13)  # 5 * 2 + 3, from the pass's outputs
+    assert [k.split(".")[3:] for k in carried([[calls]], 1)] == [["0", "0"], ["1", "0"]]  # journaled after call 1
+    assert entered(calls[3], first * 7) is not None and torch.equal(entered(calls[3], first * 7), first * 7)

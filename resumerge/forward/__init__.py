@@ -6,8 +6,10 @@ families (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3's text mo
 compute the same numbers to the bit without importing transformers (a fresh process's start, paid again by every
 resumed pass, 2.5 s shorter). :mod:`.reader` reads a model's logical tensors (plain or quantized) in the compute
 dtype, :mod:`.stream` builds the modules and runs the embeddings, one decoder layer, and the final norm with the
-head (logits). transformers is imported only inside the functions that need it, in the process that runs the pass,
-and only where :mod:`.native` does not build the modules.
+head (logits). A pass's "layers" are the forward's decoder-layer calls in its order (:mod:`.calls`: a forward that
+loops some layers, Dory's, HRM's, calls them several times, each call a step of the pass), from one list of layers or
+several (:mod:`.layerlists`). transformers is imported only inside the functions that need it, in the process that
+runs the pass, and only where :mod:`.native` does not build the modules.
 
 The pass (one home for ``check``, ``measure``, the MoE hidden-state gates, and any new client such as ``eval``):
 

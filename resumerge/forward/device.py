@@ -109,7 +109,7 @@ def moved(value: Any, device: torch.device, seen: dict[int, Any] | None = None) 
     if isinstance(value, tuple):
         items = [moved(v, device, seen) for v in value]
         if isinstance(value, HandingCall):  # its slots kept: the values its layer hands on go there
-            return HandingCall(tuple(items), value.slots)
+            return value.remade(tuple(items))
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)  # a named tuple by its fields
     if isinstance(value, list):
         return [moved(v, device, seen) for v in value]

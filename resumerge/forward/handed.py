@@ -191,17 +191,35 @@ def derived(value: Any) -> Any:
 
 class HandingCall(tuple):  # type: ignore[type-arg]
     """A layer's call (positional arguments after the hidden states, keywords) whose layer returns extra outputs:
-    ``slots`` receive them, in the order the layer returns them."""
+    ``slots`` receive them, in the order the layer returns them; ``entering``: the hidden states the forward gives
+    it, where they are not the previous call's output (a :class:`Derived`, or a value computed from no layer's
+    output): a loop's first layer is given what the forward computes as each loop starts (Dory's normed output plus
+    the normed input section's)."""
 
     slots: tuple[Slot, ...]
+    entering: Any
 
-    def __new__(cls, call: tuple[tuple[Any, ...], dict[str, Any]], slots: tuple[Slot, ...]) -> HandingCall:
+    def __new__(cls, call: tuple[tuple[Any, ...], dict[str, Any]], slots: tuple[Slot, ...],
+                entering: Any = None) -> HandingCall:
         made = super().__new__(cls, call)
-        made.slots = slots
+        made.slots, made.entering = slots, entering
         return made
 
+    def remade(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> HandingCall:
+        """``call`` (this one's arguments changed) with this one's slots and entering hidden states."""
+        return HandingCall(call, self.slots, self.entering)
+
     def __reduce__(self) -> Any:
-        return (HandingCall, (tuple(self), self.slots))
+        return (HandingCall, (tuple(self), self.slots, self.entering))
+
+
+def entered(call: Any, hidden: Any, layer: int | None = None) -> Any:
+    """The hidden states a layer's ``call`` is given where the previous call's output is ``hidden``: its own
+    entering value (computed again from the pass's outputs where derived from them) where it has one."""
+    entering = getattr(call, "entering", None)
+    if entering is None:
+        return hidden
+    return given(((entering,), {}), layer)[0][0] if isinstance(entering, Derived) else entering
 
 
 def slots_of(call: Any) -> tuple[Slot, ...]:
@@ -219,8 +237,8 @@ def hands_on(call: Any) -> bool:
 def takes(call: Any) -> list[Slot]:
     """The slots of earlier layers' outputs ``call`` takes (those its derived values are computed from too)."""
     args, kwargs = call
-    return [s for v in (*args, *kwargs.values()) for s in (v.outputs if isinstance(v, Derived) else (v,))
-            if isinstance(s, Slot)]
+    return [s for v in (*args, *kwargs.values(), getattr(call, "entering", None))
+            for s in (v.outputs if isinstance(v, Derived) else (v,)) if isinstance(s, Slot)]
 
 
 def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -245,15 +263,28 @@ def given(call: Any, layer: int | None = None) -> tuple[tuple[Any, ...], dict[st
     return tuple(given_value(a) for a in args), {k: given_value(v) for k, v in kwargs.items()}
 
 
-def handing(calls: Sequence[Any], made: Sequence[tuple[Slot, ...]], outputs: Sequence[Output]) -> list[Any]:
-    """Layer by layer, the calls a capture recorded (their stand-ins' extra outputs ``made``, hidden ``outputs``) as
-    the pass hands them: each value computed from earlier layers' outputs a :class:`Derived`, any other its value;
-    a :class:`HandingCall` where the layer returns extra outputs, or a later call or the forward after the layers
-    (``kept``) takes its hidden output."""
+def handing(calls: Sequence[Any], made: Sequence[tuple[Slot, ...]], outputs: Sequence[Output],
+            seen: Sequence[Any] = ()) -> list[Any]:
+    """Call by call, the calls a capture recorded (their stand-ins' extra outputs ``made``, hidden ``outputs``, the
+    hidden states ``seen`` given them) as the pass hands them: each value computed from earlier layers' outputs a
+    :class:`Derived`, any other its value; a :class:`HandingCall` where the layer returns extra outputs, a later call
+    or the forward after the layers (``kept``) takes its hidden output, or it is given other hidden states than the
+    previous call's output (its ``entering``)."""
     found = [(tuple(derived(a) for a in args), {k: derived(v) for k, v in kwargs.items()}) for args, kwargs in calls]
-    taken = {id(s) for call in found for s in takes(call)}
+    entering = [None if k == 0 or _passed_on(h, seen[k - 1], outputs[k - 1]) else derived(h)
+                for k, h in enumerate(seen)]
+    entering += [None] * (len(found) - len(entering))
+    taken = {id(s) for call, e in zip(found, entering) for s in takes(HandingCall(call, (), e))}
     slots = [(*m, *([o] if id(o) in taken or o.kept else [])) for m, o in zip(made, outputs)]
-    return [HandingCall(call, s) if s else call for call, s in zip(found, slots)]
+    return [HandingCall(call, s, e) if s or e is not None else call for call, s, e in zip(found, slots, entering)]
+
+
+def _passed_on(hidden: Any, before: Any, output: Output) -> bool:
+    """Whether the hidden states ``hidden`` a call was given are the previous call's ``output`` (given ``before``),
+    as it is or by operations that keep its values (a cast to its own dtype, a contiguous copy)."""
+    read = outputs_read(hidden)
+    return _node_of(hidden) is output or (all(o is output for o in read) and plain(hidden).shape == plain(
+        before).shape and bool(torch.equal(plain(hidden), plain(before))))
 
 
 def handed_on(call: Any, out: Any) -> Any:

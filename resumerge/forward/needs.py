@@ -15,6 +15,7 @@ from resumerge.config.locations import cache_root
 from resumerge.forward import step_sizes
 from resumerge.forward.batches import largest_batch, padded_positions
 from resumerge.forward.heads import head_step_bytes
+from resumerge.forward.layerlists import first_list
 from resumerge.forward.stream import ModelStream
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
@@ -54,7 +55,7 @@ def step_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[int]]) 
     # Each step's weights as the pass holds them: a tensor the reader maps in place (a local float32 one) once,
     # not again for its read (the embeddings of a 1.2 GB model were counted twice: issue 72).
     steps = [step_sizes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
-                        stack=s.prefix(s.layers_list), in_place=s.reader.maps) for s in streams]
+                        stack=s.prefix(first_list(s.stack)), in_place=s.reader.maps) for s in streams]
     return StepBytes(
         states=padded_positions(tokens) * hidden * 4,
         layers=tuple(max(each.values()) for each in steps),
@@ -97,7 +98,7 @@ def merged_steps(stream: ModelStream, merge: UnwrittenMerge, tokens: Sequence[Se
     output: counted once (:mod:`resumerge.analyses.evaluation.unwrittenneeds`, whose heads step comes after these;
     the importance pass runs no head)."""
     embeddings = stream.prefix(stream.model.get_input_embeddings())
-    stack = stream.prefix(stream.layers_list)
+    stack = stream.prefix(first_list(stream.stack))
     prefixes = [embeddings, *(f"{stack}{i}." for i in range(stream.layers))]
     values = step_sizes(stream.formats, stream.layers, value_bytes=4, embeddings=embeddings, stack=stack,
                         in_place=lambda name: True)  # the read copy is the merge's output: in its working set

@@ -52,21 +52,27 @@ def stand_ins() -> tuple[Any, Any, Any]:
                 return getattr(self.__dict__["real"], name)
 
     class _Captured(_StandIn):
-        """A decoder layer's stand-in: records what it is called with and hands the hidden states on, as its output
-        (``out``: traced, so that what the forward computes from it is known: :mod:`.handed`)."""
+        """A decoder layer's stand-in: records what it is called with, each time (``order``, shared by the
+        stand-ins: the index of the layer each call called, in the forward's order), and hands the hidden states on,
+        as its output (``outs``: traced, so that what the forward computes from it is known: :mod:`.handed`)."""
 
-        def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module) -> None:
+        def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module,
+                     order: list[int] | None = None, index: int = 0) -> None:
             super().__init__(real)
             self.calls, self.arity = calls, arity
+            self.order, self.index = [] if order is None else order, index
             self.seen: list[torch.Tensor] = []
-            self.made = tuple(Slot() for _ in range(max(0, arity - 1)))
-            self.out = Output()
+            self.made: list[tuple[Slot, ...]] = []
+            self.outs: list[Output] = []
 
         def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self.calls.append((args, kwargs))
             self.seen.append(hidden_states)
-            out = traced(plain(hidden_states), self.out)
-            return (out, *self.made) if self.arity else out
+            self.order.append(self.index)
+            self.made.append(tuple(Slot() for _ in range(max(0, self.arity - 1))))
+            self.outs.append(Output())
+            out = traced(plain(hidden_states), self.outs[-1])
+            return (out, *self.made[-1]) if self.arity else out
 
     class _Finished(_StandIn):
         """The base model's stand-in under the causal-LM head: returns the final norm's output it is given; so does

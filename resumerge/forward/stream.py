@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
+from resumerge.forward.calls import call_order, in_order, looped, steps_of
 from resumerge.forward.device import moved
-from resumerge.forward.handed import HandingCall, given, handed_on, handing
+from resumerge.forward.handed import HandingCall, entered, given, handed_on, handing
+from resumerge.forward.layerlists import first_list, innermost, layer_lists
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.onmeta import weights_on_meta
@@ -109,7 +111,7 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     args, kwargs = call
     fixed = (tuple(ids if v is renumbered else v for v in args),
              {k: ids if v is renumbered else v for k, v in kwargs.items()})
-    return HandingCall(fixed, call.slots) if isinstance(call, HandingCall) else fixed
+    return call.remade(fixed) if isinstance(call, HandingCall) else fixed
 
 
 class ModelStream:
@@ -135,10 +137,9 @@ class ModelStream:
             self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
-        names = {id(m): n for n, m in self.model.named_modules()}
-        self._names = names
-        self.holder, self.layers_list = self._layer_list()
-        self.layers = len(self.layers_list)
+        self._names = {id(m): n for n, m in self.model.named_modules()}
+        self.holder, self.stack = layer_lists(self.inner, self.config.get_text_config(), self.model,
+                                              self._not_a_stack())  # (the pass's steps: their calls, .calls)
         # what the base model applies to the last layer's output, in order (the final norm), each by the module
         # whose forward applies it: the one holding the layers first, then each above it (RoBERTa-PreLayerNorm's
         # LayerNorm is the base model's, its layers its encoder's)
@@ -147,9 +148,8 @@ class ModelStream:
         # those it applies before the layers too (NanoChat's norm, before and after them): run with the embeddings
         self._late: list[tuple[torch.nn.Module, str]] = []
         used: list[tuple[torch.nn.Module, str]] = []  # every module it uses after the layers, however
-        # whether the module holding the layers does more there than apply the finals (Gemma 3n folds its streams)
-        opaque = False
-        for owner, inside in reversed(list(zip(path, [*path[1:], self.layers_list]))):
+        opaque = False  # whether the layers' holder does more there than apply the finals (Gemma 3n's streams)
+        for owner, inside in reversed(list(zip(path, [*path[1:], innermost(self.stack)]))):
             early = tail_names(owner, inside, before=True)
             finals = final_names(owner, inside, rebinds=owner is not self.holder)
             for name in finals:
@@ -162,33 +162,17 @@ class ModelStream:
         # where it does more than that, or where the layers' hidden states are not the tokens' (CPM-Ant's hold its
         # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
         self._tail_parts = tuple(getattr(o, n) for o, n in used)
-        self._tail = Tail(self.inner, self.layers_list, weighted_parts(
-            self.inner, self.layers_list, (self.layers_list, *self._tail_parts)), self._tail_parts)
+        lists = tuple(getattr(self.stack, "lists", (self.stack,)))
+        self._tail = Tail(self.inner, self.stack, weighted_parts(self.inner, lists, (*lists, *self._tail_parts)),
+                          self._tail_parts)
+        self.order = call_order(self._tail, len(self.stack))
+        self.layers_list: list[torch.nn.Module] = steps_of(self.stack, self.order)
+        self.layers = len(self.layers_list)
+        # the finals a capture stands in for by their input, unread: none where the forward loops its layers (it
+        # may apply them between calls: Dory's norm as each loop starts, computed again from the pass's outputs)
+        self._unread = [] if looped(self.order) else self._late
         self._opaque = opaque
         self._stored = stored_prefixes(self.model, self.inner, self.formats.logical())
-
-    def _layer_list(self) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-        """The decoder layers and the module holding them: the base model, or a module of it (OPT's ``decoder``,
-        CPM-Ant's ``encoder``); the list as long as the layer count, or as ``num_layers`` where the count is of
-        sub-layers (LongCat-Flash's two attention blocks per layer)."""
-        text = self.config.get_text_config()
-        counts = [int(text.num_hidden_layers), *([text.num_layers] if type(getattr(text, "num_layers", None)) is int
-                                                 else [])]
-        for count in counts:
-            found = sorted((name for name, m in self.inner.named_modules()  # the shallowest, the first of those
-                            if isinstance(m, torch.nn.ModuleList) and len(m) == count), key=lambda n: n.count("."))
-            if found:
-                name = found[0]
-                beside = [n for n in found if n.rpartition(".")[0] == name.rpartition(".")[0]]
-                if len(beside) > 1:  # XLM's attentions, ffns, layer_norm1, layer_norm2: no list runs a layer whole
-                    raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
-                                          f"it keeps its layers' parts in separate numbered lists "
-                                          f"({', '.join(beside)}), not one list of decoder layers")
-                layers = self.inner.get_submodule(name)
-                assert isinstance(layers, torch.nn.ModuleList)
-                return self.inner.get_submodule(name.rpartition(".")[0]), layers
-        raise ModelInputError(f"cannot find the {counts[0]} decoder layers of {type(self.inner).__name__}"
-                              + self._not_a_stack())
 
     def prefix(self, module: torch.nn.Module) -> str:
         """The checkpoint prefix of ``module``'s tensors (``model.layers.3.``)."""
@@ -276,7 +260,7 @@ class ModelStream:
 
         names = [n for n in self.formats.logical() if n.startswith(prefix)]
         if not names:
-            layers = self.prefix(self.layers_list)
+            layers = self.prefix(first_list(self.stack))
             names = [n for n in self.formats.logical() if not n.startswith(layers)]
         mine = {id(m) for m in module.modules()}  # the conversion sets new parameters: known by their module
         others = [m for m in self.model.modules() if id(m) not in mine]
@@ -315,8 +299,8 @@ class ModelStream:
 
     def _before_layers(self) -> list[torch.nn.Module]:
         """The base model's parts that run before the decoder layers and hold weights (embeddings, positions)."""
-        return weighted_parts(self.inner, self.layers_list,
-                              (self.layers_list, *(getattr(o, n) for o, n in self._late)))
+        lists = tuple(getattr(self.stack, "lists", (self.stack,)))
+        return weighted_parts(self.inner, lists, (*lists, *(getattr(o, n) for o, n in self._unread)))
 
     def _around_head(self) -> list[torch.nn.Module]:
         """The final norm, and whatever else of the causal-LM class's runs around its head and holds weights
@@ -425,18 +409,18 @@ class ModelStream:
         """The hidden states entering the first layer and every layer's call for ``ids`` (or, given, the input
         embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
-        real_layers = list(self.layers_list)
+        real_layers = list(self.stack)
         failed = ""
         with recorded(self.model.get_input_embeddings()) as embedded:  # (the forward after the layers may read it)
             for arity in _OUTPUT_ARITIES:
                 calls: list[list[LayerCall]] = [[] for _ in real_layers]
-                captured = stand_ins()[0]
-                stubs = [captured(c, arity, layer) for c, layer in zip(calls, real_layers)]
+                captured, order = stand_ins()[0], list[int]()
+                stubs = [captured(c, arity, layer, order, i) for i, (c, layer) in enumerate(zip(calls, real_layers))]
                 embedded.clear()
                 try:
                     for i, stub in enumerate(stubs):
-                        self.layers_list[i] = stub
-                    for owner, name in self._late:
+                        self.stack[i] = stub
+                    for owner, name in self._unread:
                         setattr(owner, name, stand_ins()[2](getattr(owner, name)))
                     with torch.no_grad():
                         # every hidden state asked for: Gemma 4 otherwise cuts its key-sharing layers' inputs to the
@@ -449,18 +433,18 @@ class ModelStream:
                     continue
                 finally:
                     for i, layer in enumerate(real_layers):
-                        self.layers_list[i] = layer
+                        self.stack[i] = layer
                     for (owner, name), final in zip(self._finals_at, self.finals):
                         setattr(owner, name, final)  # (the late ones' stand-ins undone)
-                first = stubs[0].seen[0] if stubs[0].seen else None
-                if first is None or not all(len(s.seen) == 1 and s.seen[0].shape == first.shape for s in stubs):
+                found = in_order(order, self.order, stubs)  # (each call of a looped layer a step of its own)
+                if found is None:
                     continue
+                step_calls, made, outs, seen = found
                 if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
-                    self._tail.keep(out, embedded, [stub.out for stub in stubs])
-                # a layer returning more than its hidden states puts them in its slots, which a later call may take
-                # (GLM-5's top-k indices), and what the forward computes from their outputs is computed again from
-                # the pass's (Inkling 2's block states): resumerge.forward.handed
-                return first, handing([c[0] for c in calls], [s.made for s in stubs], [s.out for s in stubs])
+                    self._tail.keep(out, embedded, outs)
+                # a layer's extra outputs go in its slots, for a later call (GLM-5's top-k indices); what the forward
+                # computes from outputs is computed again from the pass's (Inkling 2's block states, a loop's start)
+                return seen[0], handing(step_calls, made, outs, seen)
         why = self._not_a_stack()
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
                               + (why or failed))
@@ -517,14 +501,15 @@ class ModelStream:
 
     @staticmethod
     def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True) -> torch.Tensor:
-        """``layer``'s output for ``hidden`` under ``call``: what earlier layers handed it given, and its own extra
-        outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer run on another
-        input than the pass's own: :mod:`.handed`). ``hidden`` is moved to the layer's device first: a resumed
-        pass's journal holds host tensors."""
+        """``layer``'s output for ``hidden`` (the previous call's output: what the forward gives a call from it, a
+        loop's start, is computed again, :func:`~.handed.entered`) under ``call``: what earlier layers handed it
+        given, its own extra outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer
+        run on another input than the pass's own). ``hidden`` is moved to the layer's device (a resumed pass's
+        journal holds host tensors)."""
         args, kwargs = given(call)
         weight = next(layer.parameters(), None)
-        if weight is not None and hidden.device != weight.device:
-            hidden = hidden.to(weight.device)
+        hidden = entered(call, hidden) if hand_on else hidden
+        hidden = hidden if weight is None or hidden.device == weight.device else hidden.to(weight.device)
         out = layer(hidden, *args, **kwargs)
         result: torch.Tensor = handed_on(call, out) if hand_on else out[0] if isinstance(out, (tuple, list)) else out
         return result

@@ -96,15 +96,17 @@ def _self_attribute(node: ast.AST) -> str | None:
     return None
 
 
-def weighted_parts(root: torch.nn.Module, within: torch.nn.Module, skip: Sequence[torch.nn.Module | None]
-                   ) -> list[torch.nn.Module]:
+def weighted_parts(root: torch.nn.Module, within: torch.nn.Module | tuple[torch.nn.Module, ...],
+                   skip: Sequence[torch.nn.Module | None]) -> list[torch.nn.Module]:
     """``root``'s modules that hold weights, but ``skip``: its children, and the children of every module of it that
-    holds ``within`` in place of that module (OPT's embeddings inside ``decoder`` beside its layers)."""
+    holds ``within`` (or one of them) in place of that module (OPT's embeddings inside ``decoder`` beside its
+    layers; HRM's two stacks' norms beside their layers)."""
     found: list[torch.nn.Module] = []
+    inside = within if isinstance(within, tuple) else (within,)
     for child in root.children():
         if any(child is s for s in skip):
             continue
-        if any(m is within for m in child.modules()):
+        if any(m is w for m in child.modules() for w in inside):
             found += weighted_parts(child, within, skip)
         elif any(True for _ in child.parameters()):
             found.append(child)
@@ -133,6 +135,8 @@ class Tail:
         # the layers' output arity, the batch's axis in their hidden states, the positions they hold before the
         # tokens' (CPM-Ant's prompt)
         self._found: tuple[int, int, int] | None = None
+        # the index of the layer each of the forward's layer calls calls, in its order (a loop calls some twice)
+        self.order: list[int] = []
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._unprobed = False  # the probe failed: not asked again
         # per batch its capture ran for, by its last layer's output (for as long as the pass holds that batch's
@@ -160,8 +164,8 @@ class Tail:
         arity, axis, extra = self.probe(hidden.device)
         shape = (hidden.shape[axis], hidden.shape[axis + 1] - extra)
         embedded, outputs = self._sources(hidden)
-        found = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity,
-                          lambda entering, i: outputs.get(i, hidden), embedded=embedded)
+        found: torch.Tensor = self._run(torch.zeros(shape, dtype=torch.long, device=hidden.device), arity,
+                                        lambda entering, i: outputs.get(i, hidden), embedded=embedded)
         self._last = (hidden, found)
         return found
 
@@ -203,8 +207,8 @@ class Tail:
             for arity in range(4):
                 seen.clear()
                 try:
-                    self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
-                              (*self.before, *self.after))
+                    self.order = self._run(torch.zeros(_PROBE, dtype=torch.long, device=device), arity, seeing,
+                                           (*self.before, *self.after), ordered=True)
                 except (ValueError, TypeError, IndexError) as error:  # the forward unpacks the output otherwise
                     failed = error
                     continue
@@ -218,11 +222,13 @@ class Tail:
         return self._found
 
     def _run(self, ids: torch.Tensor, arity: int, returned: Any,
-             zeroed: Sequence[torch.nn.Module] | None = None, embedded: Any = None) -> torch.Tensor:
-        """The forward over ids ``ids``, each layer ``i`` returning what ``returned`` makes of what it is given and
-        ``i`` (``arity`` values), the parts ``zeroed`` (the parts before the layers) stood in for by zeros, the input
-        embeddings by ``embedded`` where given (what they gave the batch)."""
+             zeroed: Sequence[torch.nn.Module] | None = None, embedded: Any = None, ordered: bool = False) -> Any:
+        """The forward over ids ``ids``, the ``i``-th layer call returning what ``returned`` makes of what it is
+        given and ``i`` (``arity`` values; a layer the forward calls in a loop is several calls), the parts ``zeroed``
+        (the parts before the layers) stood in for by zeros, the input embeddings by ``embedded`` where given (what
+        they gave the batch). Its last hidden state, or (``ordered``) the layer each call called, in order."""
         real = list(self.layers)
+        order: list[int] = []
         _, _, passed = _stand_ins()
 
         class _Returning(passed):  # type: ignore[misc, valid-type]
@@ -231,7 +237,8 @@ class Tail:
                 self.index = index
 
             def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                out = returned(hidden_states, self.index)
+                order.append(self.index)
+                out = returned(hidden_states, len(order) - 1)
                 return (out, *[None] * (arity - 1)) if arity else out
 
         embedding: torch.nn.Module = self.inner.get_input_embeddings()  # type: ignore[operator]
@@ -241,7 +248,7 @@ class Tail:
                 self.layers[i] = _Returning(layer, i)
             if embedded is not None:
                 embedding.forward = lambda *args, **kwargs: embedded.to(ids.device)  # type: ignore[method-assign]
-            with _zeros_for(parts), torch.no_grad():
+            with _zeros_for(parts), _own_zeros(self.inner if zeroed is not None else None), torch.no_grad():
                 out = self.inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
                                  output_hidden_states=True)
         finally:
@@ -250,7 +257,7 @@ class Tail:
             if embedded is not None:
                 del embedding.forward  # (its class's again)
         found: torch.Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return found
+        return order if ordered else found
 
 
 def _stand_ins() -> tuple[Any, Any, Any]:
@@ -281,6 +288,21 @@ def _zeros_for(parts: Sequence[torch.nn.Module]) -> Iterator[None]:
     finally:
         for part, real in zip(parts, saved):
             part.forward = real  # type: ignore[method-assign]
+
+
+@contextmanager
+def _own_zeros(inner: torch.nn.Module | None) -> Iterator[None]:
+    """``inner``'s own weights on the meta device (of no child module: HRM's low-level initial state) made zeros of
+    their shapes for the block (a probe's: none read); nothing where ``inner`` is None."""
+    own = {} if inner is None else {n: p for n, p in inner.named_parameters(recurse=False) if p.is_meta}
+    try:
+        for name, param in own.items():
+            zeros = torch.nn.Parameter(torch.zeros(param.shape, dtype=param.dtype), requires_grad=False)
+            inner._parameters[name] = zeros  # type: ignore[union-attr]
+        yield
+    finally:
+        for name, param in own.items():
+            inner._parameters[name] = param  # type: ignore[union-attr]
 
 
 # a part whose weights are at most this many bytes is run on the CPU with unset stand-ins for them (only its

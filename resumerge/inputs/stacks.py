@@ -1,11 +1,14 @@
 """The families whose decoder layers are no plain stack, and what each does with them instead (by config.json's model
-type): a stack of slices of one is refused naming it (:mod:`resumerge.merge.plan.outconfig`), and so is a
-layer-by-layer pass that cannot follow its forward (:mod:`resumerge.forward.stream`), as it is for the families whose
-layers do stack but hand each other more than their hidden states (:data:`NOT_ONE_STREAM`)."""
+type; for a family that loops layers as its config says, by that config): a stack of slices of one is refused naming
+it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
+pass that cannot follow its forward (:mod:`resumerge.forward.stream`; one that follows the forward's calls, a loop's
+included, runs it: :mod:`resumerge.forward.calls`), as it is for the families whose layers do stack but hand each
+other more than their hidden states (:data:`NOT_ONE_STREAM`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 NOT_A_STACK: Mapping[str, str] = {
     "dory": "loops its middle layers (n_recurrent_layers, n_recurrent_loops times)",
@@ -22,10 +25,33 @@ NOT_ONE_STREAM: Mapping[str, str] = {
 }
 
 
-def not_a_stack(model_type: object) -> str | None:
-    """What a family of ``model_type`` does with its layers instead of running them one after another (None: it
-    runs them so)."""
-    return NOT_A_STACK.get(str(model_type))
+def _loop(config: Mapping[str, Any]) -> tuple[int, int, int]:
+    """An Inkling 2 Loop config's looped layers' start and end and its passes over them (flat, or its checkpoint's
+    ``loop_config``), as transformers reads them (its defaults: layers 6 to 18, three passes)."""
+    nested = config.get("loop_config")
+    nested = nested if isinstance(nested, Mapping) else {}
+    return (int(nested.get("core_start", config.get("loop_layer_index_start", 6))),
+            int(nested.get("core_end", config.get("loop_layer_index_end", 18))),
+            int(nested.get("num_passes", config.get("loop_num_passes", 3))))
+
+
+def _looping(config: Mapping[str, Any]) -> str | None:
+    start, end, passes = _loop(config)
+    layers = config.get("num_hidden_layers")
+    if passes > 1 and end > start and (type(layers) is not int or start < layers):
+        return f"loops its layers {start} to {end - 1} ({passes} passes: loop_num_passes)"
+    return None
+
+
+# families that loop some of their layers as their config says (none where it loops none)
+LOOPS_AS_CONFIGURED: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = {"inkling2_loop_text": _looping}
+
+
+def not_a_stack(model_type: object, config: Mapping[str, Any] | None = None) -> str | None:
+    """What a family of ``model_type`` (its layers' ``config`` where known) does with its layers instead of running
+    them one after another (None: it runs them so)."""
+    looping = LOOPS_AS_CONFIGURED.get(str(model_type))
+    return NOT_A_STACK.get(str(model_type)) or (looping(config) if looping and config is not None else None)
 
 
 def not_layer_by_layer(model_type: object) -> str | None:

@@ -46,8 +46,9 @@ def resident(stream: ModelStream) -> Iterator[Callable[[Wanted, int | None], Ite
     drawn: :meth:`~.genrequests.Wanted.choose`), one at a time, each step running only the newest token against the
     KV cache of those before."""
     # the parts before the layers by the stream's own rule (OPT's embeddings inside its ``decoder`` beside the
-    # layers), the layers, then the final norm and what runs around the head (BERT's prediction transform)
-    parts = [*stream._before_layers(), *stream.layers_list, *stream._around_head()]
+    # layers), the layers (each once: a looped forward calls some several times), then the final norm and what runs
+    # around the head (BERT's prediction transform; Dory's norm, run before its loops too, once)
+    parts = list(dict.fromkeys([*stream._before_layers(), *stream.stack, *stream._around_head()]))
     head = stream.model.get_output_embeddings()
     loaded: list[torch.nn.Module] = []
     try:

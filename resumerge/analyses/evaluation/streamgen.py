@@ -257,7 +257,7 @@ def _with_cache(call: LayerCall, shaped: Any, cache: Any) -> LayerCall:
     args, kwargs = call
     made = (tuple(cache if a is shaped else a for a in args),
             {name: cache if value is shaped else value for name, value in kwargs.items()})
-    return HandingCall(made, call.slots) if isinstance(call, HandingCall) else made
+    return call.remade(made) if isinstance(call, HandingCall) else made
 
 
 @dataclass(frozen=True)

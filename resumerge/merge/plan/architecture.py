@@ -193,7 +193,8 @@ def layer_count(config: Mapping[str, Any]) -> int | None:
 
 def unsliceable(config: Mapping[str, Any]) -> str | None:
     """Why a stack of this family's layers other than its own is not a model of the family (None: it is)."""
-    return not_a_stack(layer_config(config).get("model_type", config.get("model_type")))
+    layers = layer_config(config)
+    return not_a_stack(layers.get("model_type", config.get("model_type")), layers)
 
 
 def counts_blocks(config: Mapping[str, Any]) -> bool:
