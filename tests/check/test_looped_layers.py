@@ -16,9 +16,9 @@ from safetensors import safe_open
 from support import cli, cli_here
 
 from resumerge import api
+from resumerge.analyses.check.models import Checked
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.models import Checked
 from resumerge.forward.passes import streams_of
 from resumerge.inputs.model import open_model
 from resumerge.merge.plan.architecture import unsliceable

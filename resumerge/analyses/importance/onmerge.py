@@ -188,7 +188,7 @@ class _ImportanceJob:
                 self.on_progress(index + 1, layers)
 
         journal = Journal(self._journal_dir, "layer-", hidden="hidden.{s}")
-        # The next layer merged while one runs, where the step the fit judged holds it (forward.ahead).
+        # The next layer merged while one runs, where the step the fit judged holds it (its ahead module).
         with reading_ahead(stream, self._step(stream)[1]) as ahead:
             step = SumStep(stream, calls, reserve, ahead=ahead, costs=self.terms.costs)
             # kill point after_imatrix_layer: a layer's sums and hidden states durable
