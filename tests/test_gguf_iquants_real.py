@@ -4,7 +4,7 @@ IQ4_NL in an IQ4_XS file, 1536-wide ``ffn_down`` that keeps IQ4_XS, tied embeddi
 ``--gguf-type iq4_xs`` and ``iq4_nl``: every tensor's type and bytes equal ``llama_model_quantize``'s for the mix on the
 F16 GGUF resumerge wrote of the same merge, without and with an importance matrix (which turns the first eighth of
 ``ffn_down`` from Q5_K to IQ4_XS); the IQ3 mixes (SmolLM2's 1536-wide ``ffn_down`` written by the IQ3 encoders) and the
-IQ2 ones (IQ2_XXS ``ffn_down``, Q2_K for its first eighth, Q5_K for the tied embedding). The suite runs IQ4_XS and
+IQ2 ones (IQ2_XXS ``ffn_down``, Q2_K for its first eighth, Q8_0 for the tied embedding). The suite runs IQ4_XS and
 IQ3_XXS with a matrix (27 and 32 CPU s: the costlier rules); the rest (IQ4_XS without one, IQ4_NL, IQ3_M, IQ3_S,
 IQ3_XS, the IQ2 mixes) with ``RESUMERGE_TEST_EVERY_MIX=1`` (tests/test_gguf_iquants.py, tests/test_gguf_iq3.py and
 tests/test_gguf_iq2.py check every mix on tiny models and the encoders on SmolLM2's rows; test_gguf_kquants_real.py
@@ -95,11 +95,11 @@ def test_each_iq3_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bo
 def test_each_iq2_mix_of_a_real_model_is_llama_quantize_s(mix: str, weighted: bool, smollm2_f16: tuple[Path, Path],
                                                           tmp_path: Path) -> None:
     """The IQ2 mixes (a matrix each, as llama-quantize needs), every tensor's type and bytes llama.cpp's: SmolLM2's
-    576-wide rows IQ4_NL (the fallback), its tied embedding Q5_K; IQ2_XXS's 1536-wide ffn_down IQ2_XXS but its first
-    eighth's Q2_K."""
+    576-wide rows IQ4_NL (the fallback), its tied embedding Q8_0 (rows not whole 256-value blocks); IQ2_XXS's
+    1536-wide ffn_down IQ2_XXS but its first eighth's Q2_K."""
     got = _written(mix, weighted, smollm2_f16, tmp_path)
     assert got["blk.0.attn_q.weight"].kind == "IQ4_NL"
-    assert got["token_embd.weight"].kind == "Q5_K"
+    assert got["token_embd.weight"].kind == "Q8_0"
     if mix == "iq2_xxs":
         down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(4)]
         assert down == ["Q2_K"] * EIGHTH + ["IQ2_XXS"] * (4 - EIGHTH)
