@@ -155,7 +155,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     monkeypatch.setattr(rayactor, "model_layer", counted)
     monkeypatch.setattr(rayactor, "on_place", on_place)
-    monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep: [None] * len(places))
+    monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep, stream: [None] * len(places))
     monkeypatch.setattr(rayactor, "end_actors", lambda ray, actors, hosts: None)
     batches = one_by_one(TOKENS)
     watch = GramWatch(tokens_of(batches))

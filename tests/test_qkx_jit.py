@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import needs_library, quantize
 
+from resumerge.inputs.gguf.ggmltypes import Q4_1, Q5_1
 from resumerge.outputs.gguf import jit, kquants, legacyweighted, qkxloop, qxloop
 from resumerge.outputs.gguf import ksearch as ks
 
@@ -199,7 +200,7 @@ def test_the_parameters_are_the_encoders(monkeypatch: pytest.MonkeyPatch) -> Non
     for code in ENCODERS.values():
         for imatrix in (None, np.ones(512, dtype=F)):
             kquants.encode_k(x, code, imatrix)
-    for code in (legacyweighted.Q4_1, legacyweighted.Q5_1):  # a legacy type's fallback rows with a matrix
+    for code in (Q4_1, Q5_1):  # a legacy type's fallback rows with a matrix
         legacyweighted.encode_legacy_weighted(x, code, np.ones(512, dtype=F))
     assert seen == set(PARAMS.values())
 
@@ -326,7 +327,7 @@ def test_a_single_block_tensor_has_llama_cpp_s_bytes(seeds: range) -> None:
             for weights_of in (None, imatrix):
                 assert np.array_equal(kquants.encode_k(x, code, weights_of), quantize(x, code, weights_of)), code
         block = x[:, :32].copy()
-        for code in (legacyweighted.Q4_1, legacyweighted.Q5_1):
+        for code in (Q4_1, Q5_1):
             assert np.array_equal(legacyweighted.encode_legacy_weighted(block, code, imatrix[:32]),
                                   quantize(block, code, imatrix[:32])), (code, seed)
 

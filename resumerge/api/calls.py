@@ -43,7 +43,7 @@ from resumerge.api.options import (
     usable_device,
 )
 from resumerge.api.reading import named
-from resumerge.api.runkind import Call, Driving
+from resumerge.api.runkind import Call
 from resumerge.api.unwritten import open_population
 from resumerge.config.locations import StateDir
 from resumerge.config.settings import RunSettings
@@ -147,6 +147,8 @@ def run(
         where = running.state.run(out)
         call = Call(config, text, out, options, running, allow_same_experts=merging.allow_same_experts, where=where,
                     codecs=codecs)
+        from resumerge.merge.engine.reporting import Driving  # the engine's, imported by a run alone
+
         driving = Driving(stop_flag(should_stop), restart=restart, intermediate_dir=stages.intermediate_dir,
                           cleanup=stages.cleanup_intermediates)
         if check:  # imported here: status must not import the engine (api.checked's Outcome)
@@ -179,6 +181,8 @@ def resume(
     bytes depend on it (slerp, karcher, model_stock, nuslerp) reuses the recorded count, and a different one is
     refused (UsageError)."""
     named(out)
+    from resumerge.merge.engine.reporting import Driving  # the engine's, imported by a run alone
+
     driving = Driving(stop_flag(should_stop), _reporter(progress), cleanup=settings.stages.cleanup_intermediates)
     given = settings_for(settings, "resume")
     # A Ray run's workers, while this one reads its record: none for a GPU plan (they start without one), nor where
@@ -220,6 +224,8 @@ def extract_lora(
     if plan:
         return _estimate_extraction(call, fresh_process)
     named(out)
+    from resumerge.merge.engine.reporting import Driving  # the engine's, imported by a run alone
+
     driving = Driving(stop_flag(should_stop), restart=restart)
     call = replace(call, where=call.settings.state.run(out))  # resolved once, handed down with the call
     with nothing_started(call.locations):

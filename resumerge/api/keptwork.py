@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import refuse_same_experts, single_output
-from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
+from resumerge.api.runkind import Call, PathLike, resume_journaled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from resumerge.inputs.hub import HubEvent
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.reporting import Driving
     from resumerge.merge.engine.session import Recorded
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
     from resumerge.merge.plan.prepared import Prepared

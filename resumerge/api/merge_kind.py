@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
+from resumerge.api.runkind import Call, PathLike, resume_journaled
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.reporting import Driving
     from resumerge.merge.engine.session import Recorded
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
     from resumerge.merge.plan.prepared import Prepared

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from resumerge.api.merge_kind import single_output
-from resumerge.api.runkind import Call, Driving, PathLike, resume_journaled
+from resumerge.api.runkind import Call, PathLike, resume_journaled
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.reporting import Driving
     from resumerge.merge.engine.session import Recorded
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
     from resumerge.merge.plan.prepared import Prepared

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resumerge.api.runkind import Call, Driving, PathLike
+from resumerge.api.runkind import Call, PathLike
 from resumerge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from resumerge.config.locations import RunLocations
     from resumerge.config.settings import RunSettings
     from resumerge.merge.engine.drive import Outcome
+    from resumerge.merge.engine.reporting import Driving
     from resumerge.runs.recipes.estimate import RecipeEstimate
     from resumerge.runs.recipes.view import RecipeStatus
 
@@ -70,6 +71,7 @@ class RecipeKind:
                  intermediate_dir: PathLike | None) -> RecipeEstimate:
         """Every stage estimated (:func:`~resumerge.runs.recipes.estimate.estimate_recipe`); needs OUT to place them."""
         from resumerge.api.options import source_name
+        from resumerge.merge.engine.reporting import Driving  # the engine's, imported by a run alone
         from resumerge.runs.recipes.estimate import estimate_recipe
 
         self.check(call, Driving(should_stop=_never))

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 # How a run is driven: the engine's record, which every kind hands on whole.
-from resumerge.merge.engine.reporting import Driving as Driving
 
 if TYPE_CHECKING:
     from resumerge.analyses.estimate.costs import Estimate
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     from resumerge.inputs.codecs import CodecTable
     from resumerge.merge.engine.drive import Outcome
     from resumerge.merge.engine.executor import Reporter
+    from resumerge.merge.engine.reporting import Driving
     from resumerge.merge.engine.session import Recorded
     from resumerge.merge.plan.merge_plan import Plan, PlanOptions
     from resumerge.merge.plan.prepared import Phase, Prepared

@@ -20,7 +20,7 @@ from resumerge.api.options import (
     stop_flag,
 )
 from resumerge.api.reading import named
-from resumerge.api.runkind import Call, Driving
+from resumerge.api.runkind import Call
 from resumerge.config.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ def tokensurgeon(
     if plan:
         return _estimate(call, fresh_process)
     named(out)
+    from resumerge.merge.engine.reporting import Driving  # the engine's, imported by a run alone
+
     driving = Driving(stop_flag(should_stop), restart=restart)
     call = replace(call, where=call.settings.state.run(out))
     with nothing_started(call.locations):
