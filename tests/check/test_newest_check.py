@@ -28,6 +28,7 @@ from resumerge.cli.commands import main
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
 from resumerge.forward.batches import padded
+from resumerge.forward.layerlists import innermost
 from resumerge.forward.passes import forward_pass, streams_of
 from resumerge.forward.placement import runs_batched
 from resumerge.forward.tail import final_names
@@ -75,7 +76,7 @@ def test_check_nll_is_transformers_unpadded_nll(family: str, models: dict[str, P
     model = _checked(models[family])
     streams = streams_of([model])
     try:
-        assert final_names(streams[0].inner, streams[0].layers_list) == (norm,)
+        assert final_names(streams[0].inner, innermost(streams[0].stack)) == (norm,)
         with torch.no_grad():
             batch = padded(TOKENS)
             assert runs_batched(streams[0], streams[0].inputs([batch]), batches=[batch]) is batched

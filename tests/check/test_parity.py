@@ -80,14 +80,14 @@ def test_streamed_logits_and_nll_equal_transformers(tmp_path: Path, name: str, m
     assert figures.nll[0] == pytest.approx(sum(losses) / sum(len(t) - 1 for t in TOKENS), abs=1e-4)
 
 
-def test_a_model_whose_layers_cannot_be_found_is_refused_in_one_line(tmp_path: Path) -> None:
-    # HRM runs two stacks of 4 layers in cycles, its config counting 32: no one list of its layers is the stack.
-    # (OPT's, one level down, OPTModel.decoder.layers, are followed now: tests/test_census.py checks it.)
+def test_a_model_whose_layers_cannot_be_followed_is_refused_in_one_line(tmp_path: Path) -> None:
+    # XLM keeps each layer's parts in four numbered lists its forward runs in turn: no list of its decoder layers.
+    # (OPT's, one level down, are followed; so are HRM's two lists run in cycles: tests/test_census.py checks them.)
     from census import make_census_model
 
-    make_census_model(tmp_path / "hrm", "hrm_text", 1)
-    with pytest.raises(ModelInputError, match="cannot find the 32 decoder layers of HrmTextModel") as refused:
-        streams_of([as_checked(tmp_path / "hrm")])
+    make_census_model(tmp_path / "xlm", "xlm", 1)
+    with pytest.raises(ModelInputError, match="cannot follow XLMModel's forward one layer at a time") as refused:
+        streams_of([as_checked(tmp_path / "xlm")])
     assert "\n" not in str(refused.value)
 
 

@@ -245,6 +245,7 @@ def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_pa
     from vlm_families import make_vlm, vlm
 
     from resumerge.analyses.check.job import _fits
+    from resumerge.forward.layerlists import first_list
     from resumerge.inputs.safetensors_format import numel
 
     directory = (make_vlm(tmp_path / family, vlm(family), 3) if family == "llava" else
@@ -252,7 +253,7 @@ def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_pa
     model = as_checked(directory)
     streams = streams_of([model])
     try:
-        stack = streams[0].prefix(streams[0].layers_list)
+        stack = streams[0].prefix(first_list(streams[0].stack))
         _, steps, _ = _fits(streams, TOKENS, None, can_fold=False)
     finally:
         for stream in streams:
