@@ -143,18 +143,14 @@ def test_tokenizers_transformers_rebuilds_or_adds_to_are_loaded_by_it(tmp_path: 
 @pytest.mark.slow
 def test_the_real_pair_read_directly_is_transformers() -> None:
     """SmolLM2-135M's and Gemma-3-270M's tokenizers (the GGUF fixtures' rebuilt files: the plain class and
-    ``GemmaTokenizer``): the same vocabularies as through transformers, and the same match both ways."""
+    ``GemmaTokenizer``): the same vocabularies as through transformers. So the same match both ways: a match of
+    either matrix reads only what :func:`_same` compares (the ids in their order, the tokens' bytes, the spelling:
+    the tokenizer itself for ``subword``'s pieces only), as the tiny pair's matches computed both ways show above.
+    Computing the real pair's 16 matches as well took ~15 of this test's ~35 CPU s."""
     from check.test_byte_vocabs import _gemma3_gguf, _gguf_tokenizer
     from realmodel import smollm2_gguf
 
     gemma = _gguf_tokenizer(_gemma3_gguf(), "gemma3-270m")
     smol = _gguf_tokenizer(smollm2_gguf(), "smollm2-135m")
-    slow = {d: _through_transformers(d) for d in (gemma, smol)}
-    direct = {d: direct_vocabulary(d) for d in (gemma, smol)}
     for d in (gemma, smol):
-        _same(direct[d], slow[d])
-    rows = {gemma: 262_144, smol: 49_152}
-    for a, b in ((gemma, smol), (smol, gemma)):
-        theirs, mine = direct[a], direct[b]
-        assert theirs is not None and mine is not None
-        assert _digests(theirs, mine, rows[a], rows[b]) == _digests(slow[a], slow[b], rows[a], rows[b])
+        _same(direct_vocabulary(d), _through_transformers(d))
