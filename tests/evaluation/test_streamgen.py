@@ -61,6 +61,8 @@ def _as_a_test(root: Path, installation_cache: Path) -> Iterator[pytest.MonkeyPa
         patch.setenv("XDG_CACHE_HOME", str(installation_cache))
         patch.setenv("HF_HOME", str(root / "hf"))
         patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("RESUMERGE_STATE_DIR", str(root / "home-state"))
+        patch.setenv("XDG_STATE_HOME", str(root / "xdg-state"))
         yield patch
 
 

@@ -134,6 +134,8 @@ def refused(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) 
         patch.setenv("XDG_CACHE_HOME", str(installation_cache))
         patch.setenv("HF_HOME", str(root / "hf"))
         patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("RESUMERGE_STATE_DIR", str(root / "home-state"))
+        patch.setenv("XDG_STATE_HOME", str(root / "xdg-state"))
         with pytest.raises(UsageError) as stopped:
             api.run(config, out, settings=api.Settings(state_dir=state, resources=api.Resources(max_memory="200MB")))
     return config, out, state, stopped.value
