@@ -1,9 +1,9 @@
 """A transplant reads a tokenizer.json with the ``tokenizers`` library alone where transformers 5 would build the same
 tokenizer (issue 85: ~3.4 CPU s of Gemma 3's load saved): both paths give the same :class:`Vocabulary` (normalized
-ids, byte forms, spelling) and so the same match of every matrix, on tiny byte-level BPE and SentencePiece
-byte-fallback tokenizers (as tests/transplant/test_bytes.py trains them) and on the real SmolLM2 / Gemma-3 pair; a
-tokenizer whose class rebuilds it, or whose configs name a special token tokenizer.json lacks, is loaded by
-transformers."""
+ids, byte forms, spelling) on tiny byte-level BPE and SentencePiece byte-fallback tokenizers (as
+tests/transplant/test_bytes.py trains them) and on the real SmolLM2 / Gemma-3 pair, and so the same match of every
+matrix (computed both ways on the tiny pair: a match reads only what the Vocabularies compare); a tokenizer whose
+class rebuilds it, or whose configs name a special token tokenizer.json lacks, is loaded by transformers."""
 
 from __future__ import annotations
 
