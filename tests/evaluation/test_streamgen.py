@@ -9,9 +9,12 @@ seconds to a minute on a quiet machine (lm-eval's and torch's imports)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +54,35 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tiny_model(tmp_path / "model"), write_tasks(tmp_path)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Any, Any]:
-    """The kill tests' reference, made once for both: tiny_gen's streamed generation in a CLI process never killed,
-    its results and the answers it kept (spilled or held, the answers are the same:
-    ``test_the_same_answers_held_whole_streamed_and_spilled``). A run each cost both tests a third CLI process."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    model, tasks = tiny_model(root / "model"), write_tasks(root)
-    with pytest.MonkeyPatch.context() as patch:  # as conftest's ``hermetic`` sets them for a test
+@contextlib.contextmanager
+def _as_a_test(root: Path, installation_cache: Path) -> Iterator[pytest.MonkeyPatch]:
+    """The environment conftest's ``hermetic`` sets for a test, for a module's fixture (made before it)."""
+    with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(installation_cache))
         patch.setenv("HF_HOME", str(root / "hf"))
         patch.setenv("HF_HUB_OFFLINE", "1")
-        once = cli("eval", model, "--tasks", "tiny_gen", "--include-path", tasks, "--state-dir", root / "state",
-                   "--json", script=STREAMED, timeout=300)
-    assert once.returncode == 0, once.stderr
+        patch.setenv("RESUMERGE_STATE_DIR", str(root / "home-state"))
+        patch.setenv("XDG_STATE_HOME", str(root / "xdg-state"))
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Any, Any]:
+    """The kill tests' reference, made once for both: tiny_gen's streamed generation never killed, its results and
+    the answers it kept (spilled or held, the same answers: the test of held, streamed and spilled below). Made in
+    this process, streamed as ``STREAMED`` streams a CLI process's (whose results are this process's: the sampled
+    kill test below); a CLI process cost ~5 CPU s more, lm-eval's and transformers' imports."""
+    from resumerge.analyses.evaluation import run
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+    model, tasks = tiny_model(root / "model"), write_tasks(root)
+    with _as_a_test(root, installation_cache) as patch:
+        patch.setattr(run, "_fits", lambda stream, settings: False)
+        said: list[str] = []
+        once = _evaluate(model, tasks, ["tiny_gen"], root / "state", said)
+    assert said, "generated one layer at a time"
     kept = json.loads(next((root / "state" / "evals").glob(f"*/{GENERATED}")).read_text())
-    return json.loads(once.stdout)["results"], kept
+    return once.results["results"], kept
 
 
 def _evaluate(model: Path, tasks: Path, names: list[str], state: Path, said: list[str] | None = None,
@@ -236,6 +252,22 @@ def _windowed(directory: Path, model_type: str) -> Path:
     return directory
 
 
+LONG = '{until: ["never"], max_gen_toks: 10}'
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Path, Path, str, list[Any]]:
+    """The tiny windowed Gemma 3 (``_windowed``), tasks with tiny_long and transformers' greedy answers on it (its
+    ``generate``, the whole model held), made once for the sliding-window tests below (which read them only): each
+    made them, ~2 CPU s."""
+    root = tmp_path_factory.mktemp("gemma")
+    model, tasks = _windowed(root / "model", "gemma3_text"), write_tasks(root)
+    long = _task(tasks, "tiny_long", LONG)
+    with _as_a_test(root, installation_cache):
+        theirs = _answers(hf_results(model, tasks, [long]), long)
+    return model, tasks, long, theirs
+
+
 def _kept_pasts(patch: pytest.MonkeyPatch) -> dict[int, int]:
     """The most positions of a request's past handed to each layer (its index) by the streamed generation, from
     here on (``patch``'s block)."""
@@ -254,11 +286,17 @@ def _kept_pasts(patch: pytest.MonkeyPatch) -> dict[int, int]:
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "mistral"])
 def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: Path, model_type: str,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      request: pytest.FixtureRequest) -> None:
     from resumerge.analyses.evaluation import run, streamgen
 
-    model, tasks = _windowed(tmp_path / "model", model_type), write_tasks(tmp_path)
-    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
+    theirs: list[Any] | None = None
+    if model_type == "gemma3_text":  # the module's Gemma, copied: its config is changed last
+        shared, tasks, long, theirs = request.getfixturevalue("gemma")
+        model = Path(shutil.copytree(shared, tmp_path / "model"))
+    else:
+        model, tasks = _windowed(tmp_path / "model", model_type), write_tasks(tmp_path)
+        long = _task(tasks, "tiny_long", LONG)
     found, plans = {}, []
     windowed = [0, 2] if model_type == "gemma3_text" else [0, 1, 2]
     for how in ("streamed", "spilled"):
@@ -285,7 +323,8 @@ def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: P
     plan, asked = plans[0]
     rooms = [len(w.tokens) + w.most for w in asked]
     assert plan.kv == sum(128 * sum(min(r, 3) if layer in windowed else r for layer in range(3)) for r in rooms)
-    theirs = _answers(hf_results(model, tasks, [long]), long)  # transformers' generate, the whole model held
+    if theirs is None:
+        theirs = _answers(hf_results(model, tasks, [long]), long)  # transformers' generate, the whole model held
     assert found["streamed"] == found["spilled"] == theirs
     assert len({a[0][0] for a in theirs}) > 1
     config = json.loads((model / "config.json").read_text())
@@ -295,13 +334,12 @@ def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: P
 
 @pytest.mark.parametrize(("spilled", "point", "journaled"), [(True, "after_generation_layer:19", 6),
                                                               (False, "after_generation_step:5", 5)])
-def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(tmp_path: Path, spilled: bool, point: str,
-                                                                        journaled: int) -> None:
+def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(
+        tmp_path: Path, gemma: tuple[Path, Path, str, list[Any]], spilled: bool, point: str, journaled: int) -> None:
     """A tiny Gemma 3 (windows of 4 on its first and last layers) killed (SIGKILL) inside a token step, after its
     first, windowed, layer wrote its position into the spilled ring (or after a step, the held cache rebuilt
     from the step files cut to its window), resumes to transformers' greedy answers."""
-    model, tasks = _windowed(tmp_path / "model", "gemma3_text"), write_tasks(tmp_path)
-    long = _task(tasks, "tiny_long", '{until: ["never"], max_gen_toks: 10}')
+    model, tasks, long, theirs = gemma
     state = tmp_path / "state"
     args = [*(["--spilled"] if spilled else []), "eval", model, "--tasks", long, "--include-path", tasks,
             "--state-dir", state, "--log-samples", "--output-path", tmp_path / "out", "--json"]
@@ -328,7 +366,6 @@ def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(tmp_path
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {journaled + 1}/10: layer 1/3"), steps[:2]
     kept = json.loads((folder / GENERATED).read_text())
-    theirs = _answers(hf_results(model, tasks, [long]), long)
     assert sorted(kept) == sorted(a[0][0] for a in theirs)
 
 

@@ -119,20 +119,35 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
 
 
 
-def test_the_passes_refusal_is_the_runs_one_line(tmp_path: Path) -> None:
-    # the forward pass runs in a process of its own (tests/moe/test_resume.py shows transformers never enters the
-    # run's): its refusal, its memory share too small for a layer, comes back as the run's exit-2 error
-    m = llamas(tmp_path)
-    config = write(tmp_path / "hidden.yml", {
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Path, Path, Path, UsageError]:
+    """A hidden-gates merge run at ``--max-memory 200MB``: its config, OUT, state dir and the run's refusal, made
+    once for the two tests below (each ran it: a forward-pass process started and refused, ~6 CPU s)."""
+    root = tmp_path_factory.mktemp("refused")
+    m = llamas(root)
+    config = write(root / "hidden.yml", {
         "base_model": str(m[0]), "gate_mode": "hidden",
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
                     {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-    with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "small", settings=api.Settings(state_dir=tmp_path / "state",
-                                                                  resources=api.Resources(max_memory="200MB")))
-    assert exit_code_for(refused.value) == 2 and "\n" not in refused.value.one_line()
-    assert refused.value.message.startswith("the prompt forward pass needs")
-    assert "--max-memory" in refused.value.one_line() and not (tmp_path / "small").exists()
+    out, state = root / "out", root / "state"
+    with pytest.MonkeyPatch.context() as patch:  # as conftest's ``hermetic`` sets them for a test
+        patch.setenv("XDG_CACHE_HOME", str(installation_cache))
+        patch.setenv("HF_HOME", str(root / "hf"))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("RESUMERGE_STATE_DIR", str(root / "home-state"))
+        patch.setenv("XDG_STATE_HOME", str(root / "xdg-state"))
+        with pytest.raises(UsageError) as stopped:
+            api.run(config, out, settings=api.Settings(state_dir=state, resources=api.Resources(max_memory="200MB")))
+    return config, out, state, stopped.value
+
+
+def test_the_passes_refusal_is_the_runs_one_line(refused: tuple[Path, Path, Path, UsageError]) -> None:
+    # the forward pass runs in a process of its own (tests/moe/test_resume.py shows transformers never enters the
+    # run's): its refusal, its memory share too small for a layer, comes back as the run's exit-2 error
+    _, out, _, error = refused
+    assert exit_code_for(error) == 2 and "\n" not in error.one_line()
+    assert error.message.startswith("the prompt forward pass needs")
+    assert "--max-memory" in error.one_line() and not out.exists()
 
 
 def test_a_transformers_that_cannot_import_is_named_before_anything_is_written(tmp_path: Path) -> None:
@@ -266,30 +281,24 @@ def _tree_peak_anon(argv: list[str]) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the_budget(tmp_path: Path) -> None:
+def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the_budget(
+        refused: tuple[Path, Path, Path, UsageError], tmp_path: Path) -> None:
     """plan said "fits" (its peak over the budget) where the run's guard refused the pass; at the budget the
     refusal named, the processes together peaked over it."""
-    m = llamas(tmp_path)
-    config = write(tmp_path / "hidden.yml", {
-        "base_model": str(m[0]), "gate_mode": "hidden",
-        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
-                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
-    state = tmp_path / "state"
-    estimate = api.estimate(config, tmp_path / "out",
-                            api.Settings(state_dir=state, resources=api.Resources(max_memory="200MB")), probe_size=0)
+    config, _, _, error = refused
+    out, state = tmp_path / "out", tmp_path / "state"  # the refused run's OUT stays unwritten for the test above
+    estimate = api.estimate(config, out, api.Settings(state_dir=state, resources=api.Resources(max_memory="200MB")),
+                            probe_size=0)
     assert not estimate.fits
     (said,) = [r for r in estimate.reasons if "the prompt forward pass needs" in r]
-    with pytest.raises(UsageError) as refused:
-        api.run(config, tmp_path / "out", settings=api.Settings(state_dir=state,
-                                                                resources=api.Resources(max_memory="200MB")))
     # One rule: the same sentence, up to what each process holds (a few MB apart).
     budget = parse_size(said.rsplit("--max-memory ", 1)[1].split()[0])
-    run_budget = parse_size(refused.value.one_line().rsplit("--max-memory ", 1)[1].split()[0])
-    assert abs(budget - run_budget) <= 0.05 * budget, (said, refused.value.one_line())
-    assert api.estimate(config, tmp_path / "out", settings=api.Settings(state_dir=state,
-                                                                        resources=api.Resources(max_memory=budget)),
-                                                                        probe_size=0).fits
-    code, peak = _tree_peak_anon(["run", str(config), str(tmp_path / "out"), "--state-dir", str(state),
+    run_budget = parse_size(error.one_line().rsplit("--max-memory ", 1)[1].split()[0])
+    assert abs(budget - run_budget) <= 0.05 * budget, (said, error.one_line())
+    assert api.estimate(config, out, settings=api.Settings(state_dir=state,
+                                                           resources=api.Resources(max_memory=budget)),
+                        probe_size=0).fits
+    code, peak = _tree_peak_anon(["run", str(config), str(out), "--state-dir", str(state),
                                   "--max-memory", str(budget), "--quiet"])
     assert code == 0
     assert peak <= budget, f"the run's processes peaked at {peak / 1e6:.0f} MB over the {budget / 1e6:.0f} MB budget"
