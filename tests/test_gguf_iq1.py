@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
 from support import cli
+from test_gguf_iq2 import assert_llama_cpp_s  # encode_iq, compiled and numpy, against llama.cpp
 from test_gguf_iquants import ties
 from test_gguf_kquants import (
     _as_llama_quantize_takes_it,
@@ -40,18 +41,6 @@ from resumerge.outputs.gguf.iquants import encode_iq
 
 IQ1 = {"IQ1_S": 19, "IQ1_M": 29}
 F = np.float32
-
-
-def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, label: object = "") -> None:
-    """``encode_iq``'s bytes, compiled (where numba is) and on the numpy path, are llama.cpp's."""
-    theirs = quantize(x, code, weights)
-    for path in ("compiled", "numpy"):
-        with pytest.MonkeyPatch.context() as patched, np.errstate(all="ignore"):
-            if path == "numpy":
-                patched.setattr(jit, "numba_module", lambda: None)
-            ours = encode_iq(x, code, weights)
-        assert ours.shape == theirs.shape
-        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
 
 
 @pytest.mark.parametrize("kind", list(IQ1))
