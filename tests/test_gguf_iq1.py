@@ -16,16 +16,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
+from llamacpp_oracle import dequantize, library, needs_library, quantize
 from support import cli
-from test_gguf_iq2 import assert_llama_cpp_s  # encode_iq, compiled and numpy, against llama.cpp
+from test_gguf_iq2 import (  # the parity checks: encoders (compiled and numpy) and whole mixes, against llama.cpp
+    assert_llama_cpp_s,
+    assert_mix_is_llama_quantize_s,
+)
 from test_gguf_iquants import ties
 from test_gguf_kquants import (
-    _as_llama_quantize_takes_it,
-    _imatrix_entries,
-    _same_as_llama_quantize,
-    _tensors,
-    _write_imatrix_gguf,
     awkward,
     importance,
     merges,  # noqa: F401 (a fixture)
@@ -165,16 +163,7 @@ def test_each_iq1_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str
                                                         merges: dict[str, tuple[Path, Path]]  # noqa: F811
                                                         ) -> None:
     """Every tensor's type and bytes equal llama_model_quantize's for the mix, with the same importance matrix."""
-    needs_library()
-    config, f16 = merges["llama"]
-    raw = _imatrix_entries(f16, 3)
-    _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type=mix, imatrix=str(tmp_path / "imatrix.gguf"))))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=_as_llama_quantize_takes_it(raw))
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    kinds = {kind for kind, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
-    assert MIXES[mix].default in kinds  # the 1-bit encoder itself, not only fallbacks
+    assert_mix_is_llama_quantize_s(tmp_path, mix, merges)
 
 
 @pytest.mark.parametrize("mix", ["iq1_s", "iq1_m"])

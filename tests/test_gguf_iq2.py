@@ -138,6 +138,14 @@ def test_each_iq2_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str
                                                         merges: dict[str, tuple[Path, Path]]  # noqa: F811
                                                         ) -> None:
     """Every tensor's type and bytes equal llama_model_quantize's for the mix, with the same importance matrix."""
+    assert_mix_is_llama_quantize_s(tmp_path, mix, merges)
+
+
+def assert_mix_is_llama_quantize_s(tmp_path: Path, mix: str, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                   ) -> None:
+    """The tiny llama merge written as ``mix`` with an importance matrix: every tensor's type and bytes
+    llama_model_quantize's with the same matrix, and the mix's own type among them (its encoder itself, not only
+    fallbacks)."""
     needs_library()
     config, f16 = merges["llama"]
     raw = _imatrix_entries(f16, 3)
@@ -147,7 +155,7 @@ def test_each_iq2_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=_as_llama_quantize_takes_it(raw))
     _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
     kinds = {kind for kind, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
-    assert MIXES[mix].default in kinds  # the 2-bit encoder itself, not only fallbacks
+    assert MIXES[mix].default in kinds
 
 
 @pytest.mark.parametrize("mix", ["iq2_xxs", "iq2_xs", "iq2_s", "iq2_m"])
