@@ -7,13 +7,12 @@ KV cache and no flash attention: llama.cpp's attention in float32."""
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from llamacpp_oracle import _Batch, _ContextParams, _ModelParams, needs_library
+from llamacpp_oracle import declare_forward, needs_library
 
 
 @contextmanager
@@ -21,29 +20,7 @@ def llama_model(model: Path, n_threads: int = 1) -> Iterator[object]:
     """A function of a text's token ids that returns its logits (float32, tokens × vocabulary) as llama.cpp
     computes them with the GGUF ``model`` loaded once."""
     _, llama = needs_library()
-    llama.llama_backend_init()
-    llama.llama_model_default_params.restype = _ModelParams
-    llama.llama_context_default_params.restype = _ContextParams
-    llama.llama_model_load_from_file.restype = ctypes.c_void_p
-    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
-    llama.llama_model_get_vocab.restype = ctypes.c_void_p
-    llama.llama_model_get_vocab.argtypes = [ctypes.c_void_p]
-    llama.llama_vocab_n_tokens.restype = ctypes.c_int32
-    llama.llama_vocab_n_tokens.argtypes = [ctypes.c_void_p]
-    llama.llama_init_from_model.restype = ctypes.c_void_p
-    llama.llama_init_from_model.argtypes = [ctypes.c_void_p, _ContextParams]
-    llama.llama_batch_init.restype = _Batch
-    llama.llama_batch_init.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
-    llama.llama_batch_free.argtypes = [_Batch]
-    llama.llama_decode.restype = ctypes.c_int32
-    llama.llama_decode.argtypes = [ctypes.c_void_p, _Batch]
-    llama.llama_get_logits.restype = ctypes.POINTER(ctypes.c_float)
-    llama.llama_get_logits.argtypes = [ctypes.c_void_p]
-    llama.llama_get_memory.restype = ctypes.c_void_p
-    llama.llama_get_memory.argtypes = [ctypes.c_void_p]
-    llama.llama_memory_clear.argtypes = [ctypes.c_void_p, ctypes.c_bool]
-    llama.llama_free.argtypes = [ctypes.c_void_p]
-    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+    declare_forward(llama)
     params = llama.llama_model_default_params()
     params.n_gpu_layers = 0
     loaded = llama.llama_model_load_from_file(str(model).encode(), params)

@@ -336,6 +336,34 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
         base.ggml_free(ctx)
 
 
+def declare_forward(llama: ctypes.CDLL) -> None:
+    """The backend started and the signatures of the library's calls a forward pass makes declared: a model loaded,
+    its vocabulary's size, a context, batches decoded, their logits, the KV memory cleared, all freed."""
+    llama.llama_backend_init()
+    llama.llama_model_default_params.restype = _ModelParams
+    llama.llama_context_default_params.restype = _ContextParams
+    llama.llama_model_load_from_file.restype = ctypes.c_void_p
+    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
+    llama.llama_model_get_vocab.restype = ctypes.c_void_p
+    llama.llama_model_get_vocab.argtypes = [ctypes.c_void_p]
+    llama.llama_vocab_n_tokens.restype = ctypes.c_int32
+    llama.llama_vocab_n_tokens.argtypes = [ctypes.c_void_p]
+    llama.llama_init_from_model.restype = ctypes.c_void_p
+    llama.llama_init_from_model.argtypes = [ctypes.c_void_p, _ContextParams]
+    llama.llama_batch_init.restype = _Batch
+    llama.llama_batch_init.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    llama.llama_batch_free.argtypes = [_Batch]
+    llama.llama_decode.restype = ctypes.c_int32
+    llama.llama_decode.argtypes = [ctypes.c_void_p, _Batch]
+    llama.llama_get_logits.restype = ctypes.POINTER(ctypes.c_float)
+    llama.llama_get_logits.argtypes = [ctypes.c_void_p]
+    llama.llama_get_memory.restype = ctypes.c_void_p
+    llama.llama_get_memory.argtypes = [ctypes.c_void_p]
+    llama.llama_memory_clear.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    llama.llama_free.argtypes = [ctypes.c_void_p]
+    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+
+
 def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16, n_threads: int = 1,
                        batch_tokens: int = 0,
                        spent: list[float] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -364,23 +392,7 @@ def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 
     base, llama = needs_library()
     if not _tensor_layout_holds(base):
         pytest.skip("struct ggml_tensor of this llama.cpp build differs from the one the oracle reads")
-    llama.llama_backend_init()
-    llama.llama_model_default_params.restype = _ModelParams
-    llama.llama_context_default_params.restype = _ContextParams
-    llama.llama_model_load_from_file.restype = ctypes.c_void_p
-    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
-    llama.llama_init_from_model.restype = ctypes.c_void_p
-    llama.llama_init_from_model.argtypes = [ctypes.c_void_p, _ContextParams]
-    llama.llama_batch_init.restype = _Batch
-    llama.llama_batch_init.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
-    llama.llama_batch_free.argtypes = [_Batch]
-    llama.llama_decode.restype = ctypes.c_int32
-    llama.llama_decode.argtypes = [ctypes.c_void_p, _Batch]
-    llama.llama_get_memory.restype = ctypes.c_void_p
-    llama.llama_get_memory.argtypes = [ctypes.c_void_p]
-    llama.llama_memory_clear.argtypes = [ctypes.c_void_p, ctypes.c_bool]
-    llama.llama_free.argtypes = [ctypes.c_void_p]
-    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+    declare_forward(llama)
     base.ggml_op_desc.restype = ctypes.c_char_p
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, np.ndarray] = {}
