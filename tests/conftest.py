@@ -383,7 +383,16 @@ def pytest_unconfigure() -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the Ray head once the next test is in a module without Ray tests (its idle processes cost ~2% of a core
-    while the session goes on); a Ray test the worker is handed later starts it again."""
+    while the session goes on); a Ray test the worker is handed later starts it again. A test outside the Ray
+    modules that left this process a Ray driver fails here."""
     head = item.config.stash.get(RAY_HEAD, None)
     if head is not None and (nextitem is None or nextitem.path not in item.config.stash.get(RAY_MODULES, set())):
         head.stop()
+    ray = sys.modules.get("ray")
+    if ray is not None and item.path not in item.config.stash.get(RAY_MODULES, set()) and ray.is_initialized():
+        # A test without a Ray head that left this process a Ray driver (Ray starts a local cluster for a call that
+        # needs one, ray.get_runtime_context() among them): the driver's error listener would write the raylet's
+        # complaints into later tests' stderr (a CI run failed so, on a disk over 95% full), and its processes would
+        # run on to the session's end.
+        ray.shutdown()
+        pytest.fail(f"{item.nodeid} left this process connected to a Ray cluster it started", pytrace=False)

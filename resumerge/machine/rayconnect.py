@@ -86,5 +86,10 @@ def _signals_kept() -> Iterator[None]:
 
 
 def this_node() -> str:
-    """The Ray node this process runs on, as the ledger's ``node`` events name it (a worker's view)."""
-    return str(require_ray().get_runtime_context().get_node_id())[:8]
+    """The Ray node this process runs on, as the ledger's ``node`` events name it (a worker's view). Asked in a
+    process Ray does not run, it raises: Ray's runtime context would start a local cluster to answer, and leave this
+    process its driver (whose error listener then writes the raylet's complaints to stderr, ``--quiet`` or not)."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        raise RuntimeError("this_node() asked in a process that is not on Ray")
+    return str(ray.get_runtime_context().get_node_id())[:8]

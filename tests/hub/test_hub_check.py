@@ -229,9 +229,14 @@ class _Actor:
 
 
 def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_path: Path, hub: FakeHub,
-                                                                            state: Path) -> None:
+                                                                            state: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # --executor ray: each model's forward pass reads its hub files on its node; what it read comes back to the
     # driver after each step, held to the journal as the driver's own reads (the static pass's, first) are.
+    import resumerge.machine.rayconnect
+
+    # The actor runs in this process, which is on no Ray node: asking Ray would start a local cluster.
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     from resumerge.analyses.check.models import find_models
     from resumerge.analyses.check.static import static_pass
     from resumerge.config.locations import StateDir
