@@ -10,7 +10,7 @@ import os
 import shlex
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -104,6 +104,7 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     from resumerge.runs.evolve.genome import tokenizer_model
     from resumerge.runs.evolve.lmeval import LmEvalCandidates, eval_settings
     from resumerge.runs.evolve.progress import SearchProgress
+    from resumerge.runs.evolve.combined import is_combined
     from resumerge.runs.evolve.search import run_search
     from resumerge.runs.evolve.shapes.genome import is_structure
     from resumerge.runs.evolve.streamed import StreamedCandidates
@@ -115,6 +116,8 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     _refuse_output(asked)
     if is_structure(text):
         return _evolve_structure(asked, calls, text)
+    if is_combined(text):
+        return _evolve_combined(asked, calls, text, progress)
     store, resources, merge_best, run = asked.store, asked.resources, asked.merge_best, calls.run
     if resources.max_disk is not None:
         raise UsageError("--max-disk bounds a structure genome's cache; a parameter genome keeps none",
@@ -230,6 +233,59 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
     return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
+
+
+def _evolve_combined(asked: SearchAsked, calls: ApiCalls, text: str, progress: Watcher | None) -> EvolveOutcome:
+    """A parameter search, then a structure search over its best merge (:mod:`resumerge.runs.evolve.combined`):
+    every refusal of both stages first (the structure block read against the parameter models' layers), then each
+    stage as its own search in STORAGE's folders, then ``best.yml`` (the combined recipe) and ``merge_best``."""
+    import yaml
+
+    from resumerge.errors import ConfigError
+    from resumerge.machine.durable import write_file_atomic
+    from resumerge.runs.evolve import combined
+    from resumerge.runs.evolve import storage as files
+    from resumerge.runs.evolve.options import SearchOptions
+    from resumerge.runs.evolve.shapes.genome import read_shape_spec
+
+    store = asked.store
+    merged = store.resolve() / combined.MERGED
+    params, shape = combined.stage_texts(text, merged)
+    try:
+        spec = read_shape_spec(shape, allow_benchmarks=asked.allow_benchmark_tasks)
+    except ConfigError as error:
+        raise combined.in_structure(error) from None
+    if asked.tracking or asked.placement != HERE:
+        raise UsageError("a combined search runs in this process, logged to its STORAGE alone",
+                         hint="leave out --wandb, --trackio and --executor ray")
+    if asked.merge_best is not None and Path(asked.merge_best).resolve().is_relative_to(store.resolve()):
+        raise UsageError(f"--merge-best {asked.merge_best} is inside STORAGE", hint="write the best merge elsewhere")
+    include = os.fspath(asked.task_search_path) if asked.task_search_path is not None else None
+    planned, _ = plan_evolve(params, asked.options, asked.allow_benchmark_tasks, calls.plan_merge, asked.state,
+                             include, asked.resources.device or "cpu")
+    repeat = spec.genome.repeat
+    if repeat is not None and repeat[1] >= planned.layers:
+        raise ConfigError(f"layer {repeat[1]} is past the merge's last, {planned.layers - 1}",
+                          yaml_path=f"{combined.STRUCTURE}.repeat")
+    files.claim(store, {"kind": "combined", "config": combined.fingerprint(text), "parameters": planned.identity()})
+    command = evolve_command(asked)
+    files.say(store, pid=os.getpid(), command=command, finished=False, kind="combined")
+    configs = [store / f"{name}.yml" for name in (combined.PARAMETERS, combined.STRUCTURE)]
+    with files.locked(store, command):
+        for path, each in zip(configs, (params, shape)):
+            write_file_atomic(path, each.encode())
+        first = evolve_into(replace(asked, config=configs[0], store=store / combined.PARAMETERS,
+                                    merge_best=merged, output=Output(),
+                                    resources=replace(asked.resources, max_disk=None)), calls, progress=progress)
+        second = evolve_into(replace(asked, config=configs[1], store=store / combined.STRUCTURE, merge_best=None,
+                                     output=Output(), options=SearchOptions()), calls)
+        found = combined.recipe(first.best.config, second.best.config, spec.genome.model)
+        head = (f"# resumerge evolve (parameters, then structure): {second.shape} over the parameter search's best, "
+                f"objective {second.best.objective!r}\n")
+        write_file_atomic(store / files.BEST, (head + yaml.safe_dump_all(found, sort_keys=False)).encode(),
+                          point="during_best_write")
+    files.say(store, finished=True)
+    return replace(second, storage=store, merged=_merge_best(asked, calls.run))
 
 
 def _lm_tasks(asked: SearchAsked, spec: ShapeSpec) -> list[LmAsked]:

@@ -6,7 +6,7 @@ so far and, while it runs, the time left the search itself estimates (:mod:`.pro
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class SearchStatus:
     seconds_left: float | None
     threads: int | None = None
     front: tuple[str, ...] = ()  # a structure search's size/score Pareto front, a line a candidate
+    stage: str | None = None  # a combined search's stage (parameters, the merge, structure): the rest is its own
 
     @property
     def finished(self) -> bool:
@@ -61,6 +62,9 @@ class SearchStatus:
 
     def lines(self) -> list[str]:
         """The status in words, a line each."""
+        if self.stage is not None:
+            return [f"combined search in {self.storage}: {self.state}, stage {self.stage}",
+                    *replace(self, stage=None).lines()[1:]]
         if self.front:
             return [f"structure search in {self.storage}: {self.state}, {self.evaluated} candidates scored"
                     + (f" (pid {self.pid})" if self.state == "running" and self.pid is not None else ""),
@@ -109,6 +113,8 @@ def search_status(store: Path) -> SearchStatus:
     identity = json.loads((store / storage.SEARCH).read_text(encoding="utf-8"))
     if identity.get("kind") == "structure":
         return _structure_status(store)
+    if identity.get("kind") == "combined":
+        return _combined_status(store)
     generations = storage.read_state(store)
     seen = storage.progress(store)
     popsize = int(seen.get("popsize") or identity["settings"].get("popsize") or 1)
@@ -163,6 +169,25 @@ def _structure_status(store: Path) -> SearchStatus:
     return SearchStatus(str(store), state, pid, command, 1, 1, [], 0, 0, seen.get("phase"),
                         layer if isinstance(layer, int) else None, layers if isinstance(layers, int) else None,
                         evaluated, evaluated, best, None, recorded_threads(store, storage.THREADS), lines)
+
+
+def _combined_status(store: Path) -> SearchStatus:
+    """A combined search's status: its stage (:mod:`.combined`), then the status of that stage's search; running,
+    interrupted or finished and the command that continues it are the combined search's own."""
+    from resumerge.runs.evolve.combined import PARAMETERS, STAGES, STRUCTURE, stage_of
+
+    seen = storage.progress(store)
+    stage = stage_of(store)
+    inner = store / (STRUCTURE if stage == 2 else PARAMETERS)
+    finished = bool(seen.get("finished"))
+    pid = seen.get("pid") if isinstance(seen.get("pid"), int) else None
+    state = "finished" if finished else "running" if pid_alive(pid) else "interrupted"
+    command = seen.get("command") if state == "interrupted" and isinstance(seen.get("command"), str) else None
+    if storage.is_storage(inner):
+        return replace(search_status(inner), storage=str(store), state=state, pid=pid, resume_command=command,
+                       stage=STAGES[stage])
+    return SearchStatus(str(store), state, pid, command, 0, 0, [], 0, 0, None, None, None, 0, 0, None, None,
+                        stage=STAGES[stage])
 
 
 def _json_list(path: Path) -> list[dict[str, Any]]:
