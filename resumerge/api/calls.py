@@ -516,7 +516,10 @@ def evolve(config: PathLike, storage: PathLike, settings: Settings = Settings(),
     per candidate (genotype, figures, objective), a summary per generation, ``best.yml`` as an artifact when the
     best changes; a resumed search logs to the same run, each candidate once (``logged-*.json`` in ``storage``).
     ``settings.state_dir``: as for :func:`run` (the parents' small files, the kl tasks' texts' tokens, ``merge_best``'s
-    ledger); ``resumerge status STORAGE`` (:func:`status`) says where the search stands.
+    ledger); ``resumerge status STORAGE`` (:func:`status`) says where the search stands. A structure genome
+    (``kind: structure``) searches a model's layer path instead; a parameter genome with a ``structure:`` block
+    searches the parameters, then the layer path of their best merge (``search``: the parameter stage's;
+    :mod:`resumerge.runs.evolve.combined`), ``best.yml`` the combined recipe ``merge_best`` is written from.
 
     Raises :class:`~resumerge.errors.ConfigError` or :class:`~resumerge.errors.UsageError` (exit 2) before any
     weight is read for a bad config or option, a genome of models of different shapes or a filter matching

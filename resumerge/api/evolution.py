@@ -101,10 +101,10 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     from resumerge.forward.device import PassDevice
     from resumerge.forward.threads import pass_threads
     from resumerge.runs.evolve import storage as files
+    from resumerge.runs.evolve.combined import is_combined
     from resumerge.runs.evolve.genome import tokenizer_model
     from resumerge.runs.evolve.lmeval import LmEvalCandidates, eval_settings
     from resumerge.runs.evolve.progress import SearchProgress
-    from resumerge.runs.evolve.combined import is_combined
     from resumerge.runs.evolve.search import run_search
     from resumerge.runs.evolve.shapes.genome import is_structure
     from resumerge.runs.evolve.streamed import StreamedCandidates
@@ -272,6 +272,7 @@ def _evolve_combined(asked: SearchAsked, calls: ApiCalls, text: str, progress: W
     files.say(store, pid=os.getpid(), command=command, finished=False, kind="combined")
     configs = [store / f"{name}.yml" for name in (combined.PARAMETERS, combined.STRUCTURE)]
     with files.locked(store, command):
+        files.sweep(store)  # the temp files a killed start left beside best.yml and the stages' configs
         for path, each in zip(configs, (params, shape)):
             write_file_atomic(path, each.encode())
         first = evolve_into(replace(asked, config=configs[0], store=store / combined.PARAMETERS,

@@ -30,6 +30,9 @@ DESCRIPTION = ("Search the parameters of the merge a mergekit-evolve CONFIG desc
                "block, then a beam over compositions, then optionally CMA-ES over the front's scales, each "
                "candidate scored (nll, kl, lm-eval tasks) from the base's hidden states cached in STORAGE "
                "(--max-disk bounds them); front.json holds the size/score Pareto front (docs/evolve.md). "
+               "A parameter genome with a structure: block beside it searches both, one after the other: the "
+               "parameters with CMA-ES (STORAGE/parameters), their best merged by run, then that merge's layer "
+               "path (STORAGE/structure); best.yml (and --merge-best) is the combined recipe. "
                "Exit 0 done, 2 bad input (before any weight is read), 3 interrupted (run it again).")
 
 

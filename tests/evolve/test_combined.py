@@ -19,6 +19,7 @@ import yaml
 
 from resumerge import api
 from resumerge.cli.commands import main
+from resumerge.runs.evolve.combined import STAGES
 from tests.evolve.test_search import OPTIONS, make_search
 
 FILES = ("best.yml", "parameters.yml", "structure.yml", "parameters/evaluations.jsonl", "parameters/best.yml",
@@ -112,13 +113,17 @@ def test_a_combined_search_killed_anywhere_ends_with_the_same_files(
     # each counted from its process's start: in the parameter stage (a candidate journaled; its last generation
     # durable), in the merge of its best, in the structure stage's cache and after its first candidate, writing the
     # structure stage's best.yml (the parameter stage's rewritten first), then the combined one
-    for kill in ("after_evolve_candidate:1", "after_evolve_generation:2", "after_ledger_commit:2",
-                 "after_check_layer:1", "after_evolve_candidate:1", "during_best_write:2", "during_best_write:3"):
+    kills = ("after_evolve_candidate:1", "after_evolve_generation:2", "after_ledger_commit:2",
+             "after_check_layer:1", "after_evolve_candidate:1", "during_best_write:2", "during_best_write:3")
+    for kill, stage in zip(kills, (0, 0, 1, 2, 2, 2, 2), strict=True):
         done = cli("evolve", config, killed, *ARGS, env={"RESUMERGE_KILL_AT": kill}, timeout=600)
         assert done.returncode == -9, (kill, done.returncode, done.stderr[-2000:])
         status = api.evolve_status(killed)
-        assert status.state == "interrupted" and status.stage is not None
+        assert status.state == "interrupted" and status.stage == STAGES[stage], (kill, status)
+        assert status.lines()[0] == f"combined search in {killed}: interrupted, stage {STAGES[stage]}"
         assert status.resume_command is not None and f"evolve {config} {killed}" in status.resume_command
+    assert any(p.name.startswith(".best.yml.") for p in killed.iterdir())  # the last kill's: the combined best.yml
     assert main(["evolve", str(config), str(killed), *ARGS]) == 0
     assert {n: (killed / n).read_bytes() for n in FILES} == {
         n: (store / n).read_bytes().replace(str(store).encode(), str(killed).encode()) for n in FILES}
+    assert sorted(p.name for p in killed.iterdir()) == sorted(p.name for p in store.iterdir())

@@ -13,7 +13,8 @@ admitted by the RAM governor), and :mod:`.written` is the reference it is held t
 :mod:`.budget` refuses up front a generation past ``--max-memory``, :mod:`.vocabs` a ``kl`` parent whose vocabulary
 cannot meet the candidates' (one that can is measured over the tokens both hold, as ``eval`` measures it);
 :mod:`.spread` spreads a generation's candidates over a Ray cluster's nodes (``--executor ray``); :mod:`.search`
-drives a search from start to end.
+drives a search from start to end; :mod:`.combined` is a parameter search then a structure search (:mod:`.shapes`)
+over its best merge, each stage a search of its own in STORAGE.
 
 May import: errors, config, analyses.evaluation, forward, inputs, machine, merge.methods, merge.engine, outputs.
 """
@@ -21,6 +22,7 @@ May import: errors, config, analyses.evaluation, forward, inputs, machine, merge
 __all__ = [
            "analysis",
            "chart",
+           "combined",
            "generation",
            "genome",
            "objective",

@@ -47,9 +47,11 @@ TOKENS = "tokens"  # the tasks' texts tokenized once per search
 LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
 SHAPES = ("shapes.json", "front.json", "surrogate.json", "cache")  # a structure search's own (.shapes.search)
+# a combined search's own (.combined): the stages' configs, their STORAGEs and the merge between them
+COMBINED = ("parameters.yml", "structure.yml", "parameters", "merged", "structure")
 THREADS = THREADS_FILE  # the torch thread count every pass of the search computes with, decided at its first start
 _OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(),
-         *SHAPES}
+         *SHAPES, *COMBINED}
 
 
 @dataclass(frozen=True)
