@@ -49,6 +49,7 @@ class EvolveOutcome:
     merged: Outcome | None = None
     shape: str | None = None  # a structure search's best, in words (``repeat 8-11``), of ``candidates`` scored
     candidates: int = 0
+    front: Path | None = None  # a structure search's size/score Pareto front (its file)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     from resumerge.runs.evolve import storage as files
     from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.shapes.scoring import CACHE, Budgets, ShapeJob
-    from resumerge.runs.evolve.shapes.search import ShapeSearch, figure_of, plan_shapes, read_measured
+    from resumerge.runs.evolve.shapes.search import FRONT, ShapeSearch, figure_of, plan_shapes, read_measured
     from resumerge.runs.evolve.storage import Evaluated
 
     options, store, resources, merge_best = asked.options, asked.store, asked.resources, asked.merge_best
@@ -232,7 +233,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     merged = _merge_best(asked, calls.run)
     found = Evaluated(1, best.number - 1, [], plan.config(best.shape), figure_of(plan.spec.tasks, best.tasks),
                       best.tasks)
-    return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)))
+    return EvolveOutcome(store, found, 1, merged, best.shape.key, len(read_measured(store)), store / FRONT)
 
 
 def _evolve_combined(asked: SearchAsked, calls: ApiCalls, text: str, progress: Watcher | None) -> EvolveOutcome:

@@ -87,7 +87,7 @@ def run_evolve_command(args: argparse.Namespace) -> int:
     best = outcome.best
     if outcome.shape is not None:
         print(f"best of {outcome.candidates} candidates: {outcome.shape} (candidate {best.number}), objective "
-              f"{best.objective:.6g}; the size/score front: {Path(args.storage) / 'front.json'}")
+              f"{best.objective:.6g}; the size/score front: {outcome.front}")
     else:
         print(f"best of {outcome.generations} generations: generation {best.generation}, candidate {best.number}, "
               f"objective {best.objective:.6g}")

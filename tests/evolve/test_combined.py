@@ -51,12 +51,15 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 def test_the_structure_stage_searches_the_parameter_optimum_and_best_yml_is_the_combined_recipe(
         combined: tuple[Path, Path, api.EvolveOutcome], capsys: pytest.CaptureFixture[str]) -> None:
-    _, store, outcome = combined
+    config, store, outcome = combined
     assert len(_rows(store / "parameters" / "evaluations.jsonl")) == OPTIONS["max_fevals"]
     shapes = _rows(store / "structure" / "evaluations.jsonl")
     assert [r["shape"] for r in shapes] == ["base", "repeat 0-0", "repeat 1-1"]
     assert yaml.safe_load((store / "structure.yml").read_text())["genome"]["model"] == str(store.resolve() / "merged")
-    # the structure stage's base is the parameter stage's best, written by run: its own candidate 'base'
+    # the structure stage's base is the parameter stage's best, written by run: its candidate 'base' scores as the
+    # parameter search scored that best (the streamed pass of an unwritten merge against the cache of the written one)
+    tried = _rows(store / "parameters" / "evaluations.jsonl")
+    assert shapes[0]["objective"] == pytest.approx(min(r["objective"] for r in tried), abs=1e-6)
     assert [r["computed"] for r in shapes] == [0, 2, 1]  # from the merged model's cache: the layers after the copy
     params, final = yaml.safe_load_all((store / "best.yml").read_text())
     assert params == {"name": "parameters", **yaml.safe_load((store / "parameters" / "best.yml").read_text())}
@@ -70,6 +73,8 @@ def test_the_structure_stage_searches_the_parameter_optimum_and_best_yml_is_the_
     assert main(["status", str(store)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"combined search in {store}: finished, stage structure (2 of 2)\n"), out
+    assert main(["evolve", str(config), str(store), *ARGS]) == 0  # asked again: it answers, the front its stage's
+    assert f"the size/score front: {store / 'structure' / 'front.json'}" in capsys.readouterr().out
     assert "the size/score front" in out
 
 
