@@ -9,6 +9,8 @@ both name :func:`smallest_run_budget`, so they name the same figure for the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from resumerge.config.locations import cache_root
 from resumerge.machine import torch_import
 from resumerge.machine.memory import SystemProbe, smallest_budget_for
@@ -37,12 +39,21 @@ def run_overhead(plan: Plan) -> int:
     return RUN_OVERHEAD + PER_TENSOR * len(plan.tensors)
 
 
-def run_baseline(plan: Plan) -> int:
+def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     """The resident bytes the run of ``plan`` holds apart from its units of work: a fresh run process's baseline
-    (cached per installation) plus :func:`run_overhead`. Where a fresh process cannot be measured (no interpreter to
-    start, or a container with no room for a second process), this process's own reading, torch imported, stands
-    in for it."""
-    fresh = fresh_baseline(RUN_MODULES, cache_root())
+    (cached per installation) that imported ``before`` too (a phase's modules, where the merge follows a phase in
+    the run's process) and loaded the compiled kernels its GGUF encoding uses (numba's runtime and each type's
+    kernels: about 80 MB for the K-quants, which no import holds and the governor does not reserve:
+    :func:`~resumerge.outputs.gguf.encoders.kernel_spec`), plus :func:`run_overhead`. Where a fresh process cannot
+    be measured (no interpreter to start, or a container with no room for a second process), this process's own
+    reading, torch imported, stands in for it."""
+    from resumerge.outputs.gguf.encoders import kernel_spec
+
+    spec = kernel_spec(tp.out_codec for tp in plan.tensors.values())
+    modules = (*RUN_MODULES, *before, *((f"resumerge.outputs.gguf.encoders:warm_kernels:{spec}",) if spec else ()))
+    fresh = fresh_baseline(modules, cache_root())
+    if fresh is None and spec:  # its kernels could not be loaded there (a compilation over the measure's time)
+        fresh = fresh_baseline((*RUN_MODULES, *before), cache_root())
     if fresh is None:
         torch_import.load()
         fresh = SystemProbe().rss()
