@@ -126,7 +126,8 @@ def test_a_refusal_the_flags_decide_comes_before_the_pass(merge: tuple[Path, Pat
 def test_plan_names_each_phase_and_refuses_what_run_refuses(merge: tuple[Path, Path], tmp_path: Path) -> None:
     """On a fresh state dir ``plan`` times its sample (the matrix is not computed yet) and names the pass's peak and
     smallest budget, and the merge's after it; a budget 1 MB under the larger is refused by ``plan`` and by ``run``
-    (exit 2, nothing written), and the run under it finishes; its phases' peaks, as it recorded them, are within 1.3x of ``plan``'s."""
+    (exit 2, nothing written), and the run under it finishes; its phases' peaks, as it recorded them, are within
+    1.3x of ``plan``'s."""
     config, texts = merge
     out, state = tmp_path / "out", tmp_path / "state"
     args = (config, out, "--state-dir", state, *K_MIX, "--imatrix-texts", texts)
