@@ -41,11 +41,11 @@ from resumerge.inputs.gguf.legacy import Kind
 from resumerge.outputs.gguf import iq3quants, iquants, kquants, legacyweighted, mxfp4quants, tquants
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "kernel_spec", "warm_kernels"]
+__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "warm_kernels"]
 
 _Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
@@ -235,29 +235,9 @@ def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch:
         out[:, 2:4] = m.to(torch.float16).view(torch.uint8)
 
 
-def kernel_spec(codecs: Iterable[object]) -> str:
-    """The compiled kernels encoding with ``codecs`` loads (each :class:`~.outcodec.GgufOutCodec`'s type, and a
-    release's each file's, with or without its importance matrix), as :func:`warm_kernels` reads them: ``"12,14w"``
-    (type ids, ``w`` where weighted); ``""`` where none is compiled (no such type, or numba missing)."""
-    from resumerge.outputs.gguf import jit
-    from resumerge.outputs.gguf.outcodec import GgufOutCodec
-    from resumerge.outputs.gguf.releasecodec import ReleaseCodec
-
-    found: set[str] = set()
-    pending = list(codecs)
-    while pending:
-        codec = pending.pop()
-        if isinstance(codec, ReleaseCodec):
-            pending.extend(codec.codecs)
-        elif isinstance(codec, GgufOutCodec) and (codec.ggml_type in SEARCHED or codec.ggml_type in UNWEIGHTED):
-            found.add(f"{codec.ggml_type}{'w' if codec.imatrix and codec.ggml_type in SEARCHED else ''}")
-    if not found or jit.numba_module() is None:
-        return ""
-    return ",".join(sorted(found))
-
-
 def warm_kernels(spec: str) -> None:
-    """Encode one 256-value row at each type of ``spec`` (:func:`kernel_spec`): numba's runtime started and each
+    """Encode one 256-value row at each type of ``spec`` (``"12,14w"``: type ids, ``w`` where weighted by an
+    importance matrix; :func:`resumerge.merge.engine.footprint.kernel_spec`): numba's runtime started and each
     kernel loaded (from its disk cache, or compiled), as a run's first tensors of those types do. What a process
     holds after it is what a run encoding them holds beside its units (about 80 MB over numba's import for the
     K-quants, nearly all its runtime's: :func:`resumerge.merge.engine.footprint.run_baseline` measures it)."""
