@@ -152,7 +152,8 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert set(doc["memory"]) == {"budget", "budget_source", "machine_bytes", "baseline_bytes",
                                   "counted_baseline_bytes", "working_set_bytes", "peak_bytes",
                                   "largest_unit_bytes", "smallest_budget", "prepass_bytes", "prepass_beside",
-                                  "first_pass_bytes", "first_pass_baseline_bytes"}
+                                  "first_pass_bytes", "first_pass_baseline_bytes",
+                                  "first_pass_merge_baseline_bytes"}
     assert doc["memory"]["budget_source"] == "default" and doc["memory"]["peak_bytes"] > 100_000_000
     assert doc["memory"]["prepass_bytes"] == 0 and doc["time"]["prepass_seconds"] == 0  # a merge has no pass
     assert doc["first_pass"] is None and doc["time"]["first_pass_seconds"] == 0  # nor one before it

@@ -292,12 +292,32 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
         load_tokenizer([m.opened.directory for m in models])
 
 
+def test_a_gguf_tokenizer_is_rebuilt_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """The rebuild (transformers' converter) leaves transformers unimported in the process that asked: a run's
+    importance pass on a first run imported it for its GGUF donor's tokenizer and held 480 MB under a 362 MB budget
+    (no budget counts transformers in a run of a family resumerge builds itself)."""
+    import subprocess
+    import sys
+
+    write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
+    code = ("import sys\nfrom pathlib import Path\nfrom resumerge.config.modelref import ModelRef\n"
+            "from resumerge.inputs.codecs import CODECS\nfrom resumerge.inputs.model import open_model\n"
+            "from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files\npath = Path(sys.argv[1])\n"
+            "model = open_model(ModelRef(str(path))).recognised(CODECS)\n"
+            "made = gguf_tokenizer_files(path, model.gguf_header, Path(sys.argv[2]))\n"
+            "print('tokenizer.json' in made, 'transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.gguf"), str(tmp_path / "cache")],
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"], done.stdout
+
+
 def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A plan of a GGUF donor rebuilt its tokenizer through transformers every time (its import and a parse of the
-    # whole vocabulary); the files are kept in the cache by the header and the makers' versions.
-    import transformers
-
+    # whole vocabulary); the files are kept in the cache by the header and the makers' versions. The rebuild runs in
+    # a process of its own (transformers never imported in the asking one): it is caught at its door, _rebuilt.
+    from resumerge.inputs.gguf import tokenizer
     from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 
     cache = tmp_path / "cache"
@@ -314,18 +334,18 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
         raise AssertionError("rebuilt")
 
     with monkeypatch.context() as patch:
-        patch.setattr(transformers.AutoTokenizer, "from_pretrained", no_rebuild)
+        patch.setattr(tokenizer, "_rebuilt", no_rebuild)
         assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # kept: transformers never asked
         doc = json.loads(kept.read_text())
         doc["files"]["tokenizer.json"] = base64.b64encode(made["tokenizer.json"].replace(b"th", b"ht")).decode()
         kept.write_text(json.dumps(doc))  # its files no longer its digest's: rebuilt, never used
-        with pytest.raises(ModelInputError, match="rebuilt"):
+        with pytest.raises(AssertionError, match="rebuilt"):
             gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
     assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made
     (tmp_path / "copy").mkdir()
     shutil.copy(tmp_path / "m.gguf", tmp_path / "copy" / "m.gguf")
     with monkeypatch.context() as patch:
-        patch.setattr(transformers.AutoTokenizer, "from_pretrained", no_rebuild)
+        patch.setattr(tokenizer, "_rebuilt", no_rebuild)
         assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # kept again
         assert gguf_tokenizer_files(tmp_path / "copy" / "m.gguf", header, cache) == made  # the same file elsewhere
     other, _ = decoded(tmp_path / "other.gguf")  # another header (general.basename): kept apart

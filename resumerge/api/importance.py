@@ -56,6 +56,11 @@ class ImportancePhase:
                              f"{format_size(cost.baseline_bytes)}, its largest step {format_size(cost.held_bytes)}), "
                              f"more than the budget of {format_size(budget)}",
                              hint=f"rerun with --max-memory {format_size(cost.smallest_budget, compact=True)} or more")
+        if cost.merge_budget > budget:  # the merge after it, in the process the pass leaves, its kernels loaded
+            raise UsageError(f"the merge after {self.name} needs a budget of {format_size(cost.merge_budget)} (its "
+                             f"process about {format_size(cost.merge_baseline_bytes)} with the pass's modules and the "
+                             f"GGUF encoders' kernels), more than the budget of {format_size(budget)}",
+                             hint=f"rerun with --max-memory {format_size(cost.merge_budget, compact=True)} or more")
 
     def run(self, progress: Progress, tell: Callable[[str], None]) -> None:
         """The pass (:func:`importance_pass`), each layer made durable told as ``(done, layers, "layer")``; its
@@ -288,7 +293,8 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
                          matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN
-                         + (measuring_seconds(plan, tokens) if measuring else 0.0), pass_baseline(plan))
+                         + (measuring_seconds(plan, tokens) if measuring else 0.0), pass_baseline(plan),
+                         *merge_after_pass(plan))
 
     return cost
 
@@ -334,31 +340,51 @@ PASS_MODULES = ("resumerge.forward.stream", "resumerge.analyses.importance.onmer
 _OPTIONAL = ("tokenizers", "numba")
 
 
-def pass_baseline(plan: Plan) -> int:
-    """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
-    and the pass's (:data:`PASS_MODULES`; measured once per installation,
-    :func:`~resumerge.machine.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's
-    and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+def pass_modules(plan: Plan) -> tuple[str, ...]:
+    """What the run's process imports for its importance pass over ``plan``'s merge, beyond a run's modules
+    (:data:`PASS_MODULES`, the optional ones installed, then the family's: :func:`_family_modules`)."""
     import importlib.util
 
-    from resumerge.config.locations import cache_root
+    return (*PASS_MODULES, *(m for m in _OPTIONAL if importlib.util.find_spec(m) is not None), *_family_modules(plan))
+
+
+def _family_modules(plan: Plan) -> tuple[str, ...]:
+    """The modules the pass builds ``plan``'s family with: resumerge's own (forward.native), else transformers'."""
     from resumerge.forward.native.config import read_config
-    from resumerge.machine.memory.baseline import fresh_baseline
-    from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_overhead
 
     family = str(plan.out_config.get("model_type") or "")
     if read_config(plan.out_config) is not None:
-        modules: tuple[str, ...] = ("resumerge.forward.native.modules",)
-    else:
-        modules = ("transformers", *((f"transformers.models.{family}.modeling_{family}",)
-                                     if family.isidentifier() else ()))
-    optional = tuple(m for m in _OPTIONAL if importlib.util.find_spec(m) is not None)
-    fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *optional, *modules), cache_root())
+        return ("resumerge.forward.native.modules",)
+    return ("transformers", *((f"transformers.models.{family}.modeling_{family}",) if family.isidentifier() else ()))
+
+
+def pass_baseline(plan: Plan) -> int:
+    """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
+    and the pass's (:func:`pass_modules`; measured once per installation,
+    :func:`~resumerge.machine.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's
+    and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    from resumerge.config.locations import cache_root
+    from resumerge.machine.memory.baseline import fresh_baseline
+    from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_overhead
+
+    modules = pass_modules(plan)
+    fresh = fresh_baseline((*RUN_MODULES, *modules), cache_root())
     if fresh is None:  # a family transformers names otherwise
-        fresh = fresh_baseline((*RUN_MODULES, *PASS_MODULES, *optional), cache_root())
+        fresh = fresh_baseline((*RUN_MODULES, *modules[:len(modules) - len(_family_modules(plan))]), cache_root())
     if fresh is None:
         return run_baseline(plan)
     return fresh + run_overhead(plan) + PER_TENSOR * len(plan.tensors)
+
+
+def merge_after_pass(plan: Plan) -> tuple[int, int]:
+    """The merge of ``plan`` as it follows the importance pass in the run's process: its baseline (the process with
+    the pass's modules imported and the encoders' kernels loaded,
+    :func:`~resumerge.merge.engine.footprint.run_baseline`, and the float plan the pass read) and the smallest
+    budget it works under beside it."""
+    from resumerge.merge.engine.footprint import PER_TENSOR, run_baseline, smallest_run_budget
+
+    baseline = run_baseline(plan, pass_modules(plan)) + PER_TENSOR * len(plan.tensors)
+    return baseline, smallest_run_budget(plan, baseline).needed
 
 
 def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None]:

@@ -75,14 +75,17 @@ def hash_spans(path: Path, groups: Iterable[tuple[Spans, Digest]],
     """Feed each group's spans of ``path`` to its digest, and return how the file looked while read and whether its
     look is not to be trusted: written within a timestamp tick of the read (racy: a later write could keep the same
     look: git's "racy clean"), or its ctime moved while it was read (the spans were hashed again and agreed). Read
-    by ``preadv`` into one 8 MiB buffer, not mapped: a map's pages would count in the process's RSS, which the RAM
-    governor watches; one buffer, so its pages are faulted in and zeroed once, not at every read. Raises
+    by ``preadv`` into one buffer (8 MiB, or its largest span where smaller), not mapped: a map's pages would count
+    in the process's RSS, which the RAM governor watches; one buffer, so its pages are faulted in and zeroed once,
+    not at every read. Raises
     ``changed()`` for a file that changed while it was read (:func:`check_read`)."""
     listed = list(groups)
     spare = [(spans, digest.copy()) for spans, digest in listed]  # as handed in: fed again where only ctime moves
     before = look_of(path)
     started = time.time_ns()
-    block = bytearray(_BLOCK)
+    # no larger than its largest span: the proof's threads hash a run's last ranges beside its last units, and a
+    # small file's 8 MiB each were what a run at its smallest budget peaked over it by
+    block = bytearray(min(_BLOCK, max((end - start for spans, _ in listed for start, end in spans), default=1)))
     _feed(path, listed, memoryview(block), changed)
 
     def agrees_again() -> bool:

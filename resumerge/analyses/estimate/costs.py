@@ -143,6 +143,9 @@ class MemoryEstimate:
     # run's process with the pass's modules imported: :class:`FirstPass`; 0: the merge's).
     first_pass_bytes: int = 0
     first_pass_baseline_bytes: int = 0
+    # The merge's baseline after that pass, in the process it leaves (its modules, the GGUF encoders' kernels; 0: the
+    # merge's own).
+    first_pass_merge_baseline_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -167,8 +170,9 @@ class MemoryEstimate:
                 "or more")
 
     def _peak(self, baseline: int) -> int:
-        merge = baseline + (self.working_set_bytes + self.prepass_bytes if self.prepass_beside
-                            else max(self.working_set_bytes, self.prepass_bytes))
+        working = (self.working_set_bytes + self.prepass_bytes if self.prepass_beside
+                   else max(self.working_set_bytes, self.prepass_bytes))
+        merge = max(baseline, self.first_pass_merge_baseline_bytes) + working
         if not self.first_pass_bytes:
             return merge
         return max(merge, (self.first_pass_baseline_bytes or baseline) + self.first_pass_bytes)

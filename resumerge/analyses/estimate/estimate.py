@@ -166,14 +166,22 @@ def estimate(
         timing = replace(timing, first_pass_seconds=first_pass.seconds(
             timing.read_bytes_per_s, timing.write_bytes_per_s, timing.compute_seconds))
         # its own refusal's figure (its process's baseline and its step), the one a run's phase names too
+        # and the merge's after it, in the process the pass leaves (its modules, the encoders' kernels loaded)
         memory = replace(memory, first_pass_bytes=first_pass.held_bytes,
                          first_pass_baseline_bytes=first_pass.baseline_bytes,
-                         smallest_budget=max(memory.smallest_budget, first_pass.smallest_budget))
+                         first_pass_merge_baseline_bytes=first_pass.merge_baseline_bytes,
+                         smallest_budget=max(memory.smallest_budget, first_pass.smallest_budget,
+                                             first_pass.merge_budget))
         if first_pass.smallest_budget > memory.budget:  # the run's phase refuses it (exit 2) before it starts
             memory_reasons.append(f"memory: {first_pass.what} needs a budget of "
                                   f"{format_size(first_pass.smallest_budget)}, more than "
                                   f"{format_size(memory.budget)}: rerun with --max-memory "
                                   f"{format_size(first_pass.smallest_budget, compact=True)} or more")
+        elif first_pass.merge_budget > memory.budget:  # so does it the merge after it
+            memory_reasons.append(f"memory: the merge after {first_pass.what} needs a budget of "
+                                  f"{format_size(first_pass.merge_budget)}, more than "
+                                  f"{format_size(memory.budget)}: rerun with --max-memory "
+                                  f"{format_size(first_pass.merge_budget, compact=True)} or more")
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
     reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state.root, "the state dir")] if r]  # run would stop at once

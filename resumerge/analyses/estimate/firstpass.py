@@ -21,7 +21,10 @@ class FirstPass:
     (``held_bytes``, the figure its own guard judges) and the seconds of its forward over the texts
     (``forward_seconds``: ``tokens`` through every layer's matrices); ``baseline_bytes``: what the run's process
     holds as the pass starts (a fresh process with the pass's modules imported, and the run's plans), which its
-    :attr:`smallest_budget` counts, as the run's refusal of a budget too small does."""
+    :attr:`smallest_budget` counts, as the run's refusal of a budget too small does; ``merge_baseline_bytes`` and
+    ``merge_budget``: the merge that follows it in that process, its baseline (the pass's modules stay imported,
+    and the GGUF encoders' compiled kernels load beside them) and the smallest budget it works under, which the run
+    refuses a budget below before the pass starts (0: not counted)."""
 
     what: str
     tokens: int
@@ -32,6 +35,8 @@ class FirstPass:
     held_bytes: int
     forward_seconds: float
     baseline_bytes: int = 0
+    merge_baseline_bytes: int = 0
+    merge_budget: int = 0
 
     @property
     def peak_bytes(self) -> int:

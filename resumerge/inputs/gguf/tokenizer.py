@@ -58,31 +58,44 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None,
 
 
 def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
-    """The files as transformers rebuilds them now."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
+    """The files as transformers rebuilds them now, in a process of its own (:data:`_REBUILD`): transformers'
+    tokenization modules (about 100 MB) never stay in the process that asked, a run whose budget counts no
+    transformers (its importance pass on a first run measured 480 MB under a 362 MB budget so)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("transformers") is None:
         raise ModelInputError("rebuilding a GGUF model's tokenizer needs transformers, which is not installed",
                               path=str(path), hint="pip install transformers (in the resumerge clone: pip install -c "
                                                    "constraints.txt -e '.[check,gguf]'), or merge with "
-                                                   "--no-copy-tokenizer") from None
+                                                   "--no-copy-tokenizer")
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
         read = path
         if not path.is_file() and header is not None:
             read = Path(scratch) / "metadata" / path.name
             read.parent.mkdir()
             read.write_bytes(metadata_only(header))
-        try:
-            # Never the network (the file is local), and the same bytes whatever HF_HUB_OFFLINE says: transformers
-            # records the flag in tokenizer_config.json, and the plan hashes that file.
-            tokenizer = AutoTokenizer.from_pretrained(str(read.parent), gguf_file=read.name, local_files_only=True)
-        # The tokenizers library raises a bare Exception for a vocabulary it cannot build (a merge of unknown tokens).
-        except Exception as exc:
-            raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({exc})", path=str(path),
-                                  hint="merge with --no-copy-tokenizer and add the tokenizer files by hand") from None
         out = Path(scratch) / "out"
-        tokenizer.save_pretrained(out)
+        done = subprocess.run([sys.executable, "-c", _REBUILD, json.dumps(sys.path), str(read), str(out)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise ModelInputError(f"transformers cannot rebuild this GGUF's tokenizer ({lines[-1] if lines else ''})",
+                                  path=str(path),
+                                  hint="merge with --no-copy-tokenizer and add the tokenizer files by hand")
         return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
+
+
+# The rebuild, in a fresh interpreter with the caller's import path: never the network (the file is local), and the
+# same bytes whatever HF_HUB_OFFLINE says (transformers records the flag in tokenizer_config.json, which the plan
+# hashes). The tokenizers library raises a bare Exception for a vocabulary it cannot build: its message is the last
+# line the caller reads.
+_REBUILD = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nfrom pathlib import Path\n"
+            "from transformers import AutoTokenizer\nread = Path(sys.argv[2])\n"
+            "try:\n    tokenizer = AutoTokenizer.from_pretrained(str(read.parent), gguf_file=read.name, "
+            "local_files_only=True)\nexcept Exception as exc:\n    sys.exit(str(exc).replace(chr(10), ' '))\n"
+            "tokenizer.save_pretrained(sys.argv[3])\n")
 
 
 def _kept_path(path: Path, header: GgufHeader, cache_dir: Path | None) -> Path | None:

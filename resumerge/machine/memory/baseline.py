@@ -35,10 +35,14 @@ _CACHE_NAME = "baseline.json"
 # Two starts of one command read its process a few hundred KB apart (0.8 MB for measure on a tiny Llama, 343 MB):
 # a named budget leaves this much of the reading more, so a rerun at the figure named is not refused again.
 SETTLE_FRACTION = 0.01
-# A fresh interpreter with this process's import path imports the modules, collects garbage and prints its RSS.
+# A fresh interpreter with this process's import path imports the modules (``module:function:argument``: the
+# module's function called with the argument, work whose memory stays, as the loading of compiled kernels), collects
+# garbage and prints its RSS.
 _MEASURE = ("import gc, importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
-            "for name in json.loads(sys.argv[2]):\n    importlib.import_module(name)\ngc.collect()\n"
-            "from resumerge.machine.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
+            "for name in json.loads(sys.argv[2]):\n    module, _, call = name.partition(':')\n"
+            "    found = importlib.import_module(module)\n    if call:\n"
+            "        function, _, argument = call.partition(':')\n        getattr(found, function)(argument)\n"
+            "gc.collect()\nfrom resumerge.machine.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
 
 
 def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:
@@ -57,7 +61,8 @@ def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:
 
 
 def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
-    """The RSS of a fresh process of this interpreter once it has imported ``modules`` (in order), from the cache
+    """The RSS of a fresh process of this interpreter once it has imported ``modules`` (in order; an entry
+    ``module:function:argument`` calls that function too, :data:`_MEASURE`), from the cache
     in ``cache_dir`` or measured now in a child process (and cached); None when it cannot be measured (no
     interpreter to start, a module that fails to import there): the caller then reads its own process."""
     key = _key(modules)
@@ -95,7 +100,7 @@ def _key(modules: Sequence[str]) -> str:
     versions of the distributions they come from (not the working directory: ``plan`` and ``run`` started from two
     folders read one figure)."""
     versions: dict[str, str | None] = {}
-    for top in sorted({m.split(".")[0] for m in modules}):
+    for top in sorted({m.split(".")[0].split(":")[0] for m in modules}):
         try:
             versions[top] = importlib.metadata.version(top)
         except importlib.metadata.PackageNotFoundError:

@@ -9,6 +9,8 @@ both name :func:`smallest_run_budget`, so they name the same figure for the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from resumerge.config.locations import cache_root
 from resumerge.machine import torch_import
 from resumerge.machine.memory import SystemProbe, smallest_budget_for
@@ -17,7 +19,7 @@ from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import Oversized, smallest_budget
 
-__all__ = ["RUN_MODULES", "run_baseline", "run_overhead", "smallest_run_budget"]
+__all__ = ["RUN_MODULES", "kernel_spec", "run_baseline", "run_overhead", "smallest_run_budget"]
 
 # What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
 # imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
@@ -37,12 +39,19 @@ def run_overhead(plan: Plan) -> int:
     return RUN_OVERHEAD + PER_TENSOR * len(plan.tensors)
 
 
-def run_baseline(plan: Plan) -> int:
+def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     """The resident bytes the run of ``plan`` holds apart from its units of work: a fresh run process's baseline
-    (cached per installation) plus :func:`run_overhead`. Where a fresh process cannot be measured (no interpreter to
-    start, or a container with no room for a second process), this process's own reading, torch imported, stands
-    in for it."""
-    fresh = fresh_baseline(RUN_MODULES, cache_root())
+    (cached per installation) that imported ``before`` too (a phase's modules, where the merge follows a phase in
+    the run's process) and loaded the compiled kernels its GGUF encoding uses (numba's runtime and each type's
+    kernels: about 80 MB for the K-quants, which no import holds and the governor does not reserve:
+    :func:`kernel_spec`), plus :func:`run_overhead`. Where a fresh process cannot
+    be measured (no interpreter to start, or a container with no room for a second process), this process's own
+    reading, torch imported, stands in for it."""
+    spec = kernel_spec(plan)
+    modules = (*RUN_MODULES, *before, *((f"resumerge.outputs.gguf.encoders:warm_kernels:{spec}",) if spec else ()))
+    fresh = fresh_baseline(modules, cache_root())
+    if fresh is None and spec:  # its kernels could not be loaded there (a compilation over the measure's time)
+        fresh = fresh_baseline((*RUN_MODULES, *before), cache_root())
     if fresh is None:
         torch_import.load()
         fresh = SystemProbe().rss()
@@ -55,3 +64,25 @@ def smallest_run_budget(plan: Plan, baseline: int, device: str | None = None, cl
     with the tensor whose step sets it (no tensor, ``""``, for a plan without tensors: its baseline alone)."""
     worst = smallest_budget(plan, baseline, device, classes, threads=threads)
     return worst if worst is not None else Oversized("", "", smallest_budget_for(0, baseline_bytes=baseline))
+
+
+def kernel_spec(plan: Plan) -> str:
+    """The compiled kernels the GGUF encoding of ``plan`` loads (each tensor's type, and a release's each file's, with
+    or without its importance matrix), as :func:`~resumerge.outputs.gguf.encoders.warm_kernels` reads them:
+    ``"12,14w"`` (type ids, ``w`` where weighted); ``""`` where none is compiled (no such type, or numba missing)."""
+    from resumerge.outputs.gguf import jit
+    from resumerge.outputs.gguf.encoders import SEARCHED, UNWEIGHTED
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+    from resumerge.outputs.gguf.releasecodec import ReleaseCodec
+
+    found: set[str] = set()
+    pending: list[object] = [tp.out_codec for tp in plan.tensors.values()]
+    while pending:
+        codec = pending.pop()
+        if isinstance(codec, ReleaseCodec):
+            pending.extend(codec.codecs)
+        elif isinstance(codec, GgufOutCodec) and (codec.ggml_type in SEARCHED or codec.ggml_type in UNWEIGHTED):
+            found.add(f"{codec.ggml_type}{'w' if codec.imatrix and codec.ggml_type in SEARCHED else ''}")
+    if not found or jit.numba_module() is None:
+        return ""
+    return ",".join(sorted(found))

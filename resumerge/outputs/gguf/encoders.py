@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes"]
+__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "warm_kernels"]
 
 _Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
@@ -233,3 +233,17 @@ def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch:
     out[:, :2] = d.to(torch.float16).view(torch.uint8)
     if kind.affine:
         out[:, 2:4] = m.to(torch.float16).view(torch.uint8)
+
+
+def warm_kernels(spec: str) -> None:
+    """Encode one 256-value row at each type of ``spec`` (``"12,14w"``: type ids, ``w`` where weighted by an
+    importance matrix; :func:`resumerge.merge.engine.footprint.kernel_spec`): numba's runtime started and each
+    kernel loaded (from its disk cache, or compiled), as a run's first tensors of those types do. What a process
+    holds after it is what a run encoding them holds beside its units (about 80 MB over numba's import for the
+    K-quants, nearly all its runtime's: :func:`resumerge.merge.engine.footprint.run_baseline` measures it)."""
+    from resumerge.machine.torch_import import torch
+
+    row = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32))
+    for each in filter(None, spec.split(",")):
+        weighted = each.endswith("w")
+        encode(row, int(each.rstrip("w")), importance=np.ones(256, np.float32) if weighted else None)

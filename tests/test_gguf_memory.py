@@ -1,0 +1,46 @@
+"""A GGUF run stays within the smallest ``--max-memory`` ``plan`` names (``--max-memory`` is a promise): its
+encoders' compiled kernels (numba's runtime started and each type's kernel loaded: about 80 MB, which no import holds
+and the governor reserves for no unit) are counted in the run's baseline, measured in a fresh process that loads
+them; and a run with ``--imatrix-texts`` counts them beside the pass's modules, which stay in the process its merge
+follows the pass in. Before, a K-quant run at ``plan``'s smallest budget peaked 17 % over it (424 MB under 362 MB
+with ``--imatrix-texts``): each peak is a real process's, as the OS measured it (``ru_maxrss``), held to the budget
+it ran under, which ``plan`` named with its 5 % margin."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from ggufmodels import linear_llama_pair
+from support import cli, peak_rss_run
+from test_imatrix_merge import K_MIX, TEXTS
+
+pytest.importorskip("numba")  # without it the encoders are numpy's: no kernels to count
+
+
+@pytest.fixture(scope="module")
+def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """test_imatrix_merge's tiny merge and texts, built for this module."""
+    return linear_llama_pair(tmp_path_factory.mktemp("budget"), TEXTS)
+
+
+@pytest.mark.parametrize("texts", [False, True], ids=["k-quants", "imatrix-texts"])
+def test_a_gguf_run_at_the_smallest_budget_plan_names_stays_within_it(
+        merge: tuple[Path, Path], tmp_path: Path, texts: bool) -> None:
+    """At ``plan``'s smallest budget the run finishes and its process's peak RSS is within that budget; a budget
+    1 MB under it is refused by the run (exit 2) before anything is written."""
+    config, found = merge
+    out, state = tmp_path / "out", tmp_path / "state"
+    args = (config, out, "--state-dir", state, *K_MIX, *(("--imatrix-texts", found) if texts else ()))
+    planned = cli("plan", *args, "--json", timeout=600)
+    assert planned.returncode == 0, planned.stderr
+    smallest = json.loads(planned.stdout)["memory"]["smallest_budget"]
+    refused = cli("run", *args, "--max-memory", f"{(smallest - 1_000_000) // 1000}kB", timeout=600)
+    assert refused.returncode == 2, refused.stderr
+    assert not out.exists()
+    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", *map(str, args), "--max-memory",
+                                    f"{smallest // 1000}kB"])
+    assert code == 0, err
+    assert peak <= smallest, (peak, smallest)
