@@ -5,7 +5,9 @@ command. The child is a real process of its own — its own pid, environment, wo
 files, exit status; a kill test's SIGKILL kills it — that runs ``python -m resumerge ARGS`` as a fresh interpreter
 would: the resumerge modules a local run imports are imported in the server (none reads the environment as it is
 imported), and everything that reads the environment as it is imported (huggingface_hub, transformers) is imported in
-the child, never in the server.
+the child, never in the server. The commands that import transformers (eval, check, evolve) are forked from a second
+server that also imported what transformers imports but transformers and the hub client (torch's dynamo, sympy,
+scipy), having recorded the run-time variables those imports read: a command whose values differ starts fresh.
 
 Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
 imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
