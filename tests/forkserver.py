@@ -5,7 +5,9 @@ command. The child is a real process of its own — its own pid, environment, wo
 files, exit status; a kill test's SIGKILL kills it — that runs ``python -m resumerge ARGS`` as a fresh interpreter
 would: the resumerge modules a local run imports are imported in the server (none reads the environment as it is
 imported), and everything that reads the environment as it is imported (huggingface_hub, transformers) is imported in
-the child, never in the server.
+the child, never in the server. The commands that import transformers (eval, check, evolve) are forked from a second
+server that also imported what transformers imports but transformers and the hub client (torch's dynamo, sympy,
+scipy), having recorded the run-time variables those imports read: a command whose values differ starts fresh.
 
 Only what cannot differ between commands is imported before the fork; a command whose environment changes what those
 imports read (the interpreter's or torch's threads, preloaded libraries, another ``PYTHONPATH``) gets a fresh
@@ -53,6 +55,17 @@ _NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
             "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill",
             *_RESUMERGE)
+# What the server of the commands that import transformers (:data:`TRANSFORMERS_COMMANDS`) imports besides: the
+# modules transformers' modeling_utils, core_model_loading and lm-eval import that are not transformers',
+# huggingface_hub's nor another that reads HF_HOME as it is imported (accelerate, datasets): torch's dynamo, DTensor and
+# FSDP modules, sympy, scipy's optimize and linalg (about 2 of the 3.5 CPU s such a child spent importing). Whatever
+# run-time variable (_RUNTIME) one of them reads as it is imported (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) is
+# recorded by the server: a command whose value differs starts a fresh interpreter (:meth:`ForkServer.unforkable`).
+_TRANSFORMERS_PRELOAD = ("torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp",
+                         "torch.distributed._composable.fsdp", "torch.fx.experimental.symbolic_shapes", "sympy",
+                         "scipy.optimize", "scipy.linalg")
+# The commands forked from that server (the first argument of :func:`support.cli`): each imports transformers.
+TRANSFORMERS_COMMANDS = frozenset({"eval", "check", "evolve"})
 # Environment variables a command may set or change and still be forked: read at run time by resumerge, the hub
 # client and transformers (imported in the child), never by the preloaded modules. TORCHINDUCTOR_CACHE_DIR is set
 # in the test process by torch._dynamo's import (a transformers model run in the test, PEFT's import) and read only
@@ -94,12 +107,29 @@ import json, os, runpy, sys
 # it in its own process before torch's import (resumerge.analyses.check.run); for the other commands it changes no
 # result, only how idle threads wait.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-preload, never = json.loads(sys.argv[1])
+preload, never, runtime = json.loads(sys.argv[1])
+# The run-time variables (a command may differ there) the preloaded modules read as they were imported, with the value
+# each had, and those they set: the test worker forks a command only where its own agree (ForkServer.unforkable). A
+# look-up by name, not a walk over every variable (tqdm's, for its TQDM_ ones, as it is imported).
+import re
+runtime, environ_class, read = re.compile(runtime), type(os.environ), {}
+before = dict(os.environ)
+def _recorded(method):
+    def reading(self, name, *rest):
+        walk = sys._getframe(1).f_code.co_name == "__iter__"
+        if isinstance(name, str) and runtime.match(name) and name not in read and not walk:
+            read[name] = before.get(name)
+        return method(self, name, *rest)
+    return reading
+getitem, contains = environ_class.__getitem__, environ_class.__contains__
+environ_class.__getitem__, environ_class.__contains__ = _recorded(getitem), _recorded(contains)
 for name in preload:
     try:
         __import__(name)
     except ImportError:
         pass
+environ_class.__getitem__, environ_class.__contains__ = getitem, contains
+imported_set = {name: value for name, value in os.environ.items() if before.get(name) != value}
 if read_as_imported := sorted(set(never) & set(sys.modules)):
     sys.exit(f"the fork server's preload imported {read_as_imported}, which read the environment as they are imported")
 if len(sys.argv) > 2:  # started under an LD_PRELOAD library: its children make it read their settings
@@ -115,7 +145,7 @@ def _folder(module):
     folder = os.path.dirname(os.path.realpath(path))
     return os.path.dirname(folder) if os.path.basename(path).startswith("__init__.") else folder
 replies.write(json.dumps({"modules": {name: _folder(sys.modules[name]) for name in list(sys.modules)
-                                      if "." not in name}}) + "\n")
+                                      if "." not in name}, "read": read, "set": imported_set}) + "\n")
 replies.flush()
 while True:
     line = requests.readline()
@@ -143,6 +173,8 @@ os.chdir(job["cwd"])
 os.environ.clear()
 os.environ.update(job["env"])
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # what the CLI's main sets before torch's first import
+for name, value in imported_set.items():  # what the preloaded imports set (the worker forks only a command whose
+    os.environ.setdefault(name, value)  # value is unset or that one): a fresh interpreter's imports set it so
 if len(sys.argv) > 2:
     child_hook()  # the preloaded library's settings, from this environment (set above: putenv reaches C's getenv)
 if job.get("limits"):  # as a launcher sets them before it execs the command
@@ -177,15 +209,22 @@ class ForkServer:
     """The server process of one test worker, started at its first command."""
 
     reply_seconds = 60.0  # how long a request's first reply (the forked child's pid) may take
+    # Once the server has said (its first reply): the run-time variables its imports read, with their values then,
+    # and the variables its imports set.
+    _read_env: MappingProxyType[str, str | None] = MappingProxyType({})
+    _set_env: MappingProxyType[str, str] = MappingProxyType({})
 
-    def __init__(self, preload: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, preload: str | None = None, env: dict[str, str] | None = None,
+                 transformers: bool = False) -> None:
         """``preload``: the ``LD_PRELOAD`` library the server and its children run under (module docstring);
-        ``env``: the server's environment (None: this process's)."""
+        ``env``: the server's environment (None: this process's); ``transformers``: the server of the commands that
+        import transformers (:data:`TRANSFORMERS_COMMANDS`), which imports :data:`_TRANSFORMERS_PRELOAD` too."""
         self.env = dict(os.environ if env is None else env)
         if preload is not None:
             self.env["LD_PRELOAD"] = preload
+        modules = (*_PRELOAD, *_TRANSFORMERS_PRELOAD) if transformers else _PRELOAD
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps([_PRELOAD, _NEVER_BEFORE_FORK]),
+            [sys.executable, "-c", _SERVER, json.dumps([modules, _NEVER_BEFORE_FORK, _RUNTIME.pattern]),
              *([preload] if preload else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self._read = b""  # replies read but not yet taken
@@ -210,6 +249,10 @@ class ForkServer:
         changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
         if read_at_start := sorted(k for k in changed - {"PYTHONPATH"} if not _RUNTIME.match(k)):
             return "env " + ",".join(read_at_start)
+        self._imported()
+        if read_at_import := sorted(k for k, v in self._read_env.items()
+                                    if env.get(k) not in {v, self._set_env.get(k, v)}):
+            return "env read at import " + ",".join(read_at_import)
         return None if self.path_added(env) is not None else "PYTHONPATH"
 
     def path_added(self, env: dict[str, str]) -> list[str] | None:
@@ -238,7 +281,10 @@ class ForkServer:
         once)."""
         with self._said:
             if self._modules is None:
-                self._modules = dict(self._reply(120)["modules"])
+                said = self._reply(120)
+                self._read_env, self._set_env = (MappingProxyType(said.get("read", {})),
+                                                    MappingProxyType(said.get("set", {})))
+                self._modules = dict(said["modules"])
             return self._modules
 
     def run(self, args: list[str], env: dict[str, str], timeout: float, script: Path | None = None,
@@ -372,8 +418,9 @@ def server_environment() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if _RUNTIME.match(k)}, **SESSION_ENV}
 
 
-# this worker's fork servers, each started by its first command: the plain one (key None) and one per LD_PRELOAD
-_SERVERS: dict[str | None, ForkServer] = {}
+# this worker's fork servers, each started by its first command, by LD_PRELOAD library (None: none) and whether it
+# is the server of the commands that import transformers
+_SERVERS: dict[tuple[str | None, bool], ForkServer] = {}
 # How this worker's CLI commands started (:func:`tally`): "forked", or why a fresh interpreter ran each instead; and
 # "server restarted" for each server that ended and was started again. conftest's summary prints the run's.
 TALLY: Counter[str] = Counter()
@@ -384,23 +431,25 @@ def tally(why: str | None) -> None:
     TALLY["forked" if why is None else why] += 1
 
 
-def worker_server(preload: str | None = None) -> ForkServer:
-    """This worker's fork server for commands under the ``LD_PRELOAD`` library ``preload`` (None: none): one,
+def worker_server(preload: str | None = None, transformers: bool = False) -> ForkServer:
+    """This worker's fork server for commands under the ``LD_PRELOAD`` library ``preload`` (None: none), the one that
+    imports what transformers imports too where ``transformers`` (:data:`TRANSFORMERS_COMMANDS`): one,
     though the test modules import the helpers both as ``support`` and as ``tests.support`` (two modules, which each
     kept a server of their own: two interpreters importing torch). A server that ended once it had started (said what
     it imported: killed by a test or the kernel's OOM killer, or by :meth:`ForkServer.start` for a reply that came too
     late to trust the next one) is started again: kept, every later command of the worker's session started a fresh
     interpreter ("server ended"). One that ended as it started (an ``LD_PRELOAD`` library without
     ``forkserver_child``, which ends its server at once) stays ended: its commands start fresh ones."""
-    ended = _SERVERS.get(preload)
+    key = (preload, transformers)
+    ended = _SERVERS.get(key)
     if ended is not None and ended._modules is not None and ended.process.poll() is not None:
         ended.close()
-        del _SERVERS[preload]
+        del _SERVERS[key]
         TALLY["server restarted"] += 1
-    if preload not in _SERVERS:
-        _SERVERS[preload] = ForkServer(preload, server_environment())
-        atexit.register(_SERVERS[preload].close)
-    return _SERVERS[preload]
+    if key not in _SERVERS:
+        _SERVERS[key] = ForkServer(preload, server_environment(), transformers)
+        atexit.register(_SERVERS[key].close)
+    return _SERVERS[key]
 
 
 class Forked:

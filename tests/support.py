@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 import yaml
-from forkserver import Forked, tally, worker_server
+from forkserver import TRANSFORMERS_COMMANDS, Forked, tally, worker_server
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -41,7 +41,7 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
     where ``fresh`` or where ``env`` changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
+    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"), _imports_transformers(args))
     why = "fresh=True" if server is None else server.unforkable(full_env)
     forked = server.run([str(a) for a in args], full_env, timeout, script, limits) if server and why is None else None
     _log_fork(args, script, why if forked is None and why else ("busy" if forked is None else None))
@@ -56,6 +56,13 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 1
         check=False,
         preexec_fn=partial(_set_limits, limits) if limits else None,
     )
+
+
+def _imports_transformers(args: tuple[str | Path, ...]) -> bool:
+    """Whether the command (its first argument that is not an option, a test's front end to the CLI's too) is one
+    that imports transformers (:data:`forkserver.TRANSFORMERS_COMMANDS`): forked from the server that imported what
+    transformers imports."""
+    return next((str(a) for a in args if not str(a).startswith("-")), None) in TRANSFORMERS_COMMANDS
 
 
 def _log_fork(args: tuple[str | Path, ...], script: Path | None, why: str | None) -> None:
@@ -91,7 +98,7 @@ def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: boo
     (a test that reads its output as it comes uses :class:`subprocess.Popen`)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"))
+    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"), _imports_transformers(args))
     why = "fresh=True" if server is None else server.unforkable(full_env)
     forked = server.start([str(a) for a in args], full_env, capture=capture, script=script) if server and why is None \
         else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -122,6 +123,46 @@ def test_a_script_under_a_limit_with_folders_put_first_on_its_path_is_the_fresh_
     assert not server.forkable({**env, "PYTHONPATH": str(tmp_path / "nowhere")})
 
 
+def test_the_server_of_the_transformers_commands_forks_only_where_its_imports_read_the_command_s_values(
+        tmp_path: Path) -> None:
+    """``eval``, ``check`` and ``evolve`` (a test's own front end to them too) are forked from a server of their own,
+    which imported what transformers imports but transformers (torch's dynamo, sympy, scipy: about 2 CPU s a
+    command): a run-time variable one of those imports read (torch._dynamo: TORCHINDUCTOR_CACHE_DIR, which it sets
+    where unset) is recorded, and a command whose value differs starts a fresh interpreter; one where it is unset
+    sees it set as a fresh interpreter's import sets it."""
+    import sys
+
+    import forkserver
+    from support import _imports_transformers
+
+    assert _imports_transformers(("--spilled", "eval", "model")) and not _imports_transformers(("run", "eval"))
+    plain = forkserver.worker_server()
+    server = forkserver.worker_server(transformers=True)
+    assert server is not plain and forkserver.worker_server(transformers=True) is server
+    server._imported()
+    assert not any(name.partition(".")[0] in {"transformers", "huggingface_hub"} for name in server._modules or {})
+    assert "TORCHINDUCTOR_CACHE_DIR" in server._read_env and "TORCHINDUCTOR_CACHE_DIR" in server._set_env
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    elsewhere = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    assert plain.forkable(elsewhere)  # it never imported torch._dynamo
+    assert server.unforkable(elsewhere) == "env read at import TORCHINDUCTOR_CACHE_DIR"
+    assert server.forkable({**env, "TORCHINDUCTOR_CACHE_DIR": server._set_env["TORCHINDUCTOR_CACHE_DIR"]})
+    script = tmp_path / "front.py"
+    script.write_text("import os, sys\nimport torch._dynamo.package as package\n"
+                      "print(sorted(m for m in ('transformers', 'huggingface_hub') if m in sys.modules), "
+                      "os.environ.get('TORCHINDUCTOR_CACHE_DIR'), package.DynamoCache._path_prefix, sys.argv[1:])\n")
+    for env_now in (env, elsewhere):
+        forked = server.run(["eval", "x"], env_now, 120, script) if server.forkable(env_now) else None
+        fresh = subprocess.run([sys.executable, str(script), "eval", "x"], env=env_now, capture_output=True,
+                               text=True, check=False)
+        assert fresh.returncode == 0, fresh.stderr
+        if env_now is env:
+            assert forked is not None and (forked.returncode, forked.stdout, forked.stderr) == (
+                fresh.returncode, fresh.stdout, fresh.stderr)
+        else:
+            assert forked is None and str(tmp_path / "inductor") in fresh.stdout
+
+
 def test_what_a_test_or_a_library_leaves_set_never_keeps_later_commands_from_the_server(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A variable set in the test process as a library sets one (wandb's ``WANDB_SERVICE`` as lm-eval's W&B logging
@@ -166,13 +207,12 @@ def test_a_server_that_ended_once_started_is_started_again_and_one_that_ended_as
     worker's session started a fresh interpreter ("server ended"). It is started again, and counted; one that ended
     before it said what it imported (an ``LD_PRELOAD`` library without ``forkserver_child``) is not started again
     for each command. Stand-in servers: real processes, killed, without torch's import."""
-    import subprocess
     from collections import Counter
 
     import forkserver
 
     class Standin:
-        def __init__(self, preload: str | None, env: dict[str, str]) -> None:
+        def __init__(self, preload: str | None, env: dict[str, str], transformers: bool) -> None:
             self.process = subprocess.Popen(["sleep", "60"])
             self._modules: dict[str, str | None] | None = None
 
@@ -203,7 +243,6 @@ def test_a_server_whose_reply_comes_too_late_is_ended_so_that_no_later_command_r
     """A request's reply (the child's pid) that came after the caller gave up would be read as the next command's
     reply: the server is ended (and :func:`forkserver.worker_server` starts another). A stand-in server that says
     what it imported and never answers a request."""
-    import subprocess
     import sys
 
     server = ForkServer.__new__(ForkServer)
