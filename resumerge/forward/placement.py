@@ -36,6 +36,9 @@ class Placement(Protocol):
     def runs_batched(self) -> bool:
         """Whether the first model's first layer runs the batches :meth:`enter` was given (:func:`batched_on`)."""
 
+    def before(self) -> int:
+        """How many positions the first model's layers' hidden states hold before the tokens' (CPM-Ant's prompt)."""
+
     def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
         """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
         is the reference or there is none): both, per model."""
@@ -118,6 +121,9 @@ class Streams:
 
     def runs_batched(self) -> bool:
         return runs_batched(self.streams[0], self.entering, self.reserve, self.batches)
+
+    def before(self) -> int:
+        return self.streams[0].tail.positions_before()
 
     def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
         same_input = hidden[reference] if reference is not None else None
