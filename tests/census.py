@@ -303,8 +303,9 @@ OPEN: Mapping[str, Mapping[str, str]] = {
                       "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers",
             "check": "refused: ModelInputError: cannot follow XLMModel's forward one layer at a time: it keeps its "
                      "layers' parts in separate numbered lists (attentions, "},
-    # (its forward holds the hidden states positions first, and runs its dropout on a second stream's output)
-    "xlnet": {"check": "refused: ModelInputError: cannot follow XLNetModel's forward one layer at a time"},
+    # (its config's attn_type bi, its checkpoints': no causal LM; with uni, its layout the pass does not follow)
+    "xlnet": {"check": "refused: ModelInputError: cannot follow XLNetModel's forward one layer at a time: xlnet "
+                       "attends both ways unless its attn_type is uni"},
 }
 # the 2026 families by their names, with the model types transformers gives them
 NAMED: Mapping[str, tuple[str, ...]] = {

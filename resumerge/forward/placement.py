@@ -196,6 +196,9 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     them, as after a read."""
     equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     module = stream.layers_list[index]
+    # a layer that draws at random (Reformer's LSH attention hashes with fresh rotations where no hash_seed fixes
+    # them) draws the same numbers in every model, and again where a resumed pass runs it
+    torch.manual_seed(index)
     with held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
         theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index], hand_on=False)

@@ -38,7 +38,7 @@ from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import BY_ATTRIBUTE, LayerCall, recorded, stand_ins
 from resumerge.forward.tail import Tail, final_names, held_positions, sequence_row, tail_names, weighted_parts
-from resumerge.inputs.stacks import not_a_stack
+from resumerge.inputs.stacks import not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -466,7 +466,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_a_stack(getattr(text, "model_type", None))
+        why = not_layer_by_layer(getattr(text, "model_type", None))
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],

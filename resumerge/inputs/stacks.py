@@ -2,7 +2,8 @@
 type; for a family that loops layers as its config says, by that config): a stack of slices of one is refused naming
 it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
 pass that cannot follow its forward (:mod:`resumerge.forward.stream`; one that follows the forward's calls, a loop's
-included, runs it: :mod:`resumerge.forward.calls`)."""
+included, runs it: :mod:`resumerge.forward.calls`), as it is for the families whose layers do stack but whose forward
+it does not follow (:data:`NOT_FOLLOWED`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ NOT_A_STACK: Mapping[str, str] = {
     "hrm_text": "runs its two layer stacks in turn, in cycles",
     "zamba": "shares one transformer block across its hybrid layers",
     "zamba2": "shares its transformer blocks across its hybrid layers",
+}
+
+# families whose layers do stack (a slice of them is one) but whose forward a layer-by-layer pass does not follow
+NOT_FOLLOWED: Mapping[str, str] = {
+    "xlnet": "attends both ways unless its attn_type is uni (each position sees every token, the next one included: "
+             "its logits are no next-token predictions), and its forward holds the hidden states positions first, "
+             "beside a query stream its layers hand on",
 }
 
 
@@ -44,3 +52,8 @@ def not_a_stack(model_type: object, config: Mapping[str, Any] | None = None) -> 
     them one after another (None: it runs them so)."""
     looping = LOOPS_AS_CONFIGURED.get(str(model_type))
     return NOT_A_STACK.get(str(model_type)) or (looping(config) if looping and config is not None else None)
+
+
+def not_layer_by_layer(model_type: object) -> str | None:
+    """Why a layer-by-layer pass cannot follow the forward of a family of ``model_type`` (None: not known)."""
+    return not_a_stack(model_type) or NOT_FOLLOWED.get(str(model_type))
