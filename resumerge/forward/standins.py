@@ -85,8 +85,9 @@ def stand_ins() -> tuple[Any, Any, Any]:
                 reads = Reads(plain(hidden_states), "hidden_states" if kwargs.get("hidden_states") is HIDDEN else None)
                 self.outs.append(reads)
                 return reads
-            self.outs.append(Output())
-            out = traced(plain(hidden_states), self.outs[-1])
+            output = Output()
+            self.outs.append(output)
+            out = traced(plain(hidden_states), output)
             return (out, *self.made[-1]) if self.arity else out
 
     class _Finished(_StandIn):

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from census import make_census_model
-from safetensors import safe_open
-from support import cli, cli_here
 
 from resumerge import api
 from resumerge.cli.modelgen import write_tokenizer
+from tests.check.test_looped_layers import killed_and_resumed
 
 pytest.importorskip("transformers")
 
@@ -36,20 +35,8 @@ def test_a_killed_check_of_reformer_resumes_with_its_second_stream(tmp_path: Pat
         doc = json.loads((model / "config.json").read_text())
         (model / "config.json").write_text(json.dumps({**doc, "hash_seed": hash_seed}))
         write_tokenizer(model, 128)
-    texts = tmp_path / "texts.txt"
-    texts.write_text("the cat sat on the mat\nhello world, and a longer line of words than the others\n")
-    argv = ["check", merge, "--base", base, "--prompts", texts, "--json", "--state-dir", tmp_path / "killed"]
-    killed = cli(*argv, env={"RESUMERGE_KILL_AT": f"after_check_layer:{kill}"}, timeout=600)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    (journal,) = list((tmp_path / "killed").rglob("layer-*.safetensors"))
-    with safe_open(str(journal), "pt") as opened:  # each batch's attention stream, which the next call takes
-        carried = [n for n in opened.keys() if n.startswith("carried.")]  # noqa: SIM118
-    assert carried, "the second stream was not journaled"
-    resumed = cli_here(*argv)  # unkilled: the CLI's main in this process, reading the killed one's journal
-    whole = api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "whole"))
-    assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
-    doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
-    doc.pop("chart"), same.pop("chart")
+    carried, doc, same = killed_and_resumed(tmp_path, merge, base, kill)
+    assert carried  # each batch's attention stream, which the next call takes
     assert doc == same and len(doc["models"][1]["drift"]) == 4
 
 
