@@ -196,14 +196,21 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     them, as after a read."""
     equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     module = stream.layers_list[index]
-    # a layer that draws at random (Reformer's LSH attention hashes with fresh rotations where no hash_seed fixes
-    # them) draws the same numbers in every model, and again where a resumed pass runs it
-    torch.manual_seed(index)
-    with held(stream, module) if loaded else stream.loaded(module) as layer:
+    with _seeded(stream, index), held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
         theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index], hand_on=False)
                                                       for s, h in enumerate(same)]
     return out, out if equal else theirs
+
+
+@contextmanager
+def _seeded(stream: ModelStream, index: int) -> Iterator[None]:
+    """torch's generators seeded by layer step ``index`` for the block, as they were after it: a layer that draws at
+    random (Reformer's LSH attention hashes with fresh rotations where no hash_seed fixes them) draws the same
+    numbers in every model, and again where a resumed pass runs it."""
+    with torch.random.fork_rng(devices=[stream.device.index or 0] if stream.device.type == "cuda" else []):
+        torch.manual_seed(index)
+        yield
 
 
 @contextmanager

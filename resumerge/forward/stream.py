@@ -439,7 +439,8 @@ class ModelStream:
                         out = self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                          **{"use_cache": False, **(more or {})})
                 except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
-                    failed = f": {type(exc).__name__}: {exc}"
+                    # (the tuples' last failure says more than an object's read by attribute)
+                    failed = failed if arity == BY_ATTRIBUTE and failed else f": {type(exc).__name__}: {exc}"
                     continue
                 finally:
                     for i, layer in enumerate(real_layers):
