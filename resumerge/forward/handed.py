@@ -18,6 +18,10 @@ later layer takes): each stand-in returns its input as a :func:`traced` tensor, 
 torch operation is recorded, so a later call's value computed from earlier layers' outputs is a :class:`Derived`
 (those operations, over the :class:`Output` slots of the layers read), computed again from the outputs the pass's
 layers gave when that layer runs (:func:`given`); one computed from no layer's output keeps its value.
+
+A layer whose output the forward reads by attribute (Reformer's return two streams, ``attn_output`` and
+``hidden_states``) is stood in for by :class:`Reads`: each attribute read is a :class:`Read`, traced; the one the next
+call takes as its hidden states is the call's hidden output, the others its extra outputs (:func:`read_by_name`).
 """
 
 from __future__ import annotations
