@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from resumerge.forward.tail import held_positions
 from resumerge.machine.torch_import import torch
 
 # The padded tokens (sequences x longest) a batch may hold: a layer's activations (an MLP's widest, 1024 x its
@@ -68,10 +69,16 @@ class Entered:
     batches: list[Batch]
     hidden: Hidden
 
-    @property
-    def real(self) -> list[torch.Tensor]:
-        """Each batch's real positions (its mask as booleans): the positions every figure is taken over."""
-        return [mask.bool() for _, mask in self.batches]
+    def real(self, before: int = 0) -> list[torch.Tensor]:
+        """Each batch's real positions (its mask as booleans) among the positions its hidden states hold: the
+        positions every figure is taken over; ``before``: how many of those come before the tokens' (CPM-Ant's
+        prompt), the others the hidden states hold after them (Reformer's padding to its chunk length)."""
+        found = []
+        for (_, mask), hidden in zip(self.batches, self.hidden[0] if self.hidden else [None] * len(self.batches)):
+            after = 0 if hidden is None else held_positions(hidden, tuple(mask.shape)) - before
+            found.append(torch.nn.functional.pad(mask.bool(), (before if hidden is not None else 0, after),
+                                                 value=False))
+        return found
 
     def sequences(self, sequences: Sequence[Sequence[int]]) -> list[list[Sequence[int]]]:
         """The token sequences of each batch."""

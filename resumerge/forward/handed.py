@@ -18,6 +18,10 @@ later layer takes): each stand-in returns its input as a :func:`traced` tensor, 
 torch operation is recorded, so a later call's value computed from earlier layers' outputs is a :class:`Derived`
 (those operations, over the :class:`Output` slots of the layers read), computed again from the outputs the pass's
 layers gave when that layer runs (:func:`given`); one computed from no layer's output keeps its value.
+
+A layer whose output the forward reads by attribute (Reformer's return two streams, ``attn_output`` and
+``hidden_states``) is stood in for by :class:`Reads`: each attribute read is a :class:`Read`, traced; the one the next
+call takes as its hidden states is the call's hidden output, the others its extra outputs (:func:`read_by_name`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,78 @@ class Output(Slot):
     def __init__(self) -> None:
         super().__init__()
         self.kept = False
+
+
+class Read(Output):
+    """One output of a layer whose output the forward reads by attribute (Reformer's layers return its two streams,
+    ``attn_output`` and ``hidden_states``): its value ``name``\'s; the one the forward gives the next call as its hidden
+    states is the call's :class:`Output` (last in its slots), the others its extra outputs."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+class Reads:
+    """What a layer's stand-in returns where the forward reads its output by attribute: each attribute read, a
+    :class:`Read` of it (one per name), given as the layer's input, traced (:func:`traced`); ``hidden``: the name the
+    layer was given its hidden states by, where a keyword."""
+
+    def __init__(self, hidden: torch.Tensor, given_as: str | None) -> None:
+        object.__setattr__(self, "_hidden", hidden)
+        object.__setattr__(self, "given_as", given_as)
+        object.__setattr__(self, "read", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        read: dict[str, Read] = self.__dict__["read"]
+        if name not in read:
+            read[name] = Read(name)
+        return traced(self.__dict__["_hidden"], read[name])
+
+
+def read_by_name(made: Sequence[tuple[Slot, ...]], outputs: Sequence[Any], seen: Sequence[Any]
+                 ) -> tuple[list[tuple[Slot, ...]], list[Output]]:
+    """A capture's extra outputs and hidden outputs, call by call, where its layers' stand-ins returned
+    :class:`Reads`: each call's hidden output the :class:`Read` the forward gave the next call as its hidden states
+    (the last call's: of the name the others' were, else the name its hidden states were given by, else the first
+    read), its other reads its extra outputs, in the order read."""
+    if not any(isinstance(o, Reads) for o in outputs):
+        return list(made), list(outputs)
+    names: list[str | None] = []
+    for k, out in enumerate(outputs):
+        read = out.read if isinstance(out, Reads) else {}
+        after = _node_of(seen[k + 1]) if k + 1 < len(seen) else None
+        names.append(next((n for n, r in read.items() if r is after), None))
+    found_made, found_outs = [], []
+    for k, out in enumerate(outputs):
+        if not isinstance(out, Reads):
+            found_made.append(made[k])
+            found_outs.append(out)
+            continue
+        read = dict(out.read)
+        name = names[k] or next((n for n in reversed(names[:k]) if n), None) or (
+            out.given_as if out.given_as in read else next(iter(read), None))
+        main = read.pop(name) if name is not None else Read("hidden_states")
+        found_made.append((*made[k], *read.values()))
+        found_outs.append(main)
+    return found_made, found_outs
+
+
+# How a layer's call names the hidden states it was given by keyword (Reformer's forward calls its layers with
+# keywords alone): the call's keyword holds this in their place, the pass's own given there when the layer runs
+class _ByName:
+    def __repr__(self) -> str:
+        return "HIDDEN"
+
+    def __reduce__(self) -> str:
+        return "HIDDEN"
+
+
+HIDDEN: Any = _ByName()
 
 
 class Node:
@@ -275,7 +351,8 @@ def handing(calls: Sequence[Any], made: Sequence[tuple[Slot, ...]], outputs: Seq
                 for k, h in enumerate(seen)]
     entering += [None] * (len(found) - len(entering))
     taken = {id(s) for call, e in zip(found, entering) for s in takes(HandingCall(call, (), e))}
-    slots = [(*m, *([o] if id(o) in taken or o.kept else [])) for m, o in zip(made, outputs)]
+    # (an output read by attribute is always in its slots: the run reads it by its name)
+    slots = [(*m, *([o] if id(o) in taken or o.kept or isinstance(o, Read) else [])) for m, o in zip(made, outputs)]
     return [HandingCall(call, s, e) if s or e is not None else call for call, s, e in zip(found, slots, entering)]
 
 
@@ -287,10 +364,23 @@ def _passed_on(hidden: Any, before: Any, output: Output) -> bool:
         before).shape and bool(torch.equal(plain(hidden), plain(before))))
 
 
+def hidden_of(call: Any, out: Any) -> Any:
+    """A layer's hidden output of its output ``out`` under ``call``: the attribute the forward reads it by (a
+    :class:`Read`), the first of a tuple or list (GPT-1's layer returns a list), or ``out`` itself."""
+    slots = slots_of(call)
+    if slots and isinstance(slots[-1], Read):
+        return getattr(out, slots[-1].name)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def handed_on(call: Any, out: Any) -> Any:
     """A layer's hidden output of its output ``out`` under ``call``, its extra outputs and its hidden output put in
     the call's slots for later layers."""
-    hidden = out[0] if isinstance(out, (tuple, list)) else out  # (GPT-1's layer returns a list)
+    hidden = hidden_of(call, out)
+    if any(isinstance(s, Read) for s in slots_of(call)):  # read by attribute: each by its name
+        for slot in slots_of(call):
+            slot.value = getattr(out, slot.name) if isinstance(slot, Read) else hidden
+        return hidden
     extras = [s for s in slots_of(call) if not isinstance(s, Output)]
     for slot, value in zip(extras, out[1:] if isinstance(out, (tuple, list)) else ()):
         slot.value = value

@@ -147,7 +147,7 @@ def run_pass(roles: Sequence[str], models: PassModels, sequences: Sequence[Seque
     workdir.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         entered = enter(sequences, models.enter, models.runs_batched)
-    step = _CheckStep(roles, models, entered.real, entered.sequences(sequences), fold)
+    step = _CheckStep(roles, models, entered.real(models.before()), entered.sequences(sequences), fold)
     layers = LayerPass(Journal(workdir, LAYER_PREFIX), models.layers, point="after_check_layer", carries=models)
     return layers.run(step, entered.hidden, len(entered.batches))
 

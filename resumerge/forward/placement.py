@@ -36,6 +36,9 @@ class Placement(Protocol):
     def runs_batched(self) -> bool:
         """Whether the first model's first layer runs the batches :meth:`enter` was given (:func:`batched_on`)."""
 
+    def before(self) -> int:
+        """How many positions the first model's layers' hidden states hold before the tokens' (CPM-Ant's prompt)."""
+
     def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
         """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
         is the reference or there is none): both, per model."""
@@ -119,6 +122,9 @@ class Streams:
     def runs_batched(self) -> bool:
         return runs_batched(self.streams[0], self.entering, self.reserve, self.batches)
 
+    def before(self) -> int:
+        return self.streams[0].tail.positions_before()
+
     def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
         same_input = hidden[reference] if reference is not None else None
         n = len(self.streams)
@@ -190,11 +196,21 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     them, as after a read."""
     equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     module = stream.layers_list[index]
-    with held(stream, module) if loaded else stream.loaded(module) as layer:
+    with _seeded(stream, index), held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]
         theirs = None if same is None or equal else [stream.run(layer, h, calls[s][index], hand_on=False)
                                                       for s, h in enumerate(same)]
     return out, out if equal else theirs
+
+
+@contextmanager
+def _seeded(stream: ModelStream, index: int) -> Iterator[None]:
+    """torch's generators seeded by layer step ``index`` for the block, as they were after it: a layer that draws at
+    random (Reformer's LSH attention hashes with fresh rotations where no hash_seed fixes them) draws the same
+    numbers in every model, and again where a resumed pass runs it."""
+    with torch.random.fork_rng(devices=[stream.device.index or 0] if stream.device.type == "cuda" else []):
+        torch.manual_seed(index)
+        yield
 
 
 @contextmanager

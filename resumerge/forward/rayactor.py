@@ -154,6 +154,10 @@ class ModelNode:
                     self.stream.unload(first)
         return self.first
 
+    def before(self) -> int:
+        """See :meth:`~resumerge.forward.placement.Placement.before`."""
+        return self.stream.tail.positions_before()
+
     def layer(self, index: int, own: Hidden | None, same: Hidden | None
               ) -> tuple[Hidden, Hidden | None, dict[str, torch.Tensor], object]:
         """Layer ``index`` on this model's hidden states (``own`` where given, else its last output) and on
@@ -435,6 +439,9 @@ class RayModels:
         batched = bool(self._whole(lambda: self._get(self.actors[0].runs_batched.remote())))
         self._checked()
         return batched
+
+    def before(self) -> int:
+        return int(self._whole(lambda: self._get(self.actors[0].before.remote())))
 
     def layer(self, index: int, hidden: list[Hidden], reference: int | None) -> tuple[list[Hidden], list[Hidden]]:
         if self.on_layer is not None:

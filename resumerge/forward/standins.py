@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.handed import Output, Slot, plain, traced
+from resumerge.forward.handed import HIDDEN, Output, Reads, Slot, plain, traced
 from resumerge.machine.torch_import import torch
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
+# The output arity of a layer stand-in that returns an object whose attributes the forward reads
+BY_ATTRIBUTE = -1
 
 
 class _Output:
@@ -54,7 +56,10 @@ def stand_ins() -> tuple[Any, Any, Any]:
     class _Captured(_StandIn):
         """A decoder layer's stand-in: records what it is called with, each time (``order``, shared by the
         stand-ins: the index of the layer each call called, in the forward's order), and hands the hidden states on,
-        as its output (``outs``: traced, so that what the forward computes from it is known: :mod:`.handed`)."""
+        as its output (``outs``: traced, so that what the forward computes from it is known: :mod:`.handed`):
+        alone, in a tuple of ``arity`` values, or (``arity`` :data:`BY_ATTRIBUTE`) as each attribute the forward
+        reads of it (:class:`~.handed.Reads`: Reformer's layers return their two streams so). Hidden states given
+        by keyword (``hidden_states=``) are recorded as given so (:data:`~.handed.HIDDEN`)."""
 
         def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module,
                      order: list[int] | None = None, index: int = 0) -> None:
@@ -63,15 +68,26 @@ def stand_ins() -> tuple[Any, Any, Any]:
             self.order, self.index = [] if order is None else order, index
             self.seen: list[torch.Tensor] = []
             self.made: list[tuple[Slot, ...]] = []
-            self.outs: list[Output] = []
+            self.outs: list[Output | Reads] = []
 
-        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            if args:
+                hidden_states, args = args[0], args[1:]
+            elif "hidden_states" in kwargs:
+                hidden_states, kwargs = kwargs["hidden_states"], {**kwargs, "hidden_states": HIDDEN}
+            else:
+                raise TypeError(f"{type(self.real).__name__} called without hidden states")
             self.calls.append((args, kwargs))
             self.seen.append(hidden_states)
             self.order.append(self.index)
             self.made.append(tuple(Slot() for _ in range(max(0, self.arity - 1))))
-            self.outs.append(Output())
-            out = traced(plain(hidden_states), self.outs[-1])
+            if self.arity == BY_ATTRIBUTE:
+                reads = Reads(plain(hidden_states), "hidden_states" if kwargs.get("hidden_states") is HIDDEN else None)
+                self.outs.append(reads)
+                return reads
+            output = Output()
+            self.outs.append(output)
+            out = traced(plain(hidden_states), output)
             return (out, *self.made[-1]) if self.arity else out
 
     class _Finished(_StandIn):

@@ -20,15 +20,24 @@ from typing import Any, TypeVar
 from resumerge.errors import ModelInputError
 from resumerge.forward.calls import call_order, in_order, looped, steps_of
 from resumerge.forward.device import moved
-from resumerge.forward.handed import HandingCall, entered, given, handed_on, handing
+from resumerge.forward.handed import (
+    HIDDEN,
+    HandingCall,
+    entered,
+    given,
+    handed_on,
+    handing,
+    hidden_of,
+    read_by_name,
+)
 from resumerge.forward.layerlists import first_list, innermost, layer_lists
 from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.native import NativeConfig, native_modules
 from resumerge.forward.onmeta import weights_on_meta
 from resumerge.forward.reader import CastReader, Weights, base_formats
 from resumerge.forward.requires import Needs, require_transformers
-from resumerge.forward.standins import LayerCall, recorded, stand_ins
-from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
+from resumerge.forward.standins import BY_ATTRIBUTE, LayerCall, recorded, stand_ins
+from resumerge.forward.tail import Tail, final_names, held_positions, sequence_row, tail_names, weighted_parts
 from resumerge.inputs.stacks import not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
@@ -39,8 +48,9 @@ from resumerge.machine.torch_import import torch
 # (DeepSeek-V3.2) moves it by 1e-2
 PAD_TOLERANCE = 1e-4
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
-# ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it
-_OUTPUT_ARITIES = (0, 1, 2, 3)
+# ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it,
+# then an object whose attributes it reads (Reformer's two streams)
+_OUTPUT_ARITIES = (0, 1, 2, 3, BY_ATTRIBUTE)
 
 Placed = TypeVar("Placed")
 # More of the base model's forward arguments for each batch :meth:`ModelStream.inputs` runs (None: none).
@@ -163,9 +173,9 @@ class ModelStream:
         # prompt's positions first), the forward itself is run after the layers (.tail), with what it uses there
         self._tail_parts = tuple(getattr(o, n) for o, n in used)
         lists = tuple(getattr(self.stack, "lists", (self.stack,)))
-        self._tail = Tail(self.inner, self.stack, weighted_parts(self.inner, lists, (*lists, *self._tail_parts)),
+        self.tail = Tail(self.inner, self.stack, weighted_parts(self.inner, lists, (*lists, *self._tail_parts)),
                           self._tail_parts)
-        self.order = call_order(self._tail, len(self.stack))
+        self.order = call_order(self.tail, len(self.stack))
         self.layers_list: list[torch.nn.Module] = steps_of(self.stack, self.order)
         self.layers = len(self.layers_list)
         # the finals a capture stands in for by their input, unread: none where the forward loops its layers (it
@@ -312,7 +322,7 @@ class ModelStream:
 
     def _tailed(self) -> bool:
         """Whether the base model's forward is run after the layers (:class:`~.tail.Tail`), not its finals."""
-        return self._opaque or self._tail.reshapes(self.device)
+        return self._opaque or self.tail.reshapes(self.device)
 
     def _path_to_layers(self) -> list[torch.nn.Module]:
         """The base model and each of its modules down to the one holding the decoder layers."""
@@ -429,7 +439,8 @@ class ModelStream:
                         out = self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                          **{"use_cache": False, **(more or {})})
                 except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
-                    failed = f": {type(exc).__name__}: {exc}"
+                    # (the tuples' last failure says more than an object's read by attribute)
+                    failed = failed if arity == BY_ATTRIBUTE and failed else f": {type(exc).__name__}: {exc}"
                     continue
                 finally:
                     for i, layer in enumerate(real_layers):
@@ -440,8 +451,11 @@ class ModelStream:
                 if found is None:
                     continue
                 step_calls, made, outs, seen = found
+                made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
                 if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
-                    self._tail.keep(out, embedded, outs)
+                    self.tail.keep(out, embedded, outs)
+                elif embeds is None:  # a last hidden state the forward computes from more than the last output
+                    self.tail.derives(out, outs)
                 # a layer's extra outputs go in its slots, for a later call (GLM-5's top-k indices); what the forward
                 # computes from outputs is computed again from the pass's (Inkling 2's block states, a loop's start)
                 return seen[0], handing(step_calls, made, outs, seen)
@@ -469,6 +483,8 @@ class ModelStream:
         if not rows:
             return True
         for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
+            if held_positions(hidden, (1, n)) != held_positions(entering[b][0], tuple(batches[b][1].shape)):
+                return False  # the forward pads the positions itself, a batch otherwise (Reformer's chunks)
             own = self.run(layer, hidden, calls[0])
             padded = sequence_row(outputs[b], batches[b][1].shape, r, n)
             if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
@@ -510,8 +526,9 @@ class ModelStream:
         weight = next(layer.parameters(), None)
         hidden = entered(call, hidden) if hand_on else hidden
         hidden = hidden if weight is None or hidden.device == weight.device else hidden.to(weight.device)
-        out = layer(hidden, *args, **kwargs)
-        result: torch.Tensor = handed_on(call, out) if hand_on else out[0] if isinstance(out, (tuple, list)) else out
+        named = [k for k, v in kwargs.items() if v is HIDDEN]  # (given by keyword: Reformer's)
+        out = layer(*args, **{**kwargs, named[0]: hidden}) if named else layer(hidden, *args, **kwargs)
+        result: torch.Tensor = handed_on(call, out) if hand_on else hidden_of(call, out)
         return result
 
     @contextmanager
@@ -536,11 +553,11 @@ class ModelStream:
 
         def logits(hidden: torch.Tensor) -> torch.Tensor:
             hidden = hidden.to(self.device)  # a resumed pass's last hidden states come from the host
-            normed = hidden
+            normed = hidden if self._tailed() else self.tail.derived(hidden)
             for final in () if self._tailed() else self.finals:
                 normed = final(normed)
             if self._tailed():
-                normed = self._tail(hidden)
+                normed = self.tail(hidden)
             setattr(site, attribute, stand_ins()[1](normed, inner, frozenset(map(id, self._path_to_layers()))))
             try:
                 out = site(input_ids=torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device),

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.handed import Output, outputs_read, plain
+from resumerge.forward.handed import Derived, Output, outputs_read, plain
 from resumerge.machine.torch_import import torch
 
 # The token ids' shape the probe runs with, to find where the hidden states hold the batch and positions (Gemma 3n's
@@ -122,6 +122,12 @@ def sequence_row(value: torch.Tensor, batch: torch.Size, r: int, n: int) -> torc
     return value.narrow(axis, r, 1).narrow(axis + 1, 0, n + value.shape[axis + 1] - batch[1])
 
 
+def held_positions(hidden: torch.Tensor, batch: tuple[int, ...]) -> int:
+    """How many positions more than its token sequences' a ``batch``-shaped batch's hidden states ``hidden`` hold
+    (CPM-Ant's prompt before the tokens; Reformer's own padding to a multiple of its chunk length after them)."""
+    return int(sequence_row(hidden, torch.Size(batch), 0, batch[1]).shape[-2]) - batch[1]
+
+
 class Tail:
     """``inner``'s forward after its decoder ``layers``, over given last hidden states: its parts that run before
     the layers (``before``) are stood in for by zeros of their outputs' shapes, its layers by what returns the
@@ -145,6 +151,10 @@ class Tail:
         # each block-boundary layer)
         self._kept: weakref.WeakKeyDictionary[Output, tuple[Any, dict[int, Output]]] = \
             weakref.WeakKeyDictionary()
+        # per batch, by its last layer's output: the last hidden state as the forward computed it from more than that
+        # output (Reformer's: its two streams' last outputs side by side, its own padding cut off), before the finals
+        self._derived: weakref.WeakKeyDictionary[Output, Derived] = weakref.WeakKeyDictionary()
+        self._last_derived: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def keep(self, out: Any, embedded: Sequence[Any], outputs: Sequence[Output]) -> None:
         """Keep for the tail what the capture of a batch found (its forward's output ``out``, traced, what the input
@@ -157,6 +167,33 @@ class Tail:
             output.kept = True
         self._kept[outputs[-1]] = (plain(embedded[0]) if embedded else None,
                                    {i: o for i, o in kept.items() if o is not outputs[-1]})
+
+    def derives(self, out: Any, outputs: Sequence[Output]) -> None:
+        """Where the forward's last hidden state as a capture traced it (its output ``out``; the finals stood in for
+        by their input) reads more of the layers' ``outputs`` than the last, or reads it otherwise than as it is
+        (Reformer's: its last call's two outputs side by side, its own padding of the positions cut off): keep how,
+        with what it reads, to the end of the pass (:meth:`derived`)."""
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        read = outputs_read(last)
+        if not read or all(o is outputs[-1] for o in read):
+            return
+        for output in read:
+            output.kept = True
+        self._derived[outputs[-1]] = Derived(last.node)
+
+    def derived(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last hidden state before the finals for a batch's last layer output ``hidden``: what :meth:`derives`
+        kept for its batch computed from the pass's outputs, or ``hidden`` itself."""
+        if self._last_derived is not None and self._last_derived[0] is hidden:  # (the head's blocks of rows)
+            return self._last_derived[1]
+        for output, how in list(self._derived.items()):
+            last = output.value
+            if isinstance(last, torch.Tensor) and (last is hidden or (
+                    last.shape == hidden.shape and torch.equal(last.to(hidden.device), hidden))):
+                found: torch.Tensor = how.computed(lambda slot: slot.value.to(hidden.device))
+                self._last_derived = (hidden, found)
+                return found
+        return hidden
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._last is not None and self._last[0] is hidden:  # the head read a block of rows at a time
@@ -178,6 +215,14 @@ class Tail:
                     last.shape == hidden.shape and torch.equal(last.to(hidden.device), hidden))):
                 return embedded, {i: o.value for i, o in outputs.items()}
         return None, {}
+
+    def positions_before(self) -> int:
+        """How many positions the layers' hidden states hold before the tokens' (CPM-Ant's prompt; any others they
+        hold come after them: Reformer's padding to a multiple of its chunk length); 0 where the probe cannot run."""
+        try:
+            return self.probe(torch.device("cpu"))[2]
+        except Exception:  # whatever the forward raises with its parts before the layers stood in for
+            return 0
 
     def reshapes(self, device: torch.device) -> bool:
         """Whether the layers' hidden states hold the batch and the positions otherwise than the tokens do (after

@@ -2,8 +2,8 @@
 type; for a family that loops layers as its config says, by that config): a stack of slices of one is refused naming
 it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
 pass that cannot follow its forward (:mod:`resumerge.forward.stream`; one that follows the forward's calls, a loop's
-included, runs it: :mod:`resumerge.forward.calls`), as it is for the families whose layers do stack but hand each
-other more than their hidden states (:data:`NOT_ONE_STREAM`)."""
+included, runs it: :mod:`resumerge.forward.calls`), as it is for the families whose layers do stack but whose forward
+it does not follow (:data:`NOT_FOLLOWED`)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ NOT_A_STACK: Mapping[str, str] = {
     "zamba2": "shares its transformer blocks across its hybrid layers",
 }
 
-# families whose layers run one after another (a slice of them is one) but hand the next layer a second stream beside
-# the hidden states, which a layer-by-layer pass does not follow
-NOT_ONE_STREAM: Mapping[str, str] = {
-    "reformer": "runs its layers as a reversible pair of streams (each takes the previous layer's attention output "
-                "beside its hidden states)",
+# families whose layers do stack (a slice of them is one) but whose forward a layer-by-layer pass does not follow
+NOT_FOLLOWED: Mapping[str, str] = {
+    "xlnet": "attends both ways unless its attn_type is uni (each position sees every token, the next one included: "
+             "its logits are no next-token predictions), and its forward holds the hidden states positions first, "
+             "beside a query stream its layers hand on",
 }
 
 
@@ -56,4 +56,4 @@ def not_a_stack(model_type: object, config: Mapping[str, Any] | None = None) -> 
 
 def not_layer_by_layer(model_type: object) -> str | None:
     """Why a layer-by-layer pass cannot follow the forward of a family of ``model_type`` (None: not known)."""
-    return not_a_stack(model_type) or NOT_ONE_STREAM.get(str(model_type))
+    return not_a_stack(model_type) or NOT_FOLLOWED.get(str(model_type))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from census import make_census_model
@@ -53,19 +54,27 @@ def test_a_killed_check_of_a_looped_forward_resumes_between_two_calls_of_one_lay
     with stream:  # each call a step
         assert stream.order == ([0, 1, 2, 1, 2, 3] if family == "dory" else
                                 [*[0, 1, 2, 3] * 3, 4, 5, 6, 7, *[0, 1, 2, 3] * 3, 4, 5, 6, 7])
+    carried, doc, same = killed_and_resumed(tmp_path, merge, base, kill)
+    if family == "dory":  # (the input section's output, which the next loop's start takes; after the last: none)
+        assert carried == ({("0", "0")} if kill == 2 else set())
+    assert doc == same and len(doc["models"][1]["drift"]) == len(stream.order)  # a figure per call
+
+
+def killed_and_resumed(tmp_path: Path, merge: Path, base: Path, kill: int
+                       ) -> tuple[set[tuple[str, ...]], dict[str, Any], dict[str, Any]]:
+    """``check`` of ``merge`` against ``base`` killed after layer step ``kill``: what its journal carries (each
+    as (layer, output)), then its report resumed and the report of a whole check (their charts apart)."""
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat on the mat\nhello world, and a longer line of words than the others\n")
     argv = ["check", merge, "--base", base, "--prompts", texts, "--json", "--state-dir", tmp_path / "killed"]
     killed = cli(*argv, env={"RESUMERGE_KILL_AT": f"after_check_layer:{kill}"}, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     (journal,) = list((tmp_path / "killed").rglob("layer-*.safetensors"))
-    with safe_open(str(journal), "pt") as opened:  # the input section's output, which the next loop's start takes
+    with safe_open(str(journal), "pt") as opened:
         carried = {tuple(n.split(".")[3:]) for n in opened.keys() if n.startswith("carried.")}  # noqa: SIM118
-    if family == "dory":  # (after the last loop's start: none)
-        assert carried == ({("0", "0")} if kill == 2 else set())
     resumed = cli_here(*argv)  # unkilled: the CLI's main in this process, reading the killed one's journal
     whole = api.check(merge, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "whole"))
     assert resumed.returncode == whole.exit_code, resumed.stderr[-2000:]
     doc, same = json.loads(resumed.stdout), json.loads(json.dumps(whole.to_json()))
     doc.pop("chart"), same.pop("chart")
-    assert doc == same and len(doc["models"][1]["drift"]) == len(stream.order)  # a figure per call
+    return carried, doc, same
