@@ -49,6 +49,12 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     # its cache rounds the key and value widths up to a multiple of 64 where its layers do not: transformers' own
     # forward with a cache (its config's use_cache) runs only where hidden_size times qk_dim_factor is one
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
+    # its width is emb_dim, its heads n_heads (no size key of the table): its defaults' 2,048 wide layers made a
+    # model of 200M weights, the census's slowest build by far
+    "xlm": {"emb_dim": 32, "n_heads": 4},
+    # its shape and pronunciation embeddings' 24,858 and 910 rows are tables of their own, no size key
+    "roc_bert": {"shape_vocab_size": 64, "shape_embed_dim": 16, "pronunciation_vocab_size": 64,
+                 "pronunciation_embed_dim": 16},
     "gpt_neo": {"attention_types": [[["global", "local"], 2]]},
     # hybrids whose first four layers, as their defaults place them, hold no attention layer: one every other layer
     "bamba": {"attn_layer_indices": [1, 3]},
