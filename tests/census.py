@@ -38,6 +38,8 @@ SMALL: Mapping[str, Any] = {
     "moe_shared_expert_intermediate_size": 16, "embedding_size": 32, "block_size": 16, "num_layers": LAYERS,
     "n_layers": LAYERS, "decoder_layers": LAYERS,
 }
+# Inkling's sliding-window layers' heads (its defaults: 48 or 64 heads of 128), shrunk as the table shrinks the others
+_SWA: Mapping[str, Any] = {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 8}
 # families that need a size the shared table cannot give (a head count its defaults tie to another key)
 OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     "falcon_h1": {"mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_head": 8},
@@ -49,6 +51,18 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     # its cache rounds the key and value widths up to a multiple of 64 where its layers do not: transformers' own
     # forward with a cache (its config's use_cache) runs only where hidden_size times qk_dim_factor is one
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
+    # its width is emb_dim, its heads n_heads (no size key of the table): its defaults' 2,048 wide layers made a
+    # model of 200M weights, the census's slowest build by far
+    "xlm": {"emb_dim": 32, "n_heads": 4},
+    # widths of their own names, no size key of the table, that its defaults keep thousands wide (each family's
+    # census row took 2 to 8 times a Llama's)
+    "inkling_text": _SWA,
+    "gemma3n_text": {"intermediate_size": [64] * LAYERS},  # (one per layer: a list)
+    "cpmant": {"dim_ff": 64, "dim_head": 8},
+    "ctrl": {"dff": 64},
+    # its shape and pronunciation embeddings' 24,858 and 910 rows are tables of their own, no size key
+    "roc_bert": {"shape_vocab_size": 64, "shape_embed_dim": 16, "pronunciation_vocab_size": 64,
+                 "pronunciation_embed_dim": 16},
     "gpt_neo": {"attention_types": [[["global", "local"], 2]]},
     # hybrids whose first four layers, as their defaults place them, hold no attention layer: one every other layer
     "bamba": {"attn_layer_indices": [1, 3]},
@@ -60,10 +74,10 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = {
              "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
     # a head of fewer rows than the embedding (the census's texts hold ids under it: :func:`texts_of`), and a block of
     # two layers (its defaults' six: the block states then hold the embeddings alone in four layers)
-    "inkling2_text": {"unpadded_vocab_size": VOCAB - 12, "n_layers_per_attn_res_block": 2},
+    "inkling2_text": {"unpadded_vocab_size": VOCAB - 12, "n_layers_per_attn_res_block": 2, **_SWA},
     # and its loop on (its defaults loop layers 6 to 17, none of four): layers 2 and 3 run twice
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB - 12, "n_layers_per_attn_res_block": 2,
-                           "loop_layer_index_start": 2, "loop_layer_index_end": 4, "loop_num_passes": 2},
+                           "loop_layer_index_start": 2, "loop_layer_index_end": 4, "loop_num_passes": 2, **_SWA},
     # (its LSH attention hashes with rotations each forward draws at random unless hash_seed fixes them: transformers'
     # own NLL is then no function of its weights alone)
     "reformer": {"is_decoder": True, "attn_layers": ["local", "lsh", "local", "lsh"], "axial_pos_shape": [16, 16],
