@@ -1,6 +1,6 @@
 """A pass's node-side watch (:class:`~resumerge.forward.placement.NodeWatch`, issue 83): ``measure``'s Grams are
 computed where each model's layer runs, by this process's :class:`~resumerge.forward.placement.Streams` or by the
-forward engine's one Ray actor (:class:`~resumerge.forward.rayactor.ModelNode`, here in this process behind a stand-in
+forward engine's one Ray actor (:class:`~resumerge.forward.modelnode.ModelNode`, here in this process behind a stand-in
 for Ray) on a copy of the watch sent to it; the driver writes and journals them alike, so the two write the same
 bytes and a measurement started on one resumes on the other."""
 
@@ -66,8 +66,9 @@ def _on_node(model: Any, out: Path, journal: Path, monkeypatch: pytest.MonkeyPat
     import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.forward.batches import one_by_one
+    from resumerge.forward.modelnode import ModelNode
     from resumerge.forward.onray import Place, sent
-    from resumerge.forward.rayactor import ActorTerms, ModelNode, RayModels
+    from resumerge.forward.rayactor import ActorTerms, RayModels
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     batches = one_by_one(TOKENS)
@@ -132,7 +133,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
 
     import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
-    from resumerge.forward import rayactor
+    from resumerge.forward import modelnode, rayactor
     from resumerge.forward.batches import one_by_one
     from resumerge.forward.onray import Place
     from resumerge.inputs.kernels import kernel_threads
@@ -140,7 +141,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
     model = _model(tmp_path)
     _here(model, tmp_path / "here", tmp_path / "j-here")
     seen: list[int] = []
-    layer = rayactor.model_layer
+    layer = modelnode.model_layer
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         seen.append(torch.get_num_threads())
@@ -153,7 +154,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
         return _Actor(made[-1])
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
-    monkeypatch.setattr(rayactor, "model_layer", counted)
+    monkeypatch.setattr(modelnode, "model_layer", counted)
     monkeypatch.setattr(rayactor, "on_place", on_place)
     monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep, stream: [None] * len(places))
     monkeypatch.setattr(rayactor, "end_actors", lambda ray, actors, hosts: None)

@@ -1,5 +1,5 @@
 """Every pass's object on a Ray node is made one way (issue 83): a model of a check, measurement, evaluation or the
-MoE gates (:class:`~resumerge.forward.rayactor.ModelNode`) and a search's group of candidates
+MoE gates (:class:`~resumerge.forward.modelnode.ModelNode`) and a search's group of candidates
 (:class:`~resumerge.runs.evolve.spread.NodeScores`) are hosted by the kept workers' own host
 (:class:`~resumerge.machine.cluster.hostcalls.Hosting`), in a kept worker or, where none is kept, in a fresh
 actor of it pinned to the node (:func:`~resumerge.forward.onray.on_place`): the one Ray actor class of every pass.
@@ -70,7 +70,7 @@ def _made_as_one_host(ray: _Ray, nodes: Sequence[str], cpus: Sequence[float]) ->
 
 
 class _Model:
-    """A model's object on its node, in place of :class:`~resumerge.forward.rayactor.ModelNode`: its calls
+    """A model's object on its node, in place of :class:`~resumerge.forward.modelnode.ModelNode`: its calls
     logged."""
 
     def __init__(self, model: object, threads: int, *rest: object) -> None:

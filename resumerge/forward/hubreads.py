@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from resumerge.forward.opened import PassModel, layer_of
 from resumerge.inputs.spans import merged_spans
@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # the hub's modules and the ledger's writer are imported only
     from resumerge.inputs.hub.fetchcache import CachedRanges, FetchCache
     from resumerge.inputs.hub.integrity import StreamHashes
     from resumerge.inputs.hub.stream import Check, Ranges
-    from resumerge.merge.store.ledger import Ledger
 
 READS_NAME = "hub-reads.db"
 FETCHED_NAME = "fetched"
@@ -48,14 +47,29 @@ _STOPPED = "the check stopped before its report, and its journal was discarded"
 _HINT = "check again once the hub serves the file intact: the check starts over and reads every file whole again"
 
 
+class ReadsJournal(Protocol):
+    """The journal of a pass's hub reads, opened at a path: each range's sha256 recorded when first read (a
+    :class:`~resumerge.inputs.hub.integrity.RangeRecord`), the events of the files verified whole, closed. The
+    client hands in the merge's ledger class (:class:`~resumerge.merge.store.ledger.Ledger`: the file is a ledger,
+    read by ``status`` as one), so its schema has one owner and this engine imports nothing of it."""
+
+    def __init__(self, path: Path) -> None: ...
+
+    def remember_read(self, model: str, file: str, start: int, end: int, sha256: str) -> str: ...
+
+    def event(self, kind: str, message: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class PassReads:
     """The hub files of one check's models, read through :meth:`bind`'s readers; :meth:`finish` before the report,
     :meth:`close` after it, :meth:`discard` when a file failed its check."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
+    def __init__(self, workdir: Path, journal: type[ReadsJournal]) -> None:
+        self.workdir, self._journal = workdir, journal
         self.hashes: StreamHashes | None = None
-        self._ledger: Ledger | None = None
+        self._ledger: ReadsJournal | None = None
         self._cache: FetchCache | None = None
         self._proved: set[tuple[str, str, int, int]] = set()  # ranges :meth:`elsewhere` read here
 
@@ -69,13 +83,12 @@ class PassReads:
             return list(models)
         from resumerge.inputs.hub.fetchcache import FetchCache
         from resumerge.inputs.hub.integrity import StreamHashes
-        from resumerge.merge.store.ledger import Ledger
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.workdir / SPILL_NAME, ignore_errors=True)  # a killed run's: its digests died with it
         self.hashes = StreamHashes(changed=_STOPPED, hint="the hub served changed content for a pinned commit; "
                                                           "check again later: the check starts over")
-        self._ledger = self.hashes.ledger = Ledger(self.workdir / READS_NAME)
+        self._ledger = self.hashes.ledger = self._journal(self.workdir / READS_NAME)
         kept = [_kept(m, first=i == 0) if again else {} for i, m in enumerate(models)]
         self._cache = FetchCache(self.workdir / FETCHED_NAME, sum(e - s for spans in kept for file in spans.values()
                                                                    for s, e in file))

@@ -175,7 +175,7 @@ def on_place(ray: Any, place: Place, host: Any, factory: Callable[..., Any], *ar
     hosted by the kept worker ``host`` (:func:`kept_hosts`, whose lease reserved the place's CPUs and memory), else
     (None) by a fresh actor pinned there declaring them
     (:func:`~resumerge.machine.cluster.hosting.fresh_host`). The one way every pass's object (a model's
-    :class:`~resumerge.forward.rayactor.ModelNode`, a search's group of candidates) gets onto a node."""
+    :class:`~resumerge.forward.modelnode.ModelNode`, a search's group of candidates) gets onto a node."""
     if host is None:
         from resumerge.machine.cluster.hosting import fresh_host
 

@@ -10,23 +10,19 @@ final-logit soft-capping included) over the final norm's output.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from importlib import import_module
-from pathlib import Path
 from typing import Any, TypeVar
 
 from resumerge.errors import ModelInputError
+from resumerge.forward.built import build_modules, native_reads_all, quiet_loading
 from resumerge.forward.calls import call_order, in_order, looped, steps_of
 from resumerge.forward.device import moved
 from resumerge.forward.handed import HandingCall, entered, given, handed_on, handing
 from resumerge.forward.layerlists import first_list, innermost, layer_lists
-from resumerge.forward.multimodal import causal_lm_class, head_site, renamed, stored_prefixes, text_model
-from resumerge.forward.native import NativeConfig, native_modules
-from resumerge.forward.onmeta import weights_on_meta
+from resumerge.forward.multimodal import head_site, renamed, stored_prefixes, text_model
+from resumerge.forward.native import NativeConfig
 from resumerge.forward.reader import CastReader, Weights, base_formats
-from resumerge.forward.requires import Needs, require_transformers
 from resumerge.forward.standins import LayerCall, recorded, stand_ins
 from resumerge.forward.tail import Tail, final_names, sequence_row, tail_names, weighted_parts
 from resumerge.inputs.stacks import not_layer_by_layer
@@ -49,59 +45,6 @@ Given = Sequence[Mapping[str, Any]] | None
 
 def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
-
-
-def build_modules(directory: Path, dtype: torch.dtype, *, what: str, native: bool = True) -> tuple[Any, Any]:
-    """The config of the model in ``directory`` and its causal-LM modules in ``dtype`` built without weights: the
-    native modules where its family is one they build (:mod:`.native`; ``native=False``: never), else
-    transformers' config and modules (:func:`weights_on_meta`); ``what`` names the pass in the error of a missing
-    transformers. A multimodal model is built by its image-text-to-text class where no causal-LM class maps it
-    (:mod:`.multimodal`). Raises what transformers raises for an architecture it does not know, and
-    :class:`ModelInputError` for one it builds no causal LM of (T5, a vision-only model)."""
-    if native:
-        built = native_modules(_config_doc(directory), dtype)
-        if built is not None:
-            return built
-    transformers = require_transformers(Needs(what))
-    config = transformers.AutoConfig.from_pretrained(str(directory))
-    # imported before the block, as the modules' construction would import it: it keeps torch.nn.init's functions
-    # as it finds them on import, which must be torch's own, not the block's (see weights_on_meta)
-    import_module("transformers.modeling_utils")
-    with weights_on_meta():
-        model = causal_lm_class(transformers, config).from_config(config, dtype=dtype)
-    return config, model
-
-
-@contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """transformers' progress bars off for the block (as they were after it)."""
-    from transformers.utils import logging
-
-    shown = logging.is_progress_bar_enabled()
-    if shown:
-        logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            logging.enable_progress_bar()
-
-
-def _config_doc(directory: Path) -> dict[str, Any]:
-    """``directory``'s config.json, or {} where it cannot be read (transformers then says what is wrong)."""
-    try:
-        doc = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _native_reads_all(model: Any, reader: CastReader, tied: bool) -> bool:
-    """Whether every parameter of native modules ``model`` is a tensor of the checkpoint under its own name and, where
-    stored plainly, in its shape (what :meth:`ModelStream.load` reads without transformers' conversion); the head may
-    be missing where it is tied to the embeddings."""
-    return all(reader.holds(name, tuple(param.shape)) or (tied and name.startswith("lm_head."))
-               for name, param in model.named_parameters())
 
 
 def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> LayerCall:
@@ -131,7 +74,7 @@ class ModelStream:
         self.config, self.model = built if built is not None else build_modules(weights.directory, dtype, what=what)
         self.formats = base_formats(weights.tensors, config_doc, weights.directory)
         self.reader = CastReader(weights, self.formats, dtype, key=key)
-        if isinstance(self.config, NativeConfig) and not _native_reads_all(self.model, self.reader,
+        if isinstance(self.config, NativeConfig) and not native_reads_all(self.model, self.reader,
                                                                            self.config.tie_word_embeddings):
             # tensors the native modules do not find (a checkpoint laid out otherwise): transformers' conversion
             self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
@@ -266,7 +209,7 @@ class ModelStream:
         others = [m for m in self.model.modules() if id(m) not in mine]
         before = {(id(m), n) for m in others for n, p in m.named_parameters(recurse=False) if not p.is_meta}
         config = LoadStateDictConfig(dtype=self.dtype, weight_mapping=get_model_conversion_mapping(self.model))
-        with _quiet_loading():  # its "Loading weights" bar, once a layer of every model, is not the user's news
+        with quiet_loading():  # its "Loading weights" bar, once a layer of every model, is not the user's news
             convert_and_load_state_dict_in_model(self.model, {n: self.reader.read(n) for n in names}, config)
         for child in others:
             for name, param in child.named_parameters(recurse=False):

@@ -216,7 +216,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
 
 
 class _Actor:
-    """A :class:`~resumerge.forward.rayactor.ModelNode` as the driver calls a Ray actor
+    """A :class:`~resumerge.forward.modelnode.ModelNode` as the driver calls a Ray actor
     (``actor.method.remote(...)``), run in this process."""
 
     def __init__(self, node: object) -> None:
@@ -242,15 +242,17 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     from resumerge.config.locations import StateDir
     from resumerge.forward.batches import padded as _padded
     from resumerge.forward.hubreads import PassReads
+    from resumerge.forward.modelnode import ModelNode
     from resumerge.forward.onray import Place, sent
-    from resumerge.forward.rayactor import ModelNode, RayModels
+    from resumerge.forward.rayactor import RayModels
     from resumerge.inputs.hub.integrity import StreamedInputChanged
+    from resumerge.merge.store.ledger import Ledger
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
     hub.push("org/merged", files)
     models = find_models("hf://org/merged", None, (), StateDir.resolve(state))
-    reads = PassReads(tmp_path / "work")
+    reads = PassReads(tmp_path / "work", Ledger)
     bound = reads.bind(models, fresh=True)
     static_pass(bound)  # every tensor read here, and every file verified whole
     assert len(_verified_in(tmp_path / "work")) == len(_shards(files))

@@ -180,7 +180,7 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.rayactor import ModelNode
+    from resumerge.forward.modelnode import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "--base", StateDir.resolve(state))
@@ -203,7 +203,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     import resumerge.machine.rayconnect
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
-    from resumerge.forward.rayactor import ModelNode
+    from resumerge.forward.modelnode import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))

@@ -177,7 +177,10 @@ class CheckJob:
         allocator put back as the block ends (the kept ranges stay for a resume; where a file failed its check, the
         journal goes)."""
         workdir, settings, tokens, site = self.folder.path, self.settings, self.texts.tokens, self.settings.site
-        reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
+        from resumerge.merge.store.ledger import Ledger
+
+        # A hub model's ranges checked (journaled in workdir, a ledger), its files verified whole.
+        reads = PassReads(workdir, Ledger)
         models = site.bind(reads, self.models, fresh=not _journaled(workdir))
         streams = streams_of(models, settings.device.name)
         progress = Progress(workdir, self.model, streams[0].layers, len(models), self.watcher,

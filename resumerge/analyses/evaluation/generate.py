@@ -21,7 +21,8 @@ from typing import Any
 
 from resumerge.analyses.evaluation.genrequests import Wanted
 from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream, build_modules
+from resumerge.forward.built import build_modules
+from resumerge.forward.stream import ModelStream
 from resumerge.machine.torch_import import torch
 
 

@@ -3,7 +3,7 @@
 The executor object places the pass (:class:`~resumerge.merge.engine.executors.PlacesPasses`), as it places a check's
 (:mod:`resumerge.forward.sites`: :meth:`~resumerge.forward.sites.Seats.each`): each model a placement of its own on the
 forward engine's one actor (:func:`~resumerge.forward.rayactor.ray_each`,
-:class:`~resumerge.forward.rayactor.ModelNode`), placed one per node where the cluster has the nodes and declaring
+:class:`~resumerge.forward.modelnode.ModelNode`), placed one per node where the cluster has the nodes and declaring
 the memory of its pass (:func:`actor_bytes`), so that a cluster that cannot hold them is refused before any weight is
 read (exit 2); each opens its model from its path (which every node must see; a hub model read by range from the
 node, its ranges' sha256 held to the driver's journal after each layer, as a check's nodes' are) and computes with

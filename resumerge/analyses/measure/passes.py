@@ -114,9 +114,10 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     from resumerge.forward.hubreads import PassReads
     from resumerge.machine.durable import write_file_atomic
     from resumerge.machine.memory.allocator import tune_allocator
+    from resumerge.merge.store.ledger import Ledger
 
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
-    reads = PassReads(workdir)
+    reads = PassReads(workdir, Ledger)
     # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
     models = placed.site.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
     restore = tune_allocator()
