@@ -232,7 +232,7 @@ def write_group(root: Path, say: list[str]) -> None:
         doc = (init.parent / room / "__init__.py").read_text(encoding="utf-8").split('"""')[1]
         first = re.split(r"(?<=[.:])\s", doc.split("\n\n")[0].replace("\n", " "), maxsplit=1)[0].rstrip(".:")
         lines.append(R._fold_hanging(f"- :mod:`.{room}`: {first}.", R.LINE - 4))
-    names = ", ".join(f'"{n}"' for n in rooms)
+    names = ", ".join(f'"{n}"' for n in sorted(rooms))
     init.write_text(f'"""{_fold(GROUP_DOC)}\n\n' + "\n".join(lines) + f'\n"""\n\n__all__ = [{names}]\n',
                     encoding="utf-8")
     say.append(f"write resumerge/{GROUP}/__init__.py (a group)")

@@ -327,10 +327,11 @@ def measuring_seconds(plan: Plan, tokens: int) -> float:
 
 # What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,
 # numba where it is installed (a K-quant run imports it for its encoders, and scipy with it), and the family's
-# modules: resumerge's own where it builds them (forward.native), else transformers' and its modeling module. On real
-# SmolLM2 to q4_k_m the run's process held 346 MB as its pass started; a fresh process of these modules 309 MB, of a
-# run's alone 247 MB.
-PASS_MODULES = ("resumerge.forward.engine.stream", "resumerge.analyses.importance.onmerge", "resumerge.merge.engine.unwritten")
+# modules: resumerge's own where it builds them (forward.engine.native), else transformers' and its modeling module.
+# On real SmolLM2 to q4_k_m the run's process held 346 MB as its pass started; a fresh process of these modules
+# 309 MB, of a run's alone 247 MB.
+PASS_MODULES = ("resumerge.forward.engine.stream", "resumerge.analyses.importance.onmerge",
+                "resumerge.merge.engine.unwritten")
 _OPTIONAL = ("tokenizers", "numba")
 
 

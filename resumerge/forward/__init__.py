@@ -14,4 +14,4 @@ to it), each room importing only the rooms listed above it; this file imports no
 - :mod:`.sums`: What the importance pass sums over a model's linears, as llama-imatrix writes it.
 """
 
-__all__ = ["engine", "text", "opening", "job", "compared", "placing", "sums"]
+__all__ = ["compared", "engine", "job", "opening", "placing", "sums", "text"]

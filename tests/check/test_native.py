@@ -19,9 +19,10 @@ import pytest
 from support import cli
 
 from resumerge.config.modelref import ModelRef
+from resumerge.forward.engine.built import build_modules
 from resumerge.forward.engine.native import NativeConfig, read_config
 from resumerge.forward.engine.reader import Weights
-from resumerge.forward.engine.stream import ModelStream, build_modules
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 

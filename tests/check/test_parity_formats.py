@@ -170,8 +170,8 @@ def test_llama4_streams_through_its_conditional_generation_class_too(tmp_path: P
     from transformers import AutoConfig, Llama4ForConditionalGeneration
     from vlm_families import make_vlm, vlm
 
+    from resumerge.forward.engine.built import build_modules
     from resumerge.forward.engine.onmeta import weights_on_meta
-    from resumerge.forward.engine.stream import build_modules
 
     directory = make_vlm(tmp_path / "llama4", vlm("llama4"), 3)
     config = AutoConfig.from_pretrained(directory)

@@ -172,8 +172,8 @@ def test_modules_built_without_weights_skip_drawing_them_and_keep_their_buffers(
     tests/check/test_native.py)."""
     from transformers import AutoModelForCausalLM
 
+    from resumerge.forward.engine.built import build_modules
     from resumerge.forward.engine.onmeta import weights_on_meta
-    from resumerge.forward.engine.stream import build_modules
 
     directory = make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3)
     inits = dict(vars(torch.nn.init))

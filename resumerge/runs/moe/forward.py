@@ -69,7 +69,7 @@ ExpertSets = Sequence[tuple[Encoded, Encoded | None]]
 @dataclass(frozen=True)
 class Ready:
     """What the pass's checks built: the base's modules without weights (config and model, as the forward engine
-    builds them: :func:`resumerge.forward.engine.stream.build_modules`) and every gated expert's encoded prompt sets."""
+    builds them: :func:`resumerge.forward.engine.built.build_modules`) and every gated expert's encoded prompt sets."""
 
     config: Any
     model: Any
@@ -83,7 +83,7 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     ``plan``'s probe of the pass and the run's pass both call this one function (:mod:`.passmain`), and the run
     waits for it before the merge writes anything, so what ``plan`` refuses here ``run`` refuses before its first
     weight (raises InputError subclasses)."""
-    from resumerge.forward.engine.stream import build_modules
+    from resumerge.forward.engine.built import build_modules
     from resumerge.runs.moe.prompts import encode, load_tokenizer
 
     transformers = require_transformers(gate_needs(mode))
