@@ -7,7 +7,9 @@ merged branch still writes the old way):
 
 1. ``from resumerge.forward import CastReader, Weights, ...`` (the names ``forward/__init__.py`` re-exported) is
    written as an import of the module that holds them (``forward.reader``, ``forward.journal``), as are the dotted
-   names ``resumerge.forward.CastReader``...: the package becomes a group, whose ``__init__`` imports nothing.
+   names ``resumerge.forward.CastReader``...: the package becomes a group, whose ``__init__`` imports nothing. So is
+   a name a merged branch still takes from the module it left when that was split by job (:data:`LEFT`:
+   ``rayactor.ModelNode`` is ``modelnode``'s, ``stream.build_modules`` is ``built``'s).
 2. Moves, with ``git mv``, each module of ``forward/`` into its room (:data:`ROOMS`): ``engine/`` (a model streamed
    through its modules), ``text/`` (token sequences, vocabularies, batches), ``opening/`` (the one opener, the hub
    reads), ``job/`` (the pass: driver, loop, journal, proof, admission, placement), ``compared/`` (models run side by
@@ -136,6 +138,12 @@ REEXPORTS: dict[str, str] = {
     **dict.fromkeys(("CastReader", "Location", "Weights", "base_formats", "pass_bytes", "step_sizes"), "reader"),
     "durable_save": "journal",
 }
+# Names that left a module (flat name; "" the package) when it was split, by the module that holds them now.
+LEFT: dict[str, dict[str, str]] = {
+    "": REEXPORTS,
+    "rayactor": {"ModelNode": "modelnode"},
+    "stream": {"build_modules": "built", "config_doc": "built", "native_reads_all": "built", "quiet_loading": "built"},
+}
 GROUP_DOC = (
     "The forward engine and the one journaled layer pass every analysis runs on (``check``, ``measure``, ``eval``, "
     "the importance matrix, the MoE hidden-state gates, the search), in rooms by what they hold.\n\n"
@@ -170,35 +178,45 @@ def _fold(text: str) -> str:
 
 def unpack_reexports(root: Path, say: list[str]) -> None:
     """``from resumerge.forward import <re-exported names>`` and ``resumerge.forward.<name>``, written with the
-    module that holds the name (still at its old flat path: the references' rewrite moves it on)."""
-    pattern = re.compile(rf"^([ \t]*)from resumerge\.{GROUP} import ([\w ,]+)$", re.MULTILINE)
+    module that holds the name, and so a name that left its module when the module was split (:data:`LEFT`), each
+    still at its old flat path: the references' rewrite moves it on."""
+    changed = 0
+    for path in R.text_files(root):
+        if path.relative_to(root).as_posix() in SKIP_FILES or path == root / "resumerge" / GROUP / "__init__.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        new = text
+        for source, names in LEFT.items():
+            new = _unpacked(new, source, names, path.suffix == ".py")
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed += 1
+    if changed:
+        say.append(f"imports of names from the modules that hold them now in {changed} files")
+
+
+def _unpacked(text: str, source: str, held: dict[str, str], code: bool) -> str:
+    """``text`` with ``from <source> import ...`` split where it names one of ``held`` (name -> the module that
+    holds it), and the dotted ``<source>.<name>`` written with its module."""
+    base = f"resumerge.{GROUP}" + (f".{source}" if source else "")
 
     def one(match: re.Match[str]) -> str:
         indent, names = match.group(1), [n.strip() for n in match.group(2).split(",") if n.strip()]
         by_module: dict[str, list[str]] = {}
         kept = []
         for name in names:
-            module = REEXPORTS.get(name.split(" as ")[0].strip())
+            module = held.get(name.split(" as ")[0].strip())
             (by_module.setdefault(module, []) if module else kept).append(name)
         if not by_module:
             return match.group(0)
-        lines = [f"{indent}from resumerge.{GROUP} import {', '.join(kept)}"] if kept else []
+        lines = [f"{indent}from {base} import {', '.join(kept)}"] if kept else []
         lines += [f"{indent}from resumerge.{GROUP}.{m} import {', '.join(n)}" for m, n in sorted(by_module.items())]
         return "\n".join(lines)
 
-    dotted = re.compile(rf"(?<![\w.])resumerge\.{GROUP}\.({'|'.join(REEXPORTS)})(?!\w)")
-    changed = 0
-    for path in R.text_files(root):
-        if path.relative_to(root).as_posix() in SKIP_FILES or path == root / "resumerge" / GROUP / "__init__.py":
-            continue
-        text = path.read_text(encoding="utf-8")
-        new = pattern.sub(one, text) if path.suffix == ".py" else text
-        new = dotted.sub(lambda m: f"resumerge.{GROUP}.{REEXPORTS[m.group(1)]}.{m.group(1)}", new)
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            changed += 1
-    if changed:
-        say.append(f"imports of forward's re-exported names from their modules in {changed} files")
+    if code:
+        text = re.sub(rf"^([ \t]*)from {re.escape(base)} import ([\w ,]+)$", one, text, flags=re.MULTILINE)
+    dotted = re.compile(rf"(?<![\w.]){re.escape(base)}\.({'|'.join(held)})(?!\w)")
+    return dotted.sub(lambda m: f"resumerge.{GROUP}.{held[m.group(1)]}.{m.group(1)}", text)
 
 
 def write_rooms(root: Path, say: list[str]) -> None:
