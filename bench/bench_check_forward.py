@@ -26,8 +26,8 @@ def main() -> None:
     from realmodel import smollm2_folder
 
     from resumerge.analyses.check.models import find_models
-    from resumerge.forward.passes import forward_pass, streams_of
-    from resumerge.forward.texts import load_tokenizer, sequences
+    from resumerge.forward.compared.passes import forward_pass, streams_of
+    from resumerge.forward.text.texts import load_tokenizer, sequences
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     work = Path(tempfile.gettempdir()) / "resumerge-bench-check"

@@ -116,7 +116,7 @@ executor_option("local")
 t1 = time.perf_counter()
 from pathlib import Path
 import torch
-from resumerge.forward.stream import build_modules
+from resumerge.forward.engine.built import build_modules
 t2 = time.perf_counter()
 build_modules(Path(sys.argv[1]), torch.float32, what="bench")
 t3 = time.perf_counter()

@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--deepen", type=int, default=0,
                         help="bench a copy of --model with its layers repeated to this many (60: SmolLM2 at 0.97 GB)")
     parser.add_argument("--hf-batch-size", default="1", help="lm-eval's --batch_size (resumerge batches a pass's "
-                        "sequences by padded tokens, forward/batches.py) [default: 1, lm-eval's own default]")
+                        "sequences by padded tokens, forward/text/batches.py) [default: 1, lm-eval's own default]")
     args = parser.parse_args()
     if args.model is None:
         from realmodel import smollm2_folder

@@ -212,8 +212,8 @@ def kvcache(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
     from resumerge.analyses.evaluation.generate import cached_stream, resident
     from resumerge.analyses.evaluation.genrequests import Wanted
     from resumerge.config.locations import StateDir
-    from resumerge.forward import Weights
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.engine.reader import Weights
+    from resumerge.forward.opening.opened import open_for_pass
 
     tiny = tiny_model(args.work / "tiny-kv", context=256)
     for model in (tiny, args.model):

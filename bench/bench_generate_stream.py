@@ -135,8 +135,8 @@ def step_bytes(model: Path) -> int:
     from resumerge.analyses.evaluation.generate import cached_stream
     from resumerge.analyses.evaluation.genplan import step_read_bytes
     from resumerge.config.locations import StateDir
-    from resumerge.forward import Weights
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.engine.reader import Weights
+    from resumerge.forward.opening.opened import open_for_pass
     from resumerge.machine.torch_import import torch
 
     opened = open_for_pass(str(model), "TARGET", StateDir.resolve(None))

@@ -65,7 +65,7 @@ def main() -> None:
                             "gguf", *flags], check=True)
         return out / "model.gguf"
 
-    from resumerge.forward.texts import load_tokenizer, sequences
+    from resumerge.forward.text.texts import load_tokenizer, sequences
 
     tokenizer = load_tokenizer([floated])
     lines = work / "heldout.txt"  # the evolve texts' held-out halves, a text a line

@@ -8,7 +8,7 @@ Usage::
 
 Starts a Ray cluster on this machine as the tests do (tests/raycluster.py: a head without CPUs, one-CPU worker
 nodes), this process its driver; then, alternating, enters and leaves the pass's placement of MODEL's layers
-(as :func:`resumerge.forward.rayactor.placing` places it: the actor placed, started, its model opened) with
+(as :func:`resumerge.forward.placing.rayactor.placing` places it: the actor placed, started, its model opened) with
 ``keep`` 0 (what the MoE pass does) and 600 s (a node's kept worker, as check's passes lease), timing the entry
 (what the pass waits for before its first layer) and the exit. The first kept entry makes the node's kept worker;
 the later ones find it idle, as a second MoE run on a user's cluster would. Prints one JSON
@@ -42,9 +42,9 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from resumerge.config.locations import StateDir
-    from resumerge.forward.onray import ray_places
-    from resumerge.forward.opened import open_for_pass
-    from resumerge.forward.rayactor import ray_models
+    from resumerge.forward.opening.opened import open_for_pass
+    from resumerge.forward.placing.onray import ray_places
+    from resumerge.forward.placing.rayactor import ray_models
     from resumerge.machine.torch_import import IMPORT_RESERVE
 
     fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0,
@@ -65,7 +65,7 @@ def main() -> None:
                 for keep in (0.0, 600.0) if pair % 2 == 0 else (600.0, 0.0):
                     load = os.getloadavg()
                     start = time.perf_counter()
-                    # as resumerge.forward.rayactor.placing places the pass, with the kept workers' keep
+                    # as resumerge.forward.placing.rayactor.placing places the pass, with the kept workers' keep
                     where = ray_places(cluster.address, [IMPORT_RESERVE + (64 << 20)], what="prompt forward pass")
                     with ray_models([base], where, layers, dtype=torch.bfloat16, what="prompt forward pass",
                                     beside=True, keep=keep):

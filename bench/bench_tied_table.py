@@ -41,7 +41,7 @@ def main() -> None:
 
     from resumerge import api
     from resumerge.cli.modelgen import ModelSpec, make_model
-    from resumerge.forward import CastReader, Weights, base_formats
+    from resumerge.forward.engine.reader import CastReader, Weights, base_formats
 
     torch.set_num_threads(1)
     spec = ModelSpec(layers=2, hidden=args.hidden, intermediate=2 * args.hidden, vocab=args.vocab,

@@ -10,7 +10,7 @@ Makes three generated Llama-style float32 models (base, a, b) under the temp dir
 in a fresh process (its wall time from its start, its own peak RSS, the bytes it wrote):
 
 - ``written``: ``resumerge run`` of a TIES config into OUT, then the forward pass (each text's NLL, one decoder
-  layer at a time, :class:`~resumerge.forward.stream.ModelStream`) over the written output;
+  layer at a time, :class:`~resumerge.forward.engine.stream.ModelStream`) over the written output;
 - ``unwritten``: the same forward pass over :func:`resumerge.api.open_unwritten` of the same config;
 - ``one by one``: ``--popsize`` candidates (TIES with other weights and densities) each read unwritten alone;
 - ``generation``: the same candidates read in one pass (:func:`resumerge.api.open_population`).
@@ -78,7 +78,7 @@ def _pass(weights: Any, config: Any) -> list[float]:
     """Each text's NLL over ``weights``, one decoder layer at a time."""
     import torch
 
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
 
     ids = [torch.tensor([t]) for t in TEXTS]
     with ModelStream(weights, config, torch.float32, what="bench") as stream, torch.no_grad():
@@ -94,8 +94,8 @@ def _population_pass(population: Any) -> list[list[float]]:
     """Each candidate's NLLs, every layer of every candidate run inside that layer's block."""
     import torch
 
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.reader import Weights
+    from resumerge.forward.engine.stream import ModelStream
 
     ids = [torch.tensor([t]) for t in TEXTS]
     streams: list[Any] = []
@@ -128,7 +128,7 @@ def step(name: str, work: Path, configs: list[Path], started: float) -> dict[str
     from resumerge import api
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
-    from resumerge.forward import Weights
+    from resumerge.forward.engine.reader import Weights
 
     state = work / "state"
     result: dict[str, Any] = {"step": name}

@@ -57,13 +57,13 @@ def timed(owner, name, label):
 w0, c0 = clock()
 from resumerge import api
 from resumerge.analyses.check import run
-from resumerge.forward import passes
+from resumerge.forward.compared import passes
 w1, c1 = clock()
 spent["imports"] = [w1 - w0, c1 - c0]
 timed(run, "find_models", "open models")
 timed(run, "cached_sequences", "texts, tokenizer")
 try:
-    from resumerge.forward import proof
+    from resumerge.forward.job import proof
     timed(proof.PassProof, "record", "proof")
     timed(proof.PassProof, "prove", "proof")
 except ImportError:

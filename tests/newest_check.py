@@ -6,7 +6,7 @@ from pathlib import Path
 
 from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.passes import forward_pass, streams_of
+from resumerge.forward.compared.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 

@@ -1,6 +1,6 @@
 """Edits a content proof must see and a file's identity must not: a value changed in place outside the 16 blocks
 :func:`resumerge.inputs.files.file_identity` samples; and a count of the tensors a pass reads and the files its proof
-hashes (:mod:`resumerge.forward.proof`)."""
+hashes (:mod:`resumerge.forward.job.proof`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def edit_unsampled(model: Path, tensor: str) -> Path:
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every tensor a check reads, and every file the proof hashes, from now on."""
-    from resumerge.forward import proof, reader
+    from resumerge.forward.engine import reader
+    from resumerge.forward.job import proof
 
     read: list[str] = []
     real_read, real_hash = reader.CastReader._read, proof.group_digests

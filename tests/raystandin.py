@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 class StandInRay:
-    """Ray's module as :class:`~resumerge.forward.rayactor.RayModels` uses it; tests that make actors too
+    """Ray's module as :class:`~resumerge.forward.placing.rayactor.RayModels` uses it; tests that make actors too
     subclass it with ``remote``, ``nodes`` and ``kill``."""
 
     class exceptions:

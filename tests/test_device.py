@@ -205,7 +205,8 @@ def test_a_block_fp8_merge_runs_on_the_gpu(tmp_path: Path, make: ModelFactory, d
                 torch.testing.assert_close(got[key], want[key])
 
 
-# -- the forward pass's device (--device cuda in check, measure, eval, evolve: resumerge.forward.device) -------------
+# -- the forward pass's device (--device cuda in check, measure, eval, evolve: resumerge.forward.engine.device)
+# -------------
 
 PASS_SPEC_LAYERS = 3
 PASS_TOKENS = [[1, 5, 9, 13, 2], [3, 4, 5], [7, 8, 9, 10, 11, 12, 2]]
@@ -216,7 +217,7 @@ def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS, hidden: int = 3
     from dataclasses import replace
 
     from resumerge.cli.modelgen import ModelSpec, make_model
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.opening.opened import open_for_pass
 
     spec = ModelSpec(layers=layers, hidden=hidden, intermediate=intermediate, vocab=64)
     state = StateDir.resolve(tmp_path / "state")
@@ -225,7 +226,7 @@ def _pass_models(tmp_path: Path, layers: int = PASS_SPEC_LAYERS, hidden: int = 3
 
 
 def _check_pass(models: list[object], workdir: Path, device: str | None) -> object:
-    from resumerge.forward.passes import forward_pass, streams_of
+    from resumerge.forward.compared.passes import forward_pass, streams_of
 
     streams = streams_of(models) if device is None else streams_of(models, device)  # type: ignore[arg-type]
     try:
@@ -236,7 +237,7 @@ def _check_pass(models: list[object], workdir: Path, device: str | None) -> obje
 
 
 def test_a_pass_device_reads_device_as_run_does_and_refuses_a_gpu_budget_on_the_cpu() -> None:
-    from resumerge.forward.device import HOST, PassDevice
+    from resumerge.forward.engine.device import HOST, PassDevice
 
     assert PassDevice.of("CPU") == HOST and not HOST.on_gpu
     with pytest.raises(UsageError, match="unknown device 'tpu'"):
@@ -250,8 +251,8 @@ def test_a_pass_device_reads_device_as_run_does_and_refuses_a_gpu_budget_on_the_
 
 
 def test_a_pass_on_a_gpu_is_refused_a_step_its_budget_cannot_hold_naming_the_smallest() -> None:
-    from resumerge.forward.admission import Admission
-    from resumerge.forward.device import HOST, GpuBudget, PassDevice
+    from resumerge.forward.engine.device import HOST, GpuBudget, PassDevice
+    from resumerge.forward.job.admission import Admission
     from resumerge.machine.memory import default_budget
     from resumerge.machine.memory.cuda import GPU_FRACTION
 
@@ -328,7 +329,7 @@ def test_a_pass_on_this_machine_s_gpu_and_on_ray_is_refused_in_one_line_before_a
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.analyses.measure.run import MeasureSettings, measure_grams
     from resumerge.config.passplace import PassPlace
-    from resumerge.forward.device import PassDevice
+    from resumerge.forward.engine.device import PassDevice
 
     state = StateDir.resolve(tmp_path / "state")
     gpu = PassDevice("cuda:0")
@@ -364,7 +365,7 @@ def test_a_pass_on_another_device_journals_the_hosts_bytes_and_resumes_on_the_ho
     # "cpu:0" is moved to as a GPU is (every weight, hidden state and call copied there, the journal written from
     # host copies), with the host's arithmetic: the device's paths, run without a GPU, give the host's bytes.
     pytest.importorskip("transformers")
-    from resumerge.forward import layerpass
+    from resumerge.forward.job import layerpass
 
     models = _pass_models(tmp_path)
     default = _check_pass(models, tmp_path / "default", None)
@@ -392,8 +393,8 @@ def test_measure_s_grams_on_another_device_are_the_hosts_bytes(tmp_path: Path) -
     pytest.importorskip("transformers")
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.analyses.measure.passes import stream_of
-    from resumerge.forward.batches import one_by_one
-    from resumerge.forward.placement import Streams
+    from resumerge.forward.job.placement import Streams
+    from resumerge.forward.text.batches import one_by_one
 
     model = _pass_models(tmp_path)[0]
     batches = one_by_one(PASS_TOKENS)
@@ -474,7 +475,7 @@ def test_measure_on_the_gpu_gives_the_cpus_grams(tmp_path: Path) -> None:
 
 def test_the_command_that_continues_a_check_on_a_gpu_names_its_device(tmp_path: Path) -> None:
     from resumerge.analyses.check.run import check_command
-    from resumerge.forward.device import PassDevice
+    from resumerge.forward.engine.device import PassDevice
 
     state = StateDir.resolve(tmp_path / "state")
     on_cpu = check_command("m", "b", (), None, state)

@@ -13,7 +13,7 @@ from support import cli, cli_here, linear_config, write_config
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import InputError
-from resumerge.forward.requires import Needs, require_transformers
+from resumerge.forward.engine.requires import Needs, require_transformers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +107,7 @@ def test_a_texts_file_saved_as_utf16_reads_as_its_utf8_copy(tmp_path: Path, enco
     """Configs accept UTF-16 with its byte-order mark (Windows editors, PowerShell's ``>``); the texts of check
     and measure were refused. The same texts measure to the same Grams (the measurement is reused)."""
     pytest.importorskip("transformers")
-    from resumerge.forward.texts import load_tokenizer, sequences
+    from resumerge.forward.text.texts import load_tokenizer, sequences
 
     config = _measured_config(tmp_path)
     texts = "The capital of France is Paris.\nGuten Morgen, mein Freund — ça va?\n"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from resumerge.analyses.importance.sums import Rerun, SumStep, carried
-from resumerge.forward.layerpass import unreserved
+from resumerge.forward.job.layerpass import unreserved
 from resumerge.inputs.gguf.ggmltypes import (
     IQ2_S,
     IQ2_XS,

@@ -270,7 +270,7 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     from resumerge.analyses.check.models import find_models
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.texts import load_tokenizer
+    from resumerge.forward.text.texts import load_tokenizer
 
     write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, merges=("q z",))
     doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "cheap_embed", "dtype": "float32", "experts": [

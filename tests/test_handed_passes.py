@@ -1,5 +1,5 @@
 """GLM-5's layers hand their top-k indices to the next beside the hidden states (its "shared" indexers take them:
-resumerge.forward.handed); the one layer pass journals them with each layer for every client, so a killed
+resumerge.forward.engine.handed); the one layer pass journals them with each layer for every client, so a killed
 ``measure`` or ``eval`` of GLM-5 resumes with the same figures. Before, only ``check``'s local pass journaled them:
 a resumed measurement or evaluation stopped at layer 3 in one line ("takes what an earlier layer returned beside
 its hidden states, which this pass no longer holds"). Killed after layer 2 (of 4), whose top-k indices layer 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.handed import HandingCall, Slot, carried, given, restore
+from resumerge.forward.engine.handed import HandingCall, Slot, carried, given, restore
 
 
 def _calls() -> list[list[list[object]]]:
@@ -34,7 +34,7 @@ def test_a_none_extra_output_is_handed_on_journaled_and_restored() -> None:
 def test_a_call_moved_to_a_device_keeps_the_slots_its_layer_hands_on() -> None:
     # (before, a layer's call moved to a GPU was a plain tuple: the values its layer returned beside its hidden
     # states went nowhere, and the layer taking them was refused; ``cpu:0`` is moved to as a GPU is)
-    from resumerge.forward.device import moved
+    from resumerge.forward.engine.device import moved
     from resumerge.machine.torch_import import torch
 
     calls = _calls()
@@ -47,7 +47,7 @@ def test_a_value_the_forward_computed_from_earlier_outputs_is_computed_again_fro
     # calls; a stand-in's output is traced, and what a later call holds of it computed again as that layer runs)
     import torch
 
-    from resumerge.forward.handed import Output, handed_on, handing, traced
+    from resumerge.forward.engine.handed import Output, handed_on, handing, traced
 
     out = Output()
     entering = torch.ones(1, 2, 3)
@@ -65,7 +65,7 @@ def test_the_hidden_states_a_loops_start_is_given_are_computed_again_from_the_pa
     # call's output alone; a call given the previous output as it is, or cast to its own dtype, takes it as it is)
     import torch
 
-    from resumerge.forward.handed import Output, entered, handed_on, handing, traced
+    from resumerge.forward.engine.handed import Output, entered, handed_on, handing, traced
 
     outs = [Output(), Output(), Output()]
     first = torch.ones(1, 2, 3)

@@ -42,7 +42,7 @@ def _both(tmp_path: Path, arch: str) -> tuple[dict[str, tuple[np.ndarray, np.nda
     """(the matrix ``run --imatrix-texts`` computed on a float32 linear merge of two tiny ``arch`` GGUFs never
     written, llama-imatrix's accumulation of llama.cpp's forward of that merge written as F32 GGUF over the token ids
     resumerge's pass read, the number of those tokens)."""
-    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+    from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
 
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     write_gguf(a, arch, to_gguf(arch, hf_tensors(arch, seed=1)), Q.F32)
@@ -114,7 +114,7 @@ def test_the_oracle_s_pass_as_the_peer_runs_it_gives_the_same_matrix(tmp_path: P
     float32 tolerance, with fewer decodes than texts."""
     needs_library()
     _, theirs, _ = _both(tmp_path, "llama")
-    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+    from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
 
     model = tmp_path / "f32" / "model.gguf"
     read = sequences(load_tokenizer([tmp_path / "st"], plain=True), tmp_path / "texts.txt", context_of([]),

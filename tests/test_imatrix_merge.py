@@ -296,7 +296,7 @@ def test_the_written_format_is_read_back_as_llama_quantize_applies_it(tmp_path: 
     """llama-imatrix's GGUF as resumerge writes it (an expert stack's entry a slice per expert, a count of 0
     kept), read back by gguf-py's reader and by resumerge's: each slice its sums over its count, all ones where
     the count is 0; two models' entries pooled add sums and counts."""
-    from resumerge.forward.imatrix import imatrix_file, pooled
+    from resumerge.forward.sums.imatrix import imatrix_file, pooled
     from resumerge.outputs.gguf.imatrix import ImatrixEntry
 
     sums = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -325,7 +325,7 @@ def test_the_older_dat_form_is_written_as_llama_imatrix_writes_it_and_read_back(
     no reader of either file: its quantizer is given the values.)"""
     import struct
 
-    from resumerge.forward.imatrix import imatrix_file
+    from resumerge.forward.sums.imatrix import imatrix_file
     from resumerge.outputs.gguf.imatrix import ImatrixEntry
 
     sums = (np.arange(12, dtype=np.float32).reshape(3, 4) + 1) * np.float32(0.7)
@@ -371,7 +371,7 @@ def test_the_pass_runs_texts_on_two_threads_and_sums_the_bits_one_thread_sums(
     encoding waiting for its matrix), and the matrix has the bytes of the pass run on the calling thread alone: each
     text's squares are added in the texts' order, whichever thread ran it."""
     from resumerge.analyses.importance import sums
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
 
     config, texts = merge
     ran: list[str] = []
@@ -427,7 +427,7 @@ def test_the_next_layer_is_merged_while_one_runs_where_the_step_holds_it_and_the
     bytes of the pass that reads each layer as it loads (this tiny merge's step has no such room: ``computed``)."""
     from resumerge.analyses.importance import onmerge
     from resumerge.analyses.importance.ahead import ahead_fits
-    from resumerge.forward.reader import CastReader
+    from resumerge.forward.engine.reader import CastReader
 
     assert ahead_fits(10, 5, 15) and not ahead_fits(10, 6, 15)
     config, texts = merge

@@ -244,7 +244,7 @@ def test_the_importance_pass_runs_each_layer_on_one_thread_whatever_j_says(
         gguf_merge: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A text's products are a few dozen rows: split over torch's threads, each kernel spun at the barrier for a core
     # the run's other work held (a third of bench_kquant_route.py's CPU). Its bits are then -j's no longer.
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
 
     seen: list[int] = []
     real = ModelStream.run
@@ -285,7 +285,8 @@ def test_a_streamed_tensors_chunks_are_encoded_on_the_workers_to_the_same_bytes(
 
     def streamed(tp: object, *rest: object, **kwargs: object) -> str:  # every tensor of two rows or more
         shape = getattr(tp, "shape", ())
-        return workunits.ROWS if len(shape) == 2 and shape[0] > 1 else real_mode(tp, *rest, **kwargs)  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        return workunits.ROWS if len(shape) == 2 and shape[0] > 1 else real_mode(tp, *rest, **kwargs)
 
     monkeypatch.setattr(encoders, "encode", encode)
     monkeypatch.setattr(executor, "unit_mode", streamed)

@@ -1,4 +1,4 @@
-"""The forward engine's one journaled layer pass (resumerge.forward.layerpass), as a new client sees it: a
+"""The forward engine's one journaled layer pass (resumerge.forward.job.layerpass), as a new client sees it: a
 log-likelihood client written on public names only (the opener, the batches, the local placement, the pass, its
 journal, the heads' streamed log-probabilities) gives the same NLL whether its pass runs whole or is stopped after
 a layer and resumed from its journal; the journal keeps one layer's file (or each, where the client asks), and a
@@ -13,14 +13,14 @@ import pytest
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import StateDir
-from resumerge.forward import layerpass
-from resumerge.forward.batches import Hidden, enter
-from resumerge.forward.heads import logprobs
-from resumerge.forward.journal import Journal, Restart
-from resumerge.forward.layerpass import LayerPass, Step
-from resumerge.forward.opened import open_for_pass
-from resumerge.forward.passes import streams_of
-from resumerge.forward.placement import Streams
+from resumerge.forward.compared.heads import logprobs
+from resumerge.forward.compared.passes import streams_of
+from resumerge.forward.job import layerpass
+from resumerge.forward.job.journal import Journal, Restart
+from resumerge.forward.job.layerpass import LayerPass, Step
+from resumerge.forward.job.placement import Streams
+from resumerge.forward.opening.opened import open_for_pass
+from resumerge.forward.text.batches import Hidden, enter
 from resumerge.machine.torch_import import torch
 
 SPEC = ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64)

@@ -68,7 +68,7 @@ def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
 
 def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_resumes_to_the_same_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C in a measurement's pass is the driver's (resumerge.forward.driver), as a check's: InterruptedMerge
+    """Ctrl-C in a measurement's pass is the driver's (resumerge.forward.job.driver), as a check's: InterruptedMerge
     (exit 3) saying what OUT_DIR holds and naming the command that continues it; run again, it resumes and writes
     the bytes an uninterrupted measurement writes."""
     pytest.importorskip("transformers")
@@ -77,7 +77,7 @@ def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_res
     from resumerge import api
     from resumerge.cli.modelgen import make_model
     from resumerge.errors import InterruptedMerge
-    from resumerge.forward import layerpass
+    from resumerge.forward.job import layerpass
 
     a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
     config = tmp_path / "rm.yml"

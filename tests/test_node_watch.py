@@ -1,8 +1,8 @@
-"""A pass's node-side watch (:class:`~resumerge.forward.placement.NodeWatch`, issue 83): ``measure``'s Grams are
-computed where each model's layer runs, by this process's :class:`~resumerge.forward.placement.Streams` or by the
-forward engine's one Ray actor (:class:`~resumerge.forward.rayactor.ModelNode`, here in this process behind a stand-in
-for Ray) on a copy of the watch sent to it; the driver writes and journals them alike, so the two write the same
-bytes and a measurement started on one resumes on the other."""
+"""A pass's node-side watch (:class:`~resumerge.forward.job.placement.NodeWatch`, issue 83): ``measure``'s Grams are
+computed where each model's layer runs, by this process's :class:`~resumerge.forward.job.placement.Streams` or by the
+forward engine's one Ray actor (:class:`~resumerge.forward.placing.modelnode.ModelNode`, here in this process behind a
+stand-in for Ray) on a copy of the watch sent to it; the driver writes and journals them alike, so the two write the
+same bytes and a measurement started on one resumes on the other."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _model(tmp_path: Path) -> Any:
     from dataclasses import replace
 
     from resumerge.config.locations import StateDir
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.opening.opened import open_for_pass
 
     folder = make_model(tmp_path / "model", SPEC, seed=3)
     return replace(open_for_pass(folder, "model", StateDir.resolve(tmp_path / "s")), role="model")
@@ -52,8 +52,8 @@ def _model(tmp_path: Path) -> Any:
 def _here(model: Any, out: Path, journal: Path) -> None:
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
     from resumerge.analyses.measure.passes import stream_of
-    from resumerge.forward.batches import one_by_one
-    from resumerge.forward.placement import Streams
+    from resumerge.forward.job.placement import Streams
+    from resumerge.forward.text.batches import one_by_one
 
     batches = one_by_one(TOKENS)
     with one_thread(), stream_of(model, "model") as stream:  # as the actor computes: float32 sums round alike
@@ -65,9 +65,10 @@ def _on_node(model: Any, out: Path, journal: Path, monkeypatch: pytest.MonkeyPat
     """The model measured on its actor; the watches the actor computed with."""
     import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
-    from resumerge.forward.batches import one_by_one
-    from resumerge.forward.onray import Place, sent
-    from resumerge.forward.rayactor import ActorTerms, ModelNode, RayModels
+    from resumerge.forward.placing.modelnode import ModelNode
+    from resumerge.forward.placing.onray import Place, sent
+    from resumerge.forward.placing.rayactor import ActorTerms, RayModels
+    from resumerge.forward.text.batches import one_by_one
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     batches = one_by_one(TOKENS)
@@ -100,7 +101,7 @@ def test_grams_computed_on_the_node_are_the_bytes_computed_here(tmp_path: Path,
 
 def test_a_measurement_stopped_here_resumes_on_the_node_with_the_same_bytes(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.forward import layerpass
+    from resumerge.forward.job import layerpass
 
     model = _model(tmp_path)
     _here(model, tmp_path / "whole", tmp_path / "j-whole")
@@ -132,15 +133,15 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
 
     import resumerge.machine.rayconnect
     from resumerge.analyses.measure.grams import GramWatch, measure_model, tokens_of
-    from resumerge.forward import rayactor
-    from resumerge.forward.batches import one_by_one
-    from resumerge.forward.onray import Place
+    from resumerge.forward.placing import modelnode, rayactor
+    from resumerge.forward.placing.onray import Place
+    from resumerge.forward.text.batches import one_by_one
     from resumerge.inputs.kernels import kernel_threads
 
     model = _model(tmp_path)
     _here(model, tmp_path / "here", tmp_path / "j-here")
     seen: list[int] = []
-    layer = rayactor.model_layer
+    layer = modelnode.model_layer
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         seen.append(torch.get_num_threads())
@@ -153,7 +154,7 @@ def test_an_actor_computes_with_the_pass_s_count_not_the_cpus_it_declares(tmp_pa
         return _Actor(made[-1])
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
-    monkeypatch.setattr(rayactor, "model_layer", counted)
+    monkeypatch.setattr(modelnode, "model_layer", counted)
     monkeypatch.setattr(rayactor, "on_place", on_place)
     monkeypatch.setattr(rayactor, "kept_hosts", lambda ray, places, keep, stream: [None] * len(places))
     monkeypatch.setattr(rayactor, "end_actors", lambda ray, actors, hosts: None)

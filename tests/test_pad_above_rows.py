@@ -4,7 +4,7 @@ them, and the whole table's pad index must not follow it there (torch refused it
 num_embeddings", and every client of that pass crashed). ``check``, ``eval`` and ``evolve`` give such models
 exactly the figures of the same weights without a pad id (the pad index changes no forward value), and a
 hidden-state MoE gate over them is mergekit-moe's, killed in its forward pass and resumed alike. (``measure``
-embeds with the whole table, :meth:`~resumerge.forward.stream.ModelStream.inputs`, where the index is in range.)
+embeds with the whole table, :meth:`~resumerge.forward.engine.stream.ModelStream.inputs`, where the index is in range.)
 
 Tiny generated Llamas (vocab 64, pad id 60, far more than the distinct tokens of any text here)."""
 

@@ -1,4 +1,4 @@
-"""A new forward pass as a client of the one driver (resumerge.forward.driver), written on its public names only: a
+"""A new forward pass as a client of the one driver (resumerge.forward.job.driver), written on its public names only: a
 small test analysis (each layer halves the hidden states; its answer is their sum, written last) is a job, and the
 driver gives it the lock, the answer cache, the proof, the fit under admission, the journaled loop and Ctrl-C's
 line, in that order: asked again it answers from what it wrote without running; interrupted after a layer it
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from resumerge.errors import InterruptedMerge, OutputDirError
-from resumerge.forward.batches import Hidden
-from resumerge.forward.driver import Fit, PassFolder, content_key, drive
-from resumerge.forward.folder import pass_lock
-from resumerge.forward.journal import Journal, latest
-from resumerge.forward.layerpass import LayerPass, Reserve, Step
+from resumerge.forward.job.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.job.folder import pass_lock
+from resumerge.forward.job.journal import Journal, latest
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step
+from resumerge.forward.text.batches import Hidden
 from resumerge.machine.torch_import import torch
 
 LAYERS = 4

@@ -1,9 +1,9 @@
 """Every pass's object on a Ray node is made one way (issue 83): a model of a check, measurement, evaluation or the
-MoE gates (:class:`~resumerge.forward.rayactor.ModelNode`) and a search's group of candidates
+MoE gates (:class:`~resumerge.forward.placing.modelnode.ModelNode`) and a search's group of candidates
 (:class:`~resumerge.runs.evolve.spread.NodeScores`) are hosted by the kept workers' own host
 (:class:`~resumerge.machine.cluster.hostcalls.Hosting`), in a kept worker or, where none is kept, in a fresh
-actor of it pinned to the node (:func:`~resumerge.forward.onray.on_place`): the one Ray actor class of every pass.
-Without a cluster: a stand-in for Ray that runs each actor in this process and records what was asked of it. The
+actor of it pinned to the node (:func:`~resumerge.forward.placing.onray.on_place`): the one Ray actor class of every
+pass. Without a cluster: a stand-in for Ray that runs each actor in this process and records what was asked of it. The
 same passes on a real cluster: tests/test_ray_passes.py."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _made_as_one_host(ray: _Ray, nodes: Sequence[str], cpus: Sequence[float]) ->
 
 
 class _Model:
-    """A model's object on its node, in place of :class:`~resumerge.forward.rayactor.ModelNode`: its calls
+    """A model's object on its node, in place of :class:`~resumerge.forward.placing.modelnode.ModelNode`: its calls
     logged."""
 
     def __init__(self, model: object, threads: int, *rest: object) -> None:
@@ -90,8 +90,8 @@ class _Model:
 
 def test_a_pass_s_models_are_hosted_by_fresh_actors_of_the_kept_workers_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.forward import rayactor
-    from resumerge.forward.onray import Place
+    from resumerge.forward.placing import rayactor
+    from resumerge.forward.placing.onray import Place
     from resumerge.inputs.kernels import kernel_threads
 
     monkeypatch.setattr(rayactor, "ModelNode", _Model)

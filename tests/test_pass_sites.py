@@ -1,5 +1,5 @@
-"""Where the executor places a forward pass, as the pass asks it (:mod:`resumerge.forward.sites`): each placement
-answers for itself (its refusals, how the pass's hub reads bind, where its models' actors go), so no pass asks
+"""Where the executor places a forward pass, as the pass asks it (:mod:`resumerge.forward.placing.sites`): each
+placement answers for itself (its refusals, how the pass's hub reads bind, where its models' actors go), so no pass asks
 which placement it was handed. Nothing here starts Ray: the cluster's answer is stood in for."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import UsageError
-from resumerge.forward.onray import Place
-from resumerge.forward.sites import EachModel, Held, site_of
+from resumerge.forward.placing.onray import Place
+from resumerge.forward.placing.sites import EachModel, Held, site_of
 
 
 class _Reads:
@@ -30,7 +30,7 @@ class _Reads:
 
 
 def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import resumerge.forward.onray as onray
+    import resumerge.forward.placing.onray as onray
 
     asked: list[tuple[str | None, list[int], str]] = []
     where = [Place("node-a", 2.0, 300)]
@@ -74,13 +74,13 @@ def test_each_placement_answers_a_pass_for_itself(tmp_path: Path, monkeypatch: p
 
 def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_side_on_ray(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``measure``'s passes (:meth:`~resumerge.forward.sites.Seats.each`): here each model's placement is opened,
-    run and closed before the next one's is opened, and the budget judges the largest model's pass; on Ray every
+    """``measure``'s passes (:meth:`~resumerge.forward.placing.sites.Seats.each`): here each model's placement is
+    opened, run and closed before the next one's is opened, and the budget judges the largest model's pass; on Ray every
     model's actor runs at once (each recording with its own watch, under the seats' state dir and kept workers),
     and the budget judges every model's hidden states at once, no layer."""
     import threading
 
-    from resumerge.forward import rayactor
+    from resumerge.forward.placing import rayactor
 
     log: list[str] = []
 
@@ -115,7 +115,7 @@ def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_si
 
     monkeypatch.setattr(rayactor, "ray_each", ray_each)
     where = [Place("node-a", 1.0, 300), Place("node-b", 1.0, 300)]
-    monkeypatch.setattr("resumerge.forward.onray.ray_places", lambda address, needs, what="check": where)
+    monkeypatch.setattr("resumerge.forward.placing.onray.ray_places", lambda address, needs, what="check": where)
     seats = site_of(PassPlace("ray", keep=5.0, stream="m:S")).seat(lambda: [300, 300], "measurement",
                                                                     StateDir.resolve())
     assert seats.each(each, together) == ["actor 0 ran", "actor 1 ran"]
@@ -138,7 +138,7 @@ def test_a_new_executor_s_passes_are_one_site_class_and_one_row(tmp_path: Path,
     from resumerge.api.checked import check_placement
     from resumerge.api.evolution import _scoring
     from resumerge.api.moe_kind import _site
-    from resumerge.forward import sites
+    from resumerge.forward.placing import sites
     from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
 
     class _Toy:

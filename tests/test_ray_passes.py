@@ -25,8 +25,8 @@ from support import ONE_THREAD, cli, digests, one_thread, write_config
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import UsageError
-from resumerge.forward.placement import Streams
-from resumerge.forward.proof import RECORDS_NAME
+from resumerge.forward.job.placement import Streams
+from resumerge.forward.job.proof import RECORDS_NAME
 from resumerge.merge.engine.executors import RayExecutor
 from resumerge.runs.moe import gatesites
 from tests.moe.passthread import passes_on_a_thread
@@ -113,7 +113,7 @@ def test_a_second_pass_computes_in_the_kept_workers_the_first_left_and_a_killed_
     ``keep_workers=0`` starts fresh actors. Every one writes the local measurement's bytes."""
     import ray
 
-    from resumerge.forward import onray, rayactor
+    from resumerge.forward.placing import onray, rayactor
     from resumerge.machine.cluster import kept
 
     used: list[list[Any]] = []

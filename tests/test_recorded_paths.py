@@ -32,7 +32,7 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _matrix(config: Path, path: Path, scale: float = 1.0) -> Path:
     """An importance matrix (llama-imatrix's GGUF) with an entry for each decoder weight of the merge's inputs."""
-    from resumerge.forward.imatrix import imatrix_file
+    from resumerge.forward.sums.imatrix import imatrix_file
     from resumerge.outputs.gguf.imatrix import ImatrixEntry
 
     reader = gguf.GGUFReader(config.parent / "a.gguf")

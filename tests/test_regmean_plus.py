@@ -74,7 +74,7 @@ def test_layer_one_grams_are_those_of_the_merged_layer_zero_through_each_models_
         two_layers: dict[str, Path], tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from resumerge.forward.texts import sequences
+    from resumerge.forward.text.texts import sequences
 
     out = tmp_path / "out"
     done = cli_here("run", two_layers["config"], out, "--state-dir", tmp_path / "state", "-q")

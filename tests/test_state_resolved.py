@@ -1,7 +1,7 @@
 """Where the state dir is resolved (issue 83): at the front door (the API and the CLI), where ``config`` defines
-it, and on a Ray node (``forward/onray.py``: a node resolves the path it was sent). Below the API a pass receives
-the :class:`~resumerge.config.locations.StateDir` the API resolved, so a pass never reads ``RESUMERGE_STATE_DIR``
-or the default on its own. Read from the source (ast, nothing imported)."""
+it, and on a Ray node (``forward/placing/onray.py``: a node resolves the path it was sent). Below the API a pass
+receives the :class:`~resumerge.config.locations.StateDir` the API resolved, so a pass never reads
+``RESUMERGE_STATE_DIR`` or the default on its own. Read from the source (ast, nothing imported)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "resumerge"
 FRONT = ("api", "cli", "config")
 # Below the API: the Ray node alone, which resolves the path it was sent.
-STILL = {"forward/onray.py"}
+STILL = {"forward/placing/onray.py"}
 
 
 def _resolving(path: Path) -> bool:

@@ -18,8 +18,8 @@ from resumerge import api
 from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError, InputError, UsageError
-from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 SPEC = {"layers": 2, "hidden": 40, "intermediate": 56, "shard_bytes": 20_000}

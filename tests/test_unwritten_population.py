@@ -16,8 +16,8 @@ from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
 
 from resumerge import api
 from resumerge.errors import UsageError
-from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.merge.engine.compute import TensorCompute
 from resumerge.merge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of

@@ -15,8 +15,8 @@ from conftest import ModelFactory
 from test_unwritten import SPEC, TEXTS, _config
 
 from resumerge import api
-from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.merge.engine.compute import TensorCompute
 from resumerge.merge.methods.rankstream import StreamedWindow, key_counts
 

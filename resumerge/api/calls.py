@@ -275,7 +275,7 @@ def check(model: PathLike, settings: Settings = Settings(), *, base: PathLike | 
     together are refused, exit 2)."""
     from resumerge.analyses.check.job import CheckSettings
     from resumerge.analyses.check.run import CheckAsked, run_check
-    from resumerge.forward.device import PassDevice
+    from resumerge.forward.engine.device import PassDevice
 
     given = pass_settings("check", settings)
     asked = CheckAsked(model, base, tuple(parents), prompts, truncate_texts)
@@ -347,7 +347,7 @@ def measure(config: PathLike, out: PathLike, settings: Settings = Settings(), *,
     linear's sums of squared inputs, the diagonal of its Gram times the tokens, named as llama.cpp names the weight;
     several models' sums pooled), for ``--imatrix`` of a GGUF run or llama-quantize."""
     from resumerge.analyses.measure.run import MeasureSettings, measure_grams
-    from resumerge.forward.device import PassDevice
+    from resumerge.forward.engine.device import PassDevice
 
     given = pass_settings("measure", settings)
     measuring = MeasureSettings(given.max_memory, given.state, pass_placement(given),

@@ -99,8 +99,8 @@ def evolve_into(asked: SearchAsked, calls: ApiCalls, *, written: bool = False,
     best so far and the time left). Each tracking library (``asked.tracking``) is imported before anything is
     read."""
     from resumerge.analyses.evaluation.tasks import TaskIndex
-    from resumerge.forward.device import PassDevice
-    from resumerge.forward.threads import pass_threads
+    from resumerge.forward.engine.device import PassDevice
+    from resumerge.forward.job.threads import pass_threads
     from resumerge.runs.evolve import storage as files
     from resumerge.runs.evolve.combined import is_combined
     from resumerge.runs.evolve.genome import tokenizer_model
@@ -190,7 +190,7 @@ def _evolve_structure(asked: SearchAsked, calls: ApiCalls, text: str) -> EvolveO
     and the search in one pass of the pass driver, then ``merge_best`` written as ``run`` writes it."""
     import yaml
 
-    from resumerge.forward.driver import PassFolder, drive
+    from resumerge.forward.job.driver import PassFolder, drive
     from resumerge.runs.evolve import storage as files
     from resumerge.runs.evolve.options import SearchOptions
     from resumerge.runs.evolve.shapes.scoring import CACHE, Budgets, ShapeJob
@@ -343,7 +343,7 @@ def _scoring(placement: PassPlace, make: _MakesScorer, store: Path, say: Say) ->
     """What scores a generation where ``placement`` runs the search's passes: this process scores every candidate
     with the scorer ``make`` makes of ``store`` where its site runs the layers here; else each generation's
     candidates are spread over the nodes of the cluster it names, each group scored there."""
-    from resumerge.forward.sites import site_of
+    from resumerge.forward.placing.sites import site_of
 
     if site_of(placement).here:
         return make(store, say)
@@ -357,7 +357,7 @@ def evolve_command(asked: SearchAsked) -> str:
     refuses it; ``--state-dir`` where it is not the default; where it is logged, so the continued search logs on to
     the same run: W&B's and trackio's keys stay in their environment variables and login files, never in it)."""
     from resumerge.config.locations import is_default_state_root
-    from resumerge.forward.sites import site_of
+    from resumerge.forward.placing.sites import site_of
     from resumerge.runs.evolve.spec import OPT_IN
 
     options, resources, merge_best = asked.options, asked.resources, asked.merge_best

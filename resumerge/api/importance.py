@@ -91,8 +91,8 @@ def importance_pass(text: str, options: PlanOptions, settings: RunSettings, *, c
         return
     from resumerge.analyses.importance.onmerge import PassTerms, importance_on_merge
     from resumerge.config.merge_config import load_config_text
-    from resumerge.forward.imatrix import gguf_arch
-    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+    from resumerge.forward.sums.imatrix import gguf_arch
+    from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
     from resumerge.inputs.catalog import fetch_inputs
     from resumerge.machine.memory import MemoryGovernor, SystemProbe, default_budget
     from resumerge.merge.engine.devices import set_torch_threads
@@ -333,10 +333,11 @@ def measuring_seconds(plan: Plan, tokens: int) -> float:
 
 # What the pass's process has imported as it starts, beyond a run's modules: the pass's own, a tokenizer's library,
 # numba where it is installed (a K-quant run imports it for its encoders, and scipy with it), and the family's
-# modules: resumerge's own where it builds them (forward.native), else transformers' and its modeling module. On real
-# SmolLM2 to q4_k_m the run's process held 346 MB as its pass started; a fresh process of these modules 309 MB, of a
-# run's alone 247 MB.
-PASS_MODULES = ("resumerge.forward.stream", "resumerge.analyses.importance.onmerge", "resumerge.merge.engine.unwritten")
+# modules: resumerge's own where it builds them (forward.engine.native), else transformers' and its modeling module.
+# On real SmolLM2 to q4_k_m the run's process held 346 MB as its pass started; a fresh process of these modules
+# 309 MB, of a run's alone 247 MB.
+PASS_MODULES = ("resumerge.forward.engine.stream", "resumerge.analyses.importance.onmerge",
+                "resumerge.merge.engine.unwritten")
 _OPTIONAL = ("tokenizers", "numba")
 
 
@@ -349,12 +350,13 @@ def pass_modules(plan: Plan) -> tuple[str, ...]:
 
 
 def _family_modules(plan: Plan) -> tuple[str, ...]:
-    """The modules the pass builds ``plan``'s family with: resumerge's own (forward.native), else transformers'."""
-    from resumerge.forward.native.config import read_config
+    """The modules the pass builds ``plan``'s family with: resumerge's own (forward.engine.native), else
+    transformers'."""
+    from resumerge.forward.engine.native.config import read_config
 
     family = str(plan.out_config.get("model_type") or "")
     if read_config(plan.out_config) is not None:
-        return ("resumerge.forward.native.modules",)
+        return ("resumerge.forward.engine.native.modules",)
     return ("transformers", *((f"transformers.models.{family}.modeling_{family}",) if family.isidentifier() else ()))
 
 
@@ -391,8 +393,8 @@ def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None]:
     """The tokens of ``texts`` as the pass counts them, and how many distinct ones, by the first input folder's
     tokenizer read without transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN` bytes of
     each text (the distinct ones unknown: None)."""
-    from resumerge.forward.plaintok import plain_tokenizer
-    from resumerge.forward.texts import read_texts, sequences
+    from resumerge.forward.text.plaintok import plain_tokenizer
+    from resumerge.forward.text.texts import read_texts, sequences
 
     for key in (plan.donor, *plan.model_dirs):
         folder = plan.model_dirs.get(key)

@@ -166,7 +166,7 @@ def _site(settings: RunSettings) -> StartsGates:
     prompt work's own process, on this machine, or the base's layers where the executor's site places them (an
     actor of the Ray cluster), this process driving the pass."""
     from resumerge.api.options import pass_placement
-    from resumerge.forward.sites import site_of
+    from resumerge.forward.placing.sites import site_of
     from resumerge.runs.moe.gatesites import IN_ITS_PROCESS, PlacedBy
 
     state = settings.state

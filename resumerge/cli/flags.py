@@ -98,7 +98,8 @@ EXECUTOR_HELP = (f"where the work runs: local, this process; ray, the nodes of a
 
 # The groups a forward pass's command takes (check, measure, eval), in the order their --help lists them.
 PASS_FLAGS = (MAX_MEMORY, STATE_DIR, DEVICE, MAX_GPU_MEMORY)
-# What a forward pass opens as a model (resumerge.forward.opened.open_for_pass), as the pass commands' help says it.
+# What a forward pass opens as a model (resumerge.forward.opening.opened.open_for_pass), as the pass commands' help says
+# it.
 PASS_MODEL = ("a folder, a GGUF file, or a hub repo as hf://NAMESPACE/NAME[@REVISION] (a GGUF file in one as "
               "hf://NAMESPACE/NAME/PATH.gguf[@REVISION]), read by byte range")
 

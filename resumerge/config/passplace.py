@@ -1,7 +1,7 @@
 """Where an executor places a forward pass (``check``, ``measure``, ``eval``, ``evolve``'s generations, the MoE
 gates): :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass` gives a :class:`PassPlace`, one small
 frozen value whose ``name`` is the executor's (``local``, ``ray``) and keys the pass's site, where every difference
-between executors lives (:data:`resumerge.forward.sites.SITES`, which this package may not import: one row per
+between executors lives (:data:`resumerge.forward.placing.sites.SITES`, which this package may not import: one row per
 executor). :data:`HERE`: every model in this process, one after another (the local executor, and the default)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a file looks to the cheap gate of a content proof (size, mtime, ctime, inode), what tells that its content
 moved while it was read (:func:`check_read`: never its ctime alone), and the xxh3-128 of groups of its byte ranges
-(:mod:`resumerge.forward.proof`: a pass's models, a digest per decoder layer).
+(:mod:`resumerge.forward.job.proof`: a pass's models, a digest per decoder layer).
 
 Kept apart from :mod:`.contents` (a merge's proof, whose records share the hub's verification database): a check
 imports this, and its start is paid again by every check, so nothing of the hub's stack is imported here.

@@ -1,9 +1,9 @@
 """The families whose decoder layers are no plain stack, and what each does with them instead (by config.json's model
 type; for a family that loops layers as its config says, by that config): a stack of slices of one is refused naming
 it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
-pass that cannot follow its forward (:mod:`resumerge.forward.stream`; one that follows the forward's calls, a loop's
-included, runs it: :mod:`resumerge.forward.calls`), as it is for the families whose layers do stack but whose forward
-it does not follow (:data:`NOT_FOLLOWED`)."""
+pass that cannot follow its forward (:mod:`resumerge.forward.engine.stream`; one that follows the forward's calls, a
+loop's included, runs it: :mod:`resumerge.forward.engine.calls`), as it is for the families whose layers do stack but
+whose forward it does not follow (:data:`NOT_FOLLOWED`)."""
 
 from __future__ import annotations
 

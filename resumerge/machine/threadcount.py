@@ -1,5 +1,5 @@
 """A job's thread count kept in its folder: decided once, as the job first starts, and read back by every process
-that resumes it (a forward pass's, :mod:`resumerge.forward.threads`; a search's, in its STORAGE). Neither torch nor
+that resumes it (a forward pass's, :mod:`resumerge.forward.job.threads`; a search's, in its STORAGE). Neither torch nor
 numpy imported: ``status`` reads it, and must stay fast."""
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ __all__ = ["IMPORT_RESERVE", "dtype_name", "load", "load_beside", "loaded", "on_
 # More than importing torch adds to a process's anonymous memory (128 MB measured: CPU wheel 2.13, Python 3.11;
 # 276 MB for CUDA 2.11+cu130 on a 16-core H100 machine, Python 3.12, without initialising CUDA).
 # What a Ray actor declares for its process before its own work (resumerge.merge.engine.cluster,
-# resumerge.forward.rayactor). A local run's memory check counts torch through a fresh process's measured baseline
-# instead (:mod:`resumerge.machine.memory.baseline`), without importing it.
+# resumerge.forward.placing.rayactor). A local run's memory check counts torch through a fresh process's measured
+# baseline instead (:mod:`resumerge.machine.memory.baseline`), without importing it.
 IMPORT_RESERVE = 1 << 30
 
 

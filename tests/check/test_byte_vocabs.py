@@ -20,8 +20,8 @@ from bytefallback import byte_fallback_bpe, byte_level_bpe
 
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
-from resumerge.forward.plaintok import PlainTokenizer
-from resumerge.forward.vocabs import BYTE_OF, Spelling, shared_vocab, spelled, spelling_of, token_bytes
+from resumerge.forward.text.plaintok import PlainTokenizer
+from resumerge.forward.text.vocabs import BYTE_OF, Spelling, shared_vocab, spelled, spelling_of, token_bytes
 
 pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -1,5 +1,5 @@
 """Texts longer than the models' context (issue 70): one rule for ``check`` and ``measure``
-(:func:`resumerge.forward.texts.bounded`): a text past the context is refused in one line naming its line and
+(:func:`resumerge.forward.text.texts.bounded`): a text past the context is refused in one line naming its line and
 the limit (exit 2, before any layer runs or anything is written), or cut to the context with ``--truncate-texts``. A
 1 MB line held ``measure`` in one layer's attention for minutes, past Ctrl-C; now a SIGINT finds it answered.
 

@@ -1,6 +1,6 @@
 """What a base model's forward computes between its decoder layers from earlier layers' outputs, and hands a later
-layer or reads after the last one (resumerge.forward.handed's derived values): Inkling 2's block states, the hidden
-states entering each block-boundary layer stacked by its forward between layer calls, which every later layer and
+layer or reads after the last one (resumerge.forward.engine.handed's derived values): Inkling 2's block states, the
+hidden states entering each block-boundary layer stacked by its forward between layer calls, which every later layer and
 its final block-attention residual take. Before, the layer-by-layer pass recorded them from its stand-ins (every
 layer saw the embeddings there) and its tail stacked zeros for the embeddings: ``check``'s NLL was 7.7e-3 off
 transformers' own (tests/test_census.py's inkling2_text row). Now each value the forward derives from earlier
@@ -21,7 +21,7 @@ from support import cli, cli_here
 from resumerge import api
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.errors import ModelInputError
-from resumerge.forward.heads import nll_sum
+from resumerge.forward.compared.heads import nll_sum
 from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")

@@ -1,9 +1,9 @@
 """A forward that calls some of its decoder layers several times (Dory loops its middle layers, an Inkling 2 Loop
 model its core layers): ``check``'s pass runs the forward's layer calls, a layer called twice two steps
-(resumerge.forward.calls), each journaled; what the forward gives a call that is not the previous call's output (a
-loop's start: Dory's normed output plus its normed input section's) is computed again from the pass's outputs
-(resumerge.forward.handed). Before, ``check`` refused them in one line ("dory loops its middle layers"). A stack of
-slices of such a model stays refused (a slice of a loop is no model of its family); its own stack is not."""
+(resumerge.forward.engine.calls), each journaled; what the forward gives a call that is not the previous call's output
+(a loop's start: Dory's normed output plus its normed input section's) is computed again from the pass's outputs
+(resumerge.forward.engine.handed). Before, ``check`` refused them in one line ("dory loops its middle layers"). A stack
+of slices of such a model stays refused (a slice of a loop is no model of its family); its own stack is not."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from resumerge import api
 from resumerge.analyses.check.models import Checked
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.passes import streams_of
+from resumerge.forward.compared.passes import streams_of
 from resumerge.inputs.model import open_model
 from resumerge.merge.plan.architecture import unsliceable
 

@@ -1,5 +1,5 @@
-"""The forward engine's native modules (:mod:`resumerge.forward.native`) against transformers' modules of the same
-checkpoint: every decoder layer's output and the logits are the same to the bit, in float32 and bfloat16, for a
+"""The forward engine's native modules (:mod:`resumerge.forward.engine.native`) against transformers' modules of the
+same checkpoint: every decoder layer's output and the logits are the same to the bit, in float32 and bfloat16, for a
 padded batch and for sequences alone, with sliding windows reached, biases, tied and untied heads and each RoPE
 scaling they build, and Gemma's ways (its norms, embedding scale, eager soft-capped attention, local and global
 rotary embeddings, soft-capped logits); a config.json that leaves its keys out is read with transformers'
@@ -19,9 +19,10 @@ import pytest
 from support import cli
 
 from resumerge.config.modelref import ModelRef
-from resumerge.forward import Weights
-from resumerge.forward.native import NativeConfig, read_config
-from resumerge.forward.stream import ModelStream, build_modules
+from resumerge.forward.engine.built import build_modules
+from resumerge.forward.engine.native import NativeConfig, read_config
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 

@@ -27,11 +27,11 @@ from resumerge.analyses.check.models import Checked
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import write_tokenizer
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.batches import padded
-from resumerge.forward.layerlists import innermost
-from resumerge.forward.passes import forward_pass, streams_of
-from resumerge.forward.placement import runs_batched
-from resumerge.forward.tail import final_names
+from resumerge.forward.compared.passes import forward_pass, streams_of
+from resumerge.forward.engine.layerlists import innermost
+from resumerge.forward.engine.tail import final_names
+from resumerge.forward.job.placement import runs_batched
+from resumerge.forward.text.batches import padded
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 

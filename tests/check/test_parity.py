@@ -15,9 +15,9 @@ import pytest
 from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
 from resumerge.errors import ModelInputError
-from resumerge.forward import Weights
-from resumerge.forward.passes import PassFigures, forward_pass, streams_of
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared.passes import PassFigures, forward_pass, streams_of
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 

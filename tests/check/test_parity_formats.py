@@ -16,7 +16,7 @@ import pytest
 
 from resumerge.analyses.check.static import static_pass
 from resumerge.errors import ModelInputError
-from resumerge.forward.passes import forward_pass, streams_of
+from resumerge.forward.compared.passes import forward_pass, streams_of
 from resumerge.machine.torch_import import torch
 
 pytest.importorskip("transformers")
@@ -170,8 +170,8 @@ def test_llama4_streams_through_its_conditional_generation_class_too(tmp_path: P
     from transformers import AutoConfig, Llama4ForConditionalGeneration
     from vlm_families import make_vlm, vlm
 
-    from resumerge.forward.onmeta import weights_on_meta
-    from resumerge.forward.stream import build_modules
+    from resumerge.forward.engine.built import build_modules
+    from resumerge.forward.engine.onmeta import weights_on_meta
 
     directory = make_vlm(tmp_path / "llama4", vlm("llama4"), 3)
     config = AutoConfig.from_pretrained(directory)
@@ -245,7 +245,7 @@ def test_the_memory_estimate_counts_layers_under_the_model_s_own_prefixes(tmp_pa
     from vlm_families import make_vlm, vlm
 
     from resumerge.analyses.check.job import _fits
-    from resumerge.forward.layerlists import first_list
+    from resumerge.forward.engine.layerlists import first_list
     from resumerge.inputs.safetensors_format import numel
 
     directory = (make_vlm(tmp_path / family, vlm(family), 3) if family == "llava" else

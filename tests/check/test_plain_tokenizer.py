@@ -1,4 +1,4 @@
-"""A check's tokenizer read without transformers (:mod:`resumerge.forward.plaintok`): the same token ids as
+"""A check's tokenizer read without transformers (:mod:`resumerge.forward.text.plaintok`): the same token ids as
 transformers' ``AutoTokenizer`` for the built-in texts in the chat template and for a texts file, on the tiny
 models' tokenizer (with and without a template) and on SmolLM2-135M-Instruct's; every tokenizer it cannot read as
 transformers does goes to transformers (the ids still transformers'); and a first check, or measure, of a model whose
@@ -16,8 +16,8 @@ import pytest
 from realmodel import smollm2_folder
 
 from resumerge.cli.modelgen import write_tokenizer
-from resumerge.forward.plaintok import PlainTokenizer, plain_tokenizer
-from resumerge.forward.texts import load_tokenizer, named, tokenizer_at
+from resumerge.forward.text.plaintok import PlainTokenizer, plain_tokenizer
+from resumerge.forward.text.texts import load_tokenizer, named, tokenizer_at
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,6 +1,6 @@
 """The forward pass asks the kernel for the next layer's bytes while a layer runs
-(:meth:`resumerge.forward.CastReader.prefetch`): the next model's layer, else the next layer's first model's, and
-of each file only the span of that layer's tensors."""
+(:meth:`resumerge.forward.engine.reader.CastReader.prefetch`): the next model's layer, else the next layer's first
+model's, and of each file only the span of that layer's tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
-from resumerge.forward.passes import forward_pass, streams_of
+from resumerge.forward.compared.passes import forward_pass, streams_of
 from resumerge.inputs.model import open_model
 
 pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""A check's models proved by the bytes it reads (:mod:`resumerge.forward.proof`): a repeated check reads no tensor
+"""A check's models proved by the bytes it reads (:mod:`resumerge.forward.job.proof`): a repeated check reads no tensor
 byte when nothing changed; a model edited between a kill and a resume, in a layer the journal holds, is refused
 (exit 4, the file named); an edit in a range no step reads is reported and the report kept; a finished check of
 bytes a model no longer holds is checked again.

@@ -190,7 +190,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
     the memory each actor declared."""
     import ray
 
-    import resumerge.forward.layerpass
+    import resumerge.forward.job.layerpass
     from resumerge.errors import UnreachableError
     from resumerge.machine.torch_import import IMPORT_RESERVE
 
@@ -217,7 +217,7 @@ def test_a_node_lost_mid_pass_moves_its_model_to_a_node_left_else_the_check_stop
                 started.remove_node(victim)
                 left.remove(victim)
 
-        monkeypatch.setattr(resumerge.forward.layerpass, "reach", lose)
+        monkeypatch.setattr(resumerge.forward.job.layerpass, "reach", lose)
         state = lost / "spare"
         with one_thread():  # the count the pass records, which each node's actor computes with (not its CPUs)
             report = api.check(out, prompts=texts, settings=api.Settings(state_dir=state, executor=on_cluster))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from resumerge.errors import UsageError
-from resumerge.forward.onray import Place, places
+from resumerge.forward.placing.onray import Place, places
 
 GB = 1 << 30
 

@@ -2,7 +2,7 @@
 layers return ``attn_output`` and ``hidden_states``; the next layer takes both, and the forward after the last puts
 the two side by side before its LayerNorm, then cuts off the positions it padded to a multiple of its chunk length):
 ``check``'s capture stands an object for each layer's output whose every attribute read is traced
-(resumerge.forward.handed.Reads), the one the next call takes as its hidden states the pass's hidden output, the
+(resumerge.forward.engine.handed.Reads), the one the next call takes as its hidden states the pass's hidden output, the
 others handed on as any layer's extra outputs and journaled while a later call or the last hidden state reads them.
 Its forward pads the positions to a multiple of its chunk length itself: a text runs alone, and the figures are taken
 over the tokens' positions among those the hidden states hold (CPM-Ant's hold its prompt's before them: ``check
@@ -43,7 +43,7 @@ def test_a_killed_check_of_reformer_resumes_with_its_second_stream(tmp_path: Pat
 def test_the_real_positions_are_the_tokens_among_those_the_hidden_states_hold() -> None:
     import torch
 
-    from resumerge.forward.batches import Entered
+    from resumerge.forward.text.batches import Entered
 
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     plain = Entered([[0, 1]], [(torch.zeros(2, 3, dtype=torch.long), mask)], [[torch.zeros(2, 3, 4)]])

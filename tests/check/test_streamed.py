@@ -12,8 +12,8 @@ from resumerge.analyses.check import static
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.static import static_pass
 from resumerge.config.modelref import ModelRef
-from resumerge.forward import heads
-from resumerge.forward.passes import batches_of, forward_pass, streams_of
+from resumerge.forward.compared import heads
+from resumerge.forward.compared.passes import batches_of, forward_pass, streams_of
 from resumerge.inputs.model import open_model
 from resumerge.machine.torch_import import torch
 
@@ -65,7 +65,7 @@ def test_static_figures_taken_from_the_layers_reads_are_the_static_pass_s_and_re
     # The check folds the static pass into the forward pass's reads of the layers (resumerge.analyses.check.folded): the
     # same figures to the bit, the forward's too, and a pass stopped after layer 1 resumes with what it found.
     from resumerge.analyses.check.folded import FoldedStatic
-    from resumerge.forward import layerpass
+    from resumerge.forward.job import layerpass
 
     models = _models(tmp_path, "llama")
     monkeypatch.setattr(static, "_BLOCK", 64)  # many blocks a tensor
@@ -129,7 +129,7 @@ def test_the_embeddings_rows_of_the_tokens_used_give_the_hidden_states_of_the_wh
 def test_the_token_sequences_are_kept_until_the_tokenizer_or_the_prompts_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A resumed check finds its journal by its tokens: kept, it need not load the tokenizer again to find them.
-    from resumerge.forward import tokens
+    from resumerge.forward.text import tokens
 
     loaded: list[Path] = []
 
@@ -172,8 +172,8 @@ def test_modules_built_without_weights_skip_drawing_them_and_keep_their_buffers(
     tests/check/test_native.py)."""
     from transformers import AutoModelForCausalLM
 
-    from resumerge.forward.onmeta import weights_on_meta
-    from resumerge.forward.stream import build_modules
+    from resumerge.forward.engine.built import build_modules
+    from resumerge.forward.engine.onmeta import weights_on_meta
 
     directory = make_family_model(tmp_path / family, next(f for f in FAMILIES if f.name == family), 3)
     inits = dict(vars(torch.nn.init))

@@ -1,6 +1,6 @@
-"""An evaluation's passes are jobs of the pass driver (:mod:`resumerge.forward.driver`): a pass is fitted before it
+"""An evaluation's passes are jobs of the pass driver (:mod:`resumerge.forward.job.driver`): a pass is fitted before it
 is placed (on Ray, a pass its budget cannot hold joins no cluster), and a pass's answer kept as one JSON file
-(:class:`~resumerge.forward.driver.AnswerFile`) is read back as it was written, a file cut short by a crash
+(:class:`~resumerge.forward.job.driver.AnswerFile`) is read back as it was written, a file cut short by a crash
 computed again."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ pytest.importorskip("lm_eval")
 
 from resumerge import api
 from resumerge.errors import UsageError
-from resumerge.forward.driver import AnswerFile
+from resumerge.forward.job.driver import AnswerFile
 from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 
 def test_on_ray_a_pass_its_budget_cannot_hold_is_refused_before_the_cluster_is_joined(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The driver judges the fit, then places the pass: refused by --max-memory, the cluster is never asked.
-    import resumerge.forward.onray as onray
+    import resumerge.forward.placing.onray as onray
     from resumerge.merge.engine.executors import RayExecutor
 
     def joined(*args: object, **kwargs: object) -> None:

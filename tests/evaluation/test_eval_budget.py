@@ -65,9 +65,10 @@ def test_a_quantized_head_read_whole_counts_its_float32_values_once_beside_its_p
     from ggufmodels import HIDDEN, VOCAB, Q, hf_tensors, to_gguf, write_gguf
 
     from resumerge.config.locations import StateDir
-    from resumerge.forward import Weights, heads
-    from resumerge.forward.opened import open_for_pass
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.compared import heads
+    from resumerge.forward.engine.reader import Weights
+    from resumerge.forward.engine.stream import ModelStream
+    from resumerge.forward.opening.opened import open_for_pass
     from resumerge.machine.torch_import import torch
 
     path = tmp_path / "model.gguf"

@@ -16,7 +16,7 @@ from realmodel import smollm2_folder
 
 from resumerge.analyses.evaluation.evaltok import EvalTokenizer, eval_tokenizer
 from resumerge.cli.modelgen import write_tokenizer
-from resumerge.forward.texts import tokenizer_at
+from resumerge.forward.text.texts import tokenizer_at
 from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ from support import cli_here
 
 from resumerge import api
 from resumerge.analyses.evaluation.genconfig import Processors
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.stream import ModelStream
 from tests.evaluation.evaltasks import hf_results, tiny_model, write_tasks
 
 TASK = "tiny_long"

@@ -24,7 +24,7 @@ from resumerge.analyses.evaluation.lm import ResumergeLM
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.settings import EvalSettings, Seeds
 from resumerge.analyses.evaluation.tasks import loaded_tasks
-from resumerge.forward.texts import tokenizer_at
+from resumerge.forward.text.texts import tokenizer_at
 from tests.evaluation.evaltasks import tiny_model, write_tasks
 
 # What lm-eval's add_env_info puts in a results object: the file's, not the object an evaluation returns.

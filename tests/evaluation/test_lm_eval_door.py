@@ -150,7 +150,7 @@ def test_the_door_writes_lm_evals_files_equal_to_its_hf_models(tmp_path: Path,
 
 def test_a_rerun_with_use_cache_reads_no_weight_and_writes_the_same_results(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
 
     model, tasks = _setup(tmp_path)
 

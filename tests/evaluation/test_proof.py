@@ -1,4 +1,4 @@
-"""An evaluation's models proved by the bytes its passes read (:class:`resumerge.forward.proof.JournalProof`): a
+"""An evaluation's models proved by the bytes its passes read (:class:`resumerge.forward.job.proof.JournalProof`): a
 pass resumed after the model was edited in a layer its journal holds is refused (exit 4, the file and the layer
 named); an edit in a layer the pass had not read yet is reported and read as it is now; a finished pass of bytes the
 model no longer holds is run again.

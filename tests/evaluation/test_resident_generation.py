@@ -27,7 +27,7 @@ def test_resident_generation_is_transformers_greedy_generation(family: str, tmp_
     from resumerge.analyses.evaluation.generate import cached_stream, resident
     from resumerge.analyses.evaluation.genrequests import Wanted
     from resumerge.config.modelref import ModelRef
-    from resumerge.forward import Weights
+    from resumerge.forward.engine.reader import Weights
     from resumerge.inputs.model import open_model
 
     directory = make_census_model(tmp_path / family, family, 1)

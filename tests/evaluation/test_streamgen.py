@@ -28,7 +28,7 @@ from resumerge import api
 from resumerge.analyses.evaluation.kvcache import SPILL_NAME
 from resumerge.analyses.evaluation.streamgen import GENERATED, STEP_PREFIX
 from resumerge.cli.modelgen import write_tokenizer
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.stream import ModelStream
 from tests.evaluation.evaltasks import CHAT, GEN, SPEC, hf_results, tiny_model, write_tasks
 from tests.evaluation.streamedeval import streamed
 from tests.support import cli
@@ -373,11 +373,11 @@ def test_generation_runs_on_the_evaluations_device_held_whole_and_streamed(setup
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """``--device``: the generation's modules run there (they ran on the CPU whatever the device, before), the
     whole model held and one layer at a time, to the CPU's answers. ``cpu:0`` is moved to as a GPU is (every
-    weight, buffer, hidden state and call copied there: :func:`~resumerge.forward.device.moved`), which exercises
+    weight, buffer, hidden state and call copied there: :func:`~resumerge.forward.engine.device.moved`), which exercises
     the device's paths here; ``tests/test_gpu_passes.py`` runs them on a GPU."""
     from resumerge.analyses.evaluation import run
     from resumerge.analyses.evaluation.settings import EvalSettings
-    from resumerge.forward.device import PassDevice
+    from resumerge.forward.engine.device import PassDevice
 
     model, tasks = setup
     cpu = _answers(_evaluate(model, tasks, ["tiny_gen"], tmp_path / "cpu").results, "tiny_gen")

@@ -10,9 +10,10 @@ import pytest
 
 from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.config.locations import StateDir
-from resumerge.forward import Weights, heads
-from resumerge.forward.opened import open_for_pass
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared import heads
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.opening.opened import open_for_pass
 from resumerge.machine.torch_import import torch
 from tests.evaluation.evaltasks import tiny_model
 

@@ -1,5 +1,5 @@
 """A generation's streamed pass proves the models it reads against its journal
-(:class:`resumerge.forward.proof.JournalProof`): a search killed after a layer of a generation's pass and resumed
+(:class:`resumerge.forward.job.proof.JournalProof`): a search killed after a layer of a generation's pass and resumed
 after one of the candidates' input models was edited in a range the journaled layer was computed from is refused
 (exit 4, the file and the layer named); put back, the search resumes and ends. The pass's folder is named by its
 generation and candidates, not by the models' bytes: only the proof can see the edit. Tiny generated models, real

@@ -49,7 +49,7 @@ def test_a_search_killed_on_two_threads_and_resumed_on_one_scores_as_the_two_thr
 def test_a_pass_computes_with_the_count_its_folder_records_and_puts_the_thread_s_count_back(tmp_path: Path) -> None:
     # The driver's scope: the count recorded at the pass's first start wins over the process's, and the calling
     # thread's count is the process's again after it (a notebook's later kernels, conftest's restore).
-    from resumerge.forward.threads import pass_threads
+    from resumerge.forward.job.threads import pass_threads
 
     (tmp_path / "threads.json").write_text(json.dumps({"threads": 1}))
     with torch_threads(2):

@@ -23,7 +23,7 @@ from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
 from resumerge.analyses.check import CheckReport
 from resumerge.cli.modelgen import make_model
-from resumerge.forward.hubreads import FETCHED_NAME, READS_NAME
+from resumerge.forward.opening.hubreads import FETCHED_NAME, READS_NAME
 
 pytest.importorskip("transformers")
 
@@ -160,7 +160,7 @@ def test_a_hub_file_served_otherwise_than_its_checksum_stops_the_check_before_it
 
 def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
         tmp_path: Path, hub: FakeHub, state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from resumerge.forward import layerpass
+    from resumerge.forward.job import layerpass
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
@@ -216,7 +216,7 @@ def test_a_resumed_check_reads_no_other_bytes_than_the_killed_one_read(
 
 
 class _Actor:
-    """A :class:`~resumerge.forward.rayactor.ModelNode` as the driver calls a Ray actor
+    """A :class:`~resumerge.forward.placing.modelnode.ModelNode` as the driver calls a Ray actor
     (``actor.method.remote(...)``), run in this process."""
 
     def __init__(self, node: object) -> None:
@@ -240,17 +240,19 @@ def test_a_ray_node_s_reads_of_a_hub_model_are_held_to_the_check_s_journal(tmp_p
     from resumerge.analyses.check.models import find_models
     from resumerge.analyses.check.static import static_pass
     from resumerge.config.locations import StateDir
-    from resumerge.forward.batches import padded as _padded
-    from resumerge.forward.hubreads import PassReads
-    from resumerge.forward.onray import Place, sent
-    from resumerge.forward.rayactor import ModelNode, RayModels
+    from resumerge.forward.opening.hubreads import PassReads
+    from resumerge.forward.placing.modelnode import ModelNode
+    from resumerge.forward.placing.onray import Place, sent
+    from resumerge.forward.placing.rayactor import RayModels
+    from resumerge.forward.text.batches import padded as _padded
     from resumerge.inputs.hub.integrity import StreamedInputChanged
+    from resumerge.merge.store.ledger import Ledger
 
     merged = make_model(tmp_path / "merged", SPEC, seed=7)
     files = files_of(merged)
     hub.push("org/merged", files)
     models = find_models("hf://org/merged", None, (), StateDir.resolve(state))
-    reads = PassReads(tmp_path / "work")
+    reads = PassReads(tmp_path / "work", Ledger)
     bound = reads.bind(models, fresh=True)
     static_pass(bound)  # every tensor read here, and every file verified whole
     assert len(_verified_in(tmp_path / "work")) == len(_shards(files))

@@ -37,7 +37,7 @@ from hub.fakehub import FakeHub, files_of, iter_requests
 from resumerge import api
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.errors import ModelInputError
-from resumerge.forward.hubreads import READS_NAME
+from resumerge.forward.opening.hubreads import READS_NAME
 from resumerge.merge.engine.executors import RayExecutor
 
 pytest.importorskip("transformers")
@@ -87,7 +87,7 @@ def _verified(state: Path) -> list[str]:
 
 def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """``repo`` taken off the hub once the check journaled its first layer (handed back in the list returned)."""
-    import resumerge.forward.layerpass
+    import resumerge.forward.job.layerpass
 
     gone: list[Any] = []
 
@@ -95,7 +95,7 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
         if point == "after_check_layer" and not gone:
             gone.append(hub.repos.pop(repo))
 
-    monkeypatch.setattr(resumerge.forward.layerpass, "reach", take)
+    monkeypatch.setattr(resumerge.forward.job.layerpass, "reach", take)
     return gone
 
 
@@ -180,7 +180,7 @@ def test_a_node_without_a_token_refuses_to_read_a_hub_model_in_one_line(hub: Fak
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.rayactor import ModelNode
+    from resumerge.forward.placing.modelnode import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "--base", StateDir.resolve(state))
@@ -198,16 +198,16 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
     """The first layer read to learn whether the family runs padded batches keeps its weights for the pass's first
     layer (a hub model's bytes fetched once); where it does not, or the pass resumes past that layer, they are
     dropped (then it is read again, as one sequence at a time needs)."""
-    import resumerge.forward.batches
-    import resumerge.forward.passes
+    import resumerge.forward.compared.passes
+    import resumerge.forward.text.batches
     import resumerge.machine.rayconnect
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
-    from resumerge.forward.rayactor import ModelNode
+    from resumerge.forward.placing.modelnode import ModelNode
 
     monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")
     model = open_checked(f"hf://{REPO}", "MODEL", StateDir.resolve(state))
-    batches = [resumerge.forward.batches.padded([[1, 2, 3], [4, 5]])]
+    batches = [resumerge.forward.text.batches.padded([[1, 2, 3], [4, 5]])]
 
     spans = [(t.file, t.entry.start, t.entry.end) for n, t in model.opened.tensors.items() if ".layers.0." in n]
 
@@ -226,7 +226,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
         layer = node.stream.layers_list[0]
         for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
             if not batched:
-                monkeypatch.setattr(resumerge.forward.passes, "batched_on", lambda *_: False)
+                monkeypatch.setattr(resumerge.forward.compared.passes, "batched_on", lambda *_: False)
             entering = node.enter(batches)
             hub.reset_counters()
             assert node.runs_batched() is batched

@@ -28,7 +28,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.opening.opened import open_for_pass
     from resumerge.runs.moe import forward
 
     model, work, share = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -71,8 +71,8 @@ def test_the_gate_pass_admits_each_layer_and_stays_inside_the_smallest_share_it_
 def test_the_gate_pass_reserves_its_embeddings_and_every_layer_it_runs(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge.config.locations import StateDir
-    from resumerge.forward import driver
-    from resumerge.forward.opened import open_for_pass
+    from resumerge.forward.job import driver
+    from resumerge.forward.opening.opened import open_for_pass
     from resumerge.runs.moe import forward
 
     admitted: list[tuple[str, str]] = []

@@ -15,7 +15,7 @@ import yaml
 from resumerge import api
 from resumerge.config.locations import state_root
 from resumerge.errors import InterruptedMerge, ModelInputError, UsageError, exit_code_for
-from resumerge.forward.reader import CastReader
+from resumerge.forward.engine.reader import CastReader
 from resumerge.machine.memory.sizes import parse_size
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread

@@ -42,7 +42,7 @@ def test_a_kl_below_zero_by_rounding_is_reported_as_zero() -> None:
     ``-2.4e-09``. The mean and the 95th percentile are of the values clamped at 0."""
     import torch
 
-    from resumerge.forward.heads import kl_summary
+    from resumerge.forward.compared.heads import kl_summary
 
     assert kl_summary(torch.tensor([-2.4e-09, -1e-09, 0.0, -3e-10])) == (0.0, 0.0)
     mean, p95 = kl_summary(torch.tensor([-1e-08, 2e-08], dtype=torch.float64))

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from resumerge.analyses.check.static import TensorResult, all_finite, compared_with, difference_buffer, squared
-from resumerge.forward import CastReader
+from resumerge.forward.engine.reader import CastReader
 from resumerge.machine.torch_import import torch
 
 

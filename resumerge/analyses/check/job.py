@@ -1,8 +1,8 @@
-"""A check as the pass driver runs it (:class:`CheckJob`, a :class:`~resumerge.forward.driver.PassJob`): its
-report is its answer cache, its steps the static pass and the forward pass (:mod:`resumerge.forward.passes`, here or on
-Ray:
-:mod:`resumerge.forward.rayactor`), its end the report, the chart, the ledger's event and the model card. :mod:`.run`
-finds the models and the texts, keys the check's folder and hands this job to the driver."""
+"""A check as the pass driver runs it (:class:`CheckJob`, a :class:`~resumerge.forward.job.driver.PassJob`): its
+report is its answer cache, its steps the static pass and the forward pass (:mod:`resumerge.forward.compared.passes`,
+here or on Ray:
+:mod:`resumerge.forward.placing.rayactor`), its end the report, the chart, the ledger's event and the model card.
+:mod:`.run` finds the models and the texts, keys the check's folder and hands this job to the driver."""
 
 from __future__ import annotations
 
@@ -27,27 +27,27 @@ from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import PlanChangedError, UsageError
-from resumerge.forward.device import HOST, PassDevice
-from resumerge.forward.driver import Fit, PassFolder
-from resumerge.forward.hubreads import PassReads
-from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import Reserve
-from resumerge.forward.needs import StepBytes, settled_held, step_bytes
-from resumerge.forward.opened import layer_of
-from resumerge.forward.passes import LAYER_PREFIX, PassFigures, run_pass, streams_of
-from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything, layers_through
-from resumerge.forward.sites import PassSite, Seats, Told, site_of
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.texts import describe
-from resumerge.forward.tokens import Texts
-from resumerge.forward.vocabs import SharedVocab, model_rows
+from resumerge.forward.compared.needs import StepBytes, settled_held, step_bytes
+from resumerge.forward.compared.passes import LAYER_PREFIX, PassFigures, run_pass, streams_of
+from resumerge.forward.engine.device import HOST, PassDevice
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import Fit, PassFolder
+from resumerge.forward.job.journal import Journal
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.job.proof import RECORDS_NAME, Depends, PassProof, everything, layers_through
+from resumerge.forward.opening.hubreads import PassReads
+from resumerge.forward.opening.opened import layer_of
+from resumerge.forward.placing.sites import PassSite, Seats, Told, site_of
+from resumerge.forward.text.texts import describe
+from resumerge.forward.text.tokens import Texts
+from resumerge.forward.text.vocabs import SharedVocab, model_rows
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.memory.allocator import malloc_trim, tune_allocator
 from resumerge.machine.torch_import import load as load_torch
 
 if TYPE_CHECKING:
-    from resumerge.forward.onray import Read
+    from resumerge.forward.placing.onray import Read
 
 REPORT_NAME = "report.json"
 CHART_NAME = "drift.png"
@@ -58,7 +58,7 @@ OUTSIDE_NAME = "static-outside.json"  # the static figures of the tensors outsid
 def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
     """Where the interrupted check of ``model`` in ``workdir`` stopped, in words: the layer it was running (from
     its progress file) and the layers its journal holds."""
-    from resumerge.forward.journal import latest
+    from resumerge.forward.job.journal import latest
 
     try:
         doc = json.loads((workdir / PROGRESS_NAME).read_text(encoding="utf-8"))
@@ -82,9 +82,9 @@ def stopped_at(model: str | os.PathLike[str], workdir: Path) -> str:
 class CheckSettings:
     """How a check runs (none of it in its key): under ``max_memory`` (None: the default budget), journaled under
     ``state``, its models where the executor placed them (``placement``: here, or each model's forward pass on a
-    node of a Ray cluster, :mod:`resumerge.forward.rayactor`, with the same report), its layers and heads on
+    node of a Ray cluster, :mod:`resumerge.forward.placing.rayactor`, with the same report), its layers and heads on
     ``device`` (a GPU: each layer moved there while it runs, each step admitted by the GPU's budget too:
-    :mod:`resumerge.forward.device`); a checked merge's ledger looked for in ``state``, then in ``default_state``
+    :mod:`resumerge.forward.engine.device`); a checked merge's ledger looked for in ``state``, then in ``default_state``
     (the state dir a command given no ``--state-dir`` uses, as the API resolved it; None: ``state`` alone), for its
     ``check`` event and its card (:func:`~.card.run_state`)."""
 
@@ -96,7 +96,7 @@ class CheckSettings:
 
     @property
     def site(self) -> PassSite:
-        """Where the models run, as the check asks it (:mod:`resumerge.forward.sites`)."""
+        """Where the models run, as the check asks it (:mod:`resumerge.forward.placing.sites`)."""
         return site_of(self.placement)
 
 
@@ -125,9 +125,9 @@ class _Found:
 
 @dataclass(frozen=True)
 class CheckJob:
-    """A check as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its report is the answer
-    cache; its steps are the static pass and the forward pass (:mod:`resumerge.forward.passes`); its end the report, the
-    chart, the ledger's event and the card."""
+    """A check as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): its report is the answer
+    cache; its steps are the static pass and the forward pass (:mod:`resumerge.forward.compared.passes`); its end the
+    report, the chart, the ledger's event and the card."""
 
     folder: PassFolder
     model: str | os.PathLike[str]
@@ -177,7 +177,10 @@ class CheckJob:
         allocator put back as the block ends (the kept ranges stay for a resume; where a file failed its check, the
         journal goes)."""
         workdir, settings, tokens, site = self.folder.path, self.settings, self.texts.tokens, self.settings.site
-        reads = PassReads(workdir)  # a hub model's ranges checked (journaled in workdir), its files verified whole
+        from resumerge.merge.store.ledger import Ledger
+
+        # A hub model's ranges checked (journaled in workdir, a ledger), its files verified whole.
+        reads = PassReads(workdir, Ledger)
         models = site.bind(reads, self.models, fresh=not _journaled(workdir))
         streams = streams_of(models, settings.device.name)
         progress = Progress(workdir, self.model, streams[0].layers, len(models), self.watcher,
@@ -274,8 +277,8 @@ class CheckJob:
 
 def _actor_bytes(sizes: StepBytes) -> list[int]:
     """The memory each model's actor declares where the models run on Ray nodes
-    (:func:`~resumerge.forward.rayactor.actor_bytes`: imported with --executor ray only)."""
-    from resumerge.forward.rayactor import actor_bytes
+    (:func:`~resumerge.forward.placing.rayactor.actor_bytes`: imported with --executor ray only)."""
+    from resumerge.forward.placing.rayactor import actor_bytes
 
     return actor_bytes(sizes)
 
@@ -322,7 +325,7 @@ def _journal_depends(workdir: Path) -> Depends:
     """What of its models' bytes the journal of a check in ``workdir`` depends on: every tensor once its static pass
     is journaled whole; the tensors outside the decoder layers once their static figures, or any layer, are; each
     decoder layer journaled (of every model: the pass runs them all layer by layer)."""
-    from resumerge.forward.journal import latest
+    from resumerge.forward.job.journal import latest
 
     if (workdir / STATIC_NAME).is_file():
         return everything
@@ -391,11 +394,11 @@ def _fits(streams: list[ModelStream], tokens: list[list[int]], max_memory: int |
           sizes: StepBytes | None = None) -> tuple[int, dict[str, int], bool]:
     """Refuse (exit 2, before a weight is read) a check whose peak would not fit ``max_memory`` (None: the
     default budget): the static pass's largest span of a tensor of three models; or the largest layer of one
-    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.forward.heads`) and one
+    model in float32, or one model's head (a block of its rows, see :mod:`resumerge.forward.compared.heads`) and one
     batch's log-probabilities, beside every model's hidden states (twice: in and out). Returns the budget, what
     the forward pass's steps reserve (``layer``, ``heads``), and whether the static pass is folded into the
     layers' reads (where ``can_fold`` and the budget holds two layers at once: the base's, kept, and another's;
-    see :mod:`.folded`). The figures are :func:`~resumerge.forward.needs.step_bytes`'s (``sizes``, found here
+    see :mod:`.folded`). The figures are :func:`~resumerge.forward.compared.needs.step_bytes`'s (``sizes``, found here
     where not given)."""
     sizes = sizes if sizes is not None else step_bytes(streams, tokens)
     held = settled_held("check", [str(s.reader.directory) for s in streams], tokens)  # what every start names

@@ -8,7 +8,7 @@ the merge's own weights); a transplant's (``resumerge tokensurgeon``) MODEL is i
 Any of them may be a hub repo, ``hf://NAMESPACE/NAME[@REVISION]``: its config, tokenizer and safetensors headers
 are fetched into the Hugging Face cache (as a merge's hub inputs are) and its weights read by HTTP Range at the
 commit pinned then, never downloaded whole, and held to the hub's checksums as a merge's streamed inputs are
-(:mod:`resumerge.forward.hubreads`). A recorded model that was a hub input is read the same way where its
+(:mod:`resumerge.forward.opening.hubreads`). A recorded model that was a hub input is read the same way where its
 cache snapshot lacks its weights (a merge that streamed it).
 
 Any of them may be a GGUF file (or the first file of a split set; one in a hub repo written
@@ -31,10 +31,10 @@ from resumerge.config.merge_config import MergeConfig, SourceConfig, load_config
 from resumerge.config.modelref import ModelRef, parse_model_ref
 from resumerge.config.transplantmark import transplanted_model
 from resumerge.errors import ResumergeError, UsageError
-from resumerge.forward.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
+from resumerge.forward.opening.opened import SNAPSHOT, PassModel, gguf_file, open_for_pass
 from resumerge.merge.store.manifest import PUBLISHED_HUB, read_manifest
 
-# A model of the check, opened for its pass (the forward engine's one opener: :mod:`resumerge.forward.opened`).
+# A model of the check, opened for its pass (the forward engine's one opener: :mod:`resumerge.forward.opening.opened`).
 Checked = PassModel
 open_checked = open_for_pass
 

@@ -2,8 +2,8 @@
 (``checks/<key>/progress.json``), rewritten as the check moves (the static pass, each model of each decoder layer,
 the heads, the verdict), and found again by the merged model's folder.
 
-It is advice, not a journal: the per-layer journal (:mod:`resumerge.forward.passes`) is what a resumed check trusts. A
-check whose process is gone before its verdict is ``interrupted``.
+It is advice, not a journal: the per-layer journal (:mod:`resumerge.forward.compared.passes`) is what a resumed check
+trusts. A check whose process is gone before its verdict is ``interrupted``.
 """
 
 from __future__ import annotations

@@ -95,12 +95,12 @@ class CheckReport:
     prompts: str | None = None  # the texts run: "built-in (...)" or the file's name and sha256
     card: str | None = None  # what became of MODEL's model card (a resumerge output's), in one line
     # where the models' vocabularies differ: the tokens they share, and how they were compared
-    # (resumerge.forward.vocabs)
+    # (resumerge.forward.text.vocabs)
     shared_tokens: int | None = None
     vocabulary: str | None = None
     compared: str | None = None  # what the merge was compared with, in one line
     # what proving the models' bytes found, in one line (a file touched, its bytes the same; one changed in ranges
-    # not read yet; a report of bytes no longer held, checked again): resumerge.forward.proof
+    # not read yet; a report of bytes no longer held, checked again): resumerge.forward.job.proof
     proof: str | None = None
 
     @property

@@ -21,14 +21,14 @@ from resumerge.analyses.check.verdict import THRESHOLDS
 from resumerge.config.hubtarget import is_hub_target
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.errors import UsageError
-from resumerge.forward.device import HOST, PassDevice
-from resumerge.forward.driver import PassFolder, content_key, drive
-from resumerge.forward.passes import BATCH_TOKENS
-from resumerge.forward.proof import PassProof, compared_reads
-from resumerge.forward.requires import Needs, require_transformers
-from resumerge.forward.sites import site_of
-from resumerge.forward.tokens import Texts, cached_sequences
-from resumerge.forward.vocabs import SharedVocab
+from resumerge.forward.compared.passes import BATCH_TOKENS
+from resumerge.forward.engine.device import HOST, PassDevice
+from resumerge.forward.engine.requires import Needs, require_transformers
+from resumerge.forward.job.driver import PassFolder, content_key, drive
+from resumerge.forward.job.proof import PassProof, compared_reads
+from resumerge.forward.placing.sites import site_of
+from resumerge.forward.text.tokens import Texts, cached_sequences
+from resumerge.forward.text.vocabs import SharedVocab
 
 
 def run_check(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None = None) -> CheckReport:
@@ -36,7 +36,7 @@ def run_check(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | Non
     journal is kept under ``settings.state`` (:class:`~.job.CheckSettings`: the budget, where the executor placed
     the pass, the device, where a checked merge's ledger is looked for). ``asked.cut_texts``: a text longer than
     the models' context is cut to it rather than refused (exit 2). Where the models' vocabularies differ they are
-    compared over the tokens they share, decided before any layer runs (:mod:`resumerge.forward.vocabs`).
+    compared over the tokens they share, decided before any layer runs (:mod:`resumerge.forward.text.vocabs`).
     ``watcher`` is told each step (:class:`~resumerge.analyses.check.progress.Step`). Ctrl-C raises
     :class:`~resumerge.errors.InterruptedMerge` naming the layer reached and the command that continues."""
     site = site_of(settings.placement)
@@ -87,7 +87,7 @@ def _checked(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None
 def _keyed(asked: CheckAsked, settings: CheckSettings, watcher: Watcher | None, models: list[Checked], texts: Texts,
            prompts_file: Path | None, proof: PassProof) -> CheckReport:
     """The check, its texts known: its folder found by its key, and the job driven there
-    (:func:`~resumerge.forward.driver.drive`: locked, answered from its report, or run)."""
+    (:func:`~resumerge.forward.job.driver.drive`: locked, answered from its report, or run)."""
     workdir = settings.state.checks_dir / _key(models, texts.tokens, texts.vocab)
     command = asked.command(settings)
     # One process per check: two at once would delete each other's layer and head files (issue 70).

@@ -16,7 +16,8 @@ A tensor is compared only where the base holds it in the merge's shape: a merge 
 its other figures unchanged, and the base's and parents' tables are not read for any figure. Where this process runs
 no forward pass (``check --executor ray``: each model's pass runs on a node), the static pass reads them all the same
 (``whole``): every stored tensor of each hub model, so that each of its files is read whole here and proved against
-the hub's checksum before the report (:mod:`resumerge.forward.hubreads`), as a local check's forward pass reads them.
+the hub's checksum before the report (:mod:`resumerge.forward.opening.hubreads`), as a local check's forward pass reads
+them.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from typing import Any
 
 from resumerge.analyses.check.models import Checked
 from resumerge.analyses.check.report import GroupFigures, StaticFigures
-from resumerge.forward import CastReader, Weights, base_formats
-from resumerge.forward.needs import STATIC_SPAN
-from resumerge.forward.opened import layer_of
+from resumerge.forward.compared.needs import STATIC_SPAN
+from resumerge.forward.engine.reader import CastReader, Weights, base_formats
+from resumerge.forward.opening.opened import layer_of
 from resumerge.inputs.codecs import StoredFormats
 from resumerge.inputs.safetensors_format import numel
 from resumerge.machine.torch_import import torch
@@ -41,7 +42,7 @@ from resumerge.machine.torch_import import torch
 UNMOVED_RATIO = 0.01
 _PARENTS_MOVED = 1e-6
 # Values per block of a difference (4 MB in float32), and per span a tensor is read in (a whole number of blocks:
-# one; the span the budget counts, :data:`~resumerge.forward.needs.STATIC_SPAN`).
+# one; the span the budget counts, :data:`~resumerge.forward.compared.needs.STATIC_SPAN`).
 _BLOCK = _SPAN = STATIC_SPAN
 
 # A multimodal model's vision tower and projector: one group, not counted in the decoder layers' groups.

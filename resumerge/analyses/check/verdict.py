@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS, StaticFigures
 from resumerge.analyses.check.static import UNMOVED_RATIO
-from resumerge.forward.passes import PassFigures
+from resumerge.forward.compared.passes import PassFigures
 
 THRESHOLDS: dict[str, float] = {
     "nll_factor": 1.5,

@@ -1,6 +1,6 @@
 """The model's tokenizer for an evaluation without a chat template, read without transformers where transformers
 would give the same tokens and texts: the ``tokenizers`` library over tokenizer.json
-(:func:`~resumerge.forward.plaintok.plain_tokenizer`, the check's reader, and its rules), with what lm-eval and
+(:func:`~resumerge.forward.text.plaintok.plain_tokenizer`, the check's reader, and its rules), with what lm-eval and
 :class:`~.lm.ResumergeLM` ask of a tokenizer besides (decoding, the named special tokens and their ids, its name and
 length limit). transformers' import and ``AutoTokenizer`` cost an evaluation's process about 2 CPU s; lm-eval
 itself never imports transformers.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from resumerge.forward.plaintok import PlainTokenizer, json_object, plain_tokenizer
+from resumerge.forward.text.plaintok import PlainTokenizer, json_object, plain_tokenizer
 
 # transformers' length limit of a tokenizer whose config names none (its VERY_LARGE_INTEGER)
 NO_LIMIT = int(1e30)

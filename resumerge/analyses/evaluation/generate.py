@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from resumerge.analyses.evaluation.genrequests import Wanted
-from resumerge.forward import Weights
-from resumerge.forward.stream import ModelStream, build_modules
+from resumerge.forward.engine.built import build_modules
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.machine.torch_import import torch
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from resumerge.analyses.evaluation.genrequests import Wanted
 from resumerge.analyses.evaluation.kvcache import KVShape
 from resumerge.errors import UsageError
-from resumerge.forward.heads import head_step_bytes
-from resumerge.forward.needs import step_bytes
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared.heads import head_step_bytes
+from resumerge.forward.compared.needs import step_bytes
+from resumerge.forward.engine.stream import ModelStream
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.memory.sizes import format_size
 

@@ -1,4 +1,4 @@
-"""An evaluation's passes as the pass driver runs them (:func:`~resumerge.forward.driver.drive`): each pass lm-eval
+"""An evaluation's passes as the pass driver runs them (:func:`~resumerge.forward.job.driver.drive`): each pass lm-eval
 asks of the model (``loglikelihood``, ``loglikelihood_rolling``) and each text task's (:mod:`.texttasks`) is an
 :class:`EvalJob` whose folder is ``evals/<key>`` under the state dir (:func:`pass_key`), whose answer cache is the
 file its step keeps last (:func:`~.scorer.answers_file`, :func:`~.textpass.figures_file`), whose steps are
@@ -27,21 +27,21 @@ from resumerge.analyses.evaluation.textpass import figures_file, score_texts
 from resumerge.analyses.evaluation.texttasks import TextFigures
 from resumerge.analyses.evaluation.textwork import TextWork, digest_of, text_heads_bytes
 from resumerge.config.locations import StateDir
-from resumerge.forward.batches import BATCH_TOKENS
-from resumerge.forward.driver import AnswerFile, Fit, PassFolder, content_key, drive
-from resumerge.forward.journal import Journal, latest
-from resumerge.forward.layerpass import Reserve
-from resumerge.forward.needs import step_bytes
-from resumerge.forward.opened import PassModel
-from resumerge.forward.proof import JournalProof
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared.needs import step_bytes
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import AnswerFile, Fit, PassFolder, content_key, drive
+from resumerge.forward.job.journal import Journal, latest
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.job.proof import JournalProof
+from resumerge.forward.opening.opened import PassModel
+from resumerge.forward.text.batches import BATCH_TOKENS
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.memory.allocator import give_back_heap
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.placed import EvalLayers
-    from resumerge.forward.device import GpuBudget
+    from resumerge.forward.engine.device import GpuBudget
     from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 Found = TypeVar("Found")
@@ -163,7 +163,7 @@ class PassFit:
 
 @dataclass(frozen=True)
 class EvalJob(Generic[Found]):
-    """One of an evaluation's passes as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its
+    """One of an evaluation's passes as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): its
     ``cache`` the answer of a pass finished before (kept while ``proof`` holds it to the models' bytes), its
     ``fit`` judged before the driver is handed the job (:meth:`PassNeed.judged`: a pass its budget refuses is
     refused whatever its cache holds, its folder neither locked nor read, no weight hashed), its layers where

@@ -29,9 +29,9 @@ from resumerge.analyses.evaluation.run import (
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.streamgen import GENERATED, Generation
 from resumerge.config.locations import StateDir
-from resumerge.forward.driver import AnswerFile
-from resumerge.forward.proof import merge_inputs
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import AnswerFile
+from resumerge.forward.job.proof import merge_inputs
 from resumerge.machine.memory.allocator import tune_allocator
 
 if TYPE_CHECKING:

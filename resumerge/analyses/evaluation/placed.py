@@ -1,7 +1,7 @@
 """Where an evaluation's passes run their decoder layers, as the executor placed them
-(:mod:`resumerge.forward.sites`): :class:`EvalLayers` asks the pass's site, whichever it is, to place the pass (this
-process, one layer at a time, each admitted by the pass's reserve; or an actor on a node of the Ray cluster, the head
-here). What an evaluation cannot do with its layers away from this process (a merge never written, merged in this
+(:mod:`resumerge.forward.placing.sites`): :class:`EvalLayers` asks the pass's site, whichever it is, to place the pass
+(this process, one layer at a time, each admitted by the pass's reserve; or an actor on a node of the Ray cluster, the
+head here). What an evaluation cannot do with its layers away from this process (a merge never written, merged in this
 process as its layers are read; a generation task, which holds the whole model here) is the site's refusal."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from resumerge.config.passplace import HERE, PassPlace
-from resumerge.forward.placement import Placement
-from resumerge.forward.sites import PassSite, Told, site_of
+from resumerge.forward.job.placement import Placement
+from resumerge.forward.placing.sites import PassSite, Told, site_of
 
 if TYPE_CHECKING:
     from resumerge.analyses.evaluation.scorer import Places
     from resumerge.config.locations import StateDir
-    from resumerge.forward.layerpass import Reserve
-    from resumerge.forward.needs import StepBytes
-    from resumerge.forward.opened import PassModel
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.compared.needs import StepBytes
+    from resumerge.forward.engine.stream import ModelStream
+    from resumerge.forward.job.layerpass import Reserve
+    from resumerge.forward.opening.opened import PassModel
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class EvalLayers:
         (refused, exit 2, where nothing can hold them), before any weight is read."""
 
         def needs() -> list[int]:
-            from resumerge.forward.rayactor import actor_bytes
+            from resumerge.forward.placing.rayactor import actor_bytes
 
             return actor_bytes(sizes)[:1]
 

@@ -14,7 +14,7 @@ class EvalReport:
     the machine (``pretty_env_info``, the versions: :mod:`.harness`) only where it was written; ``target``: the
     model as given; ``written``: the files ``--output-path`` wrote (lm-eval's results file and each task's
     samples); ``proof``: what proving the models' bytes against each pass's journal found, in one line (a file
-    touched, an edit in ranges a pass had not read yet, a finished pass run again: :mod:`resumerge.forward.proof`),
+    touched, an edit in ranges a pass had not read yet, a finished pass run again: :mod:`resumerge.forward.job.proof`),
     None where nothing is to be said."""
 
     target: str

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from resumerge.forward.handed import hands_on
-from resumerge.forward.standins import LayerCall
+from resumerge.forward.engine.handed import hands_on
+from resumerge.forward.engine.standins import LayerCall
 from resumerge.machine.torch_import import torch
 
 ROWS = "resumerge_rows"  # the attention implementation's name in transformers' registry, and its keyword

@@ -34,12 +34,12 @@ from resumerge.analyses.evaluation.yamltasks import yaml_text_tasks
 from resumerge.config.locations import StateDir, is_default_state_root
 from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import InterruptedMerge, UsageError
-from resumerge.forward import Weights
-from resumerge.forward.opened import PassModel, open_for_pass
-from resumerge.forward.proof import merge_inputs
-from resumerge.forward.requires import Needs, require_transformers
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.texts import tokenizer_at
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.requires import Needs, require_transformers
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.proof import merge_inputs
+from resumerge.forward.opening.opened import PassModel, open_for_pass
+from resumerge.forward.text.texts import tokenizer_at
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.memory.allocator import tune_allocator
 from resumerge.machine.memory.cuda import is_gpu, normalise_device
@@ -59,7 +59,7 @@ def run_eval(target: str, settings: EvalSettings, *, state: StateDir, watcher: W
     lm-eval's results; ``unwritten``: ``target`` is a merge config, opened as the merge it describes (each tensor
     merged when read, never written). ``placement``: where the executor placed the passes
     (:mod:`resumerge.config.passplace`): here, or each pass's decoder layers on an actor of a Ray cluster (check's
-    :mod:`~resumerge.forward.rayactor`), its head here: the same results, journaled alike (:mod:`.placed`).
+    :mod:`~resumerge.forward.placing.rayactor`), its head here: the same results, journaled alike (:mod:`.placed`).
     Each pass is a job the pass driver runs (:mod:`.job`). ``task_index``: lm-eval's task index shared with other
     evaluations (a search's candidates; None: one of its own). ``merge_words``: the flags that merge ``unwritten``
     as it was opened (in the command that continues). Raises :class:`UsageError` (exit 2) for anything refused

@@ -18,12 +18,12 @@ from typing import Any
 from resumerge.analyses.evaluation.requests import Scoring
 from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.tails import tail_answers
-from resumerge.forward.batches import Hidden, enter
-from resumerge.forward.driver import AnswerFile
-from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.placement import Placement
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import AnswerFile
+from resumerge.forward.job.journal import Journal
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.job.placement import Placement
+from resumerge.forward.text.batches import Hidden, enter
 from resumerge.machine.torch_import import torch
 
 ANSWERS = "answers.json"
@@ -61,7 +61,7 @@ def score(stream: ModelStream, work: Scoring, workdir: Path, places: Places, *, 
     model computes them), resuming the pass journaled in ``workdir``, its answers kept there last
     (:func:`answers_file`); ``on_layer`` is told each layer as it starts (None: the heads); ``reserve(what, step)``
     holds a step's memory while it runs. A client of the forward engine's one journaled pass
-    (:class:`~resumerge.forward.layerpass.LayerPass`). ``places(reserve, on_layer)``: where the decoder layers run
+    (:class:`~resumerge.forward.job.layerpass.LayerPass`). ``places(reserve, on_layer)``: where the decoder layers run
     (this process, or a Ray actor with ``--executor ray``: the same answers, the journal the same file); the head
     runs here. The models' bytes are proved against the journal before (the pass's job:
     :meth:`~.job.EvalJob.proved`)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from resumerge.analyses.evaluation.texttasks import TextTask, text_task
 from resumerge.errors import UsageError
-from resumerge.forward.device import PassDevice
+from resumerge.forward.engine.device import PassDevice
 
 DEFAULT_SEEDS = "0,1234,1234,1234"  # lm-eval's --seed default: python's random, numpy, torch, the few-shot sampler
 _SEED_NAMES = ("random", "numpy", "torch", "fewshot")
@@ -57,7 +57,7 @@ class EvalSettings:
     in each prompt; ``apply_chat_template``: the model's chat template (a name picks one of several);
     ``log_samples``: keep each task's samples; ``output_path``: where lm-eval's results file (and the samples) go;
     ``max_memory``: the process's memory budget in bytes (None: the default); ``device``: where the layers run
-    (``cpu``, ``cuda[:N]``: :mod:`resumerge.forward.device`), with the GPU budget ``max_gpu_memory`` in bytes;
+    (``cpu``, ``cuda[:N]``: :mod:`resumerge.forward.engine.device`), with the GPU budget ``max_gpu_memory`` in bytes;
     ``seeds``: lm-eval's four seeds (a sampled generation draws from the torch one)."""
 
     tasks: tuple[str, ...]

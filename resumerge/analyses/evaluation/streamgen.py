@@ -1,6 +1,6 @@
 """Generation (``generate_until``) on a model that does not fit the memory budget: one decoder layer at a time for
 every request of the task at once, a pass-driver client (:class:`GenerationJob`, run by
-:func:`~resumerge.forward.driver.drive`). Each token step is one :class:`~resumerge.forward.layerpass.LayerPass`
+:func:`~resumerge.forward.job.driver.drive`). Each token step is one :class:`~resumerge.forward.job.layerpass.LayerPass`
 over the decoder layers: a layer is read once and run on every unfinished request, each against its own KV cache at
 that layer (:mod:`.kvcache`: held in RAM, or spilled to the pass's folder where the budget does not hold it), then
 the final norm and the head give each request's next token (greedy, or drawn from the evaluation's torch seed:
@@ -37,16 +37,16 @@ from resumerge.analyses.evaluation.genrequests import Wanted, model_defaults, sa
 from resumerge.analyses.evaluation.kvcache import HeldKV, KVShape, KVStore, SpilledKV, one_layer_cache, shaped_cache
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.status import PROGRESS_NAME
-from resumerge.forward import Weights, durable_save
-from resumerge.forward.batches import Hidden
-from resumerge.forward.driver import Fit, PassFolder, drive
-from resumerge.forward.handed import HandingCall
-from resumerge.forward.journal import Journal, Restart
-from resumerge.forward.layerpass import LayerPass, Reserve, Step
-from resumerge.forward.opened import PassModel
-from resumerge.forward.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
-from resumerge.forward.standins import LayerCall
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.handed import HandingCall
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.standins import LayerCall
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import Fit, PassFolder, drive
+from resumerge.forward.job.journal import Journal, Restart, durable_save
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step
+from resumerge.forward.job.proof import RECORDS_NAME, JournalProof, PassProof, everything, layers_through
+from resumerge.forward.opening.opened import PassModel
+from resumerge.forward.text.batches import Hidden
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.killpoints import reach
 from resumerge.machine.torch_import import torch

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from resumerge.forward.batches import largest_batch
-from resumerge.forward.heads import head_blocks, head_step_bytes, logit_blocks
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared.heads import head_blocks, head_step_bytes, logit_blocks
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.text.batches import largest_batch
 from resumerge.machine.torch_import import torch
 
 Answer = tuple[float, bool]
@@ -80,7 +80,7 @@ def tail_step_bytes(stream: ModelStream, runs: Sequence[Sequence[int]]) -> int:
     """What :func:`tail_answers` holds at most over the pass's ``runs``: the head's block (cast and mapped while
     read), a block's logits of the largest batch twice (computed, and its continuations' positions picked) and a
     few numbers per position; a head read whole holds the whole batch's logits, as check's heads do
-    (:func:`~resumerge.forward.heads.head_step_bytes`)."""
+    (:func:`~resumerge.forward.compared.heads.head_step_bytes`)."""
     positions = largest_batch(runs)
     blocks = head_blocks(stream)
     if blocks is None:

@@ -1,5 +1,5 @@
 """The pass of a text task (:mod:`.texttasks`): the scored models (and a KL task's parent, last) run one decoder layer
-of one model at a time over the texts on the forward engine's journaled pass (:class:`~resumerge.forward.layerpass.
+of one model at a time over the texts on the forward engine's journaled pass (:class:`~resumerge.forward.job.layerpass.
 LayerPass`: each layer's hidden states saved durably, a killed pass resumed at the layer it reached), then
 :func:`~.texttasks.text_heads`. :func:`text_pass` runs it on any placement (this process, a population of
 unwritten candidates); :func:`score_texts` runs it in this process under the pass's admission and keeps the
@@ -12,14 +12,14 @@ from pathlib import Path
 
 from resumerge.analyses.evaluation.status import LAYER_PREFIX
 from resumerge.analyses.evaluation.texttasks import TextFigures, text_heads
-from resumerge.forward.batches import Batch, Hidden, enter
-from resumerge.forward.driver import AnswerFile
-from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.placement import Placement, Streams
-from resumerge.forward.proof import JournalProof
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.vocabs import SharedVocab, own_batches
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import AnswerFile
+from resumerge.forward.job.journal import Journal
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.job.placement import Placement, Streams
+from resumerge.forward.job.proof import JournalProof
+from resumerge.forward.text.batches import Batch, Hidden, enter
+from resumerge.forward.text.vocabs import SharedVocab, own_batches
 from resumerge.machine.torch_import import torch
 
 FIGURES = "figures.json"
@@ -76,7 +76,7 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
     ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
     model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
     ``m``'s layer is read, ``on_heads()`` before the heads. ``vocab``: how the parent's other vocabulary meets the
-    scored models' (check's :class:`~resumerge.forward.vocabs.SharedVocab`, model 0 theirs, 1 the
+    scored models' (check's :class:`~resumerge.forward.text.vocabs.SharedVocab`, model 0 theirs, 1 the
     parent's): each model reads the texts as its own ids of the same tokens."""
     kept = figures_file(workdir)
     done = kept.read()

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import UsageError
-from resumerge.forward.heads import kl_at, logprobs, nll_sum, shared, targets_of
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.tokens import Texts, cached_sequences
-from resumerge.forward.vocabs import SharedVocab
+from resumerge.forward.compared.heads import kl_at, logprobs, nll_sum, shared, targets_of
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.text.tokens import Texts, cached_sequences
+from resumerge.forward.text.vocabs import SharedVocab
 from resumerge.machine.torch_import import torch
 
 NLL, KL = "nll", "kl"
@@ -80,7 +80,7 @@ def shared_texts(directories: Sequence[Path], configs: Sequence[Mapping[str, Any
                  task: TextTask, cache: Path, option: str = "--prompts") -> Texts:
     """The task's token sequences for the models at ``directories`` (the scored model first; a :data:`KL` task's
     parent second) as ``check --prompts --truncate-texts`` makes them, remembered under ``cache``, and how the two
-    vocabularies meet where they differ (check's rule, :mod:`resumerge.forward.vocabs`: the KL over the
+    vocabularies meet where they differ (check's rule, :mod:`resumerge.forward.text.vocabs`: the KL over the
     tokens both hold; a text holding a token one lacks, or models that share none, refused in one line). ``eval``'s
     text tasks and ``evolve``'s objectives (a candidate first, the parent second) take them here alike, so a
     candidate's figure is the one ``eval`` gives its written merge. ``option``: how a refusal names the texts file."""
@@ -121,7 +121,7 @@ def text_heads(streams: Sequence[ModelStream], hidden: list[list[torch.Tensor]],
     ``batches``' token sequences): its NLL, and with a ``parent`` (the last of ``streams``, not scored) KL(parent ‖
     it). Batch by batch, the parent's log-probabilities of a batch held while every scored model's are compared
     with them; every sum over the same positions in the same order as ``check``'s heads
-    (:func:`~resumerge.forward.heads.head_figures`), so the figures are its figures. Where the parent's
+    (:func:`~resumerge.forward.compared.heads.head_figures`), so the figures are its figures. Where the parent's
     vocabulary differs (``vocab``: model 0 the scored models', 1 the parent's), each NLL is over the scored model's
     own vocabulary and the KL over the shared tokens, as check takes them."""
     count = len(streams) - (1 if parent else 0)

@@ -14,12 +14,12 @@ from typing import Any
 from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.texttasks import TextFigures, TextTask, result_entries, shared_texts
 from resumerge.config.locations import StateDir
-from resumerge.forward import Weights
-from resumerge.forward.batches import largest_batch
-from resumerge.forward.heads import head_step_bytes
-from resumerge.forward.opened import PassModel, open_for_pass
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.vocabs import SharedVocab
+from resumerge.forward.compared.heads import head_step_bytes
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.opening.opened import PassModel, open_for_pass
+from resumerge.forward.text.batches import largest_batch
+from resumerge.forward.text.vocabs import SharedVocab
 
 
 @dataclass(frozen=True)

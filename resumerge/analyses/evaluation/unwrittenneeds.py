@@ -2,8 +2,8 @@
 evaluation of a config asked for twice what it used).
 
 A stored model's step holds each tensor's float32 value and the largest one as read beside it
-(:func:`~resumerge.forward.reader.step_sizes`); a merge never written is read as each tensor's merge, whose working
-set (its inputs, its method's temporaries, its output) the merge's governor admits on its own
+(:func:`~resumerge.forward.engine.reader.step_sizes`); a merge never written is read as each tensor's merge, whose
+working set (its inputs, its method's temporaries, its output) the merge's governor admits on its own
 (:attr:`~resumerge.merge.engine.unwritten.UnwrittenMerge.merge_bytes`). The tensor "as read" *is* that merge's output:
 counting it in the step and again in the merge counted the largest tensor twice, and adding the largest merge of the
 whole model (the embeddings', the head's) to every step counted it beside steps that never merge it. So here:
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from resumerge.forward.needs import merged_steps
+from resumerge.forward.compared.needs import merged_steps
 
 if TYPE_CHECKING:
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
     from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 

@@ -4,10 +4,10 @@ while the texts' forward waits for it (about a fifth of the importance pass of t
 idle meanwhile). Read ahead, the merge of layer l + 1 runs beside layer l's forward.
 
 The values are those the pass's own thread would read: the same reads
-(:meth:`~resumerge.forward.stream.ModelStream.reads`), each merged by the run's code, its kernels' threads the count the
-pass's thread has (a merge's bits may depend on it), handed to :meth:`~resumerge.forward.stream.ModelStream.loaded` as
-its ``read``. Only where the pass declared room for it: its caller judges that its step holds a layer read ahead beside
-the one running (:func:`ahead_fits`).
+(:meth:`~resumerge.forward.engine.stream.ModelStream.reads`), each merged by the run's code, its kernels' threads the
+count the pass's thread has (a merge's bits may depend on it), handed to
+:meth:`~resumerge.forward.engine.stream.ModelStream.loaded` as its ``read``. Only where the pass declared room for it:
+its caller judges that its step holds a layer read ahead beside the one running (:func:`ahead_fits`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from resumerge.inputs.kernels import kernel_threads
 from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
 
 
 def ahead_fits(layer: int, largest_merge: int, merge: int) -> bool:
@@ -34,8 +34,8 @@ def ahead_fits(layer: int, largest_merge: int, merge: int) -> bool:
 
 class ReadAhead:
     """Each decoder layer of ``stream`` read on one worker thread (``pool``) while the one before it runs
-    (:meth:`start`, then :meth:`take`); a layer whose weights :meth:`~resumerge.forward.stream.ModelStream.reads` cannot
-    name is read as it loads (:meth:`take` gives None)."""
+    (:meth:`start`, then :meth:`take`); a layer whose weights :meth:`~resumerge.forward.engine.stream.ModelStream.reads`
+    cannot name is read as it loads (:meth:`take` gives None)."""
 
     def __init__(self, stream: ModelStream, pool: ThreadPoolExecutor) -> None:
         self.stream, self.pool = stream, pool
@@ -53,7 +53,8 @@ class ReadAhead:
 
     def take(self, index: int) -> Callable[[str], torch.Tensor] | None:
         """Layer ``index``'s weights read ahead, once each (the ``read`` of
-        :meth:`~resumerge.forward.stream.ModelStream.loaded`), once they are; None where they were not started."""
+        :meth:`~resumerge.forward.engine.stream.ModelStream.loaded`), once they are; None where they were not
+        started."""
         if self._pending is None or self._pending[0] != index:
             return None
         values = self._pending[1].result()

@@ -1,10 +1,10 @@
 """The importance matrix computed on a merge never written (``run --out-type gguf --imatrix-texts FILE``), as the
-forward driver runs a pass (:func:`resumerge.forward.driver.drive`): the merge read as the model it describes
+forward driver runs a pass (:func:`resumerge.forward.job.driver.drive`): the merge read as the model it describes
 (:class:`~resumerge.merge.engine.unwritten.UnwrittenMerge`: each tensor merged by ``run``'s code when read, dropped
 after), the texts run through it one decoder layer at a time (:mod:`.sums`), the sums journaled with the hidden
-states under the state dir, and the matrix written last as llama-imatrix writes it (:mod:`resumerge.forward.imatrix`),
-with the content key that made it beside it: the run's encoding reads it there, and a run killed anywhere after finds
-it.
+states under the state dir, and the matrix written last as llama-imatrix writes it
+(:mod:`resumerge.forward.sums.imatrix`), with the content key that made it beside it: the run's encoding reads it there,
+and a run killed anywhere after finds it.
 
 Its folder and answer are keyed by the merge's float plan, the tokens and the code's versions (a changed input or
 texts file: another key, computed again); each layer is admitted by the RAM governor under the run's budget."""
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 from resumerge.analyses.importance.ahead import ahead_fits, reading_ahead
 from resumerge.analyses.importance.sums import Found
-from resumerge.forward.driver import Fit, PassFolder, content_key, drive
-from resumerge.forward.imatrix import imatrix_file, named_entries, write_imatrix
-from resumerge.forward.layerpass import Reserve
+from resumerge.forward.job.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.sums.imatrix import imatrix_file, named_entries, write_imatrix
 from resumerge.machine.threadcount import THREADS_FILE
 from resumerge.merge.engine.unwritten import layer_of
 
 if TYPE_CHECKING:
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
     from resumerge.machine.torch_import import torch
     from resumerge.merge.engine.unwritten import UnwrittenMerge
 
@@ -90,7 +90,7 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
 
 def _layer_bytes(stream: ModelStream) -> int:
     """The most a decoder layer of ``stream`` holds: its float32 values, each the output of its merge."""
-    from resumerge.forward.reader import pass_bytes
+    from resumerge.forward.engine.reader import pass_bytes
 
     return pass_bytes(stream.formats, stream.layers, value_bytes=4, in_place=lambda name: True)
 
@@ -110,7 +110,7 @@ def pass_held(step: int, tokens: int, hidden: int) -> int:
 
 @dataclass(frozen=True)
 class _ImportanceJob:
-    """The pass as the driver runs it (:class:`~resumerge.forward.driver.PassJob`)."""
+    """The pass as the driver runs it (:class:`~resumerge.forward.job.driver.PassJob`)."""
 
     folder: PassFolder
     merge: UnwrittenMerge
@@ -144,8 +144,8 @@ class _ImportanceJob:
         before any weight is read); where the run's phase judged it already (``judged``: by ``plan``'s figures,
         before anything was written), the budget in force, unjudged again (the texts' tokens of GGUF inputs, which
         ``plan`` counts by their bytes, would make two refusals of one budget)."""
-        from resumerge.forward import Weights
-        from resumerge.forward.stream import ModelStream
+        from resumerge.forward.engine.reader import Weights
+        from resumerge.forward.engine.stream import ModelStream
         from resumerge.machine.memory import SystemProbe, budget_fitting, default_budget
         from resumerge.machine.torch_import import torch
 
@@ -168,10 +168,10 @@ class _ImportanceJob:
     def run(self, stream: ModelStream, reserve: Reserve) -> Found:
         """The texts through every layer, the sums journaled per layer (:class:`~.sums.SumStep`)."""
         from resumerge.analyses.importance.sums import SumStep
-        from resumerge.forward.batches import one_by_one
-        from resumerge.forward.handed import Held
-        from resumerge.forward.journal import Journal
-        from resumerge.forward.layerpass import LayerPass
+        from resumerge.forward.engine.handed import Held
+        from resumerge.forward.job.journal import Journal
+        from resumerge.forward.job.layerpass import LayerPass
+        from resumerge.forward.text.batches import one_by_one
         from resumerge.machine.torch_import import torch
 
         batches = one_by_one(self.tokens)  # each text alone: every position summed, no padding
@@ -201,10 +201,11 @@ class _ImportanceJob:
     def _step(self, stream: ModelStream) -> tuple[int, bool]:
         """The pass's largest step and whether it reads a layer ahead: each step's float32 values and the largest
         merge of its own tensors (the embeddings' of the rows the texts use, where they merge alone:
-        :func:`~resumerge.forward.needs.merged_steps`), and where the room a whole table's merge would take holds a
-        layer read ahead (:func:`~resumerge.analyses.importance.ahead.ahead_fits`, as before), that layer's step beside
-        it. What ``plan`` names of it is :func:`resumerge.api.importance.importance_cost`'s, from the plan alone."""
-        from resumerge.forward.needs import merged_steps
+        :func:`~resumerge.forward.compared.needs.merged_steps`), and where the room a whole table's merge would take
+        holds a layer read ahead (:func:`~resumerge.analyses.importance.ahead.ahead_fits`, as before), that layer's step
+        beside it. What ``plan`` names of it is :func:`resumerge.api.importance.importance_cost`'s, from the plan
+        alone."""
+        from resumerge.forward.compared.needs import merged_steps
 
         merge = self.merge
         steps = list(merged_steps(stream, merge, self.tokens).values())  # the embeddings', then each layer's

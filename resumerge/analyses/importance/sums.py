@@ -16,12 +16,12 @@ from contextlib import ExitStack
 from typing import Any
 
 from resumerge.analyses.importance.ahead import ReadAhead
-from resumerge.forward.batches import Hidden
-from resumerge.forward.journal import Restart
-from resumerge.forward.layerpass import Reserve, Step
-from resumerge.forward.routed import RoutedSums, fused_experts, routers
-from resumerge.forward.standins import LayerCall
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.standins import LayerCall
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.journal import Restart
+from resumerge.forward.job.layerpass import Reserve, Step
+from resumerge.forward.sums.routed import RoutedSums, fused_experts, routers
+from resumerge.forward.text.batches import Hidden
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.machine.torch_import import torch
 from resumerge.outputs.gguf.sensitivity import RERUN_TOKENS
@@ -38,7 +38,7 @@ Found = tuple[dict[str, "torch.Tensor"], dict[str, "torch.Tensor"], dict[str, "t
 class SumStep(Step[Found]):  # torch: imported when it runs
     """Each layer of ``stream`` run over the texts (``calls``: each text's layers' calls) with its linears' squared
     inputs summed, by checkpoint module name, and its fused experts' per expert
-    (:class:`~resumerge.forward.routed.RoutedSums`);
+    (:class:`~resumerge.forward.sums.routed.RoutedSums`);
     ``reserve`` admits each layer, ``on_layer(l)`` is told before it; ``ahead``: each layer's weights read (merged)
     while the one before it runs, where the pass has room for it; ``costs``: each dense linear's cost at every
     candidate GGUF type measured too, once the layer's texts ran (its sums whole), while its weights are held: its

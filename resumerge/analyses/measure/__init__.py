@@ -5,9 +5,9 @@ calibration texts, for the data-aware merges (``regmean``, ``regmean_plus``).
 forward engine's journaled layer pass (:mod:`resumerge.forward`) one decoder layer at a time; :mod:`.grams` records
 the Grams of a layer with hooks before its linears and journals the hidden states, so a killed measurement resumes
 at the layer it reached with the same bytes, each model a placement of the forward engine's own
-(:class:`~resumerge.forward.placement.Placement`) whose layers :class:`~.grams.GramWatch` records where they run;
-the executor's seats run each model's pass (:meth:`resumerge.forward.sites.Seats.each`: here one after another, on
-Ray side by side on the forward engine's actor, ``--executor ray``, what it declares in :mod:`.onray`), the Grams
+(:class:`~resumerge.forward.job.placement.Placement`) whose layers :class:`~.grams.GramWatch` records where they run;
+the executor's seats run each model's pass (:meth:`resumerge.forward.placing.sites.Seats.each`: here one after another,
+on Ray side by side on the forward engine's actor, ``--executor ray``, what it declares in :mod:`.onray`), the Grams
 written and journaled here alike; :mod:`.status` reads a measurement folder for
 ``resumerge status`` without importing torch. The files' format (names, ``measure.json``) is
 :mod:`resumerge.inputs.grams`, which the planner reads too. :func:`resumerge.api.measure` calls

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.batches import Batch, Hidden
-from resumerge.forward.handed import Held
-from resumerge.forward.journal import Journal, durable_save
-from resumerge.forward.layerpass import LayerPass, Reserve, Step, unreserved
-from resumerge.forward.placement import Placement, model_layer
-from resumerge.forward.standins import LayerCall
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.handed import Held
+from resumerge.forward.engine.standins import LayerCall
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.journal import Journal, durable_save
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step, unreserved
+from resumerge.forward.job.placement import Placement, model_layer
+from resumerge.forward.text.batches import Batch, Hidden
 from resumerge.inputs.grams import METADATA_KEY, layer_file
 from resumerge.machine.torch_import import torch
 
@@ -87,7 +87,7 @@ Grams: TypeAlias = "tuple[dict[str, torch.Tensor], dict[str, str]]"
 
 
 class GramWatch:
-    """The measurement's :class:`~resumerge.forward.placement.NodeWatch`: each model's layer run with its linears'
+    """The measurement's :class:`~resumerge.forward.job.placement.NodeWatch`: each model's layer run with its linears'
     inputs recorded, its Grams found as the layer ends, where it runs (this process, or the model's node on Ray,
     whose copy of this watch computes them there): the float32 Grams (the sums over ``tokens``, the real positions
     of the texts) by the linear holding each, and which linear holds each linear's Gram. The measurement's step
@@ -104,7 +104,7 @@ class GramWatch:
     def watching(self, stream: ModelStream, m: int, module: torch.nn.Module) -> Iterator[None]:
         """Model ``m``'s decoder layer ``module`` recorded while the block runs it (its weights read in the block:
         the hooks are on its modules, which keep them)."""
-        from resumerge.forward.routed import RoutedSums, fused_experts, routers
+        from resumerge.forward.sums.routed import RoutedSums, fused_experts, routers
 
         prefix = stream.prefix(module)
         linears = linears_of(module, prefix)
@@ -155,7 +155,7 @@ def measure_model(placement: Placement, watch: GramWatch, batches: list[Batch], 
     """Write the Gram file of each decoder layer of the one model ``placement`` runs (the ``index``-th measured
     model; its layers recorded by ``watch``, where they run) under ``out``, journaling the hidden states in
     ``journal`` and resuming after the last layer journaled there, on the one journaled layer pass
-    (:class:`~resumerge.forward.layerpass.LayerPass`, kill point ``after_measure_layer`` once a layer is durable).
+    (:class:`~resumerge.forward.job.layerpass.LayerPass`, kill point ``after_measure_layer`` once a layer is durable).
     ``on_layer(l)`` is told before layer l is read; the placement admits each layer's step. Nothing is done for a
     model whose last layer's file is there already: its pass had finished."""
     layers = placement.layers

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resumerge.forward.imatrix import imatrix_file, named_entries, pooled, write_imatrix
+from resumerge.forward.sums.imatrix import imatrix_file, named_entries, pooled, write_imatrix
 from resumerge.inputs.grams import Measurement
 from resumerge.outputs.gguf.imatrix import ImatrixEntry
 

@@ -1,12 +1,12 @@
 """``measure --executor ray``: each model's measured pass in a Ray actor of its own, the models side by side.
 
 The executor object places the pass (:class:`~resumerge.merge.engine.executors.PlacesPasses`), as it places a check's
-(:mod:`resumerge.forward.sites`: :meth:`~resumerge.forward.sites.Seats.each`): each model a placement of its own on the
-forward engine's one actor (:func:`~resumerge.forward.rayactor.ray_each`,
-:class:`~resumerge.forward.rayactor.ModelNode`), placed one per node where the cluster has the nodes and declaring
-the memory of its pass (:func:`actor_bytes`), so that a cluster that cannot hold them is refused before any weight is
-read (exit 2); each opens its model from its path (which every node must see; a hub model read by range from the
-node, its ranges' sha256 held to the driver's journal after each layer, as a check's nodes' are) and computes with
+(:mod:`resumerge.forward.placing.sites`: :meth:`~resumerge.forward.placing.sites.Seats.each`): each model a placement of
+its own on the forward engine's one actor (:func:`~resumerge.forward.placing.rayactor.ray_each`,
+:class:`~resumerge.forward.placing.modelnode.ModelNode`), placed one per node where the cluster has the nodes and
+declaring the memory of its pass (:func:`actor_bytes`), so that a cluster that cannot hold them is refused before any
+weight is read (exit 2); each opens its model from its path (which every node must see; a hub model read by range from
+the node, its ranges' sha256 held to the driver's journal after each layer, as a check's nodes' are) and computes with
 its node's share of CPUs. The driver (this process) runs each model's journaled layer pass in a thread of its own
 (:func:`~resumerge.analyses.measure.grams.measure_model`): per layer the actor runs the layer on the hidden states it
 holds (sent only where it holds none: the pass's first layer, a resumed one, a replacement actor) with its linears'

@@ -1,8 +1,8 @@
 """A measurement's passes, once every check is made (:mod:`.run`): each model's (or RegMean++'s merged one) on the
 forward engine's one journaled layer pass (:mod:`.grams`), journaled under the state dir (``measures/<key>``), each
 layer admitted by the RAM governor, a hub model's ranges held to the hub's checksums
-(:class:`~resumerge.forward.hubreads.PassReads`): on Ray, this process reads each range a node read too, so that each
-hub file the pass reads whole is proved against the hub's checksum here, as a local measurement proves it; then
+(:class:`~resumerge.forward.opening.hubreads.PassReads`): on Ray, this process reads each range a node read too, so that
+each hub file the pass reads whole is proved against the hub's checksum here, as a local measurement proves it; then
 ``measure.json`` with each file's sha256, written last."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resumerge.errors import UsageError
-from resumerge.forward.opened import PassModel
+from resumerge.forward.opening.opened import PassModel
 from resumerge.inputs.grams import (
     MANIFEST,
     METADATA_KEY,
@@ -33,13 +33,13 @@ from resumerge.inputs.safetensors_format import read_header
 
 if TYPE_CHECKING:
     from resumerge.analyses.measure.grams import GramWatch
-    from resumerge.forward.batches import Batch
-    from resumerge.forward.hubreads import PassReads
-    from resumerge.forward.layerpass import Reserve
-    from resumerge.forward.onray import Read
-    from resumerge.forward.placement import Placement
-    from resumerge.forward.sites import PassSite, Seats
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
+    from resumerge.forward.job.layerpass import Reserve
+    from resumerge.forward.job.placement import Placement
+    from resumerge.forward.opening.hubreads import PassReads
+    from resumerge.forward.placing.onray import Read
+    from resumerge.forward.placing.sites import PassSite, Seats
+    from resumerge.forward.text.batches import Batch
     from resumerge.machine.torch_import import torch
 
 JOURNAL = ".journal"  # where a measurement of an earlier version journaled, inside OUT_DIR (moved on resume)
@@ -67,8 +67,8 @@ def workdir_of(folder: Path, workdir: Path) -> Path:
 def stream_of(model: PassModel, key: str, device: str = "cpu") -> ModelStream:
     """``model``'s modules without weights, read in float32 as the pass runs (a hub model's by range), each layer
     run on ``device``."""
-    from resumerge.forward import Weights
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.reader import Weights
+    from resumerge.forward.engine.stream import ModelStream
     from resumerge.machine.torch_import import torch
 
     return ModelStream(Weights.of(model.opened.directory, model.opened.tensors, model.remote, model.reads),
@@ -92,9 +92,9 @@ class Measuring:
 
 @dataclass(frozen=True)
 class Placed:
-    """Where the executor placed a measurement's models: its ``site`` (:mod:`resumerge.forward.sites`) and their
+    """Where the executor placed a measurement's models: its ``site`` (:mod:`resumerge.forward.placing.sites`) and their
     ``seats`` there, each model's pass (``layers``: each model's decoder layers) a placement of its own
-    (:meth:`~resumerge.forward.sites.Seats.each`: one after another in this process, side by side on a Ray
+    (:meth:`~resumerge.forward.placing.sites.Seats.each`: one after another in this process, side by side on a Ray
     cluster's actors), each layer run on ``device`` there. The Grams are written and the hidden states journaled
     by this process alike, so the bytes are the same whichever ran them."""
 
@@ -110,13 +110,14 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
     """Every model's Grams into ``folder`` (journaled in ``workdir``; each layer run on ``placed.device``), then
     ``measure.json``; the measurement. ``placed``: where the models' passes run (:class:`Placed`); RegMean++'s
     merged pass (``merged``) runs here, every model's layer merged in one place."""
-    from resumerge.forward.batches import one_by_one
-    from resumerge.forward.hubreads import PassReads
+    from resumerge.forward.opening.hubreads import PassReads
+    from resumerge.forward.text.batches import one_by_one
     from resumerge.machine.durable import write_file_atomic
     from resumerge.machine.memory.allocator import tune_allocator
+    from resumerge.merge.store.ledger import Ledger
 
     batches = one_by_one(tokens)  # one sequence a batch: a Gram sums over every position it is given
-    reads = PassReads(workdir)
+    reads = PassReads(workdir, Ledger)
     # On Ray this process reads each byte the nodes read once, for its file's proof: it keeps none for a second read.
     models = placed.site.bind(reads, models, fresh=not (workdir / HIDDEN).exists())
     restore = tune_allocator()
@@ -148,15 +149,15 @@ def run_measurement(models: list[PassModel], keys: list[str], tokens: list[list[
 
 
 def _each(placed: Placed, measuring: Measuring, reserve: Reserve) -> list[MeasuredModel]:
-    """Each model measured on a placement of its own (:meth:`~resumerge.forward.sites.Seats.each`), its layers
+    """Each model measured on a placement of its own (:meth:`~resumerge.forward.placing.sites.Seats.each`), its layers
     recorded by a watch of its own where they run: in this process on ``placed.device``, each admitted by ``reserve``,
     reading the whole embedding table as the proof of its files wants it read; on a node, what it read of a hub file
     held to the journal and read here too, for its file's proof."""
     from contextlib import contextmanager
 
     from resumerge.analyses.measure.grams import GramWatch, tokens_of
-    from resumerge.forward.placement import Streams
-    from resumerge.forward.sites import EachModel
+    from resumerge.forward.job.placement import Streams
+    from resumerge.forward.placing.sites import EachModel
 
     m = measuring
     watches = [GramWatch(tokens_of(m.batches)) for _ in m.models]

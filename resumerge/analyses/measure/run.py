@@ -28,12 +28,12 @@ from resumerge.config.merge_config import MergeConfig, load_config_text, read_co
 from resumerge.config.modelref import ModelRef
 from resumerge.config.passplace import PassPlace
 from resumerge.errors import ConfigError, UsageError
-from resumerge.forward.device import PassDevice
-from resumerge.forward.driver import Fit, PassFolder, content_key, drive
-from resumerge.forward.layerpass import Reserve
-from resumerge.forward.opened import PassModel, open_for_pass, where_of
-from resumerge.forward.proof import RECORDS_NAME, Depends, PassProof, everything
-from resumerge.forward.sites import PassSite, site_of
+from resumerge.forward.engine.device import PassDevice
+from resumerge.forward.job.driver import Fit, PassFolder, content_key, drive
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.job.proof import RECORDS_NAME, Depends, PassProof, everything
+from resumerge.forward.opening.opened import PassModel, open_for_pass, where_of
+from resumerge.forward.placing.sites import PassSite, site_of
 from resumerge.inputs.grams import (
     LAYER_PREFIX,
     MANIFEST,
@@ -44,7 +44,7 @@ from resumerge.inputs.grams import (
 from resumerge.machine.threadcount import THREADS_FILE
 
 if TYPE_CHECKING:
-    from resumerge.forward.device import GpuBudget
+    from resumerge.forward.engine.device import GpuBudget
     from resumerge.inputs.grams import MeasuredModel
 
 # Keys of config.json that make a model a mixture of experts: its experts have no Grams (their importance
@@ -62,7 +62,7 @@ class MeasureReport:
     files: int
     tokens: int
     reused: bool
-    proof: str | None = None  # what proving the models' bytes found, in one line (resumerge.forward.proof)
+    proof: str | None = None  # what proving the models' bytes found, in one line (resumerge.forward.job.proof)
     imatrix: str | None = None  # --imatrix: where llama.cpp's importance matrix of the Grams was written
     imatrix_entries: int = 0  # and how many weights it names
 
@@ -74,11 +74,11 @@ def measure_grams(config: str | os.PathLike[str], out: str | os.PathLike[str], *
     """Measure the Grams of every model of ``config`` into ``out`` (see the module docstring); raises
     :class:`~resumerge.errors.InputError` subclasses (exit 2) before anything is written: a text longer than the
     models' context among them, unless ``cut_texts`` cuts it (the rule of ``check``:
-    :func:`~resumerge.forward.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
-    one opener: :mod:`resumerge.forward.opened`); ``settings`` (:class:`MeasureSettings`): the journal is kept
+    :func:`~resumerge.forward.text.texts.bounded`). A model may be a local folder, a hub repo or a GGUF file (the pass's
+    one opener: :mod:`resumerge.forward.opening.opened`); ``settings`` (:class:`MeasureSettings`): the journal is kept
     under its ``state`` (the state dir the API resolved), and each layer is admitted by the RAM governor under its
-    ``max_memory`` (and, on a GPU, its ``device``'s: :mod:`resumerge.forward.device`); its ``placement``: where the
-    executor placed the pass
+    ``max_memory`` (and, on a GPU, its ``device``'s: :mod:`resumerge.forward.engine.device`); its ``placement``: where
+    the executor placed the pass
     (:mod:`resumerge.config.passplace`): here, or each model's pass in an actor of its own on a Ray cluster
     (:mod:`.onray`), the models side by side, with the same bytes (not with a GPU here: refused, exit 2).
     ``imatrix``: the Grams also written there as llama.cpp's importance matrix (:mod:`.importance`), once measured
@@ -125,7 +125,7 @@ def _imatrix_archs(imatrix: str | os.PathLike[str] | None, out: str | os.PathLik
     or in a folder that does not exist."""
     if imatrix is None:
         return []
-    from resumerge.forward.imatrix import gguf_arch
+    from resumerge.forward.sums.imatrix import gguf_arch
 
     where = Path(imatrix).expanduser().resolve()
     if not where.parent.is_dir():
@@ -149,7 +149,7 @@ class MeasureSettings:
 
     @property
     def site(self) -> PassSite:
-        """Where the models run, as the measurement asks it (:mod:`resumerge.forward.sites`)."""
+        """Where the models run, as the measurement asks it (:mod:`resumerge.forward.placing.sites`)."""
         return site_of(self.placement)
 
 
@@ -167,7 +167,7 @@ class _Judged:
 
 @dataclass(frozen=True)
 class MeasureJob:
-    """A measurement as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): OUT_DIR is its folder
+    """A measurement as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): OUT_DIR is its folder
     (its ``measure.json`` the answer cache), each model's layer pass its steps (:mod:`.passes`), ``measure.json``
     written last. ``ahead``: its fit judged before its folder is locked (a pass writing into a folder of the
     user's writes nothing before it is judged)."""
@@ -323,8 +323,8 @@ def _opened(config: str | os.PathLike[str], texts: str | os.PathLike[str] | None
     """The config, its models opened (headers only), their keys and the texts' tokens, each within the models'
     context (cut to it where ``cut_texts``): every check before a weight is read. ``experts``: mixtures of
     experts taken (``--imatrix``: their experts' importance is measured, not their Grams)."""
-    from resumerge.forward.requires import Needs, require_transformers
-    from resumerge.forward.texts import context_of, load_tokenizer, sequences
+    from resumerge.forward.engine.requires import Needs, require_transformers
+    from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
 
     merge = load_config_text(read_config_file(config), source=os.fspath(config))
     refs = merge.referenced_models()
@@ -358,7 +358,7 @@ def _merged_pass(merge: MergeConfig) -> dict[str, object] | None:
 def _grams_depend(folder: Path, count: int) -> Depends:
     """What of its models' bytes a measurement in ``folder`` (of ``count`` models) depends on: of each model, the
     decoder layers whose Grams are written (and the tensors outside the layers, its embeddings, once one is)."""
-    from resumerge.forward.proof import layers_through
+    from resumerge.forward.job.proof import layers_through
 
     written = []
     for index in range(count):
@@ -375,7 +375,7 @@ def _count(measurement: Measurement) -> int:
 
 def _open(ref: ModelRef, state: StateDir, experts: bool = False) -> PassModel:
     """The model ``ref`` names, opened for its pass (headers only; a local folder, a hub repo, a GGUF file:
-    :func:`~resumerge.forward.opened.open_for_pass`); refuses adapters, and mixtures of experts unless
+    :func:`~resumerge.forward.opening.opened.open_for_pass`); refuses adapters, and mixtures of experts unless
     ``experts`` (``--imatrix``), in one line."""
     if ref.lora is not None:
         raise UsageError(f"{ref.key}: measure runs whole models, not a base+adapter reference",
@@ -438,8 +438,8 @@ def _passes(models: list[PassModel], keys: list[str], tokens: list[list[int]]) -
 
 def _held(models: list[PassModel], tokens: list[list[int]]) -> int:
     """What this process holds before the pass, as ``measure --plan`` and ``measure`` of these models over these
-    tokens both name it (check's :func:`~resumerge.forward.needs.settled_held`)."""
-    from resumerge.forward.needs import settled_held
+    tokens both name it (check's :func:`~resumerge.forward.compared.needs.settled_held`)."""
+    from resumerge.forward.compared.needs import settled_held
 
     return settled_held("measure", [str(m.path) for m in models], tokens)
 
@@ -448,8 +448,8 @@ def _pass_peak(stream: object, tokens: list[list[int]], *, states: bool = True) 
     """The bytes a model's pass holds at its largest step: the hidden states in and out (not with ``states``
     False: what a step of it reserves, the states being held already), the largest layer in float32 and a layer's
     float64 sums (four distinct inputs, the widest squared)."""
-    from resumerge.forward.reader import pass_bytes
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.reader import pass_bytes
+    from resumerge.forward.engine.stream import ModelStream
 
     assert isinstance(stream, ModelStream)
     config = stream.config

@@ -46,7 +46,7 @@ class StreamedFile:
     """A hub weight file read by range, as another machine (a cluster node) needs to find it: input ``model``'s
     ``file`` of ``repo_id`` at the pinned ``commit``, its size, and the hub's ``endpoint``. No token: whoever reads
     it uses its own. ``agent``: what its clients add to the user agent unless told otherwise (a check's actor names
-    its node, as a merge's node does: :mod:`resumerge.forward.rayactor`)."""
+    its node, as a merge's node does: :mod:`resumerge.forward.placing.rayactor`)."""
 
     model: str
     file: str

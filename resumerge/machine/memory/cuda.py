@@ -23,7 +23,7 @@ GPU_FRACTION = 0.85
 def normalise_device(text: str) -> str:
     """Canonical device text: ``cpu``, or ``cuda:N`` (``cuda`` means ``cuda:0``; ``auto`` the first GPU when
     torch sees one, else ``cpu``). The one reading of ``--device``: a merge's (:mod:`resumerge.merge.engine.devices`)
-    and a forward pass's (:mod:`resumerge.forward.device`).
+    and a forward pass's (:mod:`resumerge.forward.engine.device`).
 
     Raises :class:`UsageError` for anything else (``mps``, ``cuda:x``, ...).
     """

@@ -65,7 +65,7 @@ class PlacesPasses(Protocol):
 
     def place_pass(self) -> PassPlace:
         """Where a forward pass runs on this executor (:class:`~resumerge.config.passplace.PassPlace`, named as the
-        executor is: its site, :data:`resumerge.forward.sites.SITES`, runs it). Raises
+        executor is: its site, :data:`resumerge.forward.placing.sites.SITES`, runs it). Raises
         :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import UsageError
-from resumerge.forward.passes import padded_positions
-from resumerge.forward.texts import context_of, load_tokenizer, sequences
+from resumerge.forward.compared.passes import padded_positions
+from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
 from resumerge.machine.memory.sizes import format_size
 from resumerge.runs.evolve.spec import EvolveSpec
 
 if TYPE_CHECKING:
-    from resumerge.forward.stream import ModelStream
+    from resumerge.forward.engine.stream import ModelStream
     from resumerge.merge.engine.unwritten import Population
     from resumerge.runs.evolve.generation import TaskTexts
 
@@ -64,7 +64,7 @@ def pass_steps(population: Population, candidates: Sequence[ModelStream], parent
     (:meth:`~resumerge.merge.engine.unwritten.Population.holds`); ``heads``, that and
     one candidate's head step (as check's); ``parent`` and ``parent heads``, a kl task's parent's largest layer and
     head step. Reads no weight."""
-    from resumerge.forward.needs import step_bytes
+    from resumerge.forward.compared.needs import step_bytes
 
     merge = population.holds(popsize=1, hidden_bytes=0)  # as the pass holds it: shared where that is enabled
     own = step_bytes(candidates[:1], [s for t in texts for s in t.sequences])

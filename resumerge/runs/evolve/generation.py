@@ -4,10 +4,10 @@ candidates run every task's texts; a parent runs only the texts of the tasks tha
 batched on their own (as a pass over that task alone batches them), so every sequence's hidden states are the same
 numbers as in a pass over its task alone, and a candidate's figures are those of its written merge.
 
-The pass is the one journaled layer pass (:class:`~resumerge.forward.layerpass.LayerPass`): its hidden states, one
+The pass is the one journaled layer pass (:class:`~resumerge.forward.job.layerpass.LayerPass`): its hidden states, one
 tensor per model and batch, are journaled after each layer as one list (the models' batches one after another: a
 parent holds fewer batches than a candidate), so that a killed pass resumes at the layer it reached. Each step is
-admitted by the pass's ``reserve`` (:class:`~resumerge.forward.admission.Admission`): ``candidate`` (one
+admitted by the pass's ``reserve`` (:class:`~resumerge.forward.job.admission.Admission`): ``candidate`` (one
 candidate's layer merged and run, beside the parents' layer kept for every candidate), ``parent`` (a parent's
 layer), ``heads`` (one candidate's head and one batch's logits), ``parent heads``.
 
@@ -16,7 +16,7 @@ disk (float32, as computed), then each candidate's head over every task's texts,
 sequence by sequence: one candidate's head is held at a time, never the population's.
 
 A ``kl`` task whose parent's vocabulary differs from the candidates' (check's rule,
-:mod:`resumerge.forward.vocabs`: its :class:`~resumerge.forward.vocabs.SharedVocab`, the candidates
+:mod:`resumerge.forward.text.vocabs`: its :class:`~resumerge.forward.text.vocabs.SharedVocab`, the candidates
 model 0, the parent 1) is measured as ``eval`` measures it: each model reads the task's texts as its own ids of the
 same tokens, the candidates' NLL targets are their own ids, and the KL is over the shared tokens, each model's
 log-probabilities renormalised over them (the parent's kept so on disk)."""
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from resumerge.forward.batches import Batch, Hidden, batches_of, padded
-from resumerge.forward.handed import Held
-from resumerge.forward.heads import kl_at, logprobs, nll_sum, shared, targets_of
-from resumerge.forward.layerpass import Reserve, Step
-from resumerge.forward.placement import batched_on, model_layer
-from resumerge.forward.standins import LayerCall
-from resumerge.forward.stream import ModelStream
-from resumerge.forward.vocabs import SharedVocab, own_batches
+from resumerge.forward.compared.heads import kl_at, logprobs, nll_sum, shared, targets_of
+from resumerge.forward.engine.handed import Held
+from resumerge.forward.engine.standins import LayerCall
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.layerpass import Reserve, Step
+from resumerge.forward.job.placement import batched_on, model_layer
+from resumerge.forward.text.batches import Batch, Hidden, batches_of, padded
+from resumerge.forward.text.vocabs import SharedVocab, own_batches
 from resumerge.machine.torch_import import torch
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Batches:
 
     @classmethod
     def of(cls, texts: Sequence[TaskTexts], alone: bool = False) -> Batches:
-        """Each task's sequences in batches (:func:`~resumerge.forward.batches.batches_of`), or each one a batch
+        """Each task's sequences in batches (:func:`~resumerge.forward.text.batches.batches_of`), or each one a batch
         of its own (``alone``: a family whose first layer cannot run a padded batch)."""
         groups = [[[i] for i in range(len(t.sequences))] if alone else batches_of(t.sequences) for t in texts]
         found: list[Batch] = []
@@ -86,7 +86,7 @@ class Batches:
 
 
 class GenerationPass(Step[list[dict[str, float]]]):
-    """The pass's :class:`~resumerge.forward.layerpass.Step` over ``candidates`` (the population's, in order) and
+    """The pass's :class:`~resumerge.forward.job.layerpass.Step` over ``candidates`` (the population's, in order) and
     ``parents`` (each kl task's parent, once), for the tasks ``texts``; ``reserve`` admits each step, ``on_layer``
     is told as each layer starts, ``scratch`` is where the parents' log-probabilities wait. :meth:`finish` gives
     each candidate's figure per task (``kl``: KL(parent ‖ candidate) per predicted token, ``nll``: its NLL per

@@ -11,11 +11,11 @@ last file), and :meth:`LayerCache.run_path` starts a candidate from the cached l
 running only the layers after it: a candidate repeating layers i..j−1 of N costs N − i layers (with a stride of one)
 instead of N + (j − i). Each layer of the path runs with its source layer's own call (its mask, its positions: a sliding
 layer stays sliding wherever it lands, as the written config says), on the texts' batches as every pass batches them
-(:mod:`resumerge.forward.batches`). A path's entry may also be a :class:`Borrowed` layer: the layer of that number of
-another model of the base's family (its weights read from that model) or of the base, its output projections scaled, as
-a passthrough slice with mergekit's filtered ``scale`` writes it (:func:`scale_parameter`). A family whose layers hand
-values on to later layers (:mod:`resumerge.forward.handed`: GLM-5's shared indexer) is refused: a repeated layer would
-hand them to the wrong one."""
+(:mod:`resumerge.forward.text.batches`). A path's entry may also be a :class:`Borrowed` layer: the layer of that number
+of another model of the base's family (its weights read from that model) or of the base, its output projections scaled,
+as a passthrough slice with mergekit's filtered ``scale`` writes it (:func:`scale_parameter`). A family whose layers
+hand values on to later layers (:mod:`resumerge.forward.engine.handed`: GLM-5's shared indexer) is refused: a repeated
+layer would hand them to the wrong one."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.batches import Batch
-from resumerge.forward.handed import hands_on
-from resumerge.forward.journal import durable_save, latest
-from resumerge.forward.layerpass import Reserve
-from resumerge.forward.reader import CastReader
-from resumerge.forward.standins import LayerCall
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.handed import hands_on
+from resumerge.forward.engine.reader import CastReader
+from resumerge.forward.engine.standins import LayerCall
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.journal import durable_save, latest
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.text.batches import Batch
 from resumerge.machine.killpoints import reach
 from resumerge.machine.torch_import import torch
 

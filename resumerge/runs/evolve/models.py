@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
-from resumerge.forward.opened import open_for_pass
-from resumerge.forward.vocabs import model_rows
+from resumerge.forward.opening.opened import open_for_pass
+from resumerge.forward.text.vocabs import model_rows
 from resumerge.runs.evolve.spec import EvolveSpec
 
 

@@ -9,7 +9,7 @@ token of the texts. The texts are one per line, tokenized as ``check --prompts``
 cut to the models' context. A parent of another vocabulary (a ``tokenizer_source: union`` candidate's parent, a
 fine-tune with added tokens, a tokenizer that numbers the tokens otherwise) is compared as ``eval`` compares it: over
 the tokens both hold, each model's log-probabilities renormalised over them (check's rule,
-:mod:`resumerge.forward.vocabs`)."""
+:mod:`resumerge.forward.text.vocabs`)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from resumerge.analyses.evaluation.textpass import score_texts
 from resumerge.analyses.evaluation.texttasks import TextTask, shared_texts
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.forward.opened import open_for_pass
-from resumerge.forward.passes import streams_of
-from resumerge.forward.tokens import Texts
+from resumerge.forward.compared.passes import streams_of
+from resumerge.forward.opening.opened import open_for_pass
+from resumerge.forward.text.tokens import Texts
 from resumerge.runs.evolve.spec import Task
 
 

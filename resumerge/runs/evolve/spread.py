@@ -5,9 +5,10 @@ even as can be), and each group is scored on its node by the search's own scorer
 group's own (:class:`SpreadOverNodes` wraps any :class:`~resumerge.runs.evolve.objective.ScoresGeneration`): for the
 streamed pass, that node reads the parents' layers once for its group and merges and runs each of its candidates'
 layers; for lm-eval tasks, its candidates are evaluated there. The group is a pass's object on its node
-(:class:`NodeScores`), placed, made and ended as a pass's model actors are (:func:`~resumerge.forward.onray.places`,
-:func:`~resumerge.forward.onray.on_place`: one Ray actor class, the kept workers' host, for every pass). A node's
-actor journals each candidate's figures into
+(:class:`NodeScores`), placed, made and ended as a pass's model actors are
+(:func:`~resumerge.forward.placing.onray.places`,
+:func:`~resumerge.forward.placing.onray.on_place`: one Ray actor class, the kept workers' host, for every pass). A
+node's actor journals each candidate's figures into
 STORAGE as it scores it (STORAGE on a path every node sees, as OUT for a merge on Ray), so a search killed anywhere
 resumes, on Ray or locally; the driver then records the figures it was sent (the same bytes). A candidate's figures
 are its own whichever group it was in (each candidate runs on its own hidden states), and each node's torch
@@ -34,7 +35,7 @@ from resumerge.runs.evolve import storage
 from resumerge.runs.evolve.objective import ScoresGeneration
 
 if TYPE_CHECKING:
-    from resumerge.forward.onray import Place
+    from resumerge.forward.placing.onray import Place
 
 _HINT = "check the cluster's nodes, then run the search again: it resumes with the candidates journaled"
 
@@ -65,8 +66,8 @@ def group_folder(store: Path, generation: int, group: Sequence[int]) -> Path:
 
 class NodeScores:
     """A node's group of candidates as its actor scores them (made there by
-    :func:`~resumerge.forward.onray.on_place`, as a pass's model actors are): the search's scorer ``make`` working
-    in the group's folder (:func:`group_folder`) under STORAGE ``store``, torch on ``threads`` threads."""
+    :func:`~resumerge.forward.placing.onray.on_place`, as a pass's model actors are): the search's scorer ``make``
+    working in the group's folder (:func:`group_folder`) under STORAGE ``store``, torch on ``threads`` threads."""
 
     def __init__(self, make: ScorerAt, store: Path, threads: int) -> None:
         # Applied around each call, on the thread that runs it, as a model's actor applies the pass's count
@@ -109,7 +110,7 @@ class SpreadOverNodes:
     def score(self, generation: int, configs: Sequence[Mapping[str, Any]],
               done: Callable[[int], dict[str, float] | None],
               record: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
-        from resumerge.forward.onray import Lost, end_actors, got, kept_hosts, on_place
+        from resumerge.forward.placing.onray import Lost, end_actors, got, kept_hosts, on_place
         from resumerge.machine.rayconnect import join
 
         found = {i: done(i) for i in range(len(configs))}
@@ -146,8 +147,8 @@ class SpreadOverNodes:
 def node_places(nodes: Sequence[dict[str, Any]], pending: int) -> list[Place]:
     """Where a generation's ``pending`` candidates are scored: one group per alive node with CPUs (``ray.nodes()``),
     most CPUs first, as many as there are candidates at most, each taking all its node's CPUs
-    (:func:`~resumerge.forward.onray.places`, which refuses a cluster with none, exit 2)."""
-    from resumerge.forward.onray import places
+    (:func:`~resumerge.forward.placing.onray.places`, which refuses a cluster with none, exit 2)."""
+    from resumerge.forward.placing.onray import places
 
     with_cpus = sum(1 for n in nodes if n.get("Alive") and n["Resources"].get("CPU", 0) > 0)
     return places(nodes, [0] * max(1, min(with_cpus, pending)), what="search")

@@ -120,7 +120,7 @@ def locked(storage: Path, command: str) -> JobLock:
     streamed pass deleting the other's layer files), so the second is refused (exit 4) naming the first
     (``command``: what the holder runs)."""
     # Imported here: `status` reads this module, and the forward package's first import pulls in every input codec.
-    from resumerge.forward.folder import pass_lock
+    from resumerge.forward.job.folder import pass_lock
 
     return pass_lock(storage, f"the search in {storage}", command, name=LOCK,
                      hint="wait for it to finish, or stop it (run again, it resumes at the candidate it reached)")

@@ -9,9 +9,9 @@ its NLL per predicted token.
 What it holds: the parents' layer (kept for every candidate inside the layer's block, with what its method computes
 from the inputs alone: the task vectors, computed once for every candidate; not kept where the budget cannot hold
 them), one candidate's layer while it runs, and every model's hidden states; each step admitted by the RAM governor
-(:class:`~resumerge.forward.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
+(:class:`~resumerge.forward.job.admission.Admission`), the pass refused up front (exit 2, naming the budget that fits)
 where its largest step beside the hidden states cannot fit ``--max-memory``. The pass is a job of the one pass
-driver (:class:`GenerationJob`, :func:`~resumerge.forward.driver.drive`): its lock, proof, fit, admission and
+driver (:class:`GenerationJob`, :func:`~resumerge.forward.job.driver.drive`): its lock, proof, fit, admission and
 Ctrl-C's line (the layers journaled, the search's command) are the driver's, as ``check``'s are."""
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.forward import Weights
-from resumerge.forward.driver import Fit, PassFolder, drive
-from resumerge.forward.journal import Journal, latest
-from resumerge.forward.layerpass import LayerPass, Reserve
-from resumerge.forward.opened import PassModel, open_for_pass
-from resumerge.forward.proof import JournalProof, merge_inputs
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.reader import Weights
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import Fit, PassFolder, drive
+from resumerge.forward.job.journal import Journal, latest
+from resumerge.forward.job.layerpass import LayerPass, Reserve
+from resumerge.forward.job.proof import JournalProof, merge_inputs
+from resumerge.forward.opening.opened import PassModel, open_for_pass
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.memory.allocator import malloc_trim, tune_allocator
 from resumerge.machine.torch_import import torch
@@ -139,7 +139,7 @@ class _Ready:
 
 @dataclass(frozen=True)
 class GenerationJob:
-    """A generation's streamed pass as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its
+    """A generation's streamed pass as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): its
     models the ``population``'s candidates and the kl tasks' ``parents``, its texts every task's; no answer cache
     (each candidate's figures are recorded in STORAGE as the pass ends, and a pass runs only for candidates
     without: :meth:`StreamedCandidates.score`); its proof the parents' and the candidates' inputs' bytes its

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.config.locations import StateDir
-from resumerge.forward.opened import open_for_pass
-from resumerge.forward.vocabs import model_rows, same_vocabularies
+from resumerge.forward.opening.opened import open_for_pass
+from resumerge.forward.text.vocabs import model_rows, same_vocabularies
 from resumerge.runs.evolve.genome import tokenizer_model
 from resumerge.runs.evolve.scoring import task_texts
 from resumerge.runs.evolve.spec import EvolveSpec

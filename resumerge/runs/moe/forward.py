@@ -17,10 +17,10 @@ the pass sees the values ``--dequantize`` would write.
 
 The pass runs on the layer-streamed forward engine (:mod:`resumerge.forward`), the one ``resumerge check`` runs
 on, a job of its one pass driver like ``check`` and ``measure`` (:class:`GatesJob`, handed to
-:func:`~resumerge.forward.driver.drive`): its embeddings and each decoder layer admitted by the RAM governor under
-the share of the budget its process is given (:class:`~resumerge.forward.admission.Admission`). This module adds
+:func:`~resumerge.forward.job.driver.drive`): its embeddings and each decoder layer admitted by the RAM governor under
+the share of the budget its process is given (:class:`~resumerge.forward.job.admission.Admission`). This module adds
 the prompt sets' vectors, the journal's layout and the routers. The base's layers run where the pass's
-:class:`~resumerge.forward.placement.Placement` runs them: in this process (:class:`InThisProcess`,
+:class:`~resumerge.forward.job.placement.Placement` runs them: in this process (:class:`InThisProcess`,
 :func:`hidden_routers`), or where the run's executor places them (:class:`Placed`, :func:`placed_routers`: an
 actor on a Ray node); the step, its journal and its routers are the same either way, so a pass killed in one place
 resumes in the other with the same bytes.
@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resumerge.errors import InputError
-from resumerge.forward import Weights, durable_save, pass_bytes
-from resumerge.forward.batches import Hidden
-from resumerge.forward.driver import Fit, PassFolder, drive
-from resumerge.forward.journal import Journal
-from resumerge.forward.layerpass import LayerPass, Reserve, Step
-from resumerge.forward.opened import PassModel
-from resumerge.forward.placement import Placement, Places, Streams
-from resumerge.forward.requires import require_transformers
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.reader import Weights, pass_bytes
+from resumerge.forward.engine.requires import require_transformers
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import Fit, PassFolder, drive
+from resumerge.forward.job.journal import Journal, durable_save
+from resumerge.forward.job.layerpass import LayerPass, Reserve, Step
+from resumerge.forward.job.placement import Placement, Places, Streams
+from resumerge.forward.opening.opened import PassModel
+from resumerge.forward.text.batches import Hidden
 from resumerge.machine.memory import SystemProbe
 from resumerge.machine.threadcount import THREADS_FILE
 from resumerge.machine.torch_import import torch
@@ -69,7 +69,7 @@ ExpertSets = Sequence[tuple[Encoded, Encoded | None]]
 @dataclass(frozen=True)
 class Ready:
     """What the pass's checks built: the base's modules without weights (config and model, as the forward engine
-    builds them: :func:`resumerge.forward.stream.build_modules`) and every gated expert's encoded prompt sets."""
+    builds them: :func:`resumerge.forward.engine.built.build_modules`) and every gated expert's encoded prompt sets."""
 
     config: Any
     model: Any
@@ -83,7 +83,7 @@ def pass_checks(directory: Path, tokenizer_dir: Path, mode: str,
     ``plan``'s probe of the pass and the run's pass both call this one function (:mod:`.passmain`), and the run
     waits for it before the merge writes anything, so what ``plan`` refuses here ``run`` refuses before its first
     weight (raises InputError subclasses)."""
-    from resumerge.forward.stream import build_modules
+    from resumerge.forward.engine.built import build_modules
     from resumerge.runs.moe.prompts import encode, load_tokenizer
 
     transformers = require_transformers(gate_needs(mode))
@@ -205,7 +205,7 @@ def gates_folder(workdir: Path, locks: Path | None) -> PassFolder:
 
 @dataclass(frozen=True)
 class GatesJob:
-    """The gates' pass as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): its routers are its
+    """The gates' pass as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): its routers are its
     answer cache; its steps the base's embeddings, then :class:`_GateStep` over the layers from its journal in
     ``workdir`` (every prompt set a batch), the base where ``site`` runs it; the routers written after the last
     layer. Under the pass's lock (``folder``: one process at a time journals in ``workdir``, else one run's

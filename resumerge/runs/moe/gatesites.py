@@ -2,7 +2,7 @@
 (:meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`, :mod:`resumerge.config.passplace`):
 :class:`StartsGates` starts it. :class:`InItsProcess`: the prompt work's own process on this machine, beside the merge
 where the budget holds both (where the executor's site runs a pass in its own process:
-:meth:`~resumerge.forward.sites.PassSite.places` gives None); :class:`PlacedBy`: the base's layers where the
+:meth:`~resumerge.forward.placing.sites.PassSite.places` gives None); :class:`PlacedBy`: the base's layers where the
 executor's site places them (an actor per model on a Ray cluster), this process driving the pass before the merge.
 A new executor needs nothing here: its site says which.
 
@@ -23,7 +23,7 @@ from resumerge.runs.moe.routers import Encoded, RouterSources
 
 if TYPE_CHECKING:
     from resumerge.config.settings import RunSettings
-    from resumerge.forward.placement import Places
+    from resumerge.forward.job.placement import Places
     from resumerge.inputs.model import ModelInput
 
 
@@ -98,7 +98,7 @@ class PlacedBy:
     def start(self, gates: GatesPass, settings: RunSettings, *, beside: bool,
               early: PassProcess | None) -> HiddenPass:
         """The pass driven to its end (:func:`~resumerge.runs.moe.forward.placed_routers`)."""
-        from resumerge.forward.opened import PassModel
+        from resumerge.forward.opening.opened import PassModel
         from resumerge.runs.moe.forward import placed_routers
 
         config, base = gates.config, gates.base

@@ -34,7 +34,7 @@ from resumerge.errors import InputError, ResumergeError
 from resumerge.inputs.files import TOKENIZER_FILES
 
 if TYPE_CHECKING:  # the forward engine is the prompt pass's process's, never imported by the run's up front
-    from resumerge.forward.requires import Needs
+    from resumerge.forward.engine.requires import Needs
 
 HIDDEN_MODES = frozenset({"hidden", "hidden_avg", "hidden_last"})
 # The line the pass's process writes once it has made every check it makes before its first weight (then the run's
@@ -53,7 +53,7 @@ PromptSets = Sequence[tuple[Sequence[str], Sequence[str] | None]]
 def gate_needs(gate_mode: str) -> Needs:
     """How the hidden-state gate modes' refusals read when transformers is missing or broken (the YAML path
     ``gate_mode``, the modes that need no transformers named)."""
-    from resumerge.forward.requires import Needs
+    from resumerge.forward.engine.requires import Needs
 
     instead = ", or use gate_mode random or uniform_random"
     return Needs(f"gate_mode {gate_mode}", missing=" to read the prompts", hint=f"{INSTALL_HINT}{instead}",
@@ -64,11 +64,11 @@ def gate_needs(gate_mode: str) -> Needs:
 
 def transformers_usable(gate_mode: str) -> None:
     """Raise :class:`InputError` (exit 2), before anything is written, when transformers is not installed (naming
-    the install command: :func:`~resumerge.forward.requires.require_transformers`) or is installed with a
+    the install command: :func:`~resumerge.forward.engine.requires.require_transformers`) or is installed with a
     requirement of its own unmet (naming both versions: such a transformers fails to import). Read from the
     installed metadata, without importing transformers; the child checks its import again and reports any other
     ImportError as it is."""
-    from resumerge.forward.requires import require_transformers
+    from resumerge.forward.engine.requires import require_transformers
 
     require_transformers(gate_needs(gate_mode), load=False)
     unmet = unmet_requirement("transformers")

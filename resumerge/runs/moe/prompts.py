@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from resumerge.errors import InputError
-from resumerge.forward.requires import require_transformers
-from resumerge.forward.texts import tokenizer_at
+from resumerge.forward.engine.requires import require_transformers
+from resumerge.forward.text.texts import tokenizer_at
 from resumerge.runs.moe.passproc import gate_needs
 from resumerge.runs.moe.routers import Encoded
 

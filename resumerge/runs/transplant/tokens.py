@@ -3,8 +3,8 @@ by prefix, or approximated — mergekit-tokensurgeon 0.1.5's rules where the two
 once at planning from the two tokenizers.
 
 Tokens are one when they stand for the same bytes, read as ``check`` reads them
-(:func:`resumerge.forward.vocabs.spelled`: GPT-2's byte map, SentencePiece's ``▁`` and ``<0xNN>``, an added token by
-its content), or when they fill the same special role. 0.1.5 matches token *strings* (normalized, below), which
+(:func:`resumerge.forward.text.vocabs.spelled`: GPT-2's byte map, SentencePiece's ``▁`` and ``<0xNN>``, an added token
+by its content), or when they fill the same special role. 0.1.5 matches token *strings* (normalized, below), which
 across tokenizer families is wrong both ways: a byte-level ``Ã©`` and a SentencePiece ``é`` (or ``ĠĠ`` and
 ``▁▁``, or ``Ċ`` and ``<0x0A>``) are one token it approximates, and a byte-level ``¡`` (the byte A1) or ``Ċ`` (a
 newline) is another token than a SentencePiece ``¡`` (C2 A1) or ``Ċ`` (C4 8A), whose row it copies. Each matrix's
@@ -16,7 +16,7 @@ normalize alike is an output row at all): a word-start prefix (``Ġ`` for GPT-2 
 SentencePiece ones unless ``Ġhello`` is in the vocabulary, ``Ġ`` for any other class) becomes a marker, and a
 token equal to a value of the tokenizer's ``special_tokens_map`` becomes its role, so MODEL's ``</s>`` and DONOR's
 ``<|endoftext|>`` match as ``eos_token``. A byte match (``--byte-match``) takes MODEL's ``<0xNN>`` for a
-one-character token (and the reverse; ``<0xNN>`` read by :func:`resumerge.forward.vocabs.byte_token`) where no
+one-character token (and the reverse; ``<0xNN>`` read by :func:`resumerge.forward.text.vocabs.byte_token`) where no
 token of the same bytes is MODEL's; a prefix match (``--prefix-match``) MODEL's token of the longest proper prefix
 of the token's bytes, cut where its characters are (special tokens never, stopping at an all-whitespace one).
 
@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
-from resumerge.forward.vocabs import (
+from resumerge.forward.text.vocabs import (
     Spelled,
     Spelling,
     byte_token,
@@ -60,7 +60,7 @@ _SP_STYLE = ("LlamaTokenizer", "LlamaTokenizerFast", "T5Tokenizer", "T5Tokenizer
 @dataclass(frozen=True)
 class Vocabulary:
     """One tokenizer's normalized vocabulary (token -> id, by id, the last id of tokens that normalize alike kept),
-    its tokens by the bytes they stand for (``check``'s reading, :func:`~resumerge.forward.vocabs.spelled`), how it
+    its tokens by the bytes they stand for (``check``'s reading, :func:`~resumerge.forward.text.vocabs.spelled`), how it
     writes bytes, and the tokenizer itself (for subword pieces)."""
 
     ids: Mapping[Normalized, int]
@@ -167,12 +167,12 @@ def direct_vocabulary(directory: Path) -> Vocabulary | None:
     (:data:`_DIRECT_CLASSES`). Transformers is used instead where: there is no tokenizer.json or
     tokenizer_config.json; the class is another (its rebuild may change the pipeline or add tokens: Llama's and
     GPT-2's set their own pre-tokenizer and decoder); the config has a key that may change the tokens (anything
-    but :data:`~resumerge.forward.plaintok._INERT`'s) or extra special tokens (a mapping of them makes more roles);
+    but :data:`~resumerge.forward.text.plaintok._INERT`'s) or extra special tokens (a mapping of them makes more roles);
     a special token the configs or the class's defaults name is not an added special token of tokenizer.json with
     the settings transformers gives it (it would add it: another token, another id), or special_tokens_map.json
     names another; tokenizer.json sets padding or truncation. Over 100,000 tokens transformers may patch a Mistral
     model's pre-tokenizer regex: a ``Split`` step, which no byte form reads (:func:`spelling_of`)."""
-    from resumerge.forward.plaintok import _INERT, NAMED_TOKENS, PlainTokenizer, _special, _specials, json_object
+    from resumerge.forward.text.plaintok import _INERT, NAMED_TOKENS, PlainTokenizer, _special, _specials, json_object
 
     config = json_object(directory / "tokenizer_config.json")
     if config is None or not set(config) <= _INERT:

@@ -4,7 +4,7 @@ method code when its bytes are asked for, and dropped once handed over.
 :class:`MergedFiles` is an :class:`~resumerge.inputs.source.InputSource` (the seam every reader of a model's bytes
 goes through) over the files of :meth:`~resumerge.merge.plan.merge_plan.Plan.shard_layout`: a read of the byte range
 where the plan puts a stored tensor returns what ``run`` would have written there, so a reader of those files (the
-forward pass's :class:`~resumerge.forward.reader.CastReader`, a recipe's next stage) reads the merge exactly as
+forward pass's :class:`~resumerge.forward.engine.reader.CastReader`, a recipe's next stage) reads the merge exactly as
 it would read it stored. An output tensor stored as several parts (a quantized output's codes and scales) is
 computed once: the parts not asked for yet wait for their read, until another tensor is computed.
 """

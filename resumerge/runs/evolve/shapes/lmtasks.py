@@ -19,8 +19,8 @@ from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.tails import tail_answers
 from resumerge.analyses.evaluation.tasks import TaskIndex
 from resumerge.errors import UsageError
-from resumerge.forward.opened import PassModel
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.opening.opened import PassModel
 from resumerge.machine.torch_import import torch
 from resumerge.runs.evolve.lmeval import metric_of
 from resumerge.runs.evolve.spec import Task

@@ -24,15 +24,14 @@ from resumerge.analyses.evaluation.settings import EvalSettings
 from resumerge.analyses.evaluation.tasks import TaskIndex
 from resumerge.config.locations import StateDir
 from resumerge.errors import UsageError
-from resumerge.forward import Weights
-from resumerge.forward.batches import Batch, batches_of, padded
-from resumerge.forward.driver import Fit, PassFolder
-from resumerge.forward.heads import head_step_bytes, kl_at, logprobs, nll_sum
-from resumerge.forward.layerpass import Reserve
-from resumerge.forward.opened import PassModel, open_for_pass
-from resumerge.forward.placement import runs_batched
-from resumerge.forward.reader import CastReader, base_formats, step_sizes
-from resumerge.forward.stream import ModelStream
+from resumerge.forward.compared.heads import head_step_bytes, kl_at, logprobs, nll_sum
+from resumerge.forward.engine.reader import CastReader, Weights, base_formats, step_sizes
+from resumerge.forward.engine.stream import ModelStream
+from resumerge.forward.job.driver import Fit, PassFolder
+from resumerge.forward.job.layerpass import Reserve
+from resumerge.forward.job.placement import runs_batched
+from resumerge.forward.opening.opened import PassModel, open_for_pass
+from resumerge.forward.text.batches import Batch, batches_of, padded
 from resumerge.inputs.tensorio import TORCH_DTYPES
 from resumerge.machine.memory import SystemProbe, budget_fitting
 from resumerge.machine.torch_import import torch
@@ -151,7 +150,7 @@ class _Ready:
 
 @dataclass(frozen=True)
 class ShapeJob(Generic[Found]):
-    """The structure search's pass as the pass driver runs it (:class:`~resumerge.forward.driver.PassJob`): the
+    """The structure search's pass as the pass driver runs it (:class:`~resumerge.forward.job.driver.PassJob`): the
     base ``model`` on every task's texts (``tasks``: searched and held out), the cache in ``folder``; ``work`` is the
     search, handed the scorer once the cache is built; ``say`` is told where the pass is."""
 
@@ -175,8 +174,8 @@ class ShapeJob(Generic[Found]):
         """Before any weight is read: the base's and the kl parents' bytes the cache's layers came from, proved
         (exit 4 where a kept layer's inputs changed since), and what the build will read recorded before its first
         file."""
-        from resumerge.forward.journal import Journal
-        from resumerge.forward.proof import JournalProof
+        from resumerge.forward.job.journal import Journal
+        from resumerge.forward.job.proof import JournalProof
 
         parents = dict.fromkeys(t.parent for t in self.tasks if t.parent is not None)
         models = [open_for_pass(self.model, "genome.model", self.state),

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError
-from resumerge.forward.opened import layer_of, open_for_pass
+from resumerge.forward.opening.opened import layer_of, open_for_pass
 from resumerge.machine.durable import write_file_atomic
 from resumerge.machine.killpoints import reach
 from resumerge.runs.evolve import storage
