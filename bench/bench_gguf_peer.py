@@ -14,9 +14,10 @@ a text a line). Each route runs in a fresh folder under ``--work``:
 
 - ``release``: one ``resumerge run --out-type gguf --gguf-type T1,T2,... --imatrix-texts TEXTS`` (one file per
   type, the matrix computed once on the merge never written);
-- ``singles`` (unless ``--no-singles``): one ``resumerge run --gguf-type Ti --imatrix-texts TEXTS`` per type, each
-  with its own state dir (each computes the matrix again: what one run per type does today); each release file is
-  checked byte-identical to its single run's;
+- ``singles`` (unless ``--no-singles``): one ``resumerge run --gguf-type Ti --imatrix-texts TEXTS`` per type (the
+  texts only where the type reads a matrix: Q8_0 refuses them), each with its own state dir (each computes the
+  matrix again: what one run per type does today); each release file is checked byte-identical to its single
+  run's;
 - ``peer``: ``mergekit-yaml`` (mergekit 0.1.5, the float32 merge as safetensors); an F16 GGUF of it; one importance
   pass on that F16 GGUF by llama.cpp's own forward (``bench_kquant_route.IMATRIX_PASS``: llama.cpp's tokenizer, its
   forward on ``--peer-threads`` threads in batches of up to ``--peer-batch`` tokens, the columns' squares summed in
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,7 +60,6 @@ for extra in (HERE, ROOT, ROOT / "tests"):
 from bench_gguf_kl import linear_config  # noqa: E402
 from bench_gguf_release import Step, measured, total  # noqa: E402
 from bench_kquant_route import IMATRIX_PASS, QUANTIZE, digest  # noqa: E402
-from bench_regmean import fine_tune  # noqa: E402
 
 TYPES = "q8_0,q6_k,q5_k_m,q4_k_m,iq4_xs,iq3_m,iq2_m"  # the issue's release
 
@@ -76,6 +77,7 @@ def with_architecture(folder: Path, out: Path) -> Path:
 
     if not (out / "config.json").is_file():
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out.with_suffix(".partial"), ignore_errors=True)
         shutil.copytree(folder, out.with_suffix(".partial"))
         config = json.loads((folder / "config.json").read_text())
         (out.with_suffix(".partial") / "config.json").write_text(
@@ -128,21 +130,30 @@ def main() -> None:
     args = parser.parse_args()
     from realmodel import smollm2_folder
 
+    from resumerge.merge.plan.gguftypes import reads_matrix
+
     work = args.work.absolute()
     work.mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     base = with_architecture(smollm2_folder(), work / "base")
-    config, texts = linear_config(work, base, fine_tune(base, work / "ft", 1, args.nudge))  # base's config
+    tuned = work / "ft"  # base's config, nudged in a child: a peak RSS wait4 reports includes the parent's at fork
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path[:0] = {[str(HERE)]!r}; from pathlib import Path; "
+                    f"from bench_regmean import fine_tune; fine_tune(Path({str(base)!r}), Path({str(tuned)!r}), 1, "
+                    f"{args.nudge!r})"], check=True)
+    config, texts = linear_config(work, base, tuned)
     kinds = args.types.split(",")
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs; types {args.types}; SmolLM2-135M "
           f"merge, texts {texts.stat().st_size} bytes", flush=True)
 
     def run(name: str, kind: str) -> tuple[Path, list[str]]:
+        """A fresh OUT and state dir, and the run of ``kind`` (a type or a list) into them, with the texts where a
+        type of it reads a matrix (a lone Q8_0 refuses them)."""
         out = fresh(work / name)
         fresh(out.with_suffix(".state"))
+        weighted = any(reads_matrix(each) for each in kind.split(","))
         return out, [sys.executable, "-m", "resumerge", "run", str(config), str(out), "--state-dir",
                      str(out.with_suffix(".state")), "-q", "--out-type", "gguf", "--gguf-type", kind,
-                     "--imatrix-texts", str(texts)]
+                     *(("--imatrix-texts", str(texts)) if weighted else ())]
 
     print("peer (mergekit, F16 GGUF, one importance pass, llama.cpp's quantizer per type):", flush=True)
     steps, python = peer_route(work, config, texts, kinds, args.peer_threads, args.peer_batch)
