@@ -102,18 +102,25 @@ def main() -> None:
 def float_merge(work: Path, first: Path, tuned: Path) -> tuple[Path, Path, Path, Path]:
     """The bench's merge under ``work``: the linear config of ``first`` and ``tuned`` (0.5 each, float32), its state
     dir, its float32 safetensors output (made once) and the calibration texts (the evolve train files)."""
-    config = work / "linear.yml"
-    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {first}\n    parameters: "
-                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
+    config, texts = linear_config(work, first, tuned)
     state = work / "state"
     floated = work / "float32"
     if not (floated / "model.safetensors").is_file():
         shutil.rmtree(floated, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "resumerge", "run", str(config), str(floated), "--state-dir",
                         str(state), "-q"], check=True)
+    return config, state, floated, texts
+
+
+def linear_config(work: Path, first: Path, tuned: Path) -> tuple[Path, Path]:
+    """The bench's merge config under ``work`` (``first`` and ``tuned`` linear, 0.5 each, float32: mergekit reads
+    it too) and the calibration texts (the evolve train files, a text a line)."""
+    config = work / "linear.yml"
+    config.write_text(f"merge_method: linear\ndtype: float32\nmodels:\n  - model: {first}\n    parameters: "
+                      f"{{weight: 0.5}}\n  - model: {tuned}\n    parameters: {{weight: 0.5}}\n")
     texts = work / "calibration.txt"
     texts.write_text("".join((CALIBRATION / f"{domain}_train.txt").read_text() for domain in ("weather", "recipes")))
-    return config, state, floated, texts
+    return config, texts
 
 
 if __name__ == "__main__":

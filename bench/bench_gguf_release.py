@@ -42,7 +42,8 @@ for extra in (ROOT, ROOT / "tests"):
 
 
 class Step(NamedTuple):
-    """One command's figures (``wrote``: the GGUF bytes it wrote, each read back once to hash it)."""
+    """One command's figures (``wrote``: the GGUF bytes it wrote, each read back once to hash it; ``said``: its
+    standard output)."""
 
     label: str
     wall: float
@@ -50,6 +51,7 @@ class Step(NamedTuple):
     peak_rss: int
     read: int
     wrote: int = 0
+    said: str = ""
 
     def line(self) -> str:
         return (f"  {self.label:<34} wall {self.wall:7.1f} s  CPU {self.cpu:7.1f} s  peak {self.peak_rss / 1e9:5.2f} "
@@ -57,12 +59,15 @@ class Step(NamedTuple):
 
 
 def measured(label: str, argv: list[str], out: Path) -> Step:
-    """Run ``argv`` writing OUT ``out`` and measure it (exits on failure)."""
+    """Run ``argv`` writing ``out`` (a folder: its GGUF files are what it wrote; or a file) and measure it (exits
+    on failure)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-gguf-release-{os.getpid()}.log"
+    said = log.with_suffix(".out")
     started = time.perf_counter()
-    with log.open("w") as err:  # a file, not a pipe: a pipe nobody reads fills and stops the run
-        process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    # files, not pipes: a pipe nobody reads fills and stops the run
+    with log.open("w") as err, said.open("w") as told:
+        process = subprocess.Popen(argv, env=env, stdout=told, stderr=err)
     read = [0]
     done = threading.Event()
 
@@ -87,7 +92,9 @@ def measured(label: str, argv: list[str], out: Path) -> Step:
         sys.exit(f"{label} failed: {log.read_text()[-2000:]}")
     log.unlink()
     step = Step(label, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, read[0],
-                sum(f.stat().st_size for f in out.glob("*.gguf")))
+                sum(f.stat().st_size for f in out.glob("*.gguf")) if out.is_dir() else out.stat().st_size,
+                said.read_text())
+    said.unlink()
     print(step.line(), flush=True)
     return step
 

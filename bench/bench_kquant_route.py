@@ -89,7 +89,7 @@ _LAUNCHER = (
 # llama-imatrix's pass through llama.cpp's library (the oracle's collector; module docstring): the texts tokenized
 # by llama.cpp, its forward of the F16 GGUF watched in cb_eval, the matrix written in llama.cpp's GGUF format.
 # Prints its parts' wall seconds: library load, tokenizing, forward (with, of it, the Python callback), writing.
-_IMATRIX = (
+IMATRIX_PASS = (
     "import sys, time\n"
     "from pathlib import Path\n"
     "from llamacpp_oracle import imatrix_of_forward, library, tokenize\n"
@@ -109,13 +109,14 @@ _IMATRIX = (
     "print('parts', loaded - started, tokenized - loaded, forward - tokenized, spent[0],\n"
     "      time.perf_counter() - forward, sum(map(len, ids)))\n"
 )
-# llama.cpp's quantizer through its library, given the importance matrix as llama-quantize gives it.
-_QUANTIZE = (
+# llama.cpp's quantizer through its library, given the importance matrix as llama-quantize gives it: argv the F16
+# GGUF, the output, the matrix, the threads, the file type (llama_ftype: 15 is Q4_K_M).
+QUANTIZE = (
     "import sys, time\n"
     "from pathlib import Path\n"
     "from llamacpp_oracle import quantize_model\n"
     "from resumerge.outputs.gguf.imatrix import read_imatrix\n"
-    "quantize_model(Path(sys.argv[1]), Path(sys.argv[2]), 15, imatrix=read_imatrix(sys.argv[3]),\n"
+    "quantize_model(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[5]), imatrix=read_imatrix(sys.argv[3]),\n"
     "               nthread=int(sys.argv[4]))\n"
 )
 # One thread everywhere in the encoding comparison's child (numpy's BLAS, OpenMP, numba): CPU s on one core each.
@@ -478,7 +479,7 @@ def main() -> None:
                               str(peer / "state"), "--out-type", "gguf", "--gguf-type", "f16"], env)
         pass_step = measured(f"imatrix pass (llama.cpp's forward, the oracle's Python collector), {args.peer_threads} "
                              f"threads, batches of {args.peer_batch or 'one text'} tokens",
-                             [sys.executable, "-c", _IMATRIX, str(peer / "f16" / "model.gguf"), str(texts),
+                             [sys.executable, "-c", IMATRIX_PASS, str(peer / "f16" / "model.gguf"), str(texts),
                               str(peer / "imatrix.gguf"), str(args.peer_threads), str(args.peer_batch)], env)
         load, tokenized, forward, callback, write, tokens = map(float, pass_step.stdout.split("parts")[1].split()[:6])
         started = pass_step.wall - load - tokenized - forward - write
@@ -487,8 +488,9 @@ def main() -> None:
               f"start and imports); {tokens:.0f} tokens. llama-imatrix runs its collector as C++: this pass is "
               f"slower than it by up to the callback's and the start's {callback + started:.1f} s", flush=True)
         quantized = measured(f"llama_model_quantize Q4_K_M with the peer's matrix, {args.peer_threads} threads",
-                             [sys.executable, "-c", _QUANTIZE, str(peer / "f16" / "model.gguf"),
-                              str(peer / "q4_k_m.gguf"), str(peer / "imatrix.gguf"), str(args.peer_threads)], env)
+                             [sys.executable, "-c", QUANTIZE, str(peer / "f16" / "model.gguf"),
+                              str(peer / "q4_k_m.gguf"), str(peer / "imatrix.gguf"), str(args.peer_threads), "15"],
+                             env)
     peer_final = (peer / "q4_k_m.gguf").stat().st_size
     peer_extra = peer_disk.peak - peer_final
     steps = [merged, converted, pass_step, quantized]

@@ -15,6 +15,8 @@ import pytest
 from resumerge.analyses.importance.sums import Rerun, SumStep, carried
 from resumerge.forward.job.layerpass import unreserved
 from resumerge.inputs.gguf.ggmltypes import (
+    IQ1_M,
+    IQ1_S,
     IQ2_S,
     IQ2_XS,
     IQ2_XXS,
@@ -132,10 +134,10 @@ def test_which_tensors_a_target_chooses_and_among_which_types() -> None:
     assert not chosen_tensor("output.weight", (49152, 576))
     assert not chosen_tensor("blk.0.attn_norm.weight", (576,))
     assert not chosen_tensor("blk.0.attn_q.weight", (64, 100))  # not whole 32-value blocks: as its mix writes it
-    # the i-quants publishers ship below 4 bits beside the K-quants; on rows not whole 256-value blocks the
-    # 32-value types llama.cpp falls them back to (IQ4_NL the i-quants')
-    assert candidate_types(512) == (IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K,
-                                    Q8_0)
+    # the i-quants publishers ship below 4 bits (the 1-bit ones too) beside the K-quants; on rows not whole
+    # 256-value blocks the 32-value types llama.cpp falls them back to (IQ4_NL the i-quants')
+    assert candidate_types(512) == (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K,
+                                    Q5_K, Q6_K, Q8_0)
     assert candidate_types(576) == (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
     assert candidate_types(100) == ()
     assert type_bytes(Q4_K, (3, 512)) == 3 * 2 * 144

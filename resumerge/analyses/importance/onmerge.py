@@ -77,8 +77,12 @@ def importance_on_merge(merge: UnwrittenMerge, arch: str, tokens: list[list[int]
     time a layer's sums are durable (and the layers a resumed pass found journaled)."""
     import torch
 
+    from resumerge.outputs.gguf.sensitivity import K_CANDIDATES, LEGACY_CANDIDATES
+
     versions = [importlib.metadata.version(d) for d in ("transformers", "resumerge")] + [torch.__version__]
-    key = content_key([merge.plan.fingerprint, tokens, versions, *(["costs by output error"] if terms.costs else [])])
+    # the costs' candidate types are the journal's: a pass measured among others is measured again
+    costing = ["costs by output error", list(K_CANDIDATES), list(LEGACY_CANDIDATES)] if terms.costs else []
+    key = content_key([merge.plan.fingerprint, tokens, versions, *costing])
     folder = out.with_suffix("")
     # the thread count beside the journal, removed with it: the folder is the config's and the texts' (another
     # merge of them, its inputs changed, passes there too, and decides its own count)

@@ -32,7 +32,8 @@ _NWANT = 3  # neighbours at the nearest three distances (iq2xs_init_impl for the
 
 @functools.cache
 def tables() -> tuple[_Array, _Array, _Array]:
-    """The 1-bit grid's (grid, kmap, neighbours), built once a process on first use (seconds: 2048 points)."""
+    """The 1-bit grid's (grid, kmap, neighbours), built once a process on first use (about a second:
+    2048 points), only where an IQ1 type is encoded."""
     built = iq2grid.build(iq1blocks.kgrid(), _NWANT)
     return built.grid, built.kmap, built.neighbours
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from resumerge.inputs.gguf.ggmltypes import (
+    IQ1_M,
+    IQ1_S,
     IQ2_S,
     IQ2_XS,
     IQ2_XXS,
@@ -56,9 +58,10 @@ if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
 # The types a size target chooses among, by row: the K-quants and the i-quants publishers ship below 4 bits where a
-# row is whole 256-value blocks; else the 32-value ones llama.cpp's quantizer falls them back to on such rows (the
-# legacy types and IQ4_NL, which the i-quants fall back to); Q8_0 on both.
-K_CANDIDATES = (IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0)
+# row is whole 256-value blocks, down to the 1-bit ones (IQ1_S and IQ1_M need an importance matrix, which a target
+# always has: its costs are measured in the pass that computes it); else the 32-value ones llama.cpp's quantizer
+# falls them back to on such rows (the legacy types and IQ4_NL, which the i-quants fall back to); Q8_0 on both.
+K_CANDIDATES = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0)
 LEGACY_CANDIDATES = (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
 # The type whose error a matrix's output is measured with (:func:`probe_type`), by row as above: the lowest K-quant
 # llama.cpp's mixes use, the lowest 32-value type.
