@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from llamacpp_oracle import needs_library, quantize, quantize_model
+from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
 from support import cli, digests, write_config
 
 from resumerge import api
@@ -148,14 +148,16 @@ def test_the_legacy_types_importance_paths_write_llama_cpp_s_bytes(kind: str) ->
 
 @pytest.fixture(scope="module")
 def real_rows() -> np.ndarray:
-    """SmolLM2-135M's weights (its Q4_1 GGUF fixture decoded), a slice of every matrix, as rows of 1536 values."""
+    """SmolLM2-135M's weights (its Q4_1 GGUF fixture decoded), a slice of every matrix, as rows of 1536 values: the
+    stored rows that hold each matrix's first 4 x 1536 values, found by llama.cpp's GGUF parser (gguf-py's reader
+    takes 4 CPU s over the vocabulary, for each module that asks)."""
     from realmodel import smollm2_gguf
 
-    reader = gguf.GGUFReader(smollm2_gguf())
     taken = []
-    for t in reader.tensors:
-        if len(t.shape) == 2 and "blk." in t.name:
-            values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(-1)
+    for name, t in tensors_of(smollm2_gguf()).items():
+        if t.ne[1] > 1 and "blk." in name:  # a matrix (ne: a row's length first)
+            stored = np.frombuffer(t.data, dtype=np.uint8).reshape(t.ne[1], -1)[:-(-4 * 1536 // t.ne[0])]
+            values = gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[t.kind]).reshape(-1)
             taken.append(values[: 4 * 1536])
     return np.concatenate(taken).astype(np.float32).reshape(-1, 1536)
 

@@ -5,13 +5,13 @@ GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix: the type
 the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the test-only
 oracle) does not load.
 
-The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``;
-the suite keeps Gemma-3 at q3_k_m (Q4_K and Q5_K beside each other under the mix's rules, its 640-wide rows in the
-fallbacks Q4_0, Q5_0, Q5_1 and Q8_0), and the importance-matrix case at q4_k_m and q2_k_s, within its 15 minutes
-(SmolLM2's rows meet every K encoder, with and without a matrix, in tests/test_gguf_kquants.py, which checks each mix
-on tiny models; Gemma-3 at q6_k, 10 CPU s of that Q6_K encoder on its ffn_down and the Q8_0 fallback q3_k_m's table
-takes, and IQ4_XS with a matrix on it, 87 CPU s, with the sweep: tests/test_gguf_iquants_real.py keeps IQ4_XS on
-SmolLM2).
+The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``; the
+suite keeps Gemma-3 at q3_k_m (Q4_K and Q5_K beside each other under the mix's rules, its 640-wide rows in the fallbacks
+Q4_0, Q5_0, Q5_1 and Q8_0), and the importance-matrix case at q4_k_m and q2_k_s (on the first 8 layers: 29 -> 15 CPU s
+at q2_k_s), within its 15 minutes (SmolLM2's rows meet every K encoder, with and without a matrix, in
+tests/test_gguf_kquants.py, which checks each mix on tiny models; Gemma-3 at q6_k, 10 CPU s of that Q6_K encoder on its
+ffn_down and the Q8_0 fallback q3_k_m's table takes, and IQ4_XS with a matrix on it, 87 CPU s, with the sweep:
+tests/test_gguf_iquants_real.py keeps IQ4_XS on SmolLM2).
 Session 45 ran the whole sweep: 20 passed."""
 
 from __future__ import annotations
@@ -35,19 +35,39 @@ K_MIXES = [mix for mix in MIXES if "_k" in mix and not MIXES[mix].needs_imatrix
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"] if EVERY_MIX else ["gemma3"])
-def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
-    """(model, the config of a float16 passthrough merge of its GGUF fixture, the F16 GGUF resumerge writes of it)."""
+MODELS = ["smollm2", "gemma3"] if EVERY_MIX else ["gemma3"]
+# The importance-matrix case on each model's first 8 layers: every tensor's shape and kind of row, the tied
+# embedding, and every branch of those mixes' layer rules (q2_k_s's first eighth of ffn_down, q4_k_m's
+# use_more_bits: layers 0, 3, 6 and 7), at less than half the blocks each side encodes. q3_k_m keeps every layer:
+# its first sixteenth of ffn_down (Q5_K) needs 16 of them.
+LAYERS = 8
+
+
+def _f16(model: str, layers: int | None, root: Path) -> tuple[str, Path, Path]:
+    """(model, the config of a float16 passthrough merge of its GGUF fixture (its first ``layers`` layers; None:
+    all), the F16 GGUF resumerge writes of it)."""
     needs_library()
     from realmodel import gemma3_gguf, smollm2_gguf
 
-    source = smollm2_gguf() if request.param == "smollm2" else gemma3_gguf()
-    root = tmp_path_factory.mktemp(request.param)
-    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16",
-                                           "models": [{"model": str(source)}]})
+    source = str(smollm2_gguf() if model == "smollm2" else gemma3_gguf())
+    merge = ({"models": [{"model": source}]} if layers is None
+             else {"slices": [{"sources": [{"model": source, "layer_range": [0, layers]}]}]})
+    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", **merge})
     api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
                                                                                                 gguf_type="f16")))
-    return request.param, config, root / "f16" / "model.gguf"
+    return model, config, root / "f16" / "model.gguf"
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    """(model, the config of a float16 passthrough merge of its GGUF fixture, the F16 GGUF resumerge writes of it)."""
+    return _f16(request.param, None, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def sliced_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    """:func:`real_f16` of the model's first LAYERS layers."""
+    return _f16(request.param, LAYERS, tmp_path_factory.mktemp(f"{request.param}-{LAYERS}"))
 
 
 def _imatrix(f16: Path) -> dict[str, np.ndarray]:
@@ -80,11 +100,11 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
 
 
 @pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", *(["iq4_xs"] if EVERY_MIX else [])])
-def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
+def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, sliced_f16: tuple[str, Path, Path],
                                                                     tmp_path: Path) -> None:
     """With a matrix, every tensor llama_model_quantize's; Q2_K_S (written only with one) and IQ4_XS (issue 95)
-    too, on Gemma-3's 4 heads a KV head and 18 layers (their attn_v and ffn_down rules)."""
-    model, config, f16 = real_f16
+    too, on Gemma-3's 4 heads a KV head and its first LAYERS layers (their attn_v and ffn_down rules)."""
+    model, config, f16 = sliced_f16
     entries = _imatrix(f16)
     path = tmp_path / "imatrix.gguf"
     write_imatrix(path, entries)
@@ -94,6 +114,11 @@ def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, re
     (ours,) = (tmp_path / "out").glob("*.gguf")
     got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
     assert [n for n in got if got[n] != want[n]] == [], model
+    down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(LAYERS)]  # the slice still meets each layer rule
+    if mix == "q2_k_s":
+        assert down == ["Q4_K"] * (LAYERS // 8) + ["Q2_K"] * (LAYERS - LAYERS // 8)
+    if mix == "q4_k_m":
+        assert down == ["Q6_K" if i in (0, 3, 6, 7) else "Q4_K" for i in range(LAYERS)]
     if not MIXES[mix].needs_imatrix:  # the matrix changed the bytes: a block matrix's, as llama.cpp encodes it with
         # and without its row of the matrix (that tensor through ggml_quantize_chunk: not the model quantized again)
         name = "blk.0.ffn_down.weight"
