@@ -28,7 +28,7 @@ from resumerge.analyses.estimate import compute as compute_estimate
 from resumerge.analyses.estimate.compute import measure_compute, start_compute
 from resumerge.analyses.estimate.computegroup import ComputeGroup
 from resumerge.analyses.estimate.costs import FITS, WILL_NOT_FIT, Estimate, TimeEstimate
-from resumerge.analyses.estimate.estimate import _disk_reason
+from resumerge.analyses.estimate.disks import disk_reason
 from resumerge.analyses.estimate.memory import pending_units, working_set
 from resumerge.analyses.estimate.method_timing import Timing
 from resumerge.analyses.estimate.torchside import TorchHere
@@ -120,7 +120,7 @@ def test_output_that_cannot_fit_is_refused(tmp_path: Path, make: ModelFactory) -
     doc = short.to_json()
     assert doc["fits"] is False and doc["verdict"] == "will not fit" and doc["reasons"] == [reason]
 
-    alone = _disk_reason(replace(disk, roles=("output",)), short.output)
+    alone = disk_reason(replace(disk, roles=("output",)), short.output)
     assert alone.startswith("disk: output needs "), alone  # one role: "needs", as the table's line says
 
     staged = api.estimate(cfg, out, probe_size=0, disk_free=lambda path: disk.needed_bytes,

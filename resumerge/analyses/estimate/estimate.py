@@ -21,13 +21,13 @@ import psutil
 from resumerge.analyses.estimate.compute import start_compute
 from resumerge.analyses.estimate.computegroup import ComputeGroup, compute_lines
 from resumerge.analyses.estimate.costs import (
-    DiskNeed,
     Estimate,
     ModelDownload,
     OutputSize,
     TimeEstimate,
 )
 from resumerge.analyses.estimate.cpuprobe import probe_transfer_cost
+from resumerge.analyses.estimate.disks import disk_needs, disk_reason, probe_dir
 from resumerge.analyses.estimate.measuring import Measuring, Passes, PassMakers, Startup
 from resumerge.analyses.estimate.memory import memory_estimate
 from resumerge.analyses.estimate.network import MEASURED, Bandwidth, NetworkEstimate, measure_download
@@ -39,9 +39,7 @@ from resumerge.errors import LedgerError
 from resumerge.inputs.catalog import Inputs
 from resumerge.machine.checksums import SHA256, XXH3_128
 from resumerge.machine.diskprobe import (
-    DiskFree,
     DiskSpeed,
-    device_of,
     nearest_existing,
     probe_directory,
     probe_file_read,
@@ -62,10 +60,6 @@ from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.plan.sidefiles import aux_files, render_aux
 from resumerge.merge.plan.workorder import compute_order
 from resumerge.merge.store.manifest import read_manifest
-
-# A ledger row per tensor and per file, SQLite pages, and a WAL of the same size again: a generous bound.
-_LEDGER_FIXED = 256 * 1024
-_LEDGER_PER_ROW = 600
 
 
 @dataclass(frozen=True)
@@ -150,9 +144,9 @@ def estimate(
                            if choose_inputs else None)
     remote = {(c.model, c.file) for c in fetch if c.how == STREAM}
     memory, memory_reasons = memory_estimate(plan, pending, memory_now, settings.max_memory, workers, remote, facts)
-    disks = _disks(plan, output, downloads, inputs, out, state, disk_free,
+    disks = disk_needs(plan, output, downloads, inputs, out, state, disk_free,
                    first_pass.state_bytes if first_pass is not None else 0)
-    speed = probe_directory(_probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
+    speed = probe_directory(probe_dir(out), probe_bytes, disk_free=disk_free) if out is not None else None
     compute = compute_groups()
     timing = replace(_time(plan, pending, output, downloads, committed, speed, probe_bytes, compute, to_hub),
                      startup_seconds=startup.seconds)
@@ -183,7 +177,7 @@ def estimate(
                                   f"{format_size(memory.budget)}: rerun with --max-memory "
                                   f"{format_size(first_pass.merge_budget, compact=True)} or more")
     memory_reasons = memory_reasons or [r for r in [memory.over_budget()] if r]  # never "fits" over the budget
-    reasons = memory_reasons + [r for d in disks if not d.fits for r in [_disk_reason(d, output)]]
+    reasons = memory_reasons + [r for d in disks if not d.fits for r in [disk_reason(d, output)]]
     reasons += [r for r in [unwritable(state.root, "the state dir")] if r]  # run would stop at once
     if out is not None and not to_hub and not out.exists():  # an existing OUT is judged by run
         reasons += [r for r in [unwritable(out, "OUT", "choose an OUT on a writable filesystem")] if r]
@@ -340,64 +334,7 @@ def _trusted(db: Path, blob: Path, algorithm: str, digest: str) -> bool:
         return False
 
 
-# -- disks and time ---------------------------------------------------------------------------------------------
-
-
-def _disks(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs, out: Path | None,
-           state: StateDir, disk_free: DiskFree, pass_bytes: int = 0) -> list[DiskNeed]:
-    """Group the needs by filesystem (paths on one filesystem share its free space); ``pass_bytes``: what a pass
-    before the merge holds in the state dir at most."""
-    needs: list[tuple[str, Path, int]] = []
-    if out is not None:
-        needs.append(("output", out, output.needed_bytes))
-        needs.append(("state", state.run_dir(out), _ledger_bytes(plan)))
-    else:
-        needs.append(("state", state.root, _ledger_bytes(plan)))
-    if pass_bytes:
-        needs.append(("state", state.root, pass_bytes))
-    if output.staging_dir is not None:
-        needs.append(("staging", Path(output.staging_dir), output.staging_bytes))
-    for key, d in downloads.items():
-        if d.bytes:
-            needs.append(("hub cache", Path(inputs.hub[key].settings.cache_dir), d.bytes))
-    groups: dict[int, tuple[Path, list[str], int]] = {}
-    for role, path, nbytes in needs:
-        dev = device_of(path)
-        where, roles, total = groups.get(dev, (nearest_existing(path), [], 0))
-        groups[dev] = (where, roles if role in roles else [*roles, role], total + nbytes)
-    return [DiskNeed(str(where), tuple(roles), disk_free(where), total) for where, roles, total in groups.values()]
-
-
-def _ledger_bytes(plan: Plan) -> int:
-    rows = len(plan.tensors) + len(plan.shards) + len(aux_files(plan))
-    return _LEDGER_FIXED + _LEDGER_PER_ROW * rows
-
-
-def _probe_dir(out: Path) -> Path:
-    """Where to measure OUT's disk: beside OUT when that is the same filesystem, so OUT itself stays untouched
-    (a probe file left in an empty OUT by a kill would make ``run`` refuse it)."""
-    parent = nearest_existing(out.parent)
-    if not out.exists() or device_of(parent) == device_of(out):
-        return parent
-    return out
-
-
-def _disk_reason(disk: DiskNeed, output: OutputSize) -> str:
-    fixes = []
-    if "output" in disk.roles:
-        fixes.append("choose an OUT on a disk with more room")
-    if "staging" in disk.roles:
-        fixes.append(f"a smaller --out-shard-size (the largest shard is {format_size(output.largest_shard_bytes)}) "
-                     "or a --staging-dir on another disk")
-    if "state" in disk.roles and "output" not in disk.roles:
-        fixes.append("a --state-dir on another disk")
-    if "hub cache" in disk.roles:
-        fixes.append("point HF_HUB_CACHE (or --transformers-cache) at a larger disk")
-    short = disk.needed_bytes - disk.free_bytes
-    need = "needs" if len(disk.roles) == 1 else "need"
-    return (f"disk: {' + '.join(disk.roles)} {need} {format_size(disk.needed_bytes)} on the disk of {disk.path}, "
-            f"but only {format_size(disk.free_bytes)} is free: free {format_size(short)} there, or "
-            + " or ".join(fixes))
+# -- time -------------------------------------------------------------------------------------------------------
 
 
 def computed_once(plan: Plan, pending: Sequence[Any]) -> list[Any]:
