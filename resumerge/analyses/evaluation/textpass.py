@@ -17,7 +17,6 @@ from resumerge.forward.job.driver import AnswerFile
 from resumerge.forward.job.journal import Journal
 from resumerge.forward.job.layerpass import LayerPass, Reserve, Step, unreserved
 from resumerge.forward.job.placement import Placement, Streams
-from resumerge.forward.job.proof import JournalProof
 from resumerge.forward.text.batches import Batch, Hidden, enter
 from resumerge.forward.text.vocabs import SharedVocab, own_batches
 from resumerge.machine.torch_import import torch
@@ -42,13 +41,11 @@ class _TextStep(Step[TextFigures]):
 
 
 def text_pass(placement: Placement, sequences: Sequence[Sequence[int]], workdir: Path, heads: Heads,
-              point: str, proof: JournalProof | None = None) -> TextFigures:
+              point: str) -> TextFigures:
     """The pass over ``placement``'s models and ``sequences``, resuming the one journaled in ``workdir``
-    (``point``: the kill point after each layer's file is durable), and the figures ``heads`` finds; ``proof``: the
-    models' bytes proved against the journal before any is read."""
+    (``point``: the kill point after each layer's file is durable), and the figures ``heads`` finds. The models'
+    bytes are proved against the journal by the pass's job before it runs (``EvalJob.proved``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    if proof is not None:
-        proof.before_resuming(Journal(workdir, LAYER_PREFIX))
     with torch.no_grad():
         entered = enter(sequences, placement.enter, placement.runs_batched)
     batches = entered.sequences(sequences)
@@ -71,7 +68,7 @@ def figures_file(workdir: Path) -> AnswerFile[TextFigures]:
 def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int]], workdir: Path, *,
                 parent: bool, reserve: Reserve = unreserved, on_model: Callable[[int, int], None] | None = None,
                 on_heads: Callable[[], None] | None = None, point: str = "after_eval_layer",
-                vocab: SharedVocab | None = None, proof: JournalProof | None = None) -> TextFigures:
+                vocab: SharedVocab | None = None) -> TextFigures:
     """The figures of the models ``streams`` (with a ``parent``: the last one, every other measured from it) on
     ``sequences``, the pass journaled in ``workdir`` (answered from it once finished); ``reserve`` admits each
     model's layer (step ``layer``) and the heads (step ``heads``); ``on_model(layer, m)`` is told before model
@@ -95,7 +92,7 @@ def score_texts(streams: Sequence[ModelStream], sequences: Sequence[Sequence[int
         with reserve("the heads", "heads"):
             return text_heads(streams, hidden, batches, parent, vocab)
 
-    figures = text_pass(placement, sequences, workdir, heads, point, proof)
+    figures = text_pass(placement, sequences, workdir, heads, point)
     kept.write(figures)
     Journal(workdir, LAYER_PREFIX).clear()
     return figures
