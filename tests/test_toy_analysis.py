@@ -1,0 +1,110 @@
+"""A new analysis with its command (issue 98): its package, one row of the API's ``ANALYSES``, its command module and
+one ``Command`` row; no other module of the package is edited. A toy analysis plugged in from outside, as the toy
+codec, the toy command and the toy output format are: ``resumerge toy OUT TEXT`` runs it, ``resumerge status OUT``
+answers for its folder through the one table, and a folder it does not hold is still nothing recorded.
+
+Not shown here, since no toy can: the analysis's call in the API (``api/calls.py``, named in ``api/__init__.py``'s
+lazy map, ``__all__`` and type-checking imports, which ``tests/test_api_and_cli.py`` holds equal) that a real
+command's runner makes as its one front-door call; the toy's runner calls its package directly."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from resumerge.api import analyses as table
+from resumerge.cli import commands
+from resumerge.cli.parsers import COMMANDS, Command
+from resumerge.config.locations import StateDir
+from resumerge.errors import EXIT_OK
+from resumerge.merge.store.statusview import StatusReport
+
+_FILE = "toy.json"
+
+
+class _ToyAnalysis:
+    """The toy package's analysis: a folder holding ``toy.json`` is its own; it journals under ``toys/``."""
+
+    name = "toy"
+
+    def holds(self, out: object, state: StateDir) -> bool:
+        return (Path(str(out)) / _FILE).is_file()
+
+    def status(self, out: object, state: StateDir) -> StatusReport:
+        words = json.loads((Path(str(out)) / _FILE).read_text(encoding="utf-8"))["words"]
+        return StatusReport(out_dir=str(out), state="done", source="toy", tensors_total=words, tensors_done=words,
+                            shards_total=1, shards_done=1, bytes_total=0, bytes_done=0, resume_command=None,
+                            kind="toy")
+
+    def journal(self, state: StateDir) -> Path:
+        return state.root / "toys"
+
+
+def _toy_package() -> types.ModuleType:
+    """The analysis's package: what it does (count the words of a text into OUT, journaled under the state dir)."""
+    package = types.ModuleType("toy_analysis")
+
+    def count(out: Path, text: str, state: StateDir) -> int:
+        words = len(text.split())
+        journal = _ToyAnalysis().journal(state)
+        journal.mkdir(parents=True, exist_ok=True)
+        (journal / "counted").write_text(str(out), encoding="utf-8")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / _FILE).write_text(json.dumps({"words": words}), encoding="utf-8")
+        return words
+
+    package.count = count  # type: ignore[attr-defined]
+    return package
+
+
+def _toy_command() -> types.ModuleType:
+    """The analysis's command module, declared as ``cli/checkcmd.py`` is."""
+    module = types.ModuleType("toy_analysis_cmd")
+    module.HELP = "count the words of TEXT into OUT"  # type: ignore[attr-defined]
+    module.DESCRIPTION = (  # type: ignore[attr-defined]
+        "A toy analysis: its package, one row of ANALYSES, this module, one row of COMMANDS.")
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("out", metavar="OUT", type=Path)
+        parser.add_argument("text", metavar="TEXT")
+        parser.add_argument("--state-dir", metavar="DIR", type=Path)
+
+    def run(args: argparse.Namespace) -> int:
+        print(sys.modules["toy_analysis"].count(args.out, args.text, StateDir.resolve(args.state_dir)))
+        return EXIT_OK
+
+    module.add_arguments = add_arguments  # type: ignore[attr-defined]
+    module.run = run  # type: ignore[attr-defined]
+    return module
+
+
+def _main(*words: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = commands.main(list(words))
+    return code, out.getvalue()
+
+
+def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "toy_analysis", _toy_package())
+    monkeypatch.setitem(sys.modules, "toy_analysis_cmd", _toy_command())
+    monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, _ToyAnalysis()))
+    monkeypatch.setitem(COMMANDS, "toy", Command("toy", "toy_analysis_cmd", "toy_analysis_cmd:run"))
+    out, state = tmp_path / "counted", tmp_path / "state"
+
+    assert _main("toy", str(out), "three small words", "--state-dir", str(state)) == (EXIT_OK, "3\n")
+    assert (state / "toys" / "counted").read_text(encoding="utf-8") == str(out)  # journaled where it says
+
+    code, shown = _main("status", "--json", "--state-dir", str(state), str(out))
+    report = json.loads(shown)
+    assert code == EXIT_OK and (report["kind"], report["state"], report["tensors_done"]) == ("toy", "done", 3)
+    assert table.analysis_of(out, StateDir.resolve(state)).name == "toy"  # type: ignore[union-attr]
+    assert table.analysis_of(tmp_path, StateDir.resolve(state)) is None  # a folder it does not hold
