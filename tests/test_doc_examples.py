@@ -100,3 +100,18 @@ def test_the_pages_that_say_their_examples_run_have_one_that_does() -> None:
     claimed = [page.name for page in sorted(DOCS.glob("*.md"))
                if "Every example on these pages runs as it is after" in page.read_text(encoding="utf-8")]
     assert claimed and set(claimed) <= set(PAGES), sorted(set(claimed) - set(PAGES))
+
+
+def test_a_page_that_says_its_examples_run_marks_those_that_cannot_plain() -> None:
+    """On a page that says every example runs after the tour, a ```bash block that does not start with the tour or
+    a ```python block that does not name ``tour/`` would be read as a runnable example and never run: it is a plain
+    ``` block (or the tour's). YAML and data blocks are what the examples read, not examples."""
+    unrun = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if "Every example on these pages runs as it is after" not in text:
+            continue
+        for info, body in _FENCE.findall(text):
+            if (info == "bash" and not body.startswith(TOUR)) or (info == "python" and "tour/" not in body):
+                unrun.append(f"{page.name}: {body.splitlines()[0]}")
+    assert not unrun, unrun
