@@ -19,8 +19,8 @@ _LEDGER_FIXED = 256 * 1024
 _LEDGER_PER_ROW = 600
 
 
-def disk_needs(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs, out: Path | None,
-           state: StateDir, disk_free: DiskFree, pass_bytes: int = 0) -> list[DiskNeed]:
+def disk_needs(plan: Plan, output: OutputSize, downloads: Mapping[str, ModelDownload], inputs: Inputs,
+               out: Path | None, state: StateDir, disk_free: DiskFree, pass_bytes: int = 0) -> list[DiskNeed]:
     """Group the needs by filesystem (paths on one filesystem share its free space); ``pass_bytes``: what a pass
     before the merge holds in the state dir at most."""
     needs: list[tuple[str, Path, int]] = []
@@ -59,6 +59,7 @@ def probe_dir(out: Path) -> Path:
 
 
 def disk_reason(disk: DiskNeed, output: OutputSize) -> str:
+    """The line ``plan`` refuses a ``disk`` too small by: what needs it, what is short, and the ways out."""
     fixes = []
     if "output" in disk.roles:
         fixes.append("choose an OUT on a disk with more room")
