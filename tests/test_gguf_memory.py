@@ -44,3 +44,27 @@ def test_a_gguf_run_at_the_smallest_budget_plan_names_stays_within_it(
                                     f"{smallest // 1000}kB"])
     assert code == 0, err
     assert peak <= smallest, (peak, smallest)
+
+
+def test_every_k_quant_run_of_an_installation_reads_one_baseline_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's baseline is measured once per installation and set of kernels (a fresh process importing torch and
+    numba, 4-6 CPU s): every set of K-quant and IQ4 kernels (IQ4_NL, IQ4_XS: K-quant mixes' fallbacks) is measured as
+    all of them (any such set held 362.3-365.6 MB, bench/bench_kernel_baseline.py), never as fewer than the run
+    loads; a set with another i-quant's or TQ's kernel is measured as it is (those sets' figures are not their
+    kernels' sum)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from resumerge.merge.engine import footprint
+    from resumerge.merge.plan.merge_plan import Plan
+
+    asked: list[str] = []
+    monkeypatch.setattr(footprint, "fresh_baseline", lambda modules, cache: asked.append(modules[-1]) or 1)
+    specs = ("11,14", "12,13,14", "10w,11w,14", "14,20", "14w,23w", "12w,16w", "14,34")
+    for spec in specs:
+        monkeypatch.setattr(footprint, "kernel_spec", lambda plan, spec=spec: spec)
+        footprint.run_baseline(cast(Plan, SimpleNamespace(tensors={})))
+    loaded = [entry.rpartition(":")[2].split(",") for entry in asked]
+    assert all(set(spec.split(",")) <= set(kernels) for spec, kernels in zip(specs, loaded, strict=True)), asked
+    assert len(set(asked[:5])) == 1, asked
+    assert asked[5].endswith(":12w,16w") and asked[6].endswith(":14,34"), asked

@@ -19,7 +19,7 @@ from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import Oversized, smallest_budget
 
-__all__ = ["RUN_MODULES", "kernel_spec", "run_baseline", "run_overhead", "smallest_run_budget"]
+__all__ = ["RUN_MODULES", "kernel_spec", "measured_spec", "run_baseline", "run_overhead", "smallest_run_budget"]
 
 # What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
 # imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
@@ -44,10 +44,11 @@ def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     (cached per installation) that imported ``before`` too (a phase's modules, where the merge follows a phase in
     the run's process) and loaded the compiled kernels its GGUF encoding uses (numba's runtime and each type's
     kernels: about 80 MB for the K-quants, which no import holds and the governor does not reserve:
-    :func:`kernel_spec`), plus :func:`run_overhead`. Where a fresh process cannot
+    :func:`kernel_spec`; every K-quant's and IQ4's where those are all it uses: :func:`measured_spec`), plus
+    :func:`run_overhead`. Where a fresh process cannot
     be measured (no interpreter to start, or a container with no room for a second process), this process's own
     reading, torch imported, stands in for it."""
-    spec = kernel_spec(plan)
+    spec = measured_spec(kernel_spec(plan))
     modules = (*RUN_MODULES, *before, *((f"resumerge.outputs.gguf.encoders:warm_kernels:{spec}",) if spec else ()))
     fresh = fresh_baseline(modules, cache_root())
     if fresh is None and spec:  # its kernels could not be loaded there (a compilation over the measure's time)
@@ -86,3 +87,23 @@ def kernel_spec(plan: Plan) -> str:
     if not found or jit.numba_module() is None:
         return ""
     return ",".join(sorted(found))
+
+
+def measured_spec(spec: str) -> str:
+    """The kernels :func:`run_baseline` loads in its measurement for a run that loads ``spec``
+    (:func:`kernel_spec`): where they are all K-quants' or IQ4's (IQ4_NL, IQ4_XS: the fallbacks of K-quant mixes for
+    rows not of 256 values), every one of those, weighted and not, so that all such runs of an installation read
+    one measurement (one fresh process importing torch and numba, 4-6 CPU s) rather than one per set of types.
+    Measured in fresh processes (bench/bench_kernel_baseline.py): any such set, one type or all fourteen kernels,
+    held 362.3-365.6 MB, numba's runtime about 126 MB of it, so the union names at most 3.3 MB more than the set a
+    run loads and never less. A set with another i-quant's, TQ's or MXFP4's kernel is measured as it is: those sets'
+    figures are not the sum of their kernels' (the 1- to 3-bit i-quants' with the K-quants' held 450 MB, either
+    family alone 371 and 365)."""
+    from resumerge.inputs.gguf.ggmltypes import IQ4_NL, IQ4_XS
+    from resumerge.outputs.gguf.kquants import K_TYPES
+
+    alike = (*K_TYPES, IQ4_NL, IQ4_XS)
+    entries = spec.split(",") if spec else []
+    if not entries or any(int(each.rstrip("w")) not in alike for each in entries):
+        return spec
+    return ",".join(sorted(f"{code}{weighted}" for code in alike for weighted in ("", "w")))
