@@ -43,7 +43,7 @@ def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     """The resident bytes the run of ``plan`` holds apart from its units of work: a fresh run process's baseline
     (cached per installation) that imported ``before`` too (a phase's modules, where the merge follows a phase in
     the run's process) and loaded the compiled kernels its GGUF encoding uses (numba's runtime and each type's
-    kernels: about 80 MB for the K-quants, which no import holds and the governor does not reserve:
+    kernels: about 126 MB for the K-quants, which no import holds and the governor does not reserve:
     :func:`kernel_spec`; every K-quant's and IQ4's where those are all it uses: :func:`measured_spec`), plus
     :func:`run_overhead`. Where a fresh process cannot
     be measured (no interpreter to start, or a container with no room for a second process), this process's own
