@@ -202,19 +202,21 @@ def test_each_low_bit_mix_of_gemma3_is_llama_quantize_s(mix: str, release: Relea
         assert tuple(got[f"blk.0.{name}.weight"].kind for name in names) == KINDS[mix]
 
 
-def rows(release: Release, name: str, count: int) -> np.ndarray:
-    """``count`` rows of the F16 file's matrix ``name``, spread over it."""
-    values = release.matrices[name]
-    return values[:: max(1, values.shape[0] // count)][:count]
+def rows(release: Release, block: int, count: int) -> dict[str, np.ndarray]:
+    """``count`` rows, spread over it, of each of layer 0's matrices whose rows are whole ``block``-value blocks
+    (those a type of such blocks encodes; llama.cpp's quantizer refuses the others)."""
+    return {name: values[:: max(1, values.shape[0] // count)][:count]
+            for name, values in release.matrices.items() if values.shape[1] % block == 0}
 
 
 @pytest.mark.parametrize("kind", ["IQ1_S", "IQ1_M"])
 def test_each_iq1_encoder_writes_llama_cpp_s_bytes_on_gemma3_rows(kind: str, release: Release) -> None:
-    """attn_output's 1024-wide and ffn_down's 2048-wide rows with their matrix (IQ1_M without one too), compiled
-    and on the numpy path."""
+    """The rows of whole 256-value blocks (Gemma-3's attn_output, 1024 wide, and ffn_down, 2048) with their matrix
+    (IQ1_M without one too), compiled and on the numpy path."""
     code = {"IQ1_S": 19, "IQ1_M": 29}[kind]
-    for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
-        x = rows(release, name, 8)
+    taken = rows(release, 256, 8)
+    assert "blk.0.ffn_down.weight" in taken
+    for name, x in taken.items():
         assert_llama_cpp_s(x, code, release.imatrix[name], name)
         if kind == "IQ1_M":
             assert_llama_cpp_s(x, code, None, (name, "plain"))
@@ -223,12 +225,11 @@ def test_each_iq1_encoder_writes_llama_cpp_s_bytes_on_gemma3_rows(kind: str, rel
 @pytest.mark.parametrize("kind", ["TQ1_0", "TQ2_0", "MXFP4"])
 def test_the_ternary_and_mxfp4_encoders_write_llama_cpp_s_bytes_on_gemma3_rows(
         kind: str, release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ternary types on the 1024- and 2048-wide rows, MXFP4 on every matrix's (the 640-wide ones too),
-    compiled and on the numpy path."""
-    names = ["attn_output", "ffn_down"] + (["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"]
-                                           if kind == "MXFP4" else [])
-    for name in names:
-        x = rows(release, f"blk.0.{name}.weight", 32)
+    """The ternary types on the rows of whole 256-value blocks, MXFP4 on every matrix's (32-value blocks: Gemma-3's
+    640-wide rows too), compiled and on the numpy path."""
+    taken = rows(release, 32 if kind == "MXFP4" else 256, 32)
+    assert len(taken) == (len(release.matrices) if kind == "MXFP4" else len(taken)) > 0
+    for x in taken.values():
         if kind == "MXFP4":
             test_gguf_mxfp4.assert_llama_cpp_s(x, monkeypatch)
         else:
