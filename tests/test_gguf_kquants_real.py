@@ -12,18 +12,30 @@ at q2_k_s), within its 15 minutes (SmolLM2's rows meet every K encoder, with and
 tests/test_gguf_kquants.py, which checks each mix on tiny models; Gemma-3 at q6_k, 10 CPU s of that Q6_K encoder on its
 ffn_down and the Q8_0 fallback q3_k_m's table takes, and IQ4_XS with a matrix on it, 87 CPU s, with the sweep:
 tests/test_gguf_iquants_real.py keeps IQ4_XS on SmolLM2).
-Session 45 ran the whole sweep: 20 passed."""
+Session 45 ran the whole sweep: 20 passed.
+
+The 1-bit, ternary and MXFP4 mixes (issue 95) on the first layer of the sliced F16 file (its fixture shared): one
+release run writes the F16 file and iq1_s with a matrix (iq1_m and tq2_0 too with the sweep), another tq1_0 without
+(mxfp4_moe too), each file's every tensor llama_model_quantize's for the mix on that F16 file with the same matrix:
+Gemma-3's 640-wide rows in those mixes' fallbacks (IQ4_NL and Q5_0 in a 1-bit file, Q4_0 in a ternary one, Q8_0 the
+tied embedding). IQ1_S, IQ1_M, TQ1_0 and TQ2_0 encode its 1024- and 2048-wide rows, MXFP4 every matrix's, to
+llama.cpp's bytes, compiled and on the numpy path (SmolLM2's rows and tiny models in tests/test_gguf_iq1.py,
+test_gguf_tquants.py and test_gguf_mxfp4.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import gguf
 import numpy as np
 import pytest
+import test_gguf_mxfp4
+import test_gguf_tquants
 from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
 from support import write_config
+from test_gguf_iq2 import assert_llama_cpp_s
 from test_gguf_kquants import _write_imatrix_gguf
 
 from resumerge import api
@@ -125,3 +137,100 @@ def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, sl
         values = np.frombuffer(tensors_of(f16)[name].data, dtype=np.float16).reshape(-1, got[name].ne[0])
         code = gguf.GGMLQuantizationType[got[name].kind].value
         assert quantize(values, code, entries[name]).tobytes() == got[name].data != quantize(values, code).tobytes()
+
+
+# The 1-bit, ternary and MXFP4 mixes (issue 95) on one layer of sliced_f16: every kind of row the model has (Gemma-3's
+# 640-wide fallbacks, attn_output's 1024 and ffn_down's 2048 values a row); the layer rules over depth (the first
+# eighth of ffn_down) are checked on SmolLM2 and tiny models. The suite writes iq1_s with a matrix and tq1_0 without
+# (every fallback type these mixes take: IQ4_NL and Q5_0 weighted, Q4_0 plain); iq1_m, tq2_0 (the same fallbacks,
+# their own encoders on Gemma-3's rows below) and mxfp4_moe (Q8_0 everywhere: Gemma-3 has no experts) with the sweep.
+WEIGHTED = ("iq1_s", *(("iq1_m", "tq2_0") if EVERY_MIX else ()))
+PLAIN = ("tq1_0", *(("mxfp4_moe",) if EVERY_MIX else ()))
+
+
+class Release(NamedTuple):
+    """The F16 file of the one-layer slice, the matrix the weighted files took, each mix's file, and the F16 file's
+    block matrices (float32, by name)."""
+
+    f16: Path
+    imatrix: dict[str, np.ndarray]
+    files: dict[str, Path]
+    matrices: dict[str, np.ndarray]
+
+
+@pytest.fixture(scope="module")
+def release(sliced_f16: tuple[str, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """The first layer of ``sliced_f16``'s F16 file passed through resumerge as two releases: the F16 file and
+    WEIGHTED with an importance matrix (positive values for layer 0's block matrices), PLAIN without."""
+    model, _, sliced = sliced_f16
+    root = tmp_path_factory.mktemp(f"{model}-lowbits")
+    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", "slices": [
+        {"sources": [{"model": str(sliced), "layer_range": [0, 1]}]}]})
+    entries = {name: values for name, values in _imatrix(sliced).items() if name.startswith("blk.0.")}
+    write_imatrix(root / "imatrix.gguf", entries)
+    files = {}
+    for out, mixes, imatrix in (("weighted", ("f16", *WEIGHTED), str(root / "imatrix.gguf")), ("plain", PLAIN, None)):
+        api.run(config, root / out, settings=api.Settings(state_dir=root / f"{out}-state", output=api.Output(
+            out_type="gguf", gguf_type=",".join(mixes), imatrix=imatrix)))
+        files.update({mix: root / out / (f"model-{mix.upper()}.gguf" if len(mixes) > 1 else "model.gguf")
+                      for mix in mixes})
+    f16 = files.pop("f16")
+    matrices = {name: np.frombuffer(t.data, dtype=np.float16).reshape(-1, t.ne[0]).astype(np.float32)
+                for name, t in tensors_of(f16).items() if name.startswith("blk.0.") and t.ne[1] > 1}
+    return Release(f16, entries, files, matrices)
+
+
+# The types each mix writes Gemma-3's rows in: 640-wide ones (attn_q, attn_v, ffn_up) fall back, ffn_down's keep
+# the mix's type; none of Gemma-3's matrices is an expert stack, so MXFP4_MOE writes Q8_0 everywhere.
+KINDS = {"iq1_s": ("IQ4_NL", "Q5_0", "IQ4_NL", "IQ1_S"), "iq1_m": ("IQ4_NL", "Q5_0", "IQ4_NL", "IQ1_M"),
+         "tq1_0": ("Q4_0", "Q4_0", "Q4_0", "TQ1_0"), "tq2_0": ("Q4_0", "Q4_0", "Q4_0", "TQ2_0"),
+         "mxfp4_moe": ("Q8_0",) * 4}
+
+
+@pytest.mark.parametrize("mix", [*WEIGHTED, *PLAIN])
+def test_each_low_bit_mix_of_gemma3_is_llama_quantize_s(mix: str, release: Release, tmp_path: Path) -> None:
+    """Every tensor's type and bytes equal llama_model_quantize's for the mix on the same F16 file (with the same
+    matrix for WEIGHTED): the fallbacks of rows not whole 256-value blocks as llama.cpp picks and encodes them."""
+    quantize_model(release.f16, tmp_path / "llama.gguf", MIXES[mix].file_type,
+                   imatrix=release.imatrix if mix in WEIGHTED else None)
+    got, want = tensors_of(release.files[mix]), tensors_of(tmp_path / "llama.gguf")
+    assert got.keys() == want.keys()
+    assert {n: got[n].kind for n in got} == {n: want[n].kind for n in want}
+    assert [n for n in got if got[n] != want[n]] == []
+    if got["blk.0.attn_q.weight"].ne[0] == 640:  # Gemma-3 (SmolLM2's 576 too with RESUMERGE_TEST_EVERY_MIX=1)
+        names = ("attn_q", "attn_v", "ffn_up", "ffn_down")
+        assert tuple(got[f"blk.0.{name}.weight"].kind for name in names) == KINDS[mix]
+
+
+def rows(release: Release, block: int, count: int) -> dict[str, np.ndarray]:
+    """``count`` rows, spread over it, of each of layer 0's matrices whose rows are whole ``block``-value blocks
+    (those a type of such blocks encodes; llama.cpp's quantizer refuses the others)."""
+    return {name: values[:: max(1, values.shape[0] // count)][:count]
+            for name, values in release.matrices.items() if values.shape[1] % block == 0}
+
+
+@pytest.mark.parametrize("kind", ["IQ1_S", "IQ1_M"])
+def test_each_iq1_encoder_writes_llama_cpp_s_bytes_on_gemma3_rows(kind: str, release: Release) -> None:
+    """The rows of whole 256-value blocks (Gemma-3's attn_output, 1024 wide, and ffn_down, 2048) with their matrix
+    (IQ1_M without one too), compiled and on the numpy path."""
+    code = {"IQ1_S": 19, "IQ1_M": 29}[kind]
+    taken = rows(release, 256, 8)
+    assert "blk.0.ffn_down.weight" in taken
+    for name, x in taken.items():
+        assert_llama_cpp_s(x, code, release.imatrix[name], name)
+        if kind == "IQ1_M":
+            assert_llama_cpp_s(x, code, None, (name, "plain"))
+
+
+@pytest.mark.parametrize("kind", ["TQ1_0", "TQ2_0", "MXFP4"])
+def test_the_ternary_and_mxfp4_encoders_write_llama_cpp_s_bytes_on_gemma3_rows(
+        kind: str, release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ternary types on the rows of whole 256-value blocks, MXFP4 on every matrix's (32-value blocks: Gemma-3's
+    640-wide rows too), compiled and on the numpy path."""
+    taken = rows(release, 32 if kind == "MXFP4" else 256, 32)
+    assert len(taken) == (len(release.matrices) if kind == "MXFP4" else len(taken)) > 0
+    for x in taken.values():
+        if kind == "MXFP4":
+            test_gguf_mxfp4.assert_llama_cpp_s(x, monkeypatch)
+        else:
+            test_gguf_tquants.assert_llama_cpp_s(x, {"TQ1_0": 34, "TQ2_0": 35}[kind], monkeypatch)
