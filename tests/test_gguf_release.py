@@ -237,12 +237,15 @@ def test_files_whose_codecs_are_equal_share_one_encoding_with_each_file_s_own_by
 def test_an_importance_matrix_is_no_difference_to_a_type_that_reads_none() -> None:
     # Q8_0 reads no matrix: the embeddings of a release's Q8_0 file (none given) and of its Q4_K_M file (the
     # release's matrix named) encode as one; Q4_K reads it: two encodings.
-    from resumerge.inputs.gguf.ggmltypes import Q4_K, Q8_0
+    from resumerge.inputs.gguf.ggmltypes import IQ3_S, IQ4_NL, IQ4_XS, Q4_K, Q8_0
     from resumerge.outputs.gguf.outcodec import GgufOutCodec
     from resumerge.outputs.gguf.releasecodec import same_as
 
     name, matrix = "token_embd.weight", "/state/imatrix/0123.gguf"
     assert same_as([GgufOutCodec(name, Q8_0), GgufOutCodec(name, Q8_0, imatrix=matrix)]) == [0, 0]
     assert same_as([GgufOutCodec(name, Q4_K), GgufOutCodec(name, Q4_K, imatrix=matrix)]) == [0, 1]
+    # IQ4_NL standing in for IQ4_XS in one file and for IQ3_S in another (rows not of 256 values): one encoding
+    assert same_as([GgufOutCodec(name, IQ4_NL, llama_type=IQ4_XS, imatrix=matrix),
+                    GgufOutCodec(name, IQ4_NL, llama_type=IQ3_S, imatrix=matrix)]) == [0, 0]
     assert same_as([GgufOutCodec(name, Q4_K, imatrix=matrix), GgufOutCodec(name, Q8_0),
                     GgufOutCodec(name, Q4_K, imatrix=matrix), GgufOutCodec(name, Q8_0, transform="x")]) == [0, 1, 0, 3]

@@ -39,20 +39,21 @@ def same_as(codecs: Sequence[TensorEncoder]) -> list[int]:
     """For each of ``codecs``, the index of the first one that encodes as it does (itself where none before does):
     equal codecs (a frozen dataclass's equality: the same class and fields) encode a value to the same bytes, and an
     importance matrix is no difference to a type whose encoding reads none (Q8_0: the Q8_0 file's embeddings and a
-    K-quant file's, where the matrix weights its other tensors)."""
+    K-quant file's, where the matrix weights its other tensors), nor the type a fallback stands in for."""
     keys = [_encodes_as(codec) for codec in codecs]
     return [keys.index(key) for key in keys]
 
 
 def _encodes_as(codec: TensorEncoder) -> TensorEncoder:
     """``codec`` less what its encoding does not read: a GGUF codec's importance matrix where its type reads none
-    (:data:`~.encoders.WEIGHTED`)."""
+    (:data:`~.encoders.WEIGHTED`), and the type llama.cpp would have chosen (what the plan's notes name: an IQ4_NL
+    tensor stands in for IQ4_XS in one file and for IQ3_S in another, the same bytes)."""
     from resumerge.outputs.gguf.encoders import WEIGHTED
     from resumerge.outputs.gguf.outcodec import GgufOutCodec
 
-    if isinstance(codec, GgufOutCodec) and codec.imatrix and codec.ggml_type not in WEIGHTED:
-        return replace(codec, imatrix="")
-    return codec
+    if not isinstance(codec, GgufOutCodec):
+        return codec
+    return replace(codec, llama_type=-1, imatrix=codec.imatrix if codec.ggml_type in WEIGHTED else "")
 
 
 def parts_of_file(file: str, parts: Sequence[_P], name_of: Callable[[_P], str]) -> list[_P]:
