@@ -193,3 +193,59 @@ def test_plan_counts_a_release_s_inputs_read_and_tensors_computed_once(tmp_path:
     said = cli_here("plan", config, tmp_path / "out", "--out-type", "gguf", "--gguf-type", ",".join(TYPES),
                     "--probe-size", "0")
     assert f"(21 weight, 0 companion, 0 other, in each of {', '.join(FILES)})" in said.stdout, said.stdout
+
+
+def test_files_whose_codecs_are_equal_share_one_encoding_with_each_file_s_own_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tensor's Q6_K in a Q6_K, a Q4_K_M and a Q5_K_M file (its ffn_down): encoded once, copied to the others;
+    # each file's bytes those of its codec alone, by both of the codec's paths.
+    import torch
+
+    from resumerge.inputs.codecs.protocol import MAIN
+    from resumerge.inputs.gguf.ggmltypes import Q4_K, Q6_K
+    from resumerge.outputs.gguf import encoders
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+    from resumerge.outputs.gguf.releasecodec import ReleaseCodec, file_part
+
+    name, shape = "blk.0.ffn_down.weight", (8, 512)
+    codecs = (GgufOutCodec(name, Q6_K), GgufOutCodec(name, Q4_K), GgufOutCodec(name, Q6_K))
+    release = ReleaseCodec(("a", "b", "c"), codecs)
+    value = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    alone = [c.encode(value, "F32") for c in codecs]
+    calls: list[int] = []
+    encode = encoders.encode
+
+    def counted(rows: torch.Tensor, kind: int, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(kind)
+        return encode(rows, kind, *args, **kwargs)
+
+    monkeypatch.setattr(encoders, "encode", counted)
+
+    into = {p.part: torch.full(p.shape, 0xAA, dtype=torch.uint8) for p in release.out_parts(name, "F32", shape)}
+    release.encode_into(value, "F32", into)
+    assert sorted(calls) == sorted([Q6_K, Q4_K])  # the third file's Q6_K not encoded again
+    encoded = release.encode(value, "F32")
+    assert len(calls) == 4
+    for file, mine in zip(release.files, alone, strict=True):
+        for part, stored in mine.items():
+            assert torch.equal(into[file_part(file, part)], stored)
+            assert torch.equal(encoded[file_part(file, part)], stored)
+    # each file's own tensor: the writer owns what it is handed
+    assert encoded[file_part("c", MAIN)].data_ptr() != encoded[file_part("a", MAIN)].data_ptr()
+
+
+def test_an_importance_matrix_is_no_difference_to_a_type_that_reads_none() -> None:
+    # Q8_0 reads no matrix: the embeddings of a release's Q8_0 file (none given) and of its Q4_K_M file (the
+    # release's matrix named) encode as one; Q4_K reads it: two encodings.
+    from resumerge.inputs.gguf.ggmltypes import IQ3_S, IQ4_NL, IQ4_XS, Q4_K, Q8_0
+    from resumerge.outputs.gguf.outcodec import GgufOutCodec
+    from resumerge.outputs.gguf.releasecodec import same_as
+
+    name, matrix = "token_embd.weight", "/state/imatrix/0123.gguf"
+    assert same_as([GgufOutCodec(name, Q8_0), GgufOutCodec(name, Q8_0, imatrix=matrix)]) == [0, 0]
+    assert same_as([GgufOutCodec(name, Q4_K), GgufOutCodec(name, Q4_K, imatrix=matrix)]) == [0, 1]
+    # IQ4_NL standing in for IQ4_XS in one file and for IQ3_S in another (rows not of 256 values): one encoding
+    assert same_as([GgufOutCodec(name, IQ4_NL, llama_type=IQ4_XS, imatrix=matrix),
+                    GgufOutCodec(name, IQ4_NL, llama_type=IQ3_S, imatrix=matrix)]) == [0, 0]
+    assert same_as([GgufOutCodec(name, Q4_K, imatrix=matrix), GgufOutCodec(name, Q8_0),
+                    GgufOutCodec(name, Q4_K, imatrix=matrix), GgufOutCodec(name, Q8_0, transform="x")]) == [0, 1, 0, 3]
