@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -46,7 +48,7 @@ EXIT_NO_EFFECT = 5
 EXIT_BROKEN = 6
 
 # What each exit code tells a script (docs/commands.md is written from this table).
-EXIT_MEANINGS: dict[int, str] = {
+EXIT_MEANINGS: Mapping[int, str] = MappingProxyType({
     EXIT_OK: "done; `check`: the merge works",
     EXIT_INTERNAL: "an internal error (a bug: the line says what failed; please report it)",
     EXIT_INVALID: "bad input: the config, a model, or the command line (one line says what, where and what to do); "
@@ -58,11 +60,11 @@ EXIT_MEANINGS: dict[int, str] = {
     EXIT_NO_EFFECT: "`check`: no effect (the merge is indistinguishable from its base or one parent)",
     EXIT_BROKEN: "`check`: broken (non-finite values, NLL far above its parents', or a layer that departs from all "
                  "of them)",
-}
+})
 
 # Flags whose keyword in resumerge.api is not the flag's own words (--max-memory is max_memory; --no-X is
 # X=False); tests/test_front_door.py holds this table to the parser's dests.
-API_NAMES: dict[str, str] = {
+API_NAMES: Mapping[str, str] = MappingProxyType({
     "-j/--num-threads": "num_threads",
     "--out-path": "out",
     "--transformers-cache": "cache_dir",
@@ -77,7 +79,7 @@ API_NAMES: dict[str, str] = {
     "--parent": "parents",
     "--gguf-tensor-type": "gguf_tensor_types",
     "--pure": "gguf_pure",
-}
+})
 # A flag (not part of a path or word), or a whole ``resumerge …`` command, whose flags stay as typed.
 _FLAG = re.compile(r"resumerge (?:run|resume|plan|status|verify|extract-lora|check)\b[^;)—]*"
                    r"|(?<![\w/.-])(?:-j/)?--[a-z][a-z0-9-]*")

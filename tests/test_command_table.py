@@ -10,6 +10,7 @@ import importlib
 import io
 import sys
 import types
+from types import MappingProxyType
 
 import pytest
 
@@ -43,7 +44,9 @@ def _toy_module() -> types.ModuleType:
 
 def test_a_new_command_is_its_module_and_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "toy_command", _toy_module())
-    monkeypatch.setitem(COMMANDS, "toy", Command("toy", "toy_command", "toy_command:run"))
+    table = MappingProxyType({**COMMANDS, "toy": Command("toy", "toy_command", "toy_command:run")})
+    for module in (parsers, commands, reference):  # the one table, as each module that reads it imported it
+        monkeypatch.setattr(module, "COMMANDS", table)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert commands.main(["toy", "three small words"]) == 0

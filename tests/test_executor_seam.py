@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from conftest import ModelFactory
@@ -71,7 +72,8 @@ def test_every_command_taking_an_executor_offers_the_names_of_the_one_table(monk
 
     from resumerge.api import flagmap
 
-    monkeypatch.setitem(flagmap.EXECUTORS, "mine", lambda address, keep: None)
+    mine = MappingProxyType({**flagmap.EXECUTORS, "mine": lambda address, keep: None})
+    monkeypatch.setattr(flagmap, "EXECUTORS", mine)
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     offered = {name: next(a.choices for a in parser._actions if a.dest == "executor")
                for name, parser in subs.choices.items() if any(a.dest == "executor" for a in parser._actions)}

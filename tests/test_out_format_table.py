@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import ModelFactory
 from safetensors.torch import load_file
 from support import cli_here, linear_config, write_config
 
+from resumerge.config import outformats
 from resumerge.config.outformats import GGUF_OPTIONS, OUT_FORMATS, OutFormat, out_types, takes
 from resumerge.outputs.containers import OutputContainer, SafetensorsShards, container_class
 
@@ -59,7 +61,8 @@ def test_a_new_output_format_is_its_container_and_one_row(tmp_path: Path, make: 
     config = write_config(tmp_path / "c.yml", linear_config(a, b))
     refused = _run(tmp_path, config, "--out-type", "toy")
     assert refused.returncode == 2 and "invalid choice: 'toy'" in refused.stderr
-    monkeypatch.setitem(OUT_FORMATS, "toy", OutFormat("toy", f"{__name__}:ToyShards"))
+    monkeypatch.setattr(outformats, "OUT_FORMATS",
+                        MappingProxyType({**OUT_FORMATS, "toy": OutFormat("toy", f"{__name__}:ToyShards")}))
     # the format's own options only: a GGUF option given with it is refused as with safetensors
     wrong = _run(tmp_path, config, "--out-type", "toy", "--gguf-type", "q8_0")
     assert wrong.returncode == 2 and "--gguf-type chooses a GGUF output's types" in wrong.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -159,7 +160,7 @@ def test_a_new_executor_s_passes_are_one_site_class_and_one_row(tmp_path: Path,
         def words(self) -> list[str]:
             return ["--executor", self.name, "--ray-address", str(self.placement.address)]
 
-    monkeypatch.setitem(sites.SITES, "toy", _ToySite)
+    monkeypatch.setattr(sites, "SITES", MappingProxyType({**sites.SITES, "toy": _ToySite}))
     placement = check_placement(_Toy())
     site = sites.site_of(placement)
     assert type(site) is _ToySite and (site.name, site.here) == ("toy", True)

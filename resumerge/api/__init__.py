@@ -27,6 +27,7 @@ runs.extract, runs.transplant, merge.engine, runs.recipes, runs.evolve.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.reading import evolve_status, recipe_status, status, verify
@@ -39,7 +40,7 @@ __all__ = ["EvolveOutcome", "Harness", "Hub", "Lora", "Merging", "Output", "Reso
            "resume", "run", "status", "tokensurgeon", "verify"]
 
 # Where each name imported on its first use lives.
-_LAZY = {
+_LAZY = MappingProxyType({
     **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
     **dict.fromkeys(("Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
                      "Surgery", "Trackers"), "resumerge.api.options"),
@@ -48,7 +49,7 @@ _LAZY = {
     **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
     **dict.fromkeys(("check", "estimate", "estimate_extraction", "estimate_measure", "evaluate", "evolve",
                      "extract_lora", "measure", "plan_merge", "resume", "run"), "resumerge.api.calls"),
-}
+})
 
 if TYPE_CHECKING:
     from resumerge.api.calls import (

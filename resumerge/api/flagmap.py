@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import GROUPS, Settings
@@ -89,7 +90,9 @@ def _ray(ray_address: str | None, keep_workers: float | str | None) -> Executor:
 
 # The one table of ``--executor NAME``: each name's maker from the command line's settings (a new executor is a
 # class and one line here).
-EXECUTORS: dict[str, Callable[[str | None, float | str | None], Executor | None]] = {"local": _local, "ray": _ray}
+EXECUTORS: Mapping[str, Callable[[str | None, float | str | None], Executor | None]] = MappingProxyType({
+    "local": _local, "ray": _ray,
+})
 
 
 def executor_option(executor: str, ray_address: str | None = None,

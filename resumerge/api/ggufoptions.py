@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.config.outformats import takes
@@ -24,11 +25,11 @@ def gguf_options(given: Mapping[str, Any]) -> dict[str, Any]:
 DEFAULT_GGUF_TYPE = "f16"  # what --gguf-type is when not given
 # The GGUF type options, by field: the flag that sets each
 TYPE_FILE = "gguf_tensor_type_file"
-_GGUF_CHOICES = {"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
-                 "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
-                 "imatrix_texts": "--imatrix-texts", TYPE_FILE: "--gguf-tensor-type-file",
-                 "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure",
-                 "gguf_target_size": "--gguf-target-size", "gguf_target_bpw": "--gguf-target-bpw"}
+_GGUF_CHOICES = MappingProxyType({"gguf_tensor_types": "--gguf-tensor-type", "gguf_output_type": "--gguf-output-type",
+                                  "gguf_token_embedding_type": "--gguf-token-embedding-type", "imatrix": "--imatrix",
+                                  "imatrix_texts": "--imatrix-texts", TYPE_FILE: "--gguf-tensor-type-file",
+                                  "gguf_override_kv": "--gguf-override-kv", "gguf_pure": "--pure",
+                                  "gguf_target_size": "--gguf-target-size", "gguf_target_bpw": "--gguf-target-bpw"})
 
 
 def _gguf_type(given: Mapping[str, Any]) -> None:

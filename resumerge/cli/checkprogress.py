@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import TextIO
 
 from resumerge.analyses.check.progress import Step
 from resumerge.cli.render import StepBar, console, progress_mode
 from resumerge.machine.memory.sizes import format_duration
 
-_PHASES = {"static": "the static pass: every tensor of every model compared", "heads": "the heads: NLL and KL",
-           "starting": "starting"}
+_PHASES = MappingProxyType({
+    "static": "the static pass: every tensor of every model compared", "heads": "the heads: NLL and KL",
+    "starting": "starting",
+})
 
 
 class CheckProgress:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 # What a Ray node needs, said by --executor's help (the extra's install line, as the refusal without Ray says it).
@@ -21,7 +22,7 @@ RAY_NEEDS = "Ray on every node: pip install -c constraints.txt -e '.[ray]' in th
 CLI_ONLY = frozenset({"command", "quiet", "json", "v_flag"})
 # Options that are settings of the executor object the API takes (``executor=RayExecutor(address, keep_workers)``):
 # the command folds them into it (:func:`resumerge.api.flagmap.executor_option`).
-FOLDED = {"ray_address": "executor", "keep_workers": "executor"}
+FOLDED = MappingProxyType({"ray_address": "executor", "keep_workers": "executor"})
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 
 # mergekit-yaml flags that resumerge accepts so existing command lines work, and why each is not needed.
-UNNEEDED_FLAGS: dict[str, str] = {
+UNNEEDED_FLAGS: Mapping[str, str] = MappingProxyType({
     "--no-cuda": "merges run on the CPU unless --device cuda is given",
     "--lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
     "--no-lazy-unpickle": ".bin checkpoints are always read tensor by tensor through PyTorch's weights-only loader",
@@ -37,26 +39,26 @@ UNNEEDED_FLAGS: dict[str, str] = {
     # mergekit-moe's: it quantises the whole base model to fit the hidden-state routers in memory.
     "--load-in-4bit": "MoE routers are computed one decoder layer at a time within --max-memory",
     "--load-in-8bit": "MoE routers are computed one decoder layer at a time within --max-memory",
-}
-UNNEEDED_WITH_VALUE: dict[str, str] = {
+})
+UNNEEDED_WITH_VALUE: Mapping[str, str] = MappingProxyType({
     "--write-threads": "one writer thread streams every shard",
     "--lora-merge-cache": "no merge cache is needed",
     "--lora-merge-dtype": "no merge cache is needed",
-}
+})
 # mergekit-extract-lora's flags that mean nothing for an adapter, beyond those above (its other options are real).
-EXTRACT_UNNEEDED: dict[str, str] = {
+EXTRACT_UNNEEDED: Mapping[str, str] = MappingProxyType({
     "--copy-tokenizer": "an adapter holds no tokenizer files",
     "--no-copy-tokenizer": "an adapter holds no tokenizer files",
     "--no-allow-crimes": "modules are matched by name and shape",
     "--no-unsafe-truncate-embeddings": "vocabulary mismatches are refused by default",
     "--write-model-card": "README.md is written by default",
-}
-EXTRACT_UNNEEDED_WITH_VALUE: dict[str, str] = {
+})
+EXTRACT_UNNEEDED_WITH_VALUE: Mapping[str, str] = MappingProxyType({
     "--out-shard-size": "the adapter is written as one file",
-}
+})
 
 
-def accept_ignored(p: argparse.ArgumentParser, flags: dict[str, str], with_value: dict[str, str]) -> None:
+def accept_ignored(p: argparse.ArgumentParser, flags: Mapping[str, str], with_value: Mapping[str, str]) -> None:
     """Accept mergekit's flags that ``p`` has no use for (hidden from its help; :func:`note_ignored` notes each
     one given), skipping any that ``p`` already defines with a meaning."""
     taken = {opt for action in p._actions for opt in action.option_strings}

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.cli import flags
@@ -415,7 +416,7 @@ class Command:
 
 _HERE = "resumerge.cli.commands"
 # Every command, in the order `resumerge --help` lists them.
-COMMANDS: dict[str, Command] = {command.name: command for command in (
+COMMANDS: Mapping[str, Command] = MappingProxyType({command.name: command for command in (
     Command("run", _run_parser, f"{_HERE}:_run"),
     Command("resume", _resume_parser, f"{_HERE}:_resume"),
     Command("status", _status_parser, f"{_HERE}:_status"),
@@ -429,7 +430,7 @@ COMMANDS: dict[str, Command] = {command.name: command for command in (
     Command("measure", "resumerge.cli.measurecmd", "resumerge.cli.measurecmd:run_measure_command"),
     Command("evolve", "resumerge.cli.evolvecmd", "resumerge.cli.evolvecmd:run_evolve_command"),
     Command("demo", _demo_parser, "resumerge.cli.demo:run_demo", given="dir"),
-)}
+)})
 
 
 def asked_command(argv: Sequence[str] | None) -> str | None:

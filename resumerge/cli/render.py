@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from types import MappingProxyType
 from typing import IO, TYPE_CHECKING, TextIO
 
 from rich import box
@@ -354,8 +355,8 @@ def show_estimate(result: Estimate | RecipeEstimate, stream: TextIO | None = Non
         print(file=stream or sys.stdout)
 
 
-_LINE_STYLES = {"field": "bold", "note": "dim"}
-_VERDICT_STYLES = {"head": "", "fits": "bold green", "unfit": "bold red", "reason": ""}
+_LINE_STYLES = MappingProxyType({"field": "bold", "note": "dim"})
+_VERDICT_STYLES = MappingProxyType({"head": "", "fits": "bold green", "unfit": "bold red", "reason": ""})
 
 
 def show_plan(estimate: Estimate, stream: TextIO | None = None, *, width: int | None = None) -> None:

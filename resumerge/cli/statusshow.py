@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, TextIO
 
 from rich import box
@@ -21,8 +22,10 @@ if TYPE_CHECKING:  # status must stay fast: these are imported only for annotati
     from resumerge.runs.evolve.status import SearchStatus
     from resumerge.runs.recipes.view import RecipeStatus
 
-_STATE_STYLE = {"done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white",
-                "planning": "cyan"}
+_STATE_STYLE = MappingProxyType({
+    "done": "green", "running": "cyan", "interrupted": "yellow", "failed": "red", "planned": "white",
+    "planning": "cyan",
+})
 
 
 class _Console(Console):

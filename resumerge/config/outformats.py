@@ -13,7 +13,9 @@ A new output format is its container class (in its package under ``outputs/``) a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = ["GGUF_OPTIONS", "OUT_FORMATS", "OutFormat", "out_format", "out_types", "takes"]
 
@@ -34,10 +36,10 @@ GGUF_OPTIONS = frozenset({"gguf_type", "gguf_split_max_size", "gguf_tensor_types
                           "gguf_target_size", "gguf_target_bpw"})
 
 # --out-type -> its row (in the order --help lists them)
-OUT_FORMATS: dict[str, OutFormat] = {
+OUT_FORMATS: Mapping[str, OutFormat] = MappingProxyType({
     "safetensors": OutFormat("safetensors", "resumerge.outputs.containers:SafetensorsShards"),
     "gguf": OutFormat("gguf", "resumerge.outputs.containers:GgufFile", GGUF_OPTIONS),
-}
+})
 
 
 def out_types() -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
+from types import MappingProxyType
 from typing import NamedTuple
 
 from resumerge.errors import HostileFileError
@@ -26,7 +27,7 @@ MAX_HEADER_BYTES = 100_000_000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # dtype name -> element size in bytes (sub-byte float formats are not supported as merge inputs).
-DTYPE_SIZES: dict[str, int] = {
+DTYPE_SIZES: Mapping[str, int] = MappingProxyType({
     "BOOL": 1,
     "U8": 1,
     "I8": 1,
@@ -43,18 +44,18 @@ DTYPE_SIZES: dict[str, int] = {
     "F64": 8,
     "I64": 8,
     "U64": 8,
-}
+})
 
 
 # safetensors sorts tensor data by its Rust ``Dtype`` enum, descending, then by name. The enum is declared in
 # ascending order of element size, so this also keeps every tensor aligned to its element size.
-DTYPE_RANK: dict[str, int] = {
+DTYPE_RANK: Mapping[str, int] = MappingProxyType({
     name: rank
     for rank, name in enumerate(
         ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
          "I64", "U64"]
     )
-}
+})
 
 
 class TensorEntry(NamedTuple):

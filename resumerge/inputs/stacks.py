@@ -8,21 +8,22 @@ whose forward it does not follow (:data:`NOT_FOLLOWED`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
-NOT_A_STACK: Mapping[str, str] = {
+NOT_A_STACK: Mapping[str, str] = MappingProxyType({
     "dory": "loops its middle layers (n_recurrent_layers, n_recurrent_loops times)",
     "hrm_text": "runs its two layer stacks in turn, in cycles",
     "zamba": "shares one transformer block across its hybrid layers",
     "zamba2": "shares its transformer blocks across its hybrid layers",
-}
+})
 
 # families whose layers do stack (a slice of them is one) but whose forward a layer-by-layer pass does not follow
-NOT_FOLLOWED: Mapping[str, str] = {
+NOT_FOLLOWED: Mapping[str, str] = MappingProxyType({
     "xlnet": "attends both ways unless its attn_type is uni (each position sees every token, the next one included: "
              "its logits are no next-token predictions), and its forward holds the hidden states positions first, "
              "beside a query stream its layers hand on",
-}
+})
 
 
 def _loop(config: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -44,7 +45,9 @@ def _looping(config: Mapping[str, Any]) -> str | None:
 
 
 # families that loop some of their layers as their config says (none where it loops none)
-LOOPS_AS_CONFIGURED: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = {"inkling2_loop_text": _looping}
+LOOPS_AS_CONFIGURED: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = MappingProxyType({
+    "inkling2_loop_text": _looping,
+})
 
 
 def not_a_stack(model_type: object, config: Mapping[str, Any] | None = None) -> str | None:

@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import xxhash
@@ -71,7 +72,7 @@ class Checksum:
 _BARE = "sha256"  # the one algorithm recorded without its name: every record before names were
 SHA256 = Checksum(_BARE, hashlib.sha256, 64)
 XXH3_128 = Checksum("xxh3-128", xxhash.xxh3_128, 32)
-_TAGGED = {c.name: c for c in (XXH3_128,)}
+_TAGGED = MappingProxyType({c.name: c for c in (XXH3_128,)})
 
 
 def checksum_of(recorded: str) -> Checksum | None:

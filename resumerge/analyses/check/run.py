@@ -165,7 +165,7 @@ def _key(models: list[Checked], tokens: list[list[int]], vocab: SharedVocab | No
     doc = [[m.role, m.path if is_hub_target(m.path) else os.path.abspath(m.path), m.weight,
             [[f.name, f.size, f.identity] for f in m.opened.files]] for m in models]
     layout = {"batch_tokens": BATCH_TOKENS}  # the journal's hidden states are per batch of this size
-    parts: list[object] = [doc, tokens, versions, THRESHOLDS, layout]
+    parts: list[object] = [doc, tokens, versions, dict(THRESHOLDS), layout]
     if vocab is not None:  # absent where the vocabularies are one: the keys of such checks are as they were
         parts.append(vocab.digest())
     return content_key(parts)[:32]

@@ -22,13 +22,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from resumerge.analyses.check.report import BROKEN, NO_EFFECT, WORKS, StaticFigures
 from resumerge.analyses.check.static import UNMOVED_RATIO
 from resumerge.forward.compared.passes import PassFigures
 
-THRESHOLDS: dict[str, float] = {
+THRESHOLDS: Mapping[str, float] = MappingProxyType({
     "nll_factor": 1.5,
     "uniform_factor": 1.1,
     "depart_factor": 4.0,
@@ -36,7 +37,7 @@ THRESHOLDS: dict[str, float] = {
     "differs_kl": 1e-3,
     "no_effect_share": 0.02,
     "unmoved_ratio": UNMOVED_RATIO,
-}
+})
 
 
 def judge(roles: Sequence[str], paths: Sequence[str], static: StaticFigures,

@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
 from resumerge.machine.memory.sizes import format_duration
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|hours?|m|min|minutes?|s|sec|seconds?)?\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_UNIT_SECONDS = MappingProxyType({"h": 3600.0, "m": 60.0, "s": 1.0})
 
 
 def parse_duration(text: str, *, option: str = "--session") -> float:

@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import UsageError
@@ -32,7 +33,7 @@ from resumerge.machine.torch_import import torch
 
 NAME = "generation_config.json"
 # settings that change generate()'s output, each with the values that leave it unchanged (transformers' defaults)
-_NOT_HONOURED: Mapping[str, tuple[Any, ...]] = {
+_NOT_HONOURED: Mapping[str, tuple[Any, ...]] = MappingProxyType({
     "num_beams": (None, 1), "num_beam_groups": (None, 1), "penalty_alpha": (None,), "diversity_penalty": (None, 0.0),
     "sequence_bias": (None,), "bad_words_ids": (None,), "force_words_ids": (None,), "constraints": (None,),
     "forced_bos_token_id": (None,), "forced_eos_token_id": (None,), "remove_invalid_values": (None, False),
@@ -43,7 +44,7 @@ _NOT_HONOURED: Mapping[str, tuple[Any, ...]] = {
     "token_healing": (None, False), "min_p": (None,), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
     "eta_cutoff": (None, 0.0),
     "top_h": (None,), "renormalize_logits": (None, False), "prompt_lookup_num_tokens": (None,),
-}
+})
 
 
 @dataclass(frozen=True)

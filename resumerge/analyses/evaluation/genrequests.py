@@ -26,6 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.analyses.evaluation.genconfig import NONE, Processors, over
@@ -40,8 +41,10 @@ TOP_K = 50  # transformers' GenerationConfig default
 PROCESSED = frozenset({"repetition_penalty", "no_repeat_ngram_size", "min_length", "min_new_tokens",
                        "suppress_tokens", "begin_suppress_tokens"})
 HONOURED = frozenset({"until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p"}) | PROCESSED
-_NO_OPS: Mapping[str, Any] = {"num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
-                              "typical_p": 1.0, "min_p": None, "no_repeat_ngram_size": 0, "use_cache": True}
+_NO_OPS: Mapping[str, Any] = MappingProxyType({
+    "num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "typical_p": 1.0, "min_p": None,
+    "no_repeat_ngram_size": 0, "use_cache": True,
+})
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ cluster side by side) and is judged by what :meth:`Seats.held` says this process
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from resumerge.config.passplace import PassPlace
@@ -296,7 +297,7 @@ class _NodeSeats:
 
 # Each executor's site, by the executor's name (the ``name`` of the placement it gives): a new executor's passes
 # are its site's class and one row here.
-SITES: dict[str, Callable[[PassPlace], PassSite]] = {"local": InProcess, "ray": OnCluster}
+SITES: Mapping[str, Callable[[PassPlace], PassSite]] = MappingProxyType({"local": InProcess, "ray": OnCluster})
 
 
 def site_of(placement: PassPlace) -> PassSite:

@@ -19,23 +19,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from resumerge.errors import ModelInputError
 
 PREFIX = "base_model.model."
-_FACTORS = {
+_FACTORS = MappingProxyType({
     ".lora_A.weight": ("linear", "A"),
     ".lora_B.weight": ("linear", "B"),
     ".lora_embedding_A": ("embedding", "A"),
     ".lora_embedding_B": ("embedding", "B"),
-}
+})
 # Keys PEFT writes for features resumerge refuses, and what to call them in the message.
-_REFUSED_PARTS = {
+_REFUSED_PARTS = MappingProxyType({
     "lora_magnitude_vector": "a DoRA magnitude vector",
     "trainable_tokens_delta": "a trainable-tokens delta",
     "lora_B.bias": "a LoRA bias (lora_bias)",
     "lora_A.bias": "a LoRA bias",
-}
+})
 _MODULE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 _PARAMS = ("weight", "bias")
 

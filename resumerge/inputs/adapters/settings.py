@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -37,7 +38,7 @@ _READ_KEYS = frozenset({
     "init_lora_weights",
 })
 # Options that change how PEFT merges (or forbid merging) and are refused whenever they are set.
-_REFUSED_OPTIONS = {
+_REFUSED_OPTIONS = MappingProxyType({
     "use_dora": "DoRA (use_dora) adapters",
     "lora_bias": "adapters with a trained LoRA bias (lora_bias)",
     "layer_replication": "adapters that replicate layers (layer_replication)",
@@ -51,7 +52,7 @@ _REFUSED_OPTIONS = {
     "monteclora_config": "MonteCLoRA adapters (monteclora_config)",
     "kasa_config": "KaSA adapters (kasa_config)",
     "use_bdlora": "block-diagonal LoRA adapters (use_bdlora)",
-}
+})
 # init_lora_weights values that only initialise the adapter's own factors (the saved factors are what count).
 _SAFE_INITS = frozenset({"gaussian", "eva", "orthogonal", "mica"})
 # Inits that also rewrite the base weights, so the saved factors only make sense on that rewritten base.

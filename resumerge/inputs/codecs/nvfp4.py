@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.inputs.codecs.protocol import MAIN, OutPart, SharedScale, TensorEncoder
@@ -25,13 +26,13 @@ if TYPE_CHECKING:
 # A row block no tensor reaches: the tensor-wide scale is the whole tensor's amax, so a tensor is encoded whole.
 _WHOLE = 1 << 62
 # ModelOpt's quant_algo values that are not plain NVFP4 weights, each refused by name.
-_OTHER_ALGOS = {
+_OTHER_ALGOS = MappingProxyType({
     "NVFP4_AWQ": "NVFP4 with AWQ pre-quantization scales (pre_quant_scale)",
     "W4A8_NVFP4_FP8": "W4A8 (NVFP4 weights with FP8 activations, weight_scale_2 = amax/448)",
     "W4A8_AWQ": "W4A8 AWQ", "W4A16_AWQ": "W4A16 AWQ", "W4A8_MXFP4_FP8": "W4A8 MXFP4",
     "FP8": "FP8 (per-tensor)", "FP8_PB_WO": "block FP8", "FP8_PER_CHANNEL_PER_TOKEN": "FP8 per channel",
     "INT8_SQ": "INT8 SmoothQuant", "INT4_AWQ": "INT4 AWQ", "MXFP8": "MXFP8", "NVFP4_SVDQUANT": "NVFP4 SVDQuant",
-}
+})
 _PRODUCER = "export it unquantized with TensorRT Model Optimizer and merge that copy"
 
 

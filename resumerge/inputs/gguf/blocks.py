@@ -13,8 +13,9 @@ blocks; stored tensors are one row of bytes per value row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf import iq3grid, legacy
@@ -270,11 +271,11 @@ def _iq3_s_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 
 # ggml type -> the function that decodes a run of its blocks (its row: resumerge.inputs.gguf.ggmltypes)
-_DECODERS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
+_DECODERS: Mapping[int, Callable[[torch.Tensor, torch.Tensor], None]] = MappingProxyType({
     Q8_0: _q8_0_values, Q2_K: _q2_k_values, Q3_K: _q3_k_values, Q4_K: _q4_k_values, Q5_K: _q5_k_values,
     Q6_K: _q6_k_values, IQ4_NL: _iq4_nl_values, IQ4_XS: _iq4_xs_values, IQ3_XXS: _iq3_xxs_values,
     IQ3_S: _iq3_s_values, **IQ2_DECODERS, **IQ1_DECODERS, **TQ_DECODERS, **MXFP4_DECODERS,
-    **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}}
+    **{kind: partial(legacy.decode_blocks, kind=legacy.KINDS[kind]) for kind in legacy.KINDS}})
 
 
 def decodes(ggml_type: int) -> bool:

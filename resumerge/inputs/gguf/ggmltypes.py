@@ -8,7 +8,7 @@ of it falls back to (``tensor_type_fallback``). Everything else reads it: the de
 there by id), the encoders (:mod:`resumerge.outputs.gguf.encoders`, likewise), the name maps, the budgets and the
 type rules of a GGUF output (:mod:`resumerge.merge.plan.gguftypes`).
 
-A new type is one ``_row`` line here (its fallback's row above it), its decoder in :mod:`.blocks` ``_DECODERS``
+A new type is one row of ``_ROWS`` here (its fallback's row above it), its decoder in :mod:`.blocks` ``_DECODERS``
 and its encoder in :mod:`resumerge.outputs.gguf.encoders` ``ENCODERS``; tests/test_ggml_table.py holds the three
 equal.
 
@@ -48,46 +48,40 @@ class GgmlType:
         return not self.stored
 
 
-_ROWS: list[GgmlType] = []
-
-
-def _row(name: str, code: int, values: int, size: int, **facts: object) -> int:
-    """Type ``name``'s row added to the table; its id."""
-    _ROWS.append(GgmlType(name, code, values, size, **facts))  # type: ignore[arg-type]
-    return code
-
-
-# The round-trip errors: the legacy types and Q8_0 measured with resumerge's encoders (byte-equal to gguf-py's), the
-# K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL, IQ4_XS, IQ3_S and IQ3_XXS measured with
-# resumerge's (llama.cpp's bytes, without an importance matrix); RMS of 256 x 1024 N(0, 1) values, in %.
-F32 = _row("F32", 0, 1, 4, stored="F32")
-F16 = _row("F16", 1, 1, 2, stored="F16")
-BF16 = _row("BF16", 30, 1, 2, stored="BF16")
-Q8_0 = _row("Q8_0", 8, 32, 34, round_trip=0.54)
-Q5_1 = _row("Q5_1", 7, 32, 24, round_trip=3.8)
-Q5_0 = _row("Q5_0", 6, 32, 22, round_trip=4.3)
-Q4_1 = _row("Q4_1", 3, 32, 20, round_trip=7.9)
-Q4_0 = _row("Q4_0", 2, 32, 18, round_trip=8.6)
-Q2_K = _row("Q2_K", 10, 256, 84, fallback=Q4_0)
-Q3_K = _row("Q3_K", 11, 256, 110, fallback=Q4_0)
-Q4_K = _row("Q4_K", 12, 256, 144, round_trip=7.2, fallback=Q5_0)
-Q5_K = _row("Q5_K", 13, 256, 176, round_trip=3.6, fallback=Q5_1)
-Q6_K = _row("Q6_K", 14, 256, 210, round_trip=1.8, fallback=Q8_0)
-IQ4_NL = _row("IQ4_NL", 20, 32, 18, round_trip=7.6)
-IQ4_XS = _row("IQ4_XS", 23, 256, 136, round_trip=7.7, fallback=IQ4_NL)
-IQ3_XXS = _row("IQ3_XXS", 18, 256, 98, round_trip=21.0, needs_imatrix=True, fallback=IQ4_NL)
-IQ3_S = _row("IQ3_S", 21, 256, 110, round_trip=17.0, fallback=IQ4_NL)
-IQ2_XXS = _row("IQ2_XXS", 16, 256, 66, needs_imatrix=True, fallback=IQ4_NL)
-IQ2_XS = _row("IQ2_XS", 17, 256, 74, needs_imatrix=True, fallback=IQ4_NL)
-IQ2_S = _row("IQ2_S", 22, 256, 82, needs_imatrix=True, fallback=IQ4_NL)
-# The ternary types keep a ternary tensor exactly, a normal one hardly (resumerge.outputs.gguf.tquants); MXFP4's
-# error measured with resumerge's encoder (llama.cpp's bytes).
-TQ1_0 = _row("TQ1_0", 34, 256, 54, round_trip=81.0, fallback=Q4_0)
-TQ2_0 = _row("TQ2_0", 35, 256, 66, round_trip=81.0, fallback=Q4_0)
-MXFP4 = _row("MXFP4", 39, 32, 17, round_trip=11.5)
-# The 1-bit i-quants' errors measured with resumerge's encoders under a uniform importance matrix (they need one).
-IQ1_S = _row("IQ1_S", 19, 256, 50, round_trip=48.6, needs_imatrix=True, fallback=IQ4_NL)
-IQ1_M = _row("IQ1_M", 29, 256, 56, round_trip=45.2, needs_imatrix=True, fallback=IQ4_NL)
+# One row a type (its id bound to the type's name here; a fallback's row above the rows that name it).
+_ROWS = (
+    # The round-trip errors: the legacy types and Q8_0 measured with resumerge's encoders (byte-equal to gguf-py's), the
+    # K-quants as reference/gguf.md §5 gives them (libgguf's encoders), IQ4_NL, IQ4_XS, IQ3_S and IQ3_XXS measured with
+    # resumerge's (llama.cpp's bytes, without an importance matrix); RMS of 256 x 1024 N(0, 1) values, in %.
+    GgmlType("F32", F32 := 0, 1, 4, stored="F32"),
+    GgmlType("F16", F16 := 1, 1, 2, stored="F16"),
+    GgmlType("BF16", BF16 := 30, 1, 2, stored="BF16"),
+    GgmlType("Q8_0", Q8_0 := 8, 32, 34, round_trip=0.54),
+    GgmlType("Q5_1", Q5_1 := 7, 32, 24, round_trip=3.8),
+    GgmlType("Q5_0", Q5_0 := 6, 32, 22, round_trip=4.3),
+    GgmlType("Q4_1", Q4_1 := 3, 32, 20, round_trip=7.9),
+    GgmlType("Q4_0", Q4_0 := 2, 32, 18, round_trip=8.6),
+    GgmlType("Q2_K", Q2_K := 10, 256, 84, fallback=Q4_0),
+    GgmlType("Q3_K", Q3_K := 11, 256, 110, fallback=Q4_0),
+    GgmlType("Q4_K", Q4_K := 12, 256, 144, round_trip=7.2, fallback=Q5_0),
+    GgmlType("Q5_K", Q5_K := 13, 256, 176, round_trip=3.6, fallback=Q5_1),
+    GgmlType("Q6_K", Q6_K := 14, 256, 210, round_trip=1.8, fallback=Q8_0),
+    GgmlType("IQ4_NL", IQ4_NL := 20, 32, 18, round_trip=7.6),
+    GgmlType("IQ4_XS", IQ4_XS := 23, 256, 136, round_trip=7.7, fallback=IQ4_NL),
+    GgmlType("IQ3_XXS", IQ3_XXS := 18, 256, 98, round_trip=21.0, needs_imatrix=True, fallback=IQ4_NL),
+    GgmlType("IQ3_S", IQ3_S := 21, 256, 110, round_trip=17.0, fallback=IQ4_NL),
+    GgmlType("IQ2_XXS", IQ2_XXS := 16, 256, 66, needs_imatrix=True, fallback=IQ4_NL),
+    GgmlType("IQ2_XS", IQ2_XS := 17, 256, 74, needs_imatrix=True, fallback=IQ4_NL),
+    GgmlType("IQ2_S", IQ2_S := 22, 256, 82, needs_imatrix=True, fallback=IQ4_NL),
+    # The ternary types keep a ternary tensor exactly, a normal one hardly (resumerge.outputs.gguf.tquants); MXFP4's
+    # error measured with resumerge's encoder (llama.cpp's bytes).
+    GgmlType("TQ1_0", TQ1_0 := 34, 256, 54, round_trip=81.0, fallback=Q4_0),
+    GgmlType("TQ2_0", TQ2_0 := 35, 256, 66, round_trip=81.0, fallback=Q4_0),
+    GgmlType("MXFP4", MXFP4 := 39, 32, 17, round_trip=11.5),
+    # The 1-bit i-quants' errors measured with resumerge's encoders under a uniform importance matrix (they need one).
+    GgmlType("IQ1_S", IQ1_S := 19, 256, 50, round_trip=48.6, needs_imatrix=True, fallback=IQ4_NL),
+    GgmlType("IQ1_M", IQ1_M := 29, 256, 56, round_trip=45.2, needs_imatrix=True, fallback=IQ4_NL),
+)
 
 # ggml type id -> its row; name -> its row (in the rows' order: the order the override flags' choices are listed in)
 TYPES: Mapping[int, GgmlType] = MappingProxyType({row.code: row for row in _ROWS})

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,10 +30,10 @@ _STRING, _ARRAY = 8, 9
 _TYPE_IDS = 1 << 8
 MAX_STEP = 1 << 20  # the most bytes one request of a header read by range asks beyond what the parse needs
 # value type -> (struct format, numpy dtype) of the fixed-size scalars (gguf.md §1).
-_SCALARS: dict[int, tuple[str, str]] = {
+_SCALARS: Mapping[int, tuple[str, str]] = MappingProxyType({
     0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"), 5: ("<i", "<i4"),
     6: ("<f", "<f4"), 7: ("<?", "<u1"), 10: ("<Q", "<u8"), 11: ("<q", "<i8"), 12: ("<d", "<f8"),
-}
+})
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def is_gguf(path: Path) -> bool:
         return file.read(len(MAGIC)) == MAGIC
 
 
-def read_gguf_header(path: Path, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+def read_gguf_header(path: Path, sizes: Mapping[int, tuple[int, int]]) -> GgufHeader:
     """Parse the header of the GGUF at ``path``; ``sizes`` maps each ggml type id it may hold to (elements, bytes)
     per block (gguf-py's ``GGML_QUANT_SIZES``). Raises :class:`HostileFileError` for a file that breaks the layout,
     :class:`ModelInputError` for a version or byte order resumerge does not read."""
@@ -91,7 +92,7 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
 
 
 def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: str,
-                      sizes: dict[int, tuple[int, int]], first: int = 64 << 10) -> GgufHeader:
+                      sizes: Mapping[int, tuple[int, int]], first: int = 64 << 10) -> GgufHeader:
     """Parse the header of a ``file_size``-byte GGUF whose bytes ``[start, end)`` ``read(start, end)`` returns (a
     hub file read by HTTP Range): the header is variable-length, so a first ``first`` bytes are read, then more
     (doubling, at most :data:`MAX_STEP` a request) only while the parse runs past them. What is read past the
@@ -206,7 +207,7 @@ class _Parser:
             kinds[key] = (kind, self.sub)
         return n_tensors, metadata, kinds
 
-    def header(self, sizes: dict[int, tuple[int, int]]) -> GgufHeader:
+    def header(self, sizes: Mapping[int, tuple[int, int]]) -> GgufHeader:
         n_tensors, metadata, kinds = self.key_values()
         kv_end = self.at
         infos = []

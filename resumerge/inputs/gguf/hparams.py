@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.config.params import is_whole
@@ -21,12 +22,12 @@ from resumerge.inputs.gguf.names import expert_count
 
 # transformers' defaults (its configuration classes, 5.x) for the keys a config.json may leave out that the key
 # writer needs; tests/test_gguf_keys.py checks them against the installed transformers.
-CHOSEN_DEFAULT: Mapping[str, int] = {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8}
+CHOSEN_DEFAULT: Mapping[str, int] = MappingProxyType({"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8})
 # Qwen-MoE's intermediate_size sizes only its dense layers, which a GGUF resumerge writes has none of
 # (names.check_routing): the feed_forward_length key is written from transformers' default where it is absent.
-DENSE_WIDTH_DEFAULT: Mapping[str, int] = {"qwen2_moe": 5632, "qwen3_moe": 6144}
+DENSE_WIDTH_DEFAULT: Mapping[str, int] = MappingProxyType({"qwen2_moe": 5632, "qwen3_moe": 6144})
 # The mixtures of experts resumerge writes as GGUF, by model_type: the key holding their routed expert count.
-_COUNT_KEY = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
+_COUNT_KEY = MappingProxyType({"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"})
 # Keys every written family needs, and transformers' defaults for which describe its reference model (Llama-7B's
 # 4096 wide, 32 layers...), not the tensors: a GGUF written with them would not load, nor would transformers load
 # the weights with them.
@@ -48,8 +49,8 @@ _GEMMA_COMPLETED = ("sliding_window", "attn_logit_softcapping", "final_logit_sof
 # its RoPE base. A config missing only these is completed without importing transformers (1.8 of a llama GGUF
 # plan's 2.1 s); tests/test_gguf_defaults.py checks them against the installed transformers. A config with RoPE
 # parameters is transformers' to read (its rope_theta may come from them, or be unset).
-KNOWN_DEFAULTS: Mapping[str, Mapping[str, float | None]] = {
-    "llama": {"head_dim": None, "rope_theta": 10000.0}, "mistral": {"head_dim": None, "rope_theta": 10000.0}}
+KNOWN_DEFAULTS: Mapping[str, Mapping[str, float | None]] = MappingProxyType({
+    "llama": {"head_dim": None, "rope_theta": 10000.0}, "mistral": {"head_dim": None, "rope_theta": 10000.0}})
 _HINT = "fix the key in the config.json the output's is built from (the base model's), or write it as safetensors"
 
 

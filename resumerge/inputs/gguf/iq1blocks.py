@@ -22,6 +22,7 @@ May import: numpy, torch (through :mod:`resumerge.machine.torch_import`), the gg
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -171,4 +172,4 @@ def _iq1_m_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 
 # ggml type -> the function that decodes a run of its blocks
-IQ1_DECODERS = {IQ1_S: _iq1_s_values, IQ1_M: _iq1_m_values}
+IQ1_DECODERS = MappingProxyType({IQ1_S: _iq1_s_values, IQ1_M: _iq1_m_values})

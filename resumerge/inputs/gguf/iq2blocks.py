@@ -22,6 +22,7 @@ May import: numpy, torch (through :mod:`resumerge.machine.torch_import`), the gg
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -109,7 +110,7 @@ _HEX_1024 = (
     "909a00a005a00aa014a022a02aa041a044a050a0a2a0aaa040a165a102a20aa222a228a22aa282a288a28aa2a8a201a404a410a440a489a4"
     "a4a400a519a551a60aa828a8a2a854a986a908aa0aaa20aa22aa28aa88aaaaaa"
 )
-_GRIDS = {IQ2_XXS: _HEX_256, IQ2_XS: _HEX_512, IQ2_S: _HEX_1024}
+_GRIDS = MappingProxyType({IQ2_XXS: _HEX_256, IQ2_XS: _HEX_512, IQ2_S: _HEX_1024})
 
 
 @functools.cache
@@ -215,4 +216,4 @@ def _half(blocks: torch.Tensor) -> torch.Tensor:
 
 
 # ggml type -> the function that decodes a run of its blocks
-IQ2_DECODERS = {IQ2_XXS: _iq2_xxs_values, IQ2_XS: _iq2_xs_values, IQ2_S: _iq2_s_values}
+IQ2_DECODERS = MappingProxyType({IQ2_XXS: _iq2_xxs_values, IQ2_XS: _iq2_xs_values, IQ2_S: _iq2_s_values})

@@ -16,6 +16,7 @@ included).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf.ggmltypes import Q4_0, Q4_1, Q5_0, Q5_1
@@ -42,7 +43,7 @@ class Kind:
 
 
 # ggml type id -> its kind (its block's values and bytes: its row in resumerge.inputs.gguf.ggmltypes)
-KINDS = {Q4_0: Kind(15, False), Q4_1: Kind(15, True), Q5_0: Kind(31, False), Q5_1: Kind(31, True)}
+KINDS = MappingProxyType({Q4_0: Kind(15, False), Q4_1: Kind(15, True), Q5_0: Kind(31, False), Q5_1: Kind(31, True)})
 
 
 def scales(raw: torch.Tensor) -> torch.Tensor:

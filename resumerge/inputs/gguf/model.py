@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -125,7 +126,7 @@ def gguf_model(headers: tuple[tuple[str, GgufHeader], ...], where: str) -> GgufM
 # An NVFP4 tensor's companions as llama.cpp's converter stores them (reference/kquants.md §7): ModelOpt's
 # weight_scale_2 as ``<name>.scale`` (F32, multiplied at run time) and its input_scale as ``<name>.input_scale``;
 # named after the weight's HF module as ModelOpt names them.
-NVFP4_COMPANIONS = {"scale": "weight_scale_2", "input_scale": "input_scale"}
+NVFP4_COMPANIONS = MappingProxyType({"scale": "weight_scale_2", "input_scale": "input_scale"})
 
 
 def _hf_names(arch: str, info: GgufTensor, experts: int, where: str) -> list[tuple[str, int | None]]:

@@ -17,6 +17,7 @@ types' table (:mod:`.ggmltypes`).
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf.ggmltypes import MXFP4
@@ -51,4 +52,4 @@ def _mxfp4_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 
 # ggml type -> the function that decodes a run of its blocks
-MXFP4_DECODERS = {MXFP4: _mxfp4_values}
+MXFP4_DECODERS = MappingProxyType({MXFP4: _mxfp4_values})

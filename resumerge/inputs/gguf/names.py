@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ModelInputError
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
 
 # general.architecture -> (architectures[0], model_type)
-FAMILIES: Mapping[str, tuple[str, str]] = {
+FAMILIES: Mapping[str, tuple[str, str]] = MappingProxyType({
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
@@ -26,7 +27,7 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
-}
+})
 GEMMA = ("gemma2", "gemma3")
 
 # Transforms of a decoded GGUF tensor into Hugging Face's values.
@@ -34,21 +35,23 @@ UNPERMUTE_Q = "unpermute_q"  # llama: q rows un-permuted over num_attention_head
 UNPERMUTE_K = "unpermute_k"  # ... k rows over num_key_value_heads
 NORM_MINUS_ONE = "norm_minus_one"  # gemma: RMSNorm weights are stored as 1 + w
 
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = {
+_TOP = MappingProxyType({"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"})
+_BLOCK = MappingProxyType({
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "ffn_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-}
-_GEMMA_BLOCK = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-                "post_ffw_norm": "post_feedforward_layernorm"}
+})
+_GEMMA_BLOCK = MappingProxyType({
+    "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+})
 # Mixtral (llama arch with experts): the block-sparse names.
-_MIXTRAL_BLOCK = {"ffn_gate_inp": "block_sparse_moe.gate"}
-_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_MIXTRAL_EXPERTS = {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"}
+_MIXTRAL_BLOCK = MappingProxyType({"ffn_gate_inp": "block_sparse_moe.gate"})
+_EXPERTS = MappingProxyType({"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"})
+_MIXTRAL_EXPERTS = MappingProxyType({"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"})
 # Tensors the converter derives from the config (llama3's rope scaling): not weights of the HF model.
 _DERIVED = ("rope_freqs.weight",)
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -173,15 +176,18 @@ def hf_config(arch: str, metadata: Mapping[str, Any], embed_rows: int, tied: boo
 
 
 # HF model_type -> general.architecture of the GGUF llama.cpp's converter writes (Mistral's and Mixtral's as llama).
-ARCH_OF: Mapping[str, str] = {**{model_type: arch for arch, (_, model_type) in FAMILIES.items()}, "mistral": "llama",
-                              "mixtral": "llama"}
+ARCH_OF: Mapping[str, str] = MappingProxyType({
+    **{model_type: arch for arch, (_, model_type) in FAMILIES.items()}, "mistral": "llama", "mixtral": "llama",
+})
 MOE_ARCHS = ("qwen2moe", "qwen3moe")
-_TOP_BACK = {hf: gguf for gguf, hf in _TOP.items()}
+_TOP_BACK = MappingProxyType({hf: gguf for gguf, hf in _TOP.items()})
 # A routed expert's projection stored one tensor per expert (Qwen-MoE's names, Mixtral's w1/w3/w2), or transformers
 # 5's fused stack of a layer's experts (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]).
 _PER_EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
 _FUSED_STACK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(?:\.weight)?")
-_EXPERT_BACK = {**{hf: gguf for gguf, hf in _EXPERTS.items()}, **{hf: gguf for gguf, hf in _MIXTRAL_EXPERTS.items()}}
+_EXPERT_BACK = MappingProxyType({
+    **{hf: gguf for gguf, hf in _EXPERTS.items()}, **{hf: gguf for gguf, hf in _MIXTRAL_EXPERTS.items()},
+})
 
 
 def expert_target(hf: str) -> tuple[tuple[str, ...], int | None] | None:
@@ -255,7 +261,7 @@ def gguf_metadata(arch: str, config: Mapping[str, Any]) -> list[tuple[str, tuple
 # hard-coded in its call of build_moe_ffn, read from no GGUF key (nor are expert_weights_scale and
 # expert_gating_func for these families: softmax, unscaled, as transformers'). Mixtral always renormalises, in
 # transformers and llama.cpp alike; Qwen-MoE does in transformers only with norm_topk_prob (false when absent).
-_RENORMALISED = {"qwen2moe": False, "qwen3moe": True}
+_RENORMALISED = MappingProxyType({"qwen2moe": False, "qwen3moe": True})
 
 
 def expert_count(config: Mapping[str, Any]) -> Any:

@@ -19,6 +19,7 @@ May import: torch (through :mod:`resumerge.machine.torch_import`), the ggml type
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from resumerge.inputs.gguf.ggmltypes import TQ1_0, TQ2_0
@@ -69,4 +70,4 @@ def _tq1_0_values(blocks: torch.Tensor, into: torch.Tensor) -> None:
 
 
 # ggml type -> the function that decodes a run of its blocks
-TQ_DECODERS = {TQ1_0: _tq1_0_values, TQ2_0: _tq2_0_values}
+TQ_DECODERS = MappingProxyType({TQ1_0: _tq1_0_values, TQ2_0: _tq2_0_values})

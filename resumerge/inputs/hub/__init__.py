@@ -12,6 +12,7 @@ Call order for one hub model (``not is_local(ref)``):
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from resumerge.machine.torch_import import on_first_use
@@ -26,9 +27,11 @@ if TYPE_CHECKING:
 # Each name's module, imported on first use: a module of this package (the verify records a local run keeps, the
 # counters of its reads) is imported without the others, so a run whose inputs and output are all local never
 # imports huggingface_hub's client and its HTTP stack (httpx, httpcore, trio: about 0.3 s of CPU).
-_WHERE = {"HubSettings": ".cache", "RemoteFile": ".cache", "hub_settings": ".cache", "HubEvent": ".events",
-          "ProgressCallback": ".events", "HubUnavailableError": ".remote", "RepoMetadata": ".resolve",
-          "fetch_weights": ".resolve", "is_local": ".local", "resolve_metadata": ".resolve"}
+_WHERE = MappingProxyType({
+    "HubSettings": ".cache", "RemoteFile": ".cache", "hub_settings": ".cache", "HubEvent": ".events",
+    "ProgressCallback": ".events", "HubUnavailableError": ".remote", "RepoMetadata": ".resolve",
+    "fetch_weights": ".resolve", "is_local": ".local", "resolve_metadata": ".resolve",
+})
 
 __all__ = [
     "HubEvent",

@@ -23,7 +23,7 @@ from resumerge.errors import HostileFileError
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _TREE_FORMAT = 1
-_TRUE = {"1", "on", "yes", "true"}
+_TRUE = frozenset({"1", "on", "yes", "true"})
 
 
 @dataclass(frozen=True)

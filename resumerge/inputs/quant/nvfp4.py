@@ -11,7 +11,8 @@ that producer writes for the same float values, :func:`decode` reads either.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Literal
 
 from resumerge.inputs.quant.refusals import HeaderMap, refuse
@@ -111,10 +112,10 @@ def encode(value: torch.Tensor, convention: Convention,
 
 
 # convention -> (the stored suffix of the codes, of the tensor-wide scale, of the static activation scale)
-SUFFIXES: dict[str, tuple[str, str, str]] = {
+SUFFIXES: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "modelopt": (".weight", ".weight_scale_2", ".input_scale"),
     "compressed-tensors": (".weight_packed", ".weight_global_scale", ".input_global_scale"),
-}
+})
 _INCOMPLETE = "the checkpoint is incomplete: download it again"
 
 

@@ -9,12 +9,14 @@ prefixes ``Ki`` to ``Pi`` (with or without ``B``) and ``bytes``. Suffixes are ca
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from resumerge.errors import UsageError
 
 __all__ = ["format_duration", "format_size", "parse_size"]
 
-_MULTIPLIERS: dict[str, int] = {
+_MULTIPLIERS: Mapping[str, int] = MappingProxyType({
     "": 1,
     "byte": 1,
     "bytes": 1,
@@ -40,7 +42,7 @@ _MULTIPLIERS: dict[str, int] = {
     "tib": 2**40,
     "pi": 2**50,
     "pib": 2**50,
-}
+})
 
 # A plain decimal number (no sign, no exponent, no underscores) and an optional unit, spaces allowed around.
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", re.ASCII)

@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.params import is_whole
@@ -41,7 +42,7 @@ _PRE_MARKERS = ("embed", "wte", "wpe", "word_embeddings", "tok_embeddings")
 _HEAD_MODULES = ("lm_head", "embed_out")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 # A model without its own head contributes the input embedding the head is tied to (tied embeddings).
-TIED_NAMES: Mapping[str, tuple[str, ...]] = {
+TIED_NAMES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "lm_head.weight": (
         "model.embed_tokens.weight",  # Llama, Mistral, Qwen, Gemma, Phi-3
         "transformer.wte.weight",  # GPT-2
@@ -53,7 +54,7 @@ TIED_NAMES: Mapping[str, tuple[str, ...]] = {
     ),
     "language_model.lm_head.weight": ("language_model.model.embed_tokens.weight",),  # Llava, Gemma 3, Mistral 3
     "embed_out.weight": ("gpt_neox.embed_in.weight",),  # GPT-NeoX with tie_word_embeddings
-}
+})
 # Every name a head may be tied to: what is_input_embedding asks of each of a plan's 46k names.
 _TIED_ALTERNATIVES = frozenset(alt for alts in TIED_NAMES.values() for alt in alts)
 # Per-layer lists in config.json that must follow the output's layers (transformers 5 validates their length):
@@ -252,14 +253,14 @@ def _gemma3_type(cfg: Mapping[str, Any], i: int) -> str:
     return _SLIDING if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else _FULL
 
 
-_LAYER_TYPE_RULES: Mapping[str, Callable[[Mapping[str, Any], int], str]] = {
+_LAYER_TYPE_RULES: Mapping[str, Callable[[Mapping[str, Any], int], str]] = MappingProxyType({
     "qwen2": _qwen2_type,
     "qwen3": _qwen2_type,
     "qwen2_moe": _qwen2_moe_type,
     "gemma2": _gemma2_type,
     "gemma3_text": _gemma3_type,
     "qwen3_next": _qwen3_next_type,
-}
+})
 
 
 def derives_layer_types(config: Mapping[str, Any]) -> bool:

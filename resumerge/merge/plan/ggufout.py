@@ -59,7 +59,7 @@ from resumerge.outputs.gguf.stackcodec import GgufStackCodec
 
 GGUF_NAME = "model.gguf"
 SPLIT_NAME = "model-{:05d}-of-{:05d}.gguf"  # gguf-split's (llama_split_path), numbered from 1
-_KINDS = {"u32": U32, "f32": F32}
+_KINDS = MappingProxyType({"u32": U32, "f32": F32})
 # A key-value an output sets over the one made or read (general.name, a tokenizer's added tokens).
 OwnValue = str | bool | int
 

@@ -51,6 +51,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from resumerge.inputs.gguf.ggmltypes import (
     BF16,
@@ -97,7 +98,7 @@ class Mix:
 
 
 # --gguf-type -> its llama_ftype and default type (llama_ftype_get_default_type)
-MIXES: Mapping[str, Mix] = {
+MIXES: Mapping[str, Mix] = MappingProxyType({
     "f32": Mix(0, F32), "f16": Mix(1, F16), "bf16": Mix(32, BF16), "q8_0": Mix(7, Q8_0), "q5_1": Mix(9, Q5_1),
     "q5_0": Mix(8, Q5_0), "q4_1": Mix(3, Q4_1), "q4_0": Mix(2, Q4_0), "q2_k": Mix(10, Q2_K),
     "q2_k_s": Mix(21, Q2_K, needs_imatrix=True), "q3_k_s": Mix(11, Q3_K), "q3_k_m": Mix(12, Q3_K),
@@ -109,14 +110,14 @@ MIXES: Mapping[str, Mix] = {
     "iq2_xxs": Mix(19, IQ2_XXS, needs_imatrix=True), "iq2_xs": Mix(20, IQ2_XS, needs_imatrix=True),
     "iq2_s": Mix(28, IQ2_XS, needs_imatrix=True), "iq2_m": Mix(29, IQ2_S, needs_imatrix=True),
     "iq1_s": Mix(24, IQ1_S, needs_imatrix=True), "iq1_m": Mix(31, IQ1_M, needs_imatrix=True),
-    "tq1_0": Mix(36, TQ1_0), "tq2_0": Mix(37, TQ2_0), "mxfp4_moe": Mix(38, MXFP4)}
+    "tq1_0": Mix(36, TQ1_0), "tq2_0": Mix(37, TQ2_0), "mxfp4_moe": Mix(38, MXFP4)})
 # the 1- and 2-bit i-quant mixes (their rules: _iq2_bumped)
 _IQ1_MIXES = ("iq1_s", "iq1_m")
 _IQ2_MIXES = ("iq2_xxs", "iq2_xs", "iq2_s", "iq2_m", *_IQ1_MIXES)
 # IQ3_S in place of Q2_K (IQ2_S and IQ2_M files)
 _IQ2_RICH = ("iq2_s", "iq2_m")
 # tensor type names the override flags take (lower case, as llama-quantize's ggml_type_name)
-OVERRIDE_TYPES: Mapping[str, int] = {row.name.lower(): code for code, row in TYPES.items()}
+OVERRIDE_TYPES: Mapping[str, int] = MappingProxyType({row.name.lower(): code for code, row in TYPES.items()})
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from operator import attrgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.config.version import __version__
@@ -524,7 +525,7 @@ def _form(text: str) -> str:
 
 
 _STR = json.encoder.encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii, its default)
-_CONSTANTS: dict[bool | None, str] = {None: "null", True: "true", False: "false"}
+_CONSTANTS: Mapping[bool | None, str] = MappingProxyType({None: "null", True: "true", False: "false"})
 # A record's fields in JSON's sorted order; those each tensor has of its own (holes in its form, filled in this
 # order: sorted too); those recorded only when set (None, or for out_codec and carried plain and empty).
 _FIELDS = tuple(sorted(f.name for f in fields(TensorPlan)))

@@ -5,7 +5,9 @@ bytes' digest). Re-exported by :mod:`resumerge.merge.plan.merge_plan`, the plan 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from resumerge.merge.plan.defaults import DEFAULT_SEED, DEFAULT_SHARD_SIZE
 
@@ -68,13 +70,13 @@ class PlanOptions:
 
 
 # Options added after runs were first recorded: not fingerprinted at their default (an older run resumes as planned).
-LATER_OPTIONS: dict[str, object] = {"write_model_card": True, "unsafe_truncate_embeddings": False,
-                                     "num_threads": None, "dequantize": False, "parent_shard_names": False,
-                                     "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
-                                     "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None,
-                                     "imatrix_texts": None, "gguf_split_max_size": None, "out_adapter": False,
-                                     "gguf_override_kv": (), "gguf_pure": False, "imatrix_sha256": None,
-                                     "imatrix_texts_sha256": None, "gguf_target_size": None, "gguf_target_bpw": None,
-                                     "gguf_chosen_types": ()}
+LATER_OPTIONS: Mapping[str, object] = MappingProxyType({
+    "write_model_card": True, "unsafe_truncate_embeddings": False, "num_threads": None, "dequantize": False,
+    "parent_shard_names": False, "out_type": "safetensors", "gguf_type": "f16", "gguf_tensor_types": (),
+    "gguf_output_type": None, "gguf_token_embedding_type": None, "imatrix": None, "imatrix_texts": None,
+    "gguf_split_max_size": None, "out_adapter": False, "gguf_override_kv": (), "gguf_pure": False,
+    "imatrix_sha256": None, "imatrix_texts_sha256": None, "gguf_target_size": None, "gguf_target_bpw": None,
+    "gguf_chosen_types": (),
+})
 # Options naming a file of the machine that runs: recorded by its digest (NAME_sha256) and base name (changes.py).
 PATH_OPTIONS = ("imatrix", "imatrix_texts")

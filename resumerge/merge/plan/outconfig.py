@@ -41,6 +41,7 @@ import copy
 import json
 import re
 from collections.abc import Collection, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.errors import ConfigError, ModelInputError
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 
 # a numbered part of a tensor's name (``.3.``): a layer's, an expert's
 _NUMBERED_PART = re.compile(r"\.\d+\.")
-_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+_DTYPE_NAMES = MappingProxyType({"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"})
 
 
 def build_out_config(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from resumerge.config.merge_config import MergeConfig
 from resumerge.inputs.codecs import PLAIN, TensorEncoder
@@ -13,7 +14,9 @@ from resumerge.merge.plan.copies import stored_copy
 from resumerge.merge.plan.merge_plan import InputRef, TensorPlan
 from resumerge.merge.plan.tensorkinds import carried_companions
 
-DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64"}
+DTYPE_CODES = MappingProxyType({
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+})
 
 
 def out_format(tp: TensorPlan, *, dequantize: bool) -> TensorPlan:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.inputs.model import ModelInput
@@ -74,5 +75,5 @@ def _laid_out(tensors: dict[str, TensorPlan], placing: Placing
 
 
 # The containers whose files are laid out otherwise than as safetensors shards, by name.
-_PLACERS: Mapping[str, Callable[[OutputContainer, dict[str, TensorPlan], Placing], Placed]] = {
-    GgufFile.name: _gguf, GgufRelease.name: _release}
+_PLACERS: Mapping[str, Callable[[OutputContainer, dict[str, TensorPlan], Placing], Placed]] = MappingProxyType({
+    GgufFile.name: _gguf, GgufRelease.name: _release})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from resumerge.inputs.safetensors_format import numel
 from resumerge.inputs.tensorio import NAME_DTYPES, TORCH_DTYPES
@@ -24,7 +25,7 @@ from resumerge.merge.methods.spec import RowStream
 from resumerge.merge.plan.merge_plan import Plan, TensorPlan
 from resumerge.merge.plan.unitkey import TensorClasses
 
-_COMPUTE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
+_COMPUTE_SIZES = MappingProxyType({"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8})
 
 
 def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None, *, threads: int | None = None) -> int:
@@ -87,7 +88,7 @@ def estimate_bytes(tp: TensorPlan, method: MethodSpec, rows: int | None = None, 
 
 
 # The dtype a method sees, by its inputs' safetensors dtype, when the config sets none.
-_SEEN = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_SEEN = MappingProxyType({"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"})
 
 
 def _seen_dtype(tp: TensorPlan) -> str:

@@ -21,6 +21,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
@@ -38,8 +39,10 @@ from resumerge.merge.vocab.reader import TOKENIZER_FILE, AddedToken, InputTokeni
 from resumerge.merge.vocab.spec import TokenizerSpec
 
 # What a new token gets when added by text (``tokenizers`` ``AddedToken::from(s, special=false)``).
-_PLAIN = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False}
-_MINIMAL_CONFIG = {"tokenizer_class": "PreTrainedTokenizerFast"}
+_PLAIN = MappingProxyType({
+    "single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False,
+})
+_MINIMAL_CONFIG = MappingProxyType({"tokenizer_class": "PreTrainedTokenizerFast"})
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,7 @@ def _files(output: _Output) -> tuple[tuple[str, bytes], ...]:
                 files[CONFIG_FILE] = dump_json(config)
     else:
         files[TOKENIZER_FILE] = source.raw
-    files.setdefault(CONFIG_FILE, dump_json(_MINIMAL_CONFIG))
+    files.setdefault(CONFIG_FILE, dump_json(dict(_MINIMAL_CONFIG)))
     return tuple(sorted(files.items()))
 
 

@@ -7,6 +7,9 @@ rather than package data files so an installed wheel can never lack them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 # Stanford Alpaca: an optional system preamble, then "### Instruction:" / "### Input:" / "### Response:" blocks,
 # all separated by one blank line; the generation prompt opens a response block.
 ALPACA = (
@@ -95,10 +98,10 @@ EXAONE = (
     "{%- endif -%}"
 )
 
-BUILTIN_TEMPLATES: dict[str, str] = {
+BUILTIN_TEMPLATES: Mapping[str, str] = MappingProxyType({
     "alpaca": ALPACA,
     "chatml": CHATML,
     "exaone": EXAONE,
     "llama3": LLAMA3,
     "mistral": MISTRAL,
-}
+})

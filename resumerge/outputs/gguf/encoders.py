@@ -30,6 +30,8 @@ so only the sign bit of a zero ``d`` or ``m`` can differ.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,15 +52,15 @@ __all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "warm_kern
 _Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
 # importance matrix: ggml type -> its encoder (rows, ggml type, importance or None, out)
-SEARCHED: dict[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], np.ndarray]] = {
+SEARCHED: Mapping[int, Callable[[np.ndarray, int, np.ndarray | None, np.ndarray], np.ndarray]] = MappingProxyType({
     **dict.fromkeys(kquants.K_TYPES, kquants.encode_k), **dict.fromkeys(iquants.I_TYPES, iquants.encode_iq),
-    **dict.fromkeys(iq3quants.I3_TYPES, iq3quants.encode_iq3)}
+    **dict.fromkeys(iq3quants.I3_TYPES, iq3quants.encode_iq3)})
 # the types whose encoding reads an importance matrix (llama-quantize's, one entry a tensor): those, and the legacy
 # 4- and 5-bit types' weighted paths
 WEIGHTED = frozenset(SEARCHED) | frozenset(legacyweighted.LEGACY)
 # the block types encoded in numpy that read no importance matrix (the ternary ones, MXFP4): as SEARCHED's
-UNWEIGHTED = {**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
-              **dict.fromkeys(mxfp4quants.MXFP4_TYPES, mxfp4quants.encode_mxfp4)}
+UNWEIGHTED = MappingProxyType({**dict.fromkeys(tquants.TQ_TYPES, tquants.encode_tq),
+                               **dict.fromkeys(mxfp4quants.MXFP4_TYPES, mxfp4quants.encode_mxfp4)})
 
 
 def _q8_0_chunk(blocks: torch.Tensor, out: torch.Tensor, scratch: tuple[torch.Tensor, ...]) -> None:
@@ -140,8 +142,8 @@ def _plain(rows: torch.Tensor, ggml_type: int, into: torch.Tensor | None = None)
 
 
 # the types encoded with torch: ggml type -> its encoder (rows, ggml type, into or None)
-_TORCH: dict[int, Callable[[torch.Tensor, int, torch.Tensor | None], torch.Tensor]] = {
-    F32: _plain, F16: _plain, BF16: _plain, Q8_0: _q8_0, **dict.fromkeys(legacy.KINDS, _legacy)}
+_TORCH: Mapping[int, Callable[[torch.Tensor, int, torch.Tensor | None], torch.Tensor]] = MappingProxyType({
+    F32: _plain, F16: _plain, BF16: _plain, Q8_0: _q8_0, **dict.fromkeys(legacy.KINDS, _legacy)})
 
 
 def encodes(ggml_type: int) -> bool:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.errors import ModelInputError
@@ -29,14 +30,14 @@ _PROBE = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u
           '\'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
 # sha256(str(ids of _PROBE)) -> tokenizer.ggml.pre, the entries of llama.cpp's table for the families resumerge
 # writes (llama, mistral, qwen2, qwen3); another vocabulary is refused rather than guessed.
-_PRE = {
+_PRE = MappingProxyType({
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Meta-Llama-3
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # SmolLM, SmolLM2
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen1.5 / 2 / 2.5 / 3
     "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen3-Embedding
     "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",  # Mistral-Nemo
     "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
-}
+})
 _NORMAL, _USER_DEFINED, _CONTROL, _UNUSED = 1, 4, 3, 5
 _HINT = "write safetensors and convert them with llama.cpp's convert_hf_to_gguf.py, or merge with a GGUF parent"
 

@@ -23,6 +23,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -33,7 +34,7 @@ __all__ = ["ImatrixEntry", "computed_counts", "entry", "entry_rows", "imatrix_by
            "read_imatrix", "with_counts"]
 
 # the one tensor type of an importance matrix's GGUF -> its block (the header parser's sizes)
-_F32_ONLY = {F32: TYPES[F32].block}
+_F32_ONLY = MappingProxyType({F32: TYPES[F32].block})
 _REQUIRED = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
 
 

@@ -17,6 +17,7 @@ for IQ2_S's 1024 points, about a second for the 1-bit grid's 2048), never at imp
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +28,7 @@ from resumerge.inputs.gguf.iq2blocks import kgrid
 __all__ = ["Tables", "build", "tables"]
 
 _KEYS = 43692  # kmap_size: every key of levels 0 ... 2 (the largest, all 2s, is 43690)
-_NWANT = {IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 1}
+_NWANT = MappingProxyType({IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 1})
 _ROWS = 2048  # keys whose distances are taken together
 
 

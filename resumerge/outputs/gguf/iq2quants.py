@@ -12,6 +12,8 @@ Where numba is missing the same steps run vectorised in numpy (:mod:`.iq2numpy`)
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
@@ -24,7 +26,7 @@ __all__ = ["IQ2_TYPES", "encode"]
 _Array = np.ndarray
 
 # ggml type -> the kernels' kind (its row: resumerge.inputs.gguf.ggmltypes)
-_KINDS = {IQ2_XXS: iq2loop.XXS, IQ2_XS: iq2loop.XS, IQ2_S: iq2loop.S}
+_KINDS = MappingProxyType({IQ2_XXS: iq2loop.XXS, IQ2_XS: iq2loop.XS, IQ2_S: iq2loop.S})
 # the types encode encodes
 IQ2_TYPES = tuple(_KINDS)
 

@@ -17,6 +17,7 @@ May import: numpy, resumerge.inputs.gguf.iq3grid.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +28,7 @@ __all__ = ["Neighbours", "neighbours"]
 
 _QUADRUPLES = 4096  # 8 levels ** 4
 # the distinct nearest distances kept: llama.cpp's nwant
-_DISTANCES = {256: 2, 512: 3}
+_DISTANCES = MappingProxyType({256: 2, 512: 3})
 
 
 class Neighbours(NamedTuple):

@@ -26,6 +26,8 @@ scalar loop instead, to the same bits.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 
 from resumerge.inputs.gguf.ggmltypes import IQ3_S, IQ3_XXS, TYPES
@@ -39,10 +41,10 @@ __all__ = ["I3_TYPES", "encode_iq3"]
 _Array = np.ndarray
 
 # ggml type -> its grid's points (its row, the block's bytes: resumerge.inputs.gguf.ggmltypes)
-_GRID = {IQ3_XXS: 256, IQ3_S: 512}
+_GRID = MappingProxyType({IQ3_XXS: 256, IQ3_S: 512})
 # the types encode_iq3 encodes
 I3_TYPES = tuple(_GRID)
-_FUDGE = {IQ3_XXS: F(1.0125), IQ3_S: F(1.033)}
+_FUDGE = MappingProxyType({IQ3_XXS: F(1.0125), IQ3_S: F(1.033)})
 _QK = 256
 # super-blocks coded together: a chunk's working arrays stay small
 _CHUNK = 256

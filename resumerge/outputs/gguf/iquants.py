@@ -20,8 +20,9 @@ search and the final codes run compiled (:mod:`.iqloop`), a scalar loop per bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from types import MappingProxyType
 
 import numpy as np
 
@@ -175,9 +176,9 @@ def _pack(found: _Array, out: _Array) -> None:
 
 # ggml type -> its encoder of super-blocks (block, importance rows or None, offset, out); its row (the block's
 # values and bytes): resumerge.inputs.gguf.ggmltypes
-_ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
+_ENCODERS: Mapping[int, Callable[[_Array, _Array | None, int, _Array], None]] = MappingProxyType({
     IQ4_NL: _iq4_nl, IQ4_XS: _iq4_xs, **{kind: partial(iq2quants.encode, kind) for kind in iq2quants.IQ2_TYPES},
-    **{kind: partial(iq1quants.encode, kind) for kind in iq1quants.IQ1_TYPES}}
+    **{kind: partial(iq1quants.encode, kind) for kind in iq1quants.IQ1_TYPES}})
 # the types encode_iq encodes
 I_TYPES = tuple(_ENCODERS)
 

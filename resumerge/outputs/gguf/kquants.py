@@ -17,7 +17,8 @@ sub-blocks with their weights; the codes recomputed from the stored scales, pack
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -410,8 +411,8 @@ def _q6_k(block: _Array, qw: _Array | None, offset: int, out: _Array) -> None:
 
 
 # ggml type -> its encoder of super-blocks (its row, the block's bytes: resumerge.inputs.gguf.ggmltypes)
-_ENCODERS: dict[int, Callable[[_Array, _Array | None, int, _Array], None]] = {
-    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}
+_ENCODERS: Mapping[int, Callable[[_Array, _Array | None, int, _Array], None]] = MappingProxyType({
+    Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k})
 # the types encode_k encodes
 K_TYPES = tuple(_ENCODERS)
 

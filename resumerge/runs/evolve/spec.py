@@ -9,19 +9,20 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from resumerge.config.merge_config import parse_documents
 from resumerge.errors import ConfigError
 
 # mergekit 0.1.5's own methods (evo/genome.py: METHOD_PARAM_MAPS): the parameters each searches, in order.
-MERGEKIT_METHODS: dict[str, tuple[str, ...]] = {
+MERGEKIT_METHODS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "linear": ("weight",),
     "task_arithmetic": ("weight",),
     "ties": ("weight", "density"),
     "dare_ties": ("weight", "density"),
     "slerp": ("t",),
-}
+})
 # Tasks named after common benchmarks (mergekit 0.1.5's evo/config.py list): optimising on their test sets is
 # refused unless the user opts in, as mergekit-evolve refuses it.
 BENCHMARK_PREFIXES = ("mmlu", "hendrycks", "agieval", "gsm8k", "hellaswag", "winogrande", "arc_", "ai2_arc",

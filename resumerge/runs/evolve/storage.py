@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from resumerge.errors import UsageError
@@ -44,14 +45,16 @@ JOURNAL = "journal"
 WORK = "work"
 TOKENS = "tokens"  # the tasks' texts tokenized once per search
 # the log of a search to W&B or trackio (.tracking): its run's id and the generations logged, one file a library
-LOGGED = {"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"}
+LOGGED = MappingProxyType({"wandb": "logged-wandb.json", "trackio": "logged-trackio.json"})
 LOCK = "lock"  # held by the one process running the search (its pid and command inside; emptied when it ends)
 SHAPES = ("shapes.json", "front.json", "surrogate.json", "cache")  # a structure search's own (.shapes.search)
 # a combined search's own (.combined): the stages' configs, their STORAGEs and the merge between them
 COMBINED = ("parameters.yml", "structure.yml", "parameters", "merged", "structure")
 THREADS = THREADS_FILE  # the torch thread count every pass of the search computes with, decided at its first start
-_OURS = {SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(),
-         *SHAPES, *COMBINED}
+_OURS = frozenset({
+    SEARCH, STATE, TABLE, CSV, BEST, CHART, PROGRESS, JOURNAL, WORK, TOKENS, LOCK, THREADS, *LOGGED.values(), *SHAPES,
+    *COMBINED,
+})
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -57,7 +58,7 @@ METHOD = "tokensurgeon"
 CONFIG_COPY = "tokensurgeon.json"
 # config.json keys taken from DONOR's (mergekit 0.1.5's list): the token ids follow the tokenizer.
 _DONOR_KEYS = ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id", "mask_token_id", "padding_side")
-_FLAG_OF = {"models[0]": "MODEL", "base_model": "MODEL", "models[1]": "DONOR"}
+_FLAG_OF = MappingProxyType({"models[0]": "MODEL", "base_model": "MODEL", "models[1]": "DONOR"})
 
 
 @dataclass(frozen=True)

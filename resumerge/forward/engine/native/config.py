@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 _GELU_TANH = "gelu_pytorch_tanh"
 
 # What each family's transformers config class fills in for a key config.json leaves out (transformers 5).
-_DEFAULTS: dict[str, dict[str, Any]] = {
+_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None, "rms_norm_eps": 1e-6,
               "max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
@@ -39,19 +40,21 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              "num_attention_heads": 32, "num_key_value_heads": None, "rms_norm_eps": 1e-5,
              "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
              "sliding_window": None},
-}
+})
 # Gemma's families (gemma3_text: Gemma3ForCausalLM; the multimodal gemma3 is transformers'), read by _read_gemma.
-_GEMMA = {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-          "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
-          "max_position_embeddings": 8192, "pad_token_id": 0, "tie_word_embeddings": True, "attention_bias": False,
-          "hidden_activation": _GELU_TANH, "query_pre_attn_scalar": 256, "sliding_window": 4096}
-_GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
+_GEMMA = MappingProxyType({
+    "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 8192, "pad_token_id": 0, "tie_word_embeddings": True, "attention_bias": False,
+    "hidden_activation": _GELU_TANH, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+})
+_GEMMA_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "gemma": {**_GEMMA, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
               "num_attention_heads": 16, "num_key_value_heads": 16, "hidden_act": _GELU_TANH},
     "gemma2": {**_GEMMA, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
     "gemma3_text": {**_GEMMA, "vocab_size": 262208, "max_position_embeddings": 131072,
                     "final_logit_softcapping": None},
-}
+})
 # keys whose null in config.json is a value, not a key left out
 _NULLABLE = ("sliding_window", "num_key_value_heads", "head_dim", "pad_token_id", "final_logit_softcapping",
              "attn_logit_softcapping")
