@@ -16,11 +16,12 @@ import json
 import sys
 import types
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
 from resumerge.api import analyses as table
-from resumerge.cli import commands
+from resumerge.cli import commands, parsers, reference
 from resumerge.cli.parsers import COMMANDS, Command
 from resumerge.config.locations import StateDir
 from resumerge.errors import EXIT_OK
@@ -97,7 +98,9 @@ def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
     monkeypatch.setitem(sys.modules, "toy_analysis", _toy_package())
     monkeypatch.setitem(sys.modules, "toy_analysis_cmd", _toy_command())
     monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, _ToyAnalysis()))
-    monkeypatch.setitem(COMMANDS, "toy", Command("toy", "toy_analysis_cmd", "toy_analysis_cmd:run"))
+    toy = Command("toy", "toy_analysis_cmd", "toy_analysis_cmd:run")
+    for module in (parsers, commands, reference):  # the one read-only table, as each module that reads it imported it
+        monkeypatch.setattr(module, "COMMANDS", MappingProxyType({**COMMANDS, "toy": toy}))
     out, state = tmp_path / "counted", tmp_path / "state"
 
     assert _main("toy", str(out), "three small words", "--state-dir", str(state)) == (EXIT_OK, "3\n")
