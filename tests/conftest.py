@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,7 +40,6 @@ from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 RAY_HEAD = pytest.StashKey[RayHead]()
 COMMANDS = pytest.StashKey[Counter[str]]()  # the workers' tallies of CLI commands (forkserver.TALLY), merged
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
-REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()  # a test's reports by phase (setup, call, teardown)
 # Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray modules, run first); each
 # test starts with it as the session did. The variables a fork server reads as it starts are put back by
 # forkserver.session_environment (scikit-learn's KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK, set by its import,
@@ -229,27 +228,12 @@ def each_test_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def tmp_path(request: pytest.FixtureRequest, each_test_folders: Path) -> Iterator[Path]:
+def tmp_path(request: pytest.FixtureRequest, each_test_folders: Path) -> Path:
     """pytest's ``tmp_path``, a new empty folder for each test named after it, made without a scan
-    (``tempfile.mkdtemp``: a random suffix, not the next number; see ``each_test_folders``). Removed once its test
-    passed, as pytest's retention policy ("failed", pyproject's) removes its own: a whole run wrote ~20 GB of models
-    and outputs here, on a disk CI shares, and a disk over 95% full has Ray's raylets complain into drivers' stderr;
-    a failed test's folder is kept to be looked at."""
+    (``tempfile.mkdtemp``: a random suffix, not the next number; see ``each_test_folders``). Every one is kept, as
+    pytest's default retention policy ("all", the one this project uses) keeps them."""
     name = re.sub(r"\W", "_", request.node.name)[:30]
-    path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=each_test_folders))
-    yield path
-    reports = request.node.stash.get(REPORTS, {})
-    if "call" in reports and all(report.passed for report in reports.values()):
-        shutil.rmtree(path, ignore_errors=True)  # (a process the test left may still be writing in it)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Each phase's report kept on its test (``tmp_path`` reads whether its test passed)."""
-    report = yield
-    item.stash.setdefault(REPORTS, {})[report.when] = report
-    return report
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=each_test_folders))
 
 
 @pytest.fixture(autouse=True)
