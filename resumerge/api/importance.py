@@ -382,10 +382,12 @@ def merge_after_pass(plan: Plan) -> tuple[int, int]:
     """The merge of ``plan`` as it follows the importance pass in the run's process: its baseline (the process with
     the pass's modules imported and the encoders' kernels loaded,
     :func:`~resumerge.merge.engine.footprint.run_baseline`, and the float plan the pass read) and the smallest
-    budget it works under beside it."""
+    budget it works under beside it. That process holds at least what the merge's own does: the larger of the two
+    fresh measurements counts (each is measured once, and two fresh processes differ by some MB; the merge's own
+    guard, :func:`~resumerge.merge.engine.devices.make_governor`, judges by the other one)."""
     from resumerge.merge.engine.footprint import PER_TENSOR, run_baseline, smallest_run_budget
 
-    baseline = run_baseline(plan, pass_modules(plan)) + PER_TENSOR * len(plan.tensors)
+    baseline = max(run_baseline(plan, pass_modules(plan)), run_baseline(plan)) + PER_TENSOR * len(plan.tensors)
     return baseline, smallest_run_budget(plan, baseline).needed
 
 
