@@ -38,6 +38,7 @@ from raycluster import RayHead  # noqa: E402
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 
 RAY_HEAD = pytest.StashKey[RayHead]()
+DISCARD = pytest.StashKey[Path]()  # the base temp dir a session with no failure removes as it ends
 COMMANDS = pytest.StashKey[Counter[str]]()  # the workers' tallies of CLI commands (forkserver.TALLY), merged
 RAY_MODULES = pytest.StashKey[set[Path]]()  # the test modules with a test on Ray
 # Ray's driver sets PYTHONBREAKPOINT as it connects (ray.init in the test process, the Ray modules, run first); each
@@ -230,8 +231,8 @@ def each_test_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tmp_path(request: pytest.FixtureRequest, each_test_folders: Path) -> Path:
     """pytest's ``tmp_path``, a new empty folder for each test named after it, made without a scan
-    (``tempfile.mkdtemp``: a random suffix, not the next number; see ``each_test_folders``). Every one is kept, as
-    pytest's default retention policy ("all", the one this project uses) keeps them."""
+    (``tempfile.mkdtemp``: a random suffix, not the next number; see ``each_test_folders``). A session with no
+    failure removes them all as it ends (:func:`pytest_unconfigure`)."""
     name = re.sub(r"\W", "_", request.node.name)[:30]
     return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=each_test_folders))
 
@@ -349,9 +350,15 @@ def _cpu_now() -> dict[str, float]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """An xdist worker hands its tally of CLI commands (forked, or why fresh) to the controller's summary."""
+    """An xdist worker hands its tally of CLI commands (forked, or why fresh) to the controller's summary; a session
+    with no failure marks its base temp dir for removal as it ends (:func:`pytest_unconfigure`)."""
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["commands"] = dict(forkserver.TALLY)
+    folder = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    # pytest's own numbered folders only (an xdist worker's --basetemp is one, under the controller's)
+    ours = any(part.startswith("pytest-of-") for part in folder.parts)
+    if not session.testsfailed and ours and "RESUMERGE_KEEP_TMP" not in os.environ:
+        session.config.stash[DISCARD] = folder
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook
@@ -375,9 +382,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
                                 f"interpreters" + (f" ({reasons})" if reasons else ""))
 
 
-def pytest_unconfigure() -> None:
-    """Close the fork servers as the session ends: an xdist worker exits without its ``atexit`` functions."""
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Close the fork servers as the session ends: an xdist worker exits without its ``atexit`` functions. Then
+    remove the session's base temp dir where no test failed (each test's ``tmp_path`` and ``hermetic`` home are made
+    by this file's fixtures, which pytest's retention policy never removes: a full run left ~20 GB on the disk CI
+    shares). Only once every test and fixture has ended: removing a passed test's folder at its own teardown made a
+    full run fail in ways no single test did. A failed run keeps everything to look at; so does
+    ``RESUMERGE_KEEP_TMP=1``, and a ``--basetemp`` the user chose is never removed."""
     forkserver.close_servers()
+    if (folder := config.stash.get(DISCARD, None)) is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)
