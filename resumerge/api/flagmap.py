@@ -87,7 +87,7 @@ def executor_option(executor: str, ray_address: str | None = None,
     """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
     ``--keep-workers``), made by its row of :data:`~resumerge.config.passplace.EXECUTORS`; None for ``local`` (the
     default). Raises UsageError for an unknown name and for a setting given to an executor that takes none."""
-    row = passplace.executor_row(executor)
+    row = passplace.EXECUTORS.get(executor)
     if row is None:
         raise UsageError(f"--executor must be one of {', '.join(passplace.EXECUTORS)}, not {executor!r}")
     given = {field: value for field, value in (("address", ray_address), ("keep_workers", keep_workers))

@@ -50,11 +50,6 @@ EXECUTORS: Mapping[str, ExecutorRow] = MappingProxyType({
 })
 
 
-def executor_row(name: str) -> ExecutorRow | None:
-    """The row of ``--executor name`` (None: no such executor)."""
-    return EXECUTORS.get(name)
-
-
 def named(path: str) -> Any:
     """What ``module:name`` names (an executor's class, a site's), its module imported on first use."""
     module, _, name = path.partition(":")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from resumerge.config.passplace import HERE, PassPlace, executor_row, named
+from resumerge.config import passplace
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import UsageError
 from resumerge.forward.job.layerpass import Reserve, unreserved
 
@@ -298,8 +299,5 @@ class _NodeSeats:
 def site_of(placement: PassPlace) -> PassSite:
     """Where ``placement`` runs a pass's models, as the pass asks it: the site its executor's row names
     (:data:`~resumerge.config.passplace.EXECUTORS`)."""
-    row = executor_row(placement.name)
-    if row is None:
-        raise KeyError(placement.name)
-    site: PassSite = named(row.site)(placement)
+    site: PassSite = passplace.named(passplace.EXECUTORS[placement.name].site)(placement)
     return site
