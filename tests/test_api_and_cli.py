@@ -67,24 +67,6 @@ def test_every_api_call_is_exported_at_the_top() -> None:
         assert public - {"named"} <= set(api.__all__), home  # named: the rule on every OUT the calls share
 
 
-def test_the_api_s_three_lists_of_names_agree() -> None:
-    """``__all__``, the lazy map and the imports type checkers see under ``TYPE_CHECKING`` name the same calls (each
-    lazy name from the module the map says): a name added to one alone fails here. ``__all__`` and the guarded
-    imports stay written out because the tools read them as text (mypy takes ``from resumerge.api import *`` in
-    the package's root from a literal ``__all__``; ruff's F401 from the imports it names)."""
-    import ast
-
-    from resumerge import api
-
-    eager = {"evolve_status", "recipe_status", "status", "verify"}
-    assert sorted(api.__all__) == sorted({*api._LAZY, *eager})
-    tree = ast.parse(Path(api.__file__).read_text(encoding="utf-8"))
-    guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
-    seen = {alias.asname or alias.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
-    assert seen == api._LAZY
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help_and_is_in_the_readme(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -61,7 +61,7 @@ def test_main_prints_the_same_help_usage_and_errors(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_api_imports_its_calls_on_first_use_and_keeps_every_name() -> None:
-    """``resumerge.api`` imports ``status``'s module at once and every other public name on its first use (issue 72):
+    """``resumerge.api`` imports every public name on its first use (issue 72), ``status``'s module included:
     each name of ``__all__`` is still there, from ``from resumerge.api import X``, ``api.X`` and ``dir(api)``, and is
     the object its own module defines."""
     probe = (

@@ -67,13 +67,13 @@ def test_the_command_line_builds_the_executor_object() -> None:
 
 
 def test_every_command_taking_an_executor_offers_the_names_of_the_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A new executor is a class and one line of EXECUTORS: every command's --executor offers it, with no other edit.
+    # A new executor is a class and one row of EXECUTORS: every command's --executor offers it, with no other edit.
     import argparse
 
-    from resumerge.api import flagmap
+    from resumerge.config import passplace
 
-    mine = MappingProxyType({**flagmap.EXECUTORS, "mine": lambda address, keep: None})
-    monkeypatch.setattr(flagmap, "EXECUTORS", mine)
+    mine = MappingProxyType({**passplace.EXECUTORS, "mine": passplace.ExecutorRow(None, "m:Site")})
+    monkeypatch.setattr(passplace, "EXECUTORS", mine)
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     offered = {name: next(a.choices for a in parser._actions if a.dest == "executor")
                for name, parser in subs.choices.items() if any(a.dest == "executor" for a in parser._actions)}

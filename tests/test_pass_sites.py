@@ -6,17 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from conftest import ModelFactory
 
 from resumerge.config.locations import StateDir
 from resumerge.config.passplace import HERE, PassPlace
+from resumerge.config.settings import RunSettings
 from resumerge.errors import UsageError
 from resumerge.forward.placing.onray import Place
 from resumerge.forward.placing.sites import EachModel, Held, site_of
+from resumerge.merge.engine.executors import LocalExecutor
+from resumerge.merge.engine.job import Job
 
 
 class _Reads:
@@ -127,46 +132,68 @@ def test_a_pass_of_one_placement_per_model_runs_them_in_turn_here_and_side_by_si
     assert seats.held(["a", "b"], [10, 30], [4, 5]) == Held(31, "on Ray", 0, 0)
 
 
-def test_a_new_executor_s_passes_are_one_site_class_and_one_row(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """A third executor (a caller's own, ``toy``): its ``place_pass`` names it, and its passes are one site class
-    plugged in by one row of ``SITES``; every client's question (a pass's refusal, the words of the command that
-    continues a search, where the MoE gates' models go, where a search's generation is scored) is answered by that
-    class, with no other edit (before issue 98: a class in config, one in forward, and a method in four visitors
-    in three files)."""
+_RAN: list[int] = []  # the shards of each job the toy executor ran
+
+
+@dataclass(frozen=True)
+class _Toy:
+    """A new executor, whole: its merge side (this process's threads, counting the jobs it runs) and where it places
+    a forward pass (named as it is; its row says the pass runs in this process)."""
+
+    name: ClassVar[str] = "toy"
+    beside_ok: ClassVar[bool] = True
+    starts_early: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Nothing to check."""
+
+    @contextmanager
+    def starting(self, settings: RunSettings, *, device: str | None, bounded: bool) -> Iterator[_Toy]:
+        yield self
+
+    def run(self, job: Job) -> tuple[str, ...]:
+        _RAN.append(len(job.plan.shards))
+        return LocalExecutor().run(job)
+
+    def place_pass(self) -> PassPlace:
+        return PassPlace(self.name)
+
+
+def test_a_new_executor_is_one_class_and_one_row(tmp_path: Path, make: ModelFactory,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third executor (``toy``) is its class and one row of ``EXECUTORS``, naming the class and the site its passes
+    run on (here: this process's): ``--executor toy`` makes it from that row and merges with it, and every pass
+    client's question (a check's placement, the words of the command that continues a search, where the MoE gates'
+    models go, where a search's generation is scored) is answered through that row, with no other edit (before
+    issue 98: a class in config, one in forward, and a method in four visitors in three files; then two classes and
+    two rows, ``api/flagmap.py:EXECUTORS`` and ``forward/placing/sites.py:SITES``)."""
     from types import SimpleNamespace
+
+    from support import linear_config, write_config
 
     from resumerge.api.checked import check_placement
     from resumerge.api.evolution import _scoring
+    from resumerge.api.flagmap import executor_option
     from resumerge.api.moe_kind import _site
+    from resumerge.cli.commands import main
+    from resumerge.config import passplace
     from resumerge.forward.placing import sites
     from resumerge.runs.moe.gatesites import IN_ITS_PROCESS
 
-    class _Toy:
-        """The executor: what places its passes (its merges' side is the executor seam's, shown elsewhere)."""
-
-        name = "toy"
-
-        def place_pass(self) -> PassPlace:
-            return PassPlace(self.name, address="toy-cluster")
-
-    class _ToySite(sites.InProcess):
-        """The toy's passes: in this process, refused on a GPU, named in a continuing command."""
-
-        def refuse(self, what: str, device: str, on_gpu: bool) -> None:
-            if on_gpu:
-                raise UsageError(f"{what} runs on the toy executor's CPUs, not --device {device}")
-
-        def words(self) -> list[str]:
-            return ["--executor", self.name, "--ray-address", str(self.placement.address)]
-
-    monkeypatch.setattr(sites, "SITES", MappingProxyType({**sites.SITES, "toy": _ToySite}))
+    row = passplace.ExecutorRow(f"{__name__}:_Toy", f"{sites.__name__}:InProcess")
+    monkeypatch.setattr(passplace, "EXECUTORS", MappingProxyType({**passplace.EXECUTORS, "toy": row}))
+    cfg = write_config(tmp_path / "c.yml", linear_config(make("a", seed=1), make("b", seed=2)))
+    _RAN.clear()
+    # its merge and its check, from the command line: the merge's shards computed by the toy, the check placed by it
+    code = main(["run", str(cfg), str(tmp_path / "out"), "--executor", "toy", "--out-shard-size", "30k", "--check",
+                 "--quiet"])
+    assert code in (0, 5, 6) and len(_RAN) == 1 and _RAN[0] > 1  # the check's verdict, whichever it is
+    with pytest.raises(UsageError, match=r"^ray_address needs executor ray$"):
+        executor_option("toy", ray_address="10.0.0.1:6379")  # a setting its class has no field for
     placement = check_placement(_Toy())
-    site = sites.site_of(placement)
-    assert type(site) is _ToySite and (site.name, site.here) == ("toy", True)
-    assert site.words() == ["--executor", "toy", "--ray-address", "toy-cluster"]
-    with pytest.raises(UsageError, match="the check runs on the toy executor's CPUs"):
-        site.refuse("the check", "cuda", on_gpu=True)
+    site = site_of(placement)
+    assert type(site) is sites.InProcess and (site.name, site.here) == ("toy", True)
+    assert site.words() == ["--executor", "toy"]  # a search's continuing command names it
     settings = SimpleNamespace(executor=_Toy(), state=StateDir.resolve(tmp_path / "state"))
     assert _site(settings) is IN_ITS_PROCESS  # type: ignore[arg-type]
     made: list[Path] = []

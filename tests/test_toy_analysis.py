@@ -1,11 +1,10 @@
-"""A new analysis with its command (issue 98): its package, one row of the API's ``ANALYSES``, its command module and
-one ``Command`` row; no other module of the package is edited. A toy analysis plugged in from outside, as the toy
-codec, the toy command and the toy output format are: ``resumerge toy OUT TEXT`` runs it, ``resumerge status OUT``
-answers for its folder through the one table, and a folder it does not hold is still nothing recorded.
-
-Not shown here, since no toy can: the analysis's call in the API (``api/calls.py``, named in ``api/__init__.py``'s
-lazy map, ``__all__`` and type-checking imports, which ``tests/test_api_and_cli.py`` holds equal) that a real
-command's runner makes as its one front-door call; the toy's runner calls its package directly."""
+"""A new analysis with its command (issue 98): its package (its call in the API among it), one row of the API's
+``ANALYSES``, its command module with its ``Command`` row, and its call's entry in the API's lazy map; no other
+module of the package is edited. A toy analysis plugged in from outside, as the toy codec, the toy command and the
+toy output format are: ``resumerge toy OUT TEXT`` makes its one front-door call (``resumerge.api.toy_count``),
+``resumerge status OUT`` answers for its folder through the one table, and a folder it does not hold is still nothing
+recorded. The API's ``__all__`` and the stub type checkers read follow the lazy map (tests/test_api_stub.py); before,
+``__all__`` and the type-checking imports were two more lists written by hand."""
 
 from __future__ import annotations
 
@@ -61,7 +60,11 @@ def _toy_package() -> types.ModuleType:
         (out / _FILE).write_text(json.dumps({"words": words}), encoding="utf-8")
         return words
 
-    package.count = count  # type: ignore[attr-defined]
+    def toy_count(out: Path, text: str, state_dir: Path | None = None) -> int:
+        """The analysis's call in the API: where its journal goes, then the count."""
+        return count(out, text, StateDir.resolve(state_dir))
+
+    package.toy_count = toy_count  # type: ignore[attr-defined]
     return package
 
 
@@ -78,7 +81,9 @@ def _toy_command() -> types.ModuleType:
         parser.add_argument("--state-dir", metavar="DIR", type=Path)
 
     def run(args: argparse.Namespace) -> int:
-        print(sys.modules["toy_analysis"].count(args.out, args.text, StateDir.resolve(args.state_dir)))
+        from resumerge import api
+
+        print(api.toy_count(args.out, args.text, state_dir=args.state_dir))  # type: ignore[attr-defined]
         return EXIT_OK
 
     module.add_arguments = add_arguments  # type: ignore[attr-defined]
@@ -94,8 +99,14 @@ def _main(*words: str) -> tuple[int, str]:
 
 
 def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from test_api_stub import render
+
+    from resumerge import api
+
     monkeypatch.setitem(sys.modules, "toy_analysis", _toy_package())
+    monkeypatch.setattr(api, "_LAZY", MappingProxyType({**api._LAZY, "toy_count": "toy_analysis"}))
+    request.addfinalizer(lambda: vars(api).pop("toy_count", None))  # the API keeps a name it imported
     monkeypatch.setitem(sys.modules, "toy_analysis_cmd", _toy_command())
     monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, _ToyAnalysis()))
     toy = Command("toy", "toy_analysis_cmd", "toy_analysis_cmd:run")
@@ -111,3 +122,4 @@ def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
     assert code == EXIT_OK and (report["kind"], report["state"], report["tensors_done"]) == ("toy", "done", 3)
     assert table.analysis_of(out, StateDir.resolve(state)).name == "toy"  # type: ignore[union-attr]
     assert table.analysis_of(tmp_path, StateDir.resolve(state)) is None  # a folder it does not hold
+    assert "from toy_analysis import toy_count\n" in render() and '"toy_count"' in render()  # the stub follows

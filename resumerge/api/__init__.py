@@ -16,9 +16,10 @@ merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) 
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked by :mod:`.calls`. Errors are
 the :mod:`resumerge.errors` exceptions that the CLI maps to exit codes.
 
-The package imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, ``evolve_status``) at once and every
-other name on its first use (:func:`__getattr__`): ``resumerge status`` imports no option group, no kind of run and
-no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and ``api.run(...)`` work as ever.
+The package imports every name on its first use (:func:`__getattr__`, from the module :data:`_LAZY` names):
+``resumerge status`` imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, ``evolve_status``) and no
+option group, no kind of run and no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and
+``api.run(...)`` work as ever.
 
 May import: errors, config, machine, merge.methods, merge.vocab, inputs, merge.store, merge.plan, outputs, runs.moe,
 runs.extract, runs.transplant, merge.engine, runs.recipes, runs.evolve.
@@ -28,18 +29,10 @@ from __future__ import annotations
 
 import importlib
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from resumerge.api.reading import evolve_status, recipe_status, status, verify
-
-__all__ = ["EvolveOutcome", "Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
-           "Surgery", "Trackers", "check",
-           "estimate",
-           "estimate_extraction", "estimate_measure", "estimate_tokensurgeon", "evaluate", "evolve", "evolve_status",
-           "extract_lora", "lm_eval", "measure", "open_population", "open_unwritten", "plan_merge", "recipe_status",
-           "resume", "run", "status", "tokensurgeon", "verify"]
-
-# Where each name imported on its first use lives.
+# Where each name lives, imported on its first use: the API's one list of its names (``__all__`` is its keys, and
+# ``__init__.pyi``, what type checkers read, is generated from it: ``python tests/test_api_stub.py``).
 _LAZY = MappingProxyType({
     **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
     **dict.fromkeys(("Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
@@ -47,41 +40,11 @@ _LAZY = MappingProxyType({
     **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
     **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
+    **dict.fromkeys(("evolve_status", "recipe_status", "status", "verify"), "resumerge.api.reading"),
     **dict.fromkeys(("check", "estimate", "estimate_extraction", "estimate_measure", "evaluate", "evolve",
                      "extract_lora", "measure", "plan_merge", "resume", "run"), "resumerge.api.calls"),
 })
-
-if TYPE_CHECKING:
-    from resumerge.api.calls import (
-        check,
-        estimate,
-        estimate_extraction,
-        estimate_measure,
-        evaluate,
-        evolve,
-        extract_lora,
-        measure,
-        plan_merge,
-        resume,
-        run,
-    )
-    from resumerge.api.evolution import EvolveOutcome
-    from resumerge.api.lmevaldoor import lm_eval
-    from resumerge.api.options import (
-        Harness,
-        Hub,
-        Lora,
-        Merging,
-        Output,
-        Resources,
-        Search,
-        Settings,
-        Stages,
-        Surgery,
-        Trackers,
-    )
-    from resumerge.api.transplanting import estimate_tokensurgeon, tokensurgeon
-    from resumerge.api.unwritten import open_population, open_unwritten
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

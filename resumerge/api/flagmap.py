@@ -1,17 +1,17 @@
 """The command line's flat flags as the API's arguments: :func:`grouped` packs each flag into the option group
 (:mod:`.options`) with a field of its name, :func:`options_of` lists what a function takes by flag name (what
 tests/test_front_door.py holds equal to the CLI's flags), and :func:`executor_option` makes the executor object of
-``--executor NAME`` from the one table :data:`EXECUTORS`."""
+``--executor NAME`` from its row of the one table :data:`resumerge.config.passplace.EXECUTORS`."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import GROUPS, Settings
+from resumerge.config import passplace
 from resumerge.config.settings import KEEP_WORKERS
 from resumerge.errors import UsageError
 
@@ -72,38 +72,36 @@ def grouped(function: Callable[..., Any], flat: Mapping[str, Any]) -> dict[str, 
     return kwargs
 
 
-def _local(ray_address: str | None, keep_workers: float | str | None) -> Executor | None:
-    """``--executor local`` (the default): None, the run's and the pass's own process; it takes no setting."""
-    if ray_address is not None or keep_workers is not None:
-        raise UsageError(f"{'--ray-address' if ray_address is not None else '--keep-workers'} needs --executor ray")
-    return None
+# The command line's settings of an executor: each one's flag and the field of the executor's class it sets (a class
+# without that field takes no such setting).
+_SETTINGS = {"--ray-address": "address", "--keep-workers": "keep_workers"}
 
 
-def _ray(ray_address: str | None, keep_workers: float | str | None) -> Executor:
-    """``--executor ray``: a :class:`~resumerge.merge.engine.executors.RayExecutor`."""
-    # imported only here: it brings the merge engine (its hub, ledger and memory probes), which a local check never
-    # uses (0.3-0.5 s of every check's start, a resumed one's included)
-    from resumerge.merge.engine.executors import RayExecutor
-
-    return RayExecutor(address=ray_address, keep_workers=keep_option(keep_workers))
-
-
-# The one table of ``--executor NAME``: each name's maker from the command line's settings (a new executor is a
-# class and one line here).
-EXECUTORS: Mapping[str, Callable[[str | None, float | str | None], Executor | None]] = MappingProxyType({
-    "local": _local, "ray": _ray,
-})
+def _fields(row: passplace.ExecutorRow) -> set[str]:
+    """The fields of the class ``row`` makes (none for this process's own executor, which is not made)."""
+    return set() if row.makes is None else set(inspect.signature(passplace.named(row.makes)).parameters)
 
 
 def executor_option(executor: str, ray_address: str | None = None,
                     keep_workers: float | str | None = None) -> Executor | None:
     """The executor object of the command line's ``--executor NAME`` and its settings (``--ray-address``,
-    ``--keep-workers``), made by :data:`EXECUTORS`; None for ``local`` (the default). Raises UsageError for an
-    unknown name and for a setting given to an executor that takes none."""
-    make = EXECUTORS.get(executor)
-    if make is None:
-        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
-    return make(ray_address, keep_workers)
+    ``--keep-workers``), made by its row of :data:`~resumerge.config.passplace.EXECUTORS`; None for ``local`` (the
+    default). Raises UsageError for an unknown name and for a setting given to an executor that takes none."""
+    row = passplace.EXECUTORS.get(executor)
+    if row is None:
+        raise UsageError(f"--executor must be one of {', '.join(passplace.EXECUTORS)}, not {executor!r}")
+    given = {field: value for field, value in (("address", ray_address), ("keep_workers", keep_workers))
+             if value is not None}
+    for flag, field in _SETTINGS.items():
+        if field in given and field not in _fields(row):
+            takers = [name for name, other in passplace.EXECUTORS.items() if field in _fields(other)]
+            raise UsageError(f"{flag} needs --executor {' or '.join(takers)}")
+    if row.makes is None:  # this process: the merge engine is not imported (a local check's start)
+        return None
+    if "keep_workers" in given:
+        given["keep_workers"] = keep_option(given["keep_workers"])
+    made: Executor = passplace.named(row.makes)(**given)
+    return made
 
 
 def keep_option(keep: float | str | None) -> float:

@@ -4,8 +4,8 @@ that takes it (:func:`add`), and the one way a command's parsed flags become its
 ``--max-gpu-memory`` as one :class:`~resumerge.api.options.Resources`), ``--executor`` and its settings as one
 executor object.
 
-``--executor``'s choices are the API's one table (:data:`resumerge.api.flagmap.EXECUTORS`), so a new executor is a
-choice of every command at once."""
+``--executor``'s choices are the one table of executors (:data:`resumerge.config.passplace.EXECUTORS`), so a new
+executor is a choice of every command at once."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ class Flag:
 
 
 def _executor_choices() -> dict[str, Any]:
-    from resumerge.api.flagmap import EXECUTORS  # read when a parser is built, not when this module is imported
+    from resumerge.config import passplace  # its table read when a parser is built
 
-    return {"choices": tuple(EXECUTORS)}
+    return {"choices": tuple(passplace.EXECUTORS)}
 
 
 STATE_DIR = Flag(("--state-dir",), {

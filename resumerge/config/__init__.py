@@ -1,8 +1,9 @@
 """What the user asked: the mergekit YAML of one merge, model references, parameters, and where
 resumerge keeps its state.
 
-Everything here is parsing and validation of text the user wrote (and the table of the output formats ``--out-type``
-names, :mod:`.outformats`, which the CLI's parser reads); nothing reads a weight or touches OUT. A
+Everything here is parsing and validation of text the user wrote (and the tables of the output formats ``--out-type``
+names, :mod:`.outformats`, and of the executors ``--executor`` names, :mod:`.passplace`, which the CLI's parser
+reads); nothing reads a weight or touches OUT. A
 multi-stage recipe is parsed in :mod:`resumerge.runs.recipes.recipe`, from the documents parsed here.
 
 May import: errors.

@@ -1,12 +1,17 @@
-"""Where an executor places a forward pass (``check``, ``measure``, ``eval``, ``evolve``'s generations, the MoE
-gates): :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass` gives a :class:`PassPlace`, one small
-frozen value whose ``name`` is the executor's (``local``, ``ray``) and keys the pass's site, where every difference
-between executors lives (:data:`resumerge.forward.placing.sites.SITES`, which this package may not import: one row per
-executor). :data:`HERE`: every model in this process, one after another (the local executor, and the default)."""
+"""Every executor, one row each (:data:`EXECUTORS`), and where one places a forward pass (``check``, ``measure``,
+``eval``, ``evolve``'s generations, the MoE gates): :meth:`~resumerge.merge.engine.executors.PlacesPasses.place_pass`
+gives a :class:`PassPlace`, a small frozen value whose ``name`` is the executor's (``local``, ``ray``) and keys its
+row, which names the pass's site (:mod:`resumerge.forward.placing.sites`, which this package may not import): where
+every difference between executors' passes lives. :data:`HERE`: every model in this process, one after another (the
+local executor, and the default). A new executor is its class and one row here."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,3 +29,28 @@ class PassPlace:
 
 
 HERE = PassPlace()
+
+
+@dataclass(frozen=True)
+class ExecutorRow:
+    """One ``--executor NAME``: ``makes`` its class (``module:Class``, imported when a command names it, made from
+    the settings it has a field for: ``address`` from ``--ray-address``, ``keep_workers`` from ``--keep-workers``;
+    None: this process, the default, which takes none), ``site`` the class its passes run under (``module:Class``,
+    made from the :class:`PassPlace` the executor gives: ``InProcess`` this process, ``OnCluster`` a Ray cluster)."""
+
+    makes: str | None
+    site: str
+
+
+_SITES = "resumerge.forward.placing.sites"
+# --executor NAME -> its row (in the order --help lists them)
+EXECUTORS: Mapping[str, ExecutorRow] = MappingProxyType({
+    "local": ExecutorRow(None, f"{_SITES}:InProcess"),
+    "ray": ExecutorRow("resumerge.merge.engine.executors:RayExecutor", f"{_SITES}:OnCluster"),
+})
+
+
+def named(path: str) -> Any:
+    """What ``module:name`` names (an executor's class, a site's), its module imported on first use."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)

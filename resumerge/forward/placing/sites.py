@@ -1,12 +1,13 @@
 """Where the run's executor places a forward pass, as the pass asks it (``check``, ``measure``, ``eval``,
-``evolve``, the MoE gates): a :class:`PassSite`, one class per executor, found by the executor's name in
-:data:`SITES` from the :class:`~resumerge.config.passplace.PassPlace` the executor gave (:func:`site_of`;
-:mod:`resumerge.config.passplace` may not import this engine). :class:`InProcess` (``local``): every model in this
-process, one layer of one model at a time (:class:`~resumerge.forward.job.placement.Streams`); :class:`OnCluster`
-(``ray``): an actor per model on a Ray cluster (:mod:`resumerge.forward.placing.rayactor`). A pass asks its site what
-differs between executors (a refusal, how its hub reads bind, where its models' actors go, the
-:class:`~resumerge.forward.job.placement.Placement` of its models, the words that name it in a command) and never which
-it is: a new executor's passes are one class here and one row of :data:`SITES`.
+``evolve``, the MoE gates): a :class:`PassSite`, the class the executor's row of
+:data:`~resumerge.config.passplace.EXECUTORS` names, made from the :class:`~resumerge.config.passplace.PassPlace` the
+executor gave (:func:`site_of`; :mod:`resumerge.config.passplace` may not import this engine). :class:`InProcess`
+(``local``, and any executor whose passes run in this process): every model in this process, one layer of one model
+at a time (:class:`~resumerge.forward.job.placement.Streams`); :class:`OnCluster` (``ray``): an actor per model on a Ray
+cluster (:mod:`resumerge.forward.placing.rayactor`). A pass asks its site what differs between executors (a refusal,
+how its hub reads bind, where its models' actors go, the :class:`~resumerge.forward.job.placement.Placement` of its
+models, the words that name it in a command) and never which it is: a new executor's passes are its row, naming one
+of these sites, or a class here where they run another way.
 
 A site is asked in two steps, as a pass is judged then run: :meth:`PassSite.seat` before any weight is read (on a
 cluster: joined, each model's actor placed, refused where it cannot hold them), giving :class:`Seats`; then
@@ -17,15 +18,15 @@ cluster side by side) and is judged by what :meth:`Seats.held` says this process
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from resumerge.config.passplace import PassPlace
+from resumerge.config import passplace
+from resumerge.config.passplace import HERE, PassPlace
 from resumerge.errors import UsageError
 from resumerge.forward.job.layerpass import Reserve, unreserved
 
@@ -151,13 +152,20 @@ class PassSite(Protocol):
 
 
 class _Named:
-    """What every site takes from its executor's ``placement``: the executor's name."""
+    """What every site takes from its executor's ``placement``: the executor's name, and the words of a command that
+    places a pass so."""
 
     placement: PassPlace
 
     @property
     def name(self) -> str:
         return self.placement.name
+
+    def words(self) -> list[str]:  # no address: the cluster RAY_ADDRESS names, or one started here
+        if self.placement.name == HERE.name:  # the default: no flag
+            return []
+        address = self.placement.address
+        return ["--executor", self.name, *(["--ray-address", address] if address else [])]
 
 
 @dataclass(frozen=True)
@@ -169,9 +177,6 @@ class InProcess(_Named):
 
     def refuse(self, what: str, device: str, on_gpu: bool) -> None:
         """Nothing to refuse: this process runs the layers wherever the device is."""
-
-    def words(self) -> list[str]:
-        return []
 
     def available(self) -> None:
         """Nothing to install."""
@@ -228,10 +233,6 @@ class OnCluster(_Named):
         if on_gpu:
             raise UsageError(f"--device {device} runs {what}'s layers on this machine's GPU, and --executor ray runs "
                              "each model on a node of the cluster", hint="leave out one of the two")
-
-    def words(self) -> list[str]:  # no address: the cluster RAY_ADDRESS names, or one started here
-        address = self.placement.address
-        return ["--executor", self.name, *(["--ray-address", address] if address else [])]
 
     def places(self, state: str | None, what: str) -> Places | None:
         from resumerge.forward.placing.rayactor import placing
@@ -295,11 +296,8 @@ class _NodeSeats:
             return [future.result() for future in futures]
 
 
-# Each executor's site, by the executor's name (the ``name`` of the placement it gives): a new executor's passes
-# are its site's class and one row here.
-SITES: Mapping[str, Callable[[PassPlace], PassSite]] = MappingProxyType({"local": InProcess, "ray": OnCluster})
-
-
 def site_of(placement: PassPlace) -> PassSite:
-    """Where ``placement`` runs a pass's models, as the pass asks it: the site of its executor (:data:`SITES`)."""
-    return SITES[placement.name](placement)
+    """Where ``placement`` runs a pass's models, as the pass asks it: the site its executor's row names
+    (:data:`~resumerge.config.passplace.EXECUTORS`)."""
+    site: PassSite = passplace.named(passplace.EXECUTORS[placement.name].site)(placement)
+    return site

@@ -6,7 +6,9 @@ The session (:mod:`resumerge.merge.engine.drive`) plans, opens OUT, reconciles a
 the same :class:`~resumerge.merge.store.journal_commit.CommitJournal` in the calling process, so a run started with one
 executor resumes with the other. An executor is an object the caller hands in (``executor=`` of the API functions),
 its own settings on it: :class:`LocalExecutor` (threads of this process, the default) and :class:`RayExecutor`
-(a worker per node of a Ray cluster: :mod:`resumerge.merge.engine.cluster`). A new executor is one more such class.
+(a worker per node of a Ray cluster: :mod:`resumerge.merge.engine.cluster`). A new executor is one more such class
+and its row of :data:`resumerge.config.passplace.EXECUTORS` (the command line's ``--executor NAME``, where its passes
+run).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class PlacesPasses(Protocol):
 
     def place_pass(self) -> PassPlace:
         """Where a forward pass runs on this executor (:class:`~resumerge.config.passplace.PassPlace`, named as the
-        executor is: its site, :data:`resumerge.forward.placing.sites.SITES`, runs it). Raises
+        executor is: the site its row of :data:`resumerge.config.passplace.EXECUTORS` names runs it). Raises
         :class:`~resumerge.errors.UsageError` (exit 2), before any work, where it cannot run here."""
 
 
