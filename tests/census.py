@@ -53,7 +53,8 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
     # its width is emb_dim, its heads n_heads (no size key of the table): its defaults' 2,048 wide layers made a
     # model of 200M weights, the census's slowest build by far
-    "xlm": {"emb_dim": 32, "n_heads": 4},
+    "xlm": {"emb_dim": 32, "n_heads": 4, "causal": True},
+    "xlnet": {"attn_type": "uni"},
     # widths of their own names, no size key of the table, that its defaults keep thousands wide (each family's
     # census row took 2 to 8 times a Llama's)
     "inkling_text": _SWA,

@@ -26,15 +26,24 @@ from resumerge.forward.engine.handed import (
     handed_on,
     handing,
     hidden_of,
+    plain,
     read_by_name,
 )
 from resumerge.forward.engine.layerlists import first_list, innermost, layer_lists
 from resumerge.forward.engine.multimodal import head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.engine.native import NativeConfig
 from resumerge.forward.engine.reader import CastReader, Weights, base_formats
-from resumerge.forward.engine.standins import BY_ATTRIBUTE, LayerCall, recorded, stand_ins
-from resumerge.forward.engine.tail import Tail, final_names, held_positions, sequence_row, tail_names, weighted_parts
-from resumerge.inputs.stacks import not_layer_by_layer
+from resumerge.forward.engine.standins import AS_BUILT, BY_ATTRIBUTE, LayerCall, fed_to, recorded, stand_ins
+from resumerge.forward.engine.tail import (
+    Tail,
+    final_names,
+    held_positions,
+    sequence_row,
+    shaped,
+    tail_names,
+    weighted_parts,
+)
+from resumerge.inputs.stacks import not_causal, not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -45,8 +54,10 @@ from resumerge.machine.torch_import import torch
 PAD_TOLERANCE = 1e-4
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it,
-# then an object whose attributes it reads (Reformer's two streams)
-_OUTPUT_ARITIES = (0, 1, 2, 3, BY_ATTRIBUTE)
+# then an object whose attributes it reads (Reformer's two streams),
+# then the layer's own output's shape, each extra output a slot or None where the layer returns None (XLNet's query
+# stream, which its forward tests for None after the last layer)
+_OUTPUT_ARITIES = (0, 1, 2, 3, BY_ATTRIBUTE, AS_BUILT)
 
 Placed = TypeVar("Placed")
 # More of the base model's forward arguments for each batch :meth:`ModelStream.inputs` runs (None: none).
@@ -65,6 +76,21 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     fixed = (tuple(ids if v is renumbered else v for v in args),
              {k: ids if v is renumbered else v for k, v in kwargs.items()})
     return call.remade(fixed) if isinstance(call, HandingCall) else fixed
+
+
+def _positions_first(first: torch.Tensor, given: torch.Tensor, fed: list[Any]) -> bool:
+    """Whether the hidden states ``first`` entering the first layer hold the positions first, the batch second, for
+    the ``given`` ids or input embeddings (batch first; ``fed``: what the input embeddings were given, where they ran):
+    their first two sizes swapped, or, where the two are one size, the ids the embeddings were given swapped
+    (XLNet's forward transposes them before anything)."""
+    batch = tuple(given.shape[:2])
+    if first.dim() < 3 or tuple(first.shape[:2]) != batch[::-1]:
+        return False
+    if batch[0] != batch[1]:
+        return True
+    ids = fed[0] if fed and isinstance(fed[0], torch.Tensor) else None
+    return (ids is not None and given.dim() == 2 and not torch.equal(ids, given)
+            and torch.equal(ids, given.transpose(0, 1)))
 
 
 class ModelStream:
@@ -90,6 +116,14 @@ class ModelStream:
             self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
+        text = self.config.get_text_config()
+        why = not_causal(getattr(text, "model_type", None), text.to_dict())
+        if why:  # (its forward may well be followed: what it gives is no next-token prediction)
+            raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
+                                  f"{text.model_type} {why}")
+        # whether the layers' hidden states hold the positions first, the batch second (XLNet's): the pass holds
+        # them batch first, as the tokens, each layer given them as its forward does (set by each capture)
+        self.positions_first = False
         self._names = {id(m): n for n, m in self.model.named_modules()}
         self.holder, self.stack = layer_lists(self.inner, self.config.get_text_config(), self.model,
                                               self._not_a_stack())  # (the pass's steps: their calls, .calls)
@@ -364,12 +398,15 @@ class ModelStream:
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.stack)
         failed = ""
-        with recorded(self.model.get_input_embeddings()) as embedded:  # (the forward after the layers may read it)
+        # (what the forward after the layers may read; the ids it embeds: XLNet's, positions first)
+        with recorded(self.model.get_input_embeddings()) as embedded, fed_to(self.model.get_input_embeddings()) as fed:
             for arity in _OUTPUT_ARITIES:
                 calls: list[list[LayerCall]] = [[] for _ in real_layers]
                 captured, order = stand_ins()[0], list[int]()
-                stubs = [captured(c, arity, layer, order, i) for i, (c, layer) in enumerate(zip(calls, real_layers))]
+                stubs = [captured(c, arity, layer, order, i, shaped) for i, (c, layer) in enumerate(zip(calls,
+                                                                                                     real_layers))]
                 embedded.clear()
+                fed.clear()
                 try:
                     for i, stub in enumerate(stubs):
                         self.stack[i] = stub
@@ -394,6 +431,8 @@ class ModelStream:
                 if found is None:
                     continue
                 step_calls, made, outs, seen = found
+                first = plain(seen[0])
+                self.positions_first = _positions_first(first, ids if embeds is None else embeds, fed)
                 made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
                 if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
                     self.tail.keep(out, embedded, outs)
@@ -401,7 +440,8 @@ class ModelStream:
                     self.tail.derives(out, outs)
                 # a layer's extra outputs go in its slots, for a later call (GLM-5's top-k indices); what the forward
                 # computes from outputs is computed again from the pass's (Inkling 2's block states, a loop's start)
-                return seen[0], handing(step_calls, made, outs, seen)
+                return (first.transpose(0, 1).contiguous() if self.positions_first else seen[0],
+                        handing(step_calls, made, outs, seen))
         why = self._not_a_stack()
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
                               + (why or failed))
@@ -410,7 +450,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_layer_by_layer(getattr(text, "model_type", None))
+        why = not_layer_by_layer(getattr(text, "model_type", None), text.to_dict())
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -458,13 +498,20 @@ class ModelStream:
             pass
         return self.inputs_of_rows(alone)
 
-    @staticmethod
-    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True) -> torch.Tensor:
+    def run(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True
+            ) -> torch.Tensor:
         """``layer``'s output for ``hidden`` (the previous call's output: what the forward gives a call from it, a
         loop's start, is computed again, :func:`~.handed.entered`) under ``call``: what earlier layers handed it
         given, its own extra outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer
         run on another input than the pass's own). ``hidden`` is moved to the layer's device (a resumed pass's
-        journal holds host tensors)."""
+        journal holds host tensors). Batch first in and out, whatever the layer takes (:attr:`positions_first`)."""
+        if self.positions_first:
+            found = self._run(layer, hidden.transpose(0, 1), call, hand_on)
+            return found.transpose(0, 1).contiguous()
+        return self._run(layer, hidden, call, hand_on)
+
+    @staticmethod
+    def _run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, hand_on: bool) -> torch.Tensor:
         args, kwargs = given(call)
         weight = next(layer.parameters(), None)
         hidden = entered(call, hidden) if hand_on else hidden

@@ -356,6 +356,12 @@ def _own_zeros(inner: torch.nn.Module | None) -> Iterator[None]:
 _SMALL_PART = 1 << 22
 
 
+def shaped(part: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What ``part`` (its weights on the meta device) returns for ``args`` and ``kwargs`` (traced or not), for its
+    shape alone: which of its outputs are tensors, which None (a decoder layer's, for a capture's stand-in)."""
+    return _shaped(part, part.forward, *_tensors_mapped((args, kwargs), plain))
+
+
 def _shaped(part: torch.nn.Module, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What ``part`` (its weights on the meta device; its forward ``real``) returns for ``args``, for its shape and
     dtype alone: an embedding's from the ids' shape (``*ids, width``: Gemma's scaled ones too), a small part's run
