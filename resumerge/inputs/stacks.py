@@ -3,7 +3,8 @@ type; for a family that loops layers as its config says, by that config): a stac
 it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
 pass that cannot follow its forward (:mod:`resumerge.forward.engine.stream`; one that follows the forward's calls, a
 loop's included, runs it: :mod:`resumerge.forward.engine.calls`), as it is for a model whose config makes it no causal
-LM (:data:`NOT_CAUSAL_AS_CONFIGURED`: XLNet's ``attn_type: bi``, its default, its causal ``uni`` followed)."""
+LM (:data:`NOT_CAUSAL_AS_CONFIGURED`: XLNet's ``attn_type: bi`` and XLM's ``causal: false``, their defaults; their
+causal modes followed)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,19 @@ def _xlnet(config: Mapping[str, Any]) -> str | None:
             "its logits are no next-token predictions)")
 
 
+def _xlm(config: Mapping[str, Any]) -> str | None:
+    if config.get("causal"):
+        return None
+    return ("attends both ways unless its config says causal (a masked LM: each position sees every token, the next "
+            "one included: its logits are no next-token predictions)")
+
+
 # families that are causal LMs or not as their config says (their defaults and published checkpoints are not: each
 # position's logits read the tokens after it, so their NLL is no next-token loss): why a pass of one that is not is
 # refused (None where it is)
 NOT_CAUSAL_AS_CONFIGURED: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = MappingProxyType({
     "xlnet": _xlnet,
+    "xlm": _xlm,
 })
 
 

@@ -29,7 +29,7 @@ from resumerge.forward.engine.handed import (
     plain,
     read_by_name,
 )
-from resumerge.forward.engine.layerlists import first_list, innermost, layer_lists
+from resumerge.forward.engine.layerlists import Parts, first_list, innermost, layer_lists
 from resumerge.forward.engine.multimodal import head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.engine.native import NativeConfig
 from resumerge.forward.engine.reader import CastReader, Weights, base_formats
@@ -38,6 +38,7 @@ from resumerge.forward.engine.tail import (
     Tail,
     final_names,
     held_positions,
+    fresh,
     sequence_row,
     shaped,
     tail_names,
@@ -400,7 +401,7 @@ class ModelStream:
         failed = ""
         # (what the forward after the layers may read; the ids it embeds: XLNet's, positions first)
         with recorded(self.model.get_input_embeddings()) as embedded, fed_to(self.model.get_input_embeddings()) as fed:
-            for arity in _OUTPUT_ARITIES:
+            for arity in (AS_BUILT,) if isinstance(self.stack, Parts) else _OUTPUT_ARITIES:
                 calls: list[list[LayerCall]] = [[] for _ in real_layers]
                 captured, order = stand_ins()[0], list[int]()
                 stubs = [captured(c, arity, layer, order, i, shaped) for i, (c, layer) in enumerate(zip(calls,
@@ -513,6 +514,7 @@ class ModelStream:
     @staticmethod
     def _run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, hand_on: bool) -> torch.Tensor:
         args, kwargs = given(call)
+        args, kwargs = tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()}
         weight = next(layer.parameters(), None)
         hidden = entered(call, hidden) if hand_on else hidden
         hidden = hidden if weight is None or hidden.device == weight.device else hidden.to(weight.device)

@@ -358,8 +358,24 @@ _SMALL_PART = 1 << 22
 
 def shaped(part: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What ``part`` (its weights on the meta device) returns for ``args`` and ``kwargs`` (traced or not), for its
-    shape alone: which of its outputs are tensors, which None (a decoder layer's, for a capture's stand-in)."""
-    return _shaped(part, part.forward, *_tensors_mapped((args, kwargs), plain))
+    shape alone: which of its outputs are tensors, which None (a decoder layer's, for a capture's stand-in). A cache
+    among them is given as a copy (:func:`fresh`): the call's own is left as the forward made it."""
+    given = _tensors_mapped((args, kwargs), plain)
+    return _shaped(part, part.forward, tuple(map(fresh, given[0])), {k: fresh(v) for k, v in given[1].items()})
+
+
+def fresh(value: Any) -> Any:
+    """``value``, or a copy of it where it is a cache a layer writes its keys and values into (transformers'
+    ``Cache``; XLM's forward makes one even where none is asked for): each run of a layer's call is given the cache
+    as its capture found it, so that running a call again (the padding probe, a base's pass) is the same run."""
+    import sys
+
+    cache_utils = sys.modules.get("transformers.cache_utils")  # (no transformers imported: no cache)
+    if cache_utils is not None and isinstance(value, cache_utils.Cache):
+        import copy
+
+        return copy.deepcopy(value)
+    return value
 
 
 def _shaped(part: torch.nn.Module, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
