@@ -38,7 +38,7 @@ from resumerge.forward.engine.tail import (
     Tail,
     final_names,
     held_positions,
-    fresh,
+    is_cache,
     sequence_row,
     shaped,
     tail_names,
@@ -85,13 +85,26 @@ def _positions_first(first: torch.Tensor, given: torch.Tensor, fed: list[Any]) -
     their first two sizes swapped, or, where the two are one size, the ids the embeddings were given swapped
     (XLNet's forward transposes them before anything)."""
     batch = tuple(given.shape[:2])
-    if first.dim() < 3 or tuple(first.shape[:2]) != batch[::-1]:
+    if first.dim() != 3 or tuple(first.shape[:2]) != batch[::-1]:
         return False
     if batch[0] != batch[1]:
         return True
     ids = fed[0] if fed and isinstance(fed[0], torch.Tensor) else None
     return (ids is not None and given.dim() == 2 and not torch.equal(ids, given)
             and torch.equal(ids, given.transpose(0, 1)))
+
+
+def _unasked_cache_dropped(call: LayerCall, more: Mapping[str, Any] | None) -> LayerCall:
+    """A layer's ``call`` given None for a cache the forward made though none was asked for (not among ``more``, the
+    forward's arguments given: a generation's cache is kept): XLM's forward makes one whatever ``use_cache`` says,
+    and a layer given it writes its keys there, so that running the call again (the padding probe, a base's pass)
+    would attend to the keys of the run before too."""
+    asked = {id(v) for v in (more or {}).values()}
+    args, kwargs = call
+    if not any(is_cache(v) and id(v) not in asked for v in (*args, *kwargs.values())):
+        return call
+    args = tuple(None if is_cache(v) and id(v) not in asked else v for v in args)
+    return args, {k: None if is_cache(v) and id(v) not in asked else v for k, v in kwargs.items()}
 
 
 class ModelStream:
@@ -420,8 +433,9 @@ class ModelStream:
                         out = self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                          **{"use_cache": False, **(more or {})})
                 except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
-                    # (the tuples' last failure says more than an object's read by attribute)
-                    failed = failed if arity == BY_ATTRIBUTE and failed else f": {type(exc).__name__}: {exc}"
+                    # (the tuples' last failure says more than an object's read by attribute, or a layer's own shape's)
+                    failed = (failed if arity in (BY_ATTRIBUTE, AS_BUILT) and failed
+                              else f": {type(exc).__name__}: {exc}")
                     continue
                 finally:
                     for i, layer in enumerate(real_layers):
@@ -432,6 +446,7 @@ class ModelStream:
                 if found is None:
                     continue
                 step_calls, made, outs, seen = found
+                step_calls = [_unasked_cache_dropped(call, more) for call in step_calls]
                 first = plain(seen[0])
                 self.positions_first = _positions_first(first, ids if embeds is None else embeds, fed)
                 made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
@@ -514,7 +529,6 @@ class ModelStream:
     @staticmethod
     def _run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, hand_on: bool) -> torch.Tensor:
         args, kwargs = given(call)
-        args, kwargs = tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()}
         weight = next(layer.parameters(), None)
         hidden = entered(call, hidden) if hand_on else hidden
         hidden = hidden if weight is None or hidden.device == weight.device else hidden.to(weight.device)

@@ -364,14 +364,18 @@ def shaped(part: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     return _shaped(part, part.forward, tuple(map(fresh, given[0])), {k: fresh(v) for k, v in given[1].items()})
 
 
-def fresh(value: Any) -> Any:
-    """``value``, or a copy of it where it is a cache a layer writes its keys and values into (transformers'
-    ``Cache``; XLM's forward makes one even where none is asked for): each run of a layer's call is given the cache
-    as its capture found it, so that running a call again (the padding probe, a base's pass) is the same run."""
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is a cache a layer writes its keys and values into (transformers' ``Cache``)."""
     import sys
 
     cache_utils = sys.modules.get("transformers.cache_utils")  # (no transformers imported: no cache)
-    if cache_utils is not None and isinstance(value, cache_utils.Cache):
+    return cache_utils is not None and isinstance(value, cache_utils.Cache)
+
+
+def fresh(value: Any) -> Any:
+    """``value``, or a copy of it where it is a cache (:func:`is_cache`): a run for an output's shape leaves the
+    call's own cache as the forward made it."""
+    if is_cache(value):
         import copy
 
         return copy.deepcopy(value)
