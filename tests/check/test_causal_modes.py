@@ -77,20 +77,21 @@ def test_the_budget_of_an_xlm_check_holds_its_largest_part_as_a_step(tmp_path: P
     with stream:
         ffn = sum(p.numel() * 4 for p in stream.layers_list[2].parameters())
         assert [stream.prefix(m) for m in stream.layers_list[:4]] == [
-            "transformer.attentions.0.", "transformer.layer_norm1.0.", "transformer.ffns.0.", "transformer.layer_norm2.0."]
+            "transformer.attentions.0.", "transformer.layer_norm1.0.", "transformer.ffns.0.",
+            "transformer.layer_norm2.0."]
         assert step_bytes([stream], [[5] * 9]).decoder[0] >= ffn
 
 
 def test_hidden_states_positions_first_are_told_from_the_ids_the_embeddings_were_given() -> None:
     import torch
 
-    from resumerge.forward.engine.stream import _positions_first
+    from resumerge.forward.engine.tail import positions_first
 
     ids = torch.tensor([[3, 4, 5], [6, 7, 8], [9, 10, 11]])  # (three sequences of three: the sizes tell nothing)
     first = torch.zeros(3, 3, 8)
-    assert _positions_first(first, ids, [ids.transpose(0, 1)])  # XLNet's: the ids transposed before anything
-    assert not _positions_first(first, ids, [ids])
-    assert _positions_first(torch.zeros(3, 2, 8), ids[:2], [])  # (two sequences of three, positions first)
-    assert not _positions_first(torch.zeros(2, 3, 8), ids[:2], [])
+    assert positions_first(first, ids, [ids.transpose(0, 1)])  # XLNet's: the ids transposed before anything
+    assert not positions_first(first, ids, [ids])
+    assert positions_first(torch.zeros(3, 2, 8), ids[:2], [])  # (two sequences of three, positions first)
+    assert not positions_first(torch.zeros(2, 3, 8), ids[:2], [])
     # (Gemma 3n's four streams first, then the batch: two sequences of four)
-    assert not _positions_first(torch.zeros(4, 2, 4, 8), torch.arange(8).view(2, 4), [])
+    assert not positions_first(torch.zeros(4, 2, 4, 8), torch.arange(8).view(2, 4), [])

@@ -39,6 +39,7 @@ from resumerge.forward.engine.tail import (
     final_names,
     held_positions,
     is_cache,
+    positions_first,
     sequence_row,
     shaped,
     tail_names,
@@ -79,19 +80,11 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     return call.remade(fixed) if isinstance(call, HandingCall) else fixed
 
 
-def _positions_first(first: torch.Tensor, given: torch.Tensor, fed: list[Any]) -> bool:
-    """Whether the hidden states ``first`` entering the first layer hold the positions first, the batch second, for
-    the ``given`` ids or input embeddings (batch first; ``fed``: what the input embeddings were given, where they ran):
-    their first two sizes swapped, or, where the two are one size, the ids the embeddings were given swapped
-    (XLNet's forward transposes them before anything)."""
-    batch = tuple(given.shape[:2])
-    if first.dim() != 3 or tuple(first.shape[:2]) != batch[::-1]:
-        return False
-    if batch[0] != batch[1]:
-        return True
-    ids = fed[0] if fed and isinstance(fed[0], torch.Tensor) else None
-    return (ids is not None and given.dim() == 2 and not torch.equal(ids, given)
-            and torch.equal(ids, given.transpose(0, 1)))
+def _doc(text: Any) -> Mapping[str, Any]:
+    """A text config as a mapping (transformers' as its ``to_dict``; a native one's as its fields)."""
+    found: Mapping[str, Any] = (text.to_dict() if callable(getattr(text, "to_dict", None))
+                                else dict(getattr(text, "__dict__", {})))
+    return found
 
 
 def _unasked_cache_dropped(call: LayerCall, more: Mapping[str, Any] | None) -> LayerCall:
@@ -131,7 +124,7 @@ class ModelStream:
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
         text = self.config.get_text_config()
-        why = not_causal(getattr(text, "model_type", None), text.to_dict())
+        why = not_causal(getattr(text, "model_type", None), _doc(text))
         if why:  # (its forward may well be followed: what it gives is no next-token prediction)
             raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
                                   f"{text.model_type} {why}")
@@ -448,7 +441,7 @@ class ModelStream:
                 step_calls, made, outs, seen = found
                 step_calls = [_unasked_cache_dropped(call, more) for call in step_calls]
                 first = plain(seen[0])
-                self.positions_first = _positions_first(first, ids if embeds is None else embeds, fed)
+                self.positions_first = positions_first(first, ids if embeds is None else embeds, fed)
                 made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
                 if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
                     self.tail.keep(out, embedded, outs)
@@ -466,7 +459,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_layer_by_layer(getattr(text, "model_type", None), text.to_dict())
+        why = not_layer_by_layer(getattr(text, "model_type", None), _doc(text))
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],

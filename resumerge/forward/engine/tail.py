@@ -128,6 +128,21 @@ def held_positions(hidden: torch.Tensor, batch: tuple[int, ...]) -> int:
     return int(sequence_row(hidden, torch.Size(batch), 0, batch[1]).shape[-2]) - batch[1]
 
 
+def positions_first(first: torch.Tensor, given: torch.Tensor, fed: list[Any]) -> bool:
+    """Whether the hidden states ``first`` entering the first layer hold the positions first, the batch second, for
+    the ``given`` ids or input embeddings (batch first; ``fed``: what the input embeddings were given, where they ran):
+    their first two sizes swapped, or, where the two are one size, the ids the embeddings were given swapped
+    (XLNet's forward transposes them before anything)."""
+    batch = tuple(given.shape[:2])
+    if first.dim() != 3 or tuple(first.shape[:2]) != batch[::-1]:
+        return False
+    if batch[0] != batch[1]:
+        return True
+    ids = fed[0] if fed and isinstance(fed[0], torch.Tensor) else None
+    return (ids is not None and given.dim() == 2 and not torch.equal(ids, given)
+            and torch.equal(ids, given.transpose(0, 1)))
+
+
 class Tail:
     """``inner``'s forward after its decoder ``layers``, over given last hidden states: its parts that run before
     the layers (``before``) are stood in for by zeros of their outputs' shapes, its layers by what returns the
