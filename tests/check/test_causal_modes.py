@@ -95,3 +95,19 @@ def test_hidden_states_positions_first_are_told_from_the_ids_the_embeddings_were
     assert not positions_first(torch.zeros(2, 3, 8), ids[:2], [])
     # (Gemma 3n's four streams first, then the batch: two sequences of four)
     assert not positions_first(torch.zeros(4, 2, 4, 8), torch.arange(8).view(2, 4), [])
+
+
+def test_texts_run_one_at_a_time_where_the_forward_cannot_make_a_padded_batchs_calls() -> None:
+    import torch
+
+    from resumerge.forward.text.batches import enter
+
+    def entering(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
+        if any(len(ids) > 1 for ids, _ in batches):  # (XLNet's, attn_type uni: its mask takes no padded batch)
+            raise RuntimeError("output with shape [30, 30, 1, 1] doesn't match the broadcast shape [30, 30, 3, 1]")
+        return [[torch.zeros(*ids.shape, 4) for ids, _ in batches]]
+
+    found = enter([[3, 4, 5], [6, 7]], entering, lambda: True)
+    assert found.groups == [[0], [1]]
+    with pytest.raises(RuntimeError):  # a sequence alone that fails is the forward's own failure
+        enter([[3, 4, 5]], lambda batches: entering([(torch.zeros(2, 3), m) for _, m in batches]), lambda: True)

@@ -96,13 +96,13 @@ def enter(sequences: Sequence[Sequence[int]], entering: Callable[[list[Batch]], 
     groups = batches_of(sequences)
     batches = [padded([sequences[i] for i in group]) for group in groups]
     several = any(len(g) > 1 for g in groups)
+    hidden: Hidden | None = None
     try:
-        hidden: Hidden | None = entering(batches)
+        hidden = entering(batches)
     except RuntimeError:  # (the forward's own failure on a padded batch; a sequence alone fails again if not that)
         if not several:
             raise
-        hidden = None
-    if several and (hidden is None or not runs_batched()):
+    if hidden is None or (several and not runs_batched()):
         groups = [[i] for g in groups for i in g]
         batches = [padded([sequences[i] for i in group]) for group in groups]
         hidden = entering(batches)
