@@ -62,8 +62,11 @@ def stand_ins() -> tuple[Any, Any, Any]:
         stand-ins: the index of the layer each call called, in the forward's order), and hands the hidden states on,
         as its output (``outs``: traced, so that what the forward computes from it is known: :mod:`.handed`):
         alone, in a tuple of ``arity`` values, or (``arity`` :data:`BY_ATTRIBUTE`) as each attribute the forward
-        reads of it (:class:`~.handed.Reads`: Reformer's layers return their two streams so). Hidden states given
-        by keyword (``hidden_states=``) are recorded as given so (:data:`~.handed.HIDDEN`)."""
+        reads of it (:class:`~.handed.Reads`: Reformer's layers return their two streams so), or (``arity``
+        :data:`AS_BUILT`) in the shape the layer's own output has for the call, found by ``shaped`` (the layer and
+        its arguments: what it returns, run without its weights), a slot for each other value it returns, None where
+        it returns None (XLNet's query stream; XLM's parts, an attention's tuple and a norm's tensor). Hidden states
+        given by keyword (``hidden_states=``) are recorded as given so (:data:`~.handed.HIDDEN`)."""
 
         def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module,
                      order: list[int] | None = None, index: int = 0, shaped: Any = None) -> None:

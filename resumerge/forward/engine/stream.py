@@ -5,7 +5,9 @@ What each decoder layer is called with (the causal or sliding-window mask, the r
 type, the positions, the cache argument under this transformers' name) is taken from the model's own forward, run
 once per token sequence with the decoder layers replaced by stubs that record their arguments: the family's mask
 and position code is transformers', never rewritten here. The head is the causal-LM class's own forward (its
-final-logit soft-capping included) over the final norm's output.
+final-logit soft-capping included) over the final norm's output. Hidden states a forward holds positions first
+(XLNet's) are held batch first, each layer given them as its forward does; a cache a forward makes unasked (XLM's)
+is given to no layer (each would write its keys into it).
 """
 
 from __future__ import annotations
