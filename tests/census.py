@@ -53,7 +53,11 @@ OVERRIDES: Mapping[str, Mapping[str, Any]] = {
     "xlstm": {"hidden_size": 128, "embedding_dim": 128},
     # its width is emb_dim, its heads n_heads (no size key of the table): its defaults' 2,048 wide layers made a
     # model of 200M weights, the census's slowest build by far
-    "xlm": {"emb_dim": 32, "n_heads": 4},
+    # (causal: its decoder mode, as BERT's census model is built with is_decoder; its defaults' and published
+    # checkpoints' causal false is a masked LM, whose check is refused naming why)
+    "xlm": {"emb_dim": 32, "n_heads": 4, "causal": True},
+    # (its causal mode, uni; its defaults' and published checkpoints' bi attends both ways: check refused)
+    "xlnet": {"attn_type": "uni"},
     # widths of their own names, no size key of the table, that its defaults keep thousands wide (each family's
     # census row took 2 to 8 times a Llama's)
     "inkling_text": _SWA,
@@ -314,12 +318,7 @@ NLL = "NLL off transformers' by"
 OPEN: Mapping[str, Mapping[str, str]] = {
     "hrm_text": {"slices": "refused: ConfigError: slices[0].sources[0].model: "},
     "xlm": {"slices": "keeps its layers' parts in separate numbered lists (transformer.attentions, transformer.ffns, "
-                      "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers",
-            "check": "refused: ModelInputError: cannot follow XLMModel's forward one layer at a time: it keeps its "
-                     "layers' parts in separate numbered lists (attentions, "},
-    # (its config's attn_type bi, its checkpoints': no causal LM; with uni, its layout the pass does not follow)
-    "xlnet": {"check": "refused: ModelInputError: cannot follow XLNetModel's forward one layer at a time: xlnet "
-                       "attends both ways unless its attn_type is uni"},
+                      "transformer.layer_norm1, transformer.layer_norm2), not one list of decoder layers"},
 }
 # the 2026 families by their names, with the model types transformers gives them
 NAMED: Mapping[str, tuple[str, ...]] = {

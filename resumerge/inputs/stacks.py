@@ -2,8 +2,9 @@
 type; for a family that loops layers as its config says, by that config): a stack of slices of one is refused naming
 it (:mod:`resumerge.merge.plan.outconfig`: a slice of a loop is no model of its family), and so is a layer-by-layer
 pass that cannot follow its forward (:mod:`resumerge.forward.engine.stream`; one that follows the forward's calls, a
-loop's included, runs it: :mod:`resumerge.forward.engine.calls`), as it is for the families whose layers do stack but
-whose forward it does not follow (:data:`NOT_FOLLOWED`)."""
+loop's included, runs it: :mod:`resumerge.forward.engine.calls`), as it is for a model whose config makes it no causal
+LM (:data:`NOT_CAUSAL_AS_CONFIGURED`: XLNet's ``attn_type: bi`` and XLM's ``causal: false``, their defaults; their
+causal modes followed)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,26 @@ NOT_A_STACK: Mapping[str, str] = MappingProxyType({
     "zamba2": "shares its transformer blocks across its hybrid layers",
 })
 
-# families whose layers do stack (a slice of them is one) but whose forward a layer-by-layer pass does not follow
-NOT_FOLLOWED: Mapping[str, str] = MappingProxyType({
-    "xlnet": "attends both ways unless its attn_type is uni (each position sees every token, the next one included: "
-             "its logits are no next-token predictions), and its forward holds the hidden states positions first, "
-             "beside a query stream its layers hand on",
+def _xlnet(config: Mapping[str, Any]) -> str | None:
+    if config.get("attn_type", "bi") == "uni":
+        return None
+    return ("attends both ways unless its attn_type is uni (each position sees every token, the next one included: "
+            "its logits are no next-token predictions)")
+
+
+def _xlm(config: Mapping[str, Any]) -> str | None:
+    if config.get("causal"):
+        return None
+    return ("attends both ways unless its config says causal (a masked LM: each position sees every token, the next "
+            "one included: its logits are no next-token predictions)")
+
+
+# families that are causal LMs or not as their config says (their defaults and published checkpoints are not: each
+# position's logits read the tokens after it, so their NLL is no next-token loss): why a pass of one that is not is
+# refused (None where it is)
+NOT_CAUSAL_AS_CONFIGURED: Mapping[str, Callable[[Mapping[str, Any]], str | None]] = MappingProxyType({
+    "xlnet": _xlnet,
+    "xlm": _xlm,
 })
 
 
@@ -57,6 +73,13 @@ def not_a_stack(model_type: object, config: Mapping[str, Any] | None = None) -> 
     return NOT_A_STACK.get(str(model_type)) or (looping(config) if looping and config is not None else None)
 
 
-def not_layer_by_layer(model_type: object) -> str | None:
-    """Why a layer-by-layer pass cannot follow the forward of a family of ``model_type`` (None: not known)."""
-    return not_a_stack(model_type) or NOT_FOLLOWED.get(str(model_type))
+def not_causal(model_type: object, config: Mapping[str, Any]) -> str | None:
+    """Why a model of ``model_type`` whose config is ``config`` is no causal LM (None: it is, or not known)."""
+    judged = NOT_CAUSAL_AS_CONFIGURED.get(str(model_type))
+    return judged(config) if judged is not None else None
+
+
+def not_layer_by_layer(model_type: object, config: Mapping[str, Any] | None = None) -> str | None:
+    """Why a layer-by-layer pass cannot follow the forward of a family of ``model_type`` (its ``config`` where
+    known; None: not known)."""
+    return not_a_stack(model_type) or (not_causal(model_type, config) if config is not None else None)

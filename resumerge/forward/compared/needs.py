@@ -55,7 +55,8 @@ def step_bytes(streams: Sequence[ModelStream], tokens: Sequence[Sequence[int]]) 
     # Each step's weights as the pass holds them: a tensor the reader maps in place (a local float32 one) once,
     # not again for its read (the embeddings of a 1.2 GB model were counted twice: issue 72).
     steps = [step_sizes(s.formats, s.layers, value_bytes=4, embeddings=s.prefix(s.model.get_input_embeddings()),
-                        stack=s.prefix(first_list(s.stack)), in_place=s.reader.maps) for s in streams]
+                        stack=s.prefix(first_list(s.stack)), in_place=s.reader.maps,
+                        steps=[s.prefix(m) for m in s.layers_list]) for s in streams]
     return StepBytes(
         states=padded_positions(tokens) * hidden * 4,
         layers=tuple(max(each.values()) for each in steps),

@@ -1,7 +1,7 @@
 """Where a model keeps its decoder layers: one list of them (the base model's ``layers``, OPT's ``decoder.layers``), or
 several lists the forward calls in turn (HRM's two stacks, ``L_module.layers`` and ``H_module.layers``, each run
 several times a forward: :mod:`.calls` follows the order of the calls), seen by the pass as one sequence of layers
-(:class:`Lists`)."""
+(:class:`Lists`), or each layer's parts in lists of their own (XLM's: :class:`Parts`)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ class Lists:
         return (list_[i] for list_, i in self._at)
 
 
+class Parts(Lists):
+    """The parts of each decoder layer, each part in a list of its own (XLM's ``attentions``, ``layer_norm1``,
+    ``ffns``, ``layer_norm2``: its forward's loop body calls layer ``i``'s parts in turn, with residual sums and its
+    padding mask between them): no module runs a layer whole, so each part is a step of the pass, in the forward's
+    order of calls (:mod:`.calls`), what the forward computes between two parts computed again from the pass's
+    outputs (:mod:`.handed`), as it is between layers, and each part's output taken in its own shape (the attention's
+    a tuple, a norm's a tensor: :data:`~.standins.AS_BUILT`)."""
+
+
 def innermost(stack: Any) -> Any:
     """The list of ``stack`` the forward's last layer call is in, for what the forward applies after the layers (the
     last list's: HRM's high-level stack's final norm); the list itself where it is one."""
@@ -64,9 +73,7 @@ def layer_lists(inner: torch.nn.Module, text: Any, model: torch.nn.Module, why: 
             name = found[0]
             beside = [n for n in found if n.rpartition(".")[0] == name.rpartition(".")[0]]
             if len(beside) > 1:  # XLM's attentions, ffns, layer_norm1, layer_norm2: no list runs a layer whole
-                raise ModelInputError(f"cannot follow {type(inner).__name__}'s forward one layer at a time: "
-                                      f"it keeps its layers' parts in separate numbered lists "
-                                      f"({', '.join(beside)}), not one list of decoder layers")
+                return inner.get_submodule(name.rpartition(".")[0]), Parts([inner.get_submodule(n) for n in beside])
             layers = inner.get_submodule(name)
             assert isinstance(layers, torch.nn.ModuleList)
             return inner.get_submodule(name.rpartition(".")[0]), layers

@@ -12,7 +12,7 @@ import contextlib
 import mmap
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -245,15 +245,18 @@ def pass_bytes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, emb
 
 
 def step_sizes(formats: StoredFormats, layers: int, value_bytes: int = 2, *, embeddings: str = "model.embed_tokens.",
-               stack: str = "model.layers.", in_place: Callable[[str], bool] | None = None) -> dict[str, int]:
+               stack: str = "model.layers.", in_place: Callable[[str], bool] | None = None,
+               steps: Sequence[str] | None = None) -> dict[str, int]:
     """What a pass holds beyond its process's baseline (the model's stored tensors sorted by ``formats``) while it
     reads the embeddings and each decoder layer, by prefix (``embeddings`` first, then each layer's): its weights
     at ``value_bytes`` a value (2: bfloat16) plus the largest one as read (a quantized one's parts and its float32
     decode, a copied one's read bytes) — none for a tensor ``in_place`` names (:meth:`CastReader.maps`: the tensor
     is the stored bytes' map itself, nothing is read beside it; None: every tensor is copied). ``embeddings`` and
     ``stack``: the checkpoint's prefixes of the input embeddings and the decoder layers (a multimodal model's
-    language model, GPT-2's ``transformer.h.``)."""
-    prefixes = [embeddings, *(f"{stack}{i}." for i in range(layers))]
+    language model, GPT-2's ``transformer.h.``); ``steps``: each step's own prefix instead, where a step is no
+    numbered layer of one list (XLM's steps are its layers' parts, in four lists)."""
+    prefixes = list(dict.fromkeys([embeddings, *(steps if steps is not None else
+                                                 (f"{stack}{i}." for i in range(layers)))]))
     held, largest = dict.fromkeys(prefixes, 0), dict.fromkeys(prefixes, 0)
     for name, found in formats.logical().items():
         prefix = next((p for p in prefixes if name.startswith(p)), None)

@@ -15,6 +15,10 @@ from resumerge.machine.torch_import import torch
 LayerCall = tuple[tuple[Any, ...], dict[str, Any]]
 # The output arity of a layer stand-in that returns an object whose attributes the forward reads
 BY_ATTRIBUTE = -1
+# The output arity of a layer stand-in that returns what the real layer returns, in its shape (found by running it
+# without weights: the ``shaped`` a stand-in is given), each extra output a slot, or None where the layer gives None
+# (XLNet's query stream, which its forward tests for None after the last layer)
+AS_BUILT = -2
 
 
 class _Output:
@@ -58,19 +62,24 @@ def stand_ins() -> tuple[Any, Any, Any]:
         stand-ins: the index of the layer each call called, in the forward's order), and hands the hidden states on,
         as its output (``outs``: traced, so that what the forward computes from it is known: :mod:`.handed`):
         alone, in a tuple of ``arity`` values, or (``arity`` :data:`BY_ATTRIBUTE`) as each attribute the forward
-        reads of it (:class:`~.handed.Reads`: Reformer's layers return their two streams so). Hidden states given
-        by keyword (``hidden_states=``) are recorded as given so (:data:`~.handed.HIDDEN`)."""
+        reads of it (:class:`~.handed.Reads`: Reformer's layers return their two streams so), or (``arity``
+        :data:`AS_BUILT`) in the shape the layer's own output has for the call, found by ``shaped`` (the layer and
+        its arguments: what it returns, run without its weights), a slot for each other value it returns, None where
+        it returns None (XLNet's query stream; XLM's parts, an attention's tuple and a norm's tensor). Hidden states
+        given by keyword (``hidden_states=``) are recorded as given so (:data:`~.handed.HIDDEN`)."""
 
         def __init__(self, calls: list[LayerCall], arity: int, real: torch.nn.Module,
-                     order: list[int] | None = None, index: int = 0) -> None:
+                     order: list[int] | None = None, index: int = 0, shaped: Any = None) -> None:
             super().__init__(real)
             self.calls, self.arity = calls, arity
+            object.__setattr__(self, "shaped", shaped)  # (arity AS_BUILT: the layer's output for its arguments)
             self.order, self.index = [] if order is None else order, index
             self.seen: list[torch.Tensor] = []
             self.made: list[tuple[Slot, ...]] = []
             self.outs: list[Output | Reads] = []
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
+            given = args, kwargs
             if args:
                 hidden_states, args = args[0], args[1:]
             elif "hidden_states" in kwargs:
@@ -88,6 +97,12 @@ def stand_ins() -> tuple[Any, Any, Any]:
             output = Output()
             self.outs.append(output)
             out = traced(plain(hidden_states), output)
+            if self.arity == AS_BUILT:
+                real = self.__dict__["shaped"](self.real, *given)
+                if not isinstance(real, (tuple, list)):
+                    return out
+                self.made[-1] = tuple(Slot() for _ in real[1:])
+                return type(real)((out, *(s if v is not None else None for s, v in zip(self.made[-1], real[1:]))))
             return (out, *self.made[-1]) if self.arity else out
 
     class _Finished(_StandIn):
@@ -116,6 +131,17 @@ def stand_ins() -> tuple[Any, Any, Any]:
             return hidden
 
     return _Captured, _Finished, _Passed
+
+
+@contextmanager
+def fed_to(module: torch.nn.Module) -> Iterator[list[Any]]:
+    """The first argument ``module`` is given in the block, each time, in a list."""
+    found: list[Any] = []
+    hook = module.register_forward_pre_hook(lambda _module, args: found.append(args[0] if args else None))
+    try:
+        yield found
+    finally:
+        hook.remove()
 
 
 @contextmanager

@@ -5,7 +5,9 @@ What each decoder layer is called with (the causal or sliding-window mask, the r
 type, the positions, the cache argument under this transformers' name) is taken from the model's own forward, run
 once per token sequence with the decoder layers replaced by stubs that record their arguments: the family's mask
 and position code is transformers', never rewritten here. The head is the causal-LM class's own forward (its
-final-logit soft-capping included) over the final norm's output.
+final-logit soft-capping included) over the final norm's output. Hidden states a forward holds positions first
+(XLNet's) are held batch first, each layer given them as its forward does; a cache a forward makes unasked (XLM's)
+is given to no layer (each would write its keys into it).
 """
 
 from __future__ import annotations
@@ -26,15 +28,26 @@ from resumerge.forward.engine.handed import (
     handed_on,
     handing,
     hidden_of,
+    plain,
     read_by_name,
 )
-from resumerge.forward.engine.layerlists import first_list, innermost, layer_lists
+from resumerge.forward.engine.layerlists import Parts, first_list, innermost, layer_lists
 from resumerge.forward.engine.multimodal import head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.engine.native import NativeConfig
 from resumerge.forward.engine.reader import CastReader, Weights, base_formats
-from resumerge.forward.engine.standins import BY_ATTRIBUTE, LayerCall, recorded, stand_ins
-from resumerge.forward.engine.tail import Tail, final_names, held_positions, sequence_row, tail_names, weighted_parts
-from resumerge.inputs.stacks import not_layer_by_layer
+from resumerge.forward.engine.standins import AS_BUILT, BY_ATTRIBUTE, LayerCall, fed_to, recorded, stand_ins
+from resumerge.forward.engine.tail import (
+    Tail,
+    final_names,
+    held_positions,
+    is_cache,
+    positions_first,
+    sequence_row,
+    shaped,
+    tail_names,
+    weighted_parts,
+)
+from resumerge.inputs.stacks import not_causal, not_layer_by_layer
 from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
@@ -45,8 +58,10 @@ from resumerge.machine.torch_import import torch
 PAD_TOLERANCE = 1e-4
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it,
-# then an object whose attributes it reads (Reformer's two streams)
-_OUTPUT_ARITIES = (0, 1, 2, 3, BY_ATTRIBUTE)
+# then an object whose attributes it reads (Reformer's two streams),
+# then the layer's own output's shape, each extra output a slot or None where the layer returns None (XLNet's query
+# stream, which its forward tests for None after the last layer)
+_OUTPUT_ARITIES = (0, 1, 2, 3, BY_ATTRIBUTE, AS_BUILT)
 
 Placed = TypeVar("Placed")
 # More of the base model's forward arguments for each batch :meth:`ModelStream.inputs` runs (None: none).
@@ -65,6 +80,26 @@ def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> L
     fixed = (tuple(ids if v is renumbered else v for v in args),
              {k: ids if v is renumbered else v for k, v in kwargs.items()})
     return call.remade(fixed) if isinstance(call, HandingCall) else fixed
+
+
+def _doc(text: Any) -> Mapping[str, Any]:
+    """A text config as a mapping (transformers' as its ``to_dict``; a native one's as its fields)."""
+    found: Mapping[str, Any] = (text.to_dict() if callable(getattr(text, "to_dict", None))
+                                else dict(getattr(text, "__dict__", {})))
+    return found
+
+
+def _unasked_cache_dropped(call: LayerCall, more: Mapping[str, Any] | None) -> LayerCall:
+    """A layer's ``call`` given None for a cache the forward made though none was asked for (not among ``more``, the
+    forward's arguments given: a generation's cache is kept): XLM's forward makes one whatever ``use_cache`` says,
+    and a layer given it writes its keys there, so that running the call again (the padding probe, a base's pass)
+    would attend to the keys of the run before too."""
+    asked = {id(v) for v in (more or {}).values()}
+    args, kwargs = call
+    if not any(is_cache(v) and id(v) not in asked for v in (*args, *kwargs.values())):
+        return call
+    args = tuple(None if is_cache(v) and id(v) not in asked else v for v in args)
+    return args, {k: None if is_cache(v) and id(v) not in asked else v for k, v in kwargs.items()}
 
 
 class ModelStream:
@@ -90,6 +125,14 @@ class ModelStream:
             self.config, self.model = build_modules(weights.directory, dtype, what=what, native=False)
         self.model.eval()  # from_config leaves it training: dropout would draw at random
         self.inner = text_model(self.model.base_model)  # a multimodal model's language model
+        text = self.config.get_text_config()
+        why = not_causal(getattr(text, "model_type", None), _doc(text))
+        if why:  # (its forward may well be followed: what it gives is no next-token prediction)
+            raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time: "
+                                  f"{text.model_type} {why}")
+        # whether the layers' hidden states hold the positions first, the batch second (XLNet's): the pass holds
+        # them batch first, as the tokens, each layer given them as its forward does (set by each capture)
+        self.positions_first = False
         self._names = {id(m): n for n, m in self.model.named_modules()}
         self.holder, self.stack = layer_lists(self.inner, self.config.get_text_config(), self.model,
                                               self._not_a_stack())  # (the pass's steps: their calls, .calls)
@@ -364,12 +407,15 @@ class ModelStream:
         given = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         real_layers = list(self.stack)
         failed = ""
-        with recorded(self.model.get_input_embeddings()) as embedded:  # (the forward after the layers may read it)
-            for arity in _OUTPUT_ARITIES:
+        # (what the forward after the layers may read; the ids it embeds: XLNet's, positions first)
+        with recorded(self.model.get_input_embeddings()) as embedded, fed_to(self.model.get_input_embeddings()) as fed:
+            for arity in (AS_BUILT,) if isinstance(self.stack, Parts) else _OUTPUT_ARITIES:
                 calls: list[list[LayerCall]] = [[] for _ in real_layers]
                 captured, order = stand_ins()[0], list[int]()
-                stubs = [captured(c, arity, layer, order, i) for i, (c, layer) in enumerate(zip(calls, real_layers))]
+                stubs = [captured(c, arity, layer, order, i, shaped) for i, (c, layer) in enumerate(zip(calls,
+                                                                                                     real_layers))]
                 embedded.clear()
+                fed.clear()
                 try:
                     for i, stub in enumerate(stubs):
                         self.stack[i] = stub
@@ -382,8 +428,9 @@ class ModelStream:
                         out = self.inner(**given, attention_mask=mask, output_hidden_states=True,
                                          **{"use_cache": False, **(more or {})})
                 except (ValueError, TypeError, IndexError, AttributeError) as exc:  # the forward unpacks it otherwise
-                    # (the tuples' last failure says more than an object's read by attribute)
-                    failed = failed if arity == BY_ATTRIBUTE and failed else f": {type(exc).__name__}: {exc}"
+                    # (the tuples' last failure says more than an object's read by attribute, or a layer's own shape's)
+                    failed = (failed if arity in (BY_ATTRIBUTE, AS_BUILT) and failed
+                              else f": {type(exc).__name__}: {exc}")
                     continue
                 finally:
                     for i, layer in enumerate(real_layers):
@@ -394,6 +441,9 @@ class ModelStream:
                 if found is None:
                     continue
                 step_calls, made, outs, seen = found
+                step_calls = [_unasked_cache_dropped(call, more) for call in step_calls]
+                first = plain(seen[0])
+                self.positions_first = positions_first(first, ids if embeds is None else embeds, fed)
                 made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
                 if embeds is None and self._tailed():  # what its forward after the layers reads, kept for its tail
                     self.tail.keep(out, embedded, outs)
@@ -401,7 +451,8 @@ class ModelStream:
                     self.tail.derives(out, outs)
                 # a layer's extra outputs go in its slots, for a later call (GLM-5's top-k indices); what the forward
                 # computes from outputs is computed again from the pass's (Inkling 2's block states, a loop's start)
-                return seen[0], handing(step_calls, made, outs, seen)
+                return (first.transpose(0, 1).contiguous() if self.positions_first else seen[0],
+                        handing(step_calls, made, outs, seen))
         why = self._not_a_stack()
         raise ModelInputError(f"cannot follow {type(self.inner).__name__}'s forward one layer at a time"
                               + (why or failed))
@@ -410,7 +461,7 @@ class ModelStream:
         """Why a family's forward is no stack of layers a pass can follow one at a time, as a clause ('' where not
         known): its model type's (:mod:`resumerge.inputs.stacks`)."""
         text = self.config.get_text_config()
-        why = not_layer_by_layer(getattr(text, "model_type", None))
+        why = not_layer_by_layer(getattr(text, "model_type", None), _doc(text))
         return f": {text.model_type} {why}" if why else ""
 
     def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -458,13 +509,20 @@ class ModelStream:
             pass
         return self.inputs_of_rows(alone)
 
-    @staticmethod
-    def run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True) -> torch.Tensor:
+    def run(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True
+            ) -> torch.Tensor:
         """``layer``'s output for ``hidden`` (the previous call's output: what the forward gives a call from it, a
         loop's start, is computed again, :func:`~.handed.entered`) under ``call``: what earlier layers handed it
         given, its own extra outputs put in the call's slots for later layers unless ``hand_on`` is False (the layer
         run on another input than the pass's own). ``hidden`` is moved to the layer's device (a resumed pass's
-        journal holds host tensors)."""
+        journal holds host tensors). Batch first in and out, whatever the layer takes (:attr:`positions_first`)."""
+        if self.positions_first:
+            found = self._run(layer, hidden.transpose(0, 1), call, hand_on)
+            return found.transpose(0, 1).contiguous()
+        return self._run(layer, hidden, call, hand_on)
+
+    @staticmethod
+    def _run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, hand_on: bool) -> torch.Tensor:
         args, kwargs = given(call)
         weight = next(layer.parameters(), None)
         hidden = entered(call, hidden) if hand_on else hidden

@@ -128,6 +128,21 @@ def held_positions(hidden: torch.Tensor, batch: tuple[int, ...]) -> int:
     return int(sequence_row(hidden, torch.Size(batch), 0, batch[1]).shape[-2]) - batch[1]
 
 
+def positions_first(first: torch.Tensor, given: torch.Tensor, fed: list[Any]) -> bool:
+    """Whether the hidden states ``first`` entering the first layer hold the positions first, the batch second, for
+    the ``given`` ids or input embeddings (batch first; ``fed``: what the input embeddings were given, where they ran):
+    their first two sizes swapped, or, where the two are one size, the ids the embeddings were given swapped
+    (XLNet's forward transposes them before anything)."""
+    batch = tuple(given.shape[:2])
+    if first.dim() != 3 or tuple(first.shape[:2]) != batch[::-1]:
+        return False
+    if batch[0] != batch[1]:
+        return True
+    ids = fed[0] if fed and isinstance(fed[0], torch.Tensor) else None
+    return (ids is not None and given.dim() == 2 and not torch.equal(ids, given)
+            and torch.equal(ids, given.transpose(0, 1)))
+
+
 class Tail:
     """``inner``'s forward after its decoder ``layers``, over given last hidden states: its parts that run before
     the layers (``before``) are stood in for by zeros of their outputs' shapes, its layers by what returns the
@@ -354,6 +369,32 @@ def _own_zeros(inner: torch.nn.Module | None) -> Iterator[None]:
 # output's shape is taken), not on the meta device: torch's first computation there imports its symbolic-shape
 # machinery (sympy, ~75 MB a process), which a check's budget would then have to hold
 _SMALL_PART = 1 << 22
+
+
+def shaped(part: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What ``part`` (its weights on the meta device) returns for ``args`` and ``kwargs`` (traced or not), for its
+    shape alone: which of its outputs are tensors, which None (a decoder layer's, for a capture's stand-in). A cache
+    among them is given as a copy (:func:`fresh`): the call's own is left as the forward made it."""
+    given = _tensors_mapped((args, kwargs), plain)
+    return _shaped(part, part.forward, tuple(map(fresh, given[0])), {k: fresh(v) for k, v in given[1].items()})
+
+
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is a cache a layer writes its keys and values into (transformers' ``Cache``)."""
+    import sys
+
+    cache_utils = sys.modules.get("transformers.cache_utils")  # (no transformers imported: no cache)
+    return cache_utils is not None and isinstance(value, cache_utils.Cache)
+
+
+def fresh(value: Any) -> Any:
+    """``value``, or a copy of it where it is a cache (:func:`is_cache`): a run for an output's shape leaves the
+    call's own cache as the forward made it."""
+    if is_cache(value):
+        import copy
+
+        return copy.deepcopy(value)
+    return value
 
 
 def _shaped(part: torch.nn.Module, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

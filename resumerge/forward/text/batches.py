@@ -90,12 +90,19 @@ def enter(sequences: Sequence[Sequence[int]], entering: Callable[[list[Batch]], 
           runs_batched: Callable[[], bool]) -> Entered:
     """The sequences in padded batches (:func:`batches_of`) entering the models (``entering``), or one sequence
     at a time where a batch of several is made and the family's first layer cannot run it (``runs_batched``:
-    DeepSeek-V3's attention with a padding mask); decided from the model alone, so a resumed pass decides the
-    same."""
+    DeepSeek-V3's attention with a padding mask), or its forward cannot make a padded batch's layer calls (XLNet's
+    causal mask, ``attn_type: uni``, adds the batch's padding mask in place to a mask of one sequence: transformers'
+    own forward fails on it); decided from the model alone, so a resumed pass decides the same."""
     groups = batches_of(sequences)
     batches = [padded([sequences[i] for i in group]) for group in groups]
-    hidden = entering(batches)
-    if any(len(g) > 1 for g in groups) and not runs_batched():
+    several = any(len(g) > 1 for g in groups)
+    hidden: Hidden | None = None
+    try:
+        hidden = entering(batches)
+    except RuntimeError:  # (the forward's own failure on a padded batch; a sequence alone fails again if not that)
+        if not several:
+            raise
+    if hidden is None or (several and not runs_batched()):
         groups = [[i] for g in groups for i in g]
         batches = [padded([sequences[i] for i in group]) for group in groups]
         hidden = entering(batches)
