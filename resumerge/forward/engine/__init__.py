@@ -1,7 +1,8 @@
 """The layer-streamed forward engine: a model's modules built without weights (:mod:`.built`: transformers' own for the
 model's architecture, or, for the common dense families, :mod:`.native`'s, which compute the same numbers to the bit
 without importing transformers), each decoder layer given its weights, read through the codecs in the compute dtype
-(:mod:`.reader`), only while it runs (:mod:`.stream`).
+(:mod:`.reader`), only while it runs (:mod:`.stream`); whether a layer gives a padded batch's sequences what it gives
+each alone (:mod:`.padding`).
 
 A pass's "layers" are the forward's decoder-layer calls in its order (:mod:`.calls`: a forward that loops some
 layers calls them several times, each call a step of the pass), from one list of layers or several
@@ -22,6 +23,7 @@ __all__ = [
     "multimodal",
     "native",
     "onmeta",
+    "padding",
     "reader",
     "requires",
     "standins",

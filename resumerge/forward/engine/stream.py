@@ -39,10 +39,8 @@ from resumerge.forward.engine.standins import AS_BUILT, BY_ATTRIBUTE, LayerCall,
 from resumerge.forward.engine.tail import (
     Tail,
     final_names,
-    held_positions,
     is_cache,
     positions_first,
-    sequence_row,
     shaped,
     tail_names,
     weighted_parts,
@@ -52,10 +50,6 @@ from resumerge.machine.torch_import import torch
 
 # check and measure read models (their tokenizers, the families the native modules do not build) with transformers:
 # the clone's ``check`` extra, not the ``moe`` one that MoE gates name.
-# How far a sequence's layer output in a padded batch may be from its output alone, relative to its largest value:
-# float32's rounding of batched matrix products is 1e-6 of it at most; a top-k choice changed by the padding
-# (DeepSeek-V3.2) moves it by 1e-2
-PAD_TOLERANCE = 1e-4
 # The shapes of a decoder layer's output the capture tries: the hidden states alone, then a tuple of them and
 # ``n - 1`` more values (GLM-5's top-k indices, handed to the next layer: .handed), as the family's forward unpacks it,
 # then an object whose attributes it reads (Reformer's two streams),
@@ -331,7 +325,7 @@ class ModelStream:
             self.load(part, read=read, host=True)
         own = self._own_weights(read)  # the base model's own (Zaya's input scale and bias)
         try:
-            return self.placed([self._capture(ids, mask, more=_more(given, b))
+            return self.placed([self.capture(ids, mask, more=_more(given, b))
                                 for b, (ids, mask) in enumerate(batches)])
         finally:
             for part in parts:
@@ -393,14 +387,14 @@ class ModelStream:
             entering = []
             for b, (ids, mask) in enumerate(batches):
                 renumbered = torch.searchsorted(used, ids)
-                hidden, calls = self._capture(renumbered, mask, more=_more(given, b))
+                hidden, calls = self.capture(renumbered, mask, more=_more(given, b))
                 entering.append((hidden, [_ids_back(call, renumbered, ids) for call in calls]))
             return self.placed(entering)
         finally:
             embed._parameters.update(before)
             embed.padding_idx = pad
 
-    def _capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None,
+    def capture(self, ids: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor | None = None,
                  more: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, list[LayerCall]]:
         """The hidden states entering the first layer and every layer's call for ``ids`` (or, given, the input
         embeddings ``embeds`` of those ids, with no embedding run: none needs its weights)."""
@@ -463,51 +457,6 @@ class ModelStream:
         text = self.config.get_text_config()
         why = not_layer_by_layer(getattr(text, "model_type", None), _doc(text))
         return f": {text.model_type} {why}" if why else ""
-
-    def pads_alike(self, layer: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                   entering: list[tuple[torch.Tensor, list[LayerCall]]], outputs: list[torch.Tensor]) -> bool:
-        """Whether decoder ``layer`` (its weights loaded), whose ``outputs`` for the padded ``batches`` (ids and
-        attention mask; ``entering``: what :meth:`inputs` gave for them) are given, gives each sequence of a batch
-        of several run alone what it gave at its real positions in the batch, to float32's rounding
-        (:data:`PAD_TOLERANCE`). A family whose attention, as transformers ships it, sees the padding
-        (DeepSeek-V3.2's indexer picks its top-k keys otherwise in a padded batch) does not, and is run one
-        sequence at a time."""
-        rows = [(b, r, int(mask[r].sum())) for b, (_, mask) in enumerate(batches) if len(mask) > 1
-                for r in range(len(mask))]
-        if not rows:
-            return True
-        for (b, r, n), (hidden, calls) in zip(rows, self._alone(batches, entering, rows)):
-            if held_positions(hidden, (1, n)) != held_positions(entering[b][0], tuple(batches[b][1].shape)):
-                return False  # the forward pads the positions itself, a batch otherwise (Reformer's chunks)
-            own = self.run(layer, hidden, calls[0])
-            padded = sequence_row(outputs[b], batches[b][1].shape, r, n)
-            if float((own - padded).abs().max()) > PAD_TOLERANCE * max(1.0, float(own.abs().max())):
-                return False
-        return True
-
-    def _alone(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
-               entering: list[tuple[torch.Tensor, list[LayerCall]]], rows: list[tuple[int, int, int]]
-               ) -> list[tuple[torch.Tensor, list[LayerCall]]]:
-        """What :meth:`inputs` gives for each sequence ``(batch, row, length)`` alone: its embeddings are its real
-        positions' in the padded batch (right padding moves no position), handed to the forward as they are, so
-        no weight is read again (a hub model's bytes are fetched once); where the forward cannot take them so
-        (a family that needs the ids themselves) or changes them (Gemma 2 scales them), read again."""
-        alone = [(batches[b][0][r:r + 1, :n], torch.ones(1, n, dtype=batches[b][1].dtype)) for b, r, n in rows]
-        found = []
-        try:
-            for (ids, mask), (b, r, n) in zip(alone, rows):
-                # made on the host, as the embeddings are; a copy: a forward may scale them in place (CTRL's did,
-                # the batch's own entering states with them)
-                embeds = sequence_row(entering[b][0], batches[b][1].shape, r, n).to("cpu", copy=True)
-                hidden, calls = self._capture(ids, mask, embeds)
-                if not torch.equal(hidden, embeds):
-                    break
-                found.append((hidden, calls))
-            else:
-                return self.placed(found)
-        except Exception:  # whatever the forward raises without ids: read them as :meth:`inputs`
-            pass
-        return self.inputs_of_rows(alone)
 
     def run(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, *, hand_on: bool = True
             ) -> torch.Tensor:

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 from resumerge.forward.engine import handed
+from resumerge.forward.engine.padding import pads_alike
 from resumerge.forward.engine.standins import LayerCall
 from resumerge.forward.engine.stream import ModelStream
 from resumerge.forward.job.layerpass import Reserve, unreserved
@@ -178,12 +179,12 @@ def batched_on(stream: ModelStream, layer: torch.nn.Module, entering: list[tuple
                batches: list[Batch] | None = None) -> bool:
     """Whether the model's first decoder ``layer`` (its weights loaded) runs every padded batch of ``entering``
     and, given the ``batches`` (ids, mask) they come from, gives each sequence what it gives it alone
-    (:meth:`~resumerge.forward.engine.stream.ModelStream.pads_alike`)."""
+    (:func:`~resumerge.forward.engine.padding.pads_alike`)."""
     try:
         outputs = [stream.run(layer, hidden, calls[0]) for hidden, calls in entering]
     except RuntimeError:
         return False
-    return batches is None or stream.pads_alike(layer, batches, entering, outputs)
+    return batches is None or pads_alike(stream, layer, batches, entering, outputs)
 
 
 def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
