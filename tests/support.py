@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import xxhash
@@ -325,6 +327,22 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 
 # ``python ONE_THREAD ARGS``: the CLI with torch on one thread, as one_thread sets it here (script= of cli).
 ONE_THREAD = Path(__file__).with_name("onethread.py")
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def load_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as a module, imported as ``python tools/<name>.py`` runs it: with tools/ on the path, where
+    it finds the scripts it builds on."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    return importlib.import_module(name)
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Each file of ``files`` (a path relative to ``root``: its text) written under ``root``, its folders made."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
 
 
 @contextmanager

@@ -570,10 +570,12 @@ def sort_imports(root: Path, files: Iterable[Path], say: list[str]) -> None:
                        capture_output=True, text=True, check=False)
 
 
-def _imported_layers(folder: Path, units: dict[str, str]) -> set[str]:
-    """The layers (new names) the modules under ``folder`` import, read from the code (every import)."""
+def imported_layers(folder: Path, units: dict[str, str] | None = None, groups: Iterable[str] = GROUPS) -> set[str]:
+    """The layers the modules under ``folder`` import (every import, inside functions and TYPE_CHECKING too), named
+    as the 'May import:' lines name them: a top-level package or module (its new name in ``units``), or
+    ``group.layer`` for a package of ``groups``."""
     found: set[str] = set()
-    groups = set(GROUPS)
+    units, groups = units or {}, set(groups)
     for path in folder.rglob("*.py"):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -660,7 +662,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     if allowed is not None:
         for sub in sorted((pkg / "analyses").glob("*/__init__.py")):
             layer = f"analyses.{sub.parent.name}"
-            used = _imported_layers(sub.parent, unit_map(moves)) & allowed
+            used = imported_layers(sub.parent, unit_map(moves)) & allowed
             GAINS[layer] = tuple(sorted({*GAINS.get(layer, ()), *used} - {"errors", "torch_import"}))
     write_groups(root, say)
     rewrite_declarations(root, say)
