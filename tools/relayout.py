@@ -557,6 +557,20 @@ def _docstring_lines(text: str) -> set[int]:
     return found
 
 
+def tidy(root: Path, touched: list[Path], say: list[str]) -> None:
+    """The files a re-layout rewrote made tidy again: their imports sorted, the comment and docstring lines the
+    longer names pushed past the line limit refolded, and a code line still past it said (``LEFT FOR YOU``)."""
+    sort_imports(root, touched, say)
+    folded = [p for p in touched if p.suffix == ".py" and fold_long_lines(p)]
+    if folded:
+        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    for path in touched:
+        if path.suffix == ".py":
+            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+                if len(line) > LINE:
+                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+
+
 def sort_imports(root: Path, files: Iterable[Path], say: list[str]) -> None:
     py = [str(p) for p in files if p.suffix == ".py"]
     if not py:
@@ -668,15 +682,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     rewrite_declarations(root, say)
     layout_test(root, say)
     architecture(root, say)
-    sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
-    for path in touched:
-        if path.suffix == ".py":
-            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-                if len(line) > LINE:
-                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+    tidy(root, touched, say)
     return say
 
 

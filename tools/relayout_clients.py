@@ -48,10 +48,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     touched = R.rewrite_references(root, todo, say, SKIP_FILES)
     M.drop_from_all(root, say, todo)
     M.rewrite_declarations(root, say)
-    R.sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    R.tidy(root, touched, say)
     return say
 
 

@@ -284,15 +284,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     rewrite_declarations(root, say)
     layout_test(root, say)
     R.architecture(root, say)
-    R.sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
-    for path in touched:
-        if path.suffix == ".py":
-            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-                if len(line) > R.LINE:
-                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+    R.tidy(root, touched, say)
     return say
 
 
