@@ -8,6 +8,7 @@ import io
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -264,6 +265,22 @@ class ReferenceMerge:
     def state(self) -> Path:
         """The reference run's state dir."""
         return self.root / "ref-state"
+
+    def fresh(self, name: str) -> tuple[Path, Path]:
+        """OUT and state dir of a new run ``name`` under ``root`` (``out-NAME``, ``state-NAME``), an earlier one's
+        removed."""
+        out, state = self.root / f"out-{name}", self.root / f"state-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        return out, state
+
+    def killed(self, name: str, at: str, shard_size: str) -> tuple[Path, Path]:
+        """OUT and state dir of a new run ``name`` of the config (``fresh``) SIGKILLed at the kill point ``at``."""
+        out, state = self.fresh(name)
+        killed = cli("run", self.config, out, "--state-dir", state, "--out-shard-size", shard_size, "--quiet",
+                     env={"RESUMERGE_KILL_AT": at})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        return out, state
 
 
 def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> ReferenceMerge:

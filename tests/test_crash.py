@@ -33,13 +33,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
     return reference_merge(tmp_path_factory.mktemp("crash"), spec, SHARD)
 
 
-def _fresh(setup: ReferenceMerge, name: str) -> tuple[Path, Path]:
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    return out, state
-
-
 def _finish(setup: ReferenceMerge, out: Path, state: Path) -> None:
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     assert digests(out) == setup.reference
@@ -48,7 +41,7 @@ def _finish(setup: ReferenceMerge, out: Path, state: Path) -> None:
 
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_point_resumes_identically(setup: ReferenceMerge, point: str) -> None:
-    out, state = _fresh(setup, point)
+    out, state = setup.fresh(point)
     nth = "2" if point in {"after_temp_write", "after_fsync", "mid_shard_write", "after_ledger_commit"} else "1"
     killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
                  env={"RESUMERGE_KILL_AT": f"{point}:{nth}"})
@@ -59,7 +52,7 @@ def test_kill_point_resumes_identically(setup: ReferenceMerge, point: str) -> No
 @pytest.mark.parametrize(("first", "second"), [("after_rename:3", "after_dir_fsync:2"),
                                                ("mid_shard_write:3", "during_config_write:1")])
 def test_double_interruption_at_points(setup: ReferenceMerge, first: str, second: str) -> None:
-    out, state = _fresh(setup, f"double-{first}")
+    out, state = setup.fresh(f"double-{first}")
     args = ("--state-dir", state, "--out-shard-size", SHARD, "--quiet")
     assert cli("run", setup.config, out, *args, env={"RESUMERGE_KILL_AT": first}).returncode == -9
     assert cli("resume", out, "--state-dir", state, env={"RESUMERGE_KILL_AT": second}).returncode == -9
@@ -107,7 +100,7 @@ RANDOM_SCENARIOS = [(seed, seed % 3 == 0) for seed in range(10)]
 def test_random_sigkills_then_resume(setup: ReferenceMerge, seed: int, drop_state: bool) -> None:
     """Two random SIGKILLs per scenario (a double interruption); some lose the whole state dir in between."""
     rng = random.Random(seed)
-    out, state = _fresh(setup, f"random-{seed}")
+    out, state = setup.fresh(f"random-{seed}")
     kills = 0
     shards = sum(1 for name in setup.reference if name.startswith("model-") and name.endswith(".safetensors"))
     for attempt, command in enumerate(("run", "resume")):
@@ -128,7 +121,7 @@ def test_random_sigkills_then_resume(setup: ReferenceMerge, seed: int, drop_stat
 
 
 def test_sigterm_stops_at_safe_point_with_exit_3(setup: ReferenceMerge) -> None:
-    out, state = _fresh(setup, "sigterm")
+    out, state = setup.fresh("sigterm")
     proc = cli_start("run", setup.config, out, "--state-dir", state, "--out-shard-size", "100k", "--quiet",
                      env={"RESUMERGE_KILL_AT": ""}, capture=True)
     manifest = out / "resumerge-manifest.json"
@@ -155,7 +148,7 @@ def test_sigterm_stops_at_safe_point_with_exit_3(setup: ReferenceMerge) -> None:
 
 
 def test_verify_detects_damage_and_resume_repairs(setup: ReferenceMerge) -> None:
-    out, state = _fresh(setup, "damage")
+    out, state = setup.fresh("damage")
     assert main(["run", str(setup.config), str(out), "--state-dir", str(state), "--out-shard-size", SHARD,
                  "--quiet"]) == 0
     shards = sorted(out.glob("model-*.safetensors"))
@@ -173,10 +166,7 @@ def test_verify_detects_damage_and_resume_repairs(setup: ReferenceMerge) -> None
 
 
 def test_resume_from_out_alone_after_state_dir_loss(setup: ReferenceMerge) -> None:
-    out, state = _fresh(setup, "lost-state")
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:4"})
-    assert killed.returncode == -9
+    out, state = setup.killed("lost-state", "after_manifest_write:4", SHARD)
     shutil.rmtree(state)
     status = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert status["source"] == "manifest" and status["shards_done"] == 4

@@ -59,13 +59,6 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
-def _fresh(setup: ReferenceMerge, name: str) -> tuple[Path, Path]:
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    return out, state
-
-
 def _run(setup: ReferenceMerge, out: Path, state: Path,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet", env=env)
@@ -152,7 +145,7 @@ STORAGE_FAULTS: list[tuple[str, dict[str, object], str, int]] = [
 def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: ReferenceMerge, shim: Path, label: str,
                                                          settings: dict[str, object], fragment: str,
                                                          at_least: int) -> None:
-    out, state = _fresh(setup, label)
+    out, state = setup.fresh(label)
     log = setup.root / f"{label}.log"
     log.unlink(missing_ok=True)
     values = {k: str(v).format(out=out, state=state) for k, v in settings.items()}
@@ -181,7 +174,7 @@ def test_file_size_limit_gives_efbig_not_sigxfsz(setup: ReferenceMerge, shard: s
     """RLIMIT_FSIZE: SIGXFSZ would kill the process (exit -25, no message, state left "running"); resumerge
     ignores it while merging, so the oversized write fails with EFBIG and the run stops with exit 3 and a hint
     naming ``ulimit -f``."""
-    out, state = _fresh(setup, f"fsize-{shard}")
+    out, state = setup.fresh(f"fsize-{shard}")
     # The limit is set in the command's process before it starts (forked, it runs the CLI after setting it).
     done = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", shard, "--quiet",
                limits={"RLIMIT_FSIZE": limit})
@@ -222,7 +215,7 @@ def _input_shards(setup: ReferenceMerge) -> list[Path]:
 
 
 def test_input_shard_deleted_mid_run_is_refused_then_resumes(setup: ReferenceMerge, shim: Path) -> None:
-    out, state = _fresh(setup, "input-deleted")
+    out, state = setup.fresh("input-deleted")
     victim = _input_shards(setup)[-1]
     saved = victim.read_bytes()
     try:
@@ -238,7 +231,7 @@ def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: ReferenceM
     """An input changed in place mid-run must not leak into committed shards: the run stops with exit 4 before
     committing anything computed after the change, a resume with the input still changed is refused, and once
     the input is restored the resume ends byte-identical."""
-    out, state = _fresh(setup, "input-changed")
+    out, state = setup.fresh("input-changed")
     victim = _input_shards(setup)[0]
     saved = victim.read_bytes()
 
@@ -261,10 +254,7 @@ def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: ReferenceM
 @pytest.fixture(scope="module")
 def interrupted(setup: ReferenceMerge) -> tuple[Path, Path]:
     """OUT and state dir of a run SIGKILLed after its 3rd manifest write, WAL checkpointed into ledger.db."""
-    out, state = _fresh(setup, "interrupted")
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed("interrupted", "after_manifest_write:3", SHARD)
     conn = sqlite3.connect(run_dir(out, state) / "ledger.db")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -272,7 +262,7 @@ def interrupted(setup: ReferenceMerge) -> tuple[Path, Path]:
 
 
 def _copy_interrupted(setup: ReferenceMerge, interrupted: tuple[Path, Path], name: str) -> tuple[Path, Path, Path]:
-    out, state = _fresh(setup, name)
+    out, state = setup.fresh(name)
     shutil.copytree(interrupted[0], out)
     ledger = run_dir(out, state) / "ledger.db"
     ledger.parent.mkdir(parents=True)
@@ -343,7 +333,7 @@ def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: ReferenceMe
 def test_clock_jumps_change_nothing(setup: ReferenceMerge, shim: Path) -> None:
     """The wall clock jumps back ten years mid-run, then the resume runs three years in the future: output bytes
     never depend on the time, and status reports no negative durations."""
-    out, state = _fresh(setup, "clock")
+    out, state = setup.fresh("clock")
     back = shim_env(shim, clock_shift=-10 * YEAR, arm_renames=2, arm_match=f"{out}/model-")
     killed = _run(setup, out, state, env={**back, "RESUMERGE_KILL_AT": "after_manifest_write:4"})
     assert killed.returncode == -9, killed.stderr
@@ -414,7 +404,7 @@ def _weights(directory: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def recipe_reference(setup: ReferenceMerge) -> dict[str, str]:
     """The weight files of an uninterrupted run of :func:`_recipe`."""
-    out, state = _fresh(setup, "recipe-reference")
+    out, state = setup.fresh("recipe-reference")
     assert main(["run", str(_recipe(setup)), str(out), "--state-dir", str(state), "--out-shard-size", SHARD,
                  "--quiet"]) == 0
     return _weights(out)
@@ -436,7 +426,7 @@ def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: ReferenceMerge, 
                                                          settings: dict[str, object]) -> None:
     """A recipe meets a full state dir as a single merge does: exit 3 and one line naming the ledger that could
     not be written (never an internal error, never "delete the ledger"); the resume ends identical."""
-    out, state = _fresh(setup, label)
+    out, state = setup.fresh(label)
     shutil.rmtree(setup.root / f"out-{label}.intermediates", ignore_errors=True)
     log = setup.root / f"{label}.log"
     log.unlink(missing_ok=True)
@@ -453,7 +443,7 @@ def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: ReferenceMerge, 
 
 def test_a_damaged_recipe_ledger_is_set_aside_and_the_recipe_resumes(setup: ReferenceMerge,
                                                                       recipe_reference: dict[str, str]) -> None:
-    out, state = _fresh(setup, "recipe-ledger-damaged")
+    out, state = setup.fresh("recipe-ledger-damaged")
     shutil.rmtree(setup.root / "out-recipe-ledger-damaged.intermediates", ignore_errors=True)
     killed = cli("run", _recipe(setup), out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
                  env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})

@@ -14,7 +14,6 @@ import io
 import itertools
 import os
 import random
-import shutil
 import sqlite3
 import struct
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from support import ReferenceMerge, cli, digests, reference_merge
+from support import ReferenceMerge, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -61,12 +60,7 @@ def _gap(path: Path) -> tuple[int, int]:
 
 def _killed(setup: ReferenceMerge, name: str) -> tuple[Path, Path]:
     """OUT and state dir of a run SIGKILLed after its 3rd manifest write (shards committed, more to come)."""
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed(name, "after_manifest_write:3", SHARD)
     assert any(n.startswith("model-") for n in _committed(out, state)), "the kill came before any shard"
     return out, state
 

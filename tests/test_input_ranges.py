@@ -14,14 +14,13 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sqlite3
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
-from support import ReferenceMerge, cli, digests, write_config
+from support import ReferenceMerge, digests, write_config
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -70,12 +69,7 @@ def _tensors(path: Path) -> dict[str, tuple[int, int]]:
 
 def _killed(setup: ReferenceMerge, name: str) -> tuple[Path, Path, dict[str, str]]:
     """OUT, state dir and the status of each output tensor of a run SIGKILLed after its 2nd manifest write."""
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed(name, "after_manifest_write:2", SHARD)
     conn = sqlite3.connect(f"file:{run_dir(out, state) / 'ledger.db'}?mode=ro", uri=True)
     try:
         status = dict(conn.execute("SELECT name, status FROM tensors").fetchall())

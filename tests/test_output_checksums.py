@@ -83,21 +83,13 @@ def _as_before(out: Path, state: Path | None) -> None:
                          [hashlib.sha256(data).hexdigest(), file, index])
 
 
-def _killed_after_first_shard(ref: ReferenceMerge, name: str) -> tuple[Path, Path]:
-    out, state = ref.root / name, ref.root / f"{name}-state"
-    killed = cli("run", ref.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:1"})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    return out, state
-
-
 def _shards_and_side_files(found: dict[str, str]) -> dict[str, str]:
     """Every file but the manifest (whose records differ in kind between a run recorded before and one now)."""
     return {name: digest for name, digest in found.items() if name != MANIFEST_NAME}
 
 
 def test_a_folder_run_records_xxh3_of_each_file_in_the_ledger_and_the_manifest(ref: ReferenceMerge) -> None:
-    out, state = _killed_after_first_shard(ref, "new")
+    out, state = ref.killed("new", "after_manifest_write:1", SHARD)
     assert cli_here("resume", out, "--state-dir", state, "--quiet").returncode == 0
     rows, manifest = _records(out, state)
     expected = {name: "xxh3-128:" + xxhash.xxh3_128_hexdigest((out / name).read_bytes())
@@ -112,7 +104,7 @@ def test_a_folder_run_records_xxh3_of_each_file_in_the_ledger_and_the_manifest(r
 
 @pytest.mark.parametrize("ledger", [True, False], ids=["with-its-ledger", "from-the-manifest-alone"])
 def test_a_run_recorded_with_sha256_resumes_with_sha256_and_verifies(ref: ReferenceMerge, ledger: bool) -> None:
-    out, state = _killed_after_first_shard(ref, f"old-{ledger}")
+    out, state = ref.killed(f"old-{ledger}", "after_manifest_write:1", SHARD)
     _as_before(out, state if ledger else None)
     if not ledger:
         shutil.rmtree(state)  # a runtime reset: OUT's manifest is the only record

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DAMAGE, ReferenceMerge, cli, digests, flip_byte, reference_merge
+from support import DAMAGE, ReferenceMerge, digests, flip_byte, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -131,10 +131,7 @@ def test_an_unfinished_runs_manifest_is_not_called_damaged(
         ref: ReferenceMerge, capsys: pytest.CaptureFixture[str]) -> None:
     """Killed between a file's ledger row and the manifest write that lists it, the manifest lacks that file: the
     state every kill leaves, which resume finishes — not damage."""
-    out, state = ref.root / "killed", ref.root / "killed-state"
-    killed = cli("run", ref.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
-    assert killed.returncode == -9
+    out, state = ref.killed("killed", "after_ledger_commit:1", SHARD)
     code, report = _verify(out, state, capsys)
     assert code == 0 and report["pending"], report
 
