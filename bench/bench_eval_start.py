@@ -18,13 +18,12 @@ import argparse
 import ctypes
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from childtime import timed_run, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -38,28 +37,11 @@ _CLOCK = ("date", "start_time", "end_time", "total_evaluation_time_seconds", "gi
           "transformers_version", "lm_eval_version", "upper_git_hash")
 
 
-def _reap() -> None:
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            return
-
-
 def timed(argv: list[str], root: str) -> tuple[dict[str, object], str]:
     """Run ``argv`` with ``root``'s resumerge: wall, tree CPU, load; and its output."""
-    env = {**os.environ, "PYTHONPATH": root}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()
-    start = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    _reap()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{argv} failed ({done.returncode}): {done.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": round(wall, 2), "cpu": round(cpu, 2), "load": [round(x, 1) for x in load]}, done.stdout
+    wall, cpu, out = timed_run(argv, tree_env(root), reaped=True)
+    return {"wall": round(wall, 2), "cpu": round(cpu, 2), "load": [round(x, 1) for x in load]}, out
 
 
 def _results(stdout: str) -> object:

@@ -38,14 +38,13 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from childtime import timed_run, tree_env
 
 if TYPE_CHECKING:
     from resumerge.cli.modelgen import ModelSpec
@@ -184,16 +183,8 @@ def _other_vocab(work: Path, kind: str, spec: ModelSpec) -> Path:
 def _timed(argv: list[str], tree: Path, state: Path | None = None) -> tuple[float, float, int, str]:
     """(wall s, CPU s: user + system of the process and its children, peak RSS, stdout) of one fresh process
     (``state``: its state dir, where not the user's)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), **({"RESUMERGE_STATE_DIR": str(state)} if state else {})}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(done.stderr[-3000:])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, int(re.findall(r"^peak (\d+)$", done.stdout, re.M)[-1]), done.stdout
+    wall, cpu, out = timed_run(argv, tree_env(tree, **({"RESUMERGE_STATE_DIR": str(state)} if state else {})))
+    return wall, cpu, int(re.findall(r"^peak (\d+)$", out, re.M)[-1]), out
 
 
 def main() -> None:

@@ -35,6 +35,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
+from bench_linear import disk_floor  # noqa: E402  (warm read of the inputs, fsynced write of the output)
+
 from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
 RANK = {"ties": {"density": 0.5, "weight": 0.3}, "breadcrumbs_ties": {"density": 0.8, "gamma": 0.01, "weight": 0.3},
@@ -109,29 +111,6 @@ def hashes(out: Path) -> dict[str, str]:
             if p.suffix in (".safetensors", ".json") and p.name != "resumerge-manifest.json"}
 
 
-def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> float:
-    """A warm read of ``inputs`` (primed first) and an fsynced write of ``out_bytes``."""
-    files = [p for m in inputs for p in m.glob("*.safetensors")]
-    for p in files:
-        with open(p, "rb") as f:
-            while f.read(1 << 24):
-                pass
-    start = time.perf_counter()
-    for p in files:
-        with open(p, "rb", buffering=0) as f:
-            while f.read(1 << 24):
-                pass
-    block = b"\0" * (1 << 24)
-    with open(work / "floor.bin", "wb") as f:
-        left = out_bytes
-        while left > 0:
-            left -= f.write(block[:min(left, len(block))])
-        f.flush()
-        os.fsync(f.fileno())
-    (work / "floor.bin").unlink()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--a", required=True, type=Path)
@@ -179,7 +158,7 @@ def main() -> None:
             raise SystemExit(f"{method}: the outputs of A and B differ")
         floor = ""
         if method == "linear":
-            f = disk_floor(inputs[:2], out_bytes, args.work)
+            f = sum(disk_floor(inputs[:2], out_bytes, args.work))
             floor = f"{f:.2f} s floor; " + ", ".join(
                 f"{n} {statistics.median(w for w, _, _ in times[n]) / f:.2f}x" for n in names)
         if "mergekit" in times:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_linear import read_floor, write_floor  # the disk floor as bench_linear measures it
 
 HERE = Path(__file__).resolve().parent
 HIDDEN, FF, HEADS, KV, VOCAB = 2048, 5632, 32, 8, 32000
@@ -191,26 +192,7 @@ def write_gguf_from_safetensors(folder: Path, template: Path, out: Path, layers:
 
 def floor(inputs: list[Path], out_bytes: int, work: Path) -> float:
     """Warm read of the inputs plus an fsynced write of ``out_bytes``, seconds."""
-    for f in inputs:  # warm the page cache
-        with open(f, "rb") as fh:
-            while fh.read(64 << 20):
-                pass
-    start = time.monotonic()
-    for f in inputs:
-        with open(f, "rb") as fh:
-            while fh.read(64 << 20):
-                pass
-    block = os.urandom(64 << 20)
-    with open(work / "floor.bin", "wb") as fh:
-        left = out_bytes
-        while left > 0:
-            fh.write(block[: min(left, len(block))])
-            left -= len(block)
-        fh.flush()
-        os.fsync(fh.fileno())
-    took = time.monotonic() - start
-    (work / "floor.bin").unlink()
-    return took
+    return read_floor(inputs) + write_floor(out_bytes, work)
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,19 +35,7 @@ from resumerge import api  # noqa: E402
 from resumerge.cli.modelgen import ModelSpec, make_model  # noqa: E402
 from resumerge.config.locations import run_dir  # noqa: E402
 from resumerge.machine.memory import format_size, parse_size  # noqa: E402
-from tests.support import linear_config, write_config  # noqa: E402
-
-
-def _peak(directory: Path, stop: threading.Event, peaks: list[int]) -> None:
-    while not stop.is_set():
-        total = 0
-        for p in list(directory.iterdir()) if directory.is_dir() else []:
-            try:
-                total += p.stat().st_size
-            except FileNotFoundError:
-                continue
-        peaks.append(total)
-        stop.wait(0.002)
+from tests.support import linear_config, sampled_sizes, write_config  # noqa: E402
 
 
 def main() -> None:
@@ -84,18 +71,12 @@ def main() -> None:
             output = sum(p.stat().st_size for p in out.iterdir())
             target = f"hf://bench/merged-{i}"
             state = work / f"state-h{i}"
-            stop, peaks = threading.Event(), [0]
-            sampler = threading.Thread(target=_peak, args=(run_dir(target, state) / "staging", stop, peaks))
-            sampler.start()
             started = time.perf_counter()
-            try:
+            with sampled_sizes(run_dir(target, state) / "staging") as peaks:
                 api.run(config, target, settings=api.Settings(state_dir=state,
                                                               output=api.Output(out_shard_size=args.out_shard_size),
                                                               resources=api.Resources(max_disk=max_disk),
                                                               hub=api.Hub(commit_every=20, commit_interval=5)))
-            finally:
-                stop.set()
-                sampler.join()
             hub_times.append(time.perf_counter() - started)
             commits.append(hub.commits[f"bench/merged-{i}"])
             peaks_all.append(max(peaks))

@@ -71,10 +71,9 @@ def make_inputs(work: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> tuple[float, float]:
-    """(warm read seconds of every input file, fsynced write seconds of ``out_bytes``)."""
-    files = [p for d in inputs for p in d.glob("*.safetensors")]
-    for f in files:  # warm the page cache
+def read_floor(files: list[Path]) -> float:
+    """Seconds of a warm read of ``files`` (each read once before, to warm the page cache)."""
+    for f in files:
         with open(f, "rb") as fh:
             while fh.read(64 << 20):
                 pass
@@ -83,7 +82,11 @@ def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> tuple[float, f
         with open(f, "rb") as fh:
             while fh.read(64 << 20):
                 pass
-    read = time.monotonic() - start
+    return time.monotonic() - start
+
+
+def write_floor(out_bytes: int, work: Path) -> float:
+    """Seconds of an fsynced write of ``out_bytes`` (random, incompressible) to a file under ``work``, removed after."""
     target = work / "floor.bin"
     block = os.urandom(64 << 20)
     start = time.monotonic()
@@ -96,7 +99,12 @@ def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> tuple[float, f
         os.fsync(fh.fileno())
     write = time.monotonic() - start
     target.unlink()
-    return read, write
+    return write
+
+
+def disk_floor(inputs: list[Path], out_bytes: int, work: Path) -> tuple[float, float]:
+    """(warm read seconds of every input model's safetensors files, fsynced write seconds of ``out_bytes``)."""
+    return read_floor([p for d in inputs for p in d.glob("*.safetensors")]), write_floor(out_bytes, work)
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import argparse
 import ctypes
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from childtime import children_cpu, reap, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -61,15 +62,6 @@ def write_config(work: Path, models: list[Path], mode: str = "hidden") -> Path:
     return path
 
 
-def _reap() -> None:
-    """Wait for every process left to this subreaper (a killed run's pass dies with it, a moment later)."""
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            return
-
-
 def past_the_gates(state: Path, out: Path) -> bool:
     """The pass's routers are finished in ``state`` and the run recorded its plan (a shard of OUT is committed)."""
     return any(state.glob("moe-routers/*/routers.safetensors")) and any(out.glob("model-*.safetensors"))
@@ -78,8 +70,8 @@ def past_the_gates(state: Path, out: Path) -> bool:
 def timed(argv: list[str], root: str, *, kill_when: tuple[Path, Path] | None = None) -> dict[str, object]:
     """Run ``argv`` with ``root``'s resumerge; SIGKILL it once it is past the gates (``kill_when``: its state dir
     and OUT). Wall, tree CPU, exit code."""
-    env = {**os.environ, "PYTHONPATH": root}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = tree_env(root)
+    before = children_cpu()
     load = os.getloadavg()
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -90,9 +82,8 @@ def timed(argv: list[str], root: str, *, kill_when: tuple[Path, Path] | None = N
             proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate()
     wall = time.perf_counter() - start
-    _reap()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    reap()
+    cpu = children_cpu() - before
     if proc.returncode not in (0, -9):
         raise SystemExit(f"{argv} failed ({proc.returncode}): {err[-2000:]}")
     return {"wall": round(wall, 2), "cpu": round(cpu, 2), "rc": proc.returncode,

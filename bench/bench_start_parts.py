@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from childtime import timed_run, tree_env
 
 _TOKENIZER = """
 import inspect, sys, time
@@ -35,18 +34,6 @@ print(time.process_time() - start, time.perf_counter() - wall, type(tokenizer)._
 """
 
 
-def _child_run(argv: list[str], root: str, stdin: str | None = None) -> tuple[float, float, str]:
-    env = {**os.environ, "PYTHONPATH": root}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{argv} failed: {done.stderr[-2000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
-
-
 def encode_child(root: str, model: Path, given: bool) -> dict[str, object]:
     """The prompt work's process tokenising two prompt sets (``--job-given`` where ``root``'s ``run`` gives it)."""
     job = {"job": "encode", "mode": "cheap_embed", "prompts": [[["ab cd ef gh", "Ab Cd Ef"], None],
@@ -54,12 +41,12 @@ def encode_child(root: str, model: Path, given: bool) -> dict[str, object]:
            "tokenizer_dir": str(model), "workdir": "/tmp", "parent": os.getpid()}
     argv = [sys.executable, "-P", "-m", "resumerge.runs.moe.passmain", str(os.getpid()),
             *(["--job-given"] if given else [])]
-    wall, cpu, out = _child_run(argv, root, json.dumps(job))
+    wall, cpu, out = timed_run(argv, tree_env(root), stdin=json.dumps(job))
     return {"wall": round(wall, 2), "cpu": round(cpu, 2), "answer": out.strip().splitlines()[-1][:60]}
 
 
 def eval_tokenizer(root: str, model: Path) -> dict[str, object]:
-    wall, cpu, out = _child_run([sys.executable, "-P", "-c", _TOKENIZER, str(model)], root)
+    wall, cpu, out = timed_run([sys.executable, "-P", "-c", _TOKENIZER, str(model)], tree_env(root))
     part_cpu, part_wall, kind, imported = out.split()
     return {"process_wall": round(wall, 2), "process_cpu": round(cpu, 2), "cpu": round(float(part_cpu), 2),
             "wall": round(float(part_wall), 2), "tokenizer": kind, "transformers_imported": imported == "True"}

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # textnll: the texts' NLLs the unwritten-merge tests compare
 TEXTS = [[(7 * i + 3 * j) % 500 + 1 for j in range(96)] for i in range(4)]
 
 
@@ -63,61 +64,6 @@ def _config(work: Path, models: list[Path], index: int) -> Path:
     return path
 
 
-def _nll(stream: Any, hidden: Any, entering: Any, ids: Any) -> list[float]:
-    import torch
-
-    with stream.head() as logits:
-        out = []
-        for h, i in zip(hidden, ids, strict=True):
-            logp = torch.log_softmax(logits(h).double(), dim=-1)[0, :-1]
-            out.append(-float(logp.gather(1, i[0, 1:, None]).sum()))
-    return out
-
-
-def _pass(weights: Any, config: Any) -> list[float]:
-    """Each text's NLL over ``weights``, one decoder layer at a time."""
-    import torch
-
-    from resumerge.forward.engine.stream import ModelStream
-
-    ids = [torch.tensor([t]) for t in TEXTS]
-    with ModelStream(weights, config, torch.float32, what="bench") as stream, torch.no_grad():
-        entering = stream.inputs([(i, torch.ones_like(i)) for i in ids])
-        hidden = [h for h, _ in entering]
-        for index, layer in enumerate(stream.layers_list):
-            with stream.loaded(layer):
-                hidden = [stream.run(layer, h, calls[index]) for h, (_, calls) in zip(hidden, entering, strict=True)]
-        return _nll(stream, hidden, entering, ids)
-
-
-def _population_pass(population: Any) -> list[list[float]]:
-    """Each candidate's NLLs, every layer of every candidate run inside that layer's block."""
-    import torch
-
-    from resumerge.forward.engine.reader import Weights
-    from resumerge.forward.engine.stream import ModelStream
-
-    ids = [torch.tensor([t]) for t in TEXTS]
-    streams: list[Any] = []
-    for c in population.candidates:
-        built = (streams[0].config, streams[0].model) if streams else None
-        streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config, torch.float32,
-                                   what="bench", built=built))
-    with torch.no_grad():
-        with population.layer():
-            entering = [s.inputs([(i, torch.ones_like(i)) for i in ids]) for s in streams]
-        hidden = [[h for h, _ in e] for e in entering]
-        for index in range(streams[0].layers):
-            with population.layer():
-                for c, stream in enumerate(streams):
-                    layer = stream.layers_list[index]
-                    with stream.loaded(layer):
-                        hidden[c] = [stream.run(layer, h, calls[index])
-                                     for h, (_, calls) in zip(hidden[c], entering[c], strict=True)]
-        with population.layer():
-            return [_nll(s, hidden[c], entering[c], ids) for c, s in enumerate(streams)]
-
-
 def _written_bytes() -> int:
     with open(f"/proc/{os.getpid()}/io") as handle:
         return next(int(line.split()[1]) for line in handle if line.startswith("wchar:"))
@@ -125,35 +71,38 @@ def _written_bytes() -> int:
 
 def step(name: str, work: Path, configs: list[Path], started: float) -> dict[str, Any]:
     """One measured step, in this (fresh) process."""
+    from textnll import population_nlls, stream_nlls
+
     from resumerge import api
     from resumerge.analyses.check.models import open_checked
     from resumerge.config.locations import StateDir
     from resumerge.forward.engine.reader import Weights
 
     state = work / "state"
+    settings = api.Settings(state_dir=state)
     result: dict[str, Any] = {"step": name}
     if name == "written":
         out = work / f"out-{time.time_ns()}"
         try:
             api.run(configs[0], out, settings=api.Settings(state_dir=state))
             model = open_checked(str(out), "MODEL", StateDir.resolve(state))
-            result["nll"] = [_pass(Weights.of(model.opened.directory, model.opened.tensors),
-                                   dict(model.opened.config))]
+            result["nll"] = [stream_nlls(Weights.of(model.opened.directory, model.opened.tensors), model.opened.config,
+                                         TEXTS, what="bench")]
         finally:
             shutil.rmtree(out, ignore_errors=True)
     elif name == "unwritten":
-        with api.open_unwritten(configs[0], state_dir=state) as merge:
-            result["nll"] = [_pass(Weights.of(merge.directory, merge.tensors, source=merge.source),
-                                   dict(merge.config))]
+        with api.open_unwritten(configs[0], settings) as merge:
+            result["nll"] = [stream_nlls(Weights.of(merge.directory, merge.tensors, source=merge.source), merge.config,
+                                         TEXTS, what="bench")]
     elif name == "one by one":
         result["nll"] = []
         for config in configs:
-            with api.open_unwritten(config, state_dir=state) as merge:
-                result["nll"].append(_pass(Weights.of(merge.directory, merge.tensors, source=merge.source),
-                                           dict(merge.config)))
+            with api.open_unwritten(config, settings) as merge:
+                result["nll"].append(stream_nlls(Weights.of(merge.directory, merge.tensors, source=merge.source),
+                                                 merge.config, TEXTS, what="bench"))
     else:
-        with api.open_population(configs, state_dir=state) as population:
-            result["nll"] = _population_pass(population)
+        with api.open_population(configs, settings) as population:
+            result["nll"] = population_nlls(population, TEXTS, what="bench")
             result["read MB"] = population.shared.bytes_read / 1e6
             result["kept MB"] = population.shared.peak_kept / 1e6
     result["wall s"] = time.time() - started

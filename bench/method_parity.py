@@ -16,25 +16,17 @@ not dominate). Needs mergekit 0.1.5 installed; never imported by resumerge itsel
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from methods.footprint_cases import Case
+
 from resumerge.merge.methods import MergeContext, get_method
-
-
-@dataclass(frozen=True)
-class Case:
-    """One method call: input count, base position, global and per-model parameters (None = not given)."""
-
-    method: str
-    inputs: int
-    base: int | None
-    params: Mapping[str, Any] = field(default_factory=dict)
-    per_model: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-
 
 W = [None, 0.3, 0.5, 0.2]  # per-model weights; the base (input 0) takes none
 D = [None, 0.5, 0.6, 0.3]  # densities

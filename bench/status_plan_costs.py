@@ -18,27 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from childtime import timed_run, tree_env
 
 
 def timed(argv: list[str], tree: Path | None, cwd: Path) -> tuple[float, float]:
     """Wall and CPU seconds (user + system, waited-for descendants included) of one process."""
-    env = {**os.environ, **({"PYTHONPATH": str(tree)} if tree is not None else {})}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{argv[3:6]} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    wall, cpu, _ = timed_run(argv, tree_env(tree), cwd=cwd)
+    return wall, cpu
 
 
 def summary(values: list[float]) -> str:

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support import output_tensors
 from vlm_families import VLMS, inputs, make_vlm, model_class, vlm
 
 from resumerge import api
@@ -63,13 +63,6 @@ def _doc(method: str, a: Path, b: Path) -> dict[str, Any]:
     return doc
 
 
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
-
-
 def _loads(family: str, out: Path) -> str:
     try:
         model, info = model_class(vlm(family)).from_pretrained(out, output_loading_info=True)
@@ -103,7 +96,7 @@ def main() -> None:
             cfg.write_text(yaml.safe_dump(_doc(method, a, b), sort_keys=False))
             api.run(cfg, root / f"{key}-ours", settings=api.Settings(state_dir=root / "state"))
             jobs.append((key, str(cfg), str(root / f"{key}-theirs")))
-            rows.append((name, layout, method, key, len(_tensors(a))))
+            rows.append((name, layout, method, key, len(output_tensors(a))))
     done = subprocess.run([sys.executable, "-c", _MERGEKIT, json.dumps(jobs)], capture_output=True, text=True,
                           check=False, env={**_env(), "PYTHONHASHSEED": "0"})
     results = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
@@ -111,9 +104,9 @@ def main() -> None:
           "mergekit tensors | equal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, layout, method, key, total in rows:
-        ours, theirs_dir = _tensors(root / f"{key}-ours"), root / f"{key}-theirs"
+        ours, theirs_dir = output_tensors(root / f"{key}-ours"), root / f"{key}-theirs"
         result = results.get(key, "not run")
-        theirs = _tensors(theirs_dir) if result == "ok" else {}
+        theirs = output_tensors(theirs_dir) if result == "ok" else {}
         equal = ("yes" if ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)
                  else "no" if theirs else "—")
         print(f"| {name} | {layout} | {method} | {_loads(name, root / f'{key}-ours')} | {len(ours)}/{total} | "

@@ -336,16 +336,22 @@ def _tensor_layout_holds(base: ctypes.CDLL) -> bool:
         base.ggml_free(ctx)
 
 
-def declare_forward(llama: ctypes.CDLL) -> None:
-    """The backend started and the signatures of the library's calls a forward pass makes declared: a model loaded,
-    its vocabulary's size, a context, batches decoded, their logits, the KV memory cleared, all freed."""
+def _declare_model(llama: ctypes.CDLL) -> None:
+    """The backend started and the signatures of a model's load, its vocabulary and its freeing declared."""
     llama.llama_backend_init()
     llama.llama_model_default_params.restype = _ModelParams
-    llama.llama_context_default_params.restype = _ContextParams
     llama.llama_model_load_from_file.restype = ctypes.c_void_p
     llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
     llama.llama_model_get_vocab.restype = ctypes.c_void_p
     llama.llama_model_get_vocab.argtypes = [ctypes.c_void_p]
+    llama.llama_model_free.argtypes = [ctypes.c_void_p]
+
+
+def declare_forward(llama: ctypes.CDLL) -> None:
+    """The backend started and the signatures of the library's calls a forward pass makes declared: a model loaded,
+    its vocabulary's size, a context, batches decoded, their logits, the KV memory cleared, all freed."""
+    _declare_model(llama)
+    llama.llama_context_default_params.restype = _ContextParams
     llama.llama_vocab_n_tokens.restype = ctypes.c_int32
     llama.llama_vocab_n_tokens.argtypes = [ctypes.c_void_p]
     llama.llama_init_from_model.restype = ctypes.c_void_p
@@ -361,7 +367,6 @@ def declare_forward(llama: ctypes.CDLL) -> None:
     llama.llama_get_memory.argtypes = [ctypes.c_void_p]
     llama.llama_memory_clear.argtypes = [ctypes.c_void_p, ctypes.c_bool]
     llama.llama_free.argtypes = [ctypes.c_void_p]
-    llama.llama_model_free.argtypes = [ctypes.c_void_p]
 
 
 def imatrix_of_forward(model: Path, texts: list[list[int]], *, min_batch: int = 16, n_threads: int = 1,
@@ -517,16 +522,10 @@ def tokenize(model: Path, lines: list[str]) -> list[list[int]]:
     (``llama_tokenize``, special tokens added as the vocabulary asks and not parsed in the text: what
     llama-imatrix's ``common_tokenize(ctx, prompt, true)`` does to its text file)."""
     _, llama = needs_library()
-    llama.llama_backend_init()
-    llama.llama_model_default_params.restype = _ModelParams
-    llama.llama_model_load_from_file.restype = ctypes.c_void_p
-    llama.llama_model_load_from_file.argtypes = [ctypes.c_char_p, _ModelParams]
-    llama.llama_model_get_vocab.restype = ctypes.c_void_p
-    llama.llama_model_get_vocab.argtypes = [ctypes.c_void_p]
+    _declare_model(llama)
     llama.llama_tokenize.restype = ctypes.c_int32
     llama.llama_tokenize.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                      ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_bool, ctypes.c_bool]
-    llama.llama_model_free.argtypes = [ctypes.c_void_p]
     params = llama.llama_model_default_params()
     params.vocab_only = True
     loaded = llama.llama_model_load_from_file(str(model).encode(), params)

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import xxhash
@@ -241,20 +246,53 @@ def ties_of_three(root: Path, spec: ModelSpec) -> Path:
                    {"model": str(b), "parameters": {"weight": 0.4, "density": 0.7}}]})
 
 
-def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> tuple[Path, Path, dict[str, str]]:
-    """Two generated models, a linear config over them (with a gradient), and an uninterrupted reference run.
+@dataclass(frozen=True)
+class ReferenceMerge:
+    """A merge under ``root``: its config, its first model's dir and the digests of its uninterrupted run's output,
+    which kill and fault tests compare their resumed outputs with."""
 
-    Returns (config path, first model's dir, digests of the reference output) for kill and fault tests to
-    compare their resumed outputs with.
-    """
+    root: Path
+    config: Path
+    a: Path
+    reference: dict[str, str]
+
+    @property
+    def out(self) -> Path:
+        """The reference run's output."""
+        return self.root / "reference"
+
+    @property
+    def state(self) -> Path:
+        """The reference run's state dir."""
+        return self.root / "ref-state"
+
+    def fresh(self, name: str) -> tuple[Path, Path]:
+        """OUT and state dir of a new run ``name`` under ``root`` (``out-NAME``, ``state-NAME``), an earlier one's
+        removed."""
+        out, state = self.root / f"out-{name}", self.root / f"state-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        return out, state
+
+    def killed(self, name: str, at: str, shard_size: str) -> tuple[Path, Path]:
+        """OUT and state dir of a new run ``name`` of the config (``fresh``) SIGKILLed at the kill point ``at``."""
+        out, state = self.fresh(name)
+        killed = cli("run", self.config, out, "--state-dir", state, "--out-shard-size", shard_size, "--quiet",
+                     env={"RESUMERGE_KILL_AT": at})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        return out, state
+
+
+def reference_merge(root: Path, spec: ModelSpec, shard_size: str) -> ReferenceMerge:
+    """Two generated models, a linear config over them (with a gradient), and an uninterrupted reference run."""
     a = make_model(root / "a", spec, seed=1)
     b = make_model(root / "b", spec, seed=2)
     config = write_config(root / "merge.yml", linear_config(a, b, weights=([0.2, 0.8], 0.5)))
-    ref = root / "reference"
+    merge = ReferenceMerge(root, config, a, {})
     # In this process (the same CLI, without a Python and torch start-up): the runs compared with it are subprocesses.
-    assert main(["run", str(config), str(ref), "--state-dir", str(root / "ref-state"), "--out-shard-size", shard_size,
+    assert main(["run", str(config), str(merge.out), "--state-dir", str(merge.state), "--out-shard-size", shard_size,
                  "--quiet"]) == 0
-    return config, a, digests(ref)
+    return replace(merge, reference=digests(merge.out))
 
 
 # Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a child forked from a large test process
@@ -325,6 +363,48 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 
 # ``python ONE_THREAD ARGS``: the CLI with torch on one thread, as one_thread sets it here (script= of cli).
 ONE_THREAD = Path(__file__).with_name("onethread.py")
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def load_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as a module, imported as ``python tools/<name>.py`` runs it: with tools/ on the path, where
+    it finds the scripts it builds on."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    return importlib.import_module(name)
+
+
+@contextmanager
+def sampled_sizes(directory: Path) -> Iterator[list[int]]:
+    """The bytes the files directly in ``directory`` hold (0 while it does not exist), sampled every 2 ms on a thread
+    while the block runs: the list the samples are appended to (its first, 0, before any)."""
+    stop, sizes = threading.Event(), [0]
+
+    def sample() -> None:
+        while not stop.is_set():
+            total = 0
+            for p in list(directory.iterdir()) if directory.is_dir() else []:
+                try:
+                    total += p.stat().st_size
+                except FileNotFoundError:
+                    continue
+            sizes.append(total)
+            stop.wait(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield sizes
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Each file of ``files`` (a path relative to ``root``: its text) written under ``root``, its folders made."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
 
 
 @contextmanager

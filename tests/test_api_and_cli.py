@@ -170,30 +170,27 @@ STATUS_JSON_NEVER_IMPORTS = ("resumerge.cli.checkcmd", "resumerge.cli.evalcmd", 
                              "resumerge.cli.render", "rich", "fractions", "secrets")
 
 
-def test_status_never_imports_torch_or_the_planner(tmp_path: Path, make: ModelFactory) -> None:
-    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
-    assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
+def _assert_status_imports_none(out: Path, flag_sets: tuple[list[str], ...], never: tuple[str, ...]) -> None:
+    """``status OUT`` with each of ``flag_sets`` in turn, in a fresh interpreter: each exits 0 and no module named by
+    (or under) ``never`` is imported."""
     probe = (
         "import sys, io, contextlib\n"
         "from resumerge.cli.commands import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    codes = [main(['status', {str(tmp_path / 'out')!r}, *json]) for json in ([], ['--json'])]\n"
-        f"heavy = sorted(m for m in sys.modules if m.startswith({STATUS_NEVER_IMPORTS!r}))\n"
-        "print(codes, heavy)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[0, 0] []", done.stdout + done.stderr
-    never = STATUS_JSON_NEVER_IMPORTS + STATUS_NEVER_IMPORTS
-    probe = (  # --json alone: nothing of the terminal's, nor of the other commands' parsers
-        "import sys, io, contextlib\n"
-        "from resumerge.cli.commands import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    code = main(['status', {str(tmp_path / 'out')!r}, '--json'])\n"
+        f"    codes = [main(['status', {str(out)!r}, *flags]) for flags in {flag_sets!r}]\n"
         f"extra = sorted(m for m in sys.modules if m.startswith({never!r}))\n"
-        "print(code, extra)\n"
+        "print(codes, extra)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "0 []", done.stdout + done.stderr
+    assert done.stdout.strip() == f"{[0] * len(flag_sets)} []", done.stdout + done.stderr
+
+
+def test_status_never_imports_torch_or_the_planner(tmp_path: Path, make: ModelFactory) -> None:
+    cfg = write_config(tmp_path / "c.yml", {"merge_method": "passthrough", "models": [str(make("a"))]})
+    assert main(["run", str(cfg), str(tmp_path / "out"), "--quiet"]) == 0
+    _assert_status_imports_none(tmp_path / "out", ([], ["--json"]), STATUS_NEVER_IMPORTS)
+    # --json alone: nothing of the terminal's, nor of the other commands' parsers
+    _assert_status_imports_none(tmp_path / "out", (["--json"],), STATUS_JSON_NEVER_IMPORTS + STATUS_NEVER_IMPORTS)
 
 
 def test_the_ledger_imports_no_pandas() -> None:

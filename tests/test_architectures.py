@@ -19,8 +19,7 @@ import pytest
 import torch
 import yaml
 from families import FAMILIES, LAYERS, Family, make_family_model
-from safetensors.torch import load_file
-from support import write_config
+from support import output_tensors, write_config
 
 from resumerge import api
 from resumerge.api.flagmap import grouped
@@ -57,13 +56,6 @@ def _merge(tmp_path: Path, doc: dict[str, Any], **options: Any) -> Path:
     out = tmp_path / "out"
     api.run(yaml.safe_dump(doc, sort_keys=False), out, **grouped(api.run, {"state_dir": tmp_path / "state", **options}))
     return out
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
 
 
 def _load(out: Path) -> Any:
@@ -131,7 +123,7 @@ def test_self_stack_loads_with_layers_and_config_of_their_sources(
         {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
         {"sources": [{"model": str(a), "layer_range": [1, 3]}]},
     ]}, out_shard_size="25k")
-    got, src = _tensors(out), _tensors(a)
+    got, src = output_tensors(out), output_tensors(a)
     _assert_layers(family, got, [(src, layer) for layer in SELF_STACK])
     loose = {n for n in src if _layer(n, family.layer_prefix) is None}
     assert {n for n in got if _layer(n, family.layer_prefix) is None} == loose
@@ -198,7 +190,7 @@ def test_frankenmerge_of_two_models_takes_edges_from_first_and_last_slice(
         {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
         {"sources": [{"model": str(b), "layer_range": [1, 3]}]},
     ]})
-    got, ta, tb = _tensors(out), _tensors(a), _tensors(b)
+    got, ta, tb = output_tensors(out), output_tensors(a), output_tensors(b)
     _assert_layers(family, got, [(ta, 0), (ta, 1), (tb, 1), (tb, 2)])
     assert torch.equal(got[family.embedding], ta[family.embedding])
     assert not torch.equal(got[family.embedding], tb[family.embedding])
@@ -215,7 +207,7 @@ def test_slerp_of_two_models_loads(name: str, family_models: dict[str, tuple[Pat
     family, (a, b) = _family(name), family_models[name]
     out = _merge(tmp_path, {"merge_method": "slerp", "base_model": str(a), "parameters": {"t": 0.5},
                             "models": [{"model": str(a)}, {"model": str(b)}]})
-    got, ta, tb = _tensors(out), _tensors(a), _tensors(b)
+    got, ta, tb = output_tensors(out), output_tensors(a), output_tensors(b)
     assert got.keys() == ta.keys()
     probe = next(n for n in sorted(ta) if n.startswith(f"{family.layer_prefix}.1.") and ta[n].dim() == 2)
     assert not torch.equal(got[probe], ta[probe]) and not torch.equal(got[probe], tb[probe])
@@ -341,7 +333,7 @@ def test_allow_crimes_merges_tensor_by_tensor_and_resumes(
     assert main(["run", str(cfg), str(out), "--quiet", "--allow-crimes", "--state-dir", state]) == 0
     assert "allow-crimes" not in capsys.readouterr().err  # a real option now, not an ignored mergekit flag
     llama, mistral = family_models["llama"][0], family_models["mistral"][1]
-    got, ta, tb = _tensors(out), _tensors(llama), _tensors(mistral)
+    got, ta, tb = output_tensors(out), output_tensors(llama), output_tensors(mistral)
     for name in ("model.layers.1.mlp.up_proj.weight", "lm_head.weight"):
         torch.testing.assert_close(got[name], (ta[name] + tb[name]) / 2, rtol=0, atol=1e-7)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
@@ -352,7 +344,7 @@ def test_allow_crimes_merges_tensor_by_tensor_and_resumes(
         api.run(cfg.read_text(), tmp_path / "api-out", settings=api.Settings(state_dir=tmp_path / "state"))
     api.run(cfg.read_text(), tmp_path / "api-out", settings=api.Settings(state_dir=tmp_path / "state",
                                                                          merging=api.Merging(allow_crimes=True)))
-    assert _tensors(tmp_path / "api-out").keys() == got.keys()
+    assert output_tensors(tmp_path / "api-out").keys() == got.keys()
 
 
 def test_a_config_naming_no_architectures_is_compared_by_its_model_type(tmp_path: Path) -> None:

@@ -14,12 +14,11 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from forkserver import Forked
-from support import cli, cli_here, cli_start, digests, reference_merge
+from support import ReferenceMerge, cli, cli_here, cli_start, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -28,37 +27,21 @@ from resumerge.machine.killpoints import LOCAL_POINTS as POINTS
 SHARD = "400k"
 
 
-@dataclass(frozen=True)
-class Setup:
-    config: Path
-    reference: dict[str, str]
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    root = tmp_path_factory.mktemp("crash")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
     spec = ModelSpec(layers=8, hidden=128, intermediate=384, vocab=1000, shard_bytes=1_500_000)
-    config, _, reference = reference_merge(root, spec, SHARD)
-    return Setup(config, reference, root)
+    return reference_merge(tmp_path_factory.mktemp("crash"), spec, SHARD)
 
 
-def _fresh(setup: Setup, name: str) -> tuple[Path, Path]:
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    return out, state
-
-
-def _finish(setup: Setup, out: Path, state: Path) -> None:
+def _finish(setup: ReferenceMerge, out: Path, state: Path) -> None:
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
     assert digests(out) == setup.reference
     assert main(["verify", str(out), "--state-dir", str(state)]) == 0
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_kill_point_resumes_identically(setup: Setup, point: str) -> None:
-    out, state = _fresh(setup, point)
+def test_kill_point_resumes_identically(setup: ReferenceMerge, point: str) -> None:
+    out, state = setup.fresh(point)
     nth = "2" if point in {"after_temp_write", "after_fsync", "mid_shard_write", "after_ledger_commit"} else "1"
     killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
                  env={"RESUMERGE_KILL_AT": f"{point}:{nth}"})
@@ -68,15 +51,15 @@ def test_kill_point_resumes_identically(setup: Setup, point: str) -> None:
 
 @pytest.mark.parametrize(("first", "second"), [("after_rename:3", "after_dir_fsync:2"),
                                                ("mid_shard_write:3", "during_config_write:1")])
-def test_double_interruption_at_points(setup: Setup, first: str, second: str) -> None:
-    out, state = _fresh(setup, f"double-{first}")
+def test_double_interruption_at_points(setup: ReferenceMerge, first: str, second: str) -> None:
+    out, state = setup.fresh(f"double-{first}")
     args = ("--state-dir", state, "--out-shard-size", SHARD, "--quiet")
     assert cli("run", setup.config, out, *args, env={"RESUMERGE_KILL_AT": first}).returncode == -9
     assert cli("resume", out, "--state-dir", state, env={"RESUMERGE_KILL_AT": second}).returncode == -9
     _finish(setup, out, state)
 
 
-def _start(setup: Setup, out: Path, state: Path, command: str) -> Forked | subprocess.Popen[str]:
+def _start(setup: ReferenceMerge, out: Path, state: Path, command: str) -> Forked | subprocess.Popen[str]:
     args = ["run", str(setup.config), str(out)] if command == "run" else ["resume", str(out)]
     args += ["--state-dir", str(state), "--quiet"]
     if command == "run":
@@ -114,10 +97,10 @@ RANDOM_SCENARIOS = [(seed, seed % 3 == 0) for seed in range(10)]
 
 
 @pytest.mark.parametrize(("seed", "drop_state"), RANDOM_SCENARIOS)
-def test_random_sigkills_then_resume(setup: Setup, seed: int, drop_state: bool) -> None:
+def test_random_sigkills_then_resume(setup: ReferenceMerge, seed: int, drop_state: bool) -> None:
     """Two random SIGKILLs per scenario (a double interruption); some lose the whole state dir in between."""
     rng = random.Random(seed)
-    out, state = _fresh(setup, f"random-{seed}")
+    out, state = setup.fresh(f"random-{seed}")
     kills = 0
     shards = sum(1 for name in setup.reference if name.startswith("model-") and name.endswith(".safetensors"))
     for attempt, command in enumerate(("run", "resume")):
@@ -137,8 +120,8 @@ def test_random_sigkills_then_resume(setup: Setup, seed: int, drop_state: bool) 
     assert kills >= 1
 
 
-def test_sigterm_stops_at_safe_point_with_exit_3(setup: Setup) -> None:
-    out, state = _fresh(setup, "sigterm")
+def test_sigterm_stops_at_safe_point_with_exit_3(setup: ReferenceMerge) -> None:
+    out, state = setup.fresh("sigterm")
     proc = cli_start("run", setup.config, out, "--state-dir", state, "--out-shard-size", "100k", "--quiet",
                      env={"RESUMERGE_KILL_AT": ""}, capture=True)
     manifest = out / "resumerge-manifest.json"
@@ -164,8 +147,8 @@ def test_sigterm_stops_at_safe_point_with_exit_3(setup: Setup) -> None:
     assert digests(out) == digests(ref)
 
 
-def test_verify_detects_damage_and_resume_repairs(setup: Setup) -> None:
-    out, state = _fresh(setup, "damage")
+def test_verify_detects_damage_and_resume_repairs(setup: ReferenceMerge) -> None:
+    out, state = setup.fresh("damage")
     assert main(["run", str(setup.config), str(out), "--state-dir", str(state), "--out-shard-size", SHARD,
                  "--quiet"]) == 0
     shards = sorted(out.glob("model-*.safetensors"))
@@ -182,11 +165,8 @@ def test_verify_detects_damage_and_resume_repairs(setup: Setup) -> None:
     _finish(setup, out, state)
 
 
-def test_resume_from_out_alone_after_state_dir_loss(setup: Setup) -> None:
-    out, state = _fresh(setup, "lost-state")
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:4"})
-    assert killed.returncode == -9
+def test_resume_from_out_alone_after_state_dir_loss(setup: ReferenceMerge) -> None:
+    out, state = setup.killed("lost-state", "after_manifest_write:4", SHARD)
     shutil.rmtree(state)
     status = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert status["source"] == "manifest" and status["shards_done"] == 4

@@ -175,6 +175,21 @@ def test_plan_exit_codes_and_json_schema(tmp_path: Path, make: ModelFactory,
     assert json.loads(capsys.readouterr().out)["memory"]["smallest_budget"] > 1_000_000
 
 
+def _peak_within_band(name: str, doc: dict[str, object], cfg: Path, out: Path, *options: str) -> None:
+    """``run`` of ``cfg`` into ``out`` (with ``options``), its own peak RSS measured, against the peak ``doc`` (plan
+    --json's) estimated. Under is the danger (an OOM after "fits"), so the floor is tight; over is the price of
+    counting a fresh process's whole baseline (torch's mapped libraries included) as --max-memory now does:
+    1.16-1.26x here."""
+    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet", *options])
+    assert code == 0, err
+    memory = doc["memory"]
+    assert isinstance(memory, dict)
+    estimated = memory["peak_bytes"]
+    print(f"{name}: estimated {estimated / 1e6:.0f} MB ({memory['baseline_bytes'] / 1e6:.0f} + "
+          f"{memory['working_set_bytes'] / 1e6:.0f}), measured {peak / 1e6:.0f} MB")
+    assert 0.9 <= estimated / peak <= 1.35, f"{name}: estimated {estimated}, measured {peak}"
+
+
 @pytest.mark.slow
 def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(tmp_path: Path,
                                                                                  make: ModelFactory) -> None:
@@ -188,19 +203,8 @@ def test_peak_rss_estimate_is_never_under_a_real_run_and_within_35_percent_over(
     # type: ignore[index]
     assert bound["memory"]["working_set_bytes"] < 100_000_000 < free["memory"]["working_set_bytes"]
     for name, doc, options in (("free", free, []), ("bound", bound, bound_options)):
-        out = tmp_path / name
-        code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(out), "--quiet",
-                                        *options])
-        assert code == 0, err
-        assert sum(p.stat().st_size for p in out.iterdir()) == doc["output"]["total_bytes"]  # type: ignore[index]
-        memory = doc["memory"]
-        assert isinstance(memory, dict)
-        estimated = memory["peak_bytes"]
-        print(f"{name}: estimated {estimated / 1e6:.0f} MB ({memory['baseline_bytes'] / 1e6:.0f} + "
-              f"{memory['working_set_bytes'] / 1e6:.0f}), measured {peak / 1e6:.0f} MB")
-        # Under is the danger (an OOM after "fits"), so the floor is tight; over is the price of counting a fresh
-        # process's whole baseline (torch's mapped libraries included) as --max-memory now does: 1.16-1.26x here.
-        assert 0.9 <= estimated / peak <= 1.35, f"{name}: estimated {estimated}, measured {peak}"
+        _peak_within_band(name, doc, cfg, tmp_path / name, *options)
+        assert sum(p.stat().st_size for p in (tmp_path / name).iterdir()) == doc["output"]["total_bytes"]  # type: ignore[index]
 
 
 # A regmean merge's peak is its widest solve (down_proj's n x n float64 buffers, n = intermediate) beside the
@@ -222,16 +226,7 @@ def test_peak_rss_estimate_of_a_regmean_merge_is_within_the_same_band(tmp_path: 
                                             "parameters": {"grams": str(tmp_path / "grams")}})
     measured = cli_here("measure", cfg, tmp_path / "grams", "-q")
     assert measured.returncode == 0, measured.stderr
-    doc = _plan_json(cfg, tmp_path / "out")
-    code, peak, err = peak_rss_run([sys.executable, "-m", "resumerge", "run", str(cfg), str(tmp_path / "out"),
-                                    "--quiet"])
-    assert code == 0, err
-    memory = doc["memory"]
-    assert isinstance(memory, dict)
-    estimated = memory["peak_bytes"]
-    print(f"{method}: estimated {estimated / 1e6:.0f} MB ({memory['baseline_bytes'] / 1e6:.0f} + "
-          f"{memory['working_set_bytes'] / 1e6:.0f}), measured {peak / 1e6:.0f} MB")
-    assert 0.9 <= estimated / peak <= 1.35, f"{method}: estimated {estimated}, measured {peak}"
+    _peak_within_band(method, _plan_json(cfg, tmp_path / "out"), cfg, tmp_path / "out")
 
 
 def test_a_regmean_solve_is_timed_on_grams_that_take_the_cholesky_path(tmp_path: Path, make: ModelFactory) -> None:

@@ -24,13 +24,12 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from faultshim import ShimUnavailable, build_shim, probe_shim, shim_env
-from support import cli, cli_here, cli_start, digests, linear_config, reference_merge
+from support import ReferenceMerge, cli, cli_here, cli_start, digests, linear_config, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -41,21 +40,12 @@ SHARD = "100k"
 YEAR = 365 * 24 * 3600
 
 
-@dataclass(frozen=True)
-class Setup:
-    root: Path
-    config: Path
-    a: Path
-    reference: dict[str, str]
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    root = tmp_path_factory.mktemp("faults")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
     spec = ModelSpec(layers=4, hidden=64, intermediate=128, vocab=200, shard_bytes=200_000)
-    config, a, reference = reference_merge(root, spec, SHARD)
-    assert sum(n.startswith("model-") for n in reference) >= 6, "the scenarios need several output shards"
-    return Setup(root, config, a, reference)
+    merge = reference_merge(tmp_path_factory.mktemp("faults"), spec, SHARD)
+    assert sum(n.startswith("model-") for n in merge.reference) >= 6, "the scenarios need several output shards"
+    return merge
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +59,8 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
-def _fresh(setup: Setup, name: str) -> tuple[Path, Path]:
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    return out, state
-
-
-def _run(setup: Setup, out: Path, state: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(setup: ReferenceMerge, out: Path, state: Path,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet", env=env)
 
 
@@ -101,7 +85,7 @@ def _committed(out: Path, state: Path) -> dict[str, str]:
         conn.close()
 
 
-def _assert_committed_kept(setup: Setup, out: Path, state: Path, at_least: int) -> None:
+def _assert_committed_kept(setup: ReferenceMerge, out: Path, state: Path, at_least: int) -> None:
     """Every committed file is intact and equal to the reference's; at least ``at_least`` shards were committed."""
     committed = _committed(out, state)
     shards = [n for n in committed if n.startswith("model-")]
@@ -127,7 +111,7 @@ def _status(out: Path, state: Path) -> dict[str, object]:
     return dict(json.loads(done.stdout))
 
 
-def _resume_identical(setup: Setup, out: Path, state: Path, env: dict[str, str] | None = None) -> str:
+def _resume_identical(setup: ReferenceMerge, out: Path, state: Path, env: dict[str, str] | None = None) -> str:
     # The shim's faults (env) live in a process of their own.
     done = _in_process("resume", out, "--state-dir", state) if env is None else \
         cli("resume", out, "--state-dir", state, env=env)
@@ -158,10 +142,10 @@ STORAGE_FAULTS: list[tuple[str, dict[str, object], str, int]] = [
 
 @pytest.mark.parametrize(("label", "settings", "fragment", "at_least"), STORAGE_FAULTS,
                          ids=[f[0] for f in STORAGE_FAULTS])
-def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Path, label: str,
+def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: ReferenceMerge, shim: Path, label: str,
                                                          settings: dict[str, object], fragment: str,
                                                          at_least: int) -> None:
-    out, state = _fresh(setup, label)
+    out, state = setup.fresh(label)
     log = setup.root / f"{label}.log"
     log.unlink(missing_ok=True)
     values = {k: str(v).format(out=out, state=state) for k, v in settings.items()}
@@ -186,11 +170,11 @@ def test_storage_fault_exits_3_keeps_commits_and_resumes(setup: Setup, shim: Pat
     # cannot): SQLite says "I/O error". Above the ledger's size when the first manifest is written (its migrations,
     # plan and input contents leave a WAL of about 240 kB), so a manifest is written before it fails.
 ])
-def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit: int, fragment: str) -> None:
+def test_file_size_limit_gives_efbig_not_sigxfsz(setup: ReferenceMerge, shard: str, limit: int, fragment: str) -> None:
     """RLIMIT_FSIZE: SIGXFSZ would kill the process (exit -25, no message, state left "running"); resumerge
     ignores it while merging, so the oversized write fails with EFBIG and the run stops with exit 3 and a hint
     naming ``ulimit -f``."""
-    out, state = _fresh(setup, f"fsize-{shard}")
+    out, state = setup.fresh(f"fsize-{shard}")
     # The limit is set in the command's process before it starts (forked, it runs the CLI after setting it).
     done = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", shard, "--quiet",
                limits={"RLIMIT_FSIZE": limit})
@@ -206,7 +190,7 @@ def test_file_size_limit_gives_efbig_not_sigxfsz(setup: Setup, shard: str, limit
         assert digests(out) == digests(ref)
 
 
-def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: int,
+def _paused_run(setup: ReferenceMerge, shim: Path, out: Path, state: Path, after_shards: int,
                 meddle: Callable[[], None]) -> subprocess.CompletedProcess[str]:
     """Run the merge, pause its writer right after shard ``after_shards`` is published, call ``meddle``, go on."""
     flag = setup.root / f"pause-{out.name}"
@@ -226,12 +210,12 @@ def _paused_run(setup: Setup, shim: Path, out: Path, state: Path, after_shards: 
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout or "", stderr or "")
 
 
-def _input_shards(setup: Setup) -> list[Path]:
+def _input_shards(setup: ReferenceMerge) -> list[Path]:
     return sorted(setup.a.glob("model-*.safetensors"))
 
 
-def test_input_shard_deleted_mid_run_is_refused_then_resumes(setup: Setup, shim: Path) -> None:
-    out, state = _fresh(setup, "input-deleted")
+def test_input_shard_deleted_mid_run_is_refused_then_resumes(setup: ReferenceMerge, shim: Path) -> None:
+    out, state = setup.fresh("input-deleted")
     victim = _input_shards(setup)[-1]
     saved = victim.read_bytes()
     try:
@@ -243,11 +227,11 @@ def test_input_shard_deleted_mid_run_is_refused_then_resumes(setup: Setup, shim:
     _resume_identical(setup, out, state)
 
 
-def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: Setup, shim: Path) -> None:
+def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: ReferenceMerge, shim: Path) -> None:
     """An input changed in place mid-run must not leak into committed shards: the run stops with exit 4 before
     committing anything computed after the change, a resume with the input still changed is refused, and once
     the input is restored the resume ends byte-identical."""
-    out, state = _fresh(setup, "input-changed")
+    out, state = setup.fresh("input-changed")
     victim = _input_shards(setup)[0]
     saved = victim.read_bytes()
 
@@ -268,20 +252,17 @@ def test_input_shard_rewritten_mid_run_is_refused_then_resumes(setup: Setup, shi
 
 
 @pytest.fixture(scope="module")
-def interrupted(setup: Setup) -> tuple[Path, Path]:
+def interrupted(setup: ReferenceMerge) -> tuple[Path, Path]:
     """OUT and state dir of a run SIGKILLed after its 3rd manifest write, WAL checkpointed into ledger.db."""
-    out, state = _fresh(setup, "interrupted")
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed("interrupted", "after_manifest_write:3", SHARD)
     conn = sqlite3.connect(run_dir(out, state) / "ledger.db")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     return out, state
 
 
-def _copy_interrupted(setup: Setup, interrupted: tuple[Path, Path], name: str) -> tuple[Path, Path, Path]:
-    out, state = _fresh(setup, name)
+def _copy_interrupted(setup: ReferenceMerge, interrupted: tuple[Path, Path], name: str) -> tuple[Path, Path, Path]:
+    out, state = setup.fresh(name)
     shutil.copytree(interrupted[0], out)
     ledger = run_dir(out, state) / "ledger.db"
     ledger.parent.mkdir(parents=True)
@@ -315,7 +296,7 @@ LEDGER_DAMAGE: list[tuple[str, Callable[[Path], object]]] = [
 
 
 def test_status_and_verify_fall_back_to_the_manifest_when_the_ledger_is_damaged(
-        setup: Setup, interrupted: tuple[Path, Path]) -> None:
+        setup: ReferenceMerge, interrupted: tuple[Path, Path]) -> None:
     out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-status")
     _overwrite(ledger, 0, 100)
     status = cli_here("status", out, "--state-dir", state, "--json")
@@ -327,7 +308,7 @@ def test_status_and_verify_fall_back_to_the_manifest_when_the_ledger_is_damaged(
 
 
 @pytest.mark.parametrize(("label", "damage"), LEDGER_DAMAGE, ids=[d[0] for d in LEDGER_DAMAGE])
-def test_damaged_ledger_is_set_aside_and_rebuilt_from_out(setup: Setup, interrupted: tuple[Path, Path],
+def test_damaged_ledger_is_set_aside_and_rebuilt_from_out(setup: ReferenceMerge, interrupted: tuple[Path, Path],
                                                           label: str, damage: Callable[[Path], object]) -> None:
     out, state, ledger = _copy_interrupted(setup, interrupted, f"ledger-{label}")
     damage(ledger)
@@ -339,7 +320,8 @@ def test_damaged_ledger_is_set_aside_and_rebuilt_from_out(setup: Setup, interrup
     assert verify_output(out, StateDir.resolve(state)).ok
 
 
-def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: Setup, interrupted: tuple[Path, Path]) -> None:
+def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: ReferenceMerge,
+                                                              interrupted: tuple[Path, Path]) -> None:
     out, state, ledger = _copy_interrupted(setup, interrupted, "ledger-no-manifest")
     (out / "resumerge-manifest.json").unlink()
     _overwrite(ledger, 0, 100)
@@ -348,10 +330,10 @@ def test_damaged_ledger_without_manifest_is_refused_with_hint(setup: Setup, inte
     assert ledger.exists() and not ledger.with_name("ledger.db.damaged").exists()
 
 
-def test_clock_jumps_change_nothing(setup: Setup, shim: Path) -> None:
+def test_clock_jumps_change_nothing(setup: ReferenceMerge, shim: Path) -> None:
     """The wall clock jumps back ten years mid-run, then the resume runs three years in the future: output bytes
     never depend on the time, and status reports no negative durations."""
-    out, state = _fresh(setup, "clock")
+    out, state = setup.fresh("clock")
     back = shim_env(shim, clock_shift=-10 * YEAR, arm_renames=2, arm_match=f"{out}/model-")
     killed = _run(setup, out, state, env={**back, "RESUMERGE_KILL_AT": "after_manifest_write:4"})
     assert killed.returncode == -9, killed.stderr
@@ -362,7 +344,7 @@ def test_clock_jumps_change_nothing(setup: Setup, shim: Path) -> None:
     assert status["state"] == "done" and float(str(status["elapsed_seconds"])) >= 0
 
 
-def test_a_ledger_of_the_previous_schema_is_migrated_and_resumes(setup: Setup,
+def test_a_ledger_of_the_previous_schema_is_migrated_and_resumes(setup: ReferenceMerge,
                                                                  interrupted: tuple[Path, Path]) -> None:
     """A ledger written before migration m003 (``tensors`` still with its never-filled ``crc32`` and ``seconds``)
     opens, loses the two columns and resumes to the reference bytes, trusting the files it recorded."""
@@ -403,7 +385,7 @@ def test_a_ledger_of_the_previous_schema_is_migrated_and_resumes(setup: Setup,
 
 
 # A recipe over the two models: a named stage, then the final merge reading it.
-def _recipe(setup: Setup) -> Path:
+def _recipe(setup: ReferenceMerge) -> Path:
     a, b = str(setup.a), str(setup.root / "b")
     first = linear_config(Path(a), Path(b), weights=(0.5, 0.5))
     final = {"merge_method": "linear", "models": [{"model": "first", "parameters": {"weight": 0.7}},
@@ -420,9 +402,9 @@ def _weights(directory: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def recipe_reference(setup: Setup) -> dict[str, str]:
+def recipe_reference(setup: ReferenceMerge) -> dict[str, str]:
     """The weight files of an uninterrupted run of :func:`_recipe`."""
-    out, state = _fresh(setup, "recipe-reference")
+    out, state = setup.fresh("recipe-reference")
     assert main(["run", str(_recipe(setup)), str(out), "--state-dir", str(state), "--out-shard-size", SHARD,
                  "--quiet"]) == 0
     return _weights(out)
@@ -439,11 +421,12 @@ RECIPE_STORAGE_FAULTS: list[tuple[str, dict[str, object]]] = [
 
 
 @pytest.mark.parametrize(("label", "settings"), RECIPE_STORAGE_FAULTS, ids=[f[0] for f in RECIPE_STORAGE_FAULTS])
-def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: Setup, shim: Path, recipe_reference: dict[str, str],
-                                                         label: str, settings: dict[str, object]) -> None:
+def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: ReferenceMerge, shim: Path,
+                                                         recipe_reference: dict[str, str], label: str,
+                                                         settings: dict[str, object]) -> None:
     """A recipe meets a full state dir as a single merge does: exit 3 and one line naming the ledger that could
     not be written (never an internal error, never "delete the ledger"); the resume ends identical."""
-    out, state = _fresh(setup, label)
+    out, state = setup.fresh(label)
     shutil.rmtree(setup.root / f"out-{label}.intermediates", ignore_errors=True)
     log = setup.root / f"{label}.log"
     log.unlink(missing_ok=True)
@@ -458,9 +441,9 @@ def test_a_full_disk_during_a_recipe_exits_3_and_resumes(setup: Setup, shim: Pat
     assert main(["verify", str(out), "--state-dir", str(state)]) == 0
 
 
-def test_a_damaged_recipe_ledger_is_set_aside_and_the_recipe_resumes(setup: Setup,
+def test_a_damaged_recipe_ledger_is_set_aside_and_the_recipe_resumes(setup: ReferenceMerge,
                                                                       recipe_reference: dict[str, str]) -> None:
-    out, state = _fresh(setup, "recipe-ledger-damaged")
+    out, state = setup.fresh("recipe-ledger-damaged")
     shutil.rmtree(setup.root / "out-recipe-ledger-damaged.intermediates", ignore_errors=True)
     killed = cli("run", _recipe(setup), out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
                  env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})

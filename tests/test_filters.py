@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 from mergekit_oracle import Mergekit
-from safetensors.torch import load_file, save_file
-from support import write_config
+from safetensors.torch import save_file
+from support import output_tensors, write_config
 
 from resumerge.api import plan_merge
 from resumerge.cli.commands import main
@@ -85,13 +85,6 @@ def _chimera(a: Path, b: Path, pattern: str) -> dict[str, Any]:
         {"model": str(b), "parameters": {"weight": [{"filter": pattern, "value": 1}, {"value": 0}]}}]}
 
 
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
-
-
 def test_a_filter_with_a_glob_matches_the_whole_name_and_any_other_a_substring() -> None:
     expert, shared = "model.layers.1.mlp.experts.0.up_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"
     assert filter_matches(EXPERTS, expert) and not filter_matches(EXPERTS, shared)
@@ -110,7 +103,7 @@ def test_a_chimera_recipe_takes_every_routed_expert_from_one_parent(tmp_path: Pa
     cfg = write_config(tmp_path / "chimera.yml", _chimera(v3, r1, EXPERTS))
     out = tmp_path / "out"
     assert main(["run", str(cfg), str(out), "--quiet"]) == 0
-    merged, a, b = _tensors(out), _tensors(v3), _tensors(r1)
+    merged, a, b = output_tensors(out), output_tensors(v3), output_tensors(r1)
     assert merged.keys() == a.keys()
     routed = [n for n in merged if ".mlp.experts." in n]
     assert len(routed) == 24
@@ -216,7 +209,7 @@ def test_substring_filters_match_mergekit_on_a_glm_moe_pair(tmp_path: Path, glm:
     assert main(["run", str(cfg), str(ours), "--quiet"]) == 0
     done = mergekit.run(cfg, theirs, "--random-seed", "0", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
-    mine, other = _tensors(ours), _tensors(theirs)
+    mine, other = output_tensors(ours), output_tensors(theirs)
     for name, tensor in other.items():
         if name in mine:
             assert torch.equal(tensor, mine[name]), name

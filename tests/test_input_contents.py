@@ -14,17 +14,15 @@ import io
 import itertools
 import os
 import random
-import shutil
 import sqlite3
 import struct
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import xxhash
-from support import cli, digests, reference_merge
+from support import ReferenceMerge, digests, reference_merge
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec
@@ -36,23 +34,14 @@ SPEC = ModelSpec(layers=4, hidden=256, intermediate=512, vocab=1000, shard_bytes
 SHARD = "2M"
 
 
-@dataclass(frozen=True)
-class Setup:
-    root: Path
-    config: Path
-    a: Path
-    reference: dict[str, str]
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    root = tmp_path_factory.mktemp("contents")
-    config, a, reference = reference_merge(root, SPEC, SHARD)
-    assert sum(n.startswith("model-") for n in reference) >= 5, "the scenarios need several output shards"
-    return Setup(root, config, a, reference)
+def setup(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
+    merge = reference_merge(tmp_path_factory.mktemp("contents"), SPEC, SHARD)
+    assert sum(n.startswith("model-") for n in merge.reference) >= 5, "the scenarios need several output shards"
+    return merge
 
 
-def _weights(setup: Setup) -> Path:
+def _weights(setup: ReferenceMerge) -> Path:
     (path,) = setup.a.glob("*.safetensors")
     return path
 
@@ -69,14 +58,9 @@ def _gap(path: Path) -> tuple[int, int]:
     return start + 16, end - 16
 
 
-def _killed(setup: Setup, name: str) -> tuple[Path, Path]:
+def _killed(setup: ReferenceMerge, name: str) -> tuple[Path, Path]:
     """OUT and state dir of a run SIGKILLed after its 3rd manifest write (shards committed, more to come)."""
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:3"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed(name, "after_manifest_write:3", SHARD)
     assert any(n.startswith("model-") for n in _committed(out, state)), "the kill came before any shard"
     return out, state
 
@@ -89,7 +73,7 @@ def _committed(out: Path, state: Path) -> dict[str, str]:
         conn.close()
 
 
-def _continue(how: str, setup: Setup, out: Path, state: Path) -> subprocess.CompletedProcess[str]:
+def _continue(how: str, setup: ReferenceMerge, out: Path, state: Path) -> subprocess.CompletedProcess[str]:
     """``resume`` OUT, or ``run`` the same config into it again (which continues the run), in this process."""
     args = ["resume", str(out)] if how == "resume" else ["run", str(setup.config), str(out), "--out-shard-size",
                                                          SHARD]
@@ -136,7 +120,7 @@ EDITS: dict[str, Callable[[Path], None]] = {
 
 @pytest.mark.parametrize("how", ["resume", "run"])
 @pytest.mark.parametrize("edit", sorted(EDITS))
-def test_an_input_edited_between_kill_and_resume_is_refused(setup: Setup, edit: str, how: str) -> None:
+def test_an_input_edited_between_kill_and_resume_is_refused(setup: ReferenceMerge, edit: str, how: str) -> None:
     """The edit is invisible to the plan's identity, so the fingerprint matches; the content proof refuses the run,
     naming the file, and writes nothing; with the file restored the run finishes byte-identical."""
     out, state = _killed(setup, f"{edit}-{how}")
@@ -159,7 +143,7 @@ def test_an_input_edited_between_kill_and_resume_is_refused(setup: Setup, edit: 
 
 
 @pytest.mark.parametrize("how", ["resume", "run"])
-def test_an_input_only_touched_is_proved_unchanged(setup: Setup, how: str) -> None:
+def test_an_input_only_touched_is_proved_unchanged(setup: ReferenceMerge, how: str) -> None:
     """A new mtime (and ctime) with the same bytes is no reason to refuse: the file is hashed again, found equal,
     and the run finishes byte-identical to an uninterrupted one."""
     out, state = _killed(setup, f"touched-{how}")
@@ -171,7 +155,7 @@ def test_an_input_only_touched_is_proved_unchanged(setup: Setup, how: str) -> No
     assert digests(out) == setup.reference
 
 
-def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: Setup, monkeypatch: pytest.MonkeyPatch
+def test_an_input_rewritten_while_the_merge_is_planned_is_refused(setup: ReferenceMerge, monkeypatch: pytest.MonkeyPatch
                                                                   ) -> None:
     """Tensors re-saved after the plan opened the file (its header and samples as before) and before the run
     hashes it: the plan describes bytes that are gone, so the run is refused before a shard is written."""
@@ -246,7 +230,7 @@ def test_a_digest_is_reused_while_the_file_is_unchanged(tmp_path: Path, monkeypa
         contents.record_contents([weights], state)
 
 
-def _first_run(setup: Setup, name: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def _first_run(setup: ReferenceMerge, name: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """A first ``run`` of the setup's merge into a new OUT and state dir, in this process: OUT and what it ended in."""
     out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
     args = ["run", str(setup.config), str(out), "--out-shard-size", SHARD, "--state-dir", str(state), "--quiet"]
@@ -256,7 +240,7 @@ def _first_run(setup: Setup, name: str) -> tuple[Path, subprocess.CompletedProce
 
 
 def test_a_first_run_proves_its_inputs_beside_its_first_units_and_commits_no_shard_before(
-        setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+        setup: ReferenceMerge, monkeypatch: pytest.MonkeyPatch) -> None:
     """A first local run hashes its inputs while its first units compute (not before them): every shard's ledger row
     comes after the digests it was computed from, and the output is the one a proof taken first gave."""
     import threading
@@ -292,7 +276,8 @@ def test_a_first_run_proves_its_inputs_beside_its_first_units_and_commits_no_sha
     assert digests(out) == setup.reference
 
 
-def test_a_first_run_whose_proof_fails_publishes_no_shard(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_first_run_whose_proof_fails_publishes_no_shard(setup: ReferenceMerge,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The proof taken beside the first units finds a file changed while it was read: the run stops with that error
     (exit 4, one line naming the file) and no shard computed meanwhile reaches OUT."""
     import time

@@ -14,15 +14,13 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import sqlite3
 import struct
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import cli, digests, write_config
+from support import ReferenceMerge, digests, write_config
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
@@ -34,16 +32,8 @@ SHARD = "200k"
 KEPT = 3  # layers 0-2 of 6 are merged: layers 3-5 of each file are never read
 
 
-@dataclass(frozen=True)
-class Setup:
-    root: Path
-    config: Path
-    a: Path
-    reference: dict[str, str]
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+def setup(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
     root = tmp_path_factory.mktemp("ranges")
     a, b = make_model(root / "a", SPEC, seed=1), make_model(root / "b", SPEC, seed=2)
     config = write_config(root / "slice.yml", {"merge_method": "linear", "slices": [{"sources": [
@@ -53,7 +43,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
                  "--out-shard-size", SHARD).returncode == 0
     reference = digests(root / "reference")
     assert sum(n.startswith("model-") for n in reference) >= 4, "the scenarios need several output shards"
-    return Setup(root, config, a, reference)
+    return ReferenceMerge(root, config, a, reference)
 
 
 def _main(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -63,7 +53,7 @@ def _main(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def _weights(setup: Setup) -> Path:
+def _weights(setup: ReferenceMerge) -> Path:
     (path,) = setup.a.glob("*.safetensors")
     return path
 
@@ -77,14 +67,9 @@ def _tensors(path: Path) -> dict[str, tuple[int, int]]:
             if k != "__metadata__"}
 
 
-def _killed(setup: Setup, name: str) -> tuple[Path, Path, dict[str, str]]:
+def _killed(setup: ReferenceMerge, name: str) -> tuple[Path, Path, dict[str, str]]:
     """OUT, state dir and the status of each output tensor of a run SIGKILLed after its 2nd manifest write."""
-    out, state = setup.root / f"out-{name}", setup.root / f"state-{name}"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(state, ignore_errors=True)
-    killed = cli("run", setup.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:2"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = setup.killed(name, "after_manifest_write:2", SHARD)
     conn = sqlite3.connect(f"file:{run_dir(out, state) / 'ledger.db'}?mode=ro", uri=True)
     try:
         status = dict(conn.execute("SELECT name, status FROM tensors").fetchall())
@@ -109,7 +94,7 @@ def _edit_inside(path: Path, span: tuple[int, int]) -> None:
     assert file_identity(path, header) == before, "the edit must fall between the sampled blocks"
 
 
-def test_an_edit_no_unit_reads_is_said_and_the_run_finishes(setup: Setup) -> None:
+def test_an_edit_no_unit_reads_is_said_and_the_run_finishes(setup: ReferenceMerge) -> None:
     """Bytes of layer 5 (outside the slice) re-drawn between kill and resume: no unit reads them, so the output does
     not depend on them; the resume says the file was modified outside what it reads and ends byte-identical."""
     out, state, _ = _killed(setup, "unread")
@@ -127,7 +112,7 @@ def test_an_edit_no_unit_reads_is_said_and_the_run_finishes(setup: Setup) -> Non
     assert digests(out) == setup.reference
 
 
-def test_an_edit_a_later_unit_reads_is_refused(setup: Setup) -> None:
+def test_an_edit_a_later_unit_reads_is_refused(setup: ReferenceMerge) -> None:
     """Bytes of a tensor whose output is not committed yet re-drawn between kill and resume: the resume would merge
     the rest of the run from other bytes than the digest recorded before the first commit: refused, exit 4, the
     file named, nothing written; restored, the resume ends byte-identical."""
@@ -148,7 +133,7 @@ def test_an_edit_a_later_unit_reads_is_refused(setup: Setup) -> None:
     assert digests(out) == setup.reference
 
 
-def test_a_slice_hashes_only_the_ranges_it_reads(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slice_hashes_only_the_ranges_it_reads(setup: ReferenceMerge, monkeypatch: pytest.MonkeyPatch) -> None:
     """The proof reads the ranges the plan reads of each file, never a layer outside the slice: the bytes hashed
     are exactly the tensors of layers 0-2 and outside the layers, of each model."""
     from resumerge.inputs import contents, looks

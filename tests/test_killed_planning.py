@@ -89,7 +89,8 @@ def test_a_run_killed_while_hashing_its_inputs_is_recorded_and_resume_finishes_i
     with no run in it and ``resume`` saying "run the same command again" (issue 71, item 5). The run is recorded
     first: resume finishes it, byte-identical, its inputs hashed then."""
     spec = ModelSpec(layers=2, hidden=64, intermediate=128, vocab=128, shard_bytes=60_000)
-    config, _, reference = reference_merge(tmp_path, spec, "40k")
+    merge = reference_merge(tmp_path, spec, "40k")
+    config, reference = merge.config, merge.reference
     out, state = tmp_path / "out", tmp_path / "state"
     killed = cli("run", config, out, "--state-dir", state, "--out-shard-size", "40k", "--quiet",
                  env={"RESUMERGE_KILL_AT": "before_input_hashing"})

@@ -30,26 +30,35 @@ def test_an_earlier_versions_journal_in_out_dir_is_moved_under_the_state_dir(tmp
     assert workdir_of(tmp_path / "fresh", fresh) == fresh and not fresh.exists()  # made by the pass, not here
 
 
-def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Measured again, a finished measurement is answered without reading a tensor while its models look as
-    recorded, proved by hashing again where one was touched, and refused (exit 4, the file named) where a model
-    holds other bytes than it was measured from, though its identity (sampled blocks) is the same."""
-    pytest.importorskip("transformers")
+def _regmean(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Two generated models under ``tmp_path`` (check's proof tests' shape), a RegMean config over them reading
+    ``tmp_path/grams`` and a one-line text: (the second model, the config, the text)."""
     from check.test_proof import SPEC
-    from proofedits import count_reads, edit_unsampled, trust_fresh_files
 
-    from resumerge import api
     from resumerge.cli.modelgen import make_model
-    from resumerge.errors import PlanChangedError
 
-    trust_fresh_files(monkeypatch)
     a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
     config = tmp_path / "rm.yml"
     config.write_text(f"merge_method: regmean\nmodels:\n  - model: {a}\n  - model: {b}\n"
                       f"parameters:\n  grams: {tmp_path / 'grams'}\ndtype: float32\n")
     texts = tmp_path / "texts.txt"
     texts.write_text("The capital of France is Paris.\n")
+    return b, config, texts
+
+
+def test_a_finished_measurement_is_proved_by_the_bytes_it_read(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured again, a finished measurement is answered without reading a tensor while its models look as
+    recorded, proved by hashing again where one was touched, and refused (exit 4, the file named) where a model
+    holds other bytes than it was measured from, though its identity (sampled blocks) is the same."""
+    pytest.importorskip("transformers")
+    from proofedits import count_reads, edit_unsampled, trust_fresh_files
+
+    from resumerge import api
+    from resumerge.errors import PlanChangedError
+
+    trust_fresh_files(monkeypatch)
+    b, config, texts = _regmean(tmp_path)
     state = tmp_path / "state"
     first = api.measure(config, tmp_path / "grams", texts=texts, settings=api.Settings(state_dir=state))
     assert not first.reused
@@ -72,19 +81,12 @@ def test_ctrl_c_stops_a_measurement_naming_its_folder_and_the_command_and_it_res
     (exit 3) saying what OUT_DIR holds and naming the command that continues it; run again, it resumes and writes
     the bytes an uninterrupted measurement writes."""
     pytest.importorskip("transformers")
-    from check.test_proof import SPEC
 
     from resumerge import api
-    from resumerge.cli.modelgen import make_model
     from resumerge.errors import InterruptedMerge
     from resumerge.forward.job import layerpass
 
-    a, b = make_model(tmp_path / "a", SPEC, seed=1), make_model(tmp_path / "b", SPEC, seed=2)
-    config = tmp_path / "rm.yml"
-    config.write_text(f"merge_method: regmean\nmodels:\n  - model: {a}\n  - model: {b}\n"
-                      f"parameters:\n  grams: {tmp_path / 'grams'}\ndtype: float32\n")
-    texts = tmp_path / "texts.txt"
-    texts.write_text("The capital of France is Paris.\n")
+    _, config, texts = _regmean(tmp_path)
     whole = api.measure(config, tmp_path / "whole", texts=texts,
                         settings=api.Settings(state_dir=tmp_path / "state-whole"))
     reached: list[str] = []

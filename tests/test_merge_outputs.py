@@ -8,20 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ModelFactory
-from safetensors.torch import load_file
-from support import digests, linear_config, write_config
+from support import digests, linear_config, output_tensors, write_config
 
 from resumerge.cli.commands import main
 from resumerge.config.locations import run_dir
 from resumerge.machine.runlock import RunLock
-
-
-def load_model(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a (possibly sharded) output or input directory."""
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        tensors.update(load_file(str(shard)))
-    return tensors
 
 
 def test_linear_merge_values_and_outputs(tmp_path: Path, make: ModelFactory) -> None:
@@ -29,7 +20,7 @@ def test_linear_merge_values_and_outputs(tmp_path: Path, make: ModelFactory) -> 
     cfg = write_config(tmp_path / "c.yml", linear_config(a, b, weights=(1.0, 3.0)))
     out = tmp_path / "out"
     assert main(["run", str(cfg), str(out), "--out-shard-size", "20k", "--quiet"]) == 0
-    got, ta, tb = load_model(out), load_model(a), load_model(b)
+    got, ta, tb = output_tensors(out), output_tensors(a), output_tensors(b)
     assert set(got) == set(ta)
     for name, tensor in got.items():
         torch.testing.assert_close(tensor, (ta[name] + 3 * tb[name]) / 4, rtol=1e-6, atol=1e-7)
@@ -52,7 +43,7 @@ def test_duplicated_layers_never_share_memory(tmp_path: Path, make: ModelFactory
     ]})
     out = tmp_path / "out"
     assert main(["run", str(cfg), str(out), "--quiet", "--clone-tensors"]) == 0
-    got, src = load_model(out), load_model(a)
+    got, src = output_tensors(out), output_tensors(a)
     mapping = [0, 1, 2, 1, 2, 3, 2]
     for out_layer, in_layer in enumerate(mapping):
         name = f"model.layers.{out_layer}.mlp.down_proj.weight"
@@ -102,9 +93,9 @@ def test_different_config_refused_unless_restart(tmp_path: Path, make: ModelFact
     assert (out / "NOTES.txt").read_text() == "mine"
     ref = tmp_path / "ref"
     assert main(["run", str(second), str(ref), "--quiet"]) == 0
-    assert load_model(out).keys() == load_model(ref).keys()
-    for name, tensor in load_model(ref).items():
-        assert torch.equal(load_model(out)[name], tensor)
+    assert output_tensors(out).keys() == output_tensors(ref).keys()
+    for name, tensor in output_tensors(ref).items():
+        assert torch.equal(output_tensors(out)[name], tensor)
 
 
 def test_foreign_output_dir_is_refused_and_untouched(tmp_path: Path, make: ModelFactory,

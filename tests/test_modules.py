@@ -151,6 +151,17 @@ def test_mergekit_inferred_module_names_are_accepted_for_what_they_denote(
     assert sum(n.startswith(text_layers) for n in got) == 3 * sum(n.startswith(f"{text_layers}0.") for n in ta)
 
 
+def _refused(a: Path, modules: dict[str, Any], fragment: str, tmp_path: Path,
+             capsys: pytest.CaptureFixture[str]) -> None:
+    """A passthrough config of ``modules`` (model ``A`` standing for ``a``) is refused (exit 2) saying ``fragment``,
+    before OUT is made."""
+    text = yaml.safe_dump({"merge_method": "passthrough", "modules": modules}).replace(" A\n", f" {a}\n")
+    (tmp_path / "c.yml").write_text(text.replace("model: A\n", f"model: {a}\n"))
+    assert main(["run", str(tmp_path / "c.yml"), str(tmp_path / "out"), "--quiet"]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("modules", "fragment"), [
     ({"default": {"models": ["A"]}, "text_decoder": {"models": ["A"]}}, "they split the model differently"),
     ({"language_model.model.layers": {"models": ["A"]}, "model.language_model.layers": {"models": ["A"]}},
@@ -161,12 +172,7 @@ def test_inferred_module_names_refused_when_mixed_repeated_or_unknown(
     pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
     modules: dict[str, Any], fragment: str,
 ) -> None:
-    a, _ = pairs["llava"]
-    text = yaml.safe_dump({"merge_method": "passthrough", "modules": modules}).replace("- A\n", f"- {a}\n")
-    (tmp_path / "c.yml").write_text(text)
-    assert main(["run", str(tmp_path / "c.yml"), str(tmp_path / "out"), "--quiet"]) == 2
-    assert fragment in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    _refused(pairs["llava"][0], modules, fragment, tmp_path, capsys)
 
 
 @pytest.mark.parametrize(("module", "fragment"), [
@@ -180,10 +186,4 @@ def test_module_errors_name_the_yaml_path(
     pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
     module: dict[str, Any], fragment: str,
 ) -> None:
-    a, _ = pairs["llava"]
-    text = yaml.safe_dump({"merge_method": "passthrough", "modules": module}).replace(" A\n", f" {a}\n")
-    text = text.replace("model: A\n", f"model: {a}\n")
-    (tmp_path / "c.yml").write_text(text)
-    assert main(["run", str(tmp_path / "c.yml"), str(tmp_path / "out"), "--quiet"]) == 2
-    assert fragment in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    _refused(pairs["llava"][0], module, fragment, tmp_path, capsys)

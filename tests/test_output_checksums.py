@@ -11,13 +11,12 @@ import json
 import shutil
 import signal
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import xxhash
 from ggufmodels import linear_llama_config
-from support import cli, cli_here, digests, flip_byte, reference_merge
+from support import ReferenceMerge, cli, cli_here, digests, flip_byte, reference_merge
 
 from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
@@ -47,18 +46,9 @@ def test_a_record_names_its_algorithm(tmp_path: Path) -> None:
     assert check_committed(tmp_path, "f", len(data), new) == "contents differ from the committed checksum"
 
 
-@dataclass(frozen=True)
-class Reference:
-    config: Path
-    digests: dict[str, str]
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    root = tmp_path_factory.mktemp("checksums")
-    config, _, reference = reference_merge(root, ModelSpec(shard_bytes=60_000), SHARD)
-    return Reference(config, reference, root)
+def ref(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
+    return reference_merge(tmp_path_factory.mktemp("checksums"), ModelSpec(shard_bytes=60_000), SHARD)
 
 
 def _ledger(out: Path, state: Path) -> Path:
@@ -93,27 +83,19 @@ def _as_before(out: Path, state: Path | None) -> None:
                          [hashlib.sha256(data).hexdigest(), file, index])
 
 
-def _killed_after_first_shard(ref: Reference, name: str) -> tuple[Path, Path]:
-    out, state = ref.root / name, ref.root / f"{name}-state"
-    killed = cli("run", ref.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_manifest_write:1"})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    return out, state
-
-
 def _shards_and_side_files(found: dict[str, str]) -> dict[str, str]:
     """Every file but the manifest (whose records differ in kind between a run recorded before and one now)."""
     return {name: digest for name, digest in found.items() if name != MANIFEST_NAME}
 
 
-def test_a_folder_run_records_xxh3_of_each_file_in_the_ledger_and_the_manifest(ref: Reference) -> None:
-    out, state = _killed_after_first_shard(ref, "new")
+def test_a_folder_run_records_xxh3_of_each_file_in_the_ledger_and_the_manifest(ref: ReferenceMerge) -> None:
+    out, state = ref.killed("new", "after_manifest_write:1", SHARD)
     assert cli_here("resume", out, "--state-dir", state, "--quiet").returncode == 0
     rows, manifest = _records(out, state)
     expected = {name: "xxh3-128:" + xxhash.xxh3_128_hexdigest((out / name).read_bytes())
-                for name in ref.digests if name != MANIFEST_NAME}
+                for name in ref.reference if name != MANIFEST_NAME}
     assert rows == manifest == expected
-    assert digests(out) == ref.digests  # the same manifest as the uninterrupted run's: one kind of record
+    assert digests(out) == ref.reference  # the same manifest as the uninterrupted run's: one kind of record
     flip_byte(out / "model-00002-of-00002.safetensors")
     damaged = cli_here("verify", out, "--state-dir", state, "--json")
     assert damaged.returncode == 3
@@ -121,24 +103,24 @@ def test_a_folder_run_records_xxh3_of_each_file_in_the_ledger_and_the_manifest(r
 
 
 @pytest.mark.parametrize("ledger", [True, False], ids=["with-its-ledger", "from-the-manifest-alone"])
-def test_a_run_recorded_with_sha256_resumes_with_sha256_and_verifies(ref: Reference, ledger: bool) -> None:
-    out, state = _killed_after_first_shard(ref, f"old-{ledger}")
+def test_a_run_recorded_with_sha256_resumes_with_sha256_and_verifies(ref: ReferenceMerge, ledger: bool) -> None:
+    out, state = ref.killed(f"old-{ledger}", "after_manifest_write:1", SHARD)
     _as_before(out, state if ledger else None)
     if not ledger:
         shutil.rmtree(state)  # a runtime reset: OUT's manifest is the only record
     assert cli_here("resume", out, "--state-dir", state, "--quiet").returncode == 0
     rows, manifest = _records(out, state)
     expected = {name: hashlib.sha256((out / name).read_bytes()).hexdigest()
-                for name in ref.digests if name != MANIFEST_NAME}
+                for name in ref.reference if name != MANIFEST_NAME}
     assert rows == manifest == expected  # the files this version wrote recorded as the first one was
-    assert _shards_and_side_files(digests(out)) == _shards_and_side_files(ref.digests)
+    assert _shards_and_side_files(digests(out)) == _shards_and_side_files(ref.reference)
     assert cli_here("verify", out, "--state-dir", state).returncode == 0
     first = "model-00001-of-00002.safetensors"  # committed by the run recorded before
     flip_byte(out / first)
     damaged = cli_here("verify", out, "--state-dir", state, "--json")
     assert damaged.returncode == 3 and [d["name"] for d in json.loads(damaged.stdout)["damaged"]] == [first]
     assert cli_here("resume", out, "--state-dir", state, "--quiet").returncode == 0
-    assert _shards_and_side_files(digests(out)) == _shards_and_side_files(ref.digests)
+    assert _shards_and_side_files(digests(out)) == _shards_and_side_files(ref.reference)
     assert _records(out, state)[0][first] == hashlib.sha256((out / first).read_bytes()).hexdigest()
 
 

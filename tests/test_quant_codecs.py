@@ -26,7 +26,7 @@ from quantmodels import (
     quantize_model,
 )
 from safetensors.torch import load_file
-from support import linear_config, write_config
+from support import linear_config, output_tensors, write_config
 
 from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
@@ -62,15 +62,14 @@ def plan_for(tmp_path: Path, a: Path, b: Path) -> Plan:
 
 def merge(tmp_path: Path, a: Path, b: Path, out: str, *, max_memory: int | None = None,
           dequantize: bool = True, weights: tuple[float, float] = (0.5, 0.5)) -> dict[str, torch.Tensor]:
+    """A linear merge of ``a`` and ``b`` into ``tmp_path/out``, planned and run in this process with the codecs: its
+    tensors."""
     text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=weights)).read_text()
     config = load_config_text(text)
     settings = RunSettings(state=StateDir.resolve(tmp_path / "state"), max_memory=max_memory)
     plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
     run_plan(Prepared(plan), text, Target.open(tmp_path / out, settings), settings)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted((tmp_path / out).glob("*.safetensors")):
-        tensors.update(load_file(file))
-    return tensors
+    return output_tensors(tmp_path / out)
 
 
 def assert_same_bytes(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

@@ -28,18 +28,12 @@ from quantmodels import (
 )
 from safetensors.torch import load_file
 from support import linear_config, write_config
+from test_quant_codecs import merge
 
-from resumerge.config.locations import StateDir
 from resumerge.config.merge_config import load_config_text
-from resumerge.config.settings import RunSettings
 from resumerge.errors import ModelInputError
 from resumerge.inputs.catalog import open_inputs
 from resumerge.inputs.codecs import CODECS, Nvfp4Codec
-from resumerge.merge.engine.session import run_plan
-from resumerge.merge.engine.target import Target
-from resumerge.merge.plan.merge_plan import PlanOptions
-from resumerge.merge.plan.planner import build_plan
-from resumerge.merge.plan.prepared import Prepared
 from resumerge.merge.store.formatcheck import check_formats
 
 pytest.importorskip("compressed_tensors")
@@ -47,18 +41,6 @@ pytest.importorskip("compressed_tensors")
 # hidden 32 and intermediate 48: every projection's input width is whole blocks of 16.
 SPEC = {"layers": 2, "hidden": 32, "intermediate": 48, "shard_bytes": 20_000}
 PROJECTIONS = 2 * 7
-
-
-def merge(tmp_path: Path, a: Path, b: Path, out: str, *, dequantize: bool) -> dict[str, torch.Tensor]:
-    text = write_config(tmp_path / f"{out}.yml", linear_config(a, b, weights=(0.5, 0.5))).read_text()
-    config = load_config_text(text)
-    settings = RunSettings(state=StateDir.resolve(tmp_path / f"state-{out}"))
-    plan = build_plan(config, open_inputs(config).models, PlanOptions(dequantize=dequantize), CODECS)
-    run_plan(Prepared(plan), text, Target.open(tmp_path / out, settings), settings)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted((tmp_path / out).glob("*.safetensors")):
-        tensors.update(load_file(file))
-    return tensors
 
 
 def pair(tmp_path: Path, make: ModelFactory, quantizer: Quantizer, config: dict[str, object]) -> list[Path]:

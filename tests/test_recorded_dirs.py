@@ -24,17 +24,25 @@ CONFIG = "merge_method: linear\nmodels:\n  - model: ./a\n    parameters: {weight
          "  - model: models/b\n    parameters: {weight: 0.5}\ndtype: float32\n"
 
 
-def test_two_runs_from_two_folders_write_the_same_manifest_with_no_machine_path(
-        make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _run_in_two_folders(make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str,
+                        state: str) -> None:
+    """Models a and b copied into ``tmp_path``'s folders ``one`` and ``two`` (a beside the config ``name`` holding
+    ``text``, b under ``models/``), and ``run`` of that config from each folder into ``out`` there, its state dir
+    ``state`` (formatted with ``folder=``). The working directory is left at ``two``."""
     a, b = make("a", seed=1), make("b", seed=2)
     for folder in ("one", "two"):
         (tmp_path / folder / "models").mkdir(parents=True)
         shutil.copytree(a, tmp_path / folder / "a")
         shutil.copytree(b, tmp_path / folder / "models" / "b")
-        (tmp_path / folder / "config.yml").write_text(CONFIG)
+        (tmp_path / folder / name).write_text(text)
         monkeypatch.chdir(tmp_path / folder)
-        done = cli_here("run", "config.yml", "out", "--state-dir", "state")
+        done = cli_here("run", name, "out", "--state-dir", state.format(folder=folder))
         assert done.returncode == 0, done.stderr
+
+
+def test_two_runs_from_two_folders_write_the_same_manifest_with_no_machine_path(
+        make: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_in_two_folders(make, tmp_path, monkeypatch, "config.yml", CONFIG, "state")
     one, two = ((tmp_path / f / "out" / MANIFEST_NAME).read_bytes() for f in ("one", "two"))
     assert one == two
     assert str(tmp_path).encode() not in one
@@ -123,18 +131,10 @@ def test_two_recipe_runs_from_two_folders_write_the_same_records_and_resume_from
     names them, the intermediate dir and the stages' outputs relative to OUT; the same recipe of the same models
     from two folders, with two state dirs, writes byte-identical records and manifests. Killed with its first
     stage done and its state dir lost, it resumes from OUT's record alone, reading the stage where it is."""
-    a, b = make("a", seed=1), make("b", seed=2)
-    written = {}
-    for folder in ("one", "two"):
-        (tmp_path / folder / "models").mkdir(parents=True)
-        shutil.copytree(a, tmp_path / folder / "a")
-        shutil.copytree(b, tmp_path / folder / "models" / "b")
-        (tmp_path / folder / "recipe.yml").write_text(RECIPE)
-        monkeypatch.chdir(tmp_path / folder)
-        done = cli_here("run", "recipe.yml", "out", "--state-dir", f"state-{folder}")
-        assert done.returncode == 0, done.stderr
-        written[folder] = [(tmp_path / folder / "out" / name).read_bytes() for name in (RECIPE_MANIFEST_NAME,
-                                                                                        MANIFEST_NAME)]
+    _run_in_two_folders(make, tmp_path, monkeypatch, "recipe.yml", RECIPE, "state-{folder}")
+    written = {folder: [(tmp_path / folder / "out" / name).read_bytes() for name in (RECIPE_MANIFEST_NAME,
+                                                                                     MANIFEST_NAME)]
+               for folder in ("one", "two")}
     assert written["one"] == written["two"]
     record = json.loads(written["one"][0])
     assert str(tmp_path).encode() not in written["one"][0] + written["one"][1]

@@ -4,31 +4,13 @@ The script leaves this file alone (its old names are the inputs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "relayout.py"
-
-
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("relayout_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["relayout_tool"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _write(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+from support import load_tool, write_files
 
 
 def _tree(root: Path) -> None:
-    _write(root, {
+    write_files(root, {
         "resumerge/__init__.py": '"""resumerge."""\n',
         "resumerge/forward/__init__.py": '"""The forward engine.\n\nMay import: errors, plan (refs only).\n"""\n\n'
                                          '__all__: list[str] = []\n',
@@ -55,7 +37,7 @@ def _tree(root: Path) -> None:
 
 def test_the_relayout_moves_rewrites_and_declares_once(tmp_path: Path) -> None:
     _tree(tmp_path)
-    tool = _tool()
+    tool = load_tool("relayout")
     said = tool.relayout(tmp_path)
     pkg = tmp_path / "resumerge"
     assert "move resumerge/moe -> resumerge/runs/moe" in said
@@ -92,7 +74,7 @@ def test_the_relayout_moves_rewrites_and_declares_once(tmp_path: Path) -> None:
 
 
 def test_a_comment_or_docstring_pushed_past_the_line_is_refolded(tmp_path: Path) -> None:
-    tool = _tool()
+    tool = load_tool("relayout")
     path = tmp_path / "m.py"
     long = "word " * 23 + "resumerge.merge.engine.cluster.kept"
     path.write_text(f'"""{long} more\nnext line."""\n\nX = 1  # {long}\nCODE = """{long} {long}"""\n')

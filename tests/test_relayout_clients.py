@@ -4,21 +4,9 @@ file alone (its old names are the inputs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "relayout_clients.py"
-
-
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("relayout_clients_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["relayout_clients_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+from support import load_tool, write_files
 
 
 def _tree(root: Path) -> None:
@@ -41,13 +29,11 @@ def _tree(root: Path) -> None:
         "tests/test_x.py": "from resumerge.forward import ahead, models\n\n"
                            "TARGET = \"resumerge.forward.layercache.x\"\n",
     }
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    write_files(root, files)
 
 
 def test_the_single_client_modules_go_to_their_clients_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = _tool()
+    tool = load_tool("relayout_clients")
     _tree(tmp_path)
     said = tool.relayout(tmp_path)
     pkg = tmp_path / "resumerge"

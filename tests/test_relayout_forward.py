@@ -5,22 +5,10 @@ inputs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "relayout_forward.py"
-
-
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("relayout_forward_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["relayout_forward_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+from support import load_tool, write_files
 
 
 def _tree(root: Path) -> None:
@@ -42,13 +30,11 @@ def _tree(root: Path) -> None:
                            "from resumerge.forward.stream import X, build_modules\n",
         "resumerge/forward/built.py": '"""Modules built."""\n',
     }
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    write_files(root, files)
 
 
 def test_forward_s_modules_go_to_their_rooms_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = _tool()
+    tool = load_tool("relayout_forward")
     _tree(tmp_path)
     said = tool.relayout(tmp_path)
     pkg = tmp_path / "resumerge"

@@ -4,21 +4,9 @@ second run changes nothing. The script leaves this file alone (its old names are
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "relayout_machine.py"
-
-
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("relayout_machine_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["relayout_machine_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+from support import load_tool, write_files
 
 
 def _tree(root: Path) -> None:
@@ -59,13 +47,11 @@ def _tree(root: Path) -> None:
         "tests/test_x.py": 'TARGET = "resumerge.merge.store.durable.write"\nFILE = "resumerge/memory/sizes.py"\n',
         "docs/dev.md": "See `resumerge/merge/store/killpoints.py` and `torch_import.py`.\n",
     }
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
+    write_files(root, files)
 
 
 def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = _tool()
+    tool = load_tool("relayout_machine")
     _tree(tmp_path)
     said = tool.relayout(tmp_path)
     pkg = tmp_path / "resumerge"
@@ -109,7 +95,7 @@ def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(
 
 
 def test_a_line_s_prose_naming_a_moved_module_is_left_for_a_person() -> None:
-    tool = _tool()
+    tool = load_tool("relayout_machine")
     text = '"""Moe.\n\nMay import: errors, merge.store (killpoints, ledger), torch_import.\n"""\n'
     new, left = tool.declared(text, "runs.moe", {"errors", "merge.store", "machine"})
     assert "May import: errors, merge.store (killpoints, ledger), machine.\n" in new

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
-from tests.support import cli, digests
+from tests.support import cli, digests, output_tensors
 from tests.vocab.gen import make_tokenizer_dir
 
 WORDS_A = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "again", "and", "again"]
@@ -37,13 +37,6 @@ def _model(root: Path, name: str, words: list[str], *, added: tuple[str, ...] = 
     for f in tok.iterdir():
         shutil.copy(f, out / f.name)
     return out
-
-
-def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        tensors.update(load_file(shard))
-    return tensors
 
 
 def _vocab(directory: Path) -> dict[str, int]:
@@ -80,7 +73,7 @@ def test_union_aligns_every_row_and_pads(tmp_path: Path, pair: tuple[Path, Path]
     real = len(vo)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == -(-real // 16) * 16
-    ea, eb = _weights(a), _weights(b)
+    ea, eb = output_tensors(a), output_tensors(b)
     merged = load_file(out / "model.safetensors")
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         rows = merged[name]
@@ -144,8 +137,8 @@ def test_tokens_section_force_zero_and_model_token(tmp_path: Path, pair: tuple[P
     out = tmp_path / "out"
     assert main(["run", str(_config(tmp_path / "c.yml", a, b, tail)), str(out), "--quiet"]) == 0
     vo = _vocab(out)
-    ea, eb = _weights(a), _weights(b)
-    rows = _weights(out)["model.embed_tokens.weight"]
+    ea, eb = output_tensors(a), output_tensors(b)
+    rows = output_tensors(out)["model.embed_tokens.weight"]
     e = "model.embed_tokens.weight"
     # forced: every model uses b's row, so the weighted sum is b's row itself
     torch.testing.assert_close(rows[vo[shared]], eb[e][vb[shared]], rtol=0, atol=1e-6)

@@ -15,19 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ModelFactory
-from safetensors.torch import load_file
-from support import cli, write_config
+from support import cli, output_tensors, write_config
 
 from resumerge.cli.commands import main
 from resumerge.inputs import torch_bin
 from resumerge.inputs.torch_bin import PickleReader, read_bin_header
-
-
-def _state(model: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(model.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
 
 
 def _as_views(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,7 +42,7 @@ def _as_views(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _to_bin(model: Path, target: Path, *, shards: int = 1, views: bool = False) -> Path:
     """Copy ``model`` to ``target`` with its weights as ``.bin`` (one file, or ``shards`` interleaved shards)."""
     shutil.copytree(model, target, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
-    state = _state(model)
+    state = output_tensors(model)
     if views:
         state = _as_views(state)
     if shards == 1:
@@ -96,7 +88,7 @@ def test_bf16_rows_read_in_chunks_match(tmp_path: Path, make: ModelFactory) -> N
     """Row-range reads of a ``.bin`` tensor (the engine's chunked reads) give the safetensors bytes."""
     a = make("a", seed=1, dtype=torch.bfloat16)
     header = read_bin_header(_to_bin(a, tmp_path / "a-bin", views=True) / "pytorch_model.bin")
-    state = _state(a)
+    state = output_tensors(a)
     reader = PickleReader(tmp_path / "a-bin")
     try:
         for name, entry in header.tensors.items():

@@ -16,8 +16,7 @@ import pytest
 import torch
 from conftest import ModelFactory
 from mergekit_oracle import Mergekit
-from safetensors.torch import load_file
-from support import write_config
+from support import output_tensors, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -29,13 +28,6 @@ def _doc(a: Path, b: Path, base: Path | None) -> dict[str, Any]:
     if base is not None:
         doc["base_model"] = str(base)
     return doc
-
-
-def _tensors(directory: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        found.update(load_file(str(shard)))
-    return found
 
 
 def _loads_with_ids_in_range(out: Path) -> None:
@@ -62,7 +54,7 @@ def test_truncated_output_loads_with_vocab_size_and_tokenizer_cut(
     assert "vocabularies differ" in capsys.readouterr().err
     assert main(["run", str(cfg), str(out), "--state-dir", str(state), "--unsafe-truncate-embeddings"]) == 0
     assert "UNSAFE vocabulary truncation of lm_head.weight" in capsys.readouterr().err  # the log
-    got, a, b = _tensors(out), _tensors(small), _tensors(large)
+    got, a, b = output_tensors(out), output_tensors(small), output_tensors(large)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         torch.testing.assert_close(got[name], 0.3 * a[name] + 0.7 * b[name][:64], rtol=1e-6, atol=1e-7)
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 64
@@ -98,5 +90,5 @@ def test_equal_to_mergekit_with_the_smaller_model_as_base(tmp_path: Path, make: 
                                                                  merging=api.Merging(unsafe_truncate_embeddings=True))).out_dir
     done = mergekit.run(cfg, tmp_path / "theirs", "--unsafe-truncate-embeddings", "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
-    mine, theirs = _tensors(Path(ours)), _tensors(tmp_path / "theirs")
+    mine, theirs = output_tensors(Path(ours)), output_tensors(tmp_path / "theirs")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine)

@@ -13,13 +13,13 @@ import yaml
 from conftest import ModelFactory
 from quantmodels import fp8, fp8_config, quantize_model
 from safetensors.torch import load_file
+from textnll import stream_nlls
 
 from resumerge import api
 from resumerge.analyses.check.models import open_checked
 from resumerge.config.locations import StateDir
 from resumerge.errors import ConfigError, InputError, UsageError
 from resumerge.forward.engine.reader import Weights
-from resumerge.forward.engine.stream import ModelStream
 from resumerge.merge.engine.unwritten import UnwrittenMerge
 
 SPEC = {"layers": 2, "hidden": 40, "intermediate": 56, "shard_bytes": 20_000}
@@ -67,27 +67,10 @@ def _same_as_written(tmp_path: Path, config: Path, resources: api.Resources | No
     return merge
 
 
-def _nll(weights: Weights, config: dict[str, object]) -> list[float]:
-    """Each text's summed negative log-likelihood over the forward engine, one decoder layer at a time."""
-    ids = [torch.tensor([t]) for t in TEXTS]
-    with ModelStream(weights, config, torch.float32, what="test") as stream, torch.no_grad():
-        entering = stream.inputs([(i, torch.ones_like(i)) for i in ids])
-        hidden = [h for h, _ in entering]
-        for index, layer in enumerate(stream.layers_list):
-            with stream.loaded(layer):
-                hidden = [stream.run(layer, h, calls[index]) for h, (_, calls) in zip(hidden, entering, strict=True)]
-        with stream.head() as logits:
-            figures = []
-            for h, i in zip(hidden, ids, strict=True):
-                logp = torch.log_softmax(logits(h).double(), dim=-1)[0, :-1]
-                figures.append(-float(logp.gather(1, i[0, 1:, None]).sum()))
-    return figures
-
-
 def _same_figures(tmp_path: Path, merge: UnwrittenMerge) -> None:
     out = open_checked(str(tmp_path / "out"), "MODEL", StateDir.resolve(tmp_path / "state"))
-    written = _nll(Weights.of(out.opened.directory, out.opened.tensors), dict(out.opened.config))
-    unwritten = _nll(Weights.of(merge.directory, merge.tensors, source=merge.source), dict(merge.config))
+    written = stream_nlls(Weights.of(out.opened.directory, out.opened.tensors), out.opened.config, TEXTS)
+    unwritten = stream_nlls(Weights.of(merge.directory, merge.tensors, source=merge.source), merge.config, TEXTS)
     assert written == pytest.approx(unwritten, abs=1e-6, rel=0)
     assert all(f > 0 for f in written)
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import torch
 from conftest import ModelFactory
-from test_unwritten import SPEC, TEXTS, _config, _nll, _unwritten_tensors
+from test_unwritten import SPEC, TEXTS, _config, _unwritten_tensors
+from textnll import population_nlls, stream_nlls
 
 from resumerge import api
 from resumerge.errors import UsageError
 from resumerge.forward.engine.reader import Weights
-from resumerge.forward.engine.stream import ModelStream
 from resumerge.inputs.source import InputSources, LocalFiles
 from resumerge.merge.engine.compute import TensorCompute
 from resumerge.merge.engine.unwritten import Population, generation_bytes, largest_popsize, layer_of
@@ -139,31 +139,8 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
                                                                         make: ModelFactory) -> None:
     configs = _candidates(tmp_path, make)[:3]
     state = tmp_path / "state"
-    ids = [torch.tensor([t]) for t in TEXTS]
     with api.open_population(configs, settings=api.Settings(state_dir=state)) as population:
-        streams: list[ModelStream] = []
-        for c in population.candidates:
-            built = (streams[0].config, streams[0].model) if streams else None
-            streams.append(ModelStream(Weights.of(c.directory, c.tensors, source=c.source), c.config,
-                                       torch.float32, what="test", built=built))
-        with torch.no_grad():
-            with population.layer():
-                entering = [s.inputs([(i, torch.ones_like(i)) for i in ids]) for s in streams]
-            hidden = [[h for h, _ in e] for e in entering]
-            for index in range(streams[0].layers):
-                with population.layer():
-                    for c, stream in enumerate(streams):
-                        layer = stream.layers_list[index]
-                        with stream.loaded(layer):
-                            hidden[c] = [stream.run(layer, h, calls[index])
-                                         for h, (_, calls) in zip(hidden[c], entering[c], strict=True)]
-            figures = []
-            with population.layer():
-                for c, stream in enumerate(streams):
-                    with stream.head() as logits:
-                        logps = [torch.log_softmax(logits(h).double(), dim=-1)[0, :-1] for h in hidden[c]]
-                    figures.append([-float(lp.gather(1, i[0, 1:, None]).sum()) for lp, i in zip(logps, ids,
-                                                                                                strict=True)])
+        figures = population_nlls(population, TEXTS)
         distinct = {(r.model, r.file, r.start, r.end) for p in population.plans for tp in p.tensors.values()
                     for r in tp.reads()}
         assert population.shared.reads == len(distinct)  # the whole generation: one read of each range
@@ -176,7 +153,7 @@ def test_a_pass_over_the_generation_gives_each_candidate_its_own_figures(tmp_pat
         assert population.holds(popsize=1, shared=True) > generation_bytes(population.plans, 1)
     for config, figure in zip(configs, figures, strict=True):
         with api.open_unwritten(config, settings=api.Settings(state_dir=state)) as single:
-            own = _nll(Weights.of(single.directory, single.tensors, source=single.source), dict(single.config))
+            own = stream_nlls(Weights.of(single.directory, single.tensors, source=single.source), single.config, TEXTS)
         assert figure == pytest.approx(own, abs=1e-6, rel=0)
     assert figures[0] != figures[1]
 

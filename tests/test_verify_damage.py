@@ -14,15 +14,14 @@ import json
 import shutil
 import sqlite3
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DAMAGE, cli, digests, flip_byte, linear_config, write_config
+from support import DAMAGE, ReferenceMerge, digests, flip_byte, reference_merge
 
 from resumerge.cli.commands import main
-from resumerge.cli.modelgen import ModelSpec, make_model
+from resumerge.cli.modelgen import ModelSpec
 from resumerge.config.locations import run_dir
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_REFUSED
 from resumerge.merge.store.manifest import MANIFEST_NAME
@@ -30,27 +29,12 @@ from resumerge.merge.store.manifest import MANIFEST_NAME
 SHARD = "100k"
 
 
-@dataclass(frozen=True)
-class Reference:
-    config: Path
-    out: Path
-    state: Path
-    digests: dict[str, str]
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    root = tmp_path_factory.mktemp("verify-damage")
-    spec = ModelSpec(shard_bytes=60_000)
-    a, b = make_model(root / "a", spec, seed=1), make_model(root / "b", spec, seed=2)
-    config = write_config(root / "merge.yml", linear_config(a, b))
-    out, state = root / "ref", root / "ref-state"
-    assert main(["run", str(config), str(out), "--state-dir", str(state), "--out-shard-size", SHARD, "--quiet"]) == 0
-    return Reference(config, out, state, digests(out), root)
+def ref(tmp_path_factory: pytest.TempPathFactory) -> ReferenceMerge:
+    return reference_merge(tmp_path_factory.mktemp("verify-damage"), ModelSpec(shard_bytes=60_000), SHARD)
 
 
-def _copy(ref: Reference, name: str, *, ledger: bool = True) -> tuple[Path, Path]:
+def _copy(ref: ReferenceMerge, name: str, *, ledger: bool = True) -> tuple[Path, Path]:
     """A copy of the finished output at ``root/name``, with its ledger (unless ``ledger`` is false: a fresh
     machine, or the state dir lost)."""
     out, state = ref.root / name, ref.root / f"{name}-state"
@@ -75,14 +59,14 @@ def _verify(out: Path, state: Path, capsys: pytest.CaptureFixture[str]) -> tuple
     return code, (json.loads(printed) if printed.strip() else {})
 
 
-def test_the_fuzzed_files_are_every_file_the_merge_writes(ref: Reference) -> None:
-    assert sorted(ref.digests) == sorted(FILES)
+def test_the_fuzzed_files_are_every_file_the_merge_writes(ref: ReferenceMerge) -> None:
+    assert sorted(ref.reference) == sorted(FILES)
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("name", FILES)
 def test_verify_names_each_damaged_file_and_resume_repairs_it(
-        ref: Reference, name: str, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, name: str, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
     """config.json with a non-UTF-8 byte: "internal error: UnicodeDecodeError", exit 1; a damaged manifest: "ok"
     (while resume and run refused the folder as "not written by this resumerge")."""
     out, state = _copy(ref, f"{name}-{damage}")
@@ -91,14 +75,14 @@ def test_verify_names_each_damaged_file_and_resume_repairs_it(
     assert code == EXIT_INTERRUPTED, report
     assert [d["name"] for d in report["damaged"]] == [name]
     assert main(["resume", str(out), "--state-dir", str(state), "--quiet"]) == 0
-    assert digests(out) == ref.digests
+    assert digests(out) == ref.reference
     assert _verify(out, state, capsys)[0] == 0
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("name", [n for n in FILES if n != MANIFEST_NAME])
 def test_without_the_ledger_verify_names_the_damaged_file_from_the_manifest(
-        ref: Reference, name: str, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, name: str, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
     out, state = _copy(ref, f"bare-{name}-{damage}", ledger=False)
     DAMAGE[damage](out / name)
     code, report = _verify(out, state, capsys)
@@ -108,7 +92,7 @@ def test_without_the_ledger_verify_names_the_damaged_file_from_the_manifest(
 
 @pytest.mark.parametrize("damage", ["truncated", "non-utf8"])
 def test_without_the_ledger_a_damaged_manifest_is_refused_as_untrustworthy(
-        ref: Reference, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The manifest is then the only record of the run: nothing in OUT can be checked, and the line says so and
     what to do — never a traceback, never "ok"."""
     out, state = _copy(ref, f"bare-manifest-{damage}", ledger=False)
@@ -123,16 +107,16 @@ def test_without_the_ledger_a_damaged_manifest_is_refused_as_untrustworthy(
 
 @pytest.mark.parametrize("command", ["run", "resume"])
 def test_a_damaged_manifest_is_rewritten_by_run_and_resume_from_the_ledger(
-        ref: Reference, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Both refused the complete merge: "the manifest … is unreadable — it was not written by this resumerge"."""
     out, state = _copy(ref, f"manifest-{command}")
     (out / MANIFEST_NAME).write_bytes(b"garbage\n")
     args = ["run", str(ref.config), str(out), "--out-shard-size", SHARD] if command == "run" else ["resume", str(out)]
     assert main([*args, "--state-dir", str(state), "--quiet"]) == 0
-    assert digests(out) == ref.digests
+    assert digests(out) == ref.reference
 
 
-def test_a_foreign_folder_with_a_manifest_name_is_still_refused(ref: Reference) -> None:
+def test_a_foreign_folder_with_a_manifest_name_is_still_refused(ref: ReferenceMerge) -> None:
     """The ledger vouches only for the folder whose committed files it holds: a damaged manifest beside files of
     another tool, with no ledger of a run there, is refused and nothing is touched."""
     out = ref.root / "foreign"
@@ -143,19 +127,17 @@ def test_a_foreign_folder_with_a_manifest_name_is_still_refused(ref: Reference) 
     assert sorted(p.name for p in out.iterdir()) == ["config.json", MANIFEST_NAME]
 
 
-def test_an_unfinished_runs_manifest_is_not_called_damaged(ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unfinished_runs_manifest_is_not_called_damaged(
+        ref: ReferenceMerge, capsys: pytest.CaptureFixture[str]) -> None:
     """Killed between a file's ledger row and the manifest write that lists it, the manifest lacks that file: the
     state every kill leaves, which resume finishes — not damage."""
-    out, state = ref.root / "killed", ref.root / "killed-state"
-    killed = cli("run", ref.config, out, "--state-dir", state, "--out-shard-size", SHARD, "--quiet",
-                 env={"RESUMERGE_KILL_AT": "after_ledger_commit:1"})
-    assert killed.returncode == -9
+    out, state = ref.killed("killed", "after_ledger_commit:1", SHARD)
     code, report = _verify(out, state, capsys)
     assert code == 0 and report["pending"], report
 
 
 def test_verify_of_a_missing_out_says_what_resume_and_status_say(
-        ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, capsys: pytest.CaptureFixture[str]) -> None:
     """verify listed every file as "missing" and said "repair with: resumerge resume OUT", which then refused:
     "OUT does not exist … may have moved"."""
     out, state = _copy(ref, "moved")
@@ -169,7 +151,7 @@ def test_verify_of_a_missing_out_says_what_resume_and_status_say(
 
 
 def test_a_rerun_into_a_deleted_out_starts_afresh_in_one_line(
-        ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, capsys: pytest.CaptureFixture[str]) -> None:
     """It printed "missing: rebuilding it" once per file, and status then showed the old run's time and peak."""
     out, state = _copy(ref, "deleted")
     with sqlite3.connect(run_dir(out, state) / "ledger.db") as db:  # an old run of a day, with a huge peak
@@ -180,14 +162,14 @@ def test_a_rerun_into_a_deleted_out_starts_afresh_in_one_line(
     err = capsys.readouterr().err
     assert "rebuilding it" not in err
     assert err.count("OUT holds none of the 9 files an earlier run of this merge committed there") == 1, err
-    assert digests(out) == ref.digests
+    assert digests(out) == ref.reference
     assert main(["status", str(out), "--state-dir", str(state), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["peak_rss"] < 10**15 and status["elapsed_seconds"] < 3600, status
 
 
 def test_verify_s_repair_hint_keeps_the_state_dir_the_run_used(
-        ref: Reference, capsys: pytest.CaptureFixture[str]) -> None:
+        ref: ReferenceMerge, capsys: pytest.CaptureFixture[str]) -> None:
     """The hint said "repair with: resumerge resume OUT" without the run's --state-dir: that resume found no ledger
     in the default state dir. It is the same command resume_command gives every other message."""
     out, state = _copy(ref, "hint-state-dir")

@@ -557,6 +557,20 @@ def _docstring_lines(text: str) -> set[int]:
     return found
 
 
+def tidy(root: Path, touched: list[Path], say: list[str]) -> None:
+    """The files a re-layout rewrote made tidy again: their imports sorted, the comment and docstring lines the
+    longer names pushed past the line limit refolded, and a code line still past it said (``LEFT FOR YOU``)."""
+    sort_imports(root, touched, say)
+    folded = [p for p in touched if p.suffix == ".py" and fold_long_lines(p)]
+    if folded:
+        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    for path in touched:
+        if path.suffix == ".py":
+            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+                if len(line) > LINE:
+                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+
+
 def sort_imports(root: Path, files: Iterable[Path], say: list[str]) -> None:
     py = [str(p) for p in files if p.suffix == ".py"]
     if not py:
@@ -570,10 +584,12 @@ def sort_imports(root: Path, files: Iterable[Path], say: list[str]) -> None:
                        capture_output=True, text=True, check=False)
 
 
-def _imported_layers(folder: Path, units: dict[str, str]) -> set[str]:
-    """The layers (new names) the modules under ``folder`` import, read from the code (every import)."""
+def imported_layers(folder: Path, units: dict[str, str] | None = None, groups: Iterable[str] = GROUPS) -> set[str]:
+    """The layers the modules under ``folder`` import (every import, inside functions and TYPE_CHECKING too), named
+    as the 'May import:' lines name them: a top-level package or module (its new name in ``units``), or
+    ``group.layer`` for a package of ``groups``."""
     found: set[str] = set()
-    groups = set(GROUPS)
+    units, groups = units or {}, set(groups)
     for path in folder.rglob("*.py"):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -660,21 +676,13 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     if allowed is not None:
         for sub in sorted((pkg / "analyses").glob("*/__init__.py")):
             layer = f"analyses.{sub.parent.name}"
-            used = _imported_layers(sub.parent, unit_map(moves)) & allowed
+            used = imported_layers(sub.parent, unit_map(moves)) & allowed
             GAINS[layer] = tuple(sorted({*GAINS.get(layer, ()), *used} - {"errors", "torch_import"}))
     write_groups(root, say)
     rewrite_declarations(root, say)
     layout_test(root, say)
     architecture(root, say)
-    sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
-    for path in touched:
-        if path.suffix == ".py":
-            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-                if len(line) > LINE:
-                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+    tidy(root, touched, say)
     return say
 
 

@@ -17,24 +17,13 @@ Usage: ``python tools/relayout_clients.py [ROOT]`` (ROOT: the checkout, default 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
+# tools/relayout_machine.py, whose declarations and tools/relayout.py's movers and rewriters this script runs: beside
+# it, on the path as `python tools/relayout_clients.py` runs (sys.path[0] is tools/).
+import relayout_machine as M
 
-def _machine() -> ModuleType:
-    """tools/relayout_machine.py, whose declarations and tools/relayout.py's movers and rewriters this script runs."""
-    path = Path(__file__).resolve().parent / "relayout_machine.py"
-    spec = importlib.util.spec_from_file_location("relayout_machine_tool_98", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("relayout_machine_tool_98", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-M = _machine()
 R = M.R
 
 # Modules of forward/ with one client (old path under resumerge/ -> new path under resumerge/).
@@ -59,10 +48,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     touched = R.rewrite_references(root, todo, say, SKIP_FILES)
     M.drop_from_all(root, say, todo)
     M.rewrite_declarations(root, say)
-    R.sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
+    R.tidy(root, touched, say)
     return say
 
 

@@ -36,25 +36,14 @@ Usage: ``python tools/relayout_forward.py [ROOT]`` (ROOT: the checkout, default 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 
+# tools/relayout_machine.py, whose tools/relayout.py (movers and rewriters) this script runs: beside it, on the path as
+# `python tools/relayout_forward.py` runs (sys.path[0] is tools/).
+import relayout_machine as M
 
-def _machine() -> ModuleType:
-    """tools/relayout_machine.py, whose tools/relayout.py (movers and rewriters) this script runs."""
-    path = Path(__file__).resolve().parent / "relayout_machine.py"
-    spec = importlib.util.spec_from_file_location("relayout_machine_tool_98", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("relayout_machine_tool_98", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-M = _machine()
 R = M.R
 
 GROUP = "forward"
@@ -275,7 +264,7 @@ def undeclared(root: Path, say: list[str]) -> None:
         text = init.read_text(encoding="utf-8")
         span = R._may_import_span(text)
         listed = {M._name(i) for i in M._items(text[span[0] + len("May import: "):span[1]])} if span else set()
-        for used in sorted(M.imported_layers(init.parent, groups) - listed - {f"{GROUP}.{room}", "errors"}):
+        for used in sorted(R.imported_layers(init.parent, groups=groups) - listed - {f"{GROUP}.{room}", "errors"}):
             if any(used.startswith(f"{name}.") for name in listed):
                 continue
             say.append(f"LEFT FOR YOU: {GROUP}.{room} imports {used}, which its 'May import:' line does not name")
@@ -314,15 +303,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     unplaced(root, say)
     undeclared(root, say)
     architecture(root, say)
-    R.sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
-    for path in touched:
-        if path.suffix == ".py":
-            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-                if len(line) > R.LINE:
-                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+    R.tidy(root, touched, say)
     return say
 
 

@@ -33,26 +33,14 @@ Usage: ``python tools/relayout_machine.py [ROOT]`` (ROOT: the checkout, default 
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 
+# tools/relayout.py (issue 83's), whose movers and rewriters this script runs with its own moves: beside it, on the
+# path as `python tools/relayout_machine.py` runs (sys.path[0] is tools/).
+import relayout as R
 
-def _relayout() -> ModuleType:
-    """tools/relayout.py (issue 83's), whose movers and rewriters this script runs with its own moves."""
-    path = Path(__file__).resolve().parent / "relayout.py"
-    spec = importlib.util.spec_from_file_location("relayout_tool_83", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("relayout_tool_83", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-R = _relayout()
 Move = R.Move
 
 BOTTOM = "machine"
@@ -208,30 +196,6 @@ def _name(item: str) -> str:
     return item.split("(")[0].strip()
 
 
-def imported_layers(folder: Path, groups: tuple[str, ...] = GROUPS) -> set[str]:
-    """The layers the modules under ``folder`` import (every import, inside functions and TYPE_CHECKING too), named
-    as the 'May import:' lines name them: a top-level package or module, or ``group.layer``."""
-    found: set[str] = set()
-    for path in folder.rglob("*.py"):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] != "resumerge" or len(parts) < 2:
-                    continue
-                found.add(f"{parts[1]}.{parts[2]}" if parts[1] in groups and len(parts) > 2 else parts[1])
-    return found
-
-
 def declared(text: str, layer: str, uses: set[str]) -> tuple[str, list[str]]:
     """``text`` (an ``__init__``'s) with its 'May import:' paragraph rewritten for the bottom package, and what is
     left for a person (prose in parentheses naming a moved module)."""
@@ -273,7 +237,7 @@ def rewrite_declarations(root: Path, say: list[str]) -> None:
         if layer in GROUPS:
             continue
         text = init.read_text(encoding="utf-8")
-        new, left = declared(text, layer, imported_layers(init.parent))
+        new, left = declared(text, layer, R.imported_layers(init.parent, groups=GROUPS))
         say.extend(f"LEFT FOR YOU: {each}" for each in left)
         if new != text:
             say.append(f"declare {layer}'s layers ({init.relative_to(root)})")
@@ -320,15 +284,7 @@ def relayout(root: Path, dry: bool = False) -> list[str]:
     rewrite_declarations(root, say)
     layout_test(root, say)
     R.architecture(root, say)
-    R.sort_imports(root, touched, say)
-    folded = [p for p in touched if p.suffix == ".py" and R.fold_long_lines(p)]
-    if folded:
-        say.append(f"refolded long comment/docstring lines in {len(folded)} files")
-    for path in touched:
-        if path.suffix == ".py":
-            for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-                if len(line) > R.LINE:
-                    say.append(f"LEFT FOR YOU: {path.relative_to(root)}:{number}: {len(line)} characters (code)")
+    R.tidy(root, touched, say)
     return say
 
 

@@ -21,27 +21,18 @@ def _refused(out: Path, call: Callable[[], object], words: str) -> None:
     assert not out.exists()
 
 
-def test_rank_below_one(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
+@pytest.mark.parametrize(("lora", "words"), [
+    (api.Lora(max_rank=0), "--max-rank must be at least 1"),
+    (api.Lora(include_regexes=["q_porj"]), "matches no module"),
+    (api.Lora(exclude_regexes=["nope"]), "matches no module"),
+    (api.Lora(save_modules=["lm_haed"]), "names no module"),
+], ids=["rank below one", "include regex matching nothing", "exclude regex matching nothing",
+        "save module that does not exist"])
+def test_lora_options_that_cannot_be_met(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]], lora: api.Lora,
+                                         words: str) -> None:
     base, ft = pair("llama")
     out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(max_rank=0)),
-             "--max-rank must be at least 1")
-
-
-def test_regex_matching_nothing(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
-    base, ft = pair("llama")
-    out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(include_regexes=["q_porj"])),
-             "matches no module")
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(exclude_regexes=["nope"])),
-             "matches no module")
-
-
-def test_save_module_that_does_not_exist(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:
-    base, ft = pair("llama")
-    out = tmp_path / "out"
-    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=api.Lora(save_modules=["lm_haed"])),
-             "names no module")
+    _refused(out, lambda: api.extract_lora(str(ft), str(base), out, lora=lora), words)
 
 
 def test_shapes_that_differ(tmp_path: Path, pair: Callable[[str], tuple[Path, Path]]) -> None:

@@ -563,24 +563,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: str, message: str, commit: str | None = None,
                retry_after: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        raw = json.dumps({"error": message}).encode()
-        self._record.status = status
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
+        said = dict(headers or {})
         if retry_after is not None:
-            self.send_header("Retry-After", retry_after)
-        self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", message)
+            said["Retry-After"] = retry_after
+        said |= {"X-Error-Code": code, "X-Error-Message": message}
         if commit is not None:
-            self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.write_paced(raw)
-            with self.hub.lock:
-                self.hub.api_bytes += len(raw)
+            said["X-Repo-Commit"] = commit
+        self._json(status, {"error": message}, said)
 
 
 def iter_requests(hub: FakeHub, method: str | None = None) -> Iterator[Request]:

@@ -8,31 +8,17 @@ from pathlib import Path
 import pytest
 from hub.fakehub_write import HubWriter
 
-from hubout.conftest import TIERS, Merge, repo_files
+from hubout.conftest import Merge, repo_files
 from resumerge import api
 from resumerge.config.locations import run_dir
 from resumerge.config.settings import Batching
 from resumerge.errors import UsageError
-from tests.support import as_on_the_hub
+from tests.support import as_on_the_hub, sampled_sizes
 
 SHARD = "1k"  # one tensor per shard: the largest is the 8 KiB embedding
 BUDGET = 9_000
 
 
-def _sample(directory: Path, stop: threading.Event, peaks: list[int]) -> None:
-    while not stop.is_set():
-        total = 0
-        if directory.is_dir():
-            for p in list(directory.iterdir()):
-                try:
-                    total += p.stat().st_size
-                except FileNotFoundError:
-                    continue
-        peaks.append(total)
-        stop.wait(0.002)
-
-
-@pytest.mark.parametrize("tier", TIERS, indirect=True)
 def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Merge, tmp_path: Path) -> None:
     local = tmp_path / "local"
     api.run(merge.config, local, settings=api.Settings(state_dir=tmp_path / "ls",
@@ -40,18 +26,12 @@ def test_max_disk_holds_on_an_output_ten_times_larger(hub: HubWriter, merge: Mer
     output = sum(p.stat().st_size for p in local.iterdir())
     assert output >= 10 * BUDGET
     state = tmp_path / "state"
-    stop, peaks = threading.Event(), [0]
-    sampler = threading.Thread(target=_sample, args=(run_dir("hf://alice/small", state) / "staging", stop, peaks))
-    sampler.start()
-    try:
+    with sampled_sizes(run_dir("hf://alice/small", state) / "staging") as peaks:
         api.run(merge.config, "hf://alice/small", settings=api.Settings(state_dir=state,
                                                                         output=api.Output(out_shard_size=SHARD),
                                                                         resources=api.Resources(max_disk=BUDGET),
                                                                         hub=api.Hub(commit_every=50,
                                                                                     commit_interval=0.05)))
-    finally:
-        stop.set()
-        sampler.join()
     assert repo_files(hub, "alice/small") == as_on_the_hub({p.name: p.read_bytes() for p in local.iterdir()})
     print(f"output {output} bytes, staging peak {max(peaks)} bytes, budget {BUDGET}, "
           f"{hub.commits['alice/small']} commits, {len(peaks)} samples")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from lora.conftest import Case
 from lora.gen import make_adapter
@@ -25,14 +24,7 @@ from resumerge.merge.engine.session import plan_from_config
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.workunits import chunk_plan
-from tests.support import cli, digests
-
-
-def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        tensors.update(load_file(shard))
-    return tensors
+from tests.support import cli, digests, output_tensors
 
 
 def _passthrough(path: Path, case: Case) -> Path:
@@ -46,8 +38,8 @@ def test_merged_weights_equal_peft_merge_and_unload(tmp_path: Path, lora_case: C
     case = lora_case(name)
     out = tmp_path / "out"
     assert main(["run", str(_passthrough(tmp_path / "c.yml", case)), str(out), "--quiet"]) == 0
-    merged = _weights(out)
-    base = _weights(case.base)
+    merged = output_tensors(out)
+    base = output_tensors(case.base)
     # Tied heads are not written (the output is tied too); everything else is there.
     assert set(case.oracle) - set(merged) <= {"lm_head.weight"}
     changed = 0

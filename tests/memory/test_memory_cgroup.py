@@ -6,6 +6,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import write_files
 
 from resumerge.machine.memory import SystemProbe, read_snapshot
 from resumerge.machine.memory.cgroup import (
@@ -25,16 +26,20 @@ V2_MOUNTINFO = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdel
 V1_MOUNTINFO = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
 
 
+def _limit(root: Path) -> int | None:
+    """The memory limit of the cgroup found under ``root`` (one must be found)."""
+    found = locate(root)
+    assert found is not None
+    return memory_limit(found)
+
+
 def make_tree(root: Path, proc_cgroup: str, files: dict[str, str], mountinfo: str | None = None) -> Path:
     """Write /proc/self/cgroup, optionally /proc/self/mountinfo, and ``files`` (paths relative to root)."""
     (root / "proc/self").mkdir(parents=True)
     (root / "proc/self/cgroup").write_text(proc_cgroup)
     if mountinfo is not None:
         (root / "proc/self/mountinfo").write_text(mountinfo)
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    write_files(root, files)
     return root
 
 
@@ -91,9 +96,7 @@ def test_v2_max_everywhere_means_no_limit(tmp_path: Path) -> None:
             "sys/fs/cgroup/a/memory.max": "max\n",
         },
     )
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) is None
+    assert _limit(tmp_path) is None
 
 
 def test_v2_tighter_limit_on_an_ancestor_wins(tmp_path: Path) -> None:
@@ -107,9 +110,7 @@ def test_v2_tighter_limit_on_an_ancestor_wins(tmp_path: Path) -> None:
         },
         V2_MOUNTINFO,
     )
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) == 512 * MiB
+    assert _limit(tmp_path) == 512 * MiB
 
 
 def test_v2_memory_high_counts_as_a_limit(tmp_path: Path) -> None:
@@ -118,9 +119,7 @@ def test_v2_memory_high_counts_as_a_limit(tmp_path: Path) -> None:
         "0::/app\n",
         {"sys/fs/cgroup/app/memory.max": f"{2 * GiB}\n", "sys/fs/cgroup/app/memory.high": f"{GiB}\n"},
     )
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) == GiB
+    assert _limit(tmp_path) == GiB
 
 
 def test_v1_unlimited_huge_value_and_ancestor_limit(tmp_path: Path) -> None:
@@ -151,9 +150,7 @@ def test_v1_unlimited_huge_value_and_ancestor_limit(tmp_path: Path) -> None:
 
 def test_v1_only_unlimited_is_none(tmp_path: Path) -> None:
     make_tree(tmp_path, "4:memory:/x\n", {"sys/fs/cgroup/memory/x/memory.limit_in_bytes": V1_UNLIMITED})
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) is None
+    assert _limit(tmp_path) is None
 
 
 def test_v1_hierarchical_limit_covers_ancestors_we_cannot_see(tmp_path: Path) -> None:
@@ -165,9 +162,7 @@ def test_v1_hierarchical_limit_covers_ancestors_we_cannot_see(tmp_path: Path) ->
             "sys/fs/cgroup/memory/memory.stat": f"hierarchical_memory_limit {GiB}\n",
         },
     )
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) == GiB
+    assert _limit(tmp_path) == GiB
 
 
 def test_hybrid_host_uses_the_v1_memory_controller(tmp_path: Path) -> None:
@@ -217,9 +212,7 @@ def test_invisible_group_falls_back_to_the_mount(tmp_path: Path, path: str) -> N
 def test_custom_mount_point_with_escaped_space(tmp_path: Path) -> None:
     mountinfo = r"50 23 0:40 / /mnt/my\040cgroups rw - cgroup2 none rw" + "\n"
     make_tree(tmp_path, "0::/g\n", {"mnt/my cgroups/g/memory.max": f"{GiB}\n"}, mountinfo)
-    found = locate(tmp_path)
-    assert found is not None
-    assert memory_limit(found) == GiB
+    assert _limit(tmp_path) == GiB
 
 
 def test_missing_and_malformed_files_mean_unknown(tmp_path: Path) -> None:

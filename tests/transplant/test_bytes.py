@@ -18,7 +18,7 @@ import pytest
 import torch
 from bytefallback import byte_fallback_bpe, byte_level_bpe
 from mergekit_oracle import Mergekit
-from safetensors.torch import load_file
+from support import output_tensors
 
 from resumerge import api
 from resumerge.api.options import Surgery
@@ -95,13 +95,6 @@ def _rows_of_bytes(model: Path, donor: Path) -> dict[int, int]:
     return found
 
 
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        found.update(load_file(str(path)))
-    return found
-
-
 def _transplant(model: Path, donor: Path, out: Path) -> str:
     outcome = api.tokensurgeon(str(model), str(donor), out, surgery=Surgery(approximation_method="zero"),
                                settings=api.Settings(state_dir=out.parent / f"{out.name}-state"))
@@ -115,7 +108,7 @@ def test_tokens_of_the_same_bytes_get_models_row(pair: tuple[Path, Path], tmp_pa
     would approximate or copy from another row."""
     model, donor = pair
     card = _transplant(model, donor, tmp_path / "out")
-    source, out = _tensors(model)[EMBED], _tensors(tmp_path / "out")[EMBED]
+    source, out = output_tensors(model)[EMBED], output_tensors(tmp_path / "out")[EMBED]
     same = _rows_of_bytes(model, donor)
     for theirs, mine in same.items():
         assert torch.equal(out[theirs], source[mine]), (theirs, mine)
@@ -143,7 +136,7 @@ def test_mergekit_differs_in_exactly_the_rows_it_matches_by_string(pair: tuple[P
     card = _transplant(model, donor, tmp_path / "ours")
     ran = mergekit.run(model, donor, tmp_path / "theirs", "-a", "zero", script="tokensurgeon")
     assert ran.returncode == 0, ran.stderr
-    ours, theirs = _tensors(tmp_path / "ours"), _tensors(tmp_path / "theirs")
+    ours, theirs = output_tensors(tmp_path / "ours"), output_tensors(tmp_path / "theirs")
     assert ours.keys() == theirs.keys()
     matrices = {EMBED: "token embedding", "lm_head.weight": "head"}
     for name in ours:
@@ -157,7 +150,7 @@ def test_mergekit_differs_in_exactly_the_rows_it_matches_by_string(pair: tuple[P
         mended = int(line.split(" and copy ")[1].split(" ")[0])
         assert gained and mended
         assert len(differ) == gained + mended, (name, len(differ), gained, mended)
-        source = _tensors(model)[name]
+        source = output_tensors(model)[name]
         rows_of_model = {tuple(r.tolist()) for r in source}
         for row in differ:
             if row in same:  # resumerge copied MODEL's row of the same bytes, 0.1.5 another row or none

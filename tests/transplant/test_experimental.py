@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from mergekit_oracle import Mergekit
+from support import output_tensors
 
 from resumerge import api
 from resumerge.api.options import Surgery
@@ -18,7 +19,7 @@ from resumerge.errors import UsageError
 from resumerge.runs.transplant.approximate import Rope, apply_rope, mp_rope, token_basis
 from resumerge.runs.transplant.planner import rope_of
 from transplant.pairs import make_pair
-from transplant.test_parity import _shared_rows, tensors
+from transplant.test_parity import _shared_rows
 
 
 def _turned(x: torch.Tensor, position: float, heads: int, base: float) -> torch.Tensor:
@@ -129,7 +130,7 @@ def test_runs_where_mergekit_fails(method: str, tmp_path: Path, mergekit: Mergek
         ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(approximation_method=method, k=8),
                      settings=api.Settings(state_dir=tmp_path / "state"))
-    out = tensors(tmp_path / "ours")
+    out = output_tensors(tmp_path / "ours")
     _shared_rows(model, donor, out)
     embed = out["model.embed_tokens.weight"]
     assert torch.isfinite(embed).all() and int((embed.abs().sum(dim=1) == 0).sum()) == 0

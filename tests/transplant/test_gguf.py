@@ -12,11 +12,11 @@ import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
 from safetensors.torch import save_file
+from support import output_tensors
 
 from resumerge import api
 from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 from transplant.pairs import make_pair
-from transplant.test_parity import tensors
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, P
 
 
 def _same(a: Path, b: Path) -> None:
-    ours, theirs = tensors(a), tensors(b)
+    ours, theirs = output_tensors(a), output_tensors(b)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name

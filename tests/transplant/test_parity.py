@@ -14,6 +14,7 @@ import pytest
 import torch
 from mergekit_oracle import Mergekit
 from safetensors.torch import load_file, save_file
+from support import output_tensors
 
 from resumerge import api
 from resumerge.api.options import Merging, Surgery
@@ -61,13 +62,6 @@ def surgery(options: tuple[str, ...]) -> Surgery:
     return Surgery(**given)  # type: ignore[arg-type]
 
 
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    found: dict[str, torch.Tensor] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        found.update(load_file(str(path)))
-    return found
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
     made: dict[str, tuple[Path, Path]] = {}
@@ -95,7 +89,7 @@ def _shared_rows(model: Path, donor: Path, out: dict[str, torch.Tensor]) -> None
     """Every token both tokenizers hold (same string) has MODEL's rows, bit for bit."""
     mine = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((donor / "tokenizer.json").read_text())["model"]["vocab"]
-    source = tensors(model)
+    source = output_tensors(model)
     both = [(theirs[t], mine[t]) for t in mine if t in theirs]
     assert len(both) > 150
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
@@ -114,7 +108,7 @@ def test_same_as_mergekit(case: str, heads: str, pairs: Callable[[str], tuple[Pa
     options, tolerance = CASES[case]
     model, donor = pairs(heads)
     ours, theirs = _both(mergekit, model, donor, tmp_path, options)
-    a, b = tensors(ours), tensors(theirs)
+    a, b = output_tensors(ours), output_tensors(theirs)
     assert a.keys() == b.keys()
     for name in a:
         assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
@@ -139,12 +133,12 @@ def test_prefix_match_targets_the_matrix_it_names(pairs: Callable[[str], tuple[P
     assert ran.returncode == 0, ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(k=8, prefix_match="embed"),
                      settings=api.Settings(state_dir=tmp_path / "state"))
-    a, b = tensors(tmp_path / "ours"), tensors(tmp_path / "theirs")
+    a, b = output_tensors(tmp_path / "ours"), output_tensors(tmp_path / "theirs")
     assert all(torch.equal(a[n], b[n]) for n in a)
     plain = tmp_path / "plain"
     api.tokensurgeon(str(model), str(donor), plain, surgery=Surgery(k=8),
                      settings=api.Settings(state_dir=tmp_path / "state"))
-    c = tensors(plain)
+    c = output_tensors(plain)
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
     assert torch.equal(a["lm_head.weight"], c["lm_head.weight"])
     card = (tmp_path / "ours" / "README.md").read_text()
@@ -169,7 +163,7 @@ def test_half_precision_donor_interpolates_in_float32(tmp_path: Path, mergekit: 
     widened = (model, twin)
     api.tokensurgeon(str(widened[0]), str(widened[1]), tmp_path / "twin", surgery=options,
                      settings=api.Settings(state_dir=tmp_path / "state"))
-    a, b = tensors(tmp_path / "ours"), tensors(tmp_path / "twin")
+    a, b = output_tensors(tmp_path / "ours"), output_tensors(tmp_path / "twin")
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert "half-precision DONOR" in (tmp_path / "ours" / "README.md").read_text()
 
@@ -185,9 +179,9 @@ def test_mean_with_noise_runs_and_is_seeded(pairs: Callable[[str], tuple[Path, P
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         api.tokensurgeon(str(model), str(donor), tmp_path / name, surgery=options,
                          settings=api.Settings(merging=Merging(random_seed=seed), state_dir=tmp_path / "state"))
-        outs.append(tensors(tmp_path / name)["model.embed_tokens.weight"])
+        outs.append(output_tensors(tmp_path / name)["model.embed_tokens.weight"])
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
-    mean = tensors(model)["model.embed_tokens.weight"].mean(dim=0)
+    mean = output_tensors(model)["model.embed_tokens.weight"].mean(dim=0)
     drift = (outs[0] - mean).abs().max().item()
     assert 0 < drift < 0.2  # noise of σ 0.01 around the mean, not an error
 
@@ -200,7 +194,7 @@ def test_john_hewitt_with_fewer_rows_than_width(tmp_path: Path, mergekit: Mergek
     assert ran.returncode != 0 and "len()" in ran.stderr, ran.stderr
     api.tokensurgeon(str(model), str(donor), tmp_path / "ours", surgery=Surgery(approximation_method="john_hewitt"),
                      settings=api.Settings(state_dir=tmp_path / "state"))
-    embed = tensors(tmp_path / "ours")["model.embed_tokens.weight"]
+    embed = output_tensors(tmp_path / "ours")["model.embed_tokens.weight"]
     mine = json.loads((donor / "tokenizer.json").read_text())["model"]["vocab"]
     theirs = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     new = torch.tensor([i for t, i in mine.items() if t not in theirs and not t.startswith("<")])

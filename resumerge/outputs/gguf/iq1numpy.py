@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from resumerge.outputs.gguf import ksearch as ks
+from resumerge.outputs.gguf.iq2numpy import first_least, off_grid_candidates
 from resumerge.outputs.gguf.kfloat import F
 
 __all__ = ["encode"]
@@ -106,11 +107,7 @@ def _neighbours(x: _Array, w: _Array, level: _Array, s_of: _Array, scale: _Array
     off = point < 0
     k, s = np.nonzero(off)
     if k.size:
-        at = -point[k, s] - 1
-        count = neighbours[at].astype(np.int64)
-        owner = np.repeat(np.arange(k.size), count)
-        heads = np.concatenate([[0], np.cumsum(count)[:-1]])
-        candidates = neighbours[np.repeat(at + 1 - heads, count) + np.arange(owner.size)].astype(np.int64)
+        owner, heads, candidates = off_grid_candidates(-point[k, s] - 1, neighbours)
         rows, cols, shifts = 8 * k[owner], s[owner], s_of[k[owner], s[owner]]
         d2 = np.zeros(owner.size, dtype=F)
         for i in range(8):
@@ -119,9 +116,7 @@ def _neighbours(x: _Array, w: _Array, level: _Array, s_of: _Array, scale: _Array
             d2 = d2 + w[rows + i, cols] * diff * diff
         d2 = np.where(d2 < _BIG, d2, F(np.inf))  # C's strict < from FLT_MAX: NaN and FLT_MAX never taken
         # the first least of each list (none finite, where llama.cpp aborts: the first)
-        least = np.minimum.reduceat(d2, heads)
-        first = np.flatnonzero(d2 == least[owner])
-        point[k, s] = candidates[first[np.unique(owner[first], return_index=True)[1]]]
+        point[k, s] = first_least(d2, owner, heads, candidates)
     return point, ~off
 
 

@@ -95,6 +95,24 @@ def _start(xval: _Array, weight: _Array) -> _Array:
     return found
 
 
+def off_grid_candidates(at: _Array, neighbours: _Array) -> tuple[_Array, _Array, _Array]:
+    """Every off-grid group's neighbour list, one after another (the lists are ragged: 4 to 12 long on average, up
+    to 292): ``at`` is each list's place in ``neighbours`` (its length, then its grid points). The list each
+    candidate belongs to, where each list starts, and the candidates (int64)."""
+    count = neighbours[at].astype(np.int64)
+    owner = np.repeat(np.arange(at.size), count)
+    heads = np.concatenate([[0], np.cumsum(count)[:-1]])
+    return owner, heads, neighbours[np.repeat(at + 1 - heads, count) + np.arange(owner.size)].astype(np.int64)
+
+
+def first_least(d2: _Array, owner: _Array, heads: _Array, candidates: _Array) -> _Array:
+    """Each list's candidate of least distance ``d2`` (of :func:`off_grid_candidates`' lists), the first of equals:
+    the one llama.cpp's scan in list order keeps."""
+    least = np.minimum.reduceat(d2, heads)
+    first = np.flatnonzero(d2 == least[owner])
+    return candidates[first[np.unique(owner[first], return_index=True)[1]]]
+
+
 def _round(xval: _Array, inverse: _Array, this_scale: _Array, waux: _Array, tables: tuple[_Array, _Array, _Array],
            groups: int) -> tuple[_Array, _Array]:
     """Every group of blocks (size, S) rounded at ``inverse`` to levels 0..2 and, off the grid, moved to its
@@ -106,23 +124,14 @@ def _round(xval: _Array, inverse: _Array, this_scale: _Array, waux: _Array, tabl
     off = point < 0
     k, s = np.nonzero(off)
     if k.size:
-        at = -point[k, s] - 1
-        count = neighbours[at].astype(np.int64)
-        # every off-grid group's neighbours, one after another (the lists are ragged: 4 to 12 long on average, up
-        # to 292)
-        owner = np.repeat(np.arange(k.size), count)
-        heads = np.concatenate([[0], np.cumsum(count)[:-1]])
-        candidates = neighbours[np.repeat(at + 1 - heads, count) + np.arange(owner.size)].astype(np.int64)
+        owner, heads, candidates = off_grid_candidates(-point[k, s] - 1, neighbours)
         rows, cols = 8 * k[owner], s[owner]
         d2 = np.zeros(owner.size, dtype=F)
         for i in range(8):
             diff = this_scale[cols] * grid[candidates, i].astype(F) - xval[rows + i, cols]
             d2 = d2 + waux[rows + i, cols] * diff * diff
         d2 = np.where(np.isnan(d2), F(np.inf), d2)  # never below FLT_MAX, as C's strict < from it
-        # the first least distance of each list
-        least = np.minimum.reduceat(d2, heads)
-        first = np.flatnonzero(d2 == least[owner])
-        chosen = candidates[first[np.unique(owner[first], return_index=True)[1]]]
+        chosen = first_least(d2, owner, heads, candidates)
         levels = (grid[chosen].astype(np.int64) - 1) // 2
         for i in range(8):
             q[8 * k + i, s] = levels[:, i]
