@@ -33,8 +33,6 @@ _FILE = "toy.json"
 class _ToyAnalysis:
     """The toy package's analysis: a folder holding ``toy.json`` is its own; it journals under ``toys/``."""
 
-    name = "toy"
-
     def holds(self, out: object, state: StateDir) -> bool:
         return (Path(str(out)) / _FILE).is_file()
 
@@ -119,7 +117,7 @@ def test_a_new_analysis_is_its_package_its_command_module_and_one_row(
     code, shown = _main("status", "--json", "--state-dir", str(state), str(out))
     report = json.loads(shown)
     assert code == EXIT_OK and (report["kind"], report["state"], report["tensors_done"]) == ("toy", "done", 3)
-    assert table.analysis_of(out, StateDir.resolve(state)).name == "toy"  # type: ignore[union-attr]
+    assert isinstance(table.analysis_of(out, StateDir.resolve(state)), _ToyAnalysis)
     assert table.analysis_of(tmp_path, StateDir.resolve(state)) is None  # a folder it does not hold
     assert api.toy_count(tmp_path / "again", "two words", state_dir=state) == 2  # type: ignore[attr-defined]
     assert "from toy_analysis import toy_count\n" in render() and '"toy_count"' in render()  # the stub follows

@@ -30,9 +30,7 @@ PathLike = str | os.PathLike[str]
 
 
 class Analysis(Protocol):
-    """What every analysis does (see the module docstring)."""
-
-    name: str  # the kind ``status`` names it by (``check``, ``measure``, ``eval``, ``evolve``)
+    """What every analysis does (see the module docstring); its row names it."""
 
     def holds(self, out: PathLike, state: StateDir) -> bool:
         """Whether ``out`` is this analysis's own folder (reads its listing and small files only)."""

@@ -24,8 +24,6 @@ def _local(out: str | os.PathLike[str]) -> bool:
 class CheckAnalysis:
     """``resumerge check``'s journal of a model."""
 
-    name = "check"
-
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return _local(out) and find_progress(state.checks_dir, out) is not None
 

@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 class EvalAnalysis:
     """``resumerge eval``'s journal of a model."""
 
-    name = "eval"
-
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return find_eval(state.evals_dir, out) is not None
 

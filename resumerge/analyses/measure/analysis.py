@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 class MeasureAnalysis:
     """``resumerge measure``'s Grams folder."""
 
-    name = "measure"
-
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return not os.fspath(out).startswith("hf://") and (Path(out) / RUN_FILE).is_file()
 

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 class SearchAnalysis:
     """``resumerge evolve``'s STORAGE."""
 
-    name = "evolve"
-
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         from resumerge.runs.evolve.storage import is_storage
 
