@@ -1,6 +1,7 @@
-"""Every analysis of :data:`resumerge.api.analyses.ANALYSES` keeps the :class:`~resumerge.api.analyses.Analysis`
-contract (one row per analysis), and the API walks the table with no special case: a test-only analysis plugged in
-by one line is what ``status`` answers for its folder."""
+"""Every analysis of the one table (:data:`resumerge.config.analyses.ANALYSES`, made by
+:func:`resumerge.api.analyses.analyses`) keeps the :class:`~resumerge.api.analyses.Analysis` contract (one row per
+analysis), and the API walks the table with no special case: a test-only analysis plugged in by one row is what
+``status`` answers for its folder."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 
 from resumerge import api
 from resumerge.api import analyses as table
+from resumerge.config import analyses as rows
+from resumerge.config.analyses import AnalysisRow
 from resumerge.config.locations import StateDir
+from resumerge.config.passplace import named
 from resumerge.errors import NothingRecordedError
 from resumerge.merge.store.statusview import StatusReport
 
 
-@pytest.mark.parametrize("analysis", table.ANALYSES, ids=lambda a: a.name)
-def test_each_analysis_keeps_the_contract(analysis: table.Analysis, tmp_path: Path) -> None:
+@pytest.mark.parametrize("row", [row for row in rows.ANALYSES if row.analysis], ids=lambda row: row.name)
+def test_each_analysis_keeps_the_contract(row: AnalysisRow, tmp_path: Path) -> None:
+    analysis: table.Analysis = named(row.analysis)()
     state = StateDir.resolve(tmp_path / "state")
     for method in ("holds", "status", "journal"):
         assert callable(getattr(analysis, method)), method
@@ -27,13 +32,11 @@ def test_each_analysis_keeps_the_contract(analysis: table.Analysis, tmp_path: Pa
     assert not analysis.holds("hf://org/name", state)
     journal = analysis.journal(state)
     assert journal.parent == state.root and journal.name  # a folder of its own under the state dir
-    assert [a.name for a in table.ANALYSES].count(analysis.name) == 1
+    assert [r.name for r in rows.ANALYSES].count(row.name) == 1
 
 
 class _Toy:
     """A test-only analysis: a folder holding ``toy.json`` is its own."""
-
-    name = "toy"
 
     def holds(self, out: object, state: StateDir) -> bool:
         return (Path(str(out)) / "toy.json").is_file()
@@ -53,6 +56,7 @@ def test_a_new_analysis_is_one_row_of_the_table(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(NothingRecordedError):
         api.status(folder)
     (folder / "toy.json").write_text(json.dumps({}))
-    monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, _Toy()))
+    toy = AnalysisRow("toy", "toy_command:run", f"{__name__}:_Toy", ())
+    monkeypatch.setattr(rows, "ANALYSES", (*rows.ANALYSES, toy))
     shown = api.status(folder)
     assert isinstance(shown, StatusReport) and (shown.kind, shown.state) == ("toy", "done")

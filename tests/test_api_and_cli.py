@@ -57,7 +57,7 @@ def test_every_api_call_is_exported_at_the_top() -> None:
 
     from resumerge.api import reading
 
-    homes = {reading.__name__} | {module for name, module in api._LAZY.items()
+    homes = {reading.__name__} | {module for name, module in api._homes().items()
                                   if inspect.isfunction(getattr(importlib.import_module(module), name))}
     assert {"resumerge.api.calls", "resumerge.api.transplanting", "resumerge.api.reading"} <= homes
     for home in sorted(homes):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from resumerge.cli.commands import COMMANDS, build_parser, main
+from resumerge.cli.commands import build_parser, commands, main
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -30,13 +30,13 @@ def _said(argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_the_whole_parser_lists_every_command_in_order() -> None:
-    assert list(_commands(build_parser())) == list(COMMANDS)
-    for name in COMMANDS:  # asked for one command, the parser holds that one only
+    assert list(_commands(build_parser())) == list(commands())
+    for name in commands():  # asked for one command, the parser holds that one only
         assert list(_commands(build_parser(name))) == [name]
-    assert list(_commands(build_parser("no-such-command"))) == list(COMMANDS)
+    assert list(_commands(build_parser("no-such-command"))) == list(commands())
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("name", list(commands()))
 def test_a_command_alone_helps_and_parses_as_within_the_whole(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")  # argparse wraps at the terminal's width: the same for both
     whole, alone = _commands(build_parser())[name], _commands(build_parser(name))[name]
@@ -49,7 +49,7 @@ def test_a_command_alone_helps_and_parses_as_within_the_whole(name: str, monkeyp
 def test_main_prints_the_same_help_usage_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
     top = _said(["--help"])
-    assert top[0] == 0 and all(f"    {name}" in top[1] for name in COMMANDS)  # the whole parser answers
+    assert top[0] == 0 and all(f"    {name}" in top[1] for name in commands())  # the whole parser answers
     status = _said(["status", "--help"])
     assert status[0] == 0 and status[1] == _commands(build_parser())["status"].format_help()
     # errors name the command's own usage, built alone

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from resumerge.cli.parsers import COMMANDS, build_parser
+from resumerge.cli.parsers import build_parser, commands
 from resumerge.cli.reference import render
 from resumerge.errors import EXIT_CODES, EXIT_MEANINGS
 
@@ -22,7 +22,7 @@ def test_the_page_is_what_the_parsers_render() -> None:
 def test_every_flag_of_every_command_is_on_the_page() -> None:
     page = PAGE.read_text(encoding="utf-8")
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == set(COMMANDS)
+    assert set(subparsers.choices) == set(commands())
     for name, parser in subparsers.choices.items():
         section = page.split(f"## resumerge {name}\n", 1)[1].split("\n## ", 1)[0]
         for action in parser._actions:

@@ -1,6 +1,7 @@
-"""One row per command (issue 98): the parser, the dispatch and the command reference read the one ``COMMANDS``
-table of :mod:`resumerge.cli.parsers`; a new command is its module and one row, shown by a toy command plugged in
-from outside as the toy codec is."""
+"""One row per command (issue 98): the parser, the dispatch and the command reference read the one table of
+commands (:func:`resumerge.cli.parsers.commands`); a new command is its module and one row, shown by a toy command
+plugged in from outside as the toy codec is (a new analysis's command is its row of the analyses' table:
+tests/test_toy_analysis.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import importlib
 import io
 import sys
 import types
-from types import MappingProxyType
 
 import pytest
 
-from resumerge.cli import commands, parsers, reference
-from resumerge.cli.parsers import COMMANDS, Command
+from resumerge.cli import parsers, reference
+from resumerge.cli.commands import main
+from resumerge.cli.parsers import Command, commands
 
 
 def test_every_row_names_a_runner_that_exists() -> None:
-    for name, command in COMMANDS.items():
+    for name, command in commands().items():
         assert command.name == name
         module, function = command.runs.split(":")
         assert callable(getattr(importlib.import_module(module), function)), name
@@ -44,12 +45,10 @@ def _toy_module() -> types.ModuleType:
 
 def test_a_new_command_is_its_module_and_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "toy_command", _toy_module())
-    table = MappingProxyType({**COMMANDS, "toy": Command("toy", "toy_command", "toy_command:run")})
-    for module in (parsers, commands, reference):  # the one table, as each module that reads it imported it
-        monkeypatch.setattr(module, "COMMANDS", table)
+    monkeypatch.setattr(parsers, "_OWN", (*parsers._OWN, Command("toy", "toy_command", "toy_command:run")))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert commands.main(["toy", "three small words"]) == 0
+        assert main(["toy", "three small words"]) == 0
     assert out.getvalue() == "3\n"
     sub = next(a for a in parsers.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert "toy" in sub.choices  # the whole parser (resumerge --help) lists it

@@ -10,14 +10,14 @@ import pytest
 
 from resumerge import api
 from resumerge.cli import flags
-from resumerge.cli.parsers import COMMANDS, build_parser
+from resumerge.cli.parsers import build_parser, commands
 
 SHARED = [value for value in vars(flags).values() if isinstance(value, flags.Flag)]
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: sub.choices[name] for name in COMMANDS}
+    return {name: sub.choices[name] for name in commands()}
 
 
 def _taken(option: str) -> dict[str, argparse.Action]:

@@ -1,10 +1,11 @@
-"""A new analysis with its command (issue 98): its package (its call in the API among it), one row of the API's
-``ANALYSES``, its command module with its ``Command`` row, and its call's entry in the API's lazy map; no other
-module of the package is edited. A toy analysis plugged in from outside, as the toy codec, the toy command and the
-toy output format are: ``resumerge toy OUT TEXT`` makes its one front-door call (``resumerge.api.toy_count``),
-``resumerge status OUT`` answers for its folder through the one table, and a folder it does not hold is still nothing
-recorded. The API's ``__all__`` and the stub type checkers read follow the lazy map (tests/test_api_stub.py); before,
-``__all__`` and the type-checking imports were two more lists written by hand."""
+"""A new analysis with its command (issue 98): its package (its class and its call in the API among it), its command
+module, and one row of the analyses' table (:data:`resumerge.config.analyses.ANALYSES`); nothing else is edited.
+Before, it also took a row of the API's own ``ANALYSES`` (its object), a ``Command`` row in the CLI's table and an
+entry in the API's lazy map. A toy analysis plugged in from outside, as the toy codec, the toy command and the toy
+output format are: ``resumerge toy OUT TEXT`` makes its one front-door call (``resumerge.api.toy_count``), listed in
+``resumerge --help`` and the command reference after the last analysis's; ``resumerge status OUT`` answers for its
+folder through the one table, and a folder it does not hold is still nothing recorded; the stub type checkers read
+would name its call (tests/test_api_stub.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import json
 import sys
 import types
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 
 from resumerge.api import analyses as table
 from resumerge.cli import commands, parsers, reference
-from resumerge.cli.parsers import COMMANDS, Command
+from resumerge.config import analyses as rows
+from resumerge.config.analyses import AnalysisRow
 from resumerge.config.locations import StateDir
 from resumerge.errors import EXIT_OK
 from resumerge.merge.store.statusview import StatusReport
@@ -31,8 +32,6 @@ _FILE = "toy.json"
 
 class _ToyAnalysis:
     """The toy package's analysis: a folder holding ``toy.json`` is its own; it journals under ``toys/``."""
-
-    name = "toy"
 
     def holds(self, out: object, state: StateDir) -> bool:
         return (Path(str(out)) / _FILE).is_file()
@@ -64,6 +63,7 @@ def _toy_package() -> types.ModuleType:
         """The analysis's call in the API: where its journal goes, then the count."""
         return count(out, text, StateDir.resolve(state_dir))
 
+    package.ToyAnalysis = _ToyAnalysis  # type: ignore[attr-defined]
     package.toy_count = toy_count  # type: ignore[attr-defined]
     return package
 
@@ -73,7 +73,7 @@ def _toy_command() -> types.ModuleType:
     module = types.ModuleType("toy_analysis_cmd")
     module.HELP = "count the words of TEXT into OUT"  # type: ignore[attr-defined]
     module.DESCRIPTION = (  # type: ignore[attr-defined]
-        "A toy analysis: its package, one row of ANALYSES, this module, one row of COMMANDS.")
+        "A toy analysis: its package, this module and one row of the analyses' table.")
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("out", metavar="OUT", type=Path)
@@ -98,20 +98,17 @@ def _main(*words: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
+def test_a_new_analysis_is_its_package_its_command_module_and_one_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     from test_api_stub import render
 
     from resumerge import api
 
     monkeypatch.setitem(sys.modules, "toy_analysis", _toy_package())
-    monkeypatch.setattr(api, "_LAZY", MappingProxyType({**api._LAZY, "toy_count": "toy_analysis"}))
-    request.addfinalizer(lambda: vars(api).pop("toy_count", None))  # the API keeps a name it imported
     monkeypatch.setitem(sys.modules, "toy_analysis_cmd", _toy_command())
-    monkeypatch.setattr(table, "ANALYSES", (*table.ANALYSES, _ToyAnalysis()))
-    toy = Command("toy", "toy_analysis_cmd", "toy_analysis_cmd:run")
-    for module in (parsers, commands, reference):  # the one read-only table, as each module that reads it imported it
-        monkeypatch.setattr(module, "COMMANDS", MappingProxyType({**COMMANDS, "toy": toy}))
+    request.addfinalizer(lambda: vars(api).pop("toy_count", None))  # the API keeps a name it imported
+    toy = AnalysisRow("toy", "toy_analysis_cmd:run", "toy_analysis:ToyAnalysis", ("toy_analysis:toy_count",))
+    monkeypatch.setattr(rows, "ANALYSES", (*rows.ANALYSES, toy))  # the one row
     out, state = tmp_path / "counted", tmp_path / "state"
 
     assert _main("toy", str(out), "three small words", "--state-dir", str(state)) == (EXIT_OK, "3\n")
@@ -120,6 +117,14 @@ def test_a_new_analysis_is_its_package_one_row_its_command_module_and_one_row(
     code, shown = _main("status", "--json", "--state-dir", str(state), str(out))
     report = json.loads(shown)
     assert code == EXIT_OK and (report["kind"], report["state"], report["tensors_done"]) == ("toy", "done", 3)
-    assert table.analysis_of(out, StateDir.resolve(state)).name == "toy"  # type: ignore[union-attr]
+    assert isinstance(table.analysis_of(out, StateDir.resolve(state)), _ToyAnalysis)
     assert table.analysis_of(tmp_path, StateDir.resolve(state)) is None  # a folder it does not hold
+    assert api.toy_count(tmp_path / "again", "two words", state_dir=state) == 2  # type: ignore[attr-defined]
     assert "from toy_analysis import toy_count\n" in render() and '"toy_count"' in render()  # the stub follows
+
+    listed = list(parsers.commands())  # --help's order: the analyses' commands, this one last, then demo's
+    assert listed[listed.index("evolve"):] == ["evolve", "toy", "demo"]
+    sub = next(a for a in parsers.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == listed
+    text = reference.render()  # the command reference (docs/commands.md) reads the same row
+    assert "| [`toy`](#resumerge-toy) | count the words of TEXT into OUT |" in text and "## resumerge toy\n" in text

@@ -16,7 +16,7 @@ merge, a recipe (several YAML documents), MoE upcycling (a mergekit-moe config) 
 class (:mod:`.runkind`) in the one tuple :data:`~resumerge.api.kinds.KINDS` walked by :mod:`.calls`. Errors are
 the :mod:`resumerge.errors` exceptions that the CLI maps to exit codes.
 
-The package imports every name on its first use (:func:`__getattr__`, from the module :data:`_LAZY` names):
+The package imports every name on its first use (:func:`__getattr__`, from the module :func:`_homes` names):
 ``resumerge status`` imports :mod:`.reading` (``status``, ``recipe_status``, ``verify``, ``evolve_status``) and no
 option group, no kind of run and no torch (issue 72: status under 0.2 s), while ``from resumerge.api import run`` and
 ``api.run(...)`` work as ever.
@@ -31,26 +31,34 @@ import importlib
 from types import MappingProxyType
 from typing import Any
 
-# Where each name lives, imported on its first use: the API's one list of its names (``__all__`` is its keys, and
-# ``__init__.pyi``, what type checkers read, is generated from it: ``python tests/test_api_stub.py``).
+from resumerge.config import analyses as _analyses
+
+# Where each name that is no analysis's lives (an analysis's: its row's ``api``, :mod:`resumerge.config.analyses`);
+# ``__init__.pyi``, what type checkers read, is generated from :func:`_homes`: ``python tests/test_api_stub.py``.
 _LAZY = MappingProxyType({
-    **dict.fromkeys(("EvolveOutcome",), "resumerge.api.evolution"),
     **dict.fromkeys(("Harness", "Hub", "Lora", "Merging", "Output", "Resources", "Search", "Settings", "Stages",
                      "Surgery", "Trackers"), "resumerge.api.options"),
     **dict.fromkeys(("estimate_tokensurgeon", "tokensurgeon"), "resumerge.api.transplanting"),
     **dict.fromkeys(("open_population", "open_unwritten"), "resumerge.api.unwritten"),
-    **dict.fromkeys(("lm_eval",), "resumerge.api.lmevaldoor"),
-    **dict.fromkeys(("evolve_status", "recipe_status", "status", "verify"), "resumerge.api.reading"),
-    **dict.fromkeys(("check", "estimate", "estimate_extraction", "estimate_measure", "evaluate", "evolve",
-                     "extract_lora", "measure", "plan_merge", "resume", "run"), "resumerge.api.calls"),
+    **dict.fromkeys(("recipe_status", "status", "verify"), "resumerge.api.reading"),
+    **dict.fromkeys(("estimate", "estimate_extraction", "extract_lora", "plan_merge", "resume", "run"),
+                    "resumerge.api.calls"),
 })
-__all__ = sorted(_LAZY)
+
+
+def _homes() -> dict[str, str]:
+    """Every name of the API and the module it lives in: :data:`_LAZY`'s, then each analysis row's."""
+    offered = (call.partition(":") for row in _analyses.ANALYSES for call in row.api)
+    return {**_LAZY, **{name: module for module, _, name in offered}}
+
+
+__all__ = sorted(_homes())
 
 
 def __getattr__(name: str) -> Any:
-    """``name`` of :data:`_LAZY`, imported from its module on first use and kept here (the next use is a plain
+    """``name`` of :func:`_homes`, imported from its module on first use and kept here (the next use is a plain
     attribute)."""
-    where = _LAZY.get(name)
+    where = _homes().get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(where), name)
@@ -59,4 +67,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *_homes()})

@@ -1,4 +1,4 @@
-"""What type checkers read of :mod:`resumerge.api`: generated from its ``_LAZY`` by
+"""What type checkers read of :mod:`resumerge.api`: generated from its names by
 ``python tests/test_api_stub.py``; not edited by hand."""
 
 from resumerge.api.calls import (

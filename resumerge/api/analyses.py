@@ -1,5 +1,6 @@
-"""Every analysis, in one tuple the API walks beside the kinds of run (:data:`resumerge.api.kinds.KINDS`): a new
-analysis is its package and one line here. The table sits in the API's package, above every analysis's own:
+"""Every analysis, made from the one table of them (:data:`resumerge.config.analyses.ANALYSES`, which names each
+analysis's class) and walked by the API beside the kinds of run (:data:`resumerge.api.kinds.KINDS`): a new analysis
+is its package, its command module and one row there. The walk sits in the API's package, above every analysis's own:
 ``evolve``'s search scores its candidates with the other analyses' code, so the analyses cannot import it.
 
 An analysis (:class:`Analysis`) recognises a folder that is its own (a measurement's OUT_DIR, a model that was only
@@ -16,10 +17,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from resumerge.analyses.check.analysis import CheckAnalysis
-from resumerge.analyses.evaluation.analysis import EvalAnalysis
-from resumerge.analyses.measure.analysis import MeasureAnalysis
-from resumerge.runs.evolve.analysis import SearchAnalysis
+from resumerge.config import analyses as table
+from resumerge.config.passplace import named
 
 if TYPE_CHECKING:
     from resumerge.config.locations import StateDir
@@ -31,9 +30,7 @@ PathLike = str | os.PathLike[str]
 
 
 class Analysis(Protocol):
-    """What every analysis does (see the module docstring)."""
-
-    name: str  # the kind ``status`` names it by (``check``, ``measure``, ``eval``, ``evolve``)
+    """What every analysis does (see the module docstring); its row names it."""
 
     def holds(self, out: PathLike, state: StateDir) -> bool:
         """Whether ``out`` is this analysis's own folder (reads its listing and small files only)."""
@@ -56,17 +53,19 @@ class Annotates(Protocol):
         """``outcome`` of a resumed run, with what this analysis wrote into its OUT put back."""
 
 
-ANALYSES: tuple[Analysis, ...] = (MeasureAnalysis(), CheckAnalysis(), EvalAnalysis(), SearchAnalysis())
+def analyses() -> tuple[Analysis, ...]:
+    """Every analysis of the table that keeps a folder of its own, in its order (each class imported on first use)."""
+    return tuple(named(row.analysis)() for row in table.ANALYSES if row.analysis is not None)
 
 
 def analysis_of(out: PathLike, state: StateDir) -> Analysis | None:
     """The analysis whose own folder ``out`` is, or None."""
-    return next((a for a in ANALYSES if a.holds(out, state)), None)
+    return next((a for a in analyses() if a.holds(out, state)), None)
 
 
 def annotated(report: StatusReport, out: PathLike, state: StateDir) -> StatusReport:
     """A run's ``report`` with what every analysis that :class:`Annotates` found of ``out`` added."""
-    for analysis in ANALYSES:
+    for analysis in analyses():
         if isinstance(analysis, Annotates):
             report = analysis.beside(report, out, state)
     return report
@@ -74,7 +73,7 @@ def annotated(report: StatusReport, out: PathLike, state: StateDir) -> StatusRep
 
 def kept(outcome: Outcome, state: StateDir) -> Outcome:
     """A resumed run's ``outcome`` with what every analysis that :class:`Annotates` wrote into its OUT put back."""
-    for analysis in ANALYSES:
+    for analysis in analyses():
         if isinstance(analysis, Annotates):
             outcome = analysis.kept(outcome, state)
     return outcome

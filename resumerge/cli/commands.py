@@ -25,8 +25,7 @@ from resumerge.cli.knobs import (
     installed_stop_flag,
     quiet_hub_uploads,
 )
-from resumerge.cli.parsers import COMMANDS as COMMANDS
-from resumerge.cli.parsers import asked_command, build_parser, command_parser
+from resumerge.cli.parsers import asked_command, build_parser, command_parser, commands
 from resumerge.errors import EXIT_INTERRUPTED, EXIT_OK, ResumergeError, UsageError, exit_code_for
 
 if TYPE_CHECKING:
@@ -132,7 +131,7 @@ def exit_with(code: int) -> NoReturn:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    command = COMMANDS.get(args.command)
+    command = commands().get(args.command)
     if command is None:
         raise UsageError(f"unknown command {args.command}")
     return command.run(args)

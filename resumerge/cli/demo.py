@@ -11,6 +11,7 @@ says where; the next demo there replaces it.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -53,10 +54,10 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> int:
     return subprocess.run([sys.executable, "-m", "resumerge", *args], env=env, check=False).returncode
 
 
-def run_demo(directory: str | os.PathLike[str] | None = None) -> int:
-    """Run the demo in ``directory`` (None: ``demo/`` under the state dir; created, earlier demo output there is
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo in ``args.dir`` (None: ``demo/`` under the state dir; created, earlier demo output there is
     replaced). Returns an exit code."""
-    root = Path(directory if directory is not None else state_root() / "demo").absolute()
+    root = Path(args.dir if args.dir is not None else state_root() / "demo").absolute()
     for sub in ("models", "out", "out-reference", "state"):
         shutil.rmtree(root / sub, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ def run_demo(directory: str | os.PathLike[str] | None = None) -> int:
     config.write_text(CONFIG.format(a=a, b=b))
     state = str(root / "state")
     out = str(root / "out")
-    print(f"resumerge demo in {root}" + ("" if directory is not None else " (give a DIR to put it elsewhere)"))
+    print(f"resumerge demo in {root}" + ("" if args.dir is not None else " (give a DIR to put it elsewhere)"))
     print(f"1. generated two models in {root / 'models'}; config: {config}")
 
     print("2. resumerge run ... (killed with SIGKILL right after its second shard is committed)")

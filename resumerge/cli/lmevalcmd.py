@@ -23,10 +23,13 @@ MODEL_HELP = ("--model resumerge takes --model_args pretrained=PATH (a model fol
               "what is done without reading a weight). Needs the eval extra.")
 
 
-def add_lm_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+DESCRIPTION = f"{HELP}. {MODEL_HELP}"
+ADD_HELP = False  # its --help is lm-eval's
+
+
+def add_arguments(door: argparse.ArgumentParser) -> None:
     """The ``lm-eval`` command's entry in ``resumerge --help``; its words are parsed by lm-eval's own parser (see
     :func:`run_lm_eval_command`), never by this one."""
-    door = sub.add_parser("lm-eval", help=HELP, add_help=False, description=f"{HELP}. {MODEL_HELP}")
     door.add_argument("words", nargs=argparse.REMAINDER, metavar="ARGS", help="lm-eval's arguments")
 
 
@@ -45,22 +48,23 @@ def parse_lm_eval(words: Sequence[str]) -> argparse.Namespace:
         sys.argv = saved
 
 
-def run_lm_eval_command(words: Sequence[str]) -> int:
-    """lm-eval's command ``words`` run with ``--model resumerge`` registered (one API call)."""
+def run_lm_eval_command(args: argparse.Namespace) -> int:
+    """lm-eval's command, ``args.words``, run with ``--model resumerge`` registered (one API call)."""
     from lm_eval.utils import setup_logging
 
     from resumerge.api import lm_eval
 
+    words = args.words
     setup_logging()
     try:
-        args = parse_lm_eval(words)
+        harness = parse_lm_eval(words)
     except SystemExit as exc:  # lm-eval's parser printed its usage (--help: 0) or its one-line refusal (2)
         if exc.code not in (0, None):
             return 2
         if "-h" in words or "--help" in words:  # lm-eval's help, then what it cannot know of resumerge
             print(f"\nresumerge:\n{textwrap.fill(MODEL_HELP, width=79, initial_indent='  ', subsequent_indent='  ')}")
         return EXIT_OK
-    lm_eval(args, command=shlex.join(["resumerge", "lm-eval", *_tokenless(words)]))
+    lm_eval(harness, command=shlex.join(["resumerge", "lm-eval", *_tokenless(words)]))
     return EXIT_OK
 
 

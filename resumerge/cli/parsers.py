@@ -12,10 +12,11 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.cli import flags
+from resumerge.config import analyses
+from resumerge.config.passplace import named
 from resumerge.config.version import __version__
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of every command (the docs test, ``resumerge --help``), or, when ``command`` names one
-    (:data:`COMMANDS`), a parser holding that command's alone: a command line that starts with a command is parsed
+    (:func:`commands`), a parser holding that command's alone: a command line that starts with a command is parsed
     by that command's parser only, so ``resumerge status OUT`` builds (and imports) nothing for the other twelve.
     Either way a command's parser, and its ``--help``, are the same (tests/test_cli_lazy.py)."""
     parser = argparse.ArgumentParser(
@@ -33,8 +34,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"resumerge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, each in COMMANDS.items():  # in the order `resumerge --help` lists them
-        if command not in COMMANDS or command == name:
+    every = commands()
+    for name, each in every.items():  # in the order `resumerge --help` lists them
+        if command not in every or command == name:
             if isinstance(each.parser, str):
                 _add_declared(sub, name, each.parser)
             else:
@@ -45,9 +47,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _add_declared(sub: SubParsers, name: str, module: str) -> None:
     """The parser of the command ``name`` that ``module`` declares, imported only when that parser is built: its
     ``HELP`` (its line in ``resumerge --help``), ``DESCRIPTION`` (its ``--help``'s opening) and
-    ``add_arguments(parser)`` (every argument and flag it takes)."""
+    ``add_arguments(parser)`` (every argument and flag it takes); ``ADD_HELP = False`` where its ``--help`` is not
+    argparse's (``lm-eval``'s is lm-eval's)."""
     declared = importlib.import_module(module)
-    declared.add_arguments(sub.add_parser(name, help=declared.HELP, description=declared.DESCRIPTION))
+    declared.add_arguments(sub.add_parser(name, help=declared.HELP, description=declared.DESCRIPTION,
+                                          add_help=getattr(declared, "ADD_HELP", True)))
 
 
 def _run_parser(sub: SubParsers) -> None:
@@ -238,12 +242,6 @@ def _plan_parser(sub: SubParsers) -> None:
     flags.add_executor(plan)
 
 
-def _lm_eval_parser(sub: SubParsers) -> None:
-    from resumerge.cli.lmevalcmd import add_lm_eval_parser
-
-    add_lm_eval_parser(sub)
-
-
 def _demo_parser(sub: SubParsers) -> None:
     demo = sub.add_parser("demo", help="generate small models, merge, interrupt, resume, show status",
                           description="A self-contained tour: generates tiny models, starts a merge that is "
@@ -400,23 +398,22 @@ class Command:
     (:func:`resumerge.cli.commands.main`) and the command reference (:mod:`resumerge.cli.reference`) read: its
     ``name``; its ``parser``, the function that adds it or the module that declares it (:func:`_add_declared`); what
     ``runs`` it, ``"module:function"``, imported when it runs (so no other command pays for its imports) and handed
-    the parsed arguments, or the one of them named ``given``. A new command is its module and one row."""
+    the parsed arguments. A new command is its module and one row."""
 
     name: str
     parser: Callable[[SubParsers], None] | str
     runs: str
-    given: str | None = None
 
     def run(self, args: argparse.Namespace) -> int:
         """Run the command on the parsed ``args``; its exit code."""
-        module, function = self.runs.split(":")
-        found: Callable[[Any], int] = getattr(importlib.import_module(module), function)
-        return found(getattr(args, self.given) if self.given else args)
+        found: Callable[[Any], int] = named(self.runs)
+        return found(args)
 
 
 _HERE = "resumerge.cli.commands"
-# Every command, in the order `resumerge --help` lists them.
-COMMANDS: Mapping[str, Command] = MappingProxyType({command.name: command for command in (
+# The commands that are no analysis, in the order `resumerge --help` lists them: the analyses' (:func:`commands`) come
+# between these and the last.
+_OWN = (
     Command("run", _run_parser, f"{_HERE}:_run"),
     Command("resume", _resume_parser, f"{_HERE}:_resume"),
     Command("status", _status_parser, f"{_HERE}:_status"),
@@ -424,20 +421,22 @@ COMMANDS: Mapping[str, Command] = MappingProxyType({command.name: command for co
     Command("plan", _plan_parser, f"{_HERE}:_plan"),
     Command("extract-lora", _extract_parser, f"{_HERE}:_extract_lora"),
     Command("tokensurgeon", _surgery_parser, f"{_HERE}:_tokensurgeon"),
-    Command("check", "resumerge.cli.checkcmd", "resumerge.cli.checkcmd:run_check_command"),
-    Command("eval", "resumerge.cli.evalcmd", "resumerge.cli.evalcmd:run_eval_command"),
-    Command("lm-eval", _lm_eval_parser, "resumerge.cli.lmevalcmd:run_lm_eval_command", given="words"),
-    Command("measure", "resumerge.cli.measurecmd", "resumerge.cli.measurecmd:run_measure_command"),
-    Command("evolve", "resumerge.cli.evolvecmd", "resumerge.cli.evolvecmd:run_evolve_command"),
-    Command("demo", _demo_parser, "resumerge.cli.demo:run_demo", given="dir"),
-)})
+)
+_LAST = Command("demo", _demo_parser, "resumerge.cli.demo:run_demo")
+
+
+def commands() -> Mapping[str, Command]:
+    """Every command by name, in the order `resumerge --help` lists them: :data:`_OWN`, each analysis's (a row of
+    :data:`resumerge.config.analyses.ANALYSES`, whose command module declares its parser), then :data:`_LAST`."""
+    declared = (Command(row.name, row.runs.partition(":")[0], row.runs) for row in analyses.ANALYSES)
+    return {command.name: command for command in (*_OWN, *declared, _LAST)}
 
 
 def asked_command(argv: Sequence[str] | None) -> str | None:
     """The command a command line starts with, if it starts with one (anything else, ``--help`` or ``--version``
     first, a misspelt command, needs the parser of every command)."""
     words = sys.argv[1:] if argv is None else list(argv)
-    return words[0] if words and words[0] in COMMANDS else None
+    return words[0] if words and words[0] in commands() else None
 
 
 def command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:

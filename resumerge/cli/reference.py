@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from resumerge.cli.parsers import COMMANDS, build_parser
+from resumerge.cli.parsers import build_parser
 from resumerge.errors import EXIT_MEANINGS
 
 _HEADER = """# Command reference
@@ -24,12 +24,12 @@ The same options are keyword arguments of `resumerge.api` (a flag's words with `
 def render() -> str:
     """The whole reference page, in Markdown."""
     parser = build_parser()
-    commands = _subcommands(parser)
+    commands = _subcommands(parser)  # every command, in the order `resumerge --help` lists them
     parts = [_HEADER, "## Commands\n", "| command | what it does |", "|---|---|"]
     helps = {choice.dest: choice.help or "" for choice in _subparsers_action(parser)._choices_actions}
-    parts += [f"| [`{name}`](#resumerge-{name}) | {_cell(helps.get(name, ''))} |" for name in COMMANDS]
+    parts += [f"| [`{name}`](#resumerge-{name}) | {_cell(helps.get(name, ''))} |" for name in commands]
     parts.append("")
-    for name in COMMANDS:
+    for name in commands:
         parts.append(_command(name, commands[name]))
     parts += ["## Exit codes\n", "| code | meaning |", "|---|---|"]
     parts += [f"| {code} | {_cell(meaning)} |" for code, meaning in sorted(EXIT_MEANINGS.items())]

@@ -51,6 +51,7 @@ EXECUTORS: Mapping[str, ExecutorRow] = MappingProxyType({
 
 
 def named(path: str) -> Any:
-    """What ``module:name`` names (an executor's class, a site's), its module imported on first use."""
+    """What ``module:name`` names (an executor's class, a site's, an analysis's, a command's runner), its module
+    imported on first use."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)

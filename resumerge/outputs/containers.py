@@ -13,13 +13,13 @@ card's tags and section, and ``verify``'s integrity rule. Nothing outside this m
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resumerge.config.outformats import out_format
+from resumerge.config.passplace import named
 from resumerge.inputs.safetensors_format import ShardLayout, layout_shard
 
 if TYPE_CHECKING:
@@ -330,8 +330,7 @@ def container_class(out_type: str) -> type[OutputContainer]:
     row = out_format(out_type)
     if row is None:
         raise KeyError(out_type)
-    module, _, name = row.container.partition(":")
-    found: type[OutputContainer] = getattr(importlib.import_module(module), name)
+    found: type[OutputContainer] = named(row.container)
     return found
 
 

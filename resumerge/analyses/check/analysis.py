@@ -1,4 +1,4 @@
-"""``check`` as a row of the analyses table (:mod:`resumerge.api.analyses`): a model that was only checked is its
+"""``check`` as a row of the analyses table (:mod:`resumerge.config.analyses`): a model that was only checked is its
 own folder (its newest check's status), a merge it checked gets its newest verdict beside the merge's status and its
 section of the model card back after a ``resume``; its journal is the state dir's ``checks``."""
 
@@ -23,8 +23,6 @@ def _local(out: str | os.PathLike[str]) -> bool:
 
 class CheckAnalysis:
     """``resumerge check``'s journal of a model."""
-
-    name = "check"
 
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return _local(out) and find_progress(state.checks_dir, out) is not None

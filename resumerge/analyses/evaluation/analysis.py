@@ -1,4 +1,4 @@
-"""``eval`` as a row of the analyses table (:mod:`resumerge.api.analyses`): a model that was only evaluated is its
+"""``eval`` as a row of the analyses table (:mod:`resumerge.config.analyses`): a model that was only evaluated is its
 own folder for ``status`` (its newest evaluation's tasks, pass and layer); its journal is the state dir's
 ``evals``."""
 
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 
 class EvalAnalysis:
     """``resumerge eval``'s journal of a model."""
-
-    name = "eval"
 
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return find_eval(state.evals_dir, out) is not None

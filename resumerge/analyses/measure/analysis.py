@@ -1,4 +1,4 @@
-"""``measure`` as a row of the analyses table (:mod:`resumerge.api.analyses`): its OUT_DIR recognised by its run
+"""``measure`` as a row of the analyses table (:mod:`resumerge.config.analyses`): its OUT_DIR recognised by its run
 file, its status read from the folder's listing (:mod:`.status`, nothing heavy imported), its journal under the
 state dir's ``measures``."""
 
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 
 class MeasureAnalysis:
     """``resumerge measure``'s Grams folder."""
-
-    name = "measure"
 
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         return not os.fspath(out).startswith("hf://") and (Path(out) / RUN_FILE).is_file()

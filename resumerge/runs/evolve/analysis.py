@@ -1,4 +1,4 @@
-"""``evolve`` as a row of the analyses table (:mod:`resumerge.api.analyses`): a search's STORAGE recognised by its
+"""``evolve`` as a row of the analyses table (:mod:`resumerge.config.analyses`): a search's STORAGE recognised by its
 search file, its status read from STORAGE's files alone (:mod:`.status`: no torch, no model opened), so that
 ``resumerge status STORAGE`` and :func:`resumerge.api.status` reach a search through the table as they reach a
 measurement or a check."""
@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 class SearchAnalysis:
     """``resumerge evolve``'s STORAGE."""
-
-    name = "evolve"
 
     def holds(self, out: str | os.PathLike[str], state: StateDir) -> bool:
         from resumerge.runs.evolve.storage import is_storage
