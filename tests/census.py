@@ -242,16 +242,17 @@ def texts_of(model_type: str) -> list[list[int]]:
     return [[(t - 3) % (rows - 3) + 3 for t in ids] for ids in TEXTS]
 
 
-def check_row(out: Path, texts: list[list[int]], journal: Path) -> str:
+def check_row(out: Path, texts: list[list[int]], journal: Path, reference: Any = None) -> str:
     """The census row's ``check`` of the model in ``out``: ``ok`` where its NLL over ``texts`` is transformers' own
     to 1e-4, else what went wrong, in one line: ``reference crash: …`` where transformers' own forward fails (not
-    resumerge's failure), ``refused: …``, ``crash: …``, or how far the NLL is off."""
+    resumerge's failure), ``refused: …``, ``crash: …``, or how far the NLL is off. ``reference``: transformers' model
+    of ``out`` (float32) where the row read it back already, else loaded here."""
     from newest_check import checked_nll, unpadded_nll
 
     from resumerge.errors import ResumergeError
 
     try:
-        want = unpadded_nll(out, texts)
+        want = unpadded_nll(out, texts, reference)
     except Exception as error:  # transformers' own failure, not resumerge's
         return f"reference crash: {_line(error)}"
     try:
@@ -281,6 +282,7 @@ def census_row(model_type: str, root: Path) -> dict[str, str]:
     a, b = make_census_model(root / "a", model_type, 1), make_census_model(root / "b", model_type, 2)
     row: dict[str, str] = {}
     out: Path | None = None
+    reference = None  # transformers' model of the linear merge, read back once: the check row's reference too
     try:
         out = api_merge(root / "linear", {"merge_method": "linear", "dtype": "float32", "models": [
             {"model": str(a), "parameters": {"weight": 0.5}}, {"model": str(b), "parameters": {"weight": 0.5}}]})
@@ -290,7 +292,8 @@ def census_row(model_type: str, root: Path) -> dict[str, str]:
         before, after = config_as_read(a), config_as_read(out)
         changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
                    if before.get(k) != after.get(k)}
-        missing = not_loaded(read_back(out)[1])
+        reference, info = read_back(out)
+        missing = not_loaded(info)
         row["linear"] = ("ok" if not (wrong or changed or missing) else
                          f"tensors {wrong[:2]}, config {changed}, not loaded {missing}")
     except ResumergeError as error:
@@ -308,7 +311,7 @@ def census_row(model_type: str, root: Path) -> dict[str, str]:
     except Exception as error:  # a crash is the census's news: one line, the rest still run
         row["slices"] = f"crash: {_line(error)}"
     if out is not None:
-        row["check"] = check_row(out, texts_of(model_type), root / "journal")
+        row["check"] = check_row(out, texts_of(model_type), root / "journal", reference)
     return row
 
 

@@ -29,6 +29,13 @@ atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# torch's OpenMP threads sleep between kernels instead of spinning, in the workers too (read once, as torch loads: set
+# before any import below brings it in). The commands already ran so (the fork server sets it, and check sets it in
+# its own process); the workers, which run the census, the in-process checks and merges, did not: their idle thread
+# spun after each of thousands of tiny kernels, against the other worker's threads on the same two cores. The same
+# threads do the same sums, so no figure changes; the census's rows took half the CPU (tests/test_census.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import forkserver  # noqa: E402  (after HF_HOME: its session environment is recorded as it is imported)
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from resumerge.analyses.check.models import Checked
 from resumerge.config.modelref import ModelRef
@@ -23,13 +24,15 @@ def checked_nll(directory: Path, tokens: list[list[int]], journal: Path) -> floa
     return float(figures.nll[0])
 
 
-def unpadded_nll(directory: Path, tokens: list[list[int]]) -> float:
+def unpadded_nll(directory: Path, tokens: list[list[int]], reference: Any = None) -> float:
     """transformers' NLL per predicted token, each sequence alone (no padding): each next token's log-probability
     under the causal-LM class's own logits. (Not its ``loss``: TrOCR's takes its labels as already shifted, a
-    decoder's targets, so ``labels=ids`` scores each token at its own position.)"""
+    decoder's targets, so ``labels=ids`` scores each token at its own position.) ``reference``: transformers' model
+    of ``directory`` in float32 where the caller loaded it already (the census's read-back), else loaded here."""
     from transformers import AutoModelForCausalLM
 
-    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    if reference is None:
+        reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     total = 0.0
     with torch.no_grad():  # every hidden state asked for: Gemma 4's key-sharing shortcut fails otherwise (5.24)
         for ids in tokens:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,9 +83,13 @@ def _run_pages(pages: list[str], where: Path, monkeypatch: pytest.MonkeyPatch) -
         for block in bash:
             for step in _steps(block)[1:]:
                 _run(step, folder)
-        for block in python:
-            done = subprocess.run([sys.executable, "-c", block], cwd=folder, capture_output=True, text=True,
-                                  timeout=600, check=False)
+        for number, block in enumerate(python):
+            # `python example.py` in the page's folder, as a reader saves and runs it (the folder first on the
+            # path, as `python -c` puts the working directory): forked from the worker's fork server (torch
+            # imported once) like the page's commands, where `python -c` paid a fresh interpreter's imports
+            script = folder / f"example-{number}.py"
+            script.write_text(block, encoding="utf-8")
+            done = cli(script=script, timeout=600)
             assert done.returncode == 0, (page, block, done.stdout[-2000:], done.stderr[-2000:])
 
 

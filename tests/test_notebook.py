@@ -258,8 +258,9 @@ def test_the_notebook_writes_a_gguf_and_its_check_cell_checks_it(tmp_path: Path,
     from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 
     parents = []
-    for seed in (1, 2):
-        parents.append(tmp_path / f"p{seed}.gguf")
+    for seed in (1, 2):  # one header (name, type, shapes): the check rebuilds their tokenizer once, the second kept
+        parents.append(tmp_path / f"p{seed}" / "model.gguf")
+        parents[-1].parent.mkdir()
         write_gguf(parents[-1], "qwen2", to_gguf("qwen2", hf_tensors("qwen2", seed=seed)), Q.F32)
     config = (f"merge_method: linear\nmodels:\n  - model: {parents[0]}\n    parameters: {{weight: 0.3}}\n"
               f"  - model: {parents[1]}\n    parameters: {{weight: 0.7}}\ndtype: float32\n")

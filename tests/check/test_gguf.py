@@ -95,11 +95,16 @@ def test_a_gguf_output_is_checked_against_the_gguf_parents_its_record_names(tmp_
 def test_a_gguf_holding_nan_is_broken_in_the_static_pass(tmp_path: Path) -> None:
     values = hf_tensors("llama", 1)
     values["model.layers.1.mlp.up_proj.weight"][3, 7] = float("nan")
-    write_gguf(tmp_path / "base.gguf", "llama", to_gguf("llama", hf_tensors("llama", 0)), Q.F32)
-    write_gguf(tmp_path / "nan.gguf", "llama", to_gguf("llama", values), Q.F16)
+    # Two files of one header (the same name, type and shapes, in folders of their own): transformers rebuilds the
+    # tokenizer of the first, and the second's is found kept (resumerge.inputs.gguf.tokenizer) rather than rebuilt
+    # again (a fresh interpreter's import of transformers, ~5 CPU s).
+    base, broken = tmp_path / "base" / "model.gguf", tmp_path / "nan" / "model.gguf"
+    base.parent.mkdir()
+    broken.parent.mkdir()
+    write_gguf(base, "llama", to_gguf("llama", hf_tensors("llama", 0)), Q.F16)
+    write_gguf(broken, "llama", to_gguf("llama", values), Q.F16)
     texts = tmp_path / "texts.txt"
     texts.write_text(TINY_TEXTS)
-    report = api.check(tmp_path / "nan.gguf", base=tmp_path / "base.gguf", prompts=texts,
-                       settings=api.Settings(state_dir=tmp_path / "s"))
+    report = api.check(broken, base=base, prompts=texts, settings=api.Settings(state_dir=tmp_path / "s"))
     assert report.verdict == BROKEN and report.static.nonfinite == ("model.layers.1.mlp.up_proj.weight",)
-    assert report.models[0].path == str(tmp_path / "nan.gguf")
+    assert report.models[0].path == str(broken)
