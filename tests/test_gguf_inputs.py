@@ -277,16 +277,17 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     from resumerge.errors import UsageError
     from resumerge.forward.text.texts import load_tokenizer
     from resumerge.inputs.gguf import tokenizer
+    from resumerge.inputs.gguf.header import GgufHeader
 
-    real, failed = tokenizer._rebuilt, []
+    real, failed = tokenizer._rebuilt, list[ModelInputError]()
 
-    def rebuilt_once(path: Path, header: object) -> dict[str, bytes]:
+    def rebuilt_once(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
         """transformers' real failure on this file, its ModelInputError raised again at each later place that asks
         (a failure is never kept: each real attempt costs ~4 CPU s of importing transformers to fail again)."""
         if failed:
             raise failed[0]
         try:
-            return real(path, header)  # type: ignore[arg-type]
+            return real(path, header)
         except ModelInputError as exc:
             failed.append(exc)
             raise
