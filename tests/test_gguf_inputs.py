@@ -208,14 +208,15 @@ def test_a_lora_is_extracted_from_two_gguf_models(tmp_path: Path) -> None:
 
 def _as_safetensors(path: Path, target: Path) -> Path:
     """The GGUF at ``path`` (F32) as the safetensors folder it was converted from: its weights, the config.json
-    and tokenizer files rebuilt from its metadata."""
+    and tokenizer files rebuilt from its metadata (kept in the session's cache by its header, as a run keeps them:
+    the same files the run's own plan of the GGUF reads there)."""
     from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 
     target.mkdir()
     model, values = decoded(path)
     (target / "config.json").write_text(json.dumps({k: v for k, v in model.config.items()
                                                     if k != "quantization_config"}))
-    for name, data in gguf_tokenizer_files(path).items():
+    for name, data in gguf_tokenizer_files(path, model.gguf_header).items():
         (target / name).write_bytes(data)
     save_file(values, target / "model.safetensors")
     return target
@@ -241,9 +242,13 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
 
     ggufs = []
     for seed in range(3):  # llama: the q/k rows un-permuted on the way in
-        ggufs.append(tmp_path / f"m{seed}.gguf")
+        # One name in three folders: the three headers are one (only the weights differ), so the tokenizer files
+        # transformers rebuilds from them (~5 CPU s each) are rebuilt once for the session's cache, not once per
+        # file and parametrization; every file's tokenizer is the same one either way.
+        ggufs.append(tmp_path / f"g{seed}" / "m.gguf")
+        ggufs[-1].parent.mkdir()
         write_gguf(ggufs[-1], "llama", to_gguf("llama", hf_tensors("llama", seed)), Q.F32)
-    folders = [_as_safetensors(g, tmp_path / g.stem) for g in ggufs]
+    folders = [_as_safetensors(g, tmp_path / f"m{seed}") for seed, g in enumerate(ggufs)]
     with passes_on_a_thread():  # the hidden modes' prompt pass on a thread of this process: its process is not
         # what this compares (tests/moe/test_resume.py, test_surface.py), its routers read from GGUF files are
         from_gguf, from_folders = upcycle(ggufs, "from_gguf"), upcycle(folders, "from_folders")
@@ -261,17 +266,33 @@ def test_moe_upcycling_of_gguf_models_equals_that_of_the_safetensors_they_were_c
                                              if p.name.startswith(("tokenizer", "chat_template")))
     for file in tokenizer:  # the base's tokenizer rebuilt from its metadata, with mergekit-moe's pad token
         assert (from_gguf / file).read_bytes() == (from_folders / file).read_bytes(), file
-    assert not list(tmp_path.glob("m*.gguf.*")) and sorted(p.name for p in tmp_path.glob("m*")) == [
-        "m0", "m0.gguf", "m1", "m1.gguf", "m2", "m2.gguf"]  # nothing written beside the GGUFs
+    assert all(sorted(p.name for p in g.parent.iterdir()) == ["m.gguf"] for g in ggufs)  # nothing beside them
 
 
-def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(tmp_path: Path) -> None:
+def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prompts_need_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from resumerge import api
     from resumerge.analyses.check.models import find_models
     from resumerge.config.locations import StateDir
     from resumerge.errors import UsageError
     from resumerge.forward.text.texts import load_tokenizer
+    from resumerge.inputs.gguf import tokenizer
+    from resumerge.inputs.gguf.header import GgufHeader
 
+    real, failed = tokenizer._rebuilt, list[ModelInputError]()
+
+    def rebuilt_once(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
+        """transformers' real failure on this file, its ModelInputError raised again at each later place that asks
+        (a failure is never kept: each real attempt costs ~4 CPU s of importing transformers to fail again)."""
+        if failed:
+            raise failed[0]
+        try:
+            return real(path, header)
+        except ModelInputError as exc:
+            failed.append(exc)
+            raise
+
+    monkeypatch.setattr(tokenizer, "_rebuilt", rebuilt_once)
     write_gguf(tmp_path / "m.gguf", "llama", to_gguf("llama", hf_tensors("llama")), Q.F32, merges=("q z",))
     doc = {"base_model": str(tmp_path / "m.gguf"), "gate_mode": "cheap_embed", "dtype": "float32", "experts": [
         {"source_model": str(tmp_path / "m.gguf"), "positive_prompts": ["a"]},
@@ -290,6 +311,7 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     models = find_models(tmp_path / "m.gguf", None, (), StateDir.resolve(tmp_path / "s"))
     with pytest.raises(UsageError, match=r"none of the checked models has a tokenizer .*cannot rebuild"):
         load_tokenizer([m.opened.directory for m in models])
+    assert len(failed) == 1  # the real rebuild failed, once
 
 
 def test_a_gguf_tokenizer_is_rebuilt_in_a_process_of_its_own(tmp_path: Path) -> None:
@@ -333,6 +355,12 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
     def no_rebuild(*args: object, **kwargs: object) -> None:
         raise AssertionError("rebuilt")
 
+    rebuilds: list[Path] = []
+
+    def rebuild(path: Path, *args: object) -> dict[str, bytes]:  # the rebuild above's files, ~5 CPU s sooner
+        rebuilds.append(path)
+        return made
+
     with monkeypatch.context() as patch:
         patch.setattr(tokenizer, "_rebuilt", no_rebuild)
         assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # kept: transformers never asked
@@ -341,7 +369,9 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
         kept.write_text(json.dumps(doc))  # its files no longer its digest's: rebuilt, never used
         with pytest.raises(AssertionError, match="rebuilt"):
             gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
-    assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made
+        patch.setattr(tokenizer, "_rebuilt", rebuild)
+        assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made  # rebuilt, and kept again
+    assert rebuilds == [tmp_path / "m.gguf"]
     (tmp_path / "copy").mkdir()
     shutil.copy(tmp_path / "m.gguf", tmp_path / "copy" / "m.gguf")
     with monkeypatch.context() as patch:
@@ -350,7 +380,10 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
         assert gguf_tokenizer_files(tmp_path / "copy" / "m.gguf", header, cache) == made  # the same file elsewhere
     other, _ = decoded(tmp_path / "other.gguf")  # another header (general.basename): kept apart
     assert other.gguf_header is not None
-    gguf_tokenizer_files(tmp_path / "other.gguf", other.gguf_header, cache)
+    with monkeypatch.context() as patch:
+        patch.setattr(tokenizer, "_rebuilt", rebuild)
+        gguf_tokenizer_files(tmp_path / "other.gguf", other.gguf_header, cache)  # not m.gguf's kept files
+    assert rebuilds[1:] == [tmp_path / "other.gguf"]
     assert len(list((cache / "gguf-tokenizers").iterdir())) == 2
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import signal
 from pathlib import Path
 
@@ -108,8 +109,12 @@ def test_a_kill_in_the_encoding_after_the_choice_is_continued_by_the_same_run(
         merge: tuple[Path, Path], whole: tuple[Path, Path], tmp_path: Path) -> None:
     """Killed once the chosen file's first unit is durable: the run recorded is the settled one (its choice in the
     ledger), ``status`` names the encoding, and the same ``run`` command again (planned with the mix's types, not
-    yet the choice) continues it to the same bytes, as ``resume`` would."""
+    yet the choice) continues it to the same bytes, as ``resume`` would. The state dir holds the never-killed run's
+    importance matrix and costs, which the pass finds computed (a test of a kill after the pass: its measurement, ~12
+    CPU s, is the test above's); the choice is made from them again, as it is after a fresh pass."""
+    shutil.copytree(whole[1] / "imatrix", tmp_path / "state" / "imatrix")
     killed = cli("run", *_args(merge, tmp_path), env={"RESUMERGE_KILL_AT": "after_unit_commit:1"})
+    assert "importance matrix found computed on the merge" in killed.stderr + killed.stdout, killed.stderr
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     out, state = tmp_path / "out", tmp_path / "state"
     found = _status(out, state)
@@ -120,13 +125,18 @@ def test_a_kill_in_the_encoding_after_the_choice_is_continued_by_the_same_run(
     assert _sha(out / "model.gguf") == _sha(whole[0] / "model.gguf")
 
 
-def test_a_bits_per_weight_target(merge: tuple[Path, Path], tmp_path: Path) -> None:
-    """``--gguf-target-bpw 4.2``: the tensors' bytes are at most 4.2 bits per weight over every tensor's values."""
+def test_a_bits_per_weight_target(merge: tuple[Path, Path], whole: tuple[Path, Path], tmp_path: Path) -> None:
+    """``--gguf-target-bpw 4.2``: the tensors' bytes are at most 4.2 bits per weight over every tensor's values.
+    The state dir holds the size target's importance matrix and costs: the pass finds them computed (its key is a
+    pass that measures costs, as a size target's is: a bits-per-weight run whose pass measured none would compute
+    its own), and the choice for 4.2 bits is made from them (the measurement, ~18 CPU s, is the tests' above)."""
     config, texts = merge
     out = tmp_path / "out"
+    shutil.copytree(whole[1] / "imatrix", tmp_path / "state" / "imatrix")
     done = cli("run", config, out, "--state-dir", tmp_path / "state", *MIX, "--imatrix-texts", texts,
                "--gguf-target-bpw", "4.2")
     assert done.returncode == 0, done.stderr
+    assert "importance matrix found computed on the merge" in done.stderr + done.stdout, done.stderr
     tensors = gguf.GGUFReader(out / "model.gguf").tensors
     bits = 8 * sum(int(t.n_bytes) for t in tensors) / sum(math.prod(int(d) for d in t.shape) for t in tensors)
     assert 3.9 < bits <= 4.2

@@ -250,8 +250,8 @@ def test_plan_says_the_pass_will_run_and_misuses_are_one_line(merge: tuple[Path,
     done = cli("run", moe, tmp_path / "out", "--state-dir", tmp_path / "s", *K_MIX, "--imatrix-texts", texts)
     assert done.returncode == 2 and "of a single merge" in done.stderr, done.stderr
     experts = []  # a merge of mixtures of experts: its pass measures each expert (tests/test_imatrix_moe.py)
-    for seed in (1, 2):
-        experts.append(tmp_path / f"e{seed}.gguf")
+    for seed in (1, 2):  # named as the other tests' qwen3moe parents: their tokenizer is rebuilt once a session
+        experts.append(tmp_path / f"{'ab'[seed - 1]}.gguf")
         write_gguf(experts[-1], "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=seed)), Q.F32)
     moe = write_config(tmp_path / "experts.yml", {"merge_method": "linear", "models": [
         {"model": str(e), "parameters": {"weight": 0.5}} for e in experts]})

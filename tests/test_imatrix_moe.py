@@ -37,8 +37,8 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A float16 linear merge of two tiny Qwen3-MoE GGUFs (3 experts, 2 used a token) and calibration texts."""
     root = tmp_path_factory.mktemp("moe")
     paths = []
-    for seed in (1, 2):
-        paths.append(root / f"e{seed}.gguf")
+    for seed in (1, 2):  # named as the other tests' qwen3moe parents: their tokenizer is rebuilt once a session
+        paths.append(root / f"{'ab'[seed - 1]}.gguf")
         write_gguf(paths[-1], "qwen3moe", to_gguf("qwen3moe", hf_tensors("qwen3moe", seed=seed)), Q.F32)
     config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
         {"model": str(p), "parameters": {"weight": w}} for p, w in zip(paths, (0.4, 0.6))]})
