@@ -42,9 +42,32 @@ _NORMAL, _USER_DEFINED, _CONTROL, _UNUSED = 1, 4, 3, 5
 _HINT = "write safetensors and convert them with llama.cpp's convert_hf_to_gguf.py, or merge with a GGUF parent"
 
 
+# The keys built last, by what they were built from (the folder's files as they were then): a release plans one
+# file per type from the same tokenizer, and building its keys (the tokenizer loaded, its vocabulary and merges
+# read) was a third of the plan's one-thread start (1-2 CPU s a file for SmolLM2's 49,152 tokens).
+_BUILT: dict[tuple[object, ...], list[tuple[str, Value]]] = {}
+_KEPT = 4
+
+
 def tokenizer_keys(directory: Path, vocab_size: int, template: str | None) -> list[tuple[str, Value]]:
     """The ``tokenizer.*`` key-values of the tokenizer in ``directory`` for a model of ``vocab_size`` embedding
-    rows, with the config's chat ``template`` (None: the folder's)."""
+    rows, with the config's chat ``template`` (None: the folder's); built once for the folder's files as they are
+    (a file changed, added or removed since: built again)."""
+    try:
+        files = tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+                             for entry in directory.iterdir() if entry.is_file()))
+    except OSError:
+        return _built(directory, vocab_size, template)
+    key = (str(directory.resolve()), vocab_size, template, files)
+    if key not in _BUILT:
+        while len(_BUILT) >= _KEPT:
+            del _BUILT[next(iter(_BUILT))]
+        _BUILT[key] = _built(directory, vocab_size, template)
+    return list(_BUILT[key])
+
+
+def _built(directory: Path, vocab_size: int, template: str | None) -> list[tuple[str, Value]]:
+    """:func:`tokenizer_keys`, built from the folder's files."""
     where = str(directory / "tokenizer.json")
     try:
         data = json.loads((directory / "tokenizer.json").read_bytes())
