@@ -40,6 +40,20 @@ peer and release / singles. resumerge's encoders use numba's kernels, compiled i
 machine's first run (``resumerge/outputs/gguf/jit.py``): the peer runs first, then the release, then the singles;
 on a machine that never ran resumerge's GGUF encoders, the release carries their compilation (run the bench twice
 and read the second). Run it on a quiet machine: the load average is printed beside the figures.
+
+The release's line is followed by its phases' wall, read from its own ledger: the start (imports, the plan, and
+on an installation's first such run its three fresh-process baseline measurements, made together), the
+recording of the plan, the importance pass, the merge and its encoding, the process's end. The start runs on
+one thread while the other core idles; the pass and the merge keep both cores busy.
+
+Issue 95's figure (wall <= 0.4x the peer's), on a quiet machine, the second of two runs (the first compiles
+numba's kernels and measures the baselines, once per installation)::
+
+    PYTHONPATH=$PWD python bench/bench_gguf_peer.py --work /tmp/bench-gguf-peer --no-singles
+    PYTHONPATH=$PWD python bench/bench_gguf_peer.py --work /tmp/bench-gguf-peer
+
+Read ``release / peer`` (and its phases) from the second, and ``release files byte-identical to their single
+run's: 7/7``.
 """
 
 from __future__ import annotations
