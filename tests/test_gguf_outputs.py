@@ -343,7 +343,8 @@ def test_a_release_builds_its_tokenizer_keys_once_for_all_its_files(tmp_path: Pa
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A release plans one GGUF per type from one tokenizer: its keys are built once (the tokenizer loaded, 49,152
     tokens and their merges read: a third of the plan's one-thread start), each file given its own list of them;
-    a tokenizer file changed since is read again."""
+    a tokenizer file changed since is read again; nothing is kept past the release's planning (the run's memory
+    counts none of it)."""
     import shutil
 
     from resumerge.outputs.gguf import hfvocab
@@ -355,18 +356,21 @@ def test_a_release_builds_its_tokenizer_keys_once_for_all_its_files(tmp_path: Pa
     builds: list[Path] = []
     built = hfvocab._built
     monkeypatch.setattr(hfvocab, "_built", lambda *args: builds.append(args[0]) or built(*args))
-    first = hfvocab.tokenizer_keys(folder, 49152, None)
-    second = hfvocab.tokenizer_keys(folder, 49152, None)
-    assert len(builds) == 1 and first == second and first is not second
-    second.append(("x", second[0][1]))  # a file's list is its own
-    assert hfvocab.tokenizer_keys(folder, 49152, None) == first
-    assert hfvocab.tokenizer_keys(folder, 49152, "{{ x }}")[-1] == ("tokenizer.chat_template",
-                                                                     Value(STRING, "{{ x }}"))
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ changed }}"}))
-    assert dict(hfvocab.tokenizer_keys(folder, 49152, None))["tokenizer.chat_template"] == Value(STRING,
-                                                                                                 "{{ changed }}")
-    assert len(builds) == 3
+    with hfvocab.built_once():  # as a release plans its files
+        first = hfvocab.tokenizer_keys(folder, 49152, None)
+        second = hfvocab.tokenizer_keys(folder, 49152, None)
+        assert len(builds) == 1 and first == second and first is not second
+        second.append(("x", second[0][1]))  # a file's list is its own
+        assert hfvocab.tokenizer_keys(folder, 49152, None) == first
+        assert hfvocab.tokenizer_keys(folder, 49152, "{{ x }}")[-1] == ("tokenizer.chat_template",
+                                                                         Value(STRING, "{{ x }}"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ changed }}"}))
+        assert dict(hfvocab.tokenizer_keys(folder, 49152, None))["tokenizer.chat_template"] == Value(STRING,
+                                                                                                     "{{ changed }}")
+        assert len(builds) == 3
+    hfvocab.tokenizer_keys(folder, 49152, None)  # outside a release's planning nothing is kept
+    assert len(builds) == 4
 
 
 def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter(tmp_path: Path) -> None:
