@@ -53,8 +53,8 @@ def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     reading, torch imported, stands in for it."""
     modules = run_modules(plan, before)
     fresh = fresh_baseline(modules, cache_root())
-    if fresh is None and modules[-1].startswith(_WARM):  # its kernels could not be loaded there (a compilation
-        # over the measure's time)
+    # its kernels could not be loaded there (a compilation over the measure's time): measured without them
+    if fresh is None and modules[-1].startswith(_WARM):
         fresh = fresh_baseline((*RUN_MODULES, *before), cache_root())
     if fresh is None:
         torch_import.load()
