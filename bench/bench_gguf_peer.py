@@ -40,6 +40,20 @@ peer and release / singles. resumerge's encoders use numba's kernels, compiled i
 machine's first run (``resumerge/outputs/gguf/jit.py``): the peer runs first, then the release, then the singles;
 on a machine that never ran resumerge's GGUF encoders, the release carries their compilation (run the bench twice
 and read the second). Run it on a quiet machine: the load average is printed beside the figures.
+
+The release's line is followed by its phases' wall, read from its own ledger: the start (imports, the plan, and
+on an installation's first such run its three fresh-process baseline measurements, made together), the
+recording of the plan, the importance pass, the merge and its encoding, the process's end. The start runs on
+one thread while the other core idles; the pass and the merge keep both cores busy.
+
+Issue 95's figure (wall <= 0.4x the peer's), on a quiet machine, the second of two runs (the first compiles
+numba's kernels and measures the baselines, once per installation)::
+
+    PYTHONPATH=$PWD python bench/bench_gguf_peer.py --work /tmp/bench-gguf-peer --no-singles
+    PYTHONPATH=$PWD python bench/bench_gguf_peer.py --work /tmp/bench-gguf-peer
+
+Read ``release / peer`` (and its phases) from the second, and ``release files byte-identical to their single
+run's: 7/7``.
 """
 
 from __future__ import annotations
@@ -49,6 +63,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +99,24 @@ def with_architecture(folder: Path, out: Path) -> Path:
             json.dumps({**config, "architectures": ["LlamaForCausalLM"]}, indent=2))
         out.with_suffix(".partial").rename(out)
     return out
+
+
+def phases(state: Path, began: float, ended: float) -> str:
+    """The release run's wall by phase, from its own ledger under ``state`` (its events' times) and the run's
+    process start and end (``began``, ``ended``, epoch seconds): the start (imports, the plan, a first run's
+    baseline measurements) up to the ledger's first event, then each phase the run recorded, to its ``done``."""
+    import re
+    import sqlite3
+
+    ledger = next(state.glob("*/ledger.db"))
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+        events = db.execute("SELECT at, kind, message FROM events ORDER BY id").fetchall()
+    marks = [("start (imports, plan, baselines)", began), ("recording the plan", events[0][0])]
+    marks += [(re.sub(r" \(phase \d+ of \d+\)$", "", message), at) for at, kind, message in events
+              if kind == "phase" and re.search(r"\(phase \d+ of \d+\)$", message)]
+    done = next((at for at, kind, message in events if kind == "state" and message == "done"), ended)
+    spans = [(name, end - start) for (name, start), (_, end) in zip(marks, [*marks[1:], ("", done)], strict=True)]
+    return "; ".join(f"{name} {seconds:.1f} s" for name, seconds in spans) + f"; the process's end {ended - done:.1f} s"
 
 
 def peer_route(work: Path, config: Path, texts: Path, kinds: list[str], threads: int,
@@ -162,7 +195,9 @@ def main() -> None:
     native = total("peer, the pass's Python taken off", [*steps, Step("", -python, -python, 0, 0)])
     print("release (one run):", flush=True)
     out, argv = run("release", args.types)
+    began = time.time()
     release = measured(f"run --gguf-type {args.types}", argv, out)
+    print(f"  its phases (wall): {phases(out.with_suffix('.state'), began, began + release.wall)}", flush=True)
     files = {kind: next(out.glob(f"*-{kind.upper()}.gguf")) for kind in kinds}
     print(f"release / peer: wall {release.wall / peer.wall:.2f}x (issue 95: <= 0.4), CPU "
           f"{release.cpu / peer.cpu:.2f}x; against the peer less its pass's Python: wall "

@@ -22,7 +22,7 @@ from support import cli, cli_here, digests, write_config
 
 from resumerge.inputs.gguf.ggmltypes import BY_NAME
 from resumerge.machine.killpoints import LOCAL_POINTS
-from resumerge.outputs.gguf.layout import TensorInfo, Value, plan_layout
+from resumerge.outputs.gguf.layout import STRING, TensorInfo, Value, plan_layout
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 TYPES = {"f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q5_1": Q.Q5_1, "q5_0": Q.Q5_0, "q4_1": Q.Q4_1, "q4_0": Q.Q4_0}
@@ -337,6 +337,40 @@ def _real_tokenizer_keys() -> dict[str, list[object]]:
     kept = made_once("tokenizer-keys", make, _metadata) / "keys.json"
     found: dict[str, list[object]] = json.loads(kept.read_text())
     return found
+
+
+def test_a_release_builds_its_tokenizer_keys_once_for_all_its_files(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release plans one GGUF per type from one tokenizer: its keys are built once (the tokenizer loaded, 49,152
+    tokens and their merges read: a third of the plan's one-thread start), each file given its own list of them;
+    a tokenizer file changed since is read again; nothing is kept past the release's planning (the run's memory
+    counts none of it)."""
+    import shutil
+
+    from resumerge.outputs.gguf import hfvocab
+
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_folder() / name, folder / name)
+    builds: list[Path] = []
+    built = hfvocab._built
+    monkeypatch.setattr(hfvocab, "_built", lambda *args: builds.append(args[0]) or built(*args))
+    with hfvocab.built_once():  # as a release plans its files
+        first = hfvocab.tokenizer_keys(folder, 49152, None)
+        second = hfvocab.tokenizer_keys(folder, 49152, None)
+        assert len(builds) == 1 and first == second and first is not second
+        second.append(("x", second[0][1]))  # a file's list is its own
+        assert hfvocab.tokenizer_keys(folder, 49152, None) == first
+        assert hfvocab.tokenizer_keys(folder, 49152, "{{ x }}")[-1] == ("tokenizer.chat_template",
+                                                                         Value(STRING, "{{ x }}"))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ changed }}"}))
+        assert dict(hfvocab.tokenizer_keys(folder, 49152, None))["tokenizer.chat_template"] == Value(STRING,
+                                                                                                     "{{ changed }}")
+        assert len(builds) == 3
+    hfvocab.tokenizer_keys(folder, 49152, None)  # outside a release's planning nothing is kept
+    assert len(builds) == 4
 
 
 def test_the_token_list_of_a_built_gguf_vocabulary_follows_llama_cpp_s_converter(tmp_path: Path) -> None:

@@ -103,6 +103,39 @@ def test_a_fresh_process_baseline_is_measured_once_and_read_from_any_folder(
     assert baseline.fresh_baseline(("json",), tmp_path) == 123
 
 
+def test_the_baselines_a_run_needs_are_measured_together_not_one_after_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with an importance pass needs three fresh baselines on an installation's first such run (each a fresh
+    process importing torch, ~4.5 CPU s): every missing one is started before any is waited for, and each is
+    measured once (the ones cached and the repeats left out); the figures are the ones measured alone."""
+    import subprocess
+
+    from resumerge.machine.memory import baseline
+
+    alone = baseline.fresh_baseline(("json",), tmp_path)
+    events: list[str] = []
+    real = subprocess.Popen
+
+    class Recorded(real):  # type: ignore[misc,valid-type]
+        def __init__(self, argv: list[str], **kwargs: object) -> None:
+            events.append(f"start {argv[-1]}")
+            super().__init__(argv, **kwargs)
+
+        def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
+            events.append("wait")
+            return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    baseline.measure_ahead((("json",), ("csv",), ("json", "csv"), ("csv",)), tmp_path)
+    assert events == ['start ["csv"]', 'start ["json", "csv"]', "wait", "wait"], events
+    monkeypatch.setattr(baseline, "_measure", lambda modules: pytest.fail(f"measured again: {modules}"))
+    figures = [baseline.fresh_baseline(each, tmp_path) for each in (("json",), ("csv",), ("json", "csv"))]
+    assert figures[0] == alone and all(isinstance(f, int) and f > 1_000_000 for f in figures), figures
+    events.clear()
+    baseline.measure_ahead((("json",), ("csv",)), tmp_path)  # all cached: nothing started
+    assert events == []
+
+
 def _named(text: str) -> int:
     found = re.search(r"rerun with --max-memory (\S+) or more", text)
     assert found, text

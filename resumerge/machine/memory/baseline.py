@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["SETTLE_FRACTION", "fresh_baseline", "resident_bytes", "settled_reading"]
+__all__ = ["SETTLE_FRACTION", "fresh_baseline", "measure_ahead", "resident_bytes", "settled_reading"]
 
 _CACHE_NAME = "baseline.json"
 # Two starts of one command read its process a few hundred KB apart (0.8 MB for measure on a tiny Llama, 343 MB):
@@ -78,6 +78,24 @@ def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
     return measured
 
 
+def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path) -> None:
+    """Measure the baselines of ``each`` (module lists, as :func:`fresh_baseline` takes them) not in the cache yet,
+    in fresh processes started together, and cache them, so that the :func:`fresh_baseline` calls that follow read
+    them: a run that needs several (its importance pass's, the merge's after it) waits for one import of torch's
+    wall, not one each after another. One missing, or none, is left to :func:`fresh_baseline`; a list that cannot
+    be measured here is measured there again (and falls back as it says)."""
+    path = cache_dir / _CACHE_NAME
+    cached = _read(path)
+    missing = {_key(modules): tuple(modules) for modules in each if not isinstance(cached.get(_key(modules)), int)}
+    if len(missing) < 2:
+        return
+    started = {key: _start(modules) for key, modules in missing.items()}
+    measured = {key: figure for key, child in started.items() if (figure := _finish(child)) is not None}
+    if measured:
+        with contextlib.suppress(OSError):
+            _write(path, {**_read(path), **measured})
+
+
 def settled_reading(work: Sequence[str], reading: int, cache_dir: Path) -> int:
     """What a process doing ``work`` (the command and what sets its process's memory: its models, its texts) holds
     before it, as every start of that work names it: the first ``reading`` of it on this installation plus
@@ -111,15 +129,33 @@ def _key(modules: Sequence[str]) -> str:
 
 
 def _measure(modules: Sequence[str]) -> int | None:
+    return _finish(_start(modules))
+
+
+def _start(modules: Sequence[str]) -> subprocess.Popen[str] | None:
+    """The fresh process measuring ``modules`` (:data:`_MEASURE`), started; None where none can be."""
     if not sys.executable:
         return None
     try:
-        done = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(sys.path), json.dumps(list(modules))],
-                              capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.Popen([sys.executable, "-c", _MEASURE, json.dumps(sys.path), json.dumps(list(modules))],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
         return None
-    lines = done.stdout.split()
-    if done.returncode != 0 or not lines or not lines[-1].isdigit():
+
+
+def _finish(child: subprocess.Popen[str] | None) -> int | None:
+    """What ``child`` (:func:`_start`) printed as its RSS, once it ended; None where it failed or ran past 300 s
+    (then killed)."""
+    if child is None:
+        return None
+    try:
+        out, _ = child.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        return None
+    lines = out.split()
+    if child.returncode != 0 or not lines or not lines[-1].isdigit():
         return None
     return int(lines[-1])
 

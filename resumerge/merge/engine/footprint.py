@@ -19,7 +19,8 @@ from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import Oversized, smallest_budget
 
-__all__ = ["RUN_MODULES", "kernel_spec", "measured_spec", "run_baseline", "run_overhead", "smallest_run_budget"]
+__all__ = ["RUN_MODULES", "kernel_spec", "measured_spec", "run_baseline", "run_modules", "run_overhead",
+           "smallest_run_budget"]
 
 # What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
 # imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
@@ -32,6 +33,8 @@ RUN_MODULES = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.api"
 # 5.4 MB over a fresh one once planned, and grew by about 20 MB more in its first units (issue 71).
 RUN_OVERHEAD = 24 << 20
 PER_TENSOR = 4 << 10
+# The measure's entry that loads a spec of compiled kernels (:func:`kernel_spec`).
+_WARM = "resumerge.outputs.gguf.encoders:warm_kernels:"
 
 
 def run_overhead(plan: Plan) -> int:
@@ -48,15 +51,21 @@ def run_baseline(plan: Plan, before: Sequence[str] = ()) -> int:
     :func:`run_overhead`. Where a fresh process cannot
     be measured (no interpreter to start, or a container with no room for a second process), this process's own
     reading, torch imported, stands in for it."""
-    spec = measured_spec(kernel_spec(plan))
-    modules = (*RUN_MODULES, *before, *((f"resumerge.outputs.gguf.encoders:warm_kernels:{spec}",) if spec else ()))
+    modules = run_modules(plan, before)
     fresh = fresh_baseline(modules, cache_root())
-    if fresh is None and spec:  # its kernels could not be loaded there (a compilation over the measure's time)
+    # its kernels could not be loaded there (a compilation over the measure's time): measured without them
+    if fresh is None and modules[-1].startswith(_WARM):
         fresh = fresh_baseline((*RUN_MODULES, *before), cache_root())
     if fresh is None:
         torch_import.load()
         fresh = SystemProbe().rss()
     return fresh + run_overhead(plan)
+
+
+def run_modules(plan: Plan, before: Sequence[str] = ()) -> tuple[str, ...]:
+    """What :func:`run_baseline`'s fresh process imports (and loads) for the run of ``plan`` after ``before``."""
+    spec = measured_spec(kernel_spec(plan))
+    return (*RUN_MODULES, *before, *((f"{_WARM}{spec}",) if spec else ()))
 
 
 def smallest_run_budget(plan: Plan, baseline: int, device: str | None = None, classes: TensorClasses | None = None,

@@ -20,6 +20,7 @@ from resumerge.inputs.codecs import TensorEncoder
 from resumerge.inputs.safetensors_format import numel
 from resumerge.merge.plan.merge_plan import ShardPlan, TensorPlan
 from resumerge.outputs.containers import GgufFile, GgufRelease
+from resumerge.outputs.gguf.hfvocab import built_once
 from resumerge.outputs.gguf.releasecodec import ReleaseCodec
 
 # One file's layout as a run of its type alone makes it: its shards, its tensors, its headers by file name.
@@ -41,7 +42,8 @@ def release_output(release: GgufRelease, name: str | None, single: Callable[[Ggu
     first) or would order its tensors otherwise (never for the types written today)."""
     release = replace(release, stem=file_stem(name))
     files = release.file_names()
-    singles = [single(GgufFile(kind, None, release.choices)) for kind in release.gguf_types]
+    with built_once():  # one tokenizer's keys for every file
+        singles = [single(GgufFile(kind, None, release.choices)) for kind in release.gguf_types]
     first, lead = singles[0][0][0], singles[0][1]
     shards, headers, facts = [], {}, []
     weights = sum(numel(tp.shape) for tp in lead.values())
