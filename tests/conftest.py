@@ -165,15 +165,34 @@ def lm_eval_tasks_parsed_once() -> Iterator[None]:
     once per worker, not once per ``TaskManager`` that indexes them: each of lm-eval's command lines the tests run in
     this process (the door's, its ``hf`` oracle's) and each evaluation that looks a task up among lm-eval's builds
     one, 15-20 CPU s of YAML parsing each (a rebuild from the kept parses: 1.4). Every index still gets its own copy of
-    each document, and a test's own ``include_path`` is read from its files each time. Where lm-eval was not
-    imported by the collection (a run of modules that do not use it) nothing is imported here."""
+    each document, and a test's own ``include_path`` is read from its files each time. The index of lm-eval's own
+    folder (what a ``TaskManager`` with its defaults builds first, each folder's entries apart from the next's, then
+    laid over it) is kept too: a rebuild from the kept parses still walked the 14,000 files and copied each document
+    (~1 CPU s a ``TaskManager``); lm-eval reads an entry's document only through a deep copy (its task factory), and
+    no entry is changed once its folder is indexed. Where lm-eval was not imported by the collection (a run of
+    modules that do not use it) nothing is imported here."""
     if "lm_eval" not in sys.modules:
         yield
         return
     import lm_eval.tasks._index as index
 
-    own, parse = Path(index.__file__).parent, index.load_yaml
+    own, parse, build = Path(index.__file__).parent, index.load_yaml, index.TaskIndex.build
     parsed: dict[tuple[Any, ...], Any] = {}
+    indexed: dict[bool, dict[str, Any]] = {}
+
+    def kept_index(paths: Any, *, resolve_includes: bool = True) -> dict[str, Any]:
+        paths = list(paths)
+        if not paths or Path(paths[0]) != own:
+            return build(paths, resolve_includes=resolve_includes)
+        if resolve_includes not in indexed:
+            indexed[resolve_includes] = build(paths[:1], resolve_includes=resolve_includes)
+        found = dict(indexed[resolve_includes])
+        for name, entry in build(paths[1:], resolve_includes=resolve_includes).items():
+            if name in found:  # as lm-eval's build says it of a later folder's entry
+                index.log.warning("Task '%s' from %s overrides existing task from %s", name, entry.yaml_path,
+                                  found[name].yaml_path)
+            found[name] = entry
+        return found
 
     def kept(path: Any, *args: Any, **kwargs: Any) -> Any:
         if not Path(path).is_relative_to(own):
@@ -190,6 +209,7 @@ def lm_eval_tasks_parsed_once() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(index, "load_yaml", kept)
+        mp.setattr(index.TaskIndex, "build", staticmethod(kept_index))
         yield
 
 
