@@ -29,11 +29,12 @@ atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# torch's OpenMP threads sleep between kernels instead of spinning, in the workers too (read once, as torch loads: set
-# before any import below brings it in). The commands already ran so (the fork server sets it, and check sets it in
-# its own process); the workers, which run the census, the in-process checks and merges, did not: their idle thread
-# spun after each of thousands of tiny kernels, against the other worker's threads on the same two cores. The same
-# threads do the same sums, so no figure changes; the census's rows took half the CPU (tests/test_census.py).
+# torch's OpenMP threads sleep between kernels instead of spinning (read once, as torch loads: before any import of
+# it here), in the test workers and every interpreter they start, as in the fork servers' commands (which set it for
+# themselves) and resumerge's own check: two workers of two threads each on a two-core machine spun on the cores the
+# other needed. The wait policy changes no result (torch splits its work by the thread count, not by how its threads
+# wait); a user's own setting stays. test_streamgen's in-process tests under load: 7.4 -> 1.3 and 3.8 -> 1.3 CPU
+# s; the census's rows half their CPU.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import forkserver  # noqa: E402  (after HF_HOME: its session environment is recorded as it is imported)
@@ -159,21 +160,67 @@ def _copied(value: Any) -> Any:
     return value
 
 
+def _shared_index(kept: Path, built: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The index pickled at ``kept`` (a file of the run's shared installation cache) by a worker that built it, or
+    ``built()`` kept there (written whole, then renamed: a worker reads a whole file or none). lm-eval's version is
+    in the name, and the run's own folder is new for each run: what one run kept never reaches another."""
+    import pickle
+
+    from lm_eval import __version__
+
+    kept = kept.with_name(f"{kept.stem}-{__version__}{kept.suffix}")
+    try:
+        return dict(pickle.loads(kept.read_bytes()))
+    except (OSError, pickle.UnpicklingError, EOFError):
+        pass
+    index = built()
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}")
+    partial.write_bytes(pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(partial, kept)
+    return index
+
+
 @pytest.fixture(scope="session", autouse=True)
-def lm_eval_tasks_parsed_once() -> Iterator[None]:
+def lm_eval_tasks_parsed_once(installation_cache: Path) -> Iterator[None]:
     """lm-eval's own task YAMLs (~14,700 files of its installed package, unchanged while the session runs) parsed
     once per worker, not once per ``TaskManager`` that indexes them: each of lm-eval's command lines the tests run in
     this process (the door's, its ``hf`` oracle's) and each evaluation that looks a task up among lm-eval's builds
     one, 15-20 CPU s of YAML parsing each (a rebuild from the kept parses: 1.4). Every index still gets its own copy of
-    each document, and a test's own ``include_path`` is read from its files each time. Where lm-eval was not
-    imported by the collection (a run of modules that do not use it) nothing is imported here."""
+    each document, and a test's own ``include_path`` is read from its files each time. The index of lm-eval's own
+    folder (what a ``TaskManager`` with its defaults builds first, each folder's entries apart from the next's, then
+    laid over it) is kept too: a rebuild from the kept parses still walked the 14,000 files and copied each document
+    (~1 CPU s a ``TaskManager``); lm-eval reads an entry's document only through a deep copy (its task factory), and
+    no entry is changed once its folder is indexed (its parses are dropped once it is kept: it holds them, ~90 MB).
+    The first worker to build it keeps it in the run's shared
+    ``installation_cache`` (:func:`_shared_index`): the other reads it there (~0.8 CPU s, not the ~10 of the build).
+    Where lm-eval was not imported by the collection (a run of modules that do not use it) nothing is imported
+    here."""
     if "lm_eval" not in sys.modules:
         yield
         return
     import lm_eval.tasks._index as index
 
-    own, parse = Path(index.__file__).parent, index.load_yaml
+    own, parse, build = Path(index.__file__).parent, index.load_yaml, index.TaskIndex.build
     parsed: dict[tuple[Any, ...], Any] = {}
+    indexed: dict[bool, dict[str, Any]] = {}
+
+    def kept_index(paths: Any, *, resolve_includes: bool = True) -> dict[str, Any]:
+        paths = list(paths)
+        if not paths or Path(paths[0]) != own:
+            return build(paths, resolve_includes=resolve_includes)
+        if resolve_includes not in indexed:
+            indexed[resolve_includes] = _shared_index(
+                installation_cache / f"lm-eval-index-{resolve_includes}.pickle",
+                lambda: build(paths[:1], resolve_includes=resolve_includes))
+            for key in [k for k in parsed if ("resolve_func", False) in k[2]]:  # the index holds them now (~90 MB)
+                del parsed[key]
+        found = dict(indexed[resolve_includes])
+        for name, entry in build(paths[1:], resolve_includes=resolve_includes).items():
+            if name in found:  # as lm-eval's build says it of a later folder's entry
+                index.log.warning("Task '%s' from %s overrides existing task from %s", name, entry.yaml_path,
+                                  found[name].yaml_path)
+            found[name] = entry
+        return found
 
     def kept(path: Any, *args: Any, **kwargs: Any) -> Any:
         if not Path(path).is_relative_to(own):
@@ -190,6 +237,7 @@ def lm_eval_tasks_parsed_once() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(index, "load_yaml", kept)
+        mp.setattr(index.TaskIndex, "build", staticmethod(kept_index))
         yield
 
 

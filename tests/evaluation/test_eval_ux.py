@@ -78,8 +78,9 @@ def test_status_of_an_evaluation_says_its_layers_and_requests_and_a_killed_one_i
 
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
     argv = ["eval", model, "--tasks", "tiny_mc", "--include-path", tasks, "--state-dir", state, "--json"]
-    # a process of this test's own (not reaped until the test says): killed, it stays a zombie whose pid answers
-    first = cli_start(*argv, env={"RESUMERGE_STOP_AT": "after_eval_layer"}, fresh=True)
+    # a process of this test's own, forked (not reaped until the test reads its status): killed, it stays a zombie
+    # whose pid answers
+    first = cli_start(*argv, env={"RESUMERGE_STOP_AT": "after_eval_layer"})
     try:
         wait_stopped(first, timeout=240)
         running = api.status(model, settings=api.Settings(state_dir=state))

@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from resumerge.cli.modelgen import write_tokenizer
 from resumerge.forward.engine.stream import ModelStream
 from tests.evaluation.evaltasks import CHAT, GEN, SPEC, hf_results, tiny_model, write_tasks
 from tests.evaluation.streamedeval import streamed
-from tests.support import cli
+from tests.support import cli, cli_here
 
 STREAMED = Path(__file__).with_name("streamedeval.py")
 
@@ -47,6 +48,20 @@ def _task(tasks: Path, name: str, kwargs: str) -> str:
 
 def _answers(results: dict[str, Any], task: str) -> list[Any]:
     return [s["resps"] for s in results["samples"][task]]
+
+
+def _resumed(args: list[Any], monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
+    """The command ``STREAMED`` runs (``args``, ``--spilled`` first or not) through the CLI's ``main`` in this process
+    (:func:`~tests.support.cli_here`), streamed as ``STREAMED`` streams it: the resume of a killed generation, which
+    needs no process of its own (the kill does); a forked one cost ~4 CPU s, lm-eval's and transformers' imports."""
+    from resumerge.analyses.evaluation import run, streamgen
+
+    spilled = args[:1] == ["--spilled"]
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "_fits", run._fits)  # restored as they were after the block
+        patch.setattr(streamgen, "gen_plan", streamgen.gen_plan)
+        streamed(spilled)
+        return cli_here(*args[1 if spilled else 0:])
 
 
 @pytest.fixture
@@ -176,14 +191,15 @@ def test_sampled_answers_are_the_seeds_held_whole_or_streamed(setup: tuple[Path,
     assert whole.results["config"]["torch_seed"] == 1234 and other.results["config"]["torch_seed"] == 9
 
 
-def test_a_killed_sampled_generation_resumes_to_the_seeds_answers(setup: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_killed_sampled_generation_resumes_to_the_seeds_answers(setup: tuple[Path, Path], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     model, tasks = setup
     drawn = _task(tasks, "tiny_drawn", SAMPLED)
     state = tmp_path / "state"
     args = ["eval", model, "--tasks", drawn, "--include-path", tasks, "--state-dir", state, "--seed", "7", "--json"]
     killed = cli(*args, env={"RESUMERGE_KILL_AT": "after_generation_step:3"}, script=STREAMED, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    resumed = cli(*args, script=STREAMED, timeout=300)
+    resumed = _resumed(args, monkeypatch)
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith("token step 4/6: layer 1/3"), steps[:2]
@@ -211,7 +227,8 @@ def test_an_unwritten_merge_generates_as_the_written_one(tmp_path: Path, monkeyp
                                                 (True, "after_generation_layer:7")])
 def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tuple[Path, Path], tmp_path: Path,
                                                                       uninterrupted: tuple[Any, Any],
-                                                                      spilled: bool, point: str) -> None:
+                                                                      spilled: bool, point: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     model, tasks = setup
     state = tmp_path / "state"
     args = [*(["--spilled"] if spilled else []), "eval", model, "--tasks", "tiny_gen", "--include-path", tasks,
@@ -222,7 +239,7 @@ def test_a_killed_generation_resumes_at_its_step_to_the_same_answers(setup: tupl
     folder = next((state / "evals").glob("*/progress.json")).parent
     assert len(list(folder.glob(f"{STEP_PREFIX}*.safetensors"))) == (3 if not spilled else 2)
     assert (folder / SPILL_NAME).exists() == spilled
-    resumed = cli(*args, script=STREAMED, timeout=300)
+    resumed = _resumed(args, monkeypatch)
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {4 if not spilled else 3}/8: layer 1/3"), steps[:2]
@@ -335,7 +352,8 @@ def test_a_sliding_window_family_streams_to_the_whole_models_answers(tmp_path: P
 @pytest.mark.parametrize(("spilled", "point", "journaled"), [(True, "after_generation_layer:19", 6),
                                                               (False, "after_generation_step:5", 5)])
 def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(
-        tmp_path: Path, gemma: tuple[Path, Path, str, list[Any]], spilled: bool, point: str, journaled: int) -> None:
+        tmp_path: Path, gemma: tuple[Path, Path, str, list[Any]], spilled: bool, point: str, journaled: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny Gemma 3 (windows of 4 on its first and last layers) killed (SIGKILL) inside a token step, after its
     first, windowed, layer wrote its position into the spilled ring (or after a step, the held cache rebuilt
     from the step files cut to its window), resumes to transformers' greedy answers."""
@@ -361,7 +379,7 @@ def test_a_killed_sliding_window_generation_resumes_to_the_same_answers(
         requests = [name.split(".")[1] for name in first if name.startswith("added.")]
         assert requests and all(first[f"k.0.{r}"].shape[2] == first[f"v.2.{r}"].shape[2] == 3 and
                                 first[f"k.1.{r}"].shape[2] == int(first[f"added.{r}"]) > 3 for r in requests)
-    resumed = cli(*args, script=STREAMED, timeout=300)
+    resumed = _resumed(args, monkeypatch)
     assert resumed.returncode == 0, resumed.stderr
     steps = [line for line in resumed.stderr.splitlines() if re.search(r"token step \d+/", line)]
     assert steps[0].endswith(f"token step {journaled + 1}/10: layer 1/3"), steps[:2]

@@ -6,9 +6,9 @@ model reads a text after its own BOS (the special tokens of one role are one tok
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from support import cli_here
 
 from resumerge import api
 from transplant.pairs import make_pair
@@ -25,8 +25,7 @@ def test_check_of_a_transplant_compares_it_with_model_on_the_built_in_texts(tmp_
     (donor / "tokenizer_config.json").write_text(json.dumps(config))
     out, state = tmp_path / "out", tmp_path / "state"
     api.tokensurgeon(str(model), str(donor), out, surgery=api.Surgery(k=8), settings=api.Settings(state_dir=state))
-    done = subprocess.run([sys.executable, "-m", "resumerge", "check", str(out), "--state-dir", str(state)],
-                          capture_output=True, text=True, timeout=600)
+    done = cli_here("check", out, "--state-dir", state)  # the CLI's main in this process: no interpreter started
     assert done.returncode in (0, 5), done.stdout + done.stderr  # works or "no effect": compared, not refused
     report = api.check(out, settings=api.Settings(state_dir=state))
     assert [m.role for m in report.models] == ["merge", "base"]
