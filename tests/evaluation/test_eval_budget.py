@@ -39,8 +39,10 @@ def test_the_budget_eval_names_for_a_quantized_model_is_within_1_3x_of_its_peak(
 
 def test_a_pass_is_judged_beside_the_process_once_its_freed_memory_is_given_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What was freed before the pass (here ~250 MB of small objects, every eighth kept: pages glibc keeps) is not
-    counted as what the pass runs beside: the pass gives it back at its first step."""
+    """What was freed before the pass (here ~250 MB of small objects, every sixteenth kept: pages glibc keeps) is not
+    counted as what the pass runs beside: the pass gives it back at its first step. (Every eighth kept left a page
+    in two holding one, and glibc gave back 96-97 MB of it after some sequences of earlier tests in the worker: the
+    claim, over 100 MB given back, needs room from the heap's state the earlier tests leave.)"""
     from resumerge.analyses.evaluation import job
     from resumerge.analyses.evaluation.settings import EvalSettings
     from resumerge.machine.memory import MemoryProbe, SystemProbe
@@ -53,12 +55,12 @@ def test_a_pass_is_judged_beside_the_process_once_its_freed_memory_is_given_back
 
     monkeypatch.setattr(job, "budget_fitting", fitting)
     junk = [bytes(1000) for _ in range(250_000)]
-    kept = junk[::8]
+    kept = junk[::16]
     del junk
     before = SystemProbe().rss()
     job.PassNeed(0, {"layer": 1, "heads": 1}, None, 0).judged(EvalSettings(tasks=("t",)), True)
     assert seen[0] < before - 100_000_000, (before, seen)
-    assert len(kept) == 250_000 // 8
+    assert len(kept) == 250_000 // 16
 
 
 def test_a_quantized_head_read_whole_counts_its_float32_values_once_beside_its_parts(tmp_path: Path) -> None:
