@@ -10,24 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
+from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, library, needs_library, quantize
 from support import cli
 from test_gguf_iq2 import (  # the parity checks: encoders (compiled and numpy) and whole mixes, against llama.cpp
     assert_llama_cpp_s,
-    assert_mix_is_llama_quantize_s,
-)
-from test_gguf_iquants import ties
-from test_gguf_kquants import (
-    awkward,
-    importance,
-    merges,  # noqa: F401 (a fixture)
-    real_rows,  # noqa: F401 (a fixture)
+    assert_mix_with_a_matrix,
 )
 
 from resumerge import api
@@ -47,11 +42,11 @@ def test_each_iq1_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
     (test_gguf_kquants.awkward), with a super-block of zero importances; IQ1_M without a matrix too."""
     needs_library()
     for seed in range(2):
-        weights = importance(1024, seed)
+        weights = parity.importance(1024, seed)
         weights[:256] *= F(seed)  # seed 0: a super-block of zero importances
-        assert_llama_cpp_s(awkward(16, 1024, seed), IQ1[kind], weights, seed)
+        assert_llama_cpp_s(parity.awkward(16, 1024, seed), IQ1[kind], weights, seed)
     if kind == "IQ1_M":  # ggml's IQ1_M has weights (x²) without a matrix too
-        assert_llama_cpp_s(awkward(16, 512, 5), IQ1[kind], None, "plain")
+        assert_llama_cpp_s(parity.awkward(16, 512, 5), IQ1[kind], None, "plain")
 
 
 @pytest.mark.parametrize("kind", list(IQ1))
@@ -60,12 +55,12 @@ def test_exact_ties_as_merges_make_them_are_llama_cpp_s(kind: str) -> None:
     ones: the sort's equal values, the first of equal fits and of equal neighbour errors, as llama.cpp's."""
     needs_library()
     for seed in range(2):
-        weights = importance(768, seed)
+        weights = parity.importance(768, seed)
         weights[100:400] = weights[100]
-        assert_llama_cpp_s(ties(seed), IQ1[kind], weights, seed)
-        assert_llama_cpp_s(ties(seed), IQ1[kind], weights * F(1e-30), (seed, "tiny"))
+        assert_llama_cpp_s(parity.ties(seed), IQ1[kind], weights, seed)
+        assert_llama_cpp_s(parity.ties(seed), IQ1[kind], weights * F(1e-30), (seed, "tiny"))
     if kind == "IQ1_M":
-        assert_llama_cpp_s(ties(2), IQ1[kind], None, "plain")
+        assert_llama_cpp_s(parity.ties(2), IQ1[kind], None, "plain")
 
 
 @pytest.mark.parametrize("kind", list(IQ1))
@@ -78,7 +73,7 @@ def test_the_order_of_equal_values_is_the_library_s(kind: str) -> None:
     needs_library()
     rng = np.random.default_rng(11)
     x = np.full((1, 256), F(0.375))
-    base = importance(256, 11)
+    base = parity.importance(256, 11)
     seen = set()
     for _ in range(8):
         weights = base.copy()
@@ -95,7 +90,7 @@ def test_each_iq1_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, re
     """SmolLM2-135M's rows (a slice of every matrix), with a matrix (IQ1_M without one too)."""
     needs_library()
     rows = real_rows[::16]
-    assert_llama_cpp_s(rows, IQ1[kind], importance(1536, 7), "imatrix")
+    assert_llama_cpp_s(rows, IQ1[kind], parity.importance(1536, 7), "imatrix")
     if kind == "IQ1_M":
         assert np.array_equal(encode_iq(rows, IQ1[kind], None), quantize(rows, IQ1[kind], None))
 
@@ -104,16 +99,11 @@ def test_the_numpy_path_and_the_plain_kernel_are_the_compiled_one(monkeypatch: p
     """Without numba the numpy path (resumerge.outputs.gguf.iq1numpy) writes the compiled kernel's bytes, and so
     does the kernel run uncompiled (iq1loop.plain, the numpy path's reference), on ties, zeros and a super-block of
     zero importances, IQ1_M without a matrix too."""
-    x = ties(4)[:4, :512].copy()
-    x[3] = awkward(16, 512, 9)[3]
-    weights = importance(512, 9)
-    weights[256:] = 0
+    x, weights = parity.numpy_path_case()
     cases = [(code, weights) for code in IQ1.values()] + [(IQ1["IQ1_M"], None)]
     compiled = [encode_iq(x, code, w) for code, w in cases]
+    parity.numpy_path_bytes(encode_iq, cases, x, compiled)
     monkeypatch.setattr(jit, "numba_module", lambda: None)
-    for (code, w), fast in zip(cases, compiled, strict=True):
-        with np.errstate(all="ignore"):
-            assert np.array_equal(encode_iq(x, code, w), fast), code
     monkeypatch.setattr(iq1loop, "kernels", lambda: iq1loop.plain)
     for (code, w), fast in zip(cases, compiled, strict=True):  # slow: about a second a super-block
         with np.errstate(all="ignore"):
@@ -123,7 +113,7 @@ def test_the_numpy_path_and_the_plain_kernel_are_the_compiled_one(monkeypatch: p
 
 def test_iq1_s_needs_an_importance_matrix() -> None:
     with pytest.raises(ValueError, match="needs an importance matrix"):
-        encode_iq(awkward(16, 256, 0), IQ1["IQ1_S"], None)
+        encode_iq(parity.awkward(16, 256, 0), IQ1["IQ1_S"], None)
 
 
 def test_the_grid_and_decoders_are_gguf_py_s_and_llama_cpp_s() -> None:
@@ -154,7 +144,7 @@ def test_what_the_encoder_writes_decodes_near_the_values() -> None:
     """A round trip: IQ1_M of Gaussian rows decodes within its 1.75 bits' error (a check of the layout's order)."""
     x = np.random.default_rng(3).standard_normal((16, 512)).astype(F)
     for code in IQ1.values():
-        decoded = blocks.decode(torch.from_numpy(encode_iq(x, code, importance(512, 3))), code).numpy()
+        decoded = blocks.decode(torch.from_numpy(encode_iq(x, code, parity.importance(512, 3))), code).numpy()
         assert np.linalg.norm(decoded - x) < 0.75 * np.linalg.norm(x), code
 
 
@@ -163,7 +153,7 @@ def test_each_iq1_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str
                                                         merges: dict[str, tuple[Path, Path]]  # noqa: F811
                                                         ) -> None:
     """Every tensor's type and bytes equal llama_model_quantize's for the mix, with the same importance matrix."""
-    assert_mix_is_llama_quantize_s(tmp_path, mix, merges)
+    assert_mix_with_a_matrix(tmp_path, mix, merges)
 
 
 @pytest.mark.parametrize("mix", ["iq1_s", "iq1_m"])
@@ -232,5 +222,5 @@ def test_a_row_not_whole_super_blocks_falls_back_to_llama_cpp_s_iq4_nl(mix: str)
     needs_library()
     picked = tensor_type("blk.2.ffn_up.weight", (64, 576), mix, ModelFacts(layers=16), TypeChoices(imatrix=True))
     assert picked.llama == picked.written == 20
-    x, weights = awkward(16, 576, 3), importance(576, 3)
+    x, weights = parity.awkward(16, 576, 3), parity.importance(576, 3)
     assert np.array_equal(encode_iq(x, picked.written, weights), quantize(x, picked.written, weights))

@@ -10,25 +10,16 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
+from encoderparity import merges, one_baseline  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import needs_library, quantize, quantize_model
 from support import cli, digests, write_config
-from test_gguf_iquants import ties
-from test_gguf_kquants import (
-    _as_llama_quantize_takes_it,
-    _imatrix_entries,
-    _same_as_llama_quantize,
-    _tensors,
-    _write_imatrix_gguf,
-    awkward,
-    importance,
-    merges,  # noqa: F401 (a fixture)
-)
 
 from resumerge import api
 from resumerge.errors import UsageError
@@ -43,25 +34,18 @@ F = np.float32
 
 def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, label: object = "") -> None:
     """``encode_iq``'s bytes, compiled (where numba is) and on the numpy path, are llama.cpp's."""
-    theirs = quantize(x, code, weights)
-    for path in ("compiled", "numpy"):
-        with pytest.MonkeyPatch.context() as patched, np.errstate(all="ignore"):
-            if path == "numpy":
-                patched.setattr(jit, "numba_module", lambda: None)
-            ours = encode_iq(x, code, weights)
-        assert ours.shape == theirs.shape
-        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
+    parity.assert_encoder_is_llama_cpp_s(encode_iq, x, code, weights, label)
 
 
 @pytest.mark.parametrize("kind", list(IQ2))
 def test_each_iq2_encoder_writes_llama_cpp_s_bytes(kind: str) -> None:
     needs_library()
     for seed in range(3):
-        weights = importance(1024, seed)
+        weights = parity.importance(1024, seed)
         weights[:256] *= F(seed)  # seed 0: a super-block of zero importances
-        assert_llama_cpp_s(awkward(16, 1024, seed), IQ2[kind], weights, seed)
+        assert_llama_cpp_s(parity.awkward(16, 1024, seed), IQ2[kind], weights, seed)
     if kind == "IQ2_S":  # ggml's IQ2_S has weights without a matrix too
-        assert_llama_cpp_s(awkward(16, 512, 5), IQ2[kind], None, "plain")
+        assert_llama_cpp_s(parity.awkward(16, 512, 5), IQ2[kind], None, "plain")
 
 
 @pytest.mark.parametrize("kind", list(IQ2))
@@ -71,10 +55,10 @@ def test_exact_ties_as_merges_make_them_are_llama_cpp_s(kind: str) -> None:
     distances in (distance, index) order, as llama.cpp's; a tiny importance, and equal ones."""
     needs_library()
     for seed in range(3):
-        weights = importance(768, seed)
+        weights = parity.importance(768, seed)
         weights[100:400] = weights[100]
-        assert_llama_cpp_s(ties(seed), IQ2[kind], weights, seed)
-        assert_llama_cpp_s(ties(seed), IQ2[kind], weights * F(1e-30), (seed, "tiny"))
+        assert_llama_cpp_s(parity.ties(seed), IQ2[kind], weights, seed)
+        assert_llama_cpp_s(parity.ties(seed), IQ2[kind], weights * F(1e-30), (seed, "tiny"))
 
 
 def test_the_numpy_path_and_the_plain_kernels_are_the_compiled_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,26 +66,32 @@ def test_the_numpy_path_and_the_plain_kernels_are_the_compiled_ones(monkeypatch:
     do the kernels run uncompiled (iq2loop.plain, the numpy path's reference): llama.cpp's, on ties, zeros, a
     super-block of zero importances and IQ2_S without a matrix."""
     needs_library()
-    x = ties(4)[:4, :512].copy()
-    x[3] = awkward(16, 512, 9)[3]
-    weights = importance(512, 9)
-    weights[256:] = 0
+    x, weights = parity.numpy_path_case()
     cases = [(code, weights) for code in IQ2.values()] + [(IQ2["IQ2_S"], None)]
     compiled = [encode_iq(x, code, w) for code, w in cases]
-    monkeypatch.setattr(jit, "numba_module", lambda: None)
-    for (code, w), fast in zip(cases, compiled, strict=True):
-        with np.errstate(all="ignore"):
-            slow = encode_iq(x, code, w)
-        assert np.array_equal(slow, fast), code
+    for (code, w), slow in zip(cases, parity.numpy_path_bytes(encode_iq, cases, x, compiled), strict=True):
         assert np.array_equal(slow, quantize(x, code, w)), code
+    monkeypatch.setattr(jit, "numba_module", lambda: None)
     monkeypatch.setattr(iq2loop, "kernels", lambda: iq2loop.plain)
     for (code, w), fast in zip(cases[:3], compiled[:3], strict=True):  # slow: a super-block a second
         assert np.array_equal(encode_iq(x[:1], code, w), fast[:1]), code
 
 
+def test_one_compilation_serves_one_row_and_many() -> None:
+    """The search kernel is compiled once whatever the rows' count: one super-block (what a run's memory baseline
+    encodes to load the kernels) and several take the same layout of arrays (the codes were written into a view of
+    the output, C-contiguous for one row and strided for more: numba compiled, and cached, the kernel twice)."""
+    kernels = iq2loop.kernels()
+    if kernels is None:
+        pytest.skip("numba is not installed")
+    for rows in (1, 3):
+        encode_iq(parity.awkward(16, 256, 0)[:rows], IQ2["IQ2_S"], parity.importance(256, 0))
+    assert len(kernels.search.signatures) == 1, kernels.search.signatures  # type: ignore[attr-defined]
+
+
 def test_iq2_xxs_and_iq2_xs_need_an_importance_matrix() -> None:
     with pytest.raises(ValueError, match="need an importance matrix"):
-        encode_iq(awkward(16, 256, 0), IQ2["IQ2_XXS"], None)
+        encode_iq(parity.awkward(16, 256, 0), IQ2["IQ2_XXS"], None)
 
 
 @pytest.mark.parametrize("kind", list(IQ2))
@@ -129,7 +119,8 @@ def test_the_grids_and_decoders_are_gguf_py_s(kind: str) -> None:
 def test_what_the_encoder_writes_decodes_near_the_values() -> None:
     """A round trip: IQ2_S of Gaussian rows decodes within its 2.5 bits' error (a check of the layout's order)."""
     x = np.random.default_rng(3).standard_normal((16, 512)).astype(F)
-    decoded = blocks.decode(torch.from_numpy(encode_iq(x, IQ2["IQ2_S"], importance(512, 3))), IQ2["IQ2_S"]).numpy()
+    stored = encode_iq(x, IQ2["IQ2_S"], parity.importance(512, 3))
+    decoded = blocks.decode(torch.from_numpy(stored), IQ2["IQ2_S"]).numpy()
     assert np.linalg.norm(decoded - x) < 0.6 * np.linalg.norm(x)
 
 
@@ -138,24 +129,16 @@ def test_each_iq2_mix_is_llama_quantize_s_with_a_matrix(tmp_path: Path, mix: str
                                                         merges: dict[str, tuple[Path, Path]]  # noqa: F811
                                                         ) -> None:
     """Every tensor's type and bytes equal llama_model_quantize's for the mix, with the same importance matrix."""
-    assert_mix_is_llama_quantize_s(tmp_path, mix, merges)
+    assert_mix_with_a_matrix(tmp_path, mix, merges)
 
 
-def assert_mix_is_llama_quantize_s(tmp_path: Path, mix: str, merges: dict[str, tuple[Path, Path]]  # noqa: F811
-                                   ) -> None:
+def assert_mix_with_a_matrix(tmp_path: Path, mix: str, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                             ) -> None:
     """The tiny llama merge written as ``mix`` with an importance matrix: every tensor's type and bytes
     llama_model_quantize's with the same matrix, and the mix's own type among them (its encoder itself, not only
     fallbacks)."""
-    needs_library()
-    config, f16 = merges["llama"]
-    raw = _imatrix_entries(f16, 3)
-    _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type=mix, imatrix=str(tmp_path / "imatrix.gguf"))))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=_as_llama_quantize_takes_it(raw))
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    kinds = {kind for kind, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
-    assert MIXES[mix].default in kinds
+    parity.assert_mix_is_llama_quantize_s(tmp_path, merges, "llama", mix, "gguf")
+    assert MIXES[mix].default in parity.written_types(tmp_path / "out" / "model.gguf")
 
 
 @pytest.mark.parametrize("mix", ["iq2_xxs", "iq2_xs", "iq2_s", "iq2_m"])
@@ -198,13 +181,14 @@ def test_the_override_flags_take_the_iq2_types(tmp_path: Path, merges: dict[str,
     with pytest.raises(UsageError, match=r"writes blk\.0\.\w+\.weight as IQ2_\w+ only with an importance matrix"):
         api.plan_merge(config, settings=api.Settings(output=api.Output(
             out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=overrides)))
-    raw = _imatrix_entries(f16, 4)
-    _write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
+    raw = parity.imatrix_entries(f16, 4)
+    parity.write_imatrix_gguf(tmp_path / "imatrix.gguf", raw)
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=overrides, imatrix=str(tmp_path / "imatrix.gguf"))))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, imatrix=_as_llama_quantize_takes_it(raw),
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
+                   imatrix=parity.as_llama_quantize_takes_it(raw),
                    tensor_types=(("ffn_down", IQ2["IQ2_XXS"]), ("attn_q", IQ2["IQ2_S"])))
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    parity.same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
 
 
 def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
@@ -214,12 +198,14 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
     from safetensors.torch import load_file
 
     config, f16 = merges["llama"]
-    _write_imatrix_gguf(tmp_path / "imatrix.gguf", _imatrix_entries(f16, 5))
+    parity.write_imatrix_gguf(tmp_path / "imatrix.gguf", parity.imatrix_entries(f16, 5))
     api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="iq2_xxs", imatrix=str(tmp_path / "imatrix.gguf"))))
     again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
                                                   "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
+                                                          output=api.Output(copy_tokenizer=False)))
     read = load_file(tmp_path / "f32" / "model.safetensors")
     stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
     found = [n for n, t in stored.items() if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XXS]
@@ -265,7 +251,7 @@ def test_an_iq2_xxs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
     ``resume`` ends with the bytes of a run never killed, and verify passes (tests/test_gguf_iquants.py's IQ4_XS
     test, with the importance matrix the 2-bit mix needs)."""
     config, f16 = merges["llama"]
-    _write_imatrix_gguf(tmp_path / "imatrix.gguf", _imatrix_entries(f16, 6))
+    parity.write_imatrix_gguf(tmp_path / "imatrix.gguf", parity.imatrix_entries(f16, 6))
     matrix = str(tmp_path / "imatrix.gguf")
     whole = tmp_path / "whole"
     api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(

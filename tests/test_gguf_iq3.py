@@ -11,32 +11,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
+from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import dequantize, needs_library, quantize, quantize_model
+from llamacpp_oracle import dequantize, needs_library, quantize
 from support import cli
-from test_gguf_iquants import finite_row, ties
-from test_gguf_kquants import (
-    _as_llama_quantize_takes_it,
-    _imatrix_entries,
-    _same_as_llama_quantize,
-    _tensors,
-    _write_imatrix_dat,
-    _write_imatrix_gguf,
-    awkward,
-    importance,
-    merges,  # noqa: F401 (a fixture)
-    real_rows,  # noqa: F401 (a fixture)
-)
+from test_gguf_iquants import finite_row
 
 from resumerge import api
 from resumerge.inputs.gguf import blocks, ggmltypes, iq3grid
-from resumerge.merge.plan.gguftypes import MIXES, ModelFacts, TypeChoices, tensor_type
-from resumerge.outputs.gguf import iq3loop, iq3quants, jit
+from resumerge.merge.plan.gguftypes import ModelFacts, TypeChoices, tensor_type
+from resumerge.outputs.gguf import iq3loop, iq3quants
 from resumerge.outputs.gguf.iq3quants import encode_iq3
 
 I3_TYPES = {"IQ3_XXS": 18, "IQ3_S": 21}
@@ -46,19 +36,12 @@ F = np.float32
 def both_paths(x: np.ndarray, code: int, weights: np.ndarray | None,
                monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
     """``encode_iq3``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
-    fast = encode_iq3(x, code, weights)
-    with monkeypatch.context() as patched:
-        patched.setattr(jit, "numba_module", lambda: None)
-        slow = encode_iq3(x, code, weights)
-    return fast, slow
+    return parity.both_paths(encode_iq3, x, code, weights)
 
 
 def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, monkeypatch: pytest.MonkeyPatch,
                        label: object = "") -> None:
-    theirs = quantize(x, code, weights)
-    for path, ours in zip(("compiled", "numpy"), both_paths(x, code, weights, monkeypatch), strict=True):
-        assert ours.shape == theirs.shape
-        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
+    parity.assert_encoder_is_llama_cpp_s(encode_iq3, x, code, weights, label)
 
 
 @pytest.mark.parametrize("size", [256, 512])
@@ -85,8 +68,8 @@ def test_each_iq3_encoder_writes_llama_cpp_s_bytes(kind: str, weighted: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     needs_library()
     for seed in range(2):
-        x = awkward(16, 1024, seed)
-        assert_llama_cpp_s(x, I3_TYPES[kind], importance(1024, seed) if weighted else None, monkeypatch, seed)
+        x = parity.awkward(16, 1024, seed)
+        assert_llama_cpp_s(x, I3_TYPES[kind], parity.importance(1024, seed) if weighted else None, monkeypatch, seed)
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
@@ -98,13 +81,13 @@ def test_exact_ties_and_empty_blocks_as_merges_make_them_are_llama_cpp_s(kind: s
     under IQ3_XXS's 1e-8, and equal weights: llama.cpp's bytes."""
     needs_library()
     for seed in range(2):
-        x = ties(seed)
+        x = parity.ties(seed)
         x[0, 32:64] = 0
         x[1, 0:32] = 0
         x[1, 224:256] = 0
         x[2, 256 + 96:256 + 192] = 0
         x[3, 64:96] = F(3e-9)
-        weights = importance(768, seed) if weighted else None
+        weights = parity.importance(768, seed) if weighted else None
         if weights is not None:
             weights[100:400] = weights[100]
         assert_llama_cpp_s(x, I3_TYPES[kind], weights, monkeypatch, seed)
@@ -115,7 +98,7 @@ def test_each_iq3_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, re
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every row compiled; every eighth through the numpy path too (its cost, not its bytes, is the reason)."""
     needs_library()
-    for weights in (None, importance(1536, 7)):
+    for weights in (None, parity.importance(1536, 7)):
         assert np.array_equal(encode_iq3(real_rows, I3_TYPES[kind], weights),
                               quantize(real_rows, I3_TYPES[kind], weights)), weights is None
         assert_llama_cpp_s(real_rows[::8], I3_TYPES[kind], weights, monkeypatch, weights is None)
@@ -142,7 +125,7 @@ def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(iq3quants, "_encode_numpy", refused)
     for code in I3_TYPES.values():
-        encode_iq3(awkward(12, 512, 2), code, importance(512, 2))
+        encode_iq3(parity.awkward(12, 512, 2), code, parity.importance(512, 2))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -168,7 +151,7 @@ def test_each_iq3_type_decodes_as_llama_cpp_and_gguf_py_decode_it(kind: str) -> 
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
     noise[:, 0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
-    for stored in (encode_iq3(awkward(16, 512, 1), code), noise.reshape(16, -1)):
+    for stored in (encode_iq3(parity.awkward(16, 512, 1), code), noise.reshape(16, -1)):
         ours = blocks.decode(torch.from_numpy(stored), code).numpy()
         assert np.array_equal(ours, dequantize(stored, code))
         assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
@@ -188,23 +171,8 @@ def test_each_iq3_mix_is_llama_quantize_s_on_the_same_f16_file(
     """Every tensor's type and bytes equal llama_model_quantize's for the IQ3 mix on the F16 file resumerge wrote
     of the same merge (the tiny models' rows are whole super-blocks: the IQ3 encoders write them), with the same
     importance matrix where one is given."""
-    needs_library()
-    config, f16 = merges[arch]
-    names = {18: "iq3_xxs", 21: "iq3_s"}
-    output = {"out_type": "gguf", "gguf_type": mix,
-              "gguf_tensor_types": tuple(f"{p}={names[t]}" for p, t in overrides)}
-    entries = None
-    if imatrix:
-        raw = _imatrix_entries(f16, 3)
-        path = tmp_path / f"imatrix.{imatrix}"
-        (_write_imatrix_gguf if imatrix == "gguf" else _write_imatrix_dat)(path, raw)
-        entries = _as_llama_quantize_takes_it(raw)
-        output["imatrix"] = str(path)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(**output)))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries, tensor_types=overrides)
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    kinds = {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()}
-    assert 21 in kinds or 18 in kinds
+    parity.assert_mix_is_llama_quantize_s(tmp_path, merges, arch, mix, imatrix, overrides)
+    assert parity.written_types(tmp_path / "out" / "model.gguf") & {18, 21}
 
 
 def test_an_importance_matrix_changes_the_iq3_xxs_mix_s_types() -> None:

@@ -14,10 +14,12 @@ import itertools
 import signal
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
+from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import (
@@ -29,17 +31,7 @@ from llamacpp_oracle import (
     tensors_of,
 )
 from support import cli, digests, write_config
-from test_gguf_kquants import (
-    _imatrix_entries,
-    _same_as_llama_quantize,
-    _tensors,
-    _write_imatrix_gguf,
-    awkward,
-    extremes,
-    importance,
-    merges,  # noqa: F401 (a fixture)
-    real_rows,  # noqa: F401 (a fixture)
-)
+from test_gguf_kquants import extremes
 
 from resumerge import api
 from resumerge.errors import ModelInputError
@@ -61,20 +53,12 @@ def no_numba(monkeypatch: pytest.MonkeyPatch) -> None:
 def both_paths(x: np.ndarray, code: int, weights: np.ndarray | None,
                monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
     """``encode_iq``'s bytes as taken here (compiled where numba is) and without numba (the numpy path)."""
-    fast = encode_iq(x, code, weights)
-    with monkeypatch.context() as patched:
-        patched.setattr(jit, "numba_module", lambda: None)
-        with np.errstate(all="ignore"):
-            slow = encode_iq(x, code, weights)
-    return fast, slow
+    return parity.both_paths(encode_iq, x, code, weights)
 
 
 def assert_llama_cpp_s(x: np.ndarray, code: int, weights: np.ndarray | None, monkeypatch: pytest.MonkeyPatch,
                        label: object = "") -> None:
-    theirs = quantize(x, code, weights)
-    for path, ours in zip(("compiled", "numpy"), both_paths(x, code, weights, monkeypatch), strict=True):
-        assert ours.shape == theirs.shape
-        assert np.array_equal(ours, theirs), (label, path, np.argwhere(ours != theirs)[:5].tolist())
+    parity.assert_encoder_is_llama_cpp_s(encode_iq, x, code, weights, label)
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
@@ -83,31 +67,8 @@ def test_each_iq4_encoder_writes_llama_cpp_s_bytes(kind: str, weighted: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     needs_library()
     for seed in range(3):
-        x = awkward(16, 1024, seed)
-        assert_llama_cpp_s(x, I_TYPES[kind], importance(1024, seed) if weighted else None, monkeypatch, seed)
-
-
-def ties(seed: int) -> np.ndarray:
-    """Rows as TIES and DARE merges leave them: most values exactly 0, the rest copies of few magnitudes of both
-    signs (bf16-exact), whole blocks of zeros, a block of one value repeated, the largest magnitude reached by +m
-    and -m in either order, and blocks whose only nonzero value is tiny."""
-    rng = np.random.default_rng(seed)
-    x = torch.from_numpy(rng.standard_normal((12, 768)).astype(F) * F(0.02)).bfloat16().float().numpy()
-    for r, density in enumerate((0.1, 0.3, 0.5, 0.9)):
-        x[r] *= rng.random(768) < density
-    x[4] = np.where(rng.random(768) < 0.4, rng.choice(np.array([-0.03, -0.01, 0.01, 0.03], dtype=F), 768), F(0))
-    x[5, :256] = 0
-    x[5, 300:332] = F(0.015)
-    x[6] = 0
-    for b in range(24):  # +m and -m both in every block, at random places
-        i, j = rng.choice(32, 2, replace=False)
-        x[7, 32 * b + i], x[7, 32 * b + j] = (F(0.05), F(-0.05)) if b % 2 else (F(-0.05), F(0.05))
-    x[8] = 0
-    x[8, ::32] = F(1e-16)  # under 1e-15: a zero scale
-    x[9] = np.repeat(x[9, ::32], 32)
-    x[10] = np.tile(x[10, :32], 24)
-    x[11] = np.sign(x[11]) * F(0.02)
-    return x
+        x = parity.awkward(16, 1024, seed)
+        assert_llama_cpp_s(x, I_TYPES[kind], parity.importance(1024, seed) if weighted else None, monkeypatch, seed)
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
@@ -118,10 +79,10 @@ def test_exact_ties_as_merges_make_them_are_llama_cpp_s(kind: str, weighted: boo
     scale is adopted only on a strict improvement, the peak is the first of equal magnitudes, as llama.cpp's."""
     needs_library()
     for seed in range(3):
-        weights = importance(768, seed) if weighted else None
+        weights = parity.importance(768, seed) if weighted else None
         if weights is not None:
             weights[100:400] = weights[100]  # equal weights too
-        assert_llama_cpp_s(ties(seed), I_TYPES[kind], weights, monkeypatch, seed)
+        assert_llama_cpp_s(parity.ties(seed), I_TYPES[kind], weights, monkeypatch, seed)
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
@@ -132,7 +93,7 @@ def test_each_iq4_encoder_writes_llama_cpp_s_bytes_at_float32_s_ends(kind: str, 
     level), subnormals whose inverse scales overflow, and mixes: the bytes still llama.cpp's."""
     needs_library()
     for seed in range(2):
-        weights = importance(512, seed) if weighted else None
+        weights = parity.importance(512, seed) if weighted else None
         for name, x in extremes(seed).items():
             for scale in ((1.0,) if weights is None else (1.0, 1e30, 1e-30)):
                 w = None if weights is None else weights * F(scale)
@@ -143,7 +104,7 @@ def test_each_iq4_encoder_writes_llama_cpp_s_bytes_at_float32_s_ends(kind: str, 
 def test_each_iq4_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray,  # noqa: F811
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     needs_library()
-    for weights in (None, importance(1536, 7)):
+    for weights in (None, parity.importance(1536, 7)):
         assert_llama_cpp_s(real_rows, I_TYPES[kind], weights, monkeypatch, weights is None)
 
 
@@ -182,7 +143,7 @@ def test_each_iq4_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
     noise[:, 0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)  # a finite d
-    for stored in (encode_iq(awkward(16, 512, 1), code), noise.reshape(16, -1)):
+    for stored in (encode_iq(parity.awkward(16, 512, 1), code), noise.reshape(16, -1)):
         ours = blocks.decode(torch.from_numpy(stored), code).numpy()
         assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)))
 
@@ -198,7 +159,9 @@ def test_an_iq4_xs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[st
         out_type="gguf", gguf_type="iq4_xs")))
     again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
                                                   "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2"))
+    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
+                                                          output=api.Output(copy_tokenizer=False)))
     read = load_file(tmp_path / "f32" / "model.safetensors")
     stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
     down = stored["blk.1.ffn_down.weight"]
@@ -218,9 +181,9 @@ def test_the_compiled_kernels_are_taken_with_numba(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(iquants, "search_numpy", refused)
     monkeypatch.setattr(iquants, "best_index", refused)
-    x = awkward(12, 512, 2)
+    x = parity.awkward(12, 512, 2)
     for code in I_TYPES.values():
-        encode_iq(x, code, importance(512, 2))
+        encode_iq(x, code, parity.importance(512, 2))
         encode_iq(x, code)
 
 
@@ -275,8 +238,8 @@ def test_the_override_flags_take_the_iq4_types(tmp_path: Path, merges: dict[str,
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    tensor_types=(("ffn_down", I_TYPES["IQ4_XS"]), ("attn_q", I_TYPES["IQ4_NL"])),
                    output_type=I_TYPES["IQ4_XS"])
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model.gguf").items()}
+    parity.same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in parity.stored_tensors(tmp_path / "out" / "model.gguf").items()}
     assert (types["blk.0.ffn_down.weight"], types["blk.1.attn_q.weight"], types["output.weight"]) == (23, 20, 23)
 
 
@@ -355,9 +318,9 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
     done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "q2_k_s")
     assert done.returncode == 2 and "only with an importance matrix" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr and not out.exists()
-    raw = _imatrix_entries(f16, 2)
+    raw = parity.imatrix_entries(f16, 2)
     del raw["blk.1.ffn_up.weight"]
-    _write_imatrix_gguf(tmp_path / "partial.gguf", raw)
+    parity.write_imatrix_gguf(tmp_path / "partial.gguf", raw)
     with pytest.raises(ModelInputError, match=r"blk\.1\.ffn_up\.weight as Q2_K only with an importance matrix"):
         api.plan_merge(config, settings=api.Settings(output=api.Output(
             out_type="gguf", gguf_type="q2_k_s", imatrix=str(tmp_path / "partial.gguf"))))
@@ -385,7 +348,7 @@ def test_an_iq4_xs_run_is_loaded_and_run_by_llama_cpp(tmp_path: Path,
     seen = imatrix_of_forward(model, [list(range(1, 33))])
     assert seen and all(np.isfinite(sums).all() for sums, _ in seen.values())
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["iq4_xs"].file_type)
-    _same_as_llama_quantize(model, tmp_path / "llama.gguf")
+    parity.same_as_llama_quantize(model, tmp_path / "llama.gguf")
 
 
 def test_an_iq4_xs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from encoderparity import one_baseline  # noqa: F401 (fixtures)
 from llamacpp_oracle import Stored, needs_library, quantize_model, tensors_of
 from support import write_config
 from test_gguf_kquants_real import EVERY_MIX, _imatrix, write_imatrix

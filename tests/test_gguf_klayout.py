@@ -5,9 +5,10 @@ start mid-row. The numpy path is llama.cpp's bytes (tests/test_gguf_kquants.py, 
 
 from __future__ import annotations
 
+import encoderparity as parity
 import numpy as np
 import pytest
-from test_gguf_kquants import K_TYPES, awkward, extremes, importance
+from test_gguf_kquants import K_TYPES, extremes
 
 from resumerge.inputs.gguf import ggmltypes
 from resumerge.outputs.gguf import klayout, kquants
@@ -36,10 +37,10 @@ def both(monkeypatch: pytest.MonkeyPatch, call: object) -> tuple[object, object]
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_layout_kernel_writes_the_numpy_layout_and_weights(monkeypatch: pytest.MonkeyPatch, mode: str,
                                                                n: int) -> None:
-    block = awkward(37, 256, 0)  # 37 super-blocks: two tiles and a part
+    block = parity.awkward(37, 256, 0)  # 37 super-blocks: two tiles and a part
     block[11] *= np.float32(1e20)  # squares that overflow: inf sums and weights, as numpy's
     block[12] *= np.float32(1e-40)
-    qw = importance(5 * 256, 1).reshape(5, 256)
+    qw = parity.importance(5 * 256, 1).reshape(5, 256)
     for offset in (0, 3):
         for factor in (1.0, 2.0):
             compiled, reference = both(monkeypatch, lambda o=offset, f=factor: kquants._layout(
@@ -56,7 +57,7 @@ def test_the_recode_kernel_writes_the_numpy_codes(monkeypatch: pytest.MonkeyPatc
                                                   offsets: bool) -> None:
     rng = np.random.default_rng(2)
     n = 32 if offsets else 16
-    x = kquants._subblocks(np.ascontiguousarray(awkward(21, 256, 3).T), n)
+    x = kquants._subblocks(np.ascontiguousarray(parity.awkward(21, 256, 3).T), n)
     d = (np.abs(x).max(axis=0) / np.float32(high - low) * np.float32(0.97)).astype(np.float32)
     d[::5] = 0  # the search's codes kept
     d[1::7] = -d[1::7]
@@ -79,10 +80,10 @@ def test_each_k_encoder_writes_the_same_bytes_compiled_and_in_numpy(monkeypatch:
     """Awkward rows, float32's ends, and 2100 super-blocks of rows of 3 (chunks whose first super-block is not a
     row's first, so their importance rows start mid-row; the last chunk a part)."""
     rng = np.random.default_rng(4)
-    cases = {"awkward": awkward(24, 1024, 5), **extremes(6),
+    cases = {"awkward": parity.awkward(24, 1024, 5), **extremes(6),
              "many": (rng.standard_normal((700, 768)) * 0.02).astype(np.float32)}
     for name, x in cases.items():
-        weights = importance(x.shape[1], 7) if weighted else None
+        weights = parity.importance(x.shape[1], 7) if weighted else None
         compiled, reference = both(monkeypatch, lambda v=x, w=weights: kquants.encode_k(v, K_TYPES[kind], w))
         assert compiled.tobytes() == reference.tobytes(), name  # type: ignore[union-attr]
 
@@ -114,5 +115,5 @@ def test_the_kernels_are_taken_where_numba_is_there(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(kquants, name, never)
     x = (np.random.default_rng(9).standard_normal((8, 1024)) * 0.02).astype(np.float32)
     for code in K_TYPES.values():
-        for weights in (None, importance(1024, 10)):
+        for weights in (None, parity.importance(1024, 10)):
             kquants.encode_k(x, code, weights)

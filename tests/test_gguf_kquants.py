@@ -7,16 +7,16 @@ llama.cpp's own library is the oracle (tests/llamacpp_oracle.py); the tests skip
 from __future__ import annotations
 
 import signal
-import struct
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
-from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
-from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
-from support import cli, digests, write_config
+from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
+from llamacpp_oracle import needs_library, quantize, quantize_model
+from support import cli, digests
 
 from resumerge import api
 from resumerge.errors import ModelInputError
@@ -31,38 +31,13 @@ K_TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 K_MIXES = [mix for mix in MIXES if "_k" in mix and not MIXES[mix].needs_imatrix]  # q2_k_s: test_gguf_iquants
 
 
-def awkward(rows: int, columns: int, seed: int) -> np.ndarray:
-    """Rows that exercise every branch of the searches: normal, bf16-exact, all zero, constant, a sub-block of
-    zeros, one huge outlier, all positive, all negative, tiny values, a ramp, few distinct values."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, columns)).astype(np.float32)
-    x[1] = torch.from_numpy(x[1] * 0.02).bfloat16().float().numpy()
-    x[2] = 0
-    x[3] = 0.375
-    x[4, 16:48] = 0
-    x[5, 7] = 300.0
-    x[6] = np.abs(x[6]) + 0.1
-    x[7] = -np.abs(x[7])
-    x[8] *= 1e-6
-    x[9] = np.linspace(-1, 1, columns, dtype=np.float32)
-    x[10] = rng.integers(-2, 3, columns).astype(np.float32)
-    return x
-
-
-def importance(columns: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    weights = (rng.random(columns) ** 3 * 20).astype(np.float32)
-    weights[:40] = 0  # columns never seen by the calibration text
-    return weights
-
-
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("kind", list(K_TYPES))
 def test_each_k_encoder_writes_llama_cpp_s_bytes(kind: str, weighted: bool) -> None:
     needs_library()
     for seed in range(3):
-        x = awkward(16, 1024, seed)
-        weights = importance(1024, seed) if weighted else None
+        x = parity.awkward(16, 1024, seed)
+        weights = parity.importance(1024, seed) if weighted else None
         ours, theirs = encode_k(x, K_TYPES[kind], weights), quantize(x, K_TYPES[kind], weights)
         assert ours.shape == theirs.shape
         assert np.array_equal(ours, theirs), (seed, np.argwhere(ours != theirs)[:5].tolist())
@@ -83,7 +58,7 @@ def test_the_first_of_two_equal_magnitudes_is_the_peak(kind: str, weighted: bool
             i, j = rng.choice(16, 2, replace=False)
             x[r, 16 * b + i], x[r, 16 * b + j] = (1.0 + r, -1.0 - r) if b % 2 else (-1.0 - r, 1.0 + r)
     x[0, :256] = np.tile(np.array([1, -1] * 8, np.float32), 16) * np.repeat(np.array([1, -1] * 8, np.float32), 16)
-    weights = importance(512, 1) if weighted else None
+    weights = parity.importance(512, 1) if weighted else None
     assert np.array_equal(encode_k(x, K_TYPES[kind], weights), quantize(x, K_TYPES[kind], weights))
 
 
@@ -127,7 +102,7 @@ def test_each_k_encoder_writes_llama_cpp_s_bytes_at_float32_s_ends(kind: str, we
     nearest_int wraps there (NaN is 0, inf is -4194304, an int8 scale wraps), and the encoders follow it."""
     needs_library()
     for seed in range(2):
-        weights = importance(512, seed) if weighted else None
+        weights = parity.importance(512, seed) if weighted else None
         for name, x in extremes(seed).items():
             for scale in ((1.0,) if weights is None else (1.0, 1e30, 1e-30)):
                 w = None if weights is None else weights * np.float32(scale)
@@ -141,31 +116,16 @@ def test_the_legacy_types_importance_paths_write_llama_cpp_s_bytes(kind: str) ->
     llama-quantize has an importance matrix (the mean square of the whole row scales every block's weights)."""
     needs_library()
     code = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7}[kind]
-    x = awkward(12, 576, 4)
-    weights = importance(576, 4)
+    x = parity.awkward(12, 576, 4)
+    weights = parity.importance(576, 4)
     assert np.array_equal(encode_legacy_weighted(x, code, weights), quantize(x, code, weights))
 
 
-@pytest.fixture(scope="module")
-def real_rows() -> np.ndarray:
-    """SmolLM2-135M's weights (its Q4_1 GGUF fixture decoded), a slice of every matrix, as rows of 1536 values: the
-    stored rows that hold each matrix's first 4 x 1536 values, found by llama.cpp's GGUF parser (gguf-py's reader
-    takes 4 CPU s over the vocabulary, for each module that asks)."""
-    from realmodel import smollm2_gguf
-
-    taken = []
-    for name, t in tensors_of(smollm2_gguf()).items():
-        if t.ne[1] > 1 and "blk." in name:  # a matrix (ne: a row's length first)
-            stored = np.frombuffer(t.data, dtype=np.uint8).reshape(t.ne[1], -1)[:-(-4 * 1536 // t.ne[0])]
-            values = gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[t.kind]).reshape(-1)
-            taken.append(values[: 4 * 1536])
-    return np.concatenate(taken).astype(np.float32).reshape(-1, 1536)
-
-
 @pytest.mark.parametrize("kind", list(K_TYPES))
-def test_each_k_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray) -> None:
+def test_each_k_encoder_writes_llama_cpp_s_bytes_on_real_weights(kind: str, real_rows: np.ndarray  # noqa: F811
+                                                                  ) -> None:
     needs_library()
-    for weights in (None, importance(1536, 7)):
+    for weights in (None, parity.importance(1536, 7)):
         assert np.array_equal(encode_k(real_rows, K_TYPES[kind], weights),
                               quantize(real_rows, K_TYPES[kind], weights)), weights is None
 
@@ -176,7 +136,7 @@ def test_each_k_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     llama.cpp's encodings and on random bytes."""
     code = K_TYPES[kind]
     size = ggmltypes.TYPES[code].size
-    x = awkward(16, 512, 1)
+    x = parity.awkward(16, 512, 1)
     rng = np.random.default_rng(0)
     noise = rng.integers(0, 256, (64, size), dtype=np.uint8)
     for at in {10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,)}[code]:  # finite f16 scales
@@ -184,88 +144,6 @@ def test_each_k_type_decodes_as_gguf_py_decodes_it(kind: str) -> None:
     for stored in (encode_k(x, code), noise.reshape(16, -1)):
         ours = blocks.decode(torch.from_numpy(stored), code).numpy()
         assert np.array_equal(ours, gguf.quants.dequantize(stored, gguf.GGMLQuantizationType(code)), equal_nan=True)
-
-
-def _write_imatrix_gguf(path: Path, entries: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-    """llama-imatrix's GGUF format (kquants.md §4): per weight ``.in_sum2`` [n_mat, n_in] and ``.counts``."""
-    writer = gguf.GGUFWriter(str(path), "")
-    writer.add_string("general.type", "imatrix")
-    writer.add_array("imatrix.datasets", ["calibration.txt"])
-    writer.add_uint32("imatrix.chunk_count", 4)
-    writer.add_uint32("imatrix.chunk_size", 512)
-    for name in sorted(entries):
-        sums, counts = entries[name]
-        writer.add_tensor(f"{name}.in_sum2", sums)
-        writer.add_tensor(f"{name}.counts", counts.reshape(-1, 1))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def _write_imatrix_dat(path: Path, entries: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-    """The legacy ``.dat``: per entry ``ncall = ceil(max(counts)/chunk_size)`` and ``(sum/count)·ncall`` (count 0:
-    1); then the chunk count and the dataset's name."""
-    out = [struct.pack("<i", len(entries))]
-    for name in sorted(entries):
-        sums, counts = entries[name]
-        ncall = int(np.ceil(counts.max() / 512)) or 1
-        values = np.where(counts[:, None] == 0, 1.0, sums / np.where(counts == 0, 1, counts)[:, None]) * ncall
-        raw = name.encode()
-        out += [struct.pack("<i", len(raw)), raw, struct.pack("<ii", ncall, values.size),
-                values.astype("<f4").tobytes()]
-    out += [struct.pack("<i", 4), struct.pack("<i", 15), b"calibration.txt"]
-    path.write_bytes(b"".join(out))
-
-
-def _imatrix_entries(f16: Path, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Random importance sums and counts for every quantized matrix of the GGUF ``f16`` (one count 0)."""
-    rng = np.random.default_rng(seed)
-    entries = {}
-    for t in gguf.GGUFReader(f16).tensors:
-        if len(t.shape) >= 2 and not t.name.endswith("norm.weight") and "gate_inp" not in t.name:
-            n_in, n_mat = int(t.shape[0]), int(t.shape[2]) if len(t.shape) > 2 else 1
-            entries[t.name] = ((rng.random((n_mat, n_in)) * 10).astype(np.float32),
-                               rng.integers(1, 600, n_mat).astype(np.float32))
-    first = sorted(entries)[0]
-    entries[first][1][0] = 0  # a weight never reached: all ones
-    return entries
-
-
-def _as_llama_quantize_takes_it(entries: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {name: np.where(c[:, None] == 0, 1, s / np.where(c == 0, 1, c)[:, None]).astype(np.float32).reshape(-1)
-            for name, (s, c) in entries.items()}
-
-
-@pytest.fixture(scope="module")
-def merges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """Per family: a float16 merge's config (values exact in F16, so llama-quantize of the F16 file starts from
-    them) and the F16 GGUF resumerge writes of it."""
-    made = {}
-    for arch in ("llama", "qwen3moe"):
-        root = tmp_path_factory.mktemp(arch)
-        a, b = root / "a.gguf", root / "b.gguf"
-        write_gguf(a, arch, to_gguf(arch, hf_tensors(arch, seed=1)), Q.F32)
-        write_gguf(b, arch, to_gguf(arch, hf_tensors(arch, seed=2)), Q.F32)
-        config = write_config(root / "c.yml", {"merge_method": "linear", "dtype": "float16", "models": [
-            {"model": str(a), "parameters": {"weight": 0.3}}, {"model": str(b), "parameters": {"weight": 0.7}}]})
-        api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
-                                                                                                    gguf_type="f16")))
-        made[arch] = (config, root / "f16" / "model.gguf")
-    return made
-
-
-def _tensors(path: Path) -> dict[str, tuple[int, bytes]]:
-    return {t.name: (int(t.tensor_type), np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
-
-
-def _same_as_llama_quantize(ours: Path, theirs: Path) -> None:
-    got, want = _tensors(ours), _tensors(theirs)
-    assert got.keys() == want.keys()
-    types = {n: (gguf.GGMLQuantizationType(got[n][0]).name, gguf.GGMLQuantizationType(want[n][0]).name)
-             for n in got if got[n][0] != want[n][0]}
-    assert not types, types
-    assert [n for n in got if got[n][1] != want[n][1]] == []
 
 
 CASES = [*(("llama", mix, "") for mix in K_MIXES), ("qwen3moe", "q4_k_m", ""), ("qwen3moe", "q3_k_m", "gguf"),
@@ -277,30 +155,20 @@ CASES = [*(("llama", mix, "") for mix in K_MIXES), ("qwen3moe", "q4_k_m", ""), (
 
 @pytest.mark.parametrize(("arch", "mix", "imatrix"), CASES)
 def test_each_mix_is_llama_quantize_s_on_the_same_f16_file(tmp_path: Path, arch: str, mix: str, imatrix: str,
-                                                           merges: dict[str, tuple[Path, Path]]) -> None:
+                                                           merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     """Every tensor's type and bytes equal llama_model_quantize's for the mix on the F16 file resumerge wrote of
     the same merge; with an importance matrix (llama-imatrix's GGUF, or the older .dat), llama-quantize given the
     same entries, and the bytes differ from the unweighted ones (the matrix is used)."""
-    needs_library()
-    config, f16 = merges[arch]
-    output = {"out_type": "gguf", "gguf_type": mix}
-    entries = None
-    if imatrix:
-        raw = _imatrix_entries(f16, 3)
-        path = tmp_path / f"imatrix.{imatrix}"
-        (_write_imatrix_gguf if imatrix == "gguf" else _write_imatrix_dat)(path, raw)
-        entries = _as_llama_quantize_takes_it(raw)
-        output["imatrix"] = str(path)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(**output)))
-    quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    parity.assert_mix_is_llama_quantize_s(tmp_path, merges, arch, mix, imatrix)
     if imatrix and not MIXES[mix].needs_imatrix:
-        quantize_model(f16, tmp_path / "plain.gguf", MIXES[mix].file_type)
-        weighted, plain = _tensors(tmp_path / "out" / "model.gguf"), _tensors(tmp_path / "plain.gguf")
+        quantize_model(merges[arch][1], tmp_path / "plain.gguf", MIXES[mix].file_type)
+        weighted = parity.stored_tensors(tmp_path / "out" / "model.gguf")
+        plain = parity.stored_tensors(tmp_path / "plain.gguf")
         assert any(weighted[n] != plain[n] for n in plain)
 
 
-def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811
+                                                 ) -> None:
     """--gguf-tensor-type, --gguf-output-type and --gguf-token-embedding-type (the CLI's, through run) give the
     file llama-quantize's --tensor-type, --output-tensor-type and --token-embedding-type give."""
     needs_library()
@@ -313,13 +181,13 @@ def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[st
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    tensor_types=(("attn_q", OVERRIDE_TYPES["q8_0"]), ("blk\\.1\\.ffn", OVERRIDE_TYPES["q5_k"])),
                    output_type=OVERRIDE_TYPES["q5_k"], token_embedding_type=OVERRIDE_TYPES["q3_k"])
-    _same_as_llama_quantize(out / "model.gguf", tmp_path / "llama.gguf")
-    types = {n: t for n, (t, _) in _tensors(out / "model.gguf").items()}
+    parity.same_as_llama_quantize(out / "model.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in parity.stored_tensors(out / "model.gguf").items()}
     assert (types["blk.0.attn_q.weight"], types["output.weight"], types["token_embd.weight"]) == (8, 13, 11)
 
 
 def test_a_tensor_type_naming_the_mix_s_default_keeps_the_tensor_there(
-        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     """llama-quantize's first matching --tensor-type wins even where it names the mix's own default type: the
     mix's bumps are then not applied (ffn_down=q4_k in a Q4_K_M file keeps the last layer's ffn_down Q4_K, where
     the mix alone gives it Q6_K); resumerge skipped such a pattern and bumped it."""
@@ -329,8 +197,8 @@ def test_a_tensor_type_naming_the_mix_s_default_keeps_the_tensor_there(
         out_type="gguf", gguf_type="q4_k_m", gguf_tensor_types=("ffn_down=q4_k", "blk\\.1\\.ffn_down=q8_0"))))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    tensor_types=(("ffn_down", OVERRIDE_TYPES["q4_k"]), ("blk\\.1\\.ffn_down", OVERRIDE_TYPES["q8_0"])))
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model.gguf").items()}
+    parity.same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in parity.stored_tensors(tmp_path / "out" / "model.gguf").items()}
     assert (types["blk.1.ffn_down.weight"], types["blk.1.attn_v.weight"]) == (12, 14)
 
 
@@ -338,8 +206,8 @@ def test_both_imatrix_formats_read_as_llama_quantize_applies_them(tmp_path: Path
     entries = {"blk.0.ffn_down.weight": (np.arange(1, 9, dtype=np.float32).reshape(2, 4) * 3,
                                          np.array([3.0, 0.0], dtype=np.float32)),
                "blk.0.attn_q.weight": (np.full((1, 4), 8.0, dtype=np.float32), np.array([2.4], dtype=np.float32))}
-    _write_imatrix_gguf(tmp_path / "m.gguf", entries)
-    _write_imatrix_dat(tmp_path / "m.dat", entries)
+    parity.write_imatrix_gguf(tmp_path / "m.gguf", entries)
+    parity.write_imatrix_dat(tmp_path / "m.dat", entries)
     from_gguf, from_dat = read_imatrix(tmp_path / "m.gguf"), read_imatrix(tmp_path / "m.dat")
     assert from_gguf.keys() == from_dat.keys() == entries.keys()
     assert np.array_equal(from_gguf["blk.0.ffn_down.weight"], [1, 2, 3, 4, 1, 1, 1, 1])
@@ -348,16 +216,16 @@ def test_both_imatrix_formats_read_as_llama_quantize_applies_them(tmp_path: Path
 
 
 def test_a_wrong_imatrix_is_refused_in_one_line_before_anything_is_written(
-        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     config, f16 = merges["llama"]
-    raw = _imatrix_entries(f16, 1)
+    raw = parity.imatrix_entries(f16, 1)
     sums, counts = raw["blk.0.attn_q.weight"]
     cases = {"size": {**raw, "blk.0.attn_q.weight": (sums[:, :128], counts)},
              "names": {"blk.9.other.weight": (sums, counts)},
              "nan": {**raw, "blk.0.attn_q.weight": (np.full_like(sums, np.nan), counts)}}
     for case, entries in cases.items():
         path = tmp_path / f"{case}.gguf"
-        _write_imatrix_gguf(path, entries)
+        parity.write_imatrix_gguf(path, entries)
         with pytest.raises(ModelInputError, match="imatrix"):
             api.plan_merge(config, settings=api.Settings(
                 output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix=str(path))))
@@ -375,7 +243,7 @@ def test_a_wrong_imatrix_is_refused_in_one_line_before_anything_is_written(
 
 
 def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
-        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:
+        tmp_path: Path, merges: dict[str, tuple[Path, Path]]) -> None:  # noqa: F811
     config, _ = merges["qwen3moe"]
     flags = ["--out-type", "gguf", "--gguf-type", "q4_k_m"]
     whole = tmp_path / "whole"  # never killed: in this process

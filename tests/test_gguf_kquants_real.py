@@ -28,15 +28,16 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import test_gguf_mxfp4
 import test_gguf_tquants
+from encoderparity import one_baseline  # noqa: F401 (fixtures)
 from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
 from support import write_config
 from test_gguf_iq2 import assert_llama_cpp_s
-from test_gguf_kquants import _write_imatrix_gguf
 
 from resumerge import api
 from resumerge.merge.plan.gguftypes import MIXES
@@ -91,7 +92,7 @@ def _imatrix(f16: Path) -> dict[str, np.ndarray]:
 
 def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
     """``entries`` as llama-imatrix's GGUF, each counted once (the sums are the values llama-quantize applies)."""
-    _write_imatrix_gguf(path, {name: (values.reshape(1, -1), np.ones(1, dtype=np.float32))
+    parity.write_imatrix_gguf(path, {name: (values.reshape(1, -1), np.ones(1, dtype=np.float32))
                                for name, values in entries.items()})
 
 

@@ -9,23 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 import torch
+from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, library, needs_library, quantize, quantize_model
 from support import write_config
-from test_gguf_iquants import finite_row, ties
-from test_gguf_kquants import (
-    _same_as_llama_quantize,
-    _tensors,
-    awkward,
-    importance,
-    merges,  # noqa: F401 (a fixture)
-    real_rows,  # noqa: F401 (a fixture)
-)
+from test_gguf_iquants import finite_row
 
 from resumerge import api
 from resumerge.inputs.gguf import blocks
@@ -75,9 +69,9 @@ def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes(monkeypatch: pytest.MonkeyPa
     """Awkward rows, merges' ties and zeros, the edges, compiled and numpy; an importance matrix changes nothing
     (llama.cpp's quantizer reads none for MXFP4)."""
     needs_library()
-    for x in (awkward(16, 1024, 0), ties(1), edges()):
+    for x in (parity.awkward(16, 1024, 0), parity.ties(1), edges()):
         assert_llama_cpp_s(x, monkeypatch)
-        assert np.array_equal(encode_mxfp4(x, MXFP4, importance(x.shape[1], 2)), quantize(x, MXFP4))
+        assert np.array_equal(encode_mxfp4(x, MXFP4, parity.importance(x.shape[1], 2)), quantize(x, MXFP4))
 
 
 def test_the_mxfp4_encoder_writes_llama_cpp_s_bytes_on_real_weights(real_rows: np.ndarray,  # noqa: F811
@@ -105,7 +99,7 @@ def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch
         raise AssertionError("the numpy path ran")
 
     monkeypatch.setattr(mxfp4quants, "_codes", refused)
-    encode_mxfp4(awkward(12, 512, 2))
+    encode_mxfp4(parity.awkward(12, 512, 2))
 
 
 def test_mxfp4_decodes_as_llama_cpp_and_gguf_py_decode_it() -> None:
@@ -114,7 +108,7 @@ def test_mxfp4_decodes_as_llama_cpp_and_gguf_py_decode_it() -> None:
     needs_library()
     noise = np.random.default_rng(0).integers(0, 256, (256, 17), dtype=np.uint8)
     noise[:, 0] = np.arange(256)
-    for stored in (encode_mxfp4(awkward(16, 512, 1)), encode_mxfp4(edges()), noise.reshape(16, -1)):
+    for stored in (encode_mxfp4(parity.awkward(16, 512, 1)), encode_mxfp4(edges()), noise.reshape(16, -1)):
         ours = blocks.decode(torch.from_numpy(stored), MXFP4).numpy()
         assert np.array_equal(ours, dequantize(stored, MXFP4))
         with np.errstate(over="ignore"):  # 12 * 2^127 is inf on every side
@@ -147,8 +141,8 @@ def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_stacked_experts(
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="mxfp4_moe")))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["mxfp4_moe"].file_type)
-    _same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
-    assert {t for t, _ in _tensors(tmp_path / "out" / "model.gguf").values()} == {0, 8, MXFP4}
+    parity.same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+    assert {t for t, _ in parity.stored_tensors(tmp_path / "out" / "model.gguf").values()} == {0, 8, MXFP4}
 
 
 @pytest.mark.slow
@@ -165,8 +159,8 @@ def test_the_mxfp4_moe_mix_is_llama_quantize_s_on_mixtral_experts_one_by_one(tmp
     api.run(merge, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="f16,mxfp4_moe")))  # a release: one merge, both files
     quantize_model(tmp_path / "out" / "model-F16.gguf", tmp_path / "llama.gguf", MIXES["mxfp4_moe"].file_type)
-    _same_as_llama_quantize(tmp_path / "out" / "model-MXFP4_MOE.gguf", tmp_path / "llama.gguf")
-    types = {n: t for n, (t, _) in _tensors(tmp_path / "out" / "model-MXFP4_MOE.gguf").items()}
+    parity.same_as_llama_quantize(tmp_path / "out" / "model-MXFP4_MOE.gguf", tmp_path / "llama.gguf")
+    types = {n: t for n, (t, _) in parity.stored_tensors(tmp_path / "out" / "model-MXFP4_MOE.gguf").items()}
     assert types["blk.0.ffn_gate_exps.weight"] == MXFP4 and types["blk.0.attn_q.weight"] == 8
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import encoderparity as parity
 import gguf
 import numpy as np
 import pytest
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import needs_library, quantize_model
 from support import cli, cli_here, write_config
-from test_gguf_kquants import _as_llama_quantize_takes_it, _imatrix_entries, _write_imatrix_dat, _write_imatrix_gguf
 
 from resumerge import api
 from resumerge.api.options import Output, plan_options
@@ -59,8 +59,8 @@ def test_pure_the_file_s_pairs_overrides_and_imatrix_keys_are_llama_quantize_s(
     in llama-quantize's order; under --pure the head is the mix's default type (not Q6_K), the file's pairs apply."""
     needs_library()
     config, f16 = merge
-    raw = _imatrix_entries(f16, 3)
-    _write_imatrix_gguf(tmp_path / "my.imatrix.gguf", raw)
+    raw = parity.imatrix_entries(f16, 3)
+    parity.write_imatrix_gguf(tmp_path / "my.imatrix.gguf", raw)
     (tmp_path / "types.txt").write_text("attn_q=Q8_0  blk\\.1\\.ffn_up=q5_k\n\nffn_down=q6_k\n")
     out = tmp_path / "out"
     kvs = ("general.name=str:merged by me", "llama.context_length=int:4096", "x.ratio=float:0.25", "x.flag=bool:true")
@@ -74,7 +74,7 @@ def test_pure_the_file_s_pairs_overrides_and_imatrix_keys_are_llama_quantize_s(
                ("quantize.imatrix.dataset", "str", "calibration.txt"),
                ("quantize.imatrix.entries_count", "int", len(raw)), ("quantize.imatrix.chunks_count", "int", 4))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type, pure=True,
-                   imatrix=_as_llama_quantize_takes_it(raw), kv_overrides=user + imatrix,
+                   imatrix=parity.as_llama_quantize_takes_it(raw), kv_overrides=user + imatrix,
                    tensor_types=(("attn_q", OVERRIDE_TYPES["q8_0"]), ("blk\\.1\\.ffn_up", OVERRIDE_TYPES["q5_k"]),
                                  ("ffn_down", OVERRIDE_TYPES["q6_k"])))
     (ours, our_kv), (theirs, their_kv) = _file(out / "model.gguf"), _file(tmp_path / "llama.gguf")
@@ -156,8 +156,8 @@ def test_the_imatrix_keys_read_both_formats(tmp_path: Path) -> None:
     imatrix.chunk_count; .dat's name and count after its entries."""
     raw = {"blk.0.attn_q.weight": (np.ones((1, 32), np.float32), np.array([3], np.float32)),
            "blk.0.ffn_up.weight": (np.ones((1, 64), np.float32), np.array([0], np.float32))}
-    _write_imatrix_gguf(tmp_path / "m.gguf", raw)
-    _write_imatrix_dat(tmp_path / "m.dat", raw)
+    parity.write_imatrix_gguf(tmp_path / "m.gguf", raw)
+    parity.write_imatrix_dat(tmp_path / "m.dat", raw)
     for path in (tmp_path / "m.gguf", tmp_path / "m.dat"):
         assert matrix_facts(path, read_imatrix(path)) == ("calibration.txt", 4), path
 

@@ -53,5 +53,9 @@ def encode(ggml_type: int, block: _Array, qw: _Array | None, offset: int, out: _
         if kind == iq2loop.XXS:
             kernels.start(xval, weight, start)
         d = np.empty(b, dtype=F)
-        kernels.search(xval, weight, waux, signs, start, kind, arrays, out[:, 2:], d)
+        # the codes into a buffer of their own, copied after: out[:, 2:] is a strided view (C-contiguous where it is
+        # one row), and numba would compile the kernel again for each layout (3 CPU s)
+        codes = np.empty((b, out.shape[1] - 2), dtype=np.uint8)
+        kernels.search(xval, weight, waux, signs, start, kind, arrays, codes, d)
+        out[:, 2:] = codes
     out[:, 0:2] = ks.f16(d)[0].view(np.uint8).reshape(-1, 2)
