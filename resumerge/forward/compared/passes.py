@@ -182,8 +182,9 @@ class _CheckStep(Step[PassFigures]):
         return self.fold is not None and self.fold.nonfinite()
 
     def layer(self, index: int, hidden: Hidden) -> Hidden:
-        same_input = hidden[self.reference] if self.reference is not None else None
-        hidden, on_same = self.models.layer(index, hidden, self.reference)
+        # (the reference's input as its forward gives it: a residual sum between two parts, a loop's start)
+        same_input = self.models.entered(index, hidden, self.reference) if self.reference is not None else None
+        hidden, on_same = self.models.layer(index, hidden, self.reference, same_input)
         self.stats.append(layer_row(hidden, on_same, same_input, self.real))
         return hidden
 

@@ -470,6 +470,15 @@ class ModelStream:
             return found.transpose(0, 1).contiguous()
         return self._run(layer, hidden, call, hand_on)
 
+    def entered(self, hidden: torch.Tensor, call: LayerCall, index: int | None = None) -> torch.Tensor:
+        """The hidden states the forward gives ``call``'s layer where the previous call's output is ``hidden``
+        (:func:`~.handed.entered`: a residual sum or a loop's start computed again from this model's outputs),
+        batch first: what :meth:`run` gives the layer, for another model's layer run on this one's input."""
+        if getattr(call, "entering", None) is None:
+            return hidden
+        found: torch.Tensor = entered(call, hidden, index)
+        return found.transpose(0, 1).contiguous() if self.positions_first else found
+
     @staticmethod
     def _run(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall, hand_on: bool) -> torch.Tensor:
         args, kwargs = given(call)

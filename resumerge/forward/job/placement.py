@@ -40,9 +40,16 @@ class Placement(Protocol):
     def before(self) -> int:
         """How many positions the first model's layers' hidden states hold before the tokens' (CPM-Ant's prompt)."""
 
-    def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
-        """Each model's layer ``index`` on its own ``hidden`` states and on the reference's (its own output where it
-        is the reference or there is none): both, per model."""
+    def layer(self, index: int, hidden: Hidden, reference: int | None, same: list[torch.Tensor] | None = None
+              ) -> tuple[Hidden, Hidden]:
+        """Each model's layer ``index`` on its own ``hidden`` states and on the reference's input to the layer
+        (``same`` where given, else :meth:`entered`; its own output where it is the reference or there is none):
+        both, per model."""
+
+    def entered(self, index: int, hidden: Hidden, m: int) -> list[torch.Tensor]:
+        """Model ``m``'s input to its layer ``index`` as its forward gives it, per batch, its last outputs
+        ``hidden[m]``: what the forward computes before the layer from earlier outputs (a residual sum between two
+        parts, a loop's start) computed again, where it computes anything (:meth:`ModelStream.entered`)."""
 
     def carried(self, index: int) -> dict[str, torch.Tensor]:
         """What the layers up to ``index`` hand later ones beside the hidden states, for the pass's journal
@@ -126,8 +133,10 @@ class Streams:
     def before(self) -> int:
         return self.streams[0].tail.positions_before()
 
-    def layer(self, index: int, hidden: Hidden, reference: int | None) -> tuple[Hidden, Hidden]:
-        same_input = hidden[reference] if reference is not None else None
+    def layer(self, index: int, hidden: Hidden, reference: int | None, same: list[torch.Tensor] | None = None
+              ) -> tuple[Hidden, Hidden]:
+        same_input = (same if same is not None else self.entered(index, hidden, reference)) \
+            if reference is not None else None
         n = len(self.streams)
         own: Hidden = [[] for _ in range(n)]
         on_same: Hidden = [[] for _ in range(n)]
@@ -147,6 +156,9 @@ class Streams:
         if self.watch is not None:
             self.watch.end_layer()
         return own, on_same
+
+    def entered(self, index: int, hidden: Hidden, m: int) -> list[torch.Tensor]:
+        return model_entered(self.streams[m], index, hidden[m], self.calls[m])
 
     def _prefetch(self, index: int, order: list[int], k: int) -> None:
         """The layer read after the ``k``-th of layer ``index``'s ``order`` (the next model's, else the next layer's
@@ -187,6 +199,13 @@ def batched_on(stream: ModelStream, layer: torch.nn.Module, entering: list[tuple
     return batches is None or pads_alike(stream, layer, batches, entering, outputs)
 
 
+def model_entered(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]]
+                  ) -> list[torch.Tensor]:
+    """One model's input to its layer ``index`` as its forward gives it, per batch, its last outputs ``own``
+    (:meth:`ModelStream.entered`)."""
+    return [stream.entered(h, calls[s][index], index) for s, h in enumerate(own)]
+
+
 def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls: list[list[LayerCall]],
                 same: list[torch.Tensor] | None, loaded: bool = False
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -195,7 +214,9 @@ def model_layer(stream: ModelStream, index: int, own: list[torch.Tensor], calls:
     (the first layer of models with the same embeddings) its output is the same and is not computed twice.
     ``loaded``: the layer holds its weights already (read for another step, not read again); it is left without
     them, as after a read."""
-    equal = same is not None and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
+    # (a layer given more than the previous output, :meth:`ModelStream.entered`, is given other input than ``own``)
+    equal = same is not None and all(getattr(calls[s][index], "entering", None) is None for s in range(len(own))) \
+        and all(a is b or torch.equal(a, b) for a, b in zip(own, same))
     module = stream.layers_list[index]
     with _seeded(stream, index), held(stream, module) if loaded else stream.loaded(module) as layer:
         out = [stream.run(layer, h, calls[s][index]) for s, h in enumerate(own)]

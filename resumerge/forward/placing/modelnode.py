@@ -14,7 +14,7 @@ from resumerge.forward.compared.heads import shared
 from resumerge.forward.compared.passes import ModelHead, compared, logprobs, model_layer, streams_of
 from resumerge.forward.engine import handed
 from resumerge.forward.engine.standins import LayerCall
-from resumerge.forward.job.placement import NodeWatch
+from resumerge.forward.job.placement import NodeWatch, model_entered
 from resumerge.forward.opening.opened import PassModel
 from resumerge.forward.placing.onray import Read, logged, on_node
 from resumerge.forward.text.vocabs import SharedVocab
@@ -126,6 +126,15 @@ class ModelNode:
         if watch is None:
             return out, theirs, handed.carried([self.calls], index), None
         return out, theirs, handed.carried([self.calls], index), watch.taken(0)
+
+    def entered(self, index: int, own: Hidden | None) -> Hidden | None:
+        """This model's input to its layer ``index`` as its forward gives it (see
+        :func:`~resumerge.forward.job.placement.model_entered`), on its hidden states (``own`` where given, else its
+        last output); None where its forward gives the layer its last output as it is (nothing sent back)."""
+        if all(getattr(calls[index], "entering", None) is None for calls in self.calls):
+            return None
+        with torch.no_grad(), kernel_threads(self.threads):
+            return model_entered(self.stream, index, own if own is not None else self.hidden, self.calls)
 
     def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Put back what :meth:`layer` handed the driver (named as model 0's): a resumed pass, a new actor."""

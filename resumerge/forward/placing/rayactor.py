@@ -308,13 +308,24 @@ class RayModels:
     def before(self) -> int:
         return int(self._whole(lambda: self._get(self.actors[0].before.remote())))
 
-    def layer(self, index: int, hidden: list[Hidden], reference: int | None) -> tuple[list[Hidden], list[Hidden]]:
+    def entered(self, index: int, hidden: list[Hidden], m: int) -> Hidden:
+        """Model ``m``'s input to its layer ``index`` (:meth:`~resumerge.forward.job.placement.Placement.entered`):
+        computed by its actor, which holds its earlier outputs, where its forward computes one (else ``hidden[m]``,
+        never sent)."""
+        found: Hidden | None = self._whole(
+            lambda: self._get(self.actors[m].entered.remote(index, self._own(m, hidden))))
+        return hidden[m] if found is None else found
+
+    def layer(self, index: int, hidden: list[Hidden], reference: int | None, same: Hidden | None = None
+              ) -> tuple[list[Hidden], list[Hidden]]:
         if self.on_layer is not None:
             self.on_layer(index, self.nodes)
-        same = self.ray.put(hidden[reference]) if reference is not None else None
+        if reference is not None and same is None:
+            same = self.entered(index, hidden, reference)
+        sent = self.ray.put(same) if same is not None else None
         before = list(self.nodes)
         done: list[tuple[Hidden, Hidden | None, dict[str, torch.Tensor], object]] = self._each(
-            lambda m: self.actors[m].layer.remote(index, self._own(m, hidden), None if m == reference else same))
+            lambda m: self.actors[m].layer.remote(index, self._own(m, hidden), None if m == reference else sent))
         self._checked()
         self.seeded = True
         self.fresh.clear()
