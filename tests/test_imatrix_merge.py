@@ -394,7 +394,7 @@ def test_the_pass_runs_texts_on_two_threads_and_sums_the_bits_one_thread_sums(
         def map(self, fn: Callable[..., object], *iterables: Iterable[object]) -> Iterator[object]:
             return map(fn, *iterables)
 
-    monkeypatch.setattr(ModelStream, "run", staticmethod(run))  # a static method, patched as one
+    monkeypatch.setattr(ModelStream, "run", run)
     threaded = tmp_path / "threaded"
     api.run(config, threaded / "out", settings=api.Settings(state_dir=threaded / "s", output=api.Output(
         out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))

@@ -249,11 +249,12 @@ def test_the_importance_pass_runs_each_layer_on_one_thread_whatever_j_says(
     seen: list[int] = []
     real = ModelStream.run
 
-    def recording(layer: torch.nn.Module, hidden: torch.Tensor, call: object, **kwargs: bool) -> torch.Tensor:
+    def recording(self: ModelStream, layer: torch.nn.Module, hidden: torch.Tensor, call: object,
+                  **kwargs: bool) -> torch.Tensor:
         seen.append(torch.get_num_threads())
-        return real(layer, hidden, call, **kwargs)  # type: ignore[arg-type]
+        return real(self, layer, hidden, call, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ModelStream, "run", staticmethod(recording))
+    monkeypatch.setattr(ModelStream, "run", recording)
     config, texts = gguf_merge
     before = torch.get_num_threads()
     try:

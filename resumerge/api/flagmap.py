@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from resumerge.api.options import GROUPS, Settings
@@ -74,7 +75,7 @@ def grouped(function: Callable[..., Any], flat: Mapping[str, Any]) -> dict[str, 
 
 # The command line's settings of an executor: each one's flag and the field of the executor's class it sets (a class
 # without that field takes no such setting).
-_SETTINGS = {"--ray-address": "address", "--keep-workers": "keep_workers"}
+_SETTINGS = MappingProxyType({"--ray-address": "address", "--keep-workers": "keep_workers"})
 
 
 def _fields(row: passplace.ExecutorRow) -> set[str]:

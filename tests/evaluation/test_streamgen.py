@@ -119,11 +119,11 @@ def test_streamed_greedy_generation_equals_lm_evals_hf_model_stops_and_lengths_t
     rows: list[int] = []
     run = ModelStream.run
 
-    def counted(layer: Any, hidden: Any, call: Any, **kwargs: Any) -> Any:
+    def counted(self: ModelStream, layer: Any, hidden: Any, call: Any, **kwargs: Any) -> Any:
         rows.append(int(hidden.shape[0]))
-        return run(layer, hidden, call, **kwargs)
+        return run(self, layer, hidden, call, **kwargs)
 
-    monkeypatch.setattr(ModelStream, "run", staticmethod(counted))
+    monkeypatch.setattr(ModelStream, "run", counted)
     said: list[str] = []
     ours = _evaluate(model, tasks, names, tmp_path / "state", said)
     monkeypatch.undo()
