@@ -90,8 +90,12 @@ def test_a_model_whose_layers_cannot_be_followed_is_refused_in_one_line(tmp_path
     model = as_checked(_model(tmp_path / "m", "gpt2", False))  # (a family transformers builds, not .native)
     streams = streams_of([model])
     monkeypatch.setattr(stream, "in_order", lambda *args: None)
-    with pytest.raises(ModelInputError, match="cannot follow GPT2Model's forward one layer at a time") as refused:
-        forward_pass([model], streams, TOKENS, tmp_path / "journal")
+    try:
+        with pytest.raises(ModelInputError, match="cannot follow GPT2Model's forward one layer at a time") as refused:
+            forward_pass([model], streams, TOKENS, tmp_path / "journal")
+    finally:
+        for opened in streams:
+            opened.close()
     assert "\n" not in str(refused.value)
 
 
