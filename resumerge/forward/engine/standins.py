@@ -1,14 +1,16 @@
 """The stand-ins a streamed forward puts in a model's place (:mod:`.stream`): a decoder layer's, recording its calls;
 the base model's under the causal-LM head, returning the final norm's output; the final norm's while the layers'
-calls are captured. Each reads its other attributes from the module it stands in for."""
+calls are captured. Each reads its other attributes from the module it stands in for. And two edits of a recorded
+call: the real token ids where renumbered ones were given, a cache the forward made unasked taken out."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.engine.handed import HIDDEN, Output, Reads, Slot, plain, traced
+from resumerge.forward.engine.handed import HIDDEN, HandingCall, Output, Reads, Slot, plain, traced
+from resumerge.forward.engine.tail import is_cache
 from resumerge.machine.torch_import import torch
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).
@@ -153,3 +155,26 @@ def recorded(module: torch.nn.Module) -> Iterator[list[Any]]:
         yield found
     finally:
         hook.remove()
+
+
+def ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> LayerCall:
+    """A layer's ``call`` captured with the ``renumbered`` token ids (rows of a cut embedding table), the real
+    ``ids`` in their place: a layer that reads the ids (DeepSeek-V4's hash routing, ``tid2eid[input_ids]``) is
+    given the tokens themselves."""
+    args, kwargs = call
+    fixed = (tuple(ids if v is renumbered else v for v in args),
+             {k: ids if v is renumbered else v for k, v in kwargs.items()})
+    return call.remade(fixed) if isinstance(call, HandingCall) else fixed
+
+
+def unasked_cache_dropped(call: LayerCall, more: Mapping[str, Any] | None) -> LayerCall:
+    """A layer's ``call`` given None for a cache the forward made though none was asked for (not among ``more``, the
+    forward's arguments given: a generation's cache is kept): XLM's forward makes one whatever ``use_cache`` says,
+    and a layer given it writes its keys there, so that running the call again (the padding probe, a base's pass)
+    would attend to the keys of the run before too."""
+    asked = {id(v) for v in (more or {}).values()}
+    args, kwargs = call
+    if not any(is_cache(v) and id(v) not in asked for v in (*args, *kwargs.values())):
+        return call
+    args = tuple(None if is_cache(v) and id(v) not in asked else v for v in args)
+    return args, {k: None if is_cache(v) and id(v) not in asked else v for k, v in kwargs.items()}

@@ -22,7 +22,6 @@ from resumerge.forward.engine.calls import call_order, in_order, looped, steps_o
 from resumerge.forward.engine.device import moved
 from resumerge.forward.engine.handed import (
     HIDDEN,
-    HandingCall,
     entered,
     given,
     handed_on,
@@ -35,11 +34,19 @@ from resumerge.forward.engine.layerlists import Parts, first_list, innermost, la
 from resumerge.forward.engine.multimodal import head_site, renamed, stored_prefixes, text_model
 from resumerge.forward.engine.native import NativeConfig
 from resumerge.forward.engine.reader import CastReader, Weights, base_formats
-from resumerge.forward.engine.standins import AS_BUILT, BY_ATTRIBUTE, LayerCall, fed_to, recorded, stand_ins
+from resumerge.forward.engine.standins import (
+    AS_BUILT,
+    BY_ATTRIBUTE,
+    LayerCall,
+    fed_to,
+    ids_back,
+    recorded,
+    stand_ins,
+    unasked_cache_dropped,
+)
 from resumerge.forward.engine.tail import (
     Tail,
     final_names,
-    is_cache,
     positions_first,
     shaped,
     tail_names,
@@ -66,34 +73,11 @@ def _more(given: Given, batch: int) -> Mapping[str, Any] | None:
     return None if given is None else given[batch]
 
 
-def _ids_back(call: LayerCall, renumbered: torch.Tensor, ids: torch.Tensor) -> LayerCall:
-    """A layer's ``call`` captured with the ``renumbered`` token ids (rows of a cut embedding table), the real
-    ``ids`` in their place: a layer that reads the ids (DeepSeek-V4's hash routing, ``tid2eid[input_ids]``) is
-    given the tokens themselves."""
-    args, kwargs = call
-    fixed = (tuple(ids if v is renumbered else v for v in args),
-             {k: ids if v is renumbered else v for k, v in kwargs.items()})
-    return call.remade(fixed) if isinstance(call, HandingCall) else fixed
-
-
 def _doc(text: Any) -> Mapping[str, Any]:
     """A text config as a mapping (transformers' as its ``to_dict``; a native one's as its fields)."""
     found: Mapping[str, Any] = (text.to_dict() if callable(getattr(text, "to_dict", None))
                                 else dict(getattr(text, "__dict__", {})))
     return found
-
-
-def _unasked_cache_dropped(call: LayerCall, more: Mapping[str, Any] | None) -> LayerCall:
-    """A layer's ``call`` given None for a cache the forward made though none was asked for (not among ``more``, the
-    forward's arguments given: a generation's cache is kept): XLM's forward makes one whatever ``use_cache`` says,
-    and a layer given it writes its keys there, so that running the call again (the padding probe, a base's pass)
-    would attend to the keys of the run before too."""
-    asked = {id(v) for v in (more or {}).values()}
-    args, kwargs = call
-    if not any(is_cache(v) and id(v) not in asked for v in (*args, *kwargs.values())):
-        return call
-    args = tuple(None if is_cache(v) and id(v) not in asked else v for v in args)
-    return args, {k: None if is_cache(v) and id(v) not in asked else v for k, v in kwargs.items()}
 
 
 class ModelStream:
@@ -388,7 +372,7 @@ class ModelStream:
             for b, (ids, mask) in enumerate(batches):
                 renumbered = torch.searchsorted(used, ids)
                 hidden, calls = self.capture(renumbered, mask, more=_more(given, b))
-                entering.append((hidden, [_ids_back(call, renumbered, ids) for call in calls]))
+                entering.append((hidden, [ids_back(call, renumbered, ids) for call in calls]))
             return self.placed(entering)
         finally:
             embed._parameters.update(before)
@@ -435,7 +419,7 @@ class ModelStream:
                 if found is None:
                     continue
                 step_calls, made, outs, seen = found
-                step_calls = [_unasked_cache_dropped(call, more) for call in step_calls]
+                step_calls = [unasked_cache_dropped(call, more) for call in step_calls]
                 first = plain(seen[0])
                 self.positions_first = positions_first(first, ids if embeds is None else embeds, fed)
                 made, outs = read_by_name(made, outs, seen)  # (outputs read by attribute: Reformer's two streams)
