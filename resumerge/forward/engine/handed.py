@@ -457,3 +457,11 @@ class Held:
 
     def restore(self, tensors: Mapping[str, Any]) -> None:
         restore(self.calls(), tensors)
+
+
+def is_cache(value: Any) -> bool:
+    """Whether ``value`` is a cache a layer writes its keys and values into (transformers' ``Cache``)."""
+    import sys
+
+    cache_utils = sys.modules.get("transformers.cache_utils")  # (no transformers imported: no cache)
+    return cache_utils is not None and isinstance(value, cache_utils.Cache)

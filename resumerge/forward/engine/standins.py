@@ -9,8 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.engine.handed import HIDDEN, HandingCall, Output, Reads, Slot, plain, traced
-from resumerge.forward.engine.tail import is_cache
+from resumerge.forward.engine.handed import HIDDEN, HandingCall, Output, Reads, Slot, is_cache, plain, traced
 from resumerge.machine.torch_import import torch
 
 # One decoder layer's call for one token sequence: (positional arguments after the hidden states, keywords).

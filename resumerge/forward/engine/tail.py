@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from resumerge.forward.engine.handed import Derived, Output, outputs_read, plain
+from resumerge.forward.engine.handed import Derived, Output, is_cache, outputs_read, plain
 from resumerge.machine.torch_import import torch
 
 # The token ids' shape the probe runs with, to find where the hidden states hold the batch and positions (Gemma 3n's
@@ -377,14 +377,6 @@ def shaped(part: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
     among them is given as a copy (:func:`fresh`): the call's own is left as the forward made it."""
     given = _tensors_mapped((args, kwargs), plain)
     return _shaped(part, part.forward, tuple(map(fresh, given[0])), {k: fresh(v) for k, v in given[1].items()})
-
-
-def is_cache(value: Any) -> bool:
-    """Whether ``value`` is a cache a layer writes its keys and values into (transformers' ``Cache``)."""
-    import sys
-
-    cache_utils = sys.modules.get("transformers.cache_utils")  # (no transformers imported: no cache)
-    return cache_utils is not None and isinstance(value, cache_utils.Cache)
 
 
 def fresh(value: Any) -> Any:
