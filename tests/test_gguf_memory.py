@@ -17,7 +17,8 @@ from ggufmodels import linear_llama_pair
 from support import cli, peak_rss_run
 from test_imatrix_merge import K_MIX, TEXTS
 
-pytest.importorskip("numba")  # without it the encoders are numpy's: no kernels to count
+pytest.importorskip("numba")
+RELEASE = ("--out-type", "gguf", "--gguf-type", "q4_k_m,iq2_m")  # without it the encoders are numpy's: no kernels to count
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +27,16 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return linear_llama_pair(tmp_path_factory.mktemp("budget"), TEXTS)
 
 
-@pytest.mark.parametrize("texts", [False, True], ids=["k-quants", "imatrix-texts"])
+@pytest.mark.parametrize(("mix", "texts"), [(K_MIX, False), (RELEASE, True)], ids=["k-quants", "imatrix-texts"])
 def test_a_gguf_run_at_the_smallest_budget_plan_names_stays_within_it(
-        merge: tuple[Path, Path], tmp_path: Path, texts: bool) -> None:
+        merge: tuple[Path, Path], tmp_path: Path, mix: tuple[str, ...], texts: bool) -> None:
     """At ``plan``'s smallest budget the run finishes and its process's peak RSS is within that budget; a budget
-    1 MB under it is refused by the run (exit 2) before anything is written."""
+    1 MB under it is refused by the run (exit 2) before anything is written. With a matrix, a release whose second
+    file is an i-quant mix (IQ2_S, IQ3_S): the tables their first tensors build were held above the budget
+    (tests/test_gguf_table_peaks.py)."""
     config, found = merge
     out, state = tmp_path / "out", tmp_path / "state"
-    args = (config, out, "--state-dir", state, *K_MIX, *(("--imatrix-texts", found) if texts else ()))
+    args = (config, out, "--state-dir", state, *mix, *(("--imatrix-texts", found) if texts else ()))
     planned = cli("plan", *args, "--json", timeout=600)
     assert planned.returncode == 0, planned.stderr
     smallest = json.loads(planned.stdout)["memory"]["smallest_budget"]

@@ -29,7 +29,7 @@ __all__ = ["Tables", "build", "tables"]
 
 _KEYS = 43692  # kmap_size: every key of levels 0 ... 2 (the largest, all 2s, is 43690)
 _NWANT = MappingProxyType({IQ2_XXS: 2, IQ2_XS: 2, IQ2_S: 1})
-_ROWS = 2048  # keys whose distances are taken together
+_ROWS = 256  # keys whose distances are taken together: 2048 at once made a 47 MB peak for the 1-bit grid
 
 
 class Tables(NamedTuple):
