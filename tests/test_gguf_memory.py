@@ -17,8 +17,9 @@ from ggufmodels import linear_llama_pair
 from support import cli, peak_rss_run
 from test_imatrix_merge import K_MIX, TEXTS
 
-pytest.importorskip("numba")
-RELEASE = ("--out-type", "gguf", "--gguf-type", "q4_k_m,iq2_m")  # without it the encoders are numpy's: no kernels to count
+pytest.importorskip("numba")  # without it the encoders are numpy's: no kernels to count
+# A release whose second file is an i-quant mix (IQ2_S, IQ3_S tensors: their tables built by its first tensors)
+RELEASE = ("--out-type", "gguf", "--gguf-type", "q4_k_m,iq2_m")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from resumerge.inputs.gguf import iq1blocks
 from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.inputs.gguf.iq2blocks import kgrid
