@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from resumerge.inputs.gguf import iq1blocks
+from resumerge.inputs.gguf import iq1blocks, iq3grid
 from resumerge.inputs.gguf.ggmltypes import IQ2_S, IQ2_XS, IQ2_XXS
 from resumerge.inputs.gguf.iq2blocks import kgrid
 from resumerge.outputs.gguf import iq2grid, iq3neighbours
@@ -41,7 +41,7 @@ def test_a_table_s_build_holds_little_beyond_the_table(table: str) -> None:
     """The build's peak of traced allocations (numpy's included) less what the table keeps is under
     :data:`_TRANSIENT`."""
     build = BUILDS[table]()
-    iq3neighbours.iq3grid.levels(256), iq3neighbours.iq3grid.levels(512)  # the grids' own, as above
+    iq3grid.levels(256), iq3grid.levels(512)  # the grids' own, as above
     tracemalloc.start()
     try:
         built = build()
