@@ -407,6 +407,27 @@ def write_files(root: Path, files: dict[str, str]) -> None:
         (root / name).write_text(text)
 
 
+def relayout_once(name: str, root: Path, files: dict[str, str]) -> tuple[ModuleType, list[str]]:
+    """``tools/<name>.py`` run once on ``files`` written under ``root`` (:func:`write_files`): the tool's module and
+    the lines its run said."""
+    write_files(root, files)
+    tool = load_tool(name)
+    return tool, tool.relayout(root)
+
+
+def relayout_again(tool: ModuleType, root: Path) -> list[str]:
+    """A relayout ``tool`` (:func:`relayout_once`) run a second time on ``root``: the lines it said, once asserted that
+    it changed no file (caches aside)."""
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in root.rglob("*")
+                if p.is_file() and not {".ruff_cache", "__pycache__"} & set(p.parts)}
+
+    before = files()
+    said: list[str] = tool.relayout(root)
+    assert files() == before
+    return said
+
+
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Torch on ``count`` threads in this process for the block, the count before restored after it."""
