@@ -45,6 +45,7 @@ def generate_task(name: str, *, text: str, target: str, until: str, tokens: int,
              "output_type: generate_until", f'doc_to_text: "{text}"', f'doc_to_target: "{target}"',
              f"generation_kwargs: {{until: [{json.dumps(until)}], max_gen_toks: {tokens}"
              + (", do_sample: false}" if greedy else "}"), "metric_list: [{metric: exact_match}]"]
+    # a str.format template: every brace of the YAML doubled, then the data file's place (NUL above) its one slot
     return "".join(f"{line}\n" for line in lines).replace("{", "{{").replace("}", "}}").replace("\0", "{test}")
 
 
