@@ -26,18 +26,6 @@ print(done.returncode, wall, use.ru_maxrss * 1024, use.ru_oublock * 512)
 sys.stderr.write(done.stderr[-3000:] if done.returncode not in (0, -9) else "")
 """
 MB = 2**20
-GEN = """task: bench_gen
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {test}}}}}
-test_split: test
-output_type: generate_until
-doc_to_text: "Question {{{{question}}}} Answer"
-doc_to_target: "{{{{choices[0]}}}}"
-generation_kwargs: {{until: ["<never>"], max_gen_toks: {tokens}, do_sample: false}}
-metric_list: [{{metric: exact_match}}]
-"""
-
-
 def measured(argv: list[str], env: dict[str, str], killed: bool = False) -> tuple[float, int, int]:
     """Wall seconds, peak RSS and bytes written of ``argv`` in a fresh process (``killed``: it is meant to die by
     SIGKILL)."""
@@ -178,14 +166,16 @@ def unwritten(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> Non
 def generate(args: argparse.Namespace, tasks: Path, env: dict[str, str]) -> None:
     """A generation task (``--docs`` / 5 documents, 32 new tokens each, no stop sequence met) on ``--model`` and
     on a generated tiny model (context 256), with this tree and with ``--base``'s, alternated over ``--runs``."""
-    from evaluation.evaltasks import _jsonl, _mc_rows, tiny_model
+    from evaluation.evaltasks import _jsonl, _mc_rows, generate_task, tiny_model
 
     if args.base is None:
         raise SystemExit("--bench generate needs --base ROOT (git archive <commit> | tar -x -C ROOT)")
     include = args.work / "gen"
     include.mkdir()
     test = _jsonl(args.work / "gen.jsonl", _mc_rows(0, max(1, args.docs // 5)))
-    (include / "bench_gen.yaml").write_text(GEN.format(test=test, tokens=32))
+    gen = generate_task("bench_gen", text="Question {{question}} Answer", target="{{choices[0]}}", until="<never>",
+                        tokens=32, greedy=True)
+    (include / "bench_gen.yaml").write_text(gen.format(test=test))
     tiny = tiny_model(args.work / "tiny-gen", context=256)
     for model in (tiny, args.model):
         for run in range(args.runs):

@@ -14,16 +14,14 @@ niced work too).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from childtime import timed_run, tree_env
+from childtime import ab_parser, timed_run, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,11 +48,7 @@ def _results(stdout: str) -> object:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("a_root")
-    parser.add_argument("b_root")
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-eval-start")
+    parser = ab_parser(__doc__, "bench-eval-start")
     parser.add_argument("--limit", type=int, default=2)
     args = parser.parse_args()
     from realmodel import smollm2_folder

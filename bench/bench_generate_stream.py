@@ -45,22 +45,14 @@ for path in (ROOT, ROOT / "tests", HERE):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-_TASK = """task: bench_gen
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {test}}}}}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{text}}}}"
-doc_to_target: "{{{{target}}}}"
-generation_kwargs: {{until: ["zzzzqqqq"], max_gen_toks: {tokens}}}
-metric_list: [{{metric: exact_match}}]
-"""
 _SENTENCE = ("the river ran past the old mill where the miller kept his grain and his cat slept by the door while "
           "children played in the field beyond the hedge and the sun went down over the hills")
 
 
 def write_task(folder: Path, requests: int, tokens: int) -> Path:
     """A generation task over ``requests`` contexts of about 60 tokens, ``tokens`` new tokens each."""
+    from evaluation.evaltasks import generate_task
+
     folder.mkdir(parents=True, exist_ok=True)
     rows, vocabulary = [], _SENTENCE.split(" ")
     for i in range(requests):
@@ -68,7 +60,8 @@ def write_task(folder: Path, requests: int, tokens: int) -> Path:
         rows.append({"text": " ".join(words).capitalize() + ".", "target": "x"})
     data = folder / "gen.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "bench_gen.yaml").write_text(_TASK.format(test=data, tokens=tokens))
+    task = generate_task("bench_gen", text="{{text}}", target="{{target}}", until="zzzzqqqq", tokens=tokens)
+    (folder / "bench_gen.yaml").write_text(task.format(test=data))
     return folder
 
 

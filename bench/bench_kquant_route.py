@@ -76,16 +76,8 @@ for extra in (ROOT, ROOT / "tests"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-# Forks the command, waits for it and prints its exit code, the peak RSS of its largest process and the CPU
-# seconds of it and its children.
-_LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
-    "_, status, usage = os.wait4(pid, 0)\n"
-    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)\n"
-)
+from launcher import launched  # noqa: E402
+
 # llama-imatrix's pass through llama.cpp's library (the oracle's collector; module docstring): the texts tokenized
 # by llama.cpp, its forward of the F16 GGUF watched in cb_eval, the matrix written in llama.cpp's GGUF format.
 # Prints its parts' wall seconds: library load, tokenizing, forward (with, of it, the Python callback), writing.
@@ -170,14 +162,10 @@ class Step(NamedTuple):
 
 def measured(label: str, argv: list[str], env: dict[str, str] | None = None, *, quiet: bool = False) -> Step:
     """``argv`` run niced through the launcher; exits with its stderr on failure."""
-    start = time.monotonic()
-    done = subprocess.run(["nice", "-n", "19", sys.executable, "-c", _LAUNCHER, *argv], capture_output=True,
-                          text=True, check=False, cwd=ROOT, env=env)
-    wall = time.monotonic() - start
-    fields = done.stdout.split()[-3:]
-    if len(fields) != 3 or fields[0] != "0":
+    done = launched(argv, env, cwd=ROOT, nice=True)
+    if done.code != 0:
         raise SystemExit(f"{label} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    cpu, peak = float(fields[2]), int(fields[1])
+    wall, cpu, peak = done.wall, done.cpu, done.peak_rss
     if not quiet:
         print(f"  {label}: wall {wall:.1f} s, CPU {cpu:.1f} s, peak RSS {peak / 2**30:.2f} GiB "
               f"(load {os.getloadavg()[0]:.1f})", flush=True)

@@ -15,10 +15,11 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from launcher import launched
 
 HERE = Path(__file__).resolve().parent
 CONFIG = """merge_method: linear
@@ -31,28 +32,12 @@ dtype: float32
 """
 
 
-# Linux keeps a process's pre-exec RSS high-water mark in ru_maxrss, so a command forked straight from this
-# (torch-importing, model-generating) process would report our RSS. A tiny launcher forks the real command.
-_LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execv(sys.argv[1], sys.argv[1:])\n"
-    "_, status, usage = os.wait4(pid, 0)\n"
-    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)\n"
-)
-
-
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
     """Run ``argv``; return (wall seconds, peak RSS bytes of that command alone, exit code)."""
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=env, capture_output=True, text=True,
-                          check=False)
-    wall = time.monotonic() - start
-    code, peak = (int(x) for x in done.stdout.split()[-2:])
-    if code != 0:
+    done = launched(argv, env)
+    if done.code != 0:
         sys.stderr.write(done.stderr[-2000:])
-    return wall, peak, code
+    return done.wall, done.peak_rss, done.code
 
 
 def make_inputs(work: Path) -> tuple[Path, Path]:

@@ -20,7 +20,6 @@ every process the run started (the prompt pass's included, killed or not) is rea
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -28,11 +27,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from childtime import children_cpu, reap, tree_env
+from childtime import ab_parser, children_cpu, reap, tree_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -124,11 +122,7 @@ def slot(code: str, root: str, config: Path, scratch: Path, shard: str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("a_root")
-    parser.add_argument("b_root")
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-moe-start")
+    parser = ab_parser(__doc__, "bench-moe-start")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--out-shard-size", default="20MB")

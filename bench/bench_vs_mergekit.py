@@ -33,7 +33,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -44,22 +43,11 @@ ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from launcher import launched  # noqa: E402
 from plan_estimate import against_measured, plan_estimate, planned_text  # noqa: E402
 
 from resumerge.machine.memory.sizes import format_size, parse_size  # noqa: E402
 
-# Forks the measured command and reports its exit code, its own peak RSS and the I/O the kernel credited to this
-# launcher once the child was reaped (the child's rchar/wchar/read_bytes/write_bytes, plus a few kB of our own).
-_LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execv(sys.argv[1], sys.argv[1:])\n"
-    "_, status, usage = os.wait4(pid, 0)\n"
-    "io = dict(line.split(': ') for line in open('/proc/self/io').read().splitlines())\n"
-    "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, io['rchar'], io['wchar'],\n"
-    "      io['read_bytes'], io['write_bytes'], usage.ru_utime + usage.ru_stime)\n"
-)
 
 def _config(method: str, body: str, parameters: str = "") -> str:
     """A YAML config for both tools: ``body`` lists the models (``{a}``, ``{b}``, ``{c}`` are filled in later)."""
@@ -134,15 +122,10 @@ class Measure:
 
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> Measure:
     """Run ``argv`` through the launcher; raises SystemExit with its stderr when it fails."""
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=env, capture_output=True, text=True,
-                          check=False, cwd=ROOT)
-    wall = time.monotonic() - start
-    fields = done.stdout.split()[-7:]
-    if len(fields) != 7 or fields[0] != "0":
+    done = launched(argv, env, cwd=ROOT)
+    if done.code != 0:
         raise SystemExit(f"{shlex.join(argv)} failed:\n{done.stderr[-3000:]}")
-    _, peak, rchar, wchar, rbytes, wbytes = (int(x) for x in fields[:6])
-    return Measure(wall, peak, rchar, wchar, rbytes, wbytes, cpu=float(fields[6]))
+    return Measure(done.wall, done.peak_rss, done.rchar, done.wchar, done.read_bytes, done.write_bytes, cpu=done.cpu)
 
 
 def model_spec(size: int) -> tuple[object, int]:

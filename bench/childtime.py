@@ -5,12 +5,26 @@ tail. Shared by the start-up and status benches (``bench_eval_start``, ``bench_m
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+
+def ab_parser(doc: str, work: str, pairs: int = 3) -> argparse.ArgumentParser:
+    """The command line of a bench that alternates two resumerge trees, A_ROOT and B_ROOT (each on ``PYTHONPATH`` in
+    turn), for ``--pairs`` pairs of runs in ``--work`` (default: ``work`` under the temporary folder); ``doc``'s first
+    line its description."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("a_root")
+    parser.add_argument("b_root")
+    parser.add_argument("--pairs", type=int, default=pairs)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / work)
+    return parser
 
 
 def tree_env(tree: str | Path | None, **extra: str) -> dict[str, str]:

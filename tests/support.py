@@ -132,6 +132,42 @@ def wait_stopped(process: Forked | subprocess.Popen[str], timeout: float = 120) 
     raise AssertionError(f"process {process.pid} never stopped")
 
 
+@dataclass
+class Stopped:
+    """A command held at its stop point by :func:`stopped_at`: its process, and once it has ended, what it printed."""
+
+    process: Forked | subprocess.Popen[str]
+    out: str = ""
+    err: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+@contextmanager
+def stopped_at(point: str, *args: str | Path, timeout: float = 120, finish: float = 300) -> Iterator[Stopped]:
+    """``resumerge ARGS`` started as :func:`cli_start` does (output captured) with ``RESUMERGE_STOP_AT=point``, and the
+    block run once it has stopped itself there (:func:`wait_stopped`): it holds its locks and journal meanwhile, as
+    a slow run would. After the block it is continued (SIGCONT, also when the block failed) and waited for
+    (``finish`` seconds), its output kept on the :class:`Stopped`; killed if it is still running when this ends."""
+    stopped = Stopped(cli_start(*args, env={"RESUMERGE_STOP_AT": point}, capture=True))
+    try:
+        wait_stopped(stopped.process, timeout)
+        try:
+            yield stopped
+        finally:
+            stopped.process.send_signal(signal.SIGCONT)
+        stopped.out, stopped.err = stopped.process.communicate(timeout=finish)
+    finally:
+        if stopped.process.poll() is None:
+            stopped.process.kill()
+
+
 def cli_here(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """``resumerge ARGS`` through the CLI's ``main`` in this process, its stdout and stderr captured, as :func:`cli`
     returns them: for a command that is not killed, an interpreter start (and torch's import) saved. The CLI's
@@ -405,6 +441,27 @@ def write_files(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
+
+
+def relayout_once(name: str, root: Path, files: dict[str, str]) -> tuple[ModuleType, list[str]]:
+    """``tools/<name>.py`` run once on ``files`` written under ``root`` (:func:`write_files`): the tool's module and
+    the lines its run said."""
+    write_files(root, files)
+    tool = load_tool(name)
+    return tool, tool.relayout(root)
+
+
+def relayout_again(tool: ModuleType, root: Path) -> list[str]:
+    """A relayout ``tool`` (:func:`relayout_once`) run a second time on ``root``: the lines it said, once asserted that
+    it changed no file (caches aside)."""
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in root.rglob("*")
+                if p.is_file() and not {".ruff_cache", "__pycache__"} & set(p.parts)}
+
+    before = files()
+    said: list[str] = tool.relayout(root)
+    assert files() == before
+    return said
 
 
 @contextmanager

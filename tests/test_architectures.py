@@ -110,6 +110,14 @@ def _source_layer_types(model_dir: Path) -> list[str] | None:
     return getattr(AutoConfig.from_pretrained(model_dir), "layer_types", None)
 
 
+def _stacked(first: Path, second: Path) -> dict[str, Any]:
+    """A passthrough of ``first``'s layers [0, 2) and ``second``'s [1, 3) (:data:`SELF_STACK` where they are one)."""
+    return {"merge_method": "passthrough", "slices": [
+        {"sources": [{"model": str(first), "layer_range": [0, 2]}]},
+        {"sources": [{"model": str(second), "layer_range": [1, 3]}]},
+    ]}
+
+
 def _has_experts(tensors: dict[str, torch.Tensor], family: Family, layer: int) -> bool:
     return any(n.startswith(f"{family.layer_prefix}.{layer}.") and ".experts." in n for n in tensors)
 
@@ -119,10 +127,7 @@ def test_self_stack_loads_with_layers_and_config_of_their_sources(
     name: str, family_models: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     family, (a, _) = _family(name), family_models[name]
-    out = _merge(tmp_path, {"merge_method": "passthrough", "slices": [
-        {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
-        {"sources": [{"model": str(a), "layer_range": [1, 3]}]},
-    ]}, out_shard_size="25k")
+    out = _merge(tmp_path, _stacked(a, a), out_shard_size="25k")
     got, src = output_tensors(out), output_tensors(a)
     _assert_layers(family, got, [(src, layer) for layer in SELF_STACK])
     loose = {n for n in src if _layer(n, family.layer_prefix) is None}
@@ -151,10 +156,7 @@ def test_derived_layer_types_are_written_when_the_stack_changes_them(
     # would give the stacked layers the wrong attention type. The output must name the types explicitly.
     a = family_models[name][0]
     assert "layer_types" not in json.loads((a / "config.json").read_text())
-    out = _merge(tmp_path, {"merge_method": "passthrough", "slices": [
-        {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
-        {"sources": [{"model": str(a), "layer_range": [1, 3]}]},
-    ]})
+    out = _merge(tmp_path, _stacked(a, a))
     types = _source_layer_types(a)
     assert types is not None
     expected = [types[layer] for layer in SELF_STACK]
@@ -186,10 +188,7 @@ def test_frankenmerge_of_two_models_takes_edges_from_first_and_last_slice(
     name: str, family_models: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     family, (a, b) = _family(name), family_models[name]
-    out = _merge(tmp_path, {"merge_method": "passthrough", "slices": [
-        {"sources": [{"model": str(a), "layer_range": [0, 2]}]},
-        {"sources": [{"model": str(b), "layer_range": [1, 3]}]},
-    ]})
+    out = _merge(tmp_path, _stacked(a, b))
     got, ta, tb = output_tensors(out), output_tensors(a), output_tensors(b)
     _assert_layers(family, got, [(ta, 0), (ta, 1), (tb, 1), (tb, 2)])
     assert torch.equal(got[family.embedding], ta[family.embedding])

@@ -14,27 +14,7 @@ import pytest
 
 from resumerge.analyses.importance.sums import Rerun, SumStep, carried
 from resumerge.forward.job.layerpass import unreserved
-from resumerge.inputs.gguf.ggmltypes import (
-    IQ1_M,
-    IQ1_S,
-    IQ2_S,
-    IQ2_XS,
-    IQ2_XXS,
-    IQ3_S,
-    IQ3_XXS,
-    IQ4_NL,
-    IQ4_XS,
-    Q2_K,
-    Q3_K,
-    Q4_0,
-    Q4_1,
-    Q4_K,
-    Q5_0,
-    Q5_1,
-    Q5_K,
-    Q6_K,
-    Q8_0,
-)
+from resumerge.inputs.gguf import ggmltypes as ggml
 from resumerge.machine.torch_import import torch
 from resumerge.merge.plan.ggufbudget import Option, choose, chosen_pairs, chosen_patterns, chosen_tensor
 from resumerge.outputs.gguf.sensitivity import candidate_types, quantization_costs, type_bytes
@@ -122,7 +102,7 @@ def test_on_random_cases_the_choice_fits_and_costs_within_a_few_per_cent_of_the_
 
 
 def test_the_recorded_pairs_match_each_name_alone() -> None:
-    pairs = chosen_pairs({"blk.1.ffn_up.weight": Q3_K, "blk.0.attn_q.weight": Q4_K})
+    pairs = chosen_pairs({"blk.1.ffn_up.weight": ggml.Q3_K, "blk.0.attn_q.weight": ggml.Q4_K})
     assert pairs == ("blk.0.attn_q.weight=q4_k", "blk.1.ffn_up.weight=q3_k")
     assert chosen_patterns(pairs) == (r"^blk\.0\.attn_q\.weight$=q4_k", r"^blk\.1\.ffn_up\.weight$=q3_k")
 
@@ -136,12 +116,13 @@ def test_which_tensors_a_target_chooses_and_among_which_types() -> None:
     assert not chosen_tensor("blk.0.attn_q.weight", (64, 100))  # not whole 32-value blocks: as its mix writes it
     # the i-quants publishers ship below 4 bits (the 1-bit ones too) beside the K-quants; on rows not whole
     # 256-value blocks the 32-value types llama.cpp falls them back to (IQ4_NL the i-quants')
-    assert candidate_types(512) == (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K,
-                                    Q5_K, Q6_K, Q8_0)
-    assert candidate_types(576) == (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
+    assert candidate_types(512) == (ggml.IQ1_S, ggml.IQ1_M, ggml.IQ2_XXS, ggml.IQ2_XS, ggml.IQ2_S, ggml.Q2_K,
+                                    ggml.IQ3_XXS, ggml.IQ3_S, ggml.Q3_K, ggml.IQ4_XS, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K,
+                                    ggml.Q8_0)
+    assert candidate_types(576) == (ggml.Q4_0, ggml.IQ4_NL, ggml.Q4_1, ggml.Q5_0, ggml.Q5_1, ggml.Q8_0)
     assert candidate_types(100) == ()
-    assert type_bytes(Q4_K, (3, 512)) == 3 * 2 * 144
-    assert type_bytes(Q8_0, (2, 64)) == 2 * 2 * 34
+    assert type_bytes(ggml.Q4_K, (3, 512)) == 3 * 2 * 144
+    assert type_bytes(ggml.Q8_0, (2, 64)) == 2 * 2 * 34
 
 
 def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
@@ -150,20 +131,22 @@ def test_costs_fall_with_bits_and_weigh_columns_by_importance() -> None:
     the important half's alone."""
     weight = torch.from_numpy(np.random.default_rng(1).standard_normal((8, 512)).astype(np.float32))
     ones = np.ones(512, dtype=np.float32)
-    kinds = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0)
+    kinds = (ggml.Q2_K, ggml.Q3_K, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K, ggml.Q8_0)
     costs = quantization_costs(weight, ones, kinds)
     assert all(costs[i] > costs[i + 1] > 0 for i in range(len(costs) - 1)), costs
     assert 0.005 < costs[2] < 0.05  # Q4_K: a few per cent of the signal's power
     # the i-quants, each below the K-quant of about its bits: IQ2_S (2.5 bits) < Q2_K (2.6), IQ3_S (3.4) < Q3_K
     # (3.4), IQ4_XS (4.25) about Q4_K (4.5)
-    found = dict(zip((IQ2_S, IQ3_S, IQ4_XS), quantization_costs(weight, ones, (IQ2_S, IQ3_S, IQ4_XS)), strict=True))
-    assert found[IQ2_S] < costs[0] and found[IQ3_S] < costs[1] and found[IQ4_XS] < 1.5 * costs[2], (found, costs)
+    iquants = (ggml.IQ2_S, ggml.IQ3_S, ggml.IQ4_XS)
+    found = dict(zip(iquants, quantization_costs(weight, ones, iquants), strict=True))
+    assert found[ggml.IQ2_S] < costs[0] and found[ggml.IQ3_S] < costs[1], (found, costs)
+    assert found[ggml.IQ4_XS] < 1.5 * costs[2], (found, costs)
     half = ones.copy()
     half[256:] = 0
     blocked = weight.clone()
     blocked[:, 256:] = 1e3  # huge values where nothing is important: they change the other half's blocks not
-    masked = quantization_costs(blocked, half, (Q8_0,))
-    alone = quantization_costs(weight[:, :256].contiguous(), ones[:256], (Q8_0,))
+    masked = quantization_costs(blocked, half, (ggml.Q8_0,))
+    alone = quantization_costs(weight[:, :256].contiguous(), ones[:256], (ggml.Q8_0,))
     assert masked[0] == pytest.approx(alone[0], rel=1e-12)
 
 
@@ -232,10 +215,10 @@ def test_a_matrix_whose_error_moves_the_output_more_gets_more_bits_than_its_weig
     options = {name.rpartition(".")[2]: [Option(int(t), type_bytes(int(t), (WIDTH, WIDTH)), float(c))
                                          for t, c in zip(*values.tolist(), strict=True)]
                for name, values in costs.items()}
-    budget = type_bytes(Q8_0, (WIDTH, WIDTH)) + type_bytes(Q4_0, (WIDTH, WIDTH))  # one at 8 bits, one at 4
+    budget = type_bytes(ggml.Q8_0, (WIDTH, WIDTH)) + type_bytes(ggml.Q4_0, (WIDTH, WIDTH))  # one at 8 bits, one at 4
     choice = choose(options, budget)
     assert choice is not None
-    assert choice == {"loud": Q8_0, "quiet": IQ4_NL}, choice  # IQ4_NL: Q4_0's bytes, less error
+    assert choice == {"loud": ggml.Q8_0, "quiet": ggml.IQ4_NL}, choice  # IQ4_NL: Q4_0's bytes, less error
     by_weight = choose({name: [Option(o.ggml_type, o.nbytes, float(w)) for o, w in zip(opts, weights[name],
                                                                                          strict=True)]
                         for name, opts in options.items()}, budget)
@@ -259,7 +242,7 @@ def test_an_earlier_layers_costs_carry_the_gain_of_the_layers_after_it() -> None
     for name in ("model.layers.0.quiet", "model.layers.0.loud"):
         assert torch.equal(both[name][0], alone[name][0])
         assert both[name][1].tolist() == pytest.approx((9.0 * alone[name][1]).tolist(), rel=1e-6)
-    types = torch.tensor([float(Q4_0)], dtype=torch.float64)
+    types = torch.tensor([float(ggml.Q4_0)], dtype=torch.float64)
     found = carried({"a.0.x": torch.stack([types, torch.tensor([2.0], dtype=torch.float64)]),
                      "a.1.x": torch.stack([types, torch.tensor([3.0], dtype=torch.float64)])},
                     {"a.1.": torch.tensor([1.0, 5.0], dtype=torch.float64),

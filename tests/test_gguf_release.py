@@ -70,13 +70,19 @@ def test_each_file_of_a_release_holds_the_bytes_of_its_type_written_alone(
     assert api.verify(release, settings=api.Settings(state_dir=release.parent / "release.state")).ok
 
 
+def _killed_at(point: str, config: Path, folder: Path) -> tuple[Path, Path]:
+    """``config``'s release run into ``folder``'s out and state, killed (SIGKILL) at ``point``: both folders."""
+    out, state = folder / "out", folder / "state"
+    killed = cli("run", config, out, "--state-dir", state, *FLAGS, env={"RESUMERGE_KILL_AT": point})
+    assert killed.returncode == -9, killed.stderr
+    return out, state
+
+
 def test_a_release_killed_in_its_second_file_resumes_with_every_file_s_bytes(
         tmp_path: Path, singles: tuple[Path, dict[str, str], Path]) -> None:
     config, alone, _ = singles
-    out, state = tmp_path / "out", tmp_path / "state"
     # the three headers (units 0), the Q8_0 file's first group, then the Q6_K file's first group written, not durable
-    killed = cli("run", config, out, "--state-dir", state, *FLAGS, env={"RESUMERGE_KILL_AT": "after_unit_write:5"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = _killed_at("after_unit_write:5", config, tmp_path)
     assert _units(state) == {FILES[0]: [0, 1], FILES[1]: [0], FILES[2]: [0]}
     status = json.loads(cli_here("status", out, "--state-dir", state, "--json").stdout)
     assert {name: (done, total) for name, done, total in status["unit_files"]} == {
@@ -107,10 +113,8 @@ class _Written:
 def test_a_release_killed_between_its_files_commits_the_others_without_merging_again(
         tmp_path: Path, singles: tuple[Path, dict[str, str], Path]) -> None:
     config, alone, _ = singles
-    out, state = tmp_path / "out", tmp_path / "state"
     # every unit of every file durable, the Q8_0 file committed, the Q6_K file's commit begun
-    killed = cli("run", config, out, "--state-dir", state, *FLAGS, env={"RESUMERGE_KILL_AT": "after_temp_write:2"})
-    assert killed.returncode == -9, killed.stderr
+    out, state = _killed_at("after_temp_write:2", config, tmp_path)
     assert sorted(_gguf_digests(out)) == [FILES[0]]
     reporter = _Written()
     api.resume(out, settings=api.Settings(state_dir=state), progress=reporter)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import load_tool, write_files
+from support import relayout_again, relayout_once
 
 
-def _tree(root: Path) -> None:
-    files = {
+def _tree() -> dict[str, str]:
+    return {
         "resumerge/__init__.py": '"""resumerge."""\n',
         "resumerge/forward/__init__.py": '"""The forward engine.\n\nMay import: errors.\n"""\n\n'
                                          '__all__ = ["ahead", "models", "stream"]\n',
@@ -29,13 +29,10 @@ def _tree(root: Path) -> None:
         "tests/test_x.py": "from resumerge.forward import ahead, models\n\n"
                            "TARGET = \"resumerge.forward.layercache.x\"\n",
     }
-    write_files(root, files)
 
 
 def test_the_single_client_modules_go_to_their_clients_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = load_tool("relayout_clients")
-    _tree(tmp_path)
-    said = tool.relayout(tmp_path)
+    tool, said = relayout_once("relayout_clients", tmp_path, _tree())
     pkg = tmp_path / "resumerge"
     assert [p.name for p in sorted((pkg / "forward").glob("*.py"))] == ["__init__.py", "stream.py"]
     for moved in ("analyses/check/models.py", "analyses/importance/ahead.py", "runs/evolve/layercache.py"):
@@ -50,6 +47,4 @@ def test_the_single_client_modules_go_to_their_clients_and_a_second_run_changes_
     assert '__all__ = ["stream"]' in (pkg / "forward" / "__init__.py").read_text()
     assert any("move resumerge/forward/models.py -> resumerge/analyses/check/models.py" in line for line in said)
 
-    before = {p: p.read_text() for p in tmp_path.rglob("*.py")}
-    assert tool.relayout(tmp_path) == []
-    assert {p: p.read_text() for p in tmp_path.rglob("*.py")} == before
+    assert relayout_again(tool, tmp_path) == []

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support import load_tool, write_files
+from support import relayout_again, relayout_once
 
 
-def _tree(root: Path) -> None:
-    files = {
+def _tree() -> dict[str, str]:
+    return {
         "resumerge/__init__.py": '"""resumerge."""\n',
         "resumerge/forward/__init__.py": '"""The forward engine.\n\nMay import: errors.\n"""\n\n'
                                          "from resumerge.forward.reader import Weights\n\n"
@@ -30,13 +30,10 @@ def _tree(root: Path) -> None:
                            "from resumerge.forward.stream import X, build_modules\n",
         "resumerge/forward/built.py": '"""Modules built."""\n',
     }
-    write_files(root, files)
 
 
 def test_forward_s_modules_go_to_their_rooms_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = load_tool("relayout_forward")
-    _tree(tmp_path)
-    said = tool.relayout(tmp_path)
+    tool, said = relayout_once("relayout_forward", tmp_path, _tree())
     pkg = tmp_path / "resumerge"
     for moved in ("forward/engine/reader.py", "forward/engine/stream.py", "forward/job/driver.py",
                   "forward/engine/native/__init__.py"):
@@ -63,7 +60,4 @@ def test_forward_s_modules_go_to_their_rooms_and_a_second_run_changes_nothing(tm
     assert (pkg / "forward/later.py").is_file()
     assert any("forward/later.py is in no room" in line for line in said)
 
-    before = {p: p.read_text() for p in tmp_path.rglob("*.py")}
-    again = tool.relayout(tmp_path)
-    assert [line for line in again if "later.py" not in line] == []
-    assert {p: p.read_text() for p in tmp_path.rglob("*.py")} == before
+    assert [line for line in relayout_again(tool, tmp_path) if "later.py" not in line] == []

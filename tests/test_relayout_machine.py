@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import load_tool, write_files
+from support import load_tool, relayout_again, relayout_once
 
 
-def _tree(root: Path) -> None:
-    files = {
+def _tree() -> dict[str, str]:
+    return {
         "resumerge/__init__.py": '"""resumerge."""\n',
         "resumerge/torch_import.py": '"""torch, on first use."""\n\ntorch = None\n',
         "resumerge/memory/__init__.py": '"""Memory.\n\nMay import: errors.\n"""\n\n'
@@ -47,13 +47,10 @@ def _tree(root: Path) -> None:
         "tests/test_x.py": 'TARGET = "resumerge.merge.store.durable.write"\nFILE = "resumerge/memory/sizes.py"\n',
         "docs/dev.md": "See `resumerge/merge/store/killpoints.py` and `torch_import.py`.\n",
     }
-    write_files(root, files)
 
 
 def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
-    tool = load_tool("relayout_machine")
-    _tree(tmp_path)
-    said = tool.relayout(tmp_path)
+    tool, said = relayout_once("relayout_machine", tmp_path, _tree())
     pkg = tmp_path / "resumerge"
     assert not (pkg / "merge" / "store" / "durable.py").exists() and not (pkg / "memory").exists()
     for moved in ("durable.py", "killpoints.py", "torch_import.py", "rayconnect.py", "memory/sizes.py"):
@@ -89,9 +86,7 @@ def test_the_move_rewrites_references_declares_and_a_second_run_changes_nothing(
     assert "May import: errors, machine, merge.store.\n" in (pkg / "merge" / "engine" / "__init__.py").read_text()
     assert any("write resumerge/machine/__init__.py" in line for line in said)
 
-    before = {p: p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".py", ".md")}
-    assert tool.relayout(tmp_path) == []
-    assert {p: p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".py", ".md")} == before
+    assert relayout_again(tool, tmp_path) == []
 
 
 def test_a_line_s_prose_naming_a_moved_module_is_left_for_a_person() -> None:

@@ -135,22 +135,18 @@ def test_models_of_other_shapes_are_refused_in_models_form_before_work(
     assert code == 2 and all(fragment in err for fragment in said), err
 
 
-def test_a_bin_that_is_not_a_zip_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("name", "said"), [
+    ("pytorch_model.bin", "not a readable zip-format PyTorch checkpoint"),  # a .bin that is not a zip checkpoint
+    ("model.pt", "pickle weights resumerge does not recognise"),  # other pickles
+])
+def test_pickled_weights_that_are_not_a_zip_checkpoint_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   name: str, said: str) -> None:
     model = tmp_path / "pickled"
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 1}')
-    (model / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    (model / name).write_bytes(b"\x80\x04not really")
     code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(model)]}, capsys)
-    assert code == 2 and "not a readable zip-format PyTorch checkpoint" in err
-
-
-def test_other_pickles_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = tmp_path / "pickled"
-    model.mkdir()
-    (model / "config.json").write_text('{"num_hidden_layers": 1}')
-    (model / "model.pt").write_bytes(b"\x80\x04not really")
-    code, err = _run(tmp_path, {"merge_method": "passthrough", "models": [str(model)]}, capsys)
-    assert code == 2 and "pickle weights resumerge does not recognise" in err
+    assert code == 2 and said in err, err
 
 
 def test_index_escaping_model_dir_is_refused(tmp_path: Path, make: ModelFactory,

@@ -660,6 +660,26 @@ def rewrite_references(root: Path, moves: list[Move], say: list[str], skip: froz
     return touched
 
 
+Step = Callable[[Path, list[str]], None]
+
+
+def run_moves(root: Path, moves: list[Move], dry: bool, *, skip: frozenset[str] = frozenset(),
+              before: Iterable[Step] = (), after: Iterable[Step] = ()) -> list[str]:
+    """A sibling script's run, said line by line: its ``before`` steps (a real run only), ``moves`` made (only said
+    where ``dry``), the references rewritten outside ``skip``, its ``after`` steps, and the rewritten files tidied."""
+    say: list[str] = []
+    for step in () if dry else before:
+        step(root, say)
+    move_files(root, moves, say, dry)
+    if dry:
+        return say
+    touched = rewrite_references(root, moves, say, skip)
+    for step in after:
+        step(root, say)
+    tidy(root, touched, say)
+    return say
+
+
 def relayout(root: Path, dry: bool = False) -> list[str]:
     say: list[str] = []
     moves = _moves()

@@ -18,6 +18,7 @@ Usage: ``python tools/relayout_clients.py [ROOT]`` (ROOT: the checkout, default 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 # tools/relayout_machine.py, whose declarations and tools/relayout.py's movers and rewriters this script runs: beside
@@ -40,21 +41,10 @@ def moves() -> list[R.Move]:
 
 
 def relayout(root: Path, dry: bool = False) -> list[str]:
-    say: list[str] = []
     todo = moves()
-    R.move_files(root, todo, say, dry)
-    if dry:
-        return say
-    touched = R.rewrite_references(root, todo, say, SKIP_FILES)
-    M.drop_from_all(root, say, todo)
-    M.rewrite_declarations(root, say)
-    R.tidy(root, touched, say)
-    return say
-
-
-def main(argv: list[str] | None = None) -> int:
-    return int(R.main(argv, run=relayout, doc=__doc__, name="relayout_clients"))
+    return R.run_moves(root, todo, dry, skip=SKIP_FILES,
+                       after=(partial(M.drop_from_all, done=todo), M.rewrite_declarations))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(R.main(run=relayout, doc=__doc__, name="relayout_clients"))

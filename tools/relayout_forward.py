@@ -290,26 +290,9 @@ def architecture(root: Path, say: list[str]) -> None:
 
 
 def relayout(root: Path, dry: bool = False) -> list[str]:
-    say: list[str] = []
-    todo = moves()
-    if not dry:
-        unpack_reexports(root, say)
-    R.move_files(root, todo, say, dry)
-    if dry:
-        return say
-    touched = R.rewrite_references(root, todo, say, SKIP_FILES)
-    write_rooms(root, say)
-    write_group(root, say)
-    unplaced(root, say)
-    undeclared(root, say)
-    architecture(root, say)
-    R.tidy(root, touched, say)
-    return say
-
-
-def main(argv: list[str] | None = None) -> int:
-    return int(R.main(argv, run=relayout, doc=__doc__, name="relayout_forward"))
+    return R.run_moves(root, moves(), dry, skip=SKIP_FILES, before=(unpack_reexports,),
+                       after=(write_rooms, write_group, unplaced, undeclared, architecture))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(R.main(run=relayout, doc=__doc__, name="relayout_forward"))

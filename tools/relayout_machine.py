@@ -272,25 +272,9 @@ def layout_test(root: Path, say: list[str]) -> None:
 
 
 def relayout(root: Path, dry: bool = False) -> list[str]:
-    say: list[str] = []
-    todo = moves()
-    R.move_files(root, todo, say, dry)
-    if dry:
-        return say
-    touched = R.rewrite_references(root, todo, say, frozenset(SKIP_FILES))
-    drop_from_all(root, say)
-    write_bottom_init(root, say)
-    write_subpackages(root, say)
-    rewrite_declarations(root, say)
-    layout_test(root, say)
-    R.architecture(root, say)
-    R.tidy(root, touched, say)
-    return say
-
-
-def main(argv: list[str] | None = None) -> int:
-    return int(R.main(argv, run=relayout, doc=__doc__, name="relayout_machine"))
+    return R.run_moves(root, moves(), dry, skip=frozenset(SKIP_FILES), after=(
+        drop_from_all, write_bottom_init, write_subpackages, rewrite_declarations, layout_test, R.architecture))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(R.main(run=relayout, doc=__doc__, name="relayout_machine"))

@@ -171,7 +171,8 @@ def _source(call: Call) -> str:
 
 def numpy_encoders_note(options: PlanOptions) -> str | None:
     """The line a run writing K-quants tells where numba is missing (the ``kquants`` extra): the same bytes, from
-    the numpy path, in ~3x the CPU (docs/performance.md); None otherwise."""
+    the numpy path, in several times the CPU (``bench/bench_qkx_jit.py`` and ``bench/bench_qx_jit.py`` time each
+    searched type's encoder both ways); None otherwise."""
     from resumerge.config.outformats import takes
     from resumerge.merge.plan.gguftypes import MIXES
     from resumerge.outputs.gguf import jit

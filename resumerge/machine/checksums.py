@@ -7,9 +7,10 @@ by an earlier version verify as they were recorded, and their columns and keys k
 A run records every file and unit it commits with one algorithm: the one its ledger's records already use (a run
 continued, or rebuilt from OUT's manifest, keeps its kind, so its records never mix), else its sink's
 (:attr:`~resumerge.merge.store.sink.OutputSink.checksum`; :class:`~resumerge.merge.store.journal_commit.CommitJournal`
-decides). A folder's is xxh3-128: sha256 ran at 0.39 GB/s a core on the 2-core machine of the benchmarks (no SHA
-instructions), the largest CPU cost of a linear merge, xxh3-128 at 8.3 GB/s (docs/performance.md). A hub repo's is
-sha256, which names its LFS objects: hashed once as the file is written, it is the upload's oid and the record.
+decides). A folder's is xxh3-128: sha256 was the largest CPU cost of a linear merge, and xxh3-128 hashes several
+times as fast a core, more so on a CPU without SHA instructions (``python bench/bench_checksums.py`` measures both).
+A hub repo's is sha256, which names its LFS objects: hashed once as the file is written, it is the upload's oid and
+the record.
 
 xxh3-128 catches what the commit protocol guards against (a file torn, cut short, altered or swapped: two different
 contents share a digest with odds of 2^-128), not a collision built on purpose, as the inputs' content proof

@@ -6,11 +6,10 @@ while the second, this test's own process, asks; tiny generated models (two laye
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
-from support import cli, cli_here, cli_start, wait_stopped
+from support import cli, cli_here, stopped_at
 
 from resumerge.cli.modelgen import ModelSpec, make_model
 
@@ -30,19 +29,11 @@ def test_a_second_check_of_the_same_models_exits_4_naming_the_first(tmp_path: Pa
     args = ("check", merge, "--parent", parent, "--prompts", texts, "--json", "--state-dir", state)
     # The first stops itself once its first layer's journal is saved: the second comes while it holds the journal
     # and its lock (a stopped process keeps both, as a slow one would), with no sleep to outlast.
-    first = cli_start(*args, env={"RESUMERGE_STOP_AT": "after_check_layer:1"}, capture=True)
-    try:
-        wait_stopped(first)
+    with stopped_at("after_check_layer:1", *args) as first:
         (journal,) = state.glob("checks/*/progress.json")
         assert '"phase": "forward"' in journal.read_text()
-        try:
-            second = cli_here(*args)  # a process of its own (this one), not the first's
-        finally:
-            first.send_signal(signal.SIGCONT)
-        out, err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
+        second = cli_here(*args)  # a process of its own (this one), not the first's
+    out, err = first.out, first.err
     assert second.returncode == 4, second.stderr
     line = second.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
@@ -67,21 +58,14 @@ def test_a_second_measurement_into_the_same_folder_exits_4_naming_the_first(tmp_
     texts.write_text(TEXTS)
     out = tmp_path / "grams"
     args = ("measure", config, out, "--texts", texts)
-    first = cli_start(*args, env={"RESUMERGE_STOP_AT": "after_measure_layer:1"}, capture=True)
-    try:
-        wait_stopped(first)  # its first layer durable, its lock held: a stopped process keeps it, as a slow one would
+    # its first layer durable, its lock held: a stopped process keeps it, as a slow one would
+    with stopped_at("after_measure_layer:1", *args) as first:
         assert list(out.glob("model-*/layer-*.safetensors"))
         from resumerge import api
 
         assert api.status(out).state == "running" and api.status(out).resume_command is None
-        try:
-            second = cli_here(*args)  # a process of its own (this one), not the first's
-        finally:
-            first.send_signal(signal.SIGCONT)
-        _, err = first.communicate(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
+        second = cli_here(*args)  # a process of its own (this one), not the first's
+    err = first.err
     assert second.returncode == 4, second.stderr
     assert f"pid {first.pid}: resumerge measure {config} {out}" in second.stderr, second.stderr
     assert first.returncode == 0, err[-3000:]

@@ -36,16 +36,20 @@ doc_to_text: ""
 doc_to_target: "{{{{text}}}}"
 metric_list: [{{metric: word_perplexity}}, {{metric: byte_perplexity}}, {{metric: bits_per_byte}}]
 """
-GEN = """task: tiny_gen
-dataset_path: json
-dataset_kwargs: {{data_files: {{test: {test}}}}}
-test_split: test
-output_type: generate_until
-doc_to_text: "Question {{{{question}}}} Answer"
-doc_to_target: "{{{{choices[0]}}}}"
-generation_kwargs: {{until: ["\\n"], max_gen_toks: 8}}
-metric_list: [{{metric: exact_match}}]
-"""
+
+
+def generate_task(name: str, *, text: str, target: str, until: str, tokens: int, greedy: bool = False) -> str:
+    """An lm-eval ``generate_until`` task's YAML, a template whose one slot is ``{test}`` (its JSON lines): the row's
+    ``text`` and ``target`` (Jinja), up to ``tokens`` new tokens or ``until``, scored by exact match."""
+    lines = [f"task: {name}", "dataset_path: json", "dataset_kwargs: {data_files: {test: \0}}", "test_split: test",
+             "output_type: generate_until", f'doc_to_text: "{text}"', f'doc_to_target: "{target}"',
+             f"generation_kwargs: {{until: [{json.dumps(until)}], max_gen_toks: {tokens}"
+             + (", do_sample: false}" if greedy else "}"), "metric_list: [{metric: exact_match}]"]
+    # a str.format template: every brace of the YAML doubled, then the data file's place (NUL above) its one slot
+    return "".join(f"{line}\n" for line in lines).replace("{", "{{").replace("}", "}}").replace("\0", "{test}")
+
+
+GEN = generate_task("tiny_gen", text="Question {{question}} Answer", target="{{choices[0]}}", until="\n", tokens=8)
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -15,7 +15,7 @@ pytest.importorskip("lm_eval")
 
 from resumerge import api
 from tests.evaluation.evaltasks import tiny_model, write_tasks
-from tests.support import cli, cli_start, wait_stopped
+from tests.support import cli, stopped_at
 
 
 def _argv(model: Path, tasks: Path, state: Path) -> list[str | Path]:
@@ -45,17 +45,11 @@ def test_ctrl_c_exits_3_naming_the_command_that_continues_and_status_shows_it(tm
     model, tasks, state = tiny_model(tmp_path / "model"), write_tasks(tmp_path), tmp_path / "state"
     # Stopped where layer 1's journal is durable (no pause to outlast: on a loaded machine a Ctrl-C sent after one
     # reached the next layer), Ctrl-C'd there, continued.
-    first = cli_start(*_argv(model, tasks, state), env={"RESUMERGE_STOP_AT": "after_eval_layer"}, capture=True)
-    try:
-        wait_stopped(first, timeout=240)
+    with stopped_at("after_eval_layer", *_argv(model, tasks, state), timeout=240, finish=120) as first:
         running = api.status(model, settings=api.Settings(state_dir=state))
         assert (running.kind, running.state) == ("eval", "running")
-        first.send_signal(signal.SIGINT)  # delivered as it continues, where it stopped
-        first.send_signal(signal.SIGCONT)
-        _, err = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
+        first.process.send_signal(signal.SIGINT)  # delivered as it continues, where it stopped
+    err = first.err
     assert first.returncode == 3, err
     command = (f"resumerge eval {model} --tasks tiny_mc,tiny_ppl --include-path {tasks} --state-dir {state}")
     line = err.strip().splitlines()[-1]

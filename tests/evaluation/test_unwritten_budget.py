@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,26 +51,33 @@ CHILD = textwrap.dedent(
 )
 
 
+def _evaluated(root: Path, spec: ModelSpec, seeds: tuple[int, ...], weight: float, texts: str,
+               room: int) -> dict[str, Any]:
+    """What CHILD found evaluating the linear merge (each of ``weight``) of a generated model of ``spec`` per seed
+    on ``texts`` with ``room`` bytes beside the process, a merge of two tiny models evaluated first to warm it: its
+    peak and budget, the NLL and the tensors it admitted."""
+    models = []
+    for seed in seeds:
+        model = make_model(root / f"m{seed}", spec, seed=seed)
+        write_tokenizer(model, spec.vocab)
+        models.append(model)
+    config = write_config(root / "merge.yml", {"merge_method": "linear", "models": [
+        {"model": str(m), "parameters": {"weight": weight}} for m in models]})
+    small = [tiny_model(root / f"s{seed}", seed=seed) for seed in (0, 1)]
+    warm = write_config(root / "small.yml", {"merge_method": "linear", "models": [
+        {"model": str(m), "parameters": {"weight": 0.5}} for m in small]})
+    (root / "texts.txt").write_text(texts)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(config), str(warm), str(root / "texts.txt"),
+                           str(root / "state"), str(room)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_an_unwritten_eval_under_a_tight_budget_stays_under_it(tmp_path: Path) -> None:
-    models = []
-    for seed in (0, 1, 2):
-        model = make_model(tmp_path / f"m{seed}", SPEC, seed=seed)
-        write_tokenizer(model, SPEC.vocab)
-        models.append(model)
-    config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "models": [
-        {"model": str(m), "parameters": {"weight": 0.3}} for m in models]})
-    small = [tiny_model(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
-    warm = write_config(tmp_path / "small.yml", {"merge_method": "linear", "models": [
-        {"model": str(small[0]), "parameters": {"weight": 0.5}},
-        {"model": str(small[1]), "parameters": {"weight": 0.5}}]})
-    texts = tmp_path / "texts.txt"
-    texts.write_text("a b c d e f\nb c a d\n")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(config), str(warm), str(texts), str(tmp_path / "state"),
-                           str(ROOM)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _evaluated(tmp_path, SPEC, (0, 1, 2), 0.3, "a b c d e f\nb c a d\n", ROOM)
     assert found["peak"] <= found["budget"], f"peak {found['peak'] / MB:.0f} MB over {found['budget'] / MB:.0f} MB"
     assert found["nll"] > 0
     # each tensor's merge admitted as run admits its units (by the tensor's name), not only the pass's steps
@@ -84,21 +92,6 @@ def test_an_unwritten_eval_is_not_refused_for_twice_what_it_holds(tmp_path: Path
     parents: it holds ~180 MB beside the process; asked ~210 MB now (~375 MB before), so a budget 290 MB above
     the process runs, and stays under."""
     spec = ModelSpec(layers=2, hidden=384, intermediate=768, vocab=32000, tied=True)
-    models = []
-    for seed in (0, 1):
-        model = make_model(tmp_path / f"m{seed}", spec, seed=seed)
-        write_tokenizer(model, spec.vocab)
-        models.append(model)
-    config = write_config(tmp_path / "merge.yml", {"merge_method": "linear", "models": [
-        {"model": str(m), "parameters": {"weight": 0.5}} for m in models]})
-    small = [tiny_model(tmp_path / f"s{seed}", seed=seed) for seed in (0, 1)]
-    warm = write_config(tmp_path / "small.yml", {"merge_method": "linear", "models": [
-        {"model": str(small[0]), "parameters": {"weight": 0.5}},
-        {"model": str(small[1]), "parameters": {"weight": 0.5}}]})
-    texts = tmp_path / "texts.txt"
-    texts.write_text("".join(" ".join("abcdefghij"[(i * k) % 10] for k in range(40)) + "\n" for i in range(1, 9)))
-    done = subprocess.run([sys.executable, "-c", CHILD, str(config), str(warm), str(texts), str(tmp_path / "state"),
-                           str(290 * MB)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr  # refused before: "needs" the process and 375 MB
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    texts = "".join(" ".join("abcdefghij"[(i * k) % 10] for k in range(40)) + "\n" for i in range(1, 9))
+    found = _evaluated(tmp_path, spec, (0, 1), 0.5, texts, 290 * MB)  # refused before: "needs" the process and 375 MB
     assert found["peak"] <= found["budget"], f"peak {found['peak'] / MB:.0f} MB over {found['budget'] / MB:.0f} MB"

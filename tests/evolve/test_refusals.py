@@ -37,6 +37,13 @@ def _config(root: Path, **changes: Any) -> dict[str, Any]:
             **changes}
 
 
+def _written(folder: Path, doc: dict[str, Any]) -> Path:
+    """``doc`` written as ``folder``'s evolve.yml: its path."""
+    config = folder / "evolve.yml"
+    config.write_text(yaml.safe_dump(doc))
+    return config
+
+
 CASES = [
     ("benchmark", {"tasks": ["hellaswag"]}, [], "hellaswag is a common benchmark", "tasks[0]"),
     ("popsize", {}, ["--popsize", "1"], "two candidates a generation", "--popsize 1"),
@@ -57,8 +64,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(
     doc = _config(root, **changes)
     models = doc["genome"]["models"]
     doc["genome"]["models"] = [str(root / m.lower()) if m in ("A", "WIDE") else m for m in models]
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(doc))
+    config = _written(tmp_path, doc)
     store = tmp_path / "store"
     assert main(["evolve", str(config), str(store), *flags]) == 2
     err = capsys.readouterr().err.strip()
@@ -75,8 +81,7 @@ def test_a_benchmark_task_passes_the_opt_in_and_meets_the_next_refusal(
         "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
         "generation_kwargs: {until: ['x']}\nmetric_list: [{metric: exact_match}]\n")
     (root / "rows.jsonl").write_text('{"q": "a b", "a": "c"}\n')
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(_config(root, tasks=["mmlu_gen"])))
+    config = _written(tmp_path, _config(root, tasks=["mmlu_gen"]))
     argv = ["evolve", str(config), str(tmp_path / "s"), "--task-search-path", str(tasks)]
     assert main(argv) == 2
     assert "mmlu_gen is a common benchmark" in capsys.readouterr().err
@@ -87,8 +92,7 @@ def test_a_benchmark_task_passes_the_opt_in_and_meets_the_next_refusal(
 
 def test_a_storage_holding_another_search_or_foreign_files_is_refused(
         root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(_config(root)))
+    config = _written(tmp_path, _config(root))
     store = tmp_path / "store"
     store.mkdir()
     (store / "search.json").write_text('{"config": "another", "settings": {}, "size": 4, "layers": 2}')
@@ -114,8 +118,7 @@ def test_a_generation_past_max_memory_is_refused_naming_the_largest_popsize_that
     from resumerge.config.locations import StateDir
     from resumerge.runs.evolve.search import SearchOptions
 
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(_config(root)))
+    config = _written(tmp_path, _config(root))
     store = tmp_path / "store"
     assert main(["evolve", str(config), str(store), "--popsize", "1000", "--max-memory", "1MB"]) == 2
     err = capsys.readouterr().err.strip()
@@ -140,8 +143,7 @@ def test_a_second_search_in_a_storage_in_use_exits_4_naming_the_first(
 
     from resumerge.runs.evolve import storage
 
-    config = tmp_path / "evolve.yml"
-    config.write_text(yaml.safe_dump(_config(root)))
+    config = _written(tmp_path, _config(root))
     store = tmp_path / "store"
     store.mkdir()
     # The first search holds STORAGE's lock (a flock: a second descriptor of this process conflicts with it)

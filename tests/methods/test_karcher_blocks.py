@@ -27,15 +27,10 @@ def _divided(tensor: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
 
 def whole_tensor_karcher(tensors: Sequence[torch.Tensor], alphas: Sequence[float], max_iter: int,
                          tol: float) -> torch.Tensor:
-    work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
-    norms = [torch.linalg.vector_norm(x.to(work)) for x in tensors]
-    units = [torch.zeros_like(x) if n.item() == 0.0 else (x / n).to(x.dtype) for x, n in zip(tensors, norms)]
-    valid = [i for i, n in enumerate(norms) if n.item() > tol]
-    if not valid:
+    # the start (norms, weights, unit directions) is the module's own: the blocks change only what follows it
+    work, norms, weights, points = karcher_module.directions(tensors, alphas, tol)
+    if not points:
         return torch.zeros_like(tensors[0])
-    total = sum(alphas[i] for i in valid)
-    weights = [alphas[i] / total for i in valid]
-    points = [units[i] for i in valid]
     mean = torch.zeros_like(points[0])
     for weight, point in zip(weights, points):
         mean = mean + point * weight

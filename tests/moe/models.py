@@ -56,6 +56,15 @@ def write(path: Path, doc: dict[str, object]) -> Path:
     return path
 
 
+def hidden_gates(path: Path, models: list[Path]) -> Path:
+    """A ``gate_mode: hidden`` MoE config at ``path``: ``models[0]`` the base, ``models[1]`` and ``models[2]`` the
+    experts, each with its prompts (the first with a negative one too)."""
+    return write(path, {
+        "base_model": str(models[0]), "gate_mode": "hidden",
+        "experts": [{"source_model": str(models[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
+                    {"source_model": str(models[2]), "positive_prompts": ["Zq rs tu"]}]})
+
+
 _ORACLE = """
 import sys, json
 from mergekit.scripts.moe import main

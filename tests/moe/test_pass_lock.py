@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from resumerge import api
-from tests.moe.models import llamas, write
+from tests.moe.models import hidden_gates, llamas
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli_start, digests
 
@@ -74,10 +74,7 @@ def _signal(process: Forked | subprocess.Popen[str], sig: signal.Signals) -> Non
 @pytest.mark.slow
 def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: Path) -> None:
     m = llamas(tmp_path, layers=4)
-    config = write(tmp_path / "hidden.yml", {
-        "base_model": str(m[0]), "gate_mode": "hidden",
-        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
-                    {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
+    config = hidden_gates(tmp_path / "hidden.yml", m)
     alone = tmp_path / "alone"
     with passes_on_a_thread():  # the reference: its pass needs no process of its own (the two runs' below do)
         api.run(config, alone, settings=api.Settings(state_dir=tmp_path / "alone-state"))

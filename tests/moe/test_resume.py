@@ -15,7 +15,7 @@ import torch
 from resumerge import api
 from resumerge.merge.store.manifest import read_manifest
 from resumerge.runs.moe import gatesites
-from tests.moe.models import llamas, tensors, write
+from tests.moe.models import hidden_gates, llamas, tensors, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, cli_here, digests
 
@@ -80,10 +80,7 @@ print("transformers" in sys.modules)
 @pytest.mark.slow
 def test_kill_during_the_forward_pass_resumes_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = llamas(tmp_path, layers=4)
-    config = write(tmp_path / "hidden.yml", {
-        "base_model": str(m[0]), "gate_mode": "hidden",
-        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab cd"], "negative_prompts": ["xy"]},
-                    {"source_model": str(m[2]), "positive_prompts": ["Zq rs tu"]}]})
+    config = hidden_gates(tmp_path / "hidden.yml", m)
     reference = tmp_path / "reference"
     # uninterrupted, its pass on a thread of this process (the pass's process is the killed runs' subject below):
     # the same job done by the same function

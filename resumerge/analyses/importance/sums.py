@@ -109,9 +109,9 @@ class SumStep(Step[Found]):  # torch: imported when it runs
                             self._add(squares, s)
                     else:
                         # Two texts at a time: the pass ran on one core with the other idle, the merge's encoding
-                        # waiting for its matrix (~6 of a 2-layer bench route's ~29 s, docs/performance.md). Only
-                        # short ones: a text's products and scores are held beside the states the pass's guard
-                        # counts, not in them (two long texts' would be twice what one thread holds).
+                        # waiting for its matrix (bench/bench_kquant_route.py times the route). Only short ones: a
+                        # text's products and scores are held beside the states the pass's guard counts, not in them
+                        # (two long texts' would be twice what one thread holds).
                         with ThreadPoolExecutor(2, thread_name_prefix="resumerge-imatrix") as pool:
                             for pair in _steps([int(h.shape[-2]) for h in texts]):
                                 out.extend(pool.map(run, pair, [texts[i] for i in pair]))

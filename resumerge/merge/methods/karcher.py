@@ -13,6 +13,21 @@ from resumerge.merge.methods.footprint import measured
 from resumerge.merge.methods.spec import BasePolicy, MergeContext, MethodSpec, ParamSpec, Scope
 
 
+def directions(tensors: Sequence[torch.Tensor], alphas: Sequence[float],
+               tol: float) -> tuple[torch.dtype, list[torch.Tensor], list[float], list[torch.Tensor]]:
+    """What the mean starts from: the dtype norms are taken in (float64 for float64 inputs, else float32), every
+    input's norm, and for the inputs whose norm is over ``tol`` their share of those inputs' α and their unit
+    direction (in the input's dtype)."""
+    work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    norms = [torch.linalg.vector_norm(x.to(work)) for x in tensors]
+    valid = [i for i, n in enumerate(norms) if n.item() > tol]
+    total = sum(alphas[i] for i in valid)
+    weights = [alphas[i] / total for i in valid]
+    points = [torch.zeros_like(tensors[i]) if norms[i].item() == 0.0 else (tensors[i] / norms[i]).to(tensors[i].dtype)
+              for i in valid]
+    return work, norms, weights, points
+
+
 def karcher_mean(
     tensors: Sequence[torch.Tensor], alphas: Sequence[float], *, max_iter: int, tol: float
 ) -> torch.Tensor:
@@ -26,18 +41,9 @@ def karcher_mean(
     """
     if len(tensors) == 1:
         return tensors[0].clone()
-    work = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
-    norms = [torch.linalg.vector_norm(x.to(work)) for x in tensors]
-    units = [
-        torch.zeros_like(x) if n.item() == 0.0 else (x / n).to(x.dtype) for x, n in zip(tensors, norms, strict=True)
-    ]
-
-    valid = [i for i, n in enumerate(norms) if n.item() > tol]
-    if not valid:
+    work, norms, weights, points = directions(tensors, alphas, tol)
+    if not points:
         return torch.zeros_like(tensors[0])
-    total = sum(alphas[i] for i in valid)
-    weights = [alphas[i] / total for i in valid]
-    points = [units[i] for i in valid]
 
     # Every product and sum is written into three reused buffers (the plain expressions allocate four
     # full-size temporaries per input and step), and the per-element work of a step runs one block of positions

@@ -31,28 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from resumerge.inputs.gguf.ggmltypes import (
-    IQ1_M,
-    IQ1_S,
-    IQ2_S,
-    IQ2_XS,
-    IQ2_XXS,
-    IQ3_S,
-    IQ3_XXS,
-    IQ4_NL,
-    IQ4_XS,
-    Q2_K,
-    Q3_K,
-    Q4_0,
-    Q4_1,
-    Q4_K,
-    Q5_0,
-    Q5_1,
-    Q5_K,
-    Q6_K,
-    Q8_0,
-    TYPES,
-)
+from resumerge.inputs.gguf import ggmltypes as ggml
+from resumerge.inputs.gguf.ggmltypes import TYPES
 
 if TYPE_CHECKING:
     from resumerge.machine.torch_import import torch
@@ -61,19 +41,20 @@ if TYPE_CHECKING:
 # row is whole 256-value blocks, down to the 1-bit ones (IQ1_S and IQ1_M need an importance matrix, which a target
 # always has: its costs are measured in the pass that computes it); else the 32-value ones llama.cpp's quantizer
 # falls them back to on such rows (the legacy types and IQ4_NL, which the i-quants fall back to); Q8_0 on both.
-K_CANDIDATES = (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, Q2_K, IQ3_XXS, IQ3_S, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0)
-LEGACY_CANDIDATES = (Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q8_0)
+K_CANDIDATES = (ggml.IQ1_S, ggml.IQ1_M, ggml.IQ2_XXS, ggml.IQ2_XS, ggml.IQ2_S, ggml.Q2_K, ggml.IQ3_XXS, ggml.IQ3_S,
+                ggml.Q3_K, ggml.IQ4_XS, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K, ggml.Q8_0)
+LEGACY_CANDIDATES = (ggml.Q4_0, ggml.IQ4_NL, ggml.Q4_1, ggml.Q5_0, ggml.Q5_1, ggml.Q8_0)
 # The type whose error a matrix's output is measured with (:func:`probe_type`), by row as above: the lowest K-quant
 # llama.cpp's mixes use, the lowest 32-value type.
-K_PROBE, LEGACY_PROBE = Q3_K, Q4_0
+K_PROBE, LEGACY_PROBE = ggml.Q3_K, ggml.Q4_0
 
 
 def candidate_types(row: int) -> tuple[int, ...]:
     """The types a tensor whose rows hold ``row`` values may be chosen as (none where a row is not whole 32-value
     blocks: it stays as its mix writes it)."""
-    if row % TYPES[Q2_K].values == 0:
+    if row % TYPES[ggml.Q2_K].values == 0:
         return K_CANDIDATES
-    if row % TYPES[Q8_0].values == 0:
+    if row % TYPES[ggml.Q8_0].values == 0:
         return LEGACY_CANDIDATES
     return ()
 

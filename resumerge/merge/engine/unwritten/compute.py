@@ -29,21 +29,8 @@ from resumerge.merge.engine.executor import CONCURRENCY
 from resumerge.merge.engine.groupscales import GroupScales
 from resumerge.merge.methods.registry import MethodSpec
 from resumerge.merge.methods.resources import Resources
+from resumerge.merge.plan import workunits
 from resumerge.merge.plan.merge_plan import Plan, TensorPlan
-from resumerge.merge.plan.workunits import (
-    PASSES,
-    ROWS,
-    WHOLE,
-    aligned_rows,
-    can_chunk,
-    estimate_bytes,
-    floor_rows,
-    held_bytes,
-    row_stream,
-    stream_rows,
-    unit_bytes,
-    unit_mode,
-)
 
 
 def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resources, *,
@@ -64,19 +51,20 @@ def merged_tensor(plan: Plan, tp: TensorPlan, sources: InputSources, resources: 
     budget = governor.work_budget if governor is not None else None
     serial = torch.get_num_threads() <= CONCURRENCY  # as the run's pipeline decides it (executor._Pipeline.run)
     local = method.streamed is None or all(sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
-    mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
-    if mode == PASSES and shared is not None and (budget is None or estimate_bytes(tp, method) <= budget // 4):
+    mode = workunits.unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
+    if mode == workunits.PASSES and shared is not None and (
+            budget is None or workunits.estimate_bytes(tp, method) <= budget // 4):
         # A generation's candidates: each merges the tensor whole where it fits as run's whole units do, not in
         # statistics passes over its chunks (the windows' histograms per candidate, every input chunk copied
         # again per pass): a fifth to a quarter less CPU for TIES' layers on the 1 GB bench. The bytes are the
         # same in every mode (how a tensor is cut never changes them), and generation_bytes counts the whole
         # tensor's working set already.
-        mode = WHOLE
-    stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
+        mode = workunits.WHOLE
+    stream = workunits.row_stream(tp, method, device) if mode in (workunits.ROWS, workunits.PASSES) else None
     work = TensorCompute(plan, tp, sources, resources, stream, shared=shared)
-    if mode != ROWS:
+    if mode != workunits.ROWS:
         alone = serial and not is_gpu(device)
-        with _admitted(governor, unit_bytes(tp, method, mode), tp.name), \
+        with _admitted(governor, workunits.unit_bytes(tp, method, mode), tp.name), \
                 serial_kernels() if alone else nullcontext():
             return work.whole()
     with serial_kernels() if stream is not None else nullcontext():
@@ -93,10 +81,11 @@ def _amax(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Resource
     budget = governor.work_budget if governor is not None else None
     serial = torch.get_num_threads() <= CONCURRENCY
     local = method.streamed is None or all(sources.rereads_cheaply(r.model, r.file) for r in tp.reads())
-    mode = unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
-    stream = row_stream(tp, method, device) if mode in (ROWS, PASSES) else None
-    estimate = unit_bytes(tp, method, mode) if mode != ROWS else estimate_bytes(tp, method) + held_bytes(tp, method)
-    kernels = stream is not None if mode == ROWS else serial and not is_gpu(device)
+    mode = workunits.unit_mode(tp, method, budget, device, rereadable=local, serial=serial)
+    stream = workunits.row_stream(tp, method, device) if mode in (workunits.ROWS, workunits.PASSES) else None
+    estimate = (workunits.unit_bytes(tp, method, mode) if mode != workunits.ROWS
+                else workunits.estimate_bytes(tp, method) + workunits.held_bytes(tp, method))
+    kernels = stream is not None if mode == workunits.ROWS else serial and not is_gpu(device)
     with _admitted(governor, estimate, tp.name), serial_kernels() if kernels else nullcontext():
         return TensorCompute(plan, tp, sources, resources, stream).amax()
 
@@ -114,12 +103,12 @@ def merged_rows(plan: Plan, tp: TensorPlan, sources: InputSources, resources: Re
     # On the calling thread alone where the whole tensor's kernels would run so (merged_tensor): the same kernels.
     with serial_kernels() if serial else nullcontext():
         if method.rows is not None:  # the whole tensor's statistics, those rows combined
-            with _admitted(governor, estimate_bytes(tp, method), tp.name):
+            with _admitted(governor, workunits.estimate_bytes(tp, method), tp.name):
                 return work.selected(rows)
         # An elementwise method: each run of consecutive rows is a row chunk, merged as run merges one.
         pieces: list[torch.Tensor] = []
         for first, stop in _runs(rows):
-            with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+            with _admitted(governor, workunits.estimate_bytes(tp, method, stop - first), tp.name):
                 pieces.append(work.rows(first, stop)[tp.name])
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
@@ -136,7 +125,7 @@ def rows_alone(tp: TensorPlan, method: MethodSpec) -> bool:
         return False
     if method.rows is not None:
         return method.rows.exact(dict(tp.params), [dict(p) for p in tp.model_params])
-    return can_chunk(tp, method)
+    return workunits.can_chunk(tp, method)
 
 
 def _runs(rows: torch.Tensor) -> list[tuple[int, int]]:
@@ -159,12 +148,12 @@ def _in_rows(tp: TensorPlan, work: TensorCompute, governor: MemoryGovernor | Non
     pass_index = 0
     while work.wants(pass_index):
         for first, stop in chunks:
-            with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+            with _admitted(governor, workunits.estimate_bytes(tp, method, stop - first), tp.name):
                 work.observe(pass_index, first, stop)
         pass_index += 1
     pieces: dict[str, list[torch.Tensor]] = {}
     for first, stop in chunks:
-        with _admitted(governor, estimate_bytes(tp, method, stop - first), tp.name):
+        with _admitted(governor, workunits.estimate_bytes(tp, method, stop - first), tp.name):
             for name, rows in work.rows(first, stop).items():
                 pieces.setdefault(name, []).append(rows)
     return {name: rows[0] if len(rows) == 1 else torch.cat(rows) for name, rows in pieces.items()}
@@ -175,12 +164,12 @@ def _chunks(tp: TensorPlan, method: MethodSpec, governor: MemoryGovernor | None)
     least its floor), aligned as the run aligns them
     (:meth:`~resumerge.merge.engine.executor._Pipeline._each_chunk`)."""
     total, first, chunks = tp.shape[0], 0, []
-    most = stream_rows(tp, method)
-    floor = min(most, floor_rows(tp, method))
-    row = max(1, estimate_bytes(tp, method, rows=1))
+    most = workunits.stream_rows(tp, method)
+    floor = min(most, workunits.floor_rows(tp, method))
+    row = max(1, workunits.estimate_bytes(tp, method, rows=1))
     while first < total:
         room = governor.chunk_rows(row, total - first) if governor is not None else most
-        rows = aligned_rows(tp, max(1, min(total - first, most, max(floor, room))), total - first)
+        rows = workunits.aligned_rows(tp, max(1, min(total - first, most, max(floor, room))), total - first)
         chunks.append((first, first + rows))
         first += rows
     return chunks
