@@ -71,7 +71,8 @@ def _cli(*args: str) -> int:
     finally:
         sys.stdout.flush()
         for number, handler in kept.items():
-            signal.signal(number, handler)
+            if handler is not None:  # (None: not installed from Python, nothing to put back)
+                signal.signal(number, handler)
 
 
 def run_demo(args: argparse.Namespace) -> int:
