@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support import cli
+from support import cli, cli_here
 
 from resumerge.errors import EXIT_BROKEN, EXIT_NO_EFFECT, EXIT_OK
 
@@ -68,12 +70,36 @@ def _run(step: str, where: Path) -> None:
             (where / target).write_text(done.stdout, encoding="utf-8")
 
 
+def _tour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resumerge demo tour`` in this process (:func:`support.cli_here`), as a reader's shell runs it, the
+    ``resumerge`` interpreters it starts recorded: the run it kills is the only one, killed as it said (its status,
+    resume, verify and uninterrupted run are the same commands in the demo's own process; six fresh interpreters
+    cost a demo 6-8 CPU s of torch imports)."""
+    started: list[tuple[list[str], dict[str, str]]] = []
+    start = subprocess.Popen.__init__
+
+    def recorded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+        if argv[1:3] == ["-m", "resumerge"]:
+            started.append((argv, dict(kwargs.get("env") or {})))
+        start(self, args, *rest, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess.Popen, "__init__", recorded)
+        done = cli_here(*shlex.split(TOUR)[1:])
+    assert done.returncode == EXIT_OK, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "byte-identical to the uninterrupted run: yes" in done.stdout, done.stdout
+    assert [(argv[:4], env.get("RESUMERGE_KILL_AT")) for argv, env in started] == [
+        ([sys.executable, "-m", "resumerge", "run"], "after_manifest_write:2")], started
+    assert "the merge process died (exit status -9)" in done.stdout, done.stdout
+
+
 def _run_pages(pages: list[str], where: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The examples of ``pages`` after one ``resumerge demo tour`` in ``where``: each page in a folder of its own
-    (pages write the same names: merged/, texts.txt) where ``tour`` links to that one (each page's first line, the
-    tour again, skipped)."""
+    """The examples of ``pages`` after one ``resumerge demo tour`` in ``where`` (:func:`_tour`): each page in a
+    folder of its own (pages write the same names: merged/, texts.txt) where ``tour`` links to that one (each page's
+    first line, the tour again, skipped)."""
     monkeypatch.chdir(where)
-    _run(TOUR, where)
+    _tour(monkeypatch)
     for page in pages:
         folder = where / page.removesuffix(".md")
         folder.mkdir()

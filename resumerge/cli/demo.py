@@ -2,7 +2,10 @@
 
 Generates two small Llama-style models, starts a real ``resumerge run`` in a child process that is killed
 (SIGKILL) just after committing its second shard, shows the status, resumes, and checks that every output
-file is byte-identical to an uninterrupted run of the same config.
+file is byte-identical to an uninterrupted run of the same config. Only the killed run is a process of its own
+(a fresh interpreter: the kill must end a real process); the status, the resume, the verify and the uninterrupted
+run are the same commands run here, through the command line's own ``main`` (each fresh interpreter cost an
+import of torch, 1-2.5 CPU s apiece: a demo spent 6-8 CPU s in the six it started).
 
 Without a DIR it works in ``demo/`` under the state dir (``$XDG_STATE_HOME/resumerge``, else
 ``~/.local/state/resumerge``, or ``RESUMERGE_STATE_DIR``), never in the current directory (often a clone), and
@@ -15,10 +18,12 @@ import argparse
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
 from resumerge.config.locations import state_root
 from resumerge.merge.store.manifest import MANIFEST_NAME
@@ -49,9 +54,25 @@ def _digests(directory: Path) -> dict[str, str]:
     }
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> int:
+def _killed_run(*args: str) -> int:
+    """``resumerge run ARGS`` in a fresh interpreter that kills itself (SIGKILL) right after its second committed
+    shard; its exit status (negative: the signal that ended it)."""
     sys.stdout.flush()
-    return subprocess.run([sys.executable, "-m", "resumerge", *args], env=env, check=False).returncode
+    env = dict(os.environ, RESUMERGE_KILL_AT="after_manifest_write:2")
+    return subprocess.run([sys.executable, "-m", "resumerge", "run", *args], env=env, check=False).returncode
+
+
+def _cli(*args: str) -> int:
+    """``resumerge ARGS`` in this process; its exit code. The handlers a merging command installs for SIGINT and
+    SIGTERM (its stop flag) are put back afterwards: a Ctrl-C between the demo's steps ends the demo, as before."""
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return main(list(args))
+    finally:
+        sys.stdout.flush()
+        for number, handler in kept.items():
+            if handler is not None:  # (None: not installed from Python, nothing to put back)
+                signal.signal(number, handler)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -72,8 +93,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"1. generated two models in {root / 'models'}; config: {config}")
 
     print("2. resumerge run ... (killed with SIGKILL right after its second shard is committed)")
-    env = dict(os.environ, RESUMERGE_KILL_AT="after_manifest_write:2")
-    code = _cli("run", str(config), out, "--state-dir", state, "--out-shard-size", SHARD_SIZE, "--quiet", env=env)
+    code = _killed_run(str(config), out, "--state-dir", state, "--out-shard-size", SHARD_SIZE, "--quiet")
     print(f"   the merge process died (exit status {code}); what survived:")
     _cli("status", out, "--state-dir", state)
 
