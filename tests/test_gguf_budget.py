@@ -184,6 +184,10 @@ class _Stream:
     def run(layer: torch.nn.Module, hidden: torch.Tensor, call: object, *, hand_on: bool = True) -> torch.Tensor:
         return layer(hidden)
 
+    @staticmethod
+    def entered(hidden: torch.Tensor, call: object, index: int | None = None) -> torch.Tensor:
+        return hidden
+
 
 def _measured(layers: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
     """The costs the importance pass's step measures on ``layers`` over two random texts."""

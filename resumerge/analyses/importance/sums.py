@@ -196,10 +196,12 @@ def carried(costs: dict[str, torch.Tensor], gains: dict[str, torch.Tensor]) -> d
 
 
 class Rerun:
-    """Layer ``index`` of ``stream`` (``layer``, loaded) run again on the first texts of the pass's (``texts``,
-    under ``calls``; ``out`` their outputs), up to :data:`RERUN_TOKENS` of them: the error in its output when one
-    matrix's weight is another (:meth:`error`), or its input carries a small error (:meth:`gain`). One thread, the
-    texts in order, sums in float64: a resumed pass measures the same bits."""
+    """Layer ``index`` of ``stream`` (``layer``, loaded) run again on the first texts of the pass's (``texts``, the
+    previous step's outputs, under ``calls``; ``out`` their outputs), up to :data:`RERUN_TOKENS` of them: the error
+    in its output when one matrix's weight is another (:meth:`error`), or its input carries a small error
+    (:meth:`gain`). Its input is what the forward gives it (:meth:`~resumerge.forward.engine.stream.ModelStream.
+    entered`: Dory's loop start, the previous output's norm plus the input section's, computed again), as the pass's
+    own run of it was given. One thread, the texts in order, sums in float64: a resumed pass measures the same bits."""
 
     def __init__(self, stream: ModelStream, layer: torch.nn.Module, index: int, calls: list[LayerCall],
                  texts: list[torch.Tensor], out: list[torch.Tensor]) -> None:
@@ -208,7 +210,10 @@ class Rerun:
         while count < len(texts) and tokens < RERUN_TOKENS:
             tokens += texts[count].numel() // texts[count].shape[-1]
             count += 1
-        self.calls, self.texts, self.out, self.tokens = calls[:count], texts[:count], out[:count], tokens
+        self.calls, self.out, self.tokens = calls[:count], out[:count], tokens
+        # (given the previous output as it is, a loop's start had run on other input than the pass's: the error of
+        # its own weight was not 0, the gain of another function)
+        self.texts = [stream.entered(h, call, index) for h, call in zip(texts[:count], self.calls, strict=True)]
 
     def _error(self, inputs: Sequence[torch.Tensor]) -> float:
         total = 0.0
