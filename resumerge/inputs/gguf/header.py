@@ -105,7 +105,7 @@ def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: 
 
 def metadata_only(header: GgufHeader) -> bytes:
     """A GGUF holding ``header``'s key-values byte for byte and no tensor: what a reader of the metadata alone
-    (transformers' GGUF tokenizer) needs of a file that is not on disk (a hub GGUF read by range)."""
+    (transformers' GGUF tokenizer) is given, whether the file is on disk or not (a hub GGUF read by range)."""
     alignment = header.metadata.get("general.alignment", _ALIGNMENT)
     head = header.raw[:8] + struct.pack("<Q", 0) + header.raw[16:header.kv_end]  # no tensor; the key count kept
     return head + bytes(-len(head) % alignment)
