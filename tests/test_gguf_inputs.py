@@ -350,8 +350,11 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
     model, _ = decoded(tmp_path / "m.gguf")
     header = model.gguf_header
     assert header is not None
-    made = gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
+    made = gguf_tokenizer_files(tmp_path / "m.gguf", header)  # the session cache's (a tiny llama's: rebuilt once)
     assert "tokenizer.json" in made
+    with monkeypatch.context() as patch:  # rebuilt for this cache as transformers rebuilt them there, ~5 CPU s sooner
+        patch.setattr(tokenizer, "_rebuilt", lambda *args: made)
+        assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made
     (kept,) = (cache / "gguf-tokenizers").iterdir()
 
     def no_rebuild(*args: object, **kwargs: object) -> None:
@@ -391,11 +394,11 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
 
 def test_a_gguf_tokenizer_is_kept_by_the_key_values_alone_as_transformers_rebuilds_the_whole_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The files are kept by the key-values transformers is given: another encoding of the same model under another
-    name (other tensor infos, another name, the same key-values) takes the first one's kept files, which are the
-    bytes transformers' own rebuild of that whole file (its tensors and name read) writes; a file whose tokenizer
-    key-values differ (its chat template) is rebuilt. The first file's are the session cache's (every tiny llama GGUF
-    of the suite has those key-values): rebuilt here only where no test did so before."""
+    """The files are kept by the key-values transformers is given: another encoding of the same model, a split set
+    (other tensor infos, another name, the same key-values but the split's counts) takes the first one's kept
+    files, which are the bytes transformers' own rebuild of that whole file (its tensors, name and split keys read)
+    writes; a file whose tokenizer key-values differ (its chat template) is rebuilt. The first file's are the session
+    cache's (every tiny llama GGUF of the suite has those key-values): rebuilt here only where no test did so."""
     from transformers import AutoTokenizer
 
     from resumerge.inputs.gguf import tokenizer
@@ -406,12 +409,12 @@ def test_a_gguf_tokenizer_is_kept_by_the_key_values_alone_as_transformers_rebuil
         assert found is not None
         return found
 
-    first, other, templated = tmp_path / "m.gguf", tmp_path / "q8.gguf", tmp_path / "t.gguf"
+    first, other, templated = tmp_path / "m.gguf", tmp_path / "q8-00001-of-00003.gguf", tmp_path / "t.gguf"
     write_gguf(first, "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
-    write_gguf(other, "llama", to_gguf("llama", hf_tensors("llama", 1)), Q.Q8_0)
+    write_gguf(tmp_path / "q8.gguf", "llama", to_gguf("llama", hf_tensors("llama", 1)), Q.Q8_0, split_max_tensors=9)
     write_gguf(templated, "llama", to_gguf("llama", hf_tensors("llama")), Q.F32,
                chat_template="{{ messages[0].content }}")
-    assert header(other).raw != header(first).raw
+    assert header(other).metadata["split.count"] == 3 and "split.count" not in header(first).metadata
     made = gguf_tokenizer_files(first, header(first))
     rebuilds: list[Path] = []
 

@@ -7,14 +7,14 @@ merges without a tokenizer).
 
 A rebuild costs the import of transformers and its parse of the whole metadata (SmolLM2's 49,152 tokens and 48,900
 merges: about 8 CPU seconds, more for larger vocabularies), paid again by every ``plan`` and ``run`` of the same
-file. transformers is given the file's key-values alone (:func:`~.header.metadata_only`, under one fixed name), never
-its tensor infos nor its name, so the files are a function of those key-values and the versions of the code that
-makes them, whatever file they came from (another encoding of the same model, the same model under another name or
-split: one rebuild). transformers reads tensor names only to build the model's config (tied embeddings, a few
-families' biases), which the tokenizer files do not hold: the files of SmolLM2's GGUF and of the tests' tiny ones are
-the same bytes either way. Kept under :func:`~resumerge.config.locations.cache_root` by that key, with a digest of
-their own, they are rebuilt only when one of those changed or the kept copy does not match its digest (a torn or
-edited cache file is never used).
+file. transformers is given the file's key-values alone (:func:`~.header.metadata_only`, under one fixed name, but a
+split set's counts), never its tensor infos nor its name, so the files are a function of those key-values and the
+versions of the code that makes them, whatever file they came from (another encoding of the same model, the same
+model under another name or split: one rebuild). transformers reads tensor names only to build the model's config
+(tied embeddings, a few families' biases), which the tokenizer files do not hold: the files of SmolLM2's GGUF and of
+the tests' tiny ones are the same bytes either way. Kept under :func:`~resumerge.config.locations.cache_root` by
+that key, with a digest of their own, they are rebuilt only when one of those changed or the kept copy does not
+match its digest (a torn or edited cache file is never used).
 
 May import: errors, config, inputs.gguf.header.
 """
@@ -36,8 +36,11 @@ from resumerge.inputs.gguf.header import GgufHeader, metadata_only
 # The cache's folder under the cache root, and its files' layout (a change here names new files).
 _FOLDER = "gguf-tokenizers"
 _FORMAT = 2
-# The name the key-values are given to transformers under (nothing it writes depends on it).
+# The name the key-values are given to transformers under (nothing it writes depends on it), and the keys left out:
+# a split set's (which file of how many: transformers' converter reads none of them), so a split set's first file
+# and the same model in one file take one rebuild.
 _METADATA_NAME = "model.gguf"
+_LEFT_OUT = ("split.",)
 # The distributions whose code makes the files: the converter, the library that writes tokenizer.json, the reader
 # the converter parses the metadata with.
 _MAKERS = ("transformers", "tokenizers", "gguf")
@@ -82,7 +85,7 @@ def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
         if header is not None:
             read = Path(scratch) / "metadata" / _METADATA_NAME
             read.parent.mkdir()
-            read.write_bytes(metadata_only(header))
+            read.write_bytes(metadata_only(header, _LEFT_OUT))
         out = Path(scratch) / "out"
         done = subprocess.run([sys.executable, "-c", _REBUILD, json.dumps(sys.path), str(read), str(out)],
                               capture_output=True, text=True, check=False)
@@ -116,7 +119,7 @@ def _kept_path(header: GgufHeader, cache_dir: Path | None) -> Path | None:
             if name == "transformers":
                 return None
             versions.append(None)
-    return kept_file(_FOLDER, [_FORMAT, versions, hashlib.sha256(metadata_only(header)).hexdigest()],
+    return kept_file(_FOLDER, [_FORMAT, versions, hashlib.sha256(metadata_only(header, _LEFT_OUT)).hexdigest()],
                      cache_dir=cache_dir)
 
 
