@@ -124,10 +124,12 @@ def to_gguf(arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, *, seed: int = 0,
-               split_max_tensors: int = 0, name: str = "", merges: tuple[str, ...] = ("t h",)) -> None:
+               split_max_tensors: int = 0, name: str = "", merges: tuple[str, ...] = ("t h",),
+               chat_template: str = "{% for m in messages %}{{ m.content }}{% endfor %}") -> None:
     """A GGUF of ``arch`` holding ``tensors`` (GGUF names, float32): matrices as ``qtype`` (F32/F16/BF16/Q8_0/Q4_0/
     Q4_1 quantized by gguf-py; other types as random blocks), 1-D tensors F32 as llama.cpp stores them; ``merges``:
-    the tokenizer's BPE merges (one of tokens outside the vocabulary: a tokenizer transformers cannot rebuild)."""
+    the tokenizer's BPE merges (one of tokens outside the vocabulary: a tokenizer transformers cannot rebuild);
+    ``chat_template``: the tokenizer's."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     if name:
@@ -151,7 +153,7 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtype: Q, 
     writer.add_token_merges(list(merges))
     writer.add_bos_token_id(VOCAB - 1)
     writer.add_add_bos_token(False)
-    writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
+    writer.add_chat_template(chat_template)
     if arch == "qwen3moe":
         writer.add_expert_count(EXPERTS)
         writer.add_expert_used_count(2)

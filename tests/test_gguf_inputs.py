@@ -24,10 +24,13 @@ from support import cli, cli_here, digests, write_config
 from resumerge import api
 from resumerge.api import Output
 from resumerge.config.merge_config import load_config_text
+from resumerge.config.modelref import ModelRef
 from resumerge.errors import HostileFileError, ModelInputError
 from resumerge.inputs.catalog import open_inputs
-from resumerge.inputs.codecs import MAIN
+from resumerge.inputs.codecs import CODECS, MAIN
 from resumerge.inputs.gguf.codec import GgufCodec
+from resumerge.inputs.gguf.header import GgufHeader
+from resumerge.inputs.model import open_model
 from resumerge.merge.plan.merge_plan import PlanOptions
 from resumerge.merge.plan.planner import build_plan
 from resumerge.merge.plan.workunits import row_step
@@ -277,7 +280,6 @@ def test_a_gguf_tokenizer_transformers_cannot_rebuild_is_one_line_where_the_prom
     from resumerge.errors import UsageError
     from resumerge.forward.text.texts import load_tokenizer
     from resumerge.inputs.gguf import tokenizer
-    from resumerge.inputs.gguf.header import GgufHeader
 
     real, failed = tokenizer._rebuilt, list[ModelInputError]()
 
@@ -348,8 +350,11 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
     model, _ = decoded(tmp_path / "m.gguf")
     header = model.gguf_header
     assert header is not None
-    made = gguf_tokenizer_files(tmp_path / "m.gguf", header, cache)
+    made = gguf_tokenizer_files(tmp_path / "m.gguf", header)  # the session cache's (a tiny llama's: rebuilt once)
     assert "tokenizer.json" in made
+    with monkeypatch.context() as patch:  # rebuilt for this cache as transformers rebuilt them there, ~5 CPU s sooner
+        patch.setattr(tokenizer, "_rebuilt", lambda *args: made)
+        assert gguf_tokenizer_files(tmp_path / "m.gguf", header, cache) == made
     (kept,) = (cache / "gguf-tokenizers").iterdir()
 
     def no_rebuild(*args: object, **kwargs: object) -> None:
@@ -385,6 +390,47 @@ def test_a_gguf_tokenizer_is_rebuilt_once_and_a_damaged_kept_copy_is_rebuilt(
         gguf_tokenizer_files(tmp_path / "other.gguf", other.gguf_header, cache)  # not m.gguf's kept files
     assert rebuilds[1:] == [tmp_path / "other.gguf"]
     assert len(list((cache / "gguf-tokenizers").iterdir())) == 2
+
+
+def test_a_gguf_tokenizer_is_kept_by_the_key_values_alone_as_transformers_rebuilds_the_whole_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are kept by the key-values transformers is given: another encoding of the same model, a split set
+    (other tensor infos, another name, the same key-values but the split's counts) takes the first one's kept
+    files, which are the bytes transformers' own rebuild of that whole file (its tensors, name and split keys read)
+    writes; a file whose tokenizer key-values differ (its chat template) is rebuilt. The first file's are the session
+    cache's (every tiny llama GGUF of the suite has those key-values): rebuilt here only where no test did so."""
+    from transformers import AutoTokenizer
+
+    from resumerge.inputs.gguf import tokenizer
+    from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
+
+    def header(path: Path) -> GgufHeader:
+        found = open_model(ModelRef(str(path))).recognised(CODECS).gguf_header
+        assert found is not None
+        return found
+
+    first, other, templated = tmp_path / "m.gguf", tmp_path / "q8-00001-of-00003.gguf", tmp_path / "t.gguf"
+    write_gguf(first, "llama", to_gguf("llama", hf_tensors("llama")), Q.F32)
+    write_gguf(tmp_path / "q8.gguf", "llama", to_gguf("llama", hf_tensors("llama", 1)), Q.Q8_0, split_max_tensors=9)
+    write_gguf(templated, "llama", to_gguf("llama", hf_tensors("llama")), Q.F32,
+               chat_template="{{ messages[0].content }}")
+    assert header(other).metadata["split.count"] == 3 and "split.count" not in header(first).metadata
+    made = gguf_tokenizer_files(first, header(first))
+    rebuilds: list[Path] = []
+
+    def rebuild(path: Path, *args: object) -> dict[str, bytes]:
+        rebuilds.append(path)
+        return {}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tokenizer, "_rebuilt", rebuild)
+        assert gguf_tokenizer_files(other, header(other)) == made
+        assert not rebuilds
+        gguf_tokenizer_files(templated, header(templated))
+        assert rebuilds == [templated]
+    own = tmp_path / "own"
+    AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=other.name, local_files_only=True).save_pretrained(own)
+    assert {p.name: p.read_bytes() for p in own.iterdir()} == made
 
 
 def test_without_gguf_py_a_gguf_input_exits_2_with_the_install_line(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 import signal
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -18,13 +19,17 @@ import numpy as np
 import pytest
 from ggufmodels import LAYERS, linear_llama_pair
 from llamacpp_oracle import imatrix_of_forward, needs_library
-from support import cli
+from support import cli as support_cli
 
 TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
 # below the merge's Q4_K_M file with the same matrix (727,968 bytes), about 3 bits a weight: low enough for the 1-bit
 # types to be chosen for some matrices, high enough for 4- and 5-bit ones beside them
 TARGET = 450_000
 MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m", "--out-shard-size", "100KB")
+# A size-target run measures 14 candidate types on each of its 14 matrices (~10 CPU s): on two cores under a load of
+# 30-40 one took 167 s of wall, past support.cli's 120 s, as test_run_phases' runs with --imatrix-texts did. 600 s
+# still bounds a hung command.
+cli = partial(support_cli, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -21,7 +22,8 @@ import numpy as np
 import pytest
 from ggufmodels import HIDDEN, LAYERS, Q, hf_tensors, linear_llama_pair, to_gguf, write_gguf
 from llamacpp_oracle import needs_library, quantize_model
-from support import cli, write_config
+from support import cli as support_cli
+from support import write_config
 
 from resumerge import api
 from resumerge.inputs.gguf.names import gguf_name
@@ -30,6 +32,9 @@ from resumerge.outputs.gguf.imatrix import read_imatrix
 
 TEXTS = "the cat sat on the mat.\nthree plus four is seven.\nabc def ghi 123 456\n"
 K_MIX = ("--out-type", "gguf", "--gguf-type", "q4_k_m")
+# Its commands with --imatrix-texts start the pass's interpreters (torch imported again): a plan of them passed
+# support.cli's 120 s on two cores under a load of 30-40, as test_run_phases' did. 600 s still bounds a hung command.
+cli = partial(support_cli, timeout=600)
 
 
 @pytest.fixture(scope="module")

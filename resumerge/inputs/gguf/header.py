@@ -103,11 +103,20 @@ def parse_gguf_header(read: Callable[[int, int], bytes], file_size: int, where: 
     return replace(header, read_ahead=prefix.data[len(header.raw):])
 
 
-def metadata_only(header: GgufHeader) -> bytes:
-    """A GGUF holding ``header``'s key-values byte for byte and no tensor: what a reader of the metadata alone
-    (transformers' GGUF tokenizer) needs of a file that is not on disk (a hub GGUF read by range)."""
+def metadata_only(header: GgufHeader, without: tuple[str, ...] = ()) -> bytes:
+    """A GGUF holding ``header``'s key-values byte for byte, but those whose key starts with one of ``without``, and
+    no tensor: what a reader of the metadata alone (transformers' GGUF tokenizer) is given, whether the file is on
+    disk or not (a hub GGUF read by range)."""
     alignment = header.metadata.get("general.alignment", _ALIGNMENT)
-    head = header.raw[:8] + struct.pack("<Q", 0) + header.raw[16:header.kv_end]  # no tensor; the key count kept
+    parser, kept = _Parser(header.raw, "a parsed GGUF header"), []
+    parser.at = 24  # past the magic, the version and the two counts
+    for _ in header.metadata:
+        start = parser.at
+        key = parser.string()
+        parser.value(parser.scalar(4))
+        if not key.startswith(without):
+            kept.append(header.raw[start:parser.at])
+    head = header.raw[:8] + struct.pack("<QQ", 0, len(kept)) + b"".join(kept)  # no tensor
     return head + bytes(-len(head) % alignment)
 
 

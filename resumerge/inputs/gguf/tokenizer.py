@@ -7,10 +7,14 @@ merges without a tokenizer).
 
 A rebuild costs the import of transformers and its parse of the whole metadata (SmolLM2's 49,152 tokens and 48,900
 merges: about 8 CPU seconds, more for larger vocabularies), paid again by every ``plan`` and ``run`` of the same
-file. The files are a function of the file's header (its key-values and tensor infos, which its identity hashes
-too), its name and the versions of the code that makes them: kept under
-:func:`~resumerge.config.locations.cache_root` by that key, with a digest of their own, they are rebuilt only when
-one of those changed or the kept copy does not match its digest (a torn or edited cache file is never used).
+file. transformers is given the file's key-values alone (:func:`~.header.metadata_only`, under one fixed name, but a
+split set's counts), never its tensor infos nor its name, so the files are a function of those key-values and the
+versions of the code that makes them, whatever file they came from (another encoding of the same model, the same
+model under another name or split: one rebuild). transformers reads tensor names only to build the model's config
+(tied embeddings, a few families' biases), which the tokenizer files do not hold: the files of SmolLM2's GGUF and of
+the tests' tiny ones are the same bytes either way. Kept under :func:`~resumerge.config.locations.cache_root` by
+that key, with a digest of their own, they are rebuilt only when one of those changed or the kept copy does not
+match its digest (a torn or edited cache file is never used).
 
 May import: errors, config, inputs.gguf.header.
 """
@@ -31,7 +35,12 @@ from resumerge.inputs.gguf.header import GgufHeader, metadata_only
 
 # The cache's folder under the cache root, and its files' layout (a change here names new files).
 _FOLDER = "gguf-tokenizers"
-_FORMAT = 1
+_FORMAT = 2
+# The name the key-values are given to transformers under (nothing it writes depends on it), and the keys left out:
+# a split set's (which file of how many: transformers' converter reads none of them), so a split set's first file
+# and the same model in one file take one rebuild.
+_METADATA_NAME = "model.gguf"
+_LEFT_OUT = ("split.",)
 # The distributions whose code makes the files: the converter, the library that writes tokenizer.json, the reader
 # the converter parses the metadata with.
 _MAKERS = ("transformers", "tokenizers", "gguf")
@@ -39,13 +48,13 @@ _MAKERS = ("transformers", "tokenizers", "gguf")
 
 def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None,
                          cache_dir: Path | None = None) -> dict[str, bytes]:
-    """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them. A file not on disk (a hub
-    GGUF read by range) is read from its parsed ``header``: transformers is given a GGUF of its key-values alone
-    (:func:`~.header.metadata_only`, under the same name in a temporary folder), never its tensors. Given
-    ``header``, the files are taken from the cache in ``cache_dir`` (default
+    """The tokenizer files of the GGUF at ``path``, by name, as transformers writes them. Given its parsed
+    ``header`` (a file on disk, or a hub GGUF read by range), transformers is given a GGUF of its key-values alone
+    (:func:`~.header.metadata_only`, in a temporary folder), never its tensors, and the files are taken from the
+    cache in ``cache_dir`` (default
     :func:`~resumerge.config.locations.cache_root`) when an earlier rebuild kept them, and kept there after a
     rebuild. Raises :class:`ModelInputError` when transformers is missing or cannot rebuild the tokenizer."""
-    kept = None if header is None else _kept_path(path, header, cache_dir)
+    kept = None if header is None else _kept_path(header, cache_dir)
     if kept is not None:
         found = _read(kept)
         if found is not None:
@@ -58,9 +67,10 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None,
 
 
 def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
-    """The files as transformers rebuilds them now, in a process of its own (:data:`_REBUILD`): transformers'
-    tokenization modules (about 100 MB) never stay in the process that asked, a run whose budget counts no
-    transformers (its importance pass on a first run measured 480 MB under a 362 MB budget so)."""
+    """The files as transformers rebuilds them now from ``header``'s key-values (the file at ``path`` itself only
+    without a header), in a process of its own (:data:`_REBUILD`): transformers' tokenization modules (about 100
+    MB) never stay in the process that asked, a run whose budget counts no transformers (its importance pass on a
+    first run measured 480 MB under a 362 MB budget so)."""
     import importlib.util
     import subprocess
     import sys
@@ -72,10 +82,10 @@ def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
                                                    "--no-copy-tokenizer")
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
         read = path
-        if not path.is_file() and header is not None:
-            read = Path(scratch) / "metadata" / path.name
+        if header is not None:
+            read = Path(scratch) / "metadata" / _METADATA_NAME
             read.parent.mkdir()
-            read.write_bytes(metadata_only(header))
+            read.write_bytes(metadata_only(header, _LEFT_OUT))
         out = Path(scratch) / "out"
         done = subprocess.run([sys.executable, "-c", _REBUILD, json.dumps(sys.path), str(read), str(out)],
                               capture_output=True, text=True, check=False)
@@ -98,9 +108,9 @@ _REBUILD = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nfrom pathl
             "tokenizer.save_pretrained(sys.argv[3])\n")
 
 
-def _kept_path(path: Path, header: GgufHeader, cache_dir: Path | None) -> Path | None:
-    """Where the files rebuilt from ``header`` are kept; None without transformers (nothing to key them by: the
-    rebuild says what is missing)."""
+def _kept_path(header: GgufHeader, cache_dir: Path | None) -> Path | None:
+    """Where the files rebuilt from ``header``'s key-values are kept (:func:`_rebuilt`: whatever file holds them);
+    None without transformers (nothing to key them by: the rebuild says what is missing)."""
     versions: list[str | None] = []
     for name in _MAKERS:
         try:
@@ -109,7 +119,7 @@ def _kept_path(path: Path, header: GgufHeader, cache_dir: Path | None) -> Path |
             if name == "transformers":
                 return None
             versions.append(None)
-    return kept_file(_FOLDER, [_FORMAT, versions, path.name, hashlib.sha256(header.raw).hexdigest()],
+    return kept_file(_FOLDER, [_FORMAT, versions, hashlib.sha256(metadata_only(header, _LEFT_OUT)).hexdigest()],
                      cache_dir=cache_dir)
 
 
