@@ -174,3 +174,17 @@ def test_a_target_without_texts_is_refused(merge: tuple[Path, Path], tmp_path: P
     assert refused.returncode == 2, refused.stderr
     assert "give --imatrix-texts FILE" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_target_without_a_mix_that_reads_the_matrix_says_what_the_target_needs(merge: tuple[Path, Path],
+                                                                                  tmp_path: Path) -> None:
+    """Without --gguf-type (f16, the default, which reads no matrix) the target says that the tensors it does not
+    choose are written as --gguf-type's mix and names one, not that an --gguf-type the user never gave takes no
+    matrix: one line, exit 2, nothing written."""
+    config, texts = merge
+    refused = cli("run", config, tmp_path / "out", "--state-dir", tmp_path / "state", "--out-type", "gguf",
+                  "--imatrix-texts", texts, "--gguf-target-bpw", "4.5")
+    assert refused.returncode == 2, refused.stderr
+    assert "--gguf-target-bpw chooses the types of the decoder layers' matrices" in refused.stderr, refused.stderr
+    assert "--gguf-type q4_k_m" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "state" / "imatrix").exists()

@@ -174,6 +174,13 @@ def _imatrix_texts(given: Mapping[str, Any]) -> str:
                          "file llama-imatrix wrote, or texts to compute it on the merge from)")
     mix = str(given.get("gguf_type") or "f16")
     if not any(kind in MIXES and reads_matrix(kind) for kind in gguf_types(mix)):
+        target = next((_GGUF_CHOICES[name] for name in ("gguf_target_size", "gguf_target_bpw")
+                       if given.get(name) is not None), None)
+        if target is not None:  # --gguf-type unset, or f16: what the target does not choose is the mix's
+            raise UsageError(f"{target} chooses the types of the decoder layers' matrices; the tensors it does not "
+                             f"choose are written as --gguf-type's mix ({mix}), which reads no importance matrix",
+                             hint="give the mix for them with it: --gguf-type q4_k_m (or another K-quant or "
+                                  "i-quant mix)")
         raise UsageError(f"--imatrix-texts: --gguf-type {mix} takes no importance matrix",
                          hint="give a K-quant or i-quant mix (q2_k ... q6_k, iq4_xs ...), a legacy or ternary "
                               "type (q4_0, q4_1, q5_0, q5_1, tq1_0, tq2_0)")

@@ -49,7 +49,7 @@ class ImportancePhase:
 
         texts = self.options.imatrix_texts
         assert texts is not None, "a phase of --imatrix-texts"
-        cost = importance_cost(texts)(plan)
+        cost = importance_cost(texts, measuring=measures_costs(self.options))(plan)
         budget = max_memory if max_memory is not None else default_budget(SystemProbe())
         if cost.smallest_budget > budget:
             raise UsageError(f"{self.name} needs a budget of {format_size(cost.smallest_budget)} (its process about "
@@ -293,8 +293,8 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
                          read, read / total if total else 0.0, written + matrix,
                          2 * (states + layer_sums * layers) + matrix, pass_held(largest, tokens, hidden),
                          matrices * tokens * _SECONDS_PER_WEIGHT_TOKEN
-                         + (measuring_seconds(plan, tokens) if measuring else 0.0), pass_baseline(plan),
-                         *merge_after_pass(plan))
+                         + (measuring_seconds(plan, tokens) if measuring else 0.0),
+                         pass_baseline(plan, measuring=measuring), *merge_after_pass(plan))
 
     return cost
 
@@ -360,11 +360,14 @@ def _family_modules(plan: Plan) -> tuple[str, ...]:
     return ("transformers", *((f"transformers.models.{family}.modeling_{family}",) if family.isidentifier() else ()))
 
 
-def pass_baseline(plan: Plan) -> int:
+def pass_baseline(plan: Plan, *, measuring: bool = False) -> int:
     """What the run's process holds as its importance pass starts: a fresh process that imported the run's modules
     and the pass's (:func:`pass_modules`; measured once per installation,
     :func:`~resumerge.machine.memory.baseline.fresh_baseline`), the run's overhead and its two plans (the GGUF merge's
-    and the float one the pass reads); the merge's baseline where no fresh process can be measured."""
+    and the float one the pass reads); the merge's baseline where no fresh process can be measured. ``measuring`` (a
+    size target's pass, which encodes each matrix at every candidate type): with those types' kernels and tables
+    loaded, the baseline of the merge after it (:func:`merge_after_pass`, whose kernels count the candidates':
+    :func:`~resumerge.merge.engine.footprint.kernel_spec`)."""
     from resumerge.config.locations import cache_root
     from resumerge.machine.memory.baseline import fresh_baseline, measure_ahead
     from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_modules, run_overhead
@@ -373,6 +376,8 @@ def pass_baseline(plan: Plan) -> int:
     # This one and the merge's after it (merge_after_pass, the merge's own guard): on an installation's first such
     # run, measured together rather than one after another.
     measure_ahead(((*RUN_MODULES, *modules), run_modules(plan, modules), run_modules(plan)), cache_root())
+    if measuring:
+        return merge_after_pass(plan)[0]
     fresh = fresh_baseline((*RUN_MODULES, *modules), cache_root())
     if fresh is None:  # a family transformers names otherwise
         fresh = fresh_baseline((*RUN_MODULES, *modules[:len(modules) - len(_family_modules(plan))]), cache_root())

@@ -20,7 +20,8 @@ class FirstPass:
     holds there at once (``state_bytes``); what its process holds beyond the baseline at its peak
     (``held_bytes``, the figure its own guard judges) and the seconds of its forward over the texts
     (``forward_seconds``: ``tokens`` through every layer's matrices); ``baseline_bytes``: what the run's process
-    holds as the pass starts (a fresh process with the pass's modules imported, and the run's plans), which its
+    holds as the pass starts (a fresh process with the pass's modules imported, a size target's with the kernels
+    of every type it measures loaded too, and the run's plans), which its
     :attr:`smallest_budget` counts, as the run's refusal of a budget too small does; ``merge_baseline_bytes`` and
     ``merge_budget``: the merge that follows it in that process, its baseline (the pass's modules stay imported,
     and the GGUF encoders' compiled kernels load beside them) and the smallest budget it works under, which the run

@@ -79,19 +79,30 @@ def smallest_run_budget(plan: Plan, baseline: int, device: str | None = None, cl
 def kernel_spec(plan: Plan) -> str:
     """The compiled kernels the GGUF encoding of ``plan`` loads (each tensor's type, and a release's each file's, with
     or without its importance matrix), as :func:`~resumerge.outputs.gguf.encoders.warm_kernels` reads them:
-    ``"12,14w"`` (type ids, ``w`` where weighted); ``""`` where none is compiled (no such type, or numba missing)."""
+    ``"12,14w"`` (type ids, ``w`` where weighted); ``""`` where none is compiled (no such type, or numba missing).
+    A size target's (``--gguf-target-size``): each tensor it chooses counts every candidate type, weighted, in place
+    of its own (the importance pass measures it at each of them in the run's process, and the merge encodes it at
+    the one chosen), so the plan before the choice and the one after it name the same kernels."""
+    from resumerge.merge.plan.ggufbudget import chosen_tensor
     from resumerge.outputs.gguf import jit
     from resumerge.outputs.gguf.encoders import SEARCHED, UNWEIGHTED
     from resumerge.outputs.gguf.outcodec import GgufOutCodec
     from resumerge.outputs.gguf.releasecodec import ReleaseCodec
+    from resumerge.outputs.gguf.sensitivity import candidate_types
 
+    targeted = plan.options.gguf_target_size is not None or plan.options.gguf_target_bpw is not None
     found: set[str] = set()
-    pending: list[object] = [tp.out_codec for tp in plan.tensors.values()]
+    pending: list[tuple[object, tuple[int, ...]]] = [(tp.out_codec, tp.shape) for tp in plan.tensors.values()]
     while pending:
-        codec = pending.pop()
+        codec, shape = pending.pop()
         if isinstance(codec, ReleaseCodec):
-            pending.extend(codec.codecs)
-        elif isinstance(codec, GgufOutCodec) and (codec.ggml_type in SEARCHED or codec.ggml_type in UNWEIGHTED):
+            pending.extend((each, shape) for each in codec.codecs)
+        elif not isinstance(codec, GgufOutCodec):
+            continue
+        elif targeted and chosen_tensor(codec.gguf_name, shape):
+            found.update(f"{each}w" if each in SEARCHED else str(each)
+                         for each in candidate_types(shape[-1]) if each in SEARCHED or each in UNWEIGHTED)
+        elif codec.ggml_type in SEARCHED or codec.ggml_type in UNWEIGHTED:
             found.add(f"{codec.ggml_type}{'w' if codec.imatrix and codec.ggml_type in SEARCHED else ''}")
     if not found or jit.numba_module() is None:
         return ""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import io
 import json
@@ -30,6 +31,7 @@ import pickle
 import zlib
 from collections.abc import Mapping
 from dataclasses import fields, replace
+from typing import get_args, get_type_hints
 
 from resumerge.config.version import __version__
 from resumerge.machine.memory.collector import collector_paused
@@ -37,12 +39,7 @@ from resumerge.machine.torch_import import torch
 from resumerge.merge.methods.resources import NO_RESOURCES
 from resumerge.merge.plan.merge_plan import (
     PINNED_KERNELS,
-    InputRef,
-    LoraRef,
     Plan,
-    PlanOptions,
-    ShardPlan,
-    TensorPlan,
 )
 from resumerge.merge.plan.nonfloat import UNITS as MERGE_UNITS
 from resumerge.merge.plan.prepared import Prepared
@@ -100,7 +97,7 @@ def _key(model_dirs: Mapping[str, str]) -> str:
     """What a stored plan stays valid for: version, data layout, the kernels' rule (a plan stored before MKL's
     threads were pinned is planned again, so that its fingerprint is checked against today's:
     :data:`~resumerge.merge.plan.merge_plan.PINNED_KERNELS`), and each input folder's files as they are now."""
-    return json.dumps({"version": __version__, "layout": _LAYOUT, "kernels": PINNED_KERNELS,
+    return json.dumps({"version": __version__, "layout": layout(), "kernels": PINNED_KERNELS,
                        "inputs": {key: _folder(directory) for key, directory in sorted(model_dirs.items())}},
                       sort_keys=True)
 
@@ -119,8 +116,40 @@ def _folder(directory: str) -> list[tuple[str, int, int]] | None:
     return sorted(found)
 
 
-# The dataclasses a stored plan is made of, with their fields: a release that changes them never reads an older
-# stored plan (it plans again instead).
-_LAYOUT = hashlib.sha256(repr([(cls.__name__, [f.name for f in fields(cls)])
-                               for cls in (Plan, TensorPlan, InputRef, LoraRef, ShardPlan, PlanOptions)]
-                              ).encode()).hexdigest()[:16]
+@functools.cache
+def layout(root: type = Plan) -> str:
+    """The digest of a stored plan's data layout: the fields of ``root`` and of every dataclass its fields' types
+    name (through containers, unions and optionals, and theirs in turn: a tensor's :class:`ExpertStack`, the
+    vocabulary's alignment), by module, name and field; a release that changes any of them never reads an older
+    stored plan (it plans again instead). A field whose type cannot be resolved is an error here, never a class
+    left out."""
+    found: dict[type, list[str]] = {}
+    pending = [root]
+    while pending:
+        cls = pending.pop()
+        if cls in found:
+            continue
+        found[cls] = [f.name for f in fields(cls)]
+        hints = get_type_hints(cls, localns=_type_names())
+        pending.extend(each for f in fields(cls) for each in _dataclasses_in(hints[f.name]))
+    described = sorted((cls.__module__, cls.__qualname__, names) for cls, names in found.items())
+    return hashlib.sha256(repr(described).encode()).hexdigest()[:16]
+
+
+def _dataclasses_in(hint: object) -> list[type]:
+    """The dataclasses a type ``hint`` names, itself or as an argument (``tuple[X, ...]``, ``X | None``)."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return [hint]
+    return [cls for arg in get_args(hint) for cls in _dataclasses_in(arg)]
+
+
+def _type_names() -> dict[str, object]:
+    """The names the plan's modules import for their annotations only (``if TYPE_CHECKING``)."""
+    from resumerge.config.merge_config import MergeConfig
+    from resumerge.merge.plan.accounting import Accounting
+    from resumerge.merge.plan.cardwording import CardWording
+    from resumerge.merge.plan.filters import FilterMatch
+    from resumerge.merge.vocab import VocabAlignment
+
+    return {"MergeConfig": MergeConfig, "Accounting": Accounting, "CardWording": CardWording,
+            "FilterMatch": FilterMatch, "VocabAlignment": VocabAlignment}
