@@ -41,8 +41,6 @@ from typing import Any
 # imports none of them), a run's ledger (sqlite_utils, click), its progress (rich) and its locks (psutil,
 # filelock): 0.79 → 0.48 CPU s for a forked tiny `run` (five pairs, load 5-8). Not huggingface_hub, transformers nor
 # tqdm: their constants are read from the environment as they are imported. A module not installed is not preloaded.
-# numba (a GGUF command's encoders import it, ~1 CPU s each): it reads its NUMBA_ variables as it is imported, and a
-# command whose NUMBA_ variable differs from the server's is not forked (they are not run-time ones: _RUNTIME).
 # resumerge's own modules that a local run or resume imports (about 250 of them: a forked tiny run 0.95 -> 0.33 CPU s,
 # a resume 0.7 -> 0.15, bench/suite_fork_cpu.py), none of which reads the environment as it is imported (the house
 # rule: no module-level mutable state), nor imports a module that does (the server refuses to start if one did:
@@ -56,7 +54,7 @@ _RESUMERGE = ("resumerge.cli.commands", "resumerge.cli.render", "resumerge.cli.s
 _NEVER_BEFORE_FORK = ("huggingface_hub", "transformers")
 _PRELOAD = ("torch", "numpy", "safetensors", "safetensors.torch", "yaml", "trio", "anyio", "httpx2", "httpcore2", "h11",
             "rich.console", "rich.text", "sqlite_utils", "click", "psutil", "filelock", "attr", "dill",
-            "numba", *_RESUMERGE)
+            *_RESUMERGE)
 # What the server of the commands that import transformers (:data:`TRANSFORMERS_COMMANDS`) imports besides: the
 # modules transformers' modeling_utils, core_model_loading and lm-eval import that are not transformers',
 # huggingface_hub's nor another that reads HF_HOME as it is imported (accelerate, datasets): torch's dynamo, DTensor and
