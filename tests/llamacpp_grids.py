@@ -47,17 +47,23 @@ def _folder(library_file: Path) -> Path:
     return cached(f"llamacpp-iq2-grids-{_FORMAT}-{digest}")
 
 
+def sections(data: bytes | bytearray) -> list[tuple[int, ...]]:
+    """The section headers of the ELF64 little-endian file ``data`` (name, type, flags, address, offset, size,
+    link, info, alignment, entry size)."""
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+
 def _symbols(path: Path, names: set[str]) -> dict[str, tuple[int, int]]:
     """(value, size) of each of ``names`` in the ELF64 file ``path``'s full symbol table (``.symtab``)."""
     data = path.read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     found: dict[str, tuple[int, int]] = {}
-    for section in sections:
+    headers = sections(data)
+    for section in headers:
         if section[1] != 2:  # SHT_SYMTAB
             continue
-        strings = sections[section[6]][4]
+        strings = headers[section[6]][4]
         for at in range(section[4], section[4] + section[5], 24):
             name_at, _, _, _, value, size = struct.unpack_from("<IBBHQQ", data, at)
             end = data.index(0, strings + name_at)

@@ -33,9 +33,7 @@ _VER_FLG_WEAK = 2
 def _patch(path: Path) -> None:
     """``path`` (an ELF64 little-endian shared library) made loadable on glibc < 2.38, in place."""
     data = bytearray(path.read_bytes())
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    sections = llamacpp_grids.sections(data)
     by_type = {s[1]: s for s in sections}
     dynsym = by_type[11]  # SHT_DYNSYM
     dynstr = sections[dynsym[6]]
