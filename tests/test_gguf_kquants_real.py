@@ -1,9 +1,10 @@
 """Each K mix on real models (issue 84's check): SmolLM2-135M (llama, 576-wide rows, tied embeddings) and
 Gemma-3-270M (gemma3: 640-wide rows, head dim 256, q/k norms, tied embeddings, a 262,144-token table) from their
 GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix (one release run writes the F16 GGUF and the
-mixes: the model read and merged once): the type of every tensor equals ``llama_model_quantize``'s for the mix on the
-F16 GGUF resumerge wrote of the same merge, and every tensor's bytes are the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the test-only
-oracle) does not load.
+mixes, another the mixes with an importance matrix: the model read and merged once for each): the type of every tensor
+equals ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's
+bytes are the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the
+test-only oracle) does not load.
 
 The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``; the
 suite keeps Gemma-3 at q3_k_m (Q4_K and Q5_K beside each other under the mix's rules, its 640-wide rows in the fallbacks
@@ -113,20 +114,40 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
     assert len({t.kind for t in got.values()}) >= 3
 
 
-@pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", *(["iq4_xs"] if EVERY_MIX else [])])
-def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, sliced_f16: tuple[str, Path, Path],
+MATRIX_MIXES = ("q4_k_m", "q2_k_s", *(("iq4_xs",) if EVERY_MIX else ()))
+
+
+class Weighted(NamedTuple):
+    """The model, its sliced F16 file, the importance matrix (as llama-quantize passes it) and each MATRIX_MIXES
+    file resumerge wrote with it."""
+
+    model: str
+    f16: Path
+    imatrix: dict[str, np.ndarray]
+    files: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def weighted(sliced_f16: tuple[str, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Weighted:
+    """The slice merged once and written as every MATRIX_MIXES mix by one release run with an importance matrix
+    (positive values for every block matrix of the F16 file)."""
+    model, config, f16 = sliced_f16
+    root = tmp_path_factory.mktemp(f"{model}-weighted")
+    entries = _imatrix(f16)
+    write_imatrix(root / "imatrix.gguf", entries)
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(
+        out_type="gguf", gguf_type=",".join(MATRIX_MIXES), imatrix=str(root / "imatrix.gguf"))))
+    return Weighted(model, f16, entries, {mix: root / "out" / f"model-{mix.upper()}.gguf" for mix in MATRIX_MIXES})
+
+
+@pytest.mark.parametrize("mix", MATRIX_MIXES)
+def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, weighted: Weighted,
                                                                     tmp_path: Path) -> None:
     """With a matrix, every tensor llama_model_quantize's; Q2_K_S (written only with one) and IQ4_XS (issue 95)
     too, on Gemma-3's 4 heads a KV head and its first LAYERS layers (their attn_v and ffn_down rules)."""
-    model, config, f16 = sliced_f16
-    entries = _imatrix(f16)
-    path = tmp_path / "imatrix.gguf"
-    write_imatrix(path, entries)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type=mix, imatrix=str(path))))
+    model, f16, entries, files = weighted
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
-    (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
+    got, want = tensors_of(files[mix]), tensors_of(tmp_path / "llama.gguf")
     assert [n for n in got if got[n] != want[n]] == [], model
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(LAYERS)]  # the slice still meets each layer rule
     if mix == "q2_k_s":
