@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import gguf
+import llamacpp_grids
 import numpy as np
 import pytest
 
+_GRID_TYPES = frozenset({16, 17, 19, 22, 29})  # IQ2_XXS, IQ2_XS, IQ1_S, IQ2_S, IQ1_M: tests/llamacpp_grids.py
 _LIBS = ("libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0", "libllama.so.0")
 _C23 = b"__isoc23_"
 _VER_FLG_WEAK = 2
@@ -31,9 +33,7 @@ _VER_FLG_WEAK = 2
 def _patch(path: Path) -> None:
     """``path`` (an ELF64 little-endian shared library) made loadable on glibc < 2.38, in place."""
     data = bytearray(path.read_bytes())
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    sections = llamacpp_grids.sections(data)
     by_type = {s[1]: s for s in sections}
     dynsym = by_type[11]  # SHT_DYNSYM
     dynstr = sections[dynsym[6]]
@@ -96,7 +96,25 @@ def library() -> tuple[ctypes.CDLL, ctypes.CDLL] | None:
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     base.ggml_row_size.restype = ctypes.c_size_t
     base.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    llamacpp_grids.restore(shipped / _LIBS[0], base)  # the 1- and 2-bit grids this machine's library built before
     return base, llama
+
+
+def _keep_grids() -> None:
+    """The 1- and 2-bit grids the library built in this process kept for the next (tests/llamacpp_grids.py)."""
+    import llama_cpp_py_sync
+
+    base, _ = needs_library()
+    llamacpp_grids.keep(Path(llama_cpp_py_sync.__file__).parent / _LIBS[0], base)
+
+
+def grids_held(slot: int) -> str | None:
+    """The digest of the 1- or 2-bit grid tables of ``iq2_data[slot]`` the library holds now (tests/llamacpp_grids.py;
+    None before it has them)."""
+    import llama_cpp_py_sync
+
+    base, _ = needs_library()
+    return llamacpp_grids.held(Path(llama_cpp_py_sync.__file__).parent / _LIBS[0], base, slot)
 
 
 def needs_library() -> tuple[ctypes.CDLL, ctypes.CDLL]:
@@ -119,6 +137,8 @@ def quantize(values: np.ndarray, ggml_type: int, imatrix: np.ndarray | None = No
     written = base.ggml_quantize_chunk(ggml_type, rows.ctypes.data, out.ctypes.data, 0, n_rows, n_per_row,
                                        None if weights is None else weights.ctypes.data)
     assert written == out.nbytes
+    if ggml_type in _GRID_TYPES:
+        _keep_grids()
     return out.reshape(*values.shape[:-1], row_bytes)
 
 
@@ -231,6 +251,7 @@ def quantize_model(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
         params.kv_overrides = ctypes.cast(kvs, ctypes.c_void_p)
     if llama.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama_model_quantize failed on {src}")
+    _keep_grids()
 
 
 # --- llama.cpp's forward, watched through ``cb_eval`` (the hook llama-imatrix itself uses) ----------------------------

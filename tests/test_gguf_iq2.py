@@ -7,7 +7,11 @@ compiled ones' bytes; the grids and decoders against gguf-py's; the IQ2_XXS and 
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import encoderparity as parity
@@ -18,7 +22,7 @@ import torch
 from encoderparity import merges, one_baseline  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llamacpp_oracle import needs_library, quantize, quantize_model
+from llamacpp_oracle import grids_held, needs_library, quantize, quantize_model
 from support import cli, digests, write_config
 
 from resumerge import api
@@ -75,6 +79,26 @@ def test_the_numpy_path_and_the_plain_kernels_are_the_compiled_ones(monkeypatch:
     monkeypatch.setattr(iq2loop, "kernels", lambda: iq2loop.plain)
     for (code, w), fast in zip(cases[:3], compiled[:3], strict=True):  # slow: a super-block a second
         assert np.array_equal(encode_iq(x[:1], code, w), fast[:1]), code
+
+
+# A process that builds IQ2_XXS's tables itself (the machine's kept ones turned off) and prints their digest.
+_BUILT = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nimport numpy as np\n"
+          "from llamacpp_oracle import grids_held, quantize\n"
+          "quantize(np.ones((1, 256), dtype=np.float32), 16, np.ones(256, dtype=np.float32))\nprint(grids_held(0))\n")
+
+
+def test_the_grids_the_oracle_keeps_are_the_ones_its_library_builds() -> None:
+    """The oracle hands its library the 1- and 2-bit grids a process of this machine built and kept
+    (tests/llamacpp_grids.py) instead of building them again: IQ2_XXS's tables as this process's library holds them
+    after a quantization (restored from the kept copy, or built and kept here) are, byte for byte, those a process
+    that builds its own builds."""
+    needs_library()
+    quantize(parity.awkward(16, 256, 0), IQ2["IQ2_XXS"], parity.importance(256, 0))
+    here = grids_held(0)
+    assert here is not None
+    built = subprocess.run([sys.executable, "-c", _BUILT, json.dumps(sys.path)], capture_output=True, text=True,
+                           env={**os.environ, "RESUMERGE_TEST_LLAMACPP_GRIDS": "0"}, timeout=300, check=True)
+    assert built.stdout.split() == [here]
 
 
 def test_one_compilation_serves_one_row_and_many() -> None:

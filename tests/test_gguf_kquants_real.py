@@ -1,9 +1,10 @@
 """Each K mix on real models (issue 84's check): SmolLM2-135M (llama, 576-wide rows, tied embeddings) and
 Gemma-3-270M (gemma3: 640-wide rows, head dim 256, q/k norms, tied embeddings, a 262,144-token table) from their
-GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix: the type of every tensor equals
-``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's bytes are
-the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the test-only
-oracle) does not load.
+GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix (one release run writes the F16 GGUF and the
+mixes, another the mixes with an importance matrix: the model read and merged once for each): the type of every tensor
+equals ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's
+bytes are the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the
+test-only oracle) does not load.
 
 The whole sweep (both models, all nine mixes: ~12 minutes of two cores) runs with ``RESUMERGE_TEST_EVERY_MIX=1``; the
 suite keeps Gemma-3 at q3_k_m (Q4_K and Q5_K beside each other under the mix's rules, its 640-wide rows in the fallbacks
@@ -56,9 +57,10 @@ MODELS = ["smollm2", "gemma3"] if EVERY_MIX else ["gemma3"]
 LAYERS = 8
 
 
-def _f16(model: str, layers: int | None, root: Path) -> tuple[str, Path, Path]:
+def _f16(model: str, layers: int | None, root: Path, mixes: tuple[str, ...] = ()) -> tuple[str, Path, Path]:
     """(model, the config of a float16 passthrough merge of its GGUF fixture (its first ``layers`` layers; None:
-    all), the F16 GGUF resumerge writes of it)."""
+    all), the F16 GGUF resumerge writes of it). Given ``mixes``, one release run writes those files beside it
+    (``model-Q3_K_M.gguf``...): the model is read and merged once for all of them."""
     needs_library()
     from realmodel import gemma3_gguf, smollm2_gguf
 
@@ -66,15 +68,16 @@ def _f16(model: str, layers: int | None, root: Path) -> tuple[str, Path, Path]:
     merge = ({"models": [{"model": source}]} if layers is None
              else {"slices": [{"sources": [{"model": source, "layer_range": [0, layers]}]}]})
     config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", **merge})
-    api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
-                                                                                                gguf_type="f16")))
-    return model, config, root / "f16" / "model.gguf"
+    api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(
+        out_type="gguf", gguf_type=",".join(("f16", *mixes)))))
+    return model, config, root / "f16" / ("model-F16.gguf" if mixes else "model.gguf")
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
-    """(model, the config of a float16 passthrough merge of its GGUF fixture, the F16 GGUF resumerge writes of it)."""
-    return _f16(request.param, None, tmp_path_factory.mktemp(request.param))
+    """(model, the config of a float16 passthrough merge of its GGUF fixture, the F16 GGUF resumerge writes of it),
+    each K_MIXES file written beside it by the same release run (``model-Q3_K_M.gguf``)."""
+    return _f16(request.param, None, tmp_path_factory.mktemp(request.param), tuple(K_MIXES))
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -99,12 +102,11 @@ def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
 @pytest.mark.parametrize("mix", K_MIXES)
 def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tuple[str, Path, Path],
                                                         tmp_path: Path) -> None:
-    model, config, f16 = real_f16
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s",
-                                                            output=api.Output(out_type="gguf", gguf_type=mix)))
+    """The mix's file of the release that wrote the F16 one (the model read and merged once for every mix), every
+    tensor's type and bytes llama_model_quantize's for the mix on that F16 file."""
+    model, _, f16 = real_f16
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type)
-    (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
+    got, want = tensors_of(f16.with_name(f"model-{mix.upper()}.gguf")), tensors_of(tmp_path / "llama.gguf")
     assert got.keys() == want.keys()
     assert {n: got[n].kind for n in got} == {n: want[n].kind for n in want}, model
     assert [n for n in got if got[n] != want[n]] == [], model
@@ -112,20 +114,40 @@ def test_each_k_mix_of_a_real_model_is_llama_quantize_s(mix: str, real_f16: tupl
     assert len({t.kind for t in got.values()}) >= 3
 
 
-@pytest.mark.parametrize("mix", ["q4_k_m", "q2_k_s", *(["iq4_xs"] if EVERY_MIX else [])])
-def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, sliced_f16: tuple[str, Path, Path],
+MATRIX_MIXES = ("q4_k_m", "q2_k_s", *(("iq4_xs",) if EVERY_MIX else ()))
+
+
+class Weighted(NamedTuple):
+    """The model, its sliced F16 file, the importance matrix (as llama-quantize passes it) and each MATRIX_MIXES
+    file resumerge wrote with it."""
+
+    model: str
+    f16: Path
+    imatrix: dict[str, np.ndarray]
+    files: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def weighted(sliced_f16: tuple[str, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Weighted:
+    """The slice merged once and written as every MATRIX_MIXES mix by one release run with an importance matrix
+    (positive values for every block matrix of the F16 file)."""
+    model, config, f16 = sliced_f16
+    root = tmp_path_factory.mktemp(f"{model}-weighted")
+    entries = _imatrix(f16)
+    write_imatrix(root / "imatrix.gguf", entries)
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(
+        out_type="gguf", gguf_type=",".join(MATRIX_MIXES), imatrix=str(root / "imatrix.gguf"))))
+    return Weighted(model, f16, entries, {mix: root / "out" / f"model-{mix.upper()}.gguf" for mix in MATRIX_MIXES})
+
+
+@pytest.mark.parametrize("mix", MATRIX_MIXES)
+def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, weighted: Weighted,
                                                                     tmp_path: Path) -> None:
     """With a matrix, every tensor llama_model_quantize's; Q2_K_S (written only with one) and IQ4_XS (issue 95)
     too, on Gemma-3's 4 heads a KV head and its first LAYERS layers (their attn_v and ffn_down rules)."""
-    model, config, f16 = sliced_f16
-    entries = _imatrix(f16)
-    path = tmp_path / "imatrix.gguf"
-    write_imatrix(path, entries)
-    api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type=mix, imatrix=str(path))))
+    model, f16, entries, files = weighted
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries)
-    (ours,) = (tmp_path / "out").glob("*.gguf")
-    got, want = tensors_of(ours), tensors_of(tmp_path / "llama.gguf")
+    got, want = tensors_of(files[mix]), tensors_of(tmp_path / "llama.gguf")
     assert [n for n in got if got[n] != want[n]] == [], model
     down = [got[f"blk.{i}.ffn_down.weight"].kind for i in range(LAYERS)]  # the slice still meets each layer rule
     if mix == "q2_k_s":

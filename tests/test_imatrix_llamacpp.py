@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 from ggufmodels import EXPERTS, LAYERS, Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import imatrix_of_forward, needs_library, tokenize
 from support import write_config
@@ -37,8 +38,18 @@ def _raw(matrix: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return raw
 
 
-def _both(tmp_path: Path, arch: str) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
-                                              dict[str, tuple[np.ndarray, np.ndarray]], int]:
+Both = tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[np.ndarray, np.ndarray]], int]
+
+
+@pytest.fixture(scope="module")
+def llama_both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Both, Path]:
+    """:func:`_both` of the tiny llama merge and its folder, made once for the module's two tests that read them
+    (no test writes there)."""
+    folder = tmp_path_factory.mktemp("llama-both")
+    return _both(folder, "llama"), folder
+
+
+def _both(tmp_path: Path, arch: str) -> Both:
     """(the matrix ``run --imatrix-texts`` computed on a float32 linear merge of two tiny ``arch`` GGUFs never
     written, llama-imatrix's accumulation of llama.cpp's forward of that merge written as F32 GGUF over the token ids
     resumerge's pass read, the number of those tokens)."""
@@ -71,12 +82,13 @@ def _sums_agree(name: str, mine: np.ndarray, sums: np.ndarray) -> None:
         name, float(np.max(np.abs(mine - sums) / np.maximum(np.abs(sums), 1e-6))))
 
 
-def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_written_one(tmp_path: Path) -> None:
+def test_the_matrix_computed_on_the_unwritten_merge_is_llama_imatrix_s_on_the_written_one(
+        llama_both: tuple[Both, Path]) -> None:
     """Per weight of the decoder blocks: the same entries, the same count (every token of every text), and sums of
     squares equal to float32 tolerance to what llama.cpp's forward of the written F32 GGUF shows llama-imatrix's
     callback over the same token ids."""
     needs_library()
-    ours, theirs, tokens = _both(tmp_path, "llama")
+    (ours, theirs, tokens), _ = llama_both
     assert sorted(ours) == sorted(theirs) and len(theirs) == 14
     for name, (sums, counts) in theirs.items():
         mine, my_counts = ours[name]
@@ -105,7 +117,7 @@ def test_each_expert_s_entry_is_llama_imatrix_s_on_the_written_mixture(tmp_path:
         _sums_agree(name, mine, sums)
 
 
-def test_the_oracle_s_pass_as_the_peer_runs_it_gives_the_same_matrix(tmp_path: Path) -> None:
+def test_the_oracle_s_pass_as_the_peer_runs_it_gives_the_same_matrix(llama_both: tuple[Both, Path]) -> None:
     """The oracle as ``bench/bench_kquant_route.py`` runs the peer's pass: the texts tokenized by llama.cpp's own
     tokenizer from the GGUF's vocabulary (llama-imatrix's ``common_tokenize``) into the very ids resumerge's pass
     read; the forward on two threads (llama-imatrix's default, every hardware thread) summing the same squares
@@ -113,7 +125,7 @@ def test_the_oracle_s_pass_as_the_peer_runs_it_gives_the_same_matrix(tmp_path: P
     sequences of one batch (llama-imatrix's parallel chunks) giving the same entries and counts, the sums to
     float32 tolerance, with fewer decodes than texts."""
     needs_library()
-    _, theirs, _ = _both(tmp_path, "llama")
+    (_, theirs, _), tmp_path = llama_both
     from resumerge.forward.text.texts import context_of, load_tokenizer, sequences
 
     model = tmp_path / "f32" / "model.gguf"
