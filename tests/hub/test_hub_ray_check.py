@@ -227,7 +227,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
         for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
             if not batched:
                 monkeypatch.setattr(resumerge.forward.compared.passes, "batched_on", lambda *_: False)
-            entering = node.enter(batches)
+            entering, _ = node.enter(batches)
             hub.reset_counters()
             assert node.runs_batched() is batched
             assert any(not p.is_meta for p in layer.parameters()) is batched  # kept only where it runs batches
