@@ -79,9 +79,9 @@ class _Model:
     def node(self) -> str:
         return "node"
 
-    def enter(self, batches: list[object]) -> list[object]:
+    def enter(self, batches: list[object]) -> tuple[list[object], frozenset[int]]:
         self.log.append("enter")
-        return ["h"]
+        return ["h"], frozenset()  # (no layer whose input the forward computes)
 
     def layer(self, index: int, own: object, same: object) -> tuple[object, object, dict[str, object], object]:
         self.log.append(f"layer {index}")

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from census import make_census_model
 from raycluster import RayHead, ray_cluster
+from raystandin import StandInRay
 from support import ONE_THREAD, cli, one_thread
 
 from resumerge import api
-from resumerge.cli.modelgen import write_tokenizer
+from resumerge.cli.modelgen import ModelSpec, make_model, write_tokenizer
 
 pytest.importorskip("transformers")
 RAY_SPARE_NODES = True  # tests/conftest.py: this module's Ray test takes the spare nodes the others left
@@ -106,3 +107,73 @@ def test_a_check_base_of_xlm_on_ray_killed_at_a_norm_resumes_to_the_local_and_ho
     expected = hooked_departures(merge, base, "xlm")
     assert {k: round(doc["models"][1]["depart"][k], 5) for k in expected} == {k: round(v, 5) for k, v in
                                                                                 expected.items()}
+
+
+class _Asked:
+    """A :class:`~resumerge.forward.placing.modelnode.ModelNode` in this process as the driver calls a Ray actor
+    (``actor.method.remote(...)``, arguments and results pickled as Ray sends them), each call's method and layer
+    logged in ``asked``."""
+
+    def __init__(self, node: Any, asked: list[tuple[str, int | None]]) -> None:
+        self._node, self._asked = node, asked
+
+    def __getattr__(self, name: str) -> Any:
+        import pickle
+        from types import SimpleNamespace
+
+        method = getattr(self._node, name)
+
+        def remote(*args: Any) -> Any:
+            self._asked.append((name, args[0] if name in ("layer", "entered") else None))
+            return pickle.loads(pickle.dumps(method(*pickle.loads(pickle.dumps(args)))))
+
+        return SimpleNamespace(remote=remote)
+
+
+# XLM's steps per layer: attention, layer_norm1 (given the attention's input plus its output), the feed-forward,
+# layer_norm2 (given the feed-forward's input plus its output): the norms' inputs are computed, steps 4i+1 and 4i+3.
+# The llama-like model's every layer takes the previous one's output as it is.
+@pytest.mark.parametrize(("family", "computed"), [("xlm", {1, 3, 5, 7, 9, 11, 13, 15}), ("llama", set())])
+def test_a_check_base_on_ray_asks_the_base_s_actor_for_its_input_only_at_the_steps_its_forward_computes(
+    tmp_path: Path, family: str, computed: set[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (each other step's input is the base's last output, which the driver holds: the actor was asked at every step,
+    # a round trip that came back with nothing)
+    from dataclasses import replace
+
+    import resumerge.machine.rayconnect
+    from resumerge.config.locations import StateDir
+    from resumerge.forward.compared.passes import forward_pass, run_pass, streams_of
+    from resumerge.forward.opening.opened import open_for_pass
+    from resumerge.forward.placing.modelnode import ModelNode
+    from resumerge.forward.placing.onray import Place, sent
+    from resumerge.forward.placing.rayactor import RayModels
+
+    monkeypatch.setattr(resumerge.machine.rayconnect, "this_node", lambda: "0123abcd")  # (no Ray node here)
+    made = {"merge": 1, "base": 2}
+    folders = [make_census_model(tmp_path / role, "xlm", seed) if family == "xlm" else
+               make_model(tmp_path / role, ModelSpec(layers=3, hidden=32, intermediate=48, vocab=64), seed=seed)
+               for role, seed in made.items()]
+    models = [replace(open_for_pass(str(folder), role, StateDir.resolve(tmp_path / "s")), role=role)
+              for folder, role in zip(folders, made)]
+    sequences = [[1, 5, 9, 13, 2], [3, 4, 5]]
+    with one_thread():
+        streams = streams_of(models)
+        try:
+            local = forward_pass(models, streams, sequences, tmp_path / "local")
+        finally:
+            for stream in streams:
+                stream.close()
+        asked: list[tuple[str, int | None]] = []
+        nodes = [ModelNode(sent(model), 1) for model in models]
+        running = RayModels(StandInRay(), models, [Place("node", 1.0, 0)] * 2, nodes[0].stream.layers)
+        running.actors, running.nodes = [_Asked(node, asked) for node in nodes], ["node", "node"]
+        try:
+            on_ray = run_pass(list(made), running, sequences, tmp_path / "ray")
+        finally:
+            for node in nodes:
+                node.close()
+    assert on_ray == local and local is not None and len(local.depart[1]) == (16 if family == "xlm" else 3)
+    assert [index for name, index in asked if name == "entered"] == sorted(computed)
+    assert [index for name, index in asked if name == "layer"] == [i for i in range(len(local.depart[1]))
+                                                                    for _ in made]

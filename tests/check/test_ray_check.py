@@ -1,17 +1,17 @@
 """``check --executor ray``: each model's forward pass on a Ray node of its own, on a real cluster on this machine (a
 head without CPUs and three one-CPU worker nodes: one per model of a merge, its base and a parent); ``run --check``
-on Ray checks on Ray too (its executor handed on: tested without a cluster); a cluster whose nodes cannot hold a
-model's actor (the memory each declares) is refused, exit 2; a node lost mid-pass moves its model to a node left, or
-with none free stops the check resumably (exit 3).
+on Ray checks on Ray too (its executor handed on: tested without a cluster); a node lost mid-pass moves its model to
+a node left, or with none free stops the check resumably (exit 3). (A cluster whose nodes cannot hold a model's actor:
+tests/check/test_ray_refused.py, whose node cannot be a spare one.)
 
 The tests with a cluster of local models share their worker nodes (``spare`` nodes, tests/raycluster.py: each
-started once for them and tests/check/test_ray_vocabs.py's check); the refusal, whose one node declares too little
-memory, runs first. A check whose driver (the real CLI, joined to the cluster by ``--ray-address``) is SIGKILLed
-after a layer on Ray (each model on a node of its own, ``status`` naming them), resumed locally and killed again
-after the last layer, and finished on Ray (the heads only) gives the local check's report, exactly (the actors
-compute with the check's recorded thread count, not their node's CPUs: each check here starts on one thread, as the
-local reference runs, as float32 sums on more threads may round otherwise); ``run --check`` hands the check its run's
-executor; the CLI without Ray installed exits 2 naming the install line.
+started once for them and tests/check/test_ray_vocabs.py's check). A check whose driver (the real CLI, joined to
+the cluster by ``--ray-address``) is SIGKILLed after a layer on Ray (each model on a node of its own, ``status``
+naming them), resumed locally and killed again after the last layer, and finished on Ray (the heads only) gives the
+local check's report, exactly (the actors compute with the check's recorded thread count, not their node's CPUs:
+each check here starts on one thread, as the local reference runs, as float32 sums on more threads may round
+otherwise); ``run --check`` hands the check its run's executor; the CLI without Ray installed exits 2 naming the
+install line.
 
 Tiny generated models (three layers, width 32, a byte-level tokenizer): the merge checked and its local check are
 made once for the module (the ``merged`` fixture)."""
@@ -87,23 +87,6 @@ def _cli(out: Path, texts: Path, state: Path, *extra: str,
     worker's fork server where it may be (tests/onethread.py)."""
     return cli("check", out, "--prompts", texts, "--json", "--state-dir", state, *extra, script=ONE_THREAD,
                env={} if kill_at is None else {"RESUMERGE_KILL_AT": kill_at}, timeout=300)
-
-
-def test_a_cluster_whose_nodes_cannot_hold_a_model_s_actor_is_refused_before_any_weight_is_read(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_head: RayHead, merged: Merged) -> None:
-    """Each actor declares the memory its step holds (torch's imports, a layer in float32, hidden states, heads):
-    on nodes that declare less to Ray, the check says so in one line, exit 2, and reads no weight."""
-    from resumerge.cli.commands import main
-
-    out, texts = merged.out, merged.texts
-    state = tmp_path / "checked"
-    with ray_cluster(ray_head, workers=1, memory=256 << 20) as (cluster, _):
-        code = main(["check", str(out), "--prompts", str(texts), "--executor", "ray", "--ray-address",
-                     cluster.address, "--state-dir", str(state)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert "a model's actor of the check needs" in err[0] and "more than any node of the cluster has" in err[0], err
-    assert not list(state.rglob("static*.json")) and not list(state.rglob("layer-*"))  # nothing read
 
 
 def test_a_check_on_ray_runs_each_model_on_its_own_node_and_resumes_either_way(tmp_path: Path, ray_head: RayHead,

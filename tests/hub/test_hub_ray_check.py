@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from huggingface_hub import constants
-from raycluster import RayHead, ray_cluster
+from raycluster import Cluster, RayHead, ray_cluster
 from support import one_thread
 
 from hub.conftest import REPO, SPEC, Model
@@ -99,47 +99,68 @@ def _gone_after_layer_0(hub: FakeHub, repo: str, monkeypatch: pytest.MonkeyPatch
     return gone
 
 
-def _served(tmp_path: Path, hub: FakeHub, models: tuple[Model, Model], merged_spec: ModelSpec
+def _served(tmp_path: Path, hub: FakeHub, models: tuple[Model, Model], merged_spec: ModelSpec, suffix: str = ""
             ) -> tuple[dict[str, Any], Path, tuple[str, str, str]]:
-    """A merge (of ``merged_spec``) and a parent pushed to the stand-in hub beside the base: the files each repo
-    serves, the texts file, and the three models' hub paths (merge, base, parent)."""
+    """A merge (of ``merged_spec``) and a parent pushed to the stand-in hub beside the base (``suffix`` given: the
+    base pushed again, each repo's name ending with it, so that no file a check before read is in this check's
+    driver's cache): the files each repo serves, the texts file, and the three models' hub paths (merge, base,
+    parent)."""
+    tmp_path.mkdir(exist_ok=True)
     merged = files_of(make_model(tmp_path / "merged", merged_spec, seed=7))
     beta = files_of(make_model(tmp_path / "beta", SPEC, seed=1))
-    hub.push("org/merged", merged)
-    hub.push("org/beta", beta)
+    base = f"{REPO}{suffix}"
+    hub.push(f"org/merged{suffix}", merged)
+    hub.push(f"org/beta{suffix}", beta)
+    if suffix:
+        hub.push(base, models[0].files)
     texts = tmp_path / "texts.txt"
     texts.write_text(TEXTS)
-    return ({"org/merged": merged, REPO: models[0].files, "org/beta": beta}, texts,
-            ("hf://org/merged", f"hf://{REPO}", "hf://org/beta"))
+    return ({f"org/merged{suffix}": merged, base: models[0].files, f"org/beta{suffix}": beta}, texts,
+            (f"hf://org/merged{suffix}", f"hf://{base}", f"hf://org/beta{suffix}"))
 
 
-def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never_shows_the_token(
+def test_checks_of_hub_models_on_ray_read_what_the_local_check_does_once_per_process_and_never_show_the_token(
         tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], ray_head: RayHead) -> None:
-    served, texts, paths = _served(tmp_path, hub, models, SPEC)
+    """Two checks on one cluster of three worker nodes (their nodes and the kept workers the first check leaves on
+    them, which host the second's actors, started once: about 20 CPU s and as many seconds of wall less than a
+    cluster each): a check of hub models, and one of a merge of another vocabulary."""
     # This machine's token: the cluster's nodes start with it, as this process has it (and send it: hf_env's
     # HF_HUB_DISABLE_IMPLICIT_TOKEN would keep every request without one).
     monkeypatch.setenv("HF_TOKEN", SECRET)
     monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN")
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
-    hub.reset_counters()
     with ray_cluster(ray_head, workers=3) as (cluster, started):
-        with one_thread():  # the pass's count, which its actors compute with: the local reference's
-            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
-                               settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
-        reads = _reads(hub)
-        on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
-        # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
-        with pytest.MonkeyPatch.context() as patch, pytest.raises(ModelInputError) as failed:
-            gone = _gone_after_layer_0(hub, "org/beta", patch)
-            api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
-                      settings=api.Settings(state_dir=tmp_path / "gone", executor=RayExecutor(cluster.address)))
-        hub.repos["org/beta"] = gone.pop()  # the hub as it was
-        assert "org/beta@" in failed.value.one_line() and "HTTP 404" in failed.value.one_line()
-        assert SECRET not in str(failed.value) + failed.value.one_line() + repr(failed.value)
+        _a_check_of_hub_models_reads_each_byte_once_per_process_and_never_shows_the_token(
+            tmp_path, hub, state, models, cluster)
+        with pytest.MonkeyPatch.context() as patch:
+            _a_check_of_a_merge_of_another_vocabulary_reads_and_proves_what_the_local_check_does(
+                tmp_path / "vocab", hub, models, patch, cluster)
+        # The token reached no output and no Ray log (the head's and the nodes').
         logs = {Path(node.get_logs_dir_path()) for node in (started.head_node, *cluster.workers)}
         logged = [p for folder in logs for p in folder.rglob("*") if p.is_file()]
         assert logged and not [p for p in logged if SECRET.encode() in p.read_bytes()]
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+
+
+def _a_check_of_hub_models_reads_each_byte_once_per_process_and_never_shows_the_token(
+        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], cluster: Cluster) -> None:
+    served, texts, paths = _served(tmp_path, hub, models, SPEC)
+    hub.reset_counters()
+    with one_thread():  # the pass's count, which its actors compute with: the local reference's
+        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                           settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
+    reads = _reads(hub)
+    on_nodes = [r for r in iter_requests(hub) if NODE in r.agent]
+    # A parent gone from the hub after the first layer: its actor's read fails, said in the driver in one line.
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(ModelInputError) as failed:
+        gone = _gone_after_layer_0(hub, "org/beta", patch)
+        api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                  settings=api.Settings(state_dir=tmp_path / "gone", executor=RayExecutor(cluster.address)))
+    hub.repos["org/beta"] = gone.pop()  # the hub as it was
+    assert "org/beta@" in failed.value.one_line() and "HTTP 404" in failed.value.one_line()
+    assert SECRET not in str(failed.value) + failed.value.one_line() + repr(failed.value)
     with one_thread():
         local = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
                           settings=api.Settings(state_dir=tmp_path / "local"))
@@ -166,9 +187,8 @@ def test_a_check_of_hub_models_on_ray_reads_each_byte_once_per_process_and_never
                                for path in shards if path.startswith(f"{repo}/")}
     for path in shards:
         assert sum(path in files for who, files in reads.items() if who != "driver") == 1
-    # The token reached no report, no file of the state dir, no output.
-    out = capsys.readouterr()
-    assert SECRET not in json.dumps(report.to_json()) and SECRET not in out.out + out.err
+    # The token reached no report, no file of the state dir (nor output, nor Ray log: see the test).
+    assert SECRET not in json.dumps(report.to_json())
     assert not [p for p in state.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
 
 
@@ -227,7 +247,7 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
         for batched, then, reads in ((True, 0, 1), (True, 1, 1), (False, 0, 2)):
             if not batched:
                 monkeypatch.setattr(resumerge.forward.compared.passes, "batched_on", lambda *_: False)
-            entering = node.enter(batches)
+            entering, _ = node.enter(batches)
             hub.reset_counters()
             assert node.runs_batched() is batched
             assert any(not p.is_meta for p in layer.parameters()) is batched  # kept only where it runs batches
@@ -236,9 +256,9 @@ def test_the_merge_s_actor_reads_its_first_layer_once_where_the_family_runs_batc
             assert first_layer_read() == reads, (batched, then)
 
 
-def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_the_local_check_does(
-        tmp_path: Path, hub: FakeHub, state: Path, models: tuple[Model, Model], ray_head: RayHead,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _a_check_of_a_merge_of_another_vocabulary_reads_and_proves_what_the_local_check_does(
+        tmp_path: Path, hub: FakeHub, models: tuple[Model, Model], monkeypatch: pytest.MonkeyPatch,
+        cluster: Cluster) -> None:
     """A merge of a larger vocabulary (80 rows, as a ``tokenizer_source: union`` merge has more than its parents'
     64): no figure compares a table of another shape (the static pass names them among the shape problems; the
     heads compare over the shared tokens), yet the nodes read the base's and the parent's tables for their passes,
@@ -253,13 +273,13 @@ def test_a_check_on_ray_of_a_merge_of_another_vocabulary_reads_and_proves_what_t
     kept: list[int] = []  # the bytes of each piece written to the driver's fetch cache
     real = FetchCache.kept
     monkeypatch.setattr(FetchCache, "kept", lambda self, piece, size: (kept.append(size), real(self, piece, size)))
-    served, texts, paths = _served(tmp_path, hub, models, replace(SPEC, vocab=80))
+    served, texts, paths = _served(tmp_path, hub, models, replace(SPEC, vocab=80), suffix="-80")
+    state = tmp_path / "state"
     hub.reset_counters()
-    with ray_cluster(ray_head, workers=3) as (cluster, _):
-        with one_thread():  # the pass's count, which its actors compute with: the local reference's
-            report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
-                               settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
-        on_ray = _reads(hub)
+    with one_thread():  # the pass's count, which its actors compute with: the local reference's
+        report = api.check(paths[0], base=paths[1], parents=[paths[2]], prompts=texts,
+                           settings=api.Settings(state_dir=state, executor=RayExecutor(cluster.address)))
+    on_ray = _reads(hub)
     assert not kept
     hub.reset_counters()
     with one_thread():

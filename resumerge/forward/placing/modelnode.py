@@ -74,14 +74,18 @@ class ModelNode:
             raise self.failed
         return this_node()
 
-    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Hidden:
-        """The hidden states entering the first decoder layer, per batch (the layers' calls kept)."""
+    def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Hidden, frozenset[int]]:
+        """The hidden states entering the first decoder layer, per batch (the layers' calls kept), and the layers
+        whose input the forward computes from earlier outputs in some batch (:meth:`entered`: the driver asks for
+        those layers only)."""
         self._drop_first()
         with torch.no_grad(), kernel_threads(self.threads):
             self.entering = self.stream.inputs(batches)
         self.batches = batches
         self.calls = [c for _, c in self.entering]
-        return [h for h, _ in self.entering]
+        computed = frozenset(index for calls in self.calls for index, call in enumerate(calls)
+                             if getattr(call, "entering", None) is not None)
+        return [h for h, _ in self.entering], computed
 
     def runs_batched(self) -> bool:
         """See :func:`~resumerge.forward.job.placement.runs_batched`. Where the first layer runs the batches, it keeps
@@ -127,12 +131,10 @@ class ModelNode:
             return out, theirs, handed.carried([self.calls], index), None
         return out, theirs, handed.carried([self.calls], index), watch.taken(0)
 
-    def entered(self, index: int, own: Hidden | None) -> Hidden | None:
+    def entered(self, index: int, own: Hidden | None) -> Hidden:
         """This model's input to its layer ``index`` as its forward gives it (see
         :func:`~resumerge.forward.job.placement.model_entered`), on its hidden states (``own`` where given, else its
-        last output); None where its forward gives the layer its last output as it is (nothing sent back)."""
-        if all(getattr(calls[index], "entering", None) is None for calls in self.calls):
-            return None
+        last output): asked for a layer :meth:`enter` named only."""
         with torch.no_grad(), kernel_threads(self.threads):
             return model_entered(self.stream, index, own if own is not None else self.hidden, self.calls)
 

@@ -157,6 +157,8 @@ class RayModels:
         self.replaced = 0
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.handed: list[dict[str, torch.Tensor]] = [{} for _ in models]  # what each model's layers hand on
+        # per model, the layers whose input its forward computes from earlier outputs (its actor's :meth:`enter`)
+        self.computed: list[frozenset[int]] = [frozenset() for _ in models]
         self.seeded = False
         self.token = False  # whether the driver reads the hub models with a token (then their nodes need theirs)
         self.dtype, self.what, self.hint = dtype, what, _resume_hint(what)
@@ -296,9 +298,11 @@ class RayModels:
     def enter(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Hidden]:
         self.seeded = False
         self.batches = batches
-        found: list[Hidden] = self._each(lambda m: self.actors[m].enter.remote(own_batches(self.vocab, m, batches)))
+        found: list[tuple[Hidden, frozenset[int]]] = self._each(
+            lambda m: self.actors[m].enter.remote(own_batches(self.vocab, m, batches)))
         self._checked()
-        return found
+        self.computed = [layers for _, layers in found]
+        return [hidden for hidden, _ in found]
 
     def runs_batched(self) -> bool:
         batched = bool(self._whole(lambda: self._get(self.actors[0].runs_batched.remote())))
@@ -310,11 +314,12 @@ class RayModels:
 
     def entered(self, index: int, hidden: list[Hidden], m: int) -> Hidden:
         """Model ``m``'s input to its layer ``index`` (:meth:`~resumerge.forward.job.placement.Placement.entered`):
-        computed by its actor, which holds its earlier outputs, where its forward computes one (else ``hidden[m]``,
-        never sent)."""
-        found: Hidden | None = self._whole(
-            lambda: self._get(self.actors[m].entered.remote(index, self._own(m, hidden))))
-        return hidden[m] if found is None else found
+        computed by its actor, which holds its earlier outputs, where its forward computes one (the layers its actor
+        named as it entered the batches); else ``hidden[m]``, the actor not asked."""
+        if index not in self.computed[m]:
+            return hidden[m]
+        found: Hidden = self._whole(lambda: self._get(self.actors[m].entered.remote(index, self._own(m, hidden))))
+        return found
 
     def layer(self, index: int, hidden: list[Hidden], reference: int | None, same: Hidden | None = None
               ) -> tuple[list[Hidden], list[Hidden]]:
