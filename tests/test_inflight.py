@@ -83,6 +83,22 @@ def test_the_line_holds_at_most_its_share_per_worker_behind_a_long_group() -> No
     assert written[0] == "long" and long.done()
 
 
+def test_a_free_worker_takes_six_groups_behind_a_long_one_on_two_workers() -> None:
+    """A GGUF release's layer on 2 workers: its down_proj (7 encodings of 1536-column rows, 1.0 CPU s) is the oldest
+    group while the other worker computes the layer's 6 others (0.7 s together) and the next layer's first: with
+    room for only 2 finished groups behind it, that worker waited for the down_proj (a core idle about a third of
+    each layer). At 4 per worker: 6 finished behind a long one, and a 7th starts."""
+    line, written = _line(workers=2)
+    long = _started(line, "long")
+    for i in range(6):
+        _started(line, f"short{i}", done=True)
+    threading.Timer(0.3, long.set_result, args=("long",)).start()
+    assert line.make_room(False, limit=2)  # room at once: nothing waits for the long group
+    assert written == [] and not long.done() and line.working() == 1
+    _started(line, "next")
+    assert line.working() == 2
+
+
 def test_a_group_collecting_its_siblings_result_needs_no_free_worker() -> None:
     line, _ = _line()
     _started(line, "a")
