@@ -11,7 +11,12 @@ e.g. the 7-type release of bench_gguf_peer's merge (its ``--work`` folder)::
         --state-dir /tmp/rt/state -q --out-type gguf --gguf-type q8_0,q6_k,q5_k_m,q4_k_m,iq4_xs,iq3_m,iq2_m \\
         --imatrix-texts /tmp/bench-gguf-peer/calibration.txt
 
-(OUT and the state dir are emptied first.) A sampler thread reads every thread's user + system ticks
+(OUT and the state dir are emptied first.) With ``--units`` the JSON also holds each unit's events
+(bench/run_timeline.py's); ``--replay FILE`` then replays its groups, each with its measured thread CPU, on 2 idle
+cores under the engine's line of groups in flight (resumerge.merge.engine.inflight) at 2, 3 and 4 groups per worker:
+what the order of work costs on a quiet machine, read from a run on a loaded one.
+
+A sampler thread reads every thread's user + system ticks
 (``/proc/self/task/TID/stat``) each ``--every`` seconds and names it by its Python thread (``resumerge-merge_0``
 and ``_1`` counted apart; a thread Python did not start, such as torch's or numba's, by its kernel name). After the
 run, the ledger's events split the samples into the run's phases (as ``bench_gguf_peer.phases``): for each, its
@@ -115,6 +120,50 @@ def summary(samples: list[tuple[float, dict[str, int]]], start: float, end: floa
             "threads": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0}}
 
 
+def unit_groups(events: list[list[Any]]) -> list[tuple[list[str], float]]:
+    """The pipeline's groups in order, each its tensors and their thread CPU (run_timeline's events: a group's
+    admission names its first tensor; each tensor's rows with their thread CPU)."""
+    opened: dict[tuple[str, str], list[Any]] = {}
+    cpu: dict[str, float] = {}
+    for e in events:
+        if e[2] == "rows":
+            opened[e[1], e[3]] = e
+        elif e[2] == "rows_end":
+            first = opened.pop((e[1], e[3]))
+            cpu[e[3]] = cpu.get(e[3], 0.0) + e[-1] - first[-1]
+    modes = [e for e in events if e[2] == "mode"]
+    begun = min(e[0] for e in modes)
+    heads = {e[3] for e in events if e[2] == "admit" and e[0] >= begun}
+    groups: list[list[str]] = []
+    for e in modes:
+        if e[3] in heads or not groups:
+            groups.append([e[3]])
+        else:
+            groups[-1].append(e[3])
+    return [(group, sum(cpu.get(name, 0.0) for name in group)) for group in groups]
+
+
+def replay(costs: list[float], workers: int, held: int) -> float:
+    """The seconds ``costs`` (each group's CPU, in order) take on ``workers`` idle cores under the engine's line
+    (resumerge.merge.engine.inflight): a group starts when fewer than ``workers`` compute and fewer than ``held`` x
+    ``workers`` are in the line; groups leave it oldest first, each once it and every older one finished (the writer
+    taken as instant)."""
+    finish: list[float] = []
+    line: list[int] = []
+    now = 0.0
+    while len(finish) < len(costs) or line:
+        line = [i for n, i in enumerate(line) if not all(finish[j] <= now for j in line[:n + 1])]
+        working = sum(1 for i in line if finish[i] > now)
+        if len(finish) < len(costs) and working < workers and len(line) < held * workers:
+            finish.append(now + costs[len(finish)])
+            line.append(len(finish) - 1)
+            continue
+        if not line:
+            break
+        now = min(finish[i] for i in line if finish[i] > now) if working else max(finish[i] for i in line)
+    return max(finish, default=0.0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the samples and the summary here")
@@ -122,8 +171,16 @@ def main() -> int:
     parser.add_argument("--units", action="store_true",
                         help="also record each unit's events (bench/run_timeline.py's: mode, rows, admission, "
                              "hand-over, writes, each with its thread CPU) into --json")
+    parser.add_argument("--replay", type=Path, help="no run: replay the groups of a --units JSON on 2 idle cores "
+                        "under the line's limit of 2, 3 and 4 groups per worker, and print the seconds")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- CONFIG OUT run-options...")
     args = parser.parse_args()
+    if args.replay is not None:
+        groups = unit_groups(json.loads(args.replay.read_text())["units"])
+        costs = [cost for _, cost in groups]
+        print(f"{len(groups)} groups, {sum(costs):.2f} thread CPU s (over 2 cores: {sum(costs) / 2:.2f} s); on 2 "
+              "workers: " + ", ".join(f"{held} per worker {replay(costs, 2, held):.2f} s" for held in (2, 3, 4)))
+        return 0
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     out, state = Path(argv[1]), Path(argv[argv.index("--state-dir") + 1])
     for folder in (out, state):
