@@ -105,15 +105,19 @@ def compile_ahead(plan: Plan, cores: int | None = None) -> tuple[tuple[str, ...]
     importance pass: :func:`~resumerge.machine.memory.baseline.measure_ahead`) load them rather than each compiling
     them all (27 CPU s for the 7-type release's, in one process): the spec's entries by family
     (:func:`~resumerge.outputs.gguf.encoders.kernel_family`, whose kernels they share), the families dealt over at
-    most ``cores`` processes (this machine's CPUs). Empty where nothing is compiled."""
+    most ``cores`` processes (this machine's CPUs). Empty where nothing is compiled, or where numba's cache holds
+    them already (:func:`~resumerge.outputs.gguf.jit.on_disk`)."""
     spec = measured_spec(kernel_spec(plan))
     if not spec:
         return ()
+    from resumerge.outputs.gguf import jit
     from resumerge.outputs.gguf.encoders import kernel_family
 
     families: dict[str, list[str]] = {}
     for entry in spec.split(","):
         families.setdefault(kernel_family(int(entry.rstrip("w"))), []).append(entry)
+    if jit.on_disk(families):  # compiled before: each measurement loads them (a process each would cost 3 CPU s)
+        return ()
     groups: list[list[str]] = [[] for _ in range(min(len(families), max(1, cores or os.cpu_count() or 1)))]
     for i, entries in enumerate(families.values()):
         groups[i % len(groups)].extend(entries)
