@@ -133,3 +133,26 @@ def test_close_keeps_a_still_computing_groups_memory_reserved_until_its_computat
         governor.acquire(600, timeout=0.05, what="next")
     computing.set_result("computing")
     governor.acquire(600, timeout=1, what="next").release()
+
+
+def test_the_merge_s_governor_admits_as_many_units_as_the_line_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group in the line holds its reservation until written, so the merge's governor counts the finished
+    ones behind a long group as in flight: at its default of 4 it held the line at 4 whatever the line allowed (a
+    7-type release's other worker waited behind each layer's down_proj). It admits what the line holds."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from resumerge.merge.engine import devices
+    from resumerge.merge.engine.inflight import CONCURRENCY
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.merge.plan.workunits import Oversized
+
+    monkeypatch.setattr(devices, "run_baseline", lambda plan: 1 << 20)
+    monkeypatch.setattr(devices, "smallest_run_budget", lambda plan, baseline: Oversized("", "", 2 << 20))
+    governor = devices.make_governor(cast(Plan, SimpleNamespace(tensors={})), 1 << 30)
+    assert governor.in_flight_limit == HELD_PER_WORKER * CONCURRENCY == 8
+    reservations = [governor.acquire(1, timeout=1, what=f"unit {i}") for i in range(8)]
+    with pytest.raises(TimeoutError):
+        governor.acquire(1, timeout=0.05, what="a ninth")
+    for each in reservations:
+        each.release()

@@ -83,7 +83,7 @@ def on_disk(modules: Iterable[str]) -> bool:
     try:
         from numba.core.caching import FunctionCache
 
-        return any(os.path.exists(FunctionCache(fn)._cache_file._index_path)
+        return any(os.path.exists(FunctionCache(fn)._cache_file._index_path)  # type: ignore[no-untyped-call]
                    for name in seen for fn in _DECLARED.get(name, ()))
     except Exception:  # no cache directory numba can write (each process compiles), or numba's internals moved
         return True
