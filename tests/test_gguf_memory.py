@@ -72,3 +72,57 @@ def test_every_k_quant_run_of_an_installation_reads_one_baseline_measurement(mon
     assert all(set(spec.split(",")) <= set(kernels) for spec, kernels in zip(specs, loaded, strict=True)), asked
     assert len(set(asked[:5])) == 1, asked
     assert asked[5].endswith(":12w,16w") and asked[6].endswith(":14,34"), asked
+
+
+def test_a_release_s_kernels_are_compiled_once_split_by_family_over_the_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels a run's baselines load are compiled ahead into numba's disk cache once (27 CPU s for the 7-type
+    release's, which both of its measurements with kernels compiled, at once, on a fresh runtime): each entry of
+    the spec in one process, a family's entries (which share their kernels) in the same one, dealt over at most
+    the machine's cores."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from resumerge.merge.engine import footprint
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.outputs.gguf import jit
+    from resumerge.outputs.gguf.encoders import kernel_family
+
+    plan = cast(Plan, SimpleNamespace(tensors={}))
+    spec = "12w,13w,14w,20w,21w,22w,23w"  # the 7-type release's (q8_0 ... iq2_m with a matrix)
+    monkeypatch.setattr(footprint, "kernel_spec", lambda plan: spec)
+    monkeypatch.setattr(jit, "on_disk", lambda modules: False)  # a fresh numba cache
+    for cores in (1, 2, 3, 16):
+        lists = footprint.compile_ahead(plan, cores)
+        assert len(lists) == min(cores, 4) and all(len(each) == 1 for each in lists), lists
+        groups = [each[0].rpartition(":")[2].split(",") for each in lists]
+        assert sorted(e for group in groups for e in group) == spec.split(","), groups
+        where = {kernel_family(int(e.rstrip("w"))): i for i, group in enumerate(groups) for e in group}
+        assert all(where[kernel_family(int(e.rstrip("w")))] == i for i, group in enumerate(groups) for e in group)
+    assert {kernel_family(t) for t in (12, 13, 14)} == {"resumerge.outputs.gguf.kquants"}
+    assert kernel_family(22) != kernel_family(23)  # IQ2_S's kernels are iq2loop's, IQ4_XS's iqloop's
+    monkeypatch.setattr(jit, "on_disk", lambda modules: True)  # filled before: each measurement loads them
+    assert footprint.compile_ahead(plan, 2) == ()
+    monkeypatch.setattr(footprint, "kernel_spec", lambda plan: "")
+    assert footprint.compile_ahead(plan, 2) == ()
+
+
+def _twice(x: float) -> float:
+    return x * 2
+
+
+def test_a_numba_cache_counts_as_filled_once_a_kernel_of_the_modules_is_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a run compiles its kernels ahead (compile_ahead) is read from numba's disk cache: a fresh one (a new
+    runtime's) holds no index of the modules' kernels, and one a process compiled them into does."""
+    pytest.importorskip("numba")
+    from numba.core import config
+
+    from resumerge.outputs.gguf import jit
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    kernels = jit.lazy_kernels(lambda twice: twice, _twice)
+    assert not jit.on_disk([__name__])
+    compiled = kernels()
+    assert compiled is not None and compiled(2.0) == 4.0  # compiled, and kept in the cache
+    assert jit.on_disk([__name__])

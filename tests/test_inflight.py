@@ -83,6 +83,22 @@ def test_the_line_holds_at_most_its_share_per_worker_behind_a_long_group() -> No
     assert written[0] == "long" and long.done()
 
 
+def test_a_free_worker_takes_six_groups_behind_a_long_one_on_two_workers() -> None:
+    """A GGUF release's layer on 2 workers: its down_proj (7 encodings of 1536-column rows, 1.0 CPU s) is the oldest
+    group while the other worker computes the layer's 6 others (0.7 s together) and the next layer's first: with
+    room for only 2 finished groups behind it, that worker waited for the down_proj (a core idle about a third of
+    each layer). At 4 per worker: 6 finished behind a long one, and a 7th starts."""
+    line, written = _line(workers=2)
+    long = _started(line, "long")
+    for i in range(6):
+        _started(line, f"short{i}", done=True)
+    threading.Timer(0.3, long.set_result, args=("long",)).start()
+    assert line.make_room(False, limit=2)  # room at once: nothing waits for the long group
+    assert written == [] and not long.done() and line.working() == 1
+    _started(line, "next")
+    assert line.working() == 2
+
+
 def test_a_group_collecting_its_siblings_result_needs_no_free_worker() -> None:
     line, _ = _line()
     _started(line, "a")
@@ -117,3 +133,26 @@ def test_close_keeps_a_still_computing_groups_memory_reserved_until_its_computat
         governor.acquire(600, timeout=0.05, what="next")
     computing.set_result("computing")
     governor.acquire(600, timeout=1, what="next").release()
+
+
+def test_the_merge_s_governor_admits_as_many_units_as_the_line_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group in the line holds its reservation until written, so the merge's governor counts the finished
+    ones behind a long group as in flight: at its default of 4 it held the line at 4 whatever the line allowed (a
+    7-type release's other worker waited behind each layer's down_proj). It admits what the line holds."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from resumerge.merge.engine import devices
+    from resumerge.merge.engine.inflight import CONCURRENCY
+    from resumerge.merge.plan.merge_plan import Plan
+    from resumerge.merge.plan.workunits import Oversized
+
+    monkeypatch.setattr(devices, "run_baseline", lambda plan: 1 << 20)
+    monkeypatch.setattr(devices, "smallest_run_budget", lambda plan, baseline: Oversized("", "", 2 << 20))
+    governor = devices.make_governor(cast(Plan, SimpleNamespace(tensors={})), 1 << 30)
+    assert governor.in_flight_limit == HELD_PER_WORKER * CONCURRENCY == 8
+    reservations = [governor.acquire(1, timeout=1, what=f"unit {i}") for i in range(8)]
+    with pytest.raises(TimeoutError):
+        governor.acquire(1, timeout=0.05, what="a ninth")
+    for each in reservations:
+        each.release()

@@ -370,12 +370,20 @@ def pass_baseline(plan: Plan, *, measuring: bool = False) -> int:
     :func:`~resumerge.merge.engine.footprint.kernel_spec`)."""
     from resumerge.config.locations import cache_root
     from resumerge.machine.memory.baseline import fresh_baseline, measure_ahead
-    from resumerge.merge.engine.footprint import PER_TENSOR, RUN_MODULES, run_baseline, run_modules, run_overhead
+    from resumerge.merge.engine.footprint import (
+        PER_TENSOR,
+        RUN_MODULES,
+        compile_ahead,
+        run_baseline,
+        run_modules,
+        run_overhead,
+    )
 
     modules = pass_modules(plan)
     # This one and the merge's after it (merge_after_pass, the merge's own guard): on an installation's first such
-    # run, measured together rather than one after another.
-    measure_ahead(((*RUN_MODULES, *modules), run_modules(plan, modules), run_modules(plan)), cache_root())
+    # run, measured together rather than one after another, the encoders' kernels compiled once for both.
+    measure_ahead(((*RUN_MODULES, *modules), run_modules(plan, modules), run_modules(plan)), cache_root(),
+                  prepare=compile_ahead(plan))
     if measuring:
         return merge_after_pass(plan)[0]
     fresh = fresh_baseline((*RUN_MODULES, *modules), cache_root())

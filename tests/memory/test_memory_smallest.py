@@ -136,6 +136,41 @@ def test_the_baselines_a_run_needs_are_measured_together_not_one_after_another(
     assert events == []
 
 
+def test_the_work_several_baselines_would_each_do_is_done_once_before_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lists that make a call (``module:function:argument``: loading a release's compiled kernels, which a fresh
+    numba cache compiles on the first load, 27 CPU s for the 7-type release's) wait for ``prepare``'s processes,
+    started together, to have done it (compiled them into the cache once, not once per measurement); the lists
+    making no call start beside ``prepare``'s. Without a missing list that calls, ``prepare`` is not run."""
+    import subprocess
+
+    from resumerge.machine.memory import baseline
+
+    events: list[str] = []
+    real = subprocess.Popen
+
+    class Recorded(real):  # type: ignore[misc,valid-type]
+        def __init__(self, argv: list[str], **kwargs: object) -> None:
+            events.append(f"start {argv[-1]}")
+            super().__init__(argv, **kwargs)
+
+        def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
+            events.append("wait")
+            return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    calls = ("json", "json:dumps:1")  # json.dumps("1"): a call, as warm_kernels("12w,...") is
+    baseline.measure_ahead((("csv",), calls, ("csv", *calls)), tmp_path, prepare=(("json:loads:1",), ("csv",)))
+    assert events == ['start ["json:loads:1"]', 'start ["csv"]', 'start ["csv"]', "wait", "wait",
+                      'start ["json", "json:dumps:1"]', 'start ["csv", "json", "json:dumps:1"]', "wait", "wait",
+                      "wait"], events
+    monkeypatch.setattr(baseline, "_measure", lambda modules: pytest.fail(f"measured again: {modules}"))
+    assert all(isinstance(baseline.fresh_baseline(each, tmp_path), int) for each in (("csv",), calls))
+    events.clear()
+    baseline.measure_ahead((("json",), ("json", "csv")), tmp_path, prepare=(("json:loads:1",),))
+    assert events == ['start ["json"]', 'start ["json", "csv"]', "wait", "wait"], events  # nothing calls
+
+
 def _named(text: str) -> int:
     found = re.search(r"rerun with --max-memory (\S+) or more", text)
     assert found, text

@@ -78,18 +78,30 @@ def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
     return measured
 
 
-def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path) -> None:
+def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path, prepare: Sequence[Sequence[str]] = ()) -> None:
     """Measure the baselines of ``each`` (module lists, as :func:`fresh_baseline` takes them) not in the cache yet,
     in fresh processes started together, and cache them, so that the :func:`fresh_baseline` calls that follow read
     them: a run that needs several (its importance pass's, the merge's after it) waits for one import of torch's
     wall, not one each after another. One missing, or none, is left to :func:`fresh_baseline`; a list that cannot
-    be measured here is measured there again (and falls back as it says)."""
+    be measured here is measured there again (and falls back as it says).
+
+    ``prepare``: lists run first, in fresh processes of their own started together (their figures not kept), where
+    a missing list makes a call (a ``module:function:argument`` entry): work each such measurement would otherwise
+    do again, as the compilation of numba's kernels into its disk cache that the first load of each makes (the
+    7-type release's kernels: 27 CPU s, made by both of its lists with them). The lists making no call start beside
+    them; those making one after them, each then loading what they made (and measuring what a run that loads it
+    holds, not a compiler's leftovers)."""
     path = cache_dir / _CACHE_NAME
     cached = _read(path)
     missing = {_key(modules): tuple(modules) for modules in each if not isinstance(cached.get(_key(modules)), int)}
     if len(missing) < 2:
         return
-    started = {key: _start(modules) for key, modules in missing.items()}
+    calling = {key for key, modules in missing.items() if any(":" in m for m in modules)}
+    preparing = [_start(modules) for modules in prepare] if calling else []
+    started = {key: _start(modules) for key, modules in missing.items() if key not in calling}
+    for child in preparing:
+        _finish(child)
+    started.update({key: _start(missing[key]) for key in missing if key in calling})
     measured = {key: figure for key, child in started.items() if (figure := _finish(child)) is not None}
     if measured:
         with contextlib.suppress(OSError):

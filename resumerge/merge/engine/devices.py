@@ -15,11 +15,12 @@ import contextlib
 import functools
 
 from resumerge.errors import UsageError
-from resumerge.machine.memory import CudaProbe, MemoryGovernor, MemoryProbe, SystemProbe, default_budget
+from resumerge.machine.memory import CudaProbe, MemoryGovernor, MemoryProbe, Pacing, SystemProbe, default_budget
 from resumerge.machine.memory.cuda import CPU, GPU_BUDGET_OPTION, GPU_FRACTION, is_gpu, normalise_device
 from resumerge.machine.memory.sizes import format_size
 from resumerge.machine.torch_import import when_loaded
 from resumerge.merge.engine.footprint import run_baseline, smallest_run_budget
+from resumerge.merge.engine.inflight import CONCURRENCY, HELD_PER_WORKER
 from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.workunits import Oversized, largest, oversized_units
 
@@ -89,7 +90,10 @@ def make_governor(plan: Plan, max_memory: int | None) -> MemoryGovernor:
         raise UsageError(_too_small(worst, budget), tensor=worst.tensor or None,
                          hint=f"the smallest budget that works is {format_size(worst.needed)}; rerun with "
                          f"--max-memory {format_size(worst.needed, compact=True)} or more")
-    return MemoryGovernor(budget, probe, reuse_reading=READING_REUSE, baseline=baseline)
+    # As many units in flight as the engine's line holds (each holds its reservation until written): the
+    # governor's default 4 held a 7-type GGUF release's other worker behind each layer's down_proj.
+    return MemoryGovernor(budget, probe, reuse_reading=READING_REUSE, baseline=baseline,
+                          pacing=Pacing(max_in_flight=HELD_PER_WORKER * CONCURRENCY))
 
 
 def _too_small(worst: Oversized, budget: int) -> str:

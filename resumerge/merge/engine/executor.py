@@ -34,6 +34,7 @@ from resumerge.merge.engine.bufferpool import BufferPool
 from resumerge.merge.engine.compute import Stored, TensorCompute
 from resumerge.merge.engine.devices import is_gpu
 from resumerge.merge.engine.groupscales import GroupScales
+from resumerge.merge.engine.inflight import CONCURRENCY as CONCURRENCY
 from resumerge.merge.engine.inflight import HELD_PER_WORKER, InFlight
 from resumerge.merge.engine.reporting import Reporter as Reporter
 from resumerge.merge.engine.reporting import Stopped as Stopped
@@ -67,9 +68,6 @@ from resumerge.merge.store.sink import OutputSink
 if TYPE_CHECKING:  # and journals nothing, so its start (before its first shard) never imports it.
     from resumerge.merge.store.ledger import Ledger
 
-# Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
-# _Pipeline).
-CONCURRENCY = 2
 
 
 def _elementwise(plan: Plan, tp: TensorPlan) -> bool:

@@ -9,6 +9,7 @@ both name :func:`smallest_run_budget`, so they name the same figure for the same
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from resumerge.config.locations import cache_root
@@ -19,8 +20,8 @@ from resumerge.merge.plan.merge_plan import Plan
 from resumerge.merge.plan.unitkey import TensorClasses
 from resumerge.merge.plan.workunits import Oversized, smallest_budget
 
-__all__ = ["RUN_MODULES", "kernel_spec", "measured_spec", "run_baseline", "run_modules", "run_overhead",
-           "smallest_run_budget"]
+__all__ = ["RUN_MODULES", "compile_ahead", "kernel_spec", "measured_spec", "run_baseline", "run_modules",
+           "run_overhead", "smallest_run_budget"]
 
 # What ``resumerge run`` imports before its first unit (``python -X importtime`` of a run, less what planning
 # imports only for the methods and formats it meets): the baseline is measured in a fresh interpreter importing these.
@@ -107,6 +108,31 @@ def kernel_spec(plan: Plan) -> str:
     if not found or jit.numba_module() is None:
         return ""
     return ",".join(sorted(found))
+
+
+def compile_ahead(plan: Plan, cores: int | None = None) -> tuple[tuple[str, ...], ...]:
+    """Module lists whose fresh processes, started together, compile the kernels :func:`run_baseline` loads for
+    ``plan`` (:func:`measured_spec`) into numba's disk cache, so that its measurements (two for a run with an
+    importance pass: :func:`~resumerge.machine.memory.baseline.measure_ahead`) load them rather than each compiling
+    them all (27 CPU s for the 7-type release's, in one process): the spec's entries by family
+    (:func:`~resumerge.outputs.gguf.encoders.kernel_family`, whose kernels they share), the families dealt over at
+    most ``cores`` processes (this machine's CPUs). Empty where nothing is compiled, or where numba's cache holds
+    them already (:func:`~resumerge.outputs.gguf.jit.on_disk`)."""
+    spec = measured_spec(kernel_spec(plan))
+    if not spec:
+        return ()
+    from resumerge.outputs.gguf import jit
+    from resumerge.outputs.gguf.encoders import kernel_family
+
+    families: dict[str, list[str]] = {}
+    for entry in spec.split(","):
+        families.setdefault(kernel_family(int(entry.rstrip("w"))), []).append(entry)
+    if jit.on_disk(families):  # compiled before: each measurement loads them (a process each would cost 3 CPU s)
+        return ()
+    groups: list[list[str]] = [[] for _ in range(min(len(families), max(1, cores or os.cpu_count() or 1)))]
+    for i, entries in enumerate(families.values()):
+        groups[i % len(groups)].extend(entries)
+    return tuple((f"{_WARM}{','.join(group)}",) for group in groups)
 
 
 def measured_spec(spec: str) -> str:

@@ -16,9 +16,18 @@ from typing import Generic, Protocol, TypeVar
 
 from resumerge.machine.memory import Reservation, released_on_error
 
+# Units (a tensor, or a group of small ones) computed at once by the merge threads: two keep the writer busy (see
+# resumerge.merge.engine.executor._Pipeline).
+CONCURRENCY = 2
 # Groups in flight per worker (computing, or finished and waiting for an older one to reach the writer): a finished
-# group holds its result and its reservation until it is written, so this bounds what waits behind a long unit.
-HELD_PER_WORKER = 2
+# group holds its result and its reservation until it is written, so this bounds what waits behind a long unit
+# (the memory they hold is the governor's to admit, as every unit's). At 2, a GGUF release of SmolLM2-135M in 7 types
+# left a core idle behind each layer's down_proj (7 encodings of 1536-column rows: 1.0 CPU s, where the layer's
+# other 6 groups take 0.7 together): the other worker finished the 2 groups the line let it take, then waited. A
+# replay of that run's 212 groups (their measured CPU, bench/release_threads.py --units) on 2 workers: 31.3 s at
+# 2 per worker, 28.3 at 3, 26.3 at 4 (their CPU over 2: 26.2). The merge's governor admits as many units in flight
+# (resumerge.merge.engine.devices.make_governor): its reservations are the line's, held until written.
+HELD_PER_WORKER = 4
 
 
 class Group(Protocol):

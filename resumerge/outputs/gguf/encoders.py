@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from resumerge.machine.torch_import import torch
 
-__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "warm_kernels"]
+__all__ = ["SEARCHED", "UNWEIGHTED", "WEIGHTED", "encode", "encodes", "kernel_family", "warm_kernels"]
 
 _Q8_VALUES, _Q8_BYTES = TYPES[Q8_0].block
 # the block types encoded in numpy (and its compiled kernels, :mod:`.jit`) to llama.cpp's bytes with and without an
@@ -235,6 +235,15 @@ def _legacy_blocks(blocks: torch.Tensor, out: torch.Tensor, kind: Kind, scratch:
     out[:, :2] = d.to(torch.float16).view(torch.uint8)
     if kind.affine:
         out[:, 2:4] = m.to(torch.float16).view(torch.uint8)
+
+
+def kernel_family(ggml_type: int) -> str:
+    """The module whose encoder ``ggml_type`` (of :data:`SEARCHED` or :data:`UNWEIGHTED`) is: the types of one
+    family share their compiled kernels (the K-quants' searches, the 2-bit i-quants'), so a compilation split over
+    processes keeps a family in one (:func:`resumerge.merge.engine.footprint.compile_ahead`)."""
+    coder = iquants.block_encoder(ggml_type) if ggml_type in iquants.I_TYPES else \
+        SEARCHED.get(ggml_type) or UNWEIGHTED[ggml_type]
+    return str(getattr(coder, "func", coder).__module__)
 
 
 def warm_kernels(spec: str) -> None:

@@ -183,6 +183,11 @@ _ENCODERS: Mapping[int, Callable[[_Array, _Array | None, int, _Array], None]] = 
 I_TYPES = tuple(_ENCODERS)
 
 
+def block_encoder(ggml_type: int) -> Callable[..., None]:
+    """The encoder of super-blocks :func:`encode_iq` calls for ``ggml_type`` (one of :data:`I_TYPES`)."""
+    return _ENCODERS[ggml_type]
+
+
 def encode_iq(rows: _Array, ggml_type: int, importance: _Array | None = None, out: _Array | None = None) -> _Array:
     """llama.cpp's bytes of ``rows`` (float32, (..., n) with n whole blocks of the type) as i-quant
     ``ggml_type``: uint8 (..., n / block values * block bytes), into ``out`` when given (uint8, contiguous, of that

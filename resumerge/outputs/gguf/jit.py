@@ -13,14 +13,18 @@ Where numba is missing (or refuses this Python or numpy), the encoders take thei
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["compiled", "lazy_kernels", "numba_module"]
+__all__ = ["compiled", "lazy_kernels", "numba_module", "on_disk"]
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 _Kernels = TypeVar("_Kernels")
+# every function lazy_kernels compiles, by the module declaring it
+_DECLARED: dict[str, list[Callable[..., Any]]] = {}
 
 
 @functools.cache
@@ -43,6 +47,8 @@ def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> Cal
     """The function giving ``make(*fns compiled)``, compiled once a process on its first call (numba compiles a
     kernel on its first call with those types, or loads it from its disk cache), or None while numba is missing:
     checked on each call, so a test that takes numba away takes the kernels too."""
+    for fn in fns:
+        _DECLARED.setdefault(fn.__module__, []).append(fn)
 
     @functools.cache
     def built(numba: ModuleType) -> _Kernels:
@@ -53,6 +59,34 @@ def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> Cal
         return None if numba is None else built(numba)
 
     return kernels
+
+
+def on_disk(modules: Iterable[str]) -> bool:
+    """Whether numba's disk cache was filled before for ``modules`` (imported ones): it holds an index of some kernel
+    that they, or the modules of this package they import, declare (:func:`lazy_kernels`). A fresh cache (a new
+    runtime's) holds none: there one process compiling them ahead saves each process after it its own compilation;
+    a cache holding some is taken as filled (a kernel not in it yet is compiled by the first process that loads it).
+    True without numba or without a cache numba can keep: there is nothing to compile ahead for another process."""
+    numba = numba_module()
+    if numba is None:
+        return True
+    package = __name__.rpartition(".")[0]
+    seen: set[str] = set()
+    pending = list(modules)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in sys.modules:
+            continue
+        seen.add(name)
+        pending.extend(value.__name__ for value in vars(sys.modules[name]).values()
+                       if isinstance(value, ModuleType) and value.__name__.startswith(package + "."))
+    try:
+        from numba.core.caching import FunctionCache
+
+        return any(os.path.exists(FunctionCache(fn)._cache_file._index_path)  # type: ignore[no-untyped-call]
+                   for name in seen for fn in _DECLARED.get(name, ()))
+    except Exception:  # no cache directory numba can write (each process compiles), or numba's internals moved
+        return True
 
 
 def _njit(numba: ModuleType, fn: _Fn) -> _Fn:
