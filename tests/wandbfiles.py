@@ -5,6 +5,8 @@ LevelDB-log stream (a 7-byte header, 32 KiB blocks of records: crc32, length, ty
 from __future__ import annotations
 
 import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 _BLOCK = 32768  # W&B's transaction log: LevelDB-log blocks of records (type 1 whole; 2, 3, 4 first, middle, last)
@@ -21,6 +23,8 @@ def _records(path: Path) -> list[bytes]:
         if length == 0 and kind == 0:  # the block's padding
             at += left
             continue
+        if at + 7 + length > len(data):  # a record its service is still writing
+            break
         chunk, at = data[at + 7:at + 7 + length], at + 7 + length
         if kind == 1:
             found.append(chunk)
@@ -52,3 +56,16 @@ def wandb_rows(root: Path) -> tuple[list[dict[str, str]], set[str], list[str]]:
     return rows, ids, artifacts
 
 
+
+
+def wandb_rows_once(root: Path, written: Callable[[list[dict[str, str]], list[str]], bool],
+                    timeout: float = 60.0) -> tuple[list[dict[str, str]], set[str], list[str]]:
+    """:func:`wandb_rows` once ``written(rows, artifacts)`` holds of them, or as they are after ``timeout`` seconds:
+    ``run.finish()`` can return before W&B's service process has written the last records of an offline run file
+    (lm-eval's door read them a moment early under load, the rows there when looked at after the test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = wandb_rows(root)
+        if written(found[0], found[2]) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
