@@ -1,0 +1,38 @@
+"""The fixed cost of one tiny ``resumerge.api.run``: what depends only on the installation is read once per
+process, not at every run (bench/bench_tiny_run.py measures the CPU a tiny run takes)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import linear_config
+
+from resumerge import api
+
+
+def _run(tmp_path: Path, name: str, doc: dict[str, object]) -> Path:
+    out = tmp_path / name / "out"
+    api.run(yaml.safe_dump(doc, sort_keys=False), out, settings=api.Settings(state_dir=tmp_path / name / "state"))
+    return out
+
+
+def test_a_second_run_in_the_process_reads_no_distribution_metadata(
+    tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before: the memory baseline's key read torch's and transformers' versions (importlib.metadata) at each run
+    doc = linear_config(make("a", seed=1), make("b", seed=2))
+    _run(tmp_path, "first", doc)
+    reads: list[str] = []
+    version = importlib.metadata.version
+
+    def counted(name: str) -> str:
+        reads.append(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", counted)
+    _run(tmp_path, "second", doc)
+    assert reads == []
