@@ -36,3 +36,20 @@ def test_a_second_run_in_the_process_reads_no_distribution_metadata(
     monkeypatch.setattr(importlib.metadata, "version", counted)
     _run(tmp_path, "second", doc)
     assert reads == []
+
+
+def test_a_run_parses_its_config_text_once(tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: five parses of one text per run (its kind twice, the check, the plan, the model card)
+    a, b = make("a", seed=1), make("b", seed=2)
+    _run(tmp_path, "first", linear_config(a, b))
+    loads: list[str] = []
+    load_all = yaml.load_all
+
+    def counted(stream: Any, Loader: Any = None) -> Any:
+        loads.append(str(stream))
+        return load_all(stream, Loader)
+
+    monkeypatch.setattr(yaml, "load_all", counted)
+    doc = linear_config(a, b, weights=(0.25, 0.75))  # a text not parsed before in this process
+    _run(tmp_path, "second", doc)
+    assert len(loads) == 1, len(loads)
