@@ -4,6 +4,7 @@ process, not at every run (bench/bench_tiny_run.py measures the CPU a tiny run t
 from __future__ import annotations
 
 import importlib.metadata
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,29 @@ def test_a_run_parses_its_config_text_once(tmp_path: Path, make: Any, monkeypatc
     doc = linear_config(a, b, weights=(0.25, 0.75))  # a text not parsed before in this process
     _run(tmp_path, "second", doc)
     assert len(loads) == 1, len(loads)
+
+
+def test_a_fresh_ledger_builds_its_schema_in_one_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: one transaction (one WAL commit, fsynced under synchronous=FULL) per migration, nine for a fresh ledger
+    from resumerge.merge.store.ledger import Ledger
+    from resumerge.merge.store.ledger_read import run_row
+
+    Ledger(tmp_path / "warm.db").close()  # the schema's expected columns, kept per process, built first
+    statements: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    ledger = Ledger(tmp_path / "ledger.db")
+    try:
+        assert [s for s in statements if s.strip().upper() == "COMMIT"] == ["COMMIT"]
+        assert [m.name for m in Ledger.migrations.pending(ledger.db)] == []
+        assert run_row(ledger.db.conn) is None
+    finally:
+        ledger.close()
+    again = Ledger(tmp_path / "ledger.db")  # reopened: nothing left to migrate, the schema checks
+    again.close()
