@@ -66,7 +66,7 @@ def test_a_fresh_ledger_builds_its_schema_in_one_transaction(tmp_path: Path, mon
     connect = sqlite3.connect
 
     def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
         conn.set_trace_callback(statements.append)
         return conn
 
