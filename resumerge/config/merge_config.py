@@ -8,7 +8,9 @@ says where it is (``slices[1].sources[0].layer_range``). Checks that need the mo
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -189,7 +191,7 @@ def parse_documents(text: str, *, source: str = "config") -> list[Any]:
     """The non-empty YAML documents of ``text`` (safe loader only); raises :class:`ConfigError` for bad YAML
     (with line and column), a key given twice in one mapping (naming both lines), or no document at all."""
     try:
-        docs = [d for d in yaml.load_all(text, Loader=UniqueKeyLoader) if d is not None]
+        docs = copy.deepcopy(list(_loaded(text)))
     except DuplicateKeyError as exc:
         raise ConfigError(f"{source}: {exc}", hint="keep one of them (YAML would silently use the last)") from None
     except yaml.YAMLError as exc:
@@ -203,6 +205,14 @@ def parse_documents(text: str, *, source: str = "config") -> list[Any]:
     if not docs:
         raise ConfigError(f"{source} is empty", hint="give at least merge_method and models or slices")
     return docs
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(text: str) -> tuple[Any, ...]:
+    """The non-empty documents of ``text``, loaded once per process for one text (a run reads its config's text
+    five times: which kind of run it is, the check, the plan, the model card; the key is the text itself, so the
+    cache cannot go stale). :func:`parse_documents` hands each caller its own deep copy; an error is not cached."""
+    return tuple(d for d in yaml.load_all(text, Loader=UniqueKeyLoader) if d is not None)
 
 
 def config_from_document(doc: Any, text: str, *, source: str = "config") -> MergeConfig:

@@ -19,6 +19,7 @@ of one ``check``, name one figure.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -129,8 +130,18 @@ def _key(modules: Sequence[str]) -> str:
     """What the baseline depends on: the interpreter, where resumerge is imported from, the modules and the
     versions of the distributions they come from (not the working directory: ``plan`` and ``run`` started from two
     folders read one figure)."""
+    tops = tuple(sorted({m.split(".")[0].split(":")[0] for m in modules}))
+    return _installed_key(tuple(modules), tops, tuple(sys.path))
+
+
+@functools.cache
+def _installed_key(modules: tuple[str, ...], tops: tuple[str, ...], path: tuple[str, ...]) -> str:
+    """:func:`_key`'s figure, once per process for one module list and one ``sys.path`` (``path``: a changed import
+    path may find other distributions, so it is part of the cache's key): the distributions' metadata is read once,
+    not at every run's start."""
+    del path  # in the cache's key only: importlib.metadata reads sys.path itself
     versions: dict[str, str | None] = {}
-    for top in sorted({m.split(".")[0].split(":")[0] for m in modules}):
+    for top in tops:
         try:
             versions[top] = importlib.metadata.version(top)
         except importlib.metadata.PackageNotFoundError:

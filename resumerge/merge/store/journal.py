@@ -160,7 +160,8 @@ class Journal:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
             self.db = Database(conn)
-            self.migrations.apply(self.db)
+            with self.db.atomic():  # the pending migrations in one transaction: one WAL commit, not one each
+                self.migrations.apply(self.db)
             self._check()
         except OSError as exc:
             if conn is not None:

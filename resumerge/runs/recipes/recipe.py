@@ -89,6 +89,10 @@ def is_recipe_text(text: str) -> bool:
     """True when ``text`` holds more than one non-empty YAML document (bad YAML counts as not a recipe: the
     single-config loader reports it)."""
     try:
+        return len(parse_documents(text)) > 1  # the run's one parse of its text (parse_documents keeps it)
+    except ConfigError:
+        pass  # bad YAML, a repeated key, no document: PyYAML's own loader counts (a recipe repeating a key is one)
+    try:
         return sum(1 for d in yaml.safe_load_all(text) if d is not None) > 1
     except yaml.YAMLError:
         return False
