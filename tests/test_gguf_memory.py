@@ -122,6 +122,7 @@ def test_a_numba_cache_counts_as_filled_once_a_kernel_of_the_modules_is_in_it(
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
     kernels = jit.lazy_kernels(lambda twice: twice, _twice)
+    monkeypatch.setattr(sys.modules[__name__], "kernels", kernels, raising=False)  # a module's, as the encoders' are
     assert not jit.on_disk([__name__])
     compiled = kernels()
     assert compiled is not None and compiled(2.0) == 4.0  # compiled, and kept in the cache

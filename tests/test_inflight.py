@@ -147,6 +147,14 @@ def test_the_merge_s_governor_admits_as_many_units_as_the_line_holds(monkeypatch
     from resumerge.merge.plan.merge_plan import Plan
     from resumerge.merge.plan.workunits import Oversized
 
+    class _Calm:  # a process far under its budget (the suite's worker may hold more than the 1 GiB below)
+        def rss(self) -> int:
+            return 1 << 20
+
+        def available(self) -> int:
+            return 1 << 40
+
+    monkeypatch.setattr(devices, "SystemProbe", _Calm)
     monkeypatch.setattr(devices, "run_baseline", lambda plan: 1 << 20)
     monkeypatch.setattr(devices, "smallest_run_budget", lambda plan, baseline: Oversized("", "", 2 << 20))
     governor = devices.make_governor(cast(Plan, SimpleNamespace(tensors={})), 1 << 30)

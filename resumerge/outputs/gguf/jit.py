@@ -16,15 +16,14 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["compiled", "lazy_kernels", "numba_module", "on_disk"]
+__all__ = ["LazyKernels", "compiled", "lazy_kernels", "numba_module", "on_disk"]
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 _Kernels = TypeVar("_Kernels")
-# every function lazy_kernels compiles, by the module declaring it
-_DECLARED: dict[str, list[Callable[..., Any]]] = {}
 
 
 @functools.cache
@@ -43,22 +42,29 @@ def compiled(fn: _Fn) -> _Fn | None:
     return None if numba is None else _njit(numba, fn)
 
 
-def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> Callable[[], _Kernels | None]:
-    """The function giving ``make(*fns compiled)``, compiled once a process on its first call (numba compiles a
-    kernel on its first call with those types, or loads it from its disk cache), or None while numba is missing:
-    checked on each call, so a test that takes numba away takes the kernels too."""
-    for fn in fns:
-        _DECLARED.setdefault(fn.__module__, []).append(fn)
+@dataclass(frozen=True, eq=False)
+class LazyKernels(Generic[_Kernels]):
+    """``make(*declared compiled)``, compiled once a process on its first call (numba compiles a kernel on its first
+    call with those types, or loads it from its disk cache), or None while numba is missing: checked on each call,
+    so a test that takes numba away takes the kernels too. ``declared`` is read by :func:`on_disk` from the module
+    holding it (no registry: the module's own attribute says which kernels it declares)."""
 
-    @functools.cache
-    def built(numba: ModuleType) -> _Kernels:
-        return make(*(_njit(numba, fn) for fn in fns))
+    make: Callable[..., _Kernels]
+    declared: tuple[Callable[..., Any], ...]
 
-    def kernels() -> _Kernels | None:
+    def __call__(self) -> _Kernels | None:
         numba = numba_module()
-        return None if numba is None else built(numba)
+        return None if numba is None else _built(self, numba)
 
-    return kernels
+
+@functools.cache
+def _built(lazy: LazyKernels[_Kernels], numba: ModuleType) -> _Kernels:
+    return lazy.make(*(_njit(numba, fn) for fn in lazy.declared))
+
+
+def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> LazyKernels[_Kernels]:
+    """:class:`LazyKernels` of ``make`` over ``fns``."""
+    return LazyKernels(make, fns)
 
 
 def on_disk(modules: Iterable[str]) -> bool:
@@ -84,7 +90,8 @@ def on_disk(modules: Iterable[str]) -> bool:
         from numba.core.caching import FunctionCache
 
         return any(os.path.exists(FunctionCache(fn)._cache_file._index_path)  # type: ignore[no-untyped-call]
-                   for name in seen for fn in _DECLARED.get(name, ()))
+                   for name in seen for value in vars(sys.modules[name]).values()
+                   if isinstance(value, LazyKernels) for fn in value.declared)
     except Exception:  # no cache directory numba can write (each process compiles), or numba's internals moved
         return True
 
