@@ -75,6 +75,7 @@ for extra in (HERE, ROOT, ROOT / "tests"):
 from bench_gguf_kl import linear_config  # noqa: E402
 from bench_gguf_release import Step, measured, total  # noqa: E402
 from bench_kquant_route import IMATRIX_PASS, QUANTIZE, digest  # noqa: E402
+from release_threads import phase_marks  # noqa: E402
 
 TYPES = "q8_0,q6_k,q5_k_m,q4_k_m,iq4_xs,iq3_m,iq2_m"  # the issue's release
 
@@ -105,17 +106,10 @@ def phases(state: Path, began: float, ended: float) -> str:
     """The release run's wall by phase, from its own ledger under ``state`` (its events' times) and the run's
     process start and end (``began``, ``ended``, epoch seconds): the start (imports, the plan, a first run's
     baseline measurements) up to the ledger's first event, then each phase the run recorded, to its ``done``."""
-    import re
-    import sqlite3
-
-    ledger = next(state.glob("*/ledger.db"))
-    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
-        events = db.execute("SELECT at, kind, message FROM events ORDER BY id").fetchall()
-    marks = [("start (imports, plan, baselines)", began), ("recording the plan", events[0][0])]
-    marks += [(re.sub(r" \(phase \d+ of \d+\)$", "", message), at) for at, kind, message in events
-              if kind == "phase" and re.search(r"\(phase \d+ of \d+\)$", message)]
-    done = next((at for at, kind, message in events if kind == "state" and message == "done"), ended)
-    spans = [(name, end - start) for (name, start), (_, end) in zip(marks, [*marks[1:], ("", done)], strict=True)]
+    marks = phase_marks(state, began, ended)
+    done = marks[-1][2]
+    spans = [("start (imports, plan, baselines)" if name == "start" else name, end - start)
+             for name, start, end in marks]
     return "; ".join(f"{name} {seconds:.1f} s" for name, seconds in spans) + f"; the process's end {ended - done:.1f} s"
 
 

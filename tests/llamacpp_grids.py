@@ -74,6 +74,14 @@ def _symbols(path: Path, names: set[str]) -> dict[str, tuple[int, int]]:
 
 
 @functools.cache
+def _kept_table(library_file: Path, base: ctypes.CDLL) -> tuple[ctypes.Array[ctypes.c_void_p], Path] | None:
+    """The library's table (:func:`_table`) and the machine's folder of its tables, None where neither is kept."""
+    if not enabled():
+        return None
+    table = _table(library_file, base)
+    return None if table is None else (table, _folder(library_file))
+
+
 def _table(library_file: Path, base: ctypes.CDLL) -> ctypes.Array[ctypes.c_void_p] | None:
     """The library's ``iq2_data`` (12 pointers), or None where its symbols or size are not what this file reads."""
     symbols = _symbols(library_file, {"iq2_data", "ggml_quantize_init", "ggml_quantize_chunk"})
@@ -121,12 +129,10 @@ def held(library_file: Path, base: ctypes.CDLL, slot: int) -> str | None:
 
 def keep(library_file: Path, base: ctypes.CDLL) -> None:
     """Copy each table the library has built and the machine does not keep yet (written whole, then renamed)."""
-    if not enabled():
+    found_table = _kept_table(library_file, base)
+    if found_table is None:
         return
-    table = _table(library_file, base)
-    if table is None:
-        return
-    folder = _folder(library_file)
+    table, folder = found_table
     for slot, points in enumerate(_GRID_POINTS):
         if slot in _SETTLED or not table[3 * slot]:
             continue
@@ -151,12 +157,10 @@ def _digest(*parts: np.ndarray) -> bytes:
 
 def restore(library_file: Path, base: ctypes.CDLL) -> None:
     """Hand the freshly loaded library every table the machine keeps (those it has not built itself)."""
-    if not enabled():
+    found_table = _kept_table(library_file, base)
+    if found_table is None:
         return
-    table = _table(library_file, base)
-    if table is None:
-        return
-    folder = _folder(library_file)
+    table, folder = found_table
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     for slot, points in enumerate(_GRID_POINTS):

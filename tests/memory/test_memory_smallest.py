@@ -108,24 +108,10 @@ def test_the_baselines_a_run_needs_are_measured_together_not_one_after_another(
     """A run with an importance pass needs three fresh baselines on an installation's first such run (each a fresh
     process importing torch, ~4.5 CPU s): every missing one is started before any is waited for, and each is
     measured once (the ones cached and the repeats left out); the figures are the ones measured alone."""
-    import subprocess
-
     from resumerge.machine.memory import baseline
 
     alone = baseline.fresh_baseline(("json",), tmp_path)
-    events: list[str] = []
-    real = subprocess.Popen
-
-    class Recorded(real):  # type: ignore[misc,valid-type]
-        def __init__(self, argv: list[str], **kwargs: object) -> None:
-            events.append(f"start {argv[-1]}")
-            super().__init__(argv, **kwargs)
-
-        def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
-            events.append("wait")
-            return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    events = _recorded_processes(monkeypatch)
     baseline.measure_ahead((("json",), ("csv",), ("json", "csv"), ("csv",)), tmp_path)
     assert events == ['start ["csv"]', 'start ["json", "csv"]', "wait", "wait"], events
     monkeypatch.setattr(baseline, "_measure", lambda modules: pytest.fail(f"measured again: {modules}"))
@@ -142,23 +128,9 @@ def test_the_work_several_baselines_would_each_do_is_done_once_before_them(
     numba cache compiles on the first load, 27 CPU s for the 7-type release's) wait for ``prepare``'s processes,
     started together, to have done it (compiled them into the cache once, not once per measurement); the lists
     making no call start beside ``prepare``'s. Without a missing list that calls, ``prepare`` is not run."""
-    import subprocess
-
     from resumerge.machine.memory import baseline
 
-    events: list[str] = []
-    real = subprocess.Popen
-
-    class Recorded(real):  # type: ignore[misc,valid-type]
-        def __init__(self, argv: list[str], **kwargs: object) -> None:
-            events.append(f"start {argv[-1]}")
-            super().__init__(argv, **kwargs)
-
-        def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
-            events.append("wait")
-            return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    events = _recorded_processes(monkeypatch)
     calls = ("json", "json:dumps:1")  # json.dumps("1"): a call, as warm_kernels("12w,...") is
     baseline.measure_ahead((("csv",), calls, ("csv", *calls)), tmp_path, prepare=(("json:loads:1",), ("csv",)))
     assert events == ['start ["json:loads:1"]', 'start ["csv"]', 'start ["csv"]', "wait", "wait",
@@ -213,3 +185,24 @@ def test_measure_plan_and_measure_and_check_each_name_one_smallest_budget(tmp_pa
     assert again.returncode == 2 and _named(again.stderr) == named, again.stderr
     checked = cli("check", a, "--parent", b, "--state-dir", state, "--max-memory", str(named), "--json")
     assert checked.returncode in (0, 5, 6), checked.stderr
+
+
+def _recorded_processes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The list that each process started from now on (``start`` and its last argument) and each wait for one
+    (``wait``) is appended to."""
+    import subprocess
+
+    events: list[str] = []
+    real = subprocess.Popen
+
+    class Recorded(real):  # type: ignore[misc,valid-type]
+        def __init__(self, argv: list[str], **kwargs: object) -> None:
+            events.append(f"start {argv[-1]}")
+            super().__init__(argv, **kwargs)
+
+        def communicate(self, *args: object, **kwargs: object) -> tuple[str, str]:
+            events.append("wait")
+            return super().communicate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    return events
