@@ -54,23 +54,24 @@ def gguf_tokenizer_files(path: Path, header: GgufHeader | None = None,
     cache in ``cache_dir`` (default
     :func:`~resumerge.config.locations.cache_root`) when an earlier rebuild kept them, and kept there after a
     rebuild. Raises :class:`ModelInputError` when transformers is missing or cannot rebuild the tokenizer."""
-    kept = None if header is None else _kept_path(header, cache_dir)
+    metadata = None if header is None else metadata_only(header, _LEFT_OUT)  # what transformers reads, once
+    kept = None if metadata is None else _kept_path(metadata, cache_dir)
     if kept is not None:
         found = _read(kept)
         if found is not None:
             return found
-    files = _rebuilt(path, header)
+    files = _rebuilt(path, metadata)
     if kept is not None:
         with contextlib.suppress(OSError):  # a cache: not kept costs a rebuild next time, nothing else
             _write(kept, files)
     return files
 
 
-def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
-    """The files as transformers rebuilds them now from ``header``'s key-values (the file at ``path`` itself only
-    without a header), in a process of its own (:data:`_REBUILD`): transformers' tokenization modules (about 100
-    MB) never stay in the process that asked, a run whose budget counts no transformers (its importance pass on a
-    first run measured 480 MB under a 362 MB budget so)."""
+def _rebuilt(path: Path, metadata: bytes | None) -> dict[str, bytes]:
+    """The files as transformers rebuilds them now from ``metadata`` (a GGUF of the key-values alone; the file at
+    ``path`` itself only without it), in a process of its own (:data:`_REBUILD`): transformers' tokenization
+    modules (about 100 MB) never stay in the process that asked, a run whose budget counts no transformers (its
+    importance pass on a first run measured 480 MB under a 362 MB budget so)."""
     import importlib.util
     import subprocess
     import sys
@@ -82,10 +83,10 @@ def _rebuilt(path: Path, header: GgufHeader | None) -> dict[str, bytes]:
                                                    "--no-copy-tokenizer")
     with tempfile.TemporaryDirectory(prefix="resumerge-gguf-tokenizer-") as scratch:
         read = path
-        if header is not None:
+        if metadata is not None:
             read = Path(scratch) / "metadata" / _METADATA_NAME
             read.parent.mkdir()
-            read.write_bytes(metadata_only(header, _LEFT_OUT))
+            read.write_bytes(metadata)
         out = Path(scratch) / "out"
         done = subprocess.run([sys.executable, "-c", _REBUILD, json.dumps(sys.path), str(read), str(out)],
                               capture_output=True, text=True, check=False)
@@ -108,9 +109,10 @@ _REBUILD = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nfrom pathl
             "tokenizer.save_pretrained(sys.argv[3])\n")
 
 
-def _kept_path(header: GgufHeader, cache_dir: Path | None) -> Path | None:
-    """Where the files rebuilt from ``header``'s key-values are kept (:func:`_rebuilt`: whatever file holds them);
-    None without transformers (nothing to key them by: the rebuild says what is missing)."""
+def _kept_path(metadata: bytes, cache_dir: Path | None) -> Path | None:
+    """Where the files rebuilt from ``metadata`` (the key-values transformers is given, :func:`_rebuilt`: whatever
+    file holds them) are kept; None without transformers (nothing to key them by: the rebuild says what is
+    missing)."""
     versions: list[str | None] = []
     for name in _MAKERS:
         try:
@@ -119,7 +121,7 @@ def _kept_path(header: GgufHeader, cache_dir: Path | None) -> Path | None:
             if name == "transformers":
                 return None
             versions.append(None)
-    return kept_file(_FOLDER, [_FORMAT, versions, hashlib.sha256(metadata_only(header, _LEFT_OUT)).hexdigest()],
+    return kept_file(_FOLDER, [_FORMAT, versions, hashlib.sha256(metadata).hexdigest()],
                      cache_dir=cache_dir)
 
 
