@@ -92,6 +92,20 @@ def smollm2_folder() -> Path:
     return target
 
 
+
+def gemma3_folder() -> Path:
+    """Gemma-3-270M as a float32 safetensors folder (config, tokenizer), decoded from ``gemma3_gguf()`` by
+    transformers' GGUF loader, as ``smollm2_folder()`` is (about 1.1 GB; made once per machine)."""
+    gguf = gemma3_gguf()
+    target = cached("gemma3-270m-f32")
+    if not (target / "model.safetensors").is_file():
+        building = target.with_name(f"{target.name}.{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(building)],
+                       check=True, capture_output=True, text=True, timeout=900)
+        publish(building, target)
+    return target
+
 # The two fine-tunes of smollm2_finetunes(): name, training texts, and the seed of its draws. Each trains on its own
 # domain only; the held-out files (DATA / f"{name}_heldout.txt") are never trained on.
 DATA = Path(__file__).parent / "evolve" / "data"
