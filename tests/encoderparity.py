@@ -17,6 +17,7 @@ import functools
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import gguf
 import numpy as np
@@ -238,6 +239,20 @@ def numpy_path_case() -> tuple[np.ndarray, np.ndarray]:
     weights = importance(512, 9)
     weights[256:] = 0
     return x, weights
+
+
+def compiled_only(monkeypatch: pytest.MonkeyPatch, kernels: Callable[[], object], module: ModuleType,
+                  *steps: str) -> None:
+    """Skip the test without numba (``kernels()`` None); else each of ``module``'s numpy-path ``steps`` fails the
+    test where it runs (the compiled kernels are the path taken)."""
+    if kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    for name in steps:
+        monkeypatch.setattr(module, name, refused)
 
 
 def numpy_path_bytes(encode: _Encode, cases: list[tuple[int, np.ndarray | None]], x: np.ndarray,

@@ -173,14 +173,7 @@ def test_an_iq4_xs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[st
 def test_the_compiled_kernels_are_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """With numba the search and the codes are the compiled kernels' (the numpy path never runs); without, the
     numpy path's (test_each_iq4_encoder... compare both with llama.cpp)."""
-    if iqloop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(iquants, "search_numpy", refused)
-    monkeypatch.setattr(iquants, "best_index", refused)
+    parity.compiled_only(monkeypatch, iqloop.kernels, iquants, "search_numpy", "best_index")
     x = parity.awkward(12, 512, 2)
     for code in I_TYPES.values():
         encode_iq(x, code, parity.importance(512, 2))

@@ -97,13 +97,7 @@ def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str, monkeypat
 def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests above
     compare both with llama.cpp)."""
-    if tqmxloop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(tquants, "_trits", refused)
+    parity.compiled_only(monkeypatch, tqmxloop.kernels, tquants, "_trits")
     for code in TQ_TYPES.values():
         encode_tq(parity.awkward(12, 512, 2), code)
 
