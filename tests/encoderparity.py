@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from hypothesis import strategies as st
 from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
 from support import write_config
 
@@ -38,9 +39,11 @@ __all__ = [
     "assert_mix_is_llama_quantize_s",
     "awkward",
     "both_paths",
+    "compiled_only",
     "imatrix_entries",
     "importance",
     "merges",
+    "moderate_row",
     "numpy_path_bytes",
     "numpy_path_case",
     "one_baseline",
@@ -229,6 +232,17 @@ def ties(seed: int) -> np.ndarray:
     x[10] = np.tile(x[10, :32], 24)
     x[11] = np.sign(x[11]) * F(0.02)
     return x
+
+
+def moderate_row(data: st.DataObject, n: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """A drawn row (1, ``n``) of values within ±1e6 (or of few distinct ones: ties, flat and zero blocks) and an
+    importance (``n``,) within 0 ... 1e6 (float32)."""
+    moderate = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)
+    values = data.draw(st.one_of(
+        st.lists(moderate, min_size=n, max_size=n),
+        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-30, -7.0]), min_size=n, max_size=n)))
+    weights = data.draw(st.lists(st.floats(0, 1e6, width=32), min_size=n, max_size=n))
+    return np.array(values, dtype=F).reshape(1, n), np.array(weights, dtype=F)
 
 
 def numpy_path_case() -> tuple[np.ndarray, np.ndarray]:
