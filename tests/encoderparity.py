@@ -47,9 +47,11 @@ __all__ = [
     "numpy_path_bytes",
     "numpy_path_case",
     "one_baseline",
+    "read_back",
     "real_rows",
     "same_as_llama_quantize",
     "stored_tensors",
+    "stored_values",
     "ties",
     "write_imatrix_dat",
     "write_imatrix_gguf",
@@ -324,6 +326,28 @@ def assert_mix_is_llama_quantize_s(tmp_path: Path, merges: dict[str, tuple[Path,
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=output))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries, tensor_types=overrides)
     same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+
+
+def read_back(tmp_path: Path, config: Path, mix: str, imatrix: str | None = None
+              ) -> tuple[dict[str, torch.Tensor], dict[str, gguf.ReaderTensor]]:
+    """The ``mix`` GGUF of ``config`` (with the importance matrix at ``imatrix``) merged again (passthrough to
+    float32 safetensors): its tensors, and the GGUF's stored tensors (gguf-py's) by name."""
+    from safetensors.torch import load_file
+
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type=mix, imatrix=imatrix)))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
+                                                          output=api.Output(copy_tokenizer=False)))
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    return load_file(tmp_path / "f32" / "model.safetensors"), stored
+
+
+def stored_values(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """gguf-py's values of a stored GGUF tensor (a ``GGUFReader`` tensor)."""
+    return gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)  # type: ignore[no-any-return]
 
 
 def written_types(path: Path) -> set[int]:

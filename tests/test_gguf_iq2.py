@@ -23,7 +23,7 @@ from encoderparity import merges, one_baseline  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import grids_held, needs_library, quantize, quantize_model
-from support import cli, digests, write_config
+from support import cli, digests
 
 from resumerge import api
 from resumerge.errors import UsageError
@@ -219,19 +219,9 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
                                                   ) -> None:
     """An IQ2_XXS file resumerge wrote, merged again (passthrough to float32 safetensors): its IQ2_XXS matrices
     read back with torch's decoders to gguf-py's values of the stored blocks."""
-    from safetensors.torch import load_file
-
     config, f16 = merges["llama"]
     parity.write_imatrix_gguf(tmp_path / "imatrix.gguf", parity.imatrix_entries(f16, 5))
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="iq2_xxs", imatrix=str(tmp_path / "imatrix.gguf"))))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
-                                                          output=api.Output(copy_tokenizer=False)))
-    read = load_file(tmp_path / "f32" / "model.safetensors")
-    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    read, stored = parity.read_back(tmp_path, config, "iq2_xxs", str(tmp_path / "imatrix.gguf"))
     found = [n for n, t in stored.items() if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XXS]
     assert found
     layer = found[0].split(".")[1]
@@ -240,7 +230,7 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
              "attn_output": "self_attn.o_proj", "attn_v": "self_attn.v_proj"}
     if kind not in names:
         pytest.skip(f"{found[0]}: a permuted or unnamed tensor")
-    want = gguf.quants.dequantize(np.asarray(stored[found[0]].data), stored[found[0]].tensor_type)
+    want = parity.stored_values(stored[found[0]])
     assert np.array_equal(read[f"model.layers.{layer}.{names[kind]}.weight"].numpy(), want)
 
 
