@@ -44,6 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import parents
 from childtime import timed_run, tree_env
 
 if TYPE_CHECKING:
@@ -77,15 +78,9 @@ evolve_into(asked, ApiCalls(api.run, api.plan_merge, api.open_population, api.ev
 def _setup(work: Path, args: argparse.Namespace) -> Path:
     import yaml
 
-    from resumerge.cli.modelgen import ModelSpec, make_model
-
-    spec = ModelSpec(layers=args.layers, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab,
-                     heads=max(1, args.hidden // 64), kv_heads=max(1, args.hidden // 256), shard_bytes=1 << 30)
-    for seed, name in enumerate(("base", "a", "b"), start=1):
-        if not (work / name / "config.json").is_file():
-            make_model(work / name, spec, seed=seed)
-            if args.parent_vocab is not None:
-                _full_tokenizer(work / name, args.vocab)
+    spec, new = parents.made([work / name for name in ("base", "a", "b")], args)
+    for path in new if args.parent_vocab is not None else ():
+        _full_tokenizer(path, args.vocab)
     tasks = []
     for number in range(args.tasks):
         texts = work / f"texts-{number}.txt" if number else work / "texts.txt"
@@ -189,10 +184,7 @@ def _timed(argv: list[str], tree: Path, state: Path | None = None) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=16000)
+    parents.add_shape(parser)
     parser.add_argument("--popsize", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=1)

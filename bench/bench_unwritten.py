@@ -32,22 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import parents
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # textnll: the texts' NLLs the unwritten-merge tests compare
 TEXTS = [[(7 * i + 3 * j) % 500 + 1 for j in range(96)] for i in range(4)]
 
 
 def _models(work: Path, args: argparse.Namespace) -> list[Path]:
-    from resumerge.cli.modelgen import ModelSpec, make_model
-
-    spec = ModelSpec(layers=args.layers, hidden=args.hidden, intermediate=args.intermediate, vocab=args.vocab,
-                     heads=max(1, args.hidden // 64), kv_heads=max(1, args.hidden // 256), shard_bytes=1 << 30)
-    paths = []
-    for seed, name in enumerate(("base", "a", "b"), start=1):
-        path = work / f"{name}-{args.layers}x{args.hidden}"
-        if not (path / "config.json").is_file():
-            make_model(path, spec, seed=seed)
-        paths.append(path)
+    paths = [work / f"{name}-{args.layers}x{args.hidden}" for name in ("base", "a", "b")]
+    parents.made(paths, args)
     return paths
 
 
@@ -113,10 +107,7 @@ def step(name: str, work: Path, configs: list[Path], started: float) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=16000)
+    parents.add_shape(parser)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--popsize", type=int, default=4)
     parser.add_argument("--step", help=argparse.SUPPRESS)

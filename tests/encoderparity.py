@@ -17,12 +17,14 @@ import functools
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import gguf
 import numpy as np
 import pytest
 import torch
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
+from hypothesis import strategies as st
 from llamacpp_oracle import needs_library, quantize, quantize_model, tensors_of
 from support import write_config
 
@@ -37,15 +39,19 @@ __all__ = [
     "assert_mix_is_llama_quantize_s",
     "awkward",
     "both_paths",
+    "compiled_only",
     "imatrix_entries",
     "importance",
     "merges",
+    "moderate_row",
     "numpy_path_bytes",
     "numpy_path_case",
     "one_baseline",
+    "read_back",
     "real_rows",
     "same_as_llama_quantize",
     "stored_tensors",
+    "stored_values",
     "ties",
     "write_imatrix_dat",
     "write_imatrix_gguf",
@@ -230,6 +236,17 @@ def ties(seed: int) -> np.ndarray:
     return x
 
 
+def moderate_row(data: st.DataObject, n: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """A drawn row (1, ``n``) of values within ±1e6 (or of few distinct ones: ties, flat and zero blocks) and an
+    importance (``n``,) within 0 ... 1e6 (float32)."""
+    moderate = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)
+    values = data.draw(st.one_of(
+        st.lists(moderate, min_size=n, max_size=n),
+        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-30, -7.0]), min_size=n, max_size=n)))
+    weights = data.draw(st.lists(st.floats(0, 1e6, width=32), min_size=n, max_size=n))
+    return np.array(values, dtype=F).reshape(1, n), np.array(weights, dtype=F)
+
+
 def numpy_path_case() -> tuple[np.ndarray, np.ndarray]:
     """Rows and importances on which the numpy path and a kernel run uncompiled must write the compiled kernel's
     bytes: ties (zeros, copies, ±m) and an awkward row, over two super-blocks, the second with zero importances."""
@@ -238,6 +255,20 @@ def numpy_path_case() -> tuple[np.ndarray, np.ndarray]:
     weights = importance(512, 9)
     weights[256:] = 0
     return x, weights
+
+
+def compiled_only(monkeypatch: pytest.MonkeyPatch, kernels: Callable[[], object], module: ModuleType,
+                  *steps: str) -> None:
+    """Skip the test without numba (``kernels()`` None); else each of ``module``'s numpy-path ``steps`` fails the
+    test where it runs (the compiled kernels are the path taken)."""
+    if kernels() is None:
+        pytest.skip("numba is not installed")
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("the numpy path ran")
+
+    for name in steps:
+        monkeypatch.setattr(module, name, refused)
 
 
 def numpy_path_bytes(encode: _Encode, cases: list[tuple[int, np.ndarray | None]], x: np.ndarray,
@@ -295,6 +326,28 @@ def assert_mix_is_llama_quantize_s(tmp_path: Path, merges: dict[str, tuple[Path,
     api.run(config, tmp_path / "out", settings=api.Settings(state_dir=tmp_path / "s", output=output))
     quantize_model(f16, tmp_path / "llama.gguf", MIXES[mix].file_type, imatrix=entries, tensor_types=overrides)
     same_as_llama_quantize(tmp_path / "out" / "model.gguf", tmp_path / "llama.gguf")
+
+
+def read_back(tmp_path: Path, config: Path, mix: str, imatrix: str | None = None
+              ) -> tuple[dict[str, torch.Tensor], dict[str, gguf.ReaderTensor]]:
+    """The ``mix`` GGUF of ``config`` (with the importance matrix at ``imatrix``) merged again (passthrough to
+    float32 safetensors): its tensors, and the GGUF's stored tensors (gguf-py's) by name."""
+    from safetensors.torch import load_file
+
+    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
+        out_type="gguf", gguf_type=mix, imatrix=imatrix)))
+    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
+                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
+    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
+    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
+                                                          output=api.Output(copy_tokenizer=False)))
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    return load_file(tmp_path / "f32" / "model.safetensors"), stored
+
+
+def stored_values(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """gguf-py's values of a stored GGUF tensor (a ``GGUFReader`` tensor)."""
+    return gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)  # type: ignore[no-any-return]
 
 
 def written_types(path: Path) -> set[int]:

@@ -190,28 +190,15 @@ def test_the_iq1_mixes_rules() -> None:
         assert not requires_imatrix("output.weight", default, mix)
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.large_base_example])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
 @given(data=st.data(), kind=st.sampled_from(list(IQ1)), weighted=st.booleans())
-def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str, weighted: bool,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str, weighted: bool) -> None:
     """Without llama.cpp's library too: the compiled kernel's bytes are the numpy path's on any values within ±1e6
     (and few distinct ones: ties, flat and zero blocks) and any importance within 0 ... 1e6."""
     if iq1loop.kernels() is None:
         pytest.skip("numba is not installed")
-    n = 256
-    moderate = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)
-    values = data.draw(st.one_of(
-        st.lists(moderate, min_size=n, max_size=n),
-        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-30, -7.0]), min_size=n, max_size=n)))
-    x = np.array(values, dtype=F).reshape(1, n)
-    w = np.array(data.draw(st.lists(st.floats(0, 1e6, width=32), min_size=n, max_size=n)), dtype=F)
-    weights = w if weighted or kind == "IQ1_S" else None
-    with np.errstate(all="ignore"):
-        fast = encode_iq(x, IQ1[kind], weights)
-    with monkeypatch.context() as patched, np.errstate(all="ignore"):
-        patched.setattr(jit, "numba_module", lambda: None)
-        slow = encode_iq(x, IQ1[kind], weights)
+    x, w = parity.moderate_row(data)
+    fast, slow = parity.both_paths(encode_iq, x, IQ1[kind], w if weighted or kind == "IQ1_S" else None)
     assert np.array_equal(fast, slow)
 
 

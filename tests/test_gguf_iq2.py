@@ -23,7 +23,7 @@ from encoderparity import merges, one_baseline  # noqa: F401 (fixtures)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import grids_held, needs_library, quantize, quantize_model
-from support import cli, digests, write_config
+from support import cli, digests
 
 from resumerge import api
 from resumerge.errors import UsageError
@@ -219,19 +219,9 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
                                                   ) -> None:
     """An IQ2_XXS file resumerge wrote, merged again (passthrough to float32 safetensors): its IQ2_XXS matrices
     read back with torch's decoders to gguf-py's values of the stored blocks."""
-    from safetensors.torch import load_file
-
     config, f16 = merges["llama"]
     parity.write_imatrix_gguf(tmp_path / "imatrix.gguf", parity.imatrix_entries(f16, 5))
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="iq2_xxs", imatrix=str(tmp_path / "imatrix.gguf"))))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
-                                                          output=api.Output(copy_tokenizer=False)))
-    read = load_file(tmp_path / "f32" / "model.safetensors")
-    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    read, stored = parity.read_back(tmp_path, config, "iq2_xxs", str(tmp_path / "imatrix.gguf"))
     found = [n for n, t in stored.items() if t.tensor_type == gguf.GGMLQuantizationType.IQ2_XXS]
     assert found
     layer = found[0].split(".")[1]
@@ -240,31 +230,20 @@ def test_an_iq2_xxs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[s
              "attn_output": "self_attn.o_proj", "attn_v": "self_attn.v_proj"}
     if kind not in names:
         pytest.skip(f"{found[0]}: a permuted or unnamed tensor")
-    want = gguf.quants.dequantize(np.asarray(stored[found[0]].data), stored[found[0]].tensor_type)
+    want = parity.stored_values(stored[found[0]])
     assert np.array_equal(read[f"model.layers.{layer}.{names[kind]}.weight"].numpy(), want)
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.large_base_example])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
 @given(data=st.data(), kind=st.sampled_from(list(IQ2)))
-def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_is_numpy_on_any_moderate_rows(data: st.DataObject, kind: str) -> None:
     """Without llama.cpp's library too: the compiled kernels' bytes are the numpy path's on any values within
     ±1e6 (and few distinct ones: ties, flat and zero groups) and any importance within 0 ... 1e6. (Past that
     llama.cpp's own quantizer aborts on IQ2_XXS/IQ2_XS: its weights overflow and no grid point is nearest.)"""
     if iq2loop.kernels() is None:
         pytest.skip("numba is not installed")
-    n = 256
-    moderate = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)
-    values = data.draw(st.one_of(
-        st.lists(moderate, min_size=n, max_size=n),
-        st.lists(st.sampled_from([0.0, -0.0, 0.25, -0.5, 1.0, 3.0, 1e-30, -7.0]), min_size=n, max_size=n)))
-    x = np.array(values, dtype=F).reshape(1, n)
-    w = np.array(data.draw(st.lists(st.floats(0, 1e6, width=32), min_size=n, max_size=n)), dtype=F)
-    fast = encode_iq(x, IQ2[kind], w)
-    with monkeypatch.context() as patched, np.errstate(all="ignore"):
-        patched.setattr(jit, "numba_module", lambda: None)
-        slow = encode_iq(x, IQ2[kind], w)
+    x, w = parity.moderate_row(data)
+    fast, slow = parity.both_paths(encode_iq, x, IQ2[kind], w)
     assert np.array_equal(fast, slow)
 
 

@@ -117,13 +117,7 @@ def test_a_row_split_across_chunks_keeps_each_block_s_importance() -> None:
 def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests
     above compare both with llama.cpp)."""
-    if iq3loop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(iq3quants, "_encode_numpy", refused)
+    parity.compiled_only(monkeypatch, iq3loop.kernels, iq3quants, "_encode_numpy")
     for code in I3_TYPES.values():
         encode_iq3(parity.awkward(12, 512, 2), code, parity.importance(512, 2))
 

@@ -30,7 +30,7 @@ from llamacpp_oracle import (
     quantize_model,
     tensors_of,
 )
-from support import cli, digests, write_config
+from support import cli, digests
 from test_gguf_kquants import extremes
 
 from resumerge import api
@@ -152,35 +152,16 @@ def test_an_iq4_xs_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[st
                                                  ) -> None:
     """An IQ4_XS file resumerge wrote, merged again (passthrough to float32 safetensors): its matrices read back
     with torch's decoders to gguf-py's values of the stored blocks."""
-    from safetensors.torch import load_file
-
-    config, _ = merges["llama"]
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type="iq4_xs")))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
-                                                          output=api.Output(copy_tokenizer=False)))
-    read = load_file(tmp_path / "f32" / "model.safetensors")
-    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}
+    read, stored = parity.read_back(tmp_path, merges["llama"][0], "iq4_xs")
     down = stored["blk.1.ffn_down.weight"]
     assert down.tensor_type == gguf.GGMLQuantizationType.IQ4_XS
-    want = gguf.quants.dequantize(np.asarray(down.data), down.tensor_type)
-    assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), want)
+    assert np.array_equal(read["model.layers.1.mlp.down_proj.weight"].numpy(), parity.stored_values(down))
 
 
 def test_the_compiled_kernels_are_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """With numba the search and the codes are the compiled kernels' (the numpy path never runs); without, the
     numpy path's (test_each_iq4_encoder... compare both with llama.cpp)."""
-    if iqloop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(iquants, "search_numpy", refused)
-    monkeypatch.setattr(iquants, "best_index", refused)
+    parity.compiled_only(monkeypatch, iqloop.kernels, iquants, "search_numpy", "best_index")
     x = parity.awkward(12, 512, 2)
     for code in I_TYPES.values():
         encode_iq(x, code, parity.importance(512, 2))

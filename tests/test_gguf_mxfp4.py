@@ -92,13 +92,7 @@ def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, monkeypatch: pytest.
 
 
 def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
-    if tqmxloop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(mxfp4quants, "_codes", refused)
+    parity.compiled_only(monkeypatch, tqmxloop.kernels, mxfp4quants, "_codes")
     encode_mxfp4(parity.awkward(12, 512, 2))
 
 

@@ -97,13 +97,7 @@ def test_any_finite_row_is_llama_cpp_s(data: st.DataObject, kind: str, monkeypat
 def test_the_compiled_kernel_is_taken_with_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     """With numba the compiled kernel encodes (the numpy path never runs); without, the numpy path (the tests above
     compare both with llama.cpp)."""
-    if tqmxloop.kernels() is None:
-        pytest.skip("numba is not installed")
-
-    def refused(*_: object) -> None:
-        raise AssertionError("the numpy path ran")
-
-    monkeypatch.setattr(tquants, "_trits", refused)
+    parity.compiled_only(monkeypatch, tqmxloop.kernels, tquants, "_trits")
     for code in TQ_TYPES.values():
         encode_tq(parity.awkward(12, 512, 2), code)
 
@@ -192,20 +186,9 @@ def test_texts_for_the_matrix_are_taken_by_the_ternary_mixes_and_refused_by_mxfp
 def read_back(tmp_path: Path, config: Path, mix: str, name: str) -> tuple[dict[str, torch.Tensor], np.ndarray]:
     """The ``mix`` GGUF of ``config`` merged again (passthrough to float32 safetensors, its tensors returned), and
     gguf-py's values of its stored tensor ``name``."""
-    from safetensors.torch import load_file
-    from support import write_config
-
-    api.run(config, tmp_path / "q", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
-        out_type="gguf", gguf_type=mix)))
-    again = write_config(tmp_path / "again.yml", {"merge_method": "passthrough", "dtype": "float32",
-                                                  "models": [{"model": str(tmp_path / "q" / "model.gguf")}]})
-    # the tensors, not the tokenizer (its rebuild from the GGUF: an import of transformers in a child process)
-    api.run(again, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2",
-                                                          output=api.Output(copy_tokenizer=False)))
-    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "q" / "model.gguf").tensors}[name]
-    assert stored.tensor_type == MIXES[mix].default
-    return load_file(tmp_path / "f32" / "model.safetensors"), gguf.quants.dequantize(np.asarray(stored.data),
-                                                                                     stored.tensor_type)
+    read, stored = parity.read_back(tmp_path, config, mix)
+    assert stored[name].tensor_type == MIXES[mix].default
+    return read, parity.stored_values(stored[name])
 
 
 def test_a_tq1_0_gguf_is_read_back_as_a_parent(tmp_path: Path, merges: dict[str, tuple[Path, Path]]  # noqa: F811

@@ -9,6 +9,7 @@ tests/test_gguf_kquants.py's, which run the compiled path where numba is install
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -348,3 +349,41 @@ def test_compiled_without_a_writable_cache_directory(kernel: object, monkeypatch
     compiled_add = jit.compiled(add_one)
     assert compiled_add is not None
     assert compiled_add(np.zeros(3, dtype=F)).tolist() == [1.0, 1.0, 1.0]
+
+
+def _halved_ratio(a: float, b: float) -> float:
+    return a / b * np.float32(0.5)
+
+
+def _ratios(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.shape[0]):
+        out[i] = _halved_ratio(x[i], y[i])
+
+
+def _ratio_sum(x: np.ndarray, y: np.ndarray) -> float:
+    total = np.float32(0)
+    for i in range(x.shape[0]):
+        total += _halved_ratio(x[i], y[i])
+    return total
+
+
+def test_kernels_call_their_helpers_compiled_as_the_kernels_are(kernel: object, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step written once for several loops (``lazy_kernels(..., helpers=)``, as qkxloop's ``_level``) is
+    compiled where a kernel calls it, with the kernels' float semantics (a division by zero gives inf or NaN as C's
+    does, not ZeroDivisionError), and two kernel sets may share one helper."""
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))  # the test's kernels cached there, not beside it
+    x = np.array([1, 2, 0, -3], dtype=F)
+    y = np.array([0, 1, 0, 4], dtype=F)
+    with np.errstate(all="ignore"):
+        want = x / y * F(0.5)
+    ratios = jit.lazy_kernels(lambda fn: fn, _ratios, helpers=(_halved_ratio,))()
+    summed = jit.lazy_kernels(lambda fn: fn, _ratio_sum, helpers=(_halved_ratio,))()
+    assert ratios is not None and summed is not None
+    out = np.zeros(4, dtype=F)
+    ratios(x, y, out)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    assert np.isnan(summed(x, y))
+    assert summed(x[1:2], y[1:2]) == F(1)

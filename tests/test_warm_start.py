@@ -46,11 +46,19 @@ def placing(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading
     return begun, go, ended
 
 
-def test_close_does_not_wait_for_the_start_which_ends_what_it_places_after(
-        placing: tuple[threading.Event, threading.Event, list[list[str]]]) -> None:
+@pytest.fixture
+def stalled(placing: tuple[threading.Event, threading.Event, list[list[str]]]
+            ) -> tuple[WarmStart, threading.Event, list[list[str]]]:
+    """A warm start whose placement has begun and waits for the event returned; the lists of workers ended."""
     begun, go, ended = placing
     warm = WarmStart(None, 1)
     assert begun.wait(5)
+    return warm, go, ended
+
+
+def test_close_does_not_wait_for_the_start_which_ends_what_it_places_after(
+        stalled: tuple[WarmStart, threading.Event, list[list[str]]]) -> None:
+    warm, go, ended = stalled
     began = time.monotonic()
     warm.close()  # the run failed fast: the placement is still under way
     assert time.monotonic() - began < 1 and ended == []
@@ -120,11 +128,9 @@ def test_a_second_ctrl_c_while_the_call_releases_its_kept_workers_kills_them(mon
 
 
 def test_a_run_stopped_while_the_start_is_under_way_takes_nothing_at_once(
-        placing: tuple[threading.Event, threading.Event, list[list[str]]]) -> None:
+        stalled: tuple[WarmStart, threading.Event, list[list[str]]]) -> None:
     """A Ctrl-C during a stalled lease stops the run at once; the call's close then ends what the start places."""
-    begun, go, ended = placing
-    warm = WarmStart(None, 1)
-    assert begun.wait(5)
+    warm, go, ended = stalled
     began = time.monotonic()
     assert warm.take(lambda: True, 0.01) == [] and time.monotonic() - began < 1
     warm.close()

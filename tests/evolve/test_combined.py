@@ -21,6 +21,7 @@ from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.runs.evolve.combined import STAGES
 from tests.evolve.test_search import OPTIONS, make_search
+from tests.support import write_config
 
 FILES = ("best.yml", "parameters.yml", "structure.yml", "parameters/evaluations.jsonl", "parameters/best.yml",
          "structure/evaluations.jsonl", "structure/front.json", "structure/best.yml")
@@ -33,9 +34,7 @@ def make_combined(root: Path, **structure: Any) -> Path:
     doc = yaml.safe_load(make_search(root).read_text())
     doc["structure"] = structure or {"grow": 50, "beam_depth": 0,
                                      "held_out": [{"nll": {"texts": str(root / "a.txt")}}]}
-    config = root / "combined.yml"
-    config.write_text(yaml.safe_dump(doc))
-    return config
+    return write_config(root / "combined.yml", doc)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import yaml
 from resumerge import api
 from resumerge.cli.commands import main
 from resumerge.cli.modelgen import ModelSpec, make_model
+from tests.support import write_config
 
 SPEC = ModelSpec(layers=6, hidden=32, intermediate=48, vocab=64)
 FILES = ("evaluations.jsonl", "front.json", "best.yml", "shapes.json")
@@ -41,9 +42,7 @@ def make_structure(root: Path, **genome: Any) -> Path:
            "tasks": [{"kl": {"parent": str(root / "parent"), "texts": str(root / "a.txt")}},
                      {"nll": {"texts": str(root / "a.txt")}, "weight": 0.01}],
            "held_out": [{"nll": {"texts": str(root / "b.txt")}}]}
-    config = root / "evolve.yml"
-    config.write_text(yaml.safe_dump(doc))
-    return config
+    return write_config(root / "evolve.yml", doc)
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,9 @@ class LazyKernels(Generic[_Kernels]):
 
     make: Callable[..., _Kernels]
     declared: tuple[Callable[..., Any], ...]
+    # Plain functions the kernels call (a step written once for several loops), compiled where a kernel calls them,
+    # with the kernels' options; numba's disk cache is keyed on the kernel's file, so a helper lives beside its kernels.
+    helpers: tuple[Callable[..., Any], ...] = ()
 
     def __call__(self) -> _Kernels | None:
         numba = numba_module()
@@ -59,12 +62,23 @@ class LazyKernels(Generic[_Kernels]):
 
 @functools.cache
 def _built(lazy: LazyKernels[_Kernels], numba: ModuleType) -> _Kernels:
+    for helper in lazy.helpers:
+        _callable_in_kernels(helper, numba)
     return lazy.make(*(_njit(numba, fn) for fn in lazy.declared))
 
 
-def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any]) -> LazyKernels[_Kernels]:
-    """:class:`LazyKernels` of ``make`` over ``fns``."""
-    return LazyKernels(make, fns)
+@functools.cache
+def _callable_in_kernels(fn: Callable[..., Any], numba: ModuleType) -> None:
+    """Let compiled kernels call the plain function ``fn`` (registered once a process: numba keeps one overload)."""
+    from numba.extending import register_jitable
+
+    register_jitable(**_OPTIONS)(fn)
+
+
+def lazy_kernels(make: Callable[..., _Kernels], *fns: Callable[..., Any],
+                 helpers: tuple[Callable[..., Any], ...] = ()) -> LazyKernels[_Kernels]:
+    """:class:`LazyKernels` of ``make`` over ``fns``, which may call ``helpers``."""
+    return LazyKernels(make, fns, helpers)
 
 
 def on_disk(modules: Iterable[str]) -> bool:
@@ -96,8 +110,12 @@ def on_disk(modules: Iterable[str]) -> bool:
         return True
 
 
+# C's float semantics (module docstring), for kernels and the helpers they call alike
+_OPTIONS: dict[str, Any] = {"error_model": "numpy", "fastmath": False, "boundscheck": False}
+
+
 def _njit(numba: ModuleType, fn: _Fn) -> _Fn:
-    options: dict[str, Any] = {"nogil": True, "error_model": "numpy", "fastmath": False, "boundscheck": False}
+    options: dict[str, Any] = {"nogil": True, **_OPTIONS}
     try:
         kernel: _Fn = numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # numba's "no locator available": no cache directory it can write, so compiled each process

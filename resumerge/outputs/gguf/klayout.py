@@ -137,6 +137,21 @@ def _recode(x: _Array, d: _Array, m: _Array, low: float, high: float, shift: flo
     return tame
 
 
+def _high_bits(codes: _Array, shift: int, b0: int, tile: int, out: _Array, at: int) -> None:
+    """Bit ``shift`` of each of a super-block's 256 codes (the one above the low bits: Q3_K's hmask, Q5_K's qh) as
+    32 bytes at ``at`` of ``out``, for the ``tile`` super-blocks from ``b0``: value ``32 k + lane``'s bit at bit
+    ``k`` of byte ``lane`` (:func:`_pack`'s layouts)."""
+    n = codes.shape[0]
+    nb = out.shape[0]
+    for lane in range(32):
+        for t in range(tile):
+            byte = 0
+            for k in range(8):
+                e = 32 * k + lane
+                byte |= (codes[e % n, (e // n) * nb + b0 + t] >> shift) << k
+            out[b0 + t, at + lane] = byte
+
+
 def _pack(codes: _Array, kind: int, out: _Array) -> None:
     """Codes (n, 256/n * B) uint8 (:func:`_lay_out`'s layout) packed as K type ``kind``'s quants into their
     bytes of ``out`` (B, block bytes): :func:`.kquants._pack`'s numpy code, a tile of super-blocks at a time
@@ -156,13 +171,7 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                             byte |= (codes[e % n, (e // n) * nb + b0 + t] & 3) << (2 * k)
                         out[b0 + t, at + 32 * h + lane] = byte
             if kind == Q3_K:
-                for lane in range(32):
-                    for t in range(tile):
-                        byte = 0
-                        for k in range(8):
-                            e = 32 * k + lane
-                            byte |= (codes[e % n, (e // n) * nb + b0 + t] >> 2) << k
-                        out[b0 + t, lane] = byte
+                _high_bits(codes, 2, b0, tile, out, 0)
         elif kind in (Q4_K, Q5_K):  # Q4_K (qs at 16) / Q5_K (qh at 16, qs at 48)
             at = 16 if kind == Q4_K else 48
             for g in range(4):
@@ -174,13 +183,7 @@ def _pack(codes: _Array, kind: int, out: _Array) -> None:
                         high = codes[e1 % n, (e1 // n) * nb + b0 + t] & 0xF
                         out[b0 + t, at + 32 * g + lane] = low | (high << 4)
             if kind == Q5_K:
-                for lane in range(32):
-                    for t in range(tile):
-                        byte = 0
-                        for k in range(8):
-                            e = 32 * k + lane
-                            byte |= (codes[e % n, (e // n) * nb + b0 + t] >> 4) << k
-                        out[b0 + t, 16 + lane] = byte
+                _high_bits(codes, 4, b0, tile, out, 16)
         else:  # Q6_K: ql at 0, qh at 128
             for h in range(2):
                 for lane in range(32):
@@ -206,4 +209,4 @@ class Kernels(NamedTuple):
 
 # The compiled kernels, or None where numba is not there (checked on each call: a test that takes numba away takes
 # these too).
-kernels = jit.lazy_kernels(Kernels, _lay_out, _recode, _pack)
+kernels = jit.lazy_kernels(Kernels, _lay_out, _recode, _pack, helpers=(_high_bits,))

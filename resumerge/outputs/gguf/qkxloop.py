@@ -39,6 +39,18 @@ _Rest = tuple[_Array, _Array, _Array, bool]
 _BLOCK = 64
 
 
+def _level(xv: float, low: float, iscale: float, top: float) -> float:
+    """A value's code on a candidate's grid (its min ``low``, inverse scale ``iscale``): ``(xv - low) * iscale``
+    clamped to 0 ... ``top`` (``-0.0`` kept, as ``np.clip`` keeps it), then ``np.rint``."""
+    zero = np.float32(0)
+    v = (xv - low) * iscale
+    if v < zero:
+        v = zero
+    elif v > top:
+        v = top
+    return np.rint(v)  # type: ignore[no-any-return]
+
+
 def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[int, float, float, int],
             flags: tuple[bool, bool, float], scale: _Array, offset: _Array, codes: _Array, left: _Array,
             wrapped: _Array) -> None:
@@ -119,12 +131,7 @@ def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[i
             for j in range(m):
                 c = base + np.uint64(j)
                 xv = x[i, c]
-                v = (xv - low[j]) * iscale[j]
-                if v < zero:
-                    v = zero
-                elif v > top:
-                    v = top
-                v = np.rint(v)
+                v = _level(xv, low[j], iscale[j], top)
                 d = step_scale[j] * v + low[j] - xv
                 d = abs(d) if mad else d * d
                 best[j] += d * w[i, c]
@@ -142,12 +149,7 @@ def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[i
                 for j in range(m):
                     c = base + np.uint64(j)
                     xv = x[i, c]
-                    v = (xv - low[j]) * iscale[j]
-                    if v < zero:
-                        v = zero
-                    elif v > top:
-                        v = top
-                    v = np.rint(v)
+                    v = _level(xv, low[j], iscale[j], top)
                     q[i, j] = v
                     t = w[i, c] * v
                     sum_l[j] += t
@@ -193,12 +195,7 @@ def _search(x: _Array, w: _Array, bounds: tuple[_Array, _Array], ladder: tuple[i
         for i in range(n):
             for j in range(m):
                 c = base + np.uint64(j)
-                v = (x[i, c] - anchor[j]) * chosen[j]
-                if v < zero:
-                    v = zero
-                elif v > top:
-                    v = top
-                codes[i, c] = np.rint(v) if live[j] else zero
+                codes[i, c] = _level(x[i, c], anchor[j], chosen[j], top) if live[j] else zero
         for j in range(m):
             c = base + np.uint64(j)
             scale[c] = step_scale[j] if live[j] else zero
@@ -211,7 +208,7 @@ class _Kernels(NamedTuple):
     search: Callable[..., None]
 
 
-_compiled = jit.lazy_kernels(_Kernels, _search)
+_compiled = jit.lazy_kernels(_Kernels, _search, helpers=(_level,))
 
 
 def _kernel() -> Callable[..., Any] | None:

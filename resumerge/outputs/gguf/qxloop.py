@@ -4,12 +4,13 @@ operations in the same order, as loops numba compiles (:mod:`.jit`), to the same
 Each loop runs over rows of sub-blocks, ``for i in range(n): for s in range(S):`` on the element-major (n, S)
 arrays, with one accumulator per sub-block, so LLVM vectorises across sub-blocks while each sum still adds its
 terms in index order, from 0 as :func:`.ksearch.fsum` does. The float32 ends are the numpy path's: ``nearest_int``
-is computed exactly as :func:`.ksearch.ni` (its bits, branch-free; written out in each kernel, as a kernel calls
-only compiled functions and these are compiled on first use), wherever the numpy path takes it; C's scans
-(``>`` from 0, ``MAX``) are written as C writes them, which is what :func:`.ksearch.largest` and
-:func:`.ksearch.scan_max` reproduce with reductions. The coordinate descent runs every live sub-block's pass
-together, five at most: a pass that changes nothing in a sub-block leaves its sums and codes as they were, so the
-passes it takes after converging change nothing (the argument :func:`.ksearch.descend` rests on too).
+is computed exactly as :func:`.ksearch.ni` (its bits, branch-free, written out in each loop that takes it),
+wherever the numpy path takes it; C's scans (``>`` from 0, ``MAX``) are written as C writes them (the
+largest-magnitude scan once, :func:`_largest`, a helper the kernels call: :mod:`.jit`), which is what
+:func:`.ksearch.largest` and :func:`.ksearch.scan_max` reproduce with reductions. The coordinate descent runs
+every live sub-block's pass together, five at most: a pass that changes nothing in a sub-block leaves its sums and
+codes as they were, so the passes it takes after converging change nothing (the argument :func:`.ksearch.descend`
+rests on too).
 
 This module imports numpy, :mod:`.jit` and :mod:`.kfloat` (the constants it shares with :mod:`.ksearch`) only;
 numba itself is imported by :mod:`.jit` on the first :func:`kernels` call, never at resumerge's import. Where numba
@@ -42,6 +43,22 @@ class Kernels(NamedTuple):
     q3_start: Callable[[_Array, int], tuple[_Array, _Array]]
 
 
+def _largest(x: _Array) -> tuple[_Array, _Array]:
+    """Each column of ``x`` (n, S)'s largest magnitude and the value that has it, by C's scan: ``if (ax > amax)``
+    from 0 (a NaN is never taken; the first of equal magnitudes is kept)."""
+    n, width = x.shape
+    amax = np.zeros(width, np.float32)
+    peak = np.zeros(width, np.float32)
+    for i in range(n):
+        for s in range(width):
+            v = x[i, s]
+            a = abs(v)
+            if a > amax[s]:
+                amax[s] = a
+                peak[s] = v
+    return amax, peak
+
+
 def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array, _Array, bool]:
     """:func:`.ksearch.qx_lazy`'s search of each column of ``x`` (n, S), its weights ``w`` (n, S), or ``x·x`` where
     ``squares`` (``w`` then unread): (the scale, 0 in an all-zero column; the adopted inverse scale; whether the
@@ -49,15 +66,7 @@ def _qx(x: _Array, w: _Array, nmax: int, squares: bool) -> tuple[_Array, _Array,
     path decides between ``np.rint`` and :func:`.ksearch.ni`, which round the same there)."""
     n, width = x.shape
     f32 = np.float32
-    amax = np.zeros(width, f32)
-    peak = np.zeros(width, f32)
-    for i in range(n):  # C's scan: ``if (ax > amax)`` from 0 (a NaN is never taken)
-        for s in range(width):
-            v = x[i, s]
-            a = abs(v)
-            if a > amax[s]:
-                amax[s] = a
-                peak[s] = v
+    amax, peak = _largest(x)
     zero = np.empty(width, np.bool_)
     in_range = True
     for s in range(width):
@@ -223,15 +232,7 @@ def _q3_start(x: _Array, nmax: int) -> tuple[_Array, _Array]:
     zero, the codes of ``-nmax`` over its first value of largest magnitude, within -nmax..nmax-1)."""
     n, width = x.shape
     f32 = np.float32
-    amax = np.zeros(width, f32)
-    peak = np.zeros(width, f32)
-    for i in range(n):  # C's scan, as in _qx
-        for s in range(width):
-            v = x[i, s]
-            a = abs(v)
-            if a > amax[s]:
-                amax[s] = a
-                peak[s] = v
+    amax, peak = _largest(x)
     zero = np.empty(width, np.bool_)
     iscale = np.empty(width, f32)
     in_range = True
@@ -253,4 +254,4 @@ def _q3_start(x: _Array, nmax: int) -> tuple[_Array, _Array]:
 
 # The compiled kernels, or None where numba is not there (checked on each call: a test that takes numba away takes
 # these too).
-kernels = jit.lazy_kernels(Kernels, _qx, _descend, _qp_start, _q3_start)
+kernels = jit.lazy_kernels(Kernels, _qx, _descend, _qp_start, _q3_start, helpers=(_largest,))

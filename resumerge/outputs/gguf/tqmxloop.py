@@ -34,16 +34,22 @@ class Kernels(NamedTuple):
     ternary: Callable[[_Array, bool, _Array, _Array], None]
 
 
+def _amax(block: _Array) -> np.float32:
+    """The largest magnitude of ``block`` (float32), by C's strict ``<`` scan from 0 (a NaN is never taken)."""
+    amax: np.float32 = np.float32(0.0)
+    for j in range(block.shape[0]):
+        v = abs(block[j])
+        if amax < v:
+            amax = v
+    return amax
+
+
 def _mxfp4(blocks: _Array, kvalues: _Array, halves: _Array, out: _Array) -> None:
     """Blocks ``blocks`` (float32 (n, 32)) as MXFP4 bytes into ``out`` (uint8 (n, 17)); ``kvalues`` the 16 codes'
     values (float32), ``halves[e]`` ``2^(e - 128)`` (float32 (256,))."""
     f32 = np.float32
     for b in range(blocks.shape[0]):
-        amax = f32(0.0)
-        for j in range(32):
-            v = abs(blocks[b, j])
-            if amax < v:
-                amax = v
+        amax = _amax(blocks[b])
         e = 0
         if amax > 0 and amax < np.inf:
             e = (int(np.floor(f32(np.log2(np.float64(amax))))) - 2 + 127) & 0xFF
@@ -72,11 +78,7 @@ def _ternary(blocks: _Array, tq1: bool, out: _Array, d: _Array) -> None:
     f32 = np.float32
     trits = np.empty(256, dtype=np.int64)
     for b in range(blocks.shape[0]):
-        amax = f32(0.0)
-        for j in range(256):
-            v = abs(blocks[b, j])
-            if amax < v:
-                amax = v
+        amax = _amax(blocks[b])
         d[b] = amax
         inverse = f32(1.0) / amax if amax != 0 else f32(0.0)
         for j in range(256):  # lroundf(x * id) + 1: half away from zero; trit 1 where not finite (x86's)
@@ -111,4 +113,4 @@ def _ternary(blocks: _Array, tq1: bool, out: _Array, d: _Array) -> None:
                                           | (trits[at + 96] << 6))
 
 
-kernels = jit.lazy_kernels(Kernels, _mxfp4, _ternary)
+kernels = jit.lazy_kernels(Kernels, _mxfp4, _ternary, helpers=(_amax,))
