@@ -4,7 +4,8 @@ sliding/global 5:1), each ``tests/realmodel.py``'s float32 folder decoded from i
 For each ``--seeds`` draw of ``--probes`` lines of each of the suite's two domains' training texts (weather
 bulletins, recipes), a scan of every single block repeated within ``--grow`` percent more layers or skipped within
 ``--shrink`` percent fewer, then a beam over compositions (``--beam-width``, ``--beam-depth``, ``--beam-edits``),
-each round's children ranked by a gradient-boosted surrogate and only its ``--surrogate`` best scored; the front's
+each round's children ranked by a gradient-boosted surrogate and only its ``--surrogate`` best scored (with
+``--scales``, each repeated block is tried with its output projections at each multiplier); the front's
 candidates then scored on both domains' held-out texts (the same for every seed). The search for a seed is kept in
 ``--work``/<model>-seed<N>: run again, it resumes (or answers from its files).
 
@@ -15,7 +16,7 @@ Usage::
 
     PYTHONPATH=TREE python bench/bench_evolve_structure.py [--model smollm2|gemma3] [--seeds 1 2 3]
         [--probes 16] [--grow 25] [--shrink 10] [--beam-width 4] [--beam-depth 2] [--beam-edits 8]
-        [--surrogate 12] [--verify] [--work DIR]
+        [--surrogate 12] [--scales 1.0] [--verify] [--work DIR]
 
 Prints, as a Markdown block: a seed's wall and CPU time (this process and its children) with the load
 (``os.getloadavg``), the candidates scored (against RYS II's 3,024), the layers their passes ran against a full pass
@@ -66,7 +67,8 @@ def search(args: argparse.Namespace, base: Path, seed: int, held: Path) -> dict[
 
     from resumerge import api
 
-    root = args.work / f"{args.model}-seed{seed}"
+    scaled = "" if args.scales == [1.0] else "-scales" + "-".join(f"{v:g}" for v in args.scales)
+    root = args.work / f"{args.model}{scaled}-seed{seed}"
     root.mkdir(parents=True, exist_ok=True)
     probes = root / "probes.txt"
     probes.write_text("".join(f"{line}\n" for line in probe_lines(seed, args.probes)))
@@ -75,6 +77,8 @@ def search(args: argparse.Namespace, base: Path, seed: int, held: Path) -> dict[
                               "beam_edits": args.beam_edits}
     if args.surrogate:
         genome["surrogate"] = args.surrogate
+    if args.scales != [1.0]:
+        genome["scales"] = args.scales
     config = root / "evolve.yml"
     config.write_text(yaml.safe_dump({"genome": genome, "tasks": [{"nll": {"texts": str(probes)}}],
                                       "held_out": [{"nll": {"texts": str(held)}}]}))
@@ -123,6 +127,7 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]], layers: int) ->
     print("```")
     print(f"structure search, {args.model} ({layers} layers), grow {args.grow:g} %, shrink {args.shrink:g} %, beam "
           f"{args.beam_width}x{args.beam_depth} over {args.beam_edits} edits, surrogate {args.surrogate or 'off'}, "
+          f"a repeat's output projections at {', '.join(f'{v:g}' for v in args.scales)}, "
           f"{args.probes} + {args.probes} probe lines a seed")
     gains = []
     for found in runs:
@@ -167,6 +172,7 @@ def main() -> None:
     parser.add_argument("--beam-depth", type=int, default=2)
     parser.add_argument("--beam-edits", type=int, default=8)
     parser.add_argument("--surrogate", type=int, default=12)
+    parser.add_argument("--scales", type=float, nargs="+", default=[1.0])
     parser.add_argument("--verify", action="store_true")
     parser.add_argument("--work", type=Path)
     args = parser.parse_args()
