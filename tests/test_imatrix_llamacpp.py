@@ -21,6 +21,8 @@ from llamacpp_oracle import imatrix_of_forward, needs_library, tokenize
 from support import write_config
 
 from resumerge import api
+from resumerge.inputs.gguf.header import read_gguf_header
+from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 
 TEXTS = ("the cat sat on the mat and the dog sat on the log.\nthree plus four is seven and two plus two is four.\n"
          "abc def ghi 123 456 789 jkl mno pqr stu\n")
@@ -65,10 +67,15 @@ def _both(tmp_path: Path, arch: str) -> Both:
     api.run(config, tmp_path / "q4", settings=api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
     (matrix,) = (tmp_path / "s" / "imatrix").glob("*.gguf")
-    # The merge written: as F32 GGUF for llama.cpp, as safetensors for the tokenizer resumerge's pass read.
+    # The merge written as F32 GGUF for llama.cpp; the tokenizer resumerge's pass read: the files the plan holds,
+    # rebuilt from the first parent's key-values (kept by its header as the run kept them: read back, not rebuilt;
+    # a safetensors run of the merge writes those very files).
     api.run(config, tmp_path / "f32", settings=api.Settings(state_dir=tmp_path / "s2", output=api.Output(
         out_type="gguf", gguf_type="f32")))
-    api.run(config, tmp_path / "st", settings=api.Settings(state_dir=tmp_path / "s3"))
+    (tmp_path / "st").mkdir()
+    header = read_gguf_header(a, {int(t): s for t, s in gguf.GGML_QUANT_SIZES.items()})
+    for name, data in gguf_tokenizer_files(a, header).items():
+        (tmp_path / "st" / name).write_bytes(data)
     tokenizer = load_tokenizer([tmp_path / "st"], plain=True)
     ids = sequences(tokenizer, texts, context_of([]), option="--imatrix-texts")
     assert len(ids) == 3 and min(map(len, ids)) >= 16

@@ -55,22 +55,39 @@ def computed(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     return root / "out", matrix
 
 
+@pytest.fixture(scope="module")
+def written(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same merge written as safetensors (no test writes there)."""
+    config, _ = merge
+    root = tmp_path_factory.mktemp("written")
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s"))
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def f16(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same merge written as an F16 GGUF, what llama_model_quantize is given (no test writes there)."""
+    config, _ = merge
+    root = tmp_path_factory.mktemp("f16")
+    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(out_type="gguf",
+                                                                                               gguf_type="f16")))
+    return root / "out" / "model.gguf"
+
+
 def _gguf_bytes(path: Path) -> dict[str, tuple[int, bytes]]:
     return {t.name: (int(t.tensor_type), np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
 
 
 def test_the_matrix_is_what_transformers_running_the_written_merge_sums(
-        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
+        merge: tuple[Path, Path], computed: tuple[Path, Path], written: Path) -> None:
     """Per weight of the decoder blocks, the sums of its input's squares over every token of the texts, over the
     count (llama-imatrix's entry as llama-quantize reads it): transformers' forward of the merge written as
     safetensors, hooked before each linear, gives the same values; the matrix names each weight as llama.cpp does
     and counts every token; the card says it was computed on the merge."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config, texts = merge
+    _, texts = merge
     out, matrix = computed
-    written = tmp_path / "written"
-    api.run(config, written, settings=api.Settings(state_dir=tmp_path / "s"))
     model = transformers.AutoModelForCausalLM.from_pretrained(written, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(written)
     sums: dict[str, torch.Tensor] = {}
@@ -105,7 +122,7 @@ def test_the_matrix_is_what_transformers_running_the_written_merge_sums(
 
 
 def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
-        merge: tuple[Path, Path], computed: tuple[Path, Path], tmp_path: Path) -> None:
+        merge: tuple[Path, Path], computed: tuple[Path, Path], f16: Path, tmp_path: Path) -> None:
     """llama_model_quantize of the merge's F16 GGUF, given the computed matrix, writes the very bytes the run wrote,
     and the key-values, the ``quantize.imatrix.*`` keys llama-quantize adds for that matrix among them (as for
     ``--imatrix``: its base name, the texts' base name, its entries and its chunks, one a text); without a matrix,
@@ -113,11 +130,8 @@ def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
     from test_gguf_switches import _file
 
     needs_library()
-    config, texts = merge
+    _, texts = merge
     out, matrix = computed
-    api.run(config, tmp_path / "f16", settings=api.Settings(state_dir=tmp_path / "s",
-                                                            output=api.Output(out_type="gguf", gguf_type="f16")))
-    f16 = tmp_path / "f16" / "model.gguf"
     keys = (("quantize.imatrix.file", "str", matrix.name), ("quantize.imatrix.dataset", "str", texts.name),
             ("quantize.imatrix.entries_count", "int", len(read_imatrix(matrix))),
             ("quantize.imatrix.chunks_count", "int", len(TEXTS.splitlines())))
@@ -135,14 +149,12 @@ def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
 
 
 def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path], computed: tuple[Path, Path],
-                                                        tmp_path: Path) -> None:
+                                                        written: Path, f16: Path, tmp_path: Path) -> None:
     """``measure --imatrix`` of the written merge: the Grams' diagonals times the tokens, equal (to float rounding)
     to the matrix the run computed on the merge never written; given back to ``run --imatrix``, the bytes equal
     llama_model_quantize's with the same matrix."""
     config, texts = merge
     _, matrix = computed
-    written = tmp_path / "written"
-    api.run(config, written, settings=api.Settings(state_dir=tmp_path / "s"))
     one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
     measured = tmp_path / "measured.gguf"
     done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
@@ -154,12 +166,9 @@ def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path]
     for name in ours:
         assert np.allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-6), name
     needs_library()
-    api.run(config, tmp_path / "f16", settings=api.Settings(state_dir=tmp_path / "s",
-                                                            output=api.Output(out_type="gguf", gguf_type="f16")))
     api.run(config, tmp_path / "q", api.Settings(state_dir=tmp_path / "s", output=api.Output(
         out_type="gguf", gguf_type="q3_k_m", imatrix=measured)))
-    quantize_model(tmp_path / "f16" / "model.gguf", tmp_path / "llama.gguf", MIXES["q3_k_m"].file_type,
-                   imatrix=ours)
+    quantize_model(f16, tmp_path / "llama.gguf", MIXES["q3_k_m"].file_type, imatrix=ours)
     got, want = _gguf_bytes(tmp_path / "q" / "model.gguf"), _gguf_bytes(tmp_path / "llama.gguf")
     assert [n for n in want if got[n] != want[n]] == []
 

@@ -178,9 +178,12 @@ def test_a_byte_level_and_a_sentencepiece_model_are_compared_over_the_bytes_they
 
 def _gguf_tokenizer(gguf: Path, name: str) -> Path:
     """The tokenizer files of ``gguf`` (transformers' GGUF converter, through resumerge's own rebuild), made once
-    per machine in a cached folder: 20-50 s each on the shared machine."""
+    per machine in a cached folder: 20-50 s each on the shared machine. Given the file's header, the rebuild is
+    kept in the session's cache too, where a run's or a check's plan of the same GGUF reads it."""
+    import gguf as gguf_py
     from realmodel import cached, publish
 
+    from resumerge.inputs.gguf.header import read_gguf_header
     from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
 
     stat = gguf.stat()
@@ -189,7 +192,8 @@ def _gguf_tokenizer(gguf: Path, name: str) -> Path:
         building = target.with_name(f"{target.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
-        for file, data in gguf_tokenizer_files(gguf).items():
+        header = read_gguf_header(gguf, {int(t): s for t, s in gguf_py.GGML_QUANT_SIZES.items()})
+        for file, data in gguf_tokenizer_files(gguf, header).items():
             (building / file).write_bytes(data)
         publish(building, target)
     return target

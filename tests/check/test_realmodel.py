@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ pytestmark = pytest.mark.slow
 
 SCALED_LAYER = 12
 NAN_TENSOR = "model.layers.3.mlp.down_proj.weight"
-UNCHECKED = "state-unchecked"  # beside self_merged's state dir: a copy of it as the run left it
 TEXTS = "The quick brown fox jumps over the lazy dog.\nIn 1492, Columbus sailed across the Atlantic Ocean.\n"
 
 
@@ -80,20 +78,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _figures(report: CheckReport) -> dict[str, Any]:
     return {m.role: (m.nll, m.kl) for m in report.models}
-
-
-def test_a_merge_with_itself_works_with_kl_zero(models: dict[str, Path], self_merged: tuple[Path, Path, Path],
-                                               tmp_path: Path) -> None:
-    out, made, _ = self_merged  # the module's self-merge (a merge of SmolLM2 is ~4 CPU s), its record as the run
-    # left it (never checked) copied: this check's verdict stays out of the status test's ledger
-    state = Path(shutil.copytree(made.with_name(UNCHECKED), tmp_path / "state"))
-    report = api.check(out, prompts=models["texts"], settings=api.Settings(state_dir=state))  # parents from its record
-    print("self-merge", report.verdict, _figures(report), report.reasons)
-    assert report.verdict == WORKS and report.exit_code == 0, report.reasons
-    assert [m.role for m in report.models] == ["merge", "parent"]
-    assert report.models[1].kl == 0.0 and report.models[1].top1 == 1.0
-    assert report.models[0].nll == report.models[1].nll
-    assert report.broken_layer is None and not report.static.nonfinite
 
 
 def test_a_copy_of_the_base_checked_as_a_blend_has_no_effect(models: dict[str, Path], tmp_path: Path) -> None:
@@ -164,7 +148,6 @@ def self_merged(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
         {"model": str(models["base"]), "parameters": {"weight": 0.5}},
         {"model": str(models["base"]), "parameters": {"weight": 0.5}}]})
     api.run(config, root / "out", settings=api.Settings(state_dir=root / "state"))
-    shutil.copytree(root / "state", root / UNCHECKED)  # its record before any check, whichever test checks first
     return root / "out", root / "state", config
 
 
@@ -177,8 +160,12 @@ def _check_events(out: Path, state: Path) -> list[dict[str, Any]]:
         return [json.loads(row[0]) for row in db.execute("SELECT data FROM events WHERE kind = 'check'")]
 
 
-def test_status_shows_a_checks_layer_and_model_and_the_ledger_records_its_verdict(
+def test_a_merge_with_itself_works_with_kl_zero_and_status_shows_its_checks_layer_and_model(
         models: dict[str, Path], self_merged: tuple[Path, Path, Path]) -> None:
+    """The module's self-merge (a merge of SmolLM2 is ~4 CPU s) checked against the parents its record names: killed
+    mid-pass, ``status`` shows the check's layer and model and the ledger holds no verdict; resumed, it works with
+    KL 0 (the check a resume finishes is the one a check never killed makes: test_a_killed_check_resumes_with_the_
+    same_report), and the ledger records that verdict."""
     out, state, _ = self_merged
     killed = cli("check", out, "--prompts", models["texts"], "--json", "--state-dir", state,
                  env={"RESUMERGE_KILL_AT": "after_check_layer:5"}, timeout=600)
@@ -191,6 +178,12 @@ def test_status_shows_a_checks_layer_and_model_and_the_ledger_records_its_verdic
                                            f"{models['base']})") in status.details.rows
     assert _check_events(out, state) == []  # no verdict yet, no record
     report = api.check(out, prompts=models["texts"], settings=api.Settings(state_dir=state))  # resumes
+    print("self-merge", report.verdict, _figures(report), report.reasons)
+    assert report.verdict == WORKS and report.exit_code == 0, report.reasons
+    assert [m.role for m in report.models] == ["merge", "parent"]
+    assert report.models[1].kl == 0.0 and report.models[1].top1 == 1.0
+    assert report.models[0].nll == report.models[1].nll
+    assert report.broken_layer is None and not report.static.nonfinite
     assert report.chart is not None and Path(report.chart).read_bytes().startswith(b"\x89PNG")
     found = api.status(out, settings=api.Settings(state_dir=state)).to_json()["check"]
     assert (found["state"], found["verdict"], found["exit_code"]) == ("done", "works", 0)

@@ -4,6 +4,7 @@ and rebuilt tokenizer gives, and ``--out-type gguf`` writes one GGUF holding DON
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -12,7 +13,7 @@ import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
 from safetensors.torch import save_file
-from support import output_tensors
+from support import heap_frozen, output_tensors
 
 from resumerge import api
 from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
@@ -20,8 +21,10 @@ from transplant.pairs import make_pair
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path]:
-    """(MODEL, DONOR: tiny llamas of two WordLevel tokenizers; a llama GGUF; a folder of what it decodes to)."""
+def files(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Path, Path, Path, Path]:
+    """(MODEL, DONOR: tiny llamas of two WordLevel tokenizers; a llama GGUF; a folder of what it decodes to). The
+    folder's tokenizer files are rebuilt by the GGUF's header into the session's cache, where the transplants' own
+    plans of the GGUF read them (one rebuild, not two: without the header nothing is kept)."""
     root = tmp_path_factory.mktemp("gguf")
     model, donor = make_pair(root, model_hidden=256)
     path = root / "m.gguf"
@@ -32,9 +35,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, P
     save_file({name: value.contiguous() for name, value in values.items()}, str(folder / "model.safetensors"))
     config = {k: v for k, v in opened.config.items() if k != "quantization_config"}
     (folder / "config.json").write_text(json.dumps(config))
-    for name, data in gguf_tokenizer_files(path).items():
+    for name, data in gguf_tokenizer_files(path, opened.gguf_header, installation_cache / "resumerge").items():
         (folder / name).write_bytes(data)
     return model, donor, path, folder
+
+
+@pytest.fixture(autouse=True)
+def _heap_frozen() -> Iterator[None]:
+    """Each transplant collects garbage once its tokenizers are let go: not the worker's whole heap
+    (:func:`support.heap_frozen`)."""
+    with heap_frozen():
+        yield
 
 
 def _same(a: Path, b: Path) -> None:
