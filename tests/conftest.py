@@ -22,6 +22,12 @@ from typing import Any
 SESSION_HF_HOME = tempfile.mkdtemp(prefix="resumerge-tests-hf-")
 os.environ["HF_HOME"] = SESSION_HF_HOME
 atexit.register(shutil.rmtree, SESSION_HF_HOME, True)
+# Likewise resumerge's state dir: a module-scoped fixture's run (made before any test's `hermetic`) kept its ledger
+# and checkpoints in the user's ~/.local/state/resumerge. The session's caches: see `session_caches`.
+SESSION_STATE = tempfile.mkdtemp(prefix="resumerge-tests-state-")
+os.environ["RESUMERGE_STATE_DIR"] = str(Path(SESSION_STATE) / "state")
+os.environ["XDG_STATE_HOME"] = str(Path(SESSION_STATE) / "xdg-state")
+atexit.register(shutil.rmtree, SESSION_STATE, True)
 
 # A suite started as a background job (`pytest … &` in a script) inherits SIGINT ignored, and so does every command
 # it starts: the Ctrl-C tests then saw a run that never stops (exit 6, or 0, where 3 is right). The commands are
@@ -257,6 +263,16 @@ def machine_described_once() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(collect_env, "get_pretty_env_info", functools.cache(collect_env.get_pretty_env_info))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_caches(installation_cache: Path) -> Iterator[None]:
+    """``$XDG_CACHE_HOME`` is the run's ``installation_cache`` from the session's start: a module-scoped fixture's
+    run, made before its tests' ``hermetic``, measured and kept its memory baselines, GGUF tokenizers and
+    transformers' facts in the user's ~/.cache/resumerge."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(installation_cache))
         yield
 
 
