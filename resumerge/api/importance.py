@@ -237,13 +237,13 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
     def cost(plan: Plan) -> FirstPass:
         from resumerge.analyses.estimate.firstpass import FirstPass
         from resumerge.analyses.importance.ahead import ahead_fits
-        from resumerge.analyses.importance.onmerge import pass_held, states_bytes
+        from resumerge.analyses.importance.onmerge import pass_held, states_bytes, texts_held
         from resumerge.inputs.codecs.plain import PLAIN
         from resumerge.inputs.gguf.names import expert_target
         from resumerge.merge.engine.unwritten.compute import rows_alone
         from resumerge.merge.plan.workunits import estimate_bytes
 
-        tokens, distinct = _tokens(plan, Path(texts))
+        tokens, distinct, lengths = _tokens(plan, Path(texts))
         hidden = int(plan.out_config.get("hidden_size") or 0)
         config = plan.out_config
         experts = int(config.get("num_experts") or config.get("num_local_experts") or 1)
@@ -284,6 +284,9 @@ def importance_cost(texts: str, *, measuring: bool = False) -> Callable[[Plan], 
         ahead = ahead_fits(max(tables.values(), default=0),
                            max((m for step, m in merges.items() if step != "embeddings"), default=0), whole)
         largest = max(needs.values(), default=0) + (max(layered, default=0) if ahead else 0)
+        # beside it, the texts' products as a layer runs them (and a size target's costs measured)
+        largest += texts_held(((n, tp.shape) for n, tp in plan.tensors.items()), lengths, hidden,
+                              measuring=measuring)
         states = states_bytes(tokens, hidden) // 2  # one set of hidden states, as a layer's journal holds it
         layer_sums = 8 * max(sums.values(), default=0)
         # Each layer's journal: the hidden states leaving it and every sum so far (the older file deleted after).
@@ -407,10 +410,11 @@ def merge_after_pass(plan: Plan) -> tuple[int, int]:
     return baseline, smallest_run_budget(plan, baseline).needed
 
 
-def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None]:
-    """The tokens of ``texts`` as the pass counts them, and how many distinct ones, by the first input folder's
-    tokenizer read without transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN` bytes of
-    each text (the distinct ones unknown: None)."""
+def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None, list[int]]:
+    """The tokens of ``texts`` as the pass counts them, how many distinct ones, and each text's, by the first input
+    folder's tokenizer read without transformers (the donor's first); else about one per :data:`_BYTES_PER_TOKEN`
+    bytes of each text (the distinct ones unknown: None), and each text's the most it can be (what a layer holds of
+    it is counted by them: a byte a token, and one more, within the model's context)."""
     from resumerge.forward.text.plaintok import plain_tokenizer
     from resumerge.forward.text.texts import read_texts, sequences
 
@@ -419,6 +423,8 @@ def _tokens(plan: Plan, texts: Path) -> tuple[int, int | None]:
         tokenizer = plain_tokenizer(Path(folder)) if folder is not None else None
         if tokenizer is not None:
             found = sequences(tokenizer, texts, option="--imatrix-texts")
-            return sum(len(t) for t in found), len({t for each in found for t in each})
-    lines = [line for line in read_texts(texts, "--imatrix-texts").splitlines() if line.strip()]
-    return sum(1 + math.ceil(len(line.encode()) / _BYTES_PER_TOKEN) for line in lines), None
+            return sum(len(t) for t in found), len({t for each in found for t in each}), [len(t) for t in found]
+    lines = [line.encode() for line in read_texts(texts, "--imatrix-texts").splitlines() if line.strip()]
+    context = int(plan.out_config.get("max_position_embeddings") or 0)
+    return (sum(1 + math.ceil(len(line) / _BYTES_PER_TOKEN) for line in lines), None,
+            [min(1 + len(line), context) if context > 0 else 1 + len(line) for line in lines])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +112,32 @@ def pass_held(step: int, tokens: int, hidden: int) -> int:
     return states_bytes(tokens, hidden) + step
 
 
+def texts_held(shapes: Iterable[tuple[str, Sequence[int]]], lengths: Sequence[int], hidden: int, *,
+               measuring: bool = False) -> int:
+    """What the pass holds beyond :func:`pass_held`'s step while a layer runs its texts, of the merge's tensors'
+    ``shapes`` (name, shape: those of the decoder layers counted) over texts of ``lengths`` tokens (in order) of
+    width ``hidden``: the products of the texts running at once (two where both are short,
+    :func:`~resumerge.analyses.importance.sums.tokens_at_once`), per token three of the widest matrix's (a gate's,
+    an up projection's and theirs), the float64 copy of its input the sums' hook squares and a few of the layer's
+    width; ``measuring`` (a size target's), or, once they ran, its matrices' costs measured
+    (:func:`~resumerge.outputs.gguf.sensitivity.measuring_bytes`). Counted in the step ``plan`` names
+    (:func:`resumerge.api.importance.importance_cost`), the pass admits and its layers reserve: a layer whose MLP
+    is 16,416 wide (of 64 columns) ran 8 texts of 480 tokens to 739 MB at the 477 MB ``plan`` named without them."""
+    from resumerge.analyses.importance.sums import rerun_tokens, tokens_at_once
+    from resumerge.outputs.gguf.sensitivity import measuring_bytes
+
+    layers: dict[int, list[Sequence[int]]] = {}
+    for name, shape in shapes:
+        index = layer_of(name)
+        if index is not None:
+            layers.setdefault(index, []).append(shape)
+    widest = max((int(d) for each in layers.values() for s in each if len(s) >= 2 for d in s[-2:]), default=0)
+    products = tokens_at_once(lengths) * (20 * widest + 24 * hidden)
+    if not measuring:
+        return products
+    return max(products, measuring_bytes(layers.values(), rerun_tokens(lengths), max(lengths, default=0), hidden))
+
+
 @dataclass(frozen=True)
 class _ImportanceJob:
     """The pass as the driver runs it (:class:`~resumerge.forward.job.driver.PassJob`)."""
@@ -159,6 +185,8 @@ class _ImportanceJob:
         try:
             hidden = int(getattr(stream.config, "hidden_size", 0) or 0)
             step, _ = self._step(stream)
+            step += texts_held(((n, tp.shape) for n, tp in merge.plan.tensors.items()),
+                               [len(t) for t in self.tokens], hidden, measuring=self.terms.costs)
             if self.terms.judged:
                 budget = self.terms.max_memory if self.terms.max_memory is not None else default_budget(SystemProbe())
             else:

@@ -162,7 +162,9 @@ class SumStep(Step[Found]):  # torch: imported when it runs
     def _hook(self, name: str, into: threading.local) -> Callable[[torch.nn.Module, tuple[Any, ...]], None]:
         def observe(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
-            into.texts.append((name, x.reshape(-1, x.shape[-1]).to("cpu", torch.float64).square().sum(dim=0)))
+            # squared in place: one float64 copy of the input held, not two (a wide MLP's down projection's input,
+            # 8 bytes a value of each of a text's tokens)
+            into.texts.append((name, x.reshape(-1, x.shape[-1]).to("cpu", torch.float64).square_().sum(dim=0)))
 
         return observe
 
@@ -255,7 +257,24 @@ GAIN_ERROR = 1e-2
 _PAIRED_TOKENS = 512
 
 
-def _steps(lengths: list[int]) -> list[list[int]]:
+def tokens_at_once(lengths: Sequence[int]) -> int:
+    """The most tokens of texts (by their token counts ``lengths``, in order) a layer runs at once: a pair's, or a
+    long text's (:func:`_steps`)."""
+    return max((sum(lengths[i] for i in step) for step in _steps(lengths)), default=0)
+
+
+def rerun_tokens(lengths: Sequence[int]) -> int:
+    """The tokens of the first texts (by their token counts ``lengths``, in order) :class:`Rerun` runs again: up to
+    :data:`RERUN_TOKENS`, the text that reaches it whole."""
+    tokens = 0
+    for n in lengths:
+        if tokens >= RERUN_TOKENS:
+            break
+        tokens += n
+    return tokens
+
+
+def _steps(lengths: Sequence[int]) -> list[list[int]]:
     """The texts (by their token counts ``lengths``) in order, two at a time where both are short
     (:data:`_PAIRED_TOKENS`), else one."""
     steps: list[list[int]] = []

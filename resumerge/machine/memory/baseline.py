@@ -19,6 +19,7 @@ of one ``check``, name one figure.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -27,7 +28,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["SETTLE_FRACTION", "fresh_baseline", "measure_ahead", "resident_bytes", "settled_reading"]
@@ -36,6 +38,12 @@ _CACHE_NAME = "baseline.json"
 # Two starts of one command read its process a few hundred KB apart (0.8 MB for measure on a tiny Llama, 343 MB):
 # a named budget leaves this much of the reading more, so a rerun at the figure named is not refused again.
 SETTLE_FRACTION = 0.01
+# A measuring or compile-ahead child that gains no CPU time for this long is stuck, and killed (:func:`_stalled`); one
+# that uses this many CPU seconds is too (the most a child was seen to need: 27 CPU s, the 7-type release's kernels
+# compiled in one process). It is asked every _POLL_SECONDS.
+_STALLED_SECONDS = 300.0
+_CPU_CEILING = 900.0
+_POLL_SECONDS = 2.0
 # A fresh interpreter with this process's import path imports the modules (``module:function:argument``: the
 # module's function called with the argument, work whose memory stays, as the loading of compiled kernels), collects
 # garbage and prints its RSS.
@@ -69,13 +77,11 @@ def fresh_baseline(modules: Sequence[str], cache_dir: Path) -> int | None:
     key = _key(modules)
     path = cache_dir / _CACHE_NAME
     cached = _read(path).get(key)
-    if isinstance(cached, int):
+    if cached is not None:
         return cached
     measured = _measure(modules)
     if measured is not None:
-        # A cache: a lost or torn write costs a new measurement, never a wrong figure (a torn file is ignored).
-        with contextlib.suppress(OSError):
-            _write(path, {**_read(path), key: measured})
+        _keep(path, lambda kept: {**kept, key: measured})
     return measured
 
 
@@ -94,7 +100,7 @@ def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path, prepare: Seque
     holds, not a compiler's leftovers)."""
     path = cache_dir / _CACHE_NAME
     cached = _read(path)
-    missing = {_key(modules): tuple(modules) for modules in each if not isinstance(cached.get(_key(modules)), int)}
+    missing = {_key(modules): tuple(modules) for modules in each if _key(modules) not in cached}
     if len(missing) < 2:
         return
     calling = {key for key, modules in missing.items() if any(":" in m for m in modules)}
@@ -105,8 +111,7 @@ def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path, prepare: Seque
     started.update({key: _start(missing[key]) for key in missing if key in calling})
     measured = {key: figure for key, child in started.items() if (figure := _finish(child)) is not None}
     if measured:
-        with contextlib.suppress(OSError):
-            _write(path, {**_read(path), **measured})
+        _keep(path, lambda kept: {**kept, **measured})
 
 
 def settled_reading(work: Sequence[str], reading: int, cache_dir: Path) -> int:
@@ -116,14 +121,23 @@ def settled_reading(work: Sequence[str], reading: int, cache_dir: Path) -> int:
     kept figure, a higher one (the process really holds more) replaces it. Where the cache cannot be written, this
     reading plus the fraction."""
     key = "held:" + hashlib.sha256(json.dumps([_key(("torch", "transformers")), *work]).encode()).hexdigest()[:32]
-    path = cache_dir / _CACHE_NAME
-    kept = _read(path).get(key)
-    if isinstance(kept, int) and reading <= kept:
-        return kept
     settled = reading + int(reading * SETTLE_FRACTION)
-    with contextlib.suppress(OSError):
-        _write(path, {**_read(path), key: settled})
-    return settled
+    named = settled
+
+    def settle(kept: dict[str, int]) -> dict[str, int] | None:
+        nonlocal named
+        found = kept.get(key)
+        if found is not None and reading <= found:  # read under the lock: two starts together name one figure
+            named = found
+            return None
+        return {**kept, key: settled}
+
+    path = cache_dir / _CACHE_NAME
+    found = _read(path).get(key)
+    if found is not None and reading <= found:
+        return found
+    _keep(path, settle)
+    return named
 
 
 def _key(modules: Sequence[str]) -> str:
@@ -167,32 +181,89 @@ def _start(modules: Sequence[str]) -> subprocess.Popen[str] | None:
 
 
 def _finish(child: subprocess.Popen[str] | None) -> int | None:
-    """What ``child`` (:func:`_start`) printed as its RSS, once it ended; None where it failed or ran past 300 s
-    (then killed)."""
+    """What ``child`` (:func:`_start`) printed as its RSS, once it ended; None where it failed, or stalled (then
+    killed: :func:`_stalled`)."""
     if child is None:
         return None
-    try:
-        out, _ = child.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        return None
+    gained, since = _cpu_seconds(child.pid), time.monotonic()
+    while True:
+        try:
+            out, _ = child.communicate(timeout=_POLL_SECONDS)
+            break
+        except subprocess.TimeoutExpired:
+            used = _cpu_seconds(child.pid)
+            if used is not None and (gained is None or used > gained):
+                gained, since = used, time.monotonic()
+            if _stalled(used, time.monotonic() - since):
+                child.kill()
+                child.communicate()
+                return None
     lines = out.split()
     if child.returncode != 0 or not lines or not lines[-1].isdigit():
         return None
     return int(lines[-1])
 
 
-def _read(path: Path) -> dict[str, object]:
+def _stalled(used: float | None, idle: float) -> bool:
+    """Whether a child that used ``used`` CPU seconds (None: unknown) and gained none for ``idle`` seconds is stuck:
+    it gained none for :data:`_STALLED_SECONDS` (a hung import, a stopped process), or it ran past
+    :data:`_CPU_CEILING` CPU seconds. Its wall time alone kills none: on a loaded machine a compile-ahead child
+    (numba compiling a release's kernels, 27 CPU s alone) ran past the 300 s a child had, was killed, and each
+    measurement after it compiled them again, or its figure fell back to one without the kernels; where the CPU
+    time cannot be read (no ``/proc``), it gains none, so :data:`_STALLED_SECONDS` of wall time kill it, as before."""
+    return idle > _STALLED_SECONDS or (used is not None and used > _CPU_CEILING)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds (user and system) process ``pid`` has used, from ``/proc``; None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace").rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read(path: Path) -> dict[str, int]:
+    """The figures the cache at ``path`` holds: of a file that is not this cache's (torn, another program's, other
+    JSON), nothing; of its entries, those this module writes (a key to a positive whole number of bytes: not a bool,
+    a float or a string), the others dropped, never trusted."""
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
-    return loaded if isinstance(loaded, dict) else {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {key: value for key, value in loaded.items() if type(value) is int and value > 0}
 
 
-def _write(path: Path, figures: dict[str, object]) -> None:
+def _keep(path: Path, change: Callable[[dict[str, int]], dict[str, int] | None]) -> None:
+    """The cache at ``path`` read, given to ``change`` and written as it answers (None: left as it is), under an
+    exclusive lock on the file beside it (:func:`_locked`), so two processes keeping figures together keep both
+    (each read what the other wrote), where before the second's write dropped the first's entry (measured again
+    at a later start: a fresh interpreter importing torch, 4 to 27 CPU s). A cache: where it cannot be written (a
+    read-only folder, a full disk), nothing is kept and the figure is measured again at a later start."""
+    with contextlib.suppress(OSError), _locked(path):
+        changed = change(_read(path))
+        if changed is not None:
+            _write(path, changed)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path``'s lock file (``baseline.json.lock``: the cache itself is replaced by each
+    write, so no lock on it lasts), held for one read and write of the small file; it vanishes with the process,
+    so a process killed holding it leaves nothing to clear. Readers take no lock: each write is a whole new file
+    renamed over the old (:func:`_write`), so a reader sees one or the other, never part of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock
+
+
+def _write(path: Path, figures: dict[str, int]) -> None:
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{_CACHE_NAME}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
