@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, Generic, TypeVar
 
 __all__ = ["LazyKernels", "compiled", "lazy_kernels", "numba_module", "on_disk"]
@@ -111,7 +111,7 @@ def on_disk(modules: Iterable[str]) -> bool:
 
 
 # C's float semantics (module docstring), for kernels and the helpers they call alike
-_OPTIONS: dict[str, Any] = {"error_model": "numpy", "fastmath": False, "boundscheck": False}
+_OPTIONS: Mapping[str, Any] = MappingProxyType({"error_model": "numpy", "fastmath": False, "boundscheck": False})
 
 
 def _njit(numba: ModuleType, fn: _Fn) -> _Fn:
