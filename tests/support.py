@@ -115,6 +115,27 @@ def cli_start(*args: str | Path, env: dict[str, str] | None = None, capture: boo
                             text=True)
 
 
+def cli_start_beside(*args: str | Path, env: dict[str, str] | None = None,
+                     capture: bool = False) -> Forked | subprocess.Popen[str]:
+    """:func:`cli_start` for a command started while another still runs in the fork server it would be forked from
+    (a server runs one at a time): forked from the worker's other server instead (the one of the commands that
+    import transformers, or the plain one for those: each imports what the other does, or more), a fresh
+    interpreter where that one is busy too or cannot fork it."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    usual = _imports_transformers(args)
+    for transformers in (usual, not usual):
+        server = worker_server(full_env.get("LD_PRELOAD"), transformers)
+        why = server.unforkable(full_env)
+        forked = server.start([str(a) for a in args], full_env, capture=capture) if why is None else None
+        if forked is not None:
+            _log_fork(args, None, None)
+            return forked
+    _log_fork(args, None, why or "busy")
+    where = subprocess.PIPE if capture else subprocess.DEVNULL
+    return subprocess.Popen([*_command(None), *map(str, args)], env=full_env, stdout=where, stderr=where, text=True)
+
+
 def wait_stopped(process: Forked | subprocess.Popen[str], timeout: float = 120) -> None:
     """Until ``process`` (started with ``RESUMERGE_STOP_AT``) has stopped itself at its point: it holds there what it
     holds (its locks, its journal) until the test continues it with SIGCONT. Fails if it ends first."""

@@ -5,10 +5,8 @@ alone gives. Real subprocesses on tiny generated Llamas (four layers, width 32).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,20 +18,12 @@ import pytest
 from resumerge import api
 from tests.moe.models import hidden_gates, llamas
 from tests.moe.passthread import passes_on_a_thread
-from tests.support import cli_start, digests
+from tests.support import cli_start, cli_start_beside, digests
 
 if TYPE_CHECKING:
     from tests.forkserver import Forked
 
 pytest.importorskip("transformers")
-
-
-def _argv(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "resumerge", *map(str, args)]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **extra}
 
 
 def _until(done: Callable[[], bool], what: str, *running: Forked | subprocess.Popen[str]) -> None:
@@ -81,8 +71,8 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
     state = tmp_path / "state"
     routers, locks = state / "moe-routers", state / "moe-routers-locks"
     # The first's pass stops itself once its journal holds a layer; the run is stopped too (stopped processes keep
-    # their lock, as slow ones would) while the second starts and reaches the pass's lock. Forked from the fork
-    # server; the second, started while the server runs the first, is a fresh interpreter.
+    # their lock, as slow ones would) while the second starts and reaches the pass's lock. Both forked: the second,
+    # started while the first runs in the worker's fork server, from its other one (a fresh interpreter: ~4 CPU s).
     first = cli_start("run", config, tmp_path / "one", "--state-dir", state, "--quiet", capture=True,
                       env={"RESUMERGE_STOP_AT": "after_router_layer:1"})
     second = None
@@ -91,8 +81,7 @@ def test_two_runs_of_the_same_gates_at_once_both_end_with_the_routers(tmp_path: 
         assert list(routers.glob("*/layer-*.safetensors"))
         _signal(first, signal.SIGSTOP)
         try:
-            second = subprocess.Popen(_argv("run", config, tmp_path / "two", "--state-dir", state, "--quiet"),
-                                      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            second = cli_start_beside("run", config, tmp_path / "two", "--state-dir", state, "--quiet", capture=True)
             (work,) = routers.iterdir()
             lock = locks / work.name
             # Waiting on the lock, or (were there none) gone through the pass, deleting the first's journal under it

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from resumerge.config.locations import state_root
 from resumerge.errors import InterruptedMerge, ModelInputError, UsageError, exit_code_for
 from resumerge.forward.engine.reader import CastReader
 from resumerge.machine.memory.sizes import parse_size
+from resumerge.runs.moe import passcost
 from tests.moe.models import llamas, write
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, cli_here
@@ -84,12 +86,9 @@ def test_prompt_modes_without_transformers_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
-    m = llamas(tmp_path)
-    config = write(tmp_path / "hidden.yml", {
-        "base_model": str(m[0]), "gate_mode": "hidden",
-        "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
-                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+def test_plan_merge_plans_without_running_anything(hidden: tuple[Path, list[Path]], tmp_path: Path,
+                                                   probed_once: None) -> None:
+    config, m = hidden
     plan = api.plan_merge(config, settings=api.Settings(merging=api.Merging(random_seed=5)))
     assert plan.method == "moe" and len(plan.tensors) == 21 and plan.out_config["num_local_experts"] == 2
     # the routers are named by their pass's content key, in a last shard of their own (merged beside the pass)
@@ -120,15 +119,47 @@ def test_plan_merge_plans_without_running_anything(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def refused(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) -> tuple[Path, Path, Path, UsageError]:
-    """A hidden-gates merge run at ``--max-memory 200MB``: its config, OUT, state dir and the run's refusal, made
-    once for the two tests below (each ran it: a forward-pass process started and refused, ~6 CPU s)."""
-    root = tmp_path_factory.mktemp("refused")
+def hidden(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    """A hidden-gates config over three tiny Llamas (and the models), for this module's plans and runs."""
+    root = tmp_path_factory.mktemp("hidden")
     m = llamas(root)
-    config = write(root / "hidden.yml", {
+    return write(root / "hidden.yml", {
         "base_model": str(m[0]), "gate_mode": "hidden",
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab"]},
-                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]})
+                    {"source_model": str(m[2]), "positive_prompts": ["cd"]}]}), m
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict[str, Any]]:
+    """The answers of the pass's probe processes this module's plans started, by job."""
+    return {}
+
+
+@pytest.fixture
+def probed_once(probes: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan``'s probe of the pass (a process started to see what it holds and how long it takes to start: an
+    import of torch and transformers, ~5 CPU s) run once in this module for a job: a later plan of the same job
+    (the same base, prompts and mode) is given that process's answer, as its own probe would give it (up to the
+    few hundred KB two starts differ by)."""
+    real = passcost.run_child
+
+    def once(job: dict[str, Any], workdir: Path) -> dict[str, Any]:
+        key = json.dumps(job, sort_keys=True)
+        if key not in probes:
+            probes[key] = real(job, workdir)
+        return probes[key]
+
+    monkeypatch.setattr(passcost, "run_child", once)
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path,
+            hidden: tuple[Path, list[Path]]) -> tuple[Path, Path, Path, UsageError]:
+    """The module's hidden-gates merge run at ``--max-memory 200MB``: its config, OUT, state dir and the run's
+    refusal, made once for the two tests below (each ran it: a forward-pass process started and refused, ~6 CPU
+    s)."""
+    root = tmp_path_factory.mktemp("refused")
+    config = hidden[0]
     out, state = root / "out", root / "state"
     with pytest.MonkeyPatch.context() as patch:  # as conftest's ``hermetic`` sets them for a test
         patch.setenv("XDG_CACHE_HOME", str(installation_cache))
@@ -207,8 +238,11 @@ def test_run_refuses_before_its_first_weight_what_plan_refuses(tmp_path: Path, f
     # the broken transformers is a process's environment; the unreadable tokenizer is met by the CLI's main here
     planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=env) if env else cli_here(
         "plan", config, out, "--state-dir", state, "--probe-size", "0")
-    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=env) if env else cli_here(
-        "run", config, out, "--state-dir", state, "--out-shard-size", "30k")
+    if env:
+        ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=env)
+    else:  # the pass's checks on a thread (its own process: tests/moe/test_passproc.py reads its errors back)
+        with passes_on_a_thread():
+            ran = cli_here("run", config, out, "--state-dir", state, "--out-shard-size", "30k")
     assert (planned.returncode, ran.returncode) == (2, 2), (planned.stderr, ran.stderr)
     assert line in planned.stderr and ran.stderr.startswith(line) and ran.stderr.count("\n") == 1, ran.stderr
     assert not out.exists()
@@ -282,7 +316,7 @@ def _tree_peak_anon(argv: list[str]) -> tuple[int, int]:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_plan_refuses_the_pass_where_the_run_would_and_the_pass_stays_inside_the_budget(
-        refused: tuple[Path, Path, Path, UsageError], tmp_path: Path) -> None:
+        refused: tuple[Path, Path, Path, UsageError], tmp_path: Path, probed_once: None) -> None:
     """plan said "fits" (its peak over the budget) where the run's guard refused the pass; at the budget the
     refusal named, the processes together peaked over it."""
     config, _, _, error = refused

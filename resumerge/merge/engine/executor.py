@@ -16,7 +16,6 @@ one last, bounded commit first (:mod:`resumerge.merge.engine.interrupts`).
 
 from __future__ import annotations
 
-import gc
 import queue
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 from resumerge.inputs.kernels import serial_kernels
 from resumerge.inputs.source import InputSources
 from resumerge.machine.memory import MemoryGovernor, Reservation, released_on_error
+from resumerge.machine.memory.collector import alive_frozen
 from resumerge.machine.torch_import import torch
 from resumerge.merge.engine import cpupriority
 from resumerge.merge.engine.bufferpool import BufferPool
@@ -507,26 +507,25 @@ def compute_shards(plan: Plan, sources: InputSources, sink: OutputSink, journal:
                          yield_cpu)
     finished = False
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C where Python's own handler stands (library use)
-    gc.freeze()
-    try:
-        if batches is None:
-            finished = pipeline.run(_tensors_of(plan, order, skipped))
-        else:
-            finished = all(pipeline.run(_tensors_of(plan, batch, skipped)) for batch in batches)
-    except KeyboardInterrupt as exc:
-        interrupt = exc
-    finally:
-        if not finished:
-            writer.leaving.set()
-            sources.stop()  # workers waiting for input bytes still downloading give up
-        pipeline.close()
-        if not finished:
-            writer.drain()
-        writer.items.put(None)
-        writer.join()
-        if not finished:
-            writer.abort()
-        gc.unfreeze()
+    with alive_frozen():  # (what existed before the run is never walked by the collections its garbage makes)
+        try:
+            if batches is None:
+                finished = pipeline.run(_tensors_of(plan, order, skipped))
+            else:
+                finished = all(pipeline.run(_tensors_of(plan, batch, skipped)) for batch in batches)
+        except KeyboardInterrupt as exc:
+            interrupt = exc
+        finally:
+            if not finished:
+                writer.leaving.set()
+                sources.stop()  # workers waiting for input bytes still downloading give up
+            pipeline.close()
+            if not finished:
+                writer.drain()
+            writer.items.put(None)
+            writer.join()
+            if not finished:
+                writer.abort()
     if writer.error is not None:
         raise writer.error
     if interrupt is not None:
