@@ -516,20 +516,3 @@ def loopback_only(monkeypatch: Any) -> None:
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-
-
-@contextmanager
-def heap_frozen() -> Iterator[None]:
-    """The test worker's heap as the block starts (torch, transformers, mergekit, lm-eval's kept task index where
-    the worker ran those tests: from a few hundred thousand to millions of objects) left out of the collections of
-    garbage the block makes (``gc.freeze``), then handed back to the collector. A run made in this process collects
-    garbage where it lets large objects go (a transplant's tokenizers, an evaluation's loading), and each full
-    collection walked the whole worker's heap (0.1 CPU s a transplant with lm-eval and mergekit imported alone, more
-    as the heap grows). What the block makes is collected as before."""
-    import gc
-
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

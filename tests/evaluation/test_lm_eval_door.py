@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from support import heap_frozen, loopback_only, write_config
+from support import loopback_only, write_config
 
 from resumerge import api
 from resumerge.cli.commands import main
@@ -50,13 +50,6 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if handler not in handlers:
             logger.removeHandler(handler)
 
-
-@pytest.fixture(autouse=True)
-def _heap_frozen() -> Iterator[None]:
-    """Each evaluation pass collects garbage before it reads its baseline (its job's ``give_back_heap``): not the
-    worker's whole heap, lm-eval's kept task index with it (:func:`support.heap_frozen`)."""
-    with heap_frozen():
-        yield
 
 
 def _door(*words: str) -> int:

@@ -4,7 +4,6 @@ and rebuilt tokenizer gives, and ``--out-type gguf`` writes one GGUF holding DON
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -13,7 +12,7 @@ import pytest
 import torch
 from ggufmodels import Q, decoded, hf_tensors, to_gguf, write_gguf
 from safetensors.torch import save_file
-from support import heap_frozen, output_tensors
+from support import output_tensors
 
 from resumerge import api
 from resumerge.inputs.gguf.tokenizer import gguf_tokenizer_files
@@ -39,13 +38,6 @@ def files(tmp_path_factory: pytest.TempPathFactory, installation_cache: Path) ->
         (folder / name).write_bytes(data)
     return model, donor, path, folder
 
-
-@pytest.fixture(autouse=True)
-def _heap_frozen() -> Iterator[None]:
-    """Each transplant collects garbage once its tokenizers are let go: not the worker's whole heap
-    (:func:`support.heap_frozen`)."""
-    with heap_frozen():
-        yield
 
 
 def _same(a: Path, b: Path) -> None:

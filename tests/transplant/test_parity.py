@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from mergekit_oracle import Mergekit
 from safetensors.torch import load_file, save_file
-from support import heap_frozen, output_tensors
+from support import output_tensors
 
 from resumerge import api
 from resumerge.api.options import Merging, Surgery
@@ -61,13 +61,6 @@ def surgery(options: tuple[str, ...]) -> Surgery:
             else value
     return Surgery(**given)  # type: ignore[arg-type]
 
-
-@pytest.fixture(autouse=True)
-def _heap_frozen() -> Iterator[None]:
-    """Each transplant collects garbage once its tokenizers are let go: not the worker's whole heap
-    (:func:`support.heap_frozen`)."""
-    with heap_frozen():
-        yield
 
 
 @pytest.fixture(scope="module")
