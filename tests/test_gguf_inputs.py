@@ -517,20 +517,32 @@ def _requantized_q8_0(source: Path, target: Path) -> None:
 
 
 def _decoded_folder(path: Path, target: Path) -> Path:
-    """The GGUF at ``path`` decoded by gguf-py (mapped) into a safetensors folder with the same config."""
+    """The GGUF at ``path`` decoded by gguf-py (mapped) as ``target``/model.safetensors: the oracle's values alone,
+    no resumerge code taking part (its config.json is written beside each use, :func:`_as_model`)."""
     target.mkdir()
-    model, _ = decoded(path)
-    config = {k: v for k, v in model.config.items() if k != "quantization_config"}
-    (target / "config.json").write_text(json.dumps(config))
     save_file({n: torch.from_numpy(v) for n, v in reference_real(path).items()}, target / "model.safetensors")
     return target
 
 
 def _gguf_py_decoding(name: str, path: Path) -> Path:
-    """gguf-py's decoding of the real GGUF (``q4_1``) or of its Q8_0 re-encoding (``q8_0``, at ``path``) as a
-    safetensors folder (:func:`_decoded_folder`), made once per machine: the oracle's ~6 CPU s of dequantizing."""
+    """gguf-py's decoding of the real GGUF (``q4_1``) or of its Q8_0 re-encoding (``q8_0``, at ``path``): a folder
+    holding its model.safetensors (:func:`_decoded_folder`), made once per machine: the oracle's ~6 CPU s of
+    dequantizing."""
     return made_once(f"{name}-decoded", lambda folder: _decoded_folder(path, folder / "model"),
                      _requantized_q8_0, _decoded_folder, reference_real) / "model"
+
+
+def _as_model(decoding: Path, path: Path, target: Path) -> Path:
+    """A safetensors model folder at ``target``: the kept ``decoding``'s weights (linked, not copied: 540 MB) and
+    the config.json resumerge reads from the GGUF at ``path`` now (never a kept copy of an older reading)."""
+    target.mkdir()
+    try:
+        os.link(decoding / "model.safetensors", target / "model.safetensors")
+    except OSError:  # another file system: a copy
+        shutil.copyfile(decoding / "model.safetensors", target / "model.safetensors")
+    config = open_model(ModelRef(str(path))).recognised(CODECS).config
+    (target / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -566,7 +578,8 @@ def test_a_merge_of_the_real_gguf_with_its_q8_0_re_encoding_equals_the_merge_of_
         tmp_path: Path, real: tuple[Path, Path], real_merge: tuple[Path, Path]) -> None:
     q41, q8 = real
     from_gguf = real_merge[1]
-    a, b = (_gguf_py_decoding(name, path) for name, path in (("q4_1", q41), ("q8_0", q8)))
+    a, b = (_as_model(_gguf_py_decoding(name, path), path, tmp_path / name) for name, path in (("q4_1", q41),
+                                                                                              ("q8_0", q8)))
     from_values = tmp_path / "from_values"
     (tmp_path / "v").mkdir()
     api.run(_linear(tmp_path / "v", a, b), from_values, settings=api.Settings(state_dir=tmp_path / "s2",
