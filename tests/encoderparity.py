@@ -34,6 +34,7 @@ from resumerge.merge.plan.gguftypes import MIXES
 from resumerge.outputs.gguf import jit
 
 __all__ = [
+    "ONE_BASELINE",
     "as_llama_quantize_takes_it",
     "assert_encoder_is_llama_cpp_s",
     "assert_mix_is_llama_quantize_s",
@@ -59,6 +60,9 @@ __all__ = [
 ]
 
 F = np.float32
+# ``python -m resumerge`` as one_baseline has this process's runs measure (tests/onebaseline.py): the CLI commands
+# of these tests run it (``support.cli(..., script=ONE_BASELINE)``).
+ONE_BASELINE = Path(__file__).with_name("onebaseline.py")
 _Encode = Callable[[np.ndarray, int, np.ndarray | None], np.ndarray]
 
 

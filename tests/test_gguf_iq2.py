@@ -262,7 +262,7 @@ def test_an_iq2_xxs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
     for point in ("mid_shard_write", "after_temp_write", "after_ledger_commit"):
         out, state = tmp_path / point, tmp_path / f"{point}.state"
         killed = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "iq2_xxs",
-                     "--imatrix", matrix, env={"RESUMERGE_KILL_AT": point})
+                     "--imatrix", matrix, env={"RESUMERGE_KILL_AT": point}, script=parity.ONE_BASELINE)
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point

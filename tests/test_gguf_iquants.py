@@ -322,7 +322,8 @@ def test_an_iq4_xs_run_is_loaded_and_run_by_llama_cpp(tmp_path: Path,
     needs_library()
     config, f16 = merges["llama"]
     out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "iq4_xs")
+    done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "iq4_xs",
+               script=parity.ONE_BASELINE)
     assert done.returncode == 0, done.stderr
     model = out / "model.gguf"
     assert {t.kind for t in tensors_of(model).values()} >= {"IQ4_XS", "Q6_K"}
@@ -345,7 +346,7 @@ def test_an_iq4_xs_run_killed_mid_file_resumes_byte_identical(tmp_path: Path,
     for point in ("mid_shard_write", "after_temp_write", "after_ledger_commit"):
         out, state = tmp_path / point, tmp_path / f"{point}.state"
         killed = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "iq4_xs",
-                     env={"RESUMERGE_KILL_AT": point})
+                     env={"RESUMERGE_KILL_AT": point}, script=parity.ONE_BASELINE)
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point

@@ -176,7 +176,7 @@ def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[st
     out, state = tmp_path / "out", tmp_path / "s"
     done = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "q4_k_m",
                "--gguf-tensor-type", "attn_q=Q8_0", "--gguf-tensor-type", "blk\\.1\\.ffn=q5_k",
-               "--gguf-output-type", "q5_k", "--gguf-token-embedding-type", "q3_k")
+               "--gguf-output-type", "q5_k", "--gguf-token-embedding-type", "q3_k", script=parity.ONE_BASELINE)
     assert done.returncode == 0, done.stderr
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    tensor_types=(("attn_q", OVERRIDE_TYPES["q8_0"]), ("blk\\.1\\.ffn", OVERRIDE_TYPES["q5_k"])),
@@ -252,7 +252,8 @@ def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
     reached = []
     for point in LOCAL_POINTS:
         out, state = tmp_path / point, tmp_path / f"{point}.state"
-        killed = cli("run", config, out, "--state-dir", state, *flags, env={"RESUMERGE_KILL_AT": point})
+        killed = cli("run", config, out, "--state-dir", state, *flags, env={"RESUMERGE_KILL_AT": point},
+                     script=parity.ONE_BASELINE)
         if killed.returncode == 0:
             continue  # a point a one-file output without config.json or tokenizer never reaches
         assert killed.returncode == -signal.SIGKILL, killed.stderr

@@ -1,7 +1,8 @@
 """Each K mix on real models (issue 84's check): SmolLM2-135M (llama, 576-wide rows, tied embeddings) and
 Gemma-3-270M (gemma3: 640-wide rows, head dim 256, q/k norms, tied embeddings, a 262,144-token table) from their
 GGUF fixtures, passed through resumerge to every ``--gguf-type`` K mix (one release run writes the F16 GGUF and the
-mixes, another the mixes with an importance matrix: the model read and merged once for each): the type of every tensor
+mixes, another the F16 GGUF of the first layers and the mixes with an importance matrix: the model read and merged
+once for each, the F16 file llama-quantize takes written beside resumerge's mixes): the type of every tensor
 equals ``llama_model_quantize``'s for the mix on the F16 GGUF resumerge wrote of the same merge, and every tensor's
 bytes are the same; with an importance matrix at q4_k_m, q2_k_s and iq4_xs. Skipped where llama.cpp's library (the
 test-only oracle) does not load.
@@ -15,7 +16,7 @@ ffn_down and the Q8_0 fallback q3_k_m's table takes, and IQ4_XS with a matrix on
 tests/test_gguf_iquants_real.py keeps IQ4_XS on SmolLM2).
 Session 45 ran the whole sweep: 20 passed.
 
-The 1-bit, ternary and MXFP4 mixes (issue 95) on the first layer of the sliced F16 file (its fixture shared): one
+The 1-bit, ternary and MXFP4 mixes (issue 95) on the first layer of that sliced F16 file (its fixture shared): one
 release run writes the F16 file and iq1_s with a matrix (iq1_m and tq2_0 too with the sweep), another tq1_0 without
 (mxfp4_moe too), each file's every tensor llama_model_quantize's for the mix on that F16 file with the same matrix:
 Gemma-3's 640-wide rows in those mixes' fallbacks (IQ4_NL and Q5_0 in a 1-bit file, Q4_0 in a ternary one, Q8_0 the
@@ -57,19 +58,26 @@ MODELS = ["smollm2", "gemma3"] if EVERY_MIX else ["gemma3"]
 LAYERS = 8
 
 
-def _f16(model: str, layers: int | None, root: Path, mixes: tuple[str, ...] = ()) -> tuple[str, Path, Path]:
-    """(model, the config of a float16 passthrough merge of its GGUF fixture (its first ``layers`` layers; None:
-    all), the F16 GGUF resumerge writes of it). Given ``mixes``, one release run writes those files beside it
-    (``model-Q3_K_M.gguf``...): the model is read and merged once for all of them."""
+def _source(model: str) -> Path:
+    """The model's GGUF fixture (the test skipped where llama.cpp's library does not load)."""
     needs_library()
     from realmodel import gemma3_gguf, smollm2_gguf
 
-    source = str(smollm2_gguf() if model == "smollm2" else gemma3_gguf())
+    return smollm2_gguf() if model == "smollm2" else gemma3_gguf()
+
+
+def _f16(model: str, layers: int | None, root: Path, mixes: tuple[str, ...] = (),
+         imatrix: Path | None = None) -> tuple[str, Path, Path]:
+    """(model, the config of a float16 passthrough merge of its GGUF fixture (its first ``layers`` layers; None:
+    all), the F16 GGUF resumerge writes of it). Given ``mixes``, one release run writes those files beside it
+    (``model-Q3_K_M.gguf``...), with the importance matrix ``imatrix`` where given: the model is read and merged once
+    for all of them."""
+    source = str(_source(model))
     merge = ({"models": [{"model": source}]} if layers is None
              else {"slices": [{"sources": [{"model": source, "layer_range": [0, layers]}]}]})
     config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", **merge})
     api.run(config, root / "f16", settings=api.Settings(state_dir=root / "s", output=api.Output(
-        out_type="gguf", gguf_type=",".join(("f16", *mixes)))))
+        out_type="gguf", gguf_type=",".join(("f16", *mixes)), imatrix=None if imatrix is None else str(imatrix))))
     return model, config, root / "f16" / ("model-F16.gguf" if mixes else "model.gguf")
 
 
@@ -80,17 +88,13 @@ def real_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return _f16(request.param, None, tmp_path_factory.mktemp(request.param), tuple(K_MIXES))
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def sliced_f16(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
-    """:func:`real_f16` of the model's first LAYERS layers."""
-    return _f16(request.param, LAYERS, tmp_path_factory.mktemp(f"{request.param}-{LAYERS}"))
-
-
-def _imatrix(f16: Path) -> dict[str, np.ndarray]:
-    """Positive importance values for every block matrix of ``f16`` (as llama-quantize passes them)."""
+def _imatrix(f16: Path, layers: int | None = None) -> dict[str, np.ndarray]:
+    """Positive importance values for every block matrix of the GGUF ``f16`` (of its first ``layers`` layers where
+    given: those of a slice of it), as llama-quantize passes them."""
     rng = np.random.default_rng(5)
     return {name: (rng.random(t.ne[0]) * 4 + 0.01).astype(np.float32)
-            for name, t in tensors_of(f16).items() if name.startswith("blk.") and t.ne[1] > 1}
+            for name, t in tensors_of(f16).items() if name.startswith("blk.") and t.ne[1] > 1
+            and (layers is None or int(name.split(".")[1]) < layers)}
 
 
 def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
@@ -118,8 +122,8 @@ MATRIX_MIXES = ("q4_k_m", "q2_k_s", *(("iq4_xs",) if EVERY_MIX else ()))
 
 
 class Weighted(NamedTuple):
-    """The model, its sliced F16 file, the importance matrix (as llama-quantize passes it) and each MATRIX_MIXES
-    file resumerge wrote with it."""
+    """The model, the F16 file of its first LAYERS layers, the importance matrix (as llama-quantize passes it) and
+    each MATRIX_MIXES file the same release run wrote with it."""
 
     model: str
     f16: Path
@@ -127,17 +131,17 @@ class Weighted(NamedTuple):
     files: dict[str, Path]
 
 
-@pytest.fixture(scope="module")
-def weighted(sliced_f16: tuple[str, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Weighted:
-    """The slice merged once and written as every MATRIX_MIXES mix by one release run with an importance matrix
-    (positive values for every block matrix of the F16 file)."""
-    model, config, f16 = sliced_f16
+@pytest.fixture(scope="module", params=MODELS)
+def weighted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Weighted:
+    """The model's first LAYERS layers merged once and written by one release run with an importance matrix
+    (positive values for every block matrix of the slice, named from the fixture's own) as the F16 file and every
+    MATRIX_MIXES mix: the slice read and merged once for llama-quantize's input and resumerge's mixes."""
+    model = request.param
     root = tmp_path_factory.mktemp(f"{model}-weighted")
-    entries = _imatrix(f16)
+    entries = _imatrix(_source(model), LAYERS)
     write_imatrix(root / "imatrix.gguf", entries)
-    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(
-        out_type="gguf", gguf_type=",".join(MATRIX_MIXES), imatrix=str(root / "imatrix.gguf"))))
-    return Weighted(model, f16, entries, {mix: root / "out" / f"model-{mix.upper()}.gguf" for mix in MATRIX_MIXES})
+    _, _, f16 = _f16(model, LAYERS, root, MATRIX_MIXES, root / "imatrix.gguf")
+    return Weighted(model, f16, entries, {mix: f16.with_name(f"model-{mix.upper()}.gguf") for mix in MATRIX_MIXES})
 
 
 @pytest.mark.parametrize("mix", MATRIX_MIXES)
@@ -162,11 +166,12 @@ def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, we
         assert quantize(values, code, entries[name]).tobytes() == got[name].data != quantize(values, code).tobytes()
 
 
-# The 1-bit, ternary and MXFP4 mixes (issue 95) on one layer of sliced_f16: every kind of row the model has (Gemma-3's
-# 640-wide fallbacks, attn_output's 1024 and ffn_down's 2048 values a row); the layer rules over depth (the first
-# eighth of ffn_down) are checked on SmolLM2 and tiny models. The suite writes iq1_s with a matrix and tq1_0 without
-# (every fallback type these mixes take: IQ4_NL and Q5_0 weighted, Q4_0 plain); iq1_m, tq2_0 (the same fallbacks,
-# their own encoders on Gemma-3's rows below) and mxfp4_moe (Q8_0 everywhere: Gemma-3 has no experts) with the sweep.
+# The 1-bit, ternary and MXFP4 mixes (issue 95) on one layer of weighted's F16: every kind of row the model has
+# (Gemma-3's 640-wide fallbacks, attn_output's 1024 and ffn_down's 2048 values a row); the layer rules over depth (the
+# first eighth of ffn_down) are checked on SmolLM2 and tiny models. The suite writes iq1_s with a matrix and tq1_0
+# without (every fallback type these mixes take: IQ4_NL and Q5_0 weighted, Q4_0 plain); iq1_m, tq2_0 (the same
+# fallbacks, their own encoders on Gemma-3's rows below) and mxfp4_moe (Q8_0 everywhere: Gemma-3 has no experts) with
+# the sweep.
 WEIGHTED = ("iq1_s", *(("iq1_m", "tq2_0") if EVERY_MIX else ()))
 PLAIN = ("tq1_0", *(("mxfp4_moe",) if EVERY_MIX else ()))
 
@@ -182,10 +187,10 @@ class Release(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def release(sliced_f16: tuple[str, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Release:
-    """The first layer of ``sliced_f16``'s F16 file passed through resumerge as two releases: the F16 file and
+def release(weighted: Weighted, tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """The first layer of ``weighted``'s F16 file passed through resumerge as two releases: the F16 file and
     WEIGHTED with an importance matrix (positive values for layer 0's block matrices), PLAIN without."""
-    model, _, sliced = sliced_f16
+    model, sliced = weighted.model, weighted.f16
     root = tmp_path_factory.mktemp(f"{model}-lowbits")
     config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", "slices": [
         {"sources": [{"model": str(sliced), "layer_range": [0, 1]}]}]})
