@@ -80,3 +80,80 @@ def test_a_fresh_ledger_builds_its_schema_in_one_transaction(tmp_path: Path, mon
         ledger.close()
     again = Ledger(tmp_path / "ledger.db")  # reopened: nothing left to migrate, the schema checks
     again.close()
+
+
+def _traced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements every SQLite connection opened from now on issues (nested ones, ``-- …``, too)."""
+    statements: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    return statements
+
+
+def test_a_run_reads_no_ledger_schema_to_write_its_rows(
+    tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before: ~600 statements a tiny run, most of them sqlite-utils' reading the schema again at each call (the view
+    # and table lists, PRAGMA table_info twice and the row itself before each UPDATE, a savepoint around it), and a
+    # fresh ledger's nine migrations run one by one (m003 copying its tensors table through sqlite-utils' parser)
+    doc = linear_config(make("a", seed=1), make("b", seed=2))
+    _run(tmp_path, "first", doc)
+    statements = _traced(monkeypatch)
+    out = _run(tmp_path, "second", doc)
+    assert (out / "resumerge-manifest.json").is_file()
+    # (sqlite-utils quotes the names it reads the schema of; the read side's own PRAGMA table_info(run) stays)
+    introspection = [s for s in statements if s.startswith(('PRAGMA table_info("', "SAVEPOINT", "select name from "
+                                                            "sqlite_master where type = 'view'"))]
+    assert introspection == [], introspection[:5]
+    assert not [s for s in statements if "tensors_new_" in s]  # m003's copy of the tensors table
+    assert len(statements) < 300, len(statements)
+
+
+@pytest.mark.parametrize("kind", ["ledger", "recipe"])
+def test_a_fresh_journal_has_the_schema_its_migrations_build(tmp_path: Path, kind: str) -> None:
+    # a fresh journal gets the schema its migrations build (their SQL, kept from a scratch database) without running
+    # them: the same tables, columns, indexes and SQL, and a record of each migration, so a reopen applies none
+    from resumerge.merge.store.ledger import Ledger
+    from resumerge.merge.store.sqlitedb import Database
+    from resumerge.runs.recipes.ledger import RecipeLedger
+
+    cls = Ledger if kind == "ledger" else RecipeLedger
+    migrated = Database(tmp_path / "migrated.db")
+    cls.migrations.apply(migrated)
+    journal = cls(tmp_path / "fresh.db")
+    schema = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+    names = "SELECT migration_set, name FROM _sqlite_migrations ORDER BY id"
+    try:
+        assert journal.db.execute(schema).fetchall() == migrated.execute(schema).fetchall()
+        assert journal.db.execute(names).fetchall() == migrated.execute(names).fetchall()
+        columns = "SELECT m.name, p.* FROM sqlite_master AS m JOIN pragma_table_info(m.name) AS p ORDER BY 1, 2"
+        assert journal.db.execute(columns).fetchall() == migrated.execute(columns).fetchall()
+    finally:
+        journal.close()
+        migrated.close()
+    again = cls(tmp_path / "fresh.db")
+    try:
+        assert cls.migrations.pending(again.db) == []
+    finally:
+        again.close()
+
+
+def test_a_commit_of_a_file_the_ledger_never_planned_is_refused(tmp_path: Path) -> None:
+    # the ledger's own UPDATE (one statement) refuses a row that is not there, as sqlite-utils' Table.update did
+    from resumerge.merge.store.ledger import Ledger
+    from resumerge.merge.store.sqlitedb import NotFoundError
+
+    ledger = Ledger(tmp_path / "ledger.db")
+    try:
+        with pytest.raises(NotFoundError):
+            ledger.commit_file("model-00009-of-00009.safetensors", size=1, sha256="0" * 64, seconds=0.0)
+        with pytest.raises(NotFoundError):
+            ledger.set_state("running")  # no run recorded
+    finally:
+        ledger.close()

@@ -13,20 +13,22 @@ only). The SQLite companion files a journal may have beside it (:data:`COMPANION
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from resumerge.errors import LedgerError, ResumergeError, StorageError
 from resumerge.machine.durable import durability_disabled
-from resumerge.merge.store.sqlitedb import Database, Migrations
+from resumerge.merge.store.sqlitedb import Database, Migrations, NotFoundError
 
 # SQLite result codes (low byte of the extended code) that mean "the state dir's disk failed", not "the file is bad":
 # SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN.
@@ -85,14 +87,44 @@ def set_aside(path: Path, suffix: str = ".damaged") -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class _Schema:
+    """What ``migrations`` build, read from a scratch in-memory database they were applied to (never out of date):
+    every table's columns, the SQL SQLite keeps for each table and index (tables first, each group in the order
+    made), and the names of the migrations, in the order applied."""
+
+    columns: Mapping[str, frozenset[str]]
+    statements: tuple[str, ...]
+    applied: tuple[str, ...]
+
+
 @functools.cache
-def _expected_columns(migrations: Migrations) -> dict[str, frozenset[str]]:
-    """Every table and column ``migrations`` create (from a scratch in-memory database, so never out of date)."""
+def _schema(migrations: Migrations) -> _Schema:
     scratch = Database(memory=True)
     migrations.apply(scratch)
     columns = {t.name: frozenset(t.columns_dict) for t in scratch.tables}
+    rows = scratch.execute("SELECT type, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite%' "
+                           "ORDER BY rowid").fetchall()
+    statements = tuple(str(sql) for kind, sql in sorted(rows, key=lambda row: row[0] != "table"))
+    applied = tuple(m.name for m in migrations.applied(scratch))
     scratch.close()
-    return columns
+    return _Schema(columns, statements, applied)
+
+
+def _build(db: Database, migrations: Migrations) -> None:
+    """Bring the journal ``db`` up to date with ``migrations`` (inside the caller's transaction). A fresh file (no
+    table yet) gets the whole schema as the migrations build it (:func:`_schema`'s statements) and a record of each
+    migration, as sqlite-utils writes it when it applies one: the same tables, columns and indexes, without running
+    each migration again (each file's m003 copied its ``tensors`` table through sqlite-utils' schema parser)."""
+    if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        migrations.apply(db)
+        return
+    schema = _schema(migrations)
+    for sql in schema.statements:
+        db.execute(sql)
+    now = str(datetime.datetime.now(datetime.timezone.utc))
+    db.conn.executemany(f"INSERT INTO [{migrations.migrations_table}] (migration_set, name, applied_at) "
+                        "VALUES (?, ?, ?)", ((migrations.name, name, now) for name in schema.applied))
 
 
 _J = TypeVar("_J", bound="Journal")
@@ -161,7 +193,7 @@ class Journal:
                 conn.execute("PRAGMA synchronous=FULL")
             self.db = Database(conn)
             with self.db.atomic():  # the pending migrations in one transaction: one WAL commit, not one each
-                self.migrations.apply(self.db)
+                _build(self.db, self.migrations)
             self._check()
         except OSError as exc:
             if conn is not None:
@@ -202,9 +234,12 @@ class Journal:
         problems = [row[0] for row in self.db.execute("PRAGMA quick_check").fetchall() if row[0] != "ok"]
         if problems:
             raise LedgerError(f"the {self.what} {self.path} is damaged ({problems[0]})", path=str(self.path))
-        tables = {t.name: t for t in self.db.tables}
-        for name, columns in _expected_columns(self.migrations).items():
-            missing = columns - set(tables[name].columns_dict) if name in tables else {"(table)"}
+        tables: dict[str, set[str]] = {}
+        for table, column in self.db.execute("SELECT m.name, p.name FROM sqlite_master AS m "
+                                             "JOIN pragma_table_info(m.name) AS p WHERE m.type = 'table'"):
+            tables.setdefault(table, set()).add(column)
+        for name, columns in _schema(self.migrations).columns.items():
+            missing = columns - tables[name] if name in tables else {"(table)"}
             if missing:
                 raise LedgerError(f"the {self.what} {self.path} has another schema (table {name} lacks "
                                   f"{sorted(missing)[0]})", path=str(self.path))
@@ -226,8 +261,22 @@ class Journal:
             update: dict[str, Any] = {"state": state, "updated_at": time.time()}
             if error is not None:
                 update["last_error"] = error
-            self.db.table(self.state_table).update(1, update)
+            self._update(self.state_table, "id", 1, update)
             self._event("state", state + (f": {error}" if error else ""))
+
+    def _update(self, table: str, key: str, value: object, values: Mapping[str, object]) -> None:
+        """Set ``values`` in the row of ``table`` whose ``key`` is ``value`` (inside the caller's transaction): one
+        UPDATE where sqlite-utils' ``Table.update`` issued seven (its row lookup, schema reads, a savepoint).
+        Raises sqlite-utils' ``NotFoundError`` where no row has that key, as that did."""
+        sets = ", ".join(f"[{column}] = ?" for column in values)
+        if self.db.execute(f"UPDATE [{table}] SET {sets} WHERE [{key}] = ?", [*values.values(), value]).rowcount != 1:
+            raise NotFoundError
+
+    def _insert(self, table: str, row: Mapping[str, object]) -> None:
+        """Insert ``row`` into ``table`` (inside the caller's transaction): one INSERT where sqlite-utils'
+        ``Table.insert`` read the schema first."""
+        self.db.execute(f"INSERT INTO [{table}] ({', '.join(f'[{c}]' for c in row)}) "
+                        f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
 
     def _event(self, kind: str, message: str) -> None:
         """Append an event (each journal writes its own columns)."""

@@ -192,7 +192,8 @@ class Ledger(Journal):
         with self._transaction():
             for table in ("run", "files", "tensors", "frozen_plan", "input_contents", "units"):
                 self.db.execute(f"DELETE FROM [{table}]")
-            self.db.table("run").insert(
+            self._insert(
+                "run",
                 {
                     "id": 1,
                     "out_dir": out_dir,
@@ -213,11 +214,8 @@ class Ledger(Journal):
                     "last_error": None,
                 }
             )
-            self.db.table("files").insert_all(
-                {"name": n, "kind": k, "position": p, "planned_bytes": b, "status": "pending", "bytes": None,
-                 "sha256": None, "tensors": c, "seconds": None, "committed_at": None}
-                for n, k, p, c, b in files
-            )
+            self.db.conn.executemany("INSERT INTO files (name, kind, position, planned_bytes, status, tensors) VALUES "
+                                     "(?, ?, ?, ?, 'pending', ?)", ((n, k, p, b, c) for n, k, p, c, b in files))
             self.db.conn.executemany("INSERT INTO tensors (name, shard, status, bytes) VALUES (?, ?, 'pending', ?)",
                                 tensors)
             self.db.conn.executemany("INSERT INTO units (file, idx, start, \"end\", status, tensors) VALUES "
@@ -225,7 +223,8 @@ class Ledger(Journal):
                                      ((f, i, a, b, json.dumps(list(t))) for f, i, a, b, t in units))
             if frozen is not None:
                 self.db.execute("INSERT INTO frozen_plan (id, key, data) VALUES (1, ?, ?)", frozen)
-            self._event("planned", f"planned {self.db['files'].count} files")
+            count = self.db.execute("SELECT count(*) FROM files").fetchone()[0]
+            self._event("planned", f"planned {count} files")
 
     def frozen_plan(self) -> tuple[str, bytes] | None:
         """The (key, bytes) of the plan :meth:`start_run` stored, or None when it stored none."""
@@ -250,9 +249,9 @@ class Ledger(Journal):
     def record_peak(self, peak_rss: int, adaptations: int) -> None:
         """Keep the highest peak RSS seen across the run's processes, and count memory adaptations."""
         with self._transaction():
-            row = self.run_row()
-            self.db.table("run").update(1, {"peak_rss": max(peak_rss, row.peak_rss if row else 0),
-                                            "adaptations": (row.adaptations if row else 0) + adaptations})
+            row = run_row(self.db.conn)
+            self._update("run", "id", 1, {"peak_rss": max(peak_rss, row.peak_rss if row else 0),
+                                          "adaptations": (row.adaptations if row else 0) + adaptations})
 
     # -- files and tensors --------------------------------------------------------------------------------
     def files(self) -> tuple[FileRow, ...]:
@@ -277,12 +276,11 @@ class Ledger(Journal):
             self.commit_guard()
         now = time.time()
         with self._transaction():
-            self.db.table("files").update(
-                name, {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now}
-            )
+            self._update("files", "name", name,
+                         {"status": "done", "bytes": size, "sha256": sha256, "seconds": seconds, "committed_at": now})
             # One statement for the shard's tensors (sqlite-utils' update looks each row up first: 0.1 ms a tensor).
             self.db.conn.executemany("UPDATE tensors SET status = 'done' WHERE name = ?", ((t,) for t in tensors))
-            self.db.table("run").update(1, {"updated_at": now})
+            self._update("run", "id", 1, {"updated_at": now})
 
     def records_checksum(self) -> Checksum | None:
         """The algorithm of the run's committed records (files, then units, in write order), or None when none is
@@ -299,7 +297,7 @@ class Ledger(Journal):
     def reopen_file(self, name: str, reason: str) -> None:
         """Mark a committed file pending again (it is missing or damaged) with its tensors, and log why."""
         with self._transaction():
-            self.db.table("files").update(name, {"status": "pending", "bytes": None, "sha256": None})
+            self._update("files", "name", name, {"status": "pending", "bytes": None, "sha256": None})
             self.db.execute("UPDATE tensors SET status = 'pending' WHERE shard = ?", [name])
             self.db.execute("UPDATE units SET status = 'pending', sha256 = NULL WHERE file = ?", [name])
             self._event("repair", f"{name}: {reason}; it will be rebuilt")
@@ -318,7 +316,7 @@ class Ledger(Journal):
             self.db.execute("UPDATE units SET status = 'done', sha256 = ? WHERE file = ? AND idx = ?",
                             [sha256, name, index])
             self._mark_unit_tensors(name, [index], "done")
-            self.db.table("run").update(1, {"updated_at": time.time()})
+            self._update("run", "id", 1, {"updated_at": time.time()})
 
     def reopen_units(self, name: str, indices: Iterable[int], reason: str) -> None:
         """Mark units ``indices`` of file ``name`` to be written again (their bytes are not what was recorded), and
@@ -358,6 +356,5 @@ class Ledger(Journal):
         return dict(json.loads(rows[0]["data"] or "{}")) if rows else None
 
     def _event(self, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
-        self.db.table("events").insert(
-            {"at": time.time(), "kind": kind, "message": message, "data": json.dumps(dict(data or {}))}
-        )
+        self._insert("events", {"at": time.time(), "kind": kind, "message": message,
+                                "data": json.dumps(dict(data or {}))})

@@ -1,4 +1,5 @@
-"""sqlite-utils (:class:`Database`, :class:`Migrations`) as both ledgers import it: without pandas.
+"""sqlite-utils (:class:`Database`, :class:`Migrations`, :class:`NotFoundError`) as both ledgers import it:
+without pandas.
 
 sqlite-utils imports pandas whenever it is installed, only to map ``pandas.Timestamp`` values to TEXT columns, and
 no ledger stores one. Importing pandas (and pyarrow under it) took about 0.5 s of every ``resumerge`` command that
@@ -30,6 +31,7 @@ def _import_without_pandas() -> None:
 _import_without_pandas()
 
 from sqlite_utils import Database  # noqa: E402  (after the import above, which decides how sqlite-utils loads)
+from sqlite_utils.db import NotFoundError  # noqa: E402
 from sqlite_utils.migrations import Migrations  # noqa: E402
 
-__all__ = ["Database", "Migrations"]
+__all__ = ["Database", "Migrations", "NotFoundError"]
