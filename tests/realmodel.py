@@ -81,13 +81,17 @@ def smollm2_gguf() -> Path:
 
 def smollm2_folder() -> Path:
     """SmolLM2-135M-Instruct as a float32 safetensors folder (config, tokenizer), decoded by transformers."""
-    gguf = smollm2_gguf()
-    target = cached("smollm2-135m-instruct-f32")
+    return decoded(smollm2_gguf(), "smollm2-135m-instruct-f32")
+
+
+def decoded(gguf: Path, name: str) -> Path:
+    """The cached folder ``name``: ``gguf`` decoded to float32 safetensors by transformers (made once per machine)."""
+    target = cached(name)
     if not (target / "model.safetensors").is_file():
         building = target.with_name(f"{target.name}.{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
         subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(building)],
-                       check=True, capture_output=True, text=True, timeout=600)
+                       check=True, capture_output=True, text=True, timeout=900)
         publish(building, target)
     return target
 
@@ -96,15 +100,7 @@ def smollm2_folder() -> Path:
 def gemma3_folder() -> Path:
     """Gemma-3-270M as a float32 safetensors folder (config, tokenizer), decoded from ``gemma3_gguf()`` by
     transformers' GGUF loader, as ``smollm2_folder()`` is (about 1.1 GB; made once per machine)."""
-    gguf = gemma3_gguf()
-    target = cached("gemma3-270m-f32")
-    if not (target / "model.safetensors").is_file():
-        building = target.with_name(f"{target.name}.{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(building)],
-                       check=True, capture_output=True, text=True, timeout=900)
-        publish(building, target)
-    return target
+    return decoded(gemma3_gguf(), "gemma3-270m-f32")
 
 # The two fine-tunes of smollm2_finetunes(): name, training texts, and the seed of its draws. Each trains on its own
 # domain only; the held-out files (DATA / f"{name}_heldout.txt") are never trained on.

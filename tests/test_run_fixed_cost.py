@@ -21,12 +21,19 @@ def _run(tmp_path: Path, name: str, doc: dict[str, object]) -> Path:
     return out
 
 
-def test_a_second_run_in_the_process_reads_no_distribution_metadata(
-    tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # before: the memory baseline's key read torch's and transformers' versions (importlib.metadata) at each run
+@pytest.fixture
+def ran_once(tmp_path: Path, make: Any) -> dict[str, object]:
+    """A tiny linear merge's config, merged once in this process (what is made once a process is made)."""
     doc = linear_config(make("a", seed=1), make("b", seed=2))
     _run(tmp_path, "first", doc)
+    return doc
+
+
+def test_a_second_run_in_the_process_reads_no_distribution_metadata(
+    tmp_path: Path, ran_once: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before: the memory baseline's key read torch's and transformers' versions (importlib.metadata) at each run
+    doc = ran_once
     reads: list[str] = []
     version = importlib.metadata.version
 
@@ -97,13 +104,12 @@ def _traced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_run_reads_no_ledger_schema_to_write_its_rows(
-    tmp_path: Path, make: Any, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, ran_once: dict[str, object], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # before: ~600 statements a tiny run, most of them sqlite-utils' reading the schema again at each call (the view
     # and table lists, PRAGMA table_info twice and the row itself before each UPDATE, a savepoint around it), and a
     # fresh ledger's nine migrations run one by one (m003 copying its tensors table through sqlite-utils' parser)
-    doc = linear_config(make("a", seed=1), make("b", seed=2))
-    _run(tmp_path, "first", doc)
+    doc = ran_once
     statements = _traced(monkeypatch)
     out = _run(tmp_path, "second", doc)
     assert (out / "resumerge-manifest.json").is_file()
