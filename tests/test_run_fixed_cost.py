@@ -69,15 +69,7 @@ def test_a_fresh_ledger_builds_its_schema_in_one_transaction(tmp_path: Path, mon
     from resumerge.merge.store.ledger_read import run_row
 
     Ledger(tmp_path / "warm.db").close()  # the schema's expected columns, kept per process, built first
-    statements: list[str] = []
-    connect = sqlite3.connect
-
-    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn: sqlite3.Connection = connect(*args, **kwargs)
-        conn.set_trace_callback(statements.append)
-        return conn
-
-    monkeypatch.setattr(sqlite3, "connect", traced)
+    statements = _traced(monkeypatch)
     ledger = Ledger(tmp_path / "ledger.db")
     try:
         assert [s for s in statements if s.strip().upper() == "COMMIT"] == ["COMMIT"]
