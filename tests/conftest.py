@@ -102,17 +102,6 @@ def _caller() -> str:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}" if frame else "?"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Freeze what the collection left alive (torch's, transformers', lm-eval's... objects: ~660k in a full worker)
-    out of the cyclic garbage collector: each full collection the product makes in a test (tokensurgeon's, eval's
-    ``give_back_heap``, the governor's ``reclaim``) walked them all, ~0.45 CPU s each. The product never thaws a
-    freeze it did not make (resumerge.machine.memory.collector)."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run first the modules that hold a test marked ``slow``, each module's tests kept together (so a
     module-scoped fixture is still built once) and in collection order otherwise. Under ``--dist worksteal``
