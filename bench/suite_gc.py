@@ -1,16 +1,17 @@
 """The cyclic garbage collector's full collections in a test run: how many each worker made, and their CPU seconds,
 those the product asked for (``gc.collect()`` called from resumerge's own modules: tokensurgeon's ``_give_back``,
 ``give_back_heap``, the memory probe's ``reclaim``...) apart from those the collector started itself. A test worker
-holds ~660k objects after its collection, and a full collection walks every one not frozen (tests/conftest.py
-freezes them as the collection ends: resumerge.machine.memory.collector).
+holds ~660k objects after its collection, and a full collection walks every one not frozen.
 
 Usage (a pytest plugin, loaded in each worker; one JSON line per worker as its session ends)::
 
     RESUMERGE_TEST_GCLOG=/tmp/gc.jsonl python -m pytest -p bench.suite_gc tests/...
     python bench/suite_gc.py /tmp/gc.jsonl
 
-``RESUMERGE_TEST_GCLOG_THAW=1`` thaws what the collection froze as the collection ends: the figures without the
-freeze, to compare.
+``RESUMERGE_TEST_GCLOG_FREEZE=1`` freezes what the collection left alive as it ends (:func:`gc.freeze`): the figures
+with a frozen worker, to compare. A run then keeps that freeze and freezes nothing of its own
+(resumerge.machine.memory.collector.alive_frozen), so the product's collections get cheaper and a run's own may get
+dearer: compare the whole run's CPU too (``RESUMERGE_TEST_CPULOG``).
 
 Each line: the worker, ``tracked`` (the objects the collector tracks as the collection ends, before the freeze) and,
 for the product's calls and the collector's own, the count and the CPU seconds of the collecting thread from the
@@ -70,8 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> Iterator[None]:
     _FIGURES.update(product=0, product_s=0.0, auto=0, auto_s=0.0, tracked=len(gc.get_objects()))  # the tests' own
     yield
-    if os.environ.get("RESUMERGE_TEST_GCLOG_THAW"):
-        gc.unfreeze()
+    if os.environ.get("RESUMERGE_TEST_GCLOG_FREEZE"):
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -15,7 +15,7 @@ generation instead (:func:`gc.freeze`), as the engine does for its run (:func:`a
 
 A freeze is the whole process's: :func:`gc.unfreeze` thaws every object frozen, whoever froze it. So the product
 thaws only what it froze, and freezes only where nothing is frozen yet: a caller's own freeze (a notebook's, a
-server's before it forks, a test worker's after its collection) stays as it was, and the product adds nothing to it
+server's before it forks) stays as it was, and the product adds nothing to it
 that could never be collected again.
 """
 
