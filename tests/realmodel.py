@@ -16,7 +16,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +182,25 @@ def gemma3_gguf() -> Path:
     publish(building, target)
     assert found.is_file(), f"{GEMMA3_PACKAGE} no longer assembles {GEMMA3_NAME}"
     return found
+
+
+def linked_copy(source: Path, target: Path, *, skip: tuple[str, ...] = ()) -> Path:
+    """``source``'s files hard-linked into a new folder ``target`` (the names in ``skip`` left out): a model folder
+    to edit without copying half a gigabyte."""
+    target.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name not in skip:
+            os.link(item, target / item.name)
+    return target
+
+
+def edited_copy(source: Path, target: Path, edit: Callable[[str, Any], Any]) -> Path:
+    """A copy of the model folder ``source`` whose ``model.safetensors`` holds ``edit(name, tensor)`` for each
+    tensor (its other files linked)."""
+    from safetensors.torch import load_file, save_file
+
+    linked_copy(source, target, skip=("model.safetensors",))
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file({name: edit(name, t).contiguous() for name, t in tensors.items()}, str(target / "model.safetensors"),
+              metadata={"format": "pt"})
+    return target

@@ -148,6 +148,17 @@ def test_the_merge_is_encoded_as_llama_quantize_encodes_it_with_that_matrix(
     assert any(ours[n] != plain[n] for n in plain)
 
 
+def measured_matrix(written: Path, texts: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``measure --imatrix tmp_path/measured.gguf`` of the written merge over ``texts``: the finished command (it
+    worked) and the matrix."""
+    one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
+    measured = tmp_path / "measured.gguf"
+    done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
+               "--imatrix", measured)
+    assert done.returncode == 0, done.stderr
+    return done, measured
+
+
 def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path], computed: tuple[Path, Path],
                                                         written: Path, f16: Path, tmp_path: Path) -> None:
     """``measure --imatrix`` of the written merge: the Grams' diagonals times the tokens, equal (to float rounding)
@@ -155,11 +166,7 @@ def test_measure_writes_the_matrix_llama_quantize_takes(merge: tuple[Path, Path]
     llama_model_quantize's with the same matrix."""
     config, texts = merge
     _, matrix = computed
-    one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
-    measured = tmp_path / "measured.gguf"
-    done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
-               "--imatrix", measured)
-    assert done.returncode == 0, done.stderr
+    done, measured = measured_matrix(written, texts, tmp_path)
     assert f"14 weight(s) in {measured}" in done.stdout
     ours, theirs = read_imatrix(measured), read_imatrix(matrix)
     assert ours.keys() == theirs.keys()

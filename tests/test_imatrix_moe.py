@@ -18,6 +18,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import test_imatrix_merge as dense
 import torch
 from ggufmodels import Q, hf_tensors, to_gguf, write_gguf
 from llamacpp_oracle import needs_library, quantize_model
@@ -47,24 +48,9 @@ def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return config, texts
 
 
-@pytest.fixture(scope="module")
-def computed(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The merge run to Q4_K_M with its importance matrix computed on it: OUT and the matrix the run wrote."""
-    config, texts = merge
-    root = tmp_path_factory.mktemp("computed")
-    api.run(config, root / "out", api.Settings(
-        state_dir=root / "s", output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix_texts=texts)))
-    (matrix,) = (root / "s" / "imatrix").glob("*.gguf")
-    return root / "out", matrix
-
-
-@pytest.fixture(scope="module")
-def written(merge: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same merge written as safetensors (per-expert tensors, with its tokenizer)."""
-    config, _ = merge
-    root = tmp_path_factory.mktemp("written")
-    api.run(config, root / "out", api.Settings(state_dir=root / "s"))
-    return root / "out"
+# test_imatrix_merge's two runs of the merge (to Q4_K_M with its matrix, and to safetensors), each resolved against
+# this module's ``merge``.
+computed, written = dense.computed, dense.written
 
 
 def _by_hand(written: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -284,11 +270,7 @@ def test_measure_writes_the_moe_matrix_the_route_computes(merge: tuple[Path, Pat
     OUT.dat`` writes the older form of the same matrix."""
     _, texts = merge
     _, matrix = computed
-    one = write_config(tmp_path / "one.yml", {"merge_method": "passthrough", "models": [{"model": str(written)}]})
-    measured = tmp_path / "measured.gguf"
-    done = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
-               "--imatrix", measured)
-    assert done.returncode == 0, done.stderr
+    done, measured = dense.measured_matrix(written, texts, tmp_path)
     ours = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(measured).tensors}
     route = {t.name: np.asarray(t.data, dtype=np.float64) for t in gguf.GGUFReader(matrix).tensors}
     assert sorted(ours) == sorted(route)
@@ -301,7 +283,7 @@ def test_measure_writes_the_moe_matrix_the_route_computes(merge: tuple[Path, Pat
     assert f"{len(read_imatrix(matrix))} weight(s) in {measured}" in done.stdout
     # by its extension, the older .dat form of the same measurement (found measured), read back alike
     older = tmp_path / "measured.dat"
-    again = cli("measure", one, tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
+    again = cli("measure", tmp_path / "one.yml", tmp_path / "grams", "--texts", texts, "--state-dir", tmp_path / "s",
                 "--imatrix", older)
     assert again.returncode == 0 and "already measured" in again.stdout, again.stderr
     assert not older.read_bytes().startswith(b"GGUF")

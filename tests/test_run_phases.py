@@ -10,29 +10,21 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-from functools import partial
 from pathlib import Path
 
 import pytest
-from ggufmodels import LAYERS, linear_llama_pair
-from support import cli as support_cli
-from test_imatrix_merge import K_MIX, TEXTS
+import test_imatrix_merge as dense
+from ggufmodels import LAYERS
+from test_imatrix_merge import K_MIX
 
 from resumerge.config.locations import StateDir
 from resumerge.merge.store.ledger import Ledger
 from resumerge.merge.store.statusview import read_status
 
 MB = 1_000_000
-# Each run with --imatrix-texts starts interpreters of its own that import torch (the pass's estimate, its first use
-# of torch): a few CPU s, which took over support.cli's 120 s on a two-core machine under a load of 20 (3 of 6 runs of
-# this file on two workers timed out there, in the pass's runs and a refusal's). 600 s still bounds a hung command.
-cli = partial(support_cli, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def merge(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """test_imatrix_merge's tiny merge and texts, built for this module."""
-    return linear_llama_pair(tmp_path_factory.mktemp("phases"), TEXTS)
+# test_imatrix_merge's tiny merge and texts, built for this module, and its commands' 600 s bound (each run with
+# --imatrix-texts starts interpreters of its own that import torch).
+merge, cli = dense.merge, dense.cli
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ so that each check is a few seconds of CPU for each model."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from realmodel import smollm2_folder
+from realmodel import edited_copy, linked_copy, smollm2_folder
 from support import cli, write_config
 
 from resumerge import api
@@ -27,25 +26,6 @@ pytestmark = pytest.mark.slow
 SCALED_LAYER = 12
 NAN_TENSOR = "model.layers.3.mlp.down_proj.weight"
 TEXTS = "The quick brown fox jumps over the lazy dog.\nIn 1492, Columbus sailed across the Atlantic Ocean.\n"
-
-
-def _linked_copy(source: Path, target: Path, *, skip: tuple[str, ...] = ()) -> Path:
-    target.mkdir(parents=True)
-    for item in source.iterdir():
-        if item.name not in skip:
-            os.link(item, target / item.name)
-    return target
-
-
-def _edited(source: Path, target: Path, edit: Any) -> Path:
-    """A copy of ``source`` whose weights are ``edit(name, tensor)``."""
-    from safetensors.torch import load_file, save_file
-
-    _linked_copy(source, target, skip=("model.safetensors",))
-    tensors = load_file(str(source / "model.safetensors"))
-    save_file({name: edit(name, t).contiguous() for name, t in tensors.items()}, str(target / "model.safetensors"),
-              metadata={"format": "pt"})
-    return target
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +51,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     texts = root / "texts.txt"
     texts.write_text(TEXTS)
-    return {"base": base, "copy": _linked_copy(base, root / "copy"),
-            "changed": _edited(base, root / "changed", changed), "scaled": _edited(base, root / "scaled", scaled),
-            "nan": _edited(base, root / "nan", nan), "texts": texts}
+    return {"base": base, "copy": linked_copy(base, root / "copy"),
+            "changed": edited_copy(base, root / "changed", changed),
+            "scaled": edited_copy(base, root / "scaled", scaled),
+            "nan": edited_copy(base, root / "nan", nan), "texts": texts}
 
 
 def _figures(report: CheckReport) -> dict[str, Any]:

@@ -10,8 +10,6 @@ against ln 49,152 = 10.8); the records and refusals on tiny generated models."""
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +28,9 @@ SPEC = ModelSpec(layers=2, hidden=32, intermediate=48, vocab=64)
 TEXTS = "The quick brown fox jumps over the lazy dog.\nIn 1492, Columbus sailed across the Atlantic Ocean.\n"
 
 
-def _edited(source: Path, target: Path, edit: Callable[[str, Any], Any]) -> Path:
-    from safetensors.torch import load_file, save_file
-
-    target.mkdir(parents=True)
-    for item in source.iterdir():
-        if item.name != "model.safetensors":
-            os.link(item, target / item.name)
-    tensors = load_file(str(source / "model.safetensors"))
-    save_file({name: edit(name, t).contiguous() for name, t in tensors.items()}, str(target / "model.safetensors"),
-              metadata={"format": "pt"})
-    return target
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from realmodel import smollm2_folder
+    from realmodel import edited_copy, smollm2_folder
 
     base = smollm2_folder()
     root = tmp_path_factory.mktemp("bounds")
@@ -55,7 +40,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     texts = root / "texts.txt"
     texts.write_text(TEXTS)
-    return {"base": base, "destroyed": _edited(base, root / "destroyed", times_ten), "texts": texts}
+    return {"base": base, "destroyed": edited_copy(base, root / "destroyed", times_ten), "texts": texts}
 
 
 @pytest.mark.slow
