@@ -127,20 +127,42 @@ def test_the_work_several_baselines_would_each_do_is_done_once_before_them(
     """Lists that make a call (``module:function:argument``: loading a release's compiled kernels, which a fresh
     numba cache compiles on the first load, 27 CPU s for the 7-type release's) wait for ``prepare``'s processes,
     started together, to have done it (compiled them into the cache once, not once per measurement); the lists
-    making no call start beside ``prepare``'s. Without a missing list that calls, ``prepare`` is not run."""
+    making no call start beside ``prepare``'s, a process whose first list makes none too (it is told to go on to
+    its call once ``prepare`` is done). Without a missing list that calls, ``prepare`` is not run."""
     from resumerge.machine.memory import baseline
 
     events = _recorded_processes(monkeypatch)
+    real_go = baseline._go
+    monkeypatch.setattr(baseline, "_go", lambda child: events.append("go") or real_go(child))
     calls = ("json", "json:dumps:1")  # json.dumps("1"): a call, as warm_kernels("12w,...") is
     baseline.measure_ahead((("csv",), calls, ("csv", *calls)), tmp_path, prepare=(("json:loads:1",), ("csv",)))
-    assert events == ['start ["json:loads:1"]', 'start ["csv"]', 'start ["csv"]', "wait", "wait",
-                      'start ["json", "json:dumps:1"]', 'start ["csv", "json", "json:dumps:1"]', "wait", "wait",
-                      "wait"], events
+    assert events == ['start ["json:loads:1"]', 'start ["csv"]', 'start ["csv", "json", "json:dumps:1"]', "wait",
+                      "wait", "go", 'start ["json", "json:dumps:1"]', "wait", "wait"], events
     monkeypatch.setattr(baseline, "_measure", lambda modules: pytest.fail(f"measured again: {modules}"))
     assert all(isinstance(baseline.fresh_baseline(each, tmp_path), int) for each in (("csv",), calls))
     events.clear()
-    baseline.measure_ahead((("json",), ("json", "csv")), tmp_path, prepare=(("json:loads:1",),))
-    assert events == ['start ["json"]', 'start ["json", "csv"]', "wait", "wait"], events  # nothing calls
+    baseline.measure_ahead((("json",), ("csv", "json")), tmp_path / "none-calls", prepare=(("json:loads:1",),))
+    assert events == ['start ["json"]', 'start ["csv", "json"]', "wait", "wait"], events  # nothing calls
+
+
+def test_a_list_that_begins_another_is_measured_by_that_ones_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's modules, and the run's with its importance pass's after them (the second list begins with the
+    first), were measured by two fresh processes, each importing torch (~4.5 CPU s): one process measures both,
+    reading its RSS as it reaches the end of each, and each figure is what a process measuring that list alone
+    reads (up to the few hundred KB two starts of one differ by)."""
+    from resumerge.machine.memory import baseline
+
+    lists = (("json",), ("json", "asyncio"))  # asyncio: ~3 MB more, the readings are taken where each list ends
+    alone = [baseline._measure(each) for each in lists]  # each in a process of its own, nothing kept
+    events = _recorded_processes(monkeypatch)
+    baseline.measure_ahead(lists, tmp_path)
+    assert events == ['start ["json", "asyncio"]', "wait"], events
+    monkeypatch.setattr(baseline, "_measure", lambda modules: pytest.fail(f"measured again: {modules}"))
+    kept = [baseline.fresh_baseline(each, tmp_path) for each in lists]
+    assert all(isinstance(figure, int) for figure in [*kept, *alone]), (kept, alone)
+    assert all(abs(k - a) <= 512 << 10 for k, a in zip(kept, alone)), (kept, alone)  # type: ignore[operator]
+    assert kept[1] - kept[0] > 1 << 20, kept  # type: ignore[operator]
 
 
 def _named(text: str) -> int:

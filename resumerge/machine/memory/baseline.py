@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["SETTLE_FRACTION", "fresh_baseline", "measure_ahead", "resident_bytes", "settled_reading"]
@@ -45,13 +45,20 @@ _STALLED_SECONDS = 300.0
 _CPU_CEILING = 900.0
 _POLL_SECONDS = 2.0
 # A fresh interpreter with this process's import path imports the modules (``module:function:argument``: the
-# module's function called with the argument, work whose memory stays, as the loading of compiled kernels), collects
-# garbage and prints its RSS.
+# module's function called with the argument, work whose memory stays, as the loading of compiled kernels) and, after
+# each count of them its stops name (the last: all of them), collects garbage and prints its RSS: one process
+# measures a list and the lists it begins with (:func:`measure_ahead`), each reading taken as a fresh process that
+# imported that list alone takes it. With ``wait`` ("1"), it reads a line from its stdin before its first call: it
+# imports what comes before beside the work that call needs done first (:func:`_go`).
 _MEASURE = ("import gc, importlib, json, sys\nsys.path[:] = json.loads(sys.argv[1])\n"
-            "for name in json.loads(sys.argv[2]):\n    module, _, call = name.partition(':')\n"
+            "stops, wait = json.loads(sys.argv[2]), sys.argv[3] == '1'\n"
+            "for at, name in enumerate(json.loads(sys.argv[4]), 1):\n    module, _, call = name.partition(':')\n"
+            "    if call and wait:\n        sys.stdin.readline()\n        wait = False\n"
             "    found = importlib.import_module(module)\n    if call:\n"
             "        function, _, argument = call.partition(':')\n        getattr(found, function)(argument)\n"
-            "gc.collect()\nfrom resumerge.machine.memory.baseline import resident_bytes\nprint(resident_bytes())\n")
+            "    if at in stops:\n        gc.collect()\n"
+            "        from resumerge.machine.memory.baseline import resident_bytes\n"
+            "        print(resident_bytes(), flush=True)\n")
 
 
 def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:
@@ -89,29 +96,69 @@ def measure_ahead(each: Sequence[Sequence[str]], cache_dir: Path, prepare: Seque
     """Measure the baselines of ``each`` (module lists, as :func:`fresh_baseline` takes them) not in the cache yet,
     in fresh processes started together, and cache them, so that the :func:`fresh_baseline` calls that follow read
     them: a run that needs several (its importance pass's, the merge's after it) waits for one import of torch's
-    wall, not one each after another. One missing, or none, is left to :func:`fresh_baseline`; a list that cannot
+    wall, not one each after another. A list that begins another (the run's modules and the importance pass's
+    after them, then the kernels the merge after it loads) is measured by that one's process as it gets there
+    (:func:`_chains`): what it reads then is what a fresh process importing that list alone reads, and the longer
+    list's import of torch is its own. One missing, or none, is left to :func:`fresh_baseline`; a list that cannot
     be measured here is measured there again (and falls back as it says).
 
     ``prepare``: lists run first, in fresh processes of their own started together (their figures not kept), where
     a missing list makes a call (a ``module:function:argument`` entry): work each such measurement would otherwise
     do again, as the compilation of numba's kernels into its disk cache that the first load of each makes (the
     7-type release's kernels: 27 CPU s, made by both of its lists with them). The lists making no call start beside
-    them; those making one after them, each then loading what they made (and measuring what a run that loads it
-    holds, not a compiler's leftovers)."""
+    them (a process whose first list makes none, up to its first call); those making one after them, each then
+    loading what they made (and measuring what a run that loads it holds, not a compiler's leftovers)."""
     path = cache_dir / _CACHE_NAME
     cached = _read(path)
     missing = {_key(modules): tuple(modules) for modules in each if _key(modules) not in cached}
     if len(missing) < 2:
         return
-    calling = {key for key, modules in missing.items() if any(":" in m for m in modules)}
-    preparing = [_start(modules) for modules in prepare] if calling else []
-    started = {key: _start(modules) for key, modules in missing.items() if key not in calling}
+    chains = _chains(missing)
+    calling = [_calls(modules) for modules, _ in chains]
+    preparing = [_start(modules) for modules in prepare] if any(calling) else []
+    # a chain that calls waits for what prepare makes; one whose first list makes no call starts beside prepare,
+    # and is told to go on to its call once prepare is done
+    waiting = [bool(preparing) and calls and not _calls(modules[:min(stops.values())])
+               for (modules, stops), calls in zip(chains, calling)]
+    started = {at: _start(modules, stops.values(), wait=waits) for at, ((modules, stops), calls, waits)
+               in enumerate(zip(chains, calling, waiting)) if waits or not calls or not preparing}
     for child in preparing:
         _finish(child)
-    started.update({key: _start(missing[key]) for key in missing if key in calling})
-    measured = {key: figure for key, child in started.items() if (figure := _finish(child)) is not None}
+    for at in started:
+        if waiting[at]:
+            _go(started[at])
+    started.update({at: _start(modules, stops.values()) for at, (modules, stops) in enumerate(chains)
+                    if at not in started})
+    measured: dict[str, int] = {}
+    for at, child in started.items():
+        stops = chains[at][1]
+        figures = _figures(child, len(set(stops.values())))
+        if figures is not None:
+            by_stop = dict(zip(sorted(set(stops.values())), figures))
+            measured.update({key: by_stop[stop] for key, stop in stops.items()})
     if measured:
         _keep(path, lambda kept: {**kept, **measured})
+
+
+def _chains(missing: dict[str, tuple[str, ...]]) -> list[tuple[tuple[str, ...], dict[str, int]]]:
+    """``missing``'s lists (by key) as the processes that measure them: a list that begins another (the run's
+    modules, and the run's with the importance pass's after them) is measured by the longer one's process as it
+    reaches the list's end (each list's count of modules, by key), one import of torch for both. In the order
+    given; a list joins the first process whose list it begins or which begins it."""
+    chains: list[tuple[tuple[str, ...], dict[str, int]]] = []
+    for key, modules in missing.items():
+        for at, (head, stops) in enumerate(chains):
+            if head[:len(modules)] == modules or modules[:len(head)] == head:
+                chains[at] = (max(head, modules, key=len), {**stops, key: len(modules)})
+                break
+        else:
+            chains.append((modules, {key: len(modules)}))
+    return chains
+
+
+def _calls(modules: Sequence[str]) -> bool:
+    """Whether ``modules`` holds a call (a ``module:function:argument`` entry)."""
+    return any(":" in m for m in modules)
 
 
 def settled_reading(work: Sequence[str], reading: int, cache_dir: Path) -> int:
@@ -169,20 +216,42 @@ def _measure(modules: Sequence[str]) -> int | None:
     return _finish(_start(modules))
 
 
-def _start(modules: Sequence[str]) -> subprocess.Popen[str] | None:
-    """The fresh process measuring ``modules`` (:data:`_MEASURE`), started; None where none can be."""
+def _start(modules: Sequence[str], stops: Iterable[int] = (), *, wait: bool = False) -> subprocess.Popen[str] | None:
+    """The fresh process measuring ``modules`` (:data:`_MEASURE`), started; None where none can be. ``stops``: the
+    counts of its first modules after which it reads its RSS too (the lists that begin ``modules``); ``wait``: it
+    waits for :func:`_go` before its first call."""
     if not sys.executable:
         return None
+    counts = sorted({*stops, len(modules)})
     try:
-        return subprocess.Popen([sys.executable, "-c", _MEASURE, json.dumps(sys.path), json.dumps(list(modules))],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return subprocess.Popen([sys.executable, "-c", _MEASURE, json.dumps(sys.path), json.dumps(counts),
+                                 "1" if wait else "0", json.dumps(list(modules))],
+                                stdin=subprocess.PIPE if wait else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
     except OSError:
         return None
+
+
+def _go(child: subprocess.Popen[str] | None) -> None:
+    """Let ``child`` (started with ``wait``) go on to its first call; one that ended meanwhile reads nothing (its
+    figures are read as it left them)."""
+    if child is None or child.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        child.stdin.write("\n")
+        child.stdin.flush()
 
 
 def _finish(child: subprocess.Popen[str] | None) -> int | None:
     """What ``child`` (:func:`_start`) printed as its RSS, once it ended; None where it failed, or stalled (then
     killed: :func:`_stalled`)."""
+    figures = _figures(child, 1)
+    return None if figures is None else figures[-1]
+
+
+def _figures(child: subprocess.Popen[str] | None, count: int) -> list[int] | None:
+    """The ``count`` RSS readings ``child`` (:func:`_start`) printed last, once it ended; None where it failed, or
+    stalled (then killed: :func:`_stalled`)."""
     if child is None:
         return None
     gained, since = _cpu_seconds(child.pid), time.monotonic()
@@ -198,10 +267,10 @@ def _finish(child: subprocess.Popen[str] | None) -> int | None:
                 child.kill()
                 child.communicate()
                 return None
-    lines = out.split()
-    if child.returncode != 0 or not lines or not lines[-1].isdigit():
+    lines = out.split()[-count:]
+    if child.returncode != 0 or len(lines) < count or not all(line.isdigit() for line in lines):
         return None
-    return int(lines[-1])
+    return [int(line) for line in lines]
 
 
 def _stalled(used: float | None, idle: float) -> bool:
