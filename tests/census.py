@@ -9,6 +9,7 @@ written for it, so the census tests (tests/test_census.py) name it when resumerg
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from functools import cache
@@ -150,8 +151,17 @@ def tiny_config(model_type: str) -> Any:
     """``model_type``'s config: its class's defaults, each size key they hold shrunk (:data:`SMALL`)."""
     from transformers import CONFIG_MAPPING
 
-    cls = CONFIG_MAPPING[model_type]
-    defaults = cls().to_dict()
+    return CONFIG_MAPPING[model_type](**copy.deepcopy(_tiny_kwargs(model_type)))
+
+
+@cache
+def _tiny_kwargs(model_type: str) -> dict[str, Any]:
+    """What :func:`tiny_config` gives ``model_type``'s config class, worked out from the class's defaults once per
+    process: a row asks for its config three times (each model, then its texts), and each default config built and
+    validated cost as much as the config itself (copied per call: a class may keep a list it is given)."""
+    from transformers import CONFIG_MAPPING
+
+    defaults = CONFIG_MAPPING[model_type]().to_dict()
     kwargs = {k: v for k, v in SMALL.items() if k in defaults}
     if "kv_lora_rank" in defaults:  # multi-head latent attention: as many key/value heads as query heads
         kwargs["num_key_value_heads"] = SMALL["num_attention_heads"]
@@ -163,7 +173,7 @@ def tiny_config(model_type: str) -> Any:
             kwargs[key] = {k: v for k, v in value.items() if int(k) < LAYERS}
     kwargs.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2})
     kwargs.update(OVERRIDES.get(model_type, {}))
-    return cls(**kwargs)
+    return kwargs
 
 
 def make_census_model(directory: Path, model_type: str, seed: int) -> Path:

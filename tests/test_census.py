@@ -17,7 +17,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from census import CENSUS, COMPOSITE, NOT_BUILT, OPEN, census_markdown, census_row, make_census_model, model_types
+from census import (
+    CENSUS,
+    COMPOSITE,
+    NOT_BUILT,
+    OPEN,
+    census_markdown,
+    census_row,
+    make_census_model,
+    model_types,
+    tiny_config,
+)
 from support import write_config
 
 pytest.importorskip("transformers")
@@ -38,6 +48,16 @@ def test_every_causal_lm_model_type_is_in_the_census_or_says_why_not() -> None:
     types = set(model_types())
     assert types - set(CENSUS) - set(COMPOSITE) - set(NOT_BUILT) == set()
     assert not set(CENSUS) & (set(COMPOSITE) | set(NOT_BUILT))
+
+
+def test_a_tiny_config_worked_out_once_is_handed_out_whole_each_time() -> None:
+    # census._tiny_kwargs is cached per model type: a config given its lists must not share them with the next one
+    # (a row's two models and its texts each ask; a class may keep, and a test may change, the list it was given)
+    first = tiny_config("gpt_neo")
+    first.attention_types[0][0].append("local")
+    again = tiny_config("gpt_neo")
+    assert again.attention_types == [[["global", "local"], 2]]
+    assert again.to_dict() == tiny_config("gpt_neo").to_dict()
 
 
 @pytest.mark.slow
