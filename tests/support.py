@@ -39,14 +39,17 @@ def _command(script: Path | None) -> list[str]:
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 120,
         fresh: bool = False, script: Path | None = None,
-        limits: dict[str, int] | None = None) -> subprocess.CompletedProcess[str]:
+        limits: dict[str, int] | None = None, transformers: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``python -m resumerge ARGS`` (or ``python SCRIPT ARGS``, a test's own front end to the CLI) in a process
     of its own, under the resource ``limits`` (``{"RLIMIT_FSIZE": bytes}``, set before it starts), and capture its
     output: forked from this worker's :class:`~forkserver.ForkServer` (torch imported once), or a fresh interpreter
-    where ``fresh`` or where ``env`` changes what the server imported (:meth:`~forkserver.ForkServer.forkable`)."""
+    where ``fresh`` or where ``env`` changes what the server imported (:meth:`~forkserver.ForkServer.forkable`).
+    ``transformers``: the command imports transformers though its name is not one that does
+    (:data:`forkserver.TRANSFORMERS_COMMANDS`; a run whose prompt pass is on a thread of its process): forked from
+    the server that imported what transformers imports."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"), _imports_transformers(args))
+    server = None if fresh else worker_server(full_env.get("LD_PRELOAD"), transformers or _imports_transformers(args))
     why = "fresh=True" if server is None else server.unforkable(full_env)
     forked = server.run([str(a) for a in args], full_env, timeout, script, limits) if server and why is None else None
     _log_fork(args, script, why if forked is None and why else ("busy" if forked is None else None))

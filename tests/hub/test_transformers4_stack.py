@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from resumerge import api
+from tests.moe import threadpass
 from tests.moe.models import llamas
 from tests.moe.passthread import passes_on_a_thread
 from tests.support import cli, digests
@@ -98,11 +99,14 @@ def test_hidden_gates_on_transformers_4_give_the_same_bytes(tmp_path: Path, stac
         "base_model": str(m[0]), "gate_mode": "hidden", "dtype": "bfloat16",
         "experts": [{"source_model": str(m[1]), "positive_prompts": ["ab ab", "cd"]},
                     {"source_model": str(m[2]), "positive_prompts": ["ef gh ij"]}]}))
-    on_4 = cli("run", config, tmp_path / "on-4", "--state-dir", tmp_path / "state-4", env=stack_env)
+    # The run on the old stack has a process of its own, its transformers the one under test; its pass runs on a thread
+    # of that process (threadpass: the same job through the same function, tests/moe/passthread.py), with that
+    # transformers, where a process of the pass's own imported torch and it again (~6 CPU s).
+    on_4 = cli("run", config, tmp_path / "on-4", "--state-dir", tmp_path / "state-4", env=stack_env,
+               script=Path(threadpass.__file__), transformers=True)
     assert on_4.returncode == 0, on_4.stderr
-    # This environment's run needs no process of its own, nor does its pass (on a thread of this process, the same
-    # job through the same function, tests/moe/passthread.py): two interpreter starts saved. The run on the old stack
-    # keeps both processes: its transformers is the one under test.
+    # This environment's run needs no process of its own, nor does its pass (on a thread of this process): two
+    # interpreter starts saved.
     with passes_on_a_thread():
         api.run(config, tmp_path / "here", settings=api.Settings(state_dir=tmp_path / "state"))
     # The manifest holds the plan's fingerprint, whose routers are named by a key that includes the
@@ -118,6 +122,9 @@ def test_a_base_tokenizer_saved_by_transformers_5_is_refused_by_run_as_by_plan(t
     # transformers 5 saves tokenizer_class TokenizersBackend, which 4.x lacks: plan refused the hidden gates (exit
     # 2) while run failed at 88 % (exit 3, a shard committed, "finish it with resume", which failed the same way).
     # Both now make the pass's checks through one function, run before its first weight, and the hint names the fix.
+    # The run's pass on a thread of its process (threadpass), where transformers 4.57 refuses the tokenizer: a
+    # process of its own for the pass (an interpreter start, ~6 CPU s) is plan's here (its probe measures that
+    # process), and run's on this stack (tests/moe/test_surface.py).
     m = llamas(tmp_path / "models", layers=3)
     settings = json.loads((m[0] / "tokenizer_config.json").read_text())
     (m[0] / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "TokenizersBackend"}))
@@ -128,7 +135,8 @@ def test_a_base_tokenizer_saved_by_transformers_5_is_refused_by_run_as_by_plan(t
                     {"source_model": str(m[2]), "positive_prompts": ["ef gh ij"]}]}))
     out, state = tmp_path / "out", tmp_path / "state"
     planned = cli("plan", config, out, "--state-dir", state, "--probe-size", "0", env=stack_env)
-    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=stack_env)
+    ran = cli("run", config, out, "--state-dir", state, "--out-shard-size", "30k", env=stack_env,
+              script=Path(threadpass.__file__), transformers=True)
     assert (planned.returncode, ran.returncode) == (2, 2), (planned.stderr, ran.stderr)
     said = (f"error: base_model: cannot load the base model's tokenizer from {m[0]}: Tokenizer class "
             "TokenizersBackend does not exist or is not currently imported. — its tokenizer_config.json names "
