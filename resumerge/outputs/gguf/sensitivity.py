@@ -91,9 +91,9 @@ def quantization_costs(weight: torch.Tensor, importance: np.ndarray, types: Sequ
     signal = 0.0
     errors = np.zeros(len(types), dtype=np.float64)
     # A chunk's decode (and Q8_0's encode) is a few dozen small torch kernels a type: split over torch's threads,
-    # each waits for a core the pass's other work (or the machine's) holds, and spins there (a tiny llama's 14
-    # matrices: 6.7 CPU s over two busy threads, 3.4 on one; the i-quants' searches are numba's, one thread
-    # either way). Elementwise kernels: the same bits on any count of threads.
+    # each waits for a core the pass's other work (or the machine's) holds, and spins there under OpenMP's default
+    # active wait (one layer's 7 matrices of a tiny llama: 6.7 CPU s over two busy threads, 3.4 on one; the
+    # i-quants' searches are numba's, one thread either way). Elementwise kernels: the same bits on any count.
     with serial_kernels():
         for start in range(0, int(rows.shape[0]), step):
             chunk = rows[start:start + step]
