@@ -252,3 +252,76 @@ def test_an_earlier_layers_costs_carry_the_gain_of_the_layers_after_it() -> None
                     {"a.1.": torch.tensor([1.0, 5.0], dtype=torch.float64),
                      "a.0.": torch.tensor([0.0, 7.0], dtype=torch.float64)})
     assert found["a.0.x"][1].tolist() == [10.0] and found["a.1.x"][1].tolist() == [3.0]
+
+
+def _reference_costs(weight: torch.Tensor, importance: np.ndarray, types: tuple[int, ...], chunk_values: int,
+                     measured_rows: int) -> np.ndarray:
+    """The costs as the module docstring defines them, written out plainly: every ``-(-rows // measured_rows)``-th
+    row, chunks of ``chunk_values`` values of whole rows, each chunk encoded at each type and decoded back, its
+    importance-weighted squared error and signal summed in float64 chunk by chunk."""
+    from resumerge.inputs.gguf.blocks import decode
+    from resumerge.outputs.gguf.encoders import encode
+
+    rows = weight[::-(-weight.shape[0] // measured_rows)].contiguous()
+    step = max(1, chunk_values // rows.shape[1])
+    w = importance.astype(np.float64)
+    signal, errors = 0.0, np.zeros(len(types))
+    for start in range(0, rows.shape[0], step):
+        chunk = rows[start:start + step]
+        values = chunk.numpy().astype(np.float64)
+        signal += float(np.dot((values * values).sum(axis=0), w))
+        for k, kind in enumerate(types):
+            back = decode(encode(chunk.clone(), kind, importance=importance.copy()), kind).numpy()
+            errors[k] += float(np.dot(((values - back) ** 2).sum(axis=0), w))
+    return errors / signal
+
+
+@pytest.mark.parametrize(("shape", "chunk_values", "measured_rows"), [
+    ((5, 256), 1 << 20, 512),  # a few rows of one K block: every K- and i-quant candidate
+    ((7, 768), 1000, 512),  # a row a chunk, odd row count
+    ((11, 96), 200, 4),  # the 32-value candidates; every third row sampled, chunks of two rows
+])
+@pytest.mark.parametrize("importance", ["ones", "random", "some zero"])
+def test_costs_are_the_plain_encode_decode_error_bit_for_bit(
+        shape: tuple[int, int], chunk_values: int, measured_rows: int, importance: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """quantization_costs (however it shares or schedules its work) gives exactly the bits of the plain
+    definition, at every candidate type of the row: the costs choose the types, so the file's bytes and the plan's
+    fingerprint hang on them."""
+    from resumerge.outputs.gguf import sensitivity
+
+    monkeypatch.setattr(sensitivity, "CHUNK_VALUES", chunk_values)
+    monkeypatch.setattr(sensitivity, "MEASURED_ROWS", measured_rows)
+    rng = np.random.default_rng(sum(shape))
+    weight = torch.from_numpy((rng.standard_normal(shape) * rng.uniform(0.1, 3.0, (shape[0], 1))).astype(np.float32))
+    columns = {"ones": np.ones(shape[1]), "random": rng.uniform(0.01, 5.0, shape[1]),
+               "some zero": rng.uniform(0.0, 1.0, shape[1]) * (np.arange(shape[1]) % 5 != 0)}[importance]
+    weights = columns.astype(np.float32)
+    types = candidate_types(shape[1])
+    found = quantization_costs(weight, weights, types)
+    expected = _reference_costs(weight, weights, types, chunk_values, measured_rows)
+    assert found.dtype == np.float64 and found.tobytes() == expected.tobytes(), (found, expected)
+
+
+def test_costs_run_their_kernels_on_the_calling_thread_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's decode is a few dozen small torch kernels a type: split over torch's threads each waits for a core
+    the pass's other work holds (a tiny llama's costs took twice the CPU on two busy threads). They run on the
+    calling thread alone, whatever torch's count, and the caller's count is back after."""
+    from resumerge.inputs.gguf import blocks
+    from resumerge.inputs.kernels import _openmp, kernel_threads
+
+    if _openmp() is None:
+        pytest.skip("no OpenMP runtime found: the kernels' thread count cannot be set per thread")
+    seen: list[int] = []
+    plain = blocks.decode
+
+    def counted(stored: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return plain(stored, ggml_type, out)
+
+    monkeypatch.setattr(blocks, "decode", counted)
+    weight = torch.from_numpy(np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32))
+    with kernel_threads(2, process_wide=False):
+        quantization_costs(weight, np.ones(64, dtype=np.float32), candidate_types(64))
+        assert torch.get_num_threads() == 2
+    assert seen == [1] * len(candidate_types(64))

@@ -50,3 +50,35 @@ def test_a_table_s_build_holds_little_beyond_the_table(table: str) -> None:
         tracemalloc.stop()
     kept = sum(array.nbytes for array in built)
     assert peak - kept <= _TRANSIENT, (table, peak - kept, kept)
+
+
+@pytest.mark.parametrize("table", ["iq1", "iq2_s", "iq2_xs", "iq2_xxs"])
+def test_a_2_bit_grid_s_neighbours_are_the_brute_force_ones(table: str) -> None:
+    """However :func:`iq2grid.build` takes its distances (a product of the coordinates, chunked), each off-grid key
+    a quantizer forms lists every grid point at its ``nwant`` nearest distinct squared distances, by distance then
+    index, as (count, indices) at ``-(kmap + 1)``: here from each key's integer differences to every point."""
+    build = BUILDS[table]()
+    points, nwant = build.args
+    built = build()
+    grid = ((points.astype(np.int32)[:, None] >> (2 * np.arange(8))) & 3) * 2 + 1
+    kmap = np.full(built.kmap.size, -1, dtype=np.int32)
+    kmap[points] = np.arange(points.size)
+    keys = np.arange(kmap.size)
+    off = keys[(kmap < 0) & np.all(((keys[:, None] >> (2 * np.arange(8))) & 3) < 3, axis=1)]
+    counts, lists = [], []
+    for at in range(0, off.size, 256):
+        coordinates = ((off[at:at + 256, None] >> (2 * np.arange(8))) & 3) * 2 + 1
+        d2 = ((coordinates[:, None, :] - grid[None, :, :]).astype(np.int16) ** 2).sum(axis=2, dtype=np.int32)
+        ranked = np.sort(d2, axis=1)  # each key's distances, and how many distinct ones come before each
+        distinct = np.concatenate([np.zeros((len(d2), 1), int), np.cumsum(np.diff(ranked, axis=1) > 0, axis=1)], 1)
+        bound = np.where(distinct < nwant, ranked, -1).max(axis=1)
+        key, point = np.nonzero(d2 <= bound[:, None])
+        counts.append(np.bincount(key, minlength=len(d2)))
+        lists.append(point[np.lexsort((point, d2[key, point], key))])
+    count, near = np.concatenate(counts), np.concatenate(lists)
+    starts = np.cumsum(count + 1) - count - 1
+    kmap[off] = -(starts + 1)
+    neighbours = np.concatenate([np.concatenate([[c], near[s - i:s - i + c]])
+                                 for i, (c, s) in enumerate(zip(count, starts, strict=True))])
+    assert np.array_equal(built.grid, grid.astype(np.int8)) and np.array_equal(built.kmap, kmap)
+    assert built.neighbours.dtype == np.uint16 and np.array_equal(built.neighbours, neighbours)

@@ -146,7 +146,8 @@ class SumStep(Step[Found]):  # torch: imported when it runs
             relative = measured[types.index(probe)]
             if relative > 0.0:
                 held = weight.data.to("cpu", torch.float32)
-                quantized = decode(encode(held, probe, importance=importance), probe).reshape(held.shape)
+                with serial_kernels():  # small elementwise kernels, as quantization_costs' are
+                    quantized = decode(encode(held, probe, importance=importance), probe).reshape(held.shape)
                 measured = measured * (rerun.error(module, quantized.to(weight.dtype)) / relative)
             self.costs[prefix + name] = torch.tensor([list(types), measured.tolist()], dtype=torch.float64)
         if linears:

@@ -81,6 +81,7 @@ def quantization_costs(weight: torch.Tensor, importance: np.ndarray, types: Sequ
     :data:`CHUNK_VALUES` values of rows at a time (a type's blocks lie within a row): what it holds beside the
     weight is a few copies of a chunk, whatever the matrix's size."""
     from resumerge.inputs.gguf.blocks import decode
+    from resumerge.inputs.kernels import serial_kernels
     from resumerge.outputs.gguf.encoders import encode
 
     rows = sampled_rows(weight.detach().to("cpu").float())
@@ -89,13 +90,18 @@ def quantization_costs(weight: torch.Tensor, importance: np.ndarray, types: Sequ
     step = max(1, CHUNK_VALUES // max(int(rows.shape[-1]), 1))
     signal = 0.0
     errors = np.zeros(len(types), dtype=np.float64)
-    for start in range(0, int(rows.shape[0]), step):
-        chunk = rows[start:start + step]
-        values = chunk.numpy().astype(np.float64)
-        signal += float(np.dot(np.square(values).sum(axis=0), w))
-        for k, kind in enumerate(types):
-            back = decode(encode(chunk, kind, importance=weights), kind).numpy()
-            errors[k] += float(np.dot(np.square(values - back).sum(axis=0), w))
+    # A chunk's decode (and Q8_0's encode) is a few dozen small torch kernels a type: split over torch's threads,
+    # each waits for a core the pass's other work (or the machine's) holds, and spins there under OpenMP's default
+    # active wait (one layer's 7 matrices of a tiny llama: 6.7 CPU s over two busy threads, 3.4 on one; the
+    # i-quants' searches are numba's, one thread either way). Elementwise kernels: the same bits on any count.
+    with serial_kernels():
+        for start in range(0, int(rows.shape[0]), step):
+            chunk = rows[start:start + step]
+            values = chunk.numpy().astype(np.float64)
+            signal += float(np.dot(np.square(values).sum(axis=0), w))
+            for k, kind in enumerate(types):
+                back = decode(encode(chunk, kind, importance=weights), kind).numpy()
+                errors[k] += float(np.dot(np.square(values - back).sum(axis=0), w))
     return errors / signal if signal > 0.0 else np.zeros(len(types), dtype=np.float64)
 
 
