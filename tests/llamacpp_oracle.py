@@ -16,6 +16,7 @@ import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -586,11 +587,12 @@ class Stored(NamedTuple):
     ne: tuple[int, ...]
 
 
-def tensors_of(path: Path) -> dict[str, Stored]:
+def tensors_of(path: Path, wanted: Callable[[str], bool] | None = None) -> dict[str, Stored]:
     """Every tensor of the GGUF at ``path`` read through llama.cpp's own GGUF parser (``gguf_init_from_file``,
-    header only), by name in the file's order. gguf-py's reader turns every element of a vocabulary into a slice of
-    its own (Gemma-3's 262,144 tokens: ~8 CPU s a file); this one, in C, takes a fraction of a second and reads the
-    file as the llama.cpp that will run it does."""
+    header only), by name in the file's order (only those whose name ``wanted`` takes, where given: a test that
+    reads a layer's tensors copies no 320 MiB vocabulary table). gguf-py's reader turns every element of a
+    vocabulary into a slice of its own (Gemma-3's 262,144 tokens: ~8 CPU s a file); this one, in C, takes a fraction
+    of a second and reads the file as the llama.cpp that will run it does."""
     base, _ = needs_library()
     base.gguf_init_from_file.restype = ctypes.c_void_p
     base.gguf_init_from_file.argtypes = [ctypes.c_char_p, _GgufInitParams]
@@ -616,7 +618,7 @@ def tensors_of(path: Path) -> dict[str, Stored]:
         base.gguf_free(ctx)
     stored = np.memmap(path, dtype=np.uint8, mode="r")
     return {name: Stored(gguf.GGMLQuantizationType(kind).name, stored[at:at + size].tobytes(), ne)
-            for name, kind, at, size, ne in spans}
+            for name, kind, at, size, ne in spans if wanted is None or wanted(name)}
 
 
 # --- llama.cpp's per-tensor type choice without a model file (``src/llama-ext.h``, C++ names) ------------------------

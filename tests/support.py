@@ -231,6 +231,29 @@ def digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
+@contextmanager
+def points_reached() -> Iterator[list[str]]:
+    """The kill points (:mod:`resumerge.machine.killpoints`) that what runs in this process within the block
+    reaches, each once, in the order first reached: a kill test walks those of a run never killed (the same plan
+    reaches the same points) instead of starting a process at each point there is, which at a point that run never
+    reaches merges to the end and checks nothing."""
+    from resumerge.machine import killpoints
+
+    reached: list[str] = []
+    reach = killpoints.reach
+
+    def recorded(point: str, **kwargs: Any) -> None:
+        if point not in reached:
+            reached.append(point)
+        reach(point, **kwargs)
+
+    killpoints.reach = recorded  # type: ignore[assignment]
+    try:
+        yield reached
+    finally:
+        killpoints.reach = reach  # type: ignore[assignment]
+
+
 def as_on_the_hub(files: dict[str, bytes]) -> dict[str, bytes]:
     """A local OUT's ``files`` (name -> bytes) as a hub OUT of the same merge holds them: byte for byte, but for the
     manifest's records, which a folder writes as xxh3-128 and a hub repo as the sha256 its LFS names each file by

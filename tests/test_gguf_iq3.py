@@ -20,7 +20,7 @@ from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixture
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llamacpp_oracle import dequantize, needs_library, quantize
-from support import cli
+from support import cli_here
 from test_gguf_iquants import finite_row
 
 from resumerge import api
@@ -198,7 +198,8 @@ def test_iq3_xxs_and_iq3_xs_are_refused_without_a_matrix(
     config, _ = merges["llama"]
     out = tmp_path / "out"
     for mix in ("iq3_xxs", "iq3_xs"):
-        done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", mix)
+        done = cli_here("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type",
+                        mix)  # refusals: the CLI's main, here
         assert done.returncode == 2 and "only with an importance matrix" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr and not out.exists()
     texts = tmp_path / "texts.txt"

@@ -30,7 +30,7 @@ from llamacpp_oracle import (
     quantize_model,
     tensors_of,
 )
-from support import cli, digests
+from support import cli, cli_here, digests
 from test_gguf_kquants import extremes
 
 from resumerge import api
@@ -296,7 +296,8 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
     line, never taken for another."""
     config, f16 = merges["llama"]
     out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "q2_k_s")
+    done = cli_here("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type",
+                    "q2_k_s")  # refusals: the CLI's main, here
     assert done.returncode == 2 and "only with an importance matrix" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr and not out.exists()
     raw = parity.imatrix_entries(f16, 2)
@@ -309,7 +310,7 @@ def test_q2_k_s_and_the_other_i_quants_are_refused_in_one_line(tmp_path: Path,
     texts.write_text("the cat sat on the mat.\n")
     api.plan_merge(config, settings=api.Settings(output=api.Output(out_type="gguf", gguf_type="q2_k_s",
                                                                 imatrix_texts=texts)))
-    done = cli("run", config, out, "--out-type", "gguf", "--gguf-type", "iq1_xs")  # no llama-quantize type
+    done = cli_here("run", config, out, "--out-type", "gguf", "--gguf-type", "iq1_xs")  # no llama-quantize type
     assert done.returncode == 2 and "iq1_xs" in done.stderr and not out.exists()
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -322,8 +323,8 @@ def test_an_iq4_xs_run_is_loaded_and_run_by_llama_cpp(tmp_path: Path,
     needs_library()
     config, f16 = merges["llama"]
     out = tmp_path / "out"
-    done = cli("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "iq4_xs",
-               script=parity.ONE_BASELINE)
+    # the CLI's main in this process (one_baseline's measurement there, as ONE_BASELINE's in a process of its own)
+    done = cli_here("run", config, out, "--state-dir", tmp_path / "s", "--out-type", "gguf", "--gguf-type", "iq4_xs")
     assert done.returncode == 0, done.stderr
     model = out / "model.gguf"
     assert {t.kind for t in tensors_of(model).values()} >= {"IQ4_XS", "Q6_K"}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from encoderparity import merges, one_baseline, real_rows  # noqa: F401 (fixtures)
 from llamacpp_oracle import needs_library, quantize, quantize_model
-from support import cli, digests
+from support import cli, cli_here, digests, points_reached
 
 from resumerge import api
 from resumerge.errors import ModelInputError
@@ -174,9 +174,10 @@ def test_the_override_flags_are_llama_quantize_s(tmp_path: Path, merges: dict[st
     needs_library()
     config, f16 = merges["llama"]
     out, state = tmp_path / "out", tmp_path / "s"
-    done = cli("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "q4_k_m",
-               "--gguf-tensor-type", "attn_q=Q8_0", "--gguf-tensor-type", "blk\\.1\\.ffn=q5_k",
-               "--gguf-output-type", "q5_k", "--gguf-token-embedding-type", "q3_k", script=parity.ONE_BASELINE)
+    # the CLI's main in this process (one_baseline's measurement there): what the flags give is the test's point
+    done = cli_here("run", config, out, "--state-dir", state, "--out-type", "gguf", "--gguf-type", "q4_k_m",
+                    "--gguf-tensor-type", "attn_q=Q8_0", "--gguf-tensor-type", "blk\\.1\\.ffn=q5_k",
+                    "--gguf-output-type", "q5_k", "--gguf-token-embedding-type", "q3_k")
     assert done.returncode == 0, done.stderr
     quantize_model(f16, tmp_path / "llama.gguf", MIXES["q4_k_m"].file_type,
                    tensor_types=(("attn_q", OVERRIDE_TYPES["q8_0"]), ("blk\\.1\\.ffn", OVERRIDE_TYPES["q5_k"])),
@@ -230,15 +231,15 @@ def test_a_wrong_imatrix_is_refused_in_one_line_before_anything_is_written(
             api.plan_merge(config, settings=api.Settings(
                 output=api.Output(out_type="gguf", gguf_type="q4_k_m", imatrix=str(path))))
         out = tmp_path / f"out-{case}"
-        done = cli("run", config, out, "--state-dir", tmp_path / f"s-{case}", "--out-type", "gguf",
-                   "--gguf-type", "q4_k_m", "--imatrix", path)
+        done = cli_here("run", config, out, "--state-dir", tmp_path / f"s-{case}", "--out-type", "gguf",
+                        "--gguf-type", "q4_k_m", "--imatrix", path)  # refusals: the CLI's main, here
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) <= 2, (case, done.stderr)
         assert "Traceback" not in done.stderr and not (out / "model.gguf").exists(), case
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(60))
-    done = cli("run", config, tmp_path / "o", "--out-type", "gguf", "--gguf-type", "q4_k_m", "--imatrix",
-               tmp_path / "missing.dat")
+    done = cli_here("run", config, tmp_path / "o", "--out-type", "gguf", "--gguf-type", "q4_k_m", "--imatrix",
+                    tmp_path / "missing.dat")
     assert done.returncode == 2 and "--imatrix" in done.stderr
-    done = cli("run", config, tmp_path / "o", "--gguf-tensor-type", "attn_q=q8_0")
+    done = cli_here("run", config, tmp_path / "o", "--gguf-tensor-type", "attn_q=q8_0")
     assert done.returncode == 2 and "--out-type gguf" in done.stderr
 
 
@@ -247,18 +248,18 @@ def test_a_k_quant_output_run_killed_anywhere_resumes_byte_identical(
     config, _ = merges["qwen3moe"]
     flags = ["--out-type", "gguf", "--gguf-type", "q4_k_m"]
     whole = tmp_path / "whole"  # never killed: in this process
-    api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(out_type="gguf",
-                                                                                              gguf_type="q4_k_m")))
-    reached = []
-    for point in LOCAL_POINTS:
+    with points_reached() as reached:
+        api.run(config, whole, settings=api.Settings(state_dir=tmp_path / "s0", output=api.Output(
+            out_type="gguf", gguf_type="q4_k_m")))
+    # every local point the run reaches (a one-file output without config.json or tokenizer reaches no index's or
+    # tokenizer's write: a run killed there would merge to the end)
+    points = [point for point in LOCAL_POINTS if point in reached]
+    assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(points)
+    for point in points:
         out, state = tmp_path / point, tmp_path / f"{point}.state"
         killed = cli("run", config, out, "--state-dir", state, *flags, env={"RESUMERGE_KILL_AT": point},
                      script=parity.ONE_BASELINE)
-        if killed.returncode == 0:
-            continue  # a point a one-file output without config.json or tokenizer never reaches
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        reached.append(point)
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         api.resume(out, settings=api.Settings(state_dir=state))
         assert digests(out) == digests(whole), point
         assert api.verify(out, settings=api.Settings(state_dir=state)).ok, point
-    assert {"mid_shard_write", "after_temp_write", "after_rename", "after_ledger_commit"} <= set(reached)

@@ -92,9 +92,9 @@ def _imatrix(f16: Path, layers: int | None = None) -> dict[str, np.ndarray]:
     """Positive importance values for every block matrix of the GGUF ``f16`` (of its first ``layers`` layers where
     given: those of a slice of it), as llama-quantize passes them."""
     rng = np.random.default_rng(5)
-    return {name: (rng.random(t.ne[0]) * 4 + 0.01).astype(np.float32)
-            for name, t in tensors_of(f16).items() if name.startswith("blk.") and t.ne[1] > 1
-            and (layers is None or int(name.split(".")[1]) < layers)}
+    return {name: (rng.random(t.ne[0]) * 4 + 0.01).astype(np.float32)  # the slice's tensors read, no vocabulary
+            for name, t in tensors_of(f16, lambda name: name.startswith("blk.") and (
+                layers is None or int(name.split(".")[1]) < layers)).items() if t.ne[1] > 1}
 
 
 def write_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
@@ -161,7 +161,7 @@ def test_a_real_model_with_an_importance_matrix_is_llama_quantize_s(mix: str, we
     if not MIXES[mix].needs_imatrix:  # the matrix changed the bytes: a block matrix's, as llama.cpp encodes it with
         # and without its row of the matrix (that tensor through ggml_quantize_chunk: not the model quantized again)
         name = "blk.0.ffn_down.weight"
-        values = np.frombuffer(tensors_of(f16)[name].data, dtype=np.float16).reshape(-1, got[name].ne[0])
+        values = np.frombuffer(tensors_of(f16, name.__eq__)[name].data, dtype=np.float16).reshape(-1, got[name].ne[0])
         code = gguf.GGMLQuantizationType[got[name].kind].value
         assert quantize(values, code, entries[name]).tobytes() == got[name].data != quantize(values, code).tobytes()
 
@@ -194,7 +194,7 @@ def release(weighted: Weighted, tmp_path_factory: pytest.TempPathFactory) -> Rel
     root = tmp_path_factory.mktemp(f"{model}-lowbits")
     config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", "slices": [
         {"sources": [{"model": str(sliced), "layer_range": [0, 1]}]}]})
-    entries = {name: values for name, values in _imatrix(sliced).items() if name.startswith("blk.0.")}
+    entries = _imatrix(sliced, 1)
     write_imatrix(root / "imatrix.gguf", entries)
     files = {}
     for out, mixes, imatrix in (("weighted", ("f16", *WEIGHTED), str(root / "imatrix.gguf")), ("plain", PLAIN, None)):
@@ -204,7 +204,7 @@ def release(weighted: Weighted, tmp_path_factory: pytest.TempPathFactory) -> Rel
                       for mix in mixes})
     f16 = files.pop("f16")
     matrices = {name: np.frombuffer(t.data, dtype=np.float16).reshape(-1, t.ne[0]).astype(np.float32)
-                for name, t in tensors_of(f16).items() if name.startswith("blk.0.") and t.ne[1] > 1}
+                for name, t in tensors_of(f16, lambda name: name.startswith("blk.0.")).items() if t.ne[1] > 1}
     return Release(f16, entries, files, matrices)
 
 
