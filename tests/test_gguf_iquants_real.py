@@ -19,9 +19,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from encoderparity import one_baseline  # noqa: F401 (fixtures)
-from llamacpp_oracle import Stored, needs_library, quantize_model, tensors_of
-from support import write_config
-from test_gguf_kquants_real import EVERY_MIX, _imatrix, write_imatrix
+from llamacpp_oracle import Stored, quantize_model, tensors_of
+from test_gguf_kquants_real import EVERY_MIX, _f16, _imatrix, _source, write_imatrix
 
 from resumerge import api
 from resumerge.merge.plan.gguftypes import MIXES
@@ -59,18 +58,11 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Slice:
     """SmolLM2's GGUF fixture's first LAYERS layers merged once (float16 passthrough) and written by one release run
     with an importance matrix (positive values for every block matrix of the slice, named from the fixture's own) as
     the F16 file and every mix the tests check with a matrix."""
-    needs_library()
-    from realmodel import smollm2_gguf
-
     root = tmp_path_factory.mktemp("smollm2")
-    config = write_config(root / "c.yml", {"merge_method": "passthrough", "dtype": "float16", "slices": [
-        {"sources": [{"model": str(smollm2_gguf()), "layer_range": [0, LAYERS]}]}]})
-    entries = _imatrix(smollm2_gguf(), LAYERS)
+    entries = _imatrix(_source("smollm2"), LAYERS)
     write_imatrix(root / "imatrix.gguf", entries)
-    api.run(config, root / "out", settings=api.Settings(state_dir=root / "s", output=api.Output(
-        out_type="gguf", gguf_type=",".join(("f16", *WEIGHTED)), imatrix=str(root / "imatrix.gguf"))))
-    return Slice(config, root / "out" / "model-F16.gguf", entries,
-                 {mix: root / "out" / f"model-{mix.upper()}.gguf" for mix in WEIGHTED})
+    _, config, f16 = _f16("smollm2", LAYERS, root, WEIGHTED, root / "imatrix.gguf")
+    return Slice(config, f16, entries, {mix: f16.with_name(f"model-{mix.upper()}.gguf") for mix in WEIGHTED})
 
 
 def _written(mix: str, weighted: bool, smollm2: Slice, tmp_path: Path) -> dict[str, Stored]:
